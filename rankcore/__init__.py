@@ -1,0 +1,53 @@
+"""rankcore: stable, contiguous replica ranks as a pure state machine.
+
+``step(state, event) -> Step(state, commands)``; no I/O, clock or randomness.
+See README.md for a quick start and docs/architecture.md for the design.
+"""
+
+from .commands import (
+    Command,
+    InitializeReplica,
+    ReconfigureReplica,
+    StartReplica,
+    StopReplica,
+    UpdateWorldSize,
+)
+from .core import run, step
+from .errors import (
+    InvalidConfig,
+    InvalidEvent,
+    InvariantViolation,
+    RankcoreError,
+    RankConflict,
+    UnknownReplica,
+)
+from .events import (
+    ControllerRecovered,
+    DeploymentApplied,
+    Event,
+    NodeLost,
+    ReplicaCrashed,
+    ReplicaPlaced,
+    ReplicaReady,
+    ReplicaReconfigured,
+    ReplicaReport,
+    ReplicaStopped,
+    ScaleRequested,
+)
+from .lifecycle import Phase
+from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
+from .state import Deployment, Replica, State, Step
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "step", "run", "State", "Step", "Deployment", "Replica", "Phase",
+    "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
+    "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
+    "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",
+    "ReplicaReport", "ControllerRecovered", "Event",
+    "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
+    "UpdateWorldSize", "Command",
+    "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
+    "RankConflict", "UnknownReplica",
+]

@@ -1,0 +1,97 @@
+"""Commands: imperatives the core hands to an executor.
+
+Ordering rule: carry out a step's commands in the order given. Every command
+about a replica is answered by an event (start -> ReplicaPlaced then
+ReplicaReady after InitializeReplica, or ReplicaCrashed; stop ->
+ReplicaStopped; reconfigure -> ReplicaReconfigured or ReplicaCrashed); the core
+never assumes success before the answer arrives. ``UpdateWorldSize`` needs no
+answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+
+from . import fields as f
+from .ranks import ReplicaRank
+
+__all__ = [
+    "StartReplica",
+    "InitializeReplica",
+    "ReconfigureReplica",
+    "StopReplica",
+    "UpdateWorldSize",
+    "Command",
+]
+
+_frozen = attrs.frozen(kw_only=True)
+
+
+@_frozen
+class StartReplica:
+    """Create replica ``replica_id`` and place it; it holds global ``rank``.
+
+    ``replaces`` names the crashed replica whose rank it inherits, if any.
+    """
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    rank: int = attrs.field(validator=f.count)
+    world_size: int = attrs.field(validator=f.count)
+    replaces: str | None = attrs.field(default=None, validator=f.optional_name)
+
+
+@_frozen
+class InitializeReplica:
+    """Run the user's ``__init__`` with the full rank, then ``reconfigure``
+    with ``user_config`` when ``call_reconfigure`` (the seed's startup rule).
+    Answer: ReplicaReady."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    rank: ReplicaRank
+    world_size: int = attrs.field(validator=f.count)
+    user_config: Any = attrs.field(hash=False)
+    call_reconfigure: bool = attrs.field(validator=f.flag)
+
+
+@_frozen
+class ReconfigureReplica:
+    """Tell a running replica its new rank / user_config.
+
+    The replica's context must show ``rank`` and ``world_size`` before the
+    user's ``reconfigure`` runs. ``call_user`` says whether to call it (the
+    seed's rules), ``pass_rank`` whether it takes ``rank``. ``reason`` is
+    ``"user_config"`` or ``"rank"``. Answer: ReplicaReconfigured(version).
+    """
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    rank: ReplicaRank
+    world_size: int = attrs.field(validator=f.count)
+    user_config: Any = attrs.field(hash=False)
+    version: int = attrs.field(validator=f.count)
+    reason: str = attrs.field(validator=attrs.validators.in_(("user_config", "rank")))
+    call_user: bool = attrs.field(validator=f.flag)
+    pass_rank: bool = attrs.field(validator=f.flag)
+
+
+@_frozen
+class StopReplica:
+    """Stop the replica gracefully. Answer: ReplicaStopped."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+
+
+@_frozen
+class UpdateWorldSize:
+    """Every live replica of ``deployment`` now has ``world_size`` (the target)."""
+
+    deployment: str = attrs.field(validator=f.name)
+    world_size: int = attrs.field(validator=f.count)
+
+
+Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize]

@@ -1,0 +1,206 @@
+"""Events: past-tense facts an executor (or a user) tells the core.
+
+Frozen, slotted, keyword-only attrs records that validate on construction;
+their reprs are valid Python, so a failing hypothesis run prints a replayable
+program. ``step`` dispatches on ``type(event)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import attrs
+
+from . import fields as f
+from .errors import InvalidConfig
+from .lifecycle import Phase
+from .ranks import ReportedRank
+
+__all__ = [
+    "DeploymentApplied",
+    "ScaleRequested",
+    "ReplicaPlaced",
+    "ReplicaReady",
+    "ReplicaReconfigured",
+    "ReplicaCrashed",
+    "ReplicaStopped",
+    "NodeLost",
+    "ReplicaReport",
+    "ControllerRecovered",
+    "Event",
+]
+
+_frozen = attrs.frozen(kw_only=True)
+
+
+def _check_reconfigure(inst: "DeploymentApplied", attribute: attrs.Attribute, value: bool) -> None:
+    f.flag(inst, attribute, value)
+    if value and not inst.has_reconfigure:
+        raise InvalidConfig(
+            f"DeploymentApplied({inst.name!r}): reconfigure_takes_rank=True needs has_reconfigure=True"
+        )
+
+
+@_frozen
+class DeploymentApplied:
+    """A deployment was created or its config changed (Ray Serve's ``serve.run``).
+
+    ``user_config`` is any value; ``None`` means "no user_config" (then, as in
+    Ray Serve, the user's ``reconfigure`` is not called at startup or for rank
+    changes). ``has_reconfigure``/``reconfigure_takes_rank`` describe the
+    user's class, so the core can apply the seed's rules.
+    """
+
+    name: str = attrs.field(validator=f.name)
+    num_replicas: int = attrs.field(validator=f.count)
+    user_config: Any = attrs.field(default=None, hash=False)
+    has_reconfigure: bool = attrs.field(default=False, validator=f.flag)
+    reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
+
+
+@_frozen
+class ScaleRequested:
+    """Someone (a user, an autoscaler) asked for a new replica count.
+
+    ``victims`` optionally names replicas to stop first on a downscale (in
+    order); the core picks the rest: not-yet-running ones first, then the
+    highest ranks, so that fewer ranks have to be compacted afterwards.
+    """
+
+    deployment: str = attrs.field(validator=f.name)
+    num_replicas: int = attrs.field(validator=f.count)
+    victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+
+
+@_frozen
+class ReplicaPlaced:
+    """The executor put a started replica on a node (answers StartReplica)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+
+
+@_frozen
+class ReplicaReady:
+    """The replica finished initialising (answers InitializeReplica)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+
+
+@_frozen
+class ReplicaReconfigured:
+    """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    version: int = attrs.field(validator=f.count)
+
+
+@_frozen
+class ReplicaCrashed:
+    """The replica died, failed to start, failed a health check or a reconfigure."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+
+
+@_frozen
+class ReplicaStopped:
+    """The replica has fully stopped (answers StopReplica); its ranks are released."""
+
+    replica_id: str = attrs.field(validator=f.name)
+
+
+@_frozen
+class NodeLost:
+    """A node is gone: every replica placed on it has crashed."""
+
+    node_id: str = attrs.field(validator=f.name)
+
+
+def _parse_rank(value: Any) -> ReportedRank:
+    return ReportedRank.parse(value)
+
+
+def _report_phase(value: Any) -> Phase:
+    try:
+        phase = Phase(value)
+    except ValueError:
+        raise InvalidConfig(f"ReplicaReport.phase must be a phase name, got {value!r}") from None
+    if phase in (Phase.STOPPED, Phase.CRASHED):
+        raise InvalidConfig(f"ReplicaReport.phase: a live replica cannot report {phase.value!r}")
+    return phase
+
+
+def _check_report(inst: "ReplicaReport", attribute: attrs.Attribute, value: Any) -> None:
+    if inst.phase is not Phase.PENDING and inst.node_id is None and inst.phase is not Phase.STOPPING:
+        raise InvalidConfig(
+            f"ReplicaReport({inst.replica_id!r}) is {inst.phase.value} but names no node_id"
+        )
+
+
+@_frozen
+class ReplicaReport:
+    """What one live replica tells a recovering controller.
+
+    ``rank`` may be a ``ReplicaRank``, a bare int (the global rank) or a dict
+    with ``rank`` / ``node_rank`` / ``local_rank``: all three reach real
+    controllers (ray#64636 is this confusion), so all three are accepted.
+    """
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    rank: ReportedRank = attrs.field(converter=_parse_rank)
+    node_id: str | None = attrs.field(default=None, validator=f.optional_name)
+    phase: Phase = attrs.field(default=Phase.RUNNING, converter=_report_phase, validator=_check_report)
+    world_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(f.count)
+    )
+    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+    #: number of the last reconfigure it received (so a pending answer still matches)
+    version: int = attrs.field(default=0, validator=f.count)
+
+
+@_frozen
+class ControllerRecovered:
+    """A restarted controller learnt the deployments' configs and the replicas' reports.
+
+    Ranks are not checkpointed (as in Ray Serve): they are rebuilt from the
+    reports alone. ``deployments`` is the last applied config of each
+    deployment.
+    """
+
+    deployments: tuple[DeploymentApplied, ...] = attrs.field(converter=f.to_tuple)
+    reports: tuple[ReplicaReport, ...] = attrs.field(converter=f.to_tuple)
+
+    @deployments.validator
+    def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:
+        seen = set()
+        for d in value:
+            if not isinstance(d, DeploymentApplied):
+                raise InvalidConfig(f"ControllerRecovered.deployments holds {d!r}, not a DeploymentApplied")
+            if d.name in seen:
+                raise InvalidConfig(f"ControllerRecovered.deployments names {d.name!r} twice")
+            seen.add(d.name)
+
+    @reports.validator
+    def _check_reports(self, attribute: attrs.Attribute, value: tuple) -> None:
+        seen = set()
+        for r in value:
+            if not isinstance(r, ReplicaReport):
+                raise InvalidConfig(f"ControllerRecovered.reports holds {r!r}, not a ReplicaReport")
+            if r.replica_id in seen:
+                raise InvalidConfig(f"ControllerRecovered.reports has two reports from {r.replica_id!r}")
+            seen.add(r.replica_id)
+
+
+Event = Union[
+    DeploymentApplied,
+    ScaleRequested,
+    ReplicaPlaced,
+    ReplicaReady,
+    ReplicaReconfigured,
+    ReplicaCrashed,
+    ReplicaStopped,
+    NodeLost,
+    ControllerRecovered,
+]

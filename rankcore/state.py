@@ -1,0 +1,142 @@
+"""State records: frozen attrs over persistent maps, so one event costs O(log N).
+
+A ``State`` holds any number of deployments, each with its own rank space
+(its own :class:`~rankcore.ranks.RankTable`). Nothing here is ever mutated;
+``step`` returns a new ``State`` and the old one stays valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import attrs
+import immutables
+
+from . import fields as f
+from .errors import InvalidEvent
+from .lifecycle import LIVE, Phase
+from .ranks import RankTable, ReplicaRank
+
+__all__ = ["Replica", "Deployment", "State", "Step", "replica_id"]
+
+_frozen = attrs.frozen(kw_only=True)
+_PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
+
+
+def replica_id(deployment: str, n: int) -> str:
+    """The id the core gives the n-th replica it creates: ``"<deployment>#<n>"``."""
+    return f"{deployment}#{n}"
+
+
+def parse_replica_number(rid: str) -> int | None:
+    """``n`` of an id made by :func:`replica_id`, or None for a foreign id."""
+    _, sep, tail = rid.rpartition("#")
+    if not sep or not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
+        return None
+    return int(tail)
+
+
+@_frozen
+class Replica:
+    """One incarnation of a replica. A replacement is a new Replica (new id)
+    of the same ``lineage``; events about an older incarnation are stale."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    phase: Phase
+    lineage: int = attrs.field(validator=f.count)
+    node_id: str | None = attrs.field(default=None, validator=f.optional_name)
+    #: number of the last ReconfigureReplica sent (0: none yet)
+    version: int = attrs.field(default=0, validator=f.count)
+    #: the deployment's config_version this replica was given
+    config_version: int = attrs.field(default=0, validator=f.count)
+    #: a recovered, still-starting replica whose rank changed: tell it once ready
+    rank_update_due: bool = attrs.field(default=False, validator=f.flag)
+
+
+def _empty_counts() -> tuple[int, ...]:
+    return (0,) * len(LIVE)
+
+
+@_frozen
+class Deployment:
+    """A deployment's config, replicas and rank table."""
+
+    name: str = attrs.field(validator=f.name)
+    target: int = attrs.field(validator=f.count)
+    user_config: Any = attrs.field(default=None, hash=False)
+    has_reconfigure: bool = False
+    reconfigure_takes_rank: bool = False
+    config_version: int = 0
+    replicas: immutables.Map = attrs.field(factory=immutables.Map)
+    ranks: RankTable = attrs.field(factory=RankTable)
+    #: replicas per live phase, in ``lifecycle.LIVE`` order
+    counts: tuple[int, ...] = attrs.field(factory=_empty_counts)
+    #: a rank was released since the last compaction
+    dirty: bool = False
+
+    def count(self, phase: Phase) -> int:
+        return self.counts[_PHASE_INDEX[phase]]
+
+    @property
+    def world_size(self) -> int:
+        """Always the target (updated the moment the target changes)."""
+        return self.target
+
+    @property
+    def active(self) -> int:
+        """Replicas not being stopped: what counts towards the target."""
+        return len(self.replicas) - self.count(Phase.STOPPING)
+
+    @property
+    def healthy(self) -> bool:
+        """Target replicas running, none pending, starting, reconfiguring or stopping."""
+        return self.count(Phase.RUNNING) == self.target == len(self.replicas)
+
+    def rank_of(self, rid: str) -> ReplicaRank | None:
+        return self.ranks.rank_of(rid)
+
+
+@_frozen
+class State:
+    """Everything the core knows. Build the first one with ``State()``."""
+
+    deployments: immutables.Map = attrs.field(factory=immutables.Map)
+    #: replica id -> deployment name, for events that name only the replica
+    index: immutables.Map = attrs.field(factory=immutables.Map)
+    next_replica: int = 0
+    next_lineage: int = 0
+    #: foreign replica ids (from recovery reports) that have left: later
+    #: events about them are stale, not invalid
+    retired: immutables.Map = attrs.field(factory=immutables.Map)
+
+    def deployment(self, name: str) -> Deployment:
+        try:
+            return self.deployments[name]
+        except KeyError:
+            raise InvalidEvent(f"unknown deployment {name!r}") from None
+
+    def replica(self, rid: str) -> Replica | None:
+        name = self.index.get(rid)
+        return None if name is None else self.deployments[name].replicas[rid]
+
+    def replicas(self) -> Iterator[Replica]:
+        for dep in self.deployments.values():
+            yield from dep.replicas.values()
+
+    def ranks(self, deployment: str) -> dict[str, ReplicaRank | None]:
+        """replica id -> rank (None while not placed) for one deployment."""
+        return dict(self.deployment(deployment).ranks.items())
+
+
+@_frozen
+class Step:
+    """The result of one ``step``: the new state and what to do, in order.
+
+    ``stale`` is true when the event was about an older incarnation (or an
+    already finished replica, or an unknown node) and so changed nothing.
+    """
+
+    state: State
+    commands: tuple = ()
+    stale: bool = False
