@@ -33,7 +33,7 @@ from .events import (
     ScaleRequested,
 )
 from .lifecycle import LIVE, Phase, Trigger, advance
-from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
+from .state import Compaction, Deployment, Replica, State, Step, parse_replica_number, replica_id
 
 __all__ = ["step", "run"]
 
@@ -44,7 +44,7 @@ _evolve = attrs.evolve
 class _Tx:
     """One step's work in progress: the state being built and the commands."""
 
-    __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched")
+    __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions")
 
     def __init__(self, state: State) -> None:
         self.deps: immutables.Map = state.deployments
@@ -54,6 +54,7 @@ class _Tx:
         self.retired: immutables.Map = state.retired
         self.commands: list = []
         self.touched: set[str] = set()
+        self.compactions: list[Compaction] = []
 
     def dep(self, name: str) -> Deployment:
         try:
@@ -100,7 +101,9 @@ class _Tx:
             next_lineage=self.next_lineage,
             retired=self.retired,
         )
-        return Step(state=state, commands=tuple(self.commands), stale=stale)
+        return Step(
+            state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions)
+        )
 
 
 # ---------------------------------------------------------------- helpers
@@ -248,7 +251,11 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
 
 
 def _compact(tx: _Tx, dep: Deployment) -> Deployment:
+    bound = dep.ranks.lower_bound()
+    if not bound.replicas:
+        return _evolve(dep, dirty=False)
     ranks, changes = dep.ranks.compact()
+    tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
     dep = _evolve(dep, ranks=ranks, dirty=False)
     replicas, counts = dep.replicas, dep.counts
     for change in changes:  # ordered by new global rank
@@ -278,8 +285,15 @@ def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
         tx.put(_reconcile(tx, dep))
         return tx.finish()
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank)
-    if e.user_config != dep.user_config:
+    config_changed = e.user_config != dep.user_config
+    if config_changed:
         dep = _evolve(dep, user_config=e.user_config, config_version=dep.config_version + 1)
+    if e.num_replicas != dep.target:
+        dep = _evolve(dep, target=e.num_replicas)
+        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
+    dep = _reconcile(tx, dep)
+    if config_changed:
+        # Every serving replica (not those being stopped) gets the new user_config.
         serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)]
         replicas, counts = dep.replicas, dep.counts
         for rep in _by_rank(dep, serving):
@@ -288,10 +302,7 @@ def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
             counts = _counts(counts, rep.phase, new.phase)
             tx.emit(cmd)
         dep = _evolve(dep, replicas=replicas, counts=counts)
-    if e.num_replicas != dep.target:
-        dep = _evolve(dep, target=e.num_replicas)
-        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
-    tx.put(_reconcile(tx, dep))
+    tx.put(dep)
     return tx.finish()
 
 

@@ -15,9 +15,9 @@ import immutables
 from . import fields as f
 from .errors import InvalidEvent
 from .lifecycle import LIVE, Phase
-from .ranks import RankTable, ReplicaRank
+from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
-__all__ = ["Replica", "Deployment", "State", "Step", "replica_id"]
+__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "replica_id"]
 
 _frozen = attrs.frozen(kw_only=True)
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
@@ -130,6 +130,15 @@ class State:
 
 
 @_frozen
+class Compaction:
+    """One compaction inside a step: the lower bound it had to meet and what it changed."""
+
+    deployment: str
+    lower_bound: LowerBound
+    changes: Reassignments
+
+
+@_frozen
 class Step:
     """The result of one ``step``: the new state and what to do, in order.
 
@@ -140,3 +149,4 @@ class Step:
     state: State
     commands: tuple = ()
     stale: bool = False
+    compactions: tuple[Compaction, ...] = ()

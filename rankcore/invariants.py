@@ -1,0 +1,334 @@
+"""The rules of ranks as plain check functions an embedder can call anywhere.
+
+State checks look at one state; step checks look at a state, an event and
+the ``Step`` it produced. Each raises :class:`InvariantViolation` naming the
+deployment, replica and values involved, and returns None when all is well.
+``check_state`` / ``check_step`` run them all. ``reports_from`` builds the
+recovery event a state's own live replicas would send.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+from .commands import ReconfigureReplica, StartReplica, UpdateWorldSize
+from .errors import InvariantViolation
+from .events import ControllerRecovered, DeploymentApplied, ReplicaReport, ScaleRequested
+from .lifecycle import LIVE, Phase
+from .ranks import ReplicaRank
+from .state import Deployment, State, Step
+
+__all__ = [
+    "check_state",
+    "check_step",
+    "check_ranks_unique",
+    "check_every_replica_ranked",
+    "check_counts",
+    "check_contiguous_when_healthy",
+    "check_world_size_commands",
+    "check_crash_inherits_rank",
+    "check_upscale_keeps_ranks",
+    "check_rank_changes_reconfigured",
+    "check_compaction_minimal",
+    "check_recovery_roundtrip",
+    "check_snapshot",
+    "reports_from",
+    "rank_view",
+]
+
+
+def _fail(msg: str) -> None:
+    raise InvariantViolation(msg)
+
+
+def rank_view(dep: Deployment) -> dict[str, tuple[int, int | None, int | None]]:
+    """replica id -> (rank, node_rank, local_rank); node parts None until placed."""
+    out = {}
+    for rid, (r, _node, nr, local) in dep.ranks.to_dict().items():
+        out[rid] = (r, nr, local)
+    return out
+
+
+# ------------------------------------------------------------ state checks
+def check_ranks_unique(state: State) -> None:
+    """At each level, no two live replicas (or nodes) share a rank."""
+    for dep in state.deployments.values():
+        snap = dep.ranks.to_dict()
+        dup = [r for r, c in Counter(v[0] for v in snap.values()).items() if c > 1]
+        if dup:
+            _fail(f"{dep.name}: global rank {dup[0]} is held by more than one replica")
+        node_ranks: dict[Any, int] = {}
+        for _, node, nr, _l in snap.values():
+            if node is not None:
+                if node_ranks.setdefault(node, nr) != nr:
+                    _fail(f"{dep.name}: node {node!r} has two node ranks ({node_ranks[node]}, {nr})")
+        dup = [nr for nr, c in Counter(node_ranks.values()).items() if c > 1]
+        if dup:
+            _fail(f"{dep.name}: node rank {dup[0]} is held by more than one node")
+        locals_ = Counter((node, l) for _, node, _nr, l in snap.values() if node is not None)
+        dup = [k for k, c in locals_.items() if c > 1]
+        if dup:
+            _fail(f"{dep.name}: local rank {dup[0][1]} on node {dup[0][0]!r} is held twice")
+
+
+def check_every_replica_ranked(state: State) -> None:
+    """Every live replica holds exactly one rank; a placed one all three levels."""
+    for dep in state.deployments.values():
+        snap = dep.ranks.to_dict()
+        if set(snap) != set(dep.replicas.keys()):
+            extra = sorted(set(snap) - set(dep.replicas.keys()))[:3]
+            missing = sorted(set(dep.replicas.keys()) - set(snap))[:3]
+            _fail(f"{dep.name}: ranks held by non-replicas {extra}, replicas without rank {missing}")
+        for rid, rep in dep.replicas.items():
+            if state.index.get(rid) != dep.name:
+                _fail(f"{dep.name}: replica {rid!r} is missing from the replica index")
+            node = snap[rid][1]
+            if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
+                _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} has no node rank")
+            if rep.phase is Phase.PENDING and node is not None:
+                _fail(f"{dep.name}: pending replica {rid!r} already has node ranks")
+            if node is not None and node != rep.node_id:
+                _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
+    if len(state.index) != sum(len(d.replicas) for d in state.deployments.values()):
+        _fail("the replica index names replicas that no deployment holds")
+
+
+def check_counts(state: State) -> None:
+    for dep in state.deployments.values():
+        seen = Counter(r.phase for r in dep.replicas.values())
+        want = tuple(seen.get(p, 0) for p in LIVE)
+        if want != dep.counts:
+            _fail(f"{dep.name}: phase counts {dep.counts} do not match the replicas {want}")
+
+
+def check_contiguous_when_healthy(state: State) -> None:
+    """A healthy deployment's ranks are exactly 0..N-1 / 0..M-1 / 0..K-1."""
+    for dep in state.deployments.values():
+        if not dep.healthy:
+            continue
+        snap = dep.ranks.to_dict()
+        ranks = sorted(v[0] for v in snap.values())
+        if ranks != list(range(len(ranks))):
+            _fail(f"{dep.name} is healthy but its global ranks are {ranks}")
+        nodes: dict[Any, int] = {v[1]: v[2] for v in snap.values()}
+        if sorted(nodes.values()) != list(range(len(nodes))):
+            _fail(f"{dep.name} is healthy but its node ranks are {sorted(nodes.values())}")
+        per_node: dict[Any, list[int]] = {}
+        for v in snap.values():
+            per_node.setdefault(v[1], []).append(v[3])
+        for node, ls in per_node.items():
+            if sorted(ls) != list(range(len(ls))):
+                _fail(f"{dep.name} is healthy but local ranks on {node!r} are {sorted(ls)}")
+
+
+def check_state(state: State) -> None:
+    """All state invariants."""
+    check_ranks_unique(state)
+    check_every_replica_ranked(state)
+    check_counts(state)
+    check_contiguous_when_healthy(state)
+
+
+# ------------------------------------------------------------- step checks
+def _views(state: State) -> dict[str, dict[str, tuple]]:
+    return {name: rank_view(dep) for name, dep in state.deployments.items()}
+
+
+def check_world_size_commands(before: State, event: object, result: Step) -> None:
+    """world_size is the target, announced the moment the target changes."""
+    for name, dep in result.state.deployments.items():
+        old = before.deployments.get(name)
+        if old is not None and old.target != dep.target and not isinstance(event, ControllerRecovered):
+            sizes = [c.world_size for c in result.commands if isinstance(c, UpdateWorldSize) and c.deployment == name]
+            if sizes != [dep.target]:
+                _fail(f"{name}: target {old.target} -> {dep.target} but UpdateWorldSize sent {sizes}")
+    for c in result.commands:
+        ws = getattr(c, "world_size", None)
+        dep = result.state.deployments.get(getattr(c, "deployment", None))
+        if ws is not None and dep is not None and ws != dep.target:
+            _fail(f"{type(c).__name__} for {c.deployment} carries world_size {ws}, target is {dep.target}")
+
+
+def check_crash_inherits_rank(before: State, event: object, result: Step) -> None:
+    """A crashed replica's replacement starts with the same global rank."""
+    for c in result.commands:
+        if isinstance(c, StartReplica) and c.replaces is not None:
+            dep = before.deployments[c.deployment]
+            old = dep.ranks.global_rank(c.replaces)
+            if c.rank != old:
+                _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.rank}")
+            if result.state.deployments[c.deployment].replicas[c.replica_id].lineage != dep.replicas[c.replaces].lineage:
+                _fail(f"{c.replica_id} replaces {c.replaces} but is not of its lineage")
+
+
+def check_upscale_keeps_ranks(before: State, event: object, result: Step) -> None:
+    """Scaling up never changes an existing replica's rank, at any level."""
+    if not isinstance(event, (ScaleRequested, DeploymentApplied)):
+        return
+    name = event.deployment if isinstance(event, ScaleRequested) else event.name
+    old, new = before.deployments.get(name), result.state.deployments.get(name)
+    if old is None or new is None or new.target <= old.target:
+        return
+    was, now = rank_view(old), rank_view(new)
+    for rid, rk in was.items():
+        if rid in now and now[rid] != rk:
+            _fail(f"{name}: upscale {old.target}->{new.target} changed {rid} from {rk} to {now[rid]}")
+
+
+def check_rank_changes_reconfigured(before: State, event: object, result: Step) -> None:
+    """Every placed replica whose rank changed (any level) gets exactly one
+    rank reconfigure, carrying the new rank; nobody else gets one, except a
+    replica whose rank update was due since a recovery (it gets it when ready)."""
+    if isinstance(event, ControllerRecovered):
+        return
+    was, now = _views(before), _views(result.state)
+    sent = Counter(
+        (c.deployment, c.replica_id) for c in result.commands if isinstance(c, ReconfigureReplica) and c.reason == "rank"
+    )
+    for (dep, rid), n in sent.items():
+        if n != 1:
+            _fail(f"{dep}/{rid} got {n} rank reconfigures in one step")
+    for name, ranks in now.items():
+        for rid, rk in ranks.items():
+            old = was.get(name, {}).get(rid)
+            changed = old is not None and old[1] is not None and old != rk
+            before_dep = before.deployments.get(name)
+            due = before_dep is not None and rid in before_dep.replicas and before_dep.replicas[rid].rank_update_due
+            if changed != ((name, rid) in sent) and not (due and not changed):
+                _fail(f"{name}/{rid}: rank {old} -> {rk}, rank reconfigures sent: {sent.get((name, rid), 0)}")
+    for c in result.commands:
+        if isinstance(c, ReconfigureReplica):
+            r, nr, lr = now[c.deployment][c.replica_id]
+            if c.rank != ReplicaRank(rank=r, node_rank=nr, local_rank=lr):  # type: ignore[arg-type]
+                _fail(f"reconfigure of {c.replica_id} carries {c.rank}, its rank is {(r, nr, lr)}")
+
+
+def check_compaction_minimal(before: State, event: object, result: Step) -> None:
+    """A compaction changes exactly the lower-bound number of ranks, per level."""
+    for comp in result.compactions:
+        lb = comp.lower_bound
+        moved = list(comp.changes)
+        per = (
+            sum(a.old.rank != a.new.rank for a in moved),
+            sum(a.old.node_rank != a.new.node_rank for a in moved),
+            sum(a.old.local_rank != a.new.local_rank for a in moved),
+        )
+        if len(moved) != lb.replicas or per != (lb.rank, lb.node_rank, lb.local_rank):
+            _fail(f"{comp.deployment}: compaction changed {len(moved)} replicas {per}, lower bound {lb}")
+        dep = result.state.deployments[comp.deployment]
+        if not dep.ranks.is_contiguous():
+            _fail(f"{comp.deployment}: still not contiguous after compaction")
+
+
+def check_step(before: State, event: object, result: Step) -> None:
+    """All step invariants (plus the state invariants of the new state)."""
+    check_state(result.state)
+    check_world_size_commands(before, event, result)
+    check_crash_inherits_rank(before, event, result)
+    check_upscale_keeps_ranks(before, event, result)
+    check_rank_changes_reconfigured(before, event, result)
+    check_compaction_minimal(before, event, result)
+
+
+# ----------------------------------------------------------------- recovery
+def reports_from(state: State) -> ControllerRecovered:
+    """The recovery event this state's own live replicas and configs would give."""
+    deployments = []
+    reports = []
+    for name in sorted(state.deployments.keys()):
+        dep = state.deployments[name]
+        deployments.append(
+            DeploymentApplied(
+                name=name,
+                num_replicas=dep.target,
+                user_config=dep.user_config,
+                has_reconfigure=dep.has_reconfigure,
+                reconfigure_takes_rank=dep.reconfigure_takes_rank,
+            )
+        )
+        snap = dep.ranks.to_dict()
+        for rid in sorted(dep.replicas.keys()):
+            rep = dep.replicas[rid]
+            r, node, nr, lr = snap[rid]
+            rank: Any = r if node is None else ReplicaRank(rank=r, node_rank=nr, local_rank=lr)
+            reports.append(
+                ReplicaReport(
+                    replica_id=rid,
+                    deployment=name,
+                    rank=rank,
+                    node_id=node,
+                    phase=rep.phase,
+                    world_size=dep.target,
+                    lineage=rep.lineage,
+                    version=rep.version,
+                )
+            )
+    return ControllerRecovered(deployments=tuple(deployments), reports=tuple(reports))
+
+
+def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
+    """Recovering from the state's own reports gives the same ranks, phases and
+    targets, and no reconfigure (nor any other command)."""
+    from .core import step as core_step
+
+    result = (step_fn or core_step)(State(), reports_from(state))
+    if _views(result.state) != _views(state):
+        _fail(f"recovery from own reports changed ranks: {_views(state)} -> {_views(result.state)}")
+    for name, dep in state.deployments.items():
+        got = result.state.deployments[name]
+        if got.target != dep.target:
+            _fail(f"{name}: recovery changed the target {dep.target} -> {got.target}")
+        phases = {rid: r.phase for rid, r in got.replicas.items()}
+        if phases != {rid: r.phase for rid, r in dep.replicas.items()}:
+            _fail(f"{name}: recovery changed phases")
+    if result.commands:
+        _fail(f"recovery from own reports sent commands: {list(result.commands)[:3]}")
+
+
+# ---------------------------------------------------------------- snapshots
+def check_snapshot(snapshot: Mapping[str, Any]) -> None:
+    """State invariants over a trace snapshot (the documented JSON form).
+
+    ``snapshot["deployments"]``: name -> {"target", "healthy", "replicas":
+    {id: {"phase", "node", "rank": [rank, node_rank, local_rank] or None}}}.
+    """
+    for name, dep in snapshot["deployments"].items():
+        reps = dep["replicas"]
+        triples = [(rid, r["node"], r["rank"]) for rid, r in reps.items() if r.get("rank") is not None]
+        _check_levels(name, triples, healthy=bool(dep.get("healthy")))
+        for rid, r in reps.items():
+            if r["phase"] in ("starting", "running", "reconfiguring") and r.get("rank") is None:
+                _fail(f"{name}: {r['phase']} replica {rid} has no rank in the snapshot")
+        if dep.get("healthy"):
+            running = sum(r["phase"] == "running" for r in reps.values())
+            if running != dep["target"] or len(reps) != dep["target"]:
+                _fail(f"{name}: marked healthy with {running} running of {len(reps)}, target {dep['target']}")
+
+
+def _check_levels(name: str, triples: Iterable[tuple], healthy: bool) -> None:
+    triples = list(triples)
+    g = Counter(t[2][0] for t in triples)
+    dup = [r for r, c in g.items() if c > 1]
+    if dup:
+        _fail(f"{name}: global rank {dup[0]} held twice")
+    nodes: dict[Any, int] = {}
+    for _, node, rk in triples:
+        if node is not None and nodes.setdefault(node, rk[1]) != rk[1]:
+            _fail(f"{name}: node {node!r} has two node ranks")
+    if len(set(nodes.values())) != len(nodes):
+        _fail(f"{name}: a node rank is held by two nodes")
+    loc = Counter((node, rk[2]) for _, node, rk in triples if node is not None)
+    if any(c > 1 for c in loc.values()):
+        _fail(f"{name}: a local rank is held twice on one node")
+    if healthy:
+        if sorted(g) != list(range(len(g))):
+            _fail(f"{name}: healthy but global ranks {sorted(g)}")
+        if sorted(nodes.values()) != list(range(len(nodes))):
+            _fail(f"{name}: healthy but node ranks {sorted(nodes.values())}")
+        per: dict[Any, list[int]] = {}
+        for _, node, rk in triples:
+            per.setdefault(node, []).append(rk[2])
+        for node, ls in per.items():
+            if sorted(ls) != list(range(len(ls))):
+                _fail(f"{name}: healthy but local ranks on {node!r} are {sorted(ls)}")

@@ -1,0 +1,320 @@
+"""Hypothesis strategies and a stateful machine for anything that steps like the core.
+
+The machine is parameterised by the thing under test (zarr's pattern): the
+bare core, the simulator, or an embedder's own wrapper. A subject only has to
+``step(state, event) -> Step`` from ``initial()``; the machine drives it with
+random but *plausible* event sequences (answers to the commands it was given,
+crashes, node loss, scaling, config updates, controller recovery, stale and
+illegal events) and after every step checks every invariant in
+:mod:`rankcore.invariants`, purity (the input state is unchanged) and, at the
+end, determinism (replaying the same events gives the same commands).
+
+Use from a test module::
+
+    from rankcore.testing import CoreSubject, make_machine
+    TestCore = make_machine(CoreSubject).TestCase
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from hypothesis import event as hyp_event
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from . import invariants as inv
+from .core import step as core_step
+from .errors import InvalidEvent, RankcoreError
+from .events import (
+    ControllerRecovered,
+    DeploymentApplied,
+    NodeLost,
+    ReplicaCrashed,
+    ReplicaPlaced,
+    ReplicaReady,
+    ReplicaReconfigured,
+    ReplicaReport,
+    ReplicaStopped,
+    ScaleRequested,
+)
+from .lifecycle import Phase
+from .ranks import ReplicaRank
+from .state import State, Step
+
+__all__ = [
+    "Subject",
+    "CoreSubject",
+    "make_machine",
+    "deployment_names",
+    "node_ids",
+    "user_configs",
+    "reported_ranks",
+    "snapshot",
+]
+
+DEPLOYMENTS = ("llm", "embed", "rerank")
+NODES = ("node-a", "node-b", "node-c", "node-d")
+
+
+class Subject(Protocol):
+    """What the machine drives: anything that steps like ``rankcore.step``."""
+
+    def initial(self) -> State: ...
+
+    def step(self, state: State, event: object) -> Step: ...
+
+
+class CoreSubject:
+    """The bare core."""
+
+    def initial(self) -> State:
+        return State()
+
+    def step(self, state: State, event: object) -> Step:
+        return core_step(state, event)
+
+
+# -------------------------------------------------------------- strategies
+deployment_names = st.sampled_from(DEPLOYMENTS).map(str)
+node_ids = st.sampled_from(NODES).map(str)
+user_configs = st.one_of(st.none(), st.fixed_dictionaries({"model": st.sampled_from(["v1", "v2", "v3"])}))
+
+
+def reported_ranks(rank: ReplicaRank) -> st.SearchStrategy[Any]:
+    """The three forms a live replica may report its rank in (ray#64636)."""
+    return st.sampled_from(
+        [rank, rank.rank, {"rank": rank.rank, "node_rank": rank.node_rank, "local_rank": rank.local_rank}]
+    )
+
+
+def snapshot(state: State) -> Any:
+    """A deep, plain copy of everything observable in a state (for purity checks)."""
+    return {
+        name: (
+            dep.target,
+            dep.user_config,
+            dep.counts,
+            dep.dirty,
+            dep.config_version,
+            {rid: (r.phase, r.node_id, r.version, r.lineage, r.config_version) for rid, r in dep.replicas.items()},
+            dep.ranks.to_dict(),
+        )
+        for name, dep in state.deployments.items()
+    }, dict(state.index), state.next_replica, state.next_lineage
+
+
+def make_machine(subject_factory: Callable[[], Subject], *, max_replicas: int = 6) -> type[RuleBasedStateMachine]:
+    """A ``RuleBasedStateMachine`` class checking ``subject_factory()``'s subject."""
+
+    class RankMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.subject = subject_factory()
+            self.state = self.subject.initial()
+            self.initial = self.state
+            self.events: list[object] = []
+            self.commands: list[object] = []
+            self.retired: list[str] = []
+
+        # --------------------------------------------------------- driving
+        def apply(self, event: object) -> Step:
+            before = self.state
+            snap = snapshot(before)
+            note(f"step({event!r})")
+            result = self.subject.step(before, event)
+            assert snapshot(before) == snap, "step mutated its input state"
+            inv.check_step(before, event, result)
+            gone = set(before.index.keys()) - set(result.state.index.keys())
+            self.retired.extend(sorted(gone))
+            self.state = result.state
+            self.events.append(event)
+            self.commands.extend(result.commands)
+            hyp_event(type(event).__name__)
+            if result.compactions:
+                hyp_event("compaction")
+            if result.stale:
+                hyp_event("stale")
+            return result
+
+        def live(self, *phases: Phase) -> list[tuple[str, str]]:
+            out = []
+            for name in sorted(self.state.deployments.keys()):
+                dep = self.state.deployments[name]
+                out.extend((name, rid) for rid in sorted(dep.replicas.keys()) if dep.replicas[rid].phase in phases)
+            return out
+
+        # ----------------------------------------------------------- rules
+        @initialize(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs)
+        def first_deployment(self, name: str, n: int, config: Any) -> None:
+            self.apply(DeploymentApplied(name=name, num_replicas=n, user_config=config, has_reconfigure=True, reconfigure_takes_rank=True))
+
+        @rule(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs,
+              has_reconfigure=st.booleans(), takes_rank=st.booleans())
+        def apply_deployment(self, name: str, n: int, config: Any, has_reconfigure: bool, takes_rank: bool) -> None:
+            self.apply(DeploymentApplied(
+                name=name, num_replicas=n, user_config=config,
+                has_reconfigure=has_reconfigure, reconfigure_takes_rank=has_reconfigure and takes_rank,
+            ))
+
+        @precondition(lambda self: len(self.state.deployments) > 0)
+        @rule(data=st.data())
+        def scale(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.state.deployments.keys())), label="deployment")
+            dep = self.state.deployments[name]
+            n = data.draw(st.integers(0, max_replicas), label="num_replicas")
+            victims: tuple = ()
+            removing = dep.active - n
+            if removing > 0:
+                alive = sorted(r for r, rep in dep.replicas.items() if rep.phase is not Phase.STOPPING)
+                victims = tuple(data.draw(st.lists(st.sampled_from(alive), unique=True, max_size=removing), label="victims"))
+            self.apply(ScaleRequested(deployment=name, num_replicas=n, victims=victims))
+
+        @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING))
+        @rule(data=st.data())
+        def answer(self, data: st.DataObject) -> None:
+            """The executor answers an outstanding command."""
+            name, rid = data.draw(
+                st.sampled_from(self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING)), label="replica"
+            )
+            rep = self.state.deployments[name].replicas[rid]
+            if rep.phase is Phase.PENDING:
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label="node")))
+            elif rep.phase is Phase.STARTING:
+                self.apply(ReplicaReady(replica_id=rid))
+            elif rep.phase is Phase.RECONFIGURING:
+                self.apply(ReplicaReconfigured(replica_id=rid, version=rep.version))
+            else:
+                self.apply(ReplicaStopped(replica_id=rid))
+
+        @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING))
+        @rule(data=st.data())
+        def stabilize(self, data: st.DataObject) -> None:
+            """The executor answers everything outstanding until all is quiet
+            (raft's ``stabilize``): this is what reaches healthy deployments."""
+            for _ in range(8 * max_replicas * max(1, len(self.state.deployments))):
+                outstanding = self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING)
+                if not outstanding:
+                    return
+                for name, rid in outstanding:
+                    rep = self.state.deployments[name].replicas.get(rid)
+                    if rep is None:
+                        continue
+                    if rep.phase is Phase.PENDING:
+                        self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"node for {rid}")))
+                    elif rep.phase is Phase.STARTING:
+                        self.apply(ReplicaReady(replica_id=rid))
+                    elif rep.phase is Phase.RECONFIGURING:
+                        self.apply(ReplicaReconfigured(replica_id=rid, version=rep.version))
+                    elif rep.phase is Phase.STOPPING:
+                        self.apply(ReplicaStopped(replica_id=rid))
+            raise AssertionError("answering every command never settled")
+
+        @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING, Phase.STOPPING))
+        @rule(data=st.data())
+        def crash(self, data: st.DataObject) -> None:
+            name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
+            self.apply(ReplicaCrashed(replica_id=rid, reason="test"))
+
+        @rule(node=node_ids)
+        def lose_node(self, node: str) -> None:
+            hosted = any(r.node_id == node for r in self.state.replicas())
+            result = self.apply(NodeLost(node_id=node))
+            assert result.stale == (not hosted), "NodeLost is stale exactly when no replica was there"
+
+        @precondition(lambda self: len(self.state.deployments) > 0)
+        @rule()
+        def recover_exactly(self) -> None:
+            """Controller restart with every replica reporting: nothing changes."""
+            inv.check_recovery_roundtrip(self.state, self.subject.step)
+            self.apply(inv.reports_from(self.state))
+
+        @precondition(lambda self: len(self.state.index) > 0)
+        @rule(data=st.data())
+        def recover_messy(self, data: st.DataObject) -> None:
+            """Controller restart where some replicas died meanwhile, reports use
+            every rank form, and some claims conflict."""
+            exact = inv.reports_from(self.state)
+            reports = []
+            for rep in exact.reports:
+                if data.draw(st.booleans(), label=f"{rep.replica_id} died meanwhile") and rep.phase is not Phase.STOPPING:
+                    continue
+                rank: Any = rep.rank
+                if rep.node_id is not None:
+                    full = ReplicaRank(rank=rank.rank, node_rank=rank.node_rank, local_rank=rank.local_rank)
+                    if data.draw(st.booleans(), label="conflicting claim"):
+                        full = ReplicaRank(rank=0, node_rank=full.node_rank, local_rank=0)
+                    rank = data.draw(reported_ranks(full), label="rank form")
+                else:
+                    rank = rank.rank
+                reports.append(ReplicaReport(
+                    replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
+                    phase=rep.phase, world_size=rep.world_size, lineage=rep.lineage, version=rep.version,
+                ))
+            self.apply(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports)))
+
+        @precondition(lambda self: self.retired)
+        @rule(data=st.data())
+        def stale_event(self, data: st.DataObject) -> None:
+            rid = data.draw(st.sampled_from(self.retired), label="retired replica")
+            kind = data.draw(st.sampled_from(["crash", "stopped", "ready", "placed"]), label="kind")
+            event = {
+                "crash": ReplicaCrashed(replica_id=rid),
+                "stopped": ReplicaStopped(replica_id=rid),
+                "ready": ReplicaReady(replica_id=rid),
+                "placed": ReplicaPlaced(replica_id=rid, node_id="node-a"),
+            }[kind]
+            result = self.apply(event)
+            assert result.stale and result.commands == (), f"{event!r} about a retired replica was not stale"
+
+        @precondition(lambda self: self.live(Phase.PENDING, Phase.RUNNING))
+        @rule(data=st.data())
+        def illegal_event(self, data: st.DataObject) -> None:
+            """An answer that does not fit the phase raises and changes nothing."""
+            name, rid = data.draw(st.sampled_from(self.live(Phase.PENDING, Phase.RUNNING)), label="replica")
+            phase = self.state.deployments[name].replicas[rid].phase
+            event = ReplicaReady(replica_id=rid) if phase is Phase.PENDING else ReplicaStopped(replica_id=rid)
+            snap = snapshot(self.state)
+            try:
+                self.subject.step(self.state, event)
+            except InvalidEvent as exc:
+                assert rid in str(exc) and phase.value in str(exc), f"error does not name replica and phase: {exc}"
+            else:
+                raise AssertionError(f"{event!r} was accepted in phase {phase.value}")
+            assert snapshot(self.state) == snap
+
+        @rule(name=st.text(min_size=0, max_size=3))
+        def unknown_things(self, name: str) -> None:
+            """Unknown deployments and never-started replicas raise a typed error."""
+            for event in (
+                ScaleRequested(deployment="no-such-deployment", num_replicas=1),
+                ReplicaReady(replica_id="never-started#x"),
+            ):
+                try:
+                    self.subject.step(self.state, event)
+                except RankcoreError:
+                    pass
+                else:
+                    raise AssertionError(f"{event!r} was accepted")
+
+        # ------------------------------------------------------ invariants
+        @invariant()
+        def world_size_is_target(self) -> None:
+            for dep in self.state.deployments.values():
+                assert dep.world_size == dep.target
+
+        def teardown(self) -> None:
+            """Determinism: replaying the same events gives the same commands."""
+            if not self.events:
+                return
+            state, commands = self.initial, []
+            for event in self.events:
+                result = self.subject.step(state, event)
+                state = result.state
+                commands.extend(result.commands)
+            assert commands == self.commands, "replaying the same events gave different commands"
+            assert snapshot(state) == snapshot(self.state), "replaying the same events gave a different state"
+
+    RankMachine.__name__ = f"RankMachine[{getattr(subject_factory, '__name__', 'subject')}]"
+    return RankMachine
