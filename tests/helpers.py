@@ -1,0 +1,84 @@
+"""A tiny in-test executor: answers commands at once, on nodes the test chooses."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import rankcore as rc
+from rankcore.invariants import check_step
+
+
+class Driver:
+    """Feeds events to the core, answers its commands (optionally holding some
+    back), and checks every invariant after every step."""
+
+    def __init__(self, nodes: Iterable[str] = ("n0", "n1"), state: rc.State | None = None) -> None:
+        self.nodes = list(nodes)
+        self.state = state or rc.State()
+        self.turn = 0
+        self.commands: list[object] = []
+        self.held: list[object] = []  # commands not answered yet
+        self.node_for: Callable[[rc.StartReplica], str] | None = None
+
+    def step(self, event: object) -> rc.Step:
+        before = self.state
+        result = rc.step(before, event)
+        check_step(before, event, result)
+        self.state = result.state
+        self.commands.extend(result.commands)
+        return result
+
+    def answer(self, cmd: object) -> list[object]:
+        if isinstance(cmd, rc.StartReplica):
+            if self.node_for is not None:
+                node = self.node_for(cmd)
+            else:
+                node = self.nodes[self.turn % len(self.nodes)]
+                self.turn += 1
+            return [rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=node)]
+        if isinstance(cmd, rc.InitializeReplica):
+            return [rc.ReplicaReady(replica_id=cmd.replica_id)]
+        if isinstance(cmd, rc.ReconfigureReplica):
+            return [rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version)]
+        if isinstance(cmd, rc.StopReplica):
+            return [rc.ReplicaStopped(replica_id=cmd.replica_id)]
+        return []
+
+    def run(self, event: object, hold: Callable[[object], bool] = lambda c: False) -> list[object]:
+        """Apply ``event`` and answer every resulting command (transitively),
+        except those ``hold`` keeps back in ``self.held``. Returns all commands."""
+        out: list[object] = []
+        queue = [event]
+        while queue:
+            result = self.step(queue.pop(0))
+            for cmd in result.commands:
+                out.append(cmd)
+                if hold(cmd):
+                    self.held.append(cmd)
+                else:
+                    queue.extend(self.answer(cmd))
+        return out
+
+    def release(self, pred: Callable[[object], bool] = lambda c: True) -> list[object]:
+        """Answer held commands matching ``pred`` (and everything that follows)."""
+        todo = [c for c in self.held if pred(c)]
+        self.held = [c for c in self.held if not pred(c)]
+        out: list[object] = []
+        for cmd in todo:
+            for ev in self.answer(cmd):
+                out.extend(self.run(ev))
+        return out
+
+    def dep(self, name: str = "app") -> rc.Deployment:
+        return self.state.deployments[name]
+
+    def ranks(self, name: str = "app") -> dict[str, tuple[int, int, int] | None]:
+        return {rid: (rk.as_tuple() if rk else None) for rid, rk in self.state.ranks(name).items()}
+
+    def by_rank(self, name: str = "app") -> dict[int, str]:
+        dep = self.dep(name)
+        return {dep.ranks.global_rank(rid): rid for rid in dep.replicas}
+
+
+def of(kind: type, commands: Iterable[object]) -> list:
+    return [c for c in commands if isinstance(c, kind)]

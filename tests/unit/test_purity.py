@@ -1,0 +1,60 @@
+"""rankcore/ stays side-effect free, and its output does not depend on hash order."""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+import rankcore
+
+BANNED = {"ray", "torch", "time", "random", "os", "asyncio", "threading", "subprocess", "socket", "numpy"}
+CORE = pathlib.Path(rankcore.__file__).parent
+
+
+def test_core_imports_nothing_effectful():
+    for path in CORE.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in BANNED, f"{path.name} imports {name}"
+
+
+SCRIPT = r"""
+import rankcore as rc
+from rankcore.invariants import reports_from
+s = rc.State()
+out = []
+def go(ev):
+    global s
+    r = rc.step(s, ev); s = r.state; out.extend(r.commands)
+    return r
+go(rc.DeploymentApplied(name="app", num_replicas=12, user_config={"m": 1}, has_reconfigure=True))
+for i in range(12):
+    go(rc.ReplicaPlaced(replica_id=f"app#{i}", node_id=f"node-{i % 5}"))
+    go(rc.ReplicaReady(replica_id=f"app#{i}"))
+go(rc.ScaleRequested(deployment="app", num_replicas=5))
+for c in [c for c in out if isinstance(c, rc.StopReplica)]:
+    go(rc.ReplicaStopped(replica_id=c.replica_id))
+go(rc.NodeLost(node_id="node-3"))
+go(rc.DeploymentApplied(name="app", num_replicas=7, user_config={"m": 2}, has_reconfigure=True))
+r = rc.step(rc.State(), reports_from(s))
+print(repr(out)); print(repr(r.commands)); print(sorted(s.ranks("app").items()))
+"""
+
+
+def test_same_events_same_commands_across_processes():
+    """String hashes differ between processes; commands must not."""
+    outs = []
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.append(subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True).stdout)
+    assert outs[0] == outs[1] == outs[2]
+    assert "ReconfigureReplica" in outs[0] and "StopReplica" in outs[0]

@@ -1,0 +1,156 @@
+"""Controller recovery: ranks rebuilt from the replicas' reports alone."""
+
+from __future__ import annotations
+
+import pytest
+
+import rankcore as rc
+from rankcore.invariants import check_recovery_roundtrip, reports_from
+from tests.helpers import Driver, of
+
+SPEC = rc.DeploymentApplied(name="app", num_replicas=4, user_config={"m": 1}, has_reconfigure=True,
+                            reconfigure_takes_rank=True)
+
+
+def report(rid, rank, node="n0", **kw):
+    return rc.ReplicaReport(replica_id=rid, deployment="app", rank=rank, node_id=node, **kw)
+
+
+def healthy_driver(n=4, nodes=("n0", "n1")):
+    d = Driver(nodes=nodes)
+    d.run(rc.DeploymentApplied(name="app", num_replicas=n, user_config={"m": 1}, has_reconfigure=True,
+                               reconfigure_takes_rank=True))
+    return d
+
+
+def test_recovery_from_own_reports_gives_same_ranks_and_no_commands():
+    d = healthy_driver(6, nodes=("n0", "n1", "n2"))
+    check_recovery_roundtrip(d.state)
+    r = rc.step(rc.State(), reports_from(d.state))
+    assert r.commands == ()
+    assert r.state.ranks("app") == d.state.ranks("app")
+
+
+def test_all_three_rank_forms_are_accepted():
+    """A record, a bare int and a dict all recover (ray#64636 is this confusion)."""
+    d = Driver(nodes=["n9"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#1", {"rank": 1, "node_rank": 0, "local_rank": 1}),
+        report("app#2", {"rank": 2}),
+        report("app#3", 3, node="n1"),
+    )))
+    assert d.ranks() == {"app#0": (0, 0, 0), "app#1": (1, 0, 1), "app#2": (2, 0, 2), "app#3": (3, 1, 0)}
+    # the replicas that did not report their node/local ranks are told them
+    assert sorted(c.replica_id for c in of(rc.ReconfigureReplica, cmds)) == ["app#2", "app#3"]
+
+
+def test_gaps_left_by_dead_replicas_are_the_lowest_free_ranks():
+    """Ray Serve hands out ranks above the highest recovered one; we refill the gap."""
+    d = Driver(nodes=["n9"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#2", rc.ReplicaRank(rank=2, node_rank=0, local_rank=1)),
+        report("app#3", rc.ReplicaRank(rank=3, node_rank=0, local_rank=2)),
+    )))
+    (start,) = of(rc.StartReplica, cmds)
+    assert start.rank == 1
+    assert sorted(r[0] for r in d.ranks().values()) == [0, 1, 2, 3]
+    assert of(rc.ReconfigureReplica, cmds) == []
+
+
+def test_duplicate_claims_are_resolved_deterministically():
+    """Two replicas claiming rank 1: the one whose id sorts first keeps it; the other
+    gets the lowest free rank and a reconfigure."""
+    d = Driver(nodes=["n9"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#7", rc.ReplicaRank(rank=1, node_rank=0, local_rank=1)),
+        report("app#5", rc.ReplicaRank(rank=1, node_rank=0, local_rank=0)),
+        report("app#6", rc.ReplicaRank(rank=0, node_rank=0, local_rank=2)),
+    )))
+    assert d.ranks()["app#5"][0] == 1 and d.ranks()["app#6"][0] == 0
+    assert d.ranks()["app#7"][0] == 2
+    assert [c.replica_id for c in of(rc.ReconfigureReplica, cmds)][0] == "app#7"
+    assert len(of(rc.StartReplica, cmds)) == 1
+
+
+def test_replicas_beyond_target_are_stopped_conflicting_first():
+    d = Driver(nodes=["n9"])
+    spec = rc.DeploymentApplied(name="app", num_replicas=2)
+    cmds = d.run(rc.ControllerRecovered(deployments=(spec,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#1", rc.ReplicaRank(rank=0, node_rank=0, local_rank=1)),
+        report("app#2", rc.ReplicaRank(rank=1, node_rank=0, local_rank=2)),
+    )))
+    assert [c.replica_id for c in of(rc.StopReplica, cmds)] == ["app#1"]
+    assert d.ranks() == {"app#0": (0, 0, 0), "app#2": (1, 0, 1)}
+
+
+def test_ranks_at_or_above_target_are_compacted_once_healthy():
+    d = Driver(nodes=["n9"])
+    spec = rc.DeploymentApplied(name="app", num_replicas=2, user_config={}, has_reconfigure=True,
+                                reconfigure_takes_rank=True)
+    cmds = d.run(rc.ControllerRecovered(deployments=(spec,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#3", rc.ReplicaRank(rank=5, node_rank=0, local_rank=1)),
+    )))
+    (rec,) = of(rc.ReconfigureReplica, cmds)
+    assert rec.replica_id == "app#3" and rec.rank.rank == 1 and rec.call_user
+
+
+def test_node_rank_claims_majority_wins_and_conflicts_move():
+    d = Driver(nodes=["n9"])
+    d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=1, local_rank=0), node="a"),
+        report("app#1", rc.ReplicaRank(rank=1, node_rank=1, local_rank=1), node="a"),
+        report("app#2", rc.ReplicaRank(rank=2, node_rank=0, local_rank=2), node="a"),
+        report("app#3", rc.ReplicaRank(rank=3, node_rank=1, local_rank=0), node="b"),
+    )))
+    ranks = d.ranks()
+    assert {ranks[r][1] for r in ("app#0", "app#1", "app#2")} == {ranks["app#0"][1]}
+    assert ranks["app#0"][1] != ranks["app#3"][1]
+    assert sorted({v[1] for v in ranks.values()}) == [0, 1]
+
+
+def test_reports_of_unknown_deployments_are_stopped_not_dropped():
+    d = Driver(nodes=["n9"])
+    orphan = rc.ReplicaReport(replica_id="old-x", deployment="gone", rank=0, node_id="n0")
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(orphan,)))
+    assert rc.StopReplica(replica_id="old-x", deployment="gone") in cmds
+    assert rc.step(d.state, rc.ReplicaStopped(replica_id="old-x")).stale
+
+
+def test_starting_replica_with_changed_rank_is_told_when_ready():
+    d = Driver(nodes=["n9"])
+    r = d.step(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#1", rc.ReplicaRank(rank=0, node_rank=0, local_rank=1), phase="starting"),
+    )))
+    assert of(rc.ReconfigureReplica, r.commands) == []
+    assert r.state.deployments["app"].replicas["app#1"].rank_update_due
+    out = d.run(rc.ReplicaReady(replica_id="app#1"))
+    (rec,) = of(rc.ReconfigureReplica, out)
+    assert rec.replica_id == "app#1" and rec.rank.rank == 1
+
+
+def test_recovery_sets_id_counter_past_reported_ids():
+    d = Driver(nodes=["n9"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#41", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+    )))
+    assert sorted(c.replica_id for c in of(rc.StartReplica, cmds)) == ["app#42", "app#43", "app#44"]
+
+
+def test_recovery_mid_downscale_keeps_stopping_replicas_ranked():
+    d = healthy_driver(4)
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=2), hold=lambda c: isinstance(c, rc.StopReplica))
+    check_recovery_roundtrip(d.state)
+    r = rc.step(rc.State(), reports_from(d.state))
+    stopping = [rid for rid, rep in r.state.deployments["app"].replicas.items() if rep.phase.value == "stopping"]
+    assert len(stopping) == 2
+
+
+@pytest.mark.parametrize("bad", [[], "x", 1.5, {"rank": -1}, {"rank": 0, "extra": 1}, True])
+def test_malformed_rank_in_report_raises_invalid_config(bad):
+    with pytest.raises(rc.InvalidConfig):
+        report("app#0", bad)
