@@ -348,16 +348,28 @@ class RankTable(Persistent):
         return iter(list(self._read()[_REC]))
 
     def _rec(self, replica: Replica) -> tuple:
+        if self._link is not None:
+            self._reroot()
         try:
-            return self._read()[_REC][replica]
+            return self._store.dicts[_REC][replica]
         except KeyError:
             raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
     def global_rank(self, replica: Replica) -> int:
-        return self._rec(replica)[0]
+        if self._link is not None:
+            self._reroot()
+        try:
+            return self._store.dicts[_REC][replica][0]
+        except KeyError:
+            raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
     def node_of(self, replica: Replica) -> Node | None:
-        return self._rec(replica)[1]
+        if self._link is not None:
+            self._reroot()
+        try:
+            return self._store.dicts[_REC][replica][1]
+        except KeyError:
+            raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
     def is_placed(self, replica: Replica) -> bool:
         return self._rec(replica)[1] is not None
