@@ -1,18 +1,28 @@
 """The ``rankcore`` console script.
 
-``rankcore demo`` walks the core through upscale, crash, downscale and
-recovery; ``rankcore diagram`` renders the replica lifecycle from its single
-declaration (mermaid text always; PNG when graphviz's ``dot`` is installed).
+``simulate`` runs a scenario file in the simulator (what-if sweeps with
+``--set``), ``run`` runs one on a chosen executor, ``check-trace`` checks the
+invariants over a trace, ``diagram`` renders the replica lifecycle and
+``demo`` walks the bare core through its rules.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import click
+import yaml
 from rich.console import Console
+from rich.table import Table
+
+EXIT_EXPECTATION_FAILED = 1
+EXIT_BAD_INPUT = 2
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,9 +31,230 @@ def main() -> None:
     """rankcore: stable, contiguous replica ranks."""
 
 
+# ------------------------------------------------------------------ simulate
+def _parse_sets(sets: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``key=v1,v2`` options -> the list of variants (their cartesian product)."""
+    axes = []
+    for s in sets:
+        key, sep, values = s.partition("=")
+        if not sep or not key or not values:
+            raise click.UsageError(f"--set {s!r}: expected key=value[,value...]")
+        parsed = []
+        for v in values.split(","):
+            try:
+                parsed.append(yaml.safe_load(v))
+            except yaml.YAMLError:
+                raise click.UsageError(f"--set {s!r}: cannot read value {v!r}") from None
+        axes.append([(key, v) for v in parsed])
+    if not axes:
+        return [{}]
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _summary_table(result: Any) -> Table:
+    t = Table(title=f"{result.scenario.name}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
+                    f"{result.events:,} core events)[/dim]")
+    for col in ("deployment", "target", "healthy", "contiguous", "reassigned\nrank/node/local/any",
+                "reconfigures\nrank/user_config", "crashes", "non-contig s", "unavailable\nreplica·s",
+                "crash→ready\np50 / p99 s"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for name, m in result.metrics["deployments"].items():
+        dep = result.state.deployments.get(name)
+        ra, rc_ = m["reassignments"], m["reconfigures"]
+        t.add_row(
+            name,
+            str(dep.target) if dep else "-",
+            "yes" if dep and dep.healthy else "no",
+            "yes" if dep and dep.ranks.is_contiguous() else "no",
+            f"{ra['rank']}/{ra['node_rank']}/{ra['local_rank']}/{ra['any']}",
+            f"{rc_['rank']}/{rc_['user_config']}",
+            str(m["crashes"]),
+            _fmt(m["noncontiguous_seconds"]),
+            _fmt(m["unavailable_replica_seconds"]),
+            f"{_fmt(m['crash_to_ready_p50'])} / {_fmt(m['crash_to_ready_p99'])}",
+        )
+    return t
+
+
+def _expectation_table(result: Any) -> Table | None:
+    if not result.expectations:
+        return None
+    t = Table(title="expectations")
+    t.add_column("", justify="center")
+    t.add_column("expectation")
+    t.add_column("seen")
+    for e in result.expectations:
+        t.add_row("[green]pass[/green]" if e.passed else "[red]FAIL[/red]", e.name, e.detail)
+    return t
+
+
+def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_every: int | None,
+             console: Console, show_progress: bool) -> Any:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .sim import Simulation
+
+    fp = open(trace_path, "w") if trace_path else None
+    try:
+        with Progress(TextColumn("[bold]simulating[/bold] {task.description}"), BarColumn(),
+                      TextColumn("t={task.completed:,.0f}s"), TimeElapsedColumn(), console=console,
+                      transient=True, disable=not show_progress) as progress:
+            task = progress.add_task(scenario.name, total=scenario.duration)
+
+            def tick(now: float, total: float | None) -> None:
+                progress.update(task, completed=now)
+
+            sim = Simulation(scenario, seed=seed, trace=fp, snapshot_every=snapshot_every, progress=tick)
+            return sim.run()
+    finally:
+        if fp:
+            fp.close()
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--seed", type=int, help="Override the scenario's seed.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON Lines trace here (see docs/trace-format.md).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG timeline: who held each rank when, crashes, reconfigures, world_size.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=V1[,V2...]",
+              help="What-if: override a scenario field (dotted path), e.g. "
+                   "faults.crash_rate_per_replica_hour=0,0.5,2; several values run several variants.")
+@click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
+@click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
+def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
+             sets: tuple[str, ...], snapshot_every: int | None, quiet: bool) -> None:
+    """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
+    _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet)
+
+
+def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
+              sets: tuple[str, ...], snapshot_every: int | None, quiet: bool) -> None:
+    from .sim import ScenarioError, load_scenario
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    err = Console(stderr=True)
+    variants = _parse_sets(sets)
+    try:
+        scenarios = [load_scenario(scenario_path, overrides=v) for v in variants]
+    except ScenarioError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if len(scenarios) > 1 and (trace_path or plot_path):
+        raise click.UsageError("--trace and --plot take one run; drop them or the --set variants")
+    results = []
+    for variant, sc in zip(variants, scenarios):
+        t0 = time.perf_counter()
+        path = trace_path
+        tmp = None
+        if plot_path and not path:
+            tmp = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+            tmp.close()
+            path = Path(tmp.name)
+        result = _run_one(sc, seed, path, snapshot_every, console, show_progress=not quiet and console.is_terminal)
+        wall = time.perf_counter() - t0
+        results.append((variant, result, wall))
+        if len(scenarios) == 1 and not quiet:
+            console.print(_summary_table(result))
+            et = _expectation_table(result)
+            if et is not None:
+                console.print(et)
+            console.print(f"[dim]{result.events:,} core events in {wall:.2f}s wall "
+                          f"({result.events / max(wall, 1e-9):,.0f} events/s)"
+                          + (f"; trace: {trace_path}" if trace_path else "") + "[/dim]")
+        if plot_path and path:
+            from .sim.plot import plot_trace
+
+            plot_trace(path, plot_path, title=sc.name)
+            if not quiet:
+                console.print(f"[dim]plot: {plot_path}[/dim]")
+            if tmp:
+                Path(tmp.name).unlink(missing_ok=True)
+    if len(scenarios) > 1:
+        console.print(_sweep_table(results))
+    failed = [(v, e) for v, r, _ in results for e in r.failures]
+    for v, e in failed:
+        where = f" [{', '.join(f'{k}={x}' for k, x in v.items())}]" if v else ""
+        err.print(f"[red]expectation failed[/red]{where}: {e.name}: {e.detail}", highlight=False)
+    if failed:
+        sys.exit(EXIT_EXPECTATION_FAILED)
+    if quiet:
+        console.print(f"ok: {len(results)} run(s), every expectation met")
+
+
+def _sweep_table(results: list) -> Table:
+    keys = list(results[0][0].keys())
+    t = Table(title=f"what-if: {results[0][1].scenario.name}")
+    for k in keys:
+        t.add_column(k, justify="right")
+    for col in ("crashes", "reassigned", "reconfigures", "non-contig s", "unavailable replica·s",
+                "crash→ready p50 / p99 s", "expectations", "wall s"):
+        t.add_column(col, justify="right")
+    for variant, r, wall in results:
+        ds = r.metrics["deployments"].values()
+        p50s = [d["crash_to_ready_p50"] for d in ds if d["crash_to_ready_p50"] is not None]
+        p99s = [d["crash_to_ready_p99"] for d in ds if d["crash_to_ready_p99"] is not None]
+        passed = sum(e.passed for e in r.expectations)
+        t.add_row(
+            *[str(variant[k]) for k in keys],
+            str(sum(d["crashes"] for d in ds)),
+            str(sum(d["reassignments"]["any"] for d in ds)),
+            str(sum(sum(d["reconfigures"].values()) for d in ds)),
+            _fmt(sum(d["noncontiguous_seconds"] for d in ds)),
+            _fmt(sum(d["unavailable_replica_seconds"] for d in ds)),
+            f"{_fmt(max(p50s) if p50s else None)} / {_fmt(max(p99s) if p99s else None)}",
+            f"{passed}/{len(r.expectations)}",
+            f"{wall:.2f}",
+        )
+    return t
+
+
+@main.command()
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--executor", type=click.Choice(["sim"]), default="sim", show_default=True,
+              help="Where to run it (the Ray executor is added by its own issue).")
+@click.option("--seed", type=int)
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path))
+def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None) -> None:
+    """Run SCENARIO on an executor (today: the simulator)."""
+    _simulate(scenario, seed, trace_path, None, (), None, False)
+
+
+# --------------------------------------------------------------- check-trace
+@main.command("check-trace")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+def check_trace(trace: Path) -> None:
+    """Check every rank invariant over a JSON Lines trace (exit 1 on a violation)."""
+    from .checktrace import TraceFormatError, check_trace_file
+
+    console = Console()
+    try:
+        report = check_trace_file(trace)
+    except TraceFormatError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(EXIT_BAD_INPUT)
+    console.print(report.summary())
+    if not report.ok:
+        for v in report.violations[:20]:
+            Console(stderr=True).print(f"[red]violation[/red] {v}", highlight=False)
+        sys.exit(1)
+
+
+# ------------------------------------------------------------------- others
 @main.command()
 def demo() -> None:
-    """Print ranks through upscale, crash, downscale and controller recovery."""
+    """Print ranks through upscale, crash, downscale and controller recovery (bare core)."""
     from .demo import run_demo
 
     run_demo(Console())

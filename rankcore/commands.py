@@ -33,7 +33,9 @@ _frozen = attrs.frozen(kw_only=True)
 class StartReplica:
     """Create replica ``replica_id`` and place it; it holds global ``rank``.
 
-    ``replaces`` names the crashed replica whose rank it inherits, if any.
+    ``replaces`` names the crashed replica whose rank it inherits, if any;
+    ``lineage`` numbers the chain of replicas that replaced one another (a
+    replacement has its predecessor's lineage).
     """
 
     replica_id: str = attrs.field(validator=f.name)
@@ -41,6 +43,7 @@ class StartReplica:
     rank: int = attrs.field(validator=f.count)
     world_size: int = attrs.field(validator=f.count)
     replaces: str | None = attrs.field(default=None, validator=f.optional_name)
+    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
 
 
 @_frozen

@@ -157,16 +157,18 @@ def _start(tx: _Tx, dep: Deployment, n: int) -> Deployment:
     """Start ``n`` new replicas on the lowest free ranks."""
     ids = tx.new_ids(dep.name, n)
     ranks = dep.ranks.assign_many([(rid, None) for rid in ids])
+    lineages = {rid: tx.new_lineage() for rid in ids}
     with dep.replicas.mutate() as m:
         for rid in ids:
-            m.set(rid, Replica(replica_id=rid, deployment=dep.name, phase=Phase.PENDING, lineage=tx.new_lineage()))
+            m.set(rid, Replica(replica_id=rid, deployment=dep.name, phase=Phase.PENDING, lineage=lineages[rid]))
         replicas = m.finish()
     with tx.index.mutate() as ix:
         for rid in ids:
             ix.set(rid, dep.name)
         tx.index = ix.finish()
     for rid in ids:
-        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, rank=ranks.global_rank(rid), world_size=dep.target))
+        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, rank=ranks.global_rank(rid),
+                             world_size=dep.target, lineage=lineages[rid]))
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n
     return _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
@@ -241,6 +243,7 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
             rank=ranks.global_rank(new_id),
             world_size=dep.target,
             replaces=rid,
+            lineage=rep.lineage,
         )
     )
     return _evolve(

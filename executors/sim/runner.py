@@ -1,0 +1,362 @@
+"""The discrete-event simulation: virtual clock, timeline, faults, expectations.
+
+Deterministic: one seeded ``random.Random`` and a heap ordered by (time,
+sequence number), so the same scenario and seed give a byte-identical trace.
+No sleeping: virtual time jumps from one scheduled happening to the next.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from typing import Any, Callable, TextIO
+
+import attrs
+
+import rankcore as rc
+from rankcore.invariants import check_state
+
+from ..driver import Driver
+from ..trace import TraceWriter
+from .metrics import Metrics
+from .scenario import Action, Expectation, Scenario
+from .world import SimBackend, SimReplica
+
+__all__ = ["Simulation", "RunResult", "ExpectationResult", "run_scenario"]
+
+#: without a ``duration``, a run that has not settled by then is stopped
+HORIZON = 7 * 24 * 3600.0
+
+
+@attrs.frozen
+class ExpectationResult:
+    expectation: Expectation | None
+    name: str
+    passed: bool
+    detail: str
+    t: float
+
+    def as_record(self) -> dict:
+        return {"t": self.t, "name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+@attrs.frozen
+class RunResult:
+    scenario: Scenario
+    seed: int
+    end_time: float
+    state: rc.State
+    metrics: dict
+    expectations: tuple[ExpectationResult, ...]
+    events: int
+    settled: bool
+
+    @property
+    def passed(self) -> bool:
+        return all(e.passed for e in self.expectations)
+
+    @property
+    def failures(self) -> list[ExpectationResult]:
+        return [e for e in self.expectations if not e.passed]
+
+
+class Simulation:
+    """Runs one scenario. Use :meth:`run` for the whole timeline, or drive it
+    step by step with :meth:`act` and :meth:`run_until` (the property tests do)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        seed: int | None = None,
+        trace: TextIO | None = None,
+        snapshot_every: int | None = None,
+        check: bool = False,
+        progress: Callable[[float, float | None], None] | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.seed = scenario.seed if seed is None else seed
+        self.rng = random.Random(self.seed)
+        self.now = 0.0
+        self._queue: list[tuple[float, int, Callable, tuple]] = []
+        self._seq = 0
+        self.backend = SimBackend(self)
+        every = snapshot_every or scenario.snapshot_every
+        self.trace = (
+            TraceWriter(trace, snapshot_every=every,
+                        meta={"executor": "sim", "scenario": scenario.name, "seed": self.seed})
+            if trace is not None else None
+        )
+        self.driver = Driver(self.backend, trace=self.trace, check=check)
+        self.metrics = Metrics()
+        self.driver.observers.append(self.metrics)
+        self.controller_up = True
+        self.applied: dict[str, rc.DeploymentApplied] = {}
+        self.results: list[ExpectationResult] = []
+        self.lost_events = 0
+        self._next_action = 0
+        self._blocked_on: dict[str, Any] | None = None  # a wait_until_healthy in progress
+        self._deferred = False  # the timeline waits for the controller to come back
+        self._timeline_done = not scenario.timeline
+        self.progress = progress
+        self.check = check
+        self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
+
+    # ------------------------------------------------------------- clock
+    def schedule(self, delay: float, fn: Callable, *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + max(0.0, delay), self._seq, fn, args))
+
+    def latency(self, deployment: str, what: str) -> float:
+        return self.scenario.latency_for(deployment, what).sample(self.rng)
+
+    def run_until(self, t_end: float, *, advance_clock: bool = True) -> None:
+        """Process everything scheduled up to ``t_end`` (inclusive); then the
+        clock reads ``t_end`` (or, with ``advance_clock=False``, the last happening)."""
+        q = self._queue
+        n = 0
+        while q and q[0][0] <= t_end:
+            t, _, fn, args = heapq.heappop(q)
+            self.now = t
+            fn(*args)
+            n += 1
+            if self.progress is not None and n % 2000 == 0:
+                self.progress(self.now, self.scenario.duration)
+        if advance_clock:
+            self.now = max(self.now, t_end)
+
+    def quiet(self) -> bool:
+        return not self._queue
+
+    # ----------------------------------------------------------- answers
+    def deliver(self, event: object) -> None:
+        """An answer from the cluster to the controller (lost while it is down)."""
+        if not self.controller_up:
+            self.lost_events += 1
+            return
+        self.driver.feed(event, self.now)
+        if self.check:
+            check_state(self.driver.state)
+        self._maybe_unblock()
+
+    def replica_running(self, r: SimReplica) -> None:
+        if self._crash_rate > 0:
+            self.schedule(self.rng.expovariate(self._crash_rate), self._random_crash, r.replica_id, r.epoch)
+
+    def _random_crash(self, rid: str, epoch: int) -> None:
+        r = self.backend.replicas.get(rid)
+        if r is not None and r.epoch == epoch and r.alive:
+            if self.trace:
+                self.trace.fault(self.now, "random_crash", replica=rid)
+            self.backend.crash(rid, "random crash")
+
+    # ----------------------------------------------------------- actions
+    def act(self, kind: str, args: dict) -> None:
+        """Carry out one timeline action now (the controller must be up for most)."""
+        if kind == "deploy":
+            spec = self.scenario.deployments[args["deployment"]]
+            changes = {k: args[k] for k in ("replicas", "user_config") if k in args}
+            event = spec.applied(**changes)
+            self.applied[spec.name] = event
+            self.driver.feed(event, self.now)
+        elif kind == "scale":
+            name = args["deployment"]
+            base = self.applied.get(name) or self.scenario.deployments[name].applied()
+            self.applied[name] = attrs.evolve(base, num_replicas=args["replicas"])
+            if name not in self.driver.state.deployments:
+                self.driver.feed(self.applied[name], self.now)
+            else:
+                self.driver.feed(rc.ScaleRequested(deployment=name, num_replicas=args["replicas"],
+                                                   victims=tuple(args.get("victims", ()))), self.now)
+        elif kind == "update_config":
+            name = args["deployment"]
+            base = self.applied.get(name) or self.scenario.deployments[name].applied()
+            self.applied[name] = attrs.evolve(base, user_config=args["user_config"])
+            self.driver.feed(self.applied[name], self.now)
+        elif kind == "crash":
+            rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
+            if self.trace:
+                self.trace.fault(self.now, "crash", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
+            if rid is None or not self.backend.crash(rid, "scheduled crash"):
+                self.results.append(ExpectationResult(None, f"crash {args}", True,
+                                                      "nothing to crash: no live replica matched", self.now))
+        elif kind == "lose_node":
+            if self.trace:
+                self.trace.fault(self.now, "node_lost", node=args["node"])
+            self.backend.lose_node(args["node"])
+        elif kind == "add_node":
+            if self.trace:
+                self.trace.fault(self.now, "node_added", node=args["node"], gpus=args["gpus"])
+            self.backend.add_node(args["node"], args["gpus"])
+        elif kind == "crash_controller":
+            self.crash_controller(args["recover_after"])
+        else:  # pragma: no cover - waits are handled by the timeline
+            raise ValueError(f"act() does not take {kind!r}")
+        if self.check:
+            check_state(self.driver.state)
+
+    def crash_controller(self, recover_after: float) -> None:
+        if not self.controller_up:
+            return
+        self.controller_up = False
+        self.driver.restart()
+        if self.trace:
+            self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
+        self.schedule(recover_after, self._recover_controller)
+
+    def _recover_controller(self) -> None:
+        self.controller_up = True
+        reports = tuple(self.backend.reports())
+        event = rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
+                                       reports=reports)
+        if self.trace:
+            self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events)
+        self.driver.feed(event, self.now)
+        if self._deferred:
+            self._deferred = False
+            self._schedule_next_action()
+        self._maybe_unblock()
+
+    # ---------------------------------------------------------- timeline
+    def _schedule_next_action(self) -> None:
+        tl = self.scenario.timeline
+        if self._next_action >= len(tl):
+            self._timeline_done = True
+            return
+        a = tl[self._next_action]
+        if a.at is not None:
+            delay = a.at - self.now
+        elif a.after is not None:
+            delay = a.after
+        else:
+            delay = 0.0
+        self.schedule(delay, self._run_action, a)
+
+    def _run_action(self, a: Action) -> None:
+        if not self.controller_up and a.kind not in ("wait", "lose_node", "add_node", "crash"):
+            self._deferred = True  # resumes when the controller is back
+            return
+        self._next_action += 1
+        if a.kind == "wait":
+            self.schedule(a.args["seconds"], self._schedule_next_action)
+            return
+        if a.kind == "wait_until_healthy":
+            name = a.args["deployment"]
+            self._blocked_on = {"action": a, "deployment": name}
+            if a.args["timeout"] is not None:
+                self.schedule(a.args["timeout"], self._wait_timed_out, a)
+            self._maybe_unblock()
+            return
+        self.act(a.kind, a.args)
+        self._schedule_next_action()
+
+    def _healthy(self, name: str) -> bool:
+        dep = self.driver.state.deployments.get(name)
+        return self.controller_up and dep is not None and dep.healthy
+
+    def _maybe_unblock(self) -> None:
+        b = self._blocked_on
+        if b is not None and self._healthy(b["deployment"]):
+            self._blocked_on = None
+            self._schedule_next_action()
+
+    def _wait_timed_out(self, a: Action) -> None:
+        b = self._blocked_on
+        if b is None or b["action"] is not a:
+            return
+        self._blocked_on = None
+        self.results.append(ExpectationResult(
+            None, f"timeline[{a.index}] wait_until_healthy {a.args['deployment']}", False,
+            f"not healthy after {a.args['timeout']:g}s (at t={self.now:g})", self.now))
+        self._schedule_next_action()
+
+    # ------------------------------------------------------ expectations
+    def _check(self, e: Expectation) -> ExpectationResult:
+        name = e.args["deployment"]
+        dep = self.driver.state.deployments.get(name)
+        m = self.metrics.deployments.get(name)
+        label = f"expect[{e.index}] {e.kind} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
+
+        def res(ok: bool, detail: str) -> ExpectationResult:
+            return ExpectationResult(e, label, ok, detail, self.now)
+
+        if dep is None:
+            return res(False, f"deployment {name!r} does not exist (never deployed, or the controller is down)")
+        ranks = dep.ranks
+        if e.kind == "world_size":
+            return res(dep.world_size == e.args["equals"], f"expected {e.args['equals']}, saw {dep.world_size}")
+        if e.kind == "running":
+            n = dep.count(rc.Phase.RUNNING)
+            return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
+        if e.kind in ("contiguous", "ranks"):
+            got = sorted(ranks.global_rank(r) for r in dep.replicas)
+            if e.kind == "ranks" and "global" in e.args and got != sorted(e.args["global"]):
+                return res(False, f"expected global ranks {sorted(e.args['global'])}, saw {got}")
+            if e.kind == "contiguous" or e.args.get("contiguous") is not None:
+                want = True if e.kind == "contiguous" else e.args["contiguous"]
+                lb = ranks.lower_bound()
+                is_c = lb.replicas == 0
+                if is_c != want:
+                    return res(False, f"expected contiguous={want}; global ranks {got}, "
+                                      f"{lb.replicas} replicas off (rank {lb.rank}, node {lb.node_rank}, local {lb.local_rank})")
+            return res(True, f"global ranks {got}")
+        if e.kind == "healthy":
+            return res(dep.healthy, f"{'healthy' if dep.healthy else 'not healthy'}: "
+                                    f"{dep.count(rc.Phase.RUNNING)} running of target {dep.target}, "
+                                    f"{len(dep.replicas)} live")
+        if e.kind in ("reconfigures", "reassignments"):
+            if m is None:
+                n = 0
+            elif e.kind == "reconfigures":
+                reason = e.args["reason"]
+                n = sum(m.reconfigures.values()) if reason == "any" else m.reconfigures[reason]
+            else:
+                n = m.reassignments[e.args["level"]]
+            problems = []
+            if "at_most" in e.args and n > e.args["at_most"]:
+                problems.append(f"at most {e.args['at_most']}")
+            if "at_least" in e.args and n < e.args["at_least"]:
+                problems.append(f"at least {e.args['at_least']}")
+            if "equals" in e.args and n != e.args["equals"]:
+                problems.append(f"exactly {e.args['equals']}")
+            return res(not problems, f"expected {' and '.join(problems)}, saw {n}" if problems else f"saw {n}")
+        raise AssertionError(e.kind)  # pragma: no cover
+
+    def _timed_check(self, e: Expectation) -> None:
+        self.results.append(self._check(e))
+
+    # --------------------------------------------------------------- run
+    def run(self) -> RunResult:
+        sc = self.scenario
+        for e in sc.expect:
+            if e.at is not None and (sc.duration is None or e.at <= sc.duration):
+                self.schedule(e.at, self._timed_check, e)
+        self._schedule_next_action()
+        if sc.duration is not None:
+            self.run_until(sc.duration)
+        else:
+            self.run_until(HORIZON, advance_clock=False)
+        settled = sc.duration is not None or self.quiet()
+        self.metrics.advance(self.now)
+        for e in sc.expect:
+            if e.at is None or (sc.duration is not None and e.at > sc.duration) or (sc.duration is None and e.at > self.now):
+                self.results.append(self._check(e))
+        if not self._timeline_done:
+            idx = self._next_action
+            self.results.append(ExpectationResult(None, "timeline", False,
+                                                  f"stopped at t={self.now:g} before timeline[{idx}] ran", self.now))
+        if not settled:
+            self.results.append(ExpectationResult(None, "settled", False,
+                                                  f"still busy after the {HORIZON:g}s horizon", self.now))
+        metrics = self.metrics.as_dict()
+        metrics["lost_events"] = self.lost_events
+        if self.trace is not None:
+            self.trace.end(self.now, self.driver.state, metrics, [r.as_record() for r in self.results])
+        return RunResult(
+            scenario=sc, seed=self.seed, end_time=self.now, state=self.driver.state, metrics=metrics,
+            expectations=tuple(self.results), events=self.metrics.events, settled=settled,
+        )
+
+
+def run_scenario(scenario: Scenario, **kwargs: Any) -> RunResult:
+    return Simulation(scenario, **kwargs).run()

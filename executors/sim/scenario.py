@@ -1,0 +1,520 @@
+"""Scenario files: YAML in, a validated ``Scenario`` out (format: docs/scenarios.md).
+
+Every mistake is reported as one line naming the file, the line and column,
+and the field (``ScenarioError``), so the CLI can exit 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+import rankcore as rc
+
+from .latency import Latency, parse_latency
+
+__all__ = [
+    "Scenario",
+    "ScenarioError",
+    "NodeSpec",
+    "DeploymentSpec",
+    "Action",
+    "Expectation",
+    "load_scenario",
+    "parse_scenario",
+    "apply_overrides",
+    "ACTIONS",
+    "EXPECTATIONS",
+]
+
+ACTIONS = (
+    "deploy",
+    "scale",
+    "update_config",
+    "crash",
+    "lose_node",
+    "add_node",
+    "crash_controller",
+    "wait_until_healthy",
+    "wait",
+)
+EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running")
+LATENCY_KEYS = ("place", "start", "reconfigure", "stop")
+DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "reconfigure": 0.5, "stop": 1.0}
+RECONFIGURE_KINDS = ("none", "plain", "with_rank")
+
+
+class ScenarioError(Exception):
+    """A scenario file is malformed; ``str()`` is one line: file:line:col: field: message."""
+
+    def __init__(self, file: str, line: int | None, col: int | None, field: str, message: str) -> None:
+        self.file, self.line, self.col, self.field, self.message = file, line, col, field, message
+        where = file if line is None else f"{file}:{line}:{col}"
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+
+
+@attrs.frozen
+class NodeSpec:
+    name: str
+    gpus: float
+
+
+@attrs.frozen
+class DeploymentSpec:
+    name: str
+    replicas: int
+    user_config: Any = attrs.field(default=None, hash=False)
+    reconfigure: str = "with_rank"
+    gpus: float = 1.0
+    latency: dict = attrs.field(factory=dict, hash=False)
+
+    def applied(self, **changes: Any) -> rc.DeploymentApplied:
+        spec = attrs.evolve(self, **changes)
+        return rc.DeploymentApplied(
+            name=spec.name,
+            num_replicas=spec.replicas,
+            user_config=spec.user_config,
+            has_reconfigure=spec.reconfigure != "none",
+            reconfigure_takes_rank=spec.reconfigure == "with_rank",
+        )
+
+
+@attrs.frozen
+class Action:
+    index: int
+    kind: str
+    args: Any = attrs.field(hash=False)
+    at: float | None = None
+    after: float | None = None
+    where: str = ""
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.args}" if self.args not in (None, {}) else self.kind
+
+
+@attrs.frozen
+class Expectation:
+    index: int
+    kind: str
+    args: Any = attrs.field(hash=False)
+    at: float | None = None  # None: at the end
+    where: str = ""
+
+    def describe(self) -> str:
+        when = "end" if self.at is None else f"t={self.at:g}"
+        return f"#{self.index + 1} {self.kind} {self.args} at {when}"
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    source: str
+    seed: int
+    duration: float | None
+    nodes: tuple[NodeSpec, ...]
+    deployments: dict = attrs.field(hash=False)
+    latency: dict = attrs.field(hash=False)
+    crash_rate_per_replica_hour: float = 0.0
+    start_hang_probability: float = 0.0
+    start_timeout: float = 300.0
+    placement: str = "spread"
+    timeline: tuple[Action, ...] = ()
+    expect: tuple[Expectation, ...] = ()
+    snapshot_every: int = 1
+    description: str = ""
+    raw: dict = attrs.field(factory=dict, hash=False, repr=False)
+
+    def latency_for(self, deployment: str, what: str) -> Latency:
+        spec = self.deployments.get(deployment)
+        if spec is not None and what in spec.latency:
+            return spec.latency[what]
+        return self.latency[what]
+
+
+# ------------------------------------------------------------------ marks
+def _marks(node: yaml.Node, path: tuple, out: dict) -> None:
+    out[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[path + (key,)] = (k.start_mark.line + 1, k.start_mark.column + 1)
+            _marks(v, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _marks(v, path + (i,), out)
+
+
+def _field(path: tuple) -> str:
+    s = ""
+    for p in path:
+        s += f"[{p}]" if isinstance(p, int) else (f".{p}" if s else str(p))
+    return s
+
+
+class _Checker:
+    def __init__(self, file: str, marks: dict) -> None:
+        self.file, self.marks = file, marks
+
+    def fail(self, path: tuple, message: str) -> ScenarioError:
+        p = path
+        while p and p not in self.marks:
+            p = p[:-1]
+        line, col = self.marks.get(p, (None, None))
+        return ScenarioError(self.file, line, col, _field(path), message)
+
+    def where(self, path: tuple) -> str:
+        line, col = self.marks.get(path, (None, None))
+        return f"{self.file}:{line}" if line else self.file
+
+    def mapping(self, value: Any, path: tuple, allowed: tuple | None = None, required: tuple = ()) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {_show(value)}")
+        if allowed is not None:
+            for k in value:
+                if k not in allowed:
+                    raise self.fail(path + (k,), f"unknown field (allowed: {', '.join(allowed)})")
+        for k in required:
+            if k not in value:
+                raise self.fail(path, f"missing required field '{k}'")
+        return value
+
+    def count(self, value: Any, path: tuple) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"must be a whole number, got {_show(value)}")
+        if value < 0:
+            raise self.fail(path, f"must not be negative, got {value}")
+        return value
+
+    def number(self, value: Any, path: tuple, *, minimum: float = 0.0, maximum: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise self.fail(path, f"must be a number, got {_show(value)}")
+        if value < minimum:
+            raise self.fail(path, f"must be >= {minimum:g}, got {value:g}")
+        if maximum is not None and value > maximum:
+            raise self.fail(path, f"must be <= {maximum:g}, got {value:g}")
+        return float(value)
+
+    def name(self, value: Any, path: tuple) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(path, f"must be a non-empty string, got {_show(value)}")
+        return value
+
+    def latency(self, value: Any, path: tuple) -> Latency:
+        try:
+            return parse_latency(value)
+        except ValueError as exc:
+            raise self.fail(path, str(exc)) from None
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return repr(value)
+
+
+# ----------------------------------------------------------------- parsing
+def load_scenario(path: str | Path, overrides: dict | None = None) -> Scenario:
+    """Read and validate a scenario file (``overrides``: dotted path -> value)."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(file, None, None, "", f"cannot read: {exc.strerror}") from None
+    return parse_scenario(text, file, overrides)
+
+
+def parse_scenario(text: str, file: str = "<scenario>", overrides: dict | None = None) -> Scenario:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
+        raise ScenarioError(file, line, col, "", f"bad YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(file, None, None, "", f"bad YAML: {exc}") from None
+    marks: dict = {}
+    if node is not None:
+        _marks(node, (), marks)
+    c = _Checker(file, marks)
+    if raw is None:
+        raise c.fail((), "the file is empty")
+    if overrides:
+        raw = apply_overrides(raw, overrides, c)
+    return _scenario(raw, c)
+
+
+def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dict:
+    """Set dotted paths (``faults.crash_rate_per_replica_hour``) in a raw scenario."""
+    raw = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        keys = dotted.split(".")
+        cur = raw
+        for i, k in enumerate(keys[:-1]):
+            if isinstance(cur, list) and k.isdigit() and int(k) < len(cur):
+                cur = cur[int(k)]
+                continue
+            if not isinstance(cur, dict):
+                raise ScenarioError(c.file if c else "<scenario>", None, None, dotted,
+                                    f"--set cannot go into {'.'.join(keys[:i]) or 'the top level'}: not a mapping")
+            cur = cur.setdefault(k, {})
+        last = keys[-1]
+        if isinstance(cur, list) and last.isdigit() and int(last) < len(cur):
+            cur[int(last)] = value
+        elif isinstance(cur, dict):
+            cur[last] = value
+        else:
+            raise ScenarioError(c.file if c else "<scenario>", None, None, dotted, "--set target is not a mapping")
+    return raw
+
+
+_TOP = ("name", "description", "seed", "duration", "cluster", "placement", "latency", "faults",
+        "deployments", "timeline", "expect", "trace")
+
+
+def _scenario(raw: Any, c: _Checker) -> Scenario:
+    top = c.mapping(raw, (), _TOP, required=("cluster", "deployments", "timeline"))
+    name = c.name(top.get("name", Path(c.file).stem), ("name",))
+    seed = c.count(top.get("seed", 0), ("seed",))
+    duration = None if top.get("duration") is None else c.number(top["duration"], ("duration",), minimum=0)
+    nodes = _nodes(top["cluster"], c)
+    placement = top.get("placement", "spread")
+    if placement not in ("spread", "pack"):
+        raise c.fail(("placement",), f"must be 'spread' or 'pack', got {_show(placement)}")
+    latency = dict(DEFAULT_LATENCY)
+    lat_raw = c.mapping(top.get("latency", {}), ("latency",), LATENCY_KEYS)
+    parsed_latency = {k: c.latency(v, ("latency", k)) for k, v in lat_raw.items()}
+    latency = {k: parse_latency(v) for k, v in latency.items()}
+    latency.update(parsed_latency)
+    faults = c.mapping(top.get("faults", {}), ("faults",),
+                       ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout"))
+    rate = c.number(faults.get("crash_rate_per_replica_hour", 0.0), ("faults", "crash_rate_per_replica_hour"))
+    hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
+    timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
+    deployments = _deployments(top["deployments"], c)
+    timeline = _timeline(top["timeline"], c, deployments, nodes)
+    expect = _expectations(top.get("expect", []), c, deployments)
+    trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
+    every = c.count(trace.get("snapshot_every", 1), ("trace", "snapshot_every"))
+    if every < 1:
+        raise c.fail(("trace", "snapshot_every"), "must be at least 1")
+    if rate > 0 and duration is None:
+        raise c.fail(("faults", "crash_rate_per_replica_hour"),
+                     "a random crash rate needs a 'duration' (the run would never end)")
+    return Scenario(
+        name=name, source=c.file, seed=seed, duration=duration, nodes=nodes, deployments=deployments,
+        latency=latency, crash_rate_per_replica_hour=rate, start_hang_probability=hang, start_timeout=timeout,
+        placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
+        description=str(top.get("description", "")), raw=raw,
+    )
+
+
+def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
+    cl = c.mapping(value, ("cluster",), ("nodes", "gpus_per_node"), required=("nodes",))
+    gpus_default = c.number(cl.get("gpus_per_node", 8), ("cluster", "gpus_per_node"))
+    nodes_raw = cl["nodes"]
+    out: list[NodeSpec] = []
+    if isinstance(nodes_raw, int) and not isinstance(nodes_raw, bool):
+        n = c.count(nodes_raw, ("cluster", "nodes"))
+        out = [NodeSpec(name=f"node-{i}", gpus=gpus_default) for i in range(n)]
+    elif isinstance(nodes_raw, list):
+        for i, item in enumerate(nodes_raw):
+            p = ("cluster", "nodes", i)
+            m = c.mapping(item, p, ("name", "gpus", "count"), required=("name",))
+            nm = c.name(m["name"], p + ("name",))
+            gpus = c.number(m.get("gpus", gpus_default), p + ("gpus",))
+            count = c.count(m.get("count", 1), p + ("count",))
+            if "count" in m:
+                out.extend(NodeSpec(name=f"{nm}-{j}", gpus=gpus) for j in range(count))
+            else:
+                out.append(NodeSpec(name=nm, gpus=gpus))
+    else:
+        raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
+    seen: set[str] = set()
+    for n in out:
+        if n.name in seen:
+            raise c.fail(("cluster", "nodes"), f"node {n.name!r} is listed twice")
+        seen.add(n.name)
+    return tuple(out)
+
+
+def _deployments(value: Any, c: _Checker) -> dict:
+    ds = c.mapping(value, ("deployments",))
+    if not ds:
+        raise c.fail(("deployments",), "declare at least one deployment")
+    out = {}
+    for name, spec in ds.items():
+        p = ("deployments", name)
+        c.name(name, p)
+        m = c.mapping(spec if spec is not None else {}, p, ("replicas", "user_config", "reconfigure", "gpus", "latency"))
+        reconf = m.get("reconfigure", "with_rank")
+        if reconf not in RECONFIGURE_KINDS:
+            raise c.fail(p + ("reconfigure",), f"must be one of {', '.join(RECONFIGURE_KINDS)}, got {_show(reconf)}")
+        lat = c.mapping(m.get("latency", {}), p + ("latency",), LATENCY_KEYS)
+        out[name] = DeploymentSpec(
+            name=name,
+            replicas=c.count(m.get("replicas", 1), p + ("replicas",)),
+            user_config=m.get("user_config"),
+            reconfigure=reconf,
+            gpus=c.number(m.get("gpus", 1), p + ("gpus",)),
+            latency={k: c.latency(v, p + ("latency", k)) for k, v in lat.items()},
+        )
+    return out
+
+
+def _deployment_ref(value: Any, p: tuple, c: _Checker, deployments: dict) -> str:
+    name = c.name(value, p)
+    if name not in deployments:
+        raise c.fail(p, f"unknown deployment {name!r} (declared: {', '.join(sorted(deployments))})")
+    return name
+
+
+def _timeline(value: Any, c: _Checker, deployments: dict, nodes: tuple) -> tuple[Action, ...]:
+    if not isinstance(value, list):
+        raise c.fail(("timeline",), f"must be a list of actions, got {_show(value)}")
+    out = []
+    for i, item in enumerate(value):
+        p = ("timeline", i)
+        m = c.mapping(item, p)
+        kinds = [k for k in m if k in ACTIONS]
+        unknown = [k for k in m if k not in ACTIONS and k not in ("at", "after")]
+        if unknown:
+            raise c.fail(p + (unknown[0],), f"unknown action (one of: {', '.join(ACTIONS)})")
+        if len(kinds) != 1:
+            raise c.fail(p, f"each timeline entry needs exactly one action, got {len(kinds)}")
+        if "at" in m and "after" in m:
+            raise c.fail(p, "give 'at' or 'after', not both")
+        at = c.number(m["at"], p + ("at",)) if "at" in m else None
+        after = c.number(m["after"], p + ("after",)) if "after" in m else None
+        kind = kinds[0]
+        args = _action_args(kind, m[kind], p + (kind,), c, deployments)
+        out.append(Action(index=i, kind=kind, args=args, at=at, after=after, where=c.where(p)))
+    return tuple(out)
+
+
+def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) -> Any:
+    if kind == "deploy":
+        if isinstance(v, str):
+            return {"deployment": _deployment_ref(v, p, c, deployments)}
+        m = c.mapping(v, p, ("deployment", "replicas", "user_config"), required=("deployment",))
+        out = {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)}
+        if "replicas" in m:
+            out["replicas"] = c.count(m["replicas"], p + ("replicas",))
+        if "user_config" in m:
+            out["user_config"] = m["user_config"]
+        return out
+    if kind == "scale":
+        m = c.mapping(v, p, ("deployment", "replicas", "victims"), required=("deployment", "replicas"))
+        victims = m.get("victims", [])
+        if not isinstance(victims, list) or not all(isinstance(x, str) for x in victims):
+            raise c.fail(p + ("victims",), f"must be a list of replica ids, got {_show(victims)}")
+        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
+                "replicas": c.count(m["replicas"], p + ("replicas",)), "victims": victims}
+    if kind == "update_config":
+        m = c.mapping(v, p, ("deployment", "user_config"), required=("deployment", "user_config"))
+        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
+                "user_config": m["user_config"]}
+    if kind == "crash":
+        m = c.mapping(v, p, ("replica", "deployment", "rank"))
+        if "replica" in m:
+            if "rank" in m:
+                raise c.fail(p, "name a 'replica', or a 'deployment' and 'rank', not both")
+            return {"replica": c.name(m["replica"], p + ("replica",))}
+        if "deployment" not in m or "rank" not in m:
+            raise c.fail(p, "needs 'replica', or 'deployment' and 'rank'")
+        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
+                "rank": c.count(m["rank"], p + ("rank",))}
+    if kind == "lose_node":
+        return {"node": c.name(v, p)}
+    if kind == "add_node":
+        m = c.mapping(v, p, ("name", "gpus"), required=("name",))
+        return {"node": c.name(m["name"], p + ("name",)), "gpus": c.number(m.get("gpus", 8), p + ("gpus",))}
+    if kind == "crash_controller":
+        if v is None:
+            v = {}
+        m = c.mapping(v, p, ("recover_after",))
+        return {"recover_after": c.number(m.get("recover_after", 10.0), p + ("recover_after",))}
+    if kind == "wait_until_healthy":
+        if isinstance(v, str):
+            return {"deployment": _deployment_ref(v, p, c, deployments), "timeout": None}
+        m = c.mapping(v, p, ("deployment", "timeout"), required=("deployment",))
+        timeout = None if m.get("timeout") is None else c.number(m["timeout"], p + ("timeout",))
+        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments), "timeout": timeout}
+    if kind == "wait":
+        return {"seconds": c.number(v, p)}
+    raise AssertionError(kind)  # pragma: no cover
+
+
+_BOUNDS = ("at_most", "at_least", "equals")
+
+
+def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectation, ...]:
+    if not isinstance(value, list):
+        raise c.fail(("expect",), f"must be a list of expectations, got {_show(value)}")
+    out = []
+    for i, item in enumerate(value):
+        p = ("expect", i)
+        m = c.mapping(item, p)
+        kinds = [k for k in m if k in EXPECTATIONS]
+        unknown = [k for k in m if k not in EXPECTATIONS and k != "at"]
+        if unknown:
+            raise c.fail(p + (unknown[0],), f"unknown expectation (one of: {', '.join(EXPECTATIONS)})")
+        if len(kinds) != 1:
+            raise c.fail(p, f"each expectation needs exactly one check, got {len(kinds)}")
+        kind = kinds[0]
+        at = None
+        if "at" in m and m["at"] != "end":
+            at = c.number(m["at"], p + ("at",))
+        q = p + (kind,)
+        v = m[kind]
+        if kind == "contiguous":
+            args = {"deployment": _deployment_ref(v, q, c, deployments)}
+        elif kind == "world_size" or kind == "running":
+            mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
+                    "equals": c.count(mm["equals"], q + ("equals",))}
+        elif kind == "ranks":
+            mm = c.mapping(v, q, ("deployment", "global", "contiguous"), required=("deployment",))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
+            if "global" in mm:
+                g = mm["global"]
+                if not isinstance(g, list):
+                    raise c.fail(q + ("global",), f"must be a list of ranks, got {_show(g)}")
+                args["global"] = [c.count(x, q + ("global", j)) for j, x in enumerate(g)]
+            if "contiguous" in mm:
+                if not isinstance(mm["contiguous"], bool):
+                    raise c.fail(q + ("contiguous",), "must be true or false")
+                args["contiguous"] = mm["contiguous"]
+        elif kind in ("reconfigures", "reassignments"):
+            extra = ("reason",) if kind == "reconfigures" else ("level",)
+            mm = c.mapping(v, q, ("deployment", *_BOUNDS, *extra), required=("deployment",))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
+            bounds = [b for b in _BOUNDS if b in mm]
+            if not bounds:
+                raise c.fail(q, f"needs one of {', '.join(_BOUNDS)}")
+            for b in bounds:
+                args[b] = c.count(mm[b], q + (b,))
+            if kind == "reconfigures":
+                reason = mm.get("reason", "any")
+                if reason not in ("any", "rank", "user_config"):
+                    raise c.fail(q + ("reason",), f"must be any, rank or user_config, got {_show(reason)}")
+                args["reason"] = reason
+            else:
+                level = mm.get("level", "any")
+                if level not in ("any", "rank", "node_rank", "local_rank"):
+                    raise c.fail(q + ("level",), f"must be any, rank, node_rank or local_rank, got {_show(level)}")
+                args["level"] = level
+        elif kind == "healthy":
+            mm = c.mapping(v, q, ("deployment", "by"), required=("deployment", "by"))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
+            at = c.number(mm["by"], q + ("by",))
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        out.append(Expectation(index=i, kind=kind, args=args, at=at, where=c.where(p)))
+    return tuple(out)

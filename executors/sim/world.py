@@ -1,0 +1,269 @@
+"""The simulated cluster: nodes with GPUs, replicas, and the backend that
+carries out the core's commands on them in virtual time.
+
+Answers go back to the core through ``Simulation.deliver`` (dropped while the
+controller is down: the new controller learns from reports instead).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import rankcore as rc
+
+if TYPE_CHECKING:
+    from .runner import Simulation
+
+__all__ = ["SimNode", "SimReplica", "SimBackend"]
+
+LIVE = ("pending", "starting", "running", "reconfiguring", "stopping")
+
+
+class SimNode:
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order")
+
+    def __init__(self, name: str, gpus: float, order: int) -> None:
+        self.name, self.gpus, self.order = name, gpus, order
+        self.used = 0.0
+        self.alive = True
+        self.replicas: set[str] = set()
+
+    @property
+    def free(self) -> float:
+        return self.gpus - self.used
+
+
+class SimReplica:
+    """A replica as it sees itself: the rank in its context, its phase."""
+
+    __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
+                 "user_config", "version", "lineage", "gpus", "epoch")
+
+    def __init__(self, cmd: rc.StartReplica, gpus: float) -> None:
+        self.replica_id = cmd.replica_id
+        self.deployment = cmd.deployment
+        self.phase = "pending"
+        self.node: str | None = None
+        self.rank: rc.ReplicaRank | None = None
+        self.global_rank = cmd.rank
+        self.world_size = cmd.world_size
+        self.user_config = None
+        self.version = 0
+        self.lineage = cmd.lineage
+        self.gpus = gpus
+        self.epoch = 0  # bumped when the replica dies: scheduled work for it is void
+
+    @property
+    def alive(self) -> bool:
+        return self.phase in LIVE
+
+    def report(self) -> rc.ReplicaReport:
+        rank = self.rank if self.rank is not None and self.node is not None else self.global_rank
+        return rc.ReplicaReport(
+            replica_id=self.replica_id,
+            deployment=self.deployment,
+            rank=rank,
+            node_id=self.node,
+            phase=self.phase,
+            world_size=self.world_size,
+            lineage=self.lineage,
+            version=self.version,
+        )
+
+
+class SimBackend:
+    """Carries out commands on simulated replicas; schedules their answers."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        sc = sim.scenario
+        self.nodes: dict[str, SimNode] = {}
+        for i, n in enumerate(sc.nodes):
+            self.nodes[n.name] = SimNode(n.name, n.gpus, i)
+        self.replicas: dict[str, SimReplica] = {}
+        self.waiting: list[str] = []  # replicas that did not fit anywhere yet, FIFO
+
+    # ------------------------------------------------------------ commands
+    def execute(self, commands: Sequence[object], t: float) -> None:
+        for cmd in commands:
+            if isinstance(cmd, rc.StartReplica):
+                self._start(cmd)
+            elif isinstance(cmd, rc.InitializeReplica):
+                self._initialize(cmd)
+            elif isinstance(cmd, rc.ReconfigureReplica):
+                self._reconfigure(cmd)
+            elif isinstance(cmd, rc.StopReplica):
+                self._stop(cmd)
+            elif isinstance(cmd, rc.UpdateWorldSize):
+                for r in self.replicas.values():
+                    if r.deployment == cmd.deployment and r.alive:
+                        r.world_size = cmd.world_size
+
+    def _gpus(self, deployment: str) -> float:
+        spec = self.sim.scenario.deployments.get(deployment)
+        return spec.gpus if spec is not None else 1.0
+
+    def _start(self, cmd: rc.StartReplica) -> None:
+        r = SimReplica(cmd, self._gpus(cmd.deployment))
+        self.replicas[r.replica_id] = r
+        delay = self.sim.latency(cmd.deployment, "place")
+        self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch)
+
+    def _try_place(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase != "pending":
+            return
+        node = self._choose_node(r)
+        if node is None:
+            if rid not in self.waiting:
+                self.waiting.append(rid)
+            return
+        self._place(r, node)
+
+    def _choose_node(self, r: SimReplica) -> SimNode | None:
+        fits = [n for n in self.nodes.values() if n.alive and n.free >= r.gpus - 1e-9]
+        if not fits:
+            return None
+        if self.sim.scenario.placement == "pack":
+            return min(fits, key=lambda n: (n.free, n.order))
+        return min(fits, key=lambda n: (-n.free, len(n.replicas), n.order))
+
+    def _place(self, r: SimReplica, node: SimNode) -> None:
+        node.used += r.gpus
+        node.replicas.add(r.replica_id)
+        r.node = node.name
+        self.sim.deliver(rc.ReplicaPlaced(replica_id=r.replica_id, node_id=node.name))
+
+    def _retry_waiting(self) -> None:
+        """Capacity changed: place waiting replicas, first come first served."""
+        queue, self.waiting = self.waiting, []
+        for rid in queue:
+            r = self.replicas.get(rid)
+            if r is None or r.phase != "pending":
+                continue
+            node = self._choose_node(r)
+            if node is None:
+                self.waiting.append(rid)
+            else:
+                self._place(r, node)
+
+    def _initialize(self, cmd: rc.InitializeReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or not r.alive:
+            return
+        r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
+        if r.phase == "pending":
+            r.phase = "starting"
+        sc = self.sim.scenario
+        hung = sc.start_hang_probability > 0 and self.sim.rng.random() < sc.start_hang_probability
+        delay = self.sim.latency(cmd.deployment, "start")
+        if hung or delay > sc.start_timeout:
+            self.sim.schedule(sc.start_timeout, self._start_timed_out, r.replica_id, r.epoch)
+        else:
+            self.sim.schedule(delay, self._ready, r.replica_id, r.epoch)
+
+    def _ready(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase not in ("starting", "stopping"):
+            return
+        if r.phase == "starting":
+            r.phase = "running"
+            self.sim.replica_running(r)
+        self.sim.deliver(rc.ReplicaReady(replica_id=rid))
+
+    def _start_timed_out(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase != "starting":
+            return
+        self.crash(rid, "start timed out")
+
+    def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or not r.alive:
+            return
+        # The context shows the new rank before the user's reconfigure runs.
+        r.rank, r.world_size, r.user_config, r.version = cmd.rank, cmd.world_size, cmd.user_config, cmd.version
+        r.global_rank = cmd.rank.rank
+        if r.phase == "running":
+            r.phase = "reconfiguring"
+        delay = self.sim.latency(cmd.deployment, "reconfigure")
+        self.sim.schedule(delay, self._reconfigured, r.replica_id, r.epoch, cmd.version)
+
+    def _reconfigured(self, rid: str, epoch: int, version: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or not r.alive:
+            return
+        if r.phase == "reconfiguring" and version == r.version:
+            r.phase = "running"
+        self.sim.deliver(rc.ReplicaReconfigured(replica_id=rid, version=version))
+
+    def _stop(self, cmd: rc.StopReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or not r.alive:
+            return
+        r.phase = "stopping"
+        if cmd.replica_id in self.waiting:
+            self.waiting.remove(cmd.replica_id)
+        delay = self.sim.latency(cmd.deployment, "stop")
+        self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)
+
+    def _stopped(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase != "stopping":
+            return
+        self._free(r, "stopped")
+        self.sim.deliver(rc.ReplicaStopped(replica_id=rid))
+        self._retry_waiting()
+
+    # -------------------------------------------------------------- faults
+    def _free(self, r: SimReplica, phase: str) -> None:
+        if r.node is not None and r.node in self.nodes:
+            node = self.nodes[r.node]
+            if r.replica_id in node.replicas:
+                node.replicas.discard(r.replica_id)
+                node.used -= r.gpus
+        r.phase = phase
+        r.epoch += 1
+        if r.replica_id in self.waiting:
+            self.waiting.remove(r.replica_id)
+        del self.replicas[r.replica_id]
+
+    def crash(self, rid: str, reason: str) -> bool:
+        r = self.replicas.get(rid)
+        if r is None or not r.alive:
+            return False
+        self._free(r, "dead")
+        self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason))
+        self._retry_waiting()
+        return True
+
+    def holder(self, deployment: str, rank: int) -> str | None:
+        """The live replica whose context says it holds ``rank`` (lowest id if several)."""
+        hits = sorted(r.replica_id for r in self.replicas.values()
+                      if r.deployment == deployment and r.alive and r.global_rank == rank)
+        return hits[0] if hits else None
+
+    def lose_node(self, name: str) -> int:
+        node = self.nodes.get(name)
+        if node is None or not node.alive:
+            return -1
+        node.alive = False
+        dead = sorted(node.replicas)
+        for rid in dead:
+            r = self.replicas.get(rid)
+            if r is not None:
+                self._free(r, "dead")
+        del self.nodes[name]
+        self.sim.deliver(rc.NodeLost(node_id=name))
+        self._retry_waiting()
+        return len(dead)
+
+    def add_node(self, name: str, gpus: float) -> bool:
+        if name in self.nodes:
+            return False
+        self.nodes[name] = SimNode(name, gpus, len(self.nodes) + 1000)
+        self._retry_waiting()
+        return True
+
+    def reports(self) -> list[rc.ReplicaReport]:
+        return [r.report() for _, r in sorted(self.replicas.items()) if r.alive]
