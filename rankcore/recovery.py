@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from .commands import ReconfigureReplica, StopReplica, UpdateWorldSize
+from .commands import InitializeReplica, StopReplica, UpdateWorldSize
 from .events import ControllerRecovered, DeploymentApplied, ReplicaReport
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .ranks import RankTable, ReplicaRank
@@ -165,17 +165,25 @@ def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[Replic
     replicas = {}
     stop = set(to_stop)
     changed: list[Replica] = []
+    placed_unstarted: list[str] = []
     for r in reports:
         lineage = r.lineage if r.lineage is not None else tx.new_lineage()
+        phase = r.phase
+        if phase is Phase.PENDING and r.node_id is not None:
+            # Placed, but the answer was lost with the old controller: it has
+            # not been initialised yet, so initialise it now (as on ReplicaPlaced).
+            phase = Phase.STARTING
+            if r.replica_id not in stop:
+                placed_unstarted.append(r.replica_id)
         rep = Replica(
             replica_id=r.replica_id,
             deployment=spec.name,
-            phase=r.phase,
+            phase=phase,
             lineage=lineage,
             node_id=r.node_id,
             version=r.version,
         )
-        if r.node_id is not None and r.phase is not Phase.STOPPING:
+        if r.node_id is not None and r.phase is not Phase.STOPPING and r.replica_id not in placed_unstarted:
             now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])
             said = (r.rank.rank, r.rank.node_rank, r.rank.local_rank)
             if now != said and r.replica_id not in stop:
@@ -204,6 +212,17 @@ def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[Replic
             dep, replicas=dep.replicas.set(rid, new), counts=_shift(dep.counts, rep.phase, new.phase)
         )
         tx.emit(StopReplica(replica_id=rid, deployment=spec.name))
+    for rid in sorted(placed_unstarted, key=lambda x: (final_rank[x], x)):
+        tx.emit(
+            InitializeReplica(
+                replica_id=rid,
+                deployment=spec.name,
+                rank=dep.ranks.rank_of(rid),
+                world_size=dep.target,
+                user_config=dep.user_config,
+                call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
+            )
+        )
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
     return _reconcile(tx, dep)

@@ -47,6 +47,8 @@ __all__ = [
     "Subject",
     "CoreSubject",
     "make_machine",
+    "ExecutorSubject",
+    "make_timeline_machine",
     "deployment_names",
     "node_ids",
     "user_configs",
@@ -318,3 +320,127 @@ def make_machine(subject_factory: Callable[[], Subject], *, max_replicas: int = 
 
     RankMachine.__name__ = f"RankMachine[{getattr(subject_factory, '__name__', 'subject')}]"
     return RankMachine
+
+
+# --------------------------------------------------------------------------
+# Executors: the same checks, driven through timeline actions.
+
+
+class ExecutorSubject(Protocol):
+    """An executor driven action by action (the simulator, the Ray executor).
+
+    ``snapshots()`` returns the trace snapshot records (dicts in the format of
+    docs/trace-format.md) written since the last call; ``settle()`` runs until
+    nothing is in flight (bounded) and returns whether every deployment is
+    healthy; ``fingerprint()`` returns something equal for equal runs (the
+    trace text), used to check determinism by replaying the same actions.
+    ``capabilities`` may hold "node_loss" and "controller_crash".
+    """
+
+    capabilities: frozenset
+
+    def deploy(self, name: str, replicas: int, user_config: Any) -> None: ...
+    def scale(self, name: str, replicas: int) -> None: ...
+    def update_config(self, name: str, user_config: Any) -> None: ...
+    def crash_rank(self, name: str, rank: int) -> None: ...
+    def lose_node(self) -> None: ...
+    def add_node(self) -> None: ...
+    def crash_controller(self) -> None: ...
+    def advance(self, seconds: float) -> None: ...
+    def settle(self) -> bool: ...
+    def state(self) -> State: ...
+    def snapshots(self) -> list: ...
+    def fingerprint(self) -> Any: ...
+
+
+def make_timeline_machine(
+    subject_factory: Callable[[], ExecutorSubject], *, max_replicas: int = 6, deployments: tuple = ("llm", "embed")
+) -> type[RuleBasedStateMachine]:
+    """A ``RuleBasedStateMachine`` driving an executor with random timelines and
+    checking every snapshot it writes; after ``settle`` every deployment must be
+    healthy with contiguous ranks; replaying the same actions must give the
+    same fingerprint."""
+    names = st.sampled_from(deployments)
+
+    class TimelineMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.subject = subject_factory()
+            self.actions: list[tuple[str, tuple]] = []
+            self.deployed: set[str] = set()
+
+        def do(self, method: str, *args: Any) -> None:
+            note(f"{method}{args!r}")
+            hyp_event(method)
+            getattr(self.subject, method)(*args)
+            self.actions.append((method, args))
+            for snap in self.subject.snapshots():
+                inv.check_snapshot(snap)
+
+        @rule(name=names, n=st.integers(1, max_replicas), config=user_configs)
+        def deploy(self, name: str, n: int, config: Any) -> None:
+            self.do("deploy", name, n, config)
+            self.deployed.add(name)
+
+        @precondition(lambda self: self.deployed)
+        @rule(data=st.data())
+        def scale(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.deployed)), label="deployment")
+            self.do("scale", name, data.draw(st.integers(0, max_replicas), label="replicas"))
+
+        @precondition(lambda self: self.deployed)
+        @rule(data=st.data())
+        def update_config(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.deployed)), label="deployment")
+            self.do("update_config", name, data.draw(user_configs, label="user_config"))
+
+        @precondition(lambda self: self.deployed)
+        @rule(data=st.data())
+        def crash(self, data: st.DataObject) -> None:
+            name = data.draw(st.sampled_from(sorted(self.deployed)), label="deployment")
+            self.do("crash_rank", name, data.draw(st.integers(0, max_replicas - 1), label="rank"))
+
+        @precondition(lambda self: "node_loss" in self.subject.capabilities)
+        @rule()
+        def lose_node(self) -> None:
+            self.do("lose_node")
+
+        @precondition(lambda self: "node_loss" in self.subject.capabilities)
+        @rule()
+        def add_node(self) -> None:
+            self.do("add_node")
+
+        @precondition(lambda self: "controller_crash" in self.subject.capabilities and self.deployed)
+        @rule()
+        def crash_controller(self) -> None:
+            self.do("crash_controller")
+
+        @rule(seconds=st.sampled_from([0.5, 2.0, 10.0, 60.0]))
+        def advance(self, seconds: float) -> None:
+            self.do("advance", seconds)
+
+        @rule()
+        def settle(self) -> None:
+            self.do("settle")
+            state = self.subject.state()
+            inv.check_state(state)
+            for name in self.deployed:
+                dep = state.deployments.get(name)
+                assert dep is not None and dep.healthy, f"{name} not healthy after settling"
+                assert dep.ranks.is_contiguous(), f"{name} ranks not contiguous after settling"
+
+        def teardown(self) -> None:
+            if not self.actions:
+                return
+            self.subject.settle()
+            for snap in self.subject.snapshots():
+                inv.check_snapshot(snap)
+            first = self.subject.fingerprint()
+            again = subject_factory()
+            for method, args in self.actions:
+                getattr(again, method)(*args)
+            again.settle()
+            assert again.fingerprint() == first, "the same actions gave a different run"
+
+    TimelineMachine.__name__ = f"TimelineMachine[{getattr(subject_factory, '__name__', 'subject')}]"
+    return TimelineMachine
