@@ -254,9 +254,9 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
 
 
 def _compact(tx: _Tx, dep: Deployment) -> Deployment:
-    bound = dep.ranks.lower_bound()
-    if not bound.replicas:
+    if dep.ranks.is_contiguous():  # O(1)
         return _evolve(dep, dirty=False)
+    bound = dep.ranks.lower_bound()
     ranks, changes = dep.ranks.compact()
     tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
     dep = _evolve(dep, ranks=ranks, dirty=False)

@@ -26,6 +26,7 @@ __all__ = [
     "check_every_replica_ranked",
     "check_counts",
     "check_contiguous_when_healthy",
+    "check_contiguity_counters",
     "check_world_size_commands",
     "check_crash_inherits_rank",
     "check_upscale_keeps_ranks",
@@ -122,8 +123,17 @@ def check_contiguous_when_healthy(state: State) -> None:
                 _fail(f"{dep.name} is healthy but local ranks on {node!r} are {sorted(ls)}")
 
 
+def check_contiguity_counters(state: State) -> None:
+    """The O(1) ``RankTable.is_contiguous`` agrees with a full scan."""
+    for dep in state.deployments.values():
+        fast, lb = dep.ranks.is_contiguous(), dep.ranks.lower_bound()
+        if fast != (lb.replicas == 0):
+            _fail(f"{dep.name}: is_contiguous() says {fast}, but {lb.replicas} replicas are off ({lb})")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
+    check_contiguity_counters(state)
     check_ranks_unique(state)
     check_every_replica_ranked(state)
     check_counts(state)

@@ -326,6 +326,35 @@ def _rank(r: int, nr: int, local: int, _new: Any = object.__new__, _set: Any = o
     return rk
 
 
+def _holey(info: tuple | None) -> int:
+    """1 if a node's used local ranks are not exactly 0..count-1."""
+    return 0 if info is None else int(bool(info[1] & (info[1] + 1)))
+
+
+def _account(e: Edit, before: dict) -> None:
+    """Keep the O(1) contiguity counters in _META true after nodes changed.
+
+    ``before`` maps every node whose entry this edit touched to its entry
+    before the edit (None if it was absent).
+    """
+    if not before:
+        return
+    nodes, meta, nowner = e.dicts[_NODES], e.dicts[_META], e.dicts[_NOWNER]
+    delta = sum(_holey(nodes.get(n)) - _holey(old) for n, old in before.items())
+    if delta:
+        e.set(_META, "holey", meta.get("holey", 0) + delta)
+    nhw = meta.get("nhw", 0)
+    new = nhw
+    for n in before:
+        info = nodes.get(n)
+        if info is not None and info[0] >= new:
+            new = info[0] + 1
+    while new and (new - 1) not in nowner:
+        new -= 1
+    if new != nhw:
+        e.set(_META, "nhw", new)
+
+
 class RankTable(Persistent):
     """Immutable map of replicas to ranks at three levels.
 
@@ -449,8 +478,14 @@ class RankTable(Persistent):
         return t
 
     def is_contiguous(self) -> bool:
-        """True when every level is exactly 0..count-1."""
-        return self.lower_bound().replicas == 0
+        """True when every level is exactly 0..count-1 (O(1): counters kept by every edit)."""
+        d = self._read()
+        meta = d[_META]
+        return (
+            meta.get("hw", 0) == len(d[_OWNER])
+            and meta.get("nhw", 0) == len(d[_NOWNER])
+            and meta.get("holey", 0) == 0
+        )
 
     def lower_bound(self) -> LowerBound:
         """The replicas any compaction to contiguous must change, per level and in all."""
@@ -501,12 +536,18 @@ class RankTable(Persistent):
         _bits_set(e, _GBITS, r)
         if r >= hw:
             e.set(_META, "hw", r + 1)
-        e.set(_REC, replica, (r, None, None) if node is None else (r, node, self._take_local(e, node)))
+        if node is None:
+            e.set(_REC, replica, (r, None, None))
+        else:
+            before: dict = {}
+            e.set(_REC, replica, (r, node, self._take_local(e, node, before)))
+            _account(e, before)
         return e.commit()
 
     @staticmethod
-    def _take_local(e: Edit, node: Node) -> int:
+    def _take_local(e: Edit, node: Node, before: dict) -> int:
         info = e.dicts[_NODES].get(node)
+        before.setdefault(node, info)
         if info is None:
             nr = _bits_lowest_free(e.dicts[_NBITS])
             e.set(_NOWNER, nr, node)
@@ -519,8 +560,9 @@ class RankTable(Persistent):
         return local
 
     @staticmethod
-    def _drop_local(e: Edit, node: Node, local: int) -> None:
+    def _drop_local(e: Edit, node: Node, local: int, before: dict) -> None:
         nr, mask = e.dicts[_NODES][node]
+        before.setdefault(node, (nr, mask))
         mask &= ~(1 << local)
         if mask:
             e.set(_NODES, node, (nr, mask))
@@ -535,7 +577,9 @@ class RankTable(Persistent):
         if cur is not None:
             raise RankConflict(f"replica {replica!r} is already placed on node {cur!r}")
         e = Edit(self)
-        e.set(_REC, replica, (r, node, self._take_local(e, node)))
+        before: dict = {}
+        e.set(_REC, replica, (r, node, self._take_local(e, node, before)))
+        _account(e, before)
         return e.commit()
 
     def release(self, replica: Replica) -> RankTable:
@@ -552,7 +596,9 @@ class RankTable(Persistent):
                 hw -= 1
             e.set(_META, "hw", hw)
         if node is not None:
-            self._drop_local(e, node, local)
+            before: dict = {}
+            self._drop_local(e, node, local, before)
+            _account(e, before)
         return e.commit()
 
     def replace(self, old: Replica, new: Replica, node: Node | None = None) -> RankTable:
@@ -585,14 +631,22 @@ class RankTable(Persistent):
             undo = [(_REC, old, old_rec), (_REC, new, MISSING), (_OWNER, r, old)]
             if local != old_local:
                 undo.append((_NODES, node, (nr, mask)))
-                nodes[node] = (nr, free | (1 << local))
+                new_info = (nr, free | (1 << local))
+                nodes[node] = new_info
+                delta = _holey(new_info) - _holey((nr, mask))
+                if delta:
+                    meta = dicts[_META]
+                    undo.append((_META, "holey", meta.get("holey", MISSING)))
+                    meta["holey"] = meta.get("holey", 0) + delta
             return self._next(undo)
         e = Edit(self)
         e.pop(_REC, old)
         e.set(_OWNER, r, new)
+        before: dict = {}
         if old_node is not None:
-            self._drop_local(e, old_node, old_local)
-        e.set(_REC, new, (r, None, None) if node is None else (r, node, self._take_local(e, node)))
+            self._drop_local(e, old_node, old_local, before)
+        e.set(_REC, new, (r, None, None) if node is None else (r, node, self._take_local(e, node, before)))
+        _account(e, before)
         return e.commit()
 
     def recover(self, replica: Replica, node: Node, rank: ReplicaRank) -> RankTable:
@@ -651,6 +705,7 @@ class RankTable(Persistent):
         if not new_rec:
             return self
         e = Edit(self)
+        before = {n: nodes.get(n) for n in node_info}
         e.insert_new(_REC, new_rec)
         e.insert_new(_OWNER, new_owner)
         e.update(_NODES, {n: (info[0], info[1]) for n, info in node_info.items()})
@@ -659,6 +714,7 @@ class RankTable(Persistent):
         _bits_update(e, _NBITS, add=fresh.values())
         hw = max(d[_META].get("hw", 0), max(new_owner) + 1)
         e.set(_META, "hw", hw)
+        _account(e, before)
         return e.commit()
 
     def _take_free(self, d: tuple[dict, ...], k: int) -> list[int]:
@@ -710,6 +766,7 @@ class RankTable(Persistent):
             work[n][0] = nr
         hw = d[_META].get("hw", 0)
         e = Edit(self)
+        before = {n: nodes.get(n) for n in work}
         e.insert_new(_REC, dict(zip(replicas, records)))
         e.insert_new(_OWNER, dict(zip(ranks, replicas)))
         e.update(_NODES, {n: (info[0], info[1]) for n, info in work.items()})
@@ -721,6 +778,7 @@ class RankTable(Persistent):
             _bits_set_range(e, _GBITS, hw, ranks[-1] + 1)
             e.set(_META, "hw", ranks[-1] + 1)
         _bits_update(e, _NBITS, add=free_nodes)
+        _account(e, before)
         return e.commit()
 
     def release_many(self, replicas: Iterable[Replica]) -> RankTable:
@@ -747,6 +805,7 @@ class RankTable(Persistent):
                 if info is None:
                     info = work[node] = list(nodes[node])
                 info[1] &= ~(1 << local)
+        before = {n: nodes[n] for n in work}
         emptied = [n for n, info in work.items() if not info[1]]
         e.update(_NODES, {n: (info[0], info[1]) for n, info in work.items() if info[1]})
         e.pop_many(_NODES, emptied)
@@ -758,6 +817,7 @@ class RankTable(Persistent):
         while hw and (hw - 1) not in owner:
             hw -= 1
         e.set(_META, "hw", hw)
+        _account(e, before)
         return e.commit()
 
     def compact(self, active: Iterable[Replica] | None = None) -> tuple[RankTable, Reassignments]:
@@ -831,6 +891,7 @@ class RankTable(Persistent):
         }
         node_ranks = {node: nodes[node][0] for node in {v[1] for v in olds.values()}}
         e = Edit(self)
+        before = {n: nodes[n] for n in node_updates}
         e.update(_REC, rec_updates)
         e.pop_many(_OWNER, movers)
         e.insert_new(_OWNER, {new: rep for rep, new in new_rank.items()})
@@ -842,6 +903,7 @@ class RankTable(Persistent):
             e.set(_META, "hw", n)
         if nmovers:
             _bits_prefix(e, _NBITS, k, nmovers[-1] + 1)
+        _account(e, before)
         order = sorted(olds, key=lambda rep: rec_updates[rep][0])
         new_node_ranks = {**node_ranks, **new_node_rank}
         old_node_ranks = {**node_ranks, **old_node_rank}

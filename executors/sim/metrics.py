@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import attrs
 
 import rankcore as rc
@@ -62,7 +60,6 @@ class Metrics:
         self.events = 0
         self.stale = 0
         self._crashed_at: dict[tuple[str, int], float] = {}
-        self._contig_cache: tuple[Any, bool] | None = None
 
     def _m(self, name: str) -> DeploymentMetrics:
         m = self.deployments.get(name)
@@ -79,15 +76,9 @@ class Metrics:
                     m.noncontiguous_seconds += dt
             self.last_t = t
 
-    def _contiguous(self, dep: rc.Deployment) -> bool:
-        if not dep.dirty:
-            return True
-        ranks = dep.ranks
-        if self._contig_cache is not None and self._contig_cache[0] is ranks:
-            return self._contig_cache[1]
-        ok = ranks.is_contiguous()
-        self._contig_cache = (ranks, ok)
-        return ok
+    @staticmethod
+    def _contiguous(dep: rc.Deployment) -> bool:
+        return not dep.dirty or dep.ranks.is_contiguous()
 
     def __call__(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         self.advance(t)
