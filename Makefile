@@ -1,15 +1,18 @@
 # Two entry points, both safe on a fresh machine: they create (or reuse) .venv
 # and install the pinned versions from constraints.txt before running.
-#   make demo   - the main job: walk the rank core through upscale, crash,
-#                 downscale and controller recovery (no cluster needed)
-#   make test   - the whole test suite
+#   make simulate - the main job: simulate an example scenario (no cluster
+#                   needed) and print what happened to the ranks
+#   make test     - the whole test suite
+# Also: make demo (the bare core, step by step), make bench (benchmarks).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rankcore-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench install clean
+SCENARIO ?= examples/scenarios/controller-crash.yaml
+
+.PHONY: simulate demo test bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +24,9 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+simulate: $(STAMP)
+	$(VENV)/bin/rankcore simulate $(SCENARIO)
+
 demo: $(STAMP)
 	$(VENV)/bin/rankcore demo
 
@@ -30,6 +36,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/bench_ranks.py
+	$(PY) benchmarks/bench_sim.py
 
 clean:
 	rm -rf $(VENV) .hypothesis .pytest_cache

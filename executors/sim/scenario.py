@@ -44,8 +44,11 @@ ACTIONS = (
     "wait",
 )
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running")
-LATENCY_KEYS = ("place", "start", "reconfigure", "stop")
-DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "reconfigure": 0.5, "stop": 1.0}
+#: place: StartReplica -> on a node; start: running the user's __init__ (and
+#: reconfigure); ready: from there to the first passing health check;
+#: reconfigure: a ReconfigureReplica call; stop: graceful shutdown.
+LATENCY_KEYS = ("place", "start", "ready", "reconfigure", "stop")
+DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "ready": 0.0, "reconfigure": 0.5, "stop": 1.0}
 RECONFIGURE_KINDS = ("none", "plain", "with_rank")
 
 

@@ -156,7 +156,7 @@ class SimBackend:
             r.phase = "starting"
         sc = self.sim.scenario
         hung = sc.start_hang_probability > 0 and self.sim.rng.random() < sc.start_hang_probability
-        delay = self.sim.latency(cmd.deployment, "start")
+        delay = self.sim.latency(cmd.deployment, "start") + self.sim.latency(cmd.deployment, "ready")
         if hung or delay > sc.start_timeout:
             self.sim.schedule(sc.start_timeout, self._start_timed_out, r.replica_id, r.epoch)
         else:
