@@ -49,8 +49,8 @@ class StartReplica:
 @_frozen
 class InitializeReplica:
     """Run the user's ``__init__`` with the full rank, then ``reconfigure``
-    with ``user_config`` when ``call_reconfigure`` (the seed's startup rule).
-    Answer: ReplicaReady."""
+    with ``user_config`` when ``call_reconfigure`` (the seed's startup rule),
+    passing the rank too when ``pass_rank``. Answer: ReplicaReady."""
 
     replica_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
@@ -58,6 +58,7 @@ class InitializeReplica:
     world_size: int = attrs.field(validator=f.count)
     user_config: Any = attrs.field(hash=False)
     call_reconfigure: bool = attrs.field(validator=f.flag)
+    pass_rank: bool = attrs.field(default=False, validator=f.flag)
 
 
 @_frozen

@@ -334,6 +334,8 @@ def _on_replica_placed(tx: _Tx, e: ReplicaPlaced) -> Step:
     if found is None:
         return tx.finish(stale=True)
     dep, rep = found
+    if rep.phase is not Phase.PENDING and rep.node_id == e.node_id and rep.phase is not Phase.STOPPING:
+        return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.PLACED, rep.replica_id)
     if rep.phase is not Phase.PENDING:  # placed after a stop: the stop wins
         return tx.finish()
@@ -348,6 +350,7 @@ def _on_replica_placed(tx: _Tx, e: ReplicaPlaced) -> Step:
             world_size=dep.target,
             user_config=dep.user_config,
             call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
+            pass_rank=dep.reconfigure_takes_rank,
         )
     )
     return tx.finish()
@@ -358,6 +361,8 @@ def _on_replica_ready(tx: _Tx, e: ReplicaReady) -> Step:
     if found is None:
         return tx.finish(stale=True)
     dep, rep = found
+    if rep.phase in (Phase.RUNNING, Phase.RECONFIGURING):
+        return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.READY, rep.replica_id)
     if rep.phase is not Phase.STARTING:
         return tx.finish()

@@ -166,11 +166,17 @@ class ControllerRecovered:
 
     Ranks are not checkpointed (as in Ray Serve): they are rebuilt from the
     reports alone. ``deployments`` is the last applied config of each
-    deployment.
+    deployment. ``next_replica_number`` / ``next_lineage``, when the executor
+    knows them (every id it ever started), keep the core from handing out the
+    id of a replica that died while the controller was down (its late news
+    would then hit the new replica); without them the core continues after
+    the highest reported id.
     """
 
     deployments: tuple[DeploymentApplied, ...] = attrs.field(converter=f.to_tuple)
     reports: tuple[ReplicaReport, ...] = attrs.field(converter=f.to_tuple)
+    next_replica_number: int = attrs.field(default=0, validator=f.count)
+    next_lineage: int = attrs.field(default=0, validator=f.count)
 
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:

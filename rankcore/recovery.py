@@ -221,6 +221,7 @@ def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[Replic
                 world_size=dep.target,
                 user_config=dep.user_config,
                 call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
+                pass_rank=dep.reconfigure_takes_rank,
             )
         )
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
@@ -242,8 +243,8 @@ def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
     specs = {d.name: d for d in e.deployments}
     by_dep: dict[str, list[ReplicaReport]] = {name: [] for name in specs}
     orphans = []
-    numbers = [tx.next_replica - 1]
-    lineages = [tx.next_lineage - 1]
+    numbers = [tx.next_replica - 1, e.next_replica_number - 1]
+    lineages = [tx.next_lineage - 1, e.next_lineage - 1]
     for r in e.reports:
         n = parse_replica_number(r.replica_id)
         if n is not None:

@@ -208,7 +208,8 @@ class Simulation:
         self.controller_up = True
         reports = tuple(self.backend.reports())
         event = rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
-                                       reports=reports)
+                                       reports=reports, next_replica_number=self.backend.started,
+                                       next_lineage=self.backend.lineages)
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events)
         self.driver.feed(event, self.now)

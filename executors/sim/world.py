@@ -82,6 +82,10 @@ class SimBackend:
             self.nodes[n.name] = SimNode(n.name, n.gpus, i)
         self.replicas: dict[str, SimReplica] = {}
         self.waiting: list[str] = []  # replicas that did not fit anywhere yet, FIFO
+        # What the cluster knows of every replica it ever started, so a
+        # recovering controller never reuses an id (see ControllerRecovered).
+        self.started = 0
+        self.lineages = 0
 
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
@@ -104,6 +108,11 @@ class SimBackend:
         return spec.gpus if spec is not None else 1.0
 
     def _start(self, cmd: rc.StartReplica) -> None:
+        n = rc.state.parse_replica_number(cmd.replica_id)
+        if n is not None:
+            self.started = max(self.started, n + 1)
+        if cmd.lineage is not None:
+            self.lineages = max(self.lineages, cmd.lineage + 1)
         r = SimReplica(cmd, self._gpus(cmd.deployment))
         self.replicas[r.replica_id] = r
         delay = self.sim.latency(cmd.deployment, "place")

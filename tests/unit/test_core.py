@@ -381,3 +381,22 @@ def test_step_is_pure():
     r2 = rc.step(s, rc.ScaleRequested(deployment="app", num_replicas=1))
     assert s.deployments["app"].ranks.to_dict() == snap
     assert r1.commands == r2.commands and r1.state == r2.state
+
+
+def test_repeated_answers_are_stale_contradicting_ones_invalid():
+    """At-least-once delivery: the same ReplicaPlaced/ReplicaReady again is stale;
+    a placement on another node contradicts what the core knows and raises."""
+    d = Driver(nodes=["n0"])
+    deploy(d, 1)
+    rid = d.by_rank()[0]
+    assert rc.step(d.state, rc.ReplicaPlaced(replica_id=rid, node_id="n0")).stale
+    assert rc.step(d.state, rc.ReplicaReady(replica_id=rid)).stale
+    with pytest.raises(rc.InvalidEvent, match="'placed' is not allowed"):
+        rc.step(d.state, rc.ReplicaPlaced(replica_id=rid, node_id="n1"))
+
+
+def test_initialize_says_whether_reconfigure_takes_the_rank():
+    for takes_rank in (True, False):
+        d = Driver()
+        (init,) = of(rc.InitializeReplica, deploy(d, 1, reconfigure_takes_rank=takes_rank))
+        assert init.pass_rank is takes_rank

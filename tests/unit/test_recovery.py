@@ -154,3 +154,17 @@ def test_recovery_mid_downscale_keeps_stopping_replicas_ranked():
 def test_malformed_rank_in_report_raises_invalid_config(bad):
     with pytest.raises(rc.InvalidConfig):
         report("app#0", bad)
+
+
+def test_recovery_never_reuses_the_id_of_a_replica_that_died_meanwhile():
+    """With the executor's id high-water mark, a dead replica's id is not handed out
+    again, so its late news stays stale instead of hitting a new replica."""
+    d = healthy_driver(3, nodes=("n0",))
+    exact = reports_from(d.state)
+    dead = exact.reports[-1].replica_id
+    survivors = tuple(r for r in exact.reports if r.replica_id != dead)
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=exact.deployments, reports=survivors,
+                                                   next_replica_number=d.state.next_replica))
+    (start,) = of(rc.StartReplica, r.commands)
+    assert start.replica_id != dead
+    assert rc.step(r.state, rc.ReplicaCrashed(replica_id=dead)).stale
