@@ -19,6 +19,7 @@ from typing import Any
 import click
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 EXIT_EXPECTATION_FAILED = 1
@@ -149,7 +150,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     try:
         scenarios = [load_scenario(scenario_path, overrides=v) for v in variants]
     except ScenarioError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, markup=True)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(EXIT_BAD_INPUT)
     if len(scenarios) > 1 and (trace_path or plot_path):
         raise click.UsageError("--trace and --plot take one run; drop them or the --set variants")
@@ -172,13 +173,13 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
                 console.print(et)
             console.print(f"[dim]{result.events:,} core events in {wall:.2f}s wall "
                           f"({result.events / max(wall, 1e-9):,.0f} events/s)"
-                          + (f"; trace: {trace_path}" if trace_path else "") + "[/dim]")
+                          + (f"; trace: {escape(str(trace_path))}" if trace_path else "") + "[/dim]")
         if plot_path and path:
             from .sim.plot import plot_trace
 
             plot_trace(path, plot_path, title=sc.name)
             if not quiet:
-                console.print(f"[dim]plot: {plot_path}[/dim]")
+                console.print(f"[dim]plot: {escape(str(plot_path))}[/dim]")
             if tmp:
                 Path(tmp.name).unlink(missing_ok=True)
     if len(scenarios) > 1:
@@ -186,7 +187,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     failed = [(v, e) for v, r, _ in results for e in r.failures]
     for v, e in failed:
         where = f" [{', '.join(f'{k}={x}' for k, x in v.items())}]" if v else ""
-        err.print(f"[red]expectation failed[/red]{where}: {e.name}: {e.detail}", highlight=False)
+        err.print(f"[red]expectation failed[/red]{escape(where)}: {escape(e.name)}: {escape(e.detail)}", highlight=False)
     if failed:
         sys.exit(EXIT_EXPECTATION_FAILED)
     if quiet:
@@ -242,12 +243,12 @@ def check_trace(trace: Path) -> None:
     try:
         report = check_trace_file(trace)
     except TraceFormatError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         sys.exit(EXIT_BAD_INPUT)
     console.print(report.summary())
     if not report.ok:
         for v in report.violations[:20]:
-            Console(stderr=True).print(f"[red]violation[/red] {v}", highlight=False)
+            Console(stderr=True).print(f"[red]violation[/red] {escape(str(v))}", highlight=False)
         sys.exit(1)
 
 

@@ -2,7 +2,7 @@
 
 One record per event and per command, snapshots of every deployment (after
 every step by default; thinned with ``snapshot_every``, but always written when
-a deployment becomes healthy and at the end), faults the executor injected,
+a deployment becomes healthy, after a controller recovery and at the end), faults the executor injected,
 expectation results and a closing record with the metrics. Same inputs, same
 bytes: keys are written in a fixed order and nothing depends on hash order.
 """
@@ -99,6 +99,8 @@ class TraceWriter:
             self._healthy[name] = h
         if became_healthy:
             self.write(snapshot_record(t, after, "healthy"))
+        elif isinstance(event, rc.ControllerRecovered):
+            self.write(snapshot_record(t, after, "recovery"))
         elif self.steps % self.snapshot_every == 0:
             self.write(snapshot_record(t, after, "step"))
 
@@ -191,13 +193,17 @@ def read_trace(lines: Iterable[str]) -> Iterator[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            if first:
+                raise ValueError(f"line {n}: not a {SCHEMA} trace (first record must be its header)")
+            raise ValueError(f"line {n}: a record must be an object with a 'kind'")
         if first:
             if rec.get("kind") != "header" or rec.get("schema") != SCHEMA:
                 raise ValueError(f"line {n}: not a {SCHEMA} trace (first record must be its header)")
             if rec.get("version") != VERSION:
                 raise ValueError(f"line {n}: trace version {rec.get('version')}, this rankcore reads {VERSION}")
             first = False
-        if not isinstance(rec, dict) or "kind" not in rec:
+        if "kind" not in rec:
             raise ValueError(f"line {n}: a record must be an object with a 'kind'")
         rec["_line"] = n
         yield rec

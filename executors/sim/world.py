@@ -39,7 +39,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch")
 
-    def __init__(self, cmd: rc.StartReplica, gpus: float) -> None:
+    def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
         self.deployment = cmd.deployment
         self.phase = "pending"
@@ -51,7 +51,7 @@ class SimReplica:
         self.version = 0
         self.lineage = cmd.lineage
         self.gpus = gpus
-        self.epoch = 0  # bumped when the replica dies: scheduled work for it is void
+        self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
 
     @property
     def alive(self) -> bool:
@@ -86,6 +86,7 @@ class SimBackend:
         # recovering controller never reuses an id (see ControllerRecovered).
         self.started = 0
         self.lineages = 0
+        self._epochs = 0  # unique over the run, so no two incarnations share one
 
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
@@ -113,7 +114,8 @@ class SimBackend:
             self.started = max(self.started, n + 1)
         if cmd.lineage is not None:
             self.lineages = max(self.lineages, cmd.lineage + 1)
-        r = SimReplica(cmd, self._gpus(cmd.deployment))
+        self._epochs += 1
+        r = SimReplica(cmd, self._gpus(cmd.deployment), self._epochs)
         self.replicas[r.replica_id] = r
         delay = self.sim.latency(cmd.deployment, "place")
         self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch)
@@ -232,7 +234,8 @@ class SimBackend:
                 node.replicas.discard(r.replica_id)
                 node.used -= r.gpus
         r.phase = phase
-        r.epoch += 1
+        self._epochs += 1
+        r.epoch = self._epochs
         if r.replica_id in self.waiting:
             self.waiting.remove(r.replica_id)
         del self.replicas[r.replica_id]

@@ -1,0 +1,356 @@
+"""Benchmark the core's event throughput, raw and inside the simulator.
+
+What it measures
+----------------
+(a) raw core: ``rankcore.step`` events per wall second on a churn loop at
+    ``--replicas`` replicas (default 1,000, eight per node). The deployment is
+    built and brought to healthy untimed; then, timed, ``--cycles`` times a
+    replica (chosen by a seeded ``random.Random``, choices drawn before the
+    timed region) crashes, its replacement is placed on the node the crashed
+    one was on, and becomes ready. Every command is answered in-process, in
+    order, by a tiny answering loop (like ``executors/demo.py``'s
+    ``InstantExecutor``, without the invariant checks): no simulator, no
+    driver, no trace. Events counted = ``rankcore.step`` calls.
+(b) the simulator: the day-of-churn scenario (``--day-scenario``, default
+    ``examples/scenarios/day-of-churn-1000.yaml``; a built-in copy when that
+    file is missing) run by ``executors.sim.Simulation`` with no trace, and
+    again with a trace written to a sink that discards the text (``/dev/null``
+    without a file: no disk, no growing buffer). Core events = the steps the
+    driver fed to ``rankcore.step`` (``RunResult.events``); the rate includes
+    everything the simulator does around them (event heap, latencies,
+    placement, metrics and, in the second case, JSON trace records).
+(c) the wall time of the day-of-churn scenario (the no-trace run of (b)).
+(d) the targets: >= 1,000,000 core events per wall minute, and the
+    day-of-churn scenario in <= 30 s wall on this (2-core) machine.
+
+Method
+------
+* Every measurement runs ``--repeats`` times (default 3), each from a fresh
+  setup; min and median are printed. Targets are judged on the median.
+* Inputs are seeded and deterministic (the churn choices; the scenario's own
+  seed). The script checks (untimed) that every repeat gives the same result
+  (same final ranks for (a); same event count and metrics for (b)) and that
+  the churn loop ends healthy and contiguous.
+* ``time.perf_counter``; the garbage collector stays enabled (as in a real
+  controller), with ``gc.collect()`` before each timed region.
+* The timed loop keeps no reference to superseded states: an old ``RankTable``
+  version keeps the undo lists of every later version alive (see
+  docs/embedding.md, "Keeping state").
+
+How to run
+----------
+    .venv/bin/python benchmarks/bench_sim.py
+    .venv/bin/python benchmarks/bench_sim.py --day-scenario path.yaml --repeats 5 --cycles 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+try:
+    import rankcore as rc
+except ImportError:  # running from a checkout without an install
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import rankcore as rc
+
+from executors.sim.runner import Simulation
+from executors.sim.scenario import Scenario, load_scenario, parse_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DAY = ROOT / "examples" / "scenarios" / "day-of-churn-1000.yaml"
+
+TARGET_EVENTS_PER_MINUTE = 1_000_000
+TARGET_DAY_SECONDS = 30.0
+
+#: Used when --day-scenario does not exist: one virtual day at 1,000 replicas
+#: (a copy of examples/scenarios/day-of-churn-1000.yaml without its comments).
+BUILTIN_DAY_SCENARIO = """\
+name: day of churn, 1000 replicas (built-in)
+description: 1000 replicas, ~2,850 random crashes over 24 h, 1000 -> 800 -> 1000, one config rollout.
+seed: 42
+duration: 86400
+cluster:
+  nodes: 128
+  gpus_per_node: 8
+latency:
+  place: {dist: uniform, low: 0.05, high: 0.5}
+  start: {dist: lognormal, median: 6, sigma: 0.4}
+  reconfigure: {dist: uniform, low: 0.2, high: 1.0}
+  stop: {dist: uniform, low: 0.5, high: 2.0}
+faults:
+  crash_rate_per_replica_hour: 0.125
+deployments:
+  llm:
+    replicas: 1000
+    user_config: {model_name: model_v1}
+    reconfigure: with_rank
+timeline:
+  - deploy: llm
+  - wait_until_healthy: {deployment: llm, timeout: 600}
+  - at: 21600
+    scale: {deployment: llm, replicas: 800}
+  - wait_until_healthy: {deployment: llm, timeout: 600}
+  - at: 43200
+    scale: {deployment: llm, replicas: 1000}
+  - wait_until_healthy: {deployment: llm, timeout: 600}
+  - at: 64800
+    update_config: {deployment: llm, user_config: {model_name: model_v2}}
+  - wait_until_healthy: {deployment: llm, timeout: 600}
+trace:
+  snapshot_every: 5000
+expect:
+  - world_size: {deployment: llm, equals: 1000}
+  - contiguous: llm
+  - reassignments: {deployment: llm, level: node_rank, equals: 0}
+"""
+
+
+# ------------------------------------------------------------------ helpers
+def _check(cond: bool, msg: str) -> None:
+    # Explicit raise (not ``assert``) so ``python -O`` keeps the checks.
+    if not cond:
+        raise AssertionError(msg)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()  # every timed region starts from the same GC state (gc stays enabled)
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _min_med(values: list[float]) -> tuple[float, float]:
+    return min(values), statistics.median(values)
+
+
+class NullSink:
+    """A text sink that discards what it is given (counts the characters)."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+
+    def write(self, text: str) -> int:
+        self.chars += len(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+# ------------------------------------------------------- (a) raw core churn
+class _Answerer:
+    """Answers every command in-process at once, in order (no checks, no trace)."""
+
+    __slots__ = ("state", "events", "where", "last_started")
+
+    def __init__(self, state: rc.State, where: dict[str, str]) -> None:
+        self.state = state
+        self.events = 0
+        self.where = where  # replica id -> node, kept like a cluster would
+        self.last_started = ""
+
+    def feed(self, event: object) -> None:
+        queue = [event]
+        step = rc.step
+        while queue:
+            result = step(self.state, queue.pop(0))
+            self.events += 1
+            self.state = result.state
+            for cmd in result.commands:
+                t = type(cmd)
+                if t is rc.StartReplica:
+                    node = self.where.pop(cmd.replaces, None) if cmd.replaces else None
+                    node = node or "node-0"
+                    self.where[cmd.replica_id] = node
+                    self.last_started = cmd.replica_id
+                    queue.append(rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=node))
+                elif t is rc.InitializeReplica:
+                    queue.append(rc.ReplicaReady(replica_id=cmd.replica_id))
+                elif t is rc.ReconfigureReplica:
+                    queue.append(rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version))
+                elif t is rc.StopReplica:
+                    queue.append(rc.ReplicaStopped(replica_id=cmd.replica_id))
+
+
+def _churn_setup(replicas: int) -> tuple[_Answerer, list[str]]:
+    """A healthy deployment of ``replicas`` replicas, eight per node (untimed)."""
+    state = rc.State()
+    result = rc.step(state, rc.DeploymentApplied(
+        name="llm", num_replicas=replicas, user_config={"model": "v1"},
+        has_reconfigure=True, reconfigure_takes_rank=True))
+    nodes = max(1, replicas // 8)
+    where = {c.replica_id: f"node-{i % nodes}" for i, c in enumerate(result.commands)}
+    ans = _Answerer(result.state, where)
+    del state, result
+    for rid in list(where):  # in start order
+        ans.feed(rc.ReplicaPlaced(replica_id=rid, node_id=where[rid]))
+    dep = ans.state.deployments["llm"]
+    _check(dep.healthy and dep.ranks.is_contiguous(), "churn setup is not healthy and contiguous")
+    live = sorted(dep.replicas.keys(), key=lambda r: dep.ranks.global_rank(r))  # index = global rank
+    ans.events = 0
+    return ans, live
+
+
+def _churn_once(replicas: int, picks: list[int]) -> tuple[float, int, dict]:
+    ans, live = _churn_setup(replicas)
+
+    def loop() -> None:
+        feed = ans.feed
+        Crashed = rc.ReplicaCrashed
+        for i in picks:
+            rid = live[i]
+            feed(Crashed(replica_id=rid, reason="bench"))
+            live[i] = ans.last_started  # the replacement took global rank i
+
+    seconds, _ = _timed(loop)
+    dep = ans.state.deployments["llm"]
+    _check(dep.healthy and dep.ranks.is_contiguous(), "churn loop did not end healthy and contiguous")
+    _check(ans.events == 3 * len(picks), f"expected {3 * len(picks)} events, stepped {ans.events}")
+    _check(all(dep.ranks.global_rank(live[i]) == i for i in range(replicas)),
+           "a replacement did not inherit its predecessor's global rank")
+    return seconds, ans.events, dict(dep.ranks.items())
+
+
+def bench_core(replicas: int, cycles: int, seed: int, repeats: int) -> dict:
+    rng = random.Random(seed)
+    picks = [rng.randrange(replicas) for _ in range(cycles)]
+    times, events, finals = [], 0, []
+    for k in range(repeats):
+        print(f"[bench] (a) raw core churn, run {k + 1}/{repeats} ...", file=sys.stderr, flush=True)
+        seconds, events, final = _churn_once(replicas, picks)
+        times.append(seconds)
+        finals.append(final)
+        gc.collect()
+    _check(all(f == finals[0] for f in finals), "the churn loop is not deterministic across repeats")
+    return {"times": times, "events": events}
+
+
+# ------------------------------------------------------- (b)/(c) simulator
+def _sim_once(scenario: Scenario, traced: bool) -> tuple[float, Any, int]:
+    sink = NullSink() if traced else None
+    sim = Simulation(scenario, trace=sink)
+    seconds, result = _timed(sim.run)
+    return seconds, result, (sink.chars if sink else 0)
+
+
+def bench_sim(scenario: Scenario, traced: bool, repeats: int) -> dict:
+    times, results, chars = [], [], 0
+    for k in range(repeats):
+        label = "with trace" if traced else "no trace"
+        print(f"[bench] (b) day of churn, {label}, run {k + 1}/{repeats} ...", file=sys.stderr, flush=True)
+        seconds, result, chars = _sim_once(scenario, traced)
+        times.append(seconds)
+        results.append((result.events, result.metrics, result.end_time, result.passed))
+        del result
+        gc.collect()
+    _check(all(r == results[0] for r in results), "the simulation is not deterministic across repeats")
+    events, metrics, end_time, passed = results[0]
+    return {"times": times, "events": events, "metrics": metrics, "end_time": end_time,
+            "passed": passed, "trace_chars": chars}
+
+
+# --------------------------------------------------------------------- main
+def _load_day(path: Path) -> tuple[Scenario, str]:
+    if path.exists():
+        return load_scenario(path), str(path)
+    return parse_scenario(BUILTIN_DAY_SCENARIO, "<built-in day of churn>"), (
+        f"built-in copy ({path} does not exist)")
+
+
+def _rate_line(label: str, events: int, times: list[float]) -> str:
+    tmin, tmed = _min_med(times)
+    best, med = events / tmin, events / tmed
+    return (f"  {label:<34} {events:>8,} events   wall min {tmin:8.3f} s  median {tmed:8.3f} s   "
+            f"events/s best {best:>10,.0f}  median {med:>10,.0f}  (median {med * 60:>12,.0f}/min)")
+
+
+def _verdict(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--day-scenario", type=Path, default=DEFAULT_DAY,
+                    help="the day-of-churn scenario (default: %(default)s; a built-in copy if missing)")
+    ap.add_argument("--replicas", type=int, default=1000,
+                    help="replicas in the raw churn loop (default 1000)")
+    ap.add_argument("--cycles", type=int, default=20_000,
+                    help="crash -> place -> ready cycles in the raw churn loop (default 20000)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the churn choices (default 0)")
+    ap.add_argument("--skip-trace", action="store_true", help="skip the traced simulation run")
+    args = ap.parse_args(argv)
+    if args.replicas < 1 or args.cycles < 1 or args.repeats < 1:
+        ap.error("--replicas, --cycles and --repeats must be at least 1")
+
+    scenario, source = _load_day(args.day_scenario)
+    print("rankcore simulator benchmark")
+    print(f"  python   {platform.python_implementation()} {platform.python_version()} ({sys.executable})")
+    print(f"  machine  {platform.platform()}; {platform.machine()}; {os.cpu_count()} CPUs; "
+          f"processor {platform.processor() or 'unknown'}")
+    print(f"  rankcore {rc.__version__}; repeats {args.repeats}; gc enabled; time.perf_counter")
+    print(f"  churn    {args.replicas:,} replicas on {max(1, args.replicas // 8)} nodes, "
+          f"{args.cycles:,} crash -> place -> ready cycles, seed {args.seed}")
+    print(f"  scenario {scenario.name!r} from {source}; seed {scenario.seed}, "
+          f"{scenario.duration:,.0f} virtual s, snapshot_every {scenario.snapshot_every}")
+    print()
+
+    core = bench_core(args.replicas, args.cycles, args.seed, args.repeats)
+    plain = bench_sim(scenario, traced=False, repeats=args.repeats)
+    traced = None if args.skip_trace else bench_sim(scenario, traced=True, repeats=args.repeats)
+
+    print("(a) raw core throughput (rankcore.step, answered in-process, no simulator)")
+    print(_rate_line(f"churn at {args.replicas:,} replicas", core["events"], core["times"]))
+    print()
+    print("(b) simulated core events per wall second (executors.sim.Simulation)")
+    print(_rate_line("day of churn, no trace", plain["events"], plain["times"]))
+    if traced is not None:
+        print(_rate_line("day of churn, trace to a null sink", traced["events"], traced["times"]))
+        _check(traced["events"] == plain["events"], "tracing changed the number of events")
+        print(f"  {'':<34} trace: {traced['trace_chars']:,} characters per run (discarded)")
+    m = plain["metrics"]
+    dm = m["deployments"].get(next(iter(m["deployments"]), ""), {})
+    print(f"  {'':<34} per run: {plain['end_time']:,.0f} virtual s, {m['events']:,} events "
+          f"({m['stale_events']:,} stale), {dm.get('starts', 0):,} starts, {dm.get('crashes', 0):,} crashes, "
+          f"{sum(dm.get('reconfigures', {}).values()):,} reconfigures; "
+          f"expectations {'all passed' if plain['passed'] else 'FAILED'}")
+    print()
+    day_min, day_med = _min_med(plain["times"])
+    print("(c) day-of-churn wall time (no trace)")
+    print(f"  min {day_min:.3f} s  median {day_med:.3f} s  "
+          f"({plain['end_time'] / day_med:,.0f} virtual seconds per wall second)")
+    if traced is not None:
+        t_min, t_med = _min_med(traced["times"])
+        print(f"  with trace to a null sink: min {t_min:.3f} s  median {t_med:.3f} s")
+    print()
+    core_rate = core["events"] / statistics.median(core["times"]) * 60
+    sim_rate = plain["events"] / day_med * 60
+    print("(d) targets (judged on the median run)")
+    rows = [
+        (f"core >= {TARGET_EVENTS_PER_MINUTE:,} events/min (raw core)", f"{core_rate:,.0f}/min",
+         core_rate >= TARGET_EVENTS_PER_MINUTE),
+        ("  the same rate in the simulator, no trace (reference)", f"{sim_rate:,.0f}/min",
+         sim_rate >= TARGET_EVENTS_PER_MINUTE),
+        (f"day of churn <= {TARGET_DAY_SECONDS:g} s wall (no trace)", f"{day_med:.3f} s",
+         day_med <= TARGET_DAY_SECONDS),
+    ]
+    if traced is not None:
+        t_med = statistics.median(traced["times"])
+        rows.append(("  the same with a trace to a null sink (reference)", f"{t_med:.3f} s",
+                     t_med <= TARGET_DAY_SECONDS))
+    for label, value, ok in rows:
+        print(f"  {label:<56} {value:>16}  {_verdict(ok)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Check the rank invariants over a JSON Lines trace (``rankcore check-trace``).
+
+The trace is streamed (one record in memory at a time, plus the records of the
+current step and what is known about each live replica), so a trace of
+millions of lines costs memory proportional to the replicas, not the lines.
+
+Two kinds of problem, kept apart:
+
+* :class:`TraceFormatError` - the file is not a readable version-1 trace (not
+  JSON, no header, wrong schema or version, a record missing a required field
+  or with a field of the wrong type, an unknown record kind, time going
+  backwards, a command outside a step, records after the end record). The
+  check stops at the first one; the message is one line naming the file and
+  line.
+* violations - the trace is well formed but a rule of ranks is broken. Every
+  one is collected (``"line 123: ..."``), the check goes on.
+
+Only the fields documented in docs/trace-format.md are relied on, so traces
+written by any executor can be checked. What is checked, and what is not, is
+listed in that document (section "Checking a trace").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+from rankcore.errors import InvariantViolation
+from rankcore.invariants import check_snapshot
+
+from .trace import read_trace
+
+__all__ = ["TraceFormatError", "TraceReport", "check_trace_file", "check_trace_lines"]
+
+#: violations kept in ``TraceReport.violations``; the rest are only counted
+MAX_VIOLATIONS = 1000
+
+KINDS = ("header", "event", "command", "snapshot", "fault", "expectation", "end")
+SNAPSHOT_REASONS = ("step", "healthy", "recovery", "end")
+#: commands that carry ``fields.world_size`` (each must equal the target)
+WORLD_SIZE_COMMANDS = ("StartReplica", "InitializeReplica", "ReconfigureReplica", "UpdateWorldSize")
+
+
+class TraceFormatError(Exception):
+    """The file is not a well-formed trace; ``str()`` is one line: ``file: line N: what``."""
+
+
+class TraceReport:
+    """What :func:`check_trace_file` found.
+
+    ``violations``: ``"line N: ..."`` strings (the first :data:`MAX_VIOLATIONS`;
+    ``violation_count`` counts them all). ``counts``: records per kind plus
+    ``steps`` and ``snapshots_checked``. ``checks``: how many times each
+    cross-record rule could be applied (a rule is skipped where the trace does
+    not say enough, e.g. after a controller recovery without a snapshot).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.header: dict = {}
+        self.violations: list[str] = []
+        self.violation_count = 0
+        self.counts: Counter = Counter({k: 0 for k in KINDS})
+        self.counts["steps"] = 0
+        self.counts["snapshots_checked"] = 0
+        self.checks: Counter = Counter()
+        self.complete = False  # an end record was read
+        self.first_t: float | None = None
+        self.last_t: float | None = None
+        self.expectations_failed = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.violation_count == 0
+
+    def add(self, line: int, message: str) -> None:
+        self.violation_count += 1
+        if len(self.violations) < MAX_VIOLATIONS:
+            self.violations.append(f"line {line}: {_one_line(message)}")
+
+    def summary(self) -> str:
+        """One paragraph: what was read, what was checked, the verdict."""
+        c = self.counts
+        records = sum(c[k] for k in KINDS)
+        kinds = ", ".join(f"{c[k]:,} {k}{'s' if c[k] != 1 else ''}" for k in KINDS[1:] if c[k])
+        span = ""
+        if self.first_t is not None and self.last_t is not None:
+            span = f" over t={self.first_t:g}..{self.last_t:g}s"
+        who = ", ".join(f"{k} {self.header[k]}" for k in ("executor", "scenario", "seed") if k in self.header)
+        text = (f"{self.path}: {records:,} records ({kinds}); {c['steps']:,} steps{span}"
+                + (f" ({who})" if who else "") + ". ")
+        ch = self.checks
+        text += (f"Checked {c['snapshots_checked']:,} snapshots against the state invariants, "
+                 f"{ch['replacement']:,} replacement ranks, {ch['rank_reconfigure']:,} rank reconfigures, "
+                 f"{ch['world_size']:,} world sizes, {ch['command_rank']:,} command ranks against their "
+                 f"step's snapshot and {ch['rank_change']:,} replica ranks between consecutive snapshots. ")
+        if not self.complete:
+            text += "No end record: the trace is incomplete (the run may have been cut off). "
+        if self.expectations_failed:
+            text += f"{self.expectations_failed} expectation(s) recorded as failed. "
+        if self.ok:
+            text += "OK: no invariant violated."
+        else:
+            text += f"FAILED: {self.violation_count:,} violation(s); first: {self.violations[0]}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"TraceReport(path={self.path!r}, ok={self.ok}, violations={self.violation_count})"
+
+
+def _one_line(s: str) -> str:
+    return " ".join(str(s).split())
+
+
+# ------------------------------------------------------------- validation
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _is_triple(v: Any) -> bool:
+    return (isinstance(v, list) and len(v) == 3 and _is_int(v[0])
+            and all(x is None or _is_int(x) for x in v[1:]))
+
+
+def _is_full_triple(v: Any) -> bool:
+    return _is_triple(v) and v[1] is not None and v[2] is not None
+
+
+_TYPES = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str?": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "int": (_is_int, "an integer"),
+    "int?": (lambda v: v is None or _is_int(v), "an integer or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "num": (_is_num, "a finite number"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "rank?": (lambda v: v is None or _is_triple(v),
+              "[rank, node_rank, local_rank] (node parts may be null) or null"),
+    "rank": (_is_triple, "[rank, node_rank, local_rank]"),
+    "fullrank": (_is_full_triple, "[rank, node_rank, local_rank] with no null part"),
+}
+
+_REQUIRED = {
+    "event": {"t": "num", "type": "str", "deployment": "str?", "replica": "str?", "node": "str?",
+              "rank": "rank?", "phase": "str?", "stale": "bool", "fields": "dict"},
+    "command": {"t": "num", "type": "str", "deployment": "str", "replica": "str?", "node": "str?",
+                "rank": "rank?", "phase": "str?", "fields": "dict"},
+    "snapshot": {"t": "num", "reason": "str", "deployments": "dict"},
+    "fault": {"t": "num", "type": "str"},
+    "expectation": {"t": "num", "name": "str", "passed": "bool", "detail": "str"},
+    "end": {"t": "num", "metrics": "dict"},
+}
+
+#: per command type: (required top-level overrides, required ``fields`` entries)
+_COMMAND_FIELDS = {
+    "StartReplica": ({"replica": "str", "rank": "rank"},
+                     {"rank": "int", "world_size": "int", "replaces": "str?", "lineage": "int?"}),
+    "InitializeReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int"}),
+    "ReconfigureReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int", "reason": "str"}),
+    "StopReplica": ({"replica": "str"}, {}),
+    "UpdateWorldSize": ({}, {"world_size": "int"}),
+}
+
+_DEPLOYMENT_FIELDS = {"target": "int", "healthy": "bool", "replicas": "dict"}
+_REPLICA_FIELDS = {"phase": "str", "node": "str?", "rank": "rank?", "global_rank": "int?", "lineage": "int?"}
+
+
+def _replica_ok(rep: Any) -> bool:
+    """Fast check of one snapshot replica against ``_REPLICA_FIELDS`` (snapshots are most of a trace)."""
+    try:
+        phase, node, rk, g, lin = rep["phase"], rep["node"], rep["rank"], rep["global_rank"], rep["lineage"]
+    except (KeyError, TypeError):
+        return False
+    return (type(phase) is str and (node is None or type(node) is str)
+            and (g is None or type(g) is int) and (lin is None or type(lin) is int)
+            and (rk is None or (type(rk) is list and len(rk) == 3 and type(rk[0]) is int
+                                and (rk[1] is None or type(rk[1]) is int)
+                                and (rk[2] is None or type(rk[2]) is int))))
+
+
+class _Format:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def error(self, line: int | None, what: str) -> TraceFormatError:
+        where = f"{self.path}: line {line}" if line is not None else self.path
+        return TraceFormatError(f"{where}: {_one_line(what)}")
+
+    def need(self, obj: dict, spec: dict, line: int, what: str) -> None:
+        for key, ty in spec.items():
+            if key not in obj:
+                raise self.error(line, f"{what} is missing the required field '{key}'")
+            test, desc = _TYPES[ty]
+            if not test(obj[key]):
+                raise self.error(line, f"{what}: '{key}' must be {desc}, got {obj[key]!r:.80}")
+
+
+# ------------------------------------------------------------------ checks
+class _Step:
+    __slots__ = ("index", "line", "t", "event", "commands", "snapshot", "recovered")
+
+    def __init__(self, index: int, rec: dict) -> None:
+        self.index = index
+        self.line = rec["_line"]
+        self.t = rec["t"]
+        self.event = rec
+        self.commands: list[dict] = []
+        self.snapshot: dict | None = None
+        self.recovered = rec["type"] == "ControllerRecovered"
+
+
+class _Knowledge:
+    """What the trace has said so far about one deployment's replicas."""
+
+    __slots__ = ("grank", "lineage", "conveyed", "target")
+
+    def __init__(self) -> None:
+        self.grank: dict[str, int] = {}  # latest known global rank
+        self.lineage: dict[str, int] = {}
+        self.conveyed: dict[str, tuple] = {}  # last rank a command told the replica
+        self.target: int | None = None
+
+
+class _Checker:
+    def __init__(self, path: str) -> None:
+        self.fmt = _Format(path)
+        self.report = TraceReport(path)
+        self.deps: dict[str, _Knowledge] = {}
+        self.step: _Step | None = None
+        self.steps = 0
+        self.last_t: float | None = None
+        self.last_t_line = 0
+        self.ended = False
+        # the previous step's snapshot views {dep: {rid: triple}} and its step index
+        self.prev_view: dict | None = None
+        self.prev_view_step = -1
+
+    def dep(self, name: str) -> _Knowledge:
+        k = self.deps.get(name)
+        if k is None:
+            k = self.deps[name] = _Knowledge()
+        return k
+
+    # -------------------------------------------------------------- records
+    def feed(self, rec: dict) -> None:
+        line = rec["_line"]
+        kind = rec.get("kind")
+        if kind not in KINDS:
+            raise self.fmt.error(line, f"unknown record kind {kind!r} (one of: {', '.join(KINDS)})")
+        r = self.report
+        if kind == "header":
+            if r.counts["header"]:
+                raise self.fmt.error(line, "a second header (two traces in one file?)")
+            r.counts["header"] += 1
+            r.header = {k: v for k, v in rec.items() if k != "_line"}
+            return
+        if self.ended:
+            raise self.fmt.error(line, f"a {kind} record after the end record")
+        self.fmt.need(rec, _REQUIRED[kind], line, f"{kind} record")
+        r.counts[kind] += 1
+        t = rec["t"]
+        if kind != "expectation":  # expectations carry the time they were checked at
+            if self.last_t is not None and t < self.last_t:
+                raise self.fmt.error(line, f"time goes backwards: t={t!r} after t={self.last_t!r} "
+                                           f"(line {self.last_t_line})")
+            self.last_t, self.last_t_line = t, line
+            if r.first_t is None:
+                r.first_t = t
+            r.last_t = t
+        getattr(self, f"_{kind}")(rec, line)
+
+    def finish(self) -> TraceReport:
+        self._close_step()
+        if self.report.counts["header"] == 0:
+            raise self.fmt.error(None, "empty file: no header record")
+        return self.report
+
+    def _event(self, rec: dict, line: int) -> None:
+        self._close_step()
+        self.steps += 1
+        self.report.counts["steps"] += 1
+        st = self.step = _Step(self.steps, rec)
+        if st.recovered:
+            # The new controller rebuilt every rank from reports the trace does
+            # not show: forget what was known (a snapshot in this step restores it).
+            for k in self.deps.values():
+                k.grank.clear()
+                k.lineage.clear()
+                k.conveyed.clear()
+                k.target = None
+            self.prev_view = None
+            return
+        rid, dep, rank = rec["replica"], rec["deployment"], rec["rank"]
+        if rid is not None and dep is not None and rank is not None and not rec["stale"]:
+            self.dep(dep).grank[rid] = rank[0]
+
+    def _command(self, rec: dict, line: int) -> None:
+        st = self.step
+        if st is None:
+            raise self.fmt.error(line, "a command record outside a step (it must follow its event record)")
+        if st.snapshot is not None:
+            raise self.fmt.error(line, "a command record after its step's snapshot")
+        if rec["t"] != st.t:
+            raise self.fmt.error(line, f"command at t={rec['t']!r} in the step of the event at t={st.t!r} "
+                                       f"(line {st.line})")
+        typ = rec["type"]
+        spec = _COMMAND_FIELDS.get(typ)
+        if spec is not None:
+            self.fmt.need(rec, spec[0], line, f"{typ} command")
+            self.fmt.need(rec["fields"], spec[1], line, f"{typ} command's fields")
+        st.commands.append(rec)
+        k = self.dep(rec["deployment"])
+        rid, rank, f = rec["replica"], rec["rank"], rec["fields"]
+        if typ == "StartReplica":
+            x = f["replaces"]
+            if x is not None:
+                held = k.grank.get(x)
+                if held is not None:
+                    self.report.checks["replacement"] += 1
+                    if rank[0] != held:
+                        self.report.add(line, f"{rid} replaces {x}, which held global rank {held}, "
+                                              f"but starts with rank {rank[0]}")
+                lin = k.lineage.get(x)
+                if lin is not None and f["lineage"] is not None and f["lineage"] != lin:
+                    self.report.add(line, f"{rid} replaces {x} (lineage {lin}) "
+                                          f"but has lineage {f['lineage']}")
+            k.grank[rid] = rank[0]
+            if f["lineage"] is not None:
+                k.lineage[rid] = f["lineage"]
+            k.conveyed[rid] = tuple(rank)
+        elif typ in ("InitializeReplica", "ReconfigureReplica"):
+            new = tuple(rank)
+            if typ == "ReconfigureReplica" and f["reason"] == "rank":
+                old = k.conveyed.get(rid)
+                if old is not None and None not in old:
+                    self.report.checks["rank_reconfigure"] += 1
+                    if old == new:
+                        self.report.add(line, f"rank reconfigure of {rid} carries {list(new)}, the rank it "
+                                              f"was already given")
+            k.grank[rid] = new[0]
+            k.conveyed[rid] = new
+
+    def _snapshot(self, rec: dict, line: int) -> None:
+        reason = rec["reason"]
+        if reason not in SNAPSHOT_REASONS:
+            raise self.fmt.error(line, f"snapshot reason must be one of {', '.join(SNAPSHOT_REASONS)}, "
+                                       f"got {reason!r}")
+        for name, d in rec["deployments"].items():
+            if not isinstance(d, dict):
+                raise self.fmt.error(line, f"snapshot deployment {name!r} must be an object")
+            self.fmt.need(d, _DEPLOYMENT_FIELDS, line, f"snapshot deployment {name!r}")
+            for rid, rep in d["replicas"].items():
+                if not _replica_ok(rep):  # the slow path names what is wrong
+                    if not isinstance(rep, dict):
+                        raise self.fmt.error(line, f"snapshot replica {rid!r} of {name!r} must be an object")
+                    self.fmt.need(rep, _REPLICA_FIELDS, line, f"snapshot replica {rid!r} of {name!r}")
+        try:
+            check_snapshot(rec)
+        except InvariantViolation as exc:
+            self.report.add(line, f"snapshot ({reason}): {exc}")
+        self.report.counts["snapshots_checked"] += 1
+        view: dict[str, dict[str, tuple | None]] = {}
+        healthy_any = False
+        for name, d in rec["deployments"].items():
+            healthy_any = healthy_any or d["healthy"]
+            v = view[name] = {}
+            for rid, rep in d["replicas"].items():
+                rk, g = rep["rank"], rep["global_rank"]
+                if rk is not None and g is not None and rk[0] != g:
+                    self.report.add(line, f"snapshot: {name}/{rid} has rank {rk} but global_rank {g}")
+                if g is None and rk is None:
+                    self.report.add(line, f"snapshot: {name}/{rid} ({rep['phase']}) holds no global rank")
+                v[rid] = tuple(rk) if rk is not None else None
+        if reason == "healthy" and not healthy_any:
+            self.report.add(line, "snapshot written because a deployment became healthy, but none is healthy")
+        st = self.step
+        if reason != "end" and st is not None and st.snapshot is None:
+            st.snapshot = rec
+            self._close_step()  # checks the step against it, then learns from it
+            self.prev_view, self.prev_view_step = view, st.index
+        else:
+            self._close_step()
+            self._learn(rec)
+            self.prev_view = None
+
+    def _fault(self, rec: dict, line: int) -> None:
+        self._close_step()
+        if rec["type"] == "controller_crash":
+            self.prev_view = None
+
+    def _expectation(self, rec: dict, line: int) -> None:
+        self._close_step()
+        if not rec["passed"]:
+            self.report.expectations_failed += 1
+
+    def _end(self, rec: dict, line: int) -> None:
+        self._close_step()
+        self.ended = True
+        self.report.complete = True
+
+    # ------------------------------------------------------------ per step
+    def _learn(self, snap: dict) -> None:
+        for name, d in snap["deployments"].items():
+            k = self.dep(name)
+            k.target = d["target"]
+            reps = d["replicas"]
+            k.grank = {rid: r["global_rank"] if r["global_rank"] is not None else r["rank"][0]
+                       for rid, r in reps.items() if r["global_rank"] is not None or r["rank"] is not None}
+            k.lineage = {rid: r["lineage"] for rid, r in reps.items() if r["lineage"] is not None}
+            k.conveyed = {rid: v for rid, v in k.conveyed.items() if rid in reps}
+
+    def _close_step(self) -> None:
+        st = self.step
+        if st is None:
+            return
+        self.step = None
+        ev, snap, rep = st.event, st.snapshot, self.report
+        # world_size: every command carries the deployment's target after the step
+        by_dep: dict[str, list[dict]] = {}
+        for c in st.commands:
+            by_dep.setdefault(c["deployment"], []).append(c)
+        names = set(by_dep)
+        if snap is not None:
+            names |= set(snap["deployments"])
+        if ev["deployment"] is not None:
+            names.add(ev["deployment"])
+        for name in sorted(names):
+            k = self.dep(name)
+            cmds = by_dep.get(name, [])
+            updates = [c["fields"]["world_size"] for c in cmds if c["type"] == "UpdateWorldSize"]
+            pre = k.target
+            post: int | None
+            num = ev["fields"].get("num_replicas")
+            if snap is not None and name in snap["deployments"]:
+                post = snap["deployments"][name]["target"]
+            elif (ev["type"] in ("DeploymentApplied", "ScaleRequested") and ev["deployment"] == name
+                  and not ev["stale"] and _is_int(num)):
+                post = num
+            elif updates:
+                post = updates[-1]
+            elif st.recovered:
+                post = None
+            else:
+                post = pre
+            if post is not None:
+                for c in cmds:
+                    if c["type"] in WORLD_SIZE_COMMANDS and _is_int(c["fields"].get("world_size")):
+                        rep.checks["world_size"] += 1
+                        if c["fields"]["world_size"] != post:
+                            rep.add(c["_line"], f"{c['type']} for {name} carries world_size "
+                                                f"{c['fields']['world_size']}, the target is {post}")
+                if pre is not None and pre != post and not st.recovered and updates != [post]:
+                    rep.add(st.line, f"{name}: target {pre} -> {post} but UpdateWorldSize sent {updates}")
+            k.target = post
+        # a rank reconfigure at most once per replica and step
+        sent = Counter((c["deployment"], c["replica"]) for c in st.commands
+                       if c["type"] == "ReconfigureReplica" and c["fields"]["reason"] == "rank")
+        for (name, rid), n in sorted(sent.items()):
+            if n > 1:
+                rep.add(st.line, f"{name}/{rid} got {n} rank reconfigures in one step")
+        if snap is not None:
+            snap_deps = snap["deployments"]
+            # commands carry the rank their replica holds after the step
+            for c in st.commands:
+                if c["type"] in ("InitializeReplica", "ReconfigureReplica"):
+                    d = snap_deps.get(c["deployment"])
+                    r = d["replicas"].get(c["replica"]) if d is not None else None
+                    if r is not None:
+                        rep.checks["command_rank"] += 1
+                        if r["rank"] != c["rank"]:
+                            rep.add(c["_line"], f"{c['type']} of {c['replica']} carries {c['rank']}, "
+                                                f"the step's snapshot says {r['rank']}")
+            # a placed replica whose rank changed in this step gets a rank reconfigure
+            if self.prev_view is not None and self.prev_view_step == st.index - 1 and not st.recovered:
+                for name, d in snap_deps.items():
+                    before = self.prev_view.get(name, {})
+                    for rid, r in d["replicas"].items():
+                        old = before.get(rid)
+                        if old is None or old[1] is None:
+                            continue
+                        rep.checks["rank_change"] += 1
+                        new = tuple(r["rank"]) if r["rank"] is not None else None
+                        if new != old and (name, rid) not in sent:
+                            rep.add(st.line, f"{name}/{rid}: rank {list(old)} -> "
+                                             f"{None if new is None else list(new)} in this step "
+                                             f"without a rank reconfigure")
+            self._learn(snap)
+        else:
+            self.prev_view = None
+        # replicas that left
+        if ev["type"] in ("ReplicaStopped", "ReplicaCrashed") and not ev["stale"] and ev["replica"]:
+            k = self.deps.get(ev["deployment"]) if ev["deployment"] else None
+            if k is not None:
+                for m in (k.grank, k.lineage, k.conveyed):
+                    m.pop(ev["replica"], None)
+        for c in st.commands:
+            x = c["fields"].get("replaces") if c["type"] == "StartReplica" else None
+            if x:
+                k = self.dep(c["deployment"])
+                for m in (k.grank, k.lineage, k.conveyed):
+                    m.pop(x, None)
+
+
+# -------------------------------------------------------------------- entry
+def check_trace_lines(lines: Any, path: str = "<trace>") -> TraceReport:
+    """Check a trace given as an iterable of lines (``str`` or ``bytes``)."""
+    checker = _Checker(path)
+    counter = [0]
+
+    def text() -> Iterator[str]:
+        for raw in lines:
+            counter[0] += 1
+            if isinstance(raw, bytes):
+                try:
+                    raw = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise TraceFormatError(f"{path}: line {counter[0]}: not UTF-8 text") from None
+            yield raw
+
+    records = read_trace(text())
+    while True:
+        try:
+            rec = next(records)
+        except StopIteration:
+            break
+        except ValueError as exc:  # read_trace's "line N: ..." messages
+            raise TraceFormatError(f"{path}: {_one_line(str(exc))}") from None
+        except (AttributeError, TypeError):
+            # read_trace assumes every line holds a JSON object (a number or null trips it up)
+            what = ("a record must be a JSON object with a 'kind'" if checker.report.counts["header"]
+                    else "not a rankcore-trace trace (the first record must be the header object)")
+            raise TraceFormatError(f"{path}: line {counter[0]}: {what}") from None
+        checker.feed(rec)
+    return checker.finish()
+
+
+def check_trace_file(path: str | Path) -> TraceReport:
+    """Stream the trace at ``path`` and check it; raises :class:`TraceFormatError`
+    for a file that is not a well-formed trace (or cannot be read)."""
+    name = str(path)
+    try:
+        fp = open(path, "rb")
+    except OSError as exc:
+        raise TraceFormatError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    with fp:
+        try:
+            return check_trace_lines(fp, name)
+        except OSError as exc:
+            raise TraceFormatError(f"{name}: cannot read: {exc.strerror or exc}") from None

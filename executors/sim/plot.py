@@ -1,0 +1,425 @@
+"""A PNG timeline of a trace (``rankcore simulate --plot``): who held each rank when.
+
+One row per global rank, one bar per replica holding it (coloured by lineage,
+so a replacement has its predecessor's colour; solid while serving, pale while
+starting, hatched while stopping; labelled with the replica id where there is
+room), crash markers, reconfigure markers (rank / user_config), lost nodes,
+controller outages, and the world size as a step line on a second y axis whose
+value ``w`` sits on the top edge of rank row ``w - 1``.
+
+Holdings are derived from the event and command records (StartReplica opens
+one, InitializeReplica / ReconfigureReplica move it, ReplicaStopped,
+ReplicaCrashed, NodeLost and a replacement's StartReplica end it) and corrected
+by snapshots, so thinned snapshots (``--snapshot-every``) still give the same
+picture. The trace is streamed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..trace import read_trace
+
+__all__ = ["plot_trace"]
+
+#: phase -> how the bar is drawn ("serving" solid, "starting" pale, "stopping" hatched)
+_CLASS = {"pending": "starting", "starting": "starting", "running": "serving",
+          "reconfiguring": "serving", "stopping": "stopping"}
+_PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
+            "#ff9da7", "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8", "#bab0ac", "#79706e"]
+_CRASH = "#d62728"
+_RANK_RECONF = "#111111"
+_CONFIG_RECONF = "#7b3294"
+
+
+class _Replica:
+    __slots__ = ("rid", "rank", "cls", "since", "lineage", "node", "held_since")
+
+    def __init__(self, rid: str, rank: int, cls: str, t: float, lineage: int | None,
+                 node: str | None) -> None:
+        self.rid, self.rank, self.cls, self.since = rid, rank, cls, t
+        self.lineage, self.node = lineage, node
+        self.held_since = t  # start of the current holding (same rank), for labels
+
+
+class _Deployment:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.live: dict[str, _Replica] = {}
+        self.segments: list[tuple[int, float, float, str, Any]] = []  # rank, t0, t1, cls, colour key
+        self.holdings: list[tuple[int, float, float, str]] = []  # rank, t0, t1, replica id
+        self.crashes: list[tuple[float, int]] = []
+        self.crashed: set[str] = set()
+        self.reconfigures: list[tuple[float, int, str, int | None]] = []  # t, new rank, reason, old rank
+        self.world: list[tuple[float, int]] = []
+        self.keys: dict[str, Any] = {}  # replica id -> colour key (for label colours)
+
+    # ---------------------------------------------------------- holdings
+    def colour_key(self, rep: _Replica) -> Any:
+        return rep.lineage if rep.lineage is not None else f"id:{rep.rid}"
+
+    def _close_segment(self, rep: _Replica, t: float) -> None:
+        if t > rep.since:
+            self.segments.append((rep.rank, rep.since, t, rep.cls, self.colour_key(rep)))
+        rep.since = t
+
+    def _close_holding(self, rep: _Replica, t: float) -> None:
+        self.holdings.append((rep.rank, rep.held_since, t, rep.rid))
+        self.keys[rep.rid] = self.colour_key(rep)
+        rep.held_since = t
+
+    def update(self, rid: str, t: float, *, rank: int | None = None, phase: str | None = None,
+               lineage: int | None = None, node: str | None = None) -> None:
+        cls = _CLASS.get(phase) if phase is not None else None
+        if phase is not None and cls is None:  # stopped / crashed / unknown: gone
+            self.end(rid, t)
+            return
+        rep = self.live.get(rid)
+        if rep is None:
+            if rank is None:
+                return
+            self.live[rid] = _Replica(rid, rank, cls or "starting", t, lineage, node)
+            return
+        if lineage is not None:
+            rep.lineage = lineage
+        if node is not None:
+            rep.node = node
+        new_rank = rep.rank if rank is None else rank
+        new_cls = rep.cls if cls is None else cls
+        if new_rank != rep.rank or new_cls != rep.cls:
+            self._close_segment(rep, t)
+            if new_rank != rep.rank:
+                self._close_holding(rep, t)
+            rep.rank, rep.cls = new_rank, new_cls
+
+    def end(self, rid: str, t: float, crashed: bool = False) -> None:
+        rep = self.live.pop(rid, None)
+        if crashed and rid not in self.crashed:
+            rank = rep.rank if rep is not None else None
+            if rank is not None:
+                self.crashes.append((t, rank))
+                self.crashed.add(rid)
+        if rep is not None:
+            self._close_segment(rep, t)
+            self._close_holding(rep, t)
+
+    def target(self, t: float, ws: Any) -> None:
+        if isinstance(ws, int) and not isinstance(ws, bool):
+            if not self.world or self.world[-1][1] != ws:
+                self.world.append((t, ws))
+
+    def finish(self, t: float) -> None:
+        for rid in list(self.live):
+            self.end(rid, t)
+
+    @property
+    def max_rank(self) -> int:
+        ranks = [s[0] for s in self.segments] + [c[1] for c in self.crashes]
+        top = max(ranks) if ranks else 0
+        if self.world:
+            top = max(top, max(w for _, w in self.world) - 1)
+        return max(top, 0)
+
+
+class _Timeline:
+    """Everything the plot shows, read from a trace in one pass."""
+
+    def __init__(self) -> None:
+        self.deployments: dict[str, _Deployment] = {}
+        self.node_lost: list[tuple[float, str]] = []
+        self.down: list[tuple[float, float | None]] = []
+        self.header: dict = {}
+        self.t_end = 0.0
+        self.t_start: float | None = None
+        self.where: dict[str, str] = {}  # replica -> deployment
+
+    def dep(self, name: str) -> _Deployment:
+        d = self.deployments.get(name)
+        if d is None:
+            d = self.deployments[name] = _Deployment(name)
+        return d
+
+    def _rank(self, rec: dict) -> int | None:
+        rk = rec.get("rank")
+        return rk[0] if isinstance(rk, list) and rk else None
+
+    def feed(self, rec: dict) -> None:
+        kind = rec["kind"]
+        if kind == "header":
+            self.header = rec
+            return
+        t = rec.get("t")
+        if not isinstance(t, (int, float)):
+            return
+        if kind != "expectation":
+            self.t_end = max(self.t_end, t)
+            if self.t_start is None:
+                self.t_start = t
+        getattr(self, f"_{kind}", lambda r, t: None)(rec, t)
+
+    def _event(self, rec: dict, t: float) -> None:
+        typ, rid, name = rec.get("type"), rec.get("replica"), rec.get("deployment")
+        if rec.get("stale"):
+            return
+        if typ == "ControllerRecovered":
+            self._recovered(t)
+            return
+        if typ == "NodeLost":
+            self._lose_node(t, rec.get("node") or (rec.get("fields") or {}).get("node_id"))
+            return
+        fields = rec.get("fields") or {}
+        if typ in ("DeploymentApplied", "ScaleRequested") and name:
+            self.dep(name).target(t, fields.get("num_replicas"))
+        if rid is None or name is None:
+            return
+        d = self.dep(name)
+        self.where[rid] = name
+        if typ == "ReplicaCrashed":
+            d.end(rid, t, crashed=True)
+        elif typ == "ReplicaStopped":
+            d.end(rid, t)
+        else:
+            d.update(rid, t, rank=self._rank(rec), phase=rec.get("phase"), node=rec.get("node"))
+
+    def _command(self, rec: dict, t: float) -> None:
+        name, rid, typ = rec.get("deployment"), rec.get("replica"), rec.get("type")
+        if not name:
+            return
+        d = self.dep(name)
+        f = rec.get("fields") or {}
+        d.target(t, f.get("world_size"))
+        if rid is None:
+            return
+        self.where[rid] = name
+        rank = self._rank(rec)
+        if typ == "StartReplica":
+            if f.get("replaces"):
+                d.end(f["replaces"], t, crashed=True)
+            d.update(rid, t, rank=rank, phase=rec.get("phase") or "pending", lineage=f.get("lineage"))
+            return
+        if typ == "ReconfigureReplica" and rank is not None:
+            old = d.live.get(rid)
+            d.reconfigures.append((t, rank, f.get("reason", "rank"), old.rank if old is not None else None))
+        d.update(rid, t, rank=rank, phase=rec.get("phase"), node=rec.get("node"))
+
+    def _snapshot(self, rec: dict, t: float) -> None:
+        for name, sd in (rec.get("deployments") or {}).items():
+            d = self.dep(name)
+            d.target(t, sd.get("target"))
+            reps = sd.get("replicas") or {}
+            for rid in [r for r in d.live if r not in reps]:
+                d.end(rid, t)
+            for rid, r in reps.items():
+                g = r.get("global_rank")
+                if g is None:
+                    g = self._rank(r)
+                self.where[rid] = name
+                d.update(rid, t, rank=g, phase=r.get("phase"), lineage=r.get("lineage"), node=r.get("node"))
+
+    def _fault(self, rec: dict, t: float) -> None:
+        typ = rec.get("type")
+        if typ in ("crash", "random_crash") and rec.get("replica"):
+            rid = rec["replica"]
+            name = self.where.get(rid) or rec.get("deployment")
+            if name:
+                self.dep(name).end(rid, t, crashed=True)
+        elif typ == "node_lost":
+            self._lose_node(t, rec.get("node"))
+        elif typ == "controller_crash":
+            if not self.down or self.down[-1][1] is not None:
+                self.down.append((t, None))
+        elif typ == "controller_recovered":
+            self._recovered(t)
+
+    def _end(self, rec: dict, t: float) -> None:
+        pass
+
+    def _recovered(self, t: float) -> None:
+        if self.down and self.down[-1][1] is None:
+            self.down[-1] = (self.down[-1][0], t)
+
+    def _lose_node(self, t: float, node: str | None) -> None:
+        if node is None:
+            return
+        if not any(n == node and abs(tt - t) < 1e-9 for tt, n in self.node_lost):
+            self.node_lost.append((t, node))
+        for d in self.deployments.values():
+            for rid in [r.rid for r in d.live.values() if r.node == node]:
+                d.end(rid, t, crashed=True)
+
+    def finish(self) -> None:
+        for d in self.deployments.values():
+            d.finish(self.t_end)
+        if self.down and self.down[-1][1] is None:
+            self.down[-1] = (self.down[-1][0], self.t_end)
+
+
+def _read(trace_path: str | Path) -> _Timeline:
+    tl = _Timeline()
+    with open(trace_path, encoding="utf-8") as fp:
+        try:
+            for rec in read_trace(fp):
+                tl.feed(rec)
+        except ValueError as exc:
+            raise ValueError(f"{trace_path}: {exc}") from None
+    tl.finish()
+    return tl
+
+
+def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None = None,
+               deployment: str | None = None) -> Path:
+    """Render the trace at ``trace_path`` as a PNG at ``out_png`` (returned).
+
+    One subplot per deployment (only ``deployment`` when given). Needs
+    matplotlib (``pip install matplotlib`` or ``pip install 'rankcore[plot]'``).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError(
+            "plotting a trace needs matplotlib: pip install matplotlib (or pip install 'rankcore[plot]')"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    tl = _read(trace_path)
+    names = sorted(tl.deployments)
+    if deployment is not None:
+        if deployment not in tl.deployments:
+            raise ValueError(f"{trace_path}: no deployment {deployment!r} in the trace "
+                             f"(found: {', '.join(names) or 'none'})")
+        names = [deployment]
+    t0 = tl.t_start or 0.0
+    t1 = max(tl.t_end, t0 + 1e-9)
+    span = t1 - t0
+
+    rows = [tl.deployments[n].max_rank + 1 for n in names] or [1]
+    heights = [min(max(1.4 + 0.32 * r, 2.6), 9.0) for r in rows]
+    fig_h = min(sum(heights) + 1.6, 40.0)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    axes = [a[0] for a in axes]
+    if title is None:
+        title = str(tl.header.get("scenario") or Path(trace_path).name)
+    seed = tl.header.get("seed")
+    fig.suptitle(title + (f"  (seed {seed})" if seed is not None else ""), fontsize=13, fontweight="bold")
+
+    if not names:
+        axes[0].text(0.5, 0.5, "no deployment in this trace", ha="center", va="center",
+                     transform=axes[0].transAxes)
+    for ax, name, nrows in zip(axes, names, rows):
+        _draw(ax, tl, tl.deployments[name], nrows, t0, t1, span)
+    axes[-1].set_xlabel("virtual time (s)")
+    axes[-1].set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
+
+    handles = [
+        Patch(facecolor=_PALETTE[0], edgecolor="none", label="serving (colour = lineage)"),
+        Patch(facecolor=_PALETTE[0], alpha=0.35, edgecolor="none", label="pending / starting"),
+        Patch(facecolor=_PALETTE[0], alpha=0.35, hatch="///", edgecolor="white", label="stopping"),
+        Line2D([], [], marker="X", color=_CRASH, linestyle="none", markersize=9, markeredgecolor="white",
+               label="crash"),
+        Line2D([], [], marker="^", color=_RANK_RECONF, linestyle="none", markersize=7,
+               label="reconfigure: rank"),
+        Line2D([], [], marker="D", color=_CONFIG_RECONF, linestyle="none", markersize=5,
+               label="reconfigure: user_config"),
+        Line2D([], [], color="black", drawstyle="steps-post", linewidth=1.6, label="world_size (right axis)"),
+    ]
+    if tl.node_lost:
+        handles.append(Line2D([], [], color=_CRASH, linestyle="--", linewidth=1, label="node lost"))
+    if tl.down:
+        handles.append(Patch(facecolor="#999999", alpha=0.25, label="controller down"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8.5, frameon=False)
+    legend_rows = (len(handles) + 4) // 5
+    fig.tight_layout(rect=(0, 0.035 * legend_rows * 9.0 / max(fig_h, 4.0), 1, 0.97))
+    out = Path(out_png)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: float, span: float) -> None:
+    pad = 0.45 if nrows <= 40 else nrows * 0.012  # room for the world_size line at the full target
+    colours: dict[Any, str] = {}
+
+    def colour(key: Any) -> str:
+        if key not in colours:
+            i = key if isinstance(key, int) else len(colours)
+            colours[key] = _PALETTE[i % len(_PALETTE)]
+        return colours[key]
+
+    label_colour = {}
+    for rid, key in d.keys.items():
+        r, g, b = (int(colour(key)[i:i + 2], 16) / 255 for i in (1, 3, 5))
+        label_colour[rid] = "#222222" if 0.299 * r + 0.587 * g + 0.114 * b > 0.62 else "white"
+    groups: dict[tuple[str, str], dict[int, list]] = {}
+    for rank, a, b, cls, key in d.segments:
+        groups.setdefault((colour(key), cls), {}).setdefault(rank, []).append((a, max(b - a, span * 0.0015)))
+    for (c, cls), by_rank in groups.items():
+        for rank, spans in by_rank.items():
+            if cls == "serving":
+                ax.broken_barh(spans, (rank - 0.36, 0.72), facecolors=c, edgecolor="none")
+            elif cls == "starting":
+                ax.broken_barh(spans, (rank - 0.36, 0.72), facecolors=c, alpha=0.35, edgecolor="none")
+            else:
+                ax.broken_barh(spans, (rank - 0.36, 0.72), facecolors=c, alpha=0.35, hatch="///",
+                               edgecolor="white", linewidth=0)
+    # replica ids where they fit (about 0.75% of the width per character)
+    if nrows <= 48:
+        for rank, a, b, rid in d.holdings:
+            if (b - a) >= span * 0.0075 * (len(rid) + 2):
+                ax.text((a + b) / 2, rank, rid, ha="center", va="center", fontsize=7.5,
+                        color=label_colour.get(rid, "white"), fontweight="bold", clip_on=True)
+    for a, b in tl.down:
+        ax.axvspan(a, b if b is not None else t1, color="#999999", alpha=0.25, linewidth=0)
+    for t, node in tl.node_lost:
+        ax.axvline(t, color=_CRASH, linestyle="--", linewidth=1)
+        ax.text(t, nrows - 0.5 + pad, f" {node} lost", color=_CRASH, fontsize=7.5, va="bottom", ha="left",
+                clip_on=False)
+    k = min(1.0, (40 / max(nrows, 1)) ** 0.5)  # smaller markers when rows are thin
+    rank_r = [(t, r) for t, r, why, _ in d.reconfigures if why == "rank"]
+    conf_r = [(t, r) for t, r, why, _ in d.reconfigures if why != "rank"]
+    moves = [(t, old, r) for t, r, why, old in d.reconfigures if old is not None and old != r]
+    if len(moves) <= 300:  # a thin arrow from the old rank row to the new one
+        for t, old, new in moves:
+            ax.annotate("", xy=(t, new), xytext=(t, old),
+                        arrowprops={"arrowstyle": "-|>", "color": _RANK_RECONF, "linewidth": 0.8,
+                                    "linestyle": ":", "shrinkA": 4, "shrinkB": 6, "mutation_scale": 8},
+                        zorder=4)
+    if rank_r:
+        ax.scatter([t for t, _ in rank_r], [r for _, r in rank_r], marker="^", s=42 * k, color=_RANK_RECONF,
+                   edgecolors="white", linewidths=0.6, zorder=4)
+    if conf_r:
+        ax.scatter([t for t, _ in conf_r], [r + 0.22 * (nrows <= 40) for _, r in conf_r], marker="D",
+                   s=18 * k, color=_CONFIG_RECONF, edgecolors="white", linewidths=0.5, zorder=4)
+    if d.crashes:
+        ax.scatter([t for t, _ in d.crashes], [r for _, r in d.crashes], marker="X", s=80 * k, color=_CRASH,
+                   edgecolors="white", linewidths=0.7, zorder=5)
+    ax.set_ylim(-0.5, nrows - 0.5 + pad)
+    if nrows <= 40:
+        ax.set_yticks(range(nrows))
+    ax.set_ylabel("global rank")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.spines["top"].set_visible(False)
+    ws = d.world
+    target = ""
+    if ws:
+        more = "…" if len(ws) > 6 else ""
+        target = f"target {ws[0][1]}" + "".join(f"→{w}" for _, w in ws[1:6]) + more
+    n_rank = sum(1 for _, _, why, _ in d.reconfigures if why == "rank")
+    n_conf = len(d.reconfigures) - n_rank
+    ax.set_title(f"{d.name}: {target}; {len(d.crashes)} crash{'es' if len(d.crashes) != 1 else ''}, "
+                 f"{n_rank} rank / {n_conf} user_config reconfigures", fontsize=10, loc="left")
+    tw = ax.twinx()
+    if ws:
+        xs = [t for t, _ in ws] + [t1]
+        ys = [w for _, w in ws] + [ws[-1][1]]
+        tw.step(xs, ys, where="post", color="black", linewidth=1.6, zorder=6)
+    tw.set_ylim(0, nrows + pad)  # world_size w lies on the top edge of rank row w - 1
+    if nrows <= 40:
+        tw.set_yticks(range(nrows + 1))
+    tw.set_ylabel("world_size")
+    tw.spines["top"].set_visible(False)

@@ -1,0 +1,329 @@
+"""Traces: a simulator trace passes ``check_trace_file``; tampered copies are
+caught with the right kind of error; the ``check-trace`` CLI's exit codes;
+``plot_trace`` writes PNGs."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from executors.checktrace import TraceFormatError, TraceReport, check_trace_file
+from executors.cli import main
+from executors.sim import Simulation, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+DOWNSCALE = ROOT / "examples" / "scenarios" / "downscale-8-to-4.yaml"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+CRASH_YAML = """\
+name: one crash then a config update
+seed: 3
+cluster: {nodes: 2, gpus_per_node: 4}
+deployments:
+  llm: {replicas: 4, user_config: {m: 1}}
+timeline:
+  - deploy: llm
+  - wait_until_healthy: llm
+  - after: 10
+    crash: {deployment: llm, rank: 1}
+  - wait_until_healthy: llm
+  - after: 5
+    update_config: {deployment: llm, user_config: {m: 2}}
+  - wait_until_healthy: llm
+expect:
+  - contiguous: llm
+"""
+
+
+# ------------------------------------------------------------------ helpers
+def _trace_text(scenario: Path, **kwargs) -> str:
+    buf = io.StringIO()
+    Simulation(load_scenario(scenario), trace=buf, check=True, **kwargs).run()
+    return buf.getvalue()
+
+
+def _records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _dump(records: list[dict]) -> str:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+
+
+def _write(tmp_path: Path, text: str, name: str = "trace.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.fixture(scope="module")
+def downscale_text() -> str:
+    return _trace_text(DOWNSCALE)
+
+
+@pytest.fixture
+def crash_scenario(tmp_path: Path) -> Path:
+    p = tmp_path / "crash.yaml"
+    p.write_text(CRASH_YAML)
+    return p
+
+
+def _first(records: list[dict], **match) -> int:
+    """Index of the first record whose keys (and ``fields`` keys, prefixed f_) match."""
+    for i, r in enumerate(records):
+        if all((r.get("fields", {}).get(k[2:]) if k.startswith("f_") else r.get(k)) == v
+               for k, v in match.items()):
+            return i
+    raise AssertionError(f"no record matches {match}")
+
+
+# ------------------------------------------------------------- good traces
+def test_simulator_trace_passes(tmp_path, downscale_text):
+    report = check_trace_file(_write(tmp_path, downscale_text))
+    assert isinstance(report, TraceReport)
+    assert report.ok and report.violations == [], report.violations
+    assert report.complete
+    c = report.counts
+    assert c["header"] == 1 and c["end"] == 1 and c["expectation"] >= 1
+    assert c["steps"] == c["event"] > 0
+    assert c["snapshots_checked"] == c["snapshot"] == c["steps"] + 1  # one per step plus the end one
+    assert report.checks["rank_reconfigure"] == 2  # llm#4 -> 0 and llm#7 -> 3
+    assert report.checks["world_size"] > 0 and report.checks["rank_change"] > 0
+    text = report.summary()
+    assert isinstance(text, str) and "\n" not in text and "OK" in text
+
+
+def test_thinned_and_crash_traces_pass(tmp_path, crash_scenario):
+    for every in (1, 3, 1000):
+        report = check_trace_file(_write(tmp_path, _trace_text(crash_scenario, snapshot_every=every)))
+        assert report.ok, (every, report.violations)
+        assert report.checks["replacement"] == 1  # the crash's replacement inherits rank 1
+    assert report.counts["snapshot"] < report.counts["steps"]  # thinned: healthy + end only
+
+
+def test_trace_is_byte_identical_for_same_seed(downscale_text):
+    assert _trace_text(DOWNSCALE) == downscale_text
+
+
+# ---------------------------------------------------------------- violations
+def test_duplicate_rank_in_snapshot_is_a_violation(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    i = max(j for j, r in enumerate(recs) if r["kind"] == "snapshot" and r["reason"] == "end")
+    reps = recs[i]["deployments"]["llm"]["replicas"]
+    a, b = sorted(reps)[:2]
+    reps[b]["rank"] = list(reps[a]["rank"])
+    reps[b]["global_rank"] = reps[a]["global_rank"]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert not report.ok
+    assert any(v.startswith(f"line {i + 1}: ") and "held twice" in v
+               for v in report.violations), report.violations
+
+
+def test_replacement_with_another_rank_is_a_violation(tmp_path, crash_scenario):
+    recs = _records(_trace_text(crash_scenario))
+    i = next(j for j, r in enumerate(recs) if r.get("type") == "StartReplica" and r["fields"]["replaces"])
+    recs[i]["rank"][0] = 3
+    recs[i]["fields"]["rank"] = 3
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert any(v.startswith(f"line {i + 1}: ") and "replaces" in v and "held global rank 1" in v
+               for v in report.violations), report.violations
+
+
+def test_rank_reconfigure_repeating_the_old_rank_is_a_violation(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    i = _first(recs, type="ReconfigureReplica", replica="llm#4")
+    recs[i]["rank"] = [4, 0, 2]  # what InitializeReplica gave llm#4
+    recs[i]["fields"]["rank"] = [4, 0, 2]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert any(v.startswith(f"line {i + 1}: ") and "already given" in v for v in report.violations)
+    assert any("the step's snapshot says [0, 0, 0]" in v for v in report.violations)
+
+
+def test_missing_rank_reconfigure_is_a_violation(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    del recs[_first(recs, type="ReconfigureReplica", replica="llm#7")]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert any("llm/llm#7" in v and "without a rank reconfigure" in v
+               for v in report.violations), report.violations
+
+
+def test_world_size_violations(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    i = _first(recs, type="StartReplica", replica="llm#2")
+    recs[i]["fields"]["world_size"] = 7
+    j = _first(recs, type="UpdateWorldSize")
+    del recs[j]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert any(v.startswith(f"line {i + 1}: ") and "world_size 7, the target is 8" in v
+               for v in report.violations)
+    assert any("target 8 -> 4 but UpdateWorldSize sent []" in v for v in report.violations), report.violations
+    assert report.violation_count == len(report.violations) == 2  # all collected, nothing else
+
+
+def test_violations_are_all_collected(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    n = 0
+    for r in recs:
+        if r["kind"] == "snapshot" and r["deployments"]["llm"]["healthy"]:
+            reps = r["deployments"]["llm"]["replicas"]
+            first = sorted(reps)[0]
+            reps[first]["rank"][0] += 100  # not contiguous although healthy, global_rank disagrees
+            n += 1
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert n >= 2 and report.violation_count >= 2 * n
+    assert all(v.startswith("line ") for v in report.violations)
+    assert "FAILED" in report.summary()
+
+
+# ------------------------------------------------------------------ malformed
+def _malformed(tmp_path: Path, text: str | bytes) -> str:
+    p = tmp_path / "bad.jsonl"
+    if isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text)
+    with pytest.raises(TraceFormatError) as info:
+        check_trace_file(p)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(str(p))
+    return msg
+
+
+def test_missing_header(tmp_path, downscale_text):
+    msg = _malformed(tmp_path, downscale_text.split("\n", 1)[1])
+    assert "line 1" in msg and "header" in msg
+
+
+def test_wrong_schema_and_version(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    recs[0]["version"] = 2
+    assert "version 2" in _malformed(tmp_path, _dump(recs))
+    recs[0]["version"], recs[0]["schema"] = 1, "other"
+    assert "header" in _malformed(tmp_path, _dump(recs))
+
+
+def test_not_json_line(tmp_path, downscale_text):
+    lines = downscale_text.splitlines(True)
+    lines.insert(5, "this is {not json\n")
+    msg = _malformed(tmp_path, "".join(lines))
+    assert "line 6" in msg and "not JSON" in msg
+
+
+def test_time_going_backwards(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    i = _first(recs, type="ReplicaReady")
+    recs[i]["t"] = 0.05
+    msg = _malformed(tmp_path, _dump(recs))
+    assert f"line {i + 1}" in msg and "backwards" in msg
+
+
+def test_missing_or_mistyped_field(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    i = _first(recs, type="ReplicaPlaced")
+    del recs[i]["stale"]
+    msg = _malformed(tmp_path, _dump(recs))
+    assert f"line {i + 1}" in msg and "'stale'" in msg
+    recs = _records(downscale_text)
+    i = _first(recs, type="ReconfigureReplica")
+    recs[i]["rank"] = [0, None, 0]
+    assert f"line {i + 1}" in _malformed(tmp_path, _dump(recs))
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda recs: recs.append({"kind": "event", "t": 1e9, "type": "ReplicaReady", "deployment": "llm",
+                               "replica": "llm#1", "node": None, "rank": None, "phase": None, "stale": True,
+                               "fields": {}}), "after the end record"),
+    (lambda recs: recs.insert(3, {"kind": "gossip", "t": 0.0}), "unknown record kind"),
+    (lambda recs: recs.insert(1, dict(recs[0])), "second header"),
+    (lambda recs: recs.insert(1, dict(recs[2])), "outside a step"),
+])
+def test_structural_errors(tmp_path, downscale_text, edit, words):
+    recs = _records(downscale_text)
+    edit(recs)
+    assert words in _malformed(tmp_path, _dump(recs))
+
+
+def test_unreadable_inputs(tmp_path):
+    assert "no header" in _malformed(tmp_path, "")
+    assert "header" in _malformed(tmp_path, "[1, 2, 3]\n")
+    assert "header" in _malformed(tmp_path, "42\n")
+    header = '{"kind":"header","schema":"rankcore-trace","version":1}\n'
+    assert "line 2: a record must be an object" in _malformed(tmp_path, header + "null\n")
+    assert "UTF-8" in _malformed(tmp_path, b'{"kind":"header"\xff}\n')
+    with pytest.raises(TraceFormatError, match="cannot read"):
+        check_trace_file(tmp_path / "missing.jsonl")
+
+
+# ------------------------------------------------------------------------ CLI
+def test_check_trace_cli_exit_codes(tmp_path, downscale_text):
+    good = _write(tmp_path, downscale_text, "good.jsonl")
+    res = CliRunner().invoke(main, ["check-trace", str(good)])
+    assert res.exit_code == 0, res.output
+    assert "OK" in res.output
+
+    recs = _records(downscale_text)
+    del recs[_first(recs, type="UpdateWorldSize")]
+    res = CliRunner().invoke(main, ["check-trace", str(_write(tmp_path, _dump(recs), "violation.jsonl"))])
+    assert res.exit_code == 1, res.output
+
+    res = CliRunner().invoke(main, ["check-trace", str(_write(tmp_path, "not json\n", "malformed.jsonl"))])
+    assert res.exit_code == 2, res.output
+
+
+# ----------------------------------------------------------------------- plot
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 20_000
+
+
+def test_plot_downscale(tmp_path, downscale_text):
+    from executors.sim.plot import plot_trace
+
+    out = plot_trace(_write(tmp_path, downscale_text), tmp_path / "downscale.png", title="downscale")
+    assert out == tmp_path / "downscale.png"
+    _assert_png(out)
+
+
+def test_plot_crash_scenario_and_one_deployment(tmp_path, crash_scenario):
+    from executors.sim.plot import _read, plot_trace
+
+    trace = _write(tmp_path, _trace_text(crash_scenario))
+    _assert_png(plot_trace(trace, tmp_path / "crash.png"))
+    _assert_png(plot_trace(trace, tmp_path / "llm.png", deployment="llm"))
+    with pytest.raises(ValueError, match="no deployment 'nope'"):
+        plot_trace(trace, tmp_path / "nope.png", deployment="nope")
+    d = _read(trace).deployments["llm"]
+    assert len(d.crashes) == 1 and d.crashes[0][1] == 1  # the crash of rank 1
+    assert {why for _, _, why, _ in d.reconfigures} == {"user_config"}
+    assert [w for _, w in d.world] == [4]
+
+
+def test_plot_is_the_same_with_thinned_snapshots(tmp_path, crash_scenario):
+    from executors.sim.plot import _read
+
+    def timeline(every: int):
+        d = _read(_write(tmp_path, _trace_text(crash_scenario, snapshot_every=every))).deployments["llm"]
+        return sorted(d.segments), sorted(d.holdings), d.crashes, d.reconfigures, d.world
+
+    assert timeline(1000) == timeline(1)
+
+
+def test_simulate_plot_cli(tmp_path, crash_scenario):
+    out = tmp_path / "cli.png"
+    res = CliRunner().invoke(main, ["simulate", str(crash_scenario), "--plot", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    _assert_png(out)
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path, downscale_text, monkeypatch):
+    from executors.sim.plot import plot_trace
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    with pytest.raises(ImportError, match=r"pip install matplotlib.*rankcore\[plot\]"):
+        plot_trace(_write(tmp_path, downscale_text), tmp_path / "x.png")
