@@ -145,12 +145,11 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    err = Console(stderr=True)
     variants = _parse_sets(sets)
     try:
         scenarios = [load_scenario(scenario_path, overrides=v) for v in variants]
     except ScenarioError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        click.echo(f"error: {exc}", err=True)  # one plain line: no wrapping, no markup
         sys.exit(EXIT_BAD_INPUT)
     if len(scenarios) > 1 and (trace_path or plot_path):
         raise click.UsageError("--trace and --plot take one run; drop them or the --set variants")
@@ -187,7 +186,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     failed = [(v, e) for v, r, _ in results for e in r.failures]
     for v, e in failed:
         where = f" [{', '.join(f'{k}={x}' for k, x in v.items())}]" if v else ""
-        err.print(f"[red]expectation failed[/red]{escape(where)}: {escape(e.name)}: {escape(e.detail)}", highlight=False)
+        click.echo(f"expectation failed{where}: {e.name}: {e.detail}", err=True)
     if failed:
         sys.exit(EXIT_EXPECTATION_FAILED)
     if quiet:
@@ -243,12 +242,12 @@ def check_trace(trace: Path) -> None:
     try:
         report = check_trace_file(trace)
     except TraceFormatError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     console.print(report.summary())
     if not report.ok:
         for v in report.violations[:20]:
-            Console(stderr=True).print(f"[red]violation[/red] {escape(str(v))}", highlight=False)
+            click.echo(f"violation: {v}", err=True)
         sys.exit(1)
 
 

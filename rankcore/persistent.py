@@ -16,9 +16,10 @@ one store at once must synchronise (one thread, or an event loop, is fine).
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Iterable, Mapping
+import functools
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
-__all__ = ["Persistent", "Edit", "MISSING"]
+__all__ = ["Persistent", "Edit", "MISSING", "atomic"]
 
 
 class _Missing:
@@ -33,10 +34,11 @@ _BATCH: Any = _Missing()  # marks an undo entry that holds a {key: old} mapping
 
 
 class _Store:
-    __slots__ = ("dicts",)
+    __slots__ = ("dicts", "open_edit")
 
     def __init__(self, n: int) -> None:
         self.dicts: tuple[dict, ...] = tuple({} for _ in range(n))
+        self.open_edit: Edit | None = None  # an edit not yet committed or aborted
 
 
 def _apply(dicts: tuple[dict, ...], undo: list) -> list:
@@ -127,6 +129,7 @@ class Edit:
         self._base = base
         self.dicts = base._read()
         self._undo: list = []
+        base._store.open_edit = self
 
     def set(self, t: int, key: Hashable, value: Any) -> None:
         d = self.dicts[t]
@@ -168,8 +171,27 @@ class Edit:
 
     def commit(self) -> Any:
         undo, self._undo = self._undo, []
+        self._base._store.open_edit = None
         return self._base._next(undo)
 
     def abort(self) -> None:
         _apply(self.dicts, self._undo)
         self._undo = []
+        self._base._store.open_edit = None
+
+
+def atomic(method: Callable) -> Callable:
+    """Decorate a mutator of a ``Persistent``: if it raises after writing, its
+    open edit is aborted, so the base version reads exactly as before."""
+
+    @functools.wraps(method)
+    def wrapper(self: Persistent, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            edit = self._store.open_edit
+            if edit is not None:
+                edit.abort()
+            raise
+
+    return wrapper

@@ -18,7 +18,7 @@ from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
 import attrs
 
 from .errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
-from .persistent import MISSING, Edit, Persistent
+from .persistent import MISSING, Edit, Persistent, atomic
 
 __all__ = ["ReplicaRank", "ReportedRank", "Reassignment", "Reassignments", "LowerBound", "RankTable", "MAX_RANKS"]
 
@@ -511,6 +511,7 @@ class RankTable(Persistent):
         return LowerBound(rank=g, node_rank=nr, local_rank=lr, replicas=changed)
 
     # ------------------------------------------------------------ mutators
+    @atomic
     def assign(self, replica: Replica, node: Node | None = None, *, rank: int | None = None) -> RankTable:
         """Give ``replica`` the lowest free global rank (or ``rank``, if free).
 
@@ -571,6 +572,7 @@ class RankTable(Persistent):
             e.pop(_NOWNER, nr)
             _bits_clear(e, _NBITS, nr)
 
+    @atomic
     def place(self, replica: Replica, node: Node) -> RankTable:
         """Give a replica that holds only a global rank its node and local ranks."""
         r, cur, _ = self._rec(replica)
@@ -582,6 +584,7 @@ class RankTable(Persistent):
         _account(e, before)
         return e.commit()
 
+    @atomic
     def release(self, replica: Replica) -> RankTable:
         """Free every rank the replica holds (call once it has fully stopped)."""
         r, node, local = self._rec(replica)
@@ -601,6 +604,7 @@ class RankTable(Persistent):
             _account(e, before)
         return e.commit()
 
+    @atomic
     def replace(self, old: Replica, new: Replica, node: Node | None = None) -> RankTable:
         """Crash replacement: ``new`` takes ``old``'s global rank; ``old`` leaves.
 
@@ -653,6 +657,7 @@ class RankTable(Persistent):
         """Put back a rank a live replica reports (controller recovery)."""
         return self.recover_many(((replica, node, rank),))
 
+    @atomic
     def recover_many(self, items: Iterable[tuple[Replica, Node, ReplicaRank]]) -> RankTable:
         """Recover many replicas in one version; any conflict raises and changes nothing."""
         d = self._read()
@@ -685,7 +690,7 @@ class RankTable(Persistent):
                 else:
                     info = [base[0], base[1]]
                 node_info[node] = info
-            elif info[0] != rk.node_rank:
+            if info[0] != rk.node_rank:
                 raise RankConflict(
                     f"node {node!r} has node rank {info[0]}, but {replica!r} reports {rk.node_rank}"
                 )
@@ -726,6 +731,7 @@ class RankTable(Persistent):
             raise InvariantViolation(f"rank space exhausted ({MAX_RANKS} ranks)")
         return ranks
 
+    @atomic
     def assign_many(self, placements: Iterable[tuple[Replica, Node | None]] | Mapping) -> RankTable:
         """``assign`` for many replicas in one version (one scale-up event).
 
@@ -781,6 +787,7 @@ class RankTable(Persistent):
         _account(e, before)
         return e.commit()
 
+    @atomic
     def release_many(self, replicas: Iterable[Replica]) -> RankTable:
         """``release`` for many replicas in one version."""
         d = self._read()
@@ -820,6 +827,7 @@ class RankTable(Persistent):
         _account(e, before)
         return e.commit()
 
+    @atomic
     def compact(self, active: Iterable[Replica] | None = None) -> tuple[RankTable, Reassignments]:
         """Make all three levels contiguous, changing only the ranks that must change.
 
