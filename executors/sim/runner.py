@@ -80,6 +80,7 @@ class Simulation:
         self.now = 0.0
         self._queue: list[tuple[float, int, Callable, tuple]] = []
         self._seq = 0
+        self._cancelled: set[int] = set()
         self.backend = SimBackend(self)
         every = snapshot_every or scenario.snapshot_every
         self.trace = (
@@ -96,16 +97,22 @@ class Simulation:
         self.lost_events = 0
         self._next_action = 0
         self._blocked_on: dict[str, Any] | None = None  # a wait_until_healthy in progress
-        self._deferred = False  # the timeline waits for the controller to come back
+        self._deferred: Action | None = None  # an action held until the controller is back
         self._timeline_done = not scenario.timeline
         self.progress = progress
         self.check = check
         self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
 
     # ------------------------------------------------------------- clock
-    def schedule(self, delay: float, fn: Callable, *args: Any) -> None:
+    def schedule(self, delay: float, fn: Callable, *args: Any) -> int:
+        """Run ``fn(*args)`` ``delay`` virtual seconds from now; returns a ticket for ``cancel``."""
         self._seq += 1
         heapq.heappush(self._queue, (self.now + max(0.0, delay), self._seq, fn, args))
+        return self._seq
+
+    def cancel(self, ticket: int) -> None:
+        """Forget a scheduled happening (it neither runs nor moves the clock)."""
+        self._cancelled.add(ticket)
 
     def latency(self, deployment: str, what: str) -> float:
         return self.scenario.latency_for(deployment, what).sample(self.rng)
@@ -116,7 +123,10 @@ class Simulation:
         q = self._queue
         n = 0
         while q and q[0][0] <= t_end:
-            t, _, fn, args = heapq.heappop(q)
+            t, seq, fn, args = heapq.heappop(q)
+            if seq in self._cancelled:
+                self._cancelled.discard(seq)
+                continue
             self.now = t
             fn(*args)
             n += 1
@@ -126,7 +136,7 @@ class Simulation:
             self.now = max(self.now, t_end)
 
     def quiet(self) -> bool:
-        return not self._queue
+        return len(self._queue) == len(self._cancelled)
 
     # ----------------------------------------------------------- answers
     def deliver(self, event: object) -> None:
@@ -213,9 +223,9 @@ class Simulation:
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events)
         self.driver.feed(event, self.now)
-        if self._deferred:
-            self._deferred = False
-            self._schedule_next_action()
+        if self._deferred is not None:
+            held, self._deferred = self._deferred, None
+            self._run_action(held)
         self._maybe_unblock()
 
     # ---------------------------------------------------------- timeline
@@ -235,7 +245,7 @@ class Simulation:
 
     def _run_action(self, a: Action) -> None:
         if not self.controller_up and a.kind not in ("wait", "lose_node", "add_node", "crash"):
-            self._deferred = True  # resumes when the controller is back
+            self._deferred = a  # runs as soon as the controller is back
             return
         self._next_action += 1
         if a.kind == "wait":
@@ -243,9 +253,9 @@ class Simulation:
             return
         if a.kind == "wait_until_healthy":
             name = a.args["deployment"]
-            self._blocked_on = {"action": a, "deployment": name}
+            self._blocked_on = {"action": a, "deployment": name, "timer": None}
             if a.args["timeout"] is not None:
-                self.schedule(a.args["timeout"], self._wait_timed_out, a)
+                self._blocked_on["timer"] = self.schedule(a.args["timeout"], self._wait_timed_out, a)
             self._maybe_unblock()
             return
         self.act(a.kind, a.args)
@@ -259,6 +269,8 @@ class Simulation:
         b = self._blocked_on
         if b is not None and self._healthy(b["deployment"]):
             self._blocked_on = None
+            if b["timer"] is not None:
+                self.cancel(b["timer"])
             self._schedule_next_action()
 
     def _wait_timed_out(self, a: Action) -> None:

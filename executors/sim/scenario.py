@@ -140,16 +140,17 @@ class Scenario:
 
 
 # ------------------------------------------------------------------ marks
-def _marks(node: yaml.Node, path: tuple, out: dict) -> None:
+def _marks(node: yaml.Node, path: tuple, out: dict, keys: dict) -> None:
+    """Where each value (``out``) and each mapping key (``keys``) starts."""
     out[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value
-            out[path + (key,)] = (k.start_mark.line + 1, k.start_mark.column + 1)
-            _marks(v, path + (key,), out)
+            keys[path + (key,)] = (k.start_mark.line + 1, k.start_mark.column + 1)
+            _marks(v, path + (key,), out, keys)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
-            _marks(v, path + (i,), out)
+            _marks(v, path + (i,), out, keys)
 
 
 def _field(path: tuple) -> str:
@@ -160,10 +161,14 @@ def _field(path: tuple) -> str:
 
 
 class _Checker:
-    def __init__(self, file: str, marks: dict) -> None:
-        self.file, self.marks = file, marks
+    def __init__(self, file: str, marks: dict, keys: dict | None = None) -> None:
+        self.file, self.marks, self.keys = file, marks, keys or {}
 
-    def fail(self, path: tuple, message: str) -> ScenarioError:
+    def fail(self, path: tuple, message: str, *, at_key: bool = False) -> ScenarioError:
+        """An error about ``path``: at its value, or (``at_key``) at its key."""
+        if at_key and path in self.keys:
+            line, col = self.keys[path]
+            return ScenarioError(self.file, line, col, _field(path), message)
         p = path
         while p and p not in self.marks:
             p = p[:-1]
@@ -180,7 +185,7 @@ class _Checker:
         if allowed is not None:
             for k in value:
                 if k not in allowed:
-                    raise self.fail(path + (k,), f"unknown field (allowed: {', '.join(allowed)})")
+                    raise self.fail(path + (k,), f"unknown field (allowed: {', '.join(allowed)})", at_key=True)
         for k in required:
             if k not in value:
                 raise self.fail(path, f"missing required field '{k}'")
@@ -243,9 +248,10 @@ def parse_scenario(text: str, file: str = "<scenario>", overrides: dict | None =
     except yaml.YAMLError as exc:
         raise ScenarioError(file, None, None, "", f"bad YAML: {exc}") from None
     marks: dict = {}
+    keys: dict = {}
     if node is not None:
-        _marks(node, (), marks)
-    c = _Checker(file, marks)
+        _marks(node, (), marks, keys)
+    c = _Checker(file, marks, keys)
     if raw is None:
         raise c.fail((), "the file is empty")
     if overrides:
@@ -388,7 +394,7 @@ def _timeline(value: Any, c: _Checker, deployments: dict, nodes: tuple) -> tuple
         kinds = [k for k in m if k in ACTIONS]
         unknown = [k for k in m if k not in ACTIONS and k not in ("at", "after")]
         if unknown:
-            raise c.fail(p + (unknown[0],), f"unknown action (one of: {', '.join(ACTIONS)})")
+            raise c.fail(p + (unknown[0],), f"unknown action (one of: {', '.join(ACTIONS)})", at_key=True)
         if len(kinds) != 1:
             raise c.fail(p, f"each timeline entry needs exactly one action, got {len(kinds)}")
         if "at" in m and "after" in m:
@@ -467,7 +473,7 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
         kinds = [k for k in m if k in EXPECTATIONS]
         unknown = [k for k in m if k not in EXPECTATIONS and k != "at"]
         if unknown:
-            raise c.fail(p + (unknown[0],), f"unknown expectation (one of: {', '.join(EXPECTATIONS)})")
+            raise c.fail(p + (unknown[0],), f"unknown expectation (one of: {', '.join(EXPECTATIONS)})", at_key=True)
         if len(kinds) != 1:
             raise c.fail(p, f"each expectation needs exactly one check, got {len(kinds)}")
         kind = kinds[0]

@@ -1,0 +1,128 @@
+"""Malformed scenario files: ``rankcore simulate`` exits 2 with one ``error:``
+line naming the file, the line and the field, and never a traceback.
+
+Click >= 8.2 keeps stderr apart (``result.stderr``; ``result.output`` has both
+streams) and has no ``mix_stderr``. Files are written to a temporary directory
+that is also the working directory, so the messages carry short relative
+names. ``COLUMNS=80`` pins the width rich assumes for a non-terminal, so the
+results do not depend on the terminal running the tests.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from executors.cli import main
+from executors.sim import ScenarioError, load_scenario
+
+GOOD_TAIL = "deployments:\n  llm: {replicas: 2}\ntimeline:\n  - deploy: llm\n"
+
+# name -> (file text or None for a missing file, line, field named in the message, words in the message)
+CASES = {
+    "bad_yaml": (
+        "name: x\ncluster: {nodes: 1\n" + GOOD_TAIL,
+        3, None, "bad YAML",
+    ),
+    "unknown_action": (
+        "cluster: {nodes: 1}\n" + GOOD_TAIL + "  - explode: llm\n",
+        6, "timeline[1].explode", "unknown action",
+    ),
+    "negative_replicas": (
+        "cluster: {nodes: 1}\ndeployments:\n  llm: {replicas: -3}\ntimeline:\n  - deploy: llm\n",
+        3, "deployments.llm.replicas", "must not be negative",
+    ),
+    "unknown_deployment": (
+        "cluster: {nodes: 1}\n" + GOOD_TAIL + "  - scale: {deployment: nope, replicas: 1}\n",
+        6, "timeline[1].scale.deployment", "unknown deployment 'nope'",
+    ),
+    "unknown_top_level_key": (
+        "cluster: {nodes: 1}\n" + GOOD_TAIL + "bogus: 1\n",
+        6, "bogus", "unknown field",
+    ),
+    "unknown_latency_dist": (
+        "cluster: {nodes: 1}\nlatency:\n  start: {dist: weibull, shape: 2}\n" + GOOD_TAIL,
+        3, "latency.start", "unknown dist 'weibull'",
+    ),
+    "missing_file": (None, None, None, "cannot read"),
+}
+
+def _expected_error(name: str) -> str:
+    try:
+        load_scenario(name)
+    except ScenarioError as exc:
+        return f"error: {exc}"
+    raise AssertionError(f"{name} loaded without an error")
+
+
+@pytest.fixture
+def run_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+
+    def run(case: str):
+        text = CASES[case][0]
+        name = f"{case}.yaml"
+        if text is not None:
+            Path(name).write_text(text)
+        return name, CliRunner(env={"COLUMNS": "80"}).invoke(main, ["simulate", name])
+
+    return run
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_malformed_file_exits_2_with_an_error_line(case: str, run_cli) -> None:
+    _, line, field, words = CASES[case]
+    name, result = run_cli(case)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == "", "nothing on stdout: no table, no progress"
+    error_lines = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert len(error_lines) == 1, result.stderr
+    first = error_lines[0]
+    assert result.stderr.startswith(first)
+    if line is None:
+        assert first.startswith(f"error: {name}: ")
+    else:
+        assert re.match(rf"error: {re.escape(name)}:{line}:\d+: ", first), first
+    if field is not None:
+        assert f": {field}: " in first, first
+    assert words in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_error_is_exactly_one_line(case: str, run_cli) -> None:
+    """Even past 80 columns: no wrapping when stderr is not a terminal."""
+    name, result = run_cli(case)
+    assert result.exit_code == 2
+    assert result.stderr == _expected_error(name) + "\n"
+
+
+# Text from the file that looks like rich markup must come out as it is.
+def test_the_error_shows_the_file_text_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.yaml").write_text("cluster: {nodes: 1}\n" + GOOD_TAIL + "  - deploy: '[red]x'\n")
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["simulate", "m.yaml"])
+    assert result.exit_code == 2
+    assert "unknown deployment '[red]x'" in result.stderr, result.stderr
+
+
+def test_a_bad_set_value_is_exit_2_naming_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text("cluster: {nodes: 1}\n" + GOOD_TAIL)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(
+        main, ["simulate", "s.yaml", "--set", "deployments.llm.replicas=-1"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.stderr.startswith("error: s.yaml:")
+    assert "deployments.llm.replicas: must not be negative, got -1" in result.stderr
+
+
+def test_a_malformed_set_option_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["simulate", "whatever.yaml", "--set", "no-equals-sign"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert "expected key=value" in result.output
