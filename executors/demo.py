@@ -15,6 +15,7 @@ from rich.table import Table
 
 import rankcore as rc
 from rankcore.invariants import check_state, reports_from
+from rankcore.protocol import answers
 
 
 class InstantExecutor:
@@ -43,20 +44,14 @@ class InstantExecutor:
                 queue.extend(self.answer(cmd))
 
     def answer(self, cmd: object) -> list[object]:
+        node = None
         if isinstance(cmd, rc.StartReplica):
             node = self.where.get(cmd.replaces or "")
             if node is None:
                 node = self.nodes[self.next_node % len(self.nodes)]
                 self.next_node += 1
             self.where[cmd.replica_id] = node
-            return [rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=node)]
-        if isinstance(cmd, rc.InitializeReplica):
-            return [rc.ReplicaReady(replica_id=cmd.replica_id)]
-        if isinstance(cmd, rc.ReconfigureReplica):
-            return [rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version)]
-        if isinstance(cmd, rc.StopReplica):
-            return [rc.ReplicaStopped(replica_id=cmd.replica_id)]
-        return []
+        return answers(cmd, node or "")
 
 
 def _table(state: rc.State, deployment: str, title: str) -> Table:

@@ -275,6 +275,19 @@ def _by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:
 
 
 # --------------------------------------------------------------- handlers
+def _about_replica(handler: Callable[[_Tx, object, Deployment, Replica], Step]) -> Callable[[_Tx, object], Step]:
+    """For events naming a replica: look it up; news about one that has left is stale."""
+
+    def on_event(tx: _Tx, e: object) -> Step:
+        found = tx.lookup(e.replica_id)  # type: ignore[attr-defined]
+        if found is None:
+            return tx.finish(stale=True)
+        return handler(tx, e, *found)
+
+    on_event.__name__ = handler.__name__
+    return on_event
+
+
 def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
     dep = tx.deps.get(e.name)
     if dep is None:
@@ -329,11 +342,8 @@ def _on_scale_requested(tx: _Tx, e: ScaleRequested) -> Step:
     return tx.finish()
 
 
-def _on_replica_placed(tx: _Tx, e: ReplicaPlaced) -> Step:
-    found = tx.lookup(e.replica_id)
-    if found is None:
-        return tx.finish(stale=True)
-    dep, rep = found
+@_about_replica
+def _on_replica_placed(tx: _Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING and rep.node_id == e.node_id and rep.phase is not Phase.STOPPING:
         return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.PLACED, rep.replica_id)
@@ -356,11 +366,8 @@ def _on_replica_placed(tx: _Tx, e: ReplicaPlaced) -> Step:
     return tx.finish()
 
 
-def _on_replica_ready(tx: _Tx, e: ReplicaReady) -> Step:
-    found = tx.lookup(e.replica_id)
-    if found is None:
-        return tx.finish(stale=True)
-    dep, rep = found
+@_about_replica
+def _on_replica_ready(tx: _Tx, e: ReplicaReady, dep: Deployment, rep: Replica) -> Step:
     if rep.phase in (Phase.RUNNING, Phase.RECONFIGURING):
         return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.READY, rep.replica_id)
@@ -375,11 +382,8 @@ def _on_replica_ready(tx: _Tx, e: ReplicaReady) -> Step:
     return tx.finish()
 
 
-def _on_replica_reconfigured(tx: _Tx, e: ReplicaReconfigured) -> Step:
-    found = tx.lookup(e.replica_id)
-    if found is None:
-        return tx.finish(stale=True)
-    dep, rep = found
+@_about_replica
+def _on_replica_reconfigured(tx: _Tx, e: ReplicaReconfigured, dep: Deployment, rep: Replica) -> Step:
     if e.version > rep.version:
         raise InvalidEvent(
             f"replica {rep.replica_id!r} acknowledges reconfigure {e.version}, "
@@ -393,20 +397,14 @@ def _on_replica_reconfigured(tx: _Tx, e: ReplicaReconfigured) -> Step:
     return tx.finish()
 
 
-def _on_replica_crashed(tx: _Tx, e: ReplicaCrashed) -> Step:
-    found = tx.lookup(e.replica_id)
-    if found is None:
-        return tx.finish(stale=True)
-    dep, rep = found
+@_about_replica
+def _on_replica_crashed(tx: _Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
     tx.put(_crash(tx, dep, rep))
     return tx.finish()
 
 
-def _on_replica_stopped(tx: _Tx, e: ReplicaStopped) -> Step:
-    found = tx.lookup(e.replica_id)
-    if found is None:
-        return tx.finish(stale=True)
-    dep, rep = found
+@_about_replica
+def _on_replica_stopped(tx: _Tx, e: ReplicaStopped, dep: Deployment, rep: Replica) -> Step:
     advance(rep.phase, Trigger.STOPPED, rep.replica_id)
     tx.put(_remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))
     return tx.finish()

@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from . import invariants as inv
 from .core import step as core_step
+from .protocol import answers
 from .errors import InvalidEvent, RankcoreError
 from .events import (
     ControllerRecovered,
@@ -54,6 +55,7 @@ __all__ = [
     "user_configs",
     "reported_ranks",
     "snapshot",
+    "answers",
 ]
 
 DEPLOYMENTS = ("llm", "embed", "rerank")

@@ -6,6 +6,7 @@ from typing import Callable, Iterable
 
 import rankcore as rc
 from rankcore.invariants import check_step
+from rankcore.protocol import answers
 
 
 class Driver:
@@ -29,20 +30,14 @@ class Driver:
         return result
 
     def answer(self, cmd: object) -> list[object]:
+        node = ""
         if isinstance(cmd, rc.StartReplica):
             if self.node_for is not None:
                 node = self.node_for(cmd)
             else:
                 node = self.nodes[self.turn % len(self.nodes)]
                 self.turn += 1
-            return [rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=node)]
-        if isinstance(cmd, rc.InitializeReplica):
-            return [rc.ReplicaReady(replica_id=cmd.replica_id)]
-        if isinstance(cmd, rc.ReconfigureReplica):
-            return [rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version)]
-        if isinstance(cmd, rc.StopReplica):
-            return [rc.ReplicaStopped(replica_id=cmd.replica_id)]
-        return []
+        return answers(cmd, node)
 
     def run(self, event: object, hold: Callable[[object], bool] = lambda c: False) -> list[object]:
         """Apply ``event`` and answer every resulting command (transitively),

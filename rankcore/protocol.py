@@ -1,0 +1,30 @@
+"""Which event answers which command (the executor's side of the protocol).
+
+| command              | answered by                                   |
+|----------------------|-----------------------------------------------|
+| StartReplica         | ReplicaPlaced (or ReplicaCrashed)             |
+| InitializeReplica    | ReplicaReady (or ReplicaCrashed)              |
+| ReconfigureReplica   | ReplicaReconfigured(version) (or ReplicaCrashed) |
+| StopReplica          | ReplicaStopped (or ReplicaCrashed)            |
+| UpdateWorldSize      | nothing                                       |
+"""
+
+from __future__ import annotations
+
+from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
+from .events import ReplicaPlaced, ReplicaReady, ReplicaReconfigured, ReplicaStopped
+
+__all__ = ["answers"]
+
+
+def answers(command: object, node: str = "node-a") -> list:
+    """The events a healthy executor answers ``command`` with (placing on ``node``)."""
+    if isinstance(command, StartReplica):
+        return [ReplicaPlaced(replica_id=command.replica_id, node_id=node)]
+    if isinstance(command, InitializeReplica):
+        return [ReplicaReady(replica_id=command.replica_id)]
+    if isinstance(command, ReconfigureReplica):
+        return [ReplicaReconfigured(replica_id=command.replica_id, version=command.version)]
+    if isinstance(command, StopReplica):
+        return [ReplicaStopped(replica_id=command.replica_id)]
+    return []
