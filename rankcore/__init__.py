@@ -22,6 +22,8 @@ from .errors import (
     UnknownReplica,
 )
 from .events import (
+    OUTDATED,
+    UNKNOWN,
     ControllerRecovered,
     DeploymentApplied,
     Event,
@@ -45,7 +47,7 @@ __all__ = [
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",
-    "ReplicaReport", "ControllerRecovered", "Event",
+    "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",

@@ -83,7 +83,8 @@ class _Tx:
         name = self.index.get(rid)
         if name is None:
             n = parse_replica_number(rid)
-            if (n is not None and n < self.next_replica) or rid in self.retired:
+            ours = n is not None and n < self.next_replica and rid.rpartition("#")[0] in self.deps
+            if ours or rid in self.retired:
                 return None
             raise InvalidEvent(f"unknown replica {rid!r}: the core never started it")
         dep = self.deps[name]
@@ -92,7 +93,7 @@ class _Tx:
     def finish(self, stale: bool = False) -> Step:
         for name in sorted(self.touched):
             dep = self.deps.get(name)
-            if dep is not None and dep.dirty and dep.healthy:
+            if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
                 self.put(_compact(self, dep))
         state = State(
             deployments=self.deps,
@@ -122,6 +123,19 @@ def _put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object)
         replicas=dep.replicas.set(new.replica_id, new),
         counts=_counts(dep.counts, old.phase, new.phase),
         **changes,
+    )
+
+
+def _initialize(dep: Deployment, rid: str) -> InitializeReplica:
+    """The InitializeReplica for a just-placed replica (the seed's startup rule)."""
+    return InitializeReplica(
+        replica_id=rid,
+        deployment=dep.name,
+        rank=dep.ranks.rank_of(rid),
+        world_size=dep.target,
+        user_config=dep.user_config,
+        call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
+        pass_rank=dep.reconfigure_takes_rank,
     )
 
 
@@ -221,7 +235,6 @@ def _remove(tx: _Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment
         replicas=dep.replicas.delete(rid),
         ranks=ranks,
         counts=_counts(dep.counts, rep.phase, None),
-        dirty=True,
     )
 
 
@@ -229,7 +242,7 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A replica died: its replacement takes its global rank (unless it was leaving)."""
     advance(rep.phase, Trigger.CRASH, rep.replica_id)
     rid = rep.replica_id
-    if rep.phase is Phase.STOPPING or dep.active - 1 >= dep.target:
+    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
         return _remove(tx, dep, rep, dep.ranks.release(rid))
     (new_id,) = tx.new_ids(dep.name, 1)
     ranks = dep.ranks.replace(rid, new_id)
@@ -254,12 +267,10 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
 
 
 def _compact(tx: _Tx, dep: Deployment) -> Deployment:
-    if dep.ranks.is_contiguous():  # O(1)
-        return _evolve(dep, dirty=False)
     bound = dep.ranks.lower_bound()
     ranks, changes = dep.ranks.compact()
     tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
-    dep = _evolve(dep, ranks=ranks, dirty=False)
+    dep = _evolve(dep, ranks=ranks)
     replicas, counts = dep.replicas, dep.counts
     for change in changes:  # ordered by new global rank
         rep = replicas[change.replica]
@@ -351,18 +362,9 @@ def _on_replica_placed(tx: _Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica)
         return tx.finish()
     ranks = dep.ranks.place(rep.replica_id, e.node_id)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
-    tx.put(_put_replica(dep, rep, new, ranks=ranks))
-    tx.emit(
-        InitializeReplica(
-            replica_id=rep.replica_id,
-            deployment=dep.name,
-            rank=ranks.rank_of(rep.replica_id),
-            world_size=dep.target,
-            user_config=dep.user_config,
-            call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
-            pass_rank=dep.reconfigure_takes_rank,
-        )
-    )
+    dep = _put_replica(dep, rep, new, ranks=ranks)
+    tx.put(dep)
+    tx.emit(_initialize(dep, rep.replica_id))
     return tx.finish()
 
 

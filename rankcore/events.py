@@ -17,6 +17,8 @@ from .lifecycle import Phase
 from .ranks import ReportedRank
 
 __all__ = [
+    "UNKNOWN",
+    "OUTDATED",
     "DeploymentApplied",
     "ScaleRequested",
     "ReplicaPlaced",
@@ -31,6 +33,25 @@ __all__ = [
 ]
 
 _frozen = attrs.frozen(kw_only=True)
+
+
+class _Marker:
+    """A named placeholder value with a valid-Python repr (for replayable output)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: ReplicaReport.user_config when the replica did not say what it runs
+UNKNOWN: Any = _Marker("UNKNOWN")
+#: ReplicaReport.user_config when the replica runs an older user_config than
+#: the deployment's, whose value the reporter does not have
+OUTDATED: Any = _Marker("OUTDATED")
 
 
 def _check_reconfigure(inst: "DeploymentApplied", attribute: attrs.Attribute, value: bool) -> None:
@@ -158,6 +179,9 @@ class ReplicaReport:
     lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
     #: number of the last reconfigure it received (so a pending answer still matches)
     version: int = attrs.field(default=0, validator=f.count)
+    #: the user_config it runs (UNKNOWN if not said; OUTDATED if older than the
+    #: deployment's): an outdated replica is reconfigured after recovery
+    user_config: Any = attrs.field(default=UNKNOWN, hash=False)
 
 
 @_frozen

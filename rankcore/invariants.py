@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from .commands import ReconfigureReplica, StartReplica, UpdateWorldSize
 from .errors import InvariantViolation
-from .events import ControllerRecovered, DeploymentApplied, ReplicaReport, ScaleRequested
+from .events import OUTDATED, ControllerRecovered, DeploymentApplied, ReplicaReport, ScaleRequested
 from .lifecycle import LIVE, Phase
 from .ranks import ReplicaRank
 from .state import Deployment, State, Step
@@ -272,9 +272,11 @@ def reports_from(state: State) -> ControllerRecovered:
                     world_size=dep.target,
                     lineage=rep.lineage,
                     version=rep.version,
+                    user_config=dep.user_config if rep.config_version >= dep.config_version else OUTDATED,
                 )
             )
-    return ControllerRecovered(deployments=tuple(deployments), reports=tuple(reports))
+    return ControllerRecovered(deployments=tuple(deployments), reports=tuple(reports),
+                               next_replica_number=state.next_replica, next_lineage=state.next_lineage)
 
 
 def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:

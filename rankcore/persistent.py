@@ -162,11 +162,14 @@ class Edit:
         self.dicts[t].update(items)
 
     def pop_many(self, t: int, keys: Iterable[Hashable]) -> dict:
+        """Remove many keys; a missing key raises KeyError after the ones
+        before it were recorded, so ``abort`` still restores them all."""
         d = self.dicts[t]
+        old: dict = {}
+        self._undo.append((t, _BATCH, old))
         pop = d.pop
-        old = {k: pop(k) for k in keys}
-        if old:
-            self._undo.append((t, _BATCH, old))
+        for k in keys:
+            old[k] = pop(k)
         return old
 
     def commit(self) -> Any:

@@ -20,7 +20,8 @@ import attrs
 from .errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
 from .persistent import MISSING, Edit, Persistent, atomic
 
-__all__ = ["ReplicaRank", "ReportedRank", "Reassignment", "Reassignments", "LowerBound", "RankTable", "MAX_RANKS"]
+__all__ = ["ReplicaRank", "ReportedRank", "Reassignment", "Reassignments", "LowerBound", "RankTable",
+           "MAX_RANKS", "MAX_LOCAL"]
 
 Replica = Hashable
 Node = Hashable
@@ -152,9 +153,12 @@ class Reassignments(Sequence[Reassignment]):
         return map(self._make, self._order)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
+        if isinstance(other, (Reassignments, list, tuple)):
             return list(self) == list(other)
         return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
 
     def __repr__(self) -> str:
         return f"Reassignments({list(self)!r})"
@@ -179,11 +183,25 @@ _W = 64
 _FULL = (1 << _W) - 1
 _LEVELS = 4
 MAX_RANKS = _W**_LEVELS
+#: local ranks are bits of one int per node: more replicas than this on one node is refused
+MAX_LOCAL = 1 << 16
 _KEY_MASK = (1 << 40) - 1
 
 
 def _lowest_zero(mask: int) -> int:
     return ((~mask) & (mask + 1)).bit_length() - 1
+
+
+def _top(hw: int, present: dict) -> int:
+    """The high-water mark (highest key + 1) after keys at the top went away.
+
+    Scans down a little (the usual case: one rank freed at the top), else
+    takes the max, so a sparse table never costs O(old high-water)."""
+    for _ in range(64):
+        if not hw or (hw - 1) in present:
+            return hw
+        hw -= 1
+    return max(present) + 1 if present else 0
 
 
 def _bits_lowest_free(bits: dict) -> int:
@@ -292,29 +310,23 @@ def _bits_set_range(e: Edit, t: int, a: int, b: int) -> None:
     _bits_update(e, t, add=full_now, level=1)
 
 
-def _bits_prefix(e: Edit, t: int, n: int, hw: int) -> None:
-    """Rewrite the index below ``hw`` as exactly ranks 0..n-1 used."""
+def _bits_prefix(e: Edit, t: int, n: int) -> None:
+    """Rewrite the index as exactly ranks 0..n-1 used.
+
+    At level L the set bits are exactly 0..(n >> 6L)-1 (a word is full iff all
+    its ranks are below n). Costs O(n/64 + words held), never O(old high-water).
+    """
     bits = e.dicts[t]
-    level, lo_n, lo_hw = 0, n, hw
-    while level < _LEVELS:
-        words = {}
-        stale = []
-        for w in range(0, ((max(lo_hw, 1) - 1) >> 6) + 1):
-            k = (level << 40) | w
-            start = w << 6
-            used = min(max(lo_n - start, 0), _W)
-            new = (1 << used) - 1
-            if new:
-                if bits.get(k, 0) != new:
-                    words[k] = new
-            elif k in bits:
-                stale.append(k)
-        e.update(t, words)
-        for k in stale:
-            e.discard(t, k)
-        # Next level: word w is full iff all its 64 ranks are < lo_n.
-        lo_n, lo_hw = lo_n >> 6, (lo_hw + 63) >> 6
-        level += 1
+    want: dict[int, int] = {}
+    for level in range(_LEVELS):
+        c = n >> (6 * level)
+        for w in range((c + 63) >> 6):
+            used = min(c - (w << 6), _W)
+            want[(level << 40) | w] = (1 << used) - 1
+    stale = [k for k in bits if k not in want]
+    e.update(t, {k: v for k, v in want.items() if bits.get(k) != v})
+    for k in stale:
+        e.discard(t, k)
 
 
 def _rank(r: int, nr: int, local: int, _new: Any = object.__new__, _set: Any = object.__setattr__) -> ReplicaRank:
@@ -349,8 +361,7 @@ def _account(e: Edit, before: dict) -> None:
         info = nodes.get(n)
         if info is not None and info[0] >= new:
             new = info[0] + 1
-    while new and (new - 1) not in nowner:
-        new -= 1
+    new = _top(new, nowner)
     if new != nhw:
         e.set(_META, "nhw", new)
 
@@ -374,7 +385,9 @@ class RankTable(Persistent):
         return replica in self._read()[_REC]
 
     def __iter__(self) -> Iterator[Replica]:
-        return iter(list(self._read()[_REC]))
+        """Replicas in global-rank order (dict order would depend on version history)."""
+        rec = self._read()[_REC]
+        return iter(sorted(rec, key=lambda rep: rec[rep][0]))
 
     def _rec(self, replica: Replica) -> tuple:
         if self._link is not None:
@@ -437,17 +450,17 @@ class RankTable(Persistent):
         nodes = d[_NODES]
         out = [
             (rep, None if node is None else _rank(r, nodes[node][0], local))
-            for rep, (r, node, local) in d[_REC].items()
+            for rep, (r, node, local) in sorted(d[_REC].items(), key=lambda kv: kv[1][0])
         ]
         return iter(out)
 
     def to_dict(self) -> dict[Replica, tuple]:
-        """Plain snapshot: replica -> (rank, node, node_rank, local_rank)."""
+        """Plain snapshot: replica -> (rank, node, node_rank, local_rank), in rank order."""
         d = self._read()
         nodes = d[_NODES]
         return {
             rep: (r, node, None if node is None else nodes[node][0], local)
-            for rep, (r, node, local) in d[_REC].items()
+            for rep, (r, node, local) in sorted(d[_REC].items(), key=lambda kv: kv[1][0])
         }
 
     def __eq__(self, other: object) -> bool:
@@ -595,9 +608,7 @@ class RankTable(Persistent):
         _bits_clear(e, _GBITS, r)
         hw = e.dicts[_META].get("hw", 0)
         if r == hw - 1:
-            while hw and (hw - 1) not in owner:
-                hw -= 1
-            e.set(_META, "hw", hw)
+            e.set(_META, "hw", _top(hw, owner))
         if node is not None:
             before: dict = {}
             self._drop_local(e, node, local, before)
@@ -660,6 +671,7 @@ class RankTable(Persistent):
     @atomic
     def recover_many(self, items: Iterable[tuple[Replica, Node, ReplicaRank]]) -> RankTable:
         """Recover many replicas in one version; any conflict raises and changes nothing."""
+        items = list(items)  # before reading: the iterable may read another version
         d = self._read()
         rec, owner, nodes, nowner = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER]
         new_rec: dict = {}
@@ -669,8 +681,11 @@ class RankTable(Persistent):
             if type(rk) is not ReplicaRank:
                 raise InvalidConfig(f"recover needs a ReplicaRank for {replica!r}, got {rk!r}")
             r = rk.rank
-            if r >= MAX_RANKS:
-                raise InvalidConfig(f"rank {r} of {replica!r} is beyond the supported {MAX_RANKS}")
+            if r >= MAX_RANKS or rk.node_rank >= MAX_RANKS or rk.local_rank >= MAX_LOCAL:
+                raise InvalidConfig(
+                    f"{rk} of {replica!r} is beyond the supported ranks "
+                    f"({MAX_RANKS} global and node ranks, {MAX_LOCAL} local ranks per node)"
+                )
             if replica in rec or replica in new_rec:
                 raise RankConflict(f"replica {replica!r} already holds a rank")
             holder = owner.get(r, new_owner.get(r))
@@ -790,9 +805,9 @@ class RankTable(Persistent):
     @atomic
     def release_many(self, replicas: Iterable[Replica]) -> RankTable:
         """``release`` for many replicas in one version."""
+        reps = list(replicas)  # before reading: the iterable may read another version
         d = self._read()
         rec, owner = d[_REC], d[_OWNER]
-        reps = list(replicas)
         if len(set(reps)) != len(reps):
             raise InvalidConfig("release_many got the same replica twice")
         missing = [rep for rep in reps if rep not in rec]
@@ -820,10 +835,7 @@ class RankTable(Persistent):
         e.pop_many(_NOWNER, gone)
         _bits_update(e, _GBITS, remove=ranks)
         _bits_update(e, _NBITS, remove=gone)
-        hw = d[_META].get("hw", 0)
-        while hw and (hw - 1) not in owner:
-            hw -= 1
-        e.set(_META, "hw", hw)
+        e.set(_META, "hw", _top(d[_META].get("hw", 0), owner))
         _account(e, before)
         return e.commit()
 
@@ -837,10 +849,10 @@ class RankTable(Persistent):
         given, must be exactly the table's replicas. Everything is validated
         before anything changes.
         """
+        act = None if active is None else set(active)  # before reading (see recover_many)
         d = self._read()
         rec, owner, nodes, nowner = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER]
-        if active is not None:
-            act = set(active)
+        if act is not None:
             if act != rec.keys():
                 stale = sorted(map(repr, rec.keys() - act))[:5]
                 unranked = sorted(map(repr, act - rec.keys()))[:5]
@@ -854,7 +866,10 @@ class RankTable(Persistent):
         if unplaced:
             raise InvariantViolation(f"compact: replica {unplaced[0]!r} is not placed yet")
         # Global level: holders of ranks >= n move into the holes below n.
-        movers = [r for r in range(n, hw) if r in owner]
+        if hw - n > len(owner):  # sparse (e.g. a far-off recovered rank): scan the holders
+            movers = sorted(r for r in owner if r >= n)
+        else:
+            movers = [r for r in range(n, hw) if r in owner]
         holes = [r for r in range(n) if r not in owner] if movers else []
         if len(holes) != len(movers):
             raise InvariantViolation("compact: global ranks are not unique")
@@ -907,10 +922,10 @@ class RankTable(Persistent):
         e.pop_many(_NOWNER, nmovers)
         e.insert_new(_NOWNER, {new: node for node, new in new_node_rank.items()})
         if movers:
-            _bits_prefix(e, _GBITS, n, hw)
+            _bits_prefix(e, _GBITS, n)
             e.set(_META, "hw", n)
         if nmovers:
-            _bits_prefix(e, _NBITS, k, nmovers[-1] + 1)
+            _bits_prefix(e, _NBITS, k)
         _account(e, before)
         order = sorted(olds, key=lambda rep: rec_updates[rep][0])
         new_node_ranks = {**node_ranks, **new_node_rank}

@@ -6,31 +6,39 @@ a node reported under two node ranks, more replicas than the target), so
 every conflict is resolved by one deterministic rule, and resolved with
 commands, never by dropping a replica:
 
-* a rank claimed twice stays with the claimant whose replica id sorts first;
-  the others get the lowest free ranks (ReconfigureReplica once running);
+* at every level a claim is kept by the first claimant in (serving before
+  leaving, claimed value, id) order; the others, and replicas that did not
+  report that level (a bare int), get the lowest free value, and a
+  ReconfigureReplica once they serve;
+* claims beyond any plausible value (``>= MAX_RANKS``, or a local rank beyond
+  ``MAX_LOCAL``) count as no claim;
 * replicas beyond the target are stopped: conflicting ones first, then
   not-yet-running ones, then the highest ranks;
 * gaps left by replicas that died meanwhile are the lowest free ranks, so the
   missing replicas are started on them (Ray Serve instead hands out ranks
   above the highest recovered one);
 * ranks at or above the target are compacted once the deployment is healthy,
-  by the same rule as after a downscale (fewest changes).
+  by the same rule as after a downscale (fewest changes);
+* a replica that reports an older user_config than the deployment's is
+  reconfigured (at once if serving, when ready if still starting); one placed
+  but never initialised (its answer was lost) is initialised.
 
 Recovering from a state's own reports gives back the same ranks and no
-reconfigure (checked by ``rankcore.invariants``).
+command (checked by ``rankcore.invariants.check_recovery_roundtrip``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Hashable, Iterable
 
 import attrs
+import immutables
 
-from .commands import InitializeReplica, StopReplica, UpdateWorldSize
-from .events import ControllerRecovered, DeploymentApplied, ReplicaReport
-from .lifecycle import LIVE, Phase, Trigger, advance
-from .ranks import RankTable, ReplicaRank
+from .commands import StopReplica, UpdateWorldSize
+from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport
+from .lifecycle import LIVE, Phase
+from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .state import Deployment, Replica, parse_replica_number
 
 if TYPE_CHECKING:
@@ -38,53 +46,51 @@ if TYPE_CHECKING:
 
 __all__ = ["rebuild"]
 
-_PHASE_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2}
+
+def _settle_claims(claims: Iterable[tuple[tuple, Hashable, int | None]], bound: int) -> dict[Hashable, int]:
+    """Give every claimant a distinct value: claims kept in ``order`` order, the
+    rest (no claim, a taken one, or one ``>= bound``) the lowest free values.
+
+    ``claims``: (order key, claimant, claimed value or None).
+    """
+    final: dict[Hashable, int] = {}
+    used: set[int] = set()
+    unresolved = []
+    for _, who, value in sorted(claims, key=lambda c: (c[2] is None or c[2] >= bound, c[0], c[2] or 0)):
+        if value is None or value >= bound or value in used:
+            unresolved.append(who)
+        else:
+            used.add(value)
+            final[who] = value
+    nxt = 0
+    for who in unresolved:
+        while nxt in used:
+            nxt += 1
+        used.add(nxt)
+        final[who] = nxt
+    return final
 
 
-def _lowest_free(used: set[int], start: int = 0) -> int:
-    r = start
-    while r in used:
-        r += 1
-    return r
+def _leaving(r: ReplicaReport) -> bool:
+    return r.phase is Phase.STOPPING
 
 
 def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tuple[dict[str, int], list[str]]:
-    """Final global rank of every report, and the active replicas to stop."""
-    active = [r for r in reports if r.phase is not Phase.STOPPING]
-    leaving = [r for r in reports if r.phase is Phase.STOPPING]
-    final: dict[str, int] = {}
-    used: set[int] = set()
-    losers: set[str] = set()
-    for r in sorted(active, key=lambda r: (r.rank.rank, r.replica_id)):
-        if r.rank.rank in used:
-            losers.add(r.replica_id)
-        else:
-            used.add(r.rank.rank)
-            final[r.replica_id] = r.rank.rank
+    """Final global rank of every report, and the serving replicas to stop."""
+    from .core import _VICTIM_ORDER
+
+    final = _settle_claims(
+        (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS
+    )
+    active = [r for r in reports if not _leaving(r)]
     target = spec.num_replicas
-    extra = max(0, len(active) - target)
 
     def victim_key(r: ReplicaReport) -> tuple:
-        bad = 0 if r.replica_id in losers else 1 if r.rank.rank >= target else 2
-        return (bad, _PHASE_ORDER[r.phase], -r.rank.rank, r.replica_id)
+        moved = final[r.replica_id] != r.rank.rank
+        bad = 0 if moved else 1 if r.rank.rank >= target else 2
+        return (bad, _VICTIM_ORDER[r.phase], -final[r.replica_id], r.replica_id)
 
-    to_stop = [r.replica_id for r in sorted(active, key=victim_key)[:extra]]
-    # Leaving replicas keep their claim when nobody active holds it.
-    late = []
-    for r in sorted(leaving, key=lambda r: (r.rank.rank, r.replica_id)):
-        if r.rank.rank in used:
-            late.append(r.replica_id)
-        else:
-            used.add(r.rank.rank)
-            final[r.replica_id] = r.rank.rank
-    # Losers that stay get the lowest free ranks, in id order; then the rest.
-    stopping = set(to_stop)
-    order = sorted(losers - stopping) + sorted(losers & stopping) + late
-    nxt = 0
-    for rid in order:
-        nxt = _lowest_free(used, nxt)
-        used.add(nxt)
-        final[rid] = nxt
+    to_stop = [r.replica_id for r in sorted(active, key=victim_key)[: max(0, len(active) - target)]]
     return final, to_stop
 
 
@@ -93,26 +99,12 @@ def _resolve_nodes(placed: list[ReplicaReport]) -> dict[str, int]:
     by_node: dict[str, list[ReplicaReport]] = {}
     for r in placed:
         by_node.setdefault(r.node_id, []).append(r)  # type: ignore[arg-type]
-    claims: dict[str, int | None] = {}
+    claims = []
     for node, rs in by_node.items():
         votes = Counter(r.rank.node_rank for r in rs if r.rank.node_rank is not None)
-        claims[node] = min(votes, key=lambda nr: (-votes[nr], nr)) if votes else None
-    final: dict[str, int] = {}
-    used: set[int] = set()
-    unresolved = []
-    for node in sorted(by_node, key=lambda n: (claims[n] is None, claims[n] or 0, n)):
-        c = claims[node]
-        if c is None or c in used:
-            unresolved.append(node)
-        else:
-            used.add(c)
-            final[node] = c
-    nxt = 0
-    for node in unresolved:
-        nxt = _lowest_free(used, nxt)
-        used.add(nxt)
-        final[node] = nxt
-    return final
+        claim = min(votes, key=lambda nr: (-votes[nr], nr)) if votes else None
+        claims.append(((all(_leaving(r) for r in rs), node), node, claim))
+    return _settle_claims(claims, MAX_RANKS)  # type: ignore[return-value]
 
 
 def _resolve_locals(placed: list[ReplicaReport]) -> dict[str, int]:
@@ -121,125 +113,101 @@ def _resolve_locals(placed: list[ReplicaReport]) -> dict[str, int]:
         by_node.setdefault(r.node_id, []).append(r)  # type: ignore[arg-type]
     final: dict[str, int] = {}
     for rs in by_node.values():
-        used: set[int] = set()
-        unresolved = []
-        for r in sorted(rs, key=lambda r: (r.rank.local_rank is None, r.rank.local_rank or 0, r.replica_id)):
-            lr = r.rank.local_rank
-            if lr is None or lr in used:
-                unresolved.append(r.replica_id)
-            else:
-                used.add(lr)
-                final[r.replica_id] = lr
-        nxt = 0
-        for rid in unresolved:
-            nxt = _lowest_free(used, nxt)
-            used.add(nxt)
-            final[rid] = nxt
+        final.update(
+            _settle_claims((((_leaving(r), r.replica_id), r.replica_id, r.rank.local_rank) for r in rs), MAX_LOCAL)  # type: ignore[arg-type]
+        )
     return final
 
 
+def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
+    return r.user_config is not UNKNOWN and r.user_config != spec.user_config
+
+
 def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
-    from .core import _reconcile, _reconfigure
+    from .core import _counts, _initialize, _reconcile, _reconfigure, _stop
 
     final_rank, to_stop = _resolve_global(spec, reports)
     placed = [r for r in reports if r.node_id is not None]
     node_rank = _resolve_nodes(placed)
     local_rank = _resolve_locals(placed)
     ranks = RankTable().recover_many(
-        (r.replica_id, r.node_id, ReplicaRank(rank=final_rank[r.replica_id], node_rank=node_rank[r.node_id], local_rank=local_rank[r.replica_id]))  # type: ignore[index]
+        (r.replica_id, r.node_id,
+         ReplicaRank(rank=final_rank[r.replica_id], node_rank=node_rank[r.node_id], local_rank=local_rank[r.replica_id]))  # type: ignore[index]
         for r in placed
     )
     for r in reports:
         if r.node_id is None:
             ranks = ranks.assign(r.replica_id, rank=final_rank[r.replica_id])
+    # config_version 1 is the spec's user_config; 0 marks a replica behind it.
+    counts = [0] * len(LIVE)
+    replicas: dict[str, Replica] = {}
+    changed: list[Replica] = []
+    outdated: list[Replica] = []
+    unstarted: set[str] = set()
+    stop = set(to_stop)
+    for r in reports:
+        phase = r.phase
+        if phase is Phase.PENDING and r.node_id is not None:
+            # Placed, but the answer was lost with the old controller: it was
+            # never initialised, so it is initialised now (as on ReplicaPlaced).
+            phase = Phase.STARTING
+            if r.replica_id not in stop:
+                unstarted.add(r.replica_id)
+        old_config = _config_outdated(r, spec)
+        rep = Replica(
+            replica_id=r.replica_id,
+            deployment=spec.name,
+            phase=phase,
+            lineage=r.lineage if r.lineage is not None else tx.new_lineage(),
+            node_id=r.node_id,
+            version=r.version,
+            config_version=0 if old_config else 1,
+        )
+        serving_or_starting = r.node_id is not None and not _leaving(r) and r.replica_id not in stop
+        if serving_or_starting and r.replica_id not in unstarted:
+            now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])  # type: ignore[index]
+            if now != (r.rank.rank, r.rank.node_rank, r.rank.local_rank):
+                if phase is Phase.STARTING:
+                    rep = attrs.evolve(rep, rank_update_due=True)
+                else:
+                    changed.append(rep)
+            elif old_config and phase is not Phase.STARTING:
+                outdated.append(rep)
+        replicas[r.replica_id] = rep
+        counts[LIVE.index(rep.phase)] += 1
+        tx.index = tx.index.set(r.replica_id, spec.name)
     dep = Deployment(
         name=spec.name,
         target=spec.num_replicas,
         user_config=spec.user_config,
         has_reconfigure=spec.has_reconfigure,
         reconfigure_takes_rank=spec.reconfigure_takes_rank,
+        config_version=1,
+        replicas=immutables.Map(replicas),
         ranks=ranks,
-        dirty=True,
+        counts=tuple(counts),
     )
-    counts = [0] * len(LIVE)
-    replicas = {}
-    stop = set(to_stop)
-    changed: list[Replica] = []
-    placed_unstarted: list[str] = []
-    for r in reports:
-        lineage = r.lineage if r.lineage is not None else tx.new_lineage()
-        phase = r.phase
-        if phase is Phase.PENDING and r.node_id is not None:
-            # Placed, but the answer was lost with the old controller: it has
-            # not been initialised yet, so initialise it now (as on ReplicaPlaced).
-            phase = Phase.STARTING
-            if r.replica_id not in stop:
-                placed_unstarted.append(r.replica_id)
-        rep = Replica(
-            replica_id=r.replica_id,
-            deployment=spec.name,
-            phase=phase,
-            lineage=lineage,
-            node_id=r.node_id,
-            version=r.version,
-        )
-        if r.node_id is not None and r.phase is not Phase.STOPPING and r.replica_id not in placed_unstarted:
-            now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])
-            said = (r.rank.rank, r.rank.node_rank, r.rank.local_rank)
-            if now != said and r.replica_id not in stop:
-                if r.phase is Phase.STARTING:
-                    rep = attrs.evolve(rep, rank_update_due=True)
-                else:
-                    changed.append(rep)
-        replicas[r.replica_id] = rep
-        counts[LIVE.index(rep.phase)] += 1
-        tx.index = tx.index.set(r.replica_id, spec.name)
-    import immutables
-
-    dep = attrs.evolve(dep, replicas=immutables.Map(replicas), counts=tuple(counts))
-    for rep in sorted(changed, key=lambda x: (final_rank[x.replica_id], x.replica_id)):
-        new, cmd = _reconfigure(dep, rep, "rank")
-        dep = attrs.evolve(
-            dep,
-            replicas=dep.replicas.set(new.replica_id, new),
-            counts=_shift(dep.counts, rep.phase, new.phase),
-        )
+    # One reconfigure each, carrying rank and user_config: reason user_config
+    # when the replica's config is outdated (so its reconfigure is called),
+    # else rank.
+    todo = [(rep, "user_config" if rep.config_version == 0 else "rank") for rep in changed]
+    todo += [(rep, "user_config") for rep in outdated]
+    for rep, reason in sorted(todo, key=lambda x: (final_rank[x[0].replica_id], x[0].replica_id)):
+        new, cmd = _reconfigure(dep, rep, reason)
+        dep = attrs.evolve(dep, replicas=dep.replicas.set(new.replica_id, new),
+                           counts=_counts(dep.counts, rep.phase, new.phase))
         tx.emit(cmd)
-    for rid in sorted(to_stop, key=lambda x: (final_rank[x], x)):
-        rep = dep.replicas[rid]
-        new = attrs.evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
-        dep = attrs.evolve(
-            dep, replicas=dep.replicas.set(rid, new), counts=_shift(dep.counts, rep.phase, new.phase)
-        )
-        tx.emit(StopReplica(replica_id=rid, deployment=spec.name))
-    for rid in sorted(placed_unstarted, key=lambda x: (final_rank[x], x)):
-        tx.emit(
-            InitializeReplica(
-                replica_id=rid,
-                deployment=spec.name,
-                rank=dep.ranks.rank_of(rid),
-                world_size=dep.target,
-                user_config=dep.user_config,
-                call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
-                pass_rank=dep.reconfigure_takes_rank,
-            )
-        )
+    for rid in sorted(unstarted, key=lambda x: (final_rank[x], x)):
+        tx.emit(_initialize(dep, rid))
+    if to_stop:
+        dep = _stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
     return _reconcile(tx, dep)
 
 
-def _shift(counts: tuple[int, ...], old: Phase, new: Phase) -> tuple[int, ...]:
-    c = list(counts)
-    c[LIVE.index(old)] -= 1
-    c[LIVE.index(new)] += 1
-    return tuple(c)
-
-
 def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
     """Replace everything in ``tx`` by what ``e`` says (the reports are the truth)."""
-    import immutables
-
     specs = {d.name: d for d in e.deployments}
     by_dep: dict[str, list[ReplicaReport]] = {name: [] for name in specs}
     orphans = []
@@ -264,5 +232,5 @@ def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
         # A replica of a deployment that no longer exists: stop it, and treat
         # later news about it as stale.
         tx.emit(StopReplica(replica_id=r.replica_id, deployment=r.deployment))
-        if parse_replica_number(r.replica_id) is None:
-            tx.retired = tx.retired.set(r.replica_id, None)
+        tx.retired = tx.retired.set(r.replica_id, None)
+

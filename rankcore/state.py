@@ -72,8 +72,6 @@ class Deployment:
     ranks: RankTable = attrs.field(factory=RankTable)
     #: replicas per live phase, in ``lifecycle.LIVE`` order
     counts: tuple[int, ...] = attrs.field(factory=_empty_counts)
-    #: a rank was released since the last compaction
-    dirty: bool = False
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]

@@ -100,7 +100,6 @@ def snapshot(state: State) -> Any:
             dep.target,
             dep.user_config,
             dep.counts,
-            dep.dirty,
             dep.config_version,
             {rid: (r.phase, r.node_id, r.version, r.lineage, r.config_version) for rid, r in dep.replicas.items()},
             dep.ranks.to_dict(),

@@ -76,36 +76,34 @@ class Metrics:
                     m.noncontiguous_seconds += dt
             self.last_t = t
 
-    @staticmethod
-    def _contiguous(dep: rc.Deployment) -> bool:
-        return not dep.dirty or dep.ranks.is_contiguous()
-
     def __call__(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         self.advance(t)
         self.events += 1
         self.stale += result.stale
         after = result.state
-        reports = {}
         if isinstance(event, rc.ControllerRecovered):
-            reports = {r.replica_id: r.rank for r in event.reports}
-        for comp in result.compactions:
-            m = self._m(comp.deployment)
-            for ch in comp.changes:
-                self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
+            # What each replica said against what it holds now (recovery and any
+            # compaction in the same step together).
+            for r in event.reports:
+                dep = after.deployments.get(r.deployment)
+                rk = dep.ranks.rank_of(r.replica_id) if dep is not None and r.replica_id in dep.ranks else None
+                if rk is not None:
+                    said = (r.rank.rank, r.rank.node_rank, r.rank.local_rank)
+                    now = rk.as_tuple()
+                    known = tuple(n if s is None else s for s, n in zip(said, now))  # unsaid = unchanged
+                    self._count_change(self._m(r.deployment), known, now)
+        else:
+            for comp in result.compactions:
+                m = self._m(comp.deployment)
+                for ch in comp.changes:
+                    self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
         for cmd in result.commands:
             if isinstance(cmd, rc.StartReplica):
-                m = self._m(cmd.deployment)
-                m.starts += 1
+                self._m(cmd.deployment).starts += 1
                 if cmd.replaces is not None:
-                    m.crashes += 1
                     self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif isinstance(cmd, rc.ReconfigureReplica):
-                m = self._m(cmd.deployment)
-                m.reconfigures[cmd.reason] += 1
-                if cmd.reason == "rank" and not result.compactions:
-                    said = reports.get(cmd.replica_id)
-                    old = (said.rank, said.node_rank, said.local_rank) if said is not None else (None, None, None)
-                    self._count_change(m, old, cmd.rank.as_tuple())
+                self._m(cmd.deployment).reconfigures[cmd.reason] += 1
         if isinstance(event, rc.ReplicaReady) and not result.stale:
             name = after.index.get(event.replica_id)
             if name is not None:
@@ -113,17 +111,22 @@ class Metrics:
                 t0 = self._crashed_at.pop((name, rep.lineage), None)
                 if t0 is not None:
                     self._m(name).crash_to_ready.append(t - t0)
-        if isinstance(event, rc.ReplicaCrashed) and not result.stale:
-            name = before.index.get(event.replica_id)
-            if name is not None and before.deployments[name].replicas[event.replica_id].phase is Phase.STOPPING:
-                self._m(name).crashes += 1
         for name, dep in after.deployments.items():
             m = self._m(name)
             serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
             m._unavailable = max(0, dep.target - serving)
-            m._noncontiguous = not self._contiguous(dep)
+            m._noncontiguous = not dep.ranks.is_contiguous()
             if m.first_healthy is None and dep.healthy and dep.target > 0:
                 m.first_healthy = t
+
+    def crashed(self, t: float, deployment: str, serving: bool) -> None:
+        """The cluster lost a replica (told by the executor, so crashes while the
+        controller is down count too); a serving one is unavailable from now."""
+        self.advance(t)
+        m = self._m(deployment)
+        m.crashes += 1
+        if serving:
+            m._unavailable += 1
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

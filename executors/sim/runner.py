@@ -78,7 +78,7 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         self.rng = random.Random(self.seed)
         self.now = 0.0
-        self._queue: list[tuple[float, int, Callable, tuple]] = []
+        self._queue: list[tuple[float, int, int, Callable, tuple]] = []
         self._seq = 0
         self._cancelled: set[int] = set()
         self.backend = SimBackend(self)
@@ -104,10 +104,11 @@ class Simulation:
         self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
 
     # ------------------------------------------------------------- clock
-    def schedule(self, delay: float, fn: Callable, *args: Any) -> int:
-        """Run ``fn(*args)`` ``delay`` virtual seconds from now; returns a ticket for ``cancel``."""
+    def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
+        """Run ``fn(*args)`` ``delay`` virtual seconds from now (``last``: after
+        everything else due at that instant); returns a ticket for ``cancel``."""
         self._seq += 1
-        heapq.heappush(self._queue, (self.now + max(0.0, delay), self._seq, fn, args))
+        heapq.heappush(self._queue, (self.now + max(0.0, delay), int(last), self._seq, fn, args))
         return self._seq
 
     def cancel(self, ticket: int) -> None:
@@ -123,7 +124,7 @@ class Simulation:
         q = self._queue
         n = 0
         while q and q[0][0] <= t_end:
-            t, seq, fn, args = heapq.heappop(q)
+            t, _, seq, fn, args = heapq.heappop(q)
             if seq in self._cancelled:
                 self._cancelled.discard(seq)
                 continue
@@ -343,7 +344,7 @@ class Simulation:
         sc = self.scenario
         for e in sc.expect:
             if e.at is not None and (sc.duration is None or e.at <= sc.duration):
-                self.schedule(e.at, self._timed_check, e)
+                self.schedule(e.at, self._timed_check, e, last=True)
         self._schedule_next_action()
         if sc.duration is not None:
             self.run_until(sc.duration)

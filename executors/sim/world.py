@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SimNode", "SimReplica", "SimBackend"]
 
-LIVE = ("pending", "starting", "running", "reconfiguring", "stopping")
+LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
 
 class SimNode:
@@ -68,6 +68,7 @@ class SimReplica:
             world_size=self.world_size,
             lineage=self.lineage,
             version=self.version,
+            user_config=self.user_config if self.rank is not None else rc.events.UNKNOWN,
         )
 
 
@@ -163,6 +164,7 @@ class SimBackend:
         if r is None or not r.alive:
             return
         r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
+        r.global_rank = cmd.rank.rank
         if r.phase == "pending":
             r.phase = "starting"
         sc = self.sim.scenario
@@ -244,6 +246,7 @@ class SimBackend:
         r = self.replicas.get(rid)
         if r is None or not r.alive:
             return False
+        self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
         self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason))
         self._retry_waiting()
@@ -264,6 +267,7 @@ class SimBackend:
         for rid in dead:
             r = self.replicas.get(rid)
             if r is not None:
+                self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
                 self._free(r, "dead")
         del self.nodes[name]
         self.sim.deliver(rc.NodeLost(node_id=name))
