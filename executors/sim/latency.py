@@ -38,23 +38,6 @@ class Latency:
             return max(0.0, rng.gauss(p[0], p[1]))
         return p[0] * math.exp(rng.gauss(0.0, p[1]))  # lognormal around its median
 
-    @property
-    def mean(self) -> float:
-        p = self.params
-        return {
-            "constant": lambda: p[0],
-            "uniform": lambda: (p[0] + p[1]) / 2,
-            "exponential": lambda: p[0],
-            "normal": lambda: p[0],
-            "lognormal": lambda: p[0] * math.exp(p[1] ** 2 / 2),
-        }[self.dist]()
-
-    def describe(self) -> str:
-        if self.dist == "constant":
-            return f"{self.params[0]:g}s"
-        names = DISTRIBUTIONS[self.dist]
-        return f"{self.dist}(" + ", ".join(f"{n}={v:g}" for n, v in zip(names, self.params)) + ")"
-
 
 def parse_latency(value: Any) -> Latency:
     """``2.5`` (constant) or ``{dist: uniform, low: 1, high: 3}``.

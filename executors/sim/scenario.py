@@ -96,9 +96,6 @@ class Action:
     after: float | None = None
     where: str = ""
 
-    def describe(self) -> str:
-        return f"{self.kind} {self.args}" if self.args not in (None, {}) else self.kind
-
 
 @attrs.frozen
 class Expectation:
@@ -107,10 +104,6 @@ class Expectation:
     args: Any = attrs.field(hash=False)
     at: float | None = None  # None: at the end
     where: str = ""
-
-    def describe(self) -> str:
-        when = "end" if self.at is None else f"t={self.at:g}"
-        return f"#{self.index + 1} {self.kind} {self.args} at {when}"
 
 
 @attrs.frozen

@@ -400,3 +400,10 @@ def test_initialize_says_whether_reconfigure_takes_the_rank():
         d = Driver()
         (init,) = of(rc.InitializeReplica, deploy(d, 1, reconfigure_takes_rank=takes_rank))
         assert init.pass_rank is takes_rank
+
+
+def test_run_applies_events_in_order():
+    state, commands = rc.run([rc.DeploymentApplied(name="app", num_replicas=2),
+                              rc.ScaleRequested(deployment="app", num_replicas=1)])
+    assert [type(c).__name__ for c in commands] == ["StartReplica", "StartReplica", "UpdateWorldSize", "StopReplica"]
+    assert state.deployments["app"].target == 1

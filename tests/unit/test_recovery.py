@@ -168,3 +168,17 @@ def test_recovery_never_reuses_the_id_of_a_replica_that_died_meanwhile():
     (start,) = of(rc.StartReplica, r.commands)
     assert start.replica_id != dead
     assert rc.step(r.state, rc.ReplicaCrashed(replica_id=dead)).stale
+
+
+def test_news_about_a_departed_foreign_id_is_stale():
+    """Ids not made by the core (from reports) are remembered once they leave."""
+    spec = rc.DeploymentApplied(name="app", num_replicas=1)
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=(
+        report("uuid-1", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("uuid-2", rc.ReplicaRank(rank=1, node_rank=0, local_rank=1)),
+    )))
+    (stop,) = of(rc.StopReplica, r.commands)
+    after = rc.step(r.state, rc.ReplicaStopped(replica_id=stop.replica_id))
+    assert rc.step(after.state, rc.ReplicaCrashed(replica_id=stop.replica_id)).stale
+    with pytest.raises(rc.InvalidEvent, match="unknown replica 'uuid-9'"):
+        rc.step(after.state, rc.ReplicaCrashed(replica_id="uuid-9"))
