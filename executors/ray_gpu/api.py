@@ -1,0 +1,162 @@
+"""The user API, close to Ray Serve's: ``@deployment``, ``.bind()``, ``run()``,
+``handle.remote(...).result()``, ``handle.scale(n)``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import ray
+from ray.exceptions import RayActorError
+
+from .controller import CONTROLLER_NAME, NAMESPACE, Controller
+
+__all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
+           "get_controller"]
+
+
+@attrs.frozen
+class Deployment:
+    cls: type
+    name: str
+    num_replicas: int = 1
+    user_config: Any = attrs.field(default=None, eq=False)
+    ray_actor_options: dict = attrs.field(factory=dict, eq=False)
+    max_ongoing_requests: int = 5
+
+    def options(self, **changes: Any) -> Deployment:
+        return attrs.evolve(self, **changes)
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        return Application(self, args, kwargs)
+
+
+@attrs.frozen
+class Application:
+    deployment: Deployment
+    args: tuple
+    kwargs: dict = attrs.field(eq=False)
+
+
+def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int = 1, user_config: Any = None,
+               ray_actor_options: dict | None = None, max_ongoing_requests: int = 5) -> Any:
+    """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``)."""
+    if max_ongoing_requests < 1:
+        raise ValueError(f"max_ongoing_requests must be >= 1, got {max_ongoing_requests}")
+
+    def wrap(c: type) -> Deployment:
+        return Deployment(cls=c, name=name or c.__name__, num_replicas=num_replicas, user_config=user_config,
+                          ray_actor_options=dict(ray_actor_options or {}), max_ongoing_requests=max_ongoing_requests)
+
+    return wrap(cls) if cls is not None else wrap
+
+
+def get_controller() -> Any:
+    """The controller actor, started (detached, restartable) if it is not running."""
+    return ray.remote(Controller).options(
+        name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, max_concurrency=1000, num_cpus=0,
+    ).remote()
+
+
+def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
+    """Deploy (or update in place) and wait until every replica serves."""
+    d = app.deployment
+    ctl = get_controller()
+    ray.get(ctl.apply.remote(d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
+                             d.ray_actor_options, d.max_ongoing_requests))
+    if not ray.get(ctl.wait_healthy.remote(d.name, timeout)):
+        raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
+    return DeploymentHandle(d.name, ctl)
+
+
+class DeploymentHandle:
+    """Sends calls to replicas, at most ``max_ongoing_requests`` in flight each;
+    beyond that, calls wait. A call whose replica dies is retried elsewhere."""
+
+    def __init__(self, name: str, controller: Any, method: str = "__call__") -> None:
+        self.name, self.controller, self.method = name, controller, method
+        self._endpoints: list = []
+        self._max = 1
+        self._inflight: dict[str, list] = {}
+        self._fetched = 0.0
+        self._turn = 0
+
+    def __getattr__(self, method: str) -> DeploymentHandle:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        h = DeploymentHandle(self.name, self.controller, method)
+        return h
+
+    def _refresh(self, force: bool = False) -> None:
+        if force or not self._endpoints or time.monotonic() - self._fetched > 0.5:
+            self._endpoints, self._max = ray.get(self.controller.endpoints.remote(self.name))
+            self._fetched = time.monotonic()
+
+    def _pick(self, timeout: float) -> tuple[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._refresh()
+            for rid in list(self._inflight):
+                refs = self._inflight[rid]
+                if refs:
+                    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    self._inflight[rid] = [r for r in refs if r not in done]
+            free = [(len(self._inflight.get(rid, ())), rid, actor) for rid, actor in self._endpoints
+                    if len(self._inflight.get(rid, ())) < self._max]
+            if free:
+                least = min(x[0] for x in free)
+                ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
+                self._turn += 1
+                _, rid, actor = ties[self._turn % len(ties)]  # rotate among the least loaded
+                return rid, actor
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no replica of {self.name!r} took the call within {timeout:g}s")
+            waiting = [r for refs in self._inflight.values() for r in refs]
+            if waiting:
+                ray.wait(waiting, num_returns=1, timeout=0.1)
+            else:
+                time.sleep(0.05)
+                self._refresh(force=True)
+
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
+        return self._submit(args, kwargs, attempts=3)
+
+    def _submit(self, args: tuple, kwargs: dict, attempts: int) -> DeploymentResponse:
+        rid, actor = self._pick(timeout=60.0)
+        ref = actor.handle_request.remote(self.method, args, kwargs)
+        self._inflight.setdefault(rid, []).append(ref)
+        return DeploymentResponse(self, rid, ref, args, kwargs, attempts)
+
+    def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
+        """Scale in place (survivors keep running) and wait until healthy.
+
+        ``victims`` names replicas to stop first (else not-yet-running ones,
+        then the highest ranks)."""
+        ray.get(self.controller.scale.remote(self.name, num_replicas, tuple(victims)))
+        if not ray.get(self.controller.wait_healthy.remote(self.name, timeout)):
+            raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
+        self._refresh(force=True)
+
+    def ranks(self) -> dict:
+        return ray.get(self.controller.ranks.remote(self.name))
+
+
+class DeploymentResponse:
+    def __init__(self, handle: DeploymentHandle, rid: str, ref: Any, args: tuple, kwargs: dict,
+                 attempts: int) -> None:
+        self.handle, self.rid, self.ref = handle, rid, ref
+        self.args, self.kwargs, self.attempts = args, kwargs, attempts
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's result; the application's exception (with its remote
+        traceback) if it raised; a retry on another replica if this one died."""
+        try:
+            return ray.get(self.ref, timeout=timeout)
+        except RayActorError:
+            if self.attempts <= 1:
+                raise
+            self.handle._endpoints = [(r, a) for r, a in self.handle._endpoints if r != self.rid]
+            self.handle._inflight.pop(self.rid, None)
+            return self.handle._submit(self.args, self.kwargs, self.attempts - 1).result(timeout)

@@ -1,0 +1,47 @@
+"""What a replica knows about itself: ``get_replica_context()`` inside a replica.
+
+Each replica is its own Ray actor process, so one module-level context per
+process is exact. The executor updates it *before* calling the user's
+``reconfigure``, so the context already shows the new rank there.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import attrs
+
+import rankcore as rc
+
+__all__ = ["ReplicaContext", "get_replica_context"]
+
+
+@attrs.frozen
+class ReplicaContext:
+    deployment: str
+    replica_id: str
+    rank: rc.ReplicaRank
+    world_size: int
+    user_config: Any = attrs.field(default=None, eq=False)
+
+
+_lock = threading.Lock()
+_current: ReplicaContext | None = None
+
+
+def _set(ctx: ReplicaContext) -> None:
+    global _current
+    with _lock:
+        _current = ctx
+
+
+def get_replica_context() -> ReplicaContext:
+    """The calling replica's deployment, id, rank record and world_size.
+
+    Raises RuntimeError outside a replica (or before it was initialised).
+    """
+    ctx = _current
+    if ctx is None:
+        raise RuntimeError("get_replica_context() is only available inside a rankcore replica")
+    return ctx

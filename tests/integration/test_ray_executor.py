@@ -1,0 +1,162 @@
+"""The Ray executor for real: replicas are Ray actors (logical GPUs, no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+import pytest
+import ray
+
+from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # replicas import the test classes by module name
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    yield
+    try:
+        ray.get(get_controller().shutdown_replicas.remote())
+    finally:
+        ray.shutdown()
+
+
+OPTS = {"num_cpus": 0.05}
+
+
+@deployment(num_replicas=4, ray_actor_options={**OPTS, "num_gpus": 0.25})
+class RankReporter:
+    def __call__(self):
+        ctx = get_replica_context()
+        return ctx.replica_id, ctx.rank.rank, ctx.world_size, os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    def pid(self):
+        return os.getpid()
+
+
+def test_seed_four_replicas_report_ranks_0_to_3():
+    """The seed's first example, on real actors with logical GPUs."""
+    h = run(RankReporter.bind())
+    seen = {}
+    for r in [h.remote() for _ in range(16)]:
+        rid, rank, ws, gpu = r.result(timeout=30)
+        seen[rid] = (rank, ws)
+        assert gpu is not None  # each actor got its own CUDA_VISIBLE_DEVICES
+    assert sorted(v[0] for v in seen.values()) == [0, 1, 2, 3]
+    assert {v[1] for v in seen.values()} == {4}
+    ray.get(get_controller().shutdown_replicas.remote())
+
+
+@deployment(name="rank_aware", num_replicas=2, user_config={"model_name": "model_v1"}, ray_actor_options=OPTS)
+class RankAwareModel:
+    def __init__(self):
+        self.model = None
+        self.calls = []
+
+    def reconfigure(self, user_config, rank):
+        ctx = get_replica_context()
+        self.calls.append((user_config["model_name"], rank.rank, ctx.rank.rank, ctx.world_size))
+        self.model = user_config["model_name"]
+
+    def __call__(self):
+        return self.model, self.calls, get_replica_context().rank.rank
+
+
+def test_seed_rank_aware_model_reconfigured_at_startup_and_on_downscale():
+    """reconfigure(user_config, rank) runs after __init__ with model_v1; on a
+    downscale the moved replica's context already shows its new rank inside
+    reconfigure, and every survivor sees the new world_size."""
+    h = run(RankAwareModel.bind())
+    results = [h.remote().result(timeout=30) for _ in range(6)]
+    assert {r[0] for r in results} == {"model_v1"}
+    assert all(r[1][0][1] == r[1][0][2] == r[2] for r in results)  # rank arg == context rank
+    h2 = run(RankAwareModel.options(num_replicas=4).bind())
+    before = h2.ranks()
+    assert sorted(v[0] for v in before.values()) == [0, 1, 2, 3]
+    by_rank = {v[0]: rid for rid, v in before.items()}
+    h2.scale(2, victims=(by_rank[0], by_rank[1]))  # ranks 2 and 3 must move to 0 and 1
+    after = h2.ranks()
+    assert sorted(v[0] for v in after.values()) == [0, 1]
+    assert set(after) == {by_rank[2], by_rank[3]}
+    seen = {}
+    for r in [h2.remote() for _ in range(8)]:
+        model, calls, rank = r.result(timeout=30)
+        seen[rank] = calls
+        assert model == "model_v1"
+    assert sorted(seen) == [0, 1]
+    for rank, calls in seen.items():
+        last = calls[-1]
+        # the reconfigure for the rank change: rank argument == context rank == new rank; world_size 2
+        assert last[1] == last[2] == rank and last[3] == 2
+    ray.get(get_controller().shutdown_replicas.remote())
+
+
+@deployment(name="crashy", num_replicas=3, ray_actor_options=OPTS)
+class Crashy:
+    def __call__(self, x):
+        if x == "boom":
+            raise ValueError("boom from the app")
+        return get_replica_context().rank.rank
+
+    def pid(self):
+        return os.getpid()
+
+
+def test_crashed_replica_is_replaced_on_the_same_rank():
+    h = run(Crashy.bind())
+    ranks = h.ranks()
+    victim, (rank, _, _) = sorted(ranks.items())[1]
+    actor = ray.get_actor(f"ModelActor:crashy:{victim}", namespace="rankcore")
+    t0 = time.monotonic()
+    ray.kill(actor, no_restart=True)
+    ctl = get_controller()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = ray.get(ctl.ranks.remote("crashy"))
+        if victim not in now and len(now) == 3 and ray.get(ctl.wait_healthy.remote("crashy", 0.1)):
+            break
+        time.sleep(0.1)
+    now = ray.get(ctl.ranks.remote("crashy"))
+    assert victim not in now
+    assert sorted(v[0] for v in now.values()) == [0, 1, 2]
+    replacement = [rid for rid in now if rid not in ranks]
+    assert len(replacement) == 1 and now[replacement[0]][0] == rank
+    assert time.monotonic() - t0 < 60
+    assert ray.get(ctl.state_errors.remote()) == []
+    ray.get(ctl.shutdown_replicas.remote())
+
+
+def test_application_errors_reach_the_caller_and_the_replica_keeps_serving():
+    h = run(Crashy.bind())
+    with pytest.raises(ValueError, match="boom from the app"):
+        h.remote("boom").result(timeout=30)
+    assert h.remote(1).result(timeout=30) in (0, 1, 2)
+    ray.get(get_controller().shutdown_replicas.remote())
+
+
+@deployment(name="slow", num_replicas=2, max_ongoing_requests=1, ray_actor_options=OPTS)
+class Slow:
+    def __call__(self, s):
+        time.sleep(s)
+        return get_replica_context().replica_id
+
+
+def test_at_most_max_ongoing_requests_per_replica():
+    """With max_ongoing_requests=1 and 2 replicas, 4 calls of 1 s take >= 2 s and
+    spread over both replicas."""
+    h = run(Slow.bind())
+    t0 = time.monotonic()
+    rs = [h.remote(1.0) for _ in range(4)]
+    out = [r.result(timeout=60) for r in rs]
+    elapsed = time.monotonic() - t0
+    assert len(set(out)) == 2
+    assert elapsed >= 1.9
+    ray.get(get_controller().shutdown_replicas.remote())
