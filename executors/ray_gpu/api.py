@@ -13,7 +13,7 @@ from ray.exceptions import RayActorError
 from .controller import CONTROLLER_NAME, NAMESPACE, Controller
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
-           "get_controller"]
+           "get_controller", "ask"]
 
 
 @attrs.frozen
@@ -60,13 +60,28 @@ def get_controller() -> Any:
     ).remote()
 
 
+def ask(controller: Any, method: str, *args: Any, timeout: float = 60.0) -> Any:
+    """Call the controller, waiting out a restart (Ray restarts it after a crash)."""
+    from ray.exceptions import ActorUnavailableError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
+        except (ActorUnavailableError, RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+            controller = get_controller()
+
+
 def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     """Deploy (or update in place) and wait until every replica serves."""
     d = app.deployment
     ctl = get_controller()
-    ray.get(ctl.apply.remote(d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
-                             d.ray_actor_options, d.max_ongoing_requests))
-    if not ray.get(ctl.wait_healthy.remote(d.name, timeout)):
+    ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
+        d.ray_actor_options, d.max_ongoing_requests)
+    if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
 
@@ -91,7 +106,7 @@ class DeploymentHandle:
 
     def _refresh(self, force: bool = False) -> None:
         if force or not self._endpoints or time.monotonic() - self._fetched > 0.5:
-            self._endpoints, self._max = ray.get(self.controller.endpoints.remote(self.name))
+            self._endpoints, self._max = ask(self.controller, "endpoints", self.name)
             self._fetched = time.monotonic()
 
     def _pick(self, timeout: float) -> tuple[str, Any]:
@@ -134,13 +149,14 @@ class DeploymentHandle:
 
         ``victims`` names replicas to stop first (else not-yet-running ones,
         then the highest ranks)."""
-        ray.get(self.controller.scale.remote(self.name, num_replicas, tuple(victims)))
-        if not ray.get(self.controller.wait_healthy.remote(self.name, timeout)):
+        ask(self.controller, "scale", self.name, num_replicas, tuple(victims))
+        if not ask(self.controller, "wait_healthy", self.name, timeout, timeout=timeout + 30):
             raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
         self._refresh(force=True)
 
     def ranks(self) -> dict:
-        return ray.get(self.controller.ranks.remote(self.name))
+        """replica id -> (rank, node_rank, local_rank), as the controller holds them."""
+        return ask(self.controller, "ranks", self.name)
 
 
 class DeploymentResponse:

@@ -13,7 +13,10 @@ import asyncio
 import time
 from typing import Any
 
+import attrs
 import ray
+from ray import cloudpickle
+from ray.experimental import internal_kv
 
 import rankcore as rc
 
@@ -22,6 +25,8 @@ from .replica import ReplicaActor
 
 NAMESPACE = "rankcore"
 CONTROLLER_NAME = "rankcore-controller"
+_KV_SPECS = b"rankcore/specs"  # what was applied, to recover after a restart (ranks are not stored)
+_KV_COUNTERS = b"rankcore/counters"  # id and lineage high-water marks, so no id is reused
 
 
 def actor_name(deployment: str, replica_id: str) -> str:
@@ -54,10 +59,65 @@ class Controller:
         self.t0 = time.monotonic()
         self.driver = Driver(_Backend(self))
         self.specs: dict[str, dict] = {}
+        self.applied: dict[str, rc.DeploymentApplied] = {}
         self.actors: dict[str, tuple[str, Any]] = {}  # replica id -> (deployment, handle)
         self.stopping: set[str] = set()
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []
+        self.started = 0  # one past the highest replica number ever started
+        self.lineages = 0
+        self._recovered = False
+        self._recovering: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------- recovery
+    def _persist(self) -> None:
+        specs = {name: {**spec, "applied": self.applied[name]} for name, spec in self.specs.items()}
+        internal_kv._internal_kv_put(_KV_SPECS, cloudpickle.dumps(specs), overwrite=True)
+        internal_kv._internal_kv_put(_KV_COUNTERS, cloudpickle.dumps((self.started, self.lineages)), overwrite=True)
+
+    async def _ready(self) -> None:
+        """After a restart (Ray restarts this actor), rebuild ranks from the
+        replicas' own reports before answering anything."""
+        if self._recovered:
+            return
+        if self._recovering is None:
+            self._recovering = asyncio.Lock()
+        async with self._recovering:
+            if self._recovered:
+                return
+            raw = internal_kv._internal_kv_get(_KV_SPECS)
+            if raw:
+                await self._recover(cloudpickle.loads(raw))
+            self._recovered = True
+
+    async def _recover(self, specs: dict) -> None:
+        counters = internal_kv._internal_kv_get(_KV_COUNTERS)
+        started, lineages = cloudpickle.loads(counters) if counters else (0, 0)
+        self.specs = {name: {k: v for k, v in spec.items() if k != "applied"} for name, spec in specs.items()}
+        self.applied = {name: spec["applied"] for name, spec in specs.items()}
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == NAMESPACE and a["name"].startswith("ModelActor:")]
+        reports = []
+        for name in sorted(names):
+            try:
+                actor = ray.get_actor(name, namespace=NAMESPACE)
+                r = await asyncio.wait_for(actor.report.remote(), timeout=10)
+            except Exception:
+                continue  # died meanwhile: its rank is a gap the core refills
+            if r["deployment"] not in self.specs or r["rank"] is None:
+                continue  # not initialised yet: it never reported for duty
+            rank = r["rank"]
+            reports.append(rc.ReplicaReport(
+                replica_id=r["replica_id"], deployment=r["deployment"], node_id=r["node_id"], phase=r["phase"],
+                rank={"rank": rank[0], "node_rank": rank[1], "local_rank": rank[2]},
+                world_size=r["world_size"], version=r["version"], user_config=r["user_config"],
+            ))
+            self.actors[r["replica_id"]] = (r["deployment"], actor)
+            self._spawn(self._watch(r["replica_id"], actor))
+        self.started, self.lineages = started, lineages
+        self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
+                                          reports=tuple(reports), next_replica_number=started,
+                                          next_lineage=lineages))
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
@@ -76,6 +136,10 @@ class Controller:
 
     # ----------------------------------------------------------- commands
     async def _start(self, cmd: rc.StartReplica) -> None:
+        n = rc.state.parse_replica_number(cmd.replica_id)
+        self.started = max(self.started, (n or 0) + 1)
+        self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
+        self._persist()
         spec = self.specs[cmd.deployment]
         opts = dict(spec["actor_options"])
         actor = ray.remote(ReplicaActor).options(
@@ -154,15 +218,23 @@ class Controller:
             import inspect
 
             takes_rank = "rank" in inspect.signature(cls.reconfigure).parameters
+        await self._ready()
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
                             "max_ongoing_requests": max_ongoing_requests}
-        self._feed(rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
-                                        has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank))
+        self.applied[name] = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
+                                                  has_reconfigure=has_reconfigure,
+                                                  reconfigure_takes_rank=takes_rank)
+        self._persist()
+        self._feed(self.applied[name])
 
     async def scale(self, name: str, num_replicas: int, victims: tuple = ()) -> None:
+        await self._ready()
+        self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
+        self._persist()
         self._feed(rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims))
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
+        await self._ready()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dep = self.driver.state.deployments.get(name)
@@ -173,6 +245,7 @@ class Controller:
 
     async def endpoints(self, name: str) -> tuple[list, int]:
         """Serving replicas (id, actor handle) and max_ongoing_requests."""
+        await self._ready()
         dep = self.driver.state.deployments.get(name)
         if dep is None:
             return [], 0
@@ -183,6 +256,7 @@ class Controller:
         return out, self.specs[name]["max_ongoing_requests"]
 
     async def ranks(self, name: str) -> dict:
+        await self._ready()
         dep = self.driver.state.deployments.get(name)
         if dep is None:
             return {}
@@ -193,6 +267,10 @@ class Controller:
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
         """Scale every deployment to 0 through the core and wait for the stops."""
+        await self._ready()
+        for name in self.applied:
+            self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
+        self._persist()
         for name in sorted(self.driver.state.deployments.keys()):
             if self.driver.state.deployments[name].target:
                 self._feed(rc.ScaleRequested(deployment=name, num_replicas=0))

@@ -160,3 +160,30 @@ def test_at_most_max_ongoing_requests_per_replica():
     assert len(set(out)) == 2
     assert elapsed >= 1.9
     ray.get(get_controller().shutdown_replicas.remote())
+
+
+@deployment(name="survivor", num_replicas=3, user_config={"v": 1}, ray_actor_options=OPTS)
+class Survivor:
+    def reconfigure(self, user_config, rank):
+        self.v = user_config["v"]
+
+    def __call__(self):
+        return get_replica_context().replica_id, os.getpid()
+
+
+def test_controller_restart_recovers_the_same_ranks_without_restarting_replicas():
+    """Kill the controller; Ray restarts it; it finds the replica actors by name and
+    rebuilds the ranks from their reports: same ranks, same processes, no failed call."""
+    h = run(Survivor.bind())
+    before = h.ranks()
+    pids = {rid: pid for rid, pid in (h.remote().result(timeout=30) for _ in range(9))}
+    ray.kill(get_controller(), no_restart=False)
+    after = h.ranks()  # waits out the restart
+    assert after == before
+    ctl = get_controller()
+    assert ray.get(ctl.wait_healthy.remote("survivor", 30))
+    again = {rid: pid for rid, pid in (h.remote().result(timeout=30) for _ in range(9))}
+    assert again.items() <= {**pids, **again}.items() and set(again) <= set(before)
+    assert all(pids[rid] == pid for rid, pid in again.items() if rid in pids)
+    assert ray.get(ctl.state_errors.remote()) == []
+    ray.get(ctl.shutdown_replicas.remote())
