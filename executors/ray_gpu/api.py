@@ -53,10 +53,18 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
 
 
 def get_controller() -> Any:
-    """The controller actor, started (detached, restartable) if it is not running."""
+    """The controller actor, started (detached, restartable) if it is not running.
+
+    It prefers the node of the process that starts it (the head node, for a
+    driver there), so losing a worker node does not take the controller along.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
     return ray.remote(Controller).options(
         name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_concurrency=1000, num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True),
     ).remote()
 
 
