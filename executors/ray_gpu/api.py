@@ -13,7 +13,7 @@ from ray.exceptions import RayActorError
 from .controller import CONTROLLER_NAME, NAMESPACE, Controller
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
-           "get_controller", "ask"]
+           "get_controller", "ask", "ReplicaDiedError"]
 
 
 @attrs.frozen
@@ -167,6 +167,10 @@ class DeploymentHandle:
         return ask(self.controller, "ranks", self.name)
 
 
+class ReplicaDiedError(RuntimeError):
+    """Every replica a call was sent to died before answering."""
+
+
 class DeploymentResponse:
     def __init__(self, handle: DeploymentHandle, rid: str, ref: Any, args: tuple, kwargs: dict,
                  attempts: int) -> None:
@@ -178,9 +182,12 @@ class DeploymentResponse:
         traceback) if it raised; a retry on another replica if this one died."""
         try:
             return ray.get(self.ref, timeout=timeout)
-        except RayActorError:
+        except RayActorError as exc:
             if self.attempts <= 1:
-                raise
+                raise ReplicaDiedError(
+                    f"call to {self.handle.name!r}.{self.handle.method} failed: its replica {self.rid} died "
+                    f"and retries are used up ({exc.__class__.__name__})"
+                ) from exc
             self.handle._endpoints = [(r, a) for r, a in self.handle._endpoints if r != self.rid]
             self.handle._inflight.pop(self.rid, None)
             return self.handle._submit(self.args, self.kwargs, self.attempts - 1).result(timeout)

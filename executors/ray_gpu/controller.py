@@ -55,6 +55,10 @@ class _Backend:
 
 
 class Controller:
+    #: seconds between health checks, and how long a ping may take
+    health_check_period_s = 2.0
+    health_check_timeout_s = 10.0
+
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.driver = Driver(_Backend(self))
@@ -68,6 +72,7 @@ class Controller:
         self.lineages = 0
         self._recovered = False
         self._recovering: asyncio.Lock | None = None
+        self._health_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------- recovery
     def _persist(self) -> None:
@@ -75,9 +80,32 @@ class Controller:
         internal_kv._internal_kv_put(_KV_SPECS, cloudpickle.dumps(specs), overwrite=True)
         internal_kv._internal_kv_put(_KV_COUNTERS, cloudpickle.dumps((self.started, self.lineages)), overwrite=True)
 
+    async def _health_loop(self) -> None:
+        """Ping every initialised replica; one that fails or times out is killed
+        and reported crashed (its replacement gets its rank)."""
+        while True:
+            await asyncio.sleep(self.health_check_period_s)
+            state = self.driver.state
+            checks = []
+            for rid, (dep, actor) in list(self.actors.items()):
+                d = state.deployments.get(dep)
+                if d is not None and rid in d.replicas and d.replicas[rid].phase in (rc.Phase.RUNNING,
+                                                                                     rc.Phase.RECONFIGURING):
+                    checks.append((rid, actor))
+            results = await asyncio.gather(
+                *(asyncio.wait_for(actor.ping.remote(), self.health_check_timeout_s) for _, actor in checks),
+                return_exceptions=True,
+            )
+            for (rid, _), res in zip(checks, results):
+                if isinstance(res, BaseException) and rid in self.actors:
+                    self._kill(rid)
+                    self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"health check failed: {res!r}"))
+
     async def _ready(self) -> None:
         """After a restart (Ray restarts this actor), rebuild ranks from the
         replicas' own reports before answering anything."""
+        if self._health_task is None:
+            self._health_task = asyncio.get_event_loop().create_task(self._health_loop())
         if self._recovered:
             return
         if self._recovering is None:

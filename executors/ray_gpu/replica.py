@@ -95,6 +95,11 @@ class ReplicaActor:
         }
 
     def ping(self) -> bool:
+        """Health check: answers while requests run (a threaded actor); calls the
+        user's ``check_health()`` if the class has one (raise = unhealthy)."""
+        fn = getattr(self.instance, "check_health", None)
+        if fn is not None:
+            fn()
         return True
 
     def watch(self) -> None:

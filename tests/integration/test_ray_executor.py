@@ -187,3 +187,34 @@ def test_controller_restart_recovers_the_same_ranks_without_restarting_replicas(
     assert all(pids[rid] == pid for rid, pid in again.items() if rid in pids)
     assert ray.get(ctl.state_errors.remote()) == []
     ray.get(ctl.shutdown_replicas.remote())
+
+
+@deployment(name="sick", num_replicas=2, ray_actor_options=OPTS)
+class Sick:
+    def __init__(self):
+        self.healthy = True
+
+    def check_health(self):
+        if not self.healthy:
+            raise RuntimeError("sick")
+
+    def __call__(self, make_sick=False):
+        if make_sick:
+            self.healthy = False
+        return get_replica_context().replica_id, get_replica_context().rank.rank
+
+
+def test_failed_health_check_replaces_the_replica_on_its_rank():
+    h = run(Sick.bind())
+    before = h.ranks()
+    rid, rank = h.remote(True).result(timeout=30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and rid in h.ranks():
+        time.sleep(0.2)
+    ctl = get_controller()
+    assert ray.get(ctl.wait_healthy.remote("sick", 60))
+    now = h.ranks()
+    assert rid not in now and sorted(v[0] for v in now.values()) == [0, 1]
+    new = [r for r in now if r not in before]
+    assert len(new) == 1 and now[new[0]][0] == rank
+    ray.get(ctl.shutdown_replicas.remote())
