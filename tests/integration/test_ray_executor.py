@@ -218,3 +218,18 @@ def test_failed_health_check_replaces_the_replica_on_its_rank():
     new = [r for r in now if r not in before]
     assert len(new) == 1 and now[new[0]][0] == rank
     ray.get(ctl.shutdown_replicas.remote())
+
+
+def test_examples_run(tmp_path):
+    """examples/ray: the seed's two examples (the second with a real torch model)."""
+    from examples.ray import rank_aware_model, seed_ranks
+
+    seen = seed_ranks.main()
+    assert sorted(r["rank"] for r in seen) == [0, 1, 2, 3] and {r["world_size"] for r in seen} == {4}
+    out = rank_aware_model.main(str(tmp_path))
+    by_rank = {r["rank"]: r for r in out}
+    assert set(by_rank) == {0, 1} and {r["model"] for r in out} == {"model_v1"}
+    # rank 1's shard is rank 0's scaled by 2 (plus the same bias)
+    y0, y1 = by_rank[0]["y"], by_rank[1]["y"]
+    assert y0 != y1
+    ray.get(get_controller().shutdown_replicas.remote())
