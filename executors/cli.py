@@ -222,13 +222,73 @@ def _sweep_table(results: list) -> Table:
 
 @main.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--executor", type=click.Choice(["sim"]), default="sim", show_default=True,
-              help="Where to run it (the Ray executor is added by its own issue).")
-@click.option("--seed", type=int)
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path))
-def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None) -> None:
-    """Run SCENARIO on an executor (today: the simulator)."""
-    _simulate(scenario, seed, trace_path, None, (), None, False)
+@click.option("--executor", type=click.Choice(["sim", "ray"]), default="sim", show_default=True,
+              help="sim: the simulator; ray: real Ray actors (a local Ray unless --address).")
+@click.option("--seed", type=int, help="(sim) Override the scenario's seed.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON Lines trace here (the same format for both executors).")
+@click.option("--address", help="(ray) Connect to this Ray cluster instead of starting a local one.")
+def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None, address: str | None) -> None:
+    """Run SCENARIO on an executor and check its expectations."""
+    if executor == "sim":
+        _simulate(scenario, seed, trace_path, None, (), None, False)
+        return
+    _run_on_ray(scenario, trace_path, address)
+
+
+def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | None) -> None:
+    import os
+
+    from .sim import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(scenario_path)
+        from .ray_gpu.scenario import UnsupportedOnRay, check_supported
+
+        check_supported(sc)
+    except (ScenarioError, UnsupportedOnRay) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    import ray
+
+    from .ray_gpu import get_controller
+    from .ray_gpu.scenario import run_on_ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    started = not ray.is_initialized()
+    if not started:
+        pass  # embedded use (tests, notebooks): keep the caller's Ray
+    elif address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
+                 object_store_memory=256 * 1024**2, log_to_driver=False)
+    console = Console()
+    try:
+        fp = open(trace_path, "w") if trace_path else None
+        try:
+            t0 = time.perf_counter()
+            result = run_on_ray(sc, trace_fp=fp)
+        finally:
+            if fp:
+                fp.close()
+        t = Table(title=f"{sc.name} on Ray  [dim]({time.perf_counter() - t0:.1f}s)[/dim]")
+        t.add_column("", justify="center")
+        t.add_column("expectation")
+        t.add_column("seen")
+        for name, ok, detail in result.expectations:
+            t.add_row("[green]pass[/green]" if ok else "[red]FAIL[/red]", escape(name), escape(detail))
+        console.print(t)
+        ray.get(get_controller().reset.remote())
+    finally:
+        if started:
+            ray.shutdown()
+    failed = [(n, d) for n, ok, d in result.expectations if not ok]
+    for n, d in failed:
+        click.echo(f"expectation failed: {n}: {d}", err=True)
+    if failed:
+        sys.exit(EXIT_EXPECTATION_FAILED)
 
 
 # --------------------------------------------------------------- check-trace

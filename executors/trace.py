@@ -73,14 +73,17 @@ def snapshot_record(t: float, state: rc.State, reason: str) -> dict:
 class TraceWriter:
     """Writes trace records to ``fp`` (any text file object)."""
 
-    def __init__(self, fp: IO[str], *, snapshot_every: int = 1, meta: dict | None = None) -> None:
+    def __init__(self, fp: IO[str], *, snapshot_every: int = 1, meta: dict | None = None,
+                 header: bool = True) -> None:
+        """``header=False`` continues a trace another writer started (a restarted controller)."""
         if snapshot_every < 1:
             raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.fp = fp
         self.snapshot_every = snapshot_every
         self.steps = 0
         self._healthy: dict[str, bool] = {}
-        self.write({"kind": "header", "schema": SCHEMA, "version": VERSION, **(meta or {})})
+        if header:
+            self.write({"kind": "header", "schema": SCHEMA, "version": VERSION, **(meta or {})})
 
     def write(self, record: dict) -> None:
         self.fp.write(json.dumps(record, separators=(",", ":")) + "\n")

@@ -27,6 +27,8 @@ NAMESPACE = "rankcore"
 CONTROLLER_NAME = "rankcore-controller"
 _KV_SPECS = b"rankcore/specs"  # what was applied, to recover after a restart (ranks are not stored)
 _KV_COUNTERS = b"rankcore/counters"  # id and lineage high-water marks, so no id is reused
+_KV_RECORDING = b"rankcore/recording"  # a trace is being recorded (survives a restart)
+_KV_EPOCH = b"rankcore/epoch"  # wall-clock origin of trace time, shared by every controller incarnation
 
 
 def actor_name(deployment: str, replica_id: str) -> str:
@@ -60,7 +62,10 @@ class Controller:
     health_check_timeout_s = 10.0
 
     def __init__(self) -> None:
-        self.t0 = time.monotonic()
+        raw = internal_kv._internal_kv_get(_KV_EPOCH)
+        self.t0 = float(raw) if raw else time.time()
+        if not raw:
+            internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())
         self.driver = Driver(_Backend(self))
         self.specs: dict[str, dict] = {}
         self.applied: dict[str, rc.DeploymentApplied] = {}
@@ -73,6 +78,7 @@ class Controller:
         self._recovered = False
         self._recovering: asyncio.Lock | None = None
         self._health_task: asyncio.Task | None = None
+        self.metrics: Any = None
 
     # ------------------------------------------------------------- recovery
     def _persist(self) -> None:
@@ -101,6 +107,57 @@ class Controller:
                     self._kill(rid)
                     self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"health check failed: {res!r}"))
 
+    def _start_recording(self, meta: dict | None, header: bool) -> None:
+        import io
+
+        from ..sim.metrics import Metrics
+        from ..trace import TraceWriter
+
+        self._trace_buf = io.StringIO()
+        self._trace_read = 0
+        self.driver.trace = TraceWriter(self._trace_buf, meta=meta, header=header)
+        self.metrics = Metrics()
+        if self._observe not in self.driver.observers:
+            self.driver.observers.append(self._observe)
+
+    def _observe(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        if self.metrics is not None:
+            self.metrics(t, event, before, result)
+
+    async def record(self, meta: dict) -> None:
+        """Write a trace (docs/trace-format.md) from now on; ``drain_trace`` reads it."""
+        await self._ready()
+        internal_kv._internal_kv_put(_KV_RECORDING, b"1", overwrite=True)
+        self._start_recording({"executor": "ray", **meta}, header=True)
+
+    async def drain_trace(self) -> str:
+        """The trace text written since the last call."""
+        await self._ready()
+        if self.driver.trace is None:
+            return ""
+        text = self._trace_buf.getvalue()
+        new, self._trace_read = text[self._trace_read:], len(text)
+        return new
+
+    async def finish_trace(self, expectations: list) -> tuple[str, list]:
+        """Check ``expectations`` now, write the end records, stop recording."""
+        from ..sim.runner import check_expectation
+
+        await self._ready()
+        if self.metrics is None:
+            from ..sim.metrics import Metrics
+
+            self.metrics = Metrics()
+        self.metrics.advance(self._now())
+        results = [check_expectation(e, self.driver.state, self.metrics, self._now()) for e in expectations]
+        if self.driver.trace is not None:
+            self.driver.trace.end(self._now(), self.driver.state, self.metrics.as_dict(),
+                                  [r.as_record() for r in results])
+        text = await self.drain_trace()
+        self.driver.trace = None
+        internal_kv._internal_kv_del(_KV_RECORDING)
+        return text, [(r.name, r.passed, r.detail) for r in results]
+
     async def _ready(self) -> None:
         """After a restart (Ray restarts this actor), rebuild ranks from the
         replicas' own reports before answering anything."""
@@ -114,6 +171,8 @@ class Controller:
             if self._recovered:
                 return
             raw = internal_kv._internal_kv_get(_KV_SPECS)
+            if internal_kv._internal_kv_get(_KV_RECORDING):
+                self._start_recording(None, header=False)  # continue the trace after a restart
             if raw:
                 await self._recover(cloudpickle.loads(raw))
             self._recovered = True
@@ -139,6 +198,7 @@ class Controller:
                 replica_id=r["replica_id"], deployment=r["deployment"], node_id=r["node_id"], phase=r["phase"],
                 rank={"rank": rank[0], "node_rank": rank[1], "local_rank": rank[2]},
                 world_size=r["world_size"], version=r["version"], user_config=r["user_config"],
+                lineage=r["lineage"],
             ))
             self.actors[r["replica_id"]] = (r["deployment"], actor)
             self._spawn(self._watch(r["replica_id"], actor))
@@ -149,7 +209,8 @@ class Controller:
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
-        return time.monotonic() - self.t0
+        """Seconds since the first controller started (so a trace's time never goes back)."""
+        return max(0.0, time.time() - self.t0)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_event_loop().create_task(coro)
@@ -173,7 +234,7 @@ class Controller:
         actor = ray.remote(ReplicaActor).options(
             name=actor_name(cmd.deployment, cmd.replica_id), namespace=NAMESPACE, lifetime="detached",
             max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
-        ).remote(cmd.deployment, cmd.replica_id, spec["cls"], spec["args"], spec["kwargs"])
+        ).remote(cmd.deployment, cmd.replica_id, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
         self.actors[cmd.replica_id] = (cmd.deployment, actor)
         try:
             node = await actor.node_id.remote()
@@ -253,13 +314,16 @@ class Controller:
                                                   has_reconfigure=has_reconfigure,
                                                   reconfigure_takes_rank=takes_rank)
         self._persist()
-        self._feed(self.applied[name])
+        self.driver.feed(self.applied[name], self._now())  # a bad request raises to the caller
 
     async def scale(self, name: str, num_replicas: int, victims: tuple = ()) -> None:
         await self._ready()
+        if name not in self.applied:
+            raise rc.InvalidEvent(f"unknown deployment {name!r}")
         self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
+        event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
+        self.driver.feed(event, self._now())  # a bad request (unknown victim...) raises to the caller
         self._persist()
-        self._feed(rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims))
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
         await self._ready()
@@ -292,6 +356,28 @@ class Controller:
 
     async def state_errors(self) -> list[str]:
         return list(self.errors)
+
+    async def reset(self, timeout: float = 60.0) -> None:
+        """Stop every replica and forget everything (deployments, ids, trace):
+        the next run starts as on a new cluster."""
+        await self.shutdown_replicas(timeout)
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.sleep(0)
+        self.tasks.clear()
+        self.actors.clear()
+        self.stopping.clear()
+        self.specs.clear()
+        self.applied.clear()
+        self.started = self.lineages = 0
+        self.errors.clear()
+        self.driver.state = rc.State()
+        self.driver.trace = None
+        self.metrics = None
+        for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH):
+            internal_kv._internal_kv_del(key)
+        self.t0 = time.time()
+        internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
         """Scale every deployment to 0 through the core and wait for the stops."""

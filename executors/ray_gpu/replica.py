@@ -24,8 +24,9 @@ def _takes_rank(fn: Any) -> bool:
 
 
 class ReplicaActor:
-    def __init__(self, deployment: str, replica_id: str, cls: type, args: tuple, kwargs: dict) -> None:
-        self.deployment, self.replica_id = deployment, replica_id
+    def __init__(self, deployment: str, replica_id: str, cls: type, args: tuple, kwargs: dict,
+                 lineage: int | None = None) -> None:
+        self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.instance: Any = None
         self.user_config: Any = rc.UNKNOWN
@@ -92,6 +93,7 @@ class ReplicaActor:
             "world_size": self.world_size,
             "version": self.version,
             "user_config": self.user_config,
+            "lineage": self.lineage,
         }
 
     def ping(self) -> bool:
