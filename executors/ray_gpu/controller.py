@@ -292,7 +292,7 @@ class Controller:
         entry = self.actors.pop(cmd.replica_id, None)
         if entry is not None:
             try:
-                await asyncio.wait_for(entry[1].prepare_stop.remote(), timeout=10)
+                await asyncio.wait_for(entry[1].prepare_stop.remote(), timeout=40)
             except Exception:
                 pass
             ray.kill(entry[1], no_restart=True)

@@ -35,6 +35,8 @@ class ReplicaActor:
         self.world_size = 0
         self.rank: rc.ReplicaRank | None = None
         self._stop = threading.Event()
+        self._inflight = 0
+        self._idle = threading.Condition()
 
     # ------------------------------------------------------------ controller
     def node_id(self) -> str:
@@ -109,8 +111,11 @@ class ReplicaActor:
         pending so the actor's death surfaces at once as an error."""
         self._stop.wait()
 
-    def prepare_stop(self) -> None:
+    def prepare_stop(self, drain_timeout: float = 30.0) -> None:
+        """Graceful stop: let the calls in flight finish (up to ``drain_timeout``)."""
         self.phase = "stopping"
+        with self._idle:
+            self._idle.wait_for(lambda: self._inflight == 0, timeout=drain_timeout)
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:
@@ -124,4 +129,11 @@ class ReplicaActor:
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         fn = getattr(self.instance, method)
-        return fn(*args, **kwargs)
+        with self._idle:
+            self._inflight += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()

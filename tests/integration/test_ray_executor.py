@@ -233,3 +233,30 @@ def test_examples_run(tmp_path):
     y0, y1 = by_rank[0]["y"], by_rank[1]["y"]
     assert y0 != y1
     ray.get(get_controller().shutdown_replicas.remote())
+
+
+@deployment(name="steady", num_replicas=2, user_config={"v": 1}, ray_actor_options=OPTS)
+class Steady:
+    def reconfigure(self, user_config):
+        self.v = user_config["v"]
+
+    def __call__(self, s=0.0):
+        time.sleep(s)
+        ctx = get_replica_context()
+        return ctx.replica_id, self.v, ctx.world_size
+
+
+def test_calls_in_flight_survive_scaling_and_config_updates_reach_every_replica():
+    h = run(Steady.bind())
+    slow = [h.remote(2.0) for _ in range(4)]  # in flight on both replicas
+    h.scale(4)  # upscale: new world_size everywhere, running calls undisturbed
+    seen = {r: ws for r, _, ws in (x.result(timeout=60) for x in [h.remote() for _ in range(12)])}
+    assert len(seen) == 4 and set(seen.values()) == {4}
+    more = [h.remote(2.0) for _ in range(4)]
+    h.scale(2)  # downscale drains the victims' calls before stopping them
+    results = [x.result(timeout=60) for x in slow + more]
+    assert len(results) == 8
+    h2 = run(Steady.options(num_replicas=2, user_config={"v": 2}).bind())
+    got = {(v, ws) for _, v, ws in (x.result(timeout=60) for x in [h2.remote() for _ in range(8)])}
+    assert got == {(2, 2)}
+    ray.get(get_controller().shutdown_replicas.remote())
