@@ -113,9 +113,19 @@ class DeploymentHandle:
         return h
 
     def _refresh(self, force: bool = False) -> None:
-        if force or not self._endpoints or time.monotonic() - self._fetched > 0.5:
-            self._endpoints, self._max = ask(self.controller, "endpoints", self.name)
+        """Re-read the serving replicas every 0.5 s; while the controller does not
+        answer at once (a restart), keep routing to the replicas already known."""
+        if not (force or not self._endpoints or time.monotonic() - self._fetched > 0.5):
+            return
+        if self._endpoints and not force:
+            try:
+                self._endpoints, self._max = ray.get(self.controller.endpoints.remote(self.name), timeout=0.2)
+            except Exception:
+                pass  # slow or restarting: the cached list still routes
             self._fetched = time.monotonic()
+            return
+        self._endpoints, self._max = ask(self.controller, "endpoints", self.name)
+        self._fetched = time.monotonic()
 
     def _pick(self, timeout: float) -> tuple[str, Any]:
         deadline = time.monotonic() + timeout

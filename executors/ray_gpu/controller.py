@@ -71,6 +71,8 @@ class Controller:
         self.applied: dict[str, rc.DeploymentApplied] = {}
         self.actors: dict[str, tuple[str, Any]] = {}  # replica id -> (deployment, handle)
         self.stopping: set[str] = set()
+        self._placing: dict[str, list[str]] = {}  # replicas started, not yet reported placed, in order
+        self._placed_on: dict[str, str] = {}
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []
         self.started = 0  # one past the highest replica number ever started
@@ -236,14 +238,36 @@ class Controller:
             max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
         ).remote(cmd.deployment, cmd.replica_id, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
         self.actors[cmd.replica_id] = (cmd.deployment, actor)
+        queue = self._placing.setdefault(cmd.deployment, [])
+        queue.append(cmd.replica_id)
         try:
             node = await actor.node_id.remote()
         except Exception as exc:
             self.actors.pop(cmd.replica_id, None)
+            queue.remove(cmd.replica_id)
             self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"failed to start: {exc}"))
+            self._flush_placements(cmd.deployment)
             return
         self._spawn(self._watch(cmd.replica_id, actor))
-        self._feed(rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=node))
+        self._placed_on[cmd.replica_id] = node
+        self._flush_placements(cmd.deployment)
+
+    def _flush_placements(self, deployment: str) -> None:
+        """Report placements in the order the replicas were started (global-rank
+        order), so each node's local ranks follow the global ranks: a downscale
+        that stops the highest ranks then leaves no local-rank holes to compact."""
+        queue = self._placing.get(deployment, [])
+        while queue:
+            rid = queue[0]
+            if rid not in self.actors:  # died or stopped meanwhile
+                queue.pop(0)
+                self._placed_on.pop(rid, None)
+                continue
+            node = self._placed_on.pop(rid, None)
+            if node is None:
+                return
+            queue.pop(0)
+            self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=node))
 
     async def _watch(self, rid: str, actor: Any) -> None:
         try:
@@ -252,8 +276,10 @@ class Controller:
             pass
         if rid in self.stopping:
             return
-        self.actors.pop(rid, None)
+        entry = self.actors.pop(rid, None)
         self._feed(rc.ReplicaCrashed(replica_id=rid, reason="actor died"))
+        if entry is not None:
+            self._flush_placements(entry[0])
 
     def _kill(self, rid: str) -> None:
         entry = self.actors.pop(rid, None)
@@ -367,6 +393,8 @@ class Controller:
         self.tasks.clear()
         self.actors.clear()
         self.stopping.clear()
+        self._placing.clear()
+        self._placed_on.clear()
         self.specs.clear()
         self.applied.clear()
         self.started = self.lineages = 0
