@@ -10,6 +10,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from executors.ray_gpu.api import ask
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ def cluster():
     c.wait_for_nodes()
     yield c, workers
     try:
-        ray.get(get_controller().shutdown_replicas.remote(), timeout=60)
+        ask(get_controller(), "shutdown_replicas")
     finally:
         ray.shutdown()
         c.shutdown()
@@ -59,7 +60,7 @@ def test_lost_node_replicas_are_replaced_and_node_ranks_recompacted(cluster):
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         now = h.ranks()
-        if not (lost & set(now)) and len(now) == 4 and ray.get(ctl.wait_healthy.remote("spread", 0.2)):
+        if not (lost & set(now)) and len(now) == 4 and ask(ctl, "wait_healthy", "spread", 0.2):
             break
         time.sleep(0.2)
     now = h.ranks()
@@ -70,4 +71,4 @@ def test_lost_node_replicas_are_replaced_and_node_ranks_recompacted(cluster):
     for rid in set(before) - lost:
         assert now[rid][0] == before[rid][0]  # survivors keep their global rank
     assert time.monotonic() - t0 < 90
-    assert ray.get(ctl.state_errors.remote()) == []
+    assert ask(ctl, "state_errors") == []

@@ -13,6 +13,7 @@ import ray
 
 from executors.checktrace import check_trace_file
 from executors.history import rank_history
+from executors.ray_gpu.api import ask
 from executors.ray_gpu import get_controller
 from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported, run_on_ray
 from executors.sim import Simulation, load_scenario
@@ -72,7 +73,7 @@ def test_same_rank_history_as_the_simulator(path, tmp_path):
     assert got == want
     report = check_trace_file(trace)
     assert report.ok, report.violations[:5]
-    ray.get(get_controller().shutdown_replicas.remote())
+    ask(get_controller(), "shutdown_replicas")
     get_controller()  # (the deployments stay registered, at 0 replicas)
 
 

@@ -248,6 +248,11 @@ def test_replace_on_same_node_takes_a_lower_freed_local_rank():
     t3 = t2.assign("d", "n0")
     assert t3.rank_of("d") == ReplicaRank(0, 0, 2)
     assert t3.assign("e", "n0").rank_of("e").local_rank == 3
+    # the replacement closed the local hole: only the global hole (rank 0) is left
+    t4 = t2.assign("z", rank=0)
+    assert t4.is_contiguous()
+    compacted, changes = t2.compact()
+    assert compacted.is_contiguous() and len(changes) == 1
 
 
 def test_replace_on_other_node_frees_old_local_rank():
