@@ -252,8 +252,12 @@ def test_calls_in_flight_survive_scaling_and_config_updates_reach_every_replica(
     h = run(Steady.bind())
     slow = [h.remote(2.0) for _ in range(4)]  # in flight on both replicas
     h.scale(4)  # upscale: new world_size everywhere, running calls undisturbed
-    seen = {r: ws for r, _, ws in (x.result(timeout=60) for x in [h.remote() for _ in range(12)])}
-    assert len(seen) == 4 and set(seen.values()) == {4}
+    ranks = h.ranks()
+    assert len(ranks) == 4
+    # ask every replica directly (the handle would favour the idle new ones)
+    seen = {rid: ray.get(ray.get_actor(f"ModelActor:steady:{rid}", namespace="rankcore")
+                         .handle_request.remote("__call__", (), {}), timeout=60)[2] for rid in ranks}
+    assert set(seen.values()) == {4}
     more = [h.remote(2.0) for _ in range(4)]
     h.scale(2)  # downscale drains the victims' calls before stopping them
     results = [x.result(timeout=60) for x in slow + more]
