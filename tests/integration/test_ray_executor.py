@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import time
 
 import pytest
@@ -12,23 +11,9 @@ import ray
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # replicas import the test classes by module name
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
-    yield
-    try:
-        ask(get_controller(), "shutdown_replicas")
-    finally:
-        ray.shutdown()
-
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 OPTS = {"num_cpus": 0.05}
 

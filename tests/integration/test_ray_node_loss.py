@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import pathlib
 import time
 
 import pytest
@@ -11,17 +9,15 @@ import ray
 from ray.cluster_utils import Cluster
 
 from executors.ray_gpu.api import ask
+from tests.integration.conftest import ray_env
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    ray_env()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": FAST,
                                                       "include_dashboard": False,
                                                       "object_store_memory": 128 * 1024**2})

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pathlib
 
 import pytest
-import ray
 
 from executors.checktrace import check_trace_file
 from executors.history import rank_history
@@ -33,15 +31,7 @@ def _supported(path: pathlib.Path) -> bool:
 ON_RAY = [p for p in EXAMPLES if _supported(p)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 
 def test_the_supported_examples_are_the_ones_ray_can_run():
