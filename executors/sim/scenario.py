@@ -300,7 +300,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
     timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
     deployments = _deployments(top["deployments"], c)
-    timeline = _timeline(top["timeline"], c, deployments, nodes)
+    timeline = _timeline(top["timeline"], c, deployments)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 1), ("trace", "snapshot_every"))
@@ -377,24 +377,32 @@ def _deployment_ref(value: Any, p: tuple, c: _Checker, deployments: dict) -> str
     return name
 
 
-def _timeline(value: Any, c: _Checker, deployments: dict, nodes: tuple) -> tuple[Action, ...]:
+def _entries(value: Any, c: _Checker, section: str, kinds: tuple, extra: tuple,
+             noun: str, entry: str) -> Any:
+    """The entries of a list section, each a mapping with exactly one of ``kinds``
+    (plus the ``extra`` keys): yields (path, mapping, kind)."""
     if not isinstance(value, list):
-        raise c.fail(("timeline",), f"must be a list of actions, got {_show(value)}")
-    out = []
+        raise c.fail((section,), f"must be a list of {noun}s, got {_show(value)}")
     for i, item in enumerate(value):
-        p = ("timeline", i)
+        p = (section, i)
         m = c.mapping(item, p)
-        kinds = [k for k in m if k in ACTIONS]
-        unknown = [k for k in m if k not in ACTIONS and k not in ("at", "after")]
+        unknown = [k for k in m if k not in kinds and k not in extra]
         if unknown:
-            raise c.fail(p + (unknown[0],), f"unknown action (one of: {', '.join(ACTIONS)})", at_key=True)
-        if len(kinds) != 1:
-            raise c.fail(p, f"each timeline entry needs exactly one action, got {len(kinds)}")
+            raise c.fail(p + (unknown[0],), f"unknown {noun} (one of: {', '.join(kinds)})", at_key=True)
+        found = [k for k in m if k in kinds]
+        if len(found) != 1:
+            raise c.fail(p, f"each {entry} needs exactly one {noun}, got {len(found)}")
+        yield p, m, found[0]
+
+
+def _timeline(value: Any, c: _Checker, deployments: dict) -> tuple[Action, ...]:
+    out = []
+    for p, m, kind in _entries(value, c, "timeline", ACTIONS, ("at", "after"), "action", "timeline entry"):
+        i = p[1]
         if "at" in m and "after" in m:
             raise c.fail(p, "give 'at' or 'after', not both")
         at = c.number(m["at"], p + ("at",)) if "at" in m else None
         after = c.number(m["after"], p + ("after",)) if "after" in m else None
-        kind = kinds[0]
         args = _action_args(kind, m[kind], p + (kind,), c, deployments)
         out.append(Action(index=i, kind=kind, args=args, at=at, after=after, where=c.where(p)))
     return tuple(out)
@@ -457,19 +465,9 @@ _BOUNDS = ("at_most", "at_least", "equals")
 
 
 def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectation, ...]:
-    if not isinstance(value, list):
-        raise c.fail(("expect",), f"must be a list of expectations, got {_show(value)}")
     out = []
-    for i, item in enumerate(value):
-        p = ("expect", i)
-        m = c.mapping(item, p)
-        kinds = [k for k in m if k in EXPECTATIONS]
-        unknown = [k for k in m if k not in EXPECTATIONS and k != "at"]
-        if unknown:
-            raise c.fail(p + (unknown[0],), f"unknown expectation (one of: {', '.join(EXPECTATIONS)})", at_key=True)
-        if len(kinds) != 1:
-            raise c.fail(p, f"each expectation needs exactly one check, got {len(kinds)}")
-        kind = kinds[0]
+    for p, m, kind in _entries(value, c, "expect", EXPECTATIONS, ("at",), "expectation", "expect entry"):
+        i = p[1]
         at = None
         if "at" in m and m["at"] != "end":
             at = c.number(m["at"], p + ("at",))
