@@ -11,6 +11,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from .controller import CONTROLLER_NAME, NAMESPACE, Controller
+from .placement import validate as validate_placement
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "ask", "ReplicaDiedError"]
@@ -24,6 +25,21 @@ class Deployment:
     user_config: Any = attrs.field(default=None, eq=False)
     ray_actor_options: dict = attrs.field(factory=dict, eq=False)
     max_ongoing_requests: int = 5
+    placement_group_bundles: Any = attrs.field(default=None, eq=False)
+    placement_group_strategy: str = "PACK"
+    replica_placement: str = "spread"
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_ongoing_requests < 1:
+            raise ValueError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
+        validate_placement(self.ray_actor_options, self.placement_group_bundles, self.placement_group_strategy,
+                           self.replica_placement)
+
+    @property
+    def placement(self) -> dict:
+        return {"placement_group_bundles": self.placement_group_bundles,
+                "placement_group_strategy": self.placement_group_strategy,
+                "replica_placement": self.replica_placement}
 
     def options(self, **changes: Any) -> Deployment:
         return attrs.evolve(self, **changes)
@@ -40,14 +56,22 @@ class Application:
 
 
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int = 1, user_config: Any = None,
-               ray_actor_options: dict | None = None, max_ongoing_requests: int = 5) -> Any:
-    """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``)."""
-    if max_ongoing_requests < 1:
-        raise ValueError(f"max_ongoing_requests must be >= 1, got {max_ongoing_requests}")
+               ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
+               placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
+               replica_placement: str = "spread") -> Any:
+    """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
+    Each replica reserves its resources in its own placement group and runs in
+    its first bundle: by default one bundle of what ``ray_actor_options`` asks
+    for (``num_cpus`` defaults to 1); ``placement_group_bundles`` (with
+    ``placement_group_strategy``) adds bundles for the replica's own workers.
+    ``replica_placement`` spreads replicas over nodes (default) or packs them.
+    """
     def wrap(c: type) -> Deployment:
         return Deployment(cls=c, name=name or c.__name__, num_replicas=num_replicas, user_config=user_config,
-                          ray_actor_options=dict(ray_actor_options or {}), max_ongoing_requests=max_ongoing_requests)
+                          ray_actor_options=dict(ray_actor_options or {}), max_ongoing_requests=max_ongoing_requests,
+                          placement_group_bundles=placement_group_bundles,
+                          placement_group_strategy=placement_group_strategy, replica_placement=replica_placement)
 
     return wrap(cls) if cls is not None else wrap
 
@@ -88,7 +112,7 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     d = app.deployment
     ctl = get_controller()
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
-        d.ray_actor_options, d.max_ongoing_requests)
+        d.ray_actor_options, d.max_ongoing_requests, d.placement)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -173,7 +197,8 @@ class DeploymentHandle:
         self._refresh(force=True)
 
     def ranks(self) -> dict:
-        """replica id -> (rank, node_rank, local_rank), as the controller holds them."""
+        """replica id -> (rank, node_rank, local_rank), as the controller holds them
+        ((rank, None, None) for a replica still waiting to be placed)."""
         return ask(self.controller, "ranks", self.name)
 
 

@@ -21,6 +21,7 @@ from ray.experimental import internal_kv
 import rankcore as rc
 
 from ..driver import Driver
+from . import placement as pl
 from .replica import ReplicaActor
 
 NAMESPACE = "rankcore"
@@ -73,6 +74,11 @@ class Controller:
         self.stopping: set[str] = set()
         self._placing: dict[str, list[str]] = {}  # replicas started, not yet reported placed, in order
         self._placed_on: dict[str, str] = {}
+        self._waiting_pg: dict[str, asyncio.Task] = {}  # started, placement group not placed yet
+        self._initialized: set[str] = set()  # initialize() returned: may hold calls, so drained on stop
+        self.pgs: dict[str, Any] = {}  # replica id -> its placement group
+        self._reserved: dict[str, tuple[str, str, dict]] = {}  # replica id -> (deployment, node, resources held)
+        self._node_seen: dict[str, int] = {}  # node id -> order first seen (tie-breaks)
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []
         self.started = 0  # one past the highest replica number ever started
@@ -194,7 +200,8 @@ class Controller:
             except Exception:
                 continue  # died meanwhile: its rank is a gap the core refills
             if r["deployment"] not in self.specs or r["rank"] is None:
-                continue  # not initialised yet: it never reported for duty
+                ray.kill(actor, no_restart=True)  # never reported for duty: its replacement starts afresh
+                continue
             rank = r["rank"]
             reports.append(rc.ReplicaReport(
                 replica_id=r["replica_id"], deployment=r["deployment"], node_id=r["node_id"], phase=r["phase"],
@@ -204,10 +211,31 @@ class Controller:
             ))
             self.actors[r["replica_id"]] = (r["deployment"], actor)
             self._spawn(self._watch(r["replica_id"], actor))
+        self._adopt_placement_groups()
         self.started, self.lineages = started, lineages
         self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
                                           reports=tuple(reports), next_replica_number=started,
                                           next_lineage=lineages))
+
+    def _adopt_placement_groups(self) -> None:
+        """Take back the groups of the replicas found alive; remove the rest
+        (their replica died, or was never created, while no controller ran)."""
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup
+
+        for pg_id, info in ray.util.placement_group_table().items():
+            name = info.get("name") or ""
+            if not name.startswith("rankcore:") or info.get("state") == "REMOVED":
+                continue
+            pg = PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
+            _, dep, rid = name.split(":", 2)
+            if rid in self.actors and rid not in self.pgs:
+                self.pgs[rid] = pg
+                nodes = set((info.get("bundles_to_node_id") or {}).values())
+                if len(nodes) == 1:
+                    self._reserved[rid] = (dep, nodes.pop(), pl.bundle_sum((info.get("bundles") or {}).values()))
+            else:
+                ray.util.remove_placement_group(pg)
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
@@ -231,42 +259,126 @@ class Controller:
         self.started = max(self.started, (n or 0) + 1)
         self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
         self._persist()
-        spec = self.specs[cmd.deployment]
+        rid, dep = cmd.replica_id, cmd.deployment
+        spec = self.specs[dep]
+        queue = self._placing.setdefault(dep, [])
+        queue.append(rid)
+        bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
+        if bundles:
+            target = None
+            strategy = spec.get("pg_strategy", "PACK")
+            if len(bundles) == 1 or strategy == "STRICT_PACK":
+                strategy = "STRICT_PACK"  # the same for one bundle; the only strategy a target hint applies to
+                target = self._choose_node(dep, pl.bundle_sum(bundles), spec.get("placement", "spread"))
+            pg = ray.util.placement_group(bundles, strategy=strategy, name=pl.pg_name(dep, rid),
+                                          lifetime="detached", _soft_target_node_id=target)
+            self.pgs[rid] = pg
+            if target is not None:
+                self._reserved[rid] = (dep, target, pl.bundle_sum(bundles))
+            self._waiting_pg[rid] = asyncio.current_task()
+            try:
+                await pg.ready()  # waits for capacity; _stop cancels this if the replica goes first
+            except Exception as exc:
+                self._release_pg(rid)
+                if rid in queue:
+                    queue.remove(rid)
+                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"placement group failed: {exc}"))
+                self._flush_placements(dep)
+                return
+            finally:
+                self._waiting_pg.pop(rid, None)
+            if rid in self.stopping:
+                self._release_pg(rid)
+                return
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            if not pl.actor_resources(opts):  # nothing asked: the actor takes the whole of bundle 0
+                b0 = dict(bundles[0])
+                opts.update(num_cpus=b0.pop("CPU", 0.0), num_gpus=b0.pop("GPU", 0.0))
+                if "memory" in b0:
+                    opts["memory"] = b0.pop("memory")
+                if b0:
+                    opts["resources"] = b0
+            else:
+                opts.setdefault("num_cpus", min(1.0, bundles[0].get("CPU", 0.0)))
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
         actor = ray.remote(ReplicaActor).options(
-            name=actor_name(cmd.deployment, cmd.replica_id), namespace=NAMESPACE, lifetime="detached",
+            name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
             max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
-        ).remote(cmd.deployment, cmd.replica_id, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
-        self.actors[cmd.replica_id] = (cmd.deployment, actor)
-        queue = self._placing.setdefault(cmd.deployment, [])
-        queue.append(cmd.replica_id)
+        ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
+        self.actors[rid] = (dep, actor)
         try:
             node = await actor.node_id.remote()
         except Exception as exc:
-            self.actors.pop(cmd.replica_id, None)
-            queue.remove(cmd.replica_id)
-            self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"failed to start: {exc}"))
-            self._flush_placements(cmd.deployment)
+            self.actors.pop(rid, None)
+            self._release_pg(rid)
+            if rid in queue:
+                queue.remove(rid)
+            if rid not in self.stopping:
+                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
+            self._flush_placements(dep)
             return
-        self._spawn(self._watch(cmd.replica_id, actor))
-        self._placed_on[cmd.replica_id] = node
-        self._flush_placements(cmd.deployment)
+        if rid in self.pgs:
+            self._reserved[rid] = (dep, node, pl.bundle_sum(bundles))
+        self._spawn(self._watch(rid, actor))
+        self._placed_on[rid] = node
+        self._flush_placements(dep)
+
+    def _nodes(self) -> list[pl.NodeView]:
+        out = []
+        for n in sorted(ray.nodes(), key=lambda n: n["NodeID"]):
+            if not n.get("Alive"):
+                continue
+            nid = n["NodeID"]
+            self._node_seen.setdefault(nid, len(self._node_seen))
+            out.append(pl.NodeView(nid, pl.node_order(n.get("Labels") or {}, self._node_seen[nid], nid),
+                                   n.get("Resources") or {}))
+        return out
+
+    def _choose_node(self, deployment: str, need: dict, placement: str) -> str | None:
+        """A soft target for a new replica's group (None: let Ray choose)."""
+        try:
+            nodes = self._nodes()
+        except Exception:  # GCS hiccup: Ray places it
+            return None
+        reserved: dict[str, dict] = {}
+        counts: dict[str, int] = {}
+        for dep, node, res in self._reserved.values():
+            held = reserved.setdefault(node, {})
+            for k, v in res.items():
+                held[k] = held.get(k, 0.0) + v
+            if dep == deployment:
+                counts[node] = counts.get(node, 0) + 1
+        return pl.choose_node(nodes, reserved, counts, need, placement)
+
+    def _release_pg(self, rid: str) -> None:
+        self._reserved.pop(rid, None)
+        pg = self.pgs.pop(rid, None)
+        if pg is not None:
+            try:
+                ray.util.remove_placement_group(pg)
+            except Exception:  # already gone
+                pass
 
     def _flush_placements(self, deployment: str) -> None:
         """Report placements in the order the replicas were started (global-rank
         order), so each node's local ranks follow the global ranks: a downscale
-        that stops the highest ranks then leaves no local-rank holes to compact."""
+        that stops the highest ranks then leaves no local-rank holes to compact.
+        A replica still waiting for capacity holds nobody back."""
         queue = self._placing.get(deployment, [])
-        while queue:
-            rid = queue[0]
+        for rid in list(queue):
+            if rid in self._waiting_pg:
+                continue
             if rid not in self.actors:  # died or stopped meanwhile
-                queue.pop(0)
+                queue.remove(rid)
                 self._placed_on.pop(rid, None)
                 continue
             node = self._placed_on.pop(rid, None)
             if node is None:
-                return
-            queue.pop(0)
+                return  # starting: the ones after it wait their turn
+            queue.remove(rid)
             self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=node))
 
     async def _watch(self, rid: str, actor: Any) -> None:
@@ -277,15 +389,19 @@ class Controller:
         if rid in self.stopping:
             return
         entry = self.actors.pop(rid, None)
+        self._initialized.discard(rid)
+        self._release_pg(rid)
         self._feed(rc.ReplicaCrashed(replica_id=rid, reason="actor died"))
         if entry is not None:
             self._flush_placements(entry[0])
 
     def _kill(self, rid: str) -> None:
         entry = self.actors.pop(rid, None)
+        self._initialized.discard(rid)
         if entry is not None:
             self.stopping.add(rid)
             ray.kill(entry[1], no_restart=True)
+        self._release_pg(rid)
 
     async def _initialize(self, cmd: rc.InitializeReplica) -> None:
         entry = self.actors.get(cmd.replica_id)
@@ -298,6 +414,7 @@ class Controller:
             self._kill(cmd.replica_id)
             self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"initialize failed: {exc}"))
             return
+        self._initialized.add(cmd.replica_id)
         self._feed(rc.ReplicaReady(replica_id=cmd.replica_id))
 
     async def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
@@ -314,19 +431,36 @@ class Controller:
         self._feed(rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version))
 
     async def _stop(self, cmd: rc.StopReplica) -> None:
-        self.stopping.add(cmd.replica_id)
-        entry = self.actors.pop(cmd.replica_id, None)
+        """Drain a replica that may hold calls, then kill it and free its group.
+        One still waiting for its group or its start holds none: it goes at once."""
+        rid = cmd.replica_id
+        self.stopping.add(rid)
+        entry = self.actors.pop(rid, None)
+        waiting = self._waiting_pg.pop(rid, None)
+        if waiting is not None:  # no actor yet: stop waiting for capacity
+            waiting.cancel()
         if entry is not None:
-            try:
-                await asyncio.wait_for(entry[1].prepare_stop.remote(), timeout=40)
-            except Exception:
-                pass
+            if rid in self._initialized:
+                try:
+                    await asyncio.wait_for(entry[1].prepare_stop.remote(), timeout=40)
+                except Exception:
+                    pass
             ray.kill(entry[1], no_restart=True)
-        self._feed(rc.ReplicaStopped(replica_id=cmd.replica_id))
+        self._initialized.discard(rid)
+        self._release_pg(rid)
+        self._feed(rc.ReplicaStopped(replica_id=rid))
+        self._flush_placements(cmd.deployment)
 
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
-                    actor_options: dict, max_ongoing_requests: int) -> None:
+                    actor_options: dict, max_ongoing_requests: int, placement: dict | None = None) -> None:
+        """Deploy or update ``name``. ``placement``: ``placement_group_bundles``,
+        ``placement_group_strategy``, ``replica_placement`` (see api.deployment)."""
+        placement = dict(placement or {})
+        bundles = placement.get("placement_group_bundles")
+        pg_strategy = placement.get("placement_group_strategy", "PACK")
+        spread = placement.get("replica_placement", "spread")
+        pl.validate(actor_options, bundles, pg_strategy, spread)  # a bad option raises to the caller
         has_reconfigure = callable(getattr(cls, "reconfigure", None))
         takes_rank = False
         if has_reconfigure:
@@ -335,7 +469,8 @@ class Controller:
             takes_rank = "rank" in inspect.signature(cls.reconfigure).parameters
         await self._ready()
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
-                            "max_ongoing_requests": max_ongoing_requests}
+                            "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
+                            "pg_strategy": pg_strategy, "placement": spread}
         self.applied[name] = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
                                                   has_reconfigure=has_reconfigure,
                                                   reconfigure_takes_rank=takes_rank)
@@ -378,7 +513,9 @@ class Controller:
         dep = self.driver.state.deployments.get(name)
         if dep is None:
             return {}
-        return {rid: (rk.as_tuple() if rk else None) for rid, rk in dep.ranks.items()}
+        # a replica not placed yet holds its global rank only: (rank, None, None)
+        return {rid: (rk.as_tuple() if rk else (dep.ranks.global_rank(rid), None, None))
+                for rid, rk in dep.ranks.items()}
 
     async def state_errors(self) -> list[str]:
         return list(self.errors)
@@ -395,6 +532,11 @@ class Controller:
         self.stopping.clear()
         self._placing.clear()
         self._placed_on.clear()
+        self._waiting_pg.clear()
+        self._initialized.clear()
+        for rid in list(self.pgs):
+            self._release_pg(rid)
+        self._adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         self.specs.clear()
         self.applied.clear()
         self.started = self.lineages = 0

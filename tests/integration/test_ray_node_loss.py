@@ -33,7 +33,7 @@ def cluster():
 
 
 @deployment(name="spread", num_replicas=4,
-            ray_actor_options={"num_cpus": 0.1, "num_gpus": 0.5, "scheduling_strategy": "SPREAD"})
+            ray_actor_options={"num_cpus": 0.1, "num_gpus": 0.5})  # spread over nodes by default
 class Spread:
     def __call__(self):
         ctx = get_replica_context()

@@ -1,0 +1,140 @@
+"""Placement groups for replicas, and which node a new one should go to.
+
+Each replica reserves its resources in its own detached placement group, named
+``rankcore:<deployment>:<replica_id>``, and runs in bundle 0 (the other
+bundles are for its child tasks and actors, e.g. tensor-parallel workers).
+Ray places each group; for single-node groups the controller passes a *soft*
+target node chosen here, so replicas spread over (or pack onto) nodes by the
+simulator's rule. Soft: if the target is full or gone, Ray places it elsewhere.
+
+The choice is pure (no Ray calls), so it is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import attrs
+
+__all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "NodeView", "pg_name", "actor_resources",
+           "replica_bundles", "bundle_sum", "choose_node", "node_order"]
+
+#: A node label that fixes the order of nodes for tie-breaks (an int; lower first).
+#: Nodes without it come after, in the order the controller first saw them.
+ORDER_LABEL = "rankcore.io/node-order"
+PLACEMENTS = ("spread", "pack")
+PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_EPS = 1e-9
+
+
+def pg_name(deployment: str, replica_id: str) -> str:
+    return f"rankcore:{deployment}:{replica_id}"
+
+
+def actor_resources(actor_options: Mapping[str, Any]) -> dict[str, float]:
+    """The resources named in ``ray_actor_options`` as Ray resource keys (only those given)."""
+    out: dict[str, float] = {}
+    for key, res in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+        if actor_options.get(key) is not None:
+            out[res] = float(actor_options[key])
+    for res, amount in (actor_options.get("resources") or {}).items():
+        out[str(res)] = float(amount)
+    return out
+
+
+def replica_bundles(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]] | None) -> list[dict]:
+    """The placement group bundles of one replica.
+
+    Without explicit ``placement_group_bundles``: one bundle holding what the
+    actor asks for (``num_cpus`` defaults to 1, as for a Ray actor's
+    scheduling). Zero amounts are dropped; an empty list means nothing to
+    reserve (Ray refuses empty bundles), so the replica gets no group.
+    """
+    if bundles is None:
+        want = {"CPU": 1.0, **actor_resources(actor_options)}
+        bundles = [want]
+    out = [{k: float(v) for k, v in b.items() if float(v) > 0} for b in bundles]
+    return [] if not any(out) else out
+
+
+def bundle_sum(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]] | None,
+             strategy: str, placement: str) -> None:
+    """Raise ``ValueError`` naming what is wrong with a deployment's placement options."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"replica_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if strategy not in PG_STRATEGIES:
+        raise ValueError(f"placement_group_strategy must be one of {', '.join(PG_STRATEGIES)}, got {strategy!r}")
+    if "scheduling_strategy" in actor_options or "placement_group" in actor_options:
+        raise ValueError("ray_actor_options may not set scheduling_strategy or placement_group: rankcore places "
+                         "each replica on its own placement group (use replica_placement='spread'|'pack' "
+                         "and placement_group_bundles)")
+    for key, res in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+        v = actor_options.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
+            raise ValueError(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
+    if bundles is None:
+        return
+    if not isinstance(bundles, (list, tuple)) or not bundles:
+        raise ValueError(f"placement_group_bundles must be a non-empty list of dicts, got {bundles!r}")
+    for i, b in enumerate(bundles):
+        if not isinstance(b, Mapping) or not b:
+            raise ValueError(f"placement_group_bundles[{i}] must be a non-empty dict of resources, got {b!r}")
+        for k, v in b.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
+                raise ValueError(f"placement_group_bundles[{i}][{k!r}] must be a number >= 0, got {v!r}")
+    first = {k: float(v) for k, v in bundles[0].items()}
+    for res, amount in actor_resources(actor_options).items():
+        if amount > first.get(res, 0.0) + _EPS:
+            raise ValueError(f"the replica actor runs in placement_group_bundles[0], which has {first.get(res, 0.0):g} "
+                             f"{res}, but ray_actor_options asks for {amount:g}")
+
+
+@attrs.frozen
+class NodeView:
+    """A live node as the controller sees it: id, tie-break order and total resources."""
+
+    node_id: str
+    order: tuple
+    total: Mapping[str, float]
+
+
+def node_order(labels: Mapping[str, str], first_seen: int, node_id: str) -> tuple:
+    raw = labels.get(ORDER_LABEL)
+    try:
+        label = int(raw) if raw is not None else math.inf
+    except ValueError:
+        label = math.inf
+    return (label, first_seen, node_id)
+
+
+def choose_node(nodes: Sequence[NodeView], reserved: Mapping[str, Mapping[str, float]],
+                replicas: Mapping[str, int], need: Mapping[str, float], placement: str) -> str | None:
+    """The node a replica needing ``need`` should go to, or None if none has room.
+
+    ``reserved``: what rankcore's groups already hold on each node; ``replicas``:
+    this deployment's replicas on each node. The simulator's rule: *spread*
+    takes the node with the most free units of the main resource (GPU if asked
+    for, else CPU), then the fewest replicas; *pack* the fewest free units
+    that still fit. Ties go to the node first in order.
+    """
+    main = "GPU" if need.get("GPU", 0) > 0 else "CPU"
+    fits = []
+    for n in nodes:
+        held = reserved.get(n.node_id, {})
+        free = {k: n.total.get(k, 0.0) - held.get(k, 0.0) for k in set(need) | {main}}
+        if all(free.get(k, 0.0) + _EPS >= v for k, v in need.items()):
+            fits.append((n, free[main]))
+    if not fits:
+        return None
+    if placement == "pack":
+        return min(fits, key=lambda x: (x[1], x[0].order))[0].node_id
+    return min(fits, key=lambda x: (-x[1], replicas.get(x[0].node_id, 0), x[0].order))[0].node_id
