@@ -228,24 +228,34 @@ def _sweep_table(results: list) -> Table:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON Lines trace here (the same format for both executors).")
 @click.option("--address", help="(ray) Connect to this Ray cluster instead of starting a local one.")
-def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None, address: str | None) -> None:
+@click.option("--cluster", "cluster_kind", type=click.Choice(["auto", "local", "scenario"]), default="auto",
+              show_default=True,
+              help="(ray) local: one local Ray node; scenario: a local multi-node Ray shaped like the scenario's "
+                   "cluster (its GPUs as logical GPUs; needed for lose_node/add_node); auto: scenario when the "
+                   "scenario loses or adds nodes, else local.")
+def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None, address: str | None,
+        cluster_kind: str) -> None:
     """Run SCENARIO on an executor and check its expectations."""
     if executor == "sim":
         _simulate(scenario, seed, trace_path, None, (), None, False)
         return
-    _run_on_ray(scenario, trace_path, address)
+    _run_on_ray(scenario, trace_path, address, cluster_kind)
 
 
-def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | None) -> None:
+def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | None, cluster_kind: str = "auto") -> None:
     import os
 
     from .sim import ScenarioError, load_scenario
 
     try:
         sc = load_scenario(scenario_path)
-        from .ray_gpu.scenario import UnsupportedOnRay, check_supported
+        from .ray_gpu.scenario import UnsupportedOnRay, check_supported, needs_cluster
 
-        check_supported(sc)
+        if cluster_kind == "auto":
+            cluster_kind = "scenario" if needs_cluster(sc) and not address else "local"
+        if cluster_kind == "scenario" and address:
+            raise UnsupportedOnRay("--cluster scenario starts its own local cluster: it does not take --address")
+        check_supported(sc, multi_node=cluster_kind == "scenario")
     except (ScenarioError, UnsupportedOnRay) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -256,24 +266,36 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    console = Console()
+    cluster = None
     started = not ray.is_initialized()
-    if not started:
+    if cluster_kind == "scenario":
+        if not started:
+            click.echo("error: --cluster scenario starts its own Ray cluster, but this process is already "
+                       "connected to one", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        from .ray_gpu.cluster import ScenarioCluster
+
+        with console.status(f"starting a local Ray cluster of {len(sc.nodes)} nodes + head"):
+            cluster = ScenarioCluster(sc.nodes)
+        ray.init(address=cluster.address, log_to_driver=False)
+    elif not started:
         pass  # embedded use (tests, notebooks): keep the caller's Ray
     elif address:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
                  object_store_memory=256 * 1024**2, log_to_driver=False)
-    console = Console()
     try:
         fp = open(trace_path, "w") if trace_path else None
         try:
             t0 = time.perf_counter()
-            result = run_on_ray(sc, trace_fp=fp)
+            result = run_on_ray(sc, trace_fp=fp, cluster=cluster)
         finally:
             if fp:
                 fp.close()
-        t = Table(title=f"{sc.name} on Ray  [dim]({time.perf_counter() - t0:.1f}s)[/dim]")
+        where = f"a {len(sc.nodes)}-node local Ray cluster" if cluster else "Ray"
+        t = Table(title=f"{sc.name} on {where}  [dim]({time.perf_counter() - t0:.1f}s)[/dim]")
         t.add_column("", justify="center")
         t.add_column("expectation")
         t.add_column("seen")
@@ -284,6 +306,8 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
     finally:
         if started:
             ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
     failed = [(n, d) for n, ok, d in result.expectations if not ok]
     for n, d in failed:
         click.echo(f"expectation failed: {n}: {d}", err=True)

@@ -147,24 +147,48 @@ class Controller:
         new, self._trace_read = text[self._trace_read:], len(text)
         return new
 
-    async def finish_trace(self, expectations: list) -> tuple[str, list]:
-        """Check ``expectations`` now, write the end records, stop recording."""
-        from ..sim.runner import check_expectation
-
+    async def fault(self, type_: str, fields: dict) -> None:
+        """Record a fault the scenario runner injected (a ``fault`` trace record)."""
         await self._ready()
-        if self.metrics is None:
-            from ..sim.metrics import Metrics
+        if self.driver.trace is not None:
+            self.driver.trace.fault(self._now(), type_, **fields)
 
+    def _metrics_now(self) -> Any:
+        from ..sim.metrics import Metrics
+
+        if self.metrics is None:
             self.metrics = Metrics()
         self.metrics.advance(self._now())
-        results = [check_expectation(e, self.driver.state, self.metrics, self._now()) for e in expectations]
+        return self.metrics
+
+    def _check(self, e: Any) -> Any:
+        from ..sim.runner import check_expectation
+
+        return check_expectation(e, self.driver.state, self._metrics_now(), self._now())
+
+    async def check(self, expectation: Any, settle: float = 30.0) -> dict:
+        """Check one expectation now, re-checking for up to ``settle`` seconds
+        until it holds (Ray has no virtual clock: "at t" means "by the time the
+        timeline got there and things settled"). Returns its trace record."""
+        await self._ready()
+        deadline = time.monotonic() + settle
+        result = self._check(expectation)
+        while not result.passed and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            result = self._check(expectation)
+        return result.as_record()
+
+    async def finish_trace(self, expectations: list, earlier: list | None = None) -> tuple[str, list]:
+        """Check ``expectations`` now, write the end records (after ``earlier``
+        results, from ``check``), stop recording."""
+        await self._ready()
+        records = list(earlier or []) + [self._check(e).as_record() for e in expectations]
         if self.driver.trace is not None:
-            self.driver.trace.end(self._now(), self.driver.state, self.metrics.as_dict(),
-                                  [r.as_record() for r in results])
+            self.driver.trace.end(self._now(), self.driver.state, self._metrics_now().as_dict(), records)
         text = await self.drain_trace()
         self.driver.trace = None
         internal_kv._internal_kv_del(_KV_RECORDING)
-        return text, [(r.name, r.passed, r.detail) for r in results]
+        return text, [(r["name"], r["passed"], r["detail"]) for r in records]
 
     async def _ready(self) -> None:
         """After a restart (Ray restarts this actor), rebuild ranks from the

@@ -1,14 +1,18 @@
 """Run a scenario file on real Ray actors, writing the simulator's trace format.
 
 Supported actions: deploy, scale, update_config, crash (by replica or rank),
-crash_controller, wait_until_healthy, wait. Times are an order, not a clock:
-``wait``/``after`` sleep ``time_scale`` times as long (default 0: no
-sleeping), except that a controller stays down for its ``recover_after``
-(scaled, at least long enough for Ray to restart it) so crashes meanwhile
-happen while it is down. Node loss/join, random crash rates and hung starts
-need the simulator (or a multi-node cluster): such a scenario is refused.
-GPU counts are not modelled here (replicas ask for no GPUs).
-Expectations are checked at the end.
+crash_controller, wait_until_healthy, wait; and lose_node/add_node when run
+on a ``ScenarioCluster`` (a local multi-node Ray shaped like the scenario's
+``cluster:``; there replicas ask for the scenario's GPUs and spread or pack
+as its ``placement`` says). Random crash rates and hung starts need the
+simulator: such a scenario is refused.
+
+Times are an order, not a clock: ``wait``/``after`` sleep ``time_scale`` times
+as long (default 0: no sleeping), except that a controller stays down for its
+``recover_after`` (scaled, at least long enough for Ray to restart it) so
+crashes meanwhile happen while it is down. An expectation ``at: t`` is checked
+when the timeline passes t (before the first action due after t), allowing
+``settle`` seconds for it to come true; the others at the end.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import ray
 
 from ..sim.scenario import Scenario
 from .api import Deployment, ask, get_controller
+from .cluster import ScenarioCluster
 from .context import get_replica_context
 from .controller import NAMESPACE, actor_name
 
-__all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS"]
+__all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
 
 RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "crash_controller", "wait_until_healthy", "wait")
+NODE_ACTIONS = ("lose_node", "add_node")  # on a ScenarioCluster only
 
 
 class UnsupportedOnRay(ValueError):
@@ -68,14 +74,37 @@ def _holder(deployment: str, rank: int) -> str | None:
     return min(hits) if hits else None
 
 
-def check_supported(sc: Scenario) -> None:
-    bad = [f"timeline[{a.index}] {a.kind}" for a in sc.timeline if a.kind not in RAY_ACTIONS]
+def needs_cluster(sc: Scenario) -> bool:
+    """Whether ``sc`` loses or adds nodes (so it needs a ScenarioCluster)."""
+    return any(a.kind in NODE_ACTIONS for a in sc.timeline)
+
+
+def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
+    """Raise ``UnsupportedOnRay`` naming what only the simulator can do.
+    ``multi_node``: the run has a ScenarioCluster, so node loss/join is fine."""
+    allowed = RAY_ACTIONS + (NODE_ACTIONS if multi_node else ())
+    bad = [f"timeline[{a.index}] {a.kind}" for a in sc.timeline if a.kind not in allowed]
     if sc.crash_rate_per_replica_hour > 0:
         bad.append("faults.crash_rate_per_replica_hour")
     if sc.start_hang_probability > 0:
         bad.append("faults.start_hang_probability")
     if bad:
-        raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} (use --executor sim)")
+        hint = "use --executor sim" if multi_node or not needs_cluster(sc) else \
+            "node loss needs the scenario-shaped local cluster: --cluster scenario, no --address"
+        raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
+
+
+def nominal_times(sc: Scenario) -> list[float]:
+    """Each action's time as written (``at``, or ``after`` the previous one;
+    waits take no time): where ``at:`` expectations fall in the order."""
+    t, out = 0.0, []
+    for a in sc.timeline:
+        if a.at is not None:
+            t = a.at
+        elif a.after is not None:
+            t += a.after
+        out.append(t)
+    return out
 
 
 @attrs.frozen
@@ -89,9 +118,11 @@ class RayRun:
 
 
 def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: float = 0.0,
-               healthy_timeout: float = 120.0) -> RayRun:
-    """Run ``sc`` on the Ray instance this process is connected to."""
-    check_supported(sc)
+               healthy_timeout: float = 120.0, cluster: ScenarioCluster | None = None,
+               settle: float = 30.0) -> RayRun:
+    """Run ``sc`` on the Ray instance this process is connected to (``cluster``:
+    the ScenarioCluster it is connected to, for node loss and GPU counts)."""
+    check_supported(sc, multi_node=cluster is not None)
     ctl = get_controller()
     ask(ctl, "reset")  # a scenario starts from an empty cluster, as in the simulator
     ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed})
@@ -110,13 +141,32 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
         cur = applied.get(name, {"replicas": spec.replicas, "user_config": spec.user_config})
         cur = {**cur, **changes}
         applied[name] = cur
+        opts: dict[str, Any] = {"num_cpus": 0.01}
+        if cluster is not None:  # the scenario's nodes are real: ask for its GPUs
+            opts["num_gpus"] = spec.gpus
         d = Deployment(cls=CLASSES[spec.reconfigure], name=name, num_replicas=cur["replicas"],
-                       user_config=cur["user_config"], ray_actor_options={"num_cpus": 0.01})
+                       user_config=cur["user_config"], ray_actor_options=opts, replica_placement=sc.placement)
         ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
-            d.max_ongoing_requests)
+            d.max_ongoing_requests, d.placement)
+
+    def note(type_: str, fields: dict) -> None:
+        """A fault record in the trace (skipped while the controller is down: it writes the trace)."""
+        if time.monotonic() >= controller_back:
+            ask(ctl, "fault", type_, fields)
+
+    timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
+    earlier: list[dict] = []
+
+    def check_until(t: float) -> None:
+        """Check the ``at:`` expectations due before time ``t``."""
+        while timed and timed[0].at < t:
+            if time.monotonic() < controller_back:
+                time.sleep(controller_back - time.monotonic())
+            earlier.append(ask(ctl, "check", timed.pop(0), settle, timeout=settle + 60))
 
     controller_back = 0.0
-    for a in sc.timeline:
+    for a, t in zip(sc.timeline, nominal_times(sc)):
+        check_until(t)
         if a.after:
             time.sleep(a.after * time_scale)
         needs_controller = a.kind not in ("crash", "wait")
@@ -137,12 +187,22 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
             dep = args.get("deployment") or (rid.rpartition("#")[0] if rid else None)
             if rid is None:
                 rid = _holder(dep, args["rank"])
+            note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
             if rid is not None:
                 try:
                     ray.kill(ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE), no_restart=True)
                 except ValueError:
                     pass  # already gone
+        elif a.kind == "lose_node":
+            assert cluster is not None
+            note("node_lost", {"node": args["node"]})
+            cluster.lose(args["node"])
+        elif a.kind == "add_node":
+            assert cluster is not None
+            note("node_added", {"node": args["node"], "gpus": args["gpus"]})
+            cluster.add(args["node"], args["gpus"])
         elif a.kind == "crash_controller":
+            note("controller_crash", {"recover_after": args["recover_after"]})
             drain()
             ray.kill(ctl, no_restart=False)
             controller_back = time.monotonic() + max(2.0, args["recover_after"] * time_scale)
@@ -157,7 +217,9 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
         time.sleep(controller_back - time.monotonic())
     for name in applied:
         ask(ctl, "wait_healthy", name, healthy_timeout, timeout=healthy_timeout + 60)
-    text, results = ask(ctl, "finish_trace", list(sc.expect))
+    for e in timed:  # due after the last action: checked after it settled, like the end ones
+        earlier.append(ask(ctl, "check", e, settle, timeout=settle + 60))
+    text, results = ask(ctl, "finish_trace", [e for e in sc.expect if e.at is None], earlier)
     chunks.append(text)
     if trace_fp is not None:
         trace_fp.write(text)

@@ -78,6 +78,12 @@ def test_cli_run_on_ray(tmp_path):
     assert res.exit_code == 0, res.output
     assert "on Ray" in res.output and "FAIL" not in res.output
     assert check_trace_file(trace).ok
-    res = CliRunner().invoke(main, ["run", str(ROOT / "examples/scenarios/node-loss-3-nodes.yaml"),
-                                    "--executor", "ray"])
+    node_loss = str(ROOT / "examples/scenarios/node-loss-3-nodes.yaml")
+    res = CliRunner().invoke(main, ["run", node_loss, "--executor", "ray", "--cluster", "local"])
     assert res.exit_code == 2 and "cannot run timeline[2] lose_node" in res.stderr
+    assert "--cluster scenario" in res.stderr  # the way to run it
+    res = CliRunner().invoke(main, ["run", node_loss, "--executor", "ray", "--cluster", "scenario",
+                                    "--address", "127.0.0.1:1"])
+    assert res.exit_code == 2 and "does not take --address" in res.stderr
+    res = CliRunner().invoke(main, ["run", node_loss, "--executor", "ray"])  # auto: needs its own cluster
+    assert res.exit_code == 2 and "already connected" in res.stderr

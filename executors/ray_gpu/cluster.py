@@ -1,0 +1,71 @@
+"""A local multi-node Ray cluster shaped like a scenario's ``cluster:`` section.
+
+One head node (no GPUs; the controller lives there, so losing a worker never
+takes it along) plus one Ray node per scenario node, with that node's GPUs as
+logical GPUs, so ``lose_node``/``add_node`` can be played for real:
+``lose`` kills the node's raylet, ``add`` starts a new one. Nodes carry the
+placement order label, so replicas spread over them in the scenario's order,
+as in the simulator. Health checks are fast (a dead node is seen in ~1.5 s).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .placement import ORDER_LABEL
+
+__all__ = ["ScenarioCluster", "FAST_HEALTH_CHECKS", "SCENARIO_NODE_LABEL"]
+
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                      "health_check_initial_delay_ms": 0}
+SCENARIO_NODE_LABEL = "rankcore.io/scenario-node"
+_STORE = 80 * 1024**2
+
+
+class ScenarioCluster:
+    """Start with ``ScenarioCluster(scenario.nodes)``; ``address`` is what to ``ray.init``."""
+
+    def __init__(self, nodes: Sequence[Any], *, cpus_per_node: float = 2, head_cpus: float = 2) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.cpus_per_node = cpus_per_node
+        self.cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": False, "object_store_memory": _STORE,
+            "_system_config": FAST_HEALTH_CHECKS})
+        self.nodes: dict[str, Any] = {}
+        self._order = 0
+        try:
+            for n in nodes:
+                self.add(n.name, n.gpus, wait=False)
+            self.cluster.wait_for_nodes()
+        except BaseException:
+            self.cluster.shutdown()
+            raise
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def node_id(self, name: str) -> str:
+        return self.nodes[name].node_id
+
+    def add(self, name: str, gpus: float, *, wait: bool = True) -> None:
+        if name in self.nodes:
+            raise ValueError(f"node {name!r} is already in the cluster")
+        self.nodes[name] = self.cluster.add_node(
+            num_cpus=self.cpus_per_node, num_gpus=gpus, object_store_memory=_STORE,
+            labels={ORDER_LABEL: str(self._order), SCENARIO_NODE_LABEL: name})
+        self._order += 1
+        if wait:
+            self.cluster.wait_for_nodes()
+
+    def lose(self, name: str) -> bool:
+        """Kill node ``name`` abruptly (False if it is not in the cluster)."""
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return False
+        self.cluster.remove_node(node, allow_graceful=False)
+        return True
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
