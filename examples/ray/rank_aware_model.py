@@ -59,7 +59,11 @@ class RankAwareModel:
 def main(workdir: str) -> list[dict]:
     weights = os.path.join(workdir, "linear.pt")
     save_weights(weights)
-    handle = run(RankAwareModel.bind(weights))
+    # Share the cluster's GPUs between the two replicas (each sees its GPU through
+    # CUDA_VISIBLE_DEVICES); with no GPU they ask for none and run on the CPU.
+    gpus = ray.cluster_resources().get("GPU", 0.0)
+    app = RankAwareModel.options(ray_actor_options={"num_cpus": 0.1, "num_gpus": min(1.0, gpus / 2)})
+    handle = run(app.bind(weights))
     out = [r.result() for r in [handle.remote([1.0, 2.0, 3.0, 4.0]) for _ in range(8)]]
     for r in sorted({r["rank"]: r for r in out}.values(), key=lambda r: r["rank"]):
         print(r)

@@ -219,6 +219,10 @@ def test_examples_run(tmp_path):
     # rank 1's shard is rank 0's scaled by 2 (plus the same bias)
     y0, y1 = by_rank[0]["y"], by_rank[1]["y"]
     assert y0 != y1
+    import torch
+
+    if not torch.cuda.is_available():  # (the fixture's 4 GPUs are logical: replicas fall back to the CPU)
+        assert {r["device"] for r in out} == {"cpu"}
     ask(get_controller(), "shutdown_replicas")
 
 
