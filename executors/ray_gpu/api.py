@@ -76,19 +76,28 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     return wrap(cls) if cls is not None else wrap
 
 
+def _head_node() -> str | None:
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in (n.get("Resources") or {}):
+            return n["NodeID"]
+    return None
+
+
 def get_controller() -> Any:
     """The controller actor, started (detached, restartable) if it is not running.
 
-    It prefers the node of the process that starts it (the head node, for a
-    driver there), so losing a worker node does not take the controller along.
+    It lives on the head node (as Ray Serve's does), so losing a worker node
+    never takes it along; without a head node in view, it prefers this
+    process's node.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = ray.get_runtime_context().get_node_id()
+    head = _head_node()
+    where = (NodeAffinitySchedulingStrategy(node_id=head, soft=False) if head else
+             NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True))
     return ray.remote(Controller).options(
         name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_concurrency=1000, num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True),
+        max_restarts=-1, max_concurrency=1000, num_cpus=0, scheduling_strategy=where,
     ).remote()
 
 

@@ -61,6 +61,8 @@ class Controller:
     #: seconds between health checks, and how long a ping may take
     health_check_period_s = 2.0
     health_check_timeout_s = 10.0
+    #: how long a replica's group pinned to the chosen node may wait before Ray may place it anywhere
+    pin_wait_s = 10.0
 
     def __init__(self) -> None:
         raw = internal_kv._internal_kv_get(_KV_EPOCH)
@@ -112,6 +114,10 @@ class Controller:
             )
             for (rid, _), res in zip(checks, results):
                 if isinstance(res, BaseException) and rid in self.actors:
+                    node = self._node_of(rid)
+                    if node is not None and self._node_dead(node):
+                        self._lose_node(node)
+                        continue
                     self._kill(rid)
                     self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"health check failed: {res!r}"))
 
@@ -290,19 +296,9 @@ class Controller:
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
         if bundles:
-            target = None
-            strategy = spec.get("pg_strategy", "PACK")
-            if len(bundles) == 1 or strategy == "STRICT_PACK":
-                strategy = "STRICT_PACK"  # the same for one bundle; the only strategy a target hint applies to
-                target = self._choose_node(dep, pl.bundle_sum(bundles), spec.get("placement", "spread"))
-            pg = ray.util.placement_group(bundles, strategy=strategy, name=pl.pg_name(dep, rid),
-                                          lifetime="detached", _soft_target_node_id=target)
-            self.pgs[rid] = pg
-            if target is not None:
-                self._reserved[rid] = (dep, target, pl.bundle_sum(bundles))
             self._waiting_pg[rid] = asyncio.current_task()
             try:
-                await pg.ready()  # waits for capacity; _stop cancels this if the replica goes first
+                pg = await self._reserve(rid, dep, bundles, spec)  # _stop cancels this if the replica goes first
             except Exception as exc:
                 self._release_pg(rid)
                 if rid in queue:
@@ -349,6 +345,36 @@ class Controller:
         self._spawn(self._watch(rid, actor))
         self._placed_on[rid] = node
         self._flush_placements(dep)
+
+    async def _reserve(self, rid: str, dep: str, bundles: list, spec: dict) -> Any:
+        """Create the replica's placement group and wait until it is placed.
+
+        A single-node group is pinned (by the ``ray.io/node-id`` label) to the
+        node ``choose_node`` picks, so placement follows the rule exactly; if
+        it is not placed within ``pin_wait_s`` (someone else took the room, or
+        the node died), it is recreated unpinned for Ray to place anywhere.
+        With no node having room now, it is unpinned from the start and waits.
+        """
+        strategy = spec.get("pg_strategy", "PACK")
+        target = None
+        if len(bundles) == 1 or strategy == "STRICT_PACK":
+            strategy = "STRICT_PACK"  # the same thing for one bundle
+            target = self._choose_node(dep, pl.bundle_sum(bundles), spec.get("placement", "spread"))
+        name = pl.pg_name(dep, rid)
+        if target is not None:
+            pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
+                                          bundle_label_selector=[{"ray.io/node-id": target}] * len(bundles))
+            self.pgs[rid] = pg
+            self._reserved[rid] = (dep, target, pl.bundle_sum(bundles))
+            try:
+                await asyncio.wait_for(pg.ready(), timeout=self.pin_wait_s)
+                return pg
+            except asyncio.TimeoutError:
+                self._release_pg(rid)
+        pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached")
+        self.pgs[rid] = pg
+        await pg.ready()
+        return pg
 
     def _nodes(self) -> list[pl.NodeView]:
         out = []
@@ -412,12 +438,44 @@ class Controller:
             pass
         if rid in self.stopping:
             return
+        node = self._node_of(rid)
+        if node is not None and self._node_dead(node):
+            self._lose_node(node)
+            return
         entry = self.actors.pop(rid, None)
         self._initialized.discard(rid)
         self._release_pg(rid)
         self._feed(rc.ReplicaCrashed(replica_id=rid, reason="actor died"))
         if entry is not None:
             self._flush_placements(entry[0])
+
+    def _node_of(self, rid: str) -> str | None:
+        dep = self.driver.state.deployments.get(self.driver.state.index.get(rid, ""))
+        rep = dep.replicas.get(rid) if dep is not None else None
+        return rep.node_id if rep is not None else None
+
+    @staticmethod
+    def _node_dead(node_id: str) -> bool:
+        try:
+            return any(n["NodeID"] == node_id and not n.get("Alive") for n in ray.nodes())
+        except Exception:  # GCS hiccup: treat it as one replica's death
+            return False
+
+    def _lose_node(self, node_id: str) -> None:
+        """A node died: one ``NodeLost`` for all its replicas (the core replaces
+        them in rank order, as the simulator does) instead of a crash each in
+        whatever order Ray reports the deaths."""
+        deps = set()
+        for rid, (dep, _) in list(self.actors.items()):
+            if self._node_of(rid) == node_id:
+                self.stopping.add(rid)  # their own watch calls fail too: already handled
+                self.actors.pop(rid, None)
+                self._initialized.discard(rid)
+                self._release_pg(rid)
+                deps.add(dep)
+        self._feed(rc.NodeLost(node_id=node_id))
+        for dep in sorted(deps):
+            self._flush_placements(dep)
 
     def _kill(self, rid: str) -> None:
         entry = self.actors.pop(rid, None)

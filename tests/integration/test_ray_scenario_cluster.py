@@ -1,6 +1,6 @@
 """Node loss, both executors: `rankcore run --executor ray` plays the node-loss
 example on a local multi-node Ray shaped like the scenario (it starts and stops
-that cluster itself) and gets the simulator's rank history, placements and
+that cluster itself) and gets the simulator's rank history, placement and
 expectations."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NODE_LOSS = ROOT / "examples" / "scenarios" / "node-loss-3-nodes.yaml"
 
 
-def placements(records: list[dict]) -> list[list[int]]:
-    """The last snapshot's global ranks grouped by node, nodes named as they appear."""
-    snap = [r for r in records if r.get("kind") == "snapshot"][-1]
+def placements(records: list[dict], which: int) -> list[list[int]]:
+    """A healthy snapshot's global ranks grouped by node (``which``: 0 the first, -1 the last)."""
+    snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][which]
     by_node: dict[str, list[int]] = {}
     for r in snap["deployments"]["llm"]["replicas"].values():
         by_node.setdefault(r["node"], []).append(r["global_rank"])
@@ -45,12 +45,18 @@ def test_node_loss_example_on_a_scenario_shaped_ray_cluster(tmp_path):
     assert Simulation(load_scenario(NODE_LOSS), trace=buf).run().passed
     sim = [json.loads(line) for line in buf.getvalue().splitlines()]
     got = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert rank_history(got) == rank_history(sim)
+    recoveries = [r for r in got if r.get("type") == "ControllerRecovered"]
+    assert rank_history(got) == rank_history(sim), f"controller recoveries: {len(recoveries)}"
     # every expectation held on Ray too, the node-level ones included: the
     # replicas spread over the real nodes exactly as over the simulated ones
     results = [r for r in got if r.get("kind") == "expectation"]
     assert len(results) == len(load_scenario(NODE_LOSS).expect) and all(r["passed"] for r in results), results
-    assert placements(got) == placements(sim)
+    # the first healthy snapshot: the 9 replicas spread 3/3/3 by the same rule,
+    # rank for rank; the last one: the same shape (4 + 4 on the survivors, 1 on
+    # the new node). Which replacement waits for the new node follows the order
+    # in which Ray reports the deaths, so the ranks there may differ.
+    assert placements(got, 0) == placements(sim, 0)
+    assert sorted(map(len, placements(got, -1))) == sorted(map(len, placements(sim, -1))) == [1, 4, 4]
     faults = [(r["type"], r["node"]) for r in got if r.get("kind") == "fault"]
     assert faults == [("node_lost", "node-1"), ("node_added", "node-3")]
     report = check_trace_file(trace)
