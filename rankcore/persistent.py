@@ -82,6 +82,11 @@ class Persistent:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
+    def __reduce__(self) -> tuple:
+        """Pickle this version alone, as plain dicts (not the shared store and
+        its other versions): a State can be sent to another process or saved."""
+        return (_restore, (type(self), tuple(dict(d) for d in self._read())))
+
     def _read(self) -> tuple[dict, ...]:
         """The tables as of this version. Read them; never write them."""
         if self._link is not None:
@@ -114,6 +119,15 @@ class Persistent:
             undo, newer = older._link  # type: ignore[misc]
             _set(newer, "_link", (_apply(dicts, undo), older))
             _set(older, "_link", None)
+
+
+def _restore(cls: type, dicts: tuple[dict, ...]) -> Persistent:
+    new = object.__new__(cls)
+    store = _Store(len(dicts))
+    store.dicts = dicts
+    object.__setattr__(new, "_store", store)
+    object.__setattr__(new, "_link", None)
+    return new
 
 
 class Edit:

@@ -599,6 +599,11 @@ class Controller:
         return {rid: (rk.as_tuple() if rk else (dep.ranks.global_rank(rid), None, None))
                 for rid, rk in dep.ranks.items()}
 
+    async def state(self) -> rc.State:
+        """The core's state now (for tests and tools)."""
+        await self._ready()
+        return self.driver.state
+
     async def state_errors(self) -> list[str]:
         return list(self.errors)
 

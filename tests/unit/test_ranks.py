@@ -1039,3 +1039,26 @@ def test_reassignments_default_is_empty_sequence():
     """An empty Reassignments is an empty sequence equal to []."""
     r = Reassignments()
     assert len(r) == 0 and list(r) == [] and r == [] and r.replicas() == ()
+
+
+def test_a_table_and_a_state_survive_pickling_version_by_version():
+    """A State (and its RankTables) can be pickled (sent to another process,
+    saved): each version alone, equal to the original, still usable."""
+    import pickle
+
+    import rankcore as rc
+
+    t0 = RankTable()
+    t1 = t0.assign_many([("a", "n0"), ("b", "n0"), ("c", "n1")])
+    t2 = t1.release("b")
+    for t in (t0, t1, t2):
+        back = pickle.loads(pickle.dumps(t))
+        assert back == t and dict(back.items()) == dict(t.items())
+    back = pickle.loads(pickle.dumps(t1))
+    t3 = back.assign("d", "n1")  # the copy is a working table of its own
+    assert back.global_rank("c") == 2 and t3.global_rank("d") == 3
+    assert t1.global_rank("b") == 1  # the original is untouched
+    state = rc.step(rc.State(), rc.DeploymentApplied(name="llm", num_replicas=3)).state
+    again = pickle.loads(pickle.dumps(state))
+    assert again == state
+    assert rc.step(again, rc.ScaleRequested(deployment="llm", num_replicas=1)).commands
