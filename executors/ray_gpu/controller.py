@@ -79,7 +79,8 @@ class Controller:
         self._waiting_pg: dict[str, asyncio.Task] = {}  # started, placement group not placed yet
         self._initialized: set[str] = set()  # initialize() returned: may hold calls, so drained on stop
         self.pgs: dict[str, Any] = {}  # replica id -> its placement group
-        self._reserved: dict[str, tuple[str, str, dict]] = {}  # replica id -> (deployment, node, resources held)
+        self._reserved: dict[str, tuple[str, dict]] = {}  # replica id -> (deployment, {node: resources held})
+        self._pinning: set[str] = set()  # groups pinned to a node, not placed yet
         self._node_seen: dict[str, int] = {}  # node id -> order first seen (tie-breaks)
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []
@@ -240,12 +241,17 @@ class Controller:
                 lineage=r["lineage"],
             ))
             self.actors[r["replica_id"]] = (r["deployment"], actor)
-            self._spawn(self._watch(r["replica_id"], actor))
+            if r["phase"] != "starting":
+                self._initialized.add(r["replica_id"])
         self._adopt_placement_groups()
         self.started, self.lineages = started, lineages
         self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
                                           reports=tuple(reports), next_replica_number=started,
                                           next_lineage=lineages))
+        # Watch only now: a replica that died while the others reported is then
+        # a crash the core knows what to do with (before, it would be ignored).
+        for rid, (_, actor) in sorted(self.actors.items()):
+            self._spawn(self._watch(rid, actor))
 
     def _adopt_placement_groups(self) -> None:
         """Take back the groups of the replicas found alive; remove the rest
@@ -253,19 +259,34 @@ class Controller:
         from ray._raylet import PlacementGroupID
         from ray.util.placement_group import PlacementGroup
 
+        mine = {pl.pg_name(dep, rid): rid for rid, (dep, _) in self.actors.items()}
         for pg_id, info in ray.util.placement_group_table().items():
             name = info.get("name") or ""
             if not name.startswith("rankcore:") or info.get("state") == "REMOVED":
                 continue
             pg = PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
-            _, dep, rid = name.split(":", 2)
-            if rid in self.actors and rid not in self.pgs:
+            rid = mine.get(name)
+            if rid is not None and rid not in self.pgs:
                 self.pgs[rid] = pg
-                nodes = set((info.get("bundles_to_node_id") or {}).values())
-                if len(nodes) == 1:
-                    self._reserved[rid] = (dep, nodes.pop(), pl.bundle_sum((info.get("bundles") or {}).values()))
+                self._reserved[rid] = (self.actors[rid][0], self._per_node(info))
             else:
-                ray.util.remove_placement_group(pg)
+                try:
+                    ray.util.remove_placement_group(pg)
+                except Exception:  # gone meanwhile
+                    pass
+
+    @staticmethod
+    def _per_node(info: dict) -> dict[str, dict]:
+        """What a placed group holds on each node, from its table entry."""
+        where = info.get("bundles_to_node_id") or {}
+        out: dict[str, dict] = {}
+        for i, bundle in (info.get("bundles") or {}).items():
+            node = where.get(i)
+            if node is not None:
+                held = out.setdefault(node, {})
+                for k, v in bundle.items():
+                    held[k] = held.get(k, 0.0) + v
+        return out
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
@@ -324,14 +345,14 @@ class Controller:
                 opts.setdefault("num_cpus", min(1.0, bundles[0].get("CPU", 0.0)))
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
-        actor = ray.remote(ReplicaActor).options(
-            name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
-            max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
-        ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
-        self.actors[rid] = (dep, actor)
         try:
+            actor = ray.remote(ReplicaActor).options(
+                name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
+                max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
+            ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
+            self.actors[rid] = (dep, actor)
             node = await actor.node_id.remote()
-        except Exception as exc:
+        except Exception as exc:  # refused by Ray, or died starting
             self.actors.pop(rid, None)
             self._release_pg(rid)
             if rid in queue:
@@ -340,8 +361,9 @@ class Controller:
                 self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
             self._flush_placements(dep)
             return
-        if rid in self.pgs:
-            self._reserved[rid] = (dep, node, pl.bundle_sum(bundles))
+        if rid in self.stopping:  # stopped while its actor started: _stop killed it
+            self._release_pg(rid)
+            return
         self._spawn(self._watch(rid, actor))
         self._placed_on[rid] = node
         self._flush_placements(dep)
@@ -356,24 +378,39 @@ class Controller:
         With no node having room now, it is unpinned from the start and waits.
         """
         strategy = spec.get("pg_strategy", "PACK")
+        single = len(bundles) == 1 or strategy == "STRICT_PACK"
+        total = pl.bundle_sum(bundles)
         target = None
-        if len(bundles) == 1 or strategy == "STRICT_PACK":
+        if single:
             strategy = "STRICT_PACK"  # the same thing for one bundle
-            target = self._choose_node(dep, pl.bundle_sum(bundles), spec.get("placement", "spread"))
+            target = self._choose_node(dep, total, spec.get("placement", "spread"))
         name = pl.pg_name(dep, rid)
         if target is not None:
             pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
                                           bundle_label_selector=[{"ray.io/node-id": target}] * len(bundles))
             self.pgs[rid] = pg
-            self._reserved[rid] = (dep, target, pl.bundle_sum(bundles))
+            self._reserved[rid] = (dep, {target: total})
+            self._pinning.add(rid)
             try:
                 await asyncio.wait_for(pg.ready(), timeout=self.pin_wait_s)
                 return pg
             except asyncio.TimeoutError:
                 self._release_pg(rid)
+            finally:
+                self._pinning.discard(rid)
+        # First come, first served: a group Ray may place anywhere must not
+        # overtake the pinned ones started before it (they fit by our count;
+        # each is placed or unpinned within pin_wait_s).
+        while self._pinning:
+            await asyncio.sleep(0.05)
         pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached")
         self.pgs[rid] = pg
         await pg.ready()
+        try:
+            info = ray.util.placement_group_table(pg)
+        except Exception:
+            info = {}
+        self._reserved[rid] = (dep, self._per_node(info))
         return pg
 
     def _nodes(self) -> list[pl.NodeView]:
@@ -388,19 +425,20 @@ class Controller:
         return out
 
     def _choose_node(self, deployment: str, need: dict, placement: str) -> str | None:
-        """A soft target for a new replica's group (None: let Ray choose)."""
+        """The node to pin a new replica's group to (None: let Ray choose)."""
         try:
             nodes = self._nodes()
         except Exception:  # GCS hiccup: Ray places it
             return None
         reserved: dict[str, dict] = {}
         counts: dict[str, int] = {}
-        for dep, node, res in self._reserved.values():
-            held = reserved.setdefault(node, {})
-            for k, v in res.items():
-                held[k] = held.get(k, 0.0) + v
-            if dep == deployment:
-                counts[node] = counts.get(node, 0) + 1
+        for dep, per_node in self._reserved.values():
+            for node, res in per_node.items():
+                held = reserved.setdefault(node, {})
+                for k, v in res.items():
+                    held[k] = held.get(k, 0.0) + v
+                if dep == deployment:
+                    counts[node] = counts.get(node, 0) + 1
         return pl.choose_node(nodes, reserved, counts, need, placement)
 
     def _release_pg(self, rid: str) -> None:
@@ -438,7 +476,7 @@ class Controller:
             pass
         if rid in self.stopping:
             return
-        node = self._node_of(rid)
+        node = self._node_of(rid) or self._placed_on.get(rid)
         if node is not None and self._node_dead(node):
             self._lose_node(node)
             return
@@ -465,15 +503,21 @@ class Controller:
         """A node died: one ``NodeLost`` for all its replicas (the core replaces
         them in rank order, as the simulator does) instead of a crash each in
         whatever order Ray reports the deaths."""
-        deps = set()
-        for rid, (dep, _) in list(self.actors.items()):
-            if self._node_of(rid) == node_id:
+        deps, unreported = set(), []
+        for rid, (dep, _) in sorted(self.actors.items()):
+            known = self._node_of(rid) == node_id
+            if known or self._placed_on.get(rid) == node_id:
                 self.stopping.add(rid)  # their own watch calls fail too: already handled
                 self.actors.pop(rid, None)
+                self._placed_on.pop(rid, None)
                 self._initialized.discard(rid)
                 self._release_pg(rid)
                 deps.add(dep)
+                if not known:  # started there, placement not reported yet: a crash of its own
+                    unreported.append(rid)
         self._feed(rc.NodeLost(node_id=node_id))
+        for rid in unreported:
+            self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"node {node_id} died"))
         for dep in sorted(deps):
             self._flush_placements(dep)
 
@@ -496,7 +540,8 @@ class Controller:
             self._kill(cmd.replica_id)
             self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"initialize failed: {exc}"))
             return
-        self._initialized.add(cmd.replica_id)
+        if cmd.replica_id in self.actors:  # (not stopped meanwhile)
+            self._initialized.add(cmd.replica_id)
         self._feed(rc.ReplicaReady(replica_id=cmd.replica_id))
 
     async def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
@@ -529,6 +574,7 @@ class Controller:
                     pass
             ray.kill(entry[1], no_restart=True)
         self._initialized.discard(rid)
+        self._placed_on.pop(rid, None)
         self._release_pg(rid)
         self._feed(rc.ReplicaStopped(replica_id=rid))
         self._flush_placements(cmd.deployment)
@@ -599,10 +645,12 @@ class Controller:
         return {rid: (rk.as_tuple() if rk else (dep.ranks.global_rank(rid), None, None))
                 for rid, rk in dep.ranks.items()}
 
-    async def state(self) -> rc.State:
-        """The core's state now (for tests and tools)."""
+    async def state(self) -> bytes:
+        """The core's state now, pickled (``cloudpickle.loads`` it). Pickled here,
+        on the event loop: Ray serialises return values on another thread, and
+        a State's tables must not be read from two threads at once."""
         await self._ready()
-        return self.driver.state
+        return cloudpickle.dumps(self.driver.state)
 
     async def state_errors(self) -> list[str]:
         return list(self.errors)
@@ -620,6 +668,7 @@ class Controller:
         self._placing.clear()
         self._placed_on.clear()
         self._waiting_pg.clear()
+        self._pinning.clear()
         self._initialized.clear()
         for rid in list(self.pgs):
             self._release_pg(rid)

@@ -81,6 +81,8 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
         v = actor_options.get(key)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
             raise ValueError(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
+        if v is not None and 0 < v < 1e-4:
+            raise ValueError(f"ray_actor_options[{key!r}] is {v!r}: Ray counts resources in units of 0.0001")
     if bundles is None:
         return
     if not isinstance(bundles, (list, tuple)) or not bundles:
@@ -91,6 +93,9 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
         for k, v in b.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
                 raise ValueError(f"placement_group_bundles[{i}][{k!r}] must be a number >= 0, got {v!r}")
+            if 0 < v < 1e-4:
+                raise ValueError(f"placement_group_bundles[{i}][{k!r}] is {v!r}: Ray counts resources in "
+                                 f"units of 0.0001")
     first = {k: float(v) for k, v in bundles[0].items()}
     for res, amount in actor_resources(actor_options).items():
         if amount > first.get(res, 0.0) + _EPS:

@@ -95,7 +95,9 @@ class RaySubject:
                 assert r["world_size"] == want, f"{rid}: world_size {r['world_size']}, target {want}"
 
     def state(self) -> Any:
-        return ask(self.ctl, "state")
+        from ray import cloudpickle
+
+        return cloudpickle.loads(ask(self.ctl, "state"))
 
     def _drain(self) -> str:
         text = ask(self.ctl, "drain_trace")
