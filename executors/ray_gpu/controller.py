@@ -63,6 +63,11 @@ class Controller:
     health_check_timeout_s = 10.0
     #: how long a replica's group pinned to the chosen node may wait before Ray may place it anywhere
     pin_wait_s = 10.0
+    #: deaths on one node this close together are handled as one batch, in rank order
+    death_batch_s = 0.25
+    #: a node where a replica died on its own (not ray.kill) gets no new replicas
+    #: for this long while another node has room: it may be going down
+    suspect_s = 15.0
 
     def __init__(self) -> None:
         raw = internal_kv._internal_kv_get(_KV_EPOCH)
@@ -81,6 +86,8 @@ class Controller:
         self.pgs: dict[str, Any] = {}  # replica id -> its placement group
         self._reserved: dict[str, tuple[str, dict]] = {}  # replica id -> (deployment, {node: resources held})
         self._pinning: set[str] = set()  # groups pinned to a node, not placed yet
+        self._dying: dict[str, list[str]] = {}  # node -> replicas whose death is being batched
+        self._suspects: dict[str, float] = {}  # node -> when a replica there last died on its own
         self._node_seen: dict[str, int] = {}  # node id -> order first seen (tie-breaks)
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []
@@ -114,7 +121,8 @@ class Controller:
                 return_exceptions=True,
             )
             for (rid, _), res in zip(checks, results):
-                if isinstance(res, BaseException) and rid in self.actors:
+                dying = any(rid in batch for batch in self._dying.values())
+                if isinstance(res, BaseException) and rid in self.actors and not dying:
                     node = self._node_of(rid)
                     if node is not None and self._node_dead(node):
                         self._lose_node(node)
@@ -439,7 +447,11 @@ class Controller:
                     held[k] = held.get(k, 0.0) + v
                 if dep == deployment:
                     counts[node] = counts.get(node, 0) + 1
-        return pl.choose_node(nodes, reserved, counts, need, placement)
+        now = time.monotonic()
+        fresh = {n for n, t in self._suspects.items() if now - t < self.suspect_s}
+        healthy = [n for n in nodes if n.node_id not in fresh]
+        return (pl.choose_node(healthy, reserved, counts, need, placement)
+                or pl.choose_node(nodes, reserved, counts, need, placement))
 
     def _release_pg(self, rid: str) -> None:
         self._reserved.pop(rid, None)
@@ -470,20 +482,49 @@ class Controller:
             self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=node))
 
     async def _watch(self, rid: str, actor: Any) -> None:
+        error: BaseException | None = None
         try:
             await actor.watch.remote()
-        except Exception:
-            pass
+        except Exception as exc:
+            error = exc
         if rid in self.stopping:
             return
         node = self._node_of(rid) or self._placed_on.get(rid)
-        if node is not None and self._node_dead(node):
-            self._lose_node(node)
+        if node is None:
+            self._crashed(rid, "actor died")
             return
+        if "ray.kill" not in str(error):  # died on its own: the node may be going
+            self._suspects[node] = time.monotonic()
+        batch = self._dying.setdefault(node, [])
+        batch.append(rid)
+        if len(batch) == 1:
+            self._spawn(self._deaths_on(node))
+
+    async def _deaths_on(self, node: str) -> None:
+        """Deaths on one node within ``death_batch_s`` are handled together: one
+        ``NodeLost`` if Ray already declared the node dead, else a crash each in
+        rank order, so replacements start in rank order (as in the simulator)
+        whatever order Ray reported the deaths in."""
+        await asyncio.sleep(self.death_batch_s)
+        rids = self._dying.pop(node, [])
+        if self._node_dead(node):
+            self._lose_node(node)
+        state = self.driver.state
+
+        def rank(rid: str) -> tuple:
+            dep = state.deployments.get(state.index.get(rid, ""))
+            return (dep.ranks.global_rank(rid) if dep is not None and rid in dep.ranks else 1 << 30, rid)
+
+        for rid in sorted(rids, key=rank):
+            if rid not in self.stopping:
+                self._crashed(rid, "actor died")
+
+    def _crashed(self, rid: str, reason: str) -> None:
         entry = self.actors.pop(rid, None)
         self._initialized.discard(rid)
+        self._placed_on.pop(rid, None)
         self._release_pg(rid)
-        self._feed(rc.ReplicaCrashed(replica_id=rid, reason="actor died"))
+        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason))
         if entry is not None:
             self._flush_placements(entry[0])
 
@@ -669,6 +710,8 @@ class Controller:
         self._placed_on.clear()
         self._waiting_pg.clear()
         self._pinning.clear()
+        self._dying.clear()
+        self._suspects.clear()
         self._initialized.clear()
         for rid in list(self.pgs):
             self._release_pg(rid)
