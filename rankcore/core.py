@@ -302,13 +302,7 @@ def _about_replica(handler: Callable[[_Tx, object, Deployment, Replica], Step]) 
 def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
     dep = tx.deps.get(e.name)
     if dep is None:
-        dep = Deployment(
-            name=e.name,
-            target=e.num_replicas,
-            user_config=e.user_config,
-            has_reconfigure=e.has_reconfigure,
-            reconfigure_takes_rank=e.reconfigure_takes_rank,
-        )
+        dep = Deployment.applied(e)
         tx.put(_reconcile(tx, dep))
         return tx.finish()
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank)

@@ -176,12 +176,8 @@ def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[Replic
         replicas[r.replica_id] = rep
         counts[LIVE.index(rep.phase)] += 1
         tx.index = tx.index.set(r.replica_id, spec.name)
-    dep = Deployment(
-        name=spec.name,
-        target=spec.num_replicas,
-        user_config=spec.user_config,
-        has_reconfigure=spec.has_reconfigure,
-        reconfigure_takes_rank=spec.reconfigure_takes_rank,
+    dep = Deployment.applied(
+        spec,
         config_version=1,
         replicas=immutables.Map(replicas),
         ranks=ranks,

@@ -73,6 +73,12 @@ class Deployment:
     #: replicas per live phase, in ``lifecycle.LIVE`` order
     counts: tuple[int, ...] = attrs.field(factory=_empty_counts)
 
+    @classmethod
+    def applied(cls, spec: Any, **more: Any) -> Deployment:
+        """A deployment as a ``DeploymentApplied`` declares it (``more``: the rest)."""
+        return cls(name=spec.name, target=spec.num_replicas, user_config=spec.user_config,
+                   has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank, **more)
+
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]
 
