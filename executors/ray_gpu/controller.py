@@ -120,9 +120,9 @@ class Controller:
                 *(asyncio.wait_for(actor.ping.remote(), self.health_check_timeout_s) for _, actor in checks),
                 return_exceptions=True,
             )
+            dying = {rid for batch in self._dying.values() for rid in batch}
             for (rid, _), res in zip(checks, results):
-                dying = any(rid in batch for batch in self._dying.values())
-                if isinstance(res, BaseException) and rid in self.actors and not dying:
+                if isinstance(res, BaseException) and rid in self.actors and rid not in dying:
                     node = self._node_of(rid)
                     if node is not None and self._node_dead(node):
                         self._lose_node(node)
@@ -276,25 +276,12 @@ class Controller:
             rid = mine.get(name)
             if rid is not None and rid not in self.pgs:
                 self.pgs[rid] = pg
-                self._reserved[rid] = (self.actors[rid][0], self._per_node(info))
+                self._reserved[rid] = (self.actors[rid][0], pl.per_node(info))
             else:
                 try:
                     ray.util.remove_placement_group(pg)
                 except Exception:  # gone meanwhile
                     pass
-
-    @staticmethod
-    def _per_node(info: dict) -> dict[str, dict]:
-        """What a placed group holds on each node, from its table entry."""
-        where = info.get("bundles_to_node_id") or {}
-        out: dict[str, dict] = {}
-        for i, bundle in (info.get("bundles") or {}).items():
-            node = where.get(i)
-            if node is not None:
-                held = out.setdefault(node, {})
-                for k, v in bundle.items():
-                    held[k] = held.get(k, 0.0) + v
-        return out
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
@@ -342,15 +329,7 @@ class Controller:
                 return
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            if not pl.actor_resources(opts):  # nothing asked: the actor takes the whole of bundle 0
-                b0 = dict(bundles[0])
-                opts.update(num_cpus=b0.pop("CPU", 0.0), num_gpus=b0.pop("GPU", 0.0))
-                if "memory" in b0:
-                    opts["memory"] = b0.pop("memory")
-                if b0:
-                    opts["resources"] = b0
-            else:
-                opts.setdefault("num_cpus", min(1.0, bundles[0].get("CPU", 0.0)))
+            opts = pl.actor_options_in_group(opts, bundles)
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
         try:
@@ -361,8 +340,7 @@ class Controller:
             self.actors[rid] = (dep, actor)
             node = await actor.node_id.remote()
         except Exception as exc:  # refused by Ray, or died starting
-            self.actors.pop(rid, None)
-            self._release_pg(rid)
+            self._forget(rid)
             if rid in queue:
                 queue.remove(rid)
             if rid not in self.stopping:
@@ -418,7 +396,7 @@ class Controller:
             info = ray.util.placement_group_table(pg)
         except Exception:
             info = {}
-        self._reserved[rid] = (dep, self._per_node(info))
+        self._reserved[rid] = (dep, pl.per_node(info))
         return pg
 
     def _nodes(self) -> list[pl.NodeView]:
@@ -519,11 +497,17 @@ class Controller:
             if rid not in self.stopping:
                 self._crashed(rid, "actor died")
 
-    def _crashed(self, rid: str, reason: str) -> None:
+    def _forget(self, rid: str) -> tuple | None:
+        """Drop what the controller holds for a replica that is gone or going
+        (its actor handle, its group); returns its (deployment, actor) if known."""
         entry = self.actors.pop(rid, None)
         self._initialized.discard(rid)
         self._placed_on.pop(rid, None)
         self._release_pg(rid)
+        return entry
+
+    def _crashed(self, rid: str, reason: str) -> None:
+        entry = self._forget(rid)
         self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason))
         if entry is not None:
             self._flush_placements(entry[0])
@@ -549,10 +533,7 @@ class Controller:
             known = self._node_of(rid) == node_id
             if known or self._placed_on.get(rid) == node_id:
                 self.stopping.add(rid)  # their own watch calls fail too: already handled
-                self.actors.pop(rid, None)
-                self._placed_on.pop(rid, None)
-                self._initialized.discard(rid)
-                self._release_pg(rid)
+                self._forget(rid)
                 deps.add(dep)
                 if not known:  # started there, placement not reported yet: a crash of its own
                     unreported.append(rid)
@@ -563,12 +544,10 @@ class Controller:
             self._flush_placements(dep)
 
     def _kill(self, rid: str) -> None:
-        entry = self.actors.pop(rid, None)
-        self._initialized.discard(rid)
+        entry = self._forget(rid)
         if entry is not None:
             self.stopping.add(rid)
             ray.kill(entry[1], no_restart=True)
-        self._release_pg(rid)
 
     async def _initialize(self, cmd: rc.InitializeReplica) -> None:
         entry = self.actors.get(cmd.replica_id)
@@ -614,9 +593,7 @@ class Controller:
                 except Exception:
                     pass
             ray.kill(entry[1], no_restart=True)
-        self._initialized.discard(rid)
-        self._placed_on.pop(rid, None)
-        self._release_pg(rid)
+        self._forget(rid)
         self._feed(rc.ReplicaStopped(replica_id=rid))
         self._flush_placements(cmd.deployment)
 

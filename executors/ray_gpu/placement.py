@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "NodeView", "pg_name", "actor_resources",
-           "replica_bundles", "bundle_sum", "choose_node", "node_order"]
+           "replica_bundles", "actor_options_in_group", "per_node", "bundle_sum", "choose_node", "node_order"]
 
 #: A node label that fixes the order of nodes for tie-breaks (an int; lower first).
 #: Nodes without it come after, in the order the controller first saw them.
@@ -56,6 +56,36 @@ def replica_bundles(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[
         bundles = [want]
     out = [{k: float(v) for k, v in b.items() if float(v) > 0} for b in bundles]
     return [] if not any(out) else out
+
+
+def actor_options_in_group(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]]) -> dict:
+    """The replica actor's options inside its group: what ``ray_actor_options``
+    asks for (``num_cpus`` defaulting to 1, at most bundle 0's CPUs), or, when
+    it names no resource, the whole of bundle 0."""
+    opts = dict(actor_options)
+    if actor_resources(opts):
+        opts.setdefault("num_cpus", min(1.0, bundles[0].get("CPU", 0.0)))
+        return opts
+    b0 = dict(bundles[0])
+    opts.update(num_cpus=b0.pop("CPU", 0.0), num_gpus=b0.pop("GPU", 0.0))
+    if "memory" in b0:
+        opts["memory"] = b0.pop("memory")
+    if b0:
+        opts["resources"] = b0
+    return opts
+
+
+def per_node(info: Mapping[str, Any]) -> dict[str, dict]:
+    """What a placed group holds on each node, from its ``placement_group_table`` entry."""
+    where = info.get("bundles_to_node_id") or {}
+    out: dict[str, dict] = {}
+    for i, bundle in (info.get("bundles") or {}).items():
+        node = where.get(i)
+        if node is not None:
+            held = out.setdefault(node, {})
+            for k, v in bundle.items():
+                held[k] = held.get(k, 0.0) + v
+    return out
 
 
 def bundle_sum(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:

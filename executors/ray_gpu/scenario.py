@@ -17,6 +17,7 @@ when the timeline passes t (before the first action due after t), allowing
 
 from __future__ import annotations
 
+import math
 import time
 from typing import IO, Any
 
@@ -217,8 +218,7 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
         time.sleep(controller_back - time.monotonic())
     for name in applied:
         ask(ctl, "wait_healthy", name, healthy_timeout, timeout=healthy_timeout + 60)
-    for e in timed:  # due after the last action: checked after it settled, like the end ones
-        earlier.append(ask(ctl, "check", e, settle, timeout=settle + 60))
+    check_until(math.inf)  # those due after the last action: once it settled, like the end ones
     text, results = ask(ctl, "finish_trace", [e for e in sc.expect if e.at is None], earlier)
     chunks.append(text)
     if trace_fp is not None:

@@ -84,3 +84,17 @@ def test_deployment_checks_its_placement_options_when_declared():
             pass
     with pytest.raises(ValueError, match="max_ongoing_requests must be >= 1"):
         deployment(max_ongoing_requests=0)(type("X", (), {}))
+
+
+def test_the_replica_actor_takes_what_it_asks_for_or_all_of_bundle_0():
+    assert pl.actor_options_in_group({"num_gpus": 1}, [{"CPU": 2, "GPU": 1}]) == {"num_gpus": 1, "num_cpus": 1.0}
+    assert pl.actor_options_in_group({"num_gpus": 1}, [{"GPU": 1}]) == {"num_gpus": 1, "num_cpus": 0.0}
+    assert pl.actor_options_in_group({"max_restarts": 0}, [{"CPU": 2, "GPU": 1, "memory": 5, "accel": 1}]) == {
+        "max_restarts": 0, "num_cpus": 2, "num_gpus": 1, "memory": 5, "resources": {"accel": 1}}
+
+
+def test_a_groups_holdings_per_node_come_from_its_table_entry():
+    info = {"bundles": {0: {"CPU": 1.0}, 1: {"CPU": 0.5, "GPU": 1.0}, 2: {"GPU": 1.0}},
+            "bundles_to_node_id": {0: "a", 1: "b", 2: "b"}}
+    assert pl.per_node(info) == {"a": {"CPU": 1.0}, "b": {"CPU": 0.5, "GPU": 2.0}}
+    assert pl.per_node({}) == {}  # not placed
