@@ -6,7 +6,7 @@ millions of lines costs memory proportional to the replicas, not the lines.
 
 Two kinds of problem, kept apart:
 
-* :class:`TraceFormatError` - the file is not a readable version-1 trace (not
+* :class:`TraceFormatError` - the file is not a readable version-2 trace (not
   JSON, no header, wrong schema or version, a record missing a required field
   or with a field of the wrong type, an unknown record kind, time going
   backwards, a command outside a step, records after the end record). The
@@ -161,7 +161,7 @@ _REQUIRED = {
 #: per command type: (required top-level overrides, required ``fields`` entries)
 _COMMAND_FIELDS = {
     "StartReplica": ({"replica": "str", "rank": "rank"},
-                     {"rank": "int", "world_size": "int", "replaces": "str?", "lineage": "int?"}),
+                     {"global_rank": "int", "world_size": "int", "replaces": "str?", "lineage": "int?"}),
     "InitializeReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int"}),
     "ReconfigureReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int", "reason": "str"}),
     "StopReplica": ({"replica": "str"}, {}),

@@ -30,7 +30,7 @@ def rank_history(records: Iterable[dict]) -> dict[tuple[str, int], list[int]]:
             if f.get("lineage") is not None:
                 key = (rec["deployment"], f["lineage"])
                 lineage_of[f["replica_id"]] = key
-                hold(key, f["rank"])
+                hold(key, f["global_rank"])
         elif kind == "command" and rec["type"] == "ReconfigureReplica":
             key = lineage_of.get(rec["replica"])
             if key is not None:

@@ -18,7 +18,7 @@ import rankcore as rc
 from rankcore.lifecycle import Phase
 
 SCHEMA = "rankcore-trace"
-VERSION = 1
+VERSION = 2  # 2: StartReplica.rank became global_rank
 
 __all__ = ["TraceWriter", "read_trace", "snapshot_record", "SCHEMA", "VERSION", "jsonable"]
 
@@ -166,8 +166,8 @@ def _command_record(t: float, cmd: object, after: rc.State) -> dict:
     r = getattr(cmd, "rank", None)
     if isinstance(r, rc.ReplicaRank):
         rank = [r.rank, r.node_rank, r.local_rank]
-    elif isinstance(r, int):
-        rank = [r, None, None]
+    elif isinstance(cmd, rc.StartReplica):
+        rank = [cmd.global_rank, None, None]
     node = None
     phase = None
     if dep is not None and rid is not None and rid in dep.replicas:

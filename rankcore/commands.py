@@ -26,12 +26,15 @@ __all__ = [
     "Command",
 ]
 
-_frozen = attrs.frozen(kw_only=True)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class StartReplica:
-    """Create replica ``replica_id`` and place it; it holds global ``rank``.
+    """Create replica ``replica_id`` and place it; it holds ``global_rank``.
+
+    Only the global rank exists before placement (node and local ranks come
+    with the node): hence an int here and a full ``ReplicaRank`` on
+    ``InitializeReplica.rank`` / ``ReconfigureReplica.rank``.
 
     ``replaces`` names the crashed replica whose rank it inherits, if any;
     ``lineage`` numbers the chain of replicas that replaced one another (a
@@ -40,13 +43,13 @@ class StartReplica:
 
     replica_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
-    rank: int = attrs.field(validator=f.count)
+    global_rank: int = attrs.field(validator=f.count)
     world_size: int = attrs.field(validator=f.count)
     replaces: str | None = attrs.field(default=None, validator=f.optional_name)
     lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class InitializeReplica:
     """Run the user's ``__init__`` with the full rank, then ``reconfigure``
     with ``user_config`` when ``call_reconfigure`` (the seed's startup rule),
@@ -61,7 +64,7 @@ class InitializeReplica:
     pass_rank: bool = attrs.field(default=False, validator=f.flag)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReconfigureReplica:
     """Tell a running replica its new rank / user_config.
 
@@ -82,7 +85,7 @@ class ReconfigureReplica:
     pass_rank: bool = attrs.field(validator=f.flag)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class StopReplica:
     """Stop the replica gracefully. Answer: ReplicaStopped."""
 
@@ -90,7 +93,7 @@ class StopReplica:
     deployment: str = attrs.field(validator=f.name)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class UpdateWorldSize:
     """Every live replica of ``deployment`` now has ``world_size`` (the target)."""
 

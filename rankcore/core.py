@@ -181,7 +181,7 @@ def _start(tx: _Tx, dep: Deployment, n: int) -> Deployment:
             ix.set(rid, dep.name)
         tx.index = ix.finish()
     for rid in ids:
-        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, rank=ranks.global_rank(rid),
+        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
                              world_size=dep.target, lineage=lineages[rid]))
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n
@@ -253,7 +253,7 @@ def _crash(tx: _Tx, dep: Deployment, rep: Replica) -> Deployment:
         StartReplica(
             replica_id=new_id,
             deployment=dep.name,
-            rank=ranks.global_rank(new_id),
+            global_rank=ranks.global_rank(new_id),
             world_size=dep.target,
             replaces=rid,
             lineage=rep.lineage,

@@ -32,7 +32,6 @@ __all__ = [
     "Event",
 ]
 
-_frozen = attrs.frozen(kw_only=True)
 
 
 class _Marker:
@@ -62,7 +61,7 @@ def _check_reconfigure(inst: "DeploymentApplied", attribute: attrs.Attribute, va
         )
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
 
@@ -79,7 +78,7 @@ class DeploymentApplied:
     reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ScaleRequested:
     """Someone (a user, an autoscaler) asked for a new replica count.
 
@@ -93,7 +92,7 @@ class ScaleRequested:
     victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaPlaced:
     """The executor put a started replica on a node (answers StartReplica)."""
 
@@ -101,14 +100,14 @@ class ReplicaPlaced:
     node_id: str = attrs.field(validator=f.name)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaReady:
     """The replica finished initialising (answers InitializeReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
@@ -116,7 +115,7 @@ class ReplicaReconfigured:
     version: int = attrs.field(validator=f.count)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaCrashed:
     """The replica died, failed to start, failed a health check or a reconfigure."""
 
@@ -124,14 +123,14 @@ class ReplicaCrashed:
     reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaStopped:
     """The replica has fully stopped (answers StopReplica); its ranks are released."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class NodeLost:
     """A node is gone: every replica placed on it has crashed."""
 
@@ -159,7 +158,7 @@ def _check_report(inst: "ReplicaReport", attribute: attrs.Attribute, value: Any)
         )
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ReplicaReport:
     """What one live replica tells a recovering controller.
 
@@ -184,7 +183,7 @@ class ReplicaReport:
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 

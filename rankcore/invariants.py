@@ -166,8 +166,8 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
         if isinstance(c, StartReplica) and c.replaces is not None:
             dep = before.deployments[c.deployment]
             old = dep.ranks.global_rank(c.replaces)
-            if c.rank != old:
-                _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.rank}")
+            if c.global_rank != old:
+                _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.global_rank}")
             if result.state.deployments[c.deployment].replicas[c.replica_id].lineage != dep.replicas[c.replaces].lineage:
                 _fail(f"{c.replica_id} replaces {c.replaces} but is not of its lineage")
 

@@ -19,7 +19,6 @@ from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "replica_id"]
 
-_frozen = attrs.frozen(kw_only=True)
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 
 
@@ -36,7 +35,7 @@ def parse_replica_number(rid: str) -> int | None:
     return int(tail)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Replica:
     """One incarnation of a replica. A replacement is a new Replica (new id)
     of the same ``lineage``; events about an older incarnation are stale."""
@@ -58,7 +57,7 @@ def _empty_counts() -> tuple[int, ...]:
     return (0,) * len(LIVE)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Deployment:
     """A deployment's config, replicas and rank table."""
 
@@ -101,7 +100,7 @@ class Deployment:
         return self.ranks.rank_of(rid)
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class State:
     """Everything the core knows. Build the first one with ``State()``."""
 
@@ -133,7 +132,7 @@ class State:
         return dict(self.deployment(deployment).ranks.items())
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Compaction:
     """One compaction inside a step: the lower bound it had to meet and what it changed."""
 
@@ -142,7 +141,7 @@ class Compaction:
     changes: Reassignments
 
 
-@_frozen
+@attrs.frozen(kw_only=True)
 class Step:
     """The result of one ``step``: the new state and what to do, in order.
 

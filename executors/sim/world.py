@@ -45,7 +45,7 @@ class SimReplica:
         self.phase = "pending"
         self.node: str | None = None
         self.rank: rc.ReplicaRank | None = None
-        self.global_rank = cmd.rank
+        self.global_rank = cmd.global_rank
         self.world_size = cmd.world_size
         self.user_config = None
         self.version = 0

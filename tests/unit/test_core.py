@@ -135,7 +135,7 @@ def test_ranks_are_released_only_when_fully_stopped():
     assert d.dep().ranks.global_rank(top) == 3
     cmds = d.run(rc.ScaleRequested(deployment="app", num_replicas=4))
     (start,) = of(rc.StartReplica, cmds)
-    assert start.rank == 4
+    assert start.global_rank == 4
     out = d.release()
     assert top not in d.dep().replicas
     # once healthy, the newcomer is compacted from 4 down to the freed 3
@@ -228,7 +228,7 @@ def test_crash_replacement_reuses_rank_and_follows_new_node():
     d.node_for = lambda cmd: "n0"
     cmds = d.run(rc.ReplicaCrashed(replica_id=victim, reason="oom"))
     (start,) = of(rc.StartReplica, cmds)
-    assert start.rank == 1 and start.replaces == victim
+    assert start.global_rank == 1 and start.replaces == victim
     new = d.by_rank()[1]
     assert d.dep().replicas[new].lineage == 1
     assert d.ranks()[new] == (1, 0, 2)
@@ -242,7 +242,7 @@ def test_node_lost_replaces_every_replica_on_it_and_recompacts():
     old = d.by_rank()
     d.node_for = lambda cmd: "n0"
     cmds = d.run(rc.NodeLost(node_id="n1"))
-    assert sorted(c.rank for c in of(rc.StartReplica, cmds)) == [1, 4]
+    assert sorted(c.global_rank for c in of(rc.StartReplica, cmds)) == [1, 4]
     assert d.dep().healthy
     ranks = d.ranks()
     assert sorted(r[0] for r in ranks.values()) == list(range(6))

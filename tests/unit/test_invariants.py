@@ -25,7 +25,7 @@ def test_crash_replacement_with_another_rank_is_caught():
     victim = d.by_rank()[1]
     result = rc.step(before, rc.ReplicaCrashed(replica_id=victim))
     start = result.commands[0]
-    forged = attrs.evolve(result, commands=(attrs.evolve(start, rank=3),))
+    forged = attrs.evolve(result, commands=(attrs.evolve(start, global_rank=3),))
     with pytest.raises(rc.InvariantViolation, match="replaces"):
         inv.check_crash_inherits_rank(before, None, forged)
 
@@ -95,7 +95,7 @@ class ForgetfulCore(CoreSubject):
 
     def step(self, state, event):
         result = rc.step(state, event)
-        cmds = tuple(attrs.evolve(c, rank=c.rank + 1) if isinstance(c, rc.StartReplica) and c.replaces else c
+        cmds = tuple(attrs.evolve(c, global_rank=c.global_rank + 1) if isinstance(c, rc.StartReplica) and c.replaces else c
                      for c in result.commands)
         return attrs.evolve(result, commands=cmds)
 

@@ -54,7 +54,7 @@ def test_gaps_left_by_dead_replicas_are_the_lowest_free_ranks():
         report("app#3", rc.ReplicaRank(rank=3, node_rank=0, local_rank=2)),
     )))
     (start,) = of(rc.StartReplica, cmds)
-    assert start.rank == 1
+    assert start.global_rank == 1
     assert sorted(r[0] for r in d.ranks().values()) == [0, 1, 2, 3]
     assert of(rc.ReconfigureReplica, cmds) == []
 

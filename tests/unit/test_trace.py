@@ -201,9 +201,9 @@ def test_missing_header(tmp_path, downscale_text):
 
 def test_wrong_schema_and_version(tmp_path, downscale_text):
     recs = _records(downscale_text)
-    recs[0]["version"] = 2
-    assert "version 2" in _malformed(tmp_path, _dump(recs))
-    recs[0]["version"], recs[0]["schema"] = 1, "other"
+    recs[0]["version"] = 1
+    assert "version 1" in _malformed(tmp_path, _dump(recs))
+    recs[0]["version"], recs[0]["schema"] = 2, "other"
     assert "header" in _malformed(tmp_path, _dump(recs))
 
 
@@ -252,7 +252,7 @@ def test_unreadable_inputs(tmp_path):
     assert "no header" in _malformed(tmp_path, "")
     assert "header" in _malformed(tmp_path, "[1, 2, 3]\n")
     assert "header" in _malformed(tmp_path, "42\n")
-    header = '{"kind":"header","schema":"rankcore-trace","version":1}\n'
+    header = '{"kind":"header","schema":"rankcore-trace","version":2}\n'
     assert "line 2: a record must be an object" in _malformed(tmp_path, header + "null\n")
     assert "UTF-8" in _malformed(tmp_path, b'{"kind":"header"\xff}\n')
     with pytest.raises(TraceFormatError, match="cannot read"):
