@@ -134,7 +134,9 @@ def _initialize(dep: Deployment, rid: str) -> InitializeReplica:
         rank=dep.ranks.rank_of(rid),
         world_size=dep.target,
         user_config=dep.user_config,
-        call_reconfigure=dep.has_reconfigure and dep.user_config is not None,
+        # Ray Serve 2.60 calls it when there is a user_config *or* the method
+        # takes ``rank`` ("user config is not None or user subscribed to rank").
+        call_reconfigure=dep.has_reconfigure and (dep.user_config is not None or dep.reconfigure_takes_rank),
         pass_rank=dep.reconfigure_takes_rank,
     )
 
@@ -145,7 +147,7 @@ def _reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, R
     if reason == "user_config":
         call_user = dep.has_reconfigure
     else:
-        call_user = dep.has_reconfigure and dep.reconfigure_takes_rank and dep.user_config is not None
+        call_user = dep.has_reconfigure and dep.reconfigure_takes_rank  # user_config may be None
     new = _evolve(
         rep,
         phase=advance(rep.phase, Trigger.RECONFIGURE, rep.replica_id),

@@ -47,6 +47,16 @@ def test_startup_reconfigure_rule(user_config, has_reconfigure, expected):
     assert of(rc.InitializeReplica, cmds)[0].call_reconfigure is expected
 
 
+@pytest.mark.parametrize("user_config", [None, {"m": 1}])
+def test_reconfigure_taking_rank_is_called_at_start_without_user_config(user_config):
+    """Ray Serve 2.60's rule: a reconfigure(user_config, rank) is called at start
+    whenever it takes rank, with or without a user_config (issue 8, point 10)."""
+    d = Driver()
+    cmds = deploy(d, 2, user_config=user_config, has_reconfigure=True, reconfigure_takes_rank=True)
+    inits = of(rc.InitializeReplica, cmds)
+    assert [(c.call_reconfigure, c.pass_rank, c.user_config) for c in inits] == [(True, True, user_config)] * 2
+
+
 def test_seed_lifecycle_table():
     """The seed's table: upscale leaves ranks, world size up; downscale may change
     ranks, world size down; another replica dying, or this one: no change."""
@@ -184,8 +194,10 @@ def test_compaction_covers_node_and_local_ranks():
 
 def test_rank_reconfigure_call_rules():
     """Rank-change reconfigures always update the context; the user's method is
-    called only with reconfigure(rank) and a user_config (the seed's rule)."""
-    for user_config, takes_rank, call in [({"a": 1}, True, True), (None, True, False), ({"a": 1}, False, False)]:
+    called whenever it takes rank, with or without a user_config (issue 8 point 10
+    changed the None case: Ray Serve 2.60 calls it then too)."""
+    for user_config, takes_rank, call in [({"a": 1}, True, True), (None, True, True), ({"a": 1}, False, False),
+                                          (None, False, False)]:
         d = Driver(nodes=["n0"])
         deploy(d, 3, user_config=user_config, reconfigure_takes_rank=takes_rank)
         cmds = d.run(rc.ScaleRequested(deployment="app", num_replicas=2, victims=(d.by_rank()[0],)))
