@@ -22,6 +22,7 @@ from .errors import (
     UnknownReplica,
 )
 from .events import (
+    DEFAULT_MAX_REPLICAS,
     OUTDATED,
     UNKNOWN,
     ControllerRecovered,
@@ -47,7 +48,7 @@ __all__ = [
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",
-    "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED",
+    "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",

@@ -20,7 +20,7 @@ import attrs
 import immutables
 
 from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
-from .errors import InvalidEvent
+from .errors import InvalidConfig, InvalidEvent
 from .events import (
     ControllerRecovered,
     DeploymentApplied,
@@ -307,7 +307,8 @@ def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
         dep = Deployment.applied(e)
         tx.put(_reconcile(tx, dep))
         return tx.finish()
-    dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank)
+    dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
+                  max_replicas=e.max_replicas)
     config_changed = e.user_config != dep.user_config
     if config_changed:
         dep = _evolve(dep, user_config=e.user_config, config_version=dep.config_version + 1)
@@ -331,6 +332,11 @@ def _on_deployment_applied(tx: _Tx, e: DeploymentApplied) -> Step:
 
 def _on_scale_requested(tx: _Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
+    if e.num_replicas > dep.max_replicas:
+        raise InvalidConfig(
+            f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is above the deployment's "
+            f"max_replicas={dep.max_replicas} (raise it with DeploymentApplied.max_replicas if you mean it)"
+        )
     for v in e.victims:
         rep = dep.replicas.get(v)
         if rep is None:

@@ -14,9 +14,10 @@ import attrs
 from . import fields as f
 from .errors import InvalidConfig
 from .lifecycle import Phase
-from .ranks import ReportedRank
+from .ranks import MAX_RANKS, ReportedRank
 
 __all__ = [
+    "DEFAULT_MAX_REPLICAS",
     "UNKNOWN",
     "OUTDATED",
     "DeploymentApplied",
@@ -53,6 +54,25 @@ UNKNOWN: Any = _Marker("UNKNOWN")
 OUTDATED: Any = _Marker("OUTDATED")
 
 
+#: The default ceiling on a deployment's replica count. A typo such as
+#: ``num_replicas=10**7`` would otherwise run for minutes and gigabytes before
+#: anything visible happens; a caller who means it raises
+#: ``DeploymentApplied.max_replicas``.
+DEFAULT_MAX_REPLICAS = 100_000
+
+
+def _check_max_replicas(inst: "DeploymentApplied", attribute: attrs.Attribute, value: int) -> None:
+    if type(value) is not int or value < 1:
+        raise InvalidConfig(f"DeploymentApplied.max_replicas must be a positive int, got {value!r}")
+    if value > MAX_RANKS:
+        raise InvalidConfig(f"DeploymentApplied.max_replicas={value} is above the rank space ({MAX_RANKS})")
+    if inst.num_replicas > value:
+        raise InvalidConfig(
+            f"DeploymentApplied({inst.name!r}).num_replicas={inst.num_replicas} is above "
+            f"max_replicas={value} (raise max_replicas if you mean it)"
+        )
+
+
 def _check_reconfigure(inst: "DeploymentApplied", attribute: attrs.Attribute, value: bool) -> None:
     f.flag(inst, attribute, value)
     if value and not inst.has_reconfigure:
@@ -76,6 +96,8 @@ class DeploymentApplied:
     user_config: Any = attrs.field(default=None, hash=False)
     has_reconfigure: bool = attrs.field(default=False, validator=f.flag)
     reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
+    #: the most replicas this deployment may ever be scaled to (ScaleRequested too)
+    max_replicas: int = attrs.field(default=DEFAULT_MAX_REPLICAS, validator=_check_max_replicas)
 
 
 @attrs.frozen(kw_only=True)
@@ -85,6 +107,8 @@ class ScaleRequested:
     ``victims`` optionally names replicas to stop first on a downscale (in
     order); the core picks the rest: not-yet-running ones first, then the
     highest ranks, so that fewer ranks have to be compacted afterwards.
+    ``num_replicas`` above the deployment's ``max_replicas`` raises
+    ``InvalidConfig`` in ``step``.
     """
 
     deployment: str = attrs.field(validator=f.name)

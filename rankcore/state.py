@@ -14,6 +14,7 @@ import immutables
 
 from . import fields as f
 from .errors import InvalidEvent
+from .events import DEFAULT_MAX_REPLICAS
 from .lifecycle import LIVE, Phase
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
@@ -66,6 +67,7 @@ class Deployment:
     user_config: Any = attrs.field(default=None, hash=False)
     has_reconfigure: bool = False
     reconfigure_takes_rank: bool = False
+    max_replicas: int = DEFAULT_MAX_REPLICAS
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
@@ -76,7 +78,8 @@ class Deployment:
     def applied(cls, spec: Any, **more: Any) -> Deployment:
         """A deployment as a ``DeploymentApplied`` declares it (``more``: the rest)."""
         return cls(name=spec.name, target=spec.num_replicas, user_config=spec.user_config,
-                   has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank, **more)
+                   has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
+                   max_replicas=spec.max_replicas, **more)
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]

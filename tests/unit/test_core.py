@@ -419,3 +419,23 @@ def test_run_applies_events_in_order():
                               rc.ScaleRequested(deployment="app", num_replicas=1)])
     assert [type(c).__name__ for c in commands] == ["StartReplica", "StartReplica", "UpdateWorldSize", "StopReplica"]
     assert state.deployments["app"].target == 1
+
+
+# ------------------------------------------------------------ replica ceiling
+def test_replica_count_above_the_ceiling_is_refused_at_once():
+    """num_replicas=10**7 is a typo until the caller raises max_replicas (issue 8, point 6)."""
+    with pytest.raises(rc.InvalidConfig, match=r"num_replicas=10000000 is above max_replicas=100000"):
+        rc.DeploymentApplied(name="llm", num_replicas=10**7)
+    assert rc.DEFAULT_MAX_REPLICAS == 100_000
+    big = rc.DeploymentApplied(name="llm", num_replicas=2, max_replicas=200_000)
+    state = rc.step(rc.State(), big).state
+    assert state.deployments["llm"].max_replicas == 200_000
+    with pytest.raises(rc.InvalidConfig, match=r"ScaleRequested\('llm'\).num_replicas=300000 .* max_replicas=200000"):
+        rc.step(state, rc.ScaleRequested(deployment="llm", num_replicas=300_000))
+    small = rc.step(state, rc.DeploymentApplied(name="llm", num_replicas=2, max_replicas=4)).state
+    with pytest.raises(rc.InvalidConfig, match="max_replicas=4"):
+        rc.step(small, rc.ScaleRequested(deployment="llm", num_replicas=5))
+    assert len(rc.step(small, rc.ScaleRequested(deployment="llm", num_replicas=4)).commands) == 3
+    for bad in (0, -1, "4", True):
+        with pytest.raises(rc.InvalidConfig, match="max_replicas"):
+            rc.DeploymentApplied(name="llm", num_replicas=0, max_replicas=bad)
