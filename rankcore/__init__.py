@@ -19,6 +19,7 @@ from .errors import (
     InvariantViolation,
     RankcoreError,
     RankConflict,
+    UnknownDeployment,
     UnknownReplica,
 )
 from .events import (
@@ -52,5 +53,5 @@ __all__ = [
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
-    "RankConflict", "UnknownReplica",
+    "RankConflict", "UnknownReplica", "UnknownDeployment",
 ]

@@ -14,6 +14,7 @@ __all__ = [
     "InvariantViolation",
     "RankConflict",
     "UnknownReplica",
+    "UnknownDeployment",
 ]
 
 
@@ -42,3 +43,11 @@ class UnknownReplica(RankcoreError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "unknown replica"
+
+
+class UnknownDeployment(RankcoreError, KeyError):
+    """A read (``State.deployment``, ``State.ranks``) named a deployment the state
+    does not hold. Events naming one raise :class:`InvalidEvent` instead."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown deployment"

@@ -144,7 +144,7 @@ class ReplicaCrashed:
     """The replica died, failed to start, failed a health check or a reconfigure."""
 
     replica_id: str = attrs.field(validator=f.name)
-    reason: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    reason: str = attrs.field(default="", validator=f.text)
 
 
 @attrs.frozen(kw_only=True)
@@ -169,7 +169,8 @@ def _report_phase(value: Any) -> Phase:
     try:
         phase = Phase(value)
     except ValueError:
-        raise InvalidConfig(f"ReplicaReport.phase must be a phase name, got {value!r}") from None
+        live = ", ".join(repr(p.value) for p in Phase if p not in (Phase.STOPPED, Phase.CRASHED))
+        raise InvalidConfig(f"ReplicaReport.phase must be one of {live}, got {value!r}") from None
     if phase in (Phase.STOPPED, Phase.CRASHED):
         raise InvalidConfig(f"ReplicaReport.phase: a live replica cannot report {phase.value!r}")
     return phase
@@ -227,6 +228,8 @@ class ControllerRecovered:
 
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:
+        if not isinstance(value, tuple):
+            raise InvalidConfig(f"ControllerRecovered.deployments must be an iterable of DeploymentApplied, got {value!r}")
         seen = set()
         for d in value:
             if not isinstance(d, DeploymentApplied):
@@ -237,6 +240,8 @@ class ControllerRecovered:
 
     @reports.validator
     def _check_reports(self, attribute: attrs.Attribute, value: tuple) -> None:
+        if not isinstance(value, tuple):
+            raise InvalidConfig(f"ControllerRecovered.reports must be an iterable of ReplicaReport, got {value!r}")
         seen = set()
         for r in value:
             if not isinstance(r, ReplicaReport):

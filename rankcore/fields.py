@@ -7,7 +7,7 @@ the record, the field and the value (h11's rule), so a bad event never reaches
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import attrs
 
@@ -51,7 +51,21 @@ def names(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def to_tuple(value: Any) -> Any:
-    """Accept any iterable for a tuple field (a list from YAML, say)."""
-    if isinstance(value, (list, set, frozenset)):
+    """Accept any iterable for a tuple field (a list from YAML, a generator).
+
+    Materialised once, *before* validation: a validator that iterated a
+    generator would leave the record holding it exhausted. A string or a
+    mapping is left alone, for the validator to refuse by name (a str is
+    iterable, but "llm#1" is not a list of replica ids).
+    """
+    if isinstance(value, tuple) or isinstance(value, (str, bytes, Mapping)):
+        return value
+    if isinstance(value, Iterable):
         return tuple(value)
     return value
+
+
+def text(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A str (may be empty)."""
+    if not isinstance(value, str):
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a str, got {value!r}")

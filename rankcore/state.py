@@ -13,7 +13,7 @@ import attrs
 import immutables
 
 from . import fields as f
-from .errors import InvalidEvent
+from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS
 from .lifecycle import LIVE, Phase
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
@@ -117,10 +117,12 @@ class State:
     retired: immutables.Map = attrs.field(factory=immutables.Map)
 
     def deployment(self, name: str) -> Deployment:
+        """The deployment ``name``; :class:`UnknownDeployment` (a ``KeyError``) names the known ones."""
         try:
             return self.deployments[name]
         except KeyError:
-            raise InvalidEvent(f"unknown deployment {name!r}") from None
+            known = ", ".join(repr(n) for n in sorted(self.deployments.keys())) or "none"
+            raise UnknownDeployment(f"unknown deployment {name!r} (known: {known})") from None
 
     def replica(self, rid: str) -> Replica | None:
         name = self.index.get(rid)
