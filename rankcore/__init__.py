@@ -40,12 +40,13 @@ from .events import (
 )
 from .lifecycle import Phase
 from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
-from .state import Deployment, Replica, State, Step
+from .state import Compaction, Deployment, RecoveryOutcome, Replica, State, Step, desired_specs
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "step", "run", "State", "Step", "Deployment", "Replica", "Phase",
+    "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
+    "desired_specs",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",

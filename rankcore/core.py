@@ -33,7 +33,16 @@ from .events import (
     ScaleRequested,
 )
 from .lifecycle import LIVE, Phase, Trigger, advance
-from .state import Compaction, Deployment, Replica, State, Step, parse_replica_number, replica_id
+from .state import (
+    Compaction,
+    Deployment,
+    RecoveryOutcome,
+    Replica,
+    State,
+    Step,
+    parse_replica_number,
+    replica_id,
+)
 
 __all__ = ["step", "run"]
 
@@ -90,7 +99,7 @@ class _Tx:
         dep = self.deps[name]
         return dep, dep.replicas[rid]
 
-    def finish(self, stale: bool = False) -> Step:
+    def finish(self, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
         for name in sorted(self.touched):
             dep = self.deps.get(name)
             if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
@@ -103,7 +112,8 @@ class _Tx:
             retired=self.retired,
         )
         return Step(
-            state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions)
+            state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions),
+            recovery=recovery,
         )
 
 
@@ -431,7 +441,16 @@ def _on_controller_recovered(tx: _Tx, e: ControllerRecovered) -> Step:
     from .recovery import rebuild
 
     rebuild(tx, e)
-    return tx.finish()
+    step = tx.finish()
+    known = {d.name for d in e.deployments}
+    stops = [c for c in step.commands if isinstance(c, StopReplica)]
+    outcome = RecoveryOutcome(
+        started=tuple(c.replica_id for c in step.commands if isinstance(c, StartReplica)),
+        stopped=tuple(c.replica_id for c in stops if c.deployment in known),
+        unknown_stopped=tuple(c.replica_id for c in stops if c.deployment not in known),
+        reconfigured=tuple(c.replica_id for c in step.commands if isinstance(c, ReconfigureReplica)),
+    )
+    return attrs.evolve(step, recovery=outcome)
 
 
 _HANDLERS: dict[type, Callable[[_Tx, object], Step]] = {

@@ -225,6 +225,10 @@ class ControllerRecovered:
     reports: tuple[ReplicaReport, ...] = attrs.field(converter=f.to_tuple)
     next_replica_number: int = attrs.field(default=0, validator=f.count)
     next_lineage: int = attrs.field(default=0, validator=f.count)
+    #: stop live replicas of deployments ``deployments`` does not name. False
+    #: (the default) makes such reports raise InvalidEvent instead: a
+    #: forgotten spec must not silently stop a fleet.
+    stop_unknown: bool = attrs.field(default=False, validator=f.flag)
 
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:

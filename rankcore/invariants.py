@@ -17,7 +17,7 @@ from .errors import InvariantViolation
 from .events import OUTDATED, ControllerRecovered, DeploymentApplied, ReplicaReport, ScaleRequested
 from .lifecycle import LIVE, Phase
 from .ranks import ReplicaRank
-from .state import Deployment, State, Step
+from .state import Deployment, State, Step, desired_specs
 
 __all__ = [
     "check_state",
@@ -244,19 +244,10 @@ def check_step(before: State, event: object, result: Step) -> None:
 # ----------------------------------------------------------------- recovery
 def reports_from(state: State) -> ControllerRecovered:
     """The recovery event this state's own live replicas and configs would give."""
-    deployments = []
+    deployments = desired_specs(state)
     reports = []
     for name in sorted(state.deployments.keys()):
         dep = state.deployments[name]
-        deployments.append(
-            DeploymentApplied(
-                name=name,
-                num_replicas=dep.target,
-                user_config=dep.user_config,
-                has_reconfigure=dep.has_reconfigure,
-                reconfigure_takes_rank=dep.reconfigure_takes_rank,
-            )
-        )
         snap = dep.ranks.to_dict()
         for rid in sorted(dep.replicas.keys()):
             rep = dep.replicas[rid]

@@ -36,6 +36,7 @@ import attrs
 import immutables
 
 from .commands import StopReplica, UpdateWorldSize
+from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport
 from .lifecycle import LIVE, Phase
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
@@ -216,6 +217,13 @@ def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
         if r.lineage is not None:
             lineages.append(r.lineage)
         (by_dep[r.deployment] if r.deployment in by_dep else orphans).append(r)
+    if orphans and not e.stop_unknown:
+        names = sorted({r.deployment for r in orphans})
+        raise InvalidEvent(
+            f"ControllerRecovered: {len(orphans)} live replicas report deployments the event does not name "
+            f"({', '.join(map(repr, names))}); include their DeploymentApplied (rankcore.desired_specs(state) "
+            f"gives them all), or pass stop_unknown=True to stop those replicas"
+        )
     tx.next_replica = max(numbers) + 1
     tx.next_lineage = max(lineages) + 1
     tx.deps = immutables.Map()

@@ -14,11 +14,11 @@ import immutables
 
 from . import fields as f
 from .errors import UnknownDeployment
-from .events import DEFAULT_MAX_REPLICAS
+from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
-__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "replica_id"]
+__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 
@@ -81,6 +81,13 @@ class Deployment:
                    has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
                    max_replicas=spec.max_replicas, **more)
 
+    def spec(self) -> DeploymentApplied:
+        """The ``DeploymentApplied`` that declares this deployment as it is now
+        (its current target, not the count it was first applied with)."""
+        return DeploymentApplied(name=self.name, num_replicas=self.target, user_config=self.user_config,
+                                 has_reconfigure=self.has_reconfigure,
+                                 reconfigure_takes_rank=self.reconfigure_takes_rank, max_replicas=self.max_replicas)
+
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]
 
@@ -137,6 +144,36 @@ class State:
         return dict(self.deployment(deployment).ranks.items())
 
 
+def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:
+    """What an embedder persists to recover a controller: every deployment as
+    it is meant to be now (scales folded in), sorted by name. Pass it as
+    ``ControllerRecovered.deployments``."""
+    return tuple(state.deployments[name].spec() for name in sorted(state.deployments.keys()))
+
+
+@attrs.frozen(kw_only=True)
+class RecoveryOutcome:
+    """What a ``ControllerRecovered`` step did to the fleet, so that a
+    destructive outcome (replicas stopped) cannot pass unnoticed.
+
+    ``stopped``: live replicas stopped because more were reported than the
+    target (or their claims conflicted); ``unknown_stopped``: replicas of
+    deployments the event did not name (only with ``stop_unknown=True``);
+    ``started``: replicas started for ranks nobody reported; ``reconfigured``:
+    replicas told a new rank or user_config.
+    """
+
+    started: tuple[str, ...] = ()
+    stopped: tuple[str, ...] = ()
+    unknown_stopped: tuple[str, ...] = ()
+    reconfigured: tuple[str, ...] = ()
+
+    @property
+    def destructive(self) -> bool:
+        """True when the recovery stopped any live replica."""
+        return bool(self.stopped or self.unknown_stopped)
+
+
 @attrs.frozen(kw_only=True)
 class Compaction:
     """One compaction inside a step: the lower bound it had to meet and what it changed."""
@@ -152,9 +189,11 @@ class Step:
 
     ``stale`` is true when the event was about an older incarnation (or an
     already finished replica, or an unknown node) and so changed nothing.
+    ``recovery`` says what a ``ControllerRecovered`` did (None otherwise).
     """
 
     state: State
     commands: tuple = ()
     stale: bool = False
     compactions: tuple[Compaction, ...] = ()
+    recovery: RecoveryOutcome | None = None

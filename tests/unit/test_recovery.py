@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 import rankcore as rc
@@ -115,7 +116,7 @@ def test_node_rank_claims_majority_wins_and_conflicts_move():
 def test_reports_of_unknown_deployments_are_stopped_not_dropped():
     d = Driver(nodes=["n9"])
     orphan = rc.ReplicaReport(replica_id="old-x", deployment="gone", rank=0, node_id="n0")
-    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(orphan,)))
+    cmds = d.run(rc.ControllerRecovered(deployments=(SPEC,), reports=(orphan,), stop_unknown=True))
     assert rc.StopReplica(replica_id="old-x", deployment="gone") in cmds
     assert rc.step(d.state, rc.ReplicaStopped(replica_id="old-x")).stale
 
@@ -182,3 +183,41 @@ def test_news_about_a_departed_foreign_id_is_stale():
     assert rc.step(after.state, rc.ReplicaCrashed(replica_id=stop.replica_id)).stale
     with pytest.raises(rc.InvalidEvent, match="unknown replica 'uuid-9'"):
         rc.step(after.state, rc.ReplicaCrashed(replica_id="uuid-9"))
+
+
+# ------------------------------------------- what to persist; destructive outcomes
+def test_desired_specs_fold_scales_in_so_recovery_keeps_the_scaled_count():
+    """Recovering with the first DeploymentApplied after a scale 6 -> 3 scales back
+    to 6, and the step says so; desired_specs(state) keeps 3 (issue 8, point 11)."""
+    first = rc.DeploymentApplied(name="app", num_replicas=6, user_config={"v": 1}, has_reconfigure=True)
+    d = Driver(nodes=["n0", "n1"])
+    d.run(first)
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=3))
+    (spec,) = rc.desired_specs(d.state)
+    assert spec == attrs.evolve(first, num_replicas=3)
+    live = reports_from(d.state).reports
+    good = rc.step(rc.State(), rc.ControllerRecovered(deployments=rc.desired_specs(d.state), reports=live))
+    assert good.commands == () and good.recovery == rc.RecoveryOutcome()
+    assert not good.recovery.destructive
+    stale = rc.step(rc.State(), rc.ControllerRecovered(deployments=(first,), reports=live))
+    assert len(stale.recovery.started) == 3 and stale.state.deployments["app"].target == 6
+
+
+def test_recovery_naming_no_deployment_refuses_to_stop_the_fleet():
+    d = Driver(nodes=["n0"])
+    d.run(SPEC)
+    live = reports_from(d.state).reports
+    with pytest.raises(rc.InvalidEvent, match=r"4 live replicas report deployments the event does not name \('app'\)"):
+        rc.step(rc.State(), rc.ControllerRecovered(deployments=(), reports=live))
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(), reports=live, stop_unknown=True))
+    assert r.recovery.unknown_stopped == ("app#0", "app#1", "app#2", "app#3") and r.recovery.destructive
+    assert [c.replica_id for c in of(rc.StopReplica, r.commands)] == ["app#0", "app#1", "app#2", "app#3"]
+
+
+def test_recovery_outcome_names_replicas_stopped_beyond_the_target():
+    d = Driver(nodes=["n0"])
+    d.run(SPEC)
+    live = reports_from(d.state).reports
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(attrs.evolve(SPEC, num_replicas=3),), reports=live))
+    assert r.recovery.stopped == ("app#3",) and r.recovery.destructive
+    assert r.recovery.started == () and r.recovery.unknown_stopped == ()
