@@ -12,9 +12,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from .commands import ReconfigureReplica, StartReplica, UpdateWorldSize
+from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvariantViolation
-from .events import OUTDATED, ControllerRecovered, DeploymentApplied, ReplicaReport, ScaleRequested
+from .events import (
+    OUTDATED,
+    ControllerRecovered,
+    DeploymentApplied,
+    NodeLost,
+    ReplicaPlaced,
+    ReplicaReport,
+    ScaleRequested,
+)
 from .lifecycle import LIVE, Phase
 from .ranks import ReplicaRank
 from .state import Deployment, State, Step, desired_specs
@@ -29,6 +37,11 @@ __all__ = [
     "check_contiguity_counters",
     "check_world_size_commands",
     "check_crash_inherits_rank",
+    "check_new_replicas_take_lowest_free",
+    "check_compact_only_when_healthy",
+    "check_command_order",
+    "check_touched",
+    "touched_replicas",
     "check_upscale_keeps_ranks",
     "check_rank_changes_reconfigured",
     "check_compaction_minimal",
@@ -231,13 +244,218 @@ def check_compaction_minimal(before: State, event: object, result: Step) -> None
             _fail(f"{comp.deployment}: still not contiguous after compaction")
 
 
-def check_step(before: State, event: object, result: Step) -> None:
-    """All step invariants (plus the state invariants of the new state)."""
-    check_state(result.state)
+def check_new_replicas_take_lowest_free(before: State, event: object, result: Step) -> None:
+    """New replicas (not crash replacements) take the lowest free global rank,
+    and, once placed, the lowest free node rank (a node new to the deployment)
+    and local rank on their node; a replacement placed on its predecessor's
+    node may keep the predecessor's node and local ranks instead."""
+    new_ranks: dict[str, list[int]] = {}
+    for c in result.commands:
+        if isinstance(c, StartReplica) and c.replaces is None:
+            new_ranks.setdefault(c.deployment, []).append(c.global_rank)
+    for name, ranks in new_ranks.items():
+        table = result.state.deployments[name].ranks
+        free = table.lowest_free()
+        if free < max(ranks):
+            _fail(f"{name}: new replicas took global ranks {sorted(ranks)} while rank {free} was free")
+    if isinstance(event, ReplicaPlaced) and not result.stale:
+        name = before.index.get(event.replica_id)
+        dep_before = before.deployments.get(name) if name is not None else None
+        dep = result.state.deployments.get(name) if name is not None else None
+        if dep is None or dep_before is None or event.replica_id not in dep.replicas:
+            return
+        rk = dep.ranks.rank_of(event.replica_id)
+        if rk is None:
+            return
+        held = [(nr, lr) for _r, n, nr, lr in dep_before.ranks.to_dict().values() if n == event.node_id]
+        node_ranks = {nr for _r, n, nr, _l in dep_before.ranks.to_dict().values() if n is not None}
+        taken_locals = {lr for _nr, lr in held}
+        lowest_local = min(set(range(len(taken_locals) + 1)) - taken_locals)
+        pref = _preference(dep_before, event.replica_id)
+        inherit = pref is not None and pref[0] == event.node_id
+        if held:
+            if rk.node_rank != held[0][0]:
+                _fail(f"{name}: {event.replica_id} placed on {event.node_id!r} got node rank {rk.node_rank}, "
+                      f"the node's is {held[0][0]}")
+        else:
+            lowest_node = min(set(range(len(node_ranks) + 1)) - node_ranks)
+            allowed = {lowest_node} | ({pref[1]} if inherit and pref[1] not in node_ranks else set())  # type: ignore[index]
+            if rk.node_rank not in allowed:
+                _fail(f"{name}: {event.replica_id} opened node {event.node_id!r} with node rank {rk.node_rank}, "
+                      f"the lowest free is {lowest_node}")
+        if inherit and pref[2] not in taken_locals:  # type: ignore[index]
+            if rk.local_rank != pref[2]:  # type: ignore[index]
+                _fail(f"{name}: replacement {event.replica_id} placed back on {event.node_id!r} got local rank "
+                      f"{rk.local_rank}, its predecessor's was {pref[2]} and is free")  # type: ignore[index]
+        elif rk.local_rank != lowest_local:
+            _fail(f"{name}: {event.replica_id} placed on {event.node_id!r} got local rank {rk.local_rank}, "
+                  f"the lowest free is {lowest_local}")
+
+
+def _preference(dep: Deployment, rid: str) -> tuple | None:
+    """(node, node rank, local rank) a crash replacement inherits from its predecessor, if the table says."""
+    get = getattr(dep.ranks, "preference_of", None)
+    return None if get is None else get(rid)
+
+
+def check_compact_only_when_healthy(before: State, event: object, result: Step) -> None:
+    """Ranks are compacted only once the deployment is healthy: every other
+    replica running and the count at the target (the seed's rule)."""
+    for comp in result.compactions:
+        dep = result.state.deployments[comp.deployment]
+        moved = {a.replica for a in comp.changes}
+        if len(dep.replicas) != dep.target:
+            _fail(f"{comp.deployment}: compacted with {len(dep.replicas)} replicas, target {dep.target}")
+        for rid, rep in dep.replicas.items():
+            if rep.phase is not Phase.RUNNING and not (rep.phase is Phase.RECONFIGURING and rid in moved):
+                _fail(f"{comp.deployment}: compacted while {rid} was {rep.phase.value}")
+
+
+def check_command_order(before: State, event: object, result: Step) -> None:
+    """Within one step, per deployment: replicas are started in ascending global
+    rank (a lost node's replicas are replaced in rank order), and reconfigured
+    and initialised in ascending rank. Executors carry commands out in order,
+    so a wrapper that reorders them changes who gets what first."""
+    last: dict[tuple[str, str], int] = {}
+    for c in result.commands:
+        if isinstance(c, StartReplica):
+            key, r = ("start", c.deployment), c.global_rank
+        elif isinstance(c, (ReconfigureReplica, InitializeReplica)):
+            key, r = (type(c).__name__, c.deployment), c.rank.rank
+        else:
+            continue
+        if r <= last.get(key, -1):
+            _fail(f"{key[1]}: {type(c).__name__} for rank {r} comes after one for rank {last[key]} in one step")
+        last[key] = r
+
+
+def touched_replicas(event: object, result: Step) -> dict[str, set[str]]:
+    """Deployment -> replica ids the step may have changed: the event's replica,
+    every replica a command or a compaction names (a crash replacement's
+    predecessor included)."""
+    out: dict[str, set[str]] = {}
+    for c in result.commands:
+        rid = getattr(c, "replica_id", None)
+        if rid is not None:
+            out.setdefault(c.deployment, set()).add(rid)
+        if isinstance(c, StartReplica) and c.replaces is not None:
+            out[c.deployment].add(c.replaces)
+    for comp in result.compactions:
+        out.setdefault(comp.deployment, set()).update(a.replica for a in comp.changes)
+    rid = getattr(event, "replica_id", None)
+    if rid is not None:
+        for state_dep in (result.state.index.get(rid),):
+            if state_dep is not None:
+                out.setdefault(state_dep, set()).add(rid)
+    return out
+
+
+def check_touched(before: State, event: object, result: Step) -> None:
+    """The state invariants, for what the step touched (cost: the step's size,
+    not the deployment's): touched replicas are ranked consistently, removed
+    ones hold nothing, the phase counts and sizes add up, a healthy deployment
+    is contiguous (O(1) counters)."""
+    after = result.state
+    touched = touched_replicas(event, result)
+    rid = getattr(event, "replica_id", None)
+    if rid is not None and rid in before.index:
+        touched.setdefault(before.index[rid], set()).add(rid)
+    for name, dep in after.deployments.items():
+        old = before.deployments.get(name)
+        if old is dep:
+            continue
+        if len(dep.ranks) != len(dep.replicas):
+            _fail(f"{name}: {len(dep.ranks)} ranks held by {len(dep.replicas)} replicas")
+        if sum(dep.counts) != len(dep.replicas) or min(dep.counts) < 0:
+            _fail(f"{name}: phase counts {dep.counts} do not add up to {len(dep.replicas)} replicas")
+        if dep.healthy and not dep.ranks.is_contiguous():
+            _fail(f"{name} is healthy but its ranks are not contiguous")
+        ids = touched.get(name, set())
+        delta = [0] * len(LIVE)
+        for rid in ids:
+            if old is not None and rid in old.replicas:
+                delta[LIVE.index(old.replicas[rid].phase)] -= 1
+            rep = dep.replicas.get(rid)
+            if rep is None:
+                if rid in dep.ranks or after.index.get(rid) == name:
+                    _fail(f"{name}: {rid} left but still holds a rank or an index entry")
+                continue
+            delta[LIVE.index(rep.phase)] += 1
+            if after.index.get(rid) != name:
+                _fail(f"{name}: replica {rid!r} is missing from the replica index")
+            if rid not in dep.ranks:
+                _fail(f"{name}: replica {rid!r} holds no rank")
+            g = dep.ranks.global_rank(rid)
+            if dep.ranks.holder_of(g) != rid:
+                _fail(f"{name}: {rid} holds global rank {g}, which the table gives {dep.ranks.holder_of(g)!r}")
+            node = dep.ranks.node_of(rid)
+            if node != rep.node_id and not (rep.phase is Phase.PENDING and node is None):
+                _fail(f"{name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
+            if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
+                _fail(f"{name}: {rep.phase.value} replica {rid!r} has no node rank")
+            if rep.phase is Phase.PENDING and node is not None:
+                _fail(f"{name}: pending replica {rid!r} already has node ranks")
+        if old is not None:
+            want = tuple(a + d for a, d in zip(old.counts, delta))
+            if want != dep.counts:
+                _fail(f"{name}: phase counts {old.counts} -> {dep.counts}, but the touched replicas say {want}")
+
+
+def _check_rank_changes_touched(before: State, event: object, result: Step) -> None:
+    """``check_rank_changes_reconfigured`` restricted to the touched replicas."""
+    if isinstance(event, ControllerRecovered):
+        return
+    sent = Counter(
+        (c.deployment, c.replica_id) for c in result.commands if isinstance(c, ReconfigureReplica) and c.reason == "rank"
+    )
+    for (name, rid), n in sent.items():
+        if n != 1:
+            _fail(f"{name}/{rid} got {n} rank reconfigures in one step")
+    for name, ids in touched_replicas(event, result).items():
+        old, new = before.deployments.get(name), result.state.deployments.get(name)
+        if old is None or new is None or old is new:
+            continue
+        for rid in ids:
+            if rid not in old.ranks or rid not in new.ranks:
+                continue
+            was, now = old.ranks.rank_of(rid), new.ranks.rank_of(rid)
+            changed = was is not None and was != now
+            due = rid in old.replicas and old.replicas[rid].rank_update_due
+            if changed != ((name, rid) in sent) and not (due and not changed):
+                _fail(f"{name}/{rid}: rank {was} -> {now}, rank reconfigures sent: {sent.get((name, rid), 0)}")
+    for c in result.commands:
+        if isinstance(c, ReconfigureReplica):
+            rk = result.state.deployments[c.deployment].ranks.rank_of(c.replica_id)
+            if c.rank != rk:
+                _fail(f"reconfigure of {c.replica_id} carries {c.rank}, its rank is {rk}")
+
+
+def check_step(before: State, event: object, result: Step, *, full: bool = False) -> None:
+    """Every step invariant.
+
+    By default the checks cost what the step touched (the replicas its event,
+    commands and compactions name, O(1) aggregates for the rest), so they can
+    stay on in a real controller. ``full=True`` adds every state invariant over
+    the whole new state and the whole-deployment comparisons (what the
+    property machines run); a recovery and a node loss (which already cost the
+    core a whole scan, and may remove replicas no command names) are always
+    checked in full.
+    """
+    full = full or isinstance(event, (ControllerRecovered, NodeLost))
+    if full:
+        check_state(result.state)
+    else:
+        check_touched(before, event, result)
     check_world_size_commands(before, event, result)
     check_crash_inherits_rank(before, event, result)
-    check_upscale_keeps_ranks(before, event, result)
-    check_rank_changes_reconfigured(before, event, result)
+    check_new_replicas_take_lowest_free(before, event, result)
+    check_compact_only_when_healthy(before, event, result)
+    check_command_order(before, event, result)
+    if full:
+        check_upscale_keeps_ranks(before, event, result)
+        check_rank_changes_reconfigured(before, event, result)
+    else:
+        _check_rank_changes_touched(before, event, result)
     check_compaction_minimal(before, event, result)
 
 

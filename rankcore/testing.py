@@ -128,7 +128,7 @@ def make_machine(subject_factory: Callable[[], Subject], *, max_replicas: int = 
             note(f"step({event!r})")
             result = self.subject.step(before, event)
             assert snapshot(before) == snap, "step mutated its input state"
-            inv.check_step(before, event, result)
+            inv.check_step(before, event, result, full=True)
             gone = set(before.index.keys()) - set(result.state.index.keys())
             self.retired.extend(sorted(gone))
             self.state = result.state

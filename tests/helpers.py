@@ -24,7 +24,7 @@ class Driver:
     def step(self, event: object) -> rc.Step:
         before = self.state
         result = rc.step(before, event)
-        check_step(before, event, result)
+        check_step(before, event, result, full=True)
         self.state = result.state
         self.commands.extend(result.commands)
         return result

@@ -439,3 +439,16 @@ def test_replica_count_above_the_ceiling_is_refused_at_once():
     for bad in (0, -1, "4", True):
         with pytest.raises(rc.InvalidConfig, match="max_replicas"):
             rc.DeploymentApplied(name="llm", num_replicas=0, max_replicas=bad)
+
+
+def test_a_lost_nodes_replicas_are_replaced_in_rank_order():
+    """Replacements start lowest rank first, so an executor that places them in
+    command order gives them local ranks in global-rank order (issue 8, point 12)."""
+    d = Driver(nodes=["n0", "n1"])
+    deploy(d, 6)
+    on_n0 = sorted(d.dep().ranks.global_rank(rid) for rid, rep in d.dep().replicas.items() if rep.node_id == "n0")
+    assert len(on_n0) == 3
+    result = d.step(rc.NodeLost(node_id="n0"))
+    starts = of(rc.StartReplica, result.commands)
+    assert [c.global_rank for c in starts] == on_n0
+    assert [c.replica_id for c in starts] == [f"app#{n}" for n in range(6, 9)]

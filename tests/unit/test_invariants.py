@@ -104,3 +104,97 @@ def test_the_machine_finds_a_broken_wrapper():
     machine = make_machine(ForgetfulCore)
     with pytest.raises(rc.InvariantViolation):
         run_state_machine_as_test(machine, settings=settings(max_examples=300, deadline=None, database=None))
+
+
+# ------------------------------------------- rules added by issue 8, point 12
+def test_new_replicas_on_a_higher_rank_than_the_lowest_free_are_caught():
+    d = healthy(4, nodes=("n0",))
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=3, victims=(d.by_rank()[1],)),
+          hold=lambda c: isinstance(c, rc.StopReplica))
+    (stop,) = d.held
+    d.step(rc.ReplicaStopped(replica_id=stop.replica_id))  # rank 1 free, deployment not yet compacted?
+    before = d.state
+    result = rc.step(before, rc.ScaleRequested(deployment="app", num_replicas=5))
+    inv.check_new_replicas_take_lowest_free(before, None, result)
+    starts = [c for c in result.commands if isinstance(c, rc.StartReplica)]
+    # The same step, claiming the new replicas took ranks above a free one.
+    high = attrs.evolve(result, state=rc.step(before, rc.ScaleRequested(deployment="app", num_replicas=3)).state,
+                        commands=tuple(attrs.evolve(c, global_rank=c.global_rank + 7) for c in starts))
+    with pytest.raises(rc.InvariantViolation, match=r"new replicas took global ranks .* while rank \d+ was free"):
+        inv.check_new_replicas_take_lowest_free(before, None, high)
+
+
+def test_placing_on_a_higher_local_rank_than_the_lowest_free_is_caught():
+    d = healthy(2, nodes=("n0",))
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=3), hold=lambda c: isinstance(c, rc.StartReplica))
+    (start,) = d.held
+    before = d.state
+    event = rc.ReplicaPlaced(replica_id=start.replica_id, node_id="n0")
+    result = rc.step(before, event)
+    inv.check_new_replicas_take_lowest_free(before, event, result)
+    # A core that gave it local rank 5: replay on a table built that way.
+    dep = result.state.deployments["app"]
+    snap = dep.ranks.to_dict()
+    r, node, nr, _ = snap[start.replica_id]
+    snap[start.replica_id] = (r, node, nr, 5)
+    bad_dep = attrs.evolve(dep, ranks=rc.RankTable.from_dict(snap))
+    bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", bad_dep)))
+    with pytest.raises(rc.InvariantViolation, match="got local rank 5, the lowest free is 2"):
+        inv.check_new_replicas_take_lowest_free(before, event, bad)
+
+
+def test_compacting_an_unhealthy_deployment_is_caught():
+    d = healthy(4, nodes=("n0",))
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=3, victims=(d.by_rank()[0],)),
+          hold=lambda c: isinstance(c, rc.StopReplica))
+    (stop,) = d.held
+    before = d.state
+    result = rc.step(before, rc.ReplicaStopped(replica_id=stop.replica_id))
+    assert result.compactions
+    inv.check_compact_only_when_healthy(before, None, result)
+    # The same compaction, in a deployment that still has a replica starting.
+    dep = result.state.deployments["app"]
+    moved = {a.replica for a in result.compactions[0].changes}
+    rid = next(r for r in dep.replicas if r not in moved)
+    starting = attrs.evolve(dep, replicas=dep.replicas.set(rid, attrs.evolve(dep.replicas[rid], phase=rc.Phase.STARTING)))
+    bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", starting)))
+    with pytest.raises(rc.InvariantViolation, match=f"compacted while {rid} was starting"):
+        inv.check_compact_only_when_healthy(before, None, bad)
+
+
+class ReversingWrapper(CoreSubject):
+    """A wrapper bug: each step's commands come out in reverse order."""
+
+    def step(self, state, event):
+        result = rc.step(state, event)
+        return attrs.evolve(result, commands=tuple(reversed(result.commands)))
+
+
+def test_the_machine_finds_a_wrapper_that_reorders_commands():
+    machine = make_machine(ReversingWrapper)
+    with pytest.raises(rc.InvariantViolation, match="comes after one for rank"):
+        run_state_machine_as_test(machine, settings=settings(max_examples=300, deadline=None, database=None))
+
+
+def test_reversed_node_loss_replacements_are_caught():
+    d = healthy(6, nodes=("n0", "n1"))
+    before = d.state
+    result = rc.step(before, rc.NodeLost(node_id="n0"))
+    inv.check_command_order(before, None, result)
+    with pytest.raises(rc.InvariantViolation, match=r"StartReplica for rank 2 comes after one for rank 4"):
+        inv.check_command_order(before, None, attrs.evolve(result, commands=tuple(reversed(result.commands))))
+
+
+def test_incremental_checks_catch_a_broken_touched_replica():
+    """check_step's default (cost of what the step touched) still sees a
+    replica the step changed but left unranked or miscounted."""
+    d = healthy(3, nodes=("n0",))
+    before = d.state
+    event = rc.ReplicaCrashed(replica_id=d.by_rank()[1])
+    result = rc.step(before, event)
+    inv.check_step(before, event, result)
+    dep = result.state.deployments["app"]
+    miscounted = attrs.evolve(dep, counts=(0,) + dep.counts[1:])
+    bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", miscounted)))
+    with pytest.raises(rc.InvariantViolation, match="phase counts"):
+        inv.check_step(before, event, bad)

@@ -221,3 +221,17 @@ def test_recovery_outcome_names_replicas_stopped_beyond_the_target():
     r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(attrs.evolve(SPEC, num_replicas=3),), reports=live))
     assert r.recovery.stopped == ("app#3",) and r.recovery.destructive
     assert r.recovery.started == () and r.recovery.unknown_stopped == ()
+
+
+def test_a_contested_node_rank_goes_to_the_majority_claim():
+    """Node a's replicas claim node rank 1 twice and 0 once: a keeps 1 (the
+    majority), and b, which also claims 1, moves to the free 0."""
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=1, local_rank=0), node="a"),
+        report("app#1", rc.ReplicaRank(rank=1, node_rank=1, local_rank=1), node="a"),
+        report("app#2", rc.ReplicaRank(rank=2, node_rank=0, local_rank=2), node="a"),
+        report("app#3", rc.ReplicaRank(rank=3, node_rank=1, local_rank=0), node="b"),
+    )))
+    ranks = {rid: rk.as_tuple() for rid, rk in r.state.ranks("app").items()}
+    assert ranks == {"app#0": (0, 1, 0), "app#1": (1, 1, 1), "app#2": (2, 1, 2), "app#3": (3, 0, 0)}
+    assert [c.replica_id for c in of(rc.ReconfigureReplica, r.commands)] == ["app#2", "app#3"]
