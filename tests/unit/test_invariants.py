@@ -198,3 +198,52 @@ def test_incremental_checks_catch_a_broken_touched_replica():
     bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", miscounted)))
     with pytest.raises(rc.InvariantViolation, match="phase counts"):
         inv.check_step(before, event, bad)
+
+
+class OwnStateWrapper:
+    """An embedder's wrapper with a state type of its own (rankcore's inside)."""
+
+    @attrs.frozen
+    class Mine:
+        core: rc.State
+        steps: int = 0
+
+    def initial(self):
+        return self.Mine(core=rc.State())
+
+    def step(self, state, event):
+        result = rc.step(state.core, event)
+        return attrs.evolve(result, state=self.Mine(core=result.state, steps=state.steps + 1))
+
+    def core_state(self, state):
+        return state.core
+
+
+def test_the_machine_drives_a_wrapper_with_its_own_state_type():
+    machine = make_machine(OwnStateWrapper, settings=settings(max_examples=15, stateful_step_count=20,
+                                                             deadline=None, database=None))
+    assert machine.TestCase.settings.max_examples == 15
+    run_state_machine_as_test(machine, settings=machine.TestCase.settings)
+
+
+def test_profiles_are_registered_by_rankcore_testing():
+    from rankcore.testing import PROFILES
+
+    for name, kw in PROFILES.items():
+        assert settings.get_profile(name).max_examples == kw["max_examples"]
+
+
+class SwallowingWrapper(CoreSubject):
+    """A wrapper bug: it answers a refused event with an empty step."""
+
+    def step(self, state, event):
+        try:
+            return rc.step(state, event)
+        except rc.InvalidEvent:
+            return rc.Step(state=state)
+
+
+def test_the_machine_finds_a_wrapper_that_swallows_errors():
+    machine = make_machine(SwallowingWrapper)
+    with pytest.raises(AssertionError, match="was accepted"):
+        run_state_machine_as_test(machine, settings=settings(max_examples=100, deadline=None, database=None))
