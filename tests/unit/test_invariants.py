@@ -246,4 +246,5 @@ class SwallowingWrapper(CoreSubject):
 def test_the_machine_finds_a_wrapper_that_swallows_errors():
     machine = make_machine(SwallowingWrapper)
     with pytest.raises(AssertionError, match="was accepted"):
-        run_state_machine_as_test(machine, settings=settings(max_examples=100, deadline=None, database=None))
+        run_state_machine_as_test(machine, settings=settings(max_examples=100, deadline=None, database=None,
+                                                             report_multiple_bugs=False))
