@@ -40,6 +40,13 @@ RUNNABLE = [(line, body) for line, body in _blocks() if _first_line(body) == "# 
 QUOTED = [(line, body) for line, body in _blocks() if _first_line(body).startswith("# quoted from ")]
 
 
+def test_every_python_block_is_run_or_checked():
+    """A block that is neither run nor checked against the code can rot unseen."""
+    loose = [line for line, body in _blocks()
+             if _first_line(body) != "# runnable" and not _first_line(body).startswith("# quoted from ")]
+    assert loose == [], f"docs/embedding.md: python blocks at lines {loose} are neither '# runnable' nor quoted"
+
+
 def test_doc_has_examples():
     assert len(RUNNABLE) >= 3, "docs/embedding.md lost its runnable examples"
     assert any("class FakeCluster" in body for _, body in RUNNABLE), "the minimal executor is not runnable"
