@@ -452,3 +452,10 @@ def test_a_lost_nodes_replicas_are_replaced_in_rank_order():
     starts = of(rc.StartReplica, result.commands)
     assert [c.global_rank for c in starts] == on_n0
     assert [c.replica_id for c in starts] == [f"app#{n}" for n in range(6, 9)]
+
+
+def test_an_id_of_no_deployment_is_invalid_not_stale():
+    d = Driver()
+    d.run(rc.DeploymentApplied(name="app", num_replicas=2))
+    with pytest.raises(rc.InvalidEvent, match="unknown replica 'nosuch#1'"):
+        rc.step(d.state, rc.ReplicaReady(replica_id="nosuch#1"))
