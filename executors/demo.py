@@ -8,7 +8,7 @@ faults.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
@@ -110,6 +110,7 @@ def run_demo(console: Console | None = None) -> rc.State:
     forms = []
     for i, r in enumerate(exact.reports[1:]):
         rank = r.rank
+        assert rank.node_rank is not None and rank.local_rank is not None  # a placed replica's full rank
         value = [
             rc.ReplicaRank(rank=rank.rank, node_rank=rank.node_rank, local_rank=rank.local_rank),
             {"rank": rank.rank, "node_rank": rank.node_rank, "local_rank": rank.local_rank},

@@ -8,7 +8,7 @@ executor must agree on it.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["rank_history"]
 
@@ -32,9 +32,9 @@ def rank_history(records: Iterable[dict]) -> dict[tuple[str, int], list[int]]:
                 lineage_of[f["replica_id"]] = key
                 hold(key, f["global_rank"])
         elif kind == "command" and rec["type"] == "ReconfigureReplica":
-            key = lineage_of.get(rec["replica"])
-            if key is not None:
-                hold(key, rec["fields"]["rank"][0])
+            known = lineage_of.get(rec["replica"])
+            if known is not None:
+                hold(known, rec["fields"]["rank"][0])
         elif kind == "snapshot":
             for dep, d in rec["deployments"].items():
                 for rid, r in d["replicas"].items():

@@ -17,8 +17,8 @@ from .errors import (
     InvalidConfig,
     InvalidEvent,
     InvariantViolation,
-    RankcoreError,
     RankConflict,
+    RankcoreError,
     UnknownDeployment,
     UnknownReplica,
 )

@@ -14,7 +14,8 @@ rank or id first.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import attrs
 import immutables
@@ -138,10 +139,12 @@ def _put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object)
 
 def _initialize(dep: Deployment, rid: str) -> InitializeReplica:
     """The InitializeReplica for a just-placed replica (the seed's startup rule)."""
+    rank = dep.ranks.rank_of(rid)
+    assert rank is not None  # just placed
     return InitializeReplica(
         replica_id=rid,
         deployment=dep.name,
-        rank=dep.ranks.rank_of(rid),
+        rank=rank,
         world_size=dep.target,
         user_config=dep.user_config,
         # Ray Serve 2.60 calls it when there is a user_config *or* the method
@@ -210,11 +213,11 @@ def _stop(tx: _Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Depl
         taken = set(chosen)
         ranks = dep.ranks
         candidates = sorted(
-            (
+
                 (_VICTIM_ORDER[r.phase], -ranks.global_rank(r.replica_id), r.replica_id)
                 for r in dep.replicas.values()
                 if r.phase is not Phase.STOPPING and r.replica_id not in taken
-            )
+
         )
         chosen.extend(c[2] for c in candidates[: n - len(chosen)])
     replicas, counts = dep.replicas, dep.counts
@@ -298,10 +301,13 @@ def _by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:
 
 
 # --------------------------------------------------------------- handlers
-def _about_replica(handler: Callable[[_Tx, object, Deployment, Replica], Step]) -> Callable[[_Tx, object], Step]:
+_E = TypeVar("_E")
+
+
+def _about_replica(handler: Callable[[_Tx, _E, Deployment, Replica], Step]) -> Callable[[_Tx, _E], Step]:
     """For events naming a replica: look it up; news about one that has left is stale."""
 
-    def on_event(tx: _Tx, e: object) -> Step:
+    def on_event(tx: _Tx, e: _E) -> Step:
         found = tx.lookup(e.replica_id)  # type: ignore[attr-defined]
         if found is None:
             return tx.finish(stale=True)
@@ -453,7 +459,7 @@ def _on_controller_recovered(tx: _Tx, e: ControllerRecovered) -> Step:
     return attrs.evolve(step, recovery=outcome)
 
 
-_HANDLERS: dict[type, Callable[[_Tx, object], Step]] = {
+_HANDLERS: dict[type, Callable[[_Tx, Any], Step]] = {
     DeploymentApplied: _on_deployment_applied,
     ScaleRequested: _on_scale_requested,
     ReplicaPlaced: _on_replica_placed,

@@ -61,7 +61,7 @@ OUTDATED: Any = _Marker("OUTDATED")
 DEFAULT_MAX_REPLICAS = 100_000
 
 
-def _check_max_replicas(inst: "DeploymentApplied", attribute: attrs.Attribute, value: int) -> None:
+def _check_max_replicas(inst: DeploymentApplied, attribute: attrs.Attribute, value: int) -> None:
     if type(value) is not int or value < 1:
         raise InvalidConfig(f"DeploymentApplied.max_replicas must be a positive int, got {value!r}")
     if value > MAX_RANKS:
@@ -73,7 +73,7 @@ def _check_max_replicas(inst: "DeploymentApplied", attribute: attrs.Attribute, v
         )
 
 
-def _check_reconfigure(inst: "DeploymentApplied", attribute: attrs.Attribute, value: bool) -> None:
+def _check_reconfigure(inst: DeploymentApplied, attribute: attrs.Attribute, value: bool) -> None:
     f.flag(inst, attribute, value)
     if value and not inst.has_reconfigure:
         raise InvalidConfig(
@@ -176,7 +176,7 @@ def _report_phase(value: Any) -> Phase:
     return phase
 
 
-def _check_report(inst: "ReplicaReport", attribute: attrs.Attribute, value: Any) -> None:
+def _check_report(inst: ReplicaReport, attribute: attrs.Attribute, value: Any) -> None:
     if inst.phase is not Phase.PENDING and inst.node_id is None and inst.phase is not Phase.STOPPING:
         raise InvalidConfig(
             f"ReplicaReport({inst.replica_id!r}) is {inst.phase.value} but names no node_id"

@@ -7,7 +7,8 @@ the record, the field and the value (h11's rule), so a bad event never reaches
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -58,7 +59,7 @@ def to_tuple(value: Any) -> Any:
     mapping is left alone, for the validator to refuse by name (a str is
     iterable, but "llm#1" is not a list of replica ids).
     """
-    if isinstance(value, tuple) or isinstance(value, (str, bytes, Mapping)):
+    if isinstance(value, (tuple, str, bytes, Mapping)):
         return value
     if isinstance(value, Iterable):
         return tuple(value)

@@ -10,9 +10,10 @@ recovery event a state's own live replicas would send.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
+from .commands import InitializeReplica, ReconfigureReplica, StartReplica, UpdateWorldSize
 from .errors import InvariantViolation
 from .events import (
     OUTDATED,
@@ -58,9 +59,9 @@ def _fail(msg: str) -> None:
 
 def rank_view(dep: Deployment) -> dict[str, tuple[int, int | None, int | None]]:
     """replica id -> (rank, node_rank, local_rank); node parts None until placed."""
-    out = {}
+    out: dict[str, tuple[int, int | None, int | None]] = {}
     for rid, (r, _node, nr, local) in dep.ranks.to_dict().items():
-        out[rid] = (r, nr, local)
+        out[str(rid)] = (r, nr, local)
     return out
 
 
@@ -74,13 +75,12 @@ def check_ranks_unique(state: State) -> None:
             _fail(f"{dep.name}: global rank {dup[0]} is held by more than one replica")
         node_ranks: dict[Any, int] = {}
         for _, node, nr, _l in snap.values():
-            if node is not None:
-                if node_ranks.setdefault(node, nr) != nr:
-                    _fail(f"{dep.name}: node {node!r} has two node ranks ({node_ranks[node]}, {nr})")
+            if node is not None and node_ranks.setdefault(node, nr) != nr:
+                _fail(f"{dep.name}: node {node!r} has two node ranks ({node_ranks[node]}, {nr})")
         dup = [nr for nr, c in Counter(node_ranks.values()).items() if c > 1]
         if dup:
             _fail(f"{dep.name}: node rank {dup[0]} is held by more than one node")
-        locals_ = Counter((node, l) for _, node, _nr, l in snap.values() if node is not None)
+        locals_ = Counter((node, local) for _, node, _nr, local in snap.values() if node is not None)
         dup = [k for k, c in locals_.items() if c > 1]
         if dup:
             _fail(f"{dep.name}: local rank {dup[0][1]} on node {dup[0][0]!r} is held twice")
@@ -223,7 +223,7 @@ def check_rank_changes_reconfigured(before: State, event: object, result: Step) 
     for c in result.commands:
         if isinstance(c, ReconfigureReplica):
             r, nr, lr = now[c.deployment][c.replica_id]
-            if c.rank != ReplicaRank(rank=r, node_rank=nr, local_rank=lr):  # type: ignore[arg-type]
+            if c.rank.as_tuple() != (r, nr, lr):
                 _fail(f"reconfigure of {c.replica_id} carries {c.rank}, its rank is {(r, nr, lr)}")
 
 
@@ -259,9 +259,10 @@ def check_new_replicas_take_lowest_free(before: State, event: object, result: St
         if free < max(ranks):
             _fail(f"{name}: new replicas took global ranks {sorted(ranks)} while rank {free} was free")
     if isinstance(event, ReplicaPlaced) and not result.stale:
-        name = before.index.get(event.replica_id)
-        dep_before = before.deployments.get(name) if name is not None else None
-        dep = result.state.deployments.get(name) if name is not None else None
+        placed_in = before.index.get(event.replica_id)
+        dep_before = before.deployments.get(placed_in) if placed_in is not None else None
+        dep = result.state.deployments.get(placed_in) if placed_in is not None else None
+        name = str(placed_in)
         if dep is None or dep_before is None or event.replica_id not in dep.replicas:
             return
         rk = dep.ranks.rank_of(event.replica_id)
@@ -303,7 +304,7 @@ def check_compact_only_when_healthy(before: State, event: object, result: Step) 
     replica running and the count at the target (the seed's rule)."""
     for comp in result.compactions:
         dep = result.state.deployments[comp.deployment]
-        moved = {a.replica for a in comp.changes}
+        moved = {str(a.replica) for a in comp.changes}
         if len(dep.replicas) != dep.target:
             _fail(f"{comp.deployment}: compacted with {len(dep.replicas)} replicas, target {dep.target}")
         for rid, rep in dep.replicas.items():
@@ -341,12 +342,12 @@ def touched_replicas(event: object, result: Step) -> dict[str, set[str]]:
         if isinstance(c, StartReplica) and c.replaces is not None:
             out[c.deployment].add(c.replaces)
     for comp in result.compactions:
-        out.setdefault(comp.deployment, set()).update(a.replica for a in comp.changes)
+        out.setdefault(comp.deployment, set()).update(str(a.replica) for a in comp.changes)
     rid = getattr(event, "replica_id", None)
     if rid is not None:
-        for state_dep in (result.state.index.get(rid),):
-            if state_dep is not None:
-                out.setdefault(state_dep, set()).add(rid)
+        in_dep = result.state.index.get(rid)
+        if in_dep is not None:
+            out.setdefault(in_dep, set()).add(rid)
     return out
 
 

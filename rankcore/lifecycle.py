@@ -129,7 +129,8 @@ def graph_machine(engine: str = "mermaid") -> Any:
         pass
 
     model = _Model()
-    GraphMachine(model=model, graph_engine=engine, title="replica lifecycle", **_machine_kwargs())
+    GraphMachine(model=model, graph_engine=engine,  # type: ignore[arg-type]
+                 title="replica lifecycle", **_machine_kwargs())
     return model.get_graph()  # type: ignore[attr-defined]
 
 

@@ -30,7 +30,8 @@ command (checked by ``rankcore.invariants.check_recovery_roundtrip``).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Hashable, Iterable
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 import immutables
@@ -80,7 +81,7 @@ def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tu
     """Final global rank of every report, and the serving replicas to stop."""
     from .core import _VICTIM_ORDER
 
-    final = _settle_claims(
+    final: dict[str, int] = _settle_claims(  # type: ignore[assignment]
         (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS
     )
     active = [r for r in reports if not _leaving(r)]
@@ -124,7 +125,7 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
     return r.user_config is not UNKNOWN and r.user_config != spec.user_config
 
 
-def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
+def _rebuild_deployment(tx: _Tx, spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
     from .core import _counts, _initialize, _reconcile, _reconfigure, _stop
 
     final_rank, to_stop = _resolve_global(spec, reports)
@@ -203,11 +204,11 @@ def _rebuild_deployment(tx: "_Tx", spec: DeploymentApplied, reports: list[Replic
     return _reconcile(tx, dep)
 
 
-def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
+def rebuild(tx: _Tx, e: ControllerRecovered) -> None:
     """Replace everything in ``tx`` by what ``e`` says (the reports are the truth)."""
     specs = {d.name: d for d in e.deployments}
     by_dep: dict[str, list[ReplicaReport]] = {name: [] for name in specs}
-    orphans = []
+    orphans: list[ReplicaReport] = []
     numbers = [tx.next_replica - 1, e.next_replica_number - 1]
     lineages = [tx.next_lineage - 1, e.next_lineage - 1]
     for r in e.reports:
@@ -216,7 +217,7 @@ def rebuild(tx: "_Tx", e: ControllerRecovered) -> None:
             numbers.append(n)
         if r.lineage is not None:
             lineages.append(r.lineage)
-        (by_dep[r.deployment] if r.deployment in by_dep else orphans).append(r)
+        by_dep.get(r.deployment, orphans).append(r)
     if orphans and not e.stop_unknown:
         names = sorted({r.deployment for r in orphans})
         raise InvalidEvent(

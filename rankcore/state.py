@@ -7,7 +7,8 @@ A ``State`` holds any number of deployments, each with its own rank space
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import immutables
@@ -141,7 +142,7 @@ class State:
 
     def ranks(self, deployment: str) -> dict[str, ReplicaRank | None]:
         """replica id -> rank (None while not placed) for one deployment."""
-        return dict(self.deployment(deployment).ranks.items())
+        return {str(rid): rank for rid, rank in self.deployment(deployment).ranks.items()}
 
 
 def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:

@@ -22,18 +22,17 @@ or ``settings.load_profile``, or pass ``settings=`` to ``make_machine``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
+from hypothesis import HealthCheck, note
 from hypothesis import event as hyp_event
-from hypothesis import note
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from . import invariants as inv
 from .core import step as core_step
-from .protocol import answers
 from .errors import InvalidEvent
 from .events import (
     ControllerRecovered,
@@ -48,6 +47,7 @@ from .events import (
     ScaleRequested,
 )
 from .lifecycle import Phase
+from .protocol import answers
 from .ranks import ReplicaRank
 from .state import State, Step
 
@@ -184,7 +184,7 @@ def make_machine(
             return result
 
         def live(self, *phases: Phase) -> list[tuple[str, str]]:
-            out = []
+            out: list[tuple[str, str]] = []
             for name in sorted(self.state.deployments.keys()):
                 dep = self.state.deployments[name]
                 out.extend((name, rid) for rid in sorted(dep.replicas.keys()) if dep.replicas[rid].phase in phases)
@@ -259,7 +259,7 @@ def make_machine(
         @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING, Phase.STOPPING))
         @rule(data=st.data())
         def crash(self, data: st.DataObject) -> None:
-            name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
+            _name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
             self.apply(ReplicaCrashed(replica_id=rid, reason="test"))
 
         @rule(node=node_ids)
@@ -358,7 +358,8 @@ def make_machine(
             """Determinism: replaying the same events gives the same commands."""
             if not self.events:
                 return
-            state, commands = self.initial, []
+            state = self.initial
+            commands: list[object] = []
             for event in self.events:
                 result = self.subject.step(state, event)
                 state = result.state

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+
 import attrs
 
 import rankcore as rc
@@ -100,7 +101,7 @@ class Metrics:
         for cmd in result.commands:
             if isinstance(cmd, rc.StartReplica):
                 self._m(cmd.deployment).starts += 1
-                if cmd.replaces is not None:
+                if cmd.replaces is not None and cmd.lineage is not None:
                     self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif isinstance(cmd, rc.ReconfigureReplica):
                 self._m(cmd.deployment).reconfigures[cmd.reason] += 1

@@ -105,9 +105,8 @@ class _Deployment:
             self._close_holding(rep, t)
 
     def target(self, t: float, ws: Any) -> None:
-        if isinstance(ws, int) and not isinstance(ws, bool):
-            if not self.world or self.world[-1][1] != ws:
-                self.world.append((t, ws))
+        if isinstance(ws, int) and not isinstance(ws, bool) and (not self.world or self.world[-1][1] != ws):
+            self.world.append((t, ws))
 
     def finish(self, t: float) -> None:
         for rid in list(self.live):
@@ -299,9 +298,9 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     rows = [tl.deployments[n].max_rank + 1 for n in names] or [1]
     heights = [min(max(1.4 + 0.32 * r, 2.6), 9.0) for r in rows]
     fig_h = min(sum(heights) + 1.6, 40.0)
-    fig, axes = plt.subplots(len(rows), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
+    fig, grid = plt.subplots(len(rows), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    axes = [a[0] for a in axes]
+    axes = [a[0] for a in grid]
     if title is None:
         title = str(tl.header.get("scenario") or Path(trace_path).name)
     seed = tl.header.get("seed")
@@ -372,8 +371,8 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
             if (b - a) >= span * 0.0075 * (len(rid) + 2):
                 ax.text((a + b) / 2, rank, rid, ha="center", va="center", fontsize=7.5,
                         color=label_colour.get(rid, "white"), fontweight="bold", clip_on=True)
-    for a, b in tl.down:
-        ax.axvspan(a, b if b is not None else t1, color="#999999", alpha=0.25, linewidth=0)
+    for down_at, up_at in tl.down:
+        ax.axvspan(down_at, up_at if up_at is not None else t1, color="#999999", alpha=0.25, linewidth=0)
     for t, node in tl.node_lost:
         ax.axvline(t, color=_CRASH, linestyle="--", linewidth=1)
         ax.text(t, nrows - 0.5 + pad, f" {node} lost", color=_CRASH, fontsize=7.5, va="bottom", ha="left",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import heapq
 import random
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import attrs
 

@@ -169,7 +169,7 @@ class _Checker:
         return ScenarioError(self.file, line, col, _field(path), message)
 
     def where(self, path: tuple) -> str:
-        line, col = self.marks.get(path, (None, None))
+        line, _col = self.marks.get(path, (None, None))
         return f"{self.file}:{line}" if line else self.file
 
     def mapping(self, value: Any, path: tuple, allowed: tuple | None = None, required: tuple = ()) -> dict:
@@ -289,10 +289,9 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     placement = top.get("placement", "spread")
     if placement not in ("spread", "pack"):
         raise c.fail(("placement",), f"must be 'spread' or 'pack', got {_show(placement)}")
-    latency = dict(DEFAULT_LATENCY)
     lat_raw = c.mapping(top.get("latency", {}), ("latency",), LATENCY_KEYS)
     parsed_latency = {k: c.latency(v, ("latency", k)) for k, v in lat_raw.items()}
-    latency = {k: parse_latency(v) for k, v in latency.items()}
+    latency = {k: parse_latency(v) for k, v in DEFAULT_LATENCY.items()}
     latency.update(parsed_latency)
     faults = c.mapping(top.get("faults", {}), ("faults",),
                        ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout"))
@@ -339,10 +338,10 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     else:
         raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
     seen: set[str] = set()
-    for n in out:
-        if n.name in seen:
-            raise c.fail(("cluster", "nodes"), f"node {n.name!r} is listed twice")
-        seen.add(n.name)
+    for spec in out:
+        if spec.name in seen:
+            raise c.fail(("cluster", "nodes"), f"node {spec.name!r} is listed twice")
+        seen.add(spec.name)
     return tuple(out)
 
 
@@ -413,7 +412,7 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
         if isinstance(v, str):
             return {"deployment": _deployment_ref(v, p, c, deployments)}
         m = c.mapping(v, p, ("deployment", "replicas", "user_config"), required=("deployment",))
-        out = {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)}
+        out: dict[str, Any] = {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)}
         if "replicas" in m:
             out["replicas"] = c.count(m["replicas"], p + ("replicas",))
         if "user_config" in m:
@@ -474,7 +473,7 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
         q = p + (kind,)
         v = m[kind]
         if kind == "contiguous":
-            args = {"deployment": _deployment_ref(v, q, c, deployments)}
+            args: dict[str, Any] = {"deployment": _deployment_ref(v, q, c, deployments)}
         elif kind == "world_size" or kind == "running":
             mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),

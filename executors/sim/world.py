@@ -7,7 +7,8 @@ controller is down: the new controller learns from reports instead).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import rankcore as rc
 
