@@ -75,6 +75,7 @@ class DeploymentSpec:
     reconfigure: str = "with_rank"
     gpus: float = 1.0
     latency: dict = attrs.field(factory=dict, hash=False)
+    max_replicas: int = rc.DEFAULT_MAX_REPLICAS
 
     def applied(self, **changes: Any) -> rc.DeploymentApplied:
         spec = attrs.evolve(self, **changes)
@@ -84,6 +85,7 @@ class DeploymentSpec:
             user_config=spec.user_config,
             has_reconfigure=spec.reconfigure != "none",
             reconfigure_takes_rank=spec.reconfigure == "with_rank",
+            max_replicas=spec.max_replicas,
         )
 
 
@@ -353,20 +355,33 @@ def _deployments(value: Any, c: _Checker) -> dict:
     for name, spec in ds.items():
         p = ("deployments", name)
         c.name(name, p)
-        m = c.mapping(spec if spec is not None else {}, p, ("replicas", "user_config", "reconfigure", "gpus", "latency"))
+        m = c.mapping(spec if spec is not None else {}, p,
+                      ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas"))
         reconf = m.get("reconfigure", "with_rank")
         if reconf not in RECONFIGURE_KINDS:
             raise c.fail(p + ("reconfigure",), f"must be one of {', '.join(RECONFIGURE_KINDS)}, got {_show(reconf)}")
         lat = c.mapping(m.get("latency", {}), p + ("latency",), LATENCY_KEYS)
+        most = c.count(m.get("max_replicas", rc.DEFAULT_MAX_REPLICAS), p + ("max_replicas",))
+        if not 1 <= most <= rc.ranks.MAX_RANKS:
+            raise c.fail(p + ("max_replicas",), f"must be 1..{rc.ranks.MAX_RANKS}, got {most}")
         out[name] = DeploymentSpec(
             name=name,
-            replicas=c.count(m.get("replicas", 1), p + ("replicas",)),
+            max_replicas=most,
+            replicas=_at_most(c.count(m.get("replicas", 1), p + ("replicas",)), most, p + ("replicas",), c),
             user_config=m.get("user_config"),
             reconfigure=reconf,
             gpus=c.number(m.get("gpus", 1), p + ("gpus",)),
             latency={k: c.latency(v, p + ("latency", k)) for k, v in lat.items()},
         )
     return out
+
+
+def _at_most(n: int, most: int, p: tuple, c: _Checker) -> int:
+    """A replica count within the deployment's max_replicas (the core's own ceiling)."""
+    if n > most:
+        raise c.fail(p, f"{n} replicas is above max_replicas={most} (raise the deployment's max_replicas "
+                        f"if you mean it)")
+    return n
 
 
 def _deployment_ref(value: Any, p: tuple, c: _Checker, deployments: dict) -> str:
@@ -414,7 +429,8 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
         m = c.mapping(v, p, ("deployment", "replicas", "user_config"), required=("deployment",))
         out: dict[str, Any] = {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)}
         if "replicas" in m:
-            out["replicas"] = c.count(m["replicas"], p + ("replicas",))
+            most = deployments[out["deployment"]].max_replicas
+            out["replicas"] = _at_most(c.count(m["replicas"], p + ("replicas",)), most, p + ("replicas",), c)
         if "user_config" in m:
             out["user_config"] = m["user_config"]
         return out
@@ -423,8 +439,10 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
         victims = m.get("victims", [])
         if not isinstance(victims, list) or not all(isinstance(x, str) for x in victims):
             raise c.fail(p + ("victims",), f"must be a list of replica ids, got {_show(victims)}")
-        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
-                "replicas": c.count(m["replicas"], p + ("replicas",)), "victims": victims}
+        name = _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)
+        count = _at_most(c.count(m["replicas"], p + ("replicas",)), deployments[name].max_replicas,
+                         p + ("replicas",), c)
+        return {"deployment": name, "replicas": count, "victims": victims}
     if kind == "update_config":
         m = c.mapping(v, p, ("deployment", "user_config"), required=("deployment", "user_config"))
         return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),

@@ -35,6 +35,15 @@ CASES = {
         "cluster: {nodes: 1}\ndeployments:\n  llm: {replicas: -3}\ntimeline:\n  - deploy: llm\n",
         3, "deployments.llm.replicas", "must not be negative",
     ),
+    "replicas_above_max": (
+        "cluster: {nodes: 1}\ndeployments:\n  llm: {replicas: 10000000}\ntimeline:\n  - deploy: llm\n",
+        3, "deployments.llm.replicas", "10000000 replicas is above max_replicas=100000",
+    ),
+    "scale_above_max": (
+        "cluster: {nodes: 1}\ndeployments:\n  llm: {replicas: 2, max_replicas: 4}\ntimeline:\n  - deploy: llm\n"
+        "  - scale: {deployment: llm, replicas: 5}\n",
+        6, "timeline[1].scale.replicas", "5 replicas is above max_replicas=4",
+    ),
     "unknown_deployment": (
         "cluster: {nodes: 1}\n" + GOOD_TAIL + "  - scale: {deployment: nope, replicas: 1}\n",
         6, "timeline[1].scale.deployment", "unknown deployment 'nope'",
