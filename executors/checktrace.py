@@ -37,7 +37,7 @@ __all__ = ["TraceFormatError", "TraceReport", "check_trace_file", "check_trace_l
 #: violations kept in ``TraceReport.violations``; the rest are only counted
 MAX_VIOLATIONS = 1000
 
-KINDS = ("header", "event", "command", "snapshot", "fault", "expectation", "end")
+KINDS = ("header", "event", "command", "snapshot", "fault", "rejected", "expectation", "end")
 SNAPSHOT_REASONS = ("step", "healthy", "recovery", "end")
 #: commands that carry ``fields.world_size`` (each must equal the target)
 WORLD_SIZE_COMMANDS = ("StartReplica", "InitializeReplica", "ReconfigureReplica", "UpdateWorldSize")
@@ -95,7 +95,8 @@ class TraceReport:
         text += (f"Checked {c['snapshots_checked']:,} snapshots against the state invariants, "
                  f"{ch['replacement']:,} replacement ranks, {ch['rank_reconfigure']:,} rank reconfigures, "
                  f"{ch['world_size']:,} world sizes, {ch['command_rank']:,} command ranks against their "
-                 f"step's snapshot and {ch['rank_change']:,} replica ranks between consecutive snapshots. ")
+                 f"step's snapshot, {ch['rank_change']:,} replica ranks between consecutive snapshots and "
+                 f"{ch['presence']:,} departures between snapshots (each must be explained). ")
         if not self.complete:
             text += "No end record: the trace is incomplete (the run may have been cut off). "
         if self.expectations_failed:
@@ -154,6 +155,7 @@ _REQUIRED = {
                 "rank": "rank?", "phase": "str?", "fields": "dict"},
     "snapshot": {"t": "num", "reason": "str", "deployments": "dict"},
     "fault": {"t": "num", "type": "str"},
+    "rejected": {"t": "num", "type": "str", "error": "str"},
     "expectation": {"t": "num", "name": "str", "passed": "bool", "detail": "str"},
     "end": {"t": "num", "metrics": "dict"},
 }
@@ -241,6 +243,7 @@ class _Checker:
         # the previous step's snapshot views {dep: {rid: triple}} and its step index
         self.prev_view: dict | None = None
         self.prev_view_step = -1
+        self.presence = _Presence()
 
     def dep(self, name: str) -> _Knowledge:
         k = self.deps.get(name)
@@ -284,6 +287,7 @@ class _Checker:
 
     def _event(self, rec: dict, line: int) -> None:
         self._close_step()
+        self.presence.event(rec)
         self.steps += 1
         self.report.counts["steps"] += 1
         st = self.step = _Step(self.steps, rec)
@@ -316,6 +320,7 @@ class _Checker:
             self.fmt.need(rec, spec[0], line, f"{typ} command")
             self.fmt.need(rec["fields"], spec[1], line, f"{typ} command's fields")
         st.commands.append(rec)
+        self.presence.command(rec)
         k = self.dep(rec["deployment"])
         rid, rank, f = rec["replica"], rec["rank"], rec["fields"]
         if typ == "StartReplica":
@@ -380,6 +385,7 @@ class _Checker:
                 v[rid] = tuple(rk) if rk is not None else None
         if reason == "healthy" and not healthy_any:
             self.report.add(line, "snapshot written because a deployment became healthy, but none is healthy")
+        self.presence.snapshot(rec, line, self.report)
         st = self.step
         if reason != "end" and st is not None and st.snapshot is None:
             st.snapshot = rec
@@ -392,8 +398,15 @@ class _Checker:
 
     def _fault(self, rec: dict, line: int) -> None:
         self._close_step()
+        self.presence.fault(rec)
         if rec["type"] == "controller_crash":
             self.prev_view = None
+
+    def _rejected(self, rec: dict, line: int) -> None:
+        self._close_step()
+        self.report.add(line, f"the core rejected a {rec['type']} event"
+                              + (f" about {rec['replica']}" if isinstance(rec.get("replica"), str) else "")
+                              + f": {rec['error']} (the executor carried on without it)")
 
     def _expectation(self, rec: dict, line: int) -> None:
         self._close_step()
@@ -506,6 +519,82 @@ class _Checker:
                 k = self.dep(c["deployment"])
                 for m in (k.grank, k.lineage, k.conveyed):
                     m.pop(x, None)
+
+
+class _Presence:
+    """No replica vanishes unexplained.
+
+    A replica in one snapshot and absent from the next one must have left
+    through something the trace shows in between: a ``ReplicaStopped`` or
+    ``ReplicaCrashed`` event naming it, a ``StartReplica`` replacing it, a
+    ``NodeLost`` event for its node, a fault naming it (``replica``) or its
+    node (``node`` or ``node_id``: ``node_lost``), or a controller recovery
+    when it was stopping (its last snapshot said ``stopping``, or a
+    ``StopReplica`` was sent for it): its stop finished while no controller
+    listened, and the answer was lost. A recovery alone explains nothing else:
+    a replica that was running or starting when the controller went down is
+    still there afterwards unless something (a fault) killed it.
+    """
+
+    __slots__ = ("seen", "seen_line", "left", "lost_nodes", "node_of", "stops", "recovered")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict[str, str]] | None = None  # dep -> rid -> phase, at the last snapshot
+        self.seen_line = 0
+        self.left: set[str] = set()
+        self.lost_nodes: set[str] = set()
+        self.node_of: dict[str, str] = {}
+        self.stops: set[str] = set()
+        self.recovered = False
+
+    def event(self, rec: dict) -> None:
+        rid, typ = rec["replica"], rec["type"]
+        if typ == "ControllerRecovered":
+            self.recovered = True
+        elif typ == "NodeLost" and rec["node"] is not None:
+            self.lost_nodes.add(rec["node"])
+        elif rid is not None:
+            if typ in ("ReplicaStopped", "ReplicaCrashed"):
+                self.left.add(rid)
+            elif rec["node"] is not None:
+                self.node_of[rid] = rec["node"]
+
+    def command(self, rec: dict) -> None:
+        if rec["type"] == "StartReplica" and isinstance(rec["fields"].get("replaces"), str):
+            self.left.add(rec["fields"]["replaces"])
+        elif rec["type"] == "StopReplica" and rec["replica"] is not None:
+            self.stops.add(rec["replica"])
+
+    def fault(self, rec: dict) -> None:
+        if isinstance(rec.get("replica"), str):
+            self.left.add(rec["replica"])
+        for key in ("node", "node_id"):
+            if isinstance(rec.get(key), str) and rec["type"] == "node_lost":
+                self.lost_nodes.add(rec[key])
+
+    def snapshot(self, rec: dict, line: int, report: TraceReport) -> None:
+        now = {name: d["replicas"] for name, d in rec["deployments"].items()}
+        if self.seen is not None:
+            for name, before in self.seen.items():
+                after = now.get(name, {})
+                for rid, phase in before.items():
+                    if rid in after:
+                        continue
+                    report.checks["presence"] += 1
+                    if rid in self.left or self.node_of.get(rid) in self.lost_nodes:
+                        continue
+                    if self.recovered and (phase == "stopping" or rid in self.stops):
+                        continue
+                    report.add(line, f"{name}/{rid} ({phase} in the snapshot at line {self.seen_line}) is "
+                                     f"gone without a ReplicaStopped, ReplicaCrashed or NodeLost event, a "
+                                     f"fault naming it or its node, or a recovery while it was stopping")
+        self.seen = {name: {rid: r["phase"] for rid, r in reps.items()} for name, reps in now.items()}
+        self.seen_line = line
+        self.node_of = {rid: r["node"] for reps in now.values() for rid, r in reps.items() if r["node"]}
+        self.left.clear()
+        self.lost_nodes.clear()
+        self.stops.clear()
+        self.recovered = False
 
 
 # -------------------------------------------------------------------- entry

@@ -3,7 +3,7 @@
 One record per event and per command, snapshots of every deployment (after
 every step by default; thinned with ``snapshot_every``, but always written when
 a deployment becomes healthy, after a controller recovery and at the end), faults the executor injected,
-expectation results and a closing record with the metrics. Same inputs, same
+events the core rejected, expectation results and a closing record with the metrics. Same inputs, same
 bytes: keys are written in a fixed order and nothing depends on hash order.
 """
 
@@ -109,6 +109,19 @@ class TraceWriter:
 
     def fault(self, t: float, type_: str, **fields: Any) -> None:
         self.write({"kind": "fault", "t": t, "type": type_, **{k: jsonable(v) for k, v in fields.items()}})
+
+    def rejected(self, t: float, event: object, error: BaseException) -> None:
+        """An event the core refused (``step`` raised): written between steps,
+        where the step would have been. An executor that survives a bad event
+        must still say so; ``rankcore check-trace`` reports each one."""
+        if isinstance(event, rc.ControllerRecovered):
+            fields: Any = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports)}
+        else:
+            fields = jsonable(event)
+        self.write({"kind": "rejected", "t": t, "type": type(event).__name__,
+                    "deployment": getattr(event, "deployment", None) or getattr(event, "name", None),
+                    "replica": getattr(event, "replica_id", None), "error": str(error),
+                    "error_type": type(error).__name__, "fields": fields})
 
     def end(self, t: float, state: rc.State, metrics: dict, expectations: Iterable[dict] = ()) -> None:
         for e in expectations:

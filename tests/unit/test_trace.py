@@ -327,3 +327,91 @@ def test_plot_without_matplotlib_says_what_to_install(tmp_path, downscale_text, 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     with pytest.raises(ImportError, match=r"pip install matplotlib.*rankcore\[plot\]"):
         plot_trace(_write(tmp_path, downscale_text), tmp_path / "x.png")
+
+
+# ------------------------------------------------- replicas that vanish (issue 8, point 5)
+CONTROLLER_CRASH = ROOT / "examples" / "scenarios" / "controller-crash.yaml"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples" / "scenarios").glob("*.yaml")
+                                         if p.name != "day-of-churn-1000.yaml"),  # (a 220 MB trace: 30 s)
+                         ids=lambda p: p.name)
+def test_every_example_trace_passes_with_its_departures_explained(tmp_path, path):
+    """Every replica that leaves a simulator trace of an example leaves through a
+    stop, a crash, a node loss, a fault or a recovery that explains it."""
+    report = check_trace_file(_write(tmp_path, _trace_text(path)))
+    assert report.ok, report.violations[:5]
+    if path.name not in ("seed-four-replicas.yaml", "rank-aware-model.yaml"):
+        assert report.checks["presence"] > 0  # replicas did leave, each explained
+
+
+def test_a_replica_gone_from_a_snapshot_without_a_stop_is_flagged(tmp_path, downscale_text):
+    """Hand-edited: a stopping victim disappears one step before its ReplicaStopped."""
+    recs = _records(downscale_text)
+    stopped = _first(recs, type="ReplicaStopped", replica="llm#6")
+    snaps = [i for i, r in enumerate(recs[:stopped]) if r["kind"] == "snapshot"]
+    earlier, before = snaps[-1], snaps[-2]
+    assert recs[before]["deployments"]["llm"]["replicas"]["llm#6"]["phase"] == "stopping"
+    del recs[earlier]["deployments"]["llm"]["replicas"]["llm#6"]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert report.violations == [
+        f"line {earlier + 1}: llm/llm#6 (stopping in the snapshot at line {before + 1}) is gone without a "
+        "ReplicaStopped, ReplicaCrashed or NodeLost event, a fault naming it or its node, or a recovery "
+        "while it was stopping"], report.violations
+
+
+def test_a_crash_while_the_controller_is_down_needs_its_fault_record(tmp_path):
+    """controller-crash.yaml: two replicas die while the controller is down; the
+    trace shows only their ``crash`` faults (the events are lost). Without one of
+    them, that replica vanishes at the recovery unexplained."""
+    recs = _records(_trace_text(CONTROLLER_CRASH))
+    assert check_trace_file(_write(tmp_path, _dump(recs))).ok
+    crash = _first(recs, kind="fault", type="crash", replica="llm#5")
+    del recs[crash]
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert report.violation_count == 1 and "llm/llm#5 (running in the snapshot" in report.violations[0]
+
+
+def test_node_loss_explains_its_replicas_by_event_or_fault(tmp_path):
+    """The three replicas of the lost node leave through the NodeLost event, or
+    the node_lost fault; with neither (and no replacement naming them), each is
+    flagged."""
+    path = ROOT / "examples" / "scenarios" / "node-loss-3-nodes.yaml"
+    recs = _records(_trace_text(path))
+    fault = recs.pop(_first(recs, kind="fault", type="node_lost"))
+    lost = _first(recs, type="NodeLost")
+    for r in recs:
+        if r.get("type") == "StartReplica" and r["fields"]["replaces"]:
+            r["fields"]["replaces"] = None
+    assert check_trace_file(_write(tmp_path, _dump(recs))).ok  # the NodeLost event explains them
+    recs[lost].update(type="ReplicaReady", node=None)  # (a no-op step now)
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert report.violation_count == 3 and all("is gone without" in v for v in report.violations)
+    recs.insert(lost, fault)
+    assert check_trace_file(_write(tmp_path, _dump(recs))).ok  # the fault explains them
+
+
+# ------------------------------------------------------ rejected events (issue 8, point 7)
+def test_a_rejected_event_record_is_reported(tmp_path, downscale_text):
+    import rankcore as rc
+    from executors.trace import TraceWriter
+
+    buf = io.StringIO()
+    TraceWriter(buf, header=False).rejected(
+        1.0, rc.ReplicaReady(replica_id="llm#0"), rc.InvalidEvent("replica 'llm#0' is running: 'ready' is not allowed"))
+    rec = json.loads(buf.getvalue())
+    assert rec == {"kind": "rejected", "t": 1.0, "type": "ReplicaReady", "deployment": None, "replica": "llm#0",
+                   "error": "replica 'llm#0' is running: 'ready' is not allowed", "error_type": "InvalidEvent",
+                   "fields": {"replica_id": "llm#0"}}
+    recs = _records(downscale_text)
+    at = _first(recs, type="ScaleRequested")
+    rec["t"] = recs[at]["t"]
+    recs.insert(at, rec)
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert report.counts["rejected"] == 1
+    assert report.violations == [f"line {at + 1}: the core rejected a ReplicaReady event about llm#0: replica "
+                                 f"'llm#0' is running: 'ready' is not allowed (the executor carried on without it)"]
+    res = CliRunner().invoke(main, ["check-trace", str(tmp_path / "trace.jsonl")])
+    assert res.exit_code == 1 and "rejected" in res.output
+    del recs[at]["error"]
+    assert "'error'" in _malformed(tmp_path, _dump(recs))
