@@ -167,15 +167,28 @@ class Reassignments(Sequence[Reassignment]):
         return self._order
 
 
-# Table layout (indices into the version's dicts).
-_REC = 0  # replica -> (rank, node | None, local | None)
-_OWNER = 1  # rank -> replica
-_NODES = 2  # node -> (node_rank, bitmask of used local ranks)
-_NOWNER = 3  # node_rank -> node
-_GBITS = 4  # free-rank index for global ranks
-_NBITS = 5  # free-rank index for node ranks
-_META = 6  # "hw": highest held global rank + 1
-_N_TABLES = 7
+# Table layout (indices into the version's dicts). Every key and value is an
+# int or one of the caller's replica/node ids, never a tuple: a dict holding
+# only ints and strings is never tracked by the cyclic garbage collector, so a
+# table of 100k replicas (with str ids) costs no collection anything, and a
+# write never makes a collection traverse it again (docs/benchmarks.md, (e)).
+_REC = 0  # replica -> rank << 41 | node rank << 17 | (local rank + 1); rank << 41 while unplaced
+_OWNER = 1  # global rank -> replica
+_NODES = 2  # node -> mask << 24 | node rank (bit i of mask set: local rank i is used)
+_NOWNER = 3  # node rank -> node
+_SLOT = 4  # node rank << 16 | local rank -> replica (so compaction finds its movers)
+_HOLEY = 5  # node -> 1 for every node whose used local ranks are not 0..count-1
+_GBITS = 6  # free-rank index for global ranks
+_NBITS = 7  # free-rank index for node ranks
+_META = 8  # "hw"/"nhw": highest held global/node rank + 1; "unplaced": replicas without a node
+_N_TABLES = 9
+
+_LB = 17  # bits of (local rank + 1) at the bottom of a _REC value (0: not placed)
+_LM = (1 << _LB) - 1
+_NB = 24  # bits of a node rank (in a _REC value, above the local; at the bottom of a _NODES value)
+_NM = (1 << _NB) - 1
+_RB = _LB + _NB  # where the global rank starts in a _REC value
+_SB = 16  # bits of the local rank in a _SLOT key
 
 # Free-rank index: a 64-ary tree of bitmasks, 4 levels (16.7M ranks). At level
 # 0 a set bit is a used rank; above, a set bit means "that child word is full".
@@ -310,6 +323,7 @@ def _bits_set_range(e: Edit, t: int, a: int, b: int) -> None:
     _bits_update(e, t, add=full_now, level=1)
 
 
+
 def _bits_prefix(e: Edit, t: int, n: int) -> None:
     """Rewrite the index as exactly ranks 0..n-1 used.
 
@@ -338,32 +352,87 @@ def _rank(r: int, nr: int, local: int, _new: Any = object.__new__, _set: Any = o
     return rk
 
 
-def _holey(info: tuple | None) -> int:
-    """1 if a node's used local ranks are not exactly 0..count-1."""
-    return 0 if info is None else int(bool(info[1] & (info[1] + 1)))
+def _bit_positions(mask: int) -> list[int]:
+    """The set bits of ``mask``, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
 
 
-def _account(e: Edit, before: dict) -> None:
-    """Keep the O(1) contiguity counters in _META true after nodes changed.
+def _held_from(present: Mapping, lo: int, hi: int) -> list[int]:
+    """Keys of ``present`` in ``lo..hi-1``, ascending, in O(min(hi - lo, len(present)))."""
+    if hi - lo > len(present):
+        return sorted(k for k in present if k >= lo)
+    return [i for i in range(lo, hi) if i in present]
 
-    ``before`` maps every node whose entry this edit touched to its entry
-    before the edit (None if it was absent).
-    """
-    if not before:
-        return
-    nodes, meta, nowner = e.dicts[_NODES], e.dicts[_META], e.dicts[_NOWNER]
-    delta = sum(_holey(nodes.get(n)) - _holey(old) for n, old in before.items())
-    if delta:
-        e.set(_META, "holey", meta.get("holey", 0) + delta)
-    nhw = meta.get("nhw", 0)
-    new = nhw
-    for n in before:
-        info = nodes.get(n)
-        if info is not None and info[0] >= new:
-            new = info[0] + 1
-    new = _top(new, nowner)
-    if new != nhw:
-        e.set(_META, "nhw", new)
+
+def _count(e: Edit, key: str, delta: int) -> None:
+    e.set(_META, key, e.dicts[_META].get(key, 0) + delta)
+
+
+def _node_write(e: Edit, node: Node, nr: int, m0: int, m1: int) -> None:
+    """``node``'s used local ranks go from mask ``m0`` to ``m1`` (0: not in the table)."""
+    d = e.dicts
+    if m1:
+        e.set(_NODES, node, (m1 << _NB) | nr)
+        if not m0:
+            e.set(_NOWNER, nr, node)
+            _bits_set(e, _NBITS, nr)
+            if nr >= d[_META].get("nhw", 0):
+                e.set(_META, "nhw", nr + 1)
+        if m1 & (m1 + 1):
+            if node not in d[_HOLEY]:
+                e.set(_HOLEY, node, 1)
+        elif node in d[_HOLEY]:
+            e.pop(_HOLEY, node)
+    else:
+        e.pop(_NODES, node)
+        e.pop(_NOWNER, nr)
+        _bits_clear(e, _NBITS, nr)
+        e.discard(_HOLEY, node)
+        nhw = d[_META].get("nhw", 0)
+        if nr == nhw - 1:
+            e.set(_META, "nhw", _top(nhw, d[_NOWNER]))
+
+
+def _place(e: Edit, replica: Replica, r: int, node: Node) -> None:
+    """Give ``replica`` (global rank ``r``) the lowest free local rank on ``node``
+    (and the node the lowest free node rank if it is new to the table)."""
+    d = e.dicts
+    v = d[_NODES].get(node)
+    if v is None:
+        m0, nr = 0, _bits_lowest_free(d[_NBITS])
+    else:
+        m0, nr = v >> _NB, v & _NM
+    local = _lowest_zero(m0)
+    if local >= MAX_LOCAL:
+        raise InvariantViolation(f"node {node!r} already holds {MAX_LOCAL} replicas (the most one node may hold)")
+    _node_write(e, node, nr, m0, m0 | (1 << local))
+    e.set(_REC, replica, (r << _RB) | (nr << _LB) | (local + 1))
+    e.set(_SLOT, (nr << _SB) | local, replica)
+
+
+def _unplace(e: Edit, v: int) -> None:
+    """Free the node and local ranks of a placed replica whose _REC value is ``v``."""
+    d = e.dicts
+    local, nr = (v & _LM) - 1, (v >> _LB) & _NM
+    node = d[_NOWNER][nr]
+    m0 = d[_NODES][node] >> _NB
+    e.pop(_SLOT, (nr << _SB) | local)
+    _node_write(e, node, nr, m0, m0 & ~(1 << local))
+
+
+def _write_nodes(e: Edit, work: Mapping) -> None:
+    """Write nodes whose masks a bulk operation changed (``work``: node -> [nr, mask])
+    and their _HOLEY entries; nodes left with no replica leave _NODES."""
+    holey = e.dicts[_HOLEY]
+    e.update(_NODES, {n: (m << _NB) | nr for n, (nr, m) in work.items() if m})
+    e.pop_many(_NODES, [n for n, (_, m) in work.items() if not m])
+    e.insert_new(_HOLEY, {n: 1 for n, (_, m) in work.items() if m & (m + 1) and n not in holey})
+    e.pop_many(_HOLEY, [n for n, (_, m) in work.items() if not (m & (m + 1)) and n in holey])
 
 
 class RankTable(Persistent):
@@ -386,10 +455,10 @@ class RankTable(Persistent):
 
     def __iter__(self) -> Iterator[Replica]:
         """Replicas in global-rank order (dict order would depend on version history)."""
-        rec = self._read()[_REC]
-        return iter(sorted(rec, key=lambda rep: rec[rep][0]))
+        owner = self._read()[_OWNER]
+        return iter([owner[r] for r in sorted(owner)])
 
-    def _rec(self, replica: Replica) -> tuple:
+    def _value(self, replica: Replica) -> int:
         if self._link is not None:
             self._reroot()
         try:
@@ -401,42 +470,43 @@ class RankTable(Persistent):
         if self._link is not None:
             self._reroot()
         try:
-            return self._store.dicts[_REC][replica][0]
+            return self._store.dicts[_REC][replica] >> _RB
         except KeyError:
             raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
     def node_of(self, replica: Replica) -> Node | None:
         if self._link is not None:
             self._reroot()
+        dicts = self._store.dicts
         try:
-            return self._store.dicts[_REC][replica][1]
+            v = dicts[_REC][replica]
         except KeyError:
             raise UnknownReplica(f"replica {replica!r} holds no rank") from None
+        return dicts[_NOWNER][(v >> _LB) & _NM] if v & _LM else None
 
     def is_placed(self, replica: Replica) -> bool:
-        return self._rec(replica)[1] is not None
+        return bool(self._value(replica) & _LM)
 
     def rank_of(self, replica: Replica) -> ReplicaRank | None:
         """The full rank, or None while the replica holds only a global rank."""
-        r, node, local = self._rec(replica)
-        if node is None:
-            return None
-        return _rank(r, self._store.dicts[_NODES][node][0], local)
+        v = self._value(replica)
+        local = v & _LM
+        return _rank(v >> _RB, (v >> _LB) & _NM, local - 1) if local else None
 
     def holder_of(self, rank: int) -> Replica | None:
         return self._read()[_OWNER].get(rank)
 
     def node_rank(self, node: Node) -> int | None:
-        info = self._read()[_NODES].get(node)
-        return None if info is None else info[0]
+        v = self._read()[_NODES].get(node)
+        return None if v is None else v & _NM
 
     def nodes(self) -> dict[Node, int]:
         """Nodes hosting at least one placed replica, with their node ranks."""
-        return {n: info[0] for n, info in self._read()[_NODES].items()}
+        return {n: v & _NM for n, v in self._read()[_NODES].items()}
 
     def replicas_on(self, node: Node) -> int:
-        info = self._read()[_NODES].get(node)
-        return 0 if info is None else info[1].bit_count()
+        v = self._read()[_NODES].get(node)
+        return 0 if v is None else (v >> _NB).bit_count()
 
     def lowest_free(self) -> int:
         d = self._read()
@@ -447,21 +517,31 @@ class RankTable(Persistent):
 
     def items(self) -> Iterator[tuple[Replica, ReplicaRank | None]]:
         d = self._read()
-        nodes = d[_NODES]
-        out = [
-            (rep, None if node is None else _rank(r, nodes[node][0], local))
-            for rep, (r, node, local) in sorted(d[_REC].items(), key=lambda kv: kv[1][0])
-        ]
+        rec, owner = d[_REC], d[_OWNER]
+        out = []
+        append = out.append
+        for r in sorted(owner):
+            rep = owner[r]
+            v = rec[rep]
+            local = v & _LM
+            append((rep, _rank(r, (v >> _LB) & _NM, local - 1) if local else None))
         return iter(out)
 
     def to_dict(self) -> dict[Replica, tuple]:
         """Plain snapshot: replica -> (rank, node, node_rank, local_rank), in rank order."""
         d = self._read()
-        nodes = d[_NODES]
-        return {
-            rep: (r, node, None if node is None else nodes[node][0], local)
-            for rep, (r, node, local) in sorted(d[_REC].items(), key=lambda kv: kv[1][0])
-        }
+        rec, owner, nowner = d[_REC], d[_OWNER], d[_NOWNER]
+        out = {}
+        for r in sorted(owner):
+            rep = owner[r]
+            v = rec[rep]
+            local = v & _LM
+            if local:
+                nr = (v >> _LB) & _NM
+                out[rep] = (r, nowner[nr], nr, local - 1)
+            else:
+                out[rep] = (r, None, None, None)
+        return out
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RankTable):
@@ -497,31 +577,37 @@ class RankTable(Persistent):
         return (
             meta.get("hw", 0) == len(d[_OWNER])
             and meta.get("nhw", 0) == len(d[_NOWNER])
-            and meta.get("holey", 0) == 0
+            and not d[_HOLEY]
         )
 
     def lower_bound(self) -> LowerBound:
-        """The replicas any compaction to contiguous must change, per level and in all."""
+        """The replicas any compaction to contiguous must change, per level and in all.
+
+        Costs O(what is off: the holes and the nodes whose local ranks have
+        holes), not O(replicas)."""
         d = self._read()
-        rec, nodes = d[_REC], d[_NODES]
+        rec, owner, nodes, nowner, meta = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER], d[_META]
         n, k = len(rec), len(nodes)
-        far_nodes = {node for node, info in nodes.items() if info[0] >= k}
-        counts = {node: info[1].bit_count() for node, info in nodes.items()}
-        g = nr = lr = changed = 0
-        for r, node, local in rec.values():
-            hit = False
-            if r >= n:
-                g += 1
-                hit = True
-            if node is not None:
-                if node in far_nodes:
-                    nr += 1
-                    hit = True
-                if local >= counts[node]:
-                    lr += 1
-                    hit = True
-            changed += hit
-        return LowerBound(rank=g, node_rank=nr, local_rank=lr, replicas=changed)
+        movers = _held_from(owner, n, meta.get("hw", 0))
+        far = set(_held_from(nowner, k, meta.get("nhw", 0)))  # node ranks >= k
+        nr_count = sum((nodes[nowner[nr]] >> _NB).bit_count() for nr in far)
+        lr = 0
+        changed = nr_count  # every replica on a far node, then the others
+        for node in d[_HOLEY]:
+            v = nodes[node]
+            m = v >> _NB
+            above = (m >> m.bit_count()).bit_count()
+            lr += above
+            if v & _NM not in far:
+                changed += above
+        for r in movers:
+            v = rec[owner[r]]
+            if v & _LM:
+                nr = (v >> _LB) & _NM
+                if nr in far or (v & _LM) - 1 >= (nodes[nowner[nr]] >> _NB).bit_count():
+                    continue  # counted with its node or its local rank
+            changed += 1
+        return LowerBound(rank=len(movers), node_rank=nr_count, local_rank=lr, replicas=changed)
 
     # ------------------------------------------------------------ mutators
     @atomic
@@ -533,7 +619,7 @@ class RankTable(Persistent):
         """
         d = self._read()
         if replica in d[_REC]:
-            raise RankConflict(f"replica {replica!r} already holds rank {d[_REC][replica][0]}")
+            raise RankConflict(f"replica {replica!r} already holds rank {d[_REC][replica] >> _RB}")
         hw = d[_META].get("hw", 0)
         if rank is None:
             r = hw if hw == len(d[_OWNER]) else _bits_lowest_free(d[_GBITS])
@@ -551,56 +637,28 @@ class RankTable(Persistent):
         if r >= hw:
             e.set(_META, "hw", r + 1)
         if node is None:
-            e.set(_REC, replica, (r, None, None))
+            e.set(_REC, replica, r << _RB)
+            _count(e, "unplaced", 1)
         else:
-            before: dict = {}
-            e.set(_REC, replica, (r, node, self._take_local(e, node, before)))
-            _account(e, before)
+            _place(e, replica, r, node)
         return e.commit()
-
-    @staticmethod
-    def _take_local(e: Edit, node: Node, before: dict) -> int:
-        info = e.dicts[_NODES].get(node)
-        before.setdefault(node, info)
-        if info is None:
-            nr = _bits_lowest_free(e.dicts[_NBITS])
-            e.set(_NOWNER, nr, node)
-            _bits_set(e, _NBITS, nr)
-            mask = 0
-        else:
-            nr, mask = info
-        local = _lowest_zero(mask)
-        e.set(_NODES, node, (nr, mask | (1 << local)))
-        return local
-
-    @staticmethod
-    def _drop_local(e: Edit, node: Node, local: int, before: dict) -> None:
-        nr, mask = e.dicts[_NODES][node]
-        before.setdefault(node, (nr, mask))
-        mask &= ~(1 << local)
-        if mask:
-            e.set(_NODES, node, (nr, mask))
-        else:
-            e.pop(_NODES, node)
-            e.pop(_NOWNER, nr)
-            _bits_clear(e, _NBITS, nr)
 
     @atomic
     def place(self, replica: Replica, node: Node) -> RankTable:
         """Give a replica that holds only a global rank its node and local ranks."""
-        r, cur, _ = self._rec(replica)
-        if cur is not None:
-            raise RankConflict(f"replica {replica!r} is already placed on node {cur!r}")
+        v = self._value(replica)
+        if v & _LM:
+            raise RankConflict(f"replica {replica!r} is already placed on node {self.node_of(replica)!r}")
         e = Edit(self)
-        before: dict = {}
-        e.set(_REC, replica, (r, node, self._take_local(e, node, before)))
-        _account(e, before)
+        _place(e, replica, v >> _RB, node)
+        _count(e, "unplaced", -1)
         return e.commit()
 
     @atomic
     def release(self, replica: Replica) -> RankTable:
         """Free every rank the replica holds (call once it has fully stopped)."""
-        r, node, local = self._rec(replica)
+        v = self._value(replica)
+        r = v >> _RB
         e = Edit(self)
         e.pop(_REC, replica)
         owner = e.dicts[_OWNER]
@@ -609,10 +667,10 @@ class RankTable(Persistent):
         hw = e.dicts[_META].get("hw", 0)
         if r == hw - 1:
             e.set(_META, "hw", _top(hw, owner))
-        if node is not None:
-            before: dict = {}
-            self._drop_local(e, node, local, before)
-            _account(e, before)
+        if v & _LM:
+            _unplace(e, v)
+        else:
+            _count(e, "unplaced", -1)
         return e.commit()
 
     @atomic
@@ -621,47 +679,58 @@ class RankTable(Persistent):
 
         ``old``'s node and local ranks are freed; ``new`` is placed on ``node``
         when given (on the same node it gets the lowest free local rank, which
-        is ``old``'s unless a lower one was freed meanwhile).
+        is ``old``'s unless a lower one was freed meanwhile, and the node keeps
+        its node rank).
         """
         if self._link is not None:
             self._reroot()
         dicts = self._store.dicts
         rec = dicts[_REC]
         try:
-            r, old_node, old_local = rec[old]
+            v = rec[old]
         except KeyError:
             raise UnknownReplica(f"replica {old!r} holds no rank") from None
         if new in rec:
-            raise RankConflict(f"replica {new!r} already holds rank {rec[new][0]}")
-        if node is not None and node == old_node:
-            # Hot path (a crash replaced in place): three dict writes.
-            nodes = dicts[_NODES]
-            nr, mask = nodes[node]
-            free = mask & ~(1 << old_local)
-            local = ((~free) & (free + 1)).bit_length() - 1
-            old_rec = rec.pop(old)
-            rec[new] = (r, node, local)
-            owner = dicts[_OWNER]
-            owner[r] = new
-            undo = [(_REC, old, old_rec), (_REC, new, MISSING), (_OWNER, r, old)]
-            if local != old_local:
-                undo.append((_NODES, node, (nr, mask)))
-                new_info = (nr, free | (1 << local))
-                nodes[node] = new_info
-                delta = _holey(new_info) - _holey((nr, mask))
-                if delta:
-                    meta = dicts[_META]
-                    undo.append((_META, "holey", meta.get("holey", MISSING)))
-                    meta["holey"] = meta.get("holey", 0) + delta
-            return self._next(undo)
+            raise RankConflict(f"replica {new!r} already holds rank {rec[new] >> _RB}")
+        r = v >> _RB
+        if node is not None and v & _LM:
+            nr, local = (v >> _LB) & _NM, (v & _LM) - 1
+            old_node = dicts[_NOWNER][nr]
+            if old_node == node:
+                m = dicts[_NODES][old_node] >> _NB
+                below = (1 << local) - 1
+                if m & below == below:
+                    # Hot path (a crash replaced in place): new takes over old's slot.
+                    key = (nr << _SB) | local
+                    del rec[old]
+                    rec[new] = v
+                    dicts[_OWNER][r] = new
+                    dicts[_SLOT][key] = new
+                    return self._next([(_REC, old, v), (_REC, new, MISSING), (_OWNER, r, old), (_SLOT, key, old)])
+                # A lower local rank is free: the node keeps its node rank, new takes the lowest local.
+                m0 = m & ~(1 << local)
+                low = _lowest_zero(m0)
+                e = Edit(self)
+                e.pop(_REC, old)
+                e.set(_REC, new, (r << _RB) | (nr << _LB) | (low + 1))
+                e.set(_OWNER, r, new)
+                e.pop(_SLOT, (nr << _SB) | local)
+                e.set(_SLOT, (nr << _SB) | low, new)
+                _node_write(e, old_node, nr, m, m0 | (1 << low))
+                return e.commit()
         e = Edit(self)
         e.pop(_REC, old)
         e.set(_OWNER, r, new)
-        before: dict = {}
-        if old_node is not None:
-            self._drop_local(e, old_node, old_local, before)
-        e.set(_REC, new, (r, None, None) if node is None else (r, node, self._take_local(e, node, before)))
-        _account(e, before)
+        if v & _LM:
+            _unplace(e, v)
+        if node is None:
+            e.set(_REC, new, r << _RB)
+            if v & _LM:
+                _count(e, "unplaced", 1)
+        else:
+            _place(e, new, r, node)
+            if not v & _LM:
+                _count(e, "unplaced", -1)
         return e.commit()
 
     def recover(self, replica: Replica, node: Node, rank: ReplicaRank) -> RankTable:
@@ -703,7 +772,7 @@ class RankTable(Persistent):
                         )
                     info = [rk.node_rank, 0]
                 else:
-                    info = [base[0], base[1]]
+                    info = [base & _NM, base >> _NB]
                 node_info[node] = info
             if info[0] != rk.node_rank:
                 raise RankConflict(
@@ -713,7 +782,7 @@ class RankTable(Persistent):
             if info[1] & bit:
                 raise RankConflict(f"local rank {rk.local_rank} on node {node!r} is claimed twice")
             info[1] |= bit
-            new_rec[replica] = (r, node, rk.local_rank)
+            new_rec[replica] = (r << _RB) | (rk.node_rank << _LB) | (rk.local_rank + 1)
             new_owner[r] = replica
         fresh = {n: info[0] for n, info in node_info.items() if n not in nodes}
         if len(set(fresh.values())) != len(fresh):
@@ -725,16 +794,17 @@ class RankTable(Persistent):
         if not new_rec:
             return self
         e = Edit(self)
-        before = {n: nodes.get(n) for n in node_info}
         e.insert_new(_REC, new_rec)
         e.insert_new(_OWNER, new_owner)
-        e.update(_NODES, {n: (info[0], info[1]) for n, info in node_info.items()})
+        e.insert_new(_SLOT, {(((v >> _LB) & _NM) << _SB) | ((v & _LM) - 1): rep for rep, v in new_rec.items()})
+        _write_nodes(e, node_info)
         e.insert_new(_NOWNER, {nr: n for n, nr in fresh.items()})
         _bits_update(e, _GBITS, add=new_owner)
         _bits_update(e, _NBITS, add=fresh.values())
-        hw = max(d[_META].get("hw", 0), max(new_owner) + 1)
-        e.set(_META, "hw", hw)
-        _account(e, before)
+        meta = d[_META]
+        e.set(_META, "hw", max(meta.get("hw", 0), max(new_owner) + 1))
+        if fresh:
+            e.set(_META, "nhw", max(meta.get("nhw", 0), max(fresh.values()) + 1))
         return e.commit()
 
     def _take_free(self, d: tuple[dict, ...], k: int) -> list[int]:
@@ -763,43 +833,53 @@ class RankTable(Persistent):
             raise RankConflict("assign_many got the same replica twice")
         taken = [rep for rep in replicas if rep in rec]
         if taken:
-            raise RankConflict(f"replica {taken[0]!r} already holds rank {rec[taken[0]][0]}")
+            raise RankConflict(f"replica {taken[0]!r} already holds rank {rec[taken[0]] >> _RB}")
         ranks = self._take_free(d, len(pairs))
         nodes = d[_NODES]
-        work: dict = {}  # node -> [node_rank or None, mask]
-        records = []
-        append = records.append
-        for (_, node), r in zip(pairs, ranks):
+        work: dict = {}  # node -> [node_rank, mask]
+        free_nodes = _bits_iter_free(d[_NBITS])  # a node new to the table takes the next one
+        fresh: dict = {}  # node rank -> node
+        new_rec: dict = {}
+        new_slot: dict = {}
+        for (rep, node), r in zip(pairs, ranks):
             if node is None:
-                append((r, None, None))
+                new_rec[rep] = r << _RB
                 continue
             info = work.get(node)
             if info is None:
                 base = nodes.get(node)
-                info = work[node] = [None, 0] if base is None else [base[0], base[1]]
-            m = info[1]
+                if base is None:
+                    nr = next(free_nodes)
+                    fresh[nr] = node
+                    info = work[node] = [nr, 0]
+                else:
+                    info = work[node] = [base & _NM, base >> _NB]
+            nr, m = info
             local = ((~m) & (m + 1)).bit_length() - 1
             info[1] = m | (1 << local)
-            append((r, node, local))
-        fresh = [n for n, info in work.items() if info[0] is None]
-        free_nodes = list(islice(_bits_iter_free(d[_NBITS]), len(fresh)))
-        for n, nr in zip(fresh, free_nodes):
-            work[n][0] = nr
+            new_rec[rep] = (r << _RB) | (nr << _LB) | (local + 1)
+            new_slot[(nr << _SB) | local] = rep
+        for node, (_, m) in work.items():
+            if m >> MAX_LOCAL:
+                raise InvariantViolation(f"node {node!r} would hold more than {MAX_LOCAL} replicas")
         hw = d[_META].get("hw", 0)
         e = Edit(self)
-        before = {n: nodes.get(n) for n in work}
-        e.insert_new(_REC, dict(zip(replicas, records)))
+        e.insert_new(_REC, new_rec)
         e.insert_new(_OWNER, dict(zip(ranks, replicas)))
-        e.update(_NODES, {n: (info[0], info[1]) for n, info in work.items()})
-        e.insert_new(_NOWNER, dict(zip(free_nodes, fresh)))
+        e.insert_new(_SLOT, new_slot)
+        _write_nodes(e, work)
+        e.insert_new(_NOWNER, fresh)
         below = [r for r in ranks if r < hw]
         if below:
             _bits_update(e, _GBITS, add=below)
         if ranks[-1] >= hw:
             _bits_set_range(e, _GBITS, hw, ranks[-1] + 1)
             e.set(_META, "hw", ranks[-1] + 1)
-        _bits_update(e, _NBITS, add=free_nodes)
-        _account(e, before)
+        if fresh:
+            _bits_update(e, _NBITS, add=fresh)
+            e.set(_META, "nhw", max(d[_META].get("nhw", 0), max(fresh) + 1))
+        if len(new_slot) < len(new_rec):
+            _count(e, "unplaced", len(new_rec) - len(new_slot))
         return e.commit()
 
     @atomic
@@ -807,7 +887,7 @@ class RankTable(Persistent):
         """``release`` for many replicas in one version."""
         reps = list(replicas)  # before reading: the iterable may read another version
         d = self._read()
-        rec, owner = d[_REC], d[_OWNER]
+        rec, owner, nodes, nowner = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER]
         if len(set(reps)) != len(reps):
             raise InvalidConfig("release_many got the same replica twice")
         missing = [rep for rep in reps if rep not in rec]
@@ -815,28 +895,37 @@ class RankTable(Persistent):
             raise UnknownReplica(f"replica {missing[0]!r} holds no rank")
         if not reps:
             return self
-        nodes = d[_NODES]
         e = Edit(self)
         old = e.pop_many(_REC, reps)
-        ranks = [v[0] for v in old.values()]
+        ranks = [v >> _RB for v in old.values()]
         e.pop_many(_OWNER, ranks)
-        work: dict = {}
-        for r, node, local in old.values():
-            if node is not None:
-                info = work.get(node)
-                if info is None:
-                    info = work[node] = list(nodes[node])
-                info[1] &= ~(1 << local)
-        before = {n: nodes[n] for n in work}
-        emptied = [n for n, info in work.items() if not info[1]]
-        e.update(_NODES, {n: (info[0], info[1]) for n, info in work.items() if info[1]})
-        e.pop_many(_NODES, emptied)
-        gone = [work[n][0] for n in emptied]
+        work: dict = {}  # node rank -> mask
+        slots = []
+        append = slots.append
+        unplaced = 0
+        for v in old.values():
+            local = (v & _LM) - 1
+            if local < 0:
+                unplaced += 1
+                continue
+            nr = (v >> _LB) & _NM
+            m = work.get(nr)
+            if m is None:
+                m = nodes[nowner[nr]] >> _NB
+            work[nr] = m & ~(1 << local)
+            append((nr << _SB) | local)
+        e.pop_many(_SLOT, slots)
+        gone = [nr for nr, m in work.items() if not m]
+        _write_nodes(e, {nowner[nr]: (nr, m) for nr, m in work.items()})
         e.pop_many(_NOWNER, gone)
         _bits_update(e, _GBITS, remove=ranks)
-        _bits_update(e, _NBITS, remove=gone)
-        e.set(_META, "hw", _top(d[_META].get("hw", 0), owner))
-        _account(e, before)
+        meta = d[_META]
+        e.set(_META, "hw", _top(meta.get("hw", 0), owner))
+        if gone:
+            _bits_update(e, _NBITS, remove=gone)
+            e.set(_META, "nhw", _top(meta.get("nhw", 0), nowner))
+        if unplaced:
+            _count(e, "unplaced", -unplaced)
         return e.commit()
 
     @atomic
@@ -847,11 +936,12 @@ class RankTable(Persistent):
         holes below it, lowest hole first (the same rule at node and local
         level), so the changes equal :meth:`lower_bound`. ``active``, when
         given, must be exactly the table's replicas. Everything is validated
-        before anything changes.
+        before anything changes. Costs O(replicas changed + holes), not
+        O(replicas) (checking ``active``, when given, is O(replicas)).
         """
         act = None if active is None else set(active)  # before reading (see recover_many)
         d = self._read()
-        rec, owner, nodes, nowner = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER]
+        rec, owner, nodes, nowner, slot, meta = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER], d[_SLOT], d[_META]
         if act is not None:
             if act != rec.keys():
                 stale = sorted(map(repr, rec.keys() - act))[:5]
@@ -860,74 +950,82 @@ class RankTable(Persistent):
                     f"compact: active replicas differ from the table "
                     f"(ranked but not active: {stale}; active without rank: {unranked})"
                 )
+        if meta.get("unplaced", 0):
+            unplaced = next(rep for rep, v in rec.items() if not v & _LM)
+            raise InvariantViolation(f"compact: replica {unplaced!r} is not placed yet")
         n, k = len(rec), len(nodes)
-        hw = d[_META].get("hw", 0)
-        unplaced = [rep for rep, v in rec.items() if v[1] is None]
-        if unplaced:
-            raise InvariantViolation(f"compact: replica {unplaced[0]!r} is not placed yet")
         # Global level: holders of ranks >= n move into the holes below n.
-        if hw - n > len(owner):  # sparse (e.g. a far-off recovered rank): scan the holders
-            movers = sorted(r for r in owner if r >= n)
-        else:
-            movers = [r for r in range(n, hw) if r in owner]
-        holes = [r for r in range(n) if r not in owner] if movers else []
-        if len(holes) != len(movers):
+        movers = _held_from(owner, n, meta.get("hw", 0))
+        holes = list(islice(_bits_iter_free(d[_GBITS]), len(movers))) if movers else []
+        if len(holes) != len(movers) or (holes and holes[-1] >= n):
             raise InvariantViolation("compact: global ranks are not unique")
         new_rank = {owner[old]: new for old, new in zip(movers, holes)}
         # Node level, the same rule over node ranks.
-        nmovers = sorted(nr for nr in nowner if nr >= k)
-        nholes = [i for i in range(k) if i not in nowner] if nmovers else []
-        new_node_rank = {nowner[old]: new for old, new in zip(nmovers, nholes)}
-        # Local level: nodes whose used local ranks are not 0..count-1.
-        bad = {node: info[1].bit_count() for node, info in nodes.items() if info[1] & (info[1] + 1)}
+        nmovers = _held_from(nowner, k, meta.get("nhw", 0))
+        nholes = list(islice(_bits_iter_free(d[_NBITS]), len(nmovers))) if nmovers else []
+        if len(nholes) != len(nmovers) or (nholes and nholes[-1] >= k):
+            raise InvariantViolation("compact: node ranks are not unique")
+        new_nr = dict(zip(nmovers, nholes))  # old node rank -> new
+        # Local level: on nodes whose used local ranks are not 0..count-1.
         new_local: dict = {}
-        new_masks: dict = {}
-        if bad:
-            local_movers: dict = {}
-            for rep, (r, node, local) in rec.items():
-                c = bad.get(node)
-                if c is not None and local >= c:
-                    local_movers.setdefault(node, []).append((local, rep))
-            for node, lst in local_movers.items():
-                c = bad[node]
-                lst.sort(key=lambda x: x[0])
-                mask = nodes[node][1]
-                free = [i for i in range(c) if not (mask >> i) & 1]
-                for (_, rep), hole in zip(lst, free):
-                    new_local[rep] = hole
-                new_masks[node] = (1 << c) - 1
+        new_masks: dict = {}  # node -> its mask after
+        for node in d[_HOLEY]:
+            v = nodes[node]
+            nr, m = v & _NM, v >> _NB
+            c = m.bit_count()
+            for old_local, hole in zip(_bit_positions(m >> c), _bit_positions(~m & ((1 << c) - 1))):
+                new_local[slot[(nr << _SB) | (old_local + c)]] = hole
+            new_masks[node] = (1 << c) - 1
         changed = dict.fromkeys(new_rank)
         changed.update(dict.fromkeys(new_local))
-        if new_node_rank:
-            changed.update((rep, None) for rep, v in rec.items() if v[1] in new_node_rank)
+        for nr in nmovers:  # every replica on a moved node changes node rank
+            changed.update((slot[(nr << _SB) | i], None) for i in _bit_positions(nodes[nowner[nr]] >> _NB))
         if not changed:
             return self, Reassignments()
-        old_node_rank = {node: nodes[node][0] for node in new_node_rank}
-        olds = {rep: rec[rep] for rep in changed}
-        rec_updates = {
-            rep: (new_rank.get(rep, r), node, new_local.get(rep, local))
-            for rep, (r, node, local) in olds.items()
-        }
-        node_updates = {
-            node: (new_node_rank.get(node, nodes[node][0]), new_masks.get(node, nodes[node][1]))
-            for node in set(new_node_rank) | set(new_masks)
-        }
-        node_ranks = {node: nodes[node][0] for node in {v[1] for v in olds.values()}}
+        olds: dict = {}
+        news: dict = {}
+        rec_updates: dict = {}
+        old_slots = []
+        new_slots: dict = {}
+        node_ranks: dict = {}
+        new_node_ranks: dict = {}
+        for rep in changed:
+            v = rec[rep]
+            r, nr, local = v >> _RB, (v >> _LB) & _NM, (v & _LM) - 1
+            node = nowner[nr]
+            r2, nr2, l2 = new_rank.get(rep, r), new_nr.get(nr, nr), new_local.get(rep, local)
+            olds[rep] = (r, node, local)
+            news[rep] = (r2, node, l2)
+            node_ranks[node] = nr
+            new_node_ranks[node] = nr2
+            rec_updates[rep] = (r2 << _RB) | (nr2 << _LB) | (l2 + 1)
+            old_slots.append((nr << _SB) | local)
+            new_slots[(nr2 << _SB) | l2] = rep
         e = Edit(self)
-        before = {n: nodes[n] for n in node_updates}
         e.update(_REC, rec_updates)
         e.pop_many(_OWNER, movers)
         e.insert_new(_OWNER, {new: rep for rep, new in new_rank.items()})
-        e.update(_NODES, node_updates)
+        e.pop_many(_SLOT, old_slots)
+        e.insert_new(_SLOT, new_slots)
+        moved = {nowner[nr]: new for nr, new in new_nr.items()}  # node -> its new node rank
+        e.update(_NODES, {
+            node: (new_masks.get(node, nodes[node] >> _NB) << _NB) | moved.get(node, nodes[node] & _NM)
+            for node in moved.keys() | new_masks.keys()
+        })
         e.pop_many(_NOWNER, nmovers)
-        e.insert_new(_NOWNER, {new: node for node, new in new_node_rank.items()})
-        if movers:
-            _bits_prefix(e, _GBITS, n)
+        e.insert_new(_NOWNER, {new: node for node, new in moved.items()})
+        e.pop_many(_HOLEY, list(new_masks))
+        if movers:  # the index becomes exactly 0..n-1: bit by bit, or rewritten when cheaper
+            if len(movers) < n >> 6:
+                _bits_update(e, _GBITS, add=holes, remove=movers)
+            else:
+                _bits_prefix(e, _GBITS, n)
             e.set(_META, "hw", n)
         if nmovers:
-            _bits_prefix(e, _NBITS, k)
-        _account(e, before)
-        order = sorted(olds, key=lambda rep: rec_updates[rep][0])
-        new_node_ranks = {**node_ranks, **new_node_rank}
-        old_node_ranks = {**node_ranks, **old_node_rank}
-        return e.commit(), Reassignments(order, olds, rec_updates, old_node_ranks, new_node_ranks)
+            if len(nmovers) < k >> 6:
+                _bits_update(e, _NBITS, add=nholes, remove=nmovers)
+            else:
+                _bits_prefix(e, _NBITS, k)
+            e.set(_META, "nhw", k)
+        order = sorted(olds, key=lambda rep: news[rep][0])
+        return e.commit(), Reassignments(order, olds, news, node_ranks, new_node_ranks)
