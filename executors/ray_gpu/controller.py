@@ -10,6 +10,7 @@ event loop, so there is no locking.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -30,10 +31,27 @@ _KV_SPECS = b"rankcore/specs"  # what was applied, to recover after a restart (r
 _KV_COUNTERS = b"rankcore/counters"  # id and lineage high-water marks, so no id is reused
 _KV_RECORDING = b"rankcore/recording"  # a trace is being recorded (survives a restart)
 _KV_EPOCH = b"rankcore/epoch"  # wall-clock origin of trace time, shared by every controller incarnation
+#: every replica the controller started and has not forgotten, with how far its
+#: start got (Ray Serve checkpoints its replica list too): a restarted controller
+#: resumes the starts under way and knows which replicas died while it was down
+_KV_REPLICAS = b"rankcore/replicas"
+_KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
+
+log = logging.getLogger("rankcore.ray.controller")
 
 
 def actor_name(deployment: str, replica_id: str) -> str:
     return f"ModelActor:{deployment}:{replica_id}"
+
+
+def queue_fault(type_: str, fields: dict) -> None:
+    """Record a fault injected while the controller is down (from any process
+    connected to the cluster): the next controller writes it to the trace, at
+    the time it happened, before its recovery."""
+    raw = internal_kv._internal_kv_get(_KV_FAULTS)
+    queued = cloudpickle.loads(raw) if raw else []
+    queued.append((type_, dict(fields), time.time()))
+    internal_kv._internal_kv_put(_KV_FAULTS, cloudpickle.dumps(queued), overwrite=True)
 
 
 class _Backend:
@@ -90,7 +108,11 @@ class Controller:
         self._suspects: dict[str, float] = {}  # node -> when a replica there last died on its own
         self._node_seen: dict[str, int] = {}  # node id -> order first seen (tie-breaks)
         self.tasks: set[asyncio.Task] = set()
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # events the core rejected, "repr(event): error"
+        #: replica id -> {"deployment", "global_rank", "lineage", "world_size", "stage"}:
+        #: stage "reserving" until its actor is created, then "created" (see _KV_REPLICAS)
+        self.known: dict[str, dict] = {}
+        self._halted = False  # halt() was called: the controller is about to be killed
         self.started = 0  # one past the highest replica number ever started
         self.lineages = 0
         self._recovered = False
@@ -103,6 +125,9 @@ class Controller:
         specs = {name: {**spec, "applied": self.applied[name]} for name, spec in self.specs.items()}
         internal_kv._internal_kv_put(_KV_SPECS, cloudpickle.dumps(specs), overwrite=True)
         internal_kv._internal_kv_put(_KV_COUNTERS, cloudpickle.dumps((self.started, self.lineages)), overwrite=True)
+
+    def _checkpoint(self) -> None:
+        internal_kv._internal_kv_put(_KV_REPLICAS, cloudpickle.dumps(self.known), overwrite=True)
 
     async def _health_loop(self) -> None:
         """Ping every initialised replica; one that fails or times out is killed
@@ -165,8 +190,38 @@ class Controller:
     async def fault(self, type_: str, fields: dict) -> None:
         """Record a fault the scenario runner injected (a ``fault`` trace record)."""
         await self._ready()
+        self._write_queued_faults()
         if self.driver.trace is not None:
             self.driver.trace.fault(self._now(), type_, **fields)
+
+    def _write_queued_faults(self) -> set[str]:
+        """Write the faults queued (``queue_fault``) while no controller ran, at
+        the time each happened; returns the replica ids they name."""
+        raw = internal_kv._internal_kv_get(_KV_FAULTS)
+        if not raw:
+            return set()
+        internal_kv._internal_kv_del(_KV_FAULTS)
+        named = set()
+        now = self._now()
+        for type_, fields, when in cloudpickle.loads(raw):
+            if fields.get("replica"):
+                named.add(fields["replica"])
+            if self.driver.trace is not None:
+                self.driver.trace.fault(min(now, max(0.0, when - self.t0)), type_, **fields)
+        return named
+
+    async def halt(self) -> str:
+        """Stop stepping the core and hand back the trace not yet drained: call it
+        just before killing the controller (a crash from then on). Nothing the
+        controller wrote is lost between the last drain and the kill; answers
+        arriving after it are lost, as with any crash."""
+        await self._ready()
+        self._halted = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+        for task in list(self.tasks):  # starts, stops, watches: left where a crash would leave them
+            task.cancel()
+        return await self.drain_trace()
 
     def _metrics_now(self) -> Any:
         from ..sim.metrics import Metrics
@@ -220,39 +275,93 @@ class Controller:
             raw = internal_kv._internal_kv_get(_KV_SPECS)
             if internal_kv._internal_kv_get(_KV_RECORDING):
                 self._start_recording(None, header=False)  # continue the trace after a restart
+            named = self._write_queued_faults()  # what happened while no controller ran
             if raw:
-                await self._recover(cloudpickle.loads(raw))
+                await self._recover(cloudpickle.loads(raw), named)
             self._recovered = True
 
-    async def _recover(self, specs: dict) -> None:
+    async def _recover(self, specs: dict, named: set[str] = frozenset()) -> None:
+        """Rebuild the ranks from the replicas' own reports (ranks are not
+        stored). Replicas whose start was under way are adopted with their
+        global rank: an actor not yet initialised is reported pending on its
+        node (the core initialises it), one whose ``__init__`` runs is reported
+        starting (and answered ready when it finishes), and one whose placement
+        group was still being made (``known`` stage ``reserving``) is reported
+        pending and its start resumed. Only replicas that died are replaced;
+        each known one that is gone gets a ``replica_lost`` fault record
+        (unless ``named``, the faults queued meanwhile, already name it)."""
         counters = internal_kv._internal_kv_get(_KV_COUNTERS)
         started, lineages = cloudpickle.loads(counters) if counters else (0, 0)
+        raw = internal_kv._internal_kv_get(_KV_REPLICAS)
+        known: dict[str, dict] = cloudpickle.loads(raw) if raw else {}
         self.specs = {name: {k: v for k, v in spec.items() if k != "applied"} for name, spec in specs.items()}
         self.applied = {name: spec["applied"] for name, spec in specs.items()}
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a.get("namespace") == NAMESPACE and a["name"].startswith("ModelActor:")]
-        reports = []
-        for name in sorted(names):
+
+        async def ask_report(name: str) -> tuple:
             try:
                 actor = ray.get_actor(name, namespace=NAMESPACE)
-                r = await asyncio.wait_for(actor.report.remote(), timeout=10)
+                # (an actor still being created answers once it is up)
+                return actor, await asyncio.wait_for(actor.report.remote(), timeout=30)
             except Exception:
-                continue  # died meanwhile: its rank is a gap the core refills
-            if r["deployment"] not in self.specs or r["rank"] is None:
-                ray.kill(actor, no_restart=True)  # never reported for duty: its replacement starts afresh
+                return None, None  # died meanwhile: its rank is a gap the core refills
+
+        reports, starting, resume = [], [], []
+        for actor, r in await asyncio.gather(*(ask_report(n) for n in sorted(names))):
+            if r is None:
                 continue
-            rank = r["rank"]
+            rid, dep, rank = r["replica_id"], r["deployment"], r["rank"]
+            grank = rank[0] if rank is not None else r.get("global_rank")
+            if dep not in self.specs or grank is None:
+                ray.kill(actor, no_restart=True)  # not ours to adopt: the core would not know it
+                continue
+            if rank is None:  # created, placed, never initialised: the core initialises it
+                phase, claim, config = "pending", grank, rc.UNKNOWN
+            else:
+                phase, claim = r["phase"], {"rank": rank[0], "node_rank": rank[1], "local_rank": rank[2]}
+                config = r["user_config"]
             reports.append(rc.ReplicaReport(
-                replica_id=r["replica_id"], deployment=r["deployment"], node_id=r["node_id"], phase=r["phase"],
-                rank={"rank": rank[0], "node_rank": rank[1], "local_rank": rank[2]},
-                world_size=r["world_size"], version=r["version"], user_config=r["user_config"],
-                lineage=r["lineage"],
+                replica_id=rid, deployment=dep, node_id=r["node_id"], phase=phase, rank=claim,
+                world_size=r["world_size"], version=r["version"], user_config=config, lineage=r["lineage"],
             ))
-            self.actors[r["replica_id"]] = (r["deployment"], actor)
-            if r["phase"] != "starting":
-                self._initialized.add(r["replica_id"])
-        self._adopt_placement_groups()
+            self.actors[rid] = (dep, actor)
+            self.known[rid] = {"deployment": dep, "global_rank": grank, "lineage": r["lineage"],
+                               "world_size": r["world_size"], "stage": "created"}
+            if phase == "starting":
+                starting.append((rid, actor))
+            elif phase != "pending":
+                self._initialized.add(rid)
+        lost = []
+        for rid, k in sorted(known.items()):
+            if rid in self.actors:
+                continue
+            if k["stage"] == "reserving" and k["deployment"] in self.specs:
+                # its start was under way (no actor yet): adopt it, resume the start
+                reports.append(rc.ReplicaReport(
+                    replica_id=rid, deployment=k["deployment"], node_id=None, phase="pending",
+                    rank=k["global_rank"], world_size=k["world_size"], lineage=k["lineage"]))
+                self.known[rid] = dict(k)
+                resume.append(rid)
+            elif rid not in named:
+                lost.append((rid, k["deployment"]))
+        self._checkpoint()
+        self._adopt_placement_groups(resume)
         self.started, self.lineages = started, lineages
+        now = self._now()
+        if self.driver.trace is not None:
+            for rid, dep in lost:
+                self.driver.trace.fault(now, "replica_lost", replica=rid, deployment=dep,
+                                        reason="gone when the controller recovered")
+            self.driver.trace.fault(now, "controller_recovered", reports=len(reports),
+                                    resumed=sorted(resume), lost=[rid for rid, _ in lost])
+        # Resumed starts go first (they run once this returns), in rank order,
+        # so their placements are reported before those of any new replica.
+        for rid in sorted(resume, key=lambda x: (self.known[x]["global_rank"], x)):
+            k = self.known[rid]
+            self._spawn(self._start(rc.StartReplica(
+                replica_id=rid, deployment=k["deployment"], global_rank=k["global_rank"],
+                world_size=k["world_size"], lineage=k["lineage"])))
         self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
                                           reports=tuple(reports), next_replica_number=started,
                                           next_lineage=lineages))
@@ -260,23 +369,44 @@ class Controller:
         # a crash the core knows what to do with (before, it would be ignored).
         for rid, (_, actor) in sorted(self.actors.items()):
             self._spawn(self._watch(rid, actor))
+        for rid, actor in starting:
+            self._spawn(self._await_started(rid, actor))
 
-    def _adopt_placement_groups(self) -> None:
-        """Take back the groups of the replicas found alive; remove the rest
-        (their replica died, or was never created, while no controller ran)."""
+    async def _await_started(self, rid: str, actor: Any) -> None:
+        """A replica reported ``starting`` (its ``__init__`` was running when the
+        controller restarted): answer ReplicaReady when it finishes."""
+        try:
+            await actor.started.remote()
+        except Exception as exc:
+            if rid in self.actors and rid not in self.stopping:
+                self._kill(rid)
+                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"initialize failed: {exc}"))
+            return
+        if rid in self.actors:  # (not stopped meanwhile)
+            self._initialized.add(rid)
+            self._feed(rc.ReplicaReady(replica_id=rid))
+
+    def _adopt_placement_groups(self, resume: list[str] = ()) -> None:  # type: ignore[assignment]
+        """Take back the groups of the replicas found alive, and the placed
+        groups of the starts to ``resume``; remove the rest (their replica died,
+        or was never created, while no controller ran; a resumed start whose
+        group is not placed yet makes a new one)."""
         from ray._raylet import PlacementGroupID
         from ray.util.placement_group import PlacementGroup
 
-        mine = {pl.pg_name(dep, rid): rid for rid, (dep, _) in self.actors.items()}
+        mine = {pl.pg_name(dep, rid): (rid, dep) for rid, (dep, _) in self.actors.items()}
+        resumed = {pl.pg_name(self.known[rid]["deployment"], rid): (rid, self.known[rid]["deployment"])
+                   for rid in resume}
         for pg_id, info in ray.util.placement_group_table().items():
             name = info.get("name") or ""
             if not name.startswith("rankcore:") or info.get("state") == "REMOVED":
                 continue
             pg = PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
-            rid = mine.get(name)
+            rid, dep = mine.get(name) or (resumed.get(name) if info.get("state") == "CREATED" else None) \
+                or (None, None)
             if rid is not None and rid not in self.pgs:
                 self.pgs[rid] = pg
-                self._reserved[rid] = (self.actors[rid][0], pl.per_node(info))
+                self._reserved[rid] = (dep, pl.per_node(info))
             else:
                 try:
                     ray.util.remove_placement_group(pg)
@@ -294,10 +424,20 @@ class Controller:
         task.add_done_callback(self.tasks.discard)
 
     def _feed(self, event: object) -> None:
+        if self._halted:  # about to be killed: what happens from now on is lost with it
+            return
         try:
             self.driver.feed(event, self._now())
-        except rc.RankcoreError as exc:  # a bug or a race we did not foresee: keep serving
-            self.errors.append(f"{event!r}: {exc}")
+        except rc.RankcoreError as exc:  # a bug or a race we did not foresee: keep serving, but say so
+            self._rejected(event, exc)
+
+    def _rejected(self, event: object, exc: Exception) -> None:
+        """The core refused an event: recorded in the trace (a ``rejected``
+        record), logged with the event, and counted (``status()``)."""
+        self.errors.append(f"{event!r}: {exc}")
+        log.error("the core rejected %r: %s: %s", event, type(exc).__name__, exc)
+        if self.driver.trace is not None:
+            self.driver.trace.rejected(self._now(), event, exc)
 
     # ----------------------------------------------------------- commands
     async def _start(self, cmd: rc.StartReplica) -> None:
@@ -307,6 +447,9 @@ class Controller:
         self._persist()
         rid, dep = cmd.replica_id, cmd.deployment
         spec = self.specs[dep]
+        self.known[rid] = {"deployment": dep, "global_rank": cmd.global_rank, "lineage": cmd.lineage,
+                           "world_size": cmd.world_size, "stage": "reserving"}
+        self._checkpoint()
         queue = self._placing.setdefault(dep, [])
         queue.append(rid)
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
@@ -314,9 +457,11 @@ class Controller:
         if bundles:
             self._waiting_pg[rid] = asyncio.current_task()
             try:
-                pg = await self._reserve(rid, dep, bundles, spec)  # _stop cancels this if the replica goes first
+                pg = self.pgs.get(rid)  # a resumed start whose group the old controller placed
+                if pg is None:
+                    pg = await self._reserve(rid, dep, bundles, spec)  # _stop cancels this if the replica goes first
             except Exception as exc:
-                self._release_pg(rid)
+                self._forget(rid)
                 if rid in queue:
                     queue.remove(rid)
                 self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"placement group failed: {exc}"))
@@ -332,11 +477,18 @@ class Controller:
             opts = pl.actor_options_in_group(opts, bundles)
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+        if rid in self.known:  # from now on, a missing actor means a dead replica
+            self.known[rid]["stage"] = "created"
+            self._checkpoint()
         try:
+            # An async actor: requests wait on a semaphore of max_ongoing_requests
+            # inside it, so Ray's own limit only needs to leave room for them and
+            # the controller's calls.
             actor = ray.remote(ReplicaActor).options(
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
-                max_restarts=0, max_concurrency=spec["max_ongoing_requests"] + 4, **opts,
-            ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage)
+                max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
+            ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage, cmd.global_rank,
+                     cmd.world_size, spec["max_ongoing_requests"])
             self.actors[rid] = (dep, actor)
             node = await actor.node_id.remote()
         except Exception as exc:  # refused by Ray, or died starting
@@ -504,6 +656,8 @@ class Controller:
         self._initialized.discard(rid)
         self._placed_on.pop(rid, None)
         self._release_pg(rid)
+        if self.known.pop(rid, None) is not None:
+            self._checkpoint()
         return entry
 
     def _crashed(self, rid: str, reason: str) -> None:
@@ -599,37 +753,53 @@ class Controller:
 
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
-                    actor_options: dict, max_ongoing_requests: int, placement: dict | None = None) -> None:
+                    actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
+                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> None:
         """Deploy or update ``name``. ``placement``: ``placement_group_bundles``,
-        ``placement_group_strategy``, ``replica_placement`` (see api.deployment)."""
+        ``placement_group_strategy``, ``replica_placement`` (see api.deployment).
+        A bad option or request raises to the caller (``InvalidConfig``,
+        ``InvalidEvent``) and changes nothing."""
         placement = dict(placement or {})
         bundles = placement.get("placement_group_bundles")
         pg_strategy = placement.get("placement_group_strategy", "PACK")
         spread = placement.get("replica_placement", "spread")
-        pl.validate(actor_options, bundles, pg_strategy, spread)  # a bad option raises to the caller
+        pl.validate(actor_options, bundles, pg_strategy, spread)
         has_reconfigure = callable(getattr(cls, "reconfigure", None))
         takes_rank = False
         if has_reconfigure:
             import inspect
 
             takes_rank = "rank" in inspect.signature(cls.reconfigure).parameters
+        event = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
+                                     has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
+                                     max_replicas=max_replicas)
         await self._ready()
+        before = self.specs.get(name), self.applied.get(name)
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
                             "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
                             "pg_strategy": pg_strategy, "placement": spread}
-        self.applied[name] = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
-                                                  has_reconfigure=has_reconfigure,
-                                                  reconfigure_takes_rank=takes_rank)
+        self.applied[name] = event
+        try:
+            self.driver.feed(event, self._now())
+        except Exception:
+            for table, old in zip((self.specs, self.applied), before):
+                if old is None:
+                    table.pop(name, None)
+                else:
+                    table[name] = old
+            raise
         self._persist()
-        self.driver.feed(self.applied[name], self._now())  # a bad request raises to the caller
 
     async def scale(self, name: str, num_replicas: int, victims: tuple = ()) -> None:
+        """Scale ``name`` in place. A bad request (a count above max_replicas, an
+        unknown victim) raises to the caller and changes nothing."""
         await self._ready()
         if name not in self.applied:
             raise rc.InvalidEvent(f"unknown deployment {name!r}")
-        self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
+        applied = attrs.evolve(self.applied[name], num_replicas=num_replicas)
         event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
-        self.driver.feed(event, self._now())  # a bad request (unknown victim...) raises to the caller
+        self.driver.feed(event, self._now())
+        self.applied[name] = applied
         self._persist()
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
@@ -671,7 +841,27 @@ class Controller:
         return cloudpickle.dumps(self.driver.state)
 
     async def state_errors(self) -> list[str]:
+        """The events the core rejected, ``"repr(event): error"`` (see ``status``)."""
         return list(self.errors)
+
+    async def status(self) -> dict:
+        """What the controller is doing: ``rejected_events`` counts the events
+        the core refused (each also a ``rejected`` trace record and an error in
+        the controller's log; a normal run has none), ``rejected`` lists them."""
+        import os
+
+        await self._ready()
+        return {"rejected_events": len(self.errors), "rejected": list(self.errors),
+                "replicas": len(self.actors), "recording": self.driver.trace is not None, "pid": os.getpid()}
+
+    async def feed_event(self, event: object) -> bool:
+        """Feed ``event`` to the core as if the cluster had reported it (tools and
+        tests). A rejected event is recorded, logged and counted like any
+        other; returns whether it was accepted."""
+        await self._ready()
+        errors = len(self.errors)
+        self._feed(event)
+        return len(self.errors) == errors
 
     async def reset(self, timeout: float = 60.0) -> None:
         """Stop every replica and forget everything (deployments, ids, trace):
@@ -695,12 +885,14 @@ class Controller:
         self._adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         self.specs.clear()
         self.applied.clear()
+        self.known.clear()
         self.started = self.lineages = 0
         self.errors.clear()
+        self._halted = False
         self.driver.state = rc.State()
         self.driver.trace = None
         self.metrics = None
-        for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH):
+        for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS):
             internal_kv._internal_kv_del(key)
         self.t0 = time.time()
         internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())

@@ -1,12 +1,32 @@
 """The replica actor: hosts one instance of the user's class.
 
-A threaded Ray actor (``max_concurrency`` > 1), so ``ping`` and ``watch``
-answer while requests run, and so a call pending on ``watch`` fails the
-moment the actor dies: death is noticed from Ray itself, not from a poll.
+An **async** Ray actor, as Ray Serve's replica is. Its own event loop only
+answers the controller (``ping``, ``watch``, ``report``, ...) and routes
+requests; the user's code runs elsewhere, as in Ray Serve 2.60:
+
+* ``async def`` methods (``__call__``, ``reconfigure``, ``check_health`` and
+  any other, and an ``async def __init__``) are awaited on a separate *user
+  event loop* thread, so several requests of one replica run concurrently
+  (Ray Serve: "the replica will not wait for the handler to run") and a
+  handler that blocks its loop does not block health checks;
+* plain ``def`` methods run in a thread pool of ``max_ongoing_requests``
+  threads (requests) or a small one of their own (``reconfigure``,
+  ``check_health``), so they never block either loop; a plain method that
+  returns a coroutine has it awaited too;
+* the constructor runs on the user loop's thread (Ray Serve's "main user code
+  thread"), before any request.
+
+At most ``max_ongoing_requests`` requests run at once (a semaphore; more wait
+their turn), whatever number of handles send them. A call pending on
+``watch`` fails the moment the actor dies: death is noticed from Ray itself,
+not from a poll.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import inspect
 import threading
 from typing import Any
@@ -25,24 +45,52 @@ def _takes_rank(fn: Any) -> bool:
 
 class ReplicaActor:
     def __init__(self, deployment: str, replica_id: str, cls: type, args: tuple, kwargs: dict,
-                 lineage: int | None = None) -> None:
+                 lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
+                 max_ongoing_requests: int = 5) -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
         self.cls, self.args, self.kwargs = cls, args, kwargs
+        self.global_rank = global_rank  # from StartReplica: known before the user's __init__ runs
         self.instance: Any = None
         self.user_config: Any = rc.UNKNOWN
         self.version = 0
         self.phase = "pending"
-        self.world_size = 0
+        self.world_size = world_size
         self.rank: rc.ReplicaRank | None = None
-        self._stop = threading.Event()
+        self.max_ongoing_requests = max_ongoing_requests
+        self._requests = concurrent.futures.ThreadPoolExecutor(max_ongoing_requests,
+                                                               thread_name_prefix="rankcore-request")
+        self._control = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="rankcore-control")
+        self._user_loop = asyncio.new_event_loop()
+        threading.Thread(target=self._user_loop.run_forever, name="rankcore-user-loop", daemon=True).start()
+        # asyncio objects of the actor's own loop: made on first use, inside it
+        self._slots: asyncio.Semaphore | None = None
+        self._stop: asyncio.Event | None = None
+        self._idle: asyncio.Condition | None = None
+        self._init: asyncio.Task | None = None
         self._inflight = 0
-        self._idle = threading.Condition()
 
-    # ------------------------------------------------------------ controller
-    def node_id(self) -> str:
-        import ray
+    # -------------------------------------------------------------- plumbing
+    def _loop_objects(self) -> None:
+        if self._stop is None:
+            self._slots = asyncio.Semaphore(self.max_ongoing_requests)
+            self._stop = asyncio.Event()
+            self._idle = asyncio.Condition()
 
-        return ray.get_runtime_context().get_node_id()
+    async def _on_user_loop(self, coro: Any) -> Any:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._user_loop))
+
+    async def _call(self, fn: Any, args: tuple = (), kwargs: dict | None = None, *, pool: Any = None) -> Any:
+        """Call a user method the way Ray Serve does: a coroutine function is
+        awaited on the user loop, a plain one runs in ``pool`` (its result
+        awaited if it is a coroutine)."""
+        kwargs = kwargs or {}
+        if inspect.iscoroutinefunction(fn):
+            return await self._on_user_loop(fn(*args, **kwargs))
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(pool or self._control, functools.partial(fn, *args, **kwargs))
+        if inspect.isawaitable(result):
+            result = await self._on_user_loop(_awaited(result))
+        return result
 
     def _set_context(self) -> None:
         assert self.rank is not None
@@ -50,47 +98,85 @@ class ReplicaActor:
                                             rank=self.rank, world_size=self.world_size,
                                             user_config=self.user_config))
 
-    def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
-                   pass_rank: bool) -> None:
-        self.rank = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
-        self.world_size, self.user_config = world_size, user_config
+    # ------------------------------------------------------------ controller
+    async def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    async def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
+                         pass_rank: bool) -> None:
+        """Run the user's ``__init__`` (and ``reconfigure`` when asked) with the
+        context set. Called once per replica; a second call (a restarted
+        controller's, for the same start) waits for the first and then applies
+        its rank and world size."""
+        self._loop_objects()
+        new = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
+        if self._init is not None:
+            await asyncio.shield(self._init)
+            if (new, world_size) != (self.rank, self.world_size):
+                await self.reconfigure(rank, world_size, user_config, self.version,
+                                       call_reconfigure and pass_rank and new != self.rank, pass_rank)
+            return
+        self.rank, self.world_size, self.user_config = new, world_size, user_config
         self.phase = "starting"
         self._set_context()
-        self.instance = self.cls(*self.args, **self.kwargs)
+        self._init = asyncio.ensure_future(self._construct(user_config, call_reconfigure, pass_rank))
+        await asyncio.shield(self._init)
+
+    async def _construct(self, user_config: Any, call_reconfigure: bool, pass_rank: bool) -> None:
+        cls, args, kwargs = self.cls, self.args, self.kwargs
+
+        async def construct() -> Any:  # on the user loop's thread, as Ray Serve runs constructors
+            obj = cls.__new__(cls)
+            res = obj.__init__(*args, **kwargs)
+            if inspect.isawaitable(res):  # an async def __init__
+                await res
+            return obj
+
+        self.instance = await self._on_user_loop(construct())
         if call_reconfigure:
-            self._call_reconfigure(user_config, pass_rank)
+            await self._call_reconfigure(user_config, pass_rank)
         self.phase = "running"
 
-    def _call_reconfigure(self, user_config: Any, pass_rank: bool) -> None:
+    async def started(self) -> None:
+        """Return once the start under way finishes (raise if it failed): what a
+        restarted controller waits on for a replica that reported ``starting``."""
+        while self._init is None:
+            await asyncio.sleep(0.05)
+        await asyncio.shield(self._init)
+
+    async def _call_reconfigure(self, user_config: Any, pass_rank: bool) -> None:
         fn = getattr(self.instance, "reconfigure", None)
         if fn is None:
             return
         if pass_rank and _takes_rank(fn):
-            fn(user_config, rank=self.rank)
+            await self._call(fn, (user_config,), {"rank": self.rank})
         else:
-            fn(user_config)
+            await self._call(fn, (user_config,))
 
-    def reconfigure(self, rank: tuple, world_size: int, user_config: Any, version: int, call_user: bool,
-                    pass_rank: bool) -> int:
+    async def reconfigure(self, rank: tuple, world_size: int, user_config: Any, version: int, call_user: bool,
+                          pass_rank: bool) -> int:
         self.rank = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
         self.world_size, self.user_config, self.version = world_size, user_config, version
         self._set_context()  # the context shows the new rank before user code runs
         if call_user:
-            self._call_reconfigure(user_config, pass_rank)
+            await self._call_reconfigure(user_config, pass_rank)
         return version
 
-    def update_world_size(self, world_size: int) -> None:
+    async def update_world_size(self, world_size: int) -> None:
         self.world_size = world_size
         if self.rank is not None:
             self._set_context()
 
-    def report(self) -> dict:
+    async def report(self) -> dict:
         """What this replica tells a recovering controller."""
         return {
             "replica_id": self.replica_id,
             "deployment": self.deployment,
             "rank": self.rank.as_tuple() if self.rank is not None else None,
-            "node_id": self.node_id(),
+            "global_rank": self.rank.rank if self.rank is not None else self.global_rank,
+            "node_id": await self.node_id(),
             "phase": self.phase,
             "world_size": self.world_size,
             "version": self.version,
@@ -98,42 +184,55 @@ class ReplicaActor:
             "lineage": self.lineage,
         }
 
-    def ping(self) -> bool:
-        """Health check: answers while requests run (a threaded actor); calls the
-        user's ``check_health()`` if the class has one (raise = unhealthy)."""
+    async def ping(self) -> bool:
+        """Health check: answers while requests run; calls the user's
+        ``check_health()`` if the class has one (raise = unhealthy)."""
         fn = getattr(self.instance, "check_health", None)
         if fn is not None:
-            fn()
+            await self._call(fn)
         return True
 
-    def watch(self) -> None:
+    async def watch(self) -> None:
         """Never returns while the replica lives: the controller keeps one call
         pending so the actor's death surfaces at once as an error."""
-        self._stop.wait()
+        self._loop_objects()
+        assert self._stop is not None
+        await self._stop.wait()
 
-    def prepare_stop(self, drain_timeout: float = 30.0) -> None:
+    async def prepare_stop(self, drain_timeout: float = 30.0) -> None:
         """Graceful stop: let the calls in flight finish (up to ``drain_timeout``)."""
+        self._loop_objects()
+        assert self._idle is not None and self._stop is not None
         self.phase = "stopping"
-        with self._idle:
-            self._idle.wait_for(lambda: self._inflight == 0, timeout=drain_timeout)
+        async with self._idle:
+            try:
+                await asyncio.wait_for(self._idle.wait_for(lambda: self._inflight == 0), drain_timeout)
+            except asyncio.TimeoutError:
+                pass
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:
             try:
-                fn()
+                await self._call(fn)
             except Exception:  # pragma: no cover - best effort
                 pass
 
     # --------------------------------------------------------------- requests
-    def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
+        self._loop_objects()
+        assert self._slots is not None and self._idle is not None
         fn = getattr(self.instance, method)
-        with self._idle:
-            self._inflight += 1
+        self._inflight += 1
         try:
-            return fn(*args, **kwargs)
+            async with self._slots:  # at most max_ongoing_requests at once
+                return await self._call(fn, args, kwargs, pool=self._requests)
         finally:
-            with self._idle:
+            async with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

@@ -28,7 +28,7 @@ from ..sim.scenario import Scenario
 from .api import Deployment, ask, get_controller
 from .cluster import ScenarioCluster
 from .context import get_replica_context
-from .controller import NAMESPACE, actor_name
+from .controller import NAMESPACE, actor_name, queue_fault
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
 
@@ -58,19 +58,29 @@ class RankReconfigure(NoReconfigure):
 CLASSES = {"none": NoReconfigure, "plain": PlainReconfigure, "with_rank": RankReconfigure}
 
 
-def _holder(deployment: str, rank: int) -> str | None:
-    """The live replica whose own context says it holds ``rank`` (asked directly,
-    so it works while the controller is down; the simulator's rule too)."""
+def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
+    """The live replica whose own context says it holds global rank ``rank``
+    (asked directly, all at once, so it works while the controller is down; a
+    replica not yet initialised counts with the global rank it was started
+    with: the simulator's rule too)."""
     prefix = f"ModelActor:{deployment}:"
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                    if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix))
-    hits = []
+    refs = []
     for name in names:
         try:
-            r = ray.get(ray.get_actor(name, namespace=NAMESPACE).report.remote(), timeout=10)
+            refs.append(ray.get_actor(name, namespace=NAMESPACE).report.remote())
+        except ValueError:
+            continue  # gone meanwhile
+    hits = []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    for ref in ready:
+        try:
+            r = ray.get(ref)
         except Exception:
             continue
-        if r["rank"] is not None and r["rank"][0] == rank and r["phase"] != "stopping":
+        held = r["rank"][0] if r["rank"] is not None else r.get("global_rank")
+        if held == rank and r["phase"] != "stopping":
             hits.append(r["replica_id"])
     return min(hits) if hits else None
 
@@ -151,8 +161,14 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
             d.max_ongoing_requests, d.placement)
 
     def note(type_: str, fields: dict) -> None:
-        """A fault record in the trace (skipped while the controller is down: it writes the trace)."""
-        if time.monotonic() >= controller_back:
+        """A fault record in the trace. While the controller is down (it was down
+        when the action began: nothing calls it before the action ends) the
+        fault is queued in the cluster's KV store, and the next controller
+        writes it (with the time it happened) before its recovery, as the
+        simulator's trace has it."""
+        if down:
+            queue_fault(type_, fields)
+        else:
             ask(ctl, "fault", type_, fields)
 
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
@@ -170,9 +186,10 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
         check_until(t)
         if a.after:
             time.sleep(a.after * time_scale)
-        needs_controller = a.kind not in ("crash", "wait")
+        needs_controller = a.kind not in ("crash", "wait", "lose_node", "add_node")
         if needs_controller and time.monotonic() < controller_back:
             time.sleep(controller_back - time.monotonic())
+        down = time.monotonic() < controller_back  # (then the action leaves the controller alone)
         args = a.args
         if a.kind == "deploy":
             apply(args["deployment"], **{k: args[k] for k in ("replicas", "user_config") if k in args})
@@ -196,7 +213,9 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
                     pass  # already gone
         elif a.kind == "lose_node":
             assert cluster is not None
-            note("node_lost", {"node": args["node"]})
+            # (node_id: the Ray node, as the trace's other records name nodes)
+            note("node_lost", {"node": args["node"], "node_id": cluster.nodes[args["node"]].node_id
+                               if args["node"] in cluster.nodes else None})
             cluster.lose(args["node"])
         elif a.kind == "add_node":
             assert cluster is not None
@@ -204,7 +223,10 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
             cluster.add(args["node"], args["gpus"])
         elif a.kind == "crash_controller":
             note("controller_crash", {"recover_after": args["recover_after"]})
-            drain()
+            text = ask(ctl, "halt")  # the rest of its trace; it steps nothing more
+            chunks.append(text)
+            if trace_fp is not None:
+                trace_fp.write(text)
             ray.kill(ctl, no_restart=False)
             controller_back = time.monotonic() + max(2.0, args["recover_after"] * time_scale)
         elif a.kind == "wait_until_healthy":

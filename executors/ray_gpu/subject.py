@@ -36,7 +36,9 @@ class RaySubject:
         ask(self.ctl, "reset")
         ask(self.ctl, "record", {"scenario": "property timeline"})
         self.applied: dict[str, dict] = {}
-        self._text: list[str] = []
+        self._text: list[str] = []  # the whole trace
+        self._unread: list[str] = []  # what snapshots() has not returned yet
+        self._killed: list[tuple[str, str]] = []  # replicas crash_rank killed, maybe not yet seen dead
 
     def _apply(self, name: str) -> None:
         cur = self.applied[name]
@@ -61,7 +63,8 @@ class RaySubject:
             try:
                 ray.kill(ray.get_actor(actor_name(name, rid), namespace=NAMESPACE), no_restart=True)
             except ValueError:
-                pass  # gone meanwhile
+                return  # gone meanwhile
+            self._killed.append((name, rid))
 
     def lose_node(self) -> None:  # pragma: no cover - not in capabilities (one local node)
         raise NotImplementedError
@@ -70,7 +73,7 @@ class RaySubject:
         raise NotImplementedError
 
     def crash_controller(self) -> None:
-        self._drain()  # the trace so far lives in the controller: keep it
+        self._keep(ask(self.ctl, "halt"))  # the trace so far lives in the controller: keep it
         ray.kill(self.ctl, no_restart=False)
         time.sleep(0.5)  # let the kill land before the next call (ask() waits out the restart)
 
@@ -78,11 +81,31 @@ class RaySubject:
         time.sleep(seconds * self.time_scale)
 
     def settle(self) -> bool:
+        # A killed replica's death reaches the controller a moment later (Ray
+        # tells it, then it batches deaths for death_batch_s): until then the
+        # deployment may still look healthy with the dead replica in it.
+        deadline = time.monotonic() + self.settle_timeout
+        while self._killed and time.monotonic() < deadline:
+            name, rid = self._killed[-1]
+            if rid in ask(self.ctl, "ranks", name):
+                time.sleep(0.05)
+            else:
+                self._killed.pop()
         ok = all(ask(self.ctl, "wait_healthy", name, self.settle_timeout, timeout=self.settle_timeout + 60)
                  for name in sorted(self.applied))
         if ok:
             self._check_contexts()
+            self._check_trace()
         return ok
+
+    def _check_trace(self) -> None:
+        """The whole trace so far passes ``rankcore check-trace``: no event
+        rejected, no replica gone unexplained, every rank rule."""
+        from ..checktrace import check_trace_lines
+
+        self._keep(ask(self.ctl, "drain_trace"))
+        report = check_trace_lines("".join(self._text).splitlines(), "<ray property trace>")
+        assert report.ok, report.violations[:5]
 
     def _check_contexts(self) -> None:
         """Each serving replica's own context shows the rank and world size the core holds."""
@@ -99,13 +122,14 @@ class RaySubject:
 
         return cloudpickle.loads(ask(self.ctl, "state"))
 
-    def _drain(self) -> str:
-        text = ask(self.ctl, "drain_trace")
+    def _keep(self, text: str) -> None:
         self._text.append(text)
-        return text
+        self._unread.append(text)
 
     def snapshots(self) -> list:
-        return [json.loads(line) for line in self._drain().splitlines() if line.startswith('{"kind":"snapshot"')]
+        self._keep(ask(self.ctl, "drain_trace"))
+        text, self._unread = "".join(self._unread), []
+        return [json.loads(line) for line in text.splitlines() if line.startswith('{"kind":"snapshot"')]
 
     def fingerprint(self) -> Any:
         state = self.state()

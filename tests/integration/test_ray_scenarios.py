@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("local_ray")
 def test_the_supported_examples_are_the_ones_ray_can_run():
     names = {p.name for p in ON_RAY}
     assert {"seed-four-replicas.yaml", "downscale-8-to-4.yaml", "rank-aware-model.yaml",
-            "controller-crash.yaml"} <= names
+            "controller-crash.yaml", "controller-crash-during-scale-up.yaml"} <= names
     assert "node-loss-3-nodes.yaml" not in names and "day-of-churn-1000.yaml" not in names
 
 
@@ -59,10 +59,19 @@ def test_same_rank_history_as_the_simulator(path, tmp_path):
                        or (e.kind == "reconfigures" and e.args["reason"] != "user_config")}
     failed = [(n, d) for n, ok, d in result.expectations if not ok and n.split()[0] not in placement_bound]
     assert not failed, failed
-    got = rank_history(json.loads(line) for line in trace.read_text().splitlines())
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    got = rank_history(records)
     assert got == want
+    # no replica was started twice (a controller crash during a scale-up adopts the
+    # replicas already starting): as many starts as in the simulator
+    sim_starts = buf.getvalue().count('"type":"StartReplica"')
+    assert sum(r.get("type") == "StartReplica" for r in records) == sim_starts
+    # every fault the timeline injected is in the trace, as in the simulator's
+    sim_faults = [r["type"] for r in map(json.loads, buf.getvalue().splitlines()) if r["kind"] == "fault"]
+    assert [r["type"] for r in records if r["kind"] == "fault"] == sim_faults
     report = check_trace_file(trace)
     assert report.ok, report.violations[:5]
+    assert ask(get_controller(), "status")["rejected_events"] == 0
     ask(get_controller(), "shutdown_replicas")
     get_controller()  # (the deployments stay registered, at 0 replicas)
 

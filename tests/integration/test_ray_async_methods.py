@@ -1,0 +1,135 @@
+"""Async user methods on the Ray executor, as Ray Serve runs them: ``async def``
+``__call__``, ``reconfigure``, ``check_health`` and ``__init__`` are awaited;
+several async requests of one replica overlap, up to ``max_ongoing_requests``;
+plain methods run in threads and block neither requests nor health checks.
+And the seed's two examples (the second declares ``async def reconfigure``),
+with only their import lines changed (examples/ray/seed_example_*.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+import ray
+
+from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+from executors.ray_gpu.api import ask
+from executors.ray_gpu.controller import NAMESPACE, actor_name
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+OPTS = {"num_cpus": 0.05}
+
+
+def no_rejections() -> None:
+    assert ask(get_controller(), "status")["rejected_events"] == 0
+
+
+@deployment(name="overlap", num_replicas=1, max_ongoing_requests=4, user_config={"v": 1}, ray_actor_options=OPTS)
+class Overlap:
+    async def __init__(self):
+        await asyncio.sleep(0.01)
+        self.now = self.peak = 0
+        self.v = None
+        self.ranks = []
+
+    async def reconfigure(self, user_config, rank):
+        await asyncio.sleep(0.01)  # the body runs (it used to be called and never awaited)
+        self.v = user_config["v"]
+        self.ranks.append(rank.rank)
+
+    async def __call__(self, s):
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(s)
+        finally:
+            self.now -= 1
+        return get_replica_context().replica_id, self.v, self.ranks
+
+    async def peak_seen(self):
+        return self.peak
+
+    async def check_health(self):
+        await asyncio.sleep(0)
+        if self.v == "sick":
+            raise RuntimeError("unhealthy, asynchronously")
+
+
+def test_async_requests_of_one_replica_overlap_up_to_max_ongoing_requests():
+    h = run(Overlap.bind())
+    rid, v, ranks = h.remote(0).result(timeout=30)  # an async __call__ returns its value, not a coroutine
+    assert (v, ranks) == (1, [0])  # async __init__ and async reconfigure(user_config, rank) ran at start
+    t0 = time.monotonic()
+    out = [r.result(timeout=30) for r in [h.remote(0.5) for _ in range(4)]]
+    elapsed = time.monotonic() - t0
+    assert {o[0] for o in out} == {rid}
+    assert elapsed < 1.5, f"4 requests of 0.5 s on one replica took {elapsed:.2f}s: they did not overlap"
+    # max_ongoing_requests bounds it, in the replica itself: 8 calls sent straight to
+    # the actor (no handle to hold them back) run 4 at a time
+    actor = ray.get_actor(actor_name("overlap", rid), namespace=NAMESPACE)
+    t0 = time.monotonic()
+    ray.get([actor.handle_request.remote("__call__", (0.5,), {}) for _ in range(8)], timeout=30)
+    elapsed = time.monotonic() - t0
+    assert 0.95 <= elapsed < 1.9, elapsed
+    assert ray.get(actor.handle_request.remote("peak_seen", (), {}), timeout=30) == 4
+    # a config update awaits the async reconfigure before the replica counts as reconfigured
+    h2 = run(Overlap.options(user_config={"v": 2}).bind())
+    assert h2.remote(0).result(timeout=30)[1] == 2
+    no_rejections()
+
+
+def test_a_failing_async_check_health_replaces_the_replica():
+    h = run(Overlap.options(name="sickly", user_config={"v": 1}).bind())
+    (rid,) = h.ranks()
+    run(Overlap.options(name="sickly", user_config={"v": "sick"}).bind())
+    ctl = get_controller()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and rid in h.ranks():
+        time.sleep(0.2)
+    assert rid not in h.ranks()  # its async check_health raised: replaced on its rank
+    ask(ctl, "shutdown_replicas")
+
+
+@deployment(name="blocking", num_replicas=1, max_ongoing_requests=2, ray_actor_options=OPTS)
+class Blocking:
+    def __call__(self, s):
+        time.sleep(s)  # a plain method: it runs in a thread of its own
+        return threading.current_thread().name, os.getpid()
+
+    def check_health(self):
+        return None
+
+
+def test_plain_methods_run_in_threads_and_block_neither_requests_nor_health_checks():
+    h = run(Blocking.bind())
+    (rid,) = h.ranks()
+    actor = ray.get_actor(actor_name("blocking", rid), namespace=NAMESPACE)
+    t0 = time.monotonic()
+    slow = [h.remote(1.5) for _ in range(2)]
+    time.sleep(0.2)
+    assert ray.get(actor.ping.remote(), timeout=5) is True  # answers while both requests sleep
+    assert time.monotonic() - t0 < 1.2
+    names = {r.result(timeout=30)[0] for r in slow}
+    assert time.monotonic() - t0 < 2.9  # the two ran side by side
+    assert all(n.startswith("rankcore-request") for n in names)
+    ask(get_controller(), "shutdown_replicas")
+
+
+def test_seed_example_1_as_written():
+    from examples.ray import seed_example_1
+
+    assert seed_example_1.main() == {0, 1, 2, 3}
+    no_rejections()
+    ask(get_controller(), "shutdown_replicas")
+
+
+def test_seed_example_2_async_reconfigure_as_written():
+    from examples.ray import seed_example_2
+
+    assert seed_example_2.main() == {0, 1, 2, 3}  # every replica has model_v1: its async reconfigure ran
+    no_rejections()
+    ask(get_controller(), "shutdown_replicas")
