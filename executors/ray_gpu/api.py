@@ -3,18 +3,91 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import attrs
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
+
+import rankcore as rc
 
 from .controller import CONTROLLER_NAME, NAMESPACE, Controller
 from .placement import validate as validate_placement
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
-           "get_controller", "ask", "ReplicaDiedError"]
+           "get_controller", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS", "validate_options"]
+
+#: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
+#: an actor's options, its name, lifetime, restarts, concurrency and placement,
+#: are rankcore's to set)
+RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "resources", "runtime_env",
+                     "label_selector")
+
+
+def _bad(name: Any, what: str) -> rc.InvalidConfig:
+    # the core names its record ("DeploymentApplied('x').num_replicas"); here the option is the name
+    what = re.sub(r"DeploymentApplied(\([^)]*\))?\.", "", what)
+    return rc.InvalidConfig(f"deployment {name!r}: {what}")
+
+
+def validate_options(d: Deployment) -> None:
+    """Check every option of a deployment where it is written (``@deployment``,
+    ``.options``), with the core's own rules: raise ``rankcore.InvalidConfig``
+    naming the option and the value, instead of failing later inside ``run()``."""
+    if not isinstance(d.cls, type):
+        raise _bad(d.name, f"@deployment takes a class, got {d.cls!r}")
+    try:  # name, num_replicas, max_replicas: exactly as the core will see them
+        rc.DeploymentApplied(name=d.name, num_replicas=d.num_replicas, max_replicas=d.max_replicas)
+    except rc.InvalidConfig as exc:
+        raise _bad(d.name, str(exc)) from None
+    m = d.max_ongoing_requests
+    if type(m) is not int or m < 1:
+        raise _bad(d.name, f"max_ongoing_requests must be >= 1 (an int), got {m!r}")
+    _check_user_config(d.name, d.user_config)
+    opts = d.ray_actor_options
+    if not isinstance(opts, dict):
+        raise _bad(d.name, f"ray_actor_options must be a dict, got {opts!r}")
+    try:  # (placement first: it explains why scheduling_strategy and placement_group are refused)
+        validate_placement(opts, d.placement_group_bundles, d.placement_group_strategy, d.replica_placement)
+    except rc.InvalidConfig as exc:
+        raise _bad(d.name, str(exc)) from None
+    except (TypeError, AttributeError):
+        pass  # a malformed option: named below
+    unknown = sorted(str(k) for k in opts if k not in RAY_ACTOR_OPTIONS)
+    if unknown:
+        raise _bad(d.name, f"ray_actor_options may not set {', '.join(map(repr, unknown))} (allowed: "
+                           f"{', '.join(RAY_ACTOR_OPTIONS)})")
+    from ray._common import ray_option_utils
+
+    try:  # Ray's own checks of each option's type and value
+        ray_option_utils.validate_actor_options(dict(opts), in_options=True)
+    except (TypeError, ValueError) as exc:
+        raise _bad(d.name, f"ray_actor_options: {exc}") from None
+
+
+def _check_user_config(name: str, config: Any) -> None:
+    """user_config travels to the controller, to its KV store and to every
+    replica pickled, and a restarted controller compares the copy a replica
+    reports with the deployment's to find replicas that missed an update: it
+    must pickle, and its copy must equal it."""
+    if config is None:
+        return
+    from ray import cloudpickle
+
+    try:
+        copy = cloudpickle.loads(cloudpickle.dumps(config))
+    except Exception as exc:
+        raise _bad(name, f"user_config cannot be serialised ({type(exc).__name__}: {exc}): "
+                         f"got {config!r:.80}") from None
+    try:
+        same = bool(copy == config)
+    except Exception:
+        same = False
+    if not same:
+        raise _bad(name, f"user_config must equal a pickled copy of itself (use plain data: dicts, lists, "
+                         f"strings, numbers), got {config!r:.80}")
 
 
 @attrs.frozen
@@ -28,12 +101,10 @@ class Deployment:
     placement_group_bundles: Any = attrs.field(default=None, eq=False)
     placement_group_strategy: str = "PACK"
     replica_placement: str = "spread"
+    max_replicas: int = rc.DEFAULT_MAX_REPLICAS
 
     def __attrs_post_init__(self) -> None:
-        if self.max_ongoing_requests < 1:
-            raise ValueError(f"max_ongoing_requests must be >= 1, got {self.max_ongoing_requests}")
-        validate_placement(self.ray_actor_options, self.placement_group_bundles, self.placement_group_strategy,
-                           self.replica_placement)
+        validate_options(self)
 
     @property
     def placement(self) -> dict:
@@ -42,6 +113,11 @@ class Deployment:
                 "replica_placement": self.replica_placement}
 
     def options(self, **changes: Any) -> Deployment:
+        """A copy with some options changed (checked as ``@deployment`` checks them)."""
+        known = {f.name for f in attrs.fields(Deployment)} - {"cls"}
+        bad = sorted(set(changes) - known)
+        if bad:
+            raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")
         return attrs.evolve(self, **changes)
 
     def bind(self, *args: Any, **kwargs: Any) -> Application:
@@ -58,7 +134,7 @@ class Application:
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int = 1, user_config: Any = None,
                ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
-               replica_placement: str = "spread") -> Any:
+               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> Any:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -66,14 +142,25 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     for (``num_cpus`` defaults to 1); ``placement_group_bundles`` (with
     ``placement_group_strategy``) adds bundles for the replica's own workers.
     ``replica_placement`` spreads replicas over nodes (default) or packs them.
+    ``max_replicas`` caps ``num_replicas`` and every later ``handle.scale``.
+    Every option is checked here (``rankcore.InvalidConfig`` naming it).
     """
-    def wrap(c: type) -> Deployment:
-        return Deployment(cls=c, name=name or c.__name__, num_replicas=num_replicas, user_config=user_config,
-                          ray_actor_options=dict(ray_actor_options or {}), max_ongoing_requests=max_ongoing_requests,
-                          placement_group_bundles=placement_group_bundles,
-                          placement_group_strategy=placement_group_strategy, replica_placement=replica_placement)
+    if cls is not None and not isinstance(cls, type):
+        raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
 
-    return wrap(cls) if cls is not None else wrap
+    def wrap(c: type) -> Deployment:
+        opts = dict(ray_actor_options) if isinstance(ray_actor_options, dict) else \
+            ray_actor_options if ray_actor_options is not None else {}
+        return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
+                          num_replicas=num_replicas, user_config=user_config, ray_actor_options=opts,
+                          max_ongoing_requests=max_ongoing_requests, placement_group_bundles=placement_group_bundles,
+                          placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
+                          max_replicas=max_replicas)
+
+    if cls is None:  # @deployment(...): check the options now, before a class is given
+        wrap(type(name if isinstance(name, str) and name else "decorated_class", (), {}))
+        return wrap
+    return wrap(cls)
 
 
 def _head_node() -> str | None:
@@ -109,6 +196,10 @@ def ask(controller: Any, method: str, *args: Any, timeout: float = 60.0) -> Any:
     while True:
         try:
             return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
+        except RayTaskError as exc:
+            if isinstance(exc.cause, rc.RankcoreError):  # the core's own typed error, as raised there
+                raise exc.cause from None
+            raise
         except (ActorUnavailableError, RayActorError):
             if time.monotonic() > deadline:
                 raise
@@ -121,7 +212,7 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     d = app.deployment
     ctl = get_controller()
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
-        d.ray_actor_options, d.max_ongoing_requests, d.placement)
+        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -199,8 +290,18 @@ class DeploymentHandle:
         """Scale in place (survivors keep running) and wait until healthy.
 
         ``victims`` names replicas to stop first (else not-yet-running ones,
-        then the highest ranks)."""
-        ask(self.controller, "scale", self.name, num_replicas, tuple(victims))
+        then the highest ranks). A bad count (not an int >= 0, above the
+        deployment's ``max_replicas``) or victim raises ``rankcore.InvalidConfig``
+        / ``InvalidEvent`` here, and changes nothing."""
+        try:
+            victims = tuple(victims)
+            rc.ScaleRequested(deployment=self.name, num_replicas=num_replicas, victims=victims)
+        except rc.InvalidConfig as exc:
+            raise rc.InvalidConfig(f"handle.scale({num_replicas!r}) of {self.name!r}: {exc}") from None
+        except TypeError:
+            raise rc.InvalidConfig(f"handle.scale(victims=...) of {self.name!r} must be replica ids, "
+                                   f"got {victims!r}") from None
+        ask(self.controller, "scale", self.name, num_replicas, victims)
         if not ask(self.controller, "wait_healthy", self.name, timeout, timeout=timeout + 30):
             raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
         self._refresh(force=True)

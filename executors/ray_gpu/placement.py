@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
+from rankcore.errors import InvalidConfig
+
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "NodeView", "pg_name", "actor_resources",
            "replica_bundles", "actor_options_in_group", "per_node", "bundle_sum", "choose_node", "node_order"]
 
@@ -98,38 +100,39 @@ def bundle_sum(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]] | None,
              strategy: str, placement: str) -> None:
-    """Raise ``ValueError`` naming what is wrong with a deployment's placement options."""
+    """Raise ``rankcore.InvalidConfig`` (a ``ValueError``) naming what is wrong with a
+    deployment's placement options and the value."""
     if placement not in PLACEMENTS:
-        raise ValueError(f"replica_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+        raise InvalidConfig(f"replica_placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
     if strategy not in PG_STRATEGIES:
-        raise ValueError(f"placement_group_strategy must be one of {', '.join(PG_STRATEGIES)}, got {strategy!r}")
+        raise InvalidConfig(f"placement_group_strategy must be one of {', '.join(PG_STRATEGIES)}, got {strategy!r}")
     if "scheduling_strategy" in actor_options or "placement_group" in actor_options:
-        raise ValueError("ray_actor_options may not set scheduling_strategy or placement_group: rankcore places "
+        raise InvalidConfig("ray_actor_options may not set scheduling_strategy or placement_group: rankcore places "
                          "each replica on its own placement group (use replica_placement='spread'|'pack' "
                          "and placement_group_bundles)")
     for key, res in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
         v = actor_options.get(key)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
-            raise ValueError(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
+            raise InvalidConfig(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
         if v is not None and 0 < v < 1e-4:
-            raise ValueError(f"ray_actor_options[{key!r}] is {v!r}: Ray counts resources in units of 0.0001")
+            raise InvalidConfig(f"ray_actor_options[{key!r}] is {v!r}: Ray counts resources in units of 0.0001")
     if bundles is None:
         return
     if not isinstance(bundles, (list, tuple)) or not bundles:
-        raise ValueError(f"placement_group_bundles must be a non-empty list of dicts, got {bundles!r}")
+        raise InvalidConfig(f"placement_group_bundles must be a non-empty list of dicts, got {bundles!r}")
     for i, b in enumerate(bundles):
         if not isinstance(b, Mapping) or not b:
-            raise ValueError(f"placement_group_bundles[{i}] must be a non-empty dict of resources, got {b!r}")
+            raise InvalidConfig(f"placement_group_bundles[{i}] must be a non-empty dict of resources, got {b!r}")
         for k, v in b.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
-                raise ValueError(f"placement_group_bundles[{i}][{k!r}] must be a number >= 0, got {v!r}")
+                raise InvalidConfig(f"placement_group_bundles[{i}][{k!r}] must be a number >= 0, got {v!r}")
             if 0 < v < 1e-4:
-                raise ValueError(f"placement_group_bundles[{i}][{k!r}] is {v!r}: Ray counts resources in "
+                raise InvalidConfig(f"placement_group_bundles[{i}][{k!r}] is {v!r}: Ray counts resources in "
                                  f"units of 0.0001")
     first = {k: float(v) for k, v in bundles[0].items()}
     for res, amount in actor_resources(actor_options).items():
         if amount > first.get(res, 0.0) + _EPS:
-            raise ValueError(f"the replica actor runs in placement_group_bundles[0], which has {first.get(res, 0.0):g} "
+            raise InvalidConfig(f"the replica actor runs in placement_group_bundles[0], which has {first.get(res, 0.0):g} "
                              f"{res}, but ray_actor_options asks for {amount:g}")
 
 

@@ -38,6 +38,7 @@ def test_seed_four_replicas_report_ranks_0_to_3():
         assert gpu is not None  # each actor got its own CUDA_VISIBLE_DEVICES
     assert sorted(v[0] for v in seen.values()) == [0, 1, 2, 3]
     assert {v[1] for v in seen.values()} == {4}
+    no_rejections()
     ask(get_controller(), "shutdown_replicas")
 
 
@@ -82,6 +83,7 @@ def test_seed_rank_aware_model_reconfigured_at_startup_and_on_downscale():
         last = calls[-1]
         # the reconfigure for the rank change: rank argument == context rank == new rank; world_size 2
         assert last[1] == last[2] == rank and last[3] == 2
+    no_rejections()
     ask(get_controller(), "shutdown_replicas")
 
 
@@ -204,6 +206,7 @@ def test_failed_health_check_replaces_the_replica_on_its_rank():
     assert rid not in now and sorted(v[0] for v in now.values()) == [0, 1]
     new = [r for r in now if r not in before]
     assert len(new) == 1 and now[new[0]][0] == rank
+    no_rejections()
     ask(ctl, "shutdown_replicas")
 
 
@@ -254,4 +257,100 @@ def test_calls_in_flight_survive_scaling_and_config_updates_reach_every_replica(
     h2 = run(Steady.options(num_replicas=2, user_config={"v": 2}).bind())
     got = {(v, ws) for _, v, ws in (x.result(timeout=60) for x in [h2.remote() for _ in range(8)])}
     assert got == {(2, 2)}
+    no_rejections()
+    ask(get_controller(), "shutdown_replicas")
+
+
+def no_rejections() -> None:
+    """A normal run: the core rejected no event (issue 8, point 7)."""
+    status = ask(get_controller(), "status")
+    assert status["rejected_events"] == 0, status["rejected"]
+
+
+@deployment(name="rank_only", num_replicas=4, ray_actor_options=OPTS)
+class RankOnly:
+    """Ported from Ray Serve: reconfigure(user_config, rank), and no user_config."""
+
+    def __init__(self):
+        self.calls = []
+
+    def reconfigure(self, user_config, rank):
+        self.calls.append((user_config, rank.rank, get_replica_context().rank.rank))
+
+    def __call__(self):
+        return self.calls
+
+
+def test_reconfigure_taking_rank_without_user_config_learns_its_rank_at_start_and_after_compaction():
+    """Ray Serve 2.60 calls reconfigure(user_config=None, rank) at start when the
+    method takes rank; rankcore does, and on every rank change too."""
+    h = run(RankOnly.bind())
+    before = h.ranks()
+    for rid, (rank, _, _) in before.items():
+        assert ask_replica("rank_only", rid) == [(None, rank, rank)]
+    by_rank = {v[0]: rid for rid, v in before.items()}
+    h.scale(2, victims=(by_rank[0], by_rank[1]))  # ranks 2 and 3 move to 0 and 1
+    after = h.ranks()
+    assert set(after) == {by_rank[2], by_rank[3]}
+    for rid, (rank, _, _) in after.items():
+        assert ask_replica("rank_only", rid) == [(None, before[rid][0], before[rid][0]), (None, rank, rank)]
+    no_rejections()
+    ask(get_controller(), "shutdown_replicas")
+
+
+def ask_replica(dep: str, rid: str, method: str = "__call__"):
+    actor = ray.get_actor(f"ModelActor:{dep}:{rid}", namespace="rankcore")
+    return ray.get(actor.handle_request.remote(method, (), {}), timeout=30)
+
+
+def test_a_rejected_event_is_recorded_logged_and_counted():
+    """The controller survives an event the core refuses, but never silently:
+    a ``rejected`` trace record, an error in its log naming the event, and
+    ``status()['rejected_events']``."""
+    import glob
+    import json
+
+    import rankcore as rc
+    from executors.checktrace import check_trace_lines
+
+    h = run(Crashy.bind())
+    ctl = get_controller()
+    no_rejections()
+    ask(ctl, "record", {"scenario": "a forged event"})
+    rid = sorted(h.ranks())[0]
+    forged = rc.ReplicaReconfigured(replica_id=rid, version=99)  # no reconfigure 99 was ever sent
+    assert ask(ctl, "feed_event", forged) is False
+    status = ask(ctl, "status")
+    assert status["rejected_events"] == 1 and status["rejected"][0].startswith(repr(forged))
+    assert h.remote(1).result(timeout=30) in (0, 1, 2)  # still serving
+    text = ask(ctl, "drain_trace")
+    (rec,) = [json.loads(line) for line in text.splitlines() if '"kind":"rejected"' in line]
+    assert (rec["type"], rec["replica"], rec["error_type"]) == ("ReplicaReconfigured", rid, "InvalidEvent")
+    assert rid in rec["error"] and "99" in rec["error"] and rec["fields"] == {"replica_id": rid, "version": 99}
+    report = check_trace_lines(text.splitlines())
+    assert report.violation_count == 1 and "the core rejected a ReplicaReconfigured event" in report.violations[0]
+    logs = ray._private.worker._global_node.get_session_dir_path() + f"/logs/*-{status['pid']}.err"
+
+    def logged() -> bool:
+        return any(f"the core rejected {forged!r}" in open(p, errors="replace").read() for p in glob.glob(logs))
+
+    deadline = time.monotonic() + 10
+    while not logged() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert logged(), glob.glob(logs)
+    ask(ctl, "reset")  # (forgets the rejection, the trace and the deployment)
+
+
+def test_scale_above_max_replicas_raises_at_the_call_and_changes_nothing():
+    import rankcore as rc
+
+    h = run(Crashy.options(name="capped", max_replicas=3).bind())
+    with pytest.raises(rc.InvalidConfig, match="max_replicas"):
+        h.scale(4)
+    with pytest.raises(rc.InvalidConfig, match="non-negative int"):
+        h.scale(-1)
+    assert sorted(v[0] for v in h.ranks().values()) == [0, 1, 2]
+    h.scale(2)  # the deployment is unchanged: a good request still works
+    assert sorted(v[0] for v in h.ranks().values()) == [0, 1]
+    no_rejections()  # (a bad request raises to its caller: it is not a rejected cluster event)
     ask(get_controller(), "shutdown_replicas")
