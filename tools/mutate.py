@@ -193,10 +193,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "compaction moves the lowest old rank into the lowest hole",
     ),
     mutation(
-        "new-node-rank-above-highest", RANKS,
-        "            nr = _bits_lowest_free(e.dicts[_NBITS])\n",
-        '            nr = e.dicts[_META].get("nhw", 0)\n',
-        "a node new to the deployment gets the lowest free node rank (not one above the highest)",
+        "new-local-rank-above-highest", RANKS,
+        "local = _lowest_zero(m0)",
+        "local = m0.bit_length()",
+        "a replica placed on a node gets the lowest free local rank there (not one above the highest)",
     ),
     # ----------------------------------------------------------------------- recovery
     mutation(
@@ -452,9 +452,9 @@ def _print_table(results: Sequence[Result], wall: float) -> None:
 
 def markdown(results: Sequence[Result]) -> str:
     breaks = {m.name: m.breaks for m in MUTATIONS}
-    lines = ["| mutation | rule it breaks | status | killed by |", "|---|---|---|---|"]
+    lines = ["| mutation | rule it breaks | status | s | killed by |", "|---|---|---|--:|---|"]
     for r in results:
-        lines.append(f"| `{r.mutation}` | {breaks.get(r.mutation, '')} | {r.status.upper()} | "
+        lines.append(f"| `{r.mutation}` | {breaks.get(r.mutation, '')} | {r.status.upper()} | {r.seconds:.0f} | "
                      f"{('`' + r.detail + '`') if r.detail and r.status == KILLED else r.detail or '-'} |")
     return "\n".join(lines) + "\n"
 
