@@ -10,6 +10,8 @@ recovery event a state's own live replicas would send.
 from __future__ import annotations
 
 from collections import Counter
+
+import attrs
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,6 +41,7 @@ __all__ = [
     "check_world_size_commands",
     "check_crash_inherits_rank",
     "check_new_replicas_take_lowest_free",
+    "check_crash_replacement_inherits_all_ranks",
     "check_compact_only_when_healthy",
     "check_command_order",
     "check_touched",
@@ -159,7 +162,17 @@ def _views(state: State) -> dict[str, dict[str, tuple]]:
 
 
 def check_world_size_commands(before: State, event: object, result: Step) -> None:
-    """world_size is the target, announced the moment the target changes."""
+    """world_size is the target, announced the moment the target changes (at a
+    recovery: once, when any replica reported another world_size)."""
+    if isinstance(event, ControllerRecovered):
+        for spec in event.deployments:
+            stale = any(r.deployment == spec.name and r.world_size is not None and r.world_size != spec.num_replicas
+                        for r in event.reports)
+            sent = [c.world_size for c in result.commands
+                    if isinstance(c, UpdateWorldSize) and c.deployment == spec.name]
+            if sent != ([spec.num_replicas] if stale else []):
+                _fail(f"{spec.name}: recovery with {'a stale' if stale else 'no stale'} reported world_size "
+                      f"sent UpdateWorldSize {sent}, target {spec.num_replicas}")
     for name, dep in result.state.deployments.items():
         old = before.deployments.get(name)
         if old is not None and old.target != dep.target and not isinstance(event, ControllerRecovered):
@@ -247,56 +260,96 @@ def check_compaction_minimal(before: State, event: object, result: Step) -> None
 def check_new_replicas_take_lowest_free(before: State, event: object, result: Step) -> None:
     """New replicas (not crash replacements) take the lowest free global rank,
     and, once placed, the lowest free node rank (a node new to the deployment)
-    and local rank on their node; a replacement placed on its predecessor's
-    node may keep the predecessor's node and local ranks instead."""
+    and local rank on their node."""
     new_ranks: dict[str, list[int]] = {}
     for c in result.commands:
         if isinstance(c, StartReplica) and c.replaces is None:
             new_ranks.setdefault(c.deployment, []).append(c.global_rank)
     for name, ranks in new_ranks.items():
-        table = result.state.deployments[name].ranks
-        free = table.lowest_free()
+        free = result.state.deployments[name].ranks.lowest_free()
         if free < max(ranks):
             _fail(f"{name}: new replicas took global ranks {sorted(ranks)} while rank {free} was free")
-    if isinstance(event, ReplicaPlaced) and not result.stale:
-        placed_in = before.index.get(event.replica_id)
-        dep_before = before.deployments.get(placed_in) if placed_in is not None else None
-        dep = result.state.deployments.get(placed_in) if placed_in is not None else None
-        name = str(placed_in)
-        if dep is None or dep_before is None or event.replica_id not in dep.replicas:
-            return
-        rk = dep.ranks.rank_of(event.replica_id)
-        if rk is None:
-            return
-        held = [(nr, lr) for _r, n, nr, lr in dep_before.ranks.to_dict().values() if n == event.node_id]
-        node_ranks = {nr for _r, n, nr, _l in dep_before.ranks.to_dict().values() if n is not None}
-        taken_locals = {lr for _nr, lr in held}
-        lowest_local = min(set(range(len(taken_locals) + 1)) - taken_locals)
-        pref = _preference(dep_before, event.replica_id)
-        inherit = pref is not None and pref[0] == event.node_id
-        if held:
-            if rk.node_rank != held[0][0]:
-                _fail(f"{name}: {event.replica_id} placed on {event.node_id!r} got node rank {rk.node_rank}, "
-                      f"the node's is {held[0][0]}")
-        else:
-            lowest_node = min(set(range(len(node_ranks) + 1)) - node_ranks)
-            allowed = {lowest_node} | ({pref[1]} if inherit and pref[1] not in node_ranks else set())  # type: ignore[index]
-            if rk.node_rank not in allowed:
-                _fail(f"{name}: {event.replica_id} opened node {event.node_id!r} with node rank {rk.node_rank}, "
-                      f"the lowest free is {lowest_node}")
-        if inherit and pref[2] not in taken_locals:  # type: ignore[index]
-            if rk.local_rank != pref[2]:  # type: ignore[index]
-                _fail(f"{name}: replacement {event.replica_id} placed back on {event.node_id!r} got local rank "
-                      f"{rk.local_rank}, its predecessor's was {pref[2]} and is free")  # type: ignore[index]
-        elif rk.local_rank != lowest_local:
-            _fail(f"{name}: {event.replica_id} placed on {event.node_id!r} got local rank {rk.local_rank}, "
-                  f"the lowest free is {lowest_local}")
+    placed = _placement(before, event, result)
+    if placed is None or placed.inherits:
+        return
+    if placed.rank.node_rank != placed.node_rank_allowed:
+        _fail(f"{placed.name}: {placed.rid} placed on {placed.node!r} got node rank {placed.rank.node_rank}, "
+              f"expected {placed.node_rank_allowed}")
+    if placed.rank.local_rank != placed.lowest_local:
+        _fail(f"{placed.name}: {placed.rid} placed on {placed.node!r} got local rank {placed.rank.local_rank}, "
+              f"the lowest free is {placed.lowest_local}")
 
 
-def _preference(dep: Deployment, rid: str) -> tuple | None:
-    """(node, node rank, local rank) a crash replacement inherits from its predecessor, if the table says."""
-    get = getattr(dep.ranks, "preference_of", None)
-    return None if get is None else get(rid)
+def check_crash_replacement_inherits_all_ranks(before: State, event: object, result: Step) -> None:
+    """A crash replacement placed on its predecessor's node inherits all three
+    ranks: the global rank (at the crash, ``check_crash_inherits_rank``), and
+    the node and local ranks where still free (the seed: a restarted replica
+    keeps its rank). On another node it is placed like any new replica."""
+    placed = _placement(before, event, result)
+    if placed is None or placed.preference is None:
+        return
+    _node, want_nr, want_local = placed.preference
+    if not placed.inherits:
+        if placed.rank.local_rank != placed.lowest_local:
+            _fail(f"{placed.name}: replacement {placed.rid} placed on another node {placed.node!r} got local rank "
+                  f"{placed.rank.local_rank}, the lowest free is {placed.lowest_local}")
+        return
+    if want_local not in placed.taken_locals and placed.rank.local_rank != want_local:
+        _fail(f"{placed.name}: replacement {placed.rid} placed back on {placed.node!r} got local rank "
+              f"{placed.rank.local_rank}, its predecessor's was {want_local} and is free")
+    if not placed.node_held and want_nr not in placed.node_ranks and placed.rank.node_rank != want_nr:
+        _fail(f"{placed.name}: replacement {placed.rid} placed back on {placed.node!r} got node rank "
+              f"{placed.rank.node_rank}, its predecessor's was {want_nr} and is free")
+
+
+@attrs.frozen
+class _Placed:
+    """What a ReplicaPlaced step did, for the placement rules."""
+
+    name: str
+    rid: str
+    node: str
+    rank: ReplicaRank
+    preference: tuple | None
+    inherits: bool
+    taken_locals: frozenset
+    node_ranks: frozenset
+    node_held: bool
+    lowest_local: int
+    node_rank_allowed: int
+
+
+def _locals_on(table: Any, node: Any) -> Any:
+    get = getattr(table, "local_ranks_on", None)
+    if get is not None:
+        return get(node)
+    return {local for _r, n, _nr, local in table.to_dict().values() if n == node}
+
+
+def _placement(before: State, event: object, result: Step) -> _Placed | None:
+    if not isinstance(event, ReplicaPlaced) or result.stale:
+        return None
+    name = before.index.get(event.replica_id)
+    if name is None:
+        return None
+    dep_before, dep = before.deployments[name], result.state.deployments.get(name)
+    if dep is None or event.replica_id not in dep.replicas:
+        return None
+    rank = dep.ranks.rank_of(event.replica_id)
+    if rank is None or event.replica_id not in dep_before.ranks or dep_before.ranks.rank_of(event.replica_id):
+        return None  # not placed by this step
+    table = dep_before.ranks
+    taken = frozenset(_locals_on(table, event.node_id))
+    held = table.node_rank(event.node_id)
+    node_ranks = frozenset(table.nodes().values()) if held is None else frozenset()
+    pref = table.preferences().get(event.replica_id)
+    lowest_node = min(set(range(len(node_ranks) + 1)) - node_ranks) if held is None else held
+    return _Placed(
+        name=name, rid=event.replica_id, node=event.node_id, rank=rank, preference=pref,
+        inherits=pref is not None and pref[0] == event.node_id, taken_locals=taken, node_ranks=node_ranks,
+        node_held=held is not None, lowest_local=min(set(range(len(taken) + 1)) - taken),
+        node_rank_allowed=held if held is not None else lowest_node,
+    )
 
 
 def check_compact_only_when_healthy(before: State, event: object, result: Step) -> None:
@@ -450,6 +503,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_world_size_commands(before, event, result)
     check_crash_inherits_rank(before, event, result)
     check_new_replicas_take_lowest_free(before, event, result)
+    check_crash_replacement_inherits_all_ranks(before, event, result)
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
     if full:

@@ -294,9 +294,12 @@ def make_machine(
                     rank = data.draw(reported_ranks(full), label="rank form")
                 else:
                     rank = rank.rank
+                world_size = rep.world_size
+                if data.draw(st.booleans(), label="missed a world_size update"):
+                    world_size = data.draw(st.integers(0, max_replicas), label="reported world_size")
                 reports.append(ReplicaReport(
                     replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
-                    phase=rep.phase, world_size=rep.world_size, lineage=rep.lineage, version=rep.version,
+                    phase=rep.phase, world_size=world_size, lineage=rep.lineage, version=rep.version,
                 ))
             self.apply(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports)))
 

@@ -10,7 +10,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import rankcore as rc
 from rankcore import invariants as inv
 from rankcore.testing import CoreSubject, make_machine
-from tests.helpers import Driver
+from tests.helpers import Driver, of
 
 
 def healthy(n=4, nodes=("n0", "n1")):
@@ -248,3 +248,28 @@ def test_the_machine_finds_a_wrapper_that_swallows_errors():
     with pytest.raises(AssertionError, match="was accepted"):
         run_state_machine_as_test(machine, settings=settings(max_examples=100, deadline=None, database=None,
                                                              report_multiple_bugs=False))
+
+
+def test_a_crash_replacement_back_on_its_node_keeps_its_local_rank():
+    """The seed: a restarted replica keeps its rank at every level, also when a
+    lower local rank was freed by a downscale still under way (issue 8, point 1)."""
+    d = Driver(nodes=["n0"])
+    d.run(rc.DeploymentApplied(name="app", num_replicas=4))
+    by_local = {d.dep().ranks.rank_of(rid).local_rank: rid for rid in d.dep().replicas}
+    d.run(rc.ScaleRequested(deployment="app", num_replicas=2, victims=(by_local[0], by_local[1])),
+          hold=lambda c: isinstance(c, rc.StopReplica))
+    d.step(rc.ReplicaStopped(replica_id=by_local[0]))  # local rank 0 is free; by_local[1] still stopping
+    crashed = by_local[3]
+    (start,) = of(rc.StartReplica, d.step(rc.ReplicaCrashed(replica_id=crashed)).commands)
+    before = d.state
+    event = rc.ReplicaPlaced(replica_id=start.replica_id, node_id="n0")
+    result = d.step(event)  # check_step(full=True) runs the invariant
+    assert result.state.deployments["app"].ranks.rank_of(start.replica_id).as_tuple() == (3, 0, 3)
+    # A core that gave the replacement the lowest free local rank instead is caught.
+    dep = result.state.deployments["app"]
+    snap = dep.ranks.to_dict()
+    snap[start.replica_id] = (3, "n0", 0, 0)
+    moved = attrs.evolve(dep, ranks=rc.RankTable.from_dict(snap))
+    bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", moved)))
+    with pytest.raises(rc.InvariantViolation, match="its predecessor's was 3 and is free"):
+        inv.check_crash_replacement_inherits_all_ranks(before, event, bad)

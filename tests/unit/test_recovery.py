@@ -286,3 +286,27 @@ def test_a_leaving_replica_loses_node_and_local_claims_to_a_serving_one():
     r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=reports))
     assert of(rc.ReconfigureReplica, r.commands) == []
     assert r.state.deployments["app"].ranks.rank_of("app#2") == rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)
+
+
+def test_a_serving_replica_keeps_a_rank_a_leaving_one_also_claims():
+    """Claims are kept serving-first: the stopping replica gives way, the running
+    one keeps its rank and needs no reconfigure."""
+    spec = rc.DeploymentApplied(name="app", num_replicas=2, user_config={"m": 1}, has_reconfigure=True)
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=(
+        report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+        report("app#5", rc.ReplicaRank(rank=1, node_rank=0, local_rank=1), phase="stopping"),
+        report("app#7", rc.ReplicaRank(rank=1, node_rank=1, local_rank=0), node="n1"),
+    )))
+    ranks = r.state.deployments["app"].ranks
+    assert ranks.global_rank("app#7") == 1 and ranks.global_rank("app#5") == 2
+    assert [c.replica_id for c in of(rc.ReconfigureReplica, r.commands)] == []
+
+
+def test_recovery_announces_the_world_size_to_replicas_that_missed_it():
+    spec = rc.DeploymentApplied(name="app", num_replicas=2)
+    reports = (report("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0), world_size=3),
+               report("app#1", rc.ReplicaRank(rank=1, node_rank=0, local_rank=1), world_size=2))
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=reports))
+    assert of(rc.UpdateWorldSize, r.commands) == [rc.UpdateWorldSize(deployment="app", world_size=2)]
+    same = tuple(attrs.evolve(x, world_size=2) for x in reports)
+    assert of(rc.UpdateWorldSize, rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=same)).commands) == []
