@@ -181,7 +181,9 @@ _HOLEY = 5  # node -> 1 for every node whose used local ranks are not 0..count-1
 _GBITS = 6  # free-rank index for global ranks
 _NBITS = 7  # free-rank index for node ranks
 _META = 8  # "hw"/"nhw": highest held global/node rank + 1; "unplaced": replicas without a node
-_N_TABLES = 9
+_PNODE = 9  # unplaced crash replacement -> its predecessor's node
+_PSLOT = 10  # unplaced crash replacement -> its predecessor's node rank << 16 | local rank
+_N_TABLES = 11
 
 _LB = 17  # bits of (local rank + 1) at the bottom of a _REC value (0: not placed)
 _LM = (1 << _LB) - 1
@@ -189,6 +191,7 @@ _NB = 24  # bits of a node rank (in a _REC value, above the local; at the bottom
 _NM = (1 << _NB) - 1
 _RB = _LB + _NB  # where the global rank starts in a _REC value
 _SB = 16  # bits of the local rank in a _SLOT key
+_SM = (1 << _SB) - 1
 
 # Free-rank index: a 64-ary tree of bitmasks, 4 levels (16.7M ranks). At level
 # 0 a set bit is a used rank; above, a set bit means "that child word is full".
@@ -398,16 +401,27 @@ def _node_write(e: Edit, node: Node, nr: int, m0: int, m1: int) -> None:
             e.set(_META, "nhw", _top(nhw, d[_NOWNER]))
 
 
-def _place(e: Edit, replica: Replica, r: int, node: Node) -> None:
+def _place(e: Edit, replica: Replica, r: int, node: Node, want: int = -1) -> None:
     """Give ``replica`` (global rank ``r``) the lowest free local rank on ``node``
-    (and the node the lowest free node rank if it is new to the table)."""
+    (and the node the lowest free node rank if it is new to the table).
+
+    ``want`` (a predecessor's node rank << 16 | local rank, or -1) is taken
+    instead where free: its local rank, and its node rank for a node new to
+    the table (a crash replacement back on its predecessor's node)."""
     d = e.dicts
     v = d[_NODES].get(node)
     if v is None:
-        m0, nr = 0, _bits_lowest_free(d[_NBITS])
+        m0 = 0
+        if want >= 0 and want >> _SB not in d[_NOWNER]:
+            nr = want >> _SB
+        else:
+            nr = _bits_lowest_free(e.dicts[_NBITS])
     else:
         m0, nr = v >> _NB, v & _NM
-    local = _lowest_zero(m0)
+    if want >= 0 and not (m0 >> (want & _SM)) & 1:
+        local = want & _SM
+    else:
+        local = _lowest_zero(m0)
     if local >= MAX_LOCAL:
         raise InvariantViolation(f"node {node!r} already holds {MAX_LOCAL} replicas (the most one node may hold)")
     _node_write(e, node, nr, m0, m0 | (1 << local))
@@ -423,6 +437,14 @@ def _unplace(e: Edit, v: int) -> None:
     m0 = d[_NODES][node] >> _NB
     e.pop(_SLOT, (nr << _SB) | local)
     _node_write(e, node, nr, m0, m0 & ~(1 << local))
+
+
+def _take_preference(e: Edit, replica: Replica) -> tuple[Node, int] | None:
+    """Drop ``replica``'s preference (if it has one) and return it as (node, slot)."""
+    d = e.dicts
+    if replica not in d[_PNODE]:
+        return None
+    return e.pop(_PNODE, replica), e.pop(_PSLOT, replica)
 
 
 def _write_nodes(e: Edit, work: Mapping) -> None:
@@ -543,22 +565,35 @@ class RankTable(Persistent):
                 out[rep] = (r, None, None, None)
         return out
 
+    def preferences(self) -> dict[Replica, tuple[Node, int, int]]:
+        """Unplaced crash replacements -> their predecessor's (node, node rank,
+        local rank), which :meth:`place` on that node takes where still free
+        (see :meth:`replace`). Not part of :meth:`to_dict`."""
+        d = self._read()
+        return {rep: (node, d[_PSLOT][rep] >> _SB, d[_PSLOT][rep] & _SM) for rep, node in d[_PNODE].items()}
+
     def __eq__(self, other: object) -> bool:
+        """Same ranks, and the same preferences (they decide what ``place`` gives)."""
         if not isinstance(other, RankTable):
             return NotImplemented
         if self is other:
             return True
-        return self.to_dict() == other.to_dict()
+        return self.to_dict() == other.to_dict() and self.preferences() == other.preferences()
 
     def __hash__(self) -> int:
         return hash(frozenset(self.to_dict().items()))
 
     def __repr__(self) -> str:
-        return f"RankTable.from_dict({self.to_dict()!r})"
+        prefs = self.preferences()
+        more = f", preferences={prefs!r}" if prefs else ""
+        return f"RankTable.from_dict({self.to_dict()!r}{more})"
 
     @classmethod
-    def from_dict(cls, snapshot: Mapping[Replica, tuple]) -> RankTable:
-        """Rebuild from ``to_dict()`` output (so ``repr`` is valid Python)."""
+    def from_dict(
+        cls, snapshot: Mapping[Replica, tuple], preferences: Mapping[Replica, tuple] | None = None
+    ) -> RankTable:
+        """Rebuild from ``to_dict()`` output, and ``preferences()`` output if
+        given (a snapshot alone loses them), so ``repr`` is valid Python."""
         placed, reserved = [], []
         for rep, (r, node, node_rank, local) in snapshot.items():
             if node is None:
@@ -568,7 +603,23 @@ class RankTable(Persistent):
         t = cls().recover_many(placed)
         for rep, r in reserved:
             t = t.assign(rep, rank=r)
+        if preferences:
+            t = t._with_preferences(preferences)
         return t
+
+    @atomic
+    def _with_preferences(self, preferences: Mapping[Replica, tuple]) -> RankTable:
+        rec = self._read()[_REC]
+        e = Edit(self)
+        for rep, (node, nr, local) in preferences.items():
+            if rec.get(rep, 1) & _LM:
+                raise InvalidConfig(f"a preference is for an unplaced replica; {rep!r} is placed or unknown")
+            if type(nr) is not int or type(local) is not int or not (0 <= nr < MAX_RANKS and 0 <= local < MAX_LOCAL):
+                raise InvalidConfig(f"preference of {rep!r} needs a node rank and a local rank in range, "
+                                    f"got {(node, nr, local)!r}")
+            e.set(_PNODE, rep, node)
+            e.set(_PSLOT, rep, (nr << _SB) | local)
+        return e.commit()
 
     def is_contiguous(self) -> bool:
         """True when every level is exactly 0..count-1 (O(1): counters kept by every edit)."""
@@ -650,7 +701,8 @@ class RankTable(Persistent):
         if v & _LM:
             raise RankConflict(f"replica {replica!r} is already placed on node {self.node_of(replica)!r}")
         e = Edit(self)
-        _place(e, replica, v >> _RB, node)
+        pref = _take_preference(e, replica)
+        _place(e, replica, v >> _RB, node, pref[1] if pref is not None and pref[0] == node else -1)
         _count(e, "unplaced", -1)
         return e.commit()
 
@@ -671,16 +723,23 @@ class RankTable(Persistent):
             _unplace(e, v)
         else:
             _count(e, "unplaced", -1)
+            _take_preference(e, replica)
         return e.commit()
 
     @atomic
     def replace(self, old: Replica, new: Replica, node: Node | None = None) -> RankTable:
         """Crash replacement: ``new`` takes ``old``'s global rank; ``old`` leaves.
 
-        ``old``'s node and local ranks are freed; ``new`` is placed on ``node``
-        when given (on the same node it gets the lowest free local rank, which
-        is ``old``'s unless a lower one was freed meanwhile, and the node keeps
-        its node rank).
+        A restarted replica keeps its ranks: on ``old``'s node, ``new`` takes
+        ``old``'s node and local ranks too (even if a lower local rank is
+        free: compaction fixes that later, as after any release). On another
+        node it gets the lowest free local rank there (and ``old``'s ranks are
+        freed). With no ``node``, ``new`` holds only the global rank and
+        remembers ``old``'s node, node rank and local rank as a preference:
+        ``place(new, that node)`` takes them where still free (the node rank
+        if the node had been left empty). The preference is dropped when
+        ``new`` is placed or released, and passes on if ``new`` is itself
+        replaced before being placed; see :meth:`preferences`.
         """
         if self._link is not None:
             self._reroot()
@@ -694,41 +753,32 @@ class RankTable(Persistent):
             raise RankConflict(f"replica {new!r} already holds rank {rec[new] >> _RB}")
         r = v >> _RB
         if node is not None and v & _LM:
-            nr, local = (v >> _LB) & _NM, (v & _LM) - 1
-            old_node = dicts[_NOWNER][nr]
-            if old_node == node:
-                m = dicts[_NODES][old_node] >> _NB
-                below = (1 << local) - 1
-                if m & below == below:
-                    # Hot path (a crash replaced in place): new takes over old's slot.
-                    key = (nr << _SB) | local
-                    del rec[old]
-                    rec[new] = v
-                    dicts[_OWNER][r] = new
-                    dicts[_SLOT][key] = new
-                    return self._next([(_REC, old, v), (_REC, new, MISSING), (_OWNER, r, old), (_SLOT, key, old)])
-                # A lower local rank is free: the node keeps its node rank, new takes the lowest local.
-                m0 = m & ~(1 << local)
-                low = _lowest_zero(m0)
-                e = Edit(self)
-                e.pop(_REC, old)
-                e.set(_REC, new, (r << _RB) | (nr << _LB) | (low + 1))
-                e.set(_OWNER, r, new)
-                e.pop(_SLOT, (nr << _SB) | local)
-                e.set(_SLOT, (nr << _SB) | low, new)
-                _node_write(e, old_node, nr, m, m0 | (1 << low))
-                return e.commit()
+            key = (((v >> _LB) & _NM) << _SB) | ((v & _LM) - 1)
+            if dicts[_NOWNER][key >> _SB] == node:
+                # Hot path (a crash replaced in place): new takes over old's slot, all three ranks.
+                del rec[old]
+                rec[new] = v
+                dicts[_OWNER][r] = new
+                dicts[_SLOT][key] = new
+                return self._next([(_REC, old, v), (_REC, new, MISSING), (_OWNER, r, old), (_SLOT, key, old)])
         e = Edit(self)
+        if v & _LM:
+            nr = (v >> _LB) & _NM
+            pref = (dicts[_NOWNER][nr], (nr << _SB) | ((v & _LM) - 1))
+            _unplace(e, v)
+        else:  # old was an unplaced replacement itself: its preference passes on
+            pref = _take_preference(e, old)
         e.pop(_REC, old)
         e.set(_OWNER, r, new)
-        if v & _LM:
-            _unplace(e, v)
         if node is None:
             e.set(_REC, new, r << _RB)
             if v & _LM:
                 _count(e, "unplaced", 1)
+            if pref is not None:
+                e.set(_PNODE, new, pref[0])
+                e.set(_PSLOT, new, pref[1])
         else:
-            _place(e, new, r, node)
+            _place(e, new, r, node, pref[1] if pref is not None and pref[0] == node else -1)
             if not v & _LM:
                 _count(e, "unplaced", -1)
         return e.commit()
@@ -902,11 +952,11 @@ class RankTable(Persistent):
         work: dict = {}  # node rank -> mask
         slots = []
         append = slots.append
-        unplaced = 0
-        for v in old.values():
+        unplaced = []
+        for rep, v in old.items():
             local = (v & _LM) - 1
             if local < 0:
-                unplaced += 1
+                unplaced.append(rep)
                 continue
             nr = (v >> _LB) & _NM
             m = work.get(nr)
@@ -925,7 +975,11 @@ class RankTable(Persistent):
             _bits_update(e, _NBITS, remove=gone)
             e.set(_META, "nhw", _top(meta.get("nhw", 0), nowner))
         if unplaced:
-            _count(e, "unplaced", -unplaced)
+            _count(e, "unplaced", -len(unplaced))
+            pnode = d[_PNODE]
+            preferring = [rep for rep in unplaced if rep in pnode]
+            e.pop_many(_PNODE, preferring)
+            e.pop_many(_PSLOT, preferring)
         return e.commit()
 
     @atomic

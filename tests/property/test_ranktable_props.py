@@ -40,6 +40,7 @@ class Ref:
         self.node: dict = {}  # replica -> node (placed replicas only)
         self.nrank: dict = {}  # node -> node rank
         self.local: dict = {}  # replica -> local rank (placed replicas only)
+        self.pref: dict = {}  # unplaced crash replacement -> its predecessor's (node, node rank, local)
 
     def copy(self) -> Ref:
         return copy.deepcopy(self)
@@ -90,9 +91,16 @@ class Ref:
 
     # ------------------------------------------------------------ writes
     def _place(self, rep, node) -> None:
+        """Lowest free node and local ranks, or the predecessor's where free on its node."""
+        pref = self.pref.pop(rep, None)
+        want = pref if pref is not None and pref[0] == node else None
         if node not in self.nrank:
-            self.nrank[node] = lowest_free(self.nrank.values())
-        self.local[rep] = lowest_free(self.local[x] for x in self.on(node))
+            if want is not None and want[1] not in self.nrank.values():
+                self.nrank[node] = want[1]
+            else:
+                self.nrank[node] = lowest_free(self.nrank.values())
+        used = {self.local[x] for x in self.on(node)}
+        self.local[rep] = want[2] if want is not None and want[2] not in used else lowest_free(used)
         self.node[rep] = node
 
     def _unplace(self, rep) -> None:
@@ -113,18 +121,22 @@ class Ref:
 
     def release(self, rep) -> None:
         self._unplace(rep)
+        self.pref.pop(rep, None)
         del self.g[rep]
 
     def replace(self, old, new, node) -> None:
+        """A restarted replica keeps its ranks: all three on the same node; the
+        predecessor's as a preference when not placed yet."""
         r = self.g.pop(old)
         if node is not None and self.node.get(old) == node:
-            # same node: the node keeps its node rank; new takes the lowest free local
-            del self.node[old]
-            del self.local[old]
-            self.local[new] = lowest_free(self.local[x] for x in self.on(node))
-            self.node[new] = node
+            self.local[new] = self.local.pop(old)
+            self.node[new] = self.node.pop(old)
             self.g[new] = r
             return
+        if old in self.node:
+            self.pref[new] = (self.node[old], self.nrank[self.node[old]], self.local[old])
+        elif old in self.pref:
+            self.pref[new] = self.pref.pop(old)
         self._unplace(old)
         self.g[new] = r
         if node is not None:
@@ -270,6 +282,15 @@ class RankTableMachine(RuleBasedStateMachine):
         if rep in self.ref.node:
             self._expect_unchanged(RankConflict, self.table.place, rep, node)
             return
+        self.ref.place(rep, node)
+        self._step(self.table.place(rep, node))
+
+    @precondition(lambda self: self.ref.pref)
+    @rule(data=st.data())
+    def place_replacement(self, data):
+        """place an unplaced crash replacement on its predecessor's node (or elsewhere)."""
+        rep = data.draw(st.sampled_from(sorted(self.ref.pref)), label="replacement")
+        node = data.draw(st.sampled_from([self.ref.pref[rep][0], *NODES]), label="node")
         self.ref.place(rep, node)
         self._step(self.table.place(rep, node))
 
@@ -551,6 +572,7 @@ class RankTableMachine(RuleBasedStateMachine):
         probe = set(range(17)) | {63, 64, 65, 127, 128, 4095, 4096, 4097, len(snap)} | set(ref.g.values())
         for r in probe:
             assert t.holder_of(r) == ref.holder(r)
+        assert t.preferences() == ref.pref
         assert eval(repr(t), {"RankTable": RankTable}) == t
         # probes (new versions; t itself must not change): the free-rank indexes agree
         free_g = lowest_free(ref.g.values())

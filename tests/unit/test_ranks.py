@@ -236,23 +236,30 @@ def test_replace_on_same_node_keeps_node_rank_of_a_sole_replica():
     assert t2.nodes() == {"n1": 1}
 
 
-def test_replace_on_same_node_takes_a_lower_freed_local_rank():
-    """On the same node, new gets the lowest free local rank (lower than old's if one was freed)."""
+def test_replace_on_same_node_keeps_its_local_rank_even_when_a_lower_one_is_free():
+    """A restarted replica keeps all three ranks (issue 8, point 1): on the same node new
+    takes old's local rank, not the lower one a downscale freed; compaction fixes that later."""
     t = build(("a", "n0"), ("b", "n0"), ("c", "n0")).release("a")
     t2 = t.replace("c", "c2", "n0")
-    assert t2.rank_of("c2") == ReplicaRank(2, 0, 0)
+    assert t2.rank_of("c2") == ReplicaRank(2, 0, 2)
     assert t2.rank_of("b") == ReplicaRank(1, 0, 1)
     assert t2.replicas_on("n0") == 2
-    assert t2.lower_bound() == LowerBound(rank=1, node_rank=0, local_rank=0, replicas=1)
-    # c's old local rank 2 is free again, local 0 is taken
-    t3 = t2.assign("d", "n0")
-    assert t3.rank_of("d") == ReplicaRank(0, 0, 2)
-    assert t3.assign("e", "n0").rank_of("e").local_rank == 3
-    # the replacement closed the local hole: only the global hole (rank 0) is left
-    t4 = t2.assign("z", rank=0)
-    assert t4.is_contiguous()
+    # the global hole and the local hole are both still there, as after the release alone
+    assert t2.lower_bound() == t.lower_bound() == LowerBound(rank=1, node_rank=0, local_rank=1, replicas=1)
+    assert t2.assign("d", "n0").rank_of("d") == ReplicaRank(0, 0, 0)
     compacted, changes = t2.compact()
     assert compacted.is_contiguous() and len(changes) == 1
+    assert compacted.rank_of("c2") == ReplicaRank(0, 0, 0) and compacted.rank_of("b") == ReplicaRank(1, 0, 1)
+
+
+def test_replace_on_same_node_is_a_rename():
+    """Whatever else changed on the node, the replacement reads exactly like its predecessor."""
+    t = build(("a", "n0"), ("b", "n1"), ("c", "n0"), ("d", "n0"), ("e", "n1")).release_many(["a", "c"])
+    before = t.rank_of("d")
+    t2 = t.replace("d", "d2", "n0")
+    assert t2.rank_of("d2") == before == ReplicaRank(3, 0, 2)
+    assert t2.lower_bound() == t.lower_bound()
+    assert t2.nodes() == t.nodes() and t2.holder_of(3) == "d2"
 
 
 def test_replace_on_other_node_frees_old_local_rank():
@@ -294,6 +301,81 @@ def test_replace_without_node_leaves_new_unplaced():
     assert t2.nodes() == {"n0": 0}
     t3 = t2.place("b2", "n1")
     assert t3.rank_of("b2") == ReplicaRank(1, 1, 0)
+
+
+# ------------------------------------------- replace, then place (the core's crash path)
+def test_replacement_placed_later_on_its_node_keeps_its_local_rank():
+    """replace(old, new) then place(new, old's node): new gets old's local rank, not the
+    lowest free one (the core replaces at the crash and places at ReplicaPlaced)."""
+    t = build(("a", "n0"), ("b", "n0"), ("c", "n0")).release("a")  # local 0 free on n0
+    t2 = t.replace("c", "c2")
+    assert t2.rank_of("c2") is None
+    assert t2.preferences() == {"c2": ("n0", 0, 2)}
+    t3 = t2.place("c2", "n0")
+    assert t3.rank_of("c2") == ReplicaRank(2, 0, 2)
+    assert t3.preferences() == {}
+
+
+def test_replacement_placed_later_on_its_emptied_node_keeps_its_node_rank():
+    """If old's node was left empty, new placed there takes old's node rank back while it is
+    free, even when a lower node rank is free, and old's local rank on it."""
+    t = build(("a", "n0"), ("b", "n1"), ("x", "n1"), ("c", "n2")).release_many(["a", "x"])  # node rank 0 free
+    assert t.rank_of("b") == ReplicaRank(1, 1, 0)
+    t2 = t.replace("b", "b2")  # n1 is now empty, node rank 1 free too
+    assert t2.nodes() == {"n2": 2}
+    t3 = t2.place("b2", "n1")
+    assert t3.rank_of("b2") == ReplicaRank(1, 1, 0)
+    assert t3.nodes() == {"n1": 1, "n2": 2}
+    # a replica that had local rank 1 gets local rank 1 on the emptied node, too
+    t = build(("a", "n0"), ("b", "n0")).replace("b", "b2").release("a")
+    assert t.place("b2", "n0").rank_of("b2") == ReplicaRank(1, 0, 1)
+
+
+def test_replacement_preference_yields_to_whoever_took_the_ranks_meanwhile():
+    """The preference is taken only where still free; elsewhere, or when taken, the lowest free."""
+    t = build(("a", "n0"), ("b", "n0"), ("c", "n1"))
+    t2 = t.replace("b", "b2")  # b had ranks (1, 0, 1)
+    # someone else took local rank 1 on n0 meanwhile
+    taken = t2.assign("d", "n0")
+    assert taken.rank_of("d") == ReplicaRank(3, 0, 1)
+    assert taken.place("b2", "n0").rank_of("b2") == ReplicaRank(1, 0, 2)
+    # placed on another node: the lowest free there
+    assert t2.place("b2", "n1").rank_of("b2") == ReplicaRank(1, 1, 1)
+    # old's node emptied and its node rank taken by a new node: the lowest free node rank
+    t = build(("a", "n0"), ("b", "n1")).replace("a", "a2").assign("z", "n9")
+    assert t.node_rank("n9") == 0
+    assert t.place("a2", "n0").rank_of("a2") == ReplicaRank(0, 2, 0)
+
+
+def test_replacement_preference_is_dropped_on_place_or_release_and_passes_on_a_second_crash():
+    t = build(("a", "n0"), ("b", "n0"), ("c", "n0")).release("a").replace("c", "c2")
+    assert t.release("c2").preferences() == {}
+    assert t.release_many(["c2", "b"]).preferences() == {}
+    # c2 crashes before it was placed: c3 inherits the preference
+    t3 = t.replace("c2", "c3")
+    assert t3.preferences() == {"c3": ("n0", 0, 2)}
+    assert t3.place("c3", "n0").rank_of("c3") == ReplicaRank(2, 0, 2)
+    # placed elsewhere: dropped
+    assert t.place("c2", "n5").preferences() == {}
+    # replaced straight onto a node: used there, dropped anyway
+    t4 = t.replace("c2", "c4", "n0")
+    assert t4.rank_of("c4") == ReplicaRank(2, 0, 2) and t4.preferences() == {}
+
+
+def test_preferences_survive_repr_and_pickle_and_count_in_equality():
+    import pickle
+
+    t = build(("a", "n0"), ("b", "n0"), ("c", "n0")).release("a").replace("c", "c2")
+    assert eval(repr(t), {"RankTable": RankTable}) == t
+    assert "preferences={'c2': ('n0', 0, 2)}" in repr(t)
+    assert pickle.loads(pickle.dumps(t)) == t
+    # a snapshot alone holds the ranks only: the preference is lost
+    bare = RankTable.from_dict(t.to_dict())
+    assert bare.to_dict() == t.to_dict() and bare != t
+    assert bare.place("c2", "n0").rank_of("c2").local_rank == 0
+    assert RankTable.from_dict(t.to_dict(), t.preferences()) == t
+    with pytest.raises(InvalidConfig, match="'b'"):
+        RankTable.from_dict(t.to_dict(), {"b": ("n0", 0, 0)})
 
 
 def test_replace_errors_leave_table_unchanged():
