@@ -22,6 +22,30 @@ What it measures
 (c) the wall time of the day-of-churn scenario (the no-trace run of (b)).
 (d) the targets: >= 1,000,000 core events per wall minute, and the
     day-of-churn scenario in <= 30 s wall on this (2-core) machine.
+(e) per-event cost by deployment size: for each N in ``--event-sizes``
+    (default 1,000, 10,000 and 100,000) a deployment is brought to N healthy
+    replicas (eight per node, untimed, through ``rankcore.step``), then
+    ``--event-cycles`` cycles run on replicas drawn at random (seeded): a
+    replica crashes (ReplicaCrashed), its replacement is placed on the same
+    node (ReplicaPlaced) and becomes ready (ReplicaReady); then a random
+    replica is named victim of a downscale to N - 1 (ScaleRequested, not
+    reported), stops (ReplicaStopped: its ranks are released and, the
+    deployment being healthy, the holder of the top rank is compacted into
+    the hole), the reconfigured replicas answer (ReplicaReconfigured), and a
+    scale back to N starts a replica that is placed and becomes ready. Each
+    ``rankcore.step`` call is timed alone; per event type and N the cycles
+    run in five rounds and the median of the rounds' means is printed,
+    with the ratio 100k / 1k (target <= 1.5x). The collector stays enabled, and the harness keeps the last 10,000 (event, commands) pairs,
+    as a controller's log or trace buffer would, so the collector runs as in
+    a service (a loop that allocates nothing that lives would hardly ever
+    trigger it); collections per generation and the time spent in them
+    (``gc.callbacks``) are printed too, and what one full collection
+    (``gc.collect()``, what a generation-2 pass costs) takes with the state
+    of N replicas alive, plain and after ``gc.freeze()`` (which the
+    executors' ``Driver`` does after a large state change): the replica
+    records and their map nodes stay tracked, so a generation-2 pass still
+    costs O(N) unless frozen; it runs rarely (after N/4 new survivors), and
+    did not run inside these loops.
 
 Method
 ------
@@ -41,11 +65,13 @@ How to run
 ----------
     .venv/bin/python benchmarks/bench_sim.py
     .venv/bin/python benchmarks/bench_sim.py --day-scenario path.yaml --repeats 5 --cycles 50000
+    .venv/bin/python benchmarks/bench_sim.py --only-events --event-sizes 1000,100000
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import os
 import platform
@@ -258,6 +284,162 @@ def bench_sim(scenario: Scenario, traced: bool, repeats: int) -> dict:
             "passed": passed, "trace_chars": chars}
 
 
+# ------------------------------------------------ (e) per-event cost by N
+EVENT_TYPES = ("ReplicaPlaced", "ReplicaReady", "ReplicaCrashed", "ReplicaReconfigured", "ReplicaStopped")
+TARGET_EVENT_RATIO = 1.5
+HISTORY = 10_000
+ROUNDS = 5  # the loop's cycles in this many rounds; a figure is the median of the round means
+
+
+class _GcMeter:
+    """Counts collections per generation and the time spent in them (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.count[g] += 1
+            self.seconds[g] += time.perf_counter() - self._t0
+
+
+def _per_event_once(n: int, cycles: int, seed: int) -> dict:
+    ans, live = _churn_setup(n)  # healthy, contiguous; live[i] holds global rank i
+    where = ans.where
+    state = ans.state
+    del ans
+    rng = random.Random(seed)
+    picks = [(rng.randrange(n), rng.randrange(n)) for _ in range(cycles)]
+    times: dict[str, list[float]] = {t: [] for t in EVENT_TYPES + ("ScaleRequested",)}
+    history: collections.deque = collections.deque(maxlen=HISTORY)
+    box = [state]
+    del state
+    step, clock = rc.step, time.perf_counter
+    Start, Stop, Reconf = rc.StartReplica, rc.StopReplica, rc.ReplicaReconfigured
+
+    def go(event: Any) -> tuple:
+        t0 = clock()
+        result = step(box[0], event)
+        dt = clock() - t0
+        box[0] = result.state
+        times[type(event).__name__].append((dt, len(rounds_done)))
+        history.append((event, result.commands))
+        return result.commands
+
+    rounds_done: list[int] = []
+    per_round = max(1, cycles // ROUNDS)
+    meter = _GcMeter()
+    gc.collect()
+    gc.callbacks.append(meter)
+    t_start = clock()
+    try:
+        for c, (i, j) in enumerate(picks):
+            if c and c % per_round == 0:
+                rounds_done.append(c)
+            # crash -> replacement on the same node -> ready
+            old = live[i]
+            new = next(c for c in go(rc.ReplicaCrashed(replica_id=old, reason="bench")) if type(c) is Start).replica_id
+            node = where.pop(old)
+            where[new] = node
+            live[i] = new
+            go(rc.ReplicaPlaced(replica_id=new, node_id=node))
+            go(rc.ReplicaReady(replica_id=new))
+            # a random victim stops; compaction moves the top rank into its hole
+            victim = live[j]
+            stops = [c for c in go(rc.ScaleRequested(deployment="llm", num_replicas=n - 1, victims=(victim,)))
+                     if type(c) is Stop]
+            _check([c.replica_id for c in stops] == [victim], "the named victim was not the one stopped")
+            top = live[n - 1]
+            for cmd in go(rc.ReplicaStopped(replica_id=victim)):
+                if type(cmd) is rc.ReconfigureReplica:
+                    go(Reconf(replica_id=cmd.replica_id, version=cmd.version))
+            live[j] = top
+            node = where.pop(victim)
+            # scale back up: the new replica takes the top rank, on the victim's node
+            new = next(c for c in go(rc.ScaleRequested(deployment="llm", num_replicas=n)) if type(c) is Start).replica_id
+            where[new] = node
+            live[n - 1] = new
+            go(rc.ReplicaPlaced(replica_id=new, node_id=node))
+            go(rc.ReplicaReady(replica_id=new))
+    finally:
+        gc.callbacks.remove(meter)
+    wall = clock() - t_start
+    # what one generation-2 pass costs with this state alive (the cost that grew with N)
+    full, frozen = [], []
+    for _ in range(3):
+        t0 = clock()
+        gc.collect()
+        full.append(clock() - t0)
+    gc.freeze()  # what executors.driver.Driver does after a large state change
+    try:
+        for _ in range(3):
+            t0 = clock()
+            gc.collect()
+            frozen.append(clock() - t0)
+    finally:
+        gc.unfreeze()
+    dep = box[0].deployments["llm"]
+    _check(dep.healthy and dep.ranks.is_contiguous(), f"per-event loop at N={n} did not end healthy and contiguous")
+    _check(all(dep.ranks.global_rank(live[r]) == r for r in range(0, n, max(1, n // 1000))),
+           f"per-event loop at N={n}: ranks drifted from the harness's bookkeeping")
+    return {"times": times, "gc_count": meter.count, "gc_seconds": meter.seconds, "wall": wall,
+            "full_gc": min(full), "frozen_gc": min(frozen)}
+
+
+def _median_of_round_means(samples: list[tuple[float, int]]) -> float:
+    """The loop runs in ROUNDS rounds; the median of the rounds' means resists
+    a noisy neighbour on a shared machine better than one overall mean."""
+    by_round: dict[int, list[float]] = {}
+    for dt, k in samples:
+        by_round.setdefault(k, []).append(dt)
+    return statistics.median(statistics.fmean(v) for v in by_round.values())
+
+
+def bench_per_event(sizes: list[int], cycles: int, seed: int) -> dict[int, dict]:
+    out = {}
+    for n in sizes:
+        print(f"[bench] (e) per-event cost at N={n:,} ({cycles:,} cycles) ...", file=sys.stderr, flush=True)
+        out[n] = _per_event_once(n, cycles, seed)
+        gc.collect()
+    return out
+
+
+def _print_per_event(res: dict[int, dict], cycles: int) -> bool:
+    sizes = sorted(res)
+    print(f"(e) per-event cost of rankcore.step by deployment size (gc enabled; us per event: median of "
+          f"{ROUNDS} rounds' means, {cycles:,} cycles per N)")
+    head = "".join(f"{f'N={n:,}':>12}" for n in sizes)
+    lo, hi = sizes[0], sizes[-1]
+    ratio_label = f"{hi // 1000}k/{lo // 1000}k" if lo >= 1000 else f"{hi}/{lo}"
+    print(f"  {'event':<22}{'events':>8}{head}{ratio_label:>10}  target <= {TARGET_EVENT_RATIO}x")
+    ok_all = True
+    for name in EVENT_TYPES + ("ScaleRequested",):
+        means = [_median_of_round_means(res[n]["times"][name]) * 1e6 for n in sizes]
+        ratio = means[-1] / means[0]
+        ok = ratio <= TARGET_EVENT_RATIO
+        info = name == "ScaleRequested"
+        if not info:
+            ok_all &= ok
+        verdict = "(info)" if info else _verdict(ok)
+        count = len(res[sizes[0]]["times"][name])
+        cells = "".join(f"{m:>12.1f}" for m in means)
+        print(f"  {name:<22}{count:>8,}{cells}{ratio:>9.2f}x  {verdict}")
+    for n in sizes:
+        r = res[n]
+        gcs = ", ".join(f"gen{g} {r['gc_count'][g]:,} ({r['gc_seconds'][g] * 1e3:,.1f} ms)" for g in range(3))
+        share = sum(r["gc_seconds"]) / r["wall"] * 100
+        print(f"  N={n:>7,}: loop {r['wall']:.2f} s; collections {gcs}; {share:.1f}% of the loop in the collector; "
+              f"one full collection with the state alive {r['full_gc'] * 1e3:.1f} ms, "
+              f"after gc.freeze() {r['frozen_gc'] * 1e3:.1f} ms")
+    print(f"  all five event types within {TARGET_EVENT_RATIO}x from N={lo:,} to N={hi:,}: {_verdict(ok_all)}")
+    return ok_all
+
+
 # --------------------------------------------------------------------- main
 def _load_day(path: Path) -> tuple[Scenario, str]:
     if path.exists():
@@ -288,9 +470,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs per measurement (default 3)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the churn choices (default 0)")
     ap.add_argument("--skip-trace", action="store_true", help="skip the traced simulation run")
+    ap.add_argument("--event-sizes", default="1000,10000,100000",
+                    help="deployment sizes for (e), comma-separated (default %(default)s)")
+    ap.add_argument("--event-cycles", type=int, default=2000,
+                    help="cycles per size in (e) (default 2000; ten events each)")
+    ap.add_argument("--skip-events", action="store_true", help="skip (e), the per-event cost by size")
+    ap.add_argument("--only-events", action="store_true", help="run only (e)")
     args = ap.parse_args(argv)
-    if args.replicas < 1 or args.cycles < 1 or args.repeats < 1:
-        ap.error("--replicas, --cycles and --repeats must be at least 1")
+    if args.replicas < 1 or args.cycles < 1 or args.repeats < 1 or args.event_cycles < 1:
+        ap.error("--replicas, --cycles, --repeats and --event-cycles must be at least 1")
+    try:
+        event_sizes = sorted({int(x.replace("_", "")) for x in args.event_sizes.split(",") if x.strip()})
+    except ValueError:
+        ap.error(f"--event-sizes must be comma-separated integers, got {args.event_sizes!r}")
+    if not event_sizes or event_sizes[0] < 8:
+        ap.error("--event-sizes needs at least one size, each at least 8")
 
     scenario, source = _load_day(args.day_scenario)
     print("rankcore simulator benchmark")
@@ -304,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{scenario.duration:,.0f} virtual s, snapshot_every {scenario.snapshot_every}")
     print()
 
+    if args.only_events:
+        per_event = bench_per_event(event_sizes, args.event_cycles, args.seed)
+        _print_per_event(per_event, args.event_cycles)
+        return 0
     core = bench_core(args.replicas, args.cycles, args.seed, args.repeats)
     plain = bench_sim(scenario, traced=False, repeats=args.repeats)
     traced = None if args.skip_trace else bench_sim(scenario, traced=True, repeats=args.repeats)
@@ -349,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
                      t_med <= TARGET_DAY_SECONDS))
     for label, value, ok in rows:
         print(f"  {label:<56} {value:>16}  {_verdict(ok)}")
+    if not args.skip_events:
+        print()
+        per_event = bench_per_event(event_sizes, args.event_cycles, args.seed)
+        _print_per_event(per_event, args.event_cycles)
     return 0
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rankcore.errors import InvariantViolation
 from rankcore.invariants import check_snapshot

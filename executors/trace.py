@@ -10,7 +10,8 @@ bytes: keys are written in a fixed order and nothing depends on hash order.
 from __future__ import annotations
 
 import json
-from typing import IO, Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
 
 import attrs
 

@@ -10,10 +10,10 @@ recovery event a state's own live replicas would send.
 from __future__ import annotations
 
 from collections import Counter
-
-import attrs
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import attrs
 
 from .commands import InitializeReplica, ReconfigureReplica, StartReplica, UpdateWorldSize
 from .errors import InvariantViolation
@@ -319,13 +319,6 @@ class _Placed:
     node_rank_allowed: int
 
 
-def _locals_on(table: Any, node: Any) -> Any:
-    get = getattr(table, "local_ranks_on", None)
-    if get is not None:
-        return get(node)
-    return {local for _r, n, _nr, local in table.to_dict().values() if n == node}
-
-
 def _placement(before: State, event: object, result: Step) -> _Placed | None:
     if not isinstance(event, ReplicaPlaced) or result.stale:
         return None
@@ -339,7 +332,7 @@ def _placement(before: State, event: object, result: Step) -> _Placed | None:
     if rank is None or event.replica_id not in dep_before.ranks or dep_before.ranks.rank_of(event.replica_id):
         return None  # not placed by this step
     table = dep_before.ranks
-    taken = frozenset(_locals_on(table, event.node_id))
+    taken = table.local_ranks_on(event.node_id)
     held = table.node_rank(event.node_id)
     node_ranks = frozenset(table.nodes().values()) if held is None else frozenset()
     pref = table.preferences().get(event.replica_id)

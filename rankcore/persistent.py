@@ -10,16 +10,29 @@ version first "reroots" the store to it, replaying undo lists (cost
 proportional to the distance), so every version keeps value semantics:
 nothing a caller holds ever changes observably.
 
-Not thread-safe across versions: two threads reading *different* versions of
-one store at once must synchronise (one thread, or an event loop, is fine).
+Thread safety: every version may be read and derived from by any number of
+threads at once. Rerooting writes the shared dicts, so each store (one table
+and all the versions derived from it) has one ``threading.RLock``; every
+public read and every mutator of a subclass holds it for its whole run
+(``@locked``, ``@atomic``), so a read never sees a store halfway through a
+reroot or another version's edit. Different stores never wait for each
+other: no method holds one store's lock while taking another's (iterables
+handed to bulk mutators are materialised before the lock is taken). Under
+the GIL the lock costs ~0.1 µs per call uncontended (docs/benchmarks.md);
+threads reading *different* versions of one store take turns and pay the
+reroot between them, so a thread pool over one table is safe, not parallel.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Hashable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["Persistent", "Edit", "MISSING", "atomic"]
+__all__ = ["Persistent", "Edit", "MISSING", "atomic", "atomic_bulk", "locked"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Missing:
@@ -34,11 +47,13 @@ _BATCH: Any = _Missing()  # marks an undo entry that holds a {key: old} mapping
 
 
 class _Store:
-    __slots__ = ("dicts", "open_edit")
+    __slots__ = ("dicts", "open_edit", "lock")
 
     def __init__(self, n: int) -> None:
         self.dicts: tuple[dict, ...] = tuple({} for _ in range(n))
         self.open_edit: Edit | None = None  # an edit not yet committed or aborted
+        # Held by every public read and mutator (reentrant: they call each other).
+        self.lock = threading.RLock()
 
 
 def _apply(dicts: tuple[dict, ...], undo: list) -> list:
@@ -72,6 +87,8 @@ class Persistent:
 
     __slots__ = ("_store", "_link")
     _N_TABLES = 1
+    _store: _Store
+    _link: tuple[list, Persistent] | None
 
     def __init__(self) -> None:
         object.__setattr__(self, "_store", _Store(self._N_TABLES))
@@ -85,10 +102,12 @@ class Persistent:
     def __reduce__(self) -> tuple:
         """Pickle this version alone, as plain dicts (not the shared store and
         its other versions): a State can be sent to another process or saved."""
-        return (_restore, (type(self), tuple(dict(d) for d in self._read())))
+        with self._store.lock:
+            return (_restore, (type(self), tuple(dict(d) for d in self._read())))
 
     def _read(self) -> tuple[dict, ...]:
-        """The tables as of this version. Read them; never write them."""
+        """The tables as of this version. Read them; never write them; hold
+        the store's lock until done with them (``@locked``)."""
         if self._link is not None:
             self._reroot()
         return self._store.dicts
@@ -121,8 +140,8 @@ class Persistent:
             _set(older, "_link", None)
 
 
-def _restore(cls: type, dicts: tuple[dict, ...]) -> Persistent:
-    new = object.__new__(cls)
+def _restore(cls: type[Persistent], dicts: tuple[dict, ...]) -> Persistent:
+    new: Persistent = object.__new__(cls)
     store = _Store(len(dicts))
     store.dicts = dicts
     object.__setattr__(new, "_store", store)
@@ -197,18 +216,51 @@ class Edit:
         self._base._store.open_edit = None
 
 
-def atomic(method: Callable) -> Callable:
-    """Decorate a mutator of a ``Persistent``: if it raises after writing, its
-    open edit is aborted, so the base version reads exactly as before."""
+def locked(method: F) -> F:
+    """Decorate a public read of a ``Persistent``: it runs holding its store's
+    lock, so no other thread reroots the store under it."""
 
     @functools.wraps(method)
     def wrapper(self: Persistent, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with self._store.lock:
             return method(self, *args, **kwargs)
-        except BaseException:
-            edit = self._store.open_edit
-            if edit is not None:
-                edit.abort()
-            raise
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]
+
+
+def _materialise(x: Any) -> Any:
+    """A one-shot or lazy iterable as a list (it may read other stores: never
+    under this store's lock); lists, tuples, mappings and sets as they are."""
+    if x is None or isinstance(x, (list, tuple, Mapping, set, frozenset)):
+        return x
+    return list(x)
+
+
+def _atomic(method: F, bulk: bool) -> F:
+    @functools.wraps(method)
+    def wrapper(self: Persistent, *args: Any, **kwargs: Any) -> Any:
+        if bulk and args:
+            args = (_materialise(args[0]), *args[1:])
+        with self._store.lock:
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException:
+                edit = self._store.open_edit
+                if edit is not None:
+                    edit.abort()
+                raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def atomic(method: F) -> F:
+    """Decorate a mutator of a ``Persistent``: it runs holding its store's
+    lock, and if it raises after writing, its open edit is aborted, so the
+    base version reads exactly as before."""
+    return _atomic(method, bulk=False)
+
+
+def atomic_bulk(method: F) -> F:
+    """``atomic`` for a mutator whose first argument is an iterable of items:
+    a lazy one is turned into a list before the lock is taken."""
+    return _atomic(method, bulk=True)

@@ -12,13 +12,14 @@ work in one version, at dict speed.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Any, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from .errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
-from .persistent import MISSING, Edit, Persistent, atomic
+from .persistent import MISSING, Edit, Persistent, atomic, atomic_bulk, locked
 
 __all__ = ["ReplicaRank", "ReportedRank", "Reassignment", "Reassignments", "LowerBound", "RankTable",
            "MAX_RANKS", "MAX_LOCAL"]
@@ -144,7 +145,7 @@ class Reassignments(Sequence[Reassignment]):
             new=_rank(r2, self._new_nr[node], l2),
         )
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return tuple(self._make(rep) for rep in self._order[i])
         return self._make(self._order[i])
@@ -469,12 +470,15 @@ class RankTable(Persistent):
     _N_TABLES = _N_TABLES
 
     # ------------------------------------------------------------- queries
+    @locked
     def __len__(self) -> int:
         return len(self._read()[_REC])
 
+    @locked
     def __contains__(self, replica: object) -> bool:
         return replica in self._read()[_REC]
 
+    @locked
     def __iter__(self) -> Iterator[Replica]:
         """Replicas in global-rank order (dict order would depend on version history)."""
         owner = self._read()[_OWNER]
@@ -488,48 +492,64 @@ class RankTable(Persistent):
         except KeyError:
             raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
+    # The hot reads take the store's lock inline (one frame less than @locked).
     def global_rank(self, replica: Replica) -> int:
-        if self._link is not None:
-            self._reroot()
-        try:
-            return self._store.dicts[_REC][replica] >> _RB
-        except KeyError:
-            raise UnknownReplica(f"replica {replica!r} holds no rank") from None
+        with self._store.lock:
+            if self._link is not None:
+                self._reroot()
+            try:
+                return self._store.dicts[_REC][replica] >> _RB
+            except KeyError:
+                raise UnknownReplica(f"replica {replica!r} holds no rank") from None
 
     def node_of(self, replica: Replica) -> Node | None:
-        if self._link is not None:
-            self._reroot()
-        dicts = self._store.dicts
-        try:
-            v = dicts[_REC][replica]
-        except KeyError:
-            raise UnknownReplica(f"replica {replica!r} holds no rank") from None
-        return dicts[_NOWNER][(v >> _LB) & _NM] if v & _LM else None
+        with self._store.lock:
+            if self._link is not None:
+                self._reroot()
+            dicts = self._store.dicts
+            try:
+                v = dicts[_REC][replica]
+            except KeyError:
+                raise UnknownReplica(f"replica {replica!r} holds no rank") from None
+            return dicts[_NOWNER][(v >> _LB) & _NM] if v & _LM else None
 
+    @locked
     def is_placed(self, replica: Replica) -> bool:
         return bool(self._value(replica) & _LM)
 
     def rank_of(self, replica: Replica) -> ReplicaRank | None:
         """The full rank, or None while the replica holds only a global rank."""
-        v = self._value(replica)
+        with self._store.lock:
+            v = self._value(replica)
         local = v & _LM
         return _rank(v >> _RB, (v >> _LB) & _NM, local - 1) if local else None
 
+    @locked
     def holder_of(self, rank: int) -> Replica | None:
         return self._read()[_OWNER].get(rank)
 
+    @locked
     def node_rank(self, node: Node) -> int | None:
         v = self._read()[_NODES].get(node)
         return None if v is None else v & _NM
 
+    @locked
     def nodes(self) -> dict[Node, int]:
         """Nodes hosting at least one placed replica, with their node ranks."""
         return {n: v & _NM for n, v in self._read()[_NODES].items()}
 
+    @locked
     def replicas_on(self, node: Node) -> int:
         v = self._read()[_NODES].get(node)
         return 0 if v is None else (v >> _NB).bit_count()
 
+    @locked
+    def local_ranks_on(self, node: Node) -> frozenset[int]:
+        """The local ranks held on ``node`` (O(replicas on it), not O(table))."""
+        v = self._read()[_NODES].get(node)
+        return frozenset() if v is None else frozenset(_bit_positions(v >> _NB))
+
+    @locked
     def lowest_free(self) -> int:
         d = self._read()
         hw = d[_META].get("hw", 0)
@@ -537,10 +557,11 @@ class RankTable(Persistent):
             return hw
         return _bits_lowest_free(d[_GBITS])
 
+    @locked
     def items(self) -> Iterator[tuple[Replica, ReplicaRank | None]]:
         d = self._read()
         rec, owner = d[_REC], d[_OWNER]
-        out = []
+        out: list[tuple[Replica, ReplicaRank | None]] = []
         append = out.append
         for r in sorted(owner):
             rep = owner[r]
@@ -549,6 +570,7 @@ class RankTable(Persistent):
             append((rep, _rank(r, (v >> _LB) & _NM, local - 1) if local else None))
         return iter(out)
 
+    @locked
     def to_dict(self) -> dict[Replica, tuple]:
         """Plain snapshot: replica -> (rank, node, node_rank, local_rank), in rank order."""
         d = self._read()
@@ -565,6 +587,7 @@ class RankTable(Persistent):
                 out[rep] = (r, None, None, None)
         return out
 
+    @locked
     def preferences(self) -> dict[Replica, tuple[Node, int, int]]:
         """Unplaced crash replacements -> their predecessor's (node, node rank,
         local rank), which :meth:`place` on that node takes where still free
@@ -583,6 +606,7 @@ class RankTable(Persistent):
     def __hash__(self) -> int:
         return hash(frozenset(self.to_dict().items()))
 
+    @locked
     def __repr__(self) -> str:
         prefs = self.preferences()
         more = f", preferences={prefs!r}" if prefs else ""
@@ -621,6 +645,7 @@ class RankTable(Persistent):
             e.set(_PSLOT, rep, (nr << _SB) | local)
         return e.commit()
 
+    @locked
     def is_contiguous(self) -> bool:
         """True when every level is exactly 0..count-1 (O(1): counters kept by every edit)."""
         d = self._read()
@@ -631,6 +656,7 @@ class RankTable(Persistent):
             and not d[_HOLEY]
         )
 
+    @locked
     def lower_bound(self) -> LowerBound:
         """The replicas any compaction to contiguous must change, per level and in all.
 
@@ -661,19 +687,85 @@ class RankTable(Persistent):
         return LowerBound(rank=len(movers), node_rank=nr_count, local_rank=lr, replicas=changed)
 
     # ------------------------------------------------------------ mutators
-    @atomic
     def assign(self, replica: Replica, node: Node | None = None, *, rank: int | None = None) -> RankTable:
         """Give ``replica`` the lowest free global rank (or ``rank``, if free).
 
         With ``node``, also its node's rank (the lowest free one for a node new
         to this table) and the lowest free local rank on that node.
         """
+        if rank is None and node is not None:
+            # Hot path (a scale-up one replica at a time: no global hole, no
+            # index word filling up): the writes an Edit would make, and their
+            # undo list, by hand.
+            store = self._store
+            with store.lock:
+                if self._link is not None:
+                    self._reroot()
+                d = store.dicts
+                rec, owner, meta, nodes = d[_REC], d[_OWNER], d[_META], d[_NODES]
+                hw = meta.get("hw", 0)
+                if replica not in rec and hw == len(owner):
+                    gbits = d[_GBITS]
+                    gold = gbits.get(hw >> 6, 0)
+                    gnew = gold | (1 << (hw & 63))
+                    v = nodes.get(node)
+                    if v is not None:
+                        m0, nr = v >> _NB, v & _NM
+                        local = _lowest_zero(m0)
+                        fast = gnew != _FULL and local < MAX_LOCAL
+                    else:
+                        m0, v, local = 0, MISSING, 0
+                        nowner, nbits = d[_NOWNER], d[_NBITS]
+                        nr = meta.get("nhw", 0)
+                        nold = nbits.get(nr >> 6, 0)
+                        nnew = nold | (1 << (nr & 63))
+                        fast = gnew != _FULL and nnew != _FULL and nr == len(nowner)
+                    if fast:
+                        m1 = m0 | (1 << local)
+                        key = (nr << _SB) | local
+                        undo = [
+                            (_OWNER, hw, MISSING),
+                            (_GBITS, hw >> 6, gold if gold else MISSING),
+                            (_META, "hw", meta.get("hw", MISSING)),
+                            (_NODES, node, v),
+                            (_REC, replica, MISSING),
+                            (_SLOT, key, MISSING),
+                        ]
+                        owner[hw] = replica
+                        gbits[hw >> 6] = gnew
+                        meta["hw"] = hw + 1
+                        nodes[node] = (m1 << _NB) | nr
+                        rec[replica] = (hw << _RB) | (nr << _LB) | (local + 1)
+                        d[_SLOT][key] = replica
+                        if v is MISSING:
+                            undo.append((_NOWNER, nr, MISSING))
+                            undo.append((_NBITS, nr >> 6, nold if nold else MISSING))
+                            undo.append((_META, "nhw", meta.get("nhw", MISSING)))
+                            nowner[nr] = node
+                            nbits[nr >> 6] = nnew
+                            meta["nhw"] = nr + 1
+                        else:
+                            holey = d[_HOLEY]
+                            if m1 & (m1 + 1):
+                                if node not in holey:
+                                    undo.append((_HOLEY, node, MISSING))
+                                    holey[node] = 1
+                            elif node in holey:
+                                undo.append((_HOLEY, node, 1))
+                                del holey[node]
+                        return self._next(undo)
+        return self._assign(replica, node, rank)
+
+    @atomic
+    def _assign(self, replica: Replica, node: Node | None, rank: int | None) -> RankTable:
         d = self._read()
-        if replica in d[_REC]:
-            raise RankConflict(f"replica {replica!r} already holds rank {d[_REC][replica] >> _RB}")
-        hw = d[_META].get("hw", 0)
+        rec = d[_REC]
+        if replica in rec:
+            raise RankConflict(f"replica {replica!r} already holds rank {rec[replica] >> _RB}")
+        meta, owner = d[_META], d[_OWNER]
+        hw = meta.get("hw", 0)
         if rank is None:
-            r = hw if hw == len(d[_OWNER]) else _bits_lowest_free(d[_GBITS])
+            r = hw if hw == len(owner) else _bits_lowest_free(d[_GBITS])
         else:
             if type(rank) is not int or not 0 <= rank < MAX_RANKS:
                 raise InvalidConfig(f"rank must be an int in 0..{MAX_RANKS - 1}, got {rank!r}")
@@ -762,6 +854,7 @@ class RankTable(Persistent):
                 dicts[_SLOT][key] = new
                 return self._next([(_REC, old, v), (_REC, new, MISSING), (_OWNER, r, old), (_SLOT, key, old)])
         e = Edit(self)
+        pref: tuple[Node, int] | None
         if v & _LM:
             nr = (v >> _LB) & _NM
             pref = (dicts[_NOWNER][nr], (nr << _SB) | ((v & _LM) - 1))
@@ -787,7 +880,7 @@ class RankTable(Persistent):
         """Put back a rank a live replica reports (controller recovery)."""
         return self.recover_many(((replica, node, rank),))
 
-    @atomic
+    @atomic_bulk
     def recover_many(self, items: Iterable[tuple[Replica, Node, ReplicaRank]]) -> RankTable:
         """Recover many replicas in one version; any conflict raises and changes nothing."""
         items = list(items)  # before reading: the iterable may read another version
@@ -866,7 +959,7 @@ class RankTable(Persistent):
             raise InvariantViolation(f"rank space exhausted ({MAX_RANKS} ranks)")
         return ranks
 
-    @atomic
+    @atomic_bulk
     def assign_many(self, placements: Iterable[tuple[Replica, Node | None]] | Mapping) -> RankTable:
         """``assign`` for many replicas in one version (one scale-up event).
 
@@ -932,7 +1025,7 @@ class RankTable(Persistent):
             _count(e, "unplaced", len(new_rec) - len(new_slot))
         return e.commit()
 
-    @atomic
+    @atomic_bulk
     def release_many(self, replicas: Iterable[Replica]) -> RankTable:
         """``release`` for many replicas in one version."""
         reps = list(replicas)  # before reading: the iterable may read another version
@@ -950,9 +1043,9 @@ class RankTable(Persistent):
         ranks = [v >> _RB for v in old.values()]
         e.pop_many(_OWNER, ranks)
         work: dict = {}  # node rank -> mask
-        slots = []
+        slots: list[int] = []
         append = slots.append
-        unplaced = []
+        unplaced: list[Replica] = []
         for rep, v in old.items():
             local = (v & _LM) - 1
             if local < 0:
@@ -982,7 +1075,7 @@ class RankTable(Persistent):
             e.pop_many(_PSLOT, preferring)
         return e.commit()
 
-    @atomic
+    @atomic_bulk
     def compact(self, active: Iterable[Replica] | None = None) -> tuple[RankTable, Reassignments]:
         """Make all three levels contiguous, changing only the ranks that must change.
 
@@ -996,14 +1089,13 @@ class RankTable(Persistent):
         act = None if active is None else set(active)  # before reading (see recover_many)
         d = self._read()
         rec, owner, nodes, nowner, slot, meta = d[_REC], d[_OWNER], d[_NODES], d[_NOWNER], d[_SLOT], d[_META]
-        if act is not None:
-            if act != rec.keys():
-                stale = sorted(map(repr, rec.keys() - act))[:5]
-                unranked = sorted(map(repr, act - rec.keys()))[:5]
-                raise InvariantViolation(
-                    f"compact: active replicas differ from the table "
-                    f"(ranked but not active: {stale}; active without rank: {unranked})"
-                )
+        if act is not None and act != rec.keys():
+            stale = sorted(map(repr, rec.keys() - act))[:5]
+            unranked = sorted(map(repr, act - rec.keys()))[:5]
+            raise InvariantViolation(
+                f"compact: active replicas differ from the table "
+                f"(ranked but not active: {stale}; active without rank: {unranked})"
+            )
         if meta.get("unplaced", 0):
             unplaced = next(rep for rep, v in rec.items() if not v & _LM)
             raise InvariantViolation(f"compact: replica {unplaced!r} is not placed yet")

@@ -9,3 +9,17 @@ for name, kw in PROFILES.items():
     settings.register_profile(name.removeprefix("rankcore-"), deadline=None,
                               suppress_health_check=[HealthCheck.too_slow], print_blob=True, **kw)
 settings.load_profile("ci")
+
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _unfreeze_gc():
+    """executors.driver.Driver may gc.freeze() after a big state change; keep that
+    from outliving the test that caused it."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()

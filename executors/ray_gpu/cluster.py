@@ -10,7 +10,8 @@ as in the simulator. Health checks are fast (a dead node is seen in ~1.5 s).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .placement import ORDER_LABEL
 

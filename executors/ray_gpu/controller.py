@@ -70,7 +70,7 @@ class _Backend:
             elif isinstance(cmd, rc.StopReplica):
                 c._spawn(c._stop(cmd))
             elif isinstance(cmd, rc.UpdateWorldSize):
-                for rid, (dep, actor) in list(c.actors.items()):
+                for _rid, (dep, actor) in list(c.actors.items()):
                     if dep == cmd.deployment:
                         actor.update_world_size.remote(cmd.world_size)
 

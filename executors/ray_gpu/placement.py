@@ -13,7 +13,8 @@ The choice is pure (no Ray calls), so it is unit-tested on its own.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -110,7 +111,7 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
         raise InvalidConfig("ray_actor_options may not set scheduling_strategy or placement_group: rankcore places "
                          "each replica on its own placement group (use replica_placement='spread'|'pack' "
                          "and placement_group_bundles)")
-    for key, res in (("num_cpus", "CPU"), ("num_gpus", "GPU"), ("memory", "memory")):
+    for key in ("num_cpus", "num_gpus", "memory"):
         v = actor_options.get(key)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
             raise InvalidConfig(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")

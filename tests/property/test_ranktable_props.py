@@ -562,6 +562,7 @@ class RankTableMachine(RuleBasedStateMachine):
         for node in NODES:
             assert t.node_rank(node) == ref.nrank.get(node)
             assert t.replicas_on(node) == len(ref.on(node))
+            assert t.local_ranks_on(node) == {ref.local[x] for x in ref.on(node)}
         for rep in REPLICAS:
             assert (rep in t) == (rep in snap)
             if rep in snap:

@@ -83,6 +83,8 @@ def test_local_ranks_start_at_zero_on_every_node():
     assert [t.rank_of(r).local_rank for r in "abcde"] == [0, 0, 1, 1, 2]
     assert t.replicas_on("n0") == 3 and t.replicas_on("n1") == 2
     assert t.replicas_on("nowhere") == 0
+    assert t.local_ranks_on("n0") == {0, 1, 2} and t.local_ranks_on("nowhere") == frozenset()
+    assert t.release("c").local_ranks_on("n0") == {0, 2}
 
 
 def test_freed_global_ranks_are_reused_lowest_first():
