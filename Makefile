@@ -2,7 +2,8 @@
 # and install the pinned versions from constraints.txt before running.
 #   make simulate - the main job: simulate an example scenario (no cluster
 #                   needed) and print what happened to the ranks
-#   make test     - the whole test suite
+#   make test     - the whole test suite, after the static checks (make lint:
+#                   ruff, mypy, and mypy over the README's and docs' examples)
 # Also: make demo (the bare core, step by step), make bench (benchmarks).
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ PYTEST_ARGS ?=
 
 SCENARIO ?= examples/scenarios/controller-crash.yaml
 
-.PHONY: simulate demo test bench install clean
+.PHONY: simulate demo test lint bench mutate install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +31,12 @@ simulate: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rankcore demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check rankcore executors tools
+	$(VENV)/bin/mypy
+	$(PY) tools/typecheck_docs.py
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -38,5 +44,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_ranks.py
 	$(PY) benchmarks/bench_sim.py
 
+# Rule-breaking mutations of rankcore/ that the unit and property suites must
+# kill (slow: run before a release; see docs/mutation-testing.md).
+mutate: $(STAMP)
+	$(PY) tools/mutate.py
+
 clean:
-	rm -rf $(VENV) .hypothesis .pytest_cache
+	rm -rf $(VENV) .hypothesis .pytest_cache .mypy_cache

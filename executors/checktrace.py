@@ -510,9 +510,9 @@ class _Checker:
             self.prev_view = None
         # replicas that left
         if ev["type"] in ("ReplicaStopped", "ReplicaCrashed") and not ev["stale"] and ev["replica"]:
-            k = self.deps.get(ev["deployment"]) if ev["deployment"] else None
-            if k is not None:
-                for m in (k.grank, k.lineage, k.conveyed):
+            gone = self.deps.get(ev["deployment"]) if ev["deployment"] else None
+            if gone is not None:
+                for m in (gone.grank, gone.lineage, gone.conveyed):
                     m.pop(ev["replica"], None)
         for c in st.commands:
             x = c["fields"].get("replaces") if c["type"] == "StartReplica" else None

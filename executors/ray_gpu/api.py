@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, overload
 
 import attrs
 import ray
@@ -131,10 +132,20 @@ class Application:
     kwargs: dict = attrs.field(eq=False)
 
 
+@overload
+def deployment(cls: type, *, name: str | None = ..., num_replicas: int = ..., user_config: Any = ...,
+               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
+               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
+               replica_placement: str = ..., max_replicas: int = ...) -> Deployment: ...
+@overload
+def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int = ..., user_config: Any = ...,
+               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
+               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
+               replica_placement: str = ..., max_replicas: int = ...) -> Callable[[type], Deployment]: ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int = 1, user_config: Any = None,
                ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
-               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> Any:
+               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in

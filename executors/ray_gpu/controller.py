@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Set
+from typing import Any, cast
 
 import attrs
 import ray
@@ -280,7 +281,7 @@ class Controller:
                 await self._recover(cloudpickle.loads(raw), named)
             self._recovered = True
 
-    async def _recover(self, specs: dict, named: set[str] = frozenset()) -> None:
+    async def _recover(self, specs: dict, named: Set[str] = frozenset()) -> None:
         """Rebuild the ranks from the replicas' own reports (ranks are not
         stored). Replicas whose start was under way are adopted with their
         global rank: an actor not yet initialised is reported pending on its
@@ -402,8 +403,8 @@ class Controller:
             if not name.startswith("rankcore:") or info.get("state") == "REMOVED":
                 continue
             pg = PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
-            rid, dep = mine.get(name) or (resumed.get(name) if info.get("state") == "CREATED" else None) \
-                or (None, None)
+            rid, dep = cast(tuple[Any, Any], mine.get(name) or (resumed.get(name) if info.get("state") == "CREATED"
+                                                                 else None) or (None, None))
             if rid is not None and rid not in self.pgs:
                 self.pgs[rid] = pg
                 self._reserved[rid] = (dep, pl.per_node(info))
@@ -455,7 +456,9 @@ class Controller:
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
         if bundles:
-            self._waiting_pg[rid] = asyncio.current_task()
+            task = asyncio.current_task()
+            assert task is not None  # we are in one
+            self._waiting_pg[rid] = task
             try:
                 pg = self.pgs.get(rid)  # a resumed start whose group the old controller placed
                 if pg is None:
@@ -484,7 +487,7 @@ class Controller:
             # An async actor: requests wait on a semaphore of max_ongoing_requests
             # inside it, so Ray's own limit only needs to leave room for them and
             # the controller's calls.
-            actor = ray.remote(ReplicaActor).options(
+            actor: Any = ray.remote(ReplicaActor).options(
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
                 max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
             ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage, cmd.global_rank,
@@ -764,12 +767,13 @@ class Controller:
         pg_strategy = placement.get("placement_group_strategy", "PACK")
         spread = placement.get("replica_placement", "spread")
         pl.validate(actor_options, bundles, pg_strategy, spread)
-        has_reconfigure = callable(getattr(cls, "reconfigure", None))
+        reconfigure = getattr(cls, "reconfigure", None)
+        has_reconfigure = callable(reconfigure)
         takes_rank = False
-        if has_reconfigure:
+        if callable(reconfigure):
             import inspect
 
-            takes_rank = "rank" in inspect.signature(cls.reconfigure).parameters
+            takes_rank = "rank" in inspect.signature(reconfigure).parameters
         event = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
                                      max_replicas=max_replicas)
@@ -782,7 +786,8 @@ class Controller:
         try:
             self.driver.feed(event, self._now())
         except Exception:
-            for table, old in zip((self.specs, self.applied), before):
+            tables: tuple[dict[str, Any], dict[str, Any]] = (self.specs, self.applied)
+            for table, old in zip(tables, before):
                 if old is None:
                     table.pop(name, None)
                 else:

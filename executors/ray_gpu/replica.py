@@ -125,7 +125,8 @@ class ReplicaActor:
         await asyncio.shield(self._init)
 
     async def _construct(self, user_config: Any, call_reconfigure: bool, pass_rank: bool) -> None:
-        cls, args, kwargs = self.cls, self.args, self.kwargs
+        cls: Any = self.cls
+        args, kwargs = self.args, self.kwargs
 
         async def construct() -> Any:  # on the user loop's thread, as Ray Serve runs constructors
             obj = cls.__new__(cls)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import attrs
 import ray
@@ -176,7 +176,7 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
 
     def check_until(t: float) -> None:
         """Check the ``at:`` expectations due before time ``t``."""
-        while timed and timed[0].at < t:
+        while timed and cast(float, timed[0].at) < t:
             if time.monotonic() < controller_back:
                 time.sleep(controller_back - time.monotonic())
             earlier.append(ask(ctl, "check", timed.pop(0), settle, timeout=settle + 60))
@@ -202,7 +202,7 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
             apply(args["deployment"], user_config=args["user_config"])
         elif a.kind == "crash":
             rid = args.get("replica")
-            dep = args.get("deployment") or (rid.rpartition("#")[0] if rid else None)
+            dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
             if rid is None:
                 rid = _holder(dep, args["rank"])
             note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
