@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/bench_ranks.py
 	$(PY) benchmarks/bench_sim.py
+	$(PY) benchmarks/bench_checks.py
 
 # Rule-breaking mutations of rankcore/ that the unit and property suites must
 # kill (slow: run before a release; see docs/mutation-testing.md).

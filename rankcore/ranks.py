@@ -209,6 +209,12 @@ def _lowest_zero(mask: int) -> int:
     return ((~mask) & (mask + 1)).bit_length() - 1
 
 
+def _lowest_free_local(mask: int) -> int:
+    """The local rank a replica placed on a node gets: the lowest free one
+    (``mask``: the node's used local ranks)."""
+    return _lowest_zero(mask)
+
+
 def _top(hw: int, present: dict) -> int:
     """The high-water mark (highest key + 1) after keys at the top went away.
 
@@ -422,7 +428,7 @@ def _place(e: Edit, replica: Replica, r: int, node: Node, want: int = -1) -> Non
     if want >= 0 and not (m0 >> (want & _SM)) & 1:
         local = want & _SM
     else:
-        local = _lowest_zero(m0)
+        local = _lowest_free_local(m0)
     if local >= MAX_LOCAL:
         raise InvariantViolation(f"node {node!r} already holds {MAX_LOCAL} replicas (the most one node may hold)")
     _node_write(e, node, nr, m0, m0 | (1 << local))
@@ -711,7 +717,7 @@ class RankTable(Persistent):
                     v = nodes.get(node)
                     if v is not None:
                         m0, nr = v >> _NB, v & _NM
-                        local = _lowest_zero(m0)
+                        local = _lowest_free_local(m0)
                         fast = gnew != _FULL and local < MAX_LOCAL
                     else:
                         m0, v, local = 0, MISSING, 0

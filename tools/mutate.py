@@ -194,8 +194,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     mutation(
         "new-local-rank-above-highest", RANKS,
-        "local = _lowest_zero(m0)",
-        "local = m0.bit_length()",
+        "    return _lowest_zero(mask)\n\n\ndef _top(",
+        "    return mask.bit_length()\n\n\ndef _top(",
         "a replica placed on a node gets the lowest free local rank there (not one above the highest)",
     ),
     # ----------------------------------------------------------------------- recovery
