@@ -169,7 +169,13 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                           max_replicas=max_replicas)
 
     if cls is None:  # @deployment(...): check the options now, before a class is given
-        wrap(type(name if isinstance(name, str) and name else "decorated_class", (), {}))
+        if isinstance(name, str) and name:
+            wrap(type(name, (), {}))
+            return wrap
+        try:
+            wrap(type("decorated_class", (), {}))
+        except rc.InvalidConfig as exc:  # no name yet: say where the option was written
+            raise rc.InvalidConfig(str(exc).replace("deployment 'decorated_class': ", "@deployment(...): ", 1)) from None
         return wrap
     return wrap(cls)
 

@@ -47,10 +47,15 @@ def test_bad_options_fail_at_the_decorator_and_at_options(options, words):
     with pytest.raises(rc.InvalidConfig) as exc:
         deployment(**options)(Model)
     assert words in str(exc.value)
-    assert "deployment " in str(exc.value)  # names the deployment too
+    if "name" not in options:
+        assert str(exc.value).startswith("@deployment(...): ")  # where it was written: no class (no name) yet
+        with pytest.raises(rc.InvalidConfig) as exc:  # with a name given, the error names the deployment
+            deployment(name="llm", **options)(Model)
+        assert words in str(exc.value) and str(exc.value).startswith("deployment 'llm': ")
     with pytest.raises(rc.InvalidConfig) as exc:  # .options() checks the same way
         deployment(Model).options(**options)
     assert words in str(exc.value)
+    assert str(exc.value).startswith("deployment 'Model': " if "name" not in options else "deployment ")
 
 
 def test_the_decorator_with_arguments_checks_before_it_gets_the_class():
