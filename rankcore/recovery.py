@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING
 
 import attrs
 import immutables
@@ -40,11 +39,10 @@ from .commands import StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport
 from .lifecycle import LIVE, Phase
+from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .state import Deployment, Replica, parse_replica_number
-
-if TYPE_CHECKING:
-    from .core import _Tx
+from .transaction import Tx, initialize, reconcile, reconfigure, recount, stop
 
 __all__ = ["rebuild"]
 
@@ -79,8 +77,6 @@ def _leaving(r: ReplicaReport) -> bool:
 
 def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tuple[dict[str, int], list[str]]:
     """Final global rank of every report, and the serving replicas to stop."""
-    from .core import _VICTIM_ORDER
-
     final: dict[str, int] = _settle_claims(  # type: ignore[assignment]
         (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS
     )
@@ -90,7 +86,7 @@ def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tu
     def victim_key(r: ReplicaReport) -> tuple:
         moved = final[r.replica_id] != r.rank.rank
         bad = 0 if moved else 1 if r.rank.rank >= target else 2
-        return (bad, _VICTIM_ORDER[r.phase], -final[r.replica_id], r.replica_id)
+        return (bad, VICTIM_ORDER[r.phase], -final[r.replica_id], r.replica_id)
 
     to_stop = [r.replica_id for r in sorted(active, key=victim_key)[: max(0, len(active) - target)]]
     return final, to_stop
@@ -125,9 +121,7 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
     return r.user_config is not UNKNOWN and r.user_config != spec.user_config
 
 
-def _rebuild_deployment(tx: _Tx, spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
-    from .core import _counts, _initialize, _reconcile, _reconfigure, _stop
-
+def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
     final_rank, to_stop = _resolve_global(spec, reports)
     placed = [r for r in reports if r.node_id is not None]
     node_rank = _resolve_nodes(placed)
@@ -146,14 +140,14 @@ def _rebuild_deployment(tx: _Tx, spec: DeploymentApplied, reports: list[ReplicaR
     changed: list[Replica] = []
     outdated: list[Replica] = []
     unstarted: set[str] = set()
-    stop = set(to_stop)
+    stopping = set(to_stop)
     for r in reports:
         phase = r.phase
         if phase is Phase.PENDING and r.node_id is not None:
             # Placed, but the answer was lost with the old controller: it was
             # never initialised, so it is initialised now (as on ReplicaPlaced).
             phase = Phase.STARTING
-            if r.replica_id not in stop:
+            if r.replica_id not in stopping:
                 unstarted.add(r.replica_id)
         old_config = _config_outdated(r, spec)
         rep = Replica(
@@ -165,7 +159,7 @@ def _rebuild_deployment(tx: _Tx, spec: DeploymentApplied, reports: list[ReplicaR
             version=r.version,
             config_version=0 if old_config else 1,
         )
-        serving_or_starting = r.node_id is not None and not _leaving(r) and r.replica_id not in stop
+        serving_or_starting = r.node_id is not None and not _leaving(r) and r.replica_id not in stopping
         if serving_or_starting and r.replica_id not in unstarted:
             now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])  # type: ignore[index]
             if now != (r.rank.rank, r.rank.node_rank, r.rank.local_rank):
@@ -191,20 +185,20 @@ def _rebuild_deployment(tx: _Tx, spec: DeploymentApplied, reports: list[ReplicaR
     todo = [(rep, "user_config" if rep.config_version == 0 else "rank") for rep in changed]
     todo += [(rep, "user_config") for rep in outdated]
     for rep, reason in sorted(todo, key=lambda x: (final_rank[x[0].replica_id], x[0].replica_id)):
-        new, cmd = _reconfigure(dep, rep, reason)
+        new, cmd = reconfigure(dep, rep, reason)
         dep = attrs.evolve(dep, replicas=dep.replicas.set(new.replica_id, new),
-                           counts=_counts(dep.counts, rep.phase, new.phase))
+                           counts=recount(dep.counts, rep.phase, new.phase))
         tx.emit(cmd)
     for rid in sorted(unstarted, key=lambda x: (final_rank[x], x)):
-        tx.emit(_initialize(dep, rid))
+        tx.emit(initialize(dep, rid))
     if to_stop:
-        dep = _stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
+        dep = stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
-    return _reconcile(tx, dep)
+    return reconcile(tx, dep)
 
 
-def rebuild(tx: _Tx, e: ControllerRecovered) -> None:
+def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     """Replace everything in ``tx`` by what ``e`` says (the reports are the truth)."""
     specs = {d.name: d for d in e.deployments}
     by_dep: dict[str, list[ReplicaReport]] = {name: [] for name in specs}

@@ -93,14 +93,15 @@ def mutation(name: str, file: str, find: str, replace: str, breaks: str,
 
 
 CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/recovery.py", "rankcore/ranks.py"
+TX, POLICIES = "rankcore/transaction.py", "rankcore/policies.py"
 
 # Snippets are exact text (indentation included); each must occur once in its file.
 MUTATIONS: tuple[Mutation, ...] = (
     # ------------------------------------------------------------- the four of issue 8 point 12
     mutation(
         "node-loss-reverse-order", CORE,
-        "        for rep in _by_rank(dep, on_node):\n",
-        "        for rep in reversed(_by_rank(dep, on_node)):\n",
+        "        for rep in by_rank(dep, on_node):\n",
+        "        for rep in reversed(by_rank(dep, on_node)):\n",
         "a lost node's replicas are replaced in rank order (lowest rank first), so ids follow ranks",
     ),
     mutation(
@@ -116,14 +117,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "new replicas get the lowest free global rank (here: the highest hole first)",
     ),
     mutation(
-        "compact-when-unhealthy", CORE,
+        "compact-when-unhealthy", TX,
         "if dep is not None and dep.healthy and not dep.ranks.is_contiguous():",
         "if dep is not None and not dep.ranks.is_contiguous():",
         "ranks are compacted only once the deployment is healthy",
     ),
     # ------------------------------------------------------------------------ core rules
     mutation(
-        "crash-replacement-fresh-rank", CORE,
+        "crash-replacement-fresh-rank", TX,
         "    ranks = dep.ranks.replace(rid, new_id)\n",
         "    ranks = dep.ranks.release(rid).assign(new_id, rank=dep.ranks.lowest_free())\n",
         "a crashed replica's replacement inherits its global rank",
@@ -132,21 +133,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "scale-world-size-not-announced", CORE,
         "        dep = _evolve(dep, target=e.num_replicas)\n"
         "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
-        "    tx.put(_reconcile(tx, dep, e.victims))\n",
+        "    tx.put(reconcile(tx, dep, e.victims))\n",
         "        dep = _evolve(dep, target=e.num_replicas)\n"
-        "    tx.put(_reconcile(tx, dep, e.victims))\n",
+        "    tx.put(reconcile(tx, dep, e.victims))\n",
         "world_size is announced (UpdateWorldSize) the moment a ScaleRequested changes the target",
     ),
     mutation(
-        "victims-lowest-rank-first", CORE,
-        "(_VICTIM_ORDER[r.phase], -ranks.global_rank(r.replica_id), r.replica_id)",
-        "(_VICTIM_ORDER[r.phase], ranks.global_rank(r.replica_id), r.replica_id)",
+        "victims-lowest-rank-first", TX,
+        "(VICTIM_ORDER[r.phase], -ranks.global_rank(r.replica_id), r.replica_id)",
+        "(VICTIM_ORDER[r.phase], ranks.global_rank(r.replica_id), r.replica_id)",
         "downscale victims chosen by the core are the highest ranks (so fewer ranks move later)",
     ),
     mutation(
-        "victims-running-before-pending", CORE,
-        "_VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2}",
-        "_VICTIM_ORDER = {Phase.PENDING: 2, Phase.STARTING: 1, Phase.RUNNING: 0, Phase.RECONFIGURING: 0}",
+        "victims-running-before-pending", POLICIES,
+        "VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2}",
+        "VICTIM_ORDER = {Phase.PENDING: 2, Phase.STARTING: 1, Phase.RUNNING: 0, Phase.RECONFIGURING: 0}",
         "downscale stops not-yet-running replicas before running ones",
     ),
     mutation(
@@ -156,33 +157,33 @@ MUTATIONS: tuple[Mutation, ...] = (
         "an answer to an older reconfigure is stale: the replica stays reconfiguring until the latest is acked",
     ),
     mutation(
-        "release-rank-at-stop-command", CORE,
+        "release-rank-at-stop-command", TX,
         "        replicas = replicas.set(rid, new)\n"
-        "        counts = _counts(counts, rep.phase, new.phase)\n"
+        "        counts = recount(counts, rep.phase, new.phase)\n"
         "        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))\n",
         "        replicas = replicas.set(rid, new)\n"
-        "        counts = _counts(counts, rep.phase, new.phase)\n"
+        "        counts = recount(counts, rep.phase, new.phase)\n"
         "        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))\n"
         "        dep = _evolve(dep, ranks=dep.ranks.release(rid))\n",
         "ranks are released only on ReplicaStopped, not when StopReplica is sent",
         more=(
             Edit(CORE,
-                 "    tx.put(_remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))\n",
-                 "    tx.put(_remove(tx, dep, rep, dep.ranks))\n"),
-            Edit(CORE,
-                 "        return _remove(tx, dep, rep, dep.ranks.release(rid))\n",
-                 "        return _remove(tx, dep, rep, dep.ranks)\n"),
+                 "    tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))\n",
+                 "    tx.put(remove(tx, dep, rep, dep.ranks))\n"),
+            Edit(TX,
+                 "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
+                 "        return remove(tx, dep, rep, dep.ranks)\n"),
         ),
     ),
     mutation(
-        "compaction-without-reconfigure", CORE,
-        '        new, cmd = _reconfigure(dep, rep, "rank")\n'
+        "compaction-without-reconfigure", TX,
+        '        new, cmd = reconfigure(dep, rep, "rank")\n'
         "        replicas = replicas.set(new.replica_id, new)\n"
-        "        counts = _counts(counts, rep.phase, new.phase)\n"
+        "        counts = recount(counts, rep.phase, new.phase)\n"
         "        tx.emit(cmd)\n",
-        '        new, cmd = _reconfigure(dep, rep, "rank")\n'
+        '        new, cmd = reconfigure(dep, rep, "rank")\n'
         "        replicas = replicas.set(new.replica_id, new)\n"
-        "        counts = _counts(counts, rep.phase, new.phase)\n",
+        "        counts = recount(counts, rep.phase, new.phase)\n",
         "every replica whose rank a compaction changed gets a ReconfigureReplica carrying it",
     ),
     # --------------------------------------------------------------------- rank table

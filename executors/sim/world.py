@@ -1,21 +1,47 @@
 """The simulated cluster: nodes with GPUs, replicas, and the backend that
 carries out the core's commands on them in virtual time.
 
-Answers go back to the core through ``Simulation.deliver`` (dropped while the
-controller is down: the new controller learns from reports instead).
+The world talks to its simulation through ``SimServices`` (a clock that
+schedules callbacks, delivery of answers to the core, latencies, the seeded
+random source, metrics), not through the runner itself: the runner builds the
+world, never the other way round. Answers go back through ``deliver``
+(dropped while the controller is down: the new controller learns from
+reports instead).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import rankcore as rc
 
-if TYPE_CHECKING:
-    from .runner import Simulation
+from .metrics import Metrics
+from .scenario import Scenario
 
-__all__ = ["SimNode", "SimReplica", "SimBackend"]
+__all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
+
+
+class SimServices(Protocol):
+    """What the world needs of the simulation running it."""
+
+    scenario: Scenario
+    rng: random.Random
+    metrics: Metrics
+    now: float
+
+    def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
+        """Call ``fn(*args)`` after ``delay`` virtual seconds."""
+
+    def latency(self, deployment: str, what: str) -> float:
+        """A latency drawn for ``what`` ("place", "start", "ready", ...) of a deployment."""
+
+    def deliver(self, event: object) -> None:
+        """Hand an answer to the core (dropped while the controller is down)."""
+
+    def replica_running(self, r: SimReplica) -> None:
+        """Note that a replica became ready (metrics, timeline bookkeeping)."""
 
 LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
@@ -76,7 +102,7 @@ class SimReplica:
 class SimBackend:
     """Carries out commands on simulated replicas; schedules their answers."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: SimServices) -> None:
         self.sim = sim
         sc = sim.scenario
         self.nodes: dict[str, SimNode] = {}

@@ -1,0 +1,283 @@
+"""The step machinery every handler shares (``core.py``'s and ``recovery.py``'s):
+``Tx``, one step's work in progress, and the moves that build a step from it
+(start, stop, crash, remove, reconfigure, compact), each returning the next
+``Deployment`` and emitting its commands in order. A module of its own so the
+event handlers and the recovery rebuild both stand on it without importing
+each other's private helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+import immutables
+
+from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
+from .errors import InvalidEvent
+from .lifecycle import LIVE, Phase, Trigger, advance
+from .policies import VICTIM_ORDER
+from .state import (
+    Compaction,
+    Deployment,
+    RecoveryOutcome,
+    Replica,
+    State,
+    Step,
+    parse_replica_number,
+    replica_id,
+)
+
+__all__ = [
+    "Tx", "recount", "put_replica", "initialize", "reconfigure", "start", "stop", "reconcile", "remove",
+    "crash", "compact", "by_rank",
+]
+
+_IDX = {p: i for i, p in enumerate(LIVE)}
+_evolve = attrs.evolve
+
+
+class Tx:
+    """One step's work in progress: the state being built and the commands."""
+
+    __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions")
+
+    def __init__(self, state: State) -> None:
+        self.deps: immutables.Map = state.deployments
+        self.index: immutables.Map = state.index
+        self.next_replica = state.next_replica
+        self.next_lineage = state.next_lineage
+        self.retired: immutables.Map = state.retired
+        self.commands: list = []
+        self.touched: set[str] = set()
+        self.compactions: list[Compaction] = []
+
+    def dep(self, name: str) -> Deployment:
+        try:
+            return self.deps[name]
+        except KeyError:
+            raise InvalidEvent(f"unknown deployment {name!r}") from None
+
+    def put(self, dep: Deployment) -> None:
+        self.deps = self.deps.set(dep.name, dep)
+        self.touched.add(dep.name)
+
+    def emit(self, cmd: object) -> None:
+        self.commands.append(cmd)
+
+    def new_ids(self, name: str, n: int) -> list[str]:
+        start = self.next_replica
+        self.next_replica += n
+        return [replica_id(name, i) for i in range(start, start + n)]
+
+    def new_lineage(self) -> int:
+        self.next_lineage += 1
+        return self.next_lineage - 1
+
+    def lookup(self, rid: str) -> tuple[Deployment, Replica] | None:
+        """The replica's deployment and record; None if it is stale."""
+        name = self.index.get(rid)
+        if name is None:
+            n = parse_replica_number(rid)
+            ours = n is not None and n < self.next_replica and rid.rpartition("#")[0] in self.deps
+            if ours or rid in self.retired:
+                return None
+            raise InvalidEvent(f"unknown replica {rid!r}: the core never started it")
+        dep = self.deps[name]
+        return dep, dep.replicas[rid]
+
+    def finish(self, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
+        for name in sorted(self.touched):
+            dep = self.deps.get(name)
+            if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
+                self.put(compact(self, dep))
+        state = State(
+            deployments=self.deps,
+            index=self.index,
+            next_replica=self.next_replica,
+            next_lineage=self.next_lineage,
+            retired=self.retired,
+        )
+        return Step(
+            state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions),
+            recovery=recovery,
+        )
+
+
+# ---------------------------------------------------------------- helpers
+def recount(counts: tuple[int, ...], old: Phase | None, new: Phase | None) -> tuple[int, ...]:
+    c = list(counts)
+    if old is not None:
+        c[_IDX[old]] -= 1
+    if new is not None and new in _IDX:
+        c[_IDX[new]] += 1
+    return tuple(c)
+
+
+def put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object) -> Deployment:
+    return _evolve(
+        dep,
+        replicas=dep.replicas.set(new.replica_id, new),
+        counts=recount(dep.counts, old.phase, new.phase),
+        **changes,
+    )
+
+
+def initialize(dep: Deployment, rid: str) -> InitializeReplica:
+    """The InitializeReplica for a just-placed replica (the seed's startup rule)."""
+    rank = dep.ranks.rank_of(rid)
+    assert rank is not None  # just placed
+    return InitializeReplica(
+        replica_id=rid,
+        deployment=dep.name,
+        rank=rank,
+        world_size=dep.target,
+        user_config=dep.user_config,
+        # Ray Serve 2.60 calls it when there is a user_config *or* the method
+        # takes ``rank`` ("user config is not None or user subscribed to rank").
+        call_reconfigure=dep.has_reconfigure and (dep.user_config is not None or dep.reconfigure_takes_rank),
+        pass_rank=dep.reconfigure_takes_rank,
+    )
+
+
+def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, ReconfigureReplica]:
+    rank = dep.ranks.rank_of(rep.replica_id)
+    assert rank is not None  # a reconfigurable replica is placed
+    if reason == "user_config":
+        call_user = dep.has_reconfigure
+    else:
+        call_user = dep.has_reconfigure and dep.reconfigure_takes_rank  # user_config may be None
+    new = _evolve(
+        rep,
+        phase=advance(rep.phase, Trigger.RECONFIGURE, rep.replica_id),
+        version=rep.version + 1,
+        config_version=dep.config_version,
+        rank_update_due=False,
+    )
+    cmd = ReconfigureReplica(
+        replica_id=rep.replica_id,
+        deployment=dep.name,
+        rank=rank,
+        world_size=dep.target,
+        user_config=dep.user_config,
+        version=new.version,
+        reason=reason,
+        call_user=call_user,
+        pass_rank=dep.reconfigure_takes_rank,
+    )
+    return new, cmd
+
+
+def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
+    """Start ``n`` new replicas on the lowest free ranks."""
+    ids = tx.new_ids(dep.name, n)
+    ranks = dep.ranks.assign_many([(rid, None) for rid in ids])
+    lineages = {rid: tx.new_lineage() for rid in ids}
+    with dep.replicas.mutate() as m:
+        for rid in ids:
+            m.set(rid, Replica(replica_id=rid, deployment=dep.name, phase=Phase.PENDING, lineage=lineages[rid]))
+        replicas = m.finish()
+    with tx.index.mutate() as ix:
+        for rid in ids:
+            ix.set(rid, dep.name)
+        tx.index = ix.finish()
+    for rid in ids:
+        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
+                             world_size=dep.target, lineage=lineages[rid]))
+    c = list(dep.counts)
+    c[_IDX[Phase.PENDING]] += n
+    return _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
+
+
+def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
+    """Stop ``n`` replicas: named victims first, then not-yet-running, then highest ranks."""
+    chosen = [v for v in victims if dep.replicas[v].phase is not Phase.STOPPING][:n]
+    if len(chosen) < n:
+        taken = set(chosen)
+        ranks = dep.ranks
+        candidates = sorted(
+
+                (VICTIM_ORDER[r.phase], -ranks.global_rank(r.replica_id), r.replica_id)
+                for r in dep.replicas.values()
+                if r.phase is not Phase.STOPPING and r.replica_id not in taken
+
+        )
+        chosen.extend(c[2] for c in candidates[: n - len(chosen)])
+    replicas, counts = dep.replicas, dep.counts
+    for rid in chosen:
+        rep = replicas[rid]
+        new = _evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
+        replicas = replicas.set(rid, new)
+        counts = recount(counts, rep.phase, new.phase)
+        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))
+    return _evolve(dep, replicas=replicas, counts=counts)
+
+
+def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deployment:
+    active = dep.active
+    if active < dep.target:
+        return start(tx, dep, dep.target - active)
+    if active > dep.target:
+        return stop(tx, dep, active - dep.target, victims)
+    return dep
+
+
+def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
+    """Drop a finished replica (its ranks already handled in ``ranks``)."""
+    rid = rep.replica_id
+    tx.index = tx.index.delete(rid)
+    if parse_replica_number(rid) is None:
+        tx.retired = tx.retired.set(rid, None)
+    return _evolve(
+        dep,
+        replicas=dep.replicas.delete(rid),
+        ranks=ranks,
+        counts=recount(dep.counts, rep.phase, None),
+    )
+
+
+def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica died: its replacement takes its global rank (unless it was leaving)."""
+    advance(rep.phase, Trigger.CRASH, rep.replica_id)
+    rid = rep.replica_id
+    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
+        return remove(tx, dep, rep, dep.ranks.release(rid))
+    (new_id,) = tx.new_ids(dep.name, 1)
+    ranks = dep.ranks.replace(rid, new_id)
+    dep = remove(tx, dep, rep, ranks)
+    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
+    tx.index = tx.index.set(new_id, dep.name)
+    tx.emit(
+        StartReplica(
+            replica_id=new_id,
+            deployment=dep.name,
+            global_rank=ranks.global_rank(new_id),
+            world_size=dep.target,
+            replaces=rid,
+            lineage=rep.lineage,
+        )
+    )
+    return _evolve(
+        dep,
+        replicas=dep.replicas.set(new_id, new),
+        counts=recount(dep.counts, None, Phase.PENDING),
+    )
+
+
+def compact(tx: Tx, dep: Deployment) -> Deployment:
+    bound = dep.ranks.lower_bound()
+    ranks, changes = dep.ranks.compact()
+    tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
+    dep = _evolve(dep, ranks=ranks)
+    replicas, counts = dep.replicas, dep.counts
+    for change in changes:  # ordered by new global rank
+        rep = replicas[change.replica]
+        new, cmd = reconfigure(dep, rep, "rank")
+        replicas = replicas.set(new.replica_id, new)
+        counts = recount(counts, rep.phase, new.phase)
+        tx.emit(cmd)
+    return _evolve(dep, replicas=replicas, counts=counts)
+
+
+def by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:
+    return sorted(replicas, key=lambda r: (dep.ranks.global_rank(r.replica_id), r.replica_id))

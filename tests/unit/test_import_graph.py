@@ -1,0 +1,97 @@
+"""No import circles (issue 9): the modules of rankcore/ and executors/ form a
+DAG, counting every import (inside functions and ``TYPE_CHECKING`` blocks
+too), so each module can be read, tested and replaced on top of the ones
+beneath it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _module(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    files = {_module(p): p for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")
+                    base = base[: len(base) - node.level + 1]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
+            for t in targets:
+                # the module itself or, for "from pkg import name", a submodule
+                while t and t not in files:
+                    t = t.rpartition(".")[0]
+                if t and t != mod and not mod.startswith(t + "."):  # a package's own __init__ is not a circle
+                    graph[mod].add(t)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.mark.parametrize("package", ["rankcore", "executors"])
+def test_no_import_circles(package):
+    assert _cycles(_graph(package)) == []
+
+
+def test_the_check_sees_a_circle_inside_a_function(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import y\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _cycles(_graph("pkg")) == [["pkg.a", "pkg.b"]]
