@@ -89,7 +89,7 @@ except ImportError:  # running from a checkout without an install
     import rankcore as rc
 
 from executors.sim.runner import Simulation
-from executors.sim.scenario import Scenario, load_scenario, parse_scenario
+from executors.scenarios import Scenario, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DAY = ROOT / "examples" / "scenarios" / "day-of-churn-1000.yaml"

@@ -159,7 +159,7 @@ class Controller:
     def _start_recording(self, meta: dict | None, header: bool) -> None:
         import io
 
-        from ..sim.metrics import Metrics
+        from ..scenarios import Metrics
         from ..trace import TraceWriter
 
         self._trace_buf = io.StringIO()
@@ -225,7 +225,7 @@ class Controller:
         return await self.drain_trace()
 
     def _metrics_now(self) -> Any:
-        from ..sim.metrics import Metrics
+        from ..scenarios import Metrics
 
         if self.metrics is None:
             self.metrics = Metrics()
@@ -233,7 +233,7 @@ class Controller:
         return self.metrics
 
     def _check(self, e: Any) -> Any:
-        from ..sim.runner import check_expectation
+        from ..scenarios import check_expectation
 
         return check_expectation(e, self.driver.state, self._metrics_now(), self._now())
 

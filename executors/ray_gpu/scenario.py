@@ -24,7 +24,7 @@ from typing import IO, Any, cast
 import attrs
 import ray
 
-from ..sim.scenario import Scenario
+from ..scenarios import Scenario
 from .api import Deployment, ask, get_controller
 from .cluster import ScenarioCluster
 from .context import get_replica_context

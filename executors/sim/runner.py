@@ -18,27 +18,14 @@ import rankcore as rc
 from rankcore.invariants import check_state
 
 from ..driver import Driver
+from ..scenarios import Action, Expectation, ExpectationResult, Metrics, Scenario, check_expectation
 from ..trace import TraceWriter
-from .metrics import Metrics
-from .scenario import Action, Expectation, Scenario
 from .world import SimBackend, SimReplica
 
-__all__ = ["Simulation", "RunResult", "ExpectationResult", "run_scenario", "check_expectation"]
+__all__ = ["Simulation", "RunResult", "run_scenario"]
 
 #: without a ``duration``, a run that has not settled by then is stopped
 HORIZON = 7 * 24 * 3600.0
-
-
-@attrs.frozen
-class ExpectationResult:
-    expectation: Expectation | None
-    name: str
-    passed: bool
-    detail: str
-    t: float
-
-    def as_record(self) -> dict:
-        return {"t": self.t, "name": self.name, "passed": self.passed, "detail": self.detail}
 
 
 @attrs.frozen
@@ -323,59 +310,6 @@ class Simulation:
             scenario=sc, seed=self.seed, end_time=self.now, state=self.driver.state, metrics=metrics,
             expectations=tuple(self.results), events=self.metrics.events, settled=settled,
         )
-
-
-def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
-    """One expectation against a state and the metrics so far (any executor)."""
-    name = e.args["deployment"]
-    dep = state.deployments.get(name)
-    m = metrics.deployments.get(name)
-    label = f"expect[{e.index}] {e.kind} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
-
-    def res(ok: bool, detail: str) -> ExpectationResult:
-        return ExpectationResult(e, label, ok, detail, now)
-
-    if dep is None:
-        return res(False, f"deployment {name!r} does not exist (never deployed, or the controller is down)")
-    ranks = dep.ranks
-    if e.kind == "world_size":
-        return res(dep.world_size == e.args["equals"], f"expected {e.args['equals']}, saw {dep.world_size}")
-    if e.kind == "running":
-        n = dep.count(rc.Phase.RUNNING)
-        return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
-    if e.kind in ("contiguous", "ranks"):
-        got = sorted(ranks.global_rank(r) for r in dep.replicas)
-        if e.kind == "ranks" and "global" in e.args and got != sorted(e.args["global"]):
-            return res(False, f"expected global ranks {sorted(e.args['global'])}, saw {got}")
-        if e.kind == "contiguous" or e.args.get("contiguous") is not None:
-            want = True if e.kind == "contiguous" else e.args["contiguous"]
-            lb = ranks.lower_bound()
-            is_c = lb.replicas == 0
-            if is_c != want:
-                return res(False, f"expected contiguous={want}; global ranks {got}, "
-                                  f"{lb.replicas} replicas off (rank {lb.rank}, node {lb.node_rank}, local {lb.local_rank})")
-        return res(True, f"global ranks {got}")
-    if e.kind == "healthy":
-        return res(dep.healthy, f"{'healthy' if dep.healthy else 'not healthy'}: "
-                                f"{dep.count(rc.Phase.RUNNING)} running of target {dep.target}, "
-                                f"{len(dep.replicas)} live")
-    if e.kind in ("reconfigures", "reassignments"):
-        if m is None:
-            n = 0
-        elif e.kind == "reconfigures":
-            reason = e.args["reason"]
-            n = sum(m.reconfigures.values()) if reason == "any" else m.reconfigures[reason]
-        else:
-            n = m.reassignments[e.args["level"]]
-        problems = []
-        if "at_most" in e.args and n > e.args["at_most"]:
-            problems.append(f"at most {e.args['at_most']}")
-        if "at_least" in e.args and n < e.args["at_least"]:
-            problems.append(f"at least {e.args['at_least']}")
-        if "equals" in e.args and n != e.args["equals"]:
-            problems.append(f"exactly {e.args['equals']}")
-        return res(not problems, f"expected {' and '.join(problems)}, saw {n}" if problems else f"saw {n}")
-    raise AssertionError(e.kind)  # pragma: no cover
 
 
 def run_scenario(scenario: Scenario, **kwargs: Any) -> RunResult:

@@ -11,8 +11,8 @@ import io
 import json
 from typing import Any
 
+from ..scenarios import parse_scenario
 from .runner import Simulation
-from .scenario import parse_scenario
 
 __all__ = ["SimSubject"]
 

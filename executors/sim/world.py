@@ -17,8 +17,7 @@ from typing import Any, Protocol
 
 import rankcore as rc
 
-from .metrics import Metrics
-from .scenario import Scenario
+from ..scenarios import Metrics, Scenario
 
 __all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
 

@@ -95,3 +95,13 @@ def test_the_check_sees_a_circle_inside_a_function(tmp_path, monkeypatch):
     (pkg / "b.py").write_text("def f():\n    from .a import y\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert _cycles(_graph("pkg")) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_executors_share_scenarios_but_not_each_other():
+    """The Ray executor and the simulator both stand on executors.scenarios; neither imports the other."""
+    graph = _graph("executors")
+    crossing = sorted((a, b) for a, bs in graph.items() for b in bs
+                      if (a.startswith("executors.ray_gpu") and b.startswith("executors.sim"))
+                      or (a.startswith("executors.sim") and b.startswith("executors.ray_gpu")))
+    assert crossing == []
+    assert any(b.startswith("executors.scenarios") for b in graph["executors.ray_gpu.scenario"])

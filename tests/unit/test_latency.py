@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from executors.sim.latency import parse_latency
+from executors.scenarios import parse_latency
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ def test_crashes_while_the_controller_is_down_are_counted():
 
 def test_reassignments_compares_with_what_a_replica_said(tmp_path):
     """A replica whose local rank alone moved at recovery counts once, at that level."""
-    from executors.sim.metrics import Metrics
+    from executors.scenarios import Metrics
 
     spec = rc.DeploymentApplied(name="app", num_replicas=2)
     reports = (

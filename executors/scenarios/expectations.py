@@ -1,0 +1,80 @@
+"""Checking a scenario's expectations against a state and the metrics so far:
+one copy for every executor (the simulator checks them in virtual time, the
+Ray scenario runner asks its controller to)."""
+
+from __future__ import annotations
+
+import attrs
+
+import rankcore as rc
+
+from .format import Expectation
+from .metrics import Metrics
+
+__all__ = ["ExpectationResult", "check_expectation"]
+
+
+@attrs.frozen
+class ExpectationResult:
+    expectation: Expectation | None
+    name: str
+    passed: bool
+    detail: str
+    t: float
+
+    def as_record(self) -> dict:
+        return {"t": self.t, "name": self.name, "passed": self.passed, "detail": self.detail}
+
+
+
+def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
+    """One expectation against a state and the metrics so far (any executor)."""
+    name = e.args["deployment"]
+    dep = state.deployments.get(name)
+    m = metrics.deployments.get(name)
+    label = f"expect[{e.index}] {e.kind} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
+
+    def res(ok: bool, detail: str) -> ExpectationResult:
+        return ExpectationResult(e, label, ok, detail, now)
+
+    if dep is None:
+        return res(False, f"deployment {name!r} does not exist (never deployed, or the controller is down)")
+    ranks = dep.ranks
+    if e.kind == "world_size":
+        return res(dep.world_size == e.args["equals"], f"expected {e.args['equals']}, saw {dep.world_size}")
+    if e.kind == "running":
+        n = dep.count(rc.Phase.RUNNING)
+        return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
+    if e.kind in ("contiguous", "ranks"):
+        got = sorted(ranks.global_rank(r) for r in dep.replicas)
+        if e.kind == "ranks" and "global" in e.args and got != sorted(e.args["global"]):
+            return res(False, f"expected global ranks {sorted(e.args['global'])}, saw {got}")
+        if e.kind == "contiguous" or e.args.get("contiguous") is not None:
+            want = True if e.kind == "contiguous" else e.args["contiguous"]
+            lb = ranks.lower_bound()
+            is_c = lb.replicas == 0
+            if is_c != want:
+                return res(False, f"expected contiguous={want}; global ranks {got}, "
+                                  f"{lb.replicas} replicas off (rank {lb.rank}, node {lb.node_rank}, local {lb.local_rank})")
+        return res(True, f"global ranks {got}")
+    if e.kind == "healthy":
+        return res(dep.healthy, f"{'healthy' if dep.healthy else 'not healthy'}: "
+                                f"{dep.count(rc.Phase.RUNNING)} running of target {dep.target}, "
+                                f"{len(dep.replicas)} live")
+    if e.kind in ("reconfigures", "reassignments"):
+        if m is None:
+            n = 0
+        elif e.kind == "reconfigures":
+            reason = e.args["reason"]
+            n = sum(m.reconfigures.values()) if reason == "any" else m.reconfigures[reason]
+        else:
+            n = m.reassignments[e.args["level"]]
+        problems = []
+        if "at_most" in e.args and n > e.args["at_most"]:
+            problems.append(f"at most {e.args['at_most']}")
+        if "at_least" in e.args and n < e.args["at_least"]:
+            problems.append(f"at least {e.args['at_least']}")
+        if "equals" in e.args and n != e.args["equals"]:
+            problems.append(f"exactly {e.args['equals']}")
+        return res(not problems, f"expected {' and '.join(problems)}, saw {n}" if problems else f"saw {n}")
+    raise AssertionError(e.kind)  # pragma: no cover
