@@ -32,6 +32,7 @@ _KV_SPECS = b"rankcore/specs"  # what was applied, to recover after a restart (r
 _KV_COUNTERS = b"rankcore/counters"  # id and lineage high-water marks, so no id is reused
 _KV_RECORDING = b"rankcore/recording"  # a trace is being recorded (survives a restart)
 _KV_EPOCH = b"rankcore/epoch"  # wall-clock origin of trace time, shared by every controller incarnation
+_KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (orders their commands)
 #: every replica the controller started and has not forgotten, with how far its
 #: start got (Ray Serve checkpoints its replica list too): a restarted controller
 #: resumes the starts under way and knows which replicas died while it was down
@@ -60,20 +61,26 @@ class _Backend:
         self.ctl = ctl
 
     def execute(self, commands: Any, t: float) -> None:
+        """Carry commands out. Each that carries a world size gets a sequence
+        number here, in command order ((controller incarnation, n): a later
+        controller's are larger): a replica keeps the world size of the newest
+        it has seen, since the calls themselves may arrive out of order (a
+        reconfigure's task may start after a later UpdateWorldSize is sent)."""
         c = self.ctl
         for cmd in commands:
             if isinstance(cmd, rc.StartReplica):
                 c._spawn(c._start(cmd))
             elif isinstance(cmd, rc.InitializeReplica):
-                c._spawn(c._initialize(cmd))
+                c._spawn(c._initialize(cmd, c._next_seq()))
             elif isinstance(cmd, rc.ReconfigureReplica):
-                c._spawn(c._reconfigure(cmd))
+                c._spawn(c._reconfigure(cmd, c._next_seq()))
             elif isinstance(cmd, rc.StopReplica):
                 c._spawn(c._stop(cmd))
             elif isinstance(cmd, rc.UpdateWorldSize):
+                seq = c._next_seq()
                 for _rid, (dep, actor) in list(c.actors.items()):
                     if dep == cmd.deployment:
-                        actor.update_world_size.remote(cmd.world_size)
+                        actor.update_world_size.remote(cmd.world_size, seq)
 
 
 class Controller:
@@ -93,6 +100,10 @@ class Controller:
         self.t0 = float(raw) if raw else time.time()
         if not raw:
             internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())
+        raw = internal_kv._internal_kv_get(_KV_INCARNATION)
+        self.incarnation = int(raw) + 1 if raw else 1
+        internal_kv._internal_kv_put(_KV_INCARNATION, str(self.incarnation).encode(), overwrite=True)
+        self._seq = 0
         self.driver = Driver(_Backend(self))
         self.specs: dict[str, dict] = {}
         self.applied: dict[str, rc.DeploymentApplied] = {}
@@ -706,13 +717,17 @@ class Controller:
             self.stopping.add(rid)
             ray.kill(entry[1], no_restart=True)
 
-    async def _initialize(self, cmd: rc.InitializeReplica) -> None:
+    def _next_seq(self) -> tuple[int, int]:
+        self._seq += 1
+        return (self.incarnation, self._seq)
+
+    async def _initialize(self, cmd: rc.InitializeReplica, seq: tuple[int, int] | None = None) -> None:
         entry = self.actors.get(cmd.replica_id)
         if entry is None:
             return
         try:
             await entry[1].initialize.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config,
-                                             cmd.call_reconfigure, cmd.pass_rank)
+                                             cmd.call_reconfigure, cmd.pass_rank, seq)
         except Exception as exc:
             self._kill(cmd.replica_id)
             self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"initialize failed: {exc}"))
@@ -721,13 +736,13 @@ class Controller:
             self._initialized.add(cmd.replica_id)
         self._feed(rc.ReplicaReady(replica_id=cmd.replica_id))
 
-    async def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
+    async def _reconfigure(self, cmd: rc.ReconfigureReplica, seq: tuple[int, int] | None = None) -> None:
         entry = self.actors.get(cmd.replica_id)
         if entry is None:
             return
         try:
             await entry[1].reconfigure.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config, cmd.version,
-                                              cmd.call_user, cmd.pass_rank)
+                                              cmd.call_user, cmd.pass_rank, seq)
         except Exception as exc:
             self._kill(cmd.replica_id)
             self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"reconfigure failed: {exc}"))

@@ -55,6 +55,7 @@ class ReplicaActor:
         self.version = 0
         self.phase = "pending"
         self.world_size = world_size
+        self._world_size_seq: tuple[int, int] = (0, 0)  # the newest command that set world_size
         self.rank: rc.ReplicaRank | None = None
         self.max_ongoing_requests = max_ongoing_requests
         self._requests = concurrent.futures.ThreadPoolExecutor(max_ongoing_requests,
@@ -104,8 +105,17 @@ class ReplicaActor:
 
         return ray.get_runtime_context().get_node_id()
 
+    def _newer(self, seq: tuple[int, int] | None) -> bool:
+        """Whether a command numbered ``seq`` may set the world size (None: unnumbered, always)."""
+        if seq is None:
+            return True
+        if tuple(seq) < self._world_size_seq:
+            return False
+        self._world_size_seq = tuple(seq)  # type: ignore[assignment]
+        return True
+
     async def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
-                         pass_rank: bool) -> None:
+                         pass_rank: bool, seq: tuple[int, int] | None = None) -> None:
         """Run the user's ``__init__`` (and ``reconfigure`` when asked) with the
         context set. Called once per replica; a second call (a restarted
         controller's, for the same start) waits for the first and then applies
@@ -116,9 +126,11 @@ class ReplicaActor:
             await asyncio.shield(self._init)
             if (new, world_size) != (self.rank, self.world_size):
                 await self.reconfigure(rank, world_size, user_config, self.version,
-                                       call_reconfigure and pass_rank and new != self.rank, pass_rank)
+                                       call_reconfigure and pass_rank and new != self.rank, pass_rank, seq)
             return
-        self.rank, self.world_size, self.user_config = new, world_size, user_config
+        if self._newer(seq):
+            self.world_size = world_size
+        self.rank, self.user_config = new, user_config
         self.phase = "starting"
         self._set_context()
         self._init = asyncio.ensure_future(self._construct(user_config, call_reconfigure, pass_rank))
@@ -157,15 +169,19 @@ class ReplicaActor:
             await self._call(fn, (user_config,))
 
     async def reconfigure(self, rank: tuple, world_size: int, user_config: Any, version: int, call_user: bool,
-                          pass_rank: bool) -> int:
+                          pass_rank: bool, seq: tuple[int, int] | None = None) -> int:
         self.rank = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
-        self.world_size, self.user_config, self.version = world_size, user_config, version
+        if self._newer(seq):
+            self.world_size = world_size
+        self.user_config, self.version = user_config, version
         self._set_context()  # the context shows the new rank before user code runs
         if call_user:
             await self._call_reconfigure(user_config, pass_rank)
         return version
 
-    async def update_world_size(self, world_size: int) -> None:
+    async def update_world_size(self, world_size: int, seq: tuple[int, int] | None = None) -> None:
+        if not self._newer(seq):
+            return  # an older command than one already applied (calls may arrive out of order)
         self.world_size = world_size
         if self.rank is not None:
             self._set_context()
