@@ -8,8 +8,10 @@ from .expectations import ExpectationResult, check_expectation
 from .format import Action, Expectation, Scenario, ScenarioError, load_scenario, parse_scenario
 from .latency import Latency, parse_latency
 from .metrics import Metrics
+from .timeline import WAITS, WITHOUT_CONTROLLER, Desired, Target, needs_controller, perform
 
 __all__ = [
     "Action", "Expectation", "Scenario", "ScenarioError", "load_scenario", "parse_scenario",
     "Latency", "parse_latency", "Metrics", "ExpectationResult", "check_expectation",
+    "WAITS", "WITHOUT_CONTROLLER", "Desired", "Target", "needs_controller", "perform",
 ]

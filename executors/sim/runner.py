@@ -18,7 +18,17 @@ import rankcore as rc
 from rankcore.invariants import check_state
 
 from ..driver import Driver
-from ..scenarios import Action, Expectation, ExpectationResult, Metrics, Scenario, check_expectation
+from ..scenarios import (
+    Action,
+    Desired,
+    Expectation,
+    ExpectationResult,
+    Metrics,
+    Scenario,
+    check_expectation,
+    needs_controller,
+    perform,
+)
 from ..trace import TraceWriter
 from .world import SimBackend, SimReplica
 
@@ -80,7 +90,7 @@ class Simulation:
         self.metrics = Metrics()
         self.driver.observers.append(self.metrics)
         self.controller_up = True
-        self.applied: dict[str, rc.DeploymentApplied] = {}
+        self.desired = Desired(scenario)  # what the timeline wants deployed (a recovery's specs)
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
         self._next_action = 0
@@ -152,47 +162,37 @@ class Simulation:
     # ----------------------------------------------------------- actions
     def act(self, kind: str, args: dict) -> None:
         """Carry out one timeline action now (the controller must be up for most)."""
-        if kind == "deploy":
-            spec = self.scenario.deployments[args["deployment"]]
-            changes = {k: args[k] for k in ("replicas", "user_config") if k in args}
-            event = spec.applied(**changes)
-            self.applied[spec.name] = event
-            self.driver.feed(event, self.now)
-        elif kind == "scale":
-            name = args["deployment"]
-            base = self.applied.get(name) or self.scenario.deployments[name].applied()
-            self.applied[name] = attrs.evolve(base, num_replicas=args["replicas"])
-            if name not in self.driver.state.deployments:
-                self.driver.feed(self.applied[name], self.now)
-            else:
-                self.driver.feed(rc.ScaleRequested(deployment=name, num_replicas=args["replicas"],
-                                                   victims=tuple(args.get("victims", ()))), self.now)
-        elif kind == "update_config":
-            name = args["deployment"]
-            base = self.applied.get(name) or self.scenario.deployments[name].applied()
-            self.applied[name] = attrs.evolve(base, user_config=args["user_config"])
-            self.driver.feed(self.applied[name], self.now)
-        elif kind == "crash":
-            rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
-            if self.trace:
-                self.trace.fault(self.now, "crash", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
-            if rid is None or not self.backend.crash(rid, "scheduled crash"):
-                self.results.append(ExpectationResult(None, f"crash {args}", True,
-                                                      "nothing to crash: no live replica matched", self.now))
-        elif kind == "lose_node":
-            if self.trace:
-                self.trace.fault(self.now, "node_lost", node=args["node"])
-            self.backend.lose_node(args["node"])
-        elif kind == "add_node":
-            if self.trace:
-                self.trace.fault(self.now, "node_added", node=args["node"], gpus=args["gpus"])
-            self.backend.add_node(args["node"], args["gpus"])
-        elif kind == "crash_controller":
-            self.crash_controller(args["recover_after"])
-        else:  # pragma: no cover - waits are handled by the timeline
-            raise ValueError(f"act() does not take {kind!r}")
+        perform(kind, args, self.desired, self)
         if self.check:
             check_state(self.driver.state)
+
+    # the timeline's effects (executors.scenarios.Target), carried out in the simulated cluster
+    def apply(self, event: rc.DeploymentApplied) -> None:
+        self.driver.feed(event, self.now)
+
+    def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
+        self.driver.feed(rc.ScaleRequested(deployment=deployment, num_replicas=replicas, victims=victims), self.now)
+
+    def deployed(self, deployment: str) -> bool:
+        return deployment in self.driver.state.deployments
+
+    def crash(self, args: dict) -> None:
+        rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
+        if self.trace:
+            self.trace.fault(self.now, "crash", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
+        if rid is None or not self.backend.crash(rid, "scheduled crash"):
+            self.results.append(ExpectationResult(None, f"crash {args}", True,
+                                                  "nothing to crash: no live replica matched", self.now))
+
+    def lose_node(self, node: str) -> None:
+        if self.trace:
+            self.trace.fault(self.now, "node_lost", node=node)
+        self.backend.lose_node(node)
+
+    def add_node(self, node: str, gpus: float) -> None:
+        if self.trace:
+            self.trace.fault(self.now, "node_added", node=node, gpus=gpus)
+        self.backend.add_node(node, gpus)
 
     def crash_controller(self, recover_after: float) -> None:
         if not self.controller_up:
@@ -206,7 +206,7 @@ class Simulation:
     def _recover_controller(self) -> None:
         self.controller_up = True
         reports = tuple(self.backend.reports())
-        event = rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
+        event = rc.ControllerRecovered(deployments=self.desired.all(),
                                        reports=reports, next_replica_number=self.backend.started,
                                        next_lineage=self.backend.lineages)
         if self.trace:
@@ -233,7 +233,7 @@ class Simulation:
         self.schedule(delay, self._run_action, a)
 
     def _run_action(self, a: Action) -> None:
-        if not self.controller_up and a.kind not in ("wait", "lose_node", "add_node", "crash"):
+        if not self.controller_up and needs_controller(a):
             self._deferred = a  # runs as soon as the controller is back
             return
         self._next_action += 1

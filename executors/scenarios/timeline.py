@@ -1,0 +1,111 @@
+"""The timeline interpreter, one copy for both executors.
+
+What a timeline action *means* lives here: which deployment spec a
+``deploy``/``scale``/``update_config`` leaves desired (what a restarted
+controller recovers with), that scaling a deployment never deployed deploys
+it, which actions need the controller up, and which effect each action has.
+*When* it runs and *how* an effect is carried out are the executor's: the
+simulator runs actions in virtual time on its simulated cluster, the Ray
+scenario runner in wall time on real actors. Waits (``wait``,
+``wait_until_healthy``) are clock matters and stay with each executor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import attrs
+
+import rankcore as rc
+
+from .format import Action, Scenario
+
+__all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "needs_controller", "perform"]
+
+#: actions that happen to the cluster, not through the controller: they run
+#: while it is down (the others wait for it to come back)
+WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash"})
+#: actions that only pass time; each executor waits its own way
+WAITS = frozenset({"wait", "wait_until_healthy"})
+
+
+def needs_controller(action: Action) -> bool:
+    return action.kind not in WITHOUT_CONTROLLER
+
+
+class Desired:
+    """The ``DeploymentApplied`` each deployment is meant to have, as the
+    timeline has set it so far (a scale changes its replica count)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.applied: dict[str, rc.DeploymentApplied] = {}
+
+    def _base(self, name: str) -> rc.DeploymentApplied:
+        return self.applied.get(name) or self.scenario.deployments[name].applied()
+
+    def deploy(self, args: dict) -> rc.DeploymentApplied:
+        spec = self.scenario.deployments[args["deployment"]]
+        event = spec.applied(**{k: args[k] for k in ("replicas", "user_config") if k in args})
+        self.applied[spec.name] = event
+        return event
+
+    def scale(self, args: dict) -> rc.DeploymentApplied:
+        name = args["deployment"]
+        self.applied[name] = attrs.evolve(self._base(name), num_replicas=args["replicas"])
+        return self.applied[name]
+
+    def update_config(self, args: dict) -> rc.DeploymentApplied:
+        name = args["deployment"]
+        self.applied[name] = attrs.evolve(self._base(name), user_config=args["user_config"])
+        return self.applied[name]
+
+    def all(self) -> tuple[rc.DeploymentApplied, ...]:
+        """Every desired deployment, by name (what a recovering controller is given)."""
+        return tuple(self.applied[n] for n in sorted(self.applied))
+
+
+class Target(Protocol):
+    """What an executor does for each effect of the timeline."""
+
+    def apply(self, event: rc.DeploymentApplied) -> None:
+        """Deploy, or update, a deployment to this spec."""
+
+    def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
+        """Scale a deployment that exists (``victims``: replica ids to stop first)."""
+
+    def deployed(self, deployment: str) -> bool:
+        """Whether the deployment was ever deployed (a scale deploys it if not)."""
+
+    def crash(self, args: dict[str, Any]) -> None:
+        """Kill a replica: ``args["replica"]``, or the holder of ``args["rank"]`` in ``args["deployment"]``."""
+
+    def lose_node(self, node: str) -> None: ...
+
+    def add_node(self, node: str, gpus: float) -> None: ...
+
+    def crash_controller(self, recover_after: float) -> None: ...
+
+
+def perform(kind: str, args: dict[str, Any], desired: Desired, target: Target) -> None:
+    """Carry out one action (``Action.kind``, ``Action.args``) that is not a wait, through ``target``."""
+    if kind == "deploy":
+        target.apply(desired.deploy(args))
+    elif kind == "scale":
+        event = desired.scale(args)
+        if target.deployed(event.name):
+            target.scale(event.name, args["replicas"], tuple(args.get("victims", ())))
+        else:  # never deployed: the scale deploys it, at that size
+            target.apply(event)
+    elif kind == "update_config":
+        target.apply(desired.update_config(args))
+    elif kind == "crash":
+        target.crash(args)
+    elif kind == "lose_node":
+        target.lose_node(args["node"])
+    elif kind == "add_node":
+        target.add_node(args["node"], args["gpus"])
+    elif kind == "crash_controller":
+        target.crash_controller(args["recover_after"])
+    else:
+        raise ValueError(f"perform() does not take {kind!r} (waits are the executor's)")
