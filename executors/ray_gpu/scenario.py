@@ -24,7 +24,7 @@ from typing import IO, Any, cast
 import attrs
 import ray
 
-from ..scenarios import Scenario
+from ..scenarios import Desired, Scenario, needs_controller, perform
 from .api import Deployment, ask, get_controller
 from .cluster import ScenarioCluster
 from .context import get_replica_context
@@ -128,48 +128,100 @@ class RayRun:
         return all(p for _, p, _ in self.expectations)
 
 
+class _RayTarget:
+    """The timeline's effects (``executors.scenarios.Target``) on real Ray actors."""
+
+    def __init__(self, sc: Scenario, ctl: Any, cluster: ScenarioCluster | None, time_scale: float,
+                 keep: Any) -> None:
+        self.sc, self.ctl, self.cluster, self.time_scale, self.keep = sc, ctl, cluster, time_scale, keep
+        self.applied: set[str] = set()
+        self.controller_back = 0.0  # monotonic time until which the controller is down
+        self.down = False  # the controller was down when the current action began
+
+    def note(self, type_: str, fields: dict) -> None:
+        """A fault record in the trace. While the controller is down (it was down
+        when the action began: nothing calls it before the action ends) the
+        fault is queued in the cluster's KV store, and the next controller
+        writes it (with the time it happened) before its recovery, as the
+        simulator's trace has it."""
+        if self.down:
+            queue_fault(type_, fields)
+        else:
+            ask(self.ctl, "fault", type_, fields)
+
+    def apply(self, event: Any) -> None:
+        spec = self.sc.deployments[event.name]
+        self.applied.add(event.name)
+        opts: dict[str, Any] = {"num_cpus": 0.01}
+        if self.cluster is not None:  # the scenario's nodes are real: ask for its GPUs
+            opts["num_gpus"] = spec.gpus
+        d = Deployment(cls=CLASSES[spec.reconfigure], name=event.name, num_replicas=event.num_replicas,
+                       user_config=event.user_config, ray_actor_options=opts, replica_placement=self.sc.placement,
+                       max_replicas=event.max_replicas)
+        ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
+            d.max_ongoing_requests, d.placement)
+
+    def deployed(self, deployment: str) -> bool:
+        return deployment in self.applied
+
+    def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
+        ask(self.ctl, "scale", deployment, replicas, victims)
+
+    def crash(self, args: dict[str, Any]) -> None:
+        rid = args.get("replica")
+        dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
+        if rid is None:
+            rid = _holder(dep, args["rank"])
+        self.note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
+        if rid is not None:
+            try:
+                ray.kill(ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE), no_restart=True)
+            except ValueError:
+                pass  # already gone
+
+    def lose_node(self, node: str) -> None:
+        assert self.cluster is not None
+        # (node_id: the Ray node, as the trace's other records name nodes)
+        self.note("node_lost", {"node": node, "node_id": self.cluster.nodes[node].node_id
+                                if node in self.cluster.nodes else None})
+        self.cluster.lose(node)
+
+    def add_node(self, node: str, gpus: float) -> None:
+        assert self.cluster is not None
+        self.note("node_added", {"node": node, "gpus": gpus})
+        self.cluster.add(node, gpus)
+
+    def crash_controller(self, recover_after: float) -> None:
+        self.note("controller_crash", {"recover_after": recover_after})
+        self.keep(ask(self.ctl, "halt"))  # the rest of its trace; it steps nothing more
+        ray.kill(self.ctl, no_restart=False)
+        self.controller_back = time.monotonic() + max(2.0, recover_after * self.time_scale)
+
+
 def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: float = 0.0,
                healthy_timeout: float = 120.0, cluster: ScenarioCluster | None = None,
                settle: float = 30.0) -> RayRun:
     """Run ``sc`` on the Ray instance this process is connected to (``cluster``:
-    the ScenarioCluster it is connected to, for node loss and GPU counts)."""
+    the ScenarioCluster it is connected to, for node loss and GPU counts).
+    What each action means is ``executors.scenarios.timeline``'s, as in the
+    simulator; only waiting and carrying effects out are done here."""
     check_supported(sc, multi_node=cluster is not None)
     ctl = get_controller()
     ask(ctl, "reset")  # a scenario starts from an empty cluster, as in the simulator
     ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed})
     chunks: list[str] = []
 
-    def drain() -> None:
-        text = ask(ctl, "drain_trace")
+    def keep(text: str) -> None:
         chunks.append(text)
         if trace_fp is not None:
             trace_fp.write(text)
 
-    applied: dict[str, dict] = {}
+    target = _RayTarget(sc, ctl, cluster, time_scale, keep)
+    desired = Desired(sc)
 
-    def apply(name: str, **changes: Any) -> None:
-        spec = sc.deployments[name]
-        cur = applied.get(name, {"replicas": spec.replicas, "user_config": spec.user_config})
-        cur = {**cur, **changes}
-        applied[name] = cur
-        opts: dict[str, Any] = {"num_cpus": 0.01}
-        if cluster is not None:  # the scenario's nodes are real: ask for its GPUs
-            opts["num_gpus"] = spec.gpus
-        d = Deployment(cls=CLASSES[spec.reconfigure], name=name, num_replicas=cur["replicas"],
-                       user_config=cur["user_config"], ray_actor_options=opts, replica_placement=sc.placement)
-        ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
-            d.max_ongoing_requests, d.placement)
-
-    def note(type_: str, fields: dict) -> None:
-        """A fault record in the trace. While the controller is down (it was down
-        when the action began: nothing calls it before the action ends) the
-        fault is queued in the cluster's KV store, and the next controller
-        writes it (with the time it happened) before its recovery, as the
-        simulator's trace has it."""
-        if down:
-            queue_fault(type_, fields)
-        else:
-            ask(ctl, "fault", type_, fields)
+    def wait_for_controller() -> None:
+        if time.monotonic() < target.controller_back:
+            time.sleep(target.controller_back - time.monotonic())
 
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
     earlier: list[dict] = []
@@ -177,72 +229,29 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
     def check_until(t: float) -> None:
         """Check the ``at:`` expectations due before time ``t``."""
         while timed and cast(float, timed[0].at) < t:
-            if time.monotonic() < controller_back:
-                time.sleep(controller_back - time.monotonic())
+            wait_for_controller()
             earlier.append(ask(ctl, "check", timed.pop(0), settle, timeout=settle + 60))
 
-    controller_back = 0.0
     for a, t in zip(sc.timeline, nominal_times(sc)):
         check_until(t)
         if a.after:
             time.sleep(a.after * time_scale)
-        needs_controller = a.kind not in ("crash", "wait", "lose_node", "add_node")
-        if needs_controller and time.monotonic() < controller_back:
-            time.sleep(controller_back - time.monotonic())
-        down = time.monotonic() < controller_back  # (then the action leaves the controller alone)
-        args = a.args
-        if a.kind == "deploy":
-            apply(args["deployment"], **{k: args[k] for k in ("replicas", "user_config") if k in args})
-        elif a.kind == "scale":
-            applied.setdefault(args["deployment"], {"replicas": args["replicas"],
-                                                    "user_config": sc.deployments[args["deployment"]].user_config})
-            applied[args["deployment"]]["replicas"] = args["replicas"]
-            ask(ctl, "scale", args["deployment"], args["replicas"], tuple(args.get("victims", ())))
-        elif a.kind == "update_config":
-            apply(args["deployment"], user_config=args["user_config"])
-        elif a.kind == "crash":
-            rid = args.get("replica")
-            dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
-            if rid is None:
-                rid = _holder(dep, args["rank"])
-            note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
-            if rid is not None:
-                try:
-                    ray.kill(ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE), no_restart=True)
-                except ValueError:
-                    pass  # already gone
-        elif a.kind == "lose_node":
-            assert cluster is not None
-            # (node_id: the Ray node, as the trace's other records name nodes)
-            note("node_lost", {"node": args["node"], "node_id": cluster.nodes[args["node"]].node_id
-                               if args["node"] in cluster.nodes else None})
-            cluster.lose(args["node"])
-        elif a.kind == "add_node":
-            assert cluster is not None
-            note("node_added", {"node": args["node"], "gpus": args["gpus"]})
-            cluster.add(args["node"], args["gpus"])
-        elif a.kind == "crash_controller":
-            note("controller_crash", {"recover_after": args["recover_after"]})
-            text = ask(ctl, "halt")  # the rest of its trace; it steps nothing more
-            chunks.append(text)
-            if trace_fp is not None:
-                trace_fp.write(text)
-            ray.kill(ctl, no_restart=False)
-            controller_back = time.monotonic() + max(2.0, args["recover_after"] * time_scale)
-        elif a.kind == "wait_until_healthy":
-            timeout = args["timeout"] if args["timeout"] is not None else healthy_timeout
-            ask(ctl, "wait_healthy", args["deployment"], max(timeout, healthy_timeout), timeout=timeout + 60)
+        if needs_controller(a):
+            wait_for_controller()
+        target.down = time.monotonic() < target.controller_back  # (then the action leaves the controller alone)
+        if a.kind == "wait_until_healthy":
+            timeout = a.args["timeout"] if a.args["timeout"] is not None else healthy_timeout
+            ask(ctl, "wait_healthy", a.args["deployment"], max(timeout, healthy_timeout), timeout=timeout + 60)
         elif a.kind == "wait":
-            time.sleep(args["seconds"] * time_scale)
-        if time.monotonic() >= controller_back:
-            drain()
-    if time.monotonic() < controller_back:
-        time.sleep(controller_back - time.monotonic())
-    for name in applied:
+            time.sleep(a.args["seconds"] * time_scale)
+        else:
+            perform(a.kind, a.args, desired, target)
+        if time.monotonic() >= target.controller_back:
+            keep(ask(ctl, "drain_trace"))
+    wait_for_controller()
+    for name in sorted(target.applied):
         ask(ctl, "wait_healthy", name, healthy_timeout, timeout=healthy_timeout + 60)
     check_until(math.inf)  # those due after the last action: once it settled, like the end ones
     text, results = ask(ctl, "finish_trace", [e for e in sc.expect if e.at is None], earlier)
-    chunks.append(text)
-    if trace_fp is not None:
-        trace_fp.write(text)
+    keep(text)
     return RayRun(expectations=tuple(results), trace="".join(chunks))
