@@ -4,6 +4,7 @@
 See README.md for a quick start and docs/architecture.md for the design.
 """
 
+from . import placement
 from .commands import (
     Command,
     InitializeReplica,
@@ -46,7 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs",
+    "desired_specs", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",

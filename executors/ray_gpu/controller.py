@@ -535,7 +535,7 @@ class Controller:
         target = None
         if single:
             strategy = "STRICT_PACK"  # the same thing for one bundle
-            target = self._choose_node(dep, total, spec.get("placement", "spread"))
+            target = self._choose_node(dep, total, spec.get("placement", "spread"), rid)
         name = pl.pg_name(dep, rid)
         if target is not None:
             pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
@@ -576,8 +576,9 @@ class Controller:
                                    n.get("Resources") or {}))
         return out
 
-    def _choose_node(self, deployment: str, need: dict, placement: str) -> str | None:
-        """The node to pin a new replica's group to (None: let Ray choose)."""
+    def _choose_node(self, deployment: str, need: dict, placement: str, rid: str | None = None) -> str | None:
+        """The node to pin a new replica's group to (None: let Ray choose), by
+        ``rankcore.placement.choose_node``, the simulator's rule too."""
         try:
             nodes = self._nodes()
         except Exception:  # GCS hiccup: Ray places it
@@ -591,11 +592,21 @@ class Controller:
                     held[k] = held.get(k, 0.0) + v
                 if dep == deployment:
                     counts[node] = counts.get(node, 0) + 1
+        views = [rc.placement.NodeView(
+            node_id=n.node_id, order=n.order, replicas=counts.get(n.node_id, 0),
+            free={k: n.total.get(k, 0.0) - reserved.get(n.node_id, {}).get(k, 0.0)
+                  for k in set(n.total) | set(need)}) for n in nodes]
+        rank = rank_nodes = None
+        if placement == "rank_packed" and rid is not None and rid in self.known:
+            rank = self.known[rid]["global_rank"]
+            rank_nodes = {k["global_rank"]: self._placed_on[r] for r, k in self.known.items()
+                          if k["deployment"] == deployment and r in self._placed_on and r != rid}
         now = time.monotonic()
         fresh = {n for n, t in self._suspects.items() if now - t < self.suspect_s}
-        healthy = [n for n in nodes if n.node_id not in fresh]
-        return (pl.choose_node(healthy, reserved, counts, need, placement)
-                or pl.choose_node(nodes, reserved, counts, need, placement))
+        healthy = [v for v in views if v.node_id not in fresh]
+        choose = rc.placement.choose_node
+        return (choose(healthy, need, placement, rank=rank, rank_nodes=rank_nodes)
+                or choose(views, need, placement, rank=rank, rank_nodes=rank_nodes))
 
     def _release_pg(self, rid: str) -> None:
         self._reserved.pop(rid, None)

@@ -19,14 +19,15 @@ from typing import Any
 import attrs
 
 from rankcore.errors import InvalidConfig
+from rankcore.placement import POLICIES
 
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "NodeView", "pg_name", "actor_resources",
-           "replica_bundles", "actor_options_in_group", "per_node", "bundle_sum", "choose_node", "node_order"]
+           "replica_bundles", "actor_options_in_group", "per_node", "bundle_sum", "node_order"]
 
 #: A node label that fixes the order of nodes for tie-breaks (an int; lower first).
 #: Nodes without it come after, in the order the controller first saw them.
 ORDER_LABEL = "rankcore.io/node-order"
-PLACEMENTS = ("spread", "pack")
+PLACEMENTS = POLICIES  # rankcore.placement's, one list for both executors
 PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _EPS = 1e-9
 
@@ -139,7 +140,8 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
 
 @attrs.frozen
 class NodeView:
-    """A live node as the controller sees it: id, tie-break order and total resources."""
+    """A live node as the controller sees it: id, tie-break order and total
+    resources (what is free on it goes to ``rankcore.placement.choose_node``)."""
 
     node_id: str
     order: tuple
@@ -155,25 +157,3 @@ def node_order(labels: Mapping[str, str], first_seen: int, node_id: str) -> tupl
     return (label, first_seen, node_id)
 
 
-def choose_node(nodes: Sequence[NodeView], reserved: Mapping[str, Mapping[str, float]],
-                replicas: Mapping[str, int], need: Mapping[str, float], placement: str) -> str | None:
-    """The node a replica needing ``need`` should go to, or None if none has room.
-
-    ``reserved``: what rankcore's groups already hold on each node; ``replicas``:
-    this deployment's replicas on each node. The simulator's rule: *spread*
-    takes the node with the most free units of the main resource (GPU if asked
-    for, else CPU), then the fewest replicas; *pack* the fewest free units
-    that still fit. Ties go to the node first in order.
-    """
-    main = "GPU" if need.get("GPU", 0) > 0 else "CPU"
-    fits = []
-    for n in nodes:
-        held = reserved.get(n.node_id, {})
-        free = {k: n.total.get(k, 0.0) - held.get(k, 0.0) for k in set(need) | {main}}
-        if all(free.get(k, 0.0) + _EPS >= v for k, v in need.items()):
-            fits.append((n, free[main]))
-    if not fits:
-        return None
-    if placement == "pack":
-        return min(fits, key=lambda x: (x[1], x[0].order))[0].node_id
-    return min(fits, key=lambda x: (-x[1], replicas.get(x[0].node_id, 0), x[0].order))[0].node_id

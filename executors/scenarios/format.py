@@ -289,8 +289,8 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     duration = None if top.get("duration") is None else c.number(top["duration"], ("duration",), minimum=0)
     nodes = _nodes(top["cluster"], c)
     placement = top.get("placement", "spread")
-    if placement not in ("spread", "pack"):
-        raise c.fail(("placement",), f"must be 'spread' or 'pack', got {_show(placement)}")
+    if placement not in rc.placement.POLICIES:
+        raise c.fail(("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(placement)}")
     lat_raw = c.mapping(top.get("latency", {}), ("latency",), LATENCY_KEYS)
     parsed_latency = {k: c.latency(v, ("latency", k)) for k, v in lat_raw.items()}
     latency = {k: parse_latency(v) for k, v in DEFAULT_LATENCY.items()}

@@ -159,12 +159,20 @@ class SimBackend:
         self._place(r, node)
 
     def _choose_node(self, r: SimReplica) -> SimNode | None:
-        fits = [n for n in self.nodes.values() if n.alive and n.free >= r.gpus - 1e-9]
-        if not fits:
-            return None
-        if self.sim.scenario.placement == "pack":
-            return min(fits, key=lambda n: (n.free, n.order))
-        return min(fits, key=lambda n: (-n.free, len(n.replicas), n.order))
+        """By ``rankcore.placement.choose_node``, the Ray controller's rule too
+        (the simulated nodes have GPUs only)."""
+        policy = self.sim.scenario.placement
+        views = [rc.placement.NodeView(
+            node_id=n.name, order=n.order, free={"GPU": n.free},
+            replicas=sum(self.replicas[x].deployment == r.deployment for x in n.replicas if x in self.replicas))
+            for n in self.nodes.values() if n.alive]
+        rank_nodes = None
+        if policy == "rank_packed":
+            rank_nodes = {x.global_rank: x.node for x in self.replicas.values()
+                          if x.deployment == r.deployment and x.node is not None and x.alive
+                          and x.global_rank is not None and x is not r}
+        chosen = rc.placement.choose_node(views, {"GPU": r.gpus}, policy, rank=r.global_rank, rank_nodes=rank_nodes)
+        return None if chosen is None else self.nodes[chosen]
 
     def _place(self, r: SimReplica, node: SimNode) -> None:
         node.used += r.gpus

@@ -66,3 +66,41 @@ def test_node_loss_example_on_a_scenario_shaped_ray_cluster(tmp_path):
     assert faults == [("node_lost", "node-1"), ("node_added", "node-3")]
     report = check_trace_file(trace)
     assert report.ok, report.violations[:5]
+
+
+RANK_PACKED = ROOT / "examples" / "scenarios" / "rank-packed-downscale.yaml"
+
+
+def _where(records: list[dict], which: int) -> dict[int, tuple[str, int, int]]:
+    """A healthy snapshot's replicas of ``moe``: global rank -> (node, node rank, local rank)."""
+    snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][which]
+    return {r["global_rank"]: (r["node"], r["rank"][1], r["rank"][2])
+            for r in snap["deployments"]["moe"]["replicas"].values()}
+
+
+def test_rank_packed_example_places_every_replica_as_the_simulator_does(tmp_path):
+    """Issue 9's proof, for placement by rank: on a 3-node Ray cluster shaped like the
+    scenario, every replica lands on the same node with the same node and local rank
+    as in the simulator (both take it from rankcore.placement), and the downscale
+    reassigns nothing there either."""
+    ray_env()
+    trace = tmp_path / "ray.jsonl"
+    res = CliRunner().invoke(main, ["run", str(RANK_PACKED), "--executor", "ray", "--cluster", "scenario",
+                                    "--trace", str(trace)])
+    assert res.exit_code == 0, res.output + str(res.exception)
+    assert "FAIL" not in res.output
+    buf = io.StringIO()
+    assert Simulation(load_scenario(RANK_PACKED), trace=buf).run().passed
+    sim = [json.loads(line) for line in buf.getvalue().splitlines()]
+    got = [json.loads(line) for line in trace.read_text().splitlines()]
+    for which in (0, -1):  # after the scale-up, after the downscale
+        want, have = _where(sim, which), _where(got, which)
+        assert {g: w[1:] for g, w in have.items()} == {g: w[1:] for g, w in want.items()}
+        assert all(w[1:] == (g // 4, g % 4) for g, w in have.items())
+    # the same rank groups per node, node for node (Ray names nodes by id; the trace says which)
+    first = _where(got, 0)
+    groups = sorted(sorted(g for g, w in first.items() if w[0] == node) for node in {w[0] for w in first.values()})
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    results = [r for r in got if r.get("kind") == "expectation"]
+    assert results and all(r["passed"] for r in results), results
+    assert check_trace_file(trace).ok

@@ -197,3 +197,22 @@ def test_cli_what_if_sweep_runs_every_combination() -> None:
     assert "what-if: crash storm" in out
     rows = [line for line in out.splitlines() if re.match(r"│\s+[01] │\s+[23] │", line)]
     assert len(rows) == 4, out
+
+
+def test_rank_packed_example_puts_consecutive_ranks_on_one_node_and_downscales_without_moves() -> None:
+    """placement: rank_packed: node rank = global rank // 4 and local rank = global rank % 4,
+    before and after the top-rank downscale (which reassigns nothing at any level);
+    spread deals the same replicas round-robin."""
+    import attrs
+
+    sc = load_scenario(EXAMPLES / "rank-packed-downscale.yaml")
+    result = Simulation(sc, check=True).run()
+    _assert_all_expectations_met(result)
+    ranks = result.state.ranks("moe")
+    assert len(ranks) == 8
+    for rank in ranks.values():
+        assert (rank.node_rank, rank.local_rank) == (rank.rank // 4, rank.rank % 4), ranks
+    spread = Simulation(attrs.evolve(sc, placement="spread", timeline=sc.timeline[:2]), check=True).run()
+    dealt = spread.state.ranks("moe")
+    assert any(r.node_rank != r.rank // 4 for r in dealt.values())
+    assert sorted(r.node_rank for r in dealt.values() if r.rank < 3) == [0, 1, 2]  # ranks 0..2 on three nodes

@@ -40,7 +40,7 @@ class Model:
     ({"ray_actor_options": {"runtime_env": "conda"}}, "ray_actor_options: The type of keyword 'runtime_env'"),
     ({"ray_actor_options": {"resources": {"GPU": 1}}}, "ray_actor_options: Use the 'num_cpus' and 'num_gpus'"),
     ({"ray_actor_options": {"scheduling_strategy": "SPREAD"}}, "may not set scheduling_strategy"),
-    ({"replica_placement": "everywhere"}, "replica_placement must be one of spread, pack, got 'everywhere'"),
+    ({"replica_placement": "everywhere"}, "replica_placement must be one of spread, pack, rank_packed, got 'everywhere'"),
     ({"placement_group_bundles": []}, "placement_group_bundles must be a non-empty list"),
 ])
 def test_bad_options_fail_at_the_decorator_and_at_options(options, words):
