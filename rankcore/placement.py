@@ -64,7 +64,11 @@ def choose_node(
     if policy not in POLICIES:
         raise InvalidConfig(f"placement policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     main = "GPU" if need.get("GPU", 0) > 0 else "CPU"
-    fits = [n for n in nodes if all(n.free.get(k, 0.0) + _EPS >= v for k, v in need.items())]
+    if len(need) == 1:  # the common case, without a generator per node
+        ((res, amount),) = need.items()
+        fits = [n for n in nodes if n.free.get(res, 0.0) + _EPS >= amount]
+    else:
+        fits = [n for n in nodes if all(n.free.get(k, 0.0) + _EPS >= v for k, v in need.items())]
     if not fits:
         return None
 

@@ -46,13 +46,15 @@ LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
 
 class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order")
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "per_deployment", "views")
 
     def __init__(self, name: str, gpus: float, order: int) -> None:
         self.name, self.gpus, self.order = name, gpus, order
         self.used = 0.0
         self.alive = True
         self.replicas: set[str] = set()
+        self.per_deployment: dict[str, int] = {}  # replicas on it per deployment (spread's tie-break)
+        self.views: dict[str, rc.placement.NodeView] = {}  # per deployment; cleared when the node changes
 
     @property
     def free(self) -> float:
@@ -162,10 +164,16 @@ class SimBackend:
         """By ``rankcore.placement.choose_node``, the Ray controller's rule too
         (the simulated nodes have GPUs only)."""
         policy = self.sim.scenario.placement
-        views = [rc.placement.NodeView(
-            node_id=n.name, order=n.order, free={"GPU": n.free},
-            replicas=sum(self.replicas[x].deployment == r.deployment for x in n.replicas if x in self.replicas))
-            for n in self.nodes.values() if n.alive]
+        # (only nodes with room can be chosen: the others are left out here, for speed)
+        views = []
+        for n in self.nodes.values():
+            if n.alive and n.free + 1e-9 >= r.gpus:
+                v = n.views.get(r.deployment)
+                if v is None:
+                    v = n.views[r.deployment] = rc.placement.NodeView(
+                        node_id=n.name, order=n.order, free={"GPU": n.free},
+                        replicas=n.per_deployment.get(r.deployment, 0))
+                views.append(v)
         rank_nodes = None
         if policy == "rank_packed":
             rank_nodes = {x.global_rank: x.node for x in self.replicas.values()
@@ -177,6 +185,8 @@ class SimBackend:
     def _place(self, r: SimReplica, node: SimNode) -> None:
         node.used += r.gpus
         node.replicas.add(r.replica_id)
+        node.per_deployment[r.deployment] = node.per_deployment.get(r.deployment, 0) + 1
+        node.views.clear()
         r.node = node.name
         self.sim.deliver(rc.ReplicaPlaced(replica_id=r.replica_id, node_id=node.name))
 
@@ -268,6 +278,8 @@ class SimBackend:
             node = self.nodes[r.node]
             if r.replica_id in node.replicas:
                 node.replicas.discard(r.replica_id)
+                node.per_deployment[r.deployment] -= 1
+                node.views.clear()
                 node.used -= r.gpus
         r.phase = phase
         self._epochs += 1
