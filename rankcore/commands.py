@@ -1,7 +1,8 @@
 """Commands: imperatives the core hands to an executor.
 
 Ordering rule: carry out a step's commands in the order given. Every command
-about a replica is answered by an event (start -> ReplicaPlaced then
+about a replica is answered by an event (start [-> PlaceReplica when the core
+places] -> ReplicaPlaced or PlacementFailed, then
 ReplicaReady after InitializeReplica, or ReplicaCrashed; stop ->
 ReplicaStopped; reconfigure -> ReplicaReconfigured or ReplicaCrashed); the core
 never assumes success before the answer arrives. ``UpdateWorldSize`` needs no
@@ -23,6 +24,8 @@ __all__ = [
     "ReconfigureReplica",
     "StopReplica",
     "UpdateWorldSize",
+    "PlaceReplica",
+    "ScheduleTick",
     "Command",
 ]
 
@@ -101,4 +104,27 @@ class UpdateWorldSize:
     world_size: int = attrs.field(validator=f.count)
 
 
-Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize]
+@attrs.frozen(kw_only=True)
+class PlaceReplica:
+    """Put started replica ``replica_id`` on ``node_id``, reserving ``resources``
+    there (only when the core places: it knows nodes from ``NodeJoined``).
+    ``rank`` is the full rank it will hold there. Answer: ReplicaPlaced on
+    that node, or PlacementFailed (the core then chooses again)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    rank: ReplicaRank
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleTick:
+    """Feed the core a ``Tick`` with ``now >= at`` (a start deadline or a
+    suspect node's end falls then). No answer besides the Tick."""
+
+    at: float
+
+
+Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
+                ScheduleTick]

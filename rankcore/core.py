@@ -19,12 +19,16 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
+from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
     ControllerRecovered,
     DeploymentApplied,
+    NodeCapacityChanged,
+    NodeJoined,
     NodeLost,
+    PlacementFailed,
+    Tick,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -34,6 +38,7 @@ from .events import (
 )
 from .lifecycle import Phase, Trigger, advance
 from .recovery import rebuild
+from .scheduling import expired, hold, new_node, release, unreserve
 from .state import (
     Deployment,
     RecoveryOutcome,
@@ -81,7 +86,8 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         tx.put(reconcile(tx, dep))
         return tx.finish()
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
-                  max_replicas=e.max_replicas)
+                  max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
+                  start_timeout_s=e.start_timeout_s)
     config_changed = e.user_config != dep.user_config
     if config_changed:
         dep = _evolve(dep, user_config=e.user_config, config_version=dep.config_version + 1)
@@ -135,11 +141,30 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
     phase = advance(rep.phase, Trigger.PLACED, rep.replica_id)
     if rep.phase is not Phase.PENDING:  # placed after a stop: the stop wins
         return tx.finish()
-    ranks = dep.ranks.place(rep.replica_id, e.node_id)
+    rid = rep.replica_id
+    ranks = dep.ranks
+    if rep.node_id is not None and rep.node_id != e.node_id:
+        # The core reserved another node, the executor put it here: what
+        # really happened wins (the reservation moves with it).
+        release(tx, rid)
+        ranks = ranks.unplace(rid)
+    if rep.node_id != e.node_id:
+        ranks = ranks.place(rid, e.node_id)
+        if tx.managed:
+            release(tx, rid)  # (it was waiting: the executor placed it itself)
+            hold(tx, rid, e.node_id, dep.resources)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
-    tx.emit(initialize(dep, rep.replica_id))
+    tx.emit(initialize(dep, rid))
+    return tx.finish()
+
+
+@_about_replica
+def _on_placement_failed(tx: Tx, e: PlacementFailed, dep: Deployment, rep: Replica) -> Step:
+    if rep.phase is not Phase.PENDING or rep.node_id != e.node_id:
+        return tx.finish(stale=True)  # placed meanwhile, stopped, or an older reservation
+    tx.put(unreserve(tx, dep, rep))
     return tx.finish()
 
 
@@ -151,6 +176,10 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
     if rep.phase is not Phase.STARTING:
         return tx.finish()
     new = _evolve(rep, phase=phase)
+    if tx.cluster.deadlines and rep.replica_id in tx.cluster.deadlines:
+        cl = tx.cl
+        cl.deadlines = cl.deadlines.delete(rep.replica_id)
+        cl.changed = True
     if rep.config_version < dep.config_version or rep.rank_update_due:
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
         new, cmd = reconfigure(dep, new, reason)
@@ -176,6 +205,10 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
 
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
+    if e.suspect_node and rep.node_id is not None and tx.managed and tx.cluster.clock:
+        cl = tx.cl
+        cl.suspects = cl.suspects.set(rep.node_id, cl.now + cl.suspect_s)
+        cl.changed = True
     tx.put(crash(tx, dep, rep))
     return tx.finish()
 
@@ -197,7 +230,89 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
             hit = True
         if on_node:
             tx.put(dep)
+    if e.node_id in tx.cluster.nodes:
+        cl = tx.cl
+        cl.nodes = cl.nodes.delete(e.node_id)
+        if e.node_id in cl.suspects:
+            cl.suspects = cl.suspects.delete(e.node_id)
+        cl.changed = hit = True
     return tx.finish(stale=not hit)
+
+
+def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
+    cl = tx.cl
+    known = cl.nodes.get(e.node_id)
+    if known is not None:
+        if tuple(known.resources.items()) == e.resources and known.labels == e.labels:
+            return tx.finish(stale=True)  # the same news again
+        raise InvalidEvent(f"NodeJoined: node {e.node_id!r} is already in the cluster with other resources or "
+                           f"labels (send NodeCapacityChanged, or NodeLost first)")
+    node = new_node(e.node_id, e.resources, e.labels, e.order, cl.joined)
+    for rid, (node_id, need) in cl.held.items():  # (a node back after recovery may hold replicas)
+        if node_id == e.node_id:
+            node = _evolve(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
+    cl.nodes = cl.nodes.set(e.node_id, node)
+    cl.joined += 1
+    cl.blocked = None
+    cl.changed = True
+    _clear_avoid(cl, e.node_id)
+    return tx.finish()
+
+
+def _clear_avoid(cl: Any, node_id: str) -> None:
+    """``node_id`` reported its capacity: replicas whose placement failed there may try it again."""
+    hit = [rid for rid, nodes in cl.avoid.items() if node_id in nodes]
+    if not hit:
+        return
+    queued = {}
+    for rid in hit:
+        rest = tuple(n for n in cl.avoid[rid] if n != node_id)
+        cl.avoid = cl.avoid.set(rid, rest) if rest else cl.avoid.delete(rid)
+        if rid in cl.queued:
+            queued[rid] = cl.queued[rid]
+    for rid, kind in queued.items():  # their kind changed: recount
+        new_kind = (kind[0], cl.avoid.get(rid, ()))
+        n = cl.queue_kinds[kind] - 1
+        cl.queue_kinds = cl.queue_kinds.set(kind, n) if n else cl.queue_kinds.delete(kind)
+        cl.queue_kinds = cl.queue_kinds.set(new_kind, cl.queue_kinds.get(new_kind, 0) + 1)
+        cl.queued = cl.queued.set(rid, new_kind)
+
+
+def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
+    node = tx.cluster.nodes.get(e.node_id)
+    if node is None:
+        return tx.finish(stale=True)  # a node that left (or never joined)
+    cl = tx.cl
+    new = dict(e.resources)
+    free = {k: node.free.get(k, 0.0) + new.get(k, 0.0) - node.resources.get(k, 0.0)
+            for k in set(new) | set(node.free.keys())}
+    cl.nodes = cl.nodes.set(e.node_id, _evolve(node, resources=type(node.resources)(new),
+                                               free=type(node.free)(free)))
+    cl.blocked = None
+    cl.changed = True
+    _clear_avoid(cl, e.node_id)
+    return tx.finish()
+
+
+def _on_tick(tx: Tx, e: Tick) -> Step:
+    old = tx.cluster
+    if old.clock and e.now <= old.now:
+        return tx.finish(stale=True)  # no time passed (or an older tick)
+    cl = tx.cl
+    cl.now, cl.clock, cl.changed = float(e.now), True, True
+    if cl.suspects and any(t <= cl.now for t in cl.suspects.values()):
+        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})
+    if cl.now >= cl.next_deadline:
+        for rid in expired(cl):
+            found = tx.lookup(rid)
+            if found is None or found[1].phase is not Phase.STARTING:
+                continue
+            dep, rep = found
+            tx.emit(StopReplica(replica_id=rid, deployment=dep.name))  # its process, hung
+            tx.put(crash(tx, dep, rep))
+        if cl.next_deadline < float("inf"):
+            tx.emit(ScheduleTick(at=cl.next_deadline))
+    return tx.finish()
 
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
@@ -223,6 +338,10 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     ReplicaCrashed: _on_replica_crashed,
     ReplicaStopped: _on_replica_stopped,
     NodeLost: _on_node_lost,
+    NodeJoined: _on_node_joined,
+    NodeCapacityChanged: _on_node_capacity_changed,
+    PlacementFailed: _on_placement_failed,
+    Tick: _on_tick,
     ControllerRecovered: _on_controller_recovered,
 }
 

@@ -14,6 +14,7 @@ import attrs
 from . import fields as f
 from .errors import InvalidConfig
 from .lifecycle import Phase
+from .placement import POLICIES
 from .ranks import MAX_RANKS, ReportedRank
 
 __all__ = [
@@ -28,6 +29,10 @@ __all__ = [
     "ReplicaCrashed",
     "ReplicaStopped",
     "NodeLost",
+    "NodeJoined",
+    "NodeCapacityChanged",
+    "PlacementFailed",
+    "Tick",
     "ReplicaReport",
     "ControllerRecovered",
     "Event",
@@ -81,6 +86,12 @@ def _check_reconfigure(inst: DeploymentApplied, attribute: attrs.Attribute, valu
         )
 
 
+def _check_policy(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
+    if value not in POLICIES:
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).placement must be one of {', '.join(POLICIES)}, "
+                            f"got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
@@ -98,6 +109,16 @@ class DeploymentApplied:
     reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
     #: the most replicas this deployment may ever be scaled to (ScaleRequested too)
     max_replicas: int = attrs.field(default=DEFAULT_MAX_REPLICAS, validator=_check_max_replicas)
+    #: what one replica reserves on its node (``{"GPU": 1, "CPU": 4}``), when the
+    #: core places replicas (after a ``NodeJoined``; see docs/architecture.md)
+    resources: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=f.to_resources,
+                                                           validator=f.resources)
+    #: the placement policy: ``spread``, ``pack`` or ``rank_packed`` (rankcore.placement)
+    placement: str = attrs.field(default="spread", validator=_check_policy)
+    #: a replica not ready this many seconds (core clock: ``Tick``) after its
+    #: InitializeReplica is declared crashed and replaced; None: wait forever
+    start_timeout_s: float | None = attrs.field(default=None,
+                                               validator=attrs.validators.optional(f.seconds))
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +166,10 @@ class ReplicaCrashed:
 
     replica_id: str = attrs.field(validator=f.name)
     reason: str = attrs.field(default="", validator=f.text)
+    #: its process vanished without a failed check to explain it (not a health
+    #: check, init or reconfigure failure, not a kill): its node may be going
+    #: down, so the core avoids the node for ``State.cluster.suspect_s``
+    suspect_node: bool = attrs.field(default=False, validator=f.flag)
 
 
 @attrs.frozen(kw_only=True)
@@ -181,6 +206,48 @@ def _check_report(inst: ReplicaReport, attribute: attrs.Attribute, value: Any) -
         raise InvalidConfig(
             f"ReplicaReport({inst.replica_id!r}) is {inst.phase.value} but names no node_id"
         )
+
+
+@attrs.frozen(kw_only=True)
+class NodeJoined:
+    """A node joined the cluster: from now on the core places replicas (see
+    docs/architecture.md, "Placement"). ``order`` breaks placement ties (lower
+    first; default: the order nodes joined in)."""
+
+    node_id: str = attrs.field(validator=f.name)
+    resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
+    labels: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=f.to_labels, validator=f.labels)
+    order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+
+
+@attrs.frozen(kw_only=True)
+class NodeCapacityChanged:
+    """A node's total resources changed. Replicas already there stay (even if
+    they no longer fit); new ones go there only while they fit. Also clears
+    the node from every replica's failed-placement list: it may fit now."""
+
+    node_id: str = attrs.field(validator=f.name)
+    resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
+
+
+@attrs.frozen(kw_only=True)
+class PlacementFailed:
+    """The executor could not put a replica on the node a PlaceReplica named
+    (no room there after all, the node refused it). The core frees what it
+    reserved, avoids that node for this replica, and places it again."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    reason: str = attrs.field(default="", validator=f.text)
+
+
+@attrs.frozen(kw_only=True)
+class Tick:
+    """Time passed: the core's clock is now ``now`` (seconds, any origin, never
+    going back). Start timeouts and suspect nodes run on it; a ScheduleTick
+    command says when the core next needs one."""
+
+    now: float = attrs.field(validator=f.seconds)
 
 
 @attrs.frozen(kw_only=True)
@@ -229,6 +296,21 @@ class ControllerRecovered:
     #: (the default) makes such reports raise InvalidEvent instead: a
     #: forgotten spec must not silently stop a fleet.
     stop_unknown: bool = attrs.field(default=False, validator=f.flag)
+    #: the cluster's nodes now (what ``NodeJoined`` said of each): the core
+    #: rebuilds its cluster view from them and the reports' node ids
+    nodes: tuple[NodeJoined, ...] = attrs.field(default=(), converter=f.to_tuple)
+
+    @nodes.validator
+    def _check_nodes(self, attribute: attrs.Attribute, value: tuple) -> None:
+        if not isinstance(value, tuple):
+            raise InvalidConfig(f"ControllerRecovered.nodes must be an iterable of NodeJoined, got {value!r}")
+        seen = set()
+        for n in value:
+            if not isinstance(n, NodeJoined):
+                raise InvalidConfig(f"ControllerRecovered.nodes holds {n!r}, not a NodeJoined")
+            if n.node_id in seen:
+                raise InvalidConfig(f"ControllerRecovered.nodes names {n.node_id!r} twice")
+            seen.add(n.node_id)
 
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -264,5 +346,9 @@ Event = Union[
     ReplicaCrashed,
     ReplicaStopped,
     NodeLost,
+    NodeJoined,
+    NodeCapacityChanged,
+    PlacementFailed,
+    Tick,
     ControllerRecovered,
 ]

@@ -15,12 +15,14 @@ from typing import Any
 
 import attrs
 
-from .commands import InitializeReplica, ReconfigureReplica, StartReplica, UpdateWorldSize
+from .commands import InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, UpdateWorldSize
 from .errors import InvariantViolation
 from .events import (
     OUTDATED,
     ControllerRecovered,
     DeploymentApplied,
+    NodeCapacityChanged,
+    NodeJoined,
     NodeLost,
     ReplicaPlaced,
     ReplicaReport,
@@ -33,6 +35,8 @@ from .state import Deployment, State, Step, desired_specs
 __all__ = [
     "check_state",
     "check_step",
+    "check_cluster",
+    "check_placements",
     "check_ranks_unique",
     "check_every_replica_ranked",
     "check_counts",
@@ -103,8 +107,8 @@ def check_every_replica_ranked(state: State) -> None:
             node = snap[rid][1]
             if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
                 _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None:
-                _fail(f"{dep.name}: pending replica {rid!r} already has node ranks")
+            if rep.phase is Phase.PENDING and node is not None and rid not in state.cluster.held:
+                _fail(f"{dep.name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
             if node is not None and node != rep.node_id:
                 _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
     if len(state.index) != sum(len(d.replicas) for d in state.deployments.values()):
@@ -147,6 +151,55 @@ def check_contiguity_counters(state: State) -> None:
             _fail(f"{dep.name}: is_contiguous() says {fast}, but {lb.replicas} replicas are off ({lb})")
 
 
+def check_cluster(state: State) -> None:
+    """The cluster view adds up: every replica on a node (reserved or placed)
+    holds that node's resources in the book and nothing else does; each node's
+    free resources are its total less what is booked there; the waiting queue
+    is exactly the pending replicas with no node, each once; no replica waits
+    while the core places nothing (unmanaged: no book, no queue)."""
+    cl = state.cluster
+    if not cl.managed:
+        if len(cl.held) or len(cl.queued):
+            _fail("an unmanaged cluster (no node joined) holds reservations or a queue")
+        return
+    on_nodes = {}
+    waiting = set()
+    for dep in state.deployments.values():
+        for rid, rep in dep.replicas.items():
+            if rep.node_id is not None:
+                on_nodes[rid] = (rep.node_id, dep.resources)
+            elif rep.phase is Phase.PENDING:
+                waiting.add(rid)
+    held = {rid: tuple(v) for rid, v in cl.held.items()}
+    for rid, (node, need) in on_nodes.items():
+        if rid not in held:
+            _fail(f"replica {rid!r} is on {node!r} but the cluster holds nothing for it")
+        if held[rid][0] != node:
+            _fail(f"replica {rid!r} is on {node!r} but the cluster holds its resources on {held[rid][0]!r}")
+    extra = sorted(set(held) - set(on_nodes))[:3]
+    if extra:
+        _fail(f"the cluster holds resources for replicas on no node: {extra}")
+    booked: dict[str, Counter] = {}
+    for node, need in held.values():
+        c = booked.setdefault(node, Counter())
+        for k, v in need:
+            c[k] += v
+    for node_id, node in cl.nodes.items():
+        for k in set(node.resources.keys()) | set(booked.get(node_id, {})):
+            want = node.resources.get(k, 0.0) - booked.get(node_id, Counter())[k]
+            if abs(node.free.get(k, 0.0) - want) > 1e-6:
+                _fail(f"node {node_id!r}: {k} free {node.free.get(k, 0.0)}, but total less booked is {want}")
+    if set(cl.queued.keys()) != waiting:
+        _fail(f"waiting queue {sorted(cl.queued.keys())[:5]} is not the pending replicas with no node "
+              f"{sorted(waiting)[:5]}")
+    live = [rid for rid in cl.queue if rid in cl.queued]
+    if len(live) != len(set(live)) or set(live) != waiting:
+        _fail(f"the queue order {list(cl.queue)[:5]} does not name each waiting replica once")
+    kinds = Counter(cl.queued.values())
+    if dict(kinds) != dict(cl.queue_kinds.items()):
+        _fail("the queue's kind counts do not match the waiting replicas")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
     check_contiguity_counters(state)
@@ -154,6 +207,7 @@ def check_state(state: State) -> None:
     check_every_replica_ranked(state)
     check_counts(state)
     check_contiguous_when_healthy(state)
+    check_cluster(state)
 
 
 # ------------------------------------------------------------- step checks
@@ -345,6 +399,40 @@ def _placement(before: State, event: object, result: Step) -> _Placed | None:
     )
 
 
+def check_placements(before: State, event: object, result: Step) -> None:
+    """Every PlaceReplica names a live node the replica fits on (its needed
+    resources still >= 0 free there after the step) and has not failed on,
+    gives the rank the replica now holds, and no replica of the same kind that
+    waited longer is still waiting (first come, first served)."""
+    places = [c for c in result.commands if isinstance(c, PlaceReplica)]
+    if not places:
+        return
+    cl = result.state.cluster
+    order = [rid for rid in before.cluster.queue if rid in before.cluster.queued]
+    order += [c.replica_id for c in result.commands if isinstance(c, StartReplica)]
+    pos = {rid: i for i, rid in enumerate(order)}
+    for c in places:
+        node = cl.nodes.get(c.node_id)
+        if node is None:
+            _fail(f"{c.replica_id} placed on {c.node_id!r}, which is not a live node")
+        for k, _v in c.resources:
+            if node.free.get(k, 0.0) < -1e-6:
+                _fail(f"{c.replica_id} placed on {c.node_id!r}, which has {node.free.get(k, 0.0)} {k} left")
+        if c.node_id in cl.avoid.get(c.replica_id, ()):
+            _fail(f"{c.replica_id} placed on {c.node_id!r}, where its placement failed")
+        dep = result.state.deployments[c.deployment]
+        if dep.ranks.rank_of(c.replica_id) != c.rank:
+            _fail(f"{c.replica_id}: PlaceReplica says rank {c.rank}, the table {dep.ranks.rank_of(c.replica_id)}")
+        p = pos.get(c.replica_id)
+        if p is None:
+            continue  # re-placed after a failure (it jumped the queue on purpose: it came first)
+        kind = (dep.resources, cl.avoid.get(c.replica_id, ()))
+        for rid in cl.queued.keys():
+            q = pos.get(rid)
+            if q is not None and q < p and cl.queued[rid] == kind:
+                _fail(f"{c.replica_id} was placed while {rid}, of the same need and waiting longer, still waits")
+
+
 def check_compact_only_when_healthy(before: State, event: object, result: Step) -> None:
     """Ranks are compacted only once the deployment is healthy: every other
     replica running and the count at the target (the seed's rule)."""
@@ -440,8 +528,8 @@ def check_touched(before: State, event: object, result: Step) -> None:
                 _fail(f"{name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
             if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
                 _fail(f"{name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None:
-                _fail(f"{name}: pending replica {rid!r} already has node ranks")
+            if rep.phase is Phase.PENDING and node is not None and rid not in after.cluster.held:
+                _fail(f"{name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
         if old is not None:
             want = tuple(a + d for a, d in zip(old.counts, delta))
             if want != dep.counts:
@@ -488,7 +576,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     core a whole scan, and may remove replicas no command names) are always
     checked in full.
     """
-    full = full or isinstance(event, (ControllerRecovered, NodeLost))
+    full = full or isinstance(event, (ControllerRecovered, NodeLost, NodeJoined, NodeCapacityChanged))
     if full:
         check_state(result.state)
     else:
@@ -499,6 +587,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_crash_replacement_inherits_all_ranks(before, event, result)
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
+    check_placements(before, event, result)
     if full:
         check_upscale_keeps_ranks(before, event, result)
         check_rank_changes_reconfigured(before, event, result)
@@ -509,7 +598,8 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
 
 # ----------------------------------------------------------------- recovery
 def reports_from(state: State) -> ControllerRecovered:
-    """The recovery event this state's own live replicas and configs would give."""
+    """The recovery event this state's own live replicas and configs would give
+    (a pending replica reports no node: a reservation is not a placement)."""
     deployments = desired_specs(state)
     reports = []
     for name in sorted(state.deployments.keys()):
@@ -518,6 +608,8 @@ def reports_from(state: State) -> ControllerRecovered:
         for rid in sorted(dep.replicas.keys()):
             rep = dep.replicas[rid]
             r, node, nr, lr = snap[rid]
+            if rep.phase is Phase.PENDING:
+                node = None
             rank: Any = r if node is None else ReplicaRank(rank=r, node_rank=nr, local_rank=lr)
             reports.append(
                 ReplicaReport(
@@ -532,17 +624,29 @@ def reports_from(state: State) -> ControllerRecovered:
                     user_config=dep.user_config if rep.config_version >= dep.config_version else OUTDATED,
                 )
             )
-    return ControllerRecovered(deployments=tuple(deployments), reports=tuple(reports),
-                               next_replica_number=state.next_replica, next_lineage=state.next_lineage)
+    nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
+    return ControllerRecovered(
+        deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
+        next_lineage=state.next_lineage,
+        nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
+                               order=n.order[0] if n.order[0] != float("inf") else None) for n in nodes))
 
 
 def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
     """Recovering from the state's own reports gives the same ranks, phases and
-    targets, and no reconfigure (nor any other command)."""
+    targets, and no command but placing again the pending replicas the core
+    had reserved a node for (their reservation is not a placement)."""
     from .core import step as core_step
 
-    result = (step_fn or core_step)(State(), reports_from(state))
-    if _views(result.state) != _views(state):
+    result = (step_fn or core_step)(State(cluster=attrs.evolve(State().cluster, now=state.cluster.now,
+                                                              clock=state.cluster.clock)),
+                                    reports_from(state))
+
+    def settled(s: State) -> dict:
+        return {name: {rid: (v if dep.replicas[rid].phase is not Phase.PENDING else (v[0], None, None))
+                       for rid, v in rank_view(dep).items()} for name, dep in s.deployments.items()}
+
+    if settled(result.state) != settled(state):
         _fail(f"recovery from own reports changed ranks: {_views(state)} -> {_views(result.state)}")
     for name, dep in state.deployments.items():
         got = result.state.deployments[name]
@@ -551,8 +655,9 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         phases = {rid: r.phase for rid, r in got.replicas.items()}
         if phases != {rid: r.phase for rid, r in dep.replicas.items()}:
             _fail(f"{name}: recovery changed phases")
-    if result.commands:
-        _fail(f"recovery from own reports sent commands: {list(result.commands)[:3]}")
+    others = [c for c in result.commands if not isinstance(c, PlaceReplica)]
+    if others:
+        _fail(f"recovery from own reports sent commands: {others[:3]}")
 
 
 # ---------------------------------------------------------------- snapshots

@@ -594,6 +594,11 @@ class RankTable(Persistent):
         return out
 
     @locked
+    def preferred_node(self, replica: Replica) -> Node | None:
+        """The predecessor's node of an unplaced crash replacement (see :meth:`replace`), else None."""
+        return self._read()[_PNODE].get(replica)
+
+    @locked
     def preferences(self) -> dict[Replica, tuple[Node, int, int]]:
         """Unplaced crash replacements -> their predecessor's (node, node rank,
         local rank), which :meth:`place` on that node takes where still free
@@ -802,6 +807,19 @@ class RankTable(Persistent):
         pref = _take_preference(e, replica)
         _place(e, replica, v >> _RB, node, pref[1] if pref is not None and pref[0] == node else -1)
         _count(e, "unplaced", -1)
+        return e.commit()
+
+    @atomic
+    def unplace(self, replica: Replica) -> RankTable:
+        """Take a placed replica off its node: it keeps its global rank only
+        (a placement the executor could not carry out)."""
+        v = self._value(replica)
+        if not v & _LM:
+            raise RankConflict(f"replica {replica!r} is not placed")
+        e = Edit(self)
+        _unplace(e, v)
+        e.set(_REC, replica, (v >> _RB) << _RB)
+        _count(e, "unplaced", 1)
         return e.commit()
 
     @atomic

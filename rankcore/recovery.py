@@ -42,6 +42,7 @@ from .lifecycle import LIVE, Phase
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .state import Deployment, Replica, parse_replica_number
+from .scheduling import enqueue, hold, new_node
 from .transaction import Tx, initialize, reconcile, reconfigure, recount, stop
 
 __all__ = ["rebuild"]
@@ -198,6 +199,18 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     return reconcile(tx, dep)
 
 
+def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
+    """The cluster view is what the event says now (nodes), the clock goes on."""
+    cl = tx.cl
+    cl.changed = True
+    cl.nodes = immutables.Map({n.node_id: new_node(n.node_id, n.resources, n.labels, n.order, i)
+                               for i, n in enumerate(e.nodes)})
+    cl.joined = len(e.nodes)
+    for table in ("held", "queued", "queue_kinds", "avoid", "deadlines", "suspects"):
+        setattr(cl, table, immutables.Map())
+    cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
+
+
 def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     """Replace everything in ``tx`` by what ``e`` says (the reports are the truth)."""
     specs = {d.name: d for d in e.deployments}
@@ -224,9 +237,23 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     tx.deps = immutables.Map()
     tx.index = immutables.Map()
     tx.touched = set()
+    _rebuild_cluster(tx, e)
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
         tx.put(_rebuild_deployment(tx, specs[name], reports))
+    if tx.managed:
+        # What the replicas hold where they run, and who still waits for a node.
+        for name in sorted(specs):
+            dep = tx.deps[name]
+            waiting = []
+            for rid in dep.ranks:  # global-rank order
+                rep = dep.replicas[rid]
+                if rep.node_id is not None:
+                    hold(tx, rid, rep.node_id, dep.resources)
+                elif rid not in tx.cl.queued:
+                    waiting.append(rid)
+            if waiting:
+                enqueue(tx, dep, waiting)
     for r in sorted(orphans, key=lambda r: r.replica_id):
         # A replica of a deployment that no longer exists: stop it, and treat
         # later news about it as stale.

@@ -14,6 +14,7 @@ import attrs
 import immutables
 
 from . import fields as f
+from .cluster import Cluster
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
@@ -69,6 +70,10 @@ class Deployment:
     has_reconfigure: bool = False
     reconfigure_takes_rank: bool = False
     max_replicas: int = DEFAULT_MAX_REPLICAS
+    #: what one replica reserves, the placement policy, the start timeout (see DeploymentApplied)
+    resources: tuple[tuple[str, float], ...] = ()
+    placement: str = "spread"
+    start_timeout_s: float | None = None
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
@@ -80,14 +85,17 @@ class Deployment:
         """A deployment as a ``DeploymentApplied`` declares it (``more``: the rest)."""
         return cls(name=spec.name, target=spec.num_replicas, user_config=spec.user_config,
                    has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
-                   max_replicas=spec.max_replicas, **more)
+                   max_replicas=spec.max_replicas, resources=spec.resources, placement=spec.placement,
+                   start_timeout_s=spec.start_timeout_s, **more)
 
     def spec(self) -> DeploymentApplied:
         """The ``DeploymentApplied`` that declares this deployment as it is now
         (its current target, not the count it was first applied with)."""
         return DeploymentApplied(name=self.name, num_replicas=self.target, user_config=self.user_config,
                                  has_reconfigure=self.has_reconfigure,
-                                 reconfigure_takes_rank=self.reconfigure_takes_rank, max_replicas=self.max_replicas)
+                                 reconfigure_takes_rank=self.reconfigure_takes_rank, max_replicas=self.max_replicas,
+                                 resources=self.resources, placement=self.placement,
+                                 start_timeout_s=self.start_timeout_s)
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]
@@ -123,6 +131,8 @@ class State:
     #: foreign replica ids (from recovery reports) that have left: later
     #: events about them are stale, not invalid
     retired: immutables.Map = attrs.field(factory=immutables.Map)
+    #: nodes, reservations, the waiting queue, the clock (rankcore.cluster)
+    cluster: Cluster = attrs.field(factory=Cluster)
 
     def deployment(self, name: str) -> Deployment:
         """The deployment ``name``; :class:`UnknownDeployment` (a ``KeyError``) names the known ones."""

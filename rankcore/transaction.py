@@ -17,6 +17,7 @@ from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopR
 from .errors import InvalidEvent
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
+from .scheduling import ClusterTx, arm_deadlines, enqueue, place_waiting, release
 from .state import (
     Compaction,
     Deployment,
@@ -40,9 +41,12 @@ _evolve = attrs.evolve
 class Tx:
     """One step's work in progress: the state being built and the commands."""
 
-    __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions")
+    __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
+                 "cluster", "_cl")
 
     def __init__(self, state: State) -> None:
+        self.cluster = state.cluster
+        self._cl: ClusterTx | None = None
         self.deps: immutables.Map = state.deployments
         self.index: immutables.Map = state.index
         self.next_replica = state.next_replica
@@ -51,6 +55,17 @@ class Tx:
         self.commands: list = []
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
+
+    @property
+    def cl(self) -> ClusterTx:
+        """The step's working copy of the cluster (made on first use)."""
+        if self._cl is None:
+            self._cl = ClusterTx(self.cluster)
+        return self._cl
+
+    @property
+    def managed(self) -> bool:
+        return self.cluster.joined > 0 or (self._cl is not None and self._cl.joined > 0)
 
     def dep(self, name: str) -> Deployment:
         try:
@@ -87,6 +102,12 @@ class Tx:
         return dep, dep.replicas[rid]
 
     def finish(self, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
+        cluster = self.cluster
+        if self._cl is not None:
+            if self._cl.clock:
+                arm_deadlines(self, self.commands)
+            place_waiting(self)
+            cluster = self._cl.build()
         for name in sorted(self.touched):
             dep = self.deps.get(name)
             if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
@@ -97,6 +118,7 @@ class Tx:
             next_replica=self.next_replica,
             next_lineage=self.next_lineage,
             retired=self.retired,
+            cluster=cluster,
         )
         return Step(
             state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions),
@@ -186,7 +208,10 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
                              world_size=dep.target, lineage=lineages[rid]))
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n
-    return _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
+    dep = _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
+    if tx.managed:
+        enqueue(tx, dep, ids)
+    return dep
 
 
 def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
@@ -226,6 +251,8 @@ def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
     """Drop a finished replica (its ranks already handled in ``ranks``)."""
     rid = rep.replica_id
     tx.index = tx.index.delete(rid)
+    if tx.managed:
+        release(tx, rid)
     if parse_replica_number(rid) is None:
         tx.retired = tx.retired.set(rid, None)
     return _evolve(
@@ -257,11 +284,14 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
             lineage=rep.lineage,
         )
     )
-    return _evolve(
+    dep = _evolve(
         dep,
         replicas=dep.replicas.set(new_id, new),
         counts=recount(dep.counts, None, Phase.PENDING),
     )
+    if tx.managed:
+        enqueue(tx, dep, [new_id])
+    return dep
 
 
 def compact(tx: Tx, dep: Deployment) -> Deployment:

@@ -1,0 +1,83 @@
+"""The cluster as the core sees it: nodes, what replicas hold on them, who
+waits for room, and the clock. Records only (immutable, persistent maps);
+the moves that change them are in ``rankcore/scheduling.py``.
+
+The core places replicas once it knows a node (``NodeJoined``): it is then
+*managed*. Until then (``Cluster.managed`` false) it behaves as before the
+cluster model existed: ``StartReplica`` alone, and the executor says where the
+replica went with ``ReplicaPlaced`` (embedders with a scheduler of their own).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import immutables
+
+__all__ = ["Node", "Cluster", "Need", "SUSPECT_S"]
+
+#: A need or a node's resources: sorted (name, amount) pairs.
+Need = tuple[tuple[str, float], ...]
+
+#: How long a node where a replica vanished (``ReplicaCrashed.suspect_node``)
+#: gets no new replica while another node has room (the Ray controller's rule
+#: before it moved here).
+SUSPECT_S = 15.0
+
+
+@attrs.frozen(kw_only=True)
+class Node:
+    """A live node: its total resources, what is free after the core's
+    reservations (may go below zero after a capacity drop), labels, and its
+    tie-break order ``(order or inf, join number, node id)``."""
+
+    node_id: str
+    resources: immutables.Map
+    free: immutables.Map
+    labels: tuple[tuple[str, str], ...] = ()
+    order: tuple = ()
+
+
+@attrs.frozen(kw_only=True)
+class Cluster:
+    """Nodes, reservations, the waiting queue and the clock."""
+
+    #: node id -> Node (live nodes only: a lost node leaves)
+    nodes: immutables.Map = attrs.field(factory=immutables.Map)
+    #: nodes ever joined (0: unmanaged, the executor places)
+    joined: int = 0
+    #: replica id -> (node id, need): what the core reserved for it, until it leaves
+    held: immutables.Map = attrs.field(factory=immutables.Map)
+    #: replicas waiting for room, first come first served (may still name some
+    #: that left: ``queued`` is the truth, the next pass drops the others)
+    queue: tuple[str, ...] = ()
+    #: replica id -> its kind (below), for every replica waiting
+    queued: immutables.Map = attrs.field(factory=immutables.Map)
+    #: (need, avoided nodes) -> how many queued replicas have it (the pass stops
+    #: once every kind has failed to fit)
+    queue_kinds: immutables.Map = attrs.field(factory=immutables.Map)
+    #: the kinds that did not fit at the last pass, nothing freed since (None: try)
+    blocked: frozenset | None = None
+    #: replica id -> nodes where its placement failed (avoided until the node
+    #: reports its capacity again)
+    avoid: immutables.Map = attrs.field(factory=immutables.Map)
+    #: the clock: the latest Tick's ``now``; ``clock`` once a Tick came
+    now: float = 0.0
+    clock: bool = False
+    #: node id -> until when it is suspect
+    suspects: immutables.Map = attrs.field(factory=immutables.Map)
+    #: replica id -> when its start times out
+    deadlines: immutables.Map = attrs.field(factory=immutables.Map)
+    #: no deadline falls before this (a lower bound: refreshed when reached)
+    next_deadline: float = math.inf
+    suspect_s: float = SUSPECT_S
+
+    @property
+    def managed(self) -> bool:
+        """True once a node joined: the core places replicas."""
+        return self.joined > 0
+
+    def suspect(self, node_id: str) -> bool:
+        until = self.suspects.get(node_id)
+        return until is not None and until > self.now

@@ -1,0 +1,290 @@
+"""Placement decided by the core: reserve, release, the waiting queue, the clock.
+
+Once the cluster is managed (a node joined), a new replica joins a first
+come, first served queue; at the end of every step the queue is walked and
+each replica that fits somewhere gets a node by its deployment's policy
+(``rankcore.placement.choose_node``): the core reserves its resources,
+gives it its node and local ranks, and emits ``PlaceReplica``. The executor
+answers ``ReplicaPlaced`` (then InitializeReplica follows) or
+``PlacementFailed`` (reservation undone, that node avoided, placed again).
+
+Rules settled here, once for every executor:
+
+* a crash replacement goes back to its predecessor's node when that node is
+  alive, not suspect and has room (it then keeps all three ranks);
+* a node where a replica vanished (``ReplicaCrashed.suspect_node``) is
+  avoided for ``Cluster.suspect_s`` seconds while another node has room;
+* a replica that is not ready ``start_timeout_s`` after its InitializeReplica
+  is crashed (replaced, and its process stopped), on the core's clock.
+
+A working copy of the cluster lives on the step's ``Tx`` (``ClusterTx``) and
+becomes a new ``Cluster`` once, at the end of the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import attrs
+import immutables
+
+from .cluster import Cluster, Need, Node
+from .commands import InitializeReplica, PlaceReplica, ScheduleTick
+from .lifecycle import Phase
+from .placement import NodeView, choose_node
+from .state import Deployment, Replica
+
+
+class Tx(Protocol):
+    """What these moves need of ``rankcore.transaction.Tx`` (which builds on this module)."""
+
+    cl: Any
+    deps: immutables.Map
+    index: immutables.Map
+
+    def emit(self, cmd: object) -> None: ...
+
+    def put(self, dep: Deployment) -> None: ...
+
+__all__ = ["ClusterTx", "enqueue", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+
+_evolve = attrs.evolve
+_INF = math.inf
+
+
+class ClusterTx:
+    """A step's working copy of the ``Cluster`` (one record built at the end)."""
+
+    __slots__ = tuple(a.name for a in attrs.fields(Cluster)) + ("base", "changed")
+
+    def __init__(self, base: Cluster) -> None:
+        self.base = base
+        self.changed = False
+        for a in attrs.fields(Cluster):
+            setattr(self, a.name, getattr(base, a.name))
+
+    def build(self) -> Cluster:
+        if not self.changed:
+            return self.base
+        return Cluster(**{a.name: getattr(self, a.name) for a in attrs.fields(Cluster)})
+
+    def suspect(self, node_id: str) -> bool:
+        until = self.suspects.get(node_id)  # type: ignore[attr-defined]
+        return until is not None and until > self.now  # type: ignore[attr-defined]
+
+
+def new_node(node_id: str, resources: Need, labels: tuple, order: int | None, joined: int) -> Node:
+    res = immutables.Map(resources)
+    return Node(node_id=node_id, resources=res, free=res, labels=labels,
+                order=(order if order is not None else _INF, joined, node_id))
+
+
+def _adjust(node: Node, need: Need, sign: float) -> Node:
+    free = node.free
+    for k, v in need:
+        free = free.set(k, free.get(k, 0.0) + sign * v)
+    return _evolve(node, free=free)
+
+
+def _kind(cl: ClusterTx, rid: str, need: Need) -> tuple:
+    return (need, cl.avoid.get(rid, ()))  # type: ignore[attr-defined]
+
+
+def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -> None:
+    """New (or re-placed) replicas wait for a node, in order."""
+    cl = tx.cl
+    cl.changed = True
+    rids = list(rids)
+    kinds = cl.queue_kinds
+    blocked = cl.blocked
+    with cl.queued.mutate() as q:
+        for rid in rids:
+            kind = _kind(cl, rid, dep.resources)
+            q.set(rid, kind)
+            kinds = kinds.set(kind, kinds.get(kind, 0) + 1)
+            if blocked is not None and kind not in blocked:
+                blocked = None  # something new to try
+        cl.queued = q.finish()
+    cl.queue_kinds = kinds
+    cl.blocked = blocked
+    cl.queue = tuple(rids) + cl.queue if front else cl.queue + tuple(rids)
+
+
+def _dequeue(cl: ClusterTx, rid: str) -> None:
+    kind = cl.queued.get(rid)
+    if kind is None:
+        return
+    cl.queued = cl.queued.delete(rid)
+    n = cl.queue_kinds[kind] - 1
+    cl.queue_kinds = cl.queue_kinds.set(kind, n) if n else cl.queue_kinds.delete(kind)
+    # (the id stays in ``queue`` until the next pass skips it)
+
+
+def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
+    """Book ``need`` on ``node_id`` for ``rid`` (a node the core does not know books nothing)."""
+    cl = tx.cl
+    cl.changed = True
+    node = cl.nodes.get(node_id)
+    if node is not None:
+        cl.nodes = cl.nodes.set(node_id, _adjust(node, need, -1.0))
+    cl.held = cl.held.set(rid, (node_id, need))
+
+
+def release(tx: Tx, rid: str) -> None:
+    """``rid`` left (stopped, crashed): what the cluster holds for it is freed."""
+    cl = tx.cl
+    held = cl.held.get(rid)
+    if held is not None:
+        cl.changed = True
+        node_id, need = held
+        cl.held = cl.held.delete(rid)
+        node = cl.nodes.get(node_id)
+        if node is not None:
+            cl.nodes = cl.nodes.set(node_id, _adjust(node, need, 1.0))
+            cl.blocked = None
+    for table in ("queued", "deadlines", "avoid"):
+        if rid in getattr(cl, table):
+            cl.changed = True
+            if table == "queued":
+                _dequeue(cl, rid)
+            else:
+                setattr(cl, table, getattr(cl, table).delete(rid))
+
+
+def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """Undo a reservation the executor could not carry out: the replica keeps
+    its global rank, avoids that node, and goes back to the head of the queue."""
+    cl = tx.cl
+    node_id = rep.node_id
+    assert node_id is not None
+    held = cl.held.get(rep.replica_id)
+    if held is not None:
+        cl.held = cl.held.delete(rep.replica_id)
+        node = cl.nodes.get(held[0])
+        if node is not None:
+            cl.nodes = cl.nodes.set(held[0], _adjust(node, held[1], 1.0))
+    cl.avoid = cl.avoid.set(rep.replica_id, tuple(sorted({*cl.avoid.get(rep.replica_id, ()), node_id})))
+    cl.blocked = None
+    cl.changed = True
+    dep = _evolve(dep, replicas=dep.replicas.set(rep.replica_id, _evolve(rep, node_id=None)),
+                  ranks=dep.ranks.unplace(rep.replica_id))
+    enqueue(tx, dep, [rep.replica_id], front=True)
+    return dep
+
+
+def _views(cl: ClusterTx, dep: Deployment, avoid: tuple) -> list[NodeView]:
+    ranks = dep.ranks
+    return [NodeView(node_id=n.node_id, order=n.order, free=n.free, replicas=ranks.replicas_on(n.node_id))
+            for n in cl.nodes.values() if n.node_id not in avoid]
+
+
+def _fits(node: Node, need: Need) -> bool:
+    free = node.free
+    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
+
+
+def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> str | None:
+    need = dep.resources
+    pref = dep.ranks.preferred_node(rid)
+    if pref is not None and pref not in avoid and not cl.suspect(pref):
+        node = cl.nodes.get(pref)
+        if node is not None and _fits(node, need):
+            return pref  # a crash replacement back where its predecessor ran
+    views = _views(cl, dep, avoid)
+    rank = rank_nodes = None
+    if dep.placement == "rank_packed":
+        rank = dep.ranks.global_rank(rid)
+        prev = dep.ranks.holder_of(rank - 1) if rank > 0 else None
+        prev_node = dep.ranks.node_of(prev) if prev is not None else None
+        rank_nodes = {rank - 1: prev_node} if prev_node is not None else None
+    want = dict(need)
+    if cl.suspects:
+        healthy = [v for v in views if not cl.suspect(v.node_id)]
+        if len(healthy) < len(views):
+            chosen = choose_node(healthy, want, dep.placement, rank=rank, rank_nodes=rank_nodes)
+            if chosen is not None:
+                return chosen
+    return choose_node(views, want, dep.placement, rank=rank, rank_nodes=rank_nodes)
+
+
+def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
+    rid = rep.replica_id
+    ranks = dep.ranks.place(rid, node_id)
+    hold(tx, rid, node_id, dep.resources)
+    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+    rank = ranks.rank_of(rid)
+    assert rank is not None
+    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    return dep
+
+
+def place_waiting(tx: Tx) -> None:
+    """Walk the queue in order; place every replica that fits somewhere. Stops
+    early once every kind of need in the queue has failed to fit."""
+    cl = tx.cl
+    if not cl.queue or cl.blocked is not None:
+        return
+    cl.changed = True
+    failed: set = set()
+    kinds = len(cl.queue_kinds)
+    keep: list[str] = []
+    queue = cl.queue
+    i = 0
+    for i, rid in enumerate(queue):  # noqa: B007 (i is used after the loop)
+        kind = cl.queued.get(rid)
+        if kind is None:
+            continue  # left the queue (placed by the executor, stopped, crashed)
+        if len(failed) >= kinds:
+            break
+        if kind in failed:
+            keep.append(rid)
+            continue
+        name = tx.index[rid]
+        dep = tx.deps[name]
+        node_id = _choose(cl, dep, rid, kind[1])
+        if node_id is None:
+            failed.add(kind)
+            keep.append(rid)
+            continue
+        _dequeue(cl, rid)
+        tx.put(_reserve(tx, dep, dep.replicas[rid], node_id))
+    else:
+        i = len(queue)
+    rest = [rid for rid in queue[i:] if rid in cl.queued]
+    cl.queue = tuple(keep) + tuple(rest)
+    cl.blocked = frozenset(failed) if cl.queue else None
+
+
+def arm_deadlines(tx: Tx, commands: list) -> None:
+    """Start timeouts for the replicas this step initialised (needs the clock)."""
+    cl = tx.cl
+    new: set[float] = set()
+    for c in commands:
+        if type(c) is InitializeReplica:
+            timeout = tx.deps[c.deployment].start_timeout_s
+            if timeout is not None:
+                at = cl.now + timeout
+                cl.deadlines = cl.deadlines.set(c.replica_id, at)
+                cl.next_deadline = min(cl.next_deadline, at)
+                new.add(at)
+                cl.changed = True
+    for at in sorted(new):
+        tx.emit(ScheduleTick(at=at))
+
+
+def expired(cl: ClusterTx) -> list[str]:
+    """Replicas whose start deadline passed, in (deadline, id) order; refreshes ``next_deadline``."""
+    due = sorted((t, rid) for rid, t in cl.deadlines.items() if t <= cl.now)
+    with cl.deadlines.mutate() as m:
+        for _, rid in due:
+            del m[rid]
+        cl.deadlines = m.finish()
+    cl.next_deadline = min(cl.deadlines.values(), default=_INF)
+    cl.changed = True
+    return [rid for _, rid in due]
+
+
+def starting(rep: Replica) -> bool:
+    return rep.phase is Phase.STARTING
