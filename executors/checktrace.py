@@ -152,7 +152,7 @@ _TYPES = {
 _REQUIRED = {
     "event": {"t": "num", "type": "str", "deployment": "str?", "replica": "str?", "node": "str?",
               "rank": "rank?", "phase": "str?", "stale": "bool", "fields": "dict"},
-    "command": {"t": "num", "type": "str", "deployment": "str", "replica": "str?", "node": "str?",
+    "command": {"t": "num", "type": "str", "deployment": "str?", "replica": "str?", "node": "str?",
                 "rank": "rank?", "phase": "str?", "fields": "dict"},
     "snapshot": {"t": "num", "reason": "str", "deployments": "dict"},
     "fault": {"t": "num", "type": "str"},
@@ -169,6 +169,8 @@ _COMMAND_FIELDS = {
     "ReconfigureReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int", "reason": "str"}),
     "StopReplica": ({"replica": "str"}, {}),
     "UpdateWorldSize": ({}, {"world_size": "int"}),
+    "PlaceReplica": ({"replica": "str", "rank": "fullrank"}, {"node_id": "str"}),
+    "ScheduleTick": ({}, {"at": "num"}),
 }
 
 _DEPLOYMENT_FIELDS = {"target": "int", "healthy": "bool", "replicas": "dict"}
@@ -322,6 +324,8 @@ class _Checker:
             self.fmt.need(rec["fields"], spec[1], line, f"{typ} command's fields")
         st.commands.append(rec)
         self.presence.command(rec)
+        if rec["deployment"] is None:  # ScheduleTick: about the clock, no replica
+            return
         k = self.dep(rec["deployment"])
         rid, rank, f = rec["replica"], rec["rank"], rec["fields"]
         if typ == "StartReplica":

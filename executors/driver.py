@@ -35,6 +35,10 @@ Observer = Callable[[float, object, rc.State, rc.Step], None]
 class Driver:
     """Feeds events to ``rankcore.step`` and commands to a backend.
 
+    ``clock=True`` feeds the core a ``Tick(now=t)`` before any event at a
+    time ``t`` later than the core's clock (start timeouts and suspect nodes
+    run on it); ``tick(t)`` feeds one on its own (for a ``ScheduleTick``).
+
     ``check=True`` runs every invariant of :mod:`rankcore.invariants` after
     every step (the tests do; it costs O(N) per step).
 
@@ -58,6 +62,7 @@ class Driver:
         check: bool = False,
         state: rc.State | None = None,
         gc_freeze: bool = True,
+        clock: bool = False,
     ) -> None:
         self.backend = backend
         self.trace = trace
@@ -66,10 +71,22 @@ class Driver:
         self.observers: list[Observer] = []
         self.steps = 0
         self.gc_freeze = gc_freeze
+        self.clock = clock
         self.freezes = 0  # how many times the driver froze the collector's view
         self._frozen_at = 0  # replicas in the state at the last freeze
 
     def feed(self, event: object, t: float) -> rc.Step:
+        if self.clock and not isinstance(event, rc.Tick):
+            cl = self.state.cluster
+            if not cl.clock or t > cl.now:
+                self._step(rc.Tick(now=t), t)
+        return self._step(event, t)
+
+    def tick(self, t: float) -> rc.Step:
+        """Tell the core the time is ``t`` (an executor's timer for a ScheduleTick)."""
+        return self._step(rc.Tick(now=t), t)
+
+    def _step(self, event: object, t: float) -> rc.Step:
         before = self.state
         result = rc.step(before, event)
         if self.check:

@@ -90,6 +90,8 @@ class TraceWriter:
         self.fp.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def step(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        if type(event) is rc.Tick and not result.commands:
+            return  # only the clock moved: not written (a Tick that does something is)
         after = result.state
         self.write(_event_record(t, event, before, result))
         for cmd in result.commands:
@@ -105,7 +107,7 @@ class TraceWriter:
             self.write(snapshot_record(t, after, "healthy"))
         elif isinstance(event, rc.ControllerRecovered):
             self.write(snapshot_record(t, after, "recovery"))
-        elif self.steps % self.snapshot_every == 0:
+        elif self.steps % self.snapshot_every == 0 and after.deployments is not before.deployments:
             self.write(snapshot_record(t, after, "step"))
 
     def fault(self, t: float, type_: str, **fields: Any) -> None:
@@ -175,7 +177,8 @@ def _event_record(t: float, event: object, before: rc.State, result: rc.Step) ->
 
 def _command_record(t: float, cmd: object, after: rc.State) -> dict:
     rid = getattr(cmd, "replica_id", None)
-    dep = after.deployments.get(cmd.deployment)  # type: ignore[attr-defined]
+    name = getattr(cmd, "deployment", None)  # (ScheduleTick names none)
+    dep = after.deployments.get(name) if name is not None else None
     rank: list | None = None
     r = getattr(cmd, "rank", None)
     if isinstance(r, rc.ReplicaRank):
@@ -191,7 +194,7 @@ def _command_record(t: float, cmd: object, after: rc.State) -> dict:
         "kind": "command",
         "t": t,
         "type": type(cmd).__name__,
-        "deployment": cmd.deployment,  # type: ignore[attr-defined]
+        "deployment": name,
         "replica": rid,
         "node": node,
         "rank": rank,

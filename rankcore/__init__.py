@@ -4,11 +4,13 @@
 See README.md for a quick start and docs/architecture.md for the design.
 """
 
-from . import placement
+from . import cluster, placement
 from .commands import (
     Command,
     InitializeReplica,
+    PlaceReplica,
     ReconfigureReplica,
+    ScheduleTick,
     StartReplica,
     StopReplica,
     UpdateWorldSize,
@@ -30,7 +32,10 @@ from .events import (
     ControllerRecovered,
     DeploymentApplied,
     Event,
+    NodeCapacityChanged,
+    NodeJoined,
     NodeLost,
+    PlacementFailed,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -38,6 +43,7 @@ from .events import (
     ReplicaReport,
     ReplicaStopped,
     ScaleRequested,
+    Tick,
 )
 from .lifecycle import Phase
 from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
@@ -51,6 +57,7 @@ __all__ = [
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",
+    "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
     "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command",

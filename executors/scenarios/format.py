@@ -76,6 +76,10 @@ class DeploymentSpec:
     gpus: float = 1.0
     latency: dict = attrs.field(factory=dict, hash=False)
     max_replicas: int = rc.DEFAULT_MAX_REPLICAS
+    #: the placement policy (the scenario's ``placement`` unless the deployment names one)
+    placement: str = "spread"
+    #: the core's start timeout (the scenario's ``faults.start_timeout``)
+    start_timeout: float | None = None
 
     def applied(self, **changes: Any) -> rc.DeploymentApplied:
         spec = attrs.evolve(self, **changes)
@@ -86,6 +90,9 @@ class DeploymentSpec:
             has_reconfigure=spec.reconfigure != "none",
             reconfigure_takes_rank=spec.reconfigure == "with_rank",
             max_replicas=spec.max_replicas,
+            resources={"GPU": spec.gpus},
+            placement=spec.placement,
+            start_timeout_s=spec.start_timeout,
         )
 
 
@@ -300,7 +307,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     rate = c.number(faults.get("crash_rate_per_replica_hour", 0.0), ("faults", "crash_rate_per_replica_hour"))
     hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
     timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
-    deployments = _deployments(top["deployments"], c)
+    deployments = _deployments(top["deployments"], c, placement, timeout)
     timeline = _timeline(top["timeline"], c, deployments)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
@@ -347,7 +354,7 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     return tuple(out)
 
 
-def _deployments(value: Any, c: _Checker) -> dict:
+def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: float | None = None) -> dict:
     ds = c.mapping(value, ("deployments",))
     if not ds:
         raise c.fail(("deployments",), "declare at least one deployment")
@@ -356,7 +363,10 @@ def _deployments(value: Any, c: _Checker) -> dict:
         p = ("deployments", name)
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
-                      ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas"))
+                      ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement"))
+        policy = m.get("placement", placement)
+        if policy not in rc.placement.POLICIES:
+            raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
         reconf = m.get("reconfigure", "with_rank")
         if reconf not in RECONFIGURE_KINDS:
             raise c.fail(p + ("reconfigure",), f"must be one of {', '.join(RECONFIGURE_KINDS)}, got {_show(reconf)}")
@@ -372,6 +382,8 @@ def _deployments(value: Any, c: _Checker) -> dict:
             reconfigure=reconf,
             gpus=c.number(m.get("gpus", 1), p + ("gpus",)),
             latency={k: c.latency(v, p + ("latency", k)) for k, v in lat.items()},
+            placement=policy,
+            start_timeout=timeout,
         )
     return out
 

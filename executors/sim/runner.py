@@ -86,7 +86,7 @@ class Simulation:
                         meta={"executor": "sim", "scenario": scenario.name, "seed": self.seed})
             if trace is not None else None
         )
-        self.driver = Driver(self.backend, trace=self.trace, check=check)
+        self.driver = Driver(self.backend, trace=self.trace, check=check, clock=True)
         self.metrics = Metrics()
         self.driver.observers.append(self.metrics)
         self.controller_up = True
@@ -100,6 +100,8 @@ class Simulation:
         self.progress = progress
         self.check = check
         self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
+        for joined in self.backend.joined():  # the core places replicas on these
+            self.driver.feed(joined, 0.0)
 
     # ------------------------------------------------------------- clock
     def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
@@ -151,6 +153,12 @@ class Simulation:
     def replica_running(self, r: SimReplica) -> None:
         if self._crash_rate > 0:
             self.schedule(self.rng.expovariate(self._crash_rate), self._random_crash, r.replica_id, r.epoch)
+
+    def tick(self) -> None:
+        """A ScheduleTick came due: the core learns the time (not while it is down)."""
+        if self.controller_up:
+            self.driver.tick(self.now)
+            self._maybe_unblock()
 
     def _random_crash(self, rid: str, epoch: int) -> None:
         r = self.backend.replicas.get(rid)
@@ -208,7 +216,7 @@ class Simulation:
         reports = tuple(self.backend.reports())
         event = rc.ControllerRecovered(deployments=self.desired.all(),
                                        reports=reports, next_replica_number=self.backend.started,
-                                       next_lineage=self.backend.lineages)
+                                       next_lineage=self.backend.lineages, nodes=self.backend.joined())
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events)
         self.driver.feed(event, self.now)

@@ -42,30 +42,35 @@ class SimServices(Protocol):
     def replica_running(self, r: SimReplica) -> None:
         """Note that a replica became ready (metrics, timeline bookkeeping)."""
 
+    def tick(self) -> None:
+        """Tell the core the time now (a ScheduleTick came due)."""
+
 LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
 
 class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "per_deployment", "views")
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order")
 
     def __init__(self, name: str, gpus: float, order: int) -> None:
         self.name, self.gpus, self.order = name, gpus, order
         self.used = 0.0
         self.alive = True
         self.replicas: set[str] = set()
-        self.per_deployment: dict[str, int] = {}  # replicas on it per deployment (spread's tie-break)
-        self.views: dict[str, rc.placement.NodeView] = {}  # per deployment; cleared when the node changes
 
     @property
     def free(self) -> float:
         return self.gpus - self.used
+
+    def joined(self) -> rc.NodeJoined:
+        """What the node tells the core when it joins (or at a recovery)."""
+        return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus}, order=self.order)
 
 
 class SimReplica:
     """A replica as it sees itself: the rank in its context, its phase."""
 
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
-                 "user_config", "version", "lineage", "gpus", "epoch")
+                 "user_config", "version", "lineage", "gpus", "epoch", "target")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -80,6 +85,7 @@ class SimReplica:
         self.lineage = cmd.lineage
         self.gpus = gpus
         self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
+        self.target: str | None = None  # the node a PlaceReplica sent it to
 
     @property
     def alive(self) -> bool:
@@ -101,7 +107,11 @@ class SimReplica:
 
 
 class SimBackend:
-    """Carries out commands on simulated replicas; schedules their answers."""
+    """Carries out commands on simulated replicas; schedules their answers.
+
+    The core decides every placement (``PlaceReplica``) and every timeout
+    (``ScheduleTick``): the simulated cluster only carries them out, with
+    latencies, and reports what happened."""
 
     def __init__(self, sim: SimServices) -> None:
         self.sim = sim
@@ -109,19 +119,25 @@ class SimBackend:
         self.nodes: dict[str, SimNode] = {}
         for i, n in enumerate(sc.nodes):
             self.nodes[n.name] = SimNode(n.name, n.gpus, i)
+        self._order = len(self.nodes)
         self.replicas: dict[str, SimReplica] = {}
-        self.waiting: list[str] = []  # replicas that did not fit anywhere yet, FIFO
         # What the cluster knows of every replica it ever started, so a
         # recovering controller never reuses an id (see ControllerRecovered).
         self.started = 0
         self.lineages = 0
         self._epochs = 0  # unique over the run, so no two incarnations share one
 
+    def joined(self) -> list[rc.NodeJoined]:
+        """The live nodes, as NodeJoined events in their order."""
+        return [n.joined() for n in sorted(self.nodes.values(), key=lambda n: n.order) if n.alive]
+
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
         for cmd in commands:
             if isinstance(cmd, rc.StartReplica):
                 self._start(cmd)
+            elif isinstance(cmd, rc.PlaceReplica):
+                self._place_cmd(cmd)
             elif isinstance(cmd, rc.InitializeReplica):
                 self._initialize(cmd)
             elif isinstance(cmd, rc.ReconfigureReplica):
@@ -132,6 +148,8 @@ class SimBackend:
                 for r in self.replicas.values():
                     if r.deployment == cmd.deployment and r.alive:
                         r.world_size = cmd.world_size
+            elif isinstance(cmd, rc.ScheduleTick):
+                self.sim.schedule(cmd.at - self.sim.now, self.sim.tick)
 
     def _gpus(self, deployment: str) -> float:
         spec = self.sim.scenario.deployments.get(deployment)
@@ -146,62 +164,27 @@ class SimBackend:
         self._epochs += 1
         r = SimReplica(cmd, self._gpus(cmd.deployment), self._epochs)
         self.replicas[r.replica_id] = r
+
+    def _place_cmd(self, cmd: rc.PlaceReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or r.phase != "pending":
+            return
+        r.target = cmd.node_id
         delay = self.sim.latency(cmd.deployment, "place")
-        self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch)
+        self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch, cmd.node_id)
 
-    def _try_place(self, rid: str, epoch: int) -> None:
+    def _try_place(self, rid: str, epoch: int, node_id: str) -> None:
         r = self.replicas.get(rid)
-        if r is None or r.epoch != epoch or r.phase != "pending":
+        if r is None or r.epoch != epoch or r.phase != "pending" or r.node is not None:
             return
-        node = self._choose_node(r)
-        if node is None:
-            if rid not in self.waiting:
-                self.waiting.append(rid)
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node"))
             return
-        self._place(r, node)
-
-    def _choose_node(self, r: SimReplica) -> SimNode | None:
-        """By ``rankcore.placement.choose_node``, the Ray controller's rule too
-        (the simulated nodes have GPUs only)."""
-        policy = self.sim.scenario.placement
-        # (only nodes with room can be chosen: the others are left out here, for speed)
-        views = []
-        for n in self.nodes.values():
-            if n.alive and n.free + 1e-9 >= r.gpus:
-                v = n.views.get(r.deployment)
-                if v is None:
-                    v = n.views[r.deployment] = rc.placement.NodeView(
-                        node_id=n.name, order=n.order, free={"GPU": n.free},
-                        replicas=n.per_deployment.get(r.deployment, 0))
-                views.append(v)
-        rank_nodes = None
-        if policy == "rank_packed":
-            rank_nodes = {x.global_rank: x.node for x in self.replicas.values()
-                          if x.deployment == r.deployment and x.node is not None and x.alive
-                          and x.global_rank is not None and x is not r}
-        chosen = rc.placement.choose_node(views, {"GPU": r.gpus}, policy, rank=r.global_rank, rank_nodes=rank_nodes)
-        return None if chosen is None else self.nodes[chosen]
-
-    def _place(self, r: SimReplica, node: SimNode) -> None:
         node.used += r.gpus
-        node.replicas.add(r.replica_id)
-        node.per_deployment[r.deployment] = node.per_deployment.get(r.deployment, 0) + 1
-        node.views.clear()
+        node.replicas.add(rid)
         r.node = node.name
-        self.sim.deliver(rc.ReplicaPlaced(replica_id=r.replica_id, node_id=node.name))
-
-    def _retry_waiting(self) -> None:
-        """Capacity changed: place waiting replicas, first come first served."""
-        queue, self.waiting = self.waiting, []
-        for rid in queue:
-            r = self.replicas.get(rid)
-            if r is None or r.phase != "pending":
-                continue
-            node = self._choose_node(r)
-            if node is None:
-                self.waiting.append(rid)
-            else:
-                self._place(r, node)
+        self.sim.deliver(rc.ReplicaPlaced(replica_id=rid, node_id=node.name))
 
     def _initialize(self, cmd: rc.InitializeReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -214,9 +197,7 @@ class SimBackend:
         sc = self.sim.scenario
         hung = sc.start_hang_probability > 0 and self.sim.rng.random() < sc.start_hang_probability
         delay = self.sim.latency(cmd.deployment, "start") + self.sim.latency(cmd.deployment, "ready")
-        if hung or delay > sc.start_timeout:
-            self.sim.schedule(sc.start_timeout, self._start_timed_out, r.replica_id, r.epoch)
-        else:
+        if not hung:  # a hung start never answers: the core's start timeout replaces it
             self.sim.schedule(delay, self._ready, r.replica_id, r.epoch)
 
     def _ready(self, rid: str, epoch: int) -> None:
@@ -227,12 +208,6 @@ class SimBackend:
             r.phase = "running"
             self.sim.replica_running(r)
         self.sim.deliver(rc.ReplicaReady(replica_id=rid))
-
-    def _start_timed_out(self, rid: str, epoch: int) -> None:
-        r = self.replicas.get(rid)
-        if r is None or r.epoch != epoch or r.phase != "starting":
-            return
-        self.crash(rid, "start timed out")
 
     def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -259,8 +234,6 @@ class SimBackend:
         if r is None or not r.alive:
             return
         r.phase = "stopping"
-        if cmd.replica_id in self.waiting:
-            self.waiting.remove(cmd.replica_id)
         delay = self.sim.latency(cmd.deployment, "stop")
         self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)
 
@@ -270,7 +243,6 @@ class SimBackend:
             return
         self._free(r, "stopped")
         self.sim.deliver(rc.ReplicaStopped(replica_id=rid))
-        self._retry_waiting()
 
     # -------------------------------------------------------------- faults
     def _free(self, r: SimReplica, phase: str) -> None:
@@ -278,14 +250,10 @@ class SimBackend:
             node = self.nodes[r.node]
             if r.replica_id in node.replicas:
                 node.replicas.discard(r.replica_id)
-                node.per_deployment[r.deployment] -= 1
-                node.views.clear()
                 node.used -= r.gpus
         r.phase = phase
         self._epochs += 1
         r.epoch = self._epochs
-        if r.replica_id in self.waiting:
-            self.waiting.remove(r.replica_id)
         del self.replicas[r.replica_id]
 
     def crash(self, rid: str, reason: str) -> bool:
@@ -295,7 +263,6 @@ class SimBackend:
         self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
         self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason))
-        self._retry_waiting()
         return True
 
     def holder(self, deployment: str, rank: int) -> str | None:
@@ -309,7 +276,9 @@ class SimBackend:
         if node is None or not node.alive:
             return -1
         node.alive = False
-        dead = sorted(node.replicas)
+        # on the way there too: the core's NodeLost covers them (no answer of their own)
+        dead = sorted(node.replicas | {r.replica_id for r in self.replicas.values()
+                                       if r.node is None and r.target == name and r.alive})
         for rid in dead:
             r = self.replicas.get(rid)
             if r is not None:
@@ -317,14 +286,14 @@ class SimBackend:
                 self._free(r, "dead")
         del self.nodes[name]
         self.sim.deliver(rc.NodeLost(node_id=name))
-        self._retry_waiting()
         return len(dead)
 
     def add_node(self, name: str, gpus: float) -> bool:
         if name in self.nodes:
             return False
-        self.nodes[name] = SimNode(name, gpus, len(self.nodes) + 1000)
-        self._retry_waiting()
+        node = self.nodes[name] = SimNode(name, gpus, self._order)
+        self._order += 1
+        self.sim.deliver(node.joined())
         return True
 
     def reports(self) -> list[rc.ReplicaReport]:

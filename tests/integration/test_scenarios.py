@@ -212,7 +212,8 @@ def test_rank_packed_example_puts_consecutive_ranks_on_one_node_and_downscales_w
     assert len(ranks) == 8
     for rank in ranks.values():
         assert (rank.node_rank, rank.local_rank) == (rank.rank // 4, rank.rank % 4), ranks
-    spread = Simulation(attrs.evolve(sc, placement="spread", timeline=sc.timeline[:2]), check=True).run()
+    spread_deps = {n: attrs.evolve(d, placement="spread") for n, d in sc.deployments.items()}
+    spread = Simulation(attrs.evolve(sc, deployments=spread_deps, timeline=sc.timeline[:2]), check=True).run()
     dealt = spread.state.ranks("moe")
     assert any(r.node_rank != r.rank // 4 for r in dealt.values())
     assert sorted(r.node_rank for r in dealt.values() if r.rank < 3) == [0, 1, 2]  # ranks 0..2 on three nodes

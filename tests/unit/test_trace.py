@@ -91,7 +91,10 @@ def test_simulator_trace_passes(tmp_path, downscale_text):
     c = report.counts
     assert c["header"] == 1 and c["end"] == 1 and c["expectation"] >= 1
     assert c["steps"] == c["event"] > 0
-    assert c["snapshots_checked"] == c["snapshot"] == c["steps"] + 1  # one per step plus the end one
+    # one per step that changed a deployment (not the nodes joining at t=0), plus the end one
+    joins = sum(1 for r in _records(downscale_text) if r["kind"] == "event" and r["type"] == "NodeJoined")
+    assert joins == 2  # node-a, node-b
+    assert c["snapshots_checked"] == c["snapshot"] == c["steps"] - joins + 1
     assert report.checks["rank_reconfigure"] == 2  # llm#4 -> 0 and llm#7 -> 3
     assert report.checks["world_size"] > 0 and report.checks["rank_change"] > 0
     text = report.summary()
@@ -240,7 +243,7 @@ def test_missing_or_mistyped_field(tmp_path, downscale_text):
                                "fields": {}}), "after the end record"),
     (lambda recs: recs.insert(3, {"kind": "gossip", "t": 0.0}), "unknown record kind"),
     (lambda recs: recs.insert(1, dict(recs[0])), "second header"),
-    (lambda recs: recs.insert(1, dict(recs[2])), "outside a step"),
+    (lambda recs: recs.insert(1, dict(next(r for r in recs if r["kind"] == "command"))), "outside a step"),
 ])
 def test_structural_errors(tmp_path, downscale_text, edit, words):
     recs = _records(downscale_text)
