@@ -15,10 +15,14 @@ import math
 import attrs
 import immutables
 
-__all__ = ["Node", "Cluster", "Need", "SUSPECT_S"]
+__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S"]
 
 #: A need or a node's resources: sorted (name, amount) pairs.
 Need = tuple[tuple[str, float], ...]
+
+#: How long a failed placement keeps a replica off that node (then it may try
+#: again: the clash may have been with something outside the core's books).
+RETRY_S = 30.0
 
 #: How long a node where a replica vanished (``ReplicaCrashed.suspect_node``)
 #: gets no new replica while another node has room (the Ray controller's rule
@@ -60,8 +64,11 @@ class Cluster:
     #: the kinds that did not fit at the last pass, nothing freed since (None: try)
     blocked: frozenset | None = None
     #: replica id -> nodes where its placement failed (avoided until the node
-    #: reports its capacity again)
+    #: reports its capacity again, or ``retry_s`` on the clock)
     avoid: immutables.Map = attrs.field(factory=immutables.Map)
+    #: when the failed placements are forgotten (inf: none to forget)
+    retry_at: float = math.inf
+    retry_s: float = RETRY_S
     #: the clock: the latest Tick's ``now``; ``clock`` once a Tick came
     now: float = 0.0
     clock: bool = False

@@ -28,17 +28,17 @@ from .events import (
     NodeJoined,
     NodeLost,
     PlacementFailed,
-    Tick,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
     ReplicaReconfigured,
     ReplicaStopped,
     ScaleRequested,
+    Tick,
 )
 from .lifecycle import Phase, Trigger, advance
 from .recovery import rebuild
-from .scheduling import expired, hold, new_node, release, unreserve
+from .scheduling import enqueue, expired, forget_failures, hold, new_node, rekind, release, unreserve
 from .state import (
     Deployment,
     RecoveryOutcome,
@@ -85,9 +85,12 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         dep = Deployment.applied(e)
         tx.put(reconcile(tx, dep))
         return tx.finish()
+    resources_changed = e.resources != dep.resources
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
                   start_timeout_s=e.start_timeout_s)
+    if resources_changed and tx.managed:
+        rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config
     if config_changed:
         dep = _evolve(dep, user_config=e.user_config, config_version=dep.config_version + 1)
@@ -248,11 +251,24 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
         raise InvalidEvent(f"NodeJoined: node {e.node_id!r} is already in the cluster with other resources or "
                            f"labels (send NodeCapacityChanged, or NodeLost first)")
     node = new_node(e.node_id, e.resources, e.labels, e.order, cl.joined)
-    for rid, (node_id, need) in cl.held.items():  # (a node back after recovery may hold replicas)
+    for node_id, need in cl.held.values():  # (a node back after recovery may hold replicas)
         if node_id == e.node_id:
             node = _evolve(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
     cl.nodes = cl.nodes.set(e.node_id, node)
+    first = cl.joined == 0
     cl.joined += 1
+    if first:  # the core places from now on: book what runs, queue what waits
+        for name in sorted(tx.deps.keys()):
+            dep = tx.deps[name]
+            waiting = []
+            for rid in dep.ranks:  # global-rank order
+                rep = dep.replicas[rid]
+                if rep.node_id is not None:
+                    hold(tx, rid, rep.node_id, dep.resources)
+                elif rep.phase is Phase.PENDING:
+                    waiting.append(rid)
+            if waiting:
+                enqueue(tx, dep, waiting)
     cl.blocked = None
     cl.changed = True
     _clear_avoid(cl, e.node_id)
@@ -298,21 +314,27 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
     old = tx.cluster
     if old.clock and e.now <= old.now:
         return tx.finish(stale=True)  # no time passed (or an older tick)
-    if e.now < old.next_deadline and not old.suspects:  # the common case: only the clock moves
-        tx.cluster = _evolve(old, now=float(e.now), clock=True)
+    if e.now < old.next_deadline and e.now < old.retry_at and not old.suspects:
+        tx.cluster = _evolve(old, now=float(e.now), clock=True)  # the common case: only the clock moves
         return tx.finish()
     cl = tx.cl
     cl.now, cl.clock, cl.changed = float(e.now), True, True
     if cl.suspects and any(t <= cl.now for t in cl.suspects.values()):
         cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})
+    if cl.now >= cl.retry_at:
+        forget_failures(tx)
     if cl.now >= cl.next_deadline:
+        timed_out: dict[str, list[Replica]] = {}
         for rid in expired(cl):
             found = tx.lookup(rid)
-            if found is None or found[1].phase is not Phase.STARTING:
-                continue
-            dep, rep = found
-            tx.emit(StopReplica(replica_id=rid, deployment=dep.name))  # its process, hung
-            tx.put(crash(tx, dep, rep))
+            if found is not None and found[1].phase is Phase.STARTING:
+                timed_out.setdefault(found[0].name, []).append(found[1])
+        for name in sorted(timed_out):  # in rank order, as any batch of crashes
+            dep = tx.deps[name]
+            for rep in by_rank(dep, timed_out[name]):
+                tx.emit(StopReplica(replica_id=rep.replica_id, deployment=name))  # its process, hung
+                dep = crash(tx, dep, dep.replicas[rep.replica_id])
+            tx.put(dep)
         if cl.next_deadline < float("inf"):
             tx.emit(ScheduleTick(at=cl.next_deadline))
     return tx.finish()

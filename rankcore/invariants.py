@@ -171,7 +171,7 @@ def check_cluster(state: State) -> None:
             elif rep.phase is Phase.PENDING:
                 waiting.add(rid)
     held = {rid: tuple(v) for rid, v in cl.held.items()}
-    for rid, (node, need) in on_nodes.items():
+    for rid, (node, _need) in on_nodes.items():
         if rid not in held:
             _fail(f"replica {rid!r} is on {node!r} but the cluster holds nothing for it")
         if held[rid][0] != node:
@@ -262,7 +262,8 @@ def check_upscale_keeps_ranks(before: State, event: object, result: Step) -> Non
         return
     was, now = rank_view(old), rank_view(new)
     for rid, rk in was.items():
-        if rid in now and now[rid] != rk:
+        placed = rk[1] is None and old.replicas[rid].phase is Phase.PENDING and now.get(rid, rk)[0] == rk[0]
+        if rid in now and now[rid] != rk and not placed:  # (a waiting replica may get its node meanwhile)
             _fail(f"{name}: upscale {old.target}->{new.target} changed {rid} from {rk} to {now[rid]}")
 
 
@@ -284,6 +285,9 @@ def check_rank_changes_reconfigured(before: State, event: object, result: Step) 
             old = was.get(name, {}).get(rid)
             changed = old is not None and old[1] is not None and old != rk
             before_dep = before.deployments.get(name)
+            if before_dep is not None and rid in before_dep.replicas and \
+                    before_dep.replicas[rid].phase is Phase.PENDING:
+                changed = False  # reserved, never initialised: its rank was not told yet
             due = before_dep is not None and rid in before_dep.replicas and before_dep.replicas[rid].rank_update_due
             if changed != ((name, rid) in sent) and not (due and not changed):
                 _fail(f"{name}/{rid}: rank {old} -> {rk}, rank reconfigures sent: {sent.get((name, rid), 0)}")
@@ -414,7 +418,7 @@ def check_placements(before: State, event: object, result: Step) -> None:
     for c in places:
         node = cl.nodes.get(c.node_id)
         if node is None:
-            _fail(f"{c.replica_id} placed on {c.node_id!r}, which is not a live node")
+            raise InvariantViolation(f"{c.replica_id} placed on {c.node_id!r}, which is not a live node")
         for k, _v in c.resources:
             if node.free.get(k, 0.0) < -1e-6:
                 _fail(f"{c.replica_id} placed on {c.node_id!r}, which has {node.free.get(k, 0.0)} {k} left")
@@ -424,10 +428,10 @@ def check_placements(before: State, event: object, result: Step) -> None:
         if dep.ranks.rank_of(c.replica_id) != c.rank:
             _fail(f"{c.replica_id}: PlaceReplica says rank {c.rank}, the table {dep.ranks.rank_of(c.replica_id)}")
         p = pos.get(c.replica_id)
-        if p is None:
-            continue  # re-placed after a failure (it jumped the queue on purpose: it came first)
+        if p is None or isinstance(event, ControllerRecovered):
+            continue  # re-placed after a failure (first in line on purpose), or a new queue (recovery)
         kind = (dep.resources, cl.avoid.get(c.replica_id, ()))
-        for rid in cl.queued.keys():
+        for rid in cl.queued:
             q = pos.get(rid)
             if q is not None and q < p and cl.queued[rid] == kind:
                 _fail(f"{c.replica_id} was placed while {rid}, of the same need and waiting longer, still waits")
@@ -554,7 +558,7 @@ def _check_rank_changes_touched(before: State, event: object, result: Step) -> N
             if rid not in old.ranks or rid not in new.ranks:
                 continue
             was, now = old.ranks.rank_of(rid), new.ranks.rank_of(rid)
-            changed = was is not None and was != now
+            changed = was is not None and was != now and old.replicas[rid].phase is not Phase.PENDING
             due = rid in old.replicas and old.replicas[rid].rank_update_due
             if changed != ((name, rid) in sent) and not (due and not changed):
                 _fail(f"{name}/{rid}: rank {was} -> {now}, rank reconfigures sent: {sent.get((name, rid), 0)}")

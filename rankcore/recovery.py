@@ -41,8 +41,8 @@ from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaRepo
 from .lifecycle import LIVE, Phase
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
-from .state import Deployment, Replica, parse_replica_number
 from .scheduling import enqueue, hold, new_node
+from .state import Deployment, Replica, parse_replica_number
 from .transaction import Tx, initialize, reconcile, reconfigure, recount, stop
 
 __all__ = ["rebuild"]
@@ -250,7 +250,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
                 rep = dep.replicas[rid]
                 if rep.node_id is not None:
                     hold(tx, rid, rep.node_id, dep.resources)
-                elif rid not in tx.cl.queued:
+                elif rep.phase is Phase.PENDING and rid not in tx.cl.queued:
                     waiting.append(rid)
             if waiting:
                 enqueue(tx, dep, waiting)

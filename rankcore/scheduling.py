@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 import attrs
 import immutables
@@ -40,7 +40,9 @@ from .state import Deployment, Replica
 class Tx(Protocol):
     """What these moves need of ``rankcore.transaction.Tx`` (which builds on this module)."""
 
-    cl: Any
+    @property
+    def cl(self) -> ClusterTx: ...
+
     deps: immutables.Map
     index: immutables.Map
 
@@ -48,7 +50,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "enqueue", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
 _evolve = attrs.evolve
 _INF = math.inf
@@ -58,6 +60,22 @@ class ClusterTx:
     """A step's working copy of the ``Cluster`` (one record built at the end)."""
 
     __slots__ = tuple(a.name for a in attrs.fields(Cluster)) + ("base", "changed")
+    nodes: immutables.Map
+    joined: int
+    held: immutables.Map
+    queue: tuple[str, ...]
+    queued: immutables.Map
+    queue_kinds: immutables.Map
+    blocked: frozenset | None
+    avoid: immutables.Map
+    retry_at: float
+    retry_s: float
+    now: float
+    clock: bool
+    suspects: immutables.Map
+    deadlines: immutables.Map
+    next_deadline: float
+    suspect_s: float
 
     def __init__(self, base: Cluster) -> None:
         self.base = base
@@ -71,8 +89,8 @@ class ClusterTx:
         return Cluster(**{a.name: getattr(self, a.name) for a in attrs.fields(Cluster)})
 
     def suspect(self, node_id: str) -> bool:
-        until = self.suspects.get(node_id)  # type: ignore[attr-defined]
-        return until is not None and until > self.now  # type: ignore[attr-defined]
+        until = self.suspects.get(node_id)
+        return until is not None and until > self.now
 
 
 def new_node(node_id: str, resources: Need, labels: tuple, order: int | None, joined: int) -> Node:
@@ -89,7 +107,7 @@ def _adjust(node: Node, need: Need, sign: float) -> Node:
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need) -> tuple:
-    return (need, cl.avoid.get(rid, ()))  # type: ignore[attr-defined]
+    return (need, cl.avoid.get(rid, ()))
 
 
 def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -> None:
@@ -120,6 +138,51 @@ def _dequeue(cl: ClusterTx, rid: str) -> None:
     n = cl.queue_kinds[kind] - 1
     cl.queue_kinds = cl.queue_kinds.set(kind, n) if n else cl.queue_kinds.delete(kind)
     # (the id stays in ``queue`` until the next pass skips it)
+
+
+def forget_failures(tx: Tx) -> None:
+    """``retry_s`` passed since a placement failed: every replica may try every node again."""
+    cl = tx.cl
+    cl.changed = True
+    cl.retry_at = _INF
+    failed = list(cl.avoid)
+    cl.avoid = immutables.Map()
+    kinds = cl.queue_kinds
+    with cl.queued.mutate() as q:
+        for rid in failed:
+            old = q.get(rid)
+            if old is None:
+                continue
+            n = kinds[old] - 1
+            kinds = kinds.set(old, n) if n else kinds.delete(old)
+            new = (old[0], ())
+            q[rid] = new
+            kinds = kinds.set(new, kinds.get(new, 0) + 1)
+        cl.queued = q.finish()
+    cl.queue_kinds = kinds
+    cl.blocked = None
+
+
+def rekind(tx: Tx, dep: Deployment) -> None:
+    """``dep``'s resources changed: its waiting replicas now need the new amount
+    (they keep their places in the queue)."""
+    cl = tx.cl
+    mine = [rid for rid in cl.queued if tx.index.get(rid) == dep.name]
+    if not mine:
+        return
+    cl.changed = True
+    kinds = cl.queue_kinds
+    with cl.queued.mutate() as q:
+        for rid in mine:
+            old = q[rid]
+            n = kinds[old] - 1
+            kinds = kinds.set(old, n) if n else kinds.delete(old)
+            new = _kind(cl, rid, dep.resources)
+            q[rid] = new
+            kinds = kinds.set(new, kinds.get(new, 0) + 1)
+        cl.queued = q.finish()
+    cl.queue_kinds = kinds
+    cl.blocked = None
 
 
 def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
@@ -168,6 +231,9 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     cl.avoid = cl.avoid.set(rep.replica_id, tuple(sorted({*cl.avoid.get(rep.replica_id, ()), node_id})))
     cl.blocked = None
     cl.changed = True
+    if cl.clock and cl.retry_at == _INF:
+        cl.retry_at = cl.now + cl.retry_s
+        tx.emit(ScheduleTick(at=cl.retry_at))
     dep = _evolve(dep, replicas=dep.replicas.set(rep.replica_id, _evolve(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
     enqueue(tx, dep, [rep.replica_id], front=True)
@@ -187,7 +253,7 @@ def _fits(node: Node, need: Need) -> bool:
 
 def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> str | None:
     need = dep.resources
-    pref = dep.ranks.preferred_node(rid)
+    pref = cast("str | None", dep.ranks.preferred_node(rid))  # (the core's nodes are str ids)
     if pref is not None and pref not in avoid and not cl.suspect(pref):
         node = cl.nodes.get(pref)
         if node is not None and _fits(node, need):
@@ -197,7 +263,7 @@ def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> str | Non
     if dep.placement == "rank_packed":
         rank = dep.ranks.global_rank(rid)
         prev = dep.ranks.holder_of(rank - 1) if rank > 0 else None
-        prev_node = dep.ranks.node_of(prev) if prev is not None else None
+        prev_node = cast("str | None", dep.ranks.node_of(prev) if prev is not None else None)
         rank_nodes = {rank - 1: prev_node} if prev_node is not None else None
     want = dict(need)
     if cl.suspects:

@@ -37,7 +37,10 @@ from .errors import InvalidEvent
 from .events import (
     ControllerRecovered,
     DeploymentApplied,
+    NodeCapacityChanged,
+    NodeJoined,
     NodeLost,
+    PlacementFailed,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -45,8 +48,10 @@ from .events import (
     ReplicaReport,
     ReplicaStopped,
     ScaleRequested,
+    Tick,
 )
 from .lifecycle import Phase
+from .placement import POLICIES
 from .protocol import answers
 from .ranks import ReplicaRank
 from .state import State, Step
@@ -129,17 +134,22 @@ def snapshot(state: State) -> Any:
             dep.ranks.to_dict(),
         )
         for name, dep in state.deployments.items()
-    }, dict(state.index), state.next_replica, state.next_lineage
+    }, dict(state.index), state.next_replica, state.next_lineage, state.cluster
 
 
 def make_machine(
     subject_factory: Callable[[], Subject], *, max_replicas: int = 6,
-    settings: hypothesis_settings | None = None,
+    settings: hypothesis_settings | None = None, managed: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class checking ``subject_factory()``'s subject.
 
     ``settings`` (a ``hypothesis.settings``) applies to its ``TestCase``;
-    without it the loaded profile applies (see ``PROFILES``).
+    without it the loaded profile applies (see ``PROFILES``). ``managed=True``
+    lets the core place replicas: nodes join first (and join, leave, change
+    capacity later), deployments ask for GPUs with a random placement policy
+    and start timeout, pending replicas are answered on the node the core
+    chose (or another one, or with PlacementFailed), the clock ticks, and
+    crashes may make a node suspect.
     """
 
     class RankMachine(RuleBasedStateMachine):
@@ -190,18 +200,63 @@ def make_machine(
                 out.extend((name, rid) for rid in sorted(dep.replicas.keys()) if dep.replicas[rid].phase in phases)
             return out
 
+        def placing(self, data: st.DataObject) -> dict:
+            """A deployment's placement fields (managed machines only)."""
+            if not managed:
+                return {}
+            return {"resources": {"GPU": data.draw(st.sampled_from([0, 1, 2]), label="gpus")},
+                    "placement": data.draw(st.sampled_from(POLICIES), label="policy"),
+                    "start_timeout_s": data.draw(st.sampled_from([None, 5.0, 30.0]), label="start timeout")}
+
         # ----------------------------------------------------------- rules
-        @initialize(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs)
-        def first_deployment(self, name: str, n: int, config: Any) -> None:
-            self.apply(DeploymentApplied(name=name, num_replicas=n, user_config=config, has_reconfigure=True, reconfigure_takes_rank=True))
+        @initialize(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs, data=st.data())
+        def first_deployment(self, name: str, n: int, config: Any, data: st.DataObject) -> None:
+            if managed:
+                for i, node in enumerate(NODES[:3]):
+                    gpus = data.draw(st.integers(1, 4), label=f"GPUs of {node}")
+                    self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}, order=i))
+                self.apply(Tick(now=1.0))
+            self.apply(DeploymentApplied(name=name, num_replicas=n, user_config=config, has_reconfigure=True,
+                                         reconfigure_takes_rank=True, **self.placing(data)))
 
         @rule(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs,
-              has_reconfigure=st.booleans(), takes_rank=st.booleans())
-        def apply_deployment(self, name: str, n: int, config: Any, has_reconfigure: bool, takes_rank: bool) -> None:
+              has_reconfigure=st.booleans(), takes_rank=st.booleans(), data=st.data())
+        def apply_deployment(self, name: str, n: int, config: Any, has_reconfigure: bool, takes_rank: bool,
+                             data: st.DataObject) -> None:
             self.apply(DeploymentApplied(
                 name=name, num_replicas=n, user_config=config,
                 has_reconfigure=has_reconfigure, reconfigure_takes_rank=has_reconfigure and takes_rank,
+                **self.placing(data),
             ))
+
+        # ------------------------------------------------- managed cluster
+        @precondition(lambda self: managed)
+        @rule(node=node_ids, gpus=st.integers(0, 4))
+        def join_or_resize(self, node: str, gpus: int) -> None:
+            """A node joins, or one in the cluster reports new capacity."""
+            if node in self.state.cluster.nodes:
+                self.apply(NodeCapacityChanged(node_id=node, resources={"GPU": gpus, "CPU": 8}))
+            else:
+                self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}))
+
+        @precondition(lambda self: managed)
+        @rule(seconds=st.sampled_from([0.5, 6.0, 20.0, 40.0]))
+        def tick(self, seconds: float) -> None:
+            self.apply(Tick(now=self.state.cluster.now + seconds))
+
+        def answer_pending(self, rid: str, rep: Any, data: st.DataObject, label: str) -> None:
+            if not managed or rep.node_id is None:
+                if managed and not data.draw(st.booleans(), label=f"{label}: executor places a waiting one itself"):
+                    return
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=label)))
+                return
+            how = data.draw(st.sampled_from(["as told", "as told", "elsewhere", "failed"]), label=label)
+            if how == "failed":
+                self.apply(PlacementFailed(replica_id=rid, node_id=rep.node_id, reason="test"))
+            elif how == "elsewhere":
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"{label}: node")))
+            else:
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id))
 
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule(data=st.data())
@@ -225,7 +280,7 @@ def make_machine(
             )
             rep = self.state.deployments[name].replicas[rid]
             if rep.phase is Phase.PENDING:
-                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label="node")))
+                self.answer_pending(rid, rep, data, "node")
             elif rep.phase is Phase.STARTING:
                 self.apply(ReplicaReady(replica_id=rid))
             elif rep.phase is Phase.RECONFIGURING:
@@ -240,6 +295,10 @@ def make_machine(
             (raft's ``stabilize``): this is what reaches healthy deployments."""
             for _ in range(8 * max_replicas * max(1, len(self.state.deployments))):
                 outstanding = self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING)
+                if managed:  # (replicas waiting for room have nothing to answer)
+                    outstanding = [(n, r) for n, r in outstanding
+                                   if self.state.deployments[n].replicas[r].phase is not Phase.PENDING
+                                   or self.state.deployments[n].replicas[r].node_id is not None]
                 if not outstanding:
                     return
                 for name, rid in outstanding:
@@ -247,7 +306,13 @@ def make_machine(
                     if rep is None:
                         continue
                     if rep.phase is Phase.PENDING:
-                        self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"node for {rid}")))
+                        if managed and rep.node_id is None:
+                            continue  # waits for room
+                        if managed:
+                            self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id))
+                        else:
+                            self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids,
+                                                                                       label=f"node for {rid}")))
                     elif rep.phase is Phase.STARTING:
                         self.apply(ReplicaReady(replica_id=rid))
                     elif rep.phase is Phase.RECONFIGURING:
@@ -260,13 +325,15 @@ def make_machine(
         @rule(data=st.data())
         def crash(self, data: st.DataObject) -> None:
             _name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
-            self.apply(ReplicaCrashed(replica_id=rid, reason="test"))
+            suspect = managed and data.draw(st.booleans(), label="vanished (node suspect)")
+            self.apply(ReplicaCrashed(replica_id=rid, reason="test", suspect_node=suspect))
 
         @rule(node=node_ids)
         def lose_node(self, node: str) -> None:
-            hosted = any(r.node_id == node for r in self.state.replicas())
+            hosted = any(r.node_id == node for r in self.state.replicas()) or node in self.state.cluster.nodes
             result = self.apply(NodeLost(node_id=node))
-            assert result.stale == (not hosted), "NodeLost is stale exactly when no replica was there"
+            assert result.stale == (not hosted), "NodeLost is stale exactly when neither a replica nor the node was known"
+            assert node not in self.state.cluster.nodes
 
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule()
@@ -301,7 +368,7 @@ def make_machine(
                     replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
                     phase=rep.phase, world_size=world_size, lineage=rep.lineage, version=rep.version,
                 ))
-            self.apply(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports)))
+            self.apply(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes))
 
         @precondition(lambda self: self.retired)
         @rule(data=st.data())

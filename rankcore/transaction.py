@@ -65,7 +65,7 @@ class Tx:
 
     @property
     def managed(self) -> bool:
-        return self.cluster.joined > 0 or (self._cl is not None and self._cl.joined > 0)
+        return (self._cl.joined if self._cl is not None else self.cluster.joined) > 0
 
     def dep(self, name: str) -> Deployment:
         try:
@@ -231,6 +231,8 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
     replicas, counts = dep.replicas, dep.counts
     for rid in chosen:
         rep = replicas[rid]
+        if tx.managed and rep.node_id is None and rid in tx.cl.queued:
+            release(tx, rid)  # it was waiting for a node: it waits no more
         new = _evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
         replicas = replicas.set(rid, new)
         counts = recount(counts, rep.phase, new.phase)

@@ -5,6 +5,12 @@ It carries out rankcore's commands on real replica actors (named
 core events, through the same ``Driver`` as the simulator. Every Ray call is
 awaited in its own asyncio task; the core is stepped only from the actor's
 event loop, so there is no locking.
+
+The core decides placement: the controller tells it the cluster's nodes
+(``NodeJoined`` / ``NodeCapacityChanged`` / ``NodeLost``, from ``ray.nodes()``)
+and the time (``Tick``), and carries each ``PlaceReplica`` out on exactly the
+node it names, answering ``ReplicaPlaced`` or ``PlacementFailed``. It chooses
+no node and orders nothing itself.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Set
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import ray
@@ -35,7 +41,7 @@ _KV_EPOCH = b"rankcore/epoch"  # wall-clock origin of trace time, shared by ever
 _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (orders their commands)
 #: every replica the controller started and has not forgotten, with how far its
 #: start got (Ray Serve checkpoints its replica list too): a restarted controller
-#: resumes the starts under way and knows which replicas died while it was down
+#: adopts the starts under way and knows which replicas died while it was down
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
 
@@ -69,7 +75,11 @@ class _Backend:
         c = self.ctl
         for cmd in commands:
             if isinstance(cmd, rc.StartReplica):
-                c._spawn(c._start(cmd))
+                c._start(cmd)
+            elif isinstance(cmd, rc.PlaceReplica):
+                c._place_soon(cmd)
+            elif isinstance(cmd, rc.ScheduleTick):
+                c._schedule_tick(cmd.at)
             elif isinstance(cmd, rc.InitializeReplica):
                 c._spawn(c._initialize(cmd, c._next_seq()))
             elif isinstance(cmd, rc.ReconfigureReplica):
@@ -87,13 +97,12 @@ class Controller:
     #: seconds between health checks, and how long a ping may take
     health_check_period_s = 2.0
     health_check_timeout_s = 10.0
-    #: how long a replica's group pinned to the chosen node may wait before Ray may place it anywhere
+    #: how long a replica's group pinned to the node the core chose may wait to
+    #: be placed before the placement is reported failed (the core then places again)
     pin_wait_s = 10.0
-    #: deaths on one node this close together are handled as one batch, in rank order
+    #: deaths on one node this close together are observed together: if Ray has
+    #: declared the node dead by then, they are one NodeLost
     death_batch_s = 0.25
-    #: a node where a replica died on its own (not ray.kill) gets no new replicas
-    #: for this long while another node has room: it may be going down
-    suspect_s = 15.0
 
     def __init__(self) -> None:
         raw = internal_kv._internal_kv_get(_KV_EPOCH)
@@ -104,21 +113,20 @@ class Controller:
         self.incarnation = int(raw) + 1 if raw else 1
         internal_kv._internal_kv_put(_KV_INCARNATION, str(self.incarnation).encode(), overwrite=True)
         self._seq = 0
-        self.driver = Driver(_Backend(self))
+        self.driver = Driver(_Backend(self), clock=True)
         self.specs: dict[str, dict] = {}
         self.applied: dict[str, rc.DeploymentApplied] = {}
         self.actors: dict[str, tuple[str, Any]] = {}  # replica id -> (deployment, handle)
         self.stopping: set[str] = set()
-        self._placing: dict[str, list[str]] = {}  # replicas started, not yet reported placed, in order
-        self._placed_on: dict[str, str] = {}
-        self._waiting_pg: dict[str, asyncio.Task] = {}  # started, placement group not placed yet
+        #: replica id -> (node, task): a PlaceReplica under way, until ReplicaPlaced or PlacementFailed is fed
+        self._placing: dict[str, tuple[str, asyncio.Task]] = {}
         self._initialized: set[str] = set()  # initialize() returned: may hold calls, so drained on stop
         self.pgs: dict[str, Any] = {}  # replica id -> its placement group
-        self._reserved: dict[str, tuple[str, dict]] = {}  # replica id -> (deployment, {node: resources held})
-        self._pinning: set[str] = set()  # groups pinned to a node, not placed yet
-        self._dying: dict[str, list[str]] = {}  # node -> replicas whose death is being batched
-        self._suspects: dict[str, float] = {}  # node -> when a replica there last died on its own
-        self._node_seen: dict[str, int] = {}  # node id -> order first seen (tie-breaks)
+        #: node -> [(replica, died on its own)] whose deaths are being observed together
+        self._dying: dict[str, list[tuple[str, bool]]] = {}
+        #: node id -> its total resources, as the core was last told (NodeJoined / NodeCapacityChanged)
+        self._nodes: dict[str, tuple] = {}
+        self._timers: dict[float, asyncio.TimerHandle] = {}  # ScheduleTick's time -> its timer
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []  # events the core rejected, "repr(event): error"
         #: replica id -> {"deployment", "global_rank", "lineage", "world_size", "stage"}:
@@ -142,10 +150,20 @@ class Controller:
         internal_kv._internal_kv_put(_KV_REPLICAS, cloudpickle.dumps(self.known), overwrite=True)
 
     async def _health_loop(self) -> None:
-        """Ping every initialised replica; one that fails or times out is killed
-        and reported crashed (its replacement gets its rank)."""
+        """Every ``health_check_period_s``: tell the core the cluster's nodes
+        (joined, changed, lost) and the time, and ping every initialised
+        replica; one that fails or times out is killed and reported crashed
+        (its replacement gets its rank)."""
         while True:
             await asyncio.sleep(self.health_check_period_s)
+            if not self._recovered or self._halted:
+                continue
+            if self._nodes:  # (after a reset, the next apply() tells the core the nodes first)
+                try:
+                    self._sync_nodes()
+                except Exception as exc:  # GCS hiccup: next pass
+                    log.warning("could not read the cluster's nodes: %r", exc)
+            self._feed(rc.Tick(now=self._now()))
             state = self.driver.state
             checks = []
             for rid, (dep, actor) in list(self.actors.items()):
@@ -157,7 +175,7 @@ class Controller:
                 *(asyncio.wait_for(actor.ping.remote(), self.health_check_timeout_s) for _, actor in checks),
                 return_exceptions=True,
             )
-            dying = {rid for batch in self._dying.values() for rid in batch}
+            dying = {rid for batch in self._dying.values() for rid, _ in batch}
             for (rid, _), res in zip(checks, results):
                 if isinstance(res, BaseException) and rid in self.actors and rid not in dying:
                     node = self._node_of(rid)
@@ -231,6 +249,7 @@ class Controller:
         self._halted = True
         if self._health_task is not None:
             self._health_task.cancel()
+        self._cancel_timers()
         for task in list(self.tasks):  # starts, stops, watches: left where a crash would leave them
             task.cancel()
         return await self.drain_trace()
@@ -290,18 +309,24 @@ class Controller:
             named = self._write_queued_faults()  # what happened while no controller ran
             if raw:
                 await self._recover(cloudpickle.loads(raw), named)
+            else:  # a fresh controller: the core learns the nodes before any deployment
+                self._sync_nodes()
             self._recovered = True
 
     async def _recover(self, specs: dict, named: Set[str] = frozenset()) -> None:
         """Rebuild the ranks from the replicas' own reports (ranks are not
-        stored). Replicas whose start was under way are adopted with their
-        global rank: an actor not yet initialised is reported pending on its
-        node (the core initialises it), one whose ``__init__`` runs is reported
-        starting (and answered ready when it finishes), and one whose placement
-        group was still being made (``known`` stage ``reserving``) is reported
-        pending and its start resumed. Only replicas that died are replaced;
-        each known one that is gone gets a ``replica_lost`` fault record
-        (unless ``named``, the faults queued meanwhile, already name it)."""
+        stored), and the core's view of the cluster from ``ray.nodes()``.
+        Replicas whose start was under way are adopted with their global
+        rank: an actor not yet initialised is reported pending on its node
+        (the core initialises it), one whose ``__init__`` runs is reported
+        starting (and answered ready when it finishes), and one with no actor
+        yet (``known`` stage ``reserving``: waiting for a node, or for its
+        group) is reported pending on no node: its old group is removed and
+        the core places it again (a new ``PlaceReplica``). Only replicas that
+        died are replaced; each known one that is gone gets a ``replica_lost``
+        fault record (unless ``named``, the faults queued meanwhile, already
+        name it)."""
+        nodes = self._alive_nodes()  # (first: a GCS hiccup here leaves nothing half done)
         counters = internal_kv._internal_kv_get(_KV_COUNTERS)
         started, lineages = cloudpickle.loads(counters) if counters else (0, 0)
         raw = internal_kv._internal_kv_get(_KV_REPLICAS)
@@ -319,7 +344,7 @@ class Controller:
             except Exception:
                 return None, None  # died meanwhile: its rank is a gap the core refills
 
-        reports, starting, resume = [], [], []
+        reports, starting, requeued = [], [], []
         for actor, r in await asyncio.gather(*(ask_report(n) for n in sorted(names))):
             if r is None:
                 continue
@@ -349,16 +374,16 @@ class Controller:
             if rid in self.actors:
                 continue
             if k["stage"] == "reserving" and k["deployment"] in self.specs:
-                # its start was under way (no actor yet): adopt it, resume the start
+                # no actor yet: adopted (same id, rank, lineage); the core places it again
                 reports.append(rc.ReplicaReport(
                     replica_id=rid, deployment=k["deployment"], node_id=None, phase="pending",
                     rank=k["global_rank"], world_size=k["world_size"], lineage=k["lineage"]))
                 self.known[rid] = dict(k)
-                resume.append(rid)
+                requeued.append(rid)
             elif rid not in named:
                 lost.append((rid, k["deployment"]))
         self._checkpoint()
-        self._adopt_placement_groups(resume)
+        self._adopt_placement_groups()
         self.started, self.lineages = started, lineages
         now = self._now()
         if self.driver.trace is not None:
@@ -366,17 +391,11 @@ class Controller:
                 self.driver.trace.fault(now, "replica_lost", replica=rid, deployment=dep,
                                         reason="gone when the controller recovered")
             self.driver.trace.fault(now, "controller_recovered", reports=len(reports),
-                                    resumed=sorted(resume), lost=[rid for rid, _ in lost])
-        # Resumed starts go first (they run once this returns), in rank order,
-        # so their placements are reported before those of any new replica.
-        for rid in sorted(resume, key=lambda x: (self.known[x]["global_rank"], x)):
-            k = self.known[rid]
-            self._spawn(self._start(rc.StartReplica(
-                replica_id=rid, deployment=k["deployment"], global_rank=k["global_rank"],
-                world_size=k["world_size"], lineage=k["lineage"])))
+                                    resumed=sorted(requeued), lost=[rid for rid, _ in lost])
+        self._nodes = {n.node_id: n.resources for n in nodes}
         self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
                                           reports=tuple(reports), next_replica_number=started,
-                                          next_lineage=lineages))
+                                          next_lineage=lineages, nodes=tuple(nodes)))
         # Watch only now: a replica that died while the others reported is then
         # a crash the core knows what to do with (before, it would be ignored).
         for rid, (_, actor) in sorted(self.actors.items()):
@@ -398,32 +417,51 @@ class Controller:
             self._initialized.add(rid)
             self._feed(rc.ReplicaReady(replica_id=rid))
 
-    def _adopt_placement_groups(self, resume: list[str] = ()) -> None:  # type: ignore[assignment]
-        """Take back the groups of the replicas found alive, and the placed
-        groups of the starts to ``resume``; remove the rest (their replica died,
-        or was never created, while no controller ran; a resumed start whose
-        group is not placed yet makes a new one)."""
+    def _adopt_placement_groups(self) -> None:
+        """Take back the groups of the replicas found alive; remove every other
+        ``rankcore:`` group (its replica died, or had no actor yet, while no
+        controller ran: the core places such a replica again, on a new group)."""
         from ray._raylet import PlacementGroupID
         from ray.util.placement_group import PlacementGroup
 
-        mine = {pl.pg_name(dep, rid): (rid, dep) for rid, (dep, _) in self.actors.items()}
-        resumed = {pl.pg_name(self.known[rid]["deployment"], rid): (rid, self.known[rid]["deployment"])
-                   for rid in resume}
+        mine = {pl.pg_name(dep, rid): rid for rid, (dep, _) in self.actors.items()}
         for pg_id, info in ray.util.placement_group_table().items():
             name = info.get("name") or ""
             if not name.startswith("rankcore:") or info.get("state") == "REMOVED":
                 continue
             pg = PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id)))
-            rid, dep = cast(tuple[Any, Any], mine.get(name) or (resumed.get(name) if info.get("state") == "CREATED"
-                                                                 else None) or (None, None))
+            rid = mine.get(name)
             if rid is not None and rid not in self.pgs:
                 self.pgs[rid] = pg
-                self._reserved[rid] = (dep, pl.per_node(info))
             else:
                 try:
                     ray.util.remove_placement_group(pg)
                 except Exception:  # gone meanwhile
                     pass
+
+    # ------------------------------------------------------------------ nodes
+    def _alive_nodes(self) -> list[rc.NodeJoined]:
+        """The cluster's live nodes as ``NodeJoined`` events: nodes with an
+        order label first, in its order, then the others by id (the order the
+        core breaks ties in after the label)."""
+        alive = [pl.node_joined(n) for n in ray.nodes() if n.get("Alive")]
+        return sorted(alive, key=lambda j: (j.order is None, j.order or 0, j.node_id))
+
+    def _sync_nodes(self) -> None:
+        """Tell the core what changed in the cluster since it was last told: a
+        new node joins (``NodeJoined``), a node whose total resources changed
+        says so (``NodeCapacityChanged``), a node it knows that Ray reports dead
+        (or no longer lists) is lost (``NodeLost``, through ``_lose_node``)."""
+        alive = {j.node_id: j for j in self._alive_nodes()}
+        for node_id in sorted(set(self._nodes) - set(alive)):
+            self._lose_node(node_id)
+        for node_id, joined in alive.items():
+            if node_id not in self._nodes:
+                self._nodes[node_id] = joined.resources
+                self._feed(joined)
+            elif self._nodes[node_id] != joined.resources:
+                self._nodes[node_id] = joined.resources
+                self._feed(rc.NodeCapacityChanged(node_id=node_id, resources=joined.resources))
 
     # ---------------------------------------------------------------- plumbing
     def _now(self) -> float:
@@ -451,49 +489,90 @@ class Controller:
         if self.driver.trace is not None:
             self.driver.trace.rejected(self._now(), event, exc)
 
+    def _schedule_tick(self, at: float) -> None:
+        """A ScheduleTick: feed the core a Tick once the clock reads ``at``."""
+        if at in self._timers:
+            return
+        delay = max(0.0, at - self._now())
+        self._timers[at] = asyncio.get_event_loop().call_later(delay, self._timer_fired, at)
+
+    def _cancel_timers(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def _timer_fired(self, at: float) -> None:
+        self._timers.pop(at, None)
+        if self._halted:
+            return
+        if self._now() < at:  # (the loop's clock and the wall clock differ a little)
+            self._schedule_tick(at)
+            return
+        self._feed(rc.Tick(now=self._now()))
+
     # ----------------------------------------------------------- commands
-    async def _start(self, cmd: rc.StartReplica) -> None:
+    def _start(self, cmd: rc.StartReplica) -> None:
+        """Record the replica (stage ``reserving``: no actor yet); the core
+        places it with a PlaceReplica once a node has room."""
         n = rc.state.parse_replica_number(cmd.replica_id)
         self.started = max(self.started, (n or 0) + 1)
         self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
         self._persist()
-        rid, dep = cmd.replica_id, cmd.deployment
-        spec = self.specs[dep]
-        self.known[rid] = {"deployment": dep, "global_rank": cmd.global_rank, "lineage": cmd.lineage,
-                           "world_size": cmd.world_size, "stage": "reserving"}
+        self.known[cmd.replica_id] = {"deployment": cmd.deployment, "global_rank": cmd.global_rank,
+                                      "lineage": cmd.lineage, "world_size": cmd.world_size, "stage": "reserving"}
         self._checkpoint()
-        queue = self._placing.setdefault(dep, [])
-        queue.append(rid)
+
+    def _place_soon(self, cmd: rc.PlaceReplica) -> None:
+        self._cancel_placing(cmd.replica_id)  # (an older placement of it, if one were still under way)
+        task = asyncio.get_event_loop().create_task(self._place(cmd))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        self._placing[cmd.replica_id] = (cmd.node_id, task)
+
+    def _placed(self, rid: str) -> None:
+        """The placement under way for ``rid`` (this task's) is over."""
+        entry = self._placing.get(rid)
+        if entry is not None and entry[1] is asyncio.current_task():
+            del self._placing[rid]
+
+    def _cancel_placing(self, rid: str) -> None:
+        entry = self._placing.get(rid)
+        if entry is not None and entry[1] is not asyncio.current_task():
+            del self._placing[rid]
+            entry[1].cancel()
+
+    async def _place(self, cmd: rc.PlaceReplica) -> None:
+        """Put the replica on ``cmd.node_id``, the core's choice: its group
+        pinned there (a replica reserving nothing: its actor, by hard node
+        affinity), then its actor in bundle 0. Answers ReplicaPlaced as soon as
+        the actor runs, or PlacementFailed if the group is not placed there
+        within ``pin_wait_s``."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+        rid, dep, node = cmd.replica_id, cmd.deployment, cmd.node_id
+        k = self.known.get(rid)
+        if k is None or rid in self.stopping or rid in self.actors or dep not in self.specs:
+            self._placed(rid)
+            return  # stopped (or placed) meanwhile
+        spec = self.specs[dep]
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
         if bundles:
-            task = asyncio.current_task()
-            assert task is not None  # we are in one
-            self._waiting_pg[rid] = task
-            try:
-                pg = self.pgs.get(rid)  # a resumed start whose group the old controller placed
-                if pg is None:
-                    pg = await self._reserve(rid, dep, bundles, spec)  # _stop cancels this if the replica goes first
-            except Exception as exc:
-                self._forget(rid)
-                if rid in queue:
-                    queue.remove(rid)
-                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"placement group failed: {exc}"))
-                self._flush_placements(dep)
-                return
-            finally:
-                self._waiting_pg.pop(rid, None)
-            if rid in self.stopping:
+            failed = await self._reserve(rid, dep, bundles, spec.get("pg_strategy", "PACK"), node)
+            if failed is not None:
                 self._release_pg(rid)
+                self._placed(rid)
+                self._feed(rc.PlacementFailed(replica_id=rid, node_id=node, reason=failed))
                 return
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
             opts = pl.actor_options_in_group(opts, bundles)
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
-        if rid in self.known:  # from now on, a missing actor means a dead replica
-            self.known[rid]["stage"] = "created"
-            self._checkpoint()
+                placement_group=self.pgs[rid], placement_group_bundle_index=0,
+                placement_group_capture_child_tasks=True)
+        else:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        k["stage"] = "created"  # from now on, a missing actor means a dead replica
+        k["global_rank"] = cmd.rank.rank
+        self._checkpoint()
         try:
             # An async actor: requests wait on a semaphore of max_ongoing_requests
             # inside it, so Ray's own limit only needs to leave room for them and
@@ -501,140 +580,55 @@ class Controller:
             actor: Any = ray.remote(ReplicaActor).options(
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
                 max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
-            ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], cmd.lineage, cmd.global_rank,
-                     cmd.world_size, spec["max_ongoing_requests"])
+            ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], k["lineage"], cmd.rank.rank,
+                     k["world_size"], spec["max_ongoing_requests"])
             self.actors[rid] = (dep, actor)
-            node = await actor.node_id.remote()
+            where = await actor.node_id.remote()
         except Exception as exc:  # refused by Ray, or died starting
+            self._placed(rid)
             self._forget(rid)
-            if rid in queue:
-                queue.remove(rid)
             if rid not in self.stopping:
                 self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
-            self._flush_placements(dep)
             return
-        if rid in self.stopping:  # stopped while its actor started: _stop killed it
-            self._release_pg(rid)
+        self._placed(rid)
+        if rid in self.stopping or rid not in self.actors:  # stopped while its actor started: _stop killed it
             return
         self._spawn(self._watch(rid, actor))
-        self._placed_on[rid] = node
-        self._flush_placements(dep)
+        self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=where))
 
-    async def _reserve(self, rid: str, dep: str, bundles: list, spec: dict) -> Any:
-        """Create the replica's placement group and wait until it is placed.
-
-        A single-node group is pinned (by the ``ray.io/node-id`` label) to the
-        node ``choose_node`` picks, so placement follows the rule exactly; if
-        it is not placed within ``pin_wait_s`` (someone else took the room, or
-        the node died), it is recreated unpinned for Ray to place anywhere.
-        With no node having room now, it is unpinned from the start and waits.
-        """
-        strategy = spec.get("pg_strategy", "PACK")
-        single = len(bundles) == 1 or strategy == "STRICT_PACK"
-        total = pl.bundle_sum(bundles)
-        target = None
-        if single:
+    async def _reserve(self, rid: str, dep: str, bundles: list, strategy: str, node: str) -> str | None:
+        """Create the replica's placement group pinned to ``node`` (the
+        ``ray.io/node-id`` label selector: every bundle of a single-node group,
+        bundle 0 of any other) and wait up to ``pin_wait_s`` for it to be
+        placed. Returns why it was not (the group is left for the caller to
+        release), or None."""
+        pin = {"ray.io/node-id": node}
+        if pl.single_node(bundles, strategy):
             strategy = "STRICT_PACK"  # the same thing for one bundle
-            target = self._choose_node(dep, total, spec.get("placement", "spread"), rid)
-        name = pl.pg_name(dep, rid)
-        if target is not None:
-            pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached",
-                                          bundle_label_selector=[{"ray.io/node-id": target}] * len(bundles))
-            self.pgs[rid] = pg
-            self._reserved[rid] = (dep, {target: total})
-            self._pinning.add(rid)
-            try:
-                await asyncio.wait_for(pg.ready(), timeout=self.pin_wait_s)
-                return pg
-            except asyncio.TimeoutError:
-                self._release_pg(rid)
-            finally:
-                self._pinning.discard(rid)
-        # First come, first served: a group Ray may place anywhere must not
-        # overtake the pinned ones started before it (they fit by our count;
-        # each is placed or unpinned within pin_wait_s).
-        while self._pinning:
-            await asyncio.sleep(0.05)
-        pg = ray.util.placement_group(bundles, strategy=strategy, name=name, lifetime="detached")
+            selectors = [pin] * len(bundles)
+        else:
+            selectors = [pin] + [{} for _ in bundles[1:]]
+        try:
+            pg = ray.util.placement_group(bundles, strategy=strategy, name=pl.pg_name(dep, rid),
+                                          lifetime="detached", bundle_label_selector=selectors)
+        except Exception as exc:
+            return f"placement group refused: {exc}"
         self.pgs[rid] = pg
-        await pg.ready()
         try:
-            info = ray.util.placement_group_table(pg)
-        except Exception:
-            info = {}
-        self._reserved[rid] = (dep, pl.per_node(info))
-        return pg
-
-    def _nodes(self) -> list[pl.NodeView]:
-        out = []
-        for n in sorted(ray.nodes(), key=lambda n: n["NodeID"]):
-            if not n.get("Alive"):
-                continue
-            nid = n["NodeID"]
-            self._node_seen.setdefault(nid, len(self._node_seen))
-            out.append(pl.NodeView(nid, pl.node_order(n.get("Labels") or {}, self._node_seen[nid], nid),
-                                   n.get("Resources") or {}))
-        return out
-
-    def _choose_node(self, deployment: str, need: dict, placement: str, rid: str | None = None) -> str | None:
-        """The node to pin a new replica's group to (None: let Ray choose), by
-        ``rankcore.placement.choose_node``, the simulator's rule too."""
-        try:
-            nodes = self._nodes()
-        except Exception:  # GCS hiccup: Ray places it
-            return None
-        reserved: dict[str, dict] = {}
-        counts: dict[str, int] = {}
-        for dep, per_node in self._reserved.values():
-            for node, res in per_node.items():
-                held = reserved.setdefault(node, {})
-                for k, v in res.items():
-                    held[k] = held.get(k, 0.0) + v
-                if dep == deployment:
-                    counts[node] = counts.get(node, 0) + 1
-        views = [rc.placement.NodeView(
-            node_id=n.node_id, order=n.order, replicas=counts.get(n.node_id, 0),
-            free={k: n.total.get(k, 0.0) - reserved.get(n.node_id, {}).get(k, 0.0)
-                  for k in set(n.total) | set(need)}) for n in nodes]
-        rank = rank_nodes = None
-        if placement == "rank_packed" and rid is not None and rid in self.known:
-            rank = self.known[rid]["global_rank"]
-            rank_nodes = {k["global_rank"]: self._placed_on[r] for r, k in self.known.items()
-                          if k["deployment"] == deployment and r in self._placed_on and r != rid}
-        now = time.monotonic()
-        fresh = {n for n, t in self._suspects.items() if now - t < self.suspect_s}
-        healthy = [v for v in views if v.node_id not in fresh]
-        choose = rc.placement.choose_node
-        return (choose(healthy, need, placement, rank=rank, rank_nodes=rank_nodes)
-                or choose(views, need, placement, rank=rank, rank_nodes=rank_nodes))
+            await asyncio.wait_for(pg.ready(), timeout=self.pin_wait_s)
+        except asyncio.TimeoutError:
+            return f"placement group not placed on the node within {self.pin_wait_s:g}s"
+        except Exception as exc:
+            return f"placement group failed: {exc}"
+        return None
 
     def _release_pg(self, rid: str) -> None:
-        self._reserved.pop(rid, None)
         pg = self.pgs.pop(rid, None)
         if pg is not None:
             try:
                 ray.util.remove_placement_group(pg)
             except Exception:  # already gone
                 pass
-
-    def _flush_placements(self, deployment: str) -> None:
-        """Report placements in the order the replicas were started (global-rank
-        order), so each node's local ranks follow the global ranks: a downscale
-        that stops the highest ranks then leaves no local-rank holes to compact.
-        A replica still waiting for capacity holds nobody back."""
-        queue = self._placing.get(deployment, [])
-        for rid in list(queue):
-            if rid in self._waiting_pg:
-                continue
-            if rid not in self.actors:  # died or stopped meanwhile
-                queue.remove(rid)
-                self._placed_on.pop(rid, None)
-                continue
-            node = self._placed_on.pop(rid, None)
-            if node is None:
-                return  # starting: the ones after it wait their turn
-            queue.remove(rid)
-            self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=node))
 
     async def _watch(self, rid: str, actor: Any) -> None:
         error: BaseException | None = None
@@ -644,54 +638,49 @@ class Controller:
             error = exc
         if rid in self.stopping:
             return
-        node = self._node_of(rid) or self._placed_on.get(rid)
+        own = "ray.kill" not in str(error)  # died on its own: its node may be going down
+        node = self._node_of(rid)
         if node is None:
-            self._crashed(rid, "actor died")
+            self._crashed(rid, "actor died", suspect=own)
             return
-        if "ray.kill" not in str(error):  # died on its own: the node may be going
-            self._suspects[node] = time.monotonic()
         batch = self._dying.setdefault(node, [])
-        batch.append(rid)
+        batch.append((rid, own))
         if len(batch) == 1:
             self._spawn(self._deaths_on(node))
 
     async def _deaths_on(self, node: str) -> None:
-        """Deaths on one node within ``death_batch_s`` are handled together: one
-        ``NodeLost`` if Ray already declared the node dead, else a crash each in
-        rank order, so replacements start in rank order (as in the simulator)
-        whatever order Ray reported the deaths in."""
+        """Deaths on one node within ``death_batch_s`` are observed together:
+        if Ray has declared the node dead by then, they are one ``NodeLost``
+        (the core replaces the node's replicas in rank order); else each is a
+        crash, in the order Ray reported them (one that died on its own marks
+        its node suspect: ``suspect_node``)."""
         await asyncio.sleep(self.death_batch_s)
-        rids = self._dying.pop(node, [])
+        batch = self._dying.pop(node, [])
         if self._node_dead(node):
             self._lose_node(node)
-        state = self.driver.state
-
-        def rank(rid: str) -> tuple:
-            dep = state.deployments.get(state.index.get(rid, ""))
-            return (dep.ranks.global_rank(rid) if dep is not None and rid in dep.ranks else 1 << 30, rid)
-
-        for rid in sorted(rids, key=rank):
+        for rid, own in batch:
             if rid not in self.stopping:
-                self._crashed(rid, "actor died")
+                self._crashed(rid, "actor died", suspect=own)
 
     def _forget(self, rid: str) -> tuple | None:
         """Drop what the controller holds for a replica that is gone or going
-        (its actor handle, its group); returns its (deployment, actor) if known."""
+        (its placement under way, its actor handle, its group); returns its
+        (deployment, actor) if known."""
+        self._cancel_placing(rid)
         entry = self.actors.pop(rid, None)
         self._initialized.discard(rid)
-        self._placed_on.pop(rid, None)
         self._release_pg(rid)
         if self.known.pop(rid, None) is not None:
             self._checkpoint()
         return entry
 
-    def _crashed(self, rid: str, reason: str) -> None:
-        entry = self._forget(rid)
-        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason))
-        if entry is not None:
-            self._flush_placements(entry[0])
+    def _crashed(self, rid: str, reason: str, suspect: bool = False) -> None:
+        self._forget(rid)
+        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason, suspect_node=suspect))
 
     def _node_of(self, rid: str) -> str | None:
+        """The replica's node as the core holds it (where it runs, or where a
+        PlaceReplica sent it)."""
         dep = self.driver.state.deployments.get(self.driver.state.index.get(rid, ""))
         rep = dep.replicas.get(rid) if dep is not None else None
         return rep.node_id if rep is not None else None
@@ -704,23 +693,17 @@ class Controller:
             return False
 
     def _lose_node(self, node_id: str) -> None:
-        """A node died: one ``NodeLost`` for all its replicas (the core replaces
-        them in rank order, as the simulator does) instead of a crash each in
-        whatever order Ray reports the deaths."""
-        deps, unreported = set(), []
-        for rid, (dep, _) in sorted(self.actors.items()):
-            known = self._node_of(rid) == node_id
-            if known or self._placed_on.get(rid) == node_id:
+        """A node died: one ``NodeLost`` (the core crashes every replica it
+        placed or reserved there and replaces them in rank order, as the
+        simulator does). The controller only lets go of them: their actors,
+        their placements under way, their groups."""
+        placing_there = {rid for rid, (node, _) in self._placing.items() if node == node_id}
+        for rid in sorted(set(self.actors) | placing_there):
+            if rid in placing_there or self._node_of(rid) == node_id:
                 self.stopping.add(rid)  # their own watch calls fail too: already handled
                 self._forget(rid)
-                deps.add(dep)
-                if not known:  # started there, placement not reported yet: a crash of its own
-                    unreported.append(rid)
+        self._nodes.pop(node_id, None)
         self._feed(rc.NodeLost(node_id=node_id))
-        for rid in unreported:
-            self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"node {node_id} died"))
-        for dep in sorted(deps):
-            self._flush_placements(dep)
 
     def _kill(self, rid: str) -> None:
         entry = self._forget(rid)
@@ -762,13 +745,12 @@ class Controller:
 
     async def _stop(self, cmd: rc.StopReplica) -> None:
         """Drain a replica that may hold calls, then kill it and free its group.
-        One still waiting for its group or its start holds none: it goes at once."""
+        One still waiting for a node or its group, or starting, holds none: it
+        goes at once (its placement under way is cancelled)."""
         rid = cmd.replica_id
         self.stopping.add(rid)
+        self._cancel_placing(rid)
         entry = self.actors.pop(rid, None)
-        waiting = self._waiting_pg.pop(rid, None)
-        if waiting is not None:  # no actor yet: stop waiting for capacity
-            waiting.cancel()
         if entry is not None:
             if rid in self._initialized:
                 try:
@@ -778,7 +760,6 @@ class Controller:
             ray.kill(entry[1], no_restart=True)
         self._forget(rid)
         self._feed(rc.ReplicaStopped(replica_id=rid))
-        self._flush_placements(cmd.deployment)
 
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
@@ -786,8 +767,11 @@ class Controller:
                     max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> None:
         """Deploy or update ``name``. ``placement``: ``placement_group_bundles``,
         ``placement_group_strategy``, ``replica_placement`` (see api.deployment).
-        A bad option or request raises to the caller (``InvalidConfig``,
-        ``InvalidEvent``) and changes nothing."""
+        The core places its replicas: it is told what one replica reserves on
+        its node (``placement.replica_need``: the whole group when the group is
+        on one node, else bundle 0 only) and the policy. A bad option or
+        request raises to the caller (``InvalidConfig``, ``InvalidEvent``) and
+        changes nothing."""
         placement = dict(placement or {})
         bundles = placement.get("placement_group_bundles")
         pg_strategy = placement.get("placement_group_strategy", "PACK")
@@ -802,8 +786,10 @@ class Controller:
             takes_rank = "rank" in inspect.signature(reconfigure).parameters
         event = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
-                                     max_replicas=max_replicas)
+                                     max_replicas=max_replicas,
+                                     resources=pl.replica_need(actor_options, bundles, pg_strategy), placement=spread)
         await self._ready()
+        self._sync_nodes()  # the nodes first (after a reset the core knows none)
         before = self.specs.get(name), self.applied.get(name)
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
                             "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
@@ -905,11 +891,9 @@ class Controller:
         self.actors.clear()
         self.stopping.clear()
         self._placing.clear()
-        self._placed_on.clear()
-        self._waiting_pg.clear()
-        self._pinning.clear()
         self._dying.clear()
-        self._suspects.clear()
+        self._cancel_timers()
+        self._nodes.clear()  # the core forgets them too: the next apply() tells it again
         self._initialized.clear()
         for rid in list(self.pgs):
             self._release_pg(rid)

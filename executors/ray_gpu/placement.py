@@ -1,13 +1,14 @@
-"""Placement groups for replicas, and which node a new one should go to.
+"""Placement groups for replicas, and what the core is told about nodes and needs.
 
 Each replica reserves its resources in its own detached placement group, named
 ``rankcore:<deployment>:<replica_id>``, and runs in bundle 0 (the other
 bundles are for its child tasks and actors, e.g. tensor-parallel workers).
-Ray places each group; for single-node groups the controller passes a *soft*
-target node chosen here, so replicas spread over (or pack onto) nodes by the
-simulator's rule. Soft: if the target is full or gone, Ray places it elsewhere.
+The core chooses every replica's node (``PlaceReplica``); the controller pins
+the group there (the ``ray.io/node-id`` label selector). What the core needs to
+choose is built here from Ray's own records: a node as a ``NodeJoined``
+(``node_joined``), a replica's need on its node (``replica_need``).
 
-The choice is pure (no Ray calls), so it is unit-tested on its own.
+Pure (no Ray calls), so it is unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
-
+import rankcore as rc
 from rankcore.errors import InvalidConfig
 from rankcore.placement import POLICIES
 
-__all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "NodeView", "pg_name", "actor_resources",
-           "replica_bundles", "actor_options_in_group", "per_node", "bundle_sum", "node_order"]
+__all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "pg_name", "actor_resources", "replica_bundles",
+           "actor_options_in_group", "bundle_sum", "single_node", "replica_need", "order_label", "node_joined"]
 
-#: A node label that fixes the order of nodes for tie-breaks (an int; lower first).
-#: Nodes without it come after, in the order the controller first saw them.
+#: A node label that fixes the order of nodes for tie-breaks (an int >= 0; lower
+#: first). Nodes without it come after, in the order they joined the core.
 ORDER_LABEL = "rankcore.io/node-order"
 PLACEMENTS = POLICIES  # rankcore.placement's, one list for both executors
 PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -79,19 +79,6 @@ def actor_options_in_group(actor_options: Mapping[str, Any], bundles: Sequence[M
     return opts
 
 
-def per_node(info: Mapping[str, Any]) -> dict[str, dict]:
-    """What a placed group holds on each node, from its ``placement_group_table`` entry."""
-    where = info.get("bundles_to_node_id") or {}
-    out: dict[str, dict] = {}
-    for i, bundle in (info.get("bundles") or {}).items():
-        node = where.get(i)
-        if node is not None:
-            held = out.setdefault(node, {})
-            for k, v in bundle.items():
-                held[k] = held.get(k, 0.0) + v
-    return out
-
-
 def bundle_sum(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
     total: dict[str, float] = {}
     for b in bundles:
@@ -138,22 +125,37 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
                              f"{res}, but ray_actor_options asks for {amount:g}")
 
 
-@attrs.frozen
-class NodeView:
-    """A live node as the controller sees it: id, tie-break order and total
-    resources (what is free on it goes to ``rankcore.placement.choose_node``)."""
-
-    node_id: str
-    order: tuple
-    total: Mapping[str, float]
+def single_node(bundles: Sequence[Mapping[str, float]], strategy: str) -> bool:
+    """Whether a replica's whole group lands on one node (one bundle, or ``STRICT_PACK``)."""
+    return len(bundles) == 1 or strategy == "STRICT_PACK"
 
 
-def node_order(labels: Mapping[str, str], first_seen: int, node_id: str) -> tuple:
+def replica_need(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]] | None,
+                 strategy: str) -> dict[str, float]:
+    """What one replica reserves on the node the core places it on
+    (``DeploymentApplied.resources``): its whole group when the group is on one
+    node, else bundle 0 only (where the replica actor runs; the other bundles
+    go where Ray puts them and are not modelled by the core until bundle maps,
+    issue 10). Nothing for a replica that reserves nothing (no group)."""
+    placed = replica_bundles(actor_options, bundles)
+    if not placed:
+        return {}
+    return bundle_sum(placed) if single_node(placed, strategy) else dict(placed[0])
+
+
+def order_label(labels: Mapping[str, str]) -> int | None:
+    """The node's ``ORDER_LABEL`` as an int (None if absent or not an int >= 0)."""
     raw = labels.get(ORDER_LABEL)
     try:
-        label = int(raw) if raw is not None else math.inf
+        order = int(raw) if raw is not None else None
     except ValueError:
-        label = math.inf
-    return (label, first_seen, node_id)
+        return None
+    return order if order is not None and order >= 0 else None
 
 
+def node_joined(info: Mapping[str, Any]) -> rc.NodeJoined:
+    """A node from ``ray.nodes()`` as the core's ``NodeJoined``: its total
+    resources, its labels, and its order label."""
+    labels = {str(k): str(v) for k, v in (info.get("Labels") or {}).items()}
+    return rc.NodeJoined(node_id=info["NodeID"], labels=labels, order=order_label(labels),
+                         resources={str(k): float(v) for k, v in (info.get("Resources") or {}).items()})

@@ -153,10 +153,16 @@ class _RayTarget:
         spec = self.sc.deployments[event.name]
         self.applied.add(event.name)
         opts: dict[str, Any] = {"num_cpus": 0.01}
-        if self.cluster is not None:  # the scenario's nodes are real: ask for its GPUs
-            opts["num_gpus"] = spec.gpus
+        if self.cluster is not None:
+            # The scenario's nodes are real: a replica reserves its GPUs and
+            # nothing else, as in the simulator (the core is told the same
+            # need, {"GPU": gpus}, so it places replicas by the same numbers;
+            # the nodes' CPUs never decide where one goes).
+            opts = {"num_cpus": 0, "num_gpus": spec.gpus}
+        # (faults.start_timeout is not passed: the Deployment API has no start
+        # timeout option, so on Ray the core waits for a start as long as it takes)
         d = Deployment(cls=CLASSES[spec.reconfigure], name=event.name, num_replicas=event.num_replicas,
-                       user_config=event.user_config, ray_actor_options=opts, replica_placement=self.sc.placement,
+                       user_config=event.user_config, ray_actor_options=opts, replica_placement=spec.placement,
                        max_replicas=event.max_replicas)
         ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
             d.max_ongoing_requests, d.placement)

@@ -11,8 +11,6 @@ import ray
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask
 
-
-
 pytestmark = pytest.mark.usefixtures("local_ray")
 
 OPTS = {"num_cpus": 0.05}

@@ -1,16 +1,19 @@
-"""Node loss on a real multi-node Ray cluster (head + 2 workers, fast health checks)."""
+"""Placement by the core and node loss on a real multi-node Ray cluster (head +
+2 workers, fast health checks)."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask
 from tests.integration.conftest import ray_env
-from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 
 FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
 
@@ -30,6 +33,62 @@ def cluster():
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@ray.remote(num_cpus=0, num_gpus=2)
+class Squatter:
+    """Holds a worker's GPUs outside rankcore: the core does not know they are taken."""
+
+    def ready(self):
+        return True
+
+
+@deployment(name="pinned", num_replicas=1, ray_actor_options={"num_cpus": 0.1, "num_gpus": 1})
+class Pinned:
+    def __call__(self):
+        return get_replica_context().replica_id, ray.get_runtime_context().get_node_id()
+
+    def die(self):
+        os._exit(1)  # dies on its own: not a ray.kill
+
+
+def test_a_failed_placement_is_placed_again_and_a_node_where_a_replica_vanished_is_avoided(cluster):
+    """The core places; the controller only carries it out. (1) The node the
+    core picks first (ties go to the lower node id) has its GPUs taken by
+    something the core does not know of: the replica's group, pinned there, is
+    not placed within ``pin_wait_s``, so the controller answers PlacementFailed
+    and the core places the same replica on the other worker (a second
+    PlaceReplica). (2) That replica's process then dies on its own: its crash
+    marks the node suspect, so its replacement goes to the first worker (free
+    again) instead of back to its predecessor's node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _, workers = cluster
+    first, other = sorted(w.node_id for w in workers)
+    squatter = Squatter.options(scheduling_strategy=NodeAffinitySchedulingStrategy(first, soft=False)).remote()
+    ray.get(squatter.ready.remote(), timeout=60)
+    ctl = get_controller()
+    ask(ctl, "record", {"scenario": "placement failed, suspect node"})
+    h = run(Pinned.bind(), timeout=90)
+    (rid,) = h.ranks()
+    assert h.remote().result(timeout=30) == (rid, other)
+    ray.kill(squatter)
+    ray.get_actor(f"ModelActor:pinned:{rid}", namespace="rankcore").handle_request.remote("die", (), {})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (rid in h.ranks() or not ask(ctl, "wait_healthy", "pinned", 0.2)):
+        time.sleep(0.2)
+    (new,) = h.ranks()
+    assert new != rid and h.ranks()[new][0] == 0
+    records = [json.loads(line) for line in ask(ctl, "drain_trace").splitlines()]
+    events = [(r["type"], r["replica"], r["fields"].get("node_id"))
+              for r in records if r["kind"] in ("event", "command")
+              and r["type"] in ("PlaceReplica", "PlacementFailed", "ReplicaPlaced")]
+    assert events == [("PlaceReplica", rid, first), ("PlacementFailed", rid, first), ("PlaceReplica", rid, other),
+                      ("ReplicaPlaced", rid, other), ("PlaceReplica", new, first), ("ReplicaPlaced", new, first)]
+    crash = [r for r in records if r["kind"] == "event" and r["type"] == "ReplicaCrashed"]
+    assert [(c["replica"], c["fields"]["suspect_node"]) for c in crash] == [(rid, True)]
+    assert ask(ctl, "state_errors") == []
+    ask(ctl, "reset")  # (the suspect mark goes with the core's state: the next test starts clean)
 
 
 @deployment(name="spread", num_replicas=4,

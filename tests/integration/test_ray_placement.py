@@ -76,15 +76,17 @@ class Big:
 
 def test_a_replica_waiting_for_capacity_holds_its_rank_and_stops_at_once():
     """4 logical GPUs, 3 replicas of 2 GPUs: the third waits for capacity with its
-    rank held; a downscale to 2 stops it without waiting on anything."""
+    rank held (in the core's queue: no node has room, so it is placed nowhere and
+    has no group yet); a downscale to 2 stops it without waiting on anything."""
     ctl = get_controller()
     d = Big
     ask(ctl, "apply", d.name, 3, None, d.cls, (), {}, d.ray_actor_options, d.max_ongoing_requests, d.placement)
     assert wait_for(lambda: sum(1 for r in ask(ctl, "endpoints", "big")[0]) == 2, 60)
     ranks = ask(ctl, "ranks", "big")
     assert sorted(r[0] for r in ranks.values()) == [0, 1, 2]  # the waiting one already holds rank 2
-    waiting = [rid for rid, r in ranks.items() if r[0] == 2]
-    assert [groups("big")[rid]["state"] for rid in waiting] == ["PENDING"]
+    (waiting,) = [rid for rid, r in ranks.items() if r[0] == 2]
+    assert ranks[waiting] == (2, None, None)  # not placed: no node or local rank
+    assert waiting not in groups("big") and len(groups("big")) == 2
     t0 = time.monotonic()
     ask(ctl, "scale", "big", 2, ())
     assert ask(ctl, "wait_healthy", "big", 30)

@@ -1,7 +1,8 @@
 """Node loss, both executors: `rankcore run --executor ray` plays the node-loss
 example on a local multi-node Ray shaped like the scenario (it starts and stops
 that cluster itself) and gets the simulator's rank history, placement and
-expectations."""
+expectations. The core places replicas on both, so every replica lands on the
+same node with the same node rank, local rank and lineage."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from executors.checktrace import check_trace_file
 from executors.cli import main
 from executors.history import rank_history
+from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
 from executors.sim import Simulation, load_scenario
 from tests.integration.conftest import ray_env
 
@@ -21,12 +23,33 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 NODE_LOSS = ROOT / "examples" / "scenarios" / "node-loss-3-nodes.yaml"
 
 
-def placements(records: list[dict], which: int) -> list[list[int]]:
-    """A healthy snapshot's global ranks grouped by node (``which``: 0 the first, -1 the last)."""
+def node_names(records: list[dict]) -> dict[str, str]:
+    """Ray node id -> scenario node name, from the trace's NodeJoined events
+    (each Ray node carries its scenario name as a label). Simulator traces name
+    nodes by their scenario names already: none needed."""
+    names = {}
+    for r in records:
+        if r.get("kind") == "event" and r["type"] == "NodeJoined":
+            labels = dict(r["fields"]["labels"])
+            if SCENARIO_NODE_LABEL in labels:
+                names[r["fields"]["node_id"]] = labels[SCENARIO_NODE_LABEL]
+    return names
+
+
+def layout(records: list[dict], deployment: str, which: int) -> dict[str, tuple]:
+    """A healthy snapshot (``which``: 0 the first, -1 the last), replica for
+    replica: id -> (scenario node, [global, node, local rank], lineage)."""
+    names = node_names(records)
     snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][which]
+    return {rid: (names.get(r["node"], r["node"]), r["rank"], r["lineage"])
+            for rid, r in snap["deployments"][deployment]["replicas"].items()}
+
+
+def placements(records: list[dict], which: int) -> list[list[int]]:
+    """A healthy snapshot's global ranks grouped by node."""
     by_node: dict[str, list[int]] = {}
-    for r in snap["deployments"]["llm"]["replicas"].values():
-        by_node.setdefault(r["node"], []).append(r["global_rank"])
+    for node, rank, _ in layout(records, "llm", which).values():
+        by_node.setdefault(node, []).append(rank[0])
     return sorted(sorted(v) for v in by_node.values())
 
 
@@ -51,17 +74,18 @@ def test_node_loss_example_on_a_scenario_shaped_ray_cluster(tmp_path):
     # replicas spread over the real nodes exactly as over the simulated ones
     results = [r for r in got if r.get("kind") == "expectation"]
     assert len(results) == len(load_scenario(NODE_LOSS).expect) and all(r["passed"] for r in results), results
-    # the first healthy snapshot: the 9 replicas spread 3/3/3 by the same rule,
-    # rank for rank; the last one: the same shape (4 + 4 on the survivors, 1 on
-    # the new node) ...
-    assert placements(got, 0) == placements(sim, 0)
-    assert sorted(map(len, placements(got, -1))) == sorted(map(len, placements(sim, -1))) == [1, 4, 4]
-    # ... and when the three deaths were handled as one NodeLost (they normally
-    # are: deaths on one node are batched), the replacements started in rank
-    # order, away from the dying node, so the same rank waited for the new node
+    assert set(node_names(got).values()) == {"node-0", "node-1", "node-2", "node-3"}
+    # The core placed every replica on both: at the first healthy snapshot (9
+    # replicas spread 3/3/3) and at the last (4 + 4 on the survivors, the
+    # replacement that waited on the new node), each replica is on the same
+    # node with the same global, node and local rank and the same lineage.
+    for which in (0, -1):
+        assert layout(got, "llm", which) == layout(sim, "llm", which), which
+    assert sorted(map(len, placements(got, -1))) == [1, 4, 4]
+    # Ray declared node-1 dead before its actors' deaths reached the controller:
+    # one NodeLost (the core replaced the three in rank order), no crash of its own
     lost = [r for r in got if r.get("kind") == "event" and r.get("type") in ("NodeLost", "ReplicaCrashed")]
-    if [r["type"] for r in lost] == ["NodeLost"]:
-        assert placements(got, -1) == placements(sim, -1)
+    assert [r["type"] for r in lost] == ["NodeLost"], lost
     faults = [(r["type"], r["node"]) for r in got if r.get("kind") == "fault"]
     assert faults == [("node_lost", "node-1"), ("node_added", "node-3")]
     report = check_trace_file(trace)
@@ -69,13 +93,6 @@ def test_node_loss_example_on_a_scenario_shaped_ray_cluster(tmp_path):
 
 
 RANK_PACKED = ROOT / "examples" / "scenarios" / "rank-packed-downscale.yaml"
-
-
-def _where(records: list[dict], which: int) -> dict[int, tuple[str, int, int]]:
-    """A healthy snapshot's replicas of ``moe``: global rank -> (node, node rank, local rank)."""
-    snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][which]
-    return {r["global_rank"]: (r["node"], r["rank"][1], r["rank"][2])
-            for r in snap["deployments"]["moe"]["replicas"].values()}
 
 
 def test_rank_packed_example_places_every_replica_as_the_simulator_does(tmp_path):
@@ -93,14 +110,14 @@ def test_rank_packed_example_places_every_replica_as_the_simulator_does(tmp_path
     assert Simulation(load_scenario(RANK_PACKED), trace=buf).run().passed
     sim = [json.loads(line) for line in buf.getvalue().splitlines()]
     got = [json.loads(line) for line in trace.read_text().splitlines()]
-    for which in (0, -1):  # after the scale-up, after the downscale
-        want, have = _where(sim, which), _where(got, which)
-        assert {g: w[1:] for g, w in have.items()} == {g: w[1:] for g, w in want.items()}
-        assert all(w[1:] == (g // 4, g % 4) for g, w in have.items())
-    # the same rank groups per node, node for node (Ray names nodes by id; the trace says which)
-    first = _where(got, 0)
-    groups = sorted(sorted(g for g, w in first.items() if w[0] == node) for node in {w[0] for w in first.values()})
-    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    for which in (0, -1):  # after the scale-up, after the downscale: replica for replica
+        have = layout(got, "moe", which)
+        assert have == layout(sim, "moe", which), which
+        assert all(rank[1:] == [rank[0] // 4, rank[0] % 4] for _, rank, _ in have.values())
+    # blocks of consecutive ranks per node, in the nodes' order
+    first = layout(got, "moe", 0)
+    assert {rank[0]: node for node, rank, _ in first.values()} == {
+        g: ("node-a", "node-b", "node-c")[g // 4] for g in range(12)}
     results = [r for r in got if r.get("kind") == "expectation"]
     assert results and all(r["passed"] for r in results), results
     assert check_trace_file(trace).ok

@@ -10,7 +10,7 @@ from rankcore.lifecycle import DECLARATION, TABLE, TERMINAL, Phase, Trigger, adv
 
 def test_table_equals_declaration():
     declared = {(src, trig): dst for trig, sources, dst in DECLARATION for src in sources}
-    assert TABLE == declared
+    assert declared == TABLE
 
 
 def test_every_undeclared_pair_raises_naming_phase_and_trigger():

@@ -75,10 +75,26 @@ def test_an_unknown_policy_is_refused_by_name():
         choose_node(nodes(1), {"GPU": 1.0}, "x")
 
 
-def test_the_order_label_decides_ties_before_first_seen():
-    order = {0: pl.node_order({pl.ORDER_LABEL: "7"}, 0, "n0"), 1: pl.node_order({pl.ORDER_LABEL: "2"}, 1, "n1")}
-    assert choose_node(nodes(4, 4, order=order), {"GPU": 1.0}, "spread") == "n1"
-    assert pl.node_order({pl.ORDER_LABEL: "x"}, 3, "id") == (math.inf, 3, "id")  # a bad label is ignored
+def test_a_ray_node_joins_the_core_with_its_totals_labels_and_order_label():
+    info = {"NodeID": "ab12", "Alive": True, "Resources": {"CPU": 2, "GPU": 4.0, "node:10.0.0.1": 1.0},
+            "Labels": {pl.ORDER_LABEL: "7", "ray.io/node-id": "ab12"}}
+    joined = pl.node_joined(info)
+    assert joined == rc.NodeJoined(node_id="ab12", resources={"CPU": 2.0, "GPU": 4.0, "node:10.0.0.1": 1.0},
+                                   labels={pl.ORDER_LABEL: "7", "ray.io/node-id": "ab12"}, order=7)
+    # no order label, or one that is not an int >= 0: the order the nodes joined in
+    assert pl.node_joined({"NodeID": "cd", "Resources": {"CPU": 1}}).order is None
+    assert pl.order_label({pl.ORDER_LABEL: "x"}) is None and pl.order_label({pl.ORDER_LABEL: "-1"}) is None
+
+
+def test_what_one_replica_reserves_on_its_node():
+    """The core's need for a replica: its whole group when the group is on one node, else bundle 0."""
+    assert pl.replica_need({"num_gpus": 1, "num_cpus": 0.5}, None, "PACK") == {"CPU": 0.5, "GPU": 1.0}
+    assert pl.replica_need({"num_cpus": 0, "num_gpus": 2}, None, "PACK") == {"GPU": 2.0}  # no CPU at all
+    assert pl.replica_need({"num_cpus": 0}, None, "PACK") == {}  # reserves nothing: no group
+    two = [{"CPU": 1}, {"CPU": 0.5, "GPU": 1}]
+    assert pl.replica_need({}, two, "STRICT_PACK") == {"CPU": 1.5, "GPU": 1.0}
+    # bundles that may land on other nodes: only bundle 0 (the replica's own) is the core's to place
+    assert pl.replica_need({}, two, "PACK") == {"CPU": 1.0}
 
 
 def test_default_bundle_is_what_the_actor_asks_for():
@@ -124,9 +140,3 @@ def test_the_replica_actor_takes_what_it_asks_for_or_all_of_bundle_0():
     assert pl.actor_options_in_group({"max_restarts": 0}, [{"CPU": 2, "GPU": 1, "memory": 5, "accel": 1}]) == {
         "max_restarts": 0, "num_cpus": 2, "num_gpus": 1, "memory": 5, "resources": {"accel": 1}}
 
-
-def test_a_groups_holdings_per_node_come_from_its_table_entry():
-    info = {"bundles": {0: {"CPU": 1.0}, 1: {"CPU": 0.5, "GPU": 1.0}, 2: {"GPU": 1.0}},
-            "bundles_to_node_id": {0: "a", 1: "b", 2: "b"}}
-    assert pl.per_node(info) == {"a": {"CPU": 1.0}, "b": {"CPU": 0.5, "GPU": 2.0}}
-    assert pl.per_node({}) == {}  # not placed
