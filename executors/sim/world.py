@@ -266,9 +266,10 @@ class SimBackend:
         return True
 
     def holder(self, deployment: str, rank: int) -> str | None:
-        """The live replica whose context says it holds ``rank`` (lowest id if several)."""
+        """The live replica, not being stopped, whose context says it holds ``rank``
+        (lowest id if several): the Ray scenario runner's rule too."""
         hits = sorted(r.replica_id for r in self.replicas.values()
-                      if r.deployment == deployment and r.alive and r.global_rank == rank)
+                      if r.deployment == deployment and r.alive and r.phase != "stopping" and r.global_rank == rank)
         return hits[0] if hits else None
 
     def lose_node(self, name: str) -> int:
