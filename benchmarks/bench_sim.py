@@ -11,6 +11,10 @@ What it measures
     order, by a tiny answering loop (like ``executors/demo.py``'s
     ``InstantExecutor``, without the invariant checks): no simulator, no
     driver, no trace. Events counted = ``rankcore.step`` calls.
+    The same loop again with the core placing (issue 9): the nodes join the
+    core (eight GPUs each), the deployment asks one GPU per replica, and the
+    answerer carries out each PlaceReplica (the crash replacement goes back to
+    its predecessor's node by the core's own rule). Same events per cycle.
 (b) the simulator: the day-of-churn scenario (``--day-scenario``, default
     ``examples/scenarios/day-of-churn-1000.yaml``; a built-in copy when that
     file is missing) run by ``executors.sim.Simulation`` with no trace, and
@@ -176,13 +180,14 @@ class NullSink:
 class _Answerer:
     """Answers every command in-process at once, in order (no checks, no trace)."""
 
-    __slots__ = ("state", "events", "where", "last_started")
+    __slots__ = ("state", "events", "where", "last_started", "managed")
 
-    def __init__(self, state: rc.State, where: dict[str, str]) -> None:
+    def __init__(self, state: rc.State, where: dict[str, str], managed: bool = False) -> None:
         self.state = state
         self.events = 0
         self.where = where  # replica id -> node, kept like a cluster would
         self.last_started = ""
+        self.managed = managed  # the core places (PlaceReplica) instead of the answerer
 
     def feed(self, event: object) -> None:
         queue = [event]
@@ -193,7 +198,11 @@ class _Answerer:
             self.state = result.state
             for cmd in result.commands:
                 t = type(cmd)
-                if t is rc.StartReplica:
+                if t is rc.PlaceReplica:
+                    queue.append(rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=cmd.node_id))
+                elif t is rc.StartReplica and self.managed:
+                    self.last_started = cmd.replica_id
+                elif t is rc.StartReplica:
                     node = self.where.pop(cmd.replaces, None) if cmd.replaces else None
                     node = node or "node-0"
                     self.where[cmd.replica_id] = node
@@ -207,18 +216,30 @@ class _Answerer:
                     queue.append(rc.ReplicaStopped(replica_id=cmd.replica_id))
 
 
-def _churn_setup(replicas: int) -> tuple[_Answerer, list[str]]:
-    """A healthy deployment of ``replicas`` replicas, eight per node (untimed)."""
+def _churn_setup(replicas: int, managed: bool = False) -> tuple[_Answerer, list[str]]:
+    """A healthy deployment of ``replicas`` replicas, eight per node (untimed).
+    ``managed``: the nodes join the core (eight GPUs each, one per replica) and
+    the core places every replica (PlaceReplica, answered on that node)."""
     state = rc.State()
+    nodes = max(1, replicas // 8)
+    if managed:
+        for i in range(nodes):
+            state = rc.step(state, rc.NodeJoined(node_id=f"node-{i}", resources={"GPU": 8}, order=i)).state
+        state = rc.step(state, rc.Tick(now=0.0)).state
     result = rc.step(state, rc.DeploymentApplied(
         name="llm", num_replicas=replicas, user_config={"model": "v1"},
-        has_reconfigure=True, reconfigure_takes_rank=True))
-    nodes = max(1, replicas // 8)
-    where = {c.replica_id: f"node-{i % nodes}" for i, c in enumerate(result.commands)}
-    ans = _Answerer(result.state, where)
+        has_reconfigure=True, reconfigure_takes_rank=True,
+        **({"resources": {"GPU": 1}} if managed else {})))
+    starts = [c for c in result.commands if isinstance(c, rc.StartReplica)]
+    if managed:
+        where = {c.replica_id: c.node_id for c in result.commands if isinstance(c, rc.PlaceReplica)}
+    else:
+        where = {c.replica_id: f"node-{i % nodes}" for i, c in enumerate(starts)}
+    _check(len(where) == len(starts), "not every replica got a node")
+    ans = _Answerer(result.state, where, managed)
     del state, result
-    for rid in list(where):  # in start order
-        ans.feed(rc.ReplicaPlaced(replica_id=rid, node_id=where[rid]))
+    for c in starts:  # in start order
+        ans.feed(rc.ReplicaPlaced(replica_id=c.replica_id, node_id=where[c.replica_id]))
     dep = ans.state.deployments["llm"]
     _check(dep.healthy and dep.ranks.is_contiguous(), "churn setup is not healthy and contiguous")
     live = sorted(dep.replicas.keys(), key=lambda r: dep.ranks.global_rank(r))  # index = global rank
@@ -226,8 +247,8 @@ def _churn_setup(replicas: int) -> tuple[_Answerer, list[str]]:
     return ans, live
 
 
-def _churn_once(replicas: int, picks: list[int]) -> tuple[float, int, dict]:
-    ans, live = _churn_setup(replicas)
+def _churn_once(replicas: int, picks: list[int], managed: bool = False) -> tuple[float, int, dict]:
+    ans, live = _churn_setup(replicas, managed)
 
     def loop() -> None:
         feed = ans.feed
@@ -246,13 +267,14 @@ def _churn_once(replicas: int, picks: list[int]) -> tuple[float, int, dict]:
     return seconds, ans.events, dict(dep.ranks.items())
 
 
-def bench_core(replicas: int, cycles: int, seed: int, repeats: int) -> dict:
+def bench_core(replicas: int, cycles: int, seed: int, repeats: int, managed: bool = False) -> dict:
     rng = random.Random(seed)
     picks = [rng.randrange(replicas) for _ in range(cycles)]
     times, events, finals = [], 0, []
     for k in range(repeats):
-        print(f"[bench] (a) raw core churn, run {k + 1}/{repeats} ...", file=sys.stderr, flush=True)
-        seconds, events, final = _churn_once(replicas, picks)
+        print(f"[bench] (a) raw core churn{' (core places)' if managed else ''}, run {k + 1}/{repeats} ...",
+              file=sys.stderr, flush=True)
+        seconds, events, final = _churn_once(replicas, picks, managed)
         times.append(seconds)
         finals.append(final)
         gc.collect()
@@ -503,11 +525,15 @@ def main(argv: list[str] | None = None) -> int:
         _print_per_event(per_event, args.event_cycles)
         return 0
     core = bench_core(args.replicas, args.cycles, args.seed, args.repeats)
+    placed = bench_core(args.replicas, args.cycles, args.seed, args.repeats, managed=True)
     plain = bench_sim(scenario, traced=False, repeats=args.repeats)
     traced = None if args.skip_trace else bench_sim(scenario, traced=True, repeats=args.repeats)
 
     print("(a) raw core throughput (rankcore.step, answered in-process, no simulator)")
     print(_rate_line(f"churn at {args.replicas:,} replicas", core["events"], core["times"]))
+    print(_rate_line("  the same, the core places (nodes)", placed["events"], placed["times"]))
+    ratio = statistics.median(placed["times"]) / statistics.median(core["times"])
+    print(f"  {'':<34} placing in the core costs {ratio:.2f}x the time per event (target <= 1.2x)")
     print()
     print("(b) simulated core events per wall second (executors.sim.Simulation)")
     print(_rate_line("day of churn, no trace", plain["events"], plain["times"]))

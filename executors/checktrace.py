@@ -443,7 +443,8 @@ class _Checker:
         # world_size: every command carries the deployment's target after the step
         by_dep: dict[str, list[dict]] = {}
         for c in st.commands:
-            by_dep.setdefault(c["deployment"], []).append(c)
+            if c["deployment"] is not None:  # (ScheduleTick is about no deployment)
+                by_dep.setdefault(c["deployment"], []).append(c)
         names = set(by_dep)
         if snap is not None:
             names |= set(snap["deployments"])

@@ -20,8 +20,10 @@ __all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S"]
 #: A need or a node's resources: sorted (name, amount) pairs.
 Need = tuple[tuple[str, float], ...]
 
-#: How long a failed placement keeps a replica off that node (then it may try
-#: again: the clash may have been with something outside the core's books).
+#: How long failed placements keep replicas off their nodes: every failure is
+#: forgotten together, this long after the first since the last reset (the
+#: clash may have been with something outside the core's books). Needs the
+#: clock; without Ticks a node is retried once it reports its capacity again.
 RETRY_S = 30.0
 
 #: How long a node where a replica vanished (``ReplicaCrashed.suspect_node``)

@@ -246,7 +246,7 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     cl = tx.cl
     known = cl.nodes.get(e.node_id)
     if known is not None:
-        if tuple(known.resources.items()) == e.resources and known.labels == e.labels:
+        if tuple(sorted(known.resources.items())) == e.resources and known.labels == e.labels:
             return tx.finish(stale=True)  # the same news again
         raise InvalidEvent(f"NodeJoined: node {e.node_id!r} is already in the cluster with other resources or "
                            f"labels (send NodeCapacityChanged, or NodeLost first)")

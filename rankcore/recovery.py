@@ -35,7 +35,7 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
-from .commands import StopReplica, UpdateWorldSize
+from .commands import ScheduleTick, StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport
 from .lifecycle import LIVE, Phase
@@ -241,6 +241,16 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
         tx.put(_rebuild_deployment(tx, specs[name], reports))
+    if tx.cl.clock:  # replicas still starting get a fresh start timeout
+        for name in sorted(specs):
+            dep = tx.deps[name]
+            if dep.start_timeout_s is not None:
+                for rid in dep.ranks:
+                    if dep.replicas[rid].phase is Phase.STARTING:
+                        tx.cl.deadlines = tx.cl.deadlines.set(rid, tx.cl.now + dep.start_timeout_s)
+                        tx.cl.next_deadline = min(tx.cl.next_deadline, tx.cl.now + dep.start_timeout_s)
+        if tx.cl.next_deadline < float("inf"):
+            tx.emit(ScheduleTick(at=tx.cl.next_deadline))
     if tx.managed:
         # What the replicas hold where they run, and who still waits for a node.
         for name in sorted(specs):

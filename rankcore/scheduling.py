@@ -56,10 +56,13 @@ _evolve = attrs.evolve
 _INF = math.inf
 
 
+_FIELDS = tuple(a.name for a in attrs.fields(Cluster))
+
+
 class ClusterTx:
     """A step's working copy of the ``Cluster`` (one record built at the end)."""
 
-    __slots__ = tuple(a.name for a in attrs.fields(Cluster)) + ("base", "changed")
+    __slots__ = (*_FIELDS, "base", "changed")
     nodes: immutables.Map
     joined: int
     held: immutables.Map
@@ -80,13 +83,13 @@ class ClusterTx:
     def __init__(self, base: Cluster) -> None:
         self.base = base
         self.changed = False
-        for a in attrs.fields(Cluster):
-            setattr(self, a.name, getattr(base, a.name))
+        for name in _FIELDS:
+            setattr(self, name, getattr(base, name))
 
     def build(self) -> Cluster:
         if not self.changed:
             return self.base
-        return Cluster(**{a.name: getattr(self, a.name) for a in attrs.fields(Cluster)})
+        return Cluster(**{name: getattr(self, name) for name in _FIELDS})
 
     def suspect(self, node_id: str) -> bool:
         until = self.suspects.get(node_id)
@@ -103,7 +106,7 @@ def _adjust(node: Node, need: Need, sign: float) -> Node:
     free = node.free
     for k, v in need:
         free = free.set(k, free.get(k, 0.0) + sign * v)
-    return _evolve(node, free=free)
+    return Node(node_id=node.node_id, resources=node.resources, free=free, labels=node.labels, order=node.order)
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need) -> tuple:
@@ -325,12 +328,12 @@ def place_waiting(tx: Tx) -> None:
 
 def arm_deadlines(tx: Tx, commands: list) -> None:
     """Start timeouts for the replicas this step initialised (needs the clock)."""
-    cl = tx.cl
     new: set[float] = set()
     for c in commands:
         if type(c) is InitializeReplica:
             timeout = tx.deps[c.deployment].start_timeout_s
             if timeout is not None:
+                cl = tx.cl
                 at = cl.now + timeout
                 cl.deadlines = cl.deadlines.set(c.replica_id, at)
                 cl.next_deadline = min(cl.next_deadline, at)

@@ -103,9 +103,9 @@ class Tx:
 
     def finish(self, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
         cluster = self.cluster
+        if (self._cl.clock if self._cl is not None else cluster.clock) and self.commands:
+            arm_deadlines(self, self.commands)
         if self._cl is not None:
-            if self._cl.clock:
-                arm_deadlines(self, self.commands)
             place_waiting(self)
             cluster = self._cl.build()
         for name in sorted(self.touched):
