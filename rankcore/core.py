@@ -37,6 +37,7 @@ from .events import (
     Tick,
 )
 from .lifecycle import Phase, Trigger, advance
+from .records import evolve
 from .recovery import rebuild
 from .scheduling import enqueue, expired, forget_failures, hold, new_node, rekind, release, unreserve
 from .state import (
@@ -60,7 +61,7 @@ from .transaction import (
 
 __all__ = ["step", "run"]
 
-_evolve = attrs.evolve
+_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 
 # --------------------------------------------------------------- handlers
 _E = TypeVar("_E")
@@ -225,6 +226,12 @@ def _on_replica_stopped(tx: Tx, e: ReplicaStopped, dep: Deployment, rep: Replica
 
 def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
     hit = False
+    if e.node_id in tx.cluster.nodes:  # first, so no replacement is placed back there
+        cl = tx.cl
+        cl.nodes = cl.nodes.delete(e.node_id)
+        if e.node_id in cl.suspects:
+            cl.suspects = cl.suspects.delete(e.node_id)
+        cl.changed = hit = True
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
         on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id]
@@ -233,12 +240,6 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
             hit = True
         if on_node:
             tx.put(dep)
-    if e.node_id in tx.cluster.nodes:
-        cl = tx.cl
-        cl.nodes = cl.nodes.delete(e.node_id)
-        if e.node_id in cl.suspects:
-            cl.suspects = cl.suspects.delete(e.node_id)
-        cl.changed = hit = True
     return tx.finish(stale=not hit)
 
 

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
-import attrs
 import immutables
 
 from .cluster import Cluster, Need, Node
 from .commands import InitializeReplica, PlaceReplica, ScheduleTick
 from .lifecycle import Phase
 from .placement import NodeView, choose_node
+from .records import evolve
 from .state import Deployment, Replica
 
 
@@ -50,19 +50,17 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "keep_booking", "inherit_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
-_evolve = attrs.evolve
+_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
 
 
-_FIELDS = tuple(a.name for a in attrs.fields(Cluster))
-
-
 class ClusterTx:
-    """A step's working copy of the ``Cluster`` (one record built at the end)."""
+    """A step's working copy of the ``Cluster``: what the step sets lives here,
+    the rest is read through from the step's starting cluster, and one record
+    is built at the end (only from what changed)."""
 
-    __slots__ = (*_FIELDS, "base", "changed")
     nodes: immutables.Map
     joined: int
     held: immutables.Map
@@ -79,17 +77,23 @@ class ClusterTx:
     deadlines: immutables.Map
     next_deadline: float
     suspect_s: float
+    base: Cluster
+    changed: bool
 
     def __init__(self, base: Cluster) -> None:
-        self.base = base
-        self.changed = False
-        for name in _FIELDS:
-            setattr(self, name, getattr(base, name))
+        self.__dict__["base"] = base
+        self.__dict__["changed"] = False
+
+    def __getattr__(self, name: str) -> Any:  # only for fields not set in this step
+        value = getattr(self.__dict__["base"], name)
+        self.__dict__[name] = value
+        return value
 
     def build(self) -> Cluster:
         if not self.changed:
             return self.base
-        return Cluster(**{name: getattr(self, name) for name in _FIELDS})
+        d = self.__dict__
+        return evolve(self.base, **{k: v for k, v in d.items() if k != "base" and k != "changed"})
 
     def suspect(self, node_id: str) -> bool:
         until = self.suspects.get(node_id)
@@ -106,7 +110,7 @@ def _adjust(node: Node, need: Need, sign: float) -> Node:
     free = node.free
     for k, v in need:
         free = free.set(k, free.get(k, 0.0) + sign * v)
-    return Node(node_id=node.node_id, resources=node.resources, free=free, labels=node.labels, order=node.order)
+    return _evolve(node, free=free)
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need) -> tuple:
@@ -210,13 +214,15 @@ def release(tx: Tx, rid: str) -> None:
         if node is not None:
             cl.nodes = cl.nodes.set(node_id, _adjust(node, need, 1.0))
             cl.blocked = None
-    for table in ("queued", "deadlines", "avoid"):
-        if rid in getattr(cl, table):
-            cl.changed = True
-            if table == "queued":
-                _dequeue(cl, rid)
-            else:
-                setattr(cl, table, getattr(cl, table).delete(rid))
+    if rid in cl.queued:
+        cl.changed = True
+        _dequeue(cl, rid)
+    if rid in cl.deadlines:
+        cl.changed = True
+        cl.deadlines = cl.deadlines.delete(rid)
+    if rid in cl.avoid:
+        cl.changed = True
+        cl.avoid = cl.avoid.delete(rid)
 
 
 def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -287,6 +293,54 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     assert rank is not None
     tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
     return dep
+
+
+def keep_booking(tx: Tx, dep: Deployment, rid: str) -> tuple[str, Need] | None:
+    """A crash replacement will go back where ``rid`` ran (the core's rule: its
+    predecessor's node, when up, not suspect and nobody waits): take ``rid``'s
+    booking off the book without freeing the node, for the replacement to
+    inherit (``inherit_booking``). None when the rule does not apply."""
+    cl = tx.cl
+    held = cl.held.get(rid)
+    if held is None or cl.queued or held[1] != dep.resources:
+        return None
+    node_id = held[0]
+    node = cl.nodes.get(node_id)
+    if node is None or cl.suspect(node_id) or any(node.free.get(k, 0.0) < -1e-9 for k, _ in held[1]):
+        return None  # (an over-committed node: the replacement must fit like anyone else)
+    cl.held = cl.held.delete(rid)
+    cl.changed = True
+    return held
+
+
+def inherit_booking(tx: Tx, dep: Deployment, rid: str, held: tuple[str, Need]) -> Deployment:
+    """Place crash replacement ``rid`` on its predecessor's node, on the booking it left."""
+    cl = tx.cl
+    node_id = held[0]
+    cl.held = cl.held.set(rid, held)
+    rep = dep.replicas[rid]
+    ranks = dep.ranks.place(rid, node_id)
+    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+    rank = ranks.rank_of(rid)
+    assert rank is not None
+    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    return dep
+
+
+def place_or_enqueue(tx: Tx, dep: Deployment, rid: str) -> Deployment:
+    """A new replica while nobody waits (so it overtakes no one): placed at
+    once if it fits somewhere, else queued. Skips the queue round trip on the
+    hot path (a crash replacement going back to its node)."""
+    cl = tx.cl
+    if cl.queued:
+        enqueue(tx, dep, [rid])
+        return dep
+    node_id = _choose(cl, dep, rid, ())
+    if node_id is None:
+        enqueue(tx, dep, [rid])
+        return dep
+    cl.changed = True
+    return _reserve(tx, dep, dep.replicas[rid], node_id)
 
 
 def place_waiting(tx: Tx) -> None:

@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import attrs
 import immutables
 
 from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
 from .errors import InvalidEvent
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
-from .scheduling import ClusterTx, arm_deadlines, enqueue, place_waiting, release
+from .records import evolve
+from .scheduling import (
+    ClusterTx,
+    arm_deadlines,
+    enqueue,
+    inherit_booking,
+    keep_booking,
+    place_or_enqueue,
+    place_waiting,
+    release,
+)
 from .state import (
     Compaction,
     Deployment,
@@ -35,7 +44,7 @@ __all__ = [
 ]
 
 _IDX = {p: i for i, p in enumerate(LIVE)}
-_evolve = attrs.evolve
+_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 
 
 class Tx:
@@ -273,6 +282,7 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         return remove(tx, dep, rep, dep.ranks.release(rid))
     (new_id,) = tx.new_ids(dep.name, 1)
     ranks = dep.ranks.replace(rid, new_id)
+    booking = keep_booking(tx, dep, rid) if tx.managed else None
     dep = remove(tx, dep, rep, ranks)
     new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
     tx.index = tx.index.set(new_id, dep.name)
@@ -291,8 +301,10 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         replicas=dep.replicas.set(new_id, new),
         counts=recount(dep.counts, None, Phase.PENDING),
     )
-    if tx.managed:
-        enqueue(tx, dep, [new_id])
+    if booking is not None:  # back on its predecessor's node, on the same booking
+        dep = inherit_booking(tx, dep, new_id, booking)
+    elif tx.managed:
+        dep = place_or_enqueue(tx, dep, new_id)
     return dep
 
 
