@@ -24,6 +24,14 @@ __all__ = ["Backend", "Driver", "FREEZE_MIN_CHANGE"]
 FREEZE_MIN_CHANGE = 10_000
 
 
+#: Events whose step may start a timer on the core's clock (a start deadline
+#: when a replica is placed or recovered, a failed placement's retry; and a
+#: crash with ``suspect_node``): the driver brings the clock up to date before
+#: these only, so a run does not take a Tick step per event. Deadlines fire by
+#: the ScheduleTick the core sends.
+_READS_CLOCK = frozenset({rc.ReplicaPlaced, rc.PlacementFailed, rc.ControllerRecovered})
+
+
 class Backend(Protocol):
     def execute(self, commands: Sequence[object], t: float) -> None:
         """Carry out commands (in order); answers come back later through ``Driver.feed``."""
@@ -35,9 +43,10 @@ Observer = Callable[[float, object, rc.State, rc.Step], None]
 class Driver:
     """Feeds events to ``rankcore.step`` and commands to a backend.
 
-    ``clock=True`` feeds the core a ``Tick(now=t)`` before any event at a
-    time ``t`` later than the core's clock (start timeouts and suspect nodes
-    run on it); ``tick(t)`` feeds one on its own (for a ``ScheduleTick``).
+    ``clock=True`` feeds the core a ``Tick(now=t)`` before an event that may
+    start a timer (``_READS_CLOCK``) at a time ``t`` later than the core's
+    clock (start timeouts, suspect nodes and failed-placement retries run on
+    it); ``tick(t)`` feeds one on its own (for a ``ScheduleTick``).
 
     ``check=True`` runs every invariant of :mod:`rankcore.invariants` after
     every step (the tests do; it costs O(N) per step).
@@ -76,7 +85,7 @@ class Driver:
         self._frozen_at = 0  # replicas in the state at the last freeze
 
     def feed(self, event: object, t: float) -> rc.Step:
-        if self.clock and not isinstance(event, rc.Tick):
+        if self.clock and (type(event) in _READS_CLOCK or getattr(event, "suspect_node", False)):
             cl = self.state.cluster
             if not cl.clock or t > cl.now:
                 self._step(rc.Tick(now=t), t)

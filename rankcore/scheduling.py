@@ -249,10 +249,27 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     return dep
 
 
-def _views(cl: ClusterTx, dep: Deployment, avoid: tuple) -> list[NodeView]:
+def _views(cl: ClusterTx, dep: Deployment, avoid: tuple, cache: dict | None = None) -> list[NodeView]:
+    """Each live node as ``dep``'s placement sees it, except ``avoid``. With
+    ``cache`` (one pass over the queue), a node's view is made once per
+    deployment and remade only after a reservation there."""
     ranks = dep.ranks
-    return [NodeView(node_id=n.node_id, order=n.order, free=n.free, replicas=ranks.replicas_on(n.node_id))
-            for n in cl.nodes.values() if n.node_id not in avoid]
+    if cache is None:
+        return [NodeView(node_id=n.node_id, order=n.order, free=n.free, replicas=ranks.replicas_on(n.node_id))
+                for n in cl.nodes.values() if n.node_id not in avoid]
+    mine = cache.get(dep.name)
+    if mine is None:
+        mine = cache[dep.name] = {}
+    out = []
+    for n in cl.nodes.values():
+        if n.node_id in avoid:
+            continue
+        v = mine.get(n.node_id)
+        if v is None:
+            v = mine[n.node_id] = NodeView(node_id=n.node_id, order=n.order, free=n.free,
+                                           replicas=ranks.replicas_on(n.node_id))
+        out.append(v)
+    return out
 
 
 def _fits(node: Node, need: Need) -> bool:
@@ -260,14 +277,14 @@ def _fits(node: Node, need: Need) -> bool:
     return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
 
 
-def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> str | None:
+def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple, cache: dict | None = None) -> str | None:
     need = dep.resources
     pref = cast("str | None", dep.ranks.preferred_node(rid))  # (the core's nodes are str ids)
     if pref is not None and pref not in avoid and not cl.suspect(pref):
         node = cl.nodes.get(pref)
         if node is not None and _fits(node, need):
             return pref  # a crash replacement back where its predecessor ran
-    views = _views(cl, dep, avoid)
+    views = _views(cl, dep, avoid, cache)
     rank = rank_nodes = None
     if dep.placement == "rank_packed":
         rank = dep.ranks.global_rank(rid)
@@ -354,6 +371,7 @@ def place_waiting(tx: Tx) -> None:
     kinds = len(cl.queue_kinds)
     keep: list[str] = []
     queue = cl.queue
+    cache: dict[str, dict[str, NodeView]] = {}  # deployment -> node -> view, for this pass
     i = 0
     for i, rid in enumerate(queue):  # noqa: B007 (i is used after the loop)
         kind = cl.queued.get(rid)
@@ -366,13 +384,15 @@ def place_waiting(tx: Tx) -> None:
             continue
         name = tx.index[rid]
         dep = tx.deps[name]
-        node_id = _choose(cl, dep, rid, kind[1])
+        node_id = _choose(cl, dep, rid, kind[1], cache)
         if node_id is None:
             failed.add(kind)
             keep.append(rid)
             continue
         _dequeue(cl, rid)
         tx.put(_reserve(tx, dep, dep.replicas[rid], node_id))
+        for views in cache.values():  # that node changed (its free room, this deployment's count)
+            views.pop(node_id, None)
     else:
         i = len(queue)
     rest = [rid for rid in queue[i:] if rid in cl.queued]

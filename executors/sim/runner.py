@@ -156,7 +156,10 @@ class Simulation:
 
     def tick(self) -> None:
         """A ScheduleTick came due: the core learns the time (not while it is down)."""
-        if self.controller_up:
+        cl = self.driver.state.cluster
+        if self.controller_up and (self.now >= cl.next_deadline or self.now >= cl.retry_at):
+            # (next_deadline is a lower bound: a deadline whose replica became
+            # ready meanwhile does not wake the core once the bound was refreshed)
             self.driver.tick(self.now)
             self._maybe_unblock()
 
