@@ -23,13 +23,13 @@ Policies (per deployment):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import attrs
 
 from .errors import InvalidConfig
 
-__all__ = ["POLICIES", "NodeView", "choose_node"]
+__all__ = ["POLICIES", "NodeView", "choose_node", "packing_gap"]
 
 POLICIES = ("spread", "pack", "rank_packed")
 _EPS = 1e-9
@@ -83,3 +83,15 @@ def choose_node(
             if n.node_id == prev:
                 return n.node_id
     return min(fits, key=pack_key).node_id
+
+
+def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:
+    """How far a deployment is from rank-packed: the node of each global rank,
+    in rank order (None: not placed, skipped) -> the number of times
+    consecutive ranks change node beyond the fewest possible (one less than the
+    nodes used). 0: every node holds one block of consecutive ranks."""
+    placed = [n for n in nodes_by_rank if n is not None]
+    if not placed:
+        return 0
+    changes = sum(1 for a, b in zip(placed, placed[1:]) if a != b)
+    return changes - (len(set(placed)) - 1)

@@ -118,6 +118,14 @@ class Deployment:
     def rank_of(self, rid: str) -> ReplicaRank | None:
         return self.ranks.rank_of(rid)
 
+    def packing_gap(self) -> int:
+        """How far from rank-packed the placed replicas are (``placement.packing_gap``):
+        0 when every node holds one block of consecutive global ranks. O(N)."""
+        from .placement import packing_gap
+
+        ranks = self.ranks
+        return packing_gap([ranks.node_of(rid) for rid in ranks])  # (iteration is in global-rank order)
+
 
 @attrs.frozen(kw_only=True)
 class State:

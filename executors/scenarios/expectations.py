@@ -61,8 +61,10 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
         return res(dep.healthy, f"{'healthy' if dep.healthy else 'not healthy'}: "
                                 f"{dep.count(rc.Phase.RUNNING)} running of target {dep.target}, "
                                 f"{len(dep.replicas)} live")
-    if e.kind in ("reconfigures", "reassignments"):
-        if m is None:
+    if e.kind in ("reconfigures", "reassignments", "packed"):
+        if e.kind == "packed":
+            n = dep.packing_gap()
+        elif m is None:
             n = 0
         elif e.kind == "reconfigures":
             reason = e.args["reason"]
@@ -76,5 +78,6 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
             problems.append(f"at least {e.args['at_least']}")
         if "equals" in e.args and n != e.args["equals"]:
             problems.append(f"exactly {e.args['equals']}")
-        return res(not problems, f"expected {' and '.join(problems)}, saw {n}" if problems else f"saw {n}")
+        what = " node changes beyond one block of ranks per node" if e.kind == "packed" else ""
+        return res(not problems, f"expected {' and '.join(problems)}, saw {n}{what}" if problems else f"saw {n}{what}")
     raise AssertionError(e.kind)  # pragma: no cover

@@ -43,7 +43,8 @@ ACTIONS = (
     "wait_until_healthy",
     "wait",
 )
-EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running")
+EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running",
+                "packed")
 #: place: StartReplica -> on a node; start: running the user's __init__ (and
 #: reconfigure); ready: from there to the first passing health check;
 #: reconfigure: a ReconfigureReplica call; stop: graceful shutdown.
@@ -520,6 +521,12 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
                 if not isinstance(mm["contiguous"], bool):
                     raise c.fail(q + ("contiguous",), "must be true or false")
                 args["contiguous"] = mm["contiguous"]
+        elif kind == "packed":
+            mm = c.mapping(v, q, ("deployment", *_BOUNDS), required=("deployment",))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
+            bounds = [b for b in _BOUNDS if b in mm] or ["equals"]
+            for b in bounds:
+                args[b] = c.count(mm.get(b, 0), q + (b,))
         elif kind in ("reconfigures", "reassignments"):
             extra = ("reason",) if kind == "reconfigures" else ("level",)
             mm = c.mapping(v, q, ("deployment", *_BOUNDS, *extra), required=("deployment",))

@@ -365,3 +365,19 @@ def test_node_joined_again_with_several_resources_is_stale():
     c = Core()
     c(rc.NodeJoined(node_id="n0", resources=res))
     assert c.step(rc.NodeJoined(node_id="n0", resources=res)).stale
+
+
+def test_packing_gap_counts_node_changes_beyond_one_block_per_node():
+    """How far from rank-packed: 0 for blocks, one per extra change of node."""
+    from rankcore.placement import packing_gap
+
+    assert packing_gap(["a", "a", "b", "b", "c"]) == 0
+    assert packing_gap(["a", "b", "a", "b"]) == 2  # 3 changes, 2 nodes
+    assert packing_gap(["a", None, "a", "b"]) == 0  # an unplaced rank is skipped
+    assert packing_gap([]) == 0
+    c = Core(("n0", 2), ("n1", 2))
+    c.up(c(deploy("a", 4, placement="rank_packed")))
+    assert c.state.deployments["a"].packing_gap() == 0
+    s = Core(("n0", 2), ("n1", 2))
+    s.up(s(deploy("a", 4, placement="spread")))
+    assert s.state.deployments["a"].packing_gap() == 2  # dealt n0, n1, n0, n1
