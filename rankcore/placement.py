@@ -24,6 +24,7 @@ Policies (per deployment):
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from itertools import pairwise
 
 import attrs
 
@@ -93,5 +94,5 @@ def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:
     placed = [n for n in nodes_by_rank if n is not None]
     if not placed:
         return 0
-    changes = sum(1 for a, b in zip(placed, placed[1:]) if a != b)
+    changes = sum(1 for a, b in pairwise(placed) if a != b)
     return changes - (len(set(placed)) - 1)
