@@ -336,8 +336,8 @@ def inherit_booking(tx: Tx, dep: Deployment, rid: str, held: tuple[str, Need]) -
     node_id = held[0]
     cl.held = cl.held.set(rid, held)
     rep = dep.replicas[rid]
-    ranks = dep.ranks.place(rid, node_id)
-    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+    ranks = dep.ranks  # (already placed there: RankTable.replace renamed its predecessor)
+    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)))
     rank = ranks.rank_of(rid)
     assert rank is not None
     tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))

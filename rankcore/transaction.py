@@ -281,8 +281,9 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
         return remove(tx, dep, rep, dep.ranks.release(rid))
     (new_id,) = tx.new_ids(dep.name, 1)
-    ranks = dep.ranks.replace(rid, new_id)
     booking = keep_booking(tx, dep, rid) if tx.managed else None
+    # back on its predecessor's node: one rename keeps all three ranks (no place later)
+    ranks = dep.ranks.replace(rid, new_id, booking[0]) if booking is not None else dep.ranks.replace(rid, new_id)
     dep = remove(tx, dep, rep, ranks)
     new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
     tx.index = tx.index.set(new_id, dep.name)
