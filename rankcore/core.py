@@ -39,7 +39,7 @@ from .events import (
 from .lifecycle import Phase, Trigger, advance
 from .records import evolve
 from .recovery import rebuild
-from .scheduling import enqueue, expired, forget_failures, hold, new_node, rekind, release, unreserve
+from .scheduling import adopt, clear_avoid, expired, forget_failures, hold, new_node, rekind, release, unreserve
 from .state import (
     Deployment,
     RecoveryOutcome,
@@ -147,15 +147,14 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         return tx.finish()
     rid = rep.replica_id
     ranks = dep.ranks
-    if rep.node_id is not None and rep.node_id != e.node_id:
-        # The core reserved another node, the executor put it here: what
-        # really happened wins (the reservation moves with it).
-        release(tx, rid)
-        ranks = ranks.unplace(rid)
     if rep.node_id != e.node_id:
+        # Not where the core reserved it (or it was waiting and the executor
+        # placed it itself): what really happened wins, the booking moves too.
+        if rep.node_id is not None:
+            ranks = ranks.unplace(rid)
         ranks = ranks.place(rid, e.node_id)
         if tx.managed:
-            release(tx, rid)  # (it was waiting: the executor placed it itself)
+            release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
     dep = put_replica(dep, rep, new, ranks=ranks)
@@ -259,40 +258,11 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     first = cl.joined == 0
     cl.joined += 1
     if first:  # the core places from now on: book what runs, queue what waits
-        for name in sorted(tx.deps.keys()):
-            dep = tx.deps[name]
-            waiting = []
-            for rid in dep.ranks:  # global-rank order
-                rep = dep.replicas[rid]
-                if rep.node_id is not None:
-                    hold(tx, rid, rep.node_id, dep.resources)
-                elif rep.phase is Phase.PENDING:
-                    waiting.append(rid)
-            if waiting:
-                enqueue(tx, dep, waiting)
+        adopt(tx, sorted(tx.deps.keys()))
     cl.blocked = None
     cl.changed = True
-    _clear_avoid(cl, e.node_id)
+    clear_avoid(tx, e.node_id)
     return tx.finish()
-
-
-def _clear_avoid(cl: Any, node_id: str) -> None:
-    """``node_id`` reported its capacity: replicas whose placement failed there may try it again."""
-    hit = [rid for rid, nodes in cl.avoid.items() if node_id in nodes]
-    if not hit:
-        return
-    queued = {}
-    for rid in hit:
-        rest = tuple(n for n in cl.avoid[rid] if n != node_id)
-        cl.avoid = cl.avoid.set(rid, rest) if rest else cl.avoid.delete(rid)
-        if rid in cl.queued:
-            queued[rid] = cl.queued[rid]
-    for rid, kind in queued.items():  # their kind changed: recount
-        new_kind = (kind[0], cl.avoid.get(rid, ()))
-        n = cl.queue_kinds[kind] - 1
-        cl.queue_kinds = cl.queue_kinds.set(kind, n) if n else cl.queue_kinds.delete(kind)
-        cl.queue_kinds = cl.queue_kinds.set(new_kind, cl.queue_kinds.get(new_kind, 0) + 1)
-        cl.queued = cl.queued.set(rid, new_kind)
 
 
 def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
@@ -307,7 +277,7 @@ def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
                                                free=type(node.free)(free)))
     cl.blocked = None
     cl.changed = True
-    _clear_avoid(cl, e.node_id)
+    clear_avoid(tx, e.node_id)
     return tx.finish()
 
 

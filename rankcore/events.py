@@ -302,40 +302,29 @@ class ControllerRecovered:
 
     @nodes.validator
     def _check_nodes(self, attribute: attrs.Attribute, value: tuple) -> None:
-        if not isinstance(value, tuple):
-            raise InvalidConfig(f"ControllerRecovered.nodes must be an iterable of NodeJoined, got {value!r}")
-        seen = set()
-        for n in value:
-            if not isinstance(n, NodeJoined):
-                raise InvalidConfig(f"ControllerRecovered.nodes holds {n!r}, not a NodeJoined")
-            if n.node_id in seen:
-                raise InvalidConfig(f"ControllerRecovered.nodes names {n.node_id!r} twice")
-            seen.add(n.node_id)
+        _check_records("nodes", value, NodeJoined, lambda n: n.node_id, "names {!r} twice")
 
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:
-        if not isinstance(value, tuple):
-            raise InvalidConfig(f"ControllerRecovered.deployments must be an iterable of DeploymentApplied, got {value!r}")
-        seen = set()
-        for d in value:
-            if not isinstance(d, DeploymentApplied):
-                raise InvalidConfig(f"ControllerRecovered.deployments holds {d!r}, not a DeploymentApplied")
-            if d.name in seen:
-                raise InvalidConfig(f"ControllerRecovered.deployments names {d.name!r} twice")
-            seen.add(d.name)
+        _check_records("deployments", value, DeploymentApplied, lambda d: d.name, "names {!r} twice")
 
     @reports.validator
     def _check_reports(self, attribute: attrs.Attribute, value: tuple) -> None:
-        if not isinstance(value, tuple):
-            raise InvalidConfig(f"ControllerRecovered.reports must be an iterable of ReplicaReport, got {value!r}")
-        seen = set()
-        for r in value:
-            if not isinstance(r, ReplicaReport):
-                raise InvalidConfig(f"ControllerRecovered.reports holds {r!r}, not a ReplicaReport")
-            if r.replica_id in seen:
-                raise InvalidConfig(f"ControllerRecovered.reports has two reports from {r.replica_id!r}")
-            seen.add(r.replica_id)
+        _check_records("reports", value, ReplicaReport, lambda r: r.replica_id, "has two reports from {!r}")
 
+
+def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> None:
+    """A ControllerRecovered tuple field: only ``cls`` records, no key twice."""
+    if not isinstance(value, tuple):
+        raise InvalidConfig(f"ControllerRecovered.{field} must be an iterable of {cls.__name__}, got {value!r}")
+    seen = set()
+    for x in value:
+        if not isinstance(x, cls):
+            raise InvalidConfig(f"ControllerRecovered.{field} holds {x!r}, not a {cls.__name__}")
+        k = key(x)
+        if k in seen:
+            raise InvalidConfig(f"ControllerRecovered.{field} " + twice.format(k))
+        seen.add(k)
 
 Event = Union[
     DeploymentApplied,

@@ -41,7 +41,7 @@ from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaRepo
 from .lifecycle import LIVE, Phase
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
-from .scheduling import enqueue, hold, new_node
+from .scheduling import adopt, new_node
 from .state import Deployment, Replica, parse_replica_number
 from .transaction import Tx, initialize, reconcile, reconfigure, recount, stop
 
@@ -251,19 +251,8 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
                         tx.cl.next_deadline = min(tx.cl.next_deadline, tx.cl.now + dep.start_timeout_s)
         if tx.cl.next_deadline < float("inf"):
             tx.emit(ScheduleTick(at=tx.cl.next_deadline))
-    if tx.managed:
-        # What the replicas hold where they run, and who still waits for a node.
-        for name in sorted(specs):
-            dep = tx.deps[name]
-            waiting = []
-            for rid in dep.ranks:  # global-rank order
-                rep = dep.replicas[rid]
-                if rep.node_id is not None:
-                    hold(tx, rid, rep.node_id, dep.resources)
-                elif rep.phase is Phase.PENDING and rid not in tx.cl.queued:
-                    waiting.append(rid)
-            if waiting:
-                enqueue(tx, dep, waiting)
+    if tx.managed:  # what the replicas hold where they run, and who still waits for a node
+        adopt(tx, sorted(specs))
     for r in sorted(orphans, key=lambda r: r.replica_id):
         # A replica of a deployment that no longer exists: stop it, and treat
         # later news about it as stale.

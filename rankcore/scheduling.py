@@ -24,7 +24,7 @@ becomes a new ``Cluster`` once, at the end of the step.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, cast
 
 import immutables
@@ -50,7 +50,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "keep_booking", "inherit_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "inherit_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -147,27 +147,45 @@ def _dequeue(cl: ClusterTx, rid: str) -> None:
     # (the id stays in ``queue`` until the next pass skips it)
 
 
-def forget_failures(tx: Tx) -> None:
-    """``retry_s`` passed since a placement failed: every replica may try every node again."""
-    cl = tx.cl
-    cl.changed = True
-    cl.retry_at = _INF
-    failed = list(cl.avoid)
-    cl.avoid = immutables.Map()
+def _rekind(cl: ClusterTx, rids: list[str], kind_of: Callable[[str, tuple], tuple]) -> None:
+    """Give waiting replicas ``rids`` a new kind (``kind_of(rid, old kind)``),
+    keeping their places in the queue and the per-kind counts right."""
     kinds = cl.queue_kinds
     with cl.queued.mutate() as q:
-        for rid in failed:
+        for rid in rids:
             old = q.get(rid)
             if old is None:
                 continue
             n = kinds[old] - 1
             kinds = kinds.set(old, n) if n else kinds.delete(old)
-            new = (old[0], ())
+            new = kind_of(rid, old)
             q[rid] = new
             kinds = kinds.set(new, kinds.get(new, 0) + 1)
         cl.queued = q.finish()
     cl.queue_kinds = kinds
     cl.blocked = None
+    cl.changed = True
+
+
+def forget_failures(tx: Tx) -> None:
+    """``retry_s`` passed since a placement failed: every replica may try every node again."""
+    cl = tx.cl
+    cl.retry_at = _INF
+    failed = list(cl.avoid)
+    cl.avoid = immutables.Map()
+    _rekind(cl, failed, lambda rid, old: (old[0], ()))
+
+
+def clear_avoid(tx: Tx, node_id: str) -> None:
+    """``node_id`` reported its capacity: replicas whose placement failed there may try it again."""
+    cl = tx.cl
+    hit = [rid for rid, nodes in cl.avoid.items() if node_id in nodes]
+    if not hit:
+        return
+    for rid in hit:
+        rest = tuple(n for n in cl.avoid[rid] if n != node_id)
+        cl.avoid = cl.avoid.set(rid, rest) if rest else cl.avoid.delete(rid)
+    _rekind(cl, hit, lambda rid, old: (old[0], cl.avoid.get(rid, ())))
 
 
 def rekind(tx: Tx, dep: Deployment) -> None:
@@ -175,21 +193,25 @@ def rekind(tx: Tx, dep: Deployment) -> None:
     (they keep their places in the queue)."""
     cl = tx.cl
     mine = [rid for rid in cl.queued if tx.index.get(rid) == dep.name]
-    if not mine:
-        return
-    cl.changed = True
-    kinds = cl.queue_kinds
-    with cl.queued.mutate() as q:
-        for rid in mine:
-            old = q[rid]
-            n = kinds[old] - 1
-            kinds = kinds.set(old, n) if n else kinds.delete(old)
-            new = _kind(cl, rid, dep.resources)
-            q[rid] = new
-            kinds = kinds.set(new, kinds.get(new, 0) + 1)
-        cl.queued = q.finish()
-    cl.queue_kinds = kinds
-    cl.blocked = None
+    if mine:
+        _rekind(cl, mine, lambda rid, old: _kind(cl, rid, dep.resources))
+
+
+def adopt(tx: Tx, names: Iterable[str]) -> None:
+    """The core places from now on (a first node joined, or a recovery): book
+    what each replica of ``names`` holds where it runs, and queue, in
+    global-rank order, the pending ones with no node not queued already."""
+    for name in names:
+        dep = tx.deps[name]
+        waiting = []
+        for rid in dep.ranks:  # global-rank order
+            rep = dep.replicas[rid]
+            if rep.node_id is not None:
+                hold(tx, rid, rep.node_id, dep.resources)
+            elif rep.phase is Phase.PENDING and rid not in tx.cl.queued:
+                waiting.append(rid)
+        if waiting:
+            enqueue(tx, dep, waiting)
 
 
 def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
@@ -427,7 +449,3 @@ def expired(cl: ClusterTx) -> list[str]:
     cl.next_deadline = min(cl.deadlines.values(), default=_INF)
     cl.changed = True
     return [rid for _, rid in due]
-
-
-def starting(rep: Replica) -> bool:
-    return rep.phase is Phase.STARTING
