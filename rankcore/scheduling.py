@@ -43,6 +43,14 @@ class Tx(Protocol):
     @property
     def cl(self) -> ClusterTx: ...
 
+    @property
+    def view(self) -> Cluster | ClusterTx: ...
+
+    @property
+    def working(self) -> ClusterTx | None: ...
+
+    cluster: Cluster
+
     deps: immutables.Map
     index: immutables.Map
 
@@ -50,7 +58,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "inherit_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "announce_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -226,6 +234,9 @@ def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
 
 def release(tx: Tx, rid: str) -> None:
     """``rid`` left (stopped, crashed): what the cluster holds for it is freed."""
+    seen = tx.view
+    if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid:
+        return  # nothing to free (a crash replacement took its booking): no working copy
     cl = tx.cl
     held = cl.held.get(rid)
     if held is not None:
@@ -334,36 +345,44 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     return dep
 
 
-def keep_booking(tx: Tx, dep: Deployment, rid: str) -> tuple[str, Need] | None:
-    """A crash replacement will go back where ``rid`` ran (the core's rule: its
-    predecessor's node, when up, not suspect and nobody waits): take ``rid``'s
-    booking off the book without freeing the node, for the replacement to
-    inherit (``inherit_booking``). None when the rule does not apply."""
-    cl = tx.cl
+def keep_booking(tx: Tx, dep: Deployment, rid: str, new_id: str) -> tuple[str, Need] | None:
+    """A crash replacement goes back where ``rid`` ran (the core's rule: its
+    predecessor's node, when up, not suspect and nobody waits): ``rid``'s
+    booking passes to ``new_id`` without freeing the node (``announce_booking``
+    then tells the executor). None when the rule does not apply.
+
+    The hot path of a managed core: it reads the cluster without opening the
+    step's working copy and, when nothing else changes, sets one field."""
+    cl = tx.view
     held = cl.held.get(rid)
     if held is None or cl.queued or held[1] != dep.resources:
         return None
-    node_id = held[0]
+    node_id, need = held
     node = cl.nodes.get(node_id)
-    if node is None or cl.suspect(node_id) or any(node.free.get(k, 0.0) < -1e-9 for k, _ in held[1]):
-        return None  # (an over-committed node: the replacement must fit like anyone else)
-    cl.held = cl.held.delete(rid)
-    cl.changed = True
+    if node is None:
+        return None
+    until = cl.suspects.get(node_id) if cl.suspects else None
+    if until is not None and until > cl.now:
+        return None
+    free = node.free
+    for k, _ in need:
+        if free.get(k, 0.0) < -1e-9:
+            return None  # an over-committed node: the replacement must fit like anyone else
+    book = cl.held.delete(rid).set(new_id, held)
+    if tx.working is not None:
+        tx.working.held = book
+        tx.working.changed = True
+    else:
+        tx.cluster = _evolve(tx.cluster, held=book)
     return held
 
 
-def inherit_booking(tx: Tx, dep: Deployment, rid: str, held: tuple[str, Need]) -> Deployment:
-    """Place crash replacement ``rid`` on its predecessor's node, on the booking it left."""
-    cl = tx.cl
-    node_id = held[0]
-    cl.held = cl.held.set(rid, held)
-    rep = dep.replicas[rid]
-    ranks = dep.ranks  # (already placed there: RankTable.replace renamed its predecessor)
-    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)))
-    rank = ranks.rank_of(rid)
+def announce_booking(tx: Tx, dep: Deployment, rid: str, node_id: str) -> None:
+    """Crash replacement ``rid``, born on its predecessor's node on the booking
+    it left (its record and ranks say so already): PlaceReplica."""
+    rank = dep.ranks.rank_of(rid)
     assert rank is not None
     tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
-    return dep
 
 
 def place_or_enqueue(tx: Tx, dep: Deployment, rid: str) -> Deployment:

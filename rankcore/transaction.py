@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import immutables
 
+from .cluster import Cluster
 from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
 from .errors import InvalidEvent
 from .lifecycle import LIVE, Phase, Trigger, advance
@@ -19,9 +20,9 @@ from .policies import VICTIM_ORDER
 from .records import evolve
 from .scheduling import (
     ClusterTx,
+    announce_booking,
     arm_deadlines,
     enqueue,
-    inherit_booking,
     keep_booking,
     place_or_enqueue,
     place_waiting,
@@ -71,6 +72,16 @@ class Tx:
         if self._cl is None:
             self._cl = ClusterTx(self.cluster)
         return self._cl
+
+    @property
+    def working(self) -> ClusterTx | None:
+        """The working copy of the cluster if the step opened one."""
+        return self._cl
+
+    @property
+    def view(self) -> Cluster | ClusterTx:
+        """The cluster as this step has it so far, to read without opening a working copy."""
+        return self._cl if self._cl is not None else self.cluster
 
     @property
     def managed(self) -> bool:
@@ -261,17 +272,22 @@ def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deploymen
 def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
     """Drop a finished replica (its ranks already handled in ``ranks``)."""
     rid = rep.replica_id
-    tx.index = tx.index.delete(rid)
-    if tx.managed:
-        release(tx, rid)
-    if parse_replica_number(rid) is None:
-        tx.retired = tx.retired.set(rid, None)
+    _forget(tx, rid)
     return _evolve(
         dep,
         replicas=dep.replicas.delete(rid),
         ranks=ranks,
         counts=recount(dep.counts, rep.phase, None),
     )
+
+
+def _forget(tx: Tx, rid: str) -> None:
+    """``rid`` leaves the index (and the cluster's book, when managed)."""
+    tx.index = tx.index.delete(rid)
+    if tx.managed:
+        release(tx, rid)
+    if parse_replica_number(rid) is None:
+        tx.retired = tx.retired.set(rid, None)
 
 
 def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -281,30 +297,37 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
         return remove(tx, dep, rep, dep.ranks.release(rid))
     (new_id,) = tx.new_ids(dep.name, 1)
-    booking = keep_booking(tx, dep, rid) if tx.managed else None
+    managed = tx.managed
+    booking = keep_booking(tx, dep, rid, new_id) if managed else None
+    node_id = booking[0] if booking is not None else None
     # back on its predecessor's node: one rename keeps all three ranks (no place later)
-    ranks = dep.ranks.replace(rid, new_id, booking[0]) if booking is not None else dep.ranks.replace(rid, new_id)
-    dep = remove(tx, dep, rep, ranks)
-    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
+    ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
+    _forget(tx, rid)
+    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
     tx.index = tx.index.set(new_id, dep.name)
+    global_rank = ranks.global_rank(new_id)
     tx.emit(
         StartReplica(
             replica_id=new_id,
             deployment=dep.name,
-            global_rank=ranks.global_rank(new_id),
+            global_rank=global_rank,
             world_size=dep.target,
             replaces=rid,
             lineage=rep.lineage,
         )
     )
+    counts = list(dep.counts)
+    counts[_IDX[rep.phase]] -= 1
+    counts[_IDX[Phase.PENDING]] += 1
     dep = _evolve(
         dep,
-        replicas=dep.replicas.set(new_id, new),
-        counts=recount(dep.counts, None, Phase.PENDING),
+        replicas=dep.replicas.delete(rid).set(new_id, new),
+        ranks=ranks,
+        counts=tuple(counts),
     )
-    if booking is not None:  # back on its predecessor's node, on the same booking
-        dep = inherit_booking(tx, dep, new_id, booking)
-    elif tx.managed:
+    if node_id is not None:  # back on its predecessor's node, on the same booking
+        announce_booking(tx, dep, new_id, node_id)
+    elif managed:
         dep = place_or_enqueue(tx, dep, new_id)
     return dep
 
