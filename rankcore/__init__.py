@@ -4,9 +4,10 @@
 See README.md for a quick start and docs/architecture.md for the design.
 """
 
-from . import cluster, placement
+from . import cluster, gangs, placement, static
 from .commands import (
     Command,
+    GangChanged,
     InitializeReplica,
     PlaceReplica,
     ReconfigureReplica,
@@ -29,6 +30,7 @@ from .events import (
     DEFAULT_MAX_REPLICAS,
     OUTDATED,
     UNKNOWN,
+    BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
     Event,
@@ -45,9 +47,11 @@ from .events import (
     ScaleRequested,
     Tick,
 )
+from .gangs import GangContext
 from .lifecycle import Phase
 from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .state import Compaction, Deployment, RecoveryOutcome, Replica, State, Step, desired_specs
+from .static import StaticPlacement, consecutive_mapping
 
 __version__ = "0.1.0"
 
@@ -60,7 +64,8 @@ __all__ = [
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
     "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
-    "UpdateWorldSize", "Command",
+    "UpdateWorldSize", "Command", "GangChanged", "GangContext", "BundlesPlaced", "StaticPlacement",
+    "consecutive_mapping", "gangs", "static",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",
 ]

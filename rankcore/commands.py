@@ -16,6 +16,7 @@ from typing import Any, Union
 import attrs
 
 from . import fields as f
+from .gangs import GangContext
 from .ranks import ReplicaRank
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "UpdateWorldSize",
     "PlaceReplica",
     "ScheduleTick",
+    "GangChanged",
     "Command",
 ]
 
@@ -50,6 +52,8 @@ class StartReplica:
     world_size: int = attrs.field(validator=f.count)
     replaces: str | None = attrs.field(default=None, validator=f.optional_name)
     lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+    #: a gang member: its gang, its rank in it, the gang's size and members
+    gang: GangContext | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -116,6 +120,11 @@ class PlaceReplica:
     node_id: str = attrs.field(validator=f.name)
     rank: ReplicaRank
     resources: tuple[tuple[str, float], ...] = ()
+    #: static placement: the caller's placement group and this rank's bundles
+    #: (the replica runs on the first; the rest are for its own workers)
+    group: str | None = None
+    bundles: tuple[int, ...] = ()
+    capture_child_tasks: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -126,5 +135,15 @@ class ScheduleTick:
     at: float
 
 
+@attrs.frozen(kw_only=True)
+class GangChanged:
+    """A gang's members changed (``restart_replica`` replaced one): tell every
+    member (``members`` in gang-rank order). No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    gang_id: str = attrs.field(validator=f.name)
+    members: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
-                ScheduleTick]
+                ScheduleTick, GangChanged]

@@ -22,6 +22,7 @@ import attrs
 from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
+    BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
     NodeCapacityChanged,
@@ -51,12 +52,17 @@ from .transaction import (
     Tx,
     by_rank,
     crash,
+    fail_member,
+    fail_static,
     initialize,
+    place_static,
     put_replica,
     reconcile,
     reconfigure,
     recount,
     remove,
+    restart_failed,
+    restart_incomplete_gangs,
 )
 
 __all__ = ["step", "run"]
@@ -72,8 +78,8 @@ def _about_replica(handler: Callable[[Tx, _E, Deployment, Replica], Step]) -> Ca
 
     def on_event(tx: Tx, e: _E) -> Step:
         found = tx.lookup(e.replica_id)  # type: ignore[attr-defined]
-        if found is None:
-            return tx.finish(stale=True)
+        if found is None or found[1].phase is Phase.FAILED:
+            return tx.finish(stale=True)  # (a FAILED replica's process was stopped; it waits for its bundles)
         return handler(tx, e, *found)
 
     on_event.__name__ = handler.__name__
@@ -86,10 +92,15 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         dep = Deployment.applied(e)
         tx.put(reconcile(tx, dep))
         return tx.finish()
+    _check_same_shape(dep, e)
     resources_changed = e.resources != dep.resources
+    moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
-                  start_timeout_s=e.start_timeout_s)
+                  start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure)
+    if moved:
+        assert e.static_placement is not None
+        dep = _bundles_moved(tx, dep, e.static_placement.bundle_nodes)
     if resources_changed and tx.managed:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config
@@ -113,8 +124,65 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     return tx.finish()
 
 
+def _check_same_shape(dep: Deployment, e: DeploymentApplied) -> None:
+    """What a live deployment cannot change: its static mapping, its gang size."""
+    new = e.static_placement
+    if (dep.static is None) != (new is None) or (
+            dep.static is not None and new is not None and not dep.static.same_layout(new)):
+        raise InvalidConfig(
+            f"DeploymentApplied({dep.name!r}) changes its static placement (group, mapping or "
+            f"capture_child_tasks); only where the bundles are may change (BundlesPlaced): deploy it under a new name")
+    if e.gang_size != dep.gang_size:
+        raise InvalidConfig(f"DeploymentApplied({dep.name!r}) changes gang_size from {dep.gang_size} to "
+                            f"{e.gang_size}: a live deployment keeps its gang size")
+
+
+def _bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
+    """The caller's group has its bundles on ``bundle_nodes`` now: FAILED replicas
+    whose bundles are all placed restart there; a live replica whose bundle lost
+    its node fails."""
+    assert dep.static is not None
+    if len(bundle_nodes) != dep.static.bundle_count:
+        raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
+                           f"{dep.static.group!r} has {dep.static.bundle_count}")
+    static = dep.static.with_nodes(bundle_nodes)
+    dep = _evolve(dep, static=static)
+    for rid in list(dep.ranks):  # global-rank order
+        rep = dep.replicas[rid]
+        g = dep.ranks.global_rank(rid)
+        if rep.phase is Phase.FAILED:
+            if static.placed(g):
+                dep = restart_failed(tx, dep, rep)
+        elif rep.phase is not Phase.STOPPING and not static.placed(g):
+            dep = fail_static(tx, dep, rep)
+        elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):
+            tx.emit(StopReplica(replica_id=rep.replica_id, deployment=dep.name))  # its bundle moved: follow it
+            dep = crash(tx, dep, rep)
+    return dep
+
+
+def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
+    dep = tx.dep(e.deployment)
+    if dep.static is None:
+        raise InvalidEvent(f"BundlesPlaced: deployment {dep.name!r} has no static placement")
+    if e.bundle_nodes == dep.static.bundle_nodes:
+        return tx.finish(stale=True)
+    tx.put(_bundles_moved(tx, dep, e.bundle_nodes))
+    return tx.finish()
+
+
 def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
+    if dep.static is not None and e.num_replicas != dep.target:
+        raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
+                            f"mapping's length ({dep.target}); got num_replicas={e.num_replicas}")
+    if dep.gang_size > 1:
+        if e.num_replicas % dep.gang_size:
+            raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is not a multiple of "
+                                f"its gang_size={dep.gang_size} (gangs start and stop whole)")
+        if e.victims:
+            raise InvalidEvent(f"ScaleRequested({dep.name!r}): a gang deployment removes whole gangs from the "
+                               f"top ranks; victims cannot be named")
     if e.num_replicas > dep.max_replicas:
         raise InvalidConfig(
             f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is above the deployment's "
@@ -212,7 +280,7 @@ def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica
         cl = tx.cl
         cl.suspects = cl.suspects.set(rep.node_id, cl.now + cl.suspect_s)
         cl.changed = True
-    tx.put(crash(tx, dep, rep))
+    tx.put(fail_member(tx, dep, rep))
     return tx.finish()
 
 
@@ -233,9 +301,23 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
         cl.changed = hit = True
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
+        if dep.static is not None:
+            lost = dep.static.ranks_on(e.node_id)
+            if lost:
+                dep = _evolve(dep, static=dep.static.lose(e.node_id))
+                for g in lost:  # FAILED, not moved: the group is the caller's
+                    rid = dep.ranks.holder_of(g)
+                    rep = dep.replicas.get(rid) if rid is not None else None
+                    if rep is not None and rep.phase not in (Phase.FAILED, Phase.STOPPING):
+                        dep = fail_static(tx, dep, rep)
+                tx.put(dep)
+                hit = True
+            continue
         on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id]
         for rep in by_rank(dep, on_node):
-            dep = crash(tx, dep, dep.replicas[rep.replica_id])
+            current = dep.replicas.get(rep.replica_id)
+            if current is not None:  # (not restarted already with its gang)
+                dep = fail_member(tx, dep, current)
             hit = True
         if on_node:
             tx.put(dep)
@@ -303,8 +385,11 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
         for name in sorted(timed_out):  # in rank order, as any batch of crashes
             dep = tx.deps[name]
             for rep in by_rank(dep, timed_out[name]):
+                current = dep.replicas.get(rep.replica_id)
+                if current is None:
+                    continue  # restarted with its gang already
                 tx.emit(StopReplica(replica_id=rep.replica_id, deployment=name))  # its process, hung
-                dep = crash(tx, dep, dep.replicas[rep.replica_id])
+                dep = fail_member(tx, dep, current)
             tx.put(dep)
         if cl.next_deadline < float("inf"):
             tx.emit(ScheduleTick(at=cl.next_deadline))
@@ -313,6 +398,16 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
     rebuild(tx, e)
+    names = sorted(tx.deps.keys())
+    restart_incomplete_gangs(tx, names)
+    for name in names:  # a static replica reported before its placement: on its bundles
+        dep = tx.deps[name]
+        if dep.static is not None:
+            for rid in list(dep.ranks):
+                rep = dep.replicas[rid]
+                if rep.phase is Phase.PENDING and rep.node_id is None and dep.static.placed(dep.ranks.global_rank(rid)):
+                    dep = place_static(tx, dep, rid)
+            tx.put(dep)
     step = tx.finish()
     known = {d.name for d in e.deployments}
     stops = [c for c in step.commands if isinstance(c, StopReplica)]
@@ -327,6 +422,7 @@ def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
 
 _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     DeploymentApplied: _on_deployment_applied,
+    BundlesPlaced: _on_bundles_placed,
     ScaleRequested: _on_scale_requested,
     ReplicaPlaced: _on_replica_placed,
     ReplicaReady: _on_replica_ready,

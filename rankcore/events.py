@@ -13,9 +13,11 @@ import attrs
 
 from . import fields as f
 from .errors import InvalidConfig
+from .gangs import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
 from .placement import POLICIES
 from .ranks import MAX_RANKS, ReportedRank
+from .static import StaticPlacement
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
@@ -29,6 +31,7 @@ __all__ = [
     "ReplicaCrashed",
     "ReplicaStopped",
     "NodeLost",
+    "BundlesPlaced",
     "NodeJoined",
     "NodeCapacityChanged",
     "PlacementFailed",
@@ -92,6 +95,37 @@ def _check_policy(inst: DeploymentApplied, attribute: attrs.Attribute, value: st
                             f"got {value!r}")
 
 
+def _check_static(inst: DeploymentApplied, attribute: attrs.Attribute, value: StaticPlacement | None) -> None:
+    if value is None:
+        return
+    if not isinstance(value, StaticPlacement):
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).static_placement must be a "
+                            f"rankcore.StaticPlacement, got {type(value).__name__}")
+    if inst.num_replicas != value.replicas:
+        raise InvalidConfig(
+            f"DeploymentApplied({inst.name!r}): num_replicas={inst.num_replicas}, but static placement maps "
+            f"{value.replicas} ranks (the replica count is fixed to the mapping's length)")
+
+
+def _check_gang_size(inst: DeploymentApplied, attribute: attrs.Attribute, value: int) -> None:
+    if type(value) is not int or value < 1:
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).gang_size must be an int >= 1, got {value!r}")
+    if value > 1 and inst.num_replicas % value:
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={inst.num_replicas} is not a "
+                            f"multiple of gang_size={value} (gangs start and stop whole)")
+    if value > 1 and inst.static_placement is not None:
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): static_placement and gang_size > 1 do not mix "
+                            f"(a static mapping already fixes where every rank runs)")
+
+
+def _check_choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    def check(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
+        if value not in choices:
+            raise InvalidConfig(f"DeploymentApplied({inst.name!r}).{attribute.name} must be one of "
+                                f"{', '.join(choices)}, got {value!r}")
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
@@ -119,6 +153,16 @@ class DeploymentApplied:
     #: InitializeReplica is declared crashed and replaced; None: wait forever
     start_timeout_s: float | None = attrs.field(default=None,
                                                validator=attrs.validators.optional(f.seconds))
+    #: run on the caller's placement group: rank N on the bundles ``mapping[N]``
+    #: (rankcore.static; num_replicas must equal the mapping's length)
+    static_placement: StaticPlacement | None = attrs.field(default=None, validator=_check_static)
+    #: gangs of this many replicas (rankcore.gangs): placed all or nothing on
+    #: consecutive ranks, failing and scaling whole
+    gang_size: int = attrs.field(default=1, validator=_check_gang_size)
+    #: ``pack`` (one node when it fits) or ``spread`` (distinct nodes)
+    gang_placement: str = attrs.field(default="pack", validator=_check_choice(GANG_PLACEMENTS))
+    #: ``restart_gang`` (every member on its rank) or ``restart_replica`` (that member only)
+    gang_failure: str = attrs.field(default="restart_gang", validator=_check_choice(GANG_FAILURES))
 
 
 @attrs.frozen(kw_only=True)
@@ -184,6 +228,26 @@ class NodeLost:
     """A node is gone: every replica placed on it has crashed."""
 
     node_id: str = attrs.field(validator=f.name)
+
+
+def _bundle_nodes(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, tuple) or not value or not all(n is None or (isinstance(n, str) and n) for n in value):
+        raise InvalidConfig(f"BundlesPlaced({inst.deployment!r}).bundle_nodes must list a node id (or None) for "
+                            f"every bundle of the group, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class BundlesPlaced:
+    """Where the bundles of a static deployment's placement group are now (the
+    caller's group was rescheduled after a node loss, say). A FAILED replica
+    whose bundles are all on nodes again is restarted on them, on its rank."""
+
+    deployment: str = attrs.field(validator=f.name)
+    bundle_nodes: tuple[str | None, ...] = attrs.field(converter=_bundle_nodes, validator=_check_bundle_nodes)
 
 
 def _parse_rank(value: Any) -> ReportedRank:
@@ -327,6 +391,7 @@ def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> N
         seen.add(k)
 
 Event = Union[
+    BundlesPlaced,
     DeploymentApplied,
     ScaleRequested,
     ReplicaPlaced,

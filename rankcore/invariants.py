@@ -100,6 +100,11 @@ def check_ranks_unique(state: State) -> None:
             _fail(f"{dep.name}: local rank {dup[0][1]} on node {dup[0][0]!r} is held twice")
 
 
+def _on_its_bundle(dep: Deployment, rid: str, node: object) -> bool:
+    """A static replica placed by the core on its rank's first bundle (nothing booked for it)."""
+    return dep.static is not None and dep.static.node_of(dep.ranks.global_rank(rid)) == node
+
+
 def check_every_replica_ranked(state: State) -> None:
     """Every live replica holds exactly one rank; a placed one all three levels."""
     for dep in state.deployments.values():
@@ -114,8 +119,11 @@ def check_every_replica_ranked(state: State) -> None:
             node = snap[rid][1]
             if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
                 _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None and rid not in state.cluster.held:
+            if rep.phase is Phase.PENDING and node is not None and rid not in state.cluster.held \
+                    and not _on_its_bundle(dep, rid, node):
                 _fail(f"{dep.name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
+            if rep.phase is Phase.FAILED and node is not None:
+                _fail(f"{dep.name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
             if node is not None and node != rep.node_id:
                 _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
     if len(state.index) != sum(len(d.replicas) for d in state.deployments.values()):
@@ -172,6 +180,8 @@ def check_cluster(state: State) -> None:
     on_nodes = {}
     waiting = set()
     for dep in state.deployments.values():
+        if dep.static is not None:
+            continue  # the caller's group holds its resources; its replicas never wait for a node
         for rid, rep in dep.replicas.items():
             if rep.node_id is not None:
                 on_nodes[rid] = (rep.node_id, dep.resources)
@@ -295,6 +305,8 @@ def check_rank_changes_reconfigured(before: State, event: object, result: Step) 
             if before_dep is not None and rid in before_dep.replicas and \
                     before_dep.replicas[rid].phase is Phase.PENDING:
                 changed = False  # reserved, never initialised: its rank was not told yet
+            if result.state.deployments[name].replicas[rid].phase is Phase.FAILED:
+                changed = False  # its process is stopped; it is told its rank when restarted
             due = before_dep is not None and rid in before_dep.replicas and before_dep.replicas[rid].rank_update_due
             if changed != ((name, rid) in sent) and not (due and not changed):
                 _fail(f"{name}/{rid}: rank {old} -> {rk}, rank reconfigures sent: {sent.get((name, rid), 0)}")
@@ -423,6 +435,16 @@ def check_placements(before: State, event: object, result: Step) -> None:
     order += [c.replica_id for c in result.commands if isinstance(c, StartReplica)]
     pos = {rid: i for i, rid in enumerate(order)}
     for c in places:
+        if c.group is not None:  # static placement: on its rank's bundles, whatever the cluster model says
+            dep = result.state.deployments[c.deployment]
+            g = c.rank.rank
+            if dep.static is None or (c.group, c.bundles, c.node_id) != (
+                    dep.static.group, dep.static.bundles_of(g), dep.static.node_of(g)):
+                _fail(f"{c.replica_id}: PlaceReplica on {c.group!r} bundles {c.bundles} at {c.node_id!r} is not "
+                      f"rank {g}'s static placement")
+            if dep.ranks.rank_of(c.replica_id) != c.rank:
+                _fail(f"{c.replica_id}: PlaceReplica says rank {c.rank}, the table {dep.ranks.rank_of(c.replica_id)}")
+            continue
         node = cl.nodes.get(c.node_id)
         if node is None:
             raise InvariantViolation(f"{c.replica_id} placed on {c.node_id!r}, which is not a live node")
@@ -539,8 +561,11 @@ def check_touched(before: State, event: object, result: Step) -> None:
                 _fail(f"{name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
             if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
                 _fail(f"{name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None and rid not in after.cluster.held:
+            if rep.phase is Phase.PENDING and node is not None and rid not in after.cluster.held \
+                    and not _on_its_bundle(dep, rid, node):
                 _fail(f"{name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
+            if rep.phase is Phase.FAILED and node is not None:
+                _fail(f"{name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
         if old is not None:
             want = tuple(a + d for a, d in zip(old.counts, delta))
             if want != dep.counts:

@@ -31,6 +31,7 @@ class Phase(str, enum.Enum):
     STOPPING = "stopping"  # stop commanded; ranks held until it has fully stopped
     STOPPED = "stopped"  # terminal: ranks released
     CRASHED = "crashed"  # terminal: global rank handed to the replacement, if any
+    FAILED = "failed"  # static placement: a bundle's node was lost; holds its global rank, not replaced
 
     def __repr__(self) -> str:
         return f"Phase.{self.name}"
@@ -47,6 +48,8 @@ class Trigger(str, enum.Enum):
     RECONFIGURED = "reconfigured"
     STOP = "stop"
     STOPPED = "stopped"
+    BUNDLE_LOST = "bundle_lost"
+    RESTART = "restart"
     CRASH = "crash"
 
     def __repr__(self) -> str:
@@ -70,12 +73,14 @@ DECLARATION: tuple[tuple[Trigger, tuple[Phase, ...], Phase], ...] = (
     (T.STOP, tuple(_ALIVE), P.STOPPING),
     (T.STOPPED, (P.STOPPING,), P.STOPPED),
     (T.CRASH, (*_ALIVE, P.STOPPING), P.CRASHED),
+    (T.BUNDLE_LOST, tuple(_ALIVE), P.FAILED),
+    (T.RESTART, (P.FAILED,), P.CRASHED),
 )
 
 INITIAL = P.PENDING
 TERMINAL = frozenset({P.STOPPED, P.CRASHED})
 #: Phases in which a replica holds ranks (and counts in the state).
-LIVE: tuple[Phase, ...] = (P.PENDING, P.STARTING, P.RUNNING, P.RECONFIGURING, P.STOPPING)
+LIVE: tuple[Phase, ...] = (P.PENDING, P.STARTING, P.RUNNING, P.RECONFIGURING, P.STOPPING, P.FAILED)
 
 
 def _machine_kwargs() -> dict[str, Any]:

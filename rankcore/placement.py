@@ -30,7 +30,7 @@ import attrs
 
 from .errors import InvalidConfig
 
-__all__ = ["POLICIES", "NodeView", "choose_node", "packing_gap"]
+__all__ = ["POLICIES", "NodeView", "choose_node", "choose_gang", "packing_gap"]
 
 POLICIES = ("spread", "pack", "rank_packed")
 _EPS = 1e-9
@@ -84,6 +84,54 @@ def choose_node(
             if n.node_id == prev:
                 return n.node_id
     return min(fits, key=pack_key).node_id
+
+
+def _room(free: Mapping[str, float], need: Mapping[str, float], cap: int) -> int:
+    """How many replicas needing ``need`` fit in ``free`` (at most ``cap``)."""
+    room = cap
+    for k, v in need.items():
+        if v > 0:
+            room = min(room, int((free.get(k, 0.0) + _EPS) // v))
+    return max(room, 0)
+
+
+def choose_gang(nodes: Sequence[NodeView], need: Mapping[str, float], size: int, strategy: str) -> list[str] | None:
+    """Nodes for a gang of ``size`` members needing ``need`` each, in gang-rank
+    order, or None when the whole gang does not fit (all or nothing).
+
+    ``pack``: one node when one has room for all (the one with the least room
+    that fits, as ``pack``), else the nodes with the most room first, filled in
+    turn, so consecutive ranks share a node and the gang uses few nodes.
+    ``spread``: each member on a different node while there are enough (most
+    room first, then node order), then round again.
+    """
+    if strategy not in ("pack", "spread"):
+        raise InvalidConfig(f"gang placement must be pack or spread, got {strategy!r}")
+    room = {n.node_id: _room(n.free, need, size) for n in nodes}
+    main = "GPU" if need.get("GPU", 0) > 0 else "CPU"
+    if sum(room.values()) < size:
+        return None
+    most_first = sorted((n for n in nodes if room[n.node_id] > 0),
+                        key=lambda n: (-room[n.node_id], -n.free.get(main, 0.0), n.order))
+    if strategy == "pack":
+        whole = [n for n in nodes if room[n.node_id] >= size]
+        if whole:
+            best = min(whole, key=lambda n: (room[n.node_id], n.free.get(main, 0.0), n.order))
+            return [best.node_id] * size
+        out: list[str] = []
+        for n in most_first:
+            out.extend([n.node_id] * min(room[n.node_id], size - len(out)))
+            if len(out) == size:
+                break
+        return out
+    out = []
+    left = dict(room)
+    while len(out) < size:
+        for n in most_first:
+            if left[n.node_id] > 0 and len(out) < size:
+                out.append(n.node_id)
+                left[n.node_id] -= 1
+    return out
 
 
 def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:

@@ -13,4 +13,4 @@ from .lifecycle import Phase
 __all__ = ["VICTIM_ORDER"]
 
 #: Sort key of a downscale victim by phase (lower goes first).
-VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2}
+VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2, Phase.FAILED: -1}

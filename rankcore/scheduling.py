@@ -32,7 +32,7 @@ import immutables
 from .cluster import Cluster, Need, Node
 from .commands import InitializeReplica, PlaceReplica, ScheduleTick
 from .lifecycle import Phase
-from .placement import NodeView, choose_node
+from .placement import NodeView, choose_gang, choose_node
 from .records import evolve
 from .state import Deployment, Replica
 
@@ -121,8 +121,10 @@ def _adjust(node: Node, need: Need, sign: float) -> Node:
     return _evolve(node, free=free)
 
 
-def _kind(cl: ClusterTx, rid: str, need: Need) -> tuple:
-    return (need, cl.avoid.get(rid, ()))
+def _kind(cl: ClusterTx, rid: str, need: Need, gang: tuple = ()) -> tuple:
+    """Replicas of one kind fit the same nodes: a kind that failed to fit in a
+    pass is not tried again in it. A gang member's kind names its gang shape."""
+    return (need, cl.avoid.get(rid, ()), *gang)
 
 
 def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -> None:
@@ -130,11 +132,12 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
     cl = tx.cl
     cl.changed = True
     rids = list(rids)
+    gang = (dep.gang_size, dep.gang_placement) if dep.gang_size > 1 else ()
     kinds = cl.queue_kinds
     blocked = cl.blocked
     with cl.queued.mutate() as q:
         for rid in rids:
-            kind = _kind(cl, rid, dep.resources)
+            kind = _kind(cl, rid, dep.resources, gang)
             q.set(rid, kind)
             kinds = kinds.set(kind, kinds.get(kind, 0) + 1)
             if blocked is not None and kind not in blocked:
@@ -181,7 +184,7 @@ def forget_failures(tx: Tx) -> None:
     cl.retry_at = _INF
     failed = list(cl.avoid)
     cl.avoid = immutables.Map()
-    _rekind(cl, failed, lambda rid, old: (old[0], ()))
+    _rekind(cl, failed, lambda rid, old: (old[0], (), *old[2:]))
 
 
 def clear_avoid(tx: Tx, node_id: str) -> None:
@@ -193,7 +196,7 @@ def clear_avoid(tx: Tx, node_id: str) -> None:
     for rid in hit:
         rest = tuple(n for n in cl.avoid[rid] if n != node_id)
         cl.avoid = cl.avoid.set(rid, rest) if rest else cl.avoid.delete(rid)
-    _rekind(cl, hit, lambda rid, old: (old[0], cl.avoid.get(rid, ())))
+    _rekind(cl, hit, lambda rid, old: (old[0], cl.avoid.get(rid, ()), *old[2:]))
 
 
 def rekind(tx: Tx, dep: Deployment) -> None:
@@ -202,7 +205,7 @@ def rekind(tx: Tx, dep: Deployment) -> None:
     cl = tx.cl
     mine = [rid for rid in cl.queued if tx.index.get(rid) == dep.name]
     if mine:
-        _rekind(cl, mine, lambda rid, old: _kind(cl, rid, dep.resources))
+        _rekind(cl, mine, lambda rid, old: _kind(cl, rid, dep.resources, old[2:]))
 
 
 def adopt(tx: Tx, names: Iterable[str]) -> None:
@@ -211,6 +214,8 @@ def adopt(tx: Tx, names: Iterable[str]) -> None:
     global-rank order, the pending ones with no node not queued already."""
     for name in names:
         dep = tx.deps[name]
+        if dep.static is not None:
+            continue  # the caller's group holds its resources; its replicas never wait for a node
         waiting = []
         for rid in dep.ranks:  # global-rank order
             rep = dep.replicas[rid]
@@ -401,6 +406,32 @@ def place_or_enqueue(tx: Tx, dep: Deployment, rid: str) -> Deployment:
     return _reserve(tx, dep, dep.replicas[rid], node_id)
 
 
+def _waiting_gang(cl: ClusterTx, dep: Deployment, rid: str) -> list[str] | None:
+    """``rid``'s gang in gang-rank order, when every member waits for a node
+    (else None: a lone member re-placed after a failure goes alone)."""
+    k = dep.gang_size
+    g = dep.ranks.global_rank(rid) // k
+    members = [cast("str | None", dep.ranks.holder_of(r)) for r in range(g * k, (g + 1) * k)]
+    if all(m is not None and m in cl.queued for m in members):
+        return cast("list[str]", members)
+    return None
+
+
+def _choose_gang(cl: ClusterTx, dep: Deployment, members: list[str]) -> list[str] | None:
+    """Nodes for a whole gang (``placement.choose_gang``), avoiding where any
+    member failed and, while others have room, suspect nodes."""
+    avoid = tuple(sorted({n for m in members for n in cl.avoid.get(m, ())}))
+    views = _views(cl, dep, avoid)
+    want = dict(dep.resources)
+    if cl.suspects:
+        healthy = [v for v in views if not cl.suspect(v.node_id)]
+        if len(healthy) < len(views):
+            chosen = choose_gang(healthy, want, dep.gang_size, dep.gang_placement)
+            if chosen is not None:
+                return chosen
+    return choose_gang(views, want, dep.gang_size, dep.gang_placement)
+
+
 def place_waiting(tx: Tx) -> None:
     """Walk the queue in order; place every replica that fits somewhere. Stops
     early once every kind of need in the queue has failed to fit."""
@@ -425,6 +456,20 @@ def place_waiting(tx: Tx) -> None:
             continue
         name = tx.index[rid]
         dep = tx.deps[name]
+        members = _waiting_gang(cl, dep, rid) if dep.gang_size > 1 else None
+        if members is not None:  # a whole gang waits: all of it or none
+            nodes = _choose_gang(cl, dep, members)
+            if nodes is None:
+                failed.add(kind)
+                keep.append(rid)
+                continue
+            for member, to in zip(members, nodes):
+                _dequeue(cl, member)
+                dep = _reserve(tx, dep, dep.replicas[member], to)
+                for views in cache.values():
+                    views.pop(to, None)
+            tx.put(dep)
+            continue
         node_id = _choose(cl, dep, rid, kind[1], cache)
         if node_id is None:
             failed.add(kind)

@@ -19,6 +19,7 @@ from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
+from .static import StaticPlacement
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs"]
 
@@ -74,6 +75,11 @@ class Deployment:
     resources: tuple[tuple[str, float], ...] = ()
     placement: str = "spread"
     start_timeout_s: float | None = None
+    #: static placement, gangs (see DeploymentApplied)
+    static: StaticPlacement | None = None
+    gang_size: int = 1
+    gang_placement: str = "pack"
+    gang_failure: str = "restart_gang"
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
@@ -86,7 +92,8 @@ class Deployment:
         return cls(name=spec.name, target=spec.num_replicas, user_config=spec.user_config,
                    has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
                    max_replicas=spec.max_replicas, resources=spec.resources, placement=spec.placement,
-                   start_timeout_s=spec.start_timeout_s, **more)
+                   start_timeout_s=spec.start_timeout_s, static=spec.static_placement, gang_size=spec.gang_size,
+                   gang_placement=spec.gang_placement, gang_failure=spec.gang_failure, **more)
 
     def spec(self) -> DeploymentApplied:
         """The ``DeploymentApplied`` that declares this deployment as it is now
@@ -95,7 +102,9 @@ class Deployment:
                                  has_reconfigure=self.has_reconfigure,
                                  reconfigure_takes_rank=self.reconfigure_takes_rank, max_replicas=self.max_replicas,
                                  resources=self.resources, placement=self.placement,
-                                 start_timeout_s=self.start_timeout_s)
+                                 start_timeout_s=self.start_timeout_s, static_placement=self.static,
+                                 gang_size=self.gang_size, gang_placement=self.gang_placement,
+                                 gang_failure=self.gang_failure)
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]

@@ -9,12 +9,14 @@ each other's private helpers.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import immutables
 
 from .cluster import Cluster
-from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
+from .commands import GangChanged, InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, StopReplica
 from .errors import InvalidEvent
+from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
 from .records import evolve
@@ -41,7 +43,8 @@ from .state import (
 
 __all__ = [
     "Tx", "recount", "put_replica", "initialize", "reconfigure", "start", "stop", "reconcile", "remove",
-    "crash", "compact", "by_rank",
+    "crash", "compact", "by_rank", "fail_member", "fail_static", "restart_failed", "place_static",
+    "restart_incomplete_gangs",
 ]
 
 _IDX = {p: i for i, p in enumerate(LIVE)}
@@ -52,7 +55,7 @@ class Tx:
     """One step's work in progress: the state being built and the commands."""
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
-                 "cluster", "_cl")
+                 "cluster", "_cl", "gangs")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
@@ -65,6 +68,7 @@ class Tx:
         self.commands: list = []
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
+        self.gangs: set[str] | None = None  # gang deployments that started replicas this step
 
     @property
     def cl(self) -> ClusterTx:
@@ -128,6 +132,8 @@ class Tx:
         if self._cl is not None:
             place_waiting(self)
             cluster = self._cl.build()
+        if self.gangs:
+            _tell_gangs(self)
         for name in sorted(self.touched):
             dep = self.deps.get(name)
             if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
@@ -211,33 +217,52 @@ def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, Re
 
 
 def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
-    """Start ``n`` new replicas on the lowest free ranks."""
+    """Start ``n`` new replicas on the lowest free ranks (gangs: whole gangs;
+    static placement: each on its rank's bundles, or FAILED while they are not placed)."""
     ids = tx.new_ids(dep.name, n)
     ranks = dep.ranks.assign_many([(rid, None) for rid in ids])
     lineages = {rid: tx.new_lineage() for rid in ids}
+    static = dep.static
+    failed = {rid for rid in ids if not static.placed(ranks.global_rank(rid))} if static is not None else set()
     with dep.replicas.mutate() as m:
         for rid in ids:
-            m.set(rid, Replica(replica_id=rid, deployment=dep.name, phase=Phase.PENDING, lineage=lineages[rid]))
+            m.set(rid, Replica(replica_id=rid, deployment=dep.name,
+                               phase=Phase.FAILED if rid in failed else Phase.PENDING, lineage=lineages[rid]))
         replicas = m.finish()
     with tx.index.mutate() as ix:
         for rid in ids:
             ix.set(rid, dep.name)
         tx.index = ix.finish()
     for rid in ids:
-        tx.emit(StartReplica(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
-                             world_size=dep.target, lineage=lineages[rid]))
+        if rid not in failed:
+            tx.emit(StartReplica(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
+                                 world_size=dep.target, lineage=lineages[rid]))
     c = list(dep.counts)
-    c[_IDX[Phase.PENDING]] += n
+    c[_IDX[Phase.PENDING]] += n - len(failed)
+    c[_IDX[Phase.FAILED]] += len(failed)
     dep = _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
+    if static is not None:
+        for rid in ids:
+            if rid not in failed:
+                dep = place_static(tx, dep, rid)
+        return dep
+    if dep.gang_size > 1:
+        _gang_started(tx, dep)
     if tx.managed:
         enqueue(tx, dep, ids)
     return dep
 
 
 def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
-    """Stop ``n`` replicas: named victims first, then not-yet-running, then highest ranks."""
+    """Stop ``n`` replicas: named victims first, then not-yet-running, then highest ranks
+    (a gang deployment: the highest ranks, whole gangs, nothing to compact)."""
     chosen = [v for v in victims if dep.replicas[v].phase is not Phase.STOPPING][:n]
-    if len(chosen) < n:
+    if dep.gang_size > 1 and len(chosen) < n:
+        ranks = dep.ranks
+        top = sorted(((ranks.global_rank(r.replica_id), r.replica_id) for r in dep.replicas.values()
+                      if r.phase is not Phase.STOPPING), reverse=True)
+        chosen.extend(rid for _, rid in top[: n - len(chosen)])
+    elif len(chosen) < n:
         taken = set(chosen)
         ranks = dep.ranks
         candidates = sorted(
@@ -296,6 +321,8 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     rid = rep.replica_id
     if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
         return remove(tx, dep, rep, dep.ranks.release(rid))
+    if dep.static is not None:
+        return _crash_static(tx, dep, rep)
     (new_id,) = tx.new_ids(dep.name, 1)
     managed = tx.managed
     booking = keep_booking(tx, dep, rid, new_id) if managed else None
@@ -329,7 +356,164 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         announce_booking(tx, dep, new_id, node_id)
     elif managed:
         dep = place_or_enqueue(tx, dep, new_id)
+    if dep.gang_size > 1:
+        _gang_started(tx, dep)
     return dep
+
+
+# ---------------------------------------------------------------- static placement
+def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
+    """Put ``rid`` on its rank's first bundle (the caller's group holds the
+    resources: nothing is booked on the cluster model): PlaceReplica."""
+    static = dep.static
+    assert static is not None
+    g = dep.ranks.global_rank(rid)
+    node_id = static.node_of(g)
+    assert node_id is not None
+    rep = dep.replicas[rid]
+    ranks = dep.ranks
+    if rep.node_id != node_id:
+        if rep.node_id is not None:
+            ranks = ranks.unplace(rid)
+        ranks = ranks.place(rid, node_id)
+        dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+    rank = ranks.rank_of(rid)
+    assert rank is not None
+    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, group=static.group,
+                         bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))
+    return dep
+
+
+def _succeed(tx: Tx, dep: Deployment, rep: Replica) -> tuple[Deployment, str]:
+    """A new incarnation of ``rep`` (same lineage, same global rank, no node yet), started."""
+    rid = rep.replica_id
+    (new_id,) = tx.new_ids(dep.name, 1)
+    ranks = dep.ranks.replace(rid, new_id)
+    _forget(tx, rid)
+    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
+    tx.index = tx.index.set(new_id, dep.name)
+    tx.emit(StartReplica(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
+                         world_size=dep.target, replaces=rid, lineage=rep.lineage))
+    dep = _evolve(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks,
+                  counts=recount(recount(dep.counts, rep.phase, None), None, Phase.PENDING))
+    return dep, new_id
+
+
+def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A static replica died: back on the same bundles with the same rank (or
+    FAILED, when a bundle of its rank is not placed now)."""
+    static = dep.static
+    assert static is not None
+    if not static.placed(dep.ranks.global_rank(rep.replica_id)):
+        return fail_static(tx, dep, rep, stop=False)
+    dep, new_id = _succeed(tx, dep, rep)
+    return place_static(tx, dep, new_id)
+
+
+def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:
+    """A bundle of ``rep``'s rank lost its node: FAILED. It keeps its global
+    rank, is not replaced or moved, and its process (if any) is stopped."""
+    rid = rep.replica_id
+    phase = advance(rep.phase, Trigger.BUNDLE_LOST, rid)
+    if tx.managed:
+        release(tx, rid)  # (a start deadline)
+    ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
+    if stop:
+        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))
+    return put_replica(dep, rep, _evolve(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
+
+
+def restart_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A FAILED replica whose bundles are all placed again: a new incarnation on its rank and bundles."""
+    advance(rep.phase, Trigger.RESTART, rep.replica_id)
+    dep, new_id = _succeed(tx, dep, rep)
+    return place_static(tx, dep, new_id)
+
+
+# ---------------------------------------------------------------- gangs
+def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica died (crash, start timeout, node loss): replace it, and under
+    ``restart_gang`` every other member of its gang too (their processes stopped)."""
+    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:
+        return crash(tx, dep, rep)
+    k = dep.gang_size
+    g = dep.ranks.global_rank(rep.replica_id) // k
+    for r in gang_ranks(g, k):
+        rid = cast("str | None", dep.ranks.holder_of(r))
+        member = dep.replicas.get(rid) if rid is not None else None
+        if member is None or member.phase is Phase.STOPPING:
+            continue
+        if rid != rep.replica_id:
+            tx.emit(StopReplica(replica_id=member.replica_id, deployment=dep.name))  # alive: restarted with its gang
+        dep = crash(tx, dep, member)
+    return dep
+
+
+def _gang_started(tx: Tx, dep: Deployment) -> None:
+    if tx.gangs is None:
+        tx.gangs = set()
+    tx.gangs.add(dep.name)
+
+
+def _members(dep: Deployment, g: int) -> tuple[str, ...]:
+    holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
+    return tuple(h for h in holders if h is not None)
+
+
+def _tell_gangs(tx: Tx) -> None:
+    """Each StartReplica of a gang member carries its gang (members as the step
+    leaves them); a gang that got a new member while others kept running is
+    told its new members (GangChanged)."""
+    assert tx.gangs is not None
+    started: dict[tuple[str, int], set[str]] = {}
+    out = []
+    for c in tx.commands:
+        if type(c) is StartReplica and c.deployment in tx.gangs:
+            dep = tx.deps.get(c.deployment)
+            if dep is not None and c.replica_id in dep.replicas:
+                k = dep.gang_size
+                g = c.global_rank // k
+                c = _evolve(c, gang=GangContext(gang_id=gang_id(dep.name, g), rank_in_gang=c.global_rank % k,
+                                                gang_size=k, members=_members(dep, g)))
+                started.setdefault((dep.name, g), set()).add(c.replica_id)
+        out.append(c)
+    for (name, g), new in sorted(started.items()):
+        members = _members(tx.deps[name], g)
+        if set(members) - new:
+            out.append(GangChanged(deployment=name, gang_id=gang_id(name, g), members=members))
+    tx.commands = out
+
+
+def restart_incomplete_gangs(tx: Tx, names: Iterable[str]) -> None:
+    """After a recovery: a gang whose start was cut short (some members being
+    started again now) restarts whole, on its ranks."""
+    fresh = {c.replica_id for c in tx.commands if type(c) is StartReplica}
+    for name in names:
+        dep = tx.deps[name]
+        if dep.gang_size <= 1:
+            continue
+        k = dep.gang_size
+        for g in range(dep.target // k):
+            members = [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]
+            if not any(m in fresh for m in members):
+                continue
+            for rid in members:
+                rep = dep.replicas.get(rid) if rid is not None else None
+                if rep is None or rid in fresh or rep.phase is Phase.STOPPING:
+                    continue
+                tx.emit(StopReplica(replica_id=rep.replica_id, deployment=name))
+                dep = crash(tx, dep, rep)
+        tx.put(dep)
+        _starts_in_rank_order(tx, name)
+
+
+def _starts_in_rank_order(tx: Tx, name: str) -> None:
+    """Re-order ``name``'s StartReplica commands of this step by global rank
+    (each keeps a start's slot), as every batch of starts is."""
+    slots = [i for i, c in enumerate(tx.commands) if type(c) is StartReplica and c.deployment == name]
+    ordered = sorted((tx.commands[i] for i in slots), key=lambda c: c.global_rank)
+    for i, c in zip(slots, ordered):
+        tx.commands[i] = c
 
 
 def compact(tx: Tx, dep: Deployment) -> Deployment:
