@@ -99,6 +99,8 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
         bad.append("faults.crash_rate_per_replica_hour")
     if sc.start_hang_probability > 0:
         bad.append("faults.start_hang_probability")
+    bad += [f"deployments.{n}.static_placement (a placement group you make in Python: "
+            f"examples/ray/static_placement.py)" for n, d in sorted(sc.deployments.items()) if d.static is not None]
     if bad:
         hint = "use --executor sim" if multi_node or not needs_cluster(sc) else \
             "node loss needs the scenario-shaped local cluster: --cluster scenario, no --address"
@@ -196,6 +198,9 @@ class _RayTarget:
         assert self.cluster is not None
         self.note("node_added", {"node": node, "gpus": gpus})
         self.cluster.add(node, gpus)
+
+    def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
+        raise UnsupportedOnRay("place_bundles: on Ray the caller's placement group moves its own bundles")
 
     def crash_controller(self, recover_after: float) -> None:
         self.note("controller_crash", {"recover_after": recover_after})

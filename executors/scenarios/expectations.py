@@ -45,6 +45,9 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
     if e.kind == "running":
         n = dep.count(rc.Phase.RUNNING)
         return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
+    if e.kind == "failed":
+        n = dep.count(rc.Phase.FAILED)
+        return res(n == e.args["equals"], f"expected {e.args['equals']} FAILED (a bundle's node lost), saw {n}")
     if e.kind in ("contiguous", "ranks"):
         got = sorted(ranks.global_rank(r) for r in dep.replicas)
         if e.kind == "ranks" and "global" in e.args and got != sorted(e.args["global"]):

@@ -40,11 +40,12 @@ ACTIONS = (
     "lose_node",
     "add_node",
     "crash_controller",
+    "place_bundles",
     "wait_until_healthy",
     "wait",
 )
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running",
-                "packed")
+                "packed", "failed")
 #: place: StartReplica -> on a node; start: running the user's __init__ (and
 #: reconfigure); ready: from there to the first passing health check;
 #: reconfigure: a ReconfigureReplica call; stop: graceful shutdown.
@@ -81,6 +82,14 @@ class DeploymentSpec:
     placement: str = "spread"
     #: the core's start timeout (the scenario's ``faults.start_timeout``)
     start_timeout: float | None = None
+    #: static placement on a placement group the scenario's caller made (rankcore.StaticPlacement)
+    static: rc.StaticPlacement | None = None
+    #: GPUs each bundle of that group holds on its node (the group's, not the replica's)
+    bundle_gpus: float = 1.0
+    #: gangs (rankcore.gangs): size, pack/spread, restart_gang/restart_replica
+    gang_size: int = 1
+    gang_placement: str = "pack"
+    gang_failure: str = "restart_gang"
 
     def applied(self, **changes: Any) -> rc.DeploymentApplied:
         spec = attrs.evolve(self, **changes)
@@ -94,6 +103,10 @@ class DeploymentSpec:
             resources={"GPU": spec.gpus},
             placement=spec.placement,
             start_timeout_s=spec.start_timeout,
+            static_placement=spec.static,
+            gang_size=spec.gang_size,
+            gang_placement=spec.gang_placement,
+            gang_failure=spec.gang_failure,
         )
 
 
@@ -308,7 +321,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     rate = c.number(faults.get("crash_rate_per_replica_hour", 0.0), ("faults", "crash_rate_per_replica_hour"))
     hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
     timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
-    deployments = _deployments(top["deployments"], c, placement, timeout)
+    deployments = _deployments(top["deployments"], c, placement, timeout, {n.name for n in nodes})
     timeline = _timeline(top["timeline"], c, deployments)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
@@ -355,7 +368,8 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     return tuple(out)
 
 
-def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: float | None = None) -> dict:
+def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: float | None = None,
+                 nodes: set[str] | None = None) -> dict:
     ds = c.mapping(value, ("deployments",))
     if not ds:
         raise c.fail(("deployments",), "declare at least one deployment")
@@ -364,7 +378,8 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         p = ("deployments", name)
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
-                      ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement"))
+                      ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement",
+                       "static_placement", "gang"))
         policy = m.get("placement", placement)
         if policy not in rc.placement.POLICIES:
             raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
@@ -375,10 +390,25 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         most = c.count(m.get("max_replicas", rc.DEFAULT_MAX_REPLICAS), p + ("max_replicas",))
         if not 1 <= most <= rc.ranks.MAX_RANKS:
             raise c.fail(p + ("max_replicas",), f"must be 1..{rc.ranks.MAX_RANKS}, got {most}")
+        static, bundle_gpus = _static(m.get("static_placement"), p + ("static_placement",), c, nodes)
+        gang = _gang(m.get("gang"), p + ("gang",), c)
+        if static is not None and gang[0] > 1:
+            raise c.fail(p + ("gang",), "a static placement and gangs do not mix (the mapping fixes every rank)")
+        replicas = m.get("replicas", static.replicas if static is not None else 1)
+        if static is not None and replicas != static.replicas:
+            raise c.fail(p + ("replicas",), f"a static placement fixes the replica count to its mapping's length "
+                                            f"({static.replicas}), got {_show(replicas)}")
+        if gang[0] > 1 and isinstance(replicas, int) and replicas % gang[0]:
+            raise c.fail(p + ("replicas",), f"{replicas} replicas is not a multiple of the gang size {gang[0]}")
         out[name] = DeploymentSpec(
             name=name,
             max_replicas=most,
-            replicas=_at_most(c.count(m.get("replicas", 1), p + ("replicas",)), most, p + ("replicas",), c),
+            static=static,
+            bundle_gpus=bundle_gpus,
+            gang_size=gang[0],
+            gang_placement=gang[1],
+            gang_failure=gang[2],
+            replicas=_at_most(c.count(replicas, p + ("replicas",)), most, p + ("replicas",), c),
             user_config=m.get("user_config"),
             reconfigure=reconf,
             gpus=c.number(m.get("gpus", 1), p + ("gpus",)),
@@ -387,6 +417,65 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
             start_timeout=timeout,
         )
     return out
+
+
+def _static(v: Any, p: tuple, c: _Checker, nodes: set[str] | None) -> tuple[rc.StaticPlacement | None, float]:
+    """``static_placement: {bundles: [node, ...], mapping: {rank: [bundle, ...]} | per_replica: k}``."""
+    if v is None:
+        return None, 1.0
+    m = c.mapping(v, p, ("group", "bundles", "mapping", "per_replica", "bundle_gpus", "capture_child_tasks"),
+                  required=("bundles",))
+    bundles = m["bundles"]
+    if not isinstance(bundles, list) or not bundles:
+        raise c.fail(p + ("bundles",), f"must list the node of every bundle of the group, got {_show(bundles)}")
+    for i, b in enumerate(bundles):
+        c.name(b, p + ("bundles", i))
+        if nodes is not None and b not in nodes:
+            raise c.fail(p + ("bundles", i), f"unknown node {b!r} (the cluster has: {', '.join(sorted(nodes))})")
+    if ("mapping" in m) == ("per_replica" in m):
+        raise c.fail(p, "give a 'mapping' (rank: [bundle indices]) or 'per_replica' (bundles per rank, "
+                        "consecutive by node), not both or neither")
+    if "per_replica" in m:
+        k = c.count(m["per_replica"], p + ("per_replica",))
+        seen: dict[str, int] = {}
+        where = []
+        for b in bundles:  # a bundle's GPU id: its position among its node's bundles
+            where.append((b, seen.get(b, 0)))
+            seen[b] = seen.get(b, 0) + 1
+        try:
+            mapping: Any = rc.consecutive_mapping(where, k)
+        except rc.InvalidConfig as exc:
+            raise c.fail(p + ("per_replica",), str(exc)) from None
+    else:
+        mapping = m["mapping"]
+    group = c.name(m.get("group", "pg"), p + ("group",))
+    capture = m.get("capture_child_tasks", True)
+    if not isinstance(capture, bool):
+        raise c.fail(p + ("capture_child_tasks",), "must be true or false")
+    try:
+        static = rc.StaticPlacement.from_mapping(group, bundles, mapping, capture)
+    except rc.InvalidConfig as exc:
+        raise c.fail(p + ("mapping",), str(exc)) from None
+    return static, c.number(m.get("bundle_gpus", 1), p + ("bundle_gpus",))
+
+
+def _gang(v: Any, p: tuple, c: _Checker) -> tuple[int, str, str]:
+    """``gang: {size: k, placement: pack|spread, failure: restart_gang|restart_replica}`` (or just ``k``)."""
+    if v is None:
+        return 1, "pack", "restart_gang"
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = {"size": v}
+    m = c.mapping(v, p, ("size", "placement", "failure"), required=("size",))
+    size = c.count(m["size"], p + ("size",))
+    if size < 1:
+        raise c.fail(p + ("size",), "must be at least 1")
+    placement = m.get("placement", "pack")
+    if placement not in rc.gangs.GANG_PLACEMENTS:
+        raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.gangs.GANG_PLACEMENTS)}, got {_show(placement)}")
+    failure = m.get("failure", "restart_gang")
+    if failure not in rc.gangs.GANG_FAILURES:
+        raise c.fail(p + ("failure",), f"must be one of {', '.join(rc.gangs.GANG_FAILURES)}, got {_show(failure)}")
+    return size, placement, failure
 
 
 def _at_most(n: int, most: int, p: tuple, c: _Checker) -> int:
@@ -488,6 +577,18 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
         return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments), "timeout": timeout}
     if kind == "wait":
         return {"seconds": c.number(v, p)}
+    if kind == "place_bundles":
+        m = c.mapping(v, p, ("deployment", "bundles"), required=("deployment", "bundles"))
+        name = _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)
+        static = deployments[name].static
+        if static is None:
+            raise c.fail(p + ("deployment",), f"{name!r} has no static_placement")
+        b = m["bundles"]
+        if not isinstance(b, list) or len(b) != static.bundle_count:
+            raise c.fail(p + ("bundles",), f"must list a node (or null) for each of the group's "
+                                           f"{static.bundle_count} bundles, got {_show(b)}")
+        return {"deployment": name, "bundles": [None if x is None else c.name(x, p + ("bundles", i))
+                                                for i, x in enumerate(b)]}
     raise AssertionError(kind)  # pragma: no cover
 
 
@@ -505,7 +606,7 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
         v = m[kind]
         if kind == "contiguous":
             args: dict[str, Any] = {"deployment": _deployment_ref(v, q, c, deployments)}
-        elif kind == "world_size" or kind == "running":
+        elif kind in ("world_size", "running", "failed"):
             mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "equals": c.count(mm["equals"], q + ("equals",))}

@@ -24,7 +24,7 @@ __all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "needs_controller
 
 #: actions that happen to the cluster, not through the controller: they run
 #: while it is down (the others wait for it to come back)
-WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash"})
+WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash", "place_bundles"})
 #: actions that only pass time; each executor waits its own way
 WAITS = frozenset({"wait", "wait_until_healthy"})
 
@@ -60,6 +60,20 @@ class Desired:
         self.applied[name] = attrs.evolve(self._base(name), user_config=args["user_config"])
         return self.applied[name]
 
+    def bundles(self, name: str, bundle_nodes: tuple[str | None, ...]) -> None:
+        """The caller's group of a static deployment has its bundles there now
+        (what a recovering executor reads from the group)."""
+        base = self._base(name)
+        if base.static_placement is not None:
+            self.applied[name] = attrs.evolve(base, static_placement=base.static_placement.with_nodes(bundle_nodes))
+
+    def lose_node(self, node: str) -> None:
+        """Bundles on a lost node are no longer placed."""
+        for name in sorted(self.applied):
+            sp = self.applied[name].static_placement
+            if sp is not None and node in sp.bundle_nodes:
+                self.applied[name] = attrs.evolve(self.applied[name], static_placement=sp.lose(node))
+
     def all(self) -> tuple[rc.DeploymentApplied, ...]:
         """Every desired deployment, by name (what a recovering controller is given)."""
         return tuple(self.applied[n] for n in sorted(self.applied))
@@ -86,6 +100,9 @@ class Target(Protocol):
 
     def crash_controller(self, recover_after: float) -> None: ...
 
+    def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
+        """The caller's placement group of a static deployment now has its bundles on these nodes."""
+
 
 def perform(kind: str, args: dict[str, Any], desired: Desired, target: Target) -> None:
     """Carry out one action (``Action.kind``, ``Action.args``) that is not a wait, through ``target``."""
@@ -102,7 +119,11 @@ def perform(kind: str, args: dict[str, Any], desired: Desired, target: Target) -
     elif kind == "crash":
         target.crash(args)
     elif kind == "lose_node":
+        desired.lose_node(args["node"])
         target.lose_node(args["node"])
+    elif kind == "place_bundles":
+        desired.bundles(args["deployment"], tuple(args["bundles"]))
+        target.place_bundles(args["deployment"], tuple(args["bundles"]))
     elif kind == "add_node":
         target.add_node(args["node"], args["gpus"])
     elif kind == "crash_controller":

@@ -205,6 +205,13 @@ class Simulation:
             self.trace.fault(self.now, "node_added", node=node, gpus=gpus)
         self.backend.add_node(node, gpus)
 
+    def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
+        if self.trace:
+            self.trace.fault(self.now, "bundles_placed", deployment=deployment, bundles=list(bundle_nodes))
+        self.backend.place_bundles(deployment, bundle_nodes)
+        if self.controller_up:
+            self.driver.feed(rc.BundlesPlaced(deployment=deployment, bundle_nodes=bundle_nodes), self.now)
+
     def crash_controller(self, recover_after: float) -> None:
         if not self.controller_up:
             return

@@ -49,11 +49,12 @@ LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
 
 class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order")
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held")
 
     def __init__(self, name: str, gpus: float, order: int) -> None:
         self.name, self.gpus, self.order = name, gpus, order
         self.used = 0.0
+        self.held = 0.0  # GPUs the bundles of a caller's placement group hold here
         self.alive = True
         self.replicas: set[str] = set()
 
@@ -63,7 +64,7 @@ class SimNode:
 
     def joined(self) -> rc.NodeJoined:
         """What the node tells the core when it joins (or at a recovery)."""
-        return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus}, order=self.order)
+        return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus - self.held}, order=self.order)
 
 
 class SimReplica:
@@ -119,6 +120,15 @@ class SimBackend:
         self.nodes: dict[str, SimNode] = {}
         for i, n in enumerate(sc.nodes):
             self.nodes[n.name] = SimNode(n.name, n.gpus, i)
+        # The callers' placement groups (static deployments) hold their bundles'
+        # GPUs from the start: a node offers the core only what is left.
+        self.groups: dict[str, list[str | None]] = {}
+        for spec in sc.deployments.values():
+            if spec.static is not None:
+                self.groups[spec.name] = list(spec.static.bundle_nodes)
+                for b in spec.static.bundle_nodes:
+                    if b is not None and b in self.nodes:
+                        self.nodes[b].held += spec.bundle_gpus
         self._order = len(self.nodes)
         self.replicas: dict[str, SimReplica] = {}
         # What the cluster knows of every replica it ever started, so a
@@ -153,6 +163,8 @@ class SimBackend:
 
     def _gpus(self, deployment: str) -> float:
         spec = self.sim.scenario.deployments.get(deployment)
+        if spec is not None and spec.static is not None:
+            return 0.0  # it runs in its caller's group, on GPUs the group holds
         return spec.gpus if spec is not None else 1.0
 
     def _start(self, cmd: rc.StartReplica) -> None:
@@ -288,6 +300,18 @@ class SimBackend:
         del self.nodes[name]
         self.sim.deliver(rc.NodeLost(node_id=name))
         return len(dead)
+
+    def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
+        """The caller rescheduled its group: the bundles hold GPUs on their new nodes."""
+        spec = self.sim.scenario.deployments[deployment]
+        old = self.groups.get(deployment, [])
+        for b in old:
+            if b is not None and b in self.nodes:
+                self.nodes[b].held -= spec.bundle_gpus
+        self.groups[deployment] = list(bundle_nodes)
+        for b in bundle_nodes:
+            if b is not None and b in self.nodes:
+                self.nodes[b].held += spec.bundle_gpus
 
     def add_node(self, name: str, gpus: float) -> bool:
         if name in self.nodes:

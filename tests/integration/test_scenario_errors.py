@@ -56,6 +56,30 @@ CASES = {
         "cluster: {nodes: 1}\nlatency:\n  start: {dist: weibull, shape: 2}\n" + GOOD_TAIL,
         3, "latency.start", "unknown dist 'weibull'",
     ),
+    "static_unknown_node": (
+        "cluster: {nodes: 2}\ndeployments:\n  e:\n    static_placement:\n      bundles: [node-0, node-9]\n"
+        "      mapping: {0: [0, 1]}\ntimeline:\n  - deploy: e\n",
+        5, "deployments.e.static_placement.bundles[1]", "unknown node 'node-9'",
+    ),
+    "static_bundle_twice": (
+        "cluster: {nodes: 2}\ndeployments:\n  e:\n    static_placement:\n      bundles: [node-0, node-1]\n"
+        "      mapping: {0: [0, 1], 1: [1]}\ntimeline:\n  - deploy: e\n",
+        6, "deployments.e.static_placement.mapping", "bundle 1 is given to rank 0 and to rank 1",
+    ),
+    "static_replicas_mismatch": (
+        "cluster: {nodes: 2}\ndeployments:\n  e:\n    replicas: 3\n    static_placement:\n"
+        "      bundles: [node-0, node-1]\n      per_replica: 1\ntimeline:\n  - deploy: e\n",
+        4, "deployments.e.replicas", "fixes the replica count to its mapping's length (2)",
+    ),
+    "gang_not_a_multiple": (
+        "cluster: {nodes: 2}\ndeployments:\n  e: {replicas: 3, gang: 2}\ntimeline:\n  - deploy: e\n",
+        3, "deployments.e.replicas", "not a multiple of the gang size 2",
+    ),
+    "gang_bad_failure": (
+        "cluster: {nodes: 2}\ndeployments:\n  e: {replicas: 2, gang: {size: 2, failure: ignore}}\n"
+        "timeline:\n  - deploy: e\n",
+        3, "deployments.e.gang.failure", "must be one of restart_gang, restart_replica",
+    ),
     "missing_file": (None, None, None, "cannot read"),
 }
 

@@ -217,3 +217,54 @@ def test_rank_packed_example_puts_consecutive_ranks_on_one_node_and_downscales_w
     dealt = spread.state.ranks("moe")
     assert any(r.node_rank != r.rank // 4 for r in dealt.values())
     assert sorted(r.node_rank for r in dealt.values() if r.rank < 3) == [0, 1, 2]  # ranks 0..2 on three nodes
+
+
+def _states_at(sim: Simulation, *times: float) -> dict[float, object]:
+    """The core's state at each virtual time (probes scheduled before ``run``)."""
+    seen: dict[float, object] = {}
+    for t in times:
+        sim.schedule(t, lambda t=t: seen.__setitem__(t, sim.driver.state), last=True)
+    return seen
+
+
+def test_static_placement_example_keeps_each_rank_on_its_bundles() -> None:
+    """Rank N runs on the first bundle of mapping[N] (node-0 for rank 0; node-1,
+    then node-2 after the caller's group moved, for rank 1); a crash and a node
+    loss never move a rank elsewhere, and rank 1 keeps its lineage throughout."""
+    sc = load_scenario(EXAMPLES / "static-placement.yaml")
+    assert sc.deployments["engine"].static.mapping == ((0, 1), (2, 3))
+    sim = Simulation(sc, check=True)
+    seen = _states_at(sim, 20, 80)
+    result = sim.run()
+    _assert_all_expectations_met(result)
+
+    def layout(state) -> dict:
+        dep = state.deployments["engine"]
+        return {dep.ranks.global_rank(r): (rep.node_id, rep.lineage, rep.phase.value) for r, rep in dep.replicas.items()}
+
+    first = layout(seen[20])
+    assert {g: v[0] for g, v in first.items()} == {0: "node-0", 1: "node-1"}
+    # the group holds its GPUs: node-0 and node-1 offer the core nothing, node-2 its 2 GPUs
+    assert {n: node.free["GPU"] for n, node in seen[20].cluster.nodes.items()} == {
+        "node-0": 0.0, "node-1": 0.0, "node-2": 2.0}
+    assert layout(seen[80]) == {0: first[0], 1: (None, first[1][1], "failed")}
+    assert layout(result.state) == {0: first[0], 1: ("node-2", first[1][1], "running")}
+
+
+def test_gangs_example_places_each_gang_on_one_node_and_restarts_it_whole() -> None:
+    sim = Simulation(load_scenario(EXAMPLES / "gangs.yaml"), check=True)
+    seen = _states_at(sim, 15, 39, 60)
+    result = sim.run()
+    _assert_all_expectations_met(result)
+
+    def by_rank(state) -> dict:
+        dep = state.deployments["engine"]
+        return {dep.ranks.global_rank(r): (r, rep.node_id) for r, rep in dep.replicas.items()}
+
+    assert {g: n for g, (_, n) in by_rank(seen[15]).items()} == {
+        0: "node-0", 1: "node-0", 2: "node-0", 3: "node-0", 4: None, 5: None}  # gang 2 waits whole
+    before, after = by_rank(seen[39]), by_rank(seen[60])
+    assert before[4][1] == before[5][1] == "node-2"
+    assert after[0] == before[0] and after[1] == before[1]  # gang 0 untouched
+    assert after[2][0] != before[2][0] and after[3][0] != before[3][0]  # gang 1 restarted whole, on its ranks
+    assert after[2][1] == after[3][1] == "node-0"
