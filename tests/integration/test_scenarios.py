@@ -268,3 +268,18 @@ def test_gangs_example_places_each_gang_on_one_node_and_restarts_it_whole() -> N
     assert after[0] == before[0] and after[1] == before[1]  # gang 0 untouched
     assert after[2][0] != before[2][0] and after[3][0] != before[3][0]  # gang 1 restarted whole, on its ranks
     assert after[2][1] == after[3][1] == "node-0"
+
+
+@pytest.mark.parametrize("name", ["static-placement.yaml", "gangs.yaml"])
+def test_static_and_gang_traces_pass_check_trace(name: str) -> None:
+    """The trace of a run with FAILED replicas, bundles and gangs checks clean
+    (a FAILED replica losing its node ranks is not a rank change to report)."""
+    import io
+
+    from executors.checktrace import check_trace_lines
+
+    buf = io.StringIO()
+    Simulation(load_scenario(EXAMPLES / name), trace=buf).run()
+    report = check_trace_lines(buf.getvalue().splitlines())
+    assert report.ok, report.violations[:3]
+    assert sum(report.checks.values()) > 0
