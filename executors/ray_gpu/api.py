@@ -15,10 +15,13 @@ from ray.exceptions import RayActorError, RayTaskError
 import rankcore as rc
 
 from .controller import CONTROLLER_NAME, NAMESPACE, Controller
+from .placement import actor_resources, static_actor_options
 from .placement import validate as validate_placement
+from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
-           "get_controller", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS", "validate_options"]
+           "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
+           "validate_options"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
 #: an actor's options, its name, lifetime, restarts, concurrency and placement,
@@ -39,8 +42,13 @@ def validate_options(d: Deployment) -> None:
     naming the option and the value, instead of failing later inside ``run()``."""
     if not isinstance(d.cls, type):
         raise _bad(d.name, f"@deployment takes a class, got {d.cls!r}")
-    try:  # name, num_replicas, max_replicas: exactly as the core will see them
-        rc.DeploymentApplied(name=d.name, num_replicas=d.num_replicas, max_replicas=d.max_replicas)
+    sp = d.static_placement
+    if sp is not None:
+        _check_static(d, sp)
+    try:  # name, num_replicas, max_replicas, static placement, gangs: exactly as the core will see them
+        rc.DeploymentApplied(name=d.name, num_replicas=d.num_replicas, max_replicas=d.max_replicas,
+                             static_placement=sp.to_core(None) if sp is not None else None, gang_size=d.gang_size,
+                             gang_placement=d.gang_placement, gang_failure=d.gang_failure)
     except rc.InvalidConfig as exc:
         raise _bad(d.name, str(exc)) from None
     m = d.max_ongoing_requests
@@ -66,6 +74,37 @@ def validate_options(d: Deployment) -> None:
         ray_option_utils.validate_actor_options(dict(opts), in_options=True)
     except (TypeError, ValueError) as exc:
         raise _bad(d.name, f"ray_actor_options: {exc}") from None
+
+
+def _check_static(d: Deployment, sp: Any) -> None:
+    """A static deployment: a ``StaticPlacementConfig`` (checked when it was
+    made), its replica count the mapping's, no placement options of rankcore's
+    own groups, and a replica actor that fits in each rank's first bundle."""
+    if not isinstance(sp, StaticPlacementConfig):
+        raise _bad(d.name, f"static_placement must be a StaticPlacementConfig(placement_group, "
+                           f"replica_bundle_mapping), got {sp!r:.80}")
+    if d.num_replicas != sp.num_replicas:
+        raise _bad(d.name, f"num_replicas={d.num_replicas!r}, but static_placement's replica_bundle_mapping maps "
+                           f"{sp.num_replicas} ranks (a static deployment's replica count is the mapping's length: "
+                           f"leave num_replicas out)")
+    mine = [k for k, v, default in (("placement_group_bundles", d.placement_group_bundles, None),
+                                    ("placement_group_strategy", d.placement_group_strategy, "PACK"),
+                                    ("replica_placement", d.replica_placement, "spread")) if v != default]
+    if mine:
+        raise _bad(d.name, f"{', '.join(mine)} cannot be set with static_placement: its replicas run on the "
+                           f"bundles of your placement group that replica_bundle_mapping names")
+    if d.gang_size != 1:
+        raise _bad(d.name, f"static_placement and gang_size={d.gang_size!r} do not mix (a static mapping already "
+                           f"fixes where every rank runs)")
+    if isinstance(d.ray_actor_options, dict):
+        try:
+            need = actor_resources(static_actor_options(d.ray_actor_options))
+        except (TypeError, ValueError):
+            return  # a malformed option: named by the checks of ray_actor_options
+        try:
+            sp.check_actor_fits(need)
+        except rc.InvalidConfig as exc:
+            raise _bad(d.name, str(exc)) from None
 
 
 def _check_user_config(name: str, config: Any) -> None:
@@ -103,6 +142,10 @@ class Deployment:
     placement_group_strategy: str = "PACK"
     replica_placement: str = "spread"
     max_replicas: int = rc.DEFAULT_MAX_REPLICAS
+    static_placement: Any = attrs.field(default=None, eq=False)
+    gang_size: int = 1
+    gang_placement: str = "pack"
+    gang_failure: str = "restart_gang"
 
     def __attrs_post_init__(self) -> None:
         validate_options(self)
@@ -111,14 +154,25 @@ class Deployment:
     def placement(self) -> dict:
         return {"placement_group_bundles": self.placement_group_bundles,
                 "placement_group_strategy": self.placement_group_strategy,
-                "replica_placement": self.replica_placement}
+                "replica_placement": self.replica_placement, "static": self.static_placement,
+                "gang_size": self.gang_size, "gang_placement": self.gang_placement,
+                "gang_failure": self.gang_failure}
 
     def options(self, **changes: Any) -> Deployment:
-        """A copy with some options changed (checked as ``@deployment`` checks them)."""
+        """A copy with some options changed (checked as ``@deployment`` checks them).
+        A new ``static_placement`` (or ``_placement_info``) brings its mapping's
+        replica count unless ``num_replicas`` is given too."""
+        if "_placement_info" in changes:
+            if "static_placement" in changes:
+                raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
+            changes["static_placement"] = changes.pop("_placement_info")
         known = {f.name for f in attrs.fields(Deployment)} - {"cls"}
         bad = sorted(set(changes) - known)
         if bad:
             raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")
+        sp = changes.get("static_placement")
+        if isinstance(sp, StaticPlacementConfig) and "num_replicas" not in changes:
+            changes["num_replicas"] = sp.num_replicas
         return attrs.evolve(self, **changes)
 
     def bind(self, *args: Any, **kwargs: Any) -> Application:
@@ -133,19 +187,28 @@ class Application:
 
 
 @overload
-def deployment(cls: type, *, name: str | None = ..., num_replicas: int = ..., user_config: Any = ...,
+def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
-               replica_placement: str = ..., max_replicas: int = ...) -> Deployment: ...
+               replica_placement: str = ..., max_replicas: int = ...,
+               static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
+               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...) -> Deployment: ...
 @overload
-def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int = ..., user_config: Any = ...,
+def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
-               replica_placement: str = ..., max_replicas: int = ...) -> Callable[[type], Deployment]: ...
-def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int = 1, user_config: Any = None,
-               ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
+               replica_placement: str = ..., max_replicas: int = ...,
+               static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
+               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...) -> Callable[[type], Deployment]:
+    ...
+def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
+               user_config: Any = None, ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
-               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> Deployment | Callable[[type], Deployment]:
+               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
+               static_placement: StaticPlacementConfig | None = None,
+               _placement_info: StaticPlacementConfig | None = None, gang_size: int = 1,
+               gang_placement: str = "pack",
+               gang_failure: str = "restart_gang") -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -154,19 +217,34 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     ``placement_group_strategy``) adds bundles for the replica's own workers.
     ``replica_placement`` spreads replicas over nodes (default) or packs them.
     ``max_replicas`` caps ``num_replicas`` and every later ``handle.scale``.
+
+    ``static_placement`` (alias ``_placement_info``, the RFC's name): a
+    ``StaticPlacementConfig`` of your placement group and
+    ``replica_bundle_mapping``; rank N runs on the first of its bundles, the
+    replica count is the mapping's length (``num_replicas`` defaults to it)
+    and ``handle.scale`` refuses. ``gang_size`` k: gangs of k replicas on
+    consecutive ranks, placed all or nothing (``gang_placement``: ``pack`` or
+    ``spread``), failing whole (``gang_failure="restart_gang"``) or member by
+    member (``"restart_replica"``); ``num_replicas`` a multiple of k.
     Every option is checked here (``rankcore.InvalidConfig`` naming it).
     """
     if cls is not None and not isinstance(cls, type):
         raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
+    if static_placement is not None and _placement_info is not None:
+        raise _bad(name or "@deployment(...)", "give static_placement or its alias _placement_info, not both")
+    static = static_placement if static_placement is not None else _placement_info
+    count = num_replicas if num_replicas is not None else \
+        static.num_replicas if isinstance(static, StaticPlacementConfig) else 1
 
     def wrap(c: type) -> Deployment:
         opts = dict(ray_actor_options) if isinstance(ray_actor_options, dict) else \
             ray_actor_options if ray_actor_options is not None else {}
         return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
-                          num_replicas=num_replicas, user_config=user_config, ray_actor_options=opts,
+                          num_replicas=count, user_config=user_config, ray_actor_options=opts,
                           max_ongoing_requests=max_ongoing_requests, placement_group_bundles=placement_group_bundles,
                           placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
-                          max_replicas=max_replicas)
+                          max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
+                          gang_placement=gang_placement, gang_failure=gang_failure)
 
     if cls is None:  # @deployment(...): check the options now, before a class is given
         if isinstance(name, str) and name:
@@ -203,6 +281,12 @@ def get_controller() -> Any:
         name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
         max_restarts=-1, max_concurrency=1000, num_cpus=0, scheduling_strategy=where,
     ).remote()
+
+
+def get_deployment_handle(name: str) -> DeploymentHandle:
+    """A handle to deployment ``name`` (from any process of the cluster: a
+    trainer actor pushing weights to its inference replicas, say)."""
+    return DeploymentHandle(name, get_controller())
 
 
 def ask(controller: Any, method: str, *args: Any, timeout: float = 60.0) -> Any:
@@ -318,10 +402,29 @@ class DeploymentHandle:
         except TypeError:
             raise rc.InvalidConfig(f"handle.scale(victims=...) of {self.name!r} must be replica ids, "
                                    f"got {victims!r}") from None
-        ask(self.controller, "scale", self.name, num_replicas, victims)
+        try:
+            ask(self.controller, "scale", self.name, num_replicas, victims)
+        except rc.InvalidConfig as exc:  # a static deployment; not whole gangs
+            raise rc.InvalidConfig(f"handle.scale({num_replicas!r}) of {self.name!r}: {exc}") from None
         if not ask(self.controller, "wait_healthy", self.name, timeout, timeout=timeout + 30):
             raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
         self._refresh(force=True)
+
+    def broadcast(self, *args: Any, timeout: float | None = 60.0, **kwargs: Any) -> dict:
+        """Call this handle's method on every serving replica at once (weights
+        pushed to every inference replica, say): ``{replica_id: result}``. Not
+        counted against ``max_ongoing_requests``; an error in any raises."""
+        self._refresh(force=True)
+        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in self._endpoints}
+        values = ray.get(list(refs.values()), timeout=timeout)
+        return dict(zip(refs, values))
+
+    def status(self) -> dict:
+        """The deployment as the core holds it: ``healthy``, ``target``,
+        ``failed`` (replica ids) and ``replicas``: per replica id its ``phase``
+        (``"running"``, ``"failed"``, ...), ``rank``, ``node_id``, ``bundles``
+        (static placement) and ``gang`` (its gang's id)."""
+        return ask(self.controller, "deployment_status", self.name)
 
     def ranks(self) -> dict:
         """replica id -> (rank, node_rank, local_rank), as the controller holds them

@@ -19,11 +19,21 @@ __all__ = ["ReplicaContext", "get_replica_context"]
 
 @attrs.frozen
 class ReplicaContext:
+    """``bundle_indices``: a static deployment's rank's bundles
+    (``replica_bundle_mapping[rank]``; the replica runs on the first), and
+    ``placement_group`` the caller's group they belong to, so the replica can
+    start its own workers there (None for other deployments). ``gang``: a gang
+    member's ``rankcore.GangContext`` (``gang_id``, ``rank_in_gang``,
+    ``gang_size``, ``members`` in gang-rank order; None outside gangs)."""
+
     deployment: str
     replica_id: str
     rank: rc.ReplicaRank
     world_size: int
     user_config: Any = attrs.field(default=None, eq=False)
+    bundle_indices: tuple[int, ...] | None = None
+    placement_group: Any = attrs.field(default=None, eq=False)
+    gang: rc.GangContext | None = None
 
 
 _lock = threading.Lock()
@@ -37,7 +47,8 @@ def _set(ctx: ReplicaContext) -> None:
 
 
 def get_replica_context() -> ReplicaContext:
-    """The calling replica's deployment, id, rank record and world_size.
+    """The calling replica's deployment, id, rank record and world_size (and
+    its bundles and gang, see ``ReplicaContext``).
 
     Raises RuntimeError outside a replica (or before it was initialised).
     """

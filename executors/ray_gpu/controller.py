@@ -11,6 +11,13 @@ The core decides placement: the controller tells it the cluster's nodes
 and the time (``Tick``), and carries each ``PlaceReplica`` out on exactly the
 node it names, answering ``ReplicaPlaced`` or ``PlacementFailed``. It chooses
 no node and orders nothing itself.
+
+A static deployment (``StaticPlacementConfig``) runs on the caller's placement
+group: each ``PlaceReplica`` names the group and the rank's bundles, and the
+replica actor is created in the first of them (no group of rankcore's). The
+controller tells the core where the group's bundles are (``DeploymentApplied``
+at first, ``BundlesPlaced`` when Ray moved them) and never creates, resizes
+or removes that group.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import rankcore as rc
 
 from ..driver import Driver
 from . import placement as pl
+from . import static as st
 from .replica import ReplicaActor
 
 NAMESPACE = "rankcore"
@@ -86,6 +94,8 @@ class _Backend:
                 c._spawn(c._reconfigure(cmd, c._next_seq()))
             elif isinstance(cmd, rc.StopReplica):
                 c._spawn(c._stop(cmd))
+            elif isinstance(cmd, rc.GangChanged):
+                c._gang_changed(cmd)
             elif isinstance(cmd, rc.UpdateWorldSize):
                 seq = c._next_seq()
                 for _rid, (dep, actor) in list(c.actors.items()):
@@ -161,6 +171,7 @@ class Controller:
             if self._nodes:  # (after a reset, the next apply() tells the core the nodes first)
                 try:
                     self._sync_nodes()
+                    self._sync_bundles()
                 except Exception as exc:  # GCS hiccup: next pass
                     log.warning("could not read the cluster's nodes: %r", exc)
             self._feed(rc.Tick(now=self._now()))
@@ -333,6 +344,16 @@ class Controller:
         known: dict[str, dict] = cloudpickle.loads(raw) if raw else {}
         self.specs = {name: {k: v for k, v in spec.items() if k != "applied"} for name, spec in specs.items()}
         self.applied = {name: spec["applied"] for name, spec in specs.items()}
+        alive = {n.node_id for n in nodes}
+        for name, spec in self.specs.items():  # where the caller's group's bundles are now
+            held = self.applied[name].static_placement
+            if spec.get("static") is not None and held is not None:
+                try:
+                    where = st.bundle_nodes(spec["static"].placement_group, alive)
+                except Exception as exc:  # the group is gone, say
+                    log.warning("could not read placement group of %r: %r", name, exc)
+                    continue
+                self.applied[name] = attrs.evolve(self.applied[name], static_placement=held.with_nodes(where))
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a.get("namespace") == NAMESPACE and a["name"].startswith("ModelActor:")]
 
@@ -447,6 +468,21 @@ class Controller:
         alive = [pl.node_joined(n) for n in ray.nodes() if n.get("Alive")]
         return sorted(alive, key=lambda j: (j.order is None, j.order or 0, j.node_id))
 
+    def _sync_bundles(self) -> None:
+        """Tell the core where each static deployment's bundles are now
+        (``BundlesPlaced``) when Ray moved them (a bundle whose node was lost
+        rescheduled on a live node, or the caller's group removed: nowhere).
+        A node the core does not know alive counts as nowhere."""
+        state = self.driver.state
+        for name, spec in sorted(self.specs.items()):
+            cfg = spec.get("static")
+            dep = state.deployments.get(name)
+            if cfg is None or dep is None or dep.static is None:
+                continue
+            where = st.bundle_nodes(cfg.placement_group, set(self._nodes))
+            if len(where) == dep.static.bundle_count and where != dep.static.bundle_nodes:
+                self._feed(rc.BundlesPlaced(deployment=name, bundle_nodes=where))
+
     def _sync_nodes(self) -> None:
         """Tell the core what changed in the cluster since it was last told: a
         new node joins (``NodeJoined``), a node whose total resources changed
@@ -519,7 +555,21 @@ class Controller:
         self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
         self._persist()
         self.known[cmd.replica_id] = {"deployment": cmd.deployment, "global_rank": cmd.global_rank,
-                                      "lineage": cmd.lineage, "world_size": cmd.world_size, "stage": "reserving"}
+                                      "lineage": cmd.lineage, "world_size": cmd.world_size, "stage": "reserving",
+                                      "gang": cmd.gang}
+        self._checkpoint()
+
+    def _gang_changed(self, cmd: rc.GangChanged) -> None:
+        """A gang's members changed (``restart_replica`` replaced one): every
+        member's context shows the new list (those not created yet get it at
+        creation)."""
+        for rid in cmd.members:
+            k = self.known.get(rid)
+            if k is not None and k.get("gang") is not None:
+                k["gang"] = attrs.evolve(k["gang"], members=tuple(cmd.members))
+            entry = self.actors.get(rid)
+            if entry is not None:
+                entry[1].set_gang.remote(cmd.gang_id, tuple(cmd.members))
         self._checkpoint()
 
     def _place_soon(self, cmd: rc.PlaceReplica) -> None:
@@ -557,7 +607,20 @@ class Controller:
         spec = self.specs[dep]
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
-        if bundles:
+        static: st.StaticPlacementConfig | None = spec.get("static")
+        extra: dict[str, Any] = {"gang": k.get("gang")}
+        if cmd.group is not None:  # the caller's group: the rank's first bundle, no group of ours
+            if static is None or static.group != cmd.group or not cmd.bundles:
+                self._placed(rid)
+                self._feed(rc.PlacementFailed(replica_id=rid, node_id=node,
+                                              reason=f"no placement group {cmd.group!r} for {dep!r}"))
+                return
+            opts = pl.static_actor_options(opts)
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=static.placement_group, placement_group_bundle_index=cmd.bundles[0],
+                placement_group_capture_child_tasks=cmd.capture_child_tasks)
+            extra.update(bundle_indices=tuple(cmd.bundles), placement_group=static.placement_group)
+        elif bundles:
             failed = await self._reserve(rid, dep, bundles, spec.get("pg_strategy", "PACK"), node)
             if failed is not None:
                 self._release_pg(rid)
@@ -581,20 +644,32 @@ class Controller:
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
                 max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
             ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], k["lineage"], cmd.rank.rank,
-                     k["world_size"], spec["max_ongoing_requests"])
+                     k["world_size"], spec["max_ongoing_requests"], **extra)
             self.actors[rid] = (dep, actor)
             where = await actor.node_id.remote()
         except Exception as exc:  # refused by Ray, or died starting
             self._placed(rid)
             self._forget(rid)
-            if rid not in self.stopping:
-                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
+            if rid in self.stopping:
+                return
+            if static is not None and cmd.group is not None and self._group_removed(static):
+                # the caller removed its group: no bundle is anywhere (every replica FAILED), not a crash loop
+                self._feed(rc.BundlesPlaced(deployment=dep, bundle_nodes=(None,) * static.placement_group.bundle_count))
+                return
+            self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
             return
         self._placed(rid)
         if rid in self.stopping or rid not in self.actors:  # stopped while its actor started: _stop killed it
             return
         self._spawn(self._watch(rid, actor))
         self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=where))
+
+    @staticmethod
+    def _group_removed(static: st.StaticPlacementConfig) -> bool:
+        try:
+            return bool(ray.util.placement_group_table(static.placement_group).get("state") == "REMOVED")
+        except Exception:
+            return False
 
     async def _reserve(self, rid: str, dep: str, bundles: list, strategy: str, node: str) -> str | None:
         """Create the replica's placement group pinned to ``node`` (the
@@ -769,14 +844,24 @@ class Controller:
         ``placement_group_strategy``, ``replica_placement`` (see api.deployment).
         The core places its replicas: it is told what one replica reserves on
         its node (``placement.replica_need``: the whole group when the group is
-        on one node, else bundle 0 only) and the policy. A bad option or
-        request raises to the caller (``InvalidConfig``, ``InvalidEvent``) and
-        changes nothing."""
+        on one node, else bundle 0 only) and the policy. ``placement`` may also
+        hold ``static`` (a ``StaticPlacementConfig``: the caller's group, whose
+        bundles' nodes the core is told; nothing is reserved) and the gang
+        options ``gang_size``, ``gang_placement``, ``gang_failure``. A bad
+        option or request raises to the caller (``InvalidConfig``,
+        ``InvalidEvent``) and changes nothing."""
         placement = dict(placement or {})
         bundles = placement.get("placement_group_bundles")
         pg_strategy = placement.get("placement_group_strategy", "PACK")
         spread = placement.get("replica_placement", "spread")
+        static: st.StaticPlacementConfig | None = placement.get("static")
+        gang = {"gang_size": placement.get("gang_size", 1),
+                "gang_placement": placement.get("gang_placement", "pack"),
+                "gang_failure": placement.get("gang_failure", "restart_gang")}
         pl.validate(actor_options, bundles, pg_strategy, spread)
+        if static is not None and not isinstance(static, st.StaticPlacementConfig):
+            raise rc.InvalidConfig(f"deployment {name!r}: static_placement must be a StaticPlacementConfig, "
+                                   f"got {static!r:.80}")
         reconfigure = getattr(cls, "reconfigure", None)
         has_reconfigure = callable(reconfigure)
         takes_rank = False
@@ -784,16 +869,23 @@ class Controller:
             import inspect
 
             takes_rank = "rank" in inspect.signature(reconfigure).parameters
+        need = {} if static is not None else pl.replica_need(actor_options, bundles, pg_strategy)
         event = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
-                                     max_replicas=max_replicas,
-                                     resources=pl.replica_need(actor_options, bundles, pg_strategy), placement=spread)
+                                     max_replicas=max_replicas, resources=need, placement=spread,
+                                     static_placement=static.to_core(None) if static is not None else None, **gang)
+        if static is not None:
+            static.check_actor_fits(pl.actor_resources(pl.static_actor_options(actor_options)))
+            await self._group_ready(name, static)
         await self._ready()
         self._sync_nodes()  # the nodes first (after a reset the core knows none)
+        if static is not None:  # where the caller's bundles are (on nodes the core knows)
+            event = attrs.evolve(event, static_placement=static.to_core(
+                st.bundle_nodes(static.placement_group, set(self._nodes))))
         before = self.specs.get(name), self.applied.get(name)
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
                             "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
-                            "pg_strategy": pg_strategy, "placement": spread}
+                            "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
         self.applied[name] = event
         try:
             self.driver.feed(event, self._now())
@@ -807,16 +899,33 @@ class Controller:
             raise
         self._persist()
 
+    async def _group_ready(self, name: str, static: st.StaticPlacementConfig, timeout: float = 60.0) -> None:
+        """The caller's group must exist: wait for it to be placed (its bundles'
+        nodes are what the core is told)."""
+        pg = static.placement_group
+        if self._group_removed(static):
+            raise rc.InvalidConfig(f"deployment {name!r}: its placement group {static.group} was removed")
+        try:
+            await asyncio.wait_for(pg.ready(), timeout=timeout)
+        except asyncio.TimeoutError:
+            raise rc.InvalidConfig(f"deployment {name!r}: placement group {static.group} is not placed after "
+                                   f"{timeout:g}s (ray.get(pg.ready()) before deploying)") from None
+
     async def scale(self, name: str, num_replicas: int, victims: tuple = ()) -> None:
         """Scale ``name`` in place. A bad request (a count above max_replicas, an
-        unknown victim) raises to the caller and changes nothing."""
+        unknown victim, a count that is not whole gangs, any scale of a static
+        deployment) raises to the caller and changes nothing."""
         await self._ready()
         if name not in self.applied:
             raise rc.InvalidEvent(f"unknown deployment {name!r}")
-        applied = attrs.evolve(self.applied[name], num_replicas=num_replicas)
+        if self.specs[name].get("static") is not None:
+            raise rc.InvalidConfig(
+                f"deployment {name!r} has a static placement: its replica count is fixed to its "
+                f"replica_bundle_mapping's length ({self.applied[name].num_replicas}) and cannot be scaled "
+                f"(got {num_replicas!r}); deploy another mapping under a new name")
         event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
-        self.driver.feed(event, self._now())
-        self.applied[name] = applied
+        self.driver.feed(event, self._now())  # (first: the core's own words for a count it refuses)
+        self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
         self._persist()
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
@@ -849,6 +958,34 @@ class Controller:
         # a replica not placed yet holds its global rank only: (rank, None, None)
         return {rid: (rk.as_tuple() if rk else (dep.ranks.global_rank(rid), None, None))
                 for rid, rk in dep.ranks.items()}
+
+    async def deployment_status(self, name: str) -> dict:
+        """What the core holds about ``name``: ``healthy``, ``target`` and per
+        replica its ``phase`` (``"running"``, ``"failed"``: a static replica
+        whose bundle's node was lost, ...), ``rank`` (rank, node_rank,
+        local_rank; node and local None until placed), ``node_id``,
+        ``bundles`` (a static rank's bundle indices) and ``gang`` (its gang's id)."""
+        from rankcore.gangs import gang_id
+
+        await self._ready()
+        dep = self.driver.state.deployments.get(name)
+        if dep is None:
+            raise rc.UnknownDeployment(f"unknown deployment {name!r}")
+        replicas = {}
+        for rid, rk in dep.ranks.items():
+            g = dep.ranks.global_rank(rid)
+            rep = dep.replicas[rid]
+            replicas[rid] = {
+                "phase": rep.phase.value, "rank": rk.as_tuple() if rk else (g, None, None), "node_id": rep.node_id,
+                "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
+                "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None}
+        for rid, rep in dep.replicas.items():  # (holding no rank: none today, but say so if it happens)
+            if rid not in replicas:
+                replicas[rid] = {"phase": rep.phase.value, "rank": None, "node_id": rep.node_id, "bundles": None,
+                                 "gang": None}
+        return {"name": name, "healthy": dep.healthy, "target": dep.target,
+                "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
+                "replicas": replicas}
 
     async def state(self) -> bytes:
         """The core's state now, pickled (``cloudpickle.loads`` it). Pickled here,
@@ -913,16 +1050,30 @@ class Controller:
         internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
-        """Scale every deployment to 0 through the core and wait for the stops."""
+        """Scale every deployment to 0 through the core and wait for the stops.
+        A static deployment the core will not scale to 0 (its count is its
+        mapping's) has its replicas killed at the end, as anything left behind."""
         await self._ready()
-        for name in self.applied:
-            self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
-        self._persist()
+        fixed = set()
         for name in sorted(self.driver.state.deployments.keys()):
-            if self.driver.state.deployments[name].target:
-                self._feed(rc.ScaleRequested(deployment=name, num_replicas=0))
+            dep = self.driver.state.deployments[name]
+            if not dep.target:
+                continue
+            event = rc.ScaleRequested(deployment=name, num_replicas=0)
+            if dep.static is None:
+                self._feed(event)
+                continue
+            try:
+                self.driver.feed(event, self._now())
+            except rc.InvalidConfig:  # static: no scaling, even to 0
+                fixed.add(name)
+        for name in self.applied:
+            if name not in fixed:
+                self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
+        self._persist()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(d.replicas for d in self.driver.state.deployments.values()):
+        while time.monotonic() < deadline and any(d.replicas for n, d in self.driver.state.deployments.items()
+                                                  if n not in fixed):
             await asyncio.sleep(0.05)
         for rid in list(self.actors):  # anything left behind
             self._kill(rid)

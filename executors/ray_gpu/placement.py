@@ -22,7 +22,7 @@ from rankcore.errors import InvalidConfig
 from rankcore.placement import POLICIES
 
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "pg_name", "actor_resources", "replica_bundles",
-           "actor_options_in_group", "bundle_sum", "single_node", "replica_need", "order_label", "node_joined"]
+           "actor_options_in_group", "static_actor_options", "bundle_sum", "single_node", "replica_need", "order_label", "node_joined"]
 
 #: A node label that fixes the order of nodes for tie-breaks (an int >= 0; lower
 #: first). Nodes without it come after, in the order they joined the core.
@@ -76,6 +76,16 @@ def actor_options_in_group(actor_options: Mapping[str, Any], bundles: Sequence[M
         opts["memory"] = b0.pop("memory")
     if b0:
         opts["resources"] = b0
+    return opts
+
+
+def static_actor_options(actor_options: Mapping[str, Any]) -> dict:
+    """A static replica's actor options in the caller's bundle: as given, with
+    ``num_cpus`` defaulting to 0 (the group holds what its owner planned; a
+    default actor would need a whole CPU there)."""
+    opts = dict(actor_options)
+    if opts.get("num_cpus") is None:
+        opts["num_cpus"] = 0
     return opts
 
 

@@ -46,8 +46,12 @@ def _takes_rank(fn: Any) -> bool:
 class ReplicaActor:
     def __init__(self, deployment: str, replica_id: str, cls: type, args: tuple, kwargs: dict,
                  lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
-                 max_ongoing_requests: int = 5) -> None:
+                 max_ongoing_requests: int = 5, bundle_indices: tuple[int, ...] | None = None,
+                 placement_group: Any = None, gang: rc.GangContext | None = None) -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
+        # static placement: this rank's bundles of the caller's group; a gang member's gang
+        self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
+        self.placement_group, self.gang = placement_group, gang
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.global_rank = global_rank  # from StartReplica: known before the user's __init__ runs
         self.instance: Any = None
@@ -97,7 +101,8 @@ class ReplicaActor:
         assert self.rank is not None
         context._set(context.ReplicaContext(deployment=self.deployment, replica_id=self.replica_id,
                                             rank=self.rank, world_size=self.world_size,
-                                            user_config=self.user_config))
+                                            user_config=self.user_config, bundle_indices=self.bundle_indices,
+                                            placement_group=self.placement_group, gang=self.gang))
 
     # ------------------------------------------------------------ controller
     async def node_id(self) -> str:
@@ -183,6 +188,16 @@ class ReplicaActor:
         if not self._newer(seq):
             return  # an older command than one already applied (calls may arrive out of order)
         self.world_size = world_size
+        if self.rank is not None:
+            self._set_context()
+
+    async def set_gang(self, gang_id: str, members: tuple[str, ...]) -> None:
+        """GangChanged: the gang's members now (a member was replaced); this
+        replica keeps its rank in the gang."""
+        if self.gang is None or self.gang.gang_id != gang_id:
+            return
+        self.gang = rc.GangContext(gang_id=gang_id, rank_in_gang=self.gang.rank_in_gang,
+                                   gang_size=self.gang.gang_size, members=tuple(members))
         if self.rank is not None:
             self._set_context()
 
