@@ -215,7 +215,17 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         return tx.finish()
     rid = rep.replica_id
     ranks = dep.ranks
-    if rep.node_id != e.node_id:
+    if rep.node_id != e.node_id and dep.static is not None:
+        # Not on its first bundle's node as the core knew it: the executor
+        # knows better where the caller's group has that bundle now.
+        g = ranks.global_rank(rid)
+        nodes = list(dep.static.bundle_nodes)
+        nodes[dep.static.bundles_of(g)[0]] = e.node_id
+        dep = _evolve(dep, static=dep.static.with_nodes(nodes))
+        if rep.node_id is not None:
+            ranks = ranks.unplace(rid)
+        ranks = ranks.place(rid, e.node_id)
+    elif rep.node_id != e.node_id:
         # Not where the core reserved it (or it was waiting and the executor
         # placed it itself): what really happened wins, the booking moves too.
         if rep.node_id is not None:
@@ -235,6 +245,9 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
 def _on_placement_failed(tx: Tx, e: PlacementFailed, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING or rep.node_id != e.node_id:
         return tx.finish(stale=True)  # placed meanwhile, stopped, or an older reservation
+    if dep.static is not None:  # its bundles are fixed: a new incarnation tries them again
+        tx.put(crash(tx, dep, rep))
+        return tx.finish()
     tx.put(unreserve(tx, dep, rep))
     return tx.finish()
 

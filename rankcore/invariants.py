@@ -258,7 +258,10 @@ def check_world_size_commands(before: State, event: object, result: Step) -> Non
 
 
 def check_crash_inherits_rank(before: State, event: object, result: Step) -> None:
-    """A crashed replica's replacement starts with the same global rank."""
+    """A crashed replica's replacement starts with the same global rank (at a
+    recovery, the rank the reports settled on: checked by the roundtrip)."""
+    if isinstance(event, ControllerRecovered):
+        return
     for c in result.commands:
         if isinstance(c, StartReplica) and c.replaces is not None:
             dep = before.deployments[c.deployment]
@@ -643,6 +646,8 @@ def reports_from(state: State) -> ControllerRecovered:
         snap = dep.ranks.to_dict()
         for rid in sorted(dep.replicas.keys()):
             rep = dep.replicas[rid]
+            if rep.phase is Phase.FAILED:
+                continue  # no process: its bundles' node is gone
             r, node, nr, lr = snap[rid]
             if rep.phase is Phase.PENDING:
                 node = None

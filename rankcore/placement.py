@@ -90,8 +90,11 @@ def _room(free: Mapping[str, float], need: Mapping[str, float], cap: int) -> int
     """How many replicas needing ``need`` fit in ``free`` (at most ``cap``)."""
     room = cap
     for k, v in need.items():
+        have = free.get(k, 0.0) + _EPS
+        if have < 0:
+            return 0  # over-committed: nothing more fits, as in choose_node
         if v > 0:
-            room = min(room, int((free.get(k, 0.0) + _EPS) // v))
+            room = min(room, int(have // v))
     return max(room, 0)
 
 

@@ -33,8 +33,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from . import invariants as inv
 from .core import step as core_step
-from .errors import InvalidEvent
+from .errors import InvalidConfig, InvalidEvent
 from .events import (
+    BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
     NodeCapacityChanged,
@@ -50,11 +51,13 @@ from .events import (
     ScaleRequested,
     Tick,
 )
+from .gangs import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
 from .placement import POLICIES
 from .protocol import answers
 from .ranks import ReplicaRank
 from .state import State, Step
+from .static import StaticPlacement
 
 __all__ = [
     "Subject",
@@ -84,6 +87,9 @@ for _name, _kw in PROFILES.items():
 
 DEPLOYMENTS = ("llm", "embed", "rerank")
 NODES = ("node-a", "node-b", "node-c", "node-d")
+#: with ``groups=True``: the deployment made of gangs, the one on a static placement
+GANGS, STATIC = "llm", "embed"
+STATIC_MAPPING = ((0,), (1, 2), (3,))
 
 
 class Subject(Protocol):
@@ -139,7 +145,7 @@ def snapshot(state: State) -> Any:
 
 def make_machine(
     subject_factory: Callable[[], Subject], *, max_replicas: int = 6,
-    settings: hypothesis_settings | None = None, managed: bool = False,
+    settings: hypothesis_settings | None = None, managed: bool = False, groups: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class checking ``subject_factory()``'s subject.
 
@@ -149,7 +155,11 @@ def make_machine(
     capacity later), deployments ask for GPUs with a random placement policy
     and start timeout, pending replicas are answered on the node the core
     chose (or another one, or with PlacementFailed), the clock ticks, and
-    crashes may make a node suspect.
+    crashes may make a node suspect. ``groups=True`` (with ``managed``) makes
+    ``llm`` a deployment of gangs of two (pack or spread, restart_gang or
+    restart_replica) and ``embed`` a static placement of three ranks on a
+    caller's four-bundle group (bundles moved by ``BundlesPlaced``, lost with
+    their nodes).
     """
 
     class RankMachine(RuleBasedStateMachine):
@@ -200,6 +210,22 @@ def make_machine(
                 out.extend((name, rid) for rid in sorted(dep.replicas.keys()) if dep.replicas[rid].phase in phases)
             return out
 
+        def shaped(self, name: str, n: int, data: st.DataObject) -> tuple[int, dict]:
+            """The replica count and placement fields of deployment ``name``."""
+            fields = self.placing(data)
+            if groups and name == GANGS:
+                fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
+                              gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))
+                return n - n % 2, fields
+            if groups and name == STATIC:
+                dep = self.state.deployments.get(name)
+                nodes = dep.static.bundle_nodes if dep is not None and dep.static is not None else tuple(
+                    data.draw(st.sampled_from(NODES), label=f"node of bundle {b}") for b in range(4))
+                fields["static_placement"] = StaticPlacement(group="pg", bundle_nodes=nodes,
+                                                             mapping=STATIC_MAPPING)
+                return len(STATIC_MAPPING), fields
+            return n, fields
+
         def placing(self, data: st.DataObject) -> dict:
             """A deployment's placement fields (managed machines only)."""
             if not managed:
@@ -216,18 +242,32 @@ def make_machine(
                     gpus = data.draw(st.integers(1, 4), label=f"GPUs of {node}")
                     self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}, order=i))
                 self.apply(Tick(now=1.0))
+            n, fields = self.shaped(name, n, data)
             self.apply(DeploymentApplied(name=name, num_replicas=n, user_config=config, has_reconfigure=True,
-                                         reconfigure_takes_rank=True, **self.placing(data)))
+                                         reconfigure_takes_rank=True, **fields))
 
         @rule(name=deployment_names, n=st.integers(0, max_replicas), config=user_configs,
               has_reconfigure=st.booleans(), takes_rank=st.booleans(), data=st.data())
         def apply_deployment(self, name: str, n: int, config: Any, has_reconfigure: bool, takes_rank: bool,
                              data: st.DataObject) -> None:
+            n, fields = self.shaped(name, n, data)
             self.apply(DeploymentApplied(
                 name=name, num_replicas=n, user_config=config,
                 has_reconfigure=has_reconfigure, reconfigure_takes_rank=has_reconfigure and takes_rank,
-                **self.placing(data),
+                **fields,
             ))
+
+        @precondition(lambda self: groups and STATIC in self.state.deployments)
+        @rule(data=st.data())
+        def move_bundles(self, data: st.DataObject) -> None:
+            """The caller's group has its bundles elsewhere now (or some not placed)."""
+            nodes = tuple(data.draw(st.sampled_from((*NODES, None)), label=f"bundle {b}") for b in range(4))
+            self.apply(BundlesPlaced(deployment=STATIC, bundle_nodes=nodes))
+            dep = self.state.deployments[STATIC]
+            for rid, rep in dep.replicas.items():
+                placed = dep.static.placed(dep.ranks.global_rank(rid))
+                assert (rep.phase is Phase.FAILED) == (not placed and rep.phase is not Phase.STOPPING), (
+                    f"{rid} is {rep.phase.value} with bundles placed={placed}")
 
         # ------------------------------------------------- managed cluster
         @precondition(lambda self: managed)
@@ -265,6 +305,17 @@ def make_machine(
             dep = self.state.deployments[name]
             n = data.draw(st.integers(0, max_replicas), label="num_replicas")
             victims: tuple = ()
+            if dep.static is not None or dep.gang_size > 1:
+                if (dep.static is not None and n != dep.target) or n % dep.gang_size:
+                    snap = snapshot(self.state)
+                    try:
+                        self.step_subject(ScaleRequested(deployment=name, num_replicas=n))
+                    except InvalidConfig:
+                        assert snapshot(self.state) == snap
+                        return
+                    raise AssertionError(f"scaling {name} to {n} was accepted")
+                self.apply(ScaleRequested(deployment=name, num_replicas=n))
+                return
             removing = dep.active - n
             if removing > 0:
                 alive = sorted(r for r, rep in dep.replicas.items() if rep.phase is not Phase.STOPPING)
@@ -330,7 +381,8 @@ def make_machine(
 
         @rule(node=node_ids)
         def lose_node(self, node: str) -> None:
-            hosted = any(r.node_id == node for r in self.state.replicas()) or node in self.state.cluster.nodes
+            hosted = any(r.node_id == node for r in self.state.replicas()) or node in self.state.cluster.nodes or any(
+                d.static is not None and node in d.static.bundle_nodes for d in self.state.deployments.values())
             result = self.apply(NodeLost(node_id=node))
             assert result.stale == (not hosted), "NodeLost is stale exactly when neither a replica nor the node was known"
             assert node not in self.state.cluster.nodes
@@ -339,7 +391,9 @@ def make_machine(
         @rule()
         def recover_exactly(self) -> None:
             """Controller restart with every replica reporting: nothing changes."""
-            if getattr(self.subject, "core_state", None) is None:
+            failed = any(r.phase is Phase.FAILED for r in self.state.replicas())
+            if getattr(self.subject, "core_state", None) is None and not failed:
+                # (a FAILED replica has no process to report: recovery makes a new FAILED one on its rank)
                 inv.check_recovery_roundtrip(self.state, self.subject.step)
             self.apply(inv.reports_from(self.state))
 

@@ -7,3 +7,8 @@ TestCoreMachine = make_machine(CoreSubject).TestCase
 #: the same machine with the core placing replicas: nodes join, leave and
 #: change capacity, placements fail or land elsewhere, the clock ticks
 TestManagedCoreMachine = make_machine(CoreSubject, managed=True).TestCase
+
+# Static placement (a caller's group; bundles move and are lost) and gangs
+# (all-or-nothing placement, whole-gang restarts and downscales), on the
+# managed core.
+TestGroupsCoreMachine = make_machine(CoreSubject, managed=True, groups=True).TestCase
