@@ -7,6 +7,8 @@
 | ReconfigureReplica   | ReplicaReconfigured(version) (or ReplicaCrashed) |
 | StopReplica          | ReplicaStopped (or ReplicaCrashed)            |
 | UpdateWorldSize      | nothing                                       |
+| PlaceReplica         | ReplicaPlaced (or PlacementFailed, ReplicaCrashed) |
+| GangChanged          | nothing                                       |
 """
 
 from __future__ import annotations
