@@ -460,6 +460,11 @@ def check_placements(before: State, event: object, result: Step) -> None:
         if dep.ranks.rank_of(c.replica_id) != c.rank:
             _fail(f"{c.replica_id}: PlaceReplica says rank {c.rank}, the table {dep.ranks.rank_of(c.replica_id)}")
         p = pos.get(c.replica_id)
+        if p is not None and dep.gang_size > 1:  # a gang's place in line is its first waiting member's
+            k = dep.gang_size
+            g = c.rank.rank // k
+            mates = (dep.ranks.holder_of(r) for r in range(g * k, (g + 1) * k))
+            p = min(pos[m] for m in mates if m in pos)
         if p is None or isinstance(event, ControllerRecovered):
             continue  # re-placed after a failure (first in line on purpose), or a new queue (recovery)
         kind = (dep.resources, cl.avoid.get(c.replica_id, ()))

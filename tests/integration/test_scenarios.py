@@ -283,3 +283,58 @@ def test_static_and_gang_traces_pass_check_trace(name: str) -> None:
     report = check_trace_lines(buf.getvalue().splitlines())
     assert report.ok, report.violations[:3]
     assert sum(report.checks.values()) > 0
+
+
+GANG_RECOVERY = """
+name: controller crash during a gang's start
+seed: {seed}
+cluster: {{nodes: [{{name: node-0, gpus: 4}}, {{name: node-1, gpus: 4}}]}}
+latency:
+  place: {{dist: uniform, low: 0.1, high: 3}}
+  start: {{dist: uniform, low: 2, high: 6}}
+deployments:
+  engine: {{replicas: 2, user_config: {{}}, gang: {{size: 2, failure: {failure}}}}}
+timeline:
+  - deploy: engine
+  - wait_until_healthy: {{deployment: engine, timeout: 60}}
+  - scale: {{deployment: engine, replicas: 6}}
+  - after: {crash_after}
+    crash_controller: {{recover_after: 5}}
+  - wait_until_healthy: {{deployment: engine, timeout: 120}}
+expect:
+  - contiguous: engine
+  - ranks: {{deployment: engine, global: [0, 1, 2, 3, 4, 5]}}
+"""
+
+
+@pytest.mark.parametrize("crash_after", [0.05, 1.0, 2.5, 4.0, 7.0])
+@pytest.mark.parametrize("failure", ["restart_gang", "restart_replica"])
+def test_controller_crash_at_any_point_of_a_gang_start_recovers_whole_gangs(crash_after: float, failure: str) -> None:
+    """Whenever the controller dies while two gangs start (members pending,
+    placed, starting or running), the recovery ends with three whole gangs on
+    ranks 0..5, each gang's members started with a gang context naming the
+    gang's ranks, and no member of an incomplete gang left running from before."""
+    import io
+    import json
+
+    from executors.scenarios.format import parse_scenario
+
+    for seed in range(3):
+        buf = io.StringIO()
+        sc = parse_scenario(GANG_RECOVERY.format(seed=seed, failure=failure, crash_after=crash_after))
+        result = Simulation(sc, trace=buf, check=True).run()
+        _assert_all_expectations_met(result)
+        dep = result.state.deployments["engine"]
+        assert dep.healthy
+        starts = [json.loads(line)["fields"] for line in buf.getvalue().splitlines()
+                  if '"kind":"command"' in line and '"type":"StartReplica"' in line]
+        assert len(starts) >= 6, "fewer StartReplica commands than replicas"
+        for f in starts:
+            gang = f["gang"]
+            assert gang is not None, f"a StartReplica without its gang context: {f}"
+            assert (gang["gang_id"], gang["rank_in_gang"], gang["gang_size"]) == (
+                f"engine/gang-{f['global_rank'] // 2}", f["global_rank"] % 2, 2)
+            assert f["replica_id"] in gang["members"] and len(gang["members"]) == 2
+        # every gang ends whole: its two members running, on consecutive ranks
+        by_rank = {dep.ranks.global_rank(r): rep for r, rep in dep.replicas.items()}
+        assert sorted(by_rank) == list(range(6)) and all(r.phase.value == "running" for r in by_rank.values())
