@@ -300,6 +300,14 @@ def test_a_killed_replica_comes_back_on_its_bundle_with_its_rank(pg, locations):
     assert h.ranks()[new["rid"]][0] == 1
     assert rankcore_groups() == [] and ask(ctl, "state_errors") == []
 
+    ray.kill(ctl, no_restart=False)  # a restarted controller adopts both, on their bundles, restarting none
+    time.sleep(0.5)
+    status = h.status()
+    assert {rid: (v["phase"], v["rank"][0], v["bundles"]) for rid, v in status["replicas"].items()} == \
+        {after[0]["rid"]: ("running", 0, (1,)), new["rid"]: ("running", 1, (3,))}
+    assert {r["rank"]: r for r in h.broadcast().values()} == after
+    assert ask(get_controller(), "state_errors") == []
+
 
 # --------------------------------------------------------- a node that dies
 def test_a_lost_node_fails_its_replica_the_other_serves_and_a_new_node_brings_it_back(cluster, pg, locations):
