@@ -32,7 +32,7 @@ RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "reso
 
 def _bad(name: Any, what: str) -> rc.InvalidConfig:
     # the core names its record ("DeploymentApplied('x').num_replicas"); here the option is the name
-    what = re.sub(r"DeploymentApplied(\([^)]*\))?\.", "", what)
+    what = re.sub(r"DeploymentApplied(\([^)]*\))?(\.|: )", "", what)
     return rc.InvalidConfig(f"deployment {name!r}: {what}")
 
 
