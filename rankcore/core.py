@@ -173,9 +173,10 @@ def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
 
 def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
-    if dep.static is not None and e.num_replicas != dep.target:
+    if dep.static is not None and e.num_replicas not in (0, dep.static.replicas):
         raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
-                            f"mapping's length ({dep.target}); got num_replicas={e.num_replicas}")
+                            f"mapping's length ({dep.static.replicas}, or 0 to shut it down); "
+                            f"got num_replicas={e.num_replicas}")
     if dep.gang_size > 1:
         if e.num_replicas % dep.gang_size:
             raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is not a multiple of "
@@ -315,13 +316,18 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
         if dep.static is not None:
-            lost = dep.static.ranks_on(e.node_id)
+            lost = set(dep.static.ranks_on(e.node_id))
+            lost |= {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == e.node_id}
             if lost:
                 dep = _evolve(dep, static=dep.static.lose(e.node_id))
-                for g in lost:  # FAILED, not moved: the group is the caller's
+                for g in sorted(lost):  # FAILED, not moved: the group is the caller's
                     rid = dep.ranks.holder_of(g)
                     rep = dep.replicas.get(rid) if rid is not None else None
-                    if rep is not None and rep.phase not in (Phase.FAILED, Phase.STOPPING):
+                    if rep is None or rep.phase is Phase.FAILED:
+                        continue
+                    if rep.phase is Phase.STOPPING:
+                        dep = crash(tx, dep, rep)  # it was leaving anyway: gone with the node
+                    else:
                         dep = fail_static(tx, dep, rep)
                 tx.put(dep)
                 hit = True

@@ -101,10 +101,10 @@ def _check_static(inst: DeploymentApplied, attribute: attrs.Attribute, value: St
     if not isinstance(value, StaticPlacement):
         raise InvalidConfig(f"DeploymentApplied({inst.name!r}).static_placement must be a "
                             f"rankcore.StaticPlacement, got {type(value).__name__}")
-    if inst.num_replicas != value.replicas:
+    if inst.num_replicas not in (0, value.replicas):
         raise InvalidConfig(
             f"DeploymentApplied({inst.name!r}): num_replicas={inst.num_replicas}, but static placement maps "
-            f"{value.replicas} ranks (the replica count is fixed to the mapping's length)")
+            f"{value.replicas} ranks (the replica count is fixed to the mapping's length, or 0 to shut it down)")
 
 
 def _check_gang_size(inst: DeploymentApplied, attribute: attrs.Attribute, value: int) -> None:

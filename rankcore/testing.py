@@ -223,6 +223,8 @@ def make_machine(
                     data.draw(st.sampled_from(NODES), label=f"node of bundle {b}") for b in range(4))
                 fields["static_placement"] = StaticPlacement(group="pg", bundle_nodes=nodes,
                                                              mapping=STATIC_MAPPING)
+                if dep is not None and dep.count(Phase.STOPPING):
+                    return dep.target, fields  # (back up only once they have stopped: the core says so)
                 return len(STATIC_MAPPING), fields
             return n, fields
 
@@ -306,11 +308,12 @@ def make_machine(
             n = data.draw(st.integers(0, max_replicas), label="num_replicas")
             victims: tuple = ()
             if dep.static is not None or dep.gang_size > 1:
-                if (dep.static is not None and n != dep.target) or n % dep.gang_size:
+                early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) > 0
+                if (dep.static is not None and n not in (0, dep.static.replicas)) or n % dep.gang_size or early:
                     snap = snapshot(self.state)
                     try:
                         self.step_subject(ScaleRequested(deployment=name, num_replicas=n))
-                    except InvalidConfig:
+                    except (InvalidConfig, InvalidEvent):
                         assert snapshot(self.state) == snap
                         return
                     raise AssertionError(f"scaling {name} to {n} was accepted")

@@ -223,6 +223,9 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     ranks = dep.ranks.assign_many([(rid, None) for rid in ids])
     lineages = {rid: tx.new_lineage() for rid in ids}
     static = dep.static
+    if static is not None and dep.count(Phase.STOPPING):
+        raise InvalidEvent(f"deployment {dep.name!r} (static placement) still has {dep.count(Phase.STOPPING)} "
+                           f"replicas stopping on its ranks: bring it back once they have stopped")
     failed = {rid for rid in ids if not static.placed(ranks.global_rank(rid))} if static is not None else set()
     with dep.replicas.mutate() as m:
         for rid in ids:
@@ -273,6 +276,9 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
 
         )
         chosen.extend(c[2] for c in candidates[: n - len(chosen)])
+    for rid in [r for r in chosen if dep.replicas[r].phase is Phase.FAILED]:  # no process to stop
+        dep = remove(tx, dep, dep.replicas[rid], dep.ranks.release(rid))
+    chosen = [r for r in chosen if r in dep.replicas]
     replicas, counts = dep.replicas, dep.counts
     for rid in chosen:
         rep = replicas[rid]

@@ -1050,30 +1050,17 @@ class Controller:
         internal_kv._internal_kv_put(_KV_EPOCH, repr(self.t0).encode())
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
-        """Scale every deployment to 0 through the core and wait for the stops.
-        A static deployment the core will not scale to 0 (its count is its
-        mapping's) has its replicas killed at the end, as anything left behind."""
+        """Scale every deployment to 0 through the core (a static one too: 0 shuts
+        it down) and wait for the stops."""
         await self._ready()
-        fixed = set()
         for name in sorted(self.driver.state.deployments.keys()):
-            dep = self.driver.state.deployments[name]
-            if not dep.target:
-                continue
-            event = rc.ScaleRequested(deployment=name, num_replicas=0)
-            if dep.static is None:
-                self._feed(event)
-                continue
-            try:
-                self.driver.feed(event, self._now())
-            except rc.InvalidConfig:  # static: no scaling, even to 0
-                fixed.add(name)
+            if self.driver.state.deployments[name].target:
+                self._feed(rc.ScaleRequested(deployment=name, num_replicas=0))
         for name in self.applied:
-            if name not in fixed:
-                self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
+            self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
         self._persist()
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(d.replicas for n, d in self.driver.state.deployments.items()
-                                                  if n not in fixed):
+        while time.monotonic() < deadline and any(d.replicas for d in self.driver.state.deployments.values()):
             await asyncio.sleep(0.05)
         for rid in list(self.actors):  # anything left behind
             self._kill(rid)

@@ -84,7 +84,7 @@ def test_static_mapping_validation_names_the_culprit(mapping, words):
 def test_static_replica_count_is_the_mapping_length():
     with pytest.raises(rc.InvalidConfig, match="fixed to the mapping's length"):
         rc.DeploymentApplied(name="app", num_replicas=3, static_placement=static())
-    with pytest.raises(rc.InvalidConfig, match="must be a rankcore.StaticPlacement"):
+    with pytest.raises(rc.InvalidConfig, match=r"must be a rankcore\.StaticPlacement"):
         rc.DeploymentApplied(name="app", num_replicas=2, static_placement={0: [0]})
 
 
@@ -111,6 +111,24 @@ def test_static_scale_is_rejected_and_mapping_is_fixed():
         rc.step(ex.state, rc.DeploymentApplied(name="app", num_replicas=2, static_placement=other))
     with pytest.raises(rc.InvalidConfig, match="changes its static placement"):
         rc.step(ex.state, rc.DeploymentApplied(name="app", num_replicas=2))
+
+
+def test_static_shuts_down_to_zero_and_comes_back_on_its_bundles():
+    """0 is the one other count: it shuts the deployment down (a FAILED replica,
+    with no process, leaves at once) and the mapping's length brings it back."""
+    ex = Exec()
+    ex.run(rc.DeploymentApplied(name="app", num_replicas=2, static_placement=static()))
+    ex.run(rc.NodeLost(node_id="n1"))
+    cmds = ex.run(rc.ScaleRequested(deployment="app", num_replicas=0), hold=rc.StopReplica)
+    (stop,) = of(rc.StopReplica, cmds)  # the running one; the FAILED one just leaves
+    with pytest.raises(rc.InvalidEvent, match="still has 1 replicas stopping"):
+        rc.step(ex.state, rc.ScaleRequested(deployment="app", num_replicas=2))
+    ex.run(rc.ReplicaStopped(replica_id=stop.replica_id))
+    assert len(ex.dep().replicas) == 0 and ex.dep().target == 0
+    cmds = ex.run(rc.ScaleRequested(deployment="app", num_replicas=2))
+    assert [c.global_rank for c in of(rc.StartReplica, cmds)] == [0]  # rank 1's bundles are still lost
+    assert ex.by_rank()[1].phase is Phase.FAILED
+    assert rc.DeploymentApplied(name="app", num_replicas=0, static_placement=static()).num_replicas == 0
 
 
 def test_static_crash_restarts_on_the_same_bundles_and_rank():
