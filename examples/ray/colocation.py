@@ -19,7 +19,6 @@ measures this CPU path.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -159,14 +158,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    import torch
+    from executors.ray_gpu.local import run_locally
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=4, num_gpus=None if torch.cuda.is_available() else 2,
-             include_dashboard=False, log_to_driver=False)
-    try:
-        main()
-    finally:
-        ray.get(get_controller().shutdown_replicas.remote())
-        ray.shutdown()
+    run_locally(main, logical_gpus=2)

@@ -15,7 +15,6 @@ adds or removes whole gangs (``handle.scale(3)`` raises).
 
 from __future__ import annotations
 
-import os
 import time
 
 import ray
@@ -66,11 +65,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        main()
-    finally:
-        ray.get(get_controller().shutdown_replicas.remote())
-        ray.shutdown()
+    from executors.ray_gpu.local import run_locally
+
+    run_locally(main)

@@ -16,7 +16,7 @@ import tempfile
 
 import ray
 
-from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+from executors.ray_gpu import deployment, get_replica_context, run
 
 
 def save_weights(path: str, seed: int = 0) -> None:
@@ -71,10 +71,7 @@ def main(workdir: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            main(d)
-    finally:
-        ray.get(get_controller().shutdown_replicas.remote())
-        ray.shutdown()
+    from executors.ray_gpu.local import run_locally
+
+    with tempfile.TemporaryDirectory() as d:
+        run_locally(lambda: main(d))

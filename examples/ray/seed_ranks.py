@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-import ray
-
-from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+from executors.ray_gpu import deployment, get_replica_context, run
 
 
 @deployment(num_replicas=4, ray_actor_options={"num_cpus": 0.1})
@@ -27,9 +25,6 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        main()
-    finally:
-        ray.get(get_controller().shutdown_replicas.remote())
-        ray.shutdown()
+    from executors.ray_gpu.local import run_locally
+
+    run_locally(main)

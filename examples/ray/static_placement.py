@@ -104,14 +104,6 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    import torch
+    from executors.ray_gpu.local import run_locally
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=4, num_gpus=None if torch.cuda.is_available() else 4,
-             include_dashboard=False, log_to_driver=False)
-    try:
-        main()
-    finally:
-        ray.get(get_controller().shutdown_replicas.remote())
-        ray.shutdown()
+    run_locally(main, logical_gpus=4)

@@ -16,6 +16,7 @@ from executors.checktrace import check_trace_lines
 from executors.ray_gpu import deployment, get_controller, get_replica_context
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.controller import NAMESPACE, actor_name
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -24,15 +25,6 @@ def apply(d) -> None:
     """Deploy without waiting until healthy (run() would)."""
     ask(get_controller(), "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
         d.max_ongoing_requests, d.placement)
-
-
-def wait_for(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 def crash_controller() -> str:

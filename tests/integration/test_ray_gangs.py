@@ -5,7 +5,6 @@ scale together on consecutive ranks, each knowing its gang from
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import ray
@@ -14,6 +13,7 @@ import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.controller import NAMESPACE, actor_name
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -24,15 +24,6 @@ OPTS = {"num_cpus": 0.05, "num_gpus": 0.5}
 def clean():
     yield
     ask(get_controller(), "reset")
-
-
-def wait_for(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 class Member:

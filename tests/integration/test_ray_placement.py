@@ -12,6 +12,7 @@ import ray
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.controller import NAMESPACE, actor_name
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -28,15 +29,6 @@ def groups(dep: str) -> dict[str, dict]:
 def ask_replica(dep: str, rid: str, method: str = "__call__", *args):
     actor = ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE)
     return ray.get(actor.handle_request.remote(method, args, {}), timeout=30)
-
-
-def wait_for(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 @deployment(name="pg", num_replicas=3, ray_actor_options={"num_cpus": 0.05, "num_gpus": 1})

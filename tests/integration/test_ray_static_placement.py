@@ -35,6 +35,7 @@ from executors.ray_gpu import (
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.controller import NAMESPACE, actor_name
 from tests.integration.conftest import ray_env
+from tests.integration.waiting import wait_for
 
 FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
 STORE = 128 * 1024**2
@@ -81,15 +82,6 @@ def clean(cluster):
 def rankcore_groups() -> list[str]:
     return [i["name"] for i in placement_group_table().values()
             if i["name"].startswith("rankcore:") and i["state"] != "REMOVED"]
-
-
-def wait_for(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.2)
-    return pred()
 
 
 def free_port() -> int:
