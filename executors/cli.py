@@ -64,7 +64,7 @@ def _summary_table(result: Any) -> Table:
     t = Table(title=f"{result.scenario.name}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
                     f"{result.events:,} core events)[/dim]")
     for col in ("deployment", "target", "healthy", "contiguous", "reassigned\nrank/node/local/any",
-                "reconfigures\nrank/user_config", "crashes", "non-contig s", "unavailable\nreplica·s",
+                "reconfigures\nrank/user_config", "crashes /\ntimeouts", "non-contig s", "unavailable\nreplica·s",
                 "crash→ready\np50 / p99 s"):
         t.add_column(col, justify="left" if col == "deployment" else "right")
     for name, m in result.metrics["deployments"].items():
@@ -77,7 +77,7 @@ def _summary_table(result: Any) -> Table:
             "yes" if dep and dep.ranks.is_contiguous() else "no",
             f"{ra['rank']}/{ra['node_rank']}/{ra['local_rank']}/{ra['any']}",
             f"{rc_['rank']}/{rc_['user_config']}",
-            str(m["crashes"]),
+            f"{m['crashes']} / {m['timeouts']}",
             _fmt(m["noncontiguous_seconds"]),
             _fmt(m["unavailable_replica_seconds"]),
             f"{_fmt(m['crash_to_ready_p50'])} / {_fmt(m['crash_to_ready_p99'])}",
@@ -151,6 +151,8 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     except ScenarioError as exc:
         click.echo(f"error: {exc}", err=True)  # one plain line: no wrapping, no markup
         sys.exit(EXIT_BAD_INPUT)
+    for w in dict.fromkeys(w for sc in scenarios for w in sc.warnings):  # once each, in order
+        click.echo(f"warning: {w}", err=True)
     if len(scenarios) > 1 and (trace_path or plot_path):
         raise click.UsageError("--trace and --plot take one run; drop them or the --set variants")
     results = []
@@ -198,7 +200,7 @@ def _sweep_table(results: list) -> Table:
     t = Table(title=f"what-if: {results[0][1].scenario.name}")
     for k in keys:
         t.add_column(k, justify="right")
-    for col in ("crashes", "reassigned", "reconfigures", "non-contig s", "unavailable replica·s",
+    for col in ("crashes / timeouts", "reassigned", "reconfigures", "non-contig s", "unavailable replica·s",
                 "crash→ready p50 / p99 s", "expectations", "wall s"):
         t.add_column(col, justify="right")
     for variant, r, wall in results:
@@ -208,7 +210,7 @@ def _sweep_table(results: list) -> Table:
         passed = sum(e.passed for e in r.expectations)
         t.add_row(
             *[str(variant[k]) for k in keys],
-            str(sum(d["crashes"] for d in ds)),
+            f"{sum(d['crashes'] for d in ds)} / {sum(d['timeouts'] for d in ds)}",
             str(sum(d["reassignments"]["any"] for d in ds)),
             str(sum(sum(d["reconfigures"].values()) for d in ds)),
             _fmt(sum(d["noncontiguous_seconds"] for d in ds)),

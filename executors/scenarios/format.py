@@ -7,6 +7,7 @@ and the field (``ScenarioError``), so the CLI can exit 2 without a traceback.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,8 @@ class Scenario:
     snapshot_every: int = 1
     description: str = ""
     raw: dict = attrs.field(factory=dict, hash=False, repr=False)
+    #: things that will likely not do what the author meant (printed before a run)
+    warnings: tuple[str, ...] = ()
 
     def latency_for(self, deployment: str, what: str) -> Latency:
         spec = self.deployments.get(deployment)
@@ -179,9 +182,17 @@ def _field(path: tuple) -> str:
 class _Checker:
     def __init__(self, file: str, marks: dict, keys: dict | None = None) -> None:
         self.file, self.marks, self.keys = file, marks, keys or {}
+        #: paths a ``--set`` wrote (path -> the argument): their errors name the argument
+        self.overridden: dict[tuple, str] = {}
+        self.warnings: list[str] = []
 
     def fail(self, path: tuple, message: str, *, at_key: bool = False) -> ScenarioError:
-        """An error about ``path``: at its value, or (``at_key``) at its key."""
+        """An error about ``path``: at its value, or (``at_key``) at its key;
+        at the ``--set`` argument when one wrote it (or a mapping above it)."""
+        for n in range(len(path), 0, -1):
+            arg = self.overridden.get(tuple(str(p) for p in path[:n]))
+            if arg is not None:
+                return ScenarioError(arg, None, None, _field(path), message)
         if at_key and path in self.keys:
             line, col = self.keys[path]
             return ScenarioError(self.file, line, col, _field(path), message)
@@ -201,7 +212,8 @@ class _Checker:
         if allowed is not None:
             for k in value:
                 if k not in allowed:
-                    raise self.fail(path + (k,), f"unknown field (allowed: {', '.join(allowed)})", at_key=True)
+                    raise self.fail(path + (k,), f"unknown field{_did_you_mean(k, allowed)} "
+                                                 f"(allowed: {', '.join(allowed)})", at_key=True)
         for k in required:
             if k not in value:
                 raise self.fail(path, f"missing required field '{k}'")
@@ -233,6 +245,12 @@ class _Checker:
             return parse_latency(value)
         except ValueError as exc:
             raise self.fail(path, str(exc)) from None
+
+
+def _did_you_mean(word: Any, choices: tuple) -> str:
+    """' (did you mean 'replicas'?)' for a near miss, else ''."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _show(value: Any) -> str:
@@ -272,7 +290,17 @@ def parse_scenario(text: str, file: str = "<scenario>", overrides: dict | None =
         raise c.fail((), "the file is empty")
     if overrides:
         raw = apply_overrides(raw, overrides, c)
+        c.overridden = {tuple(k.split(".")): f"--set {k}={_arg(v)}" for k, v in overrides.items()}
     return _scenario(raw, c)
+
+
+def _arg(value: Any) -> str:
+    """A ``--set`` value as it was typed (YAML scalars read back)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dict:
@@ -323,6 +351,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
     deployments = _deployments(top["deployments"], c, placement, timeout, {n.name for n in nodes})
     timeline = _timeline(top["timeline"], c, deployments)
+    _check_nodes_named(timeline, nodes, c)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 1), ("trace", "snapshot_every"))
@@ -336,7 +365,48 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         latency=latency, crash_rate_per_replica_hour=rate, start_hang_probability=hang, start_timeout=timeout,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
         description=str(top.get("description", "")), raw=raw,
+        warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
     )
+
+
+def _check_nodes_named(timeline: tuple[Action, ...], nodes: tuple[NodeSpec, ...], c: _Checker) -> None:
+    """``lose_node`` (and ``place_bundles``) name nodes of the cluster or added by the timeline."""
+    known = {n.name for n in nodes} | {a.args["node"] for a in timeline if a.kind == "add_node"}
+    for a in timeline:
+        names = [(("lose_node",), a.args["node"])] if a.kind == "lose_node" else []
+        if a.kind == "place_bundles":
+            names = [(("place_bundles", "bundles", i), b) for i, b in enumerate(a.args["bundles"]) if b is not None]
+        for sub, name in names:
+            if name not in known:
+                raise c.fail(("timeline", a.index, *sub),
+                             f"unknown node {name!r}{_did_you_mean(name, tuple(sorted(known)))} (the cluster has: "
+                             f"{', '.join(sorted(known))}; add_node adds one)")
+
+
+#: the start-up latency quantile compared with the start timeout
+_SLOW_START_Q = 0.99
+
+
+def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Action, ...], latency: dict,
+              timeout: float) -> list[str]:
+    out = []
+    deployed = {a.args["deployment"] for a in timeline if a.kind in ("deploy", "scale")}
+    want = sum(d.replicas * d.gpus for n, d in deployments.items() if n in deployed and d.static is None)
+    have = sum(n.gpus for n in nodes) - sum(d.bundle_gpus * len([b for b in d.static.bundle_nodes if b])
+                                           for d in deployments.values() if d.static is not None)
+    have += sum(a.args["gpus"] for a in timeline if a.kind == "add_node")
+    if want > have + 1e-9:
+        out.append(f"cluster: {have:g} GPUs (add_node included) for {want:g} asked by the deployments at full "
+                   f"strength: some replicas will never be placed (add nodes, or lower replicas)")
+    for name, d in sorted(deployments.items()):
+        start = d.latency.get("start", latency["start"])
+        ready = d.latency.get("ready", latency["ready"])
+        slow = start.quantile(_SLOW_START_Q) + ready.quantile(_SLOW_START_Q)
+        if slow > timeout:
+            out.append(f"deployments.{name}: starts take up to ~{slow:g} s (p99 of start {start.describe()} + "
+                       f"ready {ready.describe()}), beyond faults.start_timeout={timeout:g} s: slow starts will "
+                       f"be declared hung and replaced (counted as timeouts); raise faults.start_timeout")
+    return out
 
 
 def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
@@ -504,7 +574,8 @@ def _entries(value: Any, c: _Checker, section: str, kinds: tuple, extra: tuple,
         m = c.mapping(item, p)
         unknown = [k for k in m if k not in kinds and k not in extra]
         if unknown:
-            raise c.fail(p + (unknown[0],), f"unknown {noun} (one of: {', '.join(kinds)})", at_key=True)
+            raise c.fail(p + (unknown[0],), f"unknown {noun}{_did_you_mean(unknown[0], kinds + extra)} "
+                                            f"(one of: {', '.join(kinds)})", at_key=True)
         found = [k for k in m if k in kinds]
         if len(found) != 1:
             raise c.fail(p, f"each {entry} needs exactly one {noun}, got {len(found)}")

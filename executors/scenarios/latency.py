@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 import attrs
@@ -37,6 +38,26 @@ class Latency:
         if self.dist == "normal":
             return max(0.0, rng.gauss(p[0], p[1]))
         return p[0] * math.exp(rng.gauss(0.0, p[1]))  # lognormal around its median
+
+    def quantile(self, q: float) -> float:
+        """The value below which a fraction ``q`` of samples fall (0 < q < 1)."""
+        p = self.params
+        if self.dist == "constant":
+            return p[0]
+        if self.dist == "uniform":
+            return p[0] + q * (p[1] - p[0])
+        if self.dist == "exponential":
+            return -p[0] * math.log(1.0 - q)
+        z = statistics.NormalDist().inv_cdf(q)
+        if self.dist == "normal":
+            return max(0.0, p[0] + z * p[1])
+        return p[0] * math.exp(z * p[1])
+
+    def describe(self) -> str:
+        names = DISTRIBUTIONS[self.dist]
+        if self.dist == "constant":
+            return f"{self.params[0]:g} s"
+        return f"{self.dist}(" + ", ".join(f"{n}={v:g}" for n, v in zip(names, self.params)) + ")"
 
 
 def parse_latency(value: Any) -> Latency:

@@ -29,6 +29,8 @@ class DeploymentMetrics:
     reconfigures: dict = attrs.field(factory=lambda: {"rank": 0, "user_config": 0})
     starts: int = 0
     crashes: int = 0
+    #: replicas the core replaced because their start timed out (``faults.start_timeout``): not crashes
+    timeouts: int = 0
     noncontiguous_seconds: float = 0.0
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
@@ -43,6 +45,7 @@ class DeploymentMetrics:
             "reconfigures": dict(self.reconfigures),
             "starts": self.starts,
             "crashes": self.crashes,
+            "timeouts": self.timeouts,
             "noncontiguous_seconds": round(self.noncontiguous_seconds, 6),
             "unavailable_replica_seconds": round(self.unavailable_replica_seconds, 6),
             "crash_to_ready_p50": percentile(self.crash_to_ready, 50),
@@ -98,9 +101,12 @@ class Metrics:
                 m = self._m(comp.deployment)
                 for ch in comp.changes:
                     self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
+        timed_out = isinstance(event, rc.Tick)  # a Tick replaces only replicas whose start timed out
         for cmd in result.commands:
             if isinstance(cmd, rc.StartReplica):
                 self._m(cmd.deployment).starts += 1
+                if timed_out and cmd.replaces is not None:
+                    self._m(cmd.deployment).timeouts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif isinstance(cmd, rc.ReconfigureReplica):

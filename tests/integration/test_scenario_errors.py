@@ -80,6 +80,18 @@ CASES = {
         "timeline:\n  - deploy: e\n",
         3, "deployments.e.gang.failure", "must be one of restart_gang, restart_replica",
     ),
+    "lose_unknown_node": (
+        "cluster: {nodes: 2}\n" + GOOD_TAIL + "  - lose_node: node-7\n",
+        6, "timeline[1].lose_node", "unknown node 'node-7' (did you mean 'node-1'?) (the cluster has: node-0, node-1",
+    ),
+    "key_typo_suggests": (
+        "cluster: {nodes: 1}\ndeployments:\n  llm: {replcas: 2}\ntimeline:\n  - deploy: llm\n",
+        3, "deployments.llm.replcas", "unknown field (did you mean 'replicas'?)",
+    ),
+    "action_typo_suggests": (
+        "cluster: {nodes: 1}\n" + GOOD_TAIL + "  - wait_until_heathy: llm\n",
+        6, "timeline[1].wait_until_heathy", "unknown action (did you mean 'wait_until_healthy'?)",
+    ),
     "missing_file": (None, None, None, "cannot read"),
 }
 
@@ -150,8 +162,45 @@ def test_a_bad_set_value_is_exit_2_naming_the_field(tmp_path: Path, monkeypatch:
         main, ["simulate", "s.yaml", "--set", "deployments.llm.replicas=-1"])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
-    assert result.stderr.startswith("error: s.yaml:")
-    assert "deployments.llm.replicas: must not be negative, got -1" in result.stderr
+    # the error names the command-line argument that wrote the value, not a file position
+    assert result.stderr == "error: --set deployments.llm.replicas=-1: deployments.llm.replicas: must not be " \
+                            "negative, got -1\n", result.stderr
+
+
+def test_a_set_typo_names_the_argument_and_the_nearest_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text("cluster: {nodes: 1}\n" + GOOD_TAIL)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["simulate", "s.yaml", "--set", "latency.strat=5"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --set latency.strat=5: latency.strat: unknown field "
+                                    "(did you mean 'start'?)"), result.stderr
+
+
+def _warnings_of(tmp_path: Path, text: str, *args: str) -> tuple[int, list[str]]:
+    (tmp_path / "w.yaml").write_text(text)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["simulate", str(tmp_path / "w.yaml"), "--quiet", *args])
+    return result.exit_code, [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
+
+
+def test_a_start_latency_past_the_start_timeout_warns(tmp_path: Path) -> None:
+    """240-360 s starts under the 300 s default: said before the run, not found later in the counts."""
+    text = ("cluster: {nodes: 1}\nlatency: {start: {dist: uniform, low: 240, high: 360}}\n" + GOOD_TAIL)
+    code, warnings = _warnings_of(tmp_path, text)
+    assert code == 0
+    assert len(warnings) == 1 and "deployments.llm: starts take up to ~358.8 s" in warnings[0]
+    assert "faults.start_timeout=300 s" in warnings[0] and "timeouts" in warnings[0]
+    assert _warnings_of(tmp_path, text, "--set", "faults.start_timeout=400")[1] == []
+    # a sweep says it once
+    assert len(_warnings_of(tmp_path, text, "--set", "seed=1,2")[1]) == 1
+
+
+def test_a_cluster_too_small_for_the_target_warns(tmp_path: Path) -> None:
+    text = "cluster: {nodes: 1, gpus_per_node: 2}\ndeployments:\n  llm: {replicas: 3}\ntimeline:\n  - deploy: llm\n"
+    code, warnings = _warnings_of(tmp_path, text)
+    assert code == 0 and warnings == ["warning: cluster: 2 GPUs (add_node included) for 3 asked by the deployments "
+                                      "at full strength: some replicas will never be placed (add nodes, or lower "
+                                      "replicas)"]
+    assert _warnings_of(tmp_path, text + "  - add_node: {name: extra, gpus: 1}\n")[1] == []
 
 
 def test_a_malformed_set_option_is_a_usage_error() -> None:

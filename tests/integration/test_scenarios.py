@@ -338,3 +338,17 @@ def test_controller_crash_at_any_point_of_a_gang_start_recovers_whole_gangs(cras
         # every gang ends whole: its two members running, on consecutive ranks
         by_rank = {dep.ranks.global_rank(r): rep for r, rep in dep.replicas.items()}
         assert sorted(by_rank) == list(range(6)) and all(r.phase.value == "running" for r in by_rank.values())
+
+
+def test_start_timeouts_are_counted_apart_from_crashes() -> None:
+    """Hand-computed: one replica whose start always takes 350 s under a 300 s
+    timeout. Placed at 0.1 (place latency 0.1), initialised then; timed out at
+    300.1, 600.2 and 900.3 (each replacement placed 0.1 s later): 3 timeouts by
+    t=1000, no crash."""
+    from executors.scenarios.format import parse_scenario
+
+    sc = parse_scenario("cluster: {nodes: 1}\nduration: 1000\nlatency: {place: 0.1, start: 350}\n"
+                        "deployments:\n  llm: {replicas: 1}\ntimeline:\n  - deploy: llm\n")
+    assert any("starts take up to ~350 s" in w for w in sc.warnings)
+    m = Simulation(sc, check=True).run().metrics["deployments"]["llm"]
+    assert (m["timeouts"], m["crashes"], m["starts"]) == (3, 0, 4)
