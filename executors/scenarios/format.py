@@ -141,6 +141,10 @@ class Scenario:
     latency: dict = attrs.field(hash=False)
     crash_rate_per_replica_hour: float = 0.0
     start_hang_probability: float = 0.0
+    #: random node loss: losses per node per second (from node_loss_per_node_day or node_mtbf_hours)
+    node_loss_rate: float = 0.0
+    #: how long a lost node takes to come back (the same name and GPUs)
+    node_repair: Latency | None = None
     start_timeout: float = 300.0
     placement: str = "spread"
     timeline: tuple[Action, ...] = ()
@@ -345,7 +349,17 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     latency = {k: parse_latency(v) for k, v in DEFAULT_LATENCY.items()}
     latency.update(parsed_latency)
     faults = c.mapping(top.get("faults", {}), ("faults",),
-                       ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout"))
+                       ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout",
+                        "node_loss_per_node_day", "node_mtbf_hours", "node_repair"))
+    if "node_loss_per_node_day" in faults and "node_mtbf_hours" in faults:
+        raise c.fail(("faults", "node_mtbf_hours"), "give node_loss_per_node_day or node_mtbf_hours, not both")
+    node_loss = 0.0
+    if "node_loss_per_node_day" in faults:
+        node_loss = c.number(faults["node_loss_per_node_day"], ("faults", "node_loss_per_node_day")) / 86400.0
+    elif "node_mtbf_hours" in faults:
+        mtbf = c.number(faults["node_mtbf_hours"], ("faults", "node_mtbf_hours"), minimum=1e-6)
+        node_loss = 1.0 / (mtbf * 3600.0)
+    repair = c.latency(faults.get("node_repair", 600), ("faults", "node_repair"))
     rate = c.number(faults.get("crash_rate_per_replica_hour", 0.0), ("faults", "crash_rate_per_replica_hour"))
     hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
     timeout = c.number(faults.get("start_timeout", 300.0), ("faults", "start_timeout"), minimum=0.001)
@@ -360,9 +374,13 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     if rate > 0 and duration is None:
         raise c.fail(("faults", "crash_rate_per_replica_hour"),
                      "a random crash rate needs a 'duration' (the run would never end)")
+    if node_loss > 0 and duration is None:
+        key = "node_loss_per_node_day" if "node_loss_per_node_day" in faults else "node_mtbf_hours"
+        raise c.fail(("faults", key), "a random node loss rate needs a 'duration' (the run would never end)")
     return Scenario(
         name=name, source=c.file, seed=seed, duration=duration, nodes=nodes, deployments=deployments,
         latency=latency, crash_rate_per_replica_hour=rate, start_hang_probability=hang, start_timeout=timeout,
+        node_loss_rate=node_loss, node_repair=repair if node_loss > 0 else None,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
         description=str(top.get("description", "")), raw=raw,
         warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
@@ -373,7 +391,7 @@ def _check_nodes_named(timeline: tuple[Action, ...], nodes: tuple[NodeSpec, ...]
     """``lose_node`` (and ``place_bundles``) name nodes of the cluster or added by the timeline."""
     known = {n.name for n in nodes} | {a.args["node"] for a in timeline if a.kind == "add_node"}
     for a in timeline:
-        names = [(("lose_node",), a.args["node"])] if a.kind == "lose_node" else []
+        names: list[tuple[tuple, Any]] = [(("lose_node",), a.args["node"])] if a.kind == "lose_node" else []
         if a.kind == "place_bundles":
             names = [(("place_bundles", "bundles", i), b) for i, b in enumerate(a.args["bundles"]) if b is not None]
         for sub, name in names:

@@ -74,7 +74,12 @@ class Simulation:
     ) -> None:
         self.scenario = scenario
         self.seed = scenario.seed if seed is None else seed
-        self.rng = random.Random(self.seed)
+        # One seeded stream per source of randomness (common random numbers): a
+        # variant that changes the cluster or a latency does not reshuffle the
+        # crashes, hangs or node losses. ``rng`` is the latencies' stream.
+        self._streams: dict[str, random.Random] = {}
+        self.rng = self.stream("latency")
+        self._slots: set[tuple[str, int]] = set()  # (deployment, rank) whose crash clock runs
         self.now = 0.0
         self._queue: list[tuple[float, int, int, Callable, tuple]] = []
         self._seq = 0
@@ -102,6 +107,8 @@ class Simulation:
         self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
         for joined in self.backend.joined():  # the core places replicas on these
             self.driver.feed(joined, 0.0)
+        for node in sorted(self.backend.nodes):
+            self.node_up(node)
 
     # ------------------------------------------------------------- clock
     def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
@@ -150,9 +157,62 @@ class Simulation:
             check_state(self.driver.state)
         self._maybe_unblock()
 
+    def stream(self, name: str) -> random.Random:
+        """The seeded random stream of one source (``crash/llm/3``, ``node/node-2``, ``hang``, ...)."""
+        rng = self._streams.get(name)
+        if rng is None:
+            rng = self._streams[name] = random.Random(f"{self.seed}/{name}")
+        return rng
+
     def replica_running(self, r: SimReplica) -> None:
-        if self._crash_rate > 0:
-            self.schedule(self.rng.expovariate(self._crash_rate), self._random_crash, r.replica_id, r.epoch)
+        """Random crashes hit a rank slot, not a replica: each (deployment, rank)
+        has its own Poisson clock from t=0, so the crash times are the same in
+        every variant; a crash hits whoever serves that rank then (if anyone)."""
+        slot = (r.deployment, r.global_rank)
+        if self._crash_rate > 0 and slot not in self._slots:
+            self._slots.add(slot)
+            rng = self.stream(f"crash/{slot[0]}/{slot[1]}")
+            t = 0.0
+            while t <= self.now:
+                t += rng.expovariate(self._crash_rate)
+            self.schedule(t - self.now, self._slot_crash, slot, t)
+
+    def _slot_crash(self, slot: tuple[str, int], t: float) -> None:
+        rid = self.backend.holder(*slot)
+        r = self.backend.replicas.get(rid) if rid is not None else None
+        if r is not None and r.phase in ("running", "reconfiguring"):
+            if self.trace:
+                self.trace.fault(self.now, "random_crash", replica=rid)
+            self.backend.crash(r.replica_id, "random crash")
+        nxt = t + self.stream(f"crash/{slot[0]}/{slot[1]}").expovariate(self._crash_rate)
+        if self.scenario.duration is None or nxt <= self.scenario.duration:
+            self.schedule(nxt - self.now, self._slot_crash, slot, nxt)
+
+    def node_up(self, name: str) -> None:
+        """A node is (back) in the cluster: its loss clock runs (``faults.node_loss_*``)."""
+        rate = self.scenario.node_loss_rate
+        if rate > 0:
+            up = self.stream(f"node/{name}").expovariate(rate)
+            if self.scenario.duration is None or self.now + up <= self.scenario.duration:
+                self.schedule(up, self._node_fault, name)
+
+    def _node_fault(self, name: str) -> None:
+        node = self.backend.nodes.get(name)
+        if node is None or not node.alive:
+            return
+        gpus = node.gpus
+        if self.trace:
+            self.trace.fault(self.now, "node_lost", node=name, random=True)
+        self.backend.lose_node(name)
+        repair = self.scenario.node_repair
+        down = repair.sample(self.stream(f"repair/{name}")) if repair is not None else 600.0
+        self.schedule(down, self._node_repaired, name, gpus)
+
+    def _node_repaired(self, name: str, gpus: float) -> None:
+        if self.trace:
+            self.trace.fault(self.now, "node_added", node=name, gpus=gpus, repaired=True)
+        if self.backend.add_node(name, gpus):
+            self.node_up(name)
 
     def tick(self) -> None:
         """A ScheduleTick came due: the core learns the time (not while it is down)."""
@@ -162,13 +222,6 @@ class Simulation:
             # ready meanwhile does not wake the core once the bound was refreshed)
             self.driver.tick(self.now)
             self._maybe_unblock()
-
-    def _random_crash(self, rid: str, epoch: int) -> None:
-        r = self.backend.replicas.get(rid)
-        if r is not None and r.epoch == epoch and r.alive:
-            if self.trace:
-                self.trace.fault(self.now, "random_crash", replica=rid)
-            self.backend.crash(rid, "random crash")
 
     # ----------------------------------------------------------- actions
     def act(self, kind: str, args: dict) -> None:
@@ -203,7 +256,8 @@ class Simulation:
     def add_node(self, node: str, gpus: float) -> None:
         if self.trace:
             self.trace.fault(self.now, "node_added", node=node, gpus=gpus)
-        self.backend.add_node(node, gpus)
+        if self.backend.add_node(node, gpus):
+            self.node_up(node)
 
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         if self.trace:

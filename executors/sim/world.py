@@ -45,6 +45,9 @@ class SimServices(Protocol):
     def tick(self) -> None:
         """Tell the core the time now (a ScheduleTick came due)."""
 
+    def stream(self, name: str) -> random.Random:
+        """The seeded random stream of one source of randomness."""
+
 LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 
 
@@ -207,7 +210,7 @@ class SimBackend:
         if r.phase == "pending":
             r.phase = "starting"
         sc = self.sim.scenario
-        hung = sc.start_hang_probability > 0 and self.sim.rng.random() < sc.start_hang_probability
+        hung = sc.start_hang_probability > 0 and self.sim.stream("hang").random() < sc.start_hang_probability
         delay = self.sim.latency(cmd.deployment, "start") + self.sim.latency(cmd.deployment, "ready")
         if not hung:  # a hung start never answers: the core's start timeout replaces it
             self.sim.schedule(delay, self._ready, r.replica_id, r.epoch)

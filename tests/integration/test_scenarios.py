@@ -352,3 +352,75 @@ def test_start_timeouts_are_counted_apart_from_crashes() -> None:
     assert any("starts take up to ~350 s" in w for w in sc.warnings)
     m = Simulation(sc, check=True).run().metrics["deployments"]["llm"]
     assert (m["timeouts"], m["crashes"], m["starts"]) == (3, 0, 4)
+
+
+CRN = """
+cluster: {{nodes: {nodes}, gpus_per_node: 8}}
+duration: 21600
+seed: 4
+latency: {{start: {{dist: uniform, low: {low}, high: 120}}}}
+faults: {{crash_rate_per_replica_hour: 0.1{node_faults}}}
+deployments:
+  llm: {{replicas: 64}}
+timeline:
+  - deploy: llm
+"""
+
+
+def _faults(sc_text: str) -> tuple[list, list]:
+    """(random crashes as (t, rank), node faults as (t, kind, node)) from a traced run."""
+    import io
+    import json
+
+    from executors.scenarios.format import parse_scenario
+
+    buf = io.StringIO()
+    Simulation(parse_scenario(sc_text), trace=buf).run()
+    rank_of: dict[str, int] = {}
+    crashes, nodes = [], []
+    for line in buf.getvalue().splitlines():
+        rec = json.loads(line)
+        if rec.get("kind") == "command" and rec.get("type") == "StartReplica":
+            rank_of[rec["replica"]] = rec["fields"]["global_rank"]
+        elif rec.get("kind") == "fault" and rec.get("type") == "random_crash":
+            crashes.append((round(rec["t"], 6), rank_of[rec["replica"]]))
+        elif rec.get("kind") == "fault" and rec.get("type") in ("node_lost", "node_added"):
+            nodes.append((round(rec["t"], 6), rec["type"], rec["node"]))
+    return crashes, nodes
+
+
+def test_common_random_numbers_crashes_do_not_move_with_the_cluster_size_or_start_latency() -> None:
+    """Each rank has its own crash clock: 8, 9 or 11 nodes, or other start
+    latencies, give the very same random crashes (time and rank)."""
+    base, _ = _faults(CRN.format(nodes=8, low=60, node_faults=""))
+    assert len(base) > 10
+    assert _faults(CRN.format(nodes=9, low=60, node_faults=""))[0] == base
+    assert _faults(CRN.format(nodes=11, low=90, node_faults=""))[0] == base
+
+
+def test_random_node_loss_and_repair() -> None:
+    """node_mtbf_hours and a constant repair time: every random loss is followed
+    by the same node back exactly node_repair later (unless the run ends first),
+    and the losses of the first 8 nodes do not move when spare nodes are added."""
+    text = CRN.format(nodes=8, low=60, node_faults=", node_mtbf_hours: 12, node_repair: 900")
+    _, nodes = _faults(text)
+    lost = [(t, n) for t, kind, n in nodes if kind == "node_lost"]
+    back = {(t, n) for t, kind, n in nodes if kind == "node_added"}
+    assert len(lost) >= 3
+    for t, n in lost:
+        assert (round(t + 900, 6), n) in back or t + 900 > 21600
+    _, more = _faults(CRN.format(nodes=10, low=60, node_faults=", node_mtbf_hours: 12, node_repair: 900"))
+    first8 = {f"node-{i}" for i in range(8)}
+    assert [x for x in more if x[2] in first8] == nodes
+
+
+def test_node_loss_needs_a_duration_and_one_rate() -> None:
+    from executors.scenarios.format import parse_scenario
+    from executors.sim import ScenarioError
+
+    with pytest.raises(ScenarioError, match="node_mtbf_hours: give node_loss_per_node_day or node_mtbf_hours"):
+        parse_scenario("cluster: {nodes: 1}\nduration: 10\nfaults: {node_mtbf_hours: 1, node_loss_per_node_day: 1}\n"
+                       "deployments: {llm: {}}\ntimeline: []\n")
+    with pytest.raises(ScenarioError, match="needs a 'duration'"):
+        parse_scenario("cluster: {nodes: 1}\nfaults: {node_loss_per_node_day: 1}\ndeployments: {llm: {}}\n"
+                       "timeline: []\n")
