@@ -65,7 +65,7 @@ def _summary_table(result: Any) -> Table:
                     f"{result.events:,} core events)[/dim]")
     for col in ("deployment", "target", "healthy", "contiguous", "reassigned\nrank/node/local/any",
                 "reconfigures\nrank/user_config", "crashes /\ntimeouts", "non-contig s", "unavailable\nreplica·s",
-                "crash→ready\np50 / p99 s"):
+                "crash→ready\np50 / p99 s", "avail. %", "full\nstrength %", "to full strength\np50/p99/max s"):
         t.add_column(col, justify="left" if col == "deployment" else "right")
     for name, m in result.metrics["deployments"].items():
         dep = result.state.deployments.get(name)
@@ -81,8 +81,21 @@ def _summary_table(result: Any) -> Table:
             _fmt(m["noncontiguous_seconds"]),
             _fmt(m["unavailable_replica_seconds"]),
             f"{_fmt(m['crash_to_ready_p50'])} / {_fmt(m['crash_to_ready_p99'])}",
+            _fmt(m["availability_pct"], 3),
+            _fmt(m["full_strength_pct"], 2),
+            f"{_fmt(m['to_full_strength_p50'])}/{_fmt(m['to_full_strength_p99'])}/{_fmt(m['to_full_strength_max'])}",
         )
+    t.caption = LEGEND
     return t
+
+
+#: what the summary columns mean (printed under the table)
+LEGEND = ("reassigned: replicas whose rank moved, by level (global rank / node rank / local rank / any); "
+          "timeouts: starts replaced after faults.start_timeout; non-contig s: seconds with ranks not "
+          "contiguous at some level; unavailable replica·s: target minus serving replicas, integrated; "
+          "avail. %: serving / target replica-seconds after first full strength; full strength %: time "
+          "after that with every replica serving; to full strength: seconds from each drop below full "
+          "strength (a fault, not a new target) to full strength again")
 
 
 def _expectation_table(result: Any) -> Table | None:

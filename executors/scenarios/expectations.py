@@ -4,12 +4,14 @@ Ray scenario runner asks its controller to)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
 import rankcore as rc
 
 from .format import Expectation
-from .metrics import Metrics
+from .metrics import DeploymentMetrics, Metrics, percentile
 
 __all__ = ["ExpectationResult", "check_expectation"]
 
@@ -25,6 +27,35 @@ class ExpectationResult:
     def as_record(self) -> dict:
         return {"t": self.t, "name": self.name, "passed": self.passed, "detail": self.detail}
 
+
+
+def _planner(e: Expectation, m: DeploymentMetrics | None, res: Callable[[bool, str], ExpectationResult]
+             ) -> ExpectationResult:
+    """The SLO expectations: availability, time at full strength, time non-contiguous, time to full strength."""
+    if m is None or m.first_healthy is None:
+        return res(False, "never at full strength: no figure after start-up")
+    if e.kind in ("availability", "full_strength"):
+        got = m.availability() if e.kind == "availability" else m.full_strength()
+        what = "replica-availability" if e.kind == "availability" else "time at full strength"
+        if got is None:
+            return res(False, f"no time observed after start-up for {what}")
+        return res(got + 1e-9 >= e.args["at_least"], f"expected {what} >= {e.args['at_least']:g}%, saw {got:.4f}%")
+    if e.kind == "non_contiguous":
+        frac = m.noncontiguous_fraction(e.args["level"])
+        if frac is None:
+            return res(False, "no time observed after start-up")
+        return res(frac <= e.args["at_most_fraction"] + 1e-12,
+                   f"expected non-contiguous ({e.args['level']}) at most {e.args['at_most_fraction']:g} of the time, "
+                   f"saw {frac:.6f}")
+    times = m.to_full_strength
+    figures = {"p50_at_most": percentile(times, 50), "p99_at_most": percentile(times, 99),
+               "max_at_most": max(times) if times else None}
+    bad = [f"{k[:-8]} {figures[k]:.1f} s > {e.args[k]:g} s" for k in figures
+           if k in e.args and figures[k] is not None and figures[k] > e.args[k]]
+    if m._short_since is not None:
+        bad.append(f"still below full strength since t={m._short_since:g}")
+    seen = ", ".join(f"{k[:-8]} {'-' if v is None else f'{v:.1f} s'}" for k, v in figures.items())
+    return res(not bad, f"{len(times)} drops; {seen}" + (f": {'; '.join(bad)}" if bad else ""))
 
 
 def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
@@ -45,6 +76,8 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
     if e.kind == "running":
         n = dep.count(rc.Phase.RUNNING)
         return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
+    if e.kind in ("availability", "full_strength", "non_contiguous", "to_full_strength"):
+        return _planner(e, m, res)
     if e.kind == "failed":
         n = dep.count(rc.Phase.FAILED)
         return res(n == e.args["equals"], f"expected {e.args['equals']} FAILED (a bundle's node lost), saw {n}")

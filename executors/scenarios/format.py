@@ -46,7 +46,10 @@ ACTIONS = (
     "wait",
 )
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running",
-                "packed", "failed")
+                "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength")
+#: contiguity levels by every name a planner may use
+LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node": "node_rank",
+               "local_rank": "local_rank", "local": "local_rank", "any": "any"}
 #: place: StartReplica -> on a node; start: running the user's __init__ (and
 #: reconfigure); ready: from there to the first passing health check;
 #: reconfigure: a ReconfigureReplica call; stop: graceful shutdown.
@@ -736,6 +739,28 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
                 if level not in ("any", "rank", "node_rank", "local_rank"):
                     raise c.fail(q + ("level",), f"must be any, rank, node_rank or local_rank, got {_show(level)}")
                 args["level"] = level
+        elif kind in ("availability", "full_strength"):
+            mm = c.mapping(v, q, ("deployment", "at_least"), required=("deployment", "at_least"))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
+                    "at_least": c.number(mm["at_least"], q + ("at_least",), maximum=100.0)}
+        elif kind == "non_contiguous":
+            mm = c.mapping(v, q, ("deployment", "level", "at_most_fraction"),
+                           required=("deployment", "at_most_fraction"))
+            level = mm.get("level", "any")
+            if level not in LEVEL_NAMES:
+                raise c.fail(q + ("level",), f"must be one of {', '.join(LEVEL_NAMES)}, got {_show(level)}")
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
+                    "level": LEVEL_NAMES[level],
+                    "at_most_fraction": c.number(mm["at_most_fraction"], q + ("at_most_fraction",), maximum=1.0)}
+        elif kind == "to_full_strength":
+            keys = ("p50_at_most", "p99_at_most", "max_at_most")
+            mm = c.mapping(v, q, ("deployment", *keys), required=("deployment",))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
+            if not any(k in mm for k in keys):
+                raise c.fail(q, f"needs one of {', '.join(keys)} (seconds)")
+            for k in keys:
+                if k in mm:
+                    args[k] = c.number(mm[k], q + (k,))
         elif kind == "healthy":
             mm = c.mapping(v, q, ("deployment", "by"), required=("deployment", "by"))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}

@@ -12,6 +12,8 @@ from rankcore.lifecycle import Phase
 __all__ = ["DeploymentMetrics", "Metrics", "percentile"]
 
 LEVELS = ("rank", "node_rank", "local_rank", "any")
+#: the levels of contiguity a planner asks about: global ranks, node ranks, local ranks, any of them
+CONTIGUITY = ("rank", "node_rank", "local_rank", "any")
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -35,9 +37,41 @@ class DeploymentMetrics:
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
     first_healthy: float | None = None
+    #: after start-up (from first_healthy): target and serving replica-seconds,
+    #: seconds at full strength, seconds per missing-replica count
+    target_replica_seconds: float = 0.0
+    serving_replica_seconds: float = 0.0
+    observed_seconds: float = 0.0
+    full_strength_seconds: float = 0.0
+    short_seconds: dict = attrs.field(factory=dict)
+    #: seconds non-contiguous per level (after start-up)
+    noncontiguous_by_level: dict = attrs.field(factory=lambda: dict.fromkeys(CONTIGUITY, 0.0))
+    #: seconds from each drop below full strength (not a target change) to full strength again
+    to_full_strength: list = attrs.field(factory=list)
     # integration state
     _unavailable: int = 0
     _noncontiguous: bool = False
+    _serving: int = 0
+    _target: int = 0
+    _off: tuple = (False, False, False, False)
+    _short_since: float | None = None
+
+    def availability(self) -> float | None:
+        """Serving / target replica-seconds after start-up, in percent (None before full strength)."""
+        if self.target_replica_seconds <= 0:
+            return None
+        return 100.0 * self.serving_replica_seconds / self.target_replica_seconds
+
+    def full_strength(self) -> float | None:
+        """Percent of the time after start-up with every target replica serving."""
+        return 100.0 * self.full_strength_seconds / self.observed_seconds if self.observed_seconds > 0 else None
+
+    def seconds_below(self, k: int) -> float:
+        """Seconds after start-up with fewer than ``k`` replicas serving (k <= target)."""
+        return sum(s for missing, s in self.short_seconds.items() if self._target - missing < k)
+
+    def noncontiguous_fraction(self, level: str = "any") -> float | None:
+        return self.noncontiguous_by_level[level] / self.observed_seconds if self.observed_seconds > 0 else None
 
     def as_dict(self) -> dict:
         return {
@@ -52,7 +86,20 @@ class DeploymentMetrics:
             "crash_to_ready_p99": percentile(self.crash_to_ready, 99),
             "replacements_ready": len(self.crash_to_ready),
             "first_healthy": self.first_healthy,
+            "availability_pct": _round(self.availability()),
+            "full_strength_pct": _round(self.full_strength()),
+            "observed_seconds": round(self.observed_seconds, 6),
+            "seconds_short_by": {str(k): round(v, 6) for k, v in sorted(self.short_seconds.items())},
+            "noncontiguous_fraction": {lv: _round(self.noncontiguous_fraction(lv)) for lv in CONTIGUITY},
+            "to_full_strength_p50": percentile(self.to_full_strength, 50),
+            "to_full_strength_p99": percentile(self.to_full_strength, 99),
+            "to_full_strength_max": max(self.to_full_strength) if self.to_full_strength else None,
+            "drops_below_full_strength": len(self.to_full_strength) + (self._short_since is not None),
         }
+
+
+def _round(v: float | None, digits: int = 6) -> float | None:
+    return None if v is None else round(v, digits)
 
 
 class Metrics:
@@ -78,6 +125,18 @@ class Metrics:
                 m.unavailable_replica_seconds += m._unavailable * dt
                 if m._noncontiguous:
                     m.noncontiguous_seconds += dt
+                if m.first_healthy is not None and m._target > 0:  # after start-up
+                    m.observed_seconds += dt
+                    m.target_replica_seconds += m._target * dt
+                    m.serving_replica_seconds += min(m._serving, m._target) * dt
+                    missing = max(0, m._target - m._serving)
+                    if missing:
+                        m.short_seconds[missing] = m.short_seconds.get(missing, 0.0) + dt
+                    else:
+                        m.full_strength_seconds += dt
+                    for level, off in zip(CONTIGUITY, m._off):
+                        if off:
+                            m.noncontiguous_by_level[level] += dt
             self.last_t = t
 
     def __call__(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
@@ -123,8 +182,28 @@ class Metrics:
             serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
             m._unavailable = max(0, dep.target - serving)
             m._noncontiguous = not dep.ranks.is_contiguous()
+            if m._noncontiguous:
+                lb = dep.ranks.lower_bound()
+                m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
+            else:
+                m._off = (False, False, False, False)
+            retarget = dep.target != m._target
+            m._target, m._serving = dep.target, serving
             if m.first_healthy is None and dep.healthy and dep.target > 0:
                 m.first_healthy = t
+            self._full_strength(m, t, retarget)
+
+    @staticmethod
+    def _full_strength(m: DeploymentMetrics, t: float, retarget: bool) -> None:
+        """Time each drop below full strength (a fault, not a new target) until it is over."""
+        if m.first_healthy is None:
+            return
+        short = m._serving < m._target
+        if short and m._short_since is None and not retarget:
+            m._short_since = t
+        elif not short and m._short_since is not None:
+            m.to_full_strength.append(t - m._short_since)
+            m._short_since = None
 
     def crashed(self, t: float, deployment: str, serving: bool) -> None:
         """The cluster lost a replica (told by the executor, so crashes while the
@@ -134,6 +213,8 @@ class Metrics:
         m.crashes += 1
         if serving:
             m._unavailable += 1
+            m._serving -= 1
+            self._full_strength(m, t, False)
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

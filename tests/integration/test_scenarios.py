@@ -424,3 +424,54 @@ def test_node_loss_needs_a_duration_and_one_rate() -> None:
     with pytest.raises(ScenarioError, match="needs a 'duration'"):
         parse_scenario("cluster: {nodes: 1}\nfaults: {node_loss_per_node_day: 1}\ndeployments: {llm: {}}\n"
                        "timeline: []\n")
+
+
+HAND = """
+cluster: {nodes: 1, gpus_per_node: 2}
+duration: 110
+latency: {place: 0, start: 10, ready: 0, stop: 0}
+deployments:
+  llm: {replicas: 2}
+timeline:
+  - deploy: llm
+  - at: 50
+    crash: {deployment: llm, rank: 0}
+expect:
+  - availability: {deployment: llm, at_least: 95}
+  - full_strength: {deployment: llm, at_least: 90}
+  - to_full_strength: {deployment: llm, max_at_most: 10}
+  - non_contiguous: {deployment: llm, level: any, at_most_fraction: 0}
+"""
+
+
+def test_availability_metrics_against_a_hand_computed_timeline() -> None:
+    """Both replicas serve from t=10 (first full strength); rank 0 crashes at 50
+    and its replacement serves from 60; the run ends at 110. After start-up:
+    100 s observed, 200 target replica-seconds, 190 serving: 95 % available,
+    90 % of the time at full strength, 10 s one replica short, one drop that
+    took 10 s to recover, never non-contiguous (the replacement keeps the rank)."""
+    from executors.scenarios.format import parse_scenario
+
+    result = Simulation(parse_scenario(HAND), check=True).run()
+    _assert_all_expectations_met(result)
+    m = result.metrics["deployments"]["llm"]
+    assert m["first_healthy"] == 10.0 and m["observed_seconds"] == 100.0
+    assert (m["availability_pct"], m["full_strength_pct"]) == (95.0, 90.0)
+    assert m["seconds_short_by"] == {"1": 10.0}
+    assert (m["to_full_strength_p50"], m["to_full_strength_max"], m["drops_below_full_strength"]) == (10.0, 10.0, 1)
+    assert m["noncontiguous_fraction"] == {"rank": 0.0, "node_rank": 0.0, "local_rank": 0.0, "any": 0.0}
+    # the same SLOs, a hair stricter, are missed (and say what was seen)
+    strict = HAND.replace("at_least: 95}", "at_least: 95.1}").replace("max_at_most: 10}", "max_at_most: 9}")
+    failures = {e.expectation.kind: e.detail for e in Simulation(parse_scenario(strict)).run().failures}
+    assert set(failures) == {"availability", "to_full_strength"}
+    assert "saw 95.0000%" in failures["availability"] and "max 10.0 s > 9 s" in failures["to_full_strength"]
+
+
+def test_non_contiguous_time_is_split_by_level() -> None:
+    """node-loss-3-nodes: node ranks have a hole from the loss at 60 until the
+    compaction at 90 (30 s); global and local ranks never do."""
+    result = Simulation(load_scenario(EXAMPLES / "node-loss-3-nodes.yaml"), check=True).run()
+    m = result.metrics["deployments"]["llm"]
+    seconds = {lv: f * m["observed_seconds"] for lv, f in m["noncontiguous_fraction"].items()}
+    assert abs(seconds["node_rank"] - 30.0) < 1e-3 and abs(seconds["any"] - 30.0) < 1e-3
+    assert seconds["rank"] == 0.0 and seconds["local_rank"] == 0.0
