@@ -9,6 +9,7 @@ invariants over a trace, ``diagram`` renders the replica lifecycle and
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -33,8 +34,9 @@ def main() -> None:
 
 
 # ------------------------------------------------------------------ simulate
-def _parse_sets(sets: tuple[str, ...]) -> list[dict[str, Any]]:
-    """``key=v1,v2`` options -> the list of variants (their cartesian product)."""
+def _parse_sets(sets: tuple[str, ...], zipped: bool = False) -> list[dict[str, Any]]:
+    """``key=v1,v2`` options -> the list of variants: their cartesian product, or
+    (``zipped``) the i-th value of every option together."""
     axes = []
     for s in sets:
         key, sep, values = s.partition("=")
@@ -49,6 +51,12 @@ def _parse_sets(sets: tuple[str, ...]) -> list[dict[str, Any]]:
         axes.append([(key, v) for v in parsed])
     if not axes:
         return [{}]
+    if zipped:
+        lengths = {len(a) for a in axes}
+        if len(lengths) != 1:
+            raise click.UsageError(f"--zip pairs the i-th values of every --set: they need as many values each, "
+                                   f"got {', '.join(f'{a[0][0]}: {len(a)}' for a in axes)}")
+        return [dict(combo) for combo in zip(*axes)]
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
@@ -143,12 +151,123 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
 @click.option("--set", "sets", multiple=True, metavar="KEY=V1[,V2...]",
               help="What-if: override a scenario field (dotted path), e.g. "
                    "faults.crash_rate_per_replica_hour=0,0.5,2; several values run several variants.")
+@click.option("--zip", "zipped", is_flag=True,
+              help="Pair the --set values (the i-th value of each option together) instead of every combination.")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run every variant with N seeds (the scenario's seed, or --seed, and the next N-1); "
+                   "tables show mean and min-max, and how many runs met each expectation.")
+@click.option("--jobs", type=click.IntRange(min=1), help="Processes for a sweep (default: every core).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True,
+              help="json / csv: every figure of every run (to --output, else stdout instead of the tables).")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Write --format json/csv here.")
+@click.option("--trace-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="A sweep: write each run's trace here (<variant>-seed<N>.jsonl).")
+@click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="A sweep: write each run's plot here (<variant>-seed<N>.png).")
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
 @click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
 def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
-             sets: tuple[str, ...], snapshot_every: int | None, quiet: bool) -> None:
+             sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
+             trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool) -> None:
     """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
+    if seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
+        if trace_path or plot_path:
+            raise click.UsageError("--trace and --plot take one run; use --trace-dir / --plot-dir for a sweep")
+        _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet)
+        return
     _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet)
+
+
+def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped: bool, seeds: int,
+           jobs: int | None, fmt: str, output: Path | None, trace_dir: Path | None, plot_dir: Path | None,
+           quiet: bool) -> None:
+    """Every variant x seed, on every core; invalid variants are reported and skipped."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .sim import ScenarioError, load_scenario
+    from .sweep import InvalidVariant, run_sweep, to_csv, to_json
+
+    console = Console(stderr=fmt != "table" and output is None)
+    if not console.is_terminal:
+        console = Console(width=200, stderr=fmt != "table" and output is None)
+    variants, invalid, base_seed = [], [], {}
+    for v in _parse_sets(sets, zipped):
+        try:
+            sc = load_scenario(scenario_path, overrides=v)
+        except ScenarioError as exc:
+            invalid.append(InvalidVariant(variant=v, error=str(exc)))
+            click.echo(f"error: variant {_label(v)}: {exc}", err=True)
+            continue
+        for w in sc.warnings:
+            click.echo(f"warning: {_label(v)}: {w}", err=True)
+        variants.append(v)
+        base_seed[_label(v)] = sc.seed if seed is None else seed
+    if not variants:
+        sys.exit(EXIT_BAD_INPUT)
+    for d in (trace_dir, plot_dir):
+        if d:
+            d.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  disable=quiet or not Console(stderr=True).is_terminal) as progress:
+        task = progress.add_task("runs", total=len(variants) * seeds)
+        records = run_sweep(scenario_path, variants,
+                            lambda v: [base_seed[_label(v)] + i for i in range(seeds)], jobs=jobs,
+                            trace_dir=trace_dir, plot_dir=plot_dir,
+                            progress=lambda done, total: progress.update(task, completed=done))
+    wall = time.perf_counter() - t0
+    if fmt != "table":
+        text = to_json(records, invalid) if fmt == "json" else to_csv(records)
+        if output:
+            output.write_text(text)
+        else:
+            click.echo(text, nl=False)
+    if fmt == "table" or output:
+        console.print(_seeds_table(records, records[0].scenario if records else scenario_path.name))
+        console.print(f"[dim]{len(records)} runs in {wall:.2f}s wall ({jobs or os.cpu_count()} processes)"
+                      + (f"; {fmt}: {escape(str(output))}" if output else "") + "[/dim]")
+    failed = [r for r in records if not r.passed]
+    for r in failed:
+        for e in r.expectations:
+            if not e["passed"]:
+                click.echo(f"expectation failed [{_label(r.variant)} seed={r.seed}]: {e['name']}: {e['detail']}",
+                           err=True)
+    if invalid:
+        sys.exit(EXIT_BAD_INPUT)
+    if failed:
+        sys.exit(EXIT_EXPECTATION_FAILED)
+    if quiet:
+        click.echo(f"ok: {len(records)} run(s), every expectation met")
+
+
+def _label(variant: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in variant.items()) or "as written"
+
+
+def _seeds_table(records: list, name: str) -> Table:
+    """Per variant and deployment: mean and min-max of each figure over its seeds."""
+    from .sweep import FIGURES, summarise
+
+    rows = summarise(records)
+    t = Table(title=f"what-if: {name}  [dim](mean, min-max over the seeds)[/dim]")
+    keys = list(rows[0]["variant"].keys()) if rows else []
+    for k in keys:
+        t.add_column(k, justify="right")
+    for col in ("deployment", "runs", *(title for _, title in FIGURES), "met every\nexpectation"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        cells = []
+        for key, _ in FIGURES:
+            f = row["figures"][key]
+            digits = 4 if key == "noncontig_any" else (3 if key.endswith("_pct") else 1)
+            cells.append("-" if f["mean"] is None else
+                         f"{f['mean']:.{digits}f}" + ("" if f["n"] < 2 else
+                                                       f"\n{f['min']:.{digits}f}-{f['max']:.{digits}f}"))
+        t.add_row(*[str(row["variant"][k]) for k in keys], row["deployment"], str(row["runs"]), *cells,
+                  f"{row['runs_meeting_every_expectation']}/{row['runs']}")
+    t.caption = LEGEND
+    return t
 
 
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,

@@ -475,3 +475,47 @@ def test_non_contiguous_time_is_split_by_level() -> None:
     seconds = {lv: f * m["observed_seconds"] for lv, f in m["noncontiguous_fraction"].items()}
     assert abs(seconds["node_rank"] - 30.0) < 1e-3 and abs(seconds["any"] - 30.0) < 1e-3
     assert seconds["rank"] == 0.0 and seconds["local_rank"] == 0.0
+
+
+def test_sweep_seeds_zip_json_and_csv(tmp_path: Path) -> None:
+    """--seeds N runs each variant N times (seeds s..s+N-1); --zip pairs the
+    --set values; --format json has every run's figures and a per-variant
+    summary, csv a row per run and deployment."""
+    import csv
+    import json
+
+    out = tmp_path / "sweep.json"
+    result = CliRunner().invoke(main, [
+        "simulate", str(EXAMPLES / "crash-storm.yaml"), "--seeds", "3", "--zip", "--jobs", "2",
+        "--set", "latency.start.low=1,3", "--set", "latency.start.high=2,6", "--format", "json", "--output", str(out),
+    ])
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(out.read_text())
+    variants = [(r["variant"]["latency.start.low"], r["variant"]["latency.start.high"], r["seed"]) for r in data["runs"]]
+    seed = load_scenario(EXAMPLES / "crash-storm.yaml").seed
+    assert variants == [(1, 2, seed), (1, 2, seed + 1), (1, 2, seed + 2), (3, 6, seed), (3, 6, seed + 1), (3, 6, seed + 2)]
+    assert [s["runs"] for s in data["summary"]] == [3, 3]
+    fig = data["summary"][0]["figures"]["availability_pct"]
+    avail = [r["metrics"]["deployments"]["llm"]["availability_pct"] for r in data["runs"][:3]]
+    assert fig["min"] == min(avail) and fig["max"] == max(avail) and abs(fig["mean"] - sum(avail) / 3) < 1e-9
+    assert data["invalid_variants"] == []
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "crash-storm.yaml"), "--seeds", "2",
+                                       "--format", "csv", "--jobs", "1"])
+    rows = list(csv.DictReader(result.stdout.splitlines()))
+    assert [r["seed"] for r in rows] == [str(seed), str(seed + 1)] and all(r["deployment"] == "llm" for r in rows)
+    assert float(rows[0]["availability_pct"]) > 90
+
+
+def test_sweep_zip_needs_as_many_values() -> None:
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "crash-storm.yaml"), "--zip",
+                                       "--set", "seed=1,2", "--set", "cluster.nodes=2,3,4"])
+    assert result.exit_code == 2 and "as many values each" in result.output
+
+
+def test_an_invalid_variant_is_reported_and_the_others_run() -> None:
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "crash-storm.yaml"),
+                                       "--set", "faults.start_timeout=-1,300", "--format", "csv"])
+    assert result.exit_code == 2
+    assert "error: variant faults.start_timeout=-1: --set faults.start_timeout=-1: faults.start_timeout: " \
+           "must be >= 0.001, got -1" in result.stderr
+    assert result.stdout.count("\n") == 2  # the header and the one valid variant's run

@@ -1,0 +1,199 @@
+"""What-if sweeps: every variant of a scenario, each with several seeds, on
+every core, summarised per variant and written out whole (JSON or CSV).
+
+A run is loaded and simulated in a worker process and comes back as a
+``RunRecord`` (plain figures, no state), so a sweep of hundreds of runs costs
+little memory and uses both cores of a small machine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import csv
+import io
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import attrs
+
+__all__ = ["RunRecord", "InvalidVariant", "run_one", "run_sweep", "summarise", "to_json", "to_csv"]
+
+
+@attrs.frozen
+class RunRecord:
+    """One simulated run: its variant (the ``--set`` values), seed and every figure."""
+
+    variant: dict
+    seed: int
+    scenario: str
+    metrics: dict
+    expectations: tuple[dict, ...]
+    events: int
+    end_time: float
+    wall: float
+
+    @property
+    def passed(self) -> bool:
+        return all(e["passed"] for e in self.expectations)
+
+    def as_dict(self) -> dict:
+        return {"variant": self.variant, "seed": self.seed, "scenario": self.scenario, "passed": self.passed,
+                "events": self.events, "end_time": self.end_time, "wall_s": round(self.wall, 4),
+                "metrics": self.metrics, "expectations": list(self.expectations)}
+
+
+@attrs.frozen
+class InvalidVariant:
+    """A variant whose scenario does not load (reported; the other variants run)."""
+
+    variant: dict
+    error: str
+
+
+def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None = None,
+            plot_path: str | None = None) -> RunRecord:
+    """Load ``path`` with ``overrides`` and simulate it with ``seed`` (None: its own)."""
+    from .sim import Simulation, load_scenario
+
+    sc = load_scenario(path, overrides=overrides)
+    t0 = time.perf_counter()
+    fp = open(trace_path, "w") if trace_path else None
+    try:
+        result = Simulation(sc, seed=seed, trace=fp).run()
+    finally:
+        if fp:
+            fp.close()
+    wall = time.perf_counter() - t0
+    if plot_path and trace_path:
+        from .sim.plot import plot_trace
+
+        plot_trace(Path(trace_path), Path(plot_path), title=f"{sc.name} (seed {result.seed})")
+    return RunRecord(variant=dict(overrides), seed=result.seed, scenario=sc.name, metrics=result.metrics,
+                     expectations=tuple(e.as_record() | {"kind": e.expectation.kind if e.expectation else None}
+                                        for e in result.expectations),
+                     events=result.events, end_time=result.end_time, wall=wall)
+
+
+def _label(variant: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in variant.items()) or "base"
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in text)[:120]
+
+
+def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], list[int | None]], *,
+              jobs: int | None = None, trace_dir: Path | None = None, plot_dir: Path | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[RunRecord]:
+    """Every (variant, seed) run, on ``jobs`` processes (default: every core),
+    in variant then seed order whatever order they finish in."""
+    tasks = []
+    for i, v in enumerate(variants):
+        for s in seeds_for(v):
+            name = f"{i:03d}-{_safe(_label(v))}-seed{s}"
+            trace = str(trace_dir / f"{name}.jsonl") if trace_dir else None
+            if plot_dir and not trace:
+                trace = str(plot_dir / f"{name}.jsonl")
+            plot = str(plot_dir / f"{name}.png") if plot_dir else None
+            tasks.append((str(path), dict(v), s, trace, plot))
+    jobs = jobs or os.cpu_count() or 1
+    out: list[RunRecord | None] = [None] * len(tasks)
+    if jobs <= 1 or len(tasks) <= 1:
+        for k, t in enumerate(tasks):
+            out[k] = run_one(*t)
+            if progress:
+                progress(k + 1, len(tasks))
+    else:
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+            futures = {pool.submit(run_one, *t): k for k, t in enumerate(tasks)}
+            for done, fut in enumerate(cf.as_completed(futures), 1):
+                out[futures[fut]] = fut.result()
+                if progress:
+                    progress(done, len(tasks))
+    if plot_dir and not trace_dir:
+        for t in tasks:
+            if t[3]:
+                Path(t[3]).unlink(missing_ok=True)
+    return [r for r in out if r is not None]
+
+
+#: the per-deployment figures a sweep summarises (metrics key, column title)
+FIGURES = (
+    ("availability_pct", "avail. %"),
+    ("full_strength_pct", "full strength %"),
+    ("crashes", "crashes"),
+    ("timeouts", "timeouts"),
+    ("to_full_strength_p99", "to full p99 s"),
+    ("to_full_strength_max", "to full max s"),
+    ("noncontig_any", "non-contig frac."),
+    ("unavailable_replica_seconds", "unavail. replica·s"),
+)
+
+
+def _figure(d: dict, key: str) -> float | None:
+    if key == "noncontig_any":
+        return (d.get("noncontiguous_fraction") or {}).get("any")
+    v = d.get(key)
+    return None if v is None else float(v)
+
+
+def _interval(values: list[float]) -> dict:
+    """Mean, min, max and a 95% interval of the mean (normal approximation; None for one value)."""
+    if not values:
+        return {"mean": None, "min": None, "max": None, "ci95": None, "n": 0}
+    mean = statistics.fmean(values)
+    half = 1.96 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    return {"mean": mean, "min": min(values), "max": max(values),
+            "ci95": None if half is None else [mean - half, mean + half], "n": len(values)}
+
+
+def summarise(records: Sequence[RunRecord]) -> list[dict]:
+    """Per variant and deployment: every figure's mean / min / max / 95% interval,
+    and how many runs met each expectation."""
+    by_variant: dict[str, list[RunRecord]] = {}
+    for r in records:
+        by_variant.setdefault(json.dumps(r.variant, sort_keys=True, default=str), []).append(r)
+    rows = []
+    for runs in by_variant.values():
+        deps = sorted({d for r in runs for d in r.metrics["deployments"]})
+        met: dict[str, list[int]] = {}
+        for r in runs:
+            for e in r.expectations:
+                k = met.setdefault(e["name"], [0, 0])
+                k[0] += e["passed"]
+                k[1] += 1
+        for d in deps:
+            figures = {key: _interval([v for r in runs
+                                       if (v := _figure(r.metrics["deployments"].get(d, {}), key)) is not None])
+                       for key, _ in FIGURES}
+            rows.append({"variant": runs[0].variant, "deployment": d, "runs": len(runs),
+                         "seeds": [r.seed for r in runs], "figures": figures,
+                         "runs_meeting_every_expectation": sum(r.passed for r in runs),
+                         "expectations_met": {k: f"{a}/{b}" for k, (a, b) in met.items()},
+                         "wall_s": round(sum(r.wall for r in runs), 4)})
+    return rows
+
+
+def to_json(records: Sequence[RunRecord], invalid: Sequence[InvalidVariant] = ()) -> str:
+    return json.dumps({"runs": [r.as_dict() for r in records], "summary": summarise(records),
+                       "invalid_variants": [{"variant": i.variant, "error": i.error} for i in invalid]},
+                      indent=1, default=str)
+
+
+def to_csv(records: Sequence[RunRecord]) -> str:
+    """One row per run and deployment, every summarised figure a column."""
+    keys = sorted({k for r in records for k in r.variant})
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow([*keys, "seed", "deployment", *(k for k, _ in FIGURES), "passed", "events", "wall_s"])
+    for r in records:
+        for d, m in sorted(r.metrics["deployments"].items()):
+            w.writerow([*(r.variant.get(k, "") for k in keys), r.seed, d,
+                        *("" if (v := _figure(m, k)) is None else v for k, _ in FIGURES),
+                        r.passed, r.events, round(r.wall, 4)])
+    return buf.getvalue()
