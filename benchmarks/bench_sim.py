@@ -498,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="cycles per size in (e) (default 2000; ten events each)")
     ap.add_argument("--skip-events", action="store_true", help="skip (e), the per-event cost by size")
     ap.add_argument("--only-events", action="store_true", help="run only (e)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also (f): the what-if sweep of examples/scenarios/capacity-plan-64.yaml, "
+                         "--sweep-seeds seeds x cluster.nodes=8,9,10,11 on every core (target <= 10 s)")
+    ap.add_argument("--sweep-seeds", type=int, default=30, help="seeds per variant in (f) (default 30)")
+    ap.add_argument("--only-sweep", action="store_true", help="run only (f)")
     args = ap.parse_args(argv)
     if args.replicas < 1 or args.cycles < 1 or args.repeats < 1 or args.event_cycles < 1:
         ap.error("--replicas, --cycles, --repeats and --event-cycles must be at least 1")
@@ -520,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{scenario.duration:,.0f} virtual s, snapshot_every {scenario.snapshot_every}")
     print()
 
+    if args.only_sweep:
+        bench_sweep(args.sweep_seeds)
+        return 0
     if args.only_events:
         per_event = bench_per_event(event_sizes, args.event_cycles, args.seed)
         _print_per_event(per_event, args.event_cycles)
@@ -577,7 +585,33 @@ def main(argv: list[str] | None = None) -> int:
         print()
         per_event = bench_per_event(event_sizes, args.event_cycles, args.seed)
         _print_per_event(per_event, args.event_cycles)
+    if args.sweep:
+        print()
+        bench_sweep(args.sweep_seeds)
     return 0
+
+
+PLAN = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "capacity-plan-64.yaml"
+TARGET_SWEEP_SECONDS = 10.0
+
+
+def bench_sweep(seeds: int) -> None:
+    """(f) A planner's sweep: the 64-replica week, ``seeds`` seeds x 4 cluster
+    sizes, through executors.sweep on every core, once (a sweep is long)."""
+    from executors.sweep import run_sweep
+
+    variants = [{"cluster.nodes": n} for n in (8, 9, 10, 11)]
+    base = load_scenario(PLAN).seed
+    print(f"(f) what-if sweep: {PLAN.name}, {seeds} seeds x {len(variants)} variants on {os.cpu_count()} processes")
+    t0 = time.perf_counter()
+    records = run_sweep(PLAN, variants, lambda v: [base + i for i in range(seeds)])
+    wall = time.perf_counter() - t0
+    events = sum(r.events for r in records)
+    one = statistics.median(r.wall for r in records)
+    _check(len(records) == seeds * len(variants), "a run of the sweep is missing")
+    print(f"  {len(records)} runs, {events:,} core events in {wall:.2f} s wall ({events / wall:,.0f} events/s); "
+          f"one run {one:.3f} s median (serial estimate {one * len(records):.1f} s)")
+    print(f"  sweep <= {TARGET_SWEEP_SECONDS:g} s wall: {wall:.2f} s  {_verdict(wall <= TARGET_SWEEP_SECONDS)}")
 
 
 if __name__ == "__main__":
