@@ -190,7 +190,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     console = Console(stderr=fmt != "table" and output is None)
     if not console.is_terminal:
         console = Console(width=200, stderr=fmt != "table" and output is None)
-    variants, invalid, base_seed = [], [], {}
+    variants, invalid, base_seed, warned = [], [], {}, set()
     for v in _parse_sets(sets, zipped):
         try:
             sc = load_scenario(scenario_path, overrides=v)
@@ -199,7 +199,9 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
             click.echo(f"error: variant {_label(v)}: {exc}", err=True)
             continue
         for w in sc.warnings:
-            click.echo(f"warning: {_label(v)}: {w}", err=True)
+            if w not in warned:  # once per sweep
+                warned.add(w)
+                click.echo(f"warning: {w}", err=True)
         variants.append(v)
         base_seed[_label(v)] = sc.seed if seed is None else seed
     if not variants:

@@ -317,17 +317,18 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
         dep = tx.deps[name]
         if dep.static is not None:
             lost = set(dep.static.ranks_on(e.node_id))
-            lost |= {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == e.node_id}
-            if lost:
+            there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == e.node_id}
+            if lost or there:
                 dep = _evolve(dep, static=dep.static.lose(e.node_id))
-                for g in sorted(lost):  # FAILED, not moved: the group is the caller's
+                for g in sorted(lost | there):
                     rid = dep.ranks.holder_of(g)
                     rep = dep.replicas.get(rid) if rid is not None else None
                     if rep is None or rep.phase is Phase.FAILED:
                         continue
-                    if rep.phase is Phase.STOPPING:
-                        dep = crash(tx, dep, rep)  # it was leaving anyway: gone with the node
-                    else:
+                    if rep.phase is Phase.STOPPING or g not in lost:
+                        # leaving anyway; or it ran there while its bundles are elsewhere: back on them
+                        dep = crash(tx, dep, rep)
+                    else:  # FAILED, not moved: the group is the caller's
                         dep = fail_static(tx, dep, rep)
                 tx.put(dep)
                 hit = True

@@ -328,3 +328,25 @@ def test_controller_crash_during_gang_start_restarts_incomplete_gangs_whole():
     after = ex.by_rank()
     assert after[0].replica_id == full[0].replica_id and after[1].replica_id == full[1].replica_id
     assert ex.dep().healthy
+
+
+def test_static_replica_running_off_its_bundles_node_is_restarted_on_them_when_that_node_goes():
+    """A recovery can adopt a replica where its group no longer has its bundle
+    (the group moved meanwhile). Losing that node is not a bundle loss: the
+    rank restarts on its bundles, it is not FAILED."""
+    ex = Exec()
+    ex.run(rc.DeploymentApplied(name="app", num_replicas=2, static_placement=static()))
+    moved = static(("n0", "n0", "n2", "n2"))
+    dep = ex.dep()
+    reports = tuple(
+        rc.ReplicaReport(replica_id=rid, deployment="app", phase=rep.phase.value, node_id=rep.node_id,
+                         rank=dep.ranks.rank_of(rid), lineage=rep.lineage)
+        for rid, rep in dep.replicas.items())
+    ex.run(rc.ControllerRecovered(deployments=(rc.DeploymentApplied(name="app", num_replicas=2,
+                                                                    static_placement=moved),), reports=reports))
+    r1 = ex.by_rank()[1]
+    assert r1.node_id == "n1" and ex.dep().static.node_of(1) == "n2"  # adopted where it runs
+    cmds = ex.run(rc.NodeLost(node_id="n1"))
+    (place,) = of(rc.PlaceReplica, cmds)
+    assert (place.rank.rank, place.node_id, place.bundles) == (1, "n2", (2, 3))
+    assert ex.dep().count(Phase.FAILED) == 0 and ex.dep().healthy
