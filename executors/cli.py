@@ -151,6 +151,8 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
 @click.option("--set", "sets", multiple=True, metavar="KEY=V1[,V2...]",
               help="What-if: override a scenario field (dotted path), e.g. "
                    "faults.crash_rate_per_replica_hour=0,0.5,2; several values run several variants.")
+@click.option("--plot-window", metavar="START:END",
+              help="Plot only this part of the run (virtual seconds; suffix h or d for hours or days: 2d:3d).")
 @click.option("--zip", "zipped", is_flag=True,
               help="Pair the --set values (the i-th value of each option together) instead of every combination.")
 @click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
@@ -167,7 +169,7 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
 @click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
 def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
-             sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
+             plot_window: str | None, sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
              trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool) -> None:
     """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
     if seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
@@ -175,7 +177,27 @@ def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_pat
             raise click.UsageError("--trace and --plot take one run; use --trace-dir / --plot-dir for a sweep")
         _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet)
         return
-    _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet)
+    _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet, _window(plot_window))
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    """``START:END`` in seconds, or with an h / d suffix, as (start, end) seconds."""
+    if text is None:
+        return None
+
+    def secs(s: str) -> float:
+        s = s.strip()
+        scale = {"h": 3600.0, "d": 86400.0, "s": 1.0}.get(s[-1:])
+        return float(s[:-1]) * scale if scale is not None else float(s)
+
+    a, sep, b = text.partition(":")
+    try:
+        start, end = secs(a), secs(b)
+    except ValueError:
+        raise click.UsageError(f"--plot-window {text!r}: expected START:END, e.g. 3600:7200 or 2d:3d") from None
+    if not sep or not start < end:
+        raise click.UsageError(f"--plot-window {text!r}: expected START:END with START < END")
+    return start, end
 
 
 def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped: bool, seeds: int,
@@ -273,7 +295,8 @@ def _seeds_table(records: list, name: str) -> Table:
 
 
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
-              sets: tuple[str, ...], snapshot_every: int | None, quiet: bool) -> None:
+              sets: tuple[str, ...], snapshot_every: int | None, quiet: bool,
+              window: tuple[float, float] | None = None) -> None:
     from .sim import ScenarioError, load_scenario
 
     console = Console()
@@ -312,7 +335,11 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
         if plot_path and path:
             from .sim.plot import plot_trace
 
-            plot_trace(path, plot_path, title=sc.name)
+            try:
+                plot_trace(path, plot_path, title=sc.name, window=window)
+            except ValueError as exc:
+                click.echo(f"error: --plot-window: {exc}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
             if not quiet:
                 console.print(f"[dim]plot: {escape(str(plot_path))}[/dim]")
             if tmp:

@@ -29,6 +29,7 @@ _CLASS = {"pending": "starting", "starting": "starting", "running": "serving",
 _PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
             "#ff9da7", "#86bcb6", "#8cd17d", "#a0cbe8", "#d4a6c8", "#bab0ac", "#79706e"]
 _CRASH = "#d62728"
+_NODE_ADDED = "#2ca02c"
 _RANK_RECONF = "#111111"
 _CONFIG_RECONF = "#7b3294"
 
@@ -127,6 +128,7 @@ class _Timeline:
     def __init__(self) -> None:
         self.deployments: dict[str, _Deployment] = {}
         self.node_lost: list[tuple[float, str]] = []
+        self.node_added: list[tuple[float, str]] = []
         self.down: list[tuple[float, float | None]] = []
         self.header: dict = {}
         self.t_end = 0.0
@@ -225,6 +227,8 @@ class _Timeline:
                 self.dep(name).end(rid, t, crashed=True)
         elif typ == "node_lost":
             self._lose_node(t, rec.get("node"))
+        elif typ == "node_added" and rec.get("node"):
+            self.node_added.append((t, rec["node"]))
         elif typ == "controller_crash":
             if not self.down or self.down[-1][1] is not None:
                 self.down.append((t, None))
@@ -266,11 +270,29 @@ def _read(trace_path: str | Path) -> _Timeline:
     return tl
 
 
+#: (seconds per unit, name): the time axis of a long run is in hours or days
+_UNITS = ((1.0, "s"), (3600.0, "h"), (86400.0, "d"))
+#: more crashes than this in a panel are drawn small and translucent (a density, not a wall of X)
+_MANY_CRASHES = 150
+#: more node losses than this are drawn without labels
+_MANY_NODE_EVENTS = 12
+
+
+def _time_unit(span: float) -> tuple[float, str]:
+    if span > 3 * 86400:
+        return _UNITS[2]
+    if span > 2 * 3600:
+        return _UNITS[1]
+    return _UNITS[0]
+
+
 def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None = None,
-               deployment: str | None = None) -> Path:
+               deployment: str | None = None, window: tuple[float, float] | None = None) -> Path:
     """Render the trace at ``trace_path`` as a PNG at ``out_png`` (returned).
 
-    One subplot per deployment (only ``deployment`` when given). Needs
+    One subplot per deployment (only ``deployment`` when given); ``window``
+    (start, end) in virtual seconds shows only that part of the run. The
+    time axis is in seconds, hours or days by the length shown. Needs
     matplotlib (``pip install matplotlib`` or ``pip install 'rankcore[plot]'``).
     """
     try:
@@ -293,6 +315,12 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
         names = [deployment]
     t0 = tl.t_start or 0.0
     t1 = max(tl.t_end, t0 + 1e-9)
+    if window is not None:
+        if not (window[0] < window[1]):
+            raise ValueError(f"plot window must be (start, end) with start < end, got {window!r}")
+        t0, t1 = max(t0, float(window[0])), min(t1, float(window[1]))
+        if t1 <= t0:
+            raise ValueError(f"plot window {window!r} lies outside the run ({tl.t_start or 0:g}..{tl.t_end:g} s)")
     span = t1 - t0
 
     rows = [tl.deployments[n].max_rank + 1 for n in names] or [1]
@@ -311,7 +339,14 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
                      transform=axes[0].transAxes)
     for ax, name, nrows in zip(axes, names, rows):
         _draw(ax, tl, tl.deployments[name], nrows, t0, t1, span)
-    axes[-1].set_xlabel("virtual time (s)")
+    per, unit = _time_unit(span)
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / per:g}"))
+    if per > 1:  # ticks on whole units (every 1, 2, 3, 6, 12 ... of them)
+        step = next(s for s in (1, 2, 3, 6, 12, 24, 48, 96, 1e9) if span / per / s <= 16)
+        axes[-1].xaxis.set_major_locator(MultipleLocator(step * per))
+    axes[-1].set_xlabel(f"virtual time ({ {'s': 'seconds', 'h': 'hours', 'd': 'days'}[unit] })")
     axes[-1].set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
 
     handles = [
@@ -328,6 +363,8 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     ]
     if tl.node_lost:
         handles.append(Line2D([], [], color=_CRASH, linestyle="--", linewidth=1, label="node lost"))
+    if tl.node_added:
+        handles.append(Line2D([], [], color=_NODE_ADDED, linestyle=":", linewidth=1, label="node joined"))
     if tl.down:
         handles.append(Patch(facecolor="#999999", alpha=0.25, label="controller down"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8.5, frameon=False)
@@ -373,10 +410,17 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
                         color=label_colour.get(rid, "white"), fontweight="bold", clip_on=True)
     for down_at, up_at in tl.down:
         ax.axvspan(down_at, up_at if up_at is not None else t1, color="#999999", alpha=0.25, linewidth=0)
+    many = len(tl.node_lost) + len(tl.node_added) > _MANY_NODE_EVENTS
     for t, node in tl.node_lost:
-        ax.axvline(t, color=_CRASH, linestyle="--", linewidth=1)
-        ax.text(t, nrows - 0.5 + pad, f" {node} lost", color=_CRASH, fontsize=7.5, va="bottom", ha="left",
-                clip_on=False)
+        if not t0 <= t <= t1:
+            continue
+        ax.axvline(t, color=_CRASH, linestyle="--", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
+        if not many:
+            ax.text(t, nrows - 0.5 + pad, f" {node} lost", color=_CRASH, fontsize=7.5, va="bottom", ha="left",
+                    clip_on=False)
+    for t, _node in tl.node_added:
+        if t0 < t <= t1:
+            ax.axvline(t, color=_NODE_ADDED, linestyle=":", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
     k = min(1.0, (40 / max(nrows, 1)) ** 0.5)  # smaller markers when rows are thin
     rank_r = [(t, r) for t, r, why, _ in d.reconfigures if why == "rank"]
     conf_r = [(t, r) for t, r, why, _ in d.reconfigures if why != "rank"]
@@ -393,7 +437,10 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
     if conf_r:
         ax.scatter([t for t, _ in conf_r], [r + 0.22 * (nrows <= 40) for _, r in conf_r], marker="D",
                    s=18 * k, color=_CONFIG_RECONF, edgecolors="white", linewidths=0.5, zorder=4)
-    if d.crashes:
+    if d.crashes and len(d.crashes) > _MANY_CRASHES:  # a density: small, translucent
+        ax.scatter([t for t, _ in d.crashes], [r for _, r in d.crashes], marker="x", s=10 * k, color=_CRASH,
+                   alpha=0.45, linewidths=0.8, zorder=5)
+    elif d.crashes:
         ax.scatter([t for t, _ in d.crashes], [r for _, r in d.crashes], marker="X", s=80 * k, color=_CRASH,
                    edgecolors="white", linewidths=0.7, zorder=5)
     ax.set_ylim(-0.5, nrows - 0.5 + pad)

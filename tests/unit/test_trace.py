@@ -418,3 +418,19 @@ def test_a_rejected_event_record_is_reported(tmp_path, downscale_text):
     assert res.exit_code == 1 and "rejected" in res.output
     del recs[at]["error"]
     assert "'error'" in _malformed(tmp_path, _dump(recs))
+
+
+def test_plot_time_unit_and_window(tmp_path, downscale_text):
+    """A long run's axis is in hours or days; a window shows part of a run and a
+    window outside it is refused by name."""
+    import pytest
+
+    from executors.sim.plot import _time_unit, plot_trace
+
+    assert _time_unit(600)[1] == "s" and _time_unit(6 * 3600)[1] == "h" and _time_unit(7 * 86400)[1] == "d"
+    trace = _write(tmp_path, downscale_text)
+    _assert_png(plot_trace(trace, tmp_path / "part.png", window=(0.0, 5.0)))
+    with pytest.raises(ValueError, match="lies outside the run"):
+        plot_trace(trace, tmp_path / "none.png", window=(1e9, 2e9))
+    with pytest.raises(ValueError, match="start < end"):
+        plot_trace(trace, tmp_path / "none.png", window=(5.0, 1.0))
