@@ -55,14 +55,12 @@ from .transaction import (
     fail_member,
     fail_static,
     initialize,
-    place_static,
     put_replica,
     reconcile,
     reconfigure,
     recount,
     remove,
     restart_failed,
-    restart_incomplete_gangs,
 )
 
 __all__ = ["step", "run"]
@@ -216,23 +214,17 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         return tx.finish()
     rid = rep.replica_id
     ranks = dep.ranks
-    if rep.node_id != e.node_id and dep.static is not None:
-        # Not on its first bundle's node as the core knew it: the executor
-        # knows better where the caller's group has that bundle now.
-        g = ranks.global_rank(rid)
-        nodes = list(dep.static.bundle_nodes)
-        nodes[dep.static.bundles_of(g)[0]] = e.node_id
-        dep = _evolve(dep, static=dep.static.with_nodes(nodes))
-        if rep.node_id is not None:
-            ranks = ranks.unplace(rid)
-        ranks = ranks.place(rid, e.node_id)
-    elif rep.node_id != e.node_id:
+    if rep.node_id != e.node_id:
         # Not where the core reserved it (or it was waiting and the executor
-        # placed it itself): what really happened wins, the booking moves too.
+        # placed it itself): what really happened wins.
         if rep.node_id is not None:
             ranks = ranks.unplace(rid)
         ranks = ranks.place(rid, e.node_id)
-        if tx.managed:
+        if dep.static is not None:  # the executor knows better where the caller's group has that bundle
+            nodes = list(dep.static.bundle_nodes)
+            nodes[dep.static.bundles_of(ranks.global_rank(rid))[0]] = e.node_id
+            dep = _evolve(dep, static=dep.static.with_nodes(nodes))
+        elif tx.managed:  # the booking moves too
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
@@ -316,22 +308,7 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
         if dep.static is not None:
-            lost = set(dep.static.ranks_on(e.node_id))
-            there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == e.node_id}
-            if lost or there:
-                dep = _evolve(dep, static=dep.static.lose(e.node_id))
-                for g in sorted(lost | there):
-                    rid = dep.ranks.holder_of(g)
-                    rep = dep.replicas.get(rid) if rid is not None else None
-                    if rep is None or rep.phase is Phase.FAILED:
-                        continue
-                    if rep.phase is Phase.STOPPING or g not in lost:
-                        # leaving anyway; or it ran there while its bundles are elsewhere: back on them
-                        dep = crash(tx, dep, rep)
-                    else:  # FAILED, not moved: the group is the caller's
-                        dep = fail_static(tx, dep, rep)
-                tx.put(dep)
-                hit = True
+            hit = _lose_static(tx, dep, e.node_id) or hit
             continue
         on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id]
         for rep in by_rank(dep, on_node):
@@ -342,6 +319,29 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
         if on_node:
             tx.put(dep)
     return tx.finish(stale=not hit)
+
+
+def _lose_static(tx: Tx, dep: Deployment, node_id: str) -> bool:
+    """``node_id`` is gone: a rank with a bundle there is FAILED (not moved: the
+    group is the caller's); one that only ran there restarts on its bundles.
+    Whether the deployment had anything there."""
+    assert dep.static is not None
+    lost = set(dep.static.ranks_on(node_id))
+    there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == node_id}
+    if not lost and not there:
+        return False
+    dep = _evolve(dep, static=dep.static.lose(node_id))
+    for g in sorted(lost | there):
+        rid = dep.ranks.holder_of(g)
+        rep = dep.replicas.get(rid) if rid is not None else None
+        if rep is None or rep.phase is Phase.FAILED:
+            continue
+        if rep.phase is Phase.STOPPING or g not in lost:  # leaving anyway; or back on its bundles
+            dep = crash(tx, dep, rep)
+        else:
+            dep = fail_static(tx, dep, rep)
+    tx.put(dep)
+    return True
 
 
 def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
@@ -418,16 +418,6 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
     rebuild(tx, e)
-    names = sorted(tx.deps.keys())
-    restart_incomplete_gangs(tx, names)
-    for name in names:  # a static replica reported before its placement: on its bundles
-        dep = tx.deps[name]
-        if dep.static is not None:
-            for rid in list(dep.ranks):
-                rep = dep.replicas[rid]
-                if rep.phase is Phase.PENDING and rep.node_id is None and dep.static.placed(dep.ranks.global_rank(rid)):
-                    dep = place_static(tx, dep, rid)
-            tx.put(dep)
     step = tx.finish()
     known = {d.name for d in e.deployments}
     stops = [c for c in step.commands if isinstance(c, StopReplica)]

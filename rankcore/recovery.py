@@ -43,7 +43,16 @@ from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .scheduling import adopt, new_node
 from .state import Deployment, Replica, parse_replica_number
-from .transaction import Tx, initialize, reconcile, reconfigure, recount, stop
+from .transaction import (
+    Tx,
+    initialize,
+    place_static,
+    reconcile,
+    reconfigure,
+    recount,
+    restart_incomplete_gangs,
+    stop,
+)
 
 __all__ = ["rebuild"]
 
@@ -258,4 +267,12 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         # later news about it as stale.
         tx.emit(StopReplica(replica_id=r.replica_id, deployment=r.deployment))
         tx.retired = tx.retired.set(r.replica_id, None)
-
+    restart_incomplete_gangs(tx, sorted(specs))
+    for name in sorted(specs):  # a static replica reported before its placement: on its bundles
+        dep = tx.deps[name]
+        if dep.static is not None:
+            for rid in list(dep.ranks):
+                rep = dep.replicas[rid]
+                if rep.phase is Phase.PENDING and rep.node_id is None and dep.static.placed(dep.ranks.global_rank(rid)):
+                    dep = place_static(tx, dep, rid)
+            tx.put(dep)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import immutables
 
@@ -330,13 +330,23 @@ def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple, cache: dict 
         prev_node = cast("str | None", dep.ranks.node_of(prev) if prev is not None else None)
         rank_nodes = {rank - 1: prev_node} if prev_node is not None else None
     want = dict(need)
+    return _healthy_first(cl, views, lambda vs: choose_node(vs, want, dep.placement, rank=rank,
+                                                            rank_nodes=rank_nodes))
+
+
+_T = TypeVar("_T")
+
+
+def _healthy_first(cl: ClusterTx, views: list[NodeView], choose: Callable[[list[NodeView]], _T | None]) -> _T | None:
+    """``choose`` among the nodes that are not suspect while one of them will
+    do, else among all of them (the suspect-node rule)."""
     if cl.suspects:
         healthy = [v for v in views if not cl.suspect(v.node_id)]
         if len(healthy) < len(views):
-            chosen = choose_node(healthy, want, dep.placement, rank=rank, rank_nodes=rank_nodes)
+            chosen = choose(healthy)
             if chosen is not None:
                 return chosen
-    return choose_node(views, want, dep.placement, rank=rank, rank_nodes=rank_nodes)
+    return choose(views)
 
 
 def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
@@ -364,10 +374,7 @@ def keep_booking(tx: Tx, dep: Deployment, rid: str, new_id: str) -> tuple[str, N
         return None
     node_id, need = held
     node = cl.nodes.get(node_id)
-    if node is None:
-        return None
-    until = cl.suspects.get(node_id) if cl.suspects else None
-    if until is not None and until > cl.now:
+    if node is None or (cl.suspects and cl.suspect(node_id)):
         return None
     free = node.free
     for k, _ in need:
@@ -421,15 +428,9 @@ def _choose_gang(cl: ClusterTx, dep: Deployment, members: list[str]) -> list[str
     """Nodes for a whole gang (``placement.choose_gang``), avoiding where any
     member failed and, while others have room, suspect nodes."""
     avoid = tuple(sorted({n for m in members for n in cl.avoid.get(m, ())}))
-    views = _views(cl, dep, avoid)
     want = dict(dep.resources)
-    if cl.suspects:
-        healthy = [v for v in views if not cl.suspect(v.node_id)]
-        if len(healthy) < len(views):
-            chosen = choose_gang(healthy, want, dep.gang_size, dep.gang_placement)
-            if chosen is not None:
-                return chosen
-    return choose_gang(views, want, dep.gang_size, dep.gang_placement)
+    return _healthy_first(cl, _views(cl, dep, avoid),
+                          lambda vs: choose_gang(vs, want, dep.gang_size, dep.gang_placement))
 
 
 def place_waiting(tx: Tx) -> None:

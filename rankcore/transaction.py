@@ -329,35 +329,11 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         return remove(tx, dep, rep, dep.ranks.release(rid))
     if dep.static is not None:
         return _crash_static(tx, dep, rep)
-    (new_id,) = tx.new_ids(dep.name, 1)
     managed = tx.managed
+    (new_id,) = tx.new_ids(dep.name, 1)
     booking = keep_booking(tx, dep, rid, new_id) if managed else None
     node_id = booking[0] if booking is not None else None
-    # back on its predecessor's node: one rename keeps all three ranks (no place later)
-    ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
-    _forget(tx, rid)
-    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
-    tx.index = tx.index.set(new_id, dep.name)
-    global_rank = ranks.global_rank(new_id)
-    tx.emit(
-        StartReplica(
-            replica_id=new_id,
-            deployment=dep.name,
-            global_rank=global_rank,
-            world_size=dep.target,
-            replaces=rid,
-            lineage=rep.lineage,
-        )
-    )
-    counts = list(dep.counts)
-    counts[_IDX[rep.phase]] -= 1
-    counts[_IDX[Phase.PENDING]] += 1
-    dep = _evolve(
-        dep,
-        replicas=dep.replicas.delete(rid).set(new_id, new),
-        ranks=ranks,
-        counts=tuple(counts),
-    )
+    dep = _succeed(tx, dep, rep, new_id, node_id)
     if node_id is not None:  # back on its predecessor's node, on the same booking
         announce_booking(tx, dep, new_id, node_id)
     elif managed:
@@ -390,19 +366,21 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
     return dep
 
 
-def _succeed(tx: Tx, dep: Deployment, rep: Replica) -> tuple[Deployment, str]:
-    """A new incarnation of ``rep`` (same lineage, same global rank, no node yet), started."""
+def _succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | None = None) -> Deployment:
+    """``new_id``, a new incarnation of ``rep`` (same lineage and global rank),
+    started; on ``node_id`` with all three of ``rep``'s ranks when given (one
+    rename: no place later), else with no node yet."""
     rid = rep.replica_id
-    (new_id,) = tx.new_ids(dep.name, 1)
-    ranks = dep.ranks.replace(rid, new_id)
+    ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
     _forget(tx, rid)
-    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage)
+    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
     tx.index = tx.index.set(new_id, dep.name)
     tx.emit(StartReplica(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
                          world_size=dep.target, replaces=rid, lineage=rep.lineage))
-    dep = _evolve(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks,
-                  counts=recount(recount(dep.counts, rep.phase, None), None, Phase.PENDING))
-    return dep, new_id
+    counts = list(dep.counts)
+    counts[_IDX[rep.phase]] -= 1
+    counts[_IDX[Phase.PENDING]] += 1
+    return _evolve(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts))
 
 
 def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -412,8 +390,8 @@ def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     assert static is not None
     if not static.placed(dep.ranks.global_rank(rep.replica_id)):
         return fail_static(tx, dep, rep, stop=False)
-    dep, new_id = _succeed(tx, dep, rep)
-    return place_static(tx, dep, new_id)
+    (new_id,) = tx.new_ids(dep.name, 1)
+    return place_static(tx, _succeed(tx, dep, rep, new_id), new_id)
 
 
 def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:
@@ -432,8 +410,8 @@ def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Dep
 def restart_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A FAILED replica whose bundles are all placed again: a new incarnation on its rank and bundles."""
     advance(rep.phase, Trigger.RESTART, rep.replica_id)
-    dep, new_id = _succeed(tx, dep, rep)
-    return place_static(tx, dep, new_id)
+    (new_id,) = tx.new_ids(dep.name, 1)
+    return place_static(tx, _succeed(tx, dep, rep, new_id), new_id)
 
 
 # ---------------------------------------------------------------- gangs
