@@ -297,90 +297,56 @@ def _seeds_table(records: list, name: str) -> Table:
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
               sets: tuple[str, ...], snapshot_every: int | None, quiet: bool,
               window: tuple[float, float] | None = None) -> None:
+    """One run (``sets`` give one value each; several variants go to ``_sweep``)."""
     from .sim import ScenarioError, load_scenario
 
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    variants = _parse_sets(sets)
+    (variant,) = _parse_sets(sets)
     try:
-        scenarios = [load_scenario(scenario_path, overrides=v) for v in variants]
+        sc = load_scenario(scenario_path, overrides=variant)
     except ScenarioError as exc:
         click.echo(f"error: {exc}", err=True)  # one plain line: no wrapping, no markup
         sys.exit(EXIT_BAD_INPUT)
-    for w in dict.fromkeys(w for sc in scenarios for w in sc.warnings):  # once each, in order
+    for w in sc.warnings:
         click.echo(f"warning: {w}", err=True)
-    if len(scenarios) > 1 and (trace_path or plot_path):
-        raise click.UsageError("--trace and --plot take one run; drop them or the --set variants")
-    results = []
-    for variant, sc in zip(variants, scenarios):
-        t0 = time.perf_counter()
-        path = trace_path
-        tmp = None
-        if plot_path and not path:
-            tmp = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
-            tmp.close()
-            path = Path(tmp.name)
-        result = _run_one(sc, seed, path, snapshot_every, console, show_progress=not quiet and console.is_terminal)
-        wall = time.perf_counter() - t0
-        results.append((variant, result, wall))
-        if len(scenarios) == 1 and not quiet:
-            console.print(_summary_table(result))
-            et = _expectation_table(result)
-            if et is not None:
-                console.print(et)
-            console.print(f"[dim]{result.events:,} core events in {wall:.2f}s wall "
-                          f"({result.events / max(wall, 1e-9):,.0f} events/s)"
-                          + (f"; trace: {escape(str(trace_path))}" if trace_path else "") + "[/dim]")
-        if plot_path and path:
-            from .sim.plot import plot_trace
+    t0 = time.perf_counter()
+    path = trace_path
+    tmp = None
+    if plot_path and not path:
+        tmp = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+        tmp.close()
+        path = Path(tmp.name)
+    result = _run_one(sc, seed, path, snapshot_every, console, show_progress=not quiet and console.is_terminal)
+    wall = time.perf_counter() - t0
+    if not quiet:
+        console.print(_summary_table(result))
+        et = _expectation_table(result)
+        if et is not None:
+            console.print(et)
+        console.print(f"[dim]{result.events:,} core events in {wall:.2f}s wall "
+                      f"({result.events / max(wall, 1e-9):,.0f} events/s)"
+                      + (f"; trace: {escape(str(trace_path))}" if trace_path else "") + "[/dim]")
+    if plot_path and path:
+        from .sim.plot import plot_trace
 
-            try:
-                plot_trace(path, plot_path, title=sc.name, window=window)
-            except ValueError as exc:
-                click.echo(f"error: --plot-window: {exc}", err=True)
-                sys.exit(EXIT_BAD_INPUT)
-            if not quiet:
-                console.print(f"[dim]plot: {escape(str(plot_path))}[/dim]")
-            if tmp:
-                Path(tmp.name).unlink(missing_ok=True)
-    if len(scenarios) > 1:
-        console.print(_sweep_table(results))
-    failed = [(v, e) for v, r, _ in results for e in r.failures]
-    for v, e in failed:
-        where = f" [{', '.join(f'{k}={x}' for k, x in v.items())}]" if v else ""
+        try:
+            plot_trace(path, plot_path, title=sc.name, window=window)
+        except ValueError as exc:
+            click.echo(f"error: --plot-window: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        if not quiet:
+            console.print(f"[dim]plot: {escape(str(plot_path))}[/dim]")
+        if tmp:
+            Path(tmp.name).unlink(missing_ok=True)
+    where = f" [{_label(variant)}]" if variant else ""
+    for e in result.failures:
         click.echo(f"expectation failed{where}: {e.name}: {e.detail}", err=True)
-    if failed:
+    if result.failures:
         sys.exit(EXIT_EXPECTATION_FAILED)
     if quiet:
-        console.print(f"ok: {len(results)} run(s), every expectation met")
-
-
-def _sweep_table(results: list) -> Table:
-    keys = list(results[0][0].keys())
-    t = Table(title=f"what-if: {results[0][1].scenario.name}")
-    for k in keys:
-        t.add_column(k, justify="right")
-    for col in ("crashes / timeouts", "reassigned", "reconfigures", "non-contig s", "unavailable replica·s",
-                "crash→ready p50 / p99 s", "expectations", "wall s"):
-        t.add_column(col, justify="right")
-    for variant, r, wall in results:
-        ds = r.metrics["deployments"].values()
-        p50s = [d["crash_to_ready_p50"] for d in ds if d["crash_to_ready_p50"] is not None]
-        p99s = [d["crash_to_ready_p99"] for d in ds if d["crash_to_ready_p99"] is not None]
-        passed = sum(e.passed for e in r.expectations)
-        t.add_row(
-            *[str(variant[k]) for k in keys],
-            f"{sum(d['crashes'] for d in ds)} / {sum(d['timeouts'] for d in ds)}",
-            str(sum(d["reassignments"]["any"] for d in ds)),
-            str(sum(sum(d["reconfigures"].values()) for d in ds)),
-            _fmt(sum(d["noncontiguous_seconds"] for d in ds)),
-            _fmt(sum(d["unavailable_replica_seconds"] for d in ds)),
-            f"{_fmt(max(p50s) if p50s else None)} / {_fmt(max(p99s) if p99s else None)}",
-            f"{passed}/{len(r.expectations)}",
-            f"{wall:.2f}",
-        )
-    return t
+        console.print("ok: 1 run(s), every expectation met")
 
 
 @main.command()

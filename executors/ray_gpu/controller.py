@@ -979,10 +979,6 @@ class Controller:
                 "phase": rep.phase.value, "rank": rk.as_tuple() if rk else (g, None, None), "node_id": rep.node_id,
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None}
-        for rid, rep in dep.replicas.items():  # (holding no rank: none today, but say so if it happens)
-            if rid not in replicas:
-                replicas[rid] = {"phase": rep.phase.value, "rank": None, "node_id": rep.node_id, "bundles": None,
-                                 "gang": None}
         return {"name": name, "healthy": dep.healthy, "target": dep.target,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
                 "replicas": replicas}
