@@ -731,7 +731,7 @@ class Controller:
         its node suspect: ``suspect_node``)."""
         await asyncio.sleep(self.death_batch_s)
         batch = self._dying.pop(node, [])
-        if self._node_dead(node):
+        if node in self._nodes and self._node_dead(node):  # (not if _sync_nodes has lost it meanwhile)
             self._lose_node(node)
         for rid, own in batch:
             if rid not in self.stopping:
