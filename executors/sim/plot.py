@@ -5,7 +5,9 @@ so a replacement has its predecessor's colour; solid while serving, pale while
 starting, hatched while stopping; labelled with the replica id where there is
 room), crash markers, reconfigure markers (rank / user_config), lost nodes,
 controller outages, and the world size as a step line on a second y axis whose
-value ``w`` sits on the top edge of rank row ``w - 1``.
+value ``w`` sits on the top edge of rank row ``w - 1``. Under each rank chart
+an availability panel shows serving replicas against the target over time,
+the shortfall shaded, with the availability of the window shown.
 
 Holdings are derived from the event and command records (StartReplica opens
 one, InitializeReplica / ReconfigureReplica move it, ReplicaStopped,
@@ -16,6 +18,7 @@ picture. The trace is streamed.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,11 @@ _CRASH = "#d62728"
 _NODE_ADDED = "#2ca02c"
 _RANK_RECONF = "#111111"
 _CONFIG_RECONF = "#7b3294"
+_SERVING = "#1f6fb4"
+#: height of the availability panel under each rank chart (inches, as a height ratio)
+_AVAIL_HEIGHT = 1.5
+#: the shortfall of a long run is drawn as the worst value in this many time slices
+_SHORT_BINS = 700
 
 
 class _Replica:
@@ -324,11 +332,14 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     span = t1 - t0
 
     rows = [tl.deployments[n].max_rank + 1 for n in names] or [1]
-    heights = [min(max(1.4 + 0.32 * r, 2.6), 9.0) for r in rows]
-    fig_h = min(sum(heights) + 1.6, 40.0)
-    fig, grid = plt.subplots(len(rows), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
+    heights: list[float] = []
+    for r in rows:  # a rank chart, then its availability panel
+        heights += [min(max(1.4 + 0.32 * r, 2.6), 9.0), _AVAIL_HEIGHT]
+    fig_h = min(sum(heights) + 1.6, 44.0)
+    fig, grid = plt.subplots(len(heights), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    axes = [a[0] for a in grid]
+    axes = [a[0] for a in grid][0::2]
+    avail_axes = [a[0] for a in grid][1::2]
     if title is None:
         title = str(tl.header.get("scenario") or Path(trace_path).name)
     seed = tl.header.get("seed")
@@ -337,17 +348,20 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     if not names:
         axes[0].text(0.5, 0.5, "no deployment in this trace", ha="center", va="center",
                      transform=axes[0].transAxes)
-    for ax, name, nrows in zip(axes, names, rows):
+        avail_axes[0].set_visible(False)
+    for ax, av, name, nrows in zip(axes, avail_axes, names, rows):
         _draw(ax, tl, tl.deployments[name], nrows, t0, t1, span)
+        _draw_availability(av, tl, tl.deployments[name], t0, t1)
     per, unit = _time_unit(span)
     from matplotlib.ticker import FuncFormatter, MultipleLocator
 
-    axes[-1].xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / per:g}"))
+    bottom = avail_axes[-1]
+    bottom.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / per:g}"))
     if per > 1:  # ticks on whole units (every 1, 2, 3, 6, 12 ... of them)
         step = next(s for s in (1, 2, 3, 6, 12, 24, 48, 96, 1e9) if span / per / s <= 16)
-        axes[-1].xaxis.set_major_locator(MultipleLocator(step * per))
-    axes[-1].set_xlabel(f"virtual time ({ {'s': 'seconds', 'h': 'hours', 'd': 'days'}[unit] })")
-    axes[-1].set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
+        bottom.xaxis.set_major_locator(MultipleLocator(step * per))
+    bottom.set_xlabel(f"virtual time ({ {'s': 'seconds', 'h': 'hours', 'd': 'days'}[unit] })")
+    bottom.set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
 
     handles = [
         Patch(facecolor=_PALETTE[0], edgecolor="none", label="serving (colour = lineage)"),
@@ -360,6 +374,8 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
         Line2D([], [], marker="D", color=_CONFIG_RECONF, linestyle="none", markersize=5,
                label="reconfigure: user_config"),
         Line2D([], [], color="black", drawstyle="steps-post", linewidth=1.6, label="world_size (right axis)"),
+        Line2D([], [], color=_SERVING, drawstyle="steps-post", linewidth=1.4, label="serving replicas"),
+        Patch(facecolor=_CRASH, alpha=0.3, edgecolor="none", label="short of target (right axis)"),
     ]
     if tl.node_lost:
         handles.append(Line2D([], [], color=_CRASH, linestyle="--", linewidth=1, label="node lost"))
@@ -469,3 +485,116 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
         tw.set_yticks(range(nrows + 1))
     tw.set_ylabel("world_size")
     tw.spines["top"].set_visible(False)
+
+
+def serving_curve(d: _Deployment) -> list[tuple[float, int]]:
+    """(time, serving replicas from then on) for a deployment: every change point, in order."""
+    deltas: dict[float, int] = {}
+    for _rank, a, b, cls, _key in d.segments:
+        if cls == "serving" and b > a:
+            deltas[a] = deltas.get(a, 0) + 1
+            deltas[b] = deltas.get(b, 0) - 1
+    out: list[tuple[float, int]] = []
+    n = 0
+    for t in sorted(deltas):
+        n += deltas[t]
+        if not out or out[-1][1] != n:
+            out.append((t, n))
+    return out
+
+
+def _merged(d: _Deployment, t0: float, t1: float) -> tuple[list[float], list[int], list[int]]:
+    """Change points in [t0, t1] with serving replicas and target from each on (one merged walk)."""
+    serving = serving_curve(d)
+    cuts = sorted({t0, t1, *(t for t, _ in serving if t0 < t < t1), *(t for t, _ in d.world if t0 < t < t1)})
+    srv: list[int] = []
+    tgt: list[int] = []
+    i = j = 0
+    s = g = 0
+    for t in cuts:
+        while i < len(serving) and serving[i][0] <= t:
+            s = serving[i][1]
+            i += 1
+        while j < len(d.world) and d.world[j][0] <= t:
+            g = d.world[j][1]
+            j += 1
+        srv.append(s)
+        tgt.append(g)
+    if len(cuts) > 1:  # the step from the last change lasts to t1 (replicas still live are closed there)
+        srv[-1], tgt[-1] = srv[-2], tgt[-2]
+    return cuts, srv, tgt
+
+
+def window_availability(d: _Deployment, t0: float, t1: float) -> tuple[float | None, float | None]:
+    """(availability %, full strength %) in [t0, t1], counted as the summary counts them: from the
+    first moment every target replica serves, serving replica-seconds (capped at the target) over
+    target replica-seconds, and the share of that time with every target replica serving.
+
+    (None, None) when that moment does not come in the window.
+    """
+    xs, srv, tgt = _merged(d, t0, t1)
+    got = want = full = seen = 0.0
+    started = False
+    for a, b, s, g in zip(xs, xs[1:], srv, tgt):
+        started = started or (g > 0 and s >= g)
+        if started and g > 0:
+            want += g * (b - a)
+            got += min(s, g) * (b - a)
+            seen += b - a
+            full += (b - a) * (s >= g)
+    if want <= 0:
+        return None, None
+    return 100.0 * got / want, 100.0 * full / seen
+
+
+def _worst_per_bin(xs: list[float], ys: list[int], t0: float, t1: float,
+                   bins: int = _SHORT_BINS) -> tuple[list[float], list[int]]:
+    """The step function (xs, ys) as the largest value in each of ``bins`` equal slices of
+    [t0, t1]: a shortfall of a minute in a week still covers one slice (about a pixel)."""
+    if len(xs) <= bins:
+        return xs, ys
+    width = (t1 - t0) / bins
+    worst = [0] * bins
+    for a, b, y in zip(xs, xs[1:], ys):
+        if y <= 0 or b <= a:
+            continue
+        lo = min(int((a - t0) / width), bins - 1)
+        hi = max(lo, min(math.ceil((b - t0) / width) - 1, bins - 1))  # b itself is not in [a, b)
+        for k in range(lo, hi + 1):
+            if y > worst[k]:
+                worst[k] = y
+    return [t0 + k * width for k in range(bins)] + [t1], worst + [worst[-1]]
+
+
+def _draw_availability(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: float) -> None:
+    """Serving replicas (blue step) against the target (black step), the shortfall in red."""
+    xs, srv, tgt = _merged(d, t0, t1)
+    ax.step(xs, tgt, where="post", color="black", linewidth=1.2, zorder=3)
+    ax.step(xs, srv, where="post", color=_SERVING, linewidth=1.3, zorder=4)
+    # the shortfall on its own log scale (right axis), so one missing replica of 1,000 shows as
+    # plainly as a start-up or a scale-up of hundreds
+    bx, short = _worst_per_bin(xs, [max(0, g - v) for v, g in zip(srv, tgt)], t0, t1)
+    sx = ax.twinx()
+    sx.fill_between(bx, 0, short, step="post", color=_CRASH, alpha=0.4, linewidth=0, zorder=1)
+    sx.set_yscale("symlog", linthresh=1, linscale=0.6)
+    sx.set_ylim(0, max(max(short, default=0), 1) * 1.6)
+    sx.set_ylabel("short by (log)", fontsize=9, color=_CRASH)
+    sx.tick_params(axis="y", colors=_CRASH, labelsize=8)
+    sx.spines["top"].set_visible(False)
+    ax.set_zorder(sx.get_zorder() + 1)  # the lines over the red fill
+    ax.patch.set_visible(False)
+    top = max(max(tgt, default=0), max(srv, default=0), 1)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_ylabel("serving", fontsize=9)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.set_axisbelow(True)
+    ax.spines["top"].set_visible(False)
+    for t, _node in tl.node_lost:
+        if t0 <= t <= t1:
+            ax.axvline(t, color=_CRASH, linestyle="--", linewidth=0.7, alpha=0.5)
+    pct, full = window_availability(d, t0, t1)
+    if pct is None:
+        text = "never at full strength in this window"
+    else:
+        text = f"after start-up: availability {pct:.3f}%, full strength {full:.2f}% of the time"
+    ax.set_title(f"{d.name}: serving replicas vs target; {text}", fontsize=9, loc="left")

@@ -434,3 +434,62 @@ def test_plot_time_unit_and_window(tmp_path, downscale_text):
         plot_trace(trace, tmp_path / "none.png", window=(1e9, 2e9))
     with pytest.raises(ValueError, match="start < end"):
         plot_trace(trace, tmp_path / "none.png", window=(5.0, 1.0))
+
+
+# ------------------------------------------------------ availability panel
+def test_availability_panel_on_a_hand_built_timeline():
+    """Serving 0..10 starting, 3 of 3 from 10 to 40, one down 40..50, 3 of 3 to 100,
+    target 3 throughout: availability after start-up is (90*3 - 10) / (90*3)."""
+    from executors.sim.plot import _Deployment, _worst_per_bin, serving_curve, window_availability
+
+    d = _Deployment("llm")
+    d.world = [(0.0, 3)]
+    d.segments = [(0, 0.0, 10.0, "starting", 0), (0, 10.0, 100.0, "serving", 0),
+                  (1, 0.0, 5.0, "starting", 1), (1, 5.0, 40.0, "serving", 1),
+                  (1, 40.0, 50.0, "starting", 1), (1, 50.0, 100.0, "serving", 1),
+                  (2, 0.0, 8.0, "starting", 2), (2, 8.0, 100.0, "serving", 2)]
+    assert serving_curve(d) == [(5.0, 1), (8.0, 2), (10.0, 3), (40.0, 2), (50.0, 3), (100.0, 0)]
+    pct, full = window_availability(d, 0.0, 100.0)
+    assert pct == pytest.approx(100.0 * (270 - 10) / 270)
+    assert full == pytest.approx(100.0 * 80 / 90)
+    assert window_availability(d, 45.0, 100.0) == (pytest.approx(100.0), pytest.approx(100.0))  # starts at 50
+    assert window_availability(d, 0.0, 9.0) == (None, None)  # never at full strength
+    # the shortfall as the worst value per slice: a shortfall lands in every slice it touches
+    xs, ys = _worst_per_bin([0.0, 40.0, 50.0, 100.0], [0, 1, 0, 0], 0.0, 100.0, bins=8)
+    assert (xs, ys) == ([0.0, 40.0, 50.0, 100.0], [0, 1, 0, 0])  # few points: unchanged
+    xs, ys = _worst_per_bin([0.0, 40.0, 50.0, 100.0], [0, 1, 0, 0], 0.0, 100.0, bins=2)
+    assert (xs, ys) == ([0.0, 50.0, 100.0], [1, 0, 0])  # 40..50 lies in the first half only
+    xs, ys = _worst_per_bin([0.0, 40.0, 41.0, 60.0, 61.0, 100.0], [0, 1, 0, 2, 0, 0], 0.0, 100.0, bins=4)
+    assert xs == [0.0, 25.0, 50.0, 75.0, 100.0] and ys == [0, 1, 2, 0, 0]
+
+
+@pytest.mark.parametrize("scenario", ["node-loss-3-nodes.yaml", "crash-storm.yaml"])
+def test_availability_panel_agrees_with_the_summary(scenario):
+    """The panel's figures, read from the trace, are the summary's availability and
+    full-strength percentages, computed live from the core's steps."""
+    from executors.sim.plot import _Timeline, window_availability
+
+    buf = io.StringIO()
+    res = Simulation(load_scenario(ROOT / "examples" / "scenarios" / scenario), trace=buf).run()
+    tl = _Timeline()
+    for rec in _records(buf.getvalue()):
+        tl.feed(rec)
+    tl.finish()
+    for name, m in res.metrics["deployments"].items():
+        pct, full = window_availability(tl.deployments[name], tl.t_start or 0.0, tl.t_end)
+        assert pct == pytest.approx(m["availability_pct"], abs=1e-4), name
+        assert full == pytest.approx(m["full_strength_pct"], abs=1e-4), name
+        assert pct < 100.0  # these scenarios lose replicas after start-up
+
+
+def test_plot_has_an_availability_panel_per_deployment(tmp_path, crash_scenario, monkeypatch):
+    import matplotlib.figure
+
+    from executors.sim.plot import plot_trace
+
+    seen = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: seen.append(fig))
+    plot_trace(_write(tmp_path, _trace_text(crash_scenario)), tmp_path / "x.png")
+    titles = [ax.get_title(loc="left") for ax in seen[0].axes]
+    assert any(t.startswith("llm: serving replicas vs target; after start-up: availability") for t in titles)
+    assert sum(ax.get_ylabel() == "short by (log)" for ax in seen[0].axes) == 1
