@@ -12,6 +12,8 @@ import gc
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import attrs
+
 import rankcore as rc
 from rankcore.invariants import check_step
 
@@ -26,10 +28,13 @@ FREEZE_MIN_CHANGE = 10_000
 
 #: Events whose step may start a timer on the core's clock (a start deadline
 #: when a replica is placed or recovered, a failed placement's retry; and a
-#: crash with ``suspect_node``): the driver brings the clock up to date before
-#: these only, so a run does not take a Tick step per event. Deadlines fire by
-#: the ScheduleTick the core sends.
-_READS_CLOCK = frozenset({rc.ReplicaPlaced, rc.PlacementFailed, rc.ControllerRecovered})
+#: crash with ``suspect_node``): the clock must be up to date for these only,
+#: so a run does not take a Tick step per event. Deadlines fire by the
+#: ScheduleTick the core sends.
+#: These carry the time themselves (``now``): the core moves its clock in the same step.
+_CARRY_NOW = frozenset({rc.ReplicaPlaced, rc.PlacementFailed, rc.ReplicaCrashed})
+#: This one is preceded by a Tick step (a recovery is rare).
+_READS_CLOCK = frozenset({rc.ControllerRecovered})
 
 
 class Backend(Protocol):
@@ -43,10 +48,12 @@ Observer = Callable[[float, object, rc.State, rc.Step], None]
 class Driver:
     """Feeds events to ``rankcore.step`` and commands to a backend.
 
-    ``clock=True`` feeds the core a ``Tick(now=t)`` before an event that may
-    start a timer (``_READS_CLOCK``) at a time ``t`` later than the core's
-    clock (start timeouts, suspect nodes and failed-placement retries run on
-    it); ``tick(t)`` feeds one on its own (for a ``ScheduleTick``).
+    ``clock=True`` keeps the core's clock up to date for the events that may
+    start a timer (start timeouts, suspect nodes and failed-placement retries
+    run on it): a ``ReplicaPlaced``, ``PlacementFailed`` or ``ReplicaCrashed``
+    is fed with ``now=t`` (the core moves its clock in that same step), a
+    ``ControllerRecovered`` after a ``Tick(now=t)``; ``tick(t)`` feeds a Tick
+    on its own (for a ``ScheduleTick``).
 
     ``check=True`` runs every invariant of :mod:`rankcore.invariants` after
     every step (the tests do; it costs O(N) per step).
@@ -85,10 +92,15 @@ class Driver:
         self._frozen_at = 0  # replicas in the state at the last freeze
 
     def feed(self, event: object, t: float) -> rc.Step:
-        if self.clock and (type(event) in _READS_CLOCK or getattr(event, "suspect_node", False)):
-            cl = self.state.cluster
-            if not cl.clock or t > cl.now:
-                self._step(rc.Tick(now=t), t)
+        if self.clock:
+            kind = type(event)
+            if kind in _CARRY_NOW:
+                if event.now is None:  # type: ignore[attr-defined]
+                    event = attrs.evolve(event, now=t)  # type: ignore[misc]
+            elif kind in _READS_CLOCK:
+                cl = self.state.cluster
+                if not cl.clock or t > cl.now:
+                    self._step(rc.Tick(now=t), t)
         return self._step(event, t)
 
     def tick(self, t: float) -> rc.Step:
@@ -112,7 +124,7 @@ class Driver:
         return result
 
     def _maybe_freeze(self, state: rc.State) -> None:
-        n = sum(len(dep.replicas) for dep in state.deployments.values())
+        n = len(state.index)  # every replica the state holds (O(1))
         if abs(n - self._frozen_at) >= max(FREEZE_MIN_CHANGE, self._frozen_at // 4):
             gc.collect()
             gc.freeze()

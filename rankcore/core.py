@@ -14,11 +14,13 @@ rank or id first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
 
+from .cluster import Cluster
 from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
@@ -253,9 +255,13 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
     if rep.phase is not Phase.STARTING:
         return tx.finish()
     new = _evolve(rep, phase=phase)
-    if tx.cluster.deadlines and rep.replica_id in tx.cluster.deadlines:
+    view = tx.view
+    if view.deadlines and rep.replica_id in view.deadlines:
         cl = tx.cl
+        at = cl.deadlines[rep.replica_id]
         cl.deadlines = cl.deadlines.delete(rep.replica_id)
+        if at <= cl.next_deadline:  # it was the earliest: no Tick needed for it any more
+            cl.next_deadline = min(cl.deadlines.values(), default=math.inf)
         cl.changed = True
     if rep.config_version < dep.config_version or rep.rank_update_due:
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
@@ -282,7 +288,7 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
 
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
-    if e.suspect_node and rep.node_id is not None and tx.managed and tx.cluster.clock:
+    if e.suspect_node and rep.node_id is not None and tx.managed and tx.view.clock:
         cl = tx.cl
         cl.suspects = cl.suspects.set(rep.node_id, cl.now + cl.suspect_s)
         cl.changed = True
@@ -387,7 +393,7 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
     old = tx.cluster
     if old.clock and e.now <= old.now:
         return tx.finish(stale=True)  # no time passed (or an older tick)
-    if e.now < old.next_deadline and e.now < old.retry_at and not old.suspects:
+    if not clock_work_due(old, e.now):
         tx.cluster = _evolve(old, now=float(e.now), clock=True)  # the common case: only the clock moves
         return tx.finish()
     cl = tx.cl
@@ -462,7 +468,29 @@ def step(state: State, event: object) -> Step:
             f"step got {event!r}, which is not a rankcore event "
             f"(one of: {', '.join(t.__name__ for t in _HANDLERS)})"
         )
+    now = getattr(event, "now", None)
+    if now is not None and handler is not _on_tick:  # an answer that carries the executor's clock
+        cl = state.cluster
+        if not cl.clock or now > cl.now:
+            if clock_work_due(cl, now):
+                # exactly Tick(now) then the event, as one step: two batches of
+                # commands, each in its own order
+                first = _on_tick(Tx(state), Tick(now=now))
+                second = handler(Tx(first.state), event)
+                return attrs.evolve(second, commands=first.commands + second.commands,
+                                    compactions=first.compactions + second.compactions)
+            tx = Tx(state)
+            wc = tx.cl  # only the clock moves
+            wc.now, wc.clock, wc.changed = float(now), True, True
+            return handler(tx, event)
     return handler(Tx(state), event)
+
+
+def clock_work_due(cluster: Cluster, now: float) -> bool:
+    """Moving the clock to ``now`` does more than move it: a start deadline or a
+    placement retry comes due, or a suspect node is cleared."""
+    return (now >= cluster.next_deadline or now >= cluster.retry_at
+            or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))
 
 
 def run(events: Iterable[object], state: State | None = None) -> tuple[State, list]:

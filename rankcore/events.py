@@ -187,6 +187,10 @@ class ReplicaPlaced:
 
     replica_id: str = attrs.field(validator=f.name)
     node_id: str = attrs.field(validator=f.name)
+    #: the executor's clock when this happened (optional): the core first
+    #: moves its clock there, as a ``Tick(now)`` would, in this same step, so
+    #: the start deadline this answer arms counts from now without a Tick step
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
 @attrs.frozen(kw_only=True)
@@ -214,6 +218,10 @@ class ReplicaCrashed:
     #: check, init or reconfigure failure, not a kill): its node may be going
     #: down, so the core avoids the node for ``State.cluster.suspect_s``
     suspect_node: bool = attrs.field(default=False, validator=f.flag)
+    #: the executor's clock when this happened (optional): the core first
+    #: moves its clock there, as a ``Tick(now)`` would, in this same step, so
+    #: a suspect node's time counts from now without a Tick step
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
 @attrs.frozen(kw_only=True)
@@ -303,6 +311,10 @@ class PlacementFailed:
     replica_id: str = attrs.field(validator=f.name)
     node_id: str = attrs.field(validator=f.name)
     reason: str = attrs.field(default="", validator=f.text)
+    #: the executor's clock when this happened (optional): the core first
+    #: moves its clock there, as a ``Tick(now)`` would, in this same step, so
+    #: the retry it arms counts from now without a Tick step
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
 @attrs.frozen(kw_only=True)

@@ -127,3 +127,9 @@ def seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a finite number of seconds >= 0, got {value!r}")
+
+
+def optional_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """None, or a finite number of seconds >= 0."""
+    if value is not None:
+        seconds(inst, attribute, value)

@@ -34,6 +34,7 @@ from .events import (
     ReplicaPlaced,
     ReplicaReport,
     ScaleRequested,
+    Tick,
 )
 from .lifecycle import LIVE, Phase
 from .ranks import ReplicaRank
@@ -620,6 +621,23 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     core a whole scan, and may remove replicas no command names) are always
     checked in full.
     """
+    now = getattr(event, "now", None)
+    if now is not None and not isinstance(event, Tick):
+        from .core import clock_work_due
+        from .core import step as core_step
+
+        cl = before.cluster
+        if (not cl.clock or now > cl.now) and clock_work_due(cl, now):
+            # The step is Tick(now) then the event: check each part as the step it is.
+            first = core_step(before, Tick(now=now))
+            k = len(first.commands)
+            if tuple(result.commands[:k]) != first.commands:
+                _fail(f"{type(event).__name__} with now={now}: its first commands are not those of Tick(now={now})")
+            check_step(before, Tick(now=now), first, full=full)
+            second = attrs.evolve(result, commands=tuple(result.commands[k:]),
+                                  compactions=tuple(result.compactions[len(first.compactions):]))
+            check_step(first.state, attrs.evolve(event, now=None), second, full=full)  # type: ignore[misc]
+            return
     full = full or isinstance(event, (ControllerRecovered, NodeLost, NodeJoined, NodeCapacityChanged))
     if full:
         check_state(result.state)

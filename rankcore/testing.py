@@ -286,6 +286,14 @@ def make_machine(
         def tick(self, seconds: float) -> None:
             self.apply(Tick(now=self.state.cluster.now + seconds))
 
+        def later(self, data: st.DataObject, label: str) -> float | None:
+            """The clock an answer carries (``now``): none, the clock's own
+            reading, or later (the core moves its clock first, in the same step)."""
+            if not managed:
+                return None
+            ahead = data.draw(st.sampled_from([None, None, 0.0, 0.5, 6.0, 20.0]), label=f"{label}: now")
+            return None if ahead is None else self.state.cluster.now + ahead
+
         def answer_pending(self, rid: str, rep: Any, data: st.DataObject, label: str) -> None:
             if not managed or rep.node_id is None:
                 if managed and not data.draw(st.booleans(), label=f"{label}: executor places a waiting one itself"):
@@ -293,12 +301,14 @@ def make_machine(
                 self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=label)))
                 return
             how = data.draw(st.sampled_from(["as told", "as told", "elsewhere", "failed"]), label=label)
+            now = self.later(data, label)
             if how == "failed":
-                self.apply(PlacementFailed(replica_id=rid, node_id=rep.node_id, reason="test"))
+                self.apply(PlacementFailed(replica_id=rid, node_id=rep.node_id, reason="test", now=now))
             elif how == "elsewhere":
-                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"{label}: node")))
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"{label}: node"),
+                                         now=now))
             else:
-                self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id))
+                self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id, now=now))
 
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule(data=st.data())
@@ -380,7 +390,8 @@ def make_machine(
         def crash(self, data: st.DataObject) -> None:
             _name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
             suspect = managed and data.draw(st.booleans(), label="vanished (node suspect)")
-            self.apply(ReplicaCrashed(replica_id=rid, reason="test", suspect_node=suspect))
+            self.apply(ReplicaCrashed(replica_id=rid, reason="test", suspect_node=suspect,
+                                      now=self.later(data, "crash")))
 
         @rule(node=node_ids)
         def lose_node(self, node: str) -> None:

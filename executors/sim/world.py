@@ -139,6 +139,13 @@ class SimBackend:
         self.started = 0
         self.lineages = 0
         self._epochs = 0  # unique over the run, so no two incarnations share one
+        #: command type -> what carries it out (the core's commands are final classes)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
+            rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
+            rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick}
+        #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
+        self._by_rank: dict[tuple[str, int | None], set[str]] = {}
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -146,23 +153,19 @@ class SimBackend:
 
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
+        handlers = self._handlers
         for cmd in commands:
-            if isinstance(cmd, rc.StartReplica):
-                self._start(cmd)
-            elif isinstance(cmd, rc.PlaceReplica):
-                self._place_cmd(cmd)
-            elif isinstance(cmd, rc.InitializeReplica):
-                self._initialize(cmd)
-            elif isinstance(cmd, rc.ReconfigureReplica):
-                self._reconfigure(cmd)
-            elif isinstance(cmd, rc.StopReplica):
-                self._stop(cmd)
-            elif isinstance(cmd, rc.UpdateWorldSize):
-                for r in self.replicas.values():
-                    if r.deployment == cmd.deployment and r.alive:
-                        r.world_size = cmd.world_size
-            elif isinstance(cmd, rc.ScheduleTick):
-                self.sim.schedule(cmd.at - self.sim.now, self.sim.tick)
+            handler = handlers.get(type(cmd))
+            if handler is not None:
+                handler(cmd)
+
+    def _world_size(self, cmd: rc.UpdateWorldSize) -> None:
+        for r in self.replicas.values():
+            if r.deployment == cmd.deployment and r.alive:
+                r.world_size = cmd.world_size
+
+    def _schedule_tick(self, cmd: rc.ScheduleTick) -> None:
+        self.sim.schedule(cmd.at - self.sim.now, self.sim.tick)
 
     def _gpus(self, deployment: str) -> float:
         spec = self.sim.scenario.deployments.get(deployment)
@@ -179,6 +182,13 @@ class SimBackend:
         self._epochs += 1
         r = SimReplica(cmd, self._gpus(cmd.deployment), self._epochs)
         self.replicas[r.replica_id] = r
+        self._by_rank.setdefault((r.deployment, r.global_rank), set()).add(r.replica_id)
+
+    def _rerank(self, r: SimReplica, global_rank: int) -> None:
+        if global_rank != r.global_rank:
+            self._by_rank.get((r.deployment, r.global_rank), set()).discard(r.replica_id)
+            self._by_rank.setdefault((r.deployment, global_rank), set()).add(r.replica_id)
+            r.global_rank = global_rank
 
     def _place_cmd(self, cmd: rc.PlaceReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -194,19 +204,20 @@ class SimBackend:
             return
         node = self.nodes.get(node_id)
         if node is None or not node.alive:
-            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node"))
+            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node",
+                                                now=self.sim.now))
             return
         node.used += r.gpus
         node.replicas.add(rid)
         r.node = node.name
-        self.sim.deliver(rc.ReplicaPlaced(replica_id=rid, node_id=node.name))
+        self.sim.deliver(rc.ReplicaPlaced(replica_id=rid, node_id=node.name, now=self.sim.now))
 
     def _initialize(self, cmd: rc.InitializeReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
         if r is None or not r.alive:
             return
         r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
-        r.global_rank = cmd.rank.rank
+        self._rerank(r, cmd.rank.rank)
         if r.phase == "pending":
             r.phase = "starting"
         sc = self.sim.scenario
@@ -230,7 +241,7 @@ class SimBackend:
             return
         # The context shows the new rank before the user's reconfigure runs.
         r.rank, r.world_size, r.user_config, r.version = cmd.rank, cmd.world_size, cmd.user_config, cmd.version
-        r.global_rank = cmd.rank.rank
+        self._rerank(r, cmd.rank.rank)
         if r.phase == "running":
             r.phase = "reconfiguring"
         delay = self.sim.latency(cmd.deployment, "reconfigure")
@@ -270,6 +281,7 @@ class SimBackend:
         self._epochs += 1
         r.epoch = self._epochs
         del self.replicas[r.replica_id]
+        self._by_rank.get((r.deployment, r.global_rank), set()).discard(r.replica_id)
 
     def crash(self, rid: str, reason: str) -> bool:
         r = self.replicas.get(rid)
@@ -277,15 +289,15 @@ class SimBackend:
             return False
         self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
-        self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason))
+        self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason, now=self.sim.now))
         return True
 
     def holder(self, deployment: str, rank: int) -> str | None:
         """The live replica, not being stopped, whose context says it holds ``rank``
         (lowest id if several): the Ray scenario runner's rule too."""
-        hits = sorted(r.replica_id for r in self.replicas.values()
-                      if r.deployment == deployment and r.alive and r.phase != "stopping" and r.global_rank == rank)
-        return hits[0] if hits else None
+        live = [rid for rid in self._by_rank.get((deployment, rank), ())
+                if (r := self.replicas[rid]).alive and r.phase != "stopping"]
+        return min(live) if live else None
 
     def lose_node(self, name: str) -> int:
         node = self.nodes.get(name)

@@ -270,6 +270,69 @@ def test_start_timeout_replaces_a_replica_still_starting_and_spares_a_ready_one(
     assert c.rep("a#1").phase is Phase.RUNNING and "a#0" not in c.state.index
 
 
+def test_ready_of_the_earliest_deadline_moves_next_deadline_so_no_tick_is_needed():
+    c = Core(("n0", 4))
+    c(rc.Tick(now=100))
+    c(deploy("a", 2, start_timeout_s=10))
+    c(rc.ReplicaPlaced(replica_id="a#0", node_id="n0"))
+    c(rc.Tick(now=103))
+    c(rc.ReplicaPlaced(replica_id="a#1", node_id="n0"))
+    assert c.state.cluster.next_deadline == 110.0
+    c(rc.ReplicaReady(replica_id="a#0"))
+    assert c.state.cluster.next_deadline == 113.0  # exact, not a stale lower bound
+    c(rc.ReplicaReady(replica_id="a#1"))
+    assert c.state.cluster.next_deadline == float("inf") and not c.state.cluster.deadlines
+
+
+# ------------------------------------------------- answers that carry the clock
+def test_replica_placed_with_now_is_a_tick_then_the_event_in_one_step():
+    """The deadline counts from the event's now, as after Tick(now) + ReplicaPlaced."""
+    merged, split = Core(("n0", 4)), Core(("n0", 4))
+    for c in (merged, split):
+        c(rc.Tick(now=100))
+        c(deploy("a", 1, start_timeout_s=10))
+    assert merged(rc.ReplicaPlaced(replica_id="a#0", node_id="n0", now=105)) == [
+        ("init", "a#0", (0, 0, 0)), ("tick", 115.0)]
+    assert split(rc.Tick(now=105)) == []
+    assert split(rc.ReplicaPlaced(replica_id="a#0", node_id="n0")) == [("init", "a#0", (0, 0, 0)), ("tick", 115.0)]
+    assert merged.state == split.state and merged.state.cluster.now == 105.0
+
+
+def test_an_event_whose_now_passes_a_deadline_times_the_start_out_first():
+    c = Core(("n0", 4))
+    c(rc.Tick(now=100))
+    c(deploy("a", 2, start_timeout_s=10))
+    c(rc.ReplicaPlaced(replica_id="a#0", node_id="n0"))  # deadline 110
+    # a#1 is placed at 111: a#0's start timed out at 110, replaced in this same step
+    assert c(rc.ReplicaPlaced(replica_id="a#1", node_id="n0", now=111)) == [
+        ("stop", "a#0"), ("start", "a#2", 0, "a#0"), ("place", "a#2", "n0", (0, 0, 0)),
+        ("init", "a#1", (1, 0, 1)), ("tick", 121.0)]
+    assert c.state.cluster.now == 111.0
+    # exactly Tick(now) then the event: the same state, the same commands, in two batches
+    before = c.state
+    tick = rc.step(before, rc.Tick(now=130))  # a#1's start (deadline 121) times out
+    crash = rc.step(tick.state, rc.ReplicaCrashed(replica_id="a#2"))
+    merged = c.step(rc.ReplicaCrashed(replica_id="a#2", now=130))
+    assert tick.commands and crash.commands
+    assert merged.state == crash.state and merged.commands == tick.commands + crash.commands
+
+
+def test_now_that_does_not_move_the_clock_is_ignored_and_a_stale_event_still_moves_it():
+    c = Core(("n0", 4))
+    c(rc.Tick(now=100))
+    c.up(c(deploy("a", 1)))
+    r = c.step(rc.ReplicaCrashed(replica_id="a#0", now=50))  # an old clock reading: time never goes back
+    assert not r.stale and c.state.cluster.now == 100.0
+    r = c.step(rc.ReplicaCrashed(replica_id="a#0", now=120))  # news of a replica that left: stale
+    assert r.stale and r.commands == () and c.state.cluster.now == 120.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "5"])
+def test_now_on_an_event_is_checked_and_named(bad):
+    with pytest.raises(rc.InvalidConfig, match=r"ReplicaPlaced.now must be a finite number of seconds"):
+        rc.ReplicaPlaced(replica_id="a#0", node_id="n0", now=bad)
+
+
 # ------------------------------------------------------------------ node loss
 def test_node_lost_replaces_placed_and_reserved_replicas_and_the_node_leaves():
     c = Core(("n0", 4), ("n1", 4))
