@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -58,9 +59,9 @@ class InvalidVariant:
 def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None = None,
             plot_path: str | None = None) -> RunRecord:
     """Load ``path`` with ``overrides`` and simulate it with ``seed`` (None: its own)."""
-    from .sim import Simulation, load_scenario
+    from .sim import Simulation
 
-    sc = load_scenario(path, overrides=overrides)
+    sc = _load(path, json.dumps(overrides, sort_keys=True, default=str), overrides)
     t0 = time.perf_counter()
     fp = open(trace_path, "w") if trace_path else None
     try:
@@ -77,6 +78,24 @@ def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None
                      expectations=tuple(e.as_record() | {"kind": e.expectation.kind if e.expectation else None}
                                         for e in result.expectations),
                      events=result.events, end_time=result.end_time, wall=wall)
+
+
+_LOADED: dict[tuple, Any] = {}
+
+
+def _load(path: str, key: str, overrides: dict) -> Any:
+    """A worker runs many seeds of one variant: load (and validate) it once
+    (again if the file changed)."""
+    from .sim import load_scenario
+
+    st = os.stat(path)
+    k = (path, st.st_mtime_ns, st.st_size, key)
+    sc = _LOADED.get(k)
+    if sc is None:
+        if len(_LOADED) > 64:
+            _LOADED.clear()
+        sc = _LOADED[k] = load_scenario(path, overrides=overrides)
+    return sc
 
 
 def _label(variant: dict) -> str:

@@ -7,13 +7,19 @@ import math
 import attrs
 
 import rankcore as rc
-from rankcore.lifecycle import Phase
+from rankcore.lifecycle import LIVE, Phase
 
 __all__ = ["DeploymentMetrics", "Metrics", "percentile"]
 
 LEVELS = ("rank", "node_rank", "local_rank", "any")
 #: the levels of contiguity a planner asks about: global ranks, node ranks, local ranks, any of them
 CONTIGUITY = ("rank", "node_rank", "local_rank", "any")
+
+
+_START, _RECONFIGURE = rc.StartReplica, rc.ReconfigureReplica
+#: where Deployment.counts keeps the serving phases
+_RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
+_CONTIGUOUS = (False, False, False, False)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -140,14 +146,21 @@ class Metrics:
             self.last_t = t
 
     def __call__(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
-        self.advance(t)
         self.events += 1
-        self.stale += result.stale
+        if result.stale:
+            self.stale += 1
         after = result.state
-        if isinstance(event, rc.ControllerRecovered):
+        kind = type(event)
+        recovered = kind is rc.ControllerRecovered
+        if after.deployments is before.deployments and not recovered:
+            # Nothing any deployment holds changed (a Tick with nothing due, a
+            # stale answer): the integrals stay linear, advance() catches up later.
+            return
+        self.advance(t)
+        if recovered:
             # What each replica said against what it holds now (recovery and any
             # compaction in the same step together).
-            for r in event.reports:
+            for r in event.reports:  # type: ignore[attr-defined]
                 dep = after.deployments.get(r.deployment)
                 rk = dep.ranks.rank_of(r.replica_id) if dep is not None and r.replica_id in dep.ranks else None
                 if rk is not None:
@@ -160,36 +173,49 @@ class Metrics:
                 m = self._m(comp.deployment)
                 for ch in comp.changes:
                     self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
-        timed_out = isinstance(event, rc.Tick)  # a Tick replaces only replicas whose start timed out
+        # A replacement of a replica whose start deadline had passed at this
+        # step's time is a timeout (the step's Tick, or the clock an event
+        # carried, expired it), not a crash.
+        deadlines = before.cluster.deadlines
         for cmd in result.commands:
-            if isinstance(cmd, rc.StartReplica):
-                self._m(cmd.deployment).starts += 1
-                if timed_out and cmd.replaces is not None:
-                    self._m(cmd.deployment).timeouts += 1
-                if cmd.replaces is not None and cmd.lineage is not None:
-                    self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
-            elif isinstance(cmd, rc.ReconfigureReplica):
+            ctype = type(cmd)
+            if ctype is _START:
+                m = self._m(cmd.deployment)
+                m.starts += 1
+                if cmd.replaces is not None:
+                    due = deadlines.get(cmd.replaces) if deadlines else None
+                    if due is not None and due <= t:
+                        m.timeouts += 1
+                    if cmd.lineage is not None:
+                        self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
+            elif ctype is _RECONFIGURE:
                 self._m(cmd.deployment).reconfigures[cmd.reason] += 1
-        if isinstance(event, rc.ReplicaReady) and not result.stale:
-            name = after.index.get(event.replica_id)
+        if kind is rc.ReplicaReady and not result.stale and self._crashed_at:
+            rid = event.replica_id  # type: ignore[attr-defined]
+            name = after.index.get(rid)
             if name is not None:
-                rep = after.deployments[name].replicas[event.replica_id]
+                rep = after.deployments[name].replicas[rid]
                 t0 = self._crashed_at.pop((name, rep.lineage), None)
                 if t0 is not None:
                     self._m(name).crash_to_ready.append(t - t0)
+        was = before.deployments
         for name, dep in after.deployments.items():
+            if was.get(name) is dep and name in self.deployments:
+                continue  # unchanged: what was measured of it still holds
             m = self._m(name)
-            serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
-            m._unavailable = max(0, dep.target - serving)
+            counts = dep.counts
+            serving = counts[_RUNNING] + counts[_RECONFIGURING]
+            target = dep.target
+            m._unavailable = max(0, target - serving)
             m._noncontiguous = not dep.ranks.is_contiguous()
             if m._noncontiguous:
                 lb = dep.ranks.lower_bound()
                 m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
             else:
-                m._off = (False, False, False, False)
-            retarget = dep.target != m._target
-            m._target, m._serving = dep.target, serving
-            if m.first_healthy is None and dep.healthy and dep.target > 0:
+                m._off = _CONTIGUOUS
+            retarget = target != m._target
+            m._target, m._serving = target, serving
+            if m.first_healthy is None and target > 0 and dep.healthy:
                 m.first_healthy = t
             self._full_strength(m, t, retarget)
 
