@@ -31,7 +31,8 @@ class ExpectationResult:
 
 def _planner(e: Expectation, m: DeploymentMetrics | None, res: Callable[[bool, str], ExpectationResult]
              ) -> ExpectationResult:
-    """The SLO expectations: availability, time at full strength, time non-contiguous, time to full strength."""
+    """The SLO expectations: availability, time at full strength, time non-contiguous, time to full
+    strength, time below k replicas."""
     if m is None or m.first_healthy is None:
         return res(False, "never at full strength: no figure after start-up")
     if e.kind in ("availability", "full_strength"):
@@ -47,6 +48,18 @@ def _planner(e: Expectation, m: DeploymentMetrics | None, res: Callable[[bool, s
         return res(frac <= e.args["at_most_fraction"] + 1e-12,
                    f"expected non-contiguous ({e.args['level']}) at most {e.args['at_most_fraction']:g} of the time, "
                    f"saw {frac:.6f}")
+    if e.kind == "below":
+        k = e.args["replicas"]
+        secs, frac = m.seconds_below(k), m.below_fraction(k)
+        if frac is None:
+            return res(False, f"the target never asked for {k} or more replicas after start-up")
+        bad = []
+        if "at_most_fraction" in e.args and frac > e.args["at_most_fraction"] + 1e-12:
+            bad.append(f"fraction {frac:.6f} > {e.args['at_most_fraction']:g}")
+        if "at_most_seconds" in e.args and secs > e.args["at_most_seconds"] + 1e-9:
+            bad.append(f"{secs:.1f} s > {e.args['at_most_seconds']:g} s")
+        seen = f"below {k} serving for {secs:.1f} s, {frac:.6f} of the time the target asked for {k}+"
+        return res(not bad, seen + (f": {'; '.join(bad)}" if bad else ""))
     times = m.to_full_strength
     figures = {"p50_at_most": percentile(times, 50), "p99_at_most": percentile(times, 99),
                "max_at_most": max(times) if times else None}
@@ -76,7 +89,7 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
     if e.kind == "running":
         n = dep.count(rc.Phase.RUNNING)
         return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
-    if e.kind in ("availability", "full_strength", "non_contiguous", "to_full_strength"):
+    if e.kind in ("availability", "full_strength", "non_contiguous", "to_full_strength", "below"):
         return _planner(e, m, res)
     if e.kind == "failed":
         n = dep.count(rc.Phase.FAILED)

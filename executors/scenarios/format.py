@@ -46,7 +46,8 @@ ACTIONS = (
     "wait",
 )
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running",
-                "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength")
+                "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength",
+                "below")
 #: contiguity levels by every name a planner may use
 LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node": "node_rank",
                "local_rank": "local_rank", "local": "local_rank", "any": "any"}
@@ -752,6 +753,19 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "level": LEVEL_NAMES[level],
                     "at_most_fraction": c.number(mm["at_most_fraction"], q + ("at_most_fraction",), maximum=1.0)}
+        elif kind == "below":
+            limits = ("at_most_fraction", "at_most_seconds")
+            mm = c.mapping(v, q, ("deployment", "replicas", *limits), required=("deployment", "replicas"))
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
+                    "replicas": c.count(mm["replicas"], q + ("replicas",))}
+            if args["replicas"] < 1:
+                raise c.fail(q + ("replicas",), "must be at least 1")
+            if not any(k in mm for k in limits):
+                raise c.fail(q, f"needs one of {', '.join(limits)}")
+            if "at_most_fraction" in mm:
+                args["at_most_fraction"] = c.number(mm["at_most_fraction"], q + ("at_most_fraction",), maximum=1.0)
+            if "at_most_seconds" in mm:
+                args["at_most_seconds"] = c.number(mm["at_most_seconds"], q + ("at_most_seconds",))
         elif kind == "to_full_strength":
             keys = ("p50_at_most", "p99_at_most", "max_at_most")
             mm = c.mapping(v, q, ("deployment", *keys), required=("deployment",))

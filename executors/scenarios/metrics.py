@@ -50,6 +50,8 @@ class DeploymentMetrics:
     observed_seconds: float = 0.0
     full_strength_seconds: float = 0.0
     short_seconds: dict = attrs.field(factory=dict)
+    #: after start-up: seconds spent at each (target, serving) pair, for "below k replicas"
+    by_strength: dict = attrs.field(factory=dict)
     #: seconds non-contiguous per level (after start-up)
     noncontiguous_by_level: dict = attrs.field(factory=lambda: dict.fromkeys(CONTIGUITY, 0.0))
     #: seconds from each drop below full strength (not a target change) to full strength again
@@ -73,8 +75,15 @@ class DeploymentMetrics:
         return 100.0 * self.full_strength_seconds / self.observed_seconds if self.observed_seconds > 0 else None
 
     def seconds_below(self, k: int) -> float:
-        """Seconds after start-up with fewer than ``k`` replicas serving (k <= target)."""
-        return sum(s for missing, s in self.short_seconds.items() if self._target - missing < k)
+        """Seconds after start-up with fewer than ``k`` replicas serving while
+        the target asked for at least ``k`` (a nightly downscale to fewer than
+        ``k`` is not a shortfall)."""
+        return sum(s for (target, serving), s in self.by_strength.items() if target >= k and serving < k)
+
+    def below_fraction(self, k: int) -> float | None:
+        """``seconds_below(k)`` over the seconds after start-up with a target of at least ``k``."""
+        asked = sum(s for (target, _), s in self.by_strength.items() if target >= k)
+        return self.seconds_below(k) / asked if asked > 0 else None
 
     def noncontiguous_fraction(self, level: str = "any") -> float | None:
         return self.noncontiguous_by_level[level] / self.observed_seconds if self.observed_seconds > 0 else None
@@ -135,6 +144,8 @@ class Metrics:
                     m.observed_seconds += dt
                     m.target_replica_seconds += m._target * dt
                     m.serving_replica_seconds += min(m._serving, m._target) * dt
+                    key = (m._target, m._serving)
+                    m.by_strength[key] = m.by_strength.get(key, 0.0) + dt
                     missing = max(0, m._target - m._serving)
                     if missing:
                         m.short_seconds[missing] = m.short_seconds.get(missing, 0.0) + dt

@@ -467,6 +467,54 @@ def test_availability_metrics_against_a_hand_computed_timeline() -> None:
     assert "saw 95.0000%" in failures["availability"] and "max 10.0 s > 9 s" in failures["to_full_strength"]
 
 
+BELOW = """
+cluster: {nodes: 1, gpus_per_node: 4}
+duration: 110
+latency: {place: 0, start: 10, ready: 0, stop: 0}
+deployments:
+  llm: {replicas: 3}
+timeline:
+  - deploy: llm
+  - at: 50
+    crash: {deployment: llm, rank: 0}
+  - at: 70
+    scale: {deployment: llm, replicas: 1}
+  - at: 90
+    scale: {deployment: llm, replicas: 3}
+expect:
+  - below: {deployment: llm, replicas: 3, at_most_fraction: 0.25, at_most_seconds: 20}
+  - below: {deployment: llm, replicas: 2, at_most_fraction: 0.125}
+  - below: {deployment: llm, replicas: 1, at_most_seconds: 0}
+"""
+
+
+def test_time_below_k_replicas_against_a_hand_computed_timeline() -> None:
+    """After start-up (t=10): 3 of 3 to 50, 2 of 3 to 60 (a crash), 3 of 3 to 70,
+    1 of 1 to 90 (the nightly downscale: not a shortfall), 1 of 3 to 100 (the
+    upscale starting), 3 of 3 to 110. The target asks for 3 during 80 s: below
+    3 for 20 s (0.25), below 2 for 10 s (0.125), never below 1."""
+    from executors.scenarios.format import parse_scenario
+    from executors.scenarios.format import ScenarioError
+    from executors.sim.runner import Simulation as Sim
+
+    sim = Sim(parse_scenario(BELOW), check=True)
+    result = sim.run()
+    _assert_all_expectations_met(result)
+    m = sim.metrics.deployments["llm"]
+    assert (m.seconds_below(3), m.below_fraction(3)) == (20.0, 0.25)
+    assert (m.seconds_below(2), m.below_fraction(2)) == (10.0, 0.125)
+    assert (m.seconds_below(1), m.below_fraction(1)) == (0.0, 0.0)
+    assert m.below_fraction(4) is None  # the target never asked for 4
+    strict = BELOW.replace("at_most_fraction: 0.25, at_most_seconds: 20}", "at_most_fraction: 0.2}")
+    failures = [e.detail for e in Simulation(parse_scenario(strict)).run().failures]
+    assert failures == ["below 3 serving for 20.0 s, 0.250000 of the time the target asked for 3+: "
+                        "fraction 0.250000 > 0.2"]
+    with pytest.raises(ScenarioError, match=r"expect\[0\]\.below: needs one of at_most_fraction, at_most_seconds"):
+        parse_scenario(BELOW.replace(", at_most_fraction: 0.25, at_most_seconds: 20", ""))
+    with pytest.raises(ScenarioError, match=r"below\.replicas: must be at least 1"):
+        parse_scenario(BELOW.replace("replicas: 1, at_most_seconds", "replicas: 0, at_most_seconds"))
+
+
 def test_non_contiguous_time_is_split_by_level() -> None:
     """node-loss-3-nodes: node ranks have a hole from the loss at 60 until the
     compaction at 90 (30 s); global and local ranks never do."""
