@@ -105,6 +105,8 @@ class DeploymentMetrics:
             "full_strength_pct": _round(self.full_strength()),
             "observed_seconds": round(self.observed_seconds, 6),
             "seconds_short_by": {str(k): round(v, 6) for k, v in sorted(self.short_seconds.items())},
+            # "target/serving" -> seconds after start-up: time below any k from the output alone
+            "seconds_at_strength": {f"{t}/{n}": round(v, 6) for (t, n), v in sorted(self.by_strength.items())},
             "noncontiguous_fraction": {lv: _round(self.noncontiguous_fraction(lv)) for lv in CONTIGUITY},
             "to_full_strength_p50": percentile(self.to_full_strength, 50),
             "to_full_strength_p99": percentile(self.to_full_strength, 99),

@@ -505,6 +505,8 @@ def test_time_below_k_replicas_against_a_hand_computed_timeline() -> None:
     assert (m.seconds_below(2), m.below_fraction(2)) == (10.0, 0.125)
     assert (m.seconds_below(1), m.below_fraction(1)) == (0.0, 0.0)
     assert m.below_fraction(4) is None  # the target never asked for 4
+    assert result.metrics["deployments"]["llm"]["seconds_at_strength"] == {
+        "1/1": 20.0, "3/1": 10.0, "3/2": 10.0, "3/3": 60.0}
     strict = BELOW.replace("at_most_fraction: 0.25, at_most_seconds: 20}", "at_most_fraction: 0.2}")
     failures = [e.detail for e in Simulation(parse_scenario(strict)).run().failures]
     assert failures == ["below 3 serving for 20.0 s, 0.250000 of the time the target asked for 3+: "
