@@ -43,14 +43,9 @@ class DeploymentMetrics:
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
     first_healthy: float | None = None
-    #: after start-up (from first_healthy): target and serving replica-seconds,
-    #: seconds at full strength, seconds per missing-replica count
-    target_replica_seconds: float = 0.0
-    serving_replica_seconds: float = 0.0
-    observed_seconds: float = 0.0
-    full_strength_seconds: float = 0.0
-    short_seconds: dict = attrs.field(factory=dict)
-    #: after start-up: seconds spent at each (target, serving) pair, for "below k replicas"
+    #: after start-up (from first_healthy): seconds spent at each (target,
+    #: serving) pair; availability, full strength, shortfalls and time below
+    #: k replicas are all read from it
     by_strength: dict = attrs.field(factory=dict)
     #: seconds non-contiguous per level (after start-up)
     noncontiguous_by_level: dict = attrs.field(factory=lambda: dict.fromkeys(CONTIGUITY, 0.0))
@@ -63,6 +58,31 @@ class DeploymentMetrics:
     _target: int = 0
     _off: tuple = (False, False, False, False)
     _short_since: float | None = None
+
+    @property
+    def observed_seconds(self) -> float:
+        return sum(self.by_strength.values())
+
+    @property
+    def target_replica_seconds(self) -> float:
+        return sum(target * sec for (target, _), sec in self.by_strength.items())
+
+    @property
+    def serving_replica_seconds(self) -> float:
+        return sum(min(serving, target) * sec for (target, serving), sec in self.by_strength.items())
+
+    @property
+    def full_strength_seconds(self) -> float:
+        return sum(sec for (target, serving), sec in self.by_strength.items() if serving >= target)
+
+    @property
+    def short_seconds(self) -> dict[int, float]:
+        """Seconds per count of missing replicas (1, 2, ...)."""
+        out: dict[int, float] = {}
+        for (target, serving), sec in self.by_strength.items():
+            if serving < target:
+                out[target - serving] = out.get(target - serving, 0.0) + sec
+        return out
 
     def availability(self) -> float | None:
         """Serving / target replica-seconds after start-up, in percent (None before full strength)."""
@@ -143,16 +163,8 @@ class Metrics:
                 if m._noncontiguous:
                     m.noncontiguous_seconds += dt
                 if m.first_healthy is not None and m._target > 0:  # after start-up
-                    m.observed_seconds += dt
-                    m.target_replica_seconds += m._target * dt
-                    m.serving_replica_seconds += min(m._serving, m._target) * dt
                     key = (m._target, m._serving)
                     m.by_strength[key] = m.by_strength.get(key, 0.0) + dt
-                    missing = max(0, m._target - m._serving)
-                    if missing:
-                        m.short_seconds[missing] = m.short_seconds.get(missing, 0.0) + dt
-                    else:
-                        m.full_strength_seconds += dt
                     for level, off in zip(CONTIGUITY, m._off):
                         if off:
                             m.noncontiguous_by_level[level] += dt
