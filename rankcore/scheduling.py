@@ -33,7 +33,7 @@ from .cluster import Cluster, Need, Node
 from .commands import InitializeReplica, PlaceReplica, ScheduleTick
 from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
-from .records import evolve
+from .records import evolve, maker
 from .state import Deployment, Replica
 
 
@@ -62,6 +62,7 @@ __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "announce_bookin
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
+_Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
 
 
 class ClusterTx:
@@ -356,7 +357,7 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
     rank = ranks.rank_of(rid)
     assert rank is not None
-    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
     return dep
 
 
@@ -394,7 +395,7 @@ def announce_booking(tx: Tx, dep: Deployment, rid: str, node_id: str) -> None:
     it left (its record and ranks say so already): PlaceReplica."""
     rank = dep.ranks.rank_of(rid)
     assert rank is not None
-    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
 
 
 def place_or_enqueue(tx: Tx, dep: Deployment, rid: str) -> Deployment:

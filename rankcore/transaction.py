@@ -19,7 +19,7 @@ from .errors import InvalidEvent
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
-from .records import evolve
+from .records import evolve, maker
 from .scheduling import (
     ClusterTx,
     announce_booking,
@@ -49,6 +49,11 @@ __all__ = [
 
 _IDX = {p: i for i, p in enumerate(LIVE)}
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
+# The records and commands a step builds from values it already holds valid,
+# made without re-running their validators (rankcore.records.maker).
+_State, _Step, _Replica = maker(State), maker(Step), maker(Replica)
+_Start, _Place, _Init = maker(StartReplica), maker(PlaceReplica), maker(InitializeReplica)
+_Reconfigure, _Stop = maker(ReconfigureReplica), maker(StopReplica)
 
 
 class Tx:
@@ -138,7 +143,7 @@ class Tx:
             dep = self.deps.get(name)
             if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
                 self.put(compact(self, dep))
-        state = State(
+        state = _State(
             deployments=self.deps,
             index=self.index,
             next_replica=self.next_replica,
@@ -146,7 +151,7 @@ class Tx:
             retired=self.retired,
             cluster=cluster,
         )
-        return Step(
+        return _Step(
             state=state, commands=tuple(self.commands), stale=stale, compactions=tuple(self.compactions),
             recovery=recovery,
         )
@@ -175,7 +180,7 @@ def initialize(dep: Deployment, rid: str) -> InitializeReplica:
     """The InitializeReplica for a just-placed replica (the seed's startup rule)."""
     rank = dep.ranks.rank_of(rid)
     assert rank is not None  # just placed
-    return InitializeReplica(
+    return _Init(
         replica_id=rid,
         deployment=dep.name,
         rank=rank,
@@ -202,7 +207,7 @@ def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, Re
         config_version=dep.config_version,
         rank_update_due=False,
     )
-    cmd = ReconfigureReplica(
+    cmd = _Reconfigure(
         replica_id=rep.replica_id,
         deployment=dep.name,
         rank=rank,
@@ -229,7 +234,7 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     failed = {rid for rid in ids if not static.placed(ranks.global_rank(rid))} if static is not None else set()
     with dep.replicas.mutate() as m:
         for rid in ids:
-            m.set(rid, Replica(replica_id=rid, deployment=dep.name,
+            m.set(rid, _Replica(replica_id=rid, deployment=dep.name,
                                phase=Phase.FAILED if rid in failed else Phase.PENDING, lineage=lineages[rid]))
         replicas = m.finish()
     with tx.index.mutate() as ix:
@@ -238,7 +243,7 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
         tx.index = ix.finish()
     for rid in ids:
         if rid not in failed:
-            tx.emit(StartReplica(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
+            tx.emit(_Start(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
                                  world_size=dep.target, lineage=lineages[rid]))
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n - len(failed)
@@ -287,7 +292,7 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
         new = _evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
         replicas = replicas.set(rid, new)
         counts = recount(counts, rep.phase, new.phase)
-        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))
+        tx.emit(_Stop(replica_id=rid, deployment=dep.name))
     return _evolve(dep, replicas=replicas, counts=counts)
 
 
@@ -361,7 +366,7 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
         dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
     rank = ranks.rank_of(rid)
     assert rank is not None
-    tx.emit(PlaceReplica(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, group=static.group,
+    tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, group=static.group,
                          bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))
     return dep
 
@@ -373,9 +378,9 @@ def _succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | 
     rid = rep.replica_id
     ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
     _forget(tx, rid)
-    new = Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
+    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
     tx.index = tx.index.set(new_id, dep.name)
-    tx.emit(StartReplica(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
+    tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
                          world_size=dep.target, replaces=rid, lineage=rep.lineage))
     counts = list(dep.counts)
     counts[_IDX[rep.phase]] -= 1
@@ -403,7 +408,7 @@ def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Dep
         release(tx, rid)  # (a start deadline)
     ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
     if stop:
-        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))
+        tx.emit(_Stop(replica_id=rid, deployment=dep.name))
     return put_replica(dep, rep, _evolve(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
 
 
@@ -428,7 +433,7 @@ def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         if member is None or member.phase is Phase.STOPPING:
             continue
         if rid != rep.replica_id:
-            tx.emit(StopReplica(replica_id=member.replica_id, deployment=dep.name))  # alive: restarted with its gang
+            tx.emit(_Stop(replica_id=member.replica_id, deployment=dep.name))  # alive: restarted with its gang
         dep = crash(tx, dep, member)
     return dep
 
@@ -485,7 +490,7 @@ def restart_incomplete_gangs(tx: Tx, names: Iterable[str]) -> None:
                 rep = dep.replicas.get(rid) if rid is not None else None
                 if rep is None or rid in fresh or rep.phase is Phase.STOPPING:
                     continue
-                tx.emit(StopReplica(replica_id=rep.replica_id, deployment=name))
+                tx.emit(_Stop(replica_id=rep.replica_id, deployment=name))
                 dep = crash(tx, dep, rep)
         tx.put(dep)
         _starts_in_rank_order(tx, name)
