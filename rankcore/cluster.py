@@ -15,7 +15,7 @@ import math
 import attrs
 import immutables
 
-__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S"]
+__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S", "clock_work_due"]
 
 #: A need or a node's resources: sorted (name, amount) pairs.
 Need = tuple[tuple[str, float], ...]
@@ -90,3 +90,10 @@ class Cluster:
     def suspect(self, node_id: str) -> bool:
         until = self.suspects.get(node_id)
         return until is not None and until > self.now
+
+
+def clock_work_due(cluster: Cluster, now: float) -> bool:
+    """Moving the clock to ``now`` does more than move it: a start deadline or a
+    placement retry comes due, or a suspect node is cleared."""
+    return (now >= cluster.next_deadline or now >= cluster.retry_at
+            or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))

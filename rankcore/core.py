@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .cluster import Cluster
+from .cluster import clock_work_due
 from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
@@ -39,6 +39,7 @@ from .events import (
     ScaleRequested,
     Tick,
 )
+from .fastpaths import FAST_PATHS
 from .lifecycle import Phase, Trigger, advance
 from .records import evolve
 from .recovery import rebuild
@@ -468,6 +469,19 @@ def step(state: State, event: object) -> Step:
             f"step got {event!r}, which is not a rankcore event "
             f"(one of: {', '.join(t.__name__ for t in _HANDLERS)})"
         )
+    fast = FAST_PATHS.get(type(event))
+    if fast is not None:
+        done = fast(state, event)
+        if done is not None:
+            return done
+    return general_step(state, event, handler)
+
+
+def general_step(state: State, event: object, handler: Any = None) -> Step:
+    """``step`` without the fast paths (``rankcore.fastpaths``): every event
+    through its handler. The property suite checks both give the same steps."""
+    if handler is None:
+        handler = _HANDLERS[type(event)]
     now = getattr(event, "now", None)
     if now is not None and handler is not _on_tick:  # an answer that carries the executor's clock
         cl = state.cluster
@@ -484,13 +498,6 @@ def step(state: State, event: object) -> Step:
             wc.now, wc.clock, wc.changed = float(now), True, True
             return handler(tx, event)
     return handler(Tx(state), event)
-
-
-def clock_work_due(cluster: Cluster, now: float) -> bool:
-    """Moving the clock to ``now`` does more than move it: a start deadline or a
-    placement retry comes due, or a suspect node is cleared."""
-    return (now >= cluster.next_deadline or now >= cluster.retry_at
-            or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))
 
 
 def run(events: Iterable[object], state: State | None = None) -> tuple[State, list]:

@@ -623,7 +623,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     """
     now = getattr(event, "now", None)
     if now is not None and not isinstance(event, Tick):
-        from .core import clock_work_due
+        from .cluster import clock_work_due
         from .core import step as core_step
 
         cl = before.cluster

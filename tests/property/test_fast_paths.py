@@ -1,0 +1,107 @@
+"""The fast paths (rankcore.fastpaths) are an optimisation only: wherever one
+takes an event, it must give exactly the general path's step."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import event as hyp_event
+
+import rankcore as rc
+from executors.sim import Simulation, load_scenario
+from rankcore import core, fastpaths
+from rankcore.testing import CoreSubject, make_machine
+
+ROOT = Path(__file__).resolve().parents[2]
+TAKEN: Counter[str] = Counter()
+
+
+class BothPaths(CoreSubject):
+    """Steps each event through ``core.step``; where a fast path takes it,
+    also through ``core.general_step``, and requires the same ``Step``."""
+
+    def step(self, state: rc.State, event: object) -> rc.Step:
+        fast = fastpaths.FAST_PATHS.get(type(event))
+        if fast is not None:
+            done = fast(state, event)
+            if done is not None:
+                kind = type(event).__name__
+                TAKEN[kind] += 1
+                hyp_event(f"fast path took {kind}")
+                general = core.general_step(state, event)
+                assert done.commands == general.commands, f"{event!r}: commands differ"
+                assert done.state.cluster == general.state.cluster, f"{event!r}: cluster differs"
+                assert done.state == general.state, f"{event!r}: state differs"
+                assert done == general, f"{event!r}: step differs"
+        return core.step(state, event)
+
+
+TestFastPathsUnmanaged = make_machine(BothPaths).TestCase
+TestFastPathsManaged = make_machine(BothPaths, managed=True).TestCase
+TestFastPathsGroups = make_machine(BothPaths, managed=True, groups=True).TestCase
+
+
+def test_the_machines_took_both_fast_paths() -> None:
+    """(runs after the machines above in this module) the comparison above
+    was not vacuous: both fast paths took events."""
+    if not TAKEN:
+        pytest.skip("run alone: the machines above did not run in this session")
+    assert TAKEN["ReplicaPlaced"] > 0 and TAKEN["ReplicaReady"] > 0, TAKEN
+
+
+def _managed(timeout: float | None) -> tuple[rc.State, rc.PlaceReplica]:
+    s = rc.State()
+    s = rc.step(s, rc.NodeJoined(node_id="n1", resources={"GPU": 2})).state
+    s = rc.step(s, rc.Tick(now=1.0)).state
+    res = rc.step(s, rc.DeploymentApplied(name="llm", num_replicas=2, resources={"GPU": 1},
+                                          start_timeout_s=timeout))
+    place = next(c for c in res.commands if isinstance(c, rc.PlaceReplica))
+    return res.state, place
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_placed_then_ready_take_the_fast_paths_and_agree(timeout: float | None) -> None:
+    s, place = _managed(timeout)
+    placed = rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=2.0)
+    fast = fastpaths.placed(s, placed)
+    assert fast is not None
+    assert fast == core.general_step(s, placed)
+    kinds = [type(c).__name__ for c in fast.commands]
+    assert kinds == (["InitializeReplica", "ScheduleTick"] if timeout else ["InitializeReplica"])
+    assert fast.state.cluster.now == 2.0
+    assert (place.replica_id in fast.state.cluster.deadlines) == (timeout is not None)
+    ready = rc.ReplicaReady(replica_id=place.replica_id)
+    fast2 = fastpaths.ready(fast.state, ready)
+    assert fast2 is not None
+    assert fast2 == core.general_step(fast.state, ready)
+    assert fast2.state.replica(place.replica_id).phase is rc.Phase.RUNNING
+    assert place.replica_id not in fast2.state.cluster.deadlines
+
+
+def test_the_fast_paths_decline_what_they_do_not_cover() -> None:
+    s, place = _managed(30.0)
+    # the answer's clock passes a start deadline: a Tick's work first
+    placed = rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=2.0)
+    s2 = rc.step(s, placed).state
+    other = next(r for r in s2.replicas() if r.phase is rc.Phase.PENDING)
+    late = rc.ReplicaPlaced(replica_id=other.replica_id, node_id=other.node_id, now=100.0)
+    assert fastpaths.placed(s2, late) is None
+    # placed somewhere else than reserved; an unknown replica; a stale answer
+    assert fastpaths.placed(s, rc.ReplicaPlaced(replica_id=place.replica_id, node_id="n9")) is None
+    assert fastpaths.placed(s, rc.ReplicaPlaced(replica_id="llm#99", node_id="n1")) is None
+    assert fastpaths.ready(s, rc.ReplicaReady(replica_id=place.replica_id)) is None  # still pending
+    with pytest.raises(rc.InvalidEvent):
+        rc.step(s, rc.ReplicaReady(replica_id=place.replica_id))  # the general path says why
+
+
+@pytest.mark.parametrize("name", ["node-loss-3-nodes.yaml", "crash-storm.yaml", "gangs.yaml",
+                                  "controller-crash.yaml"])
+def test_fast_paths_change_no_figure_of_a_simulation(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = load_scenario(ROOT / "examples" / "scenarios" / name)
+    fast = Simulation(sc, seed=3).run()
+    monkeypatch.setattr(core, "FAST_PATHS", {})
+    general = Simulation(sc, seed=3).run()
+    assert fast.metrics == general.metrics
+    assert fast.state == general.state
