@@ -19,18 +19,20 @@ import math
 from typing import Any
 
 from .cluster import Cluster, clock_work_due
-from .commands import ScheduleTick
-from .events import ReplicaPlaced, ReplicaReady
-from .lifecycle import Phase
+from .commands import PlaceReplica, ScheduleTick, StartReplica
+from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady
+from .lifecycle import LIVE, Phase
 from .records import copier, maker
-from .state import Deployment, Replica, State, Step
+from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .transaction import initialize, put_replica
 
-__all__ = ["FAST_PATHS", "placed", "ready"]
+__all__ = ["FAST_PATHS", "placed", "ready", "crashed"]
 
 _PENDING, _STARTING, _RUNNING = Phase.PENDING, Phase.STARTING, Phase.RUNNING
-_Step = maker(Step)
+_IDX = {p: i for i, p in enumerate(LIVE)}
+_Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
 _copy_state, _copy_cluster, _copy_replica = copier(State), copier(Cluster), copier(Replica)
+_copy_deployment = copier(Deployment)
 
 
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:
@@ -101,5 +103,66 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
                  commands=commands, stale=False, compactions=(), recovery=None)
 
 
+def crashed(state: State, e: ReplicaCrashed) -> Step | None:
+    """A running (or starting) replica crashed and its booking can pass to its
+    replacement (the core's rule, ``scheduling.keep_booking``: its node is up,
+    not suspect, not over-committed, and nobody waits): the replacement takes
+    its ranks on the same node (StartReplica, PlaceReplica). None otherwise
+    (gangs, static placement, a suspect node, anyone waiting, ...)."""
+    if e.suspect_node:
+        return None
+    rid = e.replica_id
+    found = _plain(state, rid)
+    if found is None:
+        return None
+    name, dep, rep, cl = found
+    phase = rep.phase
+    if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
+        return None
+    if cl.queued or rid in cl.avoid or parse_replica_number(rid) is None:
+        return None
+    held = cl.held.get(rid)
+    if held is None or held[1] != dep.resources:
+        return None
+    node_id, need = held
+    node = cl.nodes.get(node_id)
+    if node is None:
+        return None
+    now = e.now
+    if now is not None and (not cl.clock or now > cl.now):
+        if clock_work_due(cl, now):
+            return None
+        cl = _copy_cluster(cl, now=float(now), clock=True)
+    if cl.suspects and cl.suspect(node_id):
+        return None
+    free = node.free
+    for k, _ in need:
+        if free.get(k, 0.0) < -1e-9:
+            return None  # over-committed: the replacement must fit like anyone else
+    new_id = replica_id(name, state.next_replica)
+    deadlines = cl.deadlines
+    if rid in deadlines:
+        cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held), deadlines=deadlines.delete(rid))
+    else:
+        cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held))
+    ranks = dep.ranks.replace(rid, new_id, node_id)
+    counts = list(dep.counts)
+    counts[_IDX[phase]] -= 1
+    counts[_IDX[_PENDING]] += 1
+    new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id)
+    dep = _copy_deployment(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks,
+                           counts=tuple(counts))
+    rank = ranks.rank_of(new_id)
+    commands = (
+        _Start(replica_id=new_id, deployment=name, global_rank=rank.rank, world_size=dep.target,  # type: ignore[union-attr]
+               replaces=rid, lineage=rep.lineage),
+        _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
+    )
+    return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl,
+                                   index=state.index.delete(rid).set(new_id, name),
+                                   next_replica=state.next_replica + 1),
+                 commands=commands, stale=False, compactions=(), recovery=None)
+
+
 #: event type -> its fast path (None from it: take the general path)
-FAST_PATHS: dict[type, Any] = {ReplicaReady: ready, ReplicaPlaced: placed}
+FAST_PATHS: dict[type, Any] = {ReplicaReady: ready, ReplicaPlaced: placed, ReplicaCrashed: crashed}
