@@ -31,6 +31,7 @@ __all__ = ["FAST_PATHS", "placed", "ready", "crashed"]
 _PENDING, _STARTING, _RUNNING = Phase.PENDING, Phase.STARTING, Phase.RUNNING
 _IDX = {p: i for i, p in enumerate(LIVE)}
 _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
+_Tick = maker(ScheduleTick)
 _copy_state, _copy_cluster, _copy_replica = copier(State), copier(Cluster), copier(Replica)
 _copy_deployment = copier(Deployment)
 
@@ -87,18 +88,24 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
     now = e.now
-    if now is not None and (not cl.clock or now > cl.now):
+    clock, t = cl.clock, cl.now
+    moves = False
+    if now is not None and (not clock or now > t):
+        moves = True
         if clock_work_due(cl, now):
             return None
-        cl = _copy_cluster(cl, now=float(now), clock=True)
+        clock, t = True, float(now)
     dep = put_replica(dep, rep, _copy_replica(rep, phase=_STARTING, config_version=dep.config_version))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
-    if cl.clock and timeout is not None:
-        at = cl.now + timeout
-        cl = _copy_cluster(cl, deadlines=cl.deadlines.set(rid, at), next_deadline=min(cl.next_deadline, at))
-        commands = (init, ScheduleTick(at=at))
+    if clock and timeout is not None:  # one copy of the cluster for the clock and the deadline
+        at = t + timeout
+        cl = _copy_cluster(cl, now=t, clock=True, deadlines=cl.deadlines.set(rid, at),
+                           next_deadline=min(cl.next_deadline, at))
+        commands = (init, _Tick(at=at))
+    elif moves:
+        cl = _copy_cluster(cl, now=t, clock=True)
     return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl),
                  commands=commands, stale=False, compactions=(), recovery=None)
 

@@ -58,6 +58,9 @@ class DeploymentMetrics:
     _target: int = 0
     _off: tuple = (False, False, False, False)
     _short_since: float | None = None
+    #: the rank table _noncontiguous and _off were read from (a step that
+    #: kept it, most answers, needs no new reading)
+    _ranks: object = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def observed_seconds(self) -> float:
@@ -232,12 +235,15 @@ class Metrics:
             serving = counts[_RUNNING] + counts[_RECONFIGURING]
             target = dep.target
             m._unavailable = max(0, target - serving)
-            m._noncontiguous = not dep.ranks.is_contiguous()
-            if m._noncontiguous:
-                lb = dep.ranks.lower_bound()
-                m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
-            else:
-                m._off = _CONTIGUOUS
+            ranks = dep.ranks
+            if ranks is not m._ranks:
+                m._ranks = ranks
+                m._noncontiguous = not ranks.is_contiguous()
+                if m._noncontiguous:
+                    lb = ranks.lower_bound()
+                    m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
+                else:
+                    m._off = _CONTIGUOUS
             retarget = target != m._target
             m._target, m._serving = target, serving
             if m.first_healthy is None and target > 0 and dep.healthy:
