@@ -137,22 +137,24 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     if node is None:
         return None
     now = e.now
+    changes: dict[str, Any] = {}
     if now is not None and (not cl.clock or now > cl.now):
         if clock_work_due(cl, now):
             return None
-        cl = _copy_cluster(cl, now=float(now), clock=True)
-    if cl.suspects and cl.suspect(node_id):
-        return None
+        changes["now"], changes["clock"] = float(now), True
+    if cl.suspects:
+        until = cl.suspects.get(node_id)
+        if until is not None and until > changes.get("now", cl.now):
+            return None
     free = node.free
     for k, _ in need:
         if free.get(k, 0.0) < -1e-9:
             return None  # over-committed: the replacement must fit like anyone else
     new_id = replica_id(name, state.next_replica)
-    deadlines = cl.deadlines
-    if rid in deadlines:
-        cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held), deadlines=deadlines.delete(rid))
-    else:
-        cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held))
+    changes["held"] = cl.held.delete(rid).set(new_id, held)
+    if rid in cl.deadlines:
+        changes["deadlines"] = cl.deadlines.delete(rid)
+    cl = _copy_cluster(cl, **changes)  # one copy: the clock, the booking, the deadline
     ranks = dep.ranks.replace(rid, new_id, node_id)
     counts = list(dep.counts)
     counts[_IDX[phase]] -= 1
