@@ -94,6 +94,10 @@ def mutation(name: str, file: str, find: str, replace: str, breaks: str,
 
 CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/recovery.py", "rankcore/ranks.py"
 TX, POLICIES = "rankcore/transaction.py", "rankcore/policies.py"
+#: the fast paths repeat the plainest case of some rules: a mutant of such a
+#: rule edits both copies, so it is killed by the rule's tests, not only by
+#: the fast-path equivalence test
+FAST = "rankcore/fastpaths.py"
 
 # Snippets are exact text (indentation included); each must occur once in its file.
 MUTATIONS: tuple[Mutation, ...] = (
@@ -125,9 +129,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     # ------------------------------------------------------------------------ core rules
     mutation(
         "crash-replacement-fresh-rank", TX,
-        "    ranks = dep.ranks.replace(rid, new_id)\n",
-        "    ranks = dep.ranks.release(rid).assign(new_id, rank=dep.ranks.lowest_free())\n",
+        "    ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)\n",
+        "    ranks = dep.ranks.release(rid).assign(new_id, node_id, rank=dep.ranks.lowest_free())\n",
         "a crashed replica's replacement inherits its global rank",
+        more=(
+            Edit(FAST,
+                 "    ranks = dep.ranks.replace(rid, new_id, node_id)\n",
+                 "    ranks = dep.ranks.release(rid).assign(new_id, node_id, rank=dep.ranks.lowest_free())\n"),
+        ),
     ),
     mutation(
         "scale-world-size-not-announced", CORE,
@@ -146,8 +155,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     mutation(
         "victims-running-before-pending", POLICIES,
-        "VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2}",
-        "VICTIM_ORDER = {Phase.PENDING: 2, Phase.STARTING: 1, Phase.RUNNING: 0, Phase.RECONFIGURING: 0}",
+        "VICTIM_ORDER = {Phase.PENDING: 0, Phase.STARTING: 1, Phase.RUNNING: 2, Phase.RECONFIGURING: 2, Phase.FAILED: -1}",
+        "VICTIM_ORDER = {Phase.PENDING: 2, Phase.STARTING: 1, Phase.RUNNING: 0, Phase.RECONFIGURING: 0, Phase.FAILED: -1}",
         "downscale stops not-yet-running replicas before running ones",
     ),
     mutation(
@@ -160,10 +169,10 @@ MUTATIONS: tuple[Mutation, ...] = (
         "release-rank-at-stop-command", TX,
         "        replicas = replicas.set(rid, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
-        "        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))\n",
+        "        tx.emit(_Stop(replica_id=rid, deployment=dep.name))\n",
         "        replicas = replicas.set(rid, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
-        "        tx.emit(StopReplica(replica_id=rid, deployment=dep.name))\n"
+        "        tx.emit(_Stop(replica_id=rid, deployment=dep.name))\n"
         "        dep = _evolve(dep, ranks=dep.ranks.release(rid))\n",
         "ranks are released only on ReplicaStopped, not when StopReplica is sent",
         more=(
@@ -173,6 +182,7 @@ MUTATIONS: tuple[Mutation, ...] = (
             Edit(TX,
                  "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
                  "        return remove(tx, dep, rep, dep.ranks)\n"),
+            Edit(FAST, "    ranks = dep.ranks.release(rid)\n", "    ranks = dep.ranks\n"),
         ),
     ),
     mutation(
