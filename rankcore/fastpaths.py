@@ -21,7 +21,7 @@ from typing import Any
 from .cluster import Cluster, clock_work_due
 from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
-from .lifecycle import LIVE, Phase
+from .lifecycle import Phase
 from .records import copier, maker
 from .scheduling import _adjust
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
@@ -30,7 +30,6 @@ from .transaction import initialize, put_replica, recount
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
 _PENDING, _STARTING, _RUNNING, _STOPPING = Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.STOPPING
-_IDX = {p: i for i, p in enumerate(LIVE)}
 _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
 _Tick = maker(ScheduleTick)
 _copy_state, _copy_cluster, _copy_replica = copier(State), copier(Cluster), copier(Replica)
@@ -49,6 +48,16 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
         return None
     dep = state.deployments[name]
     return name, dep, dep.replicas[rid], cl
+
+
+def _clock_to(cl: Cluster, now: float | None) -> dict[str, Any] | None:
+    """The cluster fields an answer's ``now`` changes ({} when the clock does
+    not move); None when moving it brings work due (a Tick's step first)."""
+    if now is None or (cl.clock and now <= cl.now):
+        return {}
+    if clock_work_due(cl, now):
+        return None
+    return {"now": float(now), "clock": True}
 
 
 def ready(state: State, e: ReplicaReady) -> Step | None:
@@ -88,25 +97,20 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
-    now = e.now
-    clock, t = cl.clock, cl.now
-    moves = False
-    if now is not None and (not clock or now > t):
-        moves = True
-        if clock_work_due(cl, now):
-            return None
-        clock, t = True, float(now)
+    changes = _clock_to(cl, e.now)
+    if changes is None:
+        return None
     dep = put_replica(dep, rep, _copy_replica(rep, phase=_STARTING, config_version=dep.config_version))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
-    if clock and timeout is not None:  # one copy of the cluster for the clock and the deadline
-        at = t + timeout
-        cl = _copy_cluster(cl, now=t, clock=True, deadlines=cl.deadlines.set(rid, at),
-                           next_deadline=min(cl.next_deadline, at))
+    if (changes or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
+        at = changes.get("now", cl.now) + timeout
+        changes["deadlines"] = cl.deadlines.set(rid, at)
+        changes["next_deadline"] = min(cl.next_deadline, at)
         commands = (init, _Tick(at=at))
-    elif moves:
-        cl = _copy_cluster(cl, now=t, clock=True)
+    if changes:
+        cl = _copy_cluster(cl, **changes)  # one copy: the clock and the deadline
     return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl),
                  commands=commands, stale=False, compactions=(), recovery=None)
 
@@ -127,7 +131,7 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     phase = rep.phase
     if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
         return None
-    if cl.queued or rid in cl.avoid or parse_replica_number(rid) is None:
+    if cl.queued or rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
         return None
     held = cl.held.get(rid)
     if held is None or held[1] != dep.resources:
@@ -136,12 +140,9 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     node = cl.nodes.get(node_id)
     if node is None:
         return None
-    now = e.now
-    changes: dict[str, Any] = {}
-    if now is not None and (not cl.clock or now > cl.now):
-        if clock_work_due(cl, now):
-            return None
-        changes["now"], changes["clock"] = float(now), True
+    changes = _clock_to(cl, e.now)
+    if changes is None:
+        return None
     if cl.suspects:
         until = cl.suspects.get(node_id)
         if until is not None and until > changes.get("now", cl.now):
@@ -151,17 +152,11 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
         if free.get(k, 0.0) < -1e-9:
             return None  # over-committed: the replacement must fit like anyone else
     new_id = replica_id(name, state.next_replica)
-    changes["held"] = cl.held.delete(rid).set(new_id, held)
-    if rid in cl.deadlines:
-        changes["deadlines"] = cl.deadlines.delete(rid)
-    cl = _copy_cluster(cl, **changes)  # one copy: the clock, the booking, the deadline
+    cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held), **changes)  # one copy: clock and booking
     ranks = dep.ranks.replace(rid, new_id, node_id)
-    counts = list(dep.counts)
-    counts[_IDX[phase]] -= 1
-    counts[_IDX[_PENDING]] += 1
     new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id)
     dep = _copy_deployment(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks,
-                           counts=tuple(counts))
+                           counts=recount(dep.counts, phase, _PENDING))
     rank = ranks.rank_of(new_id)
     commands = (
         _Start(replica_id=new_id, deployment=name, global_rank=rank.rank, world_size=dep.target,  # type: ignore[union-attr]
@@ -180,39 +175,28 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     offered), for gangs and static placement, and when the deployment becomes
     healthy with holes in its ranks (a compaction is due)."""
     rid = e.replica_id
-    name = state.index.get(rid)
-    if name is None:
+    found = _plain(state, rid)
+    if found is None:
         return None
-    cl = state.cluster
-    if cl.queue:
-        return None
-    dep = state.deployments[name]
-    rep = dep.replicas[rid]
-    if rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None:
-        return None
-    if parse_replica_number(rid) is None or rid in cl.queued:
+    name, dep, rep, cl = found
+    if cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None:
+        return None  # (the room it frees would be offered to whoever waits)
+    if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
     ranks = dep.ranks.release(rid)
     dep = _copy_deployment(dep, replicas=dep.replicas.delete(rid), ranks=ranks,
                            counts=recount(dep.counts, _STOPPING, None))
     if dep.healthy and not ranks.is_contiguous():
         return None
-    if cl.joined > 0:  # the core's book: what it held for the replica is free again
-        changes: dict[str, Any] = {}
-        held = cl.held.get(rid)
-        if held is not None:
-            node_id, need = held
-            changes["held"] = cl.held.delete(rid)
-            node = cl.nodes.get(node_id)
-            if node is not None:
-                changes["nodes"] = cl.nodes.set(node_id, _adjust(node, need, 1.0))
-                changes["blocked"] = None
-        if rid in cl.deadlines:
-            changes["deadlines"] = cl.deadlines.delete(rid)
-        if rid in cl.avoid:
-            changes["avoid"] = cl.avoid.delete(rid)
-        if changes:
-            cl = _copy_cluster(cl, **changes)
+    held = cl.held.get(rid) if cl.joined > 0 else None
+    if held is not None:  # the core's book: what it held for the replica is free again
+        node_id, need = held
+        node = cl.nodes.get(node_id)
+        if node is None:
+            cl = _copy_cluster(cl, held=cl.held.delete(rid))
+        else:
+            cl = _copy_cluster(cl, held=cl.held.delete(rid), nodes=cl.nodes.set(node_id, _adjust(node, need, 1.0)),
+                               blocked=None)
     return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl,
                                    index=state.index.delete(rid)),
                  commands=(), stale=False, compactions=(), recovery=None)

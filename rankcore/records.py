@@ -1,10 +1,12 @@
-"""``evolve`` for the core's own records, without attrs' per-call introspection.
+"""``evolve`` and constructors for the core's own records, without attrs'
+per-call introspection or validators.
 
 ``attrs.evolve`` looks up the class's fields and re-runs every validator on
-each call (~3-4 µs for a ``Deployment``); a step makes several. The values the
-core puts into its own records are already valid, so this copies the slots
-and sets the changed ones (a function generated once per class, ~1 µs). Not
-for input from outside: events and commands are still built (and validated)
+each call (~3-4 µs for a ``Deployment``); a step makes several, and builds
+commands too. The values the core puts into its own records and commands are
+already valid, so ``copier`` copies the slots and sets the changed ones, and
+``maker`` builds one from its fields (functions generated once per class,
+~1 µs). Not for input from outside: events are still built (and validated)
 by their constructors.
 """
 
