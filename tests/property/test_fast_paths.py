@@ -39,6 +39,7 @@ class BothPaths(CoreSubject):
                 assert done.state.cluster == general.state.cluster, f"{event!r}: cluster differs"
                 assert done.state == general.state, f"{event!r}: state differs"
                 assert done == general, f"{event!r}: step differs"
+                return done
         return core.step(state, event)
 
 
