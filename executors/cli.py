@@ -103,7 +103,8 @@ LEGEND = ("reassigned: replicas whose rank moved, by level (global rank / node r
           "contiguous at some level; unavailable replica·s: target minus serving replicas, integrated; "
           "avail. %: serving / target replica-seconds after first full strength; full strength %: time "
           "after that with every replica serving; to full strength: seconds from each drop below full "
-          "strength (a fault, not a new target) to full strength again")
+          "strength (serving replicas falling under an unchanged target: a crash, a node loss; not a new "
+          "target or the ramp up to it) to full strength again")
 
 
 def _expectation_table(result: Any) -> Table | None:

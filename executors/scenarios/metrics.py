@@ -49,7 +49,8 @@ class DeploymentMetrics:
     by_strength: dict = attrs.field(factory=dict)
     #: seconds non-contiguous per level (after start-up)
     noncontiguous_by_level: dict = attrs.field(factory=lambda: dict.fromkeys(CONTIGUITY, 0.0))
-    #: seconds from each drop below full strength (not a target change) to full strength again
+    #: seconds from each drop below full strength (a fall in serving replicas
+    #: under an unchanged target, not a new target or the ramp to it) to full strength again
     to_full_strength: list = attrs.field(factory=list)
     # integration state
     _unavailable: int = 0
@@ -244,23 +245,25 @@ class Metrics:
                     m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
                 else:
                     m._off = _CONTIGUOUS
-            retarget = target != m._target
+            fell = serving < m._serving and target == m._target
             m._target, m._serving = target, serving
             if m.first_healthy is None and target > 0 and dep.healthy:
                 m.first_healthy = t
-            self._full_strength(m, t, retarget)
+            self._full_strength(m, t, fell)
 
     @staticmethod
-    def _full_strength(m: DeploymentMetrics, t: float, retarget: bool) -> None:
-        """Time each drop below full strength (a fault, not a new target) until it is over."""
+    def _full_strength(m: DeploymentMetrics, t: float, fell: bool) -> None:
+        """Time each drop below full strength until it is over. A drop is a
+        fall in the serving count under an unchanged target (a crash, a node
+        lost): a new target is not one, nor is the ramp up to it."""
         if m.first_healthy is None:
             return
-        short = m._serving < m._target
-        if short and m._short_since is None and not retarget:
+        if m._serving >= m._target:
+            if m._short_since is not None:
+                m.to_full_strength.append(t - m._short_since)
+                m._short_since = None
+        elif fell and m._short_since is None:
             m._short_since = t
-        elif not short and m._short_since is not None:
-            m.to_full_strength.append(t - m._short_since)
-            m._short_since = None
 
     def crashed(self, t: float, deployment: str, serving: bool) -> None:
         """The cluster lost a replica (told by the executor, so crashes while the
@@ -271,7 +274,7 @@ class Metrics:
         if serving:
             m._unavailable += 1
             m._serving -= 1
-            self._full_strength(m, t, False)
+            self._full_strength(m, t, True)
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

@@ -467,6 +467,37 @@ def test_availability_metrics_against_a_hand_computed_timeline() -> None:
     assert "saw 95.0000%" in failures["availability"] and "max 10.0 s > 9 s" in failures["to_full_strength"]
 
 
+RAMP = """
+cluster: {nodes: 1, gpus_per_node: 4}
+duration: 100
+latency: {place: 0, start: 10, ready: 0, stop: 0}
+deployments:
+  llm: {replicas: 2}
+timeline:
+  - deploy: llm
+  - at: 50
+    scale: {deployment: llm, replicas: 4}
+"""
+
+
+def test_a_new_target_is_not_a_drop_below_full_strength() -> None:
+    """Healthy at 10; at 50 the target goes 2 -> 4 and the new replicas serve
+    from 60: the ramp up to a new target is no fault, so no drop. A crash of
+    rank 0 during the ramp (55; its replacement serves from 65) is one: it
+    lasts until full strength again, 10 s. Another at 80 (after full
+    strength) is a second drop of 10 s."""
+    from executors.scenarios.format import parse_scenario
+
+    plain = Simulation(parse_scenario(RAMP), check=True).run().metrics["deployments"]["llm"]
+    assert (plain["drops_below_full_strength"], plain["to_full_strength_max"]) == (0, None)
+    assert plain["seconds_short_by"] == {"2": 10.0}  # the ramp still counts as time short
+    crashes = RAMP + "  - at: 55\n    crash: {deployment: llm, rank: 0}\n" \
+                     "  - at: 80\n    crash: {deployment: llm, rank: 1}\n"
+    m = Simulation(parse_scenario(crashes), check=True).run().metrics["deployments"]["llm"]
+    assert m["drops_below_full_strength"] == 2
+    assert (m["to_full_strength_p50"], m["to_full_strength_max"]) == (10.0, 10.0)
+
+
 BELOW = """
 cluster: {nodes: 1, gpus_per_node: 4}
 duration: 110
