@@ -59,6 +59,8 @@ class DeploymentMetrics:
     _target: int = 0
     _off: tuple = (False, False, False, False)
     _short_since: float | None = None
+    #: the integrand above has been constant since this time (integrated up to it)
+    _since: float = 0.0
     #: the rank table _noncontiguous and _off were read from (a step that
     #: kept it, most answers, needs no new reading)
     _ranks: object = attrs.field(default=None, eq=False, repr=False)
@@ -160,19 +162,30 @@ class Metrics:
         return m
 
     def advance(self, t: float) -> None:
-        dt = t - self.last_t
+        """Integrate every deployment's figures up to ``t`` (before reading them)."""
+        for m in self.deployments.values():
+            self._settle(m, t)
+        self.last_t = max(self.last_t, t)
+
+    @staticmethod
+    def _settle(m: DeploymentMetrics, t: float) -> None:
+        """Integrate ``m``'s figures from ``m._since`` to ``t``. They are
+        piecewise constant, so they are integrated only when one is about to
+        change (most steps change none: a placed replica, one getting ready
+        while others are short ...), not at every step."""
+        dt = t - m._since
         if dt > 0:
-            for m in self.deployments.values():
-                m.unavailable_replica_seconds += m._unavailable * dt
+            m.unavailable_replica_seconds += m._unavailable * dt
+            if m.first_healthy is not None and m._target > 0:  # after start-up
+                key = (m._target, m._serving)
+                m.by_strength[key] = m.by_strength.get(key, 0.0) + dt
                 if m._noncontiguous:
-                    m.noncontiguous_seconds += dt
-                if m.first_healthy is not None and m._target > 0:  # after start-up
-                    key = (m._target, m._serving)
-                    m.by_strength[key] = m.by_strength.get(key, 0.0) + dt
                     for level, off in zip(CONTIGUITY, m._off):
                         if off:
                             m.noncontiguous_by_level[level] += dt
-            self.last_t = t
+            if m._noncontiguous:
+                m.noncontiguous_seconds += dt
+            m._since = t
 
     def __call__(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         self.events += 1
@@ -183,9 +196,8 @@ class Metrics:
         recovered = kind is rc.ControllerRecovered
         if after.deployments is before.deployments and not recovered:
             # Nothing any deployment holds changed (a Tick with nothing due, a
-            # stale answer): the integrals stay linear, advance() catches up later.
+            # stale answer): nothing measured changes either.
             return
-        self.advance(t)
         if recovered:
             # What each replica said against what it holds now (recovery and any
             # compaction in the same step together).
@@ -206,7 +218,7 @@ class Metrics:
         # step's time is a timeout (the step's Tick, or the clock an event
         # carried, expired it), not a crash.
         deadlines = before.cluster.deadlines
-        for cmd in result.commands:
+        for cmd in result.commands if result.commands else ():
             ctype = type(cmd)
             if ctype is _START:
                 m = self._m(cmd.deployment)
@@ -232,22 +244,28 @@ class Metrics:
             if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
             m = self._m(name)
-            counts = dep.counts
-            serving = counts[_RUNNING] + counts[_RECONFIGURING]
-            target = dep.target
-            m._unavailable = max(0, target - serving)
             ranks = dep.ranks
             if ranks is not m._ranks:
                 m._ranks = ranks
-                m._noncontiguous = not ranks.is_contiguous()
-                if m._noncontiguous:
-                    lb = ranks.lower_bound()
-                    m._off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
+                if ranks.is_contiguous():
+                    off = _CONTIGUOUS
                 else:
-                    m._off = _CONTIGUOUS
+                    lb = ranks.lower_bound()
+                    off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
+                if off != m._off:
+                    self._settle(m, t)
+                    m._off, m._noncontiguous = off, off[3]
+            counts = dep.counts
+            serving = counts[_RUNNING] + counts[_RECONFIGURING]
+            target = dep.target
+            unavailable = max(0, target - serving)
+            healthy = m.first_healthy is None and target > 0 and dep.healthy
+            if serving == m._serving and target == m._target and unavailable == m._unavailable and not healthy:
+                continue  # nothing measured of it changes
+            self._settle(m, t)
             fell = serving < m._serving and target == m._target
-            m._target, m._serving = target, serving
-            if m.first_healthy is None and target > 0 and dep.healthy:
+            m._target, m._serving, m._unavailable = target, serving, unavailable
+            if healthy:
                 m.first_healthy = t
             self._full_strength(m, t, fell)
 
@@ -268,8 +286,8 @@ class Metrics:
     def crashed(self, t: float, deployment: str, serving: bool) -> None:
         """The cluster lost a replica (told by the executor, so crashes while the
         controller is down count too); a serving one is unavailable from now."""
-        self.advance(t)
         m = self._m(deployment)
+        self._settle(m, t)
         m.crashes += 1
         if serving:
             m._unavailable += 1

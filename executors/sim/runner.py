@@ -155,7 +155,8 @@ class Simulation:
         self.driver.feed(event, self.now)
         if self.check:
             check_state(self.driver.state)
-        self._maybe_unblock()
+        if self._blocked_on is not None:
+            self._maybe_unblock()
 
     def stream(self, name: str) -> random.Random:
         """The seeded random stream of one source (``crash/llm/3``, ``node/node-2``, ``hang``, ...)."""
@@ -175,18 +176,18 @@ class Simulation:
             t = 0.0
             while t <= self.now:
                 t += rng.expovariate(self._crash_rate)
-            self.schedule(t - self.now, self._slot_crash, slot, t)
+            self.schedule(t - self.now, self._slot_crash, slot, t, rng)
 
-    def _slot_crash(self, slot: tuple[str, int], t: float) -> None:
+    def _slot_crash(self, slot: tuple[str, int], t: float, rng: random.Random) -> None:
         rid = self.backend.holder(*slot)
         r = self.backend.replicas.get(rid) if rid is not None else None
         if r is not None and r.phase in ("running", "reconfiguring"):
             if self.trace:
                 self.trace.fault(self.now, "random_crash", replica=rid)
             self.backend.crash(r.replica_id, "random crash")
-        nxt = t + self.stream(f"crash/{slot[0]}/{slot[1]}").expovariate(self._crash_rate)
+        nxt = t + rng.expovariate(self._crash_rate)
         if self.scenario.duration is None or nxt <= self.scenario.duration:
-            self.schedule(nxt - self.now, self._slot_crash, slot, nxt)
+            self.schedule(nxt - self.now, self._slot_crash, slot, nxt, rng)
 
     def node_up(self, name: str) -> None:
         """A node is (back) in the cluster: its loss clock runs (``faults.node_loss_*``)."""
@@ -346,6 +347,7 @@ class Simulation:
 
     # ------------------------------------------------------ expectations
     def _check(self, e: Expectation) -> ExpectationResult:
+        self.metrics.advance(self.now)  # the figures so far, up to now
         return check_expectation(e, self.driver.state, self.metrics, self.now)
 
     def _timed_check(self, e: Expectation) -> None:
