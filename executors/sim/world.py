@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import rankcore as rc
+from rankcore.records import maker
 
 from ..scenarios import Metrics, Scenario
 
@@ -49,6 +50,12 @@ class SimServices(Protocol):
         """The seeded random stream of one source of randomness."""
 
 LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
+
+# The world's answers, built without their validators: every field is a
+# replica id from a StartReplica, a node name from the scenario, a float
+# clock (~1 µs less per answer; a week of 64 replicas sends ~3,500).
+_Placed, _Ready, _Crashed, _Stopped = (maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed,
+                                                          rc.ReplicaStopped))
 
 
 class SimNode:
@@ -210,7 +217,7 @@ class SimBackend:
         node.used += r.gpus
         node.replicas.add(rid)
         r.node = node.name
-        self.sim.deliver(rc.ReplicaPlaced(replica_id=rid, node_id=node.name, now=self.sim.now))
+        self.sim.deliver(_Placed(replica_id=rid, node_id=node.name, now=self.sim.now))
 
     def _initialize(self, cmd: rc.InitializeReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -233,7 +240,7 @@ class SimBackend:
         if r.phase == "starting":
             r.phase = "running"
             self.sim.replica_running(r)
-        self.sim.deliver(rc.ReplicaReady(replica_id=rid))
+        self.sim.deliver(_Ready(replica_id=rid))
 
     def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -268,7 +275,7 @@ class SimBackend:
         if r is None or r.epoch != epoch or r.phase != "stopping":
             return
         self._free(r, "stopped")
-        self.sim.deliver(rc.ReplicaStopped(replica_id=rid))
+        self.sim.deliver(_Stopped(replica_id=rid))
 
     # -------------------------------------------------------------- faults
     def _free(self, r: SimReplica, phase: str) -> None:
@@ -289,14 +296,16 @@ class SimBackend:
             return False
         self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
-        self.sim.deliver(rc.ReplicaCrashed(replica_id=rid, reason=reason, now=self.sim.now))
+        self.sim.deliver(_Crashed(replica_id=rid, reason=reason, now=self.sim.now))
         return True
 
     def holder(self, deployment: str, rank: int) -> str | None:
         """The live replica, not being stopped, whose context says it holds ``rank``
         (lowest id if several): the Ray scenario runner's rule too."""
-        live = [rid for rid in self._by_rank.get((deployment, rank), ())
-                if (r := self.replicas[rid]).alive and r.phase != "stopping"]
+        ids = self._by_rank.get((deployment, rank))
+        if not ids:
+            return None
+        live = [rid for rid in ids if (r := self.replicas[rid]).alive and r.phase != "stopping"]
         return min(live) if live else None
 
     def lose_node(self, name: str) -> int:
