@@ -90,6 +90,8 @@ class Driver:
         self.clock = clock
         self.freezes = 0  # how many times the driver froze the collector's view
         self._frozen_at = 0  # replicas in the state at the last freeze
+        # the replica counts, outside of which the next freeze is due
+        self._freeze_below, self._freeze_from = -FREEZE_MIN_CHANGE, FREEZE_MIN_CHANGE
 
     def feed(self, event: object, t: float) -> rc.Step:
         if self.clock:
@@ -112,10 +114,12 @@ class Driver:
         result = rc.step(before, event)
         if self.check:
             check_step(before, event, result)
-        self.state = result.state
+        after = self.state = result.state
         self.steps += 1
-        if self.gc_freeze and result.state is not before:
-            self._maybe_freeze(result.state)
+        if self.gc_freeze and after is not before:
+            n = len(after.index)  # every replica the state holds (O(1))
+            if n <= self._freeze_below or n >= self._freeze_from:
+                self._freeze(n)
         if self.trace is not None:
             self.trace.step(t, event, before, result)
         for obs in self.observers:
@@ -123,13 +127,14 @@ class Driver:
         self.backend.execute(result.commands, t)
         return result
 
-    def _maybe_freeze(self, state: rc.State) -> None:
-        n = len(state.index)  # every replica the state holds (O(1))
-        if abs(n - self._frozen_at) >= max(FREEZE_MIN_CHANGE, self._frozen_at // 4):
-            gc.collect()
-            gc.freeze()
-            self._frozen_at = n
-            self.freezes += 1
+    def _freeze(self, n: int) -> None:
+        """The state holds ``n`` replicas, far enough from the last freeze: freeze again."""
+        gc.collect()
+        gc.freeze()
+        self._frozen_at = n
+        self.freezes += 1
+        change = max(FREEZE_MIN_CHANGE, n // 4)
+        self._freeze_below, self._freeze_from = n - change, n + change
 
     def restart(self) -> None:
         """The controller lost its memory (a crash): the next event must be a recovery."""
