@@ -461,19 +461,20 @@ def step(state: State, event: object) -> Step:
     Raises :class:`~rankcore.errors.InvalidEvent` (naming what was wrong) for an
     event that is illegal now; the caller keeps its state.
     """
-    if not isinstance(state, State):
+    if type(state) is not State and not isinstance(state, State):
         raise InvalidEvent(f"step needs a rankcore State, got {type(state).__name__}")
-    handler = _HANDLERS.get(type(event))
+    kind = type(event)
+    fast = FAST_PATHS.get(kind)
+    if fast is not None:
+        done = fast(state, event)
+        if done is not None:
+            return done
+    handler = _HANDLERS.get(kind)
     if handler is None:
         raise InvalidEvent(
             f"step got {event!r}, which is not a rankcore event "
             f"(one of: {', '.join(t.__name__ for t in _HANDLERS)})"
         )
-    fast = FAST_PATHS.get(type(event))
-    if fast is not None:
-        done = fast(state, event)
-        if done is not None:
-            return done
     return general_step(state, event, handler)
 
 

@@ -19,7 +19,7 @@ from .errors import InvalidEvent
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
-from .records import evolve, maker
+from .records import copier, evolve, maker
 from .scheduling import (
     ClusterTx,
     announce_booking,
@@ -159,21 +159,23 @@ class Tx:
 
 # ---------------------------------------------------------------- helpers
 def recount(counts: tuple[int, ...], old: Phase | None, new: Phase | None) -> tuple[int, ...]:
+    """``counts`` with one replica moved from phase ``old`` to ``new`` (None,
+    or a phase not counted live: none)."""
     c = list(counts)
     if old is not None:
         c[_IDX[old]] -= 1
-    if new is not None and new in _IDX:
-        c[_IDX[new]] += 1
+    i = _IDX.get(new)  # type: ignore[arg-type]
+    if i is not None:
+        c[i] += 1
     return tuple(c)
 
 
+_copy_deployment = copier(Deployment)
+
+
 def put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object) -> Deployment:
-    return _evolve(
-        dep,
-        replicas=dep.replicas.set(new.replica_id, new),
-        counts=recount(dep.counts, old.phase, new.phase),
-        **changes,
-    )
+    return _copy_deployment(dep, replicas=dep.replicas.set(new.replica_id, new),
+                            counts=recount(dep.counts, old.phase, new.phase), **changes)
 
 
 def initialize(dep: Deployment, rid: str) -> InitializeReplica:

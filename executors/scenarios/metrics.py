@@ -17,6 +17,7 @@ CONTIGUITY = ("rank", "node_rank", "local_rank", "any")
 
 
 _START, _RECONFIGURE = rc.StartReplica, rc.ReconfigureReplica
+_RECOVERED, _READY = rc.ControllerRecovered, rc.ReplicaReady
 #: where Deployment.counts keeps the serving phases
 _RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
 _CONTIGUOUS = (False, False, False, False)
@@ -193,7 +194,7 @@ class Metrics:
             self.stale += 1
         after = result.state
         kind = type(event)
-        recovered = kind is rc.ControllerRecovered
+        recovered = kind is _RECOVERED
         if after.deployments is before.deployments and not recovered:
             # Nothing any deployment holds changed (a Tick with nothing due, a
             # stale answer): nothing measured changes either.
@@ -209,7 +210,7 @@ class Metrics:
                     now = rk.as_tuple()
                     known = tuple(n if s is None else s for s, n in zip(said, now))  # unsaid = unchanged
                     self._count_change(self._m(r.deployment), known, now)
-        else:
+        elif result.compactions:
             for comp in result.compactions:
                 m = self._m(comp.deployment)
                 for ch in comp.changes:
@@ -217,13 +218,13 @@ class Metrics:
         # A replacement of a replica whose start deadline had passed at this
         # step's time is a timeout (the step's Tick, or the clock an event
         # carried, expired it), not a crash.
-        deadlines = before.cluster.deadlines
-        for cmd in result.commands if result.commands else ():
+        for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
                 m = self._m(cmd.deployment)
                 m.starts += 1
                 if cmd.replaces is not None:
+                    deadlines = before.cluster.deadlines
                     due = deadlines.get(cmd.replaces) if deadlines else None
                     if due is not None and due <= t:
                         m.timeouts += 1
@@ -231,7 +232,7 @@ class Metrics:
                         self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif ctype is _RECONFIGURE:
                 self._m(cmd.deployment).reconfigures[cmd.reason] += 1
-        if kind is rc.ReplicaReady and not result.stale and self._crashed_at:
+        if kind is _READY and not result.stale and self._crashed_at:
             rid = event.replica_id  # type: ignore[attr-defined]
             name = after.index.get(rid)
             if name is not None:
@@ -240,10 +241,13 @@ class Metrics:
                 if t0 is not None:
                     self._m(name).crash_to_ready.append(t - t0)
         was = before.deployments
+        ms = self.deployments
         for name, dep in after.deployments.items():
-            if was.get(name) is dep and name in self.deployments:
+            m = ms.get(name)
+            if m is None:
+                m = ms[name] = DeploymentMetrics()
+            elif was.get(name) is dep:
                 continue  # unchanged: what was measured of it still holds
-            m = self._m(name)
             ranks = dep.ranks
             if ranks is not m._ranks:
                 m._ranks = ranks
