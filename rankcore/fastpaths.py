@@ -22,18 +22,29 @@ from .cluster import Cluster, clock_work_due
 from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
 from .lifecycle import Phase
-from .records import copier, maker
+from .records import maker, updater
 from .scheduling import _adjust
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
-from .transaction import initialize, put_replica, recount
+from .transaction import initialize, recount
 
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
 _PENDING, _STARTING, _RUNNING, _STOPPING = Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.STOPPING
 _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
 _Tick = maker(ScheduleTick)
-_copy_state, _copy_cluster, _copy_replica = copier(State), copier(Cluster), copier(Replica)
-_copy_deployment = copier(Deployment)
+# each copy a step makes, as an updater of the fields it changes (rankcore.records)
+_with_phase, _with_phase_version = updater(Replica, "phase"), updater(Replica, "phase", "config_version")
+_with_replica = updater(Deployment, "replicas", "counts")
+_with_ranks = updater(Deployment, "replicas", "ranks", "counts")
+_with_dep = updater(State, "deployments", "cluster")
+_with_dep_index = updater(State, "deployments", "cluster", "index")
+_with_dep_new = updater(State, "deployments", "cluster", "index", "next_replica")
+_with_clock = updater(Cluster, "now", "clock")
+_with_deadlines = updater(Cluster, "deadlines", "next_deadline")
+_with_clock_deadlines = updater(Cluster, "now", "clock", "deadlines", "next_deadline")
+_with_held = updater(Cluster, "held")
+_with_held_clock = updater(Cluster, "held", "now", "clock")
+_with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
 
 
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:
@@ -50,14 +61,17 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     return name, dep, dep.replicas[rid], cl
 
 
-def _clock_to(cl: Cluster, now: float | None) -> dict[str, Any] | None:
-    """The cluster fields an answer's ``now`` changes ({} when the clock does
-    not move); None when moving it brings work due (a Tick's step first)."""
+_STILL = -1.0  # (no answer's clock is negative)
+
+
+def _clock_to(cl: Cluster, now: float | None) -> float | None:
+    """Where an answer's ``now`` moves the clock to, or ``_STILL`` when it does
+    not move it; None when moving it brings work due (a Tick's step first)."""
     if now is None or (cl.clock and now <= cl.now):
-        return {}
+        return _STILL
     if clock_work_due(cl, now):
         return None
-    return {"now": float(now), "clock": True}
+    return float(now)
 
 
 def ready(state: State, e: ReplicaReady) -> Step | None:
@@ -71,18 +85,17 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
         return None
-    dep = put_replica(dep, rep, _copy_replica(rep, phase=_RUNNING))
+    dep = _with_replica(dep, dep.replicas.set(rid, _with_phase(rep, _RUNNING)), recount(dep.counts, _STARTING, _RUNNING))
     if dep.healthy and not dep.ranks.is_contiguous():
         return None
     deadlines = cl.deadlines
     if deadlines and rid in deadlines:
         at = deadlines[rid]
         deadlines = deadlines.delete(rid)
-        if at <= cl.next_deadline:  # it was the earliest
-            cl = _copy_cluster(cl, deadlines=deadlines, next_deadline=min(deadlines.values(), default=math.inf))
-        else:
-            cl = _copy_cluster(cl, deadlines=deadlines)
-    return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl),
+        # (refreshed when it was the earliest)
+        cl = _with_deadlines(cl, deadlines, min(deadlines.values(), default=math.inf) if at <= cl.next_deadline
+                             else cl.next_deadline)
+    return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
                  commands=(), stale=False, compactions=(), recovery=None)
 
 
@@ -97,21 +110,24 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
-    changes = _clock_to(cl, e.now)
-    if changes is None:
+    now = _clock_to(cl, e.now)
+    if now is None:
         return None
-    dep = put_replica(dep, rep, _copy_replica(rep, phase=_STARTING, config_version=dep.config_version))
+    dep = _with_replica(dep, dep.replicas.set(rid, _with_phase_version(rep, _STARTING, dep.config_version)),
+                        recount(dep.counts, _PENDING, _STARTING))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
-    if (changes or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
-        at = changes.get("now", cl.now) + timeout
-        changes["deadlines"] = cl.deadlines.set(rid, at)
-        changes["next_deadline"] = min(cl.next_deadline, at)
+    moved = now is not _STILL
+    if (moved or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
+        if not moved:
+            now = cl.now
+        at = now + timeout
+        cl = _with_clock_deadlines(cl, now, True, cl.deadlines.set(rid, at), min(cl.next_deadline, at))
         commands = (init, _Tick(at=at))
-    if changes:
-        cl = _copy_cluster(cl, **changes)  # one copy: the clock and the deadline
-    return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl),
+    elif moved:
+        cl = _with_clock(cl, now, True)
+    return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
                  commands=commands, stale=False, compactions=(), recovery=None)
 
 
@@ -140,32 +156,32 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     node = cl.nodes.get(node_id)
     if node is None:
         return None
-    changes = _clock_to(cl, e.now)
-    if changes is None:
+    now = _clock_to(cl, e.now)
+    if now is None:
         return None
+    moved = now is not _STILL
     if cl.suspects:
         until = cl.suspects.get(node_id)
-        if until is not None and until > changes.get("now", cl.now):
+        if until is not None and until > (now if moved else cl.now):
             return None
     free = node.free
     for k, _ in need:
         if free.get(k, 0.0) < -1e-9:
             return None  # over-committed: the replacement must fit like anyone else
     new_id = replica_id(name, state.next_replica)
-    cl = _copy_cluster(cl, held=cl.held.delete(rid).set(new_id, held), **changes)  # one copy: clock and booking
+    book = cl.held.delete(rid).set(new_id, held)
+    cl = _with_held_clock(cl, book, now, True) if moved else _with_held(cl, book)  # one copy: clock and booking
     ranks = dep.ranks.replace(rid, new_id, node_id)
     new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id)
-    dep = _copy_deployment(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks,
-                           counts=recount(dep.counts, phase, _PENDING))
+    dep = _with_ranks(dep, dep.replicas.delete(rid).set(new_id, new), ranks, recount(dep.counts, phase, _PENDING))
     rank = ranks.rank_of(new_id)
     commands = (
         _Start(replica_id=new_id, deployment=name, global_rank=rank.rank, world_size=dep.target,  # type: ignore[union-attr]
                replaces=rid, lineage=rep.lineage),
         _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
     )
-    return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl,
-                                   index=state.index.delete(rid).set(new_id, name),
-                                   next_replica=state.next_replica + 1),
+    return _Step(state=_with_dep_new(state, state.deployments.set(name, dep), cl,
+                                     state.index.delete(rid).set(new_id, name), state.next_replica + 1),
                  commands=commands, stale=False, compactions=(), recovery=None)
 
 
@@ -184,8 +200,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
     ranks = dep.ranks.release(rid)
-    dep = _copy_deployment(dep, replicas=dep.replicas.delete(rid), ranks=ranks,
-                           counts=recount(dep.counts, _STOPPING, None))
+    dep = _with_ranks(dep, dep.replicas.delete(rid), ranks, recount(dep.counts, _STOPPING, None))
     if dep.healthy and not ranks.is_contiguous():
         return None
     held = cl.held.get(rid) if cl.joined > 0 else None
@@ -193,12 +208,10 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         node_id, need = held
         node = cl.nodes.get(node_id)
         if node is None:
-            cl = _copy_cluster(cl, held=cl.held.delete(rid))
+            cl = _with_held(cl, cl.held.delete(rid))
         else:
-            cl = _copy_cluster(cl, held=cl.held.delete(rid), nodes=cl.nodes.set(node_id, _adjust(node, need, 1.0)),
-                               blocked=None)
-    return _Step(state=_copy_state(state, deployments=state.deployments.set(name, dep), cluster=cl,
-                                   index=state.index.delete(rid)),
+            cl = _with_held_nodes(cl, cl.held.delete(rid), cl.nodes.set(node_id, _adjust(node, need, 1.0)), None)
+    return _Step(state=_with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)),
                  commands=(), stale=False, compactions=(), recovery=None)
 
 

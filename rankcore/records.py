@@ -16,11 +16,12 @@ from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["evolve", "copier", "maker"]
+__all__ = ["evolve", "copier", "maker", "updater"]
 
 _T = TypeVar("_T")
 _COPIERS: dict[type, Any] = {}
 _MAKERS: dict[type, Any] = {}
+_UPDATERS: dict[tuple, Any] = {}
 _MISSING = object()
 
 
@@ -64,6 +65,31 @@ def _maker(cls: type) -> Any:
     src = f"def make(*, {', '.join(args)}):\n    new = _new(_cls)\n{''.join(body)}    return new\n"
     exec(compile(src, f"<rankcore.records maker for {cls.__name__}>", "exec"), scope)
     return scope["make"]
+
+
+def _updater(cls: type, changed: tuple[str, ...]) -> Any:
+    names = [a.name for a in attrs.fields(cls)]
+    unknown = [n for n in changed if n not in names]
+    if unknown or len(set(changed)) != len(changed):
+        raise TypeError(f"updater({cls.__name__}, {', '.join(changed)}): "
+                        + (f"no field {', '.join(unknown)}" if unknown else "a field twice"))
+    body = "".join(f"    _s{i}(new, {n if n in changed else 'inst.' + n})\n" for i, n in enumerate(names))
+    src = f"def update(inst, {', '.join(changed)}):\n    new = _new(_cls)\n{body}    return new\n"
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls, **_setters(cls, names)}
+    exec(compile(src, f"<rankcore.records updater for {cls.__name__}.{'/'.join(changed)}>", "exec"), scope)
+    return scope["update"]
+
+
+def updater(cls: type[_T], *fields: str) -> Any:
+    """A copy function that always changes the same ``fields``:
+    ``updater(cls, "a", "b")(inst, a, b)`` is ``copier(cls)(inst, a=a, b=b)``
+    without a keyword or a test per field (~30% cheaper on a 19-field record;
+    for the few copies every step makes)."""
+    key = (cls, fields)
+    update = _UPDATERS.get(key)
+    if update is None:
+        update = _UPDATERS[key] = _updater(cls, fields)
+    return update
 
 
 def copier(cls: type[_T]) -> Any:

@@ -19,7 +19,7 @@ from .errors import InvalidEvent
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
-from .records import copier, evolve, maker
+from .records import copier, evolve, maker, updater
 from .scheduling import (
     ClusterTx,
     announce_booking,
@@ -170,12 +170,14 @@ def recount(counts: tuple[int, ...], old: Phase | None, new: Phase | None) -> tu
     return tuple(c)
 
 
-_copy_deployment = copier(Deployment)
+_copy_deployment, _with_replica = copier(Deployment), updater(Deployment, "replicas", "counts")
 
 
 def put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object) -> Deployment:
-    return _copy_deployment(dep, replicas=dep.replicas.set(new.replica_id, new),
-                            counts=recount(dep.counts, old.phase, new.phase), **changes)
+    replicas, counts = dep.replicas.set(new.replica_id, new), recount(dep.counts, old.phase, new.phase)
+    if changes:
+        return _copy_deployment(dep, replicas=replicas, counts=counts, **changes)
+    return _with_replica(dep, replicas, counts)
 
 
 def initialize(dep: Deployment, rid: str) -> InitializeReplica:

@@ -1,0 +1,54 @@
+"""records.copier / maker / updater: the core's unvalidated copies and
+constructors give exactly what attrs.evolve and the constructors give."""
+
+from __future__ import annotations
+
+import attrs
+import immutables
+import pytest
+
+import rankcore as rc
+from rankcore.cluster import Cluster
+from rankcore.lifecycle import Phase
+from rankcore.records import copier, maker, updater
+from rankcore.state import Deployment, Replica, State
+
+
+def _dep() -> Deployment:
+    rep = Replica(replica_id="llm#0", deployment="llm", phase=Phase.PENDING, lineage=0)
+    return Deployment(name="llm", target=2, user_config={"a": 1}, replicas=immutables.Map({"llm#0": rep}))
+
+
+def test_copier_is_evolve_without_validation() -> None:
+    dep = _dep()
+    assert copier(Deployment)(dep, target=5, config_version=2) == attrs.evolve(dep, target=5, config_version=2)
+    assert copier(Deployment)(dep) == dep and copier(Deployment)(dep) is not dep
+    with pytest.raises(TypeError):
+        copier(Deployment)(dep, no_such_field=1)
+
+
+def test_updater_changes_its_fields_and_copies_the_rest() -> None:
+    dep = _dep()
+    counts = (0, 1, 0, 0, 0)
+    got = updater(Deployment, "target", "counts")(dep, 3, counts)
+    assert got == attrs.evolve(dep, target=3, counts=counts)
+    assert got.replicas is dep.replicas and got.ranks is dep.ranks  # shared, not copied
+    cl = Cluster()
+    assert updater(Cluster, "now", "clock")(cl, 12.5, True) == attrs.evolve(cl, now=12.5, clock=True)
+    st = State()
+    assert updater(State, "next_replica")(st, 7) == attrs.evolve(st, next_replica=7)
+    assert updater(Cluster, "now", "clock") is updater(Cluster, "now", "clock")  # made once
+
+
+def test_updater_names_a_field_the_record_lacks() -> None:
+    with pytest.raises(TypeError, match=r"updater\(Cluster, now, colck\): no field colck"):
+        updater(Cluster, "now", "colck")
+    with pytest.raises(TypeError, match="a field twice"):
+        updater(Cluster, "now", "now")
+
+
+def test_maker_is_the_constructor_with_defaults_and_factories() -> None:
+    made = maker(rc.StartReplica)(replica_id="llm#3", deployment="llm", global_rank=1, world_size=2)
+    assert made == rc.StartReplica(replica_id="llm#3", deployment="llm", global_rank=1, world_size=2)
+    assert maker(Deployment)(name="llm", target=2) == Deployment(name="llm", target=2)
+    assert maker(Deployment)(name="a", target=1).replicas == immutables.Map()
