@@ -33,7 +33,7 @@ from .cluster import Cluster, Need, Node
 from .commands import InitializeReplica, PlaceReplica, ScheduleTick
 from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
-from .records import evolve, maker
+from .records import evolve, maker, updater
 from .state import Deployment, Replica
 
 
@@ -63,6 +63,9 @@ __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "announce_bookin
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
 _Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
+# the copies a placement makes, of the fields it changes (rankcore.records)
+_with_free, _with_node = updater(Node, "free"), updater(Replica, "node_id")
+_with_placed = updater(Deployment, "replicas", "ranks")
 
 
 class ClusterTx:
@@ -119,7 +122,7 @@ def _adjust(node: Node, need: Need, sign: float) -> Node:
     free = node.free
     for k, v in need:
         free = free.set(k, free.get(k, 0.0) + sign * v)
-    return _evolve(node, free=free)
+    return _with_free(node, free)
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need, gang: tuple = ()) -> tuple:
@@ -354,7 +357,7 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     rid = rep.replica_id
     ranks = dep.ranks.place(rid, node_id)
     hold(tx, rid, node_id, dep.resources)
-    dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+    dep = _with_placed(dep, dep.replicas.set(rid, _with_node(rep, node_id)), ranks)
     rank = ranks.rank_of(rid)
     assert rank is not None
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
