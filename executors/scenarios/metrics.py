@@ -262,13 +262,12 @@ class Metrics:
             counts = dep.counts
             serving = counts[_RUNNING] + counts[_RECONFIGURING]
             target = dep.target
-            unavailable = max(0, target - serving)
             healthy = m.first_healthy is None and target > 0 and dep.healthy
-            if serving == m._serving and target == m._target and unavailable == m._unavailable and not healthy:
+            if serving == m._serving and target == m._target and not healthy:
                 continue  # nothing measured of it changes
             self._settle(m, t)
             fell = serving < m._serving and target == m._target
-            m._target, m._serving, m._unavailable = target, serving, unavailable
+            m._target, m._serving, m._unavailable = target, serving, max(0, target - serving)
             if healthy:
                 m.first_healthy = t
             self._full_strength(m, t, fell)
@@ -294,8 +293,8 @@ class Metrics:
         self._settle(m, t)
         m.crashes += 1
         if serving:
-            m._unavailable += 1
             m._serving -= 1
+            m._unavailable = max(0, m._target - m._serving)  # (always this: one test of a step's change)
             self._full_strength(m, t, True)
 
     @staticmethod

@@ -79,6 +79,7 @@ class Simulation:
         # crashes, hangs or node losses. ``rng`` is the latencies' stream.
         self._streams: dict[str, random.Random] = {}
         self.rng = self.stream("latency")
+        self._latency: dict[tuple[str, str], Any] = {}  # (deployment, what) -> the scenario's Latency
         self._slots: set[tuple[str, int]] = set()  # (deployment, rank) whose crash clock runs
         self.now = 0.0
         self._queue: list[tuple[float, int, int, Callable, tuple]] = []
@@ -123,7 +124,10 @@ class Simulation:
         self._cancelled.add(ticket)
 
     def latency(self, deployment: str, what: str) -> float:
-        return self.scenario.latency_for(deployment, what).sample(self.rng)
+        lat = self._latency.get((deployment, what))
+        if lat is None:
+            lat = self._latency[deployment, what] = self.scenario.latency_for(deployment, what)
+        return lat.sample(self.rng)
 
     def run_until(self, t_end: float, *, advance_clock: bool = True) -> None:
         """Process everything scheduled up to ``t_end`` (inclusive); then the

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import rankcore as rc
 from rankcore.records import maker
+from rankcore.state import parse_replica_number
 
 from ..scenarios import Metrics, Scenario
 
@@ -153,6 +154,7 @@ class SimBackend:
             rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick}
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
         self._by_rank: dict[tuple[str, int | None], set[str]] = {}
+        self._gpu_of: dict[str, float] = {}  # deployment -> GPUs a replica takes (the scenario's)
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -181,13 +183,16 @@ class SimBackend:
         return spec.gpus if spec is not None else 1.0
 
     def _start(self, cmd: rc.StartReplica) -> None:
-        n = rc.state.parse_replica_number(cmd.replica_id)
-        if n is not None:
-            self.started = max(self.started, n + 1)
-        if cmd.lineage is not None:
-            self.lineages = max(self.lineages, cmd.lineage + 1)
+        n = parse_replica_number(cmd.replica_id)
+        if n is not None and n >= self.started:
+            self.started = n + 1
+        if cmd.lineage is not None and cmd.lineage >= self.lineages:
+            self.lineages = cmd.lineage + 1
         self._epochs += 1
-        r = SimReplica(cmd, self._gpus(cmd.deployment), self._epochs)
+        gpus = self._gpu_of.get(cmd.deployment)
+        if gpus is None:
+            gpus = self._gpu_of[cmd.deployment] = self._gpus(cmd.deployment)
+        r = SimReplica(cmd, gpus, self._epochs)
         self.replicas[r.replica_id] = r
         self._by_rank.setdefault((r.deployment, r.global_rank), set()).add(r.replica_id)
 
