@@ -66,6 +66,7 @@ _Place = maker(PlaceReplica)  # built from the core's own valid values: no valid
 # the copies a placement makes, of the fields it changes (rankcore.records)
 _with_free, _with_node = updater(Node, "free"), updater(Replica, "node_id")
 _with_placed = updater(Deployment, "replicas", "ranks")
+_View = maker(NodeView)  # (a node the core holds, as it holds it)
 
 
 class ClusterTx:
@@ -297,7 +298,7 @@ def _views(cl: ClusterTx, dep: Deployment, avoid: tuple, cache: dict | None = No
     deployment and remade only after a reservation there."""
     ranks = dep.ranks
     if cache is None:
-        return [NodeView(node_id=n.node_id, order=n.order, free=n.free, replicas=ranks.replicas_on(n.node_id))
+        return [_View(node_id=n.node_id, order=n.order, free=n.free, replicas=ranks.replicas_on(n.node_id))
                 for n in cl.nodes.values() if n.node_id not in avoid]
     mine = cache.get(dep.name)
     if mine is None:
@@ -308,8 +309,8 @@ def _views(cl: ClusterTx, dep: Deployment, avoid: tuple, cache: dict | None = No
             continue
         v = mine.get(n.node_id)
         if v is None:
-            v = mine[n.node_id] = NodeView(node_id=n.node_id, order=n.order, free=n.free,
-                                           replicas=ranks.replicas_on(n.node_id))
+            v = mine[n.node_id] = _View(node_id=n.node_id, order=n.order, free=n.free,
+                                        replicas=ranks.replicas_on(n.node_id))
         out.append(v)
     return out
 

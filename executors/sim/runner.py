@@ -116,7 +116,7 @@ class Simulation:
         """Run ``fn(*args)`` ``delay`` virtual seconds from now (``last``: after
         everything else due at that instant); returns a ticket for ``cancel``."""
         self._seq += 1
-        heapq.heappush(self._queue, (self.now + max(0.0, delay), int(last), self._seq, fn, args))
+        heapq.heappush(self._queue, (self.now + delay if delay > 0 else self.now, 1 if last else 0, self._seq, fn, args))
         return self._seq
 
     def cancel(self, ticket: int) -> None:
