@@ -32,7 +32,7 @@ RETRY_S = 30.0
 SUSPECT_S = 15.0
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Node:
     """A live node: its total resources, what is free after the core's
     reservations (may go below zero after a capacity drop), labels, and its
@@ -45,7 +45,7 @@ class Node:
     order: tuple = ()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Cluster:
     """Nodes, reservations, the waiting queue and the clock."""
 

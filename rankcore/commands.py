@@ -33,7 +33,7 @@ __all__ = [
 
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class StartReplica:
     """Create replica ``replica_id`` and place it; it holds ``global_rank``.
 
@@ -56,7 +56,7 @@ class StartReplica:
     gang: GangContext | None = None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class InitializeReplica:
     """Run the user's ``__init__`` with the full rank, then ``reconfigure``
     with ``user_config`` when ``call_reconfigure`` (the seed's startup rule),
@@ -71,7 +71,7 @@ class InitializeReplica:
     pass_rank: bool = attrs.field(default=False, validator=f.flag)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReconfigureReplica:
     """Tell a running replica its new rank / user_config.
 
@@ -92,7 +92,7 @@ class ReconfigureReplica:
     pass_rank: bool = attrs.field(validator=f.flag)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class StopReplica:
     """Stop the replica gracefully. Answer: ReplicaStopped."""
 
@@ -100,7 +100,7 @@ class StopReplica:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class UpdateWorldSize:
     """Every live replica of ``deployment`` now has ``world_size`` (the target)."""
 
@@ -108,7 +108,7 @@ class UpdateWorldSize:
     world_size: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class PlaceReplica:
     """Put started replica ``replica_id`` on ``node_id``, reserving ``resources``
     there (only when the core places: it knows nodes from ``NodeJoined``).
@@ -127,7 +127,7 @@ class PlaceReplica:
     capture_child_tasks: bool = True
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ScheduleTick:
     """Feed the core a ``Tick`` with ``now >= at`` (a start deadline or a
     suspect node's end falls then). No answer besides the Tick."""
@@ -135,7 +135,7 @@ class ScheduleTick:
     at: float
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class GangChanged:
     """A gang's members changed (``restart_replica`` replaced one): tell every
     member (``members`` in gang-rank order). No answer."""

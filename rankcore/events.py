@@ -126,7 +126,7 @@ def _check_choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
     return check
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
 
@@ -165,7 +165,7 @@ class DeploymentApplied:
     gang_failure: str = attrs.field(default="restart_gang", validator=_check_choice(GANG_FAILURES))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ScaleRequested:
     """Someone (a user, an autoscaler) asked for a new replica count.
 
@@ -181,7 +181,7 @@ class ScaleRequested:
     victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaPlaced:
     """The executor put a started replica on a node (answers StartReplica)."""
 
@@ -193,14 +193,14 @@ class ReplicaPlaced:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaReady:
     """The replica finished initialising (answers InitializeReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
@@ -208,7 +208,7 @@ class ReplicaReconfigured:
     version: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaCrashed:
     """The replica died, failed to start, failed a health check or a reconfigure."""
 
@@ -224,14 +224,14 @@ class ReplicaCrashed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaStopped:
     """The replica has fully stopped (answers StopReplica); its ranks are released."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class NodeLost:
     """A node is gone: every replica placed on it has crashed."""
 
@@ -248,7 +248,7 @@ def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: 
                             f"every bundle of the group, got {value!r}")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class BundlesPlaced:
     """Where the bundles of a static deployment's placement group are now (the
     caller's group was rescheduled after a node loss, say). A FAILED replica
@@ -280,7 +280,7 @@ def _check_report(inst: ReplicaReport, attribute: attrs.Attribute, value: Any) -
         )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class NodeJoined:
     """A node joined the cluster: from now on the core places replicas (see
     docs/architecture.md, "Placement"). ``order`` breaks placement ties (lower
@@ -292,7 +292,7 @@ class NodeJoined:
     order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class NodeCapacityChanged:
     """A node's total resources changed. Replicas already there stay (even if
     they no longer fit); new ones go there only while they fit. Also clears
@@ -302,7 +302,7 @@ class NodeCapacityChanged:
     resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class PlacementFailed:
     """The executor could not put a replica on the node a PlaceReplica named
     (no room there after all, the node refused it). The core frees what it
@@ -317,7 +317,7 @@ class PlacementFailed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Tick:
     """Time passed: the core's clock is now ``now`` (seconds, any origin, never
     going back). Start timeouts and suspect nodes run on it; a ScheduleTick
@@ -326,7 +326,7 @@ class Tick:
     now: float = attrs.field(validator=f.seconds)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaReport:
     """What one live replica tells a recovering controller.
 
@@ -351,7 +351,7 @@ class ReplicaReport:
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 

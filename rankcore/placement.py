@@ -36,7 +36,7 @@ POLICIES = ("spread", "pack", "rank_packed")
 _EPS = 1e-9
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class NodeView:
     """A live node as placement sees it."""
 

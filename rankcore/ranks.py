@@ -20,6 +20,7 @@ import attrs
 
 from .errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
 from .persistent import MISSING, Edit, Persistent, atomic, atomic_bulk, locked
+from .records import maker
 
 __all__ = ["ReplicaRank", "ReportedRank", "Reassignment", "Reassignments", "LowerBound", "RankTable",
            "MAX_RANKS", "MAX_LOCAL"]
@@ -40,7 +41,7 @@ def _opt_nonneg_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         _nonneg_int(inst, attribute, value)
 
 
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, weakref_slot=False)
 class ReplicaRank:
     """A replica's ranks: global (0..N-1), its node's (0..M-1), on its node (0..K-1)."""
 
@@ -353,13 +354,12 @@ def _bits_prefix(e: Edit, t: int, n: int) -> None:
         e.discard(t, k)
 
 
-def _rank(r: int, nr: int, local: int, _new: Any = object.__new__, _set: Any = object.__setattr__) -> ReplicaRank:
+_make_rank = maker(ReplicaRank)
+
+
+def _rank(r: int, nr: int, local: int) -> ReplicaRank:
     """Build a ReplicaRank from ints the table already validated (hot path)."""
-    rk = _new(ReplicaRank)
-    _set(rk, "rank", r)
-    _set(rk, "node_rank", nr)
-    _set(rk, "local_rank", local)
-    return rk
+    return _make_rank(rank=r, node_rank=nr, local_rank=local)
 
 
 def _bit_positions(mask: int) -> list[int]:

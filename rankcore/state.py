@@ -42,7 +42,7 @@ def parse_replica_number(rid: str) -> int | None:
     return int(tail)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Replica:
     """One incarnation of a replica. A replacement is a new Replica (new id)
     of the same ``lineage``; events about an older incarnation are stale."""
@@ -64,7 +64,7 @@ def _empty_counts() -> tuple[int, ...]:
     return (0,) * len(LIVE)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Deployment:
     """A deployment's config, replicas and rank table."""
 
@@ -139,7 +139,7 @@ class Deployment:
         return packing_gap([ranks.node_of(rid) for rid in ranks])  # (iteration is in global-rank order)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class State:
     """Everything the core knows. Build the first one with ``State()``."""
 
@@ -182,7 +182,7 @@ def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:
     return tuple(state.deployments[name].spec() for name in sorted(state.deployments.keys()))
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class RecoveryOutcome:
     """What a ``ControllerRecovered`` step did to the fleet, so that a
     destructive outcome (replicas stopped) cannot pass unnoticed.
@@ -205,7 +205,7 @@ class RecoveryOutcome:
         return bool(self.stopped or self.unknown_stopped)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Compaction:
     """One compaction inside a step: the lower bound it had to meet and what it changed."""
 
@@ -214,7 +214,7 @@ class Compaction:
     changes: Reassignments
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class Step:
     """The result of one ``step``: the new state and what to do, in order.
 

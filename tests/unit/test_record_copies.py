@@ -52,3 +52,32 @@ def test_maker_is_the_constructor_with_defaults_and_factories() -> None:
     assert made == rc.StartReplica(replica_id="llm#3", deployment="llm", global_rank=1, world_size=2)
     assert maker(Deployment)(name="llm", target=2) == Deployment(name="llm", target=2)
     assert maker(Deployment)(name="a", target=1).replicas == immutables.Map()
+
+
+def test_the_cores_records_are_filled_through_a_twin_and_stay_frozen() -> None:
+    """The hot records have a same-layout twin (no __weakref__ slot), so their
+    copies are plain attribute stores; what comes out is a real, frozen record."""
+    from rankcore.records import _twin
+
+    for cls in (State, Deployment, Replica, Cluster, rc.StartReplica, rc.ReplicaPlaced, rc.ReplicaRank):
+        assert _twin(cls) is not None, cls
+    got = updater(Deployment, "target")(_dep(), 9)
+    assert type(got) is Deployment and got.target == 9
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        got.target = 1  # type: ignore[misc]
+
+
+def test_a_record_with_a_weakref_slot_is_copied_through_its_setters() -> None:
+    """CPython refuses the twin's class switch for a class with __weakref__:
+    those records are written slot by slot instead, with the same result."""
+    from rankcore.records import _twin
+
+    @attrs.frozen(kw_only=True)
+    class Weak:
+        a: int
+        b: str = "x"
+
+    assert "__weakref__" in Weak.__slots__ and _twin(Weak) is None
+    w = maker(Weak)(a=1)
+    assert w == Weak(a=1) and updater(Weak, "b")(w, "y") == Weak(a=1, b="y")
+    assert copier(Weak)(w, a=2) == Weak(a=2)
