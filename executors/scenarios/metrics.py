@@ -218,10 +218,11 @@ class Metrics:
         # A replacement of a replica whose start deadline had passed at this
         # step's time is a timeout (the step's Tick, or the clock an event
         # carried, expired it), not a crash.
+        ms = self.deployments
         for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
-                m = self._m(cmd.deployment)
+                m = ms.get(cmd.deployment) or self._m(cmd.deployment)
                 m.starts += 1
                 if cmd.replaces is not None:
                     deadlines = before.cluster.deadlines
@@ -241,7 +242,6 @@ class Metrics:
                 if t0 is not None:
                     self._m(name).crash_to_ready.append(t - t0)
         was = before.deployments
-        ms = self.deployments
         for name, dep in after.deployments.items():
             m = ms.get(name)
             if m is None:
