@@ -43,8 +43,9 @@ def _twin(cls: type) -> type | None:
     if not slots or "__weakref__" in slots or cls.__bases__ != (object,):
         return None
     twin = type(f"_{cls.__name__}Twin", (object,), {"__slots__": tuple(slots), "__module__": __name__})
+    probe: Any = object.__new__(twin)
     try:
-        object.__new__(twin).__class__ = cls
+        probe.__class__ = cls
     except TypeError:
         return None
     return twin

@@ -243,11 +243,13 @@ class Metrics:
                     self._m(name).crash_to_ready.append(t - t0)
         was = before.deployments
         for name, dep in after.deployments.items():
-            m = ms.get(name)
-            if m is None:
+            found = ms.get(name)
+            if found is None:
                 m = ms[name] = DeploymentMetrics()
             elif was.get(name) is dep:
                 continue  # unchanged: what was measured of it still holds
+            else:
+                m = found
             ranks = dep.ranks
             if ranks is not m._ranks:
                 m._ranks = ranks
