@@ -61,17 +61,14 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     return name, dep, dep.replicas[rid], cl
 
 
-_STILL = -1.0  # (no answer's clock is negative)
-
-
-def _clock_to(cl: Cluster, now: float | None) -> float | None:
-    """Where an answer's ``now`` moves the clock to, or ``_STILL`` when it does
-    not move it; None when moving it brings work due (a Tick's step first)."""
+def _moves_clock(cl: Cluster, now: float | None) -> bool | None:
+    """Whether an answer's ``now`` moves the clock; None when moving it
+    brings work due (a Tick's step first)."""
     if now is None or (cl.clock and now <= cl.now):
-        return _STILL
+        return False
     if clock_work_due(cl, now):
         return None
-    return float(now)
+    return True
 
 
 def ready(state: State, e: ReplicaReady) -> Step | None:
@@ -110,18 +107,16 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
-    now = _clock_to(cl, e.now)
-    if now is None:
+    moved = _moves_clock(cl, e.now)
+    if moved is None:
         return None
     dep = _with_replica(dep, dep.replicas.set(rid, _with_phase_version(rep, _STARTING, dep.config_version)),
                         recount(dep.counts, _PENDING, _STARTING))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
-    moved = now is not _STILL
+    now = float(e.now) if moved else cl.now  # type: ignore[arg-type]
     if (moved or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
-        if not moved:
-            now = cl.now
         at = now + timeout
         cl = _with_clock_deadlines(cl, now, True, cl.deadlines.set(rid, at), min(cl.next_deadline, at))
         commands = (init, _Tick(at=at))
@@ -156,13 +151,13 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     node = cl.nodes.get(node_id)
     if node is None:
         return None
-    now = _clock_to(cl, e.now)
-    if now is None:
+    moved = _moves_clock(cl, e.now)
+    if moved is None:
         return None
-    moved = now is not _STILL
+    now = float(e.now) if moved else cl.now  # type: ignore[arg-type]
     if cl.suspects:
         until = cl.suspects.get(node_id)
-        if until is not None and until > (now if moved else cl.now):
+        if until is not None and until > now:
             return None
     free = node.free
     for k, _ in need:
