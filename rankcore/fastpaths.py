@@ -23,9 +23,9 @@ from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
 from .lifecycle import Phase
 from .records import maker, updater
-from .scheduling import _adjust
+from .scheduling import _adjust, booking_to_pass
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
-from .transaction import initialize, recount
+from .transaction import initialize, put_replica, recount
 
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
@@ -34,7 +34,6 @@ _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplic
 _Tick = maker(ScheduleTick)
 # each copy a step makes, as an updater of the fields it changes (rankcore.records)
 _with_phase, _with_phase_version = updater(Replica, "phase"), updater(Replica, "phase", "config_version")
-_with_replica = updater(Deployment, "replicas", "counts")
 _with_ranks = updater(Deployment, "replicas", "ranks", "counts")
 _with_dep = updater(State, "deployments", "cluster")
 _with_dep_index = updater(State, "deployments", "cluster", "index")
@@ -82,7 +81,7 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
         return None
-    dep = _with_replica(dep, dep.replicas.set(rid, _with_phase(rep, _RUNNING)), recount(dep.counts, _STARTING, _RUNNING))
+    dep = put_replica(dep, rep, _with_phase(rep, _RUNNING))
     if dep.healthy and not dep.ranks.is_contiguous():
         return None
     deadlines = cl.deadlines
@@ -110,8 +109,7 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     moved = _moves_clock(cl, e.now)
     if moved is None:
         return None
-    dep = _with_replica(dep, dep.replicas.set(rid, _with_phase_version(rep, _STARTING, dep.config_version)),
-                        recount(dep.counts, _PENDING, _STARTING))
+    dep = put_replica(dep, rep, _with_phase_version(rep, _STARTING, dep.config_version))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
@@ -142,27 +140,16 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     phase = rep.phase
     if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
         return None
-    if cl.queued or rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
-        return None
-    held = cl.held.get(rid)
-    if held is None or held[1] != dep.resources:
-        return None
-    node_id, need = held
-    node = cl.nodes.get(node_id)
-    if node is None:
+    if rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
         return None
     moved = _moves_clock(cl, e.now)
     if moved is None:
         return None
     now = float(e.now) if moved else cl.now  # type: ignore[arg-type]
-    if cl.suspects:
-        until = cl.suspects.get(node_id)
-        if until is not None and until > now:
-            return None
-    free = node.free
-    for k, _ in need:
-        if free.get(k, 0.0) < -1e-9:
-            return None  # over-committed: the replacement must fit like anyone else
+    held = booking_to_pass(cl, dep, rid, now)  # (the clock as the answer moves it)
+    if held is None:
+        return None
+    node_id = held[0]
     new_id = replica_id(name, state.next_replica)
     book = cl.held.delete(rid).set(new_id, held)
     cl = _with_held_clock(cl, book, now, True) if moved else _with_held(cl, book)  # one copy: clock and booking

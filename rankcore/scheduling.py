@@ -58,7 +58,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "announce_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -374,23 +374,37 @@ def keep_booking(tx: Tx, dep: Deployment, rid: str, new_id: str) -> tuple[str, N
     The hot path of a managed core: it reads the cluster without opening the
     step's working copy and, when nothing else changes, sets one field."""
     cl = tx.view
-    held = cl.held.get(rid)
-    if held is None or cl.queued or held[1] != dep.resources:
+    held = booking_to_pass(cl, dep, rid, cl.now)
+    if held is None:
         return None
-    node_id, need = held
-    node = cl.nodes.get(node_id)
-    if node is None or (cl.suspects and cl.suspect(node_id)):
-        return None
-    free = node.free
-    for k, _ in need:
-        if free.get(k, 0.0) < -1e-9:
-            return None  # an over-committed node: the replacement must fit like anyone else
     book = cl.held.delete(rid).set(new_id, held)
     if tx.working is not None:
         tx.working.held = book
         tx.working.changed = True
     else:
         tx.cluster = _evolve(tx.cluster, held=book)
+    return held
+
+
+def booking_to_pass(cl: Cluster | ClusterTx, dep: Deployment, rid: str, now: float) -> tuple[str, Need] | None:
+    """``rid``'s booking (node, need) when the rule of ``keep_booking`` lets it
+    pass to a crash replacement at time ``now``: nobody waits, the need is
+    unchanged, the node is up, not suspect and not over-committed; else None."""
+    held = cl.held.get(rid)
+    if held is None or cl.queued or held[1] != dep.resources:
+        return None
+    node_id, need = held
+    node = cl.nodes.get(node_id)
+    if node is None:
+        return None
+    if cl.suspects:
+        until = cl.suspects.get(node_id)
+        if until is not None and until > now:
+            return None
+    free = node.free
+    for k, _ in need:
+        if free.get(k, 0.0) < -1e-9:
+            return None  # an over-committed node: the replacement must fit like anyone else
     return held
 
 
