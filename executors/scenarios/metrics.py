@@ -54,15 +54,14 @@ class DeploymentMetrics:
     #: under an unchanged target, not a new target or the ramp to it) to full strength again
     to_full_strength: list = attrs.field(factory=list)
     # integration state
-    _unavailable: int = 0
-    _noncontiguous: bool = False
     _serving: int = 0
     _target: int = 0
+    #: non-contiguous now, per level of CONTIGUITY (the last: at any level)
     _off: tuple = (False, False, False, False)
     _short_since: float | None = None
     #: the integrand above has been constant since this time (integrated up to it)
     _since: float = 0.0
-    #: the rank table _noncontiguous and _off were read from (a step that
+    #: the rank table _off was read from (a step that
     #: kept it, most answers, needs no new reading)
     _ranks: object = attrs.field(default=None, eq=False, repr=False)
 
@@ -176,15 +175,16 @@ class Metrics:
         while others are short ...), not at every step."""
         dt = t - m._since
         if dt > 0:
-            m.unavailable_replica_seconds += m._unavailable * dt
+            m.unavailable_replica_seconds += max(0, m._target - m._serving) * dt
+            noncontiguous = m._off[3]
             if m.first_healthy is not None and m._target > 0:  # after start-up
                 key = (m._target, m._serving)
                 m.by_strength[key] = m.by_strength.get(key, 0.0) + dt
-                if m._noncontiguous:
+                if noncontiguous:
                     for level, off in zip(CONTIGUITY, m._off):
                         if off:
                             m.noncontiguous_by_level[level] += dt
-            if m._noncontiguous:
+            if noncontiguous:
                 m.noncontiguous_seconds += dt
             m._since = t
 
@@ -218,11 +218,10 @@ class Metrics:
         # A replacement of a replica whose start deadline had passed at this
         # step's time is a timeout (the step's Tick, or the clock an event
         # carried, expired it), not a crash.
-        ms = self.deployments
         for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
-                m = ms.get(cmd.deployment) or self._m(cmd.deployment)
+                m = self._m(cmd.deployment)
                 m.starts += 1
                 if cmd.replaces is not None:
                     deadlines = before.cluster.deadlines
@@ -243,13 +242,9 @@ class Metrics:
                     self._m(name).crash_to_ready.append(t - t0)
         was = before.deployments
         for name, dep in after.deployments.items():
-            found = ms.get(name)
-            if found is None:
-                m = ms[name] = DeploymentMetrics()
-            elif was.get(name) is dep:
+            if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
-            else:
-                m = found
+            m = self._m(name)
             ranks = dep.ranks
             if ranks is not m._ranks:
                 m._ranks = ranks
@@ -260,7 +255,7 @@ class Metrics:
                     off = (lb.rank > 0, lb.node_rank > 0, lb.local_rank > 0, True)
                 if off != m._off:
                     self._settle(m, t)
-                    m._off, m._noncontiguous = off, off[3]
+                    m._off = off
             counts = dep.counts
             serving = counts[_RUNNING] + counts[_RECONFIGURING]
             target = dep.target
@@ -269,7 +264,7 @@ class Metrics:
                 continue  # nothing measured of it changes
             self._settle(m, t)
             fell = serving < m._serving and target == m._target
-            m._target, m._serving, m._unavailable = target, serving, max(0, target - serving)
+            m._target, m._serving = target, serving
             if healthy:
                 m.first_healthy = t
             self._full_strength(m, t, fell)
@@ -296,7 +291,6 @@ class Metrics:
         m.crashes += 1
         if serving:
             m._serving -= 1
-            m._unavailable = max(0, m._target - m._serving)  # (always this: one test of a step's change)
             self._full_strength(m, t, True)
 
     @staticmethod
