@@ -89,7 +89,6 @@ class Driver:
         self.gc_freeze = gc_freeze
         self.clock = clock
         self.freezes = 0  # how many times the driver froze the collector's view
-        self._frozen_at = 0  # replicas in the state at the last freeze
         # the replica counts, outside of which the next freeze is due
         self._freeze_below, self._freeze_from = -FREEZE_MIN_CHANGE, FREEZE_MIN_CHANGE
 
@@ -131,7 +130,6 @@ class Driver:
         """The state holds ``n`` replicas, far enough from the last freeze: freeze again."""
         gc.collect()
         gc.freeze()
-        self._frozen_at = n
         self.freezes += 1
         change = max(FREEZE_MIN_CHANGE, n // 4)
         self._freeze_below, self._freeze_from = n - change, n + change

@@ -461,7 +461,7 @@ def step(state: State, event: object) -> Step:
     Raises :class:`~rankcore.errors.InvalidEvent` (naming what was wrong) for an
     event that is illegal now; the caller keeps its state.
     """
-    if type(state) is not State and not isinstance(state, State):
+    if not isinstance(state, State):
         raise InvalidEvent(f"step needs a rankcore State, got {type(state).__name__}")
     kind = type(event)
     fast = FAST_PATHS.get(kind)

@@ -159,8 +159,7 @@ class Simulation:
         self.driver.feed(event, self.now)
         if self.check:
             check_state(self.driver.state)
-        if self._blocked_on is not None:
-            self._maybe_unblock()
+        self._maybe_unblock()
 
     def stream(self, name: str) -> random.Random:
         """The seeded random stream of one source (``crash/llm/3``, ``node/node-2``, ``hang``, ...)."""
