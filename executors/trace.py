@@ -10,6 +10,7 @@ bytes: keys are written in a fixed order and nothing depends on hash order.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
@@ -203,8 +204,20 @@ def _command_record(t: float, cmd: object, after: rc.State) -> dict:
     }
 
 
-def read_trace(lines: Iterable[str]) -> Iterator[dict]:
-    """Parse a trace, checking the header names this schema and a known version."""
+def read_trace(source: str | os.PathLike[str] | Iterable[str]) -> Iterator[dict]:
+    """Parse a trace, checking the header names this schema and a known version.
+
+    ``source`` is a path (``str`` or ``os.PathLike``: a trace is a file, and a
+    string is never taken for its text), an open file, or any iterable of lines.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, encoding="utf-8") as fp:
+            yield from _parse(fp)
+        return
+    yield from _parse(source)
+
+
+def _parse(lines: Iterable[str]) -> Iterator[dict]:
     first = True
     for n, line in enumerate(lines, 1):
         if not line.strip():

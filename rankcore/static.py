@@ -110,6 +110,8 @@ class StaticPlacement:
                 if b >= len(nodes):
                     raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds bundle {b}, but group "
                                         f"{self.group!r} has {len(nodes)} bundles (0..{len(nodes) - 1})")
+                if b in owner and owner[b] == rank:
+                    raise InvalidConfig(f"{where}.replica_bundle_mapping: rank {rank} lists bundle {b} twice")
                 if b in owner:
                     raise InvalidConfig(f"{where}.replica_bundle_mapping: bundle {b} is given to rank "
                                         f"{owner[b]} and to rank {rank}")

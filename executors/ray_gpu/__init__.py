@@ -12,6 +12,7 @@ from .api import (
     Deployment,
     DeploymentHandle,
     DeploymentResponse,
+    ask,
     deployment,
     get_controller,
     get_deployment_handle,
@@ -20,6 +21,6 @@ from .api import (
 from .context import ReplicaContext, get_replica_context
 from .static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
 
-__all__ = ["deployment", "run", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
+__all__ = ["deployment", "run", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
            "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"]
