@@ -54,9 +54,9 @@ Method
   same ranks; ours must be contiguous after W3 (and change exactly
   ``lower_bound().replicas`` replicas), after W4 and after W5.
 * At the end a summary line per N gives the speed-ups (ray seconds / ours
-  seconds) and, at N = 100,000, whether the targets are met: >= 10x on each of
-  W1-W4 (W1 = one assign_many, W3 = release + compact), >= 1000x on W5, and
-  ours' W3 reconfigured count <= Ray's.
+  seconds; W1 = one assign_many, W3 = release + compact) and whether ours' W3
+  reconfigured count is <= Ray's. Plain ratios: the first issue's 10x / 1000x
+  targets were retired (docs/benchmarks.md says why), so none is judged here.
 
 How to run
 ----------
@@ -90,8 +90,6 @@ except ImportError:  # running from a checkout without an install
 from rankcore.ranks import RankTable, ReplicaRank
 
 CHURN_STEPS = 10_000
-TARGET_N = 100_000
-TARGET_SPEEDUP = {"W1": 10.0, "W2": 10.0, "W3": 10.0, "W4": 10.0, "W5": 1000.0}
 LEVELS = ("rank", "node_rank", "local_rank", "replicas")
 
 
@@ -493,9 +491,6 @@ def evaluate(n: int, rows: dict, ours: dict, ray: dict | None) -> dict:
     out: dict = {"speedups": speed, "w1_per_op_speedup": rows["W1 (per-op)"]["speedup"]}
     if ray is not None:
         out["w3_reconfigured_ours_le_ray"] = ours["w3_reconfigured"] <= ray["w3_reconfigured"]
-        out["targets"] = {w: (s is not None and s >= TARGET_SPEEDUP[w]) for w, s in speed.items()}
-        out["targets"]["W3 reconfigured ours <= ray"] = out["w3_reconfigured_ours_le_ray"]
-        out["all_met"] = all(out["targets"].values())
     return out
 
 
@@ -522,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gc enabled={gc.isenabled()}; seed {args.seed}; sizes {', '.join(f'{n:,}' for n in sizes)}"
     )
     if ray_mod is None:
-        print("NOTE: Ray Serve's rank code was not run; ray columns are empty and no targets are evaluated.")
+        print("NOTE: Ray Serve's rank code was not run; ray columns and speed-ups are empty.")
 
     report: dict = {
         "meta": {
@@ -576,22 +571,6 @@ def main(argv: list[str] | None = None) -> int:
         if "w3_reconfigured_ours_le_ray" in v:
             line += f"; W3 reconfigured ours<=ray: {'yes' if v['w3_reconfigured_ours_le_ray'] else 'NO'}"
         print(line)
-    if ray_mod is None:
-        print(f"Targets at N={TARGET_N:,}: not evaluated (Ray did not run)")
-        report["targets"] = None
-    elif TARGET_N not in verdicts:
-        print(f"Targets at N={TARGET_N:,}: not evaluated ({TARGET_N} not in --sizes)")
-        report["targets"] = None
-    else:
-        t = verdicts[TARGET_N]["targets"]
-        sp = verdicts[TARGET_N]["speedups"]
-        print(f"Targets at N={TARGET_N:,}:")
-        for w in ("W1", "W2", "W3", "W4", "W5"):
-            print(f"  {w} >= {TARGET_SPEEDUP[w]:,.0f}x: {'MET' if t[w] else 'NOT MET'} ({_fmt_ratio(sp[w])})")
-        print(f"  W3 reconfigured ours <= ray: {'MET' if t['W3 reconfigured ours <= ray'] else 'NOT MET'}")
-        print(f"  all targets: {'MET' if verdicts[TARGET_N]['all_met'] else 'NOT MET'}")
-        report["targets"] = {"n": TARGET_N, **verdicts[TARGET_N]}
-
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         print(f"wrote {args.json}")
