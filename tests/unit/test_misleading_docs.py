@@ -62,3 +62,22 @@ def test_ask_is_exported_where_docs_ray_md_calls_it():
     assert "get_controller" in rg.__all__
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "ray.md").read_text()
     assert 'ask(get_controller(), "status")' in text
+
+
+def test_the_protocol_table_lists_every_field_of_every_command():
+    """docs/architecture.md's protocol table names each command with all its fields, in order."""
+    import re
+    import typing
+
+    import attrs
+
+    from rankcore import commands
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    section = text.split("## Protocol between core and executor", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(\w+)\(([^)]*)\)` \|", section, re.M))
+    for cls in typing.get_args(commands.Command):
+        assert cls.__name__ in rows, f"the protocol table lacks {cls.__name__}"
+        listed = [x.strip() for x in rows[cls.__name__].split(",")]
+        assert listed == [a.name for a in attrs.fields(cls)], f"{cls.__name__}: table lists {listed}"
+    assert set(rows) == {cls.__name__ for cls in typing.get_args(commands.Command)}
