@@ -58,7 +58,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "place_or_enqueue", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -414,22 +414,6 @@ def announce_booking(tx: Tx, dep: Deployment, rid: str, node_id: str) -> None:
     rank = dep.ranks.rank_of(rid)
     assert rank is not None
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
-
-
-def place_or_enqueue(tx: Tx, dep: Deployment, rid: str) -> Deployment:
-    """A new replica while nobody waits (so it overtakes no one): placed at
-    once if it fits somewhere, else queued. Skips the queue round trip on the
-    hot path (a crash replacement going back to its node)."""
-    cl = tx.cl
-    if cl.queued:
-        enqueue(tx, dep, [rid])
-        return dep
-    node_id = _choose(cl, dep, rid, ())
-    if node_id is None:
-        enqueue(tx, dep, [rid])
-        return dep
-    cl.changed = True
-    return _reserve(tx, dep, dep.replicas[rid], node_id)
 
 
 def _waiting_gang(cl: ClusterTx, dep: Deployment, rid: str) -> list[str] | None:

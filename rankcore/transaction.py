@@ -26,7 +26,6 @@ from .scheduling import (
     arm_deadlines,
     enqueue,
     keep_booking,
-    place_or_enqueue,
     place_waiting,
     release,
 )
@@ -345,8 +344,8 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     dep = _succeed(tx, dep, rep, new_id, node_id)
     if node_id is not None:  # back on its predecessor's node, on the same booking
         announce_booking(tx, dep, new_id, node_id)
-    elif managed:
-        dep = place_or_enqueue(tx, dep, new_id)
+    elif managed:  # placed by the end-of-step pass, once every release of this step is done
+        enqueue(tx, dep, [new_id])
     if dep.gang_size > 1:
         _gang_started(tx, dep)
     return dep

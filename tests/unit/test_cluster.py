@@ -340,9 +340,9 @@ def test_node_lost_replaces_placed_and_reserved_replicas_and_the_node_leaves():
     c.up(cmds[3:5])  # a#0 (n0) and a#1 (n1) run; a#2 is only reserved on n0
     assert c.rep("a#2").phase is Phase.PENDING and c.rep("a#2").node_id == "n0"
     assert c(rc.NodeLost(node_id="n0")) == [
-        # (nobody was waiting, so each replacement is placed as it is started, in rank order)
-        ("start", "a#3", 0, "a#0"), ("place", "a#3", "n1", (0, 1, 1)),
-        ("start", "a#4", 2, "a#2"), ("place", "a#4", "n1", (2, 1, 2))]
+        # (replacements are placed by the end-of-step pass, in rank order, once all of n0 is released)
+        ("start", "a#3", 0, "a#0"), ("start", "a#4", 2, "a#2"),
+        ("place", "a#3", "n1", (0, 1, 1)), ("place", "a#4", "n1", (2, 1, 2))]
     assert "n0" not in c.state.cluster.nodes and c.free() == {"n1": 1.0}
     assert c.held() == {"a#1": "n1", "a#3": "n1", "a#4": "n1"}
 
