@@ -302,23 +302,36 @@ def check_rank_changes_reconfigured(before: State, event: object, result: Step) 
         if n != 1:
             _fail(f"{dep}/{rid} got {n} rank reconfigures in one step")
     for name, ranks in now.items():
+        before_dep, dep = before.deployments.get(name), result.state.deployments[name]
         for rid, rk in ranks.items():
             old = was.get(name, {}).get(rid)
-            changed = old is not None and old[1] is not None and old != rk
-            before_dep = before.deployments.get(name)
-            if before_dep is not None and rid in before_dep.replicas and \
-                    before_dep.replicas[rid].phase is Phase.PENDING:
-                changed = False  # reserved, never initialised: its rank was not told yet
-            if result.state.deployments[name].replicas[rid].phase is Phase.FAILED:
-                changed = False  # its process is stopped; it is told its rank when restarted
-            due = before_dep is not None and rid in before_dep.replicas and before_dep.replicas[rid].rank_update_due
-            if changed != ((name, rid) in sent) and not (due and not changed):
-                _fail(f"{name}/{rid}: rank {old} -> {rk}, rank reconfigures sent: {sent.get((name, rid), 0)}")
+            _check_rank_change(before_dep, dep, rid, old is not None and old[1] is not None and old != rk,
+                               sent, old, rk)
     for c in result.commands:
         if isinstance(c, ReconfigureReplica):
             r, nr, lr = now[c.deployment][c.replica_id]
             if c.rank.as_tuple() != (r, nr, lr):
                 _fail(f"reconfigure of {c.replica_id} carries {c.rank}, its rank is {(r, nr, lr)}")
+
+
+def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, changed: bool, sent: Counter,
+                       was: object, now: object) -> None:
+    """The one rule of both rank-change checks (whole state and touched
+    replicas): a placed replica whose rank ``changed`` in the step gets one
+    rank reconfigure, and one that did not change gets none. Except: a
+    replica that was only reserved (PENDING, never initialised) was not told
+    its rank yet; a FAILED one has no process (it was stopped; it is told its
+    rank when restarted); a replica whose rank update was due since a
+    recovery may get it without a change."""
+    rep_before = old.replicas.get(rid) if old is not None else None
+    if rep_before is not None and rep_before.phase is Phase.PENDING:
+        changed = False
+    rep = new.replicas.get(rid)
+    if rep is not None and rep.phase is Phase.FAILED:
+        changed = False
+    due = rep_before is not None and rep_before.rank_update_due
+    if changed != ((new.name, rid) in sent) and not (due and not changed):
+        _fail(f"{new.name}/{rid}: rank {was} -> {now}, rank reconfigures sent: {sent.get((new.name, rid), 0)}")
 
 
 def check_compaction_minimal(before: State, event: object, result: Step) -> None:
@@ -599,10 +612,7 @@ def _check_rank_changes_touched(before: State, event: object, result: Step) -> N
             if rid not in old.ranks or rid not in new.ranks:
                 continue
             was, now = old.ranks.rank_of(rid), new.ranks.rank_of(rid)
-            changed = was is not None and was != now and old.replicas[rid].phase is not Phase.PENDING
-            due = rid in old.replicas and old.replicas[rid].rank_update_due
-            if changed != ((name, rid) in sent) and not (due and not changed):
-                _fail(f"{name}/{rid}: rank {was} -> {now}, rank reconfigures sent: {sent.get((name, rid), 0)}")
+            _check_rank_change(old, new, rid, was is not None and was != now, sent, was, now)
     for c in result.commands:
         if isinstance(c, ReconfigureReplica):
             rk = result.state.deployments[c.deployment].ranks.rank_of(c.replica_id)

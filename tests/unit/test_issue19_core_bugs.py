@@ -74,3 +74,52 @@ def test_node_loss_replacements_take_the_lost_nodes_node_rank() -> None:
     after = {r.as_tuple() for r in state.ranks("llm").values() if r is not None}
     assert after == {(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)}
 
+
+# ------------------------------------------------------------------ bug 2
+def _static_running() -> rc.State:
+    """A static deployment, 2 ranks on a caller's group (bundles 0,1 on n0; 2,3 on n1), both running."""
+    placement = rc.StaticPlacement.from_mapping("pg-1", ("n0", "n0", "n1", "n1"), {0: [0, 1], 1: [2, 3]})
+    first = _step(rc.State(), rc.DeploymentApplied(name="app", num_replicas=2, static_placement=placement))
+    return _carry_out(first.state, first.commands, "app", [])
+
+
+def _failed_by(event: object, full: bool) -> rc.Step:
+    state = _static_running()
+    rank1 = state.deployments["app"].ranks.holder_of(1)
+    result = rc.step(state, event)
+    check_step(state, event, result, full=full)  # no InvariantViolation, in either mode
+    rep = result.state.deployments["app"].replicas[rank1]
+    assert rep.phase is rc.Phase.FAILED and rep.node_id is None
+    assert result.state.deployments["app"].ranks.rank_of(rank1) is None  # node ranks gone, not told: FAILED
+    assert [c for c in result.commands if isinstance(c, rc.ReconfigureReplica)] == []
+    assert [(type(c).__name__, c.replica_id) for c in result.commands] == [("StopReplica", rank1)]
+    return result
+
+
+def test_bundles_placed_that_takes_a_static_ranks_node_away_passes_the_step_checks() -> None:
+    """A BundlesPlaced that leaves rank 1's bundles unplaced fails rank 1 (its
+    node ranks go, no reconfigure: its process is stopped). The cheap checks
+    (``full=False``) agreed with ``full=True`` and with the same change via NodeLost."""
+    lose = rc.BundlesPlaced(deployment="app", bundle_nodes=("n0", "n0", None, None))
+    _failed_by(lose, full=False)
+    _failed_by(lose, full=True)
+    _failed_by(rc.NodeLost(node_id="n1"), full=False)
+
+
+def test_a_rank_change_without_its_reconfigure_is_still_caught_by_the_cheap_checks() -> None:
+    """The exemption is for FAILED replicas only: a running replica whose rank
+    changes with no reconfigure still fails ``check_step`` (full or not)."""
+    import attrs
+    import pytest
+
+    state = _static_running()
+    event = rc.ReplicaReady(replica_id="app#1")  # a repeated answer: nothing changes
+    result = rc.step(state, event)
+    dep = result.state.deployments["app"]
+    moved = dep.ranks.unplace("app#1").place("app#1", "n0")  # app#1 (running) moved, say, by a buggy wrapper
+    bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set(
+        "app", attrs.evolve(dep, ranks=moved, replicas=dep.replicas.set(
+            "app#1", attrs.evolve(dep.replicas["app#1"], node_id="n0"))))))
+    for full in (False, True):
+        with pytest.raises(rc.InvariantViolation, match="rank reconfigures sent: 0"):
+            check_step(state, event, bad, full=full)
