@@ -42,6 +42,7 @@ def validate_options(d: Deployment) -> None:
     naming the option and the value, instead of failing later inside ``run()``."""
     if not isinstance(d.cls, type):
         raise _bad(d.name, f"@deployment takes a class, got {d.cls!r}")
+    _check_no_generators(d)
     sp = d.static_placement
     if sp is not None:
         _check_static(d, sp)
@@ -74,6 +75,27 @@ def validate_options(d: Deployment) -> None:
         ray_option_utils.validate_actor_options(dict(opts), in_options=True)
     except (TypeError, ValueError) as exc:
         raise _bad(d.name, f"ray_actor_options: {exc}") from None
+
+
+def _check_no_generators(d: Deployment) -> None:
+    """A handle's call returns one value: a generator method (``__call__`` or
+    any public one) would answer with its first item only, an async generator
+    would fail in the replica. Refused until streaming responses exist."""
+    import inspect
+
+    members: dict[str, Any] = {}
+    for klass in reversed(d.cls.__mro__):  # (what getattr finds, without running descriptors)
+        members.update(vars(klass))
+    for name, attr in sorted(members.items()):
+        if name.startswith("_") and name != "__call__":
+            continue
+        fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+        kind = ("an async generator" if inspect.isasyncgenfunction(fn) else
+                "a generator" if inspect.isgeneratorfunction(fn) else None)
+        if kind is not None:
+            raise _bad(d.name, f"method {name!r} of {d.cls.__name__} is {kind} function: a handle's call returns "
+                               f"one value, and streaming responses are not supported yet (return a list, or "
+                               f"call a method once per item)")
 
 
 def _check_static(d: Deployment, sp: Any) -> None:

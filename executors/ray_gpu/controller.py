@@ -70,6 +70,30 @@ def queue_fault(type_: str, fields: dict) -> None:
     internal_kv._internal_kv_put(_KV_FAULTS, cloudpickle.dumps(queued), overwrite=True)
 
 
+def held_by_callers(table: dict) -> dict[str, dict[str, float]]:
+    """Node id -> resources the bundles of placement groups rankcore did not
+    make hold there (``ray.util.placement_group_table()``: a trainer's group,
+    a static deployment's caller's group). A removed group, or a bundle not
+    placed, holds nothing. rankcore's own groups (``rankcore:<deployment>:<id>``)
+    are left out: the core booked them itself."""
+    held: dict[str, dict[str, float]] = {}
+    for info in table.values():
+        if (info.get("name") or "").startswith("rankcore:") or info.get("state") == "REMOVED":
+            continue
+        where = info.get("bundles_to_node_id") or {}
+        for index, bundle in (info.get("bundles") or {}).items():
+            node = where.get(index)
+            if node:
+                mine = held.setdefault(node, {})
+                for res, amount in bundle.items():
+                    mine[res] = mine.get(res, 0.0) + float(amount)
+    return held
+
+
+def _less(total: dict[str, float], held: dict[str, float]) -> dict[str, float]:
+    return {res: max(0.0, amount - held.get(res, 0.0)) for res, amount in total.items()}
+
+
 class _Backend:
     def __init__(self, ctl: Controller) -> None:
         self.ctl = ctl
@@ -196,7 +220,7 @@ class Controller:
                     self._kill(rid)
                     self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"health check failed: {res!r}"))
 
-    def _start_recording(self, meta: dict | None, header: bool) -> None:
+    def _start_recording(self, meta: dict | None, header: bool, snapshot_every: int = 1) -> None:
         import io
 
         from ..scenarios import Metrics
@@ -204,7 +228,7 @@ class Controller:
 
         self._trace_buf = io.StringIO()
         self._trace_read = 0
-        self.driver.trace = TraceWriter(self._trace_buf, meta=meta, header=header)
+        self.driver.trace = TraceWriter(self._trace_buf, meta=meta, header=header, snapshot_every=snapshot_every)
         self.metrics = Metrics()
         if self._observe not in self.driver.observers:
             self.driver.observers.append(self._observe)
@@ -213,11 +237,13 @@ class Controller:
         if self.metrics is not None:
             self.metrics(t, event, before, result)
 
-    async def record(self, meta: dict) -> None:
-        """Write a trace (docs/trace-format.md) from now on; ``drain_trace`` reads it."""
+    async def record(self, meta: dict, snapshot_every: int = 1) -> None:
+        """Write a trace (docs/trace-format.md) from now on, a snapshot every
+        ``snapshot_every`` steps (a scenario's ``trace.snapshot_every``);
+        ``drain_trace`` reads it."""
         await self._ready()
-        internal_kv._internal_kv_put(_KV_RECORDING, b"1", overwrite=True)
-        self._start_recording({"executor": "ray", **meta}, header=True)
+        internal_kv._internal_kv_put(_KV_RECORDING, str(snapshot_every).encode(), overwrite=True)
+        self._start_recording({"executor": "ray", **meta}, header=True, snapshot_every=snapshot_every)
 
     async def drain_trace(self) -> str:
         """The trace text written since the last call."""
@@ -315,8 +341,9 @@ class Controller:
             if self._recovered:
                 return
             raw = internal_kv._internal_kv_get(_KV_SPECS)
-            if internal_kv._internal_kv_get(_KV_RECORDING):
-                self._start_recording(None, header=False)  # continue the trace after a restart
+            recording = internal_kv._internal_kv_get(_KV_RECORDING)
+            if recording:  # continue the trace after a restart
+                self._start_recording(None, header=False, snapshot_every=int(recording))
             named = self._write_queued_faults()  # what happened while no controller ran
             if raw:
                 await self._recover(cloudpickle.loads(raw), named)
@@ -464,8 +491,14 @@ class Controller:
     def _alive_nodes(self) -> list[rc.NodeJoined]:
         """The cluster's live nodes as ``NodeJoined`` events: nodes with an
         order label first, in its order, then the others by id (the order the
-        core breaks ties in after the label)."""
+        core breaks ties in after the label). Each offers what the core may
+        book there: its total less what the callers' placement groups hold on
+        it (``held_by_callers``; rankcore's own groups are the core's bookings
+        already), as the simulator's nodes do."""
         alive = [pl.node_joined(n) for n in ray.nodes() if n.get("Alive")]
+        held = held_by_callers(ray.util.placement_group_table())
+        alive = [attrs.evolve(j, resources=_less(dict(j.resources), held[j.node_id])) if j.node_id in held else j
+                 for j in alive]
         return sorted(alive, key=lambda j: (j.order is None, j.order or 0, j.node_id))
 
     def _sync_bundles(self) -> None:
@@ -561,16 +594,25 @@ class Controller:
 
     def _gang_changed(self, cmd: rc.GangChanged) -> None:
         """A gang's members changed (``restart_replica`` replaced one): every
-        member's context shows the new list (those not created yet get it at
-        creation)."""
+        member's context shows the new list, then its ``on_gang_changed(gang)``
+        runs if the class has one (those not created yet get the list at
+        creation, and no call)."""
         for rid in cmd.members:
             k = self.known.get(rid)
             if k is not None and k.get("gang") is not None:
                 k["gang"] = attrs.evolve(k["gang"], members=tuple(cmd.members))
             entry = self.actors.get(rid)
             if entry is not None:
-                entry[1].set_gang.remote(cmd.gang_id, tuple(cmd.members))
+                self._spawn(self._tell_gang(rid, entry[1], cmd))
         self._checkpoint()
+
+    async def _tell_gang(self, rid: str, actor: Any, cmd: rc.GangChanged) -> None:
+        """GangChanged to one member; a hook that raised is logged here, with the replica."""
+        try:
+            await actor.set_gang.remote(cmd.gang_id, tuple(cmd.members))
+        except Exception as exc:
+            if rid in self.actors:
+                log.error("replica %s: on_gang_changed for %s failed: %r", rid, cmd.gang_id, exc)
 
     def _place_soon(self, cmd: rc.PlaceReplica) -> None:
         self._cancel_placing(cmd.replica_id)  # (an older placement of it, if one were still under way)
@@ -912,21 +954,46 @@ class Controller:
                                    f"{timeout:g}s (ray.get(pg.ready()) before deploying)") from None
 
     async def scale(self, name: str, num_replicas: int, victims: tuple = ()) -> None:
-        """Scale ``name`` in place. A bad request (a count above max_replicas, an
-        unknown victim, a count that is not whole gangs, any scale of a static
-        deployment) raises to the caller and changes nothing."""
+        """Scale ``name`` in place. A request the core refuses (a count above
+        max_replicas, an unknown victim, a count that is not whole gangs, a
+        static deployment's count other than 0 or its mapping's length) raises
+        its ``InvalidConfig`` / ``InvalidEvent`` to the caller and changes nothing."""
         await self._ready()
         if name not in self.applied:
             raise rc.InvalidEvent(f"unknown deployment {name!r}")
-        if self.specs[name].get("static") is not None:
-            raise rc.InvalidConfig(
-                f"deployment {name!r} has a static placement: its replica count is fixed to its "
-                f"replica_bundle_mapping's length ({self.applied[name].num_replicas}) and cannot be scaled "
-                f"(got {num_replicas!r}); deploy another mapping under a new name")
         event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
         self.driver.feed(event, self._now())  # (first: the core's own words for a count it refuses)
         self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
         self._persist()
+
+    async def wait_gone(self, replica_id: str, timeout: float = 60.0) -> bool:
+        """Return once the core no longer holds ``replica_id`` as a replica (the
+        controller fed its death: ``ReplicaCrashed``, ``NodeLost``, or its
+        stop), False after ``timeout``: a scenario's ``crash`` completes only
+        once the controller has seen it."""
+        await self._ready()
+        deadline = time.monotonic() + timeout
+        while replica_id in self.driver.state.index:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def wait_node(self, node_id: str, alive: bool, timeout: float = 60.0) -> bool:
+        """Return once the core holds ``node_id`` as alive (``NodeJoined``) or
+        not (``NodeLost``), reading Ray's nodes meanwhile (not waiting for the
+        next health check); False after ``timeout``."""
+        await self._ready()
+        deadline = time.monotonic() + timeout
+        while (node_id in self.driver.state.cluster.nodes) != alive:
+            if time.monotonic() > deadline:
+                return False
+            try:
+                self._sync_nodes()
+            except Exception as exc:  # GCS hiccup: next pass
+                log.warning("could not read the cluster's nodes: %r", exc)
+            await asyncio.sleep(0.1)
+        return True
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
         await self._ready()

@@ -193,13 +193,27 @@ class ReplicaActor:
 
     async def set_gang(self, gang_id: str, members: tuple[str, ...]) -> None:
         """GangChanged: the gang's members now (a member was replaced); this
-        replica keeps its rank in the gang."""
+        replica keeps its rank in the gang. Once its context shows them, the
+        user's ``on_gang_changed(gang)`` runs if the class has one, so a member
+        rebuilds its communication group without polling: after its
+        constructor (a replica not initialised yet gets no call: its
+        constructor reads the members from its context). Its exception is
+        raised to the controller (logged there)."""
         if self.gang is None or self.gang.gang_id != gang_id:
             return
-        self.gang = rc.GangContext(gang_id=gang_id, rank_in_gang=self.gang.rank_in_gang,
-                                   gang_size=self.gang.gang_size, members=tuple(members))
+        gang = self.gang = rc.GangContext(gang_id=gang_id, rank_in_gang=self.gang.rank_in_gang,
+                                          gang_size=self.gang.gang_size, members=tuple(members))
         if self.rank is not None:
             self._set_context()
+        if self._init is None:
+            return
+        try:
+            await asyncio.shield(self._init)
+        except Exception:
+            return  # its start failed: the controller reports that
+        fn = getattr(self.instance, "on_gang_changed", None)
+        if fn is not None:
+            await self._call(fn, (gang,))
 
     async def report(self) -> dict:
         """What this replica tells a recovering controller."""

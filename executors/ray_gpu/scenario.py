@@ -1,39 +1,51 @@
 """Run a scenario file on real Ray actors, writing the simulator's trace format.
 
-Supported actions: deploy, scale, update_config, crash (by replica or rank),
-crash_controller, wait_until_healthy, wait; and lose_node/add_node when run
-on a ``ScenarioCluster`` (a local multi-node Ray shaped like the scenario's
-``cluster:``; there replicas ask for the scenario's GPUs and spread or pack
-as its ``placement`` says). Random crash rates and hung starts need the
-simulator: such a scenario is refused.
+Supported: every deployment key (gangs; a static placement runs on a
+placement group this runner makes for it before the timeline starts, as the
+simulator's caller's group exists from the start), and the actions deploy,
+scale, update_config, crash (by replica or rank), crash_controller,
+wait_until_healthy, wait; lose_node/add_node when run on a
+``ScenarioCluster`` (a local multi-node Ray shaped like the scenario's
+``cluster:``; there replicas ask for the scenario's GPUs and spread or pack as
+its ``placement`` says). What only the simulator can do (random crashes, node
+losses and hung starts, a start timeout, ``place_bundles``) is refused by
+``check_supported``, naming it.
 
-Times are an order, not a clock: ``wait``/``after`` sleep ``time_scale`` times
-as long (default 0: no sleeping), except that a controller stays down for its
-``recover_after`` (scaled, at least long enough for Ray to restart it) so
-crashes meanwhile happen while it is down. An expectation ``at: t`` is checked
-when the timeline passes t (before the first action due after t), allowing
-``settle`` seconds for it to come true; the others at the end.
+An action completes only once the controller has seen its effect: a crash
+once it fed the replica's death to the core, a node loss or join once the
+core holds it. Times are an order, not a clock: each action runs when the
+simulator's clock would run it (``executors.scenarios.plan``), so against a
+controller crash it runs while the controller is down, or after its recovery,
+as there; ``wait``/``after``/``at`` sleep ``time_scale`` times as long
+(default 0: no sleeping), and a controller stays down at least long enough
+for Ray to restart it. An expectation ``at: t`` is checked when the timeline
+passes t (before the first action due after t; once the controller is back
+if it is down then), allowing ``settle`` seconds for it to come true; the
+others at the end.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import IO, Any, cast
 
 import attrs
 import ray
 
-from ..scenarios import Desired, Scenario, needs_controller, perform
+from ..scenarios import Desired, Scenario, perform
+from ..scenarios.timeline import plan, rank_holder
 from .api import Deployment, ask, get_controller
-from .cluster import ScenarioCluster
+from .cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .context import get_replica_context
 from .controller import NAMESPACE, actor_name, queue_fault
+from .static import StaticPlacementConfig
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
 
 RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "crash_controller", "wait_until_healthy", "wait")
 NODE_ACTIONS = ("lose_node", "add_node")  # on a ScenarioCluster only
+#: how long the controller may take to see an action's effect before the run fails
+OBSERVE_TIMEOUT_S = 60.0
 
 
 class UnsupportedOnRay(ValueError):
@@ -59,10 +71,9 @@ CLASSES = {"none": NoReconfigure, "plain": PlainReconfigure, "with_rank": RankRe
 
 
 def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
-    """The live replica whose own context says it holds global rank ``rank``
-    (asked directly, all at once, so it works while the controller is down; a
-    replica not yet initialised counts with the global rank it was started
-    with: the simulator's rule too)."""
+    """Who ``crash: {deployment, rank}`` hits (``rank_holder``, the simulator's
+    rule too), from each live replica's own report (asked directly, all at
+    once, so it works while the controller is down)."""
     prefix = f"ModelActor:{deployment}:"
     names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                    if a.get("namespace") == NAMESPACE and a["name"].startswith(prefix))
@@ -72,17 +83,15 @@ def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
             refs.append(ray.get_actor(name, namespace=NAMESPACE).report.remote())
         except ValueError:
             continue  # gone meanwhile
-    hits = []
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+    seen = []
     for ref in ready:
         try:
             r = ray.get(ref)
         except Exception:
             continue
-        held = r["rank"][0] if r["rank"] is not None else r.get("global_rank")
-        if held == rank and r["phase"] != "stopping":
-            hits.append(r["replica_id"])
-    return min(hits) if hits else None
+        seen.append((r["replica_id"], r["rank"][0] if r["rank"] is not None else r.get("global_rank"), r["phase"]))
+    return rank_holder(seen, rank)
 
 
 def needs_cluster(sc: Scenario) -> bool:
@@ -90,34 +99,41 @@ def needs_cluster(sc: Scenario) -> bool:
     return any(a.kind in NODE_ACTIONS for a in sc.timeline)
 
 
-def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
-    """Raise ``UnsupportedOnRay`` naming what only the simulator can do.
-    ``multi_node``: the run has a ScenarioCluster, so node loss/join is fine."""
-    allowed = RAY_ACTIONS + (NODE_ACTIONS if multi_node else ())
-    bad = [f"timeline[{a.index}] {a.kind}" for a in sc.timeline if a.kind not in allowed]
+def _sim_only_faults(sc: Scenario) -> list[str]:
+    """The ``faults`` keys only the simulator can honour, with why: random
+    crashes, hangs and node losses (a rate of 0 is fine), a start timeout."""
+    raw = sc.raw.get("faults") if isinstance(sc.raw, dict) else None
+    given = raw if isinstance(raw, dict) else {}
+    out = []
     if sc.crash_rate_per_replica_hour > 0:
-        bad.append("faults.crash_rate_per_replica_hour")
+        out.append("faults.crash_rate_per_replica_hour (random crashes)")
     if sc.start_hang_probability > 0:
-        bad.append("faults.start_hang_probability")
-    bad += [f"deployments.{n}.static_placement (a placement group you make in Python: "
-            f"examples/ray/static_placement.py)" for n, d in sorted(sc.deployments.items()) if d.static is not None]
-    if bad:
-        hint = "use --executor sim" if multi_node or not needs_cluster(sc) else \
-            "node loss needs the scenario-shaped local cluster: --cluster scenario, no --address"
-        raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
-
-
-def nominal_times(sc: Scenario) -> list[float]:
-    """Each action's time as written (``at``, or ``after`` the previous one;
-    waits take no time): where ``at:`` expectations fall in the order."""
-    t, out = 0.0, []
-    for a in sc.timeline:
-        if a.at is not None:
-            t = a.at
-        elif a.after is not None:
-            t += a.after
-        out.append(t)
+        out.append("faults.start_hang_probability (hung starts)")
+    if sc.node_loss_rate > 0:
+        key = "node_loss_per_node_day" if "node_loss_per_node_day" in given else "node_mtbf_hours"
+        out.append(f"faults.{key} (random node loss)")
+    if "start_timeout" in given:
+        out.append("faults.start_timeout (the Ray executor takes no start timeout yet: a start waits as long "
+                   "as it takes)")
     return out
+
+
+def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
+    """Raise ``UnsupportedOnRay`` naming every key and action of ``sc`` that
+    only the simulator can run (the CLI exits 2 with it). ``multi_node``: the
+    run has a ScenarioCluster, so node loss/join is fine."""
+    allowed = RAY_ACTIONS + (NODE_ACTIONS if multi_node else ())
+    bad = [f"timeline[{a.index}] {a.kind}" + (" (Ray cannot move a placement group's bundles)"
+                                               if a.kind == "place_bundles" else "")
+           for a in sc.timeline if a.kind not in allowed]
+    faults = _sim_only_faults(sc)
+    nodes_only = not multi_node and not faults and all(a.kind in NODE_ACTIONS for a in sc.timeline
+                                                       if a.kind not in allowed)
+    bad += faults
+    if bad:
+        hint = "node loss needs the scenario-shaped local cluster: --cluster scenario, no --address" \
+            if nodes_only else "use --executor sim"
+        raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
 
 
 @attrs.frozen
@@ -130,30 +146,80 @@ class RayRun:
         return all(p for _, p, _ in self.expectations)
 
 
+def _make_groups(sc: Scenario, cluster: ScenarioCluster | None, timeout: float = 60.0) -> dict[str, Any]:
+    """The callers' placement groups of the static deployments, made before the
+    timeline starts (the simulator's hold their bundles from the start): on a
+    ScenarioCluster each bundle holds ``bundle_gpus`` on the node the scenario
+    names (a label selector); on one local node, a sliver of CPU each."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    groups: dict[str, Any] = {}
+    try:
+        for name, spec in sorted(sc.deployments.items()):
+            if spec.static is None:
+                continue
+            nodes = spec.static.bundle_nodes
+            if cluster is not None and spec.bundle_gpus > 0:
+                bundles: list[dict] = [{"GPU": float(spec.bundle_gpus)} for _ in nodes]
+                selectors = [{SCENARIO_NODE_LABEL: str(n)} for n in nodes]
+                pg = placement_group(bundles, strategy="PACK", name=f"scenario:{spec.static.group}",
+                                     bundle_label_selector=selectors)
+            else:
+                pg = placement_group([{"CPU": 0.01} for _ in nodes], strategy="PACK",
+                                     name=f"scenario:{spec.static.group}")
+            groups[name] = pg
+            ray.get(pg.ready(), timeout=timeout)
+    except BaseException:
+        for pg in groups.values():
+            remove_placement_group(pg)
+        raise
+    return groups
+
+
+def _dead(name: str, timeout: float = OBSERVE_TIMEOUT_S) -> None:
+    """Wait until the named replica actor is gone (``ray.kill`` returns before)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{name} still alive {timeout:g}s after ray.kill")
+
+
 class _RayTarget:
-    """The timeline's effects (``executors.scenarios.Target``) on real Ray actors."""
+    """The timeline's effects (``executors.scenarios.Target``) on real Ray actors.
+    Each returns once the controller has seen its effect (while it is down:
+    once the cluster shows it, for the next controller to find)."""
 
     def __init__(self, sc: Scenario, ctl: Any, cluster: ScenarioCluster | None, time_scale: float,
-                 keep: Any) -> None:
+                 keep: Any, groups: dict[str, Any]) -> None:
         self.sc, self.ctl, self.cluster, self.time_scale, self.keep = sc, ctl, cluster, time_scale, keep
+        self.groups = groups
         self.applied: set[str] = set()
-        self.controller_back = 0.0  # monotonic time until which the controller is down
-        self.down = False  # the controller was down when the current action began
+        self.controller_back = 0.0  # monotonic time before which the crashed controller is left alone
+        self.down = False  # the controller is down (crashed, not yet recovered)
+        self.results: list[tuple[str, bool, str]] = []  # the runner's own, as the simulator's
 
     def note(self, type_: str, fields: dict) -> None:
-        """A fault record in the trace. While the controller is down (it was down
-        when the action began: nothing calls it before the action ends) the
-        fault is queued in the cluster's KV store, and the next controller
-        writes it (with the time it happened) before its recovery, as the
-        simulator's trace has it."""
+        """A fault record in the trace. While the controller is down the fault
+        is queued in the cluster's KV store, and the next controller writes it
+        (with the time it happened) before its recovery, as the simulator's
+        trace has it."""
         if self.down:
             queue_fault(type_, fields)
         else:
             ask(self.ctl, "fault", type_, fields)
 
-    def apply(self, event: Any) -> None:
-        spec = self.sc.deployments[event.name]
-        self.applied.add(event.name)
+    def observed(self, what: str, ok: bool) -> None:
+        if not ok:
+            raise TimeoutError(f"the controller did not see {what} within {OBSERVE_TIMEOUT_S:g}s")
+
+    def deployment(self, name: str, num_replicas: int, user_config: Any) -> Deployment:
+        """The scenario's deployment as the Python API's: its gangs, its static
+        placement on the group made for it, its GPUs on a ScenarioCluster."""
+        spec = self.sc.deployments[name]
         opts: dict[str, Any] = {"num_cpus": 0.01}
         if self.cluster is not None:
             # The scenario's nodes are real: a replica reserves its GPUs and
@@ -161,13 +227,22 @@ class _RayTarget:
             # need, {"GPU": gpus}, so it places replicas by the same numbers;
             # the nodes' CPUs never decide where one goes).
             opts = {"num_cpus": 0, "num_gpus": spec.gpus}
-        # (faults.start_timeout is not passed: the Deployment API has no start
-        # timeout option, so on Ray the core waits for a start as long as it takes)
-        d = Deployment(cls=CLASSES[spec.reconfigure], name=event.name, num_replicas=event.num_replicas,
-                       user_config=event.user_config, ray_actor_options=opts, replica_placement=spec.placement,
-                       max_replicas=event.max_replicas)
+        where: dict[str, Any] = {"replica_placement": spec.placement}
+        if spec.static is not None:  # in its caller's group, reserving nothing of its own (as simulated)
+            opts = {"num_cpus": 0}
+            where = {"static_placement": StaticPlacementConfig(
+                self.groups[name], {r: list(b) for r, b in enumerate(spec.static.mapping)},
+                spec.static.capture_child_tasks)}
+        return Deployment(cls=CLASSES[spec.reconfigure], name=name, num_replicas=num_replicas,
+                          user_config=user_config, ray_actor_options=opts, max_replicas=spec.max_replicas,
+                          gang_size=spec.gang_size, gang_placement=spec.gang_placement,
+                          gang_failure=spec.gang_failure, **where)
+
+    def apply(self, event: Any) -> None:
+        d = self.deployment(event.name, event.num_replicas, event.user_config)
+        self.applied.add(event.name)
         ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
-            d.max_ongoing_requests, d.placement)
+            d.max_ongoing_requests, d.placement, d.max_replicas)
 
     def deployed(self, deployment: str) -> bool:
         return deployment in self.applied
@@ -181,32 +256,65 @@ class _RayTarget:
         if rid is None:
             rid = _holder(dep, args["rank"])
         self.note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
-        if rid is not None:
-            try:
-                ray.kill(ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE), no_restart=True)
-            except ValueError:
-                pass  # already gone
+        name = actor_name(dep, rid) if rid is not None else ""
+        try:
+            actor = ray.get_actor(name, namespace=NAMESPACE) if rid is not None else None
+        except ValueError:
+            actor = None
+        if actor is None:  # as the simulator says it
+            self.results.append((f"crash {args}", True, "nothing to crash: no live replica matched"))
+            return
+        ray.kill(actor, no_restart=True)
+        if self.down:
+            _dead(name)
+        else:  # the controller fed ReplicaCrashed (or NodeLost) for it
+            self.observed(f"the crash of {rid}", ask(self.ctl, "wait_gone", rid, OBSERVE_TIMEOUT_S,
+                                                   timeout=OBSERVE_TIMEOUT_S + 30))
 
     def lose_node(self, node: str) -> None:
         assert self.cluster is not None
         # (node_id: the Ray node, as the trace's other records name nodes)
-        self.note("node_lost", {"node": node, "node_id": self.cluster.nodes[node].node_id
-                                if node in self.cluster.nodes else None})
-        self.cluster.lose(node)
+        node_id = self.cluster.nodes[node].node_id if node in self.cluster.nodes else None
+        self.note("node_lost", {"node": node, "node_id": node_id})
+        if not self.cluster.lose(node) or node_id is None:
+            return
+        deadline = time.monotonic() + OBSERVE_TIMEOUT_S  # Ray declares it dead (~1.5 s)
+        while any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Ray still shows node {node} alive {OBSERVE_TIMEOUT_S:g}s after losing it")
+            time.sleep(0.1)
+        if not self.down:
+            self.observed(f"the loss of node {node}", ask(self.ctl, "wait_node", node_id, False, OBSERVE_TIMEOUT_S,
+                                                          timeout=OBSERVE_TIMEOUT_S + 30))
 
     def add_node(self, node: str, gpus: float) -> None:
         assert self.cluster is not None
         self.note("node_added", {"node": node, "gpus": gpus})
         self.cluster.add(node, gpus)
+        if not self.down:
+            node_id = self.cluster.node_id(node)
+            self.observed(f"node {node} join", ask(self.ctl, "wait_node", node_id, True, OBSERVE_TIMEOUT_S,
+                                                   timeout=OBSERVE_TIMEOUT_S + 30))
 
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
-        raise UnsupportedOnRay("place_bundles: on Ray the caller's placement group moves its own bundles")
+        raise UnsupportedOnRay("place_bundles: Ray cannot move a placement group's bundles")  # (check_supported)
 
     def crash_controller(self, recover_after: float) -> None:
         self.note("controller_crash", {"recover_after": recover_after})
         self.keep(ask(self.ctl, "halt"))  # the rest of its trace; it steps nothing more
         ray.kill(self.ctl, no_restart=False)
+        self.down = True
         self.controller_back = time.monotonic() + max(2.0, recover_after * self.time_scale)
+
+    def recover(self) -> None:
+        """Let the crashed controller come back: Ray restarted it; the first call
+        makes it recover (``ControllerRecovered``) before it answers."""
+        if not self.down:
+            return
+        if time.monotonic() < self.controller_back:
+            time.sleep(self.controller_back - time.monotonic())
+        self.down = False
+        self.keep(ask(self.ctl, "drain_trace"))
 
 
 def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: float = 0.0,
@@ -214,12 +322,28 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
                settle: float = 30.0) -> RayRun:
     """Run ``sc`` on the Ray instance this process is connected to (``cluster``:
     the ScenarioCluster it is connected to, for node loss and GPU counts).
-    What each action means is ``executors.scenarios.timeline``'s, as in the
-    simulator; only waiting and carrying effects out are done here."""
+    What each action means, and when it runs against the controller's
+    crashes, is ``executors.scenarios.timeline``'s, as in the simulator; only
+    waiting and carrying effects out are done here. The placement groups made
+    for static deployments are removed at the end, after their replicas."""
+    from ray.util.placement_group import remove_placement_group
+
     check_supported(sc, multi_node=cluster is not None)
     ctl = get_controller()
     ask(ctl, "reset")  # a scenario starts from an empty cluster, as in the simulator
-    ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed})
+    groups = _make_groups(sc, cluster)
+    try:
+        return _run(sc, ctl, groups, trace_fp, time_scale, healthy_timeout, cluster, settle)
+    finally:
+        if groups:
+            ask(ctl, "shutdown_replicas")
+            for pg in groups.values():
+                remove_placement_group(pg)
+
+
+def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | None, time_scale: float,
+         healthy_timeout: float, cluster: ScenarioCluster | None, settle: float) -> RayRun:
+    ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed}, sc.snapshot_every)
     chunks: list[str] = []
 
     def keep(text: str) -> None:
@@ -227,42 +351,42 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
         if trace_fp is not None:
             trace_fp.write(text)
 
-    target = _RayTarget(sc, ctl, cluster, time_scale, keep)
+    target = _RayTarget(sc, ctl, cluster, time_scale, keep, groups)
     desired = Desired(sc)
-
-    def wait_for_controller() -> None:
-        if time.monotonic() < target.controller_back:
-            time.sleep(target.controller_back - time.monotonic())
-
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
     earlier: list[dict] = []
 
     def check_until(t: float) -> None:
         """Check the ``at:`` expectations due before time ``t``."""
         while timed and cast(float, timed[0].at) < t:
-            wait_for_controller()
             earlier.append(ask(ctl, "check", timed.pop(0), settle, timeout=settle + 60))
 
-    for a, t in zip(sc.timeline, nominal_times(sc)):
-        check_until(t)
-        if a.after:
-            time.sleep(a.after * time_scale)
-        if needs_controller(a):
-            wait_for_controller()
-        target.down = time.monotonic() < target.controller_back  # (then the action leaves the controller alone)
+    clock = 0.0  # the timeline's clock: when the previous action ended
+    for a, planned in zip(sc.timeline, plan(sc.timeline)):
+        if sc.duration is not None and planned.start > sc.duration:
+            target.results.append(("timeline", False, f"stopped at t={sc.duration:g} before timeline[{a.index}] "
+                                                      f"ran (the scenario's duration)"))
+            break
+        if target.down and not planned.controller_down:
+            target.recover()  # the simulator's controller is back before this action
+        if not target.down:
+            check_until(planned.start)
+        time.sleep(max(0.0, planned.start - clock) * time_scale)
+        clock = planned.start
         if a.kind == "wait_until_healthy":
             timeout = a.args["timeout"] if a.args["timeout"] is not None else healthy_timeout
             ask(ctl, "wait_healthy", a.args["deployment"], max(timeout, healthy_timeout), timeout=timeout + 60)
         elif a.kind == "wait":
             time.sleep(a.args["seconds"] * time_scale)
+            clock += a.args["seconds"]
         else:
             perform(a.kind, a.args, desired, target)
-        if time.monotonic() >= target.controller_back:
+        if not target.down:
             keep(ask(ctl, "drain_trace"))
-    wait_for_controller()
+    target.recover()
     for name in sorted(target.applied):
         ask(ctl, "wait_healthy", name, healthy_timeout, timeout=healthy_timeout + 60)
-    check_until(math.inf)  # those due after the last action: once it settled, like the end ones
+    check_until(float("inf"))  # those due after the last action: once it settled, like the end ones
     text, results = ask(ctl, "finish_trace", [e for e in sc.expect if e.at is None], earlier)
     keep(text)
-    return RayRun(expectations=tuple(results), trace="".join(chunks))
+    return RayRun(expectations=tuple(results) + tuple(target.results), trace="".join(chunks))

@@ -12,6 +12,7 @@ scenario runner in wall time on real actors. Waits (``wait``,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import attrs
@@ -20,7 +21,8 @@ import rankcore as rc
 
 from .format import Action, Scenario
 
-__all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "needs_controller", "perform"]
+__all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "Planned", "needs_controller", "perform", "plan",
+           "rank_holder"]
 
 #: actions that happen to the cluster, not through the controller: they run
 #: while it is down (the others wait for it to come back)
@@ -31,6 +33,57 @@ WAITS = frozenset({"wait", "wait_until_healthy"})
 
 def needs_controller(action: Action) -> bool:
     return action.kind not in WITHOUT_CONTROLLER
+
+
+@attrs.frozen
+class Planned:
+    """When an action runs on the timeline's own clock (the simulator's):
+    ``start``, and whether the controller is down then (``controller_down``:
+    the action runs without it; a later one planned with it up runs only once
+    it recovered)."""
+
+    start: float
+    controller_down: bool
+
+
+def plan(timeline: tuple[Action, ...]) -> list[Planned]:
+    """Each action's start as the simulator runs it, so an executor without a
+    virtual clock keeps the same order against controller recoveries: ``at``
+    (never before the previous action ended) or ``after`` the previous one; a
+    ``wait`` takes its seconds (a ``wait_until_healthy`` counts as none: it
+    needs the controller anyway); a ``crash_controller`` keeps it down for
+    ``recover_after``, and an action that needs it meanwhile is held until
+    the recovery (the next one counts from there)."""
+    t, back, out = 0.0, None, []
+    for a in timeline:
+        if a.at is not None:
+            t = max(t, a.at)
+        elif a.after is not None:
+            t += a.after
+        if back is not None and t >= back:
+            back = None  # recovered before this action is due
+        if back is not None and needs_controller(a):
+            t, back = back, None  # held until the recovery
+        out.append(Planned(start=t, controller_down=back is not None))
+        if a.kind == "wait":
+            t += a.args["seconds"]
+        elif a.kind == "crash_controller":
+            back = t + a.args["recover_after"]
+    return out
+
+
+#: the replica phases (``rankcore.Phase`` values, as replicas report them) in which a replica can be crashed
+_CRASHABLE = frozenset(p.value for p in rc.lifecycle.LIVE) - {rc.Phase.STOPPING.value}
+
+
+def rank_holder(replicas: Iterable[tuple[str, int | None, str]], rank: int) -> str | None:
+    """Who ``crash: {deployment, rank}`` hits, from ``(replica id, global rank,
+    phase)`` as each replica sees itself (the rank in its context; one not yet
+    initialised: the global rank it was started with): the live one, not
+    being stopped, holding ``rank``; the lowest id if several. Both executors
+    ask this."""
+    hits = [rid for rid, held, phase in replicas if held == rank and phase in _CRASHABLE]
+    return min(hits) if hits else None
 
 
 class Desired:

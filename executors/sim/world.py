@@ -20,6 +20,7 @@ from rankcore.records import maker
 from rankcore.state import parse_replica_number
 
 from ..scenarios import Metrics, Scenario
+from ..scenarios.timeline import rank_holder
 
 __all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
 
@@ -82,7 +83,7 @@ class SimReplica:
     """A replica as it sees itself: the rank in its context, its phase."""
 
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
-                 "user_config", "version", "lineage", "gpus", "epoch", "target")
+                 "user_config", "version", "lineage", "gpus", "epoch", "target", "gang")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -98,6 +99,7 @@ class SimReplica:
         self.gpus = gpus
         self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
         self.target: str | None = None  # the node a PlaceReplica sent it to
+        self.gang: rc.GangContext | None = cmd.gang  # its context's gang (GangChanged updates the members)
 
     @property
     def alive(self) -> bool:
@@ -151,7 +153,10 @@ class SimBackend:
         self._handlers: dict[type, Callable[[Any], None]] = {
             rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
             rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
-            rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick}
+            rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
+            rc.GangChanged: self._gang_changed}
+        #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
+        self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
         self._by_rank: dict[tuple[str, int | None], set[str]] = {}
         self._gpu_of: dict[str, float] = {}  # deployment -> GPUs a replica takes (the scenario's)
@@ -172,6 +177,17 @@ class SimBackend:
         for r in self.replicas.values():
             if r.deployment == cmd.deployment and r.alive:
                 r.world_size = cmd.world_size
+
+    def _gang_changed(self, cmd: rc.GangChanged) -> None:
+        """Every live member's context shows the new members; a running one's
+        hook runs (Ray: ``on_gang_changed``), counted in ``gang_hooks``."""
+        for rid in cmd.members:
+            r = self.replicas.get(rid)
+            if r is not None and r.alive and r.gang is not None:
+                r.gang = rc.GangContext(gang_id=r.gang.gang_id, rank_in_gang=r.gang.rank_in_gang,
+                                        gang_size=r.gang.gang_size, members=cmd.members)
+                if r.phase in ("running", "reconfiguring"):
+                    self.gang_hooks += 1
 
     def _schedule_tick(self, cmd: rc.ScheduleTick) -> None:
         self.sim.schedule(cmd.at - self.sim.now, self.sim.tick)
@@ -305,13 +321,11 @@ class SimBackend:
         return True
 
     def holder(self, deployment: str, rank: int) -> str | None:
-        """The live replica, not being stopped, whose context says it holds ``rank``
-        (lowest id if several): the Ray scenario runner's rule too."""
+        """Who ``crash: {deployment, rank}`` hits (``rank_holder``, the Ray runner's rule too)."""
         ids = self._by_rank.get((deployment, rank))
         if not ids:
             return None
-        live = [rid for rid in ids if (r := self.replicas[rid]).alive and r.phase != "stopping"]
-        return min(live) if live else None
+        return rank_holder(((rid, rank, self.replicas[rid].phase) for rid in ids), rank)
 
     def lose_node(self, name: str) -> int:
         node = self.nodes.get(name)
