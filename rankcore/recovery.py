@@ -21,7 +21,16 @@ commands, never by dropping a replica:
   by the same rule as after a downscale (fewest changes);
 * a replica that reports an older user_config than the deployment's is
   reconfigured (at once if serving, when ready if still starting); one placed
-  but never initialised (its answer was lost) is initialised.
+  but never initialised (its answer was lost) is initialised;
+* a live process that did not report (``ControllerRecovered.unresponsive``)
+  is stopped at once, and its deployment hands out no rank (no gap refilled,
+  no compaction) until it has gone: it may hold any free rank;
+* a static-placement replica that reports ``failed`` is FAILED (its process
+  stopped), restarted on its bundles if the spec places them; ``failed`` in a
+  report of any other deployment is refused.
+
+Recovery starts from a fresh ``State()``: a state that already has
+deployments or nodes is refused (rebuilding would drop them without a command).
 
 Recovering from a state's own reports gives back the same ranks and no
 command (checked by ``rankcore.invariants.check_recovery_roundtrip``).
@@ -37,7 +46,7 @@ import immutables
 
 from .commands import ScheduleTick, StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
-from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport
+from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
 from .lifecycle import LIVE, Phase
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
@@ -50,11 +59,13 @@ from .transaction import (
     reconcile,
     reconfigure,
     recount,
+    restart_failed,
     restart_incomplete_gangs,
     stop,
+    stop_command,
 )
 
-__all__ = ["rebuild"]
+__all__ = ["rebuild", "unresponsive_gone"]
 
 
 def _settle_claims(claims: Iterable[tuple[tuple, Hashable, int | None]], bound: int) -> dict[Hashable, int]:
@@ -131,9 +142,11 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
     return r.user_config is not UNKNOWN and r.user_config != spec.user_config
 
 
-def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport]) -> Deployment:
+def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
+                        unresponsive: list[UnresponsiveReplica]) -> Deployment:
     final_rank, to_stop = _resolve_global(spec, reports)
-    placed = [r for r in reports if r.node_id is not None]
+    # a FAILED replica holds its global rank only (its process is stopped below)
+    placed = [r for r in reports if r.node_id is not None and r.phase is not Phase.FAILED]
     node_rank = _resolve_nodes(placed)
     local_rank = _resolve_locals(placed)
     ranks = RankTable().recover_many(
@@ -142,7 +155,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         for r in placed
     )
     for r in reports:
-        if r.node_id is None:
+        if r.node_id is None or r.phase is Phase.FAILED:
             ranks = ranks.assign(r.replica_id, rank=final_rank[r.replica_id])
     # config_version 1 is the spec's user_config; 0 marks a replica behind it.
     counts = [0] * len(LIVE)
@@ -150,9 +163,14 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     changed: list[Replica] = []
     outdated: list[Replica] = []
     unstarted: set[str] = set()
+    failed: list[str] = []
     stopping = set(to_stop)
     for r in reports:
         phase = r.phase
+        node_id = r.node_id
+        if phase is Phase.FAILED:
+            node_id = None
+            failed.append(r.replica_id)
         if phase is Phase.PENDING and r.node_id is not None:
             # Placed, but the answer was lost with the old controller: it was
             # never initialised, so it is initialised now (as on ReplicaPlaced).
@@ -165,11 +183,11 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
             deployment=spec.name,
             phase=phase,
             lineage=r.lineage if r.lineage is not None else tx.new_lineage(),
-            node_id=r.node_id,
+            node_id=node_id,
             version=r.version,
             config_version=0 if old_config else 1,
         )
-        serving_or_starting = r.node_id is not None and not _leaving(r) and r.replica_id not in stopping
+        serving_or_starting = node_id is not None and not _leaving(r) and r.replica_id not in stopping
         if serving_or_starting and r.replica_id not in unstarted:
             now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])  # type: ignore[index]
             if now != (r.rank.rank, r.rank.node_rank, r.rank.local_rank):
@@ -188,7 +206,15 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         replicas=immutables.Map(replicas),
         ranks=ranks,
         counts=tuple(counts),
+        unresponsive=immutables.Map({u.replica_id: u.node_id for u in unresponsive}),
     )
+    # Processes to stop before anything else: those that did not report (their
+    # rank is unknown: reconcile gives no rank until they have gone), and the
+    # FAILED ones (a FAILED replica has no process to keep).
+    for rid in sorted(failed, key=lambda x: (final_rank[x], x)):
+        tx.emit(stop_command(dep, rid, now=True))
+    for u in unresponsive:
+        tx.emit(stop_command(dep, u.replica_id, now=True))
     # One reconfigure each, carrying rank and user_config: reason user_config
     # when the replica's config is outdated (so its reconfigure is called),
     # else rank.
@@ -220,11 +246,40 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
     cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
 
 
+def _check_fresh(tx: Tx) -> None:
+    """A recovery rebuilds everything from the event: on a state that already
+    knows deployments or nodes it would drop them without a command."""
+    cl = tx.view
+    if tx.deps or cl.nodes or cl.joined:
+        raise InvalidEvent(
+            f"ControllerRecovered needs a fresh State(); this state has {len(tx.deps)} deployments and "
+            f"{len(cl.nodes)} nodes, which a recovery would drop without a command. A restarted controller "
+            f"feeds it to rankcore.State() (a Tick first is fine)"
+        )
+
+
+def _check_failed(specs: dict[str, DeploymentApplied], reports: Iterable[ReplicaReport]) -> None:
+    """``failed`` is a static-placement phase (a bundle of the rank has no node)."""
+    for r in reports:
+        spec = specs.get(r.deployment)
+        if r.phase is Phase.FAILED and spec is not None and spec.static_placement is None:
+            raise InvalidEvent(
+                f"ControllerRecovered: replica {r.replica_id!r} of deployment {r.deployment!r} reports phase "
+                f"'failed', which only a static-placement replica can be in (a bundle of its rank lost its "
+                f"node); {r.deployment!r} has no static placement: report what the process does "
+                f"(pending, starting, running, reconfiguring or stopping)"
+            )
+
+
 def rebuild(tx: Tx, e: ControllerRecovered) -> None:
-    """Replace everything in ``tx`` by what ``e`` says (the reports are the truth)."""
+    """Replace everything in ``tx`` (a fresh state) by what ``e`` says (the reports are the truth)."""
+    _check_fresh(tx)
     specs = {d.name: d for d in e.deployments}
+    _check_failed(specs, e.reports)
     by_dep: dict[str, list[ReplicaReport]] = {name: [] for name in specs}
+    silent: dict[str, list[UnresponsiveReplica]] = {name: [] for name in specs}
     orphans: list[ReplicaReport] = []
+    silent_orphans: list[UnresponsiveReplica] = []
     numbers = [tx.next_replica - 1, e.next_replica_number - 1]
     lineages = [tx.next_lineage - 1, e.next_lineage - 1]
     for r in e.reports:
@@ -234,12 +289,17 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         if r.lineage is not None:
             lineages.append(r.lineage)
         by_dep.get(r.deployment, orphans).append(r)
-    if orphans and not e.stop_unknown:
-        names = sorted({r.deployment for r in orphans})
+    for u in e.unresponsive:
+        n = parse_replica_number(u.replica_id)
+        if n is not None:
+            numbers.append(n)  # (its id is never handed out again)
+        silent.get(u.deployment, silent_orphans).append(u)
+    if (orphans or silent_orphans) and not e.stop_unknown:
+        names = sorted({r.deployment for r in orphans} | {u.deployment for u in silent_orphans})
         raise InvalidEvent(
-            f"ControllerRecovered: {len(orphans)} live replicas report deployments the event does not name "
-            f"({', '.join(map(repr, names))}); include their DeploymentApplied (rankcore.desired_specs(state) "
-            f"gives them all), or pass stop_unknown=True to stop those replicas"
+            f"ControllerRecovered: {len(orphans) + len(silent_orphans)} live replicas are of deployments the "
+            f"event does not name ({', '.join(map(repr, names))}); include their DeploymentApplied "
+            f"(rankcore.desired_specs(state) gives them all), or pass stop_unknown=True to stop those replicas"
         )
     tx.next_replica = max(numbers) + 1
     tx.next_lineage = max(lineages) + 1
@@ -249,7 +309,10 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     _rebuild_cluster(tx, e)
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
-        tx.put(_rebuild_deployment(tx, specs[name], reports))
+        tx.put(_rebuild_deployment(tx, specs[name], reports, sorted(silent[name], key=lambda u: u.replica_id)))
+        for u in silent[name]:
+            if not _named_after(u.replica_id, name):
+                tx.retired = tx.retired.set(u.replica_id, None)  # (news about it: stale, not unknown)
     if tx.cl.clock:  # replicas still starting get a fresh start timeout
         for name in sorted(specs):
             dep = tx.deps[name]
@@ -267,12 +330,57 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         # later news about it as stale.
         tx.emit(StopReplica(replica_id=r.replica_id, deployment=r.deployment))
         tx.retired = tx.retired.set(r.replica_id, None)
+    for u in sorted(silent_orphans, key=lambda u: u.replica_id):  # (and one that did not even answer: at once)
+        tx.emit(StopReplica(replica_id=u.replica_id, deployment=u.deployment, graceful_shutdown_timeout_s=0.0))
+        tx.retired = tx.retired.set(u.replica_id, None)
     restart_incomplete_gangs(tx, sorted(specs))
-    for name in sorted(specs):  # a static replica reported before its placement: on its bundles
+    for name in sorted(specs):  # a static replica reported before its placement, or failed: on its bundles
         dep = tx.deps[name]
         if dep.static is not None:
             for rid in list(dep.ranks):
                 rep = dep.replicas[rid]
-                if rep.phase is Phase.PENDING and rep.node_id is None and dep.static.placed(dep.ranks.global_rank(rid)):
+                if not dep.static.placed(dep.ranks.global_rank(rid)):
+                    continue
+                if rep.phase is Phase.PENDING and rep.node_id is None:
                     dep = place_static(tx, dep, rid)
+                elif rep.phase is Phase.FAILED:
+                    dep = restart_failed(tx, dep, rep)
             tx.put(dep)
+
+
+def _unfence(tx: Tx, dep: Deployment, gone: Iterable[str]) -> None:
+    """Unresponsive replicas of ``dep`` have gone: once none is left, its free
+    ranks are given (the gaps refilled, a gang cut short restarted whole)."""
+    left = dep.unresponsive
+    for rid in gone:
+        left = left.delete(rid)
+    dep = attrs.evolve(dep, unresponsive=left)
+    if not left:
+        dep = reconcile(tx, dep)
+    tx.put(dep)
+    if not left:
+        restart_incomplete_gangs(tx, [dep.name])
+
+
+def _named_after(rid: str, name: str) -> bool:
+    """Whether ``rid`` is an id the core gives replicas of ``name``."""
+    return parse_replica_number(rid) is not None and rid.rpartition("#")[0] == name
+
+
+def unresponsive_gone(tx: Tx, rid: str) -> bool:
+    """A ReplicaStopped / ReplicaCrashed about a replica the core does not hold:
+    True (and handled) when it is an unresponsive one a recovery stopped."""
+    own = rid.rpartition("#")[0]
+    if own in tx.deps and _named_after(rid, own):
+        names = [own]
+    elif rid in tx.retired:  # (an id not of the core's form)
+        names = sorted(tx.deps.keys())
+    else:
+        return False
+    for name in names:
+        dep = tx.deps[name]
+        if dep.unresponsive and rid in dep.unresponsive:
+            _unfence(tx, dep, [rid])
+            return True
+    return False
+

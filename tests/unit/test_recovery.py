@@ -208,7 +208,7 @@ def test_recovery_naming_no_deployment_refuses_to_stop_the_fleet():
     d = Driver(nodes=["n0"])
     d.run(SPEC)
     live = reports_from(d.state).reports
-    with pytest.raises(rc.InvalidEvent, match=r"4 live replicas report deployments the event does not name \('app'\)"):
+    with pytest.raises(rc.InvalidEvent, match=r"4 live replicas are of deployments the event does not name \('app'\)"):
         rc.step(rc.State(), rc.ControllerRecovered(deployments=(), reports=live))
     r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(), reports=live, stop_unknown=True))
     assert r.recovery.unknown_stopped == ("app#0", "app#1", "app#2", "app#3") and r.recovery.destructive
@@ -310,3 +310,146 @@ def test_recovery_announces_the_world_size_to_replicas_that_missed_it():
     assert of(rc.UpdateWorldSize, r.commands) == [rc.UpdateWorldSize(deployment="app", world_size=2)]
     same = tuple(attrs.evolve(x, world_size=2) for x in reports)
     assert of(rc.UpdateWorldSize, rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=same)).commands) == []
+
+
+# ------------------------------------------------ issue 19: refused inputs, unresponsive replicas
+def placed_report(rid, rank, node="n0", local=None, **kw):
+    return report(rid, rc.ReplicaRank(rank=rank, node_rank=0 if node == "n0" else 1,
+                                      local_rank=rank if local is None else local), node=node, **kw)
+
+
+def test_failed_report_without_static_placement_is_refused_naming_replica_and_deployment():
+    """Bug 3: ``failed`` is a static-placement phase; elsewhere it used to give a
+    state failing check_state ("FAILED replica ... still holds node ranks")."""
+    spec = rc.DeploymentApplied(name="app", num_replicas=2)
+    event = rc.ControllerRecovered(deployments=(spec,), reports=(
+        placed_report("app#0", 0, phase="failed"), placed_report("app#1", 1)))
+    with pytest.raises(rc.InvalidEvent, match=r"replica 'app#0' of deployment 'app' reports phase 'failed'.*"
+                                              r"no static placement"):
+        rc.step(rc.State(), event)
+
+
+def static_spec(bundle_nodes=("n0", "n0", "n1", "n1")):
+    return rc.DeploymentApplied(name="s", num_replicas=2, static_placement=rc.StaticPlacement.from_mapping(
+        "pg-1", bundle_nodes, {0: [0, 1], 1: [2, 3]}))
+
+
+def static_report(rid, rank, node, **kw):
+    return rc.ReplicaReport(replica_id=rid, deployment="s", node_id=node,
+                            rank=rc.ReplicaRank(rank=rank, node_rank=rank, local_rank=0), **kw)
+
+
+def test_failed_static_report_keeps_the_rank_failed_and_stops_its_process():
+    """A static replica reporting ``failed`` while its bundles have no node: FAILED
+    (global rank only, no node ranks), its process stopped at once; the answer
+    to that stop is stale, as after any FAILED replica's stop."""
+    d = Driver(nodes=["n9"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(static_spec(("n0", "n0", "n1", None)),), reports=(
+        static_report("s#0", 0, "n0"), static_report("s#1", 1, "n1", phase="failed"))),
+        hold=lambda c: isinstance(c, rc.StopReplica))
+    (stop,) = of(rc.StopReplica, cmds)
+    assert stop.replica_id == "s#1" and stop.graceful_shutdown_timeout_s == 0
+    rep = d.dep("s").replicas["s#1"]
+    assert rep.phase is rc.Phase.FAILED and rep.node_id is None and d.ranks("s")["s#1"] is None
+    assert d.dep("s").ranks.global_rank("s#1") == 1
+    assert rc.step(d.state, rc.ReplicaStopped(replica_id="s#1")).stale
+
+
+def test_failed_static_report_whose_bundles_are_placed_restarts_on_them():
+    d = Driver(nodes=["n9"])
+    r = d.step(rc.ControllerRecovered(deployments=(static_spec(),), reports=(
+        static_report("s#0", 0, "n0", phase="failed"), static_report("s#1", 1, "n1"))))
+    assert [type(c).__name__ for c in r.commands] == ["StopReplica", "StartReplica", "PlaceReplica"]
+    start, place = r.commands[1:]
+    assert (start.replaces, start.global_rank, place.node_id, place.bundles) == ("s#0", 0, "n0", (0, 1))
+
+
+def test_recovery_on_a_live_state_is_refused():
+    """Bug 4: it used to drop every deployment and node with no command and a
+    non-destructive outcome."""
+    d = healthy_driver(2)
+    d.step(rc.NodeJoined(node_id="n5", resources={"GPU": 1}))
+    with pytest.raises(rc.InvalidEvent, match=r"ControllerRecovered needs a fresh State\(\); this state has "
+                                              r"1 deployments and 1 nodes"):
+        rc.step(d.state, rc.ControllerRecovered(deployments=(), reports=()))
+    ticked = rc.step(rc.State(), rc.Tick(now=5.0)).state  # a fresh state with a clock is fine
+    assert rc.step(ticked, reports_from(d.state)).state.deployments["app"].target == 2
+
+
+def unresponsive(rid="app#1", node="n0", deployment="app"):
+    return rc.UnresponsiveReplica(replica_id=rid, deployment=deployment, node_id=node)
+
+
+def recover_with_unresponsive(**kw):
+    """app at 4: ranks 0, 2 report; app#1 (rank 1, unknown to the core) does not answer; rank 3 died."""
+    d = Driver(nodes=["n0"])
+    result = d.step(rc.ControllerRecovered(deployments=(SPEC,), reports=(
+        placed_report("app#0", 0), placed_report("app#2", 2)), unresponsive=(unresponsive(),), **kw))
+    return d, result
+
+
+def test_unresponsive_replica_is_stopped_at_once_and_no_rank_is_given_until_it_has_gone():
+    """A replica that did not answer its report call used to be a gap refilled at
+    once while it lived on: it could run next to its replacement on its rank."""
+    d, r = recover_with_unresponsive()
+    assert r.commands == (rc.StopReplica(replica_id="app#1", deployment="app", graceful_shutdown_timeout_s=0.0),)
+    assert r.recovery.unresponsive_stopped == ("app#1",) and r.recovery.stopped == ()
+    assert r.recovery.destructive  # it stopped a live process
+    assert not d.dep().healthy and dict(d.dep().unresponsive) == {"app#1": "n0"}
+    # a scale up while it lives gives no rank either
+    up = d.step(rc.ScaleRequested(deployment="app", num_replicas=5))
+    assert of(rc.StartReplica, up.commands) == []
+    gone = d.step(rc.ReplicaStopped(replica_id="app#1"))
+    assert not gone.stale
+    assert [c.global_rank for c in of(rc.StartReplica, gone.commands)] == [1, 3, 4]
+    assert dict(d.dep().unresponsive) == {}
+    assert rc.step(d.state, rc.ReplicaStopped(replica_id="app#1")).stale  # (its answer again)
+
+
+def test_unresponsive_replica_that_crashes_lifts_the_hold_too():
+    d, _ = recover_with_unresponsive()
+    out = d.run(rc.ReplicaCrashed(replica_id="app#1", cause="killed"))
+    assert [c.global_rank for c in of(rc.StartReplica, out)] == [1, 3]
+    assert d.dep().healthy and sorted(r[0] for r in d.ranks().values()) == [0, 1, 2, 3]
+
+
+def test_no_compaction_into_a_rank_an_unresponsive_replica_may_hold():
+    """Scaled down to the reporting replicas (ranks 0 and 2): rank 2 is not moved
+    to 1 until the replica that may hold rank 1 has gone."""
+    d, _ = recover_with_unresponsive()
+    down = d.step(rc.ScaleRequested(deployment="app", num_replicas=2))
+    assert down.compactions == () and of(rc.ReconfigureReplica, down.commands) == []
+    gone = d.step(rc.ReplicaStopped(replica_id="app#1"))
+    (rec,) = of(rc.ReconfigureReplica, gone.commands)
+    assert (rec.replica_id, rec.rank.rank) == ("app#2", 1)
+
+
+def test_unresponsive_ids_are_never_handed_out_again_and_foreign_ones_are_remembered():
+    d = Driver(nodes=["n0"])
+    d.step(rc.ControllerRecovered(deployments=(SPEC,), reports=(placed_report("app#0", 0),),
+                                  unresponsive=(unresponsive("app#7"), unresponsive("uuid-x", node=None))))
+    assert d.state.next_replica == 8
+    d.step(rc.ReplicaStopped(replica_id="uuid-x"))
+    assert dict(d.dep().unresponsive) == {"app#7": "n0"}
+    assert rc.step(d.state, rc.ReplicaReady(replica_id="uuid-x")).stale
+    out = d.run(rc.ReplicaStopped(replica_id="app#7"))
+    assert [c.replica_id for c in of(rc.StartReplica, out)] == ["app#8", "app#9", "app#10"]
+
+
+def test_unresponsive_replicas_of_unknown_deployments_follow_stop_unknown():
+    silent = unresponsive("old#3", deployment="old")
+    with pytest.raises(rc.InvalidEvent, match=r"1 live replicas are of deployments the event does not name \('old'\)"):
+        rc.step(rc.State(), rc.ControllerRecovered(deployments=(SPEC,), reports=(), unresponsive=(silent,)))
+    r = rc.step(rc.State(), rc.ControllerRecovered(deployments=(SPEC,), reports=(), unresponsive=(silent,),
+                                                   stop_unknown=True))
+    assert rc.StopReplica(replica_id="old#3", deployment="old", graceful_shutdown_timeout_s=0.0) in r.commands
+    assert r.recovery.unknown_stopped == ("old#3",) and r.recovery.unresponsive_stopped == ()
+    assert rc.step(r.state, rc.ReplicaStopped(replica_id="old#3")).stale
+
+
+def test_a_replica_cannot_both_report_and_be_unresponsive():
+    with pytest.raises(rc.InvalidConfig, match="'app#0' is both in reports and in unresponsive"):
+        rc.ControllerRecovered(deployments=(SPEC,), reports=(placed_report("app#0", 0),),
+                               unresponsive=(unresponsive("app#0"),))
+    with pytest.raises(rc.InvalidConfig, match="unresponsive names 'app#1' twice"):
+        rc.ControllerRecovered(deployments=(SPEC,), reports=(), unresponsive=(unresponsive(), unresponsive()))

@@ -320,6 +320,7 @@ def test_controller_crash_during_gang_start_restarts_incomplete_gangs_whole():
                                         lineage=rep.lineage))
     event = rc.ControllerRecovered(deployments=rc.desired_specs(ex.state), reports=tuple(reports),
                                    nodes=tuple(rc.NodeJoined(node_id=n, resources={"GPU": 4}) for n in ("n0", "n1")))
+    ex.state = rc.State()  # the controller restarted
     cmds = ex.run(event)
     starts = of(rc.StartReplica, cmds)
     assert sorted(c.global_rank for c in starts) == [2, 3]  # the incomplete gang, whole, on its ranks
@@ -342,6 +343,7 @@ def test_static_replica_running_off_its_bundles_node_is_restarted_on_them_when_t
         rc.ReplicaReport(replica_id=rid, deployment="app", phase=rep.phase.value, node_id=rep.node_id,
                          rank=dep.ranks.rank_of(rid), lineage=rep.lineage)
         for rid, rep in dep.replicas.items())
+    ex.state = rc.State()  # the controller restarted
     ex.run(rc.ControllerRecovered(deployments=(rc.DeploymentApplied(name="app", num_replicas=2,
                                                                     static_placement=moved),), reports=reports))
     r1 = ex.by_rank()[1]
