@@ -299,6 +299,9 @@ class _RayTarget:
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         raise UnsupportedOnRay("place_bundles: Ray cannot move a placement group's bundles")  # (check_supported)
 
+    def hang(self, args: dict[str, Any]) -> None:
+        raise UnsupportedOnRay("hang: not on Ray yet")  # (check_supported refuses it: not in RAY_ACTIONS)
+
     def crash_controller(self, recover_after: float) -> None:
         self.note("controller_crash", {"recover_after": recover_after})
         self.keep(ask(self.ctl, "halt"))  # the rest of its trace; it steps nothing more
