@@ -7,6 +7,7 @@ the record, the field and the value (h11's rule), so a bad event never reaches
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,15 +15,45 @@ import attrs
 
 from .errors import InvalidConfig
 
+#: how much of a value an error message shows
+SHOWN = 80
+
 
 def _where(inst: Any, attribute: attrs.Attribute) -> str:
     return f"{type(inst).__name__}.{attribute.name}"
 
 
+def shown(value: Any, limit: int = SHOWN) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters: a
+    5,000-digit id or a 400-digit int must not flood the message (nor make
+    it fail: ``repr`` of an int over Python's digit limit raises)."""
+    if type(value) is int and value.bit_length() > 3 * limit:
+        return f"an int of about {value.bit_length() * 30103 // 100000 + 1} digits"
+    try:
+        text = repr(value)
+    except ValueError:  # (a huge int inside a container)
+        return f"a {type(value).__name__} too large to show"
+    if len(text) > limit:
+        return f"{text[:limit]}... ({len(text)} characters)"
+    return text
+
+
+def finite(value: Any) -> bool:
+    """A real number (an int or a float, not a bool) that is finite as a
+    float: an int too large for a float is not (``math.isfinite`` would
+    raise ``OverflowError`` on it)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-empty string id (deployment, replica or node)."""
     if not isinstance(value, str) or not value:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {shown(value)}")
 
 
 def optional_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -33,22 +64,22 @@ def optional_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 def count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-negative int (bools are refused: True is not a replica count)."""
     if type(value) is not int or value < 0:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-negative int, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-negative int, got {shown(value)}")
 
 
 def flag(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if type(value) is not bool:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a bool, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a bool, got {shown(value)}")
 
 
 def names(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple):
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a tuple, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a tuple, got {shown(value)}")
     for v in value:
         if not isinstance(v, str) or not v:
-            raise InvalidConfig(f"{_where(inst, attribute)} holds {v!r}, not a non-empty str")
+            raise InvalidConfig(f"{_where(inst, attribute)} holds {shown(v)}, not a non-empty str")
     if len(set(value)) != len(value):
-        raise InvalidConfig(f"{_where(inst, attribute)} names a replica twice: {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} names a replica twice: {shown(value)}")
 
 
 def to_tuple(value: Any) -> Any:
@@ -69,7 +100,7 @@ def to_tuple(value: Any) -> Any:
 def text(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A str (may be empty)."""
     if not isinstance(value, str):
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a str, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a str, got {shown(value)}")
 
 
 def to_resources(value: Any) -> Any:
@@ -83,26 +114,34 @@ def to_resources(value: Any) -> Any:
         except (TypeError, ValueError):
             return value
         if all(isinstance(k, str) for k, _ in pairs):
-            return tuple(sorted((k, float(v) if isinstance(v, int) and not isinstance(v, bool) else v)
-                                for k, v in pairs))
+            return tuple(sorted((k, _as_float(v)) for k, v in pairs))
     return value
+
+
+def _as_float(v: Any) -> Any:
+    """An int amount as a float; an int too large for a float, a bool or
+    anything else is left for the validator to refuse by name."""
+    if type(v) is int:
+        try:
+            return float(v)
+        except OverflowError:
+            return v
+    return v
 
 
 def resources(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """Sorted (name, amount) pairs: names non-empty and distinct, amounts finite numbers >= 0."""
-    import math
-
     if not isinstance(value, tuple):
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of resource name to amount, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of resource name to amount, got {shown(value)}")
     seen = set()
     for k, v in value:
         if not isinstance(k, str) or not k:
-            raise InvalidConfig(f"{_where(inst, attribute)} names a resource {k!r}: not a non-empty str")
+            raise InvalidConfig(f"{_where(inst, attribute)} names a resource {shown(k)}: not a non-empty str")
         if k in seen:
-            raise InvalidConfig(f"{_where(inst, attribute)} names {k!r} twice")
+            raise InvalidConfig(f"{_where(inst, attribute)} names {shown(k)} twice")
         seen.add(k)
-        if not isinstance(v, float) or not math.isfinite(v) or v < 0:
-            raise InvalidConfig(f"{_where(inst, attribute)}[{k!r}] must be a finite number >= 0, got {v!r}")
+        if not isinstance(v, float) or not finite(v) or v < 0:
+            raise InvalidConfig(f"{_where(inst, attribute)}[{shown(k)}] must be a finite number >= 0, got {shown(v)}")
 
 
 def labels(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -110,7 +149,7 @@ def labels(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple) or not all(
             isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and p[0] and isinstance(p[1], str)
             for p in value):
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of str to str, got {value!r}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of str to str, got {shown(value)}")
 
 
 def to_labels(value: Any) -> Any:
@@ -122,11 +161,9 @@ def to_labels(value: Any) -> Any:
 
 
 def seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """A finite number of seconds >= 0 (bools refused)."""
-    import math
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a finite number of seconds >= 0, got {value!r}")
+    """A finite number of seconds >= 0 (bools refused; an int too large for a float refused)."""
+    if not finite(value) or value < 0:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a finite number of seconds >= 0, got {shown(value)}")
 
 
 def optional_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from .errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
+from .fields import shown
 from .persistent import MISSING, Edit, Persistent, atomic, atomic_bulk, locked
 from .records import maker
 
@@ -32,7 +33,7 @@ Node = Hashable
 def _nonneg_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if type(value) is not int or value < 0:
         raise InvalidConfig(
-            f"{type(inst).__name__}.{attribute.name} must be a non-negative int, got {value!r}"
+            f"{type(inst).__name__}.{attribute.name} must be a non-negative int, got {shown(value)}"
         )
 
 
@@ -89,7 +90,7 @@ class ReportedRank:
             # e.g. ray.serve.schema.ReplicaRank
             return cls(rank=value.rank, node_rank=value.node_rank, local_rank=value.local_rank)
         raise InvalidConfig(
-            f"a reported rank must be a ReplicaRank, an int or a dict, got {value!r}"
+            f"a reported rank must be a ReplicaRank, an int or a dict, got {shown(value)}"
         )
 
 
@@ -651,7 +652,7 @@ class RankTable(Persistent):
                 raise InvalidConfig(f"a preference is for an unplaced replica; {rep!r} is placed or unknown")
             if type(nr) is not int or type(local) is not int or not (0 <= nr < MAX_RANKS and 0 <= local < MAX_LOCAL):
                 raise InvalidConfig(f"preference of {rep!r} needs a node rank and a local rank in range, "
-                                    f"got {(node, nr, local)!r}")
+                                    f"got {shown((node, nr, local))}")
             e.set(_PNODE, rep, node)
             e.set(_PSLOT, rep, (nr << _SB) | local)
         return e.commit()
@@ -779,7 +780,7 @@ class RankTable(Persistent):
             r = hw if hw == len(owner) else _bits_lowest_free(d[_GBITS])
         else:
             if type(rank) is not int or not 0 <= rank < MAX_RANKS:
-                raise InvalidConfig(f"rank must be an int in 0..{MAX_RANKS - 1}, got {rank!r}")
+                raise InvalidConfig(f"rank must be an int in 0..{MAX_RANKS - 1}, got {shown(rank)}")
             if rank in d[_OWNER]:
                 raise RankConflict(f"rank {rank} is held by replica {d[_OWNER][rank]!r}")
             r = rank
@@ -915,7 +916,7 @@ class RankTable(Persistent):
         node_info: dict = {}  # node -> [node_rank, mask]
         for replica, node, rk in items:
             if type(rk) is not ReplicaRank:
-                raise InvalidConfig(f"recover needs a ReplicaRank for {replica!r}, got {rk!r}")
+                raise InvalidConfig(f"recover needs a ReplicaRank for {shown(replica)}, got {shown(rk)}")
             r = rk.rank
             if r >= MAX_RANKS or rk.node_rank >= MAX_RANKS or rk.local_rank >= MAX_LOCAL:
                 raise InvalidConfig(

@@ -35,11 +35,19 @@ def replica_id(deployment: str, n: int) -> str:
 
 
 def parse_replica_number(rid: str) -> int | None:
-    """``n`` of an id made by :func:`replica_id`, or None for a foreign id."""
+    """``n`` of an id made by :func:`replica_id`, or None for a foreign id.
+
+    ASCII digits only (``str.isdigit`` also accepts ``"١"``, which ``int``
+    reads as 1: ``"llm#١"`` is not ``"llm#1"``); a number with more digits
+    than Python converts (``sys.get_int_max_str_digits``) is no id the core
+    made either."""
     _, sep, tail = rid.rpartition("#")
-    if not sep or not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
+    if not sep or not tail.isascii() or not tail.isdigit() or (len(tail) > 1 and tail[0] == "0"):
         return None
-    return int(tail)
+    try:
+        return int(tail)
+    except ValueError:
+        return None
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

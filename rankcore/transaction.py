@@ -16,6 +16,7 @@ import immutables
 from .cluster import Cluster
 from .commands import GangChanged, InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, StopReplica
 from .errors import InvalidEvent
+from .fields import shown
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
@@ -125,7 +126,7 @@ class Tx:
             ours = n is not None and n < self.next_replica and rid.rpartition("#")[0] in self.deps
             if ours or rid in self.retired:
                 return None
-            raise InvalidEvent(f"unknown replica {rid!r}: the core never started it")
+            raise InvalidEvent(f"unknown replica {shown(rid)}: the core never started it")
         dep = self.deps[name]
         return dep, dep.replicas[rid]
 

@@ -3,6 +3,8 @@ Each test failed before its fix."""
 
 from __future__ import annotations
 
+import pytest
+
 import rankcore as rc
 from rankcore.invariants import check_step
 
@@ -123,3 +125,80 @@ def test_a_rank_change_without_its_reconfigure_is_still_caught_by_the_cheap_chec
     for full in (False, True):
         with pytest.raises(rc.InvariantViolation, match="rank reconfigures sent: 0"):
             check_step(state, event, bad, full=full)
+
+
+# ------------------------------------------------------------------ bug 5
+HUGE = 10**400  # an int too large for a float
+
+
+def _deployed() -> rc.State:
+    return _step(rc.State(), rc.DeploymentApplied(name="llm", num_replicas=2)).state
+
+
+@pytest.mark.parametrize("rid", ["llm#" + "1" * 5000, "llm#" + "9" * 4400], ids=["5000-digits", "4400-digits"])
+def test_a_replica_id_with_a_huge_number_is_an_unknown_replica(rid: str) -> None:
+    """More digits than Python converts: InvalidEvent naming the id, cut short (was ValueError)."""
+    state = _deployed()
+    for event in (rc.ReplicaPlaced(replica_id=rid, node_id="n0"), rc.ReplicaCrashed(replica_id=rid),
+                  rc.ReplicaReady(replica_id=rid), rc.ReplicaStopped(replica_id=rid)):
+        with pytest.raises(rc.InvalidEvent, match=r"unknown replica 'llm#1{10}|unknown replica 'llm#9{10}") as err:
+            rc.step(state, event)
+        assert len(str(err.value)) < 200 and "characters" in str(err.value)
+
+
+@pytest.mark.parametrize("rid", ["llm#١", "llm#１", "llm#1\u0663"])
+def test_a_replica_id_with_unicode_digits_is_refused_not_stale(rid: str) -> None:
+    """``"llm#١"`` is not ``"llm#1"`` (int() reads it as 1, so it looked like an
+    earlier incarnation of the core's own, and the event was taken as stale)."""
+    state = _deployed()
+    assert rc.state.parse_replica_number(rid) is None
+    with pytest.raises(rc.InvalidEvent, match="unknown replica"):
+        rc.step(state, rc.ReplicaPlaced(replica_id=rid, node_id="n0"))
+    assert rc.state.parse_replica_number("llm#1") == 1  # (ASCII digits still parse)
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: rc.Tick(now=HUGE), "Tick.now"),
+    (lambda: rc.ReplicaPlaced(replica_id="llm#0", node_id="n0", now=HUGE), "ReplicaPlaced.now"),
+    (lambda: rc.ReplicaCrashed(replica_id="llm#0", now=HUGE), "ReplicaCrashed.now"),
+    (lambda: rc.DeploymentApplied(name="x", num_replicas=1, start_timeout_s=HUGE), "DeploymentApplied.start_timeout_s"),
+    (lambda: rc.DeploymentApplied(name="x", num_replicas=1, resources={"GPU": HUGE}),
+     "DeploymentApplied.resources['GPU']"),
+    (lambda: rc.NodeJoined(node_id="n", resources={"GPU": HUGE}), "NodeJoined.resources['GPU']"),
+    (lambda: rc.NodeCapacityChanged(node_id="n", resources={"GPU": HUGE}), "NodeCapacityChanged.resources['GPU']"),
+])
+def test_an_int_too_large_for_a_float_is_invalid_config_at_construction(make, field) -> None:
+    """Was OverflowError from float()/math.isfinite; now InvalidConfig naming the
+    field and the value, cut short."""
+    with pytest.raises(rc.InvalidConfig) as err:
+        make()
+    msg = str(err.value)
+    assert field in msg and "an int of about 401 digits" in msg and len(msg) < 200
+
+
+@pytest.mark.parametrize("make", [
+    lambda v: rc.Tick(now=v),
+    lambda v: rc.DeploymentApplied(name="x", num_replicas=1, start_timeout_s=v),
+    lambda v: rc.DeploymentApplied(name="x", num_replicas=1, resources={"GPU": v}),
+])
+@pytest.mark.parametrize("bad", [True, float("nan"), float("inf"), -1, "1", pytest.param(HUGE, id="huge")])
+def test_every_number_field_refuses_bools_non_finite_and_huge_values_by_name(make, bad) -> None:
+    with pytest.raises(rc.InvalidConfig, match="must be a finite number"):
+        make(bad)
+
+
+def test_fine_numbers_still_pass() -> None:
+    assert rc.Tick(now=10**300).now == 10**300  # (an int a float can hold)
+    assert rc.DeploymentApplied(name="x", num_replicas=1, resources={"GPU": 2}).resources == (("GPU", 2.0),)
+    assert rc.DeploymentApplied(name="x", num_replicas=1, start_timeout_s=0).start_timeout_s == 0
+
+
+def test_error_messages_cut_huge_values_short() -> None:
+    from rankcore.fields import shown
+
+    assert shown("x" * 1000).endswith("... (1002 characters)") and len(shown("x" * 1000)) < 120
+    assert shown(10**5000) == "an int of about 5001 digits"  # (repr itself would raise: over the digit limit)
+    assert shown((10**5000,)) == "a tuple too large to show"
+    assert shown("llm#0") == "'llm#0'"
+    with pytest.raises(rc.InvalidConfig, match=r"must be a non-negative int, got an int of about 5001 digits"):
+        rc.ReplicaRank(rank=-(10**5000), node_rank=0, local_rank=0)
