@@ -424,10 +424,11 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
         start = d.latency.get("start", latency["start"])
         ready = d.latency.get("ready", latency["ready"])
         slow = start.quantile(_SLOW_START_Q) + ready.quantile(_SLOW_START_Q)
-        if slow > timeout:
+        if slow >= timeout:  # (a start that takes exactly the timeout races its deadline: warn too)
             out.append(f"deployments.{name}: starts take up to ~{slow:g} s (p99 of start {start.describe()} + "
-                       f"ready {ready.describe()}), beyond faults.start_timeout={timeout:g} s: slow starts will "
-                       f"be declared hung and replaced (counted as timeouts); raise faults.start_timeout")
+                       f"ready {ready.describe()}), {'at' if slow == timeout else 'beyond'} "
+                       f"faults.start_timeout={timeout:g} s: slow starts will be declared hung and replaced "
+                       f"(counted as timeouts); raise faults.start_timeout")
     return out
 
 

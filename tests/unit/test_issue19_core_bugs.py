@@ -202,3 +202,28 @@ def test_error_messages_cut_huge_values_short() -> None:
     assert shown("llm#0") == "'llm#0'"
     with pytest.raises(rc.InvalidConfig, match=r"must be a non-negative int, got an int of about 5001 digits"):
         rc.ReplicaRank(rank=-(10**5000), node_rank=0, local_rank=0)
+
+
+# ------------------------------------------------------------------ bug 7
+def _scenario_warnings(start: float, ready: float, timeout: float) -> tuple[str, ...]:
+    from executors.scenarios.format import parse_scenario
+
+    return parse_scenario(f"""
+name: t
+cluster: {{nodes: 1, gpus_per_node: 2}}
+latency: {{start: {start}, ready: {ready}}}
+faults: {{start_timeout: {timeout}}}
+deployments:
+  m: {{replicas: 1}}
+timeline:
+  - deploy: m
+""").warnings
+
+
+def test_a_start_latency_equal_to_the_start_timeout_warns() -> None:
+    """start + ready == start_timeout races the deadline: warned (only "above" warned)."""
+    (at,) = _scenario_warnings(4, 1, 5)
+    assert "deployments.m: starts take up to ~5 s" in at and "at faults.start_timeout=5 s" in at
+    (above,) = _scenario_warnings(4, 1.5, 5)
+    assert "beyond faults.start_timeout=5 s" in above
+    assert _scenario_warnings(4, 0.9, 5) == ()
