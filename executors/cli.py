@@ -168,15 +168,19 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
 @click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
               help="A sweep: write each run's plot here (<variant>-seed<N>.png).")
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
+@click.option("--columns", metavar="NAMES",
+              help="A sweep's tables: groups (availability, recovery, ranks, contiguity, contiguity_s), figure "
+                   "keys or 'all', comma-separated (default: all groups but contiguity_s).")
 @click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
 def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
              plot_window: str | None, sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
-             trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool) -> None:
+             trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool,
+             columns: str | None = None) -> None:
     """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
     if seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
         if trace_path or plot_path:
             raise click.UsageError("--trace and --plot take one run; use --trace-dir / --plot-dir for a sweep")
-        _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet)
+        _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet, columns)
         return
     _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet, _window(plot_window))
 
@@ -203,12 +207,17 @@ def _window(text: str | None) -> tuple[float, float] | None:
 
 def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped: bool, seeds: int,
            jobs: int | None, fmt: str, output: Path | None, trace_dir: Path | None, plot_dir: Path | None,
-           quiet: bool) -> None:
+           quiet: bool, columns: str | None = None) -> None:
     """Every variant x seed, on every core; invalid variants are reported and skipped."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .sim import ScenarioError, load_scenario
-    from .sweep import InvalidVariant, run_sweep, to_csv, to_json
+    from .sweep import InvalidVariant, run_sweep, select_figures, tables, to_csv, to_json
+
+    try:
+        figures = select_figures(columns)
+    except ValueError as exc:
+        raise click.UsageError(f"--columns: {exc}") from None
 
     console = Console(stderr=fmt != "table" and output is None)
     if not console.is_terminal:
@@ -249,7 +258,10 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         else:
             click.echo(text, nl=False)
     if fmt == "table" or output:
-        console.print(_seeds_table(records, records[0].scenario if records else scenario_path.name))
+        out = tables(records, records[0].scenario if records else scenario_path.name, figures)
+        out[-1].caption = LEGEND
+        for table in out:
+            console.print(table)
         console.print(f"[dim]{len(records)} runs in {wall:.2f}s wall ({jobs or os.cpu_count()} processes)"
                       + (f"; {fmt}: {escape(str(output))}" if output else "") + "[/dim]")
     failed = [r for r in records if not r.passed]
@@ -268,31 +280,6 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
 
 def _label(variant: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in variant.items()) or "as written"
-
-
-def _seeds_table(records: list, name: str) -> Table:
-    """Per variant and deployment: mean and min-max of each figure over its seeds."""
-    from .sweep import FIGURES, summarise
-
-    rows = summarise(records)
-    t = Table(title=f"what-if: {name}  [dim](mean, min-max over the seeds)[/dim]")
-    keys = list(rows[0]["variant"].keys()) if rows else []
-    for k in keys:
-        t.add_column(k, justify="right")
-    for col in ("deployment", "runs", *(title for _, title in FIGURES), "met every\nexpectation"):
-        t.add_column(col, justify="right")
-    for row in rows:
-        cells = []
-        for key, _ in FIGURES:
-            f = row["figures"][key]
-            digits = 4 if key == "noncontig_any" else (3 if key.endswith("_pct") else 1)
-            cells.append("-" if f["mean"] is None else
-                         f"{f['mean']:.{digits}f}" + ("" if f["n"] < 2 else
-                                                       f"\n{f['min']:.{digits}f}-{f['max']:.{digits}f}"))
-        t.add_row(*[str(row["variant"][k]) for k in keys], row["deployment"], str(row["runs"]), *cells,
-                  f"{row['runs_meeting_every_expectation']}/{row['runs']}")
-    t.caption = LEGEND
-    return t
 
 
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,

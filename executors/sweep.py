@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "run_one", "run_sweep", "summarise", "to_json", "to_csv"]
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "select_figures", "run_one", "run_sweep",
+           "summarise", "tables", "to_json", "to_csv"]
 
 
 @attrs.frozen
@@ -141,22 +142,78 @@ def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], 
     return [r for r in out if r is not None]
 
 
-#: the per-deployment figures a sweep summarises (metrics key, column title)
-FIGURES = (
-    ("availability_pct", "avail. %"),
-    ("full_strength_pct", "full strength %"),
-    ("crashes", "crashes"),
-    ("timeouts", "timeouts"),
-    ("to_full_strength_p99", "to full p99 s"),
-    ("to_full_strength_max", "to full max s"),
-    ("noncontig_any", "non-contig frac."),
-    ("unavailable_replica_seconds", "unavail. replica·s"),
+@attrs.frozen
+class Figure:
+    """One per-deployment figure a sweep summarises: its key (in the JSON
+    summary and the CSV), its column title, its group of columns, and digits."""
+
+    key: str
+    title: str
+    group: str
+    digits: int = 1
+
+
+_LEVELS = (("rank", "rank"), ("node_rank", "node"), ("local_rank", "local"))
+
+#: the per-deployment figures a sweep summarises, in column order
+FIGURES: tuple[Figure, ...] = (
+    Figure("availability_pct", "avail. %", "availability", 3),
+    Figure("full_strength_pct", "full strength %", "availability", 3),
+    Figure("unavailable_replica_seconds", "unavail. replica·s", "availability"),
+    Figure("crashes", "crashes", "recovery"),
+    Figure("timeouts", "timeouts", "recovery"),
+    Figure("crash_to_ready_p50", "crash→ready p50 s", "recovery"),
+    Figure("crash_to_ready_p99", "crash→ready p99 s", "recovery"),
+    Figure("to_full_strength_p99", "to full p99 s", "recovery"),
+    Figure("to_full_strength_max", "to full max s", "recovery"),
+    *(Figure(f"reassignments_{lv}", f"reassigned\n{short}", "ranks") for lv, short in _LEVELS),
+    Figure("reassignments_any", "reassigned\nany level", "ranks"),
+    Figure("reconfigures_rank", "reconfigures\nrank", "ranks"),
+    Figure("reconfigures_user_config", "reconfigures\nuser_config", "ranks"),
+    *(Figure(f"noncontig_{lv}", f"non-contig\n{short} frac.", "contiguity", 4) for lv, short in _LEVELS),
+    Figure("noncontig_any", "non-contig\nany frac.", "contiguity", 4),
+    *(Figure(f"noncontig_s_{lv}", f"non-contig\n{short} s", "contiguity_s") for lv, short in _LEVELS),
+    Figure("noncontig_s_any", "non-contig\nany s", "contiguity_s"),
 )
+#: column groups, each printed as a table of its own (so each stays narrow)
+GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s")
+#: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV)
+DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
+
+
+def select_figures(spec: str | None) -> list[Figure]:
+    """The figures ``--columns`` names: comma-separated groups (``ranks``), figure
+    keys (``reconfigures_rank``) or ``all``; None: the default groups. Raises
+    ValueError naming an unknown name and listing the valid ones."""
+    if spec is None:
+        return [f for f in FIGURES if f.group in DEFAULT_GROUPS]
+    keys = {f.key for f in FIGURES}
+    chosen: list[Figure] = []
+    for name in (n.strip() for n in spec.split(",")):
+        if name == "all":
+            picked = list(FIGURES)
+        elif name in GROUPS:
+            picked = [f for f in FIGURES if f.group == name]
+        elif name in keys:
+            picked = [f for f in FIGURES if f.key == name]
+        else:
+            raise ValueError(f"unknown column {name!r}: give 'all', a group ({', '.join(GROUPS)}) "
+                             f"or a figure ({', '.join(sorted(keys))})")
+        chosen += [f for f in picked if f not in chosen]
+    return chosen
 
 
 def _figure(d: dict, key: str) -> float | None:
-    if key == "noncontig_any":
-        return (d.get("noncontiguous_fraction") or {}).get("any")
+    """A figure of one run's deployment metrics (``metrics.DeploymentMetrics.as_dict``)."""
+    for prefix, field in (("reassignments_", "reassignments"), ("reconfigures_", "reconfigures")):
+        if key.startswith(prefix):
+            v = (d.get(field) or {}).get(key[len(prefix):])
+            return None if v is None else float(v)
+    if key.startswith("noncontig_s_"):  # seconds: the fraction of the observed time (after start-up)
+        frac = (d.get("noncontiguous_fraction") or {}).get(key[len("noncontig_s_"):])
+        return None if frac is None else frac * float(d.get("observed_seconds") or 0.0)
+    if key.startswith("noncontig_"):
+        return (d.get("noncontiguous_fraction") or {}).get(key[len("noncontig_"):])
     v = d.get(key)
     return None if v is None else float(v)
 
@@ -187,9 +244,9 @@ def summarise(records: Sequence[RunRecord]) -> list[dict]:
                 k[0] += e["passed"]
                 k[1] += 1
         for d in deps:
-            figures = {key: _interval([v for r in runs
-                                       if (v := _figure(r.metrics["deployments"].get(d, {}), key)) is not None])
-                       for key, _ in FIGURES}
+            figures = {f.key: _interval([v for r in runs
+                                         if (v := _figure(r.metrics["deployments"].get(d, {}), f.key)) is not None])
+                       for f in FIGURES}
             rows.append({"variant": runs[0].variant, "deployment": d, "runs": len(runs),
                          "seeds": [r.seed for r in runs], "figures": figures,
                          "runs_meeting_every_expectation": sum(r.passed for r in runs),
@@ -209,10 +266,41 @@ def to_csv(records: Sequence[RunRecord]) -> str:
     keys = sorted({k for r in records for k in r.variant})
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow([*keys, "seed", "deployment", *(k for k, _ in FIGURES), "passed", "events", "wall_s"])
+    w.writerow([*keys, "seed", "deployment", *(f.key for f in FIGURES), "passed", "events", "wall_s"])
     for r in records:
         for d, m in sorted(r.metrics["deployments"].items()):
             w.writerow([*(r.variant.get(k, "") for k in keys), r.seed, d,
-                        *("" if (v := _figure(m, k)) is None else v for k, _ in FIGURES),
+                        *("" if (v := _figure(m, f.key)) is None else v for f in FIGURES),
                         r.passed, r.events, round(r.wall, 4)])
     return buf.getvalue()
+
+
+def tables(records: Sequence[RunRecord], name: str, figures: Sequence[Figure] | None = None) -> list[Any]:
+    """The sweep's summary as rich tables, one per group of ``figures`` (default:
+    ``select_figures(None)``): per variant and deployment, each figure's mean and
+    min-max over the seeds; the first table also counts the runs that met every
+    expectation. One wide table of every figure would be over 300 columns."""
+    from rich.table import Table
+
+    figures = list(figures) if figures is not None else select_figures(None)
+    rows = summarise(records)
+    keys = list(rows[0]["variant"].keys()) if rows else []
+    groups = [g for g in GROUPS if any(f.group == g for f in figures)]
+    out = []
+    for n, group in enumerate(groups):
+        t = Table(title=f"what-if: {name}: {group}  [dim](mean, min-max over the seeds)[/dim]")
+        cols = [f for f in figures if f.group == group]
+        for k in keys:
+            t.add_column(k, justify="right")
+        for col in ("deployment", "runs", *(f.title for f in cols), *(("met every\nexpectation",) if n == 0 else ())):
+            t.add_column(col, justify="right")
+        for row in rows:
+            cells = []
+            for f in cols:
+                v = row["figures"][f.key]
+                cells.append("-" if v["mean"] is None else f"{v['mean']:.{f.digits}f}" + (
+                    "" if v["n"] < 2 else f"\n{v['min']:.{f.digits}f}-{v['max']:.{f.digits}f}"))
+            met = (f"{row['runs_meeting_every_expectation']}/{row['runs']}",) if n == 0 else ()
+            t.add_row(*[str(row["variant"][k]) for k in keys], row["deployment"], str(row["runs"]), *cells, *met)
+        out.append(t)
+    return out

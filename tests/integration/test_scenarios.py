@@ -196,7 +196,9 @@ def test_cli_what_if_sweep_runs_every_combination() -> None:
     out = result.stdout
     assert "what-if: crash storm" in out
     rows = [line for line in out.splitlines() if re.match(r"│\s+[01] │\s+[23] │", line)]
-    assert len(rows) == 4, out
+    from executors.sweep import DEFAULT_GROUPS
+
+    assert len(rows) == 4 * len(DEFAULT_GROUPS), out  # the 4 variants in each table (one per group of columns)
 
 
 def test_rank_packed_example_puts_consecutive_ranks_on_one_node_and_downscales_without_moves() -> None:
@@ -600,3 +602,63 @@ def test_an_invalid_variant_is_reported_and_the_others_run() -> None:
     assert "error: variant faults.start_timeout=-1: --set faults.start_timeout=-1: faults.start_timeout: " \
            "must be >= 0.001, got -1" in result.stderr
     assert result.stdout.count("\n") == 2  # the header and the one valid variant's run
+
+
+# ---------------------------------------------- issue 19: what a planner prices
+def test_sweep_summary_has_reassignments_reconfigures_crash_to_ready_and_per_level_contiguity(tmp_path: Path) -> None:
+    """The JSON summary and the CSV carry, per variant, reassignments per level,
+    rank and user_config reconfigures, crash-to-ready p50/p99 and non-contiguous
+    time per level (fraction and seconds), each the runs' own figures."""
+    import csv
+
+    from executors.sweep import FIGURES
+
+    out = tmp_path / "sweep.json"
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "node-loss-3-nodes.yaml"), "--seeds", "2",
+                                       "--jobs", "1", "--set", "latency.start=2,4", "--format", "json",
+                                       "--output", str(out)])
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(out.read_text())
+    want = {"reassignments_rank", "reassignments_node_rank", "reassignments_local_rank", "reassignments_any",
+            "reconfigures_rank", "reconfigures_user_config", "crash_to_ready_p50", "crash_to_ready_p99",
+            "noncontig_rank", "noncontig_node_rank", "noncontig_local_rank", "noncontig_any",
+            "noncontig_s_rank", "noncontig_s_node_rank", "noncontig_s_local_rank", "noncontig_s_any"}
+    for row in data["summary"]:
+        assert want <= set(row["figures"]), want - set(row["figures"])
+    runs = [r["metrics"]["deployments"]["llm"] for r in data["runs"][:2]]
+    fig = data["summary"][0]["figures"]
+
+    def mean(values: list) -> float:
+        return sum(values) / len(values)
+
+    assert fig["reconfigures_rank"]["mean"] == mean([m["reconfigures"]["rank"] for m in runs])
+    assert fig["reassignments_node_rank"]["mean"] == mean([m["reassignments"]["node_rank"] for m in runs])
+    assert fig["crash_to_ready_p99"]["mean"] == mean([m["crash_to_ready_p99"] for m in runs])
+    assert fig["noncontig_node_rank"]["max"] == max(m["noncontiguous_fraction"]["node_rank"] for m in runs)
+    secs = [m["noncontiguous_fraction"]["node_rank"] * m["observed_seconds"] for m in runs]
+    assert abs(fig["noncontig_s_node_rank"]["mean"] - mean(secs)) < 1e-9
+    assert fig["noncontig_s_node_rank"]["mean"] > 0  # the node loss leaves node ranks non-contiguous a while
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "node-loss-3-nodes.yaml"), "--seeds", "2",
+                                       "--jobs", "1", "--format", "csv"])
+    header = next(csv.reader(result.stdout.splitlines()))
+    assert [f.key for f in FIGURES] == [h for h in header if h in {f.key for f in FIGURES}]
+    assert want <= set(header)
+
+
+def test_sweep_tables_are_grouped_and_columns_can_be_chosen() -> None:
+    """One narrow table per group of columns; --columns picks groups or figures; a typo is exit 2."""
+    args = ["simulate", str(EXAMPLES / "node-loss-3-nodes.yaml"), "--seeds", "2", "--jobs", "1"]
+    out = CliRunner().invoke(main, args).stdout
+    for title in ("avail. %", "crash→ready p50 s", "crash→ready p99 s", "reassigned", "reconfigures", "node frac."):
+        assert title in out, title
+    for group in ("availability", "recovery", "ranks", "contiguity"):
+        assert re.search(rf"\b{group}\s+\(mean", out), group
+    assert "non-contig" in out and "contiguity_s" not in out  # seconds: in JSON/CSV, or asked for
+    assert max(len(line) for line in out.splitlines()) <= 200
+    only = CliRunner().invoke(main, [*args, "--columns", "ranks,noncontig_s_node_rank"]).stdout
+    assert re.search(r"\branks\s+\(mean", only) and re.search(r"\bcontiguity_s\s+\(mean", only)
+    assert "node s" in only and not re.search(r"\bavailability\s+\(mean", only)
+    assert not re.search(r"┃\s+avail\. %\s+┃", only) and not re.search(r"┃\s+any s\s+┃", only)
+    assert re.search(r"┃\s+avail\. %\s+┃", out)
+    bad = CliRunner().invoke(main, [*args, "--columns", "rankz"])
+    assert bad.exit_code == 2 and "unknown column 'rankz'" in bad.output and "ranks" in bad.output
