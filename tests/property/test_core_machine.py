@@ -2,11 +2,11 @@
 
 from rankcore.testing import CoreSubject, make_machine
 
-TestCoreMachine = make_machine(CoreSubject).TestCase
+TestCoreMachine = make_machine(CoreSubject, managed=False).TestCase
 
 #: the same machine with the core placing replicas: nodes join, leave and
 #: change capacity, placements fail or land elsewhere, the clock ticks
-TestManagedCoreMachine = make_machine(CoreSubject, managed=True).TestCase
+TestManagedCoreMachine = make_machine(CoreSubject, managed=True, groups=False).TestCase
 
 # Static placement (a caller's group; bundles move and are lost) and gangs
 # (all-or-nothing placement, whole-gang restarts and downscales), on the

@@ -1,0 +1,43 @@
+"""make_machine's bare call checks everything: placement, gangs, static placement
+(issue 19: a wrapper dropping every GangChanged passed the README's machine)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import rankcore as rc
+from rankcore.testing import CoreSubject, make_machine
+
+#: quick and reproducible: no shrinking (the failure is reported as found)
+QUICK = settings(max_examples=200, stateful_step_count=20, deadline=None, database=None, derandomize=True,
+                 phases=[Phase.generate], report_multiple_bugs=False)
+
+
+class GangMuter(CoreSubject):
+    """A wrapper bug: it drops every GangChanged, so a restarted member's gang never hears of it."""
+
+    def step(self, state, event):
+        result = rc.step(state, event)
+        return attrs.evolve(result, commands=tuple(c for c in result.commands if not isinstance(c, rc.GangChanged)))
+
+
+def test_the_default_machine_catches_a_wrapper_dropping_gang_changes():
+    with pytest.raises(rc.InvariantViolation, match=r"gang \S+ got new members .* were not told"):
+        run_state_machine_as_test(make_machine(GangMuter), settings=QUICK)
+
+
+def test_the_unmanaged_machine_is_an_opt_out_and_never_sees_gangs():
+    run_state_machine_as_test(make_machine(GangMuter, managed=False), settings=QUICK)
+
+
+def test_the_default_machine_passes_the_core():
+    run_state_machine_as_test(make_machine(CoreSubject), settings=QUICK)
+
+
+def test_groups_need_a_managed_machine():
+    with pytest.raises(rc.InvalidConfig, match=r"groups=True.*needs managed=True"):
+        make_machine(CoreSubject, managed=False, groups=True)
+
