@@ -166,6 +166,9 @@ def _dequeue(cl: ClusterTx, rid: str) -> None:
 def _rekind(cl: ClusterTx, rids: list[str], kind_of: Callable[[str, tuple], tuple]) -> None:
     """Give waiting replicas ``rids`` a new kind (``kind_of(rid, old kind)``),
     keeping their places in the queue and the per-kind counts right."""
+    if not any(rid in cl.queued for rid in rids):
+        cl.changed = True
+        return  # nobody waiting changed kind: whatever blocked the queue still does
     kinds = cl.queue_kinds
     with cl.queued.mutate() as q:
         for rid in rids:
@@ -485,9 +488,12 @@ def place_waiting(tx: Tx) -> None:
             views.pop(node_id, None)
     else:
         i = len(queue)
-    rest = [rid for rid in queue[i:] if rid in cl.queued]
-    cl.queue = tuple(keep) + tuple(rest)
-    cl.blocked = frozenset(failed) if cl.queue else None
+    # The rest is kept as it is, not filtered: an id that left is skipped by
+    # the next pass (``queued`` is the truth), and filtering here cost a
+    # lookup per waiting replica at every pass that placed anyone (bug 8 of
+    # issue 19: 20 ms a step at 100,000 waiting).
+    cl.queue = (tuple(keep) + queue[i:]) if keep else queue[i:]
+    cl.blocked = frozenset(failed) if cl.queued else None
 
 
 def arm_deadlines(tx: Tx, commands: list) -> None:

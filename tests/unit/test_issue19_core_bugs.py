@@ -227,3 +227,60 @@ def test_a_start_latency_equal_to_the_start_timeout_warns() -> None:
     (above,) = _scenario_warnings(4, 1.5, 5)
     assert "beyond faults.start_timeout=5 s" in above
     assert _scenario_warnings(4, 0.9, 5) == ()
+
+
+# ------------------------------------------------------------------ bug 8
+def _count_choices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every node choice the queue pass makes (``scheduling._choose``), by replica."""
+    from rankcore import scheduling
+
+    seen: list[str] = []
+    real = scheduling._choose
+
+    def counting(cl, dep, rid, *rest):  # type: ignore[no-untyped-def]
+        seen.append(rid)
+        return real(cl, dep, rid, *rest)
+
+    monkeypatch.setattr(scheduling, "_choose", counting)
+    return seen
+
+
+def test_the_queue_is_not_walked_when_nothing_that_could_unblock_it_changed(monkeypatch) -> None:
+    """A blocked queue (nothing fits) stays blocked through a Tick that forgets
+    failed placements when no waiting replica had any: no pass, no node choice
+    (it used to reset ``Cluster.blocked`` and walk the whole queue)."""
+    state = rc.State()
+    for n in ("n0", "n1"):
+        state = _step(state, rc.NodeJoined(node_id=n, resources=GPU1)).state
+    state = _step(state, rc.Tick(now=0.0)).state
+    state = _step(state, rc.DeploymentApplied(name="a", num_replicas=4, resources=GPU1)).state  # a#2, a#3 wait
+    state = _step(state, rc.PlacementFailed(replica_id="a#0", node_id="n0")).state  # a#2 takes n0; retry at 30
+    state = _step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="n1")).state  # placed anyway: waits no more
+    assert list(state.cluster.queued) == ["a#3"] and state.cluster.blocked is not None
+    assert state.cluster.retry_at == 30.0 and not state.cluster.avoid
+    seen = _count_choices(monkeypatch)
+    result = _step(state, rc.Tick(now=31.0))
+    assert seen == [] and result.commands == () and result.state.cluster.blocked is not None
+
+
+def test_a_release_still_unblocks_the_longest_waiting(monkeypatch) -> None:
+    """A crash frees its booking: the longest-waiting replica takes the room (one
+    node choice for it, one for the next, which no longer fits: the pass stops),
+    and the queue is blocked again after."""
+    state = rc.State()
+    state = _step(state, rc.NodeJoined(node_id="n0", resources=GPU1)).state
+    first = _step(state, rc.DeploymentApplied(name="a", num_replicas=50, resources=GPU1))
+    state = first.state
+    state = _step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="n0")).state
+    state = _step(state, rc.ReplicaReady(replica_id="a#0")).state
+    assert len(state.cluster.queued) == 49 and state.cluster.blocked is not None
+    seen = _count_choices(monkeypatch)
+    result = _step(state, rc.ReplicaCrashed(replica_id="a#0"))
+    places = [c for c in result.commands if isinstance(c, rc.PlaceReplica)]
+    assert [(c.replica_id, c.node_id) for c in places] == [("a#1", "n0")]  # first come, first served
+    assert seen == ["a#1", "a#2"]  # a#2 (and so everyone of its kind) no longer fits: stop
+    after = result.state.cluster
+    assert after.blocked is not None and "a#50" in after.queued and "a#1" not in after.queued
+    assert [rid for rid in after.queue if rid in after.queued] == [f"a#{i}" for i in range(2, 51)]
+    seen.clear()
+    assert _step(result.state, rc.Tick(now=1.0)).commands == () and seen == []  # blocked: no walk
