@@ -662,3 +662,54 @@ def test_sweep_tables_are_grouped_and_columns_can_be_chosen() -> None:
     assert re.search(r"┃\s+avail\. %\s+┃", out)
     bad = CliRunner().invoke(main, [*args, "--columns", "rankz"])
     assert bad.exit_code == 2 and "unknown column 'rankz'" in bad.output and "ranks" in bad.output
+
+
+CLUSTER_LOSS = """
+cluster: {{nodes: {nodes}, gpus_per_node: 2}}
+duration: {days}d
+seed: 7
+latency: {{start: 5}}
+faults: {{{faults}, node_repair: 60}}
+deployments:
+  llm: {{replicas: 2}}
+timeline:
+  - deploy: llm
+"""
+
+
+def _losses(nodes: int, faults: str, days: int = 100) -> list:
+    text = CLUSTER_LOSS.format(nodes=nodes, faults=faults, days=days).replace(f"{days}d", str(days * 86400))
+    return [(t, n) for t, kind, n in _faults(text)[1] if kind == "node_lost"]
+
+
+def test_a_cluster_wide_node_loss_rate_loses_nodes_at_that_rate_whatever_the_node_count() -> None:
+    """node_loss_per_cluster_day: 2 over 100 days is ~200 losses on 4 nodes and
+    on 16 (the very same times: one clock for the cluster), spread over the
+    nodes; node_loss_per_node_day: 0.5 (the same 2 a day on 4 nodes) makes 16
+    nodes lose ~4 times as many."""
+    four = _losses(4, "node_loss_per_cluster_day: 2")
+    sixteen = _losses(16, "node_loss_per_cluster_day: 2")
+    assert abs(len(four) - 200) < 4 * 200 ** 0.5, len(four)  # Poisson: sd = sqrt(200) ~ 14
+    assert [t for t, _ in sixteen] == [t for t, _ in four]
+    assert len({n for _, n in sixteen}) == 16 and len({n for _, n in four}) == 4
+    per_node = _losses(16, "node_loss_per_node_day: 0.5")
+    assert abs(len(per_node) - 800) < 4 * 800 ** 0.5, len(per_node)
+
+
+def test_cluster_wide_node_loss_is_validated_and_refused_on_ray() -> None:
+    from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported
+    from executors.scenarios.format import parse_scenario
+    from executors.sim import ScenarioError
+
+    body = "deployments: {llm: {}}\ntimeline: []\n"
+    with pytest.raises(ScenarioError, match=r"faults\.node_loss_per_cluster_day: must be >= 0"):
+        parse_scenario("cluster: {nodes: 1}\nduration: 10\nfaults: {node_loss_per_cluster_day: -1}\n" + body)
+    with pytest.raises(ScenarioError, match=r"node_loss_per_cluster_day: a random node loss rate needs a 'duration'"):
+        parse_scenario("cluster: {nodes: 1}\nfaults: {node_loss_per_cluster_day: 1}\n" + body)
+    sc = parse_scenario("cluster: {nodes: 2}\nduration: 10\nfaults: {node_loss_per_cluster_day: 1}\n" + body)
+    assert sc.cluster_node_loss_rate == 1 / 86400 and sc.node_loss_rate == 0 and sc.node_repair is not None
+    with pytest.raises(UnsupportedOnRay, match=r"faults\.node_loss_per_cluster_day"):
+        check_supported(sc, multi_node=True)
+    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "crash-storm.yaml"),
+                                       "--set", "faults.node_loss_per_cluster_dya=1"])
+    assert result.exit_code == 2 and "node_loss_per_cluster_day" in result.output  # did you mean
