@@ -14,7 +14,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from .controller import CONTROLLER_NAME, NAMESPACE, Controller
+from .controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
 from .placement import actor_resources, static_actor_options
 from .placement import validate as validate_placement
 from .static import StaticPlacementConfig
@@ -168,9 +168,19 @@ class Deployment:
     gang_size: int = 1
     gang_placement: str = "pack"
     gang_failure: str = "restart_gang"
+    #: the core's deployment options (``rankcore.options``, Ray Serve's names and
+    #: defaults: health checks, graceful shutdown, placement timeout, restart
+    #: backoff; ``start_timeout_s``), only those given: ``DeploymentApplied`` has the defaults
+    core_options: dict = attrs.field(factory=dict, eq=False)
 
     def __attrs_post_init__(self) -> None:
         validate_options(self)
+        try:  # checked by the core's own record, where they are written
+            rc.DeploymentApplied(name="x", num_replicas=0, **self.core_options)
+        except TypeError as exc:
+            raise _bad(self.name, f"unknown option ({exc})") from None
+        except rc.InvalidConfig as exc:
+            raise _bad(self.name, str(exc)) from None
 
     @property
     def placement(self) -> dict:
@@ -188,8 +198,11 @@ class Deployment:
             if "static_placement" in changes:
                 raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
             changes["static_placement"] = changes.pop("_placement_info")
-        known = {f.name for f in attrs.fields(Deployment)} - {"cls"}
-        bad = sorted(set(changes) - known)
+        core = {k: changes.pop(k) for k in list(changes) if k in CORE_OPTIONS}
+        if core:
+            changes["core_options"] = {**self.core_options, **core}
+        known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS)
+        bad = sorted(set(changes) - known - {"core_options"})
         if bad:
             raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")
         sp = changes.get("static_placement")
@@ -214,14 +227,16 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = 
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
-               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...) -> Deployment: ...
+               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
+               **core_options: Any) -> Deployment: ...
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
-               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...) -> Callable[[type], Deployment]:
+               gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
+               **core_options: Any) -> Callable[[type], Deployment]:
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
@@ -230,7 +245,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                static_placement: StaticPlacementConfig | None = None,
                _placement_info: StaticPlacementConfig | None = None, gang_size: int = 1,
                gang_placement: str = "pack",
-               gang_failure: str = "restart_gang") -> Deployment | Callable[[type], Deployment]:
+               gang_failure: str = "restart_gang", **core_options: Any) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -248,8 +263,24 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     consecutive ranks, placed all or nothing (``gang_placement``: ``pack`` or
     ``spread``), failing whole (``gang_failure="restart_gang"``) or member by
     member (``"restart_replica"``); ``num_replicas`` a multiple of k.
+    The core's options, Ray Serve's names and defaults (``rankcore.options``):
+    ``health_check_period_s`` / ``health_check_timeout_s`` /
+    ``health_check_failure_threshold`` (the replica's ``check_health`` is
+    called that often; that many failures in a row and it is replaced on its
+    rank), ``graceful_shutdown_wait_loop_s`` / ``graceful_shutdown_timeout_s``
+    (a stopped replica's calls in flight may finish that long), ``start_timeout_s``
+    (an ``__init__`` running longer is killed and started again; default: wait
+    forever), ``placement_timeout_s``, ``restart_backoff_s`` /
+    ``restart_backoff_max_s`` and ``max_constructor_retry_count`` (a constructor
+    that keeps raising is retried ever later; the deployment's
+    ``handle.status()["status"]`` is then ``UNHEALTHY``).
     Every option is checked here (``rankcore.InvalidConfig`` naming it).
     """
+    unknown = sorted(set(core_options) - set(CORE_OPTIONS))
+    if unknown:
+        where = f"deployment {name!r}" if name else "@deployment(...)"
+        raise rc.InvalidConfig(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
+                               f"{', '.join(CORE_OPTIONS)})")
     if cls is not None and not isinstance(cls, type):
         raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
     if static_placement is not None and _placement_info is not None:
@@ -266,7 +297,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                           max_ongoing_requests=max_ongoing_requests, placement_group_bundles=placement_group_bundles,
                           placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
                           max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
-                          gang_placement=gang_placement, gang_failure=gang_failure)
+                          gang_placement=gang_placement, gang_failure=gang_failure, core_options=dict(core_options))
 
     if cls is None:  # @deployment(...): check the options now, before a class is given
         if isinstance(name, str) and name:
@@ -335,7 +366,7 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     d = app.deployment
     ctl = get_controller()
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
-        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas)
+        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -443,6 +474,8 @@ class DeploymentHandle:
 
     def status(self) -> dict:
         """The deployment as the core holds it: ``healthy``, ``target``,
+        ``status`` (Ray Serve's ``HEALTHY`` / ``UPDATING`` / ``UNHEALTHY``, e.g.
+        while its constructor keeps raising) and ``status_message`` (why),
         ``failed`` (replica ids) and ``replicas``: per replica id its ``phase``
         (``"running"``, ``"failed"``, ...), ``rank``, ``node_id``, ``bundles``
         (static placement) and ``gang`` (its gang's id)."""

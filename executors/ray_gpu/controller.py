@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Set
 from typing import Any
@@ -52,6 +53,8 @@ _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (
 #: adopts the starts under way and knows which replicas died while it was down
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
+#: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
+CORE_OPTIONS: tuple[str, ...] = (*rc.options.OPTION_NAMES, "start_timeout_s")
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -94,30 +97,106 @@ def _less(total: dict[str, float], held: dict[str, float]) -> dict[str, float]:
     return {res: max(0.0, amount - held.get(res, 0.0)) for res, amount in total.items()}
 
 
+async def _after(prev: asyncio.Task, coro: Any) -> Any:
+    """Await ``coro`` once ``prev`` has finished, whatever became of it."""
+    try:
+        if not prev.done():
+            await asyncio.wait([prev])
+    except asyncio.CancelledError:
+        coro.close()
+        raise
+    return await coro
+
+
+def _group_refused(pg: Any, node: str) -> str | None:
+    """Why Ray will not place ``pg`` (removed, or infeasible: no node it may go
+    to could ever hold it), or None while it may still be placed."""
+    try:
+        info = ray.util.placement_group_table(pg)
+    except Exception:  # GCS hiccup: look again next time
+        return None
+    if not info or info.get("state") == "REMOVED":
+        return "placement group removed"
+    if (info.get("stats") or {}).get("scheduling_state") == "INFEASIBLE":
+        return f"placement group infeasible on node {node}"
+    return None
+
+
+def _actor_info(actor: Any) -> dict | None:
+    """Ray's record of an actor (``ray._private.state.actors``), or None."""
+    try:
+        from ray._private.state import actors
+
+        info = actors(actor_id=actor._actor_id.hex())
+        return info if isinstance(info, dict) and info else None
+    except Exception:
+        return None
+
+
+#: ActorDiedErrorContext.Reason -> ReplicaCrashed.cause
+_DIED_REASON = {"RAY_KILL": "killed", "NODE_DIED": "node_lost"}
+
+
+def _death_cause(error: BaseException | None, actor: Any) -> str:
+    """``ReplicaCrashed.cause`` of a replica actor that died (the controller
+    did not kill it), from structured facts: the error's own flags (its
+    creation raised: ``error``; its node was drained/preempted: ``node_lost``)
+    and Ray's death record of the actor (``DeathCause``: killed by
+    ``ray.kill`` or the OOM killer: ``killed``; its node died: ``node_lost``;
+    its process exited otherwise: ``exited``)."""
+    if error is not None and getattr(error, "preempted", False):
+        return "node_lost"
+    if error is not None and getattr(error, "actor_init_failed", False):
+        return "error"
+    info = _actor_info(actor) if actor is not None else None
+    death = (info or {}).get("DeathCause")
+    if death is None:
+        return "exited" if error is not None else "unknown"
+    try:
+        if death.HasField("oom_context"):
+            return "killed"
+        if death.HasField("creation_task_failure_context"):
+            return "error"
+        if death.HasField("actor_died_error_context"):
+            ctx = death.actor_died_error_context
+            reason = type(ctx).Reason.Name(ctx.reason)
+            return _DIED_REASON.get(reason, "exited")
+    except Exception:  # a record of another shape: what was seen is a process gone
+        pass
+    return "exited"
+
+
 class _Backend:
     def __init__(self, ctl: Controller) -> None:
         self.ctl = ctl
 
     def execute(self, commands: Any, t: float) -> None:
-        """Carry commands out. Each that carries a world size gets a sequence
-        number here, in command order ((controller incarnation, n): a later
-        controller's are larger): a replica keeps the world size of the newest
-        it has seen, since the calls themselves may arrive out of order (a
-        reconfigure's task may start after a later UpdateWorldSize is sent)."""
+        """Carry commands out, in the order the core emitted them. The commands
+        about one replica run one after another (``Controller._in_order``: each
+        starts once the one before it has finished), so a replica sees them in
+        the core's order; those about different replicas run side by side. A
+        ``StopReplica`` does not wait: it cancels what is under way for its
+        replica (a placement waiting for its group, an ``__init__`` awaited)
+        and, with ``graceful_shutdown_timeout_s=0``, kills the process here,
+        before the step's next command (its room then really is free for the
+        replacement the same step places). Each command that carries a world
+        size gets a sequence number here ((controller incarnation, n): a later
+        controller's are larger): ``UpdateWorldSize`` goes to every replica at
+        once, so a replica keeps the world size of the newest it has seen."""
         c = self.ctl
         for cmd in commands:
             if isinstance(cmd, rc.StartReplica):
                 c._start(cmd)
             elif isinstance(cmd, rc.PlaceReplica):
-                c._place_soon(cmd)
+                c._in_order(cmd.replica_id, c._place(cmd))
             elif isinstance(cmd, rc.ScheduleTick):
                 c._schedule_tick(cmd.at)
             elif isinstance(cmd, rc.InitializeReplica):
-                c._spawn(c._initialize(cmd, c._next_seq()))
+                c._in_order(cmd.replica_id, c._initialize(cmd, c._next_seq()))
             elif isinstance(cmd, rc.ReconfigureReplica):
-                c._spawn(c._reconfigure(cmd, c._next_seq()))
+                c._in_order(cmd.replica_id, c._reconfigure(cmd, c._next_seq()))
             elif isinstance(cmd, rc.StopReplica):
-                c._spawn(c._stop(cmd))
+                c._stop_now(cmd)
             elif isinstance(cmd, rc.GangChanged):
                 c._gang_changed(cmd)
             elif isinstance(cmd, rc.UpdateWorldSize):
@@ -128,15 +207,23 @@ class _Backend:
 
 
 class Controller:
-    #: seconds between health checks, and how long a ping may take
-    health_check_period_s = 2.0
-    health_check_timeout_s = 10.0
-    #: how long a replica's group pinned to the node the core chose may wait to
-    #: be placed before the placement is reported failed (the core then places again)
-    pin_wait_s = 10.0
+    # Observation details only (docs/architecture.md, "what is left in
+    # executors/"): how often and how long the controller looks at Ray. Every
+    # decision (health, timeouts, backoff, drains) comes from the core's commands.
+    #: seconds between two readings of Ray's node table (joined, changed, lost nodes)
+    node_poll_s = 2.0
     #: deaths on one node this close together are observed together: if Ray has
     #: declared the node dead by then, they are one NodeLost
     death_batch_s = 0.25
+    #: seconds between two readings of a pending placement group's state (a group
+    #: Ray reports infeasible or removed is a refusal: ``PlacementFailed``)
+    group_poll_s = 0.5
+    #: how long a recovering controller waits for a replica's report; one that has
+    #: not answered by then is reported unresponsive (``RANKCORE_REPORT_TIMEOUT_S``)
+    report_timeout_s = float(os.environ.get("RANKCORE_REPORT_TIMEOUT_S", "30"))
+    #: how long a stop waits, after its kill, for Ray to confirm the process died
+    #: before answering ``ReplicaStopped`` anyway
+    kill_confirm_s = 5.0
 
     def __init__(self) -> None:
         raw = internal_kv._internal_kv_get(_KV_EPOCH)
@@ -148,16 +235,26 @@ class Controller:
         internal_kv._internal_kv_put(_KV_INCARNATION, str(self.incarnation).encode(), overwrite=True)
         self._seq = 0
         self.driver = Driver(_Backend(self), clock=True)
+        #: deployment -> what the core does not hold: the class, its arguments, actor options
+        #: (the deployments' specs are the core's: ``rc.desired_specs``, persisted by ``_persist``)
         self.specs: dict[str, dict] = {}
-        self.applied: dict[str, rc.DeploymentApplied] = {}
         self.actors: dict[str, tuple[str, Any]] = {}  # replica id -> (deployment, handle)
         self.stopping: set[str] = set()
+        #: replicas this controller killed itself (a stop, a start that failed): their
+        #: deaths are not news (other deaths are classified from Ray's death cause)
+        self._killed: set[str] = set()
+        #: replica id -> its commands' tasks not yet finished, in order (``_in_order``)
+        self._chains: dict[str, list[asyncio.Task]] = {}
+        #: replica id -> its health checks (started once it is ready)
+        self._checks: dict[str, asyncio.Task] = {}
+        #: replica id -> (period, timeout) of its health checks, from its InitializeReplica
+        self._check_every: dict[str, tuple[float, float]] = {}
         #: replica id -> (node, task): a PlaceReplica under way, until ReplicaPlaced or PlacementFailed is fed
         self._placing: dict[str, tuple[str, asyncio.Task]] = {}
         self._initialized: set[str] = set()  # initialize() returned: may hold calls, so drained on stop
         self.pgs: dict[str, Any] = {}  # replica id -> its placement group
-        #: node -> [(replica, died on its own)] whose deaths are being observed together
-        self._dying: dict[str, list[tuple[str, bool]]] = {}
+        #: node -> [(replica, cause)] whose deaths are being observed together
+        self._dying: dict[str, list[tuple[str, str]]] = {}
         #: node id -> its total resources, as the core was last told (NodeJoined / NodeCapacityChanged)
         self._nodes: dict[str, tuple] = {}
         self._timers: dict[float, asyncio.TimerHandle] = {}  # ScheduleTick's time -> its timer
@@ -171,25 +268,32 @@ class Controller:
         self.lineages = 0
         self._recovered = False
         self._recovering: asyncio.Lock | None = None
-        self._health_task: asyncio.Task | None = None
+        self._cluster_task: asyncio.Task | None = None
         self.metrics: Any = None
 
     # ------------------------------------------------------------- recovery
     def _persist(self) -> None:
-        specs = {name: {**spec, "applied": self.applied[name]} for name, spec in self.specs.items()}
+        """Store what a restarted controller recovers from: the deployments as the
+        core means them now (``rc.desired_specs``, the one copy of the specs: a
+        scale is folded in) and, per deployment, what the core does not hold (its
+        class, arguments and actor options)."""
+        desired = {d.name: d for d in rc.desired_specs(self.driver.state)}
+        specs = {name: {**spec, "applied": desired[name]} for name, spec in self.specs.items() if name in desired}
         internal_kv._internal_kv_put(_KV_SPECS, cloudpickle.dumps(specs), overwrite=True)
+        self._persist_counters()
+
+    def _persist_counters(self) -> None:
         internal_kv._internal_kv_put(_KV_COUNTERS, cloudpickle.dumps((self.started, self.lineages)), overwrite=True)
 
     def _checkpoint(self) -> None:
         internal_kv._internal_kv_put(_KV_REPLICAS, cloudpickle.dumps(self.known), overwrite=True)
 
-    async def _health_loop(self) -> None:
-        """Every ``health_check_period_s``: tell the core the cluster's nodes
-        (joined, changed, lost) and the time, and ping every initialised
-        replica; one that fails or times out is killed and reported crashed
-        (its replacement gets its rank)."""
+    async def _cluster_loop(self) -> None:
+        """Every ``node_poll_s``: tell the core the cluster's nodes (joined,
+        changed, lost), where static deployments' bundles are, and the time.
+        (Health checks are per replica: ``_health_checks``.)"""
         while True:
-            await asyncio.sleep(self.health_check_period_s)
+            await asyncio.sleep(self.node_poll_s)
             if not self._recovered or self._halted:
                 continue
             if self._nodes:  # (after a reset, the next apply() tells the core the nodes first)
@@ -199,26 +303,52 @@ class Controller:
                 except Exception as exc:  # GCS hiccup: next pass
                     log.warning("could not read the cluster's nodes: %r", exc)
             self._feed(rc.Tick(now=self._now()))
-            state = self.driver.state
-            checks = []
-            for rid, (dep, actor) in list(self.actors.items()):
-                d = state.deployments.get(dep)
-                if d is not None and rid in d.replicas and d.replicas[rid].phase in (rc.Phase.RUNNING,
-                                                                                     rc.Phase.RECONFIGURING):
-                    checks.append((rid, actor))
-            results = await asyncio.gather(
-                *(asyncio.wait_for(actor.ping.remote(), self.health_check_timeout_s) for _, actor in checks),
-                return_exceptions=True,
-            )
-            dying = {rid for batch in self._dying.values() for rid, _ in batch}
-            for (rid, _), res in zip(checks, results):
-                if isinstance(res, BaseException) and rid in self.actors and rid not in dying:
-                    node = self._node_of(rid)
-                    if node is not None and self._node_dead(node):
-                        self._lose_node(node)
-                        continue
-                    self._kill(rid)
-                    self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"health check failed: {res!r}"))
+
+    def _start_checks(self, rid: str, actor: Any) -> None:
+        """A replica is ready: check its health from now on, at the period and
+        with the timeout its InitializeReplica carried (a replica adopted by a
+        recovery: its deployment's)."""
+        if rid in self._checks or rid not in self.actors:
+            return
+        every = self._check_every.get(rid)
+        if every is None:
+            dep = self.driver.state.deployments.get(self.driver.state.index.get(rid, ""))
+            o = dep.options if dep is not None else rc.Options()
+            every = (o.health_check_period_s, o.health_check_timeout_s)
+        task = asyncio.get_event_loop().create_task(self._health_checks(rid, actor, *every))
+        self._checks[rid] = task
+
+        def done(t: asyncio.Task) -> None:
+            if self._checks.get(rid) is t:
+                del self._checks[rid]
+
+        task.add_done_callback(done)
+
+    async def _health_checks(self, rid: str, actor: Any, period: float, timeout: float) -> None:
+        """Every ``period`` s, ping the replica (its ``check_health`` if it has
+        one), waiting up to ``timeout`` s, and report the outcome to the core:
+        ``HealthChecked``, healthy or not (raised: the error; no answer in time:
+        "timed out"). The core counts and decides; the controller carries its
+        ``StopReplica`` out. A dead actor is not a failed check: its death is
+        reported by its watch (``ReplicaCrashed``)."""
+        from ray.exceptions import RayActorError
+
+        while True:
+            await asyncio.sleep(period)
+            if self._halted or rid not in self.actors or rid in self.stopping:
+                return
+            try:
+                await asyncio.wait_for(actor.ping.remote(), timeout)
+                healthy, detail = True, ""
+            except asyncio.TimeoutError:
+                healthy, detail = False, "timed out"
+            except RayActorError:
+                return  # died: the watch reports it
+            except Exception as exc:
+                healthy, detail = False, f"check_health raised: {getattr(exc, 'cause', None) or exc!r}"[:500]
+            if self._halted or rid not in self.actors or rid in self.stopping:
+                return
+            self._feed(rc.HealthChecked(replica_id=rid, healthy=healthy, detail=detail))
 
     def _start_recording(self, meta: dict | None, header: bool, snapshot_every: int = 1) -> None:
         import io
@@ -284,8 +414,10 @@ class Controller:
         arriving after it are lost, as with any crash."""
         await self._ready()
         self._halted = True
-        if self._health_task is not None:
-            self._health_task.cancel()
+        if self._cluster_task is not None:
+            self._cluster_task.cancel()
+        for task in list(self._checks.values()):
+            task.cancel()
         self._cancel_timers()
         for task in list(self.tasks):  # starts, stops, watches: left where a crash would leave them
             task.cancel()
@@ -331,8 +463,8 @@ class Controller:
     async def _ready(self) -> None:
         """After a restart (Ray restarts this actor), rebuild ranks from the
         replicas' own reports before answering anything."""
-        if self._health_task is None:
-            self._health_task = asyncio.get_event_loop().create_task(self._health_loop())
+        if self._cluster_task is None:
+            self._cluster_task = asyncio.get_event_loop().create_task(self._cluster_loop())
         if self._recovered:
             return
         if self._recovering is None:
@@ -363,44 +495,63 @@ class Controller:
         the core places it again (a new ``PlaceReplica``). Only replicas that
         died are replaced; each known one that is gone gets a ``replica_lost``
         fault record (unless ``named``, the faults queued meanwhile, already
-        name it)."""
+        name it). Every live replica actor found is reported, those of
+        deployments the specs do not name too (the core stops them:
+        ``stop_unknown``; the controller kills nothing on its own); one that
+        does not answer its report within ``report_timeout_s`` is reported
+        ``unresponsive`` (the core stops it before giving its rank away)."""
+        from ray.exceptions import RayActorError
+
         nodes = self._alive_nodes()  # (first: a GCS hiccup here leaves nothing half done)
         counters = internal_kv._internal_kv_get(_KV_COUNTERS)
         started, lineages = cloudpickle.loads(counters) if counters else (0, 0)
         raw = internal_kv._internal_kv_get(_KV_REPLICAS)
         known: dict[str, dict] = cloudpickle.loads(raw) if raw else {}
         self.specs = {name: {k: v for k, v in spec.items() if k != "applied"} for name, spec in specs.items()}
-        self.applied = {name: spec["applied"] for name, spec in specs.items()}
+        desired = {name: spec["applied"] for name, spec in specs.items()}  # rc.desired_specs, as persisted
         alive = {n.node_id for n in nodes}
         for name, spec in self.specs.items():  # where the caller's group's bundles are now
-            held = self.applied[name].static_placement
+            held = desired[name].static_placement
             if spec.get("static") is not None and held is not None:
                 try:
                     where = st.bundle_nodes(spec["static"].placement_group, alive)
                 except Exception as exc:  # the group is gone, say
                     log.warning("could not read placement group of %r: %r", name, exc)
                     continue
-                self.applied[name] = attrs.evolve(self.applied[name], static_placement=held.with_nodes(where))
+                desired[name] = attrs.evolve(desired[name], static_placement=held.with_nodes(where))
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a.get("namespace") == NAMESPACE and a["name"].startswith("ModelActor:")]
 
         async def ask_report(name: str) -> tuple:
             try:
                 actor = ray.get_actor(name, namespace=NAMESPACE)
-                # (an actor still being created answers once it is up)
-                return actor, await asyncio.wait_for(actor.report.remote(), timeout=30)
             except Exception:
                 return None, None  # died meanwhile: its rank is a gap the core refills
+            try:
+                # (an actor still being created answers once it is up)
+                return actor, await asyncio.wait_for(actor.report.remote(), timeout=self.report_timeout_s)
+            except asyncio.TimeoutError:
+                return actor, None  # alive but silent: unresponsive
+            except RayActorError:
+                return None, None  # died meanwhile
+            except Exception as exc:  # its report failed: its rank is unknown
+                log.warning("replica actor %s did not report: %r", name, exc)
+                return actor, None
 
-        reports, starting, requeued = [], [], []
-        for actor, r in await asyncio.gather(*(ask_report(n) for n in sorted(names))):
-            if r is None:
+        reports, starting, requeued, silent = [], [], [], []
+        for name, (actor, r) in zip(sorted(names), await asyncio.gather(*(ask_report(n) for n in sorted(names)))):
+            if actor is None:
                 continue
-            rid, dep, rank = r["replica_id"], r["deployment"], r["rank"]
-            grank = rank[0] if rank is not None else r.get("global_rank")
-            if dep not in self.specs or grank is None:
-                ray.kill(actor, no_restart=True)  # not ours to adopt: the core would not know it
+            rank = r["rank"] if r is not None else None
+            grank = rank[0] if rank is not None else r.get("global_rank") if r is not None else None
+            if r is None or grank is None:  # no rank known: the core stops it before any rank is reused
+                dep, _, rid = name[len("ModelActor:"):].partition(":")
+                info = _actor_info(actor)
+                node = ((info or {}).get("Address") or {}).get("NodeID") or None
+                silent.append(rc.UnresponsiveReplica(replica_id=rid, deployment=dep, node_id=node))
+                self.actors[rid] = (dep, actor)
                 continue
+            rid, dep = r["replica_id"], r["deployment"]
             if rank is None:  # created, placed, never initialised: the core initialises it
                 phase, claim, config = "pending", grank, rc.UNKNOWN
             else:
@@ -411,6 +562,9 @@ class Controller:
                 world_size=r["world_size"], version=r["version"], user_config=config, lineage=r["lineage"],
             ))
             self.actors[rid] = (dep, actor)
+            if dep not in self.specs:
+                self._initialized.add(rid)  # not ours: the core stops it (drained as any replica)
+                continue
             self.known[rid] = {"deployment": dep, "global_rank": grank, "lineage": r["lineage"],
                                "world_size": r["world_size"], "stage": "created"}
             if phase == "starting":
@@ -434,20 +588,31 @@ class Controller:
         self._adopt_placement_groups()
         self.started, self.lineages = started, lineages
         now = self._now()
+        unknown = sorted(r.replica_id for r in reports if r.deployment not in self.specs)
+        unknown += sorted(u.replica_id for u in silent if u.deployment not in self.specs)
         if self.driver.trace is not None:
             for rid, dep in lost:
                 self.driver.trace.fault(now, "replica_lost", replica=rid, deployment=dep,
                                         reason="gone when the controller recovered")
             self.driver.trace.fault(now, "controller_recovered", reports=len(reports),
-                                    resumed=sorted(requeued), lost=[rid for rid, _ in lost])
+                                    resumed=sorted(requeued), lost=[rid for rid, _ in lost],
+                                    unresponsive=sorted(u.replica_id for u in silent), unknown=unknown)
         self._nodes = {n.node_id: n.resources for n in nodes}
-        self._feed(rc.ControllerRecovered(deployments=tuple(self.applied[n] for n in sorted(self.applied)),
+        # stop_unknown: the specs are persisted on every change (_persist), so a replica
+        # of a deployment they do not name is a leftover (a reset, a deleted deployment)
+        self._feed(rc.ControllerRecovered(deployments=tuple(desired[n] for n in sorted(desired)),
                                           reports=tuple(reports), next_replica_number=started,
-                                          next_lineage=lineages, nodes=tuple(nodes)))
+                                          next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
+                                          unresponsive=tuple(silent)))
         # Watch only now: a replica that died while the others reported is then
         # a crash the core knows what to do with (before, it would be ignored).
-        for rid, (_, actor) in sorted(self.actors.items()):
+        state = self.driver.state
+        for rid, (dep, actor) in sorted(self.actors.items()):
             self._spawn(self._watch(rid, actor))
+            d = state.deployments.get(dep)
+            rep = d.replicas.get(rid) if d is not None else None
+            if rep is not None and rep.phase in (rc.Phase.RUNNING, rc.Phase.RECONFIGURING):
+                self._start_checks(rid, actor)
         for rid, actor in starting:
             self._spawn(self._await_started(rid, actor))
 
@@ -457,13 +622,12 @@ class Controller:
         try:
             await actor.started.remote()
         except Exception as exc:
-            if rid in self.actors and rid not in self.stopping:
-                self._kill(rid)
-                self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"initialize failed: {exc}"))
+            self._failed(rid, "initialize", exc)
             return
-        if rid in self.actors:  # (not stopped meanwhile)
+        if rid in self.actors and rid not in self.stopping:  # (not stopped meanwhile)
             self._initialized.add(rid)
             self._feed(rc.ReplicaReady(replica_id=rid))
+            self._start_checks(rid, actor)
 
     def _adopt_placement_groups(self) -> None:
         """Take back the groups of the replicas found alive; remove every other
@@ -586,7 +750,7 @@ class Controller:
         n = rc.state.parse_replica_number(cmd.replica_id)
         self.started = max(self.started, (n or 0) + 1)
         self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
-        self._persist()
+        self._persist_counters()
         self.known[cmd.replica_id] = {"deployment": cmd.deployment, "global_rank": cmd.global_rank,
                                       "lineage": cmd.lineage, "world_size": cmd.world_size, "stage": "reserving",
                                       "gang": cmd.gang}
@@ -614,12 +778,38 @@ class Controller:
             if rid in self.actors:
                 log.error("replica %s: on_gang_changed for %s failed: %r", rid, cmd.gang_id, exc)
 
-    def _place_soon(self, cmd: rc.PlaceReplica) -> None:
-        self._cancel_placing(cmd.replica_id)  # (an older placement of it, if one were still under way)
-        task = asyncio.get_event_loop().create_task(self._place(cmd))
+    # ------------------------------------------------------- command order
+    def _in_order(self, rid: str, coro: Any) -> None:
+        """Run ``coro`` (a command about replica ``rid``) once the commands about
+        ``rid`` sent before it have finished: a replica sees its commands in the
+        core's order (docs/architecture.md). A stop cancels the chain
+        (``_cancel_chain``)."""
+        chain = self._chains.setdefault(rid, [])
+        prev = chain[-1] if chain else None
+        task = asyncio.get_event_loop().create_task(coro if prev is None else _after(prev, coro))
+        chain.append(task)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        self._placing[cmd.replica_id] = (cmd.node_id, task)
+
+        def done(t: asyncio.Task) -> None:
+            self.tasks.discard(t)
+            left = self._chains.get(rid)
+            if left is not None:
+                if t in left:
+                    left.remove(t)
+                if not left:
+                    del self._chains[rid]
+
+        task.add_done_callback(done)
+
+    def _cancel_chain(self, rid: str) -> None:
+        """Cancel the commands under way or waiting for ``rid`` (its placement
+        waiting for a group, its ``__init__`` awaited, a reconfigure): the core
+        has given the replica up, and their answers would change nothing."""
+        me = asyncio.current_task()
+        for task in self._chains.pop(rid, []):
+            if task is not me:
+                task.cancel()
+        self._placing.pop(rid, None)
 
     def _placed(self, rid: str) -> None:
         """The placement under way for ``rid`` (this task's) is over."""
@@ -637,15 +827,17 @@ class Controller:
         """Put the replica on ``cmd.node_id``, the core's choice: its group
         pinned there (a replica reserving nothing: its actor, by hard node
         affinity), then its actor in bundle 0. Answers ReplicaPlaced as soon as
-        the actor runs, or PlacementFailed if the group is not placed there
-        within ``pin_wait_s``."""
+        the actor runs, or PlacementFailed when Ray refuses (the group
+        infeasible there, or removed). A group that merely waits for room waits:
+        the core's ``placement_timeout_s`` decides when to give the node up (it
+        sends StopReplica, which cancels this)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
         rid, dep, node = cmd.replica_id, cmd.deployment, cmd.node_id
         k = self.known.get(rid)
         if k is None or rid in self.stopping or rid in self.actors or dep not in self.specs:
-            self._placed(rid)
             return  # stopped (or placed) meanwhile
+        self._placing[rid] = (node, asyncio.current_task())  # type: ignore[assignment]
         spec = self.specs[dep]
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
@@ -691,17 +883,18 @@ class Controller:
             where = await actor.node_id.remote()
         except Exception as exc:  # refused by Ray, or died starting
             self._placed(rid)
-            self._forget(rid)
+            entry = self._forget(rid)
             if rid in self.stopping:
                 return
             if static is not None and cmd.group is not None and self._group_removed(static):
                 # the caller removed its group: no bundle is anywhere (every replica FAILED), not a crash loop
                 self._feed(rc.BundlesPlaced(deployment=dep, bundle_nodes=(None,) * static.placement_group.bundle_count))
                 return
-            self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"))
+            cause = _death_cause(exc, entry[1] if entry is not None else None)
+            self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"failed to start: {exc}"[:2000], cause=cause))
             return
         self._placed(rid)
-        if rid in self.stopping or rid not in self.actors:  # stopped while its actor started: _stop killed it
+        if rid in self.stopping or rid not in self.actors:  # stopped while its actor started: the stop killed it
             return
         self._spawn(self._watch(rid, actor))
         self._feed(rc.ReplicaPlaced(replica_id=rid, node_id=where))
@@ -716,9 +909,10 @@ class Controller:
     async def _reserve(self, rid: str, dep: str, bundles: list, strategy: str, node: str) -> str | None:
         """Create the replica's placement group pinned to ``node`` (the
         ``ray.io/node-id`` label selector: every bundle of a single-node group,
-        bundle 0 of any other) and wait up to ``pin_wait_s`` for it to be
-        placed. Returns why it was not (the group is left for the caller to
-        release), or None."""
+        bundle 0 of any other) and wait until it is placed, reading its state
+        every ``group_poll_s``. Returns why Ray refused it (infeasible there, or
+        removed; the group is left for the caller to release), or None. No
+        time limit of its own: the core's placement timeout stops it."""
         pin = {"ray.io/node-id": node}
         if pl.single_node(bundles, strategy):
             strategy = "STRICT_PACK"  # the same thing for one bundle
@@ -731,13 +925,21 @@ class Controller:
         except Exception as exc:
             return f"placement group refused: {exc}"
         self.pgs[rid] = pg
+        ready = asyncio.ensure_future(pg.ready())
         try:
-            await asyncio.wait_for(pg.ready(), timeout=self.pin_wait_s)
-        except asyncio.TimeoutError:
-            return f"placement group not placed on the node within {self.pin_wait_s:g}s"
+            while True:
+                done, _ = await asyncio.wait([ready], timeout=self.group_poll_s)
+                if done:
+                    ready.result()
+                    return None
+                refused = _group_refused(pg, node)
+                if refused is not None:
+                    return refused
         except Exception as exc:
             return f"placement group failed: {exc}"
-        return None
+        finally:
+            if not ready.done():
+                ready.cancel()
 
     def _release_pg(self, rid: str) -> None:
         pg = self.pgs.pop(rid, None)
@@ -748,20 +950,26 @@ class Controller:
                 pass
 
     async def _watch(self, rid: str, actor: Any) -> None:
+        """Keep a call pending on the replica: it fails when the actor dies. A
+        death the controller did not cause is reported with its cause, read
+        from Ray's death record (``_death_cause``). Deaths that may be a node's
+        (not killed on purpose, not the user's error) are observed together
+        for ``death_batch_s`` (``_deaths_on``)."""
         error: BaseException | None = None
         try:
             await actor.watch.remote()
         except Exception as exc:
             error = exc
-        if rid in self.stopping:
+        if rid in self.stopping or rid in self._killed:
             return
-        own = "ray.kill" not in str(error)  # died on its own: its node may be going down
+        cause = _death_cause(error, actor)
+        reason = f"actor died ({cause})"
         node = self._node_of(rid)
-        if node is None:
-            self._crashed(rid, "actor died", suspect=own)
+        if node is None or cause in ("killed", "error"):  # not a node going down: at once
+            self._crashed(rid, reason, cause)
             return
         batch = self._dying.setdefault(node, [])
-        batch.append((rid, own))
+        batch.append((rid, cause))
         if len(batch) == 1:
             self._spawn(self._deaths_on(node))
 
@@ -769,31 +977,47 @@ class Controller:
         """Deaths on one node within ``death_batch_s`` are observed together:
         if Ray has declared the node dead by then, they are one ``NodeLost``
         (the core replaces the node's replicas in rank order); else each is a
-        crash, in the order Ray reported them (one that died on its own marks
-        its node suspect: ``suspect_node``)."""
+        crash with its cause, in the order Ray reported them."""
         await asyncio.sleep(self.death_batch_s)
         batch = self._dying.pop(node, [])
         if node in self._nodes and self._node_dead(node):  # (not if _sync_nodes has lost it meanwhile)
             self._lose_node(node)
-        for rid, own in batch:
+        for rid, cause in batch:
             if rid not in self.stopping:
-                self._crashed(rid, "actor died", suspect=own)
+                self._crashed(rid, f"actor died ({cause})", cause)
 
     def _forget(self, rid: str) -> tuple | None:
         """Drop what the controller holds for a replica that is gone or going
-        (its placement under way, its actor handle, its group); returns its
-        (deployment, actor) if known."""
+        (its placement under way, its actor handle, its group, its health
+        checks); returns its (deployment, actor) if known."""
         self._cancel_placing(rid)
         entry = self.actors.pop(rid, None)
         self._initialized.discard(rid)
+        self._check_every.pop(rid, None)
+        check = self._checks.pop(rid, None)
+        if check is not None and check is not asyncio.current_task():
+            check.cancel()
         self._release_pg(rid)
         if self.known.pop(rid, None) is not None:
             self._checkpoint()
         return entry
 
-    def _crashed(self, rid: str, reason: str, suspect: bool = False) -> None:
+    def _crashed(self, rid: str, reason: str, cause: str) -> None:
         self._forget(rid)
-        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason, suspect_node=suspect))
+        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=reason, cause=cause, now=self._now()))
+
+    def _failed(self, rid: str, what: str, exc: BaseException) -> None:
+        """A call into the user's code (``__init__``, ``reconfigure``) raised:
+        ``ReplicaCrashed(cause="error")``; its process, of no use now, is killed.
+        A call that failed because the actor died is left to its watch."""
+        from ray.exceptions import RayActorError
+
+        if rid not in self.actors or rid in self.stopping or isinstance(exc, RayActorError):
+            return
+        self._kill(rid)
+        detail = getattr(exc, "cause", None) or exc
+        self._feed(rc.ReplicaCrashed(replica_id=rid, reason=f"{what} raised: {detail!r}"[:2000], cause="error",
+                                     now=self._now()))
 
     def _node_of(self, rid: str) -> str | None:
         """The replica's node as the core holds it (where it runs, or where a
@@ -822,67 +1046,102 @@ class Controller:
         self._nodes.pop(node_id, None)
         self._feed(rc.NodeLost(node_id=node_id))
 
-    def _kill(self, rid: str) -> None:
+    def _kill(self, rid: str) -> Any:
+        """Kill the replica's process now (it is then no news when it dies) and
+        let go of it; returns its actor handle, or None if it had none."""
+        self.stopping.add(rid)
+        self._killed.add(rid)
         entry = self._forget(rid)
-        if entry is not None:
-            self.stopping.add(rid)
+        if entry is None:
+            return None
+        try:
             ray.kill(entry[1], no_restart=True)
+        except Exception as exc:  # already gone
+            log.debug("ray.kill(%s): %r", rid, exc)
+        return entry[1]
 
     def _next_seq(self) -> tuple[int, int]:
         self._seq += 1
         return (self.incarnation, self._seq)
 
     async def _initialize(self, cmd: rc.InitializeReplica, seq: tuple[int, int] | None = None) -> None:
-        entry = self.actors.get(cmd.replica_id)
-        if entry is None:
+        rid = cmd.replica_id
+        entry = self.actors.get(rid)
+        if entry is None or rid in self.stopping:
             return
+        self._check_every[rid] = (cmd.health_check_period_s, cmd.health_check_timeout_s)
         try:
             await entry[1].initialize.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config,
                                              cmd.call_reconfigure, cmd.pass_rank, seq)
         except Exception as exc:
-            self._kill(cmd.replica_id)
-            self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"initialize failed: {exc}"))
+            self._failed(rid, "__init__" if not cmd.call_reconfigure else "__init__/reconfigure", exc)
             return
-        if cmd.replica_id in self.actors:  # (not stopped meanwhile)
-            self._initialized.add(cmd.replica_id)
-        self._feed(rc.ReplicaReady(replica_id=cmd.replica_id))
+        if rid in self.actors and rid not in self.stopping:  # (not stopped meanwhile)
+            self._initialized.add(rid)
+            self._feed(rc.ReplicaReady(replica_id=rid))
+            self._start_checks(rid, entry[1])
 
     async def _reconfigure(self, cmd: rc.ReconfigureReplica, seq: tuple[int, int] | None = None) -> None:
         entry = self.actors.get(cmd.replica_id)
-        if entry is None:
+        if entry is None or cmd.replica_id in self.stopping:
             return
         try:
             await entry[1].reconfigure.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config, cmd.version,
                                               cmd.call_user, cmd.pass_rank, seq)
         except Exception as exc:
-            self._kill(cmd.replica_id)
-            self._feed(rc.ReplicaCrashed(replica_id=cmd.replica_id, reason=f"reconfigure failed: {exc}"))
+            self._failed(cmd.replica_id, "reconfigure", exc)
             return
         self._feed(rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version))
 
-    async def _stop(self, cmd: rc.StopReplica) -> None:
-        """Drain a replica that may hold calls, then kill it and free its group.
-        One still waiting for a node or its group, or starting, holds none: it
-        goes at once (its placement under way is cancelled)."""
+    def _stop_now(self, cmd: rc.StopReplica) -> None:
+        """Carry a StopReplica out: what is under way for the replica is
+        cancelled; one that may hold calls (initialised) is drained for up to
+        ``graceful_shutdown_timeout_s`` (``_drain``); any other, or with a 0 s
+        timeout, is killed here and now, its group removed, before the step's
+        next command runs. ``ReplicaStopped`` follows once Ray has seen it die."""
         rid = cmd.replica_id
         self.stopping.add(rid)
-        self._cancel_placing(rid)
-        entry = self.actors.pop(rid, None)
-        if entry is not None:
-            if rid in self._initialized:
-                try:
-                    await asyncio.wait_for(entry[1].prepare_stop.remote(), timeout=40)
-                except Exception:
-                    pass
-            ray.kill(entry[1], no_restart=True)
-        self._forget(rid)
-        self._feed(rc.ReplicaStopped(replica_id=rid))
+        self._cancel_chain(rid)
+        entry = self.actors.get(rid)
+        if entry is not None and rid in self._initialized and cmd.graceful_shutdown_timeout_s > 0:
+            check = self._checks.pop(rid, None)  # (not checked while it drains)
+            if check is not None:
+                check.cancel()
+            self._in_order(rid, self._drain(rid, entry[1], cmd))
+            return
+        actor = self._kill(rid)
+        self._in_order(rid, self._stopped(rid, actor))
+
+    async def _drain(self, rid: str, actor: Any, cmd: rc.StopReplica) -> None:
+        """Let the calls in flight finish (the replica looks every
+        ``graceful_shutdown_wait_loop_s``), for up to
+        ``graceful_shutdown_timeout_s``; then kill it."""
+        try:
+            await asyncio.wait_for(actor.prepare_stop.remote(cmd.graceful_shutdown_wait_loop_s,
+                                                             cmd.graceful_shutdown_timeout_s),
+                                   timeout=cmd.graceful_shutdown_timeout_s)
+        except Exception:  # (timed out, or died meanwhile)
+            pass
+        await self._stopped(rid, self._kill(rid))
+
+    async def _stopped(self, rid: str, actor: Any) -> None:
+        """Answer ``ReplicaStopped`` once Ray has seen the killed actor die (a
+        pending call on it fails), waiting at most ``kill_confirm_s``."""
+        if actor is not None:
+            try:
+                await asyncio.wait_for(actor.watch.remote(), timeout=self.kill_confirm_s)
+            except Exception:  # died (or no word in time)
+                pass
+        self._feed(rc.ReplicaStopped(replica_id=rid, now=self._now()))
 
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
-                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS) -> None:
-        """Deploy or update ``name``. ``placement``: ``placement_group_bundles``,
+                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None) -> None:
+        """Deploy or update ``name``. ``options``: the core's deployment options
+        (``rankcore.options.OPTION_NAMES``: health checks, graceful shutdown,
+        placement timeout, restart backoff; and ``start_timeout_s``), passed to
+        ``DeploymentApplied`` as given. ``placement``: ``placement_group_bundles``,
         ``placement_group_strategy``, ``replica_placement`` (see api.deployment).
         The core places its replicas: it is told what one replica reserves on
         its node (``placement.replica_need``: the whole group when the group is
@@ -892,6 +1151,11 @@ class Controller:
         options ``gang_size``, ``gang_placement``, ``gang_failure``. A bad
         option or request raises to the caller (``InvalidConfig``,
         ``InvalidEvent``) and changes nothing."""
+        options = dict(options or {})
+        bad = sorted(set(options) - set(CORE_OPTIONS))
+        if bad:
+            raise rc.InvalidConfig(f"deployment {name!r}: unknown option(s) {', '.join(bad)} "
+                                   f"(options: {', '.join(CORE_OPTIONS)})")
         placement = dict(placement or {})
         bundles = placement.get("placement_group_bundles")
         pg_strategy = placement.get("placement_group_strategy", "PACK")
@@ -912,7 +1176,7 @@ class Controller:
 
             takes_rank = "rank" in inspect.signature(reconfigure).parameters
         need = {} if static is not None else pl.replica_need(actor_options, bundles, pg_strategy)
-        event = rc.DeploymentApplied(name=name, num_replicas=num_replicas, user_config=user_config,
+        event = rc.DeploymentApplied(**options, name=name, num_replicas=num_replicas, user_config=user_config,
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
                                      max_replicas=max_replicas, resources=need, placement=spread,
                                      static_placement=static.to_core(None) if static is not None else None, **gang)
@@ -924,20 +1188,17 @@ class Controller:
         if static is not None:  # where the caller's bundles are (on nodes the core knows)
             event = attrs.evolve(event, static_placement=static.to_core(
                 st.bundle_nodes(static.placement_group, set(self._nodes))))
-        before = self.specs.get(name), self.applied.get(name)
+        before = self.specs.get(name)
         self.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
                             "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
                             "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
-        self.applied[name] = event
         try:
             self.driver.feed(event, self._now())
         except Exception:
-            tables: tuple[dict[str, Any], dict[str, Any]] = (self.specs, self.applied)
-            for table, old in zip(tables, before):
-                if old is None:
-                    table.pop(name, None)
-                else:
-                    table[name] = old
+            if before is None:
+                self.specs.pop(name, None)
+            else:
+                self.specs[name] = before
             raise
         self._persist()
 
@@ -959,11 +1220,10 @@ class Controller:
         static deployment's count other than 0 or its mapping's length) raises
         its ``InvalidConfig`` / ``InvalidEvent`` to the caller and changes nothing."""
         await self._ready()
-        if name not in self.applied:
+        if name not in self.specs:
             raise rc.InvalidEvent(f"unknown deployment {name!r}")
         event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
         self.driver.feed(event, self._now())  # (first: the core's own words for a count it refuses)
-        self.applied[name] = attrs.evolve(self.applied[name], num_replicas=num_replicas)
         self._persist()
 
     async def wait_gone(self, replica_id: str, timeout: float = 60.0) -> bool:
@@ -1027,7 +1287,9 @@ class Controller:
                 for rid, rk in dep.ranks.items()}
 
     async def deployment_status(self, name: str) -> dict:
-        """What the core holds about ``name``: ``healthy``, ``target`` and per
+        """What the core holds about ``name``: ``healthy``, ``target``,
+        ``status`` (``"HEALTHY"``, ``"UPDATING"``, ``"UNHEALTHY"``: e.g. its
+        replicas keep failing to start) with ``status_message``, and per
         replica its ``phase`` (``"running"``, ``"failed"``: a static replica
         whose bundle's node was lost, ...), ``rank`` (rank, node_rank,
         local_rank; node and local None until placed), ``node_id``,
@@ -1046,7 +1308,8 @@ class Controller:
                 "phase": rep.phase.value, "rank": rk.as_tuple() if rk else (g, None, None), "node_id": rep.node_id,
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None}
-        return {"name": name, "healthy": dep.healthy, "target": dep.target,
+        return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
+                "status_message": dep.status_message,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
                 "replicas": replicas}
 
@@ -1087,7 +1350,13 @@ class Controller:
         for task in list(self.tasks):
             task.cancel()
         await asyncio.sleep(0)
+        for task in list(self._checks.values()):
+            task.cancel()
         self.tasks.clear()
+        self._chains.clear()
+        self._checks.clear()
+        self._check_every.clear()
+        self._killed.clear()
         self.actors.clear()
         self.stopping.clear()
         self._placing.clear()
@@ -1099,7 +1368,6 @@ class Controller:
             self._release_pg(rid)
         self._adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         self.specs.clear()
-        self.applied.clear()
         self.known.clear()
         self.started = self.lineages = 0
         self.errors.clear()
@@ -1119,8 +1387,6 @@ class Controller:
         for name in sorted(self.driver.state.deployments.keys()):
             if self.driver.state.deployments[name].target:
                 self._feed(rc.ScaleRequested(deployment=name, num_replicas=0))
-        for name in self.applied:
-            self.applied[name] = attrs.evolve(self.applied[name], num_replicas=0)
         self._persist()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(d.replicas for d in self.driver.state.deployments.values()):

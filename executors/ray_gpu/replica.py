@@ -245,16 +245,23 @@ class ReplicaActor:
         assert self._stop is not None
         await self._stop.wait()
 
-    async def prepare_stop(self, drain_timeout: float = 30.0) -> None:
-        """Graceful stop: let the calls in flight finish (up to ``drain_timeout``)."""
+    async def prepare_stop(self, wait_loop_s: float, timeout_s: float) -> None:
+        """Graceful stop (``StopReplica``'s ``graceful_shutdown_wait_loop_s`` /
+        ``graceful_shutdown_timeout_s``, Ray Serve's): let the calls in flight
+        finish, looking at least every ``wait_loop_s`` (and whenever one ends),
+        for up to ``timeout_s``; then the user's ``__del__``. The controller
+        kills the actor at ``timeout_s`` whatever this has done by then."""
         self._loop_objects()
         assert self._idle is not None and self._stop is not None
         self.phase = "stopping"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         async with self._idle:
-            try:
-                await asyncio.wait_for(self._idle.wait_for(lambda: self._inflight == 0), drain_timeout)
-            except asyncio.TimeoutError:
-                pass
+            while self._inflight and loop.time() < deadline:
+                try:
+                    await asyncio.wait_for(self._idle.wait(), max(0.0, min(max(wait_loop_s, 0.05), deadline - loop.time())))
+                except asyncio.TimeoutError:
+                    pass
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:

@@ -1,0 +1,306 @@
+"""Issue 19 on Ray: the policies that moved into the core, carried out by the
+Ray controller, which decides nothing and reports facts.
+
+* health checks: a replica whose ``check_health`` stops answering is reported
+  ``HealthChecked(healthy=False)`` every period and replaced on its rank after
+  the deployment's threshold (the core's ``StopReplica`` with 0 s);
+* restart backoff: a constructor that raises the first N times gets ever later
+  ``StartReplica``s, and the deployment is UNHEALTHY, then HEALTHY;
+* graceful shutdown: a downscale drains a call in flight within
+  ``graceful_shutdown_timeout_s``, and kills at the timeout;
+* recovery: an orphan (a replica actor of a deployment no spec names) and an
+  unresponsive replica are reported, and the core stops both before the rank
+  is given again.
+
+One Ray for the module (logical GPUs, no GPU needed); the report timeout of a
+recovering controller is 3 s here (``RANKCORE_REPORT_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from executors.checktrace import check_trace_lines
+from executors.ray_gpu import deployment, get_controller, get_replica_context
+from executors.ray_gpu.api import ask
+from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.replica import ReplicaActor
+from tests.integration.conftest import ray_env
+from tests.integration.waiting import wait_for
+
+
+@pytest.fixture(scope="module", autouse=True)
+def policy_ray():
+    import ray
+
+    ray_env()
+    os.environ["RANKCORE_REPORT_TIMEOUT_S"] = "3"  # (the raylet, and so the controller, inherit it)
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    yield
+    try:
+        ask(get_controller(), "reset")
+    finally:
+        ray.shutdown()
+        os.environ.pop("RANKCORE_REPORT_TIMEOUT_S", None)
+
+
+def apply(d, args: tuple = ()) -> None:
+    """Deploy without waiting until healthy (run() would)."""
+    ask(get_controller(), "apply", d.name, d.num_replicas, d.user_config, d.cls, args, {}, d.ray_actor_options,
+        d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+
+
+def records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def of(recs: list[dict], kind: str, type_: str, replica: str | None = None) -> list[dict]:
+    return [r for r in recs if r["kind"] == kind and r["type"] == type_ and (replica is None or r["replica"] == replica)]
+
+
+def trace_ok(text: str) -> None:
+    report = check_trace_lines(text.splitlines())
+    assert report.ok, report.violations[:5]
+    assert ask(get_controller(), "status")["rejected_events"] == 0
+
+
+def actor(dep: str, rid: str):
+    import ray
+
+    return ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE)
+
+
+def call(dep: str, rid: str, method: str, *args):
+    """A call to one replica (not through a handle, which picks the replica)."""
+    return actor(dep, rid).handle_request.remote(method, args, {})
+
+
+# --------------------------------------------------------------- health checks
+@deployment(name="hangs", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
+            health_check_period_s=0.3, health_check_timeout_s=0.5, health_check_failure_threshold=3)
+class Hangs:
+    def __init__(self):
+        self.hung = False
+
+    def hang(self):
+        self.hung = True
+        return get_replica_context().replica_id
+
+    async def check_health(self):
+        if self.hung:
+            await asyncio.sleep(3600)  # never answers: every check times out
+
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+def test_a_replica_whose_checks_stop_answering_is_replaced_after_the_threshold():
+    import ray
+
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": "health"})
+    apply(Hangs)
+    assert ask(ctl, "wait_healthy", "hangs", 60)
+    ranks = ask(ctl, "ranks", "hangs")
+    victim = max(ranks, key=lambda rid: ranks[rid][0])
+    assert ray.get(call("hangs", victim, "hang"), timeout=10) == victim
+    assert wait_for(lambda: victim not in ask(ctl, "ranks", "hangs"), timeout=30)
+    assert ask(ctl, "wait_healthy", "hangs", 60)
+    after = ask(ctl, "ranks", "hangs")
+    (new,) = set(after) - set(ranks)
+    assert after[new][0] == ranks[victim][0]  # on its rank
+    time.sleep(1.0)  # (a few checks of the new one)
+    text = ask(ctl, "drain_trace")
+    recs = records(text)
+    checks = of(recs, "event", "HealthChecked", victim)
+    failed = [r for r in checks if not r["fields"]["healthy"]]
+    assert [r["fields"]["detail"] for r in failed] == ["timed out"] * 3  # the threshold, then no more checks
+    (stop,) = of(recs, "command", "StopReplica", victim)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
+    assert stop["t"] >= failed[-1]["t"]
+    assert of(recs, "event", "ReplicaStopped", victim)
+    assert any(r["fields"]["healthy"] for r in of(recs, "event", "HealthChecked", new))  # the new one is checked
+    assert wait_for(lambda: _gone("hangs", victim), timeout=10)  # its process is gone
+    trace_ok(text)
+    ask(ctl, "reset")
+
+
+# ------------------------------------------------------------ restart backoff
+@deployment(name="flaky", num_replicas=1, ray_actor_options={"num_cpus": 0.05},
+            restart_backoff_s=0.5, restart_backoff_max_s=4.0, max_constructor_retry_count=2)
+class Flaky:
+    def __init__(self, path: str, failures: int):
+        p = pathlib.Path(path)
+        tries = len(p.read_text().splitlines()) if p.exists() else 0
+        with p.open("a") as fp:
+            fp.write("try\n")
+        if tries < failures:
+            raise RuntimeError(f"constructor failure {tries + 1}")
+
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+def test_a_crash_loop_backs_off_and_the_status_says_unhealthy_then_healthy(tmp_path):
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": "backoff"})
+    apply(Flaky, (str(tmp_path / "tries"), 3))
+    seen = set()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        st = ask(ctl, "deployment_status", "flaky")
+        seen.add((st["status"], st["status_message"].split(":")[0]))
+        if st["status"] == "HEALTHY":
+            break
+        time.sleep(0.05)
+    assert ("UNHEALTHY", "failing to start") in seen and st["status"] == "HEALTHY" and st["status_message"] == ""
+    text = ask(ctl, "drain_trace")
+    recs = records(text)
+    starts = of(recs, "command", "StartReplica")
+    crashes = of(recs, "event", "ReplicaCrashed")
+    assert len(starts) == 4 and len(crashes) == 3
+    assert all(c["fields"]["cause"] == "error" and "constructor failure" in c["fields"]["reason"] for c in crashes)
+    assert {s["rank"][0] for s in starts} == {0}
+    waits = [s["t"] - c["t"] for c, s in zip(crashes, starts[1:])]
+    # the first failure is retried at once, then 0.5 s, 1 s (restart_backoff_s doubling)
+    assert waits[0] < 0.4 and 0.45 <= waits[1] < 0.9 and 0.95 <= waits[2] < 1.6, waits
+    trace_ok(text)
+    ask(ctl, "reset")
+
+
+# ---------------------------------------------------------- graceful shutdown
+class Slow:
+    def slow(self, seconds: float):
+        time.sleep(seconds)
+        return get_replica_context().replica_id
+
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+Patient = deployment(Slow, name="patient", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
+                     graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=10.0)
+Hasty = deployment(Slow, name="hasty", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
+                   graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=1.0)
+
+
+def _downscale_during_a_call(d, seconds: float):
+    """Scale ``d`` 2 -> 1 while the top rank runs ``slow(seconds)``: (its id,
+    the call's ref, seconds from StopReplica to ReplicaStopped)."""
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": d.name})
+    apply(d)
+    assert ask(ctl, "wait_healthy", d.name, 60)
+    ranks = ask(ctl, "ranks", d.name)
+    victim = max(ranks, key=lambda rid: ranks[rid][0])
+    ref = call(d.name, victim, "slow", seconds)
+    time.sleep(0.3)  # (the call is running)
+    ask(ctl, "scale", d.name, 1)
+    assert ask(ctl, "wait_healthy", d.name, 60)
+    assert wait_for(lambda: victim not in ask(ctl, "ranks", d.name), timeout=30)
+    text = ask(ctl, "drain_trace")
+    recs = records(text)
+    (stop,) = of(recs, "command", "StopReplica", victim)
+    (stopped,) = of(recs, "event", "ReplicaStopped", victim)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == d.core_options["graceful_shutdown_timeout_s"]
+    trace_ok(text)
+    return victim, ref, stopped["t"] - stop["t"]
+
+
+def test_a_downscale_lets_a_call_in_flight_finish_within_the_graceful_timeout():
+    import ray
+
+    victim, ref, took = _downscale_during_a_call(Patient, 2.0)
+    assert ray.get(ref, timeout=10) == victim  # finished on the replica being stopped
+    assert 1.2 <= took < 5.0, took  # waited for the call (~1.7 s left), not for the 10 s timeout
+    ask(get_controller(), "reset")
+
+
+def test_a_drain_is_cut_at_the_graceful_timeout():
+    import ray
+    from ray.exceptions import RayActorError
+
+    _, ref, took = _downscale_during_a_call(Hasty, 10.0)
+    assert 0.8 <= took < 4.0, took  # killed at the 1 s timeout, not after the 10 s call
+    with pytest.raises(RayActorError):
+        ray.get(ref, timeout=10)
+    ask(get_controller(), "reset")
+
+
+# ------------------------------------------------------------------- recovery
+@deployment(name="keep", num_replicas=2, ray_actor_options={"num_cpus": 0.05})
+class Keep:
+    def pid(self):
+        return os.getpid()
+
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+class Ghost:
+    pass
+
+
+def test_a_recovery_stops_an_orphan_and_an_unresponsive_replica_before_the_rank_is_given_again():
+    import ray
+
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": "recovery"})
+    apply(Keep)
+    assert ask(ctl, "wait_healthy", "keep", 60)
+    ranks = ask(ctl, "ranks", "keep")
+    silent = max(ranks, key=lambda rid: ranks[rid][0])
+    pid = ray.get(call("keep", silent, "pid"), timeout=10)
+    # an orphan: a replica actor of a deployment no spec names (left from an earlier run, say)
+    ghost = ray.remote(ReplicaActor).options(
+        name=actor_name("ghost", "ghost#0"), namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+        max_concurrency=100).remote("ghost", "ghost#0", Ghost, (), {}, 0, 0, 1)
+    ray.get(ghost.initialize.remote((0, 0, 0), 1, None, False, False), timeout=30)
+    text = ask(ctl, "halt")
+    ray.kill(ctl, no_restart=False)
+    os.kill(pid, signal.SIGSTOP)  # a wedged process: alive, answers nothing
+    try:
+        ctl = get_controller()
+        assert ask(ctl, "wait_healthy", "keep", 60, timeout=90)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    text += ask(ctl, "drain_trace")
+    recs = records(text)
+    (found,) = [r for r in recs if r["kind"] == "fault" and r["type"] == "controller_recovered"]
+    assert found["unresponsive"] == [silent] and found["unknown"] == ["ghost#0"]
+    (stop,) = of(recs, "command", "StopReplica", silent)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
+    (stopped,) = of(recs, "event", "ReplicaStopped", silent)
+    again = [s for s in of(recs, "command", "StartReplica") if s["rank"][0] == ranks[silent][0] and s["t"] >= stop["t"]]
+    assert len(again) == 1 and again[0]["t"] >= stopped["t"]  # its rank only once it has gone
+    assert recs.index(again[0]) > recs.index(stopped)
+    assert of(recs, "command", "StopReplica", "ghost#0")
+    after = ask(ctl, "ranks", "keep")
+    assert silent not in after and sorted(v[0] for v in after.values()) == [0, 1]
+    for dep, rid in (("keep", silent), ("ghost", "ghost#0")):  # both processes gone
+        assert wait_for(lambda dep=dep, rid=rid: _gone(dep, rid), timeout=30), rid
+    trace_ok(text)
+    ask(ctl, "reset")
+
+
+def _gone(dep: str, rid: str) -> bool:
+    try:
+        actor(dep, rid)
+    except ValueError:
+        return True
+    return False
