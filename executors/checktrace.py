@@ -502,8 +502,10 @@ class _Checker:
                     before = self.prev_view.get(name, {})
                     for rid, r in d["replicas"].items():
                         old = before.get(rid)
-                        if old is None or old[1] is None or r.get("phase") == "failed":
-                            continue  # (a FAILED replica's process is stopped: told its rank on restart)
+                        if old is None or old[1] is None or r.get("phase") in ("failed", "pending"):
+                            # (a FAILED replica's process is stopped: told its rank on restart; a pending
+                            # one was never initialised: placed again elsewhere, its PlaceReplica says where)
+                            continue
                         rep.checks["rank_change"] += 1
                         new = tuple(r["rank"]) if r["rank"] is not None else None
                         if new != old and (name, rid) not in sent:

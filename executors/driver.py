@@ -26,15 +26,18 @@ __all__ = ["Backend", "Driver", "FREEZE_MIN_CHANGE"]
 FREEZE_MIN_CHANGE = 10_000
 
 
-#: Events whose step may start a timer on the core's clock (a start deadline
-#: when a replica is placed or recovered, a failed placement's retry; and a
-#: crash with ``suspect_node``): the clock must be up to date for these only,
+#: Events whose step may start a timer on the core's clock (a placement or start
+#: deadline, a failed placement's retry, a restart backoff; a crash with
+#: ``cause="exited"``): the clock must be up to date for these only,
 #: so a run does not take a Tick step per event. Deadlines fire by the
 #: ScheduleTick the core sends.
 #: These carry the time themselves (``now``): the core moves its clock in the same step.
-_CARRY_NOW = frozenset({rc.ReplicaPlaced, rc.PlacementFailed, rc.ReplicaCrashed})
-#: This one is preceded by a Tick step (a recovery is rare).
-_READS_CLOCK = frozenset({rc.ControllerRecovered})
+_CARRY_NOW = frozenset({rc.ReplicaPlaced, rc.PlacementFailed, rc.ReplicaCrashed, rc.ReplicaStopped,
+                        rc.HealthChecked})
+#: These are preceded by a Tick step (they are rare): a recovery, and what may place
+#: replicas (each PlaceReplica arms a placement deadline on the clock).
+_READS_CLOCK = frozenset({rc.ControllerRecovered, rc.DeploymentApplied, rc.ScaleRequested, rc.NodeLost,
+                          rc.NodeJoined, rc.NodeCapacityChanged, rc.BundlesPlaced})
 
 
 class Backend(Protocol):

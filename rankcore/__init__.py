@@ -4,7 +4,7 @@
 See README.md for a quick start and docs/architecture.md for the design.
 """
 
-from . import cluster, gangs, placement, static
+from . import cluster, gangs, health, options, placement, restarts, static
 from .commands import (
     Command,
     GangChanged,
@@ -27,6 +27,7 @@ from .errors import (
     UnknownReplica,
 )
 from .events import (
+    CRASH_CAUSES,
     DEFAULT_MAX_REPLICAS,
     OUTDATED,
     UNKNOWN,
@@ -34,6 +35,7 @@ from .events import (
     ControllerRecovered,
     DeploymentApplied,
     Event,
+    HealthChecked,
     NodeCapacityChanged,
     NodeJoined,
     NodeLost,
@@ -46,9 +48,11 @@ from .events import (
     ReplicaStopped,
     ScaleRequested,
     Tick,
+    UnresponsiveReplica,
 )
 from .gangs import GangContext
 from .lifecycle import Phase
+from .options import Options
 from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .state import Compaction, Deployment, RecoveryOutcome, Replica, State, Step, desired_specs
 from .static import StaticPlacement, consecutive_mapping
@@ -60,9 +64,10 @@ __all__ = [
     "desired_specs", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
-    "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost",
+    "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
+    "Options", "options", "health", "restarts",
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
-    "ReplicaReport", "ControllerRecovered", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
+    "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command", "GangChanged", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static",

@@ -76,8 +76,12 @@ class Cluster:
     clock: bool = False
     #: node id -> until when it is suspect
     suspects: immutables.Map = attrs.field(factory=immutables.Map)
-    #: replica id -> when its start times out
+    #: replica id -> when its deadline falls: its placement or its start times out, or
+    #: (in ``delayed``) its restart backoff ends
     deadlines: immutables.Map = attrs.field(factory=immutables.Map)
+    #: replica id -> the replica it replaces: a replacement after failed starts, waiting
+    #: for its backoff to end before its StartReplica (rankcore.restarts)
+    delayed: immutables.Map = attrs.field(factory=immutables.Map)
     #: no deadline falls before this (a lower bound: refreshed when reached)
     next_deadline: float = math.inf
     suspect_s: float = SUSPECT_S

@@ -17,6 +17,12 @@ import attrs
 
 from . import fields as f
 from .gangs import GangContext
+from .options import (
+    GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
+    HEALTH_CHECK_PERIOD_S,
+    HEALTH_CHECK_TIMEOUT_S,
+)
 from .ranks import ReplicaRank
 
 __all__ = [
@@ -69,6 +75,10 @@ class InitializeReplica:
     user_config: Any = attrs.field(hash=False)
     call_reconfigure: bool = attrs.field(validator=f.flag)
     pass_rank: bool = attrs.field(default=False, validator=f.flag)
+    #: once it is ready, check it every ``health_check_period_s``, each check bounded by
+    #: ``health_check_timeout_s``, and report each outcome (``HealthChecked``)
+    health_check_period_s: float = HEALTH_CHECK_PERIOD_S
+    health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -94,10 +104,16 @@ class ReconfigureReplica:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class StopReplica:
-    """Stop the replica gracefully. Answer: ReplicaStopped."""
+    """Stop the replica gracefully: take no new calls, let those in flight finish
+    (looking every ``graceful_shutdown_wait_loop_s``) for up to
+    ``graceful_shutdown_timeout_s``, then kill it. 0 s: kill it now (a replica the
+    core gave up on: hung, unhealthy, never placed; its room goes to its
+    replacement at once). Answer: ReplicaStopped."""
 
     replica_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
+    graceful_shutdown_wait_loop_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_WAIT_LOOP_S, validator=f.seconds)
+    graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

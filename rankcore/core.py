@@ -14,12 +14,12 @@ rank or id first.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
 
+from . import health, restarts
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent
@@ -27,6 +27,7 @@ from .events import (
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
+    HealthChecked,
     NodeCapacityChanged,
     NodeJoined,
     NodeLost,
@@ -41,9 +42,23 @@ from .events import (
 )
 from .fastpaths import FAST_PATHS
 from .lifecycle import Phase, Trigger, advance
+from .options import Options
 from .records import evolve
-from .recovery import rebuild
-from .scheduling import adopt, clear_avoid, expired, forget_failures, hold, new_node, rekind, release, unreserve
+from .recovery import rebuild, unresponsive_gone
+from .scheduling import (
+    ClusterTx,
+    adopt,
+    clear_avoid,
+    disarm,
+    enqueue,
+    expired,
+    forget_failures,
+    hold,
+    new_node,
+    rekind,
+    release,
+    unreserve,
+)
 from .state import (
     Deployment,
     RecoveryOutcome,
@@ -64,6 +79,7 @@ from .transaction import (
     recount,
     remove,
     restart_failed,
+    stop_command,
 )
 
 __all__ = ["step", "run"]
@@ -72,6 +88,8 @@ _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 
 # --------------------------------------------------------------- handlers
 _E = TypeVar("_E")
+#: the answers that say a process is gone
+_GONE = (ReplicaStopped, ReplicaCrashed)
 
 
 def _about_replica(handler: Callable[[Tx, _E, Deployment, Replica], Step]) -> Callable[[Tx, _E], Step]:
@@ -79,6 +97,8 @@ def _about_replica(handler: Callable[[Tx, _E, Deployment, Replica], Step]) -> Ca
 
     def on_event(tx: Tx, e: _E) -> Step:
         found = tx.lookup(e.replica_id)  # type: ignore[attr-defined]
+        if found is None and type(e) in _GONE and unresponsive_gone(tx, e.replica_id):  # type: ignore[attr-defined]
+            return tx.finish()  # an unresponsive replica a recovery stopped: its deployment gives ranks again
         if found is None or found[1].phase is Phase.FAILED:
             return tx.finish(stale=True)  # (a FAILED replica's process was stopped; it waits for its bundles)
         return handler(tx, e, *found)
@@ -98,7 +118,8 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
-                  start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure)
+                  start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure,
+                  options=Options.of(e))
     if moved:
         assert e.static_placement is not None
         dep = _bundles_moved(tx, dep, e.static_placement.bundle_nodes)
@@ -157,7 +178,7 @@ def _bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
         elif rep.phase is not Phase.STOPPING and not static.placed(g):
             dep = fail_static(tx, dep, rep)
         elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):
-            tx.emit(StopReplica(replica_id=rep.replica_id, deployment=dep.name))  # its bundle moved: follow it
+            tx.emit(stop_command(dep, rep.replica_id, now=True))  # its bundle moved: follow it
             dep = crash(tx, dep, rep)
     return dep
 
@@ -231,6 +252,11 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
+    view = tx.view
+    if view.deadlines and rid in view.deadlines:  # its placement deadline
+        cl = tx.cl
+        cl.deadlines, cl.next_deadline = disarm(cl, rid)
+        cl.changed = True
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
     tx.emit(initialize(dep, rid))
@@ -241,6 +267,11 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
 def _on_placement_failed(tx: Tx, e: PlacementFailed, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING or rep.node_id != e.node_id:
         return tx.finish(stale=True)  # placed meanwhile, stopped, or an older reservation
+    view = tx.view
+    if view.deadlines and rep.replica_id in view.deadlines:  # its placement deadline: answered
+        cl = tx.cl
+        cl.deadlines, cl.next_deadline = disarm(cl, rep.replica_id)
+        cl.changed = True
     if dep.static is not None:  # its bundles are fixed: a new incarnation tries them again
         tx.put(crash(tx, dep, rep))
         return tx.finish()
@@ -256,13 +287,11 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
     if rep.phase is not Phase.STARTING:
         return tx.finish()
     new = _evolve(rep, phase=phase)
+    dep = restarts.started(dep)
     view = tx.view
-    if view.deadlines and rep.replica_id in view.deadlines:
+    if view.deadlines and rep.replica_id in view.deadlines:  # its start deadline
         cl = tx.cl
-        at = cl.deadlines[rep.replica_id]
-        cl.deadlines = cl.deadlines.delete(rep.replica_id)
-        if at <= cl.next_deadline:  # it was the earliest: no Tick needed for it any more
-            cl.next_deadline = min(cl.deadlines.values(), default=math.inf)
+        cl.deadlines, cl.next_deadline = disarm(cl, rep.replica_id)
         cl.changed = True
     if rep.config_version < dep.config_version or rep.rank_update_due:
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
@@ -289,12 +318,18 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
 
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
-    if e.suspect_node and rep.node_id is not None and tx.managed and tx.view.clock:
+    if e.cause == "exited" and rep.node_id is not None and tx.managed and tx.view.clock:
+        # its process vanished on its own, no failed check to explain it: its node may be going down
         cl = tx.cl
         cl.suspects = cl.suspects.set(rep.node_id, cl.now + cl.suspect_s)
         cl.changed = True
-    tx.put(fail_member(tx, dep, rep))
+    tx.put(fail_member(tx, restarts.failed_start(dep, rep, e.cause), rep))
     return tx.finish()
+
+
+@_about_replica
+def _on_health_checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
+    return health.checked(tx, e, dep, rep)
 
 
 @_about_replica
@@ -404,35 +439,57 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
     if cl.now >= cl.retry_at:
         forget_failures(tx)
     if cl.now >= cl.next_deadline:
-        timed_out: dict[str, list[Replica]] = {}
-        for rid in expired(cl):
-            found = tx.lookup(rid)
-            if found is not None and found[1].phase is Phase.STARTING:
-                timed_out.setdefault(found[0].name, []).append(found[1])
-        for name in sorted(timed_out):  # in rank order, as any batch of crashes
-            dep = tx.deps[name]
-            for rep in by_rank(dep, timed_out[name]):
-                current = dep.replicas.get(rep.replica_id)
-                if current is None:
-                    continue  # restarted with its gang already
-                tx.emit(StopReplica(replica_id=rep.replica_id, deployment=name))  # its process, hung
-                dep = fail_member(tx, dep, current)
-            tx.put(dep)
-        if cl.next_deadline < float("inf"):
-            tx.emit(ScheduleTick(at=cl.next_deadline))
+        _deadlines_due(tx, cl)
     return tx.finish()
+
+
+def _deadlines_due(tx: Tx, cl: ClusterTx) -> None:
+    """Every deadline the clock reached, per deployment in rank order: a restart
+    backoff ends (StartReplica now), a placement or a start timed out (the
+    incarnation is stopped at once and replaced: a placement elsewhere, a start
+    counted as failed)."""
+    due: dict[str, list[Replica]] = {}
+    for rid in expired(cl):
+        found = tx.lookup(rid)
+        if found is not None:
+            due.setdefault(found[0].name, []).append(found[1])
+    for name in sorted(due):
+        dep = tx.deps[name]
+        for rep in by_rank(dep, due[name]):
+            rid = rep.replica_id
+            current = dep.replicas.get(rid)
+            if current is None:
+                continue  # restarted with its gang already
+            if rid in cl.delayed:  # its backoff is over
+                tx.emit(restarts.release(tx, dep, current))
+                if tx.managed:
+                    enqueue(tx, dep, [rid])
+            elif current.phase is Phase.STARTING:  # its process hung in __init__
+                tx.emit(stop_command(dep, rid, now=True))
+                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)
+            elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there
+                tx.emit(stop_command(dep, rid, now=True))
+                if dep.gang_size > 1:
+                    dep = fail_member(tx, dep, current)
+                else:
+                    dep = crash(tx, dep, current, avoid=current.node_id)
+        tx.put(dep)
+    if cl.next_deadline < float("inf"):
+        tx.emit(ScheduleTick(at=cl.next_deadline))
 
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
     rebuild(tx, e)
     step = tx.finish()
     known = {d.name for d in e.deployments}
+    silent = {u.replica_id for u in e.unresponsive}
     stops = [c for c in step.commands if isinstance(c, StopReplica)]
     outcome = RecoveryOutcome(
         started=tuple(c.replica_id for c in step.commands if isinstance(c, StartReplica)),
-        stopped=tuple(c.replica_id for c in stops if c.deployment in known),
+        stopped=tuple(c.replica_id for c in stops if c.deployment in known and c.replica_id not in silent),
         unknown_stopped=tuple(c.replica_id for c in stops if c.deployment not in known),
         reconfigured=tuple(c.replica_id for c in step.commands if isinstance(c, ReconfigureReplica)),
+        unresponsive_stopped=tuple(c.replica_id for c in stops if c.deployment in known and c.replica_id in silent),
     )
     return attrs.evolve(step, recovery=outcome)
 
@@ -445,6 +502,7 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     ReplicaReady: _on_replica_ready,
     ReplicaReconfigured: _on_replica_reconfigured,
     ReplicaCrashed: _on_replica_crashed,
+    HealthChecked: _on_health_checked,
     ReplicaStopped: _on_replica_stopped,
     NodeLost: _on_node_lost,
     NodeJoined: _on_node_joined,

@@ -15,6 +15,17 @@ from . import fields as f
 from .errors import InvalidConfig
 from .gangs import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
+from .options import (
+    GRACEFUL_SHUTDOWN_TIMEOUT_S,
+    GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
+    HEALTH_CHECK_FAILURE_THRESHOLD,
+    HEALTH_CHECK_PERIOD_S,
+    HEALTH_CHECK_TIMEOUT_S,
+    MAX_CONSTRUCTOR_RETRY_COUNT,
+    PLACEMENT_TIMEOUT_S,
+    RESTART_BACKOFF_MAX_S,
+    RESTART_BACKOFF_S,
+)
 from .placement import POLICIES
 from .ranks import MAX_RANKS, ReportedRank
 from .static import StaticPlacement
@@ -29,6 +40,8 @@ __all__ = [
     "ReplicaReady",
     "ReplicaReconfigured",
     "ReplicaCrashed",
+    "HealthChecked",
+    "CRASH_CAUSES",
     "ReplicaStopped",
     "NodeLost",
     "BundlesPlaced",
@@ -38,6 +51,7 @@ __all__ = [
     "Tick",
     "ReplicaReport",
     "ControllerRecovered",
+    "UnresponsiveReplica",
     "Event",
 ]
 
@@ -61,6 +75,15 @@ UNKNOWN: Any = _Marker("UNKNOWN")
 #: the deployment's, whose value the reporter does not have
 OUTDATED: Any = _Marker("OUTDATED")
 
+
+#: What an executor observed when a replica died (``ReplicaCrashed.cause``): facts, not
+#: conclusions; the core derives its rules from them (``rankcore.restarts``):
+#: ``error``: the user's code raised (``__init__``, ``reconfigure``); ``exited``: the process
+#: vanished on its own (its node may be going down: the core avoids it for a while);
+#: ``killed``: killed from outside on purpose (a user's kill, the OOM killer); ``node_lost``:
+#: its node is gone; ``unknown``: not said. The core itself records ``health_check``,
+#: ``start_timeout`` and ``placement_timeout`` for the replicas it gives up on.
+CRASH_CAUSES = ("error", "exited", "killed", "node_lost", "unknown")
 
 #: The default ceiling on a deployment's replica count. A typo such as
 #: ``num_replicas=10**7`` would otherwise run for minutes and gigabytes before
@@ -118,6 +141,28 @@ def _check_gang_size(inst: DeploymentApplied, attribute: attrs.Attribute, value:
                             f"(a static mapping already fixes where every rank runs)")
 
 
+def _check_cause(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in CRASH_CAUSES:
+        raise InvalidConfig(f"ReplicaCrashed({inst.replica_id!r}).cause must be one of {', '.join(CRASH_CAUSES)}, "
+                            f"got {value!r}")
+
+
+def _positive_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    f.seconds(inst, attribute, value)
+    if value <= 0:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be > 0 seconds, got {value!r}")
+
+
+def _optional_positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _positive_seconds(inst, attribute, value)
+
+
+def _positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
+
+
 def _check_choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
     def check(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
         if value not in choices:
@@ -163,6 +208,35 @@ class DeploymentApplied:
     gang_placement: str = attrs.field(default="pack", validator=_check_choice(GANG_PLACEMENTS))
     #: ``restart_gang`` (every member on its rank) or ``restart_replica`` (that member only)
     gang_failure: str = attrs.field(default="restart_gang", validator=_check_choice(GANG_FAILURES))
+    # -- health, restarts, shutdown (rankcore.health, rankcore.restarts): Ray Serve's names and defaults
+    #: how often the executor checks a running replica, and how long one check may take
+    #: (a check not answered in time is reported failed: ``HealthChecked(healthy=False)``)
+    health_check_period_s: float = attrs.field(default=HEALTH_CHECK_PERIOD_S, validator=_positive_seconds)
+    health_check_timeout_s: float = attrs.field(default=HEALTH_CHECK_TIMEOUT_S, validator=_positive_seconds)
+    #: this many failed checks in a row: the core stops the replica and replaces it on its rank
+    health_check_failure_threshold: int = attrs.field(default=HEALTH_CHECK_FAILURE_THRESHOLD,
+                                                      validator=_positive_int)
+    #: a stop drains calls in flight, looking every ``wait_loop`` s, for up to ``timeout`` s, then kills
+    graceful_shutdown_wait_loop_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
+                                                       validator=f.seconds)
+    graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
+    #: a PlaceReplica not answered this many seconds (core clock) after it was sent: the core gives
+    #: up on that node (the incarnation is stopped; a replacement avoids the node); None: wait forever
+    placement_timeout_s: float | None = attrs.field(default=PLACEMENT_TIMEOUT_S, validator=_optional_positive)
+    #: after the k-th consecutive failed start (its ``__init__`` raised or timed out; k >= 2: the
+    #: first is retried at once), the replacement waits ``min(restart_backoff_s * 2**(k-2),
+    #: restart_backoff_max_s)`` on the core clock
+    restart_backoff_s: float = attrs.field(default=RESTART_BACKOFF_S, validator=f.seconds)
+    restart_backoff_max_s: float = attrs.field(default=RESTART_BACKOFF_MAX_S, validator=f.seconds)
+    #: the deployment is UNHEALTHY ("failing to start") after ``min(this, 3 * num_replicas)``
+    #: consecutive failed starts; it keeps retrying (with the backoff)
+    max_constructor_retry_count: int = attrs.field(default=MAX_CONSTRUCTOR_RETRY_COUNT, validator=_positive_int)
+
+    @restart_backoff_max_s.validator
+    def _check_backoff(self, attribute: attrs.Attribute, value: float) -> None:
+        if value < self.restart_backoff_s:
+            raise InvalidConfig(f"DeploymentApplied({self.name!r}).restart_backoff_max_s={value!r} is below "
+                                f"restart_backoff_s={self.restart_backoff_s!r}")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -214,13 +288,26 @@ class ReplicaCrashed:
 
     replica_id: str = attrs.field(validator=f.name)
     reason: str = attrs.field(default="", validator=f.text)
-    #: its process vanished without a failed check to explain it (not a health
-    #: check, init or reconfigure failure, not a kill): its node may be going
-    #: down, so the core avoids the node for ``State.cluster.suspect_s``
-    suspect_node: bool = attrs.field(default=False, validator=f.flag)
+    #: what was observed (``CRASH_CAUSES``): ``exited`` (the process vanished on its own) makes the
+    #: core avoid its node for ``State.cluster.suspect_s``; ``error`` while starting is a failed
+    #: start (restart backoff, ``Deployment.status``)
+    cause: str = attrs.field(default="unknown", validator=_check_cause)
     #: the executor's clock when this happened (optional): the core first
     #: moves its clock there, as a ``Tick(now)`` would, in this same step, so
     #: a suspect node's time counts from now without a Tick step
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class HealthChecked:
+    """The outcome of one health check of a running replica (the executor checks every
+    ``health_check_period_s``; no answer within ``health_check_timeout_s`` is a failure).
+    A fact: the core counts consecutive failures and decides (``rankcore.health``)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    healthy: bool = attrs.field(validator=f.flag)
+    detail: str = attrs.field(default="", validator=f.text)
+    #: the executor's clock when the check ended (optional), as on the other answers
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
@@ -229,6 +316,9 @@ class ReplicaStopped:
     """The replica has fully stopped (answers StopReplica); its ranks are released."""
 
     replica_id: str = attrs.field(validator=f.name)
+    #: the executor's clock when this happened (optional), as on the other answers: the
+    #: room it frees may go to a waiting replica, whose placement deadline counts from now
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -333,6 +423,27 @@ class ReplicaReport:
     ``rank`` may be a ``ReplicaRank``, a bare int (the global rank) or a dict
     with ``rank`` / ``node_rank`` / ``local_rank``: all three reach real
     controllers (ray#64636 is this confusion), so all three are accepted.
+
+    ``phase`` is the last step the replica itself went through (a ``Phase``
+    or its name), and says what the core does with it:
+
+    * ``pending`` without ``node_id``: started (id and global rank given) but
+      on no node yet; the core places it again;
+    * ``pending`` with ``node_id``: placed there, but never initialised (no
+      ``InitializeReplica`` reached it: the answer was lost with the old
+      controller); the core sends ``InitializeReplica``;
+    * ``starting``: ``InitializeReplica`` received, ``__init__`` not done; the
+      core waits for its ``ReplicaReady`` (with a fresh start timeout);
+    * ``running``: ready and serving;
+    * ``reconfiguring``: serving, a reconfigure (number ``version``) not yet
+      acknowledged; the core waits for its ``ReplicaReconfigured``;
+    * ``stopping``: told to stop, still draining (``node_id`` optional); it
+      keeps its ranks until its ``ReplicaStopped``, which the executor still owes;
+    * ``failed``: static placement only (a bundle of its rank has no node);
+      the core stops its process and keeps the rank FAILED (or restarts it on
+      its bundles if the spec places them). Refused for any other deployment.
+
+    ``node_id`` is required except for ``pending`` and ``stopping``.
     """
 
     replica_id: str = attrs.field(validator=f.name)
@@ -352,12 +463,36 @@ class ReplicaReport:
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
+class UnresponsiveReplica:
+    """A live replica process a recovering controller found but that did not
+    answer its report call in time: its rank is unknown. The core stops it
+    (``StopReplica`` with ``graceful_shutdown_timeout_s=0``) and gives no rank
+    of its deployment (no gap refilled, no compaction) until the answer to
+    that stop, ``ReplicaStopped`` (or ``ReplicaCrashed``), arrives: it may hold
+    any free rank, and must not run next to a replacement on it. The executor
+    owes that answer even when the node is gone (``ReplicaCrashed``)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    #: where the process runs, if the executor knows (None: unknown)
+    node_id: str | None = attrs.field(default=None, validator=f.optional_name)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 
+    Feed it to a fresh ``State()`` (a ``Tick`` first is fine): it replaces
+    everything, so a state that already has deployments or nodes is refused.
     Ranks are not checkpointed (as in Ray Serve): they are rebuilt from the
-    reports alone. ``deployments`` is the last applied config of each
-    deployment. ``next_replica_number`` / ``next_lineage``, when the executor
+    reports alone. ``deployments`` is every deployment as it is meant to be
+    now: what ``rankcore.desired_specs(state)`` returned after the last step
+    that changed it, which the embedder persists (a scale since the first
+    ``DeploymentApplied`` is folded in). ``reports`` and ``unresponsive``:
+    every live replica process the executor found, including those of
+    deployments ``deployments`` does not name (the core decides what to stop,
+    see ``stop_unknown``); the executor kills nothing on its own.
+    ``next_replica_number`` / ``next_lineage``, when the executor
     knows them (every id it ever started), keep the core from handing out the
     id of a replica that died while the controller was down (its late news
     would then hit the new replica); without them the core continues after
@@ -375,6 +510,19 @@ class ControllerRecovered:
     #: the cluster's nodes now (what ``NodeJoined`` said of each): the core
     #: rebuilds its cluster view from them and the reports' node ids
     nodes: tuple[NodeJoined, ...] = attrs.field(default=(), converter=f.to_tuple)
+    #: live processes that did not answer their report call in time: each is
+    #: stopped at once, and its deployment's free ranks stay free until it has
+    #: stopped (see ``UnresponsiveReplica``); an id may not also report
+    unresponsive: tuple[UnresponsiveReplica, ...] = attrs.field(default=(), converter=f.to_tuple)
+
+    @unresponsive.validator
+    def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:
+        _check_records("unresponsive", value, UnresponsiveReplica, lambda u: u.replica_id, "names {!r} twice")
+        reported = {r.replica_id for r in self.reports}
+        both = sorted(u.replica_id for u in value if u.replica_id in reported)
+        if both:
+            raise InvalidConfig(f"ControllerRecovered: {both[0]!r} is both in reports and in unresponsive "
+                                f"(a replica that answered reports; one that did not is unresponsive)")
 
     @nodes.validator
     def _check_nodes(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -410,6 +558,7 @@ Event = Union[
     ReplicaReady,
     ReplicaReconfigured,
     ReplicaCrashed,
+    HealthChecked,
     ReplicaStopped,
     NodeLost,
     NodeJoined,

@@ -23,7 +23,8 @@ from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
 from .lifecycle import Phase
 from .records import maker, updater
-from .scheduling import _adjust, booking_to_pass
+from .restarts import FAILED_START_CAUSES
+from .scheduling import _adjust, booking_to_pass, disarm
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .transaction import initialize, put_replica, recount
 
@@ -79,7 +80,8 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     if found is None:
         return None
     name, dep, rep, cl = found
-    if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
+    if (rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version
+            or dep.start_failures):
         return None
     dep = put_replica(dep, rep, _with_phase(rep, _RUNNING))
     if dep.healthy and not dep.ranks.is_contiguous():
@@ -114,10 +116,13 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     commands: tuple[Any, ...] = (init,)
     timeout = dep.start_timeout_s
     now = float(e.now) if moved else cl.now  # type: ignore[arg-type]
+    deadlines, nxt = disarm(cl, rid) if rid in cl.deadlines else (cl.deadlines, cl.next_deadline)  # placed in time
     if (moved or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
         at = now + timeout
-        cl = _with_clock_deadlines(cl, now, True, cl.deadlines.set(rid, at), min(cl.next_deadline, at))
+        cl = _with_clock_deadlines(cl, now, True, deadlines.set(rid, at), min(nxt, at))
         commands = (init, _Tick(at=at))
+    elif deadlines is not cl.deadlines:
+        cl = _with_clock_deadlines(cl, now, cl.clock or moved, deadlines, nxt)
     elif moved:
         cl = _with_clock(cl, now, True)
     return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
@@ -130,16 +135,17 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     not suspect, not over-committed, and nobody waits): the replacement takes
     its ranks on the same node (StartReplica, PlaceReplica). None otherwise
     (gangs, static placement, a suspect node, anyone waiting, ...)."""
-    if e.suspect_node:
-        return None
+    if e.cause == "exited":
+        return None  # (its node becomes suspect)
     rid = e.replica_id
     found = _plain(state, rid)
     if found is None:
         return None
     name, dep, rep, cl = found
     phase = rep.phase
-    if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
-        return None
+    if ((phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None
+            or dep.start_failures or (phase is _STARTING and e.cause in FAILED_START_CAUSES)):
+        return None  # (gangs, static placement, restart backoff)
     if rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
         return None
     moved = _moves_clock(cl, e.now)
@@ -157,11 +163,16 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id)
     dep = _with_ranks(dep, dep.replicas.delete(rid).set(new_id, new), ranks, recount(dep.counts, phase, _PENDING))
     rank = ranks.rank_of(new_id)
-    commands = (
+    commands: tuple[Any, ...] = (
         _Start(replica_id=new_id, deployment=name, global_rank=rank.rank, world_size=dep.target,  # type: ignore[union-attr]
                replaces=rid, lineage=rep.lineage),
         _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
     )
+    timeout = dep.options.placement_timeout_s
+    if cl.clock and timeout is not None:  # the placement deadline (scheduling.arm_deadlines)
+        at = now + timeout
+        cl = _with_deadlines(cl, cl.deadlines.set(new_id, at), min(cl.next_deadline, at))
+        commands = (*commands, _Tick(at=at))
     return _Step(state=_with_dep_new(state, state.deployments.set(name, dep), cl,
                                      state.index.delete(rid).set(new_id, name), state.next_replica + 1),
                  commands=commands, stale=False, compactions=(), recovery=None)
@@ -181,6 +192,9 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None  # (the room it frees would be offered to whoever waits)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
+    moved = _moves_clock(cl, e.now)
+    if moved is None:
+        return None
     ranks = dep.ranks.release(rid)
     dep = _with_ranks(dep, dep.replicas.delete(rid), ranks, recount(dep.counts, _STOPPING, None))
     if dep.healthy and not ranks.is_contiguous():
@@ -193,6 +207,8 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
             cl = _with_held(cl, cl.held.delete(rid))
         else:
             cl = _with_held_nodes(cl, cl.held.delete(rid), cl.nodes.set(node_id, _adjust(node, need, 1.0)), None)
+    if moved:
+        cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
     return _Step(state=_with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)),
                  commands=(), stale=False, compactions=(), recovery=None)
 

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from .commands import (
+    GangChanged,
     InitializeReplica,
     PlaceReplica,
     ReconfigureReplica,
@@ -52,6 +53,7 @@ __all__ = [
     "check_contiguity_counters",
     "check_world_size_commands",
     "check_crash_inherits_rank",
+    "check_gangs_told",
     "check_new_replicas_take_lowest_free",
     "check_crash_replacement_inherits_all_ranks",
     "check_compact_only_when_healthy",
@@ -186,7 +188,7 @@ def check_cluster(state: State) -> None:
         for rid, rep in dep.replicas.items():
             if rep.node_id is not None:
                 on_nodes[rid] = (rep.node_id, dep.resources)
-            elif rep.phase is Phase.PENDING:
+            elif rep.phase is Phase.PENDING and rid not in cl.delayed:  # (delayed: its restart backoff runs)
                 waiting.add(rid)
     held = {rid: tuple(v) for rid, v in cl.held.items()}
     for rid, (node, _need) in on_nodes.items():
@@ -266,6 +268,11 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
     for c in result.commands:
         if isinstance(c, StartReplica) and c.replaces is not None:
             dep = before.deployments[c.deployment]
+            if c.replica_id in before.cluster.delayed:  # its backoff is over: it already held the rank
+                if dep.ranks.global_rank(c.replica_id) != c.global_rank:
+                    _fail(f"{c.replica_id} waited out its backoff on rank {dep.ranks.global_rank(c.replica_id)} "
+                          f"but starts with rank {c.global_rank}")
+                continue
             old = dep.ranks.global_rank(c.replaces)
             if c.global_rank != old:
                 _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.global_rank}")
@@ -519,6 +526,22 @@ def check_command_order(before: State, event: object, result: Step) -> None:
         last[key] = r
 
 
+def check_gangs_told(before: State, event: object, result: Step) -> None:
+    """A gang member started while others of its gang keep running: those are
+    told the new members (``GangChanged``, as the new member's ``gang`` lists
+    them), or they would talk to a member that is gone."""
+    started: dict[tuple[str, str], tuple[set[str], tuple[str, ...]]] = {}
+    for c in result.commands:
+        if isinstance(c, StartReplica) and c.gang is not None:
+            ids, _ = started.get((c.deployment, c.gang.gang_id), (set(), ()))
+            started[c.deployment, c.gang.gang_id] = ({*ids, c.replica_id}, c.gang.members)
+    told = {(c.deployment, c.gang_id): c.members for c in result.commands if isinstance(c, GangChanged)}
+    for key, (ids, members) in sorted(started.items()):
+        if set(members) - ids and told.get(key) != members:
+            _fail(f"{key[0]}: gang {key[1]} got new members {sorted(ids)}, but its others were not told "
+                  f"(GangChanged with members {list(members)}; sent: {told.get(key)})")
+
+
 def touched_replicas(event: object, result: Step) -> dict[str, set[str]]:
     """Deployment -> replica ids the step may have changed: the event's replica,
     every replica a command or a compaction names (a crash replacement's
@@ -550,6 +573,10 @@ def check_touched(before: State, event: object, result: Step) -> None:
     rid = getattr(event, "replica_id", None)
     if rid is not None and rid in before.index:
         touched.setdefault(before.index[rid], set()).add(rid)
+    if before.cluster.delayed is not after.cluster.delayed:  # waiting out a restart backoff: no command names them
+        for st in (before, after):
+            for rid in st.cluster.delayed:
+                touched.setdefault(st.index[rid], set()).add(rid)
     for name, dep in after.deployments.items():
         old = before.deployments.get(name)
         if old is dep:
@@ -659,6 +686,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_crash_replacement_inherits_all_ranks(before, event, result)
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
+    check_gangs_told(before, event, result)
     check_placements(before, event, result)
     if full:
         check_upscale_keeps_ranks(before, event, result)

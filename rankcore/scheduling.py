@@ -58,7 +58,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "avoid_node", "disarm", "expired", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -88,6 +88,7 @@ class ClusterTx:
     clock: bool
     suspects: immutables.Map
     deadlines: immutables.Map
+    delayed: immutables.Map
     next_deadline: float
     suspect_s: float
     base: Cluster
@@ -266,9 +267,23 @@ def release(tx: Tx, rid: str) -> None:
     if rid in cl.deadlines:
         cl.changed = True
         cl.deadlines = cl.deadlines.delete(rid)
+        if rid in cl.delayed:
+            cl.delayed = cl.delayed.delete(rid)
     if rid in cl.avoid:
         cl.changed = True
         cl.avoid = cl.avoid.delete(rid)
+
+
+def avoid_node(tx: Tx, rid: str, node_id: str) -> None:
+    """Keep ``rid`` off ``node_id`` (a placement there failed or timed out) until the node
+    reports its capacity again or the failures are forgotten (``retry_s`` on the clock)."""
+    cl = tx.cl
+    cl.avoid = cl.avoid.set(rid, tuple(sorted({*cl.avoid.get(rid, ()), node_id})))
+    cl.blocked = None
+    cl.changed = True
+    if cl.clock and cl.retry_at == _INF:
+        cl.retry_at = cl.now + cl.retry_s
+        tx.emit(ScheduleTick(at=cl.retry_at))
 
 
 def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -283,12 +298,7 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         node = cl.nodes.get(held[0])
         if node is not None:
             cl.nodes = cl.nodes.set(held[0], _adjust(node, held[1], 1.0))
-    cl.avoid = cl.avoid.set(rep.replica_id, tuple(sorted({*cl.avoid.get(rep.replica_id, ()), node_id})))
-    cl.blocked = None
-    cl.changed = True
-    if cl.clock and cl.retry_at == _INF:
-        cl.retry_at = cl.now + cl.retry_s
-        tx.emit(ScheduleTick(at=cl.retry_at))
+    avoid_node(tx, rep.replica_id, node_id)
     dep = _evolve(dep, replicas=dep.replicas.set(rep.replica_id, _evolve(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
     enqueue(tx, dep, [rep.replica_id], front=True)
@@ -497,11 +507,15 @@ def place_waiting(tx: Tx) -> None:
 
 
 def arm_deadlines(tx: Tx, commands: list) -> None:
-    """Start timeouts for the replicas this step initialised (needs the clock)."""
+    """Deadlines for this step's commands (needs the clock): the start timeout of each
+    replica initialised, the placement timeout of each replica placed on a node the
+    core chose (not a caller's group: that has no other node to try)."""
     new: set[float] = set()
     for c in commands:
-        if type(c) is InitializeReplica:
-            timeout = tx.deps[c.deployment].start_timeout_s
+        kind = type(c)
+        if kind is InitializeReplica or (kind is PlaceReplica and c.group is None):
+            dep = tx.deps[c.deployment]
+            timeout = dep.start_timeout_s if kind is InitializeReplica else dep.options.placement_timeout_s
             if timeout is not None:
                 cl = tx.cl
                 at = cl.now + timeout
@@ -513,8 +527,18 @@ def arm_deadlines(tx: Tx, commands: list) -> None:
         tx.emit(ScheduleTick(at=at))
 
 
+def disarm(cl: Cluster | ClusterTx, rid: str) -> tuple[immutables.Map, float]:
+    """``cl``'s deadlines without ``rid``'s (answered in time), and the next deadline
+    (refreshed when ``rid``'s was the earliest)."""
+    deadlines = cl.deadlines
+    at = deadlines[rid]
+    deadlines = deadlines.delete(rid)
+    nxt = min(deadlines.values(), default=_INF) if at <= cl.next_deadline else cl.next_deadline
+    return deadlines, nxt
+
+
 def expired(cl: ClusterTx) -> list[str]:
-    """Replicas whose start deadline passed, in (deadline, id) order; refreshes ``next_deadline``."""
+    """Replicas whose deadline passed, in (deadline, id) order; refreshes ``next_deadline``."""
     due = sorted((t, rid) for rid, t in cl.deadlines.items() if t <= cl.now)
     with cl.deadlines.mutate() as m:
         for _, rid in due:

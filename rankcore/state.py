@@ -18,6 +18,7 @@ from .cluster import Cluster
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
+from .options import DEFAULT_OPTIONS, MAX_PER_REPLICA_RETRY_COUNT, Options
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 from .static import StaticPlacement
 
@@ -27,6 +28,11 @@ _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 # where counts keeps running and stopping replicas (an enum member read off its
 # class is ~10x slower than a global: these are read at every step)
 _RUNNING_AT, _STOPPING_AT = _PHASE_INDEX[Phase.RUNNING], _PHASE_INDEX[Phase.STOPPING]
+_FAILED_AT = _PHASE_INDEX[Phase.FAILED]
+
+
+#: ``Deployment.status`` values (Ray Serve's DeploymentStatus names)
+STATUSES = ("HEALTHY", "UPDATING", "UNHEALTHY")
 
 
 def replica_id(deployment: str, n: int) -> str:
@@ -66,6 +72,8 @@ class Replica:
     config_version: int = attrs.field(default=0, validator=f.count)
     #: a recovered, still-starting replica whose rank changed: tell it once ready
     rank_update_due: bool = attrs.field(default=False, validator=f.flag)
+    #: failed health checks in a row (rankcore.health)
+    health_failures: int = attrs.field(default=0, validator=f.count)
 
 
 def _empty_counts() -> tuple[int, ...]:
@@ -91,11 +99,21 @@ class Deployment:
     gang_size: int = 1
     gang_placement: str = "pack"
     gang_failure: str = "restart_gang"
+    #: health checks, graceful shutdown, placement timeout, restart backoff (rankcore.options)
+    options: Options = DEFAULT_OPTIONS
+    #: starts that failed in a row (``__init__`` raised or timed out; reset by any ReplicaReady):
+    #: the restart backoff and the UNHEALTHY status follow from it (rankcore.restarts)
+    start_failures: int = 0
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
     #: replicas per live phase, in ``lifecycle.LIVE`` order
     counts: tuple[int, ...] = attrs.field(factory=_empty_counts)
+    #: replica id -> node id (or None) of each unresponsive replica a recovery
+    #: stopped whose ReplicaStopped has not come: its rank is unknown, so no
+    #: rank is handed out (``transaction.reconcile``) nor compacted (not
+    #: ``healthy``) until it has gone (``rankcore.recovery``)
+    unresponsive: immutables.Map = attrs.field(factory=immutables.Map)
 
     @classmethod
     def applied(cls, spec: Any, **more: Any) -> Deployment:
@@ -104,7 +122,8 @@ class Deployment:
                    has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
                    max_replicas=spec.max_replicas, resources=spec.resources, placement=spec.placement,
                    start_timeout_s=spec.start_timeout_s, static=spec.static_placement, gang_size=spec.gang_size,
-                   gang_placement=spec.gang_placement, gang_failure=spec.gang_failure, **more)
+                   gang_placement=spec.gang_placement, gang_failure=spec.gang_failure,
+                   options=Options.of(spec), **more)
 
     def spec(self) -> DeploymentApplied:
         """The ``DeploymentApplied`` that declares this deployment as it is now
@@ -115,7 +134,7 @@ class Deployment:
                                  resources=self.resources, placement=self.placement,
                                  start_timeout_s=self.start_timeout_s, static_placement=self.static,
                                  gang_size=self.gang_size, gang_placement=self.gang_placement,
-                                 gang_failure=self.gang_failure)
+                                 gang_failure=self.gang_failure, **attrs.asdict(self.options))
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]
@@ -132,8 +151,37 @@ class Deployment:
 
     @property
     def healthy(self) -> bool:
-        """Target replicas running, none pending, starting, reconfiguring or stopping."""
-        return self.counts[_RUNNING_AT] == self.target == len(self.replicas)
+        """Target replicas running, none pending, starting, reconfiguring or stopping
+        (nor an unresponsive one still to stop)."""
+        return self.counts[_RUNNING_AT] == self.target == len(self.replicas) and not self.unresponsive
+
+    @property
+    def failing_to_start(self) -> bool:
+        """Ray Serve's rule: ``min(max_constructor_retry_count, 3 x target)`` failed starts in a
+        row (rankcore.restarts counts them)."""
+        return self.target > 0 and self.start_failures >= min(self.options.max_constructor_retry_count,
+                                                              MAX_PER_REPLICA_RETRY_COUNT * self.target)
+
+    @property
+    def status(self) -> str:
+        """Ray Serve's deployment status: ``UNHEALTHY`` while its starts keep failing
+        (``min(max_constructor_retry_count, 3 x target)`` in a row; it keeps retrying) or a
+        static rank is FAILED, ``HEALTHY`` when healthy, else ``UPDATING``."""
+        if self.failing_to_start or self.counts[_FAILED_AT]:
+            return "UNHEALTHY"
+        return "HEALTHY" if self.healthy else "UPDATING"
+
+    @property
+    def status_message(self) -> str:
+        """Why the status is what it is (empty when HEALTHY)."""
+        if self.failing_to_start:
+            return (f"failing to start: {self.start_failures} starts in a row failed; retrying with a "
+                    f"backoff of up to {self.options.restart_backoff_max_s:g} s")
+        if self.counts[_FAILED_AT]:
+            return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
+        if self.healthy:
+            return ""
+        return f"{self.counts[_RUNNING_AT]} of {self.target} replicas running"
 
     def rank_of(self, rid: str) -> ReplicaRank | None:
         return self.ranks.rank_of(rid)
@@ -195,22 +243,28 @@ class RecoveryOutcome:
     """What a ``ControllerRecovered`` step did to the fleet, so that a
     destructive outcome (replicas stopped) cannot pass unnoticed.
 
-    ``stopped``: live replicas stopped because more were reported than the
-    target (or their claims conflicted); ``unknown_stopped``: replicas of
-    deployments the event did not name (only with ``stop_unknown=True``);
-    ``started``: replicas started for ranks nobody reported; ``reconfigured``:
-    replicas told a new rank or user_config.
+    ``stopped``: reported replicas of named deployments stopped (more were
+    reported than the target, their claims conflicted, a gang cut short, a
+    static replica reported failed); ``unknown_stopped``: replicas of
+    deployments the event did not name, reported or unresponsive (only with
+    ``stop_unknown=True``); ``unresponsive_stopped``: unresponsive replicas
+    of named deployments (always stopped: their rank is unknown);
+    ``started``: replicas started for ranks nobody reported (none while an
+    unresponsive replica of the deployment is still to stop); ``reconfigured``:
+    replicas told a new rank or user_config. The three ``*stopped`` are disjoint.
     """
 
     started: tuple[str, ...] = ()
     stopped: tuple[str, ...] = ()
     unknown_stopped: tuple[str, ...] = ()
     reconfigured: tuple[str, ...] = ()
+    unresponsive_stopped: tuple[str, ...] = ()
 
     @property
     def destructive(self) -> bool:
-        """True when the recovery stopped any live replica."""
-        return bool(self.stopped or self.unknown_stopped)
+        """True when the recovery stopped any live process (an unresponsive one
+        too: it may still have been serving)."""
+        return bool(self.stopped or self.unknown_stopped or self.unresponsive_stopped)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

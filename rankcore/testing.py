@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import attrs
 from hypothesis import HealthCheck, note
 from hypothesis import event as hyp_event
 from hypothesis import settings as hypothesis_settings
@@ -35,9 +36,11 @@ from . import invariants as inv
 from .core import step as core_step
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
+    CRASH_CAUSES,
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
+    HealthChecked,
     NodeCapacityChanged,
     NodeJoined,
     NodeLost,
@@ -50,6 +53,7 @@ from .events import (
     ReplicaStopped,
     ScaleRequested,
     Tick,
+    UnresponsiveReplica,
 )
 from .gangs import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
@@ -143,24 +147,39 @@ def snapshot(state: State) -> Any:
     }, dict(state.index), state.next_replica, state.next_lineage, state.cluster
 
 
+#: in a machine's event log: the controller restarted (its state is the initial one again)
+_RESTART = object()
+
+
 def make_machine(
     subject_factory: Callable[[], Subject], *, max_replicas: int = 6,
-    settings: hypothesis_settings | None = None, managed: bool = False, groups: bool = False,
+    settings: hypothesis_settings | None = None, managed: bool = True, groups: bool | None = None,
 ) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class checking ``subject_factory()``'s subject.
 
+    The bare call checks everything: a wrapper is driven through placement,
+    gangs and static placement too (a machine without them passed a wrapper
+    that dropped every ``GangChanged``).
+
     ``settings`` (a ``hypothesis.settings``) applies to its ``TestCase``;
-    without it the loaded profile applies (see ``PROFILES``). ``managed=True``
-    lets the core place replicas: nodes join first (and join, leave, change
-    capacity later), deployments ask for GPUs with a random placement policy
-    and start timeout, pending replicas are answered on the node the core
-    chose (or another one, or with PlacementFailed), the clock ticks, and
-    crashes may make a node suspect. ``groups=True`` (with ``managed``) makes
-    ``llm`` a deployment of gangs of two (pack or spread, restart_gang or
-    restart_replica) and ``embed`` a static placement of three ranks on a
+    without it the loaded profile applies (see ``PROFILES``). ``managed``
+    (default) lets the core place replicas: nodes join first (and join, leave,
+    change capacity later), deployments ask for GPUs with a random placement
+    policy and start timeout, pending replicas are answered on the node the
+    core chose (or another one, or with PlacementFailed), the clock ticks, and
+    crashes may make a node suspect. ``groups`` (default: as ``managed``)
+    makes ``llm`` a deployment of gangs of two (pack or spread, restart_gang
+    or restart_replica) and ``embed`` a static placement of three ranks on a
     caller's four-bundle group (bundles moved by ``BundlesPlaced``, lost with
-    their nodes).
+    their nodes). ``managed=False``: a wrapper around an unmanaged core (its
+    executor chooses the nodes; no gangs or static placement, which need the
+    core to place).
     """
+    if groups is None:
+        groups = managed
+    if groups and not managed:
+        raise InvalidConfig("make_machine(groups=True) needs managed=True (gangs and static placement are "
+                            "placed by the core)")
 
     class RankMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -259,7 +278,7 @@ def make_machine(
                 **fields,
             ))
 
-        @precondition(lambda self: groups and STATIC in self.state.deployments)
+        @precondition(lambda self: bool(groups) and STATIC in self.state.deployments)
         @rule(data=st.data())
         def move_bundles(self, data: st.DataObject) -> None:
             """The caller's group has its bundles elsewhere now (or some not placed)."""
@@ -352,11 +371,25 @@ def make_machine(
             else:
                 self.apply(ReplicaStopped(replica_id=rid))
 
-        @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING))
+        @precondition(lambda self: self.fenced())
+        @rule(data=st.data())
+        def unresponsive_gone(self, data: st.DataObject) -> None:
+            """An unresponsive replica a recovery stopped has stopped (or crashed)."""
+            _name, rid = data.draw(st.sampled_from(self.fenced()), label="unresponsive replica")
+            gone = data.draw(st.sampled_from([ReplicaStopped(replica_id=rid), ReplicaCrashed(replica_id=rid)]))
+            result = self.apply(gone)
+            assert not result.stale and all(rid not in d.unresponsive for d in self.state.deployments.values())
+            self.retired.append(rid)
+
+        @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING)
+                      or self.fenced())
         @rule(data=st.data())
         def stabilize(self, data: st.DataObject) -> None:
             """The executor answers everything outstanding until all is quiet
             (raft's ``stabilize``): this is what reaches healthy deployments."""
+            for _, rid in self.fenced():
+                self.apply(ReplicaStopped(replica_id=rid))
+                self.retired.append(rid)
             for _ in range(8 * max_replicas * max(1, len(self.state.deployments))):
                 outstanding = self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING)
                 if managed:  # (replicas waiting for room have nothing to answer)
@@ -389,9 +422,16 @@ def make_machine(
         @rule(data=st.data())
         def crash(self, data: st.DataObject) -> None:
             _name, rid = data.draw(st.sampled_from(self.live(*Phase.__members__.values())), label="replica")
-            suspect = managed and data.draw(st.booleans(), label="vanished (node suspect)")
-            self.apply(ReplicaCrashed(replica_id=rid, reason="test", suspect_node=suspect,
-                                      now=self.later(data, "crash")))
+            cause = data.draw(st.sampled_from(CRASH_CAUSES), label="cause")  # exited: node suspect; error: failed start
+            self.apply(ReplicaCrashed(replica_id=rid, reason="test", cause=cause, now=self.later(data, "crash")))
+
+        @precondition(lambda self: self.live(Phase.RUNNING, Phase.RECONFIGURING, Phase.STARTING))
+        @rule(data=st.data())
+        def health_check(self, data: st.DataObject) -> None:
+            _name, rid = data.draw(st.sampled_from(self.live(Phase.RUNNING, Phase.RECONFIGURING, Phase.STARTING)),
+                                   label="replica")
+            healthy = data.draw(st.booleans(), label="healthy")
+            self.apply(HealthChecked(replica_id=rid, healthy=healthy, now=self.later(data, "check")))
 
         @rule(node=node_ids)
         def lose_node(self, node: str) -> None:
@@ -401,25 +441,52 @@ def make_machine(
             assert result.stale == (not hosted), "NodeLost is stale exactly when neither a replica nor the node was known"
             assert node not in self.state.cluster.nodes
 
+        def fenced(self) -> list[tuple[str, str]]:
+            """(deployment, id) of the unresponsive replicas a recovery stopped, not gone yet."""
+            return [(name, rid) for name in sorted(self.state.deployments.keys())
+                    for rid in sorted(self.state.deployments[name].unresponsive.keys())]
+
+        def recover(self, event: ControllerRecovered) -> None:
+            """A controller restart: the subject starts again from its initial
+            state (ticked to the clock it had) and recovers from ``event``;
+            the live ids the recovery drops are retired."""
+            old = self.state
+            unresponsive = tuple(UnresponsiveReplica(replica_id=rid, deployment=name,
+                                                     node_id=old.deployments[name].unresponsive[rid])
+                                 for name, rid in self.fenced())  # (still not answering)
+            self.events.append(_RESTART)
+            self.own = self.subject.initial()
+            self.state = self.view(self.own)
+            if old.cluster.clock:
+                self.apply(Tick(now=old.cluster.now))
+            self.apply(attrs.evolve(event, unresponsive=event.unresponsive + unresponsive))
+            fenced = {rid for _, rid in self.fenced()}  # (retired once gone)
+            self.retired.extend(sorted(set(old.index.keys()) - set(self.state.index.keys()) - fenced))
+
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule()
         def recover_exactly(self) -> None:
             """Controller restart with every replica reporting: nothing changes."""
             failed = any(r.phase is Phase.FAILED for r in self.state.replicas())
-            if getattr(self.subject, "core_state", None) is None and not failed:
+            if getattr(self.subject, "core_state", None) is None and not failed and not self.fenced():
                 # (a FAILED replica has no process to report: recovery makes a new FAILED one on its rank)
                 inv.check_recovery_roundtrip(self.state, self.subject.step)
-            self.apply(inv.reports_from(self.state))
+            self.recover(inv.reports_from(self.state))
 
         @precondition(lambda self: len(self.state.index) > 0)
         @rule(data=st.data())
         def recover_messy(self, data: st.DataObject) -> None:
-            """Controller restart where some replicas died meanwhile, reports use
-            every rank form, and some claims conflict."""
+            """Controller restart where some replicas died meanwhile, some did not
+            answer, reports use every rank form, and some claims conflict."""
             exact = inv.reports_from(self.state)
             reports = []
+            silent = []
             for rep in exact.reports:
                 if data.draw(st.booleans(), label=f"{rep.replica_id} died meanwhile") and rep.phase is not Phase.STOPPING:
+                    continue
+                if data.draw(st.integers(0, 5), label=f"{rep.replica_id} did not answer") == 0:
+                    silent.append(UnresponsiveReplica(replica_id=rep.replica_id, deployment=rep.deployment,
+                                                      node_id=rep.node_id))
                     continue
                 rank: Any = rep.rank
                 if rep.node_id is not None:
@@ -436,7 +503,9 @@ def make_machine(
                     replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
                     phase=rep.phase, world_size=world_size, lineage=rep.lineage, version=rep.version,
                 ))
-            self.apply(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes))
+            self.recover(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes,
+                                             next_replica_number=exact.next_replica_number,
+                                             next_lineage=exact.next_lineage, unresponsive=tuple(silent)))
 
         @precondition(lambda self: self.retired)
         @rule(data=st.data())
@@ -499,6 +568,9 @@ def make_machine(
             state = self.initial
             commands: list[object] = []
             for event in self.events:
+                if event is _RESTART:
+                    state = self.subject.initial()
+                    continue
                 result = self.subject.step(state, event)
                 state = result.state
                 commands.extend(result.commands)

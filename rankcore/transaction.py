@@ -13,6 +13,7 @@ from typing import cast
 
 import immutables
 
+from . import restarts
 from .cluster import Cluster
 from .commands import GangChanged, InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, StopReplica
 from .errors import InvalidEvent
@@ -25,6 +26,7 @@ from .scheduling import (
     ClusterTx,
     announce_booking,
     arm_deadlines,
+    avoid_node,
     enqueue,
     keep_booking,
     place_waiting,
@@ -42,7 +44,7 @@ from .state import (
 )
 
 __all__ = [
-    "Tx", "recount", "put_replica", "initialize", "reconfigure", "start", "stop", "reconcile", "remove",
+    "Tx", "recount", "put_replica", "initialize", "stop_command", "reconfigure", "start", "stop", "reconcile", "remove",
     "crash", "compact", "by_rank", "fail_member", "fail_static", "restart_failed", "place_static",
     "restart_incomplete_gangs",
 ]
@@ -131,12 +133,11 @@ class Tx:
         return dep, dep.replicas[rid]
 
     def finish(self, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
-        cluster = self.cluster
-        if (self._cl.clock if self._cl is not None else cluster.clock) and self.commands:
-            arm_deadlines(self, self.commands)
         if self._cl is not None:
             place_waiting(self)
-            cluster = self._cl.build()
+        if (self._cl.clock if self._cl is not None else self.cluster.clock) and self.commands:
+            arm_deadlines(self, self.commands)
+        cluster = self._cl.build() if self._cl is not None else self.cluster
         if self.gangs:
             _tell_gangs(self)
         for name in sorted(self.touched):
@@ -194,7 +195,19 @@ def initialize(dep: Deployment, rid: str) -> InitializeReplica:
         # takes ``rank`` ("user config is not None or user subscribed to rank").
         call_reconfigure=dep.has_reconfigure and (dep.user_config is not None or dep.reconfigure_takes_rank),
         pass_rank=dep.reconfigure_takes_rank,
+        health_check_period_s=dep.options.health_check_period_s,
+        health_check_timeout_s=dep.options.health_check_timeout_s,
     )
+
+
+def stop_command(dep: Deployment, rid: str, now: bool = False) -> StopReplica:
+    """The StopReplica for ``rid``: drained by the deployment's graceful-shutdown
+    options, or (``now``) killed at once: a replica the core gave up on (hung,
+    unhealthy, unplaced, restarted with its gang) has nothing worth draining, and
+    its room goes to its replacement in this same step."""
+    o = dep.options
+    return _Stop(replica_id=rid, deployment=dep.name, graceful_shutdown_wait_loop_s=o.graceful_shutdown_wait_loop_s,
+                 graceful_shutdown_timeout_s=0.0 if now else o.graceful_shutdown_timeout_s)
 
 
 def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, ReconfigureReplica]:
@@ -285,7 +298,8 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
 
         )
         chosen.extend(c[2] for c in candidates[: n - len(chosen)])
-    for rid in [r for r in chosen if dep.replicas[r].phase is Phase.FAILED]:  # no process to stop
+    delayed = tx.view.delayed
+    for rid in [r for r in chosen if dep.replicas[r].phase is Phase.FAILED or r in delayed]:  # no process to stop
         dep = remove(tx, dep, dep.replicas[rid], dep.ranks.release(rid))
     chosen = [r for r in chosen if r in dep.replicas]
     replicas, counts = dep.replicas, dep.counts
@@ -296,13 +310,15 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
         new = _evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
         replicas = replicas.set(rid, new)
         counts = recount(counts, rep.phase, new.phase)
-        tx.emit(_Stop(replica_id=rid, deployment=dep.name))
+        tx.emit(stop_command(dep, rid))
     return _evolve(dep, replicas=replicas, counts=counts)
 
 
 def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deployment:
     active = dep.active
     if active < dep.target:
+        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)
+            return dep
         return start(tx, dep, dep.target - active)
     if active > dep.target:
         return stop(tx, dep, active - dep.target, victims)
@@ -330,8 +346,10 @@ def _forget(tx: Tx, rid: str) -> None:
         tx.retired = tx.retired.set(rid, None)
 
 
-def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
-    """A replica died: its replacement takes its global rank (unless it was leaving)."""
+def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:
+    """A replica died: its replacement takes its global rank (unless it was
+    leaving), after the restart backoff when its starts keep failing
+    (``rankcore.restarts``); ``avoid``: a node the replacement must not go to."""
     advance(rep.phase, Trigger.CRASH, rep.replica_id)
     rid = rep.replica_id
     if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
@@ -340,13 +358,20 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         return _crash_static(tx, dep, rep)
     managed = tx.managed
     (new_id,) = tx.new_ids(dep.name, 1)
-    booking = keep_booking(tx, dep, rid, new_id) if managed else None
+    delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
+    if managed and (delay > 0 or avoid is not None):
+        release(tx, rid)  # its room is free while the replacement waits, or it goes elsewhere
+    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None
     node_id = booking[0] if booking is not None else None
-    dep = _succeed(tx, dep, rep, new_id, node_id)
-    if node_id is not None:  # back on its predecessor's node, on the same booking
+    dep = _succeed(tx, dep, rep, new_id, node_id, announce=delay == 0)
+    if delay > 0:
+        restarts.defer(tx, new_id, rid, tx.view.now + delay)
+    elif node_id is not None:  # back on its predecessor's node, on the same booking
         announce_booking(tx, dep, new_id, node_id)
-    elif managed:  # placed by the end-of-step pass, once every release of this step is done
-        enqueue(tx, dep, [new_id])
+    elif managed:
+        if avoid is not None:
+            avoid_node(tx, new_id, avoid)
+        enqueue(tx, dep, [new_id])  # placed by the end-of-step pass, once every release of this step is done
     if dep.gang_size > 1:
         _gang_started(tx, dep)
     return dep
@@ -375,17 +400,19 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
     return dep
 
 
-def _succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | None = None) -> Deployment:
+def _succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | None = None,
+             announce: bool = True) -> Deployment:
     """``new_id``, a new incarnation of ``rep`` (same lineage and global rank),
-    started; on ``node_id`` with all three of ``rep``'s ranks when given (one
-    rename: no place later), else with no node yet."""
+    started (``announce``: its StartReplica now); on ``node_id`` with all three
+    of ``rep``'s ranks when given (one rename: no place later), else with no node yet."""
     rid = rep.replica_id
     ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
     _forget(tx, rid)
     new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
     tx.index = tx.index.set(new_id, dep.name)
-    tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
-                         world_size=dep.target, replaces=rid, lineage=rep.lineage))
+    if announce:
+        tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
+                       world_size=dep.target, replaces=rid, lineage=rep.lineage))
     counts = list(dep.counts)
     counts[_IDX[rep.phase]] -= 1
     counts[_IDX[Phase.PENDING]] += 1
@@ -412,7 +439,7 @@ def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Dep
         release(tx, rid)  # (a start deadline)
     ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
     if stop:
-        tx.emit(_Stop(replica_id=rid, deployment=dep.name))
+        tx.emit(stop_command(dep, rid, now=True))
     return put_replica(dep, rep, _evolve(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
 
 
@@ -437,7 +464,7 @@ def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         if member is None or member.phase is Phase.STOPPING:
             continue
         if rid != rep.replica_id:
-            tx.emit(_Stop(replica_id=member.replica_id, deployment=dep.name))  # alive: restarted with its gang
+            tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang
         dep = crash(tx, dep, member)
     return dep
 
@@ -494,7 +521,7 @@ def restart_incomplete_gangs(tx: Tx, names: Iterable[str]) -> None:
                 rep = dep.replicas.get(rid) if rid is not None else None
                 if rep is None or rid in fresh or rep.phase is Phase.STOPPING:
                     continue
-                tx.emit(_Stop(replica_id=rep.replica_id, deployment=name))
+                tx.emit(stop_command(dep, rep.replica_id, now=True))
                 dep = crash(tx, dep, rep)
         tx.put(dep)
         _starts_in_rank_order(tx, name)

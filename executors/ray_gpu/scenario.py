@@ -112,6 +112,8 @@ def _sim_only_faults(sc: Scenario) -> list[str]:
     if sc.node_loss_rate > 0:
         key = "node_loss_per_node_day" if "node_loss_per_node_day" in given else "node_mtbf_hours"
         out.append(f"faults.{key} (random node loss)")
+    if sc.cluster_node_loss_rate > 0:
+        out.append("faults.node_loss_per_cluster_day (random node loss)")
     if "start_timeout" in given:
         out.append("faults.start_timeout (the Ray executor takes no start timeout yet: a start waits as long "
                    "as it takes)")

@@ -91,6 +91,9 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
         return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
     if e.kind in ("availability", "full_strength", "non_contiguous", "to_full_strength", "below"):
         return _planner(e, m, res)
+    if e.kind == "status":
+        return res(dep.status == e.args["equals"], f"expected {e.args['equals']}, saw {dep.status}"
+                                                     + (f" ({dep.status_message})" if dep.status_message else ""))
     if e.kind == "failed":
         n = dep.count(rc.Phase.FAILED)
         return res(n == e.args["equals"], f"expected {e.args['equals']} FAILED (a bundle's node lost), saw {n}")

@@ -38,6 +38,7 @@ ACTIONS = (
     "scale",
     "update_config",
     "crash",
+    "hang",
     "lose_node",
     "add_node",
     "crash_controller",
@@ -45,7 +46,7 @@ ACTIONS = (
     "wait_until_healthy",
     "wait",
 )
-EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running",
+EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running", "status",
                 "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength",
                 "below")
 #: contiguity levels by every name a planner may use
@@ -72,6 +73,10 @@ class ScenarioError(Exception):
 class NodeSpec:
     name: str
     gpus: float
+    #: GPUs something outside the executor's view holds here: the node reports all its GPUs
+    #: to the core, which may aim a replica at it; the placement is then refused
+    #: (PlacementFailed). The simulator's way to ask about a core that believed wrong.
+    unreported_gpus: float = 0.0
 
 
 @attrs.frozen
@@ -95,6 +100,12 @@ class DeploymentSpec:
     gang_size: int = 1
     gang_placement: str = "pack"
     gang_failure: str = "restart_gang"
+    #: the deployment options the executors honour (rankcore.options: health checks, graceful
+    #: shutdown, placement timeout, restart backoff), as given in the file: the core's defaults
+    #: for the rest (declared once there)
+    options: tuple[tuple[str, Any], ...] = ()
+    #: the first this many starts of its replicas fail (their __init__ raises): a crash loop
+    start_failures: int = 0
 
     def applied(self, **changes: Any) -> rc.DeploymentApplied:
         spec = attrs.evolve(self, **changes)
@@ -112,6 +123,7 @@ class DeploymentSpec:
             gang_size=spec.gang_size,
             gang_placement=spec.gang_placement,
             gang_failure=spec.gang_failure,
+            **dict(spec.options),
         )
 
 
@@ -147,6 +159,9 @@ class Scenario:
     start_hang_probability: float = 0.0
     #: random node loss: losses per node per second (from node_loss_per_node_day or node_mtbf_hours)
     node_loss_rate: float = 0.0
+    #: random node loss for the whole cluster: losses per second whatever the node count (from
+    #: node_loss_per_cluster_day), each hitting a node drawn among those up; adds to node_loss_rate
+    cluster_node_loss_rate: float = 0.0
     #: how long a lost node takes to come back (the same name and GPUs)
     node_repair: Latency | None = None
     start_timeout: float = 300.0
@@ -354,7 +369,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     latency.update(parsed_latency)
     faults = c.mapping(top.get("faults", {}), ("faults",),
                        ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout",
-                        "node_loss_per_node_day", "node_mtbf_hours", "node_repair"))
+                        "node_loss_per_node_day", "node_mtbf_hours", "node_loss_per_cluster_day", "node_repair"))
     if "node_loss_per_node_day" in faults and "node_mtbf_hours" in faults:
         raise c.fail(("faults", "node_mtbf_hours"), "give node_loss_per_node_day or node_mtbf_hours, not both")
     node_loss = 0.0
@@ -363,6 +378,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     elif "node_mtbf_hours" in faults:
         mtbf = c.number(faults["node_mtbf_hours"], ("faults", "node_mtbf_hours"), minimum=1e-6)
         node_loss = 1.0 / (mtbf * 3600.0)
+    cluster_loss = c.number(faults.get("node_loss_per_cluster_day", 0.0), ("faults", "node_loss_per_cluster_day")) / 86400.0
     repair = c.latency(faults.get("node_repair", 600), ("faults", "node_repair"))
     rate = c.number(faults.get("crash_rate_per_replica_hour", 0.0), ("faults", "crash_rate_per_replica_hour"))
     hang = c.number(faults.get("start_hang_probability", 0.0), ("faults", "start_hang_probability"), maximum=1.0)
@@ -381,10 +397,14 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     if node_loss > 0 and duration is None:
         key = "node_loss_per_node_day" if "node_loss_per_node_day" in faults else "node_mtbf_hours"
         raise c.fail(("faults", key), "a random node loss rate needs a 'duration' (the run would never end)")
+    if cluster_loss > 0 and duration is None:
+        raise c.fail(("faults", "node_loss_per_cluster_day"),
+                     "a random node loss rate needs a 'duration' (the run would never end)")
     return Scenario(
         name=name, source=c.file, seed=seed, duration=duration, nodes=nodes, deployments=deployments,
         latency=latency, crash_rate_per_replica_hour=rate, start_hang_probability=hang, start_timeout=timeout,
-        node_loss_rate=node_loss, node_repair=repair if node_loss > 0 else None,
+        node_loss_rate=node_loss, cluster_node_loss_rate=cluster_loss,
+        node_repair=repair if node_loss > 0 or cluster_loss > 0 else None,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
         description=str(top.get("description", "")), raw=raw,
         warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
@@ -443,14 +463,17 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     elif isinstance(nodes_raw, list):
         for i, item in enumerate(nodes_raw):
             p = ("cluster", "nodes", i)
-            m = c.mapping(item, p, ("name", "gpus", "count"), required=("name",))
+            m = c.mapping(item, p, ("name", "gpus", "count", "unreported_gpus"), required=("name",))
             nm = c.name(m["name"], p + ("name",))
             gpus = c.number(m.get("gpus", gpus_default), p + ("gpus",))
             count = c.count(m.get("count", 1), p + ("count",))
+            hidden = c.number(m.get("unreported_gpus", 0), p + ("unreported_gpus",))
+            if hidden > gpus:
+                raise c.fail(p + ("unreported_gpus",), f"{hidden:g} is more than the node's {gpus:g} GPUs")
             if "count" in m:
-                out.extend(NodeSpec(name=f"{nm}-{j}", gpus=gpus) for j in range(count))
+                out.extend(NodeSpec(name=f"{nm}-{j}", gpus=gpus, unreported_gpus=hidden) for j in range(count))
             else:
-                out.append(NodeSpec(name=nm, gpus=gpus))
+                out.append(NodeSpec(name=nm, gpus=gpus, unreported_gpus=hidden))
     else:
         raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
     seen: set[str] = set()
@@ -472,7 +495,7 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
                       ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement",
-                       "static_placement", "gang"))
+                       "static_placement", "gang", "start_failures", *rc.options.OPTION_NAMES))
         policy = m.get("placement", placement)
         if policy not in rc.placement.POLICIES:
             raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
@@ -508,8 +531,22 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
             latency={k: c.latency(v, p + ("latency", k)) for k, v in lat.items()},
             placement=policy,
             start_timeout=timeout,
+            options=_options(m, p, c, name),
+            start_failures=c.count(m.get("start_failures", 0), p + ("start_failures",)),
         )
     return out
+
+
+def _options(m: dict, p: tuple, c: _Checker, name: str) -> tuple[tuple[str, Any], ...]:
+    """The deployment options given (``rankcore.options.OPTION_NAMES``), checked by the core's own
+    ``DeploymentApplied`` (one declaration, one check), the error pinned on the key."""
+    given = tuple((k, m[k]) for k in rc.options.OPTION_NAMES if k in m)
+    try:
+        rc.DeploymentApplied(name=name, num_replicas=0, **dict(given))
+    except rc.InvalidConfig as exc:
+        named = [k for k, _ in given if f".{k}" in str(exc)]
+        raise c.fail(p + tuple(named[:1]), str(exc)) from None
+    return given
 
 
 def _static(v: Any, p: tuple, c: _Checker, nodes: set[str] | None) -> tuple[rc.StaticPlacement | None, float]:
@@ -653,6 +690,14 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
             raise c.fail(p, "needs 'replica', or 'deployment' and 'rank'")
         return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
                 "rank": c.count(m["rank"], p + ("rank",))}
+    if kind == "hang":
+        m = c.mapping(v, p, ("replica", "deployment", "rank"))
+        if "replica" in m:
+            return {"replica": c.name(m["replica"], p + ("replica",))}
+        if "deployment" not in m or "rank" not in m:
+            raise c.fail(p, "needs 'replica', or 'deployment' and 'rank'")
+        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
+                "rank": c.count(m["rank"], p + ("rank",))}
     if kind == "lose_node":
         return {"node": c.name(v, p)}
     if kind == "add_node":
@@ -704,6 +749,12 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "equals": c.count(mm["equals"], q + ("equals",))}
+        elif kind == "status":
+            mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
+            if mm["equals"] not in rc.state.STATUSES:
+                raise c.fail(q + ("equals",), f"must be one of {', '.join(rc.state.STATUSES)}, got {_show(mm['equals'])}")
+            args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
+                    "equals": mm["equals"]}
         elif kind == "ranks":
             mm = c.mapping(v, q, ("deployment", "global", "contiguous"), required=("deployment",))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}

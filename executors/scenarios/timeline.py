@@ -26,7 +26,7 @@ __all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "Planned", "needs
 
 #: actions that happen to the cluster, not through the controller: they run
 #: while it is down (the others wait for it to come back)
-WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash", "place_bundles"})
+WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash", "hang", "place_bundles"})
 #: actions that only pass time; each executor waits its own way
 WAITS = frozenset({"wait", "wait_until_healthy"})
 
@@ -147,6 +147,9 @@ class Target(Protocol):
     def crash(self, args: dict[str, Any]) -> None:
         """Kill a replica: ``args["replica"]``, or the holder of ``args["rank"]`` in ``args["deployment"]``."""
 
+    def hang(self, args: dict[str, Any]) -> None:
+        """Make a replica hang (it stops answering: its health checks fail): ``args`` as for ``crash``."""
+
     def lose_node(self, node: str) -> None: ...
 
     def add_node(self, node: str, gpus: float) -> None: ...
@@ -171,6 +174,8 @@ def perform(kind: str, args: dict[str, Any], desired: Desired, target: Target) -
         target.apply(desired.update_config(args))
     elif kind == "crash":
         target.crash(args)
+    elif kind == "hang":
+        target.hang(args)
     elif kind == "lose_node":
         desired.lose_node(args["node"])
         target.lose_node(args["node"])

@@ -110,6 +110,8 @@ class Simulation:
             self.driver.feed(joined, 0.0)
         for node in sorted(self.backend.nodes):
             self.node_up(node)
+        if scenario.cluster_node_loss_rate > 0:
+            self._cluster_loss_at(0.0)
 
     # ------------------------------------------------------------- clock
     def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
@@ -200,6 +202,21 @@ class Simulation:
             if self.scenario.duration is None or self.now + up <= self.scenario.duration:
                 self.schedule(up, self._node_fault, name)
 
+    def _cluster_loss_at(self, t: float) -> None:
+        """The cluster-wide loss clock (``faults.node_loss_per_cluster_day``): one
+        Poisson clock for the whole cluster from t=0, so its times are the same
+        whatever the node count (more nodes do not mean more losses)."""
+        nxt = t + self.stream("node-loss/cluster").expovariate(self.scenario.cluster_node_loss_rate)
+        if self.scenario.duration is None or nxt <= self.scenario.duration:
+            self.schedule(nxt - self.now, self._cluster_loss, nxt)
+
+    def _cluster_loss(self, t: float) -> None:
+        """The cluster-wide clock rang: lose a node drawn among those up (none up: nothing)."""
+        up = sorted(n for n, node in self.backend.nodes.items() if node.alive)
+        if up:
+            self._node_fault(up[self.stream("node-loss/cluster/which").randrange(len(up))])
+        self._cluster_loss_at(t)
+
     def _node_fault(self, name: str) -> None:
         node = self.backend.nodes.get(name)
         if node is None or not node.alive:
@@ -248,9 +265,17 @@ class Simulation:
         rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
         if self.trace:
             self.trace.fault(self.now, "crash", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
-        if rid is None or not self.backend.crash(rid, "scheduled crash"):
+        if rid is None or not self.backend.crash(rid, "scheduled crash", cause="killed"):  # a kill, as on Ray
             self.results.append(ExpectationResult(None, f"crash {args}", True,
                                                   "nothing to crash: no live replica matched", self.now))
+
+    def hang(self, args: dict) -> None:
+        rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
+        if self.trace:
+            self.trace.fault(self.now, "hang", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
+        if rid is None or not self.backend.hang(rid):
+            self.results.append(ExpectationResult(None, f"hang {args}", True,
+                                                  "nothing to hang: no serving replica matched", self.now))
 
     def lose_node(self, node: str) -> None:
         if self.trace:

@@ -56,23 +56,28 @@ LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
 # The world's answers, built without their validators: every field is a
 # replica id from a StartReplica, a node name from the scenario, a float
 # clock (~1 µs less per answer; a week of 64 replicas sends ~3,500).
-_Placed, _Ready, _Crashed, _Stopped = (maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed,
-                                                          rc.ReplicaStopped))
+_Placed, _Ready, _Crashed, _Stopped, _Checked = (
+    maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed, rc.ReplicaStopped, rc.HealthChecked))
 
 
 class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held")
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported")
 
-    def __init__(self, name: str, gpus: float, order: int) -> None:
+    def __init__(self, name: str, gpus: float, order: int, unreported: float = 0.0) -> None:
         self.name, self.gpus, self.order = name, gpus, order
         self.used = 0.0
         self.held = 0.0  # GPUs the bundles of a caller's placement group hold here
+        self.unreported = unreported  # GPUs held by something the node does not report to the core
         self.alive = True
         self.replicas: set[str] = set()
 
     @property
     def free(self) -> float:
         return self.gpus - self.used
+
+    def room(self) -> float:
+        """What a replica can really take here (the core may believe more: ``unreported``)."""
+        return self.gpus - self.held - self.unreported - self.used
 
     def joined(self) -> rc.NodeJoined:
         """What the node tells the core when it joins (or at a recovery)."""
@@ -83,7 +88,7 @@ class SimReplica:
     """A replica as it sees itself: the rank in its context, its phase."""
 
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
-                 "user_config", "version", "lineage", "gpus", "epoch", "target", "gang")
+                 "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -100,6 +105,8 @@ class SimReplica:
         self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
         self.target: str | None = None  # the node a PlaceReplica sent it to
         self.gang: rc.GangContext | None = cmd.gang  # its context's gang (GangChanged updates the members)
+        self.checks = (rc.options.HEALTH_CHECK_PERIOD_S, rc.options.HEALTH_CHECK_TIMEOUT_S)  # InitializeReplica's
+        self.hung = False  # it stopped answering (a ``hang`` action): its health checks fail
 
     @property
     def alive(self) -> bool:
@@ -132,7 +139,7 @@ class SimBackend:
         sc = sim.scenario
         self.nodes: dict[str, SimNode] = {}
         for i, n in enumerate(sc.nodes):
-            self.nodes[n.name] = SimNode(n.name, n.gpus, i)
+            self.nodes[n.name] = SimNode(n.name, n.gpus, i, n.unreported_gpus)
         # The callers' placement groups (static deployments) hold their bundles'
         # GPUs from the start: a node offers the core only what is left.
         self.groups: dict[str, list[str | None]] = {}
@@ -160,6 +167,7 @@ class SimBackend:
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
         self._by_rank: dict[tuple[str, int | None], set[str]] = {}
         self._gpu_of: dict[str, float] = {}  # deployment -> GPUs a replica takes (the scenario's)
+        self._inits: dict[str, int] = {}  # deployment -> InitializeReplicas carried out (``start_failures``)
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -235,6 +243,10 @@ class SimBackend:
             self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node",
                                                 now=self.sim.now))
             return
+        if r.gpus > 0 and node.room() < r.gpus - 1e-9:  # the core believed in room that is not there
+            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, now=self.sim.now,
+                                                reason=f"no room: {node.room():g} of {r.gpus:g} GPUs free"))
+            return
         node.used += r.gpus
         node.replicas.add(rid)
         r.node = node.name
@@ -245,14 +257,28 @@ class SimBackend:
         if r is None or not r.alive:
             return
         r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
+        r.checks = (cmd.health_check_period_s, cmd.health_check_timeout_s)
         self._rerank(r, cmd.rank.rank)
         if r.phase == "pending":
             r.phase = "starting"
         sc = self.sim.scenario
         hung = sc.start_hang_probability > 0 and self.sim.stream("hang").random() < sc.start_hang_probability
-        delay = self.sim.latency(cmd.deployment, "start") + self.sim.latency(cmd.deployment, "ready")
+        delay = self.sim.latency(cmd.deployment, "start")
+        spec = sc.deployments.get(cmd.deployment)
+        if spec is not None and self._inits.get(cmd.deployment, 0) < spec.start_failures:  # its __init__ raises
+            self._inits[cmd.deployment] = self._inits.get(cmd.deployment, 0) + 1
+            self.sim.schedule(delay, self._init_failed, r.replica_id, r.epoch)
+            return
+        self._inits[cmd.deployment] = self._inits.get(cmd.deployment, 0) + 1
+        delay += self.sim.latency(cmd.deployment, "ready")
         if not hung:  # a hung start never answers: the core's start timeout replaces it
             self.sim.schedule(delay, self._ready, r.replica_id, r.epoch)
+
+    def _init_failed(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase != "starting":
+            return
+        self.crash(rid, "__init__ raised (start_failures)", cause="error")
 
     def _ready(self, rid: str, epoch: int) -> None:
         r = self.replicas.get(rid)
@@ -284,11 +310,17 @@ class SimBackend:
         self.sim.deliver(rc.ReplicaReconfigured(replica_id=rid, version=version))
 
     def _stop(self, cmd: rc.StopReplica) -> None:
+        """A graceful stop drains for the stop latency, killed at ``graceful_shutdown_timeout_s``;
+        with 0 s it is killed at once and its GPUs are free now (the core has passed its room on)."""
         r = self.replicas.get(cmd.replica_id)
         if r is None or not r.alive:
             return
         r.phase = "stopping"
-        delay = self.sim.latency(cmd.deployment, "stop")
+        if cmd.graceful_shutdown_timeout_s <= 0:
+            self._release_gpus(r)
+            delay = 0.0
+        else:
+            delay = min(self.sim.latency(cmd.deployment, "stop"), cmd.graceful_shutdown_timeout_s)
         self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)
 
     def _stopped(self, rid: str, epoch: int) -> None:
@@ -299,26 +331,49 @@ class SimBackend:
         self.sim.deliver(_Stopped(replica_id=rid))
 
     # -------------------------------------------------------------- faults
-    def _free(self, r: SimReplica, phase: str) -> None:
+    def _release_gpus(self, r: SimReplica) -> None:
         if r.node is not None and r.node in self.nodes:
             node = self.nodes[r.node]
             if r.replica_id in node.replicas:
                 node.replicas.discard(r.replica_id)
                 node.used -= r.gpus
+
+    def _free(self, r: SimReplica, phase: str) -> None:
+        self._release_gpus(r)
         r.phase = phase
         self._epochs += 1
         r.epoch = self._epochs
         del self.replicas[r.replica_id]
         self._by_rank.get((r.deployment, r.global_rank), set()).discard(r.replica_id)
 
-    def crash(self, rid: str, reason: str) -> bool:
+    def crash(self, rid: str, reason: str, cause: str = "unknown") -> bool:
         r = self.replicas.get(rid)
         if r is None or not r.alive:
             return False
         self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
-        self.sim.deliver(_Crashed(replica_id=rid, reason=reason, now=self.sim.now))
+        self.sim.deliver(_Crashed(replica_id=rid, reason=reason, cause=cause, now=self.sim.now))
         return True
+
+    def hang(self, rid: str) -> bool:
+        """``rid`` stops answering: each health check (``InitializeReplica``'s period and
+        timeout) now fails after its timeout, the next starting a period later; the core
+        counts them and decides. Passing checks are not sent: they change nothing in the core."""
+        r = self.replicas.get(rid)
+        if r is None or r.phase not in ("running", "reconfiguring") or r.hung:
+            return False
+        r.hung = True
+        self.sim.schedule(r.checks[1], self._check_failed, rid, r.epoch)
+        return True
+
+    def _check_failed(self, rid: str, epoch: int) -> None:
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase not in ("running", "reconfiguring"):
+            return
+        period, timeout = r.checks
+        self.sim.deliver(_Checked(replica_id=rid, healthy=False, detail=f"no answer within {timeout:g} s",
+                                  now=self.sim.now))
+        self.sim.schedule(period + timeout, self._check_failed, rid, epoch)
 
     def holder(self, deployment: str, rank: int) -> str | None:
         """Who ``crash: {deployment, rank}`` hits (``rank_holder``, the Ray runner's rule too)."""

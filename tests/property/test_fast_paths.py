@@ -43,8 +43,8 @@ class BothPaths(CoreSubject):
         return core.step(state, event)
 
 
-TestFastPathsUnmanaged = make_machine(BothPaths).TestCase
-TestFastPathsManaged = make_machine(BothPaths, managed=True).TestCase
+TestFastPathsUnmanaged = make_machine(BothPaths, managed=False).TestCase
+TestFastPathsManaged = make_machine(BothPaths, managed=True, groups=False).TestCase
 TestFastPathsGroups = make_machine(BothPaths, managed=True, groups=True).TestCase
 
 
@@ -100,7 +100,7 @@ def test_a_crash_takes_the_fast_path_and_agrees() -> None:
     assert fast.state.cluster.held[start.replica_id] == s.cluster.held[rid]
     assert rid not in fast.state.index and fast.state.next_replica == s.next_replica + 1
     # a suspect crash, a gang or a waiting queue: the general path
-    assert fastpaths.crashed(s, rc.ReplicaCrashed(replica_id=rid, suspect_node=True, now=3.0)) is None
+    assert fastpaths.crashed(s, rc.ReplicaCrashed(replica_id=rid, cause="exited", now=3.0)) is None
 
 
 def test_the_fast_paths_decline_what_they_do_not_cover() -> None:

@@ -78,6 +78,8 @@ def brief(commands: tuple) -> list[tuple]:
 
 
 def deploy(name: str, n: int, gpus: float = 1, **kw) -> rc.DeploymentApplied:
+    """(No placement deadline unless a test asks: tests/unit/test_policies.py has theirs.)"""
+    kw.setdefault("placement_timeout_s", None)
     return rc.DeploymentApplied(name=name, num_replicas=n, resources={"GPU": gpus}, **kw)
 
 
@@ -220,12 +222,12 @@ def test_crash_replacement_goes_back_to_its_predecessors_node_with_all_three_ran
     assert c(rc.ReplicaPlaced(replica_id="a#3", node_id="n0")) == [("init", "a#3", (2, 0, 1))]
 
 
-def test_suspect_node_is_avoided_for_suspect_s_while_another_node_fits():
+def test_an_exited_replica_makes_its_node_suspect_avoided_for_suspect_s_while_another_node_fits():
     c = Core(("n0", 4), ("n1", 4))
     assert c(rc.Tick(now=100)) == []
     c.up(c(deploy("a", 1)))
     assert c.rep("a#0").node_id == "n0" and c.state.cluster.suspect_s == 15.0
-    assert c(rc.ReplicaCrashed(replica_id="a#0", suspect_node=True)) == [
+    assert c(rc.ReplicaCrashed(replica_id="a#0", cause="exited")) == [
         ("start", "a#1", 0, "a#0"), ("place", "a#1", "n1", (0, 0, 0))]
     assert c(rc.Tick(now=114)) == []
     assert c(rc.ScaleRequested(deployment="a", num_replicas=2))[-1] == ("place", "a#2", "n1", (1, 0, 1))
@@ -234,13 +236,13 @@ def test_suspect_node_is_avoided_for_suspect_s_while_another_node_fits():
 
 
 @pytest.mark.parametrize("clock", [True, False])
-def test_suspect_node_is_used_when_nothing_else_fits_or_without_a_clock(clock):
+def test_a_suspect_node_is_used_when_nothing_else_fits_or_without_a_clock(clock):
     c = Core(("n0", 4), ("n1", 1))
     if clock:
         c(rc.Tick(now=5))
     assert c(deploy("f", 1, placement="pack"))[-1] == ("place", "f#0", "n1", (0, 0, 0))  # n1 full
     c.up(c(deploy("a", 1)))
-    assert c(rc.ReplicaCrashed(replica_id="a#1", suspect_node=True)) == [
+    assert c(rc.ReplicaCrashed(replica_id="a#1", cause="exited")) == [
         ("start", "a#2", 0, "a#1"), ("place", "a#2", "n0", (0, 0, 0))]
     assert dict(c.state.cluster.suspects) == ({"n0": 20.0} if clock else {})
 

@@ -253,7 +253,8 @@ def test_the_queue_is_not_walked_when_nothing_that_could_unblock_it_changed(monk
     for n in ("n0", "n1"):
         state = _step(state, rc.NodeJoined(node_id=n, resources=GPU1)).state
     state = _step(state, rc.Tick(now=0.0)).state
-    state = _step(state, rc.DeploymentApplied(name="a", num_replicas=4, resources=GPU1)).state  # a#2, a#3 wait
+    state = _step(state, rc.DeploymentApplied(name="a", num_replicas=4, resources=GPU1,
+                                                      placement_timeout_s=None)).state  # a#2, a#3 wait
     state = _step(state, rc.PlacementFailed(replica_id="a#0", node_id="n0")).state  # a#2 takes n0; retry at 30
     state = _step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="n1")).state  # placed anyway: waits no more
     assert list(state.cluster.queued) == ["a#3"] and state.cluster.blocked is not None
