@@ -827,7 +827,8 @@ class Controller:
         """Put the replica on ``cmd.node_id``, the core's choice: its group
         pinned there (a replica reserving nothing: its actor, by hard node
         affinity), then its actor in bundle 0. Answers ReplicaPlaced as soon as
-        the actor runs, or PlacementFailed when Ray refuses (the group
+        the group is placed (a static replica: once its actor runs, saying
+        where), or PlacementFailed when Ray refuses (the group
         infeasible there, or removed). A group that merely waits for room waits:
         the core's ``placement_timeout_s`` decides when to give the node up (it
         sends StopReplica, which cancels this)."""
@@ -880,7 +881,11 @@ class Controller:
             ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], k["lineage"], cmd.rank.rank,
                      k["world_size"], spec["max_ongoing_requests"], **extra)
             self.actors[rid] = (dep, actor)
-            where = await actor.node_id.remote()
+            # Placed once its room is held there: its own group pinned to the node (or a hard
+            # affinity) is where it is; its process starting up is part of its start (the
+            # core's start_timeout_s, not its placement_timeout_s). A caller's bundle may have
+            # moved: there the actor says where it runs.
+            where = await actor.node_id.remote() if cmd.group is not None else node
         except Exception as exc:  # refused by Ray, or died starting
             self._placed(rid)
             entry = self._forget(rid)
@@ -925,21 +930,16 @@ class Controller:
         except Exception as exc:
             return f"placement group refused: {exc}"
         self.pgs[rid] = pg
-        ready = asyncio.ensure_future(pg.ready())
         try:
-            while True:
-                done, _ = await asyncio.wait([ready], timeout=self.group_poll_s)
-                if done:
-                    ready.result()
-                    return None
+            # (pg.wait asks the GCS, in a thread; pg.ready() would run a task in the group,
+            # which first needs a worker process started there)
+            while not await asyncio.to_thread(pg.wait, self.group_poll_s):
                 refused = _group_refused(pg, node)
                 if refused is not None:
                     return refused
         except Exception as exc:
             return f"placement group failed: {exc}"
-        finally:
-            if not ready.done():
-                ready.cancel()
+        return None
 
     def _release_pg(self, rid: str) -> None:
         pg = self.pgs.pop(rid, None)
