@@ -85,6 +85,9 @@ class Cluster:
     #: no deadline falls before this (a lower bound: refreshed when reached)
     next_deadline: float = math.inf
     suspect_s: float = SUSPECT_S
+    #: nodes the executor reported lost (and that have not joined again): a late
+    #: ReplicaPlaced naming one is a replica that died with its node
+    lost: frozenset = frozenset()
 
     @property
     def managed(self) -> bool:

@@ -237,6 +237,12 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
     if rep.phase is not Phase.PENDING:  # placed after a stop: the stop wins
         return tx.finish()
     rid = rep.replica_id
+    if tx.managed and dep.static is None and e.node_id not in tx.view.nodes:
+        if e.node_id in tx.view.lost:  # placed there as the node went: it went with it
+            tx.put(fail_member(tx, dep, rep))
+            return tx.finish()
+        raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
+                           f"cluster the core places on (send NodeJoined first)")
     ranks = dep.ranks
     if rep.node_id != e.node_id:
         # Not where the core reserved it (or it was waiting and the executor
@@ -344,6 +350,7 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
     if e.node_id in tx.cluster.nodes:  # first, so no replacement is placed back there
         cl = tx.cl
         cl.nodes = cl.nodes.delete(e.node_id)
+        cl.lost = cl.lost | {e.node_id}
         if e.node_id in cl.suspects:
             cl.suspects = cl.suspects.delete(e.node_id)
         cl.changed = hit = True
@@ -399,6 +406,8 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
         if node_id == e.node_id:
             node = _evolve(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
     cl.nodes = cl.nodes.set(e.node_id, node)
+    if e.node_id in cl.lost:
+        cl.lost = cl.lost - {e.node_id}
     first = cl.joined == 0
     cl.joined += 1
     if first:  # the core places from now on: book what runs, queue what waits

@@ -91,6 +91,7 @@ class ClusterTx:
     delayed: immutables.Map
     next_deadline: float
     suspect_s: float
+    lost: frozenset
     base: Cluster
     changed: bool
 

@@ -313,19 +313,31 @@ def make_machine(
             ahead = data.draw(st.sampled_from([None, None, 0.0, 0.5, 6.0, 20.0]), label=f"{label}: now")
             return None if ahead is None else self.state.cluster.now + ahead
 
+        def where(self, data: st.DataObject, label: str) -> str | None:
+            """A node an executor may place on: any (unmanaged); one the core knows, or one it
+            was told is lost (a placement racing the loss), when it places (None: none)."""
+            cl = self.state.cluster
+            if not cl.managed:
+                return data.draw(node_ids, label=label)
+            known = sorted(cl.nodes.keys()) + sorted(cl.lost)
+            return data.draw(st.sampled_from(known), label=label) if known else None
+
         def answer_pending(self, rid: str, rep: Any, data: st.DataObject, label: str) -> None:
             if not managed or rep.node_id is None:
                 if managed and not data.draw(st.booleans(), label=f"{label}: executor places a waiting one itself"):
                     return
-                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=label)))
+                node = self.where(data, label)
+                if node is not None:
+                    self.apply(ReplicaPlaced(replica_id=rid, node_id=node))
                 return
             how = data.draw(st.sampled_from(["as told", "as told", "elsewhere", "failed"]), label=label)
             now = self.later(data, label)
             if how == "failed":
                 self.apply(PlacementFailed(replica_id=rid, node_id=rep.node_id, reason="test", now=now))
             elif how == "elsewhere":
-                self.apply(ReplicaPlaced(replica_id=rid, node_id=data.draw(node_ids, label=f"{label}: node"),
-                                         now=now))
+                node = self.where(data, f"{label}: node")
+                if node is not None:
+                    self.apply(ReplicaPlaced(replica_id=rid, node_id=node, now=now))
             else:
                 self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id, now=now))
 

@@ -304,3 +304,85 @@ def _gone(dep: str, rid: str) -> bool:
     except ValueError:
         return True
     return False
+
+
+# ------------------------------------------------------------ start timeout
+@deployment(name="sleepy", num_replicas=1, ray_actor_options={"num_cpus": 0.05}, start_timeout_s=1.5)
+class Sleepy:
+    def __init__(self, path: str):
+        p = pathlib.Path(path)
+        first = not p.exists()
+        p.write_text("started\n")
+        if first:
+            time.sleep(3600)  # hangs in __init__ the first time
+
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+def test_a_hung_init_is_killed_at_the_start_timeout_and_started_again_on_its_rank(tmp_path):
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": "start timeout"})
+    apply(Sleepy, (str(tmp_path / "started"),))
+    assert ask(ctl, "wait_healthy", "sleepy", 60)
+    text = ask(ctl, "drain_trace")
+    recs = records(text)
+    first, second = of(recs, "command", "StartReplica")
+    (stop,) = of(recs, "command", "StopReplica", first["replica"])
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
+    (init,) = of(recs, "command", "InitializeReplica", first["replica"])
+    assert 1.4 <= stop["t"] - init["t"] < 5.0
+    assert of(recs, "event", "ReplicaStopped", first["replica"])
+    assert second["rank"][0] == first["rank"][0] == 0 and second["t"] >= stop["t"]
+    assert _gone("sleepy", first["replica"])
+    trace_ok(text)
+    ask(ctl, "reset")
+
+
+# --------------------------------------------------------- placement timeout
+@deployment(name="blocked", num_replicas=1, ray_actor_options={"num_cpus": 0.05, "num_gpus": 2},
+            placement_timeout_s=1.0)
+class Blocked:
+    def __call__(self):
+        return get_replica_context().rank.rank
+
+
+def test_a_group_that_waits_past_the_placement_timeout_is_removed_and_the_replica_placed_again():
+    """A plain actor (no placement group: invisible to the core's books) holds 3
+    of the 4 GPUs: the replica's group waits for room; the core gives that
+    placement up after placement_timeout_s (StopReplica, 0 s), the controller
+    removes the pending group and answers ReplicaStopped; once the GPUs are
+    free, the replacement is placed."""
+    import ray
+
+    ctl = get_controller()
+    ask(ctl, "reset")
+    ask(ctl, "record", {"scenario": "placement timeout"})
+    hog = ray.remote(num_gpus=3, num_cpus=0)(Ghost).remote()
+    ray.get(hog.__ray_ready__.remote(), timeout=30)
+    apply(Blocked)
+    text = ""
+
+    def stopped() -> bool:
+        nonlocal text
+        text += ask(ctl, "drain_trace")
+        return '"type":"ReplicaStopped"' in text
+
+    assert wait_for(stopped, timeout=30)
+    ray.kill(hog)
+    assert ask(ctl, "wait_healthy", "blocked", 90, timeout=120)
+    text += ask(ctl, "drain_trace")
+    recs = records(text)
+    first = of(recs, "command", "PlaceReplica")[0]
+    rid = first["replica"]
+    (stop,) = of(recs, "command", "StopReplica", rid)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0 and 0.9 <= stop["t"] - first["t"] < 4.0
+    assert of(recs, "event", "ReplicaStopped", rid) and not of(recs, "event", "ReplicaPlaced", rid)
+    assert not of(recs, "event", "PlacementFailed")  # waiting for room is no refusal
+    groups = [g for g in ray.util.placement_group_table().values() if g["name"].endswith(":" + rid)]
+    assert groups and all(g["state"] == "REMOVED" for g in groups)
+    (now,) = ask(ctl, "ranks", "blocked").values()
+    assert now[0] == 0
+    trace_ok(text)
+    ask(ctl, "reset")

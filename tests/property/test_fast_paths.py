@@ -94,13 +94,20 @@ def test_a_crash_takes_the_fast_path_and_agrees() -> None:
     fast = fastpaths.crashed(s, crash)
     assert fast is not None
     assert fast == core.general_step(s, crash)
-    start, place2 = fast.commands
+    start, place2, tick = fast.commands  # (and the replacement's placement deadline)
+    assert tick == rc.ScheduleTick(at=3.0 + rc.options.PLACEMENT_TIMEOUT_S)
+    assert fast.state.cluster.deadlines[start.replica_id] == tick.at
     assert isinstance(start, rc.StartReplica) and start.replaces == rid and start.global_rank == place.rank.rank
     assert isinstance(place2, rc.PlaceReplica) and place2.node_id == place.node_id and place2.rank == place.rank
     assert fast.state.cluster.held[start.replica_id] == s.cluster.held[rid]
     assert rid not in fast.state.index and fast.state.next_replica == s.next_replica + 1
     # a suspect crash, a gang or a waiting queue: the general path
     assert fastpaths.crashed(s, rc.ReplicaCrashed(replica_id=rid, cause="exited", now=3.0)) is None
+    # a failed start (its restart backoff): the general path
+    starting = rc.step(s, crash).state
+    new = fast.commands[0].replica_id
+    starting = rc.step(starting, rc.ReplicaPlaced(replica_id=new, node_id=place.node_id, now=4.0)).state
+    assert fastpaths.crashed(starting, rc.ReplicaCrashed(replica_id=new, cause="error", now=5.0)) is None
 
 
 def test_the_fast_paths_decline_what_they_do_not_cover() -> None:

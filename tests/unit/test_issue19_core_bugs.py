@@ -285,3 +285,34 @@ def test_a_release_still_unblocks_the_longest_waiting(monkeypatch) -> None:
     assert [rid for rid in after.queue if rid in after.queued] == [f"a#{i}" for i in range(2, 51)]
     seen.clear()
     assert _step(result.state, rc.Tick(now=1.0)).commands == () and seen == []  # blocked: no walk
+
+
+# ------------------------------------------------------------------ bug 6
+def _managed_one(placement_timeout_s=None):
+    state = rc.State()
+    for n in ("n0", "n1"):
+        state = rc.step(state, rc.NodeJoined(node_id=n, resources={"GPU": 1})).state
+    return rc.step(state, rc.DeploymentApplied(name="a", num_replicas=1, resources={"GPU": 1},
+                                               placement_timeout_s=placement_timeout_s)).state
+
+
+def test_replica_placed_on_a_node_that_never_joined_is_refused_and_the_state_kept():
+    state = _managed_one()
+    with pytest.raises(rc.InvalidEvent, match=r"'a#0' placed on node 'ghost', which never joined .*NodeJoined first"):
+        rc.step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="ghost"))
+    assert state.replica("a#0").phase is rc.Phase.PENDING and state.replica("a#0").node_id == "n0"
+
+
+def test_replica_placed_on_a_node_reported_lost_died_with_it_and_is_replaced():
+    state = _managed_one()
+    state = rc.step(state, rc.NodeLost(node_id="n1")).state  # the executor raced: it was placed on n1 as n1 went
+    result = rc.step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="n1"))
+    check_step(state, rc.ReplicaPlaced(replica_id="a#0", node_id="n1"), result, full=True)
+    starts = [c for c in result.commands if isinstance(c, rc.StartReplica)]
+    assert [(c.replaces, c.global_rank) for c in starts] == [("a#0", 0)]
+    assert "a#0" not in result.state.index
+    places = [c.node_id for c in result.commands if isinstance(c, rc.PlaceReplica)]
+    assert places == ["n0"]
+    # the node joins again: it is no longer lost, and placing there is an ordinary answer
+    state = rc.step(result.state, rc.NodeJoined(node_id="n1", resources={"GPU": 1})).state
+    assert "n1" not in state.cluster.lost
