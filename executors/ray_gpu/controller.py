@@ -221,9 +221,6 @@ class Controller:
     #: how long a recovering controller waits for a replica's report; one that has
     #: not answered by then is reported unresponsive (``RANKCORE_REPORT_TIMEOUT_S``)
     report_timeout_s = float(os.environ.get("RANKCORE_REPORT_TIMEOUT_S", "30"))
-    #: how long a stop waits, after its kill, for Ray to confirm the process died
-    #: before answering ``ReplicaStopped`` anyway
-    kill_confirm_s = 5.0
 
     def __init__(self) -> None:
         raw = internal_kv._internal_kv_get(_KV_EPOCH)
@@ -930,16 +927,21 @@ class Controller:
         except Exception as exc:
             return f"placement group refused: {exc}"
         self.pgs[rid] = pg
+        ready = asyncio.ensure_future(pg.ready())
         try:
-            # (pg.wait asks the GCS, in a thread; pg.ready() would run a task in the group,
-            # which first needs a worker process started there)
-            while not await asyncio.to_thread(pg.wait, self.group_poll_s):
+            while True:
+                done, _ = await asyncio.wait([ready], timeout=self.group_poll_s)
+                if done:
+                    ready.result()
+                    return None
                 refused = _group_refused(pg, node)
                 if refused is not None:
                     return refused
         except Exception as exc:
             return f"placement group failed: {exc}"
-        return None
+        finally:
+            if not ready.done():
+                ready.cancel()
 
     def _release_pg(self, rid: str) -> None:
         pg = self.pgs.pop(rid, None)
@@ -1098,7 +1100,7 @@ class Controller:
         cancelled; one that may hold calls (initialised) is drained for up to
         ``graceful_shutdown_timeout_s`` (``_drain``); any other, or with a 0 s
         timeout, is killed here and now, its group removed, before the step's
-        next command runs. ``ReplicaStopped`` follows once Ray has seen it die."""
+        next command runs. ``ReplicaStopped`` follows."""
         rid = cmd.replica_id
         self.stopping.add(rid)
         self._cancel_chain(rid)
@@ -1125,13 +1127,9 @@ class Controller:
         await self._stopped(rid, self._kill(rid))
 
     async def _stopped(self, rid: str, actor: Any) -> None:
-        """Answer ``ReplicaStopped`` once Ray has seen the killed actor die (a
-        pending call on it fails), waiting at most ``kill_confirm_s``."""
-        if actor is not None:
-            try:
-                await asyncio.wait_for(actor.watch.remote(), timeout=self.kill_confirm_s)
-            except Exception:  # died (or no word in time)
-                pass
+        """Answer ``ReplicaStopped``: the kill and the removal of its group are
+        sent (Ray frees the group's resources, and kills what runs in it, with
+        the removal)."""
         self._feed(rc.ReplicaStopped(replica_id=rid, now=self._now()))
 
     # ------------------------------------------------------------------ API
