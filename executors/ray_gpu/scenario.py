@@ -26,6 +26,8 @@ others at the end.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from typing import IO, Any, cast
 
@@ -42,7 +44,7 @@ from .static import StaticPlacementConfig
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
 
-RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "crash_controller", "wait_until_healthy", "wait")
+RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "hang", "crash_controller", "wait_until_healthy", "wait")
 NODE_ACTIONS = ("lose_node", "add_node")  # on a ScenarioCluster only
 #: how long the controller may take to see an action's effect before the run fails
 OBSERVE_TIMEOUT_S = 60.0
@@ -53,8 +55,29 @@ class UnsupportedOnRay(ValueError):
 
 
 class NoReconfigure:
+    """The scenario's replica. ``start_failures``: the deployment's first N
+    constructions raise (a crash loop), counted across actors by files made
+    with O_EXCL in ``fail_dir``; ``hang()`` makes its health checks fail from
+    then on (the scenario's ``hang``: the simulator's hung replica)."""
+
+    def __init__(self, fail_dir: str | None = None, start_failures: int = 0) -> None:
+        self.hung = False
+        for k in range(start_failures):
+            try:
+                os.close(os.open(os.path.join(fail_dir or ".", f"start-{k}"), os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            raise RuntimeError(f"start_failures: construction {k + 1} of {start_failures} raises")
+
     def __call__(self) -> Any:
         return get_replica_context().rank.rank
+
+    def hang(self) -> None:
+        self.hung = True
+
+    def check_health(self) -> None:
+        if self.hung:
+            raise RuntimeError("hung (the scenario's hang action)")
 
 
 class PlainReconfigure(NoReconfigure):
@@ -114,9 +137,8 @@ def _sim_only_faults(sc: Scenario) -> list[str]:
         out.append(f"faults.{key} (random node loss)")
     if sc.cluster_node_loss_rate > 0:
         out.append("faults.node_loss_per_cluster_day (random node loss)")
-    if "start_timeout" in given:
-        out.append("faults.start_timeout (the Ray executor takes no start timeout yet: a start waits as long "
-                   "as it takes)")
+    out += [f"cluster.nodes {n.name}: unreported_gpus (Ray reports what is really free: the core cannot be "
+            f"wrong about it there)" for n in sc.nodes if n.unreported_gpus > 0]
     return out
 
 
@@ -203,6 +225,7 @@ class _RayTarget:
         self.controller_back = 0.0  # monotonic time before which the crashed controller is left alone
         self.down = False  # the controller is down (crashed, not yet recovered)
         self.results: list[tuple[str, bool, str]] = []  # the runner's own, as the simulator's
+        self.fail_dir = tempfile.mkdtemp(prefix="rankcore-start-failures-")  # (start_failures' counters)
 
     def note(self, type_: str, fields: dict) -> None:
         """A fault record in the trace. While the controller is down the fault
@@ -238,13 +261,15 @@ class _RayTarget:
         return Deployment(cls=CLASSES[spec.reconfigure], name=name, num_replicas=num_replicas,
                           user_config=user_config, ray_actor_options=opts, max_replicas=spec.max_replicas,
                           gang_size=spec.gang_size, gang_placement=spec.gang_placement,
-                          gang_failure=spec.gang_failure, **where)
+                          gang_failure=spec.gang_failure,
+                          core_options={**dict(spec.options), "start_timeout_s": spec.start_timeout}, **where)
 
     def apply(self, event: Any) -> None:
         d = self.deployment(event.name, event.num_replicas, event.user_config)
         self.applied.add(event.name)
-        ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
-            d.max_ongoing_requests, d.placement, d.max_replicas)
+        init = {"fail_dir": self.fail_dir, "start_failures": self.sc.deployments[event.name].start_failures}
+        ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), init, d.ray_actor_options,
+            d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
 
     def deployed(self, deployment: str) -> bool:
         return deployment in self.applied
@@ -302,7 +327,24 @@ class _RayTarget:
         raise UnsupportedOnRay("place_bundles: Ray cannot move a placement group's bundles")  # (check_supported)
 
     def hang(self, args: dict[str, Any]) -> None:
-        raise UnsupportedOnRay("hang: not on Ray yet")  # (check_supported refuses it: not in RAY_ACTIONS)
+        """The replica's health checks fail from now on; returns once the core gave it up."""
+        rid = args.get("replica")
+        dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
+        if rid is None:
+            rid = _holder(dep, args["rank"])
+        self.note("hang", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
+        try:
+            actor = ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE) if rid is not None else None
+            if actor is not None:
+                ray.get(actor.handle_request.remote("hang", (), {}), timeout=OBSERVE_TIMEOUT_S)
+        except (ValueError, ray.exceptions.RayError):
+            actor = None
+        if actor is None:  # as the simulator says it
+            self.results.append((f"hang {args}", True, "nothing to hang: no serving replica matched"))
+            return
+        if not self.down:  # the core counted its failed checks and gave it up
+            self.observed(f"the hang of {rid}", ask(self.ctl, "wait_gone", rid, OBSERVE_TIMEOUT_S,
+                                                   timeout=OBSERVE_TIMEOUT_S + 30))
 
     def crash_controller(self, recover_after: float) -> None:
         self.note("controller_crash", {"recover_after": recover_after})
