@@ -32,7 +32,7 @@ from executors.ray_gpu import deployment, get_controller, get_replica_context
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.controller import NAMESPACE, actor_name
 from executors.ray_gpu.replica import ReplicaActor
-from tests.integration.conftest import ray_env
+from tests.integration.conftest import ROOT, ray_env
 from tests.integration.waiting import wait_for
 
 
@@ -386,3 +386,30 @@ def test_a_group_that_waits_past_the_placement_timeout_is_removed_and_the_replic
     assert now[0] == 0
     trace_ok(text)
     ask(ctl, "reset")
+
+
+# ------------------------------------------------- the same scenario, both sides
+@pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale"])
+def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path):
+    """The example scenario of each moved policy, on the simulator and on Ray:
+    the same global ranks per replica lineage (executors.history)."""
+    import io
+
+    from executors.history import rank_history
+    from executors.ray_gpu.scenario import run_on_ray
+    from executors.scenarios import parse_scenario
+    from executors.sim import Simulation
+
+    path = ROOT / "examples" / "scenarios" / f"{name}.yaml"
+    sc = parse_scenario(path.read_text(), str(path))
+    buf = io.StringIO()
+    assert Simulation(sc, trace=buf).run().passed
+    sim = records(buf.getvalue())
+    ask(get_controller(), "reset")
+    out = tmp_path / "ray.jsonl"
+    with open(out, "w") as fp:
+        run_on_ray(sc, trace_fp=fp)
+    got = records(out.read_text())
+    assert rank_history(got) == rank_history(sim)
+    trace_ok(out.read_text())
+    ask(get_controller(), "reset")
