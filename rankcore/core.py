@@ -483,8 +483,9 @@ def _deadlines_due(tx: Tx, cl: ClusterTx) -> None:
                 else:
                     dep = crash(tx, dep, current, avoid=current.node_id)
         tx.put(dep)
-    if cl.next_deadline < float("inf"):
-        tx.emit(ScheduleTick(at=cl.next_deadline))
+    at = cl.next_deadline
+    if at < float("inf") and not any(type(c) is ScheduleTick and c.at == at for c in tx.commands):
+        tx.emit(ScheduleTick(at=at))  # (a backoff begun in this step may have asked for it already)
 
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:

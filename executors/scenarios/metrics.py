@@ -16,7 +16,7 @@ LEVELS = ("rank", "node_rank", "local_rank", "any")
 CONTIGUITY = ("rank", "node_rank", "local_rank", "any")
 
 
-_START, _RECONFIGURE = rc.StartReplica, rc.ReconfigureReplica
+_START, _RECONFIGURE, _STOP = rc.StartReplica, rc.ReconfigureReplica, rc.StopReplica
 _RECOVERED, _READY = rc.ControllerRecovered, rc.ReplicaReady
 #: where Deployment.counts keeps the serving phases
 _RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
@@ -215,23 +215,26 @@ class Metrics:
                 m = self._m(comp.deployment)
                 for ch in comp.changes:
                     self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
-        # A replacement of a replica whose start deadline had passed at this
-        # step's time is a timeout (the step's Tick, or the clock an event
-        # carried, expired it), not a crash.
+        # A replica still starting that the core stops at once because its start
+        # deadline had passed at this step's time is a timeout (the step's Tick,
+        # or the clock an event carried, expired it), not a crash; its
+        # replacement may start later (the restart backoff).
         for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
                 m = self._m(cmd.deployment)
                 m.starts += 1
-                if cmd.replaces is not None:
-                    deadlines = before.cluster.deadlines
-                    due = deadlines.get(cmd.replaces) if deadlines else None
-                    if due is not None and due <= t:
-                        m.timeouts += 1
-                    if cmd.lineage is not None:
-                        self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
+                if cmd.replaces is not None and cmd.lineage is not None:
+                    self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif ctype is _RECONFIGURE:
                 self._m(cmd.deployment).reconfigures[cmd.reason] += 1
+            elif ctype is _STOP and not cmd.graceful_shutdown_timeout_s:
+                deadlines = before.cluster.deadlines
+                due = deadlines.get(cmd.replica_id) if deadlines else None
+                if due is not None and due <= t:
+                    old = before.replica(cmd.replica_id)
+                    if old is not None and old.phase is rc.Phase.STARTING:
+                        self._m(cmd.deployment).timeouts += 1
         if kind is _READY and not result.stale and self._crashed_at:
             rid = event.replica_id  # type: ignore[attr-defined]
             name = after.index.get(rid)

@@ -713,3 +713,26 @@ def test_cluster_wide_node_loss_is_validated_and_refused_on_ray() -> None:
     result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "crash-storm.yaml"),
                                        "--set", "faults.node_loss_per_cluster_dya=1"])
     assert result.exit_code == 2 and "node_loss_per_cluster_day" in result.output  # did you mean
+
+
+def test_a_crash_loop_is_unhealthy_while_its_starts_keep_failing_and_backs_off() -> None:
+    """crash-loop-backoff.yaml in the simulator: StartReplicas at 0, 2.1, then 1, 2, 4, 8 s after each
+    failure; UNHEALTHY from the third failure in a row (7.3) to the sixth start's ready (27.6)."""
+    import io
+    import json
+
+    from executors.sim import load_scenario
+
+    sc = load_scenario(ROOT / "examples" / "scenarios" / "crash-loop-backoff.yaml")
+    buf = io.StringIO()
+    sim = Simulation(sc, trace=buf)
+    statuses = []
+    sim.driver.observers.append(lambda t, e, before, result: statuses.append(
+        (t, result.state.deployments["llm"].status) if "llm" in result.state.deployments else (t, None)))
+    assert sim.run().passed
+    starts = [round(r["t"], 1) for r in map(json.loads, buf.getvalue().splitlines())
+              if r.get("type") == "StartReplica"]
+    assert starts == [0.0, 2.1, 5.2, 9.3, 15.4, 25.5]
+    unhealthy = [t for t, s in statuses if s == "UNHEALTHY"]
+    assert unhealthy and min(unhealthy) == pytest.approx(7.3) and max(unhealthy) < 27.6
+    assert statuses[-1][1] == "HEALTHY"
