@@ -197,11 +197,14 @@ expect:
 
 @pytest.mark.parametrize("extra, named", [
     ("duration: 100\nfaults: {node_mtbf_hours: 1000}\n", "faults.node_mtbf_hours"),
-    ("faults: {start_timeout: 60}\n", "faults.start_timeout"),
+    ("cluster_extra", "unreported_gpus"),
 ])
 def test_what_ray_cannot_run_exits_2_naming_it(tmp_path, extra, named):
     path = tmp_path / "s.yaml"
-    path.write_text(f"name: refused\n{CLUSTER}{extra}deployments: {{llm: {{replicas: 1}}}}\n"
+    cluster = CLUSTER
+    if extra == "cluster_extra":  # a node short of what it reports: Ray reports what is really free
+        cluster, extra = "cluster:\n  nodes:\n    - {name: node-0, gpus: 2, unreported_gpus: 1}\n", ""
+    path.write_text(f"name: refused\n{cluster}{extra}deployments: {{llm: {{replicas: 1}}}}\n"
                     f"timeline: [{{deploy: llm}}]\n")
     res = CliRunner().invoke(main, ["run", str(path), "--executor", "ray"])
     assert res.exit_code == 2, res.output

@@ -54,9 +54,17 @@ def test_same_rank_history_as_the_simulator(path, tmp_path):
     # Node and local ranks follow placement, which differs (the simulator places on
     # the scenario's nodes, local Ray has one node), so expectations that count
     # node/local changes are the simulator's; the rest must hold on Ray too.
+    # A config update held while the controller was down runs right after its
+    # recovery: in the simulator before the replacements' placements land (0.1 s
+    # later), on Ray possibly after (a group pins in milliseconds now that
+    # ReplicaPlaced is sent once the group is placed), and a replacement already
+    # initialised with the old config is reconfigured once ready. The rank history
+    # below must still be the same.
+    held_update = any(a.kind == "crash_controller" for a in sc.timeline)
     placement_bound = {f"expect[{e.index}]" for e in sc.expect
                        if (e.kind == "reassignments" and e.args["level"] != "rank")
-                       or (e.kind == "reconfigures" and e.args["reason"] != "user_config")}
+                       or (e.kind == "reconfigures" and e.args["reason"] != "user_config")
+                       or (e.kind == "reconfigures" and e.args["reason"] == "user_config" and held_update)}
     failed = [(n, d) for n, ok, d in result.expectations if not ok and n.split()[0] not in placement_bound]
     assert not failed, failed
     records = [json.loads(line) for line in trace.read_text().splitlines()]
