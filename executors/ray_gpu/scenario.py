@@ -277,17 +277,22 @@ class _RayTarget:
     def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
         ask(self.ctl, "scale", deployment, replicas, victims)
 
-    def crash(self, args: dict[str, Any]) -> None:
+    def _hit(self, kind: str, args: dict[str, Any]) -> tuple[str | None, str, Any]:
+        """The replica a ``crash``/``hang`` names (by id, or the holder of a rank), noted
+        in the trace as a fault: its id, its actor's name, its actor (None: no such actor)."""
         rid = args.get("replica")
         dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
         if rid is None:
             rid = _holder(dep, args["rank"])
-        self.note("crash", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
+        self.note(kind, {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
         name = actor_name(dep, rid) if rid is not None else ""
         try:
-            actor = ray.get_actor(name, namespace=NAMESPACE) if rid is not None else None
+            return rid, name, ray.get_actor(name, namespace=NAMESPACE) if rid is not None else None
         except ValueError:
-            actor = None
+            return rid, name, None
+
+    def crash(self, args: dict[str, Any]) -> None:
+        rid, name, actor = self._hit("crash", args)
         if actor is None:  # as the simulator says it
             self.results.append((f"crash {args}", True, "nothing to crash: no live replica matched"))
             return
@@ -328,16 +333,11 @@ class _RayTarget:
 
     def hang(self, args: dict[str, Any]) -> None:
         """The replica's health checks fail from now on; returns once the core gave it up."""
-        rid = args.get("replica")
-        dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
-        if rid is None:
-            rid = _holder(dep, args["rank"])
-        self.note("hang", {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
+        rid, _, actor = self._hit("hang", args)
         try:
-            actor = ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE) if rid is not None else None
             if actor is not None:
                 ray.get(actor.handle_request.remote("hang", (), {}), timeout=OBSERVE_TIMEOUT_S)
-        except (ValueError, ray.exceptions.RayError):
+        except ray.exceptions.RayError:
             actor = None
         if actor is None:  # as the simulator says it
             self.results.append((f"hang {args}", True, "nothing to hang: no serving replica matched"))

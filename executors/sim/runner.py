@@ -261,21 +261,21 @@ class Simulation:
     def deployed(self, deployment: str) -> bool:
         return deployment in self.driver.state.deployments
 
-    def crash(self, args: dict) -> None:
+    def _hit(self, kind: str, args: dict, do: Callable[[str], bool], what: str) -> None:
+        """A ``crash``/``hang``: the replica named (by id, or the holder of a rank), noted in
+        the trace as a fault; nothing matching is a passing line, as on Ray."""
         rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
         if self.trace:
-            self.trace.fault(self.now, "crash", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
-        if rid is None or not self.backend.crash(rid, "scheduled crash", cause="killed"):  # a kill, as on Ray
-            self.results.append(ExpectationResult(None, f"crash {args}", True,
-                                                  "nothing to crash: no live replica matched", self.now))
+            self.trace.fault(self.now, kind, replica=rid, **{k: v for k, v in args.items() if k != "replica"})
+        if rid is None or not do(rid):
+            self.results.append(ExpectationResult(None, f"{kind} {args}", True,
+                                                  f"nothing to {kind}: no {what} replica matched", self.now))
+
+    def crash(self, args: dict) -> None:
+        self._hit("crash", args, lambda rid: self.backend.crash(rid, "scheduled crash", cause="killed"), "live")
 
     def hang(self, args: dict) -> None:
-        rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
-        if self.trace:
-            self.trace.fault(self.now, "hang", replica=rid, **{k: v for k, v in args.items() if k != "replica"})
-        if rid is None or not self.backend.hang(rid):
-            self.results.append(ExpectationResult(None, f"hang {args}", True,
-                                                  "nothing to hang: no serving replica matched", self.now))
+        self._hit("hang", args, self.backend.hang, "serving")
 
     def lose_node(self, node: str) -> None:
         if self.trace:
