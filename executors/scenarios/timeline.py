@@ -87,8 +87,10 @@ def rank_holder(replicas: Iterable[tuple[str, int | None, str]], rank: int) -> s
 
 
 class Desired:
-    """The ``DeploymentApplied`` each deployment is meant to have, as the
-    timeline has set it so far (a scale changes its replica count)."""
+    """The ``DeploymentApplied`` each action means, from the deployment as the
+    timeline has set it so far (a scale changes its replica count, the caller's
+    group its bundles). Not what a recovery starts from: a restarted controller
+    is given the core's own ``rankcore.desired_specs``, persisted at the crash."""
 
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
@@ -126,10 +128,6 @@ class Desired:
             sp = self.applied[name].static_placement
             if sp is not None and node in sp.bundle_nodes:
                 self.applied[name] = attrs.evolve(self.applied[name], static_placement=sp.lose(node))
-
-    def all(self) -> tuple[rc.DeploymentApplied, ...]:
-        """Every desired deployment, by name (what a recovering controller is given)."""
-        return tuple(self.applied[n] for n in sorted(self.applied))
 
 
 class Target(Protocol):

@@ -96,7 +96,8 @@ class Simulation:
         self.metrics = Metrics()
         self.driver.observers.append(self.metrics)
         self.controller_up = True
-        self.desired = Desired(scenario)  # what the timeline wants deployed (a recovery's specs)
+        self.desired = Desired(scenario)  # what each timeline action means
+        self._persisted: tuple[rc.DeploymentApplied, ...] = ()  # the core's specs at a controller crash
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
         self._next_action = 0
@@ -299,6 +300,8 @@ class Simulation:
         if not self.controller_up:
             return
         self.controller_up = False
+        # what a controller persists: the core's own specs (scales folded in), as the Ray controller does
+        self._persisted = rc.desired_specs(self.driver.state)
         self.driver.restart()
         if self.trace:
             self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
@@ -307,7 +310,7 @@ class Simulation:
     def _recover_controller(self) -> None:
         self.controller_up = True
         reports = tuple(self.backend.reports())
-        event = rc.ControllerRecovered(deployments=self.desired.all(),
+        event = rc.ControllerRecovered(deployments=self._recovery_specs(),
                                        reports=reports, next_replica_number=self.backend.started,
                                        next_lineage=self.backend.lineages, nodes=self.backend.joined())
         if self.trace:
@@ -317,6 +320,20 @@ class Simulation:
             held, self._deferred = self._deferred, None
             self._run_action(held)
         self._maybe_unblock()
+
+    def _recovery_specs(self) -> tuple[rc.DeploymentApplied, ...]:
+        """The specs persisted at the crash, each static deployment's bundles read from
+        its group as it is now (a bundle on a node lost meanwhile: none), as the Ray
+        controller reads them from Ray."""
+        out = []
+        for spec in self._persisted:
+            sp = spec.static_placement
+            if sp is not None and spec.name in self.backend.groups:
+                nodes = tuple(b if b is not None and b in self.backend.nodes and self.backend.nodes[b].alive
+                              else None for b in self.backend.groups[spec.name])
+                spec = attrs.evolve(spec, static_placement=sp.with_nodes(nodes))
+            out.append(spec)
+        return tuple(out)
 
     # ---------------------------------------------------------- timeline
     def _schedule_next_action(self) -> None:
