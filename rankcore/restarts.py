@@ -20,9 +20,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import immutables
-
-from .cluster import Cluster
 from .commands import ScheduleTick, StartReplica
 from .lifecycle import Phase
 from .records import evolve, maker
@@ -41,11 +38,6 @@ class Tx(Protocol):
 
     @property
     def cl(self) -> ClusterTx: ...
-
-    @property
-    def view(self) -> Cluster | ClusterTx: ...
-
-    deps: immutables.Map
 
     def emit(self, cmd: object) -> None: ...
 
