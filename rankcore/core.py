@@ -48,8 +48,8 @@ from .recovery import rebuild, unresponsive_gone
 from .scheduling import (
     ClusterTx,
     adopt,
+    answered,
     clear_avoid,
-    disarm,
     enqueue,
     expired,
     forget_failures,
@@ -258,11 +258,7 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
     new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
-    view = tx.view
-    if view.deadlines and rid in view.deadlines:  # its placement deadline
-        cl = tx.cl
-        cl.deadlines, cl.next_deadline = disarm(cl, rid)
-        cl.changed = True
+    answered(tx, rid)  # its placement deadline
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
     tx.emit(initialize(dep, rid))
@@ -273,11 +269,7 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
 def _on_placement_failed(tx: Tx, e: PlacementFailed, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING or rep.node_id != e.node_id:
         return tx.finish(stale=True)  # placed meanwhile, stopped, or an older reservation
-    view = tx.view
-    if view.deadlines and rep.replica_id in view.deadlines:  # its placement deadline: answered
-        cl = tx.cl
-        cl.deadlines, cl.next_deadline = disarm(cl, rep.replica_id)
-        cl.changed = True
+    answered(tx, rep.replica_id)  # its placement deadline
     if dep.static is not None:  # its bundles are fixed: a new incarnation tries them again
         tx.put(crash(tx, dep, rep))
         return tx.finish()
@@ -294,11 +286,7 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
         return tx.finish()
     new = _evolve(rep, phase=phase)
     dep = restarts.started(dep)
-    view = tx.view
-    if view.deadlines and rep.replica_id in view.deadlines:  # its start deadline
-        cl = tx.cl
-        cl.deadlines, cl.next_deadline = disarm(cl, rep.replica_id)
-        cl.changed = True
+    answered(tx, rep.replica_id)  # its start deadline
     if rep.config_version < dep.config_version or rep.rank_update_due:
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
         new, cmd = reconfigure(dep, new, reason)

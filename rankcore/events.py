@@ -147,22 +147,6 @@ def _check_cause(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"got {value!r}")
 
 
-def _positive_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    f.seconds(inst, attribute, value)
-    if value <= 0:
-        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be > 0 seconds, got {value!r}")
-
-
-def _optional_positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        _positive_seconds(inst, attribute, value)
-
-
-def _positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if type(value) is not int or value < 1:
-        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
-
-
 def _check_choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
     def check(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
         if value not in choices:
@@ -211,18 +195,18 @@ class DeploymentApplied:
     # -- health, restarts, shutdown (rankcore.health, rankcore.restarts): Ray Serve's names and defaults
     #: how often the executor checks a running replica, and how long one check may take
     #: (a check not answered in time is reported failed: ``HealthChecked(healthy=False)``)
-    health_check_period_s: float = attrs.field(default=HEALTH_CHECK_PERIOD_S, validator=_positive_seconds)
-    health_check_timeout_s: float = attrs.field(default=HEALTH_CHECK_TIMEOUT_S, validator=_positive_seconds)
+    health_check_period_s: float = attrs.field(default=HEALTH_CHECK_PERIOD_S, validator=f.positive_seconds)
+    health_check_timeout_s: float = attrs.field(default=HEALTH_CHECK_TIMEOUT_S, validator=f.positive_seconds)
     #: this many failed checks in a row: the core stops the replica and replaces it on its rank
     health_check_failure_threshold: int = attrs.field(default=HEALTH_CHECK_FAILURE_THRESHOLD,
-                                                      validator=_positive_int)
+                                                      validator=f.positive_int)
     #: a stop drains calls in flight, looking every ``wait_loop`` s, for up to ``timeout`` s, then kills
     graceful_shutdown_wait_loop_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
                                                        validator=f.seconds)
     graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
     #: a PlaceReplica not answered this many seconds (core clock) after it was sent: the core gives
     #: up on that node (the incarnation is stopped; a replacement avoids the node); None: wait forever
-    placement_timeout_s: float | None = attrs.field(default=PLACEMENT_TIMEOUT_S, validator=_optional_positive)
+    placement_timeout_s: float | None = attrs.field(default=PLACEMENT_TIMEOUT_S, validator=f.optional_positive_seconds)
     #: after the k-th consecutive failed start (its ``__init__`` raised or timed out; k >= 2: the
     #: first is retried at once), the replacement waits ``min(restart_backoff_s * 2**(k-2),
     #: restart_backoff_max_s)`` on the core clock
@@ -230,7 +214,7 @@ class DeploymentApplied:
     restart_backoff_max_s: float = attrs.field(default=RESTART_BACKOFF_MAX_S, validator=f.seconds)
     #: the deployment is UNHEALTHY ("failing to start") after ``min(this, 3 * num_replicas)``
     #: consecutive failed starts; it keeps retrying (with the backoff)
-    max_constructor_retry_count: int = attrs.field(default=MAX_CONSTRUCTOR_RETRY_COUNT, validator=_positive_int)
+    max_constructor_retry_count: int = attrs.field(default=MAX_CONSTRUCTOR_RETRY_COUNT, validator=f.positive_int)
 
     @restart_backoff_max_s.validator
     def _check_backoff(self, attribute: attrs.Attribute, value: float) -> None:

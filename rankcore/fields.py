@@ -170,3 +170,22 @@ def optional_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """None, or a finite number of seconds >= 0."""
     if value is not None:
         seconds(inst, attribute, value)
+
+
+def positive_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A finite number of seconds > 0 (a period, a timeout)."""
+    seconds(inst, attribute, value)
+    if value <= 0:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be > 0 seconds, got {shown(value)}")
+
+
+def optional_positive_seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """None, or a finite number of seconds > 0."""
+    if value is not None:
+        positive_seconds(inst, attribute, value)
+
+
+def positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """An int >= 1 (bools refused)."""
+    if type(value) is not int or value < 1:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be an int >= 1, got {shown(value)}")

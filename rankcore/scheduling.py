@@ -58,7 +58,7 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "avoid_node", "disarm", "expired", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "avoid_node", "answered", "disarm", "expired", "new_node"]
 
 _evolve = evolve  # rankcore.records: no per-call introspection or re-validation
 _INF = math.inf
@@ -536,6 +536,16 @@ def disarm(cl: Cluster | ClusterTx, rid: str) -> tuple[immutables.Map, float]:
     deadlines = deadlines.delete(rid)
     nxt = min(deadlines.values(), default=_INF) if at <= cl.next_deadline else cl.next_deadline
     return deadlines, nxt
+
+
+def answered(tx: Tx, rid: str) -> None:
+    """``rid`` answered in time (placed, ready, refused): its deadline goes (no
+    working copy of the cluster when it has none)."""
+    view = tx.view
+    if view.deadlines and rid in view.deadlines:
+        cl = tx.cl
+        cl.deadlines, cl.next_deadline = disarm(cl, rid)
+        cl.changed = True
 
 
 def expired(cl: ClusterTx) -> list[str]:
