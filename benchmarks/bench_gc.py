@@ -84,30 +84,10 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(ROOT))
     import rankcore as rc
 
+from bench_sim import _GcMeter  # noqa: E402 (bench_sim's collector meter: one copy)
+
 MODES = ("on", "off", "freeze", "threshold")
 PER_NODE = 8
-
-
-class _GcMeter:
-    """Counts collections per generation and the time spent in them (gc.callbacks)."""
-
-    def __init__(self) -> None:
-        self.count = [0, 0, 0]
-        self.seconds = [0.0, 0.0, 0.0]
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            g = info["generation"]
-            self.count[g] += 1
-            self.seconds[g] += time.perf_counter() - self._t0
-
-    def take(self) -> dict:
-        out = {"count": list(self.count), "seconds": list(self.seconds)}
-        self.count, self.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
-        return out
 
 
 def _check(cond: bool, msg: str) -> None:

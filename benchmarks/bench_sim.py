@@ -329,6 +329,12 @@ class _GcMeter:
             self.count[g] += 1
             self.seconds[g] += time.perf_counter() - self._t0
 
+    def take(self) -> dict:
+        """The counts and seconds so far, and start again from zero."""
+        out = {"count": list(self.count), "seconds": list(self.seconds)}
+        self.count, self.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+        return out
+
 
 def _per_event_once(n: int, cycles: int, seed: int) -> dict:
     ans, live = _churn_setup(n)  # healthy, contiguous; live[i] holds global rank i
