@@ -25,7 +25,11 @@ class GangMuter(CoreSubject):
 
 
 def test_the_default_machine_catches_a_wrapper_dropping_gang_changes():
-    with pytest.raises(rc.InvariantViolation, match=r"gang \S+ got new members .* were not told"):
+    # Either check may see the dropped GangChanged first: the gang rule itself, or (when a
+    # deadline's Tick restarts a member inside an answer that carries the clock) the rule
+    # that such a step starts with exactly the Tick's commands.
+    with pytest.raises(rc.InvariantViolation,
+                       match=r"gang \S+ got new members .* were not told|its first commands are not those of Tick"):
         run_state_machine_as_test(make_machine(GangMuter), settings=QUICK)
 
 
