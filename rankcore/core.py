@@ -50,7 +50,6 @@ from .scheduling import (
     adopt,
     answered,
     clear_avoid,
-    enqueue,
     expired,
     forget_failures,
     hold,
@@ -79,6 +78,7 @@ from .transaction import (
     recount,
     remove,
     restart_failed,
+    start_delayed,
     stop_command,
 )
 
@@ -458,9 +458,7 @@ def _deadlines_due(tx: Tx, cl: ClusterTx) -> None:
             if current is None:
                 continue  # restarted with its gang already
             if rid in cl.delayed:  # its backoff is over
-                tx.emit(restarts.release(tx, dep, current))
-                if tx.managed:
-                    enqueue(tx, dep, [rid])
+                dep = start_delayed(tx, dep, current)
             elif current.phase is Phase.STARTING:  # its process hung in __init__
                 tx.emit(stop_command(dep, rid, now=True))
                 dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)

@@ -12,8 +12,11 @@ its start is held in ``Cluster.delayed`` until a Tick reaches its deadline.
 After ``min(max_constructor_retry_count, 3 x target)`` failures in a row the
 deployment is UNHEALTHY (``Deployment.failing_to_start``), as Ray Serve marks it, and retrying goes on.
 
-Gangs and static placement restart at once (a gang is placed whole, a static
-rank has its bundles waiting): the count and the status still apply.
+Gangs and static placement back off the same way. Under ``restart_gang`` every
+member of the gang waits the same backoff (their replacements come due in one
+Tick and are placed whole); a static rank's replacement waits before its
+``StartReplica`` and ``PlaceReplica`` on its bundles (a bundle lost meanwhile
+makes it FAILED: nothing was started, nothing is stopped).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Tx(Protocol):
     @property
     def cl(self) -> ClusterTx: ...
 
+    commands: list
+
     def emit(self, cmd: object) -> None: ...
 
 
@@ -58,7 +63,7 @@ def started(dep: Deployment) -> Deployment:
 def backoff_s(dep: Deployment) -> float:
     """How long the next replacement waits after ``dep.start_failures`` failures in a row."""
     k = dep.start_failures
-    if k <= 1 or dep.gang_size > 1 or dep.static is not None:
+    if k <= 1:
         return 0.0  # the first failure is retried at once (it may have been a fluke)
     o = dep.options
     return min(o.restart_backoff_s * 2.0 ** min(k - 2, 64), o.restart_backoff_max_s)
@@ -71,7 +76,8 @@ def defer(tx: Tx, rid: str, replaces: str, at: float) -> None:
     cl.deadlines = cl.deadlines.set(rid, at)
     cl.next_deadline = min(cl.next_deadline, at)
     cl.changed = True
-    tx.emit(ScheduleTick(at=at))
+    if not any(type(c) is ScheduleTick and c.at == at for c in tx.commands):  # (a gang's members: one Tick)
+        tx.emit(ScheduleTick(at=at))
 
 
 def release(tx: Tx, dep: Deployment, rep: Replica) -> StartReplica:

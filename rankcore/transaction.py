@@ -45,7 +45,7 @@ from .state import (
 
 __all__ = [
     "Tx", "recount", "put_replica", "initialize", "stop_command", "reconfigure", "start", "stop", "reconcile", "remove",
-    "crash", "compact", "by_rank", "fail_member", "fail_static", "restart_failed", "place_static",
+    "crash", "compact", "by_rank", "fail_member", "fail_static", "restart_failed", "place_static", "start_delayed",
     "restart_incomplete_gangs",
 ]
 
@@ -340,10 +340,16 @@ def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
 def _forget(tx: Tx, rid: str) -> None:
     """``rid`` leaves the index (and the cluster's book, when managed)."""
     tx.index = tx.index.delete(rid)
-    if tx.managed:
-        release(tx, rid)
+    _disarm(tx, rid)
     if parse_replica_number(rid) is None:
         tx.retired = tx.retired.set(rid, None)
+
+
+def _disarm(tx: Tx, rid: str) -> None:
+    """What the cluster holds for ``rid`` goes: its booking (when managed), its
+    deadline and restart backoff (kept without a cluster model too)."""
+    if tx.managed or tx.view.deadlines:
+        release(tx, rid)
 
 
 def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:
@@ -427,7 +433,26 @@ def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     if not static.placed(dep.ranks.global_rank(rep.replica_id)):
         return fail_static(tx, dep, rep, stop=False)
     (new_id,) = tx.new_ids(dep.name, 1)
-    return place_static(tx, _succeed(tx, dep, rep, new_id), new_id)
+    delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
+    dep = _succeed(tx, dep, rep, new_id, announce=delay == 0)
+    if delay > 0:
+        restarts.defer(tx, new_id, rep.replica_id, tx.view.now + delay)
+        return dep
+    return place_static(tx, dep, new_id)
+
+
+def start_delayed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """Replacement ``rep`` waited out its restart backoff (``rankcore.restarts``):
+    its StartReplica now, then a node: its bundles (static placement), or the
+    queue (a gang's members come due together and are placed whole)."""
+    tx.emit(restarts.release(tx, dep, rep))
+    if dep.static is not None:
+        return place_static(tx, dep, rep.replica_id)
+    if dep.gang_size > 1:
+        _gang_started(tx, dep)
+    if tx.managed:
+        enqueue(tx, dep, [rep.replica_id])
+    return dep
 
 
 def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:
@@ -435,10 +460,10 @@ def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Dep
     rank, is not replaced or moved, and its process (if any) is stopped."""
     rid = rep.replica_id
     phase = advance(rep.phase, Trigger.BUNDLE_LOST, rid)
-    if tx.managed:
-        release(tx, rid)  # (a start deadline)
+    waiting = rid in tx.view.delayed  # out its restart backoff: never started, nothing to stop
+    _disarm(tx, rid)  # (a start deadline, a restart backoff)
     ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
-    if stop:
+    if stop and not waiting:
         tx.emit(stop_command(dep, rid, now=True))
     return put_replica(dep, rep, _evolve(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
 
@@ -463,7 +488,7 @@ def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         member = dep.replicas.get(rid) if rid is not None else None
         if member is None or member.phase is Phase.STOPPING:
             continue
-        if rid != rep.replica_id:
+        if rid != rep.replica_id and rid not in tx.view.delayed:  # (delayed: never started, nothing to stop)
             tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang
         dep = crash(tx, dep, member)
     return dep

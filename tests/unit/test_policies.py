@@ -260,6 +260,115 @@ def test_a_downscale_drops_a_replacement_waiting_out_its_backoff_without_a_stop(
     assert not c.dep().replicas and rid not in c.state.cluster.delayed and rid not in c.state.cluster.deadlines
 
 
+def _crash_all_starting(c: Core, cmds: tuple, now: float) -> tuple:
+    """Place every replica ``cmds`` placed, then let the first one's __init__ raise at ``now``."""
+    places = [x for x in cmds if isinstance(x, rc.PlaceReplica)]
+    for p in places:
+        c(rc.ReplicaPlaced(replica_id=p.replica_id, node_id=p.node_id, now=now))
+    return c(rc.ReplicaCrashed(replica_id=places[0].replica_id, cause="error", reason="boom", now=now))
+
+
+def test_a_gang_that_keeps_failing_to_start_backs_off_whole_and_is_placed_whole():
+    """restart_gang: the second failed start in a row holds every member's
+    replacement back the same backoff; they come due in one Tick, carry their
+    gang, and are placed together (pack: one node)."""
+    c = Core(("n0", 2), ("n1", 2))
+    cmds = c(rc.DeploymentApplied(name="a", num_replicas=2, gang_size=2, resources={"GPU": 1}))
+    cmds = _crash_all_starting(c, cmds, 100.0)  # the first failure: the gang restarts at once
+    assert kinds(cmds).count("StartReplica") == 2
+    cmds = _crash_all_starting(c, cmds, 100.0)  # the second: both members wait 1 s
+    assert sorted(kinds(cmds)) == ["ScheduleTick", "StopReplica"]  # the member still starting is stopped
+    assert rc.ScheduleTick(at=101.0) in cmds
+    waiting = set(c.dep().replicas)
+    assert len(waiting) == 2 and waiting <= set(c.state.cluster.delayed)
+    assert sorted(c.dep().ranks.global_rank(r) for r in waiting) == [0, 1]
+    assert all(c.rep(r).node_id is None for r in waiting)
+    assert c.state.cluster.nodes["n0"].free["GPU"] == 2.0  # their room is free while they wait
+    cmds = c(rc.Tick(now=101.0))
+    starts = [x for x in cmds if isinstance(x, rc.StartReplica)]
+    assert sorted(s.replica_id for s in starts) == sorted(waiting)
+    assert all(s.gang is not None and set(s.gang.members) == waiting for s in starts)
+    places = [x for x in cmds if isinstance(x, rc.PlaceReplica)]
+    assert len(places) == 2 and len({p.node_id for p in places}) == 1
+    assert not c.state.cluster.delayed
+
+
+def test_a_gang_member_under_restart_replica_backs_off_alone_and_its_gang_is_told():
+    c = Core(("n0", 2))
+    cmds = c(rc.DeploymentApplied(name="a", num_replicas=2, gang_size=2, gang_failure="restart_replica",
+                                  resources={"GPU": 1}))
+    places = [x for x in cmds if isinstance(x, rc.PlaceReplica)]
+    c.up(cmds)  # both ready
+    other = places[1].replica_id
+    cmds = c(rc.ReplicaCrashed(replica_id=places[0].replica_id, cause="error", reason="boom", now=100.0))
+    for _ in range(2):  # its replacement fails to start twice more: the second waits
+        place = next(x for x in cmds if isinstance(x, rc.PlaceReplica))
+        c(rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=100.0))
+        cmds = c(rc.ReplicaCrashed(replica_id=place.replica_id, cause="error", reason="boom", now=100.0))
+    # (the first crash hit a ready replica: not a failed start; then two failed starts in a row)
+    assert kinds(cmds) == ["ScheduleTick"] and c.rep(other).phase is Phase.RUNNING
+    cmds = c(rc.Tick(now=cmds[0].at))
+    (start,) = [x for x in cmds if isinstance(x, rc.StartReplica)]
+    (changed,) = [x for x in cmds if isinstance(x, rc.GangChanged)]
+    assert start.gang is not None and start.gang.members == changed.members and other in changed.members
+
+
+def _static_app(**kw: object) -> rc.DeploymentApplied:
+    sp = rc.StaticPlacement.from_mapping("pg-1", ("n0", "n1"), {0: [0], 1: [1]})
+    return rc.DeploymentApplied(name="a", num_replicas=2, static_placement=sp, resources={"GPU": 1}, **kw)
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_a_static_rank_that_keeps_failing_to_start_backs_off_on_its_bundles(managed):
+    c = Core(("n0", 1), ("n1", 1)) if managed else Core()
+    cmds = c(_static_app())
+    now = 100.0
+    for k in (1, 2, 3):
+        place = next(x for x in cmds if isinstance(x, rc.PlaceReplica) and x.rank.rank == 1)
+        c(rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=now))
+        cmds = c(rc.ReplicaCrashed(replica_id=place.replica_id, cause="error", reason="boom", now=now))
+        assert c.dep().start_failures == k
+        if k == 1:
+            assert kinds(cmds) == ["StartReplica", "PlaceReplica"]
+            continue
+        assert kinds(cmds) == ["ScheduleTick"] and cmds[0].at == now + 2.0 ** (k - 2)
+        now = cmds[0].at
+        (rid,) = [r for r in c.dep().replicas if c.dep().ranks.global_rank(r) == 1]
+        assert rid in c.state.cluster.delayed and c.rep(rid).node_id is None
+        cmds = c(rc.Tick(now=cmds[0].at))
+        assert kinds(cmds)[:2] == ["StartReplica", "PlaceReplica"]
+        assert (cmds[1].node_id, cmds[1].bundles, cmds[1].group) == ("n1", (1,), "pg-1")
+
+
+def test_a_static_rank_waiting_out_its_backoff_fails_without_a_stop_when_its_bundle_goes():
+    c = Core()
+    cmds = c(_static_app())
+    for _ in range(2):
+        place = next(x for x in cmds if isinstance(x, rc.PlaceReplica) and x.rank.rank == 1)
+        c(rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=100.0))
+        cmds = c(rc.ReplicaCrashed(replica_id=place.replica_id, cause="error", reason="boom", now=100.0))
+    (rid,) = c.state.cluster.delayed.keys()
+    cmds = c(rc.BundlesPlaced(deployment="a", bundle_nodes=("n0", None)))
+    assert not any(isinstance(x, rc.StopReplica) for x in cmds)  # nothing was started
+    assert c.rep(rid).phase is Phase.FAILED
+    assert rid not in c.state.cluster.delayed and rid not in c.state.cluster.deadlines
+    assert c(rc.Tick(now=200.0)) == ()  # no start comes due
+    cmds = c(rc.BundlesPlaced(deployment="a", bundle_nodes=("n0", "n1")))
+    assert kinds(cmds) == ["StartReplica", "PlaceReplica"]  # back with its bundles, no backoff
+
+
+def test_without_a_cluster_model_a_downscale_drops_the_backoff_too():
+    c = Core()
+    cmds = c(deploy(1))
+    for _ in range(2):
+        c(rc.ReplicaPlaced(replica_id=cmds[0].replica_id, node_id="n0", now=100.0))
+        cmds = c(rc.ReplicaCrashed(replica_id=cmds[0].replica_id, cause="error", reason="boom", now=100.0))
+        cmds = tuple(x for x in cmds if isinstance(x, rc.StartReplica)) or cmds
+    (rid,) = c.state.cluster.delayed.keys()
+    c(rc.ScaleRequested(deployment="a", num_replicas=0))
+    assert not c.dep().replicas and not c.state.cluster.delayed and not c.state.cluster.deadlines
+
+
 def test_status_is_updating_while_not_healthy_and_unhealthy_for_a_failed_static_rank():
     c = Core(("n0", 2))
     c(deploy(1))
