@@ -53,6 +53,11 @@ _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (
 #: adopts the starts under way and knows which replicas died while it was down
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
+#: Fault injection only (the scenario runner's ``unreported_gpus``): a placement group
+#: whose name starts so is left out of ``held_by_callers``, so its node offers the core
+#: GPUs the group holds; the core believes in room that is not there, and a placement
+#: it aims there waits for room until its placement timeout. Never name a real group so.
+UNSEEN_GROUP_PREFIX = "rankcore-fault-unseen:"
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
 CORE_OPTIONS: tuple[str, ...] = (*rc.options.OPTION_NAMES, "start_timeout_s")
 
@@ -78,10 +83,11 @@ def held_by_callers(table: dict) -> dict[str, dict[str, float]]:
     make hold there (``ray.util.placement_group_table()``: a trainer's group,
     a static deployment's caller's group). A removed group, or a bundle not
     placed, holds nothing. rankcore's own groups (``rankcore:<deployment>:<id>``)
-    are left out: the core booked them itself."""
+    are left out: the core booked them itself; so are the fault-injection groups
+    (``UNSEEN_GROUP_PREFIX``), which hold what the core must not be told about."""
     held: dict[str, dict[str, float]] = {}
     for info in table.values():
-        if (info.get("name") or "").startswith("rankcore:") or info.get("state") == "REMOVED":
+        if (info.get("name") or "").startswith(("rankcore:", UNSEEN_GROUP_PREFIX)) or info.get("state") == "REMOVED":
             continue
         where = info.get("bundles_to_node_id") or {}
         for index, bundle in (info.get("bundles") or {}).items():
