@@ -41,6 +41,7 @@ from .events import (
     Tick,
 )
 from .fastpaths import FAST_PATHS
+from .fields import shown
 from .lifecycle import Phase, Trigger, advance
 from .options import Options
 from .records import evolve
@@ -198,17 +199,17 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     if dep.static is not None and e.num_replicas not in (0, dep.static.replicas):
         raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
                             f"mapping's length ({dep.static.replicas}, or 0 to shut it down); "
-                            f"got num_replicas={e.num_replicas}")
+                            f"got num_replicas={shown(e.num_replicas)}")
     if dep.gang_size > 1:
         if e.num_replicas % dep.gang_size:
-            raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is not a multiple of "
+            raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={shown(e.num_replicas)} is not a multiple of "
                                 f"its gang_size={dep.gang_size} (gangs start and stop whole)")
         if e.victims:
             raise InvalidEvent(f"ScaleRequested({dep.name!r}): a gang deployment removes whole gangs from the "
                                f"top ranks; victims cannot be named")
     if e.num_replicas > dep.max_replicas:
         raise InvalidConfig(
-            f"ScaleRequested({dep.name!r}).num_replicas={e.num_replicas} is above the deployment's "
+            f"ScaleRequested({dep.name!r}).num_replicas={shown(e.num_replicas)} is above the deployment's "
             f"max_replicas={dep.max_replicas} (raise it with DeploymentApplied.max_replicas if you mean it)"
         )
     for v in e.victims:
@@ -220,7 +221,7 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     if e.victims and len(e.victims) > dep.active - e.num_replicas:
         raise InvalidEvent(
             f"ScaleRequested: {len(e.victims)} victims named, but scaling {dep.name!r} "
-            f"from {dep.active} to {e.num_replicas} stops {max(dep.active - e.num_replicas, 0)}"
+            f"from {dep.active} to {shown(e.num_replicas)} stops {max(dep.active - e.num_replicas, 0)}"
         )
     if e.num_replicas != dep.target:
         dep = _evolve(dep, target=e.num_replicas)

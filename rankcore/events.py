@@ -96,11 +96,11 @@ def _check_max_replicas(inst: DeploymentApplied, attribute: attrs.Attribute, val
     if type(value) is not int or value < 1:
         raise InvalidConfig(f"DeploymentApplied.max_replicas must be a positive int, got {value!r}")
     if value > MAX_RANKS:
-        raise InvalidConfig(f"DeploymentApplied.max_replicas={value} is above the rank space ({MAX_RANKS})")
+        raise InvalidConfig(f"DeploymentApplied.max_replicas={f.shown(value)} is above the rank space ({MAX_RANKS})")
     if inst.num_replicas > value:
         raise InvalidConfig(
-            f"DeploymentApplied({inst.name!r}).num_replicas={inst.num_replicas} is above "
-            f"max_replicas={value} (raise max_replicas if you mean it)"
+            f"DeploymentApplied({inst.name!r}).num_replicas={f.shown(inst.num_replicas)} is above "
+            f"max_replicas={f.shown(value)} (raise max_replicas if you mean it)"
         )
 
 
@@ -126,7 +126,7 @@ def _check_static(inst: DeploymentApplied, attribute: attrs.Attribute, value: St
                             f"rankcore.StaticPlacement, got {type(value).__name__}")
     if inst.num_replicas not in (0, value.replicas):
         raise InvalidConfig(
-            f"DeploymentApplied({inst.name!r}): num_replicas={inst.num_replicas}, but static placement maps "
+            f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)}, but static placement maps "
             f"{value.replicas} ranks (the replica count is fixed to the mapping's length, or 0 to shut it down)")
 
 
@@ -134,7 +134,7 @@ def _check_gang_size(inst: DeploymentApplied, attribute: attrs.Attribute, value:
     if type(value) is not int or value < 1:
         raise InvalidConfig(f"DeploymentApplied({inst.name!r}).gang_size must be an int >= 1, got {value!r}")
     if value > 1 and inst.num_replicas % value:
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={inst.num_replicas} is not a "
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)} is not a "
                             f"multiple of gang_size={value} (gangs start and stop whole)")
     if value > 1 and inst.static_placement is not None:
         raise InvalidConfig(f"DeploymentApplied({inst.name!r}): static_placement and gang_size > 1 do not mix "
@@ -363,7 +363,7 @@ class NodeJoined:
     node_id: str = attrs.field(validator=f.name)
     resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
     labels: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=f.to_labels, validator=f.labels)
-    order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+    order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.order))
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

@@ -67,6 +67,18 @@ def count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a non-negative int, got {shown(value)}")
 
 
+#: the largest value a tie-breaking int may take (a node's ``order``): what a
+#: 64-bit scheduler would hold; a 400-digit order is a mistake, not a preference
+MAX_ORDER = 2**63 - 1
+
+
+def order(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A non-negative int no larger than ``MAX_ORDER``."""
+    count(inst, attribute, value)
+    if value > MAX_ORDER:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be at most 2**63 - 1, got {shown(value)}")
+
+
 def flag(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if type(value) is not bool:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a bool, got {shown(value)}")

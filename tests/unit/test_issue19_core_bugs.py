@@ -204,6 +204,28 @@ def test_error_messages_cut_huge_values_short() -> None:
         rc.ReplicaRank(rank=-(10**5000), node_rank=0, local_rank=0)
 
 
+@pytest.mark.parametrize("n", [10**400, 10**5000], ids=["400-digits", "5000-digits"])
+def test_a_huge_replica_count_is_refused_with_a_short_message(n: int) -> None:
+    """num_replicas over max_replicas named, cut short (a 5,000-digit int made
+    the message itself raise ValueError; a 400-digit one flooded it)."""
+    with pytest.raises(rc.InvalidConfig, match="is above max_replicas") as info:
+        rc.DeploymentApplied(name="x", num_replicas=n)
+    assert "num_replicas=an int of about" in str(info.value) and len(str(info.value)) < 200
+    with pytest.raises(rc.InvalidConfig, match="is above the rank space") as info:
+        rc.DeploymentApplied(name="x", num_replicas=1, max_replicas=n)
+    assert len(str(info.value)) < 200
+    st = rc.step(rc.State(), rc.DeploymentApplied(name="x", num_replicas=0)).state
+    with pytest.raises(rc.InvalidConfig, match="above the deployment's max_replicas") as info:
+        rc.step(st, rc.ScaleRequested(deployment="x", num_replicas=n))
+    assert len(str(info.value)) < 200
+
+
+def test_a_node_order_beyond_64_bits_is_refused() -> None:
+    assert rc.NodeJoined(node_id="n", resources={}, order=2**63 - 1).order == 2**63 - 1
+    with pytest.raises(rc.InvalidConfig, match=r"NodeJoined.order must be at most 2\*\*63 - 1, got an int of about"):
+        rc.NodeJoined(node_id="n", resources={}, order=10**400)
+
+
 # ------------------------------------------------------------------ bug 7
 def _scenario_warnings(start: float, ready: float, timeout: float) -> tuple[str, ...]:
     from executors.scenarios.format import parse_scenario
