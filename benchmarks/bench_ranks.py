@@ -78,8 +78,9 @@ import platform
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 try:
     import rankcore
@@ -87,7 +88,7 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import rankcore
 
-from rankcore.ranks import RankTable, ReplicaRank
+from rankcore.ranks import RankTable
 
 CHURN_STEPS = 10_000
 LEVELS = ("rank", "node_rank", "local_rank", "replicas")
@@ -240,7 +241,7 @@ def run_ours(inp: dict) -> dict:
     # by the harness would pin all 10,000 intermediate versions (not what a
     # controller doing ``t = t.replace(...)`` does) and inflate GC work.
     box = [t]
-    del t
+    t = None  # (only the box holds it now)
     dt, t = _timed(lambda: w2(box.pop()))
     res["W2"] = {"seconds": dt, "ops": len(churn)}
     w2_snapshot = _ours_snapshot(t)
@@ -282,7 +283,7 @@ def run_ours(inp: dict) -> dict:
     res["W5"] = {"seconds": dt, "ops": len(regrow)}
     _check(len(t5) == n - len(half) + len(regrow), "ours W5: wrong replica count")
     _check(t5.is_contiguous(), f"ours W5: not contiguous after re-grow ({t5.lower_bound()})")
-    del t, t5
+    t = t5 = None  # (freed before W4 builds its own tables)
 
     # W4: recovery of a fresh W1-style table (reports built untimed).
     fresh = RankTable().assign_many(pairs)
@@ -371,7 +372,7 @@ def run_ray(inp: dict, ray_mod: tuple) -> dict:
 
     dt, _ = _timed(w5)
     res["W5"] = {"seconds": dt, "ops": len(regrow)}
-    del mgr
+    mgr = None
 
     # W4: the same reports, as Ray's rank records (built untimed).
     items = [
@@ -457,7 +458,7 @@ def print_size(n: int, k: int, seed: int, rows: dict, ours: dict, ray: dict | No
     print()
     print(f"N = {n:,} replicas over {k:,} nodes (seed {seed})" + ("" if ray else "  [rankcore only]"))
     body = []
-    for key, row in rows.items():
+    for row in rows.values():
         body.append([
             row["label"],
             f"{row['ops']:,}",

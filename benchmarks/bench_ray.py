@@ -90,7 +90,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -419,7 +420,7 @@ def step_crash(system: Any, n: int, repeats: int, timeout: float, ranks: dict, r
         known = frozenset(ranks)
         failed = 0
 
-        def replaced() -> Any:
+        def replaced(target: int = target, victim: str = victim) -> Any:
             nonlocal failed
             answers, errs = poll(system, 3 * n)
             failed += errs

@@ -83,8 +83,9 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 try:
     import rankcore as rc
@@ -92,8 +93,8 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import rankcore as rc
 
-from executors.sim.runner import Simulation
 from executors.scenarios import Scenario, load_scenario, parse_scenario
+from executors.sim.runner import Simulation
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DAY = ROOT / "examples" / "scenarios" / "day-of-churn-1000.yaml"
