@@ -235,6 +235,14 @@ class Metrics:
                     old = before.replica(cmd.replica_id)
                     if old is not None and old.phase is rc.Phase.STARTING:
                         self._m(cmd.deployment).timeouts += 1
+        delayed = after.cluster.delayed
+        if delayed is not before.cluster.delayed:
+            # A replacement held back by the restart backoff: its StartReplica
+            # comes later, but its wait began now, with the failure.
+            for rid in delayed:
+                if rid not in before.cluster.delayed:
+                    name = after.index[rid]
+                    self._crashed_at.setdefault((name, after.deployments[name].replicas[rid].lineage), t)
         if kind is _READY and not result.stale and self._crashed_at:
             rid = event.replica_id  # type: ignore[attr-defined]
             name = after.index.get(rid)

@@ -26,3 +26,39 @@ def test_reassignments_compares_with_what_a_replica_said(tmp_path):
     m = Metrics()
     m(0.0, event, rc.State(), rc.step(rc.State(), event))
     assert m.deployments["app"].reassignments == {"rank": 0, "node_rank": 0, "local_rank": 1, "any": 1}
+
+
+def test_crash_to_ready_counts_from_the_failure_not_from_a_backed_off_start():
+    """Once starts keep failing, a replica's first failure already holds its
+    replacement back (the backoff is the deployment's): its wait begins with
+    the failure, not with the later StartReplica."""
+    from executors.scenarios import Metrics
+
+    m = Metrics()
+    st = rc.State()
+
+    def feed(t: float, event: object) -> tuple:
+        nonlocal st
+        res = rc.step(st, event)
+        m(t, event, st, res)
+        st = res.state
+        return res.commands
+
+    def holder(rank: int) -> str:
+        dep = st.deployments["app"]
+        return next(r for r in dep.replicas if dep.ranks.global_rank(r) == rank)
+
+    feed(0.0, rc.Tick(now=0.0))
+    feed(0.0, rc.NodeJoined(node_id="n0", resources={"GPU": 2}))
+    feed(0.0, rc.DeploymentApplied(name="app", num_replicas=2, resources={"GPU": 1}))
+    for t in (1.0, 2.0):  # rank 0 fails to start twice: the second waits 1 s
+        feed(t, rc.ReplicaPlaced(replica_id=holder(0), node_id="n0", now=t))
+        feed(t, rc.ReplicaCrashed(replica_id=holder(0), cause="error", now=t))
+    feed(3.0, rc.Tick(now=3.0))
+    feed(3.0, rc.ReplicaPlaced(replica_id=holder(1), node_id="n0", now=3.0))
+    cmds = feed(3.0, rc.ReplicaCrashed(replica_id=holder(1), cause="error", now=3.0))  # its first failure
+    assert [type(c) for c in cmds] == [rc.ScheduleTick] and cmds[0].at == 5.0  # the third in a row: 2 s
+    feed(5.0, rc.Tick(now=5.0))
+    feed(5.5, rc.ReplicaPlaced(replica_id=holder(1), node_id="n0", now=5.5))
+    feed(6.0, rc.ReplicaReady(replica_id=holder(1)))
+    assert m.deployments["app"].crash_to_ready == [3.0]  # 3.0 -> 6.0 (not 5.0 -> 6.0)
