@@ -161,7 +161,11 @@ def _event_record(t: float, event: object, before: rc.State, result: rc.Step) ->
             phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
     fields = {} if isinstance(event, rc.ControllerRecovered) else jsonable(event)
     if isinstance(event, rc.ControllerRecovered):
-        fields = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports)}
+        named = {d.name for d in event.deployments}
+        fields = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
+                  "unresponsive": sorted(u.replica_id for u in event.unresponsive),
+                  "unknown": sorted(r.replica_id for r in (*event.reports, *event.unresponsive)
+                                    if r.deployment not in named)}
     return {
         "kind": "event",
         "t": t,

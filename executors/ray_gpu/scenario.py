@@ -3,13 +3,14 @@
 Supported: every deployment key (gangs; a static placement runs on a
 placement group this runner makes for it before the timeline starts, as the
 simulator's caller's group exists from the start), and the actions deploy,
-scale, update_config, crash (by replica or rank), crash_controller,
-wait_until_healthy, wait; lose_node/add_node when run on a
-``ScenarioCluster`` (a local multi-node Ray shaped like the scenario's
-``cluster:``; there replicas ask for the scenario's GPUs and spread or pack as
-its ``placement`` says). What only the simulator can do (random crashes, node
-losses and hung starts, a start timeout, ``place_bundles``) is refused by
-``check_supported``, naming it.
+scale, update_config, crash (by replica or rank), hang (the replica's process
+is frozen), orphan (a replica actor of a deployment no spec names),
+crash_controller, wait_until_healthy, wait; lose_node/add_node and a node's
+``unreported_gpus`` when run on a ``ScenarioCluster`` (a local multi-node Ray
+shaped like the scenario's ``cluster:``; there replicas ask for the scenario's
+GPUs and spread or pack as its ``placement`` says). What only the simulator
+can do (random crashes, node losses and hung starts, ``place_bundles``) is
+refused by ``check_supported``, naming it.
 
 An action completes only once the controller has seen its effect: a crash
 once it fed the replica's death to the core, a node loss or join once the
@@ -27,6 +28,7 @@ others at the end.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import time
 from typing import IO, Any, cast
@@ -39,12 +41,14 @@ from ..scenarios.timeline import plan, rank_holder
 from .api import Deployment, ask, get_controller
 from .cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .context import get_replica_context
-from .controller import NAMESPACE, actor_name, queue_fault
+from .controller import NAMESPACE, UNSEEN_GROUP_PREFIX, actor_name, queue_fault
+from .replica import ReplicaActor
 from .static import StaticPlacementConfig
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
 
-RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "hang", "crash_controller", "wait_until_healthy", "wait")
+RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "hang", "orphan", "crash_controller", "wait_until_healthy",
+               "wait")
 NODE_ACTIONS = ("lose_node", "add_node")  # on a ScenarioCluster only
 #: how long the controller may take to see an action's effect before the run fails
 OBSERVE_TIMEOUT_S = 60.0
@@ -57,11 +61,10 @@ class UnsupportedOnRay(ValueError):
 class NoReconfigure:
     """The scenario's replica. ``start_failures``: the deployment's first N
     constructions raise (a crash loop), counted across actors by files made
-    with O_EXCL in ``fail_dir``; ``hang()`` makes its health checks fail from
-    then on (the scenario's ``hang``: the simulator's hung replica)."""
+    with O_EXCL in ``fail_dir``. ``pid()``: its process, which the scenario's
+    ``hang`` freezes (``_freeze``)."""
 
     def __init__(self, fail_dir: str | None = None, start_failures: int = 0) -> None:
-        self.hung = False
         for k in range(start_failures):
             try:
                 os.close(os.open(os.path.join(fail_dir or ".", f"start-{k}"), os.O_CREAT | os.O_EXCL))
@@ -72,12 +75,8 @@ class NoReconfigure:
     def __call__(self) -> Any:
         return get_replica_context().rank.rank
 
-    def hang(self) -> None:
-        self.hung = True
-
-    def check_health(self) -> None:
-        if self.hung:
-            raise RuntimeError("hung (the scenario's hang action)")
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class PlainReconfigure(NoReconfigure):
@@ -118,13 +117,14 @@ def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
 
 
 def needs_cluster(sc: Scenario) -> bool:
-    """Whether ``sc`` loses or adds nodes (so it needs a ScenarioCluster)."""
-    return any(a.kind in NODE_ACTIONS for a in sc.timeline)
+    """Whether ``sc`` loses or adds nodes, or has a node short of what it reports
+    (``unreported_gpus``): it needs a ScenarioCluster."""
+    return any(a.kind in NODE_ACTIONS for a in sc.timeline) or any(n.unreported_gpus > 0 for n in sc.nodes)
 
 
 def _sim_only_faults(sc: Scenario) -> list[str]:
     """The ``faults`` keys only the simulator can honour, with why: random
-    crashes, hangs and node losses (a rate of 0 is fine), a start timeout."""
+    crashes, hangs and node losses (a rate of 0 is fine)."""
     raw = sc.raw.get("faults") if isinstance(sc.raw, dict) else None
     given = raw if isinstance(raw, dict) else {}
     out = []
@@ -137,8 +137,6 @@ def _sim_only_faults(sc: Scenario) -> list[str]:
         out.append(f"faults.{key} (random node loss)")
     if sc.cluster_node_loss_rate > 0:
         out.append("faults.node_loss_per_cluster_day (random node loss)")
-    out += [f"cluster.nodes {n.name}: unreported_gpus (Ray reports what is really free: the core cannot be "
-            f"wrong about it there)" for n in sc.nodes if n.unreported_gpus > 0]
     return out
 
 
@@ -150,13 +148,15 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     bad = [f"timeline[{a.index}] {a.kind}" + (" (Ray cannot move a placement group's bundles)"
                                                if a.kind == "place_bundles" else "")
            for a in sc.timeline if a.kind not in allowed]
+    if not multi_node:  # (on a scenario-shaped cluster a hidden placement group holds them: _hide_gpus)
+        bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
     faults = _sim_only_faults(sc)
-    nodes_only = not multi_node and not faults and all(a.kind in NODE_ACTIONS for a in sc.timeline
-                                                       if a.kind not in allowed)
+    nodes_only = not multi_node and not faults and all(
+        a.kind in NODE_ACTIONS for a in sc.timeline if a.kind not in allowed)
     bad += faults
     if bad:
-        hint = "node loss needs the scenario-shaped local cluster: --cluster scenario, no --address" \
-            if nodes_only else "use --executor sim"
+        hint = "node loss and unreported_gpus need the scenario-shaped local cluster: --cluster scenario, " \
+            "no --address" if nodes_only else "use --executor sim"
         raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
 
 
@@ -200,6 +200,63 @@ def _make_groups(sc: Scenario, cluster: ScenarioCluster | None, timeout: float =
     return groups
 
 
+def _hide_gpus(sc: Scenario, cluster: ScenarioCluster | None, timeout: float = 60.0) -> list[Any]:
+    """A node's ``unreported_gpus``: a placement group pinned to the node holds
+    them, named so that the controller does not subtract it from the node's
+    free GPUs (``controller.UNSEEN_GROUP_PREFIX``, a fault-injection knob): the
+    core believes in room that is not there, as in the simulator, and a
+    replica it aims there gets a group Ray never places (the core's
+    placement timeout gives the node up). Needs a ScenarioCluster."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    hidden: list[Any] = []
+    try:
+        for n in sc.nodes:
+            if n.unreported_gpus <= 0:
+                continue
+            if cluster is None:
+                raise UnsupportedOnRay(f"{sc.source}: cluster.nodes {n.name}: unreported_gpus needs --cluster scenario")
+            pg = placement_group([{"GPU": float(n.unreported_gpus)}], strategy="PACK",
+                                 name=f"{UNSEEN_GROUP_PREFIX}{n.name}",
+                                 bundle_label_selector=[{SCENARIO_NODE_LABEL: n.name}])
+            hidden.append(pg)
+            ray.get(pg.ready(), timeout=timeout)
+    except BaseException:
+        for pg in hidden:
+            remove_placement_group(pg)
+        raise
+    return hidden
+
+
+def _signal(pid: int, node_id: str, sig: int, timeout: float = OBSERVE_TIMEOUT_S) -> None:
+    """Send ``sig`` to process ``pid`` of node ``node_id`` (from a task on that node)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def send(pid: int, sig: int) -> None:
+        os.kill(pid, sig)
+
+    task = ray.remote(num_cpus=0, max_retries=0)(send).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+    ray.get(task.remote(pid, sig), timeout=timeout)
+
+
+def _freeze(actor: Any, timeout: float = OBSERVE_TIMEOUT_S) -> bool:
+    """The scenario's ``hang`` on Ray: freeze the replica's process (SIGSTOP). It is
+    alive but answers nothing: its health checks time out, and so does a
+    recovering controller's report call (it is reported unresponsive), as the
+    simulator's hung replica. False if the actor is gone or not serving."""
+    try:
+        pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=timeout)
+        node_id = ray.get(actor.node_id.remote(), timeout=timeout)
+        _signal(pid, node_id, signal.SIGSTOP)
+    except ray.exceptions.RayError:
+        return False
+    ready, _ = ray.wait([actor.report.remote()], timeout=1.0)
+    if ready:
+        raise RuntimeError(f"hang: replica process {pid} still answers after SIGSTOP")
+    return True
+
+
 def _dead(name: str, timeout: float = OBSERVE_TIMEOUT_S) -> None:
     """Wait until the named replica actor is gone (``ray.kill`` returns before)."""
     deadline = time.monotonic() + timeout
@@ -225,6 +282,7 @@ class _RayTarget:
         self.controller_back = 0.0  # monotonic time before which the crashed controller is left alone
         self.down = False  # the controller is down (crashed, not yet recovered)
         self.results: list[tuple[str, bool, str]] = []  # the runner's own, as the simulator's
+        self.orphans: list[str] = []  # the actor names of the orphans left (killed at the end if still there)
         self.fail_dir = tempfile.mkdtemp(prefix="rankcore-start-failures-")  # (start_failures' counters)
 
     def note(self, type_: str, fields: dict) -> None:
@@ -332,12 +390,11 @@ class _RayTarget:
         raise UnsupportedOnRay("place_bundles: Ray cannot move a placement group's bundles")  # (check_supported)
 
     def hang(self, args: dict[str, Any]) -> None:
-        """The replica's health checks fail from now on; returns once the core gave it up."""
+        """The replica's process freezes (``_freeze``): its health checks time out
+        from now on, and a recovering controller's report call too. With the
+        controller up, returns once the core gave it up."""
         rid, _, actor = self._hit("hang", args)
-        try:
-            if actor is not None:
-                ray.get(actor.handle_request.remote("hang", (), {}), timeout=OBSERVE_TIMEOUT_S)
-        except ray.exceptions.RayError:
+        if actor is not None and not _freeze(actor):
             actor = None
         if actor is None:  # as the simulator says it
             self.results.append((f"hang {args}", True, "nothing to hang: no serving replica matched"))
@@ -345,6 +402,24 @@ class _RayTarget:
         if not self.down:  # the core counted its failed checks and gave it up
             self.observed(f"the hang of {rid}", ask(self.ctl, "wait_gone", rid, OBSERVE_TIMEOUT_S,
                                                    timeout=OBSERVE_TIMEOUT_S + 30))
+
+    def orphan(self, deployment: str, replica: str) -> None:
+        """A replica actor of ``deployment`` (no spec names it), made and named as the
+        controller makes its own and initialised (rank 0, running), holding nothing:
+        the controller does not know it; a recovering one finds it and reports it."""
+        name = actor_name(deployment, replica)
+        self.note("orphan", {"replica": replica, "deployment": deployment})
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+            self.results.append((f"orphan {replica}", True, "nothing to leave: that replica is alive already"))
+            return
+        except ValueError:
+            pass
+        actor = ray.remote(ReplicaActor).options(
+            name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, num_cpus=0, max_concurrency=100,
+        ).remote(deployment, replica, NoReconfigure, (), {}, None, 0, 1)
+        self.orphans.append(name)
+        ray.get(actor.initialize.remote((0, 0, 0), 1, None, False, False), timeout=OBSERVE_TIMEOUT_S)
 
     def crash_controller(self, recover_after: float) -> None:
         self.note("controller_crash", {"recover_after": recover_after})
@@ -379,17 +454,27 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
     ctl = get_controller()
     ask(ctl, "reset")  # a scenario starts from an empty cluster, as in the simulator
     groups = _make_groups(sc, cluster)
+    hidden: list[Any] = []
+    orphans: list[str] = []
     try:
-        return _run(sc, ctl, groups, trace_fp, time_scale, healthy_timeout, cluster, settle)
+        hidden = _hide_gpus(sc, cluster)
+        return _run(sc, ctl, groups, trace_fp, time_scale, healthy_timeout, cluster, settle, orphans)
     finally:
+        for name in orphans:  # left and never found by a recovery
+            try:
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            except ValueError:
+                pass
         if groups:
             ask(ctl, "shutdown_replicas")
             for pg in groups.values():
                 remove_placement_group(pg)
+        for pg in hidden:
+            remove_placement_group(pg)
 
 
 def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | None, time_scale: float,
-         healthy_timeout: float, cluster: ScenarioCluster | None, settle: float) -> RayRun:
+         healthy_timeout: float, cluster: ScenarioCluster | None, settle: float, orphans: list[str]) -> RayRun:
     ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed}, sc.snapshot_every)
     chunks: list[str] = []
 
@@ -399,6 +484,7 @@ def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | Non
             trace_fp.write(text)
 
     target = _RayTarget(sc, ctl, cluster, time_scale, keep, groups)
+    target.orphans = orphans
     desired = Desired(sc)
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
     earlier: list[dict] = []

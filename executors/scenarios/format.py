@@ -43,6 +43,7 @@ ACTIONS = (
     "add_node",
     "crash_controller",
     "place_bundles",
+    "orphan",
     "wait_until_healthy",
     "wait",
 )
@@ -74,8 +75,10 @@ class NodeSpec:
     name: str
     gpus: float
     #: GPUs something outside the executor's view holds here: the node reports all its GPUs
-    #: to the core, which may aim a replica at it; the placement is then refused
-    #: (PlacementFailed). The simulator's way to ask about a core that believed wrong.
+    #: to the core, which may aim a replica at it; the placement is then refused (the
+    #: simulator: PlacementFailed; Ray, on a scenario-shaped cluster: a placement group the
+    #: controller is told not to see holds them, so the replica's group never gets room and
+    #: the core's placement timeout gives the node up). A way to ask about a core that believed wrong.
     unreported_gpus: float = 0.0
 
 
@@ -440,6 +443,11 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
     if want > have + 1e-9:
         out.append(f"cluster: {have:g} GPUs (add_node included) for {want:g} asked by the deployments at full "
                    f"strength: some replicas will never be placed (add nodes, or lower replicas)")
+    crashes = [a.index for a in timeline if a.kind == "crash_controller"]
+    for a in timeline:
+        if a.kind == "orphan" and not any(i > a.index for i in crashes):
+            out.append(f"timeline[{a.index}] orphan: no crash_controller after it, so no recovery finds "
+                       f"{a.args['replica']} (an orphan is seen only by a recovering controller)")
     for name, d in sorted(deployments.items()):
         start = d.latency.get("start", latency["start"])
         ready = d.latency.get("ready", latency["ready"])
@@ -708,6 +716,24 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
             v = {}
         m = c.mapping(v, p, ("recover_after",))
         return {"recover_after": c.number(m.get("recover_after", 10.0), p + ("recover_after",))}
+    if kind == "orphan":
+        # a live replica of a deployment no spec names (left from an earlier run, a
+        # deployment deleted while its stop was lost): the next recovery finds it
+        if isinstance(v, str):
+            v = {"deployment": v}
+        m = c.mapping(v, p, ("deployment", "replica"), required=("deployment",))
+        name = c.name(m["deployment"], p + ("deployment",))
+        if name in deployments:
+            raise c.fail(p + ("deployment",), f"{name!r} is a declared deployment: an orphan is a replica of a "
+                                              f"deployment no spec names (use crash or hang on {name!r}'s replicas)")
+        if ":" in name:
+            raise c.fail(p + ("deployment",), f"must not contain ':' (a replica actor is named "
+                                              f"ModelActor:<deployment>:<replica>), got {name!r}")
+        rid = c.name(m.get("replica", f"{name}#0"), p + ("replica",))
+        if rid.rpartition("#")[0] != name or rc.state.parse_replica_number(rid) is None:
+            raise c.fail(p + ("replica",), f"must be '{name}#<number>' (an id as the controller names "
+                                           f"{name!r}'s replicas), got {rid!r}")
+        return {"deployment": name, "replica": rid}
     if kind == "wait_until_healthy":
         if isinstance(v, str):
             return {"deployment": _deployment_ref(v, p, c, deployments), "timeout": None}

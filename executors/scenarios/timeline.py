@@ -26,7 +26,7 @@ __all__ = ["WITHOUT_CONTROLLER", "WAITS", "Desired", "Target", "Planned", "needs
 
 #: actions that happen to the cluster, not through the controller: they run
 #: while it is down (the others wait for it to come back)
-WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash", "hang", "place_bundles"})
+WITHOUT_CONTROLLER = frozenset({"wait", "lose_node", "add_node", "crash", "hang", "place_bundles", "orphan"})
 #: actions that only pass time; each executor waits its own way
 WAITS = frozenset({"wait", "wait_until_healthy"})
 
@@ -154,6 +154,10 @@ class Target(Protocol):
 
     def crash_controller(self, recover_after: float) -> None: ...
 
+    def orphan(self, deployment: str, replica: str) -> None:
+        """Leave a live replica ``replica`` of ``deployment``, a deployment no spec names,
+        in the cluster (the controller does not know it: the next recovery finds it)."""
+
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         """The caller's placement group of a static deployment now has its bundles on these nodes."""
 
@@ -184,5 +188,7 @@ def perform(kind: str, args: dict[str, Any], desired: Desired, target: Target) -
         target.add_node(args["node"], args["gpus"])
     elif kind == "crash_controller":
         target.crash_controller(args["recover_after"])
+    elif kind == "orphan":
+        target.orphan(args["deployment"], args["replica"])
     else:
         raise ValueError(f"perform() does not take {kind!r} (waits are the executor's)")

@@ -289,6 +289,14 @@ class Simulation:
         if self.backend.add_node(node, gpus):
             self.node_up(node)
 
+    def orphan(self, deployment: str, replica: str) -> None:
+        if self.trace:
+            self.trace.fault(self.now, "orphan", replica=replica, deployment=deployment)
+        if not self.backend.orphan(deployment, replica):
+            self.results.append(ExpectationResult(None, f"orphan {replica}", True,
+                                                  "nothing to leave: that replica is alive already, or no node is up",
+                                                  self.now))
+
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         if self.trace:
             self.trace.fault(self.now, "bundles_placed", deployment=deployment, bundles=list(bundle_nodes))
@@ -309,12 +317,18 @@ class Simulation:
 
     def _recover_controller(self) -> None:
         self.controller_up = True
-        reports = tuple(self.backend.reports())
-        event = rc.ControllerRecovered(deployments=self._recovery_specs(),
-                                       reports=reports, next_replica_number=self.backend.started,
-                                       next_lineage=self.backend.lineages, nodes=self.backend.joined())
+        reports, silent = self.backend.recovery_report()
+        specs = self._recovery_specs()
+        # every live replica is reported, those of deployments no spec names too: the core
+        # stops them (stop_unknown), as it stops those that did not answer (unresponsive)
+        event = rc.ControllerRecovered(deployments=specs, reports=tuple(reports), unresponsive=tuple(silent),
+                                       next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
+                                       nodes=self.backend.joined(), stop_unknown=True)
         if self.trace:
-            self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events)
+            named = {d.name for d in specs}
+            unknown = sorted(r.replica_id for r in [*reports, *silent] if r.deployment not in named)
+            self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
+                             unresponsive=sorted(u.replica_id for u in silent), unknown=unknown)
         self.driver.feed(event, self.now)
         if self._deferred is not None:
             held, self._deferred = self._deferred, None

@@ -358,7 +358,8 @@ class SimBackend:
     def hang(self, rid: str) -> bool:
         """``rid`` stops answering: each health check (``InitializeReplica``'s period and
         timeout) now fails after its timeout, the next starting a period later; the core
-        counts them and decides. Passing checks are not sent: they change nothing in the core."""
+        counts them and decides. Passing checks are not sent: they change nothing in the core.
+        Nor does it answer a recovering controller's report call (``recovery_report``)."""
         r = self.replicas.get(rid)
         if r is None or r.phase not in ("running", "reconfiguring") or r.hung:
             return False
@@ -419,5 +420,32 @@ class SimBackend:
         self.sim.deliver(node.joined())
         return True
 
-    def reports(self) -> list[rc.ReplicaReport]:
-        return [r.report() for _, r in sorted(self.replicas.items()) if r.alive]
+    def orphan(self, deployment: str, rid: str) -> bool:
+        """A running replica ``rid`` of ``deployment`` (no spec names it) on the first live
+        node, holding no GPU: left from an earlier run, its controller never started it
+        (no id or lineage counted). Only a recovery finds it (the core stops it:
+        ``stop_unknown``). False if ``rid`` is alive already or no node is up."""
+        node = next((n for n in sorted(self.nodes.values(), key=lambda n: n.order) if n.alive), None)
+        if node is None or (rid in self.replicas and self.replicas[rid].alive):
+            return False
+        self._epochs += 1
+        r = SimReplica(rc.StartReplica(replica_id=rid, deployment=deployment, global_rank=0, world_size=1), 0.0,
+                       self._epochs)
+        r.phase, r.node, r.rank, r.user_config = "running", node.name, rc.ReplicaRank(rank=0, node_rank=0, local_rank=0), None
+        node.replicas.add(rid)
+        self.replicas[rid] = r
+        self._by_rank.setdefault((deployment, 0), set()).add(rid)
+        return True
+
+    def recovery_report(self) -> tuple[list[rc.ReplicaReport], list[rc.UnresponsiveReplica]]:
+        """What a recovering controller learns from the live replicas: each one's report,
+        except those that hang (``hang``): they do not answer, so they are unresponsive."""
+        reports, silent = [], []
+        for _, r in sorted(self.replicas.items()):
+            if not r.alive:
+                continue
+            if r.hung:
+                silent.append(rc.UnresponsiveReplica(replica_id=r.replica_id, deployment=r.deployment, node_id=r.node))
+            else:
+                reports.append(r.report())
+        return reports, silent

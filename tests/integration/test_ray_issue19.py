@@ -201,12 +201,13 @@ expect:
 ])
 def test_what_ray_cannot_run_exits_2_naming_it(tmp_path, extra, named):
     path = tmp_path / "s.yaml"
-    cluster = CLUSTER
-    if extra == "cluster_extra":  # a node short of what it reports: Ray reports what is really free
+    cluster, where = CLUSTER, []
+    if extra == "cluster_extra":  # a node short of what it reports: only a scenario-shaped cluster can hide GPUs
         cluster, extra = "cluster:\n  nodes:\n    - {name: node-0, gpus: 2, unreported_gpus: 1}\n", ""
+        where = ["--cluster", "local"]
     path.write_text(f"name: refused\n{cluster}{extra}deployments: {{llm: {{replicas: 1}}}}\n"
                     f"timeline: [{{deploy: llm}}]\n")
-    res = CliRunner().invoke(main, ["run", str(path), "--executor", "ray"])
+    res = CliRunner().invoke(main, ["run", str(path), "--executor", "ray", *where])
     assert res.exit_code == 2, res.output
     assert named in res.stderr
 
