@@ -736,3 +736,124 @@ def test_a_crash_loop_is_unhealthy_while_its_starts_keep_failing_and_backs_off()
     unhealthy = [t for t, s in statuses if s == "UNHEALTHY"]
     assert unhealthy and min(unhealthy) == pytest.approx(7.3) and max(unhealthy) < 27.6
     assert statuses[-1][1] == "HEALTHY"
+
+
+# ------------------------------------------ recovery: orphans and unresponsive replicas
+ORPHAN_EXAMPLE = EXAMPLES / "controller-crash-orphan-unresponsive.yaml"
+
+
+def _recs(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _recovery_order(recs: list[dict], hung: str, orphan: str, rank: int) -> None:
+    """The core was told (ControllerRecovered lists the hung replica as unresponsive and
+    the orphan as unknown) and stopped both in that step; the hung one at once, and its
+    rank started again only after its ReplicaStopped."""
+    (rec,) = [i for i, r in enumerate(recs) if r.get("type") == "ControllerRecovered"]
+    assert recs[rec]["fields"]["unresponsive"] == [hung] and recs[rec]["fields"]["unknown"] == [orphan]
+    stops = {r["replica"]: i for i, r in enumerate(recs) if r.get("kind") == "command" and r["type"] == "StopReplica"}
+    assert rec < stops[hung] and rec < stops[orphan]
+    assert recs[stops[hung]]["fields"]["graceful_shutdown_timeout_s"] == 0
+    (stopped,) = [i for i, r in enumerate(recs) if r.get("type") == "ReplicaStopped" and r["replica"] == hung]
+    again = [i for i, r in enumerate(recs[rec:], rec) if r.get("kind") == "command" and r["type"] == "StartReplica"
+             and r["fields"]["global_rank"] == rank]
+    assert len(again) == 1 and stops[hung] < stopped < again[0]
+
+
+def test_a_recovery_reports_a_hung_replica_unresponsive_and_an_orphan_unknown_and_the_core_stops_both() -> None:
+    buf = io.StringIO()
+    sim = Simulation(load_scenario(ORPHAN_EXAMPLE), trace=buf, check=True)
+    result = sim.run()
+    _assert_all_expectations_met(result)
+    recs = _recs(buf.getvalue())
+    _recovery_order(recs, "llm#1", "llm-old#0", 1)
+    (found,) = [r for r in recs if r.get("kind") == "fault" and r["type"] == "controller_recovered"]
+    assert found["unresponsive"] == ["llm#1"] and found["unknown"] == ["llm-old#0"] and found["reports"] == 4
+    # the orphan is gone from the world, and the hung replica with it; nothing else was stopped
+    assert sorted(sim.backend.replicas) == ["llm#0", "llm#2", "llm#3", "llm#4"]
+    stopped = sorted(r["replica"] for r in recs if r.get("kind") == "command" and r["type"] == "StopReplica")
+    assert stopped == ["llm#1", "llm-old#0"]
+    assert sorted(result.state.ranks("llm")) == ["llm#0", "llm#2", "llm#3", "llm#4"]
+
+
+HANG_THEN_CRASH = """
+name: hang then crash
+cluster: {nodes: 2, gpus_per_node: 2}
+deployments:
+  llm: {replicas: 2, health_check_period_s: 2, health_check_timeout_s: 1, health_check_failure_threshold: 3}
+timeline:
+  - deploy: llm
+  - wait_until_healthy: llm
+  - at: 30
+    hang: {deployment: llm, rank: 0}
+  - at: 30.5
+    crash_controller: {recover_after: 5}
+  - wait_until_healthy: llm
+expect:
+  - running: {deployment: llm, equals: 2}
+"""
+
+
+def test_a_replica_that_hung_before_the_controller_crash_is_unresponsive_to_the_recovery() -> None:
+    """A hang with the controller up, the crash before its first failed check: the core
+    never counted a failure; the recovery finds the replica silent and stops it first."""
+    from executors.scenarios.format import parse_scenario
+
+    buf = io.StringIO()
+    result = Simulation(parse_scenario(HANG_THEN_CRASH), trace=buf, check=True).run()
+    assert result.passed, _failures(result)
+    recs = _recs(buf.getvalue())
+    assert not [r for r in recs if r.get("type") == "HealthChecked"]  # (the failures fell in the downtime)
+    (rec,) = [r for r in recs if r.get("type") == "ControllerRecovered"]
+    assert rec["fields"]["unresponsive"] == ["llm#0"] and rec["fields"]["unknown"] == []
+    (stop,) = [r for r in recs if r.get("kind") == "command" and r["type"] == "StopReplica"]
+    assert stop["replica"] == "llm#0" and stop["t"] == 35.5
+
+
+@pytest.mark.parametrize("action, error", [
+    ("orphan: {deployment: llm}", r"timeline\[1\]\.orphan\.deployment: 'llm' is a declared deployment"),
+    ("orphan: {deployment: old, replica: 'llm#3'}", r"timeline\[1\]\.orphan\.replica: must be 'old#<number>'"),
+    ("orphan: {deployment: old, replica: 'old#x'}", r"timeline\[1\]\.orphan\.replica: must be 'old#<number>'"),
+    ("orphan: {deployment: 'a:b'}", r"timeline\[1\]\.orphan\.deployment: must not contain ':'"),
+    ("orphan: {deployment: old, node: node-0}", r"timeline\[1\]\.orphan\.node: unknown field"),
+])
+def test_an_orphan_names_a_deployment_no_spec_names(action: str, error: str) -> None:
+    from executors.scenarios.format import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError, match=error):
+        parse_scenario(f"cluster: {{nodes: 1}}\ndeployments: {{llm: {{}}}}\ntimeline:\n  - deploy: llm\n  - {action}\n"
+                       f"  - crash_controller: {{}}\n")
+
+
+def test_an_orphan_is_given_by_name_and_warned_about_when_no_recovery_would_find_it() -> None:
+    from executors.scenarios.format import parse_scenario
+
+    sc = parse_scenario("cluster: {nodes: 1}\ndeployments: {llm: {}}\ntimeline:\n  - orphan: old\n"
+                        "  - crash_controller: {}\n  - orphan: {deployment: old, replica: 'old#7'}\n")
+    assert [a.args for a in sc.timeline if a.kind == "orphan"] == [{"deployment": "old", "replica": "old#0"},
+                                                                   {"deployment": "old", "replica": "old#7"}]
+    assert [w for w in sc.warnings if "orphan" in w] == [
+        "timeline[2] orphan: no crash_controller after it, so no recovery finds old#7 (an orphan is seen only by "
+        "a recovering controller)"]
+
+
+def test_unreported_gpus_runs_on_a_scenario_shaped_ray_cluster_only() -> None:
+    from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported, needs_cluster
+
+    sc = load_scenario(EXAMPLES / "refused-placement.yaml")
+    assert needs_cluster(sc)  # (so `rankcore run --executor ray` starts one: --cluster auto)
+    check_supported(sc, multi_node=True)
+    with pytest.raises(UnsupportedOnRay, match=r"cluster\.nodes node-0: unreported_gpus .*--cluster scenario"):
+        check_supported(sc, multi_node=False)
+    check_supported(load_scenario(ORPHAN_EXAMPLE))  # hang and orphan run on one local node
+
+
+def test_the_controller_does_not_subtract_a_fault_injection_group_from_its_node() -> None:
+    from executors.ray_gpu.controller import UNSEEN_GROUP_PREFIX, held_by_callers
+
+    def group(name: str) -> dict:
+        return {"name": name, "state": "CREATED", "bundles": {0: {"GPU": 1.0}}, "bundles_to_node_id": {0: "n0"}}
+
+    table = {"a": group("trainer"), "b": group(f"{UNSEEN_GROUP_PREFIX}node-0"), "c": group("rankcore:llm:llm#0")}
+    assert held_by_callers(table) == {"n0": {"GPU": 1.0}}  # the trainer's only
