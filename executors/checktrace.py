@@ -536,7 +536,10 @@ class _Presence:
     through something the trace shows in between: a ``ReplicaStopped`` or
     ``ReplicaCrashed`` event naming it, a ``StartReplica`` replacing it, a
     ``NodeLost`` event for its node, a fault naming it (``replica``) or its
-    node (``node`` or ``node_id``: ``node_lost``), or a controller recovery
+    node (``node`` or ``node_id``: ``node_lost``), a ``StopReplica`` naming it
+    while a new replica of its lineage appeared (stopped at once and replaced,
+    the replacement waiting out a restart backoff: its ``StartReplica`` comes
+    later), or a controller recovery
     when it was stopping (its last snapshot said ``stopping``, or a
     ``StopReplica`` was sent for it): its stop finished while no controller
     listened, and the answer was lost. A recovery alone explains nothing else:
@@ -585,18 +588,25 @@ class _Presence:
         if self.seen is not None:
             for name, before in self.seen.items():
                 after = now.get(name, {})
-                for rid, phase in before.items():
+                born: set | None = None
+                for rid, (phase, lineage) in before.items():
                     if rid in after:
                         continue
                     report.checks["presence"] += 1
                     if rid in self.left or self.node_of.get(rid) in self.lost_nodes:
                         continue
+                    if rid in self.stops:
+                        if born is None:
+                            born = {r.get("lineage") for new, r in after.items() if new not in before}
+                        if lineage is not None and lineage in born:
+                            continue
                     if self.recovered and (phase == "stopping" or rid in self.stops):
                         continue
                     report.add(line, f"{name}/{rid} ({phase} in the snapshot at line {self.seen_line}) is "
                                      f"gone without a ReplicaStopped, ReplicaCrashed or NodeLost event, a "
                                      f"fault naming it or its node, or a recovery while it was stopping")
-        self.seen = {name: {rid: r["phase"] for rid, r in reps.items()} for name, reps in now.items()}
+        self.seen = {name: {rid: (r["phase"], r.get("lineage")) for rid, r in reps.items()}
+                     for name, reps in now.items()}
         self.seen_line = line
         self.node_of = {rid: r["node"] for reps in now.values() for rid, r in reps.items() if r["node"]}
         self.left.clear()

@@ -493,3 +493,27 @@ def test_plot_has_an_availability_panel_per_deployment(tmp_path, crash_scenario,
     titles = [ax.get_title(loc="left") for ax in seen[0].axes]
     assert any(t.startswith("llm: serving replicas vs target; after start-up: availability") for t in titles)
     assert sum(ax.get_ylabel() == "short by (log)" for ax in seen[0].axes) == 1
+
+
+@pytest.mark.parametrize("example, after", [
+    ("gangs.yaml", "    gang: {size: 2, placement: pack, failure: restart_gang}\n"),
+    ("static-placement.yaml", "    reconfigure: with_rank\n"),
+])
+def test_a_gang_or_static_rank_backing_off_passes_check_trace(tmp_path, example, after):
+    """A gang-mate or static rank stopped at once while its replacement waits out
+    a restart backoff leaves with a StopReplica and no StartReplica yet: the
+    presence check takes a new replica of its lineage as its explanation."""
+    text = (Path("examples/scenarios") / example).read_text()
+    assert after in text
+    scenario = _write(tmp_path, text.replace(after, after + "    start_failures: 4\n"), "s.yaml")
+    out = _trace_text(scenario)
+    recs = _records(out)
+    cmds = [r for r in recs if r["kind"] == "command"]
+    starts = [r for r in cmds if r["type"] == "StartReplica" and r["fields"]["replaces"]]
+    failed = [r for r in recs if r["kind"] == "event" and r["type"] == "ReplicaCrashed"
+              and r["fields"]["cause"] == "error"]
+    assert len(failed) >= 2
+    second = failed[1]["t"]  # the second failed start in a row: its replacement waits 1 s
+    assert not [s for s in starts if s["t"] == second] and any(s["t"] >= second + 1.0 for s in starts)
+    report = check_trace_file(_write(tmp_path, out))
+    assert report.ok, report.violations
