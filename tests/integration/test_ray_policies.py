@@ -19,6 +19,7 @@ recovering controller is 3 s here (``RANKCORE_REPORT_TIMEOUT_S``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -36,14 +37,20 @@ from tests.integration.conftest import ROOT, ray_env
 from tests.integration.waiting import wait_for
 
 
+def _module_ray() -> None:
+    import ray
+
+    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def policy_ray():
     import ray
 
     ray_env()
     os.environ["RANKCORE_REPORT_TIMEOUT_S"] = "3"  # (the raylet, and so the controller, inherit it)
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
+    _module_ray()
     yield
     try:
         ask(get_controller(), "reset")
@@ -389,14 +396,51 @@ def test_a_group_that_waits_past_the_placement_timeout_is_removed_and_the_replic
 
 
 # ------------------------------------------------- the same scenario, both sides
-@pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale"])
+@contextlib.contextmanager
+def _shaped_like(sc):
+    """The module's Ray swapped for a local cluster shaped like ``sc``'s
+    (``ScenarioCluster``: one Ray node per scenario node, its GPUs), then back."""
+    import ray
+
+    from executors.ray_gpu.cluster import ScenarioCluster
+
+    ask(get_controller(), "reset")
+    ray.shutdown()
+    cluster = None
+    try:
+        cluster = ScenarioCluster(sc.nodes)
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        _module_ray()
+
+
+def _layout(recs: list[dict]) -> dict[int, tuple]:
+    """The last snapshot, lineage by lineage: (scenario node name, [global, node, local rank])
+    (a Ray node is named by its scenario label, from the trace's NodeJoined events)."""
+    from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
+
+    names = {r["fields"]["node_id"]: dict(r["fields"]["labels"]).get(SCENARIO_NODE_LABEL)
+             for r in recs if r.get("kind") == "event" and r["type"] == "NodeJoined"}
+    snap = [r for r in recs if r.get("kind") == "snapshot"][-1]
+    return {r["lineage"]: (names.get(r["node"]) or r["node"], r["rank"])
+            for d in snap["deployments"].values() for r in d["replicas"].values()}
+
+
+@pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale", "refused-placement",
+                                  "controller-crash-orphan-unresponsive"])
 def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path):
     """The example scenario of each moved policy, on the simulator and on Ray:
-    the same global ranks per replica lineage (executors.history)."""
+    the same global ranks per replica lineage (executors.history). One that
+    needs nodes of its own (``unreported_gpus``) runs on a cluster shaped like
+    its own, and every lineage ends on the same node with the same ranks."""
     import io
 
     from executors.history import rank_history
-    from executors.ray_gpu.scenario import run_on_ray
+    from executors.ray_gpu.scenario import needs_cluster, run_on_ray
     from executors.scenarios import parse_scenario
     from executors.sim import Simulation
 
@@ -405,11 +449,64 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
     buf = io.StringIO()
     assert Simulation(sc, trace=buf).run().passed
     sim = records(buf.getvalue())
-    ask(get_controller(), "reset")
     out = tmp_path / "ray.jsonl"
-    with open(out, "w") as fp:
-        run_on_ray(sc, trace_fp=fp)
-    got = records(out.read_text())
-    assert rank_history(got) == rank_history(sim)
-    trace_ok(out.read_text())
-    ask(get_controller(), "reset")
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(_shaped_like(sc)) if needs_cluster(sc) else None
+        ask(get_controller(), "reset")
+        with open(out, "w") as fp:
+            result = run_on_ray(sc, trace_fp=fp, cluster=cluster)
+        got = records(out.read_text())
+        assert rank_history(got) == rank_history(sim)
+        if cluster is not None:
+            assert result.passed, result.expectations
+            assert _layout(got) == _layout(sim)
+        CHECKS.get(name, lambda sim, got: None)(sim, got)
+        trace_ok(out.read_text())
+        ask(get_controller(), "reset")
+
+
+def _refused_on_ray(sim: list[dict], got: list[dict]) -> None:
+    """The placement on node-0 was really attempted on Ray and never placed: the
+    core believed node-0 had both GPUs (the hidden group was not subtracted),
+    aimed rank 2 there, gave it up at its placement timeout, and placed the same
+    lineage on node-1 (the simulator: a PlacementFailed, then node-1)."""
+    import ray
+
+    from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
+    from executors.ray_gpu.controller import UNSEEN_GROUP_PREFIX
+
+    node0 = [r["fields"] for r in got if r.get("kind") == "event" and r["type"] == "NodeJoined"
+             and dict(r["fields"]["labels"]).get(SCENARIO_NODE_LABEL) == "node-0"]
+    assert [dict(f["resources"])["GPU"] for f in node0] == [2.0]
+    aimed = [r for r in of(got, "command", "PlaceReplica") if r["node"] == node0[0]["node_id"] and r["rank"][0] == 2]
+    assert len(aimed) == 1
+    rid = aimed[0]["replica"]
+    assert not of(got, "event", "ReplicaPlaced", rid) and not of(got, "event", "PlacementFailed", rid)
+    (stop,) = of(got, "command", "StopReplica", rid)
+    assert stop["t"] - aimed[0]["t"] >= 5.0 - 0.5  # the example's placement_timeout_s
+    assert [r["fields"]["reason"][:7] for r in of(sim, "event", "PlacementFailed")] == ["no room"]
+    hidden = [g for g in ray.util.placement_group_table().values() if g["name"].startswith(UNSEEN_GROUP_PREFIX)]
+    assert hidden and all(g["state"] == "REMOVED" for g in hidden)  # it held the GPU, and is gone after the run
+
+
+def _orphan_and_unresponsive_on_ray(sim: list[dict], got: list[dict]) -> None:
+    """Both executors told the core the same (the frozen replica unresponsive, the
+    orphan actor unknown); on Ray the core stopped both in the recovery's step
+    and started rank 1 again only after the frozen one's ReplicaStopped; both
+    processes are gone."""
+    told = [[(r["fields"]["unresponsive"], r["fields"]["unknown"]) for r in recs
+             if r.get("type") == "ControllerRecovered"] for recs in (sim, got)]
+    assert told[0] == told[1] == [(["llm#1"], ["llm-old#0"])]
+    rec = next(i for i, r in enumerate(got) if r.get("type") == "ControllerRecovered")
+    stops = {r["replica"]: i for i, r in enumerate(got) if r.get("kind") == "command" and r["type"] == "StopReplica"}
+    assert rec < stops["llm#1"] and rec < stops["llm-old#0"]
+    assert got[stops["llm#1"]]["fields"]["graceful_shutdown_timeout_s"] == 0
+    stopped = next(i for i, r in enumerate(got) if r.get("type") == "ReplicaStopped" and r["replica"] == "llm#1")
+    again = [i for i, r in enumerate(got[rec:], rec) if r.get("kind") == "command" and r["type"] == "StartReplica"
+             and r["fields"]["global_rank"] == 1]
+    assert len(again) == 1 and stops["llm#1"] < stopped < again[0]
+    for dep, rid in (("llm", "llm#1"), ("llm-old", "llm-old#0")):
+        assert wait_for(lambda dep=dep, rid=rid: _gone(dep, rid), timeout=30), rid
+
+
+CHECKS = {"refused-placement": _refused_on_ray, "controller-crash-orphan-unresponsive": _orphan_and_unresponsive_on_ray}
