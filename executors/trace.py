@@ -164,8 +164,8 @@ def _event_record(t: float, event: object, before: rc.State, result: rc.Step) ->
         named = {d.name for d in event.deployments}
         fields = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
                   "unresponsive": sorted(u.replica_id for u in event.unresponsive),
-                  "unknown": sorted(r.replica_id for r in (*event.reports, *event.unresponsive)
-                                    if r.deployment not in named)}
+                  "unknown": sorted([r.replica_id for r in event.reports if r.deployment not in named]
+                                    + [u.replica_id for u in event.unresponsive if u.deployment not in named])}
     return {
         "kind": "event",
         "t": t,

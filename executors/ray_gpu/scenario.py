@@ -415,7 +415,7 @@ class _RayTarget:
             return
         except ValueError:
             pass
-        actor = ray.remote(ReplicaActor).options(
+        actor: Any = ray.remote(ReplicaActor).options(
             name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, num_cpus=0, max_concurrency=100,
         ).remote(deployment, replica, NoReconfigure, (), {}, None, 0, 1)
         self.orphans.append(name)
