@@ -405,8 +405,11 @@ class _RayTarget:
 
     def orphan(self, deployment: str, replica: str) -> None:
         """A replica actor of ``deployment`` (no spec names it), made and named as the
-        controller makes its own and initialised (rank 0, running), holding nothing:
-        the controller does not know it; a recovering one finds it and reports it."""
+        controller makes its own and initialised (rank 0, running), holding nothing,
+        on the first node as in the simulator (on a ScenarioCluster; else where Ray
+        likes): the controller does not know it; a recovering one finds it and reports it."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         name = actor_name(deployment, replica)
         self.note("orphan", {"replica": replica, "deployment": deployment})
         try:
@@ -415,9 +418,13 @@ class _RayTarget:
             return
         except ValueError:
             pass
+        where: dict[str, Any] = {}
+        if self.cluster is not None and self.cluster.nodes:
+            first = next(iter(self.cluster.nodes.values())).node_id  # (in the order added; lost ones left out)
+            where["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=first, soft=False)
         actor: Any = ray.remote(ReplicaActor).options(
             name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, num_cpus=0, max_concurrency=100,
-        ).remote(deployment, replica, NoReconfigure, (), {}, None, 0, 1)
+            **where).remote(deployment, replica, NoReconfigure, (), {}, None, 0, 1)
         self.orphans.append(name)
         ray.get(actor.initialize.remote((0, 0, 0), 1, None, False, False), timeout=OBSERVE_TIMEOUT_S)
 

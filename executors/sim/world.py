@@ -168,6 +168,9 @@ class SimBackend:
         self._by_rank: dict[tuple[str, int | None], set[str]] = {}
         self._gpu_of: dict[str, float] = {}  # deployment -> GPUs a replica takes (the scenario's)
         self._inits: dict[str, int] = {}  # deployment -> InitializeReplicas carried out (``start_failures``)
+        #: orphans no recovery has reported yet: the controller does not know them, so it
+        #: hears nothing of them (their death, their health) until a recovery finds them
+        self.orphans: set[str] = set()
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -350,6 +353,10 @@ class SimBackend:
         r = self.replicas.get(rid)
         if r is None or not r.alive:
             return False
+        if rid in self.orphans:  # (nobody watches it)
+            self.orphans.discard(rid)
+            self._free(r, "dead")
+            return True
         self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
         self._free(r, "dead")
         self.sim.deliver(_Crashed(replica_id=rid, reason=reason, cause=cause, now=self.sim.now))
@@ -364,7 +371,8 @@ class SimBackend:
         if r is None or r.phase not in ("running", "reconfiguring") or r.hung:
             return False
         r.hung = True
-        self.sim.schedule(r.checks[1], self._check_failed, rid, r.epoch)
+        if rid not in self.orphans:  # (nobody checks an orphan's health)
+            self.sim.schedule(r.checks[1], self._check_failed, rid, r.epoch)
         return True
 
     def _check_failed(self, rid: str, epoch: int) -> None:
@@ -394,7 +402,9 @@ class SimBackend:
         for rid in dead:
             r = self.replicas.get(rid)
             if r is not None:
-                self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
+                if rid not in self.orphans:
+                    self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
+                self.orphans.discard(rid)
                 self._free(r, "dead")
         del self.nodes[name]
         self.sim.deliver(rc.NodeLost(node_id=name))
@@ -435,11 +445,14 @@ class SimBackend:
         node.replicas.add(rid)
         self.replicas[rid] = r
         self._by_rank.setdefault((deployment, 0), set()).add(rid)
+        self.orphans.add(rid)
         return True
 
     def recovery_report(self) -> tuple[list[rc.ReplicaReport], list[rc.UnresponsiveReplica]]:
         """What a recovering controller learns from the live replicas: each one's report,
-        except those that hang (``hang``): they do not answer, so they are unresponsive."""
+        except those that hang (``hang``): they do not answer, so they are unresponsive.
+        Orphans are reported too: from now on the controller knows them."""
+        self.orphans.clear()
         reports, silent = [], []
         for _, r in sorted(self.replicas.items()):
             if not r.alive:

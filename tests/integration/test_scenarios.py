@@ -857,3 +857,45 @@ def test_the_controller_does_not_subtract_a_fault_injection_group_from_its_node(
 
     table = {"a": group("trainer"), "b": group(f"{UNSEEN_GROUP_PREFIX}node-0"), "c": group("rankcore:llm:llm#0")}
     assert held_by_callers(table) == {"n0": {"GPU": 1.0}}  # the trainer's only
+
+
+ORPHAN_DIES = """
+name: orphans die unheard
+cluster: {nodes: 2, gpus_per_node: 2}
+deployments:
+  llm: {replicas: 2}
+timeline:
+  - deploy: llm
+  - wait_until_healthy: llm
+  - orphan: old
+  - lose_node: node-0
+  - orphan: {deployment: old, replica: "old#3"}
+  - orphan: {deployment: old, replica: "old#4"}
+  - crash: {replica: "old#3"}
+  - hang: {replica: "old#4"}
+  - wait_until_healthy: llm
+  - wait: 30
+  - crash_controller: {}
+  - wait_until_healthy: llm
+expect:
+  - running: {deployment: llm, equals: 2}
+"""
+
+
+def test_the_controller_hears_nothing_of_an_orphan_until_a_recovery_finds_it() -> None:
+    """An orphan's death (a crash, its node lost) and its health are news to nobody
+    (on Ray the controller does not watch an actor it never started); a recovery
+    finds the survivors (old#4 hung: unresponsive, and stopped)."""
+    from executors.scenarios.format import parse_scenario
+
+    buf = io.StringIO()
+    sim = Simulation(parse_scenario(ORPHAN_DIES), trace=buf, check=True)
+    result = sim.run()
+    assert result.passed, _failures(result)
+    recs = _recs(buf.getvalue())
+    about = [r for r in recs if r.get("kind") in ("event", "command") and (r.get("replica") or "").startswith("old#")]
+    (rec,) = [r for r in recs if r.get("type") == "ControllerRecovered"]
+    # old#0 died with node-0 (then the first node), old#3 was crashed: neither is reported
+    assert rec["fields"]["unknown"] == ["old#4"] and rec["fields"]["unresponsive"] == ["old#4"]
+    assert [(r["type"], r["replica"]) for r in about] == [("StopReplica", "old#4"), ("ReplicaStopped", "old#4")]
+    assert about[0]["t"] == rec["t"] and not sim.backend.orphans and "old#4" not in sim.backend.replicas
