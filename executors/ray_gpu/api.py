@@ -372,72 +372,118 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     return DeploymentHandle(d.name, ctl)
 
 
-class DeploymentHandle:
-    """Sends calls to replicas, at most ``max_ongoing_requests`` in flight each;
-    beyond that, calls wait. A call whose replica dies is retried elsewhere."""
+#: how long the controller holds a handle's long poll (``Controller.endpoints_after``)
+#: before answering "unchanged"; the handle then asks again (Ray Serve's is 30 s).
+#: Bounds how long a dropped handle's poll keeps a controller call open.
+LONG_POLL_S = 10.0
+#: after the controller failed a long poll (a restart), the handle asks again no
+#: sooner than this, routing to the replicas it knows meanwhile
+LONG_POLL_RETRY_S = 0.5
 
-    def __init__(self, name: str, controller: Any, method: str = "__call__") -> None:
-        self.name, self.controller, self.method = name, controller, method
-        self._endpoints: list = []
-        self._max = 1
-        self._inflight: dict[str, list] = {}
-        self._fetched = 0.0
-        self._turn = 0
 
-    def __getattr__(self, method: str) -> DeploymentHandle:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        h = DeploymentHandle(self.name, self.controller, method)
-        return h
+class _Router:
+    """The serving replicas of one deployment, as a handle (and the handles
+    ``handle.method`` makes from it) knows them, with the calls it has in
+    flight on each. Kept current by a long poll on the controller (Ray Serve's
+    ``LongPollClient`` design): one call is always pending there and answers
+    as soon as the serving replicas change; the handle reads it, without
+    waiting, at its next call. A replica a call saw die is left out at once,
+    until the controller stops listing it too."""
 
-    def _refresh(self, force: bool = False) -> None:
-        """Re-read the serving replicas every 0.5 s; while the controller does not
-        answer at once (a restart), keep routing to the replicas already known."""
-        if not (force or not self._endpoints or time.monotonic() - self._fetched > 0.5):
-            return
-        if self._endpoints and not force:
+    def __init__(self, name: str, controller: Any) -> None:
+        self.name, self.controller = name, controller
+        self.endpoints: list = []  # (replica id, actor) of the serving replicas, less the dead
+        self.max = 1
+        self.known: tuple | None = None  # the replica ids of the controller's last answer (None: not asked yet)
+        self.dead: set[str] = set()
+        self.inflight: dict[str, list] = {}
+        self.poll: Any = None  # the pending long poll's future
+        self.retry_at = 0.0
+        self.turn = 0
+        self.polls = 0  # long-poll answers taken (tests)
+
+    def _take(self, endpoints: list, most: int) -> None:
+        ids = tuple(rid for rid, _ in endpoints)
+        self.known, self.max = ids, most
+        self.dead.intersection_update(ids)
+        self.endpoints = [(rid, actor) for rid, actor in endpoints if rid not in self.dead]
+
+    def refresh(self, force: bool = False) -> None:
+        """Take the long poll's answer if it came, and keep one pending. With
+        ``force``, or before the first answer, ask the controller and wait for
+        it (waiting out a restart). A failed poll (the controller restarting)
+        keeps the replicas known and is asked again after ``LONG_POLL_RETRY_S``."""
+        poll = self.poll
+        if poll is not None and poll.done():
+            self.poll = None
             try:
-                self._endpoints, self._max = ray.get(self.controller.endpoints.remote(self.name), timeout=0.2)
+                self._take(*poll.result())
+                self.polls += 1
             except Exception:
-                pass  # slow or restarting: the cached list still routes
-            self._fetched = time.monotonic()
-            return
-        self._endpoints, self._max = ask(self.controller, "endpoints", self.name)
-        self._fetched = time.monotonic()
+                self.retry_at = time.monotonic() + LONG_POLL_RETRY_S
+        if force or self.known is None:
+            self._take(*ask(self.controller, "endpoints", self.name))
+        if self.poll is None and time.monotonic() >= self.retry_at:
+            self.poll = self.controller.endpoints_after.remote(self.name, self.known, LONG_POLL_S).future()
 
-    def _pick(self, timeout: float) -> tuple[str, Any]:
+    def died(self, rid: str) -> None:
+        """A call saw replica ``rid`` die: route no call there again."""
+        self.dead.add(rid)
+        self.endpoints = [(r, a) for r, a in self.endpoints if r != rid]
+        self.inflight.pop(rid, None)
+
+    def pick(self, timeout: float) -> tuple[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
-            self._refresh()
-            for rid in list(self._inflight):
-                refs = self._inflight[rid]
+            self.refresh()
+            for rid in list(self.inflight):
+                refs = self.inflight[rid]
                 if refs:
                     done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                    self._inflight[rid] = [r for r in refs if r not in done]
-            free = [(len(self._inflight.get(rid, ())), rid, actor) for rid, actor in self._endpoints
-                    if len(self._inflight.get(rid, ())) < self._max]
+                    self.inflight[rid] = [r for r in refs if r not in done]
+            free = [(len(self.inflight.get(rid, ())), rid, actor) for rid, actor in self.endpoints
+                    if len(self.inflight.get(rid, ())) < self.max]
             if free:
                 least = min(x[0] for x in free)
                 ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
-                self._turn += 1
-                _, rid, actor = ties[self._turn % len(ties)]  # rotate among the least loaded
+                self.turn += 1
+                _, rid, actor = ties[self.turn % len(ties)]  # rotate among the least loaded
                 return rid, actor
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no replica of {self.name!r} took the call within {timeout:g}s")
-            waiting = [r for refs in self._inflight.values() for r in refs]
+            waiting = [r for refs in self.inflight.values() for r in refs]
             if waiting:
                 ray.wait(waiting, num_returns=1, timeout=0.1)
             else:
                 time.sleep(0.05)
-                self._refresh(force=True)
+                self.refresh(force=True)
+
+
+class DeploymentHandle:
+    """Sends calls to replicas, at most ``max_ongoing_requests`` in flight each;
+    beyond that, calls wait. A call whose replica dies is retried elsewhere.
+    The handles ``handle.method`` makes share this one's replicas and counts."""
+
+    def __init__(self, name: str, controller: Any, method: str = "__call__", router: _Router | None = None) -> None:
+        self.name, self.controller, self.method = name, controller, method
+        self._router = router if router is not None else _Router(name, controller)
+
+    def __getattr__(self, method: str) -> DeploymentHandle:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return DeploymentHandle(self.name, self.controller, method, self._router)
+
+    def __reduce__(self) -> tuple:
+        # sent to another process (a trainer actor, say): it routes on its own
+        return DeploymentHandle, (self.name, self.controller, self.method)
 
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
         return self._submit(args, kwargs, attempts=3)
 
     def _submit(self, args: tuple, kwargs: dict, attempts: int) -> DeploymentResponse:
-        rid, actor = self._pick(timeout=60.0)
+        rid, actor = self._router.pick(timeout=60.0)
         ref = actor.handle_request.remote(self.method, args, kwargs)
-        self._inflight.setdefault(rid, []).append(ref)
+        self._router.inflight.setdefault(rid, []).append(ref)
         return DeploymentResponse(self, rid, ref, args, kwargs, attempts)
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
@@ -461,14 +507,14 @@ class DeploymentHandle:
             raise rc.InvalidConfig(f"handle.scale({num_replicas!r}) of {self.name!r}: {exc}") from None
         if not ask(self.controller, "wait_healthy", self.name, timeout, timeout=timeout + 30):
             raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
-        self._refresh(force=True)
+        self._router.refresh(force=True)
 
     def broadcast(self, *args: Any, timeout: float | None = 60.0, **kwargs: Any) -> dict:
         """Call this handle's method on every serving replica at once (weights
         pushed to every inference replica, say): ``{replica_id: result}``. Not
         counted against ``max_ongoing_requests``; an error in any raises."""
-        self._refresh(force=True)
-        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in self._endpoints}
+        self._router.refresh(force=True)
+        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in self._router.endpoints}
         values = ray.get(list(refs.values()), timeout=timeout)
         return dict(zip(refs, values))
 
@@ -508,6 +554,5 @@ class DeploymentResponse:
                     f"call to {self.handle.name!r}.{self.handle.method} failed: its replica {self.rid} died "
                     f"and retries are used up ({exc.__class__.__name__})"
                 ) from exc
-            self.handle._endpoints = [(r, a) for r, a in self.handle._endpoints if r != self.rid]
-            self.handle._inflight.pop(self.rid, None)
+            self.handle._router.died(self.rid)
             return self.handle._submit(self.args, self.kwargs, self.attempts - 1).result(timeout)

@@ -238,6 +238,9 @@ class Controller:
         internal_kv._internal_kv_put(_KV_INCARNATION, str(self.incarnation).encode(), overwrite=True)
         self._seq = 0
         self.driver = Driver(_Backend(self), clock=True)
+        #: set (then dropped) at every step of the core: wakes the handles' long polls (``endpoints_after``)
+        self._stepped: asyncio.Event | None = None
+        self.driver.observers.append(self._wake_long_polls)
         #: deployment -> what the core does not hold: the class, its arguments, actor options
         #: (the deployments' specs are the core's: ``rc.desired_specs``, persisted by ``_persist``)
         self.specs: dict[str, dict] = {}
@@ -1272,6 +1275,34 @@ class Controller:
     async def endpoints(self, name: str) -> tuple[list, int]:
         """Serving replicas (id, actor handle) and max_ongoing_requests."""
         await self._ready()
+        return self._serving(name)
+
+    async def endpoints_after(self, name: str, known: tuple, timeout: float) -> tuple[list, int]:
+        """A handle's long poll (Ray Serve's ``listen_for_change``): what
+        ``endpoints`` answers, as soon as the serving replicas' ids differ from
+        ``known`` (the handle's), or after ``timeout`` s unchanged. Looked at
+        again after every step of the core (a replica ready, crashed, stopped),
+        so a handle learns of a change in the step that made it."""
+        await self._ready()
+        deadline = time.monotonic() + timeout
+        while True:
+            serving = self._serving(name)
+            left = deadline - time.monotonic()
+            if left <= 0 or tuple(rid for rid, _ in serving[0]) != tuple(known):
+                return serving
+            if self._stepped is None:
+                self._stepped = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._stepped.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    def _wake_long_polls(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        stepped, self._stepped = self._stepped, None
+        if stepped is not None:
+            stepped.set()
+
+    def _serving(self, name: str) -> tuple[list, int]:
         dep = self.driver.state.deployments.get(name)
         if dep is None:
             return [], 0

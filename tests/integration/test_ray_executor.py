@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+from executors.ray_gpu import deployment, get_controller, get_deployment_handle, get_replica_context, run
 from executors.ray_gpu.api import ask
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -352,3 +352,71 @@ def test_scale_above_max_replicas_raises_at_the_call_and_changes_nothing():
     assert sorted(v[0] for v in h.ranks().values()) == [0, 1]
     no_rejections()  # (a bad request raises to its caller: it is not a rejected cluster event)
     ask(get_controller(), "shutdown_replicas")
+
+
+@deployment(name="ids", num_replicas=3, ray_actor_options=OPTS)
+class Ids:
+    def __call__(self):
+        return get_replica_context().replica_id
+
+
+def test_a_handle_learns_of_a_crash_and_its_replacement_from_the_controller_not_a_timer(monkeypatch):
+    """The serving replicas reach a handle by the controller's long poll: with
+    the handle's clock stopped (so no timed re-read can happen), calls through
+    a handle made before the crash skip the dead replica and reach its
+    same-rank replacement once the controller serves it, and none fails."""
+    import types
+
+    from executors.ray_gpu import api
+
+    h = run(Ids.bind())
+    assert h.remote().result(timeout=30)  # the handle knows the 3 replicas
+    frozen = time.monotonic()
+    monkeypatch.setattr(api, "time", types.SimpleNamespace(monotonic=lambda: frozen, sleep=time.sleep))
+    ranks = h.ranks()
+    victim, (rank, _, _) = sorted(ranks.items())[1]
+    ray.kill(ray.get_actor(f"ModelActor:ids:{victim}", namespace="rankcore"), no_restart=True)
+    ctl = get_controller()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the controller's own view: the replacement serves
+        serving = [rid for rid, _ in ask(ctl, "endpoints", "ids")[0]]
+        if victim not in serving and len(serving) == 3:
+            break
+        time.sleep(0.05)
+    (new,) = set(serving) - set(ranks)
+    assert h.ranks()[new][0] == rank
+    answered: set = set()
+    deadline = time.monotonic() + 30
+    while new not in answered and time.monotonic() < deadline:
+        answered |= {h.remote().result(timeout=30) for _ in range(6)}  # (a failed call raises here)
+    assert new in answered, f"the handle never routed a call to the replacement {new}: {answered}"
+    assert victim not in answered
+    assert ask(ctl, "state_errors") == []
+    ask(ctl, "shutdown_replicas")
+
+
+def test_the_controllers_long_poll_answers_a_change_at_once_and_no_change_at_its_timeout():
+    """``endpoints_after(name, known, timeout)``: held while the serving ids are
+    ``known``; answered by the step that changes them (a crash, a downscale)."""
+    run(Crashy.bind())
+    ctl = get_controller()
+
+    def ids(answer):
+        return tuple(rid for rid, _ in answer[0])
+
+    known = ids(ask(ctl, "endpoints", "crashy"))
+    t0 = time.monotonic()
+    assert ids(ask(ctl, "endpoints_after", "crashy", known, 0.5)) == known
+    assert time.monotonic() - t0 >= 0.5  # nothing changed: held until its timeout
+    pending = ctl.endpoints_after.remote("crashy", known, 600.0)
+    victim = known[1]
+    ray.kill(ray.get_actor(f"ModelActor:crashy:{victim}", namespace="rankcore"), no_restart=True)
+    after_crash = ids(ray.get(pending, timeout=60))  # answered by the crash, not its 600 s timeout
+    assert victim not in after_crash
+    assert ask(ctl, "wait_healthy", "crashy", 60)
+    now = ids(ask(ctl, "endpoints", "crashy"))
+    pending = ctl.endpoints_after.remote("crashy", now, 600.0)
+    get_deployment_handle("crashy").scale(1)
+    assert len(ids(ray.get(pending, timeout=60))) < 3  # the downscale's step answered it
+    assert ask(ctl, "state_errors") == []
+    ask(ctl, "shutdown_replicas")
