@@ -430,13 +430,18 @@ def _layout(recs: list[dict]) -> dict[int, tuple]:
             for d in snap["deployments"].values() for r in d["replicas"].values()}
 
 
+#: run on a local cluster shaped like the scenario's, and compare placements too
+SHAPED = {"refused-placement", "controller-crash-orphan-unresponsive"}
+
+
 @pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale", "refused-placement",
                                   "controller-crash-orphan-unresponsive"])
 def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path):
     """The example scenario of each moved policy, on the simulator and on Ray:
     the same global ranks per replica lineage (executors.history). One that
-    needs nodes of its own (``unreported_gpus``) runs on a cluster shaped like
-    its own, and every lineage ends on the same node with the same ranks."""
+    needs nodes of its own (``unreported_gpus``), or is in ``SHAPED``, runs on
+    a cluster shaped like its own; there every lineage ends on the same node
+    with the same ranks, and every expectation holds."""
     import io
 
     from executors.history import rank_history
@@ -451,7 +456,7 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
     sim = records(buf.getvalue())
     out = tmp_path / "ray.jsonl"
     with contextlib.ExitStack() as stack:
-        cluster = stack.enter_context(_shaped_like(sc)) if needs_cluster(sc) else None
+        cluster = stack.enter_context(_shaped_like(sc)) if needs_cluster(sc) or name in SHAPED else None
         ask(get_controller(), "reset")
         with open(out, "w") as fp:
             result = run_on_ray(sc, trace_fp=fp, cluster=cluster)
