@@ -143,6 +143,19 @@ def _actor_info(actor: Any) -> dict | None:
 _DIED_REASON = {"RAY_KILL": "killed", "NODE_DIED": "node_lost"}
 
 
+_replica_class: Any = None
+
+
+def replica_class() -> Any:
+    """``ray.remote(ReplicaActor)``, made once per process: a new one for each
+    replica exported the class again at every start (~30 ms of the controller's
+    loop, on the way from a crash to its replacement)."""
+    global _replica_class
+    if _replica_class is None:
+        _replica_class = ray.remote(ReplicaActor)
+    return _replica_class
+
+
 def _death_cause(error: BaseException | None, actor: Any) -> str:
     """``ReplicaCrashed.cause`` of a replica actor that died (the controller
     did not kill it), from structured facts: the error's own flags (its
@@ -881,7 +894,7 @@ class Controller:
             # An async actor: requests wait on a semaphore of max_ongoing_requests
             # inside it, so Ray's own limit only needs to leave room for them and
             # the controller's calls.
-            actor: Any = ray.remote(ReplicaActor).options(
+            actor: Any = replica_class().options(
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
                 max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
             ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], k["lineage"], cmd.rank.rank,
