@@ -550,7 +550,7 @@ class _Presence:
     __slots__ = ("seen", "seen_line", "left", "lost_nodes", "node_of", "stops", "recovered")
 
     def __init__(self) -> None:
-        self.seen: dict[str, dict[str, str]] | None = None  # dep -> rid -> phase, at the last snapshot
+        self.seen: dict[str, dict[str, tuple[str, int | None]]] | None = None  # dep -> rid -> (phase, lineage)
         self.seen_line = 0
         self.left: set[str] = set()
         self.lost_nodes: set[str] = set()
