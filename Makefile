@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rankcore demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check rankcore executors tools benchmarks
+	$(VENV)/bin/ruff check rankcore executors tools benchmarks tests
 	$(VENV)/bin/mypy
 	$(PY) tools/typecheck_docs.py
 

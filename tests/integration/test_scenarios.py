@@ -526,8 +526,7 @@ def test_time_below_k_replicas_against_a_hand_computed_timeline() -> None:
     1 of 1 to 90 (the nightly downscale: not a shortfall), 1 of 3 to 100 (the
     upscale starting), 3 of 3 to 110. The target asks for 3 during 80 s: below
     3 for 20 s (0.25), below 2 for 10 s (0.125), never below 1."""
-    from executors.scenarios.format import parse_scenario
-    from executors.scenarios.format import ScenarioError
+    from executors.scenarios.format import ScenarioError, parse_scenario
     from executors.sim.runner import Simulation as Sim
 
     sim = Sim(parse_scenario(BELOW), check=True)

@@ -73,15 +73,15 @@ def test_quoted_block_matches_source(line, body):
     first, _, rest = body.lstrip("\n").partition("\n")
     path = ROOT / first.strip()[len("# quoted from "):].strip()
     assert path.is_file(), f"docs/embedding.md:{line} quotes {path}, which does not exist"
-    quoted = [l.rstrip() for l in textwrap.dedent(rest).splitlines() if l.strip()]
-    source = [l.rstrip() for l in path.read_text().splitlines()]
+    quoted = [ln.rstrip() for ln in textwrap.dedent(rest).splitlines() if ln.strip()]
+    source = [ln.rstrip() for ln in path.read_text().splitlines()]
     # Find the quote as consecutive source lines (blank source lines skipped), same relative indent.
     width = len(quoted[0]) - len(quoted[0].lstrip())
     for start, src in enumerate(source):
         if src.strip() != quoted[0].strip():
             continue
         shift = (len(src) - len(src.lstrip())) - width
-        got = [l for l in source[start:] if l.strip()][: len(quoted)]
+        got = [ln for ln in source[start:] if ln.strip()][: len(quoted)]
         if [(" " * shift + q) if shift >= 0 else q[-shift:] for q in quoted] == got:
             return
     pytest.fail(f"docs/embedding.md:{line}: the quote of {path.relative_to(ROOT)} no longer matches the code "

@@ -364,7 +364,7 @@ def test_without_a_cluster_model_a_downscale_drops_the_backoff_too():
         c(rc.ReplicaPlaced(replica_id=cmds[0].replica_id, node_id="n0", now=100.0))
         cmds = c(rc.ReplicaCrashed(replica_id=cmds[0].replica_id, cause="error", reason="boom", now=100.0))
         cmds = tuple(x for x in cmds if isinstance(x, rc.StartReplica)) or cmds
-    (rid,) = c.state.cluster.delayed.keys()
+    assert len(c.state.cluster.delayed) == 1
     c(rc.ScaleRequested(deployment="a", num_replicas=0))
     assert not c.dep().replicas and not c.state.cluster.delayed and not c.state.cluster.deadlines
 

@@ -575,7 +575,7 @@ def test_compact_makes_all_levels_contiguous():
     t = _hole_table()
     assert not t.is_contiguous()
     assert not contiguous_levels(t)
-    t2, changes = t.compact()
+    t2, _changes = t.compact()
     assert contiguous_levels(t2)
     assert t2.is_contiguous()
     assert t2.lower_bound() == LowerBound(0, 0, 0, 0)

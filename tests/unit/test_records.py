@@ -33,12 +33,12 @@ def test_generators_are_materialised_before_validation():
 
 @pytest.mark.parametrize("value", ["llm#0", {"llm#0": 1}, 3])
 def test_a_string_or_mapping_is_not_taken_for_a_list_of_ids(value):
-    with pytest.raises(rc.InvalidConfig, match="ScaleRequested.victims must be a tuple"):
+    with pytest.raises(rc.InvalidConfig, match=r"ScaleRequested\.victims must be a tuple"):
         rc.ScaleRequested(deployment="llm", num_replicas=1, victims=value)
 
 
 def test_recovery_fields_must_be_iterables():
-    with pytest.raises(rc.InvalidConfig, match="ControllerRecovered.reports must be an iterable"):
+    with pytest.raises(rc.InvalidConfig, match=r"ControllerRecovered\.reports must be an iterable"):
         rc.ControllerRecovered(deployments=(), reports=None)
 
 
