@@ -10,7 +10,7 @@ from typing import Any, overload
 
 import attrs
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
 
@@ -344,8 +344,6 @@ def get_deployment_handle(name: str) -> DeploymentHandle:
 
 def ask(controller: Any, method: str, *args: Any, timeout: float = 60.0) -> Any:
     """Call the controller, waiting out a restart (Ray restarts it after a crash)."""
-    from ray.exceptions import ActorUnavailableError
-
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -426,23 +424,41 @@ class _Router:
         if self.poll is None and time.monotonic() >= self.retry_at:
             self.poll = self.controller.endpoints_after.remote(self.name, self.known, LONG_POLL_S).future()
 
-    def died(self, rid: str) -> None:
-        """A call saw replica ``rid`` die: route no call there again."""
-        self.dead.add(rid)
+    def died(self, rid: str, for_good: bool = True) -> None:
+        """A call saw replica ``rid`` die: route no call there again (one only
+        unreachable for now, ``ActorUnavailableError``: until the controller's
+        next answer)."""
+        if for_good:
+            self.dead.add(rid)
         self.endpoints = [(r, a) for r, a in self.endpoints if r != rid]
         self.inflight.pop(rid, None)
 
+    def _settle(self) -> None:
+        """Forget the calls that have finished: one ``ray.wait`` over all in flight."""
+        refs = [r for rs in self.inflight.values() for r in rs]
+        if not refs:
+            return
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if done:
+            finished = set(done)
+            self.inflight = {rid: left for rid, rs in self.inflight.items()
+                             if (left := [r for r in rs if r not in finished])}
+
+    def _free(self) -> list:
+        return [(len(self.inflight.get(rid, ())), rid, actor) for rid, actor in self.endpoints
+                if len(self.inflight.get(rid, ())) < self.max]
+
     def pick(self, timeout: float) -> tuple[str, Any]:
+        """The least loaded serving replica with room (rotating among equals).
+        The counts are brought up to date only when no replica is idle by
+        them: a count can only be too high, and an idle replica is idle."""
         deadline = time.monotonic() + timeout
         while True:
             self.refresh()
-            for rid in list(self.inflight):
-                refs = self.inflight[rid]
-                if refs:
-                    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                    self.inflight[rid] = [r for r in refs if r not in done]
-            free = [(len(self.inflight.get(rid, ())), rid, actor) for rid, actor in self.endpoints
-                    if len(self.inflight.get(rid, ())) < self.max]
+            free = self._free()
+            if not free or min(x[0] for x in free) > 0:
+                self._settle()
+                free = self._free()
             if free:
                 least = min(x[0] for x in free)
                 ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
@@ -554,5 +570,5 @@ class DeploymentResponse:
                     f"call to {self.handle.name!r}.{self.handle.method} failed: its replica {self.rid} died "
                     f"and retries are used up ({exc.__class__.__name__})"
                 ) from exc
-            self.handle._router.died(self.rid)
+            self.handle._router.died(self.rid, for_good=not isinstance(exc, ActorUnavailableError))
             return self.handle._submit(self.args, self.kwargs, self.attempts - 1).result(timeout)
