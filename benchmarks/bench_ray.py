@@ -543,6 +543,36 @@ def step_controller(system: Any, m: int, timeout: float, res: dict) -> None:
     wait_all_serving(system, m, timeout)
 
 
+def step_floor(repeats: int, timeout: float, res: dict) -> None:
+    """The floor under any crash replacement on this Ray: a bare actor (the
+    replicas' ``num_cpus``, in a one-bundle placement group like ours) created
+    until its first method answers, on the same busy instance, ``repeats``
+    times. Ray starts a fresh worker process for it (the idle pool is above its
+    soft limit with N replicas running), as it does for every replacement."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0.1)
+    class Bare:
+        def ping(self) -> int:
+            return 1
+
+    values = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pg = placement_group([{"CPU": 0.1}])
+        actor = Bare.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg)).remote()
+        ray.get(actor.ping.remote(), timeout=timeout)
+        values.append(time.perf_counter() - t0)
+        ray.kill(actor)
+        remove_placement_group(pg)
+        time.sleep(0.5)
+    res["floor_s"] = values
+    res["floor_median_s"] = statistics.median(values)
+    log("floor: a bare actor created and answering: " + ", ".join(f"{v:.2f}" for v in values) + " s")
+
+
 def run_child(system_name: str, args: argparse.Namespace) -> dict:
     """One system, in this (child) process, with its own local Ray instance."""
     import ray
@@ -557,6 +587,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
     try:
         ranks = step_deploy(system, n, args.timeout, res)
         step_crash(system, n, args.repeats, args.timeout, ranks, res)
+        step_floor(args.repeats, args.timeout, res)
         step_downscale(system, n, m, args.timeout, log_path, res)
         if not args.no_controller:
             step_controller(system, m, args.timeout, res)
@@ -598,6 +629,7 @@ def judge(ours: dict, serve: dict) -> list[dict]:
     row("deploy 0->N, all serving (s)", "deploy_s", "ours <= serve", True, ISSUE_SERVE["deploy_s"])
     row("crash -> same rank serving, median (s)", "crash_median_s", "ours <= serve", True,
         ISSUE_SERVE["crash_median_s"])
+    row("floor: a bare actor created, answering (s)", "floor_median_s", "", None)
     row("downscale N->N/2 settled (s)", "downscale_s", "ours <= serve", True, ISSUE_SERVE["downscale_s"])
     row("downscale: replicas reconfigured", "downscale_replicas_reconfigured", "ours <= serve (fewer)", True)
     row("downscale: calls changing the rank tuple", "downscale_rank_changes", "", None)
