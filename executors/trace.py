@@ -161,11 +161,9 @@ def _event_record(t: float, event: object, before: rc.State, result: rc.Step) ->
             phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
     fields = {} if isinstance(event, rc.ControllerRecovered) else jsonable(event)
     if isinstance(event, rc.ControllerRecovered):
-        named = {d.name for d in event.deployments}
         fields = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
                   "unresponsive": sorted(u.replica_id for u in event.unresponsive),
-                  "unknown": sorted([r.replica_id for r in event.reports if r.deployment not in named]
-                                    + [u.replica_id for u in event.unresponsive if u.deployment not in named])}
+                  "unknown": event.unknown_ids()}
     return {
         "kind": "event",
         "t": t,

@@ -512,6 +512,13 @@ class ControllerRecovered:
     def _check_nodes(self, attribute: attrs.Attribute, value: tuple) -> None:
         _check_records("nodes", value, NodeJoined, lambda n: n.node_id, "names {!r} twice")
 
+    def unknown_ids(self) -> list[str]:
+        """The replicas found (answering or not) of deployments the event does
+        not name, sorted: what ``stop_unknown`` stops (an executor's trace says so)."""
+        named = {d.name for d in self.deployments}
+        return sorted([r.replica_id for r in self.reports if r.deployment not in named]
+                      + [u.replica_id for u in self.unresponsive if u.deployment not in named])
+
     @deployments.validator
     def _check_deployments(self, attribute: attrs.Attribute, value: tuple) -> None:
         _check_records("deployments", value, DeploymentApplied, lambda d: d.name, "names {!r} twice")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, overload
@@ -399,6 +400,9 @@ class _Router:
         self.retry_at = 0.0
         self.turn = 0
         self.polls = 0  # long-poll answers taken (tests)
+        #: every handle of this deployment in this process shares this router
+        #: (``router_for``), from any thread: its state changes under this lock
+        self.lock = threading.RLock()
 
     def _take(self, endpoints: list, most: int) -> None:
         ids = tuple(rid for rid, _ in endpoints)
@@ -411,6 +415,10 @@ class _Router:
         ``force``, or before the first answer, ask the controller and wait for
         it (waiting out a restart). A failed poll (the controller restarting)
         keeps the replicas known and is asked again after ``LONG_POLL_RETRY_S``."""
+        with self.lock:
+            self._refresh(force)
+
+    def _refresh(self, force: bool) -> None:
         poll = self.poll
         if poll is not None and poll.done():
             self.poll = None
@@ -428,10 +436,16 @@ class _Router:
         """A call saw replica ``rid`` die: route no call there again (one only
         unreachable for now, ``ActorUnavailableError``: until the controller's
         next answer)."""
-        if for_good:
-            self.dead.add(rid)
-        self.endpoints = [(r, a) for r, a in self.endpoints if r != rid]
-        self.inflight.pop(rid, None)
+        with self.lock:
+            if for_good:
+                self.dead.add(rid)
+            self.endpoints = [(r, a) for r, a in self.endpoints if r != rid]
+            self.inflight.pop(rid, None)
+
+    def sent(self, rid: str, ref: Any) -> None:
+        """A call went to ``rid``: it counts there until it finishes."""
+        with self.lock:
+            self.inflight.setdefault(rid, []).append(ref)
 
     def _settle(self) -> None:
         """Forget the calls that have finished: one ``ray.wait`` over all in flight."""
@@ -454,25 +468,45 @@ class _Router:
         them: a count can only be too high, and an idle replica is idle."""
         deadline = time.monotonic() + timeout
         while True:
-            self.refresh()
-            free = self._free()
-            if not free or min(x[0] for x in free) > 0:
-                self._settle()
+            with self.lock:
+                self._refresh(False)
                 free = self._free()
-            if free:
-                least = min(x[0] for x in free)
-                ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
-                self.turn += 1
-                _, rid, actor = ties[self.turn % len(ties)]  # rotate among the least loaded
-                return rid, actor
+                if not free or min(x[0] for x in free) > 0:
+                    self._settle()
+                    free = self._free()
+                if free:
+                    least = min(x[0] for x in free)
+                    ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
+                    self.turn += 1
+                    _, rid, actor = ties[self.turn % len(ties)]  # rotate among the least loaded
+                    return rid, actor
+                waiting = [r for refs in self.inflight.values() for r in refs]
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no replica of {self.name!r} took the call within {timeout:g}s")
-            waiting = [r for refs in self.inflight.values() for r in refs]
             if waiting:
                 ray.wait(waiting, num_returns=1, timeout=0.1)
             else:
                 time.sleep(0.05)
                 self.refresh(force=True)
+
+
+_ROUTERS: dict[tuple[str, str], _Router] = {}
+_ROUTERS_LOCK = threading.Lock()
+
+
+def router_for(name: str, controller: Any) -> _Router:
+    """The one router of deployment ``name`` under this controller in this
+    process: every handle made for it (``get_deployment_handle``, an unpickled
+    handle) shares its replicas, counts and its one long poll, so a caller
+    making a handle per request does not leave a poll per handle open on the
+    controller (whose concurrency is bounded)."""
+    actor_id = getattr(controller, "_actor_id", None)
+    key = (actor_id.hex() if actor_id is not None else str(id(controller)), name)
+    with _ROUTERS_LOCK:
+        router = _ROUTERS.get(key)
+        if router is None:
+            router = _ROUTERS[key] = _Router(name, controller)
+        return router
 
 
 class DeploymentHandle:
@@ -482,7 +516,7 @@ class DeploymentHandle:
 
     def __init__(self, name: str, controller: Any, method: str = "__call__", router: _Router | None = None) -> None:
         self.name, self.controller, self.method = name, controller, method
-        self._router = router if router is not None else _Router(name, controller)
+        self._router = router if router is not None else router_for(name, controller)
 
     def __getattr__(self, method: str) -> DeploymentHandle:
         if method.startswith("_"):
@@ -499,7 +533,7 @@ class DeploymentHandle:
     def _submit(self, args: tuple, kwargs: dict, attempts: int) -> DeploymentResponse:
         rid, actor = self._router.pick(timeout=60.0)
         ref = actor.handle_request.remote(self.method, args, kwargs)
-        self._router.inflight.setdefault(rid, []).append(ref)
+        self._router.sent(rid, ref)
         return DeploymentResponse(self, rid, ref, args, kwargs, attempts)
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:

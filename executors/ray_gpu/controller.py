@@ -607,22 +607,21 @@ class Controller:
         self._adopt_placement_groups()
         self.started, self.lineages = started, lineages
         now = self._now()
-        unknown = sorted(r.replica_id for r in reports if r.deployment not in self.specs)
-        unknown += sorted(u.replica_id for u in silent if u.deployment not in self.specs)
+        # stop_unknown: the specs are persisted on every change (_persist), so a replica
+        # of a deployment they do not name is a leftover (a reset, a deleted deployment)
+        event = rc.ControllerRecovered(deployments=tuple(desired[n] for n in sorted(desired)),
+                                       reports=tuple(reports), next_replica_number=started,
+                                       next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
+                                       unresponsive=tuple(silent))
         if self.driver.trace is not None:
             for rid, dep in lost:
                 self.driver.trace.fault(now, "replica_lost", replica=rid, deployment=dep,
                                         reason="gone when the controller recovered")
             self.driver.trace.fault(now, "controller_recovered", reports=len(reports),
                                     resumed=sorted(requeued), lost=[rid for rid, _ in lost],
-                                    unresponsive=sorted(u.replica_id for u in silent), unknown=unknown)
+                                    unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
         self._nodes = {n.node_id: n.resources for n in nodes}
-        # stop_unknown: the specs are persisted on every change (_persist), so a replica
-        # of a deployment they do not name is a leftover (a reset, a deleted deployment)
-        self._feed(rc.ControllerRecovered(deployments=tuple(desired[n] for n in sorted(desired)),
-                                          reports=tuple(reports), next_replica_number=started,
-                                          next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
-                                          unresponsive=tuple(silent)))
+        self._feed(event)
         # Watch only now: a replica that died while the others reported is then
         # a crash the core knows what to do with (before, it would be ignored).
         state = self.driver.state
@@ -1311,6 +1310,8 @@ class Controller:
                 pass
 
     def _wake_long_polls(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        if result.state.deployments is before.deployments:
+            return  # (a Tick, a passing health check: no replica changed, nobody serves anew)
         stepped, self._stepped = self._stepped, None
         if stepped is not None:
             stepped.set()

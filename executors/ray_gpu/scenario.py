@@ -244,13 +244,14 @@ def _freeze(actor: Any, timeout: float = OBSERVE_TIMEOUT_S) -> bool:
     """The scenario's ``hang`` on Ray: freeze the replica's process (SIGSTOP). It is
     alive but answers nothing: its health checks time out, and so does a
     recovering controller's report call (it is reported unresponsive), as the
-    simulator's hung replica. False if the actor is gone or not serving."""
+    simulator's hung replica. False if the actor is gone; a freeze that did not
+    take (the signal failed, the process still answers) raises."""
     try:
         pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=timeout)
         node_id = ray.get(actor.node_id.remote(), timeout=timeout)
-        _signal(pid, node_id, signal.SIGSTOP)
-    except ray.exceptions.RayError:
-        return False
+    except ray.exceptions.RayActorError:
+        return False  # it died meanwhile: nothing to hang
+    _signal(pid, node_id, signal.SIGSTOP)
     ready, _ = ray.wait([actor.report.remote()], timeout=1.0)
     if ready:
         raise RuntimeError(f"hang: replica process {pid} still answers after SIGSTOP")
@@ -394,8 +395,12 @@ class _RayTarget:
         from now on, and a recovering controller's report call too. With the
         controller up, returns once the core gave it up."""
         rid, _, actor = self._hit("hang", args)
-        if actor is not None and not _freeze(actor):
-            actor = None
+        try:
+            if actor is not None and not _freeze(actor):
+                actor = None
+        except Exception as exc:  # (the hang never happened: the run must not pass as if it had)
+            self.results.append((f"hang {args}", False, f"{rid} could not be frozen: {exc!r}"))
+            return
         if actor is None:  # as the simulator says it
             self.results.append((f"hang {args}", True, "nothing to hang: no serving replica matched"))
             return

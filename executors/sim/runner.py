@@ -325,11 +325,8 @@ class Simulation:
                                        next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
                                        nodes=self.backend.joined(), stop_unknown=True)
         if self.trace:
-            named = {d.name for d in specs}
-            unknown = sorted([r.replica_id for r in reports if r.deployment not in named]
-                             + [u.replica_id for u in silent if u.deployment not in named])
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
-                             unresponsive=sorted(u.replica_id for u in silent), unknown=unknown)
+                             unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
         self.driver.feed(event, self.now)
         if self._deferred is not None:
             held, self._deferred = self._deferred, None

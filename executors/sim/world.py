@@ -301,6 +301,8 @@ class SimBackend:
         self._rerank(r, cmd.rank.rank)
         if r.phase == "running":
             r.phase = "reconfiguring"
+        if r.hung:
+            return  # a frozen process never answers (on Ray: the call waits until it is stopped)
         delay = self.sim.latency(cmd.deployment, "reconfigure")
         self.sim.schedule(delay, self._reconfigured, r.replica_id, r.epoch, cmd.version)
 
@@ -313,8 +315,9 @@ class SimBackend:
         self.sim.deliver(rc.ReplicaReconfigured(replica_id=rid, version=version))
 
     def _stop(self, cmd: rc.StopReplica) -> None:
-        """A graceful stop drains for the stop latency, killed at ``graceful_shutdown_timeout_s``;
-        with 0 s it is killed at once and its GPUs are free now (the core has passed its room on)."""
+        """A graceful stop drains for the stop latency, killed at ``graceful_shutdown_timeout_s``
+        (a hung replica drains nothing: killed at the timeout); with 0 s it is killed at once
+        and its GPUs are free now (the core has passed its room on)."""
         r = self.replicas.get(cmd.replica_id)
         if r is None or not r.alive:
             return
@@ -322,6 +325,8 @@ class SimBackend:
         if cmd.graceful_shutdown_timeout_s <= 0:
             self._release_gpus(r)
             delay = 0.0
+        elif r.hung:  # a frozen process drains nothing: killed at the timeout
+            delay = cmd.graceful_shutdown_timeout_s
         else:
             delay = min(self.sim.latency(cmd.deployment, "stop"), cmd.graceful_shutdown_timeout_s)
         self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)

@@ -497,8 +497,10 @@ def _refused_on_ray(sim: list[dict], got: list[dict]) -> None:
 def _orphan_and_unresponsive_on_ray(sim: list[dict], got: list[dict]) -> None:
     """Both executors told the core the same (the frozen replica unresponsive, the
     orphan actor unknown); on Ray the core stopped both in the recovery's step
-    and started rank 1 again only after the frozen one's ReplicaStopped; both
-    processes are gone."""
+    and started rank 1 again only after the frozen one's ReplicaStopped (the
+    core's rule; on Ray the controller feeds ReplicaStopped once its ray.kill is
+    sent, so the order alone cannot show the process gone first); both
+    processes are gone afterwards."""
     told = [[(r["fields"]["unresponsive"], r["fields"]["unknown"]) for r in recs
              if r.get("type") == "ControllerRecovered"] for recs in (sim, got)]
     assert told[0] == told[1] == [(["llm#1"], ["llm-old#0"])]

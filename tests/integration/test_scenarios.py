@@ -898,3 +898,41 @@ def test_the_controller_hears_nothing_of_an_orphan_until_a_recovery_finds_it() -
     assert rec["fields"]["unknown"] == ["old#4"] and rec["fields"]["unresponsive"] == ["old#4"]
     assert [(r["type"], r["replica"]) for r in about] == [("StopReplica", "old#4"), ("ReplicaStopped", "old#4")]
     assert about[0]["t"] == rec["t"] and not sim.backend.orphans and "old#4" not in sim.backend.replicas
+
+
+def test_a_hung_replica_answers_no_reconfigure_and_drains_nothing_in_the_simulator():
+    """As on Ray (a frozen process): a config update leaves the hung replica
+    reconfiguring (no ReplicaReconfigured), and a downscale's graceful stop of
+    it lasts the whole graceful_shutdown_timeout_s."""
+    import io as _io
+
+    from executors.scenarios.format import parse_scenario
+    from executors.sim import Simulation as _Sim
+
+    text = """
+name: hung
+seed: 1
+cluster: {nodes: 1, gpus_per_node: 2}
+latency: {place: 0.1, start: 1, reconfigure: 0.5, stop: 1}
+deployments:
+  llm: {replicas: 2, user_config: {v: 1}, health_check_period_s: 100, health_check_timeout_s: 100,
+        graceful_shutdown_timeout_s: 7}
+timeline:
+  - deploy: llm
+  - wait_until_healthy: {deployment: llm, timeout: 30}
+  - at: 10
+    hang: {deployment: llm, rank: 1}
+  - at: 11
+    update_config: {deployment: llm, user_config: {v: 2}}
+  - at: 20
+    scale: {deployment: llm, replicas: 1}
+"""
+    buf = _io.StringIO()
+    _Sim(parse_scenario(text, "hung.yaml"), trace=buf).run()
+    recs = [json.loads(line) for line in buf.getvalue().splitlines()]
+    hung = next(r for r in recs if r["kind"] == "fault" and r["type"] == "hang")["replica"]
+    answered = [r["replica"] for r in recs if r.get("type") == "ReplicaReconfigured"]
+    assert answered and hung not in answered  # the other one answered its reconfigure
+    stop = next(r for r in recs if r.get("kind") == "command" and r["type"] == "StopReplica" and r["replica"] == hung)
+    gone = next(r for r in recs if r.get("type") == "ReplicaStopped" and r["replica"] == hung)
+    assert stop["t"] == 20.0 and gone["t"] == pytest.approx(27.0)

@@ -33,10 +33,37 @@ def test_a_replica_unreachable_for_now_comes_back_with_the_controllers_next_answ
     assert [rid for rid, _ in r.endpoints] == ["d#0", "d#1"]
 
 
-def test_handles_made_by_method_share_the_replicas_and_counts_and_pickle_without_them():
+def test_every_handle_of_a_deployment_in_a_process_shares_one_router_and_pickles_without_it():
+    """handle.method, a second handle, an unpickled copy: one router (one long
+    poll on the controller, one set of counts) per deployment per process."""
     import pickle
 
     h = DeploymentHandle("d", controller=None)
     assert h.other._router is h._router and h.other.method == "other"
+    assert "_Router" not in repr(pickle.dumps(h.other))  # it travels without its router
     copy = pickle.loads(pickle.dumps(h.other))
-    assert (copy.name, copy.method) == ("d", "other") and copy._router is not h._router
+    assert (copy.name, copy.method) == ("d", "other") and copy._router is h._router
+    assert DeploymentHandle("d", controller=None)._router is h._router
+    assert DeploymentHandle("e", controller=None)._router is not h._router
+
+
+def test_a_hang_that_did_not_take_on_ray_is_a_failed_result_not_a_pass(monkeypatch):
+    """The scenario's hang on Ray: a signal that failed, or a process still
+    answering after SIGSTOP, fails the run (it was recorded as "nothing to
+    hang", passed)."""
+    from executors.ray_gpu import scenario
+
+    target = scenario._RayTarget.__new__(scenario._RayTarget)
+    target.results, target.down = [], True
+    monkeypatch.setattr(target, "_hit", lambda kind, args: ("llm#0", None, object()))
+
+    def still_answers(actor: object) -> bool:
+        raise RuntimeError("hang: replica process 7 still answers after SIGSTOP")
+
+    monkeypatch.setattr(scenario, "_freeze", still_answers)
+    target.hang({"replica": "llm#0"})
+    ((what, ok, detail),) = target.results
+    assert what.startswith("hang") and not ok and "llm#0 could not be frozen" in detail and "still answers" in detail
+    monkeypatch.setattr(scenario, "_freeze", lambda actor: False)  # it died meanwhile: nothing to hang
+    target.hang({"replica": "llm#0"})
+    assert target.results[-1][1] is True and "nothing to hang" in target.results[-1][2]
