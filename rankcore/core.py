@@ -22,7 +22,7 @@ import attrs
 from . import health, restarts
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
-from .errors import InvalidConfig, InvalidEvent
+from .errors import InvalidConfig, InvalidEvent, InvariantViolation
 from .events import (
     BundlesPlaced,
     ControllerRecovered,
@@ -122,7 +122,8 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
                   start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure,
                   options=Options.of(e))
     if moved:
-        assert e.static_placement is not None
+        if e.static_placement is None:
+            raise InvariantViolation("a static deployment's DeploymentApplied without its static_placement")
         dep = _bundles_moved(tx, dep, e.static_placement.bundle_nodes)
     if resources_changed and tx.managed:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
@@ -164,7 +165,8 @@ def _bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
     """The caller's group has its bundles on ``bundle_nodes`` now: FAILED replicas
     whose bundles are all placed restart there; a live replica whose bundle lost
     its node fails."""
-    assert dep.static is not None
+    if dep.static is None:
+        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
     if len(bundle_nodes) != dep.static.bundle_count:
         raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
                            f"{dep.static.group!r} has {dep.static.bundle_count}")
@@ -363,7 +365,8 @@ def _lose_static(tx: Tx, dep: Deployment, node_id: str) -> bool:
     """``node_id`` is gone: a rank with a bundle there is FAILED (not moved: the
     group is the caller's); one that only ran there restarts on its bundles.
     Whether the deployment had anything there."""
-    assert dep.static is not None
+    if dep.static is None:
+        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
     lost = set(dep.static.ranks_on(node_id))
     there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == node_id}
     if not lost and not there:

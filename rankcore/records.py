@@ -87,12 +87,14 @@ def _maker(cls: type) -> Any:
     args, body = [], []
     for i, a in enumerate(fields):
         n = a.name
-        assert a.converter is None, f"{cls.__name__}.{n} has a converter: build it with its constructor"
+        if a.converter is not None:
+            raise TypeError(f"{cls.__name__}.{n} has a converter: build it with its constructor")
         if a.default is attrs.NOTHING:
             args.append(n)
             body.append(w.put(i, n, n))
         elif isinstance(a.default, attrs.Factory):  # type: ignore[arg-type]
-            assert not a.default.takes_self, f"{cls.__name__}.{n}: a factory taking self"
+            if a.default.takes_self:
+                raise TypeError(f"{cls.__name__}.{n}: a factory taking self")
             w.scope[f"_f{i}"] = a.default.factory
             args.append(f"{n}=_M")
             body.append(w.put(i, n, f"_f{i}() if {n} is _M else {n}"))

@@ -31,6 +31,7 @@ import immutables
 
 from .cluster import Cluster, Need, Node
 from .commands import InitializeReplica, PlaceReplica, ScheduleTick
+from .errors import InvariantViolation
 from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
 from .records import evolve, maker, updater
@@ -292,7 +293,8 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     its global rank, avoids that node, and goes back to the head of the queue."""
     cl = tx.cl
     node_id = rep.node_id
-    assert node_id is not None
+    if node_id is None:
+        raise InvariantViolation("a booking without a node")
     held = cl.held.get(rep.replica_id)
     if held is not None:
         cl.held = cl.held.delete(rep.replica_id)
@@ -374,7 +376,8 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     hold(tx, rid, node_id, dep.resources)
     dep = _with_placed(dep, dep.replicas.set(rid, _with_node(rep, node_id)), ranks)
     rank = ranks.rank_of(rid)
-    assert rank is not None
+    if rank is None:
+        raise InvariantViolation("a placed replica without a rank record")
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
     return dep
 
@@ -426,7 +429,8 @@ def announce_booking(tx: Tx, dep: Deployment, rid: str, node_id: str) -> None:
     """Crash replacement ``rid``, born on its predecessor's node on the booking
     it left (its record and ranks say so already): PlaceReplica."""
     rank = dep.ranks.rank_of(rid)
-    assert rank is not None
+    if rank is None:
+        raise InvariantViolation("a placed replica without a rank record")
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
 
 

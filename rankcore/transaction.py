@@ -16,7 +16,7 @@ import immutables
 from . import restarts
 from .cluster import Cluster
 from .commands import GangChanged, InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, StopReplica
-from .errors import InvalidEvent
+from .errors import InvalidEvent, InvariantViolation
 from .fields import shown
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
@@ -184,7 +184,8 @@ def put_replica(dep: Deployment, old: Replica, new: Replica, **changes: object) 
 def initialize(dep: Deployment, rid: str) -> InitializeReplica:
     """The InitializeReplica for a just-placed replica (the seed's startup rule)."""
     rank = dep.ranks.rank_of(rid)
-    assert rank is not None  # just placed
+    if rank is None:  # just placed
+        raise InvariantViolation("a placed replica without a rank record")
     return _Init(
         replica_id=rid,
         deployment=dep.name,
@@ -212,7 +213,8 @@ def stop_command(dep: Deployment, rid: str, now: bool = False) -> StopReplica:
 
 def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, ReconfigureReplica]:
     rank = dep.ranks.rank_of(rep.replica_id)
-    assert rank is not None  # a reconfigurable replica is placed
+    if rank is None:  # a reconfigurable replica is placed
+        raise InvariantViolation("a placed replica without a rank record")
     if reason == "user_config":
         call_user = dep.has_reconfigure
     else:
@@ -388,10 +390,12 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
     """Put ``rid`` on its rank's first bundle (the caller's group holds the
     resources: nothing is booked on the cluster model): PlaceReplica."""
     static = dep.static
-    assert static is not None
+    if static is None:
+        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
     g = dep.ranks.global_rank(rid)
     node_id = static.node_of(g)
-    assert node_id is not None
+    if node_id is None:
+        raise InvariantViolation("a static rank whose bundle has no node")
     rep = dep.replicas[rid]
     ranks = dep.ranks
     if rep.node_id != node_id:
@@ -400,7 +404,8 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
         ranks = ranks.place(rid, node_id)
         dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
     rank = ranks.rank_of(rid)
-    assert rank is not None
+    if rank is None:
+        raise InvariantViolation("a placed replica without a rank record")
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, group=static.group,
                          bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))
     return dep
@@ -429,7 +434,8 @@ def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A static replica died: back on the same bundles with the same rank (or
     FAILED, when a bundle of its rank is not placed now)."""
     static = dep.static
-    assert static is not None
+    if static is None:
+        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
     if not static.placed(dep.ranks.global_rank(rep.replica_id)):
         return fail_static(tx, dep, rep, stop=False)
     (new_id,) = tx.new_ids(dep.name, 1)
@@ -509,7 +515,8 @@ def _tell_gangs(tx: Tx) -> None:
     """Each StartReplica of a gang member carries its gang (members as the step
     leaves them); a gang that got a new member while others kept running is
     told its new members (GangChanged)."""
-    assert tx.gangs is not None
+    if tx.gangs is None:
+        raise InvariantViolation("gang starts told with no gang deployment started")
     started: dict[tuple[str, int], set[str]] = {}
     out = []
     for c in tx.commands:

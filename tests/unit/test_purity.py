@@ -69,3 +69,28 @@ def test_same_events_same_commands_across_processes():
         outs.append(subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True).stdout)
     assert outs[0] == outs[1] == outs[2]
     assert "ReconfigureReplica" in outs[0] and "StopReplica" in outs[0]
+
+
+def test_core_has_no_bare_assert():
+    """An ``assert`` vanishes under ``python -O``: a broken internal rule raises
+    InvariantViolation instead (issue 20). rankcore.testing, the property
+    machines' helper, asserts what a test expects: it may."""
+    found = []
+    for path in CORE.glob("*.py"):
+        if path.name == "testing.py":
+            continue
+        found += [f"{path.name}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.Assert)]
+    assert found == []
+
+
+def test_a_broken_internal_rule_raises_even_under_python_O():
+    code = ("import rankcore as rc\n"
+            "from rankcore import transaction as t\n"
+            "dep = rc.step(rc.State(), rc.DeploymentApplied(name='a', num_replicas=1)).state.deployments['a']\n"
+            "try:\n"
+            "    t.place_static(None, dep, 'a#0')\n"
+            "except rc.InvariantViolation as e:\n"
+            "    print('raised:', e)\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("raised: a static-placement rule ran on a deployment without static placement")
