@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -68,43 +70,119 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return str(v)
 
 
-def _summary_table(result: Any) -> Table:
-    t = Table(title=f"{result.scenario.name}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
-                    f"{result.events:,} core events)[/dim]")
-    for col in ("deployment", "target", "healthy", "contiguous", "reassigned\nrank/node/local/any",
-                "reconfigures\nrank/user_config", "crashes /\ntimeouts", "non-contig s", "unavailable\nreplica·s",
-                "crash→ready\np50 / p99 s", "avail. %", "full\nstrength %", "to full strength\np50/p99/max s"):
-        t.add_column(col, justify="left" if col == "deployment" else "right")
-    for name, m in result.metrics["deployments"].items():
-        dep = result.state.deployments.get(name)
-        ra, rc_ = m["reassignments"], m["reconfigures"]
-        t.add_row(
-            name,
-            str(dep.target) if dep else "-",
-            "yes" if dep and dep.healthy else "no",
-            "yes" if dep and dep.ranks.is_contiguous() else "no",
-            f"{ra['rank']}/{ra['node_rank']}/{ra['local_rank']}/{ra['any']}",
-            f"{rc_['rank']}/{rc_['user_config']}",
-            f"{m['crashes']} / {m['timeouts']}",
-            _fmt(m["noncontiguous_seconds"]),
-            _fmt(m["unavailable_replica_seconds"]),
-            f"{_fmt(m['crash_to_ready_p50'])} / {_fmt(m['crash_to_ready_p99'])}",
-            _fmt(m["availability_pct"], 3),
-            _fmt(m["full_strength_pct"], 2),
-            f"{_fmt(m['to_full_strength_p50'])}/{_fmt(m['to_full_strength_p99'])}/{_fmt(m['to_full_strength_max'])}",
-        )
-    t.caption = LEGEND
-    return t
+#: one run's default summary: the state columns, then these figures (keys of
+#: executors.sweep.FIGURES, where every figure is declared); ``--wide`` or
+#: ``--columns`` show the others, ``--format json|csv`` carries them all
+SUMMARY_FIGURES = ("crashes", "reassignments_any", "availability_pct", "crash_to_ready_p50")
+
+#: (a word of a column title, what it means): the legend under a table lists those of the columns it shows
+MEANINGS = (
+    ("reassigned", "reassigned: replicas whose rank moved (per level; any level: at one or more)"),
+    ("reconfigures", "reconfigures: reconfigure calls for a rank change / a user_config update"),
+    ("timeouts", "timeouts: starts replaced after faults.start_timeout"),
+    ("crash→ready", "crash→ready: from a rank's failure to its replacement ready"),
+    ("avail. %", "avail. %: serving / target replica-seconds after first full strength"),
+    ("full strength %", "full strength %: time after that with every replica serving"),
+    ("unavail.", "unavail. replica·s: target minus serving replicas, integrated"),
+    ("to full", "to full: from each drop below full strength (a crash, a node loss; not a new target) "
+                "to full strength again"),
+    ("frac.", "non-contig frac. / s: time after start-up with that level's ranks not contiguous"),
+    ("whole run", "non-contig whole run s: seconds with ranks not contiguous, start-up included"),
+)
 
 
-#: what the summary columns mean (printed under the table)
-LEGEND = ("reassigned: replicas whose rank moved, by level (global rank / node rank / local rank / any); "
-          "timeouts: starts replaced after faults.start_timeout; non-contig s: seconds with ranks not "
-          "contiguous at some level; unavailable replica·s: target minus serving replicas, integrated; "
-          "avail. %: serving / target replica-seconds after first full strength; full strength %: time "
-          "after that with every replica serving; to full strength: seconds from each drop below full "
-          "strength (serving replicas falling under an unchanged target: a crash, a node loss; not a new "
-          "target or the ramp up to it) to full strength again")
+def legend(titles: Any, more: bool = False) -> str:
+    """What the columns titled ``titles`` mean (only those that need saying);
+    ``more``: say where the figures not shown are."""
+    flat = " ".join(t.replace("\n", " ") for t in titles)
+    parts = [text for word, text in MEANINGS if word in flat]
+    if more:
+        parts.append("every figure: --wide, --format json|csv")
+    return "; ".join(parts)
+
+
+def _state_cells(result: Any, name: str) -> list[str]:
+    dep = result.state.deployments.get(name)
+    return [escape(name), str(dep.target) if dep else "-", "yes" if dep and dep.healthy else "no",
+            "yes" if dep and dep.ranks.is_contiguous() else "no"]
+
+
+def _figure_cell(m: dict, f: Any) -> str:
+    from .sweep import figure_value
+
+    v = figure_value(m, f.key)
+    if v is None:
+        return "-"
+    return str(int(v)) if f.count else f"{v:.{f.digits}f}"
+
+
+def _title_width(title: str) -> int:
+    """A column's width for ``title``: its lines as written, else one line up to
+    10 characters, else the narrowest that fits it in two lines (never below its
+    longest word). A fixed width keeps rich from cutting a title short
+    ("crash→rea…") when it shrinks a table to fit."""
+    if "\n" in title or len(title) <= 10:
+        return max(len(line) for line in title.split("\n"))
+    width = max(len(w) for w in title.split())
+    while len(textwrap.wrap(title, width)) > 2:
+        width += 1
+    return width
+
+
+def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
+    """One run's summary. ``figures`` None: one table of the state columns and
+    ``SUMMARY_FIGURES`` (readable at 100 columns); else a table per group of
+    ``figures`` (the sweep's groups), the state columns in the first."""
+    from .sweep import FIGURES, GROUPS
+
+    deps = result.metrics["deployments"]
+    title = (f"{escape(result.scenario.name)}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
+             f"{result.events:,} core events)[/dim]")
+    if figures is None:
+        groups = [[f for key in SUMMARY_FIGURES for f in FIGURES if f.key == key]]
+    else:
+        groups = [cols for g in GROUPS if (cols := [f for f in figures if f.group == g])]
+    out = []
+    for n, cols in enumerate(groups or [[]]):
+        t = Table(title=title if n == 0 else cols[0].group)
+        for c in ("deployment", "target", "healthy", "contiguous") if n == 0 else ("deployment",):
+            t.add_column(c, justify="left" if c == "deployment" else "right", overflow="fold")
+        cells = {name: [_figure_cell(m, f) for f in cols] for name, m in deps.items()}
+        for i, f in enumerate(cols):
+            t.add_column(f.title, justify="right",
+                         width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
+        for name in deps:
+            t.add_row(*(_state_cells(result, name) if n == 0 else [escape(name)]), *cells[name])
+        out.append(t)
+    out[-1].caption = legend([f.title for cols in groups for f in cols], more=figures is None)
+    return out
+
+
+_INT_LIST = re.compile(r"\[(\d+(?:, \d+)*)\]")
+
+
+def short_detail(text: str, most: int = 8) -> str:
+    """``text`` with every list of more than ``most`` whole numbers (a
+    1,000-replica rank list) written as its runs: ``0..999 (1,000,
+    contiguous)``, ``0..4, 6..999 (999)``; a gap or a repeat stays visible."""
+
+    def runs(m: re.Match) -> str:
+        nums = [int(x) for x in m.group(1).split(", ")]
+        if len(nums) <= most:
+            return m.group(0)
+        spans: list[list[int]] = []
+        for n in nums:
+            if spans and n == spans[-1][1] + 1:
+                spans[-1][1] = n
+            else:
+                spans.append([n, n])
+        text = ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in spans[:4])
+        if len(spans) > 4:
+            text += f", … ({len(spans) - 4} more runs)"
+        contiguous = len(spans) == 1 and spans[0][0] == 0
+        return f"{text} ({len(nums):,}{', contiguous' if contiguous else ''})"
+
+    return _INT_LIST.sub(runs, text)
 
 
 def _expectation_table(result: Any) -> Table | None:
@@ -112,10 +190,11 @@ def _expectation_table(result: Any) -> Table | None:
         return None
     t = Table(title="expectations")
     t.add_column("", justify="center")
-    t.add_column("expectation")
-    t.add_column("seen")
+    t.add_column("expectation", overflow="fold")
+    t.add_column("seen", overflow="fold")
     for e in result.expectations:
-        t.add_row("[green]pass[/green]" if e.passed else "[red]FAIL[/red]", e.name, e.detail)
+        t.add_row("[green]pass[/green]" if e.passed else "[red]FAIL[/red]", escape(e.name),
+                  escape(short_detail(e.detail)))
     return t
 
 
@@ -169,20 +248,34 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
               help="A sweep: write each run's plot here (<variant>-seed<N>.png).")
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
 @click.option("--columns", metavar="NAMES",
-              help="A sweep's tables: groups (availability, recovery, ranks, contiguity, contiguity_s), figure "
-                   "keys or 'all', comma-separated (default: all groups but contiguity_s).")
+              help="The figures the tables show: groups (availability, recovery, ranks, contiguity, contiguity_s), "
+                   "figure keys or 'all', comma-separated (default: one run, a short summary; a sweep, all groups "
+                   "but contiguity_s).")
+@click.option("--wide", is_flag=True, help="Show every figure (--columns all): one table per group.")
 @click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
 def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
              plot_window: str | None, sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
              trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool,
-             columns: str | None = None) -> None:
+             columns: str | None = None, wide: bool = False) -> None:
     """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
+    if wide:
+        if columns is not None:
+            raise click.UsageError("--wide is --columns all: give one of them")
+        columns = "all"
     if seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
         if trace_path or plot_path:
             raise click.UsageError("--trace and --plot take one run; use --trace-dir / --plot-dir for a sweep")
         _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet, columns)
         return
-    _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet, _window(plot_window))
+    figures = None
+    if columns is not None:
+        from .sweep import select_figures
+
+        try:
+            figures = select_figures(columns)
+        except ValueError as exc:
+            raise click.UsageError(f"--columns: {exc}") from None
+    _simulate(scenario, seed, trace_path, plot_path, sets, snapshot_every, quiet, _window(plot_window), figures)
 
 
 def _window(text: str | None) -> tuple[float, float] | None:
@@ -259,7 +352,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
             click.echo(text, nl=False)
     if fmt == "table" or output:
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
-        out[-1].caption = LEGEND
+        out[-1].caption = legend([f.title for f in figures])
         for table in out:
             console.print(table)
         console.print(f"[dim]{len(records)} runs in {wall:.2f}s wall ({jobs or os.cpu_count()} processes)"
@@ -268,8 +361,8 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     for r in failed:
         for e in r.expectations:
             if not e["passed"]:
-                click.echo(f"expectation failed [{_label(r.variant)} seed={r.seed}]: {e['name']}: {e['detail']}",
-                           err=True)
+                click.echo(f"expectation failed [{_label(r.variant)} seed={r.seed}]: {e['name']}: "
+                           f"{short_detail(e['detail'])}", err=True)
     if invalid:
         sys.exit(EXIT_BAD_INPUT)
     if failed:
@@ -284,13 +377,14 @@ def _label(variant: dict) -> str:
 
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
               sets: tuple[str, ...], snapshot_every: int | None, quiet: bool,
-              window: tuple[float, float] | None = None) -> None:
-    """One run (``sets`` give one value each; several variants go to ``_sweep``)."""
+              window: tuple[float, float] | None = None, figures: Any = None) -> None:
+    """One run (``sets`` give one value each; several variants go to ``_sweep``);
+    ``figures``: the summary's figures (None: the short summary)."""
     from .sim import ScenarioError, load_scenario
 
     console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=100)  # piped: as wide as the summary needs, whatever rich's default
     (variant,) = _parse_sets(sets)
     try:
         sc = load_scenario(scenario_path, overrides=variant)
@@ -309,7 +403,8 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     result = _run_one(sc, seed, path, snapshot_every, console, show_progress=not quiet and console.is_terminal)
     wall = time.perf_counter() - t0
     if not quiet:
-        console.print(_summary_table(result))
+        for table in _summary_tables(result, figures):
+            console.print(table)
         et = _expectation_table(result)
         if et is not None:
             console.print(et)
@@ -330,7 +425,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
             Path(tmp.name).unlink(missing_ok=True)
     where = f" [{_label(variant)}]" if variant else ""
     for e in result.failures:
-        click.echo(f"expectation failed{where}: {e.name}: {e.detail}", err=True)
+        click.echo(f"expectation failed{where}: {e.name}: {short_detail(e.detail)}", err=True)
     if result.failures:
         sys.exit(EXIT_EXPECTATION_FAILED)
     if quiet:
@@ -417,7 +512,7 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
         t.add_column("expectation")
         t.add_column("seen")
         for name, ok, detail in result.expectations:
-            t.add_row("[green]pass[/green]" if ok else "[red]FAIL[/red]", escape(name), escape(detail))
+            t.add_row("[green]pass[/green]" if ok else "[red]FAIL[/red]", escape(name), escape(short_detail(detail)))
         console.print(t)
         ray.get(get_controller().reset.remote())
     finally:
@@ -427,7 +522,7 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
             cluster.shutdown()
     failed = [(n, d) for n, ok, d in result.expectations if not ok]
     for n, d in failed:
-        click.echo(f"expectation failed: {n}: {d}", err=True)
+        click.echo(f"expectation failed: {n}: {short_detail(d)}", err=True)
     if failed:
         sys.exit(EXIT_EXPECTATION_FAILED)
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "select_figures", "run_one", "run_sweep",
-           "summarise", "tables", "to_json", "to_csv"]
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "select_figures", "figure_value", "run_one",
+           "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
 
 @attrs.frozen
@@ -145,12 +145,14 @@ def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], 
 @attrs.frozen
 class Figure:
     """One per-deployment figure a sweep summarises: its key (in the JSON
-    summary and the CSV), its column title, its group of columns, and digits."""
+    summary and the CSV), its column title, its group of columns, digits, and
+    whether one run's value is a count (printed without digits)."""
 
     key: str
     title: str
     group: str
     digits: int = 1
+    count: bool = False
 
 
 _LEVELS = (("rank", "rank"), ("node_rank", "node"), ("local_rank", "local"))
@@ -160,20 +162,22 @@ FIGURES: tuple[Figure, ...] = (
     Figure("availability_pct", "avail. %", "availability", 3),
     Figure("full_strength_pct", "full strength %", "availability", 3),
     Figure("unavailable_replica_seconds", "unavail. replica·s", "availability"),
-    Figure("crashes", "crashes", "recovery"),
-    Figure("timeouts", "timeouts", "recovery"),
+    Figure("crashes", "crashes", "recovery", count=True),
+    Figure("timeouts", "timeouts", "recovery", count=True),
     Figure("crash_to_ready_p50", "crash→ready p50 s", "recovery"),
     Figure("crash_to_ready_p99", "crash→ready p99 s", "recovery"),
+    Figure("to_full_strength_p50", "to full p50 s", "recovery"),
     Figure("to_full_strength_p99", "to full p99 s", "recovery"),
     Figure("to_full_strength_max", "to full max s", "recovery"),
-    *(Figure(f"reassignments_{lv}", f"reassigned\n{short}", "ranks") for lv, short in _LEVELS),
-    Figure("reassignments_any", "reassigned\nany level", "ranks"),
-    Figure("reconfigures_rank", "reconfigures\nrank", "ranks"),
-    Figure("reconfigures_user_config", "reconfigures\nuser_config", "ranks"),
+    *(Figure(f"reassignments_{lv}", f"reassigned\n{short}", "ranks", count=True) for lv, short in _LEVELS),
+    Figure("reassignments_any", "reassigned\nany level", "ranks", count=True),
+    Figure("reconfigures_rank", "reconfigures\nrank", "ranks", count=True),
+    Figure("reconfigures_user_config", "reconfigures\nuser_config", "ranks", count=True),
     *(Figure(f"noncontig_{lv}", f"non-contig\n{short} frac.", "contiguity", 4) for lv, short in _LEVELS),
     Figure("noncontig_any", "non-contig\nany frac.", "contiguity", 4),
     *(Figure(f"noncontig_s_{lv}", f"non-contig\n{short} s", "contiguity_s") for lv, short in _LEVELS),
     Figure("noncontig_s_any", "non-contig\nany s", "contiguity_s"),
+    Figure("noncontiguous_seconds", "non-contig\nwhole run s", "contiguity_s"),
 )
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s")
@@ -203,7 +207,7 @@ def select_figures(spec: str | None) -> list[Figure]:
     return chosen
 
 
-def _figure(d: dict, key: str) -> float | None:
+def figure_value(d: dict, key: str) -> float | None:
     """A figure of one run's deployment metrics (``metrics.DeploymentMetrics.as_dict``)."""
     for prefix, field in (("reassignments_", "reassignments"), ("reconfigures_", "reconfigures")):
         if key.startswith(prefix):
@@ -245,7 +249,7 @@ def summarise(records: Sequence[RunRecord]) -> list[dict]:
                 k[1] += 1
         for d in deps:
             figures = {f.key: _interval([v for r in runs
-                                         if (v := _figure(r.metrics["deployments"].get(d, {}), f.key)) is not None])
+                                         if (v := figure_value(r.metrics["deployments"].get(d, {}), f.key)) is not None])
                        for f in FIGURES}
             rows.append({"variant": runs[0].variant, "deployment": d, "runs": len(runs),
                          "seeds": [r.seed for r in runs], "figures": figures,
@@ -270,7 +274,7 @@ def to_csv(records: Sequence[RunRecord]) -> str:
     for r in records:
         for d, m in sorted(r.metrics["deployments"].items()):
             w.writerow([*(r.variant.get(k, "") for k in keys), r.seed, d,
-                        *("" if (v := _figure(m, f.key)) is None else v for f in FIGURES),
+                        *("" if (v := figure_value(m, f.key)) is None else v for f in FIGURES),
                         r.passed, r.events, round(r.wall, 4)])
     return buf.getvalue()
 
