@@ -255,13 +255,13 @@ def show_state(state: rc.State) -> list[str]:
         dep = state.deployments[name]
         out.append(f"{name}: {dep.status} target={dep.target}")
         for rid, rank in dep.ranks.items():
-            r = dep.replicas[rid] if rid in dep.replicas else None
+            r = dep.replicas.get(rid)
             phase = r.phase.value if r is not None else "?"
             node = (r.node_id if r is not None else None) or "-"
             shown = _rank(rank) if rank is not None else f"({dep.ranks.global_rank(rid)},-,-)"
             out.append(f"  {rid} {phase} {node} {shown}")
         ranked = {rid for rid, _ in dep.ranks.items()}
-        for rid in sorted(k for k in dep.replicas.keys() if k not in ranked):
+        for rid in sorted(k for k in dep.replicas if k not in ranked):
             r = dep.replicas[rid]
             out.append(f"  {rid} {r.phase.value} {r.node_id or '-'} no-rank")
     return out
@@ -304,8 +304,8 @@ class Runner:
             del self.owed[rid]
         for c in result.commands:
             if _answer(c) is not None:
-                self.owed.pop(c.replica_id, None)  # type: ignore[attr-defined]
-                self.owed[c.replica_id] = c  # type: ignore[attr-defined]
+                self.owed.pop(c.replica_id, None)
+                self.owed[c.replica_id] = c
         for gone in [r for r in self.owed if self.state.replica(r) is None]:
             del self.owed[gone]
         lines = [show_command(c) for c in result.commands]
