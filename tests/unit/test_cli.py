@@ -33,3 +33,93 @@ def test_diagram_png_explains_what_is_missing_or_writes_png(tmp_path):
     else:
         assert result.exit_code == 0, result.output
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------- simulate's summary at 100 columns (issue 20)
+import csv  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+from executors.cli import SUMMARY_FIGURES, short_detail  # noqa: E402
+from executors.sweep import FIGURES, figure_value  # noqa: E402
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+HIDDEN = [f for f in FIGURES if f.key not in SUMMARY_FIGURES]
+
+
+def _simulate(*args: str, columns: str | None = "100"):
+    result = CliRunner(env={"COLUMNS": columns}).invoke(main, ["simulate", *map(str, args)])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("columns", ["100", None], ids=["COLUMNS=100", "piped"])
+@pytest.mark.parametrize("name", ["controller-crash.yaml", "day-of-churn-1000.yaml"])
+def test_the_summary_and_expectations_fit_100_columns_uncut(name, columns):
+    """No header or cell cut short ('…') and no line past 100 columns, whether
+    COLUMNS says 100 or the output is piped without it."""
+    out = _simulate(EXAMPLES / name, columns=columns)
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+    for title in ("deployment", "target", "healthy", "contiguous", "crashes", "reassigned", "any level",
+                  "avail. %", "crash→ready", "p50 s", "expectations", "seen"):
+        assert title in out, title
+    assert "every figure: --wide, --format json|csv" in " ".join(out.split())
+
+
+def test_a_thousand_ranks_are_said_in_a_few_words():
+    out = _simulate(EXAMPLES / "day-of-churn-1000.yaml")
+    assert "global ranks 0..999 (1,000, contiguous)" in out
+    assert "998, 999" not in out and out.count("\n") < 40
+
+
+def test_the_default_leaves_figures_out_and_wide_shows_every_one():
+    default = _simulate(EXAMPLES / "controller-crash.yaml")
+    wide = _simulate(EXAMPLES / "controller-crash.yaml", "--wide")
+    for word in ("timeouts", "user_config", "frac.", "unavail.", "whole run", "to full"):
+        assert word not in default, word  # neither a column nor its legend entry
+        assert word in wide, word
+    for f in FIGURES:  # every figure's title, wrapped or not, in a table of its group
+        assert all(w in wide for w in f.title.split()), f.title
+    # the first table (availability) carries the state columns and the run's title; the others their group's
+    first = wide[:wide.index("└")]
+    assert all(word in first for word in ("contiguous", "avail. %", "strength %", "unavail.", "controller crash"))
+    for group in ("recovery", "ranks", "contiguity", "contiguity_s"):
+        assert any(line.strip() == group for line in wide.splitlines()), group
+    assert "…" not in wide and max(len(line) for line in wide.splitlines()) <= 100, wide
+    # --columns picks groups or figures for one run too, in the sweep's vocabulary
+    ranks = _simulate(EXAMPLES / "controller-crash.yaml", "--columns", "ranks")
+    assert "user_config" in ranks and "timeouts" not in ranks and "avail. %" not in ranks
+    bad = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "controller-crash.yaml"), "--wide", "--columns", "ranks"])
+    assert bad.exit_code == 2 and "--wide is --columns all" in bad.output
+    typo = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "controller-crash.yaml"), "--columns", "rank"])
+    assert typo.exit_code == 2 and "unknown column 'rank'" in typo.output
+
+
+def test_every_figure_the_default_hides_is_in_json_and_csv():
+    path = EXAMPLES / "node-loss-3-nodes.yaml"
+    rows = list(csv.DictReader(io.StringIO(_simulate(path, "--format", "csv"))))
+    runs = json.loads(_simulate(path, "--format", "json"))["runs"]
+    assert len(rows) == len(runs) == 1
+    metrics = runs[0]["metrics"]["deployments"]["llm"]
+    assert HIDDEN and {"timeouts", "reconfigures_user_config", "noncontig_s_any", "to_full_strength_p50",
+                       "noncontiguous_seconds"} <= {f.key for f in HIDDEN}
+    for f in HIDDEN:
+        v = figure_value(metrics, f.key)
+        assert f.key in rows[0], f.key
+        assert rows[0][f.key] == ("" if v is None else str(v)), f.key
+    assert float(rows[0]["noncontig_s_node_rank"]) > 0  # a figure that says something: the node loss
+
+
+def test_short_detail_writes_long_lists_as_runs_keeping_gaps_and_repeats():
+    assert short_detail("global ranks [0, 1, 2, 3]") == "global ranks [0, 1, 2, 3]"
+    assert short_detail(f"global ranks {list(range(1000))}") == "global ranks 0..999 (1,000, contiguous)"
+    gap = [*range(5), *range(6, 20)]
+    assert short_detail(f"expected global ranks {list(range(20))}, saw {gap}") == \
+        "expected global ranks 0..19 (20, contiguous), saw 0..4, 6..19 (19)"
+    assert short_detail(f"saw {[*range(10), 9]}") == "saw 0..9, 9 (11)"  # a repeated rank shows
+    many = list(range(0, 40, 2))
+    assert short_detail(f"saw {many}") == "saw 0, 2, 4, 6, … (16 more runs) (20)"
