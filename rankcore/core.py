@@ -44,7 +44,7 @@ from .fastpaths import FAST_PATHS
 from .fields import shown
 from .lifecycle import Phase, Trigger, advance
 from .options import Options
-from .records import evolve
+from .records import unchecked_copy
 from .recovery import rebuild, unresponsive_gone
 from .scheduling import (
     ClusterTx,
@@ -85,7 +85,7 @@ from .transaction import (
 
 __all__ = ["step", "run"]
 
-_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
+_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 
 # --------------------------------------------------------------- handlers
 _E = TypeVar("_E")
@@ -117,7 +117,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     _check_same_shape(dep, e)
     resources_changed = e.resources != dep.resources
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
-    dep = _evolve(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
+    dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
                   start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure,
                   options=Options.of(e))
@@ -129,9 +129,9 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config
     if config_changed:
-        dep = _evolve(dep, user_config=e.user_config, config_version=dep.config_version + 1)
+        dep = _copy(dep, user_config=e.user_config, config_version=dep.config_version + 1)
     if e.num_replicas != dep.target:
-        dep = _evolve(dep, target=e.num_replicas)
+        dep = _copy(dep, target=e.num_replicas)
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
     dep = reconcile(tx, dep)
     if config_changed:
@@ -143,7 +143,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
             replicas = replicas.set(new.replica_id, new)
             counts = recount(counts, rep.phase, new.phase)
             tx.emit(cmd)
-        dep = _evolve(dep, replicas=replicas, counts=counts)
+        dep = _copy(dep, replicas=replicas, counts=counts)
     tx.put(dep)
     return tx.finish()
 
@@ -171,7 +171,7 @@ def _bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
         raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
                            f"{dep.static.group!r} has {dep.static.bundle_count}")
     static = dep.static.with_nodes(bundle_nodes)
-    dep = _evolve(dep, static=static)
+    dep = _copy(dep, static=static)
     for rid in list(dep.ranks):  # global-rank order
         rep = dep.replicas[rid]
         g = dep.ranks.global_rank(rid)
@@ -226,7 +226,7 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
             f"from {dep.active} to {shown(e.num_replicas)} stops {max(dep.active - e.num_replicas, 0)}"
         )
     if e.num_replicas != dep.target:
-        dep = _evolve(dep, target=e.num_replicas)
+        dep = _copy(dep, target=e.num_replicas)
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
     tx.put(reconcile(tx, dep, e.victims))
     return tx.finish()
@@ -256,11 +256,11 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         if dep.static is not None:  # the executor knows better where the caller's group has that bundle
             nodes = list(dep.static.bundle_nodes)
             nodes[dep.static.bundles_of(ranks.global_rank(rid))[0]] = e.node_id
-            dep = _evolve(dep, static=dep.static.with_nodes(nodes))
+            dep = _copy(dep, static=dep.static.with_nodes(nodes))
         elif tx.managed:  # the booking moves too
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
-    new = _evolve(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
+    new = _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
     answered(tx, rid)  # its placement deadline
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
@@ -287,7 +287,7 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
     phase = advance(rep.phase, Trigger.READY, rep.replica_id)
     if rep.phase is not Phase.STARTING:
         return tx.finish()
-    new = _evolve(rep, phase=phase)
+    new = _copy(rep, phase=phase)
     dep = restarts.started(dep)
     answered(tx, rep.replica_id)  # its start deadline
     if rep.config_version < dep.config_version or rep.rank_update_due:
@@ -309,7 +309,7 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
         return tx.finish(stale=True)  # an older reconfigure, or a repeated answer
     phase = advance(rep.phase, Trigger.RECONFIGURED, rep.replica_id)
     if phase is not rep.phase:
-        tx.put(put_replica(dep, rep, _evolve(rep, phase=phase)))
+        tx.put(put_replica(dep, rep, _copy(rep, phase=phase)))
     return tx.finish()
 
 
@@ -371,7 +371,7 @@ def _lose_static(tx: Tx, dep: Deployment, node_id: str) -> bool:
     there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == node_id}
     if not lost and not there:
         return False
-    dep = _evolve(dep, static=dep.static.lose(node_id))
+    dep = _copy(dep, static=dep.static.lose(node_id))
     for g in sorted(lost | there):
         rid = dep.ranks.holder_of(g)
         rep = dep.replicas.get(rid) if rid is not None else None
@@ -396,7 +396,7 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     node = new_node(e.node_id, e.resources, e.labels, e.order, cl.joined)
     for node_id, need in cl.held.values():  # (a node back after recovery may hold replicas)
         if node_id == e.node_id:
-            node = _evolve(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
+            node = _copy(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
     cl.nodes = cl.nodes.set(e.node_id, node)
     if e.node_id in cl.lost:
         cl.lost = cl.lost - {e.node_id}
@@ -418,7 +418,7 @@ def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
     new = dict(e.resources)
     free = {k: node.free.get(k, 0.0) + new.get(k, 0.0) - node.resources.get(k, 0.0)
             for k in set(new) | set(node.free.keys())}
-    cl.nodes = cl.nodes.set(e.node_id, _evolve(node, resources=type(node.resources)(new),
+    cl.nodes = cl.nodes.set(e.node_id, _copy(node, resources=type(node.resources)(new),
                                                free=type(node.free)(free)))
     cl.blocked = None
     cl.changed = True
@@ -431,7 +431,7 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
     if old.clock and e.now <= old.now:
         return tx.finish(stale=True)  # no time passed (or an older tick)
     if not clock_work_due(old, e.now):
-        tx.cluster = _evolve(old, now=float(e.now), clock=True)  # the common case: only the clock moves
+        tx.cluster = _copy(old, now=float(e.now), clock=True)  # the common case: only the clock moves
         return tx.finish()
     cl = tx.cl
     cl.now, cl.clock, cl.changed = float(e.now), True, True

@@ -1,5 +1,5 @@
-"""``evolve`` and constructors for the core's own records, without attrs'
-per-call introspection or validators.
+"""Unchecked copies and constructors for the core's own records, without
+attrs' per-call introspection or validators.
 
 ``attrs.evolve`` looks up the class's fields and re-runs every validator on
 each call (~3-4 µs for a ``Deployment``); a step makes several, and builds
@@ -8,8 +8,11 @@ already valid, so ``copier`` copies the slots and sets the changed ones,
 ``updater`` does so for a fixed set of changed fields, and ``maker`` builds
 one from its fields: functions generated once per class, writing the slots
 with plain attribute stores on a same-layout twin class (see ``_twin``; a
-17-field ``Deployment`` is copied in ~0.5 µs). Not for input from outside:
-events from executors are still built (and validated) by their constructors.
+17-field ``Deployment`` is copied in ~0.5 µs). ``unchecked_copy`` is named
+so that nobody takes it for ``attrs.evolve``: it validates nothing. A class whose copy would not be a
+valid record (a converter, ``__attrs_post_init__``, a cached hash) is refused
+when its functions are generated. Not for input from outside: events from
+executors are still built (and validated) by their constructors.
 """
 
 from __future__ import annotations
@@ -18,13 +21,32 @@ from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["evolve", "copier", "maker", "updater"]
+__all__ = ["unchecked_copy", "copier", "maker", "updater"]
 
 _T = TypeVar("_T")
 _COPIERS: dict[type, Any] = {}
 _MAKERS: dict[type, Any] = {}
 _UPDATERS: dict[tuple, Any] = {}
 _MISSING = object()
+
+
+def _check(cls: type) -> list[str]:
+    """``cls``'s field names, once it is known that copying its slots makes a
+    valid record: no converter (a copy would skip it), no ``__attrs_post_init__``
+    (never run), no cached hash (a copy would inherit the old one)."""
+    slots = cls.__dict__.get("__slots__")
+    if not attrs.has(cls) or not slots:
+        raise TypeError(f"{cls.__name__}: rankcore.records copies only slotted attrs classes")
+    if hasattr(cls, "__attrs_post_init__"):
+        raise TypeError(f"{cls.__name__} has __attrs_post_init__, which a copy would not run: "
+                        f"build it with its constructor")
+    if "_attrs_cached_hash" in slots:
+        raise TypeError(f"{cls.__name__} caches its hash (cache_hash=True), which a copy would carry over stale")
+    fields = attrs.fields(cls)
+    for a in fields:
+        if a.converter is not None:
+            raise TypeError(f"{cls.__name__}.{a.name} has a converter: build it with its constructor")
+    return [a.name for a in fields]
 
 
 def _twin(cls: type) -> type | None:
@@ -74,21 +96,19 @@ class _Writer:
 
 
 def _copier(cls: type) -> Any:
-    names = [a.name for a in attrs.fields(cls)]
+    names = _check(cls)
     w = _Writer(cls, names)
     body = [w.put(i, n, f"_i.{n} if {n} is _M else {n}") for i, n in enumerate(names)]
     return w.compile("copy", cls, "_i, *, " + ", ".join(f"{n}=_M" for n in names), body)
 
 
 def _maker(cls: type) -> Any:
+    names = _check(cls)
     fields = attrs.fields(cls)
-    names = [a.name for a in fields]
     w = _Writer(cls, names)
     args, body = [], []
     for i, a in enumerate(fields):
         n = a.name
-        if a.converter is not None:
-            raise TypeError(f"{cls.__name__}.{n} has a converter: build it with its constructor")
         if a.default is attrs.NOTHING:
             args.append(n)
             body.append(w.put(i, n, n))
@@ -106,7 +126,7 @@ def _maker(cls: type) -> Any:
 
 
 def _updater(cls: type, changed: tuple[str, ...]) -> Any:
-    names = [a.name for a in attrs.fields(cls)]
+    names = _check(cls)
     unknown = [n for n in changed if n not in names]
     if unknown or len(set(changed)) != len(changed):
         raise TypeError(f"updater({cls.__name__}, {', '.join(changed)}): "
@@ -128,7 +148,7 @@ def updater(cls: type[_T], *fields: str) -> Any:
 
 
 def copier(cls: type[_T]) -> Any:
-    """``cls``'s copy function: ``copier(cls)(inst, **changes)`` is ``evolve(inst, **changes)``
+    """``cls``'s copy function: ``copier(cls)(inst, **changes)`` is ``unchecked_copy(inst, **changes)``
     without the per-call lookup (for the hottest paths)."""
     copy = _COPIERS.get(cls)
     if copy is None:
@@ -146,8 +166,9 @@ def maker(cls: type[_T]) -> Any:
     return make
 
 
-def evolve(inst: _T, **changes: Any) -> _T:
-    """A copy of frozen, slotted attrs record ``inst`` with ``changes`` (not validated)."""
+def unchecked_copy(inst: _T, **changes: Any) -> _T:
+    """A copy of frozen, slotted attrs record ``inst`` with ``changes``, NOT
+    validated (unlike ``attrs.evolve``): for values the core already holds valid."""
     copy = _COPIERS.get(type(inst))
     if copy is None:
         copy = copier(type(inst))

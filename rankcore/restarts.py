@@ -25,7 +25,7 @@ from typing import Protocol
 
 from .commands import ScheduleTick, StartReplica
 from .lifecycle import Phase
-from .records import evolve, maker
+from .records import maker, unchecked_copy
 from .scheduling import ClusterTx
 from .state import Deployment, Replica
 
@@ -51,13 +51,13 @@ def failed_start(dep: Deployment, rep: Replica, cause: str) -> Deployment:
     """``dep`` after ``rep`` died for ``cause``: one more failed start in a row when
     it was still starting and its own code is to blame."""
     if rep.phase is Phase.STARTING and cause in FAILED_START_CAUSES:
-        return evolve(dep, start_failures=dep.start_failures + 1)
+        return unchecked_copy(dep, start_failures=dep.start_failures + 1)
     return dep
 
 
 def started(dep: Deployment) -> Deployment:
     """A replica became ready: the failures in a row are over."""
-    return evolve(dep, start_failures=0) if dep.start_failures else dep
+    return unchecked_copy(dep, start_failures=0) if dep.start_failures else dep
 
 
 def backoff_s(dep: Deployment) -> float:

@@ -34,7 +34,7 @@ from .commands import InitializeReplica, PlaceReplica, ScheduleTick
 from .errors import InvariantViolation
 from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
-from .records import evolve, maker, updater
+from .records import maker, unchecked_copy, updater
 from .state import Deployment, Replica
 
 
@@ -61,7 +61,7 @@ class Tx(Protocol):
 
 __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "avoid_node", "answered", "disarm", "expired", "new_node"]
 
-_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
+_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 _INF = math.inf
 _Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
 # the copies a placement makes, of the fields it changes (rankcore.records)
@@ -109,7 +109,7 @@ class ClusterTx:
         if not self.changed:
             return self.base
         d = self.__dict__
-        return evolve(self.base, **{k: v for k, v in d.items() if k != "base" and k != "changed"})
+        return unchecked_copy(self.base, **{k: v for k, v in d.items() if k != "base" and k != "changed"})
 
     def suspect(self, node_id: str) -> bool:
         until = self.suspects.get(node_id)
@@ -302,7 +302,7 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         if node is not None:
             cl.nodes = cl.nodes.set(held[0], _adjust(node, held[1], 1.0))
     avoid_node(tx, rep.replica_id, node_id)
-    dep = _evolve(dep, replicas=dep.replicas.set(rep.replica_id, _evolve(rep, node_id=None)),
+    dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
     enqueue(tx, dep, [rep.replica_id], front=True)
     return dep
@@ -399,7 +399,7 @@ def keep_booking(tx: Tx, dep: Deployment, rid: str, new_id: str) -> tuple[str, N
         tx.working.held = book
         tx.working.changed = True
     else:
-        tx.cluster = _evolve(tx.cluster, held=book)
+        tx.cluster = _copy(tx.cluster, held=book)
     return held
 
 

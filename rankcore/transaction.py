@@ -21,7 +21,7 @@ from .fields import shown
 from .gangs import GangContext, gang_id, gang_ranks
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
-from .records import copier, evolve, maker, updater
+from .records import copier, maker, unchecked_copy, updater
 from .scheduling import (
     ClusterTx,
     announce_booking,
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 _IDX = {p: i for i, p in enumerate(LIVE)}
-_evolve = evolve  # rankcore.records: no per-call introspection or re-validation
+_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 # The records and commands a step builds from values it already holds valid,
 # made without re-running their validators (rankcore.records.maker).
 _State, _Step, _Replica = maker(State), maker(Step), maker(Replica)
@@ -219,7 +219,7 @@ def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, Re
         call_user = dep.has_reconfigure
     else:
         call_user = dep.has_reconfigure and dep.reconfigure_takes_rank  # user_config may be None
-    new = _evolve(
+    new = _copy(
         rep,
         phase=advance(rep.phase, Trigger.RECONFIGURE, rep.replica_id),
         version=rep.version + 1,
@@ -267,7 +267,7 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n - len(failed)
     c[_IDX[Phase.FAILED]] += len(failed)
-    dep = _evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
+    dep = _copy(dep, replicas=replicas, ranks=ranks, counts=tuple(c))
     if static is not None:
         for rid in ids:
             if rid not in failed:
@@ -309,11 +309,11 @@ def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deploy
         rep = replicas[rid]
         if tx.managed and rep.node_id is None and rid in tx.cl.queued:
             release(tx, rid)  # it was waiting for a node: it waits no more
-        new = _evolve(rep, phase=advance(rep.phase, Trigger.STOP, rid))
+        new = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid))
         replicas = replicas.set(rid, new)
         counts = recount(counts, rep.phase, new.phase)
         tx.emit(stop_command(dep, rid))
-    return _evolve(dep, replicas=replicas, counts=counts)
+    return _copy(dep, replicas=replicas, counts=counts)
 
 
 def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deployment:
@@ -331,7 +331,7 @@ def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
     """Drop a finished replica (its ranks already handled in ``ranks``)."""
     rid = rep.replica_id
     _forget(tx, rid)
-    return _evolve(
+    return _copy(
         dep,
         replicas=dep.replicas.delete(rid),
         ranks=ranks,
@@ -402,7 +402,7 @@ def place_static(tx: Tx, dep: Deployment, rid: str) -> Deployment:
         if rep.node_id is not None:
             ranks = ranks.unplace(rid)
         ranks = ranks.place(rid, node_id)
-        dep = _evolve(dep, replicas=dep.replicas.set(rid, _evolve(rep, node_id=node_id)), ranks=ranks)
+        dep = _copy(dep, replicas=dep.replicas.set(rid, _copy(rep, node_id=node_id)), ranks=ranks)
     rank = ranks.rank_of(rid)
     if rank is None:
         raise InvariantViolation("a placed replica without a rank record")
@@ -427,7 +427,7 @@ def _succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | 
     counts = list(dep.counts)
     counts[_IDX[rep.phase]] -= 1
     counts[_IDX[Phase.PENDING]] += 1
-    return _evolve(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts))
+    return _copy(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts))
 
 
 def _crash_static(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -471,7 +471,7 @@ def fail_static(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Dep
     ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
     if stop and not waiting:
         tx.emit(stop_command(dep, rid, now=True))
-    return put_replica(dep, rep, _evolve(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
+    return put_replica(dep, rep, _copy(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
 
 
 def restart_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -525,7 +525,7 @@ def _tell_gangs(tx: Tx) -> None:
             if dep is not None and c.replica_id in dep.replicas:
                 k = dep.gang_size
                 g = c.global_rank // k
-                c = _evolve(c, gang=GangContext(gang_id=gang_id(dep.name, g), rank_in_gang=c.global_rank % k,
+                c = _copy(c, gang=GangContext(gang_id=gang_id(dep.name, g), rank_in_gang=c.global_rank % k,
                                                 gang_size=k, members=_members(dep, g)))
                 started.setdefault((dep.name, g), set()).add(c.replica_id)
         out.append(c)
@@ -572,7 +572,7 @@ def compact(tx: Tx, dep: Deployment) -> Deployment:
     bound = dep.ranks.lower_bound()
     ranks, changes = dep.ranks.compact()
     tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
-    dep = _evolve(dep, ranks=ranks)
+    dep = _copy(dep, ranks=ranks)
     replicas, counts = dep.replicas, dep.counts
     for change in changes:  # ordered by new global rank
         rep = replicas[change.replica]
@@ -580,7 +580,7 @@ def compact(tx: Tx, dep: Deployment) -> Deployment:
         replicas = replicas.set(new.replica_id, new)
         counts = recount(counts, rep.phase, new.phase)
         tx.emit(cmd)
-    return _evolve(dep, replicas=replicas, counts=counts)
+    return _copy(dep, replicas=replicas, counts=counts)
 
 
 def by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:

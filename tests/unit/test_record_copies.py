@@ -81,3 +81,31 @@ def test_a_record_with_a_weakref_slot_is_copied_through_its_setters() -> None:
     w = maker(Weak)(a=1)
     assert w == Weak(a=1) and updater(Weak, "b")(w, "y") == Weak(a=1, b="y")
     assert copier(Weak)(w, a=2) == Weak(a=2)
+
+
+def test_a_class_whose_copy_would_not_be_valid_is_refused_when_generated() -> None:
+    """A converter (skipped by a copy), __attrs_post_init__ (never run) or a
+    cached hash (carried over stale): TypeError naming the class, at once."""
+    from rankcore.records import unchecked_copy
+
+    @attrs.frozen(kw_only=True)
+    class Conv:
+        a: int = attrs.field(converter=int)
+
+    @attrs.frozen(kw_only=True)
+    class Post:
+        a: int
+
+        def __attrs_post_init__(self) -> None:
+            pass
+
+    @attrs.frozen(kw_only=True, cache_hash=True)
+    class Cached:
+        a: int
+
+    for cls, words in ((Conv, "has a converter"), (Post, "__attrs_post_init__"), (Cached, "caches its hash")):
+        for make in (maker, copier, lambda c: updater(c, "a")):
+            with pytest.raises(TypeError, match=words):
+                make(cls)
+    with pytest.raises(TypeError, match="caches its hash"):
+        unchecked_copy(Cached(a=1), a=2)
