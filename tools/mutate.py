@@ -53,7 +53,10 @@ from pathlib import Path
 import click
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PYTEST_ARGS = "-x -q -p no:cacheprovider tests/unit tests/property"
+#: the first run of every mutant: the golden scripts (seconds) then the unit tests, stopping at the first failure
+DEFAULT_PYTEST_ARGS = "-x -q -p no:cacheprovider tests/scenarios tests/unit"
+#: run next, with the same options, only for a mutant the runs before it missed (minutes)
+DEFAULT_THEN = ("tests/property",)
 #: pytest exit status the probe plugin uses when the copy's rankcore was not the one imported
 PROBE_RC = 97
 PROBE_MODULE = "_rankcore_mutate_probe"
@@ -80,6 +83,8 @@ class Mutation:
     name: str
     breaks: str  # the rule this mutation breaks, in one line
     edits: tuple[Edit, ...]
+    #: tests run first for this mutant (the ones meant to kill it), before the common runs
+    tests: tuple[str, ...] = ()
 
     @property
     def files(self) -> list[str]:
@@ -87,9 +92,10 @@ class Mutation:
 
 
 def mutation(name: str, file: str, find: str, replace: str, breaks: str,
-             more: Sequence[Edit] = ()) -> Mutation:
-    """One mutation: an edit of ``file`` (plus ``more`` edits when one rule lives in several places)."""
-    return Mutation(name=name, breaks=breaks, edits=(Edit(file, find, replace), *more))
+             more: Sequence[Edit] = (), tests: Sequence[str] = ()) -> Mutation:
+    """One mutation: an edit of ``file`` (plus ``more`` edits when one rule lives in several places);
+    ``tests``: pytest paths to try first (the tests meant to kill it)."""
+    return Mutation(name=name, breaks=breaks, edits=(Edit(file, find, replace), *more), tests=tuple(tests))
 
 
 CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/recovery.py", "rankcore/ranks.py"
@@ -140,10 +146,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     mutation(
         "scale-world-size-not-announced", CORE,
-        "        dep = _evolve(dep, target=e.num_replicas)\n"
+        "        dep = _copy(dep, target=e.num_replicas)\n"
         "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
         "    tx.put(reconcile(tx, dep, e.victims))\n",
-        "        dep = _evolve(dep, target=e.num_replicas)\n"
+        "        dep = _copy(dep, target=e.num_replicas)\n"
         "    tx.put(reconcile(tx, dep, e.victims))\n",
         "world_size is announced (UpdateWorldSize) the moment a ScaleRequested changes the target",
     ),
@@ -169,11 +175,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "release-rank-at-stop-command", TX,
         "        replicas = replicas.set(rid, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
-        "        tx.emit(_Stop(replica_id=rid, deployment=dep.name))\n",
+        "        tx.emit(stop_command(dep, rid))\n",
         "        replicas = replicas.set(rid, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
-        "        tx.emit(_Stop(replica_id=rid, deployment=dep.name))\n"
-        "        dep = _evolve(dep, ranks=dep.ranks.release(rid))\n",
+        "        tx.emit(stop_command(dep, rid))\n"
+        "        dep = _copy(dep, ranks=dep.ranks.release(rid))\n",
         "ranks are released only on ReplicaStopped, not when StopReplica is sent",
         more=(
             Edit(CORE,
@@ -235,6 +241,420 @@ MUTATIONS: tuple[Mutation, ...] = (
         "recovery announces world_size when a replica reports a different one",
     ),
 )
+
+# ---------------------------------------------------------------- issue 20: every rule row
+# One mutant per row of the rule tables of docs/architecture.md ("Placement",
+# "Static placement and gangs", "Health, timeouts, restarts and shutdown",
+# "Ranks") that the mutants above do not cover yet, and one per check function
+# of rankcore/invariants.py (made a no-op). The row each breaks is named in
+# ``breaks`` ("[table: row] ..."); docs/mutation-testing.md lists what killed each.
+PLACEMENT, SCHED, STATIC_ = "rankcore/placement.py", "rankcore/scheduling.py", "rankcore/static.py"
+HEALTH, RESTARTS, STATE = "rankcore/health.py", "rankcore/restarts.py", "rankcore/state.py"
+EVENTS, INVARIANTS = "rankcore/events.py", "rankcore/invariants.py"
+TIMELINE = "executors/scenarios/timeline.py"
+
+ISSUE20_RULES: tuple[Mutation, ...] = (
+    # ---------------------------------------------------------- Placement: rules settled once
+    mutation(
+        "spread-tie-break-ignores-own-replicas", PLACEMENT,
+        "(-n.free.get(main, 0.0), n.replicas, n.order)",
+        "(-n.free.get(main, 0.0), n.order)",
+        "[Placement: spread tie-break] on equal free room, spread prefers the node with fewer of the deployment's own replicas",
+    ),
+    mutation(
+        "spread-least-free-first", PLACEMENT,
+        "(-n.free.get(main, 0.0), n.replicas, n.order)",
+        "(n.free.get(main, 0.0), n.replicas, n.order)",
+        "[Placement: spread tie-break] spread picks the node with the most free units of the main resource",
+    ),
+    mutation(
+        "crash-replacement-no-preferred-node", SCHED,
+        "    if pref is not None and pref not in avoid and not cl.suspect(pref):\n",
+        "    if False:\n",
+        "[Placement: crash replacement] a replacement placed by the queue goes back to its predecessor's node when it has room",
+    ),
+    mutation(
+        "crash-replacement-never-keeps-booking", TX,
+        "    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None\n",
+        "    booking = None\n",
+        "[Placement: crash replacement] a crashed replica's booking passes to its replacement in the same step",
+    ),
+    mutation(
+        "suspect-node-not-set-on-exited", CORE,
+        '    if e.cause == "exited" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
+        '    if e.cause == "killed" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
+        "[Placement: suspect nodes] ReplicaCrashed(cause='exited') makes the node suspect (and only that cause)",
+    ),
+    mutation(
+        "suspect-node-not-avoided", SCHED,
+        "    if cl.suspects:\n        healthy = [v for v in views if not cl.suspect(v.node_id)]\n",
+        "    if False:\n        healthy = [v for v in views if not cl.suspect(v.node_id)]\n",
+        "[Placement: suspect nodes] a suspect node is avoided while another node has room",
+    ),
+    mutation(
+        "suspect-node-never-forgiven", CORE,
+        "        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})\n",
+        "        pass\n",
+        "[Placement: suspect nodes] a node stops being suspect suspect_s after the exit",
+    ),
+    mutation(
+        "start-timeout-ignored", CORE,
+        "            elif current.phase is Phase.STARTING:  # its process hung in __init__\n",
+        "            elif False:  # its process hung in __init__\n",
+        "[Placement: start timeout] a replica not ready start_timeout_s after InitializeReplica is stopped and replaced",
+    ),
+    mutation(
+        "node-lost-spares-reserved", CORE,
+        "        on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id]\n",
+        "        on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id and r.phase is not Phase.PENDING]\n",
+        "[Placement: deaths on a node] NodeLost replaces every replica on the node, reserved ones included",
+    ),
+    mutation(
+        "placement-order-reversed", TX,
+        "        enqueue(tx, dep, ids)\n",
+        "        enqueue(tx, dep, ids[::-1])\n",
+        "[Placement: placement order] the core places in queue order, rank order within a step",
+    ),
+    mutation(
+        "placement-failed-goes-to-back", SCHED,
+        "    enqueue(tx, dep, [rep.replica_id], front=True)\n",
+        "    enqueue(tx, dep, [rep.replica_id])\n",
+        "[Placement: answers] after a PlacementFailed the replica is placed again first in line",
+    ),
+    mutation(
+        "placement-failed-same-node-again", SCHED,
+        "    avoid_node(tx, rep.replica_id, node_id)\n    dep = _copy(",
+        "    dep = _copy(",
+        "[Placement: answers] after a PlacementFailed the replica avoids that node (retry_s)",
+    ),
+    mutation(
+        "pending-at-recovery-not-requeued", RECOVERY,
+        "    if tx.managed:  # what the replicas hold where they run, and who still waits for a node\n"
+        "        adopt(tx, sorted(specs))\n",
+        "    if False:  # what the replicas hold where they run, and who still waits for a node\n"
+        "        adopt(tx, sorted(specs))\n",
+        "[Placement: pending at recovery] replicas reported pending keep their rank and are queued and placed again",
+    ),
+    mutation(
+        "scale-never-deployed-refused", TIMELINE,
+        "        if target.deployed(event.name):\n",
+        "        if True:\n",
+        "[Placement: scale of a never-deployed deployment] the scenario timeline deploys it",
+    ),
+    mutation(
+        "crash-rank-n-highest-id", TIMELINE,
+        "    return min(hits) if hits else None\n",
+        "    return max(hits) if hits else None\n",
+        "[Placement: \"crash rank N\"] the live replica holding rank N, the lowest id if several",
+    ),
+    mutation(
+        "crash-rank-n-hits-stopping", TIMELINE,
+        "    hits = [rid for rid, held, phase in replicas if held == rank and phase in _CRASHABLE]\n",
+        "    hits = [rid for rid, held, phase in replicas if held == rank]\n",
+        "[Placement: \"crash rank N\"] a stopping replica is not the one 'crash rank N' hits",
+    ),
+    mutation(
+        "placed-on-lost-node-refused", CORE,
+        "        if e.node_id in tx.view.lost:  # placed there as the node went: it went with it\n",
+        "        if False:  # placed there as the node went: it went with it\n",
+        "[Health: ReplicaPlaced on an unknown node] a node reported lost: the replica died with it and is replaced",
+    ),
+    # ----------------------------------------------------------------------- Placement: policies
+    mutation(
+        "pack-roomiest-node", PLACEMENT,
+        "        return (n.free.get(main, 0.0), n.order)\n",
+        "        return (-n.free.get(main, 0.0), n.order)\n",
+        "[Placement: policies] pack picks the node with the least free room that fits",
+    ),
+    mutation(
+        "rank-packed-ignores-previous-rank", PLACEMENT,
+        '    if policy == "rank_packed" and rank is not None and rank > 0 and rank_nodes:\n',
+        "    if False:\n",
+        "[Placement: policies] rank_packed puts rank r on the node of rank r-1 when it has room",
+    ),
+    # ----------------------------------------------------------------------------- Static placement
+    mutation(
+        "static-crash-not-on-bundles", TX,
+        "    if dep.static is not None:\n        return _crash_static(tx, dep, rep)\n",
+        "",
+        "[Static: replica crash] a new incarnation on the same rank and bundles",
+    ),
+    mutation(
+        "static-lost-bundle-restarts", CORE,
+        "        if rep.phase is Phase.STOPPING or g not in lost:  # leaving anyway; or back on its bundles\n",
+        "        if True:  # leaving anyway; or back on its bundles\n",
+        "[Static: a node holding a bundle of rank N lost] the replica becomes FAILED and its process is stopped",
+    ),
+    mutation(
+        "static-failed-not-restarted-on-bundles-placed", CORE,
+        "            if static.placed(g):\n                dep = restart_failed(tx, dep, rep)\n",
+        "            if False:\n                dep = restart_failed(tx, dep, rep)\n",
+        "[Static: the caller's group has its bundles elsewhere] a FAILED rank whose bundles are all placed restarts there",
+    ),
+    mutation(
+        "static-moved-bundle-not-followed", CORE,
+        "        elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):\n",
+        "        elif False:\n",
+        "[Static: the caller's group has its bundles elsewhere] a live replica whose first bundle moved follows it",
+    ),
+    mutation(
+        "static-placement-failed-unreserved", CORE,
+        "    if dep.static is not None:  # its bundles are fixed: a new incarnation tries them again\n",
+        "    if False:  # its bundles are fixed: a new incarnation tries them again\n",
+        "[Static: PlacementFailed] a new incarnation tries the same bundles again",
+    ),
+    mutation(
+        "static-placed-elsewhere-bundle-kept", CORE,
+        "            dep = _copy(dep, static=dep.static.with_nodes(nodes))\n",
+        "            pass\n",
+        "[Static: ReplicaPlaced on another node] the bundle's node is updated",
+    ),
+    mutation(
+        "static-recovery-failed-not-restarted", RECOVERY,
+        "                elif rep.phase is Phase.FAILED:\n                    dep = restart_failed(tx, dep, rep)\n",
+        "                elif False:\n                    dep = restart_failed(tx, dep, rep)\n",
+        "[Static: recovery] a FAILED rank whose bundles are placed at recovery restarts on them",
+    ),
+    mutation(
+        "static-gang-accepted", EVENTS,
+        "    if value > 1 and inst.static_placement is not None:\n",
+        "    if False:\n",
+        "[Static: static + gangs] refused",
+    ),
+    mutation(
+        "static-scale-to-other-count", CORE,
+        "    if dep.static is not None and e.num_replicas not in (0, dep.static.replicas):\n",
+        "    if False:\n",
+        "[Static] the replica count is the mapping's length: a ScaleRequested to another count is InvalidConfig",
+    ),
+    # ----------------------------------------------------------------------------------- Gangs
+    mutation(
+        "gang-scale-not-multiple", CORE,
+        "        if e.num_replicas % dep.gang_size:\n",
+        "        if False:\n",
+        "[Gangs: target] a ScaleRequested to a count not a multiple of gang_size is InvalidConfig",
+    ),
+    mutation(
+        "gang-partial-placement", PLACEMENT,
+        "    if sum(room.values()) < size:\n        return None\n",
+        "",
+        "[Gangs: placement] all or nothing: a gang that does not fit waits whole",
+    ),
+    mutation(
+        "gang-pack-not-one-node", PLACEMENT,
+        "        if whole:\n",
+        "        if False:\n",
+        "[Gangs: placement] pack puts the whole gang on one node when one has room",
+    ),
+    mutation(
+        "gang-spread-packs", PLACEMENT,
+        '    if strategy == "pack":\n        whole =',
+        "    if True:\n        whole =",
+        "[Gangs: placement] spread puts members on distinct nodes while there are enough",
+    ),
+    mutation(
+        "gang-restart-gang-only-member", TX,
+        '    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:\n',
+        "    if True:\n",
+        "[Gangs: a member fails] restart_gang stops and replaces every live member",
+    ),
+    mutation(
+        "gang-changed-not-sent", TX,
+        "        if set(members) - new:\n            out.append(GangChanged(",
+        "        if False:\n            out.append(GangChanged(",
+        "[Gangs: a member fails] restart_replica: the gang is told its new members (GangChanged)",
+    ),
+    mutation(
+        "gang-context-rank-in-gang", TX,
+        "rank_in_gang=c.global_rank % k,",
+        "rank_in_gang=0,",
+        "[Gangs: context] StartReplica.gang carries the member's rank in the gang",
+    ),
+    mutation(
+        "gang-downscale-lowest-gangs", TX,
+        "                      if r.phase is not Phase.STOPPING), reverse=True)\n",
+        "                      if r.phase is not Phase.STOPPING))\n",
+        "[Gangs: downscale] whole gangs from the top ranks",
+    ),
+    mutation(
+        "gang-recovery-incomplete-kept", TX,
+        "            if not any(m in fresh for m in members):\n                continue\n",
+        "            if True:\n                continue\n",
+        "[Gangs: controller crash during a gang's start] a gang with members started again is restarted whole",
+    ),
+    # ------------------------------------------------------ Health, timeouts, restarts and shutdown
+    mutation(
+        "health-threshold-off-by-one", HEALTH,
+        "    if failures < dep.options.health_check_failure_threshold:\n",
+        "    if failures <= dep.options.health_check_failure_threshold:\n",
+        "[Health: health checks] health_check_failure_threshold failures in a row stop and replace the replica",
+    ),
+    mutation(
+        "health-pass-does-not-reset", HEALTH,
+        "        tx.put(put_replica(dep, rep, _with_failures(rep, 0)))\n",
+        "        tx.put(put_replica(dep, rep, _with_failures(rep, rep.health_failures)))\n",
+        "[Health: health checks] a passing check resets the count",
+    ),
+    mutation(
+        "placement-timeout-ignored", CORE,
+        "            elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there\n",
+        "            elif False:  # never placed there\n",
+        "[Health: placement timeout] a PlaceReplica unanswered placement_timeout_s: stopped and replaced",
+    ),
+    mutation(
+        "placement-timeout-same-node", CORE,
+        "                    dep = crash(tx, dep, current, avoid=current.node_id)\n",
+        "                    dep = crash(tx, dep, current)\n",
+        "[Health: placement timeout] the replacement avoids the node that did not answer",
+    ),
+    mutation(
+        "placement-timeout-on-static-group", SCHED,
+        "(kind is PlaceReplica and c.group is None)",
+        "kind is PlaceReplica",
+        "[Health: placement timeout] static groups have no placement deadline",
+    ),
+    mutation(
+        "start-timeout-not-a-failed-start", CORE,
+        '                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)\n',
+        "                dep = fail_member(tx, dep, current)\n",
+        "[Health: start timeout] a start timeout counts as a failed start",
+    ),
+    mutation(
+        "failed-start-while-running", RESTARTS,
+        "    if rep.phase is Phase.STARTING and cause in FAILED_START_CAUSES:\n",
+        "    if cause in FAILED_START_CAUSES:\n",
+        "[Health: failures as facts] only an error while starting is a failed start",
+    ),
+    mutation(
+        "backoff-first-failure-waits", RESTARTS,
+        "    if k <= 1:\n",
+        "    if k < 1:\n",
+        "[Health: restart backoff] the first failed start is retried at once",
+    ),
+    mutation(
+        "backoff-exponent-k-1", RESTARTS,
+        "2.0 ** min(k - 2, 64)",
+        "2.0 ** min(k - 1, 64)",
+        "[Health: restart backoff] the k-th failure waits restart_backoff_s * 2**(k-2)",
+    ),
+    mutation(
+        "backoff-uncapped", RESTARTS,
+        "    return min(o.restart_backoff_s * 2.0 ** min(k - 2, 64), o.restart_backoff_max_s)\n",
+        "    return o.restart_backoff_s * 2.0 ** min(k - 2, 64)\n",
+        "[Health: restart backoff] the wait is capped at restart_backoff_max_s",
+    ),
+    mutation(
+        "backoff-not-reset-when-ready", RESTARTS,
+        "    return unchecked_copy(dep, start_failures=0) if dep.start_failures else dep\n",
+        "    return dep\n",
+        "[Health: restart backoff] a replica that becomes ready ends the failures in a row",
+    ),
+    mutation(
+        "backoff-keeps-booking", TX,
+        "    if managed and (delay > 0 or avoid is not None):\n",
+        "    if managed and avoid is not None:\n",
+        "[Health: when a crash restart's room is free] a replacement waiting out a backoff does not hold the room",
+    ),
+    mutation(
+        "status-never-unhealthy-on-failed-starts", STATE,
+        "        if self.failing_to_start or self.counts[_FAILED_AT]:\n",
+        "        if self.counts[_FAILED_AT]:\n",
+        "[Health: status] UNHEALTHY after min(max_constructor_retry_count, 3 x target) failed starts in a row",
+    ),
+    mutation(
+        "status-unhealthy-one-late", STATE,
+        "self.start_failures >= min(",
+        "self.start_failures > min(",
+        "[Health: status] UNHEALTHY at exactly min(max_constructor_retry_count, 3 x target) failed starts",
+    ),
+    mutation(
+        "give-up-stop-drains", TX,
+        "graceful_shutdown_timeout_s=0.0 if now else o.graceful_shutdown_timeout_s",
+        "graceful_shutdown_timeout_s=o.graceful_shutdown_timeout_s",
+        "[Health: graceful shutdown] a replica the core gives up on is killed now (0 s)",
+    ),
+    mutation(
+        "downscale-stop-kills", TX,
+        "        tx.emit(stop_command(dep, rid))\n    return _copy(dep, replicas=replicas, counts=counts)\n",
+        "        tx.emit(stop_command(dep, rid, now=True))\n    return _copy(dep, replicas=replicas, counts=counts)\n",
+        "[Health: graceful shutdown] a downscale drains (graceful_shutdown_timeout_s)",
+    ),
+    # ------------------------------------------------------------------------------------ Ranks
+    mutation(
+        "new-node-rank-above-highest", RANKS,
+        "            nr = _bits_lowest_free(e.dicts[_NBITS])\n",
+        "            nr = max(d[_NOWNER], default=-1) + 1\n",
+        "[Ranks] a node's node rank is the lowest free one when its first replica arrives",
+    ),
+    mutation(
+        "deploy-world-size-not-announced", CORE,
+        "        dep = _copy(dep, target=e.num_replicas)\n"
+        "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
+        "    dep = reconcile(tx, dep)\n",
+        "        dep = _copy(dep, target=e.num_replicas)\n"
+        "    dep = reconcile(tx, dep)\n",
+        "[Ranks: world_size] a DeploymentApplied that changes the target announces it (UpdateWorldSize)",
+    ),
+    mutation(
+        "backoff-start-stale-world-size", RESTARTS,
+        "                  world_size=dep.target, replaces=replaces, lineage=rep.lineage)\n",
+        "                  world_size=len(dep.replicas), replaces=replaces, lineage=rep.lineage)\n",
+        "[Ranks: world_size] a replacement released after its backoff starts with the world size as it is now",
+    ),
+    mutation(
+        "recovery-unresponsive-ranks-given", TX,
+        "        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
+        "        if False:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
+        "[Ranks: recovery] no rank of a deployment with an unresponsive replica is given until it has stopped",
+    ),
+)
+
+
+def noop(fn: str, signature: str) -> Mutation:
+    """``rankcore.invariants.<fn>`` made a no-op (it returns before checking anything)."""
+    return mutation(f"invariant-noop-{fn.strip('_').replace('_', '-')}", INVARIANTS, signature,
+                    signature + "    return\n", f"[invariants] {fn} checks something (here: nothing)",
+                    tests=INVARIANT_TESTS)
+
+
+#: tried first on a no-op check: the tests that feed the checks broken steps and states
+INVARIANT_TESTS = ("tests/unit/test_invariants.py", "tests/unit/test_issue19_core_bugs.py")
+
+
+_STEP_SIG = "(before: State, event: object, result: Step) -> None:\n"
+INVARIANT_NOOPS: tuple[Mutation, ...] = (
+    noop("check_ranks_unique", "def check_ranks_unique(state: State) -> None:\n"),
+    noop("check_every_replica_ranked", "def check_every_replica_ranked(state: State) -> None:\n"),
+    noop("check_counts", "def check_counts(state: State) -> None:\n"),
+    noop("check_contiguous_when_healthy", "def check_contiguous_when_healthy(state: State) -> None:\n"),
+    noop("check_contiguity_counters", "def check_contiguity_counters(state: State) -> None:\n"),
+    noop("check_cluster", "def check_cluster(state: State) -> None:\n"),
+    noop("check_state", "def check_state(state: State) -> None:\n"),
+    noop("check_world_size_commands", "def check_world_size_commands" + _STEP_SIG),
+    noop("check_crash_inherits_rank", "def check_crash_inherits_rank" + _STEP_SIG),
+    noop("check_upscale_keeps_ranks", "def check_upscale_keeps_ranks" + _STEP_SIG),
+    noop("check_rank_changes_reconfigured", "def check_rank_changes_reconfigured" + _STEP_SIG),
+    noop("_check_rank_change",
+         "def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, changed: bool, sent: Counter,\n"
+         "                       was: object, now: object) -> None:\n"),
+    noop("check_compaction_minimal", "def check_compaction_minimal" + _STEP_SIG),
+    noop("check_new_replicas_take_lowest_free", "def check_new_replicas_take_lowest_free" + _STEP_SIG),
+    noop("check_crash_replacement_inherits_all_ranks", "def check_crash_replacement_inherits_all_ranks" + _STEP_SIG),
+    noop("check_placements", "def check_placements" + _STEP_SIG),
+    noop("check_compact_only_when_healthy", "def check_compact_only_when_healthy" + _STEP_SIG),
+    noop("check_command_order", "def check_command_order" + _STEP_SIG),
+    noop("check_gangs_told", "def check_gangs_told" + _STEP_SIG),
+    noop("check_touched", "def check_touched" + _STEP_SIG),
+    noop("_check_rank_changes_touched", "def _check_rank_changes_touched" + _STEP_SIG),
+    noop("check_step", "def check_step(before: State, event: object, result: Step, *, full: bool = False) -> None:\n"),
+    noop("check_recovery_roundtrip", "def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:\n"),
+    noop("check_snapshot", "def check_snapshot(snapshot: Mapping[str, Any]) -> None:\n"),
+    noop("_check_levels", "def _check_levels(name: str, triples: Iterable[tuple], healthy: bool) -> None:\n"),
+)
+
+#: the mutants before issue 20 (the older rules)
+OLDER = MUTATIONS
+MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS
 
 
 # ------------------------------------------------------------------ mechanics
@@ -381,9 +801,29 @@ def run_pytest(tree: Path, probe_dir: Path, python: str, pytest_args: Sequence[s
     return rc, out.decode(errors="replace"), time.monotonic() - t0
 
 
+def _options(args: Sequence[str], tree: Path) -> list[str]:
+    """``args`` without its test paths (those that exist in ``tree``): the options to reuse."""
+    return [a for a in args if not (a and not a.startswith("-") and (tree / a.split("::")[0]).exists())]
+
+
+def stages(m: Mutation | None, pytest_args: Sequence[str], then: Sequence[str], tree: Path) -> list[list[str]]:
+    """The pytest runs for ``m``, in order, each only if the ones before passed:
+    ``m.tests`` (with the options of ``pytest_args``), ``pytest_args``, then each path of ``then``.
+    The baseline (None) runs all but the first."""
+    opts = _options(pytest_args, tree)
+    out = [[*opts, *m.tests]] if m is not None and m.tests else []
+    out.append(list(pytest_args))
+    out.extend([*opts, *shlex.split(t)] for t in then)
+    return out
+
+
 def run_one(m: Mutation | None, root: Path, files: Sequence[str], python: str, pytest_args: Sequence[str],
-            timeout: float, keep: bool = False) -> Result:
-    """Copy the tree, apply ``m`` (None: the unmutated baseline), run the suite, classify."""
+            timeout: float, keep: bool = False, then: Sequence[str] = ()) -> Result:
+    """Copy the tree, apply ``m`` (None: the unmutated baseline), run the suite, classify.
+
+    The suite is ``stages``: a run that fails kills the mutant and ends it (its
+    detail names the run, ``[2] tests/...::test`` for the second); the mutant
+    survives only when every run passed. ``timeout`` is for all of them."""
     name = m.name if m is not None else "(baseline)"
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f"rankcore-mutant-{name.strip('()')}-"))
@@ -397,17 +837,24 @@ def run_one(m: Mutation | None, root: Path, files: Sequence[str], python: str, p
                 apply_mutation(m, tree)
             except MutationError as exc:
                 return Result(name, ERROR, time.monotonic() - t0, str(exc).splitlines()[0])
-        rc, out, _ = run_pytest(tree, probe_dir, python, pytest_args, timeout, name)
-        secs = time.monotonic() - t0
-        if rc is None:
-            return Result(name, TIMEOUT, secs, f"no result after {timeout:.0f} s", out)
-        if rc == 0:
-            return Result(name, SURVIVED, secs, "", out)
-        if rc == PROBE_RC:
-            return Result(name, ERROR, secs, _first_failure(out), out)
-        if rc in (1, 2):  # tests failed / collection errors (e.g. the mutant does not import)
-            return Result(name, KILLED, secs, _first_failure(out), out)
-        return Result(name, ERROR, secs, f"pytest exited {rc}: {_first_failure(out)}", out)
+        runs = stages(m, pytest_args, then, tree)
+        outs = []
+        for i, args in enumerate(runs, 1):
+            left = timeout - (time.monotonic() - t0)
+            rc, out, _ = run_pytest(tree, probe_dir, python, args, max(left, 1.0), name)
+            outs.append(out)
+            secs = time.monotonic() - t0
+            tag = f"[{i}] " if len(runs) > 1 and i > 1 else ""
+            if rc is None:
+                return Result(name, TIMEOUT, secs, f"{tag}no result after {timeout:.0f} s", out)
+            if rc == 0:
+                continue
+            if rc == PROBE_RC:
+                return Result(name, ERROR, secs, _first_failure(out), out)
+            if rc in (1, 2):  # tests failed / collection errors (e.g. the mutant does not import)
+                return Result(name, KILLED, secs, tag + _first_failure(out), out)
+            return Result(name, ERROR, secs, f"{tag}pytest exited {rc}: {_first_failure(out)}", out)
+        return Result(name, SURVIVED, time.monotonic() - t0, "", "\n".join(outs))
     finally:
         if keep:
             print(f"kept {work}", file=sys.stderr)
@@ -417,12 +864,12 @@ def run_one(m: Mutation | None, root: Path, files: Sequence[str], python: str, p
 
 def sweep(mutations: Sequence[Mutation], root: Path, files: Sequence[str], python: str,
           pytest_args: Sequence[str], timeout: float, jobs: int = 1, keep: bool = False,
-          on_result: Callable[[Result], None] | None = None) -> list[Result]:
+          on_result: Callable[[Result], None] | None = None, then: Sequence[str] = ()) -> list[Result]:
     """Run every mutation on a copy of ``files`` of ``root`` (``jobs`` at a time);
     results in the order of ``mutations``."""
     results: dict[str, Result] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(run_one, m, root, files, python, pytest_args, timeout, keep): m for m in mutations}
+        futures = {pool.submit(run_one, m, root, files, python, pytest_args, timeout, keep, then): m for m in mutations}
         for fut in as_completed(futures):
             res = fut.result()
             results[res.mutation] = res
@@ -477,7 +924,13 @@ def markdown(results: Sequence[Result]) -> str:
 @click.option("--check", is_flag=True, help="Only check that every snippet matches the code exactly once.")
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1), help="Mutants run at once.")
 @click.option("--timeout", default=600.0, show_default=True, type=float, help="Seconds per mutant run.")
-@click.option("--pytest-args", default=DEFAULT_PYTEST_ARGS, show_default=True, help="Arguments for pytest.")
+@click.option("--pytest-args", default=DEFAULT_PYTEST_ARGS, show_default=True,
+              help="Arguments for pytest: every mutant's first common run (after its own tests, if it names any).")
+@click.option("--then", "then", multiple=True, default=DEFAULT_THEN, show_default=True, metavar="PATHS",
+              help="Test paths run next (same options), only for a mutant the runs before missed (repeatable).")
+@click.option("--no-then", is_flag=True, help="No run after --pytest-args.")
+@click.option("--group", type=click.Choice(["all", "older", "issue20", "rules", "invariants"]), default="all",
+              show_default=True, help="Which mutations: older (before issue 20), issue20 (rules + invariants).")
 @click.option("--seed", default="0", show_default=True,
               help="--hypothesis-seed for every run (reproducible sweeps); 'random' for none.")
 @click.option("--no-baseline", is_flag=True, help="Skip the unmutated run that must pass first.")
@@ -489,10 +942,15 @@ def markdown(results: Sequence[Result]) -> str:
               help="Also write the results as a Markdown table to this file.")
 @click.option("--show-survivors", is_flag=True, help="Print the pytest output of surviving mutants.")
 def main(only: tuple[str, ...], list_: bool, check: bool, jobs: int, timeout: float, pytest_args: str,
-         seed: str, no_baseline: bool, rev: str | None, python: str | None, keep: bool, md_path: str | None,
-         show_survivors: bool) -> None:
+         then: tuple[str, ...], no_then: bool, group: str, seed: str, no_baseline: bool, rev: str | None,
+         python: str | None, keep: bool, md_path: str | None, show_survivors: bool) -> None:
     """Apply rule-breaking mutations to rankcore one at a time; fail if the tests miss any."""
     mutations = select(only)
+    if not only and group != "all":
+        pick = {"older": OLDER, "issue20": ISSUE20_RULES + INVARIANT_NOOPS, "rules": ISSUE20_RULES,
+                "invariants": INVARIANT_NOOPS}[group]
+        mutations = list(pick)
+    then = () if no_then else then
     if list_:
         for m in mutations:
             click.echo(f"{m.name:40} {', '.join(m.files):22} {m.breaks}")
@@ -523,22 +981,22 @@ def main(only: tuple[str, ...], list_: bool, check: bool, jobs: int, timeout: fl
             click.echo(f"all {len(mutations)} mutations match {what} exactly once")
             return
         _run(mutations, source, files, what, python or _default_python(ROOT), pytest_args, seed, timeout,
-             jobs, keep, no_baseline, md_path, show_survivors)
+             jobs, keep, no_baseline, md_path, show_survivors, then)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(mutations: Sequence[Mutation], source: Path, files: Sequence[str], what: str, python: str,
          pytest_args: str, seed: str, timeout: float, jobs: int, keep: bool, no_baseline: bool,
-         md_path: str | None, show_survivors: bool) -> None:
+         md_path: str | None, show_survivors: bool, then: Sequence[str] = ()) -> None:
     args = shlex.split(pytest_args)
     if seed != "random":
         args.append(f"--hypothesis-seed={seed}")
     t0 = time.monotonic()
-    click.echo(f"{len(mutations)} mutations of {what} ({len(files)} files); pytest {' '.join(args)}; "
-               f"--jobs {jobs}", err=True)
+    click.echo(f"{len(mutations)} mutations of {what} ({len(files)} files); pytest {' '.join(args)}"
+               f"{''.join(f'; then {t}' for t in then)}; --jobs {jobs}", err=True)
     if not no_baseline:
-        base = run_one(None, source, files, python, args, timeout, keep)
+        base = run_one(None, source, files, python, args, timeout, keep, then)
         if base.status != SURVIVED:
             click.echo(base.output[-4000:], err=True)
             click.echo(f"baseline (no mutation) {base.status}: {base.detail}; the suite must pass "
@@ -553,7 +1011,7 @@ def _run(mutations: Sequence[Mutation], source: Path, files: Sequence[str], what
         click.echo(f"[{done[0]}/{len(mutations)}] {r.mutation}: {r.status} ({r.seconds:.0f} s) {r.detail}",
                    err=True)
 
-    results = sweep(mutations, source, files, python, args, timeout, jobs, keep, progress)
+    results = sweep(mutations, source, files, python, args, timeout, jobs, keep, progress, then)
     wall = time.monotonic() - t0
     _print_table(results, wall)
     if show_survivors:

@@ -42,7 +42,8 @@ def test_the_list_is_well_formed():
     for m in mt.MUTATIONS:
         assert m.breaks and "\n" not in m.breaks, m.name
         for e in m.edits:
-            assert e.file.startswith("rankcore/") and e.find and e.find != e.replace, m.name
+            # rankcore/, and the scenario timeline's two rules in executors/scenarios/
+            assert e.file.startswith(("rankcore/", "executors/scenarios/")) and e.find and e.find != e.replace, m.name
     # the four mutations issue 8 point 12 asks the invariants to kill stay in the list
     assert {"node-loss-reverse-order", "recovery-node-rank-minority", "assign-highest-free-rank",
             "compact-when-unhealthy"} <= set(names)
@@ -151,3 +152,28 @@ def test_a_mutation_that_no_longer_matches_is_an_error_result(tmp_path):
     m = mt.mutation("stale", "rankcore/__init__.py", "RULE = 'middle'", "RULE = 'x'", "rule")
     res = mt.run_one(m, repo, sorted(FAKE), sys.executable, ARGS, timeout=120)
     assert res.status == mt.ERROR and "not found" in res.detail
+
+
+MORE = {**FAKE, "tests_more/test_other.py": "import rankcore\n\n\ndef test_other():\n    assert rankcore.OTHER == 1\n"}
+
+
+def test_a_mutant_the_first_run_misses_is_killed_by_a_later_run(tmp_path):
+    repo = _tree(tmp_path / "repo", MORE)
+    m = mt.mutation("other", "rankcore/__init__.py", "OTHER = 1", "OTHER = 2", "other is one")
+    res = mt.run_one(m, repo, sorted(MORE), sys.executable, ARGS, timeout=120, then=("tests_more",))
+    assert res.status == mt.KILLED, res.output
+    assert res.detail == "[2] tests_more/test_other.py::test_other"
+    # without the later run it survives: the first run alone does not see it
+    assert mt.run_one(m, repo, sorted(MORE), sys.executable, ARGS, timeout=120).status == mt.SURVIVED
+
+
+def test_a_mutants_own_tests_run_first_with_the_common_options(tmp_path):
+    repo = _tree(tmp_path / "repo", MORE)
+    m = mt.mutation("other", "rankcore/__init__.py", "OTHER = 1", "OTHER = 2", "other is one",
+                    tests=["tests_more/test_other.py"])
+    assert mt.stages(m, ARGS, ("tests_more",), repo) == [
+        ["-q", "-p", "no:cacheprovider", "tests_more/test_other.py"], ARGS,
+        ["-q", "-p", "no:cacheprovider", "tests_more"]]
+    assert mt.stages(None, ARGS, (), repo) == [ARGS]  # the baseline: the common runs only
+    res = mt.run_one(m, repo, sorted(MORE), sys.executable, ARGS, timeout=120)
+    assert res.status == mt.KILLED and res.detail == "tests_more/test_other.py::test_other", res.output
