@@ -415,7 +415,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
         from .sim.plot import plot_trace
 
         try:
-            plot_trace(path, plot_path, title=sc.name, window=window)
+            plot_trace(path, plot_path, title=sc.name, window=window, variant=variant)
         except ValueError as exc:
             click.echo(f"error: --plot-window: {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)

@@ -74,7 +74,7 @@ def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None
     if plot_path and trace_path:
         from .sim.plot import plot_trace
 
-        plot_trace(Path(trace_path), Path(plot_path), title=f"{sc.name} (seed {result.seed})")
+        plot_trace(Path(trace_path), Path(plot_path), title=sc.name, variant=overrides)
     return RunRecord(variant=dict(overrides), seed=result.seed, scenario=sc.name, metrics=result.metrics,
                      expectations=tuple(e.as_record() | {"kind": e.expectation.kind if e.expectation else None}
                                         for e in result.expectations),

@@ -18,13 +18,14 @@ picture. The trace is streamed.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
 
 from ..trace import read_trace
 
-__all__ = ["plot_trace"]
+__all__ = ["FLEET_RANKS", "plot_figure", "plot_trace", "variant_label"]
 
 #: phase -> how the bar is drawn ("serving" solid, "starting" pale, "stopping" hatched)
 _CLASS = {"pending": "starting", "starting": "starting", "running": "serving",
@@ -142,6 +143,7 @@ class _Timeline:
         self.t_end = 0.0
         self.t_start: float | None = None
         self.where: dict[str, str] = {}  # replica -> deployment
+        self.metrics: dict[str, dict] = {}  # deployment -> its figures from the closing record
 
     def dep(self, name: str) -> _Deployment:
         d = self.deployments.get(name)
@@ -244,7 +246,7 @@ class _Timeline:
             self._recovered(t)
 
     def _end(self, rec: dict, t: float) -> None:
-        pass
+        self.metrics = (rec.get("metrics") or {}).get("deployments") or {}
 
     def _recovered(self, t: float) -> None:
         if self.down and self.down[-1][1] is None:
@@ -266,11 +268,26 @@ class _Timeline:
             self.down[-1] = (self.down[-1][0], self.t_end)
 
 
-def _read(trace_path: str | Path) -> _Timeline:
+#: snapshots written after a step whose events and commands already say every change
+#: (``healthy``, ``step``): the plot skips them unparsed (they are most of a long trace's bytes)
+_REDUNDANT_SNAPSHOTS = ('"reason":"healthy"', '"reason":"step"')
+
+
+def _needed(lines: Any) -> Any:
+    """The trace's lines, a redundant snapshot blanked (line numbers stay right)."""
+    for line in lines:
+        if line.startswith('{"kind":"snapshot"') and any(r in line[:96] for r in _REDUNDANT_SNAPSHOTS):
+            yield "\n"
+        else:
+            yield line
+
+
+def _read(trace_path: str | Path, *, every_snapshot: bool = False) -> _Timeline:
+    """The timeline of a trace; ``every_snapshot`` also reads the redundant snapshots."""
     tl = _Timeline()
     with open(trace_path, encoding="utf-8") as fp:
         try:
-            for rec in read_trace(fp):
+            for rec in read_trace(fp if every_snapshot else _needed(fp)):
                 tl.feed(rec)
         except ValueError as exc:
             raise ValueError(f"{trace_path}: {exc}") from None
@@ -284,6 +301,28 @@ _UNITS = ((1.0, "s"), (3600.0, "h"), (86400.0, "d"))
 _MANY_CRASHES = 150
 #: more node losses than this are drawn without labels
 _MANY_NODE_EVENTS = 12
+#: above this many ranks a deployment is drawn for a planner (serving vs target, ranks by
+#: band, crashes / reconfigures / reassignments over time, non-contiguous time per level)
+#: instead of one row per replica, which at fleet size is a wall of stripes
+FLEET_RANKS = 64
+#: the rank-band panel of a fleet shows at most this many bands and time columns
+_BANDS = 40
+_BAND_COLUMNS = 480
+#: time buckets of the events panel of a fleet
+_EVENT_BUCKETS = 96
+#: panel heights of a fleet (inches, as height ratios)
+_BAND_HEIGHT = 3.2
+_EVENTS_HEIGHT = 2.0
+_NONCONTIG_HEIGHT = 1.3
+
+
+def variant_label(variant: dict | str | None) -> str:
+    """A ``--set`` variant as the title names it: ``cluster.nodes=9, latency.start=5``."""
+    if not variant:
+        return ""
+    if isinstance(variant, str):
+        return variant
+    return ", ".join(f"{k}={v}" for k, v in variant.items())
 
 
 def _time_unit(span: float) -> tuple[float, str]:
@@ -295,13 +334,33 @@ def _time_unit(span: float) -> tuple[float, str]:
 
 
 def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None = None,
-               deployment: str | None = None, window: tuple[float, float] | None = None) -> Path:
-    """Render the trace at ``trace_path`` as a PNG at ``out_png`` (returned).
+               deployment: str | None = None, window: tuple[float, float] | None = None,
+               variant: dict | str | None = None) -> Path:
+    """Render the trace at ``trace_path`` as a PNG at ``out_png`` (returned); see
+    ``plot_figure`` for what is drawn. Needs matplotlib (``pip install matplotlib``
+    or ``pip install 'rankcore[plot]'``)."""
+    import matplotlib.pyplot as plt
 
-    One subplot per deployment (only ``deployment`` when given); ``window``
-    (start, end) in virtual seconds shows only that part of the run. The
-    time axis is in seconds, hours or days by the length shown. Needs
-    matplotlib (``pip install matplotlib`` or ``pip install 'rankcore[plot]'``).
+    fig = plot_figure(trace_path, title=title, deployment=deployment, window=window, variant=variant)
+    out = Path(out_png)
+    try:
+        fig.savefig(out, dpi=110)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def plot_figure(trace_path: str | Path, *, title: str | None = None, deployment: str | None = None,
+                window: tuple[float, float] | None = None, variant: dict | str | None = None) -> Any:
+    """The matplotlib figure of the trace at ``trace_path`` (the caller saves and closes it).
+
+    One group of panels per deployment (only ``deployment`` when given):
+    up to ``FLEET_RANKS`` ranks, the per-replica rank chart over its
+    availability panel; above it, what a planner reads (``_draw_fleet``).
+    ``window`` (start, end) in virtual seconds shows only that part of the
+    run; the time axis is in seconds, hours or days by the length shown.
+    ``variant`` (a ``--set`` override, as a dict or its label) is named in
+    the title.
     """
     try:
         import matplotlib
@@ -331,49 +390,97 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
             raise ValueError(f"plot window {window!r} lies outside the run ({tl.t_start or 0:g}..{tl.t_end:g} s)")
     span = t1 - t0
 
-    rows = [tl.deployments[n].max_rank + 1 for n in names] or [1]
+    rows = {n: tl.deployments[n].max_rank + 1 for n in names}
+    fleet = any(r > FLEET_RANKS for r in rows.values())
     heights: list[float] = []
-    for r in rows:  # a rank chart, then its availability panel
-        heights += [min(max(1.4 + 0.32 * r, 2.6), 9.0), _AVAIL_HEIGHT]
-    fig_h = min(sum(heights) + 1.6, 44.0)
-    fig, grid = plt.subplots(len(heights), 1, figsize=(13, fig_h), sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    axes = [a[0] for a in grid][0::2]
-    avail_axes = [a[0] for a in grid][1::2]
+    kinds: list[tuple[str, str]] = []  # (panel, deployment)
+    for n in names:
+        if rows[n] > FLEET_RANKS:
+            heights += [_AVAIL_HEIGHT + 0.5, _BAND_HEIGHT, _EVENTS_HEIGHT, _NONCONTIG_HEIGHT]
+            kinds += [("avail", n), ("bands", n), ("events", n), ("noncontig", n)]
+        else:  # a rank chart, then its availability panel
+            heights += [min(max(1.4 + 0.32 * rows[n], 2.6), 9.0), _AVAIL_HEIGHT]
+            kinds += [("ranks", n), ("avail", n)]
+    if not names:
+        heights, kinds = [2.6, _AVAIL_HEIGHT], [("ranks", ""), ("avail", "")]
+    fig_h = min(sum(heights) + 1.6 + 0.4 * fleet, 44.0)
+    fig = plt.figure(figsize=(13, fig_h))
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
+    axes: list[Any] = []
+    first_time_ax = None
+    for i, (kind, _n) in enumerate(kinds):
+        if kind == "noncontig":
+            axes.append(fig.add_subplot(grid[i]))
+            continue
+        ax = fig.add_subplot(grid[i], sharex=first_time_ax)
+        first_time_ax = first_time_ax or ax
+        axes.append(ax)
     if title is None:
         title = str(tl.header.get("scenario") or Path(trace_path).name)
+    label = variant_label(variant)
     seed = tl.header.get("seed")
-    fig.suptitle(title + (f"  (seed {seed})" if seed is not None else ""), fontsize=13, fontweight="bold")
+    fig.suptitle(title + (f" [{label}]" if label else "") + (f"  (seed {seed})" if seed is not None else ""),
+                 fontsize=13, fontweight="bold")
 
     if not names:
         axes[0].text(0.5, 0.5, "no deployment in this trace", ha="center", va="center",
                      transform=axes[0].transAxes)
-        avail_axes[0].set_visible(False)
-    for ax, av, name, nrows in zip(axes, avail_axes, names, rows):
-        _draw(ax, tl, tl.deployments[name], nrows, t0, t1, span)
-        _draw_availability(av, tl, tl.deployments[name], t0, t1)
+        axes[1].set_visible(False)
+    node_labels: list[tuple[Any, float, str]] = []  # (axes, t, text): staggered once laid out
+    for ax, (kind, n) in zip(axes, kinds):
+        if not n:
+            continue
+        d = tl.deployments[n]
+        if kind == "ranks":
+            node_labels += _draw(ax, tl, d, rows[n], t0, t1, span)
+        elif kind == "avail":
+            _draw_availability(ax, tl, d, t0, t1)
+            if rows[n] > FLEET_RANKS:
+                node_labels += _node_lines(ax, tl, t0, t1, labels=True)
+        elif kind == "bands":
+            _draw_bands(fig, ax, tl, d, rows[n], t0, t1)
+        elif kind == "events":
+            _draw_events(ax, tl, d, t0, t1)
+        else:
+            _draw_noncontig(ax, tl, d)
     per, unit = _time_unit(span)
     from matplotlib.ticker import FuncFormatter, MultipleLocator
 
-    bottom = avail_axes[-1]
+    time_axes = [ax for ax, (kind, _n) in zip(axes, kinds) if kind != "noncontig"]
+    bottom = time_axes[-1]
+    for ax in time_axes[:-1]:
+        ax.tick_params(labelbottom=False)
     bottom.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / per:g}"))
     if per > 1:  # ticks on whole units (every 1, 2, 3, 6, 12 ... of them)
         step = next(s for s in (1, 2, 3, 6, 12, 24, 48, 96, 1e9) if span / per / s <= 16)
         bottom.xaxis.set_major_locator(MultipleLocator(step * per))
-    bottom.set_xlabel(f"virtual time ({ {'s': 'seconds', 'h': 'hours', 'd': 'days'}[unit] })")
+    xlabel = f"virtual time ({ {'s': 'seconds', 'h': 'hours', 'd': 'days'}[unit] })"
+    bottom.set_xlabel(xlabel)
     bottom.set_xlim(t0 - 0.01 * span, t1 + 0.01 * span)
+    if fleet:  # the shared axis is labelled on every deployment's last time panel
+        for ax, (kind, _n) in zip(axes, kinds):
+            if kind == "events":
+                ax.tick_params(labelbottom=True)
+                ax.set_xlabel(xlabel)
 
-    handles = [
-        Patch(facecolor=_PALETTE[0], edgecolor="none", label="serving (colour = lineage)"),
-        Patch(facecolor=_PALETTE[0], alpha=0.35, edgecolor="none", label="pending / starting"),
-        Patch(facecolor=_PALETTE[0], alpha=0.35, hatch="///", edgecolor="white", label="stopping"),
-        Line2D([], [], marker="X", color=_CRASH, linestyle="none", markersize=9, markeredgecolor="white",
-               label="crash"),
-        Line2D([], [], marker="^", color=_RANK_RECONF, linestyle="none", markersize=7,
-               label="reconfigure: rank"),
-        Line2D([], [], marker="D", color=_CONFIG_RECONF, linestyle="none", markersize=5,
-               label="reconfigure: user_config"),
-        Line2D([], [], color="black", drawstyle="steps-post", linewidth=1.6, label="world_size (right axis)"),
+    handles: list[Any] = []
+    if any(k == "ranks" for k, _ in kinds):
+        handles += [
+            Patch(facecolor=_PALETTE[0], edgecolor="none", label="serving (colour = lineage)"),
+            Patch(facecolor=_PALETTE[0], alpha=0.35, edgecolor="none", label="pending / starting"),
+            Patch(facecolor=_PALETTE[0], alpha=0.35, hatch="///", edgecolor="white", label="stopping"),
+            Line2D([], [], marker="X", color=_CRASH, linestyle="none", markersize=9, markeredgecolor="white",
+                   label="crash"),
+            Line2D([], [], marker="^", color=_RANK_RECONF, linestyle="none", markersize=7,
+                   label="reconfigure: rank"),
+            Line2D([], [], marker="D", color=_CONFIG_RECONF, linestyle="none", markersize=5,
+                   label="reconfigure: user_config"),
+            Line2D([], [], color="black", drawstyle="steps-post", linewidth=1.6,
+                   label="world_size (right axis)"),
+        ]
+    else:
+        handles.append(Line2D([], [], color="black", drawstyle="steps-post", linewidth=1.2, label="target"))
+    handles += [
         Line2D([], [], color=_SERVING, drawstyle="steps-post", linewidth=1.4, label="serving replicas"),
         Patch(facecolor=_CRASH, alpha=0.3, edgecolor="none", label="short of target (right axis)"),
     ]
@@ -386,13 +493,62 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8.5, frameon=False)
     legend_rows = (len(handles) + 4) // 5
     fig.tight_layout(rect=(0, 0.035 * legend_rows * 9.0 / max(fig_h, 4.0), 1, 0.97))
-    out = Path(out_png)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _stagger(fig, node_labels)
+    return fig
+
+
+def _node_lines(ax: Any, tl: _Timeline, t0: float, t1: float, *, labels: bool) -> list[tuple[Any, float, str]]:
+    """Node losses (dashed red) and joins (dotted green) as vertical lines; the loss
+    labels to place (``_stagger``), none when there are many."""
+    many = len(tl.node_lost) + len(tl.node_added) > _MANY_NODE_EVENTS
+    out = []
+    for t, node in tl.node_lost:
+        if not t0 <= t <= t1:
+            continue
+        ax.axvline(t, color=_CRASH, linestyle="--", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
+        if labels and not many:
+            out.append((ax, t, f"{node} lost"))
+    for t, _node in tl.node_added:
+        if t0 < t <= t1:
+            ax.axvline(t, color=_NODE_ADDED, linestyle=":", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
     return out
 
 
-def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: float, span: float) -> None:
+#: vertical step between two rows of node-loss labels (points)
+_LABEL_STEP = 11.0
+
+
+def _stagger(fig: Any, labels: list[tuple[Any, float, str]]) -> None:
+    """Node-loss labels at the top of their panel, each in the highest row (from the top
+    edge down) where it overlaps no label already placed: two losses seconds apart
+    do not write over each other. Needs the final layout (call after tight_layout)."""
+    if not labels:
+        return
+    from matplotlib.transforms import blended_transform_factory
+
+    renderer = fig.canvas.get_renderer()
+    placed: dict[int, list[Any]] = {}  # id(axes) -> bounding boxes of its labels
+    for ax, t, text in sorted(labels, key=lambda x: (id(x[0]), x[1])):
+        boxes = placed.setdefault(id(ax), [])
+        where = blended_transform_factory(ax.transData, ax.transAxes)
+        row = 0
+        while True:
+            ann = ax.annotate(text, xy=(t, 1.0), xycoords=where, xytext=(2, -2 - _LABEL_STEP * row),
+                              textcoords="offset points", ha="left", va="top", fontsize=7.5, color=_CRASH,
+                              gid="node-lost", annotation_clip=False, zorder=7,
+                              bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                                    "alpha": 0.8})
+            box = ann.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in boxes) or row > len(boxes):
+                boxes.append(box)
+                break
+            ann.remove()
+            row += 1
+
+
+def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: float,
+          span: float) -> list[tuple[Any, float, str]]:
+    """The per-replica rank chart; returns the node-loss labels to place."""
     pad = 0.45 if nrows <= 40 else nrows * 0.012  # room for the world_size line at the full target
     colours: dict[Any, str] = {}
 
@@ -426,17 +582,7 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
                         color=label_colour.get(rid, "white"), fontweight="bold", clip_on=True)
     for down_at, up_at in tl.down:
         ax.axvspan(down_at, up_at if up_at is not None else t1, color="#999999", alpha=0.25, linewidth=0)
-    many = len(tl.node_lost) + len(tl.node_added) > _MANY_NODE_EVENTS
-    for t, node in tl.node_lost:
-        if not t0 <= t <= t1:
-            continue
-        ax.axvline(t, color=_CRASH, linestyle="--", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
-        if not many:
-            ax.text(t, nrows - 0.5 + pad, f" {node} lost", color=_CRASH, fontsize=7.5, va="bottom", ha="left",
-                    clip_on=False)
-    for t, _node in tl.node_added:
-        if t0 < t <= t1:
-            ax.axvline(t, color=_NODE_ADDED, linestyle=":", linewidth=0.7 if many else 1, alpha=0.6 if many else 1)
+    labels = _node_lines(ax, tl, t0, t1, labels=True)
     k = min(1.0, (40 / max(nrows, 1)) ** 0.5)  # smaller markers when rows are thin
     rank_r = [(t, r) for t, r, why, _ in d.reconfigures if why == "rank"]
     conf_r = [(t, r) for t, r, why, _ in d.reconfigures if why != "rank"]
@@ -485,6 +631,7 @@ def _draw(ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: flo
         tw.set_yticks(range(nrows + 1))
     tw.set_ylabel("world_size")
     tw.spines["top"].set_visible(False)
+    return labels
 
 
 def serving_curve(d: _Deployment) -> list[tuple[float, int]]:
@@ -598,3 +745,117 @@ def _draw_availability(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: fl
     else:
         text = f"after start-up: availability {pct:.3f}%, full strength {full:.2f}% of the time"
     ax.set_title(f"{d.name}: serving replicas vs target; {text}", fontsize=9, loc="left")
+
+
+# ------------------------------------------------------------------ fleet size
+def _draw_bands(fig: Any, ax: Any, tl: _Timeline, d: _Deployment, nrows: int, t0: float, t1: float) -> None:
+    """Ranks by band: each cell is the share of the band's rank-seconds below the target
+    that did not serve (log colour, white: all served; grey: no rank of the band in
+    the target), so where and when replicas were missing shows at any fleet size."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    size = max(1, math.ceil(nrows / _BANDS))
+    bands = math.ceil(nrows / size)
+    edges = np.linspace(t0, t1, _BAND_COLUMNS + 1)
+    # serving seconds per band and column: sum over segments of the clipped overlap,
+    # as differences of the running integral sum(clip(x - a, 0, b - a)) at the edges
+    by_band: dict[int, tuple[list[float], list[float]]] = {}
+    for rank, a, b, cls, _key in d.segments:
+        if cls == "serving" and b > a and rank < bands * size:
+            starts, ends = by_band.setdefault(rank // size, ([], []))
+            starts.append(a)
+            ends.append(b)
+    served = np.zeros((bands, _BAND_COLUMNS))
+    for band, (starts, ends) in by_band.items():
+        a_ = np.asarray(starts)[:, None]
+        length = np.asarray(ends)[:, None] - a_
+        served[band] = np.diff(np.clip(edges[None, :] - a_, 0.0, length).sum(axis=0))
+    # rank-seconds expected: ranks of the band below the target, over the target's steps
+    expected = np.zeros((bands, _BAND_COLUMNS))
+    lows = np.arange(bands) * size
+    world = d.world + [(t1, d.world[-1][1] if d.world else 0)]
+    for (a, g), (b, _g) in itertools.pairwise(world):
+        if b <= a:
+            continue
+        inside = np.clip(g - lows, 0, size)[:, None]  # ranks of each band below the target
+        expected += inside * np.diff(np.clip(edges - a, 0.0, b - a))[None, :]
+    short = np.clip(expected - served, 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(expected > 0, short / np.where(expected > 0, expected, 1.0), np.nan)
+    share = np.where(share > 1e-6, share, np.where(np.isnan(share), np.nan, 0.0))
+    shown = np.ma.masked_where(~(share > 0), share)
+    ax.set_facecolor("#ffffff")
+    grey = np.ma.masked_where(~np.isnan(share), np.ones_like(share))
+    extent = (t0, t1, bands * size - 0.5, -0.5)
+    ax.imshow(grey, aspect="auto", extent=extent, cmap="Greys", vmin=0, vmax=6, interpolation="nearest")
+    img = ax.imshow(shown, aspect="auto", extent=extent, cmap="Reds", interpolation="nearest",
+                    norm=LogNorm(vmin=1e-4, vmax=1.0))
+    ax.set_ylim(-0.5, bands * size - 0.5)  # rank 0 at the bottom, as in the per-replica chart
+    ax.set_ylabel(f"global rank (bands of {size})", fontsize=9)
+    bar = fig.colorbar(img, cax=ax.inset_axes((1.005, 0.0, 0.01, 1.0)))  # takes no width from the panel
+    bar.set_label("share not serving", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    _node_lines(ax, tl, t0, t1, labels=False)
+    for down_at, up_at in tl.down:
+        ax.axvspan(down_at, up_at if up_at is not None else t1, color="#999999", alpha=0.25, linewidth=0)
+    ax.set_title(f"{d.name}: ranks by band of {size}: share of each band's rank-time below the target not "
+                 f"serving (grey: band above the target)", fontsize=9, loc="left")
+
+
+def _draw_events(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: float) -> None:
+    """Crashes, rank reconfigures (one per replica whose rank changed at any level:
+    a reassignment), global-rank moves and user_config reconfigures per time bucket."""
+    import numpy as np
+
+    edges = np.linspace(t0, t1, _EVENT_BUCKETS + 1)
+    series = [
+        ("crashes", [t for t, _ in d.crashes], _CRASH),
+        ("reconfigures: rank (reassignments)", [t for t, _, why, _ in d.reconfigures if why == "rank"],
+         _RANK_RECONF),
+        ("global rank moves", [t for t, r, _, old in d.reconfigures if old is not None and old != r], "#e6a100"),
+        ("reconfigures: user_config", [t for t, _, why, _ in d.reconfigures if why != "rank"], _CONFIG_RECONF),
+    ]
+    top = 1
+    for name, times, colour in series:
+        counts, _ = np.histogram([t for t in times if t0 <= t <= t1], bins=edges)
+        top = max(top, int(counts.max(initial=0)))
+        ax.stairs(counts, edges, color=colour, linewidth=1.3, label=f"{name}: {int(counts.sum()):,}")
+    ax.set_yscale("symlog", linthresh=1, linscale=0.6)
+    ax.set_ylim(0, top * 1.8)
+    ax.set_ylabel(f"per {_duration(float(edges[1] - edges[0]))}", fontsize=9)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.spines["top"].set_visible(False)
+    ax.legend(fontsize=7.5, loc="upper left", ncol=4, frameon=False)
+    _node_lines(ax, tl, t0, t1, labels=False)
+    ax.set_title(f"{d.name}: crashes, reassignments and reconfigures over time", fontsize=9, loc="left")
+
+
+def _draw_noncontig(ax: Any, tl: _Timeline, d: _Deployment) -> None:
+    """Seconds non-contiguous per rank level over the whole run (the closing record's figures)."""
+    m = tl.metrics.get(d.name) or {}
+    frac, seen = m.get("noncontiguous_fraction") or {}, m.get("observed_seconds")
+    levels = ("rank", "node_rank", "local_rank", "any")
+    ax.set_title(f"{d.name}: non-contiguous time per level (whole run)", fontsize=9, loc="left")
+    ax.spines[["top", "right"]].set_visible(False)
+    if not frac or not seen:
+        ax.text(0.5, 0.5, "no closing record with figures in this trace", ha="center", va="center",
+                transform=ax.transAxes, fontsize=8)
+        ax.set_yticks([])
+        return
+    secs = [(frac.get(lv) or 0.0) * seen for lv in levels]
+    ax.barh(range(len(levels)), secs, color=["#4e79a7", "#f28e2b", "#59a14f", "#79706e"], height=0.6)
+    ax.set_yticks(range(len(levels)), levels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(max(secs), 1e-9) * 1.35)
+    for y, v in enumerate(secs):
+        ax.text(v, y, f" {_duration(v)} ({100.0 * v / seen:.3g}% of {_duration(seen)})", va="center", fontsize=8)
+    ax.set_xlabel("seconds not contiguous", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+
+
+def _duration(seconds: float) -> str:
+    for per, unit in ((86400.0, "d"), (3600.0, "h"), (60.0, "min")):
+        if seconds >= per:
+            return f"{seconds / per:.3g} {unit}"
+    return f"{seconds:.3g} s"
