@@ -339,9 +339,9 @@ def plot_trace(trace_path: str | Path, out_png: str | Path, *, title: str | None
     """Render the trace at ``trace_path`` as a PNG at ``out_png`` (returned); see
     ``plot_figure`` for what is drawn. Needs matplotlib (``pip install matplotlib``
     or ``pip install 'rankcore[plot]'``)."""
-    import matplotlib.pyplot as plt
-
     fig = plot_figure(trace_path, title=title, deployment=deployment, window=window, variant=variant)
+    import matplotlib.pyplot as plt  # (after plot_figure said what to install if it is missing)
+
     out = Path(out_png)
     try:
         fig.savefig(out, dpi=110)
