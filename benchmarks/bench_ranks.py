@@ -88,7 +88,7 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import rankcore
 
-from rankcore.ranks import RankTable
+from rankcore import RankTable
 
 CHURN_STEPS = 10_000
 LEVELS = ("rank", "node_rank", "local_rank", "replicas")

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rankcore.errors import InvariantViolation
+from rankcore import InvariantViolation
 from rankcore.invariants import check_snapshot
 
 from .trace import read_trace

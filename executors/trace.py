@@ -17,7 +17,7 @@ from typing import IO, Any
 import attrs
 
 import rankcore as rc
-from rankcore.lifecycle import Phase
+from rankcore import Phase
 
 SCHEMA = "rankcore-trace"
 VERSION = 2  # 2: StartReplica.rank became global_rank

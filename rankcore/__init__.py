@@ -2,6 +2,12 @@
 
 ``step(state, event) -> Step(state, commands)``; no I/O, clock or randomness.
 See README.md for a quick start and docs/architecture.md for the design.
+
+The public surface (docs/embedding.md, "What you may import"): this package's
+names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
+``static``, ``cluster``, ``health`` and ``restarts``), ``rankcore.testing``,
+``rankcore.invariants``, ``rankcore.protocol`` and ``rankcore.records``. Every
+other module is internal: it may change without notice.
 """
 
 from . import cluster, gangs, health, options, placement, restarts, static
@@ -51,10 +57,20 @@ from .events import (
     UnresponsiveReplica,
 )
 from .gangs import GangContext
-from .lifecycle import Phase
+from .lifecycle import LIVE, Phase
 from .options import Options
-from .ranks import LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
-from .state import Compaction, Deployment, RecoveryOutcome, Replica, State, Step, desired_specs
+from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
+from .state import (
+    STATUSES,
+    Compaction,
+    Deployment,
+    RecoveryOutcome,
+    Replica,
+    State,
+    Step,
+    desired_specs,
+    parse_replica_number,
+)
 from .static import StaticPlacement, consecutive_mapping
 
 __version__ = "0.1.0"
@@ -71,6 +87,7 @@ __all__ = [
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command", "GangChanged", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static",
+    "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",
 ]

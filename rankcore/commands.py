@@ -7,6 +7,9 @@ ReplicaReady after InitializeReplica, or ReplicaCrashed; stop ->
 ReplicaStopped; reconfigure -> ReplicaReconfigured or ReplicaCrashed); the core
 never assumes success before the answer arrives. ``UpdateWorldSize`` needs no
 answer.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ getting exactly one ReconfigureReplica.
 Determinism: nothing depends on hash order (string hashes vary between
 processes); whenever replicas are walked to make commands they are sorted by
 rank or id first.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Ray Serve's production mode answers a rank error with rank (0, 0, 0); rankcore
 raises instead, and because every state is immutable the caller's state is
 untouched by a rejected event.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Frozen, slotted, keyword-only attrs records that validate on construction;
 their reprs are valid Python, so a failing hypothesis run prints a replayable
 program. ``step`` dispatches on ``type(event)``.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

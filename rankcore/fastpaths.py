@@ -11,6 +11,9 @@ functions build the step directly (a few record copies) instead of opening a
 They are an optimisation only: the property suite steps every event both
 ways and requires the same ``Step`` (``tests/property/test_fast_paths.py``),
 so a rule changed in the handlers and not here fails there.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Malformed input is rejected where the record is built, with a message naming
 the record, the field and the value (h11's rule), so a bad event never reaches
 ``step``.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ destination must be a declared phase) and compiled to ``TABLE``, a plain
 transition through the library costs ~15 µs, and one Machine per replica
 would cost ~0.5 ms and 20 KB each. Diagrams are rendered from the same
 declaration (``rankcore diagram``), never drawn by hand.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

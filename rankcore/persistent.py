@@ -21,6 +21,9 @@ handed to bulk mutators are materialised before the lock is taken). Under
 the GIL the lock costs ~0.1 µs per call uncontended (docs/benchmarks.md);
 threads reading *different* versions of one store take turns and pay the
 reroot between them, so a thread pool over one table is safe, not parallel.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ module beneath both the event handlers and the recovery rebuild.
 Downscale victims: named victims first, then replicas not yet serving
 (pending before starting), then the highest global ranks, so the ranks that
 stay are the low, contiguous ones and the fewest replicas move later.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ Every method returns a new table; the old one stays valid and unchanged
 (see :mod:`rankcore.persistent` for how that is cheap). Bulk methods
 (``assign_many``, ``release_many``, ``recover_many``) do one event's worth of
 work in one version, at dict speed.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

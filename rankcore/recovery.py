@@ -34,6 +34,9 @@ deployments or nodes is refused (rebuilding would drop them without a command).
 
 Recovering from a state's own reports gives back the same ranks and no
 command (checked by ``rankcore.invariants.check_recovery_roundtrip``).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ Rules settled here, once for every executor:
 
 A working copy of the cluster lives on the step's ``Tx`` (``ClusterTx``) and
 becomes a new ``Cluster`` once, at the end of the step.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A ``State`` holds any number of deployments, each with its own rank space
 (its own :class:`~rankcore.ranks.RankTable`). Nothing here is ever mutated;
 ``step`` returns a new ``State`` and the old one stays valid.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

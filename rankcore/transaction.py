@@ -4,6 +4,9 @@
 ``Deployment`` and emitting its commands in order. A module of its own so the
 event handlers and the recovery rebuild both stand on it without importing
 each other's private helpers.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
 """
 
 from __future__ import annotations

@@ -765,7 +765,7 @@ class Controller:
     def _start(self, cmd: rc.StartReplica) -> None:
         """Record the replica (stage ``reserving``: no actor yet); the core
         places it with a PlaceReplica once a node has room."""
-        n = rc.state.parse_replica_number(cmd.replica_id)
+        n = rc.parse_replica_number(cmd.replica_id)
         self.started = max(self.started, (n or 0) + 1)
         self.lineages = max(self.lineages, (cmd.lineage or 0) + 1)
         self._persist_counters()
@@ -1343,7 +1343,7 @@ class Controller:
         whose bundle's node was lost, ...), ``rank`` (rank, node_rank,
         local_rank; node and local None until placed), ``node_id``,
         ``bundles`` (a static rank's bundle indices) and ``gang`` (its gang's id)."""
-        from rankcore.gangs import gang_id
+        gang_id = rc.gangs.gang_id
 
         await self._ready()
         dep = self.driver.state.deployments.get(name)

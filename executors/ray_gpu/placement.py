@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import rankcore as rc
-from rankcore.errors import InvalidConfig
+from rankcore import InvalidConfig
 from rankcore.placement import POLICIES
 
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "pg_name", "actor_resources", "replica_bundles",

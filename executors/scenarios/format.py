@@ -512,8 +512,8 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
             raise c.fail(p + ("reconfigure",), f"must be one of {', '.join(RECONFIGURE_KINDS)}, got {_show(reconf)}")
         lat = c.mapping(m.get("latency", {}), p + ("latency",), LATENCY_KEYS)
         most = c.count(m.get("max_replicas", rc.DEFAULT_MAX_REPLICAS), p + ("max_replicas",))
-        if not 1 <= most <= rc.ranks.MAX_RANKS:
-            raise c.fail(p + ("max_replicas",), f"must be 1..{rc.ranks.MAX_RANKS}, got {most}")
+        if not 1 <= most <= rc.MAX_RANKS:
+            raise c.fail(p + ("max_replicas",), f"must be 1..{rc.MAX_RANKS}, got {most}")
         static, bundle_gpus = _static(m.get("static_placement"), p + ("static_placement",), c, nodes)
         gang = _gang(m.get("gang"), p + ("gang",), c)
         if static is not None and gang[0] > 1:
@@ -730,7 +730,7 @@ def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) ->
             raise c.fail(p + ("deployment",), f"must not contain ':' (a replica actor is named "
                                               f"ModelActor:<deployment>:<replica>), got {name!r}")
         rid = c.name(m.get("replica", f"{name}#0"), p + ("replica",))
-        if rid.rpartition("#")[0] != name or rc.state.parse_replica_number(rid) is None:
+        if rid.rpartition("#")[0] != name or rc.parse_replica_number(rid) is None:
             raise c.fail(p + ("replica",), f"must be '{name}#<number>' (an id as the controller names "
                                            f"{name!r}'s replicas), got {rid!r}")
         return {"deployment": name, "replica": rid}
@@ -777,8 +777,8 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
                     "equals": c.count(mm["equals"], q + ("equals",))}
         elif kind == "status":
             mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
-            if mm["equals"] not in rc.state.STATUSES:
-                raise c.fail(q + ("equals",), f"must be one of {', '.join(rc.state.STATUSES)}, got {_show(mm['equals'])}")
+            if mm["equals"] not in rc.STATUSES:
+                raise c.fail(q + ("equals",), f"must be one of {', '.join(rc.STATUSES)}, got {_show(mm['equals'])}")
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "equals": mm["equals"]}
         elif kind == "ranks":

@@ -7,7 +7,7 @@ import math
 import attrs
 
 import rankcore as rc
-from rankcore.lifecycle import LIVE, Phase
+from rankcore import LIVE, Phase
 
 __all__ = ["DeploymentMetrics", "Metrics", "percentile"]
 

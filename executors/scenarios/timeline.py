@@ -73,7 +73,7 @@ def plan(timeline: tuple[Action, ...]) -> list[Planned]:
 
 
 #: the replica phases (``rankcore.Phase`` values, as replicas report them) in which a replica can be crashed
-_CRASHABLE = frozenset(p.value for p in rc.lifecycle.LIVE) - {rc.Phase.STOPPING.value}
+_CRASHABLE = frozenset(p.value for p in rc.LIVE) - {rc.Phase.STOPPING.value}
 
 
 def rank_holder(replicas: Iterable[tuple[str, int | None, str]], rank: int) -> str | None:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import rankcore as rc
+from rankcore import parse_replica_number
 from rankcore.records import maker
-from rankcore.state import parse_replica_number
 
 from ..scenarios import Metrics, Scenario
 from ..scenarios.timeline import rank_holder
@@ -51,7 +51,7 @@ class SimServices(Protocol):
     def stream(self, name: str) -> random.Random:
         """The seeded random stream of one source of randomness."""
 
-LIVE = tuple(p.value for p in rc.lifecycle.LIVE)
+LIVE = tuple(p.value for p in rc.LIVE)
 
 # The world's answers, built without their validators: every field is a
 # replica id from a StartReplica, a node name from the scenario, a float
@@ -123,7 +123,7 @@ class SimReplica:
             world_size=self.world_size,
             lineage=self.lineage,
             version=self.version,
-            user_config=self.user_config if self.rank is not None else rc.events.UNKNOWN,
+            user_config=self.user_config if self.rank is not None else rc.UNKNOWN,
         )
 
 

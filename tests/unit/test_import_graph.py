@@ -105,3 +105,49 @@ def test_the_executors_share_scenarios_but_not_each_other():
                       or (a.startswith("executors.sim") and b.startswith("executors.ray_gpu")))
     assert crossing == []
     assert any(b.startswith("executors.scenarios") for b in graph["executors.ray_gpu.scenario"])
+
+
+#: what an embedder (and every executor, benchmark and tool here) may import
+#: of rankcore: docs/embedding.md, "What you may import"
+PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.records"}
+#: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...)
+NAMESPACES = {"options", "placement", "gangs", "static", "cluster", "health", "restarts"}
+
+
+def test_executors_benchmarks_and_tools_use_only_the_public_surface():
+    import rankcore
+
+    assert NAMESPACES <= set(rankcore.__all__)
+    allowed = PUBLIC_MODULES | {f"rankcore.{n}" for n in NAMESPACES}
+    bad = []
+    for package in ("executors", "benchmarks", "tools"):
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            aliases = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                       for a in node.names if a.name == "rankcore"}
+            for node in ast.walk(tree):
+                mods = []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    mods = [node.module]
+                elif isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in mods
+                        if m.split(".")[0] == "rankcore" and m not in allowed]
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                        and node.value.id in aliases and node.attr not in rankcore.__all__
+                        and f"rankcore.{node.attr}" not in PUBLIC_MODULES and not node.attr.startswith("__")):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} uses rankcore.{node.attr}")
+    assert bad == []
+
+
+def test_internal_modules_say_they_are_internal():
+    import rankcore
+
+    core = ROOT / "rankcore"
+    public = {m.rpartition(".")[2] for m in PUBLIC_MODULES if m != "rankcore"} | NAMESPACES
+    for path in core.glob("*.py"):
+        if path.stem in public or path.stem == "__init__":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        assert "Internal" in doc, f"rankcore/{path.name}: its docstring does not say it is internal"
+    assert rankcore.__doc__ is not None and "public surface" in rankcore.__doc__
