@@ -165,3 +165,37 @@ def test_check_snapshot_refuses_a_node_with_two_node_ranks():
         "a#1": {"phase": "running", "node": "n0", "rank": [1, 1, 1]}}}}}
     with pytest.raises(rc.InvariantViolation, match="node 'n0' has two node ranks"):
         inv.check_snapshot(two)
+
+
+# ----------------------------------------------- the scenario timeline's two rules (executors/scenarios)
+def test_crash_rank_n_hits_the_live_holder_with_the_lowest_id():
+    """Kills crash-rank-n-highest-id and crash-rank-n-hits-stopping (docs/architecture.md, "crash rank N")."""
+    from executors.scenarios.timeline import rank_holder
+
+    assert rank_holder([("llm#5", 1, "running"), ("llm#3", 1, "running"), ("llm#0", 0, "running")], 1) == "llm#3"
+    assert rank_holder([("llm#1", 1, "stopping"), ("llm#4", 1, "starting")], 1) == "llm#4"
+    assert rank_holder([("llm#1", 1, "stopping")], 1) is None
+
+
+def test_a_scale_of_a_deployment_never_deployed_deploys_it():
+    """Kills scale-never-deployed-refused (docs/architecture.md, "scale of a never-deployed deployment")."""
+    from executors.scenarios.timeline import Desired, perform
+
+    calls: list[tuple] = []
+
+    class Target:
+        def apply(self, event):
+            calls.append(("apply", event.name, event.num_replicas))
+
+        def scale(self, deployment, replicas, victims):
+            calls.append(("scale", deployment, replicas))
+
+        def deployed(self, deployment):
+            return any(c[0] == "apply" and c[1] == deployment for c in calls)
+
+    spec = SimpleNamespace(name="llm", applied=lambda **kw: rc.DeploymentApplied(name="llm", num_replicas=kw.get("replicas", 1)))
+    desired = Desired(SimpleNamespace(deployments={"llm": spec}))
+    perform("scale", {"deployment": "llm", "replicas": 3}, desired, Target())
+    assert calls == [("apply", "llm", 3)]
+    perform("scale", {"deployment": "llm", "replicas": 2}, desired, Target())
+    assert calls[-1] == ("scale", "llm", 2)
