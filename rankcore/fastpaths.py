@@ -27,7 +27,7 @@ from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
 from .lifecycle import Phase
 from .records import maker, updater
 from .restarts import FAILED_START_CAUSES
-from .scheduling import _adjust, booking_to_pass, disarm
+from .scheduling import adjusted, booking_to_pass, disarm
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .transaction import initialize, put_replica, recount
 
@@ -209,7 +209,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         if node is None:
             cl = _with_held(cl, cl.held.delete(rid))
         else:
-            cl = _with_held_nodes(cl, cl.held.delete(rid), cl.nodes.set(node_id, _adjust(node, need, 1.0)), None)
+            cl = _with_held_nodes(cl, cl.held.delete(rid), cl.nodes.set(node_id, adjusted(node, need, 1.0)), None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
     return _Step(state=_with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)),

@@ -125,7 +125,9 @@ def new_node(node_id: str, resources: Need, labels: tuple, order: int | None, jo
                 order=(order if order is not None else _INF, joined, node_id))
 
 
-def _adjust(node: Node, need: Need, sign: float) -> Node:
+def adjusted(node: Node, need: Need, sign: float) -> Node:
+    """``node`` with ``need`` given back (``sign`` 1.0: a booking freed) or taken
+    (-1.0): the one primitive every booking change goes through (fast paths too)."""
     free = node.free
     for k, v in need:
         free = free.set(k, free.get(k, 0.0) + sign * v)
@@ -247,7 +249,7 @@ def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
     cl.changed = True
     node = cl.nodes.get(node_id)
     if node is not None:
-        cl.nodes = cl.nodes.set(node_id, _adjust(node, need, -1.0))
+        cl.nodes = cl.nodes.set(node_id, adjusted(node, need, -1.0))
     cl.held = cl.held.set(rid, (node_id, need))
 
 
@@ -264,7 +266,7 @@ def release(tx: Tx, rid: str) -> None:
         cl.held = cl.held.delete(rid)
         node = cl.nodes.get(node_id)
         if node is not None:
-            cl.nodes = cl.nodes.set(node_id, _adjust(node, need, 1.0))
+            cl.nodes = cl.nodes.set(node_id, adjusted(node, need, 1.0))
             cl.blocked = None
     if rid in cl.queued:
         cl.changed = True
@@ -303,7 +305,7 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         cl.held = cl.held.delete(rep.replica_id)
         node = cl.nodes.get(held[0])
         if node is not None:
-            cl.nodes = cl.nodes.set(held[0], _adjust(node, held[1], 1.0))
+            cl.nodes = cl.nodes.set(held[0], adjusted(node, held[1], 1.0))
     avoid_node(tx, rep.replica_id, node_id)
     dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
