@@ -199,3 +199,21 @@ def test_a_scale_of_a_deployment_never_deployed_deploys_it():
     assert calls == [("apply", "llm", 3)]
     perform("scale", {"deployment": "llm", "replicas": 2}, desired, Target())
     assert calls[-1] == ("scale", "llm", 2)
+
+
+def test_check_placements_refuses_a_place_on_no_live_node_or_with_another_rank():
+    """Kills invariant-noop-check-placements."""
+    before = _managed()
+    event = rc.ScaleRequested(deployment="app", num_replicas=3)
+    result = rc.step(before, event)
+    (place,) = [c for c in result.commands if isinstance(c, rc.PlaceReplica)]
+    inv.check_placements(before, event, result)
+
+    def forged(**changes):
+        return attrs.evolve(result, commands=tuple(attrs.evolve(c, **changes) if c is place else c
+                                                   for c in result.commands))
+
+    with pytest.raises(rc.InvariantViolation, match="not a live node"):
+        inv.check_placements(before, event, forged(node_id="n9"))
+    with pytest.raises(rc.InvariantViolation, match="PlaceReplica says rank"):
+        inv.check_placements(before, event, forged(rank=attrs.evolve(place.rank, local_rank=place.rank.local_rank + 1)))
