@@ -292,10 +292,13 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: suspect nodes] a suspect node is avoided while another node has room",
     ),
     mutation(
-        "suspect-node-never-forgiven", CORE,
-        "        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})\n",
-        "        pass\n",
-        "[Placement: suspect nodes] a node stops being suspect suspect_s after the exit",
+        "suspect-node-never-forgiven", SCHED,
+        "        return until is not None and until > self.now\n",
+        "        return until is not None\n",
+        "[Placement: suspect nodes] a node is suspect for suspect_s of core time only",
+        # (both copies of 'only for suspect_s': either one alone is an equivalent mutant, see the doc)
+        more=(Edit(CORE, "        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})\n",
+                   "        pass\n"),),
     ),
     mutation(
         "start-timeout-ignored", CORE,
@@ -554,6 +557,9 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "    if managed and (delay > 0 or avoid is not None):\n",
         "    if managed and avoid is not None:\n",
         "[Health: when a crash restart's room is free] a replacement waiting out a backoff does not hold the room",
+        # (both: the first edit alone is equivalent, _succeed's _forget releases the booking anyway)
+        more=(Edit(TX, "    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None\n",
+                   "    booking = keep_booking(tx, dep, rid, new_id) if managed and avoid is None else None\n"),),
     ),
     mutation(
         "status-never-unhealthy-on-failed-starts", STATE,
