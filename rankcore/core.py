@@ -24,7 +24,7 @@ import attrs
 
 from . import health, restarts
 from .cluster import clock_work_due
-from .commands import ReconfigureReplica, ScheduleTick, StartReplica, StopReplica, UpdateWorldSize
+from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
 from .events import (
     BundlesPlaced,
@@ -477,8 +477,8 @@ def _deadlines_due(tx: Tx, cl: ClusterTx) -> None:
                     dep = crash(tx, dep, current, avoid=current.node_id)
         tx.put(dep)
     at = cl.next_deadline
-    if at < float("inf") and not any(type(c) is ScheduleTick and c.at == at for c in tx.commands):
-        tx.emit(ScheduleTick(at=at))  # (a backoff begun in this step may have asked for it already)
+    if at < float("inf"):
+        tx.tick_at(at)  # (a backoff begun in this step may have asked for it already)
 
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:

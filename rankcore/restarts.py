@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .commands import ScheduleTick, StartReplica
+from .commands import StartReplica
 from .lifecycle import Phase
 from .records import maker, unchecked_copy
 from .scheduling import ClusterTx
@@ -42,9 +42,9 @@ class Tx(Protocol):
     @property
     def cl(self) -> ClusterTx: ...
 
-    commands: list
-
     def emit(self, cmd: object) -> None: ...
+
+    def tick_at(self, at: float) -> None: ...
 
 
 def failed_start(dep: Deployment, rep: Replica, cause: str) -> Deployment:
@@ -76,8 +76,7 @@ def defer(tx: Tx, rid: str, replaces: str, at: float) -> None:
     cl.deadlines = cl.deadlines.set(rid, at)
     cl.next_deadline = min(cl.next_deadline, at)
     cl.changed = True
-    if not any(type(c) is ScheduleTick and c.at == at for c in tx.commands):  # (a gang's members: one Tick)
-        tx.emit(ScheduleTick(at=at))
+    tx.tick_at(at)  # (a gang's members: one Tick)
 
 
 def release(tx: Tx, dep: Deployment, rep: Replica) -> StartReplica:

@@ -18,7 +18,15 @@ import immutables
 
 from . import restarts
 from .cluster import Cluster
-from .commands import GangChanged, InitializeReplica, PlaceReplica, ReconfigureReplica, StartReplica, StopReplica
+from .commands import (
+    GangChanged,
+    InitializeReplica,
+    PlaceReplica,
+    ReconfigureReplica,
+    ScheduleTick,
+    StartReplica,
+    StopReplica,
+)
 from .errors import InvalidEvent, InvariantViolation
 from .fields import shown
 from .gangs import GangContext, gang_id, gang_ranks
@@ -65,7 +73,7 @@ class Tx:
     """One step's work in progress: the state being built and the commands."""
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
-                 "cluster", "_cl", "gangs")
+                 "cluster", "_cl", "gangs", "ticks")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
@@ -79,6 +87,7 @@ class Tx:
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
         self.gangs: set[str] | None = None  # gang deployments that started replicas this step
+        self.ticks: set[float] | None = None  # the ScheduleTick times asked for this step (``tick_at``)
 
     @property
     def cl(self) -> ClusterTx:
@@ -110,6 +119,16 @@ class Tx:
     def put(self, dep: Deployment) -> None:
         self.deps = self.deps.set(dep.name, dep)
         self.touched.add(dep.name)
+
+    def tick_at(self, at: float) -> None:
+        """Ask for a Tick at ``at``, once per step (a gang's members backing off
+        together, a deadline due and a backoff begun in the same step)."""
+        ticks = self.ticks
+        if ticks is None:
+            ticks = self.ticks = {c.at for c in self.commands if type(c) is ScheduleTick}
+        if at not in ticks:
+            ticks.add(at)
+            self.emit(ScheduleTick(at=at))
 
     def emit(self, cmd: object) -> None:
         self.commands.append(cmd)
