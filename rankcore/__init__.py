@@ -5,16 +5,17 @@ See README.md for a quick start and docs/architecture.md for the design.
 
 The public surface (docs/embedding.md, "What you may import"): this package's
 names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
-``static``, ``cluster``, ``health`` and ``restarts``), ``rankcore.testing``,
+``static``, ``cluster``, ``health``, ``restarts`` and ``spares``), ``rankcore.testing``,
 ``rankcore.invariants``, ``rankcore.protocol`` and ``rankcore.records``. Every
 other module is internal: it may change without notice.
 """
 
-from . import cluster, gangs, health, options, placement, restarts, static
+from . import cluster, gangs, health, options, placement, restarts, spares, static
 from .commands import (
     Command,
     GangChanged,
     InitializeReplica,
+    KeepSpareProcesses,
     PlaceReplica,
     ReconfigureReplica,
     ScheduleTick,
@@ -81,11 +82,11 @@ __all__ = [
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
-    "Options", "options", "health", "restarts",
+    "Options", "options", "health", "restarts", "spares",
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
     "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
-    "UpdateWorldSize", "Command", "GangChanged", "GangContext", "BundlesPlaced", "StaticPlacement",
+    "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",

@@ -37,6 +37,7 @@ __all__ = [
     "PlaceReplica",
     "ScheduleTick",
     "GangChanged",
+    "KeepSpareProcesses",
     "Command",
 ]
 
@@ -164,5 +165,18 @@ class GangChanged:
     members: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
 
 
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class KeepSpareProcesses:
+    """Keep ``count`` started, idle worker processes on ``node_id`` for
+    ``deployment``'s replicas from now on (0: none any more), refilled after a
+    replica there takes one, so a replacement placed there runs in a process
+    that already exists (rankcore.spares). A node keeps the largest count any
+    deployment asks of it. No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    count: int = attrs.field(validator=f.count)
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
-                ScheduleTick, GangChanged]
+                ScheduleTick, GangChanged, KeepSpareProcesses]

@@ -28,6 +28,7 @@ from .options import (
     PLACEMENT_TIMEOUT_S,
     RESTART_BACKOFF_MAX_S,
     RESTART_BACKOFF_S,
+    SPARE_PROCESSES,
 )
 from .placement import POLICIES
 from .ranks import MAX_RANKS, ReportedRank
@@ -218,6 +219,10 @@ class DeploymentApplied:
     #: the deployment is UNHEALTHY ("failing to start") after ``min(this, 3 * num_replicas)``
     #: consecutive failed starts; it keeps retrying (with the backoff)
     max_constructor_retry_count: int = attrs.field(default=MAX_CONSTRUCTOR_RETRY_COUNT, validator=f.positive_int)
+    #: keep this many started, idle worker processes on every node that holds a replica of this
+    #: deployment (``KeepSpareProcesses``), so a replacement there runs in one instead of waiting
+    #: for a process to start (on Ray, most of crash -> serving); 0: none (rankcore.spares)
+    spare_processes: int = attrs.field(default=SPARE_PROCESSES, validator=f.count)
 
     @restart_backoff_max_s.validator
     def _check_backoff(self, attribute: attrs.Attribute, value: float) -> None:

@@ -191,8 +191,9 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     if found is None:
         return None
     name, dep, rep, cl = found
-    if cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None:
-        return None  # (the room it frees would be offered to whoever waits)
+    if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
+            or dep.options.spare_processes):
+        return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
     moved = _moves_clock(cl, e.now)

@@ -18,6 +18,7 @@ import attrs
 from .commands import (
     GangChanged,
     InitializeReplica,
+    KeepSpareProcesses,
     PlaceReplica,
     ReconfigureReplica,
     ScheduleTick,
@@ -54,6 +55,7 @@ __all__ = [
     "check_world_size_commands",
     "check_crash_inherits_rank",
     "check_gangs_told",
+    "check_spares_told",
     "check_new_replicas_take_lowest_free",
     "check_crash_replacement_inherits_all_ranks",
     "check_compact_only_when_healthy",
@@ -542,6 +544,44 @@ def check_gangs_told(before: State, event: object, result: Step) -> None:
                   f"(GangChanged with members {list(members)}; sent: {told.get(key)})")
 
 
+def _spares_wanted(dep: Deployment | None) -> dict[str, int]:
+    """node -> ``spare_processes`` for every node a replica of ``dep`` is ranked on."""
+    if dep is None or not dep.options.spare_processes:
+        return {}
+    nodes = {dep.ranks.node_of(rid) for rid in dep.ranks}
+    return {str(n): dep.options.spare_processes for n in nodes if n is not None}
+
+
+def check_spares_told(before: State, event: object, result: Step) -> None:
+    """An executor that carried out every ``KeepSpareProcesses`` so far keeps
+    spare processes exactly where each deployment wants them
+    (``spare_processes`` on every node holding one of its replicas, none
+    elsewhere): the step's commands take the counts wanted before to those
+    wanted after, and none repeats a count already told."""
+    cmds: dict[str, list[KeepSpareProcesses]] = {}
+    for c in result.commands:
+        if isinstance(c, KeepSpareProcesses):
+            cmds.setdefault(c.deployment, []).append(c)
+    after_deps = result.state.deployments
+    for name in sorted(set(before.deployments.keys()) | set(after_deps.keys())):
+        old, new = before.deployments.get(name), after_deps.get(name)
+        if old is new and name not in cmds:
+            continue
+        told = _spares_wanted(old)
+        for c in cmds.get(name, ()):
+            if told.get(c.node_id, 0) == c.count:
+                _fail(f"{name}: KeepSpareProcesses(node_id={c.node_id!r}, count={c.count}) repeats what "
+                      f"the executor was already told")
+            if c.count:
+                told[c.node_id] = c.count
+            else:
+                told.pop(c.node_id, None)
+        want = _spares_wanted(new)
+        if told != want:
+            _fail(f"{name}: spare processes wanted {dict(sorted(want.items()))}, but the executor was told "
+                  f"{dict(sorted(told.items()))} after {type(event).__name__}")
+
+
 def touched_replicas(event: object, result: Step) -> dict[str, set[str]]:
     """Deployment -> replica ids the step may have changed: the event's replica,
     every replica a command or a compaction names (a crash replacement's
@@ -687,6 +727,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
     check_gangs_told(before, event, result)
+    check_spares_told(before, event, result)
     check_placements(before, event, result)
     if full:
         check_upscale_keeps_ranks(before, event, result)
@@ -737,8 +778,9 @@ def reports_from(state: State) -> ControllerRecovered:
 def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
     """Recovering from the state's own reports gives the same ranks, phases and
     targets, and no command but placing again the pending replicas the core
-    had reserved a node for (their reservation is not a placement) and asking
-    for a Tick (the starting ones get a fresh start timeout)."""
+    had reserved a node for (their reservation is not a placement), asking
+    for a Tick (the starting ones get a fresh start timeout) and telling the
+    new controller where to keep spare processes (it knows none yet)."""
     from .core import step as core_step
 
     result = (step_fn or core_step)(State(cluster=attrs.evolve(State().cluster, now=state.cluster.now,
@@ -758,7 +800,7 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         phases = {rid: r.phase for rid, r in got.replicas.items()}
         if phases != {rid: r.phase for rid, r in dep.replicas.items()}:
             _fail(f"{name}: recovery changed phases")
-    others = [c for c in result.commands if not isinstance(c, (PlaceReplica, ScheduleTick))]
+    others = [c for c in result.commands if not isinstance(c, (PlaceReplica, ScheduleTick, KeepSpareProcesses))]
     if others:
         _fail(f"recovery from own reports sent commands: {others[:3]}")
 

@@ -14,7 +14,7 @@ __all__ = [
     "Options",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
-    "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "RESTART_BACKOFF_S", "RESTART_BACKOFF_MAX_S", "OPTION_NAMES", "DEFAULT_OPTIONS",
+    "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "SPARE_PROCESSES", "RESTART_BACKOFF_S", "RESTART_BACKOFF_MAX_S", "OPTION_NAMES", "DEFAULT_OPTIONS",
 ]
 
 HEALTH_CHECK_PERIOD_S = 10.0
@@ -31,6 +31,10 @@ PLACEMENT_TIMEOUT_S = 10.0
 #: ours (Ray Serve retries a failing constructor at once): restart backoff, doubling, capped
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 64.0
+#: ours (Ray Serve has none): started, idle worker processes kept on each node holding a replica,
+#: so a replacement there skips the process start (rankcore.spares); 0: none (each costs a
+#: Python process's memory on every such node, no GPU)
+SPARE_PROCESSES = 0
 
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
 MAX_PER_REPLICA_RETRY_COUNT = 3
@@ -38,7 +42,7 @@ MAX_PER_REPLICA_RETRY_COUNT = 3
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class Options:
-    """A deployment's health, shutdown, placement-timeout and restart options, as
+    """A deployment's health, shutdown, placement-timeout, restart and spare-process options, as
     ``DeploymentApplied`` gave them (one slot on ``Deployment``: the hot path copies
     deployments, and these change only with a new ``DeploymentApplied``)."""
 
@@ -51,6 +55,7 @@ class Options:
     restart_backoff_s: float = RESTART_BACKOFF_S
     restart_backoff_max_s: float = RESTART_BACKOFF_MAX_S
     max_constructor_retry_count: int = MAX_CONSTRUCTOR_RETRY_COUNT
+    spare_processes: int = SPARE_PROCESSES
 
     @classmethod
     def of(cls, spec: object) -> Options:

@@ -232,6 +232,7 @@ def make_machine(
         def shaped(self, name: str, n: int, data: st.DataObject) -> tuple[int, dict]:
             """The replica count and placement fields of deployment ``name``."""
             fields = self.placing(data)
+            fields["spare_processes"] = data.draw(st.sampled_from([0, 0, 1, 2]), label="spare processes")
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                               gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))

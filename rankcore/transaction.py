@@ -16,7 +16,7 @@ from typing import cast
 
 import immutables
 
-from . import restarts
+from . import restarts, spares
 from .cluster import Cluster
 from .commands import (
     GangChanged,
@@ -73,12 +73,13 @@ class Tx:
     """One step's work in progress: the state being built and the commands."""
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
-                 "cluster", "_cl", "gangs", "ticks")
+                 "cluster", "_cl", "gangs", "ticks", "initial")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
         self._cl: ClusterTx | None = None
         self.deps: immutables.Map = state.deployments
+        self.initial: immutables.Map = state.deployments  # as the step found them (end-of-step passes compare)
         self.index: immutables.Map = state.index
         self.next_replica = state.next_replica
         self.next_lineage = state.next_lineage
@@ -166,6 +167,7 @@ class Tx:
             dep = self.deps.get(name)
             if dep is not None and dep.healthy and not dep.ranks.is_contiguous():  # O(1)
                 self.put(compact(self, dep))
+        spares.announce(self)
         state = _State(
             deployments=self.deps,
             index=self.index,

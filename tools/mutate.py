@@ -613,6 +613,13 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "        if False:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
         "[Ranks: recovery] no rank of a deployment with an unresponsive replica is given until it has stopped",
     ),
+    mutation(
+        "spares-left-node-not-told", "rankcore/spares.py",
+        "for node in sorted(before.keys() | after.keys()) if before.get(node, 0) != after.get(node, 0)]",
+        "for node in sorted(after.keys()) if before.get(node, 0) != after.get(node, 0)]",
+        "[Health: spare processes] a node whose last replica of the deployment left is told 0",
+        tests=("tests/scenarios", "tests/unit/test_spares.py"),
+    ),
 )
 
 
@@ -650,6 +657,7 @@ INVARIANT_NOOPS: tuple[Mutation, ...] = (
     noop("check_compact_only_when_healthy", "def check_compact_only_when_healthy" + _STEP_SIG),
     noop("check_command_order", "def check_command_order" + _STEP_SIG),
     noop("check_gangs_told", "def check_gangs_told" + _STEP_SIG),
+    noop("check_spares_told", "def check_spares_told" + _STEP_SIG),
     noop("check_touched", "def check_touched" + _STEP_SIG),
     noop("_check_rank_changes_touched", "def _check_rank_changes_touched" + _STEP_SIG),
     noop("check_step", "def check_step(before: State, event: object, result: Step, *, full: bool = False) -> None:\n"),

@@ -245,6 +245,8 @@ def show_command(c: object) -> str:
         return f"ScheduleTick {_num(c.at)}"
     if isinstance(c, rc.GangChanged):
         return f"GangChanged {c.gang_id} members={','.join(c.members)}"
+    if isinstance(c, rc.KeepSpareProcesses):
+        return f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}"
     return repr(c)
 
 
