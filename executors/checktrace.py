@@ -171,6 +171,7 @@ _COMMAND_FIELDS = {
     "UpdateWorldSize": ({}, {"world_size": "int"}),
     "PlaceReplica": ({"replica": "str", "rank": "fullrank"}, {"node_id": "str"}),
     "ScheduleTick": ({}, {"at": "num"}),
+    "KeepSpareProcesses": ({"deployment": "str"}, {"node_id": "str", "count": "int"}),
 }
 
 _DEPLOYMENT_FIELDS = {"target": "int", "healthy": "bool", "replicas": "dict"}

@@ -55,9 +55,11 @@ LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node
                "local_rank": "local_rank", "local": "local_rank", "any": "any"}
 #: place: StartReplica -> on a node; start: running the user's __init__ (and
 #: reconfigure); ready: from there to the first passing health check;
-#: reconfigure: a ReconfigureReplica call; stop: graceful shutdown.
-LATENCY_KEYS = ("place", "start", "ready", "reconfigure", "stop")
-DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "ready": 0.0, "reconfigure": 0.5, "stop": 1.0}
+#: reconfigure: a ReconfigureReplica call; stop: graceful shutdown; process:
+#: starting a replica's worker process, before its __init__ runs (none when it
+#: takes an idle spare process: ``spare_processes``).
+LATENCY_KEYS = ("place", "start", "ready", "reconfigure", "stop", "process")
+DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "ready": 0.0, "reconfigure": 0.5, "stop": 1.0, "process": 0.0}
 RECONFIGURE_KINDS = ("none", "plain", "with_rank")
 
 
@@ -451,10 +453,12 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
     for name, d in sorted(deployments.items()):
         start = d.latency.get("start", latency["start"])
         ready = d.latency.get("ready", latency["ready"])
-        slow = start.quantile(_SLOW_START_Q) + ready.quantile(_SLOW_START_Q)
+        process = d.latency.get("process", latency["process"])  # (a start with no spare process)
+        slow = start.quantile(_SLOW_START_Q) + ready.quantile(_SLOW_START_Q) + process.quantile(_SLOW_START_Q)
         if slow >= timeout:  # (a start that takes exactly the timeout races its deadline: warn too)
+            also = f" + process {process.describe()}" if process.quantile(_SLOW_START_Q) > 0 else ""
             out.append(f"deployments.{name}: starts take up to ~{slow:g} s (p99 of start {start.describe()} + "
-                       f"ready {ready.describe()}), {'at' if slow == timeout else 'beyond'} "
+                       f"ready {ready.describe()}{also}), {'at' if slow == timeout else 'beyond'} "
                        f"faults.start_timeout={timeout:g} s: slow starts will be declared hung and replaced "
                        f"(counted as timeouts); raise faults.start_timeout")
     return out

@@ -40,6 +40,10 @@ class DeploymentMetrics:
     crashes: int = 0
     #: replicas the core replaced because their start timed out (``faults.start_timeout``): not crashes
     timeouts: int = 0
+    #: replica starts that waited for a new worker process (the ``process`` latency) / that took an
+    #: idle spare process instead (``spare_processes``); together, every replica's process
+    process_starts: int = 0
+    spare_hits: int = 0
     noncontiguous_seconds: float = 0.0
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
@@ -121,6 +125,8 @@ class DeploymentMetrics:
             "starts": self.starts,
             "crashes": self.crashes,
             "timeouts": self.timeouts,
+            "process_starts": self.process_starts,
+            "spare_hits": self.spare_hits,
             "noncontiguous_seconds": round(self.noncontiguous_seconds, 6),
             "unavailable_replica_seconds": round(self.unavailable_replica_seconds, 6),
             "crash_to_ready_p50": percentile(self.crash_to_ready, 50),
@@ -303,6 +309,14 @@ class Metrics:
         if serving:
             m._serving -= 1
             self._full_strength(m, t, True)
+
+    def process_started(self, deployment: str, spared: bool) -> None:
+        """A replica's worker process: a spare one it took (``spared``), or a new one it waited for."""
+        m = self._m(deployment)
+        if spared:
+            m.spare_hits += 1
+        else:
+            m.process_starts += 1
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

@@ -20,6 +20,7 @@ from rankcore import parse_replica_number
 from rankcore.records import maker
 
 from ..scenarios import Metrics, Scenario
+from ..scenarios.latency import Latency
 from ..scenarios.timeline import rank_holder
 
 __all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
@@ -60,8 +61,22 @@ _Placed, _Ready, _Crashed, _Stopped, _Checked = (
     maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed, rc.ReplicaStopped, rc.HealthChecked))
 
 
+class SimSpares:
+    """A node's spare processes (``KeepSpareProcesses``): started, idle worker
+    processes a replica starting there takes instead of waiting for a new one
+    (the ``process`` latency). They live and die with their node."""
+
+    __slots__ = ("wanted", "target", "idle", "coming")
+
+    def __init__(self) -> None:
+        self.wanted: dict[str, int] = {}  # deployment -> the count it asked of the node
+        self.target = 0  # the largest of them: what the node keeps
+        self.idle = 0  # started, idle processes
+        self.coming = 0  # processes being started (each idle after a ``process`` draw)
+
+
 class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported")
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported", "spares")
 
     def __init__(self, name: str, gpus: float, order: int, unreported: float = 0.0) -> None:
         self.name, self.gpus, self.order = name, gpus, order
@@ -70,6 +85,7 @@ class SimNode:
         self.unreported = unreported  # GPUs held by something the node does not report to the core
         self.alive = True
         self.replicas: set[str] = set()
+        self.spares: SimSpares | None = None  # none until a deployment asks for spare processes here
 
     @property
     def free(self) -> float:
@@ -161,7 +177,7 @@ class SimBackend:
             rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
             rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
             rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
-            rc.GangChanged: self._gang_changed}
+            rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -171,6 +187,10 @@ class SimBackend:
         #: orphans no recovery has reported yet: the controller does not know them, so it
         #: hears nothing of them (their death, their health) until a recovery finds them
         self.orphans: set[str] = set()
+        #: deployment -> its ``process`` latency, drawn from a stream of its own ("process"), so
+        #: that spare processes (which skip draws, and draw for refills) do not shift the other
+        #: latencies: variants with and without spares see the same place/start/ready draws
+        self._process: dict[str, Latency] = {}
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -262,11 +282,13 @@ class SimBackend:
         r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
         r.checks = (cmd.health_check_period_s, cmd.health_check_timeout_s)
         self._rerank(r, cmd.rank.rank)
-        if r.phase == "pending":
+        process = 0.0
+        if r.phase == "pending":  # its worker process comes into being now
             r.phase = "starting"
+            process = self._process_start(r)
         sc = self.sim.scenario
         hung = sc.start_hang_probability > 0 and self.sim.stream("hang").random() < sc.start_hang_probability
-        delay = self.sim.latency(cmd.deployment, "start")
+        delay = self.sim.latency(cmd.deployment, "start") + process
         spec = sc.deployments.get(cmd.deployment)
         if spec is not None and self._inits.get(cmd.deployment, 0) < spec.start_failures:  # its __init__ raises
             self._inits[cmd.deployment] = self._inits.get(cmd.deployment, 0) + 1
@@ -276,6 +298,64 @@ class SimBackend:
         delay += self.sim.latency(cmd.deployment, "ready")
         if not hung:  # a hung start never answers: the core's start timeout replaces it
             self.sim.schedule(delay, self._ready, r.replica_id, r.epoch)
+
+    # ------------------------------------------------------ spare processes
+    def _process_latency(self, deployment: str) -> float:
+        lat = self._process.get(deployment)
+        if lat is None:
+            lat = self._process[deployment] = self.sim.scenario.latency_for(deployment, "process")
+        return lat.sample(self.sim.stream("process"))
+
+    def _process_start(self, r: SimReplica) -> float:
+        """The seconds before ``r``'s worker process exists: none when its node has
+        an idle spare (taken, and a refill started), else a ``process`` draw."""
+        node = self.nodes.get(r.node) if r.node is not None else None
+        if node is not None and node.spares is not None and node.spares.idle:
+            node.spares.idle -= 1
+            self.sim.metrics.process_started(r.deployment, True)
+            self._refill(node, r.deployment)
+            return 0.0
+        self.sim.metrics.process_started(r.deployment, False)
+        return self._process_latency(r.deployment)
+
+    def _keep_spares(self, cmd: rc.KeepSpareProcesses) -> None:
+        """The node keeps the largest count any deployment asks of it: a higher
+        one starts processes to reach it, a lower one drops idle ones above it
+        (a node gone: nothing to keep)."""
+        node = self.nodes.get(cmd.node_id)
+        if node is None or not node.alive:
+            return
+        sp = node.spares
+        if sp is None:
+            if not cmd.count:
+                return
+            sp = node.spares = SimSpares()
+        if cmd.count:
+            sp.wanted[cmd.deployment] = cmd.count
+        else:
+            sp.wanted.pop(cmd.deployment, None)
+        sp.target = max(sp.wanted.values(), default=0)
+        sp.idle = min(sp.idle, sp.target)
+        self._refill(node, cmd.deployment)
+
+    def _refill(self, node: SimNode, deployment: str) -> None:
+        """Start processes until idle and coming ones reach the node's target
+        (each after a ``process`` draw of ``deployment``, the one that asked)."""
+        sp = node.spares
+        assert sp is not None
+        for _ in range(sp.target - sp.idle - sp.coming):
+            sp.coming += 1
+            self.sim.schedule(self._process_latency(deployment), self._spare_started, node)
+
+    def _spare_started(self, node: SimNode) -> None:
+        """A process started: idle, unless the target fell meanwhile (then it is
+        dropped) or its node was lost (it went with it)."""
+        sp = node.spares
+        if sp is None or self.nodes.get(node.name) is not node or not node.alive:
+            return
+        sp.coming -= 1
+        if sp.idle < sp.target:
+            sp.idle += 1
 
     def _init_failed(self, rid: str, epoch: int) -> None:
         r = self.replicas.get(rid)
