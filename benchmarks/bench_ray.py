@@ -192,15 +192,16 @@ def _init_ray(num_cpus: int) -> None:
 class Ours:
     name = "ours"
 
-    def __init__(self, log_path: str, timeout: float) -> None:
-        self.log_path, self.timeout = log_path, timeout
+    def __init__(self, log_path: str, timeout: float, spare_processes: int = 0) -> None:
+        self.log_path, self.timeout, self.spare_processes = log_path, timeout, spare_processes
         self.handle: Any = None
 
     def deploy(self, n: int) -> None:
         from executors.ray_gpu import deployment, run
 
         d = deployment(OursModel, name=DEP, num_replicas=n, user_config=USER_CONFIG,
-                       ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING)
+                       ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING,
+                       spare_processes=self.spare_processes)
         self.handle = run(d.bind(self.log_path), timeout=self.timeout)
 
     def send(self) -> Any:
@@ -581,12 +582,18 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
     res: dict = {"system": system_name, "ray_version": ray.__version__, "errors": []}
     log_dir = tempfile.mkdtemp(prefix="bench_ray_")
     log_path = os.path.join(log_dir, "reconfigure.log")
-    system = (Ours if system_name == "ours" else Serve)(log_path, args.timeout)
+    system = Ours(log_path, args.timeout, args.spare_processes) if system_name == "ours" else Serve(log_path, args.timeout)
+    res["spare_processes"] = args.spare_processes if system_name == "ours" else None
     log(f"{system_name}: starting a local Ray {ray.__version__} instance")
     _init_ray(args.num_cpus)
     try:
         ranks = step_deploy(system, n, args.timeout, res)
         step_crash(system, n, args.repeats, args.timeout, ranks, res)
+        if system_name == "ours":
+            from executors.ray_gpu import get_controller
+            from executors.ray_gpu.api import ask
+
+            res["spare_pool"] = ask(get_controller(), "status")["spare_processes"]
         step_floor(args.repeats, args.timeout, res)
         step_downscale(system, n, m, args.timeout, log_path, res)
         if not args.no_controller:
@@ -649,7 +656,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
               r["issue_serve"]] for r in rows]
     widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
     print(f"\nrankcore Ray executor vs Ray Serve, N={args.replicas}, repeats={args.repeats}, "
-          f"Ray {ours.get('ray_version') or serve.get('ray_version')}")
+          f"Ray {ours.get('ray_version') or serve.get('ray_version')}, ours: spare_processes={args.spare_processes}")
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
     print("  ".join("-" * w for w in widths))
     for t in table:
@@ -660,6 +667,10 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
         if res.get("crash_s"):
             print(f"{name}: crash -> same-rank replacement, all runs (s): "
                   + ", ".join(f"{v:.2f}" for v in res["crash_s"]))
+        for node, pool in sorted((res.get("spare_pool") or {}).items()):
+            print(f"{name}: spare processes on node {node[:8]}: kept {pool['target']}, started {pool['started']}, "
+                  f"taken by a replica {pool['taken']}" + (f", unavailable: {pool['unavailable']}"
+                                                           if pool.get("unavailable") else ""))
         if "downscale_rank_changes_by_level" in res:
             print(f"{name}: downscale reconfigure calls changing each level: {res['downscale_rank_changes_by_level']}; "
                   "calls: " + "; ".join(f"{c['rid']} {c['old']}->{c['new']}"
@@ -686,7 +697,8 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
     os.close(fd)
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", system_name, "--child-out", out,
            "--replicas", str(args.replicas), "--repeats", str(args.repeats), "--timeout", str(args.timeout),
-           "--num-cpus", str(args.num_cpus)] + (["--no-controller"] if args.no_controller else [])
+           "--num-cpus", str(args.num_cpus), "--spare-processes", str(args.spare_processes)] + (
+               ["--no-controller"] if args.no_controller else [])
     budget = args.timeout * (6 + 2 * args.repeats) + 120  # every wait could time out, plus start and stop
     # the child's stdout (Ray's own messages) goes to stderr: stdout is the report
     proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)
@@ -722,6 +734,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="limit of every wait, seconds; default 120")
     p.add_argument("--num-cpus", type=int, default=8, help="num_cpus of each local Ray instance; default 8")
     p.add_argument("--no-controller", action="store_true", help="skip the controller-restart step")
+    p.add_argument("--spare-processes", type=int, default=1,
+                   help="ours: the deployment's spare_processes (idle worker processes kept on its node, so a "
+                        "crash's replacement skips the process start); 0: none; default 1")
     p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -40,6 +40,7 @@ from ..driver import Driver
 from . import placement as pl
 from . import static as st
 from .replica import ReplicaActor
+from .spares import SparePool
 
 NAMESPACE = "rankcore"
 CONTROLLER_NAME = "rankcore-controller"
@@ -218,6 +219,8 @@ class _Backend:
                 c._stop_now(cmd)
             elif isinstance(cmd, rc.GangChanged):
                 c._gang_changed(cmd)
+            elif isinstance(cmd, rc.KeepSpareProcesses):
+                c._keep_spares(cmd)
             elif isinstance(cmd, rc.UpdateWorldSize):
                 seq = c._next_seq()
                 for _rid, (dep, actor) in list(c.actors.items()):
@@ -272,6 +275,9 @@ class Controller:
         self._placing: dict[str, tuple[str, asyncio.Task]] = {}
         self._initialized: set[str] = set()  # initialize() returned: may hold calls, so drained on stop
         self.pgs: dict[str, Any] = {}  # replica id -> its placement group
+        #: idle worker processes kept per node (KeepSpareProcesses)
+        self.spares = SparePool()
+        self._spares_checked = time.monotonic()
         #: node -> [(replica, cause)] whose deaths are being observed together
         self._dying: dict[str, list[tuple[str, str]]] = {}
         #: node id -> its total resources, as the core was last told (NodeJoined / NodeCapacityChanged)
@@ -322,6 +328,11 @@ class Controller:
                 except Exception as exc:  # GCS hiccup: next pass
                     log.warning("could not read the cluster's nodes: %r", exc)
             self._feed(rc.Tick(now=self._now()))
+            now = time.monotonic()
+            if now >= self._spares_checked + self.spares.check_s:
+                self._spares_checked = now
+                for node in list(self.spares.wanted):
+                    self._top_up_spares(node)
 
     def _start_checks(self, rid: str, actor: Any) -> None:
         """A replica is ready: check its health from now on, at the period and
@@ -774,6 +785,21 @@ class Controller:
                                       "gang": cmd.gang}
         self._checkpoint()
 
+    def _keep_spares(self, cmd: rc.KeepSpareProcesses) -> None:
+        """Keep the count the core asks of the node; top it up now unless a
+        replica of ours is starting there (it may be about to take an idle
+        process: the refill after it has started tops up then)."""
+        self.spares.keep(cmd)
+        self._top_up_spares(cmd.node_id)
+
+    def _top_up_spares(self, node: str) -> None:
+        """Top the node's spares up, unless a replica of ours is being placed or
+        started there: it may be about to take an idle process, and the pool
+        could take its new process for a spare (the last one to start tops up)."""
+        if not any(self._node_of(rid) == node for rid in self.actors if rid not in self._initialized) and not any(
+                where == node for where, _ in self._placing.values()):
+            self.spares.refill(node)
+
     def _gang_changed(self, cmd: rc.GangChanged) -> None:
         """A gang's members changed (``restart_replica`` replaced one): every
         member's context shows the new list, then its ``on_gang_changed(gang)``
@@ -1067,6 +1093,7 @@ class Controller:
                 self.stopping.add(rid)  # their own watch calls fail too: already handled
                 self._forget(rid)
         self._nodes.pop(node_id, None)
+        self.spares.forget(node_id)
         self._feed(rc.NodeLost(node_id=node_id))
 
     def _kill(self, rid: str) -> Any:
@@ -1103,6 +1130,17 @@ class Controller:
             self._initialized.add(rid)
             self._feed(rc.ReplicaReady(replica_id=rid))
             self._start_checks(rid, entry[1])
+            node = self._node_of(rid)
+            if node is not None and self.spares.target(node):
+                self._spawn(self._spare_taken(rid, node, entry[1]))
+
+    async def _spare_taken(self, rid: str, node: str, actor: Any) -> None:
+        """A replica started on a node that keeps spares: was its process one? Then top the node up."""
+        try:
+            self.spares.took(node, await actor.pid.remote())
+        except Exception:  # (gone meanwhile: the top-up below still runs)
+            pass
+        self._top_up_spares(node)
 
     async def _reconfigure(self, cmd: rc.ReconfigureReplica, seq: tuple[int, int] | None = None) -> None:
         entry = self.actors.get(cmd.replica_id)
@@ -1381,7 +1419,8 @@ class Controller:
 
         await self._ready()
         return {"rejected_events": len(self.errors), "rejected": list(self.errors),
-                "replicas": len(self.actors), "recording": self.driver.trace is not None, "pid": os.getpid()}
+                "replicas": len(self.actors), "recording": self.driver.trace is not None, "pid": os.getpid(),
+                "spare_processes": self.spares.status()}
 
     async def feed_event(self, event: object) -> bool:
         """Feed ``event`` to the core as if the cluster had reported it (tools and
@@ -1413,6 +1452,8 @@ class Controller:
         self._cancel_timers()
         self._nodes.clear()  # the core forgets them too: the next apply() tells it again
         self._initialized.clear()
+        self.spares.cancel()
+        self.spares = SparePool()  # (the core is told nothing more: its state goes below)
         for rid in list(self.pgs):
             self._release_pg(rid)
         self._adopt_placement_groups()  # (none adopted: no actors) removes any left from before

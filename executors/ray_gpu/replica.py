@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import os
 import threading
 from typing import Any
 
@@ -109,6 +110,10 @@ class ReplicaActor:
         import ray
 
         return ray.get_runtime_context().get_node_id()
+
+    async def pid(self) -> int:
+        """The process it runs in (the controller asks whether it was a spare)."""
+        return os.getpid()
 
     def _newer(self, seq: tuple[int, int] | None) -> bool:
         """Whether a command numbered ``seq`` may set the world size (None: unnumbered, always)."""

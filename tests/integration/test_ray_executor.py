@@ -420,3 +420,75 @@ def test_the_controllers_long_poll_answers_a_change_at_once_and_no_change_at_its
     assert len(ids(ray.get(pending, timeout=60))) < 3  # the downscale's step answered it
     assert ask(ctl, "state_errors") == []
     ask(ctl, "shutdown_replicas")
+
+
+@deployment(name="spares", num_replicas=2, ray_actor_options=OPTS, spare_processes=1)
+class SpareUser:
+    def __call__(self):
+        return get_replica_context().replica_id, os.getpid()
+
+
+def _started_at(pid: int) -> float:
+    """When process ``pid`` started (epoch seconds; Linux /proc: this machine's Ray is local)."""
+    with open(f"/proc/{pid}/stat") as f:
+        ticks = int(f.read().rpartition(")")[2].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_crash_replacement_runs_in_a_spare_process_the_controller_kept_on_its_node():
+    """``spare_processes=1``: the core tells the controller to keep an idle worker
+    on the replicas' node (``KeepSpareProcesses``); the controller has Ray start
+    one there (its pid is in ``status()``); the same-rank replacement of a
+    killed replica runs in a process that was up before the crash instead of a
+    new one; the node has one spare again after; scaled to 0, it keeps none."""
+    h = run(SpareUser.bind())
+    ctl = get_controller()
+    node = ray.get_runtime_context().get_node_id()
+
+    def spares() -> dict:
+        return ask(ctl, "status")["spare_processes"].get(node, {})
+
+    deadline = time.monotonic() + 60
+    while not spares().get("pids") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = spares()
+    assert before["target"] == 1 and len(before["pids"]) == 1 and before["unavailable"] is None, before
+    (spare,) = before["pids"]
+    pids = {pid for _, pid in (h.remote().result(timeout=30) for _ in range(8))}
+    assert spare not in pids  # idle: no replica runs in it yet
+
+    ranks = h.ranks()
+    victim, (rank, _, _) = sorted(ranks.items())[0]
+    killed = time.time()
+    ray.kill(ray.get_actor(f"ModelActor:spares:{victim}", namespace="rankcore"), no_restart=True)
+    seen: dict = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = h.ranks()
+        new = [rid for rid in now if rid not in ranks]
+        if new and now[new[0]] is not None and now[new[0]][0] == rank:
+            seen.update(h.remote().result(timeout=30) for _ in range(6))
+            if new[0] in seen:
+                break
+        time.sleep(0.05)
+    (new,) = [rid for rid in h.ranks() if rid not in ranks]
+    # Ray gives the actor an idle, never used worker of the job: the spare, or one Ray
+    # prestarted itself at ray.init (there are num_cpus of those). Either way its
+    # process was up before the crash, and no replica ran in it.
+    assert seen.get(new) not in pids, (new, seen, pids)
+    assert _started_at(seen[new]) < killed, f"the replacement {new} runs in a process started after the crash"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            spares().get("pids") and (spares()["taken"] > before["taken"] or spares()["pids"] == [spare])):
+        time.sleep(0.05)
+    after = spares()
+    assert len(after["pids"]) == 1, after
+    assert after["taken"] - before["taken"] == (seen[new] == spare), (before, after, seen[new])
+    assert ask(ctl, "state_errors") == []
+    ask(ctl, "shutdown_replicas")
+    deadline = time.monotonic() + 30
+    while spares() and time.monotonic() < deadline:  # the core told the node 0: nothing kept
+        time.sleep(0.05)
+    assert spares() == {}
