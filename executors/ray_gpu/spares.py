@@ -109,8 +109,12 @@ class SparePool:
             self._running.pop(node, None)
 
     async def _top_up(self, node: str) -> None:
-        from ray.core.generated import common_pb2, node_manager_pb2
+        from ray.core.generated import common_pb2 as common
+        from ray.core.generated import node_manager_pb2 as messages
 
+        # (generated modules: no types for mypy to read)
+        node_manager_pb2: Any = messages
+        common_pb2: Any = common
         stub = self._stub(node)
         loop = asyncio.get_running_loop()
         pids = set((await stub.GetWorkerPIDs(node_manager_pb2.GetWorkerPIDsRequest(), timeout=10)).pids)
