@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from . import spares
 from .commands import (
     GangChanged,
     InitializeReplica,
@@ -544,20 +545,13 @@ def check_gangs_told(before: State, event: object, result: Step) -> None:
                   f"(GangChanged with members {list(members)}; sent: {told.get(key)})")
 
 
-def _spares_wanted(dep: Deployment | None) -> dict[str, int]:
-    """node -> ``spare_processes`` for every node a replica of ``dep`` is ranked on."""
-    if dep is None or not dep.options.spare_processes:
-        return {}
-    nodes = {dep.ranks.node_of(rid) for rid in dep.ranks}
-    return {str(n): dep.options.spare_processes for n in nodes if n is not None}
-
-
 def check_spares_told(before: State, event: object, result: Step) -> None:
     """An executor that carried out every ``KeepSpareProcesses`` so far keeps
     spare processes exactly where each deployment wants them
     (``spare_processes`` on every node holding one of its replicas, none
     elsewhere): the step's commands take the counts wanted before to those
-    wanted after, and none repeats a count already told."""
+    wanted after (``rankcore.spares.wanted``: O(nodes) per deployment the step
+    changed), and none repeats a count already told."""
     cmds: dict[str, list[KeepSpareProcesses]] = {}
     for c in result.commands:
         if isinstance(c, KeepSpareProcesses):
@@ -567,7 +561,7 @@ def check_spares_told(before: State, event: object, result: Step) -> None:
         old, new = before.deployments.get(name), after_deps.get(name)
         if old is new and name not in cmds:
             continue
-        told = _spares_wanted(old)
+        told = spares.wanted(old)
         for c in cmds.get(name, ()):
             if told.get(c.node_id, 0) == c.count:
                 _fail(f"{name}: KeepSpareProcesses(node_id={c.node_id!r}, count={c.count}) repeats what "
@@ -576,7 +570,7 @@ def check_spares_told(before: State, event: object, result: Step) -> None:
                 told[c.node_id] = c.count
             else:
                 told.pop(c.node_id, None)
-        want = _spares_wanted(new)
+        want = spares.wanted(new)
         if told != want:
             _fail(f"{name}: spare processes wanted {dict(sorted(want.items()))}, but the executor was told "
                   f"{dict(sorted(told.items()))} after {type(event).__name__}")

@@ -66,10 +66,12 @@ def announce(tx: Tx) -> None:
     touched now wants spare processes, when that changed (a replica landed on a
     new node, a node's last replica left, the option changed, the deployment
     went). O(nodes of the deployment), only for deployments that ask for any."""
-    initial = tx.initial
-    for name in sorted(tx.touched):
-        old, new = initial.get(name), tx.deps.get(name)
-        if (old is None or not old.options.spare_processes) and (new is None or not new.options.spare_processes):
-            continue
-        for cmd in told(name, wanted(old), wanted(new)):
+    initial, deps = tx.initial, tx.deps
+    asking = [name for name in tx.touched if _asks(initial.get(name)) or _asks(deps.get(name))]
+    for name in sorted(asking) if len(asking) > 1 else asking:  # (every step comes here: most ask for none)
+        for cmd in told(name, wanted(initial.get(name)), wanted(deps.get(name))):
             tx.emit(cmd)
+
+
+def _asks(dep: Deployment | None) -> bool:
+    return dep is not None and dep.options.spare_processes > 0
