@@ -195,17 +195,19 @@ def event_of(text: str) -> object:
     return VOCABULARY[word](pos, kw)
 
 
+#: answer event type -> how an input line says it (for ``settle``'s trace)
+_DESCRIBE: dict[type, Any] = {
+    rc.ReplicaPlaced: lambda e: f"placed {e.replica_id} {e.node_id}",
+    rc.ReplicaReady: lambda e: f"ready {e.replica_id}",
+    rc.ReplicaReconfigured: lambda e: f"reconfigured {e.replica_id} {e.version}",
+    rc.ReplicaStopped: lambda e: f"stopped {e.replica_id}",
+}
+
+
 def describe(event: object) -> str:
     """An answer event as an input line would say it (for ``settle``'s trace)."""
-    if isinstance(event, rc.ReplicaPlaced):
-        return f"placed {event.replica_id} {event.node_id}"
-    if isinstance(event, rc.ReplicaReady):
-        return f"ready {event.replica_id}"
-    if isinstance(event, rc.ReplicaReconfigured):
-        return f"reconfigured {event.replica_id} {event.version}"
-    if isinstance(event, rc.ReplicaStopped):
-        return f"stopped {event.replica_id}"
-    return repr(event)
+    show = _DESCRIBE.get(type(event))
+    return repr(event) if show is None else show(event)
 
 
 # -- the output ------------------------------------------------------------------------------------
@@ -218,36 +220,41 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def _start(c: rc.StartReplica) -> str:
+    s = f"StartReplica {c.replica_id} rank={c.global_rank} world={c.world_size}"
+    if c.replaces:
+        s += f" replaces={c.replaces}"
+    if c.gang is not None:
+        s += f" gang={c.gang.gang_id}:{c.gang.rank_in_gang}/{c.gang.gang_size} members={','.join(c.gang.members)}"
+    return s
+
+
+def _place(c: rc.PlaceReplica) -> str:
+    s = f"PlaceReplica {c.replica_id} {c.node_id} rank={_rank(c.rank)}"
+    if c.group is not None:
+        s += f" group={c.group} bundles={','.join(map(str, c.bundles))}"
+    return s
+
+
+#: command type -> its line (the commands are final classes)
+_SHOW: dict[type, Any] = {
+    rc.StartReplica: _start,
+    rc.PlaceReplica: _place,
+    rc.InitializeReplica: lambda c: f"InitializeReplica {c.replica_id} rank={_rank(c.rank)} world={c.world_size}",
+    rc.ReconfigureReplica: lambda c: (f"ReconfigureReplica {c.replica_id} rank={_rank(c.rank)} "
+                                      f"world={c.world_size} reason={c.reason} version={c.version}"),
+    rc.StopReplica: lambda c: f"StopReplica {c.replica_id} grace={_num(c.graceful_shutdown_timeout_s)}",
+    rc.UpdateWorldSize: lambda c: f"UpdateWorldSize {c.deployment} {c.world_size}",
+    rc.ScheduleTick: lambda c: f"ScheduleTick {_num(c.at)}",
+    rc.GangChanged: lambda c: f"GangChanged {c.gang_id} members={','.join(c.members)}",
+    rc.KeepSpareProcesses: lambda c: f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}",
+}
+
+
 def show_command(c: object) -> str:
     """One command, compact and deterministic."""
-    if isinstance(c, rc.StartReplica):
-        s = f"StartReplica {c.replica_id} rank={c.global_rank} world={c.world_size}"
-        if c.replaces:
-            s += f" replaces={c.replaces}"
-        if c.gang is not None:
-            s += f" gang={c.gang.gang_id}:{c.gang.rank_in_gang}/{c.gang.gang_size} members={','.join(c.gang.members)}"
-        return s
-    if isinstance(c, rc.PlaceReplica):
-        s = f"PlaceReplica {c.replica_id} {c.node_id} rank={_rank(c.rank)}"
-        if c.group is not None:
-            s += f" group={c.group} bundles={','.join(map(str, c.bundles))}"
-        return s
-    if isinstance(c, rc.InitializeReplica):
-        return f"InitializeReplica {c.replica_id} rank={_rank(c.rank)} world={c.world_size}"
-    if isinstance(c, rc.ReconfigureReplica):
-        return (f"ReconfigureReplica {c.replica_id} rank={_rank(c.rank)} world={c.world_size} "
-                f"reason={c.reason} version={c.version}")
-    if isinstance(c, rc.StopReplica):
-        return f"StopReplica {c.replica_id} grace={_num(c.graceful_shutdown_timeout_s)}"
-    if isinstance(c, rc.UpdateWorldSize):
-        return f"UpdateWorldSize {c.deployment} {c.world_size}"
-    if isinstance(c, rc.ScheduleTick):
-        return f"ScheduleTick {_num(c.at)}"
-    if isinstance(c, rc.GangChanged):
-        return f"GangChanged {c.gang_id} members={','.join(c.members)}"
-    if isinstance(c, rc.KeepSpareProcesses):
-        return f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}"
-    return repr(c)
+    show = _SHOW.get(type(c))
+    return repr(c) if show is None else show(c)
 
 
 def show_state(state: rc.State) -> list[str]:
