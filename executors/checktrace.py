@@ -1,12 +1,15 @@
 """Check the rank invariants over a JSON Lines trace (``rankcore check-trace``).
 
 The trace is streamed (one record in memory at a time, plus the records of the
-current step and what is known about each live replica), so a trace of
-millions of lines costs memory proportional to the replicas, not the lines.
+current step and the state rebuilt from its snapshots and deltas), so a trace
+of millions of lines costs memory proportional to the replicas, not the lines.
+Each delta is applied to the rebuilt state, so every step is checked against
+the state after it; a full snapshot written after deltas must equal what they
+rebuilt (a writer that drops a change is caught).
 
 Two kinds of problem, kept apart:
 
-* :class:`TraceFormatError` - the file is not a readable version-2 trace (not
+* :class:`TraceFormatError` - the file is not a readable version-3 trace (not
   JSON, no header, wrong schema or version, a record missing a required field
   or with a field of the wrong type, an unknown record kind, time going
   backwards, a command outside a step, records after the end record). The
@@ -38,8 +41,8 @@ __all__ = ["TraceFormatError", "TraceReport", "check_trace_file", "check_trace_l
 #: violations kept in ``TraceReport.violations``; the rest are only counted
 MAX_VIOLATIONS = 1000
 
-KINDS = ("header", "event", "command", "snapshot", "fault", "rejected", "expectation", "end")
-SNAPSHOT_REASONS = ("step", "healthy", "recovery", "end")
+KINDS = ("header", "event", "command", "delta", "snapshot", "fault", "rejected", "expectation", "end")
+SNAPSHOT_REASONS = ("step", "sync", "recovery", "end")
 #: commands that carry ``fields.world_size`` (each must equal the target)
 WORLD_SIZE_COMMANDS = ("StartReplica", "InitializeReplica", "ReconfigureReplica", "UpdateWorldSize")
 
@@ -55,7 +58,7 @@ class TraceReport:
     ``violation_count`` counts them all). ``counts``: records per kind plus
     ``steps`` and ``snapshots_checked``. ``checks``: how many times each
     cross-record rule could be applied (a rule is skipped where the trace does
-    not say enough, e.g. after a controller recovery without a snapshot).
+    not say enough).
     """
 
     def __init__(self, path: str) -> None:
@@ -93,11 +96,13 @@ class TraceReport:
         text = (f"{self.path}: {records:,} records ({kinds}); {c['steps']:,} steps{span}"
                 + (f" ({who})" if who else "") + ". ")
         ch = self.checks
-        text += (f"Checked {c['snapshots_checked']:,} snapshots against the state invariants, "
+        text += (f"Checked {c['snapshots_checked']:,} snapshots and {ch['healthy_state']:,} rebuilt states "
+                 f"that became healthy against the state invariants, {ch['snapshot_equal']:,} snapshots against "
+                 f"the state rebuilt from the deltas before them, "
                  f"{ch['replacement']:,} replacement ranks, {ch['rank_reconfigure']:,} rank reconfigures, "
-                 f"{ch['world_size']:,} world sizes, {ch['command_rank']:,} command ranks against their "
-                 f"step's snapshot, {ch['rank_change']:,} replica ranks between consecutive snapshots and "
-                 f"{ch['presence']:,} departures between snapshots (each must be explained). ")
+                 f"{ch['world_size']:,} world sizes, {ch['command_rank']:,} command ranks against the state "
+                 f"after their step, {ch['rank_change']:,} changed replica ranks and "
+                 f"{ch['presence']:,} departures (each must be explained). ")
         if not self.complete:
             text += "No end record: the trace is incomplete (the run may have been cut off). "
         if self.expectations_failed:
@@ -154,6 +159,7 @@ _REQUIRED = {
               "rank": "rank?", "phase": "str?", "stale": "bool", "fields": "dict"},
     "command": {"t": "num", "type": "str", "deployment": "str?", "replica": "str?", "node": "str?",
                 "rank": "rank?", "phase": "str?", "fields": "dict"},
+    "delta": {"t": "num", "deployments": "dict"},
     "snapshot": {"t": "num", "reason": "str", "deployments": "dict"},
     "fault": {"t": "num", "type": "str"},
     "rejected": {"t": "num", "type": "str", "error": "str"},
@@ -172,6 +178,7 @@ _COMMAND_FIELDS = {
     "PlaceReplica": ({"replica": "str", "rank": "fullrank"}, {"node_id": "str"}),
     "ScheduleTick": ({}, {"at": "num"}),
     "KeepSpareProcesses": ({"deployment": "str"}, {"node_id": "str", "count": "int"}),
+    "GangChanged": ({"deployment": "str"}, {"gang_id": "str", "members": "list"}),
 }
 
 _DEPLOYMENT_FIELDS = {"target": "int", "healthy": "bool", "replicas": "dict"}
@@ -210,7 +217,7 @@ class _Format:
 
 # ------------------------------------------------------------------ checks
 class _Step:
-    __slots__ = ("index", "line", "t", "event", "commands", "snapshot", "recovered")
+    __slots__ = ("index", "line", "t", "event", "commands", "delta", "snapshot", "recovered", "changes", "touched")
 
     def __init__(self, index: int, rec: dict) -> None:
         self.index = index
@@ -218,8 +225,13 @@ class _Step:
         self.t = rec["t"]
         self.event = rec
         self.commands: list[dict] = []
+        self.delta: dict | None = None
         self.snapshot: dict | None = None
         self.recovered = rec["type"] == "ControllerRecovered"
+        #: (deployment, replica, view before, view after) of every replica the step's delta changed
+        self.changes: list[tuple[str, str, dict | None, dict | None]] = []
+        #: deployments the step's delta or snapshot says something about
+        self.touched: set[str] = set()
 
 
 class _Knowledge:
@@ -244,9 +256,8 @@ class _Checker:
         self.last_t: float | None = None
         self.last_t_line = 0
         self.ended = False
-        # the previous step's snapshot views {dep: {rid: triple}} and its step index
-        self.prev_view: dict | None = None
-        self.prev_view_step = -1
+        #: the state rebuilt from snapshots and deltas: name -> {"target", "healthy", "replicas"}
+        self.view: dict[str, dict] = {}
         self.presence = _Presence()
 
     def dep(self, name: str) -> _Knowledge:
@@ -287,6 +298,7 @@ class _Checker:
         self._close_step()
         if self.report.counts["header"] == 0:
             raise self.fmt.error(None, "empty file: no header record")
+        self.presence.resolve(self.report)
         return self.report
 
     def _event(self, rec: dict, line: int) -> None:
@@ -297,13 +309,12 @@ class _Checker:
         st = self.step = _Step(self.steps, rec)
         if st.recovered:
             # The new controller rebuilt every rank from reports the trace does
-            # not show: forget what was known (a snapshot in this step restores it).
+            # not show: forget what was known (the step's snapshot restores it).
             for k in self.deps.values():
                 k.grank.clear()
                 k.lineage.clear()
                 k.conveyed.clear()
                 k.target = None
-            self.prev_view = None
             return
         rid, dep, rank = rec["replica"], rec["deployment"], rec["rank"]
         if rid is not None and dep is not None and rank is not None and not rec["stale"]:
@@ -313,8 +324,9 @@ class _Checker:
         st = self.step
         if st is None:
             raise self.fmt.error(line, "a command record outside a step (it must follow its event record)")
-        if st.snapshot is not None:
-            raise self.fmt.error(line, "a command record after its step's snapshot")
+        if st.snapshot is not None or st.delta is not None:
+            raise self.fmt.error(line, f"a command record after its step's "
+                                       f"{'snapshot' if st.snapshot is not None else 'delta'}")
         if rec["t"] != st.t:
             raise self.fmt.error(line, f"command at t={rec['t']!r} in the step of the event at t={st.t!r} "
                                        f"(line {st.line})")
@@ -358,6 +370,79 @@ class _Checker:
             k.grank[rid] = new[0]
             k.conveyed[rid] = new
 
+    def _replica(self, rep: Any, line: int, what: str) -> None:
+        if not _replica_ok(rep):  # the slow path names what is wrong
+            if not isinstance(rep, dict):
+                raise self.fmt.error(line, f"{what} must be an object")
+            self.fmt.need(rep, _REPLICA_FIELDS, line, what)
+
+    def _ranks_agree(self, line: int, where: str, name: str, rid: str, rep: dict) -> None:
+        rk, g = rep["rank"], rep["global_rank"]
+        if rk is not None and g is not None and rk[0] != g:
+            self.report.add(line, f"{where}: {name}/{rid} has rank {rk} but global_rank {g}")
+        if g is None and rk is None:
+            self.report.add(line, f"{where}: {name}/{rid} ({rep['phase']}) holds no global rank")
+
+    def _delta(self, rec: dict, line: int) -> None:
+        st = self.step
+        if st is None:
+            raise self.fmt.error(line, "a delta record outside a step (it must follow its event and commands)")
+        if st.delta is not None or st.snapshot is not None:
+            raise self.fmt.error(line, f"a second delta in one step, or a delta after its step's snapshot "
+                                       f"(step of line {st.line})")
+        if rec["t"] != st.t:
+            raise self.fmt.error(line, f"delta at t={rec['t']!r} in the step of the event at t={st.t!r} "
+                                       f"(line {st.line})")
+        st.delta = rec
+        for name, d in rec["deployments"].items():
+            st.touched.add(name)
+            if d is None:
+                for rid, was in self.view.pop(name, {"replicas": {}})["replicas"].items():
+                    st.changes.append((name, rid, was, None))
+                    self.presence.departed(name, rid, was, line, recovery=False)
+                continue
+            if not isinstance(d, dict):
+                raise self.fmt.error(line, f"delta deployment {name!r} must be an object or null")
+            self.fmt.need(d, _DEPLOYMENT_FIELDS, line, f"delta deployment {name!r}")
+            cur = self.view.get(name)
+            if cur is None:
+                cur = self.view[name] = {"target": d["target"], "healthy": False, "replicas": {}}
+            became_healthy = d["healthy"] and not cur["healthy"]
+            cur["target"], cur["healthy"] = d["target"], d["healthy"]
+            reps = cur["replicas"]
+            k = self.dep(name)
+            for rid, r in d["replicas"].items():
+                was = reps.get(rid)
+                if r is None:
+                    if was is None:
+                        self.report.add(line, f"delta: {name}/{rid} leaves, but the trace never showed it")
+                        continue
+                    del reps[rid]
+                    self.presence.departed(name, rid, was, line, recovery=False)
+                else:
+                    self._replica(r, line, f"delta replica {rid!r} of {name!r}")
+                    self._ranks_agree(line, "delta", name, rid, r)
+                    reps[rid] = r
+                    g = r["global_rank"] if r["global_rank"] is not None else (r["rank"] or [None])[0]
+                    if g is not None:
+                        k.grank[rid] = g
+                    if r["lineage"] is not None:
+                        k.lineage[rid] = r["lineage"]
+                    if was is None:
+                        self.presence.appeared(name, r["lineage"])
+                st.changes.append((name, rid, was, r))
+            if became_healthy:
+                self._check_view(name, line)
+        self.presence.resolve(self.report, clear=False)
+
+    def _check_view(self, name: str, line: int) -> None:
+        """The state invariants over one deployment of the rebuilt state (it became healthy)."""
+        self.report.checks["healthy_state"] += 1
+        try:
+            check_snapshot({"deployments": {name: self.view[name]}})
+        except InvariantViolation as exc:
+            self.report.add(line, f"state rebuilt from deltas (became healthy): {exc}")
+
     def _snapshot(self, rec: dict, line: int) -> None:
         reason = rec["reason"]
         if reason not in SNAPSHOT_REASONS:
@@ -368,45 +453,65 @@ class _Checker:
                 raise self.fmt.error(line, f"snapshot deployment {name!r} must be an object")
             self.fmt.need(d, _DEPLOYMENT_FIELDS, line, f"snapshot deployment {name!r}")
             for rid, rep in d["replicas"].items():
-                if not _replica_ok(rep):  # the slow path names what is wrong
-                    if not isinstance(rep, dict):
-                        raise self.fmt.error(line, f"snapshot replica {rid!r} of {name!r} must be an object")
-                    self.fmt.need(rep, _REPLICA_FIELDS, line, f"snapshot replica {rid!r} of {name!r}")
+                self._replica(rep, line, f"snapshot replica {rid!r} of {name!r}")
         try:
             check_snapshot(rec)
         except InvariantViolation as exc:
             self.report.add(line, f"snapshot ({reason}): {exc}")
         self.report.counts["snapshots_checked"] += 1
-        view: dict[str, dict[str, tuple | None]] = {}
-        healthy_any = False
         for name, d in rec["deployments"].items():
-            healthy_any = healthy_any or d["healthy"]
-            v = view[name] = {}
             for rid, rep in d["replicas"].items():
-                rk, g = rep["rank"], rep["global_rank"]
-                if rk is not None and g is not None and rk[0] != g:
-                    self.report.add(line, f"snapshot: {name}/{rid} has rank {rk} but global_rank {g}")
-                if g is None and rk is None:
-                    self.report.add(line, f"snapshot: {name}/{rid} ({rep['phase']}) holds no global rank")
-                v[rid] = tuple(rk) if rk is not None else None
-        if reason == "healthy" and not healthy_any:
-            self.report.add(line, "snapshot written because a deployment became healthy, but none is healthy")
-        self.presence.snapshot(rec, line, self.report)
+                self._ranks_agree(line, "snapshot", name, rid, rep)
         st = self.step
-        if reason != "end" and st is not None and st.snapshot is None:
+        in_step = reason != "end" and st is not None and st.snapshot is None
+        if reason in ("step", "end"):
+            self._compare(rec, line)
+        # departures: what the rebuilt state holds and the snapshot does not
+        recovery = reason in ("recovery", "sync")
+        for name, cur in self.view.items():
+            reps = rec["deployments"].get(name, {}).get("replicas", {})
+            for rid, was in cur["replicas"].items():
+                if rid not in reps:
+                    self.presence.departed(name, rid, was, line, recovery=recovery)
+        self.view = {name: {"target": d["target"], "healthy": d["healthy"], "replicas": dict(d["replicas"])}
+                     for name, d in rec["deployments"].items()}
+        self.presence.resolve(self.report)
+        if in_step:
+            assert st is not None
             st.snapshot = rec
+            st.touched.update(rec["deployments"])
             self._close_step()  # checks the step against it, then learns from it
-            self.prev_view, self.prev_view_step = view, st.index
         else:
             self._close_step()
-            self._learn(rec)
-            self.prev_view = None
+        self._learn(rec)
+
+    def _compare(self, rec: dict, line: int) -> None:
+        """A snapshot written after deltas equals the state the deltas rebuilt
+        (a writer that dropped a change is caught here)."""
+        self.report.checks["snapshot_equal"] += 1
+        snap, view = rec["deployments"], self.view
+        diffs: list[str] = []
+        for name in sorted(set(snap) | set(view)):
+            s, v = snap.get(name), view.get(name)
+            if s is None or v is None:
+                diffs.append(f"{name} is {'missing' if s is None else 'present'} in the snapshot but "
+                             f"{'present' if v is not None else 'absent'} in the deltas")
+                continue
+            for key in ("target", "healthy"):
+                if s[key] != v[key]:
+                    diffs.append(f"{name}.{key} is {s[key]!r} in the snapshot, {v[key]!r} from the deltas")
+            sr, vr = s["replicas"], v["replicas"]
+            if sr != vr:
+                for rid in sorted(set(sr) | set(vr)):
+                    if sr.get(rid) != vr.get(rid):
+                        diffs.append(f"{name}/{rid} is {sr.get(rid)} in the snapshot, {vr.get(rid)} from the deltas")
+        if diffs:
+            self.report.add(line, f"snapshot ({rec['reason']}) differs from the state rebuilt from the deltas "
+                                  f"before it ({len(diffs)} difference(s)): " + "; ".join(diffs[:3]))
 
     def _fault(self, rec: dict, line: int) -> None:
         self._close_step()
         self.presence.fault(rec)
-        if rec["type"] == "controller_crash":
-            self.prev_view = None
 
     def _rejected(self, rec: dict, line: int) -> None:
         self._close_step()
@@ -440,15 +545,13 @@ class _Checker:
         if st is None:
             return
         self.step = None
-        ev, snap, rep = st.event, st.snapshot, self.report
+        ev, rep, view = st.event, self.report, self.view
         # world_size: every command carries the deployment's target after the step
         by_dep: dict[str, list[dict]] = {}
         for c in st.commands:
             if c["deployment"] is not None:  # (ScheduleTick is about no deployment)
                 by_dep.setdefault(c["deployment"], []).append(c)
-        names = set(by_dep)
-        if snap is not None:
-            names |= set(snap["deployments"])
+        names = set(by_dep) | st.touched
         if ev["deployment"] is not None:
             names.add(ev["deployment"])
         for name in sorted(names):
@@ -458,8 +561,8 @@ class _Checker:
             pre = k.target
             post: int | None
             num = ev["fields"].get("num_replicas")
-            if snap is not None and name in snap["deployments"]:
-                post = snap["deployments"][name]["target"]
+            if name in view:
+                post = view[name]["target"]
             elif (ev["type"] in ("DeploymentApplied", "ScaleRequested") and ev["deployment"] == name
                   and not ev["stale"] and _is_int(num)):
                 post = num
@@ -485,37 +588,28 @@ class _Checker:
         for (name, rid), n in sorted(sent.items()):
             if n > 1:
                 rep.add(st.line, f"{name}/{rid} got {n} rank reconfigures in one step")
-        if snap is not None:
-            snap_deps = snap["deployments"]
-            # commands carry the rank their replica holds after the step
-            for c in st.commands:
-                if c["type"] in ("InitializeReplica", "ReconfigureReplica"):
-                    d = snap_deps.get(c["deployment"])
-                    r = d["replicas"].get(c["replica"]) if d is not None else None
-                    if r is not None:
-                        rep.checks["command_rank"] += 1
-                        if r["rank"] != c["rank"]:
-                            rep.add(c["_line"], f"{c['type']} of {c['replica']} carries {c['rank']}, "
-                                                f"the step's snapshot says {r['rank']}")
-            # a placed replica whose rank changed in this step gets a rank reconfigure
-            if self.prev_view is not None and self.prev_view_step == st.index - 1 and not st.recovered:
-                for name, d in snap_deps.items():
-                    before = self.prev_view.get(name, {})
-                    for rid, r in d["replicas"].items():
-                        old = before.get(rid)
-                        if old is None or old[1] is None or r.get("phase") in ("failed", "pending"):
-                            # (a FAILED replica's process is stopped: told its rank on restart; a pending
-                            # one was never initialised: placed again elsewhere, its PlaceReplica says where)
-                            continue
-                        rep.checks["rank_change"] += 1
-                        new = tuple(r["rank"]) if r["rank"] is not None else None
-                        if new != old and (name, rid) not in sent:
-                            rep.add(st.line, f"{name}/{rid}: rank {list(old)} -> "
-                                             f"{None if new is None else list(new)} in this step "
-                                             f"without a rank reconfigure")
-            self._learn(snap)
-        else:
-            self.prev_view = None
+        # commands carry the rank their replica holds after the step
+        for c in st.commands:
+            if c["type"] in ("InitializeReplica", "ReconfigureReplica"):
+                d = view.get(c["deployment"])
+                r = d["replicas"].get(c["replica"]) if d is not None else None
+                if r is not None:
+                    rep.checks["command_rank"] += 1
+                    if r["rank"] != c["rank"]:
+                        rep.add(c["_line"], f"{c['type']} of {c['replica']} carries {c['rank']}, "
+                                            f"the state after the step says {r['rank']}")
+        # a placed replica whose rank changed in this step gets a rank reconfigure
+        if not st.recovered:
+            for name, rid, was, now in st.changes:
+                if (was is None or now is None or was["rank"] is None or was["rank"][1] is None
+                        or now["phase"] in ("failed", "pending")):
+                    # (a FAILED replica's process is stopped: told its rank on restart; a pending
+                    # one was never initialised: placed again elsewhere, its PlaceReplica says where)
+                    continue
+                rep.checks["rank_change"] += 1
+                if now["rank"] != was["rank"] and (name, rid) not in sent:
+                    rep.add(st.line, f"{name}/{rid}: rank {was['rank']} -> {now['rank']} in this step "
+                                     f"without a rank reconfigure")
         # replicas that left
         if ev["type"] in ("ReplicaStopped", "ReplicaCrashed") and not ev["stale"] and ev["replica"]:
             gone = self.deps.get(ev["deployment"]) if ev["deployment"] else None
@@ -533,43 +627,37 @@ class _Checker:
 class _Presence:
     """No replica vanishes unexplained.
 
-    A replica in one snapshot and absent from the next one must have left
-    through something the trace shows in between: a ``ReplicaStopped`` or
-    ``ReplicaCrashed`` event naming it, a ``StartReplica`` replacing it, a
-    ``NodeLost`` event for its node, a fault naming it (``replica``) or its
-    node (``node`` or ``node_id``: ``node_lost``), a ``StopReplica`` naming it
-    while a new replica of its lineage appeared (stopped at once and replaced,
-    the replacement waiting out a restart backoff: its ``StartReplica`` comes
-    later), or a controller recovery
-    when it was stopping (its last snapshot said ``stopping``, or a
-    ``StopReplica`` was sent for it): its stop finished while no controller
-    listened, and the answer was lost. A recovery alone explains nothing else:
-    a replica that was running or starting when the controller went down is
-    still there afterwards unless something (a fault) killed it.
+    A replica the rebuilt state held and a delta or snapshot drops must have
+    left through something the trace shows since the full snapshot before
+    its departure, up to the step it left in: a ``ReplicaStopped`` or ``ReplicaCrashed`` event naming it,
+    a ``StartReplica`` replacing it, a ``NodeLost`` event for its node, a fault
+    naming it (``replica``) or its node (``node`` or ``node_id``:
+    ``node_lost``), a ``StopReplica`` naming it while a new replica of its
+    lineage appeared (stopped at once and replaced, the replacement waiting
+    out a restart backoff: its ``StartReplica`` comes later), or a controller
+    recovery when it was stopping (it was ``stopping``, or a ``StopReplica``
+    was sent for it): its stop finished while no controller listened, and the
+    answer was lost. A recovery alone explains nothing else: a replica that
+    was running or starting when the controller went down is still there
+    afterwards unless something (a fault) killed it.
     """
 
-    __slots__ = ("seen", "seen_line", "left", "lost_nodes", "node_of", "stops", "recovered")
+    __slots__ = ("pending", "left", "lost_nodes", "stops", "born")
 
     def __init__(self) -> None:
-        self.seen: dict[str, dict[str, tuple[str, int | None]]] | None = None  # dep -> rid -> (phase, lineage)
-        self.seen_line = 0
+        #: (deployment, replica, its view when it was last seen, line, at a recovery)
+        self.pending: list[tuple[str, str, dict, int, bool]] = []
         self.left: set[str] = set()
         self.lost_nodes: set[str] = set()
-        self.node_of: dict[str, str] = {}
         self.stops: set[str] = set()
-        self.recovered = False
+        self.born: set[tuple[str, int | None]] = set()  # (deployment, lineage) of replicas that appeared
 
     def event(self, rec: dict) -> None:
         rid, typ = rec["replica"], rec["type"]
-        if typ == "ControllerRecovered":
-            self.recovered = True
-        elif typ == "NodeLost" and rec["node"] is not None:
+        if typ == "NodeLost" and rec["node"] is not None:
             self.lost_nodes.add(rec["node"])
-        elif rid is not None:
-            if typ in ("ReplicaStopped", "ReplicaCrashed"):
-                self.left.add(rid)
-            elif rec["node"] is not None:
-                self.node_of[rid] = rec["node"]
+        elif rid is not None and typ in ("ReplicaStopped", "ReplicaCrashed"):
+            self.left.add(rid)
 
     def command(self, rec: dict) -> None:
         if rec["type"] == "StartReplica" and isinstance(rec["fields"].get("replaces"), str):
@@ -584,36 +672,32 @@ class _Presence:
             if isinstance(rec.get(key), str) and rec["type"] == "node_lost":
                 self.lost_nodes.add(rec[key])
 
-    def snapshot(self, rec: dict, line: int, report: TraceReport) -> None:
-        now = {name: d["replicas"] for name, d in rec["deployments"].items()}
-        if self.seen is not None:
-            for name, before in self.seen.items():
-                after = now.get(name, {})
-                born: set | None = None
-                for rid, (phase, lineage) in before.items():
-                    if rid in after:
-                        continue
-                    report.checks["presence"] += 1
-                    if rid in self.left or self.node_of.get(rid) in self.lost_nodes:
-                        continue
-                    if rid in self.stops:
-                        if born is None:
-                            born = {r.get("lineage") for new, r in after.items() if new not in before}
-                        if lineage is not None and lineage in born:
-                            continue
-                    if self.recovered and (phase == "stopping" or rid in self.stops):
-                        continue
-                    report.add(line, f"{name}/{rid} ({phase} in the snapshot at line {self.seen_line}) is "
-                                     f"gone without a ReplicaStopped, ReplicaCrashed or NodeLost event, a "
-                                     f"fault naming it or its node, or a recovery while it was stopping")
-        self.seen = {name: {rid: (r["phase"], r.get("lineage")) for rid, r in reps.items()}
-                     for name, reps in now.items()}
-        self.seen_line = line
-        self.node_of = {rid: r["node"] for reps in now.values() for rid, r in reps.items() if r["node"]}
+    def appeared(self, name: str, lineage: int | None) -> None:
+        self.born.add((name, lineage))
+
+    def departed(self, name: str, rid: str, was: dict, line: int, *, recovery: bool) -> None:
+        self.pending.append((name, rid, was, line, recovery))
+
+    def resolve(self, report: TraceReport, *, clear: bool = True) -> None:
+        """Judge the departures seen; ``clear``: a full snapshot, what explains them starts afresh."""
+        for name, rid, was, line, recovery in self.pending:
+            report.checks["presence"] += 1
+            if rid in self.left or was.get("node") in self.lost_nodes:
+                continue
+            if rid in self.stops and was.get("lineage") is not None and (name, was["lineage"]) in self.born:
+                continue
+            if recovery and (was.get("phase") == "stopping" or rid in self.stops):
+                continue
+            report.add(line, f"{name}/{rid} ({was.get('phase')} before line {line}) is gone without a "
+                             f"ReplicaStopped, ReplicaCrashed or NodeLost event, a fault naming it or its node, "
+                             f"or a recovery while it was stopping")
+        self.pending.clear()
+        if not clear:
+            return
         self.left.clear()
         self.lost_nodes.clear()
         self.stops.clear()
-        self.recovered = False
+        self.born.clear()
 
 
 # -------------------------------------------------------------------- entry

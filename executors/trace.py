@@ -1,10 +1,24 @@
 """The JSON Lines trace every executor writes (schema: docs/trace-format.md).
 
-One record per event and per command, snapshots of every deployment (after
-every step by default; thinned with ``snapshot_every``, but always written when
-a deployment becomes healthy, after a controller recovery and at the end), faults the executor injected,
-events the core rejected, expectation results and a closing record with the metrics. Same inputs, same
-bytes: keys are written in a fixed order and nothing depends on hash order.
+One record per event and per command, a ``delta`` after every step that
+changed what a reader sees of a deployment (its target, whether it is healthy,
+and only the replicas that changed), full snapshots now and then, faults the
+executor injected, events the core rejected, expectation results and a closing
+record with the metrics. The trace grows with what happened, not with the
+fleet times the steps: a full snapshot is written when the deltas since the
+last one add up to its size (or every ``snapshot_every`` steps), after a
+controller recovery (which rebuilds ranks from reports the trace does not
+hold), on a writer's first change and at the end. Same inputs, same bytes:
+keys are written in a fixed order and nothing depends on hash order.
+
+A delta names the replicas a step changed from what the step itself says:
+the event's replica, the commands' replicas, the victims of a scale and the
+replicas a compaction moved. The state is immutable and structurally shared,
+so an unchanged deployment is the same object and is skipped by identity;
+where the step cannot bound what it touched (a lost node) or the count of
+replicas does not add up, the writer compares the whole deployment (O(N),
+rare). ``verify=True`` (tests) compares every deployment after every step
+and raises when the bounded delta missed a change.
 """
 
 from __future__ import annotations
@@ -20,21 +34,35 @@ import rankcore as rc
 from rankcore import Phase
 
 SCHEMA = "rankcore-trace"
-VERSION = 2  # 2: StartReplica.rank became global_rank
+VERSION = 3  # 3: delta records, snapshots periodic (not after every step nor at each healthy); 2: StartReplica.rank
 
-__all__ = ["TraceWriter", "read_trace", "snapshot_record", "SCHEMA", "VERSION", "jsonable"]
+__all__ = ["TraceWriter", "read_trace", "snapshot_record", "states", "SCHEMA", "VERSION", "jsonable"]
+
+#: the replica keys of a snapshot or delta, in the order written
+REPLICA_KEYS = ("phase", "node", "rank", "global_rank", "lineage")
+#: events whose step can change replicas no record of the step names (every replica is compared)
+_UNBOUNDED = (rc.NodeLost,)
 
 
 def jsonable(value: Any) -> Any:
     """A JSON-safe copy of an event/command field."""
-    if isinstance(value, rc.ReplicaRank):
-        return [value.rank, value.node_rank, value.local_rank]
-    if isinstance(value, rc.ReportedRank):
+    ty = type(value)
+    if ty in _PLAIN:
+        return value
+    names = _ATTRS.get(ty)
+    if names is not None:
+        out = {}
+        for n in names:
+            v = getattr(value, n)
+            out[n] = v if type(v) in _PLAIN else jsonable(v)
+        return out
+    if ty is rc.ReplicaRank or ty is rc.ReportedRank:
         return [value.rank, value.node_rank, value.local_rank]
     if isinstance(value, Phase):
         return value.value
-    if attrs.has(type(value)):
-        return {f.name: jsonable(getattr(value, f.name)) for f in attrs.fields(type(value))}
+    if attrs.has(ty):
+        _ATTRS[ty] = tuple(f.name for f in attrs.fields(ty))
+        return jsonable(value)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -42,6 +70,14 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return repr(value)
+
+
+#: types written as they are, and the field names of each attrs class met so far (a trace
+#: writes tens of thousands of events and commands: ``attrs.fields`` per record is most of it)
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_ATTRS: dict[type, tuple[str, ...]] = {}
+#: one encoder for every record (``json.dumps`` with separators builds a new one per call)
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
@@ -53,63 +89,150 @@ def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
     return [rk.rank, rk.node_rank, rk.local_rank]
 
 
+def _replica_view(dep: rc.Deployment, rid: str) -> dict | None:
+    """What a snapshot says of one replica (None: not in the deployment)."""
+    rep = dep.replicas.get(rid)
+    if rep is None:
+        return None
+    ranks = dep.ranks
+    rk = ranks.rank_of(rid)
+    return {"phase": rep.phase.value, "node": rep.node_id,
+            "rank": None if rk is None else [rk.rank, rk.node_rank, rk.local_rank],
+            "global_rank": ranks.global_rank(rid), "lineage": rep.lineage}
+
+
+def _deployment_view(dep: rc.Deployment) -> dict:
+    return {"target": dep.target, "healthy": dep.healthy,
+            "replicas": {rid: _replica_view(dep, rid) for rid in sorted(dep.replicas.keys())}}
+
+
 def snapshot_record(t: float, state: rc.State, reason: str) -> dict:
-    deployments = {}
-    for name in sorted(state.deployments.keys()):
-        dep = state.deployments[name]
-        replicas = {}
-        for rid in sorted(dep.replicas.keys()):
-            rep = dep.replicas[rid]
-            rk = dep.ranks.rank_of(rid)
-            replicas[rid] = {
-                "phase": rep.phase.value,
-                "node": rep.node_id,
-                "rank": None if rk is None else [rk.rank, rk.node_rank, rk.local_rank],
-                "global_rank": dep.ranks.global_rank(rid),
-                "lineage": rep.lineage,
-            }
-        deployments[name] = {"target": dep.target, "healthy": dep.healthy, "replicas": replicas}
+    deployments = {name: _deployment_view(state.deployments[name]) for name in sorted(state.deployments.keys())}
     return {"kind": "snapshot", "t": t, "reason": reason, "deployments": deployments}
 
 
-class TraceWriter:
-    """Writes trace records to ``fp`` (any text file object)."""
+class _Known:
+    """What the trace has told a reader of one deployment so far (the writer's side)."""
 
-    def __init__(self, fp: IO[str], *, snapshot_every: int = 1, meta: dict | None = None,
-                 header: bool = True) -> None:
-        """``header=False`` continues a trace another writer started (a restarted controller)."""
-        if snapshot_every < 1:
-            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+    __slots__ = ("target", "healthy", "replicas")
+
+    def __init__(self, view: dict | None = None) -> None:
+        self.target: int | None = None if view is None else view["target"]
+        self.healthy: bool | None = None if view is None else view["healthy"]
+        self.replicas: dict[str, dict] = {} if view is None else dict(view["replicas"])
+
+
+class TraceWriter:
+    """Writes trace records to ``fp`` (any text file object).
+
+    ``snapshot_every``: 0 (the default) writes a full snapshot when the deltas
+    written since the last one add up to its size, so snapshots cost at most
+    what the deltas cost; N writes one every N steps instead.
+    ``header=False`` continues a trace another writer started (a restarted
+    controller): its first change is written as a full snapshot.
+    """
+
+    def __init__(self, fp: IO[str], *, snapshot_every: int = 0, meta: dict | None = None,
+                 header: bool = True, verify: bool = False) -> None:
+        if snapshot_every < 0:
+            raise ValueError(f"snapshot_every must be >= 0 (0: by size), got {snapshot_every}")
         self.fp = fp
         self.snapshot_every = snapshot_every
+        self.verify = verify
         self.steps = 0
-        self._healthy: dict[str, bool] = {}
+        #: name -> what the trace says of it; None until the first snapshot
+        self._known: dict[str, _Known] | None = None
+        self._since = 0  # characters of deltas written since the last full snapshot
+        self._full = 0  # characters of the last full snapshot
         if header:
             self.write({"kind": "header", "schema": SCHEMA, "version": VERSION, **(meta or {})})
 
-    def write(self, record: dict) -> None:
-        self.fp.write(json.dumps(record, separators=(",", ":")) + "\n")
+    def write(self, record: dict) -> int:
+        line = _encode(record) + "\n"
+        self.fp.write(line)
+        return len(line)
 
     def step(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
-        if type(event) is rc.Tick and not result.commands:
-            return  # only the clock moved: not written (a Tick that does something is)
         after = result.state
-        self.write(_event_record(t, event, before, result))
+        changed = after.deployments is not before.deployments
+        if type(event) is rc.Tick and not result.commands and not changed:
+            return  # only the clock moved: not written (a Tick that does something is)
+        enc = _encode
+        lines = [enc(_event_record(t, event, before, result))]
         for cmd in result.commands:
-            self.write(_command_record(t, cmd, after))
+            lines.append(enc(_command_record(t, cmd, after)))
         self.steps += 1
-        became_healthy = False
-        for name, dep in after.deployments.items():
-            h = dep.healthy
-            if h and not self._healthy.get(name, False):
-                became_healthy = True
-            self._healthy[name] = h
-        if became_healthy:
-            self.write(snapshot_record(t, after, "healthy"))
-        elif isinstance(event, rc.ControllerRecovered):
-            self.write(snapshot_record(t, after, "recovery"))
-        elif self.steps % self.snapshot_every == 0 and after.deployments is not before.deployments:
-            self.write(snapshot_record(t, after, "step"))
+        if changed:
+            if self._known is None or isinstance(event, rc.ControllerRecovered):
+                # a recovery rebuilt ranks from reports the trace does not hold: say it all
+                lines.append(self._snapshot(t, after, "recovery" if isinstance(event, rc.ControllerRecovered)
+                                            else "sync"))
+            else:
+                delta = self._delta(event, before, result)
+                if delta:
+                    lines.append(enc({"kind": "delta", "t": t, "deployments": delta}))
+                    self._since += len(lines[-1]) + 1
+                every = self.snapshot_every
+                if (self.steps % every == 0) if every else (delta and self._since >= self._full):
+                    lines.append(self._snapshot(t, after, "step"))
+        lines.append("")
+        self.fp.write("\n".join(lines))
+
+    def _snapshot(self, t: float, state: rc.State, reason: str) -> str:
+        """The line of a full snapshot; what the trace says is now all of ``state``."""
+        rec = snapshot_record(t, state, reason)
+        line = _encode(rec)
+        self._full = len(line) + 1
+        self._since = 0
+        self._known = {name: _Known(view) for name, view in rec["deployments"].items()}
+        return line
+
+    # ------------------------------------------------------------ deltas
+    def _delta(self, event: object, before: rc.State, result: rc.Step) -> dict:
+        """name -> {target, healthy, replicas: {id: view or None}} of what changed
+        (None: the deployment is gone); updates what the trace has said."""
+        known = self._known
+        assert known is not None
+        after = result.state
+        out: dict[str, Any] = {}
+        names = sorted(after.deployments.keys())
+        if len(known) != len(names) or any(n not in after.deployments for n in known):
+            names = sorted(set(names) | set(known))
+        for name in names:
+            dep = after.deployments.get(name)
+            old = before.deployments.get(name)
+            k = known.get(name)
+            if dep is old and k is not None:
+                continue
+            if dep is None:
+                if k is not None:
+                    del known[name]
+                    out[name] = None
+                continue
+            if k is None:
+                k = known[name] = _Known()
+            if old is not None and dep.replicas is old.replicas and dep.ranks is old.ranks:
+                changes: dict[str, dict | None] = {}
+            else:
+                changes = _bounded_changes(name, dep, k, event, result)
+                if changes is None:
+                    changes = _all_changes(dep, k)
+                elif self.verify:
+                    every = _all_changes(dep, k)
+                    if every != changes:
+                        raise AssertionError(f"trace delta of {name} after {type(event).__name__} missed "
+                                             f"{sorted(set(every) ^ set(changes) or every)}")
+            if not changes and k.target == dep.target and k.healthy == dep.healthy:
+                continue
+            k.target, k.healthy = dep.target, dep.healthy
+            for rid, view in changes.items():
+                if view is None:
+                    k.replicas.pop(rid, None)
+                else:
+                    k.replicas[rid] = view
+            out[name] = {"target": dep.target, "healthy": dep.healthy,
+                         "replicas": {rid: changes[rid] for rid in sorted(changes)}}
+        return out
 
     def fault(self, t: float, type_: str, **fields: Any) -> None:
         self.write({"kind": "fault", "t": t, "type": type_, **{k: jsonable(v) for k, v in fields.items()}})
@@ -132,6 +255,53 @@ class TraceWriter:
             self.write({"kind": "expectation", **e})
         self.write(snapshot_record(t, state, "end"))
         self.write({"kind": "end", "t": t, "metrics": metrics})
+
+
+def _bounded_changes(name: str, dep: rc.Deployment, k: _Known, event: object,
+                     result: rc.Step) -> dict[str, dict | None] | None:
+    """The replicas of ``dep`` whose view changed, looking only at those the step
+    names; None when it cannot say (every replica must be compared)."""
+    if isinstance(event, _UNBOUNDED):
+        return None
+    named: set[str] = set()
+    rid = getattr(event, "replica_id", None)
+    if rid is not None:
+        named.add(rid)
+    victims = getattr(event, "victims", None)
+    if victims:
+        named.update(victims)
+    for cmd in result.commands:
+        if getattr(cmd, "deployment", None) == name:
+            rid = getattr(cmd, "replica_id", None)
+            if rid is not None:
+                named.add(rid)
+            rid = getattr(cmd, "replaces", None)
+            if rid is not None:
+                named.add(rid)
+    for comp in result.compactions:
+        if comp.deployment == name:
+            named.update(comp.changes.replicas())
+    changes: dict[str, dict | None] = {}
+    size = len(k.replicas)
+    for rid in named:
+        view = _replica_view(dep, rid)
+        was = k.replicas.get(rid)
+        if view != was:
+            changes[rid] = view
+            size += (view is not None) - (was is not None)
+    if size != len(dep.replicas):
+        return None  # a replica came or went that the step does not name
+    return changes
+
+
+def _all_changes(dep: rc.Deployment, k: _Known) -> dict[str, dict | None]:
+    """Every replica of ``dep`` compared with what the trace says (O(N))."""
+    changes: dict[str, dict | None] = {rid: None for rid in k.replicas if rid not in dep.replicas}
+    for rid in dep.replicas:
+        view = _replica_view(dep, rid)
+        if view != k.replicas.get(rid):
+            changes[rid] = view
+    return changes
 
 
 def _replica_of(event: object) -> str | None:
@@ -190,9 +360,9 @@ def _command_record(t: float, cmd: object, after: rc.State) -> dict:
         rank = [cmd.global_rank, None, None]
     node = None
     phase = None
-    if dep is not None and rid is not None and rid in dep.replicas:
-        node = dep.replicas[rid].node_id
-        phase = dep.replicas[rid].phase.value
+    rep = dep.replicas.get(rid) if dep is not None and rid is not None else None
+    if rep is not None:
+        node, phase = rep.node_id, rep.phase.value
     return {
         "kind": "command",
         "t": t,
@@ -242,3 +412,43 @@ def _parse(lines: Iterable[str]) -> Iterator[dict]:
             raise ValueError(f"line {n}: a record must be an object with a 'kind'")
         rec["_line"] = n
         yield rec
+
+
+def states(records: Iterable[dict]) -> Iterator[dict]:
+    """The whole state after each change, rebuilt from a trace's records.
+
+    One snapshot-shaped dict (``kind`` ``"snapshot"``, ``t``, ``reason``,
+    ``deployments``) per snapshot and delta record: a snapshot's own reason;
+    for a delta ``"healthy"`` when a deployment is healthy after it that was
+    not before, else ``"delta"``. Each is a fresh copy (O(replicas) per
+    record): for tests and small traces; ``rankcore check-trace`` rebuilds
+    the state in place.
+    """
+    deps: dict[str, dict] = {}
+    for rec in records:
+        kind = rec.get("kind")
+        if kind == "snapshot":
+            deps = {name: {"target": d["target"], "healthy": d["healthy"], "replicas": dict(d["replicas"])}
+                    for name, d in rec["deployments"].items()}
+            reason = rec["reason"]
+        elif kind == "delta":
+            reason = "delta"
+            for name, d in rec["deployments"].items():
+                if d is None:
+                    deps.pop(name, None)
+                    continue
+                cur = deps.setdefault(name, {"target": d["target"], "healthy": False, "replicas": {}})
+                if d["healthy"] and not cur["healthy"]:
+                    reason = "healthy"
+                cur["target"], cur["healthy"] = d["target"], d["healthy"]
+                for rid, r in d["replicas"].items():
+                    if r is None:
+                        cur["replicas"].pop(rid, None)
+                    else:
+                        cur["replicas"][rid] = r
+        else:
+            continue
+        yield {"kind": "snapshot", "t": rec["t"], "reason": reason,
+               "deployments": {name: {"target": d["target"], "healthy": d["healthy"],
+                                      "replicas": dict(sorted(d["replicas"].items()))}
+                               for name, d in sorted(deps.items())}}

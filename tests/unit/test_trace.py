@@ -42,8 +42,12 @@ expect:
 
 # ------------------------------------------------------------------ helpers
 def _trace_text(scenario: Path, **kwargs) -> str:
+    """The trace of a scenario, every step's delta verified against a comparison of
+    every replica (the writer raises if the delta it bounded missed a change)."""
     buf = io.StringIO()
-    Simulation(load_scenario(scenario), trace=buf, check=True, **kwargs).run()
+    sim = Simulation(load_scenario(scenario), trace=buf, check=True, **kwargs)
+    sim.trace.verify = True
+    sim.run()
     return buf.getvalue()
 
 
@@ -91,10 +95,14 @@ def test_simulator_trace_passes(tmp_path, downscale_text):
     c = report.counts
     assert c["header"] == 1 and c["end"] == 1 and c["expectation"] >= 1
     assert c["steps"] == c["event"] > 0
-    # one per step that changed a deployment (not the nodes joining at t=0), plus the end one
+    # a delta after every step that changed a deployment but the first (the nodes joining at t=0
+    # change none; the deployment's first step is a full "sync" snapshot), full snapshots now and then
     joins = sum(1 for r in _records(downscale_text) if r["kind"] == "event" and r["type"] == "NodeJoined")
     assert joins == 2  # node-a, node-b
-    assert c["snapshots_checked"] == c["snapshot"] == c["steps"] - joins + 1
+    assert c["delta"] == c["steps"] - joins - 1
+    assert c["snapshots_checked"] == c["snapshot"] and 3 <= c["snapshot"] < c["delta"]
+    assert report.checks["snapshot_equal"] == c["snapshot"] - 1  # all but the sync one
+    assert report.checks["healthy_state"] == 2  # healthy at 8, then at 4
     assert report.checks["rank_reconfigure"] == 2  # llm#4 -> 0 and llm#7 -> 3
     assert report.checks["world_size"] > 0 and report.checks["rank_change"] > 0
     text = report.summary()
@@ -144,7 +152,7 @@ def test_rank_reconfigure_repeating_the_old_rank_is_a_violation(tmp_path, downsc
     recs[i]["fields"]["rank"] = [4, 0, 2]
     report = check_trace_file(_write(tmp_path, _dump(recs)))
     assert any(v.startswith(f"line {i + 1}: ") and "already given" in v for v in report.violations)
-    assert any("the step's snapshot says [0, 0, 0]" in v for v in report.violations)
+    assert any("the state after the step says [0, 0, 0]" in v for v in report.violations)
 
 
 def test_missing_rank_reconfigure_is_a_violation(tmp_path, downscale_text):
@@ -206,7 +214,7 @@ def test_wrong_schema_and_version(tmp_path, downscale_text):
     recs = _records(downscale_text)
     recs[0]["version"] = 1
     assert "version 1" in _malformed(tmp_path, _dump(recs))
-    recs[0]["version"], recs[0]["schema"] = 2, "other"
+    recs[0]["version"], recs[0]["schema"] = 3, "other"
     assert "header" in _malformed(tmp_path, _dump(recs))
 
 
@@ -255,7 +263,7 @@ def test_unreadable_inputs(tmp_path):
     assert "no header" in _malformed(tmp_path, "")
     assert "header" in _malformed(tmp_path, "[1, 2, 3]\n")
     assert "header" in _malformed(tmp_path, "42\n")
-    header = '{"kind":"header","schema":"rankcore-trace","version":2}\n'
+    header = '{"kind":"header","schema":"rankcore-trace","version":3}\n'
     assert "line 2: a record must be an object" in _malformed(tmp_path, header + "null\n")
     assert "UTF-8" in _malformed(tmp_path, b'{"kind":"header"\xff}\n')
     with pytest.raises(TraceFormatError, match="cannot read"):
@@ -348,17 +356,19 @@ def test_every_example_trace_passes_with_its_departures_explained(tmp_path, path
         assert report.checks["presence"] > 0  # replicas did leave, each explained
 
 
-def test_a_replica_gone_from_a_snapshot_without_a_stop_is_flagged(tmp_path, downscale_text):
-    """Hand-edited: a stopping victim disappears one step before its ReplicaStopped."""
+def test_a_replica_gone_from_a_delta_without_a_stop_is_flagged(tmp_path, downscale_text):
+    """Hand-edited: a stopping victim disappears one step before its ReplicaStopped
+    (its departure moved to the delta before)."""
     recs = _records(downscale_text)
     stopped = _first(recs, type="ReplicaStopped", replica="llm#6")
-    snaps = [i for i, r in enumerate(recs[:stopped]) if r["kind"] == "snapshot"]
-    earlier, before = snaps[-1], snaps[-2]
-    assert recs[before]["deployments"]["llm"]["replicas"]["llm#6"]["phase"] == "stopping"
-    del recs[earlier]["deployments"]["llm"]["replicas"]["llm#6"]
+    at = next(i for i in range(stopped, len(recs)) if recs[i]["kind"] == "delta")
+    earlier = max(i for i, r in enumerate(recs[:stopped]) if r["kind"] == "delta")
+    assert recs[at]["deployments"]["llm"]["replicas"].pop("llm#6") is None
+    assert "llm#6" not in recs[earlier]["deployments"]["llm"]["replicas"]
+    recs[earlier]["deployments"]["llm"]["replicas"]["llm#6"] = None
     report = check_trace_file(_write(tmp_path, _dump(recs)))
     assert report.violations == [
-        f"line {earlier + 1}: llm/llm#6 (stopping in the snapshot at line {before + 1}) is gone without a "
+        f"line {earlier + 1}: llm/llm#6 (stopping before line {earlier + 1}) is gone without a "
         "ReplicaStopped, ReplicaCrashed or NodeLost event, a fault naming it or its node, or a recovery "
         "while it was stopping"], report.violations
 
@@ -372,7 +382,7 @@ def test_a_crash_while_the_controller_is_down_needs_its_fault_record(tmp_path):
     crash = _first(recs, kind="fault", type="crash", replica="llm#5")
     del recs[crash]
     report = check_trace_file(_write(tmp_path, _dump(recs)))
-    assert report.violation_count == 1 and "llm/llm#5 (running in the snapshot" in report.violations[0]
+    assert report.violation_count == 1 and "llm/llm#5 (running before line" in report.violations[0]
 
 
 def test_node_loss_explains_its_replicas_by_event_or_fault(tmp_path):
