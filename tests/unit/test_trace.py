@@ -533,3 +533,79 @@ def test_a_gang_or_static_rank_backing_off_passes_check_trace(tmp_path, example,
         assert stopped and not stopped & replaced_then
     report = check_trace_file(_write(tmp_path, out))
     assert report.ok, report.violations
+
+
+# ------------------------------------------------- deltas and snapshots (issue 20)
+def test_a_change_a_delta_dropped_is_caught_by_the_next_snapshot(tmp_path, downscale_text):
+    """A writer that drops a change: the replica's entry is taken out of a delta
+    that a full snapshot follows later; the snapshot no longer equals the state the
+    deltas rebuild, and check-trace says which replica differs."""
+    recs = _records(downscale_text)
+    snap = next(i for i, r in enumerate(recs) if r["kind"] == "snapshot" and r["reason"] == "step")
+    at = max(i for i in range(snap) if recs[i]["kind"] == "delta" and recs[i]["deployments"]["llm"]["replicas"])
+    reps = recs[at]["deployments"]["llm"]["replicas"]
+    rid = sorted(reps)[0]
+    dropped = reps.pop(rid)
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert not report.ok
+    wrong = [v for v in report.violations if "differs from the state rebuilt from the deltas" in v]
+    assert wrong and wrong[0].startswith(f"line {snap + 1}: ") and f"llm/{rid} is {dropped}" in wrong[0], wrong
+    reps[rid] = dropped  # put back: passes again
+    assert check_trace_file(_write(tmp_path, _dump(recs))).ok
+
+
+def test_the_state_rebuilt_when_a_deployment_becomes_healthy_is_checked(tmp_path, downscale_text):
+    """No full snapshot is written when a deployment becomes healthy; the state the
+    deltas rebuilt is checked there: a delta giving a replica another's rank fails."""
+    recs = _records(downscale_text)
+    at = next(i for i, r in enumerate(recs) if r["kind"] == "delta" and r["deployments"]["llm"]["healthy"])
+    reps = recs[at]["deployments"]["llm"]["replicas"]
+    rid = next(iter(reps))
+    assert reps[rid]["rank"] != [0, 0, 0]
+    reps[rid].update(rank=[0, 0, 0], global_rank=0)
+    report = check_trace_file(_write(tmp_path, _dump(recs)))
+    assert any(v.startswith(f"line {at + 1}: state rebuilt from deltas (became healthy)") and "held twice" in v
+               for v in report.violations), report.violations
+
+
+def test_delta_outside_its_place_is_malformed(tmp_path, downscale_text):
+    recs = _records(downscale_text)
+    at = _first(recs, kind="delta")
+    assert "a command record after its step's delta" in _malformed(
+        tmp_path, _dump(recs[:at + 1] + [recs[at - 1]] + recs[at + 1:]))
+    assert "second delta" in _malformed(tmp_path, _dump(recs[:at + 1] + [recs[at]] + recs[at + 1:]))
+    bad = dict(recs[at], deployments={"llm": {"target": 8, "replicas": {}}})
+    assert "'healthy'" in _malformed(tmp_path, _dump(recs[:at] + [bad] + recs[at + 1:]))
+
+
+def test_states_rebuilds_every_snapshot(downscale_text):
+    """``executors.trace.states``: the state rebuilt from deltas equals each full snapshot."""
+    from executors.trace import states
+
+    recs = _records(downscale_text)
+    rebuilt = list(states(recs))
+    assert len(rebuilt) == sum(r["kind"] in ("delta", "snapshot") for r in recs)
+    prev = None
+    for r, s in zip((r for r in recs if r["kind"] in ("delta", "snapshot")), rebuilt):
+        if r["kind"] == "snapshot" and prev is not None:
+            assert s["deployments"] == prev["deployments"] == r["deployments"]
+        prev = s
+    assert [s["deployments"]["llm"]["target"] for s in rebuilt if s["reason"] == "healthy"] == [8, 4]
+
+
+def test_snapshots_cost_at_most_what_the_deltas_cost(tmp_path):
+    """By default a full snapshot follows once the deltas since the last one add up
+    to its size; with ``snapshot_every`` N, one every N steps."""
+    path = ROOT / "examples" / "scenarios" / "crash-storm.yaml"
+    recs = _records(_trace_text(path))
+    size = {k: sum(len(json.dumps(r, separators=(",", ":"))) for r in recs if r["kind"] == k)
+            for k in ("delta", "snapshot")}
+    snaps = [r for r in recs if r["kind"] == "snapshot"]
+    assert len(snaps) >= 5 and {s["reason"] for s in snaps} == {"sync", "step", "end"}
+    biggest = max(len(json.dumps(s, separators=(",", ":"))) for s in snaps)
+    assert size["snapshot"] <= size["delta"] + 3 * biggest  # (the sync, the end and the last one)
+    recs = _records(_trace_text(path, snapshot_every=7))
+    steps = [r for r in recs if r["kind"] in ("event", "snapshot")]
+    periodic = [i for i, r in enumerate(steps) if r["kind"] == "snapshot" and r["reason"] == "step"]
+    assert periodic and all(sum(r["kind"] == "event" for r in steps[:i]) % 7 == 0 for i in periodic)
+    assert check_trace_file(_write(tmp_path, _dump(recs))).ok
