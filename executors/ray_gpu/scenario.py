@@ -36,60 +36,47 @@ from typing import IO, Any, cast
 import attrs
 import ray
 
-from ..scenarios import Desired, Scenario, perform
-from ..scenarios.timeline import plan, rank_holder
+from ..scenarios import Desired, Scenario
+from ..scenarios.timeline import (
+    Action,
+    AddNode,
+    Crash,
+    CrashController,
+    Deploy,
+    Hang,
+    LoseNode,
+    Orphan,
+    PlaceBundles,
+    Scale,
+    UpdateConfig,
+    Wait,
+    WaitUntilHealthy,
+    plan,
+    rank_holder,
+)
 from .api import Deployment, ask, get_controller
 from .cluster import SCENARIO_NODE_LABEL, ScenarioCluster
-from .context import get_replica_context
 from .controller import NAMESPACE, UNSEEN_GROUP_PREFIX, actor_name, queue_fault
 from .replica import ReplicaActor
+from .scenario_models import CLASSES, NoReconfigure
 from .static import StaticPlacementConfig
 
-__all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "check_supported", "needs_cluster"]
+__all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REFUSED", "check_supported",
+           "needs_cluster", "CLASSES"]
 
-RAY_ACTIONS = ("deploy", "scale", "update_config", "crash", "hang", "orphan", "crash_controller", "wait_until_healthy",
-               "wait")
-NODE_ACTIONS = ("lose_node", "add_node")  # on a ScenarioCluster only
+#: the timeline actions (``executors.scenarios.ACTIONS``) Ray carries out anywhere ...
+RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, UpdateConfig, Crash, Hang, Orphan, CrashController,
+                                         WaitUntilHealthy, Wait)
+#: ... on a ScenarioCluster only ...
+NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)
+#: ... and those it refuses (``check_supported``), with why
+REFUSED: dict[type[Action], str] = {PlaceBundles: "Ray cannot move a placement group's bundles"}
 #: how long the controller may take to see an action's effect before the run fails
 OBSERVE_TIMEOUT_S = 60.0
 
 
 class UnsupportedOnRay(ValueError):
     """The scenario uses something only the simulator can do."""
-
-
-class NoReconfigure:
-    """The scenario's replica. ``start_failures``: the deployment's first N
-    constructions raise (a crash loop), counted across actors by files made
-    with O_EXCL in ``fail_dir``. ``pid()``: its process, which the scenario's
-    ``hang`` freezes (``_freeze``)."""
-
-    def __init__(self, fail_dir: str | None = None, start_failures: int = 0) -> None:
-        for k in range(start_failures):
-            try:
-                os.close(os.open(os.path.join(fail_dir or ".", f"start-{k}"), os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                continue
-            raise RuntimeError(f"start_failures: construction {k + 1} of {start_failures} raises")
-
-    def __call__(self) -> Any:
-        return get_replica_context().rank.rank
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-class PlainReconfigure(NoReconfigure):
-    def reconfigure(self, user_config: Any) -> None:
-        self.user_config = user_config
-
-
-class RankReconfigure(NoReconfigure):
-    def reconfigure(self, user_config: Any, rank: Any) -> None:
-        self.user_config, self.rank = user_config, rank
-
-
-CLASSES = {"none": NoReconfigure, "plain": PlainReconfigure, "with_rank": RankReconfigure}
 
 
 def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
@@ -119,7 +106,7 @@ def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
 def needs_cluster(sc: Scenario) -> bool:
     """Whether ``sc`` loses or adds nodes, or has a node short of what it reports
     (``unreported_gpus``): it needs a ScenarioCluster."""
-    return any(a.kind in NODE_ACTIONS for a in sc.timeline) or any(n.unreported_gpus > 0 for n in sc.nodes)
+    return any(isinstance(a, NODE_ACTIONS) for a in sc.timeline) or any(n.unreported_gpus > 0 for n in sc.nodes)
 
 
 def _sim_only_faults(sc: Scenario) -> list[str]:
@@ -145,14 +132,13 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     only the simulator can run (the CLI exits 2 with it). ``multi_node``: the
     run has a ScenarioCluster, so node loss/join is fine."""
     allowed = RAY_ACTIONS + (NODE_ACTIONS if multi_node else ())
-    bad = [f"timeline[{a.index}] {a.kind}" + (" (Ray cannot move a placement group's bundles)"
-                                               if a.kind == "place_bundles" else "")
-           for a in sc.timeline if a.kind not in allowed]
+    bad = [f"timeline[{a.index}] {a.key}" + (f" ({REFUSED[type(a)]})" if type(a) in REFUSED else "")
+           for a in sc.timeline if not isinstance(a, allowed)]
     if not multi_node:  # (on a scenario-shaped cluster a hidden placement group holds them: _hide_gpus)
         bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
     faults = _sim_only_faults(sc)
     nodes_only = not multi_node and not faults and all(
-        a.kind in NODE_ACTIONS for a in sc.timeline if a.kind not in allowed)
+        isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
     bad += faults
     if bad:
         hint = "node loss and unreported_gpus need the scenario-shaped local cluster: --cluster scenario, " \
@@ -336,24 +322,26 @@ class _RayTarget:
     def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
         ask(self.ctl, "scale", deployment, replicas, victims)
 
-    def _hit(self, kind: str, args: dict[str, Any]) -> tuple[str | None, str, Any]:
+    def _hit(self, action: Crash | Hang) -> tuple[str | None, str, Any]:
         """The replica a ``crash``/``hang`` names (by id, or the holder of a rank), noted
         in the trace as a fault: its id, its actor's name, its actor (None: no such actor)."""
-        rid = args.get("replica")
-        dep: str = args.get("deployment") or (rid.rpartition("#")[0] if rid else "")
-        if rid is None:
-            rid = _holder(dep, args["rank"])
-        self.note(kind, {"replica": rid, **{k: v for k, v in args.items() if k != "replica"}})
+        if action.by_rank is not None:
+            dep, rank = action.by_rank
+            rid = _holder(dep, rank)
+        else:
+            rid = action.replica
+            dep = rid.rpartition("#")[0] if rid else ""
+        self.note(action.key, {"replica": rid, **{k: v for k, v in action.as_dict().items() if k != "replica"}})
         name = actor_name(dep, rid) if rid is not None else ""
         try:
             return rid, name, ray.get_actor(name, namespace=NAMESPACE) if rid is not None else None
         except ValueError:
             return rid, name, None
 
-    def crash(self, args: dict[str, Any]) -> None:
-        rid, name, actor = self._hit("crash", args)
+    def crash(self, action: Crash) -> None:
+        rid, name, actor = self._hit(action)
         if actor is None:  # as the simulator says it
-            self.results.append((f"crash {args}", True, "nothing to crash: no live replica matched"))
+            self.results.append((f"crash {action.as_dict()}", True, "nothing to crash: no live replica matched"))
             return
         ray.kill(actor, no_restart=True)
         if self.down:
@@ -388,21 +376,21 @@ class _RayTarget:
                                                    timeout=OBSERVE_TIMEOUT_S + 30))
 
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
-        raise UnsupportedOnRay("place_bundles: Ray cannot move a placement group's bundles")  # (check_supported)
+        raise UnsupportedOnRay(f"{PlaceBundles.key}: {REFUSED[PlaceBundles]}")  # (check_supported refused it before)
 
-    def hang(self, args: dict[str, Any]) -> None:
+    def hang(self, action: Hang) -> None:
         """The replica's process freezes (``_freeze``): its health checks time out
         from now on, and a recovering controller's report call too. With the
         controller up, returns once the core gave it up."""
-        rid, _, actor = self._hit("hang", args)
+        rid, _, actor = self._hit(action)
         try:
             if actor is not None and not _freeze(actor):
                 actor = None
         except Exception as exc:  # (the hang never happened: the run must not pass as if it had)
-            self.results.append((f"hang {args}", False, f"{rid} could not be frozen: {exc!r}"))
+            self.results.append((f"hang {action.as_dict()}", False, f"{rid} could not be frozen: {exc!r}"))
             return
         if actor is None:  # as the simulator says it
-            self.results.append((f"hang {args}", True, "nothing to hang: no serving replica matched"))
+            self.results.append((f"hang {action.as_dict()}", True, "nothing to hang: no serving replica matched"))
             return
         if not self.down:  # the core counted its failed checks and gave it up
             self.observed(f"the hang of {rid}", ask(self.ctl, "wait_gone", rid, OBSERVE_TIMEOUT_S,
@@ -497,7 +485,7 @@ def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | Non
 
     target = _RayTarget(sc, ctl, cluster, time_scale, keep, groups)
     target.orphans = orphans
-    desired = Desired(sc)
+    desired = Desired(sc.deployments)
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))
     earlier: list[dict] = []
 
@@ -518,14 +506,14 @@ def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | Non
             check_until(planned.start)
         time.sleep(max(0.0, planned.start - clock) * time_scale)
         clock = planned.start
-        if a.kind == "wait_until_healthy":
-            timeout = a.args["timeout"] if a.args["timeout"] is not None else healthy_timeout
-            ask(ctl, "wait_healthy", a.args["deployment"], max(timeout, healthy_timeout), timeout=timeout + 60)
-        elif a.kind == "wait":
-            time.sleep(a.args["seconds"] * time_scale)
-            clock += a.args["seconds"]
+        if isinstance(a, WaitUntilHealthy):
+            timeout = a.timeout if a.timeout is not None else healthy_timeout
+            ask(ctl, "wait_healthy", a.deployment, max(timeout, healthy_timeout), timeout=timeout + 60)
+        elif isinstance(a, Wait):
+            time.sleep(a.seconds * time_scale)
+            clock += a.seconds
         else:
-            perform(a.kind, a.args, desired, target)
+            a.perform(desired, target)
         if not target.down:
             keep(ask(ctl, "drain_trace"))
     target.recover()

@@ -5,13 +5,13 @@ simulator (``executors/sim``) and the Ray scenario runner
 imports the other."""
 
 from .expectations import ExpectationResult, check_expectation
-from .format import Action, Expectation, Scenario, ScenarioError, load_scenario, parse_scenario
+from .format import Expectation, Scenario, ScenarioError, load_scenario, parse_scenario
 from .latency import Latency, parse_latency
 from .metrics import Metrics
-from .timeline import WAITS, WITHOUT_CONTROLLER, Desired, Target, needs_controller, perform
+from .timeline import ACTIONS, Action, Desired, Target
 
 __all__ = [
     "Action", "Expectation", "Scenario", "ScenarioError", "load_scenario", "parse_scenario",
     "Latency", "parse_latency", "Metrics", "ExpectationResult", "check_expectation",
-    "WAITS", "WITHOUT_CONTROLLER", "Desired", "Target", "needs_controller", "perform",
+    "ACTIONS", "Desired", "Target",
 ]

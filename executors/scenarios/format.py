@@ -18,6 +18,7 @@ import yaml
 import rankcore as rc
 
 from .latency import Latency, parse_latency
+from .timeline import ACTIONS, Action, AddNode, CrashController, Deploy, Orphan, Scale
 
 __all__ = [
     "Scenario",
@@ -33,20 +34,6 @@ __all__ = [
     "EXPECTATIONS",
 ]
 
-ACTIONS = (
-    "deploy",
-    "scale",
-    "update_config",
-    "crash",
-    "hang",
-    "lose_node",
-    "add_node",
-    "crash_controller",
-    "place_bundles",
-    "orphan",
-    "wait_until_healthy",
-    "wait",
-)
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running", "status",
                 "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength",
                 "below")
@@ -130,16 +117,6 @@ class DeploymentSpec:
             gang_failure=spec.gang_failure,
             **dict(spec.options),
         )
-
-
-@attrs.frozen
-class Action:
-    index: int
-    kind: str
-    args: Any = attrs.field(hash=False)
-    at: float | None = None
-    after: float | None = None
-    where: str = ""
 
 
 @attrs.frozen
@@ -418,14 +395,11 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
 
 def _check_nodes_named(timeline: tuple[Action, ...], nodes: tuple[NodeSpec, ...], c: _Checker) -> None:
     """``lose_node`` (and ``place_bundles``) name nodes of the cluster or added by the timeline."""
-    known = {n.name for n in nodes} | {a.args["node"] for a in timeline if a.kind == "add_node"}
+    known = {n.name for n in nodes} | {a.node for a in timeline if isinstance(a, AddNode)}
     for a in timeline:
-        names: list[tuple[tuple, Any]] = [(("lose_node",), a.args["node"])] if a.kind == "lose_node" else []
-        if a.kind == "place_bundles":
-            names = [(("place_bundles", "bundles", i), b) for i, b in enumerate(a.args["bundles"]) if b is not None]
-        for sub, name in names:
+        for sub, name in a.nodes_needed():
             if name not in known:
-                raise c.fail(("timeline", a.index, *sub),
+                raise c.fail(("timeline", a.index, a.key, *sub),
                              f"unknown node {name!r}{_did_you_mean(name, tuple(sorted(known)))} (the cluster has: "
                              f"{', '.join(sorted(known))}; add_node adds one)")
 
@@ -437,19 +411,19 @@ _SLOW_START_Q = 0.99
 def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Action, ...], latency: dict,
               timeout: float) -> list[str]:
     out = []
-    deployed = {a.args["deployment"] for a in timeline if a.kind in ("deploy", "scale")}
+    deployed = {a.deployment for a in timeline if isinstance(a, (Deploy, Scale))}
     want = sum(d.replicas * d.gpus for n, d in deployments.items() if n in deployed and d.static is None)
     have = sum(n.gpus for n in nodes) - sum(d.bundle_gpus * len([b for b in d.static.bundle_nodes if b])
                                            for d in deployments.values() if d.static is not None)
-    have += sum(a.args["gpus"] for a in timeline if a.kind == "add_node")
+    have += sum(a.gpus for a in timeline if isinstance(a, AddNode))
     if want > have + 1e-9:
         out.append(f"cluster: {have:g} GPUs (add_node included) for {want:g} asked by the deployments at full "
                    f"strength: some replicas will never be placed (add nodes, or lower replicas)")
-    crashes = [a.index for a in timeline if a.kind == "crash_controller"]
+    crashes = [a.index for a in timeline if isinstance(a, CrashController)]
     for a in timeline:
-        if a.kind == "orphan" and not any(i > a.index for i in crashes):
+        if isinstance(a, Orphan) and not any(i > a.index for i in crashes):
             out.append(f"timeline[{a.index}] orphan: no crash_controller after it, so no recovery finds "
-                       f"{a.args['replica']} (an orphan is seen only by a recovering controller)")
+                       f"{a.replica} (an orphan is seen only by a recovering controller)")
     for name, d in sorted(deployments.items()):
         start = d.latency.get("start", latency["start"])
         ready = d.latency.get("ready", latency["ready"])
@@ -654,111 +628,51 @@ def _entries(value: Any, c: _Checker, section: str, kinds: tuple, extra: tuple,
         yield p, m, found[0]
 
 
+@attrs.frozen
+class _ActionChecks:
+    """What an action's ``parse`` asks of the file (``timeline.Checks``): the file's
+    checks, pinned on its lines, and the deployments it declares."""
+
+    c: _Checker
+    declared: dict
+
+    def fail(self, path: tuple, message: str, *, at_key: bool = False) -> ScenarioError:
+        return self.c.fail(path, message, at_key=at_key)
+
+    def mapping(self, value: Any, path: tuple, allowed: tuple | None = None, required: tuple = ()) -> dict:
+        return self.c.mapping(value, path, allowed, required)
+
+    def count(self, value: Any, path: tuple) -> int:
+        return self.c.count(value, path)
+
+    def number(self, value: Any, path: tuple) -> float:
+        return self.c.number(value, path)
+
+    def name(self, value: Any, path: tuple) -> str:
+        return self.c.name(value, path)
+
+    def deployment(self, value: Any, path: tuple) -> str:
+        return _deployment_ref(value, path, self.c, self.declared)
+
+    def replicas(self, value: Any, deployment: str, path: tuple) -> int:
+        return _at_most(self.c.count(value, path), self.declared[deployment].max_replicas, path, self.c)
+
+    def show(self, value: Any) -> str:
+        return _show(value)
+
+
 def _timeline(value: Any, c: _Checker, deployments: dict) -> tuple[Action, ...]:
+    """Each entry's action (``timeline.ACTIONS`` parses it) with its place and time."""
     out = []
-    for p, m, kind in _entries(value, c, "timeline", ACTIONS, ("at", "after"), "action", "timeline entry"):
-        i = p[1]
+    checks = _ActionChecks(c, deployments)
+    for p, m, key in _entries(value, c, "timeline", tuple(ACTIONS), ("at", "after"), "action", "timeline entry"):
         if "at" in m and "after" in m:
             raise c.fail(p, "give 'at' or 'after', not both")
         at = c.number(m["at"], p + ("at",)) if "at" in m else None
         after = c.number(m["after"], p + ("after",)) if "after" in m else None
-        args = _action_args(kind, m[kind], p + (kind,), c, deployments)
-        out.append(Action(index=i, kind=kind, args=args, at=at, after=after, where=c.where(p)))
+        action = ACTIONS[key].parse(m[key], p + (key,), checks)
+        out.append(attrs.evolve(action, index=p[1], at=at, after=after, where=c.where(p)))
     return tuple(out)
-
-
-def _action_args(kind: str, v: Any, p: tuple, c: _Checker, deployments: dict) -> Any:
-    if kind == "deploy":
-        if isinstance(v, str):
-            return {"deployment": _deployment_ref(v, p, c, deployments)}
-        m = c.mapping(v, p, ("deployment", "replicas", "user_config"), required=("deployment",))
-        out: dict[str, Any] = {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)}
-        if "replicas" in m:
-            most = deployments[out["deployment"]].max_replicas
-            out["replicas"] = _at_most(c.count(m["replicas"], p + ("replicas",)), most, p + ("replicas",), c)
-        if "user_config" in m:
-            out["user_config"] = m["user_config"]
-        return out
-    if kind == "scale":
-        m = c.mapping(v, p, ("deployment", "replicas", "victims"), required=("deployment", "replicas"))
-        victims = m.get("victims", [])
-        if not isinstance(victims, list) or not all(isinstance(x, str) for x in victims):
-            raise c.fail(p + ("victims",), f"must be a list of replica ids, got {_show(victims)}")
-        name = _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)
-        count = _at_most(c.count(m["replicas"], p + ("replicas",)), deployments[name].max_replicas,
-                         p + ("replicas",), c)
-        return {"deployment": name, "replicas": count, "victims": victims}
-    if kind == "update_config":
-        m = c.mapping(v, p, ("deployment", "user_config"), required=("deployment", "user_config"))
-        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
-                "user_config": m["user_config"]}
-    if kind == "crash":
-        m = c.mapping(v, p, ("replica", "deployment", "rank"))
-        if "replica" in m:
-            if "rank" in m:
-                raise c.fail(p, "name a 'replica', or a 'deployment' and 'rank', not both")
-            return {"replica": c.name(m["replica"], p + ("replica",))}
-        if "deployment" not in m or "rank" not in m:
-            raise c.fail(p, "needs 'replica', or 'deployment' and 'rank'")
-        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
-                "rank": c.count(m["rank"], p + ("rank",))}
-    if kind == "hang":
-        m = c.mapping(v, p, ("replica", "deployment", "rank"))
-        if "replica" in m:
-            return {"replica": c.name(m["replica"], p + ("replica",))}
-        if "deployment" not in m or "rank" not in m:
-            raise c.fail(p, "needs 'replica', or 'deployment' and 'rank'")
-        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments),
-                "rank": c.count(m["rank"], p + ("rank",))}
-    if kind == "lose_node":
-        return {"node": c.name(v, p)}
-    if kind == "add_node":
-        m = c.mapping(v, p, ("name", "gpus"), required=("name",))
-        return {"node": c.name(m["name"], p + ("name",)), "gpus": c.number(m.get("gpus", 8), p + ("gpus",))}
-    if kind == "crash_controller":
-        if v is None:
-            v = {}
-        m = c.mapping(v, p, ("recover_after",))
-        return {"recover_after": c.number(m.get("recover_after", 10.0), p + ("recover_after",))}
-    if kind == "orphan":
-        # a live replica of a deployment no spec names (left from an earlier run, a
-        # deployment deleted while its stop was lost): the next recovery finds it
-        if isinstance(v, str):
-            v = {"deployment": v}
-        m = c.mapping(v, p, ("deployment", "replica"), required=("deployment",))
-        name = c.name(m["deployment"], p + ("deployment",))
-        if name in deployments:
-            raise c.fail(p + ("deployment",), f"{name!r} is a declared deployment: an orphan is a replica of a "
-                                              f"deployment no spec names (use crash or hang on {name!r}'s replicas)")
-        if ":" in name:
-            raise c.fail(p + ("deployment",), f"must not contain ':' (a replica actor is named "
-                                              f"ModelActor:<deployment>:<replica>), got {name!r}")
-        rid = c.name(m.get("replica", f"{name}#0"), p + ("replica",))
-        if rid.rpartition("#")[0] != name or rc.parse_replica_number(rid) is None:
-            raise c.fail(p + ("replica",), f"must be '{name}#<number>' (an id as the controller names "
-                                           f"{name!r}'s replicas), got {rid!r}")
-        return {"deployment": name, "replica": rid}
-    if kind == "wait_until_healthy":
-        if isinstance(v, str):
-            return {"deployment": _deployment_ref(v, p, c, deployments), "timeout": None}
-        m = c.mapping(v, p, ("deployment", "timeout"), required=("deployment",))
-        timeout = None if m.get("timeout") is None else c.number(m["timeout"], p + ("timeout",))
-        return {"deployment": _deployment_ref(m["deployment"], p + ("deployment",), c, deployments), "timeout": timeout}
-    if kind == "wait":
-        return {"seconds": c.number(v, p)}
-    if kind == "place_bundles":
-        m = c.mapping(v, p, ("deployment", "bundles"), required=("deployment", "bundles"))
-        name = _deployment_ref(m["deployment"], p + ("deployment",), c, deployments)
-        static = deployments[name].static
-        if static is None:
-            raise c.fail(p + ("deployment",), f"{name!r} has no static_placement")
-        b = m["bundles"]
-        if not isinstance(b, list) or len(b) != static.bundle_count:
-            raise c.fail(p + ("bundles",), f"must list a node (or null) for each of the group's "
-                                           f"{static.bundle_count} bundles, got {_show(b)}")
-        return {"deployment": name, "bundles": [None if x is None else c.name(x, p + ("bundles", i))
-                                                for i, x in enumerate(b)]}
-    raise AssertionError(kind)  # pragma: no cover
 
 
 _BOUNDS = ("at_most", "at_least", "equals")

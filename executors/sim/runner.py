@@ -26,9 +26,8 @@ from ..scenarios import (
     Metrics,
     Scenario,
     check_expectation,
-    needs_controller,
-    perform,
 )
+from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy
 from ..trace import TraceWriter
 from .world import SimBackend, SimReplica
 
@@ -96,12 +95,12 @@ class Simulation:
         self.metrics = Metrics()
         self.driver.observers.append(self.metrics)
         self.controller_up = True
-        self.desired = Desired(scenario)  # what each timeline action means
+        self.desired = Desired(scenario.deployments)  # what each timeline action means
         self._persisted: tuple[rc.DeploymentApplied, ...] = ()  # the core's specs at a controller crash
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
         self._next_action = 0
-        self._blocked_on: dict[str, Any] | None = None  # a wait_until_healthy in progress
+        self._blocked_on: tuple[WaitUntilHealthy, int | None] | None = None  # a wait in progress, its timer
         self._deferred: Action | None = None  # an action held until the controller is back
         self._timeline_done = not scenario.timeline
         self.progress = progress
@@ -246,9 +245,9 @@ class Simulation:
             self._maybe_unblock()
 
     # ----------------------------------------------------------- actions
-    def act(self, kind: str, args: dict) -> None:
-        """Carry out one timeline action now (the controller must be up for most)."""
-        perform(kind, args, self.desired, self)
+    def act(self, action: Action) -> None:
+        """Carry out one timeline action (not a wait) now (the controller must be up for most)."""
+        action.perform(self.desired, self)
         if self.check:
             check_state(self.driver.state)
 
@@ -262,21 +261,22 @@ class Simulation:
     def deployed(self, deployment: str) -> bool:
         return deployment in self.driver.state.deployments
 
-    def _hit(self, kind: str, args: dict, do: Callable[[str], bool], what: str) -> None:
+    def _hit(self, action: Crash | Hang, do: Callable[[str], bool], what: str) -> None:
         """A ``crash``/``hang``: the replica named (by id, or the holder of a rank), noted in
         the trace as a fault; nothing matching is a passing line, as on Ray."""
-        rid = args.get("replica") or self.backend.holder(args["deployment"], args["rank"])
+        rid = action.replica if action.by_rank is None else self.backend.holder(*action.by_rank)
+        args = action.as_dict()
         if self.trace:
-            self.trace.fault(self.now, kind, replica=rid, **{k: v for k, v in args.items() if k != "replica"})
+            self.trace.fault(self.now, action.key, replica=rid, **{k: v for k, v in args.items() if k != "replica"})
         if rid is None or not do(rid):
-            self.results.append(ExpectationResult(None, f"{kind} {args}", True,
-                                                  f"nothing to {kind}: no {what} replica matched", self.now))
+            self.results.append(ExpectationResult(None, f"{action.key} {args}", True,
+                                                  f"nothing to {action.key}: no {what} replica matched", self.now))
 
-    def crash(self, args: dict) -> None:
-        self._hit("crash", args, lambda rid: self.backend.crash(rid, "scheduled crash", cause="killed"), "live")
+    def crash(self, action: Crash) -> None:
+        self._hit(action, lambda rid: self.backend.crash(rid, "scheduled crash", cause="killed"), "live")
 
-    def hang(self, args: dict) -> None:
-        self._hit("hang", args, self.backend.hang, "serving")
+    def hang(self, action: Hang) -> None:
+        self._hit(action, self.backend.hang, "serving")
 
     def lose_node(self, node: str) -> None:
         if self.trace:
@@ -363,21 +363,19 @@ class Simulation:
         self.schedule(delay, self._run_action, a)
 
     def _run_action(self, a: Action) -> None:
-        if not self.controller_up and needs_controller(a):
+        if not self.controller_up and a.needs_controller:
             self._deferred = a  # runs as soon as the controller is back
             return
         self._next_action += 1
-        if a.kind == "wait":
-            self.schedule(a.args["seconds"], self._schedule_next_action)
+        if isinstance(a, Wait):
+            self.schedule(a.seconds, self._schedule_next_action)
             return
-        if a.kind == "wait_until_healthy":
-            name = a.args["deployment"]
-            self._blocked_on = {"action": a, "deployment": name, "timer": None}
-            if a.args["timeout"] is not None:
-                self._blocked_on["timer"] = self.schedule(a.args["timeout"], self._wait_timed_out, a)
+        if isinstance(a, WaitUntilHealthy):
+            timer = self.schedule(a.timeout, self._wait_timed_out, a) if a.timeout is not None else None
+            self._blocked_on = (a, timer)
             self._maybe_unblock()
             return
-        self.act(a.kind, a.args)
+        self.act(a)
         self._schedule_next_action()
 
     def _healthy(self, name: str) -> bool:
@@ -386,20 +384,20 @@ class Simulation:
 
     def _maybe_unblock(self) -> None:
         b = self._blocked_on
-        if b is not None and self._healthy(b["deployment"]):
+        if b is not None and self._healthy(b[0].deployment):
             self._blocked_on = None
-            if b["timer"] is not None:
-                self.cancel(b["timer"])
+            if b[1] is not None:
+                self.cancel(b[1])
             self._schedule_next_action()
 
-    def _wait_timed_out(self, a: Action) -> None:
+    def _wait_timed_out(self, a: WaitUntilHealthy) -> None:
         b = self._blocked_on
-        if b is None or b["action"] is not a:
+        if b is None or b[0] is not a:
             return
         self._blocked_on = None
         self.results.append(ExpectationResult(
-            None, f"timeline[{a.index}] wait_until_healthy {a.args['deployment']}", False,
-            f"not healthy after {a.args['timeout']:g}s (at t={self.now:g})", self.now))
+            None, f"timeline[{a.index}] {a.key} {a.deployment}", False,
+            f"not healthy after {a.timeout:g}s (at t={self.now:g})", self.now))
         self._schedule_next_action()
 
     # ------------------------------------------------------ expectations

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from ..scenarios import parse_scenario
+from ..scenarios.timeline import AddNode, Crash, Deploy, LoseNode, Scale, UpdateConfig
 from .runner import Simulation
 
 __all__ = ["SimSubject"]
@@ -48,27 +49,27 @@ class SimSubject:
 
     def deploy(self, name: str, replicas: int, user_config: Any) -> None:
         self._controller()
-        self.sim.act("deploy", {"deployment": name, "replicas": replicas, "user_config": user_config})
+        self.sim.act(Deploy(deployment=name, replicas=replicas, user_config=user_config))
 
     def scale(self, name: str, replicas: int) -> None:
         self._controller()
-        self.sim.act("scale", {"deployment": name, "replicas": replicas})
+        self.sim.act(Scale(deployment=name, replicas=replicas))
 
     def update_config(self, name: str, user_config: Any) -> None:
         self._controller()
-        self.sim.act("update_config", {"deployment": name, "user_config": user_config})
+        self.sim.act(UpdateConfig(deployment=name, user_config=user_config))
 
     def crash_rank(self, name: str, rank: int) -> None:
-        self.sim.act("crash", {"deployment": name, "rank": rank})
+        self.sim.act(Crash(deployment=name, rank=rank))
 
     def lose_node(self) -> None:
         alive = sorted(self.sim.backend.nodes.values(), key=lambda n: n.order)
         if len(alive) > 1:
-            self.sim.act("lose_node", {"node": alive[0].name})
+            self.sim.act(LoseNode(node=alive[0].name))
 
     def add_node(self) -> None:
         self._added += 1
-        self.sim.act("add_node", {"node": f"extra-{self._added}", "gpus": 8})
+        self.sim.act(AddNode(node=f"extra-{self._added}", gpus=8))
 
     def crash_controller(self) -> None:
         self.sim.crash_controller(5.0)

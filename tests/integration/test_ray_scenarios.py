@@ -14,6 +14,7 @@ from executors.history import rank_history
 from executors.ray_gpu import get_controller
 from executors.ray_gpu.api import ask
 from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported, run_on_ray
+from executors.scenarios.timeline import CrashController
 from executors.sim import Simulation, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_same_rank_history_as_the_simulator(path, tmp_path):
     # ReplicaPlaced is sent once the group is placed), and a replacement already
     # initialised with the old config is reconfigured once ready. The rank history
     # below must still be the same.
-    held_update = any(a.kind == "crash_controller" for a in sc.timeline)
+    held_update = any(isinstance(a, CrashController) for a in sc.timeline)
     placement_bound = {f"expect[{e.index}]" for e in sc.expect
                        if (e.kind == "reassignments" and e.args["level"] != "rank")
                        or (e.kind == "reconfigures" and e.args["reason"] != "user_config")

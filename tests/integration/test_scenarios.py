@@ -830,8 +830,10 @@ def test_an_orphan_is_given_by_name_and_warned_about_when_no_recovery_would_find
 
     sc = parse_scenario("cluster: {nodes: 1}\ndeployments: {llm: {}}\ntimeline:\n  - orphan: old\n"
                         "  - crash_controller: {}\n  - orphan: {deployment: old, replica: 'old#7'}\n")
-    assert [a.args for a in sc.timeline if a.kind == "orphan"] == [{"deployment": "old", "replica": "old#0"},
-                                                                   {"deployment": "old", "replica": "old#7"}]
+    from executors.scenarios.timeline import Orphan
+
+    assert [(a.deployment, a.replica) for a in sc.timeline if isinstance(a, Orphan)] == [("old", "old#0"),
+                                                                                         ("old", "old#7")]
     assert [w for w in sc.warnings if "orphan" in w] == [
         "timeline[2] orphan: no crash_controller after it, so no recovery finds old#7 (an orphan is seen only by "
         "a recovering controller)"]

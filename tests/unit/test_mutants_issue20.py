@@ -179,7 +179,7 @@ def test_crash_rank_n_hits_the_live_holder_with_the_lowest_id():
 
 def test_a_scale_of_a_deployment_never_deployed_deploys_it():
     """Kills scale-never-deployed-refused (docs/architecture.md, "scale of a never-deployed deployment")."""
-    from executors.scenarios.timeline import Desired, perform
+    from executors.scenarios.timeline import Desired, Scale
 
     calls: list[tuple] = []
 
@@ -194,10 +194,10 @@ def test_a_scale_of_a_deployment_never_deployed_deploys_it():
             return any(c[0] == "apply" and c[1] == deployment for c in calls)
 
     spec = SimpleNamespace(name="llm", applied=lambda **kw: rc.DeploymentApplied(name="llm", num_replicas=kw.get("replicas", 1)))
-    desired = Desired(SimpleNamespace(deployments={"llm": spec}))
-    perform("scale", {"deployment": "llm", "replicas": 3}, desired, Target())
+    desired = Desired({"llm": spec})
+    Scale(deployment="llm", replicas=3).perform(desired, Target())
     assert calls == [("apply", "llm", 3)]
-    perform("scale", {"deployment": "llm", "replicas": 2}, desired, Target())
+    Scale(deployment="llm", replicas=2).perform(desired, Target())
     assert calls[-1] == ("scale", "llm", 2)
 
 

@@ -52,18 +52,19 @@ def test_a_hang_that_did_not_take_on_ray_is_a_failed_result_not_a_pass(monkeypat
     answering after SIGSTOP, fails the run (it was recorded as "nothing to
     hang", passed)."""
     from executors.ray_gpu import scenario
+    from executors.scenarios.timeline import Hang
 
     target = scenario._RayTarget.__new__(scenario._RayTarget)
     target.results, target.down = [], True
-    monkeypatch.setattr(target, "_hit", lambda kind, args: ("llm#0", None, object()))
+    monkeypatch.setattr(target, "_hit", lambda action: ("llm#0", None, object()))
 
     def still_answers(actor: object) -> bool:
         raise RuntimeError("hang: replica process 7 still answers after SIGSTOP")
 
     monkeypatch.setattr(scenario, "_freeze", still_answers)
-    target.hang({"replica": "llm#0"})
+    target.hang(Hang(replica="llm#0"))
     ((what, ok, detail),) = target.results
     assert what.startswith("hang") and not ok and "llm#0 could not be frozen" in detail and "still answers" in detail
     monkeypatch.setattr(scenario, "_freeze", lambda actor: False)  # it died meanwhile: nothing to hang
-    target.hang({"replica": "llm#0"})
+    target.hang(Hang(replica="llm#0"))
     assert target.results[-1][1] is True and "nothing to hang" in target.results[-1][2]

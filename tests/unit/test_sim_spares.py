@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import rankcore as rc
+from executors.scenarios import ACTIONS
 from executors.sim import Simulation, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,9 +51,9 @@ def _sim(spares: int = 1, replicas: int = 1, gpus: int = 2) -> tuple[Simulation,
     return sim, ready
 
 
-def _at(sim: Simulation, t: float, kind: str, args: Any) -> None:
+def _at(sim: Simulation, t: float, key: str, args: Any) -> None:
     sim.run_until(t)
-    sim.act(kind, args)
+    sim.act(ACTIONS[key](**args))  # (the timeline action of that YAML key, with these fields)
 
 
 def _holder(sim: Simulation, rank: int = 0) -> str:
