@@ -2,15 +2,15 @@
 
 Supported: every deployment key (gangs; a static placement runs on a
 placement group this runner makes for it before the timeline starts, as the
-simulator's caller's group exists from the start), and the actions deploy,
-scale, update_config, crash (by replica or rank), hang (the replica's process
-is frozen), orphan (a replica actor of a deployment no spec names),
-crash_controller, wait_until_healthy, wait; lose_node/add_node and a node's
+simulator's caller's group exists from the start), and the timeline actions
+of ``RAY_ACTIONS`` (a hang freezes the replica's process, an orphan is a
+replica actor of a deployment no spec names); ``NODE_ACTIONS`` and a node's
 ``unreported_gpus`` when run on a ``ScenarioCluster`` (a local multi-node Ray
 shaped like the scenario's ``cluster:``; there replicas ask for the scenario's
 GPUs and spread or pack as its ``placement`` says). What only the simulator
-can do (random crashes, node losses and hung starts, ``place_bundles``) is
-refused by ``check_supported``, naming it.
+can do (random crashes, node losses and hung starts, the actions of
+``REFUSED``) is refused by ``check_supported``, naming it. The replicas'
+classes are ``scenario_models``'.
 
 An action completes only once the controller has seen its effect: a crash
 once it fed the replica's death to the core, a node loss or join once the
