@@ -24,6 +24,7 @@ and raises when the bounded delta missed a change.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
@@ -76,8 +77,19 @@ def jsonable(value: Any) -> Any:
 #: writes tens of thousands of events and commands: ``attrs.fields`` per record is most of it)
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 _ATTRS: dict[type, tuple[str, ...]] = {}
-#: one encoder for every record (``json.dumps`` with separators builds a new one per call)
-_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+_quote = json.encoder.encode_basestring_ascii  # (ensure_ascii, as the encoder)
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_make_encoder is not None:
+    # ``JSONEncoder.encode`` builds its C encoder anew on every call: most of the cost of a
+    # small record. Built once here, with the same settings, it writes the same bytes.
+    _C_ENCODE = _c_make_encoder(None, _ENCODER.default, _quote, None, ":", ",", False, False, True)
+
+    def _encode(value: Any) -> str:
+        """``value`` as compact JSON (what ``json.dumps(value, separators=(",", ":"))`` writes)."""
+        return "".join(_C_ENCODE(value, 0))
+else:  # pragma: no cover - a Python without the json C accelerator
+    _encode = _ENCODER.encode
 
 
 def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
@@ -89,25 +101,49 @@ def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
     return [rk.rank, rk.node_rank, rk.local_rank]
 
 
-def _replica_view(dep: rc.Deployment, rid: str) -> dict | None:
+#: one replica as a snapshot shows it: (phase, node, (rank, node_rank, local_rank) or None,
+#: global_rank, lineage); a tuple of atoms, which the cyclic collector stops tracking
+View = tuple
+
+
+def _replica_view(dep: rc.Deployment, rid: str) -> View | None:
     """What a snapshot says of one replica (None: not in the deployment)."""
     rep = dep.replicas.get(rid)
     if rep is None:
         return None
     ranks = dep.ranks
     rk = ranks.rank_of(rid)
-    return {"phase": rep.phase.value, "node": rep.node_id,
-            "rank": None if rk is None else [rk.rank, rk.node_rank, rk.local_rank],
-            "global_rank": ranks.global_rank(rid), "lineage": rep.lineage}
+    if rk is None:
+        return (rep.phase.value, rep.node_id, None, ranks.global_rank(rid), rep.lineage)
+    return (rep.phase.value, rep.node_id, (rk.rank, rk.node_rank, rk.local_rank), rk.rank, rep.lineage)
 
 
-def _deployment_view(dep: rc.Deployment) -> dict:
-    return {"target": dep.target, "healthy": dep.healthy,
-            "replicas": {rid: _replica_view(dep, rid) for rid in sorted(dep.replicas.keys())}}
+def _view_record(v: View | None) -> dict | None:
+    if v is None:
+        return None
+    return {"phase": v[0], "node": v[1], "rank": None if v[2] is None else list(v[2]),
+            "global_rank": v[3], "lineage": v[4]}
+
+
+def _view_json(v: View | None) -> str:
+    """``_encode(_view_record(v))``, without the dict."""
+    if v is None:
+        return "null"
+    lin = v[4]
+    return (f'{{"phase":{_quote(v[0])},"node":{_str(v[1])},"rank":{_triple(v[2])},"global_rank":{v[3]},'
+            f'"lineage":{"null" if lin is None else lin}}}')
+
+
+def _deployment_views(dep: rc.Deployment) -> dict[str, View]:
+    return {rid: _replica_view(dep, rid) for rid in sorted(dep.replicas.keys())}  # type: ignore[misc]
 
 
 def snapshot_record(t: float, state: rc.State, reason: str) -> dict:
-    deployments = {name: _deployment_view(state.deployments[name]) for name in sorted(state.deployments.keys())}
+    deployments = {}
+    for name in sorted(state.deployments.keys()):
+        dep = state.deployments[name]
+        deployments[name] = {"target": dep.target, "healthy": dep.healthy,
+                             "replicas": {rid: _view_record(v) for rid, v in _deployment_views(dep).items()}}
     return {"kind": "snapshot", "t": t, "reason": reason, "deployments": deployments}
 
 
@@ -116,10 +152,10 @@ class _Known:
 
     __slots__ = ("target", "healthy", "replicas")
 
-    def __init__(self, view: dict | None = None) -> None:
-        self.target: int | None = None if view is None else view["target"]
-        self.healthy: bool | None = None if view is None else view["healthy"]
-        self.replicas: dict[str, dict] = {} if view is None else dict(view["replicas"])
+    def __init__(self, dep: rc.Deployment | None = None) -> None:
+        self.target: int | None = None if dep is None else dep.target
+        self.healthy: bool | None = None if dep is None else dep.healthy
+        self.replicas: dict[str, View] = {} if dep is None else _deployment_views(dep)
 
 
 class TraceWriter:
@@ -157,11 +193,17 @@ class TraceWriter:
         changed = after.deployments is not before.deployments
         if type(event) is rc.Tick and not result.commands and not changed:
             return  # only the clock moved: not written (a Tick that does something is)
-        enc = _encode
-        lines = [enc(_event_record(t, event, before, result))]
+        tj = _num(t)
+        lines = [""]  # (the event's, written last: it reads the replica's view after the step)
         for cmd in result.commands:
-            lines.append(enc(_command_record(t, cmd, after)))
+            lines.append(_command_line(tj, cmd, after))
         self.steps += 1
+        rid = getattr(event, "replica_id", None)
+        views = None
+        if rid is not None and self._known is not None and not isinstance(event, rc.ControllerRecovered):
+            name = before.index.get(rid)
+            k = self._known.get(name) if name is not None else None
+            views = (name, k.replicas.get(rid) if k is not None else None)
         if changed:
             if self._known is None or isinstance(event, rc.ControllerRecovered):
                 # a recovery rebuilt ranks from reports the trace does not hold: say it all
@@ -170,51 +212,51 @@ class TraceWriter:
             else:
                 delta = self._delta(event, before, result)
                 if delta:
-                    lines.append(enc({"kind": "delta", "t": t, "deployments": delta}))
+                    lines.append(f'{{"kind":"delta","t":{tj},"deployments":{delta}}}')
                     self._since += len(lines[-1]) + 1
                 every = self.snapshot_every
                 if (self.steps % every == 0) if every else (delta and self._since >= self._full):
                     lines.append(self._snapshot(t, after, "step"))
+        if views is not None:  # what the trace said of the event's replica before and after the step
+            assert self._known is not None
+            k = self._known.get(views[0]) if views[0] is not None else None
+            views = (views[1], k.replicas.get(rid) if k is not None else None)
+        lines[0] = _event_line(tj, event, before, result, views)
         lines.append("")
         self.fp.write("\n".join(lines))
 
     def _snapshot(self, t: float, state: rc.State, reason: str) -> str:
         """The line of a full snapshot; what the trace says is now all of ``state``."""
-        rec = snapshot_record(t, state, reason)
-        line = _encode(rec)
+        known = {name: _Known(state.deployments[name]) for name in sorted(state.deployments.keys())}
+        line = _encode({"kind": "snapshot", "t": t, "reason": reason, "deployments": {
+            name: {"target": k.target, "healthy": k.healthy,
+                   "replicas": {rid: _view_record(v) for rid, v in k.replicas.items()}}
+            for name, k in known.items()}})
         self._full = len(line) + 1
         self._since = 0
-        self._known = {name: _Known(view) for name, view in rec["deployments"].items()}
+        self._known = known
         return line
 
     # ------------------------------------------------------------ deltas
-    def _delta(self, event: object, before: rc.State, result: rc.Step) -> dict:
-        """name -> {target, healthy, replicas: {id: view or None}} of what changed
-        (None: the deployment is gone); updates what the trace has said."""
+    def _delta(self, event: object, before: rc.State, result: rc.Step) -> str:
+        """The JSON of what changed, name -> {target, healthy, replicas: {id: view or
+        null}} (null: the deployment is gone), "" if nothing did; the writer's view follows."""
         known = self._known
         assert known is not None
-        after = result.state
-        out: dict[str, Any] = {}
-        names = sorted(after.deployments.keys())
-        if len(known) != len(names) or any(n not in after.deployments for n in known):
-            names = sorted(set(names) | set(known))
-        for name in names:
-            dep = after.deployments.get(name)
-            old = before.deployments.get(name)
+        after = result.state.deployments
+        prior = before.deployments
+        out: list[tuple[str, str]] = []
+        for name, dep in after.items():
             k = known.get(name)
-            if dep is old and k is not None:
-                continue
-            if dep is None:
-                if k is not None:
-                    del known[name]
-                    out[name] = None
-                continue
             if k is None:
                 k = known[name] = _Known()
+            elif dep is prior.get(name):
+                continue
+            old = prior.get(name)
             if old is not None and dep.replicas is old.replicas and dep.ranks is old.ranks:
-                changes: dict[str, dict | None] = {}
+                changes: dict[str, View | None] = {}
             else:
-                changes = _bounded_changes(name, dep, k, event, result)
+                changes = _bounded_changes(name, dep, k, event, result)  # type: ignore[assignment]
                 if changes is None:
                     changes = _all_changes(dep, k)
                 elif self.verify:
@@ -225,14 +267,26 @@ class TraceWriter:
             if not changes and k.target == dep.target and k.healthy == dep.healthy:
                 continue
             k.target, k.healthy = dep.target, dep.healthy
-            for rid, view in changes.items():
+            reps = k.replicas
+            parts = []
+            for rid in sorted(changes):
+                view = changes[rid]
                 if view is None:
-                    k.replicas.pop(rid, None)
+                    reps.pop(rid, None)
                 else:
-                    k.replicas[rid] = view
-            out[name] = {"target": dep.target, "healthy": dep.healthy,
-                         "replicas": {rid: changes[rid] for rid in sorted(changes)}}
-        return out
+                    reps[rid] = view
+                parts.append(f"{_quote(rid)}:{_view_json(view)}")
+            out.append((name, f'{{"target":{dep.target},"healthy":{"true" if dep.healthy else "false"},'
+                              f'"replicas":{{{",".join(parts)}}}}}'))
+        if len(known) > len(after):
+            for name in [n for n in known if n not in after]:
+                del known[name]
+                out.append((name, "null"))
+        if not out:
+            return ""
+        if len(out) > 1:
+            out.sort()
+        return "{" + ",".join(f"{_quote(name)}:{js}" for name, js in out) + "}"
 
     def fault(self, t: float, type_: str, **fields: Any) -> None:
         self.write({"kind": "fault", "t": t, "type": type_, **{k: jsonable(v) for k, v in fields.items()}})
@@ -258,7 +312,7 @@ class TraceWriter:
 
 
 def _bounded_changes(name: str, dep: rc.Deployment, k: _Known, event: object,
-                     result: rc.Step) -> dict[str, dict | None] | None:
+                     result: rc.Step) -> dict[str, View | None] | None:
     """The replicas of ``dep`` whose view changed, looking only at those the step
     names; None when it cannot say (every replica must be compared)."""
     if isinstance(event, _UNBOUNDED):
@@ -281,7 +335,7 @@ def _bounded_changes(name: str, dep: rc.Deployment, k: _Known, event: object,
     for comp in result.compactions:
         if comp.deployment == name:
             named.update(comp.changes.replicas())
-    changes: dict[str, dict | None] = {}
+    changes: dict[str, View | None] = {}
     size = len(k.replicas)
     for rid in named:
         view = _replica_view(dep, rid)
@@ -294,9 +348,9 @@ def _bounded_changes(name: str, dep: rc.Deployment, k: _Known, event: object,
     return changes
 
 
-def _all_changes(dep: rc.Deployment, k: _Known) -> dict[str, dict | None]:
+def _all_changes(dep: rc.Deployment, k: _Known) -> dict[str, View | None]:
     """Every replica of ``dep`` compared with what the trace says (O(N))."""
-    changes: dict[str, dict | None] = {rid: None for rid in k.replicas if rid not in dep.replicas}
+    changes: dict[str, View | None] = {rid: None for rid in k.replicas if rid not in dep.replicas}
     for rid in dep.replicas:
         view = _replica_view(dep, rid)
         if view != k.replicas.get(rid):
@@ -309,71 +363,95 @@ def _replica_of(event: object) -> str | None:
 
 
 def _event_record(t: float, event: object, before: rc.State, result: rc.Step) -> dict:
+    """The ``event`` record of a step (as a dict: for readers and tests; the writer uses :func:`_event_line`)."""
+    return json.loads(_event_line(_num(t), event, before, result))
+
+
+def _event_line(t: str, event: object, before: rc.State, result: rc.Step,
+                views: tuple[View | None, View | None] | None = None) -> str:
+    """``views``: the event's replica as the trace showed it before and after the
+    step (the writer's own record of it: no look-up in the rank tables)."""
     rid = _replica_of(event)
     after = result.state
     dep_name = getattr(event, "deployment", None) or getattr(event, "name", None)
     if rid is not None:
         dep_name = before.index.get(rid) or after.index.get(rid) or dep_name
-    dep_after = after.deployments.get(dep_name) if dep_name else None
-    dep_before = before.deployments.get(dep_name) if dep_name else None
     phase = None
     node = getattr(event, "node_id", None)
-    rank = None
-    if rid is not None:
-        if dep_after is not None and rid in dep_after.replicas:
-            rep = dep_after.replicas[rid]
+    rank: Any = None
+    if views is not None and dep_name:
+        was, now = views
+        if now is not None:
+            phase, node = now[0], now[1]
+            rank = now[2] or (now[3], None, None)
+        elif was is not None:
+            node = was[1]
+            rank = was[2] or (was[3], None, None)
+            phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
+    elif rid is not None and dep_name:
+        dep_after = after.deployments.get(dep_name)
+        rep = dep_after.replicas.get(rid) if dep_after is not None else None
+        if rep is not None:
             phase, node = rep.phase.value, rep.node_id
             rank = _rank_triple(dep_after, rid)
-        elif dep_before is not None and rid in dep_before.replicas:
-            rep = dep_before.replicas[rid]
-            node = rep.node_id
-            rank = _rank_triple(dep_before, rid)
-            phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
-    fields = {} if isinstance(event, rc.ControllerRecovered) else jsonable(event)
+        else:
+            dep_before = before.deployments.get(dep_name)
+            rep = dep_before.replicas.get(rid) if dep_before is not None else None
+            if rep is not None:
+                node = rep.node_id
+                rank = _rank_triple(dep_before, rid)
+                phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
     if isinstance(event, rc.ControllerRecovered):
-        fields = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
-                  "unresponsive": sorted(u.replica_id for u in event.unresponsive),
-                  "unknown": event.unknown_ids()}
-    return {
-        "kind": "event",
-        "t": t,
-        "type": type(event).__name__,
-        "deployment": dep_name,
-        "replica": rid,
-        "node": node,
-        "rank": rank,
-        "phase": phase,
-        "stale": result.stale,
-        "fields": fields,
-    }
+        fields: Any = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
+                       "unresponsive": sorted(u.replica_id for u in event.unresponsive),
+                       "unknown": event.unknown_ids()}
+    else:
+        fields = jsonable(event)
+    return (f'{{"kind":"event","t":{t},"type":"{type(event).__name__}","deployment":{_str(dep_name)},'
+            f'"replica":{_str(rid)},"node":{_str(node)},"rank":{_triple(rank)},"phase":{_str(phase)},'
+            f'"stale":{"true" if result.stale else "false"},"fields":{_encode(fields)}}}')
 
 
 def _command_record(t: float, cmd: object, after: rc.State) -> dict:
+    """A ``command`` record (as a dict: for readers and tests; the writer uses :func:`_command_line`)."""
+    return json.loads(_command_line(_num(t), cmd, after))
+
+
+def _command_line(t: str, cmd: object, after: rc.State) -> str:
     rid = getattr(cmd, "replica_id", None)
     name = getattr(cmd, "deployment", None)  # (ScheduleTick names none)
-    dep = after.deployments.get(name) if name is not None else None
-    rank: list | None = None
+    rank: Any = None
     r = getattr(cmd, "rank", None)
-    if isinstance(r, rc.ReplicaRank):
-        rank = [r.rank, r.node_rank, r.local_rank]
-    elif isinstance(cmd, rc.StartReplica):
-        rank = [cmd.global_rank, None, None]
-    node = None
-    phase = None
-    rep = dep.replicas.get(rid) if dep is not None and rid is not None else None
-    if rep is not None:
-        node, phase = rep.node_id, rep.phase.value
-    return {
-        "kind": "command",
-        "t": t,
-        "type": type(cmd).__name__,
-        "deployment": name,
-        "replica": rid,
-        "node": node,
-        "rank": rank,
-        "phase": phase,
-        "fields": jsonable(cmd),
-    }
+    if type(r) is rc.ReplicaRank:
+        rank = (r.rank, r.node_rank, r.local_rank)
+    elif type(cmd) is rc.StartReplica:
+        rank = (cmd.global_rank, None, None)
+    node = phase = None
+    if name is not None and rid is not None:
+        dep = after.deployments.get(name)
+        rep = dep.replicas.get(rid) if dep is not None else None
+        if rep is not None:
+            node, phase = rep.node_id, rep.phase.value
+    return (f'{{"kind":"command","t":{t},"type":"{type(cmd).__name__}","deployment":{_str(name)},'
+            f'"replica":{_str(rid)},"node":{_str(node)},"rank":{_triple(rank)},"phase":{_str(phase)},'
+            f'"fields":{_encode(jsonable(cmd))}}}')
+
+
+def _str(s: str | None) -> str:
+    """A string or null as JSON (what the encoder writes, without its call per record)."""
+    return "null" if s is None else _quote(s)
+
+
+def _triple(r: Any) -> str:
+    if r is None:
+        return "null"
+    a, b, c = r
+    return f"[{a},{'null' if b is None else b},{'null' if c is None else c}]"
+
+
+def _num(t: float) -> str:
+    """``t`` as JSON writes it (``float.__repr__``, once per step, not once per record)."""
+    return float.__repr__(t) if type(t) is float and math.isfinite(t) else _encode(t)
 
 
 def read_trace(source: str | os.PathLike[str] | Iterable[str]) -> Iterator[dict]:
