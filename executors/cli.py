@@ -246,7 +246,7 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
               help="A sweep: write each run's trace here (<variant>-seed<N>.jsonl).")
 @click.option("--plot-dir", type=click.Path(file_okay=False, path_type=Path),
               help="A sweep: write each run's plot here (<variant>-seed<N>.png).")
-@click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a snapshot every N steps (default 1).")
+@click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a full trace snapshot every N steps (default: when the deltas add up to one).")
 @click.option("--columns", metavar="NAMES",
               help="The figures the tables show: groups (availability, recovery, ranks, contiguity, contiguity_s), "
                    "figure keys or 'all', comma-separated (default: one run, a short summary; a sweep, all groups "
