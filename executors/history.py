@@ -35,9 +35,11 @@ def rank_history(records: Iterable[dict]) -> dict[tuple[str, int], list[int]]:
             known = lineage_of.get(rec["replica"])
             if known is not None:
                 hold(known, rec["fields"]["rank"][0])
-        elif kind == "snapshot":
+        elif kind in ("snapshot", "delta"):  # (a delta: the replicas its step changed; null: gone)
             for dep, d in rec["deployments"].items():
-                for rid, r in d["replicas"].items():
+                for rid, r in (d or {}).get("replicas", {}).items():
+                    if r is None:
+                        continue
                     key = (dep, r["lineage"])
                     lineage_of[rid] = key
                     hold(key, r["global_rank"])

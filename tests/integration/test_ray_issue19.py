@@ -29,6 +29,7 @@ from executors.ray_gpu.scenario import run_on_ray
 from executors.scenarios import parse_scenario
 from executors.scenarios.timeline import plan
 from executors.sim import Simulation
+from executors.trace import states
 from tests.integration.conftest import ray_env
 from tests.integration.waiting import wait_for
 
@@ -88,7 +89,7 @@ def node_names(records):
 def last_layout(records, dep):
     """The last healthy snapshot: replica -> (scenario node, global rank)."""
     names = node_names(records)
-    snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][-1]
+    snap = [r for r in states(records) if r["reason"] == "healthy"][-1]
     return {rid: (names.get(r["node"]) or r["node"], r["rank"][0])
             for rid, r in snap["deployments"][dep]["replicas"].items()}
 

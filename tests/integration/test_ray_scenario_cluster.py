@@ -17,6 +17,7 @@ from executors.cli import main
 from executors.history import rank_history
 from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
 from executors.sim import Simulation, load_scenario
+from executors.trace import states
 from tests.integration.conftest import ray_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def layout(records: list[dict], deployment: str, which: int) -> dict[str, tuple]
     """A healthy snapshot (``which``: 0 the first, -1 the last), replica for
     replica: id -> (scenario node, [global, node, local rank], lineage)."""
     names = node_names(records)
-    snap = [r for r in records if r.get("kind") == "snapshot" and r["reason"] == "healthy"][which]
+    snap = [r for r in states(records) if r["reason"] == "healthy"][which]
     return {rid: (names.get(r["node"], r["node"]), r["rank"], r["lineage"])
             for rid, r in snap["deployments"][deployment]["replicas"].items()}
 
