@@ -11,6 +11,7 @@ other module is internal: it may change without notice.
 """
 
 from . import cluster, gangs, health, options, placement, restarts, spares, static
+from .bundles import StaticPlacement, consecutive_mapping
 from .commands import (
     Command,
     GangChanged,
@@ -57,7 +58,7 @@ from .events import (
     Tick,
     UnresponsiveReplica,
 )
-from .gangs import GangContext
+from .gangmap import GangContext
 from .lifecycle import LIVE, Phase
 from .options import Options
 from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
@@ -72,7 +73,6 @@ from .state import (
     desired_specs,
     parse_replica_number,
 )
-from .static import StaticPlacement, consecutive_mapping
 
 __version__ = "0.1.0"
 

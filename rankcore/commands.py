@@ -19,7 +19,7 @@ from typing import Any, Union
 import attrs
 
 from . import fields as f
-from .gangs import GangContext
+from .gangmap import GangContext
 from .options import (
     GRACEFUL_SHUTDOWN_TIMEOUT_S,
     GRACEFUL_SHUTDOWN_WAIT_LOOP_S,

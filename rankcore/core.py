@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import health, restarts
+from . import clock, deadlines, gangs, health, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
@@ -46,22 +46,12 @@ from .events import (
 from .fastpaths import FAST_PATHS
 from .fields import shown
 from .lifecycle import Phase, Trigger, advance
+from .moves import crash, reconcile
 from .options import Options
+from .passes import finish
 from .records import unchecked_copy
 from .recovery import rebuild, unresponsive_gone
-from .scheduling import (
-    ClusterTx,
-    adopt,
-    answered,
-    clear_avoid,
-    expired,
-    forget_failures,
-    hold,
-    new_node,
-    rekind,
-    release,
-    unreserve,
-)
+from .scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
 from .state import (
     Deployment,
     RecoveryOutcome,
@@ -69,22 +59,7 @@ from .state import (
     State,
     Step,
 )
-from .transaction import (
-    Tx,
-    by_rank,
-    crash,
-    fail_member,
-    fail_static,
-    initialize,
-    put_replica,
-    reconcile,
-    reconfigure,
-    recount,
-    remove,
-    restart_failed,
-    start_delayed,
-    stop_command,
-)
+from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove
 
 __all__ = ["step", "run"]
 
@@ -102,9 +77,9 @@ def _about_replica(handler: Callable[[Tx, _E, Deployment, Replica], Step]) -> Ca
     def on_event(tx: Tx, e: _E) -> Step:
         found = tx.lookup(e.replica_id)  # type: ignore[attr-defined]
         if found is None and type(e) in _GONE and unresponsive_gone(tx, e.replica_id):  # type: ignore[attr-defined]
-            return tx.finish()  # an unresponsive replica a recovery stopped: its deployment gives ranks again
+            return finish(tx)  # an unresponsive replica a recovery stopped: its deployment gives ranks again
         if found is None or found[1].phase is Phase.FAILED:
-            return tx.finish(stale=True)  # (a FAILED replica's process was stopped; it waits for its bundles)
+            return finish(tx, stale=True)  # (a FAILED replica's process was stopped; it waits for its bundles)
         return handler(tx, e, *found)
 
     on_event.__name__ = handler.__name__
@@ -116,7 +91,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     if dep is None:
         dep = Deployment.applied(e)
         tx.put(reconcile(tx, dep))
-        return tx.finish()
+        return finish(tx)
     _check_same_shape(dep, e)
     resources_changed = e.resources != dep.resources
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
@@ -127,7 +102,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     if moved:
         if e.static_placement is None:
             raise InvariantViolation("a static deployment's DeploymentApplied without its static_placement")
-        dep = _bundles_moved(tx, dep, e.static_placement.bundle_nodes)
+        dep = static.bundles_moved(tx, dep, e.static_placement.bundle_nodes)
     if resources_changed and tx.managed:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config
@@ -148,45 +123,13 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
             tx.emit(cmd)
         dep = _copy(dep, replicas=replicas, counts=counts)
     tx.put(dep)
-    return tx.finish()
+    return finish(tx)
 
 
 def _check_same_shape(dep: Deployment, e: DeploymentApplied) -> None:
     """What a live deployment cannot change: its static mapping, its gang size."""
-    new = e.static_placement
-    if (dep.static is None) != (new is None) or (
-            dep.static is not None and new is not None and not dep.static.same_layout(new)):
-        raise InvalidConfig(
-            f"DeploymentApplied({dep.name!r}) changes its static placement (group, mapping or "
-            f"capture_child_tasks); only where the bundles are may change (BundlesPlaced): deploy it under a new name")
-    if e.gang_size != dep.gang_size:
-        raise InvalidConfig(f"DeploymentApplied({dep.name!r}) changes gang_size from {dep.gang_size} to "
-                            f"{e.gang_size}: a live deployment keeps its gang size")
-
-
-def _bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
-    """The caller's group has its bundles on ``bundle_nodes`` now: FAILED replicas
-    whose bundles are all placed restart there; a live replica whose bundle lost
-    its node fails."""
-    if dep.static is None:
-        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
-    if len(bundle_nodes) != dep.static.bundle_count:
-        raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
-                           f"{dep.static.group!r} has {dep.static.bundle_count}")
-    static = dep.static.with_nodes(bundle_nodes)
-    dep = _copy(dep, static=static)
-    for rid in list(dep.ranks):  # global-rank order
-        rep = dep.replicas[rid]
-        g = dep.ranks.global_rank(rid)
-        if rep.phase is Phase.FAILED:
-            if static.placed(g):
-                dep = restart_failed(tx, dep, rep)
-        elif rep.phase is not Phase.STOPPING and not static.placed(g):
-            dep = fail_static(tx, dep, rep)
-        elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):
-            tx.emit(stop_command(dep, rep.replica_id, now=True))  # its bundle moved: follow it
-            dep = crash(tx, dep, rep)
-    return dep
+    static.check_same_shape(dep, e.static_placement)
+    gangs.check_same_shape(dep, e.gang_size)
 
 
 def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
@@ -194,24 +137,17 @@ def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
     if dep.static is None:
         raise InvalidEvent(f"BundlesPlaced: deployment {dep.name!r} has no static placement")
     if e.bundle_nodes == dep.static.bundle_nodes:
-        return tx.finish(stale=True)
-    tx.put(_bundles_moved(tx, dep, e.bundle_nodes))
-    return tx.finish()
+        return finish(tx, stale=True)
+    tx.put(static.bundles_moved(tx, dep, e.bundle_nodes))
+    return finish(tx)
 
 
 def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
-    if dep.static is not None and e.num_replicas not in (0, dep.static.replicas):
-        raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
-                            f"mapping's length ({dep.static.replicas}, or 0 to shut it down); "
-                            f"got num_replicas={shown(e.num_replicas)}")
+    if dep.static is not None:
+        static.check_scale(dep, e.num_replicas)
     if dep.gang_size > 1:
-        if e.num_replicas % dep.gang_size:
-            raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={shown(e.num_replicas)} is not a multiple of "
-                                f"its gang_size={dep.gang_size} (gangs start and stop whole)")
-        if e.victims:
-            raise InvalidEvent(f"ScaleRequested({dep.name!r}): a gang deployment removes whole gangs from the "
-                               f"top ranks; victims cannot be named")
+        gangs.check_scale(dep, e.num_replicas, e.victims)
     if e.num_replicas > dep.max_replicas:
         raise InvalidConfig(
             f"ScaleRequested({dep.name!r}).num_replicas={shown(e.num_replicas)} is above the deployment's "
@@ -232,21 +168,21 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
         dep = _copy(dep, target=e.num_replicas)
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
     tx.put(reconcile(tx, dep, e.victims))
-    return tx.finish()
+    return finish(tx)
 
 
 @_about_replica
 def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING and rep.node_id == e.node_id and rep.phase is not Phase.STOPPING:
-        return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
+        return finish(tx, stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.PLACED, rep.replica_id)
     if rep.phase is not Phase.PENDING:  # placed after a stop: the stop wins
-        return tx.finish()
+        return finish(tx)
     rid = rep.replica_id
     if tx.managed and dep.static is None and e.node_id not in tx.view.nodes:
         if e.node_id in tx.view.lost:  # placed there as the node went: it went with it
-            tx.put(fail_member(tx, dep, rep))
-            return tx.finish()
+            tx.put(gangs.fail_member(tx, dep, rep))
+            return finish(tx)
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
                            f"cluster the core places on (send NodeJoined first)")
     ranks = dep.ranks
@@ -257,48 +193,47 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
             ranks = ranks.unplace(rid)
         ranks = ranks.place(rid, e.node_id)
         if dep.static is not None:  # the executor knows better where the caller's group has that bundle
-            nodes = list(dep.static.bundle_nodes)
-            nodes[dep.static.bundles_of(ranks.global_rank(rid))[0]] = e.node_id
-            dep = _copy(dep, static=dep.static.with_nodes(nodes))
+            dep = static.placed_elsewhere(dep, ranks.global_rank(rid), e.node_id)
         elif tx.managed:  # the booking moves too
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
     new = _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
-    answered(tx, rid)  # its placement deadline
+    deadlines.answered(tx, rid)  # its placement deadline
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
     tx.emit(initialize(dep, rid))
-    return tx.finish()
+    deadlines.start(tx, dep, rid)
+    return finish(tx)
 
 
 @_about_replica
 def _on_placement_failed(tx: Tx, e: PlacementFailed, dep: Deployment, rep: Replica) -> Step:
     if rep.phase is not Phase.PENDING or rep.node_id != e.node_id:
-        return tx.finish(stale=True)  # placed meanwhile, stopped, or an older reservation
-    answered(tx, rep.replica_id)  # its placement deadline
+        return finish(tx, stale=True)  # placed meanwhile, stopped, or an older reservation
+    deadlines.answered(tx, rep.replica_id)  # its placement deadline
     if dep.static is not None:  # its bundles are fixed: a new incarnation tries them again
         tx.put(crash(tx, dep, rep))
-        return tx.finish()
+        return finish(tx)
     tx.put(unreserve(tx, dep, rep))
-    return tx.finish()
+    return finish(tx)
 
 
 @_about_replica
 def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) -> Step:
     if rep.phase in (Phase.RUNNING, Phase.RECONFIGURING):
-        return tx.finish(stale=True)  # the same answer again (at-least-once delivery)
+        return finish(tx, stale=True)  # the same answer again (at-least-once delivery)
     phase = advance(rep.phase, Trigger.READY, rep.replica_id)
     if rep.phase is not Phase.STARTING:
-        return tx.finish()
+        return finish(tx)
     new = _copy(rep, phase=phase)
     dep = restarts.started(dep)
-    answered(tx, rep.replica_id)  # its start deadline
+    deadlines.answered(tx, rep.replica_id)  # its start deadline
     if rep.config_version < dep.config_version or rep.rank_update_due:
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
         new, cmd = reconfigure(dep, new, reason)
         tx.emit(cmd)
     tx.put(put_replica(dep, rep, new))
-    return tx.finish()
+    return finish(tx)
 
 
 @_about_replica
@@ -309,22 +244,18 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
             f"but the last one sent was {rep.version}"
         )
     if e.version < rep.version or rep.phase is Phase.RUNNING:
-        return tx.finish(stale=True)  # an older reconfigure, or a repeated answer
+        return finish(tx, stale=True)  # an older reconfigure, or a repeated answer
     phase = advance(rep.phase, Trigger.RECONFIGURED, rep.replica_id)
     if phase is not rep.phase:
         tx.put(put_replica(dep, rep, _copy(rep, phase=phase)))
-    return tx.finish()
+    return finish(tx)
 
 
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
-    if e.cause == "exited" and rep.node_id is not None and tx.managed and tx.view.clock:
-        # its process vanished on its own, no failed check to explain it: its node may be going down
-        cl = tx.cl
-        cl.suspects = cl.suspects.set(rep.node_id, cl.now + cl.suspect_s)
-        cl.changed = True
-    tx.put(fail_member(tx, restarts.failed_start(dep, rep, e.cause), rep))
-    return tx.finish()
+    clock.suspect(tx, rep, e.cause)
+    tx.put(gangs.fail_member(tx, restarts.failed_start(dep, rep, e.cause), rep))
+    return finish(tx)
 
 
 @_about_replica
@@ -336,7 +267,7 @@ def _on_health_checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) 
 def _on_replica_stopped(tx: Tx, e: ReplicaStopped, dep: Deployment, rep: Replica) -> Step:
     advance(rep.phase, Trigger.STOPPED, rep.replica_id)
     tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))
-    return tx.finish()
+    return finish(tx)
 
 
 def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
@@ -351,41 +282,17 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
         if dep.static is not None:
-            hit = _lose_static(tx, dep, e.node_id) or hit
+            hit = static.node_lost(tx, dep, e.node_id) or hit
             continue
         on_node = [r for r in dep.replicas.values() if r.node_id == e.node_id]
         for rep in by_rank(dep, on_node):
             current = dep.replicas.get(rep.replica_id)
             if current is not None:  # (not restarted already with its gang)
-                dep = fail_member(tx, dep, current)
+                dep = gangs.fail_member(tx, dep, current)
             hit = True
         if on_node:
             tx.put(dep)
-    return tx.finish(stale=not hit)
-
-
-def _lose_static(tx: Tx, dep: Deployment, node_id: str) -> bool:
-    """``node_id`` is gone: a rank with a bundle there is FAILED (not moved: the
-    group is the caller's); one that only ran there restarts on its bundles.
-    Whether the deployment had anything there."""
-    if dep.static is None:
-        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
-    lost = set(dep.static.ranks_on(node_id))
-    there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == node_id}
-    if not lost and not there:
-        return False
-    dep = _copy(dep, static=dep.static.lose(node_id))
-    for g in sorted(lost | there):
-        rid = dep.ranks.holder_of(g)
-        rep = dep.replicas.get(rid) if rid is not None else None
-        if rep is None or rep.phase is Phase.FAILED:
-            continue
-        if rep.phase is Phase.STOPPING or g not in lost:  # leaving anyway; or back on its bundles
-            dep = crash(tx, dep, rep)
-        else:
-            dep = fail_static(tx, dep, rep)
-    tx.put(dep)
-    return True
+    return finish(tx, stale=not hit)
 
 
 def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
@@ -393,7 +300,7 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     known = cl.nodes.get(e.node_id)
     if known is not None:
         if tuple(sorted(known.resources.items())) == e.resources and known.labels == e.labels:
-            return tx.finish(stale=True)  # the same news again
+            return finish(tx, stale=True)  # the same news again
         raise InvalidEvent(f"NodeJoined: node {e.node_id!r} is already in the cluster with other resources or "
                            f"labels (send NodeCapacityChanged, or NodeLost first)")
     node = new_node(e.node_id, e.resources, e.labels, e.order, cl.joined)
@@ -410,13 +317,13 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     cl.blocked = None
     cl.changed = True
     clear_avoid(tx, e.node_id)
-    return tx.finish()
+    return finish(tx)
 
 
 def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
     node = tx.cluster.nodes.get(e.node_id)
     if node is None:
-        return tx.finish(stale=True)  # a node that left (or never joined)
+        return finish(tx, stale=True)  # a node that left (or never joined)
     cl = tx.cl
     new = dict(e.resources)
     free = {k: node.free.get(k, 0.0) + new.get(k, 0.0) - node.resources.get(k, 0.0)
@@ -426,64 +333,20 @@ def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
     cl.blocked = None
     cl.changed = True
     clear_avoid(tx, e.node_id)
-    return tx.finish()
+    return finish(tx)
 
 
 def _on_tick(tx: Tx, e: Tick) -> Step:
     old = tx.cluster
     if old.clock and e.now <= old.now:
-        return tx.finish(stale=True)  # no time passed (or an older tick)
-    if not clock_work_due(old, e.now):
-        tx.cluster = _copy(old, now=float(e.now), clock=True)  # the common case: only the clock moves
-        return tx.finish()
-    cl = tx.cl
-    cl.now, cl.clock, cl.changed = float(e.now), True, True
-    if cl.suspects and any(t <= cl.now for t in cl.suspects.values()):
-        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})
-    if cl.now >= cl.retry_at:
-        forget_failures(tx)
-    if cl.now >= cl.next_deadline:
-        _deadlines_due(tx, cl)
-    return tx.finish()
-
-
-def _deadlines_due(tx: Tx, cl: ClusterTx) -> None:
-    """Every deadline the clock reached, per deployment in rank order: a restart
-    backoff ends (StartReplica now), a placement or a start timed out (the
-    incarnation is stopped at once and replaced: a placement elsewhere, a start
-    counted as failed)."""
-    due: dict[str, list[Replica]] = {}
-    for rid in expired(cl):
-        found = tx.lookup(rid)
-        if found is not None:
-            due.setdefault(found[0].name, []).append(found[1])
-    for name in sorted(due):
-        dep = tx.deps[name]
-        for rep in by_rank(dep, due[name]):
-            rid = rep.replica_id
-            current = dep.replicas.get(rid)
-            if current is None:
-                continue  # restarted with its gang already
-            if rid in cl.delayed:  # its backoff is over
-                dep = start_delayed(tx, dep, current)
-            elif current.phase is Phase.STARTING:  # its process hung in __init__
-                tx.emit(stop_command(dep, rid, now=True))
-                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)
-            elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there
-                tx.emit(stop_command(dep, rid, now=True))
-                if dep.gang_size > 1:
-                    dep = fail_member(tx, dep, current)
-                else:
-                    dep = crash(tx, dep, current, avoid=current.node_id)
-        tx.put(dep)
-    at = cl.next_deadline
-    if at < float("inf"):
-        tx.tick_at(at)  # (a backoff begun in this step may have asked for it already)
+        return finish(tx, stale=True)  # no time passed (or an older tick)
+    clock.advance(tx, e.now, clock_work_due(old, e.now))
+    return finish(tx)
 
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
     rebuild(tx, e)
-    step = tx.finish()
+    step = finish(tx)
     known = {d.name for d in e.deployments}
     silent = {u.replica_id for u in e.unresponsive}
     stops = [c for c in step.commands if isinstance(c, StopReplica)]
@@ -556,8 +419,7 @@ def general_step(state: State, event: object, handler: Any = None) -> Step:
                 return attrs.evolve(second, commands=first.commands + second.commands,
                                     compactions=first.compactions + second.compactions)
             tx = Tx(state)
-            wc = tx.cl  # only the clock moves
-            wc.now, wc.clock, wc.changed = float(now), True, True
+            clock.advance(tx, now, False)  # only the clock moves: no working copy of the cluster
             return handler(tx, event)
     return handler(Tx(state), event)
 

@@ -15,8 +15,9 @@ from typing import Any, Union
 import attrs
 
 from . import fields as f
+from .bundles import StaticPlacement
 from .errors import InvalidConfig
-from .gangs import GANG_FAILURES, GANG_PLACEMENTS
+from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
 from .options import (
     GRACEFUL_SHUTDOWN_TIMEOUT_S,
@@ -32,7 +33,6 @@ from .options import (
 )
 from .placement import POLICIES
 from .ranks import MAX_RANKS, ReportedRank
-from .static import StaticPlacement
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",

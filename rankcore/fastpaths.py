@@ -8,9 +8,14 @@ functions build the step directly (a few record copies) instead of opening a
 ``Tx`` and a working copy of the cluster; anything else returns None and
 ``core.step`` takes the general path (``core.general_step``).
 
-They are an optimisation only: the property suite steps every event both
-ways and requires the same ``Step`` (``tests/property/test_fast_paths.py``),
-so a rule changed in the handlers and not here fails there.
+They are an optimisation only, and restate no rule: each decision is asked
+of the function the handlers ask (``restarts.started`` / ``failed_start`` /
+``backoff_s``, ``moves.compaction_due``, ``deadlines.start_timeout`` /
+``placement_timeout`` / ``with_deadline`` / ``disarm``,
+``scheduling.booking_to_pass`` / ``unbook``, ``spares.asks``); what is left
+here is only which cases are plain enough to build without a ``Tx``. The
+property suite steps every event both ways and requires the same ``Step``
+(``tests/property/test_fast_paths.py``).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -18,16 +23,16 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from . import deadlines, restarts, spares
 from .cluster import Cluster, clock_work_due
 from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
 from .lifecycle import Phase
+from .moves import compaction_due
 from .records import maker, updater
-from .restarts import FAILED_START_CAUSES
-from .scheduling import adjusted, booking_to_pass, disarm
+from .scheduling import booking_to_pass, unbook
 from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .transaction import initialize, put_replica, recount
 
@@ -83,19 +88,13 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     if found is None:
         return None
     name, dep, rep, cl = found
-    if (rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version
-            or dep.start_failures):
+    if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
         return None
-    dep = put_replica(dep, rep, _with_phase(rep, _RUNNING))
-    if dep.healthy and not dep.ranks.is_contiguous():
+    dep = put_replica(restarts.started(dep), rep, _with_phase(rep, _RUNNING))
+    if compaction_due(dep):
         return None
-    deadlines = cl.deadlines
-    if deadlines and rid in deadlines:
-        at = deadlines[rid]
-        deadlines = deadlines.delete(rid)
-        # (refreshed when it was the earliest)
-        cl = _with_deadlines(cl, deadlines, min(deadlines.values(), default=math.inf) if at <= cl.next_deadline
-                             else cl.next_deadline)
+    if cl.deadlines and rid in cl.deadlines:
+        cl = _with_deadlines(cl, *deadlines.disarm(cl, rid))
     return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
                  commands=(), stale=False, compactions=(), recovery=None)
 
@@ -117,15 +116,15 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     dep = put_replica(dep, rep, _with_phase_version(rep, _STARTING, dep.config_version))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
-    timeout = dep.start_timeout_s
+    timeout = deadlines.start_timeout(dep)
     now = float(e.now) if moved else cl.now  # type: ignore[arg-type]
-    deadlines, nxt = disarm(cl, rid) if rid in cl.deadlines else (cl.deadlines, cl.next_deadline)  # placed in time
+    book, nxt = deadlines.disarm(cl, rid) if rid in cl.deadlines else (cl.deadlines, cl.next_deadline)  # in time
     if (moved or cl.clock) and timeout is not None:  # the start deadline, on the clock as moved
         at = now + timeout
-        cl = _with_clock_deadlines(cl, now, True, deadlines.set(rid, at), min(nxt, at))
+        cl = _with_clock_deadlines(cl, now, True, *deadlines.with_deadline(book, nxt, rid, at))
         commands = (init, _Tick(at=at))
-    elif deadlines is not cl.deadlines:
-        cl = _with_clock_deadlines(cl, now, cl.clock or moved, deadlines, nxt)
+    elif book is not cl.deadlines:
+        cl = _with_clock_deadlines(cl, now, cl.clock or moved, book, nxt)
     elif moved:
         cl = _with_clock(cl, now, True)
     return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
@@ -146,9 +145,11 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
         return None
     name, dep, rep, cl = found
     phase = rep.phase
-    if ((phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None
-            or dep.start_failures or (phase is _STARTING and e.cause in FAILED_START_CAUSES)):
-        return None  # (gangs, static placement, restart backoff)
+    if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
+        return None  # (gangs, static placement)
+    dep = restarts.failed_start(dep, rep, e.cause)
+    if restarts.backoff_s(dep) > 0:
+        return None  # (the replacement waits out a restart backoff)
     if rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
         return None
     moved = _moves_clock(cl, e.now)
@@ -171,10 +172,10 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
                replaces=rid, lineage=rep.lineage),
         _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
     )
-    timeout = dep.options.placement_timeout_s
-    if cl.clock and timeout is not None:  # the placement deadline (scheduling.arm_deadlines)
+    timeout = deadlines.placement_timeout(dep)
+    if cl.clock and timeout is not None:  # the placement deadline (deadlines.placement)
         at = now + timeout
-        cl = _with_deadlines(cl, cl.deadlines.set(new_id, at), min(cl.next_deadline, at))
+        cl = _with_deadlines(cl, *deadlines.with_deadline(cl.deadlines, cl.next_deadline, new_id, at))
         commands = (*commands, _Tick(at=at))
     return _Step(state=_with_dep_new(state, state.deployments.set(name, dep), cl,
                                      state.index.delete(rid).set(new_id, name), state.next_replica + 1),
@@ -192,7 +193,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     name, dep, rep, cl = found
     if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
-            or dep.options.spare_processes):
+            or spares.asks(dep)):
         return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
@@ -201,16 +202,11 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     ranks = dep.ranks.release(rid)
     dep = _with_ranks(dep, dep.replicas.delete(rid), ranks, recount(dep.counts, _STOPPING, None))
-    if dep.healthy and not ranks.is_contiguous():
+    if compaction_due(dep):
         return None
-    held = cl.held.get(rid) if cl.joined > 0 else None
-    if held is not None:  # the core's book: what it held for the replica is free again
-        node_id, need = held
-        node = cl.nodes.get(node_id)
-        if node is None:
-            cl = _with_held(cl, cl.held.delete(rid))
-        else:
-            cl = _with_held_nodes(cl, cl.held.delete(rid), cl.nodes.set(node_id, adjusted(node, need, 1.0)), None)
+    if cl.joined > 0 and rid in cl.held:  # the core's book: what it held for the replica is free again
+        book, nodes = unbook(cl, rid)
+        cl = _with_held(cl, book) if nodes is cl.nodes else _with_held_nodes(cl, book, nodes, None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
     return _Step(state=_with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)),

@@ -1,59 +1,141 @@
-"""Gangs: replicas that start, stop and fail together, on consecutive ranks.
+"""Gangs: replicas that start, stop and fail together, on consecutive ranks: every move.
 
 A deployment with ``gang_size = k`` has gangs of k replicas: gang g holds the
-global ranks ``g*k .. g*k+k-1`` (so ranks are contiguous per gang, and per node
-when the gang fits on one node). Its target is a multiple of k, a downscale
-removes whole gangs from the top (nothing to compact), and the core places a
-gang all or nothing (``rankcore.placement.choose_gang``). When a member fails,
-``restart_gang`` replaces every member on its rank (the others are stopped),
-``restart_replica`` replaces only that member (the others are told the new
-member list, ``GangChanged``). A gang whose start a controller crash cut short
-is restarted whole on its ranks at recovery.
+global ranks ``g*k .. g*k+k-1`` (``rankcore.gangmap``: the numbering and the
+``GangContext`` record). Its target is a multiple of k (``check_scale``), a
+downscale removes whole gangs from the top (``moves.stop``), and the core
+places a gang all or nothing (``scheduling.place_waiting`` with
+``placement.choose_gang``). The rules here, each in one function:
+
+* ``fail_member``: under ``restart_gang`` a member's failure replaces every
+  member on its rank (the others are stopped at once); under
+  ``restart_replica`` only that member;
+* ``tell`` (an end-of-step pass): each StartReplica of a member carries its
+  gang as the step leaves it, and a gang that got a new member while others
+  kept running is told its members (``GangChanged``);
+* ``restart_incomplete``: after a recovery, a gang whose start a controller
+  crash cut short is restarted whole on its ranks;
+* ``check_scale`` / ``check_same_shape``: what a gang deployment refuses.
 
 A gang is named by its position, which never changes: ``"<deployment>/gang-<g>"``.
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import"); the numbering is re-exported here for ``rankcore.gangs.gang_id``.
 """
 
 from __future__ import annotations
 
-import attrs
+from collections.abc import Iterable
+from typing import cast
 
-from . import fields as f
-from .errors import InvalidConfig
+from .commands import GangChanged, StartReplica
+from .errors import InvalidConfig, InvalidEvent
+from .fields import shown
+from .gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id, gang_index, gang_ranks
+from .lifecycle import Phase
+from .moves import crash
+from .records import unchecked_copy
+from .state import Deployment, Replica
+from .transaction import Tx, stop_command
 
-__all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks"]
+__all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
+           "fail_member", "tell", "restart_incomplete", "check_scale", "check_same_shape"]
 
-#: ``pack``: the whole gang on one node when it fits, else on as few nodes as
-#: possible, consecutive ranks together. ``spread``: members on distinct nodes
-#: when there are enough.
-GANG_PLACEMENTS = ("pack", "spread")
-#: what a member's failure restarts
-GANG_FAILURES = ("restart_gang", "restart_replica")
-
-
-def gang_index(global_rank: int, size: int) -> int:
-    return global_rank // size
-
-
-def gang_ranks(g: int, size: int) -> range:
-    return range(g * size, (g + 1) * size)
+_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 
 
-def gang_id(deployment: str, g: int) -> str:
-    return f"{deployment}/gang-{g}"
+def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica died (crash, start timeout, node loss): replace it, and under
+    ``restart_gang`` every other member of its gang too (their processes stopped)."""
+    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:
+        return crash(tx, dep, rep)
+    k = dep.gang_size
+    g = dep.ranks.global_rank(rep.replica_id) // k
+    for r in gang_ranks(g, k):
+        rid = cast("str | None", dep.ranks.holder_of(r))
+        member = dep.replicas.get(rid) if rid is not None else None
+        if member is None or member.phase is Phase.STOPPING:
+            continue
+        if rid != rep.replica_id and rid not in tx.view.delayed:  # (delayed: never started, nothing to stop)
+            tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang
+        dep = crash(tx, dep, member)
+    return dep
 
 
-def _members(inst: object, attribute: attrs.Attribute, value: object) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
-        raise InvalidConfig(f"GangContext.members must be a tuple of replica ids, got {value!r}")
+def _members(dep: Deployment, g: int) -> tuple[str, ...]:
+    holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
+    return tuple(h for h in holders if h is not None)
 
 
-@attrs.frozen(kw_only=True)
-class GangContext:
-    """What a gang member knows of its gang (on ``StartReplica.gang`` and the
-    replica context): its id, the member's rank in it, its size, and the
-    members' replica ids in gang-rank order."""
+def tell(tx: Tx) -> None:
+    """Each StartReplica of a gang member carries its gang (members as the step
+    leaves them); a gang that got a new member while others kept running is
+    told its new members (GangChanged)."""
+    if not tx.gangs:
+        return  # (the pass is skipped: no gang deployment started replicas this step)
+    started: dict[tuple[str, int], set[str]] = {}
+    out = []
+    for c in tx.commands:
+        if type(c) is StartReplica and c.deployment in tx.gangs:
+            dep = tx.deps.get(c.deployment)
+            if dep is not None and c.replica_id in dep.replicas:
+                k = dep.gang_size
+                g = c.global_rank // k
+                c = _copy(c, gang=GangContext(gang_id=gang_id(dep.name, g), rank_in_gang=c.global_rank % k,
+                                                gang_size=k, members=_members(dep, g)))
+                started.setdefault((dep.name, g), set()).add(c.replica_id)
+        out.append(c)
+    for (name, g), new in sorted(started.items()):
+        members = _members(tx.deps[name], g)
+        if set(members) - new:
+            out.append(GangChanged(deployment=name, gang_id=gang_id(name, g), members=members))
+    tx.commands = out
 
-    gang_id: str = attrs.field(validator=f.name)
-    rank_in_gang: int = attrs.field(validator=f.count)
-    gang_size: int = attrs.field(validator=f.count)
-    members: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=_members)
+
+def restart_incomplete(tx: Tx, names: Iterable[str]) -> None:
+    """After a recovery: a gang whose start was cut short (some members being
+    started again now) restarts whole, on its ranks."""
+    fresh = {c.replica_id for c in tx.commands if type(c) is StartReplica}
+    for name in names:
+        dep = tx.deps[name]
+        if dep.gang_size <= 1:
+            continue
+        k = dep.gang_size
+        for g in range(dep.target // k):
+            members = [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]
+            if not any(m in fresh for m in members):
+                continue
+            for rid in members:
+                rep = dep.replicas.get(rid) if rid is not None else None
+                if rep is None or rid in fresh or rep.phase is Phase.STOPPING:
+                    continue
+                tx.emit(stop_command(dep, rep.replica_id, now=True))
+                dep = crash(tx, dep, rep)
+        tx.put(dep)
+        _starts_in_rank_order(tx, name)
+
+
+def _starts_in_rank_order(tx: Tx, name: str) -> None:
+    """Re-order ``name``'s StartReplica commands of this step by global rank
+    (each keeps a start's slot), as every batch of starts is."""
+    slots = [i for i, c in enumerate(tx.commands) if type(c) is StartReplica and c.deployment == name]
+    ordered = sorted((tx.commands[i] for i in slots), key=lambda c: c.global_rank)
+    for i, c in zip(slots, ordered):
+        tx.commands[i] = c
+
+
+def check_scale(dep: Deployment, num_replicas: int, victims: tuple[str, ...]) -> None:
+    """A gang deployment scales by whole gangs, from the top ranks (no victims named)."""
+    if num_replicas % dep.gang_size:
+        raise InvalidConfig(f"ScaleRequested({dep.name!r}).num_replicas={shown(num_replicas)} is not a multiple of "
+                            f"its gang_size={dep.gang_size} (gangs start and stop whole)")
+    if victims:
+        raise InvalidEvent(f"ScaleRequested({dep.name!r}): a gang deployment removes whole gangs from the "
+                           f"top ranks; victims cannot be named")
+
+
+def check_same_shape(dep: Deployment, gang_size: int) -> None:
+    """A live deployment keeps its gang size."""
+    if gang_size != dep.gang_size:
+        raise InvalidConfig(f"DeploymentApplied({dep.name!r}) changes gang_size from {dep.gang_size} to "
+                            f"{gang_size}: a live deployment keeps its gang size")

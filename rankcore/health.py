@@ -15,10 +15,12 @@ replicas.
 from __future__ import annotations
 
 from .events import HealthChecked
+from .gangs import fail_member
 from .lifecycle import Phase
+from .passes import finish
 from .records import updater
 from .state import Deployment, Replica, Step
-from .transaction import Tx, fail_member, put_replica, stop_command
+from .transaction import Tx, put_replica, stop_command
 
 __all__ = ["checked"]
 
@@ -28,16 +30,16 @@ _with_failures = updater(Replica, "health_failures")
 def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
     """One check's outcome for ``rep`` (a replica the core holds)."""
     if rep.phase is not Phase.RUNNING and rep.phase is not Phase.RECONFIGURING:
-        return tx.finish(stale=True)  # not serving: not checked (a late answer)
+        return finish(tx, stale=True)  # not serving: not checked (a late answer)
     if e.healthy:
         if not rep.health_failures:
-            return tx.finish()
+            return finish(tx)
         tx.put(put_replica(dep, rep, _with_failures(rep, 0)))
-        return tx.finish()
+        return finish(tx)
     failures = rep.health_failures + 1
     if failures < dep.options.health_check_failure_threshold:
         tx.put(put_replica(dep, rep, _with_failures(rep, failures)))
-        return tx.finish()
+        return finish(tx)
     tx.emit(stop_command(dep, rep.replica_id, now=True))  # unhealthy: its process goes, its rank is replaced
     tx.put(fail_member(tx, dep, rep))
-    return tx.finish()
+    return finish(tx)

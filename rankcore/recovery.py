@@ -47,26 +47,17 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
+from . import deadlines, gangs, static
 from .commands import ScheduleTick, StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
 from .lifecycle import LIVE, Phase
+from .moves import reconcile, stop
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .scheduling import adopt, new_node
 from .state import Deployment, Replica, parse_replica_number
-from .transaction import (
-    Tx,
-    initialize,
-    place_static,
-    reconcile,
-    reconfigure,
-    recount,
-    restart_failed,
-    restart_incomplete_gangs,
-    stop,
-    stop_command,
-)
+from .transaction import Tx, initialize, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
 
@@ -230,6 +221,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         tx.emit(cmd)
     for rid in sorted(unstarted, key=lambda x: (final_rank[x], x)):
         tx.emit(initialize(dep, rid))
+        deadlines.start(tx, dep, rid)
     if to_stop:
         dep = stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
@@ -336,7 +328,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for u in sorted(silent_orphans, key=lambda u: u.replica_id):  # (and one that did not even answer: at once)
         tx.emit(StopReplica(replica_id=u.replica_id, deployment=u.deployment, graceful_shutdown_timeout_s=0.0))
         tx.retired = tx.retired.set(u.replica_id, None)
-    restart_incomplete_gangs(tx, sorted(specs))
+    gangs.restart_incomplete(tx, sorted(specs))
     for name in sorted(specs):  # a static replica reported before its placement, or failed: on its bundles
         dep = tx.deps[name]
         if dep.static is not None:
@@ -345,9 +337,9 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
                 if not dep.static.placed(dep.ranks.global_rank(rid)):
                     continue
                 if rep.phase is Phase.PENDING and rep.node_id is None:
-                    dep = place_static(tx, dep, rid)
+                    dep = static.place(tx, dep, rid)
                 elif rep.phase is Phase.FAILED:
-                    dep = restart_failed(tx, dep, rep)
+                    dep = static.restart_failed(tx, dep, rep)
             tx.put(dep)
 
 
@@ -362,7 +354,7 @@ def _unfence(tx: Tx, dep: Deployment, gone: Iterable[str]) -> None:
         dep = reconcile(tx, dep)
     tx.put(dep)
     if not left:
-        restart_incomplete_gangs(tx, [dep.name])
+        gangs.restart_incomplete(tx, [dep.name])
 
 
 def _named_after(rid: str, name: str) -> bool:

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .clustertx import ClusterTx
 from .commands import StartReplica
 from .lifecycle import Phase
 from .records import maker, unchecked_copy
-from .scheduling import ClusterTx
 from .state import Deployment, Replica
 
 __all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "defer", "release"]

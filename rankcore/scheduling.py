@@ -14,11 +14,10 @@ Rules settled here, once for every executor:
   alive, not suspect and has room (it then keeps all three ranks);
 * a node where a replica vanished (``ReplicaCrashed.suspect_node``) is
   avoided for ``Cluster.suspect_s`` seconds while another node has room;
-* a replica that is not ready ``start_timeout_s`` after its InitializeReplica
-  is crashed (replaced, and its process stopped), on the core's clock.
+* a PlaceReplica on a node the core chose owes its answer within the
+  deployment's ``placement_timeout_s`` (armed here, ``rankcore.deadlines``).
 
-A working copy of the cluster lives on the step's ``Tx`` (``ClusterTx``) and
-becomes a new ``Cluster`` once, at the end of the step.
+The step's working copy of the cluster is ``rankcore.clustertx.ClusterTx``.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -28,12 +27,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 import immutables
 
+from . import deadlines
 from .cluster import Cluster, Need, Node
-from .commands import InitializeReplica, PlaceReplica, ScheduleTick
+from .clustertx import ClusterTx
+from .commands import PlaceReplica, ScheduleTick
 from .errors import InvariantViolation
 from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
@@ -62,7 +63,9 @@ class Tx(Protocol):
 
     def put(self, dep: Deployment) -> None: ...
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "arm_deadlines", "avoid_node", "answered", "disarm", "expired", "new_node"]
+    armed: list[float] | None
+
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "unbook", "avoid_node", "new_node", "adjusted"]
 
 _copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 _INF = math.inf
@@ -71,52 +74,6 @@ _Place = maker(PlaceReplica)  # built from the core's own valid values: no valid
 _with_free, _with_node = updater(Node, "free"), updater(Replica, "node_id")
 _with_placed = updater(Deployment, "replicas", "ranks")
 _View = maker(NodeView)  # (a node the core holds, as it holds it)
-
-
-class ClusterTx:
-    """A step's working copy of the ``Cluster``: what the step sets lives here,
-    the rest is read through from the step's starting cluster, and one record
-    is built at the end (only from what changed)."""
-
-    nodes: immutables.Map
-    joined: int
-    held: immutables.Map
-    queue: tuple[str, ...]
-    queued: immutables.Map
-    queue_kinds: immutables.Map
-    blocked: frozenset | None
-    avoid: immutables.Map
-    retry_at: float
-    retry_s: float
-    now: float
-    clock: bool
-    suspects: immutables.Map
-    deadlines: immutables.Map
-    delayed: immutables.Map
-    next_deadline: float
-    suspect_s: float
-    lost: frozenset
-    base: Cluster
-    changed: bool
-
-    def __init__(self, base: Cluster) -> None:
-        self.__dict__["base"] = base
-        self.__dict__["changed"] = False
-
-    def __getattr__(self, name: str) -> Any:  # only for fields not set in this step
-        value = getattr(self.__dict__["base"], name)
-        self.__dict__[name] = value
-        return value
-
-    def build(self) -> Cluster:
-        if not self.changed:
-            return self.base
-        d = self.__dict__
-        return unchecked_copy(self.base, **{k: v for k, v in d.items() if k != "base" and k != "changed"})
-
-    def suspect(self, node_id: str) -> bool:
-        until = self.suspects.get(node_id)
-        return until is not None and until > self.now
 
 
 def new_node(node_id: str, resources: Need, labels: tuple, order: int | None, joined: int) -> Node:
@@ -259,15 +216,11 @@ def release(tx: Tx, rid: str) -> None:
     if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid:
         return  # nothing to free (a crash replacement took its booking): no working copy
     cl = tx.cl
-    held = cl.held.get(rid)
-    if held is not None:
+    if rid in cl.held:
         cl.changed = True
-        node_id, need = held
-        cl.held = cl.held.delete(rid)
-        node = cl.nodes.get(node_id)
-        if node is not None:
-            cl.nodes = cl.nodes.set(node_id, adjusted(node, need, 1.0))
-            cl.blocked = None
+        cl.held, nodes = unbook(cl, rid)
+        if nodes is not cl.nodes:
+            cl.nodes, cl.blocked = nodes, None
     if rid in cl.queued:
         cl.changed = True
         _dequeue(cl, rid)
@@ -279,6 +232,15 @@ def release(tx: Tx, rid: str) -> None:
     if rid in cl.avoid:
         cl.changed = True
         cl.avoid = cl.avoid.delete(rid)
+
+
+def unbook(cl: Cluster | ClusterTx, rid: str) -> tuple[immutables.Map, immutables.Map]:
+    """The book and the nodes with ``rid``'s booking freed (its node's room given
+    back; a node gone gives nothing back). ``rid`` holds a booking."""
+    node_id, need = cl.held[rid]
+    node = cl.nodes.get(node_id)
+    nodes = cl.nodes.set(node_id, adjusted(node, need, 1.0)) if node is not None else cl.nodes
+    return cl.held.delete(rid), nodes
 
 
 def avoid_node(tx: Tx, rid: str, node_id: str) -> None:
@@ -384,6 +346,7 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
     if rank is None:
         raise InvariantViolation("a placed replica without a rank record")
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    deadlines.placement(tx, dep, rid)
     return dep
 
 
@@ -437,6 +400,7 @@ def announce_booking(tx: Tx, dep: Deployment, rid: str, node_id: str) -> None:
     if rank is None:
         raise InvariantViolation("a placed replica without a rank record")
     tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    deadlines.placement(tx, dep, rid)
 
 
 def _waiting_gang(cl: ClusterTx, dep: Deployment, rid: str) -> list[str] | None:
@@ -514,56 +478,3 @@ def place_waiting(tx: Tx) -> None:
     # issue 19: 20 ms a step at 100,000 waiting).
     cl.queue = (tuple(keep) + queue[i:]) if keep else queue[i:]
     cl.blocked = frozenset(failed) if cl.queued else None
-
-
-def arm_deadlines(tx: Tx, commands: list) -> None:
-    """Deadlines for this step's commands (needs the clock): the start timeout of each
-    replica initialised, the placement timeout of each replica placed on a node the
-    core chose (not a caller's group: that has no other node to try)."""
-    new: set[float] = set()
-    for c in commands:
-        kind = type(c)
-        if kind is InitializeReplica or (kind is PlaceReplica and c.group is None):
-            dep = tx.deps[c.deployment]
-            timeout = dep.start_timeout_s if kind is InitializeReplica else dep.options.placement_timeout_s
-            if timeout is not None:
-                cl = tx.cl
-                at = cl.now + timeout
-                cl.deadlines = cl.deadlines.set(c.replica_id, at)
-                cl.next_deadline = min(cl.next_deadline, at)
-                new.add(at)
-                cl.changed = True
-    for at in sorted(new):
-        tx.emit(ScheduleTick(at=at))
-
-
-def disarm(cl: Cluster | ClusterTx, rid: str) -> tuple[immutables.Map, float]:
-    """``cl``'s deadlines without ``rid``'s (answered in time), and the next deadline
-    (refreshed when ``rid``'s was the earliest)."""
-    deadlines = cl.deadlines
-    at = deadlines[rid]
-    deadlines = deadlines.delete(rid)
-    nxt = min(deadlines.values(), default=_INF) if at <= cl.next_deadline else cl.next_deadline
-    return deadlines, nxt
-
-
-def answered(tx: Tx, rid: str) -> None:
-    """``rid`` answered in time (placed, ready, refused): its deadline goes (no
-    working copy of the cluster when it has none)."""
-    view = tx.view
-    if view.deadlines and rid in view.deadlines:
-        cl = tx.cl
-        cl.deadlines, cl.next_deadline = disarm(cl, rid)
-        cl.changed = True
-
-
-def expired(cl: ClusterTx) -> list[str]:
-    """Replicas whose deadline passed, in (deadline, id) order; refreshes ``next_deadline``."""
-    due = sorted((t, rid) for rid, t in cl.deadlines.items() if t <= cl.now)
-    with cl.deadlines.mutate() as m:
-        for _, rid in due:
-            del m[rid]
-        cl.deadlines = m.finish()
-    cl.next_deadline = min(cl.deadlines.values(), default=_INF)
-    cl.changed = True
-    return [rid for _, rid in due]

@@ -27,7 +27,7 @@ from .commands import KeepSpareProcesses
 if TYPE_CHECKING:
     from .state import Deployment
 
-__all__ = ["wanted", "told", "announce"]
+__all__ = ["wanted", "told", "announce", "asks"]
 
 
 class Tx(Protocol):
@@ -67,11 +67,12 @@ def announce(tx: Tx) -> None:
     new node, a node's last replica left, the option changed, the deployment
     went). O(nodes of the deployment), only for deployments that ask for any."""
     initial, deps = tx.initial, tx.deps
-    asking = [name for name in tx.touched if _asks(initial.get(name)) or _asks(deps.get(name))]
+    asking = [name for name in tx.touched if asks(initial.get(name)) or asks(deps.get(name))]
     for name in sorted(asking) if len(asking) > 1 else asking:  # (every step comes here: most ask for none)
         for cmd in told(name, wanted(initial.get(name)), wanted(deps.get(name))):
             tx.emit(cmd)
 
 
-def _asks(dep: Deployment | None) -> bool:
+def asks(dep: Deployment | None) -> bool:
+    """Whether ``dep`` keeps spare processes (a step that changes its nodes tells them)."""
     return dep is not None and dep.options.spare_processes > 0

@@ -17,13 +17,13 @@ import attrs
 import immutables
 
 from . import fields as f
+from .bundles import StaticPlacement
 from .cluster import Cluster
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
 from .options import DEFAULT_OPTIONS, MAX_PER_REPLICA_RETRY_COUNT, Options
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
-from .static import StaticPlacement
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs"]
 

@@ -1,193 +1,204 @@
-"""Static placement on a caller's placement group (Ray RFC #59857), as plain data.
+"""Static placement on a caller's placement group (Ray RFC #59857): every move.
 
-The caller made a placement group (RL post-training colocates trainers and
-inference engines on the same GPUs this way) and says which bundles each
-rank gets: ``replica_bundle_mapping = {0: [0, 1], 1: [2, 3]}``. Rank N runs
-on the first bundle of ``mapping[N]``; its context tells it all of them, so it
-can put its own workers there. The replica count is the mapping's length.
-The group is the caller's: the core never creates, resizes or removes it, and
-books nothing for it on the cluster model (the group already holds its
-resources). It only needs to know which node each bundle is on, so it can give
-node ranks and tell which replicas a lost node takes down.
+Rank N runs on the first bundle of ``mapping[N]`` of the caller's group
+(``rankcore.bundles.StaticPlacement``, the map as plain data). The rules, each
+in one function here:
 
-``consecutive_mapping`` gives a deterministic mapping whatever order the
-bundles landed in (Ray does not promise one across nodes, ray#51117).
+* ``place``: a replica goes on its rank's bundles (``PlaceReplica`` with the
+  group; nothing is booked on the cluster model and no placement deadline runs:
+  there is no other node to try);
+* ``start_failed``: a new replica whose rank's bundles are not all placed
+  starts FAILED (no process), and waits for them;
+* ``crash``: a replica that died comes back on the same bundles with the same
+  rank (after the restart backoff, ``rankcore.restarts``), or FAILED when a
+  bundle of its rank has no node now;
+* ``fail``: a bundle of a live replica's rank lost its node: FAILED, its
+  process stopped, its rank kept;
+* ``bundles_moved``: the caller's group has its bundles somewhere else now
+  (``BundlesPlaced``): FAILED replicas whose bundles are back restart there,
+  live ones follow a bundle that moved, lose one that went;
+* ``node_lost``: a lost node fails the ranks with a bundle there and
+  restarts the ones that only ran there;
+* ``placed_elsewhere``: the executor placed a replica on another node than
+  the map said: the executor knows where the group's bundle is;
+* ``check_scale`` / ``check_same_shape``: what a static deployment refuses
+  (any count but its mapping's length or 0; a new mapping while live).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import"); ``StaticPlacement`` and ``consecutive_mapping`` are
+re-exported here for ``rankcore.static.StaticPlacement``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable
 
-import attrs
+from . import restarts
+from .bundles import StaticPlacement, consecutive_mapping
+from .commands import PlaceReplica
+from .errors import InvalidConfig, InvalidEvent, InvariantViolation
+from .fields import shown
+from .lifecycle import Phase, Trigger, advance
+from .records import maker, unchecked_copy
+from .state import Deployment, Replica
+from .transaction import Tx, disarm, put_replica, remove, stop_command, succeed
 
-from .errors import InvalidConfig
+__all__ = ["StaticPlacement", "consecutive_mapping", "place", "start_failed", "crash", "fail", "restart_failed",
+           "bundles_moved", "node_lost", "placed_elsewhere", "check_scale", "check_same_shape"]
 
-__all__ = ["StaticPlacement", "consecutive_mapping"]
-
-
-def _to_mapping(value: Any) -> Any:
-    """``{rank: [bundle, ...]}`` (keys any order) or a list by rank, as a tuple of tuples by rank.
-    What cannot be read that way is left for the validator to name."""
-    if isinstance(value, Mapping):
-        keys = list(value.keys())
-        if not all(type(k) is int for k in keys):
-            return value
-        if sorted(keys) != list(range(len(keys))):
-            return value
-        value = [value[k] for k in range(len(keys))]
-    if isinstance(value, (list, tuple)):
-        out = []
-        for v in value:
-            if isinstance(v, (list, tuple)):
-                out.append(tuple(v))
-            else:
-                return value
-        return tuple(out)
-    return value
+_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_Place = maker(PlaceReplica)
 
 
-def _to_nodes(value: Any) -> Any:
-    return tuple(value) if isinstance(value, (list, tuple)) else value
+def _map(dep: Deployment) -> StaticPlacement:
+    static = dep.static
+    if static is None:
+        raise InvariantViolation("a static-placement rule ran on a deployment without static placement")
+    return static
 
 
-@attrs.frozen(kw_only=True)
-class StaticPlacement:
-    """The caller's placement group and which bundles each rank gets.
-
-    ``group``: the group's id or name (opaque to the core; an executor maps it
-    to its handle). ``bundle_nodes[i]``: the node bundle ``i`` is on (its
-    length is the group's bundle count; ``None`` while a bundle is not placed,
-    e.g. after its node was lost). ``mapping[N]``: rank N's bundle indices
-    (a ``{rank: [indices]}`` dict is accepted). ``capture_child_tasks``: the
-    replica's own tasks and actors land in the group too (Ray's option).
-    """
-
-    group: str
-    bundle_nodes: tuple[str | None, ...] = attrs.field(converter=_to_nodes)
-    mapping: tuple[tuple[int, ...], ...] = attrs.field(converter=_to_mapping)
-    capture_child_tasks: bool = True
-
-    def __attrs_post_init__(self) -> None:
-        where = "StaticPlacement"
-        if not isinstance(self.group, str) or not self.group:
-            raise InvalidConfig(f"{where}.group must be a non-empty str (the placement group's id), "
-                                f"got {self.group!r}")
-        if type(self.capture_child_tasks) is not bool:
-            raise InvalidConfig(f"{where}.capture_child_tasks must be a bool, got {self.capture_child_tasks!r}")
-        nodes = self.bundle_nodes
-        if not isinstance(nodes, tuple) or not nodes:
-            raise InvalidConfig(f"{where}.bundle_nodes must list the node of every bundle of group "
-                                f"{self.group!r} (one entry per bundle), got {nodes!r}")
-        for i, n in enumerate(nodes):
-            if n is not None and (not isinstance(n, str) or not n):
-                raise InvalidConfig(f"{where}.bundle_nodes[{i}] must be a node id (or None while not placed), "
-                                    f"got {n!r}")
-        m = self.mapping
-        if isinstance(m, Mapping):
-            keys = list(m.keys())
-            bad = [k for k in keys if type(k) is not int]
-            if bad:
-                raise InvalidConfig(f"{where}.replica_bundle_mapping: rank {bad[0]!r} is not an int")
-            missing = sorted(set(range(len(keys))) - set(keys))
-            raise InvalidConfig(f"{where}.replica_bundle_mapping: ranks must be contiguous from 0, got "
-                                f"{sorted(keys)} (missing rank {missing[0] if missing else len(keys)})")
-        if not isinstance(m, tuple):
-            raise InvalidConfig(f"{where}.replica_bundle_mapping must map rank -> list of bundle indices, got {m!r}")
-        if not m:
-            raise InvalidConfig(f"{where}.replica_bundle_mapping is empty: a static deployment needs a replica")
-        owner: dict[int, int] = {}
-        for rank, bundles in enumerate(m):
-            if not isinstance(bundles, tuple):
-                raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] must be a list of bundle indices, "
-                                    f"got {bundles!r}")
-            if not bundles:
-                raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] is empty: rank {rank} needs a bundle")
-            for b in bundles:
-                if type(b) is not int or b < 0:
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds {b!r}: bundle indices "
-                                        f"are non-negative ints")
-                if b >= len(nodes):
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds bundle {b}, but group "
-                                        f"{self.group!r} has {len(nodes)} bundles (0..{len(nodes) - 1})")
-                if b in owner and owner[b] == rank:
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping: rank {rank} lists bundle {b} twice")
-                if b in owner:
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping: bundle {b} is given to rank "
-                                        f"{owner[b]} and to rank {rank}")
-                owner[b] = rank
-
-    @classmethod
-    def from_mapping(cls, group: str, bundle_nodes: Iterable[str | None],
-                     replica_bundle_mapping: Mapping[int, Sequence[int]] | Sequence[Sequence[int]],
-                     capture_child_tasks: bool = True) -> StaticPlacement:
-        """The RFC's names: ``replica_bundle_mapping`` is ``{rank: [bundle indices]}``."""
-        return cls(group=group, bundle_nodes=tuple(bundle_nodes), mapping=replica_bundle_mapping,
-                   capture_child_tasks=capture_child_tasks)
-
-    @property
-    def replicas(self) -> int:
-        """The replica count, fixed to the mapping's length."""
-        return len(self.mapping)
-
-    @property
-    def bundle_count(self) -> int:
-        return len(self.bundle_nodes)
-
-    def bundles_of(self, rank: int) -> tuple[int, ...]:
-        return self.mapping[rank]
-
-    def node_of(self, rank: int) -> str | None:
-        """Where rank ``rank``'s replica runs: the node of its first bundle (None: not placed)."""
-        return self.bundle_nodes[self.mapping[rank][0]]
-
-    def placed(self, rank: int) -> bool:
-        """Every bundle of ``rank`` is on a node (a replica there can serve)."""
-        return all(self.bundle_nodes[b] is not None for b in self.mapping[rank])
-
-    def ranks_on(self, node_id: str) -> list[int]:
-        """Ranks with a bundle on ``node_id`` (a lost node fails them)."""
-        return [r for r, bs in enumerate(self.mapping) if any(self.bundle_nodes[b] == node_id for b in bs)]
-
-    def with_nodes(self, bundle_nodes: Iterable[str | None]) -> StaticPlacement:
-        return attrs.evolve(self, bundle_nodes=tuple(bundle_nodes))
-
-    def lose(self, node_id: str) -> StaticPlacement:
-        """The bundles on ``node_id`` are no longer placed."""
-        return self.with_nodes(None if n == node_id else n for n in self.bundle_nodes)
-
-    def same_layout(self, other: StaticPlacement) -> bool:
-        """The same group and mapping (where the bundles are may differ)."""
-        return (self.group, self.mapping, self.capture_child_tasks) == (
-            other.group, other.mapping, other.capture_child_tasks)
+def place(tx: Tx, dep: Deployment, rid: str) -> Deployment:
+    """Put ``rid`` on its rank's first bundle (the caller's group holds the
+    resources: nothing is booked on the cluster model): PlaceReplica."""
+    static = _map(dep)
+    g = dep.ranks.global_rank(rid)
+    node_id = static.node_of(g)
+    if node_id is None:
+        raise InvariantViolation("a static rank whose bundle has no node")
+    rep = dep.replicas[rid]
+    ranks = dep.ranks
+    if rep.node_id != node_id:
+        if rep.node_id is not None:
+            ranks = ranks.unplace(rid)
+        ranks = ranks.place(rid, node_id)
+        dep = _copy(dep, replicas=dep.replicas.set(rid, _copy(rep, node_id=node_id)), ranks=ranks)
+    rank = ranks.rank_of(rid)
+    if rank is None:
+        raise InvariantViolation("a placed replica without a rank record")
+    tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, group=static.group,
+                   bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))
+    return dep
 
 
-def consecutive_mapping(bundles: Sequence[tuple[str, Any]], per_replica: int) -> dict[int, list[int]]:
-    """A ``replica_bundle_mapping`` giving consecutive ranks to bundles sorted by
-    (node, GPU id), ``per_replica`` bundles (the TP size) to each rank.
-
-    ``bundles[i]`` is ``(node_id, gpu_id)`` for bundle ``i``: where it landed
-    (``executors.ray_gpu.bundle_locations`` reads it from Ray). Bundles of one
-    node get consecutive ranks, so a TP group never straddles nodes when a
-    node's bundle count is a multiple of ``per_replica``.
-    """
-    if type(per_replica) is not int or per_replica < 1:
-        raise InvalidConfig(f"consecutive_mapping: per_replica must be an int >= 1, got {per_replica!r}")
-    if len(bundles) % per_replica:
-        raise InvalidConfig(f"consecutive_mapping: {len(bundles)} bundles do not split into replicas of "
-                            f"{per_replica}")
-    for i, b in enumerate(bundles):
-        if not (isinstance(b, tuple) and len(b) == 2 and isinstance(b[0], str) and b[0]):
-            raise InvalidConfig(f"consecutive_mapping: bundle {i} must be (node_id, gpu_id), got {b!r}")
-    order = sorted(range(len(bundles)), key=lambda i: (bundles[i][0], _gpu_key(bundles[i][1]), i))
-    return {r: order[r * per_replica:(r + 1) * per_replica] for r in range(len(bundles) // per_replica)}
+def start_failed(dep: Deployment, global_ranks: Iterable[tuple[str, int]]) -> set[str]:
+    """Of new replicas ``(id, global rank)``, those that start FAILED: a bundle of
+    their rank has no node. Refuses to start while replicas of an earlier
+    incarnation of the deployment still stop on its ranks (their bundles are busy)."""
+    static = _map(dep)
+    if dep.count(Phase.STOPPING):
+        raise InvalidEvent(f"deployment {dep.name!r} (static placement) still has {dep.count(Phase.STOPPING)} "
+                           f"replicas stopping on its ranks: bring it back once they have stopped")
+    return {rid for rid, g in global_ranks if not static.placed(g)}
 
 
-def _gpu_key(gpu: Any) -> tuple:
-    """GPU ids sort numerically when they are numbers ("10" after "9"); None (no GPU) first."""
-    if gpu is None:
-        return (0, 0, "")
-    try:
-        return (1, int(gpu), "")
-    except (TypeError, ValueError):
-        return (2, 0, str(gpu))
+def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A static replica died: back on the same bundles with the same rank (or
+    FAILED, when a bundle of its rank is not placed now); one that was leaving is gone."""
+    advance(rep.phase, Trigger.CRASH, rep.replica_id)
+    if rep.phase is Phase.STOPPING:
+        return remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
+    static = _map(dep)
+    if not static.placed(dep.ranks.global_rank(rep.replica_id)):
+        return fail(tx, dep, rep, stop=False)
+    (new_id,) = tx.new_ids(dep.name, 1)
+    delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
+    dep = succeed(tx, dep, rep, new_id, announce=delay == 0)
+    if delay > 0:
+        restarts.defer(tx, new_id, rep.replica_id, tx.view.now + delay)
+        return dep
+    return place(tx, dep, new_id)
+
+
+def fail(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:
+    """A bundle of ``rep``'s rank lost its node: FAILED. It keeps its global
+    rank, is not replaced or moved, and its process (if any) is stopped."""
+    rid = rep.replica_id
+    phase = advance(rep.phase, Trigger.BUNDLE_LOST, rid)
+    waiting = rid in tx.view.delayed  # out its restart backoff: never started, nothing to stop
+    disarm(tx, rid)  # (a start deadline, a restart backoff)
+    ranks = dep.ranks.unplace(rid) if rep.node_id is not None else dep.ranks
+    if stop and not waiting:
+        tx.emit(stop_command(dep, rid, now=True))
+    return put_replica(dep, rep, _copy(rep, phase=phase, node_id=None, rank_update_due=False), ranks=ranks)
+
+
+def restart_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A FAILED replica whose bundles are all placed again: a new incarnation on its rank and bundles."""
+    advance(rep.phase, Trigger.RESTART, rep.replica_id)
+    (new_id,) = tx.new_ids(dep.name, 1)
+    return place(tx, succeed(tx, dep, rep, new_id), new_id)
+
+
+def bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
+    """The caller's group has its bundles on ``bundle_nodes`` now: FAILED replicas
+    whose bundles are all placed restart there; a live replica whose bundle lost
+    its node fails; one whose bundle moved follows it."""
+    static = _map(dep)
+    if len(bundle_nodes) != static.bundle_count:
+        raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
+                           f"{static.group!r} has {static.bundle_count}")
+    static = static.with_nodes(bundle_nodes)
+    dep = _copy(dep, static=static)
+    for rid in list(dep.ranks):  # global-rank order
+        rep = dep.replicas[rid]
+        g = dep.ranks.global_rank(rid)
+        if rep.phase is Phase.FAILED:
+            if static.placed(g):
+                dep = restart_failed(tx, dep, rep)
+        elif rep.phase is not Phase.STOPPING and not static.placed(g):
+            dep = fail(tx, dep, rep)
+        elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):
+            tx.emit(stop_command(dep, rep.replica_id, now=True))  # its bundle moved: follow it
+            dep = crash(tx, dep, rep)
+    return dep
+
+
+def node_lost(tx: Tx, dep: Deployment, node_id: str) -> bool:
+    """``node_id`` is gone: a rank with a bundle there is FAILED (not moved: the
+    group is the caller's); one that only ran there restarts on its bundles.
+    Whether the deployment had anything there."""
+    static = _map(dep)
+    lost = set(static.ranks_on(node_id))
+    there = {dep.ranks.global_rank(r.replica_id) for r in dep.replicas.values() if r.node_id == node_id}
+    if not lost and not there:
+        return False
+    dep = _copy(dep, static=static.lose(node_id))
+    for g in sorted(lost | there):
+        rid = dep.ranks.holder_of(g)
+        rep = dep.replicas.get(rid) if rid is not None else None
+        if rep is None or rep.phase is Phase.FAILED:
+            continue
+        if rep.phase is Phase.STOPPING or g not in lost:  # leaving anyway; or back on its bundles
+            dep = crash(tx, dep, rep)
+        else:
+            dep = fail(tx, dep, rep)
+    tx.put(dep)
+    return True
+
+
+def placed_elsewhere(dep: Deployment, global_rank: int, node_id: str) -> Deployment:
+    """The executor placed rank ``global_rank`` on ``node_id``, not where the map
+    said: it knows better where the caller's group has that bundle."""
+    static = _map(dep)
+    nodes = list(static.bundle_nodes)
+    nodes[static.bundles_of(global_rank)[0]] = node_id
+    return _copy(dep, static=static.with_nodes(nodes))
+
+
+def check_scale(dep: Deployment, num_replicas: int) -> None:
+    """A static placement fixes the replica count to its mapping's length (or 0: shut down)."""
+    static = _map(dep)
+    if num_replicas not in (0, static.replicas):
+        raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
+                            f"mapping's length ({static.replicas}, or 0 to shut it down); "
+                            f"got num_replicas={shown(num_replicas)}")
+
+
+def check_same_shape(dep: Deployment, new: StaticPlacement | None) -> None:
+    """A live deployment keeps its static mapping (group, mapping, capture_child_tasks):
+    only where the bundles are may change (``BundlesPlaced``)."""
+    if (dep.static is None) != (new is None) or (
+            dep.static is not None and new is not None and not dep.static.same_layout(new)):
+        raise InvalidConfig(
+            f"DeploymentApplied({dep.name!r}) changes its static placement (group, mapping or "
+            f"capture_child_tasks); only where the bundles are may change (BundlesPlaced): deploy it under a new name")

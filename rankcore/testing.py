@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from . import invariants as inv
+from .bundles import StaticPlacement
 from .core import step as core_step
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
@@ -55,13 +56,12 @@ from .events import (
     Tick,
     UnresponsiveReplica,
 )
-from .gangs import GANG_FAILURES, GANG_PLACEMENTS
+from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
 from .placement import POLICIES
 from .protocol import answers
 from .ranks import ReplicaRank
 from .state import State, Step
-from .static import StaticPlacement
 
 __all__ = [
     "Subject",

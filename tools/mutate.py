@@ -100,6 +100,7 @@ def mutation(name: str, file: str, find: str, replace: str, breaks: str,
 
 CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/recovery.py", "rankcore/ranks.py"
 TX, POLICIES = "rankcore/transaction.py", "rankcore/policies.py"
+MOVES, GANGS, CLOCK = "rankcore/moves.py", "rankcore/gangs.py", "rankcore/clock.py"
 #: the fast paths repeat the plainest case of some rules: a mutant of such a
 #: rule edits both copies, so it is killed by the rule's tests, not only by
 #: the fast-path equivalence test
@@ -127,9 +128,9 @@ MUTATIONS: tuple[Mutation, ...] = (
         "new replicas get the lowest free global rank (here: the highest hole first)",
     ),
     mutation(
-        "compact-when-unhealthy", TX,
-        "if dep is not None and dep.healthy and not dep.ranks.is_contiguous():",
-        "if dep is not None and not dep.ranks.is_contiguous():",
+        "compact-when-unhealthy", MOVES,
+        "    return dep.healthy and not dep.ranks.is_contiguous()",
+        "    return not dep.ranks.is_contiguous()",
         "ranks are compacted only once the deployment is healthy",
     ),
     # ------------------------------------------------------------------------ core rules
@@ -154,7 +155,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "world_size is announced (UpdateWorldSize) the moment a ScaleRequested changes the target",
     ),
     mutation(
-        "victims-lowest-rank-first", TX,
+        "victims-lowest-rank-first", MOVES,
         "(VICTIM_ORDER[r.phase], -ranks.global_rank(r.replica_id), r.replica_id)",
         "(VICTIM_ORDER[r.phase], ranks.global_rank(r.replica_id), r.replica_id)",
         "downscale victims chosen by the core are the highest ranks (so fewer ranks move later)",
@@ -172,7 +173,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "an answer to an older reconfigure is stale: the replica stays reconfiguring until the latest is acked",
     ),
     mutation(
-        "release-rank-at-stop-command", TX,
+        "release-rank-at-stop-command", MOVES,
         "        replicas = replicas.set(rid, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
         "        tx.emit(stop_command(dep, rid))\n",
@@ -185,14 +186,14 @@ MUTATIONS: tuple[Mutation, ...] = (
             Edit(CORE,
                  "    tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))\n",
                  "    tx.put(remove(tx, dep, rep, dep.ranks))\n"),
-            Edit(TX,
+            Edit(MOVES,
                  "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
                  "        return remove(tx, dep, rep, dep.ranks)\n"),
             Edit(FAST, "    ranks = dep.ranks.release(rid)\n", "    ranks = dep.ranks\n"),
         ),
     ),
     mutation(
-        "compaction-without-reconfigure", TX,
+        "compaction-without-reconfigure", MOVES,
         '        new, cmd = reconfigure(dep, rep, "rank")\n'
         "        replicas = replicas.set(new.replica_id, new)\n"
         "        counts = recount(counts, rep.phase, new.phase)\n"
@@ -274,15 +275,15 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: crash replacement] a replacement placed by the queue goes back to its predecessor's node when it has room",
     ),
     mutation(
-        "crash-replacement-never-keeps-booking", TX,
+        "crash-replacement-never-keeps-booking", MOVES,
         "    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None\n",
         "    booking = None\n",
         "[Placement: crash replacement] a crashed replica's booking passes to its replacement in the same step",
     ),
     mutation(
-        "suspect-node-not-set-on-exited", CORE,
-        '    if e.cause == "exited" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
-        '    if e.cause == "killed" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
+        "suspect-node-not-set-on-exited", CLOCK,
+        '    if cause == "exited" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
+        '    if cause == "killed" and rep.node_id is not None and tx.managed and tx.view.clock:\n',
         "[Placement: suspect nodes] ReplicaCrashed(cause='exited') makes the node suspect (and only that cause)",
     ),
     mutation(
@@ -292,16 +293,16 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: suspect nodes] a suspect node is avoided while another node has room",
     ),
     mutation(
-        "suspect-node-never-forgiven", SCHED,
+        "suspect-node-never-forgiven", "rankcore/clustertx.py",
         "        return until is not None and until > self.now\n",
         "        return until is not None\n",
         "[Placement: suspect nodes] a node is suspect for suspect_s of core time only",
         # (both copies of 'only for suspect_s': either one alone is an equivalent mutant, see the doc)
-        more=(Edit(CORE, "        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})\n",
+        more=(Edit(CLOCK, "        cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})\n",
                    "        pass\n"),),
     ),
     mutation(
-        "start-timeout-ignored", CORE,
+        "start-timeout-ignored", CLOCK,
         "            elif current.phase is Phase.STARTING:  # its process hung in __init__\n",
         "            elif False:  # its process hung in __init__\n",
         "[Placement: start timeout] a replica not ready start_timeout_s after InitializeReplica is stopped and replaced",
@@ -313,7 +314,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: deaths on a node] NodeLost replaces every replica on the node, reserved ones included",
     ),
     mutation(
-        "placement-order-reversed", TX,
+        "placement-order-reversed", MOVES,
         "        enqueue(tx, dep, ids)\n",
         "        enqueue(tx, dep, ids[::-1])\n",
         "[Placement: placement order] the core places in queue order, rank order within a step",
@@ -377,25 +378,25 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     # ----------------------------------------------------------------------------- Static placement
     mutation(
-        "static-crash-not-on-bundles", TX,
-        "    if dep.static is not None:\n        return _crash_static(tx, dep, rep)\n",
+        "static-crash-not-on-bundles", MOVES,
+        "    if dep.static is not None:\n        return static.crash(tx, dep, rep)\n",
         "",
         "[Static: replica crash] a new incarnation on the same rank and bundles",
     ),
     mutation(
-        "static-lost-bundle-restarts", CORE,
+        "static-lost-bundle-restarts", STATIC_,
         "        if rep.phase is Phase.STOPPING or g not in lost:  # leaving anyway; or back on its bundles\n",
         "        if True:  # leaving anyway; or back on its bundles\n",
         "[Static: a node holding a bundle of rank N lost] the replica becomes FAILED and its process is stopped",
     ),
     mutation(
-        "static-failed-not-restarted-on-bundles-placed", CORE,
+        "static-failed-not-restarted-on-bundles-placed", STATIC_,
         "            if static.placed(g):\n                dep = restart_failed(tx, dep, rep)\n",
         "            if False:\n                dep = restart_failed(tx, dep, rep)\n",
         "[Static: the caller's group has its bundles elsewhere] a FAILED rank whose bundles are all placed restarts there",
     ),
     mutation(
-        "static-moved-bundle-not-followed", CORE,
+        "static-moved-bundle-not-followed", STATIC_,
         "        elif rep.phase is not Phase.STOPPING and rep.node_id is not None and rep.node_id != static.node_of(g):\n",
         "        elif False:\n",
         "[Static: the caller's group has its bundles elsewhere] a live replica whose first bundle moved follows it",
@@ -407,15 +408,15 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Static: PlacementFailed] a new incarnation tries the same bundles again",
     ),
     mutation(
-        "static-placed-elsewhere-bundle-kept", CORE,
-        "            dep = _copy(dep, static=dep.static.with_nodes(nodes))\n",
-        "            pass\n",
+        "static-placed-elsewhere-bundle-kept", STATIC_,
+        "    return _copy(dep, static=static.with_nodes(nodes))\n",
+        "    return dep\n",
         "[Static: ReplicaPlaced on another node] the bundle's node is updated",
     ),
     mutation(
         "static-recovery-failed-not-restarted", RECOVERY,
-        "                elif rep.phase is Phase.FAILED:\n                    dep = restart_failed(tx, dep, rep)\n",
-        "                elif False:\n                    dep = restart_failed(tx, dep, rep)\n",
+        "                elif rep.phase is Phase.FAILED:\n                    dep = static.restart_failed(tx, dep, rep)\n",
+        "                elif False:\n                    dep = static.restart_failed(tx, dep, rep)\n",
         "[Static: recovery] a FAILED rank whose bundles are placed at recovery restarts on them",
     ),
     mutation(
@@ -425,16 +426,16 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Static: static + gangs] refused",
     ),
     mutation(
-        "static-scale-to-other-count", CORE,
-        "    if dep.static is not None and e.num_replicas not in (0, dep.static.replicas):\n",
+        "static-scale-to-other-count", STATIC_,
+        "    if num_replicas not in (0, static.replicas):\n",
         "    if False:\n",
         "[Static] the replica count is the mapping's length: a ScaleRequested to another count is InvalidConfig",
     ),
     # ----------------------------------------------------------------------------------- Gangs
     mutation(
-        "gang-scale-not-multiple", CORE,
-        "        if e.num_replicas % dep.gang_size:\n",
-        "        if False:\n",
+        "gang-scale-not-multiple", GANGS,
+        "    if num_replicas % dep.gang_size:\n",
+        "    if False:\n",
         "[Gangs: target] a ScaleRequested to a count not a multiple of gang_size is InvalidConfig",
     ),
     mutation(
@@ -456,31 +457,31 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Gangs: placement] spread puts members on distinct nodes while there are enough",
     ),
     mutation(
-        "gang-restart-gang-only-member", TX,
+        "gang-restart-gang-only-member", GANGS,
         '    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:\n',
         "    if True:\n",
         "[Gangs: a member fails] restart_gang stops and replaces every live member",
     ),
     mutation(
-        "gang-changed-not-sent", TX,
+        "gang-changed-not-sent", GANGS,
         "        if set(members) - new:\n            out.append(GangChanged(",
         "        if False:\n            out.append(GangChanged(",
         "[Gangs: a member fails] restart_replica: the gang is told its new members (GangChanged)",
     ),
     mutation(
-        "gang-context-rank-in-gang", TX,
+        "gang-context-rank-in-gang", GANGS,
         "rank_in_gang=c.global_rank % k,",
         "rank_in_gang=0,",
         "[Gangs: context] StartReplica.gang carries the member's rank in the gang",
     ),
     mutation(
-        "gang-downscale-lowest-gangs", TX,
+        "gang-downscale-lowest-gangs", MOVES,
         "                      if r.phase is not Phase.STOPPING), reverse=True)\n",
         "                      if r.phase is not Phase.STOPPING))\n",
         "[Gangs: downscale] whole gangs from the top ranks",
     ),
     mutation(
-        "gang-recovery-incomplete-kept", TX,
+        "gang-recovery-incomplete-kept", GANGS,
         "            if not any(m in fresh for m in members):\n                continue\n",
         "            if True:\n                continue\n",
         "[Gangs: controller crash during a gang's start] a gang with members started again is restarted whole",
@@ -499,25 +500,26 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Health: health checks] a passing check resets the count",
     ),
     mutation(
-        "placement-timeout-ignored", CORE,
+        "placement-timeout-ignored", CLOCK,
         "            elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there\n",
         "            elif False:  # never placed there\n",
         "[Health: placement timeout] a PlaceReplica unanswered placement_timeout_s: stopped and replaced",
     ),
     mutation(
-        "placement-timeout-same-node", CORE,
+        "placement-timeout-same-node", CLOCK,
         "                    dep = crash(tx, dep, current, avoid=current.node_id)\n",
         "                    dep = crash(tx, dep, current)\n",
         "[Health: placement timeout] the replacement avoids the node that did not answer",
     ),
     mutation(
-        "placement-timeout-on-static-group", SCHED,
-        "(kind is PlaceReplica and c.group is None)",
-        "kind is PlaceReplica",
+        "placement-timeout-on-static-group", STATIC_,
+        "                   bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))\n    return dep\n",
+        "                   bundles=static.bundles_of(g), capture_child_tasks=static.capture_child_tasks))\n"
+        "    from .deadlines import placement as _arm\n    _arm(tx, dep, rid)\n    return dep\n",
         "[Health: placement timeout] static groups have no placement deadline",
     ),
     mutation(
-        "start-timeout-not-a-failed-start", CORE,
+        "start-timeout-not-a-failed-start", CLOCK,
         '                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)\n',
         "                dep = fail_member(tx, dep, current)\n",
         "[Health: start timeout] a start timeout counts as a failed start",
@@ -553,12 +555,12 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Health: restart backoff] a replica that becomes ready ends the failures in a row",
     ),
     mutation(
-        "backoff-keeps-booking", TX,
+        "backoff-keeps-booking", MOVES,
         "    if managed and (delay > 0 or avoid is not None):\n",
         "    if managed and avoid is not None:\n",
         "[Health: when a crash restart's room is free] a replacement waiting out a backoff does not hold the room",
         # (both: the first edit alone is equivalent, _succeed's _forget releases the booking anyway)
-        more=(Edit(TX, "    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None\n",
+        more=(Edit(MOVES, "    booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None\n",
                    "    booking = keep_booking(tx, dep, rid, new_id) if managed and avoid is None else None\n"),),
     ),
     mutation(
@@ -580,7 +582,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Health: graceful shutdown] a replica the core gives up on is killed now (0 s)",
     ),
     mutation(
-        "downscale-stop-kills", TX,
+        "downscale-stop-kills", MOVES,
         "        tx.emit(stop_command(dep, rid))\n    return _copy(dep, replicas=replicas, counts=counts)\n",
         "        tx.emit(stop_command(dep, rid, now=True))\n    return _copy(dep, replicas=replicas, counts=counts)\n",
         "[Health: graceful shutdown] a downscale drains (graceful_shutdown_timeout_s)",
@@ -608,7 +610,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Ranks: world_size] a replacement released after its backoff starts with the world size as it is now",
     ),
     mutation(
-        "recovery-unresponsive-ranks-given", TX,
+        "recovery-unresponsive-ranks-given", MOVES,
         "        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
         "        if False:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
         "[Ranks: recovery] no rank of a deployment with an unresponsive replica is given until it has stopped",

@@ -86,10 +86,10 @@ def test_core_has_no_bare_assert():
 
 def test_a_broken_internal_rule_raises_even_under_python_O():
     code = ("import rankcore as rc\n"
-            "from rankcore import transaction as t\n"
+            "from rankcore import static\n"
             "dep = rc.step(rc.State(), rc.DeploymentApplied(name='a', num_replicas=1)).state.deployments['a']\n"
             "try:\n"
-            "    t.place_static(None, dep, 'a#0')\n"
+            "    static.place(None, dep, 'a#0')\n"
             "except rc.InvariantViolation as e:\n"
             "    print('raised:', e)\n")
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)

@@ -1,0 +1,53 @@
+"""The end-of-step work, as a named list of passes, and ``finish``, which runs it.
+
+Every handler ends with ``finish(tx)``: the passes run in this order over what
+the step did, then the step is built (``transaction.build``). Each pass skips
+itself when there is nothing for it (the common step runs none of them past a
+test of one field):
+
+1. ``place_waiting``: the waiting queue is walked once every release of the
+   step is done (``scheduling.place_waiting``; only when the step opened the
+   cluster's working copy and someone waits, not blocked);
+2. ``ticks``: a ``ScheduleTick`` per deadline armed this step (``deadlines.ticks``);
+3. ``gangs``: gang members started this step are told their gang (``gangs.tell``);
+4. ``compaction``: each touched deployment that is healthy with holes in its
+   ranks is compacted (``moves.compact_touched``);
+5. ``spares``: nodes whose set of replicas of a deployment changed are told
+   how many spare processes to keep (``spares.announce``).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import deadlines, gangs, moves, spares
+from .scheduling import place_waiting
+from .state import RecoveryOutcome, Step
+from .transaction import Tx, build
+
+__all__ = ["PASSES", "finish"]
+
+
+def _place_waiting(tx: Tx) -> None:
+    if tx.working is not None:
+        place_waiting(tx)
+
+
+#: the end-of-step passes, in the order they run: (name, pass)
+PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
+    ("place_waiting", _place_waiting),
+    ("ticks", deadlines.ticks),
+    ("gangs", gangs.tell),
+    ("compaction", moves.compact_touched),
+    ("spares", spares.announce),
+)
+
+
+def finish(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
+    """Run the end-of-step passes and build the step (``stale``: the event changed nothing)."""
+    for _, run in PASSES:
+        run(tx)
+    return build(tx, stale, recovery)
