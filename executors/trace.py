@@ -80,16 +80,17 @@ _ATTRS: dict[type, tuple[str, ...]] = {}
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _quote = json.encoder.encode_basestring_ascii  # (ensure_ascii, as the encoder)
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-if _c_make_encoder is not None:
-    # ``JSONEncoder.encode`` builds its C encoder anew on every call: most of the cost of a
-    # small record. Built once here, with the same settings, it writes the same bytes.
-    _C_ENCODE = _c_make_encoder(None, _ENCODER.default, _quote, None, ":", ",", False, False, True)
+# ``JSONEncoder.encode`` builds its C encoder anew on every call: most of the cost of a
+# small record. Built once here, with the same settings, it writes the same bytes.
+_C_ENCODE: Any = (_c_make_encoder(None, _ENCODER.default, _quote, None, ":", ",", False, False, True)
+             if _c_make_encoder is not None else None)
 
-    def _encode(value: Any) -> str:
-        """``value`` as compact JSON (what ``json.dumps(value, separators=(",", ":"))`` writes)."""
-        return "".join(_C_ENCODE(value, 0))
-else:  # pragma: no cover - a Python without the json C accelerator
-    _encode = _ENCODER.encode
+
+def _encode(value: Any) -> str:
+    """``value`` as compact JSON (what ``json.dumps(value, separators=(",", ":"))`` writes)."""
+    if _C_ENCODE is None:  # pragma: no cover - a Python without the json C accelerator
+        return _ENCODER.encode(value)
+    return "".join(_C_ENCODE(value, 0))
 
 
 def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
@@ -199,9 +200,9 @@ class TraceWriter:
             lines.append(_command_line(tj, cmd, after))
         self.steps += 1
         rid = getattr(event, "replica_id", None)
-        views = None
+        views: Any = None
         if rid is not None and self._known is not None and not isinstance(event, rc.ControllerRecovered):
-            name = before.index.get(rid)
+            name: str | None = before.index.get(rid) or after.index.get(rid)
             k = self._known.get(name) if name is not None else None
             views = (name, k.replicas.get(rid) if k is not None else None)
         if changed:
@@ -220,7 +221,7 @@ class TraceWriter:
         if views is not None:  # what the trace said of the event's replica before and after the step
             assert self._known is not None
             k = self._known.get(views[0]) if views[0] is not None else None
-            views = (views[1], k.replicas.get(rid) if k is not None else None)
+            views = (views[1], k.replicas.get(rid) if k is not None and rid is not None else None)
         lines[0] = _event_line(tj, event, before, result, views)
         lines.append("")
         self.fp.write("\n".join(lines))
@@ -334,7 +335,7 @@ def _bounded_changes(name: str, dep: rc.Deployment, k: _Known, event: object,
                 named.add(rid)
     for comp in result.compactions:
         if comp.deployment == name:
-            named.update(comp.changes.replicas())
+            named.update(comp.changes.replicas())  # type: ignore[arg-type]
     changes: dict[str, View | None] = {}
     size = len(k.replicas)
     for rid in named:
@@ -360,11 +361,6 @@ def _all_changes(dep: rc.Deployment, k: _Known) -> dict[str, View | None]:
 
 def _replica_of(event: object) -> str | None:
     return getattr(event, "replica_id", None)
-
-
-def _event_record(t: float, event: object, before: rc.State, result: rc.Step) -> dict:
-    """The ``event`` record of a step (as a dict: for readers and tests; the writer uses :func:`_event_line`)."""
-    return json.loads(_event_line(_num(t), event, before, result))
 
 
 def _event_line(t: str, event: object, before: rc.State, result: rc.Step,
@@ -410,11 +406,6 @@ def _event_line(t: str, event: object, before: rc.State, result: rc.Step,
     return (f'{{"kind":"event","t":{t},"type":"{type(event).__name__}","deployment":{_str(dep_name)},'
             f'"replica":{_str(rid)},"node":{_str(node)},"rank":{_triple(rank)},"phase":{_str(phase)},'
             f'"stale":{"true" if result.stale else "false"},"fields":{_encode(fields)}}}')
-
-
-def _command_record(t: float, cmd: object, after: rc.State) -> dict:
-    """A ``command`` record (as a dict: for readers and tests; the writer uses :func:`_command_line`)."""
-    return json.loads(_command_line(_num(t), cmd, after))
 
 
 def _command_line(t: str, cmd: object, after: rc.State) -> str:
