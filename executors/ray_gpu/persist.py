@@ -1,0 +1,126 @@
+"""What the Ray controller saves, so that a restarted controller can recover.
+
+Every key the controller keeps in Ray's internal KV store, with how it is
+written and read, in one place: a restarted controller (``recover.py``)
+reads exactly these, and ``reset`` deletes them. Ranks are not stored: they
+are rebuilt from the replicas' own reports.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray import cloudpickle
+from ray.experimental import internal_kv
+
+import rankcore as rc
+
+_KV_SPECS = b"rankcore/specs"  # what was applied, to recover after a restart (ranks are not stored)
+_KV_COUNTERS = b"rankcore/counters"  # id and lineage high-water marks, so no id is reused
+_KV_RECORDING = b"rankcore/recording"  # a trace is being recorded (survives a restart)
+_KV_EPOCH = b"rankcore/epoch"  # wall-clock origin of trace time, shared by every controller incarnation
+_KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (orders their commands)
+#: every replica the controller started and has not forgotten, with how far its
+#: start got (Ray Serve checkpoints its replica list too): a restarted controller
+#: adopts the starts under way and knows which replicas died while it was down
+_KV_REPLICAS = b"rankcore/replicas"
+_KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
+
+
+def _get(key: bytes) -> Any:
+    raw = internal_kv._internal_kv_get(key)
+    return cloudpickle.loads(raw) if raw else None
+
+
+def _put(key: bytes, value: Any) -> None:
+    internal_kv._internal_kv_put(key, cloudpickle.dumps(value), overwrite=True)
+
+
+def epoch() -> float:
+    """The wall-clock origin of trace time: the first controller's start (set now if none is)."""
+    raw = internal_kv._internal_kv_get(_KV_EPOCH)
+    if raw:
+        return float(raw)
+    return new_epoch()
+
+
+def new_epoch() -> float:
+    t0 = time.time()
+    internal_kv._internal_kv_put(_KV_EPOCH, repr(t0).encode())
+    return t0
+
+
+def next_incarnation() -> int:
+    """Count this controller's start: 1 for the first (a later one's commands outrank an earlier one's)."""
+    raw = internal_kv._internal_kv_get(_KV_INCARNATION)
+    incarnation = int(raw) + 1 if raw else 1
+    internal_kv._internal_kv_put(_KV_INCARNATION, str(incarnation).encode(), overwrite=True)
+    return incarnation
+
+
+def save_specs(state: rc.State, specs: dict[str, dict]) -> None:
+    """The deployments as the core means them now (``rc.desired_specs``, the
+    one copy of the specs: a scale is folded in) and, per deployment, what the
+    core does not hold (``specs``: its class, arguments and actor options)."""
+    desired = {d.name: d for d in rc.desired_specs(state)}
+    _put(_KV_SPECS, {name: {**spec, "applied": desired[name]} for name, spec in specs.items() if name in desired})
+
+
+def load_specs() -> dict | None:
+    """What ``save_specs`` stored (each spec with its ``applied`` DeploymentApplied), or None."""
+    return _get(_KV_SPECS)
+
+
+def save_counters(started: int, lineages: int) -> None:
+    _put(_KV_COUNTERS, (started, lineages))
+
+
+def load_counters() -> tuple[int, int]:
+    """(one past the highest replica number started, one past the highest lineage)."""
+    return _get(_KV_COUNTERS) or (0, 0)
+
+
+def save_replicas(checkpoint: dict[str, dict]) -> None:
+    """Replica id -> ``ReplicaRecord.checkpoint()``, for every replica of ours."""
+    _put(_KV_REPLICAS, checkpoint)
+
+
+def load_replicas() -> dict[str, dict]:
+    return _get(_KV_REPLICAS) or {}
+
+
+def set_recording(snapshot_every: int) -> None:
+    internal_kv._internal_kv_put(_KV_RECORDING, str(snapshot_every).encode(), overwrite=True)
+
+
+def recording() -> int | None:
+    """The recording trace's ``snapshot_every``, or None when no trace is recorded."""
+    raw = internal_kv._internal_kv_get(_KV_RECORDING)
+    return int(raw) if raw else None
+
+
+def clear_recording() -> None:
+    internal_kv._internal_kv_del(_KV_RECORDING)
+
+
+def push_fault(type_: str, fields: dict, when: float) -> None:
+    queued = _get(_KV_FAULTS) or []
+    queued.append((type_, dict(fields), when))
+    _put(_KV_FAULTS, queued)
+
+
+def take_faults() -> list[tuple[str, dict, float]]:
+    """The faults queued (``push_fault``), oldest first, removed from the store."""
+    raw = internal_kv._internal_kv_get(_KV_FAULTS)
+    if not raw:
+        return []
+    internal_kv._internal_kv_del(_KV_FAULTS)
+    return list(cloudpickle.loads(raw))
+
+
+def forget_all() -> None:
+    """Delete what a restarted controller would recover from (``reset``); the
+    incarnation count stays, so later commands still outrank earlier ones."""
+    for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS):
+        internal_kv._internal_kv_del(key)
