@@ -61,8 +61,8 @@ def jsonable(value: Any) -> Any:
         return [value.rank, value.node_rank, value.local_rank]
     if isinstance(value, Phase):
         return value.value
-    if attrs.has(ty):
-        _ATTRS[ty] = tuple(f.name for f in attrs.fields(ty))
+    if attrs.has(ty):  # (a DeploymentApplied: its options by their flat names, rankcore.options)
+        _ATTRS[ty] = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
         return jsonable(value)
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}

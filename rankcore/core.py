@@ -47,7 +47,6 @@ from .fastpaths import FAST_PATHS
 from .fields import shown
 from .lifecycle import Phase, Trigger, advance
 from .moves import crash, reconcile
-from .options import Options
 from .passes import finish
 from .records import unchecked_copy
 from .recovery import rebuild, unresponsive_gone
@@ -96,9 +95,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     resources_changed = e.resources != dep.resources
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
-                  max_replicas=e.max_replicas, resources=e.resources, placement=e.placement,
-                  start_timeout_s=e.start_timeout_s, gang_placement=e.gang_placement, gang_failure=e.gang_failure,
-                  options=Options.of(e))
+                  max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
     if moved:
         if e.static_placement is None:
             raise InvariantViolation("a static deployment's DeploymentApplied without its static_placement")

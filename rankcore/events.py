@@ -10,28 +10,14 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import attrs
 
 from . import fields as f
-from .bundles import StaticPlacement
 from .errors import InvalidConfig
-from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase
-from .options import (
-    GRACEFUL_SHUTDOWN_TIMEOUT_S,
-    GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
-    HEALTH_CHECK_FAILURE_THRESHOLD,
-    HEALTH_CHECK_PERIOD_S,
-    HEALTH_CHECK_TIMEOUT_S,
-    MAX_CONSTRUCTOR_RETRY_COUNT,
-    PLACEMENT_TIMEOUT_S,
-    RESTART_BACKOFF_MAX_S,
-    RESTART_BACKOFF_S,
-    SPARE_PROCESSES,
-)
-from .placement import POLICIES
+from .options import DEFAULTS, OPTION_NAMES, DeploymentConfig, flat_reads
 from .ranks import MAX_RANKS, ReportedRank
 
 __all__ = [
@@ -116,50 +102,28 @@ def _check_reconfigure(inst: DeploymentApplied, attribute: attrs.Attribute, valu
         )
 
 
-def _check_policy(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
-    if value not in POLICIES:
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).placement must be one of {', '.join(POLICIES)}, "
-                            f"got {value!r}")
-
-
-def _check_static(inst: DeploymentApplied, attribute: attrs.Attribute, value: StaticPlacement | None) -> None:
-    if value is None:
-        return
-    if not isinstance(value, StaticPlacement):
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).static_placement must be a "
-                            f"rankcore.StaticPlacement, got {type(value).__name__}")
-    if inst.num_replicas not in (0, value.replicas):
-        raise InvalidConfig(
-            f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)}, but static placement maps "
-            f"{value.replicas} ranks (the replica count is fixed to the mapping's length, or 0 to shut it down)")
-
-
-def _check_gang_size(inst: DeploymentApplied, attribute: attrs.Attribute, value: int) -> None:
-    if type(value) is not int or value < 1:
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).gang_size must be an int >= 1, got {value!r}")
-    if value > 1 and inst.num_replicas % value:
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)} is not a "
-                            f"multiple of gang_size={value} (gangs start and stop whole)")
-    if value > 1 and inst.static_placement is not None:
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): static_placement and gang_size > 1 do not mix "
-                            f"(a static mapping already fixes where every rank runs)")
-
-
 def _check_cause(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value not in CRASH_CAUSES:
         raise InvalidConfig(f"ReplicaCrashed({inst.replica_id!r}).cause must be one of {', '.join(CRASH_CAUSES)}, "
                             f"got {value!r}")
 
 
-def _check_choice(choices: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    def check(inst: DeploymentApplied, attribute: attrs.Attribute, value: str) -> None:
-        if value not in choices:
-            raise InvalidConfig(f"DeploymentApplied({inst.name!r}).{attribute.name} must be one of "
-                                f"{', '.join(choices)}, got {value!r}")
-    return check
+def _check_config(inst: DeploymentApplied, attribute: attrs.Attribute, value: DeploymentConfig) -> None:
+    """What the options must agree on with the replica count."""
+    if not isinstance(value, DeploymentConfig):
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).config must be a rankcore.options.DeploymentConfig, "
+                            f"got {type(value).__name__}")
+    static, k = value.static.static_placement, value.gang.gang_size
+    if static is not None and inst.num_replicas not in (0, static.replicas):
+        raise InvalidConfig(
+            f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)}, but static placement maps "
+            f"{static.replicas} ranks (the replica count is fixed to the mapping's length, or 0 to shut it down)")
+    if k > 1 and inst.num_replicas % k:
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)} is not a "
+                            f"multiple of gang_size={k} (gangs start and stop whole)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True, weakref_slot=False, init=False, repr=False)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
 
@@ -167,6 +131,12 @@ class DeploymentApplied:
     Ray Serve, the user's ``reconfigure`` is not called at startup or for rank
     changes). ``has_reconfigure``/``reconfigure_takes_rank`` describe the
     user's class, so the core can apply the seed's rules.
+
+    The deployment's options (``rankcore.options``: placement, starts, health checks,
+    shutdown, static placement, gangs, spare processes) are its ``config``, given as a
+    ``DeploymentConfig`` or by their flat names (``DeploymentApplied(name="llm",
+    num_replicas=4, gang_size=2)``; both: the names change that config) and read flat
+    too (``e.gang_size``). An unknown name raises ``InvalidConfig`` listing the options.
     """
 
     name: str = attrs.field(validator=f.name)
@@ -176,59 +146,46 @@ class DeploymentApplied:
     reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
     #: the most replicas this deployment may ever be scaled to (ScaleRequested too)
     max_replicas: int = attrs.field(default=DEFAULT_MAX_REPLICAS, validator=_check_max_replicas)
-    #: what one replica reserves on its node (``{"GPU": 1, "CPU": 4}``), when the
-    #: core places replicas (after a ``NodeJoined``; see docs/architecture.md)
-    resources: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=f.to_resources,
-                                                           validator=f.resources)
-    #: the placement policy: ``spread``, ``pack`` or ``rank_packed`` (rankcore.placement)
-    placement: str = attrs.field(default="spread", validator=_check_policy)
-    #: a replica not ready this many seconds (core clock: ``Tick``) after its
-    #: InitializeReplica is declared crashed and replaced; None: wait forever
-    start_timeout_s: float | None = attrs.field(default=None,
-                                               validator=attrs.validators.optional(f.seconds))
-    #: run on the caller's placement group: rank N on the bundles ``mapping[N]``
-    #: (rankcore.static; num_replicas must equal the mapping's length)
-    static_placement: StaticPlacement | None = attrs.field(default=None, validator=_check_static)
-    #: gangs of this many replicas (rankcore.gangs): placed all or nothing on
-    #: consecutive ranks, failing and scaling whole
-    gang_size: int = attrs.field(default=1, validator=_check_gang_size)
-    #: ``pack`` (one node when it fits) or ``spread`` (distinct nodes)
-    gang_placement: str = attrs.field(default="pack", validator=_check_choice(GANG_PLACEMENTS))
-    #: ``restart_gang`` (every member on its rank) or ``restart_replica`` (that member only)
-    gang_failure: str = attrs.field(default="restart_gang", validator=_check_choice(GANG_FAILURES))
-    # -- health, restarts, shutdown (rankcore.health, rankcore.restarts): Ray Serve's names and defaults
-    #: how often the executor checks a running replica, and how long one check may take
-    #: (a check not answered in time is reported failed: ``HealthChecked(healthy=False)``)
-    health_check_period_s: float = attrs.field(default=HEALTH_CHECK_PERIOD_S, validator=f.positive_seconds)
-    health_check_timeout_s: float = attrs.field(default=HEALTH_CHECK_TIMEOUT_S, validator=f.positive_seconds)
-    #: this many failed checks in a row: the core stops the replica and replaces it on its rank
-    health_check_failure_threshold: int = attrs.field(default=HEALTH_CHECK_FAILURE_THRESHOLD,
-                                                      validator=f.positive_int)
-    #: a stop drains calls in flight, looking every ``wait_loop`` s, for up to ``timeout`` s, then kills
-    graceful_shutdown_wait_loop_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
-                                                       validator=f.seconds)
-    graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
-    #: a PlaceReplica not answered this many seconds (core clock) after it was sent: the core gives
-    #: up on that node (the incarnation is stopped; a replacement avoids the node); None: wait forever
-    placement_timeout_s: float | None = attrs.field(default=PLACEMENT_TIMEOUT_S, validator=f.optional_positive_seconds)
-    #: after the k-th consecutive failed start (its ``__init__`` raised or timed out; k >= 2: the
-    #: first is retried at once), the replacement waits ``min(restart_backoff_s * 2**(k-2),
-    #: restart_backoff_max_s)`` on the core clock
-    restart_backoff_s: float = attrs.field(default=RESTART_BACKOFF_S, validator=f.seconds)
-    restart_backoff_max_s: float = attrs.field(default=RESTART_BACKOFF_MAX_S, validator=f.seconds)
-    #: the deployment is UNHEALTHY ("failing to start") after ``min(this, 3 * num_replicas)``
-    #: consecutive failed starts; it keeps retrying (with the backoff)
-    max_constructor_retry_count: int = attrs.field(default=MAX_CONSTRUCTOR_RETRY_COUNT, validator=f.positive_int)
-    #: keep this many started, idle worker processes on every node that holds a replica of this
-    #: deployment (``KeepSpareProcesses``), so a replacement there runs in one instead of waiting
-    #: for a process to start (on Ray, most of crash -> serving); 0: none (rankcore.spares)
-    spare_processes: int = attrs.field(default=SPARE_PROCESSES, validator=f.count)
+    #: the options (rankcore.options), each declared there once
+    config: DeploymentConfig = attrs.field(default=DEFAULTS, validator=_check_config)
 
-    @restart_backoff_max_s.validator
-    def _check_backoff(self, attribute: attrs.Attribute, value: float) -> None:
-        if value < self.restart_backoff_s:
-            raise InvalidConfig(f"DeploymentApplied({self.name!r}).restart_backoff_max_s={value!r} is below "
-                                f"restart_backoff_s={self.restart_backoff_s!r}")
+    if TYPE_CHECKING:  # the flat reads of the options, generated below
+        def __getattr__(self, name: str) -> Any: ...
+
+    def __init__(self, *, name: str, num_replicas: int, user_config: Any = None, has_reconfigure: bool = False,
+                 reconfigure_takes_rank: bool = False, max_replicas: int = DEFAULT_MAX_REPLICAS,
+                 config: DeploymentConfig = DEFAULTS, **options: Any) -> None:
+        if options:
+            config = DeploymentConfig.of(options, config if isinstance(config, DeploymentConfig) else None,
+                                         owner=f"DeploymentApplied({f.shown(name)})")
+        self.__attrs_init__(name=name, num_replicas=num_replicas, user_config=user_config,
+                            has_reconfigure=has_reconfigure, reconfigure_takes_rank=reconfigure_takes_rank,
+                            max_replicas=max_replicas, config=config)
+
+    def replace(self, **changes: Any) -> DeploymentApplied:
+        """A copy with fields or options (by their flat names) changed, checked as a new one is
+        (``attrs.evolve`` does the same at run time, but type checkers know only the fields)."""
+        fields = {a.name: getattr(self, a.name) for a in attrs.fields(DeploymentApplied)}
+        return DeploymentApplied(**{**fields, **changes})
+
+    def flat(self) -> dict[str, Any]:
+        """Its fields and every option by its flat name: ``DeploymentApplied(**e.flat()) == e``
+        (what a trace writes)."""
+        return {"name": self.name, "num_replicas": self.num_replicas, "user_config": self.user_config,
+                "has_reconfigure": self.has_reconfigure, "reconfigure_takes_rank": self.reconfigure_takes_rank,
+                "max_replicas": self.max_replicas, **self.config.flat()}
+
+    def __repr__(self) -> str:
+        """Valid Python: the options that differ from their defaults, by their flat names."""
+        fields = {"name": self.name, "num_replicas": self.num_replicas, "user_config": self.user_config,
+                  "has_reconfigure": self.has_reconfigure, "reconfigure_takes_rank": self.reconfigure_takes_rank,
+                  "max_replicas": self.max_replicas, **self.config.changed()}
+        return f"DeploymentApplied({', '.join(f'{k}={v!r}' for k, v in fields.items())})"
+
+
+flat_reads(DeploymentApplied, "config.")
+if {a.name for a in attrs.fields(DeploymentApplied)} & set(OPTION_NAMES):
+    raise TypeError("DeploymentApplied: a field and an option share a name (rankcore.options)")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

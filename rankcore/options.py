@@ -1,22 +1,46 @@
-"""The deployment options that executors honour, and their defaults, declared once.
+"""A deployment's options, declared once: name, type, default, check and doc of each.
 
-Ray Serve's names and values where it has the option (ray/serve/_private/constants.py,
-2.60); ``DeploymentApplied`` declares each option with its default from here, the
-commands carry the values, and every executor and scenario surface reads them from
-there, never from a constant of its own.
+``DeploymentConfig`` holds one frozen group per subject: ``scheduling`` (what a replica
+reserves, the placement policy, the placement timeout), ``start`` (start timeout, restart
+backoff, retries), ``health``, ``shutdown``, ``static`` (static placement), ``gang`` and
+``spares`` (tiers and autoscaling will each be one more group). Every leaf keeps Ray
+Serve's flat name where Ray Serve has the option, and leaf names are unique across
+groups, so every surface spells an option by its leaf name: ``DeploymentApplied(gang_size=2)``,
+``@deployment(health_check_period_s=5)``, a scenario's ``deployments.llm.restart_backoff_s``.
+
+Everything else is derived from these classes: the flat-name table (``LEAVES``), the
+flat reads (``config.gang_size`` is ``config.gang.gang_size``; ``DeploymentApplied`` and
+``Deployment`` read the same way), what each surface accepts as is (``as_is``), and the
+docs' option tables (``tools/options_table.py``, checked by a test). A leaf's metadata
+says how a surface spells it when not by its own name and default (``Spelling``).
+Adding an option is one field here, plus the rule that reads it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, cast
+
 import attrs
 
+from . import fields as f
+from .bundles import StaticPlacement
+from .errors import InvalidConfig
+from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
+from .placement import POLICIES
+
 __all__ = [
-    "Options",
+    "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
+    "StaticOptions", "GangOptions", "SpareOptions", "Spelling", "Options",
+    "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
-    "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "SPARE_PROCESSES", "RESTART_BACKOFF_S", "RESTART_BACKOFF_MAX_S", "OPTION_NAMES", "DEFAULT_OPTIONS",
+    "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "SPARE_PROCESSES", "RESTART_BACKOFF_S",
+    "RESTART_BACKOFF_MAX_S",
 ]
 
+# Ray Serve's values (ray/serve/_private/constants.py, 2.60) where it has the option.
 HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 #: REPLICA_HEALTH_CHECK_UNHEALTHY_THRESHOLD
@@ -31,38 +55,264 @@ PLACEMENT_TIMEOUT_S = 10.0
 #: ours (Ray Serve retries a failing constructor at once): restart backoff, doubling, capped
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 64.0
-#: ours (Ray Serve has none): started, idle worker processes kept on each node holding a replica,
-#: so a replacement there skips the process start (rankcore.spares); 0: none (each costs a
-#: Python process's memory on every such node, no GPU)
+#: ours (Ray Serve has none): started, idle worker processes kept on each node holding a replica
 SPARE_PROCESSES = 0
-
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
 MAX_PER_REPLICA_RETRY_COUNT = 3
 
+#: the surfaces that spell options: the Ray executor's ``@deployment(...)`` / ``.options(...)``,
+#: a scenario file's ``deployments.<name>`` mapping
+SURFACES = ("ray", "scenario")
+
+
+@attrs.frozen
+class Spelling:
+    """How one surface spells an option when not as is (its leaf name, the config's default,
+    passed through unchanged): ``key`` there, what differs (``note``), and the surface's own
+    default when it has one (``default``, as the docs show it; None: the config's)."""
+
+    key: str
+    note: str = ""
+    default: str | None = None
+
+
+def _option(default: Any, validator: Any, doc: str, *, converter: Any = None,
+            ray: Spelling | None = None, scenario: Spelling | None = None) -> Any:
+    """A leaf: its default, its check (named after the record that holds it; a
+    ``DeploymentApplied`` names itself instead), a one-line doc, and how the surfaces
+    spell it (None: as is)."""
+    return attrs.field(default=default, validator=validator, converter=converter,
+                       metadata={"doc": doc, "ray": ray, "scenario": scenario})
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if value not in choices:
+            raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be one of {', '.join(choices)}, "
+                                f"got {f.shown(value)}")
+    return check
+
+
+def _static(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, StaticPlacement):
+        raise InvalidConfig(f"{type(inst).__name__}.static_placement must be a rankcore.StaticPlacement, "
+                            f"got {type(value).__name__}")
+
+
+_RAY_PLACEMENT = "a keyword of its own, sent with the placement options"
+
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
-class Options:
-    """A deployment's health, shutdown, placement-timeout, restart and spare-process options, as
-    ``DeploymentApplied`` gave them (one slot on ``Deployment``: the hot path copies
-    deployments, and these change only with a new ``DeploymentApplied``)."""
+class SchedulingOptions:
+    """Where a replica goes and how long its placement may take (rankcore.placement)."""
 
-    health_check_period_s: float = HEALTH_CHECK_PERIOD_S
-    health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
-    health_check_failure_threshold: int = HEALTH_CHECK_FAILURE_THRESHOLD
-    graceful_shutdown_wait_loop_s: float = GRACEFUL_SHUTDOWN_WAIT_LOOP_S
-    graceful_shutdown_timeout_s: float = GRACEFUL_SHUTDOWN_TIMEOUT_S
-    placement_timeout_s: float | None = PLACEMENT_TIMEOUT_S
-    restart_backoff_s: float = RESTART_BACKOFF_S
-    restart_backoff_max_s: float = RESTART_BACKOFF_MAX_S
-    max_constructor_retry_count: int = MAX_CONSTRUCTOR_RETRY_COUNT
-    spare_processes: int = SPARE_PROCESSES
+    resources: tuple[tuple[str, float], ...] = _option(
+        (), f.resources, "what one replica reserves on its node ({GPU: 1, CPU: 4}) when the core places replicas",
+        converter=f.to_resources,
+        ray=Spelling("ray_actor_options", "derived from the replica's placement group: ray_actor_options, "
+                                          "placement_group_bundles, placement_group_strategy", "derived"),
+        scenario=Spelling("gpus", "{GPU: gpus}", "`1`"))
+    placement: str = _option(
+        "spread", _one_of(POLICIES), "the placement policy: spread, pack or rank_packed",
+        ray=Spelling("replica_placement", "Ray's name; " + _RAY_PLACEMENT),
+        scenario=Spelling("placement", "", "the scenario's `placement` (`spread`)"))
+    placement_timeout_s: float | None = _option(
+        PLACEMENT_TIMEOUT_S, f.optional_positive_seconds,
+        "a PlaceReplica unanswered this long (core clock): that node is given up, a replacement avoids it; "
+        "None: wait forever")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class StartOptions:
+    """How long a start may take and how failed starts are retried (rankcore.restarts)."""
+
+    start_timeout_s: float | None = _option(
+        None, f.optional_seconds,
+        "a replica not ready this long after its InitializeReplica is declared crashed and replaced on its "
+        "rank; None: wait forever",
+        scenario=Spelling("faults.start_timeout", "scenario-wide", "`300`"))
+    restart_backoff_s: float = _option(
+        RESTART_BACKOFF_S, f.seconds,
+        "after the k-th failed start in a row (k >= 2), the replacement waits "
+        "min(restart_backoff_s * 2**(k-2), restart_backoff_max_s)")
+    restart_backoff_max_s: float = _option(RESTART_BACKOFF_MAX_S, f.seconds,
+                                           "the cap of that backoff (>= restart_backoff_s)")
+    max_constructor_retry_count: int = _option(
+        MAX_CONSTRUCTOR_RETRY_COUNT, f.positive_int,
+        "UNHEALTHY after min(this, 3 x num_replicas) failed starts in a row (it keeps retrying)")
+
+    @restart_backoff_max_s.validator
+    def _check_backoff(self, attribute: attrs.Attribute, value: float) -> None:
+        f.seconds(self, attribute, value)
+        if value < self.restart_backoff_s:
+            raise InvalidConfig(f"{type(self).__name__}.restart_backoff_max_s={value!r} is below "
+                                f"restart_backoff_s={self.restart_backoff_s!r}")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class HealthOptions:
+    """Health checks of a serving replica (rankcore.health)."""
+
+    health_check_period_s: float = _option(HEALTH_CHECK_PERIOD_S, f.positive_seconds,
+                                           "how often the executor checks a serving replica")
+    health_check_timeout_s: float = _option(HEALTH_CHECK_TIMEOUT_S, f.positive_seconds,
+                                            "how long one check may take (unanswered: failed)")
+    health_check_failure_threshold: int = _option(
+        HEALTH_CHECK_FAILURE_THRESHOLD, f.positive_int,
+        "this many failed checks in a row: the replica is stopped and replaced on its rank")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class ShutdownOptions:
+    """How a stop drains (rankcore.transaction.stop_command)."""
+
+    graceful_shutdown_wait_loop_s: float = _option(GRACEFUL_SHUTDOWN_WAIT_LOOP_S, f.seconds,
+                                                   "a stopping replica looks this often whether its calls are done")
+    graceful_shutdown_timeout_s: float = _option(GRACEFUL_SHUTDOWN_TIMEOUT_S, f.seconds,
+                                                 "a stop drains calls in flight at most this long, then kills")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class StaticOptions:
+    """Static placement on a caller's placement group (rankcore.static)."""
+
+    static_placement: StaticPlacement | None = _option(  # noqa: RUF009 (an attrs.field)
+        None, _static, "run on the caller's placement group: rank N on the bundles mapping[N] "
+                       "(num_replicas is the mapping's length)",
+        ray=Spelling("static_placement", "a StaticPlacementConfig(placement_group, replica_bundle_mapping); "
+                                         "alias _placement_info"),
+        scenario=Spelling("static_placement", "{group, bundles, mapping or per_replica, bundle_gpus, "
+                                              "capture_child_tasks}"))
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class GangOptions:
+    """Gangs: replicas placed, failing and scaling together on consecutive ranks (rankcore.gangs)."""
+
+    gang_size: int = _option(1, f.positive_int, "gangs of this many replicas (num_replicas a multiple of it)",
+                             ray=Spelling("gang_size", _RAY_PLACEMENT), scenario=Spelling("gang.size", "or gang: k"))
+    gang_placement: str = _option("pack", _one_of(GANG_PLACEMENTS),
+                                  "pack (one node when it fits) or spread (distinct nodes)",
+                                  ray=Spelling("gang_placement", _RAY_PLACEMENT),
+                                  scenario=Spelling("gang.placement"))
+    gang_failure: str = _option("restart_gang", _one_of(GANG_FAILURES),
+                                "restart_gang (every member on its rank) or restart_replica (that member only)",
+                                ray=Spelling("gang_failure", _RAY_PLACEMENT),
+                                scenario=Spelling("gang.failure"))
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class SpareOptions:
+    """Spare worker processes (rankcore.spares)."""
+
+    spare_processes: int = _option(
+        SPARE_PROCESSES, f.count,
+        "keep this many started, idle worker processes on every node holding a replica, so a replacement "
+        "there skips the process start; 0: none")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class DeploymentConfig:
+    """A deployment's options, one group per subject. Build one from flat names with
+    :meth:`of`; read a leaf nested (``config.gang.gang_size``) or flat (``config.gang_size``)."""
+
+    scheduling: SchedulingOptions = attrs.field(factory=SchedulingOptions)
+    start: StartOptions = attrs.field(factory=StartOptions)
+    health: HealthOptions = attrs.field(factory=HealthOptions)
+    shutdown: ShutdownOptions = attrs.field(factory=ShutdownOptions)
+    static: StaticOptions = attrs.field(factory=StaticOptions)
+    gang: GangOptions = attrs.field(factory=GangOptions)
+    spares: SpareOptions = attrs.field(factory=SpareOptions)
+
+    @gang.validator
+    def _check_gang(self, attribute: attrs.Attribute, value: GangOptions) -> None:
+        if value.gang_size > 1 and self.static.static_placement is not None:
+            raise InvalidConfig(f"{type(self).__name__}: static_placement and gang_size > 1 do not mix "
+                                f"(a static mapping already fixes where every rank runs)")
+
+    if TYPE_CHECKING:  # the flat reads, generated below from LEAVES
+        def __getattr__(self, name: str) -> Any: ...
 
     @classmethod
-    def of(cls, spec: object) -> Options:
-        """The options a ``DeploymentApplied`` (or anything with these attributes) declares."""
-        return cls(**{a.name: getattr(spec, a.name) for a in attrs.fields(cls)})
+    def of(cls, options: Mapping[str, Any], base: DeploymentConfig | None = None,
+           owner: str = "DeploymentConfig") -> DeploymentConfig:
+        """``base`` (default: the defaults) with the options named flat in ``options`` changed.
+        An unknown name or a bad value raises ``InvalidConfig`` naming ``owner`` and the option."""
+        base = DEFAULTS if base is None else base
+        if not options:
+            return base
+        unknown = sorted(str(k) for k in options if k not in LEAVES)
+        if unknown:
+            raise InvalidConfig(f"{owner}: unknown option(s) {', '.join(unknown)} "
+                                f"(options: {', '.join(OPTION_NAMES)})")
+        groups: dict[str, dict[str, Any]] = {}
+        for name, value in options.items():
+            groups.setdefault(LEAVES[name], {})[name] = value
+        try:
+            return attrs.evolve(base, **{g: attrs.evolve(getattr(base, g), **given) for g, given in groups.items()})
+        except InvalidConfig as exc:
+            raise _owned(exc, owner) from None
+
+    def flat(self) -> dict[str, Any]:
+        """Every option by its flat name, in declaration order."""
+        return {name: getattr(getattr(self, group), name) for name, group in LEAVES.items()}
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults, by flat name."""
+        return {name: value for name, value in self.flat().items() if value != getattr(DEFAULTS, name)}
 
 
-#: the names of the options (``DeploymentApplied`` fields, ``Options`` fields, scenario keys)
-OPTION_NAMES: tuple[str, ...] = tuple(a.name for a in attrs.fields(Options))
-DEFAULT_OPTIONS = Options()
+_GROUPS: dict[str, type] = {g.name: cast(Any, g.default).factory for g in attrs.fields(DeploymentConfig)}
+_ATTRS: dict[str, attrs.Attribute] = {a.name: a for cls in _GROUPS.values() for a in attrs.fields(cls)}
+#: flat option name -> the ``DeploymentConfig`` group holding it, in declaration order
+LEAVES: dict[str, str] = {a.name: g for g, cls in _GROUPS.items() for a in attrs.fields(cls)}
+if len(_ATTRS) != sum(len(attrs.fields(c)) for c in _GROUPS.values()) or set(LEAVES) & set(_GROUPS):
+    raise TypeError("DeploymentConfig: every option needs a flat name of its own (unique across groups, "
+                    "and no group's name)")
+#: every option's flat name
+OPTION_NAMES: tuple[str, ...] = tuple(LEAVES)
+
+
+def leaf_doc(name: str) -> str:
+    """The one-line doc of option ``name``."""
+    return str(_ATTRS[name].metadata["doc"])
+
+
+def spelling(name: str, surface: str) -> Spelling | None:
+    """How ``surface`` (``SURFACES``) spells option ``name``; None: as is."""
+    if surface not in SURFACES:
+        raise ValueError(f"unknown surface {surface!r} (surfaces: {', '.join(SURFACES)})")
+    spelt: Spelling | None = _ATTRS[name].metadata[surface]
+    return spelt
+
+
+def as_is(surface: str) -> tuple[str, ...]:
+    """The options ``surface`` takes as is (leaf name, the config's default, the value unchanged):
+    it accepts and passes them on without naming any of them."""
+    return tuple(n for n in OPTION_NAMES if spelling(n, surface) is None)
+
+
+def _owned(exc: InvalidConfig, owner: str) -> InvalidConfig:
+    """A config record's error, told as ``owner``'s (``DeploymentApplied('llm').gang_size ...``)."""
+    text = str(exc)
+    for cls in (DeploymentConfig, *_GROUPS.values()):
+        prefix = cls.__name__
+        if text.startswith(prefix) and text[len(prefix):len(prefix) + 1] in (".", ":"):
+            return InvalidConfig(owner + text[len(prefix):])
+    return exc
+
+
+def flat_reads(cls: type, path: str = "", skip: tuple[str, ...] = ()) -> None:
+    """Give ``cls`` a read-only property per option (but ``skip``), ``cls.<name>`` reading
+    ``<path><group>.<name>`` (one C-level ``attrgetter``: the core reads these on its hot path)."""
+    for name, group in LEAVES.items():
+        if name not in skip and name not in cls.__dict__:
+            setattr(cls, name, property(attrgetter(f"{path}{group}.{name}"), doc=leaf_doc(name)))
+
+
+flat_reads(DeploymentConfig)
+#: the defaults (the config of a ``DeploymentApplied`` that names no option)
+DEFAULTS = DeploymentConfig()
+#: earlier names
+Options = DeploymentConfig
+DEFAULT_OPTIONS = DEFAULTS

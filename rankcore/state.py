@@ -11,7 +11,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import immutables
@@ -22,7 +22,7 @@ from .cluster import Cluster
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase
-from .options import DEFAULT_OPTIONS, MAX_PER_REPLICA_RETRY_COUNT, Options
+from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, StaticOptions, flat_reads
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs"]
@@ -93,17 +93,12 @@ class Deployment:
     has_reconfigure: bool = False
     reconfigure_takes_rank: bool = False
     max_replicas: int = DEFAULT_MAX_REPLICAS
-    #: what one replica reserves, the placement policy, the start timeout (see DeploymentApplied)
-    resources: tuple[tuple[str, float], ...] = ()
-    placement: str = "spread"
-    start_timeout_s: float | None = None
-    #: static placement, gangs (see DeploymentApplied)
+    #: the options, as the last ``DeploymentApplied`` gave them (rankcore.options); read flat
+    #: too: ``dep.gang_size``, ``dep.resources``, ``dep.options.health_check_period_s``
+    config: DeploymentConfig = DEFAULTS
+    #: the static placement as it is now: the applied mapping, its bundles on the nodes
+    #: last reported (``BundlesPlaced``, ``NodeLost``); ``config`` keeps it as applied
     static: StaticPlacement | None = None
-    gang_size: int = 1
-    gang_placement: str = "pack"
-    gang_failure: str = "restart_gang"
-    #: health checks, graceful shutdown, placement timeout, restart backoff (rankcore.options)
-    options: Options = DEFAULT_OPTIONS
     #: starts that failed in a row (``__init__`` raised or timed out; reset by any ReplicaReady):
     #: the restart backoff and the UNHEALTHY status follow from it (rankcore.restarts)
     start_failures: int = 0
@@ -118,26 +113,32 @@ class Deployment:
     #: ``healthy``) until it has gone (``rankcore.recovery``)
     unresponsive: immutables.Map = attrs.field(factory=immutables.Map)
 
+    if TYPE_CHECKING:  # the flat reads of the options, generated below
+        def __getattr__(self, name: str) -> Any: ...
+
     @classmethod
     def applied(cls, spec: Any, **more: Any) -> Deployment:
         """A deployment as a ``DeploymentApplied`` declares it (``more``: the rest)."""
         return cls(name=spec.name, target=spec.num_replicas, user_config=spec.user_config,
                    has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
-                   max_replicas=spec.max_replicas, resources=spec.resources, placement=spec.placement,
-                   start_timeout_s=spec.start_timeout_s, static=spec.static_placement, gang_size=spec.gang_size,
-                   gang_placement=spec.gang_placement, gang_failure=spec.gang_failure,
-                   options=Options.of(spec), **more)
+                   max_replicas=spec.max_replicas, config=spec.config, static=spec.config.static.static_placement,
+                   **more)
 
     def spec(self) -> DeploymentApplied:
         """The ``DeploymentApplied`` that declares this deployment as it is now
-        (its current target, not the count it was first applied with)."""
+        (its current target and static placement, not those it was first applied with)."""
+        config = self.config
+        if self.static != config.static.static_placement:
+            config = attrs.evolve(config, static=StaticOptions(static_placement=self.static))
         return DeploymentApplied(name=self.name, num_replicas=self.target, user_config=self.user_config,
                                  has_reconfigure=self.has_reconfigure,
                                  reconfigure_takes_rank=self.reconfigure_takes_rank, max_replicas=self.max_replicas,
-                                 resources=self.resources, placement=self.placement,
-                                 start_timeout_s=self.start_timeout_s, static_placement=self.static,
-                                 gang_size=self.gang_size, gang_placement=self.gang_placement,
-                                 gang_failure=self.gang_failure, **attrs.asdict(self.options))
+                                 config=config)
+
+    @property
+    def options(self) -> DeploymentConfig:
+        """The options (``config``; an earlier name): ``dep.options.placement_timeout_s``."""
+        return self.config
 
     def count(self, phase: Phase) -> int:
         return self.counts[_PHASE_INDEX[phase]]
@@ -162,7 +163,7 @@ class Deployment:
     def failing_to_start(self) -> bool:
         """Ray Serve's rule: ``min(max_constructor_retry_count, 3 x target)`` failed starts in a
         row (rankcore.restarts counts them)."""
-        return self.target > 0 and self.start_failures >= min(self.options.max_constructor_retry_count,
+        return self.target > 0 and self.start_failures >= min(self.config.start.max_constructor_retry_count,
                                                               MAX_PER_REPLICA_RETRY_COUNT * self.target)
 
     @property
@@ -179,7 +180,7 @@ class Deployment:
         """Why the status is what it is (empty when HEALTHY)."""
         if self.failing_to_start:
             return (f"failing to start: {self.start_failures} starts in a row failed; retrying with a "
-                    f"backoff of up to {self.options.restart_backoff_max_s:g} s")
+                    f"backoff of up to {self.config.start.restart_backoff_max_s:g} s")
         if self.counts[_FAILED_AT]:
             return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
         if self.healthy:
@@ -196,6 +197,10 @@ class Deployment:
 
         ranks = self.ranks
         return packing_gap([ranks.node_of(rid) for rid in ranks])  # (iteration is in global-rank order)
+
+
+# dep.<option> reads dep.config.<group>.<option>; the static placement reads as dep.static (live)
+flat_reads(Deployment, "config.", skip=("static_placement",))
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

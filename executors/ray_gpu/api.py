@@ -31,6 +31,11 @@ RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "reso
                      "label_selector")
 
 
+#: the core's option defaults (rankcore.options): the keywords of its own that spell options
+#: (replica_placement, gang_*) default to them
+_D = rc.options.DEFAULTS
+
+
 def _bad(name: Any, what: str) -> rc.InvalidConfig:
     # the core names its record ("DeploymentApplied('x').num_replicas"); here the option is the name
     what = re.sub(r"DeploymentApplied(\([^)]*\))?(\.|: )", "", what)
@@ -163,23 +168,21 @@ class Deployment:
     max_ongoing_requests: int = 5
     placement_group_bundles: Any = attrs.field(default=None, eq=False)
     placement_group_strategy: str = "PACK"
-    replica_placement: str = "spread"
+    replica_placement: str = _D.placement
     max_replicas: int = rc.DEFAULT_MAX_REPLICAS
     static_placement: Any = attrs.field(default=None, eq=False)
-    gang_size: int = 1
-    gang_placement: str = "pack"
-    gang_failure: str = "restart_gang"
-    #: the core's deployment options (``rankcore.options``, Ray Serve's names and
-    #: defaults: health checks, graceful shutdown, placement timeout, restart
-    #: backoff; ``start_timeout_s``), only those given: ``DeploymentApplied`` has the defaults
+    gang_size: int = _D.gang_size
+    gang_placement: str = _D.gang_placement
+    gang_failure: str = _D.gang_failure
+    #: the options Ray takes as is (``CORE_OPTIONS``: ``rankcore.options.as_is("ray")``, Ray
+    #: Serve's names and defaults: health checks, graceful shutdown, timeouts, restart backoff,
+    #: spare processes), only those given: ``DeploymentApplied`` has the defaults
     core_options: dict = attrs.field(factory=dict, eq=False)
 
     def __attrs_post_init__(self) -> None:
         validate_options(self)
         try:  # checked by the core's own record, where they are written
             rc.DeploymentApplied(name="x", num_replicas=0, **self.core_options)
-        except TypeError as exc:
-            raise _bad(self.name, f"unknown option ({exc})") from None
         except rc.InvalidConfig as exc:
             raise _bad(self.name, str(exc)) from None
 
@@ -242,11 +245,11 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
-               replica_placement: str = "spread", max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
+               replica_placement: str = _D.placement, max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
                static_placement: StaticPlacementConfig | None = None,
-               _placement_info: StaticPlacementConfig | None = None, gang_size: int = 1,
-               gang_placement: str = "pack",
-               gang_failure: str = "restart_gang", **core_options: Any) -> Deployment | Callable[[type], Deployment]:
+               _placement_info: StaticPlacementConfig | None = None, gang_size: int = _D.gang_size,
+               gang_placement: str = _D.gang_placement,
+               gang_failure: str = _D.gang_failure, **core_options: Any) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -264,18 +267,12 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     consecutive ranks, placed all or nothing (``gang_placement``: ``pack`` or
     ``spread``), failing whole (``gang_failure="restart_gang"``) or member by
     member (``"restart_replica"``); ``num_replicas`` a multiple of k.
-    The core's options, Ray Serve's names and defaults (``rankcore.options``):
-    ``health_check_period_s`` / ``health_check_timeout_s`` /
-    ``health_check_failure_threshold`` (the replica's ``check_health`` is
-    called that often; that many failures in a row and it is replaced on its
-    rank), ``graceful_shutdown_wait_loop_s`` / ``graceful_shutdown_timeout_s``
-    (a stopped replica's calls in flight may finish that long), ``start_timeout_s``
-    (an ``__init__`` running longer is killed and started again; default: wait
-    forever), ``placement_timeout_s``, ``restart_backoff_s`` /
-    ``restart_backoff_max_s`` and ``max_constructor_retry_count`` (a constructor
-    that keeps raising is retried ever later; the deployment's
-    ``handle.status()["status"]`` is then ``UNHEALTHY``).
-    Every option is checked here (``rankcore.InvalidConfig`` naming it).
+    ``core_options``: the core's options Ray takes as is (``CORE_OPTIONS``,
+    declared once in ``rankcore.options`` with Ray Serve's names and defaults:
+    health checks, graceful shutdown, ``start_timeout_s``, ``placement_timeout_s``,
+    restart backoff, ``spare_processes``; the table in docs/ray.md is generated
+    from there). Every option is checked here (``rankcore.InvalidConfig``
+    naming it; an unknown one is refused, listing the options).
     """
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:

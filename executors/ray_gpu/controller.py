@@ -34,7 +34,6 @@ import logging
 import time
 from typing import Any
 
-import attrs
 from ray import cloudpickle
 
 import rankcore as rc
@@ -230,7 +229,7 @@ class Controller:
         await self._ready()
         self.watcher.sync_nodes()  # the nodes first (after a reset the core knows none)
         if static is not None:  # where the caller's bundles are (on nodes the core knows)
-            event = attrs.evolve(event, static_placement=static.to_core(
+            event = event.replace(static_placement=static.to_core(
                 st.bundle_nodes(static.placement_group, set(self.ledger.nodes))))
         before = self.ledger.specs.get(name)
         self.ledger.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,

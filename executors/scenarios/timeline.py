@@ -501,14 +501,14 @@ class Desired:
         (what a recovering executor reads from the group)."""
         base = self._base(name)
         if base.static_placement is not None:
-            self.applied[name] = attrs.evolve(base, static_placement=base.static_placement.with_nodes(bundle_nodes))
+            self.applied[name] = base.replace(static_placement=base.static_placement.with_nodes(bundle_nodes))
 
     def lose_node(self, node: str) -> None:
         """Bundles on a lost node are no longer placed."""
         for name in sorted(self.applied):
             sp = self.applied[name].static_placement
             if sp is not None and node in sp.bundle_nodes:
-                self.applied[name] = attrs.evolve(self.applied[name], static_placement=sp.lose(node))
+                self.applied[name] = self.applied[name].replace(static_placement=sp.lose(node))
 
 
 class Target(Protocol):

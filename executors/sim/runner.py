@@ -343,7 +343,7 @@ class Simulation:
             if sp is not None and spec.name in self.backend.groups:
                 nodes = tuple(b if b is not None and b in self.backend.nodes and self.backend.nodes[b].alive
                               else None for b in self.backend.groups[spec.name])
-                spec = attrs.evolve(spec, static_placement=sp.with_nodes(nodes))
+                spec = spec.replace(static_placement=sp.with_nodes(nodes))
             out.append(spec)
         return tuple(out)
 

@@ -161,9 +161,10 @@ def test_a_replica_id_with_unicode_digits_is_refused_not_stale(rid: str) -> None
     (lambda: rc.Tick(now=HUGE), "Tick.now"),
     (lambda: rc.ReplicaPlaced(replica_id="llm#0", node_id="n0", now=HUGE), "ReplicaPlaced.now"),
     (lambda: rc.ReplicaCrashed(replica_id="llm#0", now=HUGE), "ReplicaCrashed.now"),
-    (lambda: rc.DeploymentApplied(name="x", num_replicas=1, start_timeout_s=HUGE), "DeploymentApplied.start_timeout_s"),
+    (lambda: rc.DeploymentApplied(name="x", num_replicas=1, start_timeout_s=HUGE),
+     "DeploymentApplied('x').start_timeout_s"),  # (an option's error names its deployment)
     (lambda: rc.DeploymentApplied(name="x", num_replicas=1, resources={"GPU": HUGE}),
-     "DeploymentApplied.resources['GPU']"),
+     "DeploymentApplied('x').resources['GPU']"),
     (lambda: rc.NodeJoined(node_id="n", resources={"GPU": HUGE}), "NodeJoined.resources['GPU']"),
     (lambda: rc.NodeCapacityChanged(node_id="n", resources={"GPU": HUGE}), "NodeCapacityChanged.resources['GPU']"),
 ])
