@@ -81,7 +81,7 @@ class DeploymentSpec:
     latency: dict = attrs.field(factory=dict, hash=False)
     max_replicas: int = rc.DEFAULT_MAX_REPLICAS
     #: the placement policy (the scenario's ``placement`` unless the deployment names one)
-    placement: str = "spread"
+    placement: str = rc.options.DEFAULTS.placement
     #: the core's start timeout (the scenario's ``faults.start_timeout``)
     start_timeout: float | None = None
     #: static placement on a placement group the scenario's caller made (rankcore.StaticPlacement)
@@ -89,12 +89,12 @@ class DeploymentSpec:
     #: GPUs each bundle of that group holds on its node (the group's, not the replica's)
     bundle_gpus: float = 1.0
     #: gangs (rankcore.gangs): size, pack/spread, restart_gang/restart_replica
-    gang_size: int = 1
-    gang_placement: str = "pack"
-    gang_failure: str = "restart_gang"
-    #: the deployment options the executors honour (rankcore.options: health checks, graceful
-    #: shutdown, placement timeout, restart backoff), as given in the file: the core's defaults
-    #: for the rest (declared once there)
+    gang_size: int = rc.options.DEFAULTS.gang_size
+    gang_placement: str = rc.options.DEFAULTS.gang_placement
+    gang_failure: str = rc.options.DEFAULTS.gang_failure
+    #: the options a scenario takes as is (``rankcore.options.as_is("scenario")``: health checks,
+    #: graceful shutdown, placement timeout, restart backoff, spare processes, ...), as given in
+    #: the file: the core's defaults for the rest (declared once there)
     options: tuple[tuple[str, Any], ...] = ()
     #: the first this many starts of its replicas fail (their __init__ raises): a crash loop
     start_failures: int = 0
@@ -481,7 +481,7 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
                       ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement",
-                       "static_placement", "gang", "start_failures", *rc.options.OPTION_NAMES))
+                       "static_placement", "gang", "start_failures", *_AS_IS))
         policy = m.get("placement", placement)
         if policy not in rc.placement.POLICIES:
             raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
@@ -523,10 +523,15 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
     return out
 
 
+#: the deployment keys that are options taken as is (rankcore.options: one declaration); the
+#: others (gpus, placement, static_placement, gang, faults.start_timeout) are spelt here
+_AS_IS = rc.options.as_is("scenario")
+
+
 def _options(m: dict, p: tuple, c: _Checker, name: str) -> tuple[tuple[str, Any], ...]:
-    """The deployment options given (``rankcore.options.OPTION_NAMES``), checked by the core's own
+    """The options given that a scenario takes as is (``_AS_IS``), checked by the core's own
     ``DeploymentApplied`` (one declaration, one check), the error pinned on the key."""
-    given = tuple((k, m[k]) for k in rc.options.OPTION_NAMES if k in m)
+    given = tuple((k, m[k]) for k in _AS_IS if k in m)
     try:
         rc.DeploymentApplied(name=name, num_replicas=0, **dict(given))
     except rc.InvalidConfig as exc:
@@ -575,20 +580,23 @@ def _static(v: Any, p: tuple, c: _Checker, nodes: set[str] | None) -> tuple[rc.S
     return static, c.number(m.get("bundle_gpus", 1), p + ("bundle_gpus",))
 
 
+_D = rc.options.DEFAULTS
+
+
 def _gang(v: Any, p: tuple, c: _Checker) -> tuple[int, str, str]:
     """``gang: {size: k, placement: pack|spread, failure: restart_gang|restart_replica}`` (or just ``k``)."""
     if v is None:
-        return 1, "pack", "restart_gang"
+        return _D.gang_size, _D.gang_placement, _D.gang_failure
     if isinstance(v, int) and not isinstance(v, bool):
         v = {"size": v}
     m = c.mapping(v, p, ("size", "placement", "failure"), required=("size",))
     size = c.count(m["size"], p + ("size",))
     if size < 1:
         raise c.fail(p + ("size",), "must be at least 1")
-    placement = m.get("placement", "pack")
+    placement = m.get("placement", _D.gang_placement)
     if placement not in rc.gangs.GANG_PLACEMENTS:
         raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.gangs.GANG_PLACEMENTS)}, got {_show(placement)}")
-    failure = m.get("failure", "restart_gang")
+    failure = m.get("failure", _D.gang_failure)
     if failure not in rc.gangs.GANG_FAILURES:
         raise c.fail(p + ("failure",), f"must be one of {', '.join(rc.gangs.GANG_FAILURES)}, got {_show(failure)}")
     return size, placement, failure
