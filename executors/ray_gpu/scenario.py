@@ -56,8 +56,10 @@ from ..scenarios.timeline import (
 )
 from .api import Deployment, ask, get_controller
 from .cluster import SCENARIO_NODE_LABEL, ScenarioCluster
-from .controller import NAMESPACE, UNSEEN_GROUP_PREFIX, actor_name, queue_fault
+from .observe import UNSEEN_GROUP_PREFIX
+from .record import queue_fault
 from .replica import ReplicaActor
+from .replicas import NAMESPACE, actor_name
 from .scenario_models import CLASSES, NoReconfigure
 from .static import StaticPlacementConfig
 
@@ -189,7 +191,7 @@ def _make_groups(sc: Scenario, cluster: ScenarioCluster | None, timeout: float =
 def _hide_gpus(sc: Scenario, cluster: ScenarioCluster | None, timeout: float = 60.0) -> list[Any]:
     """A node's ``unreported_gpus``: a placement group pinned to the node holds
     them, named so that the controller does not subtract it from the node's
-    free GPUs (``controller.UNSEEN_GROUP_PREFIX``, a fault-injection knob): the
+    free GPUs (``observe.UNSEEN_GROUP_PREFIX``, a fault-injection knob): the
     core believes in room that is not there, as in the simulator, and a
     replica it aims there gets a group Ray never places (the core's
     placement timeout gives the node up). Needs a ScenarioCluster."""
