@@ -150,7 +150,7 @@ class Scenario:
     placement: str = "spread"
     timeline: tuple[Action, ...] = ()
     expect: tuple[Expectation, ...] = ()
-    snapshot_every: int = 1
+    snapshot_every: int = 0  # 0: the trace writer's own cadence (by size)
     description: str = ""
     raw: dict = attrs.field(factory=dict, hash=False, repr=False)
     #: things that will likely not do what the author meant (printed before a run)
@@ -370,8 +370,8 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     _check_nodes_named(timeline, nodes, c)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
-    every = c.count(trace.get("snapshot_every", 1), ("trace", "snapshot_every"))
-    if every < 1:
+    every = c.count(trace.get("snapshot_every", 0), ("trace", "snapshot_every"))
+    if every < 1 and "snapshot_every" in trace:
         raise c.fail(("trace", "snapshot_every"), "must be at least 1")
     if rate > 0 and duration is None:
         raise c.fail(("faults", "crash_rate_per_replica_hour"),
