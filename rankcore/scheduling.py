@@ -65,6 +65,8 @@ class Tx(Protocol):
 
     armed: list[float] | None
 
+    def tick_at(self, at: float) -> None: ...
+
 __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "unbook", "avoid_node", "new_node", "adjusted"]
 
 _copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
