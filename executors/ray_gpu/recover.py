@@ -15,7 +15,6 @@ import logging
 import os
 from collections.abc import Set
 
-import attrs
 import ray
 
 import rankcore as rc
@@ -100,7 +99,7 @@ class Recovery:
                 except Exception as exc:  # the group is gone, say
                     log.warning("could not read placement group of %r: %r", name, exc)
                     continue
-                desired[name] = attrs.evolve(desired[name], static_placement=held.with_nodes(where))
+                desired[name] = desired[name].replace(static_placement=held.with_nodes(where))
         names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                  if a.get("namespace") == NAMESPACE and a["name"].startswith("ModelActor:")]
 
