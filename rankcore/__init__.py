@@ -60,7 +60,7 @@ from .events import (
 )
 from .gangmap import GangContext
 from .lifecycle import LIVE, Phase
-from .options import Options
+from .options import DeploymentConfig, Options
 from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .state import (
     STATUSES,
@@ -82,7 +82,7 @@ __all__ = [
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
-    "Options", "options", "health", "restarts", "spares",
+    "DeploymentConfig", "Options", "options", "health", "restarts", "spares",
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
     "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",

@@ -51,12 +51,12 @@ class Tx(Protocol):
 
 def start_timeout(dep: Deployment) -> float | None:
     """How long an ``InitializeReplica`` of ``dep`` may go unanswered (None: forever)."""
-    return dep.start_timeout_s
+    return dep.config.start.start_timeout_s
 
 
 def placement_timeout(dep: Deployment) -> float | None:
     """How long a ``PlaceReplica`` of ``dep`` on a node the core chose may go unanswered."""
-    return dep.options.placement_timeout_s
+    return dep.config.scheduling.placement_timeout_s
 
 
 def with_deadline(deadlines: immutables.Map, next_deadline: float, rid: str,

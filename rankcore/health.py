@@ -37,7 +37,7 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
         tx.put(put_replica(dep, rep, _with_failures(rep, 0)))
         return finish(tx)
     failures = rep.health_failures + 1
-    if failures < dep.options.health_check_failure_threshold:
+    if failures < dep.config.health.health_check_failure_threshold:
         tx.put(put_replica(dep, rep, _with_failures(rep, failures)))
         return finish(tx)
     tx.emit(stop_command(dep, rep.replica_id, now=True))  # unhealthy: its process goes, its rank is replaced

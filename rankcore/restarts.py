@@ -65,7 +65,7 @@ def backoff_s(dep: Deployment) -> float:
     k = dep.start_failures
     if k <= 1:
         return 0.0  # the first failure is retried at once (it may have been a fluke)
-    o = dep.options
+    o = dep.config.start
     return min(o.restart_backoff_s * 2.0 ** min(k - 2, 64), o.restart_backoff_max_s)
 
 

@@ -47,7 +47,7 @@ def wanted(dep: Deployment | None) -> dict[str, int]:
     (or is gone)."""
     if dep is None:
         return {}
-    k = dep.options.spare_processes
+    k = dep.config.spares.spare_processes
     if not k:
         return {}
     ranks = dep.ranks
@@ -75,4 +75,4 @@ def announce(tx: Tx) -> None:
 
 def asks(dep: Deployment | None) -> bool:
     """Whether ``dep`` keeps spare processes (a step that changes its nodes tells them)."""
-    return dep is not None and dep.options.spare_processes > 0
+    return dep is not None and dep.config.spares.spare_processes > 0

@@ -85,10 +85,15 @@ def start_failed(dep: Deployment, global_ranks: Iterable[tuple[str, int]]) -> se
     their rank has no node. Refuses to start while replicas of an earlier
     incarnation of the deployment still stop on its ranks (their bundles are busy)."""
     static = _map(dep)
+    _check_none_stopping(dep)
+    return {rid for rid, g in global_ranks if not static.placed(g)}
+
+
+def _check_none_stopping(dep: Deployment) -> None:
+    """A static deployment's ranks are its bundles: none is started again while a replica still stops there."""
     if dep.count(Phase.STOPPING):
         raise InvalidEvent(f"deployment {dep.name!r} (static placement) still has {dep.count(Phase.STOPPING)} "
                            f"replicas stopping on its ranks: bring it back once they have stopped")
-    return {rid for rid, g in global_ranks if not static.placed(g)}
 
 
 def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
@@ -192,6 +197,8 @@ def check_scale(dep: Deployment, num_replicas: int) -> None:
         raise InvalidConfig(f"ScaleRequested({dep.name!r}): a static placement fixes the replica count to its "
                             f"mapping's length ({static.replicas}, or 0 to shut it down); "
                             f"got num_replicas={shown(num_replicas)}")
+    if num_replicas > dep.active:  # (refused here even when no start follows at once: an unresponsive replica)
+        _check_none_stopping(dep)
 
 
 def check_same_shape(dep: Deployment, new: StaticPlacement | None) -> None:

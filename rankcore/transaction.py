@@ -208,8 +208,8 @@ def initialize(dep: Deployment, rid: str) -> InitializeReplica:
         # takes ``rank`` ("user config is not None or user subscribed to rank").
         call_reconfigure=dep.has_reconfigure and (dep.user_config is not None or dep.reconfigure_takes_rank),
         pass_rank=dep.reconfigure_takes_rank,
-        health_check_period_s=dep.options.health_check_period_s,
-        health_check_timeout_s=dep.options.health_check_timeout_s,
+        health_check_period_s=dep.config.health.health_check_period_s,
+        health_check_timeout_s=dep.config.health.health_check_timeout_s,
     )
 
 
@@ -218,7 +218,7 @@ def stop_command(dep: Deployment, rid: str, now: bool = False) -> StopReplica:
     options, or (``now``) killed at once: a replica the core gave up on (hung,
     unhealthy, unplaced, restarted with its gang) has nothing worth draining, and
     its room goes to its replacement in this same step."""
-    o = dep.options
+    o = dep.config.shutdown
     return _Stop(replica_id=rid, deployment=dep.name, graceful_shutdown_wait_loop_s=o.graceful_shutdown_wait_loop_s,
                  graceful_shutdown_timeout_s=0.0 if now else o.graceful_shutdown_timeout_s)
 

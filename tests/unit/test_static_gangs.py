@@ -131,6 +131,25 @@ def test_static_shuts_down_to_zero_and_comes_back_on_its_bundles():
     assert rc.DeploymentApplied(name="app", num_replicas=0, static_placement=static()).num_replicas == 0
 
 
+def test_static_comeback_is_refused_while_a_replica_stops_even_when_an_unresponsive_one_holds_starts_back():
+    """Found by the property machine (issue 20): after a recovery that reports one
+    replica still stopping and another unresponsive, scaling a static deployment
+    back up started nothing (an unresponsive replica holds every start back) and
+    was silently accepted; the rule refuses it at the scale, like any comeback
+    while its bundles are busy."""
+    sp = static(nodes=("n0", "n0", "n0", "n0"))
+    recovered = rc.ControllerRecovered(
+        deployments=(rc.DeploymentApplied(name="app", num_replicas=0, static_placement=sp),),
+        reports=(rc.ReplicaReport(replica_id="app#1", deployment="app", rank=rc.ReportedRank(rank=1, node_rank=0,
+                                  local_rank=1), node_id="n0", phase=Phase.STOPPING, world_size=0, lineage=1),),
+        unresponsive=(rc.UnresponsiveReplica(replica_id="app#0", deployment="app", node_id="n0"),),
+        next_replica_number=2, next_lineage=2, nodes=(rc.NodeJoined(node_id="n0", resources={"GPU": 4}),))
+    state = rc.step(rc.State(), recovered).state
+    assert state.deployments["app"].count(Phase.STOPPING) == 1 and state.deployments["app"].unresponsive
+    with pytest.raises(rc.InvalidEvent, match="still has 1 replicas stopping"):
+        rc.step(state, rc.ScaleRequested(deployment="app", num_replicas=2))
+
+
 def test_static_crash_restarts_on_the_same_bundles_and_rank():
     ex = Exec()
     ex.run(rc.DeploymentApplied(name="app", num_replicas=2, static_placement=static()))
