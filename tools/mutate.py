@@ -420,9 +420,9 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Static: recovery] a FAILED rank whose bundles are placed at recovery restarts on them",
     ),
     mutation(
-        "static-gang-accepted", EVENTS,
-        "    if value > 1 and inst.static_placement is not None:\n",
-        "    if False:\n",
+        "static-gang-accepted", "rankcore/options.py",
+        "        if value.gang_size > 1 and self.static.static_placement is not None:\n",
+        "        if False:\n",
         "[Static: static + gangs] refused",
     ),
     mutation(
@@ -489,8 +489,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     # ------------------------------------------------------ Health, timeouts, restarts and shutdown
     mutation(
         "health-threshold-off-by-one", HEALTH,
-        "    if failures < dep.options.health_check_failure_threshold:\n",
-        "    if failures <= dep.options.health_check_failure_threshold:\n",
+        "    if failures < dep.config.health.health_check_failure_threshold:\n",
+        "    if failures <= dep.config.health.health_check_failure_threshold:\n",
         "[Health: health checks] health_check_failure_threshold failures in a row stop and replace the replica",
     ),
     mutation(

@@ -49,6 +49,13 @@ def test_the_list_is_well_formed():
             "compact-when-unhealthy"} <= set(names)
 
 
+def test_every_mutation_matches_the_code_exactly_once():
+    """A refactor that moves a rule must move its mutant too (issue 20: two mutants
+    were stranded by a rename and only the next mutation run noticed)."""
+    for m in mt.MUTATIONS:
+        mt.check_mutation(m, ROOT)
+
+
 def test_missing_snippet_is_an_error_naming_the_mutation(tmp_path):
     tree = _tree(tmp_path, {"pkg/a.py": "x = 1\n"})
     m = mt.mutation("gone", "pkg/a.py", "x = 2\n", "x = 3\n", "x is two")
