@@ -320,16 +320,22 @@ class _Checker:
         if rid is not None and dep is not None and rank is not None and not rec["stale"]:
             self.dep(dep).grank[rid] = rank[0]
 
-    def _command(self, rec: dict, line: int) -> None:
+    def _in_step(self, rec: dict, line: int, kind: str, outside: str) -> Any:
+        """The step ``rec`` belongs to: one is open and ``rec`` is at its time."""
         st = self.step
         if st is None:
-            raise self.fmt.error(line, "a command record outside a step (it must follow its event record)")
+            raise self.fmt.error(line, outside)
+        if rec["t"] != st.t:
+            raise self.fmt.error(line, f"{kind} at t={rec['t']!r} in the step of the event at t={st.t!r} "
+                                       f"(line {st.line})")
+        return st
+
+    def _command(self, rec: dict, line: int) -> None:
+        st = self._in_step(rec, line, "command", "a command record outside a step (it must follow its event "
+                                                 "record)")
         if st.snapshot is not None or st.delta is not None:
             raise self.fmt.error(line, f"a command record after its step's "
                                        f"{'snapshot' if st.snapshot is not None else 'delta'}")
-        if rec["t"] != st.t:
-            raise self.fmt.error(line, f"command at t={rec['t']!r} in the step of the event at t={st.t!r} "
-                                       f"(line {st.line})")
         typ = rec["type"]
         spec = _COMMAND_FIELDS.get(typ)
         if spec is not None:
@@ -384,15 +390,11 @@ class _Checker:
             self.report.add(line, f"{where}: {name}/{rid} ({rep['phase']}) holds no global rank")
 
     def _delta(self, rec: dict, line: int) -> None:
-        st = self.step
-        if st is None:
-            raise self.fmt.error(line, "a delta record outside a step (it must follow its event and commands)")
+        st = self._in_step(rec, line, "delta", "a delta record outside a step (it must follow its event and "
+                                               "commands)")
         if st.delta is not None or st.snapshot is not None:
             raise self.fmt.error(line, f"a second delta in one step, or a delta after its step's snapshot "
                                        f"(step of line {st.line})")
-        if rec["t"] != st.t:
-            raise self.fmt.error(line, f"delta at t={rec['t']!r} in the step of the event at t={st.t!r} "
-                                       f"(line {st.line})")
         st.delta = rec
         for name, d in rec["deployments"].items():
             st.touched.add(name)

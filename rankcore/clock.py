@@ -44,12 +44,8 @@ def advance(tx: Tx, now: float, work_due: bool) -> None:
     the cluster when only the clock moves (``work_due`` False: the common case);
     else suspects past their time are trusted again, failures past ``retry_s``
     forgotten and due deadlines acted on."""
-    if not work_due:
-        if tx.working is not None:
-            wc = tx.working
-            wc.now, wc.clock, wc.changed = float(now), True, True
-        else:
-            tx.cluster = _copy(tx.cluster, now=float(now), clock=True)
+    if not work_due:  # (called first in its step: no working copy is open yet)
+        tx.cluster = _copy(tx.cluster, now=float(now), clock=True)
         return
     cl = tx.cl
     cl.now, cl.clock, cl.changed = float(now), True, True

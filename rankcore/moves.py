@@ -73,7 +73,7 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     return dep
 
 
-def _victims(tx: Tx, dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
+def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
     """Who a downscale by ``n`` stops: named victims first, then not-yet-running,
     then highest ranks (a gang deployment: the highest ranks, whole gangs)."""
     chosen = [v for v in victims if dep.replicas[v].phase is not Phase.STOPPING][:n]
@@ -98,7 +98,7 @@ def _victims(tx: Tx, dep: Deployment, n: int, victims: Iterable[str]) -> list[st
 def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
     """Stop ``n`` replicas (``_victims``); one with no process (FAILED, or
     waiting out its restart backoff) is simply removed."""
-    chosen = _victims(tx, dep, n, victims)
+    chosen = _victims(dep, n, victims)
     delayed = tx.view.delayed
     for rid in [r for r in chosen if dep.replicas[r].phase is Phase.FAILED or r in delayed]:  # no process to stop
         dep = remove(tx, dep, dep.replicas[rid], dep.ranks.release(rid))

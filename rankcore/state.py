@@ -94,7 +94,7 @@ class Deployment:
     reconfigure_takes_rank: bool = False
     max_replicas: int = DEFAULT_MAX_REPLICAS
     #: the options, as the last ``DeploymentApplied`` gave them (rankcore.options); read flat
-    #: too: ``dep.gang_size``, ``dep.resources``, ``dep.options.health_check_period_s``
+    #: too: ``dep.gang_size``, ``dep.resources``, ``dep.health_check_period_s``
     config: DeploymentConfig = DEFAULTS
     #: the static placement as it is now: the applied mapping, its bundles on the nodes
     #: last reported (``BundlesPlaced``, ``NodeLost``); ``config`` keeps it as applied

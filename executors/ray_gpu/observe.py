@@ -263,8 +263,8 @@ class Watcher:
         if every is None:
             state = self.ledger.driver.state
             dep = state.deployments.get(state.index.get(rid, ""))
-            o = dep.options if dep is not None else rc.Options()
-            every = (o.health_check_period_s, o.health_check_timeout_s)
+            h = (dep.config if dep is not None else rc.DeploymentConfig()).health
+            every = (h.health_check_period_s, h.health_check_timeout_s)
         task = asyncio.get_event_loop().create_task(self.health_checks(rid, actor, *every))
         rec.checks = task
 
