@@ -14,7 +14,8 @@ Scenarios (``--only`` picks some):
   ``wait_until_healthy`` lines may time out; the trace is what is measured).
 
 For each: the best wall (and CPU) seconds of ``--repeats`` runs without a
-trace and with a trace written to a file, their ratio, the trace's size and
+trace and with a trace written to a file (the two alternate), their ratio,
+the median and range of each traced run over the untraced run just before it, the trace's size and
 records, and the wall seconds of ``check_trace_file`` over it (with its
 verdict). Run it from the repository root:
 
@@ -71,12 +72,13 @@ def _timed(fn: Any) -> tuple[float, float, Any]:
 def bench(name: str, repeats: int, keep: Path | None) -> dict:
     path, overrides = SCENARIOS[name]
     sc = load_scenario(path, overrides)
-    plain = [_timed(Simulation(sc).run)[:2] for _ in range(repeats)]
     trace = (keep or Path(tempfile.mkdtemp(prefix="bench_trace_"))) / f"{name}.jsonl"
-    traced = []
-    for _ in range(repeats):
+    plain, traced = [], []
+    for _ in range(repeats):  # alternated, so a machine that slows down slows both alike
+        plain.append(_timed(Simulation(sc).run)[:2])
         with open(trace, "w", encoding="utf-8") as fp:
             traced.append(_timed(Simulation(sc, trace=fp).run)[:2])
+    pairs = sorted(t[0] / p[0] for p, t in zip(plain, traced))
     size = trace.stat().st_size
     kinds: Counter = Counter()
     with open(trace, "rb") as fp:
@@ -87,8 +89,14 @@ def bench(name: str, repeats: int, keep: Path | None) -> dict:
         trace.unlink()
         trace.parent.rmdir()
     return {"name": name, "scenario": sc.name, "plain": min(plain), "traced": min(traced), "bytes": size,
+            "pairs": pairs,
             "kinds": kinds, "check": check_wall, "ok": report.ok, "steps": report.counts["steps"],
             "violations": report.violation_count}
+
+
+def _median(xs: list[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,14 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
-          f"({os.cpu_count()} CPUs); repeats {args.repeats}, best shown")
-    print(f"{'scenario':<10} {'steps':>8} {'untraced s':>11} {'traced s':>9} {'ratio':>6} {'cpu ratio':>9} "
+          f"({os.cpu_count()} CPUs); repeats {args.repeats} (untraced and traced runs alternate), best shown;\n"
+          "ratio: best traced / best untraced; pairs: each traced run / the untraced run before it")
+    print(f"{'scenario':<10} {'steps':>8} {'untraced s':>11} {'traced s':>9} {'ratio':>6} {'cpu ratio':>9} {'pairs: median (range)':>22} "
           f"{'trace MB':>9} {'check s':>8}  check-trace")
     for name in names:
         r = bench(name, args.repeats, args.keep)
         (pw, pc), (tw, tc) = r["plain"], r["traced"]
         verdict = "OK" if r["ok"] else f"FAILED ({r['violations']} violations)"
         print(f"{name:<10} {r['steps']:>8,} {pw:>11.3f} {tw:>9.3f} {tw / pw:>5.2f}x {tc / pc:>8.2f}x "
+              f"{_median(r['pairs']):>8.2f}x ({r['pairs'][0]:.2f}-{r['pairs'][-1]:.2f}x) "
               f"{r['bytes'] / 1e6:>9.1f} {r['check']:>8.2f}  {verdict}")
         parts = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["kinds"].most_common() if v >= 50_000)
         print(f"{'':<10} MB by record kind: {parts}")

@@ -50,33 +50,43 @@ def jsonable(value: Any) -> Any:
     ty = type(value)
     if ty in _PLAIN:
         return value
-    names = _ATTRS.get(ty)
-    if names is not None:
-        out = {}
-        for n in names:
-            v = getattr(value, n)
-            out[n] = v if type(v) in _PLAIN else jsonable(v)
-        return out
+    conv = _BY_TYPE.get(ty)
+    if conv is None:
+        conv = _BY_TYPE[ty] = _converter(ty, value)
+    return conv(value)
+
+
+def _converter(ty: type, value: Any) -> Any:
+    """How every value of ``ty`` is made JSON-safe; what it is depends on the type
+    alone, so it is found once per type (a trace writes tens of thousands of
+    records, and ``attrs.has``/``isinstance(_, Enum)`` per nested field were
+    most of their cost)."""
     if ty is rc.ReplicaRank or ty is rc.ReportedRank:
-        return [value.rank, value.node_rank, value.local_rank]
-    if isinstance(value, Phase):
-        return value.value
+        return lambda v: [v.rank, v.node_rank, v.local_rank]
+    if issubclass(ty, Phase):
+        return lambda v: v.value
     if attrs.has(ty):  # (a DeploymentApplied: its options by their flat names, rankcore.options)
-        _ATTRS[ty] = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
-        return jsonable(value)
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
+        names = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
+
+        def fields(v: Any) -> dict:
+            out = {}
+            for n in names:
+                x = getattr(v, n)
+                out[n] = x if type(x) in _PLAIN else jsonable(x)
+            return out
+        return fields
+    if issubclass(ty, dict):
+        return lambda v: {str(k): jsonable(x) for k, x in v.items()}
+    if issubclass(ty, (list, tuple)):
+        return lambda v: [x if type(x) in _PLAIN else jsonable(x) for x in v]
+    if issubclass(ty, (bool, int, float, str)):
+        return lambda v: v
+    return repr
 
 
-#: types written as they are, and the field names of each attrs class met so far (a trace
-#: writes tens of thousands of events and commands: ``attrs.fields`` per record is most of it)
+#: types written as they are, and how each other type met so far is made JSON-safe
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-_ATTRS: dict[type, tuple[str, ...]] = {}
+_BY_TYPE: dict[type, Any] = {}
 _ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _quote = json.encoder.encode_basestring_ascii  # (ensure_ascii, as the encoder)
 _c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
@@ -91,6 +101,84 @@ def _encode(value: Any) -> str:
     if _C_ENCODE is None:  # pragma: no cover - a Python without the json C accelerator
         return _ENCODER.encode(value)
     return "".join(_C_ENCODE(value, 0))
+
+
+def fields_json(value: Any) -> str:
+    """``_encode(jsonable(value))`` for an event or a command: the same bytes,
+    written by a function made once per class (about a third of what the
+    dict and the encoder cost per record)."""
+    write = _WRITERS.get(type(value))
+    if write is None:
+        write = _WRITERS[type(value)] = _writer(type(value), value)
+    return write(value)
+
+
+def _writer(ty: type, value: Any) -> Any:
+    """The generated ``fields_json`` of one attrs class. Each field is written
+    inline when its value has the type the first instance's had (a class's
+    fields keep their types), else by ``_value_json``."""
+    if not attrs.has(ty):
+        return lambda v: _encode(jsonable(v))
+    names = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
+    if not all(n.isidentifier() for n in names):  # pragma: no cover - attrs names are identifiers
+        return lambda v: _encode(jsonable(v))
+    parts = [f'"{n}":{{{_INLINE.get(type(getattr(value, n)), "_j({})").format(f"(x := v.{n})")}}}'
+             for n in names]
+    src = "def write(v):\n    return f'{{" + ",".join(parts) + "}}'\n"
+    scope: dict[str, Any] = {"_q": _quote, "_j": _value_json, "_r": float.__repr__, "_RR": rc.ReplicaRank}
+    exec(compile(src, f"<trace fields of {ty.__name__}>", "exec"), scope)
+    return scope["write"]
+
+
+#: how a field is written inline, by the type of its value (``{}`` reads it into ``x``)
+_INLINE = {
+    str: "_q(x) if {}.__class__ is str else _j(x)",
+    int: "x if {}.__class__ is int else _j(x)",
+    type(None): '"null" if {} is None else _j(x)',
+    bool: '"true" if {} is True else "false" if x is False else _j(x)',
+    float: "_r(x) if {}.__class__ is float and x - x == 0.0 else _j(x)",  # (inf, nan: x - x is not 0)
+    rc.ReplicaRank: '"[%d,%d,%d]" % (x.rank, x.node_rank, x.local_rank) if {}.__class__ is _RR else _j(x)',
+}
+
+
+def _value_json(x: Any) -> str:
+    """One field's value as JSON (what the encoder writes for it)."""
+    c = x.__class__
+    if c is str:
+        return _quote(x)
+    if c is int:
+        return int.__repr__(x)
+    if x is None:
+        return "null"
+    if c is float:
+        return float.__repr__(x) if math.isfinite(x) else _encode(x)
+    if c is bool:
+        return "true" if x else "false"
+    if c is rc.ReplicaRank:  # (three non-negative ints, checked when it was made)
+        return f"[{x.rank},{x.node_rank},{x.local_rank}]"
+    if c is tuple:  # (a deployment's resources, bundles: the same tuple in every command that carries it)
+        seen = _TUPLES.get(id(x))
+        if seen is not None and seen[0] is x:
+            return seen[1]
+        js = _encode(jsonable(x))
+        if _atoms(x):  # (immutable all the way down: its JSON cannot change)
+            if len(_TUPLES) >= 256:
+                _TUPLES.clear()
+            _TUPLES[id(x)] = (x, js)  # (the tuple is held, so its id is not reused)
+        return js
+    return _encode(jsonable(x))
+
+
+def _atoms(x: tuple) -> bool:
+    return all(type(v) in _PLAIN or (type(v) is tuple and _atoms(v)) for v in x)
+
+
+#: id -> (tuple, its JSON) for the tuples of atoms met lately
+_TUPLES: dict[int, tuple[tuple, str]] = {}
+
+
+#: the generated ``fields_json`` of each class met so far
+_WRITERS: dict[type, Any] = {}
 
 
 def _rank_triple(dep: rc.Deployment | None, rid: str | None) -> list | None:
@@ -112,11 +200,8 @@ def _replica_view(dep: rc.Deployment, rid: str) -> View | None:
     rep = dep.replicas.get(rid)
     if rep is None:
         return None
-    ranks = dep.ranks
-    rk = ranks.rank_of(rid)
-    if rk is None:
-        return (rep.phase.value, rep.node_id, None, ranks.global_rank(rid), rep.lineage)
-    return (rep.phase.value, rep.node_id, (rk.rank, rk.node_rank, rk.local_rank), rk.rank, rep.lineage)
+    g, node_rank, local = dep.ranks.rank_tuple(rid)
+    return (rep.phase._value_, rep.node_id, None if node_rank is None else (g, node_rank, local), g, rep.lineage)
 
 
 def _view_record(v: View | None) -> dict | None:
@@ -130,9 +215,14 @@ def _view_json(v: View | None) -> str:
     """``_encode(_view_record(v))``, without the dict."""
     if v is None:
         return "null"
-    lin = v[4]
-    return (f'{{"phase":{_quote(v[0])},"node":{_str(v[1])},"rank":{_triple(v[2])},"global_rank":{v[3]},'
-            f'"lineage":{"null" if lin is None else lin}}}')
+    phase, node, rank, g, lin = v
+    if rank is None:
+        r = "null"
+    else:
+        a, b, c = rank  # (a placed replica's node and local ranks are ints)
+        r = f"[{a},{b},{c}]"
+    return (f'{{"phase":{_quote(phase)},"node":{"null" if node is None else _quote(node)},"rank":{r},'
+            f'"global_rank":{g},"lineage":{"null" if lin is None else lin}}}')
 
 
 def _deployment_views(dep: rc.Deployment) -> dict[str, View]:
@@ -195,47 +285,53 @@ class TraceWriter:
         if type(event) is rc.Tick and not result.commands and not changed:
             return  # only the clock moved: not written (a Tick that does something is)
         tj = _num(t)
-        lines = [""]  # (the event's, written last: it reads the replica's view after the step)
-        for cmd in result.commands:
-            lines.append(_command_line(tj, cmd, after))
         self.steps += 1
         rid = getattr(event, "replica_id", None)
+        name: str | None = None if rid is None else before.index.get(rid) or after.index.get(rid)
         views: Any = None
         if rid is not None and self._known is not None and not isinstance(event, rc.ControllerRecovered):
-            name: str | None = before.index.get(rid) or after.index.get(rid)
             k = self._known.get(name) if name is not None else None
             views = (name, k.replicas.get(rid) if k is not None else None)
+        tail = []  # the delta and a snapshot, written after the commands
         if changed:
             if self._known is None or isinstance(event, rc.ControllerRecovered):
                 # a recovery rebuilt ranks from reports the trace does not hold: say it all
-                lines.append(self._snapshot(t, after, "recovery" if isinstance(event, rc.ControllerRecovered)
-                                            else "sync"))
+                tail.append(self._snapshot(t, after, "recovery" if isinstance(event, rc.ControllerRecovered)
+                                           else "sync"))
             else:
                 delta = self._delta(event, before, result)
                 if delta:
-                    lines.append(f'{{"kind":"delta","t":{tj},"deployments":{delta}}}')
-                    self._since += len(lines[-1]) + 1
+                    tail.append(f'{{"kind":"delta","t":{tj},"deployments":{delta}}}')
+                    self._since += len(tail[-1]) + 1
                 every = self.snapshot_every
                 if (self.steps % every == 0) if every else (delta and self._since >= self._full):
-                    lines.append(self._snapshot(t, after, "step"))
+                    tail.append(self._snapshot(t, after, "step", known=True))
+        # The writer's view is now the state after the step: the commands and the
+        # event read their replicas' node and phase from it, not from the rank tables.
+        known = self._known
         if views is not None:  # what the trace said of the event's replica before and after the step
-            assert self._known is not None
-            k = self._known.get(views[0]) if views[0] is not None else None
+            k = known.get(views[0]) if known is not None and views[0] is not None else None
             views = (views[1], k.replicas.get(rid) if k is not None and rid is not None else None)
-        lines[0] = _event_line(tj, event, before, result, views)
+        lines = [_event_line(tj, event, before, result, name, views)]
+        for cmd in result.commands:
+            lines.append(_command_line(tj, cmd, after, known))
+        lines.extend(tail)
         lines.append("")
         self.fp.write("\n".join(lines))
 
-    def _snapshot(self, t: float, state: rc.State, reason: str) -> str:
-        """The line of a full snapshot; what the trace says is now all of ``state``."""
-        known = {name: _Known(state.deployments[name]) for name in sorted(state.deployments.keys())}
-        line = _encode({"kind": "snapshot", "t": t, "reason": reason, "deployments": {
-            name: {"target": k.target, "healthy": k.healthy,
-                   "replicas": {rid: _view_record(v) for rid, v in k.replicas.items()}}
-            for name, k in known.items()}})
+    def _snapshot(self, t: float, state: rc.State, reason: str, *, known: bool = False) -> str:
+        """The line of a full snapshot; what the trace says is now all of ``state``.
+        ``known``: the writer's view already is ``state`` (a delta was just written):
+        the snapshot is written from it, not read again from the rank tables."""
+        if not known or self._known is None:
+            self._known = {name: _Known(state.deployments[name]) for name in sorted(state.deployments.keys())}
+        deps = ",".join(
+            f'{_quote(name)}:{{"target":{k.target},"healthy":{"true" if k.healthy else "false"},"replicas":{{'
+            + ",".join(f"{_quote(rid)}:{_view_json(k.replicas[rid])}" for rid in sorted(k.replicas)) + "}}"
+            for name, k in sorted(self._known.items()))
+        line = f'{{"kind":"snapshot","t":{_num(t)},"reason":{_quote(reason)},"deployments":{{{deps}}}}}'
         self._full = len(line) + 1
         self._since = 0
-        self._known = known
         return line
 
     # ------------------------------------------------------------ deltas
@@ -248,12 +344,12 @@ class TraceWriter:
         prior = before.deployments
         out: list[tuple[str, str]] = []
         for name, dep in after.items():
+            old = prior.get(name)
             k = known.get(name)
             if k is None:
                 k = known[name] = _Known()
-            elif dep is prior.get(name):
+            elif dep is old:
                 continue
-            old = prior.get(name)
             if old is not None and dep.replicas is old.replicas and dep.ranks is old.ranks:
                 changes: dict[str, View | None] = {}
             else:
@@ -285,8 +381,9 @@ class TraceWriter:
                 out.append((name, "null"))
         if not out:
             return ""
-        if len(out) > 1:
-            out.sort()
+        if len(out) == 1:
+            return f"{{{_quote(out[0][0])}:{out[0][1]}}}"
+        out.sort()
         return "{" + ",".join(f"{_quote(name)}:{js}" for name, js in out) + "}"
 
     def fault(self, t: float, type_: str, **fields: Any) -> None:
@@ -359,19 +456,14 @@ def _all_changes(dep: rc.Deployment, k: _Known) -> dict[str, View | None]:
     return changes
 
 
-def _replica_of(event: object) -> str | None:
-    return getattr(event, "replica_id", None)
-
-
-def _event_line(t: str, event: object, before: rc.State, result: rc.Step,
+def _event_line(t: str, event: object, before: rc.State, result: rc.Step, owner: str | None,
                 views: tuple[View | None, View | None] | None = None) -> str:
-    """``views``: the event's replica as the trace showed it before and after the
-    step (the writer's own record of it: no look-up in the rank tables)."""
-    rid = _replica_of(event)
+    """``owner``: the deployment of the event's replica before or after the step;
+    ``views``: that replica as the trace showed it before and after the step (the
+    writer's own record of it: no look-up in the rank tables)."""
+    rid = getattr(event, "replica_id", None)
     after = result.state
-    dep_name = getattr(event, "deployment", None) or getattr(event, "name", None)
-    if rid is not None:
-        dep_name = before.index.get(rid) or after.index.get(rid) or dep_name
+    dep_name = owner or getattr(event, "deployment", None) or getattr(event, "name", None)
     phase = None
     node = getattr(event, "node_id", None)
     rank: Any = None
@@ -398,17 +490,20 @@ def _event_line(t: str, event: object, before: rc.State, result: rc.Step,
                 rank = _rank_triple(dep_before, rid)
                 phase = "stopped" if type(event).__name__ == "ReplicaStopped" else "crashed"
     if isinstance(event, rc.ControllerRecovered):
-        fields: Any = {"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
-                       "unresponsive": sorted(u.replica_id for u in event.unresponsive),
-                       "unknown": event.unknown_ids()}
+        fields = _encode({"deployments": [d.name for d in event.deployments], "reports": len(event.reports),
+                          "unresponsive": sorted(u.replica_id for u in event.unresponsive),
+                          "unknown": event.unknown_ids()})
     else:
-        fields = jsonable(event)
-    return (f'{{"kind":"event","t":{t},"type":"{type(event).__name__}","deployment":{_str(dep_name)},'
-            f'"replica":{_str(rid)},"node":{_str(node)},"rank":{_triple(rank)},"phase":{_str(phase)},'
-            f'"stale":{"true" if result.stale else "false"},"fields":{_encode(fields)}}}')
+        fields = fields_json(event)
+    return (f'{{"kind":"event","t":{t},"type":"{type(event).__name__}",'
+            f'"deployment":{"null" if dep_name is None else _quote(dep_name)},'
+            f'"replica":{"null" if rid is None else _quote(rid)},"node":{"null" if node is None else _quote(node)},'
+            f'"rank":{"null" if rank is None else _triple(rank)},"phase":{"null" if phase is None else _quote(phase)},'
+            f'"stale":{"true" if result.stale else "false"},"fields":{fields}}}')
 
 
-def _command_line(t: str, cmd: object, after: rc.State) -> str:
+def _command_line(t: str, cmd: object, after: rc.State, known: dict[str, _Known] | None) -> str:
+    """``known``: what the trace says after the step (None before its first snapshot)."""
     rid = getattr(cmd, "replica_id", None)
     name = getattr(cmd, "deployment", None)  # (ScheduleTick names none)
     rank: Any = None
@@ -419,13 +514,22 @@ def _command_line(t: str, cmd: object, after: rc.State) -> str:
         rank = (cmd.global_rank, None, None)
     node = phase = None
     if name is not None and rid is not None:
-        dep = after.deployments.get(name)
-        rep = dep.replicas.get(rid) if dep is not None else None
-        if rep is not None:
-            node, phase = rep.node_id, rep.phase.value
-    return (f'{{"kind":"command","t":{t},"type":"{type(cmd).__name__}","deployment":{_str(name)},'
-            f'"replica":{_str(rid)},"node":{_str(node)},"rank":{_triple(rank)},"phase":{_str(phase)},'
-            f'"fields":{_encode(jsonable(cmd))}}}')
+        if known is not None:
+            k = known.get(name)
+            view = k.replicas.get(rid) if k is not None else None
+            if view is not None:
+                phase, node = view[0], view[1]
+        else:
+            dep = after.deployments.get(name)
+            rep = dep.replicas.get(rid) if dep is not None else None
+            if rep is not None:
+                node, phase = rep.node_id, rep.phase.value
+    # (the helpers inlined: a command line is the commonest record)
+    return (f'{{"kind":"command","t":{t},"type":"{type(cmd).__name__}",'
+            f'"deployment":{"null" if name is None else _quote(name)},'
+            f'"replica":{"null" if rid is None else _quote(rid)},"node":{"null" if node is None else _quote(node)},'
+            f'"rank":{"null" if rank is None else _triple(rank)},"phase":{"null" if phase is None else _quote(phase)},'
+            f'"fields":{fields_json(cmd)}}}')
 
 
 def _str(s: str | None) -> str:

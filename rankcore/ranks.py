@@ -534,6 +534,20 @@ class RankTable(Persistent):
         local = v & _LM
         return _rank(v >> _RB, (v >> _LB) & _NM, local - 1) if local else None
 
+    def rank_tuple(self, replica: Replica) -> tuple[int, int | None, int | None]:
+        """(global rank, node rank, local rank), the last two None while the replica
+        holds only a global rank: ``rank_of`` without making a record (a trace
+        writer reads one per replica a step touched)."""
+        with self._store.lock:
+            if self._link is not None:
+                self._reroot()
+            try:
+                v = self._store.dicts[_REC][replica]
+            except KeyError:
+                raise UnknownReplica(f"replica {replica!r} holds no rank") from None
+        local = v & _LM
+        return (v >> _RB, (v >> _LB) & _NM, local - 1) if local else (v >> _RB, None, None)
+
     @locked
     def holder_of(self, rank: int) -> Replica | None:
         return self._read()[_OWNER].get(rank)
