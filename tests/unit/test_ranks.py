@@ -87,6 +87,19 @@ def test_local_ranks_start_at_zero_on_every_node():
     assert t.release("c").local_ranks_on("n0") == {0, 2}
 
 
+def test_rank_tuple_agrees_with_rank_of_and_global_rank():
+    """``rank_tuple`` (the trace writer's read) says what ``rank_of`` and
+    ``global_rank`` say, None for the node and local rank of an unplaced
+    replica, and also on an older version of the table."""
+    t = build(("a", "n0"), ("b", "n1"), ("c", "n0"))
+    t2 = t.release("a").assign("d")
+    assert t2.rank_tuple("c") == t2.rank_of("c").as_tuple() == (2, 0, 1)
+    assert t2.rank_tuple("d") == (t2.global_rank("d"), None, None) == (0, None, None)
+    assert t.rank_tuple("a") == (0, 0, 0)  # (the older version, read after the newer one)
+    with pytest.raises(UnknownReplica, match="'a'"):
+        t2.rank_tuple("a")
+
+
 def test_freed_global_ranks_are_reused_lowest_first():
     """After releases, the lowest freed global rank is handed out next, then the next one."""
     t = RankTable()
