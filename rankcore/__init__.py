@@ -5,12 +5,12 @@ See README.md for a quick start and docs/architecture.md for the design.
 
 The public surface (docs/embedding.md, "What you may import"): this package's
 names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
-``static``, ``cluster``, ``health``, ``restarts`` and ``spares``), ``rankcore.testing``,
+``static``, ``cluster``, ``health``, ``restarts``, ``spares`` and ``tiers``), ``rankcore.testing``,
 ``rankcore.invariants``, ``rankcore.protocol`` and ``rankcore.records``. Every
 other module is internal: it may change without notice.
 """
 
-from . import cluster, gangs, health, options, placement, restarts, spares, static
+from . import cluster, gangs, health, options, placement, restarts, spares, static, tiers
 from .bundles import StaticPlacement, consecutive_mapping
 from .commands import (
     Command,
@@ -87,7 +87,7 @@ __all__ = [
     "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
-    "consecutive_mapping", "gangs", "static",
+    "consecutive_mapping", "gangs", "static", "tiers",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",

@@ -111,7 +111,7 @@ def test_the_executors_share_scenarios_but_not_each_other():
 #: of rankcore: docs/embedding.md, "What you may import"
 PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.records"}
 #: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...)
-NAMESPACES = {"options", "placement", "gangs", "static", "cluster", "health", "restarts", "spares"}
+NAMESPACES = {"options", "placement", "gangs", "static", "cluster", "health", "restarts", "spares", "tiers"}
 
 
 def test_executors_benchmarks_and_tools_use_only_the_public_surface():
