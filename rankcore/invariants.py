@@ -46,6 +46,7 @@ from .state import Deployment, State, Step, desired_specs
 __all__ = [
     "check_state",
     "check_step",
+    "check_tiers",
     "check_cluster",
     "check_placements",
     "check_ranks_unique",
@@ -221,6 +222,25 @@ def check_cluster(state: State) -> None:
     kinds = Counter(cl.queued.values())
     if dict(kinds) != dict(cl.queue_kinds.items()):
         _fail("the queue's kind counts do not match the waiting replicas")
+
+
+def check_tiers(nodes: Iterable[Any]) -> None:
+    """Model tiers on ``rankcore.tiers.NodeTiers`` views: no device over-committed,
+    no replica HOT twice (on two nodes or two sets of devices), the CPU cache
+    within its budget."""
+    seen: dict[str, str] = {}
+    for node in nodes:
+        for i, room in sorted(node.free().items()):
+            if room < 0:
+                _fail(f"tiers: device {i} of node {node.node_id!r} is over-committed by {-room:,} bytes")
+        for r in node.residents:
+            if r.replica_id in seen:
+                _fail(f"tiers: replica {r.replica_id!r} is HOT twice (node {seen[r.replica_id]!r} and "
+                      f"node {node.node_id!r})")
+            seen[r.replica_id] = node.node_id
+        if node.cached() > node.cache_budget:
+            _fail(f"tiers: node {node.node_id!r} caches {node.cached():,} bytes over its budget of "
+                  f"{node.cache_budget:,}")
 
 
 def check_state(state: State) -> None:

@@ -53,6 +53,7 @@ from .errors import InvalidConfig, InvariantViolation
 __all__ = [
     "Tier", "Device", "Resident", "CacheEntry", "NodeTiers", "Want", "Choice", "PREFERENCE",
     "TierPlacement", "Refusal", "choose", "fit_devices", "victims", "evictable", "make_room", "CacheOutcome",
+    "apply",
     "DEFAULT_MIN_DEPLOYMENT_TIME_S",
 ]
 
@@ -69,6 +70,22 @@ class Tier(str, enum.Enum):
     COLD = "cold"  # on disk
 
     __str__ = enum.Enum.__str__
+
+
+def _ints(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _devices(value: Iterable[Device]) -> tuple[Device, ...]:
+    return tuple(value)
+
+
+def _residents(value: Iterable[Resident]) -> tuple[Resident, ...]:
+    return tuple(value)
+
+
+def _entries(value: Iterable[CacheEntry]) -> tuple[CacheEntry, ...]:
+    return tuple(value)
 
 
 def _nonneg_bytes(inst: object, attribute: attrs.Attribute, value: object) -> None:
@@ -96,7 +113,7 @@ class Resident:
 
     replica_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
-    devices: tuple[int, ...] = attrs.field(converter=tuple)
+    devices: tuple[int, ...] = attrs.field(converter=_ints)
     #: bytes it holds on each of its devices
     bytes_per_device: int = attrs.field(validator=_nonneg_bytes)
     dedicated: bool = attrs.field(default=False, validator=f.flag)
@@ -130,11 +147,11 @@ class NodeTiers:
     """A node as the tier rules see it."""
 
     node_id: str = attrs.field(validator=f.name)
-    devices: tuple[Device, ...] = attrs.field(converter=tuple)
-    residents: tuple[Resident, ...] = attrs.field(default=(), converter=tuple)
+    devices: tuple[Device, ...] = attrs.field(converter=_devices)
+    residents: tuple[Resident, ...] = attrs.field(default=(), converter=_residents)
     #: CPU memory for WARM copies, in bytes
     cache_budget: int = attrs.field(default=0, validator=_nonneg_bytes)
-    cache: tuple[CacheEntry, ...] = attrs.field(default=(), converter=tuple)
+    cache: tuple[CacheEntry, ...] = attrs.field(default=(), converter=_entries)
     #: tie-break order (smaller first)
     order: object = ()
 
@@ -385,3 +402,34 @@ def make_room(node: NodeTiers, entry: CacheEntry) -> CacheOutcome:
             return CacheOutcome(cache=(*(e for i, e in enumerate(node.cache) if i not in gone), entry),
                                 dropped=tuple(node.cache[i] for i in sorted(gone)), warm=True)
     return CacheOutcome(cache=node.cache, dropped=(), warm=False)
+
+
+def apply(nodes: Sequence[NodeTiers], placement: TierPlacement, want: Want, replica_id: str) -> tuple[NodeTiers, ...]:
+    """The nodes once ``placement`` is carried out: its victims gone from their
+    devices (their weights into the node's cache by :func:`make_room`, or
+    COLD), ``replica_id`` HOT on the chosen devices since ``want.now`` (a WARM
+    copy it came from leaves the cache). What an executor's answers will
+    confirm; the simulator's model of a node follows it."""
+    out = []
+    for node in nodes:
+        if node.node_id != placement.node_id or placement.choice is Choice.HOT_HERE:
+            out.append(node)
+            continue
+        gone = set(placement.evict)
+        leaving = [r for r in node.residents if r.replica_id in gone]
+        node = attrs.evolve(node, residents=[r for r in node.residents if r.replica_id not in gone])
+        for r in leaving:
+            node = attrs.evolve(node, cache=make_room(node, CacheEntry(deployment=r.deployment, nbytes=r.nbytes,
+                                                                       replica_id=r.replica_id)).cache)
+        cache = node.cache
+        if placement.source is Tier.WARM:  # the copy it loaded from: its own (asleep), else the smallest
+            mine = [i for i, e in enumerate(cache) if e.deployment == want.deployment and e.replica_id == replica_id]
+            other = sorted((e.nbytes, i) for i, e in enumerate(cache) if e.deployment == want.deployment
+                           and not e.pinned)
+            at = mine[0] if mine else other[0][1] if other else None
+            if at is not None:
+                cache = cache[:at] + cache[at + 1:]
+        hot = Resident(replica_id=replica_id, deployment=want.deployment, devices=placement.devices,
+                       bytes_per_device=want.per_device, dedicated=want.dedicated, hot_since=want.now)
+        out.append(attrs.evolve(node, residents=(*node.residents, hot), cache=cache))
+    return tuple(out)

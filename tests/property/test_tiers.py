@@ -194,3 +194,53 @@ def test_make_room_never_goes_over_budget_and_drops_smallest_first(data):
     assert dropped_at <= set(order[:k])
     kept = sum(e.nbytes for e in out.cache)
     assert all(kept + e.nbytes > node.cache_budget for e in out.dropped)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_sequence_of_placements_never_breaks_the_tier_invariants(data):
+    """Random wants placed one after another (``choose`` then ``apply``, the
+    clock moving on): no device is ever over-committed, no replica is HOT
+    twice, the cache stays within budget, dedicated replicas never leave."""
+    from rankcore.invariants import check_tiers
+    from rankcore.tiers import apply
+
+    nodes = tuple(data.draw(nodes_st(1, 3)))
+    check_tiers(nodes)
+    dedicated = {r.replica_id for n in nodes for r in n.residents if r.dedicated}
+    now = 0.0
+    for k in range(data.draw(st.integers(1, 12))):
+        now += data.draw(st.sampled_from([0.0, 600.0, 4000.0]))
+        want = Want(deployment=data.draw(st.sampled_from(DEPLOYMENTS)), gpus=data.draw(st.integers(1, 2)),
+                    model_bytes=data.draw(st.sampled_from([8, 16, 40, 80])) * GIB,
+                    dedicated=data.draw(st.booleans()), now=now)
+        got = choose(nodes, want)
+        if not got:
+            continue
+        assert isinstance(got, TierPlacement)
+        nodes = apply(nodes, got, want, f"new{k}")
+        check_tiers(nodes)
+        if want.dedicated:
+            dedicated.add(f"new{k}")
+        hot = {r.replica_id for n in nodes for r in n.residents}
+        assert dedicated <= hot and f"new{k}" in hot
+        assert not hot & set(got.evict)
+
+
+def test_check_tiers_names_what_is_wrong():
+    import pytest
+
+    from rankcore.errors import InvariantViolation
+    from rankcore.invariants import check_tiers
+
+    big = Resident(replica_id="r", deployment="a", devices=(0,), bytes_per_device=90 * GIB)
+    node = NodeTiers(node_id="n0", devices=[Device(index=0, memory=80 * GIB)], residents=[big])
+    with pytest.raises(InvariantViolation, match="device 0 of node 'n0' is over-committed"):
+        check_tiers([node])
+    ok = Resident(replica_id="r", deployment="a", devices=(0,), bytes_per_device=GIB)
+    twice = [NodeTiers(node_id=f"n{i}", devices=[Device(index=0, memory=80 * GIB)], residents=[ok]) for i in (0, 1)]
+    with pytest.raises(InvariantViolation, match="'r' is HOT twice"):
+        check_tiers(twice)
+    over = NodeTiers(node_id="n0", devices=[], cache_budget=GIB, cache=[CacheEntry(deployment="a", nbytes=2 * GIB)])
+    with pytest.raises(InvariantViolation, match="over its budget"):
+        check_tiers([over])
