@@ -42,9 +42,11 @@ time, as an actor is.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -156,6 +158,33 @@ def _layout(state_dict: Mapping[str, Any]) -> tuple[tuple[_Slot, ...], int]:
 def _views(flat: Any, slots: tuple[_Slot, ...]) -> dict[str, Any]:
     """Each tensor as a view of ``flat``, in the caller's name order."""
     return {s.name: flat[s.begin:s.end].view(s.dtype).view(s.shape) for s in slots}
+
+
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_libc: Any = None
+
+
+def _empty(nbytes: int, device: Any, pin: bool = False) -> Any:
+    """A new flat ``uint8`` buffer; on plain CPU memory, huge pages are asked for before it is touched.
+
+    Faulting in a fresh 1 GiB in 4 KiB pages took ~0.6 s on the CI machine,
+    in 2 MiB pages ~0.15 s (what torch's ``THP_MEM_ALLOC_ENABLE=1`` does,
+    here without needing the environment variable). Best effort, Linux only.
+    """
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
+    if buf.device.type == "cpu" and not pin and nbytes >= 2 * _HUGE and sys.platform.startswith("linux"):
+        global _libc
+        try:
+            if _libc is None:
+                _libc = ctypes.CDLL(None, use_errno=True)
+            start = -(-buf.data_ptr() // _HUGE) * _HUGE
+            end = (buf.data_ptr() + nbytes) // _HUGE * _HUGE
+            if end > start:
+                _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
+        except (OSError, AttributeError):
+            pass
+    return buf
 
 
 def _sync(device: Any) -> None:
@@ -347,7 +376,7 @@ class TieredWeights:
         """WARM -> HOT (one pinned H2D copy) or COLD -> HOT (a pipelined chunked read; no WARM step)."""
         source = self._refuse_same(HOT)
         t0 = self._start()
-        dev = torch.empty(self._total, dtype=torch.uint8, device=self._device)
+        dev = _empty(self._total, self._device)
         if source == WARM:
             dev.copy_(self._host, non_blocking=self._pin)
             _sync(self._device)
@@ -435,7 +464,7 @@ class TieredWeights:
         return time.perf_counter()
 
     def _alloc_host(self) -> Any:
-        return torch.empty(self._total, dtype=torch.uint8, pin_memory=self._pin)
+        return _empty(self._total, "cpu", pin=self._pin)
 
     def _drop_device(self) -> None:
         self._dev = None
