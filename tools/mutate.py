@@ -668,9 +668,50 @@ INVARIANT_NOOPS: tuple[Mutation, ...] = (
     noop("_check_levels", "def _check_levels(name: str, triples: Iterable[tuple], healthy: bool) -> None:\n"),
 )
 
+TIERS = "rankcore/tiers.py"
+TIER_TESTS = ("tests/unit/test_tiers.py", "tests/property/test_tiers.py")
+#: issue 21: the tier choices (docs/tiers.md)
+TIER_RULES: tuple[Mutation, ...] = (
+    mutation("tiers-dedicated-evicted", TIERS,
+             "    if resident.deployment == want.deployment or resident.dedicated:\n",
+             "    if resident.deployment == want.deployment:\n",
+             "[Tiers: eviction] a dedicated replica is never evicted", tests=TIER_TESTS),
+    mutation("tiers-young-evicted", TIERS,
+             "    return want.dedicated or want.now - resident.hot_since >= want.min_deployment_time_s\n",
+             "    return True\n",
+             "[Tiers: eviction] a replica HOT for less than the minimum deployment time is spared", tests=TIER_TESTS),
+    mutation("tiers-needless-victims", TIERS,
+             "            return _needed(node, want, chosen)\n", "            return tuple(chosen)\n",
+             "[Tiers: eviction] no replica is evicted whose eviction is not needed", tests=TIER_TESTS),
+    mutation("tiers-warm-not-preferred", TIERS,
+             "        choice = Choice.WARM_FREE if warm else Choice.FREE\n", "        choice = Choice.FREE\n",
+             "[Tiers: placement] a node with a WARM copy and room comes before one with room only",
+             tests=TIER_TESTS),
+    mutation("tiers-node-order-ignored", TIERS,
+             "    return (_RANK[choice], len(out), evicted, node.order, node.node_id), p\n",
+             "    return (_RANK[choice], len(out), evicted), p\n",
+             "[Tiers: placement] ties are broken by node order, whatever order the nodes come in",
+             tests=TIER_TESTS),
+    mutation("tiers-device-worst-fit", TIERS,
+             "    fits = sorted((room, i) for i, room in free.items() if room >= per_device)\n",
+             "    fits = sorted((-room, i) for i, room in free.items() if room >= per_device)\n",
+             "[Tiers: devices] the devices with the least free memory that fit are taken first", tests=TIER_TESTS),
+    mutation("tiers-cache-largest-first", TIERS,
+             "    order = sorted((e.nbytes, i) for i, e in enumerate(node.cache) if not e.pinned)\n",
+             "    order = sorted((-e.nbytes, i) for i, e in enumerate(node.cache) if not e.pinned)\n"
+             "    order = [(-n, i) for n, i in order]\n",
+             "[Tiers: cache] WARM copies are dropped smallest first", tests=TIER_TESTS),
+    mutation("tiers-cache-drops-too-many", TIERS,
+             "            for back in reversed(dropped[:-1]):\n", "            for back in reversed(dropped[:0]):\n",
+             "[Tiers: cache] no WARM copy is dropped that need not be", tests=TIER_TESTS),
+    mutation("invariant-noop-check-tiers", INVARIANTS, "def check_tiers(nodes: Iterable[Any]) -> None:\n",
+             "def check_tiers(nodes: Iterable[Any]) -> None:\n    return\n",
+             "[invariants] check_tiers checks something (here: nothing)", tests=TIER_TESTS),
+)
+
 #: the mutants before issue 20 (the older rules)
 OLDER = MUTATIONS
-MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS
+MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS + TIER_RULES
 
 
 # ------------------------------------------------------------------ mechanics
@@ -945,8 +986,9 @@ def markdown(results: Sequence[Result]) -> str:
 @click.option("--then", "then", multiple=True, default=DEFAULT_THEN, show_default=True, metavar="PATHS",
               help="Test paths run next (same options), only for a mutant the runs before missed (repeatable).")
 @click.option("--no-then", is_flag=True, help="No run after --pytest-args.")
-@click.option("--group", type=click.Choice(["all", "older", "issue20", "rules", "invariants"]), default="all",
-              show_default=True, help="Which mutations: older (before issue 20), issue20 (rules + invariants).")
+@click.option("--group", type=click.Choice(["all", "older", "issue20", "rules", "invariants", "tiers"]), default="all",
+              show_default=True, help="Which mutations: older (before issue 20), issue20 (rules + invariants), "
+                                      "tiers (issue 21).")
 @click.option("--seed", default="0", show_default=True,
               help="--hypothesis-seed for every run (reproducible sweeps); 'random' for none.")
 @click.option("--no-baseline", is_flag=True, help="Skip the unmutated run that must pass first.")
@@ -964,7 +1006,7 @@ def main(only: tuple[str, ...], list_: bool, check: bool, jobs: int, timeout: fl
     mutations = select(only)
     if not only and group != "all":
         pick = {"older": OLDER, "issue20": ISSUE20_RULES + INVARIANT_NOOPS, "rules": ISSUE20_RULES,
-                "invariants": INVARIANT_NOOPS}[group]
+                "invariants": INVARIANT_NOOPS, "tiers": TIER_RULES}[group]
         mutations = list(pick)
     then = () if no_then else then
     if list_:
