@@ -38,6 +38,9 @@ __all__ = [
     "ScheduleTick",
     "GangChanged",
     "KeepSpareProcesses",
+    "OffloadReplica",
+    "LoadReplica",
+    "UpdateWeights",
     "Command",
 ]
 
@@ -83,6 +86,8 @@ class InitializeReplica:
     #: ``health_check_timeout_s``, and report each outcome (``HealthChecked``)
     health_check_period_s: float = HEALTH_CHECK_PERIOD_S
     health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    #: the weights version to load (the last ``WeightsPushed``; 0: the initial weights)
+    weights_version: int = 0
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -178,5 +183,35 @@ class KeepSpareProcesses:
     count: int = attrs.field(validator=f.count)
 
 
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class OffloadReplica:
+    """Put a running replica to sleep: its weights from its GPU to CPU memory
+    (pinned where it can), its process, ranks and bundle kept, its GPU memory
+    given up. Answer: ``TierMoved(tier="warm")`` or ``TierMoveFailed``."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class LoadReplica:
+    """Wake a sleeping replica: its weights from CPU memory back to its GPU.
+    Answer: ``TierMoved(tier="hot")`` or ``TierMoveFailed``."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class UpdateWeights:
+    """Give a replica the weights of ``version`` (wherever they are: on its GPU,
+    in its CPU copy while it sleeps, or once it is ready if it is starting).
+    It does not serve until it answers ``WeightsUpdated(version)``."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    version: int = attrs.field(validator=f.count)
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
-                ScheduleTick, GangChanged, KeepSpareProcesses]
+                ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights]

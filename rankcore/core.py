@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import clock, deadlines, gangs, health, restarts, static
+from . import clock, deadlines, gangs, health, residency, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
@@ -41,7 +41,13 @@ from .events import (
     ReplicaReconfigured,
     ReplicaStopped,
     ScaleRequested,
+    SleepRequested,
     Tick,
+    TierMoved,
+    TierMoveFailed,
+    WakeRequested,
+    WeightsPushed,
+    WeightsUpdated,
 )
 from .fastpaths import FAST_PATHS
 from .fields import shown
@@ -194,7 +200,8 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         elif tx.managed:  # the booking moves too
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
-    new = _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version)
+    new = _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version,
+                weights_version=dep.weights_version)  # (InitializeReplica carries it)
     deadlines.answered(tx, rid)  # its placement deadline
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
@@ -229,7 +236,7 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
         new, cmd = reconfigure(dep, new, reason)
         tx.emit(cmd)
-    tx.put(put_replica(dep, rep, new))
+    tx.put(put_replica(dep, rep, residency.settle(tx, dep, new)))  # (new weights, asleep: rankcore.residency)
     return finish(tx)
 
 
@@ -264,6 +271,51 @@ def _on_health_checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) 
 def _on_replica_stopped(tx: Tx, e: ReplicaStopped, dep: Deployment, rep: Replica) -> Step:
     advance(rep.phase, Trigger.STOPPED, rep.replica_id)
     tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))
+    return finish(tx)
+
+
+def _on_sleep_requested(tx: Tx, e: SleepRequested) -> Step:
+    dep = residency.sleep(tx, tx.dep(e.deployment))
+    if dep is None:
+        return finish(tx, stale=True)  # asleep already
+    tx.put(dep)
+    return finish(tx)
+
+
+def _on_wake_requested(tx: Tx, e: WakeRequested) -> Step:
+    dep = residency.wake(tx, tx.dep(e.deployment), e.weights_version)
+    if dep is None:
+        return finish(tx, stale=True)  # awake already, no newer weights
+    tx.put(dep)
+    return finish(tx)
+
+
+def _on_weights_pushed(tx: Tx, e: WeightsPushed) -> Step:
+    tx.put(residency.push(tx, tx.dep(e.deployment), e.version))
+    return finish(tx)
+
+
+@_about_replica
+def _on_tier_moved(tx: Tx, e: TierMoved, dep: Deployment, rep: Replica) -> Step:
+    new = residency.moved(tx, dep, rep, e.tier)
+    if new is None:
+        return finish(tx, stale=True)  # the same answer again
+    tx.put(new)
+    return finish(tx)
+
+
+@_about_replica
+def _on_tier_move_failed(tx: Tx, e: TierMoveFailed, dep: Deployment, rep: Replica) -> Step:
+    tx.put(residency.move_failed(dep, rep))
+    return finish(tx)
+
+
+@_about_replica
+def _on_weights_updated(tx: Tx, e: WeightsUpdated, dep: Deployment, rep: Replica) -> Step:
+    new = residency.updated(tx, dep, rep, e.version)
+    if new is None:
+        return finish(tx, stale=True)  # an older version's answer, or the same again
+    tx.put(new)
     return finish(tx)
 
 
@@ -373,6 +425,12 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     PlacementFailed: _on_placement_failed,
     Tick: _on_tick,
     ControllerRecovered: _on_controller_recovered,
+    SleepRequested: _on_sleep_requested,
+    WakeRequested: _on_wake_requested,
+    WeightsPushed: _on_weights_pushed,
+    TierMoved: _on_tier_moved,
+    TierMoveFailed: _on_tier_move_failed,
+    WeightsUpdated: _on_weights_updated,
 }
 
 

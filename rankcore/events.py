@@ -42,6 +42,12 @@ __all__ = [
     "ReplicaReport",
     "ControllerRecovered",
     "UnresponsiveReplica",
+    "SleepRequested",
+    "WakeRequested",
+    "WeightsPushed",
+    "TierMoved",
+    "TierMoveFailed",
+    "WeightsUpdated",
     "Event",
 ]
 
@@ -365,6 +371,11 @@ class Tick:
     now: float = attrs.field(validator=f.seconds)
 
 
+def _tier_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value not in ("hot", "warm"):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'hot' or 'warm', got {f.shown(value)}")
+
+
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class ReplicaReport:
     """What one live replica tells a recovering controller.
@@ -409,6 +420,9 @@ class ReplicaReport:
     #: the user_config it runs (UNKNOWN if not said; OUTDATED if older than the
     #: deployment's): an outdated replica is reconfigured after recovery
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
+    #: where its weights are (``"hot"``: on its GPU; ``"warm"``: asleep) and their version
+    tier: str = attrs.field(default="hot", validator=_tier_name)
+    weights_version: int = attrs.field(default=0, validator=f.count)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -506,6 +520,64 @@ def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> N
             raise InvalidConfig(f"ControllerRecovered.{field} " + twice.format(k))
         seen.add(k)
 
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class SleepRequested:
+    """Put a deployment's replicas to sleep (RL: the trainer needs the GPUs):
+    each running replica's weights go to CPU memory, its process, ranks and
+    bundle kept (``OffloadReplica``); a replica that becomes ready meanwhile
+    sleeps once it is ready. ``world_size`` and the ranks do not change."""
+
+    deployment: str = attrs.field(validator=f.name)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class WakeRequested:
+    """Wake a sleeping deployment (``LoadReplica`` for each sleeper). With
+    ``weights_version``, the replicas wake with those weights: the same as a
+    ``WeightsPushed`` of that version first."""
+
+    deployment: str = attrs.field(validator=f.name)
+    weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class WeightsPushed:
+    """New weights, ``version`` (greater than any before), for every replica of
+    the deployment: one starting or asleep included. Each gets
+    ``UpdateWeights``; a replica not yet initialised loads them at start."""
+
+    deployment: str = attrs.field(validator=f.name)
+    version: int = attrs.field(validator=f.count)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class TierMoved:
+    """A replica's weights arrived: ``tier`` ``"warm"`` answers ``OffloadReplica``,
+    ``"hot"`` answers ``LoadReplica``."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    tier: str = attrs.field(validator=_tier_name)
+    #: what moved, for the metrics (optional)
+    nbytes: int = attrs.field(default=0, validator=f.count)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class TierMoveFailed:
+    """An ``OffloadReplica`` or ``LoadReplica`` could not be carried out: the
+    weights are where they were (on its GPU, or in CPU memory)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    reason: str = attrs.field(default="", validator=f.text)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class WeightsUpdated:
+    """The replica holds the weights of ``version`` (answers ``UpdateWeights``)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    version: int = attrs.field(validator=f.count)
+
+
 Event = Union[
     BundlesPlaced,
     DeploymentApplied,
@@ -522,4 +594,10 @@ Event = Union[
     PlacementFailed,
     Tick,
     ControllerRecovered,
+    SleepRequested,
+    WakeRequested,
+    WeightsPushed,
+    TierMoved,
+    TierMoveFailed,
+    WeightsUpdated,
 ]

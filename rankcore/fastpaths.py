@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deadlines, restarts, spares
+from . import deadlines, residency, restarts, spares
 from .cluster import Cluster, clock_work_due
 from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
@@ -90,7 +90,10 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
         return None
-    dep = put_replica(restarts.started(dep), rep, _with_phase(rep, _RUNNING))
+    new = _with_phase(rep, _RUNNING)
+    if not residency.quiet(dep, new):
+        return None  # (new weights or a sleep due)
+    dep = put_replica(restarts.started(dep), rep, new)
     if compaction_due(dep):
         return None
     if cl.deadlines and rid in cl.deadlines:
@@ -110,6 +113,8 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
+    if rep.weights_version != dep.weights_version:
+        return None  # (its record takes the version InitializeReplica carries)
     moved = _moves_clock(cl, e.now)
     if moved is None:
         return None

@@ -21,7 +21,8 @@ from transitions import Machine
 
 from .errors import InvalidEvent
 
-__all__ = ["Phase", "Trigger", "DECLARATION", "TABLE", "LIVE", "advance", "mermaid", "graph_machine"]
+__all__ = ["Phase", "Trigger", "DECLARATION", "TABLE", "LIVE", "advance", "mermaid", "graph_machine",
+           "Residency", "TierTrigger", "TIER_DECLARATION", "TIER_TABLE", "advance_tier"]
 
 
 class Phase(str, enum.Enum):
@@ -86,34 +87,86 @@ TERMINAL = frozenset({P.STOPPED, P.CRASHED})
 LIVE: tuple[Phase, ...] = (P.PENDING, P.STARTING, P.RUNNING, P.RECONFIGURING, P.STOPPING, P.FAILED)
 
 
-def _machine_kwargs() -> dict[str, Any]:
+def _machine_kwargs(states: Any = Phase, declaration: Any = DECLARATION, initial: Any = INITIAL) -> dict[str, Any]:
     return dict(
-        states=[p.value for p in Phase],
+        states=[p.value for p in states],
         transitions=[
             {"trigger": t.value, "source": [s.value for s in src], "dest": dst.value}
-            for t, src, dst in DECLARATION
+            for t, src, dst in declaration
         ],
-        initial=INITIAL.value,
+        initial=initial.value,
         auto_transitions=False,
         send_event=False,
     )
 
 
-def _compile() -> dict[tuple[Phase, Trigger], Phase]:
-    """Validate the declaration with ``transitions`` and flatten it to a dict."""
-    machine = Machine(model=None, **_machine_kwargs())
-    table: dict[tuple[Phase, Trigger], Phase] = {}
+def _compile(states: Any = Phase, triggers: Any = Trigger, declaration: Any = DECLARATION,
+             initial: Any = INITIAL) -> dict:
+    """Validate a declaration with ``transitions`` and flatten it to a dict."""
+    machine = Machine(model=None, **_machine_kwargs(states, declaration, initial))
+    table: dict = {}
     for trigger, event in machine.events.items():
         for source, transitions_ in event.transitions.items():
             for tr in transitions_:
-                key = (Phase(source), Trigger(trigger))
+                key = (states(source), triggers(trigger))
                 if key in table:
                     raise ValueError(f"lifecycle: {key} is declared twice")
-                table[key] = Phase(tr.dest)
+                table[key] = states(tr.dest)
     return table
 
 
 TABLE: dict[tuple[Phase, Trigger], Phase] = _compile()
+
+
+class Residency(str, enum.Enum):
+    """Where a live replica's weights are (docs/tiers.md): a second coordinate
+    beside its phase, so a replica can be running and asleep."""
+
+    HOT = "hot"  # on its GPU (serving, once running)
+    OFFLOADING = "offloading"  # OffloadReplica sent: going to CPU memory, process and ranks kept
+    WARM = "warm"  # asleep: in its process's CPU memory, GPU memory free for others
+    LOADING = "loading"  # LoadReplica sent: going back to its GPU
+
+    def __repr__(self) -> str:
+        return f"Residency.{self.name}"
+
+    __str__ = enum.Enum.__str__
+
+
+class TierTrigger(str, enum.Enum):
+    """What moves a replica between tiers: the core's command or the executor's answer."""
+
+    SLEEP = "sleep"
+    WAKE = "wake"
+    MOVED = "moved"
+    MOVE_FAILED = "move_failed"
+
+    def __repr__(self) -> str:
+        return f"TierTrigger.{self.name}"
+
+
+R, TT = Residency, TierTrigger
+#: sleep and wake (issue 21): a failed move leaves the weights where they were
+TIER_DECLARATION: tuple[tuple[TierTrigger, tuple[Residency, ...], Residency], ...] = (
+    (TT.SLEEP, (R.HOT,), R.OFFLOADING),
+    (TT.MOVED, (R.OFFLOADING,), R.WARM),
+    (TT.MOVE_FAILED, (R.OFFLOADING,), R.HOT),
+    (TT.WAKE, (R.WARM,), R.LOADING),
+    (TT.MOVED, (R.LOADING,), R.HOT),
+    (TT.MOVE_FAILED, (R.LOADING,), R.WARM),
+)
+TIER_TABLE: dict[tuple[Residency, TierTrigger], Residency] = _compile(Residency, TierTrigger, TIER_DECLARATION, R.HOT)
+
+
+def advance_tier(residency: Residency, trigger: TierTrigger, replica: object = None) -> Residency:
+    """The next residency, or :class:`InvalidEvent` naming where it is and what came."""
+    try:
+        return TIER_TABLE[residency, trigger]
+    except KeyError:
+        who = f"replica {replica!r} " if replica is not None else ""
+        allowed = sorted(t.value for (r, t) in TIER_TABLE if r is residency)
+        raise InvalidEvent(f"{who}is {residency.value}: '{trigger.value}' is not allowed "
+                           f"(allowed: {', '.join(allowed)})") from None
 
 
 def advance(phase: Phase, trigger: Trigger, replica: object = None) -> Phase:

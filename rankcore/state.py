@@ -21,7 +21,7 @@ from .bundles import StaticPlacement
 from .cluster import Cluster
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
-from .lifecycle import LIVE, Phase
+from .lifecycle import LIVE, Phase, Residency
 from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, StaticOptions, flat_reads
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
@@ -77,6 +77,12 @@ class Replica:
     rank_update_due: bool = attrs.field(default=False, validator=f.flag)
     #: failed health checks in a row (rankcore.health)
     health_failures: int = attrs.field(default=0, validator=f.count)
+    #: where its weights are (docs/tiers.md: asleep is WARM, process and ranks kept)
+    residency: Residency = Residency.HOT
+    #: the weights version it was last given (InitializeReplica, UpdateWeights), and whether
+    #: that UpdateWeights is still unanswered (it does not serve until it is: rankcore.residency)
+    weights_version: int = attrs.field(default=0, validator=f.count)
+    weights_pending: bool = attrs.field(default=False, validator=f.flag)
 
 
 def _empty_counts() -> tuple[int, ...]:
@@ -112,6 +118,10 @@ class Deployment:
     #: rank is handed out (``transaction.reconcile``) nor compacted (not
     #: ``healthy``) until it has gone (``rankcore.recovery``)
     unresponsive: immutables.Map = attrs.field(factory=immutables.Map)
+    #: the weights version last pushed (``WeightsPushed``) and whether the deployment is meant
+    #: to sleep (``SleepRequested`` / ``WakeRequested``): rankcore.residency
+    weights_version: int = 0
+    asleep: bool = False
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...
@@ -184,7 +194,7 @@ class Deployment:
         if self.counts[_FAILED_AT]:
             return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
         if self.healthy:
-            return ""
+            return "asleep: weights in CPU memory, ranks kept (WakeRequested wakes it)" if self.asleep else ""
         return f"{self.counts[_RUNNING_AT]} of {self.target} replicas running"
 
     def rank_of(self, rid: str) -> ReplicaRank | None:

@@ -210,6 +210,7 @@ def initialize(dep: Deployment, rid: str) -> InitializeReplica:
         pass_rank=dep.reconfigure_takes_rank,
         health_check_period_s=dep.config.health.health_check_period_s,
         health_check_timeout_s=dep.config.health.health_check_timeout_s,
+        weights_version=dep.weights_version,
     )
 
 

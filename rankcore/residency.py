@@ -1,0 +1,144 @@
+"""Sleep, wake and weight versions: where a live replica's weights are, and
+which version it holds (issue 21; docs/tiers.md).
+
+RL post-training puts the inference replicas to sleep while the trainer uses
+the GPUs, then wakes them with new weights (vLLM's sleep mode). Here a
+deployment is *meant* to be asleep or awake (``Deployment.asleep``) and holds
+the weights version last pushed; :func:`settle` is the one rule that moves a
+replica towards both, called whenever a replica or its deployment changes:
+
+* a replica that has been initialised and is behind the version gets
+  ``UpdateWeights`` (a starting one too: it applies them once ready, and does
+  not serve before it answers; one not yet initialised loads them at start,
+  ``InitializeReplica.weights_version``);
+* a running replica HOT while its deployment is asleep gets
+  ``OffloadReplica``; one asleep (WARM) while its deployment is awake gets
+  ``LoadReplica``. A move in flight is left alone until its answer.
+
+Sleeping changes no rank and no world size: a sleeper keeps its process, its
+ranks and its bundle. A failed move leaves the weights where they were and is
+not retried on its own (a new request retries).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
+"""
+
+from __future__ import annotations
+
+from .commands import LoadReplica, OffloadReplica, UpdateWeights
+from .errors import InvalidEvent
+from .lifecycle import Phase, Residency, TierTrigger, advance_tier
+from .records import unchecked_copy
+from .state import Deployment, Replica
+from .transaction import Tx, by_rank, put_replica
+
+__all__ = ["settle", "needs", "quiet", "serving", "sleep", "wake", "push", "moved", "move_failed", "updated"]
+
+_copy = unchecked_copy
+_INITIALISED = (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING)
+_SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
+
+
+def serving(dep: Deployment, rep: Replica) -> bool:
+    """Running, on its GPU, holding the deployment's weights version."""
+    return (rep.phase in _SERVING and rep.residency is Residency.HOT and not rep.weights_pending
+            and rep.weights_version == dep.weights_version)
+
+
+def needs(dep: Deployment, rep: Replica) -> tuple[bool, TierTrigger | None]:
+    """(new weights due, the tier move due) for ``rep`` as it is now."""
+    if rep.phase not in _INITIALISED:
+        return False, None  # pending: InitializeReplica will carry the version; stopping, failed: nothing
+    move = None
+    if rep.phase in _SERVING:
+        if dep.asleep and rep.residency is Residency.HOT:
+            move = TierTrigger.SLEEP
+        elif not dep.asleep and rep.residency is Residency.WARM:
+            move = TierTrigger.WAKE
+    return rep.weights_version < dep.weights_version, move
+
+
+def quiet(dep: Deployment, rep: Replica) -> bool:
+    """Nothing is due for ``rep`` (what a fast path asks before it skips :func:`settle`)."""
+    return needs(dep, rep) == (False, None)
+
+
+def settle(tx: Tx, dep: Deployment, rep: Replica) -> Replica:
+    """What ``rep`` needs now (module docstring, :func:`needs`): the commands are
+    emitted, the new record returned (the caller puts it)."""
+    weights, move = needs(dep, rep)
+    if weights:
+        tx.emit(UpdateWeights(replica_id=rep.replica_id, deployment=dep.name, version=dep.weights_version))
+        rep = _copy(rep, weights_version=dep.weights_version, weights_pending=True)
+    if move is not None:
+        cmd = OffloadReplica if move is TierTrigger.SLEEP else LoadReplica
+        tx.emit(cmd(replica_id=rep.replica_id, deployment=dep.name))
+        rep = _copy(rep, residency=advance_tier(rep.residency, move, rep.replica_id))
+    return rep
+
+
+def _settle_all(tx: Tx, dep: Deployment) -> Deployment:
+    """Every replica of ``dep``, in rank order (the commands' order)."""
+    for rep in by_rank(dep, list(dep.replicas.values())):
+        new = settle(tx, dep, rep)
+        if new is not rep:
+            dep = put_replica(dep, rep, new)
+    return dep
+
+
+def _check_version(dep: Deployment, version: int, what: str) -> None:
+    if version < dep.weights_version:
+        raise InvalidEvent(f"{what}({dep.name!r}): weights version {version} is older than the last one pushed, "
+                           f"{dep.weights_version} (versions only go up)")
+
+
+def sleep(tx: Tx, dep: Deployment) -> Deployment | None:
+    """``SleepRequested``: the deployment is meant to sleep (None: it already is)."""
+    if dep.asleep:
+        return None
+    return _settle_all(tx, _copy(dep, asleep=True))
+
+
+def wake(tx: Tx, dep: Deployment, version: int | None) -> Deployment | None:
+    """``WakeRequested``, with new weights when ``version`` is newer (None: nothing to do)."""
+    if version is not None:
+        _check_version(dep, version, "WakeRequested")
+    newer = version is not None and version > dep.weights_version
+    if not dep.asleep and not newer:
+        return None
+    return _settle_all(tx, _copy(dep, asleep=False, weights_version=version if newer else dep.weights_version))
+
+
+def push(tx: Tx, dep: Deployment, version: int) -> Deployment:
+    """``WeightsPushed``: a new version for every replica."""
+    if version <= dep.weights_version:
+        raise InvalidEvent(f"WeightsPushed({dep.name!r}): version {version} is not newer than the last one "
+                           f"pushed, {dep.weights_version}")
+    return _settle_all(tx, _copy(dep, weights_version=version))
+
+
+def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None:
+    """``TierMoved``: the weights arrived (None: the same answer again)."""
+    if rep.residency.value == tier:
+        return None
+    new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVED, rep.replica_id))
+    if new.residency.value != tier:
+        raise InvalidEvent(f"TierMoved: replica {rep.replica_id!r} was {rep.residency.value}, so its weights "
+                           f"go {new.residency.value}, not {tier}")
+    return put_replica(dep, rep, settle(tx, dep, new))
+
+
+def move_failed(dep: Deployment, rep: Replica) -> Deployment:
+    """``TierMoveFailed``: the weights stay where they were."""
+    return put_replica(dep, rep, _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVE_FAILED,
+                                                                   rep.replica_id)))
+
+
+def updated(tx: Tx, dep: Deployment, rep: Replica, version: int) -> Deployment | None:
+    """``WeightsUpdated``: the replica holds ``version`` (None: an older answer)."""
+    if version > rep.weights_version:
+        raise InvalidEvent(f"WeightsUpdated: replica {rep.replica_id!r} says it holds version {version}, but the "
+                           f"last one sent was {rep.weights_version}")
+    if version < rep.weights_version or not rep.weights_pending:
+        return None
+    return put_replica(dep, rep, settle(tx, dep, _copy(rep, weights_pending=False)))
