@@ -17,11 +17,14 @@ from .commands import (
     GangChanged,
     InitializeReplica,
     KeepSpareProcesses,
+    LoadReplica,
+    OffloadReplica,
     PlaceReplica,
     ReconfigureReplica,
     ScheduleTick,
     StartReplica,
     StopReplica,
+    UpdateWeights,
     UpdateWorldSize,
 )
 from .core import run, step
@@ -55,11 +58,17 @@ from .events import (
     ReplicaReport,
     ReplicaStopped,
     ScaleRequested,
+    SleepRequested,
     Tick,
+    TierMoved,
+    TierMoveFailed,
     UnresponsiveReplica,
+    WakeRequested,
+    WeightsPushed,
+    WeightsUpdated,
 )
 from .gangmap import GangContext
-from .lifecycle import LIVE, Phase
+from .lifecycle import LIVE, Phase, Residency
 from .options import DeploymentConfig, Options
 from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .state import (
@@ -88,6 +97,8 @@ __all__ = [
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
+    "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "Residency",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",
