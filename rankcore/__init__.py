@@ -79,6 +79,7 @@ from .state import (
     Replica,
     State,
     Step,
+    desired_asleep,
     desired_specs,
     parse_replica_number,
 )
@@ -87,7 +88,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs", "placement",
+    "desired_specs", "desired_asleep", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",

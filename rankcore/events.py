@@ -477,6 +477,11 @@ class ControllerRecovered:
     #: stopped at once, and its deployment's free ranks stay free until it has
     #: stopped (see ``UnresponsiveReplica``); an id may not also report
     unresponsive: tuple[UnresponsiveReplica, ...] = attrs.field(default=(), converter=f.to_tuple)
+    #: the deployments meant to be asleep (``SleepRequested``; persist ``rankcore.asleep(state)``
+    #: beside the specs); None: asleep when every running replica reports ``tier="warm"``
+    asleep: tuple[str, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(f.to_tuple),
+        validator=attrs.validators.optional(f.names))
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:

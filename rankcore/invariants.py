@@ -20,6 +20,8 @@ from .commands import (
     GangChanged,
     InitializeReplica,
     KeepSpareProcesses,
+    LoadReplica,
+    OffloadReplica,
     PlaceReplica,
     ReconfigureReplica,
     ScheduleTick,
@@ -39,14 +41,15 @@ from .events import (
     ScaleRequested,
     Tick,
 )
-from .lifecycle import LIVE, Phase
+from .lifecycle import LIVE, Phase, Residency
 from .ranks import ReplicaRank
-from .state import Deployment, State, Step, desired_specs
+from .state import Deployment, State, Step, desired_asleep, desired_specs
 
 __all__ = [
     "check_state",
     "check_step",
     "check_tiers",
+    "check_residency",
     "check_cluster",
     "check_placements",
     "check_ranks_unique",
@@ -243,6 +246,21 @@ def check_tiers(nodes: Iterable[Any]) -> None:
                   f"{node.cache_budget:,}")
 
 
+def check_residency(state: State) -> None:
+    """Sleep and weights (rankcore.residency): a replica not yet running is on its
+    GPU (it sleeps once ready) and has no weights update in flight before it is
+    initialised; no replica holds a version newer than its deployment's."""
+    for name, dep in state.deployments.items():
+        for rid, rep in dep.replicas.items():
+            if rep.phase in (Phase.PENDING, Phase.STARTING) and rep.residency is not Residency.HOT:
+                _fail(f"{name}: replica {rid!r} is {rep.phase.value} but {rep.residency.value}")
+            if rep.phase is Phase.PENDING and rep.weights_pending:
+                _fail(f"{name}: replica {rid!r} is pending with a weights update in flight")
+            if rep.weights_version > dep.weights_version:
+                _fail(f"{name}: replica {rid!r} holds weights version {rep.weights_version}, newer than the "
+                      f"deployment's {dep.weights_version}")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
     check_contiguity_counters(state)
@@ -251,6 +269,7 @@ def check_state(state: State) -> None:
     check_counts(state)
     check_contiguous_when_healthy(state)
     check_cluster(state)
+    check_residency(state)
 
 
 # ------------------------------------------------------------- step checks
@@ -779,11 +798,15 @@ def reports_from(state: State) -> ControllerRecovered:
                     lineage=rep.lineage,
                     version=rep.version,
                     user_config=dep.user_config if rep.config_version >= dep.config_version else OUTDATED,
+                    # where its weights are (a move in flight: where they were) and the version it was given
+                    tier="warm" if rep.residency in (Residency.WARM, Residency.LOADING) else "hot",
+                    weights_version=rep.weights_version,
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
     return ControllerRecovered(
         deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
+        asleep=desired_asleep(state),
         next_lineage=state.next_lineage,
         nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
                                order=n.order[0] if n.order[0] != float("inf") else None) for n in nodes))
@@ -793,8 +816,9 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
     """Recovering from the state's own reports gives the same ranks, phases and
     targets, and no command but placing again the pending replicas the core
     had reserved a node for (their reservation is not a placement), asking
-    for a Tick (the starting ones get a fresh start timeout) and telling the
-    new controller where to keep spare processes (it knows none yet)."""
+    for a Tick (the starting ones get a fresh start timeout), telling the
+    new controller where to keep spare processes (it knows none yet) and
+    sending again a sleep or a wake that was in flight or failed."""
     from .core import step as core_step
 
     result = (step_fn or core_step)(State(cluster=attrs.evolve(State().cluster, now=state.cluster.now,
@@ -814,7 +838,13 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         phases = {rid: r.phase for rid, r in got.replicas.items()}
         if phases != {rid: r.phase for rid, r in dep.replicas.items()}:
             _fail(f"{name}: recovery changed phases")
-    others = [c for c in result.commands if not isinstance(c, (PlaceReplica, ScheduleTick, KeepSpareProcesses))]
+    # a sleep or a wake in flight, or one that failed, is sent again: the replica reported where its
+    # weights were, and its deployment is still meant to sleep (or to be awake)
+    moving = {(r.replica_id, OffloadReplica if dep.asleep else LoadReplica)
+              for dep in state.deployments.values() for r in dep.replicas.values()
+              if r.residency is not (Residency.WARM if dep.asleep else Residency.HOT)}
+    others = [c for c in result.commands if not isinstance(c, (PlaceReplica, ScheduleTick, KeepSpareProcesses))
+              and (getattr(c, "replica_id", None), type(c)) not in moving]
     if others:
         _fail(f"recovery from own reports sent commands: {others[:3]}")
 

@@ -47,17 +47,17 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
-from . import deadlines, gangs, static
+from . import deadlines, gangs, residency, static
 from .commands import ScheduleTick, StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
-from .lifecycle import LIVE, Phase
+from .lifecycle import LIVE, Phase, Residency
 from .moves import reconcile, stop
 from .policies import VICTIM_ORDER
 from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from .scheduling import adopt, new_node
 from .state import Deployment, Replica, parse_replica_number
-from .transaction import Tx, initialize, reconfigure, recount, stop_command
+from .transaction import Tx, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
 
@@ -137,7 +137,7 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
 
 
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
-                        unresponsive: list[UnresponsiveReplica]) -> Deployment:
+                        unresponsive: list[UnresponsiveReplica], asleep: bool | None = None) -> Deployment:
     final_rank, to_stop = _resolve_global(spec, reports)
     # a FAILED replica holds its global rank only (its process is stopped below)
     placed = [r for r in reports if r.node_id is not None and r.phase is not Phase.FAILED]
@@ -180,6 +180,8 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
             node_id=node_id,
             version=r.version,
             config_version=0 if old_config else 1,
+            residency=Residency.WARM if r.tier == "warm" else Residency.HOT,
+            weights_version=r.weights_version,
         )
         serving_or_starting = node_id is not None and not _leaving(r) and r.replica_id not in stopping
         if serving_or_starting and r.replica_id not in unstarted:
@@ -194,8 +196,16 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         replicas[r.replica_id] = rep
         counts[LIVE.index(rep.phase)] += 1
         tx.index = tx.index.set(r.replica_id, spec.name)
+    # The newest weights version a replica reports is the deployment's; it is asleep as
+    # the event says (else when every running replica reports WARM: docs/tiers.md).
+    # settle() below brings every replica to both.
+    if asleep is None:
+        running = [r for r in reports if r.phase in (Phase.RUNNING, Phase.RECONFIGURING) and not _leaving(r)]
+        asleep = bool(running) and all(r.tier == "warm" for r in running)
     dep = Deployment.applied(
         spec,
+        weights_version=max((r.weights_version for r in reports), default=0),
+        asleep=asleep,
         config_version=1,
         replicas=immutables.Map(replicas),
         ranks=ranks,
@@ -221,7 +231,9 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         tx.emit(cmd)
     for rid in sorted(unstarted, key=lambda x: (final_rank[x], x)):
         tx.emit(initialize(dep, rid))
+        dep = put_replica(dep, dep.replicas[rid], attrs.evolve(dep.replicas[rid], weights_version=dep.weights_version))
         deadlines.start(tx, dep, rid)
+    dep = residency.settle_all(tx, dep)
     if to_stop:
         dep = stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
@@ -296,6 +308,10 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
             f"event does not name ({', '.join(map(repr, names))}); include their DeploymentApplied "
             f"(rankcore.desired_specs(state) gives them all), or pass stop_unknown=True to stop those replicas"
         )
+    unknown = sorted(set(e.asleep or ()) - set(specs))
+    if unknown:
+        raise InvalidEvent(f"ControllerRecovered.asleep names {', '.join(map(repr, unknown))}, which the event's "
+                           f"deployments do not")
     tx.next_replica = max(numbers) + 1
     tx.next_lineage = max(lineages) + 1
     tx.deps = immutables.Map()
@@ -304,7 +320,8 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     _rebuild_cluster(tx, e)
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
-        tx.put(_rebuild_deployment(tx, specs[name], reports, sorted(silent[name], key=lambda u: u.replica_id)))
+        tx.put(_rebuild_deployment(tx, specs[name], reports, sorted(silent[name], key=lambda u: u.replica_id),
+                                   None if e.asleep is None else name in e.asleep))
         for u in silent[name]:
             if not _named_after(u.replica_id, name):
                 tx.retired = tx.retired.set(u.replica_id, None)  # (news about it: stale, not unknown)

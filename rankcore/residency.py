@@ -32,7 +32,7 @@ from .records import unchecked_copy
 from .state import Deployment, Replica
 from .transaction import Tx, by_rank, put_replica
 
-__all__ = ["settle", "needs", "quiet", "serving", "sleep", "wake", "push", "moved", "move_failed", "updated"]
+__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "sleep", "wake", "push", "moved", "move_failed", "updated"]
 
 _copy = unchecked_copy
 _INITIALISED = (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING)
@@ -77,7 +77,7 @@ def settle(tx: Tx, dep: Deployment, rep: Replica) -> Replica:
     return rep
 
 
-def _settle_all(tx: Tx, dep: Deployment) -> Deployment:
+def settle_all(tx: Tx, dep: Deployment) -> Deployment:
     """Every replica of ``dep``, in rank order (the commands' order)."""
     for rep in by_rank(dep, list(dep.replicas.values())):
         new = settle(tx, dep, rep)
@@ -96,7 +96,7 @@ def sleep(tx: Tx, dep: Deployment) -> Deployment | None:
     """``SleepRequested``: the deployment is meant to sleep (None: it already is)."""
     if dep.asleep:
         return None
-    return _settle_all(tx, _copy(dep, asleep=True))
+    return settle_all(tx, _copy(dep, asleep=True))
 
 
 def wake(tx: Tx, dep: Deployment, version: int | None) -> Deployment | None:
@@ -106,7 +106,7 @@ def wake(tx: Tx, dep: Deployment, version: int | None) -> Deployment | None:
     newer = version is not None and version > dep.weights_version
     if not dep.asleep and not newer:
         return None
-    return _settle_all(tx, _copy(dep, asleep=False, weights_version=version if newer else dep.weights_version))
+    return settle_all(tx, _copy(dep, asleep=False, weights_version=version if newer else dep.weights_version))
 
 
 def push(tx: Tx, dep: Deployment, version: int) -> Deployment:
@@ -114,7 +114,7 @@ def push(tx: Tx, dep: Deployment, version: int) -> Deployment:
     if version <= dep.weights_version:
         raise InvalidEvent(f"WeightsPushed({dep.name!r}): version {version} is not newer than the last one "
                            f"pushed, {dep.weights_version}")
-    return _settle_all(tx, _copy(dep, weights_version=version))
+    return settle_all(tx, _copy(dep, weights_version=version))
 
 
 def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None:

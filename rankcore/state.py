@@ -25,7 +25,8 @@ from .lifecycle import LIVE, Phase, Residency
 from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, StaticOptions, flat_reads
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
-__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs"]
+__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
+           "desired_asleep"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 # where counts keeps running and stopping replicas (an enum member read off its
@@ -254,6 +255,12 @@ def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:
     it is meant to be now (scales folded in), sorted by name. Pass it as
     ``ControllerRecovered.deployments``."""
     return tuple(state.deployments[name].spec() for name in sorted(state.deployments.keys()))
+
+
+def desired_asleep(state: State) -> tuple[str, ...]:
+    """The deployments meant to be asleep (``SleepRequested``), sorted: persist it with
+    ``desired_specs`` and pass it as ``ControllerRecovered.asleep``."""
+    return tuple(name for name in sorted(state.deployments.keys()) if state.deployments[name].asleep)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

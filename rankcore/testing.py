@@ -53,11 +53,17 @@ from .events import (
     ReplicaReport,
     ReplicaStopped,
     ScaleRequested,
+    SleepRequested,
     Tick,
+    TierMoved,
+    TierMoveFailed,
     UnresponsiveReplica,
+    WakeRequested,
+    WeightsPushed,
+    WeightsUpdated,
 )
 from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
-from .lifecycle import Phase
+from .lifecycle import Phase, Residency
 from .placement import POLICIES
 from .protocol import answers
 from .ranks import ReplicaRank
@@ -146,6 +152,8 @@ def snapshot(state: State) -> Any:
         for name, dep in state.deployments.items()
     }, dict(state.index), state.next_replica, state.next_lineage, state.cluster
 
+
+_EMPTY: Any = attrs.make_class("_Empty", {"replicas": attrs.field(factory=dict)})()
 
 #: in a machine's event log: the controller restarted (its state is the initial one again)
 _RESTART = object()
@@ -384,6 +392,47 @@ def make_machine(
             else:
                 self.apply(ReplicaStopped(replica_id=rid))
 
+        # ------------------------------------------- sleep, wake, weights
+        def in_flight(self) -> list[tuple[str, str]]:
+            """Replicas with a tier move or a weights update unanswered."""
+            return [(name, rid) for name in sorted(self.state.deployments.keys())
+                    for rid, rep in sorted(self.state.deployments[name].replicas.items())
+                    if rep.phase not in (Phase.PENDING, Phase.FAILED)
+                    and (rep.residency in (Residency.OFFLOADING, Residency.LOADING) or rep.weights_pending)]
+
+        def answer_in_flight(self, name: str, rid: str, fail: bool = False) -> None:
+            rep = self.state.deployments[name].replicas[rid]
+            if rep.residency in (Residency.OFFLOADING, Residency.LOADING):
+                if fail:
+                    self.apply(TierMoveFailed(replica_id=rid, reason="test"))
+                else:
+                    tier = "warm" if rep.residency is Residency.OFFLOADING else "hot"
+                    self.apply(TierMoved(replica_id=rid, tier=tier))
+            elif rep.weights_pending and rep.phase is not Phase.STARTING:  # (a starting one answers once ready)
+                self.apply(WeightsUpdated(replica_id=rid, version=rep.weights_version))
+
+        @precondition(lambda self: len(self.state.deployments) > 0)
+        @rule(data=st.data())
+        def sleep_wake_or_push(self, data: st.DataObject) -> None:
+            """RL's moves: put a deployment to sleep, wake it (maybe with new weights), push weights."""
+            name = data.draw(st.sampled_from(sorted(self.state.deployments.keys())), label="deployment")
+            v, was = self.state.deployments[name].weights_version, self.state.deployments[name].asleep
+            event = data.draw(st.sampled_from([SleepRequested(deployment=name), WakeRequested(deployment=name),
+                                               WakeRequested(deployment=name, weights_version=v + 1),
+                                               WeightsPushed(deployment=name, version=v + 1)]), label="request")
+            self.apply(event)
+            after = self.state.deployments[name]
+            meant = {SleepRequested: True, WakeRequested: False}.get(type(event), was)
+            assert after.asleep == meant and after.weights_version == v + (type(event) is WeightsPushed or (
+                type(event) is WakeRequested and event.weights_version is not None))
+
+        @precondition(lambda self: self.in_flight())
+        @rule(data=st.data())
+        def answer_move(self, data: st.DataObject) -> None:
+            """The executor answers a tier move (moved or failed) or a weights update."""
+            name, rid = data.draw(st.sampled_from(self.in_flight()), label="replica")
+            self.answer_in_flight(name, rid, fail=data.draw(st.booleans(), label="move fails"))
+
         @precondition(lambda self: self.fenced())
         @rule(data=st.data())
         def unresponsive_gone(self, data: st.DataObject) -> None:
@@ -410,7 +459,14 @@ def make_machine(
                                    if self.state.deployments[n].replicas[r].phase is not Phase.PENDING
                                    or self.state.deployments[n].replicas[r].node_id is not None]
                 if not outstanding:
-                    return
+                    moving = [x for x in self.in_flight()
+                              if self.state.deployments[x[0]].replicas[x[1]].phase is not Phase.STARTING]
+                    if not moving:
+                        return
+                    for name, rid in moving:
+                        if rid in self.state.deployments.get(name, _EMPTY).replicas:
+                            self.answer_in_flight(name, rid)
+                    continue
                 for name, rid in outstanding:
                     rep = self.state.deployments[name].replicas.get(rid)
                     if rep is None:
