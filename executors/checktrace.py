@@ -179,6 +179,18 @@ _COMMAND_FIELDS = {
     "ScheduleTick": ({}, {"at": "num"}),
     "KeepSpareProcesses": ({"deployment": "str"}, {"node_id": "str", "count": "int"}),
     "GangChanged": ({"deployment": "str"}, {"gang_id": "str", "members": "list"}),
+    "OffloadReplica": ({"replica": "str", "deployment": "str"}, {}),
+    "LoadReplica": ({"replica": "str", "deployment": "str"}, {}),
+    "UpdateWeights": ({"replica": "str", "deployment": "str"}, {"version": "int"}),
+}
+#: per event type: its required ``fields`` entries (the sleep/wake/weights requests and answers, issue 21)
+_EVENT_FIELDS = {
+    "SleepRequested": {"deployment": "str"},
+    "WakeRequested": {"deployment": "str", "weights_version": "int?"},
+    "WeightsPushed": {"deployment": "str", "version": "int"},
+    "TierMoved": {"replica_id": "str", "tier": "str", "nbytes": "int"},
+    "TierMoveFailed": {"replica_id": "str", "reason": "str"},
+    "WeightsUpdated": {"replica_id": "str", "version": "int"},
 }
 
 _DEPLOYMENT_FIELDS = {"target": "int", "healthy": "bool", "replicas": "dict"}
@@ -303,6 +315,9 @@ class _Checker:
 
     def _event(self, rec: dict, line: int) -> None:
         self._close_step()
+        spec = _EVENT_FIELDS.get(rec["type"])
+        if spec is not None:
+            self.fmt.need(rec["fields"], spec, line, f"{rec['type']} event's fields")
         self.presence.event(rec)
         self.steps += 1
         self.report.counts["steps"] += 1

@@ -47,10 +47,14 @@ from ..scenarios.timeline import (
     LoseNode,
     Orphan,
     PlaceBundles,
+    PushWeights,
     Scale,
+    Sleep,
     UpdateConfig,
     Wait,
     WaitUntilHealthy,
+    WaitUntilServing,
+    Wake,
     plan,
     rank_holder,
 )
@@ -72,7 +76,10 @@ RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, UpdateConfig, Crash, Han
 #: ... on a ScenarioCluster only ...
 NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)
 #: ... and those it refuses (``check_supported``), with why
-REFUSED: dict[type[Action], str] = {PlaceBundles: "Ray cannot move a placement group's bundles"}
+_NO_WEIGHTS = "the Ray executor does not carry sleep/wake/weights yet (issue 21)"
+REFUSED: dict[type[Action], str] = {PlaceBundles: "Ray cannot move a placement group's bundles",
+                                    Sleep: _NO_WEIGHTS, Wake: _NO_WEIGHTS, PushWeights: _NO_WEIGHTS,
+                                    WaitUntilServing: _NO_WEIGHTS}
 #: how long the controller may take to see an action's effect before the run fails
 OBSERVE_TIMEOUT_S = 60.0
 
@@ -379,6 +386,9 @@ class _RayTarget:
 
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         raise UnsupportedOnRay(f"{PlaceBundles.key}: {REFUSED[PlaceBundles]}")  # (check_supported refused it before)
+
+    def request(self, event: Any) -> None:  # (check_supported refused sleep, wake and push_weights before)
+        raise UnsupportedOnRay(f"{type(event).__name__}: {_NO_WEIGHTS}")
 
     def hang(self, action: Hang) -> None:
         """The replica's process freezes (``_freeze``): its health checks time out

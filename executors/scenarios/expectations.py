@@ -71,6 +71,38 @@ def _planner(e: Expectation, m: DeploymentMetrics | None, res: Callable[[bool, s
     return res(not bad, f"{len(times)} drops; {seen}" + (f": {'; '.join(bad)}" if bad else ""))
 
 
+_LIVE_SERVING = (rc.Phase.RUNNING, rc.Phase.RECONFIGURING)
+
+
+def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], ExpectationResult]
+             ) -> ExpectationResult:
+    """Sleep, wake and weight versions (docs/tiers.md): ``asleep`` (meant to sleep, every live
+    replica WARM), ``serving`` (awake, every live replica running, HOT, holding the deployment's
+    weights) and ``weights_version`` (the version pushed, held by every live replica, none pending)."""
+    reps = sorted(dep.replicas.values(), key=lambda r: r.replica_id)
+    if e.kind == "asleep":
+        off = [f"{r.replica_id} {r.residency.value}" for r in reps if r.residency is not rc.Residency.WARM]
+        if not dep.asleep or off:
+            return res(False, f"expected asleep with every replica warm; {'asleep' if dep.asleep else 'awake'}"
+                              + (f", not warm: {', '.join(off)}" if off else ""))
+        return res(True, f"asleep: {len(reps)} replicas warm")
+    if e.kind == "serving":
+        off = [f"{r.replica_id} {r.phase.value}/{r.residency.value}/v{r.weights_version}"
+               + ("(pending)" if r.weights_pending else "") for r in reps
+               if r.phase not in _LIVE_SERVING or r.residency is not rc.Residency.HOT or r.weights_pending
+               or r.weights_version != dep.weights_version]
+        ok = not dep.asleep and dep.healthy and not off
+        return res(ok, f"{'asleep' if dep.asleep else 'awake'}, {'healthy' if dep.healthy else 'not healthy'}, "
+                       f"weights v{dep.weights_version}" + (f"; not serving: {', '.join(off)}" if off else
+                                                            f"; {len(reps)} replicas serving"))
+    want = e.args["equals"]
+    off = [f"{r.replica_id} v{r.weights_version}" + (" (pending)" if r.weights_pending else "")
+           for r in reps if r.weights_version != want or r.weights_pending]
+    ok = dep.weights_version == want and not off
+    return res(ok, f"expected version {want}, the deployment's is {dep.weights_version}"
+                   + (f"; not holding it: {', '.join(off)}" if off else f"; all {len(reps)} replicas hold it"))
+
+
 def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
     """One expectation against a state and the metrics so far (any executor)."""
     name = e.args["deployment"]
@@ -91,6 +123,8 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
         return res(n == e.args["equals"], f"expected {e.args['equals']} running, saw {n}")
     if e.kind in ("availability", "full_strength", "non_contiguous", "to_full_strength", "below"):
         return _planner(e, m, res)
+    if e.kind in ("asleep", "serving", "weights_version"):
+        return _weights(e, dep, res)
     if e.kind == "status":
         return res(dep.status == e.args["equals"], f"expected {e.args['equals']}, saw {dep.status}"
                                                      + (f" ({dep.status_message})" if dep.status_message else ""))

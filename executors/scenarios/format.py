@@ -17,8 +17,18 @@ import yaml
 
 import rankcore as rc
 
-from .latency import Latency, parse_latency
-from .timeline import ACTIONS, Action, AddNode, CrashController, Deploy, Orphan, Scale
+from .latency import DEFAULT_BANDWIDTH_GBPS, TRANSFER_KEYS, Latency, Transfer, parse_bandwidth, parse_latency
+from .timeline import (
+    ACTIONS,
+    Action,
+    AddNode,
+    CrashController,
+    Deploy,
+    Orphan,
+    PushWeights,
+    Scale,
+    check_weights_versions,
+)
 
 __all__ = [
     "Scenario",
@@ -36,7 +46,7 @@ __all__ = [
 
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running", "status",
                 "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength",
-                "below")
+                "below", "asleep", "serving", "weights_version")
 #: contiguity levels by every name a planner may use
 LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node": "node_rank",
                "local_rank": "local_rank", "local": "local_rank", "any": "any"}
@@ -98,6 +108,11 @@ class DeploymentSpec:
     options: tuple[tuple[str, Any], ...] = ()
     #: the first this many starts of its replicas fail (their __init__ raises): a crash loop
     start_failures: int = 0
+    #: the model's weights in bytes: what an OffloadReplica / LoadReplica / UpdateWeights moves
+    #: (0: the moves are instant). The executors' only: the core does not read it (yet)
+    model_bytes: float = 0.0
+    #: its own bandwidths (GB/s) for some moves (``TRANSFER_KEYS``): the scenario's for the rest
+    bandwidth: dict = attrs.field(factory=dict, hash=False)
 
     def applied(self, **changes: Any) -> rc.DeploymentApplied:
         spec = attrs.evolve(self, **changes)
@@ -155,12 +170,23 @@ class Scenario:
     raw: dict = attrs.field(factory=dict, hash=False, repr=False)
     #: things that will likely not do what the author meant (printed before a run)
     warnings: tuple[str, ...] = ()
+    #: move (``TRANSFER_KEYS``) -> its bandwidth (``bandwidth:``, else ``DEFAULT_BANDWIDTH_GBPS``)
+    bandwidth: dict = attrs.field(factory=lambda: {k: Transfer(v) for k, v in DEFAULT_BANDWIDTH_GBPS.items()},
+                                  hash=False)
 
     def latency_for(self, deployment: str, what: str) -> Latency:
         spec = self.deployments.get(deployment)
         if spec is not None and what in spec.latency:
             return spec.latency[what]
         return self.latency[what]
+
+    def transfer_seconds(self, deployment: str, what: str) -> float:
+        """How long ``what`` (``TRANSFER_KEYS``) of one replica's weights takes:
+        the deployment's ``model_bytes`` over the bandwidth of that move."""
+        spec = self.deployments.get(deployment)
+        if spec is None or spec.model_bytes <= 0:
+            return 0.0
+        return spec.bandwidth.get(what, self.bandwidth[what]).seconds(spec.model_bytes)
 
 
 # ------------------------------------------------------------------ marks
@@ -251,6 +277,12 @@ class _Checker:
         except ValueError as exc:
             raise self.fail(path, str(exc)) from None
 
+    def bandwidth(self, value: Any, path: tuple) -> Transfer:
+        try:
+            return parse_bandwidth(value)
+        except ValueError as exc:
+            raise self.fail(path, str(exc)) from None
+
 
 def _did_you_mean(word: Any, choices: tuple) -> str:
     """' (did you mean 'replicas'?)' for a near miss, else ''."""
@@ -332,7 +364,7 @@ def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dic
     return raw
 
 
-_TOP = ("name", "description", "seed", "duration", "cluster", "placement", "latency", "faults",
+_TOP = ("name", "description", "seed", "duration", "cluster", "placement", "latency", "bandwidth", "faults",
         "deployments", "timeline", "expect", "trace")
 
 
@@ -349,6 +381,9 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     parsed_latency = {k: c.latency(v, ("latency", k)) for k, v in lat_raw.items()}
     latency = {k: parse_latency(v) for k, v in DEFAULT_LATENCY.items()}
     latency.update(parsed_latency)
+    bw_raw = c.mapping(top.get("bandwidth", {}), ("bandwidth",), TRANSFER_KEYS)
+    bandwidth = {k: Transfer(v) for k, v in DEFAULT_BANDWIDTH_GBPS.items()}
+    bandwidth.update({k: c.bandwidth(v, ("bandwidth", k)) for k, v in bw_raw.items()})
     faults = c.mapping(top.get("faults", {}), ("faults",),
                        ("crash_rate_per_replica_hour", "start_hang_probability", "start_timeout",
                         "node_loss_per_node_day", "node_mtbf_hours", "node_loss_per_cluster_day", "node_repair"))
@@ -368,6 +403,11 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     deployments = _deployments(top["deployments"], c, placement, timeout, {n.name for n in nodes})
     timeline = _timeline(top["timeline"], c, deployments)
     _check_nodes_named(timeline, nodes, c)
+    back = check_weights_versions(timeline)
+    if back is not None:
+        a, message = back
+        raise c.fail(("timeline", a.index, a.key, "version" if isinstance(a, PushWeights) else "weights_version"),
+                     message)
     expect = _expectations(top.get("expect", []), c, deployments)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 0), ("trace", "snapshot_every"))
@@ -388,7 +428,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         node_loss_rate=node_loss, cluster_node_loss_rate=cluster_loss,
         node_repair=repair if node_loss > 0 or cluster_loss > 0 else None,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
-        description=str(top.get("description", "")), raw=raw,
+        description=str(top.get("description", "")), raw=raw, bandwidth=bandwidth,
         warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
     )
 
@@ -481,7 +521,7 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
                       ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement",
-                       "static_placement", "gang", "start_failures", *_AS_IS))
+                       "static_placement", "gang", "start_failures", "model_bytes", "bandwidth", *_AS_IS))
         policy = m.get("placement", placement)
         if policy not in rc.placement.POLICIES:
             raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
@@ -519,6 +559,9 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
             start_timeout=timeout,
             options=_options(m, p, c, name),
             start_failures=c.count(m.get("start_failures", 0), p + ("start_failures",)),
+            model_bytes=_bytes(m.get("model_bytes", 0), p + ("model_bytes",), c),
+            bandwidth={k: c.bandwidth(v, p + ("bandwidth", k))
+                       for k, v in c.mapping(m.get("bandwidth", {}), p + ("bandwidth",), TRANSFER_KEYS).items()},
         )
     return out
 
@@ -600,6 +643,19 @@ def _gang(v: Any, p: tuple, c: _Checker) -> tuple[int, str, str]:
     if failure not in rc.gangs.GANG_FAILURES:
         raise c.fail(p + ("failure",), f"must be one of {', '.join(rc.gangs.GANG_FAILURES)}, got {_show(failure)}")
     return size, placement, failure
+
+
+def _bytes(value: Any, p: tuple, c: _Checker) -> float:
+    """A byte count: a number, or a string such as ``16e9`` (YAML 1.1 reads an exponent
+    without a dot as a string)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise c.fail(p, f"must be a number of bytes, got {_show(value)}") from None
+    if isinstance(value, float) and math.isinf(value):
+        raise c.fail(p, "must be a finite number of bytes")
+    return c.number(value, p)
 
 
 def _at_most(n: int, most: int, p: tuple, c: _Checker) -> int:
@@ -695,9 +751,9 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             at = c.number(m["at"], p + ("at",))
         q = p + (kind,)
         v = m[kind]
-        if kind == "contiguous":
+        if kind in ("contiguous", "asleep", "serving"):
             args: dict[str, Any] = {"deployment": _deployment_ref(v, q, c, deployments)}
-        elif kind in ("world_size", "running", "failed"):
+        elif kind in ("world_size", "running", "failed", "weights_version"):
             mm = c.mapping(v, q, ("deployment", "equals"), required=("deployment", "equals"))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "equals": c.count(mm["equals"], q + ("equals",))}

@@ -9,7 +9,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Latency", "parse_latency", "DISTRIBUTIONS"]
+__all__ = ["Latency", "parse_latency", "DISTRIBUTIONS", "Transfer", "parse_bandwidth", "TRANSFER_KEYS",
+           "DEFAULT_BANDWIDTH_GBPS"]
 
 DISTRIBUTIONS = {
     "constant": ("value",),
@@ -91,3 +92,35 @@ def parse_latency(value: Any) -> Latency:
     if dist == "uniform" and params[0] > params[1]:
         raise ValueError(f"uniform needs low <= high, got low={params[0]:g} high={params[1]:g}")
     return Latency(dist, tuple(params))
+
+
+# ------------------------------------------------------------------ weight transfers
+#: the moves of a replica's weights (issue 21; docs/tiers.md) and the link each takes: ``load``
+#: (``LoadReplica``: CPU memory -> GPU), ``offload`` (``OffloadReplica``: GPU -> CPU memory),
+#: ``update`` (``UpdateWeights``: new weights into wherever they are)
+TRANSFER_KEYS = ("load", "offload", "update")
+#: their default bandwidths in GB/s (1e9 bytes per second): issue 21's pinned host-to-device copy
+#: measured on a lent H100 (54.8 GB/s); device-to-host and updates assumed the same (not measured)
+DEFAULT_BANDWIDTH_GBPS = {"load": 54.8, "offload": 54.8, "update": 54.8}
+
+
+@attrs.frozen
+class Transfer:
+    """How long moving a model's weights takes: ``nbytes / bandwidth``, deterministic
+    (the link's speed is what was measured; the latencies above carry the noise)."""
+
+    gbps: float  # 1e9 bytes per second; > 0
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / (self.gbps * 1e9) if nbytes > 0 else 0.0
+
+    def describe(self) -> str:
+        return f"{self.gbps:g} GB/s"
+
+
+def parse_bandwidth(value: Any) -> Transfer:
+    """A bandwidth in GB/s, a number > 0. Raises ValueError naming what is wrong."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0 \
+            or math.isinf(value):
+        raise ValueError(f"a bandwidth must be a number of GB/s > 0, got {value!r}")
+    return Transfer(float(value))

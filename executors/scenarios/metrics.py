@@ -44,6 +44,12 @@ class DeploymentMetrics:
     #: idle spare process instead (``spare_processes``); together, every replica's process
     process_starts: int = 0
     spare_hits: int = 0
+    #: weights moves carried out (issue 21): sleeps (GPU -> CPU memory), wakes (back), weight
+    #: updates, and the bytes they moved (the deployment's ``model_bytes`` each); told by the executor
+    offloads: int = 0
+    loads: int = 0
+    weight_updates: int = 0
+    bytes_moved: int = 0
     noncontiguous_seconds: float = 0.0
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
@@ -127,6 +133,10 @@ class DeploymentMetrics:
             "timeouts": self.timeouts,
             "process_starts": self.process_starts,
             "spare_hits": self.spare_hits,
+            "offloads": self.offloads,
+            "loads": self.loads,
+            "weight_updates": self.weight_updates,
+            "bytes_moved": self.bytes_moved,
             "noncontiguous_seconds": round(self.noncontiguous_seconds, 6),
             "unavailable_replica_seconds": round(self.unavailable_replica_seconds, 6),
             "crash_to_ready_p50": percentile(self.crash_to_ready, 50),
@@ -317,6 +327,17 @@ class Metrics:
             m.spare_hits += 1
         else:
             m.process_starts += 1
+
+    def transferred(self, deployment: str, what: str, nbytes: int) -> None:
+        """A replica's weights moved (``what``: offload, load or update; ``nbytes`` of them)."""
+        m = self._m(deployment)
+        if what == "offload":
+            m.offloads += 1
+        elif what == "load":
+            m.loads += 1
+        else:
+            m.weight_updates += 1
+        m.bytes_moved += nbytes
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

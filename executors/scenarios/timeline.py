@@ -29,8 +29,9 @@ import attrs
 import rankcore as rc
 
 __all__ = ["ACTIONS", "Action", "Deploy", "Scale", "UpdateConfig", "Crash", "Hang", "LoseNode", "AddNode",
-           "CrashController", "PlaceBundles", "Orphan", "WaitUntilHealthy", "Wait", "AS_DECLARED", "Checks",
-           "Declared", "Desired", "Target", "Planned", "plan", "rank_holder"]
+           "CrashController", "PlaceBundles", "Orphan", "Sleep", "Wake", "PushWeights", "WaitUntilHealthy",
+           "WaitUntilServing", "Wait", "AS_DECLARED", "Checks", "Declared", "Desired", "Target", "Planned", "plan",
+           "rank_holder", "check_weights_versions"]
 
 
 class _AsDeclared(enum.Enum):
@@ -370,6 +371,84 @@ class Orphan(Action):
 
 
 @attrs.frozen(kw_only=True)
+class Sleep(Action):
+    """Put a deployment to sleep (RL: the trainer needs the GPUs): ``SleepRequested``."""
+
+    key: ClassVar[str] = "sleep"
+
+    deployment: str
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> Sleep:
+        if not isinstance(value, str):
+            value = c.mapping(value, path, ("deployment",), required=("deployment",))["deployment"]
+            path = path + ("deployment",)
+        return cls(deployment=c.deployment(value, path))
+
+    def perform(self, desired: Desired, target: Target) -> None:
+        target.request(rc.SleepRequested(deployment=self.deployment))
+
+
+@attrs.frozen(kw_only=True)
+class Wake(Action):
+    """Wake a deployment, with new weights when ``weights_version`` is given: ``WakeRequested``."""
+
+    key: ClassVar[str] = "wake"
+
+    deployment: str
+    weights_version: int | None = None
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> Wake:
+        if isinstance(value, str):
+            return cls(deployment=c.deployment(value, path))
+        m = c.mapping(value, path, ("deployment", "weights_version"), required=("deployment",))
+        version = m.get("weights_version")
+        return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)),
+                   weights_version=None if version is None else c.count(version, path + ("weights_version",)))
+
+    def perform(self, desired: Desired, target: Target) -> None:
+        target.request(rc.WakeRequested(deployment=self.deployment, weights_version=self.weights_version))
+
+
+@attrs.frozen(kw_only=True)
+class PushWeights(Action):
+    """New weights, ``version`` (above every earlier one), for every replica of the deployment:
+    ``WeightsPushed``."""
+
+    key: ClassVar[str] = "push_weights"
+
+    deployment: str
+    version: int
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> PushWeights:
+        m = c.mapping(value, path, ("deployment", "version"), required=("deployment", "version"))
+        return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)),
+                   version=c.count(m["version"], path + ("version",)))
+
+    def perform(self, desired: Desired, target: Target) -> None:
+        target.request(rc.WeightsPushed(deployment=self.deployment, version=self.version))
+
+
+def check_weights_versions(timeline: tuple[Action, ...]) -> tuple[Action, str] | None:
+    """The first action whose weights version goes back (the core refuses it, ``InvalidEvent``):
+    per deployment, in the timeline's order, a ``push_weights`` above every version before it
+    (0: the initial weights), a ``wake`` at least the last one. None: every version goes up."""
+    last: dict[str, int] = {}
+    for a in timeline:
+        if isinstance(a, PushWeights) and a.version <= last.get(a.deployment, 0):
+            return a, (f"version {a.version} is not above the last one pushed to {a.deployment!r}, "
+                       f"{last.get(a.deployment, 0)} (versions only go up; 0 is the initial weights)")
+        if isinstance(a, Wake) and a.weights_version is not None and a.weights_version < last.get(a.deployment, 0):
+            return a, (f"weights_version {a.weights_version} is older than the last one pushed to "
+                       f"{a.deployment!r}, {last[a.deployment]} (versions only go up)")
+        if isinstance(a, PushWeights) or (isinstance(a, Wake) and a.weights_version is not None):
+            last[a.deployment] = a.version if isinstance(a, PushWeights) else a.weights_version or 0
+    return None
+
+
+@attrs.frozen(kw_only=True)
 class WaitUntilHealthy(Action):
     """Block the timeline until the deployment is healthy (``timeout``: then a failure, and go on)."""
 
@@ -386,6 +465,24 @@ class WaitUntilHealthy(Action):
         m = c.mapping(value, path, ("deployment", "timeout"), required=("deployment",))
         timeout = None if m.get("timeout") is None else c.number(m["timeout"], path + ("timeout",))
         return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)), timeout=timeout)
+
+
+@attrs.frozen(kw_only=True)
+class WaitUntilServing(Action):
+    """Block the timeline until the deployment is healthy, awake and every replica serves: running,
+    its weights on its GPU, holding the last version pushed (``timeout``: then a failure, and go on).
+    A sleeping deployment stays healthy for the ranks, so ``wait_until_healthy`` does not wait for a wake."""
+
+    key: ClassVar[str] = "wait_until_serving"
+    waits: ClassVar[bool] = True
+
+    deployment: str
+    timeout: float | None = None
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> WaitUntilServing:
+        w = WaitUntilHealthy.parse(value, path, c)
+        return cls(deployment=w.deployment, timeout=w.timeout)
 
 
 @attrs.frozen(kw_only=True)
@@ -406,7 +503,7 @@ class Wait(Action):
 #: every action, by its YAML key, in the docs' order (docs/scenarios.md's table is checked against it)
 ACTIONS: dict[str, type[Action]] = {cls.key: cls for cls in (
     Deploy, Scale, UpdateConfig, Crash, Hang, LoseNode, AddNode, CrashController, PlaceBundles, Orphan,
-    WaitUntilHealthy, Wait)}
+    Sleep, Wake, PushWeights, WaitUntilHealthy, WaitUntilServing, Wait)}
 
 
 # ------------------------------------------------------------------ planning
@@ -541,3 +638,6 @@ class Target(Protocol):
 
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         """The caller's placement group of a static deployment now has its bundles on these nodes."""
+
+    def request(self, event: rc.SleepRequested | rc.WakeRequested | rc.WeightsPushed) -> None:
+        """Hand the core a request about a deployment's weights (``sleep``, ``wake``, ``push_weights``)."""

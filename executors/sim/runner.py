@@ -27,7 +27,7 @@ from ..scenarios import (
     Scenario,
     check_expectation,
 )
-from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy
+from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy, WaitUntilServing
 from ..trace import TraceWriter
 from .world import SimBackend, SimReplica
 
@@ -100,7 +100,7 @@ class Simulation:
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
         self._next_action = 0
-        self._blocked_on: tuple[WaitUntilHealthy, int | None] | None = None  # a wait in progress, its timer
+        self._blocked_on: tuple[WaitUntilHealthy | WaitUntilServing, int | None] | None = None  # a wait, its timer
         self._deferred: Action | None = None  # an action held until the controller is back
         self._timeline_done = not scenario.timeline
         self.progress = progress
@@ -261,6 +261,15 @@ class Simulation:
     def deployed(self, deployment: str) -> bool:
         return deployment in self.driver.state.deployments
 
+    def request(self, event: rc.SleepRequested | rc.WakeRequested | rc.WeightsPushed) -> None:
+        """``sleep`` / ``wake`` / ``push_weights``: the core decides who moves; one it refuses (a
+        deployment never deployed) is a failure naming why, and the run goes on."""
+        try:
+            self.driver.feed(event, self.now)
+        except rc.RankcoreError as exc:
+            self.results.append(ExpectationResult(None, f"{type(event).__name__} {event.deployment}", False,
+                                                  f"refused by the core: {exc}", self.now))
+
     def _hit(self, action: Crash | Hang, do: Callable[[str], bool], what: str) -> None:
         """A ``crash``/``hang``: the replica named (by id, or the holder of a rank), noted in
         the trace as a fault; nothing matching is a passing line, as on Ray."""
@@ -370,7 +379,7 @@ class Simulation:
         if isinstance(a, Wait):
             self.schedule(a.seconds, self._schedule_next_action)
             return
-        if isinstance(a, WaitUntilHealthy):
+        if isinstance(a, (WaitUntilHealthy, WaitUntilServing)):
             timer = self.schedule(a.timeout, self._wait_timed_out, a) if a.timeout is not None else None
             self._blocked_on = (a, timer)
             self._maybe_unblock()
@@ -382,22 +391,30 @@ class Simulation:
         dep = self.driver.state.deployments.get(name)
         return self.controller_up and dep is not None and dep.healthy
 
+    def _serving(self, name: str) -> bool:
+        """Healthy, awake, every replica running HOT with the last weights pushed (``wait_until_serving``)."""
+        dep = self.driver.state.deployments.get(name)
+        return self._healthy(name) and dep is not None and not dep.asleep and all(
+            r.residency is rc.Residency.HOT and not r.weights_pending and r.weights_version == dep.weights_version
+            for r in dep.replicas.values())
+
     def _maybe_unblock(self) -> None:
         b = self._blocked_on
-        if b is not None and self._healthy(b[0].deployment):
+        if b is not None and (self._serving if isinstance(b[0], WaitUntilServing) else self._healthy)(b[0].deployment):
             self._blocked_on = None
             if b[1] is not None:
                 self.cancel(b[1])
             self._schedule_next_action()
 
-    def _wait_timed_out(self, a: WaitUntilHealthy) -> None:
+    def _wait_timed_out(self, a: WaitUntilHealthy | WaitUntilServing) -> None:
         b = self._blocked_on
         if b is None or b[0] is not a:
             return
         self._blocked_on = None
         self.results.append(ExpectationResult(
             None, f"timeline[{a.index}] {a.key} {a.deployment}", False,
-            f"not healthy after {a.timeout:g}s (at t={self.now:g})", self.now))
+            f"not {'serving' if isinstance(a, WaitUntilServing) else 'healthy'} after {a.timeout:g}s "
+            f"(at t={self.now:g})", self.now))
         self._schedule_next_action()
 
     # ------------------------------------------------------ expectations

@@ -59,6 +59,8 @@ LIVE = tuple(p.value for p in rc.LIVE)
 # clock (~1 µs less per answer; a week of 64 replicas sends ~3,500).
 _Placed, _Ready, _Crashed, _Stopped, _Checked = (
     maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed, rc.ReplicaStopped, rc.HealthChecked))
+#: the phases in which a replica carries out a weights move (one starting applies its updates once ready)
+_MOVING = ("running", "reconfiguring")
 
 
 class SimSpares:
@@ -104,7 +106,8 @@ class SimReplica:
     """A replica as it sees itself: the rank in its context, its phase."""
 
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
-                 "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung")
+                 "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
+                 "tier", "weights", "link", "held_updates")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -123,6 +126,10 @@ class SimReplica:
         self.gang: rc.GangContext | None = cmd.gang  # its context's gang (GangChanged updates the members)
         self.checks = (rc.options.HEALTH_CHECK_PERIOD_S, rc.options.HEALTH_CHECK_TIMEOUT_S)  # InitializeReplica's
         self.hung = False  # it stopped answering (a ``hang`` action): its health checks fail
+        self.tier = "hot"  # where its weights are: "hot" (its GPU) or "warm" (CPU memory, asleep)
+        self.weights = 0  # the weights version it holds (InitializeReplica's, then each UpdateWeights')
+        self.link = 0.0  # its weights' moves run one after another: the link is busy until then
+        self.held_updates: list[int] = []  # UpdateWeights received while starting: applied once ready
 
     @property
     def alive(self) -> bool:
@@ -140,6 +147,8 @@ class SimReplica:
             lineage=self.lineage,
             version=self.version,
             user_config=self.user_config if self.rank is not None else rc.UNKNOWN,
+            tier=self.tier,
+            weights_version=self.weights,
         )
 
 
@@ -177,7 +186,8 @@ class SimBackend:
             rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
             rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
             rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
-            rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares}
+            rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
+            rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -281,6 +291,7 @@ class SimBackend:
             return
         r.rank, r.world_size, r.user_config = cmd.rank, cmd.world_size, cmd.user_config
         r.checks = (cmd.health_check_period_s, cmd.health_check_timeout_s)
+        r.weights = max(r.weights, cmd.weights_version)  # (loaded with the rest of the start)
         self._rerank(r, cmd.rank.rank)
         process = 0.0
         if r.phase == "pending":  # its worker process comes into being now
@@ -370,7 +381,69 @@ class SimBackend:
         if r.phase == "starting":
             r.phase = "running"
             self.sim.replica_running(r)
+        held, r.held_updates = r.held_updates, []
+        for version in held if r.phase == "running" else ():  # its constructor done, it takes the calls
+            self._move(r, "update", self._updated, version)  # in their order: before any sent once ready
         self.sim.deliver(_Ready(replica_id=rid))
+
+    # ------------------------------------------------- weights (issue 21)
+    def _move(self, r: SimReplica, what: str, done: Callable[..., None], *args: Any) -> None:
+        """Move ``r``'s weights (``what``: a ``TRANSFER_KEYS`` move): its model's bytes over that
+        move's bandwidth, after the moves already on its link; ``done`` then answers. A replica
+        that dies or stops meanwhile answers nothing (``_moved_ok``)."""
+        start = max(self.sim.now, r.link)
+        r.link = start + self.sim.scenario.transfer_seconds(r.deployment, what)
+        self.sim.schedule(r.link - self.sim.now, done, r.replica_id, r.epoch, *args)
+
+    def _nbytes(self, deployment: str) -> int:
+        spec = self.sim.scenario.deployments.get(deployment)
+        return int(spec.model_bytes) if spec is not None else 0
+
+    def _mover(self, rid: str, epoch: int) -> SimReplica | None:
+        """The replica a move finished on, if it still answers: the same incarnation, serving
+        (not stopping: the core forgets its moves), not frozen."""
+        r = self.replicas.get(rid)
+        if r is None or r.epoch != epoch or r.phase not in _MOVING or r.hung:
+            return None
+        return r
+
+    def _offload(self, cmd: rc.OffloadReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is not None and r.phase in _MOVING and not r.hung:
+            self._move(r, "offload", self._tier_moved, "warm")
+
+    def _load(self, cmd: rc.LoadReplica) -> None:
+        r = self.replicas.get(cmd.replica_id)
+        if r is not None and r.phase in _MOVING and not r.hung:
+            self._move(r, "load", self._tier_moved, "hot")
+
+    def _tier_moved(self, rid: str, epoch: int, tier: str) -> None:
+        r = self._mover(rid, epoch)
+        if r is None:
+            return
+        r.tier = tier
+        nbytes = self._nbytes(r.deployment)
+        self.sim.metrics.transferred(r.deployment, "offload" if tier == "warm" else "load", nbytes)
+        self.sim.deliver(rc.TierMoved(replica_id=rid, tier=tier, nbytes=nbytes))
+
+    def _update(self, cmd: rc.UpdateWeights) -> None:
+        """New weights: a starting replica holds them until it is ready (a Ray actor takes calls
+        once its constructor is done), then applies them; a serving one applies them now."""
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or not r.alive or r.hung:
+            return
+        if r.phase in ("pending", "starting"):
+            r.held_updates.append(cmd.version)
+        elif r.phase in _MOVING:
+            self._move(r, "update", self._updated, cmd.version)
+
+    def _updated(self, rid: str, epoch: int, version: int) -> None:
+        r = self._mover(rid, epoch)
+        if r is None:
+            return
+        r.weights = max(r.weights, version)
+        self.sim.metrics.transferred(r.deployment, "update", self._nbytes(r.deployment))
+        self.sim.deliver(rc.WeightsUpdated(replica_id=rid, version=version))
 
     def _reconfigure(self, cmd: rc.ReconfigureReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
