@@ -709,9 +709,35 @@ TIER_RULES: tuple[Mutation, ...] = (
              "[invariants] check_tiers checks something (here: nothing)", tests=TIER_TESTS),
 )
 
+RESIDENCY = "rankcore/residency.py"
+RESIDENCY_TESTS = ("tests/scenarios", "tests/property/test_core_machine.py")
+#: issue 21: sleep, wake and weight versions (rankcore/residency.py)
+RESIDENCY_RULES: tuple[Mutation, ...] = (
+    mutation("weights-skip-starting", RESIDENCY,
+             "    if rep.phase not in _INITIALISED:\n", "    if rep.phase not in _SERVING:\n",
+             "[Tiers: weights] a push reaches a replica that is starting", tests=RESIDENCY_TESTS),
+    mutation("weights-not-at-init", "rankcore/transaction.py",
+             "        weights_version=dep.weights_version,\n", "        weights_version=0,\n",
+             "[Tiers: weights] a replica not yet initialised loads the last version pushed at start",
+             tests=RESIDENCY_TESTS),
+    mutation("sleep-not-after-ready", "rankcore/core.py",
+             "    tx.put(put_replica(dep, rep, residency.settle(tx, dep, new)))",
+             "    tx.put(put_replica(dep, rep, new))",
+             "[Tiers: sleep] a replica that becomes ready while its deployment sleeps goes to sleep",
+             tests=RESIDENCY_TESTS),
+    mutation("wake-not-after-moved", RESIDENCY,
+             "    return put_replica(dep, rep, settle(tx, dep, new))\n", "    return put_replica(dep, rep, new)\n",
+             "[Tiers: sleep] a replica whose move ends against what its deployment now wants moves back",
+             tests=RESIDENCY_TESTS),
+    mutation("invariant-noop-check-residency", INVARIANTS, "def check_residency(state: State) -> None:\n",
+             "def check_residency(state: State) -> None:\n    return\n",
+             "[invariants] check_residency checks something (here: nothing)",
+             tests=("tests/unit/test_invariants.py",)),
+)
+
 #: the mutants before issue 20 (the older rules)
 OLDER = MUTATIONS
-MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS + TIER_RULES
+MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS + TIER_RULES + RESIDENCY_RULES
 
 
 # ------------------------------------------------------------------ mechanics
@@ -1006,7 +1032,7 @@ def main(only: tuple[str, ...], list_: bool, check: bool, jobs: int, timeout: fl
     mutations = select(only)
     if not only and group != "all":
         pick = {"older": OLDER, "issue20": ISSUE20_RULES + INVARIANT_NOOPS, "rules": ISSUE20_RULES,
-                "invariants": INVARIANT_NOOPS, "tiers": TIER_RULES}[group]
+                "invariants": INVARIANT_NOOPS, "tiers": TIER_RULES + RESIDENCY_RULES}[group]
         mutations = list(pick)
     then = () if no_then else then
     if list_:

@@ -181,6 +181,12 @@ VOCABULARY: dict[str, Callable[[list[str], dict[str, Any]], object]] = {
     "stopped": lambda pos, kw: rc.ReplicaStopped(replica_id=pos[0], **kw),
     "tick": lambda pos, kw: rc.Tick(now=float(pos[0])),
     "bundles-placed": _bundles_placed,
+    "sleep": lambda pos, kw: rc.SleepRequested(deployment=pos[0]),
+    "wake": lambda pos, kw: rc.WakeRequested(deployment=pos[0], **kw),
+    "push": lambda pos, kw: rc.WeightsPushed(deployment=pos[0], version=int(pos[1])),
+    "moved": lambda pos, kw: rc.TierMoved(replica_id=pos[0], tier=pos[1]),
+    "move-failed": lambda pos, kw: rc.TierMoveFailed(replica_id=pos[0], **kw),
+    "weights-updated": lambda pos, kw: rc.WeightsUpdated(replica_id=pos[0], version=int(pos[1])),
 }
 
 
@@ -201,6 +207,8 @@ _DESCRIBE: dict[type, Any] = {
     rc.ReplicaReady: lambda e: f"ready {e.replica_id}",
     rc.ReplicaReconfigured: lambda e: f"reconfigured {e.replica_id} {e.version}",
     rc.ReplicaStopped: lambda e: f"stopped {e.replica_id}",
+    rc.TierMoved: lambda e: f"moved {e.replica_id} {e.tier}",
+    rc.WeightsUpdated: lambda e: f"weights-updated {e.replica_id} {e.version}",
 }
 
 
@@ -240,7 +248,11 @@ def _place(c: rc.PlaceReplica) -> str:
 _SHOW: dict[type, Any] = {
     rc.StartReplica: _start,
     rc.PlaceReplica: _place,
-    rc.InitializeReplica: lambda c: f"InitializeReplica {c.replica_id} rank={_rank(c.rank)} world={c.world_size}",
+    rc.InitializeReplica: lambda c: (f"InitializeReplica {c.replica_id} rank={_rank(c.rank)} world={c.world_size}"
+                                     + (f" weights={c.weights_version}" if c.weights_version else "")),
+    rc.OffloadReplica: lambda c: f"OffloadReplica {c.replica_id}",
+    rc.LoadReplica: lambda c: f"LoadReplica {c.replica_id}",
+    rc.UpdateWeights: lambda c: f"UpdateWeights {c.replica_id} {c.version}",
     rc.ReconfigureReplica: lambda c: (f"ReconfigureReplica {c.replica_id} rank={_rank(c.rank)} "
                                       f"world={c.world_size} reason={c.reason} version={c.version}"),
     rc.StopReplica: lambda c: f"StopReplica {c.replica_id} grace={_num(c.graceful_shutdown_timeout_s)}",
@@ -262,13 +274,19 @@ def show_state(state: rc.State) -> list[str]:
     out: list[str] = []
     for name in sorted(state.deployments.keys()):
         dep = state.deployments[name]
-        out.append(f"{name}: {dep.status} target={dep.target}")
+        out.append(f"{name}: {dep.status} target={dep.target}" + (" asleep" if dep.asleep else "")
+                   + (f" weights={dep.weights_version}" if dep.weights_version else ""))
         for rid, rank in dep.ranks.items():
             r = dep.replicas.get(rid)
             phase = r.phase.value if r is not None else "?"
             node = (r.node_id if r is not None else None) or "-"
             shown = _rank(rank) if rank is not None else f"({dep.ranks.global_rank(rid)},-,-)"
-            out.append(f"  {rid} {phase} {node} {shown}")
+            extra = ""
+            if r is not None and r.residency is not rc.Residency.HOT:
+                extra += f" {r.residency.value}"
+            if r is not None and (r.weights_version or r.weights_pending):
+                extra += f" weights={r.weights_version}{'?' if r.weights_pending else ''}"
+            out.append(f"  {rid} {phase} {node} {shown}{extra}")
         ranked = {rid for rid, _ in dep.ranks.items()}
         for rid in sorted(k for k in dep.replicas if k not in ranked):
             r = dep.replicas[rid]
@@ -288,7 +306,23 @@ def _answer(c: object) -> object | None:
         return rc.ReplicaReconfigured(replica_id=c.replica_id, version=c.version)
     if isinstance(c, rc.StopReplica):
         return rc.ReplicaStopped(replica_id=c.replica_id)
+    if isinstance(c, rc.OffloadReplica):
+        return rc.TierMoved(replica_id=c.replica_id, tier="warm")
+    if isinstance(c, rc.LoadReplica):
+        return rc.TierMoved(replica_id=c.replica_id, tier="hot")
+    if isinstance(c, rc.UpdateWeights):
+        return rc.WeightsUpdated(replica_id=c.replica_id, version=c.version)
     return None
+
+
+def _channel(x: object) -> str:
+    """What an answer or a command is about: a replica's life, its tier, its weights
+    (one of each may be owed at once)."""
+    if isinstance(x, (rc.OffloadReplica, rc.LoadReplica, rc.TierMoved, rc.TierMoveFailed)):
+        return "tier"
+    if isinstance(x, (rc.UpdateWeights, rc.WeightsUpdated)):
+        return "weights"
+    return "life"
 
 
 class Runner:
@@ -296,8 +330,8 @@ class Runner:
 
     def __init__(self) -> None:
         self.state = rc.State()
-        #: replica id -> the latest command about it that awaits an answer (emission order)
-        self.owed: dict[str, object] = {}
+        #: (replica id, channel) -> the latest command about it that awaits an answer (emission order)
+        self.owed: dict[tuple[str, str], object] = {}
 
     def step(self, event: object) -> list[str]:
         before = self.state
@@ -309,13 +343,15 @@ class Runner:
         self.state = result.state
         rid = getattr(event, "replica_id", None)
         if isinstance(event, (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaReconfigured, rc.ReplicaStopped,
-                              rc.ReplicaCrashed, rc.PlacementFailed)) and rid in self.owed:
-            del self.owed[rid]
+                              rc.ReplicaCrashed, rc.PlacementFailed, rc.TierMoved, rc.TierMoveFailed,
+                              rc.WeightsUpdated)):
+            self.owed.pop((rid, _channel(event)), None)
         for c in result.commands:
             if _answer(c) is not None:
-                self.owed.pop(c.replica_id, None)
-                self.owed[c.replica_id] = c
-        for gone in [r for r in self.owed if self.state.replica(r) is None]:
+                key = (c.replica_id, _channel(c))
+                self.owed.pop(key, None)
+                self.owed[key] = c
+        for gone in [k for k in self.owed if self.state.replica(k[0]) is None]:
             del self.owed[gone]
         lines = [show_command(c) for c in result.commands]
         if result.stale:
@@ -337,8 +373,8 @@ class Runner:
         for _ in range(SETTLE_LIMIT):
             if not self.owed:
                 return lines + show_state(self.state)
-            rid = next(iter(self.owed))
-            event = _answer(self.owed.pop(rid))
+            key = next(iter(self.owed))
+            event = _answer(self.owed.pop(key))
             lines.append(f"> {describe(event)}")
             lines.extend(f"  {line}" for line in self.step(event))
         raise ScriptError(f"settle did not settle in {SETTLE_LIMIT} steps")

@@ -273,3 +273,26 @@ def test_a_crash_replacement_back_on_its_node_keeps_its_local_rank():
     bad = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", moved)))
     with pytest.raises(rc.InvariantViolation, match="its predecessor's was 3 and is free"):
         inv.check_crash_replacement_inherits_all_ranks(before, event, bad)
+
+
+def test_check_residency_catches_a_sleeping_starter_and_a_version_from_the_future():
+    """``check_residency``: a replica not yet running is on its GPU, a pending one has no
+    weights update in flight, none holds a version newer than its deployment's."""
+    from rankcore.invariants import check_residency
+
+    state, _ = rc.run([rc.DeploymentApplied(name="llm", num_replicas=2)])
+    check_residency(state)
+    dep = state.deployments["llm"]
+    rid = sorted(dep.replicas.keys())[0]
+
+    def with_replica(**changes):
+        rep = attrs.evolve(dep.replicas[rid], **changes)
+        return attrs.evolve(state, deployments=state.deployments.set(
+            "llm", attrs.evolve(dep, replicas=dep.replicas.set(rid, rep))))
+
+    with pytest.raises(rc.InvariantViolation, match="is pending but warm"):
+        check_residency(with_replica(residency=rc.Residency.WARM))
+    with pytest.raises(rc.InvariantViolation, match="pending with a weights update in flight"):
+        check_residency(with_replica(weights_pending=True))
+    with pytest.raises(rc.InvariantViolation, match="newer than the deployment's 0"):
+        check_residency(with_replica(weights_version=3))
