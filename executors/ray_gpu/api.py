@@ -22,7 +22,7 @@ from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
-           "validate_options"]
+           "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
 #: an actor's options, its name, lifetime, restarts, concurrency and placement,
@@ -366,6 +366,63 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
+
+
+# ------------------------------------------------------ sleep, wake, weights (issue 21)
+def _weights_ref(state_dict: Any) -> list | None:
+    """``[ray.put(state_dict)]`` (in a list: the controller passes the reference on unresolved)."""
+    if state_dict is None:
+        return None
+    if not hasattr(state_dict, "items"):
+        raise TypeError(f"weights must be a state_dict (a mapping of names to tensors), got {type(state_dict).__name__}")
+    return [ray.put(dict(state_dict))]
+
+
+def sleep(name: str, *, wait: bool = True, timeout: float = 120.0) -> None:
+    """Put deployment ``name`` to sleep (RL: the trainer needs the GPUs): each replica's weights
+    go to CPU memory; its process, ranks, bundle and world_size are kept, and it serves no
+    call until it wakes. ``wait``: return once every replica is asleep (else TimeoutError)."""
+    ctl = get_controller()
+    ask(ctl, "sleep", name)
+    if wait and not ask(ctl, "wait_asleep", name, timeout, timeout=timeout + 30):
+        raise TimeoutError(f"deployment {name!r} not asleep after {timeout:g}s")
+
+
+def push_weights(name: str, state_dict: Any, version: int, *, wait: bool = False, timeout: float = 120.0) -> None:
+    """New weights ``state_dict`` (same names, shapes and dtypes as the class's own) as
+    ``version`` (above every earlier one) for every replica of ``name``: written in place
+    wherever each one's weights are (on its device, or in CPU memory while asleep); a replica
+    starting meanwhile gets them once ready, one started later loads them at start. None for a
+    class that holds no weights (the version only). ``wait``: return once every replica serves
+    them (a sleeping deployment never does: wake it)."""
+    ctl = get_controller()
+    ask(ctl, "push_weights", name, version, _weights_ref(state_dict))
+    if wait:
+        wait_serving(name, timeout)
+
+
+def wake(name: str, *, weights_version: int | None = None, state_dict: Any = None, wait: bool = True,
+         timeout: float = 120.0) -> None:
+    """Wake deployment ``name``: each sleeper's weights back on its device. With
+    ``weights_version`` newer than the last pushed, wake with those weights (``state_dict``,
+    as ``push_weights`` takes them). ``wait``: return once every replica serves."""
+    if state_dict is not None and weights_version is None:
+        raise rc.InvalidEvent(f"wake({name!r}): a state_dict needs its weights_version")
+    ctl = get_controller()
+    ask(ctl, "wake", name, weights_version, _weights_ref(state_dict))
+    if wait:
+        wait_serving(name, timeout)
+
+
+def wait_serving(name: str, timeout: float = 120.0) -> None:
+    """Return once ``name`` is healthy, awake and every replica serves the last weights pushed."""
+    if not ask(get_controller(), "wait_serving", name, timeout, timeout=timeout + 30):
+        raise TimeoutError(f"deployment {name!r} not serving after {timeout:g}s")
+
+
+def weights_status(name: str) -> dict:
+    """Per replica: its weights' tier, version and bytes as the replica says, and what the core holds."""
+    return ask(get_controller(), "weights_status", name)
 
 
 #: how long the controller holds a handle's long poll (``Controller.endpoints_after``)

@@ -6,8 +6,11 @@ the replica actor in it; ``InitializeReplica`` / ``ReconfigureReplica``:
 calls into the replica; ``StopReplica``: a drain, then a kill;
 ``ScheduleTick``: a timer), and each outcome goes back to the core as an
 event (``ReplicaPlaced`` or ``PlacementFailed``, ``ReplicaReady``,
-``ReplicaCrashed``, ``ReplicaStopped``). It chooses no node and orders
-nothing itself; the commands about one replica run in the core's order.
+``ReplicaCrashed``, ``ReplicaStopped``; the weights' moves
+``OffloadReplica`` / ``LoadReplica`` / ``UpdateWeights`` answered by
+``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``). It chooses no node
+and orders nothing itself; the commands about one replica run in the core's
+order.
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ class Carrier:
                 self.gang_changed(cmd)
             elif isinstance(cmd, rc.KeepSpareProcesses):
                 self.keep_spares(cmd)
+            elif isinstance(cmd, (rc.OffloadReplica, rc.LoadReplica)):
+                self.in_order(cmd.replica_id, self.move(cmd))
+            elif isinstance(cmd, rc.UpdateWeights):
+                self.in_order(cmd.replica_id, self.update_weights(cmd))
             elif isinstance(cmd, rc.UpdateWorldSize):
                 seq = self.next_seq()
                 for _rid, rec in self.ledger.with_actors():
@@ -319,8 +326,9 @@ class Carrier:
         actor = rec.actor
         rec.check_every = (cmd.health_check_period_s, cmd.health_check_timeout_s)
         try:
+            weights = await led.weights_ref(cmd.deployment, cmd.weights_version)
             await actor.initialize.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config,
-                                          cmd.call_reconfigure, cmd.pass_rank, seq)
+                                          cmd.call_reconfigure, cmd.pass_rank, seq, cmd.weights_version, weights)
         except Exception as exc:
             self.failed(rid, "__init__" if not cmd.call_reconfigure else "__init__/reconfigure", exc)
             return
@@ -361,6 +369,53 @@ class Carrier:
             self.failed(cmd.replica_id, "reconfigure", exc)
             return
         self.ledger.feed(rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version))
+
+    # ------------------------------------------------------------- weights
+    async def move(self, cmd: rc.OffloadReplica | rc.LoadReplica) -> None:
+        """Sleep (``OffloadReplica``: weights to CPU memory) or wake (``LoadReplica``: back on
+        its device): ``TierMoved`` with the bytes moved, ``TierMoveFailed`` if the move raised
+        (the weights stay where they were). A replica that died meanwhile is its watch's news."""
+        from ray.exceptions import RayActorError
+
+        led = self.ledger
+        rid = cmd.replica_id
+        actor = led.actor(rid)
+        if actor is None or rid in led.stopping:
+            return
+        sleep = isinstance(cmd, rc.OffloadReplica)
+        try:
+            nbytes = await (actor.offload if sleep else actor.load).remote()
+        except RayActorError:
+            return
+        except Exception as exc:
+            if led.actor(rid) is not None and rid not in led.stopping:
+                detail = getattr(exc, "cause", None) or exc
+                led.feed(rc.TierMoveFailed(replica_id=rid, reason=f"{'offload' if sleep else 'load'} raised: "
+                                                                  f"{detail!r}"[:2000]))
+            return
+        if led.actor(rid) is not None and rid not in led.stopping:
+            led.transferred(cmd.deployment, "offload" if sleep else "load", int(nbytes))
+            led.feed(rc.TierMoved(replica_id=rid, tier="warm" if sleep else "hot", nbytes=int(nbytes)))
+
+    async def update_weights(self, cmd: rc.UpdateWeights) -> None:
+        """New weights (the version's ObjectRef from the store, resolved by Ray in the replica),
+        written in place wherever its weights are: ``WeightsUpdated``. A replica that cannot
+        take them (wrong names or shapes, none kept) crashes (``cause="error"``): it must not
+        serve other weights than the core believes."""
+        led = self.ledger
+        rid = cmd.replica_id
+        actor = led.actor(rid)
+        if actor is None or rid in led.stopping:
+            return
+        try:
+            ref = await led.weights_ref(cmd.deployment, cmd.version)
+            nbytes = await actor.update_weights.remote(cmd.version, ref)
+        except Exception as exc:
+            self.failed(rid, f"update_weights({cmd.version})", exc)
+            return
+        if led.actor(rid) is not None and rid not in led.stopping:
+            led.transferred(cmd.deployment, "update", int(nbytes))
+            led.feed(rc.WeightsUpdated(replica_id=rid, version=cmd.version))
 
     def failed(self, rid: str, what: str, exc: BaseException) -> None:
         """A call into the user's code (``__init__``, ``reconfigure``) raised:

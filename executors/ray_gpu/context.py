@@ -24,7 +24,10 @@ class ReplicaContext:
     ``placement_group`` the caller's group they belong to, so the replica can
     start its own workers there (None for other deployments). ``gang``: a gang
     member's ``rankcore.GangContext`` (``gang_id``, ``rank_in_gang``,
-    ``gang_size``, ``members`` in gang-rank order; None outside gangs)."""
+    ``gang_size``, ``members`` in gang-rank order; None outside gangs).
+    ``weights_version``: the weights version the replica holds (0: its
+    class's own; each push raises it); ``tier``: ``"hot"`` (on its device,
+    serving) or ``"warm"`` (asleep: in CPU memory)."""
 
     deployment: str
     replica_id: str
@@ -34,6 +37,8 @@ class ReplicaContext:
     bundle_indices: tuple[int, ...] | None = None
     placement_group: Any = attrs.field(default=None, eq=False)
     gang: rc.GangContext | None = None
+    weights_version: int = 0
+    tier: str = "hot"
 
 
 _lock = threading.Lock()

@@ -269,6 +269,118 @@ class Controller:
         self.driver.feed(event, self.ledger.now())  # (first: the core's own words for a count it refuses)
         self._persist()
 
+    # -------------------------------------------------- sleep, wake, weights
+    def _known(self, name: str) -> None:
+        if name not in self.ledger.specs:
+            raise rc.UnknownDeployment(f"unknown deployment {name!r}")
+
+    async def _keep_weights(self, name: str, version: int, weights: list | None) -> None:
+        """Put ``weights`` (``[ref]`` of a state_dict, or None) in the store as ``version``. A class
+        that holds weights (``replica_weights.holds_weights``) needs them for a new version."""
+        from .replica_weights import holds_weights
+        from .weights_store import store
+
+        if weights is None:
+            if holds_weights(self.ledger.specs[name]["cls"]):
+                raise rc.InvalidEvent(f"weights version {version} for {name!r}: its class holds weights "
+                                      f"(state_dict/load_state_dict), so the new version needs its state_dict")
+            return
+        ref = await store().put.remote(name, version, weights[0])
+        self.ledger.weights[(name, version)] = ref[0]
+
+    async def _drop_weights(self, name: str, version: int) -> None:
+        from .weights_store import store
+
+        self.ledger.weights.pop((name, version), None)
+        await store().drop.remote(name, version)
+
+    async def sleep(self, name: str) -> None:
+        """``SleepRequested``: every replica's weights to CPU memory; processes, ranks, bundles kept."""
+        await self._ready()
+        self._known(name)
+        self.driver.feed(rc.SleepRequested(deployment=name), self.ledger.now())
+        self._persist()
+
+    async def push_weights(self, name: str, version: int, weights: list | None) -> None:
+        """``WeightsPushed``: ``weights`` (``[ref]`` of the state_dict; None for a class that holds
+        none) kept in the store as ``version``, then every replica is sent them. A version the
+        core refuses (not newer) raises its ``InvalidEvent`` and is not kept."""
+        await self._ready()
+        self._known(name)
+        await self._keep_weights(name, version, weights)
+        try:
+            self.driver.feed(rc.WeightsPushed(deployment=name, version=version), self.ledger.now())
+        except Exception:
+            if weights is not None:
+                await self._drop_weights(name, version)
+            raise
+
+    async def wake(self, name: str, weights_version: int | None = None, weights: list | None = None) -> None:
+        """``WakeRequested``: every sleeper's weights back on its device; with ``weights_version``
+        newer than the deployment's, with those weights (``weights``, kept as for a push)."""
+        await self._ready()
+        self._known(name)
+        dep = self.driver.state.deployments.get(name)
+        new = weights_version is not None and dep is not None and weights_version > dep.weights_version
+        if new:
+            await self._keep_weights(name, weights_version, weights)  # type: ignore[arg-type]
+        try:
+            self.driver.feed(rc.WakeRequested(deployment=name, weights_version=weights_version), self.ledger.now())
+        except Exception:
+            if new and weights is not None:
+                await self._drop_weights(name, weights_version)  # type: ignore[arg-type]
+            raise
+        self._persist()
+
+    async def wait_serving(self, name: str, timeout: float = 120.0) -> bool:
+        """Return True once ``name`` is healthy, awake, and every replica serves (running, HOT,
+        holding the last version pushed); False after ``timeout``."""
+        await self._ready()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dep = self.driver.state.deployments.get(name)
+            if dep is not None and dep.healthy and not dep.asleep and all(
+                    r.residency is rc.Residency.HOT and not r.weights_pending
+                    and r.weights_version == dep.weights_version for r in dep.replicas.values()):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def wait_asleep(self, name: str, timeout: float = 120.0) -> bool:
+        """Return True once ``name`` is meant to sleep and every live replica's weights are WARM."""
+        await self._ready()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dep = self.driver.state.deployments.get(name)
+            if dep is not None and dep.asleep and all(
+                    r.residency is rc.Residency.WARM for r in dep.replicas.values() if r.phase in rc.LIVE):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def weights_status(self, name: str) -> dict:
+        """Per replica id: what its actor says of its weights (``tier``, ``version``, ``nbytes``,
+        ``host_nbytes``, ``device``; ``replica_weights.ReplicaWeights.info``) and what the core
+        holds (``residency``, ``core_version``, ``pending``); ``deployment``: the deployment's
+        ``asleep`` and ``weights_version``."""
+        await self._ready()
+        self._known(name)
+        dep = self.driver.state.deployments.get(name)
+        out: dict[str, Any] = {"deployment": {"asleep": dep.asleep if dep else False,
+                                              "weights_version": dep.weights_version if dep else 0}}
+        reps = dict(dep.replicas) if dep is not None else {}
+        for rid, rep in sorted(reps.items()):
+            actor = self.ledger.actor(rid)
+            info: dict[str, Any] = {}
+            if actor is not None:
+                try:
+                    info = await asyncio.wait_for(actor.weights_info.remote(), 10)
+                except Exception as exc:
+                    info = {"error": repr(exc)}
+            out[rid] = {**info, "residency": rep.residency.value, "core_version": rep.weights_version,
+                        "pending": rep.weights_pending}
+        return out
+
     async def wait_gone(self, replica_id: str, timeout: float = 60.0) -> bool:
         """Return once the core no longer holds ``replica_id`` as a replica (the
         controller fed its death: ``ReplicaCrashed``, ``NodeLost``, or its
@@ -347,7 +459,9 @@ class Controller:
         out = []
         for rid, rep in sorted(dep.replicas.items()):
             actor = self.ledger.actor(rid)
-            if rep.phase in (rc.Phase.RUNNING, rc.Phase.RECONFIGURING) and actor is not None:
+            # serving: running, its weights on its device, holding the version pushed (docs/tiers.md)
+            if rep.phase in (rc.Phase.RUNNING, rc.Phase.RECONFIGURING) and actor is not None \
+                    and rep.residency is rc.Residency.HOT and not rep.weights_pending:
                 out.append((rid, actor))
         return out, self.ledger.specs[name]["max_ongoing_requests"]
 
@@ -442,6 +556,10 @@ class Controller:
         led.replicas.clear()
         self.recovery.adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         led.specs.clear()
+        led.weights.clear()
+        from .weights_store import store
+
+        await store().forget_all.remote()
         led.started = led.lineages = 0
         led.errors.clear()
         led.halted = False

@@ -60,6 +60,11 @@ class Ledger:
         self.halted = False  # halt() was called: the controller is about to be killed
         self.started = 0  # one past the highest replica number ever started
         self.lineages = 0
+        #: (deployment, weights version) -> the ObjectRef of those weights (``weights_store``: the store
+        #: owns them; this is a cache of its answers)
+        self.weights: dict[tuple[str, int], Any] = {}
+        #: told of each weights move carried out (deployment, "offload" | "load" | "update", bytes): the metrics
+        self.on_transfer: Any = None
 
     # ------------------------------------------------------------- the core
     def now(self) -> float:
@@ -86,6 +91,25 @@ class Ledger:
         task = asyncio.get_event_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def transferred(self, deployment: str, what: str, nbytes: int) -> None:
+        if self.on_transfer is not None:
+            self.on_transfer(deployment, what, nbytes)
+
+    async def weights_ref(self, deployment: str, version: int) -> Any:
+        """The ObjectRef of ``deployment``'s weights of ``version`` (None: version 0, the class's own, or
+        none kept: a class that holds no weights was pushed a version without tensors)."""
+        if version <= 0:
+            return None
+        key = (deployment, version)
+        if key not in self.weights:
+            from .weights_store import store
+
+            got = await store().get.remote(deployment, version)
+            if got is None:
+                return None
+            self.weights[key] = got[0]
+        return self.weights[key]
 
     # ------------------------------------------------------------ replicas
     def actor(self, rid: str) -> Any:

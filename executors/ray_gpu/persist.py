@@ -26,6 +26,7 @@ _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (
 #: adopts the starts under way and knows which replicas died while it was down
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
+_KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.desired_asleep), beside the specs
 
 
 def _get(key: bytes) -> Any:
@@ -65,6 +66,13 @@ def save_specs(state: rc.State, specs: dict[str, dict]) -> None:
     core does not hold (``specs``: its class, arguments and actor options)."""
     desired = {d.name: d for d in rc.desired_specs(state)}
     _put(_KV_SPECS, {name: {**spec, "applied": desired[name]} for name, spec in specs.items() if name in desired})
+    _put(_KV_ASLEEP, tuple(n for n in rc.desired_asleep(state) if n in specs and n in desired))
+
+
+def load_asleep() -> tuple[str, ...] | None:
+    """The deployments meant to be asleep when the specs were last saved (``ControllerRecovered.asleep``),
+    or None if never saved (the core then derives it from the replicas' reports)."""
+    return _get(_KV_ASLEEP)
 
 
 def load_specs() -> dict | None:
@@ -122,5 +130,5 @@ def take_faults() -> list[tuple[str, dict, float]]:
 def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
-    for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS):
+    for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP):
         internal_kv._internal_kv_del(key)

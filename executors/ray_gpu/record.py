@@ -32,6 +32,12 @@ class Recorder:
         self.metrics: Any = None
         self._buf = io.StringIO()
         self._read = 0  # how much of ``_buf`` ``drain`` has handed out
+        ledger.on_transfer = self._transferred
+
+    def _transferred(self, deployment: str, what: str, nbytes: int) -> None:
+        """A weights move carried out (offload, load, update): the metrics count it, as the simulator's."""
+        if self.metrics is not None:
+            self.metrics.transferred(deployment, what, nbytes)
 
     def start(self, meta: dict | None, header: bool, snapshot_every: int = 1) -> None:
         """Write a trace from now on (``header``: a new one; else one a

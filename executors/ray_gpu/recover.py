@@ -141,6 +141,7 @@ class Recovery:
             reports.append(rc.ReplicaReport(
                 replica_id=rid, deployment=dep, node_id=r["node_id"], phase=phase, rank=claim,
                 world_size=r["world_size"], version=r["version"], user_config=config, lineage=r["lineage"],
+                tier=r.get("tier", "hot"), weights_version=r.get("weights_version", 0),
             ))
             if dep not in led.specs:  # not ours: the core stops it (drained as any replica)
                 led.replicas[rid] = ReplicaRecord(deployment=dep, checkpointed=False, stage=CREATED, actor=actor,
@@ -173,7 +174,7 @@ class Recovery:
         event = rc.ControllerRecovered(deployments=tuple(desired[n] for n in sorted(desired)),
                                        reports=tuple(reports), next_replica_number=started,
                                        next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
-                                       unresponsive=tuple(silent))
+                                       unresponsive=tuple(silent), asleep=persist.load_asleep())
         trace = led.driver.trace
         if trace is not None:
             for rid, dep in lost:

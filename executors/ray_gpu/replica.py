@@ -35,6 +35,7 @@ from typing import Any
 import rankcore as rc
 
 from . import context
+from .replica_weights import ReplicaWeights
 
 
 def _takes_rank(fn: Any) -> bool:
@@ -74,6 +75,8 @@ class ReplicaActor:
         self._idle: asyncio.Condition | None = None
         self._init: asyncio.Task | None = None
         self._inflight = 0
+        #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
+        self.weights = ReplicaWeights(replica_id)
 
     # -------------------------------------------------------------- plumbing
     def _loop_objects(self) -> None:
@@ -103,7 +106,8 @@ class ReplicaActor:
         context._set(context.ReplicaContext(deployment=self.deployment, replica_id=self.replica_id,
                                             rank=self.rank, world_size=self.world_size,
                                             user_config=self.user_config, bundle_indices=self.bundle_indices,
-                                            placement_group=self.placement_group, gang=self.gang))
+                                            placement_group=self.placement_group, gang=self.gang,
+                                            weights_version=self.weights.version, tier=self.weights.tier))
 
     # ------------------------------------------------------------ controller
     async def node_id(self) -> str:
@@ -125,15 +129,20 @@ class ReplicaActor:
         return True
 
     async def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
-                         pass_rank: bool, seq: tuple[int, int] | None = None) -> None:
+                         pass_rank: bool, seq: tuple[int, int] | None = None, weights_version: int = 0,
+                         weights: Any = None) -> None:
         """Run the user's ``__init__`` (and ``reconfigure`` when asked) with the
-        context set. Called once per replica; a second call (a restarted
-        controller's, for the same start) waits for the first and then applies
-        its rank and world size."""
+        context set; then, with ``weights_version`` above 0, load ``weights``
+        (``InitializeReplica.weights_version``: a replica started after a push
+        serves the pushed weights). Called once per replica; a second call (a
+        restarted controller's, for the same start) waits for the first and
+        then applies its rank, world size and weights."""
         self._loop_objects()
         new = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
         if self._init is not None:
             await asyncio.shield(self._init)
+            if weights_version > self.weights.version:
+                await self.update_weights(weights_version, weights)
             if (new, world_size) != (self.rank, self.world_size):
                 await self.reconfigure(rank, world_size, user_config, self.version,
                                        call_reconfigure and pass_rank and new != self.rank, pass_rank, seq)
@@ -143,10 +152,12 @@ class ReplicaActor:
         self.rank, self.user_config = new, user_config
         self.phase = "starting"
         self._set_context()
-        self._init = asyncio.ensure_future(self._construct(user_config, call_reconfigure, pass_rank))
+        self._init = asyncio.ensure_future(self._construct(user_config, call_reconfigure, pass_rank,
+                                                           weights_version, weights))
         await asyncio.shield(self._init)
 
-    async def _construct(self, user_config: Any, call_reconfigure: bool, pass_rank: bool) -> None:
+    async def _construct(self, user_config: Any, call_reconfigure: bool, pass_rank: bool,
+                         weights_version: int = 0, weights: Any = None) -> None:
         cls: Any = self.cls
         args, kwargs = self.args, self.kwargs
 
@@ -158,9 +169,57 @@ class ReplicaActor:
             return obj
 
         self.instance = await self._on_user_loop(construct())
+        await self._in_control(self._take_weights, self.instance, weights_version, weights)
         if call_reconfigure:
             await self._call_reconfigure(user_config, pass_rank)
         self.phase = "running"
+
+    def _take_weights(self, instance: Any, version: int, weights: Any) -> None:
+        self.weights.attach(instance)
+        if version > 0:
+            self.weights.update(version, weights)
+        self._set_context()
+
+    async def _in_control(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` (a weights move: tensor copies) off the actor's loop, so it keeps answering."""
+        return await asyncio.get_running_loop().run_in_executor(self._control, functools.partial(fn, *args))
+
+    # ------------------------------------------------------------- weights
+    async def _initialised(self) -> None:
+        """Wait for the start under way (a command for a starting replica is applied once it is ready)."""
+        if self._init is None:
+            raise RuntimeError(f"replica {self.replica_id} is not initialised: it holds no weights yet")
+        await asyncio.shield(self._init)
+
+    async def offload(self) -> int:
+        """``OffloadReplica``: its weights to CPU memory (process, rank and bundle kept); bytes moved."""
+        await self._initialised()
+        n = await self._in_control(self.weights.offload)
+        self._set_context()
+        return n
+
+    async def load(self) -> int:
+        """``LoadReplica``: its weights back on its device; bytes moved."""
+        await self._initialised()
+        n = await self._in_control(self.weights.load)
+        self._set_context()
+        return n
+
+    async def update_weights(self, version: int, weights: Any) -> int:
+        """``UpdateWeights``: hold ``weights`` as ``version``, in place, wherever they are; bytes written."""
+        await self._initialised()
+        n = await self._in_control(self.weights.update, version, weights)
+        self._set_context()
+        return n
+
+    async def weights_info(self) -> dict:
+        """Tier, version, bytes (held on the host too), device: what tests and tools read."""
+        return self.weights.info()
+
+    async def export_weights(self) -> dict:
+        """A CPU copy of the weights it serves from (only while HOT)."""
+        await self._initialised()
+        return await self._in_control(self.weights.export)
 
     async def started(self) -> None:
         """Return once the start under way finishes (raise if it failed): what a
@@ -233,6 +292,8 @@ class ReplicaActor:
             "version": self.version,
             "user_config": self.user_config,
             "lineage": self.lineage,
+            "tier": self.weights.tier,
+            "weights_version": self.weights.version,
         }
 
     async def ping(self) -> bool:

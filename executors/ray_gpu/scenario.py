@@ -9,8 +9,11 @@ replica actor of a deployment no spec names); ``NODE_ACTIONS`` and a node's
 shaped like the scenario's ``cluster:``; there replicas ask for the scenario's
 GPUs and spread or pack as its ``placement`` says). What only the simulator
 can do (random crashes, node losses and hung starts, the actions of
-``REFUSED``) is refused by ``check_supported``, naming it. The replicas'
-classes are ``scenario_models``'.
+``REFUSED``, a ``model_bytes`` above ``MAX_MODEL_BYTES``) is refused by
+``check_supported``, naming it. The replicas' classes are
+``scenario_models``': with ``model_bytes``, each replica holds real tensors
+of that size, and ``sleep`` / ``wake`` / ``push_weights`` move them
+(``scenario_models.weights_for`` makes a version's weights).
 
 An action completes only once the controller has seen its effect: a crash
 once it fed the replica's death to the core, a node loss or join once the
@@ -35,6 +38,8 @@ from typing import IO, Any, cast
 
 import attrs
 import ray
+
+import rankcore as rc
 
 from ..scenarios import Desired, Scenario
 from ..scenarios.timeline import (
@@ -64,7 +69,7 @@ from .observe import UNSEEN_GROUP_PREFIX
 from .record import queue_fault
 from .replica import ReplicaActor
 from .replicas import NAMESPACE, actor_name
-from .scenario_models import CLASSES, NoReconfigure
+from .scenario_models import CLASSES, WEIGHTED, NoReconfigure, weights_for
 from .static import StaticPlacementConfig
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REFUSED", "check_supported",
@@ -72,14 +77,13 @@ __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REF
 
 #: the timeline actions (``executors.scenarios.ACTIONS``) Ray carries out anywhere ...
 RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, UpdateConfig, Crash, Hang, Orphan, CrashController,
-                                         WaitUntilHealthy, Wait)
+                                         WaitUntilHealthy, Wait, Sleep, Wake, PushWeights, WaitUntilServing)
 #: ... on a ScenarioCluster only ...
 NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)
 #: ... and those it refuses (``check_supported``), with why
-_NO_WEIGHTS = "the Ray executor does not carry sleep/wake/weights yet (issue 21)"
-REFUSED: dict[type[Action], str] = {PlaceBundles: "Ray cannot move a placement group's bundles",
-                                    Sleep: _NO_WEIGHTS, Wake: _NO_WEIGHTS, PushWeights: _NO_WEIGHTS,
-                                    WaitUntilServing: _NO_WEIGHTS}
+REFUSED: dict[type[Action], str] = {PlaceBundles: "Ray cannot move a placement group's bundles"}
+#: the most bytes of weights a scenario replica may hold on Ray (real tensors, in this machine's memory)
+MAX_MODEL_BYTES = 256 * 1024**2
 #: how long the controller may take to see an action's effect before the run fails
 OBSERVE_TIMEOUT_S = 60.0
 
@@ -149,6 +153,9 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     nodes_only = not multi_node and not faults and all(
         isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
     bad += faults
+    bad += [f"deployments.{name}.model_bytes {spec.model_bytes:g} (each replica holds real tensors on Ray: "
+            f"at most {MAX_MODEL_BYTES} bytes)" for name, spec in sorted(sc.deployments.items())
+            if spec.model_bytes > MAX_MODEL_BYTES]
     if bad:
         hint = "node loss and unreported_gpus need the scenario-shaped local cluster: --cluster scenario, " \
             "no --address" if nodes_only else "use --executor sim"
@@ -312,7 +319,8 @@ class _RayTarget:
             where = {"static_placement": StaticPlacementConfig(
                 self.groups[name], {r: list(b) for r, b in enumerate(spec.static.mapping)},
                 spec.static.capture_child_tasks)}
-        return Deployment(cls=CLASSES[spec.reconfigure], name=name, num_replicas=num_replicas,
+        cls = (WEIGHTED if spec.model_bytes > 0 else CLASSES)[spec.reconfigure]
+        return Deployment(cls=cls, name=name, num_replicas=num_replicas,
                           user_config=user_config, ray_actor_options=opts, max_replicas=spec.max_replicas,
                           gang_size=spec.gang_size, gang_placement=spec.gang_placement,
                           gang_failure=spec.gang_failure,
@@ -321,7 +329,10 @@ class _RayTarget:
     def apply(self, event: Any) -> None:
         d = self.deployment(event.name, event.num_replicas, event.user_config)
         self.applied.add(event.name)
-        init = {"fail_dir": self.fail_dir, "start_failures": self.sc.deployments[event.name].start_failures}
+        spec = self.sc.deployments[event.name]
+        init: dict[str, Any] = {"fail_dir": self.fail_dir, "start_failures": spec.start_failures}
+        if spec.model_bytes > 0:
+            init["model_bytes"] = int(spec.model_bytes)
         ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), init, d.ray_actor_options,
             d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
 
@@ -387,8 +398,23 @@ class _RayTarget:
     def place_bundles(self, deployment: str, bundle_nodes: tuple[str | None, ...]) -> None:
         raise UnsupportedOnRay(f"{PlaceBundles.key}: {REFUSED[PlaceBundles]}")  # (check_supported refused it before)
 
-    def request(self, event: Any) -> None:  # (check_supported refused sleep, wake and push_weights before)
-        raise UnsupportedOnRay(f"{type(event).__name__}: {_NO_WEIGHTS}")
+    def request(self, event: Any) -> None:
+        """``sleep``, ``wake``, ``push_weights``: the request to the controller, with the version's
+        weights (``weights_for``, in the object store once) when the deployment holds tensors. A
+        request the core refuses fails the run's ``timeline`` result, as in the simulator."""
+        name = event.deployment
+        nbytes = int(self.sc.deployments[name].model_bytes)
+        version = event.version if isinstance(event, rc.WeightsPushed) else getattr(event, "weights_version", None)
+        weights = [ray.put(weights_for(nbytes, version))] if nbytes > 0 and version else None
+        try:
+            if isinstance(event, rc.SleepRequested):
+                ask(self.ctl, "sleep", name)
+            elif isinstance(event, rc.WakeRequested):
+                ask(self.ctl, "wake", name, event.weights_version, weights)
+            else:
+                ask(self.ctl, "push_weights", name, event.version, weights)
+        except rc.RankcoreError as exc:
+            self.results.append((f"{type(event).__name__} {name}", False, f"refused: {exc}"))
 
     def hang(self, action: Hang) -> None:
         """The replica's process freezes (``_freeze``): its health checks time out
@@ -518,9 +544,12 @@ def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | Non
             check_until(planned.start)
         time.sleep(max(0.0, planned.start - clock) * time_scale)
         clock = planned.start
-        if isinstance(a, WaitUntilHealthy):
-            timeout = a.timeout if a.timeout is not None else healthy_timeout
-            ask(ctl, "wait_healthy", a.deployment, max(timeout, healthy_timeout), timeout=timeout + 60)
+        if isinstance(a, (WaitUntilHealthy, WaitUntilServing)):
+            timeout = max(a.timeout if a.timeout is not None else healthy_timeout, healthy_timeout)
+            how = "wait_serving" if isinstance(a, WaitUntilServing) else "wait_healthy"
+            if not ask(ctl, how, a.deployment, timeout, timeout=timeout + 60) and isinstance(a, WaitUntilServing):
+                target.results.append((f"timeline[{a.index}] {a.key} {a.deployment}", False,
+                                       f"not serving after {timeout:g}s"))
         elif isinstance(a, Wait):
             time.sleep(a.seconds * time_scale)
             clock += a.seconds

@@ -1,0 +1,115 @@
+"""A replica's weights, and the contract with the user's class (issue 21; docs/ray.md, "Sleep, wake and weights").
+
+**The contract.** A deployment's class *holds weights* when its instance has
+``state_dict()`` and ``load_state_dict(state_dict, assign=True)``, as a
+``torch.nn.Module`` does (a class that wraps a module forwards both to it):
+
+* after the constructor, ``state_dict()`` gives the initial weights (version
+  0); they are copied once into the replica's ``TieredWeights`` (one flat
+  buffer on the device: CUDA when available, else CPU), then
+  ``load_state_dict(views, assign=True)`` hands the instance views of that
+  buffer to serve from (a module's parameters then share its storage);
+* new weights (``UpdateWeights``) are written in place, in whatever tier the
+  weights are: a HOT instance sees them without a call;
+* offload (sleep): the weights go to CPU memory and the instance is given
+  ``meta`` tensors (``assign=True``), so it keeps no reference to device
+  memory; load (wake): the weights come back to a new device buffer and the
+  instance is given its views again.
+
+A class without both methods holds no tensors: sleep, wake and updates only
+change the tier and version the replica reports (and its context shows).
+
+Not thread-safe; the replica calls it from one thread at a time (its
+control pool, each command after the one before it). A request running
+while the weights move may see them half-moved: the core sends no request to
+a replica that is not serving, but one already under way is not waited for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ReplicaWeights", "holds_weights"]
+
+
+def holds_weights(instance: Any) -> bool:
+    """Whether the user's instance follows the contract (module docstring)."""
+    return callable(getattr(instance, "state_dict", None)) and callable(getattr(instance, "load_state_dict", None))
+
+
+class ReplicaWeights:
+    """Where one replica's weights are (``tier``: ``"hot"`` or ``"warm"``) and their ``version``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tier = "hot"
+        self.version = 0
+        self.tiered: Any = None  # a TieredWeights, when the instance holds weights
+        self.instance: Any = None
+
+    def attach(self, instance: Any) -> None:
+        """Take the constructed instance's initial weights (version 0), if it holds any."""
+        self.instance = instance
+        if not holds_weights(instance):
+            return
+        from .weights import TieredWeights  # (torch: only in replicas whose class holds weights)
+
+        self.tiered = TieredWeights(instance.state_dict(), version=0, name=self.name)
+        self._bind()
+
+    @property
+    def nbytes(self) -> int:
+        return self.tiered.nbytes if self.tiered is not None else 0
+
+    def offload(self) -> int:
+        """HOT -> WARM; returns the bytes moved."""
+        if self.tier != "hot":
+            raise RuntimeError(f"replica {self.name}: its weights are {self.tier}, not hot: nothing to offload")
+        if self.tiered is not None:
+            import torch
+
+            meta = {k: torch.empty_like(v, device="meta") for k, v in self.tiered.state_dict().items()}
+            self.instance.load_state_dict(meta, assign=True)  # no reference to the device buffer is kept
+            self.tiered.to_warm()
+        self.tier = "warm"
+        return self.nbytes
+
+    def load(self) -> int:
+        """WARM -> HOT; returns the bytes moved."""
+        if self.tier != "warm":
+            raise RuntimeError(f"replica {self.name}: its weights are {self.tier}, not warm: nothing to load")
+        if self.tiered is not None:
+            self.tiered.to_hot()
+            self._bind()
+        self.tier = "hot"
+        return self.nbytes
+
+    def update(self, version: int, state_dict: Mapping[str, Any] | None) -> int:
+        """Hold ``state_dict`` as ``version``, in place in the current tier; returns the bytes written.
+        An older or equal version changes nothing (an update sent again)."""
+        if version <= self.version:
+            return 0
+        if self.tiered is not None:
+            if state_dict is None:
+                raise RuntimeError(f"replica {self.name}: no weights for version {version}")
+            self.tiered.update(state_dict, version)
+        self.version = version
+        return self.nbytes
+
+    def export(self) -> dict:
+        """A CPU copy of the weights the instance serves from (only while HOT, and only a holder's)."""
+        if self.tiered is None or self.tier != "hot":
+            raise RuntimeError(f"replica {self.name}: no hot weights to export ({self.tier})")
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.tiered.state_dict().items()}
+
+    def info(self) -> dict:
+        """What the replica says about its weights (tests, tools)."""
+        t = self.tiered
+        return {"tier": self.tier, "version": self.version, "nbytes": self.nbytes, "holds": t is not None,
+                "host_nbytes": t.host_nbytes if t is not None else 0,
+                "device": str(t.device) if t is not None else None,
+                "tiered_tier": t.tier if t is not None else None}
+
+    def _bind(self) -> None:
+        self.instance.load_state_dict(self.tiered.state_dict(), assign=True)
