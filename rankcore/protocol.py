@@ -9,12 +9,24 @@
 | UpdateWorldSize      | nothing                                       |
 | PlaceReplica         | ReplicaPlaced (or PlacementFailed, ReplicaCrashed) |
 | GangChanged          | nothing                                       |
+| KeepSpareProcesses   | nothing                                       |
+| OffloadReplica       | TierMoved(tier="warm") (or TierMoveFailed)    |
+| LoadReplica          | TierMoved(tier="hot") (or TierMoveFailed)     |
+| UpdateWeights        | WeightsUpdated(version)                       |
 """
 
 from __future__ import annotations
 
-from .commands import InitializeReplica, ReconfigureReplica, StartReplica, StopReplica
-from .events import ReplicaPlaced, ReplicaReady, ReplicaReconfigured, ReplicaStopped
+from .commands import (
+    InitializeReplica,
+    LoadReplica,
+    OffloadReplica,
+    ReconfigureReplica,
+    StartReplica,
+    StopReplica,
+    UpdateWeights,
+)
+from .events import ReplicaPlaced, ReplicaReady, ReplicaReconfigured, ReplicaStopped, TierMoved, WeightsUpdated
 
 __all__ = ["answers"]
 
@@ -29,4 +41,10 @@ def answers(command: object, node: str = "node-a") -> list:
         return [ReplicaReconfigured(replica_id=command.replica_id, version=command.version)]
     if isinstance(command, StopReplica):
         return [ReplicaStopped(replica_id=command.replica_id)]
+    if isinstance(command, OffloadReplica):
+        return [TierMoved(replica_id=command.replica_id, tier="warm")]
+    if isinstance(command, LoadReplica):
+        return [TierMoved(replica_id=command.replica_id, tier="hot")]
+    if isinstance(command, UpdateWeights):
+        return [WeightsUpdated(replica_id=command.replica_id, version=command.version)]
     return []
