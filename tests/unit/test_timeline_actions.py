@@ -173,11 +173,8 @@ def test_ray_runs_lists_or_refuses_every_action_by_class() -> None:
     sc = parse_scenario(EVERY_ACTION, "every.yaml")
     with pytest.raises(UnsupportedOnRay) as err:
         check_supported(sc, multi_node=True)
-    no = "(the Ray executor does not carry sleep/wake/weights yet (issue 21))"
     assert str(err.value) == ("every.yaml: the Ray executor cannot run timeline[9] place_bundles (Ray cannot move "
-                              f"a placement group's bundles), timeline[14] sleep {no}, timeline[15] push_weights {no}, "
-                              f"timeline[16] wake {no}, timeline[17] wake {no}, timeline[18] wait_until_serving {no} "
-                              "(use --executor sim)")
+                              "a placement group's bundles) (use --executor sim)")
     with pytest.raises(UnsupportedOnRay, match=r"timeline\[6\] lose_node, timeline\[7\] add_node, timeline\[9\] "):
         check_supported(sc)
 
