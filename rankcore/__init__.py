@@ -81,6 +81,7 @@ from .state import (
     Step,
     desired_asleep,
     desired_specs,
+    desired_weights,
     parse_replica_number,
 )
 
@@ -88,7 +89,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs", "desired_asleep", "placement",
+    "desired_specs", "desired_asleep", "desired_weights", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",

@@ -200,8 +200,7 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         elif tx.managed:  # the booking moves too
             release(tx, rid)
             hold(tx, rid, e.node_id, dep.resources)
-    new = _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version,
-                weights_version=dep.weights_version)  # (InitializeReplica carries it)
+    new = residency.at_start(dep, _copy(rep, phase=phase, node_id=e.node_id, config_version=dep.config_version))
     deadlines.answered(tx, rid)  # its placement deadline
     dep = put_replica(dep, rep, new, ranks=ranks)
     tx.put(dep)
@@ -306,7 +305,10 @@ def _on_tier_moved(tx: Tx, e: TierMoved, dep: Deployment, rep: Replica) -> Step:
 
 @_about_replica
 def _on_tier_move_failed(tx: Tx, e: TierMoveFailed, dep: Deployment, rep: Replica) -> Step:
-    tx.put(residency.move_failed(dep, rep))
+    new = residency.move_failed(dep, rep)
+    if new is None:
+        return finish(tx, stale=True)  # no move in flight (the same answer again)
+    tx.put(new)
     return finish(tx)
 
 

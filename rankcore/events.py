@@ -371,6 +371,23 @@ class Tick:
     now: float = attrs.field(validator=f.seconds)
 
 
+def _to_versions(value: Any) -> tuple[tuple[str, int], ...]:
+    """(deployment, weights version) pairs, from pairs or a mapping; sorted."""
+    items = value.items() if hasattr(value, "items") else value
+    out = []
+    for item in items:
+        try:
+            name, version = item
+        except (TypeError, ValueError):
+            raise InvalidConfig(f"ControllerRecovered.weights_versions: {f.shown(item)} is not a "
+                                f"(deployment, version) pair") from None
+        if not isinstance(name, str) or type(version) is not int or version < 0:
+            raise InvalidConfig(f"ControllerRecovered.weights_versions: {f.shown(item)} is not a "
+                                f"(deployment, version >= 0) pair")
+        out.append((name, version))
+    return tuple(sorted(out))
+
+
 def _tier_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value not in ("hot", "warm"):
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'hot' or 'warm', got {f.shown(value)}")
@@ -420,9 +437,16 @@ class ReplicaReport:
     #: the user_config it runs (UNKNOWN if not said; OUTDATED if older than the
     #: deployment's): an outdated replica is reconfigured after recovery
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
-    #: where its weights are (``"hot"``: on its GPU; ``"warm"``: asleep) and their version
+    #: where its weights are now (``"hot"``: on its GPU; ``"warm"``: asleep; a move in
+    #: progress: where they still are) and the version it holds (or is being given)
     tier: str = attrs.field(default="hot", validator=_tier_name)
     weights_version: int = attrs.field(default=0, validator=f.count)
+
+    @tier.validator
+    def _check_tier(self, attribute: attrs.Attribute, value: str) -> None:
+        if value == "warm" and self.phase in (Phase.PENDING, Phase.STARTING):
+            raise InvalidConfig(f"ReplicaReport({self.replica_id!r}): a {self.phase.value} replica cannot be warm "
+                                f"(a replica sleeps only once it runs)")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -477,11 +501,11 @@ class ControllerRecovered:
     #: stopped at once, and its deployment's free ranks stay free until it has
     #: stopped (see ``UnresponsiveReplica``); an id may not also report
     unresponsive: tuple[UnresponsiveReplica, ...] = attrs.field(default=(), converter=f.to_tuple)
-    #: the deployments meant to be asleep (``SleepRequested``; persist ``rankcore.asleep(state)``
-    #: beside the specs); None: asleep when every running replica reports ``tier="warm"``
-    asleep: tuple[str, ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(f.to_tuple),
-        validator=attrs.validators.optional(f.names))
+    #: the deployments meant to be asleep (``SleepRequested``) and the weights version last
+    #: pushed to each (``WeightsPushed``): persist ``rankcore.desired_asleep(state)`` and
+    #: ``rankcore.desired_weights(state)`` beside the specs (docs/tiers.md)
+    asleep: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+    weights_versions: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_versions)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:

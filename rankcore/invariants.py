@@ -43,7 +43,7 @@ from .events import (
 )
 from .lifecycle import LIVE, Phase, Residency
 from .ranks import ReplicaRank
-from .state import Deployment, State, Step, desired_asleep, desired_specs
+from .state import Deployment, State, Step, desired_asleep, desired_specs, desired_weights
 
 __all__ = [
     "check_state",
@@ -806,7 +806,7 @@ def reports_from(state: State) -> ControllerRecovered:
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
     return ControllerRecovered(
         deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
-        asleep=desired_asleep(state),
+        asleep=desired_asleep(state), weights_versions=desired_weights(state),
         next_lineage=state.next_lineage,
         nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
                                order=n.order[0] if n.order[0] != float("inf") else None) for n in nodes))
@@ -838,6 +838,9 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         phases = {rid: r.phase for rid, r in got.replicas.items()}
         if phases != {rid: r.phase for rid, r in dep.replicas.items()}:
             _fail(f"{name}: recovery changed phases")
+        if (got.asleep, got.weights_version) != (dep.asleep, dep.weights_version):
+            _fail(f"{name}: recovery changed asleep/weights version ({dep.asleep}, {dep.weights_version}) -> "
+                  f"({got.asleep}, {got.weights_version})")
     # a sleep or a wake in flight, or one that failed, is sent again: the replica reported where its
     # weights were, and its deployment is still meant to sleep (or to be awake)
     moving = {(r.replica_id, OffloadReplica if dep.asleep else LoadReplica)

@@ -137,7 +137,7 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
 
 
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
-                        unresponsive: list[UnresponsiveReplica], asleep: bool | None = None) -> Deployment:
+                        unresponsive: list[UnresponsiveReplica], asleep: bool = False, weights: int = 0) -> Deployment:
     final_rank, to_stop = _resolve_global(spec, reports)
     # a FAILED replica holds its global rank only (its process is stopped below)
     placed = [r for r in reports if r.node_id is not None and r.phase is not Phase.FAILED]
@@ -196,15 +196,12 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         replicas[r.replica_id] = rep
         counts[LIVE.index(rep.phase)] += 1
         tx.index = tx.index.set(r.replica_id, spec.name)
-    # The newest weights version a replica reports is the deployment's; it is asleep as
-    # the event says (else when every running replica reports WARM: docs/tiers.md).
-    # settle() below brings every replica to both.
-    if asleep is None:
-        running = [r for r in reports if r.phase in (Phase.RUNNING, Phase.RECONFIGURING) and not _leaving(r)]
-        asleep = bool(running) and all(r.tier == "warm" for r in running)
+    # The weights version is the newest of what was persisted and what a replica reports;
+    # the deployment is asleep as persisted (docs/tiers.md); settle() below brings every
+    # replica to both.
     dep = Deployment.applied(
         spec,
-        weights_version=max((r.weights_version for r in reports), default=0),
+        weights_version=max([weights, *(r.weights_version for r in reports)]),
         asleep=asleep,
         config_version=1,
         replicas=immutables.Map(replicas),
@@ -231,11 +228,11 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         tx.emit(cmd)
     for rid in sorted(unstarted, key=lambda x: (final_rank[x], x)):
         tx.emit(initialize(dep, rid))
-        dep = put_replica(dep, dep.replicas[rid], attrs.evolve(dep.replicas[rid], weights_version=dep.weights_version))
+        dep = put_replica(dep, dep.replicas[rid], residency.at_start(dep, dep.replicas[rid]))
         deadlines.start(tx, dep, rid)
-    dep = residency.settle_all(tx, dep)
     if to_stop:
         dep = stop(tx, dep, len(to_stop), sorted(to_stop, key=lambda x: (final_rank[x], x)))
+    dep = residency.settle_all(tx, dep)  # (after the stops: a replica stopped now is sent nothing)
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
     return reconcile(tx, dep)
@@ -308,10 +305,12 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
             f"event does not name ({', '.join(map(repr, names))}); include their DeploymentApplied "
             f"(rankcore.desired_specs(state) gives them all), or pass stop_unknown=True to stop those replicas"
         )
-    unknown = sorted(set(e.asleep or ()) - set(specs))
-    if unknown:
-        raise InvalidEvent(f"ControllerRecovered.asleep names {', '.join(map(repr, unknown))}, which the event's "
-                           f"deployments do not")
+    weights = dict(e.weights_versions)
+    for field, named in (("asleep", set(e.asleep)), ("weights_versions", set(weights))):
+        unknown = sorted(named - set(specs))
+        if unknown:
+            raise InvalidEvent(f"ControllerRecovered.{field} names {', '.join(map(repr, unknown))}, which the "
+                               f"event's deployments do not")
     tx.next_replica = max(numbers) + 1
     tx.next_lineage = max(lineages) + 1
     tx.deps = immutables.Map()
@@ -321,7 +320,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
         tx.put(_rebuild_deployment(tx, specs[name], reports, sorted(silent[name], key=lambda u: u.replica_id),
-                                   None if e.asleep is None else name in e.asleep))
+                                   name in e.asleep, weights.get(name, 0)))
         for u in silent[name]:
             if not _named_after(u.replica_id, name):
                 tx.retired = tx.retired.set(u.replica_id, None)  # (news about it: stale, not unknown)

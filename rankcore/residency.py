@@ -16,8 +16,9 @@ replica towards both, called whenever a replica or its deployment changes:
   ``LoadReplica``. A move in flight is left alone until its answer.
 
 Sleeping changes no rank and no world size: a sleeper keeps its process, its
-ranks and its bundle. A failed move leaves the weights where they were and is
-not retried on its own (a new request retries).
+ranks and its bundle. A failed move leaves the weights where they were; the
+next request (``SleepRequested`` or ``WakeRequested`` again, a push) or a
+recovery retries it.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -32,7 +33,7 @@ from .records import unchecked_copy
 from .state import Deployment, Replica
 from .transaction import Tx, by_rank, put_replica
 
-__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "sleep", "wake", "push", "moved", "move_failed", "updated"]
+__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "at_start", "sleep", "wake", "push", "moved", "move_failed", "updated"]
 
 _copy = unchecked_copy
 _INITIALISED = (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING)
@@ -92,21 +93,36 @@ def _check_version(dep: Deployment, version: int, what: str) -> None:
                            f"{dep.weights_version} (versions only go up)")
 
 
+def at_start(dep: Deployment, rep: Replica) -> Replica:
+    """``rep`` as its ``InitializeReplica`` leaves it: given the deployment's weights
+    version (``transaction.initialize`` puts it on the command)."""
+    return rep if rep.weights_version == dep.weights_version else _copy(rep, weights_version=dep.weights_version)
+
+
+def _request(tx: Tx, before: Deployment, meant: Deployment) -> Deployment | None:
+    """Settle every replica of ``meant`` (what the request asks); None when nothing
+    changed (a repeated request with every replica where it should be). A repeated
+    request retries a move that failed."""
+    new = settle_all(tx, meant)
+    return None if new is before else new
+
+
 def sleep(tx: Tx, dep: Deployment) -> Deployment | None:
-    """``SleepRequested``: the deployment is meant to sleep (None: it already is)."""
-    if dep.asleep:
-        return None
-    return settle_all(tx, _copy(dep, asleep=True))
+    """``SleepRequested``: the deployment is meant to sleep (None: it sleeps already, every
+    replica where it should be)."""
+    return _request(tx, dep, dep if dep.asleep else _copy(dep, asleep=True))
 
 
 def wake(tx: Tx, dep: Deployment, version: int | None) -> Deployment | None:
-    """``WakeRequested``, with new weights when ``version`` is newer (None: nothing to do)."""
+    """``WakeRequested``, with new weights when ``version`` is newer (None: awake already,
+    no newer weights, every replica where it should be)."""
     if version is not None:
         _check_version(dep, version, "WakeRequested")
     newer = version is not None and version > dep.weights_version
-    if not dep.asleep and not newer:
-        return None
-    return settle_all(tx, _copy(dep, asleep=False, weights_version=version if newer else dep.weights_version))
+    meant = dep
+    if dep.asleep or newer:
+        meant = _copy(dep, asleep=False, weights_version=version if newer else dep.weights_version)
+    return _request(tx, dep, meant)
 
 
 def push(tx: Tx, dep: Deployment, version: int) -> Deployment:
@@ -117,19 +133,30 @@ def push(tx: Tx, dep: Deployment, version: int) -> Deployment:
     return settle_all(tx, _copy(dep, weights_version=version))
 
 
+_STABLE = (Residency.HOT, Residency.WARM)
+
+
 def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None:
-    """``TierMoved``: the weights arrived (None: the same answer again)."""
+    """``TierMoved``: the weights arrived (None: stale). What happened wins: weights
+    reported where the core did not send them (a move the previous controller sent,
+    after a recovery) are where they are, and the replica is settled from there; an
+    answer naming where a move in flight started from is an earlier move's, stale."""
     if rep.residency.value == tier:
-        return None
-    new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVED, rep.replica_id))
-    if new.residency.value != tier:
-        raise InvalidEvent(f"TierMoved: replica {rep.replica_id!r} was {rep.residency.value}, so its weights "
-                           f"go {new.residency.value}, not {tier}")
+        return None  # the same answer again
+    if rep.residency in _STABLE:
+        new = _copy(rep, residency=Residency(tier))
+    else:
+        new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVED, rep.replica_id))
+        if new.residency.value != tier:
+            return None  # (loading, an earlier offload's answer; or the other way round)
     return put_replica(dep, rep, settle(tx, dep, new))
 
 
-def move_failed(dep: Deployment, rep: Replica) -> Deployment:
-    """``TierMoveFailed``: the weights stay where they were."""
+def move_failed(dep: Deployment, rep: Replica) -> Deployment | None:
+    """``TierMoveFailed``: the weights stay where they were (None: no move in flight, stale).
+    Not retried on its own: the next request (or a recovery) retries it."""
+    if rep.residency in _STABLE:
+        return None
     return put_replica(dep, rep, _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVE_FAILED,
                                                                    rep.replica_id)))
 
@@ -141,4 +168,4 @@ def updated(tx: Tx, dep: Deployment, rep: Replica, version: int) -> Deployment |
                            f"last one sent was {rep.weights_version}")
     if version < rep.weights_version or not rep.weights_pending:
         return None
-    return put_replica(dep, rep, settle(tx, dep, _copy(rep, weights_pending=False)))
+    return put_replica(dep, rep, _copy(rep, weights_pending=False))

@@ -26,7 +26,7 @@ from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, St
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
-           "desired_asleep"]
+           "desired_asleep", "desired_weights"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 # where counts keeps running and stopping replicas (an enum member read off its
@@ -195,7 +195,11 @@ class Deployment:
         if self.counts[_FAILED_AT]:
             return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
         if self.healthy:
-            return "asleep: weights in CPU memory, ranks kept (WakeRequested wakes it)" if self.asleep else ""
+            if not self.asleep:
+                return ""
+            warm = sum(r.residency is Residency.WARM for r in self.replicas.values())  # (O(N): a status read)
+            return (f"asleep: {warm} of {len(self.replicas)} replicas' weights in CPU memory, ranks kept "
+                    f"(WakeRequested wakes it)")
         return f"{self.counts[_RUNNING_AT]} of {self.target} replicas running"
 
     def rank_of(self, rid: str) -> ReplicaRank | None:
@@ -255,6 +259,14 @@ def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:
     it is meant to be now (scales folded in), sorted by name. Pass it as
     ``ControllerRecovered.deployments``."""
     return tuple(state.deployments[name].spec() for name in sorted(state.deployments.keys()))
+
+
+def desired_weights(state: State) -> tuple[tuple[str, int], ...]:
+    """(deployment, the weights version last pushed) for each deployment that has one: persist
+    it with ``desired_specs`` and pass it as ``ControllerRecovered.weights_versions`` (a push
+    no replica holds yet is not lost with the controller)."""
+    return tuple((name, state.deployments[name].weights_version) for name in sorted(state.deployments.keys())
+                 if state.deployments[name].weights_version)
 
 
 def desired_asleep(state: State) -> tuple[str, ...]:

@@ -415,21 +415,21 @@ def apply(nodes: Sequence[NodeTiers], placement: TierPlacement, want: Want, repl
         if node.node_id != placement.node_id or placement.choice is Choice.HOT_HERE:
             out.append(node)
             continue
-        gone = set(placement.evict)
-        leaving = [r for r in node.residents if r.replica_id in gone]
-        node = attrs.evolve(node, residents=[r for r in node.residents if r.replica_id not in gone])
-        for r in leaving:
-            node = attrs.evolve(node, cache=make_room(node, CacheEntry(deployment=r.deployment, nbytes=r.nbytes,
-                                                                       replica_id=r.replica_id)).cache)
         cache = node.cache
-        if placement.source is Tier.WARM:  # the copy it loaded from: its own (asleep), else the smallest
+        if placement.source is Tier.WARM:  # the copy it loads from (its own, asleep; else the smallest)
             mine = [i for i, e in enumerate(cache) if e.deployment == want.deployment and e.replica_id == replica_id]
             other = sorted((e.nbytes, i) for i, e in enumerate(cache) if e.deployment == want.deployment
                            and not e.pinned)
             at = mine[0] if mine else other[0][1] if other else None
-            if at is not None:
+            if at is not None:  # (leaves first: the victims' copies then find its room)
                 cache = cache[:at] + cache[at + 1:]
+        gone = set(placement.evict)
+        leaving = [r for r in node.residents if r.replica_id in gone]
+        node = attrs.evolve(node, residents=[r for r in node.residents if r.replica_id not in gone], cache=cache)
+        for r in leaving:
+            node = attrs.evolve(node, cache=make_room(node, CacheEntry(deployment=r.deployment, nbytes=r.nbytes,
+                                                                       replica_id=r.replica_id)).cache)
         hot = Resident(replica_id=replica_id, deployment=want.deployment, devices=placement.devices,
                        bytes_per_device=want.per_device, dedicated=want.dedicated, hot_since=want.now)
-        out.append(attrs.evolve(node, residents=(*node.residents, hot), cache=cache))
+        out.append(attrs.evolve(node, residents=(*node.residents, hot)))
     return tuple(out)

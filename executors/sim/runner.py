@@ -97,6 +97,9 @@ class Simulation:
         self.controller_up = True
         self.desired = Desired(scenario.deployments)  # what each timeline action means
         self._persisted: tuple[rc.DeploymentApplied, ...] = ()  # the core's specs at a controller crash
+        #: and, beside them, the deployments meant to sleep and the weights versions pushed (docs/tiers.md)
+        self._asleep: tuple[str, ...] = ()
+        self._weights: tuple[tuple[str, int], ...] = ()
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
         self._next_action = 0
@@ -319,6 +322,7 @@ class Simulation:
         self.controller_up = False
         # what a controller persists: the core's own specs (scales folded in), as the Ray controller does
         self._persisted = rc.desired_specs(self.driver.state)
+        self._asleep, self._weights = rc.desired_asleep(self.driver.state), rc.desired_weights(self.driver.state)
         self.driver.restart()
         if self.trace:
             self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
@@ -332,7 +336,8 @@ class Simulation:
         # stops them (stop_unknown), as it stops those that did not answer (unresponsive)
         event = rc.ControllerRecovered(deployments=specs, reports=tuple(reports), unresponsive=tuple(silent),
                                        next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
-                                       nodes=self.backend.joined(), stop_unknown=True)
+                                       nodes=self.backend.joined(), stop_unknown=True,
+                                       asleep=self._asleep, weights_versions=self._weights)
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
                              unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())

@@ -453,3 +453,71 @@ def test_a_replica_cannot_both_report_and_be_unresponsive():
                                unresponsive=(unresponsive("app#0"),))
     with pytest.raises(rc.InvalidConfig, match="unresponsive names 'app#1' twice"):
         rc.ControllerRecovered(deployments=(SPEC,), reports=(), unresponsive=(unresponsive(), unresponsive()))
+
+
+# ------------------------------------------------------- sleep and weights (issue 21)
+def _fed(events):
+    state = rc.State()
+    for ev in events:
+        result = rc.step(state, ev)
+        state = result.state
+    return state, result
+
+
+def _restart(state, **changes):
+    event = attrs.evolve(reports_from(state), **changes)
+    return rc.step(rc.State(), event)
+
+
+def test_a_push_no_replica_holds_yet_survives_a_controller_restart():
+    """The version is persisted beside the specs (``desired_weights``): a replacement
+    placed after the restart starts with it (found in review: it started with 0)."""
+    state, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
+                     rc.ReplicaReady(replica_id="d#0"), rc.ReplicaCrashed(replica_id="d#0"),
+                     rc.WeightsPushed(deployment="d", version=1)])
+    assert rc.desired_weights(state) == (("d", 1),)
+    after = _restart(state)
+    assert after.state.deployments["d"].weights_version == 1
+    placed = rc.step(after.state, rc.ReplicaPlaced(replica_id="d#1", node_id="n"))
+    assert [c.weights_version for c in placed.commands if isinstance(c, rc.InitializeReplica)] == [1]
+    lost = _restart(state, weights_versions=())  # (an embedder that did not persist it: the reports' newest)
+    assert lost.state.deployments["d"].weights_version == 0
+
+
+def test_a_restart_settles_every_replica_a_failed_sleep_and_an_update_not_held():
+    state, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=2), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
+                     rc.ReplicaPlaced(replica_id="d#1", node_id="n"), rc.ReplicaReady(replica_id="d#0"),
+                     rc.ReplicaReady(replica_id="d#1"), rc.WeightsPushed(deployment="d", version=2),
+                     rc.SleepRequested(deployment="d"), rc.TierMoveFailed(replica_id="d#0")])
+    event = reports_from(state)
+    # a real replica reports the version it holds: d#1 never answered its UpdateWeights
+    reports = tuple(attrs.evolve(r, weights_version=0) if r.replica_id == "d#1" else r for r in event.reports)
+    result = rc.step(rc.State(), attrs.evolve(event, reports=reports))
+    sent = [(type(c).__name__, c.replica_id) for c in result.commands if isinstance(
+        c, (rc.OffloadReplica, rc.LoadReplica, rc.UpdateWeights))]
+    assert ("OffloadReplica", "d#0") in sent and ("UpdateWeights", "d#1") in sent
+    assert result.state.deployments["d"].asleep and result.state.deployments["d"].weights_version == 2
+
+
+def test_a_late_answer_after_a_restart_is_what_happened():
+    """A move the previous controller sent lands after the restart: the weights are
+    where the answer says, and the replica is settled from there."""
+    state, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
+                     rc.ReplicaReady(replica_id="d#0"), rc.SleepRequested(deployment="d"),
+                     rc.WakeRequested(deployment="d")])  # offloading, meant to be awake
+    after = _restart(state)
+    assert after.state.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
+    late = rc.step(after.state, rc.TierMoved(replica_id="d#0", tier="warm"))
+    assert not late.stale and [type(c).__name__ for c in late.commands] == ["LoadReplica"]
+
+
+def test_recovery_refuses_names_it_does_not_know_and_a_warm_starter():
+    spec = rc.DeploymentApplied(name="d", num_replicas=1)
+    with pytest.raises(rc.InvalidEvent, match="asleep names 'x'"):
+        rc.step(rc.State(), rc.ControllerRecovered(deployments=[spec], reports=[], asleep=["x"]))
+    with pytest.raises(rc.InvalidEvent, match="weights_versions names 'x'"):
+        rc.step(rc.State(), rc.ControllerRecovered(deployments=[spec], reports=[], weights_versions={"x": 2}))
+    with pytest.raises(rc.InvalidConfig, match="a starting replica cannot be warm"):
+        rc.ReplicaReport(replica_id="d#0", deployment="d", rank=0, node_id="n", phase="starting", tier="warm")
+    with pytest.raises(rc.InvalidConfig, match=r"is not a \(deployment, version >= 0\) pair"):
+        rc.ControllerRecovered(deployments=[spec], reports=[], weights_versions=[("d", -1)])

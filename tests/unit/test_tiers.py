@@ -126,3 +126,19 @@ def test_bad_input_is_refused_where_it_is_built(build, words):
 
 def test_tiers_is_a_public_namespace():
     assert rc.tiers.choose is choose and "tiers" in rc.__all__
+
+
+def test_apply_takes_the_source_copy_out_before_the_victims_go_into_the_cache():
+    """Loading from a WARM copy frees its room first: the victim's weights then fit
+    without dropping another model's copy (found in review: ``c`` went COLD)."""
+    from rankcore.tiers import apply
+
+    n = NodeTiers(node_id="n", devices=[Device(index=0, memory=10)], cache_budget=14,
+                  residents=[Resident(replica_id="b#0", deployment="b", devices=(0,), bytes_per_device=8)],
+                  cache=[CacheEntry(deployment="a", nbytes=6), CacheEntry(deployment="c", nbytes=3)])
+    want = Want(deployment="a", model_bytes=6, now=1e9)
+    got = choose([n], want)
+    assert got and (got.choice, got.evict, got.source) == (Choice.WARM_FULL, ("b#0",), Tier.WARM)
+    (after,) = apply([n], got, want, "a#0")
+    assert [(e.deployment, e.nbytes) for e in after.cache] == [("c", 3), ("b", 8)]
+    assert [r.replica_id for r in after.residents] == ["a#0"]
