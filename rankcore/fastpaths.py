@@ -113,7 +113,7 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     name, dep, rep, cl = found
     if rep.phase is not _PENDING or rep.node_id != e.node_id or rep.node_id is None:
         return None
-    if rep.weights_version != dep.weights_version:
+    if residency.at_start(dep, rep) is not rep:
         return None  # (its record takes the version InitializeReplica carries)
     moved = _moves_clock(cl, e.now)
     if moved is None:
