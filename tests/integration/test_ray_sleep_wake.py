@@ -199,7 +199,7 @@ def test_sleep_keeps_a_static_replicas_process_rank_and_bundle_while_another_act
 
 # ----------------------------------------------- (c) a push while a replica restarts
 def test_a_push_while_a_replica_restarts_reaches_it_and_a_controller_restart_keeps_sleep():
-    h = run(deployment(Policy, name="slow", num_replicas=2).bind(1.5), timeout=60)
+    h = run(deployment(Policy, name="slow", num_replicas=2).bind(1.0), timeout=60)
     ranks = h.ranks()
     victim = next(rid for rid, r in ranks.items() if r[0] == 1)
     ray.kill(actor("slow", victim), no_restart=True)
@@ -215,7 +215,7 @@ def test_a_push_while_a_replica_restarts_reaches_it_and_a_controller_restart_kee
     assert wait_for(replacement_starting, timeout=30, every=0.02), "the replacement never was seen starting"
     new = seen[0]
     v1 = weights(1)
-    push_weights("slow", v1, 1)  # its constructor runs (1.5 s): the update waits for it
+    push_weights("slow", v1, 1)  # its constructor runs (1 s): the update waits for it
     assert ask(ctl, "deployment_status", "slow")["replicas"][new]["phase"] == "starting"
     wait_serving("slow", timeout=60)
     for rid in (new, next(r for r in ranks if r != victim)):
@@ -237,6 +237,25 @@ def test_a_push_while_a_replica_restarts_reaches_it_and_a_controller_restart_kee
     assert third != survivor
     assert same(exported("slow", third), v1)
     assert ask(get_controller(), "status")["rejected_events"] == 0
+
+
+def test_a_controller_restart_keeps_a_deployment_asleep_that_no_replica_showed_yet():
+    """Asleep is saved beside the specs (``rankcore.desired_asleep``) and passed as
+    ``ControllerRecovered.asleep``: here every replica is still in its constructor when the
+    controller dies, so no report says "warm" and only the saved word keeps the sleep."""
+    from executors.ray_gpu import persist
+
+    d = deployment(Policy, name="early", num_replicas=2)
+    ctl = get_controller()
+    ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (1.5,), {}, d.ray_actor_options,
+        d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+    sleep("early", wait=False)
+    assert persist.load_asleep() == ("early",)
+    ray.kill(ctl, no_restart=False)
+    assert ask(get_controller(), "wait_asleep", "early", 60, timeout=90)  # ready, then put to sleep
+    assert all(w["tier"] == "warm" for rid, w in weights_status("early").items() if rid != "deployment")
+    wake("early", timeout=60)
+    assert persist.load_asleep() == ()
 
 
 # ---------------------------------------------- (d) same tier history as the simulator
