@@ -70,8 +70,13 @@ class ReplicaWeights:
             import torch
 
             meta = {k: torch.empty_like(v, device="meta") for k, v in self.tiered.state_dict().items()}
-            self.instance.load_state_dict(meta, assign=True)  # no reference to the device buffer is kept
-            self.tiered.to_warm()
+            # first: the instance lets go of the device buffer, so leaving HOT can free it (CUDA)
+            self.instance.load_state_dict(meta, assign=True)
+            try:
+                self.tiered.to_warm()
+            except BaseException:
+                self._bind()  # the weights stay HOT (TierMoveFailed): the instance serves them again
+                raise
         self.tier = "warm"
         return self.nbytes
 
@@ -81,7 +86,11 @@ class ReplicaWeights:
             raise RuntimeError(f"replica {self.name}: its weights are {self.tier}, not warm: nothing to load")
         if self.tiered is not None:
             self.tiered.to_hot()
-            self._bind()
+            try:
+                self._bind()
+            except BaseException:
+                self.tiered.to_warm()  # the weights stay WARM (TierMoveFailed)
+                raise
         self.tier = "hot"
         return self.nbytes
 

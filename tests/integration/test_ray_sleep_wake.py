@@ -148,6 +148,28 @@ def test_weights_round_trip_bit_identical_and_pushes_land_in_every_tier():
     assert ask(get_controller(), "status")["rejected_events"] == 0
 
 
+class Stubborn(Policy):
+    """Refuses to let go of its weights: its offload raises."""
+
+    def load_state_dict(self, state_dict, assign=False):
+        if any(t.device.type == "meta" for t in state_dict.values()):
+            raise RuntimeError("these weights stay")
+        return super().load_state_dict(state_dict, assign=assign)
+
+
+def test_an_offload_that_raises_is_a_tier_move_failed_and_the_weights_stay_hot():
+    h = run(deployment(Stubborn, name="stub", num_replicas=1).bind())
+    (rid,) = h.ranks()
+    sleep("stub", wait=False)  # the core sends OffloadReplica: "offloading" until its answer
+    assert weights_status("stub")[rid]["residency"] in ("offloading", "hot")
+    assert wait_for(lambda: weights_status("stub")[rid]["residency"] == "hot", timeout=30)  # TierMoveFailed
+    w = weights_status("stub")
+    assert w["deployment"]["asleep"] and (w[rid]["residency"], w[rid]["tier"], w[rid]["tiered_tier"]) == \
+        ("hot", "hot", "hot")
+    assert torch.equal(h.remote(X).result(timeout=30), make_model(0)(X).detach())  # still serving
+    assert ask(get_controller(), "status")["rejected_events"] == 0
+
+
 # ------------------------------------------------- (b) static placement keeps its bundle
 @ray.remote(num_cpus=0, num_gpus=0.5)
 class Trainer:
