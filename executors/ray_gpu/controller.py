@@ -87,7 +87,8 @@ class Controller:
         return self.ledger.driver
 
     def _persist(self) -> None:
-        """Save what a restarted controller recovers from (``persist.save_specs``) and the id counters."""
+        """Save what a restarted controller recovers from (``persist.save_specs``: with the deployments
+        meant to sleep and their weights versions) and the id counters."""
         persist.save_specs(self.driver.state, self.ledger.specs)
         persist.save_counters(self.ledger.started, self.ledger.lineages)
 
@@ -314,6 +315,7 @@ class Controller:
             if weights is not None:
                 await self._drop_weights(name, version)
             raise
+        self._persist()  # (the version pushed, rc.desired_weights: kept even if no replica holds it yet)
 
     async def wake(self, name: str, weights_version: int | None = None, weights: list | None = None) -> None:
         """``WakeRequested``: every sleeper's weights back on its device; with ``weights_version``

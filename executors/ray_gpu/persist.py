@@ -27,6 +27,7 @@ _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
 _KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.desired_asleep), beside the specs
+_KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to each (rc.desired_weights)
 
 
 def _get(key: bytes) -> Any:
@@ -67,12 +68,18 @@ def save_specs(state: rc.State, specs: dict[str, dict]) -> None:
     desired = {d.name: d for d in rc.desired_specs(state)}
     _put(_KV_SPECS, {name: {**spec, "applied": desired[name]} for name, spec in specs.items() if name in desired})
     _put(_KV_ASLEEP, tuple(n for n in rc.desired_asleep(state) if n in specs and n in desired))
+    _put(_KV_WEIGHTS, tuple((n, v) for n, v in rc.desired_weights(state) if n in specs and n in desired))
 
 
-def load_asleep() -> tuple[str, ...] | None:
-    """The deployments meant to be asleep when the specs were last saved (``ControllerRecovered.asleep``),
-    or None if never saved (the core then derives it from the replicas' reports)."""
-    return _get(_KV_ASLEEP)
+def load_asleep() -> tuple[str, ...]:
+    """The deployments meant to be asleep when the specs were last saved (``ControllerRecovered.asleep``)."""
+    return _get(_KV_ASLEEP) or ()
+
+
+def load_weights_versions() -> tuple[tuple[str, int], ...]:
+    """(deployment, weights version last pushed) when the specs were last saved
+    (``ControllerRecovered.weights_versions``: a push no replica holds yet is not lost)."""
+    return _get(_KV_WEIGHTS) or ()
 
 
 def load_specs() -> dict | None:
@@ -130,5 +137,6 @@ def take_faults() -> list[tuple[str, dict, float]]:
 def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
-    for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP):
+    for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP,
+                _KV_WEIGHTS):
         internal_kv._internal_kv_del(key)

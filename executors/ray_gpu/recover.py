@@ -174,7 +174,8 @@ class Recovery:
         event = rc.ControllerRecovered(deployments=tuple(desired[n] for n in sorted(desired)),
                                        reports=tuple(reports), next_replica_number=started,
                                        next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
-                                       unresponsive=tuple(silent), asleep=persist.load_asleep())
+                                       unresponsive=tuple(silent), asleep=persist.load_asleep(),
+                                       weights_versions=persist.load_weights_versions())
         trace = led.driver.trace
         if trace is not None:
             for rid, dep in lost:

@@ -261,23 +261,27 @@ def test_a_push_while_a_replica_restarts_reaches_it_and_a_controller_restart_kee
     assert ask(get_controller(), "status")["rejected_events"] == 0
 
 
-def test_a_controller_restart_keeps_a_deployment_asleep_that_no_replica_showed_yet():
-    """Asleep is saved beside the specs (``rankcore.desired_asleep``) and passed as
-    ``ControllerRecovered.asleep``: here every replica is still in its constructor when the
-    controller dies, so no report says "warm" and only the saved word keeps the sleep."""
+def test_a_controller_restart_keeps_a_sleep_and_a_push_that_no_replica_showed_yet():
+    """Asleep and the weights version are saved beside the specs (``rankcore.desired_asleep``,
+    ``desired_weights``) and passed as ``ControllerRecovered.asleep`` / ``weights_versions``:
+    here every replica is still in its constructor when the controller dies, so no report says
+    "warm" or holds the version pushed, and only the saved words keep the sleep and the push."""
     from executors.ray_gpu import persist
 
     d = deployment(Policy, name="early", num_replicas=2)
     ctl = get_controller()
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (1.5,), {}, d.ray_actor_options,
         d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+    push_weights("early", weights(1), 1)  # no replica holds it when the controller dies: only the saved version
     sleep("early", wait=False)
-    assert persist.load_asleep() == ("early",)
+    assert persist.load_asleep() == ("early",) and persist.load_weights_versions() == (("early", 1),)
     ray.kill(ctl, no_restart=False)
     assert ask(get_controller(), "wait_asleep", "early", 60, timeout=90)  # ready, then put to sleep
     assert all(w["tier"] == "warm" for rid, w in weights_status("early").items() if rid != "deployment")
     wake("early", timeout=60)
     assert persist.load_asleep() == ()
+    for rid in ask(get_controller(), "ranks", "early"):
+        assert same(exported("early", rid), weights(1))  # the push before the restart reached them
 
 
 # ---------------------------------------------- (d) same tier history as the simulator
