@@ -71,6 +71,8 @@ from .gangmap import GangContext
 from .lifecycle import LIVE, Phase, Residency
 from .options import DeploymentConfig, Options
 from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
+from .residency import fully_serving
+from .residency import serving as is_serving
 from .state import (
     STATUSES,
     Compaction,
@@ -100,7 +102,7 @@ __all__ = [
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
-    "OffloadReplica", "LoadReplica", "UpdateWeights", "Residency",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "Residency", "is_serving", "fully_serving",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",

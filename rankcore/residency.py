@@ -33,7 +33,7 @@ from .records import unchecked_copy
 from .state import Deployment, Replica
 from .transaction import Tx, by_rank, put_replica
 
-__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "at_start", "sleep", "wake", "push", "moved", "move_failed", "updated"]
+__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "fully_serving", "at_start", "sleep", "wake", "push", "moved", "move_failed", "updated"]
 
 _copy = unchecked_copy
 _INITIALISED = (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING)
@@ -41,9 +41,16 @@ _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
 
 
 def serving(dep: Deployment, rep: Replica) -> bool:
-    """Running, on its GPU, holding the deployment's weights version."""
+    """Running, on its GPU, holding the deployment's weights version (nothing pending):
+    what a handle may send requests to (``rankcore.is_serving``)."""
     return (rep.phase in _SERVING and rep.residency is Residency.HOT and not rep.weights_pending
             and rep.weights_version == dep.weights_version)
+
+
+def fully_serving(dep: Deployment) -> bool:
+    """Healthy, awake, and every replica serving (``rankcore.fully_serving``: what
+    ``wait_until_serving`` waits for)."""
+    return dep.healthy and not dep.asleep and all(serving(dep, r) for r in dep.replicas.values())
 
 
 def needs(dep: Deployment, rep: Replica) -> tuple[bool, TierTrigger | None]:

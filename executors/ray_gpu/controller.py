@@ -341,9 +341,7 @@ class Controller:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             dep = self.driver.state.deployments.get(name)
-            if dep is not None and dep.healthy and not dep.asleep and all(
-                    r.residency is rc.Residency.HOT and not r.weights_pending
-                    and r.weights_version == dep.weights_version for r in dep.replicas.values()):
+            if dep is not None and rc.fully_serving(dep):
                 return True
             await asyncio.sleep(0.05)
         return False
@@ -462,8 +460,7 @@ class Controller:
         for rid, rep in sorted(dep.replicas.items()):
             actor = self.ledger.actor(rid)
             # serving: running, its weights on its device, holding the version pushed (docs/tiers.md)
-            if rep.phase in (rc.Phase.RUNNING, rc.Phase.RECONFIGURING) and actor is not None \
-                    and rep.residency is rc.Residency.HOT and not rep.weights_pending:
+            if actor is not None and rc.is_serving(dep, rep):
                 out.append((rid, actor))
         return out, self.ledger.specs[name]["max_ongoing_requests"]
 

@@ -71,9 +71,6 @@ def _planner(e: Expectation, m: DeploymentMetrics | None, res: Callable[[bool, s
     return res(not bad, f"{len(times)} drops; {seen}" + (f": {'; '.join(bad)}" if bad else ""))
 
 
-_LIVE_SERVING = (rc.Phase.RUNNING, rc.Phase.RECONFIGURING)
-
-
 def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], ExpectationResult]
              ) -> ExpectationResult:
     """Sleep, wake and weight versions (docs/tiers.md): ``asleep`` (meant to sleep, every live
@@ -88,10 +85,8 @@ def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], Expe
         return res(True, f"asleep: {len(reps)} replicas warm")
     if e.kind == "serving":
         off = [f"{r.replica_id} {r.phase.value}/{r.residency.value}/v{r.weights_version}"
-               + ("(pending)" if r.weights_pending else "") for r in reps
-               if r.phase not in _LIVE_SERVING or r.residency is not rc.Residency.HOT or r.weights_pending
-               or r.weights_version != dep.weights_version]
-        ok = not dep.asleep and dep.healthy and not off
+               + ("(pending)" if r.weights_pending else "") for r in reps if not rc.is_serving(dep, r)]
+        ok = rc.fully_serving(dep)
         return res(ok, f"{'asleep' if dep.asleep else 'awake'}, {'healthy' if dep.healthy else 'not healthy'}, "
                        f"weights v{dep.weights_version}" + (f"; not serving: {', '.join(off)}" if off else
                                                             f"; {len(reps)} replicas serving"))

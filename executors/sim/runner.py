@@ -399,9 +399,7 @@ class Simulation:
     def _serving(self, name: str) -> bool:
         """Healthy, awake, every replica running HOT with the last weights pushed (``wait_until_serving``)."""
         dep = self.driver.state.deployments.get(name)
-        return self._healthy(name) and dep is not None and not dep.asleep and all(
-            r.residency is rc.Residency.HOT and not r.weights_pending and r.weights_version == dep.weights_version
-            for r in dep.replicas.values())
+        return self.controller_up and dep is not None and rc.fully_serving(dep)
 
     def _maybe_unblock(self) -> None:
         b = self._blocked_on
