@@ -276,7 +276,7 @@ def _on_replica_stopped(tx: Tx, e: ReplicaStopped, dep: Deployment, rep: Replica
 def _on_sleep_requested(tx: Tx, e: SleepRequested) -> Step:
     dep = residency.sleep(tx, tx.dep(e.deployment))
     if dep is None:
-        return finish(tx, stale=True)  # asleep already
+        return finish(tx, stale=True)  # asleep already, every replica where it should be
     tx.put(dep)
     return finish(tx)
 
@@ -284,7 +284,7 @@ def _on_sleep_requested(tx: Tx, e: SleepRequested) -> Step:
 def _on_wake_requested(tx: Tx, e: WakeRequested) -> Step:
     dep = residency.wake(tx, tx.dep(e.deployment), e.weights_version)
     if dep is None:
-        return finish(tx, stale=True)  # awake already, no newer weights
+        return finish(tx, stale=True)  # awake already, no newer weights, every replica where it should be
     tx.put(dep)
     return finish(tx)
 
@@ -314,7 +314,7 @@ def _on_tier_move_failed(tx: Tx, e: TierMoveFailed, dep: Deployment, rep: Replic
 
 @_about_replica
 def _on_weights_updated(tx: Tx, e: WeightsUpdated, dep: Deployment, rep: Replica) -> Step:
-    new = residency.updated(tx, dep, rep, e.version)
+    new = residency.updated(dep, rep, e.version)
     if new is None:
         return finish(tx, stale=True)  # an older version's answer, or the same again
     tx.put(new)

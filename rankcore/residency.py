@@ -168,7 +168,7 @@ def move_failed(dep: Deployment, rep: Replica) -> Deployment | None:
                                                                    rep.replica_id)))
 
 
-def updated(tx: Tx, dep: Deployment, rep: Replica, version: int) -> Deployment | None:
+def updated(dep: Deployment, rep: Replica, version: int) -> Deployment | None:
     """``WeightsUpdated``: the replica holds ``version`` (None: an older answer)."""
     if version > rep.weights_version:
         raise InvalidEvent(f"WeightsUpdated: replica {rep.replica_id!r} says it holds version {version}, but the "
