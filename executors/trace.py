@@ -37,7 +37,7 @@ from rankcore import Phase
 SCHEMA = "rankcore-trace"
 VERSION = 3  # 3: delta records, snapshots periodic (not after every step nor at each healthy); 2: StartReplica.rank
 
-__all__ = ["TraceWriter", "read_trace", "snapshot_record", "states", "SCHEMA", "VERSION", "jsonable"]
+__all__ = ["TraceWriter", "read_trace", "states", "SCHEMA", "VERSION", "jsonable"]
 
 #: the replica keys of a snapshot or delta, in the order written
 REPLICA_KEYS = ("phase", "node", "rank", "global_rank", "lineage")
@@ -120,8 +120,6 @@ def _writer(ty: type, value: Any) -> Any:
     if not attrs.has(ty):
         return lambda v: _encode(jsonable(v))
     names = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
-    if not all(n.isidentifier() for n in names):  # pragma: no cover - attrs names are identifiers
-        return lambda v: _encode(jsonable(v))
     parts = [f'"{n}":{{{_INLINE.get(type(getattr(value, n)), "_j({})").format(f"(x := v.{n})")}}}'
              for n in names]
     src = "def write(v):\n    return f'{{" + ",".join(parts) + "}}'\n"
@@ -142,21 +140,9 @@ _INLINE = {
 
 
 def _value_json(x: Any) -> str:
-    """One field's value as JSON (what the encoder writes for it)."""
-    c = x.__class__
-    if c is str:
-        return _quote(x)
-    if c is int:
-        return int.__repr__(x)
-    if x is None:
-        return "null"
-    if c is float:
-        return float.__repr__(x) if math.isfinite(x) else _encode(x)
-    if c is bool:
-        return "true" if x else "false"
-    if c is rc.ReplicaRank:  # (three non-negative ints, checked when it was made)
-        return f"[{x.rank},{x.node_rank},{x.local_rank}]"
-    if c is tuple:  # (a deployment's resources, bundles: the same tuple in every command that carries it)
+    """One field's value as JSON, when it is not of the type the generated writer
+    inlines for that field (what the encoder writes for it)."""
+    if x.__class__ is tuple:  # (a deployment's resources, bundles: the same tuple in every command that carries it)
         seen = _TUPLES.get(id(x))
         if seen is not None and seen[0] is x:
             return seen[1]
@@ -204,15 +190,8 @@ def _replica_view(dep: rc.Deployment, rid: str) -> View | None:
     return (rep.phase._value_, rep.node_id, None if node_rank is None else (g, node_rank, local), g, rep.lineage)
 
 
-def _view_record(v: View | None) -> dict | None:
-    if v is None:
-        return None
-    return {"phase": v[0], "node": v[1], "rank": None if v[2] is None else list(v[2]),
-            "global_rank": v[3], "lineage": v[4]}
-
-
 def _view_json(v: View | None) -> str:
-    """``_encode(_view_record(v))``, without the dict."""
+    """One replica's view as a snapshot or a delta writes it (null: gone)."""
     if v is None:
         return "null"
     phase, node, rank, g, lin = v
@@ -229,13 +208,10 @@ def _deployment_views(dep: rc.Deployment) -> dict[str, View]:
     return {rid: _replica_view(dep, rid) for rid in sorted(dep.replicas.keys())}  # type: ignore[misc]
 
 
-def snapshot_record(t: float, state: rc.State, reason: str) -> dict:
-    deployments = {}
-    for name in sorted(state.deployments.keys()):
-        dep = state.deployments[name]
-        deployments[name] = {"target": dep.target, "healthy": dep.healthy,
-                             "replicas": {rid: _view_record(v) for rid, v in _deployment_views(dep).items()}}
-    return {"kind": "snapshot", "t": t, "reason": reason, "deployments": deployments}
+def _view_of(known: dict[str, _Known] | None, name: str | None, rid: str | None) -> View | None:
+    """What the trace says of replica ``rid`` of deployment ``name`` (None: nothing)."""
+    k = known.get(name) if known is not None and name is not None else None
+    return k.replicas.get(rid) if k is not None and rid is not None else None
 
 
 class _Known:
@@ -288,10 +264,9 @@ class TraceWriter:
         self.steps += 1
         rid = getattr(event, "replica_id", None)
         name: str | None = None if rid is None else before.index.get(rid) or after.index.get(rid)
-        views: Any = None
-        if rid is not None and self._known is not None and not isinstance(event, rc.ControllerRecovered):
-            k = self._known.get(name) if name is not None else None
-            views = (name, k.replicas.get(rid) if k is not None else None)
+        # what the trace said of the event's replica before the step (None: nothing to say)
+        tracked = rid is not None and self._known is not None and not isinstance(event, rc.ControllerRecovered)
+        was = _view_of(self._known, name, rid) if tracked else None
         tail = []  # the delta and a snapshot, written after the commands
         if changed:
             if self._known is None or isinstance(event, rc.ControllerRecovered):
@@ -309,9 +284,7 @@ class TraceWriter:
         # The writer's view is now the state after the step: the commands and the
         # event read their replicas' node and phase from it, not from the rank tables.
         known = self._known
-        if views is not None:  # what the trace said of the event's replica before and after the step
-            k = known.get(views[0]) if known is not None and views[0] is not None else None
-            views = (views[1], k.replicas.get(rid) if k is not None and rid is not None else None)
+        views = (was, _view_of(known, name, rid)) if tracked else None
         lines = [_event_line(tj, event, before, result, name, views)]
         for cmd in result.commands:
             lines.append(_command_line(tj, cmd, after, known))
@@ -405,7 +378,7 @@ class TraceWriter:
     def end(self, t: float, state: rc.State, metrics: dict, expectations: Iterable[dict] = ()) -> None:
         for e in expectations:
             self.write({"kind": "expectation", **e})
-        self.write(snapshot_record(t, state, "end"))
+        self.fp.write(self._snapshot(t, state, "end") + "\n")
         self.write({"kind": "end", "t": t, "metrics": metrics})
 
 
@@ -530,11 +503,6 @@ def _command_line(t: str, cmd: object, after: rc.State, known: dict[str, _Known]
             f'"replica":{"null" if rid is None else _quote(rid)},"node":{"null" if node is None else _quote(node)},'
             f'"rank":{"null" if rank is None else _triple(rank)},"phase":{"null" if phase is None else _quote(phase)},'
             f'"fields":{fields_json(cmd)}}}')
-
-
-def _str(s: str | None) -> str:
-    """A string or null as JSON (what the encoder writes, without its call per record)."""
-    return "null" if s is None else _quote(s)
 
 
 def _triple(r: Any) -> str:
