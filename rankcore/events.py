@@ -549,6 +549,7 @@ def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> N
             raise InvalidConfig(f"ControllerRecovered.{field} " + twice.format(k))
         seen.add(k)
 
+
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class SleepRequested:
     """Put a deployment's replicas to sleep (RL: the trainer needs the GPUs):

@@ -163,10 +163,7 @@ def advance_tier(residency: Residency, trigger: TierTrigger, replica: object = N
     try:
         return TIER_TABLE[residency, trigger]
     except KeyError:
-        who = f"replica {replica!r} " if replica is not None else ""
-        allowed = sorted(t.value for (r, t) in TIER_TABLE if r is residency)
-        raise InvalidEvent(f"{who}is {residency.value}: '{trigger.value}' is not allowed "
-                           f"(allowed: {', '.join(allowed)})") from None
+        raise _not_allowed(TIER_TABLE, residency, trigger, replica) from None
 
 
 def advance(phase: Phase, trigger: Trigger, replica: object = None) -> Phase:
@@ -174,12 +171,15 @@ def advance(phase: Phase, trigger: Trigger, replica: object = None) -> Phase:
     try:
         return TABLE[phase, trigger]
     except KeyError:
-        who = f"replica {replica!r} " if replica is not None else ""
-        allowed = sorted(t.value for (p, t) in TABLE if p is phase)
-        raise InvalidEvent(
-            f"{who}is {phase.value}: '{trigger.value}' is not allowed "
-            f"(allowed: {', '.join(allowed) or 'nothing, the phase is terminal'})"
-        ) from None
+        raise _not_allowed(TABLE, phase, trigger, replica) from None
+
+
+def _not_allowed(table: dict, state: Any, trigger: Any, replica: object) -> InvalidEvent:
+    """The error for a trigger ``table`` has no move for from ``state``, naming what it allows."""
+    who = f"replica {replica!r} " if replica is not None else ""
+    allowed = sorted(t.value for (s, t) in table if s is state)
+    return InvalidEvent(f"{who}is {state.value}: '{trigger.value}' is not allowed "
+                        f"(allowed: {', '.join(allowed) or 'nothing, the phase is terminal'})")
 
 
 def graph_machine(engine: str = "mermaid") -> Any:

@@ -539,12 +539,7 @@ class RankTable(Persistent):
         holds only a global rank: ``rank_of`` without making a record (a trace
         writer reads one per replica a step touched)."""
         with self._store.lock:
-            if self._link is not None:
-                self._reroot()
-            try:
-                v = self._store.dicts[_REC][replica]
-            except KeyError:
-                raise UnknownReplica(f"replica {replica!r} holds no rank") from None
+            v = self._value(replica)
         local = v & _LM
         return (v >> _RB, (v >> _LB) & _NM, local - 1) if local else (v >> _RB, None, None)
 

@@ -180,7 +180,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
             node_id=node_id,
             version=r.version,
             config_version=0 if old_config else 1,
-            residency=Residency.WARM if r.tier == "warm" else Residency.HOT,
+            residency=Residency(r.tier),
             weights_version=r.weights_version,
         )
         serving_or_starting = node_id is not None and not _leaving(r) and r.replica_id not in stopping

@@ -33,7 +33,8 @@ from .records import unchecked_copy
 from .state import Deployment, Replica
 from .transaction import Tx, by_rank, put_replica
 
-__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "fully_serving", "at_start", "sleep", "wake", "push", "moved", "move_failed", "updated"]
+__all__ = ["settle", "settle_all", "needs", "quiet", "serving", "fully_serving", "at_start",
+           "sleep", "wake", "push", "moved", "move_failed", "updated"]
 
 _copy = unchecked_copy
 _INITIALISED = (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING)

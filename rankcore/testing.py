@@ -153,8 +153,6 @@ def snapshot(state: State) -> Any:
     }, dict(state.index), state.next_replica, state.next_lineage, state.cluster
 
 
-_EMPTY: Any = attrs.make_class("_Empty", {"replicas": attrs.field(factory=dict)})()
-
 #: in a machine's event log: the controller restarted (its state is the initial one again)
 _RESTART = object()
 
@@ -422,9 +420,9 @@ def make_machine(
                                                WeightsPushed(deployment=name, version=v + 1)]), label="request")
             self.apply(event)
             after = self.state.deployments[name]
-            meant = {SleepRequested: True, WakeRequested: False}.get(type(event), was)
-            assert after.asleep == meant and after.weights_version == v + (type(event) is WeightsPushed or (
-                type(event) is WakeRequested and event.weights_version is not None))
+            asleep = {SleepRequested: True, WakeRequested: False}.get(type(event), was)
+            version = getattr(event, "version", None) or getattr(event, "weights_version", None) or v
+            assert (after.asleep, after.weights_version) == (asleep, version)
 
         @precondition(lambda self: self.in_flight())
         @rule(data=st.data())
@@ -464,7 +462,8 @@ def make_machine(
                     if not moving:
                         return
                     for name, rid in moving:
-                        if rid in self.state.deployments.get(name, _EMPTY).replicas:
+                        dep = self.state.deployments.get(name)
+                        if dep is not None and rid in dep.replicas:  # (not gone with an earlier answer)
                             self.answer_in_flight(name, rid)
                     continue
                 for name, rid in outstanding:
