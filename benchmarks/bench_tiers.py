@@ -20,7 +20,10 @@ load hits both):
   against a pinned device-to-host copy (both preallocated), COLD -> HOT in
   GB/s, with issue 21's targets (>= 80%, >= 80%, >= 20 GB/s) as MET / NOT MET;
   for reference, a one-thread ``readinto`` into pinned memory and
-  ``safetensors.torch.load_file(device="cuda")``.
+  ``safetensors.torch.load_file(device="cuda")``; with ``--sweep``, also
+  COLD -> HOT by ``load_pipelined`` for several reader counts and chunk
+  sizes, parallel reads of the file into pinned memory alone (the page
+  cache's ceiling), and what allocating and releasing the device buffer costs.
 
 GB/s are 10^9 bytes a second. The collector stays on and is not run before
 timed regions. At the end the HOT weights are compared with the originals
@@ -28,6 +31,7 @@ timed regions. At the end the HOT weights are compared with the originals
 
     .venv/bin/python benchmarks/bench_tiers.py                 # 1 GiB, 3 repeats
     .venv/bin/python benchmarks/bench_tiers.py --gib 4 --repeats 5 --dir /dev/shm
+    python3 benchmarks/bench_tiers.py --gib 1 --sweep      # on a GPU machine
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ import ctypes
 import gc
 import os
 import platform
+import struct
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import safetensors
 import torch
 
-from executors.ray_gpu.weights import TieredWeights, _empty
+from executors.ray_gpu.weights import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_READERS,
+    TieredWeights,
+    _empty,
+    _pread_full,
+    load_pipelined,
+)
 
 MIB = 1 << 20
 
@@ -98,12 +111,90 @@ def read_into(path: Path, buf: Any) -> None:
             done += got
 
 
+def best_of(repeats: int, fn: Callable[[], Any], device: Any) -> float:
+    """Best wall seconds of ``repeats`` calls of ``fn`` (device synchronised around each; one untimed warm-up)."""
+    times = []
+    for i in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sweep(path: Path, n: int, device: Any, repeats: int) -> None:
+    """COLD -> HOT variants on the (page-cached) file ``path``; prints one line each, GB/s of ``n`` bytes.
+
+    Meant for CUDA (staging pinned); runs on CPU too, as a smoke test of this script.
+    """
+    pin = device.type == "cuda"
+    with open(path, "rb") as f:
+        data_start = 8 + struct.unpack("<Q", f.read(8))[0]
+    chunks_mib = (8, 16, 32, 64)
+    readers_all = (1, 2, 4, 8, 12, 16)
+    staging = [torch.empty(max(chunks_mib) * MIB, dtype=torch.uint8, pin_memory=pin)
+               for _ in range(2 * max(readers_all))]
+    pinned = torch.empty(n, dtype=torch.uint8, pin_memory=pin)
+    view = memoryview(pinned.numpy())
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    fd = os.open(path, os.O_RDONLY)
+    print(f"sweep (best of {repeats} after one warm-up; GB/s of {n} bytes)")
+    try:
+        for readers in readers_all:  # reads alone: the page cache's ceiling with this many threads
+            chunk = 32 * MIB
+
+            def read_all(readers: int = readers, chunk: int = chunk) -> None:
+                with ThreadPoolExecutor(readers) as pool:
+                    list(pool.map(lambda off: _pread_full(fd, view[off:off + min(chunk, n - off)],
+                                                          data_start + off), range(0, n, chunk)))
+
+            s = best_of(repeats, read_all, device)
+            print(f"  read only, {readers:2d} threads, 32 MiB chunks into pinned  {gbps(n, s):6.2f} GB/s")
+        for readers in readers_all:
+            for depth_factor in (2,):
+                for chunk_mib in chunks_mib:
+                    depth = depth_factor * readers
+                    s = best_of(repeats, lambda r=readers, c=chunk_mib, d=depth, dest=dev: load_pipelined(
+                        fd, data_start, dest, chunk_bytes=c * MIB, readers=r, staging=staging[:d]), device)
+                    print(f"  load_pipelined readers {readers:2d} depth {depth:2d} chunk {chunk_mib:2d} MiB"
+                          f"  {gbps(n, s):6.2f} GB/s")
+    finally:
+        os.close(fd)
+    if not pin:
+        return
+    torch.cuda.empty_cache()
+    alloc, free = [], []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        x = torch.empty(n, dtype=torch.uint8, device=device)
+        _sync(device)
+        t1 = time.perf_counter()
+        del x
+        torch.cuda.empty_cache()
+        _sync(device)
+        alloc.append(t1 - t0)
+        free.append(time.perf_counter() - t1)
+    print(f"  device buffer of {n} bytes: allocate (cudaMalloc) {min(alloc) * 1e3:.2f} ms, "
+          f"free + empty_cache {min(free) * 1e3:.2f} ms (best of {repeats})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0, help="GiB of weights (default 1.0)")
     ap.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
     ap.add_argument("--dir", default=tempfile.gettempdir(), help="where the COLD file goes (default: the temp dir)")
     ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--readers", type=int, default=None, help="COLD -> HOT reader threads (default: the mover's)")
+    ap.add_argument("--chunk-mib", type=int, default=None, help="COLD -> HOT chunk, MiB (default: the mover's)")
+    ap.add_argument("--sweep", action="store_true", help="also COLD -> HOT variants (and on CUDA allocation costs)")
     args = ap.parse_args()
 
     load = os.getloadavg()
@@ -112,12 +203,18 @@ def main() -> None:
     cuda = device.type == "cuda"
     print(f"python {platform.python_version()}, torch {torch.__version__}, safetensors {safetensors.__version__}, "
           f"device {device}{' (' + torch.cuda.get_device_name(device) + ')' if cuda else ''}, "
-          f"gc enabled={gc.isenabled()}, repeats {args.repeats}, COLD dir {args.dir}")
+          f"gc enabled={gc.isenabled()}, repeats {args.repeats}, COLD dir {args.dir}, COLD -> HOT "
+          f"readers {args.readers or DEFAULT_READERS}, chunk {args.chunk_mib or DEFAULT_CHUNK_BYTES // MIB} MiB")
 
     t0 = time.perf_counter()
     sd = make_state_dict(args.gib)
     workdir = Path(tempfile.mkdtemp(prefix="bench-tiers-", dir=args.dir))
-    w = TieredWeights(sd, device=device, directory=workdir, name="bench")
+    knobs: dict[str, int] = {}
+    if args.readers is not None:
+        knobs["readers"] = args.readers
+    if args.chunk_mib is not None:
+        knobs["chunk_bytes"] = args.chunk_mib * MIB
+    w = TieredWeights(sd, device=device, directory=workdir, name="bench", **knobs)
     n = w.nbytes
     print(f"{len(sd)} tensors, {n:,} bytes ({n / (1 << 30):.2f} GiB), made in {time.perf_counter() - t0:.1f} s\n")
 
@@ -177,6 +274,14 @@ def main() -> None:
         cold = w.path
         for _ in range(args.repeats):
             timed("load_file cuda", lambda: load_file(str(cold), device=str(device)))
+        if args.sweep:
+            assert cold is not None
+            sweep(cold, n, device, args.repeats)
+        w.to_hot()
+    elif args.sweep:
+        w.to_cold()
+        assert w.path is not None
+        sweep(w.path, n, device, args.repeats)
         w.to_hot()
     served = w.state_dict()
     identical = all(torch.equal(served[k].cpu(), sd[k]) for k in sd)

@@ -25,6 +25,7 @@ Exits with code 2 and says so when CUDA is not available.
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
 import sys
 import time
@@ -154,8 +155,19 @@ def main() -> int:
         p.start()
     got: dict[str, list[tuple]] = {"ipc": [], "host": []}
     pinned = False
+    deadline = time.monotonic() + 300  # a child that dies must not hold a lent GPU for long
     while True:
-        kind, i, received, copied, ok = results.get(timeout=600)
+        try:
+            kind, i, received, copied, ok = results.get(timeout=5)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                print(f"  no answer from the two processes (exit codes {[p.exitcode for p in procs]}); "
+                      "nothing measured", file=sys.stderr)
+                for p in procs:
+                    p.kill()
+                return 1
+            continue
         if kind == "done":
             pinned = bool(ok)
             break
