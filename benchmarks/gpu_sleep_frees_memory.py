@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,26 @@ def main(argv: list[str] | None = None) -> int:
     back = w.to_hot()
     same = all(torch.equal(w.state_dict()[k].cpu(), v) for k, v in sd.items())
     print(f"wake took {back.seconds:.3f} s ({w.nbytes / back.seconds / 1e9:.1f} GB/s); bit-identical: {same}")
+    for _ in range(2):  # the same sleep and wake with no trainer in between, for comparison
+        w.to_warm()
+        again = w.to_hot()
+        print(f"  again, no trainer between: wake took {again.seconds:.3f} s "
+              f"({w.nbytes / again.seconds / 1e9:.1f} GB/s)")
+    w.to_warm()  # once more with a trainer, timing a bare allocation of the weights' size before the wake
+    trainer = torch.empty(int(free_warm * 0.9) // 4, dtype=torch.float32, device="cuda")
+    trainer.fill_(2.0)
+    torch.cuda.synchronize()
+    del trainer
+    torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    probe = torch.empty(w.nbytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    del probe
+    torch.cuda.empty_cache()
+    again = w.to_hot()
+    print(f"  after a trainer again: allocating {w.nbytes / gib:.2f} GiB took {(t1 - t0) * 1e3:.1f} ms, "
+          f"then the wake {again.seconds:.3f} s ({w.nbytes / again.seconds / 1e9:.1f} GB/s)")
     print(f"sleep frees the weights' memory (>= 95%): {'MET' if ok_freed else 'NOT MET'}")
     return 0 if ok_freed and same else 1
 

@@ -264,6 +264,24 @@ def test_warm_buffer_is_reused_across_round_trips_unless_asked_not_to(net):
     assert lean.host_nbytes == lean.nbytes
 
 
+def test_pipelined_reader_with_its_defaults_is_byte_exact_over_several_chunks(tmp_path):
+    """The default chunk size and reader count (tuned on a lent H100) across 2.5 chunks and a short tail."""
+    from executors.ray_gpu.weights import DEFAULT_CHUNK_BYTES, DEFAULT_READERS
+
+    assert DEFAULT_READERS >= 1 and DEFAULT_CHUNK_BYTES > 0
+    g = torch.Generator().manual_seed(6)
+    payload = torch.randint(0, 256, (DEFAULT_CHUNK_BYTES * 5 // 2 + 3,), dtype=torch.uint8, generator=g)
+    path = tmp_path / "blob"
+    path.write_bytes(b"h" * 24 + payload.numpy().tobytes())
+    dest = torch.zeros(payload.numel(), dtype=torch.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        load_pipelined(fd, 24, dest)
+    finally:
+        os.close(fd)
+    assert torch.equal(dest, payload)
+
+
 @pytest.mark.parametrize(("chunk", "readers"), [(1000, 3), (7, 1), (1 << 20, 2)])
 def test_pipelined_chunked_reader_is_byte_exact(tmp_path, chunk, readers):
     g = torch.Generator().manual_seed(5)
