@@ -59,6 +59,7 @@ from executors.ray_gpu.weights import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_READERS,
     TieredWeights,
+    _byte_view,
     _empty,
     _pread_full,
     load_pipelined,
@@ -142,7 +143,7 @@ def sweep(path: Path, n: int, device: Any, repeats: int) -> None:
     staging = [torch.empty(max(chunks_mib) * MIB, dtype=torch.uint8, pin_memory=pin)
                for _ in range(2 * max(readers_all))]
     pinned = torch.empty(n, dtype=torch.uint8, pin_memory=pin)
-    view = memoryview(pinned.numpy())
+    view = _byte_view(pinned)
     dev = torch.empty(n, dtype=torch.uint8, device=device)
     fd = os.open(path, os.O_RDONLY)
     print(f"sweep (best of {repeats} after one warm-up; GB/s of {n} bytes)")
@@ -158,13 +159,15 @@ def sweep(path: Path, n: int, device: Any, repeats: int) -> None:
             s = best_of(repeats, read_all, device)
             print(f"  read only, {readers:2d} threads, 32 MiB chunks into pinned  {gbps(n, s):6.2f} GB/s")
         for readers in readers_all[2:]:
-            for depth_factor in (2,):
-                for chunk_mib in chunks_mib:
-                    depth = depth_factor * readers
-                    s = best_of(repeats, lambda r=readers, c=chunk_mib, d=depth, dest=dev: load_pipelined(
-                        fd, data_start, dest, chunk_bytes=c * MIB, readers=r, staging=staging[:d]), device)
-                    print(f"  load_pipelined readers {readers:2d} depth {depth:2d} chunk {chunk_mib:2d} MiB"
-                          f"  {gbps(n, s):6.2f} GB/s")
+            for chunk_mib in chunks_mib:
+                depth = 2 * readers  # as load_pipelined makes its own
+
+                def pipelined(r: int = readers, c: int = chunk_mib, d: int = depth) -> None:
+                    load_pipelined(fd, data_start, dev, chunk_bytes=c * MIB, readers=r, staging=staging[:d])
+
+                s = best_of(repeats, pipelined, device)
+                print(f"  load_pipelined readers {readers:2d} depth {depth:2d} chunk {chunk_mib:2d} MiB"
+                      f"  {gbps(n, s):6.2f} GB/s")
     finally:
         os.close(fd)
     if not pin:
@@ -219,12 +222,9 @@ def main() -> None:
     t0 = time.perf_counter()
     sd = make_state_dict(args.gib)
     workdir = Path(tempfile.mkdtemp(prefix="bench-tiers-", dir=args.dir))
-    knobs: dict[str, int] = {}
-    if args.readers is not None:
-        knobs["readers"] = args.readers
-    if args.chunk_mib is not None:
-        knobs["chunk_bytes"] = args.chunk_mib * MIB
-    w = TieredWeights(sd, device=device, directory=workdir, name="bench", **knobs)
+    w = TieredWeights(sd, device=device, directory=workdir, name="bench",
+                      readers=args.readers or DEFAULT_READERS,
+                      chunk_bytes=args.chunk_mib * MIB if args.chunk_mib else DEFAULT_CHUNK_BYTES)
     n = w.nbytes
     print(f"{len(sd)} tensors, {n:,} bytes ({n / (1 << 30):.2f} GiB), made in {time.perf_counter() - t0:.1f} s\n")
 
