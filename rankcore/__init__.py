@@ -14,6 +14,8 @@ from . import cluster, gangs, health, options, placement, restarts, spares, stat
 from .bundles import StaticPlacement, consecutive_mapping
 from .commands import (
     Command,
+    DropWarmCopy,
+    EvictReplica,
     GangChanged,
     InitializeReplica,
     KeepSpareProcesses,
@@ -102,7 +104,7 @@ __all__ = [
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
-    "OffloadReplica", "LoadReplica", "UpdateWeights", "Residency", "is_serving", "fully_serving",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "Residency", "is_serving", "fully_serving",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",

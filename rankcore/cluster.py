@@ -88,6 +88,19 @@ class Cluster:
     #: nodes the executor reported lost (and that have not joined again): a late
     #: ReplicaPlaced naming one is a replica that died with its node
     lost: frozenset = frozenset()
+    #: GPU memory (rankcore.devices): node id -> its devices (``tiers.Device``), for nodes
+    #: that declared them; node id -> CPU bytes for WARM copies; replica id -> (node id,
+    #: ``tiers.Resident``): its weights booked on devices; node id -> its WARM copies
+    #: (``tiers.CacheEntry``), in the order they came
+    devices: immutables.Map = attrs.field(factory=immutables.Map)
+    cache_budget: immutables.Map = attrs.field(factory=immutables.Map)
+    hot: immutables.Map = attrs.field(factory=immutables.Map)
+    caches: immutables.Map = attrs.field(factory=immutables.Map)
+    #: replica id -> the replicas being evicted to make room for it (placed, or woken,
+    #: once they are gone); replica id -> None: the replacement of an evicted replica,
+    #: which waits for room instead of evicting
+    evicting: immutables.Map = attrs.field(factory=immutables.Map)
+    no_evict: immutables.Map = attrs.field(factory=immutables.Map)
 
     @property
     def managed(self) -> bool:

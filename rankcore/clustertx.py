@@ -45,6 +45,12 @@ class ClusterTx:
     next_deadline: float
     suspect_s: float
     lost: frozenset
+    devices: immutables.Map
+    cache_budget: immutables.Map
+    hot: immutables.Map
+    caches: immutables.Map
+    evicting: immutables.Map
+    no_evict: immutables.Map
     base: Cluster
     changed: bool
 

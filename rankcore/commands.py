@@ -41,6 +41,8 @@ __all__ = [
     "OffloadReplica",
     "LoadReplica",
     "UpdateWeights",
+    "EvictReplica",
+    "DropWarmCopy",
     "Command",
 ]
 
@@ -150,6 +152,11 @@ class PlaceReplica:
     group: str | None = None
     bundles: tuple[int, ...] = ()
     capture_child_tasks: bool = True
+    #: a deployment with ``model_bytes`` on a node with devices: the GPUs (indices)
+    #: its weights go on, and where they come from: "warm" (the node's cache, the
+    #: copy an evicted replica left) or "cold" (disk); "" for any other replica
+    devices: tuple[int, ...] = ()
+    source: str = ""
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -213,5 +220,37 @@ class UpdateWeights:
     version: int = attrs.field(validator=f.count)
 
 
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class EvictReplica:
+    """Stop ``replica_id`` to give its GPU memory to another model (rankcore.devices):
+    drain like a ``StopReplica`` (finish the calls in flight, at most
+    ``graceful_shutdown_timeout_s``), then keep its weights in the node's CPU
+    cache (``to="warm"``: the core counted them in the budget) or drop them
+    (``"cold"``). Answer: ``ReplicaStopped`` (or ``ReplicaCrashed``), as for a stop."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    to: str = attrs.field(validator=attrs.validators.in_(("warm", "cold")))
+    #: the replica it makes room for
+    for_replica: str = attrs.field(validator=f.name)
+    graceful_shutdown_wait_loop_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_WAIT_LOOP_S, validator=f.seconds)
+    graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class DropWarmCopy:
+    """Free the WARM copy of ``deployment``'s weights that ``replica_id`` left in
+    ``node_id``'s CPU cache: the core dropped it to make room for another (smallest
+    first). No answer: the core's books already say it is gone (COLD)."""
+
+    node_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
-                ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights]
+                ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
+                EvictReplica, DropWarmCopy]

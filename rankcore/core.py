@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import clock, deadlines, gangs, health, residency, restarts, static
+from . import clock, deadlines, devices, gangs, health, residency, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
@@ -305,7 +305,7 @@ def _on_tier_moved(tx: Tx, e: TierMoved, dep: Deployment, rep: Replica) -> Step:
 
 @_about_replica
 def _on_tier_move_failed(tx: Tx, e: TierMoveFailed, dep: Deployment, rep: Replica) -> Step:
-    new = residency.move_failed(dep, rep)
+    new = residency.move_failed(tx, dep, rep)
     if new is None:
         return finish(tx, stale=True)  # no move in flight (the same answer again)
     tx.put(new)
@@ -327,6 +327,7 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
         cl = tx.cl
         cl.nodes = cl.nodes.delete(e.node_id)
         cl.lost = cl.lost | {e.node_id}
+        devices.node_lost(cl, e.node_id)
         if e.node_id in cl.suspects:
             cl.suspects = cl.suspects.delete(e.node_id)
         cl.changed = hit = True
@@ -359,6 +360,7 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
         if node_id == e.node_id:
             node = _copy(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
     cl.nodes = cl.nodes.set(e.node_id, node)
+    devices.joined(cl, e.node_id, e.devices, e.cpu_cache_bytes)
     if e.node_id in cl.lost:
         cl.lost = cl.lost - {e.node_id}
     first = cl.joined == 0

@@ -335,6 +335,27 @@ class NodeJoined:
     resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
     labels: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=f.to_labels, validator=f.labels)
     order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.order))
+    #: its GPUs' memory in bytes, one entry per device (index = position): replicas of
+    #: deployments with ``model_bytes`` are booked on these by memory (rankcore.devices)
+    devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
+    #: CPU memory for WARM copies of evicted models, in bytes (rankcore.tiers.make_room)
+    cpu_cache_bytes: int = attrs.field(default=0)
+
+    @devices.validator
+    def _check_devices(self, attribute: attrs.Attribute, value: tuple) -> None:
+        if any(type(b) is not int or b < 1 for b in value):
+            raise InvalidConfig(f"NodeJoined({self.node_id!r}).devices must be each GPU's memory in bytes "
+                                f"(ints >= 1), got {f.shown(value)}")
+        gpus = dict(self.resources).get("GPU")
+        if value and gpus is not None and gpus != len(value):
+            raise InvalidConfig(f"NodeJoined({self.node_id!r}): resources say GPU={gpus:g} but devices lists "
+                                f"{len(value)} (one entry per GPU)")
+
+    @cpu_cache_bytes.validator
+    def _check_cache(self, attribute: attrs.Attribute, value: object) -> None:
+        if type(value) is not int or value < 0:
+            raise InvalidConfig(f"NodeJoined({self.node_id!r}).cpu_cache_bytes must be a number of bytes "
+                                f"(an int >= 0), got {f.shown(value)}")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -441,6 +462,9 @@ class ReplicaReport:
     #: progress: where they still are) and the version it holds (or is being given)
     tier: str = attrs.field(default="hot", validator=_tier_name)
     weights_version: int = attrs.field(default=0, validator=f.count)
+    #: the GPUs of its node its weights are on (a deployment with ``model_bytes``, HOT):
+    #: the core books them again (rankcore.devices)
+    devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: str) -> None:

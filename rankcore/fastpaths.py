@@ -198,7 +198,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     name, dep, rep, cl = found
     if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
-            or spares.asks(dep)):
+            or spares.asks(dep) or rid in cl.hot or cl.evicting):
         return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None

@@ -28,6 +28,7 @@ from .commands import (
     StartReplica,
     UpdateWorldSize,
 )
+from .devices import views_of
 from .errors import InvariantViolation
 from .events import (
     OUTDATED,
@@ -50,6 +51,7 @@ __all__ = [
     "check_step",
     "check_tiers",
     "check_residency",
+    "check_devices",
     "check_cluster",
     "check_placements",
     "check_ranks_unique",
@@ -261,6 +263,40 @@ def check_residency(state: State) -> None:
                       f"deployment's {dep.weights_version}")
 
 
+def check_devices(state: State) -> None:
+    """GPU memory booked in the cluster model (rankcore.devices): the tier views
+    hold (``check_tiers``); every booking is a live replica's on the node it
+    runs on, never one asleep; a node's WARM copies and their budget are on a
+    device node."""
+    cl = state.cluster
+    if not cl.devices and not cl.hot and not cl.caches:
+        return
+
+    check_tiers(views_of(cl).values())
+    for rid, (node_id, r) in cl.hot.items():
+        name = state.index.get(rid)
+        if name is None or rid not in state.deployments[name].replicas:
+            _fail(f"devices: {rid!r} holds GPU memory on node {node_id!r} but is no live replica")
+        rep = state.deployments[name].replicas[rid]
+        if rep.node_id != node_id:
+            _fail(f"devices: {rid!r} holds GPU memory on node {node_id!r} but runs on {rep.node_id!r}")
+        if rep.residency is Residency.WARM:
+            _fail(f"devices: {rid!r} is asleep (WARM) but holds GPU memory")
+        if r.deployment != name:
+            _fail(f"devices: {rid!r}'s booking names deployment {r.deployment!r}, not {name!r}")
+    for name, dep in state.deployments.items():
+        if not dep.config.tier.model_bytes:
+            continue
+        for rid, rep in dep.replicas.items():
+            if (rep.node_id in cl.devices and rep.residency is not Residency.WARM and rid not in cl.hot
+                    and rep.phase in LIVE):
+                _fail(f"devices: {name}: replica {rid!r} is {rep.phase.value} on device node {rep.node_id!r} "
+                      f"but books no GPU memory")
+    for node_id in cl.caches:
+        if node_id not in cl.devices:
+            _fail(f"devices: node {node_id!r} holds WARM copies but declared no devices")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
     check_contiguity_counters(state)
@@ -270,6 +306,7 @@ def check_state(state: State) -> None:
     check_contiguous_when_healthy(state)
     check_cluster(state)
     check_residency(state)
+    check_devices(state)
 
 
 # ------------------------------------------------------------- step checks

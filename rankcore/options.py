@@ -32,12 +32,12 @@ from .placement import POLICIES
 
 __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
-    "StaticOptions", "GangOptions", "SpareOptions", "Spelling", "Options",
+    "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "Spelling", "Options",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
     "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "SPARE_PROCESSES", "RESTART_BACKOFF_S",
-    "RESTART_BACKOFF_MAX_S",
+    "RESTART_BACKOFF_MAX_S", "MIN_DEPLOYMENT_TIME_S",
 ]
 
 # Ray Serve's values (ray/serve/_private/constants.py, 2.60) where it has the option.
@@ -57,6 +57,9 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 64.0
 #: ours (Ray Serve has none): started, idle worker processes kept on each node holding a replica
 SPARE_PROCESSES = 0
+#: NDIF's minimum deployment time: a replica HOT for less is not evicted for another model
+#: (unless that model is dedicated); rankcore.tiers
+MIN_DEPLOYMENT_TIME_S = 3600.0
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
 MAX_PER_REPLICA_RETRY_COUNT = 3
 
@@ -211,6 +214,27 @@ class SpareOptions:
         "there skips the process start; 0: none")
 
 
+def _model_bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if type(value) is not int or value < 0:
+        raise InvalidConfig(f"{type(inst).__name__}.model_bytes must be a number of bytes (an int >= 0), "
+                            f"got {f.shown(value)}")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class TierOptions:
+    """GPU memory, eviction and the warm cache (rankcore.tiers, rankcore.devices)."""
+
+    model_bytes: int = _option(
+        0, _model_bytes,
+        "the model's weights in bytes: > 0 books them on GPU devices of nodes that declare devices "
+        "(split evenly over the replica's GPUs), evicting other models when full; 0: GPUs are counted",
+        scenario=Spelling("model_bytes", "bytes, or a size such as 16GiB"))
+    dedicated: bool = _option(False, f.flag, "never evicted for another model (and may evict young replicas)")
+    min_deployment_time_s: float = _option(
+        MIN_DEPLOYMENT_TIME_S, f.seconds,
+        "a replica HOT for less than this is not evicted for another model (unless that one is dedicated)")
+
+
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
@@ -223,6 +247,20 @@ class DeploymentConfig:
     static: StaticOptions = attrs.field(factory=StaticOptions)
     gang: GangOptions = attrs.field(factory=GangOptions)
     spares: SpareOptions = attrs.field(factory=SpareOptions)
+    tier: TierOptions = attrs.field(factory=TierOptions)
+
+    @tier.validator
+    def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:
+        if not value.model_bytes:
+            return
+        name = type(self).__name__
+        if self.gang.gang_size > 1 or self.static.static_placement is not None:
+            raise InvalidConfig(f"{name}: model_bytes > 0 does not mix with gang_size > 1 or static_placement "
+                                f"(their GPUs are placed whole, not by memory)")
+        gpus = dict(self.scheduling.resources).get("GPU")
+        if gpus is not None and (gpus < 1 or gpus != int(gpus)):
+            raise InvalidConfig(f"{name}: model_bytes > 0 needs a whole number of GPUs (>= 1) per replica, "
+                                f"got GPU={gpus!r}")
 
     @gang.validator
     def _check_gang(self, attribute: attrs.Attribute, value: GangOptions) -> None:

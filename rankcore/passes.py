@@ -8,11 +8,14 @@ test of one field):
 1. ``place_waiting``: the waiting queue is walked once every release of the
    step is done (``scheduling.place_waiting``; only when the step opened the
    cluster's working copy and someone waits, not blocked);
-2. ``ticks``: a ``ScheduleTick`` per deadline armed this step (``deadlines.ticks``);
-3. ``gangs``: gang members started this step are told their gang (``gangs.tell``);
-4. ``compaction``: each touched deployment that is healthy with holes in its
+2. ``wakes``: sleeping replicas that wait for GPU room on their node try again
+   (``evictions.retry_wakes``); ``evictions``: the evictions chosen in the
+   step are sent, the victims' replacements started (``evictions.carry_out``);
+3. ``ticks``: a ``ScheduleTick`` per deadline armed this step (``deadlines.ticks``);
+4. ``gangs``: gang members started this step are told their gang (``gangs.tell``);
+5. ``compaction``: each touched deployment that is healthy with holes in its
    ranks is compacted (``moves.compact_touched``);
-5. ``spares``: nodes whose set of replicas of a deployment changed are told
+6. ``spares``: nodes whose set of replicas of a deployment changed are told
    how many spare processes to keep (``spares.announce``).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import deadlines, gangs, moves, spares
+from . import deadlines, evictions, gangs, moves, spares
 from .scheduling import place_waiting
 from .state import RecoveryOutcome, Step
 from .transaction import Tx, build
@@ -39,6 +42,8 @@ def _place_waiting(tx: Tx) -> None:
 #: the end-of-step passes, in the order they run: (name, pass)
 PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("place_waiting", _place_waiting),
+    ("wakes", evictions.retry_wakes),
+    ("evictions", evictions.carry_out),
     ("ticks", deadlines.ticks),
     ("gangs", gangs.tell),
     ("compaction", moves.compact_touched),

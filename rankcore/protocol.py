@@ -13,11 +13,14 @@
 | OffloadReplica       | TierMoved(tier="warm") (or TierMoveFailed)    |
 | LoadReplica          | TierMoved(tier="hot") (or TierMoveFailed)     |
 | UpdateWeights        | WeightsUpdated(version)                       |
+| EvictReplica         | ReplicaStopped (or ReplicaCrashed)            |
+| DropWarmCopy         | nothing                                       |
 """
 
 from __future__ import annotations
 
 from .commands import (
+    EvictReplica,
     InitializeReplica,
     LoadReplica,
     OffloadReplica,
@@ -39,7 +42,7 @@ def answers(command: object, node: str = "node-a") -> list:
         return [ReplicaReady(replica_id=command.replica_id)]
     if isinstance(command, ReconfigureReplica):
         return [ReplicaReconfigured(replica_id=command.replica_id, version=command.version)]
-    if isinstance(command, StopReplica):
+    if isinstance(command, (StopReplica, EvictReplica)):
         return [ReplicaStopped(replica_id=command.replica_id)]
     if isinstance(command, OffloadReplica):
         return [TierMoved(replica_id=command.replica_id, tier="warm")]

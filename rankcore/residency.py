@@ -26,6 +26,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from . import devices
 from .commands import LoadReplica, OffloadReplica, UpdateWeights
 from .errors import InvalidEvent
 from .lifecycle import Phase, Residency, TierTrigger, advance_tier
@@ -79,6 +80,8 @@ def settle(tx: Tx, dep: Deployment, rep: Replica) -> Replica:
     if weights:
         tx.emit(UpdateWeights(replica_id=rep.replica_id, deployment=dep.name, version=dep.weights_version))
         rep = _copy(rep, weights_version=dep.weights_version, weights_pending=True)
+    if move is TierTrigger.WAKE and not devices.wake_room(tx, dep, rep.replica_id, rep.node_id):
+        move = None  # waits for GPU room on its node (rankcore.devices; retried by rankcore.evictions)
     if move is not None:
         cmd = OffloadReplica if move is TierTrigger.SLEEP else LoadReplica
         tx.emit(cmd(replica_id=rep.replica_id, deployment=dep.name))
@@ -157,16 +160,20 @@ def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None
         new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVED, rep.replica_id))
         if new.residency.value != tier:
             return None  # (loading, an earlier offload's answer; or the other way round)
+    if new.residency is Residency.WARM and rep.replica_id in tx.view.hot:
+        devices.freed_asleep(tx.cl, rep.replica_id)  # its GPU memory is free for others
     return put_replica(dep, rep, settle(tx, dep, new))
 
 
-def move_failed(dep: Deployment, rep: Replica) -> Deployment | None:
+def move_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     """``TierMoveFailed``: the weights stay where they were (None: no move in flight, stale).
     Not retried on its own: the next request (or a recovery) retries it."""
     if rep.residency in _STABLE:
         return None
-    return put_replica(dep, rep, _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVE_FAILED,
-                                                                   rep.replica_id)))
+    new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVE_FAILED, rep.replica_id))
+    if new.residency is Residency.WARM and rep.replica_id in tx.view.hot:
+        devices.freed_asleep(tx.cl, rep.replica_id)  # the load it was booked for failed
+    return put_replica(dep, rep, new)
 
 
 def updated(dep: Deployment, rep: Replica, version: int) -> Deployment | None:

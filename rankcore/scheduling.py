@@ -31,7 +31,7 @@ from typing import Protocol, TypeVar, cast
 
 import immutables
 
-from . import deadlines
+from . import deadlines, devices
 from .cluster import Cluster, Need, Node
 from .clustertx import ClusterTx
 from .commands import PlaceReplica, ScheduleTick
@@ -40,6 +40,7 @@ from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
 from .records import maker, unchecked_copy, updater
 from .state import Deployment, Replica
+from .tiers import Tier, TierPlacement
 
 
 class Tx(Protocol):
@@ -66,6 +67,8 @@ class Tx(Protocol):
     armed: list[float] | None
 
     def tick_at(self, at: float) -> None: ...
+
+    evictions: list | None
 
 __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "unbook", "avoid_node", "new_node", "adjusted"]
 
@@ -105,6 +108,8 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
     cl.changed = True
     rids = list(rids)
     gang = (dep.gang_size, dep.gang_placement) if dep.gang_size > 1 else ()
+    if dep.config.tier.model_bytes:  # (a model's room depends on who it may evict: one kind per deployment)
+        gang = ("tier", dep.name)
     kinds = cl.queue_kinds
     blocked = cl.blocked
     with cl.queued.mutate() as q:
@@ -215,9 +220,12 @@ def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
 def release(tx: Tx, rid: str) -> None:
     """``rid`` left (stopped, crashed): what the cluster holds for it is freed."""
     seen = tx.view
-    if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid:
+    if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid \
+            and rid not in seen.hot and rid not in seen.evicting and rid not in seen.no_evict:
         return  # nothing to free (a crash replacement took its booking): no working copy
     cl = tx.cl
+    if rid in cl.hot or rid in cl.evicting or rid in cl.no_evict:
+        devices.release(cl, rid)
     if rid in cl.held:
         cl.changed = True
         cl.held, nodes = unbook(cl, rid)
@@ -339,15 +347,25 @@ def _healthy_first(cl: ClusterTx, views: list[NodeView], choose: Callable[[list[
     return choose(views)
 
 
-def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str) -> Deployment:
+def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str, tier: TierPlacement | None = None) -> Deployment:
     rid = rep.replica_id
     ranks = dep.ranks.place(rid, node_id)
-    hold(tx, rid, node_id, dep.resources)
+    if tier is None:
+        hold(tx, rid, node_id, dep.resources)
+    else:  # its GPUs by memory, the rest as always (rankcore.devices)
+        hold(tx, rid, node_id, devices.host_need(dep))
+        devices.book(tx.cl, dep, rid, node_id, tier.devices)
+        if tier.source is Tier.WARM:
+            devices.take_cache(tx.cl, dep, node_id)
     dep = _with_placed(dep, dep.replicas.set(rid, _with_node(rep, node_id)), ranks)
     rank = ranks.rank_of(rid)
     if rank is None:
         raise InvariantViolation("a placed replica without a rank record")
-    tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    if tier is None:
+        tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank, resources=dep.resources))
+    else:
+        tx.emit(_Place(replica_id=rid, deployment=dep.name, node_id=node_id, rank=rank,
+                       resources=devices.host_need(dep), devices=tier.devices, source=tier.source.value))
     deadlines.placement(tx, dep, rid)
     return dep
 
@@ -378,8 +396,8 @@ def booking_to_pass(cl: Cluster | ClusterTx, dep: Deployment, rid: str, now: flo
     pass to a crash replacement at time ``now``: nobody waits, the need is
     unchanged, the node is up, not suspect and not over-committed; else None."""
     held = cl.held.get(rid)
-    if held is None or cl.queued or held[1] != dep.resources:
-        return None
+    if held is None or cl.queued or held[1] != dep.resources or rid in cl.hot:
+        return None  # (a replica booked by memory is placed again like anyone: rankcore.devices)
     node_id, need = held
     node = cl.nodes.get(node_id)
     if node is None:
@@ -420,9 +438,32 @@ def _choose_gang(cl: ClusterTx, dep: Deployment, members: list[str]) -> list[str
     """Nodes for a whole gang (``placement.choose_gang``), avoiding where any
     member failed and, while others have room, suspect nodes."""
     avoid = tuple(sorted({n for m in members for n in cl.avoid.get(m, ())}))
+    if devices.off_device_nodes(cl, dep):
+        avoid = (*avoid, *cl.devices.keys())
     want = dict(dep.resources)
     return _healthy_first(cl, _views(cl, dep, avoid),
                           lambda vs: choose_gang(vs, want, dep.gang_size, dep.gang_placement))
+
+
+def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> bool:
+    """Waiting replica ``rid`` of a model booked by memory (``rankcore.devices``):
+    placed (True), or not (False: no room, even by evicting; or victims chosen
+    for it are still draining, in ``Cluster.evicting``). Victims chosen now are
+    marked leaving and listed in ``tx.evictions`` for the next pass to evict."""
+    victims = cl.evicting.get(rid)
+    if victims is not None:
+        if any(v in cl.hot for v in victims):
+            return False  # still draining
+        cl.evicting = cl.evicting.delete(rid)
+    chosen = devices.choose(cl, dep, rid, avoid)
+    if not isinstance(chosen, TierPlacement):
+        return False
+    if chosen.evict:
+        devices.start_evictions(tx, rid, chosen.evict)
+        return False
+    _dequeue(cl, rid)
+    tx.put(_reserve(tx, dep, dep.replicas[rid], chosen.node_id, chosen))
+    return True
 
 
 def place_waiting(tx: Tx) -> None:
@@ -463,7 +504,16 @@ def place_waiting(tx: Tx) -> None:
                     views.pop(to, None)
             tx.put(dep)
             continue
-        node_id = _choose(cl, dep, rid, kind[1], cache)
+        if dep.config.tier.model_bytes and cl.devices:
+            if not _place_tiered(tx, cl, dep, rid, kind[1]):
+                if rid not in cl.evicting:
+                    failed.add(kind)
+                keep.append(rid)
+                continue
+            cache.clear()  # (a node's host room changed)
+            continue
+        avoid = (*kind[1], *cl.devices.keys()) if devices.off_device_nodes(cl, dep) else kind[1]
+        node_id = _choose(cl, dep, rid, avoid, cache)
         if node_id is None:
             failed.add(kind)
             keep.append(rid)

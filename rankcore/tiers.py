@@ -31,7 +31,7 @@ that still fit (best fit, so the large holes stay whole), then the lowest
 index.
 
 Eviction (:func:`victims`): only replicas of other deployments that are not
-``dedicated``; a replica HOT for less than ``min_deployment_time_s`` is spared
+``dedicated`` (nor already leaving), and only for a ``Want`` that ``may_evict``; a replica HOT for less than ``min_deployment_time_s`` is spared
 unless the incoming deployment is dedicated; victims using the fewest GPUs
 go first (then the youngest HOT, then the replica id), as NDIF does, until the
 incoming replica fits. An evicted replica drains (finishes the request it
@@ -119,6 +119,8 @@ class Resident:
     dedicated: bool = attrs.field(default=False, validator=f.flag)
     #: when it became HOT (the core's clock)
     hot_since: float = 0.0
+    #: being evicted already (draining): its memory is not free yet, and it is no victim twice
+    leaving: bool = attrs.field(default=False, validator=f.flag)
 
     def __attrs_post_init__(self) -> None:
         if not self.devices or len(set(self.devices)) != len(self.devices):
@@ -198,6 +200,9 @@ class Want:
     min_deployment_time_s: float = DEFAULT_MIN_DEPLOYMENT_TIME_S
     #: only these nodes (a sleeping replica wakes where its process is); None: any
     nodes: frozenset[str] | None = None
+    #: False: only where it fits without evicting anyone (the replacement of an evicted
+    #: replica waits for room rather than evicting in turn)
+    may_evict: bool = attrs.field(default=True, validator=f.flag)
 
     @property
     def per_device(self) -> int:
@@ -260,7 +265,7 @@ def evictable(resident: Resident, want: Want) -> bool:
     """May ``resident`` be evicted to make room for ``want``? Never one of the
     same deployment, never a dedicated one; one HOT for less than the minimum
     deployment time only for a dedicated newcomer."""
-    if resident.deployment == want.deployment or resident.dedicated:
+    if resident.deployment == want.deployment or resident.dedicated or resident.leaving or not want.may_evict:
         return False
     return want.dedicated or want.now - resident.hot_since >= want.min_deployment_time_s
 

@@ -61,7 +61,8 @@ class Tx:
     """One step's work in progress: the state being built and the commands."""
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
-                 "cluster", "_cl", "gangs", "ticks", "initial", "armed")
+                 "cluster", "_cl", "gangs", "ticks", "initial", "armed",
+                 "evictions")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
@@ -78,6 +79,9 @@ class Tx:
         self.gangs: set[str] | None = None  # gang deployments that started replicas this step
         self.ticks: set[float] | None = None  # the ScheduleTick times asked for this step (``tick_at``)
         self.armed: list[float] | None = None  # deadlines armed this step (``rankcore.deadlines``)
+        #: evictions chosen this step, carried out by the end-of-step pass
+        #: (``rankcore.evictions``): (victim, for replica, node, "warm"/"cold", entries dropped)
+        self.evictions: list | None = None
 
     @property
     def cl(self) -> ClusterTx:
