@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
 import rankcore as rc
 from rankcore import LIVE, Phase
 
-__all__ = ["DeploymentMetrics", "Metrics", "percentile"]
+__all__ = ["DeploymentMetrics", "Metrics", "percentile", "tier_history", "tier_step"]
 
 LEVELS = ("rank", "node_rank", "local_rank", "any")
 #: the levels of contiguity a planner asks about: global ranks, node ranks, local ranks, any of them
@@ -21,6 +23,44 @@ _RECOVERED, _READY = rc.ControllerRecovered, rc.ReplicaReady
 #: where Deployment.counts keeps the serving phases
 _RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
 _CONTIGUOUS = (False, False, False, False)
+
+
+def tier_step(kind: str, fields: Mapping[str, Any]) -> str | None:
+    """What one core command says of its replica's tier (None: nothing): ``PlaceReplica`` of a
+    tiered replica "hot<-cold" / "hot<-warm" (its ``source``), ``EvictReplica`` "evicted->warm" /
+    "evicted->cold", ``OffloadReplica`` "warm", ``LoadReplica`` "hot<-warm", ``DropWarmCopy``
+    "dropped->cold" (the WARM copy that replica left)."""
+    if kind == "PlaceReplica":
+        source = fields.get("source", "")
+        return f"hot<-{source}" if source else None
+    if kind == "EvictReplica":
+        return f"evicted->{fields['to']}"
+    if kind == "OffloadReplica":
+        return "warm"
+    if kind == "LoadReplica":
+        return "hot<-warm"
+    if kind == "DropWarmCopy":
+        return "dropped->cold"
+    return None
+
+
+def tier_history(commands: Iterable[Any]) -> dict[str, list[str]]:
+    """Per replica id, its tier history as the core's commands decided it (``tier_step``), in
+    order: the same on every executor that carries them out, so a Ray run and a simulator run
+    of one scenario compare replica for replica. ``commands``: rankcore command records, or
+    trace records (dicts; only ``kind == "command"`` ones are read)."""
+    out: dict[str, list[str]] = {}
+    for c in commands:
+        if isinstance(c, Mapping):
+            if c.get("kind") != "command":
+                continue
+            kind, fields = str(c["type"]), c["fields"]
+        else:
+            kind, fields = type(c).__name__, attrs.asdict(c, recurse=False)
+        step = tier_step(kind, fields)
+        if step is not None:
+            out.setdefault(str(fields["replica_id"]), []).append(step)
+    return out
 
 
 def percentile(values: list[float], q: float) -> float | None:
