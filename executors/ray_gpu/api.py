@@ -22,7 +22,8 @@ from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
-           "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status"]
+           "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status", "book_memory",
+           "tiers_status"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
 #: an actor's options, its name, lifetime, restarts, concurrency and placement,
@@ -423,6 +424,28 @@ def wait_serving(name: str, timeout: float = 120.0) -> None:
 def weights_status(name: str) -> dict:
     """Per replica: its weights' tier, version and bytes as the replica says, and what the core holds."""
     return ask(get_controller(), "weights_status", name)
+
+
+def book_memory(gpu_memory: Any = "cuda", cpu_cache: Any = 0, *, cold_dir: str | None = None,
+                timeout: float = 120.0) -> list:
+    """Memory-booked placement (issue 21; docs/ray.md, "GPU memory, eviction and the warm cache"):
+    from now on each node with GPUs tells the core each GPU's memory (``gpu_memory``: ``"cuda"``,
+    read on the node; bytes per GPU; a list, one per GPU; or a mapping per node id or node name
+    label, ``"*"`` for the rest) and the CPU memory it keeps WARM copies in (``cpu_cache``: bytes,
+    or such a mapping). Deployments with ``model_bytes`` are then booked on GPUs by memory,
+    evicting others. ``cold_dir``: each node's directory for COLD files. Call it before the first
+    ``run()`` (or after a reset); ``book_memory(None)`` turns it off. Returns each node as
+    declared: (node id, devices, cpu cache bytes)."""
+    from .memory import MemoryBooking
+
+    booking = None if gpu_memory is None else MemoryBooking.make(gpu_memory, cpu_cache, cold_dir)
+    return ask(get_controller(), "book_memory", booking, timeout=timeout)
+
+
+def tiers_status() -> dict:
+    """The tier moves the controller carried out (evictions, starts from WARM or COLD, dropped
+    copies: ``log``) and each node's WARM cache (``caches``)."""
+    return ask(get_controller(), "tiers_status")
 
 
 #: how long the controller holds a handle's long poll (``Controller.endpoints_after``)

@@ -8,9 +8,11 @@ calls into the replica; ``StopReplica``: a drain, then a kill;
 event (``ReplicaPlaced`` or ``PlacementFailed``, ``ReplicaReady``,
 ``ReplicaCrashed``, ``ReplicaStopped``; the weights' moves
 ``OffloadReplica`` / ``LoadReplica`` / ``UpdateWeights`` answered by
-``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``). It chooses no node
-and orders nothing itself; the commands about one replica run in the core's
-order.
+``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``; memory-booked
+placement: ``PlaceReplica.devices`` / ``.source``, ``EvictReplica``
+answered by ``ReplicaStopped`` once the weights are in the node's WARM cache
+or COLD file, ``DropWarmCopy`` unanswered). It chooses no node and orders
+nothing itself; the commands about one replica run in the core's order.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from . import persist
 from . import placement as pl
 from . import static as st
 from .ledger import Ledger
+from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
 from .replica import ReplicaActor
 from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
+from .warm_cache import Caches
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -74,6 +78,7 @@ class Carrier:
         #: outlives the replica's record (its ``ReplicaStopped`` is answered in order)
         self.chains: dict[str, list[asyncio.Task]] = {}
         self.timers: dict[float, asyncio.TimerHandle] = {}  # ScheduleTick's time -> its timer
+        self.caches = Caches(ledger)  # each node's WARM cache and COLD file
         self._seq = 0
 
     def execute(self, commands: Sequence[object], t: float) -> None:
@@ -102,6 +107,10 @@ class Carrier:
                 self.in_order(cmd.replica_id, self.reconfigure(cmd, self.next_seq()))
             elif isinstance(cmd, rc.StopReplica):
                 self.stop_now(cmd)
+            elif isinstance(cmd, rc.EvictReplica):
+                self.evict(cmd)
+            elif isinstance(cmd, rc.DropWarmCopy):
+                self.drop_warm_copy(cmd)
             elif isinstance(cmd, rc.GangChanged):
                 self.gang_changed(cmd)
             elif isinstance(cmd, rc.KeepSpareProcesses):
@@ -221,6 +230,14 @@ class Carrier:
         opts = dict(spec["actor_options"])
         static: st.StaticPlacementConfig | None = spec.get("static")
         extra: dict[str, Any] = {"gang": rec.gang}
+        if cmd.devices or cmd.source:  # booked by memory (memory.py): the core holds its GPUs
+            bundles, opts = pl.without_gpus(bundles, opts)
+            if led.cuda.get(node):  # it sees every GPU and uses the core's indices
+                opts["runtime_env"] = pl.with_env(opts.get("runtime_env"), {NOSET_CUDA: "1"})
+            extra.update(devices=tuple(cmd.devices), source=cmd.source)
+            rec.devices, rec.source = tuple(cmd.devices), cmd.source
+            if cmd.source == "warm" and rec.warm is None:  # the copy is used up now, as in the core's books
+                rec.warm = self.caches.get(node).take.options(num_returns=2).remote(dep)
         if cmd.group is not None:  # the caller's group: the rank's first bundle, no group of ours
             if static is None or static.group != cmd.group or not cmd.bundles:
                 self._placed(rid)
@@ -327,8 +344,14 @@ class Carrier:
         rec.check_every = (cmd.health_check_period_s, cmd.health_check_timeout_s)
         try:
             weights = await led.weights_ref(cmd.deployment, cmd.weights_version)
+            warm, cold = None, None
+            if rec.source:
+                warm, cold = await self._warm_copy(rid, rec), self.caches.cold_path(led.node_of(rid), cmd.deployment)
             await actor.initialize.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config,
-                                          cmd.call_reconfigure, cmd.pass_rank, seq, cmd.weights_version, weights)
+                                          cmd.call_reconfigure, cmd.pass_rank, seq, cmd.weights_version, weights,
+                                          warm, cold)
+            if rec.source:
+                led.spawn(self._loaded(rid, actor, cmd.deployment))
         except Exception as exc:
             self.failed(rid, "__init__" if not cmd.call_reconfigure else "__init__/reconfigure", exc)
             return
@@ -336,6 +359,33 @@ class Carrier:
             node = led.node_of(rid)
             if node is not None and led.spares.target(node):
                 led.spawn(self._spare_taken(rid, node, actor))
+
+    async def _warm_copy(self, rid: str, rec: ReplicaRecord) -> Any:
+        """The ObjectRef of the WARM copy taken for ``rid`` when it was placed (Ray resolves it
+        in the replica: ``FlatWeights``), or None: none on its node (it loads COLD: said in the
+        trace), or its source is cold."""
+        refs, rec.warm = rec.warm, None
+        if refs is None:
+            return None
+        try:
+            came_from = await refs[0]
+        except Exception as exc:  # the cache's node or process is gone
+            came_from = None
+            log.warning("replica %s: its node's WARM cache did not answer: %r", rid, exc)
+        if came_from is None:
+            self.caches.missing(rid, rec.source)
+            return None
+        return refs[1]
+
+    async def _loaded(self, rid: str, actor: Any, deployment: str) -> None:
+        """Note where a replica booked by memory took its weights from (``Ledger.tier_log``)."""
+        try:
+            info = await actor.weights_info.remote()
+        except Exception:
+            return
+        self.ledger.tier_log.append({"replica": rid, "deployment": deployment, "move": "start",
+                                     "source": info["source"], "loaded_from": info["loaded_from"],
+                                     "note": info["note"], "nbytes": info["nbytes"], "devices": info["devices"]})
 
     async def await_started(self, rid: str, actor: Any) -> None:
         """A replica reported ``starting`` (its ``__init__`` was running when the
@@ -513,6 +563,51 @@ class Carrier:
             return
         actor = self.kill(rid)
         self.in_order(rid, self._stopped(rid, actor))
+
+    def evict(self, cmd: rc.EvictReplica) -> None:
+        """Carry an ``EvictReplica`` out: a stop (``stop_now``'s drain), and between the drain and
+        the kill the weights leave: into the node's WARM cache (``to="warm"``: the replica hands
+        them over, the cache keeps its own copy) or to the node's COLD file (``"cold"``).
+        ``ReplicaStopped`` follows, as for a stop (the core then places the replica it made
+        room for). A replica that never started holds no weights: killed as by a stop."""
+        rid = cmd.replica_id
+        self.ledger.stopping.add(rid)
+        self.cancel_chain(rid)
+        rec = self.ledger.replicas.get(rid)
+        if rec is None or rec.actor is None or not rec.initialized:
+            self.in_order(rid, self._stopped(rid, self.kill(rid)))
+            return
+        check, rec.checks = rec.checks, None
+        if check is not None:
+            check.cancel()
+        self.in_order(rid, self._evict(rid, rec.actor, cmd))
+
+    async def _evict(self, rid: str, actor: Any, cmd: rc.EvictReplica) -> None:
+        led = self.ledger
+        try:
+            await asyncio.wait_for(actor.prepare_stop.remote(cmd.graceful_shutdown_wait_loop_s,
+                                                             cmd.graceful_shutdown_timeout_s),
+                                   timeout=cmd.graceful_shutdown_timeout_s)
+        except Exception:  # (timed out, or died meanwhile)
+            pass
+        entry = {"replica": rid, "deployment": cmd.deployment, "move": "evict", "to": cmd.to, "nbytes": 0,
+                 "error": ""}
+        try:
+            if cmd.to == "warm":
+                entry["nbytes"] = await self.caches.get(cmd.node_id).keep.remote(
+                    cmd.deployment, rid, actor.evict_weights.remote("warm", None))
+            else:
+                entry["nbytes"] = await actor.evict_weights.remote(
+                    "cold", self.caches.cold_path(cmd.node_id, cmd.deployment))
+        except Exception as exc:  # its weights are lost with it: a later start there loads COLD (and says so)
+            entry["error"] = repr(exc)[:500]
+            log.warning("replica %s: its eviction to %s failed: %r", rid, cmd.to, exc)
+        led.tier_log.append(entry)
+        await self._stopped(rid, self.kill(rid))
+
+    def drop_warm_copy(self, cmd: rc.DropWarmCopy) -> None:
+        """``DropWarmCopy``: the node's cache writes that copy to the node's COLD file, then frees it."""
+        self.ledger.spawn(self.caches.drop(cmd.node_id, cmd.deployment, cmd.replica_id))
 
     async def _drain(self, rid: str, actor: Any, cmd: rc.StopReplica) -> None:
         """Let the calls in flight finish (the replica looks every

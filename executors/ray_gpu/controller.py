@@ -270,6 +270,40 @@ class Controller:
         self.driver.feed(event, self.ledger.now())  # (first: the core's own words for a count it refuses)
         self._persist()
 
+    # ------------------------------------------------- memory-booked placement
+    async def book_memory(self, booking: Any) -> list:
+        """Memory-booked placement from now on (``memory.MemoryBooking``; None: GPUs counted
+        again): every node with GPUs declares its devices and CPU cache to the core
+        (``Watcher.declared``; memory read from CUDA is probed here first). Only while no
+        deployment is applied (a node the core knows cannot change what it declared): the
+        core is then told the nodes again. Returns each node as told: (id, devices, cpu cache)."""
+        await self._ready()
+        if self.driver.state.deployments:
+            raise rc.InvalidConfig("book_memory: deployments are applied; call it before the first run() "
+                                   "(or after a reset)")
+        led = self.ledger
+        led.booking = booking
+        led.cuda.clear()
+        led.save_booking()
+        if booking is not None:
+            import ray
+
+            for n in ray.nodes():
+                if n.get("Alive") and booking.wants_cuda(pl.node_joined(n)):
+                    await self.watcher.probe(n["NodeID"])
+        led.nodes.clear()
+        self.driver.state = rc.State()  # (no deployment: nothing but the nodes, told again now)
+        joined = self.watcher.alive_nodes()
+        self.watcher.sync_nodes()
+        return [(j.node_id, tuple(j.devices), j.cpu_cache_bytes) for j in joined]
+
+    async def tiers_status(self) -> dict:
+        """The tier moves carried out (``Ledger.tier_log``: evictions, starts from WARM or COLD,
+        dropped copies) and each node's WARM cache (entries, bytes held)."""
+        await self._ready()
+        return {"log": list(self.ledger.tier_log), "caches": await self.carrier.caches.info(),
+                "booking": self.ledger.booking, "cuda": dict(self.ledger.cuda)}
+
     # -------------------------------------------------- sleep, wake, weights
     def _known(self, name: str) -> None:
         if name not in self.ledger.specs:
@@ -559,6 +593,9 @@ class Controller:
         from .weights_store import store
 
         await store().forget_all.remote()
+        await self.carrier.caches.forget_all()
+        led.tier_log.clear()
+        led.booking, led.cuda = None, {}
         led.started = led.lineages = 0
         led.errors.clear()
         led.halted = False

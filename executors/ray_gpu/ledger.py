@@ -63,6 +63,12 @@ class Ledger:
         #: (deployment, weights version) -> the ObjectRef of those weights (``weights_store``: the store
         #: owns them; this is a cache of its answers)
         self.weights: dict[tuple[str, int], Any] = {}
+        #: memory-booked placement (``api.book_memory``; None: GPUs counted), and each probed
+        #: node's CUDA devices' memory (``Watcher.probe``); saved (``persist.save_booking``)
+        self.booking, self.cuda = persist.load_booking()
+        self.probing: dict[str, Any] = {}
+        #: the tier moves carried out (evictions, warm/cold loads, dropped copies): what tests read
+        self.tier_log: list[dict] = []
         #: told of each weights move carried out (deployment, "offload" | "load" | "update", bytes): the metrics
         self.on_transfer: Any = None
 
@@ -91,6 +97,9 @@ class Ledger:
         task = asyncio.get_event_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    def save_booking(self) -> None:
+        persist.save_booking(self.booking, self.cuda)
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         if self.on_transfer is not None:

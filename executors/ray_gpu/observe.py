@@ -158,7 +158,45 @@ class Watcher:
         held = held_by_callers(ray.util.placement_group_table())
         alive = [attrs.evolve(j, resources=_less(dict(j.resources), held[j.node_id])) if j.node_id in held else j
                  for j in alive]
-        return sorted(alive, key=lambda j: (j.order is None, j.order or 0, j.node_id))
+        declared = [d for d in map(self.declared, alive) if d is not None]
+        return sorted(declared, key=lambda j: (j.order is None, j.order or 0, j.node_id))
+
+    def declared(self, joined: rc.NodeJoined) -> rc.NodeJoined | None:
+        """``joined`` with its GPU memory and CPU cache when the user asked for memory-booked
+        placement (``memory.MemoryBooking``, ``api.book_memory``); None while a node whose
+        memory is read from CUDA has not been probed yet (a probe is started: it joins on a
+        later pass)."""
+        led = self.ledger
+        booking = led.booking
+        if booking is None:
+            return joined
+        if booking.wants_cuda(joined):
+            if joined.node_id not in led.cuda:
+                led.spawn(self.probe(joined.node_id))
+                return None
+            return booking.declare(joined, led.cuda[joined.node_id])
+        return booking.declare(joined)
+
+    async def probe(self, node_id: str) -> tuple[int, ...]:
+        """Read each CUDA device's memory on ``node_id`` (a task there that sees every GPU)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from .memory import NOSET_CUDA, probe_cuda
+
+        led = self.ledger
+        if node_id in led.probing:
+            return await asyncio.shield(led.probing[node_id])
+        task = asyncio.ensure_future(ray.remote(probe_cuda).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env={"env_vars": {NOSET_CUDA: "1"}}).remote())
+        led.probing[node_id] = task
+        try:
+            found = tuple(await task)
+        finally:
+            led.probing.pop(node_id, None)
+        led.cuda[node_id] = found
+        led.save_booking()
+        return found
 
     def sync_bundles(self) -> None:
         """Tell the core where each static deployment's bundles are now

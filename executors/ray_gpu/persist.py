@@ -28,6 +28,7 @@ _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
 _KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.desired_asleep), beside the specs
 _KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to each (rc.desired_weights)
+_KV_BOOKING = b"rankcore/memory_booking"  # api.book_memory's options and the nodes' CUDA memory (probed)
 
 
 def _get(key: bytes) -> Any:
@@ -138,5 +139,15 @@ def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
     for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP,
-                _KV_WEIGHTS):
+                _KV_WEIGHTS, _KV_BOOKING):
         internal_kv._internal_kv_del(key)
+
+
+def save_booking(booking: Any, cuda: dict[str, tuple[int, ...]]) -> None:
+    """Memory-booked placement (``memory.MemoryBooking`` or None) and the probed nodes' CUDA memory."""
+    _put(_KV_BOOKING, (booking, dict(cuda)))
+
+
+def load_booking() -> tuple[Any, dict[str, tuple[int, ...]]]:
+    got = _get(_KV_BOOKING)
+    return (None, {}) if got is None else (got[0], dict(got[1]))

@@ -22,7 +22,7 @@ from rankcore import InvalidConfig
 from rankcore.placement import POLICIES
 
 __all__ = ["ORDER_LABEL", "PLACEMENTS", "PG_STRATEGIES", "pg_name", "actor_resources", "replica_bundles",
-           "actor_options_in_group", "static_actor_options", "bundle_sum", "single_node", "replica_need", "order_label", "node_joined"]
+           "actor_options_in_group", "static_actor_options", "without_gpus", "with_env", "bundle_sum", "single_node", "replica_need", "order_label", "node_joined"]
 
 #: A node label that fixes the order of nodes for tie-breaks (an int >= 0; lower
 #: first). Nodes without it come after, in the order they joined the core.
@@ -77,6 +77,22 @@ def actor_options_in_group(actor_options: Mapping[str, Any], bundles: Sequence[M
     if b0:
         opts["resources"] = b0
     return opts
+
+
+def without_gpus(bundles: Sequence[Mapping[str, float]], actor_options: Mapping[str, Any]) -> tuple[list[dict], dict]:
+    """A replica booked by memory (``PlaceReplica.devices``): the core holds its GPUs (bytes on
+    devices), so its group and its actor reserve no Ray ``GPU`` (two models may share one GPU;
+    a Ray GPU count would refuse the second). Bundles left empty are dropped."""
+    left = [{k: v for k, v in b.items() if k != "GPU"} for b in bundles]
+    opts = {k: v for k, v in actor_options.items() if k != "num_gpus"}
+    return [b for b in left if b], opts
+
+
+def with_env(runtime_env: Mapping[str, Any] | None, env_vars: Mapping[str, str]) -> dict:
+    """``runtime_env`` with ``env_vars`` added to its own (the user's win where both name one)."""
+    env = dict(runtime_env or {})
+    env["env_vars"] = {**env_vars, **(env.get("env_vars") or {})}
+    return env
 
 
 def static_actor_options(actor_options: Mapping[str, Any]) -> dict:

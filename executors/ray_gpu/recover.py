@@ -142,6 +142,7 @@ class Recovery:
                 replica_id=rid, deployment=dep, node_id=r["node_id"], phase=phase, rank=claim,
                 world_size=r["world_size"], version=r["version"], user_config=config, lineage=r["lineage"],
                 tier=r.get("tier", "hot"), weights_version=r.get("weights_version", 0),
+                devices=tuple(r.get("devices", ())) if r.get("tier", "hot") == "hot" else (),
             ))
             if dep not in led.specs:  # not ours: the core stops it (drained as any replica)
                 led.replicas[rid] = ReplicaRecord(deployment=dep, checkpointed=False, stage=CREATED, actor=actor,

@@ -49,7 +49,8 @@ class ReplicaActor:
     def __init__(self, deployment: str, replica_id: str, cls: type, args: tuple, kwargs: dict,
                  lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
                  max_ongoing_requests: int = 5, bundle_indices: tuple[int, ...] | None = None,
-                 placement_group: Any = None, gang: rc.GangContext | None = None) -> None:
+                 placement_group: Any = None, gang: rc.GangContext | None = None, devices: tuple[int, ...] = (),
+                 source: str = "") -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
         # static placement: this rank's bundles of the caller's group; a gang member's gang
         self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
@@ -77,6 +78,9 @@ class ReplicaActor:
         self._inflight = 0
         #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
         self.weights = ReplicaWeights(replica_id)
+        #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
+        #: torch's device index when CUDA is there, recorded otherwise) and where its weights come from
+        self.devices, self.source = tuple(devices), source
 
     # -------------------------------------------------------------- plumbing
     def _loop_objects(self) -> None:
@@ -130,11 +134,13 @@ class ReplicaActor:
 
     async def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
                          pass_rank: bool, seq: tuple[int, int] | None = None, weights_version: int = 0,
-                         weights: Any = None) -> None:
+                         weights: Any = None, warm: Any = None, cold_path: str | None = None) -> None:
         """Run the user's ``__init__`` (and ``reconfigure`` when asked) with the
         context set; then, with ``weights_version`` above 0, load ``weights``
         (``InitializeReplica.weights_version``: a replica started after a push
-        serves the pushed weights). Called once per replica; a second call (a
+        serves the pushed weights). A replica booked by memory first takes the node's
+        WARM copy (``warm``, resolved by Ray from the cache's answer) or its COLD file
+        (``cold_path``), as ``PlaceReplica.source`` said. Called once per replica; a second call (a
         restarted controller's, for the same start) waits for the first and
         then applies its rank, world size and weights."""
         self._loop_objects()
@@ -153,12 +159,14 @@ class ReplicaActor:
         self.phase = "starting"
         self._set_context()
         self._init = asyncio.ensure_future(self._construct(user_config, call_reconfigure, pass_rank,
-                                                           weights_version, weights))
+                                                           weights_version, weights, warm, cold_path))
         await asyncio.shield(self._init)
 
     async def _construct(self, user_config: Any, call_reconfigure: bool, pass_rank: bool,
-                         weights_version: int = 0, weights: Any = None) -> None:
+                         weights_version: int = 0, weights: Any = None, warm: Any = None,
+                         cold_path: str | None = None) -> None:
         cls: Any = self.cls
+        device = self._device()
         args, kwargs = self.args, self.kwargs
 
         async def construct() -> Any:  # on the user loop's thread, as Ray Serve runs constructors
@@ -169,14 +177,31 @@ class ReplicaActor:
             return obj
 
         self.instance = await self._on_user_loop(construct())
-        await self._in_control(self._take_weights, self.instance, weights_version, weights)
+        await self._in_control(self._take_weights, self.instance, weights_version, weights, device, warm, cold_path)
         if call_reconfigure:
             await self._call_reconfigure(user_config, pass_rank)
         self.phase = "running"
 
-    def _take_weights(self, instance: Any, version: int, weights: Any) -> None:
-        self.weights.attach(instance)
-        if version > 0:
+    def _device(self) -> Any:
+        """The torch device of a replica booked by memory: ``cuda:<its first GPU index>`` (made
+        current, before the user's constructor) when CUDA is there; None otherwise (the usual
+        choice; the indices are only recorded)."""
+        if not self.devices:
+            return None
+        try:
+            import torch
+        except ImportError:
+            return None
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= self.devices[0]:
+            return None
+        torch.cuda.set_device(self.devices[0])
+        return torch.device("cuda", self.devices[0])
+
+    def _take_weights(self, instance: Any, version: int, weights: Any, device: Any = None, warm: Any = None,
+                      cold_path: str | None = None) -> None:
+        self.weights.attach(instance, device)
+        self.weights.fill(self.source, warm, cold_path, version)
+        if version > self.weights.version:
             self.weights.update(version, weights)
         self._set_context()
 
@@ -213,8 +238,14 @@ class ReplicaActor:
         return n
 
     async def weights_info(self) -> dict:
-        """Tier, version, bytes (held on the host too), device: what tests and tools read."""
-        return self.weights.info()
+        """Tier, version, bytes (held on the host too), device, GPU indices, where they came from."""
+        return {**self.weights.info(), "devices": self.devices, "source": self.source}
+
+    async def evict_weights(self, to: str, path: str | None) -> Any:
+        """``EvictReplica`` (after its drain): its weights as ``FlatWeights`` for the node's WARM
+        cache (``to="warm"``), or written to the node's COLD file ``path`` (bytes written)."""
+        await self._initialised()
+        return await self._in_control(self.weights.evict, to, path)
 
     async def export_weights(self) -> dict:
         """A CPU copy of the weights it serves from (only while HOT)."""
@@ -294,6 +325,7 @@ class ReplicaActor:
             "lineage": self.lineage,
             "tier": self.weights.tier,
             "weights_version": self.weights.version,
+            "devices": self.devices,
         }
 
     async def ping(self) -> bool:

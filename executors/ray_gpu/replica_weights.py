@@ -47,16 +47,73 @@ class ReplicaWeights:
         self.version = 0
         self.tiered: Any = None  # a TieredWeights, when the instance holds weights
         self.instance: Any = None
+        #: where its weights came from at its start: "constructor", "warm" (the node's cache),
+        #: "cold" (the node's COLD file); ``note`` says why a source the core named was not used
+        self.loaded_from = "constructor"
+        self.note = ""
 
-    def attach(self, instance: Any) -> None:
-        """Take the constructed instance's initial weights (version 0), if it holds any."""
+    def attach(self, instance: Any, device: Any = None) -> None:
+        """Take the constructed instance's initial weights (version 0), if it holds any, onto
+        ``device`` (None: CUDA when available, else the CPU)."""
         self.instance = instance
         if not holds_weights(instance):
             return
         from .weights import TieredWeights  # (torch: only in replicas whose class holds weights)
 
-        self.tiered = TieredWeights(instance.state_dict(), version=0, name=self.name)
+        self.tiered = TieredWeights(instance.state_dict(), version=0, name=self.name, device=device)
         self._bind()
+
+    def fill(self, source: str, warm: Any, cold_path: str | None, version: int) -> None:
+        """A replica booked by memory (``PlaceReplica.source``): its weights from the node's WARM
+        copy (``warm``: ``FlatWeights``, None if the cache had none) when ``source`` is "warm",
+        else, or failing that, from the node's COLD file when it holds ``version`` (the weights
+        the core says this replica starts with); else the constructor's stay. Each fallback is
+        noted (``note``), never silent; the bytes are checked against the layout either way."""
+        if not source:
+            return
+        if self.tiered is None:  # nothing to load: the tier is all there is
+            self.loaded_from = source
+            return
+        notes = []
+        if source == "warm":
+            if warm is None:
+                notes.append("no warm copy on this node")
+            else:
+                try:
+                    self.tiered.update(warm.state_dict(), warm.version)
+                except Exception as exc:
+                    notes.append(f"warm copy refused: {exc}")
+                else:
+                    self.version, self.loaded_from = warm.version, "warm"
+                    self._bind()
+                    return
+        import os
+
+        if cold_path is not None and os.path.exists(cold_path):
+            try:
+                self.version = self.tiered.load_file(cold_path, version)
+            except Exception as exc:
+                notes.append(f"cold file refused: {exc}")
+            else:
+                self.loaded_from = "cold"
+                self.note = "; ".join(notes)
+                self._bind()
+                return
+        else:
+            notes.append("no cold file on this node")
+        self.note = "; ".join(notes)
+
+    def evict(self, to: str, path: str | None) -> Any:
+        """``EvictReplica``: the weights leave this replica (its process ends next). ``to="warm"``:
+        returns them as ``FlatWeights`` for the node's cache (None: no tensors); ``"cold"``:
+        writes them to ``path`` (the node's COLD file) and returns the bytes written."""
+        if self.tiered is None:
+            return None if to == "warm" else 0
+        if to == "warm":
+            return self.tiered.to_flat()
+        if path is None:
+            raise RuntimeError(f"replica {self.name}: an eviction to cold needs the node's COLD file path")
+        return self.tiered.to_cold(path).nbytes
 
     @property
     def nbytes(self) -> int:
@@ -118,7 +175,8 @@ class ReplicaWeights:
         return {"tier": self.tier, "version": self.version, "nbytes": self.nbytes, "holds": t is not None,
                 "host_nbytes": t.host_nbytes if t is not None else 0,
                 "device": str(t.device) if t is not None else None,
-                "tiered_tier": t.tier if t is not None else None}
+                "tiered_tier": t.tier if t is not None else None,
+                "loaded_from": self.loaded_from, "note": self.note}
 
     def _bind(self) -> None:
         self.instance.load_state_dict(self.tiered.state_dict(), assign=True)

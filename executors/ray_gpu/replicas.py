@@ -51,6 +51,11 @@ class ReplicaRecord:
     #: (period, timeout) of its health checks, from its InitializeReplica
     check_every: tuple[float, float] | None = None
     checks: asyncio.Task | None = None  # its health checks (started once it is ready)
+    #: booked by memory: its PlaceReplica's GPU indices and source, and (source "warm") the ObjectRef
+    #: of the copy taken from the node's cache when it was placed (passed to its initialize)
+    devices: tuple[int, ...] = ()
+    source: str = ""
+    warm: Any = None
 
     def checkpoint(self) -> dict:
         """What the checkpoint keeps of it (a restarted controller adopts the

@@ -64,7 +64,7 @@ import torch
 __all__ = [
     "HOT", "WARM", "COLD", "TIERS", "Tier",
     "TierError", "WeightsMismatch", "ColdFileError",
-    "Move", "WeightsUpdate", "TieredWeights",
+    "Move", "WeightsUpdate", "FlatWeights", "TieredWeights",
 ]
 
 Tier = Literal["hot", "warm", "cold"]
@@ -141,6 +141,31 @@ class _Slot:
     shape: tuple[int, ...]
     begin: int
     end: int
+
+
+@attrs.frozen
+class FlatWeights:
+    """Weights as one flat byte array and its layout: what travels between a replica and its
+    node's WARM cache (``warm_cache.py``). ``data`` is a ``numpy`` uint8 array, so Ray moves it
+    through its object store without pickling the bytes; ``slots`` are ``(name, dtype name,
+    shape, begin, end)``."""
+
+    slots: tuple[tuple[str, str, tuple[int, ...], int, int], ...]
+    version: int
+    data: Any
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each tensor as a CPU view of ``data`` (read-only bytes: copy before writing)."""
+        import warnings
+
+        with warnings.catch_warnings():  # a read-only array from the object store: only read here
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(self.data)
+        return {name: flat[b:e].view(_ST_DTYPE[dt]).view(shape) for name, dt, shape, b, e in self.slots}
 
 
 def _layout(state_dict: Mapping[str, Any]) -> tuple[tuple[_Slot, ...], int]:
@@ -437,6 +462,55 @@ class TieredWeights:
         self._tier = COLD
         return Move(source, COLD, self._total, time.perf_counter() - t0)
 
+    # ---- to and from other processes and files -------------------------------------------------
+
+    def to_flat(self) -> FlatWeights:
+        """The bytes held now as ``FlatWeights`` (for a node's WARM cache). WARM: a view of the host
+        buffer; HOT on the CPU: of the device buffer; HOT on CUDA: copied into the kept host buffer
+        first. The caller serialises it before the next move (a Ray return value is)."""
+        if self._tier == COLD:
+            raise TierError("to_flat() needs the weights in memory; these are cold")
+        if self._tier == HOT and self._device.type == "cpu":
+            data = self._dev
+        else:
+            if self._tier == HOT:
+                if self._host is None:
+                    self._host = self._alloc_host()
+                self._host.copy_(self._dev, non_blocking=self._pin)
+                _sync(self._device)
+            data = self._host
+        slots = tuple((s.name, _ST_NAME[s.dtype], s.shape, s.begin, s.end) for s in self._slots)
+        return FlatWeights(slots=slots, version=self._version, data=data.numpy())
+
+    @classmethod
+    def from_flat(cls, flat: FlatWeights, *, tier: str = WARM, device: Any = None,
+                  directory: str | os.PathLike[str] | None = None, name: str = "weights") -> TieredWeights:
+        """A ``TieredWeights`` holding a copy of ``flat``'s bytes (its own buffers), in ``tier``."""
+        return cls(flat.state_dict(), version=flat.version, tier=tier, device=device, directory=directory,
+                   name=name)
+
+    def load_file(self, path: str | os.PathLike[str], version: int | None = None) -> int:
+        """Read a COLD file this layout wrote (another ``TieredWeights`` of the same names, shapes
+        and dtypes, and of ``version`` unless None: checked before any byte is read; no pickle)
+        into the buffer of the current tier (HOT or WARM), in place; the file's weight version
+        becomes this object's, and is returned."""
+        if self._tier == COLD:
+            raise TierError("load_file() reads into HOT or WARM weights; these are cold")
+        path = Path(path)
+        data_start, version = self._check_file(path, version)
+        dest = self._dev if self._tier == HOT else self._host
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if dest.device.type == "cuda":
+                with torch.cuda.device(dest.device):
+                    load_pipelined(fd, data_start, dest, chunk_bytes=self._chunk_bytes, readers=self._readers)
+            elif self._total:
+                _pread_full(fd, _byte_view(dest), data_start)
+        finally:
+            os.close(fd)
+        self._version = version
+        return version
+
     # ---- new weights --------------------------------------------------------------------------
 
     def update(self, new_state_dict: Mapping[str, Any], version: int) -> WeightsUpdate:
@@ -527,7 +601,7 @@ class TieredWeights:
 
     def _read_cold(self, path: Path, dest: Any) -> None:
         """Check ``path`` is this object's safetensors file (no pickle), then read its data into ``dest``."""
-        data_start = self._check_file(path)
+        data_start, _ = self._check_file(path, self._version)
         fd = os.open(path, os.O_RDONLY)
         try:
             if dest.device.type == "cuda":
@@ -538,8 +612,9 @@ class TieredWeights:
         finally:
             os.close(fd)
 
-    def _check_file(self, path: Path) -> int:
-        """The data section's offset in ``path``, once it is known to be this layout's safetensors file."""
+    def _check_file(self, path: Path, version: int | None) -> tuple[int, int]:
+        """The data section's offset in ``path`` and the weight version it holds, once it is known to
+        be this layout's safetensors file (of ``version``, unless None)."""
         if not path.is_file():
             raise ColdFileError(f"the COLD file {str(path)!r} is missing")
         try:
@@ -558,10 +633,13 @@ class TieredWeights:
             expected = {"dtype": _ST_NAME[s.dtype], "shape": list(s.shape), "data_offsets": [s.begin, s.end]}
             if entry != expected:
                 raise WeightsMismatch(f"{s.name!r} in {str(path)!r} is {entry}, expected {expected}")
-        if metadata.get(_VERSION_KEY) != str(self._version):
-            raise ColdFileError(f"{str(path)!r} holds weights version {metadata.get(_VERSION_KEY)!r}, "
-                                f"expected {self._version}")
-        return 8 + n
+        held = metadata.get(_VERSION_KEY)
+        if version is not None and held != str(version):
+            raise ColdFileError(f"{str(path)!r} holds weights version {held!r}, expected {version}")
+        try:
+            return 8 + n, _check_version(int(held or ""))
+        except (ValueError, TierError):
+            raise ColdFileError(f"{str(path)!r} holds no weight version ({held!r})") from None
 
 
 def _check_tier(tier: object) -> Tier:

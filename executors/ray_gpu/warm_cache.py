@@ -1,0 +1,162 @@
+"""Each node's WARM cache: the weights an evicted replica left in CPU memory (issue 21).
+
+The core decides what is cached where (``EvictReplica(to="warm")``, the copy
+used up by a ``PlaceReplica(source="warm")``, ``DropWarmCopy``); this actor
+only holds the bytes. One per node, ``rankcore-warm:<node id>``: detached,
+pinned to its node (a hard node affinity), reserving no CPU. An entry is
+keyed by (deployment, replica id) and holds a ``TieredWeights`` in WARM: its
+own host buffer, page-locked when the node has CUDA (the cache's process
+then sees the GPUs). A dropped entry is written to the node's COLD file
+first (WARM -> COLD: a later cold start there reads it), then freed. Bytes
+are the tensors' real sizes (``TieredWeights.nbytes``).
+
+``Caches`` is the controller's side: the cache actor of each node, and the
+path of each node's COLD file of a deployment,
+``<cold_dir>/<epoch>/<node id>/<deployment>.safetensors`` (the epoch of
+this run: a ``reset`` starts a new one, so a file from before is never read).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from .replicas import NAMESPACE
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+__all__ = ["Caches", "WarmCache", "cache_name", "warm_cache"]
+
+log = logging.getLogger("rankcore.ray.controller")
+
+
+def cache_name(node_id: str) -> str:
+    return f"rankcore-warm:{node_id}"
+
+
+class WarmCache:
+    """(deployment, replica id) -> the WARM copy that replica left on this node."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], Any] = {}  # a TieredWeights (WARM), or None for a class without weights
+
+    def keep(self, deployment: str, replica_id: str, flat: Any) -> int:
+        """Hold a copy of ``flat`` (``FlatWeights``, resolved by Ray from the evicted replica's
+        answer; None: its class holds no weights) as that replica's WARM copy; returns its bytes."""
+        tiered = None
+        if flat is not None:
+            from .weights import TieredWeights
+
+            tiered = TieredWeights.from_flat(flat, tier="warm", name=f"{deployment}.{replica_id}")
+        self.entries[(deployment, replica_id)] = tiered
+        return tiered.nbytes if tiered is not None else 0
+
+    def take(self, deployment: str) -> tuple[str | None, Any]:
+        """Use up a WARM copy of ``deployment`` (a placement from it: the core's books no longer
+        hold it), the smallest, then the oldest: ``(replica id it came from, FlatWeights or
+        None)``; ``(None, None)`` if this node holds none. Called with ``num_returns=2``, so
+        the weights go to the replica by their own ObjectRef, not through the controller."""
+        mine = [(t.nbytes if t is not None else 0, i, key) for i, (key, t) in enumerate(self.entries.items())
+                if key[0] == deployment]
+        if not mine:
+            return None, None
+        key = min(mine)[2]
+        tiered = self.entries.pop(key)
+        return key[1], (tiered.to_flat() if tiered is not None else None)
+
+    def drop(self, deployment: str, replica_id: str, cold_path: str | None = None) -> int:
+        """``DropWarmCopy``: free that copy; with ``cold_path``, write it there first (WARM ->
+        COLD). Returns the bytes freed (0: none held)."""
+        tiered = self.entries.pop((deployment, replica_id), None)
+        if tiered is None:
+            return 0
+        n = int(tiered.nbytes)
+        if cold_path is not None:
+            tiered.to_cold(cold_path)
+        return n
+
+    def info(self) -> dict:
+        """Entry -> bytes held (what tests and tools read)."""
+        return {f"{d}/{r}": (t.nbytes if t is not None else 0) for (d, r), t in self.entries.items()}
+
+    def held_bytes(self) -> int:
+        """CPU memory the entries hold (``TieredWeights.host_nbytes``)."""
+        return sum(t.host_nbytes for t in self.entries.values() if t is not None)
+
+    def forget_all(self) -> None:
+        self.entries.clear()
+
+
+def warm_cache(node_id: str, cuda: bool = False) -> Any:
+    """The node's cache actor (made on first use, on that node; ``cuda``: it sees the GPUs, so
+    its copies are pinned)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .memory import NOSET_CUDA
+
+    extra: dict[str, Any] = {"runtime_env": {"env_vars": {NOSET_CUDA: "1"}}} if cuda else {}
+    return ray.remote(WarmCache).options(
+        name=cache_name(node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+        max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False), **extra,
+    ).remote()
+
+
+class Caches:
+    """The controller's view of the nodes' WARM caches and COLD files (module docstring)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.actors: dict[str, Any] = {}
+
+    def get(self, node_id: str) -> Any:
+        if node_id not in self.actors:
+            self.actors[node_id] = warm_cache(node_id, bool(self.ledger.cuda.get(node_id)))
+        return self.actors[node_id]
+
+    def cold_path(self, node_id: str | None, deployment: str) -> str:
+        booking = self.ledger.booking
+        root = getattr(booking, "cold_dir", None) or os.path.join(tempfile.gettempdir(), "rankcore-cold")
+        return os.path.join(root, f"{self.ledger.t0:.6f}", node_id or "unknown", f"{deployment}.safetensors")
+
+    def missing(self, rid: str, source: str) -> None:
+        """A replica placed from a WARM copy that its node's cache does not hold (lost with a
+        failed eviction, or its cache's process): it loads COLD, and the trace says so."""
+        led = self.ledger
+        log.warning("replica %s: no WARM copy on its node: loading COLD", rid)
+        led.tier_log.append({"replica": rid, "move": "warm_copy_missing"})
+        if led.driver.trace is not None:
+            led.driver.trace.fault(led.now(), "warm_copy_missing", replica=rid, source=source)
+
+    async def drop(self, node_id: str, deployment: str, replica_id: str) -> None:
+        led = self.ledger
+        entry = {"replica": replica_id, "deployment": deployment, "move": "drop", "nbytes": 0, "error": ""}
+        try:
+            entry["nbytes"] = await self.get(node_id).drop.remote(deployment, replica_id,
+                                                                  self.cold_path(node_id, deployment))
+        except Exception as exc:
+            entry["error"] = repr(exc)[:500]
+            log.warning("DropWarmCopy(%s, %s, %s) failed: %r", node_id, deployment, replica_id, exc)
+        led.tier_log.append(entry)
+
+    async def info(self) -> dict:
+        """Node -> its cache's entries (bytes each) and the CPU memory they hold."""
+        out = {}
+        for node, actor in sorted(self.actors.items()):
+            try:
+                out[node] = {"entries": await actor.info.remote(), "held_bytes": await actor.held_bytes.remote()}
+            except Exception as exc:
+                out[node] = {"error": repr(exc)}
+        return out
+
+    async def forget_all(self) -> None:
+        """Empty every cache (``reset``): what the next run's core knows nothing of."""
+        for actor in list(self.actors.values()):
+            try:
+                await actor.forget_all.remote()
+            except Exception:
+                pass

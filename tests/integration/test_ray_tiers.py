@@ -1,0 +1,149 @@
+"""GPU memory, eviction and the WARM cache on Ray with real tensors (issue 21; docs/ray.md,
+"GPU memory, eviction and the warm cache").
+
+One local Ray for the module with ONE logical GPU (no CUDA needed), declared to the core as
+1000 bytes of GPU memory (``book_memory``): two models of 600 "bytes" each fit one at a time,
+so deploying the second evicts the first. Each replica's constructor draws random weights
+(a fresh seed per process), so a replica that answers with the evicted one's exact weights
+took them from the node's WARM cache or COLD file, never from its constructor.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+import torch
+
+from executors.ray_gpu import deployment, get_controller, run
+from executors.ray_gpu.api import ask, book_memory, tiers_status, wait_serving
+from executors.ray_gpu.controller import NAMESPACE, actor_name
+from tests.integration.conftest import ray_env
+from tests.integration.waiting import wait_for
+
+X = torch.linspace(-1, 1, 64)
+GPU_MEMORY = 1000
+MODEL = 600  # the core's model_bytes: two do not fit on the one GPU
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_gpu_ray():
+    ray_env()
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
+             object_store_memory=128 * 1024**2, log_to_driver=False)
+    yield
+    try:
+        ask(get_controller(), "reset")
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    yield
+    ask(get_controller(), "reset")
+
+
+class Model:
+    """Holds weights (the contract of replica_weights.py); random ones, drawn per process."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+        self.model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 64))
+
+    def state_dict(self):
+        return self.model.state_dict()
+
+    def load_state_dict(self, state_dict, assign=False):
+        return self.model.load_state_dict(state_dict, assign=assign)
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.model(x)
+
+
+def tiered(name: str):
+    return deployment(Model, name=name, num_replicas=1, ray_actor_options={"num_gpus": 1},
+                      model_bytes=MODEL, min_deployment_time_s=0.0)
+
+
+def only(dep: str) -> str:
+    (rid,) = ask(get_controller(), "ranks", dep)
+    return rid
+
+
+def replica(dep: str, rid: str):
+    return ray.get_actor(actor_name(dep, rid), namespace=NAMESPACE)
+
+
+def exported(dep: str, rid: str) -> dict:
+    return ray.get(replica(dep, rid).export_weights.remote(), timeout=30)
+
+
+def info(dep: str, rid: str) -> dict:
+    return ray.get(replica(dep, rid).weights_info.remote(), timeout=30)
+
+
+def same(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def evict_and_reload(cpu_cache: int) -> dict:
+    """Deploy a, then b (evicts a), then scale b to 0 (a reloads): what each step showed."""
+    nodes = book_memory(gpu_memory=GPU_MEMORY, cpu_cache=cpu_cache)
+    assert [(devices, cache) for _, devices, cache in nodes] == [((GPU_MEMORY,), cpu_cache)]  # NodeJoined
+    ha = run(tiered("a").bind())
+    a0 = only("a")
+    before, answer = exported("a", a0), ha.remote(X).result(timeout=30)
+    assert info("a", a0)["devices"] == (0,) and info("a", a0)["loaded_from"] == "constructor"
+    hb = run(tiered("b").bind())  # a is evicted for it: a's replica leaves, its replacement waits
+    b0 = only("b")
+    assert info("b", b0)["devices"] == (0,)
+    assert torch.equal(hb.remote(X).result(timeout=30), hb.remote(X).result(timeout=30))
+    st = ask(get_controller(), "deployment_status", "a")
+    assert a0 not in st["replicas"] and not st["healthy"]
+    evicted = [e for e in tiers_status()["log"] if e["move"] == "evict"]
+    assert [(e["replica"], e["deployment"]) for e in evicted] == [(a0, "a")]
+    caches = tiers_status()["caches"]
+    hb.scale(0)  # room again: a's replacement is placed, from the WARM copy if the node kept one
+    wait_serving("a", timeout=60)
+    a1 = only("a")
+    assert a1 != a0
+    after = exported("a", a1)
+    assert same(after, before)  # bit-identical (its constructor drew other weights)
+    assert torch.equal(ha.remote(X).result(timeout=30), answer)  # answers unchanged
+    assert ask(get_controller(), "status")["rejected_events"] == 0
+    return {"evicted": evicted[0], "caches_while_evicted": caches, "reloaded": info("a", a1),
+            "log": tiers_status()["log"], "caches_after": tiers_status()["caches"]}
+
+
+def test_an_evicted_model_reloads_from_the_warm_cache_bit_identical():
+    t0 = time.monotonic()
+    seen = evict_and_reload(cpu_cache=GPU_MEMORY)  # one model's copy fits in the cache
+    nbytes = seen["reloaded"]["nbytes"]
+    assert nbytes == sum(t.numel() * t.element_size() for t in Model().state_dict().values())
+    assert seen["evicted"]["to"] == "warm" and seen["evicted"]["nbytes"] == nbytes  # the tensors' real size
+    (held,) = seen["caches_while_evicted"].values()
+    assert held["held_bytes"] == nbytes and list(held["entries"].values()) == [nbytes]
+    assert (seen["reloaded"]["source"], seen["reloaded"]["loaded_from"], seen["reloaded"]["note"]) == \
+        ("warm", "warm", "")
+    (after,) = seen["caches_after"].values()
+    assert after == {"entries": {}, "held_bytes": 0}  # the copy was used up by the reload
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_cache_too_small_sends_the_evicted_model_cold_and_it_reloads_bit_identical_from_its_file():
+    seen = evict_and_reload(cpu_cache=MODEL - 1)  # its copy does not fit: COLD
+    assert seen["evicted"]["to"] == "cold" and seen["evicted"]["nbytes"] == seen["reloaded"]["nbytes"]
+    assert all(c["held_bytes"] == 0 for c in seen["caches_while_evicted"].values())
+    assert (seen["reloaded"]["source"], seen["reloaded"]["loaded_from"]) == ("cold", "cold")
+
+
+def test_without_book_memory_nodes_count_gpus_and_model_bytes_change_nothing():
+    h = run(tiered("plain").bind())
+    rid = only("plain")
+    assert info("plain", rid)["devices"] == () and info("plain", rid)["source"] == ""
+    assert torch.equal(h.remote(X).result(timeout=30), h.remote(X).result(timeout=30))
+    assert wait_for(lambda: tiers_status()["log"] == [], timeout=1)
