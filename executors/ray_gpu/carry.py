@@ -373,7 +373,7 @@ class Carrier:
             came_from = None
             log.warning("replica %s: its node's WARM cache did not answer: %r", rid, exc)
         if came_from is None:
-            self.caches.missing(rid, rec.source)
+            self.caches.missing(rid, self.ledger.node_of(rid), rec.deployment)
             return None
         return refs[1]
 

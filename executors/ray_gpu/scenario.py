@@ -117,9 +117,28 @@ def _holder(deployment: str, rank: int, timeout: float = 10.0) -> str | None:
 
 
 def needs_cluster(sc: Scenario) -> bool:
-    """Whether ``sc`` loses or adds nodes, or has a node short of what it reports
-    (``unreported_gpus``): it needs a ScenarioCluster."""
-    return any(isinstance(a, NODE_ACTIONS) for a in sc.timeline) or any(n.unreported_gpus > 0 for n in sc.nodes)
+    """Whether ``sc`` loses or adds nodes, has a node short of what it reports
+    (``unreported_gpus``), or declares nodes' GPU memory (``gpu_memory``: models
+    booked by memory on those very nodes): it needs a ScenarioCluster."""
+    return any(isinstance(a, NODE_ACTIONS) for a in sc.timeline) or any(
+        n.unreported_gpus > 0 or _gpu_memory(n) for n in sc.nodes)
+
+
+def _gpu_memory(node: Any) -> int:
+    return int(getattr(node, "gpu_memory", 0) or 0)
+
+
+def memory_booking(sc: Scenario) -> Any:
+    """The nodes' ``gpu_memory`` / ``cpu_cache`` as the controller's ``book_memory`` options
+    (per scenario node name: the ScenarioCluster labels its nodes so), or None if no node
+    declares GPU memory."""
+    from .memory import MemoryBooking
+
+    declared = [n for n in sc.nodes if _gpu_memory(n)]
+    if not declared:
+        return None
+    return MemoryBooking.make({n.name: _gpu_memory(n) for n in declared},
+                              {n.name: int(getattr(n, "cpu_cache", 0) or 0) for n in declared})
 
 
 def _sim_only_faults(sc: Scenario) -> list[str]:
@@ -140,6 +159,12 @@ def _sim_only_faults(sc: Scenario) -> list[str]:
     return out
 
 
+def _tier_option(spec: Any) -> dict:
+    """``model_bytes`` for the core, as the simulator gives it (``DeploymentSpec.tier_option``)."""
+    option = getattr(spec, "tier_option", None)
+    return dict(option()) if callable(option) else {}
+
+
 def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     """Raise ``UnsupportedOnRay`` naming every key and action of ``sc`` that
     only the simulator can run (the CLI exits 2 with it). ``multi_node``: the
@@ -149,6 +174,7 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
            for a in sc.timeline if not isinstance(a, allowed)]
     if not multi_node:  # (on a scenario-shaped cluster a hidden placement group holds them: _hide_gpus)
         bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
+        bad += [f"cluster.nodes {n.name}: gpu_memory" for n in sc.nodes if _gpu_memory(n)]
     faults = _sim_only_faults(sc)
     nodes_only = not multi_node and not faults and all(
         isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
@@ -157,7 +183,7 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
             f"at most {MAX_MODEL_BYTES} bytes)" for name, spec in sorted(sc.deployments.items())
             if spec.model_bytes > MAX_MODEL_BYTES]
     if bad:
-        hint = "node loss and unreported_gpus need the scenario-shaped local cluster: --cluster scenario, " \
+        hint = "node loss, unreported_gpus and gpu_memory need the scenario-shaped local cluster: --cluster scenario, " \
             "no --address" if nodes_only else "use --executor sim"
         raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
 
@@ -324,7 +350,8 @@ class _RayTarget:
                           user_config=user_config, ray_actor_options=opts, max_replicas=spec.max_replicas,
                           gang_size=spec.gang_size, gang_placement=spec.gang_placement,
                           gang_failure=spec.gang_failure,
-                          core_options={**dict(spec.options), "start_timeout_s": spec.start_timeout}, **where)
+                          core_options={**dict(spec.options), **_tier_option(spec),
+                                        "start_timeout_s": spec.start_timeout}, **where)
 
     def apply(self, event: Any) -> None:
         d = self.deployment(event.name, event.num_replicas, event.user_config)
@@ -491,6 +518,9 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
     check_supported(sc, multi_node=cluster is not None)
     ctl = get_controller()
     ask(ctl, "reset")  # a scenario starts from an empty cluster, as in the simulator
+    booking = memory_booking(sc)
+    if booking is not None:  # nodes with gpu_memory join as device nodes (before any deployment)
+        ask(ctl, "book_memory", booking)
     groups = _make_groups(sc, cluster)
     hidden: list[Any] = []
     orphans: list[str] = []

@@ -123,14 +123,15 @@ class Caches:
         root = getattr(booking, "cold_dir", None) or os.path.join(tempfile.gettempdir(), "rankcore-cold")
         return os.path.join(root, f"{self.ledger.t0:.6f}", node_id or "unknown", f"{deployment}.safetensors")
 
-    def missing(self, rid: str, source: str) -> None:
+    def missing(self, rid: str, node_id: str | None, deployment: str) -> None:
         """A replica placed from a WARM copy that its node's cache does not hold (lost with a
         failed eviction, or its cache's process): it loads COLD, and the trace says so."""
         led = self.ledger
         log.warning("replica %s: no WARM copy on its node: loading COLD", rid)
-        led.tier_log.append({"replica": rid, "move": "warm_copy_missing"})
-        if led.driver.trace is not None:
-            led.driver.trace.fault(led.now(), "warm_copy_missing", replica=rid, source=source)
+        led.tier_log.append({"replica": rid, "deployment": deployment, "move": "warm_copy_missing"})
+        if led.driver.trace is not None:  # (the simulator's record of the same fact)
+            led.driver.trace.fault(led.now(), "warm_copy_missing", node=node_id, deployment=deployment, replica=rid,
+                                   command="PlaceReplica", loads_from="cold")
 
     async def drop(self, node_id: str, deployment: str, replica_id: str) -> None:
         led = self.ledger
