@@ -71,6 +71,7 @@ class Controller:
 
     def __init__(self) -> None:
         self.ledger = Ledger()
+        self.ledger.booking, self.ledger.cuda = persist.load_booking()  # (a restart declares the same memory)
         self.recorder = Recorder(self.ledger)
         self.watcher = Watcher(self.ledger)
         self.carrier = Carrier(self.ledger, self.watcher)

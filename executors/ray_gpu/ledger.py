@@ -65,7 +65,8 @@ class Ledger:
         self.weights: dict[tuple[str, int], Any] = {}
         #: memory-booked placement (``api.book_memory``; None: GPUs counted), and each probed
         #: node's CUDA devices' memory (``Watcher.probe``); saved (``persist.save_booking``)
-        self.booking, self.cuda = persist.load_booking()
+        self.booking: Any = None  # (the controller loads the saved ones: Controller.__init__)
+        self.cuda: dict[str, tuple[int, ...]] = {}
         self.probing: dict[str, Any] = {}
         #: the tier moves carried out (evictions, warm/cold loads, dropped copies): what tests read
         self.tier_log: list[dict] = []
