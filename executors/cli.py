@@ -88,6 +88,10 @@ MEANINGS = (
                 "to full strength again"),
     ("frac.", "non-contig frac. / s: time after start-up with that level's ranks not contiguous"),
     ("whole run", "non-contig whole run s: seconds with ranks not contiguous, start-up included"),
+    ("loads", "cold / warm loads: placements that loaded the weights from disk / the node's WARM copy"),
+    ("HOT replica", "HOT replica·s: replicas serving from their GPU, integrated"),
+    ("wait to HOT", "wait to HOT: from a replica's StartReplica to its being ready (never HOT: stopped, "
+                    "crashed or the run ended first; their wait until then counts too)"),
 )
 
 
@@ -154,6 +158,16 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
         for name in deps:
             t.add_row(*(_state_cells(result, name) if n == 0 else [escape(name)]), *cells[name])
         out.append(t)
+    tiers = [f for f in FIGURES if f.group == "tiers"]
+    if figures is None and any(m.get("cold_loads") or m.get("warm_loads") for m in deps.values()):
+        t = Table(title="tiers")  # GPU memory tiers at work (issue 21): their figures too
+        t.add_column("deployment", overflow="fold")
+        for f in tiers:
+            t.add_column(f.title, justify="right", width=max(_title_width(f.title), 7))
+        for name, m in deps.items():
+            t.add_row(escape(name), *(_figure_cell(m, f) for f in tiers))
+        out.append(t)
+        groups.append(tiers)
     out[-1].caption = legend([f.title for cols in groups for f in cols], more=figures is None)
     return out
 

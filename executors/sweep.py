@@ -178,9 +178,17 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(f"noncontig_s_{lv}", f"non-contig\n{short} s", "contiguity_s") for lv, short in _LEVELS),
     Figure("noncontig_s_any", "non-contig\nany s", "contiguity_s"),
     Figure("noncontiguous_seconds", "non-contig\nwhole run s", "contiguity_s"),
+    # GPU memory tiers (issue 21): loads by source, evictions, replica-seconds HOT, the wait to be HOT
+    Figure("cold_loads", "cold\nloads", "tiers", count=True),
+    Figure("warm_loads", "warm\nloads", "tiers", count=True),
+    Figure("evictions", "evictions", "tiers", count=True),
+    Figure("hot_seconds", "HOT\nreplica·s", "tiers", 0),
+    Figure("wait_to_hot_s", "wait to HOT\nsum s", "tiers"),
+    Figure("wait_to_hot_max", "wait to HOT\nmax s", "tiers"),
+    Figure("never_hot", "never\nHOT", "tiers", count=True),
 )
 #: column groups, each printed as a table of its own (so each stays narrow)
-GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s")
+GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV)
 DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
 

@@ -142,11 +142,13 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
         return res(dep.healthy, f"{'healthy' if dep.healthy else 'not healthy'}: "
                                 f"{dep.count(rc.Phase.RUNNING)} running of target {dep.target}, "
                                 f"{len(dep.replicas)} live")
-    if e.kind in ("reconfigures", "reassignments", "packed"):
+    if e.kind in ("reconfigures", "reassignments", "packed", "evictions", "cold_loads", "warm_loads"):
         if e.kind == "packed":
             n = dep.packing_gap()
         elif m is None:
             n = 0
+        elif e.kind in ("evictions", "cold_loads", "warm_loads"):  # GPU memory tiers, as carried out
+            n = getattr(m, e.kind)
         elif e.kind == "reconfigures":
             reason = e.args["reason"]
             n = sum(m.reconfigures.values()) if reason == "any" else m.reconfigures[reason]

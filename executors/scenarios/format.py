@@ -9,8 +9,9 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import yaml
@@ -46,7 +47,9 @@ __all__ = [
 
 EXPECTATIONS = ("world_size", "ranks", "contiguous", "reconfigures", "reassignments", "healthy", "running", "status",
                 "packed", "failed", "availability", "full_strength", "non_contiguous", "to_full_strength",
-                "below", "asleep", "serving", "weights_version")
+                "below", "asleep", "serving", "weights_version", "evictions", "cold_loads", "warm_loads")
+#: the tier counts an expectation may bound (``DeploymentMetrics``' fields of the same name)
+TIER_COUNTS = ("evictions", "cold_loads", "warm_loads")
 #: contiguity levels by every name a planner may use
 LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node": "node_rank",
                "local_rank": "local_rank", "local": "local_rank", "any": "any"}
@@ -79,6 +82,11 @@ class NodeSpec:
     #: controller is told not to see holds them, so the replica's group never gets room and
     #: the core's placement timeout gives the node up). A way to ask about a core that believed wrong.
     unreported_gpus: float = 0.0
+    #: each GPU's memory in bytes (0: none declared): the node then joins as a *device node*
+    #: (``NodeJoined.devices``, one entry per GPU) and tiered models are booked on it by memory
+    gpu_memory: int = 0
+    #: CPU memory for WARM copies of evicted models, in bytes (``NodeJoined.cpu_cache_bytes``)
+    cpu_cache: int = 0
 
 
 @attrs.frozen
@@ -108,9 +116,10 @@ class DeploymentSpec:
     options: tuple[tuple[str, Any], ...] = ()
     #: the first this many starts of its replicas fail (their __init__ raises): a crash loop
     start_failures: int = 0
-    #: the model's weights in bytes: what an OffloadReplica / LoadReplica / UpdateWeights moves
-    #: (0: the moves are instant). The executors' only: the core does not read it (yet)
-    model_bytes: float = 0.0
+    #: the model's weights in bytes (the core's ``model_bytes`` option, read with its scenario
+    #: spelling: bytes or a size): what a load, an OffloadReplica / LoadReplica / UpdateWeights
+    #: moves (0: the moves are instant). The core books it on devices (``tier_option``)
+    model_bytes: int = 0
     #: its own bandwidths (GB/s) for some moves (``TRANSFER_KEYS``): the scenario's for the rest
     bandwidth: dict = attrs.field(factory=dict, hash=False)
 
@@ -130,8 +139,17 @@ class DeploymentSpec:
             gang_size=spec.gang_size,
             gang_placement=spec.gang_placement,
             gang_failure=spec.gang_failure,
+            **spec.tier_option(),
             **dict(spec.options),
         )
+
+    def tier_option(self) -> dict[str, int]:
+        """``model_bytes`` for the core: given to every deployment the core may book by memory;
+        a static placement or a gang places its GPUs whole and the core refuses the option there
+        (``DeploymentConfig``), so for them the bytes are only the size of the weights' moves."""
+        if not self.model_bytes or self.static is not None or self.gang_size > 1:
+            return {}
+        return {"model_bytes": self.model_bytes}
 
 
 @attrs.frozen
@@ -452,7 +470,9 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
               timeout: float) -> list[str]:
     out = []
     deployed = {a.deployment for a in timeline if isinstance(a, (Deploy, Scale))}
-    want = sum(d.replicas * d.gpus for n, d in deployments.items() if n in deployed and d.static is None)
+    by_memory = any(n.gpu_memory for n in nodes)  # tiered models are booked by memory there, may evict others
+    want = sum(d.replicas * d.gpus for n, d in deployments.items() if n in deployed and d.static is None
+               and not (by_memory and d.tier_option()))
     have = sum(n.gpus for n in nodes) - sum(d.bundle_gpus * len([b for b in d.static.bundle_nodes if b])
                                            for d in deployments.values() if d.static is not None)
     have += sum(a.gpus for a in timeline if isinstance(a, AddNode))
@@ -479,27 +499,38 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
 
 
 def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
-    cl = c.mapping(value, ("cluster",), ("nodes", "gpus_per_node"), required=("nodes",))
+    cl = c.mapping(value, ("cluster",), ("nodes", "gpus_per_node", "gpu_memory", "cpu_cache"), required=("nodes",))
     gpus_default = c.number(cl.get("gpus_per_node", 8), ("cluster", "gpus_per_node"))
+    memory_default = _size(cl.get("gpu_memory", 0), ("cluster", "gpu_memory"), c)
+    cache_default = _size(cl.get("cpu_cache", 0), ("cluster", "cpu_cache"), c)
     nodes_raw = cl["nodes"]
     out: list[NodeSpec] = []
     if isinstance(nodes_raw, int) and not isinstance(nodes_raw, bool):
         n = c.count(nodes_raw, ("cluster", "nodes"))
-        out = [NodeSpec(name=f"node-{i}", gpus=gpus_default) for i in range(n)]
+        out = [NodeSpec(name=f"node-{i}", gpus=gpus_default, gpu_memory=memory_default, cpu_cache=cache_default)
+               for i in range(n)]
+        if memory_default:
+            _whole_gpus(gpus_default, ("cluster", "gpus_per_node"), c)
     elif isinstance(nodes_raw, list):
         for i, item in enumerate(nodes_raw):
             p = ("cluster", "nodes", i)
-            m = c.mapping(item, p, ("name", "gpus", "count", "unreported_gpus"), required=("name",))
+            m = c.mapping(item, p, ("name", "gpus", "count", "unreported_gpus", "gpu_memory", "cpu_cache"),
+                          required=("name",))
             nm = c.name(m["name"], p + ("name",))
             gpus = c.number(m.get("gpus", gpus_default), p + ("gpus",))
             count = c.count(m.get("count", 1), p + ("count",))
             hidden = c.number(m.get("unreported_gpus", 0), p + ("unreported_gpus",))
             if hidden > gpus:
                 raise c.fail(p + ("unreported_gpus",), f"{hidden:g} is more than the node's {gpus:g} GPUs")
+            memory = _size(m.get("gpu_memory", memory_default), p + ("gpu_memory",), c)
+            cache = _size(m.get("cpu_cache", cache_default), p + ("cpu_cache",), c)
+            if memory:
+                _whole_gpus(gpus, p + ("gpus",) if "gpus" in m else ("cluster", "gpus_per_node"), c)
+            one = {"gpus": gpus, "unreported_gpus": hidden, "gpu_memory": memory, "cpu_cache": cache}
             if "count" in m:
-                out.extend(NodeSpec(name=f"{nm}-{j}", gpus=gpus, unreported_gpus=hidden) for j in range(count))
+                out.extend(NodeSpec(name=f"{nm}-{j}", **one) for j in range(count))
             else:
-                out.append(NodeSpec(name=nm, gpus=gpus, unreported_gpus=hidden))
+                out.append(NodeSpec(name=nm, **one))
     else:
         raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
     seen: set[str] = set()
@@ -521,7 +552,7 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         c.name(name, p)
         m = c.mapping(spec if spec is not None else {}, p,
                       ("replicas", "user_config", "reconfigure", "gpus", "latency", "max_replicas", "placement",
-                       "static_placement", "gang", "start_failures", "model_bytes", "bandwidth", *_AS_IS))
+                       "static_placement", "gang", "start_failures", _MODEL_BYTES, "bandwidth", *_AS_IS))
         policy = m.get("placement", placement)
         if policy not in rc.placement.POLICIES:
             raise c.fail(p + ("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(policy)}")
@@ -559,13 +590,20 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
             start_timeout=timeout,
             options=_options(m, p, c, name),
             start_failures=c.count(m.get("start_failures", 0), p + ("start_failures",)),
-            model_bytes=_bytes(m.get("model_bytes", 0), p + ("model_bytes",), c),
+            model_bytes=_size(m.get(_MODEL_BYTES, 0), p + (_MODEL_BYTES,), c),
             bandwidth={k: c.bandwidth(v, p + ("bandwidth", k))
                        for k, v in c.mapping(m.get("bandwidth", {}), p + ("bandwidth",), TRANSFER_KEYS).items()},
         )
+        try:  # the options together, as the core will see them (model_bytes with the GPUs, ...)
+            out[name].applied()
+        except rc.InvalidConfig as exc:
+            raise c.fail(p + ((_MODEL_BYTES,) if _MODEL_BYTES in str(exc) and _MODEL_BYTES in m else ()),
+                         str(exc)) from None
     return out
 
 
+#: the core's ``model_bytes`` option as a scenario spells it (bytes, or a size: ``_size``)
+_MODEL_BYTES = cast(rc.options.Spelling, rc.options.spelling("model_bytes", "scenario")).key
 #: the deployment keys that are options taken as is (rankcore.options: one declaration); the
 #: others (gpus, placement, static_placement, gang, faults.start_timeout) are spelt here
 _AS_IS = rc.options.as_is("scenario")
@@ -645,17 +683,31 @@ def _gang(v: Any, p: tuple, c: _Checker) -> tuple[int, str, str]:
     return size, placement, failure
 
 
-def _bytes(value: Any, p: tuple, c: _Checker) -> float:
-    """A byte count: a number, or a string such as ``16e9`` (YAML 1.1 reads an exponent
-    without a dot as a string)."""
+#: the units a size may end with (``16GiB``, ``80GB``, ``512MiB``): powers of 1024 and of 1000
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def _size(value: Any, p: tuple, c: _Checker) -> int:
+    """A byte count: a number (``16e9``: YAML 1.1 reads an exponent without a dot as a
+    string), or a size with a unit of ``SIZE_UNITS`` (``16GiB``, ``80GB``); whole bytes."""
     if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise c.fail(p, f"must be a number of bytes, got {_show(value)}") from None
+        m = _SIZE.match(value)
+        unit = m.group(2) if m else None
+        if m is None or (unit and unit not in SIZE_UNITS):
+            raise c.fail(p, f"must be a number of bytes, got {_show(value)} (or a size such as 16GiB or 80GB; "
+                            f"units: {', '.join(SIZE_UNITS)})")
+        value = float(m.group(1)) * SIZE_UNITS[unit or "B"]
     if isinstance(value, float) and math.isinf(value):
         raise c.fail(p, "must be a finite number of bytes")
-    return c.number(value, p)
+    return int(c.number(value, p))
+
+
+def _whole_gpus(gpus: float, p: tuple, c: _Checker) -> None:
+    """A node that declares ``gpu_memory`` lists one device per GPU: a whole number of them."""
+    if gpus != int(gpus):
+        raise c.fail(p, f"a node with gpu_memory needs a whole number of GPUs (one device each), got {gpus:g}")
 
 
 def _at_most(n: int, most: int, p: tuple, c: _Checker) -> int:
@@ -781,8 +833,8 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             bounds = [b for b in _BOUNDS if b in mm] or ["equals"]
             for b in bounds:
                 args[b] = c.count(mm.get(b, 0), q + (b,))
-        elif kind in ("reconfigures", "reassignments"):
-            extra = ("reason",) if kind == "reconfigures" else ("level",)
+        elif kind in ("reconfigures", "reassignments", *TIER_COUNTS):
+            extra = ("reason",) if kind == "reconfigures" else ("level",) if kind == "reassignments" else ()
             mm = c.mapping(v, q, ("deployment", *_BOUNDS, *extra), required=("deployment",))
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments)}
             bounds = [b for b in _BOUNDS if b in mm]
@@ -790,7 +842,9 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
                 raise c.fail(q, f"needs one of {', '.join(_BOUNDS)}")
             for b in bounds:
                 args[b] = c.count(mm[b], q + (b,))
-            if kind == "reconfigures":
+            if kind in TIER_COUNTS:
+                pass
+            elif kind == "reconfigures":
                 reason = mm.get("reason", "any")
                 if reason not in ("any", "rank", "user_config"):
                     raise c.fail(q + ("reason",), f"must be any, rank or user_config, got {_show(reason)}")

@@ -96,12 +96,15 @@ def parse_latency(value: Any) -> Latency:
 
 # ------------------------------------------------------------------ weight transfers
 #: the moves of a replica's weights (issue 21; docs/tiers.md) and the link each takes: ``load``
-#: (``LoadReplica``: CPU memory -> GPU), ``offload`` (``OffloadReplica``: GPU -> CPU memory),
-#: ``update`` (``UpdateWeights``: new weights into wherever they are)
-TRANSFER_KEYS = ("load", "offload", "update")
+#: (``LoadReplica``, or a placement from the node's WARM copy: CPU memory -> GPU), ``offload``
+#: (``OffloadReplica``: GPU -> CPU memory), ``update`` (``UpdateWeights``: new weights into
+#: wherever they are), ``disk`` (a placement from COLD: disk -> GPU)
+TRANSFER_KEYS = ("load", "offload", "update", "disk")
 #: their default bandwidths in GB/s (1e9 bytes per second): issue 21's pinned host-to-device copy
-#: measured on a lent H100 (54.8 GB/s); device-to-host and updates assumed the same (not measured)
-DEFAULT_BANDWIDTH_GBPS = {"load": 54.8, "offload": 54.8, "update": 54.8}
+#: measured on a lent H100 (54.8 GB/s); device-to-host and updates assumed the same (not measured);
+#: disk: the Ray executor's COLD -> HOT of 1 GiB on a lent H100, from a warm page cache (14.5 GB/s,
+#: docs/benchmarks.md; a file not in the page cache comes at the disk's own speed: set it)
+DEFAULT_BANDWIDTH_GBPS = {"load": 54.8, "offload": 54.8, "update": 54.8, "disk": 14.5}
 
 
 @attrs.frozen

@@ -90,6 +90,20 @@ class DeploymentMetrics:
     loads: int = 0
     weight_updates: int = 0
     bytes_moved: int = 0
+    #: GPU memory tiers (issue 21), told by the executor: placements loaded from disk / from the
+    #: node's WARM copy (``PlaceReplica.source`` as carried out), "warm" ones that found no copy and
+    #: loaded from disk (counted in cold_loads too), evictions carried out (``EvictReplica``)
+    cold_loads: int = 0
+    warm_loads: int = 0
+    warm_fallbacks: int = 0
+    evictions: int = 0
+    #: replica-seconds with weights on a GPU and serving (from ready, or a wake, until the
+    #: replica stopped, died or went to sleep)
+    hot_seconds: float = 0.0
+    #: per replica: the seconds from its StartReplica (it was asked for) to ready, or (one that
+    #: never was: stopped, died or still waiting at the end) to its end; never_hot counts those
+    wait_to_hot: list = attrs.field(factory=list)
+    never_hot: int = 0
     noncontiguous_seconds: float = 0.0
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
@@ -104,6 +118,8 @@ class DeploymentMetrics:
     #: under an unchanged target, not a new target or the ramp to it) to full strength again
     to_full_strength: list = attrs.field(factory=list)
     # integration state
+    _hot: int = 0  # replicas HOT now
+    _hot_since: float = 0.0  # hot_seconds integrated up to here
     _serving: int = 0
     _target: int = 0
     #: non-contiguous now, per level of CONTIGUITY (the last: at any level)
@@ -177,6 +193,15 @@ class DeploymentMetrics:
             "loads": self.loads,
             "weight_updates": self.weight_updates,
             "bytes_moved": self.bytes_moved,
+            "cold_loads": self.cold_loads,
+            "warm_loads": self.warm_loads,
+            "warm_fallbacks": self.warm_fallbacks,
+            "evictions": self.evictions,
+            "hot_seconds": round(self.hot_seconds, 6),
+            "wait_to_hot_s": round(sum(self.wait_to_hot), 6),
+            "wait_to_hot_max": round(max(self.wait_to_hot), 6) if self.wait_to_hot else None,
+            "wait_to_hot_p50": percentile(self.wait_to_hot, 50),
+            "never_hot": self.never_hot,
             "noncontiguous_seconds": round(self.noncontiguous_seconds, 6),
             "unavailable_replica_seconds": round(self.unavailable_replica_seconds, 6),
             "crash_to_ready_p50": percentile(self.crash_to_ready, 50),
@@ -221,6 +246,7 @@ class Metrics:
         """Integrate every deployment's figures up to ``t`` (before reading them)."""
         for m in self.deployments.values():
             self._settle(m, t)
+            self._settle_hot(m, t)
         self.last_t = max(self.last_t, t)
 
     @staticmethod
@@ -378,6 +404,39 @@ class Metrics:
         else:
             m.weight_updates += 1
         m.bytes_moved += nbytes
+
+    def loaded(self, deployment: str, source: str, fell_back: bool = False) -> None:
+        """A tiered replica landed on its node and loads its weights from ``source`` ("warm": the
+        node's WARM copy; "cold": disk); ``fell_back``: the core said warm, no copy was there."""
+        m = self._m(deployment)
+        if source == "warm":
+            m.warm_loads += 1
+        else:
+            m.cold_loads += 1
+        m.warm_fallbacks += fell_back
+
+    def evicted(self, deployment: str) -> None:
+        """An ``EvictReplica`` was carried out (the replica drains, then leaves its GPU)."""
+        self._m(deployment).evictions += 1
+
+    @staticmethod
+    def _settle_hot(m: DeploymentMetrics, t: float) -> None:
+        if t > m._hot_since:
+            m.hot_seconds += m._hot * (t - m._hot_since)
+            m._hot_since = t
+
+    def hot(self, t: float, deployment: str, delta: int) -> None:
+        """``delta`` replicas of ``deployment`` became HOT (+1) or stopped being HOT (-1) at ``t``."""
+        m = self._m(deployment)
+        self._settle_hot(m, t)
+        m._hot += delta
+
+    def waited_for_hot(self, deployment: str, seconds: float, ready: bool = True) -> None:
+        """A replica became ready ``seconds`` after its StartReplica (not ``ready``: it stopped,
+        died or the run ended that long after, never ready)."""
+        m = self._m(deployment)
+        m.wait_to_hot.append(seconds)
+        m.never_hot += not ready
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:

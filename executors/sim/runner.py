@@ -173,6 +173,12 @@ class Simulation:
             rng = self._streams[name] = random.Random(f"{self.seed}/{name}")
         return rng
 
+    def note(self, type_: str, **fields: Any) -> None:
+        """What the cluster did on its own account (a warm placement that found no copy, ...),
+        as a ``fault`` record of the trace."""
+        if self.trace:
+            self.trace.fault(self.now, type_, **fields)
+
     def replica_running(self, r: SimReplica) -> None:
         """Random crashes hit a rank slot, not a replica: each (deployment, rank)
         has its own Poisson clock from t=0, so the crash times are the same in
@@ -440,6 +446,7 @@ class Simulation:
         else:
             self.run_until(HORIZON, advance_clock=False)
         settled = sc.duration is not None or self.quiet()
+        self.backend.end()
         self.metrics.advance(self.now)
         for e in sc.expect:
             if e.at is None or (sc.duration is not None and e.at > sc.duration) or (sc.duration is None and e.at > self.now):

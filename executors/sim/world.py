@@ -52,6 +52,9 @@ class SimServices(Protocol):
     def stream(self, name: str) -> random.Random:
         """The seeded random stream of one source of randomness."""
 
+    def note(self, type_: str, **fields: Any) -> None:
+        """Write what the cluster did on its own account into the trace (a ``fault`` record)."""
+
 LIVE = tuple(p.value for p in rc.LIVE)
 
 # The world's answers, built without their validators: every field is a
@@ -77,11 +80,29 @@ class SimSpares:
         self.coming = 0  # processes being started (each idle after a ``process`` draw)
 
 
-class SimNode:
-    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported", "spares")
+class SimCopy:
+    """A WARM copy of a model's weights in a node's CPU cache: what an evicted replica
+    (``EvictReplica(to="warm")``) left there."""
 
-    def __init__(self, name: str, gpus: float, order: int, unreported: float = 0.0) -> None:
+    __slots__ = ("deployment", "replica_id", "nbytes")
+
+    def __init__(self, deployment: str, replica_id: str, nbytes: int) -> None:
+        self.deployment, self.replica_id, self.nbytes = deployment, replica_id, nbytes
+
+
+class SimNode:
+    __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported", "spares",
+                 "memory", "booked", "cache_bytes", "cache")
+
+    def __init__(self, name: str, gpus: float, order: int, unreported: float = 0.0, memory: int = 0,
+                 cache_bytes: int = 0) -> None:
         self.name, self.gpus, self.order = name, gpus, order
+        #: each GPU's memory (a device node: ``gpu_memory``), and the bytes booked on each now
+        self.memory: tuple[int, ...] = (memory,) * int(gpus) if memory else ()
+        self.booked = [0.0] * len(self.memory)
+        #: CPU memory for WARM copies, and the copies it holds (in the order they came)
+        self.cache_bytes = cache_bytes
+        self.cache: list[SimCopy] = []
         self.used = 0.0
         self.held = 0.0  # GPUs the bundles of a caller's placement group hold here
         self.unreported = unreported  # GPUs held by something the node does not report to the core
@@ -99,7 +120,18 @@ class SimNode:
 
     def joined(self) -> rc.NodeJoined:
         """What the node tells the core when it joins (or at a recovery)."""
-        return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus - self.held}, order=self.order)
+        return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus - self.held}, order=self.order,
+                             devices=self.memory, cpu_cache_bytes=self.cache_bytes)
+
+    def copy_for(self, deployment: str, replica_id: str) -> SimCopy | None:
+        """The WARM copy a "warm" placement of ``replica_id`` loads from: its own, else the
+        oldest of its deployment (the one the core's books take: ``rankcore.tiers.apply``)."""
+        mine = [c for c in self.cache if c.deployment == deployment]
+        return next((c for c in mine if c.replica_id == replica_id), mine[0] if mine else None)
+
+    @property
+    def cached(self) -> int:
+        return sum(c.nbytes for c in self.cache)
 
 
 class SimReplica:
@@ -107,7 +139,8 @@ class SimReplica:
 
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
-                 "tier", "weights", "link", "held_updates")
+                 "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
+                 "asked_at", "hot_at")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -130,6 +163,14 @@ class SimReplica:
         self.weights = 0  # the weights version it holds (InitializeReplica's, then each UpdateWeights')
         self.link = 0.0  # its weights' moves run one after another: the link is busy until then
         self.held_updates: list[int] = []  # UpdateWeights received while starting: applied once ready
+        #: a tiered replica (``PlaceReplica.devices``): its GPUs on its node, the bytes on each, where
+        #: its weights load from ("warm"/"cold", as carried out), and an eviction's ``to``
+        self.devices: tuple[int, ...] = ()
+        self.per_device = 0.0
+        self.source = ""
+        self.evict_to: str | None = None
+        self.asked_at: float | None = 0.0  # when its StartReplica came (the wait to be HOT); None once ready
+        self.hot_at: float | None = None  # HOT (serving from its GPU) since then; None: not HOT
 
     @property
     def alive(self) -> bool:
@@ -149,6 +190,7 @@ class SimReplica:
             user_config=self.user_config if self.rank is not None else rc.UNKNOWN,
             tier=self.tier,
             weights_version=self.weights,
+            devices=self.devices if self.tier == "hot" and self.node is not None else (),
         )
 
 
@@ -164,7 +206,9 @@ class SimBackend:
         sc = sim.scenario
         self.nodes: dict[str, SimNode] = {}
         for i, n in enumerate(sc.nodes):
-            self.nodes[n.name] = SimNode(n.name, n.gpus, i, n.unreported_gpus)
+            self.nodes[n.name] = SimNode(n.name, n.gpus, i, n.unreported_gpus, n.gpu_memory, n.cpu_cache)
+        #: node name -> its spec (a repaired node comes back with its GPUs' memory and its cache, empty)
+        self._specs = {n.name: n for n in sc.nodes}
         # The callers' placement groups (static deployments) hold their bundles'
         # GPUs from the start: a node offers the core only what is left.
         self.groups: dict[str, list[str | None]] = {}
@@ -187,7 +231,8 @@ class SimBackend:
             rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
             rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
             rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
-            rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update}
+            rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update,
+            rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -250,6 +295,7 @@ class SimBackend:
         if gpus is None:
             gpus = self._gpu_of[cmd.deployment] = self._gpus(cmd.deployment)
         r = SimReplica(cmd, gpus, self._epochs)
+        r.asked_at = self.sim.now
         self.replicas[r.replica_id] = r
         self._by_rank.setdefault((r.deployment, r.global_rank), set()).add(r.replica_id)
 
@@ -264,6 +310,7 @@ class SimBackend:
         if r is None or r.phase != "pending":
             return
         r.target = cmd.node_id
+        r.devices, r.source = cmd.devices, cmd.source
         delay = self.sim.latency(cmd.deployment, "place")
         self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch, cmd.node_id)
 
@@ -276,11 +323,20 @@ class SimBackend:
             self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node",
                                                 now=self.sim.now))
             return
-        if r.gpus > 0 and node.room() < r.gpus - 1e-9:  # the core believed in room that is not there
+        if r.devices:  # a tiered replica: booked by memory on the GPUs the core chose
+            full = self._no_memory(node, r)
+            if full:
+                self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, now=self.sim.now,
+                                                    reason=f"no room: {full}"))
+                return
+            self._book(node, r, +1)
+            self._take_copy(node, r)
+        elif r.gpus > 0 and node.room() < r.gpus - 1e-9:  # the core believed in room that is not there
             self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, now=self.sim.now,
                                                 reason=f"no room: {node.room():g} of {r.gpus:g} GPUs free"))
             return
-        node.used += r.gpus
+        else:
+            node.used += r.gpus
         node.replicas.add(rid)
         r.node = node.name
         self.sim.deliver(_Placed(replica_id=rid, node_id=node.name, now=self.sim.now))
@@ -297,6 +353,8 @@ class SimBackend:
         if r.phase == "pending":  # its worker process comes into being now
             r.phase = "starting"
             process = self._process_start(r)
+            if r.source:  # its weights load from where the placement found them, before it is ready
+                process += self.sim.scenario.transfer_seconds(r.deployment, "load" if r.source == "warm" else "disk")
         sc = self.sim.scenario
         hung = sc.start_hang_probability > 0 and self.sim.stream("hang").random() < sc.start_hang_probability
         delay = self.sim.latency(cmd.deployment, "start") + process
@@ -381,6 +439,8 @@ class SimBackend:
         if r.phase == "starting":
             r.phase = "running"
             self.sim.replica_running(r)
+            self._waited(r, True)
+            self._hot(r, True)
         held, r.held_updates = r.held_updates, []
         for version in held if r.phase == "running" else ():  # its constructor done, it takes the calls
             self._move(r, "update", self._updated, version)  # in their order: before any sent once ready
@@ -422,6 +482,10 @@ class SimBackend:
         if r is None:
             return
         r.tier = tier
+        self._hot(r, tier == "hot")
+        node = self.nodes.get(r.node) if r.node is not None else None
+        if r.devices and node is not None:  # a sleeper's GPU memory is given up, and booked again on a wake
+            self._book(node, r, +1 if tier == "hot" else -1)
         nbytes = self._nbytes(r.deployment)
         self.sim.metrics.transferred(r.deployment, "offload" if tier == "warm" else "load", nbytes)
         self.sim.deliver(rc.TierMoved(replica_id=rid, tier=tier, nbytes=nbytes))
@@ -467,7 +531,7 @@ class SimBackend:
             r.phase = "running"
         self.sim.deliver(rc.ReplicaReconfigured(replica_id=rid, version=version))
 
-    def _stop(self, cmd: rc.StopReplica) -> None:
+    def _stop(self, cmd: rc.StopReplica | rc.EvictReplica) -> None:
         """A graceful stop drains for the stop latency, killed at ``graceful_shutdown_timeout_s``
         (a hung replica drains nothing: killed at the timeout); with 0 s it is killed at once
         and its GPUs are free now (the core has passed its room on)."""
@@ -488,19 +552,103 @@ class SimBackend:
         r = self.replicas.get(rid)
         if r is None or r.epoch != epoch or r.phase != "stopping":
             return
+        node = self.nodes.get(r.node) if r.node is not None else None
         self._free(r, "stopped")
+        if r.evict_to == "warm" and node is not None and node.alive:  # its weights stay in the node's CPU memory
+            node.cache.append(SimCopy(r.deployment, rid, self._nbytes(r.deployment)))
         self.sim.deliver(_Stopped(replica_id=rid))
+
+    # ------------------------------------------------- GPU memory tiers (issue 21)
+    def _evict(self, cmd: rc.EvictReplica) -> None:
+        """Drain and stop like a ``StopReplica``; once stopped, its weights stay in the node's
+        CPU cache when ``to == "warm"`` (the core counted them in its budget), else are dropped."""
+        r = self.replicas.get(cmd.replica_id)
+        if r is None or not r.alive:
+            return
+        r.evict_to = cmd.to
+        self.sim.metrics.evicted(r.deployment)
+        self._stop(cmd)
+
+    def _drop_copy(self, cmd: rc.DropWarmCopy) -> None:
+        """Free the WARM copy ``replica_id`` left on ``node_id`` (no answer)."""
+        node = self.nodes.get(cmd.node_id)
+        if node is None:
+            return
+        kept = [c for c in node.cache if not (c.replica_id == cmd.replica_id and c.deployment == cmd.deployment)]
+        draining = self.replicas.get(cmd.replica_id)
+        if draining is not None and draining.evict_to == "warm" and draining.node == cmd.node_id:
+            draining.evict_to = "cold"  # its copy was dropped before it came: none is kept once it stopped
+        elif len(kept) == len(node.cache):
+            self.sim.note("warm_copy_missing", node=cmd.node_id, deployment=cmd.deployment, replica=cmd.replica_id,
+                          command="DropWarmCopy")
+        node.cache = kept
+
+    def _no_memory(self, node: SimNode, r: SimReplica) -> str:
+        """Why ``r``'s weights do not fit on the GPUs the core chose ("" when they do)."""
+        spec = self.sim.scenario.deployments.get(r.deployment)
+        r.per_device = (spec.model_bytes if spec is not None else 0) / len(r.devices)
+        for i in r.devices:
+            if i >= len(node.memory):
+                return f"no GPU {i} on {node.name} ({len(node.memory)} devices)"
+            if node.booked[i] + r.per_device > node.memory[i] + 1e-6:
+                return f"GPU {i} has {node.memory[i] - node.booked[i]:.0f} of {r.per_device:.0f} bytes free"
+        return ""
+
+    @staticmethod
+    def _book(node: SimNode, r: SimReplica, sign: int) -> None:
+        for i in r.devices:
+            if i < len(node.booked):
+                node.booked[i] += sign * r.per_device
+
+    def _take_copy(self, node: SimNode, r: SimReplica) -> None:
+        """Carry out the placement's ``source``: "warm" loads from the node's WARM copy (it leaves
+        the cache for the GPU); with no copy there it loads from disk, and the trace says so."""
+        fell_back = False
+        if r.source == "warm":
+            copy = node.copy_for(r.deployment, r.replica_id)
+            if copy is None:
+                fell_back, r.source = True, "cold"
+                self.sim.note("warm_copy_missing", node=node.name, deployment=r.deployment, replica=r.replica_id,
+                              command="PlaceReplica", loads_from="cold")
+            else:
+                node.cache.remove(copy)
+        self.sim.metrics.loaded(r.deployment, r.source, fell_back)
+
+    def _waited(self, r: SimReplica, ready: bool) -> None:
+        """``r``'s wait to be HOT is over: it is ready, or (not ``ready``) it stopped or died
+        first, or the run ended, having waited in vain."""
+        if r.asked_at is not None:
+            self.sim.metrics.waited_for_hot(r.deployment, self.sim.now - r.asked_at, ready)
+            r.asked_at = None
+
+    def end(self) -> None:
+        """The run ends: the replicas still waiting to be HOT count their wait so far."""
+        for _, r in sorted(self.replicas.items()):
+            if r.alive and r.replica_id not in self.orphans:
+                self._waited(r, False)
+
+    def _hot(self, r: SimReplica, hot: bool) -> None:
+        """``r`` is HOT (serving from its GPU) from now, or no longer (time HOT per model)."""
+        if hot == (r.hot_at is not None):
+            return
+        r.hot_at = self.sim.now if hot else None
+        self.sim.metrics.hot(self.sim.now, r.deployment, +1 if hot else -1)
 
     # -------------------------------------------------------------- faults
     def _release_gpus(self, r: SimReplica) -> None:
+        self._hot(r, False)
         if r.node is not None and r.node in self.nodes:
             node = self.nodes[r.node]
             if r.replica_id in node.replicas:
                 node.replicas.discard(r.replica_id)
-                node.used -= r.gpus
+                if not r.devices:
+                    node.used -= r.gpus
+                elif r.tier == "hot":  # (a sleeper's memory was given up already)
+                    self._book(node, r, -1)
 
     def _free(self, r: SimReplica, phase: str) -> None:
         self._release_gpus(r)
+        self._waited(r, False)
         r.phase = phase
         self._epochs += 1
         r.epoch = self._epochs
@@ -583,7 +731,9 @@ class SimBackend:
     def add_node(self, name: str, gpus: float) -> bool:
         if name in self.nodes:
             return False
-        node = self.nodes[name] = SimNode(name, gpus, self._order)
+        spec = self._specs.get(name)  # a repaired node: its GPUs' memory and its cache (empty) again
+        memory, cache = (spec.gpu_memory, spec.cpu_cache) if spec is not None and spec.gpus == gpus else (0, 0)
+        node = self.nodes[name] = SimNode(name, gpus, self._order, memory=memory, cache_bytes=cache)
         self._order += 1
         self.sim.deliver(node.joined())
         return True
