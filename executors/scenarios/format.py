@@ -143,7 +143,7 @@ class DeploymentSpec:
             **dict(spec.options),
         )
 
-    def tier_option(self) -> dict[str, int]:
+    def tier_option(self) -> dict[str, Any]:
         """``model_bytes`` for the core: given to every deployment the core may book by memory;
         a static placement or a gang places its GPUs whole and the core refuses the option there
         (``DeploymentConfig``), so for them the bytes are only the size of the weights' moves."""
@@ -526,11 +526,9 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
             cache = _size(m.get("cpu_cache", cache_default), p + ("cpu_cache",), c)
             if memory:
                 _whole_gpus(gpus, p + ("gpus",) if "gpus" in m else ("cluster", "gpus_per_node"), c)
-            one = {"gpus": gpus, "unreported_gpus": hidden, "gpu_memory": memory, "cpu_cache": cache}
-            if "count" in m:
-                out.extend(NodeSpec(name=f"{nm}-{j}", **one) for j in range(count))
-            else:
-                out.append(NodeSpec(name=nm, **one))
+            names = [f"{nm}-{j}" for j in range(count)] if "count" in m else [nm]
+            out.extend(NodeSpec(name=x, gpus=gpus, unreported_gpus=hidden, gpu_memory=memory, cpu_cache=cache)
+                       for x in names)
     else:
         raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
     seen: set[str] = set()

@@ -97,7 +97,7 @@ def test_cache_too_small_evicts_to_cold_and_reloads_from_disk() -> None:
 
 
 def test_dedicated_model_is_never_evicted() -> None:
-    sim, result, recs = _run(_evict(dedicated=True))
+    _, result, recs = _run(_evict(dedicated=True))
     assert not [r for r in recs if r.get("type") == "EvictReplica"]
     m = result.metrics["deployments"]
     assert m["a"]["evictions"] == 0 and m["a"]["cold_loads"] == 1
