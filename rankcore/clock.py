@@ -53,6 +53,8 @@ def advance(tx: Tx, now: float, work_due: bool) -> None:
         cl.suspects = type(cl.suspects)({n: t for n, t in cl.suspects.items() if t > cl.now})
     if cl.now >= cl.retry_at:
         forget_failures(tx)
+    if cl.now >= cl.evictable_at:  # a replica too young to evict is old enough now: the queue tries again
+        cl.evictable_at, cl.blocked = math.inf, None
     if cl.now >= cl.next_deadline:
         deadlines_due(tx, cl)
 

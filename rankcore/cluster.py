@@ -101,6 +101,9 @@ class Cluster:
     #: which waits for room instead of evicting
     evicting: immutables.Map = attrs.field(factory=immutables.Map)
     no_evict: immutables.Map = attrs.field(factory=immutables.Map)
+    #: when a replica too young to be evicted for a waiting one comes of age (the
+    #: queue is tried again then; inf: nobody waits for that)
+    evictable_at: float = math.inf
 
     @property
     def managed(self) -> bool:
@@ -115,5 +118,5 @@ class Cluster:
 def clock_work_due(cluster: Cluster, now: float) -> bool:
     """Moving the clock to ``now`` does more than move it: a start deadline or a
     placement retry comes due, or a suspect node is cleared."""
-    return (now >= cluster.next_deadline or now >= cluster.retry_at
+    return (now >= cluster.next_deadline or now >= cluster.retry_at or now >= cluster.evictable_at
             or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))

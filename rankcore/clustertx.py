@@ -51,6 +51,7 @@ class ClusterTx:
     caches: immutables.Map
     evicting: immutables.Map
     no_evict: immutables.Map
+    evictable_at: float
     base: Cluster
     changed: bool
 

@@ -64,7 +64,7 @@ from .state import (
     State,
     Step,
 )
-from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove
+from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
 
 __all__ = ["step", "run"]
 
@@ -133,6 +133,7 @@ def _check_same_shape(dep: Deployment, e: DeploymentApplied) -> None:
     """What a live deployment cannot change: its static mapping, its gang size."""
     static.check_same_shape(dep, e.static_placement)
     gangs.check_same_shape(dep, e.gang_size)
+    devices.check_same_model(dep, e.model_bytes, e.resources)
 
 
 def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
@@ -188,6 +189,13 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
             return finish(tx)
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
                            f"cluster the core places on (send NodeJoined first)")
+    if rep.node_id != e.node_id and tx.managed and devices.tiered(tx.view, dep):
+        # A model booked by memory runs only on the GPUs the core booked for it (rankcore.devices):
+        # an incarnation elsewhere is stopped at once and replaced, as after a placement timeout.
+        deadlines.answered(tx, rid)
+        tx.emit(stop_command(dep, rid, now=True))
+        tx.put(crash(tx, dep, rep))
+        return finish(tx)
     ranks = dep.ranks
     if rep.node_id != e.node_id:
         # Not where the core reserved it (or it was waiting and the executor

@@ -33,6 +33,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,17 +42,22 @@ import attrs
 from . import tiers
 from .cluster import Cluster, Need, Node
 from .clustertx import ClusterTx
+from .errors import InvalidEvent
 from .state import Deployment
 from .tiers import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
-           "take_cache", "evict", "start_evictions", "wake_room", "release", "joined", "node_lost", "freed_asleep",
-           "views_of"]
+           "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age",
+           "check_same_model", "release", "joined", "node_lost", "free_gpus",
+           "views_of", "recovered"]
 
 
 def tiered(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
-    """``dep``'s replicas are booked by memory on device nodes (module docstring)."""
-    return dep.config.tier.model_bytes > 0 and bool(cl.devices)
+    """``dep``'s replicas are booked by memory on device nodes (module docstring):
+    a model size, a cluster with device nodes, neither gangs nor static placement
+    (whose GPUs are placed whole; their ``model_bytes`` only sizes their moves)."""
+    return (dep.config.tier.model_bytes > 0 and bool(cl.devices) and dep.gang_size == 1
+            and dep.static is None)
 
 
 def gpus_of(dep: Deployment) -> int:
@@ -67,7 +73,7 @@ def host_need(dep: Deployment) -> Need:
 
 def off_device_nodes(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
     """A deployment that counts GPUs keeps off device nodes (module docstring)."""
-    return bool(cl.devices) and dep.config.tier.model_bytes == 0 and any(k == "GPU" for k, _ in dep.resources)
+    return bool(cl.devices) and not tiered(cl, dep) and any(k == "GPU" for k, _ in dep.resources)
 
 
 def want(cl: Cluster | ClusterTx, dep: Deployment, rid: str | None = None,
@@ -78,12 +84,28 @@ def want(cl: Cluster | ClusterTx, dep: Deployment, rid: str | None = None,
                 may_evict=rid is None or rid not in cl.no_evict)
 
 
+def check_same_model(dep: Deployment, model_bytes: int, resources: Need) -> None:
+    """A deployment with replicas keeps its model's size and GPUs (what each replica
+    holds is booked by them, and a recovering controller books them again from
+    the size it is told): scale to 0 first, or deploy under another name."""
+    if not dep.replicas:
+        return
+    old, gpus = dep.config.tier.model_bytes, dict(dep.resources).get("GPU")
+    if model_bytes != old or (old and dict(resources).get("GPU") != gpus):
+        raise InvalidEvent(f"DeploymentApplied({dep.name!r}): model_bytes or GPUs cannot change while it has replicas "
+                           f"(model_bytes {old} -> {model_bytes}, GPU {gpus} -> {dict(resources).get('GPU')}); "
+                           f"scale it to 0 first")
+
+
 def views_of(cl: Cluster | ClusterTx) -> dict[str, NodeTiers]:
     """Every device node as the tier rules see it (its residents from ``hot``)."""
     residents: dict[str, list[Resident]] = {}
     for node_id, r in cl.hot.values():
         residents.setdefault(node_id, []).append(r)
     out = {}
+    if cl.evicting:  # (a claim is no victim)
+        for node_id, rs in residents.items():
+            residents[node_id] = [attrs.evolve(r, claim=True) if r.replica_id in cl.evicting else r for r in rs]
     for node_id, devs in cl.devices.items():
         node = cl.nodes.get(node_id)
         out[node_id] = NodeTiers(node_id=node_id, devices=devs, residents=residents.get(node_id, ()),
@@ -119,13 +141,36 @@ def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = ()
     return tiers.choose(views, w)
 
 
+def comes_of_age(cl: Cluster | ClusterTx, dep: Deployment) -> float:
+    """The earliest time a replica on a device node that ``dep`` could evict but for
+    its youth (``min_deployment_time_s``) may be evicted (inf: none)."""
+    w = want(cl, dep)
+    if w.dedicated or not w.may_evict:
+        return math.inf
+    at = math.inf
+    for _, r in cl.hot.values():
+        if r.deployment == dep.name or r.dedicated or r.leaving or r.replica_id in cl.evicting:
+            continue
+        least = w.min_deployment_time_s if r.min_deployment_time_s is None else r.min_deployment_time_s
+        t = r.hot_since + least
+        if cl.now < t < at:
+            at = t
+    return at
+
+
 def book(cl: ClusterTx, dep: Deployment, rid: str, node_id: str, devices: tuple[int, ...]) -> None:
     """``rid``'s weights go on ``devices`` of ``node_id`` from now (HOT since now)."""
     w = want(cl, dep)
     cl.hot = cl.hot.set(rid, (node_id, Resident(replica_id=rid, deployment=dep.name, devices=devices,
                                                 bytes_per_device=w.per_device, dedicated=w.dedicated,
-                                                hot_since=cl.now)))
+                                                hot_since=cl.now, min_deployment_time_s=w.min_deployment_time_s)))
     cl.changed = True
+
+
+def warm_here(cl: Cluster | ClusterTx, dep: Deployment, node_id: str) -> bool:
+    """The node holds a WARM copy of ``dep``'s model that a placement may load from."""
+    return any(e.deployment == dep.name and not e.pinned and (e.replica_id is None or e.replica_id not in cl.hot)
+               for e in cl.caches.get(node_id, ()))
 
 
 def take_cache(cl: ClusterTx, dep: Deployment, node_id: str) -> None:
@@ -140,23 +185,35 @@ def take_cache(cl: ClusterTx, dep: Deployment, node_id: str) -> None:
 
 def evict(cl: ClusterTx, victim: str) -> tuple[str, str, tuple[CacheEntry, ...]]:
     """Mark ``victim`` leaving and decide where its weights go: (node id, "warm" or
-    "cold", the cache entries dropped to make room)."""
+    "cold", the cache entries dropped to make room; never the copy of a replica
+    still draining, which does not exist yet)."""
     node_id, r = cl.hot[victim]
     cl.hot = cl.hot.set(victim, (node_id, attrs.evolve(r, leaving=True)))
     view = views_of(cl)[node_id]
+    cache = view.cache
+    coming = [i for i, e in enumerate(cache) if e.replica_id is not None and e.replica_id in cl.hot]
+    if coming:
+        view = attrs.evolve(view, cache=[attrs.evolve(e, pinned=True) if i in coming else e
+                                         for i, e in enumerate(cache)])
     out = tiers.make_room(view, CacheEntry(deployment=r.deployment, nbytes=r.nbytes, replica_id=victim))
     if out.warm:
+        if coming:  # (back as they were: pinned only for this choice)
+            pinned = {e.replica_id for e in cache if e.pinned}
+            out = attrs.evolve(out, cache=tuple(attrs.evolve(e, pinned=e.replica_id in pinned) for e in out.cache))
         cl.caches = cl.caches.set(node_id, out.cache)
     cl.changed = True
     return node_id, "warm" if out.warm else "cold", out.dropped
 
 
-def start_evictions(tx: Any, rid: str, victims: tuple[str, ...]) -> None:
-    """``victims`` leave for ``rid`` (placed, or woken, once they are gone): each is
-    marked leaving now (no other replica counts on it), where its weights go is
-    decided now, and the end-of-step pass sends the evictions (``rankcore.evictions``)."""
+def start_evictions(tx: Any, dep: Deployment, rid: str, chosen: TierPlacement) -> None:
+    """``chosen.evict`` leave for ``rid``, which claims its devices now (placed, or
+    woken, there once they are gone: the room they free is nobody else's). Each
+    victim is marked leaving (no other replica counts on it), where its weights go
+    is decided now, and the end-of-step pass sends the evictions (``rankcore.evictions``)."""
     cl = tx.cl
+    victims = chosen.evict
     cl.evicting = cl.evicting.set(rid, victims)
+    book(cl, dep, rid, chosen.node_id, chosen.devices)
     if tx.evictions is None:
         tx.evictions = []
     for v in victims:
@@ -168,19 +225,24 @@ def wake_room(tx: Any, dep: Deployment, rid: str, node_id: str | None) -> bool:
     True when booked (or nothing to book: not tiered); False when it must wait,
     for victims evicted for it now, or for room (``Cluster.evicting``)."""
     view = tx.view
-    if not tiered(view, dep) or node_id is None or node_id not in view.devices or rid in view.hot:
+    if not tiered(view, dep) or node_id is None or node_id not in view.devices:
+        return True
+    victims = view.evicting.get(rid)
+    if victims is not None and any(v in view.hot for v in victims):
+        return False  # still draining
+    if rid in view.hot:  # booked (its claim, its victims gone)
+        if victims is not None:
+            tx.cl.evicting = tx.cl.evicting.delete(rid)
+            tx.cl.changed = True
         return True
     cl = tx.cl
-    victims = cl.evicting.get(rid)
-    if victims is not None and any(v in cl.hot for v in victims):
-        return False  # still draining
     chosen = tiers.choose([views_of(cl)[node_id]], want(cl, dep, rid, frozenset((node_id,))))
     if not isinstance(chosen, TierPlacement):
         cl.evicting = cl.evicting.set(rid, ())  # waits for room (retried as bookings go)
         cl.changed = True
         return False
     if chosen.evict:
-        start_evictions(tx, rid, chosen.evict)
+        start_evictions(tx, dep, rid, chosen)
         return False
     if rid in cl.evicting:
         cl.evicting = cl.evicting.delete(rid)
@@ -200,7 +262,7 @@ def release(cl: ClusterTx, rid: str) -> None:
     cl.changed = True
 
 
-def freed_asleep(cl: ClusterTx, rid: str) -> None:
+def free_gpus(cl: ClusterTx, rid: str) -> None:
     """``rid`` is WARM (asleep): its GPU memory is free for others."""
     if rid in cl.hot:
         cl.hot = cl.hot.delete(rid)
@@ -219,8 +281,44 @@ def joined(cl: ClusterTx, node_id: str, devices: tuple[int, ...], cache_bytes: i
 def node_lost(cl: ClusterTx, node_id: str) -> None:
     """A node left: its devices and its WARM copies with it (its replicas' bookings
     go as each of them crashes)."""
+    for rid in [rid for rid, (n, _) in cl.hot.items() if n == node_id and rid in cl.evicting]:
+        cl.hot = cl.hot.delete(rid)  # a claim there: it chooses again
+        cl.evicting = cl.evicting.delete(rid)
+        cl.changed = True
     for m in ("devices", "cache_budget", "caches"):
         book: Any = getattr(cl, m)
         if node_id in book:
             setattr(cl, m, book.delete(node_id))
             cl.changed = True
+
+
+def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any]) -> None:
+    """A recovering controller's books of GPU memory, from the reports: each HOT
+    replica of a model booked by memory, on a device node, on the devices it names
+    (``ReplicaReport.devices``). A report that names no such devices, or reports
+    that put more on a device than it holds, are refused (``InvalidEvent``): the
+    executor knows where the weights are, and must say so. WARM copies in the
+    nodes' caches are not reported: the core starts with none (COLD)."""
+    for r in sorted(reports, key=lambda r: r.replica_id):
+        spec = specs.get(r.deployment)
+        if spec is None or not spec.config.tier.model_bytes or r.node_id not in cl.devices or r.tier != "hot":
+            continue
+        if r.phase.value in ("failed", "stopped", "crashed"):
+            continue
+        gpus = int(dict(spec.config.scheduling.resources).get("GPU") or 1)
+        have = {d.index for d in cl.devices[r.node_id]}
+        if len(r.devices) != gpus or len(set(r.devices)) != gpus or not set(r.devices) <= have:
+            raise InvalidEvent(f"ControllerRecovered: replica {r.replica_id!r} of {r.deployment!r} ({gpus} GPU(s), "
+                               f"model_bytes) is HOT on device node {r.node_id!r} but reports devices "
+                               f"{tuple(r.devices)!r} (that node has {sorted(have)})")
+        t = spec.config.tier
+        cl.hot = cl.hot.set(r.replica_id, (r.node_id, Resident(
+            replica_id=r.replica_id, deployment=r.deployment, devices=tuple(sorted(r.devices)),
+            bytes_per_device=-(-t.model_bytes // gpus), dedicated=t.dedicated, hot_since=cl.now,
+            min_deployment_time_s=t.min_deployment_time_s)))
+    for node in views_of(cl).values():
+        for i, room in node.free().items():
+            if room < 0:
+                raise InvalidEvent(f"ControllerRecovered: the reports put {-room:,} bytes more on device {i} of node "
+                                   f"{node.node_id!r} than it holds")
+    cl.changed = True

@@ -235,7 +235,10 @@ def check_tiers(nodes: Iterable[Any]) -> None:
     within its budget."""
     seen: dict[str, str] = {}
     for node in nodes:
-        for i, room in sorted(node.free().items()):
+        # (a replica being evicted still holds its bytes, and the one it makes room for may hold its
+        # claim already: a device is over-committed when what stays does not fit)
+        staying = attrs.evolve(node, residents=[r for r in node.residents if not r.leaving])
+        for i, room in sorted(staying.free().items()):
             if room < 0:
                 _fail(f"tiers: device {i} of node {node.node_id!r} is over-committed by {-room:,} bytes")
         for r in node.residents:
@@ -278,6 +281,10 @@ def check_devices(state: State) -> None:
         if name is None or rid not in state.deployments[name].replicas:
             _fail(f"devices: {rid!r} holds GPU memory on node {node_id!r} but is no live replica")
         rep = state.deployments[name].replicas[rid]
+        if rid in cl.evicting:  # a claim: it waits for the replicas evicted for it
+            if rep.node_id is not None and rep.node_id != node_id:
+                _fail(f"devices: {rid!r} claims GPU memory on node {node_id!r} but runs on {rep.node_id!r}")
+            continue
         if rep.node_id != node_id:
             _fail(f"devices: {rid!r} holds GPU memory on node {node_id!r} but runs on {rep.node_id!r}")
         if rep.residency is Residency.WARM:
@@ -838,6 +845,7 @@ def reports_from(state: State) -> ControllerRecovered:
                     # where its weights are (a move in flight: where they were) and the version it was given
                     tier="warm" if rep.residency in (Residency.WARM, Residency.LOADING) else "hot",
                     weights_version=rep.weights_version,
+                    devices=state.cluster.hot[rid][1].devices if rid in state.cluster.hot else (),
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
@@ -846,7 +854,9 @@ def reports_from(state: State) -> ControllerRecovered:
         asleep=desired_asleep(state), weights_versions=desired_weights(state),
         next_lineage=state.next_lineage,
         nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
-                               order=n.order[0] if n.order[0] != float("inf") else None) for n in nodes))
+                               order=n.order[0] if n.order[0] != float("inf") else None,
+                               devices=tuple(d.memory for d in state.cluster.devices.get(n.node_id, ())),
+                               cpu_cache_bytes=state.cluster.cache_budget.get(n.node_id, 0)) for n in nodes))
 
 
 def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:

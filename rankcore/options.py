@@ -227,7 +227,8 @@ class TierOptions:
     model_bytes: int = _option(
         0, _model_bytes,
         "the model's weights in bytes: > 0 books them on GPU devices of nodes that declare devices "
-        "(split evenly over the replica's GPUs), evicting other models when full; 0: GPUs are counted",
+        "(split evenly over the replica's GPUs), evicting other models when full (gangs and static placement: "
+        "only sizes their sleep/wake moves); 0: GPUs are counted",
         scenario=Spelling("model_bytes", "bytes, or a size such as 16GiB"))
     dedicated: bool = _option(False, f.flag, "never evicted for another model (and may evict young replicas)")
     min_deployment_time_s: float = _option(
@@ -254,9 +255,6 @@ class DeploymentConfig:
         if not value.model_bytes:
             return
         name = type(self).__name__
-        if self.gang.gang_size > 1 or self.static.static_placement is not None:
-            raise InvalidConfig(f"{name}: model_bytes > 0 does not mix with gang_size > 1 or static_placement "
-                                f"(their GPUs are placed whole, not by memory)")
         gpus = dict(self.scheduling.resources).get("GPU")
         if gpus is not None and (gpus < 1 or gpus != int(gpus)):
             raise InvalidConfig(f"{name}: model_bytes > 0 needs a whole number of GPUs (>= 1) per replica, "

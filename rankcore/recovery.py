@@ -47,7 +47,7 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
-from . import deadlines, gangs, residency, static
+from . import deadlines, devices, gangs, residency, static
 from .commands import ScheduleTick, StopReplica, UpdateWorldSize
 from .errors import InvalidEvent
 from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
@@ -245,9 +245,13 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
     cl.nodes = immutables.Map({n.node_id: new_node(n.node_id, n.resources, n.labels, n.order, i)
                                for i, n in enumerate(e.nodes)})
     cl.joined = len(e.nodes)
-    for table in ("held", "queued", "queue_kinds", "avoid", "deadlines", "suspects"):
+    for table in ("held", "queued", "queue_kinds", "avoid", "deadlines", "suspects", "devices", "cache_budget",
+                  "hot", "caches", "evicting", "no_evict"):
         setattr(cl, table, immutables.Map())
     cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
+    for n in e.nodes:
+        devices.joined(cl, n.node_id, n.devices, n.cpu_cache_bytes)
+    devices.recovered(cl, {d.name: d for d in e.deployments}, e.reports)
 
 
 def _check_fresh(tx: Tx) -> None:

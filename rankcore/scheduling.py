@@ -40,7 +40,7 @@ from .lifecycle import Phase
 from .placement import NodeView, choose_gang, choose_node
 from .records import maker, unchecked_copy, updater
 from .state import Deployment, Replica
-from .tiers import Tier, TierPlacement
+from .tiers import Choice, Tier, TierPlacement
 
 
 class Tx(Protocol):
@@ -200,7 +200,7 @@ def adopt(tx: Tx, names: Iterable[str]) -> None:
         for rid in dep.ranks:  # global-rank order
             rep = dep.replicas[rid]
             if rep.node_id is not None:
-                hold(tx, rid, rep.node_id, dep.resources)
+                hold(tx, rid, rep.node_id, devices.host_need(dep) if devices.tiered(tx.cl, dep) else dep.resources)
             elif rep.phase is Phase.PENDING and rid not in tx.cl.queued:
                 waiting.append(rid)
         if waiting:
@@ -278,6 +278,8 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         node = cl.nodes.get(held[0])
         if node is not None:
             cl.nodes = cl.nodes.set(held[0], adjusted(node, held[1], 1.0))
+    if rep.replica_id in cl.hot:
+        devices.free_gpus(cl, rep.replica_id)  # (its GPU memory too)
     avoid_node(tx, rep.replica_id, node_id)
     dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
@@ -455,11 +457,21 @@ def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple
         if any(v in cl.hot for v in victims):
             return False  # still draining
         cl.evicting = cl.evicting.delete(rid)
+        node_id, claim = cl.hot[rid]  # its victims are gone: it takes the room it claimed
+        source = Tier.WARM if devices.warm_here(cl, dep, node_id) else Tier.COLD
+        _dequeue(cl, rid)
+        tx.put(_reserve(tx, dep, dep.replicas[rid], node_id,
+                        TierPlacement(node_id=node_id, choice=Choice.FREE, devices=claim.devices, source=source)))
+        return True
     chosen = devices.choose(cl, dep, rid, avoid)
     if not isinstance(chosen, TierPlacement):
+        at = devices.comes_of_age(cl, dep) if cl.clock else _INF
+        if at < cl.evictable_at:  # (then a victim may be old enough: a Tick then)
+            cl.evictable_at = at
+            tx.tick_at(at)
         return False
     if chosen.evict:
-        devices.start_evictions(tx, rid, chosen.evict)
+        devices.start_evictions(tx, dep, rid, chosen)
         return False
     _dequeue(cl, rid)
     tx.put(_reserve(tx, dep, dep.replicas[rid], chosen.node_id, chosen))

@@ -97,6 +97,7 @@ for _name, _kw in PROFILES.items():
 
 DEPLOYMENTS = ("llm", "embed", "rerank")
 NODES = ("node-a", "node-b", "node-c", "node-d")
+_GB = 10**9  # (the tiers machine's model and GPU sizes)
 #: with ``groups=True``: the deployment made of gangs, the one on a static placement
 GANGS, STATIC = "llm", "embed"
 STATIC_MAPPING = ((0,), (1, 2), (3,))
@@ -160,6 +161,7 @@ _RESTART = object()
 def make_machine(
     subject_factory: Callable[[], Subject], *, max_replicas: int = 6,
     settings: hypothesis_settings | None = None, managed: bool = True, groups: bool | None = None,
+    tiers: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class checking ``subject_factory()``'s subject.
 
@@ -179,8 +181,14 @@ def make_machine(
     caller's four-bundle group (bundles moved by ``BundlesPlaced``, lost with
     their nodes). ``managed=False``: a wrapper around an unmanaged core (its
     executor chooses the nodes; no gangs or static placement, which need the
-    core to place).
+    core to place). ``tiers`` (managed, without groups): nodes declare their
+    GPUs' memory and a CPU cache, deployments a model size (some dedicated),
+    so models are booked by memory, evict each other and reload WARM or COLD
+    (``rankcore.devices``).
     """
+    if tiers and (groups or not managed):
+        raise InvalidConfig("make_machine(tiers=True) needs managed=True and groups=False (a model booked by "
+                            "memory is neither a gang nor statically placed)")
     if groups is None:
         groups = managed
     if groups and not managed:
@@ -238,6 +246,9 @@ def make_machine(
         def shaped(self, name: str, n: int, data: st.DataObject) -> tuple[int, dict]:
             """The replica count and placement fields of deployment ``name``."""
             fields = self.placing(data)
+            dep = self.state.deployments.get(name)
+            if tiers and dep is not None and dep.replicas:  # (its model stays while it has replicas)
+                fields.update(model_bytes=dep.config.tier.model_bytes, resources=dict(dep.resources))
             fields["spare_processes"] = data.draw(st.sampled_from([0, 0, 1, 2]), label="spare processes")
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
@@ -258,6 +269,13 @@ def make_machine(
             """A deployment's placement fields (managed machines only)."""
             if not managed:
                 return {}
+            if tiers:
+                return {"resources": {"GPU": data.draw(st.sampled_from([1, 1, 2]), label="gpus")},
+                        "model_bytes": data.draw(st.sampled_from([30, 50, 70, 130]), label="model GB") * _GB,
+                        "dedicated": data.draw(st.sampled_from([False, False, True]), label="dedicated"),
+                        "min_deployment_time_s": data.draw(st.sampled_from([0.0, 10.0]), label="min time"),
+                        "placement": data.draw(st.sampled_from(POLICIES), label="policy"),
+                        "start_timeout_s": data.draw(st.sampled_from([None, 30.0]), label="start timeout")}
             return {"resources": {"GPU": data.draw(st.sampled_from([0, 1, 2]), label="gpus")},
                     "placement": data.draw(st.sampled_from(POLICIES), label="policy"),
                     "start_timeout_s": data.draw(st.sampled_from([None, 5.0, 30.0]), label="start timeout")}
@@ -268,7 +286,8 @@ def make_machine(
             if managed:
                 for i, node in enumerate(NODES[:3]):
                     gpus = data.draw(st.integers(1, 4), label=f"GPUs of {node}")
-                    self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}, order=i))
+                    self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}, order=i,
+                                          **self.memory(node, gpus, data)))
                 self.apply(Tick(now=1.0))
             n, fields = self.shaped(name, n, data)
             self.apply(DeploymentApplied(name=name, num_replicas=n, user_config=config, has_reconfigure=True,
@@ -298,14 +317,25 @@ def make_machine(
                     f"{rid} is {rep.phase.value} with bundles placed={placed}")
 
         # ------------------------------------------------- managed cluster
+        def memory(self, node: str, gpus: int, data: st.DataObject) -> dict:
+            """A node's GPU memory and CPU cache (``tiers`` machines only)."""
+            if not tiers or not gpus:
+                return {}
+            gb = data.draw(st.sampled_from([40, 80, 80]), label=f"GB per GPU of {node}")
+            cache = data.draw(st.sampled_from([0, 60, 200]), label=f"cache GB of {node}")
+            return {"devices": (gb * _GB,) * gpus, "cpu_cache_bytes": cache * _GB}
+
         @precondition(lambda self: managed)
-        @rule(node=node_ids, gpus=st.integers(0, 4))
-        def join_or_resize(self, node: str, gpus: int) -> None:
+        @rule(node=node_ids, gpus=st.integers(0, 4), data=st.data())
+        def join_or_resize(self, node: str, gpus: int, data: st.DataObject) -> None:
             """A node joins, or one in the cluster reports new capacity."""
             if node in self.state.cluster.nodes:
+                if node in self.state.cluster.devices:  # (its GPUs are its devices: only its CPUs change)
+                    gpus = len(self.state.cluster.devices[node])
                 self.apply(NodeCapacityChanged(node_id=node, resources={"GPU": gpus, "CPU": 8}))
             else:
-                self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8}))
+                self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8},
+                                      **self.memory(node, gpus, data)))
 
         @precondition(lambda self: managed)
         @rule(seconds=st.sampled_from([0.5, 6.0, 20.0, 40.0]))
@@ -570,6 +600,7 @@ def make_machine(
                 reports.append(ReplicaReport(
                     replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
                     phase=rep.phase, world_size=world_size, lineage=rep.lineage, version=rep.version,
+                    tier=rep.tier, devices=rep.devices,
                 ))
             self.recover(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes,
                                              next_replica_number=exact.next_replica_number,

@@ -121,6 +121,11 @@ class Resident:
     hot_since: float = 0.0
     #: being evicted already (draining): its memory is not free yet, and it is no victim twice
     leaving: bool = attrs.field(default=False, validator=f.flag)
+    #: its own deployment's minimum deployment time (None: the newcomer's ``Want`` says)
+    min_deployment_time_s: float | None = None
+    #: not HOT yet: the room a replica claimed while the replicas evicted for it drain
+    #: (it holds the bytes; it is never a victim)
+    claim: bool = attrs.field(default=False, validator=f.flag)
 
     def __attrs_post_init__(self) -> None:
         if not self.devices or len(set(self.devices)) != len(self.devices):
@@ -265,9 +270,11 @@ def evictable(resident: Resident, want: Want) -> bool:
     """May ``resident`` be evicted to make room for ``want``? Never one of the
     same deployment, never a dedicated one; one HOT for less than the minimum
     deployment time only for a dedicated newcomer."""
-    if resident.deployment == want.deployment or resident.dedicated or resident.leaving or not want.may_evict:
+    if (resident.deployment == want.deployment or resident.dedicated or resident.leaving or resident.claim
+            or not want.may_evict):
         return False
-    return want.dedicated or want.now - resident.hot_since >= want.min_deployment_time_s
+    least = want.min_deployment_time_s if resident.min_deployment_time_s is None else resident.min_deployment_time_s
+    return want.dedicated or want.now - resident.hot_since >= least
 
 
 def _victim_order(r: Resident) -> tuple:

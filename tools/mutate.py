@@ -673,11 +673,11 @@ TIER_TESTS = ("tests/unit/test_tiers.py", "tests/property/test_tiers.py")
 #: issue 21: the tier choices (docs/tiers.md)
 TIER_RULES: tuple[Mutation, ...] = (
     mutation("tiers-dedicated-evicted", TIERS,
-             "    if resident.deployment == want.deployment or resident.dedicated or resident.leaving or not want.may_evict:\n",
-             "    if resident.deployment == want.deployment or resident.leaving or not want.may_evict:\n",
+             "    if (resident.deployment == want.deployment or resident.dedicated or resident.leaving or resident.claim\n",
+             "    if (resident.deployment == want.deployment or resident.leaving or resident.claim\n",
              "[Tiers: eviction] a dedicated replica is never evicted", tests=TIER_TESTS),
     mutation("tiers-young-evicted", TIERS,
-             "    return want.dedicated or want.now - resident.hot_since >= want.min_deployment_time_s\n",
+             "    return want.dedicated or want.now - resident.hot_since >= least\n",
              "    return True\n",
              "[Tiers: eviction] a replica HOT for less than the minimum deployment time is spared", tests=TIER_TESTS),
     mutation("tiers-needless-victims", TIERS,

@@ -144,10 +144,9 @@ class DeploymentSpec:
         )
 
     def tier_option(self) -> dict[str, Any]:
-        """``model_bytes`` for the core: given to every deployment the core may book by memory;
-        a static placement or a gang places its GPUs whole and the core refuses the option there
-        (``DeploymentConfig``), so for them the bytes are only the size of the weights' moves."""
-        if not self.model_bytes or self.static is not None or self.gang_size > 1:
+        """``model_bytes`` for the core (a static placement or a gang places its GPUs whole: the
+        core books them by count, and the bytes only size the weights' moves, ``rankcore.devices``)."""
+        if not self.model_bytes:
             return {}
         return {"model_bytes": self.model_bytes}
 

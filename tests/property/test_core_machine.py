@@ -12,3 +12,7 @@ TestManagedCoreMachine = make_machine(CoreSubject, managed=True, groups=False).T
 # (all-or-nothing placement, whole-gang restarts and downscales), on the
 # managed core.
 TestGroupsCoreMachine = make_machine(CoreSubject, managed=True, groups=True).TestCase
+
+#: GPU memory (issue 21): nodes declare devices and a CPU cache, models evict
+#: each other, reload WARM or COLD, sleep and wake (rankcore.devices)
+TestTiersCoreMachine = make_machine(CoreSubject, managed=True, groups=False, tiers=True).TestCase

@@ -146,3 +146,4 @@ def test_fast_paths_agree_at_every_step_of_a_simulation(name: str, monkeypatch: 
     general = Simulation(sc, seed=3).run()
     assert fast.metrics == general.metrics
     assert fast.state == general.state
+TestFastPathsTiers = make_machine(BothPaths, managed=True, groups=False, tiers=True).TestCase

@@ -241,6 +241,8 @@ def _place(c: rc.PlaceReplica) -> str:
     s = f"PlaceReplica {c.replica_id} {c.node_id} rank={_rank(c.rank)}"
     if c.group is not None:
         s += f" group={c.group} bundles={','.join(map(str, c.bundles))}"
+    if c.devices:
+        s += f" devices={','.join(map(str, c.devices))} from={c.source}"
     return s
 
 
@@ -260,6 +262,8 @@ _SHOW: dict[type, Any] = {
     rc.ScheduleTick: lambda c: f"ScheduleTick {_num(c.at)}",
     rc.GangChanged: lambda c: f"GangChanged {c.gang_id} members={','.join(c.members)}",
     rc.KeepSpareProcesses: lambda c: f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}",
+    rc.EvictReplica: lambda c: f"EvictReplica {c.replica_id} {c.node_id} to={c.to} for={c.for_replica}",
+    rc.DropWarmCopy: lambda c: f"DropWarmCopy {c.node_id} {c.deployment} {c.replica_id}",
 }
 
 
@@ -291,6 +295,14 @@ def show_state(state: rc.State) -> list[str]:
         for rid in sorted(k for k in dep.replicas if k not in ranked):
             r = dep.replicas[rid]
             out.append(f"  {rid} {r.phase.value} {r.node_id or '-'} no-rank")
+    cl = state.cluster
+    for node_id in sorted(cl.devices.keys()):  # GPU memory booked (rankcore.devices): who holds what, where
+        held = sorted((tuple(r.devices), rid, r.bytes_per_device, r.leaving, rid in cl.evicting)
+                      for rid, (n, r) in cl.hot.items() if n == node_id)
+        gpu = " ".join(f"{rid}@{','.join(map(str, d))}={b}" + ("(leaving)" if gone else "(claim)" if claim else "")
+                       for d, rid, b, gone, claim in held)
+        cache = " ".join(f"{e.deployment}:{e.replica_id}={e.nbytes}" for e in cl.caches.get(node_id, ()))
+        out.append(f"gpu {node_id}: {gpu or '-'} | warm: {cache or '-'}")
     return out
 
 
@@ -304,7 +316,7 @@ def _answer(c: object) -> object | None:
         return rc.ReplicaReady(replica_id=c.replica_id)
     if isinstance(c, rc.ReconfigureReplica):
         return rc.ReplicaReconfigured(replica_id=c.replica_id, version=c.version)
-    if isinstance(c, rc.StopReplica):
+    if isinstance(c, (rc.StopReplica, rc.EvictReplica)):
         return rc.ReplicaStopped(replica_id=c.replica_id)
     if isinstance(c, rc.OffloadReplica):
         return rc.TierMoved(replica_id=c.replica_id, tier="warm")
