@@ -171,3 +171,24 @@ def test_sizes_read_as_bytes() -> None:
                         "timeline: []", "<t>")
     assert (sc.nodes[0].gpu_memory, sc.nodes[0].cpu_cache) == (80 * G, int(1.5 * 2**40))
     assert [sc.deployments[k].model_bytes for k in "abc"] == [16 * G, 512 * 2**20, 1000]
+
+
+def test_the_example_s_evicting_replica_is_placed_on_the_room_it_freed() -> None:
+    """Chat's third replica (t=1200) evicts code and embed from one GPU of node-1 and is placed
+    there once they drained; the victims' replacements wait (they never take that room)."""
+    buf = io.StringIO()
+    result = Simulation(load_scenario(EXAMPLE), trace=buf, check=True).run()
+    recs = [json.loads(line) for line in buf.getvalue().splitlines()]
+    evicts = [r for r in recs if r.get("type") == "EvictReplica"]
+    assert {r["deployment"] for r in evicts} == {"code", "embed"} and {r["t"] for r in evicts} == {1200.0}
+    victims = {r["replica"] for r in evicts}
+    stopped = max(r["t"] for r in recs if r.get("type") == "ReplicaStopped" and r["replica"] in victims)
+    starts = [r for r in recs if r.get("type") == "StartReplica" and r["t"] == 1200.0]
+    chat = next(r["replica"] for r in starts if r["deployment"] == "chat")
+    place = next(r for r in recs if r.get("type") == "PlaceReplica" and r["replica"] == chat)
+    assert place["t"] == stopped and place["node"] == evicts[0]["node"]
+    # the victims' replacements are placed only after chat's downscale (t=1800) or never
+    replacements = {r["replica"] for r in starts if r["deployment"] != "chat"}
+    assert len(replacements) == 2
+    assert all(r["t"] > 1800 for r in recs if r.get("type") == "PlaceReplica" and r["replica"] in replacements)
+    assert result.metrics["deployments"]["chat"]["never_hot"] == 0
