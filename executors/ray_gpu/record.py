@@ -32,6 +32,7 @@ class Recorder:
         self.metrics: Any = None
         self._buf = io.StringIO()
         self._read = 0  # how much of ``_buf`` ``drain`` has handed out
+        self._tiers_read = 0  # how much of ``ledger.tier_log`` the metrics counted
         ledger.on_transfer = self._transferred
 
     def _transferred(self, deployment: str, what: str, nbytes: int) -> None:
@@ -50,6 +51,7 @@ class Recorder:
         self._read = 0
         driver.trace = TraceWriter(self._buf, meta=meta, header=header, snapshot_every=snapshot_every)
         self.metrics = Metrics()
+        self._tiers_read = len(self.ledger.tier_log)
         if self._observe not in driver.observers:
             driver.observers.append(self._observe)
 
@@ -84,11 +86,28 @@ class Recorder:
                 trace.fault(min(now, max(0.0, when - self.ledger.t0)), type_, **fields)
         return named
 
+    def _count_tier_moves(self) -> None:
+        """The tier moves carried out since the last call (``Ledger.tier_log``), counted as the
+        simulator counts them: evictions, and each start's load from the WARM copy or from disk
+        (``warm_fallbacks``: the core said warm, the copy was not there)."""
+        log = self.ledger.tier_log
+        if len(log) < self._tiers_read:  # (cleared by a reset)
+            self._tiers_read = 0
+        for entry in log[self._tiers_read:]:
+            if entry["move"] == "evict":
+                self.metrics.evicted(entry["deployment"])
+            elif entry["move"] == "start":
+                warm = entry.get("loaded_from") == "warm"
+                self.metrics.loaded(entry["deployment"], "warm" if warm else "cold",
+                                    fell_back=entry.get("source") == "warm" and not warm)
+        self._tiers_read = len(log)
+
     def metrics_now(self) -> Any:
         from ..scenarios import Metrics
 
         if self.metrics is None:
             self.metrics = Metrics()
+        self._count_tier_moves()
         self.metrics.advance(self.ledger.now())
         return self.metrics
 
