@@ -66,6 +66,7 @@ from .events import (
     TierMoveFailed,
     UnresponsiveReplica,
     WakeRequested,
+    WarmCopy,
     WeightsPushed,
     WeightsUpdated,
 )
@@ -99,7 +100,7 @@ __all__ = [
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
     "DeploymentConfig", "Options", "options", "health", "restarts", "spares",
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
-    "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
+    "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "WarmCopy", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",

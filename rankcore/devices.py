@@ -43,11 +43,12 @@ from . import tiers
 from .cluster import Cluster, Need, Node
 from .clustertx import ClusterTx
 from .errors import InvalidEvent
+from .lifecycle import Phase
 from .state import Deployment
 from .tiers import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
-           "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age",
+           "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping",
            "check_same_model", "release", "joined", "node_lost", "free_gpus",
            "views_of", "recovered"]
 
@@ -97,10 +98,13 @@ def check_same_model(dep: Deployment, model_bytes: int, resources: Need) -> None
                            f"scale it to 0 first")
 
 
-def views_of(cl: Cluster | ClusterTx) -> dict[str, NodeTiers]:
-    """Every device node as the tier rules see it (its residents from ``hot``)."""
+def views_of(cl: Cluster | ClusterTx, stopping: frozenset[str] = frozenset()) -> dict[str, NodeTiers]:
+    """Every device node as the tier rules see it (its residents from ``hot``;
+    those in ``stopping`` leave already: no victim)."""
     residents: dict[str, list[Resident]] = {}
     for node_id, r in cl.hot.values():
+        if r.replica_id in stopping and not r.leaving:
+            r = attrs.evolve(r, leaving=True)
         residents.setdefault(node_id, []).append(r)
     out = {}
     if cl.evicting:  # (a claim is no victim)
@@ -119,17 +123,32 @@ def _fits(node: Node, need: Need) -> bool:
     return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
 
 
-def node_views(cl: Cluster | ClusterTx, dep: Deployment, avoid: Iterable[str] = ()) -> list[NodeTiers]:
+def stopping(tx: Any) -> frozenset[str]:
+    """The replicas holding GPU memory that are being stopped already (no victims)."""
+    view = tx.view
+    out = []
+    for rid in view.hot:
+        name = tx.index.get(rid)
+        rep = tx.deps[name].replicas.get(rid) if name is not None else None
+        if rep is not None and rep.phase is Phase.STOPPING:
+            out.append(rid)
+    return frozenset(out)
+
+
+def node_views(cl: Cluster | ClusterTx, dep: Deployment, avoid: Iterable[str] = (),
+               leaving: frozenset[str] = frozenset()) -> list[NodeTiers]:
     """The live device nodes ``dep`` may use: not avoided, room for its host need."""
     need, skip = host_need(dep), set(avoid)
-    views = views_of(cl)
+    views = views_of(cl, leaving)
     return [views[n.node_id] for n in cl.nodes.values()
             if n.node_id in views and n.node_id not in skip and _fits(n, need)]
 
 
-def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = ()) -> TierPlacement | tiers.Refusal:
-    """Where waiting replica ``rid`` becomes HOT (healthy nodes first while one will do)."""
-    views = node_views(cl, dep, avoid)
+def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = (),
+           leaving: frozenset[str] = frozenset()) -> TierPlacement | tiers.Refusal:
+    """Where waiting replica ``rid`` becomes HOT (healthy nodes first while one will do;
+    ``leaving``: replicas being stopped already, no victims)."""
+    views = node_views(cl, dep, avoid, leaving)
     w = want(cl, dep)
     w = attrs.evolve(w, may_evict=rid not in cl.no_evict)
     if cl.suspects:
@@ -236,7 +255,7 @@ def wake_room(tx: Any, dep: Deployment, rid: str, node_id: str | None) -> bool:
             tx.cl.changed = True
         return True
     cl = tx.cl
-    chosen = tiers.choose([views_of(cl)[node_id]], want(cl, dep, rid, frozenset((node_id,))))
+    chosen = tiers.choose([views_of(cl, stopping(tx))[node_id]], want(cl, dep, rid, frozenset((node_id,))))
     if not isinstance(chosen, TierPlacement):
         cl.evicting = cl.evicting.set(rid, ())  # waits for room (retried as bookings go)
         cl.changed = True
@@ -292,13 +311,18 @@ def node_lost(cl: ClusterTx, node_id: str) -> None:
             cl.changed = True
 
 
-def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any]) -> None:
+def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm: Iterable[Any] = ()) -> None:
     """A recovering controller's books of GPU memory, from the reports: each HOT
     replica of a model booked by memory, on a device node, on the devices it names
     (``ReplicaReport.devices``). A report that names no such devices, or reports
     that put more on a device than it holds, are refused (``InvalidEvent``): the
-    executor knows where the weights are, and must say so. WARM copies in the
-    nodes' caches are not reported: the core starts with none (COLD)."""
+    executor knows where the weights are, and must say so. The WARM copies the
+    executor reports (``warm_copies``) are the nodes' caches again, those on a
+    device node of a deployment that still exists; none reported: none (COLD)."""
+    for w in warm:
+        if w.node_id in cl.devices and w.deployment in specs:
+            entry = CacheEntry(deployment=w.deployment, nbytes=w.nbytes, replica_id=w.replica_id or None)
+            cl.caches = cl.caches.set(w.node_id, (*cl.caches.get(w.node_id, ()), entry))
     for r in sorted(reports, key=lambda r: r.replica_id):
         spec = specs.get(r.deployment)
         if spec is None or not spec.config.tier.model_bytes or r.node_id not in cl.devices or r.tier != "hot":

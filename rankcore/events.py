@@ -42,6 +42,7 @@ __all__ = [
     "ReplicaReport",
     "ControllerRecovered",
     "UnresponsiveReplica",
+    "WarmCopy",
     "SleepRequested",
     "WakeRequested",
     "WeightsPushed",
@@ -474,6 +475,17 @@ class ReplicaReport:
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
+class WarmCopy:
+    """A WARM copy a node's CPU cache holds (an evicted replica's weights), as the
+    executor tells a recovering controller (``ControllerRecovered.warm_copies``)."""
+
+    node_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+    nbytes: int = attrs.field(validator=f.count)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class UnresponsiveReplica:
     """A live replica process a recovering controller found but that did not
     answer its report call in time: its rank is unknown. The core stops it
@@ -530,6 +542,8 @@ class ControllerRecovered:
     #: ``rankcore.desired_weights(state)`` beside the specs (docs/tiers.md)
     asleep: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
     weights_versions: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_versions)
+    #: the WARM copies the nodes' CPU caches hold (rankcore.devices), in the order they came
+    warm_copies: tuple[WarmCopy, ...] = attrs.field(default=(), converter=f.to_tuple)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:

@@ -41,6 +41,7 @@ from .events import (
     ReplicaReport,
     ScaleRequested,
     Tick,
+    WarmCopy,
 )
 from .lifecycle import LIVE, Phase, Residency
 from .ranks import ReplicaRank
@@ -852,6 +853,8 @@ def reports_from(state: State) -> ControllerRecovered:
     return ControllerRecovered(
         deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
         asleep=desired_asleep(state), weights_versions=desired_weights(state),
+        warm_copies=tuple(WarmCopy(node_id=n, deployment=e.deployment, replica_id=e.replica_id or "",
+                                   nbytes=e.nbytes) for n, cache in state.cluster.caches.items() for e in cache),
         next_lineage=state.next_lineage,
         nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
                                order=n.order[0] if n.order[0] != float("inf") else None,
@@ -871,6 +874,17 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
     result = (step_fn or core_step)(State(cluster=attrs.evolve(State().cluster, now=state.cluster.now,
                                                               clock=state.cluster.clock)),
                                     reports_from(state))
+
+    cl = state.cluster
+    if cl.evicting or any(rid in cl.hot and dep.replicas[rid].phase is Phase.PENDING
+                          for dep in state.deployments.values() for rid in dep.replicas):
+        # GPU memory booked (rankcore.devices) for replicas not placed yet, or claimed: the new controller
+        # chooses their room again with what it knows (no claims, every replica just HOT), maybe
+        # elsewhere or by evicting: a new decision, not a round trip (check_step checks the result)
+        for name, dep in state.deployments.items():
+            if result.state.deployments[name].target != dep.target:
+                _fail(f"{name}: recovery changed the target {dep.target} -> {result.state.deployments[name].target}")
+        return
 
     def settled(s: State) -> dict:
         return {name: {rid: (v if dep.replicas[rid].phase is not Phase.PENDING else (v[0], None, None))

@@ -251,7 +251,7 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
     cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
     for n in e.nodes:
         devices.joined(cl, n.node_id, n.devices, n.cpu_cache_bytes)
-    devices.recovered(cl, {d.name: d for d in e.deployments}, e.reports)
+    devices.recovered(cl, {d.name: d for d in e.deployments}, e.reports, e.warm_copies)
 
 
 def _check_fresh(tx: Tx) -> None:

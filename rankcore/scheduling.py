@@ -122,7 +122,12 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
         cl.queued = q.finish()
     cl.queue_kinds = kinds
     cl.blocked = blocked
-    cl.queue = tuple(rids) + cl.queue if front else cl.queue + tuple(rids)
+    if front:  # (a placement that failed: the replica waits again, first; an old entry of its id may
+        # still be in the queue, left by a pass that placed it from a gang member's place: dropped)
+        again = set(rids)
+        cl.queue = tuple(rids) + tuple(x for x in cl.queue if x not in again)
+    else:
+        cl.queue = cl.queue + tuple(rids)
 
 
 def _dequeue(cl: ClusterTx, rid: str) -> None:
@@ -463,7 +468,7 @@ def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple
         tx.put(_reserve(tx, dep, dep.replicas[rid], node_id,
                         TierPlacement(node_id=node_id, choice=Choice.FREE, devices=claim.devices, source=source)))
         return True
-    chosen = devices.choose(cl, dep, rid, avoid)
+    chosen = devices.choose(cl, dep, rid, avoid, devices.stopping(tx))
     if not isinstance(chosen, TierPlacement):
         at = devices.comes_of_age(cl, dep) if cl.clock else _INF
         if at < cl.evictable_at:  # (then a victim may be old enough: a Tick then)
