@@ -319,10 +319,17 @@ def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm
     executor knows where the weights are, and must say so. The WARM copies the
     executor reports (``warm_copies``) are the nodes' caches again, those on a
     device node of a deployment that still exists; none reported: none (COLD)."""
+    evicted = set()
     for w in warm:
         if w.node_id in cl.devices and w.deployment in specs:
             entry = CacheEntry(deployment=w.deployment, nbytes=w.nbytes, replica_id=w.replica_id or None)
             cl.caches = cl.caches.set(w.node_id, (*cl.caches.get(w.node_id, ()), entry))
+            evicted.add(w.deployment)
+    for r in reports:
+        # a replica waiting for a node, of a model with a WARM copy: taken for an evicted replica's
+        # replacement, which waits for room and never evicts (the old controller's mark is lost with it)
+        if r.deployment in evicted and r.node_id is None and r.phase.value == "pending":
+            cl.no_evict = cl.no_evict.set(r.replica_id, None)
     for r in sorted(reports, key=lambda r: r.replica_id):
         spec = specs.get(r.deployment)
         if spec is None or not spec.config.tier.model_bytes or r.node_id not in cl.devices or r.tier != "hot":

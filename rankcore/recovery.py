@@ -246,7 +246,7 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
                                for i, n in enumerate(e.nodes)})
     cl.joined = len(e.nodes)
     for table in ("held", "queued", "queue_kinds", "avoid", "deadlines", "suspects", "devices", "cache_budget",
-                  "hot", "caches", "evicting", "no_evict"):
+                  "hot", "caches", "evicting", "no_evict"):  # (no_evict: see devices.recovered)
         setattr(cl, table, immutables.Map())
     cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
     for n in e.nodes:

@@ -108,13 +108,14 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
     cl.changed = True
     rids = list(rids)
     gang = (dep.gang_size, dep.gang_placement) if dep.gang_size > 1 else ()
-    if dep.config.tier.model_bytes:  # (a model's room depends on who it may evict: one kind per deployment)
+    tiered = bool(dep.config.tier.model_bytes) and dep.gang_size == 1
+    if tiered:  # (a model's room depends on who it may evict: one kind per deployment, and whether it may)
         gang = ("tier", dep.name)
     kinds = cl.queue_kinds
     blocked = cl.blocked
     with cl.queued.mutate() as q:
         for rid in rids:
-            kind = _kind(cl, rid, dep.resources, gang)
+            kind = _kind(cl, rid, dep.resources, (*gang, "no_evict") if tiered and rid in cl.no_evict else gang)
             q.set(rid, kind)
             kinds = kinds.set(kind, kinds.get(kind, 0) + 1)
             if blocked is not None and kind not in blocked:
@@ -491,6 +492,7 @@ def place_waiting(tx: Tx) -> None:
         return
     cl.changed = True
     failed: set = set()
+    unblock = False
     kinds = len(cl.queue_kinds)
     keep: list[str] = []
     queue = cl.queue
@@ -521,13 +523,16 @@ def place_waiting(tx: Tx) -> None:
                     views.pop(to, None)
             tx.put(dep)
             continue
-        if dep.config.tier.model_bytes and cl.devices:
+        if dep.config.tier.model_bytes and cl.devices and devices.tiered(cl, dep):
+            claimed = rid in cl.evicting
             if not _place_tiered(tx, cl, dep, rid, kind[1]):
                 if rid not in cl.evicting:
                     failed.add(kind)
                 keep.append(rid)
                 continue
             cache.clear()  # (a node's host room changed)
+            if claimed:  # its claim became a replica that may be evicted: those that failed may try again
+                unblock = True
             continue
         avoid = (*kind[1], *cl.devices.keys()) if devices.off_device_nodes(cl, dep) else kind[1]
         node_id = _choose(cl, dep, rid, avoid, cache)
@@ -546,4 +551,4 @@ def place_waiting(tx: Tx) -> None:
     # lookup per waiting replica at every pass that placed anyone (bug 8 of
     # issue 19: 20 ms a step at 100,000 waiting).
     cl.queue = (tuple(keep) + queue[i:]) if keep else queue[i:]
-    cl.blocked = frozenset(failed) if cl.queued else None
+    cl.blocked = frozenset(failed) if cl.queued and not unblock else None

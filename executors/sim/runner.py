@@ -343,7 +343,8 @@ class Simulation:
         event = rc.ControllerRecovered(deployments=specs, reports=tuple(reports), unresponsive=tuple(silent),
                                        next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
                                        nodes=self.backend.joined(), stop_unknown=True,
-                                       asleep=self._asleep, weights_versions=self._weights)
+                                       asleep=self._asleep, weights_versions=self._weights,
+                                       warm_copies=tuple(self.backend.warm_copies()))
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
                              unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())

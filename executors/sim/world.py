@@ -251,6 +251,11 @@ class SimBackend:
         """The live nodes, as NodeJoined events in their order."""
         return [n.joined() for n in sorted(self.nodes.values(), key=lambda n: n.order) if n.alive]
 
+    def warm_copies(self) -> list[rc.WarmCopy]:
+        """The WARM copies the live nodes' caches hold, for a recovering controller."""
+        return [rc.WarmCopy(node_id=n.name, deployment=c.deployment, replica_id=c.replica_id, nbytes=c.nbytes)
+                for n in sorted(self.nodes.values(), key=lambda n: n.order) if n.alive for c in n.cache]
+
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
         handlers = self._handlers

@@ -192,3 +192,14 @@ def test_the_example_s_evicting_replica_is_placed_on_the_room_it_freed() -> None
     assert len(replacements) == 2
     assert all(r["t"] > 1800 for r in recs if r.get("type") == "PlaceReplica" and r["replica"] in replacements)
     assert result.metrics["deployments"]["chat"]["never_hot"] == 0
+
+
+def test_a_controller_crash_keeps_the_warm_copies_the_nodes_hold() -> None:
+    """The recovering core learns the nodes' WARM copies (``ControllerRecovered.warm_copies``):
+    a's reload after the crash still comes from its copy, not from disk."""
+    text = _evict().replace("  - at: 200\n", "  - at: 150\n    crash_controller: {recover_after: 5}\n  - at: 200\n")
+    sim, result, recs = _run(text)
+    m = result.metrics["deployments"]["a"]
+    assert (m["evictions"], m["warm_loads"], m["cold_loads"]) == (1, 1, 1)
+    assert any(r.get("type") == "ControllerRecovered" or r.get("fault") == "controller_recovered" for r in recs)
+    assert result.state.deployments["a"].healthy
