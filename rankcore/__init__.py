@@ -85,6 +85,7 @@ from .state import (
     State,
     Step,
     desired_asleep,
+    desired_no_evict,
     desired_specs,
     desired_weights,
     parse_replica_number,
@@ -94,7 +95,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs", "desired_asleep", "desired_weights", "placement",
+    "desired_specs", "desired_asleep", "desired_weights", "desired_no_evict", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",

@@ -311,25 +311,25 @@ def node_lost(cl: ClusterTx, node_id: str) -> None:
             cl.changed = True
 
 
-def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm: Iterable[Any] = ()) -> None:
+def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm: Iterable[Any] = (),
+              no_evict: Iterable[str] = ()) -> None:
     """A recovering controller's books of GPU memory, from the reports: each HOT
     replica of a model booked by memory, on a device node, on the devices it names
     (``ReplicaReport.devices``). A report that names no such devices, or reports
     that put more on a device than it holds, are refused (``InvalidEvent``): the
     executor knows where the weights are, and must say so. The WARM copies the
     executor reports (``warm_copies``) are the nodes' caches again, those on a
-    device node of a deployment that still exists; none reported: none (COLD)."""
-    evicted = set()
+    device node of a deployment that still exists; none reported: none (COLD).
+    The replacements of evicted replicas (``no_evict``, persisted) that still
+    wait keep waiting for room."""
     for w in warm:
         if w.node_id in cl.devices and w.deployment in specs:
             entry = CacheEntry(deployment=w.deployment, nbytes=w.nbytes, replica_id=w.replica_id or None)
             cl.caches = cl.caches.set(w.node_id, (*cl.caches.get(w.node_id, ()), entry))
-            evicted.add(w.deployment)
-    for r in reports:
-        # a replica waiting for a node, of a model with a WARM copy: taken for an evicted replica's
-        # replacement, which waits for room and never evicts (the old controller's mark is lost with it)
-        if r.deployment in evicted and r.node_id is None and r.phase.value == "pending":
-            cl.no_evict = cl.no_evict.set(r.replica_id, None)
+    waiting = {r.replica_id for r in reports if r.node_id is None and r.phase.value == "pending"}
+    for rid in no_evict:  # (persisted: rankcore.desired_no_evict) those still waiting wait for room
+        if rid in waiting:
+            cl.no_evict = cl.no_evict.set(rid, None)
     for r in sorted(reports, key=lambda r: r.replica_id):
         spec = specs.get(r.deployment)
         if spec is None or not spec.config.tier.model_bytes or r.node_id not in cl.devices or r.tier != "hot":

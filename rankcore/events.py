@@ -544,6 +544,9 @@ class ControllerRecovered:
     weights_versions: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_versions)
     #: the WARM copies the nodes' CPU caches hold (rankcore.devices), in the order they came
     warm_copies: tuple[WarmCopy, ...] = attrs.field(default=(), converter=f.to_tuple)
+    #: ``rankcore.desired_no_evict(state)`` beside the specs: the evicted replicas'
+    #: replacements still waiting, which wait for room and never evict
+    no_evict: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:

@@ -45,7 +45,7 @@ from .events import (
 )
 from .lifecycle import LIVE, Phase, Residency
 from .ranks import ReplicaRank
-from .state import Deployment, State, Step, desired_asleep, desired_specs, desired_weights
+from .state import Deployment, State, Step, desired_asleep, desired_no_evict, desired_specs, desired_weights
 
 __all__ = [
     "check_state",
@@ -852,7 +852,7 @@ def reports_from(state: State) -> ControllerRecovered:
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
     return ControllerRecovered(
         deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
-        asleep=desired_asleep(state), weights_versions=desired_weights(state),
+        asleep=desired_asleep(state), weights_versions=desired_weights(state), no_evict=desired_no_evict(state),
         warm_copies=tuple(WarmCopy(node_id=n, deployment=e.deployment, replica_id=e.replica_id or "",
                                    nbytes=e.nbytes) for n, cache in state.cluster.caches.items() for e in cache),
         next_lineage=state.next_lineage,

@@ -246,12 +246,12 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
                                for i, n in enumerate(e.nodes)})
     cl.joined = len(e.nodes)
     for table in ("held", "queued", "queue_kinds", "avoid", "deadlines", "suspects", "devices", "cache_budget",
-                  "hot", "caches", "evicting", "no_evict"):  # (no_evict: see devices.recovered)
+                  "hot", "caches", "evicting", "no_evict"):
         setattr(cl, table, immutables.Map())
     cl.queue, cl.blocked, cl.next_deadline = (), None, float("inf")
     for n in e.nodes:
         devices.joined(cl, n.node_id, n.devices, n.cpu_cache_bytes)
-    devices.recovered(cl, {d.name: d for d in e.deployments}, e.reports, e.warm_copies)
+    devices.recovered(cl, {d.name: d for d in e.deployments}, e.reports, e.warm_copies, e.no_evict)
 
 
 def _check_fresh(tx: Tx) -> None:

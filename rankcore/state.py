@@ -26,7 +26,7 @@ from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, St
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
-           "desired_asleep", "desired_weights"]
+           "desired_asleep", "desired_weights", "desired_no_evict"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 # where counts keeps running and stopping replicas (an enum member read off its
@@ -273,6 +273,13 @@ def desired_asleep(state: State) -> tuple[str, ...]:
     """The deployments meant to be asleep (``SleepRequested``), sorted: persist it with
     ``desired_specs`` and pass it as ``ControllerRecovered.asleep``."""
     return tuple(name for name in sorted(state.deployments.keys()) if state.deployments[name].asleep)
+
+
+def desired_no_evict(state: State) -> tuple[str, ...]:
+    """The evicted replicas' replacements still waiting for room, which never evict
+    (rankcore.devices), sorted: persist it with ``desired_specs`` and pass it as
+    ``ControllerRecovered.no_evict``, or a restarted controller lets them evict."""
+    return tuple(sorted(state.cluster.no_evict.keys()))
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

@@ -99,6 +99,7 @@ class Simulation:
         self._persisted: tuple[rc.DeploymentApplied, ...] = ()  # the core's specs at a controller crash
         #: and, beside them, the deployments meant to sleep and the weights versions pushed (docs/tiers.md)
         self._asleep: tuple[str, ...] = ()
+        self._no_evict: tuple[str, ...] = ()
         self._weights: tuple[tuple[str, int], ...] = ()
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
@@ -329,6 +330,7 @@ class Simulation:
         # what a controller persists: the core's own specs (scales folded in), as the Ray controller does
         self._persisted = rc.desired_specs(self.driver.state)
         self._asleep, self._weights = rc.desired_asleep(self.driver.state), rc.desired_weights(self.driver.state)
+        self._no_evict = rc.desired_no_evict(self.driver.state)
         self.driver.restart()
         if self.trace:
             self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
@@ -344,7 +346,7 @@ class Simulation:
                                        next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
                                        nodes=self.backend.joined(), stop_unknown=True,
                                        asleep=self._asleep, weights_versions=self._weights,
-                                       warm_copies=tuple(self.backend.warm_copies()))
+                                       warm_copies=tuple(self.backend.warm_copies()), no_evict=self._no_evict)
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
                              unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
