@@ -2,8 +2,10 @@
 
 Ray restarts the controller actor; the new one answers nothing until it has
 recovered (``Recovery.ready``): from what ``persist.py`` saved (the specs,
-the id counters, the replica checkpoint) and the replica actors' own reports
-it builds one ``ControllerRecovered`` event (ranks are not stored), adopts
+the id counters, the replica checkpoint, the evicted replicas' replacements
+still waiting), the replica actors' own reports and the nodes' WARM caches
+(``warm_cache.held_copies``) it builds one ``ControllerRecovered`` event
+(ranks are not stored), adopts
 the live actors, their groups and the starts under way, and watches them
 again. What happens to each replica is the core's decision.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Set
+from collections.abc import Mapping, Sequence, Set
 
 import ray
 
@@ -22,6 +24,7 @@ import rankcore as rc
 from . import persist
 from . import placement as pl
 from . import static as st
+from . import warm_cache as wc
 from .carry import Carrier
 from .ledger import Ledger
 from .observe import Watcher, actor_info
@@ -43,6 +46,14 @@ class Recovery:
         self.recorder = recorder
         self.done = False  # recovered (or nothing to recover): the controller may answer
         self._lock: asyncio.Lock | None = None
+        ledger.driver.observers.append(self._save_no_evict)
+
+    @staticmethod
+    def _save_no_evict(t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """Persist ``rc.desired_no_evict`` whenever a step changes it (an eviction starts a
+        replacement in any step, not only on a call that saves the specs)."""
+        if result.state.cluster.no_evict is not before.cluster.no_evict:
+            persist.save_no_evict(result.state)
 
     async def ready(self) -> None:
         """After a restart (Ray restarts this actor), rebuild ranks from the
@@ -166,6 +177,7 @@ class Recovery:
                 requeued.append(rid)
             elif rid not in named:
                 lost.append((rid, k["deployment"]))
+        warm = await self.warm_copies(nodes, desired)
         led.checkpoint()
         self.adopt_placement_groups()
         led.started, led.lineages = started, lineages
@@ -176,7 +188,8 @@ class Recovery:
                                        reports=tuple(reports), next_replica_number=started,
                                        next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
                                        unresponsive=tuple(silent), asleep=persist.load_asleep(),
-                                       weights_versions=persist.load_weights_versions())
+                                       weights_versions=persist.load_weights_versions(), warm_copies=warm,
+                                       no_evict=persist.load_no_evict())
         trace = led.driver.trace
         if trace is not None:
             for rid, dep in lost:
@@ -198,6 +211,27 @@ class Recovery:
                 self.watcher.start_checks(rid, rec.actor)
         for rid, actor in starting:
             led.spawn(self.carrier.await_started(rid, actor))
+
+    async def warm_copies(self, nodes: Sequence[rc.NodeJoined],
+                          desired: Mapping[str, rc.DeploymentApplied]) -> tuple[rc.WarmCopy, ...]:
+        """The WARM copies the caches of the nodes that declared devices hold (in the order they
+        came), so the core keeps using them (and does not evict back for an evicted model's
+        replacement). Each is given in the core's bytes: what it booked for that copy, the
+        deployment's ``model_bytes`` over its GPUs (the cache's real bytes may differ: the core's
+        CPU-cache budget counts the declared size); a copy of a deployment with no declared size
+        counts its real bytes."""
+        held = await wc.held_copies([n.node_id for n in nodes if n.devices], self.report_timeout_s)
+        copies = []
+        for node_id, dep, rid, real in held:
+            spec = desired.get(dep)
+            if spec is not None and spec.model_bytes:
+                gpus = int(dict(spec.resources).get("GPU") or 1)
+                real = -(-spec.model_bytes // gpus) * gpus  # (as the core booked it: bytes per device, on each)
+            copies.append(rc.WarmCopy(node_id=node_id, deployment=dep, replica_id=rid, nbytes=real))
+        if copies:
+            log.info("recovered %d WARM cop%s: %s", len(copies), "y" if len(copies) == 1 else "ies",
+                     ", ".join(f"{c.deployment}/{c.replica_id}@{c.node_id}" for c in copies))
+        return tuple(copies)
 
     def adopt_placement_groups(self) -> None:
         """Take back the groups of the replicas found alive; remove every other

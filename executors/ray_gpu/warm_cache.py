@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -30,7 +31,7 @@ from .replicas import NAMESPACE
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-__all__ = ["Caches", "WarmCache", "cache_name", "warm_cache"]
+__all__ = ["Caches", "WarmCache", "cache_name", "held_copies", "warm_cache"]
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -84,12 +85,40 @@ class WarmCache:
         """Entry -> bytes held (what tests and tools read)."""
         return {f"{d}/{r}": (t.nbytes if t is not None else 0) for (d, r), t in self.entries.items()}
 
+    def listed(self) -> list[tuple[str, str, int]]:
+        """``(deployment, replica id, bytes)`` of each entry, in the order they came (what a
+        recovering controller tells the core: ``ControllerRecovered.warm_copies``)."""
+        return [(d, r, t.nbytes if t is not None else 0) for (d, r), t in self.entries.items()]
+
     def held_bytes(self) -> int:
         """CPU memory the entries hold (``TieredWeights.host_nbytes``)."""
         return sum(t.host_nbytes for t in self.entries.values() if t is not None)
 
     def forget_all(self) -> None:
         self.entries.clear()
+
+
+async def held_copies(node_ids: Iterable[str], timeout_s: float) -> list[tuple[str, str, str, int]]:
+    """``(node id, deployment, replica id, bytes)`` of every entry the caches of ``node_ids`` hold,
+    node by node, each in the order they came. A cache is looked up by name, never made (a node
+    without one holds none); one that is gone or does not answer in ``timeout_s`` holds none
+    either (its copies are lost: the core places from disk)."""
+    import asyncio
+
+    async def one(node_id: str) -> list[tuple[str, str, int]]:
+        try:
+            actor = ray.get_actor(cache_name(node_id), namespace=NAMESPACE)
+        except ValueError:
+            return []
+        try:
+            return list(await asyncio.wait_for(actor.listed.remote(), timeout=timeout_s))
+        except Exception as exc:
+            log.warning("the WARM cache of node %s did not list its copies: %r", node_id, exc)
+            return []
+
+    nodes = list(node_ids)
+    held = await asyncio.gather(*(one(n) for n in nodes))
+    return [(n, d, r, int(b)) for n, entries in zip(nodes, held) for d, r, b in entries]
 
 
 def warm_cache(node_id: str, cuda: bool = False) -> Any:

@@ -147,3 +147,37 @@ def test_without_book_memory_nodes_count_gpus_and_model_bytes_change_nothing():
     assert info("plain", rid)["devices"] == () and info("plain", rid)["source"] == ""
     assert torch.equal(h.remote(X).result(timeout=30), h.remote(X).result(timeout=30))
     assert wait_for(lambda: tiers_status()["log"] == [], timeout=1)
+
+
+def test_a_restarted_controller_keeps_the_warm_copy_and_the_evicted_model_reloads_from_it():
+    """The nodes' WARM caches outlive the controller: the restarted one tells the core the
+    copies (``ControllerRecovered.warm_copies``), so a's replacement waits without evicting b
+    and, once room frees, loads a's evicted weights from the node's cache, bit-identical."""
+    from ray import cloudpickle
+
+    t0 = time.monotonic()
+    book_memory(gpu_memory=GPU_MEMORY, cpu_cache=GPU_MEMORY)
+    ha = run(tiered("a").bind())
+    a0 = only("a")
+    before, answer = exported("a", a0), ha.remote(X).result(timeout=30)
+    hb = run(tiered("b").bind())  # evicts a to the node's WARM cache
+    b0 = only("b")
+    (held,) = tiers_status()["caches"].values()
+    assert list(held["entries"]) == [f"a/{a0}"]
+    ray.kill(get_controller(), no_restart=False)  # (returns at once: ask until the new one recovered)
+    assert list(ask(get_controller(), "ranks", "b")) == [b0]
+    state = cloudpickle.loads(ask(get_controller(), "state"))
+    (node,) = state.cluster.caches.keys()
+    assert [(e.deployment, e.replica_id, e.nbytes) for e in state.cluster.caches[node]] == [("a", a0, MODEL)]
+    # no eviction back: b keeps its replica, a's replacement waits for room
+    assert {r: x.phase.value for r, x in state.deployments["b"].replicas.items()} == {b0: "running"}
+    assert [x.phase.value for x in state.deployments["a"].replicas.values()] == ["pending"]
+    hb.scale(0)  # room again: a's replacement is placed from the WARM copy the new controller was told of
+    wait_serving("a", timeout=60)
+    a1 = only("a")
+    assert (info("a", a1)["source"], info("a", a1)["loaded_from"], info("a", a1)["note"]) == ("warm", "warm", "")
+    assert same(exported("a", a1), before)  # bit-identical (its constructor drew other weights)
+    assert torch.equal(ha.remote(X).result(timeout=30), answer)
+    assert ask(get_controller(), "status")["rejected_events"] == 0
+    assert tiers_status()["caches"] == {node: {"entries": {}, "held_bytes": 0}}  # used up by the reload
+    assert time.monotonic() - t0 < 60
