@@ -876,11 +876,12 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
                                     reports_from(state))
 
     cl = state.cluster
-    if cl.evicting or any(rid in cl.hot and dep.replicas[rid].phase is Phase.PENDING
-                          for dep in state.deployments.values() for rid in dep.replicas):
-        # GPU memory booked (rankcore.devices) for replicas not placed yet, or claimed: the new controller
-        # chooses their room again with what it knows (no claims, every replica just HOT), maybe
-        # elsewhere or by evicting: a new decision, not a round trip (check_step checks the result)
+    if cl.devices and any(dep.config.tier.model_bytes and r.phase is Phase.PENDING
+                          for dep in state.deployments.values() for r in dep.replicas.values()):
+        # a replica of a model booked by memory (rankcore.devices) waits or is not placed yet: the new
+        # controller chooses its room again with what it knows (no claims, no failed placements, every
+        # replica just HOT), maybe elsewhere or by evicting: a new decision, not a round trip
+        # (check_step checks the result)
         for name, dep in state.deployments.items():
             if result.state.deployments[name].target != dep.target:
                 _fail(f"{name}: recovery changed the target {dep.target} -> {result.state.deployments[name].target}")

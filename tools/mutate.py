@@ -735,9 +735,43 @@ RESIDENCY_RULES: tuple[Mutation, ...] = (
              tests=("tests/unit/test_invariants.py",)),
 )
 
+DEVICES = "rankcore/devices.py"
+DEVICE_TESTS = ("tests/scenarios", "tests/unit/test_devices.py", "tests/integration/test_sim_tiers.py")
+#: issue 21: GPU memory booked in the step (rankcore/devices.py, rankcore/evictions.py)
+DEVICE_RULES: tuple[Mutation, ...] = (
+    mutation("devices-no-claim", DEVICES,
+             "    cl.evicting = cl.evicting.set(rid, victims)\n    book(cl, dep, rid, chosen.node_id, chosen.devices)\n",
+             "    cl.evicting = cl.evicting.set(rid, victims)\n",
+             "[Tiers: eviction] the replica that evicts claims the victims' room (nobody else takes it)",
+             tests=DEVICE_TESTS),
+    mutation("devices-replacement-evicts", DEVICES,
+             "    w = attrs.evolve(w, may_evict=rid not in cl.no_evict)\n", "    w = attrs.evolve(w, may_evict=True)\n",
+             "[Tiers: eviction] an evicted replica's replacement waits for room and never evicts",
+             tests=DEVICE_TESTS),
+    mutation("devices-victim-min-time", TIERS,
+             "    least = want.min_deployment_time_s if resident.min_deployment_time_s is None else "
+             "resident.min_deployment_time_s\n",
+             "    least = want.min_deployment_time_s\n",
+             "[Tiers: eviction] the minimum deployment time that protects a replica is its own deployment's",
+             tests=DEVICE_TESTS),
+    mutation("devices-sleep-keeps-gpu", RESIDENCY,
+             "        devices.free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others\n",
+             "        pass\n",
+             "[Tiers: sleep] a sleeping replica's GPU memory is free for another model", tests=DEVICE_TESTS),
+    mutation("devices-stopping-victim", "rankcore/scheduling.py",
+             "    chosen = devices.choose(cl, dep, rid, avoid, devices.stopping(tx))\n",
+             "    chosen = devices.choose(cl, dep, rid, avoid)\n",
+             "[Tiers: eviction] a replica being stopped already is no victim",
+             tests=("tests/property/test_core_machine.py",)),
+    mutation("invariant-noop-check-devices", INVARIANTS, "def check_devices(state: State) -> None:\n",
+             "def check_devices(state: State) -> None:\n    return\n",
+             "[invariants] check_devices checks something (here: nothing)",
+             tests=("tests/unit/test_invariants.py", "tests/unit/test_devices.py")),
+)
+
 #: the mutants before issue 20 (the older rules)
 OLDER = MUTATIONS
-MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS + TIER_RULES + RESIDENCY_RULES
+MUTATIONS = OLDER + ISSUE20_RULES + INVARIANT_NOOPS + TIER_RULES + RESIDENCY_RULES + DEVICE_RULES
 
 
 # ------------------------------------------------------------------ mechanics
@@ -1032,7 +1066,7 @@ def main(only: tuple[str, ...], list_: bool, check: bool, jobs: int, timeout: fl
     mutations = select(only)
     if not only and group != "all":
         pick = {"older": OLDER, "issue20": ISSUE20_RULES + INVARIANT_NOOPS, "rules": ISSUE20_RULES,
-                "invariants": INVARIANT_NOOPS, "tiers": TIER_RULES + RESIDENCY_RULES}[group]
+                "invariants": INVARIANT_NOOPS, "tiers": TIER_RULES + RESIDENCY_RULES + DEVICE_RULES}[group]
         mutations = list(pick)
     then = () if no_then else then
     if list_:
