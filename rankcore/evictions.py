@@ -33,6 +33,7 @@ def carry_out(tx: Tx) -> None:
     chosen, tx.evictions = tx.evictions, None
     if not chosen:
         return
+    touched: list[str] = []
     for victim, for_rid, node_id, to, dropped in chosen:
         name = tx.index.get(victim)
         if name is None:  # pragma: no cover - a resident is a live replica of the index
@@ -45,7 +46,11 @@ def carry_out(tx: Tx) -> None:
                              graceful_shutdown_timeout_s=o.graceful_shutdown_timeout_s))
         for entry in dropped:
             tx.emit(DropWarmCopy(node_id=node_id, deployment=entry.deployment, replica_id=entry.replica_id or ""))
-        dep = put_replica(dep, rep, _copy(rep, phase=advance(rep.phase, Trigger.STOP, victim)))
+        tx.put(put_replica(dep, rep, _copy(rep, phase=advance(rep.phase, Trigger.STOP, victim))))
+        if name not in touched:
+            touched.append(name)
+    for name in touched:  # each victim's deployment once: its replacements start in ascending rank
+        dep = tx.deps[name]
         before = set(dep.replicas.keys())
         dep = reconcile(tx, dep)
         fresh = [rid for rid in dep.replicas if rid not in before]

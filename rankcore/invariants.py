@@ -17,6 +17,7 @@ import attrs
 
 from . import spares
 from .commands import (
+    EvictReplica,
     GangChanged,
     InitializeReplica,
     KeepSpareProcesses,
@@ -597,11 +598,18 @@ def check_compact_only_when_healthy(before: State, event: object, result: Step) 
 
 def check_command_order(before: State, event: object, result: Step) -> None:
     """Within one step, per deployment: replicas are started in ascending global
-    rank (a lost node's replicas are replaced in rank order), and reconfigured
+    rank (a lost node's replicas are replaced in rank order; the replacements of
+    replicas evicted at the end of the step are a batch of their own), and reconfigured
     and initialised in ascending rank. Executors carry commands out in order,
     so a wrapper that reorders them changes who gets what first."""
     last: dict[tuple[str, str], int] = {}
+    evicting = False
     for c in result.commands:
+        if isinstance(c, EvictReplica) and not evicting:
+            # the evictions the step chose come after its own work (rankcore.evictions): their
+            # victims' replacements are a batch of their own, in ascending rank too
+            evicting = True
+            last = {k: v for k, v in last.items() if k[0] != "start"}
         if isinstance(c, StartReplica):
             key, r = ("start", c.deployment), c.global_rank
         elif isinstance(c, (ReconfigureReplica, InitializeReplica)):
