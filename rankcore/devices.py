@@ -128,8 +128,8 @@ def stopping(tx: Any) -> frozenset[str]:
     view = tx.view
     out = []
     for rid in view.hot:
-        name = tx.index.get(rid)
-        rep = tx.deps[name].replicas.get(rid) if name is not None else None
+        dep = tx.deps.get(tx.index.get(rid))  # (a recovery rebuilds one deployment at a time)
+        rep = dep.replicas.get(rid) if dep is not None else None
         if rep is not None and rep.phase is Phase.STOPPING:
             out.append(rid)
     return frozenset(out)
