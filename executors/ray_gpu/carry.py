@@ -584,12 +584,7 @@ class Carrier:
 
     async def _evict(self, rid: str, actor: Any, cmd: rc.EvictReplica) -> None:
         led = self.ledger
-        try:
-            await asyncio.wait_for(actor.prepare_stop.remote(cmd.graceful_shutdown_wait_loop_s,
-                                                             cmd.graceful_shutdown_timeout_s),
-                                   timeout=cmd.graceful_shutdown_timeout_s)
-        except Exception:  # (timed out, or died meanwhile)
-            pass
+        await _drained(actor, cmd.graceful_shutdown_wait_loop_s, cmd.graceful_shutdown_timeout_s)
         entry = {"replica": rid, "deployment": cmd.deployment, "move": "evict", "to": cmd.to, "nbytes": 0,
                  "error": ""}
         try:
@@ -613,12 +608,7 @@ class Carrier:
         """Let the calls in flight finish (the replica looks every
         ``graceful_shutdown_wait_loop_s``), for up to
         ``graceful_shutdown_timeout_s``; then kill it."""
-        try:
-            await asyncio.wait_for(actor.prepare_stop.remote(cmd.graceful_shutdown_wait_loop_s,
-                                                             cmd.graceful_shutdown_timeout_s),
-                                   timeout=cmd.graceful_shutdown_timeout_s)
-        except Exception:  # (timed out, or died meanwhile)
-            pass
+        await _drained(actor, cmd.graceful_shutdown_wait_loop_s, cmd.graceful_shutdown_timeout_s)
         await self._stopped(rid, self.kill(rid))
 
     async def _stopped(self, rid: str, actor: Any) -> None:
@@ -626,3 +616,12 @@ class Carrier:
         sent (Ray frees the group's resources, and kills what runs in it, with
         the removal)."""
         self.ledger.feed(rc.ReplicaStopped(replica_id=rid, now=self.ledger.now()))
+
+
+async def _drained(actor: Any, wait_loop_s: float, timeout_s: float) -> None:
+    """Let a stopping replica's calls in flight finish (it looks every ``wait_loop_s``),
+    for up to ``timeout_s`` (a stop and an eviction drain alike)."""
+    try:
+        await asyncio.wait_for(actor.prepare_stop.remote(wait_loop_s, timeout_s), timeout=timeout_s)
+    except Exception:  # (timed out, or died meanwhile)
+        pass

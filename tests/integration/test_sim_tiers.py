@@ -203,3 +203,4 @@ def test_a_controller_crash_keeps_the_warm_copies_the_nodes_hold() -> None:
     assert (m["evictions"], m["warm_loads"], m["cold_loads"]) == (1, 1, 1)
     assert any(r.get("type") == "ControllerRecovered" or r.get("fault") == "controller_recovered" for r in recs)
     assert result.state.deployments["a"].healthy
+    _within_budgets(sim)
