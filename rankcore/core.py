@@ -51,7 +51,7 @@ from .events import (
 )
 from .fastpaths import FAST_PATHS
 from .fields import shown
-from .lifecycle import Phase, Trigger, advance
+from .lifecycle import LIVE, Phase, Residency, Trigger, advance
 from .moves import crash, reconcile
 from .passes import finish
 from .records import unchecked_copy
@@ -375,10 +375,32 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     cl.joined += 1
     if first:  # the core places from now on: book what runs, queue what waits
         adopt(tx, sorted(tx.deps.keys()))
+    if e.devices:
+        _adopt_gpu_memory(tx, e.node_id)
     cl.blocked = None
     cl.changed = True
     clear_avoid(tx, e.node_id)
     return finish(tx)
+
+
+def _adopt_gpu_memory(tx: Tx, node_id: str) -> None:
+    """Replicas of models booked by memory already HOT on a node that declares its
+    devices now (placed by the executor before the core placed): booked where they
+    fit, else stopped at once and replaced (``devices.adopt``)."""
+    cl = tx.cl
+    for name in sorted(tx.deps.keys()):
+        dep = tx.deps[name]
+        if not devices.tiered(cl, dep):
+            continue
+        for rep in by_rank(dep, [r for r in dep.replicas.values() if r.node_id == node_id]):
+            rid = rep.replica_id
+            if rid in cl.hot or rep.residency is Residency.WARM or rep.phase not in LIVE:
+                continue
+            if devices.adopt(cl, dep, rid, node_id) or rep.phase is Phase.STOPPING:
+                continue  # (booked; or leaving anyway)
+            tx.emit(stop_command(dep, rid, now=True))
+            dep = crash(tx, dep, dep.replicas[rid])
+        tx.put(dep)
 
 
 def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:

@@ -48,7 +48,7 @@ from .state import Deployment
 from .tiers import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
-           "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping",
+           "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
            "check_same_model", "release", "joined", "node_lost", "free_gpus",
            "views_of", "recovered"]
 
@@ -160,6 +160,22 @@ def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = ()
     return tiers.choose(views, w)
 
 
+def adopt(cl: ClusterTx, dep: Deployment, rid: str, node_id: str) -> bool:
+    """A replica the executor placed before the core placed (or before its node
+    declared devices) runs HOT on ``node_id``: book it on the devices that fit
+    best (True), or False when none fit (the caller stops and replaces it: the
+    core books no more than a device holds)."""
+    view = views_of(cl).get(node_id)
+    if view is None:
+        return True
+    w = want(cl, dep)
+    chosen = tiers.fit_devices(view.free(), w.per_device, w.gpus)
+    if chosen is None:
+        return False
+    book(cl, dep, rid, node_id, chosen)
+    return True
+
+
 def comes_of_age(cl: Cluster | ClusterTx, dep: Deployment) -> float:
     """The earliest time a replica on a device node that ``dep`` could evict but for
     its youth (``min_deployment_time_s``) may be evicted (inf: none)."""
@@ -267,6 +283,15 @@ def wake_room(tx: Any, dep: Deployment, rid: str, node_id: str | None) -> bool:
         cl.evicting = cl.evicting.delete(rid)
     book(cl, dep, rid, node_id, chosen.devices)
     return True
+
+
+def forget_copy(cl: ClusterTx, node_id: str, rid: str) -> None:
+    """The WARM copy ``rid`` was to leave on ``node_id`` will not exist (it was not evicted after all)."""
+    cache = cl.caches.get(node_id, ())
+    kept = tuple(e for e in cache if e.replica_id != rid)
+    if len(kept) != len(cache):
+        cl.caches = cl.caches.set(node_id, kept)
+        cl.changed = True
 
 
 def release(cl: ClusterTx, rid: str) -> None:

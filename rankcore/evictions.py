@@ -15,9 +15,9 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from . import residency
+from . import devices, residency
 from .commands import DropWarmCopy, EvictReplica
-from .lifecycle import TierTrigger, Trigger, advance
+from .lifecycle import Phase, TierTrigger, Trigger, advance
 from .moves import reconcile
 from .records import unchecked_copy
 from .scheduling import _rekind
@@ -40,12 +40,15 @@ def carry_out(tx: Tx) -> None:
             continue
         dep = tx.deps[name]
         rep = dep.replicas[victim]
+        for entry in dropped:
+            tx.emit(DropWarmCopy(node_id=node_id, deployment=entry.deployment, replica_id=entry.replica_id or ""))
+        if rep.phase is Phase.STOPPING:  # stopped meanwhile (a recovery rebuilt it stopping): it leaves
+            devices.forget_copy(tx.cl, node_id, victim)  # anyway, and keeps no copy (a StopReplica's)
+            continue
         o = dep.config.shutdown
         tx.emit(EvictReplica(replica_id=victim, deployment=name, node_id=node_id, to=to, for_replica=for_rid,
                              graceful_shutdown_wait_loop_s=o.graceful_shutdown_wait_loop_s,
                              graceful_shutdown_timeout_s=o.graceful_shutdown_timeout_s))
-        for entry in dropped:
-            tx.emit(DropWarmCopy(node_id=node_id, deployment=entry.deployment, replica_id=entry.replica_id or ""))
         tx.put(put_replica(dep, rep, _copy(rep, phase=advance(rep.phase, Trigger.STOP, victim))))
         if name not in touched:
             touched.append(name)
