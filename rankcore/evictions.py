@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import devices, residency
 from .commands import DropWarmCopy, EvictReplica
-from .lifecycle import Phase, TierTrigger, Trigger, advance
+from .lifecycle import Phase, Residency, TierTrigger, Trigger, advance
 from .moves import reconcile
 from .records import unchecked_copy
 from .scheduling import _rekind
@@ -86,7 +86,9 @@ def retry_wakes(tx: Tx) -> None:
         dep = tx.deps[name]
         rep = dep.replicas[rid]
         if residency.needs(dep, rep)[1] is not TierTrigger.WAKE:
-            cl.evicting = cl.evicting.delete(rid)  # asleep again, stopping, ...: no longer waits
+            cl.evicting = cl.evicting.delete(rid)  # asleep again, stopping, ...: no longer waits,
+            if rep.residency is Residency.WARM:  # and the room it claimed is free again
+                devices.free_gpus(cl, rid)
             continue
         new = residency.settle(tx, dep, rep)
         if new is not rep:
