@@ -15,7 +15,7 @@ import math
 import attrs
 import immutables
 
-__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S", "clock_work_due"]
+__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S", "clock_work_due", "fits"]
 
 #: A need or a node's resources: sorted (name, amount) pairs.
 Need = tuple[tuple[str, float], ...]
@@ -113,6 +113,12 @@ class Cluster:
     def suspect(self, node_id: str) -> bool:
         until = self.suspects.get(node_id)
         return until is not None and until > self.now
+
+
+def fits(node: Node, need: Need) -> bool:
+    """``need`` fits in what ``node`` has free (the scheduler's and the GPU-memory walk's one test)."""
+    free = node.free
+    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
 
 
 def clock_work_due(cluster: Cluster, now: float) -> bool:

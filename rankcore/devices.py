@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from . import tiers
-from .cluster import Cluster, Need, Node
+from .cluster import Cluster, Need, fits
 from .clustertx import ClusterTx
 from .errors import InvalidEvent
 from .lifecycle import Phase
@@ -61,7 +61,7 @@ def tiered(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
             and dep.static is None)
 
 
-def gpus_of(dep: Deployment) -> int:
+def gpus_of(dep: Deployment | Any) -> int:
     """The GPUs one replica spans (its ``GPU`` resource, 1 when it names none)."""
     gpus = dict(dep.resources).get("GPU")
     return int(gpus) if gpus else 1
@@ -118,11 +118,6 @@ def views_of(cl: Cluster | ClusterTx, stopping: frozenset[str] = frozenset()) ->
     return out
 
 
-def _fits(node: Node, need: Need) -> bool:
-    free = node.free
-    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
-
-
 def stopping(tx: Any) -> frozenset[str]:
     """The replicas holding GPU memory that are being stopped already (no victims)."""
     view = tx.view
@@ -141,7 +136,7 @@ def node_views(cl: Cluster | ClusterTx, dep: Deployment, avoid: Iterable[str] = 
     need, skip = host_need(dep), set(avoid)
     views = views_of(cl, leaving)
     return [views[n.node_id] for n in cl.nodes.values()
-            if n.node_id in views and n.node_id not in skip and _fits(n, need)]
+            if n.node_id in views and n.node_id not in skip and fits(n, need)]
 
 
 def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = (),
@@ -149,8 +144,7 @@ def choose(cl: Cluster | ClusterTx, dep: Deployment, rid: str, avoid: tuple = ()
     """Where waiting replica ``rid`` becomes HOT (healthy nodes first while one will do;
     ``leaving``: replicas being stopped already, no victims)."""
     views = node_views(cl, dep, avoid, leaving)
-    w = want(cl, dep)
-    w = attrs.evolve(w, may_evict=rid not in cl.no_evict)
+    w = want(cl, dep, rid)
     if cl.suspects:
         healthy = [v for v in views if not cl.suspect(v.node_id)]
         if len(healthy) < len(views):
@@ -296,9 +290,7 @@ def forget_copy(cl: ClusterTx, node_id: str, rid: str) -> None:
 
 def release(cl: ClusterTx, rid: str) -> None:
     """``rid`` left: its device booking, its wait for victims, its no-evict mark go."""
-    if rid in cl.hot:
-        cl.hot = cl.hot.delete(rid)
-        cl.blocked = None
+    free_gpus(cl, rid)
     if rid in cl.evicting:
         cl.evicting = cl.evicting.delete(rid)
     if rid in cl.no_evict:
@@ -361,7 +353,7 @@ def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm
             continue
         if r.phase.value in ("failed", "stopped", "crashed"):
             continue
-        gpus = int(dict(spec.config.scheduling.resources).get("GPU") or 1)
+        gpus = gpus_of(spec)
         have = {d.index for d in cl.devices[r.node_id]}
         if len(r.devices) != gpus or len(set(r.devices)) != gpus or not set(r.devices) <= have:
             raise InvalidEvent(f"ControllerRecovered: replica {r.replica_id!r} of {r.deployment!r} ({gpus} GPU(s), "

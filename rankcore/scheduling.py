@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar, cast
 import immutables
 
 from . import deadlines, devices
-from .cluster import Cluster, Need, Node
+from .cluster import Cluster, Need, Node, fits
 from .clustertx import ClusterTx
 from .commands import PlaceReplica, ScheduleTick
 from .errors import InvariantViolation
@@ -316,17 +316,12 @@ def _views(cl: ClusterTx, dep: Deployment, avoid: tuple, cache: dict | None = No
     return out
 
 
-def _fits(node: Node, need: Need) -> bool:
-    free = node.free
-    return all(free.get(k, 0.0) + 1e-9 >= v for k, v in need)
-
-
 def _choose(cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple, cache: dict | None = None) -> str | None:
     need = dep.resources
     pref = cast("str | None", dep.ranks.preferred_node(rid))  # (the core's nodes are str ids)
     if pref is not None and pref not in avoid and not cl.suspect(pref):
         node = cl.nodes.get(pref)
-        if node is not None and _fits(node, need):
+        if node is not None and fits(node, need):
             return pref  # a crash replacement back where its predecessor ran
     views = _views(cl, dep, avoid, cache)
     rank = rank_nodes = None

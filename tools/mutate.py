@@ -745,7 +745,7 @@ DEVICE_RULES: tuple[Mutation, ...] = (
              "[Tiers: eviction] the replica that evicts claims the victims' room (nobody else takes it)",
              tests=DEVICE_TESTS),
     mutation("devices-replacement-evicts", DEVICES,
-             "    w = attrs.evolve(w, may_evict=rid not in cl.no_evict)\n", "    w = attrs.evolve(w, may_evict=True)\n",
+             "                may_evict=rid is None or rid not in cl.no_evict)\n", "                may_evict=True)\n",
              "[Tiers: eviction] an evicted replica's replacement waits for room and never evicts",
              tests=DEVICE_TESTS),
     mutation("devices-victim-min-time", TIERS,
