@@ -25,11 +25,12 @@ if TYPE_CHECKING:
         run,
     )
     from .context import ReplicaContext, get_replica_context
+    from .shared_weights import WeightsShare, share_weights
     from .static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
 
 __all__ = ["deployment", "run", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
-           "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"]
+           "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
 #: worker imports ``executors.ray_gpu.replica`` and must not pay for the
@@ -39,6 +40,7 @@ _WHERE = {
                      "get_controller", "get_deployment_handle", "run"), "api"),
     **dict.fromkeys(("ReplicaContext", "get_replica_context"), "context"),
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "static"),
+    **dict.fromkeys(("WeightsShare", "share_weights"), "shared_weights"),
 }
 
 

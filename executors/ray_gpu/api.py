@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -370,13 +371,32 @@ def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
 
 
 # ------------------------------------------------------ sleep, wake, weights (issue 21)
-def _weights_ref(state_dict: Any) -> list | None:
-    """``[ray.put(state_dict)]`` (in a list: the controller passes the reference on unresolved)."""
+def _weights_ref(state_dict: Any, name: str = "", version: int = 0) -> list | None:
+    """``[ray.put(state_dict)]`` (in a list: the controller passes the reference on unresolved);
+    for a ``WeightsShare`` (``shared_weights``), ``[its handle]``: no bytes travel."""
     if state_dict is None:
         return None
+    shared = sys.modules.get(f"{__package__}.shared_weights")  # (not imported: it cannot be a share)
+    if shared is not None and isinstance(state_dict, shared.WeightsShare):
+        return [_share_handle(state_dict, name, version)]
     if not hasattr(state_dict, "items"):
         raise TypeError(f"weights must be a state_dict (a mapping of names to tensors), got {type(state_dict).__name__}")
     return [ray.put(dict(state_dict))]
+
+
+def _share_handle(share: Any, name: str, version: int) -> Any:
+    """The handle of a share holding ``version``; with a CPU copy in the object store (``fallback``)
+    when a replica of ``name`` runs on another node than the share's."""
+    held = share.version
+    if held != version:
+        raise rc.InvalidEvent(f"push of version {version} to {name!r} by a share that holds "
+                              f"{'a write under way' if held < 0 else f'version {held}'}: "
+                              f"share.write(state_dict, {version}) first")
+    handle = share.handle
+    elsewhere = [n for n in ask(get_controller(), "replica_nodes", name) if n != handle.node_id]
+    if elsewhere:
+        handle = attrs.evolve(handle, fallback=ray.put(share.cpu_state_dict()))
+    return handle
 
 
 def sleep(name: str, *, wait: bool = True, timeout: float = 120.0) -> None:
@@ -394,10 +414,12 @@ def push_weights(name: str, state_dict: Any, version: int, *, wait: bool = False
     ``version`` (above every earlier one) for every replica of ``name``: written in place
     wherever each one's weights are (on its device, or in CPU memory while asleep); a replica
     starting meanwhile gets them once ready, one started later loads them at start. None for a
-    class that holds no weights (the version only). ``wait``: return once every replica serves
-    them (a sleeping deployment never does: wake it)."""
+    class that holds no weights (the version only). A ``WeightsShare`` (``share_weights``,
+    holding ``version``: ``share.write`` first) sends only its handle: the replicas on its node
+    copy from its memory (opened once), others from a copy in the object store.
+    ``wait``: return once every replica serves them (a sleeping deployment never does: wake it)."""
     ctl = get_controller()
-    ask(ctl, "push_weights", name, version, _weights_ref(state_dict))
+    ask(ctl, "push_weights", name, version, _weights_ref(state_dict, name, version))
     if wait:
         wait_serving(name, timeout)
 
@@ -410,7 +432,7 @@ def wake(name: str, *, weights_version: int | None = None, state_dict: Any = Non
     if state_dict is not None and weights_version is None:
         raise rc.InvalidEvent(f"wake({name!r}): a state_dict needs its weights_version")
     ctl = get_controller()
-    ask(ctl, "wake", name, weights_version, _weights_ref(state_dict))
+    ask(ctl, "wake", name, weights_version, _weights_ref(state_dict, name, weights_version or 0))
     if wait:
         wait_serving(name, timeout)
 

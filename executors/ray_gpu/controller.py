@@ -393,6 +393,14 @@ class Controller:
             await asyncio.sleep(0.05)
         return False
 
+    async def replica_nodes(self, name: str) -> list[str]:
+        """The nodes the core holds ``name``'s replicas on (a push by share needs a copy for the others)."""
+        await self._ready()
+        self._known(name)
+        dep = self.driver.state.deployments.get(name)
+        reps = dep.replicas.values() if dep is not None else ()
+        return sorted({r.node_id for r in reps if r.node_id is not None})
+
     async def weights_status(self, name: str) -> dict:
         """Per replica id: what its actor says of its weights (``tier``, ``version``, ``nbytes``,
         ``host_nbytes``, ``device``; ``replica_weights.ReplicaWeights.info``) and what the core

@@ -27,6 +27,7 @@ a replica that is not serving, but one already under way is not waited for.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,6 +52,8 @@ class ReplicaWeights:
         #: "cold" (the node's COLD file); ``note`` says why a source the core named was not used
         self.loaded_from = "constructor"
         self.note = ""
+        #: the trainer's share the last update was copied from (``shared_weights``), "" if none
+        self.shared = ""
 
     def attach(self, instance: Any, device: Any = None) -> None:
         """Take the constructed instance's initial weights (version 0), if it holds any, onto
@@ -159,9 +162,32 @@ class ReplicaWeights:
         if self.tiered is not None:
             if state_dict is None:
                 raise RuntimeError(f"replica {self.name}: no weights for version {version}")
-            self.tiered.update(state_dict, version)
+            from .shared_weights import SharedWeights
+
+            if isinstance(state_dict, SharedWeights):
+                self._update_shared(version, state_dict)
+            else:
+                self.tiered.update(state_dict, version)
         self.version = version
         return self.nbytes
+
+    def _update_shared(self, version: int, handle: Any) -> None:
+        """New weights from a trainer's share (``shared_weights``): copied from its mapping, opened once,
+        when it lives on this node; else from its fallback copy in the object store, if it has one."""
+        from .shared_weights import SharedWeightsUnavailable, open_shared, this_node
+
+        if handle.here():
+            open_shared(handle).copy_into(lambda views: self.tiered.update(views, version), version)
+            self.shared = handle.share_id
+            return
+        if handle.fallback is None:
+            raise SharedWeightsUnavailable(
+                f"replica {self.name} on node {this_node()}: version {version} was shared on node "
+                f"{handle.node_id} only (no copy for other nodes): push it again as a state_dict")
+        import ray
+
+        self.tiered.update(ray.get(handle.fallback), version)
+        self.shared = ""
 
     def export(self) -> dict:
         """A CPU copy of the weights the instance serves from (only while HOT, and only a holder's)."""
@@ -172,11 +198,13 @@ class ReplicaWeights:
     def info(self) -> dict:
         """What the replica says about its weights (tests, tools)."""
         t = self.tiered
-        return {"tier": self.tier, "version": self.version, "nbytes": self.nbytes, "holds": t is not None,
+        shared = sys.modules.get(f"{__package__}.shared_weights")
+        return {"shares_opened": shared.opened() if shared is not None else 0,
+                "tier": self.tier, "version": self.version, "nbytes": self.nbytes, "holds": t is not None,
                 "host_nbytes": t.host_nbytes if t is not None else 0,
                 "device": str(t.device) if t is not None else None,
                 "tiered_tier": t.tier if t is not None else None,
-                "loaded_from": self.loaded_from, "note": self.note}
+                "loaded_from": self.loaded_from, "note": self.note, "shared": self.shared}
 
     def _bind(self) -> None:
         self.instance.load_state_dict(self.tiered.state_dict(), assign=True)

@@ -334,3 +334,65 @@ def test_the_small_tier_scenario_has_the_same_tier_history_on_the_simulator_and_
     keys = ("offloads", "loads", "weight_updates", "bytes_moved")
     assert {k: ray_end["llm"][k] for k in keys} == {k: sim_end["llm"][k] for k in keys}
     assert ask(get_controller(), "status")["rejected_events"] == 0
+
+
+# ------------------------------------------------ (e) weights shared once, updated in place
+def test_a_push_by_share_is_opened_once_per_replica_and_reaches_a_restarted_and_a_sleeping_one():
+    from executors.ray_gpu import share_weights
+
+    h = run(deployment(Policy, name="shared", num_replicas=2).bind())
+    share = share_weights(weights(1), 1)  # the trainer's process (here, the driver): /dev/shm on CPU
+    try:
+        push_weights("shared", share, 1, wait=True, timeout=30)
+        for version in (2, 3):
+            share.write(weights(version), version)  # in place, after the push before was taken
+            push_weights("shared", share, version, wait=True, timeout=30)
+            st = weights_status("shared")
+            for rid in h.ranks():
+                assert (st[rid]["version"], st[rid]["shared"], st[rid]["shares_opened"]) == (
+                    version, share.handle.share_id, 1), st[rid]  # opened once, by each replica
+                assert same(exported("shared", rid), weights(version))
+            assert torch.equal(h.remote(X).result(timeout=30), make_model(version)(X).detach())
+
+        with pytest.raises(Exception, match="holds version 3"):  # a push of a version the share does not hold
+            push_weights("shared", share, 4)
+        assert weights_status("shared")["deployment"]["weights_version"] == 3
+
+        # a replica started later opens the share at its start, and loads the version it holds
+        victim = next(rid for rid, r in h.ranks().items() if r[0] == 1)
+        ray.kill(actor("shared", victim), no_restart=True)
+        assert wait_for(lambda: victim not in h.ranks() and len(h.ranks()) == 2, timeout=60)
+        wait_serving("shared", timeout=60)
+        new = next(rid for rid, r in h.ranks().items() if r[0] == 1)
+        assert same(exported("shared", new), weights(3)) and weights_status("shared")[new]["shared"] == share.handle.share_id
+
+        # a sleeping deployment takes a push by share into its CPU copies, and wakes with it
+        sleep("shared", timeout=30)
+        share.write(weights(4), 4)
+        push_weights("shared", share, 4)
+        assert wait_for(lambda: all(weights_status("shared")[r]["version"] == 4 for r in h.ranks()), timeout=30)
+        wake("shared", timeout=30)
+        assert torch.equal(h.remote(X).result(timeout=30), make_model(4)(X).detach())
+        assert ask(get_controller(), "status")["rejected_events"] == 0
+    finally:
+        share.close()
+
+
+def test_a_replica_on_another_node_takes_a_shares_fallback_copy():
+    """What a replica does with a handle shared on another node (a two-node cluster is the scenario
+    suite's; here the handle names another node): it loads the CPU copy ``push_weights`` adds."""
+    import attrs
+
+    from executors.ray_gpu import share_weights
+    from executors.ray_gpu.replica_weights import ReplicaWeights
+
+    share = share_weights(weights(1), 1)
+    try:
+        rw = ReplicaWeights("pol#x")
+        rw.attach(Policy(), device="cpu")
+        remote = attrs.evolve(share.handle, node_id="another-node", fallback=ray.put(share.cpu_state_dict()))
+        rw.update(1, remote)
+        assert same({k: v for k, v in rw.instance.state_dict().items()}, weights(1))
+        assert rw.info()["shared"] == ""  # not from the mapping
+    finally:
+        share.close()
