@@ -41,6 +41,10 @@ __all__ = [
     "OffloadReplica",
     "LoadReplica",
     "UpdateWeights",
+    "PoolChanged",
+    "PoolReset",
+    "PoolComing",
+    "POOL_MEMBERSHIPS",
     "EvictReplica",
     "DropWarmCopy",
     "Command",
@@ -251,6 +255,55 @@ class DropWarmCopy:
     replica_id: str = attrs.field(validator=f.name)
 
 
+#: where a replica stands in its deployment's request pool (``PoolChanged``)
+POOL_MEMBERSHIPS = ("serving", "draining", "gone")
+
+
+def _membership(inst: object, attribute: attrs.Attribute, value: object) -> None:
+    if value not in POOL_MEMBERSHIPS:
+        raise ValueError(f"{attribute.name} must be one of {POOL_MEMBERSHIPS}, got {value!r}")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class PoolChanged:
+    """Tell the request path (``rankcore.requests``) where ``replica_id`` now
+    stands in ``deployment``'s pool: ``"serving"`` (it takes new requests),
+    ``"draining"`` (alive, finishing what it holds, taking nothing new:
+    stopping, asleep, waiting for weights), ``"gone"`` (stopped, crashed or
+    lost: what it held will never be answered by it). Sent when that changes,
+    so the pool follows the core's state with no polling. No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+    membership: str = attrs.field(validator=_membership)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class PoolReset:
+    """``deployment``'s whole pool at once: the ``serving`` and ``draining``
+    replicas (every other one is gone) and whether replicas are ``coming``
+    (as ``PoolComing``). Sent after a controller recovery (the request path
+    may have missed changes while it was down) and when a deployment is
+    deleted (empty, not coming). No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    serving: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
+    draining: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
+    coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class PoolComing:
+    """Whether ``deployment`` will have serving replicas without anyone asking
+    (its target is above zero: replicas are starting, waking, loading their
+    weights or being replaced): a request waits while they come; with none
+    serving and none coming every waiting request fails at once with a clear
+    error. Sent when that changes. No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
-                EvictReplica, DropWarmCopy]
+                EvictReplica, DropWarmCopy, PoolChanged, PoolReset, PoolComing]
