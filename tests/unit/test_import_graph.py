@@ -109,7 +109,8 @@ def test_the_executors_share_scenarios_but_not_each_other():
 
 #: what an embedder (and every executor, benchmark and tool here) may import
 #: of rankcore: docs/embedding.md, "What you may import"
-PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.records"}
+PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.records",
+                  "rankcore.requests"}
 #: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...)
 NAMESPACES = {"options", "placement", "gangs", "static", "cluster", "health", "restarts", "spares", "tiers"}
 
