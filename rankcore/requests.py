@@ -32,7 +32,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any, Union
 
 from . import events as _core_events
-from .commands import PoolChanged, PoolComing, PoolReset
+from .commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
 from .errors import InvalidConfig, InvalidEvent, UnknownDeployment
 from .fields import shown
 from .records import maker
@@ -502,6 +502,8 @@ class RequestMachine:
     # -- the pool
 
     def _pool_changed(self, ev: PoolChanged) -> list[RequestAction]:
+        if ev.membership not in POOL_MEMBERSHIPS:
+            raise InvalidEvent(f"PoolChanged: membership must be one of {POOL_MEMBERSHIPS}, got {shown(ev.membership)}")
         dep = self._dep(ev.deployment)
         out: list[RequestAction] = []
         rep = dep.replicas.get(ev.replica_id)
