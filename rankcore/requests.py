@@ -33,7 +33,7 @@ from typing import Any, Union
 
 from . import events as _core_events
 from .commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
-from .errors import InvalidConfig, InvalidEvent, UnknownDeployment
+from .errors import InvalidConfig, InvalidEvent, InvariantViolation, UnknownDeployment
 from .fields import shown
 from .records import maker
 from .request_records import (
@@ -150,7 +150,7 @@ class _Queue:
     position is O(log n): its index less the holes before it. Garbage is
     compacted once it outgrows the live requests (amortised O(1))."""
 
-    __slots__ = ("front", "main", "lo", "dead", "live_main")
+    __slots__ = ("front", "main", "lo", "dead", "live_main", "n")
 
     def __init__(self) -> None:
         self.front: list[tuple[int, _Request]] = []  # (-seq, request): the head (oldest) is last
@@ -158,21 +158,25 @@ class _Queue:
         self.lo = 0
         self.dead: list[int] = []
         self.live_main = 0
+        self.n = 0  # queued requests
 
     def __len__(self) -> int:
-        return len(self.front) + self.live_main
+        return self.n
 
     def push(self, req: _Request) -> None:
         req.slot = len(self.main)
         self.main.append(req)
         self.live_main += 1
+        self.n += 1
 
     def put_back(self, req: _Request) -> None:
         req.slot = _FRONT
         insort(self.front, (-req.seq, req))
+        self.n += 1
 
     def pop(self) -> _Request:
         """The head (the queue is not empty)."""
+        self.n -= 1
         if self.front:
             req = self.front.pop()[1]
         else:
@@ -188,12 +192,13 @@ class _Queue:
         return req
 
     def remove(self, req: _Request) -> None:
+        self.n -= 1
         if req.slot == _FRONT:
             del self.front[bisect_left(self.front, (-req.seq,))]
         else:
             slot = req.slot
             if slot is None:
-                raise InvalidEvent(f"request {req.rid!r} is not queued")
+                raise InvariantViolation(f"request {req.rid!r} is not queued")
             self.main[slot] = None
             insort(self.dead, slot)
             self.live_main -= 1
@@ -257,13 +262,10 @@ class _Dep:
 
     # -- the replicas that can take a request now
 
-    def can_take(self, rep: _Replica) -> bool:
-        return rep.serving and not rep.excluded and len(rep.held) < self.max_ongoing
-
     def enter(self, rep: _Replica) -> None:
         """Put ``rep`` among the free ones if it can take a request."""
-        if self.can_take(rep):
-            k = len(rep.held)
+        k = len(rep.held)
+        if rep.serving and not rep.excluded and k < self.max_ongoing:
             lst = self.free.get(k)
             if lst is None:
                 lst = self.free[k] = []
@@ -274,8 +276,9 @@ class _Dep:
 
     def leave(self, rep: _Replica) -> None:
         """Take ``rep`` out of the free ones (before its slots or membership change)."""
-        if self.can_take(rep):
-            lst = self.free[len(rep.held)]
+        k = len(rep.held)
+        if rep.serving and not rep.excluded and k < self.max_ongoing:
+            lst = self.free[k]
             del lst[bisect_left(lst, rep.join)]
 
     def choose(self) -> _Replica | None:
@@ -372,10 +375,11 @@ class RequestMachine:
             return [self._reject_new(dep, rid, "unavailable",
                                      f"deployment {dep.name!r} has no replica serving and none coming")]
         self._seq += 1
-        rep = dep.choose() if not len(dep.queue) else None
-        if rep is None and dep.max_queued >= 0 and len(dep.queue) >= dep.max_queued:
+        waiting = dep.queue.n
+        rep = None if waiting else dep.choose()
+        if rep is None and 0 <= dep.max_queued <= waiting:
             return [self._reject_new(dep, rid, "overloaded",
-                                     f"deployment {dep.name!r} has {len(dep.queue)} requests queued "
+                                     f"deployment {dep.name!r} has {waiting} requests queued "
                                      f"(max_queued_requests={dep.max_queued})")]
         req = _Request(rid, dep, self._seq, ev)
         self._requests[rid] = req
@@ -493,9 +497,10 @@ class RequestMachine:
                 out.append(_failed(request_id=rid, reason="timeout", replica_id=rep.rid,
                                    detail=f"its deadline {req.deadline!r} passed on replica {rep.rid!r} (now {now!r})"))
                 out.append(_cancel_on(request_id=rid, replica_id=rep.rid))
-        if len(heap) > 2 * self._with_deadline + 64:  # stale entries of ended requests
-            self._deadlines = [(r.deadline, r.seq, r.rid) for r in self._requests.values()
-                               if r.deadline is not None and r.final is None]
+        if len(heap) > 2 * self._with_deadline + 64:  # mostly stale entries of ended requests
+            live = self._requests
+            self._deadlines = [e for e in heap if (r := live.get(e[2])) is not None and r.seq == e[1]
+                               and r.final is None]
             heapify(self._deadlines)
         return out
 
@@ -594,7 +599,7 @@ class RequestMachine:
             self._pump(dep, out)
             return
         queue = dep.queue
-        while len(queue):
+        while queue.n:
             req = queue.pop()
             out.append(self._end_queued(req, "unavailable",
                                         f"deployment {dep.name!r} has no replica serving and none coming"))
@@ -646,7 +651,7 @@ class RequestMachine:
     def _pump(self, dep: _Dep, out: list[RequestAction]) -> None:
         """Dispatch from the head of the queue while a replica can take one."""
         queue = dep.queue
-        while len(queue):
+        while queue.n:
             rep = dep.choose()
             if rep is None:
                 return
@@ -748,7 +753,7 @@ class RequestMachine:
             app_errors=sum(d.app_errors for d in deps), retried=sum(d.retried for d in deps),
             failed=sum(d.failed for d in deps), rejected=rejected, cancelled=sum(d.cancelled for d in deps),
             late=sum(d.late for d in deps) + (self._unknown_late if unknown else 0),
-            in_queue=sum(len(d.queue) for d in deps), in_flight=sum(d.in_flight for d in deps))
+            in_queue=sum(d.queue.n for d in deps), in_flight=sum(d.in_flight for d in deps))
 
     def pool(self, deployment: str) -> tuple[ReplicaView, ...]:
         """``deployment``'s replicas in pool-join order (empty if it has none)."""

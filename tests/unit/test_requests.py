@@ -513,3 +513,15 @@ def test_counters_per_deployment_and_in_all():
     assert m.counters().in_flight == 1 and m.counters().lost == 0
     with pytest.raises(rc.UnknownDeployment):
         m.counters("zzz")
+
+
+def test_the_deadline_heap_drops_entries_of_ended_requests():
+    m = machine("a", max_ongoing_requests=1000)
+    for i in range(500):
+        submit(m, f"r{i}", deadline=100.0)
+        m.handle(Completed(request_id=f"r{i}"))
+    submit(m, "last", deadline=50.0)
+    assert len(m._deadlines) == 501
+    m.handle(Tick(now=1.0))
+    assert [e[2] for e in m._deadlines] == ["last"]
+    assert [a.request_id for a in m.handle(Tick(now=50.0)) if isinstance(a, Failed)] == ["last"]
