@@ -525,3 +525,33 @@ def test_the_deadline_heap_drops_entries_of_ended_requests():
     m.handle(Tick(now=1.0))
     assert [e[2] for e in m._deadlines] == ["last"]
     assert [a.request_id for a in m.handle(Tick(now=50.0)) if isinstance(a, Failed)] == ["last"]
+
+
+SCRIPT = r"""
+import rankcore as rc
+from rankcore.requests import *
+m = RequestMachine(reports_started=True)
+out = []
+def go(ev):
+    out.extend(m.handle(ev))
+go(Configure(deployment="llm", max_ongoing_requests=2, max_queued_requests=6))
+go(rc.PoolReset(deployment="llm", serving=("c", "a", "b"), draining=("d",), coming=True))
+for i in range(9):
+    go(Submit(request_id=f"r{i}", deployment="llm", idempotent=i % 2 == 0, deadline=float(i)))
+go(Started(request_id="r0")); go(Started(request_id="r1"))
+go(rc.PoolReset(deployment="llm", serving=("b", "e"), draining=("a",), coming=False))
+go(Tick(now=4.0))
+print(repr(out)); print(m.counters()); print(m.pool("llm"))
+"""
+
+
+def test_same_events_same_actions_across_processes():
+    """String hashes differ between processes; actions must not."""
+    import os
+    import subprocess
+    import sys
+
+    outs = [subprocess.run([sys.executable, "-c", SCRIPT], env=dict(os.environ, PYTHONHASHSEED=seed),
+                           capture_output=True, text=True, check=True).stdout for seed in ("0", "1", "4242")]
+    assert outs[0] == outs[1] == outs[2]
+    assert "Dispatch" in outs[0] and "Failed" in outs[0]
