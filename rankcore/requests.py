@@ -33,9 +33,10 @@ from typing import Any, Union
 
 from . import events as _core_events
 from .commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
-from .errors import InvalidConfig, InvalidEvent, InvariantViolation, UnknownDeployment
+from .errors import InvalidConfig, InvalidEvent, UnknownDeployment
 from .fields import shown
 from .records import maker
+from .request_queue import RequestQueue
 from .request_records import (
     FAIL_REASONS,
     REJECT_REASONS,
@@ -92,8 +93,6 @@ RequestAction = Union[Dispatch, Rejected, Failed, CancelOnReplica]
 REMEMBER_ENDED = 10_000
 
 _QUEUED, _DISPATCHED, _RUNNING = "queued", "dispatched", "running"
-#: ``_Request.slot`` of a request requeued at the head
-_FRONT = -1
 #: rejected counters: every reason but "cancelled" (counted on its own)
 _REJECT_COUNTED = tuple(r for r in REJECT_REASONS if r != "cancelled")
 
@@ -120,7 +119,7 @@ class _Request:
         self.attempt = 0
         self.state = _QUEUED
         self.replica: _Replica | None = None
-        self.slot: int | None = None  # where in the queue: an index of _Queue.main, _FRONT, None
+        self.slot: int | None = None  # where in the queue: an index of RequestQueue.main, FRONT, None
         self.ran_on: str | None = None  # the replica that last died while running it
         self.last: str | None = None  # the replica it was last dispatched to
         self.final: str | None = None
@@ -136,96 +135,6 @@ class _Replica:
         self.serving = False
         self.excluded = False  # a NotDelivered: nothing new until the pool names it again
         self.held: dict[str, _Request] = {}  # its slots, in dispatch order
-
-
-class _Queue:
-    """One deployment's FIFO queue, ordered by submission.
-
-    Fresh requests are appended to ``main`` (a list with a moving head ``lo``;
-    a request removed from the middle leaves a ``None`` whose index goes into
-    the sorted ``dead``); requests put back (never started, or retried) go to
-    ``front``, kept sorted by submission. Every request put back is older than
-    every fresh one still queued (dispatch always takes the head), so the
-    queue is ``front`` then ``main``, in submission order. A request's
-    position is O(log n): its index less the holes before it. Garbage is
-    compacted once it outgrows the live requests (amortised O(1))."""
-
-    __slots__ = ("front", "main", "lo", "dead", "live_main", "n")
-
-    def __init__(self) -> None:
-        self.front: list[tuple[int, _Request]] = []  # (-seq, request): the head (oldest) is last
-        self.main: list[_Request | None] = []
-        self.lo = 0
-        self.dead: list[int] = []
-        self.live_main = 0
-        self.n = 0  # queued requests
-
-    def __len__(self) -> int:
-        return self.n
-
-    def push(self, req: _Request) -> None:
-        req.slot = len(self.main)
-        self.main.append(req)
-        self.live_main += 1
-        self.n += 1
-
-    def put_back(self, req: _Request) -> None:
-        req.slot = _FRONT
-        insort(self.front, (-req.seq, req))
-        self.n += 1
-
-    def pop(self) -> _Request:
-        """The head (the queue is not empty)."""
-        self.n -= 1
-        if self.front:
-            req = self.front.pop()[1]
-        else:
-            main, lo = self.main, self.lo
-            while main[lo] is None:
-                lo += 1
-            req = main[lo]  # type: ignore[assignment]
-            main[lo] = None
-            self.lo = lo + 1
-            self.live_main -= 1
-            self._tidy()
-        req.slot = None
-        return req
-
-    def remove(self, req: _Request) -> None:
-        self.n -= 1
-        if req.slot == _FRONT:
-            del self.front[bisect_left(self.front, (-req.seq,))]
-        else:
-            slot = req.slot
-            if slot is None:
-                raise InvariantViolation(f"request {req.rid!r} is not queued")
-            self.main[slot] = None
-            insort(self.dead, slot)
-            self.live_main -= 1
-            self._tidy()
-        req.slot = None
-
-    def position(self, req: _Request) -> int:
-        if req.slot == _FRONT:
-            return len(self.front) - 1 - bisect_left(self.front, (-req.seq,))
-        slot = req.slot if req.slot is not None else 0
-        holes = bisect_left(self.dead, slot) - bisect_left(self.dead, self.lo)
-        return len(self.front) + slot - self.lo - holes
-
-    def in_order(self) -> list[_Request]:
-        """Head first (for tests and a status page: O(n))."""
-        return [r for _, r in reversed(self.front)] + [r for r in self.main[self.lo:] if r is not None]
-
-    def _tidy(self) -> None:
-        main = self.main
-        if not self.live_main:
-            if main:
-                self.main, self.lo, self.dead = [], 0, []
-        elif len(main) - self.live_main > self.live_main + 32:
-            kept = [r for r in main[self.lo:] if r is not None]
-            for i, r in enumerate(kept):
-                r.slot = i
-            self.main, self.lo, self.dead = kept, 0, []  # type: ignore[assignment]
 
 
 class _Dep:
@@ -254,7 +163,7 @@ class _Dep:
         self.lows: list[int] = []
         self.low_set: set[int] = set()
         self.last_join = -1  # the replica chosen last
-        self.queue = _Queue()
+        self.queue: RequestQueue[_Request] = RequestQueue()
         self.in_flight = 0  # live requests on replicas
         self.submitted = self.dispatched = self.answered = self.app_errors = 0
         self.retried = self.failed = self.cancelled = self.late = 0

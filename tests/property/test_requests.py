@@ -8,17 +8,20 @@ dispatch to a replica not serving or left out, a Submit queued only below
 dispatched after its end, nothing lost (the counters' identity and a count of
 our own), the queue in submission order and dispatched from its head,
 positions exact, work-conserving; at the end the same events replayed on a
-fresh machine give the same actions.
+fresh machine give the same actions. And the queue alone against a sorted
+list: order and positions after random pushes, pops, removals, puts back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import rankcore as rc
+from rankcore.request_queue import RequestQueue
 from rankcore.requests import (
     Cancel,
     CancelOnReplica,
@@ -251,3 +254,43 @@ class RequestMachineNoStarted(RequestMachineProps):
 
 TestRequestMachine = RequestMachineProps.TestCase
 TestRequestMachineNoStarted = RequestMachineNoStarted.TestCase
+
+
+# ------------------------------------------------- the queue alone, against a list
+
+
+class _Item:
+    __slots__ = ("rid", "seq", "slot")
+
+    def __init__(self, seq: int) -> None:
+        self.rid, self.seq, self.slot = f"i{seq}", seq, None
+
+
+@given(st.lists(st.tuples(st.sampled_from(("push", "push", "pop", "remove", "put_back")), st.integers(0, 10**6)),
+                max_size=400))
+def test_the_queue_is_a_sorted_list_with_exact_positions(ops: list[tuple[str, int]]) -> None:
+    q: RequestQueue[_Item] = RequestQueue()
+    model: list[_Item] = []  # head first
+    out: list[_Item] = []  # popped: may be put back (they are older than anything fresh)
+    n = 0
+    for op, k in ops:
+        if op == "push":
+            n += 1
+            item = _Item(n)
+            q.push(item)
+            model.append(item)
+        elif op == "pop" and model:
+            got = q.pop()
+            assert got is model.pop(0)
+            out.append(got)
+        elif op == "remove" and model:
+            item = model.pop(k % len(model))
+            q.remove(item)
+        elif op == "put_back" and out:
+            item = out.pop(k % len(out))
+            q.put_back(item)
+            model.append(item)
+            model.sort(key=lambda i: i.seq)
+        assert q.in_order() == model and len(q) == len(model)
+        assert [q.position(i) for i in model] == list(range(len(model)))
+        assert all(i.slot is None for i in out)
