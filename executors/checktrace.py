@@ -182,6 +182,9 @@ _COMMAND_FIELDS = {
     "OffloadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "LoadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "UpdateWeights": ({"replica": "str", "deployment": "str"}, {"version": "int"}),
+    "PoolChanged": ({"replica": "str", "deployment": "str"}, {"membership": "str"}),
+    "PoolComing": ({"deployment": "str"}, {"coming": "bool"}),
+    "PoolReset": ({"deployment": "str"}, {"serving": "list", "draining": "list", "coming": "bool"}),
 }
 #: per event type: its required ``fields`` entries (the sleep/wake/weights requests and answers, issue 21)
 _EVENT_FIELDS = {

@@ -42,7 +42,11 @@ _READS_CLOCK = frozenset({rc.ControllerRecovered, rc.DeploymentApplied, rc.Scale
 
 class Backend(Protocol):
     def execute(self, commands: Sequence[object], t: float) -> None:
-        """Carry out commands (in order); answers come back later through ``Driver.feed``."""
+        """Carry out commands (in order); answers come back later through ``Driver.feed``.
+
+        A backend that routes requests may also have ``pool_changed(commands, t)``: it is
+        given each step's ``Step.pool`` (``PoolChanged`` / ``PoolComing`` / ``PoolReset``),
+        after ``execute``."""
 
 
 Observer = Callable[[float, object, rc.State, rc.Step], None]
@@ -92,6 +96,9 @@ class Driver:
         self.gc_freeze = gc_freeze
         self.clock = clock
         self.freezes = 0  # how many times the driver froze the collector's view
+        #: the pools as the core's pool commands told them (``rankcore.PoolView``): status pages read it
+        self.pools = rc.PoolView()
+        self._pool_changed = getattr(backend, "pool_changed", None)
         # the replica counts, outside of which the next freeze is due
         self._freeze_below, self._freeze_from = -FREEZE_MIN_CHANGE, FREEZE_MIN_CHANGE
 
@@ -127,6 +134,11 @@ class Driver:
         for obs in self.observers:
             obs(t, event, before, result)
         self.backend.execute(result.commands, t)
+        if result.pool:
+            for cmd in result.pool:
+                self.pools.apply(cmd)
+            if self._pool_changed is not None:
+                self._pool_changed(result.pool, t)
         return result
 
     def _freeze(self, n: int) -> None:

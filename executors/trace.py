@@ -288,6 +288,8 @@ class TraceWriter:
         lines = [_event_line(tj, event, before, result, name, views)]
         for cmd in result.commands:
             lines.append(_command_line(tj, cmd, after, known))
+        for cmd in result.pool:  # (the request path's: PoolChanged, PoolComing, PoolReset)
+            lines.append(_command_line(tj, cmd, after, known))
         lines.extend(tail)
         lines.append("")
         self.fp.write("\n".join(lines))

@@ -24,6 +24,7 @@ from .commands import (
     PlaceReplica,
     PoolChanged,
     PoolComing,
+    PoolCommand,
     PoolReset,
     ReconfigureReplica,
     ScheduleTick,
@@ -76,6 +77,7 @@ from .events import (
 from .gangmap import GangContext
 from .lifecycle import LIVE, Phase, Residency
 from .options import DeploymentConfig, Options
+from .pool import PoolView
 from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .residency import fully_serving
 from .residency import serving as is_serving
@@ -109,7 +111,7 @@ __all__ = [
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
-    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "PoolChanged", "PoolReset", "PoolComing", "Residency", "is_serving", "fully_serving",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment",

@@ -45,6 +45,7 @@ __all__ = [
     "PoolReset",
     "PoolComing",
     "POOL_MEMBERSHIPS",
+    "PoolCommand",
     "EvictReplica",
     "DropWarmCopy",
     "Command",
@@ -282,9 +283,9 @@ class PoolChanged:
 class PoolReset:
     """``deployment``'s whole pool at once: the ``serving`` and ``draining``
     replicas (every other one is gone) and whether replicas are ``coming``
-    (as ``PoolComing``). Sent after a controller recovery (the request path
-    may have missed changes while it was down) and when a deployment is
-    deleted (empty, not coming). No answer."""
+    (as ``PoolComing``). Sent for every deployment after a controller
+    recovery: the request path may have missed changes while it was down.
+    No answer."""
 
     deployment: str = attrs.field(validator=f.name)
     serving: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
@@ -306,4 +307,6 @@ class PoolComing:
 
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
-                EvictReplica, DropWarmCopy, PoolChanged, PoolReset, PoolComing]
+                EvictReplica, DropWarmCopy]
+#: what ``Step.pool`` holds: the request path's commands (``rankcore.pool``), apart from the replicas'
+PoolCommand = Union[PoolChanged, PoolReset, PoolComing]

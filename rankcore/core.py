@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import clock, deadlines, devices, gangs, health, residency, restarts, static
+from . import clock, deadlines, devices, gangs, health, pool, residency, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
@@ -477,11 +477,9 @@ def step(state: State, event: object) -> Step:
     if not isinstance(state, State):
         raise InvalidEvent(f"step needs a rankcore State, got {type(state).__name__}")
     kind = type(event)
-    fast = FAST_PATHS.get(kind)
-    if fast is not None:
-        done = fast(state, event)
-        if done is not None:
-            return done
+    done = fast_step(state, event)
+    if done is not None:
+        return done
     handler = _HANDLERS.get(kind)
     if handler is None:
         raise InvalidEvent(
@@ -489,6 +487,16 @@ def step(state: State, event: object) -> Step:
             f"(one of: {', '.join(t.__name__ for t in _HANDLERS)})"
         )
     return general_step(state, event, handler)
+
+
+def fast_step(state: State, event: object) -> Step | None:
+    """``event``'s step by its fast path (``rankcore.fastpaths``), pool commands included; None where
+    there is none or it declines (``general_step`` then)."""
+    fast = FAST_PATHS.get(type(event))
+    if fast is None:
+        return None
+    done = fast(state, event)
+    return None if done is None else pool.announce(state, event, done)
 
 
 def general_step(state: State, event: object, handler: Any = None) -> Step:
@@ -503,14 +511,15 @@ def general_step(state: State, event: object, handler: Any = None) -> Step:
             if clock_work_due(cl, now):
                 # exactly Tick(now) then the event, as one step: two batches of
                 # commands, each in its own order
-                first = _on_tick(Tx(state), Tick(now=now))
-                second = handler(Tx(first.state), event)
+                tick = Tick(now=now)
+                first = pool.announce(state, tick, _on_tick(Tx(state), tick))
+                second = pool.announce(first.state, event, handler(Tx(first.state), event))
                 return attrs.evolve(second, commands=first.commands + second.commands,
-                                    compactions=first.compactions + second.compactions)
+                                    compactions=first.compactions + second.compactions, pool=first.pool + second.pool)
             tx = Tx(state)
             clock.advance(tx, now, False)  # only the clock moves: no working copy of the cluster
-            return handler(tx, event)
-    return handler(Tx(state), event)
+            return pool.announce(state, event, handler(tx, event))
+    return pool.announce(state, event, handler(Tx(state), event))
 
 
 def run(events: Iterable[object], state: State | None = None) -> tuple[State, list]:

@@ -327,6 +327,10 @@ class Step:
     ``stale`` is true when the event was about an older incarnation (or an
     already finished replica, or an unknown node) and so changed nothing.
     ``recovery`` says what a ``ControllerRecovered`` did (None otherwise).
+    ``pool``: the commands for the request path (``PoolChanged``,
+    ``PoolComing``, ``PoolReset``; ``rankcore.pool``), kept apart from the
+    replicas' commands: whoever routes requests reads these, whoever runs
+    replicas reads ``commands``; neither is answered.
     """
 
     state: State
@@ -334,3 +338,4 @@ class Step:
     stale: bool = False
     compactions: tuple[Compaction, ...] = ()
     recovery: RecoveryOutcome | None = None
+    pool: tuple = ()

@@ -65,6 +65,7 @@ from .events import (
 from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 from .lifecycle import Phase, Residency
 from .placement import POLICIES
+from .pool import PoolView
 from .protocol import answers
 from .ranks import ReplicaRank
 from .state import State, Step
@@ -207,6 +208,8 @@ def make_machine(
             self.events: list[object] = []
             self.commands: list[object] = []
             self.retired: list[str] = []
+            self.pools = PoolView()  # the pools as the steps' pool commands told them
+            self.restarting = False  # between a controller's restart and its ControllerRecovered
 
         # --------------------------------------------------------- driving
         def step_subject(self, event: object) -> tuple[Step, State]:
@@ -223,6 +226,10 @@ def make_machine(
                 state=after, commands=result.commands, stale=result.stale,
                 compactions=result.compactions, recovery=result.recovery)
             inv.check_step(before, event, checked, full=True)
+            for cmd in getattr(result, "pool", ()):
+                self.pools.apply(cmd)
+            problem = None if self.restarting else self.pools.mismatch(after)  # (stale until the PoolReset)
+            assert problem is None, f"after {event!r} the pool commands so far do not describe the core's pools: {problem}"
             gone = set(before.index.keys()) - set(after.index.keys())
             self.retired.extend(sorted(gone))
             self.own = result.state
@@ -555,8 +562,10 @@ def make_machine(
             self.events.append(_RESTART)
             self.own = self.subject.initial()
             self.state = self.view(self.own)
+            self.restarting = True
             if old.cluster.clock:
                 self.apply(Tick(now=old.cluster.now))
+            self.restarting = False
             self.apply(attrs.evolve(event, unresponsive=event.unresponsive + unresponsive))
             fenced = {rid for _, rid in self.fenced()}  # (retired once gone)
             self.retired.extend(sorted(set(old.index.keys()) - set(self.state.index.keys()) - fenced))

@@ -393,6 +393,15 @@ class Controller:
             await asyncio.sleep(0.05)
         return False
 
+    async def pools(self) -> dict:
+        """The pools as the core's pool commands told them (``Driver.pools``: what the request
+        path follows): ``{"members": {deployment: {replica: "serving"|"draining"}}, "coming":
+        {deployment: bool}, "mismatch": None or how they differ from the core's state}``."""
+        await self._ready()
+        view = self.driver.pools
+        return {"members": {k: dict(v) for k, v in view.members.items()}, "coming": dict(view.wanted),
+                "mismatch": view.mismatch(self.driver.state)}
+
     async def replica_nodes(self, name: str) -> list[str]:
         """The nodes the core holds ``name``'s replicas on (a push by share needs a copy for the others)."""
         await self._ready()

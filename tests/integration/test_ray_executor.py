@@ -117,6 +117,10 @@ def test_crashed_replica_is_replaced_on_the_same_rank():
     assert len(replacement) == 1 and now[replacement[0]][0] == rank
     assert time.monotonic() - t0 < 60
     assert ask(ctl, "state_errors") == []
+    # the request path's pool, as the core pushed it: the victim gone, its replacement serving
+    pools = ask(ctl, "pools")
+    assert pools["mismatch"] is None and pools["coming"]["crashy"] is True
+    assert pools["members"]["crashy"] == dict.fromkeys(sorted(now), "serving")
     ask(ctl, "shutdown_replicas")
 
 
@@ -173,6 +177,8 @@ def test_controller_restart_recovers_the_same_ranks_without_restarting_replicas(
     assert set(again) <= set(before)
     assert all(pids[rid] == pid for rid, pid in again.items() if rid in pids)  # no replica restarted
     assert ask(ctl, "state_errors") == []
+    pools = ask(ctl, "pools")  # the restarted controller's pools: from the recovery's PoolReset
+    assert pools["mismatch"] is None and pools["members"]["survivor"] == dict.fromkeys(before, "serving")
     ask(ctl, "shutdown_replicas")
 
 

@@ -28,7 +28,7 @@ class BothPaths(CoreSubject):
     def step(self, state: rc.State, event: object) -> rc.Step:
         fast = fastpaths.FAST_PATHS.get(type(event))
         if fast is not None:
-            done = fast(state, event)
+            done = core.fast_step(state, event)
             if done is not None:
                 kind = type(event).__name__
                 TAKEN[kind] += 1
@@ -70,7 +70,7 @@ def _managed(timeout: float | None) -> tuple[rc.State, rc.PlaceReplica]:
 def test_placed_then_ready_take_the_fast_paths_and_agree(timeout: float | None) -> None:
     s, place = _managed(timeout)
     placed = rc.ReplicaPlaced(replica_id=place.replica_id, node_id=place.node_id, now=2.0)
-    fast = fastpaths.placed(s, placed)
+    fast = core.fast_step(s, placed)
     assert fast is not None
     assert fast == core.general_step(s, placed)
     kinds = [type(c).__name__ for c in fast.commands]
@@ -78,7 +78,7 @@ def test_placed_then_ready_take_the_fast_paths_and_agree(timeout: float | None) 
     assert fast.state.cluster.now == 2.0
     assert (place.replica_id in fast.state.cluster.deadlines) == (timeout is not None)
     ready = rc.ReplicaReady(replica_id=place.replica_id)
-    fast2 = fastpaths.ready(fast.state, ready)
+    fast2 = core.fast_step(fast.state, ready)
     assert fast2 is not None
     assert fast2 == core.general_step(fast.state, ready)
     assert fast2.state.replica(place.replica_id).phase is rc.Phase.RUNNING
@@ -91,7 +91,7 @@ def test_a_crash_takes_the_fast_path_and_agrees() -> None:
     s = rc.step(s, rc.ReplicaPlaced(replica_id=rid, node_id=place.node_id, now=2.0)).state
     s = rc.step(s, rc.ReplicaReady(replica_id=rid)).state
     crash = rc.ReplicaCrashed(replica_id=rid, now=3.0)
-    fast = fastpaths.crashed(s, crash)
+    fast = core.fast_step(s, crash)
     assert fast is not None
     assert fast == core.general_step(s, crash)
     start, place2, tick = fast.commands  # (and the replacement's placement deadline)
@@ -102,12 +102,12 @@ def test_a_crash_takes_the_fast_path_and_agrees() -> None:
     assert fast.state.cluster.held[start.replica_id] == s.cluster.held[rid]
     assert rid not in fast.state.index and fast.state.next_replica == s.next_replica + 1
     # a suspect crash, a gang or a waiting queue: the general path
-    assert fastpaths.crashed(s, rc.ReplicaCrashed(replica_id=rid, cause="exited", now=3.0)) is None
+    assert core.fast_step(s, rc.ReplicaCrashed(replica_id=rid, cause="exited", now=3.0)) is None
     # a failed start (its restart backoff): the general path
     starting = rc.step(s, crash).state
     new = fast.commands[0].replica_id
     starting = rc.step(starting, rc.ReplicaPlaced(replica_id=new, node_id=place.node_id, now=4.0)).state
-    assert fastpaths.crashed(starting, rc.ReplicaCrashed(replica_id=new, cause="error", now=5.0)) is None
+    assert core.fast_step(starting, rc.ReplicaCrashed(replica_id=new, cause="error", now=5.0)) is None
 
 
 def test_the_fast_paths_decline_what_they_do_not_cover() -> None:
@@ -117,11 +117,11 @@ def test_the_fast_paths_decline_what_they_do_not_cover() -> None:
     s2 = rc.step(s, placed).state
     other = next(r for r in s2.replicas() if r.phase is rc.Phase.PENDING)
     late = rc.ReplicaPlaced(replica_id=other.replica_id, node_id=other.node_id, now=100.0)
-    assert fastpaths.placed(s2, late) is None
+    assert core.fast_step(s2, late) is None
     # placed somewhere else than reserved; an unknown replica; a stale answer
-    assert fastpaths.placed(s, rc.ReplicaPlaced(replica_id=place.replica_id, node_id="n9")) is None
-    assert fastpaths.placed(s, rc.ReplicaPlaced(replica_id="llm#99", node_id="n1")) is None
-    assert fastpaths.ready(s, rc.ReplicaReady(replica_id=place.replica_id)) is None  # still pending
+    assert core.fast_step(s, rc.ReplicaPlaced(replica_id=place.replica_id, node_id="n9")) is None
+    assert core.fast_step(s, rc.ReplicaPlaced(replica_id="llm#99", node_id="n1")) is None
+    assert core.fast_step(s, rc.ReplicaReady(replica_id=place.replica_id)) is None  # still pending
     with pytest.raises(rc.InvalidEvent):
         rc.step(s, rc.ReplicaReady(replica_id=place.replica_id))  # the general path says why
 

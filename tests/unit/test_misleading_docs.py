@@ -76,8 +76,9 @@ def test_the_protocol_table_lists_every_field_of_every_command():
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     section = text.split("## Protocol between core and executor", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `(\w+)\(([^)]*)\)` \|", section, re.M))
-    for cls in typing.get_args(commands.Command):
+    every = (*typing.get_args(commands.Command), *typing.get_args(commands.PoolCommand))
+    for cls in every:
         assert cls.__name__ in rows, f"the protocol table lacks {cls.__name__}"
         listed = [x.strip() for x in rows[cls.__name__].split(",")]
         assert listed == [a.name for a in attrs.fields(cls)], f"{cls.__name__}: table lists {listed}"
-    assert set(rows) == {cls.__name__ for cls in typing.get_args(commands.Command)}
+    assert set(rows) == {cls.__name__ for cls in every}

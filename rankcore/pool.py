@@ -1,0 +1,219 @@
+"""Each deployment's request pool as the control core holds it, pushed to the request path (issue 22).
+
+The request path (``rankcore.requests``, in a handle or an HTTP proxy) must
+send requests only to replicas that serve, and must learn at once when one
+starts draining or is gone, so that what it held is requeued or retried.
+Polling the controller for that (Ray Serve's long poll, NDIF's state sync)
+lags; here the core says it, in the step that changes it (in ``Step.pool``,
+apart from the replicas' ``Step.commands``):
+
+* ``PoolChanged(replica, membership)`` when a replica's membership changes:
+  ``serving`` (``residency.serving``: running, HOT, holding the deployment's
+  weights version, nothing pending), ``draining`` (alive past its start but
+  not serving: stopping, asleep, waiting for weights), ``gone`` (stopped,
+  crashed, lost; or never ready). A replica that becomes draining without
+  ever having served is not announced (the request path holds nothing of
+  it); its ``gone`` may be, and is ignored by a request path that never held it.
+* ``PoolComing(deployment, coming)`` when whether the deployment wants
+  replicas changes (its target above zero): with none serving and none
+  coming, waiting requests fail at once instead of waiting for nothing.
+* ``PoolReset`` for every deployment after ``ControllerRecovered``: the whole
+  pool, since the request path may have missed changes while the controller
+  was down.
+
+One function decides, after any step (``announce``; ``core.step`` and
+``core.general_step`` call it, so the fast paths need no copy of the rule).
+It compares the replicas the step can have changed: the event's replica,
+every replica a command names (a replica leaves serving only through a
+command: stop, evict, offload, new weights, reconfigure) or replaces, and
+for ``NodeLost`` every replica that was on the node. The property suite
+checks that the pool these commands describe is the core's own after every
+step (``rankcore.testing``).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md,
+"What you may import").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .commands import PoolChanged, PoolComing, PoolReset
+from .events import ControllerRecovered, NodeLost
+from .lifecycle import Phase
+from .records import maker
+from .residency import serving
+from .state import Deployment, Replica, State, Step
+
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "reset", "pool_of", "PoolView"]
+
+SERVING, DRAINING, GONE = "serving", "draining", "gone"
+#: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
+_HOLDING = (Phase.RUNNING, Phase.RECONFIGURING, Phase.STOPPING)
+_Changed, _Coming, _Step = maker(PoolChanged), maker(PoolComing), maker(Step)
+
+
+def membership(dep: Deployment | None, rep: Replica | None) -> str:
+    """Where ``rep`` stands in its deployment's pool (module docstring)."""
+    if dep is None or rep is None:
+        return GONE
+    if serving(dep, rep):
+        return SERVING
+    return DRAINING if rep.phase in _HOLDING else GONE
+
+
+def coming(dep: Deployment | None) -> bool:
+    """Whether ``dep`` wants replicas (so a request may wait for one)."""
+    return dep is not None and dep.target > 0
+
+
+def pool_of(dep: Deployment) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(serving, draining) replica ids of ``dep``, in rank order."""
+    s: list[tuple[int, str]] = []
+    d: list[tuple[int, str]] = []
+    for rid, rep in dep.replicas.items():
+        m = membership(dep, rep)
+        if m is not GONE:
+            (s if m is SERVING else d).append((dep.ranks.global_rank(rid), rid))
+    return tuple(r for _, r in sorted(s)), tuple(r for _, r in sorted(d))
+
+
+def reset(state: State) -> list[PoolReset]:
+    """A ``PoolReset`` per deployment of ``state``, in name order."""
+    out = []
+    for name in sorted(state.deployments):
+        dep = state.deployments[name]
+        s, d = pool_of(dep)
+        out.append(PoolReset(deployment=name, serving=s, draining=d, coming=coming(dep)))
+    return out
+
+
+def _candidates(before: State, event: object, commands: tuple) -> list[str]:
+    """The replicas ``event``'s step can have moved in or out of a pool, in a fixed order."""
+    seen: dict[str, None] = {}
+    rid = getattr(event, "replica_id", None)
+    if type(rid) is str:
+        seen[rid] = None
+    for c in commands:
+        r = getattr(c, "replica_id", None)
+        if type(r) is str:
+            seen[r] = None
+        r = getattr(c, "replaces", None)
+        if type(r) is str:
+            seen[r] = None
+    if type(event) is NodeLost:
+        node = event.node_id
+        for name in sorted(before.deployments):
+            for r, rep in before.deployments[name].replicas.items():
+                if rep.node_id == node:
+                    seen[r] = None
+    return list(seen)
+
+
+#: event type -> the field naming its deployment ("" when it names none): looked up once per type
+_NAMES: dict[type, str] = {}
+
+
+def _name_field(kind: type) -> str:
+    got = _NAMES.get(kind)
+    if got is None:
+        fields = getattr(kind, "__attrs_attrs__", ())
+        names = {a.name for a in fields}
+        got = _NAMES[kind] = "deployment" if "deployment" in names else "name" if "name" in names else ""
+    return got
+
+
+def announce(before: State, event: object, step: Step) -> Step:
+    """``step`` (from ``before`` by ``event``) with the pool commands it implies (``Step.pool``)."""
+    after = step.state
+    kind = type(event)
+    if kind is ControllerRecovered:
+        return _Step(state=after, commands=step.commands, stale=step.stale, compactions=step.compactions,
+                     recovery=step.recovery, pool=tuple(reset(after)))
+    out: list[Any] = []
+    commands = step.commands
+    if not commands and kind is not NodeLost:  # (the commonest step: an answer, no command)
+        rid = getattr(event, "replica_id", None)
+        candidates: list[str] = [rid] if type(rid) is str else []
+    else:
+        candidates = _candidates(before, event, commands)
+    i0, i1, d0, d1 = before.index, after.index, before.deployments, after.deployments
+    for rid in candidates:
+        n0, n1 = i0.get(rid), i1.get(rid)
+        dep0 = d0.get(n0) if n0 is not None else None
+        dep1 = d1.get(n1) if n1 is not None else None
+        rep0 = dep0.replicas.get(rid) if dep0 is not None else None
+        rep1 = dep1.replicas.get(rid) if dep1 is not None else None
+        if rep0 is rep1 and (dep0 is dep1 or dep0.weights_version == dep1.weights_version):  # type: ignore[union-attr]
+            continue  # (the same record, the same version wanted: the same membership)
+        m0, m1 = membership(dep0, rep0), membership(dep1, rep1)
+        if m0 is not m1 and not (m0 is GONE and m1 is DRAINING):
+            out.append(_Changed(deployment=(dep1 or dep0).name, replica_id=rid, membership=m1))  # type: ignore[union-attr]
+    field = _NAMES.get(kind)
+    if field is None:
+        field = _name_field(kind)
+    if field:
+        name = getattr(event, field)
+        if type(name) is str:
+            c0, c1 = coming(d0.get(name)), coming(d1.get(name))
+            if c0 is not c1:
+                out.append(_Coming(deployment=name, coming=c1))
+    if not out:
+        return step
+    return _Step(state=after, commands=commands, stale=step.stale, compactions=step.compactions,
+                 recovery=step.recovery, pool=tuple(out))
+
+
+class PoolView:
+    """The pools as the pool commands describe them, for whoever follows them without the core's
+    state (an executor's status page, the property suite's check that they describe the core's
+    pools). Not thread-safe; apply the commands in the order the core emitted them."""
+
+    __slots__ = ("members", "wanted")
+
+    def __init__(self) -> None:
+        #: deployment -> replica id -> "serving" | "draining" (gone ones are dropped)
+        self.members: dict[str, dict[str, str]] = {}
+        #: deployment -> whether replicas are coming (PoolComing / PoolReset)
+        self.wanted: dict[str, bool] = {}
+
+    def apply(self, cmd: object) -> bool:
+        """Take one command; False if it is not a pool command (ignored)."""
+        kind = type(cmd)
+        if kind is PoolChanged:
+            pool = self.members.setdefault(cmd.deployment, {})  # type: ignore[attr-defined]
+            if cmd.membership == GONE:  # type: ignore[attr-defined]
+                pool.pop(cmd.replica_id, None)  # type: ignore[attr-defined]
+            else:
+                pool[cmd.replica_id] = cmd.membership  # type: ignore[attr-defined]
+        elif kind is PoolComing:
+            self.wanted[cmd.deployment] = cmd.coming  # type: ignore[attr-defined]
+        elif kind is PoolReset:
+            self.members[cmd.deployment] = {**dict.fromkeys(cmd.draining, DRAINING),  # type: ignore[attr-defined]
+                                            **dict.fromkeys(cmd.serving, SERVING)}  # type: ignore[attr-defined]
+            self.wanted[cmd.deployment] = cmd.coming  # type: ignore[attr-defined]
+        else:
+            return False
+        return True
+
+    def serving(self, deployment: str) -> list[str]:
+        return sorted(r for r, m in self.members.get(deployment, {}).items() if m == SERVING)
+
+    def mismatch(self, state: State) -> str | None:
+        """How this view differs from ``state``'s pools (None: it does not). The serving replicas and
+        ``coming`` must be the same; a draining replica the view holds must be alive and not serving
+        (the core does not announce one that never served)."""
+        names = set(state.deployments) | {n for n, p in self.members.items() if p} | {n for n, c in self.wanted.items() if c}
+        for name in sorted(names):
+            dep = state.deployments.get(name)
+            s, d = pool_of(dep) if dep is not None else ((), ())
+            view = self.members.get(name, {})
+            told_s = sorted(r for r, m in view.items() if m == SERVING)
+            told_d = {r for r, m in view.items() if m == DRAINING}
+            if told_s != sorted(s):
+                return f"{name}: serving told {told_s}, the core's {sorted(s)}"
+            if not told_d <= set(d):
+                return f"{name}: draining told {sorted(told_d)}, the core's {sorted(d)}"
+            if self.wanted.get(name, False) is not coming(dep):
+                return f"{name}: coming told {self.wanted.get(name, False)}, the core's {coming(dep)}"
+        return None
