@@ -35,11 +35,18 @@ from .commands import (
 )
 from .core import run, step
 from .errors import (
+    REQUEST_ERRORS,
     InvalidConfig,
     InvalidEvent,
     InvariantViolation,
+    Overloaded,
     RankConflict,
     RankcoreError,
+    ReplicaDied,
+    RequestCancelled,
+    RequestError,
+    RequestTimeout,
+    Unavailable,
     UnknownDeployment,
     UnknownReplica,
 )
@@ -114,5 +121,6 @@ __all__ = [
     "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
-    "RankConflict", "UnknownReplica", "UnknownDeployment",
+    "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
+    "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",
 ]

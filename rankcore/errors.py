@@ -18,6 +18,13 @@ __all__ = [
     "RankConflict",
     "UnknownReplica",
     "UnknownDeployment",
+    "RequestError",
+    "Overloaded",
+    "Unavailable",
+    "RequestTimeout",
+    "RequestCancelled",
+    "ReplicaDied",
+    "REQUEST_ERRORS",
 ]
 
 
@@ -54,3 +61,55 @@ class UnknownDeployment(RankcoreError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown deployment"
+
+
+class RequestError(RankcoreError):
+    """A request ended without an answer (``rankcore.requests``: a ``Rejected`` or ``Failed``
+    action). ``status`` is what an HTTP ingress answers with; ``reason`` the machine's reason."""
+
+    status = 500
+    reason = "failed"
+
+    def __init__(self, message: str, *, deployment: str | None = None, request_id: str | None = None,
+                 replica_id: str | None = None) -> None:
+        super().__init__(message)
+        self.deployment, self.request_id, self.replica_id = deployment, request_id, replica_id
+
+
+class Overloaded(RequestError):
+    """The deployment's queue is at ``max_queued_requests``: refused at once (HTTP 503)."""
+
+    status, reason = 503, "overloaded"
+
+
+class Unavailable(RequestError):
+    """No replica serves and none is coming (HTTP 503)."""
+
+    status, reason = 503, "unavailable"
+
+
+class RequestTimeout(RequestError, TimeoutError):
+    """The request's deadline passed before it was answered (HTTP 408)."""
+
+    status, reason = 408, "timeout"
+
+
+class RequestCancelled(RequestError):
+    """The caller cancelled the request (HTTP 499, as nginx logs a client that went away)."""
+
+    status, reason = 499, "cancelled"
+
+
+class ReplicaDied(RequestError):
+    """The replica running the request died, and the request could not run again (not idempotent,
+    a stream already under way, or its retries used up); the message names the replica (HTTP 500,
+    as Ray Serve answers a replica that died mid-call)."""
+
+    status, reason = 500, "replica_died"
+
+
+#: a request machine's reason -> the error a caller gets
+REQUEST_ERRORS: dict[str, type[RequestError]] = {
+    "overloaded": Overloaded, "unavailable": Unavailable, "timeout": RequestTimeout, "cancelled": RequestCancelled,
+    "replica_died": ReplicaDied,
+}
