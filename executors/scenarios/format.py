@@ -34,6 +34,9 @@ from .timeline import (
 __all__ = [
     "Scenario",
     "ScenarioError",
+    "ArrivalSpec",
+    "TrafficSpec",
+    "ARRIVAL_KINDS",
     "NodeSpec",
     "DeploymentSpec",
     "Action",
@@ -151,6 +154,59 @@ class DeploymentSpec:
         return {"model_bytes": self.model_bytes}
 
 
+#: arrival processes (``traffic.<deployment>.arrivals.kind``) -> (required keys, optional keys); rates
+#: are requests per virtual second (executors/sim/traffic.py draws the arrivals)
+ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "poisson": (("rate",), ()),
+    "bursts": (("base_rate", "burst_rate", "burst_s", "period_s"), ("offset_s",)),
+    "daily": (("rates",), ("day_s",)),
+    "file": (("path",), ()),
+}
+#: the request machine's limits a traffic section may set (``rankcore.requests.Configure``'s fields)
+_LIMITS = ("max_ongoing_requests", "max_queued_requests", "max_retries")
+_TRAFFIC_KEYS = ("arrivals", "service", "idempotent", "timeout_s", "error_rate", "from", "until",
+                 "metrics_interval_s", *_LIMITS)
+
+
+@attrs.frozen
+class ArrivalSpec:
+    """When requests arrive (``ARRIVAL_KINDS``): ``poisson`` at ``rate``; ``bursts``: ``burst_rate``
+    for ``burst_s`` of every ``period_s`` (from ``offset_s``), ``base_rate`` the rest; ``daily``: 24
+    hourly ``rates`` over a day of ``day_s`` virtual seconds; ``file``: the ``times`` read from ``path``."""
+
+    kind: str
+    rate: float = 0.0
+    base_rate: float = 0.0
+    burst_rate: float = 0.0
+    burst_s: float = 0.0
+    period_s: float = 0.0
+    offset_s: float = 0.0
+    rates: tuple[float, ...] = ()
+    day_s: float = 86400.0
+    path: str = ""
+    times: tuple[float, ...] = attrs.field(default=(), repr=False)
+
+
+@attrs.frozen
+class TrafficSpec:
+    """One deployment's requests in the simulator (docs/scenarios.md, "Traffic and the request
+    queue"): arrivals between ``start`` and ``until``, each served for a ``service`` draw on the
+    replica it is dispatched to, an application error with probability ``error_rate``; the
+    request machine's limits are Ray Serve's (``rankcore.requests.Configure``) unless given."""
+
+    deployment: str
+    arrivals: ArrivalSpec
+    service: Latency
+    idempotent: bool = False
+    timeout_s: float | None = None
+    error_rate: float = 0.0
+    start: float = 0.0
+    until: float = 0.0
+    metrics_interval_s: float = 10.0
+    #: ``Configure``'s keyword arguments given in the file (the machine's defaults for the rest)
+    limits: tuple[tuple[str, int], ...] = ()
+
+
 @attrs.frozen
 class Expectation:
     index: int
@@ -190,6 +246,8 @@ class Scenario:
     #: move (``TRANSFER_KEYS``) -> its bandwidth (``bandwidth:``, else ``DEFAULT_BANDWIDTH_GBPS``)
     bandwidth: dict = attrs.field(factory=lambda: {k: Transfer(v) for k, v in DEFAULT_BANDWIDTH_GBPS.items()},
                                   hash=False)
+    #: deployment -> its requests (``traffic:``; the simulator only)
+    traffic: dict = attrs.field(factory=dict, hash=False)
 
     def latency_for(self, deployment: str, what: str) -> Latency:
         spec = self.deployments.get(deployment)
@@ -382,7 +440,7 @@ def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dic
 
 
 _TOP = ("name", "description", "seed", "duration", "cluster", "placement", "latency", "bandwidth", "faults",
-        "deployments", "timeline", "expect", "trace")
+        "deployments", "timeline", "expect", "trace", "traffic")
 
 
 def _scenario(raw: Any, c: _Checker) -> Scenario:
@@ -426,6 +484,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         raise c.fail(("timeline", a.index, a.key, "version" if isinstance(a, PushWeights) else "weights_version"),
                      message)
     expect = _expectations(top.get("expect", []), c, deployments)
+    traffic = _traffic(top.get("traffic", {}), c, deployments, duration)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 0), ("trace", "snapshot_every"))
     if every < 1 and "snapshot_every" in trace:
@@ -445,7 +504,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         node_loss_rate=node_loss, cluster_node_loss_rate=cluster_loss,
         node_repair=repair if node_loss > 0 or cluster_loss > 0 else None,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
-        description=str(top.get("description", "")), raw=raw, bandwidth=bandwidth,
+        description=str(top.get("description", "")), raw=raw, bandwidth=bandwidth, traffic=traffic,
         warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
     )
 
@@ -894,3 +953,104 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             raise AssertionError(kind)
         out.append(Expectation(index=i, kind=kind, args=args, at=at, where=c.where(p)))
     return tuple(out)
+
+
+def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None) -> dict:
+    """``traffic: {deployment: {arrivals: {kind: ...}, service: <latency>, ...}}`` -> ``TrafficSpec`` by name."""
+    from rankcore.requests import Configure
+
+    section = c.mapping({} if value is None else value, ("traffic",))
+    out = {}
+    for name, spec in section.items():
+        p = ("traffic", name)
+        if name not in deployments:
+            raise c.fail(p, f"unknown deployment {name!r}{_did_you_mean(name, tuple(deployments))} "
+                            f"(declared: {', '.join(sorted(deployments))})", at_key=True)
+        m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals", "service"))
+        if duration is None:
+            raise c.fail(p, "traffic needs the scenario's 'duration' (requests arrive, and the queue is "
+                            "sampled, until then)", at_key=True)
+        start = c.number(m.get("from", 0), p + ("from",), maximum=duration)
+        until = c.number(m.get("until", duration), p + ("until",), minimum=start, maximum=duration)
+        idempotent = m.get("idempotent", False)
+        if not isinstance(idempotent, bool):
+            raise c.fail(p + ("idempotent",), f"must be true or false, got {_show(idempotent)}")
+        timeout = m.get("timeout_s")
+        if timeout is not None and c.number(timeout, p + ("timeout_s",)) <= 0:
+            raise c.fail(p + ("timeout_s",), "must be > 0 seconds (or null: no deadline)")
+        interval = c.number(m.get("metrics_interval_s", 10.0), p + ("metrics_interval_s",))
+        if interval <= 0:
+            raise c.fail(p + ("metrics_interval_s",), "must be > 0 seconds")
+        limits = []
+        for k in _LIMITS:
+            if k in m:
+                if isinstance(m[k], bool) or not isinstance(m[k], int):
+                    raise c.fail(p + (k,), f"must be a whole number, got {_show(m[k])}")
+                limits.append((k, m[k]))
+        try:
+            Configure(deployment=name, **dict(limits))
+        except rc.InvalidConfig as exc:
+            named = [k for k, _ in limits if f".{k}" in str(exc)]
+            raise c.fail(p + tuple(named[:1]), str(exc)) from None
+        out[name] = TrafficSpec(
+            deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
+            service=c.latency(m["service"], p + ("service",)), idempotent=idempotent,
+            timeout_s=None if timeout is None else float(timeout),
+            error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
+            start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
+    return out
+
+
+def _arrivals(value: Any, p: tuple, c: _Checker) -> ArrivalSpec:
+    """One ``arrivals`` mapping (``ARRIVAL_KINDS``), every rate a number >= 0."""
+    m = c.mapping(value, p, required=("kind",))
+    kind = m["kind"]
+    if kind not in ARRIVAL_KINDS:
+        raise c.fail(p + ("kind",), f"unknown arrival kind {_show(kind)}{_did_you_mean(kind, tuple(ARRIVAL_KINDS))} "
+                                    f"(one of: {', '.join(ARRIVAL_KINDS)})")
+    need, optional = ARRIVAL_KINDS[kind]
+    c.mapping(m, p, ("kind", *need, *optional), required=need)
+    if kind == "poisson":
+        return ArrivalSpec(kind, rate=c.number(m["rate"], p + ("rate",)))
+    if kind == "bursts":
+        period = c.number(m["period_s"], p + ("period_s",))
+        if period <= 0:
+            raise c.fail(p + ("period_s",), "must be > 0 seconds")
+        return ArrivalSpec(kind, base_rate=c.number(m["base_rate"], p + ("base_rate",)),
+                           burst_rate=c.number(m["burst_rate"], p + ("burst_rate",)),
+                           burst_s=c.number(m["burst_s"], p + ("burst_s",), maximum=period), period_s=period,
+                           offset_s=c.number(m.get("offset_s", 0.0), p + ("offset_s",)))
+    if kind == "daily":
+        rates = m["rates"]
+        if not isinstance(rates, list) or len(rates) != 24:
+            raise c.fail(p + ("rates",), f"must list 24 rates (requests/s in each hour of the day), got "
+                                         f"{len(rates) if isinstance(rates, list) else _show(rates)}")
+        day = c.number(m.get("day_s", 86400.0), p + ("day_s",))
+        if day <= 0:
+            raise c.fail(p + ("day_s",), "must be > 0 seconds")
+        return ArrivalSpec(kind, rates=tuple(c.number(r, p + ("rates", i)) for i, r in enumerate(rates)), day_s=day)
+    path = c.name(m["path"], p + ("path",))
+    return ArrivalSpec(kind, path=path, times=_arrival_file(path, p + ("path",), c))
+
+
+def _arrival_file(path: str, p: tuple, c: _Checker) -> tuple[float, ...]:
+    """The arrival times in ``path`` (relative to the scenario file): one number of seconds >= 0 a
+    line, blank lines and ``#`` comments skipped; in any order (sorted here)."""
+    where = Path(path) if Path(path).is_absolute() or c.file.startswith("<") else Path(c.file).parent / path
+    try:
+        lines = where.read_text().splitlines()
+    except OSError as exc:
+        raise c.fail(p, f"cannot read {str(where)!r}: {exc.strerror}") from None
+    times = []
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            t = float(text)
+        except ValueError:
+            raise c.fail(p, f"{where}:{n}: not a number of seconds: {text!r}") from None
+        if not math.isfinite(t) or t < 0:
+            raise c.fail(p, f"{where}:{n}: an arrival time must be a finite number >= 0, got {text!r}")
+        times.append(t)
+    return tuple(sorted(times))

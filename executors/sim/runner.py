@@ -29,6 +29,7 @@ from ..scenarios import (
 )
 from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy, WaitUntilServing
 from ..trace import TraceWriter
+from .traffic import SimTraffic
 from .world import SimBackend, SimReplica
 
 __all__ = ["Simulation", "RunResult", "run_scenario"]
@@ -85,6 +86,9 @@ class Simulation:
         self._seq = 0
         self._cancelled: set[int] = set()
         self.backend = SimBackend(self)
+        #: the requests (``traffic:``): one request machine fed the core's pool commands
+        self.traffic = SimTraffic(self, scenario.traffic) if scenario.traffic else None
+        self.backend.traffic = self.traffic
         every = snapshot_every or scenario.snapshot_every
         self.trace = (
             TraceWriter(trace, snapshot_every=every,
@@ -463,6 +467,9 @@ class Simulation:
                                                   f"still busy after the {HORIZON:g}s horizon", self.now))
         metrics = self.metrics.as_dict()
         metrics["lost_events"] = self.lost_events
+        if self.traffic is not None:  # each deployment's requests beside its other figures
+            for name, figures in self.traffic.as_dict().items():
+                metrics["deployments"].setdefault(name, {})["requests"] = figures
         if self.trace is not None:
             self.trace.end(self.now, self.driver.state, metrics, [r.as_record() for r in self.results])
         return RunResult(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import rankcore as rc
 from rankcore import parse_replica_number
@@ -22,6 +22,9 @@ from rankcore.records import maker
 from ..scenarios import Metrics, Scenario
 from ..scenarios.latency import Latency
 from ..scenarios.timeline import rank_holder
+
+if TYPE_CHECKING:
+    from .traffic import SimTraffic
 
 __all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
 
@@ -246,6 +249,9 @@ class SimBackend:
         #: that spare processes (which skip draws, and draw for refills) do not shift the other
         #: latencies: variants with and without spares see the same place/start/ready draws
         self._process: dict[str, Latency] = {}
+        #: the run's requests (``traffic:``), if any: given the core's pool commands, asked how long a
+        #: stopping replica needs to finish what it serves
+        self.traffic: SimTraffic | None = None
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -263,6 +269,11 @@ class SimBackend:
             handler = handlers.get(type(cmd))
             if handler is not None:
                 handler(cmd)
+
+    def pool_changed(self, commands: Sequence[object], t: float) -> None:
+        """The core's pool commands of a step (``Step.pool``): the request machine takes them."""
+        if self.traffic is not None:
+            self.traffic.pool_changed(tuple(commands))
 
     def _world_size(self, cmd: rc.UpdateWorldSize) -> None:
         for r in self.replicas.values():
@@ -537,7 +548,8 @@ class SimBackend:
         self.sim.deliver(rc.ReplicaReconfigured(replica_id=rid, version=version))
 
     def _stop(self, cmd: rc.StopReplica | rc.EvictReplica) -> None:
-        """A graceful stop drains for the stop latency, killed at ``graceful_shutdown_timeout_s``
+        """A graceful stop drains for the stop latency, or until the requests it serves are
+        answered if that is longer (``traffic``), killed at ``graceful_shutdown_timeout_s``
         (a hung replica drains nothing: killed at the timeout); with 0 s it is killed at once
         and its GPUs are free now (the core has passed its room on)."""
         r = self.replicas.get(cmd.replica_id)
@@ -550,7 +562,10 @@ class SimBackend:
         elif r.hung:  # a frozen process drains nothing: killed at the timeout
             delay = cmd.graceful_shutdown_timeout_s
         else:
-            delay = min(self.sim.latency(cmd.deployment, "stop"), cmd.graceful_shutdown_timeout_s)
+            delay = self.sim.latency(cmd.deployment, "stop")
+            if self.traffic is not None:
+                delay = max(delay, self.traffic.drain_s(r.replica_id))
+            delay = min(delay, cmd.graceful_shutdown_timeout_s)
         self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)
 
     def _stopped(self, rid: str, epoch: int) -> None:
