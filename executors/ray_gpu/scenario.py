@@ -175,7 +175,7 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     if not multi_node:  # (on a scenario-shaped cluster a hidden placement group holds them: _hide_gpus)
         bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
         bad += [f"cluster.nodes {n.name}: gpu_memory" for n in sc.nodes if _gpu_memory(n)]
-    faults = _sim_only_faults(sc)
+    faults = _sim_only_faults(sc) + [f"traffic ({', '.join(sorted(sc.traffic))}: the simulator's queue only)"] * bool(sc.traffic)
     nodes_only = not multi_node and not faults and all(
         isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
     bad += faults
