@@ -1,0 +1,714 @@
+"""HTTP ingress for the Ray executor (issue 22): Ray Serve's HTTP proxy, in rankcore's terms.
+
+One detached actor, ``rankcore-http`` (``num_cpus=0``, restarted by Ray like the
+controller), runs a uvicorn server on a thread of its own with a starlette app:
+
+* a route per deployment (``route_prefix``, default ``/<name>``): ``POST`` JSON
+  in, JSON out (``args_of`` says how a body becomes the call's arguments);
+  ``GET`` calls with no arguments; ``<prefix>/<method>`` calls that method;
+* errors as JSON ``{"error", "detail", "deployment"}`` with the status the
+  request path gives them (``status_of``): a ``rankcore.RequestError`` its own
+  ``.status`` (503 overloaded or no replica, 408 timeout, 499, 500 replica
+  died), 404 unknown route or deployment, 413 body above ``max_body_bytes``,
+  400 bad JSON, 500 with the remote traceback for the application's error;
+* progress while waiting (``Accept: text/event-stream`` or ``?progress=1``):
+  server-sent events ``queued`` / ``loading`` / ``dispatched`` / ``running``,
+  then ``done`` with the result or ``error``;
+* ``GET /-/healthz``, ``GET /-/routes``, and a status page ``GET /-/status``
+  (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``).
+
+The route table lives in Ray's internal KV store (``rankcore/http_routes``), so
+a restarted ingress serves the same routes. The ingress decides nothing about
+requests: it calls the public handle API (``get_deployment_handle``) and maps
+what comes back. docs/ray.md, "HTTP ingress".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import re
+import socket
+import threading
+import time
+import traceback
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+import rankcore as rc
+
+from .controller import NAMESPACE
+
+__all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
+           "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app"]
+
+INGRESS_NAME = "rankcore-http"
+#: Ray Serve's defaults: loopback only, port 8000
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+#: a body above this is refused with 413 before it is read (configurable)
+MAX_BODY_BYTES = 1 << 20
+#: a request still unanswered after this long gets 408 (Ray Serve waits forever by default;
+#: a bounded wait frees the caller and the ingress's thread; None: no limit)
+REQUEST_TIMEOUT_S: float | None = 60.0
+#: threads that wait on handle calls (one per request in flight, until the handle is awaitable)
+CALL_THREADS = 256
+#: how often a progress stream looks at its request's status
+PROGRESS_POLL_S = 0.05
+#: how many recent error answers the status page lists
+RECENT_FAULTS = 20
+
+_KV_ROUTES = b"rankcore/http_routes"
+_METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
+
+
+class _Reply(Exception):
+    """An error answer decided in the ingress itself (bad body, unknown route)."""
+
+    def __init__(self, status: int, error: str, detail: str, deployment: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.deployment = status, error, detail, deployment
+
+
+# ------------------------------------------------------------------ pure rules
+def check_route_prefix(prefix: Any) -> str:
+    """A route prefix starts with ``/``, has no trailing ``/`` (but ``/`` itself), and is not
+    under ``/-/`` (the ingress's own pages)."""
+    if not isinstance(prefix, str) or not prefix.startswith("/"):
+        raise rc.InvalidConfig(f"route_prefix must be a string starting with '/', got {prefix!r}")
+    if prefix != "/" and prefix.endswith("/"):
+        raise rc.InvalidConfig(f"route_prefix must not end with '/', got {prefix!r}")
+    if prefix == "/-" or prefix.startswith("/-/"):
+        raise rc.InvalidConfig(f"route_prefix {prefix!r} is under '/-/', which the ingress keeps for itself")
+    if any(c.isspace() or c in "?#" for c in prefix):
+        raise rc.InvalidConfig(f"route_prefix must not hold spaces, '?' or '#', got {prefix!r}")
+    return prefix
+
+
+def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
+    """``(prefix, deployment, method)`` for ``path``: the longest prefix that is the path or a
+    parent of it; the rest, one name, is the method (``__call__`` when there is none).
+    None: no route (or a rest that is not a public method name)."""
+    for prefix in sorted(routes, key=len, reverse=True):
+        if path == prefix:
+            return prefix, routes[prefix], "__call__"
+        base = "" if prefix == "/" else prefix
+        if path.startswith(base + "/"):
+            rest = path[len(base) + 1:]
+            if _METHOD.fullmatch(rest):
+                return prefix, routes[prefix], rest
+            if rest == "":
+                return prefix, routes[prefix], "__call__"
+    return None
+
+
+def args_of(body: bytes) -> tuple[tuple, dict]:
+    """A request body -> the call's ``(args, kwargs)``. Empty: no arguments. A JSON object whose
+    keys are only ``args`` (a list) and/or ``kwargs`` (an object): those. Any other JSON value:
+    the one argument (wrap an object that looks like that one: ``{"args": [obj]}``).
+    Not JSON: ``_Reply`` 400."""
+    if not body.strip():
+        return (), {}
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Reply(400, "bad_request", f"the body is not JSON: {exc}") from None
+    if isinstance(value, dict) and value and set(value) <= {"args", "kwargs"}:
+        args, kwargs = value.get("args", []), value.get("kwargs", {})
+        if not isinstance(args, list):
+            raise _Reply(400, "bad_request", f"'args' must be a JSON array, got {type(args).__name__}")
+        if not isinstance(kwargs, dict):
+            raise _Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
+        return tuple(args), kwargs
+    return (value,), {}
+
+
+def status_of(exc: BaseException) -> tuple[int, str, str]:
+    """What a failed call answers: ``(HTTP status, error, detail)``. The application's own
+    exception first (500 with its remote traceback, whatever its type), then the request
+    path's typed errors by their ``.status``, an unknown deployment 404, a dead replica 500,
+    a timeout 408."""
+    if isinstance(exc, RayTaskError):
+        return 500, "application_error", _ANSI.sub("", str(exc))
+    if isinstance(exc, rc.RequestError):
+        return exc.status, exc.reason, str(exc)
+    if isinstance(exc, rc.UnknownDeployment):
+        return 404, "unknown_deployment", str(exc)
+    if isinstance(exc, RayActorError) or type(exc).__name__ == "ReplicaDiedError":
+        return 500, "replica_died", str(exc)
+    if isinstance(exc, TimeoutError):
+        return 408, "timeout", str(exc) or "the request timed out"
+    return 500, "application_error", "".join(traceback.format_exception(exc))
+
+
+def _jsonable(value: Any) -> Any:
+    """Controller answers for the status page: tuples as lists, anything else JSON lacks as text."""
+    return json.loads(json.dumps(value, default=lambda o: repr(o)))
+
+
+# ------------------------------------------------- the handle, behind two functions
+def _submit(name: str, method: str, args: tuple, kwargs: dict) -> Any:
+    """Send the call (on a call thread). A handle's own ``TimeoutError`` here means no replica
+    took it: 503, not the caller's 408."""
+    handle = _handle(name, method)
+    try:
+        return handle.remote(*args, **kwargs)
+    except rc.RequestError:
+        raise
+    except TimeoutError as exc:
+        raise rc.Unavailable(f"no replica of {name!r} took the call: {exc}", deployment=name) from exc
+
+
+_HANDLES: dict[tuple[str, str], Any] = {}
+
+
+def _handle(name: str, method: str) -> Any:
+    """One handle per deployment and method in the ingress (making one asks Ray for the controller)."""
+    handle = _HANDLES.get((name, method))
+    if handle is None:
+        from .api import get_deployment_handle
+
+        handle = get_deployment_handle(name)
+        if method != "__call__":
+            handle = getattr(handle, method)
+        _HANDLES[(name, method)] = handle
+    return handle
+
+
+async def _result(pool: ThreadPoolExecutor, response: Any, timeout: float | None) -> Any:
+    """The one place that waits for a response: on a call thread until the handle's response
+    is awaitable (then ``await response``)."""
+    return await asyncio.get_running_loop().run_in_executor(pool, response.result, timeout)
+
+
+def _progress(response: Any) -> dict | None:
+    """Where a sent request stands, as an event: the handle's ``response.status()``
+    (``rankcore.requests.RequestStatus``) where it has one, else ``dispatched`` (a response
+    exists: the handle has sent the call to a replica)."""
+    status = getattr(response, "status", None)
+    if not callable(status):
+        return {"state": "dispatched"}
+    st = status()
+    if st is None:
+        return None
+    return {"state": st.state, "position": st.position, "replica_id": st.replica_id, "attempt": st.attempt}
+
+
+def _cancel(response: Any) -> None:
+    """A caller gone or timed out: cancel the call where the handle can."""
+    cancel = getattr(response, "cancel", None)
+    if callable(cancel):
+        try:
+            cancel()
+        except Exception:
+            pass
+
+
+# ----------------------------------------------------------------- the app
+class _Ingress:
+    """The starlette app's state: routes, limits, counters; one call thread pool."""
+
+    def __init__(self, routes: dict[str, str], max_body_bytes: int, request_timeout_s: float | None) -> None:
+        self.routes = dict(routes)
+        self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
+        self.pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="rankcore-http-call")
+        self.answers: Counter[int] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        self.faults: deque[dict] = deque(maxlen=RECENT_FAULTS)
+        self.address: tuple[str, int] = ("", 0)
+
+    # ------------------------------------------------------------ calls
+    async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None) -> Any:
+        """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it).
+        ``sent["response"]``: the response once the call is sent (progress streams read it)."""
+        loop = asyncio.get_running_loop()
+        timeout = self.request_timeout_s
+        deadline = None if timeout is None else loop.time() + timeout
+        response = None
+        self.in_flight[name] += 1
+        try:
+            response = await asyncio.wait_for(loop.run_in_executor(self.pool, _submit, name, method, args, kwargs),
+                                              timeout)
+            if sent is not None:
+                sent["response"] = response
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            return await asyncio.wait_for(_result(self.pool, response, left), None if left is None else left + 1.0)
+        except asyncio.TimeoutError as exc:
+            if response is not None:
+                _cancel(response)
+            if isinstance(exc, rc.RequestError):
+                raise
+            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                    deployment=name) from None
+        except asyncio.CancelledError:
+            if response is not None:
+                _cancel(response)
+            raise
+        finally:
+            self.in_flight[name] -= 1
+
+    def _error(self, status: int, error: str, detail: str, deployment: str | None) -> Any:
+        from starlette.responses import JSONResponse
+
+        self._count(status, error, detail, deployment)
+        return JSONResponse({"error": error, "detail": detail, "deployment": deployment}, status_code=status)
+
+    def _count(self, status: int, error: str, detail: str, deployment: str | None) -> None:
+        self.answers[status] += 1
+        if status >= 500 or status == 408:
+            self.faults.append({"time": time.time(), "status": status, "error": error, "deployment": deployment,
+                                "detail": detail[-2000:]})
+
+    async def _body(self, request: Any) -> bytes:
+        """The body, refused with 413 past ``max_body_bytes`` (by its Content-Length before
+        reading anything, or as it streams in)."""
+        most = self.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > most:
+            raise _Reply(413, "body_too_large", f"the body is {int(length)} bytes, above max_body_bytes={most}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > most:
+                raise _Reply(413, "body_too_large", f"the body is above max_body_bytes={most}")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def deployment_call(self, request: Any) -> Any:
+        from starlette.responses import Response, StreamingResponse
+
+        name = None
+        try:
+            found = match_route(self.routes, request.url.path)
+            if found is None:
+                raise _Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
+                                               f"{', '.join(sorted(self.routes)) or 'none'})")
+            _, name, method = found
+            args, kwargs = args_of(await self._body(request)) if request.method == "POST" else ((), {})
+            accept = request.headers.get("accept", "")
+            if "text/event-stream" in accept or request.query_params.get("progress") in ("1", "true"):
+                self.answers[200] += 1
+                return StreamingResponse(self._events(name, method, args, kwargs), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            value = await self.call(name, method, args, kwargs)
+        except _Reply as r:
+            return self._error(r.status, r.error, r.detail, r.deployment or name)
+        except Exception as exc:
+            return self._error(*status_of(exc), name)
+        try:
+            body = json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            return self._error(500, "unserialisable_result",
+                               f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name)
+        self.answers[200] += 1
+        return Response(body, media_type="application/json")
+
+    async def _events(self, name: str, method: str, args: tuple, kwargs: dict) -> AsyncIterator[str]:
+        """Server-sent events: each change of the request's state (``_progress``), then ``done``
+        with ``{"result": ...}`` or ``error`` with the error body and its ``status``."""
+        sent: dict = {}
+        task = asyncio.ensure_future(self.call(name, method, args, kwargs, sent))
+        last: dict | None = {"state": "queued", "position": None}
+        yield _sse("queued", last)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=PROGRESS_POLL_S)
+                if task.done() or "response" not in sent:
+                    continue
+                now = _progress(sent["response"])
+                if now is not None and now != last and now["state"] not in ("done", "failed", "rejected",
+                                                                             "cancelled"):
+                    last = now
+                    yield _sse(now["state"], now)
+            try:
+                value = task.result()
+                yield _sse("done", {"result": value})
+            except Exception as exc:
+                status, error, detail = status_of(exc)
+                self._count(status, error, detail, name)
+                yield _sse("error", {"status": status, "error": error, "detail": detail, "deployment": name})
+        finally:
+            if not task.done():  # the caller went away
+                task.cancel()
+
+    # ---------------------------------------------------------- the ingress's own pages
+    async def healthz(self, request: Any) -> Any:
+        from starlette.responses import PlainTextResponse
+
+        from .api import ask, get_controller
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self.pool, lambda: ask(get_controller(), "status", timeout=5.0))
+        except Exception as exc:
+            return self._error(503, "unhealthy", f"the controller does not answer: {exc}", None)
+        return PlainTextResponse("ok")
+
+    async def list_routes(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(dict(sorted(self.routes.items())))
+
+    async def status_json(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(await self.status())
+
+    async def status_page(self, request: Any) -> Any:
+        from starlette.responses import HTMLResponse
+
+        return HTMLResponse(render_page(await self.status()))
+
+    async def status(self) -> dict:
+        """The status page's data: the ingress, every deployment (routed or in a pool) with its
+        replicas, ranks and phases, pool, queue; tiers; recent faults."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._status)
+
+    def _status(self) -> dict:
+        from .api import ask, get_controller, tiers_status
+
+        ctl = get_controller()
+        errors: list[str] = []
+
+        def get(what: str, *args: Any) -> Any:
+            try:
+                return _jsonable(ask(ctl, what, *args, timeout=5.0))
+            except Exception as exc:
+                errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
+                return None
+
+        pools = get("pools") or {"members": {}, "coming": {}}
+        by_route = {dep: prefix for prefix, dep in self.routes.items()}
+        names = sorted(set(by_route) | set(pools.get("members", {})) | set(pools.get("coming", {})))
+        deployments = []
+        faults = list(self.faults)
+        for name in names:
+            st = get("deployment_status", name)
+            members = pools.get("members", {}).get(name, {})
+            deployments.append({"name": name, "route": by_route.get(name), "status": st, "pool": members,
+                                "coming": pools.get("coming", {}).get(name), "queue": self._queue(name),
+                                "in_flight_http": self.in_flight.get(name, 0)})
+            if st and st.get("status") not in (None, "HEALTHY"):
+                faults.append({"deployment": name, "error": st.get("status"), "detail": st.get("status_message")})
+            for rid in (st or {}).get("failed", []):
+                faults.append({"deployment": name, "error": "replica_failed", "detail": rid})
+        try:
+            tiers = _jsonable(tiers_status())
+            tiers["log"] = tiers.get("log", [])[-50:]
+        except Exception as exc:
+            tiers = None
+            errors.append(f"tiers_status: {type(exc).__name__}: {exc}")
+        ctl_status = get("status") or {}
+        for rejected in (ctl_status.get("rejected") or [])[-RECENT_FAULTS:]:
+            faults.append({"error": "rejected_event", "detail": rejected})
+        host, port = self.address
+        return {"time": time.time(), "errors": errors,
+                "ingress": {"host": host, "port": port, "routes": dict(sorted(self.routes.items())),
+                            "max_body_bytes": self.max_body_bytes, "request_timeout_s": self.request_timeout_s,
+                            "answers": {str(k): v for k, v in sorted(self.answers.items())}},
+                "deployments": deployments, "tiers": tiers, "faults": faults[-RECENT_FAULTS * 2:]}
+
+    def _queue(self, name: str) -> dict | None:
+        """The deployment's queue as this process's handle knows it, where the handle tells it
+        (``counters()``); None until it does."""
+        try:
+            router = _handle(name, "__call__")._router
+            counters = getattr(router, "counters", None)
+            if not callable(counters):
+                return None
+            c = counters()
+            if c is None:
+                return None
+            import attrs
+
+            if attrs.has(type(c)):
+                c = {**attrs.asdict(c), "lost": getattr(c, "lost", None)}
+            return _jsonable(c) if isinstance(c, dict) else None
+        except Exception:
+            return None
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, default=repr)}\n\n"
+
+
+def make_app(ingress: _Ingress) -> Any:
+    """The starlette app: the ingress's own pages under ``/-/``, every other path a deployment's."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.routing import Route
+
+    async def http_error(request: Any, exc: Exception) -> Any:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "".join(traceback.format_exception(exc))
+        return ingress._error(status, "not_found" if status == 404 else "http_error", str(detail), None)
+
+    routes = [Route("/-/healthz", ingress.healthz, methods=["GET"]),
+              Route("/-/routes", ingress.list_routes, methods=["GET"]),
+              Route("/-/status", ingress.status_page, methods=["GET"]),
+              Route("/-/status.json", ingress.status_json, methods=["GET"]),
+              Route("/{path:path}", ingress.deployment_call, methods=["GET", "POST"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: http_error})
+
+
+# ------------------------------------------------------------------ the status page
+def _e(v: Any) -> str:
+    return html.escape("-" if v is None else str(v))
+
+
+def _rank(r: Any) -> str:
+    return "/".join("-" if x is None else str(x) for x in r) if isinstance(r, (list, tuple)) else _e(r)
+
+
+def render_page(status: dict) -> str:
+    """The status page: the tables rendered here (it reads without JavaScript), then kept
+    current by the inline script, which fetches ``/-/status.json`` every 2 s and renders the
+    same tables (``render`` in _PAGE_JS)."""
+    rows = []
+    for d in status["deployments"]:
+        st = d["status"] or {}
+        rows.append(f"<section class=dep data-deployment='{_e(d['name'])}'><h2>{_e(d['name'])} "
+                    f"<small>{_e(d['route'])} · {_e(st.get('status'))} · target {_e(st.get('target'))} · "
+                    f"queue {_e(_queue_text(d['queue']))} · in flight (HTTP) {_e(d['in_flight_http'])}</small></h2>"
+                    "<table><tr><th>replica</th><th>rank</th><th>phase</th><th>pool</th><th>node</th></tr>")
+        for rid, r in sorted((st.get("replicas") or {}).items(), key=lambda kv: str(kv[1].get("rank"))):
+            rows.append(f"<tr><td>{_e(rid)}</td><td class=rank>{_rank(r.get('rank'))}</td><td>{_e(r.get('phase'))}"
+                        f"</td><td>{_e(d['pool'].get(rid))}</td><td>{_e((r.get('node_id') or '')[:12])}</td></tr>")
+        rows.append("</table></section>")
+    faults = "".join(f"<li>{_e(f.get('deployment'))}: {_e(f.get('error'))} {_e(str(f.get('detail'))[:300])}</li>"
+                     for f in status["faults"]) or "<li>none</li>"
+    tiers = status.get("tiers") or {}
+    tier_log = "".join(f"<li>{_e(x)}</li>" for x in (tiers.get("log") or [])[-10:]) or "<li>none</li>"
+    initial = html.escape(json.dumps(status), quote=False)
+    return (_PAGE_HEAD + "<main id=view>" + "".join(rows) +
+            f"<h2>Tiers</h2><ul id=tiers>{tier_log}</ul><h2>Recent faults</h2><ul id=faults>{faults}</ul></main>"
+            f"<script type=application/json id=initial>{initial}</script><script>{_PAGE_JS}</script></body></html>")
+
+
+def _queue_text(q: Any) -> str:
+    if not q:
+        return "-"
+    return ", ".join(f"{k} {v}" for k, v in q.items() if isinstance(v, (int, float)))
+
+
+_PAGE_HEAD = """<!doctype html><html><head><meta charset=utf-8><title>rankcore status</title><style>
+body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}h1{font-size:1.3em}h2{font-size:1.05em;margin:1.2em 0 .3em}
+small{color:#666;font-weight:normal}table{border-collapse:collapse}td,th{padding:2px 10px;border-bottom:1px solid #ddd;
+text-align:left}td.rank{font-family:monospace}#updated{color:#666}#updated.stale{color:#b00}ul{margin:.2em 0}
+</style></head><body data-refreshes=0><h1>rankcore <span id=updated>(served)</span></h1>"""
+
+# the same tables as render_page, from /-/status.json (no external assets)
+_PAGE_JS = r"""
+const esc = v => String(v === null || v === undefined ? "-" : v).replace(/[&<>"']/g,
+  c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const rank = r => Array.isArray(r) ? r.map(x => x === null ? "-" : x).join("/") : esc(r);
+const queue = q => q ? Object.entries(q).filter(([k, v]) => typeof v === "number").map(([k, v]) => k + " " + v)
+  .join(", ") : "-";
+function render(s) {
+  let out = "";
+  for (const d of s.deployments) {
+    const st = d.status || {};
+    out += `<section class=dep data-deployment='${esc(d.name)}'><h2>${esc(d.name)} <small>${esc(d.route)} · ` +
+      `${esc(st.status)} · target ${esc(st.target)} · queue ${esc(queue(d.queue))} · in flight (HTTP) ` +
+      `${esc(d.in_flight_http)}</small></h2><table><tr><th>replica</th><th>rank</th><th>phase</th><th>pool</th>` +
+      `<th>node</th></tr>`;
+    const reps = Object.entries(st.replicas || {}).sort((a, b) => String(a[1].rank) < String(b[1].rank) ? -1 : 1);
+    for (const [rid, r] of reps) {
+      out += `<tr><td>${esc(rid)}</td><td class=rank>${rank(r.rank)}</td><td>${esc(r.phase)}</td>` +
+        `<td>${esc((d.pool || {})[rid])}</td><td>${esc((r.node_id || "").slice(0, 12))}</td></tr>`;
+    }
+    out += "</table></section>";
+  }
+  const log = ((s.tiers || {}).log || []).slice(-10).map(x => `<li>${esc(JSON.stringify(x))}</li>`).join("");
+  const faults = (s.faults || []).map(f => `<li>${esc(f.deployment)}: ${esc(f.error)} ` +
+    `${esc(String(f.detail).slice(0, 300))}</li>`).join("");
+  out += `<h2>Tiers</h2><ul id=tiers>${log || "<li>none</li>"}</ul>` +
+    `<h2>Recent faults</h2><ul id=faults>${faults || "<li>none</li>"}</ul>`;
+  document.getElementById("view").innerHTML = out;
+}
+async function refresh() {
+  const u = document.getElementById("updated");
+  try {
+    const r = await fetch("/-/status.json", {cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    render(await r.json());
+    document.body.dataset.refreshes = Number(document.body.dataset.refreshes) + 1;
+    u.textContent = "updated " + new Date().toLocaleTimeString(); u.className = "";
+  } catch (e) { u.textContent = "not updated: " + e; u.className = "stale"; }
+}
+render(JSON.parse(document.getElementById("initial").textContent));
+refresh(); setInterval(refresh, 2000);
+"""
+
+
+# ------------------------------------------------------------------ the actor
+class HttpIngress:
+    """The ingress actor: binds its socket when created (an address in use fails the
+    creation, naming it) and serves on a thread of its own, restarts included."""
+
+    def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
+                 request_timeout_s: float | None = REQUEST_TIMEOUT_S) -> None:
+        import uvicorn
+
+        _check_limits(max_body_bytes, request_timeout_s)
+        self.state = _Ingress(_load_routes(), max_body_bytes, request_timeout_s)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
+        sock.listen(2048)
+        self.state.address = (host, sock.getsockname()[1])
+
+        class Server(uvicorn.Server):
+            def install_signal_handlers(self) -> None:  # the actor's process keeps Ray's handlers
+                pass
+
+            def capture_signals(self) -> Any:
+                import contextlib
+
+                return contextlib.nullcontext()
+
+        config = uvicorn.Config(make_app(self.state), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=30)
+        self.server = Server(config)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
+                                       name="rankcore-http", daemon=True)
+        self.thread.start()
+
+    def ready(self, timeout: float = 30.0) -> tuple[str, int]:
+        """The address once the server accepts connections."""
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP ingress did not start on {self.state.address}")
+            time.sleep(0.01)
+        return self.state.address
+
+    def add_route(self, prefix: str, deployment: str) -> dict[str, str]:
+        """Route ``prefix`` to ``deployment`` (replacing the deployment's earlier route);
+        a prefix another deployment holds is refused."""
+        check_route_prefix(prefix)
+        routes = self.state.routes
+        holder = routes.get(prefix)
+        if holder is not None and holder != deployment:
+            raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
+        new = {p: d for p, d in routes.items() if d != deployment}
+        new[prefix] = deployment
+        self.state.routes = new
+        _save_routes(new)
+        return dict(new)
+
+    def remove_route(self, deployment: str) -> dict[str, str]:
+        new = {p: d for p, d in self.state.routes.items() if d != deployment}
+        self.state.routes = new
+        _save_routes(new)
+        return dict(new)
+
+    def routes(self) -> dict[str, str]:
+        return dict(self.state.routes)
+
+    def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep") -> dict:
+        """Change the limits of a running ingress (``"keep"``: leave the timeout as it is)."""
+        st = self.state
+        most = st.max_body_bytes if max_body_bytes is None else max_body_bytes
+        timeout = st.request_timeout_s if request_timeout_s == "keep" else request_timeout_s
+        _check_limits(most, timeout)
+        st.max_body_bytes, st.request_timeout_s = most, timeout
+        return {"max_body_bytes": most, "request_timeout_s": timeout}
+
+
+def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
+    if type(max_body_bytes) is not int or max_body_bytes < 0:
+        raise rc.InvalidConfig(f"max_body_bytes must be an int >= 0, got {max_body_bytes!r}")
+    if request_timeout_s is not None and (isinstance(request_timeout_s, bool) or
+                                          not isinstance(request_timeout_s, (int, float)) or request_timeout_s <= 0):
+        raise rc.InvalidConfig(f"request_timeout_s must be a number > 0 or None, got {request_timeout_s!r}")
+
+
+def _load_routes() -> dict[str, str]:
+    from ray.experimental import internal_kv
+
+    raw = internal_kv._internal_kv_get(_KV_ROUTES)
+    return dict(json.loads(raw)) if raw else {}
+
+
+def _save_routes(routes: dict[str, str]) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(_KV_ROUTES, json.dumps(routes).encode(), overwrite=True)
+
+
+# ------------------------------------------------------------------ the driver's side
+def start_ingress(host: str | None = None, port: int | None = None, *, max_body_bytes: int | None = None,
+                  request_timeout_s: Any = "keep") -> tuple[Any, tuple[str, int]]:
+    """The ingress actor and its address: the running one, or one started (detached,
+    restarted by Ray, ``num_cpus=0``, on the head node like the controller) on ``host``
+    (default 127.0.0.1) and ``port`` (default 8000; 0: any free port). A running ingress
+    on another host or port raises ``rankcore.InvalidConfig``; new limits are applied to it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .api import _head_node
+
+    if port is not None and (type(port) is not int or not 0 <= port <= 65535):
+        raise rc.InvalidConfig(f"port must be an int in 0..65535, got {port!r}")
+    actor: Any
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:
+        _check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
+                      REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
+        head = _head_node()
+        where = (NodeAffinitySchedulingStrategy(node_id=head, soft=False) if head else
+                 NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True))
+        actor = ray.remote(HttpIngress).options(
+            name=INGRESS_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_restarts=-1,
+            max_concurrency=16, num_cpus=0, scheduling_strategy=where,
+        ).remote(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
+                 MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
+                 REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
+    try:
+        address = ray.get(actor.ready.remote())
+    except RayActorError as exc:
+        cause = getattr(exc, "cause", None) or exc
+        raise rc.InvalidConfig(f"the HTTP ingress did not start: {cause}") from None
+    if (host is not None and host != address[0]) or (port not in (None, 0) and port != address[1]):
+        raise rc.InvalidConfig(f"the HTTP ingress already runs on {address[0]}:{address[1]}, not "
+                               f"{host or address[0]}:{port if port is not None else address[1]} (one ingress per "
+                               f"cluster: leave port out to use it)")
+    if max_body_bytes is not None or request_timeout_s != "keep":
+        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s))
+    return actor, tuple(address)
+
+
+def expose(deployment: str, route_prefix: str | None = None, port: int | None = None,
+           host: str | None = None) -> str:
+    """Route ``route_prefix`` (default ``/<deployment>``) of the ingress (started if need be)
+    to ``deployment``; returns the route's URL."""
+    prefix = check_route_prefix(f"/{deployment}" if route_prefix is None else route_prefix)
+    actor, (h, p) = start_ingress(host, port)
+    try:
+        ray.get(actor.add_route.remote(prefix, deployment))
+    except RayTaskError as exc:
+        if isinstance(exc.cause, rc.RankcoreError):
+            raise exc.cause from None
+        raise
+    return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
+
+
+def ingress_address() -> tuple[str, int] | None:
+    """The running ingress's address, or None."""
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+    return tuple(ray.get(actor.ready.remote()))

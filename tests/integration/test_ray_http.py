@@ -1,0 +1,353 @@
+"""The HTTP ingress (issue 22) with a real HTTP client (httpx) on loopback: answers, the
+error statuses (404, 400, 413, 500 with the remote traceback, 503, 408), healthz and
+routes, progress as server-sent events, the status page and its JSON twin (and, where
+Chromium is installed, the page as a headless browser renders it), ``rankcore serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import ray
+
+from executors.ray_gpu import deployment, run
+from executors.ray_gpu.controller import NAMESPACE
+from executors.ray_gpu.ingress import INGRESS_NAME, args_of, expose, ingress_address, match_route
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+OPTS = {"num_cpus": 0.05}
+
+
+@deployment(name="adder", num_replicas=2, ray_actor_options=OPTS)
+class Adder:
+    def __call__(self, a=0, b=0):
+        return a + b
+
+    def echo(self, *args, **kwargs):
+        return {"args": list(args), "kwargs": kwargs}
+
+    def fail(self, what="boom"):
+        raise ValueError(f"application says {what}")
+
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+    def not_json(self):
+        return {1, 2}
+
+
+@deployment(name="gone", num_replicas=1, ray_actor_options=OPTS)
+class Gone:
+    def __call__(self):
+        return "here"
+
+
+@deployment(name="tight", num_replicas=1, max_ongoing_requests=1, max_queued_requests=1, ray_actor_options=OPTS)
+class Tight:
+    def __call__(self, seconds=1.0):
+        time.sleep(seconds)
+        return "slept"
+
+
+#: for ``rankcore serve tests.integration.test_ray_http:cli_app``
+cli_app = Gone.options(name="served").bind()
+
+
+@pytest.fixture(scope="module")
+def base():
+    """The ingress on a free loopback port with three deployments routed."""
+    run(Adder.bind(), route_prefix="/add", port=0)
+    run(Gone.bind(), http=True)  # default route: /gone
+    run(Tight.bind(), http=True)
+    host, port = ingress_address()
+    return f"http://{host}:{port}"
+
+
+@pytest.fixture()
+def client(base):
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        yield c
+
+
+def error_of(r: httpx.Response) -> dict:
+    body = r.json()
+    assert set(body) == {"error", "detail", "deployment"}, body
+    return body
+
+
+def configure(**limits) -> None:
+    ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).configure.remote(**limits))
+
+
+# ------------------------------------------------------------------ rules (no Ray needed, but quick)
+def test_args_of_maps_bodies_to_arguments():
+    assert args_of(b"") == ((), {})
+    assert args_of(b'{"args": [1, 2], "kwargs": {"x": 3}}') == ((1, 2), {"x": 3})
+    assert args_of(b'{"kwargs": {"x": 3}}') == ((), {"x": 3})
+    assert args_of(b"[1, 2]") == (([1, 2],), {})  # a bare value is the one argument
+    assert args_of(b'{"text": "hi"}') == (({"text": "hi"},), {})
+    assert args_of(b"7") == ((7,), {})
+
+
+def test_match_route_longest_prefix_and_methods():
+    routes = {"/": "root", "/a": "A", "/a/b": "AB"}
+    assert match_route(routes, "/a") == ("/a", "A", "__call__")
+    assert match_route(routes, "/a/echo") == ("/a", "A", "echo")
+    assert match_route(routes, "/a/b") == ("/a/b", "AB", "__call__")
+    assert match_route(routes, "/x") == ("/", "root", "x")
+    assert match_route(routes, "/a/_private") is None
+    assert match_route({"/a": "A"}, "/ab") is None
+
+
+# ------------------------------------------------------------------ answers
+def test_answers_json_in_and_out(client):
+    assert client.post("/add", json={"args": [2, 3]}).json() == 5
+    assert client.post("/add", json={"kwargs": {"a": 4, "b": 6}}).json() == 10
+    assert client.get("/add").json() == 0  # GET: no arguments
+    assert client.post("/add/echo", json={"x": [1]}).json() == {"args": [{"x": [1]}], "kwargs": {}}
+    assert client.get("/gone").json() == "here"
+    r = client.post("/add", json={"args": [1, 1]})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+
+
+def test_concurrent_requests_all_answered(base):
+    results: list = [None] * 40
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=base, timeout=30.0) as c:
+            results[i] = c.post("/add", json={"args": [i, 1]}).json()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(results))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [i + 1 for i in range(len(results))]
+
+
+# ------------------------------------------------------------------ errors
+def test_unknown_route_404(client):
+    r = client.get("/nowhere")
+    assert r.status_code == 404
+    body = error_of(r)
+    assert body["error"] == "not_found" and "/nowhere" in body["detail"] and "/add" in body["detail"]
+    assert client.post("/add/_private").status_code == 404
+
+
+def test_bad_json_400(client):
+    r = client.post("/add", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    body = error_of(r)
+    assert body["error"] == "bad_request" and body["deployment"] == "adder" and "not JSON" in body["detail"]
+    r = client.post("/add", json={"args": "not a list"})
+    assert r.status_code == 400 and "'args' must be a JSON array" in error_of(r)["detail"]
+
+
+def test_body_too_large_413(client):
+    big = b"[" + b"1," * (1 << 20) + b"1]"  # above the 1 MiB default, by Content-Length
+    r = client.post("/add", content=big)
+    assert r.status_code == 413 and error_of(r)["error"] == "body_too_large"
+    configure(max_body_bytes=1000)
+    try:
+        def chunks():  # no Content-Length: refused as it streams in
+            for _ in range(10):
+                yield b" " * 500
+
+        r = client.post("/add", content=chunks())
+        assert r.status_code == 413 and "max_body_bytes=1000" in error_of(r)["detail"]
+        assert client.post("/add", json={"args": [1, 2]}).json() == 3  # small bodies still pass
+    finally:
+        configure(max_body_bytes=1 << 20)
+
+
+def test_application_error_500_with_remote_traceback(client):
+    r = client.post("/add/fail", json="kaput")
+    assert r.status_code == 500
+    body = error_of(r)
+    assert body["error"] == "application_error" and body["deployment"] == "adder"
+    assert "ValueError" in body["detail"] and "application says kaput" in body["detail"]
+    assert re.search(r"test_ray_http.py\", line \d+, in fail\n", body["detail"])  # the replica's frame
+    assert "\x1b[" not in body["detail"]  # no terminal colours in JSON
+    assert client.post("/add", json={"args": [1, 2]}).json() == 3  # the replica still serves
+
+
+def test_unserialisable_result_500(client):
+    r = client.get("/add/not_json")
+    assert r.status_code == 500 and error_of(r)["error"] == "unserialisable_result"
+
+
+def test_timeout_408(client):
+    configure(request_timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        r = client.post("/add/nap", json=3)
+        assert r.status_code == 408, r.text
+        assert error_of(r)["error"] == "timeout" and time.monotonic() - t0 < 2.5
+    finally:
+        configure(request_timeout_s=60.0)
+
+
+def test_overloaded_503(base):
+    """max_queued_requests=1, max_ongoing_requests=1, one replica: of 4 calls at once, one runs,
+    one waits, the others are refused at once with 503 overloaded."""
+    answers: list = []
+
+    def one() -> None:
+        with httpx.Client(base_url=base, timeout=30.0) as c:
+            answers.append(c.post("/tight", json=1.5))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in answers)
+    assert codes.count(200) >= 1 and 503 in codes, [(r.status_code, r.text[:200]) for r in answers]
+    refused = [error_of(r) for r in answers if r.status_code == 503]
+    assert all(b["error"] == "overloaded" and b["deployment"] == "tight" for b in refused)
+
+
+def test_no_replica_503(client):
+    from executors.ray_gpu import get_deployment_handle
+
+    get_deployment_handle("gone").scale(0)
+    try:
+        t0 = time.monotonic()
+        r = client.get("/gone", timeout=90.0)
+        assert r.status_code == 503, r.text
+        assert error_of(r)["error"] == "unavailable"
+        waited = time.monotonic() - t0
+    finally:
+        get_deployment_handle("gone").scale(1)
+    assert client.get("/gone").json() == "here"
+    assert waited < 10, f"503 took {waited:.1f}s"
+
+
+# ------------------------------------------------------------------ the ingress's own pages
+def test_healthz_and_routes(client):
+    r = client.get("/-/healthz")
+    assert r.status_code == 200 and r.text == "ok"
+    assert client.get("/-/routes").json() == {"/add": "adder", "/gone": "gone", "/tight": "tight"}
+
+
+def test_route_prefix_rules(base):
+    import rankcore as rc
+
+    with pytest.raises(rc.InvalidConfig, match="already routes to deployment 'adder'"):
+        expose("gone", "/add")
+    with pytest.raises(rc.InvalidConfig, match="under '/-/'"):
+        expose("gone", "/-/mine")
+    _, port = ingress_address()
+    with pytest.raises(rc.InvalidConfig, match="already runs on"):
+        expose("gone", "/gone", port=port + 1 if port < 65535 else port - 1)
+
+
+# ------------------------------------------------------------------ progress (SSE)
+def events_of(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((fields["event"], json.loads(fields["data"])))
+    return out
+
+
+def test_progress_events_end_in_done(client):
+    r = client.post("/add/nap", json=0.5, headers={"accept": "text/event-stream"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = events_of(r.text)
+    names = [e for e, _ in events]
+    assert names[0] == "queued" and names[-1] == "done", names
+    assert events[-1][1] == {"result": 0.5}
+    assert set(names) <= {"queued", "loading", "dispatched", "running", "done"}
+    assert len(names) >= 3, names  # something between queued and done (dispatched / running)
+    by_query = events_of(client.post("/add?progress=1", json={"args": [1, 2]}).text)
+    assert by_query[0][0] == "queued" and by_query[-1] == ("done", {"result": 3})
+
+
+def test_progress_error_event(client):
+    events = events_of(client.post("/add/fail", json="late", headers={"accept": "text/event-stream"}).text)
+    name, data = events[-1]
+    assert name == "error" and data["status"] == 500 and "application says late" in data["detail"]
+
+
+# ------------------------------------------------------------------ status page
+def test_status_json_and_page(client):
+    s = client.get("/-/status.json").json()
+    deps = {d["name"]: d for d in s["deployments"]}
+    assert {"adder", "gone", "tight"} <= set(deps)
+    adder = deps["adder"]
+    assert adder["route"] == "/add" and adder["status"]["status"] == "HEALTHY"
+    ranks = sorted(r["rank"][0] for r in adder["status"]["replicas"].values())
+    assert ranks == [0, 1]
+    assert set(adder["pool"].values()) == {"serving"} and len(adder["pool"]) == 2
+    assert s["ingress"]["routes"]["/add"] == "adder" and s["errors"] == []
+    assert "tiers" in s and isinstance(s["faults"], list)
+    page = client.get("/-/status")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    html = page.text
+    assert "data-deployment='adder'" in html
+    for rid, r in adder["status"]["replicas"].items():
+        assert rid in html
+        assert re.search(rf"<td>{re.escape(rid)}</td><td class=rank>{r['rank'][0]}/", html), rid
+    # self-contained: no external scripts, styles or images; refreshes from its JSON twin
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", html)
+    assert "fetch(\"/-/status.json\"" in html and "setInterval(refresh" in html
+
+
+def test_status_page_in_headless_chromium(base):
+    """The page as a real browser runs it: the script fetched the JSON twin and rendered the
+    deployments and their ranks (``data-refreshes`` counts its renders)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no Chromium installed (apt-get install chromium); test_status_json_and_page checks the HTML")
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                          "--virtual-time-budget=5000", "--dump-dom", f"{base}/-/status"],
+                         capture_output=True, text=True, timeout=120)
+    dom = out.stdout
+    assert "</html>" in dom, out.stderr[-2000:]
+    refreshes = re.search(r'data-refreshes="(\d+)"', dom)
+    assert refreshes and int(refreshes.group(1)) >= 1, dom[:500]
+    assert re.search(r'<span id="updated" class="">updated \d', dom), re.findall(r"<span id=.updated.*?</span>", dom)
+    assert 'data-deployment="adder"' in dom  # rendered by the script (quotes normalised by the DOM)
+    assert re.search(r'<td class="rank">0/', dom) and re.search(r'<td class="rank">1/', dom)
+
+
+# ------------------------------------------------------------------ rankcore serve
+def test_rankcore_serve_command(base):
+    host, port = ingress_address()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "executors.cli", "serve", "tests.integration.test_ray_http:cli_app",
+                             "--address", ray.get_runtime_context().gcs_address, "--route-prefix", "/served"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        with httpx.Client(base_url=base, timeout=10.0) as c:
+            while time.monotonic() < deadline:
+                assert proc.poll() is None, proc.communicate()
+                if c.get("/-/routes").json().get("/served") == "served":
+                    break
+                time.sleep(0.5)
+            assert c.get("/served").json() == "here"
+        line = proc.stdout.readline()
+        assert f"http://{host}:{port}/served" in line, line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
