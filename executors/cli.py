@@ -2,8 +2,9 @@
 
 ``simulate`` runs a scenario file in the simulator (what-if sweeps with
 ``--set``), ``run`` runs one on a chosen executor, ``check-trace`` checks the
-invariants over a trace, ``diagram`` renders the replica lifecycle and
-``demo`` walks the bare core through its rules.
+invariants over a trace, ``diagram`` renders the replica lifecycle,
+``demo`` walks the bare core through its rules and ``serve`` serves an
+application over HTTP on Ray.
 """
 
 from __future__ import annotations
@@ -559,6 +560,84 @@ def check_trace(trace: Path) -> None:
         for v in report.violations[:20]:
             click.echo(f"violation: {v}", err=True)
         sys.exit(1)
+
+
+# --------------------------------------------------------------------- serve
+def _load_app(target: str) -> Any:
+    """``module:attr`` -> the application (a ``Deployment`` is bound with no arguments). The
+    module's classes travel to the replicas by value: they need not be importable there."""
+    import importlib
+
+    from ray import cloudpickle
+
+    from .ray_gpu.api import Application, Deployment
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.UsageError(f"expected MODULE:APP (e.g. my_models:app), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.UsageError(f"cannot import {module_name!r}: {exc}") from None
+    app = getattr(module, attr, None)
+    if isinstance(app, Deployment):
+        app = app.bind()
+    if not isinstance(app, Application):
+        raise click.UsageError(f"{target} is {type(app).__name__}, not an application (Model.bind(...)) or a "
+                               f"deployment")
+    cloudpickle.register_pickle_by_value(module)
+    return app
+
+
+@main.command()
+@click.argument("target", metavar="MODULE:APP")
+@click.option("--port", type=click.IntRange(0, 65535),
+              help="The ingress's port (default: the running ingress's, else 8000; 0: any free port).")
+@click.option("--host", help="The address to listen on (default 127.0.0.1; 0.0.0.0: every interface).")
+@click.option("--route-prefix", help="The route to the application's deployment (default /<deployment name>).")
+@click.option("--request-timeout-s", type=click.FloatRange(min=0, min_open=True),
+              help="Answer 408 to a request unanswered after this long (default 60).")
+@click.option("--max-body-bytes", type=click.IntRange(min=0), help="Answer 413 to a larger body (default 1 MiB).")
+@click.option("--address", help="Connect to this Ray cluster instead of starting a local one.")
+def serve(target: str, port: int | None, host: str | None, route_prefix: str | None, request_timeout_s: float | None,
+          max_body_bytes: int | None, address: str | None) -> None:
+    """Deploy MODULE:APP and serve it over HTTP until interrupted (docs/ray.md, "HTTP ingress")."""
+    import ray
+
+    import rankcore as rc
+
+    app = _load_app(target)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)
+    from .ray_gpu.api import run as ray_run
+    from .ray_gpu.ingress import expose, start_ingress
+
+    try:
+        start_ingress(host, port, max_body_bytes=max_body_bytes,
+                      request_timeout_s=request_timeout_s if request_timeout_s is not None else "keep")
+        ray_run(app)
+        url = expose(app.deployment.name, route_prefix, port, host)
+    except rc.RankcoreError as exc:
+        click.echo(f"error: {exc}", err=True)
+        ray.shutdown()
+        sys.exit(EXIT_BAD_INPUT)
+    base = url.split("/", 3)
+    click.echo(f"serving {app.deployment.name!r} at {url}  (status: {'/'.join(base[:3])}/-/status; Ctrl-C stops)",
+               err=False)
+    sys.stdout.flush()
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray.shutdown()  # a local cluster goes with it; on --address, the deployment and the ingress keep serving
 
 
 # ------------------------------------------------------------------- others
