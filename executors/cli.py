@@ -93,6 +93,8 @@ MEANINGS = (
     ("HOT replica", "HOT replica·s: replicas serving from their GPU, integrated"),
     ("wait to HOT", "wait to HOT: from a replica's StartReplica to its being ready (never HOT: stopped, "
                     "crashed or the run ended first; their wait until then counts too)"),
+    ("queue wait", "queue wait: a request's submit to its first dispatch; latency: submit to answer; "
+                   "lost: submitted minus ended minus waiting (0)"),
 )
 
 
@@ -138,7 +140,7 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
     """One run's summary. ``figures`` None: one table of the state columns and
     ``SUMMARY_FIGURES`` (readable at 100 columns); else a table per group of
     ``figures`` (the sweep's groups), the state columns in the first."""
-    from .sweep import FIGURES, GROUPS
+    from .sweep import FIGURES, GROUPS, TRAFFIC_GROUPS
 
     deps = result.metrics["deployments"]
     title = (f"{escape(result.scenario.name)}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
@@ -169,6 +171,17 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
             t.add_row(escape(name), *(_figure_cell(m, f) for f in tiers))
         out.append(t)
         groups.append(tiers)
+    for group in TRAFFIC_GROUPS if figures is None and any(m.get("requests") for m in deps.values()) else ():
+        cols = [f for f in FIGURES if f.group == group]  # the request queue (``traffic:``): counts, waits
+        t = Table(title=group)
+        t.add_column("deployment", overflow="fold")
+        cells = {name: [_figure_cell(m, f) for f in cols] for name, m in deps.items() if m.get("requests")}
+        for i, f in enumerate(cols):
+            t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
+        for name, row in cells.items():
+            t.add_row(escape(name), *row)
+        out.append(t)
+        groups.append(cols)
     out[-1].caption = legend([f.title for cols in groups for f in cols], more=figures is None)
     return out
 
@@ -263,7 +276,8 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
               help="A sweep: write each run's plot here (<variant>-seed<N>.png).")
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a full trace snapshot every N steps (default: when the deltas add up to one).")
 @click.option("--columns", metavar="NAMES",
-              help="The figures the tables show: groups (availability, recovery, ranks, contiguity, contiguity_s), "
+              help="The figures the tables show: groups (availability, recovery, ranks, contiguity, contiguity_s, "
+                   "tiers, requests, queue), "
                    "figure keys or 'all', comma-separated (default: one run, a short summary; a sweep, all groups "
                    "but contiguity_s).")
 @click.option("--wide", is_flag=True, help="Show every figure (--columns all): one table per group.")

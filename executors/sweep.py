@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "select_figures", "figure_value", "run_one",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "select_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
 
@@ -186,11 +186,21 @@ FIGURES: tuple[Figure, ...] = (
     Figure("wait_to_hot_s", "wait to HOT\nsum s", "tiers"),
     Figure("wait_to_hot_max", "wait to HOT\nmax s", "tiers"),
     Figure("never_hot", "never\nHOT", "tiers", count=True),
+    # the request queue (``traffic:``; executors/sim/traffic.py): what became of the requests, and waits
+    *(Figure(f"requests_{k}", title, "requests", count=True) for k, title in (
+        ("submitted", "requests"), ("answered", "answered"), ("app_errors", "app\nerrors"), ("retried", "retried"),
+        ("failed", "failed"), ("rejected_total", "rejected"), ("lost", "lost"))),
+    Figure("requests_max_queued", "max\nqueued", "queue", count=True),
+    *(Figure(f"requests_{k}", title, "queue", 3) for k, title in (
+        ("queue_wait_p50", "queue wait\np50 s"), ("queue_wait_p99", "queue wait\np99 s"),
+        ("latency_p50", "latency\np50 s"), ("latency_p99", "latency\np99 s"))),
 )
 #: column groups, each printed as a table of its own (so each stays narrow)
-GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers")
+GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue")
+#: the groups of the request queue (shown only for a scenario with ``traffic:``)
+TRAFFIC_GROUPS = ("requests", "queue")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV)
-DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
+DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity", *TRAFFIC_GROUPS)
 
 
 def select_figures(spec: str | None) -> list[Figure]:
@@ -221,6 +231,9 @@ def figure_value(d: dict, key: str) -> float | None:
         if key.startswith(prefix):
             v = (d.get(field) or {}).get(key[len(prefix):])
             return None if v is None else float(v)
+    if key.startswith("requests_"):  # the request queue's figures (``traffic:``)
+        v = (d.get("requests") or {}).get(key[len("requests_"):])
+        return None if v is None else float(v)
     if key.startswith("noncontig_s_"):  # seconds: the fraction of the observed time (after start-up)
         frac = (d.get("noncontiguous_fraction") or {}).get(key[len("noncontig_s_"):])
         return None if frac is None else frac * float(d.get("observed_seconds") or 0.0)
@@ -298,6 +311,8 @@ def tables(records: Sequence[RunRecord], name: str, figures: Sequence[Figure] | 
     rows = summarise(records)
     keys = list(rows[0]["variant"].keys()) if rows else []
     groups = [g for g in GROUPS if any(f.group == g for f in figures)]
+    if not any(r.metrics["deployments"].get(d, {}).get("requests") for r in records for d in r.metrics["deployments"]):
+        groups = [g for g in groups if g not in TRAFFIC_GROUPS] or groups  # (no traffic: no table of dashes)
     out = []
     for n, group in enumerate(groups):
         t = Table(title=f"what-if: {name}: {group}  [dim](mean, min-max over the seeds)[/dim]")
