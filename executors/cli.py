@@ -334,7 +334,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .sim import ScenarioError, load_scenario
-    from .sweep import InvalidVariant, run_sweep, select_figures, tables, to_csv, to_json
+    from .sweep import InvalidVariant, run_sweep, select_figures, tables, to_csv, to_json, traffic_figures
 
     try:
         figures = select_figures(columns)
@@ -380,6 +380,8 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         else:
             click.echo(text, nl=False)
     if fmt == "table" or output:
+        if columns is None:  # the default groups, and the request queue's when the runs had traffic
+            figures += traffic_figures(records)
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
         out[-1].caption = legend([f.title for f in figures])
         for table in out:

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "select_figures", "figure_value", "run_one",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "select_figures", "traffic_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
 
@@ -199,8 +199,9 @@ FIGURES: tuple[Figure, ...] = (
 GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``)
 TRAFFIC_GROUPS = ("requests", "queue")
-#: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV)
-DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity", *TRAFFIC_GROUPS)
+#: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
+#: ``TRAFFIC_GROUPS`` too when its runs had traffic (``traffic_figures``)
+DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
 
 
 def select_figures(spec: str | None) -> list[Figure]:
@@ -223,6 +224,13 @@ def select_figures(spec: str | None) -> list[Figure]:
                              f"or a figure ({', '.join(sorted(keys))})")
         chosen += [f for f in picked if f not in chosen]
     return chosen
+
+
+def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """The request queue's figures (``TRAFFIC_GROUPS``) if any run had traffic, else none."""
+    if any(m.get("requests") for r in records for m in r.metrics["deployments"].values()):
+        return [f for f in FIGURES if f.group in TRAFFIC_GROUPS]
+    return []
 
 
 def figure_value(d: dict, key: str) -> float | None:
@@ -311,8 +319,6 @@ def tables(records: Sequence[RunRecord], name: str, figures: Sequence[Figure] | 
     rows = summarise(records)
     keys = list(rows[0]["variant"].keys()) if rows else []
     groups = [g for g in GROUPS if any(f.group == g for f in figures)]
-    if not any(r.metrics["deployments"].get(d, {}).get("requests") for r in records for d in r.metrics["deployments"]):
-        groups = [g for g in groups if g not in TRAFFIC_GROUPS] or groups  # (no traffic: no table of dashes)
     out = []
     for n, group in enumerate(groups):
         t = Table(title=f"what-if: {name}: {group}  [dim](mean, min-max over the seeds)[/dim]")
