@@ -218,7 +218,9 @@ class SimTraffic:
         if r is None or r.epoch != epoch or r.hung:
             return
         st = self.machine.status(rid)
-        answer = st is not None and st.state in ("dispatched", "running") and st.replica_id == replica_id
+        if st is None:
+            return  # ended so long ago the machine forgot it (its answer would only be counted late)
+        answer = st.state in ("dispatched", "running") and st.replica_id == replica_id
         actions = self.machine.handle(_Completed(request_id=rid, ok=ok, replica_id=replica_id))
         if answer:
             req = self._requests.pop(rid)
