@@ -17,8 +17,9 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 * ``GET /-/healthz``, ``GET /-/routes``, and a status page ``GET /-/status``
   (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``).
 
-The route table lives in Ray's internal KV store (``rankcore/http_routes``), so
-a restarted ingress serves the same routes. The ingress decides nothing about
+The route table and the port bound live in Ray's internal KV store
+(``rankcore/http_routes``, ``rankcore/http_port``), so a restarted ingress
+serves the same routes at the same address. The ingress decides nothing about
 requests: it calls the public handle API (``get_deployment_handle``) and maps
 what comes back. docs/ray.md, "HTTP ingress".
 """
@@ -65,6 +66,7 @@ PROGRESS_POLL_S = 0.05
 RECENT_FAULTS = 20
 
 _KV_ROUTES = b"rankcore/http_routes"
+_KV_PORT = b"rankcore/http_port"  # the port bound last (a restarted ingress on port 0 binds it again)
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
 
@@ -559,14 +561,7 @@ class HttpIngress:
 
         _check_limits(max_body_bytes, request_timeout_s)
         self.state = _Ingress(_load_routes(), max_body_bytes, request_timeout_s)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            sock.close()
-            raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
-        sock.listen(2048)
+        sock = _listen(host, port)
         self.state.address = (host, sock.getsockname()[1])
 
         class Server(uvicorn.Server):
@@ -625,6 +620,32 @@ class HttpIngress:
         _check_limits(most, timeout)
         st.max_body_bytes, st.request_timeout_s = most, timeout
         return {"max_body_bytes": most, "request_timeout_s": timeout}
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket. Port 0 (any free port): the port an earlier incarnation of the
+    ingress bound, where it is free, so that a restarted ingress keeps its address."""
+    from ray.experimental import internal_kv
+
+    tries = [port]
+    if port == 0:
+        raw = internal_kv._internal_kv_get(_KV_PORT)
+        if raw:
+            tries.insert(0, int(raw))
+    for i, p in enumerate(tries):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, p))
+        except OSError as exc:
+            sock.close()
+            if i + 1 < len(tries):
+                continue
+            raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
+        sock.listen(2048)
+        internal_kv._internal_kv_put(_KV_PORT, str(sock.getsockname()[1]).encode(), overwrite=True)
+        return sock
+    raise AssertionError("unreachable")
 
 
 def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:

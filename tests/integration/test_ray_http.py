@@ -326,6 +326,27 @@ def test_status_page_in_headless_chromium(base):
     assert re.search(r'<td class="rank">0/', dom) and re.search(r'<td class="rank">1/', dom)
 
 
+def test_ingress_restarted_keeps_address_and_routes(base):
+    """Ray restarts a killed ingress (as Ray Serve's controller restarts its proxy): same port,
+    same routes, answering again."""
+    actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    routes = ray.get(actor.routes.remote())
+    ray.kill(actor, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with httpx.Client(base_url=base, timeout=5.0) as c:
+                if c.get("/-/healthz").status_code == 200:
+                    break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the ingress did not come back"
+        time.sleep(0.2)
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        assert c.get("/-/routes").json() == routes
+        assert c.post("/add", json={"args": [20, 22]}).json() == 42
+
+
 # ------------------------------------------------------------------ rankcore serve
 def test_rankcore_serve_command(base):
     host, port = ingress_address()
