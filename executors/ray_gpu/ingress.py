@@ -633,8 +633,11 @@ def _listen(host: str, port: int) -> socket.socket:
         if raw:
             tries.insert(0, int(raw))
     for i, p in enumerate(tries):
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
+        # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((host, p))
         except OSError as exc:

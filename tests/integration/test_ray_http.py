@@ -123,6 +123,18 @@ def test_answers_json_in_and_out(client):
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
 
 
+def test_keep_alive_answers_not_held_by_nagle(client):
+    """A keep-alive connection's answers come at once: with Nagle on, each one's body waited for
+    the client's delayed ACK (44 ms a request, measured; 0.5 ms without)."""
+    client.get("/-/routes")
+    took = []
+    for _ in range(21):
+        t0 = time.perf_counter()
+        assert client.get("/-/routes").status_code == 200
+        took.append(time.perf_counter() - t0)
+    assert sorted(took)[10] < 0.02, f"median {sorted(took)[10] * 1e3:.1f} ms"
+
+
 def test_concurrent_requests_all_answered(base):
     results: list = [None] * 40
 
