@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         deployment,
         get_controller,
         get_deployment_handle,
+        idempotent,
         run,
     )
     from .context import ReplicaContext, get_replica_context
@@ -30,14 +31,15 @@ if TYPE_CHECKING:
 
 __all__ = ["deployment", "run", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
-           "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights"]
+           "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights",
+           "idempotent"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
 #: worker imports ``executors.ray_gpu.replica`` and must not pay for the
 #: controller and the handle (~0.1-0.2 s of every replacement's start).
 _WHERE = {
     **dict.fromkeys(("Application", "Deployment", "DeploymentHandle", "DeploymentResponse", "ask", "deployment",
-                     "get_controller", "get_deployment_handle", "run"), "api"),
+                     "get_controller", "get_deployment_handle", "run", "idempotent"), "api"),
     **dict.fromkeys(("ReplicaContext", "get_replica_context"), "context"),
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "static"),
     **dict.fromkeys(("WeightsShare", "share_weights"), "shared_weights"),

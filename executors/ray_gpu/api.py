@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, overload
 
 import attrs
@@ -15,16 +18,18 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
+from rankcore.requests import Configure
 
 from .controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
 from .placement import actor_resources, static_actor_options
 from .placement import validate as validate_placement
+from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
            "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status", "book_memory",
-           "tiers_status"]
+           "tiers_status", "idempotent", "LONG_POLL_S", "LONG_POLL_RETRY_S"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
 #: an actor's options, its name, lifetime, restarts, concurrency and placement,
@@ -63,6 +68,10 @@ def validate_options(d: Deployment) -> None:
     m = d.max_ongoing_requests
     if type(m) is not int or m < 1:
         raise _bad(d.name, f"max_ongoing_requests must be >= 1 (an int), got {m!r}")
+    try:  # (the request machine's own record: one rule for both limits)
+        Configure(deployment="x", max_ongoing_requests=m, max_queued_requests=d.max_queued_requests)
+    except rc.InvalidConfig as exc:
+        raise _bad(d.name, str(exc).replace("Configure('x').", "")) from None
     _check_user_config(d.name, d.user_config)
     opts = d.ray_actor_options
     if not isinstance(opts, dict):
@@ -168,6 +177,8 @@ class Deployment:
     user_config: Any = attrs.field(default=None, eq=False)
     ray_actor_options: dict = attrs.field(factory=dict, eq=False)
     max_ongoing_requests: int = 5
+    #: past this many queued calls a new one is refused at once (``rankcore.Overloaded``, HTTP 503); -1: no limit
+    max_queued_requests: int = -1
     placement_group_bundles: Any = attrs.field(default=None, eq=False)
     placement_group_strategy: str = "PACK"
     replica_placement: str = _D.placement
@@ -229,7 +240,7 @@ class Application:
 
 @overload
 def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
-               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
+               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ..., max_queued_requests: int = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
@@ -237,7 +248,7 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = 
                **core_options: Any) -> Deployment: ...
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
-               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ...,
+               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ..., max_queued_requests: int = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
@@ -246,6 +257,7 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
+               max_queued_requests: int = -1,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
                replica_placement: str = _D.placement, max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
                static_placement: StaticPlacementConfig | None = None,
@@ -294,7 +306,8 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
             ray_actor_options if ray_actor_options is not None else {}
         return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
                           num_replicas=count, user_config=user_config, ray_actor_options=opts,
-                          max_ongoing_requests=max_ongoing_requests, placement_group_bundles=placement_group_bundles,
+                          max_ongoing_requests=max_ongoing_requests, max_queued_requests=max_queued_requests,
+                          placement_group_bundles=placement_group_bundles,
                           placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
                           max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
                           gang_placement=gang_placement, gang_failure=gang_failure, core_options=dict(core_options))
@@ -359,12 +372,45 @@ def ask(controller: Any, method: str, *args: Any, timeout: float = 60.0) -> Any:
             controller = get_controller()
 
 
-def run(app: Application, *, timeout: float = 120.0) -> DeploymentHandle:
-    """Deploy (or update in place) and wait until every replica serves."""
-    d = app.deployment
+def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = None, http: bool = False,
+        port: int | None = None) -> DeploymentHandle:
+    """Deploy (or update in place) and wait until every replica serves.
+
+    HTTP (``http=True``, or a ``route_prefix`` or ``port`` given): the ingress
+    (started if need be, ``port`` default 8000) routes ``route_prefix`` (default
+    ``/<name>``) to ``app``'s deployment (executors/ray_gpu/ingress.py).
+
+    Composition: a bound deployment among ``app``'s arguments
+    (``Ingress.bind(Model.bind())``) is deployed first, and the constructor
+    gets a ``DeploymentHandle`` to it in its place (calls between deployments
+    take the same request path). Two different deployments of one name in an
+    application are refused (``rankcore.InvalidConfig``)."""
     ctl = get_controller()
-    ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, app.args, app.kwargs,
-        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+    seen: dict[str, Deployment] = {}
+    _deploy(app, ctl, timeout, seen)
+    if http or route_prefix is not None or port is not None:
+        from .ingress import expose
+
+        expose(app.deployment.name, route_prefix, port)
+    return DeploymentHandle(app.deployment.name, ctl)
+
+
+def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployment]) -> DeploymentHandle:
+    d = app.deployment
+    if d.name in seen:
+        if seen[d.name] is not d:
+            raise rc.InvalidConfig(f"run(): two different deployments named {d.name!r} in one application")
+        return DeploymentHandle(d.name, ctl)
+    seen[d.name] = d
+
+    def inner(x: Any) -> Any:
+        return _deploy(x, ctl, timeout, seen) if isinstance(x, Application) else x
+
+    args = tuple(inner(a) for a in app.args)
+    kwargs = {k: inner(v) for k, v in app.kwargs.items()}
+    ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
+        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
+        d.max_queued_requests)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -470,150 +516,34 @@ def tiers_status() -> dict:
     return ask(get_controller(), "tiers_status")
 
 
-#: how long the controller holds a handle's long poll (``Controller.endpoints_after``)
-#: before answering "unchanged"; the handle then asks again (Ray Serve's is 30 s).
-#: Bounds how long a dropped handle's poll keeps a controller call open.
-LONG_POLL_S = 10.0
-#: after the controller failed a long poll (a restart), the handle asks again no
-#: sooner than this, routing to the replicas it knows meanwhile
-LONG_POLL_RETRY_S = 0.5
-
-
-class _Router:
-    """The serving replicas of one deployment, as a handle (and the handles
-    ``handle.method`` makes from it) knows them, with the calls it has in
-    flight on each. Kept current by a long poll on the controller (Ray Serve's
-    ``LongPollClient`` design): one call is always pending there and answers
-    as soon as the serving replicas change; the handle reads it, without
-    waiting, at its next call. A replica a call saw die is left out at once,
-    until the controller stops listing it too."""
-
-    def __init__(self, name: str, controller: Any) -> None:
-        self.name, self.controller = name, controller
-        self.endpoints: list = []  # (replica id, actor) of the serving replicas, less the dead
-        self.max = 1
-        self.known: tuple | None = None  # the replica ids of the controller's last answer (None: not asked yet)
-        self.dead: set[str] = set()
-        self.inflight: dict[str, list] = {}
-        self.poll: Any = None  # the pending long poll's future
-        self.retry_at = 0.0
-        self.turn = 0
-        self.polls = 0  # long-poll answers taken (tests)
-        #: every handle of this deployment in this process shares this router
-        #: (``router_for``), from any thread: its state changes under this lock
-        self.lock = threading.RLock()
-
-    def _take(self, endpoints: list, most: int) -> None:
-        ids = tuple(rid for rid, _ in endpoints)
-        self.known, self.max = ids, most
-        self.dead.intersection_update(ids)
-        self.endpoints = [(rid, actor) for rid, actor in endpoints if rid not in self.dead]
-
-    def refresh(self, force: bool = False) -> None:
-        """Take the long poll's answer if it came, and keep one pending. With
-        ``force``, or before the first answer, ask the controller and wait for
-        it (waiting out a restart). A failed poll (the controller restarting)
-        keeps the replicas known and is asked again after ``LONG_POLL_RETRY_S``."""
-        with self.lock:
-            self._refresh(force)
-
-    def _refresh(self, force: bool) -> None:
-        poll = self.poll
-        if poll is not None and poll.done():
-            self.poll = None
-            try:
-                self._take(*poll.result())
-                self.polls += 1
-            except Exception:
-                self.retry_at = time.monotonic() + LONG_POLL_RETRY_S
-        if force or self.known is None:
-            self._take(*ask(self.controller, "endpoints", self.name))
-        if self.poll is None and time.monotonic() >= self.retry_at:
-            self.poll = self.controller.endpoints_after.remote(self.name, self.known, LONG_POLL_S).future()
-
-    def died(self, rid: str, for_good: bool = True) -> None:
-        """A call saw replica ``rid`` die: route no call there again (one only
-        unreachable for now, ``ActorUnavailableError``: until the controller's
-        next answer)."""
-        with self.lock:
-            if for_good:
-                self.dead.add(rid)
-            self.endpoints = [(r, a) for r, a in self.endpoints if r != rid]
-            self.inflight.pop(rid, None)
-
-    def sent(self, rid: str, ref: Any) -> None:
-        """A call went to ``rid``: it counts there until it finishes."""
-        with self.lock:
-            self.inflight.setdefault(rid, []).append(ref)
-
-    def _settle(self) -> None:
-        """Forget the calls that have finished: one ``ray.wait`` over all in flight."""
-        refs = [r for rs in self.inflight.values() for r in rs]
-        if not refs:
-            return
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if done:
-            finished = set(done)
-            self.inflight = {rid: left for rid, rs in self.inflight.items()
-                             if (left := [r for r in rs if r not in finished])}
-
-    def _free(self) -> list:
-        return [(len(self.inflight.get(rid, ())), rid, actor) for rid, actor in self.endpoints
-                if len(self.inflight.get(rid, ())) < self.max]
-
-    def pick(self, timeout: float) -> tuple[str, Any]:
-        """The least loaded serving replica with room (rotating among equals).
-        The counts are brought up to date only when no replica is idle by
-        them: a count can only be too high, and an idle replica is idle."""
-        deadline = time.monotonic() + timeout
-        while True:
-            with self.lock:
-                self._refresh(False)
-                free = self._free()
-                if not free or min(x[0] for x in free) > 0:
-                    self._settle()
-                    free = self._free()
-                if free:
-                    least = min(x[0] for x in free)
-                    ties = sorted((x for x in free if x[0] == least), key=lambda x: x[1])
-                    self.turn += 1
-                    _, rid, actor = ties[self.turn % len(ties)]  # rotate among the least loaded
-                    return rid, actor
-                waiting = [r for refs in self.inflight.values() for r in refs]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no replica of {self.name!r} took the call within {timeout:g}s")
-            if waiting:
-                ray.wait(waiting, num_returns=1, timeout=0.1)
-            else:
-                time.sleep(0.05)
-                self.refresh(force=True)
-
-
-_ROUTERS: dict[tuple[str, str], _Router] = {}
+_ROUTERS: dict[tuple[str, str], Router] = {}
 _ROUTERS_LOCK = threading.Lock()
 
 
-def router_for(name: str, controller: Any) -> _Router:
+def router_for(name: str, controller: Any) -> Router:
     """The one router of deployment ``name`` under this controller in this
     process: every handle made for it (``get_deployment_handle``, an unpickled
-    handle) shares its replicas, counts and its one long poll, so a caller
-    making a handle per request does not leave a poll per handle open on the
-    controller (whose concurrency is bounded)."""
+    handle) shares its request machine, its replicas and its one long poll, so
+    a caller making a handle per request does not leave a poll per handle open
+    on the controller (whose concurrency is bounded)."""
     actor_id = getattr(controller, "_actor_id", None)
     key = (actor_id.hex() if actor_id is not None else str(id(controller)), name)
     with _ROUTERS_LOCK:
         router = _ROUTERS.get(key)
         if router is None:
-            router = _ROUTERS[key] = _Router(name, controller)
+            router = _ROUTERS[key] = Router(name, controller)
         return router
 
 
 class DeploymentHandle:
-    """Sends calls to replicas, at most ``max_ongoing_requests`` in flight each;
-    beyond that, calls wait. A call whose replica dies is retried elsewhere.
-    The handles ``handle.method`` makes share this one's replicas and counts."""
+    """Sends calls through the deployment's request path (``router.Router``: a
+    ``rankcore.requests.RequestMachine``): at most ``max_ongoing_requests`` in
+    flight per replica, queued beyond that up to ``max_queued_requests``
+    (``rankcore.Overloaded`` past it), a call whose replica died runs again
+    only if its method is ``@idempotent``. The handles ``handle.method`` makes
+    share this one's router."""
 
-    def __init__(self, name: str, controller: Any, method: str = "__call__", router: _Router | None = None) -> None:
+    def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None) -> None:
         self.name, self.controller, self.method = name, controller, method
         self._router = router if router is not None else router_for(name, controller)
 
@@ -623,17 +553,15 @@ class DeploymentHandle:
         return DeploymentHandle(self.name, self.controller, method, self._router)
 
     def __reduce__(self) -> tuple:
-        # sent to another process (a trainer actor, say): it routes on its own
+        # sent to another process (a trainer actor, an ingress deployment): it routes on its own
         return DeploymentHandle, (self.name, self.controller, self.method)
 
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
-        return self._submit(args, kwargs, attempts=3)
-
-    def _submit(self, args: tuple, kwargs: dict, attempts: int) -> DeploymentResponse:
-        rid, actor = self._router.pick(timeout=60.0)
-        ref = actor.handle_request.remote(self.method, args, kwargs)
-        self._router.sent(rid, ref)
-        return DeploymentResponse(self, rid, ref, args, kwargs, attempts)
+        """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
+        on as its result (the call waits for it, the caller does not)."""
+        if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
+            return DeploymentResponse.chained(self, args, kwargs)
+        return DeploymentResponse(self._router.submit(self.method, args, kwargs))
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
         """Scale in place (survivors keep running) and wait until healthy.
@@ -658,12 +586,17 @@ class DeploymentHandle:
             raise TimeoutError(f"deployment {self.name!r} not healthy after {timeout:g}s")
         self._router.refresh(force=True)
 
-    def broadcast(self, *args: Any, timeout: float | None = 60.0, **kwargs: Any) -> dict:
+    def broadcast(self, *args: Any, timeout: float | None = 60.0, wait: bool = True, **kwargs: Any) -> dict:
         """Call this handle's method on every serving replica at once (weights
         pushed to every inference replica, say): ``{replica_id: result}``. Not
-        counted against ``max_ongoing_requests``; an error in any raises."""
+        counted against ``max_ongoing_requests``; an error in any raises.
+        ``wait=False``: return at once, ``{replica_id: ObjectRef}`` (``ray.get`` them)."""
         self._router.refresh(force=True)
-        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in self._router.endpoints}
+        with self._router.lock:
+            actors = dict(self._router.actors)
+        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in actors.items()}
+        if not wait:
+            return refs
         values = ray.get(list(refs.values()), timeout=timeout)
         return dict(zip(refs, values))
 
@@ -681,27 +614,72 @@ class DeploymentHandle:
         ((rank, None, None) for a replica still waiting to be placed)."""
         return ask(self.controller, "ranks", self.name)
 
+    def counters(self) -> Any:
+        """This process's request counters for the deployment (``rankcore.requests.Counters``:
+        submitted, answered, retried, failed, rejected, ..., and ``lost``, always 0)."""
+        return self._router.counters()
 
-class ReplicaDiedError(RuntimeError):
-    """Every replica a call was sent to died before answering."""
+
+#: kept for code written against the old handle: what a call whose replica died raises now
+ReplicaDiedError = rc.ReplicaDied
 
 
 class DeploymentResponse:
-    def __init__(self, handle: DeploymentHandle, rid: str, ref: Any, args: tuple, kwargs: dict,
-                 attempts: int) -> None:
-        self.handle, self.rid, self.ref = handle, rid, ref
-        self.args, self.kwargs, self.attempts = args, kwargs, attempts
+    """A call under way: ``result(timeout)``, or ``await`` it (in async code); ``status()`` says where
+    it is (queued with its position, loading, dispatched, running, done); pass it to another call to
+    chain them without waiting."""
+
+    def __init__(self, call: Call | None, future: Future | None = None) -> None:
+        self.call = call
+        self.future: Future = call.future if call is not None else future  # type: ignore[assignment]
+
+    @classmethod
+    def chained(cls, handle: DeploymentHandle, args: tuple, kwargs: dict) -> DeploymentResponse:
+        """A call whose arguments hold responses: sent once they are in (on a thread: the caller does
+        not wait); its future follows the call's, or the first argument's error."""
+        out: Future = Future()
+        resp = cls(None, out)
+
+        def send() -> None:
+            try:
+                a = tuple(x.result() if isinstance(x, DeploymentResponse) else x for x in args)
+                kw = {k: (v.result() if isinstance(v, DeploymentResponse) else v) for k, v in kwargs.items()}
+                inner = handle._router.submit(handle.method, a, kw)
+            except BaseException as exc:
+                out.set_exception(exc)
+                return
+            resp.call = inner
+            inner.future.add_done_callback(lambda f: _copy_outcome(f, out))
+
+        threading.Thread(target=send, daemon=True).start()
+        return resp
 
     def result(self, timeout: float | None = None) -> Any:
-        """The call's result; the application's exception (with its remote
-        traceback) if it raised; a retry on another replica if this one died."""
+        """The call's result; the application's exception (with its remote traceback) if it raised;
+        a ``rankcore.RequestError`` if it ended without an answer (``Overloaded``, ``Unavailable``,
+        ``ReplicaDied`` naming the replica, ...); ``TimeoutError`` if none came within ``timeout``."""
         try:
-            return ray.get(self.ref, timeout=timeout)
-        except RayActorError as exc:
-            if self.attempts <= 1:
-                raise ReplicaDiedError(
-                    f"call to {self.handle.name!r}.{self.handle.method} failed: its replica {self.rid} died "
-                    f"and retries are used up ({exc.__class__.__name__})"
-                ) from exc
-            self.handle._router.died(self.rid, for_good=not isinstance(exc, ActorUnavailableError))
-            return self.handle._submit(self.args, self.kwargs, self.attempts - 1).result(timeout)
+            return self.future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"no answer within {timeout:g}s") from None
+
+    def __await__(self) -> Any:
+        return asyncio.wrap_future(self.future).__await__()
+
+    def status(self) -> Any:
+        """``rankcore.requests.RequestStatus`` (None before a chained call is sent)."""
+        return self.call.status() if self.call is not None else None
+
+    def cancel(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+
+
+def _copy_outcome(src: Future, dst: Future) -> None:
+    if dst.done():
+        return
+    exc = src.exception()
+    if exc is not None:
+        dst.set_exception(exc)
+    else:
+        dst.set_result(src.result())

@@ -77,9 +77,11 @@ class Controller:
         self.carrier = Carrier(self.ledger, self.watcher)
         self.ledger.driver.backend = self.carrier
         self.recovery = Recovery(self.ledger, self.watcher, self.carrier, self.recorder)
-        #: set (then dropped) at every step of the core: wakes the handles' long polls (``endpoints_after``)
-        self._stepped: asyncio.Event | None = None
-        self.ledger.driver.observers.append(self._wake_long_polls)
+        #: deployment -> how many of the core's pool commands named it (``pool_after``'s version, with the
+        #: controller's incarnation: a restarted controller's answers differ from the last one's)
+        self._pool_versions: dict[str, int] = {}
+        self._pool_changed: asyncio.Event | None = None
+        self.ledger.driver.observers.append(self._count_pool)
         self._spares_checked = time.monotonic()
         self._cluster_task: asyncio.Task | None = None
 
@@ -182,7 +184,8 @@ class Controller:
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
-                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None) -> None:
+                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None,
+                    max_queued_requests: int = -1) -> None:
         """Deploy or update ``name``. ``options``: the core's deployment options
         (``rankcore.options.OPTION_NAMES``: health checks, graceful shutdown,
         placement timeout, restart backoff; and ``start_timeout_s``), passed to
@@ -235,7 +238,8 @@ class Controller:
                 st.bundle_nodes(static.placement_group, set(self.ledger.nodes))))
         before = self.ledger.specs.get(name)
         self.ledger.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
-                            "max_ongoing_requests": max_ongoing_requests, "bundles": bundles,
+                            "max_ongoing_requests": max_ongoing_requests, "max_queued_requests": max_queued_requests,
+                            "bundles": bundles,
                             "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
         try:
             self.driver.feed(event, self.ledger.now())
@@ -245,6 +249,8 @@ class Controller:
             else:
                 self.ledger.specs[name] = before
             raise
+        self._pool_versions[name] = self._pool_versions.get(name, 0) + 1  # (its limits may have changed)
+        self._wake_pools()
         self._persist()
 
     async def _group_ready(self, name: str, static: st.StaticPlacementConfig, timeout: float = 60.0) -> None:
@@ -472,49 +478,65 @@ class Controller:
             await asyncio.sleep(0.05)
         return False
 
-    async def endpoints(self, name: str) -> tuple[list, int]:
-        """Serving replicas (id, actor handle) and max_ongoing_requests."""
-        await self._ready()
-        return self._serving(name)
+    def _count_pool(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """A step's pool commands (``Step.pool``): bump each named deployment's version, wake the
+        routers' long polls (``pool_after``)."""
+        if not result.pool:
+            return
+        for cmd in result.pool:
+            self._pool_versions[cmd.deployment] = self._pool_versions.get(cmd.deployment, 0) + 1
+        self._wake_pools()
 
-    async def endpoints_after(self, name: str, known: tuple, timeout: float) -> tuple[list, int]:
-        """A handle's long poll (Ray Serve's ``listen_for_change``): what
-        ``endpoints`` answers, as soon as the serving replicas' ids differ from
-        ``known`` (the handle's), or after ``timeout`` s unchanged. Looked at
-        again after every step of the core (a replica ready, crashed, stopped),
-        so a handle learns of a change in the step that made it."""
+    def _wake_pools(self) -> None:
+        changed, self._pool_changed = self._pool_changed, None
+        if changed is not None:
+            changed.set()
+
+    def _pool(self, name: str) -> dict:
+        """``name``'s pool as the core's pool commands made it (``Driver.pools``), with the actors of
+        its serving replicas and the request limits (what ``router.Router`` feeds its machine)."""
+        from .router import IDEMPOTENT_ATTR
+
+        members = self.driver.pools.members.get(name, {})
+        spec = self.ledger.specs.get(name, {})
+        serving, draining = [], []
+        for rid in sorted(members):
+            actor = self.ledger.actor(rid)
+            if members[rid] == "serving" and actor is not None:
+                serving.append((rid, actor))
+            else:
+                draining.append(rid)
+        cls = spec.get("cls")
+        idem = sorted(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)) if cls else []
+        return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
+                "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
+                "max_ongoing_requests": spec.get("max_ongoing_requests", 5),
+                "max_queued_requests": spec.get("max_queued_requests", -1), "idempotent": idem}
+
+    async def pool(self, name: str) -> dict:
+        """``name``'s request pool (``_pool``); an unknown deployment raises ``UnknownDeployment``."""
         await self._ready()
+        self._known(name)
+        return self._pool(name)
+
+    async def pool_after(self, name: str, version: Any, timeout: float) -> dict:
+        """A router's long poll (Ray Serve's ``listen_for_change``): ``pool(name)`` as soon as its
+        version differs from ``version`` (a pool command for ``name`` came out of a step, its limits
+        changed, or this is another controller), else after ``timeout`` s."""
+        await self._ready()
+        self._known(name)
         deadline = time.monotonic() + timeout
         while True:
-            serving = self._serving(name)
+            pool = self._pool(name)
             left = deadline - time.monotonic()
-            if left <= 0 or tuple(rid for rid, _ in serving[0]) != tuple(known):
-                return serving
-            if self._stepped is None:
-                self._stepped = asyncio.Event()
+            if left <= 0 or pool["version"] != version:
+                return pool
+            if self._pool_changed is None:
+                self._pool_changed = asyncio.Event()
             try:
-                await asyncio.wait_for(self._stepped.wait(), left)
+                await asyncio.wait_for(self._pool_changed.wait(), left)
             except asyncio.TimeoutError:
                 pass
-
-    def _wake_long_polls(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
-        if result.state.deployments is before.deployments:
-            return  # (a Tick, a passing health check: no replica changed, nobody serves anew)
-        stepped, self._stepped = self._stepped, None
-        if stepped is not None:
-            stepped.set()
-
-    def _serving(self, name: str) -> tuple[list, int]:
-        dep = self.driver.state.deployments.get(name)
-        if dep is None:
-            return [], 0
-        out = []
-        for rid, rep in sorted(dep.replicas.items()):
-            actor = self.ledger.actor(rid)
-            # serving: running, its weights on its device, holding the version pushed (docs/tiers.md)
-            if actor is not None and rc.is_serving(dep, rep):
-                out.append((rid, actor))
-        return out, self.ledger.specs[name]["max_ongoing_requests"]
 
     async def ranks(self, name: str) -> dict:
         await self._ready()

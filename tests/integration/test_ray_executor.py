@@ -373,19 +373,19 @@ def test_a_handle_learns_of_a_crash_and_its_replacement_from_the_controller_not_
     same-rank replacement once the controller serves it, and none fails."""
     import types
 
-    from executors.ray_gpu import api
+    from executors.ray_gpu import router
 
     h = run(Ids.bind())
     assert h.remote().result(timeout=30)  # the handle knows the 3 replicas
     frozen = time.monotonic()
-    monkeypatch.setattr(api, "time", types.SimpleNamespace(monotonic=lambda: frozen, sleep=time.sleep))
+    monkeypatch.setattr(router, "time", types.SimpleNamespace(monotonic=lambda: frozen, sleep=time.sleep))
     ranks = h.ranks()
     victim, (rank, _, _) = sorted(ranks.items())[1]
     ray.kill(ray.get_actor(f"ModelActor:ids:{victim}", namespace="rankcore"), no_restart=True)
     ctl = get_controller()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the controller's own view: the replacement serves
-        serving = [rid for rid, _ in ask(ctl, "endpoints", "ids")[0]]
+        serving = [rid for rid, _ in ask(ctl, "pool", "ids")["serving"]]
         if victim not in serving and len(serving) == 3:
             break
         time.sleep(0.05)
@@ -402,28 +402,30 @@ def test_a_handle_learns_of_a_crash_and_its_replacement_from_the_controller_not_
 
 
 def test_the_controllers_long_poll_answers_a_change_at_once_and_no_change_at_its_timeout():
-    """``endpoints_after(name, known, timeout)``: held while the serving ids are
-    ``known``; answered by the step that changes them (a crash, a downscale)."""
+    """``pool_after(name, version, timeout)``: held while the deployment's pool is at ``version``;
+    answered by the step whose pool commands change it (a crash, a downscale)."""
     run(Crashy.bind())
     ctl = get_controller()
 
     def ids(answer):
-        return tuple(rid for rid, _ in answer[0])
+        return tuple(rid for rid, _ in answer["serving"])
 
-    known = ids(ask(ctl, "endpoints", "crashy"))
+    first = ask(ctl, "pool", "crashy")
+    known = ids(first)
     t0 = time.monotonic()
-    assert ids(ask(ctl, "endpoints_after", "crashy", known, 0.5)) == known
+    assert ids(ask(ctl, "pool_after", "crashy", first["version"], 0.5)) == known
     assert time.monotonic() - t0 >= 0.5  # nothing changed: held until its timeout
-    pending = ctl.endpoints_after.remote("crashy", known, 600.0)
+    pending = ctl.pool_after.remote("crashy", first["version"], 600.0)
     victim = known[1]
     ray.kill(ray.get_actor(f"ModelActor:crashy:{victim}", namespace="rankcore"), no_restart=True)
-    after_crash = ids(ray.get(pending, timeout=60))  # answered by the crash, not its 600 s timeout
-    assert victim not in after_crash
+    after_crash = ray.get(pending, timeout=60)  # answered by the crash, not its 600 s timeout
+    assert victim not in ids(after_crash) and after_crash["version"] != first["version"]
     assert ask(ctl, "wait_healthy", "crashy", 60)
-    now = ids(ask(ctl, "endpoints", "crashy"))
-    pending = ctl.endpoints_after.remote("crashy", now, 600.0)
+    now = ask(ctl, "pool", "crashy")
+    pending = ctl.pool_after.remote("crashy", now["version"], 600.0)
     get_deployment_handle("crashy").scale(1)
-    assert len(ids(ray.get(pending, timeout=60))) < 3  # the downscale's step answered it
+    answer = ray.get(pending, timeout=60)  # the downscale's step answered it: two replicas draining
+    assert len(ids(answer)) == 1 and len(answer["draining"]) == 2
     assert ask(ctl, "state_errors") == []
     ask(ctl, "shutdown_replicas")
 

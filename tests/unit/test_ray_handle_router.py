@@ -1,36 +1,125 @@
-"""The handle's view of the serving replicas (``executors.ray_gpu.api._Router``),
-without a cluster: what a call that saw a replica die does to it, and how the
-controller's answers (its long poll) update it."""
+"""The handle's request path (``executors.ray_gpu.router.Router``: the request machine carried
+out), without a cluster: fake actors whose calls end when a test says, and pool answers as the
+controller's long poll gives them."""
 
 from __future__ import annotations
 
-from executors.ray_gpu.api import DeploymentHandle, _Router
+from concurrent.futures import Future
+
+import pytest
+from ray.exceptions import RayActorError
+
+import rankcore as rc
+from executors.ray_gpu.api import DeploymentHandle, DeploymentResponse
+from executors.ray_gpu.router import Router
 
 
-def router(*ids: str) -> _Router:
-    r = _Router("d", controller=None)
-    r._take([(rid, f"actor-{rid}") for rid in ids], 5)
+class _Ref:
+    def __init__(self) -> None:
+        self.f: Future = Future()
+
+    def future(self) -> Future:
+        return self.f
+
+
+class _Actor:
+    """A replica: each call is a pending ``_Ref`` the test ends."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid, self.calls = rid, []
+        self.handle_request = self
+
+    def remote(self, method: str, args: tuple, kwargs: dict) -> _Ref:
+        ref = _Ref()
+        self.calls.append((method, args, ref))
+        return ref
+
+
+def pool(actors: dict, draining=(), coming=True, ongoing=5, queued=-1, idempotent=(), version=1) -> dict:
+    return {"version": version, "serving": list(actors.items()), "draining": list(draining), "coming": coming,
+            "max_ongoing_requests": ongoing, "max_queued_requests": queued, "idempotent": list(idempotent)}
+
+
+def router(actors: dict, **kw) -> Router:
+    r = Router("d", controller=None)
+    r.refresh = lambda force=False: None  # (no controller: the test gives the pool)
+    with r.lock:
+        r._take(pool(actors, **kw))
     return r
 
 
-def test_a_replica_seen_dead_is_left_out_until_the_controller_stops_listing_it():
-    r = router("d#0", "d#1", "d#2")
-    r.inflight["d#1"] = ["ref"]
-    r.died("d#1")
-    assert [rid for rid, _ in r.endpoints] == ["d#0", "d#2"] and "d#1" not in r.inflight
-    r._take([("d#0", "a"), ("d#1", "b"), ("d#2", "c")], 5)  # the controller has not seen the death yet
-    assert [rid for rid, _ in r.endpoints] == ["d#0", "d#2"]
-    assert r.known == ("d#0", "d#1", "d#2")  # (what the next long poll compares with)
-    r._take([("d#0", "a"), ("d#2", "c"), ("d#3", "e")], 5)  # it has: d#3 replaces it
-    assert [rid for rid, _ in r.endpoints] == ["d#0", "d#2", "d#3"] and r.dead == set()
+def test_calls_go_to_the_least_loaded_replica_and_queue_past_max_ongoing_requests() -> None:
+    a, b = _Actor("d#0"), _Actor("d#1")
+    r = router({"d#0": a, "d#1": b}, ongoing=1)
+    c1, c2, c3 = (r.submit("__call__", (i,), {}) for i in range(3))
+    assert (len(a.calls), len(b.calls)) == (1, 1)
+    assert c3.status().state == "queued" and c3.status().position == 0
+    a.calls[0][2].f.set_result("one")
+    assert c1.future.result(1) == "one" and len(a.calls) == 2  # the freed slot took the queued call
+    b.calls[0][2].f.set_result("two")
+    a.calls[1][2].f.set_result("three")
+    assert (c2.future.result(1), c3.future.result(1)) == ("two", "three")
+    assert r.counters().answered == 3 and r.counters().lost == 0
 
 
-def test_a_replica_unreachable_for_now_comes_back_with_the_controllers_next_answer():
-    r = router("d#0", "d#1")
-    r.died("d#1", for_good=False)  # ActorUnavailableError: maybe alive
-    assert [rid for rid, _ in r.endpoints] == ["d#0"] and r.dead == set()
-    r._take([("d#0", "a"), ("d#1", "b")], 5)
-    assert [rid for rid, _ in r.endpoints] == ["d#0", "d#1"]
+def test_past_max_queued_requests_a_call_is_refused_at_once() -> None:
+    r = router({"d#0": _Actor("d#0")}, ongoing=1, queued=1)
+    r.submit("__call__", (), {})
+    r.submit("__call__", (), {})  # queued
+    third = DeploymentResponse(r.submit("__call__", (), {}))
+    with pytest.raises(rc.Overloaded) as err:
+        third.result(1)
+    assert err.value.status == 503 and err.value.deployment == "d"
+
+
+def test_with_none_serving_a_call_waits_while_replicas_come_and_fails_at_once_when_none_will() -> None:
+    r = router({}, coming=True)
+    waiting = r.submit("__call__", (), {})
+    assert waiting.status().state == "loading"
+    a = _Actor("d#0")
+    with r.lock:
+        r._take(pool({"d#0": a}, version=2))
+    a.calls[0][2].f.set_result("late but answered")
+    assert waiting.future.result(1) == "late but answered"
+    with r.lock:
+        r._take(pool({}, coming=False, version=3))
+    with pytest.raises(rc.Unavailable):
+        DeploymentResponse(r.submit("__call__", (), {})).result(1)
+
+
+def test_a_call_whose_replica_dies_runs_again_only_if_its_method_is_idempotent() -> None:
+    a, b = _Actor("d#0"), _Actor("d#1")
+    r = router({"d#0": a, "d#1": b}, ongoing=1, idempotent=("read",))
+    plain = r.submit("__call__", (), {})
+    read = r.submit("read", (), {})
+    dying, other = (a, b) if a.calls and a.calls[0][0] == "__call__" else (b, a)
+    dying.calls[0][2].f.set_exception(RayActorError())
+    with pytest.raises(rc.ReplicaDied, match=dying.rid) as err:
+        plain.future.result(1)
+    assert err.value.replica_id == dying.rid and err.value.status == 500
+    assert dying.rid in r.dead and dying.rid not in r.actors
+    other.calls[0][2].f.set_exception(RayActorError())  # the idempotent call's replica dies too: none left
+    assert not read.future.done()  # (queued again, waiting for a replica: both died, more are coming)
+    c = _Actor("d#2")
+    with r.lock:  # the controller has not seen the deaths yet: still lists them, and a new one
+        r._take(pool({"d#0": a, "d#1": b, "d#2": c}, version=2))
+    assert set(r.actors) == {"d#2"}  # left out until the controller stops listing them
+    assert c.calls[0][0] == "read"
+    c.calls[0][2].f.set_result("again")
+    assert read.future.result(1) == "again" and r.counters().retried == 1
+    with r.lock:
+        r._take(pool({"d#2": c}, version=3))
+    assert r.dead == set()
+
+
+def test_an_application_error_is_an_answer_the_caller_gets_not_a_retry() -> None:
+    a = _Actor("d#0")
+    r = router({"d#0": a}, idempotent=("__call__",))
+    call = r.submit("__call__", (), {})
+    a.calls[0][2].f.set_exception(ValueError("bad input"))
+    with pytest.raises(ValueError, match="bad input"):
+        call.future.result(1)
+    assert len(a.calls) == 1 and r.counters().app_errors == 1
 
 
 def test_every_handle_of_a_deployment_in_a_process_shares_one_router_and_pickles_without_it():
@@ -40,7 +129,7 @@ def test_every_handle_of_a_deployment_in_a_process_shares_one_router_and_pickles
 
     h = DeploymentHandle("d", controller=None)
     assert h.other._router is h._router and h.other.method == "other"
-    assert "_Router" not in repr(pickle.dumps(h.other))  # it travels without its router
+    assert "Router" not in repr(pickle.dumps(h.other))  # it travels without its router
     copy = pickle.loads(pickle.dumps(h.other))
     assert (copy.name, copy.method) == ("d", "other") and copy._router is h._router
     assert DeploymentHandle("d", controller=None)._router is h._router

@@ -1,0 +1,239 @@
+"""A handle's request path on Ray: ``rankcore.requests.RequestMachine`` carried out (issue 22).
+
+Every handle of a deployment in a process shares one ``Router``. The router
+decides nothing itself: its ``RequestMachine`` (pure, property-tested; docs/
+requests.md) queues, dispatches to the least loaded serving replica, holds
+at most ``max_ongoing_requests`` per replica, refuses at once past
+``max_queued_requests`` (``rankcore.Overloaded``), retries a started request
+whose replica died only when its method is idempotent (``@idempotent``),
+else fails it naming the replica (``rankcore.ReplicaDied``), and fails every
+waiting request at once when no replica serves and none is coming
+(``rankcore.Unavailable``). The router only:
+
+* feeds it the pool the control core pushed: the controller answers a long
+  poll (``pool_after``) with its ``Driver.pools``, the view the core's
+  ``PoolChanged`` / ``PoolComing`` / ``PoolReset`` commands made, as soon as a
+  pool command for the deployment comes out of a step; the router turns each
+  answer into a ``PoolReset`` (and a ``Configure`` when the limits changed);
+* carries out ``Dispatch`` (``actor.handle_request.remote``), ``Rejected`` and
+  ``Failed`` (the caller's future gets the typed error), ``CancelOnReplica``
+  (``ray.cancel``);
+* reports what happened: ``Completed`` when a call returns (``ok=False`` for
+  the application's exception: the caller gets it with its remote traceback),
+  and a replica a call saw die is gone for the machine at once (``PoolChanged``
+  gone, a fact the core confirms later); left out until the controller stops
+  listing it.
+
+Thread-safe: the machine is stepped under one lock, from callers' threads and
+from Ray's completion callbacks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
+
+import rankcore as rc
+from rankcore.requests import (
+    Cancel,
+    CancelOnReplica,
+    Completed,
+    Configure,
+    Dispatch,
+    Failed,
+    Rejected,
+    RequestMachine,
+    RequestStatus,
+    Submit,
+)
+
+__all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
+
+#: how long the controller holds a long poll with no change before answering anyway
+LONG_POLL_S = 10.0
+#: after a failed long poll (the controller restarting), ask again this much later
+LONG_POLL_RETRY_S = 0.5
+IDEMPOTENT_ATTR = "__rankcore_idempotent__"
+_ids = itertools.count()
+
+
+def idempotent(method: Any) -> Any:
+    """Mark a deployment's method idempotent: a call to it that a dying replica had started runs again
+    elsewhere (at most ``max_retries`` times). Off by default, as in Ray Serve."""
+    setattr(method, IDEMPOTENT_ATTR, True)
+    return method
+
+
+class Call:
+    """One request: what to send, and the future its end resolves (the result, or an exception)."""
+
+    __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router")
+
+    def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict) -> None:
+        self.router, self.request_id, self.method = router, request_id, method
+        self.args, self.kwargs = args, kwargs
+        self.future: Future = Future()
+        self.ref: Any = None
+        self.replica_id: str | None = None
+
+    def status(self) -> RequestStatus | None:
+        """Where the request is (``queued`` with its position, ``loading``, ``dispatched``, ...)."""
+        return self.router.status(self.request_id)
+
+    def cancel(self) -> None:
+        self.router.cancel(self.request_id)
+
+
+class Router:
+    """The request path of one deployment in this process (module docstring)."""
+
+    def __init__(self, name: str, controller: Any, idempotent_methods: frozenset[str] = frozenset()) -> None:
+        self.name, self.controller = name, controller
+        self.machine = RequestMachine()
+        self.lock = threading.RLock()
+        self.actors: dict[str, Any] = {}  # serving replica id -> actor handle, as the controller last said
+        self.dead: set[str] = set()  # replicas a call saw die, left out until the controller stops listing them
+        self.calls: dict[str, Call] = {}
+        self.limits: tuple[int, int] | None = None
+        self.version: Any = None  # the last pool answer's version (None: never asked)
+        self.idempotent = idempotent_methods
+        self.poll: Any = None
+        self.retry_at = 0.0
+        self.polls = 0  # long-poll answers taken (tests)
+        self._prefix = f"{name}:{id(self):x}:"
+
+    # ------------------------------------------------------------ the pool
+    def refresh(self, force: bool = False) -> None:
+        """Take the long poll's answer if it came, and keep one pending; with ``force``, or before
+        the first answer, ask the controller now (waiting out a restart)."""
+        with self.lock:
+            poll = self.poll
+            if poll is not None and poll.done():
+                self.poll = None
+                try:
+                    self._take(poll.result())
+                    self.polls += 1
+                except Exception:  # (the controller restarting): ask again soon, whoever calls or not
+                    self.retry_at = time.monotonic() + LONG_POLL_RETRY_S
+                    timer = threading.Timer(LONG_POLL_RETRY_S + 0.01, self.refresh)
+                    timer.daemon = True
+                    timer.start()
+            if force or self.version is None:
+                from .api import ask
+
+                self._take(ask(self.controller, "pool", self.name))
+            if self.poll is None and time.monotonic() >= self.retry_at:
+                self.poll = self.controller.pool_after.remote(self.name, self.version, LONG_POLL_S).future()
+                self.poll.add_done_callback(lambda _f: self._later(self.refresh))
+
+    def _later(self, fn: Any) -> None:
+        threading.Thread(target=fn, daemon=True).start()  # (not on Ray's callback thread: refresh may block)
+
+    def _take(self, pool: dict) -> None:
+        """A pool answer: ``{"version", "serving": [(rid, actor)], "draining": [rid], "coming",
+        "max_ongoing_requests", "max_queued_requests", "idempotent"}``."""
+        self.version = pool["version"]
+        serving = [(rid, actor) for rid, actor in pool["serving"]]
+        self.dead.intersection_update(rid for rid, _ in serving)
+        self.actors = {rid: actor for rid, actor in serving if rid not in self.dead}
+        self.idempotent = frozenset(pool.get("idempotent", ()))
+        out: list = []
+        limits = (pool["max_ongoing_requests"], pool["max_queued_requests"])
+        if limits != self.limits:
+            self.limits = limits
+            out += self.machine.handle(Configure(deployment=self.name, max_ongoing_requests=limits[0],
+                                                 max_queued_requests=limits[1]))
+        out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
+                                                draining=tuple(pool["draining"]), coming=bool(pool["coming"])))
+        self._carry(out)
+
+    # ------------------------------------------------------------ requests
+    def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False) -> Call:
+        """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer."""
+        self.refresh()
+        with self.lock:
+            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs)
+            self.calls[call.request_id] = call
+            self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
+                                                   idempotent=method in self.idempotent, stream=stream)))
+            return call
+
+    def cancel(self, request_id: str) -> None:
+        with self.lock:
+            if request_id in self.calls:
+                self._carry(self.machine.handle(Cancel(request_id=request_id)))
+
+    def status(self, request_id: str) -> RequestStatus | None:
+        with self.lock:
+            return self.machine.status(request_id)
+
+    def counters(self) -> Any:
+        with self.lock:
+            return self.machine.counters(self.name) if self.limits is not None else None
+
+    def _carry(self, actions: list) -> None:
+        """Carry out the machine's actions (under the lock)."""
+        for a in actions:
+            kind = type(a)
+            if kind is Dispatch:
+                call = self.calls[a.request_id]
+                actor = self.actors[a.replica_id]
+                call.replica_id = a.replica_id
+                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs)
+                rid, req = a.replica_id, a.request_id
+                ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
+            elif kind is Rejected or kind is Failed:
+                ended = self.calls.pop(a.request_id, None)
+                if ended is not None and not ended.future.done():
+                    ended.future.set_exception(self._error(a))
+            elif kind is CancelOnReplica:
+                held = self.calls.pop(a.request_id, None)
+                if held is not None and held.ref is not None:
+                    ray.cancel(held.ref)
+                    if not held.future.done():
+                        held.future.set_exception(rc.RequestCancelled(
+                            f"call to {self.name!r} cancelled on replica {a.replica_id}", deployment=self.name,
+                            request_id=a.request_id, replica_id=a.replica_id))
+
+    def _error(self, a: Rejected | Failed) -> Exception:
+        if a.reason == "unknown_deployment":
+            return rc.UnknownDeployment(f"unknown deployment {self.name!r}")
+        cls = rc.REQUEST_ERRORS.get(a.reason, rc.RequestError)
+        replica = getattr(a, "replica_id", None)
+        where = f" on replica {replica}" if replica else ""
+        return cls(f"call to {self.name!r}{where}: {a.reason}: {a.detail}", deployment=self.name,
+                   request_id=a.request_id, replica_id=replica)
+
+    def _done(self, request_id: str, replica_id: str, fut: Future) -> None:
+        """A call's ObjectRef resolved (on Ray's thread): report it to the machine, carry out what follows."""
+        try:
+            value, exc = fut.result(), None
+        except BaseException as e:  # (sorted below)
+            value, exc = None, e
+        with self.lock:
+            call = self.calls.get(request_id)
+            if isinstance(exc, (RayActorError, ActorUnavailableError)) and not isinstance(exc, TaskCancelledError):
+                # the replica is gone for this call: for the machine at once (requeue or retry or fail)
+                if not isinstance(exc, ActorUnavailableError):
+                    self.dead.add(replica_id)
+                self.actors.pop(replica_id, None)
+                self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=replica_id,
+                                                               membership="gone")))
+                return
+            actions = self.machine.handle(Completed(request_id=request_id, ok=exc is None, replica_id=replica_id))
+            st = self.machine.status(request_id)
+            answered = st is not None and (st.state == "done" or st.reason == "app_error")
+            if call is not None and answered and call.replica_id == replica_id:  # (else a late answer)
+                self.calls.pop(request_id, None)
+                if not call.future.done():
+                    if exc is None:
+                        call.future.set_result(value)
+                    else:
+                        call.future.set_exception(exc)
+            self._carry(actions)

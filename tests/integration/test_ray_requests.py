@@ -1,0 +1,128 @@
+"""The request path on Ray (issue 22): handles route through ``rankcore.requests.RequestMachine``
+fed by the pool the core pushes. Composition (a deployment's constructor gets a handle to another,
+both deployed by one ``run``), awaiting and chaining responses, back-pressure, and a replica killed
+under load: nothing lost, idempotent calls retried, the others failed naming the replica."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+
+import rankcore as rc
+from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
+from executors.ray_gpu.api import DeploymentHandle, ask
+from executors.ray_gpu.controller import NAMESPACE, actor_name
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    yield
+    ask(get_controller(), "reset")
+
+
+class Model:
+    def __call__(self, x: int) -> tuple:
+        ctx = get_replica_context()
+        return x * 2, ctx.rank.rank, ctx.world_size
+
+    def double(self, x: int) -> int:
+        return x * 2
+
+    def slow(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return get_replica_context().replica_id
+
+    @idempotent
+    def slow_read(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return get_replica_context().replica_id
+
+
+class Ingress:
+    def __init__(self, model: DeploymentHandle) -> None:
+        self.model = model
+
+    async def __call__(self, x: int) -> dict:
+        doubled, model_rank, model_world = await self.model.remote(x)
+        ctx = get_replica_context()
+        return {"doubled": doubled, "model_rank": model_rank, "model_world": model_world,
+                "ingress_rank": ctx.rank.rank, "ingress_world": ctx.world_size,
+                "handle_type": type(self.model).__name__}
+
+
+def test_composition_deploys_both_and_ranks_are_independent_per_deployment():
+    """Ray Serve's test_multiple_deployments_independent_ranks, with composition."""
+    model = deployment(Model, name="model", num_replicas=3, ray_actor_options=OPTS)
+    ingress = deployment(Ingress, name="ingress", num_replicas=2, ray_actor_options=OPTS)
+    h = run(ingress.bind(model.bind()), timeout=120)
+    ctl = get_controller()
+    assert sorted(r[0] for r in ask(ctl, "ranks", "model").values()) == [0, 1, 2]
+    assert sorted(r[0] for r in ask(ctl, "ranks", "ingress").values()) == [0, 1]
+    answers = [h.remote(i).result(timeout=60) for i in range(12)]
+    assert [a["doubled"] for a in answers] == [2 * i for i in range(12)]
+    assert {a["handle_type"] for a in answers} == {"DeploymentHandle"}
+    assert {a["model_world"] for a in answers} == {3} and {a["ingress_world"] for a in answers} == {2}
+    assert {a["model_rank"] for a in answers} <= {0, 1, 2} and {a["ingress_rank"] for a in answers} <= {0, 1}
+
+
+def test_a_response_is_awaitable_and_chainable_without_waiting():
+    h = run(deployment(Model, name="chain", num_replicas=2, ray_actor_options=OPTS).bind())
+
+    async def both() -> tuple:
+        return await h.remote(5), await asyncio.gather(h.remote(1), h.remote(2))
+
+    first, many = asyncio.run(both())
+    assert first[0] == 10 and [m[0] for m in many] == [2, 4]
+    t0 = time.monotonic()
+    inner = h.slow.remote(1.0)
+    outer = h.double.remote(h.double.remote(3))  # 3 -> 6 -> 12: passed on as a result
+    chained = h.slow.remote(inner)  # returns at once although ``inner`` takes a second
+    assert time.monotonic() - t0 < 0.5
+    assert outer.result(timeout=30) == 12
+    with pytest.raises(Exception):  # slow(replica_id) is not a number: the application's error
+        chained.result(timeout=30)
+
+
+def test_past_max_queued_requests_a_call_is_refused_at_once_with_a_typed_error():
+    h = run(deployment(Model, name="tight", num_replicas=1, max_ongoing_requests=1, max_queued_requests=1,
+                   ray_actor_options=OPTS).bind())
+    running = h.slow.remote(2.0)
+    queued = h.slow.remote(0.0)
+    t0 = time.monotonic()
+    with pytest.raises(rc.Overloaded) as err:
+        h.slow.remote(0.0).result(timeout=30)
+    assert time.monotonic() - t0 < 1.0 and err.value.status == 503
+    assert running.result(timeout=30) == queued.result(timeout=30)  # both on the one replica
+    assert h.counters().rejected.get("overloaded") == 1 and h.counters().lost == 0
+
+
+def test_a_replica_killed_under_load_loses_nothing():
+    """Calls in flight on a killed replica: idempotent ones run again elsewhere, the others fail
+    naming the replica; queued calls are served by the others; every call ends."""
+    h = run(deployment(Model, name="load", num_replicas=3, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
+    victim = sorted(h.ranks())[0]
+    calls = []  # interleaved, so each replica holds one of each kind (least loaded, ties in turn)
+    for _ in range(6):
+        calls.append(("read", h.slow_read.remote(1.5)))
+        calls.append(("plain", h.slow.remote(1.5)))
+    time.sleep(0.5)  # (6 slots taken, 6 calls queued)
+    ray.kill(ray.get_actor(actor_name("load", victim), namespace=NAMESPACE), no_restart=True)
+    outcomes: list = []
+    for kind, resp in calls:
+        try:
+            outcomes.append((kind, "ok", resp.result(timeout=60)))
+        except rc.ReplicaDied as exc:
+            outcomes.append((kind, "died", exc.replica_id))
+    died = [o for o in outcomes if o[1] == "died"]
+    assert len(outcomes) == 12
+    assert died and all(kind == "plain" and rid == victim for kind, _, rid in died)  # named, not retried
+    assert all(o[1] == "ok" for o in outcomes if o[0] == "read")  # idempotent: retried, answered
+    assert all(o[2] != victim for o in outcomes if o[1] == "ok")
+    c = h.counters()
+    assert c.lost == 0 and c.failed == len(died) and c.answered == 12 - len(died) and c.retried >= 1
