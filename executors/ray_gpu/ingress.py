@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import inspect
 import json
 import re
 import socket
@@ -185,9 +186,17 @@ def _handle(name: str, method: str) -> Any:
 
 
 async def _result(pool: ThreadPoolExecutor, response: Any, timeout: float | None) -> Any:
-    """The one place that waits for a response: on a call thread until the handle's response
-    is awaitable (then ``await response``)."""
-    return await asyncio.get_running_loop().run_in_executor(pool, response.result, timeout)
+    """The one place that waits for a response: awaited where the handle's response is
+    awaitable, else ``response.result`` on a call thread. A timeout leaves the response
+    itself alone (``call`` cancels it through the handle, which owns it)."""
+    if not inspect.isawaitable(response):
+        return await asyncio.get_running_loop().run_in_executor(pool, response.result, timeout)
+    task = asyncio.ensure_future(response)
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: no warning if dropped)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        raise TimeoutError(f"no answer within {timeout:g}s")
+    return task.result()
 
 
 def _progress(response: Any) -> dict | None:
