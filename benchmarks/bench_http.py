@@ -1,0 +1,459 @@
+"""Benchmark rankcore's HTTP ingress and handle against Ray Serve's HTTP proxy and handle, same run.
+
+What it measures
+----------------
+Both systems serve the same trivial model, ``--replicas`` replicas (default 2)
+of ``num_cpus=0.1`` with their default ``max_ongoing_requests`` (5) and
+``max_queued_requests`` (-1, no limit): an ``async def __call__`` that returns
+its input (JSON in, JSON out; Serve's gets a starlette ``Request`` over HTTP
+and returns ``await request.json()``). Each system runs in its own child
+process with its own fresh local Ray (``ray.init(address="local",
+num_cpus=--num-cpus)``, same Ray: the one in this virtualenv), one after the
+other, never both at once:
+
+* ours: ``run(app, route_prefix="/bench", port=0)`` (the ``rankcore-http``
+  ingress actor on a free port, executors/ray_gpu/ingress.py) and the handle
+  ``run`` returns;
+* Ray Serve: ``serve.start(http_options={"host": "127.0.0.1", "port": <free>})``
+  and ``serve.run(app, route_prefix="/bench")`` (its HTTP proxy actor) and the
+  ``DeploymentHandle`` ``serve.run`` returns.
+
+Then, per path (``http``, ``handle``) and per level of concurrent clients
+(``--clients``, default 1,16,64): ``--warmup`` seconds (default 1) untimed,
+then ``--seconds`` (default 5) during which every client sends its next
+request as soon as its last one is answered (closed loop). Reported: answers
+per second over the window, p50 / p99 / max latency of the answers in the
+window, errors (non-200 answers, exceptions, or an answer that is not the
+request's own body).
+
+Clients: one asyncio loop in the child (the driver process), one task per
+client. HTTP: each client its own ``httpx.AsyncClient`` with one keep-alive
+connection (``max_connections=1``), ``POST <url>/bench`` with a JSON body
+``{"client": c, "seq": i, "text": "hello"}``. Handle: ``await
+handle.remote(body)`` from each task, for both systems. The load generator
+shares the machine (and on a small machine, its cores) with the server: its
+own CPU time is part of what limits the high levels, equally for both.
+
+Then the goal from issue 22 is judged per path and level: ours' throughput
+>= Serve's and ours' p99 <= Serve's; MET only if both hold.
+
+Method
+------
+* ``time.perf_counter`` around each request, from before the send to the
+  parsed answer.
+* Bounded: every request has a ``--request-timeout`` (default 30 s); a child
+  stops starting new levels past ``--budget`` seconds (default 300) and is
+  killed 120 s after that. Ray is shut down (``serve.shutdown()`` first for
+  Serve) in every case. ``RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled``.
+* Timings on a shared or small machine are noisy: compare the ratios within
+  one run, and re-run on a quiet machine before drawing conclusions.
+
+How to run
+----------
+    .venv/bin/python benchmarks/bench_http.py                     # 2 replicas, 1/16/64 clients, 5 s each
+    .venv/bin/python benchmarks/bench_http.py --seconds 3 --clients 1,16 --json out.json
+    .venv/bin/python benchmarks/bench_http.py --only ours --paths http
+
+Needs the ``bench`` extra (Ray Serve) and the ``http`` extra (starlette,
+uvicorn, httpx). Progress goes to stderr; the table (and ``--json`` file) is
+the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEP = "bench"  # deployment name (and Serve application name)
+ROUTE = "/bench"
+ACTOR_OPTIONS = {"num_cpus": 0.1}
+# Published Ray Serve figures (orientation only): HTTP p50 2.2 ms, p99 4.7 ms (2025).
+PUBLISHED_SERVE = {"http_p50_ms": 2.2, "http_p99_ms": 4.7}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[bench_http {time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------- models
+class OursEcho:
+    """Returns its input: over HTTP the ingress passes the JSON body as the one argument."""
+
+    async def __call__(self, x: Any = None) -> Any:
+        return x
+
+
+class ServeEcho:
+    """Returns its input: over HTTP Serve passes a starlette Request (JSON body), by handle the value."""
+
+    async def __call__(self, x: Any = None) -> Any:
+        from starlette.requests import Request
+
+        if isinstance(x, Request):
+            return await x.json()
+        return x
+
+
+# ------------------------------------------------------------------- systems
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Ours:
+    name = "ours"
+
+    def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
+        from executors.ray_gpu import deployment, run
+        from executors.ray_gpu.ingress import ingress_address
+
+        d = deployment(OursEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
+        handle = run(d.bind(), route_prefix=ROUTE, port=0, timeout=timeout)
+        address = ingress_address()
+        assert address is not None, "the ingress did not start"
+        return handle, f"http://{address[0]}:{address[1]}{ROUTE}"
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                from executors.ray_gpu import get_controller
+
+                ray.get(get_controller().shutdown_replicas.remote(30.0), timeout=60)
+        except Exception as exc:  # best effort: ray.shutdown() below ends everything anyway
+            log(f"ours: shutdown_replicas failed: {exc!r}")
+        finally:
+            ray.shutdown()
+
+
+class Serve:
+    name = "serve"
+
+    def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
+        from ray import serve
+
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        d = serve.deployment(ServeEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
+        handle = serve.run(d.bind(), name=DEP, route_prefix=ROUTE)
+        return handle, f"http://127.0.0.1:{port}{ROUTE}"
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                from ray import serve
+
+                serve.shutdown()
+        except Exception as exc:
+            log(f"serve: serve.shutdown() failed: {exc!r}")
+        finally:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------- measuring
+def _body(client: int, seq: int) -> dict:
+    return {"client": client, "seq": seq, "text": "hello"}
+
+
+def summarise(latencies: list[float], answers: int, errors: int, window: float, clients: int,
+              first_errors: list[str]) -> dict:
+    lat = sorted(latencies)
+
+    def pct(q: float) -> float | None:
+        if not lat:
+            return None
+        return 1000.0 * lat[min(len(lat) - 1, max(0, round(q * len(lat)) - 1))]
+
+    return {"clients": clients, "answers": answers, "errors": errors, "seconds": window,
+            "rps": answers / window if window > 0 else None, "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": 1000.0 * lat[-1] if lat else None,
+            "mean_ms": 1000.0 * statistics.fmean(lat) if lat else None, "first_errors": first_errors}
+
+
+async def load(send: Any, clients: int, warmup: float, seconds: float) -> dict:
+    """``clients`` closed-loop clients; ``send(client_index, seq) -> bool`` (answer correct) raises on an error.
+    Counts what ends inside the window [warm-up end, warm-up end + seconds]."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    w0, w1 = start + warmup, start + warmup + seconds
+    latencies: list[float] = []
+    counts = {"answers": 0, "errors": 0}
+    first_errors: list[str] = []
+
+    async def client(c: int) -> None:
+        seq = 0
+        while True:
+            t0 = time.perf_counter()
+            if loop.time() >= w1:
+                return
+            try:
+                ok = await send(c, seq)
+                err = None if ok else "wrong answer"
+            except Exception as exc:
+                err = f"{type(exc).__name__}: {exc}"[:300]
+            dt = time.perf_counter() - t0
+            now = loop.time()
+            if w0 <= now <= w1:
+                if err is None:
+                    counts["answers"] += 1
+                    latencies.append(dt)
+                else:
+                    counts["errors"] += 1
+                    if len(first_errors) < 3:
+                        first_errors.append(err)
+            seq += 1
+
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return summarise(latencies, counts["answers"], counts["errors"], seconds, clients, first_errors)
+
+
+async def http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    pool = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(clients)]
+
+    async def send(c: int, seq: int) -> bool:
+        body = _body(c, seq)
+        r = await pool[c].post(url, json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+        return bool(r.json() == body)
+
+    try:
+        return await load(send, clients, warmup, seconds)
+    finally:
+        await asyncio.gather(*(p.aclose() for p in pool))
+
+
+async def handle_level(handle: Any, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+    async def send(c: int, seq: int) -> bool:
+        body = _body(c, seq)
+        return bool(await asyncio.wait_for(_awaitable(handle.remote(body)), timeout) == body)
+
+    return await load(send, clients, warmup, seconds)
+
+
+async def _awaitable(response: Any) -> Any:
+    return await response
+
+
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    import ray
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "levels": {}, "errors": []}
+    system: Any = Ours() if system_name == "ours" else Serve()
+    deadline = time.perf_counter() + args.budget
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    try:
+        log(f"{system_name}: deploying {args.replicas} replicas with an HTTP route")
+        t0 = time.perf_counter()
+        handle, url = system.deploy(args.replicas, args.request_timeout * 4)
+        res["deploy_s"] = time.perf_counter() - t0
+        res["url"] = url
+        log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
+        for path in args.paths:
+            for clients in args.clients:
+                if time.perf_counter() > deadline:
+                    res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
+                    continue
+                if path == "http":
+                    coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout)
+                else:
+                    coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout)
+                got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
+                res["levels"][f"{path}/{clients}"] = got
+                log(f"{system_name}: {path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  "
+                    f"p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}")
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
+        log(f"{system_name}: ERROR {exc!r}")
+    finally:
+        system.shutdown()
+    return res
+
+
+# ----------------------------------------------------------------- reporting
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def judge(results: dict, args: argparse.Namespace) -> list[dict]:
+    ours, serve = results.get("ours", {}).get("levels", {}), results.get("serve", {}).get("levels", {})
+    rows = []
+    for path in args.paths:
+        for clients in args.clients:
+            key = f"{path}/{clients}"
+            a, b = ours.get(key), serve.get(key)
+            row: dict[str, Any] = {"path": path, "clients": clients, "ours": a, "serve": b,
+                                   "rps_ratio": None, "p99_ratio": None, "verdict": "n/a"}
+            if a and b and a["rps"] and b["rps"] and a["p99_ms"] and b["p99_ms"]:
+                row["rps_ratio"] = a["rps"] / b["rps"]
+                row["p99_ratio"] = a["p99_ms"] / b["p99_ms"]
+                clean = not a["errors"] and not b["errors"]
+                row["verdict"] = ("MET" if a["rps"] >= b["rps"] and a["p99_ms"] <= b["p99_ms"] and clean
+                                  else "NOT MET")
+            rows.append(row)
+    return rows
+
+
+def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
+    rows = judge(results, args)
+    version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
+    print(f"\nrankcore HTTP ingress and handle vs Ray Serve, {args.replicas} replicas, Ray {version}, "
+          f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs")
+    headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
+               "ours p99", "serve p99", "p99 ours/serve", "errors o/s", "goal"]
+    table = []
+    for r in rows:
+        a, b = r["ours"] or {}, r["serve"] or {}
+        table.append([r["path"], str(r["clients"]), _fmt(a.get("rps"), 1), _fmt(b.get("rps"), 1),
+                      _fmt(r["rps_ratio"]), _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")),
+                      _fmt(b.get("p99_ms")), _fmt(r["p99_ratio"]), f"{a.get('errors', '-')}/{b.get('errors', '-')}",
+                      r["verdict"]])
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print("(latencies in ms; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
+    print(f"published Ray Serve HTTP figures (2025, orientation): p50 {PUBLISHED_SERVE['http_p50_ms']} ms, "
+          f"p99 {PUBLISHED_SERVE['http_p99_ms']} ms")
+    for name, res in results.items():
+        if "deploy_s" in res:
+            print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
+        for key, lv in res.get("levels", {}).items():
+            for e in lv.get("first_errors", []):
+                print(f"{name}: {key}: error: {e}")
+        for e in res.get("errors", []):
+            print(f"{name}: ERROR: {e}")
+    judged = [r for r in rows if r["verdict"] != "n/a"]
+    if "ours" in results and "serve" in results:
+        overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \
+            else "NOT MET"
+        print(f"\ngoal (issue 22): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
+    return rows
+
+
+# ---------------------------------------------------------------------- main
+def spawn(system_name: str, args: argparse.Namespace) -> dict:
+    """Run one system in a child process (a fresh Ray instance) and read its result."""
+    fd, out = tempfile.mkstemp(prefix=f"bench_http_{system_name}_", suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", system_name, "--child-out", out,
+           "--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+           "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
+           "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
+           "--num-cpus", str(args.num_cpus)]
+    limit = args.budget + 120  # the last level may start just before the budget; then start and stop
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)  # stdout is the report
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        log(f"{system_name}: child ran past {limit:g}s: stopping it")
+        proc.send_signal(signal.SIGTERM)  # the child shuts Ray down on SIGTERM
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    try:
+        with open(out) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {"system": system_name, "errors": [f"child exited with {proc.returncode} and no result"]}
+    finally:
+        os.unlink(out)
+    if proc.returncode:
+        res.setdefault("errors", []).append(f"child exit code {proc.returncode}")
+    return res
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need a comma-separated list of ints >= 1, got {text!r}")
+    return values
+
+
+def _paths(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or any(v not in ("http", "handle") for v in values):
+        raise argparse.ArgumentTypeError(f"paths are http and/or handle, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
+    p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
+    p.add_argument("--paths", type=_paths, default=["http", "handle"], help="http,handle (default both)")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
+    p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")
+    p.add_argument("--budget", type=float, default=300.0,
+                   help="a child starts no new level past this many seconds; default 300")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="limit of one request, seconds; default 30")
+    p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
+    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
+    p.add_argument("--json", metavar="FILE", help="write all results here")
+    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
+        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # replicas and the ingress import executors.ray_gpu (ours) and this module by name
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
+        str(ROOT), str(ROOT / "benchmarks"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
+
+    if args.child:
+        def on_term(signum: int, frame: Any) -> None:
+            raise SystemExit(f"terminated by signal {signum}")
+
+        signal.signal(signal.SIGTERM, on_term)
+        res = run_child(args.child, args)
+        with open(args.child_out, "w") as f:
+            json.dump(res, f, indent=1, default=repr)
+        return 0
+
+    systems = ["ours", "serve"] if args.only == "both" else [args.only]
+    results = {name: spawn(name, args) for name in systems}
+    rows = print_report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+                       "results": results, "table": rows}, f, indent=1, default=repr)
+        log(f"wrote {args.json}")
+    return 1 if any(r.get("errors") for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
