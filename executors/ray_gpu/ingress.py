@@ -222,6 +222,12 @@ def _cancel(response: Any) -> None:
             pass
 
 
+def _cancel_sent(submit: Any) -> None:
+    """``submit`` done: cancel the call it sent (if it sent one)."""
+    if not submit.cancelled() and submit.exception() is None:
+        _cancel(submit.result())
+
+
 # ----------------------------------------------------------------- the app
 class _Ingress:
     """The starlette app's state: routes, limits, counters; one call thread pool."""
@@ -238,30 +244,26 @@ class _Ingress:
     # ------------------------------------------------------------ calls
     async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None) -> Any:
         """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it).
-        ``sent["response"]``: the response once the call is sent (progress streams read it)."""
+        ``sent["response"]``: the response once the call is sent (progress streams read it).
+        A call given up (timed out, or its caller gone) is cancelled through the handle, also
+        when it is given up while being sent (cancelled as soon as it is)."""
         loop = asyncio.get_running_loop()
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
-        response = None
+        submit = loop.run_in_executor(self.pool, _submit, name, method, args, kwargs)
         self.in_flight[name] += 1
         try:
-            response = await asyncio.wait_for(loop.run_in_executor(self.pool, _submit, name, method, args, kwargs),
-                                              timeout)
+            response = await asyncio.wait_for(asyncio.shield(submit), timeout)
             if sent is not None:
                 sent["response"] = response
             left = None if deadline is None else max(0.0, deadline - loop.time())
             return await asyncio.wait_for(_result(self.pool, response, left), None if left is None else left + 1.0)
-        except asyncio.TimeoutError as exc:
-            if response is not None:
-                _cancel(response)
-            if isinstance(exc, rc.RequestError):
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            submit.add_done_callback(_cancel_sent)
+            if isinstance(exc, (asyncio.CancelledError, rc.RequestError)):
                 raise
             raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
                                     deployment=name) from None
-        except asyncio.CancelledError:
-            if response is not None:
-                _cancel(response)
-            raise
         finally:
             self.in_flight[name] -= 1
 

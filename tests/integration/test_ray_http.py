@@ -296,6 +296,24 @@ def test_progress_error_event(client):
     assert name == "error" and data["status"] == 500 and "application says late" in data["detail"]
 
 
+def test_progress_caller_gone_cancels_its_request(base, client):
+    """A progress caller that hangs up cancels its request (the handle's counters, which the
+    status JSON shows as the deployment's queue, count it)."""
+    def cancelled() -> int:
+        adder = next(d for d in client.get("/-/status.json").json()["deployments"] if d["name"] == "adder")
+        return (adder["queue"] or {}).get("cancelled", 0)
+
+    before = cancelled()
+    with httpx.Client(base_url=base, timeout=30.0) as c, \
+            c.stream("POST", "/add/nap", json=5, headers={"accept": "text/event-stream"}) as r:
+        first = next(r.iter_lines())
+        assert first == "event: queued"
+    deadline = time.monotonic() + 10
+    while cancelled() == before:
+        assert time.monotonic() < deadline, "the request was not cancelled"
+        time.sleep(0.2)
+
+
 # ------------------------------------------------------------------ status page
 def test_status_json_and_page(client):
     s = client.get("/-/status.json").json()
