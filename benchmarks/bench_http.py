@@ -152,7 +152,7 @@ class Serve:
 
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        d = serve.deployment(ServeEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
+        d: Any = serve.deployment(ServeEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = serve.run(d.bind(), name=DEP, route_prefix=ROUTE)
         return handle, f"http://127.0.0.1:{port}{ROUTE}"
 
