@@ -132,7 +132,7 @@ def test_keep_alive_answers_not_held_by_nagle(client):
         t0 = time.perf_counter()
         assert client.get("/-/routes").status_code == 200
         took.append(time.perf_counter() - t0)
-    assert sorted(took)[10] < 0.02, f"median {sorted(took)[10] * 1e3:.1f} ms"
+    assert sorted(took)[10] < 0.03, f"median {sorted(took)[10] * 1e3:.1f} ms"
 
 
 def test_concurrent_requests_all_answered(base):
