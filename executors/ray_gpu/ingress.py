@@ -429,23 +429,17 @@ class _Ingress:
                 "deployments": deployments, "tiers": tiers, "faults": faults[-RECENT_FAULTS * 2:]}
 
     def _queue(self, name: str) -> dict | None:
-        """The deployment's queue as this process's handle knows it, where the handle tells it
-        (``counters()``); None until it does."""
-        try:
-            router = _handle(name, "__call__")._router
-            counters = getattr(router, "counters", None)
-            if not callable(counters):
-                return None
-            c = counters()
-            if c is None:
-                return None
-            import attrs
+        """The deployment's queue as this ingress's handle counts it (``handle.counters()``:
+        ``in_queue``, ``in_flight``, answered, ..., ``lost``); None before its first call."""
+        import attrs
 
-            if attrs.has(type(c)):
-                c = {**attrs.asdict(c), "lost": getattr(c, "lost", None)}
-            return _jsonable(c) if isinstance(c, dict) else None
+        try:
+            c = _handle(name, "__call__").counters()
         except Exception:
             return None
+        if c is None or not attrs.has(type(c)):
+            return None
+        return _jsonable({**attrs.asdict(c), "lost": c.lost})
 
 
 def _sse(event: str, data: Any) -> str:

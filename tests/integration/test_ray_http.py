@@ -324,6 +324,8 @@ def test_status_json_and_page(client):
     ranks = sorted(r["rank"][0] for r in adder["status"]["replicas"].values())
     assert ranks == [0, 1]
     assert set(adder["pool"].values()) == {"serving"} and len(adder["pool"]) == 2
+    queue = adder["queue"]  # the ingress's handle's counters
+    assert queue["answered"] >= 1 and queue["lost"] == 0 and queue["in_queue"] == 0
     assert s["ingress"]["routes"]["/add"] == "adder" and s["errors"] == []
     assert "tiers" in s and isinstance(s["faults"], list)
     page = client.get("/-/status")
