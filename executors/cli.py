@@ -637,8 +637,7 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
     try:
         start_ingress(host, port, max_body_bytes=max_body_bytes,
                       request_timeout_s=request_timeout_s if request_timeout_s is not None else "keep")
-        ray_run(app)
-        url = expose(app.deployment.name, route_prefix, port, host)
+        url = expose(ray_run(app), route_prefix, port, host)
     except rc.RankcoreError as exc:
         click.echo(f"error: {exc}", err=True)
         ray.shutdown()

@@ -388,11 +388,12 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
     ctl = get_controller()
     seen: dict[str, Deployment] = {}
     _deploy(app, ctl, timeout, seen)
+    handle = DeploymentHandle(app.deployment.name, ctl)
     if http or route_prefix is not None or port is not None:
         from .ingress import expose
 
-        expose(app.deployment.name, route_prefix, port)
-    return DeploymentHandle(app.deployment.name, ctl)
+        expose(handle, route_prefix, port)
+    return handle
 
 
 def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployment]) -> DeploymentHandle:

@@ -17,11 +17,13 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 * ``GET /-/healthz``, ``GET /-/routes``, and a status page ``GET /-/status``
   (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``).
 
-The route table and the port bound live in Ray's internal KV store
-(``rankcore/http_routes``, ``rankcore/http_port``), so a restarted ingress
-serves the same routes at the same address. The ingress decides nothing about
-requests: it calls the public handle API (``get_deployment_handle``) and maps
-what comes back. docs/ray.md, "HTTP ingress".
+The route table (with each route's handle) and the port bound live in Ray's
+internal KV store (``rankcore/http_routes``, ``rankcore/http_port``), so a
+restarted ingress serves the same routes at the same address. The ingress
+decides nothing about requests: it calls the handles it is given (``expose``:
+the caller's ``DeploymentHandle``, public API only) and maps what comes back;
+it imports nothing of api.py (which starts it: ``run(..., route_prefix=...)``).
+docs/ray.md, "HTTP ingress".
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from .controller import NAMESPACE
+from .controller import CONTROLLER_NAME, NAMESPACE
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
            "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app"]
@@ -67,6 +69,7 @@ PROGRESS_POLL_S = 0.05
 RECENT_FAULTS = 20
 
 _KV_ROUTES = b"rankcore/http_routes"
+_HEAD = "node:__internal_head__"  # the head node's own resource
 _KV_PORT = b"rankcore/http_port"  # the port bound last (a restarted ingress on port 0 binds it again)
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
@@ -157,32 +160,15 @@ def _jsonable(value: Any) -> Any:
 
 
 # ------------------------------------------------- the handle, behind two functions
-def _submit(name: str, method: str, args: tuple, kwargs: dict) -> Any:
+def _submit(handle: Any, name: str, args: tuple, kwargs: dict) -> Any:
     """Send the call (on a call thread). A handle's own ``TimeoutError`` here means no replica
     took it: 503, not the caller's 408."""
-    handle = _handle(name, method)
     try:
         return handle.remote(*args, **kwargs)
     except rc.RequestError:
         raise
     except TimeoutError as exc:
         raise rc.Unavailable(f"no replica of {name!r} took the call: {exc}", deployment=name) from exc
-
-
-_HANDLES: dict[tuple[str, str], Any] = {}
-
-
-def _handle(name: str, method: str) -> Any:
-    """One handle per deployment and method in the ingress (making one asks Ray for the controller)."""
-    handle = _HANDLES.get((name, method))
-    if handle is None:
-        from .api import get_deployment_handle
-
-        handle = get_deployment_handle(name)
-        if method != "__call__":
-            handle = getattr(handle, method)
-        _HANDLES[(name, method)] = handle
-    return handle
 
 
 async def _result(pool: ThreadPoolExecutor, response: Any, timeout: float | None) -> Any:
@@ -232,8 +218,10 @@ def _cancel_sent(submit: Any) -> None:
 class _Ingress:
     """The starlette app's state: routes, limits, counters; one call thread pool."""
 
-    def __init__(self, routes: dict[str, str], max_body_bytes: int, request_timeout_s: float | None) -> None:
-        self.routes = dict(routes)
+    def __init__(self, routes: dict[str, str], handles: dict[str, Any], max_body_bytes: int,
+                 request_timeout_s: float | None) -> None:
+        self.routes = dict(routes)  # prefix -> deployment
+        self.handles = dict(handles)  # deployment -> its handle (``__call__``), as ``expose`` gave it
         self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
         self.pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="rankcore-http-call")
         self.answers: Counter[int] = Counter()
@@ -250,7 +238,8 @@ class _Ingress:
         loop = asyncio.get_running_loop()
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
-        submit = loop.run_in_executor(self.pool, _submit, name, method, args, kwargs)
+        handle = self.handles[name] if method == "__call__" else getattr(self.handles[name], method)
+        submit = loop.run_in_executor(self.pool, _submit, handle, name, args, kwargs)
         self.in_flight[name] += 1
         try:
             response = await asyncio.wait_for(asyncio.shield(submit), timeout)
@@ -355,11 +344,8 @@ class _Ingress:
     async def healthz(self, request: Any) -> Any:
         from starlette.responses import PlainTextResponse
 
-        from .api import ask, get_controller
-
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self.pool, lambda: ask(get_controller(), "status", timeout=5.0))
+            await asyncio.get_running_loop().run_in_executor(self.pool, _ask_controller, "status")
         except Exception as exc:
             return self._error(503, "unhealthy", f"the controller does not answer: {exc}", None)
         return PlainTextResponse("ok")
@@ -385,14 +371,11 @@ class _Ingress:
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._status)
 
     def _status(self) -> dict:
-        from .api import ask, get_controller, tiers_status
-
-        ctl = get_controller()
         errors: list[str] = []
 
         def get(what: str, *args: Any) -> Any:
             try:
-                return _jsonable(ask(ctl, what, *args, timeout=5.0))
+                return _jsonable(_ask_controller(what, *args))
             except Exception as exc:
                 errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
                 return None
@@ -412,12 +395,9 @@ class _Ingress:
                 faults.append({"deployment": name, "error": st.get("status"), "detail": st.get("status_message")})
             for rid in (st or {}).get("failed", []):
                 faults.append({"deployment": name, "error": "replica_failed", "detail": rid})
-        try:
-            tiers = _jsonable(tiers_status())
+        tiers = get("tiers_status")
+        if tiers is not None:
             tiers["log"] = tiers.get("log", [])[-50:]
-        except Exception as exc:
-            tiers = None
-            errors.append(f"tiers_status: {type(exc).__name__}: {exc}")
         ctl_status = get("status") or {}
         for rejected in (ctl_status.get("rejected") or [])[-RECENT_FAULTS:]:
             faults.append({"error": "rejected_event", "detail": rejected})
@@ -434,12 +414,19 @@ class _Ingress:
         import attrs
 
         try:
-            c = _handle(name, "__call__").counters()
+            c = self.handles[name].counters()
         except Exception:
             return None
         if c is None or not attrs.has(type(c)):
             return None
         return _jsonable({**attrs.asdict(c), "lost": c.lost})
+
+
+def _ask_controller(method: str, *args: Any, timeout: float = 5.0) -> Any:
+    """Ask the controller (by its name): what the status page and ``/-/healthz`` show. Once:
+    a controller restarting is shown as such, not waited out."""
+    controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+    return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
 
 
 def _sse(event: str, data: Any) -> str:
@@ -565,7 +552,8 @@ class HttpIngress:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
-        self.state = _Ingress(_load_routes(), max_body_bytes, request_timeout_s)
+        routes, handles = _load_routes()
+        self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s)
         sock = _listen(host, port)
         self.state.address = (host, sock.getsockname()[1])
 
@@ -594,25 +582,28 @@ class HttpIngress:
             time.sleep(0.01)
         return self.state.address
 
-    def add_route(self, prefix: str, deployment: str) -> dict[str, str]:
-        """Route ``prefix`` to ``deployment`` (replacing the deployment's earlier route);
-        a prefix another deployment holds is refused."""
+    def add_route(self, prefix: str, handle: Any) -> dict[str, str]:
+        """Route ``prefix`` to ``handle``'s deployment (replacing the deployment's earlier
+        route); a prefix another deployment holds is refused."""
         check_route_prefix(prefix)
-        routes = self.state.routes
-        holder = routes.get(prefix)
+        deployment = handle.name
+        st = self.state
+        holder = st.routes.get(prefix)
         if holder is not None and holder != deployment:
             raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
-        new = {p: d for p, d in routes.items() if d != deployment}
+        new = {p: d for p, d in st.routes.items() if d != deployment}
         new[prefix] = deployment
-        self.state.routes = new
-        _save_routes(new)
+        st.handles = {**st.handles, deployment: handle}
+        st.routes = new
+        _save_routes(new, st.handles)
         return dict(new)
 
     def remove_route(self, deployment: str) -> dict[str, str]:
-        new = {p: d for p, d in self.state.routes.items() if d != deployment}
-        self.state.routes = new
-        _save_routes(new)
-        return dict(new)
+        st = self.state
+        st.routes = {p: d for p, d in st.routes.items() if d != deployment}
+        st.handles = {d: h for d, h in st.handles.items() if d != deployment}
+        _save_routes(st.routes, st.handles)
+        return dict(st.routes)
 
     def routes(self) -> dict[str, str]:
         return dict(self.state.routes)
@@ -664,17 +655,21 @@ def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
         raise rc.InvalidConfig(f"request_timeout_s must be a number > 0 or None, got {request_timeout_s!r}")
 
 
-def _load_routes() -> dict[str, str]:
+def _load_routes() -> tuple[dict[str, str], dict[str, Any]]:
+    """The routes and their handles a previous incarnation saved (a handle pickles as its
+    deployment's name, method and the controller's actor handle)."""
+    from ray import cloudpickle
     from ray.experimental import internal_kv
 
     raw = internal_kv._internal_kv_get(_KV_ROUTES)
-    return dict(json.loads(raw)) if raw else {}
+    return cloudpickle.loads(raw) if raw else ({}, {})
 
 
-def _save_routes(routes: dict[str, str]) -> None:
+def _save_routes(routes: dict[str, str], handles: dict[str, Any]) -> None:
+    from ray import cloudpickle
     from ray.experimental import internal_kv
 
-    internal_kv._internal_kv_put(_KV_ROUTES, json.dumps(routes).encode(), overwrite=True)
+    internal_kv._internal_kv_put(_KV_ROUTES, cloudpickle.dumps((routes, handles)), overwrite=True)
 
 
 # ------------------------------------------------------------------ the driver's side
@@ -684,10 +679,6 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     restarted by Ray, ``num_cpus=0``, on the head node like the controller) on ``host``
     (default 127.0.0.1) and ``port`` (default 8000; 0: any free port). A running ingress
     on another host or port raises ``rankcore.InvalidConfig``; new limits are applied to it."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from .api import _head_node
-
     if port is not None and (type(port) is not int or not 0 <= port <= 65535):
         raise rc.InvalidConfig(f"port must be an int in 0..65535, got {port!r}")
     actor: Any
@@ -696,12 +687,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     except ValueError:
         _check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
                       REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
-        head = _head_node()
-        where = (NodeAffinitySchedulingStrategy(node_id=head, soft=False) if head else
-                 NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True))
-        actor = ray.remote(HttpIngress).options(
+        actor = ray.remote(HttpIngress).options(  # on the head node (Ray Serve's proxy's default)
             name=INGRESS_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_restarts=-1,
-            max_concurrency=16, num_cpus=0, scheduling_strategy=where,
+            max_concurrency=16, num_cpus=0, resources={_HEAD: 0.001},
         ).remote(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
                  MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
                  REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
@@ -719,14 +707,15 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     return actor, tuple(address)
 
 
-def expose(deployment: str, route_prefix: str | None = None, port: int | None = None,
+def expose(handle: Any, route_prefix: str | None = None, port: int | None = None,
            host: str | None = None) -> str:
     """Route ``route_prefix`` (default ``/<deployment>``) of the ingress (started if need be)
-    to ``deployment``; returns the route's URL."""
-    prefix = check_route_prefix(f"/{deployment}" if route_prefix is None else route_prefix)
+    to ``handle``'s deployment (a ``DeploymentHandle``: ``run`` returns one,
+    ``get_deployment_handle`` makes one); returns the route's URL."""
+    prefix = check_route_prefix(f"/{handle.name}" if route_prefix is None else route_prefix)
     actor, (h, p) = start_ingress(host, port)
     try:
-        ray.get(actor.add_route.remote(prefix, deployment))
+        ray.get(actor.add_route.remote(prefix, handle))
     except RayTaskError as exc:
         if isinstance(exc.cause, rc.RankcoreError):
             raise exc.cause from None

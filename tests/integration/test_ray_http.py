@@ -258,14 +258,16 @@ def test_healthz_and_routes(client):
 
 def test_route_prefix_rules(base):
     import rankcore as rc
+    from executors.ray_gpu import get_deployment_handle
 
+    gone = get_deployment_handle("gone")
     with pytest.raises(rc.InvalidConfig, match="already routes to deployment 'adder'"):
-        expose("gone", "/add")
+        expose(gone, "/add")
     with pytest.raises(rc.InvalidConfig, match="under '/-/'"):
-        expose("gone", "/-/mine")
+        expose(gone, "/-/mine")
     _, port = ingress_address()
     with pytest.raises(rc.InvalidConfig, match="already runs on"):
-        expose("gone", "/gone", port=port + 1 if port < 65535 else port - 1)
+        expose(gone, "/gone", port=port + 1 if port < 65535 else port - 1)
 
 
 # ------------------------------------------------------------------ progress (SSE)
