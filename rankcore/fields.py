@@ -200,6 +200,12 @@ def optional_positive_seconds(inst: Any, attribute: attrs.Attribute, value: Any)
         positive_seconds(inst, attribute, value)
 
 
+def queue_limit(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """Ray Serve's ``max_queued_requests``: -1 (no limit) or an int >= 0 (bools refused)."""
+    if type(value) is not int or value < -1:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be -1 (no limit) or an int >= 0, got {shown(value)}")
+
+
 def positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """An int >= 1 (bools refused)."""
     if type(value) is not int or value < 1:

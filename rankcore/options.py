@@ -60,6 +60,10 @@ SPARE_PROCESSES = 0
 #: NDIF's minimum deployment time: a replica HOT for less is not evicted for another model
 #: (unless that model is dedicated); rankcore.tiers
 MIN_DEPLOYMENT_TIME_S = 3600.0
+#: the request path's limits (rankcore.requests; Ray Serve's names and defaults)
+MAX_ONGOING_REQUESTS = 5
+MAX_QUEUED_REQUESTS = -1
+MAX_RETRIES = 3
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
 MAX_PER_REPLICA_RETRY_COUNT = 3
 
@@ -237,6 +241,21 @@ class TierOptions:
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
+class RequestOptions:
+    """The request path's limits (rankcore.requests; the core carries them, and tells no replica)."""
+
+    max_ongoing_requests: int = _option(
+        MAX_ONGOING_REQUESTS, f.positive_int,
+        "at most this many requests on one replica at once; more wait in the deployment's queue")
+    max_queued_requests: int = _option(
+        MAX_QUEUED_REQUESTS, f.queue_limit,
+        "past this many waiting requests a new one is refused at once (overloaded, HTTP 503); -1: no limit")
+    max_retries: int = _option(
+        MAX_RETRIES, f.count,
+        "a request a dying replica had started runs again at most this many times, if its method is idempotent")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
     :meth:`of`; read a leaf nested (``config.gang.gang_size``) or flat (``config.gang_size``)."""
@@ -249,6 +268,7 @@ class DeploymentConfig:
     gang: GangOptions = attrs.field(factory=GangOptions)
     spares: SpareOptions = attrs.field(factory=SpareOptions)
     tier: TierOptions = attrs.field(factory=TierOptions)
+    requests: RequestOptions = attrs.field(factory=RequestOptions)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:

@@ -16,6 +16,7 @@ import attrs
 
 from . import fields as f
 from .errors import InvalidConfig
+from .options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 
 __all__ = [
     "REJECT_REASONS",
@@ -50,12 +51,6 @@ def _where(inst: Any, attribute: attrs.Attribute) -> str:
     return f"{type(inst).__name__}.{attribute.name}"
 
 
-def _queue_limit(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """Ray Serve's ``max_queued_requests``: -1 (no limit) or an int >= 0."""
-    if type(value) is not int or value < -1:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be -1 (no limit) or an int >= 0, got {f.shown(value)}")
-
-
 def _clock(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A finite number on the executor's clock (any origin)."""
     if not f.finite(value):
@@ -87,9 +82,10 @@ class Configure:
     ejected)."""
 
     deployment: str = attrs.field(validator=f.name)
-    max_ongoing_requests: int = attrs.field(default=5, validator=f.positive_int)
-    max_queued_requests: int = attrs.field(default=-1, validator=_queue_limit)
-    max_retries: int = attrs.field(default=3, validator=f.count)
+    #: (the defaults: a deployment's options, declared once in rankcore/options.py, RequestOptions)
+    max_ongoing_requests: int = attrs.field(default=MAX_ONGOING_REQUESTS, validator=f.positive_int)
+    max_queued_requests: int = attrs.field(default=MAX_QUEUED_REQUESTS, validator=f.queue_limit)
+    max_retries: int = attrs.field(default=MAX_RETRIES, validator=f.count)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

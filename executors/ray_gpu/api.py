@@ -18,7 +18,6 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
-from rankcore.requests import Configure
 
 from .controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
 from .placement import actor_resources, static_actor_options
@@ -65,13 +64,6 @@ def validate_options(d: Deployment) -> None:
                              gang_placement=d.gang_placement, gang_failure=d.gang_failure)
     except rc.InvalidConfig as exc:
         raise _bad(d.name, str(exc)) from None
-    m = d.max_ongoing_requests
-    if type(m) is not int or m < 1:
-        raise _bad(d.name, f"max_ongoing_requests must be >= 1 (an int), got {m!r}")
-    try:  # (the request machine's own record: one rule for both limits)
-        Configure(deployment="x", max_ongoing_requests=m, max_queued_requests=d.max_queued_requests)
-    except rc.InvalidConfig as exc:
-        raise _bad(d.name, str(exc).replace("Configure('x').", "")) from None
     _check_user_config(d.name, d.user_config)
     opts = d.ray_actor_options
     if not isinstance(opts, dict):
@@ -176,9 +168,6 @@ class Deployment:
     num_replicas: int = 1
     user_config: Any = attrs.field(default=None, eq=False)
     ray_actor_options: dict = attrs.field(factory=dict, eq=False)
-    max_ongoing_requests: int = 5
-    #: past this many queued calls a new one is refused at once (``rankcore.Overloaded``, HTTP 503); -1: no limit
-    max_queued_requests: int = -1
     placement_group_bundles: Any = attrs.field(default=None, eq=False)
     placement_group_strategy: str = "PACK"
     replica_placement: str = _D.placement
@@ -198,6 +187,15 @@ class Deployment:
             rc.DeploymentApplied(name="x", num_replicas=0, **self.core_options)
         except rc.InvalidConfig as exc:
             raise _bad(self.name, str(exc)) from None
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """(declared once, in ``rankcore.options.RequestOptions``: given in ``core_options``)"""
+        return int(self.core_options.get("max_ongoing_requests", rc.options.DEFAULTS.max_ongoing_requests))
+
+    @property
+    def max_queued_requests(self) -> int:
+        return int(self.core_options.get("max_queued_requests", rc.options.DEFAULTS.max_queued_requests))
 
     @property
     def placement(self) -> dict:
@@ -240,7 +238,7 @@ class Application:
 
 @overload
 def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
-               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ..., max_queued_requests: int = ...,
+               ray_actor_options: dict | None = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
@@ -248,7 +246,7 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = 
                **core_options: Any) -> Deployment: ...
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
-               ray_actor_options: dict | None = ..., max_ongoing_requests: int = ..., max_queued_requests: int = ...,
+               ray_actor_options: dict | None = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
@@ -256,8 +254,7 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
                **core_options: Any) -> Callable[[type], Deployment]:
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
-               user_config: Any = None, ray_actor_options: dict | None = None, max_ongoing_requests: int = 5,
-               max_queued_requests: int = -1,
+               user_config: Any = None, ray_actor_options: dict | None = None,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
                replica_placement: str = _D.placement, max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
                static_placement: StaticPlacementConfig | None = None,
@@ -306,7 +303,6 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
             ray_actor_options if ray_actor_options is not None else {}
         return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
                           num_replicas=count, user_config=user_config, ray_actor_options=opts,
-                          max_ongoing_requests=max_ongoing_requests, max_queued_requests=max_queued_requests,
                           placement_group_bundles=placement_group_bundles,
                           placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
                           max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
@@ -410,8 +406,7 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
     args = tuple(inner(a) for a in app.args)
     kwargs = {k: inner(v) for k, v in app.kwargs.items()}
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
-        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
-        d.max_queued_requests)
+        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -532,7 +527,7 @@ def router_for(name: str, controller: Any) -> Router:
     with _ROUTERS_LOCK:
         router = _ROUTERS.get(key)
         if router is None:
-            router = _ROUTERS[key] = Router(name, controller)
+            router = _ROUTERS[key] = Router(name, controller, ask)
         return router
 
 

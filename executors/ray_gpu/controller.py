@@ -184,8 +184,7 @@ class Controller:
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
-                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None,
-                    max_queued_requests: int = -1) -> None:
+                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None) -> None:
         """Deploy or update ``name``. ``options``: the core's deployment options
         (``rankcore.options.OPTION_NAMES``: health checks, graceful shutdown,
         placement timeout, restart backoff; and ``start_timeout_s``), passed to
@@ -238,8 +237,9 @@ class Controller:
                 st.bundle_nodes(static.placement_group, set(self.ledger.nodes))))
         before = self.ledger.specs.get(name)
         self.ledger.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
-                            "max_ongoing_requests": max_ongoing_requests, "max_queued_requests": max_queued_requests,
-                            "bundles": bundles,
+                            # (the request limits: the core's config, declared once in rankcore.options;
+                            # ``max_ongoing_requests`` the caller passes is that one's too)
+                            "max_ongoing_requests": event.config.max_ongoing_requests, "bundles": bundles,
                             "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
         try:
             self.driver.feed(event, self.ledger.now())
@@ -508,10 +508,13 @@ class Controller:
                 draining.append(rid)
         cls = spec.get("cls")
         idem = sorted(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)) if cls else []
+        dep = self.driver.state.deployments.get(name)
+        limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.options)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
-                "max_ongoing_requests": spec.get("max_ongoing_requests", 5),
-                "max_queued_requests": spec.get("max_queued_requests", -1), "idempotent": idem}
+                "max_ongoing_requests": limits.max_ongoing_requests,
+                "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,
+                "idempotent": idem}
 
     async def pool(self, name: str) -> dict:
         """``name``'s request pool (``_pool``); an unknown deployment raises ``UnknownDeployment``."""

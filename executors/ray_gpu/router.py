@@ -93,16 +93,18 @@ class Call:
 class Router:
     """The request path of one deployment in this process (module docstring)."""
 
-    def __init__(self, name: str, controller: Any, idempotent_methods: frozenset[str] = frozenset()) -> None:
-        self.name, self.controller = name, controller
+    def __init__(self, name: str, controller: Any, ask: Any = None) -> None:
+        """``ask(controller, method, *args)``: a call to the controller that waits out its restart
+        (``api.ask``; passed in, so this module imports nothing of the handle's)."""
+        self.name, self.controller, self._ask = name, controller, ask
         self.machine = RequestMachine()
         self.lock = threading.RLock()
         self.actors: dict[str, Any] = {}  # serving replica id -> actor handle, as the controller last said
         self.dead: set[str] = set()  # replicas a call saw die, left out until the controller stops listing them
         self.calls: dict[str, Call] = {}
-        self.limits: tuple[int, int] | None = None
+        self.limits: tuple[int, int, int] | None = None
         self.version: Any = None  # the last pool answer's version (None: never asked)
-        self.idempotent = idempotent_methods
+        self.idempotent: frozenset[str] = frozenset()
         self.poll: Any = None
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
@@ -112,6 +114,8 @@ class Router:
     def refresh(self, force: bool = False) -> None:
         """Take the long poll's answer if it came, and keep one pending; with ``force``, or before
         the first answer, ask the controller now (waiting out a restart)."""
+        if self.controller is not None and not ray.is_initialized():
+            return  # (Ray was shut down: a call now would start a new local Ray)
         with self.lock:
             poll = self.poll
             if poll is not None and poll.done():
@@ -125,9 +129,7 @@ class Router:
                     timer.daemon = True
                     timer.start()
             if force or self.version is None:
-                from .api import ask
-
-                self._take(ask(self.controller, "pool", self.name))
+                self._take(self._ask(self.controller, "pool", self.name))
             if self.poll is None and time.monotonic() >= self.retry_at:
                 self.poll = self.controller.pool_after.remote(self.name, self.version, LONG_POLL_S).future()
                 self.poll.add_done_callback(lambda _f: self._later(self.refresh))
@@ -144,11 +146,11 @@ class Router:
         self.actors = {rid: actor for rid, actor in serving if rid not in self.dead}
         self.idempotent = frozenset(pool.get("idempotent", ()))
         out: list = []
-        limits = (pool["max_ongoing_requests"], pool["max_queued_requests"])
+        limits = (pool["max_ongoing_requests"], pool["max_queued_requests"], pool.get("max_retries", 3))
         if limits != self.limits:
             self.limits = limits
             out += self.machine.handle(Configure(deployment=self.name, max_ongoing_requests=limits[0],
-                                                 max_queued_requests=limits[1]))
+                                                 max_queued_requests=limits[1], max_retries=limits[2]))
         out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
                                                 draining=tuple(pool["draining"]), coming=bool(pool["coming"])))
         self._carry(out)

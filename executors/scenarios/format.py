@@ -162,10 +162,11 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "daily": (("rates",), ("day_s",)),
     "file": (("path",), ()),
 }
-#: the request machine's limits a traffic section may set (``rankcore.requests.Configure``'s fields)
-_LIMITS = ("max_ongoing_requests", "max_queued_requests", "max_retries")
+#: the request machine's limits: deployment options (``rankcore.options.RequestOptions``, declared once
+#: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
+_LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
 _TRAFFIC_KEYS = ("arrivals", "service", "idempotent", "timeout_s", "error_rate", "from", "until",
-                 "metrics_interval_s", *_LIMITS)
+                 "metrics_interval_s")
 
 
 @attrs.frozen
@@ -957,8 +958,6 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
 
 def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None) -> dict:
     """``traffic: {deployment: {arrivals: {kind: ...}, service: <latency>, ...}}`` -> ``TrafficSpec`` by name."""
-    from rankcore.requests import Configure
-
     section = c.mapping({} if value is None else value, ("traffic",))
     out = {}
     for name, spec in section.items():
@@ -966,6 +965,11 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         if name not in deployments:
             raise c.fail(p, f"unknown deployment {name!r}{_did_you_mean(name, tuple(deployments))} "
                             f"(declared: {', '.join(sorted(deployments))})", at_key=True)
+        given = set(spec) & set(_LIMITS) if isinstance(spec, dict) else set()
+        if given:
+            k = sorted(given)[0]
+            raise c.fail(p + (k,), f"{k} is a deployment option (declared once: rankcore/options.py): "
+                                   f"set it as deployments.{name}.{k}", at_key=True)
         m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals", "service"))
         if duration is None:
             raise c.fail(p, "traffic needs the scenario's 'duration' (requests arrive, and the queue is "
@@ -981,17 +985,7 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         interval = c.number(m.get("metrics_interval_s", 10.0), p + ("metrics_interval_s",))
         if interval <= 0:
             raise c.fail(p + ("metrics_interval_s",), "must be > 0 seconds")
-        limits = []
-        for k in _LIMITS:
-            if k in m:
-                if isinstance(m[k], bool) or not isinstance(m[k], int):
-                    raise c.fail(p + (k,), f"must be a whole number, got {_show(m[k])}")
-                limits.append((k, m[k]))
-        try:
-            Configure(deployment=name, **dict(limits))
-        except rc.InvalidConfig as exc:
-            named = [k for k, _ in limits if f".{k}" in str(exc)]
-            raise c.fail(p + tuple(named[:1]), str(exc)) from None
+        limits = tuple((k, v) for k, v in deployments[name].options if k in _LIMITS)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
             service=c.latency(m["service"], p + ("service",)), idempotent=idempotent,

@@ -121,8 +121,9 @@ def test_a_bad_arrival_file_names_its_line(tmp_path: Path) -> None:
     ("{arrivals: {kind: poisson, rate: 5}}", "traffic.llm", "missing required field 'service'"),
     ("{arrivals: {kind: poisson, rate: 5}, service: {dist: weibull}}", "traffic.llm.service", "unknown dist"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, timeout_s: 0}", "traffic.llm.timeout_s", "> 0"),
-    ("{arrivals: {kind: poisson, rate: 5}, service: 1, max_ongoing_requests: 0}",
-     "traffic.llm.max_ongoing_requests", "max_ongoing_requests"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, max_ongoing_requests: 2}",
+     "traffic.llm.max_ongoing_requests", "a deployment option (declared once: rankcore/options.py): set it as "
+     "deployments.llm.max_ongoing_requests"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, idempotent: maybe}", "traffic.llm.idempotent", "true or false"),
 ])
 def test_malformed_traffic_is_one_line_naming_the_field(traffic: str, field: str, words: str) -> None:
@@ -264,8 +265,8 @@ def test_deadlines_end_waiting_requests_with_a_timeout() -> None:
 
 
 def test_overload_is_refused_at_once_past_max_queued_requests() -> None:
-    q = _requests(_run(_text("{arrivals: {kind: poisson, rate: 40}, service: 1, max_queued_requests: 20, "
-                             "max_ongoing_requests: 2}")))
+    q = _requests(_run(_text("{arrivals: {kind: poisson, rate: 40}, service: 1}",  # (the limits: deployment options)
+                             options=", max_queued_requests: 20, max_ongoing_requests: 2")))
     # 2 replicas x 2 slots / 1 s = 4 req/s served of 40: the queue stays at 20, the rest is refused
     assert q["max_queued"] == 20 and q["rejected"]["overloaded"] > 5000, q
 

@@ -28,6 +28,7 @@ OTHER = {
     "static_placement": rc.StaticPlacement.from_mapping("pg", ["n0", "n1"], {0: [0], 1: [1]}),
     "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "spare_processes": 1,
     "model_bytes": 1 << 30, "dedicated": True, "min_deployment_time_s": 60.0,
+    "max_ongoing_requests": 2, "max_queued_requests": 100, "max_retries": 0,
 }
 
 
@@ -135,7 +136,8 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 # ------------------------------------------------------------------ an unknown option, everywhere
 def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every_surface() -> None:
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
-                                               r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s\)"):
+                                               r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s, "
+                                               r"max_ongoing_requests, max_queued_requests, max_retries\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):
         OPT.DeploymentConfig.of({"gang_sise": 2})

@@ -130,7 +130,7 @@ def test_deployment_checks_its_placement_options_when_declared():
         @deployment(replica_placement="everywhere")
         class Nope:
             pass
-    with pytest.raises(ValueError, match="max_ongoing_requests must be >= 1"):
+    with pytest.raises(ValueError, match="max_ongoing_requests must be an int >= 1"):
         deployment(max_ongoing_requests=0)(type("X", (), {}))
 
 
