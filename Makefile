@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 
 SCENARIO ?= examples/scenarios/controller-crash.yaml
 
-.PHONY: simulate demo test lint bench mutate install clean
+.PHONY: simulate demo test lint browser bench mutate install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,17 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) tools/typecheck_docs.py
 
-test: lint
+test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The status page's browser test drives Debian's chromium (playwright's own browser
+# download cannot be fetched here); installed when missing and we may (root, apt).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } || \
+	  echo "make: no chromium could be installed: the status page's browser test will be skipped"
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[bench]'
