@@ -6,7 +6,7 @@ See README.md for a quick start and docs/architecture.md for the design.
 The public surface (docs/embedding.md, "What you may import"): this package's
 names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
 ``static``, ``cluster``, ``health``, ``restarts``, ``spares`` and ``tiers``), ``rankcore.testing``,
-``rankcore.invariants``, ``rankcore.protocol`` and ``rankcore.records``. Every
+``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.records`` and ``rankcore.requests``. Every
 other module is internal: it may change without notice.
 """
 
