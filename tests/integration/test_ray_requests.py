@@ -126,3 +126,44 @@ def test_a_replica_killed_under_load_loses_nothing():
     assert all(o[2] != victim for o in outcomes if o[1] == "ok")
     c = h.counters()
     assert c.lost == 0 and c.failed == len(died) and c.answered == 12 - len(died) and c.retried >= 1
+
+
+def test_calls_keep_flowing_while_the_controller_restarts_and_through_a_scale_up():
+    """The controller killed under load: the router keeps the replicas it knows and answers every
+    call meanwhile (its long poll fails and is asked again on a timer); then a scale-up under load
+    brings the new replicas into the pool, and calls reach them."""
+    import threading
+
+    h = run(deployment(Model, name="steady", num_replicas=2, ray_actor_options=OPTS).bind())
+    before = set(h.ranks())
+    results: list = []
+    errors: list = []
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                results.append(h.slow.remote(0.02).result(timeout=60))
+            except Exception as exc:  # (counted, asserted below)
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    ray.kill(get_controller(), no_restart=False)
+    time.sleep(2.0)
+    during = len(results)
+    assert ask(get_controller(), "wait_healthy", "steady", 60)
+    h.scale(4)
+    new = set(h.ranks()) - before
+    deadline = time.monotonic() + 30
+    while not new <= set(results) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    assert errors == [], errors[:3]
+    assert during > 20  # calls were answered while the controller was down and restarting
+    assert len(new) == 2 and new <= set(results), f"the new replicas {new} never answered"
+    assert h.counters().lost == 0 and h.counters().failed == 0
