@@ -63,21 +63,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import pathlib
-import signal
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
 DEP = "bench"  # deployment name (and Serve application name)
 ROUTE = "/bench"
@@ -363,35 +362,12 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
 # ---------------------------------------------------------------------- main
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
-    fd, out = tempfile.mkstemp(prefix=f"bench_http_{system_name}_", suffix=".json")
-    os.close(fd)
-    cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", system_name, "--child-out", out,
-           "--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-           "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
-           "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
-           "--num-cpus", str(args.num_cpus)]
+    argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
+            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
+            "--num-cpus", str(args.num_cpus)]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)  # stdout is the report
-    try:
-        proc.wait(timeout=limit)
-    except subprocess.TimeoutExpired:
-        log(f"{system_name}: child ran past {limit:g}s: stopping it")
-        proc.send_signal(signal.SIGTERM)  # the child shuts Ray down on SIGTERM
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    try:
-        with open(out) as f:
-            res = json.load(f)
-    except (OSError, ValueError):
-        res = {"system": system_name, "errors": [f"child exited with {proc.returncode} and no result"]}
-    finally:
-        os.unlink(out)
-    if proc.returncode:
-        res.setdefault("errors", []).append(f"child exit code {proc.returncode}")
-    return res
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
 
 def _ints(text: str) -> list[int]:
@@ -434,25 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
         str(ROOT), str(ROOT / "benchmarks"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
 
-    if args.child:
-        def on_term(signum: int, frame: Any) -> None:
-            raise SystemExit(f"terminated by signal {signum}")
-
-        signal.signal(signal.SIGTERM, on_term)
-        res = run_child(args.child, args)
-        with open(args.child_out, "w") as f:
-            json.dump(res, f, indent=1, default=repr)
-        return 0
-
-    systems = ["ours", "serve"] if args.only == "both" else [args.only]
-    results = {name: spawn(name, args) for name in systems}
-    rows = print_report(results, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
-                       "results": results, "table": rows}, f, indent=1, default=repr)
-        log(f"wrote {args.json}")
-    return 1 if any(r.get("errors") for r in results.values()) else 0
+    return childrun.main_for(args, run_child, spawn, print_report, log)
 
 
 if __name__ == "__main__":

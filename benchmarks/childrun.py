@@ -1,0 +1,72 @@
+"""Each system measured in a child process of its own (a fresh local Ray): what bench_ray.py and
+bench_http.py share. The parent starts one child per system in turn, with a time limit (SIGTERM,
+on which the child shuts Ray down, then SIGKILL), reads the child's JSON result and prints the
+side-by-side report; a child's stdout goes to stderr (stdout is the report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["spawn", "main_for"]
+
+
+def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
+    """Run ``script --child system_name --child-out FILE *argv`` and return its result (with
+    ``errors`` when it ran past ``limit`` seconds, exited non-zero or wrote nothing)."""
+    fd, out = tempfile.mkstemp(prefix=f"{os.path.basename(script)}_{system_name}_", suffix=".json")
+    os.close(fd)
+    cmd = [sys.executable, script, "--child", system_name, "--child-out", out, *argv]
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        log(f"{system_name}: child ran past {limit:g}s: stopping it")
+        proc.send_signal(signal.SIGTERM)  # the child shuts Ray down on SIGTERM
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    try:
+        with open(out) as f:
+            res = json.load(f)
+    except (OSError, ValueError):
+        res = {"system": system_name, "errors": [f"child exited with {proc.returncode} and no result"]}
+    finally:
+        os.unlink(out)
+    if proc.returncode:
+        res.setdefault("errors", []).append(f"child exit code {proc.returncode}")
+    return res
+
+
+def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namespace], dict],
+             spawn_one: Callable[[str, argparse.Namespace], dict],
+             print_report: Callable[[dict, argparse.Namespace], list[dict]], log: Callable[[str], None]) -> int:
+    """The child's part (``--child``: measure, write the JSON) or the parent's (every system in turn,
+    the report, ``--json``); exit status 1 when a system reported errors."""
+    if args.child:
+        def on_term(signum: int, frame: Any) -> None:
+            raise SystemExit(f"terminated by signal {signum}")
+
+        signal.signal(signal.SIGTERM, on_term)
+        res = run_child(args.child, args)
+        with open(args.child_out, "w") as f:
+            json.dump(res, f, indent=1, default=repr)
+        return 0
+    systems = ["ours", "serve"] if args.only == "both" else [args.only]
+    results = {name: spawn_one(name, args) for name in systems}
+    rows = print_report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+                       "results": results, "table": rows}, f, indent=1, default=repr)
+        log(f"wrote {args.json}")
+    return 1 if any(r.get("errors") for r in results.values()) else 0
