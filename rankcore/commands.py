@@ -19,6 +19,7 @@ from typing import Any, Union
 import attrs
 
 from . import fields as f
+from .errors import InvalidConfig
 from .gangmap import GangContext
 from .options import (
     GRACEFUL_SHUTDOWN_TIMEOUT_S,
@@ -262,7 +263,8 @@ POOL_MEMBERSHIPS = ("serving", "draining", "gone")
 
 def _membership(inst: object, attribute: attrs.Attribute, value: object) -> None:
     if value not in POOL_MEMBERSHIPS:
-        raise ValueError(f"{attribute.name} must be one of {POOL_MEMBERSHIPS}, got {value!r}")
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be one of {', '.join(POOL_MEMBERSHIPS)}, "
+                            f"got {f.shown(value)}")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)

@@ -137,3 +137,10 @@ def test_pool_view_reports_what_differs() -> None:
     view.apply(rc.PoolReset(deployment="llm", serving=(a,), draining=(), coming=True))
     assert "serving told" in (view.mismatch(run.state) or "")
     assert not view.apply(rc.ScheduleTick(at=1.0))  # not a pool command
+
+
+def test_a_pool_command_with_an_unknown_membership_is_refused_naming_it() -> None:
+    import pytest
+
+    with pytest.raises(rc.InvalidConfig, match="PoolChanged.membership must be one of serving, draining, gone"):
+        rc.PoolChanged(deployment="llm", replica_id="llm#0", membership="asleep")
