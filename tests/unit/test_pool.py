@@ -142,5 +142,5 @@ def test_pool_view_reports_what_differs() -> None:
 def test_a_pool_command_with_an_unknown_membership_is_refused_naming_it() -> None:
     import pytest
 
-    with pytest.raises(rc.InvalidConfig, match="PoolChanged.membership must be one of serving, draining, gone"):
+    with pytest.raises(rc.InvalidConfig, match=r"PoolChanged\.membership must be one of serving, draining, gone"):
         rc.PoolChanged(deployment="llm", replica_id="llm#0", membership="asleep")
