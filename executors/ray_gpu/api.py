@@ -28,7 +28,7 @@ from .static import StaticPlacementConfig
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
            "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status", "book_memory",
-           "tiers_status", "idempotent", "LONG_POLL_S", "LONG_POLL_RETRY_S"]
+           "tiers_status", "idempotent", "LONG_POLL_S", "LONG_POLL_RETRY_S", "DeploymentResponseGenerator"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
 #: an actor's options, its name, lifetime, restarts, concurrency and placement,
@@ -54,7 +54,6 @@ def validate_options(d: Deployment) -> None:
     naming the option and the value, instead of failing later inside ``run()``."""
     if not isinstance(d.cls, type):
         raise _bad(d.name, f"@deployment takes a class, got {d.cls!r}")
-    _check_no_generators(d)
     sp = d.static_placement
     if sp is not None:
         _check_static(d, sp)
@@ -84,27 +83,6 @@ def validate_options(d: Deployment) -> None:
         ray_option_utils.validate_actor_options(dict(opts), in_options=True)
     except (TypeError, ValueError) as exc:
         raise _bad(d.name, f"ray_actor_options: {exc}") from None
-
-
-def _check_no_generators(d: Deployment) -> None:
-    """A handle's call returns one value: a generator method (``__call__`` or
-    any public one) would answer with its first item only, an async generator
-    would fail in the replica. Refused until streaming responses exist."""
-    import inspect
-
-    members: dict[str, Any] = {}
-    for klass in reversed(d.cls.__mro__):  # (what getattr finds, without running descriptors)
-        members.update(vars(klass))
-    for name, attr in sorted(members.items()):
-        if name.startswith("_") and name != "__call__":
-            continue
-        fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
-        kind = ("an async generator" if inspect.isasyncgenfunction(fn) else
-                "a generator" if inspect.isgeneratorfunction(fn) else None)
-        if kind is not None:
-            raise _bad(d.name, f"method {name!r} of {d.cls.__name__} is {kind} function: a handle's call returns "
-                               f"one value, and streaming responses are not supported yet (return a list, or "
-                               f"call a method once per item)")
 
 
 def _check_static(d: Deployment, sp: Any) -> None:
@@ -539,22 +517,38 @@ class DeploymentHandle:
     only if its method is ``@idempotent``. The handles ``handle.method`` makes
     share this one's router."""
 
-    def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None) -> None:
-        self.name, self.controller, self.method = name, controller, method
+    def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None,
+                 stream: bool = False) -> None:
+        self.name, self.controller, self.method, self.stream = name, controller, method, stream
         self._router = router if router is not None else router_for(name, controller)
 
     def __getattr__(self, method: str) -> DeploymentHandle:
         if method.startswith("_"):
             raise AttributeError(method)
-        return DeploymentHandle(self.name, self.controller, method, self._router)
+        return DeploymentHandle(self.name, self.controller, method, self._router, self.stream)
 
     def __reduce__(self) -> tuple:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
-        return DeploymentHandle, (self.name, self.controller, self.method)
+        return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream)
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
+    def is_stream(self, method: str | None = None) -> bool:
+        """Whether ``method`` (this handle's by default) is a generator method of the deployment's class
+        (call it with ``options(stream=True)``). May ask the controller the first time."""
+        self._router.refresh()
+        return (method or self.method) in self._router.streams
+
+    def options(self, *, stream: bool | None = None, method_name: str | None = None) -> DeploymentHandle:
+        """A handle with other call options: ``stream=True`` for a generator method (its calls return
+        a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's)."""
+        return DeploymentHandle(self.name, self.controller, method_name or self.method, self._router,
+                                self.stream if stream is None else bool(stream))
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
-        on as its result (the call waits for it, the caller does not)."""
+        on as its result (the call waits for it, the caller does not). With ``stream=True``: a
+        ``DeploymentResponseGenerator`` of the method's items."""
+        if self.stream:
+            return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True))
         if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
             return DeploymentResponse.chained(self, args, kwargs)
         return DeploymentResponse(self._router.submit(self.method, args, kwargs))
@@ -669,6 +663,28 @@ class DeploymentResponse:
     def cancel(self) -> None:
         if self.call is not None:
             self.call.cancel()
+
+
+class DeploymentResponseGenerator:
+    """A streaming call's items (``handle.options(stream=True).method.remote(...)``): iterate it
+    (``for item in gen``) or, in async code, ``async for item in gen``. A replica that dies mid-stream
+    raises ``rankcore.ReplicaDied`` after the items already given; ``Overloaded`` / ``Unavailable``
+    come before the first item. A stream is never retried: its items may already be used."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    def __iter__(self) -> Any:
+        return self.call.router.stream_items(self.call)
+
+    def __aiter__(self) -> Any:
+        return self.call.router.stream_items_async(self.call)
+
+    def status(self) -> Any:
+        return self.call.status()
+
+    def cancel(self) -> None:
+        self.call.cancel()
 
 
 def _copy_outcome(src: Future, dst: Future) -> None:

@@ -30,6 +30,7 @@ restarted controller recovers from and ``recover.py`` rebuilds from it,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import Any
@@ -508,13 +509,15 @@ class Controller:
                 draining.append(rid)
         cls = spec.get("cls")
         idem = sorted(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)) if cls else []
+        streams = sorted(m for m in dir(cls) if inspect.isgeneratorfunction(getattr(cls, m, None))
+                         or inspect.isasyncgenfunction(getattr(cls, m, None))) if cls else []
         dep = self.driver.state.deployments.get(name)
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.options)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,
-                "idempotent": idem}
+                "idempotent": idem, "streams": streams}
 
     async def pool(self, name: str) -> dict:
         """``name``'s request pool (``_pool``); an unknown deployment raises ``UnknownDeployment``."""

@@ -160,6 +160,9 @@ def _jsonable(value: Any) -> Any:
 
 
 # ------------------------------------------------- the handle, behind two functions
+_NOTHING = object()  # (a stream without items)
+
+
 def _submit(handle: Any, name: str, args: tuple, kwargs: dict) -> Any:
     """Send the call (on a call thread). A handle's own ``TimeoutError`` here means no replica
     took it: 503, not the caller's 408."""
@@ -295,6 +298,9 @@ class _Ingress:
             _, name, method = found
             args, kwargs = args_of(await self._body(request)) if request.method == "POST" else ((), {})
             accept = request.headers.get("accept", "")
+            loop = asyncio.get_running_loop()
+            if await loop.run_in_executor(self.pool, self.handles[name].is_stream, method):
+                return await self._stream(name, method, args, kwargs)
             if "text/event-stream" in accept or request.query_params.get("progress") in ("1", "true"):
                 self.answers[200] += 1
                 return StreamingResponse(self._events(name, method, args, kwargs), media_type="text/event-stream",
@@ -311,6 +317,42 @@ class _Ingress:
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name)
         self.answers[200] += 1
         return Response(body, media_type="application/json")
+
+    async def _stream(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
+        """A generator method over HTTP: newline-delimited JSON, one line per item, chunked as the
+        replica yields them (Ray's back-pressure bounds how far it runs ahead of this reader). An error
+        before the first item is an ordinary error answer (503, 500, ...); one after it (the replica
+        died mid-stream, the application raised) is a last line ``{"error": ..., "detail": ...}``:
+        the stream never just stops."""
+        from starlette.responses import StreamingResponse
+
+        loop = asyncio.get_running_loop()
+        handle = self.handles[name].options(stream=True, method_name=method)
+        items = (await loop.run_in_executor(self.pool, _submit, handle, name, args, kwargs)).__aiter__()
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            first = _NOTHING
+        self.in_flight[name] += 1
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                if first is _NOTHING:
+                    return
+                yield (json.dumps(first) + "\n").encode()
+                async for item in items:
+                    yield (json.dumps(item) + "\n").encode()
+            except Exception as exc:
+                status, error, detail = status_of(exc)
+                self.faults.append({"time": time.time(), "status": status, "error": error, "deployment": name,
+                                    "detail": f"mid-stream: {detail[-2000:]}"})
+                yield (json.dumps({"error": error, "detail": detail, "deployment": name}) + "\n").encode()
+            finally:
+                self.in_flight[name] -= 1
+                await items.aclose()  # (a client gone early: the stream is cancelled on its replica)
+
+        self.answers[200] += 1
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     async def _events(self, name: str, method: str, args: tuple, kwargs: dict) -> AsyncIterator[str]:
         """Server-sent events: each change of the request's state (``_progress``), then ``done``

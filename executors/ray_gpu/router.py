@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
 
 import rankcore as rc
 from rankcore.requests import (
@@ -60,6 +60,8 @@ LONG_POLL_S = 10.0
 #: after a failed long poll (the controller restarting), ask again this much later
 LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
+#: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
+STREAM_BACKPRESSURE = 16
 _ids = itertools.count()
 
 
@@ -73,11 +75,13 @@ def idempotent(method: Any) -> Any:
 class Call:
     """One request: what to send, and the future its end resolves (the result, or an exception)."""
 
-    __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router")
+    __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream")
 
-    def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict) -> None:
+    def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict,
+                 stream: bool = False) -> None:
         self.router, self.request_id, self.method = router, request_id, method
-        self.args, self.kwargs = args, kwargs
+        self.args, self.kwargs, self.stream = args, kwargs, stream
+        #: the answer; for a stream, its Ray ``ObjectRefGenerator`` once dispatched (the items follow)
         self.future: Future = Future()
         self.ref: Any = None
         self.replica_id: str | None = None
@@ -105,6 +109,7 @@ class Router:
         self.limits: tuple[int, int, int] | None = None
         self.version: Any = None  # the last pool answer's version (None: never asked)
         self.idempotent: frozenset[str] = frozenset()
+        self.streams: frozenset[str] = frozenset()  # the class's generator methods (``options(stream=True)``)
         self.poll: Any = None
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
@@ -145,6 +150,7 @@ class Router:
         self.dead.intersection_update(rid for rid, _ in serving)
         self.actors = {rid: actor for rid, actor in serving if rid not in self.dead}
         self.idempotent = frozenset(pool.get("idempotent", ()))
+        self.streams = frozenset(pool.get("streams", ()))
         out: list = []
         limits = (pool["max_ongoing_requests"], pool["max_queued_requests"], pool.get("max_retries", 3))
         if limits != self.limits:
@@ -160,7 +166,10 @@ class Router:
         """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer."""
         self.refresh()
         with self.lock:
-            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs)
+            if method in self.streams and not stream:
+                raise TypeError(f"{self.name}.{method} is a generator method: call it through "
+                                f"handle.options(stream=True)")
+            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream)
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream)))
@@ -187,6 +196,12 @@ class Router:
                 call = self.calls[a.request_id]
                 actor = self.actors[a.replica_id]
                 call.replica_id = a.replica_id
+                if call.stream:  # (its items are read by the caller: ``stream_items``; it reports the end)
+                    call.ref = actor.handle_stream.options(
+                        num_returns="streaming", _generator_backpressure_num_objects=STREAM_BACKPRESSURE,
+                    ).remote(call.method, call.args, call.kwargs)
+                    call.future.set_result(call.ref)
+                    continue
                 call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs)
                 rid, req = a.replica_id, a.request_id
                 ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
@@ -202,6 +217,70 @@ class Router:
                         held.future.set_exception(rc.RequestCancelled(
                             f"call to {self.name!r} cancelled on replica {a.replica_id}", deployment=self.name,
                             request_id=a.request_id, replica_id=a.replica_id))
+
+    def stream_items(self, call: Call, timeout: float | None = None) -> Any:
+        """A stream's items, as the replica yields them (Ray's back-pressure: the replica runs at most
+        ``STREAM_BACKPRESSURE`` items ahead). Its end, an application error, or its replica's death is
+        told to the machine; a replica dying mid-stream raises ``rankcore.ReplicaDied`` after the items
+        already given, never a silent truncation. A stream closed early is cancelled on the replica."""
+        gen = call.future.result(timeout)  # (Rejected / Failed before dispatch raise here)
+        rid = call.replica_id
+        try:
+            for ref in gen:
+                try:
+                    item = ray.get(ref)
+                except RayTaskError as exc:  # the application raised: the caller gets it, the stream ends
+                    self._stream_end(call, rid, ok=False)
+                    raise exc.as_instanceof_cause() from None
+                yield item
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise self._stream_died(call, rid, exc) from None
+        except GeneratorExit:
+            ray.cancel(gen)
+            self._stream_end(call, rid, ok=True)
+            raise
+        self._stream_end(call, rid, ok=True)
+
+    async def stream_items_async(self, call: Call) -> Any:
+        """``stream_items`` for async code (``async for``)."""
+        import asyncio
+
+        gen = await asyncio.wrap_future(call.future)
+        rid = call.replica_id
+        try:
+            async for ref in gen:
+                try:
+                    item = await ref
+                except RayTaskError as exc:
+                    self._stream_end(call, rid, ok=False)
+                    raise exc.as_instanceof_cause() from None
+                yield item
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise self._stream_died(call, rid, exc) from None
+        except GeneratorExit:
+            ray.cancel(gen)
+            self._stream_end(call, rid, ok=True)
+            raise
+        self._stream_end(call, rid, ok=True)
+
+    def _stream_end(self, call: Call, rid: str | None, ok: bool) -> None:
+        with self.lock:
+            if self.calls.pop(call.request_id, None) is not None:
+                self._carry(self.machine.handle(Completed(request_id=call.request_id, ok=ok, replica_id=rid)))
+
+    def _stream_died(self, call: Call, rid: str | None, exc: BaseException) -> Exception:
+        """The stream's replica died: gone for the machine (which fails the stream: it had started)."""
+        with self.lock:
+            if rid is not None:
+                if not isinstance(exc, ActorUnavailableError):
+                    self.dead.add(rid)
+                self.actors.pop(rid, None)
+                self.calls.pop(call.request_id, None)
+                self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
+                                                               membership="gone")))
+        return rc.ReplicaDied(f"stream from {self.name!r}.{call.method}: replica {rid} died mid-stream "
+                              f"({type(exc).__name__}); the items before it were delivered",
+                              deployment=self.name, request_id=call.request_id, replica_id=rid)
 
     def _error(self, a: Rejected | Failed) -> Exception:
         if a.reason == "unknown_deployment":

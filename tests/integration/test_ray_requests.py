@@ -167,3 +167,71 @@ def test_calls_keep_flowing_while_the_controller_restarts_and_through_a_scale_up
     assert during > 20  # calls were answered while the controller was down and restarting
     assert len(new) == 2 and new <= set(results), f"the new replicas {new} never answered"
     assert h.counters().lost == 0 and h.counters().failed == 0
+
+
+class Tokens:
+    def tokens(self, n: int, delay: float = 0.0):
+        for i in range(n):
+            time.sleep(delay)
+            yield {"i": i, "replica": get_replica_context().replica_id}
+
+    async def atokens(self, n: int):
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield i * 10
+
+    def broken(self, n: int):
+        yield 0
+        raise ValueError(f"broke after the first of {n}")
+
+
+def test_generator_methods_stream_through_the_handle_and_a_death_mid_stream_is_an_error():
+    h = run(deployment(Tokens, name="tokens", num_replicas=2, ray_actor_options=OPTS).bind())
+    streaming = h.options(stream=True)
+    items = list(streaming.tokens.remote(5))
+    assert [x["i"] for x in items] == [0, 1, 2, 3, 4] and len({x["replica"] for x in items}) == 1
+
+    async def collect() -> list:
+        return [x async for x in streaming.atokens.remote(4)]
+
+    assert asyncio.run(collect()) == [0, 10, 20, 30]
+    with pytest.raises(TypeError, match=r"generator method: call it through handle\.options"):
+        h.tokens.remote(3)
+    got = []
+    with pytest.raises(ValueError, match="broke after the first of 3"):
+        for x in streaming.broken.remote(3):
+            got.append(x)
+    assert got == [0]
+
+    gen = streaming.tokens.remote(50, 0.1)
+    seen = []
+    with pytest.raises(rc.ReplicaDied) as err:
+        for x in gen:
+            seen.append(x)
+            if len(seen) == 3:
+                ray.kill(ray.get_actor(actor_name("tokens", x["replica"]), namespace=NAMESPACE), no_restart=True)
+    assert 3 <= len(seen) < 50 and err.value.replica_id == seen[0]["replica"]
+    assert "mid-stream" in str(err.value)
+    c = h.counters()
+    assert c.lost == 0 and c.failed == 1 and c.answered == 2 and c.app_errors == 1
+
+
+def test_a_generator_method_streams_over_http_as_ndjson():
+    import json
+
+    import httpx
+
+    from executors.ray_gpu.ingress import ingress_address
+
+    run(deployment(Tokens, name="httptokens", num_replicas=1, ray_actor_options=OPTS).bind(),
+        route_prefix="/tok", port=0)
+    host, port = ingress_address()
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:
+        with client.stream("POST", "/tok/tokens", json={"args": [4]}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+            lines = [json.loads(line) for line in r.iter_lines() if line]
+        assert [x["i"] for x in lines] == [0, 1, 2, 3]
+        r = client.post("/tok/broken", json={"args": [2]})
+        last = [json.loads(line) for line in r.text.splitlines() if line]
+        assert r.status_code == 200 and last[0] == 0
+        assert last[-1]["error"] == "application_error" and "broke after the first of 2" in last[-1]["detail"], last
