@@ -73,7 +73,7 @@ def test_a_replica_waiting_for_capacity_holds_its_rank_and_stops_at_once():
     ctl = get_controller()
     d = Big
     ask(ctl, "apply", d.name, 3, None, d.cls, (), {}, d.ray_actor_options, d.max_ongoing_requests, d.placement)
-    assert wait_for(lambda: sum(1 for r in ask(ctl, "endpoints", "big")[0]) == 2, 60)
+    assert wait_for(lambda: len(ask(ctl, "pool", "big")["serving"]) == 2, 60)
     ranks = ask(ctl, "ranks", "big")
     assert sorted(r[0] for r in ranks.values()) == [0, 1, 2]  # the waiting one already holds rank 2
     (waiting,) = [rid for rid, r in ranks.items() if r[0] == 2]
