@@ -25,8 +25,11 @@ One function decides, after any step (``announce``; ``core.step`` and
 ``core.general_step`` call it, so the fast paths need no copy of the rule).
 It compares the replicas the step can have changed: the event's replica,
 every replica a command names (a replica leaves serving only through a
-command: stop, evict, offload, new weights, reconfigure) or replaces, and
-for ``NodeLost`` every replica that was on the node. The property suite
+command: stop, evict, offload, new weights, reconfigure) or replaces, every
+replica of the deployment a deployment's own event names (apply, scale,
+sleep, wake, push, bundles), and for a node's event (lost, joined, capacity:
+rare, and wide: a lost node may end a static group's replicas on others)
+every replica. The property suite
 checks that the pool these commands describe is the core's own after every
 step (``rankcore.testing``).
 
@@ -39,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from .commands import PoolChanged, PoolComing, PoolReset
-from .events import ControllerRecovered, NodeLost
+from .events import ControllerRecovered, NodeCapacityChanged, NodeJoined, NodeLost
 from .lifecycle import Phase
 from .records import maker
 from .residency import serving
@@ -101,17 +104,25 @@ def _candidates(before: State, event: object, commands: tuple) -> list[str]:
         r = getattr(c, "replaces", None)
         if type(r) is str:
             seen[r] = None
-    if type(event) is NodeLost:
-        node = event.node_id
+    kind = type(event)
+    if kind in _NODE_EVENTS:  # (rare, and wide: a node's loss may end a static group's replicas elsewhere)
         for name in sorted(before.deployments):
-            for r, rep in before.deployments[name].replicas.items():
-                if rep.node_id == node:
-                    seen[r] = None
+            seen.update(dict.fromkeys(before.deployments[name].replicas))
+    else:
+        field = _NAMES.get(kind)
+        if field is None:
+            field = _name_field(kind)
+        name = getattr(event, field) if field else None
+        dep = before.deployments.get(name) if type(name) is str else None
+        if dep is not None:  # a deployment's own event (scale, apply, sleep, push, bundles): all of its replicas
+            seen.update(dict.fromkeys(dep.replicas))
     return list(seen)
 
 
 #: event type -> the field naming its deployment ("" when it names none): looked up once per type
 _NAMES: dict[type, str] = {}
+#: the node events: a step of one looks at every replica (they are rare, and their effects wide)
+_NODE_EVENTS = frozenset({NodeLost, NodeJoined, NodeCapacityChanged})
 
 
 def _name_field(kind: type) -> str:
@@ -132,7 +143,7 @@ def announce(before: State, event: object, step: Step) -> Step:
                      recovery=step.recovery, pool=tuple(reset(after)))
     out: list[Any] = []
     commands = step.commands
-    if not commands and kind is not NodeLost:  # (the commonest step: an answer, no command)
+    if not commands and kind not in _NODE_EVENTS and not _name_field(kind):  # (the commonest: an answer)
         rid = getattr(event, "replica_id", None)
         candidates: list[str] = [rid] if type(rid) is str else []
     else:

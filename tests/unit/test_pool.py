@@ -144,3 +144,50 @@ def test_a_pool_command_with_an_unknown_membership_is_refused_naming_it() -> Non
 
     with pytest.raises(rc.InvalidConfig, match=r"PoolChanged\.membership must be one of serving, draining, gone"):
         rc.PoolChanged(deployment="llm", replica_id="llm#0", membership="asleep")
+
+
+def test_a_lost_node_that_ends_a_static_groups_replica_on_another_node_announces_it_gone() -> None:
+    """Found by the thorough property machine: a static deployment asleep and scaled to 0 has a
+    replica stopping on node-b (its bundle moved there); losing node-a ends it too, with no command
+    naming it. The pool must say it is gone (a node's event looks at every replica)."""
+    run = Run()
+    for event in (
+        rc.NodeJoined(node_id='node-a', resources=(('CPU', 8.0), ('GPU', 1.0)), labels=(), order=0, devices=(), cpu_cache_bytes=0),
+        rc.NodeJoined(node_id='node-b', resources=(('CPU', 8.0), ('GPU', 1.0)), labels=(), order=1, devices=(), cpu_cache_bytes=0),
+        rc.NodeJoined(node_id='node-c', resources=(('CPU', 8.0), ('GPU', 1.0)), labels=(), order=2, devices=(), cpu_cache_bytes=0),
+        rc.Tick(now=1.0),
+        rc.DeploymentApplied(name='embed', num_replicas=3, user_config=None, has_reconfigure=True, reconfigure_takes_rank=True, max_replicas=100000, resources=(('GPU', 0.0),), static_placement=rc.StaticPlacement(group='pg', bundle_nodes=('node-a', 'node-a', 'node-a', 'node-a'), mapping=((0,), (1, 2), (3,)), capture_child_tasks=True)),
+        rc.ReplicaPlaced(replica_id='embed#1', node_id='node-a', now=None),
+        rc.ReplicaPlaced(replica_id='embed#0', node_id='node-a', now=None),
+        rc.ReplicaReady(replica_id='embed#0'),
+        rc.ReplicaReady(replica_id='embed#1'),
+        rc.ReplicaPlaced(replica_id='embed#2', node_id='node-a', now=None),
+        rc.ReplicaReady(replica_id='embed#2'),
+        rc.ReplicaCrashed(replica_id='embed#0', reason='test', cause='error', now=None),
+        rc.ReplicaPlaced(replica_id='embed#3', node_id='node-a', now=None),
+        rc.ReplicaReady(replica_id='embed#3'),
+        rc.ReplicaCrashed(replica_id='embed#1', reason='test', cause='error', now=None),
+        rc.ReplicaPlaced(replica_id='embed#4', node_id='node-a', now=None),
+        rc.ReplicaReady(replica_id='embed#4'),
+        rc.ReplicaCrashed(replica_id='embed#2', reason='test', cause='error', now=None),
+        rc.ReplicaPlaced(replica_id='embed#5', node_id='node-a', now=None),
+        rc.ReplicaReady(replica_id='embed#5'),
+        rc.BundlesPlaced(deployment='embed', bundle_nodes=('node-a', 'node-b', 'node-a', 'node-a')),
+        rc.ReplicaPlaced(replica_id='embed#6', node_id='node-b', now=None),
+        rc.ReplicaReady(replica_id='embed#6'),
+        rc.SleepRequested(deployment='embed'),
+        rc.ReplicaReconfigured(replica_id='embed#5', version=1),
+        rc.TierMoved(replica_id='embed#3', tier='warm', nbytes=0),
+        rc.TierMoved(replica_id='embed#5', tier='warm', nbytes=0),
+        rc.TierMoved(replica_id='embed#6', tier='warm', nbytes=0),
+        rc.ReplicaCrashed(replica_id='embed#3', reason='test', cause='error', now=None),
+        rc.ReplicaPlaced(replica_id='embed#7', node_id='node-a', now=None),
+        rc.DeploymentApplied(name='llm', num_replicas=0, user_config=None, has_reconfigure=False, reconfigure_takes_rank=False, max_replicas=100000, resources=(('GPU', 0.0),), gang_size=2),
+        rc.ReplicaReady(replica_id='embed#7'),
+        rc.TierMoved(replica_id='embed#7', tier='warm', nbytes=0),
+        rc.ReplicaCrashed(replica_id='embed#5', reason='test', cause='error', now=None),
+        rc.ScaleRequested(deployment='embed', num_replicas=0, victims=()),
+        rc.NodeLost(node_id='node-a'),
+    ):
+        run(event)  # (Run checks the view against the core's pools after every step)
+    assert "embed#6" not in run.view.members.get("embed", {})
