@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import os
@@ -369,7 +370,10 @@ class ReplicaActor:
                 pass
 
     # --------------------------------------------------------------- requests
-    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+    @contextlib.asynccontextmanager
+    async def _request(self, method: str) -> Any:
+        """The user's method, counted in flight (a drain waits for it) while it holds one of the
+        ``max_ongoing_requests`` slots."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         self._loop_objects()
@@ -378,42 +382,34 @@ class ReplicaActor:
         self._inflight += 1
         try:
             async with self._slots:  # at most max_ongoing_requests at once
-                return await self._call(fn, args, kwargs, pool=self._requests)
+                yield fn
         finally:
             async with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
+    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
+        async with self._request(method) as fn:
+            return await self._call(fn, args, kwargs, pool=self._requests)
 
     async def handle_stream(self, method: str, args: tuple, kwargs: dict) -> Any:
         """A generator method's items, one by one (a Ray streaming generator: the caller calls it with
         ``num_returns="streaming"``, the handle's ``options(stream=True)``). A sync generator's each
         ``next`` runs in the request pool, an async generator on the user loop; the stream holds one of
         the ``max_ongoing_requests`` slots until it ends."""
-        if self.instance is None:
-            raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
-        self._loop_objects()
-        assert self._slots is not None and self._idle is not None
-        fn = getattr(self.instance, method)
-        self._inflight += 1
-        try:
-            async with self._slots:
-                if inspect.isasyncgenfunction(fn):
-                    agen = fn(*args, **kwargs)
-                    while (item := await self._on_user_loop(_next_async(agen))) is not _END:
-                        yield item
-                else:
-                    loop = asyncio.get_running_loop()
-                    gen = await loop.run_in_executor(self._requests, functools.partial(fn, *args, **kwargs))
-                    if not inspect.isgenerator(gen):
-                        raise TypeError(f"{type(self.instance).__name__}.{method} is not a generator: call it "
-                                        f"without stream=True")
-                    while (item := await loop.run_in_executor(self._requests, next, gen, _END)) is not _END:
-                        yield item
-        finally:
-            async with self._idle:
-                self._inflight -= 1
-                self._idle.notify_all()
+        async with self._request(method) as fn:
+            if inspect.isasyncgenfunction(fn):
+                agen = fn(*args, **kwargs)
+                while (item := await self._on_user_loop(_next_async(agen))) is not _END:
+                    yield item
+            else:
+                loop = asyncio.get_running_loop()
+                gen = await loop.run_in_executor(self._requests, functools.partial(fn, *args, **kwargs))
+                if not inspect.isgenerator(gen):
+                    raise TypeError(f"{type(self.instance).__name__}.{method} is not a generator: call it "
+                                    f"without stream=True")
+                while (item := await loop.run_in_executor(self._requests, next, gen, _END)) is not _END:
+                    yield item
 
 
 _END = object()  # (a stream's end: StopIteration does not cross a thread pool's future)
