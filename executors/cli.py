@@ -95,6 +95,9 @@ MEANINGS = (
                     "crashed or the run ended first; their wait until then counts too)"),
     ("queue wait", "queue wait: a request's submit to its first dispatch; latency: submit to answer; "
                    "lost: submitted minus ended minus waiting (0)"),
+    ("1st item", "streams: 1st item: a stream's submit to its first item; duration: its dispatch to its last "
+                 "item (the slot held); failed: ended by an error after the items given (its replica died "
+                 "mid-stream: never retried)"),
 )
 
 
@@ -176,6 +179,9 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
         t = Table(title=group)
         t.add_column("deployment", overflow="fold")
         cells = {name: [_figure_cell(m, f) for f in cols] for name, m in deps.items() if m.get("requests")}
+        cells = {name: row for name, row in cells.items() if set(row) != {"-"}}  # (streams: theirs only)
+        if not cells:
+            continue
         for i, f in enumerate(cols):
             t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
         for name, row in cells.items():

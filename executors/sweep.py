@@ -194,11 +194,19 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(f"requests_{k}", title, "queue", 3) for k, title in (
         ("queue_wait_p50", "queue wait\np50 s"), ("queue_wait_p99", "queue wait\np99 s"),
         ("latency_p50", "latency\np50 s"), ("latency_p99", "latency\np99 s"))),
+    # streams (``traffic.<d>.stream``): what became of them, items given, time to first item, duration
+    *(Figure(f"requests_{k}", title, "streams", count=True) for k, title in (
+        ("streams_started", "streams"), ("streams_completed", "completed"), ("streams_failed", "failed"),
+        ("stream_items", "items"))),
+    *(Figure(f"requests_{k}", title, "streams", 3) for k, title in (
+        ("first_item_p50", "1st item\np50 s"), ("first_item_p99", "1st item\np99 s"),
+        ("stream_duration_p50", "duration\np50 s"), ("stream_duration_p99", "duration\np99 s"))),
 )
 #: column groups, each printed as a table of its own (so each stays narrow)
-GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue")
-#: the groups of the request queue (shown only for a scenario with ``traffic:``)
-TRAFFIC_GROUPS = ("requests", "queue")
+GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
+          "streams")
+#: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
+TRAFFIC_GROUPS = ("requests", "queue", "streams")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
 #: ``TRAFFIC_GROUPS`` too when its runs had traffic (``traffic_figures``)
 DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
@@ -227,10 +235,12 @@ def select_figures(spec: str | None) -> list[Figure]:
 
 
 def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
-    """The request queue's figures (``TRAFFIC_GROUPS``) if any run had traffic, else none."""
-    if any(m.get("requests") for r in records for m in r.metrics["deployments"].values()):
-        return [f for f in FIGURES if f.group in TRAFFIC_GROUPS]
-    return []
+    """The request queue's figures (``TRAFFIC_GROUPS``) if any run had traffic (streams': if any
+    had streams), else none."""
+    queues = [m.get("requests") or {} for r in records for m in r.metrics["deployments"].values()]
+    groups = {"requests", "queue"} if any(queues) else set()
+    groups |= {"streams"} if any("streams_started" in q for q in queues) else set()
+    return [f for f in FIGURES if f.group in groups]
 
 
 def figure_value(d: dict, key: str) -> float | None:

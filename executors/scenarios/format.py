@@ -36,6 +36,7 @@ __all__ = [
     "ScenarioError",
     "ArrivalSpec",
     "TrafficSpec",
+    "StreamSpec",
     "ARRIVAL_KINDS",
     "NodeSpec",
     "DeploymentSpec",
@@ -165,8 +166,10 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: the request machine's limits: deployment options (``rankcore.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
-_TRAFFIC_KEYS = ("arrivals", "service", "idempotent", "timeout_s", "error_rate", "from", "until",
+_TRAFFIC_KEYS = ("arrivals", "service", "stream", "idempotent", "timeout_s", "error_rate", "from", "until",
                  "metrics_interval_s")
+#: ``traffic.<deployment>.stream``: requests answered as a stream of items (a generator method)
+_STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
 
 
 @attrs.frozen
@@ -189,6 +192,20 @@ class ArrivalSpec:
 
 
 @attrs.frozen
+class StreamSpec:
+    """Requests answered as a stream (``traffic.<deployment>.stream``), as a generator method
+    through ``handle.options(stream=True)``: a share ``fraction`` of the requests; each gives
+    ``items`` items (a draw rounded to a whole number, at least 1), the first ``first_item_s``
+    after its dispatch (default: one ``item_interval_s`` draw), then one every ``item_interval_s``.
+    The replica holds one slot until the last item; a stream is never retried."""
+
+    items: Latency
+    item_interval_s: Latency
+    first_item_s: Latency | None = None
+    fraction: float = 1.0
+
+
+@attrs.frozen
 class TrafficSpec:
     """One deployment's requests in the simulator (docs/scenarios.md, "Traffic and the request
     queue"): arrivals between ``start`` and ``until``, each served for a ``service`` draw on the
@@ -197,7 +214,10 @@ class TrafficSpec:
 
     deployment: str
     arrivals: ArrivalSpec
-    service: Latency
+    #: a plain request's service time (None: every request streams, ``stream.fraction`` 1)
+    service: Latency | None
+    #: the requests answered as a stream (None: none)
+    stream: StreamSpec | None = None
     idempotent: bool = False
     timeout_s: float | None = None
     error_rate: float = 0.0
@@ -970,7 +990,11 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
             k = sorted(given)[0]
             raise c.fail(p + (k,), f"{k} is a deployment option (declared once: rankcore/options.py): "
                                    f"set it as deployments.{name}.{k}", at_key=True)
-        m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals", "service"))
+        m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals",))
+        stream = None if m.get("stream") is None else _stream(m["stream"], p + ("stream",), c)
+        if "service" not in m and (stream is None or stream.fraction < 1):
+            raise c.fail(p, "missing required field 'service'" + (
+                "" if stream is None else f" (the plain requests' service time: stream.fraction is {stream.fraction:g})"))
         if duration is None:
             raise c.fail(p, "traffic needs the scenario's 'duration' (requests arrive, and the queue is "
                             "sampled, until then)", at_key=True)
@@ -988,11 +1012,27 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         limits = tuple((k, v) for k, v in deployments[name].options if k in _LIMITS)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
-            service=c.latency(m["service"], p + ("service",)), idempotent=idempotent,
+            service=c.latency(m["service"], p + ("service",)) if "service" in m else None, stream=stream,
+            idempotent=idempotent,
             timeout_s=None if timeout is None else float(timeout),
             error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
             start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
     return out
+
+
+def _stream(value: Any, p: tuple, c: _Checker) -> StreamSpec:
+    """``stream: {items: N or a distribution, item_interval_s: <latency>, first_item_s: <latency>,
+    fraction: 0..1}`` -> ``StreamSpec``."""
+    m = c.mapping(value, p, _STREAM_KEYS, required=("items", "item_interval_s"))
+    items = m["items"]
+    if isinstance(items, bool) or not isinstance(items, (int, dict)) or (isinstance(items, int) and items < 1):
+        raise c.fail(p + ("items",), f"must be a whole number of items >= 1 or a distribution "
+                                     f"({{dist: lognormal, median: 200, sigma: 0.5}}), got {_show(items)}")
+    first = m.get("first_item_s")
+    return StreamSpec(items=c.latency(items, p + ("items",)),
+                      item_interval_s=c.latency(m["item_interval_s"], p + ("item_interval_s",)),
+                      first_item_s=None if first is None else c.latency(first, p + ("first_item_s",)),
+                      fraction=c.number(m.get("fraction", 1.0), p + ("fraction",), maximum=1.0))
 
 
 def _arrivals(value: Any, p: tuple, c: _Checker) -> ArrivalSpec:

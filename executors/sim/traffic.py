@@ -14,18 +14,30 @@ only fact the simulator reports on its own is a dispatch to a replica that is no
 longer there (dead while the controller was down): ``NotDelivered``, as a handle
 gets an error sending to a dead actor.
 
+Streams (``stream:``, ``executors.scenarios.format.StreamSpec``): a share of the
+requests is submitted with ``stream=True``, as the Ray handle's
+``options(stream=True)`` does. Dispatched, a stream's item times are drawn at once
+(``traffic/<deployment>/streams``; which requests stream: ``.../streamed``); it holds
+its slot until the last item, then ends with a ``Completed``. A replica that dies
+or hangs stops its streams there (``replica_silent``, from the backend): the caller
+has the items given until then and, once the core's ``PoolChanged(gone)`` reaches
+the machine, a ``Failed("replica_died")`` (a stream is never retried). A draining
+replica finishes its streams (``drain_s`` waits for their last item).
+
 What it measures per deployment (``as_dict``): the machine's counters, what the
 callers saw (every Submit ends once: ``lost`` from the simulator's own books),
 queue wait (submit -> first dispatch) and end-to-end latency (submit -> answer)
 percentiles in virtual seconds, the longest queue, and ``queue_series``: (t,
 queued, in flight) every ``metrics_interval_s``, the load an autoscaler reads
-(issue 23).
+(issue 23); with streams, what became of them (``streams_*``), the items the
+callers got, time to first item and stream duration percentiles.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,7 +56,7 @@ from rankcore.requests import (
     Tick,
 )
 
-from ..scenarios.format import ArrivalSpec, TrafficSpec
+from ..scenarios.format import ArrivalSpec, StreamSpec, TrafficSpec
 from ..scenarios.metrics import percentile
 
 __all__ = ["SimTraffic", "arrival_times", "segments"]
@@ -105,10 +117,11 @@ def arrival_times(spec: ArrivalSpec, rng: random.Random, start: float, until: fl
 
 
 class _Flow:
-    """One deployment's traffic: its spec, streams and what it measured."""
+    """One deployment's traffic: its spec, random streams and what it measured."""
 
     __slots__ = ("spec", "name", "times", "service", "errors", "n", "waits", "latencies", "series", "max_queued",
-                 "ends", "answers", "live", "failures", "failed_by_replica", "double_ends")
+                 "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
+                 "streams")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -126,13 +139,59 @@ class _Flow:
         self.failures: list[dict] = []
         self.failed_by_replica: dict[str, int] = {}
         self.double_ends = 0  # an end for a request already ended (never, if the machine is right)
+        self.streamed = self.shapes = None
+        self.streams = _Streams()
+        if spec.stream is not None:
+            self.streamed = sim.stream(f"traffic/{self.name}/streamed")  # which requests stream
+            self.shapes = sim.stream(f"traffic/{self.name}/streams")  # their items and item times
+
+
+class _Streams:
+    """What became of one deployment's streams, as their callers saw them."""
+
+    __slots__ = ("started", "completed", "app_errors", "failed", "live", "items", "first_item", "duration")
+
+    def __init__(self) -> None:
+        self.started = self.completed = self.app_errors = self.failed = self.live = self.items = 0
+        self.first_item: list[float] = []  # submit -> first item, per stream that gave one
+        self.duration: list[float] = []  # dispatch -> last item (the slot held), per stream that ended answered
+
+    def as_dict(self) -> dict:
+        return {"streams_started": self.started, "streams_completed": self.completed,
+                "streams_app_errors": self.app_errors, "streams_failed": self.failed, "streams_in_flight": self.live,
+                "stream_items": self.items,
+                "first_item_p50": _r(percentile(self.first_item, 50)),
+                "first_item_p99": _r(percentile(self.first_item, 99)),
+                "stream_duration_p50": _r(percentile(self.duration, 50)),
+                "stream_duration_p99": _r(percentile(self.duration, 99))}
 
 
 class _Req:
-    __slots__ = ("flow", "t0", "dispatched")
+    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent")
 
-    def __init__(self, flow: _Flow, t0: float) -> None:
-        self.flow, self.t0, self.dispatched = flow, t0, False
+    def __init__(self, flow: _Flow, t0: float, stream: bool) -> None:
+        self.flow, self.t0, self.dispatched, self.stream = flow, t0, False, stream
+        self.items_at: list[float] | None = None  # a stream's item times (absolute), drawn at its dispatch
+        self.cut: float | None = None  # when its replica died or hung: no item after that reaches the caller
+        self.sent = t0  # when a replica took the stream (its items were drawn then)
+
+    def given(self, now: float) -> int:
+        """The items of this stream its caller has by ``now``."""
+        if self.items_at is None:
+            return 0
+        return bisect_right(self.items_at, now if self.cut is None else min(now, self.cut))
+
+
+def _item_times(spec: StreamSpec, rng: random.Random, now: float) -> list[float]:
+    """A stream's item times from its dispatch at ``now``: ``items`` of them (at least 1), the first
+    ``first_item_s`` later (default: an ``item_interval_s`` draw), the others ``item_interval_s`` apart."""
+    n = max(1, round(spec.items.sample(rng)))
+    t = now + (spec.first_item_s or spec.item_interval_s).sample(rng)
+    times = [t]
+    for _ in range(n - 1):
+        t += spec.item_interval_s.sample(rng)
+        times.append(t)
+    return times
 
 
 class SimTraffic:
@@ -164,10 +223,12 @@ class SimTraffic:
         rid = f"{flow.name}/{flow.n}"
         flow.n += 1
         deadline = None if spec.timeout_s is None else now + spec.timeout_s
-        self._requests[rid] = _Req(flow, now)
+        stream = flow.streamed is not None and spec.stream is not None and (
+            spec.stream.fraction >= 1 or flow.streamed.random() < spec.stream.fraction)
+        self._requests[rid] = _Req(flow, now, stream)
         flow.live += 1
         actions = self.machine.handle(_Submit(request_id=rid, deployment=flow.name, idempotent=spec.idempotent,
-                                              stream=False, deadline=deadline))
+                                              stream=stream, deadline=deadline))
         if deadline is not None:
             self.sim.schedule(spec.timeout_s, self._tick)
         if not actions:  # queued
@@ -186,8 +247,9 @@ class SimTraffic:
                 self._ended(a)
 
     def _dispatch(self, a: Dispatch) -> None:
-        """Hand the request to its replica: served for a ``service`` draw, then answered (a hung
-        replica never answers); a replica no longer there never got it (``NotDelivered``)."""
+        """Hand the request to its replica: served for a ``service`` draw (a stream: until its last
+        item), then answered (a hung replica never answers); a replica no longer there never got it
+        (``NotDelivered``)."""
         sim = self.sim
         r = sim.backend.replicas.get(a.replica_id)
         if r is None or r.phase not in _TAKES_CALLS:
@@ -199,9 +261,18 @@ class SimTraffic:
         if req is not None and not req.dispatched:
             req.dispatched = True
             flow.waits.append(sim.now - req.t0)
+            if req.stream:
+                flow.streams.started += 1
+                flow.streams.live += 1
         if r.hung:
             return  # a frozen process takes the call and never answers it
-        service = flow.spec.service.sample(flow.service)
+        if req is not None and req.stream:
+            assert flow.spec.stream is not None and flow.shapes is not None
+            req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
+            service = req.items_at[-1] - sim.now
+        else:
+            assert flow.spec.service is not None  # (parsed: required unless every request streams)
+            service = flow.spec.service.sample(flow.service)
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         ticket = sim.schedule(service, self._complete, a.request_id, a.replica_id, r.epoch, ok)
         self._held.setdefault(a.replica_id, {})[a.request_id] = (sim.now + service, ticket, ok)
@@ -228,7 +299,26 @@ class SimTraffic:
             req.flow.answers += 1
             req.flow.ends += 1
             req.flow.live -= 1
+            if req.stream:  # every item given, then the end (an application error: a last error line)
+                self._stream_ended(req, completed=ok, answered=True)
         self._carry(actions)
+
+    def _stream_ended(self, req: _Req, *, completed: bool, answered: bool) -> None:
+        """A stream's end as its caller saw it: the items it got, when the first came, how long
+        its replica held the slot (answered streams)."""
+        st, now = req.flow.streams, self.sim.now
+        st.live -= 1
+        if answered:
+            st.completed += completed
+            st.app_errors += not completed
+        else:
+            st.failed += 1
+        given = req.given(now)
+        st.items += given
+        if given and req.items_at is not None:
+            st.first_item.append(req.items_at[0] - req.t0)
+            if answered:
+                st.duration.append(req.items_at[-1] - req.sent)
 
     def _answer_now(self, rid: str, replica_id: str) -> None:
         """``CancelOnReplica``: the replica stops serving ``rid`` and answers at once (counted late
@@ -255,8 +345,13 @@ class SimTraffic:
             rep = a.replica_id or "-"
             flow.failed_by_replica[rep] = flow.failed_by_replica.get(rep, 0) + 1
             if len(flow.failures) < KEEP_FAILURES:
-                flow.failures.append({"t": round(self.sim.now, 6), "request": a.request_id, "reason": a.reason,
-                                      "replica": a.replica_id, "detail": a.detail})
+                failure = {"t": round(self.sim.now, 6), "request": a.request_id, "reason": a.reason,
+                           "replica": a.replica_id, "detail": a.detail}
+                if req.stream:  # the caller has these items, then the error: never a silent truncation
+                    failure["items"] = req.given(self.sim.now)
+                flow.failures.append(failure)
+        if req.stream and req.dispatched:  # (a stream refused before any replica took it never started)
+            self._stream_ended(req, completed=False, answered=False)
 
     def _tick(self) -> None:
         """A deadline came due: the machine ends what is past it."""
@@ -270,6 +365,14 @@ class SimTraffic:
             flow = self.flows.get(cmd.deployment)
             if flow is not None:
                 self._peak(flow)  # (a replica gone puts what it held back in the queue)
+
+    def replica_silent(self, replica_id: str) -> None:
+        """``replica_id`` died, was killed or hung now: the streams it serves give no more items
+        (their callers learn the end from the machine, once the core says it is gone)."""
+        for rid in self._held.get(replica_id, ()):
+            req = self._requests.get(rid)
+            if req is not None and req.stream and req.cut is None:
+                req.cut = self.sim.now
 
     def drain_s(self, replica_id: str) -> float:
         """How long ``replica_id`` needs to finish what it is serving (its graceful stop waits)."""
@@ -312,6 +415,8 @@ class SimTraffic:
                 "failures": list(f.failures),
                 "queue_series": [list(s) for s in f.series],
             }
+            if f.spec.stream is not None:
+                out[name].update(f.streams.as_dict())
         return out
 
 

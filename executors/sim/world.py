@@ -667,6 +667,8 @@ class SimBackend:
                     self._book(node, r, -1)
 
     def _free(self, r: SimReplica, phase: str) -> None:
+        if self.traffic is not None:  # its streams stop here (their caller learns it from the pool)
+            self.traffic.replica_silent(r.replica_id)
         self._release_gpus(r)
         self._waited(r, False)
         r.phase = phase
@@ -697,6 +699,8 @@ class SimBackend:
         if r is None or r.phase not in ("running", "reconfiguring") or r.hung:
             return False
         r.hung = True
+        if self.traffic is not None:  # its streams stop here
+            self.traffic.replica_silent(rid)
         if rid not in self.orphans:  # (nobody checks an orphan's health)
             self.sim.schedule(r.checks[1], self._check_failed, rid, r.epoch)
         return True

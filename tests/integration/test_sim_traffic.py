@@ -125,6 +125,26 @@ def test_a_bad_arrival_file_names_its_line(tmp_path: Path) -> None:
      "traffic.llm.max_ongoing_requests", "a deployment option (declared once: rankcore/options.py): set it as "
      "deployments.llm.max_ongoing_requests"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, idempotent: maybe}", "traffic.llm.idempotent", "true or false"),
+    # streams (``stream:``)
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: 5}", "traffic.llm.stream", "must be a mapping"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 10}}", "traffic.llm.stream",
+     "missing required field 'item_interval_s'"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 0, item_interval_s: 0.1}}",
+     "traffic.llm.stream.items", "must be a whole number of items >= 1 or a distribution"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 2.5, item_interval_s: 0.1}}",
+     "traffic.llm.stream.items", "must be a whole number of items >= 1"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: {dist: zipf}, item_interval_s: 0.1}}",
+     "traffic.llm.stream.items", "unknown dist 'zipf'"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 10, item_interval_s: -1}}",
+     "traffic.llm.stream.item_interval_s", "must be >= 0"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 10, item_interval_s: 0.1, first_item_s: x}}",
+     "traffic.llm.stream.first_item_s", "a latency must be"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 10, item_interval_s: 0.1, fraction: 1.5}}",
+     "traffic.llm.stream.fraction", "must be <= 1"),
+    ("{arrivals: {kind: poisson, rate: 5}, service: 1, stream: {items: 10, item_intervals: 0.1}}",
+     "traffic.llm.stream.item_intervals", "did you mean 'item_interval_s'"),
+    ("{arrivals: {kind: poisson, rate: 5}, stream: {items: 10, item_interval_s: 0.1, fraction: 0.5}}",
+     "traffic.llm", "missing required field 'service' (the plain requests' service time: stream.fraction is 0.5)"),
 ])
 def test_malformed_traffic_is_one_line_naming_the_field(traffic: str, field: str, words: str) -> None:
     with pytest.raises(ScenarioError) as err:
@@ -319,3 +339,152 @@ def test_the_ray_runner_refuses_traffic_naming_the_key() -> None:
     sc = load_scenario(EXAMPLES / "traffic-bursts.yaml")
     with pytest.raises(UnsupportedOnRay, match=r"cannot run traffic \(chat, embed: the simulator's queue only\)"):
         check_supported(sc, multi_node=True)
+
+
+# ------------------------------------------------------------------ streams
+STREAM = "{arrivals: ARRIVALS, stream: {items: 10, first_item_s: 0.5, item_interval_s: 0.1}, idempotent: true}"
+
+
+def _streams(metrics: dict, name: str = "llm") -> dict:
+    q = _requests(metrics, name)
+    # every stream a replica took ended once (completed, an application error, failed) or is still running
+    assert q["streams_started"] == (q["streams_completed"] + q["streams_app_errors"] + q["streams_failed"]
+                                    + q["streams_in_flight"]), q
+    assert q["retried"] == 0, q  # a stream is never retried, idempotent or not
+    return q
+
+
+def test_stream_figures_are_the_items_and_times_drawn_and_seeded() -> None:
+    """Constant shapes: every stream gives 10 items, the first 0.5 s after its dispatch, then one every
+    0.1 s: it holds its slot 1.4 s. From t=10 (the replicas serve) 2 streams/s on 10 slots never wait."""
+    text = _text(STREAM.replace("ARRIVALS", "{kind: poisson, rate: 2}, from: 10"), duration=300)
+    runs = [_streams(_run(text, seed=seed)) for seed in (3, 3, 4)]
+    q = runs[0]
+    assert q == runs[1] and q["streams_started"] != runs[2]["streams_started"]  # seeded
+    assert abs(q["streams_started"] - 580) < 4 * 580 ** 0.5 and q["streams_started"] == q["dispatched"], q
+    assert q["streams_failed"] == q["failed"] == 0 and q["streams_in_flight"] == q["in_flight"], q
+    assert q["stream_items"] == 10 * q["streams_completed"] and q["answered"] == q["streams_completed"], q
+    assert q["first_item_p50"] == q["first_item_p99"] == 0.5, q  # (submit -> first item: no queue wait)
+    assert q["stream_duration_p50"] == q["stream_duration_p99"] == 1.4, q
+    assert q["latency_p99"] == 1.4 and q["queue_wait_max"] == 0.0, q
+
+
+def test_a_fraction_of_the_requests_stream_the_others_are_plain() -> None:
+    traffic = ("{arrivals: {kind: poisson, rate: 5}, service: 0.2, "
+               "stream: {fraction: 0.3, items: {dist: uniform, low: 5, high: 15}, item_interval_s: 0.05}}")
+    q = _streams(_run(_text(traffic, duration=400)))
+    assert abs(q["streams_started"] - 0.3 * q["dispatched"]) < 4 * (0.21 * q["dispatched"]) ** 0.5, q
+    ended = q["streams_completed"]
+    assert 5 * ended <= q["stream_items"] <= 15 * ended, q  # (uniform 5..15 items, rounded)
+    assert q["answered"] > ended * 2, q  # the plain requests are answered too
+    # every stream gives 5..15 items 50 ms apart, the first one interval after its dispatch
+    assert 0.25 <= q["stream_duration_p50"] <= q["stream_duration_p99"] <= 0.75 + 1e-9, q
+    plain = _requests(_run(_text("{arrivals: {kind: poisson, rate: 5}, service: 0.2}", duration=400)))
+    assert "streams_started" not in plain  # (no stream figures without streams)
+
+
+def _file(tmp_path: Path, times: str, traffic: str, *, replicas: int, timeline: str, options: str = "",
+          duration: float = 200) -> Path:
+    """A scenario whose requests arrive at ``times`` (one a line), exactly."""
+    (tmp_path / "arrivals.txt").write_text(times)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(_text(traffic.replace("ARRIVALS", "{kind: file, path: arrivals.txt}"), replicas=replicas,
+                              timeline=timeline, options=options, duration=duration))
+    return scenario
+
+
+def _run_file(path: Path) -> dict:
+    result = Simulation(load_scenario(path), check=True).run()
+    assert result.passed, [e.detail for e in result.failures]
+    return result.metrics
+
+
+@pytest.mark.parametrize("controller_down", [False, True])
+def test_a_crash_mid_stream_fails_its_streams_after_the_items_given_and_loses_nothing(
+        tmp_path: Path, controller_down: bool) -> None:
+    """One replica; streams of 1000 items, one a second after 1 s, start at t=50 and t=60. The replica
+    crashes at t=100: by then their callers had 50 and 40 items. Each fails (never retried, though
+    idempotent) naming the replica, after those items: the items stop at the crash even when the
+    controller is down (90-150), so the machine learns it only at the recovery."""
+    timeline = "  - at: 100\n    crash: {deployment: llm, rank: 0}\n"
+    if controller_down:
+        timeline = "  - at: 90\n    crash_controller: {recover_after: 60}\n" + timeline
+    traffic = "{arrivals: ARRIVALS, stream: {items: 1000, first_item_s: 1, item_interval_s: 1}, idempotent: true}"
+    q = _streams(_run_file(_file(tmp_path, "50\n60\n", traffic, replicas=1, timeline=timeline)))
+    assert (q["streams_started"], q["streams_failed"], q["failed"], q["lost"]) == (2, 2, 2, 0), q
+    assert [f["items"] for f in q["failures"]] == [50, 40] and q["stream_items"] == 90, q
+    assert all(f["reason"] == "replica_died" and f["replica"] == "llm#0" and "(a stream)" in f["detail"]
+               for f in q["failures"]), q["failures"]
+    assert {f["t"] for f in q["failures"]} == ({150.0} if controller_down else {100.0}), q["failures"]
+    assert q["first_item_p50"] == 1.0 and q["stream_duration_p50"] is None, q
+
+
+def test_a_hung_replica_stops_its_streams_where_it_hung(tmp_path: Path) -> None:
+    """The replica hangs at t=100 holding a stream begun at t=50: its caller has 50 items, then the
+    error once the health checks have it replaced."""
+    timeline = "  - at: 100\n    hang: {deployment: llm, rank: 0}\n"
+    traffic = "{arrivals: ARRIVALS, stream: {items: 1000, first_item_s: 1, item_interval_s: 1}}"
+    q = _streams(_run_file(_file(tmp_path, "50\n", traffic, replicas=1, timeline=timeline, duration=400)))
+    assert q["streams_failed"] == 1 and q["failures"][0]["t"] > 100 and q["failures"][0]["items"] == 50, q
+
+
+def _stream_drain(tmp_path: Path, options: str) -> dict:
+    """Streams of 100 items (0.5 s, then one every 0.1 s: 10.4 s) arrive at 95, 96, 97, 98 on 2
+    replicas; at t=100 llm is scaled to 1: its victim holds 2 of them."""
+    traffic = "{arrivals: ARRIVALS, stream: {items: 100, first_item_s: 0.5, item_interval_s: 0.1}}"
+    path = _file(tmp_path, "95\n96\n97\n98\n", traffic, replicas=2, options=options, timeline=DRAIN.replace(
+        "replicas: 2", "replicas: 1"))
+    sim = Simulation(load_scenario(path), check=True)
+    held: list[int] = []
+    traffic_ = sim.traffic
+    assert traffic_ is not None
+    sim.schedule(100.0, lambda: held.extend(len(traffic_._held.get(f"llm#{i}", {})) for i in range(2)), last=True)
+    result = sim.run()
+    assert result.passed, [e.detail for e in result.failures]
+    assert held == [2, 2], held
+    return _streams(result.metrics)
+
+
+def test_a_drain_lets_its_streams_finish_and_a_kill_at_the_timeout_fails_them(tmp_path: Path) -> None:
+    q = _stream_drain(tmp_path, "")  # (graceful_shutdown_timeout_s: Ray Serve's 20 s > 10.4 s)
+    assert (q["streams_completed"], q["streams_failed"], q["stream_items"], q["failed"]) == (4, 0, 400, 0), q
+    q = _stream_drain(tmp_path, ", graceful_shutdown_timeout_s: 2")  # killed at t=102, mid-stream
+    assert (q["streams_completed"], q["streams_failed"]) == (2, 2), q
+    given = [f["items"] for f in q["failures"]]
+    assert all(0 < n < 100 for n in given) and q["stream_items"] == 200 + sum(given), q
+    assert {f["t"] for f in q["failures"]} == {102.0}, q["failures"]
+
+
+def test_the_streams_example_fails_only_the_crashed_replicas_streams() -> None:
+    """examples/scenarios/traffic-streams.yaml: the crash at t=200 fails the streams rank 1 held;
+    the scale-down at t=400 drains, failing none; nothing lost; the summary has a streams table."""
+    from executors.cli import _summary_tables
+
+    result = Simulation(load_scenario(EXAMPLES / "traffic-streams.yaml"), check=True).run()
+    assert result.passed, [e.detail for e in result.failures]
+    q = _streams(result.metrics)
+    assert q["streams_failed"] > 0 and q["failed"] == q["streams_failed"], q
+    assert all(f["t"] == 200.0 and f["replica"] == "llm#1" and f["items"] > 0 for f in q["failures"]), q
+    assert q["streams_completed"] > 1000 and q["stream_items"] > 100 * q["streams_completed"], q
+    assert [t.title for t in _summary_tables(result)][-1] == "streams"
+    assert "streams" not in [t.title for t in _summary_tables(
+        Simulation(load_scenario(EXAMPLES / "traffic-bursts.yaml", overrides={"duration": 200})).run())]
+
+
+def test_a_sweep_shows_stream_figures_only_for_runs_with_streams() -> None:
+    from executors.sweep import traffic_figures
+
+    streams = run_one(str(EXAMPLES / "traffic-streams.yaml"), {"traffic.llm.stream.item_interval_s": 0.01}, None)
+    plain = run_one(str(EXAMPLES / "traffic-bursts.yaml"), {"duration": 200}, None)
+    assert {f.group for f in traffic_figures([streams])} == {"requests", "queue", "streams"}
+    assert {f.group for f in traffic_figures([plain])} == {"requests", "queue"}
+    # 10 ms between items instead of 20: streams half as long
+    duration = figure_value(streams.metrics["deployments"]["llm"], "requests_stream_duration_p50")
+    assert duration is not None and duration < 3.0, duration
+
+
+def test_the_ray_runner_refuses_streams_in_traffic() -> None:
+    from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported
+
+    with pytest.raises(UnsupportedOnRay, match=r"cannot run traffic \(llm: the simulator's queue only\)"):
+        check_supported(load_scenario(EXAMPLES / "traffic-streams.yaml"), multi_node=True)
