@@ -518,18 +518,19 @@ class DeploymentHandle:
     share this one's router."""
 
     def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None,
-                 stream: bool = False) -> None:
+                 stream: bool = False, progress: bool = False) -> None:
         self.name, self.controller, self.method, self.stream = name, controller, method, stream
+        self.progress = progress
         self._router = router if router is not None else router_for(name, controller)
 
     def __getattr__(self, method: str) -> DeploymentHandle:
         if method.startswith("_"):
             raise AttributeError(method)
-        return DeploymentHandle(self.name, self.controller, method, self._router, self.stream)
+        return DeploymentHandle(self.name, self.controller, method, self._router, self.stream, self.progress)
 
     def __reduce__(self) -> tuple:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
-        return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream)
+        return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress)
 
     def is_stream(self, method: str | None = None) -> bool:
         """Whether ``method`` (this handle's by default) is a generator method of the deployment's class
@@ -537,11 +538,15 @@ class DeploymentHandle:
         self._router.refresh()
         return (method or self.method) in self._router.streams
 
-    def options(self, *, stream: bool | None = None, method_name: str | None = None) -> DeploymentHandle:
+    def options(self, *, stream: bool | None = None, method_name: str | None = None,
+                progress: bool | None = None) -> DeploymentHandle:
         """A handle with other call options: ``stream=True`` for a generator method (its calls return
-        a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's)."""
+        a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's), ``progress=True`` for
+        calls whose ``status()`` says ``running`` while the replica runs them (plain calls never do:
+        the replica does not report their start; router.py)."""
         return DeploymentHandle(self.name, self.controller, method_name or self.method, self._router,
-                                self.stream if stream is None else bool(stream))
+                                self.stream if stream is None else bool(stream),
+                                self.progress if progress is None else bool(progress))
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
@@ -551,7 +556,7 @@ class DeploymentHandle:
             return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True))
         if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
             return DeploymentResponse.chained(self, args, kwargs)
-        return DeploymentResponse(self._router.submit(self.method, args, kwargs))
+        return DeploymentResponse(self._router.submit(self.method, args, kwargs, progress=self.progress))
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
         """Scale in place (survivors keep running) and wait until healthy.
@@ -634,7 +639,7 @@ class DeploymentResponse:
             try:
                 a = tuple(x.result() if isinstance(x, DeploymentResponse) else x for x in args)
                 kw = {k: (v.result() if isinstance(v, DeploymentResponse) else v) for k, v in kwargs.items()}
-                inner = handle._router.submit(handle.method, a, kw)
+                inner = handle._router.submit(handle.method, a, kw, progress=handle.progress)
             except BaseException as exc:
                 out.set_exception(exc)
                 return

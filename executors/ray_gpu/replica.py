@@ -392,6 +392,14 @@ class ReplicaActor:
         async with self._request(method) as fn:
             return await self._call(fn, args, kwargs, pool=self._requests)
 
+    async def handle_progress(self, method: str, args: tuple, kwargs: dict) -> Any:
+        """``handle_request`` for a caller who watches its progress (a Ray streaming generator): first
+        ``STARTED`` once the call holds a slot and the user's method begins (the router then says
+        ``running``), then the answer. Plain calls go to ``handle_request``: they pay nothing for it."""
+        async with self._request(method) as fn:
+            yield STARTED
+            yield await self._call(fn, args, kwargs, pool=self._requests)
+
     async def handle_stream(self, method: str, args: tuple, kwargs: dict) -> Any:
         """A generator method's items, one by one (a Ray streaming generator: the caller calls it with
         ``num_returns="streaming"``, the handle's ``options(stream=True)``). A sync generator's each
@@ -413,6 +421,9 @@ class ReplicaActor:
 
 
 _END = object()  # (a stream's end: StopIteration does not cross a thread pool's future)
+#: ``handle_progress``'s first item: the user's method begins
+STARTED = "started"
+
 
 
 async def _next_async(agen: Any) -> Any:

@@ -15,7 +15,8 @@ waiting request at once when no replica serves and none is coming
   ``PoolChanged`` / ``PoolComing`` / ``PoolReset`` commands made, as soon as a
   pool command for the deployment comes out of a step; the router turns each
   answer into a ``PoolReset`` (and a ``Configure`` when the limits changed);
-* carries out ``Dispatch`` (``actor.handle_request.remote``), ``Rejected`` and
+* carries out ``Dispatch`` (``actor.handle_request.remote``; a progress call's through
+  ``handle_progress``, below), ``Rejected`` and
   ``Failed`` (the caller's future gets the typed error), ``CancelOnReplica``
   (``ray.cancel``);
 * reports what happened: ``Completed`` when a call returns (``ok=False`` for
@@ -24,12 +25,23 @@ waiting request at once when no replica serves and none is coming
   gone, a fact the core confirms later); left out until the controller stops
   listing it.
 
+``running`` costs nothing to calls that do not ask for it. A call made with ``progress=True``
+(``handle.options(progress=True)``; the HTTP ingress's progress route) goes to the replica's
+``handle_progress``, a Ray streaming generator whose first item is a start marker, yielded once the
+call holds a slot and the user's method begins, and whose second is the answer: the router feeds
+``Started`` at the marker (the request's status says ``running``) and ``Completed`` at the answer,
+reading both on one event loop thread shared by every progress call of the process. A plain call
+stays one ``handle_request`` and its status goes from ``dispatched`` to its end. A stream reports
+``Started`` at its first item. The machine keeps ``reports_started=False``: a dispatched request
+still counts as started when its replica dies (never run twice), whichever kind it is.
+
 Thread-safe: the machine is stepped under one lock, from callers' threads and
 from Ray's completion callbacks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -50,6 +62,7 @@ from rankcore.requests import (
     Rejected,
     RequestMachine,
     RequestStatus,
+    Started,
     Submit,
 )
 
@@ -63,6 +76,19 @@ IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
 _ids = itertools.count()
+_loop: asyncio.AbstractEventLoop | None = None  # the progress calls' event loop (``_progress_loop``)
+_loop_lock = threading.Lock()
+
+
+def _progress_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop (on a daemon thread, started on first use) that reads every progress
+    call's stream in this process: no thread per call, nothing for plain calls."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="rankcore-progress", daemon=True).start()
+        return _loop
 
 
 def idempotent(method: Any) -> Any:
@@ -75,12 +101,14 @@ def idempotent(method: Any) -> Any:
 class Call:
     """One request: what to send, and the future its end resolves (the result, or an exception)."""
 
-    __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream")
+    __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream",
+                 "progress")
 
     def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict,
-                 stream: bool = False) -> None:
+                 stream: bool = False, progress: bool = False) -> None:
         self.router, self.request_id, self.method = router, request_id, method
         self.args, self.kwargs, self.stream = args, kwargs, stream
+        self.progress = progress  # the replica reports when it begins (status ``running``)
         #: the answer; for a stream, its Ray ``ObjectRefGenerator`` once dispatched (the items follow)
         self.future: Future = Future()
         self.ref: Any = None
@@ -162,14 +190,16 @@ class Router:
         self._carry(out)
 
     # ------------------------------------------------------------ requests
-    def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False) -> Call:
-        """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer."""
+    def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
+               progress: bool = False) -> Call:
+        """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer.
+        ``progress``: its status says ``running`` once the replica begins it (module docstring)."""
         self.refresh()
         with self.lock:
             if method in self.streams and not stream:
                 raise TypeError(f"{self.name}.{method} is a generator method: call it through "
                                 f"handle.options(stream=True)")
-            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream)
+            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream, progress)
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream)))
@@ -202,6 +232,12 @@ class Router:
                     ).remote(call.method, call.args, call.kwargs)
                     call.future.set_result(call.ref)
                     continue
+                if call.progress:  # (a start marker, then the answer: ``_follow``)
+                    call.ref = gen = actor.handle_progress.options(num_returns="streaming").remote(
+                        call.method, call.args, call.kwargs)
+                    asyncio.run_coroutine_threadsafe(self._follow(a.request_id, a.replica_id, gen),
+                                                     _progress_loop())
+                    continue
                 call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs)
                 rid, req = a.replica_id, a.request_id
                 ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
@@ -225,6 +261,7 @@ class Router:
         already given, never a silent truncation. A stream closed early is cancelled on the replica."""
         gen = call.future.result(timeout)  # (Rejected / Failed before dispatch raise here)
         rid = call.replica_id
+        first = True
         try:
             for ref in gen:
                 try:
@@ -232,6 +269,9 @@ class Router:
                 except RayTaskError as exc:  # the application raised: the caller gets it, the stream ends
                     self._stream_end(call, rid, ok=False)
                     raise exc.as_instanceof_cause() from None
+                if first:
+                    first = False
+                    self._started(call.request_id, rid)
                 yield item
         except (RayActorError, ActorUnavailableError) as exc:
             raise self._stream_died(call, rid, exc) from None
@@ -243,10 +283,9 @@ class Router:
 
     async def stream_items_async(self, call: Call) -> Any:
         """``stream_items`` for async code (``async for``)."""
-        import asyncio
-
         gen = await asyncio.wrap_future(call.future)
         rid = call.replica_id
+        first = True
         try:
             async for ref in gen:
                 try:
@@ -254,6 +293,9 @@ class Router:
                 except RayTaskError as exc:
                     self._stream_end(call, rid, ok=False)
                     raise exc.as_instanceof_cause() from None
+                if first:
+                    first = False
+                    self._started(call.request_id, rid)
                 yield item
         except (RayActorError, ActorUnavailableError) as exc:
             raise self._stream_died(call, rid, exc) from None
@@ -262,6 +304,30 @@ class Router:
             self._stream_end(call, rid, ok=True)
             raise
         self._stream_end(call, rid, ok=True)
+
+    def _started(self, request_id: str, replica_id: str | None) -> None:
+        """The replica began the call: ``Started`` (its status says ``running``). A marker from an
+        earlier dispatch, or for a call already ended, changes nothing."""
+        with self.lock:
+            if request_id in self.calls:
+                try:
+                    self.machine.handle(Started(request_id=request_id, replica_id=replica_id))
+                except rc.InvalidEvent:  # (already running: a stale marker of an earlier dispatch there)
+                    pass
+
+    async def _follow(self, request_id: str, replica_id: str, gen: Any) -> None:
+        """A progress call's stream (on the progress loop): the replica's start marker, then its answer."""
+        value: Any = None
+        exc: BaseException | None = None
+        try:
+            await (await gen.__anext__())  # the marker: the call holds a slot, the user's method begins
+            self._started(request_id, replica_id)
+            value = await (await gen.__anext__())
+        except RayTaskError as e:  # the application raised: with its remote traceback
+            exc = e.as_instanceof_cause()
+        except BaseException as e:  # (the replica died, the call was cancelled: sorted by ``_answer``)
+            exc = e
+        self._answer(request_id, replica_id, value, exc)
 
     def _stream_end(self, call: Call, rid: str | None, ok: bool) -> None:
         with self.lock:
@@ -292,11 +358,15 @@ class Router:
                    request_id=a.request_id, replica_id=replica)
 
     def _done(self, request_id: str, replica_id: str, fut: Future) -> None:
-        """A call's ObjectRef resolved (on Ray's thread): report it to the machine, carry out what follows."""
+        """A call's ObjectRef resolved (on Ray's thread)."""
         try:
             value, exc = fut.result(), None
-        except BaseException as e:  # (sorted below)
+        except BaseException as e:  # (sorted by ``_answer``)
             value, exc = None, e
+        self._answer(request_id, replica_id, value, exc)
+
+    def _answer(self, request_id: str, replica_id: str, value: Any, exc: BaseException | None) -> None:
+        """A call's answer (``value``, or ``exc``): report it to the machine, carry out what follows."""
         with self.lock:
             call = self.calls.get(request_id)
             if isinstance(exc, (RayActorError, ActorUnavailableError)) and not isinstance(exc, TaskCancelledError):

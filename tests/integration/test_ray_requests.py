@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import ray
@@ -235,3 +236,47 @@ def test_a_generator_method_streams_over_http_as_ndjson():
         last = [json.loads(line) for line in r.text.splitlines() if line]
         assert r.status_code == 200 and last[0] == 0
         assert last[-1]["error"] == "application_error" and "broke after the first of 2" in last[-1]["detail"], last
+
+
+def test_a_progress_call_reports_running_over_http_and_through_the_handle():
+    """A caller who asks for progress sees ``running`` while the method runs (the replica says when it
+    began): over HTTP (``?progress=1``) the server-sent events go dispatched, running, done in that
+    order; through ``handle.options(progress=True)`` the response's status says ``running``. A plain
+    call never reports its start (it pays nothing): it stays ``dispatched`` until answered."""
+    import json
+
+    import httpx
+
+    from executors.ray_gpu.ingress import ingress_address
+
+    h = run(deployment(Model, name="progress", num_replicas=1, ray_actor_options=OPTS).bind(),
+            route_prefix="/prog", port=0)
+    host, port = ingress_address()
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30) as client:
+        r = client.post("/prog/slow?progress=1", json={"args": [1.0]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [(fields["event"], json.loads(fields["data"])) for fields in
+              (dict(line.split(": ", 1) for line in block.splitlines()) for block in r.text.strip().split("\n\n"))]
+    names = [e for e, _ in events]
+    assert "running" in names, names
+    assert names.index("dispatched") < names.index("running") < names.index("done") == len(names) - 1, names
+    assert events[-1][1]["result"].startswith("progress#")
+
+    def states(response: Any, seconds: float) -> list:
+        seen, deadline = [], time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            st = response.status()
+            if st is not None and (not seen or seen[-1] != st.state):
+                seen.append(st.state)
+            time.sleep(0.02)
+        return seen
+
+    watched = h.options(progress=True).slow.remote(1.0)
+    seen = states(watched, 0.7)
+    assert seen[-1] == "running", seen
+    assert watched.result(timeout=30).startswith("progress#") and watched.status().state == "done"
+    plain = h.slow.remote(1.0)
+    assert states(plain, 0.7)[-1] == "dispatched"
+    assert plain.result(timeout=30).startswith("progress#")
+    c = h.counters()
+    assert c.answered == 2 and c.lost == 0 and c.failed == 0  # (this process: the HTTP call went through the ingress's)
