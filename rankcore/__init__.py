@@ -58,6 +58,7 @@ from .events import (
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
+    DeploymentDeleted,
     Event,
     HealthChecked,
     NodeCapacityChanged,
@@ -97,6 +98,7 @@ from .state import (
     State,
     Step,
     desired_asleep,
+    desired_deleted,
     desired_no_evict,
     desired_specs,
     desired_weights,
@@ -107,9 +109,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs", "desired_asleep", "desired_weights", "desired_no_evict", "placement",
+    "desired_specs", "desired_deleted", "desired_asleep", "desired_weights", "desired_no_evict", "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
-    "DeploymentApplied", "ScaleRequested", "ReplicaPlaced", "ReplicaReady",
+    "DeploymentApplied", "ScaleRequested", "DeploymentDeleted", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
     "DeploymentConfig", "Options", "options", "health", "restarts", "spares",
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",

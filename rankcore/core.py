@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import clock, deadlines, devices, gangs, health, pool, residency, restarts, static
+from . import clock, deadlines, deletion, devices, gangs, health, pool, residency, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
@@ -30,6 +30,7 @@ from .events import (
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
+    DeploymentDeleted,
     HealthChecked,
     NodeCapacityChanged,
     NodeJoined,
@@ -94,10 +95,12 @@ def _about_replica(handler: Callable[[Tx, _E, Deployment, Replica], Step]) -> Ca
 def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = tx.deps.get(e.name)
     if dep is None:
+        deletion.revive(tx, e.name)
         dep = Deployment.applied(e)
         tx.put(reconcile(tx, dep))
         return finish(tx)
     _check_same_shape(dep, e)
+    dep = deletion.cancel(dep)  # (applied again while being deleted: it stays)
     resources_changed = e.resources != dep.resources
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
@@ -146,8 +149,17 @@ def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:
     return finish(tx)
 
 
+def _on_deployment_deleted(tx: Tx, e: DeploymentDeleted) -> Step:
+    dep = tx.dep(e.deployment)
+    if dep.deleting:
+        return finish(tx, stale=True)  # (deleted again: nothing more to do)
+    deletion.begin(tx, dep)
+    return finish(tx)
+
+
 def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
+    deletion.refuse_scale(dep)
     if dep.static is not None:
         static.check_scale(dep, e.num_replicas)
     if dep.gang_size > 1:
@@ -447,6 +459,7 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     DeploymentApplied: _on_deployment_applied,
     BundlesPlaced: _on_bundles_placed,
     ScaleRequested: _on_scale_requested,
+    DeploymentDeleted: _on_deployment_deleted,
     ReplicaPlaced: _on_replica_placed,
     ReplicaReady: _on_replica_ready,
     ReplicaReconfigured: _on_replica_reconfigured,

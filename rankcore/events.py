@@ -26,6 +26,7 @@ __all__ = [
     "OUTDATED",
     "DeploymentApplied",
     "ScaleRequested",
+    "DeploymentDeleted",
     "ReplicaPlaced",
     "ReplicaReady",
     "ReplicaReconfigured",
@@ -209,6 +210,21 @@ class ScaleRequested:
     deployment: str = attrs.field(validator=f.name)
     num_replicas: int = attrs.field(validator=f.count)
     victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class DeploymentDeleted:
+    """Delete one deployment (Ray Serve's ``serve.delete``), leaving the others be.
+
+    Its target goes to 0 at once (requests waiting for it fail: nothing is
+    coming) and its replicas drain and stop as on a downscale; its record, and
+    the WARM copies its replicas left in the nodes' CPU caches, go once the last
+    one has stopped (``rankcore.deletion``). A ``DeploymentApplied`` of the same
+    name before then takes it back (a new target; the replicas already stopping
+    still stop). A ``ScaleRequested`` meanwhile is refused.
+    """
+
+    deployment: str = attrs.field(validator=f.name)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -547,6 +563,10 @@ class ControllerRecovered:
     #: ``rankcore.desired_no_evict(state)`` beside the specs: the evicted replicas'
     #: replacements still waiting, which wait for room and never evict
     no_evict: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+    #: ``rankcore.desired_deleted(state)`` beside the specs: the deployments deleted
+    #: (``DeploymentDeleted``). One that ``deployments`` still names (at 0 replicas) is
+    #: still being deleted; the others are gone, and late news about their replicas is stale
+    deleted: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -653,6 +673,7 @@ Event = Union[
     BundlesPlaced,
     DeploymentApplied,
     ScaleRequested,
+    DeploymentDeleted,
     ReplicaPlaced,
     ReplicaReady,
     ReplicaReconfigured,

@@ -58,7 +58,8 @@ _with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:
     """The replica's deployment name, deployment, record and the cluster, when
     no placement pass could run in this step (nobody waits, or all that waits
-    is blocked); None otherwise (or for a replica the core does not hold)."""
+    is blocked) and its deployment is not being deleted; None otherwise (or
+    for a replica the core does not hold)."""
     name = state.index.get(rid)
     if name is None:
         return None
@@ -66,6 +67,8 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     if cl.queue and cl.blocked is None:
         return None
     dep = state.deployments[name]
+    if dep.deleting:
+        return None  # (its record may go in this step: rankcore.deletion's end-of-step pass)
     return name, dep, dep.replicas[rid], cl
 
 

@@ -46,7 +46,16 @@ from .events import (
 )
 from .lifecycle import LIVE, Phase, Residency
 from .ranks import ReplicaRank
-from .state import Deployment, State, Step, desired_asleep, desired_no_evict, desired_specs, desired_weights
+from .state import (
+    Deployment,
+    State,
+    Step,
+    desired_asleep,
+    desired_deleted,
+    desired_no_evict,
+    desired_specs,
+    desired_weights,
+)
 
 __all__ = [
     "check_state",
@@ -307,8 +316,21 @@ def check_devices(state: State) -> None:
             _fail(f"devices: node {node_id!r} holds WARM copies but declared no devices")
 
 
+def check_deletions(state: State) -> None:
+    """A deployment being deleted is at target 0 and still has replicas to stop (with none
+    left its record is gone, ``rankcore.deletion``); a deleted name is not also a live one."""
+    for name, dep in state.deployments.items():
+        if dep.deleting and dep.target:
+            _fail(f"{name}: being deleted with target {dep.target}")
+        if dep.deleting and not dep.replicas and not dep.unresponsive:
+            _fail(f"{name}: being deleted with no replica left, but its record is still there")
+        if name in state.deleted:
+            _fail(f"{name}: both a live deployment and a deleted one")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
+    check_deletions(state)
     check_contiguity_counters(state)
     check_ranks_unique(state)
     check_every_replica_ranked(state)
@@ -862,6 +884,7 @@ def reports_from(state: State) -> ControllerRecovered:
     return ControllerRecovered(
         deployments=tuple(deployments), reports=tuple(reports), next_replica_number=state.next_replica,
         asleep=desired_asleep(state), weights_versions=desired_weights(state), no_evict=desired_no_evict(state),
+        deleted=desired_deleted(state),
         warm_copies=tuple(WarmCopy(node_id=n, deployment=e.deployment, replica_id=e.replica_id or "",
                                    nbytes=e.nbytes) for n, cache in state.cluster.caches.items() for e in cache),
         next_lineage=state.next_lineage,

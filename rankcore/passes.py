@@ -15,7 +15,9 @@ test of one field):
 4. ``gangs``: gang members started this step are told their gang (``gangs.tell``);
 5. ``compaction``: each touched deployment that is healthy with holes in its
    ranks is compacted (``moves.compact_touched``);
-6. ``spares``: nodes whose set of replicas of a deployment changed are told
+6. ``deletions``: deployments being deleted whose last replica has gone leave,
+   with their WARM copies (``deletion.sweep``);
+7. ``spares``: nodes whose set of replicas of a deployment changed are told
    how many spare processes to keep (``spares.announce``).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import deadlines, evictions, gangs, moves, spares
+from . import deadlines, deletion, evictions, gangs, moves, spares
 from .scheduling import place_waiting
 from .state import RecoveryOutcome, Step
 from .transaction import Tx, build
@@ -47,6 +49,7 @@ PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("ticks", deadlines.ticks),
     ("gangs", gangs.tell),
     ("compaction", moves.compact_touched),
+    ("deletions", deletion.sweep),
     ("spares", spares.announce),
 )
 

@@ -137,7 +137,8 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
 
 
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
-                        unresponsive: list[UnresponsiveReplica], asleep: bool = False, weights: int = 0) -> Deployment:
+                        unresponsive: list[UnresponsiveReplica], asleep: bool = False, weights: int = 0,
+                        deleting: bool = False) -> Deployment:
     final_rank, to_stop = _resolve_global(spec, reports)
     # a FAILED replica holds its global rank only (its process is stopped below)
     placed = [r for r in reports if r.node_id is not None and r.phase is not Phase.FAILED]
@@ -203,6 +204,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         spec,
         weights_version=max([weights, *(r.weights_version for r in reports)]),
         asleep=asleep,
+        deleting=deleting,
         config_version=1,
         replicas=immutables.Map(replicas),
         ranks=ranks,
@@ -279,6 +281,15 @@ def _check_failed(specs: dict[str, DeploymentApplied], reports: Iterable[Replica
             )
 
 
+def _check_deleted(specs: dict[str, DeploymentApplied], deleted: set[str]) -> None:
+    """A deployment still being deleted is persisted at 0 replicas (``desired_specs``)."""
+    for name in sorted(deleted & set(specs)):
+        if specs[name].num_replicas:
+            raise InvalidEvent(f"ControllerRecovered: deployment {name!r} is in deleted but its spec asks for "
+                               f"{specs[name].num_replicas} replicas (a deployment being deleted is persisted "
+                               f"at 0: persist rankcore.desired_specs and desired_deleted after the same step)")
+
+
 def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     """Replace everything in ``tx`` (a fresh state) by what ``e`` says (the reports are the truth)."""
     _check_fresh(tx)
@@ -302,8 +313,12 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         if n is not None:
             numbers.append(n)  # (its id is never handed out again)
         silent.get(u.deployment, silent_orphans).append(u)
-    if (orphans or silent_orphans) and not e.stop_unknown:
-        names = sorted({r.deployment for r in orphans} | {u.deployment for u in silent_orphans})
+    deleted = set(e.deleted)
+    _check_deleted(specs, deleted)
+    if not e.stop_unknown and (any(r.deployment not in deleted for r in orphans)
+                               or any(u.deployment not in deleted for u in silent_orphans)):
+        # (a deleted deployment's replicas are stopped: the deletion said so)
+        names = sorted({r.deployment for r in orphans} | {u.deployment for u in silent_orphans} - deleted)
         raise InvalidEvent(
             f"ControllerRecovered: {len(orphans) + len(silent_orphans)} live replicas are of deployments the "
             f"event does not name ({', '.join(map(repr, names))}); include their DeploymentApplied "
@@ -315,6 +330,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         if unknown:
             raise InvalidEvent(f"ControllerRecovered.{field} names {', '.join(map(repr, unknown))}, which the "
                                f"event's deployments do not")
+    tx.deleted = immutables.Map(dict.fromkeys(sorted(deleted - set(specs))))  # (gone: their news is stale)
     tx.next_replica = max(numbers) + 1
     tx.next_lineage = max(lineages) + 1
     tx.deps = immutables.Map()
@@ -324,7 +340,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for name in sorted(specs):
         reports = sorted(by_dep[name], key=lambda r: r.replica_id)
         tx.put(_rebuild_deployment(tx, specs[name], reports, sorted(silent[name], key=lambda u: u.replica_id),
-                                   name in e.asleep, weights.get(name, 0)))
+                                   name in e.asleep, weights.get(name, 0), deleting=name in deleted))
         for u in silent[name]:
             if not _named_after(u.replica_id, name):
                 tx.retired = tx.retired.set(u.replica_id, None)  # (news about it: stale, not unknown)

@@ -26,7 +26,7 @@ from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, St
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
-           "desired_asleep", "desired_weights", "desired_no_evict"]
+           "desired_deleted", "desired_asleep", "desired_weights", "desired_no_evict"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
 # where counts keeps running and stopping replicas (an enum member read off its
@@ -123,6 +123,9 @@ class Deployment:
     #: to sleep (``SleepRequested`` / ``WakeRequested``): rankcore.residency
     weights_version: int = 0
     asleep: bool = False
+    #: ``DeploymentDeleted``: its target is 0 and its record goes once its last replica
+    #: has stopped (``rankcore.deletion``); a ``DeploymentApplied`` takes it back
+    deleting: bool = False
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...
@@ -232,6 +235,9 @@ class State:
     retired: immutables.Map = attrs.field(factory=immutables.Map)
     #: nodes, reservations, the waiting queue, the clock (rankcore.cluster)
     cluster: Cluster = attrs.field(factory=Cluster)
+    #: deployment name -> None for each deployment deleted whose record has gone
+    #: (``DeploymentDeleted``): late news about its replicas is stale, not unknown
+    deleted: immutables.Map = attrs.field(factory=immutables.Map)
 
     def deployment(self, name: str) -> Deployment:
         """The deployment ``name``; :class:`UnknownDeployment` (a ``KeyError``) names the known ones."""
@@ -259,6 +265,14 @@ def desired_specs(state: State) -> tuple[DeploymentApplied, ...]:
     it is meant to be now (scales folded in), sorted by name. Pass it as
     ``ControllerRecovered.deployments``."""
     return tuple(state.deployments[name].spec() for name in sorted(state.deployments.keys()))
+
+
+def desired_deleted(state: State) -> tuple[str, ...]:
+    """The deployments deleted (``DeploymentDeleted``), those still stopping their
+    replicas and those gone, sorted: persist it with ``desired_specs`` (which still
+    names the first kind, at 0 replicas) and pass it as ``ControllerRecovered.deleted``."""
+    deleting = [name for name, dep in state.deployments.items() if dep.deleting]
+    return tuple(sorted({*deleting, *state.deleted.keys()}))
 
 
 def desired_weights(state: State) -> tuple[tuple[str, int], ...]:

@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from . import invariants as inv
 from .bundles import StaticPlacement
+from .commands import PoolComing
 from .core import step as core_step
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
@@ -41,6 +42,7 @@ from .events import (
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
+    DeploymentDeleted,
     HealthChecked,
     NodeCapacityChanged,
     NodeJoined,
@@ -392,6 +394,15 @@ def make_machine(
             dep = self.state.deployments[name]
             n = data.draw(st.integers(0, max_replicas), label="num_replicas")
             victims: tuple = ()
+            if dep.deleting:  # (refused: a DeploymentApplied takes it back)
+                snap = snapshot(self.state)
+                try:
+                    self.step_subject(ScaleRequested(deployment=name, num_replicas=n))
+                except InvalidEvent as exc:
+                    assert "being deleted" in str(exc), exc
+                    assert snapshot(self.state) == snap
+                    return
+                raise AssertionError(f"scaling {name}, which is being deleted, was accepted")
             if dep.static is not None or dep.gang_size > 1:
                 early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) > 0
                 if (dep.static is not None and n not in (0, dep.static.replicas)) or n % dep.gang_size or early:
@@ -409,6 +420,27 @@ def make_machine(
                 alive = sorted(r for r, rep in dep.replicas.items() if rep.phase is not Phase.STOPPING)
                 victims = tuple(data.draw(st.lists(st.sampled_from(alive), unique=True, max_size=removing), label="victims"))
             self.apply(ScaleRequested(deployment=name, num_replicas=n, victims=victims))
+
+        @precondition(lambda self: len(self.state.deployments) > 0)
+        @rule(data=st.data())
+        def delete_deployment(self, data: st.DataObject) -> None:
+            """Delete one deployment: at 0 at once, its replicas drain, its record goes with the last."""
+            name = data.draw(st.sampled_from(sorted(self.state.deployments.keys())), label="deleted deployment")
+            before = self.state.deployments[name]
+            result = self.apply(DeploymentDeleted(deployment=name))
+            after = self.state.deployments.get(name)
+            if after is None:  # (gone in the same step: none of its replicas had a process to stop)
+                assert all(r.phase in (Phase.PENDING, Phase.FAILED) for r in before.replicas.values()), \
+                    f"{name} left at once though replicas of it were running"
+                assert name in self.state.deleted, f"{name} left but is not in State.deleted"
+            else:
+                assert after.deleting and after.target == 0, f"{name} deleted but {after.target=} {after.deleting=}"
+                if not before.deleting:
+                    assert all(r.phase is Phase.STOPPING for r in after.replicas.values()), \
+                        f"{name} deleted with replicas not stopping"
+            if not before.deleting:
+                assert not [c for c in result.pool if isinstance(c, PoolComing) and c.coming], \
+                    "a deleted deployment was announced coming"
 
         @precondition(lambda self: self.live(Phase.PENDING, Phase.STARTING, Phase.RECONFIGURING, Phase.STOPPING))
         @rule(data=st.data())
@@ -613,7 +645,8 @@ def make_machine(
                 ))
             self.recover(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes,
                                              next_replica_number=exact.next_replica_number,
-                                             next_lineage=exact.next_lineage, unresponsive=tuple(silent)))
+                                             next_lineage=exact.next_lineage, unresponsive=tuple(silent),
+                                             deleted=exact.deleted))
 
         @precondition(lambda self: self.retired)
         @rule(data=st.data())

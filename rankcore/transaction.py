@@ -62,7 +62,7 @@ class Tx:
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
                  "cluster", "_cl", "gangs", "ticks", "initial", "armed",
-                 "evictions")
+                 "evictions", "deleted")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
@@ -73,6 +73,7 @@ class Tx:
         self.next_replica = state.next_replica
         self.next_lineage = state.next_lineage
         self.retired: immutables.Map = state.retired
+        self.deleted: immutables.Map = state.deleted  # deployments deleted and gone (rankcore.deletion)
         self.commands: list = []
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
@@ -141,7 +142,8 @@ class Tx:
         name = self.index.get(rid)
         if name is None:
             n = parse_replica_number(rid)
-            ours = n is not None and n < self.next_replica and rid.rpartition("#")[0] in self.deps
+            owner = rid.rpartition("#")[0]
+            ours = n is not None and n < self.next_replica and (owner in self.deps or owner in self.deleted)
             if ours or rid in self.retired:
                 return None
             raise InvalidEvent(f"unknown replica {shown(rid)}: the core never started it")
@@ -165,6 +167,7 @@ def build(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None) 
         next_lineage=tx.next_lineage,
         retired=tx.retired,
         cluster=cluster,
+        deleted=tx.deleted,
     )
     return _Step(
         state=state, commands=tuple(tx.commands), stale=stale, compactions=tuple(tx.compactions),

@@ -172,6 +172,7 @@ VOCABULARY: dict[str, Callable[[list[str], dict[str, Any]], object]] = {
     "node-lost": lambda pos, kw: rc.NodeLost(node_id=pos[0]),
     "deploy": _deploy,
     "scale": _scale,
+    "delete": lambda pos, kw: rc.DeploymentDeleted(deployment=pos[0]),
     "placed": lambda pos, kw: rc.ReplicaPlaced(replica_id=pos[0], node_id=pos[1], **kw),
     "placement-failed": lambda pos, kw: rc.PlacementFailed(replica_id=pos[0], node_id=pos[1], **kw),
     "ready": lambda pos, kw: rc.ReplicaReady(replica_id=pos[0]),
