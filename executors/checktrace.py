@@ -416,10 +416,11 @@ class _Checker:
         st.delta = rec
         for name, d in rec["deployments"].items():
             st.touched.add(name)
-            if d is None:
+            if d is None:  # (the deployment left: deleted, its last replica gone; one of its name later is new)
                 for rid, was in self.view.pop(name, {"replicas": {}})["replicas"].items():
                     st.changes.append((name, rid, was, None))
                     self.presence.departed(name, rid, was, line, recovery=False)
+                self.deps.pop(name, None)
                 continue
             if not isinstance(d, dict):
                 raise self.fmt.error(line, f"delta deployment {name!r} must be an object or null")

@@ -43,6 +43,7 @@ import rankcore as rc
 
 from ..scenarios import Desired, Scenario
 from ..scenarios.timeline import (
+    Delete,
     Action,
     AddNode,
     Crash,
@@ -76,7 +77,7 @@ __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REF
            "needs_cluster", "CLASSES"]
 
 #: the timeline actions (``executors.scenarios.ACTIONS``) Ray carries out anywhere ...
-RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, UpdateConfig, Crash, Hang, Orphan, CrashController,
+RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, Delete, UpdateConfig, Crash, Hang, Orphan, CrashController,
                                          WaitUntilHealthy, Wait, Sleep, Wake, PushWeights, WaitUntilServing)
 #: ... on a ScenarioCluster only ...
 NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)
@@ -365,6 +366,15 @@ class _RayTarget:
 
     def deployed(self, deployment: str) -> bool:
         return deployment in self.applied
+
+    def delete(self, deployment: str) -> None:
+        """``delete``: the controller's ``delete`` (the core drains and stops its replicas, its
+        HTTP route goes); one not deployed is a failed line of the run, as in the simulator."""
+        if deployment not in self.applied:
+            self.results.append((f"delete {deployment}", False, "not deployed: nothing to delete"))
+            return
+        self.applied.discard(deployment)
+        ask(self.ctl, "delete", deployment)
 
     def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
         ask(self.ctl, "scale", deployment, replicas, victims)

@@ -28,7 +28,7 @@ import attrs
 
 import rankcore as rc
 
-__all__ = ["ACTIONS", "Action", "Deploy", "Scale", "UpdateConfig", "Crash", "Hang", "LoseNode", "AddNode",
+__all__ = ["ACTIONS", "Action", "Deploy", "Scale", "Delete", "UpdateConfig", "Crash", "Hang", "LoseNode", "AddNode",
            "CrashController", "PlaceBundles", "Orphan", "Sleep", "Wake", "PushWeights", "WaitUntilHealthy",
            "WaitUntilServing", "Wait", "AS_DECLARED", "Checks", "Declared", "Desired", "Target", "Planned", "plan",
            "rank_holder", "check_weights_versions"]
@@ -166,6 +166,28 @@ class Scale(Action):
             target.scale(event.name, self.replicas, self.victims)
         else:  # never deployed: the scale deploys it, at that size
             target.apply(event)
+
+
+@attrs.frozen(kw_only=True)
+class Delete(Action):
+    """Delete one deployment (``DeploymentDeleted``; Ray Serve's ``serve.delete``): its
+    replicas drain and stop, requests still waiting for it fail, the others are untouched.
+    A later ``deploy`` (or ``scale``) of it deploys it anew."""
+
+    key: ClassVar[str] = "delete"
+
+    deployment: str
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> Delete:
+        if not isinstance(value, str):
+            value = c.mapping(value, path, ("deployment",), required=("deployment",))["deployment"]
+            path = path + ("deployment",)
+        return cls(deployment=c.deployment(value, path))
+
+    def perform(self, desired: Desired, target: Target) -> None:
+        desired.delete(self.deployment)
+        target.delete(self.deployment)
 
 
 @attrs.frozen(kw_only=True)
@@ -502,7 +524,7 @@ class Wait(Action):
 
 #: every action, by its YAML key, in the docs' order (docs/scenarios.md's table is checked against it)
 ACTIONS: dict[str, type[Action]] = {cls.key: cls for cls in (
-    Deploy, Scale, UpdateConfig, Crash, Hang, LoseNode, AddNode, CrashController, PlaceBundles, Orphan,
+    Deploy, Scale, Delete, UpdateConfig, Crash, Hang, LoseNode, AddNode, CrashController, PlaceBundles, Orphan,
     Sleep, Wake, PushWeights, WaitUntilHealthy, WaitUntilServing, Wait)}
 
 
@@ -588,6 +610,10 @@ class Desired:
         self.applied[name] = attrs.evolve(self._base(name), num_replicas=action.replicas)
         return self.applied[name]
 
+    def delete(self, name: str) -> None:
+        """Deleted: a later action on it starts again from its declaration."""
+        self.applied.pop(name, None)
+
     def update_config(self, action: UpdateConfig) -> rc.DeploymentApplied:
         name = action.deployment
         self.applied[name] = attrs.evolve(self._base(name), user_config=action.user_config)
@@ -618,7 +644,11 @@ class Target(Protocol):
         """Scale a deployment that exists (``victims``: replica ids to stop first)."""
 
     def deployed(self, deployment: str) -> bool:
-        """Whether the deployment was ever deployed (a scale deploys it if not)."""
+        """Whether the deployment is deployed (a scale deploys it if not; one deleted is not)."""
+
+    def delete(self, deployment: str) -> None:
+        """Delete a deployment (``DeploymentDeleted``); one never deployed, or already deleted,
+        is a failed line of the run naming why, and the run goes on."""
 
     def crash(self, action: Crash) -> None:
         """Kill a replica: ``action.replica``, or the holder of a rank (``action.by_rank``)."""

@@ -104,6 +104,7 @@ class Simulation:
         #: and, beside them, the deployments meant to sleep and the weights versions pushed (docs/tiers.md)
         self._asleep: tuple[str, ...] = ()
         self._no_evict: tuple[str, ...] = ()
+        self._deleted: tuple[str, ...] = ()
         self._weights: tuple[tuple[str, int], ...] = ()
         self.results: list[ExpectationResult] = []
         self.lost_events = 0
@@ -273,7 +274,18 @@ class Simulation:
         self.driver.feed(rc.ScaleRequested(deployment=deployment, num_replicas=replicas, victims=victims), self.now)
 
     def deployed(self, deployment: str) -> bool:
-        return deployment in self.driver.state.deployments
+        dep = self.driver.state.deployments.get(deployment)
+        return dep is not None and not dep.deleting
+
+    def delete(self, deployment: str) -> None:
+        """``delete``: the core stops its replicas and forgets it once they have gone."""
+        dep = self.driver.state.deployments.get(deployment)
+        if dep is None or dep.deleting:
+            self.results.append(ExpectationResult(None, f"delete {deployment}", False,
+                                                  "not deployed: nothing to delete" if dep is None else
+                                                  "already being deleted", self.now))
+            return
+        self.driver.feed(rc.DeploymentDeleted(deployment=deployment), self.now)
 
     def request(self, event: rc.SleepRequested | rc.WakeRequested | rc.WeightsPushed) -> None:
         """``sleep`` / ``wake`` / ``push_weights``: the core decides who moves; one it refuses (a
@@ -335,6 +347,7 @@ class Simulation:
         self._persisted = rc.desired_specs(self.driver.state)
         self._asleep, self._weights = rc.desired_asleep(self.driver.state), rc.desired_weights(self.driver.state)
         self._no_evict = rc.desired_no_evict(self.driver.state)
+        self._deleted = rc.desired_deleted(self.driver.state)
         self.driver.restart()
         if self.trace:
             self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
@@ -350,7 +363,8 @@ class Simulation:
                                        next_replica_number=self.backend.started, next_lineage=self.backend.lineages,
                                        nodes=self.backend.joined(), stop_unknown=True,
                                        asleep=self._asleep, weights_versions=self._weights,
-                                       warm_copies=tuple(self.backend.warm_copies()), no_evict=self._no_evict)
+                                       warm_copies=tuple(self.backend.warm_copies()), no_evict=self._no_evict,
+                                       deleted=self._deleted)
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
                              unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())

@@ -20,6 +20,7 @@ from executors.scenarios.timeline import (
     AddNode,
     Crash,
     CrashController,
+    Delete,
     Deploy,
     Hang,
     LoseNode,
@@ -66,6 +67,8 @@ timeline:
   - wake: {deployment: llm, weights_version: 3}
   - wake: llm
   - wait_until_serving: llm
+  - delete: {deployment: llm}
+  - delete: engine
 """
 
 
@@ -92,15 +95,17 @@ def test_every_action_parses_to_its_typed_record() -> None:
         Wake(deployment="llm", weights_version=3),
         Wake(deployment="llm"),
         WaitUntilServing(deployment="llm"),
+        Delete(deployment="llm"),
+        Delete(deployment="engine"),
     ]
     assert {type(a) for a in sc.timeline} == set(ACTIONS.values())  # (the scenario above shows every action)
-    assert [a.index for a in sc.timeline] == list(range(19))
+    assert [a.index for a in sc.timeline] == list(range(21))
     assert (sc.timeline[11].after, sc.timeline[12].at) == (2.0, 100.0)
     assert sc.timeline[0].where == "every.yaml:8" and sc.timeline[0].user_config is AS_DECLARED
 
 
 def test_the_registry_keys_each_class_by_its_own_key_and_every_action_has_a_meaning() -> None:
-    assert list(ACTIONS) == ["deploy", "scale", "update_config", "crash", "hang", "lose_node", "add_node",
+    assert list(ACTIONS) == ["deploy", "scale", "delete", "update_config", "crash", "hang", "lose_node", "add_node",
                              "crash_controller", "place_bundles", "orphan", "sleep", "wake", "push_weights",
                              "wait_until_healthy", "wait_until_serving", "wait"]
     for key, cls in ACTIONS.items():
