@@ -43,11 +43,11 @@ import rankcore as rc
 
 from ..scenarios import Desired, Scenario
 from ..scenarios.timeline import (
-    Delete,
     Action,
     AddNode,
     Crash,
     CrashController,
+    Delete,
     Deploy,
     Hang,
     LoseNode,
