@@ -5,12 +5,13 @@ See README.md for a quick start and docs/architecture.md for the design.
 
 The public surface (docs/embedding.md, "What you may import"): this package's
 names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
-``static``, ``cluster``, ``health``, ``restarts``, ``spares`` and ``tiers``), ``rankcore.testing``,
+``static``, ``cluster``, ``health``, ``restarts``, ``spares``, ``tiers`` and ``autoscaling``), ``rankcore.testing``,
 ``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.records`` and ``rankcore.requests``. Every
 other module is internal: it may change without notice.
 """
 
-from . import cluster, gangs, health, options, placement, restarts, spares, static, tiers
+from . import autoscaling, cluster, gangs, health, options, placement, restarts, spares, static, tiers
+from .autoscaling import PolicyContext, register_policy
 from .bundles import StaticPlacement, consecutive_mapping
 from .commands import (
     Command,
@@ -55,6 +56,7 @@ from .events import (
     DEFAULT_MAX_REPLICAS,
     OUTDATED,
     UNKNOWN,
+    AutoscalingMetrics,
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
@@ -91,6 +93,7 @@ from .residency import fully_serving
 from .residency import serving as is_serving
 from .state import (
     STATUSES,
+    Autoscaler,
     Compaction,
     Deployment,
     RecoveryOutcome,
@@ -122,6 +125,7 @@ __all__ = [
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
     "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
+    "AutoscalingMetrics", "Autoscaler", "PolicyContext", "register_policy", "autoscaling",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
     "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",

@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import clock, deadlines, deletion, devices, gangs, health, pool, residency, restarts, static
+from . import autoscaling, clock, deadlines, deletion, devices, gangs, health, pool, residency, restarts, static
 from .cluster import clock_work_due
 from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .errors import InvalidConfig, InvalidEvent, InvariantViolation
 from .events import (
+    AutoscalingMetrics,
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
@@ -53,7 +54,7 @@ from .events import (
 from .fastpaths import FAST_PATHS
 from .fields import shown
 from .lifecycle import LIVE, Phase, Residency, Trigger, advance
-from .moves import crash, reconcile
+from .moves import crash, reconcile, scale
 from .passes import finish
 from .records import unchecked_copy
 from .recovery import rebuild, unresponsive_gone
@@ -96,7 +97,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = tx.deps.get(e.name)
     if dep is None:
         deletion.revive(tx, e.name)
-        dep = Deployment.applied(e)
+        dep = autoscaling.applied(Deployment.applied(e), e, new=True)
         tx.put(reconcile(tx, dep))
         return finish(tx)
     _check_same_shape(dep, e)
@@ -114,8 +115,9 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     config_changed = e.user_config != dep.user_config
     if config_changed:
         dep = _copy(dep, user_config=e.user_config, config_version=dep.config_version + 1)
-    if e.num_replicas != dep.target:
-        dep = _copy(dep, target=e.num_replicas)
+    target = dep.target
+    dep = autoscaling.applied(dep, e, new=False)  # (autoscaled: num_replicas is no target)
+    if dep.target != target:
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
     dep = reconcile(tx, dep)
     if config_changed:
@@ -160,6 +162,7 @@ def _on_deployment_deleted(tx: Tx, e: DeploymentDeleted) -> Step:
 def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
     deletion.refuse_scale(dep)
+    autoscaling.refuse_scale(dep)
     if dep.static is not None:
         static.check_scale(dep, e.num_replicas)
     if dep.gang_size > 1:
@@ -180,11 +183,14 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
             f"ScaleRequested: {len(e.victims)} victims named, but scaling {dep.name!r} "
             f"from {dep.active} to {shown(e.num_replicas)} stops {max(dep.active - e.num_replicas, 0)}"
         )
-    if e.num_replicas != dep.target:
-        dep = _copy(dep, target=e.num_replicas)
-        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
-    tx.put(reconcile(tx, dep, e.victims))
+    tx.put(scale(tx, dep, e.num_replicas, e.victims))
     return finish(tx)
+
+
+def _on_autoscaling_metrics(tx: Tx, e: AutoscalingMetrics) -> Step:
+    if e.deployment in tx.deleted:
+        return finish(tx, stale=True)  # (late news of a deployment deleted and gone)
+    return finish(tx, stale=not autoscaling.observe(tx, tx.dep(e.deployment), e))
 
 
 @_about_replica
@@ -478,6 +484,7 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     TierMoved: _on_tier_moved,
     TierMoveFailed: _on_tier_move_failed,
     WeightsUpdated: _on_weights_updated,
+    AutoscalingMetrics: _on_autoscaling_metrics,
 }
 
 

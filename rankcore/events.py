@@ -10,6 +10,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Union
 
 import attrs
@@ -50,6 +51,7 @@ __all__ = [
     "TierMoved",
     "TierMoveFailed",
     "WeightsUpdated",
+    "AutoscalingMetrics",
     "Event",
 ]
 
@@ -129,6 +131,23 @@ def _check_config(inst: DeploymentApplied, attribute: attrs.Attribute, value: De
     if k > 1 and inst.num_replicas % k:
         raise InvalidConfig(f"DeploymentApplied({inst.name!r}): num_replicas={f.shown(inst.num_replicas)} is not a "
                             f"multiple of gang_size={k} (gangs start and stop whole)")
+    _check_autoscaling_bounds(inst, value)
+
+
+def _check_autoscaling_bounds(inst: DeploymentApplied, config: DeploymentConfig) -> None:
+    """The autoscaler's bounds, ``min_replicas`` and ``initial_replicas`` against ``max_replicas``
+    (Ray Serve's AutoscalingConfig checks), and room for a whole gang between them."""
+    auto, top, k = config.autoscaler, inst.max_replicas, config.gang.gang_size
+    where = f"DeploymentApplied({inst.name!r})"
+    if type(top) is not int:
+        return  # (max_replicas' own check names it)
+    if auto.min_replicas > top:
+        raise InvalidConfig(f"{where}: min_replicas={auto.min_replicas} is above max_replicas={f.shown(top)}")
+    if auto.initial_replicas is not None and auto.initial_replicas > top:
+        raise InvalidConfig(f"{where}: initial_replicas={auto.initial_replicas} is above max_replicas={f.shown(top)}")
+    if auto.autoscaling and k > 1 and -(-auto.min_replicas // k) * k > top // k * k:
+        raise InvalidConfig(f"{where}: no whole number of gangs of {k} lies between min_replicas="
+                            f"{auto.min_replicas} and max_replicas={f.shown(top)} (the autoscaler scales by gangs)")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False, init=False, repr=False)
@@ -669,6 +688,52 @@ class WeightsUpdated:
     version: int = attrs.field(validator=f.count)
 
 
+def _to_ongoing(value: Any) -> Any:
+    """(replica id, requests in flight) pairs, from pairs or a mapping; sorted by id."""
+    if isinstance(value, Mapping):
+        value = value.items()
+    value = f.to_tuple(value)
+    if not isinstance(value, tuple):
+        return value
+    try:
+        return tuple(sorted((tuple(p) for p in value), key=lambda p: str(p[0])))
+    except (TypeError, IndexError):
+        return value  # (the validator names it)
+
+
+def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: Any) -> None:
+    where = f"AutoscalingMetrics({inst.deployment!r}).ongoing"
+    if not isinstance(value, tuple):
+        raise InvalidConfig(f"{where} must be (replica id, requests in flight) pairs, got {f.shown(value)}")
+    seen: set[str] = set()
+    for pair in value:
+        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
+                or type(pair[1]) is not int or pair[1] < 0):
+            raise InvalidConfig(f"{where} holds {f.shown(pair)}, not a (replica id, int >= 0) pair")
+        if pair[0] in seen:
+            raise InvalidConfig(f"{where} names {pair[0]!r} twice")
+        seen.add(pair[0])
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class AutoscalingMetrics:
+    """What the request path saw of one autoscaled deployment at ``now`` (an executor sends one
+    every ``metrics_interval_s``; Ray Serve's handles and replicas push the same two metrics):
+    ``queued``, requests waiting in its handles' queues for a replica; ``ongoing``, the requests
+    in flight on each replica, as (replica id, n) pairs (or a mapping). Facts only: the window,
+    the aggregation and the decision are the core's (``rankcore.autoscaling``)."""
+
+    deployment: str = attrs.field(validator=f.name)
+    now: float = attrs.field(validator=f.seconds)
+    queued: int = attrs.field(default=0, validator=f.count)
+    ongoing: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_ongoing, validator=_check_ongoing)
+
+    @property
+    def total(self) -> int:
+        """Every request this deployment holds now: queued and in flight (Ray Serve's total_num_requests)."""
+        return self.queued + sum(n for _, n in self.ongoing)
+
+
 Event = Union[
     BundlesPlaced,
     DeploymentApplied,
@@ -692,4 +757,5 @@ Event = Union[
     TierMoved,
     TierMoveFailed,
     WeightsUpdated,
+    AutoscalingMetrics,
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from . import restarts, static
-from .commands import StartReplica
+from .commands import StartReplica, UpdateWorldSize
 from .lifecycle import LIVE, Phase, Trigger, advance
 from .policies import VICTIM_ORDER
 from .records import maker, unchecked_copy
@@ -28,7 +28,7 @@ from .scheduling import announce_booking, avoid_node, enqueue, keep_booking, rel
 from .state import Compaction, Deployment, Replica
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed
 
-__all__ = ["start", "stop", "reconcile", "crash", "start_delayed", "compaction_due", "compact", "compact_touched"]
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_delayed", "compaction_due", "compact", "compact_touched"]
 
 _copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
 _IDX = {p: i for i, p in enumerate(LIVE)}
@@ -125,6 +125,15 @@ def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deploymen
     if active > dep.target:
         return stop(tx, dep, active - dep.target, victims)
     return dep
+
+
+def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
+    """A new target, announced at once (``UpdateWorldSize``), then ``reconcile``: the one path of a
+    person's ``ScaleRequested`` and of the autoscaler's decisions (``rankcore.autoscaling``)."""
+    if n != dep.target:
+        dep = _copy(dep, target=n)
+        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=n))
+    return reconcile(tx, dep, victims)
 
 
 def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:

@@ -3,7 +3,7 @@
 ``DeploymentConfig`` holds one frozen group per subject: ``scheduling`` (what a replica
 reserves, the placement policy, the placement timeout), ``start`` (start timeout, restart
 backoff, retries), ``health``, ``shutdown``, ``static`` (static placement), ``gang`` and
-``spares`` (tiers and autoscaling will each be one more group). Every leaf keeps Ray
+``spares``, ``tier``, ``requests`` and ``autoscaling`` (rankcore.autoscaling). Every leaf keeps Ray
 Serve's flat name where Ray Serve has the option, and leaf names are unique across
 groups, so every surface spells an option by its leaf name: ``DeploymentApplied(gang_size=2)``,
 ``@deployment(health_check_period_s=5)``, a scenario's ``deployments.llm.restart_backoff_s``.
@@ -32,7 +32,8 @@ from .placement import POLICIES
 
 __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
-    "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "Spelling", "Options",
+    "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
+    "AGGREGATION_FUNCTIONS", "Spelling", "Options",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
@@ -64,6 +65,15 @@ MIN_DEPLOYMENT_TIME_S = 3600.0
 MAX_ONGOING_REQUESTS = 5
 MAX_QUEUED_REQUESTS = -1
 MAX_RETRIES = 3
+#: the autoscaler's (ray/serve/config.py AutoscalingConfig and _private/constants.py; rankcore.autoscaling)
+MIN_REPLICAS = 1
+TARGET_ONGOING_REQUESTS = 2.0
+UPSCALE_DELAY_S = 30.0
+DOWNSCALE_DELAY_S = 600.0
+METRICS_INTERVAL_S = 10.0
+LOOK_BACK_PERIOD_S = 30.0
+#: Ray Serve's AggregationFunction values (the first is its default)
+AGGREGATION_FUNCTIONS = ("mean", "max", "min")
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
 MAX_PER_REPLICA_RETRY_COUNT = 3
 
@@ -255,6 +265,75 @@ class RequestOptions:
         "a request a dying replica had started runs again at most this many times, if its method is idempotent")
 
 
+def _positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not f.finite(value) or value <= 0:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a finite number > 0, got {f.shown(value)}")
+
+
+def _optional_positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _positive(inst, attribute, value)
+
+
+def _optional_count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        f.count(inst, attribute, value)
+
+
+def _policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise InvalidConfig(f"{type(inst).__name__}.policy must be None (the default policy) or the name of a "
+                            f"policy given to rankcore.register_policy, got {f.shown(value)}")
+
+
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class AutoscalingOptions:
+    """The autoscaler (rankcore.autoscaling): Ray Serve's AutoscalingConfig names, meanings and
+    defaults; the upper bound is ``DeploymentApplied.max_replicas`` (declared once, there)."""
+
+    autoscaling: bool = _option(
+        False, f.flag, "the target follows AutoscalingMetrics (Ray Serve: an autoscaling_config given); "
+                       "num_replicas is then not a target, and ScaleRequested is refused")
+    min_replicas: int = _option(MIN_REPLICAS, f.count, "the autoscaler never goes below this many replicas (0: "
+                                                       "scale to zero; the first request waits in the queue)")
+    initial_replicas: int | None = _option(
+        None, _optional_count, "replicas a new autoscaled deployment starts with; None: min_replicas")
+    target_ongoing_requests: float = _option(
+        TARGET_ONGOING_REQUESTS, _positive, "requests (running and queued) wanted per replica: the autoscaler "
+                                            "asks for total requests / this replicas")
+    upscale_delay_s: float = _option(UPSCALE_DELAY_S, f.seconds,
+                                     "an upscale is made once it has been wanted this long without a break")
+    downscale_delay_s: float = _option(DOWNSCALE_DELAY_S, f.seconds,
+                                       "a downscale is made once it has been wanted this long without a break")
+    downscale_to_zero_delay_s: float | None = _option(
+        None, f.optional_seconds, "the delay of the last step, 1 -> 0 (a downscale goes to 1 first); "
+                                  "None: downscale_delay_s")
+    upscaling_factor: float | None = _option(
+        None, _optional_positive, "multiplies each upscale's step (ceil(current + factor x (desired - "
+                                  "current))); None: 1")
+    downscaling_factor: float | None = _option(
+        None, _optional_positive, "the same for downscales (at least one replica a step); None: 1")
+    metrics_interval_s: float = _option(
+        METRICS_INTERVAL_S, f.positive_seconds, "how often the executors send AutoscalingMetrics")
+    look_back_period_s: float = _option(
+        LOOK_BACK_PERIOD_S, f.positive_seconds, "the window of samples the autoscaler aggregates")
+    aggregation_function: str = _option(
+        AGGREGATION_FUNCTIONS[0], _one_of(AGGREGATION_FUNCTIONS),
+        "how the window's samples are aggregated: mean, max or min")
+    burst: bool = _option(
+        False, f.flag, "Knative's panic mode: load at 200% of the target over the last 10% of the window scales up "
+                       "at once, and nothing scales down for a window after (rankcore's; off: Ray Serve's rule)")
+    policy: str | None = _option(
+        None, _policy, "a policy registered with rankcore.register_policy; None: Ray Serve's default "
+                       "(replica_queue_length_autoscaling_policy). Delays, factors and bounds apply after it")
+
+    @initial_replicas.validator
+    def _check_initial(self, attribute: attrs.Attribute, value: int | None) -> None:
+        if value is not None and value < self.min_replicas:
+            raise InvalidConfig(f"{type(self).__name__}.initial_replicas={value!r} is below "
+                                f"min_replicas={self.min_replicas!r}")
+
+
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
@@ -269,6 +348,7 @@ class DeploymentConfig:
     spares: SpareOptions = attrs.field(factory=SpareOptions)
     tier: TierOptions = attrs.field(factory=TierOptions)
     requests: RequestOptions = attrs.field(factory=RequestOptions)
+    autoscaler: AutoscalingOptions = attrs.field(factory=AutoscalingOptions)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:
@@ -279,6 +359,12 @@ class DeploymentConfig:
         if gpus is not None and (gpus < 1 or gpus != int(gpus)):
             raise InvalidConfig(f"{name}: model_bytes > 0 needs a whole number of GPUs (>= 1) per replica, "
                                 f"got GPU={gpus!r}")
+
+    @autoscaler.validator
+    def _check_autoscaling(self, attribute: attrs.Attribute, value: AutoscalingOptions) -> None:
+        if value.autoscaling and self.static.static_placement is not None:
+            raise InvalidConfig(f"{type(self).__name__}: static_placement and autoscaling do not mix (a static "
+                                f"mapping fixes the replica count to its length)")
 
     @gang.validator
     def _check_gang(self, attribute: attrs.Attribute, value: GangOptions) -> None:

@@ -25,7 +25,7 @@ from .lifecycle import LIVE, Phase, Residency
 from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, StaticOptions, flat_reads
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
-__all__ = ["Replica", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
+__all__ = ["Replica", "Autoscaler", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
            "desired_deleted", "desired_asleep", "desired_weights", "desired_no_evict"]
 
 _PHASE_INDEX = {p: i for i, p in enumerate(LIVE)}
@@ -86,6 +86,22 @@ class Replica:
     weights_pending: bool = attrs.field(default=False, validator=f.flag)
 
 
+@attrs.frozen(kw_only=True, weakref_slot=False)
+class Autoscaler:
+    """An autoscaled deployment's autoscaler (rankcore.autoscaling): plain data, so the state stays
+    picklable and a step deterministic. Not persisted: a recovered controller starts from fresh
+    metrics, as Ray Serve's does."""
+
+    #: (time, requests queued, requests in flight) per AutoscalingMetrics, oldest first, within
+    #: ``look_back_period_s`` of the newest
+    window: tuple[tuple[float, int, int], ...] = ()
+    #: the direction a change has been wanted in without a break (1 up, -1 down, 0 none) and since when
+    wanted: int = 0
+    since: float | None = None
+    #: burst mode (``burst``): when load last crossed 200% of the target; None: not in it
+    burst_since: float | None = None
+
+
 def _empty_counts() -> tuple[int, ...]:
     return (0,) * len(LIVE)
 
@@ -126,6 +142,9 @@ class Deployment:
     #: ``DeploymentDeleted``: its target is 0 and its record goes once its last replica
     #: has stopped (``rankcore.deletion``); a ``DeploymentApplied`` takes it back
     deleting: bool = False
+    #: the autoscaler's window and timers (``autoscaling`` on, after its first AutoscalingMetrics);
+    #: the target it decides is ``target`` itself, which ``desired_specs`` persists
+    autoscaler: Autoscaler | None = None
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...

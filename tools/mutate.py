@@ -146,12 +146,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         ),
     ),
     mutation(
-        "scale-world-size-not-announced", CORE,
-        "        dep = _copy(dep, target=e.num_replicas)\n"
-        "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
-        "    tx.put(reconcile(tx, dep, e.victims))\n",
-        "        dep = _copy(dep, target=e.num_replicas)\n"
-        "    tx.put(reconcile(tx, dep, e.victims))\n",
+        "scale-world-size-not-announced", MOVES,
+        "        dep = _copy(dep, target=n)\n"
+        "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=n))\n"
+        "    return reconcile(tx, dep, victims)\n",
+        "        dep = _copy(dep, target=n)\n"
+        "    return reconcile(tx, dep, victims)\n",
         "world_size is announced (UpdateWorldSize) the moment a ScaleRequested changes the target",
     ),
     mutation(
@@ -596,10 +596,11 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "deploy-world-size-not-announced", CORE,
-        "        dep = _copy(dep, target=e.num_replicas)\n"
+        "    if dep.target != target:\n"
         "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
         "    dep = reconcile(tx, dep)\n",
-        "        dep = _copy(dep, target=e.num_replicas)\n"
+        "    if dep.target != target:\n"
+        "        pass\n"
         "    dep = reconcile(tx, dep)\n",
         "[Ranks: world_size] a DeploymentApplied that changes the target announces it (UpdateWorldSize)",
     ),

@@ -29,6 +29,10 @@ OTHER = {
     "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "spare_processes": 1,
     "model_bytes": 1 << 30, "dedicated": True, "min_deployment_time_s": 60.0,
     "max_ongoing_requests": 2, "max_queued_requests": 100, "max_retries": 0,
+    "autoscaling": True, "min_replicas": 0, "initial_replicas": 3, "target_ongoing_requests": 4.0,
+    "upscale_delay_s": 5.0, "downscale_delay_s": 60.0, "downscale_to_zero_delay_s": 120.0, "upscaling_factor": 2.0,
+    "downscaling_factor": 0.5, "metrics_interval_s": 2.0, "look_back_period_s": 10.0, "aggregation_function": "max",
+    "burst": True, "policy": "replica_queue_length_autoscaling_policy",
 }
 
 
@@ -137,7 +141,7 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every_surface() -> None:
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
                                                r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s, "
-                                               r"max_ongoing_requests, max_queued_requests, max_retries\)"):
+                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):
         OPT.DeploymentConfig.of({"gang_sise": 2})
