@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         DeploymentHandle,
         DeploymentResponse,
         ask,
+        delete,
         deployment,
         get_controller,
         get_deployment_handle,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from .shared_weights import WeightsShare, share_weights
     from .static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
 
-__all__ = ["deployment", "run", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
+__all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
            "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights",
            "idempotent"]
@@ -38,7 +39,7 @@ __all__ = ["deployment", "run", "ask", "Deployment", "Application", "DeploymentH
 #: worker imports ``executors.ray_gpu.replica`` and must not pay for the
 #: controller and the handle (~0.1-0.2 s of every replacement's start).
 _WHERE = {
-    **dict.fromkeys(("Application", "Deployment", "DeploymentHandle", "DeploymentResponse", "ask", "deployment",
+    **dict.fromkeys(("Application", "Deployment", "DeploymentHandle", "DeploymentResponse", "ask", "delete", "deployment",
                      "get_controller", "get_deployment_handle", "run", "idempotent"), "api"),
     **dict.fromkeys(("ReplicaContext", "get_replica_context"), "context"),
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "static"),

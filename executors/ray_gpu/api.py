@@ -27,7 +27,7 @@ from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
-           "validate_options", "sleep", "wake", "push_weights", "wait_serving", "weights_status", "book_memory",
+           "validate_options", "delete", "sleep", "wake", "push_weights", "wait_serving", "weights_status", "book_memory",
            "tiers_status", "idempotent", "LONG_POLL_S", "LONG_POLL_RETRY_S", "DeploymentResponseGenerator"]
 
 #: the keys ``ray_actor_options`` may hold: Ray Serve 2.60's list (the rest of
@@ -417,6 +417,17 @@ def _share_handle(share: Any, name: str, version: int) -> Any:
     if elsewhere:
         handle = attrs.evolve(handle, fallback=ray.put(share.cpu_state_dict()))
     return handle
+
+
+def delete(name: str, *, wait: bool = True, timeout: float = 60.0) -> None:
+    """Delete deployment ``name`` and leave the others be (Ray Serve's ``serve.delete``): its
+    replicas finish what they hold and stop, requests still waiting for it fail with
+    ``Unavailable`` (503), its HTTP route goes at once (404). ``wait``: return once the core
+    has forgotten it (else TimeoutError). An unknown name raises ``InvalidEvent``."""
+    ctl = get_controller()
+    ask(ctl, "delete", name)
+    if wait and not ask(ctl, "wait_deleted", name, timeout, timeout=timeout + 30):
+        raise TimeoutError(f"deployment {name!r} not deleted after {timeout:g}s (its replicas still stopping)")
 
 
 def sleep(name: str, *, wait: bool = True, timeout: float = 120.0) -> None:

@@ -83,6 +83,7 @@ class Controller:
         self._pool_versions: dict[str, int] = {}
         self._pool_changed: asyncio.Event | None = None
         self.ledger.driver.observers.append(self._count_pool)
+        self.ledger.driver.observers.append(self._forget_deleted)
         self._spares_checked = time.monotonic()
         self._cluster_task: asyncio.Task | None = None
 
@@ -276,6 +277,45 @@ class Controller:
             raise rc.InvalidEvent(f"unknown deployment {name!r}")
         event = rc.ScaleRequested(deployment=name, num_replicas=num_replicas, victims=victims)
         self.driver.feed(event, self.ledger.now())  # (first: the core's own words for a count it refuses)
+        self._persist()
+
+    async def delete(self, name: str) -> None:
+        """Delete ``name`` and leave the others be (``DeploymentDeleted``): the core drains and
+        stops its replicas and forgets it once they have gone (``_forget_deleted``); its HTTP
+        route goes now (a request for it is a 404, as after Ray Serve's ``serve.delete``). An
+        unknown name raises ``InvalidEvent`` and changes nothing."""
+        await self._ready()
+        dep = self.driver.state.deployments.get(name)
+        if name not in self.ledger.specs or dep is None:
+            raise rc.InvalidEvent(f"delete: unknown deployment {name!r} "
+                                  f"(known: {', '.join(sorted(self.ledger.specs)) or 'none'})")
+        if dep.deleting:
+            return
+        self.driver.feed(rc.DeploymentDeleted(deployment=name), self.ledger.now())
+        self._persist()
+        from .ingress import unexpose
+
+        await asyncio.get_running_loop().run_in_executor(None, unexpose, name)
+
+    async def wait_deleted(self, name: str, timeout: float = 60.0) -> bool:
+        """Wait until the core has forgotten ``name`` (its last replica stopped)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if name not in self.driver.state.deployments:
+                return True
+            await asyncio.sleep(0.05)
+        return name not in self.driver.state.deployments
+
+    def _forget_deleted(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """A deleted deployment's record left the core in this step (its last replica stopped):
+        its class and options go too, and what a restarted controller recovers from is saved."""
+        after = result.state.deployments
+        if len(after) >= len(before.deployments):
+            return
+        for name in [n for n in before.deployments if n not in after]:
+            self.ledger.specs.pop(name, None)
+            self._pool_versions[name] = self._pool_versions.get(name, 0) + 1
+        self._wake_pools()
         self._persist()
 
     # ------------------------------------------------- memory-booked placement

@@ -765,6 +765,20 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
     return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
 
 
+def unexpose(deployment: str) -> None:
+    """Drop ``deployment``'s route (it was deleted): through the running ingress, else from the
+    routes a restarted one would load. Called by the controller; nothing to drop is fine."""
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:
+        routes, handles = _load_routes()
+        if deployment in routes.values() or deployment in handles:
+            _save_routes({p: d for p, d in routes.items() if d != deployment},
+                         {d: h for d, h in handles.items() if d != deployment})
+        return
+    ray.get(actor.remove_route.remote(deployment))
+
+
 def ingress_address() -> tuple[str, int] | None:
     """The running ingress's address, or None."""
     try:

@@ -29,6 +29,7 @@ _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for 
 _KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.desired_asleep), beside the specs
 _KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to each (rc.desired_weights)
 _KV_NO_EVICT = b"rankcore/no_evict"  # evicted replicas' replacements still waiting (rc.desired_no_evict)
+_KV_DELETED = b"rankcore/deleted"  # the deployments deleted, being deleted or gone (rc.desired_deleted)
 _KV_BOOKING = b"rankcore/memory_booking"  # api.book_memory's options and the nodes' CUDA memory (probed)
 
 
@@ -71,6 +72,12 @@ def save_specs(state: rc.State, specs: dict[str, dict]) -> None:
     _put(_KV_SPECS, {name: {**spec, "applied": desired[name]} for name, spec in specs.items() if name in desired})
     _put(_KV_ASLEEP, tuple(n for n in rc.desired_asleep(state) if n in specs and n in desired))
     _put(_KV_WEIGHTS, tuple((n, v) for n, v in rc.desired_weights(state) if n in specs and n in desired))
+    _put(_KV_DELETED, rc.desired_deleted(state))
+
+
+def load_deleted() -> tuple[str, ...]:
+    """The deployments deleted when the specs were last saved (``ControllerRecovered.deleted``)."""
+    return _get(_KV_DELETED) or ()
 
 
 def save_no_evict(state: rc.State) -> None:
@@ -150,7 +157,7 @@ def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
     for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP,
-                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT):
+                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT, _KV_DELETED):
         internal_kv._internal_kv_del(key)
 
 

@@ -189,7 +189,7 @@ class Recovery:
                                        next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
                                        unresponsive=tuple(silent), asleep=persist.load_asleep(),
                                        weights_versions=persist.load_weights_versions(), warm_copies=warm,
-                                       no_evict=persist.load_no_evict())
+                                       no_evict=persist.load_no_evict(), deleted=persist.load_deleted())
         trace = led.driver.trace
         if trace is not None:
             for rid, dep in lost:

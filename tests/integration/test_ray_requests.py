@@ -280,3 +280,46 @@ def test_a_progress_call_reports_running_over_http_and_through_the_handle():
     assert plain.result(timeout=30).startswith("progress#")
     c = h.counters()
     assert c.answered == 2 and c.lost == 0 and c.failed == 0  # (this process: the HTTP call went through the ingress's)
+
+
+def test_deleting_one_deployment_drains_it_fails_its_waiting_calls_and_leaves_the_other_be():
+    """Ray Serve's ``serve.delete`` for one deployment: the call a replica holds is answered, the one
+    waiting for a slot fails with Unavailable (nothing is coming), its HTTP route is gone at once (404),
+    the other deployment keeps answering, the core forgets it once its replica has stopped, and a new
+    deployment of its name starts with new replicas."""
+    import httpx
+
+    from executors.ray_gpu import delete
+    from executors.ray_gpu.ingress import ingress_address
+    from executors.ray_gpu.persist import load_deleted
+
+    doomed = run(deployment(Model, name="doomed", num_replicas=1, max_ongoing_requests=1,
+                            ray_actor_options=OPTS).bind(), route_prefix="/doomed", port=0)
+    kept = run(deployment(Model, name="kept", num_replicas=1, ray_actor_options=OPTS).bind())
+    host, port = ingress_address()
+    ctl = get_controller()
+    first = set(ask(ctl, "ranks", "doomed"))
+    held = doomed.slow.remote(2.0)
+    waiting = doomed.slow.remote(0.0)
+    deadline = time.monotonic() + 30
+    while getattr(held.status(), "state", None) != "dispatched" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert waiting.status().state == "queued", waiting.status()
+    delete("doomed", wait=False)
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30.0) as c:
+        r = c.post("/doomed", json=1)
+        assert r.status_code == 404, r.text
+    with pytest.raises(rc.Unavailable):
+        waiting.result(timeout=30)
+    assert held.result(timeout=30) in first  # (drained: the held call finished on its replica)
+    assert kept.double.remote(21).result(timeout=30) == 42
+    assert ask(ctl, "wait_deleted", "doomed", 60)
+    pools = ask(ctl, "pools")
+    assert not pools["members"].get("doomed") and pools["mismatch"] is None, pools
+    assert "doomed" in load_deleted()
+    with pytest.raises(rc.InvalidEvent, match="unknown deployment 'doomed'"):
+        delete("doomed")
+    again = run(deployment(Model, name="doomed", num_replicas=1, ray_actor_options=OPTS).bind())
+    assert again.double.remote(4).result(timeout=60) == 8
+    assert not set(ask(ctl, "ranks", "doomed")) & first  # (new replica ids)
+    assert "doomed" not in load_deleted()
