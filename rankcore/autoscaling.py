@@ -170,9 +170,8 @@ def bounds(config: DeploymentConfig, max_replicas: int) -> tuple[int, int]:
 
 def bounded(dep: Deployment, n: int) -> int:
     """``n`` rounded up to whole gangs and clamped to the bounds (Ray Serve's ``_apply_bounds``)."""
-    k = dep.config.gang.gang_size
     lo, hi = bounds(dep.config, dep.max_replicas)
-    return max(lo, min(hi, -(-n // k) * k))
+    return max(lo, min(hi, _whole(n, dep.config.gang.gang_size)))
 
 
 def applied(dep: Deployment, e: DeploymentApplied, new: bool) -> Deployment:
@@ -277,9 +276,14 @@ def factored(desired: float, running: int, auto: AutoscalingOptions, unit: int =
     # (factor 1: ceil(desired) itself; running + (desired - running) can round past an integer
     # and flap the target by one as running changes under a constant load)
     n = math.ceil(desired) if factor == 1.0 else math.ceil(running + factor * delta)
-    if math.ceil(desired) < running and n > running - unit:
+    if _whole(math.ceil(desired), unit) < running <= _whole(n, unit):
         n = running - unit
     return max(n, 1 if desired > 0 else 0)  # (a factor > 1 never takes it to zero while requests are there)
+
+
+def _whole(n: int, unit: int) -> int:
+    """``n`` rounded up to whole ``unit``s (gangs)."""
+    return -(-n // unit) * unit
 
 
 def delayed(dep: Deployment, state: Autoscaler, n: int, now: float) -> tuple[int, Autoscaler]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from . import spares
+from . import autoscaling, spares
 from .commands import (
     EvictReplica,
     GangChanged,
@@ -328,9 +328,35 @@ def check_deletions(state: State) -> None:
             _fail(f"{name}: both a live deployment and a deleted one")
 
 
+def check_autoscaling(state: State) -> None:
+    """An autoscaled deployment's target is whole gangs within its bounds (unless it is being
+    deleted: 0); its autoscaler's window is in time order within ``look_back_period_s`` of its
+    newest sample, a change is wanted since a time iff one is wanted; a deployment that is not
+    autoscaled has no autoscaler state."""
+    for name, dep in state.deployments.items():
+        auto, a = dep.config.autoscaler, dep.autoscaler
+        if not auto.autoscaling:
+            if a is not None:
+                _fail(f"{name}: not autoscaled, but holds autoscaler state {a!r}")
+            continue
+        lo, hi = autoscaling.bounds(dep.config, dep.max_replicas)
+        if not dep.deleting and not (lo <= dep.target <= hi and dep.target % dep.gang_size == 0):
+            _fail(f"{name}: autoscaled target {dep.target} is not whole gangs of {dep.gang_size} within [{lo}, {hi}]")
+        if a is None:
+            continue
+        times = [t for t, _, _ in a.window]
+        if times != sorted(times) or (times and times[0] < times[-1] - auto.look_back_period_s):
+            _fail(f"{name}: autoscaler window {a.window!r} is out of order or longer than "
+                  f"look_back_period_s={auto.look_back_period_s}")
+        if a.wanted not in (-1, 0, 1) or (a.since is None) != (a.wanted == 0) or (
+                a.since is not None and times and a.since > times[-1]):
+            _fail(f"{name}: autoscaler wants {a.wanted} since {a.since} (newest sample {times[-1:]})")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
     check_deletions(state)
+    check_autoscaling(state)
     check_contiguity_counters(state)
     check_ranks_unique(state)
     check_every_replica_ranked(state)

@@ -345,3 +345,12 @@ def test_a_downscale_a_factor_stalls_removes_a_whole_gang() -> None:
                              downscale_delay_s=0.0, look_back_period_s=1.0))
     _, targets = feed(state, range(0, 50, 10))
     assert targets == [2, 0, 0, 0, 0]
+
+
+def test_a_gang_deployment_at_its_rounded_want_stays() -> None:
+    # found by tests/property/test_autoscaling.py: 5 requests / 2 = 2.5 -> 3 -> two gangs (4), then
+    # with 4 running "3 < 4" read as a stalled downscale and took it back to 2, and up again
+    state = serve_all(deploy(num_replicas=0, gang_size=2, min_replicas=0, initial_replicas=2, upscale_delay_s=0.0,
+                             downscale_delay_s=0.0, look_back_period_s=1.0))
+    _, targets = feed(state, [0.0, 10.0, 20.0, 30.0], queued=5)
+    assert targets == [4, 4, 4, 4]
