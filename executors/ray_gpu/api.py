@@ -424,8 +424,11 @@ def delete(name: str, *, wait: bool = True, timeout: float = 60.0) -> None:
     replicas finish what they hold and stop, requests still waiting for it fail with
     ``Unavailable`` (503), its HTTP route goes at once (404). ``wait``: return once the core
     has forgotten it (else TimeoutError). An unknown name raises ``InvalidEvent``."""
+    from .ingress import unexpose
+
     ctl = get_controller()
     ask(ctl, "delete", name)
+    unexpose(name)  # (a request for it is a 404 from now on, as after serve.delete)
     if wait and not ask(ctl, "wait_deleted", name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {name!r} not deleted after {timeout:g}s (its replicas still stopping)")
 

@@ -281,9 +281,9 @@ class Controller:
 
     async def delete(self, name: str) -> None:
         """Delete ``name`` and leave the others be (``DeploymentDeleted``): the core drains and
-        stops its replicas and forgets it once they have gone (``_forget_deleted``); its HTTP
-        route goes now (a request for it is a 404, as after Ray Serve's ``serve.delete``). An
-        unknown name raises ``InvalidEvent`` and changes nothing."""
+        stops its replicas and forgets it once they have gone (``_forget_deleted``; its HTTP
+        route is dropped by ``api.delete``). An unknown name raises ``InvalidEvent`` and changes
+        nothing."""
         await self._ready()
         dep = self.driver.state.deployments.get(name)
         if name not in self.ledger.specs or dep is None:
@@ -293,9 +293,6 @@ class Controller:
             return
         self.driver.feed(rc.DeploymentDeleted(deployment=name), self.ledger.now())
         self._persist()
-        from .ingress import unexpose
-
-        await asyncio.get_running_loop().run_in_executor(None, unexpose, name)
 
     async def wait_deleted(self, name: str, timeout: float = 60.0) -> bool:
         """Wait until the core has forgotten ``name`` (its last replica stopped)."""
