@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import inspect
 import json
 import re
 import socket
@@ -67,6 +66,8 @@ CALL_THREADS = 256
 PROGRESS_POLL_S = 0.05
 #: how many recent error answers the status page lists
 RECENT_FAULTS = 20
+#: what a request whose client went away is counted as (nginx's "Client Closed Request")
+GONE = 499
 
 _KV_ROUTES = b"rankcore/http_routes"
 _HEAD = "node:__internal_head__"  # the head node's own resource
@@ -163,6 +164,14 @@ def _jsonable(value: Any) -> Any:
 _NOTHING = object()  # (a stream without items)
 
 
+async def _first(items: Any) -> Any:
+    """A stream's first item, or ``_NOTHING``."""
+    try:
+        return await items.__anext__()
+    except StopAsyncIteration:
+        return _NOTHING
+
+
 def _submit(handle: Any, name: str, args: tuple, kwargs: dict) -> Any:
     """Send the call (on a call thread). A handle's own ``TimeoutError`` here means no replica
     took it: 503, not the caller's 408."""
@@ -174,18 +183,44 @@ def _submit(handle: Any, name: str, args: tuple, kwargs: dict) -> Any:
         raise rc.Unavailable(f"no replica of {name!r} took the call: {exc}", deployment=name) from exc
 
 
-async def _result(pool: ThreadPoolExecutor, response: Any, timeout: float | None) -> Any:
-    """The one place that waits for a response: awaited where the handle's response is
-    awaitable, else ``response.result`` on a call thread. A timeout leaves the response
-    itself alone (``call`` cancels it through the handle, which owns it)."""
-    if not inspect.isawaitable(response):
-        return await asyncio.get_running_loop().run_in_executor(pool, response.result, timeout)
-    task = asyncio.ensure_future(response)
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # (retrieved: no warning if dropped)
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    if not done:
-        raise TimeoutError(f"no answer within {timeout:g}s")
-    return task.result()
+class _Gone(Exception):
+    """The client closed its connection before its answer was complete (nginx's 499)."""
+
+
+async def _client_gone(receive: Any) -> None:
+    """Return once the client has gone: past the body, uvicorn answers ``receive()`` with
+    ``http.disconnect`` only when the connection is lost (or the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(response: Any, receive: Any, timeout: float | None) -> tuple[bool, Any]:
+    """Wait for ``response`` (awaited on this loop: no thread), for the client's going away
+    (``receive``, when given) and for ``timeout``: ``(True, result)``, or ``(False, None)`` when
+    the time ran out; ``_Gone`` when the client went away; the call's own error raised as is.
+    The response itself is left alone (``call`` cancels it through the handle, which owns it)."""
+    answer = asyncio.ensure_future(response)
+    if receive is None:
+        done, _ = await asyncio.wait((answer,), timeout=timeout)
+    else:
+        watch = asyncio.ensure_future(_client_gone(receive))
+        try:
+            done, _ = await asyncio.wait((answer, watch), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if answer not in done and watch in done:
+            answer.add_done_callback(_retrieved)
+            raise _Gone()
+    if answer not in done:
+        answer.add_done_callback(_retrieved)
+        return False, None
+    return True, answer.result()
+
+
+def _retrieved(task: Any) -> None:
+    """(A dropped answer's outcome read, so asyncio does not warn that it never was.)"""
+    if not task.cancelled():
+        task.exception()
 
 
 def _progress(response: Any) -> dict | None:
@@ -233,31 +268,51 @@ class _Ingress:
         self.address: tuple[str, int] = ("", 0)
 
     # ------------------------------------------------------------ calls
-    async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None) -> Any:
-        """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it).
+    async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None,
+                   receive: Any = None) -> Any:
+        """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it), and,
+        given the request's ``receive``, until its client goes away (``_Gone``).
         ``sent["response"]``: the response once the call is sent (progress streams read it).
-        A call given up (timed out, or its caller gone) is cancelled through the handle, also
-        when it is given up while being sent (cancelled as soon as it is)."""
+        A call given up (timed out, its client gone, or this coroutine cancelled) is cancelled
+        through the handle, also when it is given up while being sent (as soon as it is)."""
         loop = asyncio.get_running_loop()
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
         handle = self.handles[name] if method == "__call__" else getattr(self.handles[name], method)
-        submit = loop.run_in_executor(self.pool, _submit, handle, name, args, kwargs)
+        handle = handle.options(progress=True) if sent is not None else handle  # (progress: says `running`)
         self.in_flight[name] += 1
+        response = None
         try:
-            response = await asyncio.wait_for(asyncio.shield(submit), timeout)
+            try:
+                response = await self.send(handle, name, args, kwargs, timeout)
+            except asyncio.TimeoutError:  # (here only: the application may raise a TimeoutError, a 500)
+                raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                        deployment=name) from None
             if sent is not None:
                 sent["response"] = response
             left = None if deadline is None else max(0.0, deadline - loop.time())
-            return await asyncio.wait_for(_result(self.pool, response, left), None if left is None else left + 1.0)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            submit.add_done_callback(_cancel_sent)
-            if isinstance(exc, (asyncio.CancelledError, rc.RequestError)):
-                raise
-            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
-                                    deployment=name) from None
+            answered, value = await _answer(response, receive, left)
+        except (asyncio.CancelledError, _Gone):
+            if response is not None:
+                _cancel(response)
+            raise
         finally:
             self.in_flight[name] -= 1
+        if not answered:
+            _cancel(response)
+            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                    deployment=name)
+        return value
+
+    async def send(self, handle: Any, name: str, args: tuple, kwargs: dict, timeout: float | None) -> Any:
+        """``handle.remote(...)`` on a call thread, within ``timeout`` (``asyncio.TimeoutError``);
+        a call given up while being sent is cancelled as soon as it is."""
+        submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs)
+        try:
+            return await asyncio.wait_for(asyncio.shield(submit), timeout)
+        except BaseException:
+            submit.add_done_callback(_cancel_sent)
+            raise
 
     def _error(self, status: int, error: str, detail: str, deployment: str | None) -> Any:
         from starlette.responses import JSONResponse
@@ -300,14 +355,15 @@ class _Ingress:
             accept = request.headers.get("accept", "")
             loop = asyncio.get_running_loop()
             if await loop.run_in_executor(self.pool, self.handles[name].is_stream, method):
-                return await self._stream(name, method, args, kwargs)
+                return await self._stream(name, method, args, kwargs, request.receive)
             if "text/event-stream" in accept or request.query_params.get("progress") in ("1", "true"):
-                self.answers[200] += 1
                 return StreamingResponse(self._events(name, method, args, kwargs), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            value = await self.call(name, method, args, kwargs)
+            value = await self.call(name, method, args, kwargs, receive=request.receive)
         except _Reply as r:
             return self._error(r.status, r.error, r.detail, r.deployment or name)
+        except _Gone:
+            return self._gone(name)
         except Exception as exc:
             return self._error(*status_of(exc), name)
         try:
@@ -318,50 +374,69 @@ class _Ingress:
         self.answers[200] += 1
         return Response(body, media_type="application/json")
 
-    async def _stream(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
+    def _gone(self, name: str | None) -> Any:
+        """The client went away before its answer: its call was cancelled; 499 counted (nginx's
+        Client Closed Request), nothing sent (uvicorn drops what is sent on a closed connection)."""
+        from starlette.responses import Response
+
+        self.answers[GONE] += 1
+        return Response(status_code=GONE)
+
+    async def _stream(self, name: str, method: str, args: tuple, kwargs: dict, receive: Any) -> Any:
         """A generator method over HTTP: newline-delimited JSON, one line per item, chunked as the
         replica yields them (Ray's back-pressure bounds how far it runs ahead of this reader). An error
         before the first item is an ordinary error answer (503, 500, ...); one after it (the replica
         died mid-stream, the application raised) is a last line ``{"error": ..., "detail": ...}``:
-        the stream never just stops."""
+        the stream never just stops. A client gone (before the first item, or mid-stream: starlette
+        then cancels ``lines``) cancels the stream through the handle (its slot on the replica is
+        freed) and counts 499; a finished stream counts 200, or its error's status."""
         from starlette.responses import StreamingResponse
 
-        loop = asyncio.get_running_loop()
         handle = self.handles[name].options(stream=True, method_name=method)
-        items = (await loop.run_in_executor(self.pool, _submit, handle, name, args, kwargs)).__aiter__()
-        try:
-            first = await items.__anext__()
-        except StopAsyncIteration:
-            first = _NOTHING
+        response = await self.send(handle, name, args, kwargs, None)
+        items = response.__aiter__()
         self.in_flight[name] += 1
+        ended = False
+        try:
+            _, first = await _answer(_first(items), receive, None)
+        except BaseException:
+            self.in_flight[name] -= 1
+            _cancel(response)
+            raise
 
         async def lines() -> AsyncIterator[bytes]:
+            nonlocal ended
             try:
-                if first is _NOTHING:
-                    return
-                yield (json.dumps(first) + "\n").encode()
-                async for item in items:
-                    yield (json.dumps(item) + "\n").encode()
+                if first is not _NOTHING:
+                    yield (json.dumps(first) + "\n").encode()
+                    async for item in items:
+                        yield (json.dumps(item) + "\n").encode()
+                ended = True
+                self.answers[200] += 1
             except Exception as exc:
+                ended = True
                 status, error, detail = status_of(exc)
-                self.faults.append({"time": time.time(), "status": status, "error": error, "deployment": name,
-                                    "detail": f"mid-stream: {detail[-2000:]}"})
+                self._count(status, error, f"mid-stream: {detail}", name)
                 yield (json.dumps({"error": error, "detail": detail, "deployment": name}) + "\n").encode()
             finally:
                 self.in_flight[name] -= 1
-                await items.aclose()  # (a client gone early: the stream is cancelled on its replica)
+                if not ended:  # the client went away mid-stream
+                    _cancel(response)
+                    self.answers[GONE] += 1
+                await items.aclose()
 
-        self.answers[200] += 1
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     async def _events(self, name: str, method: str, args: tuple, kwargs: dict) -> AsyncIterator[str]:
         """Server-sent events: each change of the request's state (``_progress``), then ``done``
-        with ``{"result": ...}`` or ``error`` with the error body and its ``status``."""
+        with ``{"result": ...}`` or ``error`` with the error body and its ``status``. Counted when
+        it ends: 200, the error's status, or 499 when the client went away (starlette cancels this
+        generator on ``http.disconnect``; the call is cancelled through the handle)."""
         sent: dict = {}
         task = asyncio.ensure_future(self.call(name, method, args, kwargs, sent))
         last: dict | None = {"state": "queued", "position": None}
-        yield _sse("queued", last)
         try:
+            yield _sse("queued", last)
             while not task.done():
                 await asyncio.wait({task}, timeout=PROGRESS_POLL_S)
                 if task.done() or "response" not in sent:
@@ -369,18 +444,23 @@ class _Ingress:
                 now = _progress(sent["response"])
                 if now is not None and now != last and now["state"] not in ("done", "failed", "rejected",
                                                                              "cancelled"):
+                    if now["state"] == "running" and last is not None and last["state"] != "dispatched":
+                        yield _sse("dispatched", {**now, "state": "dispatched"})  # (passed between two looks)
                     last = now
                     yield _sse(now["state"], now)
             try:
                 value = task.result()
-                yield _sse("done", {"result": value})
             except Exception as exc:
                 status, error, detail = status_of(exc)
                 self._count(status, error, detail, name)
                 yield _sse("error", {"status": status, "error": error, "detail": detail, "deployment": name})
+            else:
+                self.answers[200] += 1
+                yield _sse("done", {"result": value})
         finally:
-            if not task.done():  # the caller went away
+            if not task.done():  # the client went away
                 task.cancel()
+                self.answers[GONE] += 1
 
     # ---------------------------------------------------------- the ingress's own pages
     async def healthz(self, request: Any) -> Any:

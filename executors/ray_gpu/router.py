@@ -249,6 +249,9 @@ class Router:
                 held = self.calls.pop(a.request_id, None)
                 if held is not None and held.ref is not None:
                     ray.cancel(held.ref)
+                    if held.stream:  # (nobody reads its end now: the machine frees its slot when the task ends)
+                        held.ref.completed().future().add_done_callback(
+                            lambda f, req=a.request_id, rid=a.replica_id: self._done(req, rid, f))
                     if not held.future.done():
                         held.future.set_exception(rc.RequestCancelled(
                             f"call to {self.name!r} cancelled on replica {a.replica_id}", deployment=self.name,

@@ -5,6 +5,7 @@ Chromium is installed, the page as a headless browser renders it), ``rankcore se
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -62,6 +63,23 @@ class Tight:
         return "slept"
 
 
+@deployment(name="slowpoke", num_replicas=1, max_ongoing_requests=1, ray_actor_options=OPTS)
+class Slowpoke:
+    """One replica, one slot: a call left running holds up the next one."""
+
+    def __call__(self):
+        return "awake"
+
+    async def nap(self, seconds=5.0):
+        await asyncio.sleep(seconds)
+        return seconds
+
+    async def drip(self, n=3, seconds=5.0):
+        for i in range(n):
+            yield i
+            await asyncio.sleep(seconds)
+
+
 #: for ``rankcore serve tests.integration.test_ray_http:cli_app``
 cli_app = Gone.options(name="served").bind()
 
@@ -72,6 +90,7 @@ def base():
     run(Adder.bind(), route_prefix="/add", port=0)
     run(Gone.bind(), http=True)  # default route: /gone
     run(Tight.bind(), http=True)
+    run(Slowpoke.bind(), http=True)
     host, port = ingress_address()
     return f"http://{host}:{port}"
 
@@ -253,7 +272,8 @@ def test_no_replica_503(client):
 def test_healthz_and_routes(client):
     r = client.get("/-/healthz")
     assert r.status_code == 200 and r.text == "ok"
-    assert client.get("/-/routes").json() == {"/add": "adder", "/gone": "gone", "/tight": "tight"}
+    assert client.get("/-/routes").json() == {"/add": "adder", "/gone": "gone", "/tight": "tight",
+                                              "/slowpoke": "slowpoke"}
 
 
 def test_route_prefix_rules(base):
@@ -314,6 +334,48 @@ def test_progress_caller_gone_cancels_its_request(base, client):
     while cancelled() == before:
         assert time.monotonic() < deadline, "the request was not cancelled"
         time.sleep(0.2)
+
+
+def slowpoke_counts(client) -> tuple[int, int, dict]:
+    """(calls the ingress's handle cancelled, 499 answers counted, the handle's counters)."""
+    s = client.get("/-/status.json").json()
+    queue = next(d for d in s["deployments"] if d["name"] == "slowpoke")["queue"] or {}
+    return queue.get("cancelled", 0), s["ingress"]["answers"].get("499", 0), queue
+
+
+@pytest.mark.parametrize("how", ["plain", "progress", "ndjson"])
+def test_client_gone_cancels_its_request_and_frees_the_slot(base, client, how):
+    """A client that goes away (a plain call timing out on its side, a progress or an NDJSON stream
+    closed mid-way) has its call cancelled within 2 s: counted 499 and cancelled, and the replica's
+    one slot is free at once (the next call is answered long before the 5 s nap would end)."""
+    cancelled0, gone0, _ = slowpoke_counts(client)
+    with httpx.Client(base_url=base, timeout=0.5) as c:
+        if how == "plain":
+            with pytest.raises(httpx.ReadTimeout):
+                c.post("/slowpoke/nap", json=5)
+        elif how == "progress":
+            with c.stream("POST", "/slowpoke/nap", json=5, headers={"accept": "text/event-stream"}) as r:
+                seen = []
+                for line in r.iter_lines():
+                    seen.append(line)
+                    if line in ("event: dispatched", "event: running"):
+                        break
+                assert seen[0] == "event: queued", seen
+        else:
+            with c.stream("POST", "/slowpoke/drip", json={"args": [3, 5]}) as r:
+                assert r.status_code == 200 and json.loads(next(r.iter_lines())) == 0
+    deadline = time.monotonic() + 2.0
+    while True:
+        cancelled, gone, queue = slowpoke_counts(client)
+        if cancelled > cancelled0 and gone > gone0:
+            break
+        assert time.monotonic() < deadline, f"not cancelled within 2 s: 499s {gone0} -> {gone}, counters {queue}"
+        time.sleep(0.05)
+    assert queue["lost"] == 0
+    t0 = time.monotonic()
+    assert client.get("/slowpoke", timeout=10.0).json() == "awake"
+    assert time.monotonic() - t0 < 2.0, "the replica's slot was still held by the cancelled call"
+    assert slowpoke_counts(client)[2]["in_flight"] == 0
 
 
 # ------------------------------------------------------------------ status page
