@@ -49,6 +49,9 @@ class Adder:
     def not_json(self):
         return {1, 2}
 
+    def late(self):
+        raise TimeoutError("the application's own timeout")
+
 
 @deployment(name="gone", num_replicas=1, ray_actor_options=OPTS)
 class Gone:
@@ -218,6 +221,15 @@ def test_application_error_500_with_remote_traceback(client):
 def test_unserialisable_result_500(client):
     r = client.get("/add/not_json")
     assert r.status_code == 500 and error_of(r)["error"] == "unserialisable_result"
+
+
+def test_application_timeout_error_is_500_not_408(client):
+    """A TimeoutError the method raises is the application's error (500 with its traceback), not
+    the ingress's request timeout."""
+    r = client.get("/add/late")
+    assert r.status_code == 500, r.text
+    body = error_of(r)
+    assert body["error"] == "application_error" and "the application's own timeout" in body["detail"]
 
 
 def test_timeout_408(client):
