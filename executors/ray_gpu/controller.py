@@ -55,6 +55,8 @@ __all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "NAMESPACE", "UNSEEN_GROUP_PREFIX"
            "actor_name", "held_by_callers", "queue_fault", "replica_class"]
 
 CONTROLLER_NAME = "rankcore-controller"
+#: the HTTP ingress actor (ingress.py), by name: ``reset`` stops it without importing it
+INGRESS_NAME = "rankcore-http"
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
 CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.options)
 
@@ -649,8 +651,8 @@ class Controller:
         return len(self.ledger.errors) == errors
 
     async def reset(self, timeout: float = 60.0) -> None:
-        """Stop every replica and forget everything (deployments, ids, trace):
-        the next run starts as on a new cluster."""
+        """Stop every replica and forget everything (deployments, ids, trace, the HTTP ingress with
+        its routes and port): the next run starts as on a new cluster."""
         await self.shutdown_replicas(timeout)
         led = self.ledger
         for task in list(led.tasks):
@@ -685,6 +687,7 @@ class Controller:
         self.driver.state = rc.State()
         self.driver.trace = None
         self.recorder.metrics = None
+        await _stop_ingress()  # (before its keys go: a stopping ingress saves nothing more)
         persist.forget_all()
         led.t0 = persist.new_epoch()
 
@@ -701,3 +704,28 @@ class Controller:
             await asyncio.sleep(0.05)
         for rid, _ in self.ledger.with_actors():  # anything left behind
             self.carrier.kill(rid)
+
+
+async def _stop_ingress(timeout: float = 10.0) -> None:
+    """Stop the HTTP ingress, if one runs (``reset``): its routes name deployments that are gone
+    and its handles hold their routers, so it goes with them, as on a new cluster; the next
+    ``run(..., route_prefix=...)`` starts a new one. Its server is closed first (its port is
+    free again), then the actor is killed, and its name waited out (a new one can take it)."""
+    import ray
+
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return
+    try:
+        await asyncio.wait_for(actor.stop.remote(), timeout)
+    except Exception:  # (dead, or not answering: killed all the same)
+        pass
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return
+        await asyncio.sleep(0.05)

@@ -18,8 +18,9 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
   (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``).
 
 The route table (with each route's handle) and the port bound live in Ray's
-internal KV store (``rankcore/http_routes``, ``rankcore/http_port``), so a
-restarted ingress serves the same routes at the same address. The ingress
+internal KV store (``persist.save_http_routes`` / ``save_http_port``, beside the
+controller's keys), so a restarted ingress serves the same routes at the same
+address; the controller's ``reset`` stops the ingress and forgets both. The ingress
 decides nothing about requests: it calls the handles it is given (``expose``:
 the caller's ``DeploymentHandle``, public API only) and maps what comes back;
 it imports nothing of api.py (which starts it: ``run(..., route_prefix=...)``).
@@ -46,12 +47,12 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from .controller import CONTROLLER_NAME, NAMESPACE
+from . import persist
+from .controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
            "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app"]
 
-INGRESS_NAME = "rankcore-http"
 #: Ray Serve's defaults: loopback only, port 8000
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -69,9 +70,7 @@ RECENT_FAULTS = 20
 #: what a request whose client went away is counted as (nginx's "Client Closed Request")
 GONE = 499
 
-_KV_ROUTES = b"rankcore/http_routes"
 _HEAD = "node:__internal_head__"  # the head node's own resource
-_KV_PORT = b"rankcore/http_port"  # the port bound last (a restarted ingress on port 0 binds it again)
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
 
@@ -730,6 +729,12 @@ class HttpIngress:
     def routes(self) -> dict[str, str]:
         return dict(self.state.routes)
 
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (the controller's ``reset``, before it kills this actor): the server
+        closes its listening socket, so the port is free once this returns."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
     def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep") -> dict:
         """Change the limits of a running ingress (``"keep"``: leave the timeout as it is)."""
         st = self.state
@@ -743,13 +748,11 @@ class HttpIngress:
 def _listen(host: str, port: int) -> socket.socket:
     """The listening socket. Port 0 (any free port): the port an earlier incarnation of the
     ingress bound, where it is free, so that a restarted ingress keeps its address."""
-    from ray.experimental import internal_kv
-
     tries = [port]
     if port == 0:
-        raw = internal_kv._internal_kv_get(_KV_PORT)
-        if raw:
-            tries.insert(0, int(raw))
+        last = persist.load_http_port()
+        if last:
+            tries.insert(0, last)
     for i, p in enumerate(tries):
         # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
         # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
@@ -764,7 +767,7 @@ def _listen(host: str, port: int) -> socket.socket:
                 continue
             raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
         sock.listen(2048)
-        internal_kv._internal_kv_put(_KV_PORT, str(sock.getsockname()[1]).encode(), overwrite=True)
+        persist.save_http_port(sock.getsockname()[1])
         return sock
     raise AssertionError("unreachable")
 
@@ -778,20 +781,12 @@ def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
 
 
 def _load_routes() -> tuple[dict[str, str], dict[str, Any]]:
-    """The routes and their handles a previous incarnation saved (a handle pickles as its
-    deployment's name, method and the controller's actor handle)."""
-    from ray import cloudpickle
-    from ray.experimental import internal_kv
-
-    raw = internal_kv._internal_kv_get(_KV_ROUTES)
-    return cloudpickle.loads(raw) if raw else ({}, {})
+    """The routes and their handles a previous incarnation saved."""
+    return persist.load_http_routes()
 
 
 def _save_routes(routes: dict[str, str], handles: dict[str, Any]) -> None:
-    from ray import cloudpickle
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_put(_KV_ROUTES, cloudpickle.dumps((routes, handles)), overwrite=True)
+    persist.save_http_routes(routes, handles)
 
 
 # ------------------------------------------------------------------ the driver's side

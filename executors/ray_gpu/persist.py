@@ -31,6 +31,8 @@ _KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to
 _KV_NO_EVICT = b"rankcore/no_evict"  # evicted replicas' replacements still waiting (rc.desired_no_evict)
 _KV_DELETED = b"rankcore/deleted"  # the deployments deleted, being deleted or gone (rc.desired_deleted)
 _KV_BOOKING = b"rankcore/memory_booking"  # api.book_memory's options and the nodes' CUDA memory (probed)
+_KV_HTTP_ROUTES = b"rankcore/http_routes"  # the HTTP ingress's routes with their handles (ingress.py)
+_KV_HTTP_PORT = b"rankcore/http_port"  # the port the ingress bound last (a restarted one on port 0 binds it again)
 
 
 def _get(key: bytes) -> Any:
@@ -157,8 +159,29 @@ def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
     for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP,
-                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT, _KV_DELETED):
+                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT, _KV_HTTP_ROUTES, _KV_HTTP_PORT, _KV_DELETED):
         internal_kv._internal_kv_del(key)
+
+
+def save_http_routes(routes: dict[str, str], handles: dict[str, Any]) -> None:
+    """The HTTP ingress's route table (prefix -> deployment) and each deployment's handle (a handle
+    pickles as its deployment's name, method and the controller's actor handle)."""
+    _put(_KV_HTTP_ROUTES, (dict(routes), dict(handles)))
+
+
+def load_http_routes() -> tuple[dict[str, str], dict[str, Any]]:
+    """What ``save_http_routes`` stored, or no routes."""
+    got = _get(_KV_HTTP_ROUTES)
+    return ({}, {}) if got is None else (dict(got[0]), dict(got[1]))
+
+
+def save_http_port(port: int) -> None:
+    _put(_KV_HTTP_PORT, int(port))
+
+
+def load_http_port() -> int | None:
+    """The port the ingress bound last, or None."""
+    return _get(_KV_HTTP_PORT)
 
 
 def save_booking(booking: Any, cuda: dict[str, tuple[int, ...]]) -> None:

@@ -480,3 +480,27 @@ def test_rankcore_serve_command(base):
         except subprocess.TimeoutExpired:
             proc.kill()
     assert proc.returncode == 0, proc.stderr.read()[-2000:]
+
+
+# ------------------------------------------------------------------ reset (last: it ends every deployment)
+def test_reset_stops_the_ingress_and_forgets_its_routes_and_port(base):
+    """The controller's ``reset`` starts over as on a new cluster: the ingress is stopped (its port
+    refuses connections), its KV keys are gone, and a new ``run(..., route_prefix=...)`` starts a
+    new one serving only the new route."""
+    from ray.experimental import internal_kv
+
+    from executors.ray_gpu import get_controller
+    from executors.ray_gpu.api import ask
+
+    ask(get_controller(), "reset")
+    assert ingress_address() is None
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{base}/-/routes", timeout=5.0)
+    assert internal_kv._internal_kv_get(b"rankcore/http_routes") is None
+    assert internal_kv._internal_kv_get(b"rankcore/http_port") is None
+    run(Gone.options(name="again").bind(), route_prefix="/again", port=0)
+    host, port = ingress_address()
+    with httpx.Client(base_url=f"http://{host}:{port}", timeout=30.0) as c:
+        assert c.get("/-/routes").json() == {"/again": "again"}
+        assert c.get("/again").json() == "here"
+        assert c.get("/add").status_code == 404
