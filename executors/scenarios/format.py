@@ -519,6 +519,10 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     if cluster_loss > 0 and duration is None:
         raise c.fail(("faults", "node_loss_per_cluster_day"),
                      "a random node loss rate needs a 'duration' (the run would never end)")
+    for d in deployments.values():
+        if duration is None and dict(d.options).get("autoscaling"):
+            raise c.fail(("deployments", d.name, "autoscaling"), "autoscaling needs the scenario's 'duration' "
+                                                                 "(its metrics are sent for ever: the run would never end)")
     return Scenario(
         name=name, source=c.file, seed=seed, duration=duration, nodes=nodes, deployments=deployments,
         latency=latency, crash_rate_per_replica_hour=rate, start_hang_probability=hang, start_timeout=timeout,

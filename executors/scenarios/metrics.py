@@ -100,6 +100,10 @@ class DeploymentMetrics:
     #: replica-seconds with weights on a GPU and serving (from ready, or a wake, until the
     #: replica stopped, died or went to sleep)
     hot_seconds: float = 0.0
+    #: what the replicas cost (issue 23), told by the executor: seconds each held its node's GPUs
+    #: (placed until it stopped or died: starting and draining count), and those times its GPUs
+    replica_seconds: float = 0.0
+    gpu_seconds: float = 0.0
     #: per replica: the seconds from its StartReplica (it was asked for) to ready, or (one that
     #: never was: stopped, died or still waiting at the end) to its end; never_hot counts those
     wait_to_hot: list = attrs.field(factory=list)
@@ -198,6 +202,8 @@ class DeploymentMetrics:
             "warm_fallbacks": self.warm_fallbacks,
             "evictions": self.evictions,
             "hot_seconds": round(self.hot_seconds, 6),
+            "replica_seconds": round(self.replica_seconds, 6),
+            "gpu_hours": round(self.gpu_seconds / 3600.0, 6),
             "wait_to_hot_s": round(sum(self.wait_to_hot), 6),
             "wait_to_hot_max": round(max(self.wait_to_hot), 6) if self.wait_to_hot else None,
             "wait_to_hot_p50": percentile(self.wait_to_hot, 50),
@@ -414,6 +420,12 @@ class Metrics:
         else:
             m.cold_loads += 1
         m.warm_fallbacks += fell_back
+
+    def held(self, deployment: str, seconds: float, gpus: float) -> None:
+        """A replica of ``deployment`` held its node and ``gpus`` GPUs for ``seconds`` (its cost)."""
+        m = self._m(deployment)
+        m.replica_seconds += seconds
+        m.gpu_seconds += seconds * gpus
 
     def evicted(self, deployment: str) -> None:
         """An ``EvictReplica`` was carried out (the replica drains, then leaves its GPU)."""

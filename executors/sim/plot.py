@@ -37,6 +37,10 @@ _NODE_ADDED = "#2ca02c"
 _RANK_RECONF = "#111111"
 _CONFIG_RECONF = "#7b3294"
 _SERVING = "#1f6fb4"
+_QUEUED = "#e15759"
+_IN_FLIGHT = "#59a14f"
+#: height of the request queue panel (``traffic:``), as a height ratio
+_QUEUE_HEIGHT = 1.3
 #: height of the availability panel under each rank chart (inches, as a height ratio)
 _AVAIL_HEIGHT = 1.5
 #: the shortfall of a long run is drawn as the worst value in this many time slices
@@ -401,6 +405,9 @@ def plot_figure(trace_path: str | Path, *, title: str | None = None, deployment:
         else:  # a rank chart, then its availability panel
             heights += [min(max(1.4 + 0.32 * rows[n], 2.6), 9.0), _AVAIL_HEIGHT]
             kinds += [("ranks", n), ("avail", n)]
+        if _queue_series(tl, n):  # the request queue (``traffic:``) under them
+            heights.append(_QUEUE_HEIGHT)
+            kinds.append(("queue", n))
     if not names:
         heights, kinds = [2.6, _AVAIL_HEIGHT], [("ranks", ""), ("avail", "")]
     fig_h = min(sum(heights) + 1.6 + 0.4 * fleet, 44.0)
@@ -441,6 +448,8 @@ def plot_figure(trace_path: str | Path, *, title: str | None = None, deployment:
             _draw_bands(fig, ax, tl, d, rows[n], t0, t1)
         elif kind == "events":
             _draw_events(ax, tl, d, t0, t1)
+        elif kind == "queue":
+            _draw_queue(ax, tl, d, t0, t1)
         else:
             _draw_noncontig(ax, tl, d)
     per, unit = _time_unit(span)
@@ -745,6 +754,35 @@ def _draw_availability(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: fl
     else:
         text = f"after start-up: availability {pct:.3f}%, full strength {full:.2f}% of the time"
     ax.set_title(f"{d.name}: serving replicas vs target; {text}", fontsize=9, loc="left")
+
+
+def _queue_series(tl: _Timeline, name: str) -> list:
+    """``name``'s ``[t, queued, in flight]`` samples from the run's closing record (``traffic:``)."""
+    return ((tl.metrics.get(name) or {}).get("requests") or {}).get("queue_series") or []
+
+
+def _draw_queue(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: float) -> None:
+    """The request queue every ``metrics_interval_s``: queued and in flight (the load an autoscaler
+    reads), with the target for scale (right axis), so a burst, the wait and the scale-up line up."""
+    series = [s for s in _queue_series(tl, d.name) if t0 <= s[0] <= t1]
+    xs = [s[0] for s in series]
+    ax.fill_between(xs, 0, [s[1] for s in series], step="post", color=_QUEUED, alpha=0.35, linewidth=0,
+                    label="queued")
+    ax.step(xs, [s[1] for s in series], where="post", color=_QUEUED, linewidth=1.0)
+    ax.step(xs, [s[2] for s in series], where="post", color=_IN_FLIGHT, linewidth=1.1, label="in flight")
+    ax.set_ylabel("requests", fontsize=9)
+    ax.set_ylim(0, max([1, *(max(s[1], s[2]) for s in series)]) * 1.12)
+    ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+    ax.spines["top"].set_visible(False)
+    auto = (tl.metrics.get(d.name) or {}).get("autoscaling")
+    text = ""
+    if auto:
+        text = (f"; autoscaler: {auto.get('scale_ups', 0)} up, {auto.get('scale_downs', 0)} down, "
+                f"target {auto.get('min_target')}..{auto.get('max_target')}")
+        if auto.get("to_enough_max") is not None:
+            text += f", to enough replicas p50 {auto['to_enough_p50']:g} s, max {auto['to_enough_max']:g} s"
+    ax.set_title(f"{d.name}: request queue every metrics interval{text}", fontsize=9, loc="left")
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
 
 
 # ------------------------------------------------------------------ fleet size

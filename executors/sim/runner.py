@@ -29,6 +29,7 @@ from ..scenarios import (
 )
 from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy, WaitUntilServing
 from ..trace import TraceWriter
+from .autoscale import SimAutoscaler
 from .traffic import SimTraffic
 from .world import SimBackend, SimReplica
 
@@ -98,6 +99,9 @@ class Simulation:
         self.driver = Driver(self.backend, trace=self.trace, check=check, clock=True)
         self.metrics = Metrics()
         self.driver.observers.append(self.metrics)
+        #: feeds the core's autoscaler every metrics_interval_s (paused while the controller is down)
+        self.autoscaler = SimAutoscaler(self)
+        self.driver.observers.append(self.autoscaler)
         self.controller_up = True
         self.desired = Desired(scenario.deployments)  # what each timeline action means
         self._persisted: tuple[rc.DeploymentApplied, ...] = ()  # the core's specs at a controller crash
@@ -271,7 +275,13 @@ class Simulation:
         self.driver.feed(event, self.now)
 
     def scale(self, deployment: str, replicas: int, victims: tuple[str, ...]) -> None:
-        self.driver.feed(rc.ScaleRequested(deployment=deployment, num_replicas=replicas, victims=victims), self.now)
+        """``scale``: one the core refuses (an autoscaled deployment) is a failure naming why."""
+        try:
+            self.driver.feed(rc.ScaleRequested(deployment=deployment, num_replicas=replicas, victims=victims),
+                             self.now)
+        except rc.RankcoreError as exc:
+            self.results.append(ExpectationResult(None, f"scale {deployment}", False,
+                                                  f"refused by the core: {exc}", self.now))
 
     def deployed(self, deployment: str) -> bool:
         dep = self.driver.state.deployments.get(deployment)
@@ -484,6 +494,8 @@ class Simulation:
         if self.traffic is not None:  # each deployment's requests beside its other figures
             for name, figures in self.traffic.as_dict().items():
                 metrics["deployments"].setdefault(name, {})["requests"] = figures
+        for name, figures in self.autoscaler.as_dict().items():  # what the autoscaler did, beside its cost
+            metrics["deployments"].setdefault(name, {})["autoscaling"] = figures
         if self.trace is not None:
             self.trace.end(self.now, self.driver.state, metrics, [r.as_record() for r in self.results])
         return RunResult(

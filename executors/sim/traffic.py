@@ -233,6 +233,7 @@ class SimTraffic:
             self.sim.schedule(spec.timeout_s, self._tick)
         if not actions:  # queued
             self._peak(flow)
+            self.sim.autoscaler.queued(flow.name)  # (scaled to zero: the autoscaler hears of it at once)
         self._carry(actions)
         self._next_arrival(flow)
 

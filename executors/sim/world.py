@@ -143,7 +143,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
                  "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
-                 "asked_at", "hot_at")
+                 "asked_at", "hot_at", "placed_at")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -174,6 +174,7 @@ class SimReplica:
         self.evict_to: str | None = None
         self.asked_at: float | None = 0.0  # when its StartReplica came (the wait to be HOT); None once ready
         self.hot_at: float | None = None  # HOT (serving from its GPU) since then; None: not HOT
+        self.placed_at: float | None = None  # holding its node's GPUs since then (its cost); None: not
 
     @property
     def alive(self) -> bool:
@@ -355,6 +356,7 @@ class SimBackend:
             node.used += r.gpus
         node.replicas.add(rid)
         r.node = node.name
+        r.placed_at = self.sim.now
         self.sim.deliver(_Placed(replica_id=rid, node_id=node.name, now=self.sim.now))
 
     def _initialize(self, cmd: rc.InitializeReplica) -> None:
@@ -642,10 +644,24 @@ class SimBackend:
             r.asked_at = None
 
     def end(self) -> None:
-        """The run ends: the replicas still waiting to be HOT count their wait so far."""
+        """The run ends: the replicas still waiting to be HOT count their wait so far, and those
+        still holding GPUs their cost so far."""
         for _, r in sorted(self.replicas.items()):
             if r.alive and r.replica_id not in self.orphans:
                 self._waited(r, False)
+            self._held(r)
+
+    def _held(self, r: SimReplica) -> None:
+        """``r``'s time on its node until now, counted once (replica-seconds, GPU-hours)."""
+        if r.placed_at is not None:
+            self.sim.metrics.held(r.deployment, self.sim.now - r.placed_at, self._cost_gpus(r.deployment))
+            r.placed_at = None
+
+    def _cost_gpus(self, deployment: str) -> float:
+        """The GPUs a replica of ``deployment`` costs: the scenario's ``gpus`` (a static one's
+        too: its caller's group holds them for it)."""
+        spec = self.sim.scenario.deployments.get(deployment)
+        return spec.gpus if spec is not None else 1.0
 
     def _hot(self, r: SimReplica, hot: bool) -> None:
         """``r`` is HOT (serving from its GPU) from now, or no longer (time HOT per model)."""
@@ -657,6 +673,7 @@ class SimBackend:
     # -------------------------------------------------------------- faults
     def _release_gpus(self, r: SimReplica) -> None:
         self._hot(r, False)
+        self._held(r)
         if r.node is not None and r.node in self.nodes:
             node = self.nodes[r.node]
             if r.replica_id in node.replicas:
