@@ -95,6 +95,11 @@ MEANINGS = (
                     "crashed or the run ended first; their wait until then counts too)"),
     ("queue wait", "queue wait: a request's submit to its first dispatch; latency: submit to answer; "
                    "lost: submitted minus ended minus waiting (0)"),
+    ("GPU-h", "replica·s / GPU-h: replicas holding their node's GPUs (placed until stopped or dead), integrated; "
+              "GPU-h: times the GPUs of each; cold starts: replicas started"),
+    ("scale", "scale ups / downs: target changes the autoscaler made"),
+    ("to enough", "to enough: from a metrics sample whose load needs more replicas than serve (ceil(total / "
+                  "target_ongoing_requests)) to enough serving (over the episodes that ended by a scale-up)"),
     ("1st item", "streams: 1st item: a stream's submit to its first item; duration: its dispatch to its last "
                  "item (the slot held); failed: ended by an error after the items given (its replica died "
                  "mid-stream: never retried)"),
@@ -143,7 +148,7 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
     """One run's summary. ``figures`` None: one table of the state columns and
     ``SUMMARY_FIGURES`` (readable at 100 columns); else a table per group of
     ``figures`` (the sweep's groups), the state columns in the first."""
-    from .sweep import FIGURES, GROUPS, TRAFFIC_GROUPS
+    from .sweep import ALIASES, FIGURES, GROUPS, TRAFFIC_GROUPS
 
     deps = result.metrics["deployments"]
     title = (f"{escape(result.scenario.name)}  [dim](seed {result.seed}, virtual t={result.end_time:,.1f}s, "
@@ -174,6 +179,18 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
             t.add_row(escape(name), *(_figure_cell(m, f) for f in tiers))
         out.append(t)
         groups.append(tiers)
+    scaled = {name: m for name, m in deps.items() if m.get("autoscaling")}
+    if figures is None and scaled:  # autoscaled deployments (issue 23): cost, decisions, the callers' wait
+        cols = [f for f in FIGURES if f.group == "autoscaling" and f.key not in ALIASES]  # (the rest: other tables)
+        t = Table(title="autoscaling")
+        t.add_column("deployment", overflow="fold")
+        cells = {name: [_figure_cell(m, f) for f in cols] for name, m in scaled.items()}
+        for i, f in enumerate(cols):
+            t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
+        for name, row in cells.items():
+            t.add_row(escape(name), *row)
+        out.append(t)
+        groups.append(cols)
     for group in TRAFFIC_GROUPS if figures is None and any(m.get("requests") for m in deps.values()) else ():
         cols = [f for f in FIGURES if f.group == group]  # the request queue (``traffic:``): counts, waits
         t = Table(title=group)
@@ -283,7 +300,7 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
 @click.option("--snapshot-every", type=click.IntRange(min=1), help="Write a full trace snapshot every N steps (default: when the deltas add up to one).")
 @click.option("--columns", metavar="NAMES",
               help="The figures the tables show: groups (availability, recovery, ranks, contiguity, contiguity_s, "
-                   "tiers, requests, queue), "
+                   "tiers, requests, queue, streams, autoscaling), "
                    "figure keys or 'all', comma-separated (default: one run, a short summary; a sweep, all groups "
                    "but contiguity_s).")
 @click.option("--wide", is_flag=True, help="Show every figure (--columns all): one table per group.")
@@ -340,7 +357,16 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .sim import ScenarioError, load_scenario
-    from .sweep import InvalidVariant, run_sweep, select_figures, tables, to_csv, to_json, traffic_figures
+    from .sweep import (
+        InvalidVariant,
+        autoscaling_figures,
+        run_sweep,
+        select_figures,
+        tables,
+        to_csv,
+        to_json,
+        traffic_figures,
+    )
 
     try:
         figures = select_figures(columns)
@@ -387,7 +413,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
             click.echo(text, nl=False)
     if fmt == "table" or output:
         if columns is None:  # the default groups, and the request queue's when the runs had traffic
-            figures += traffic_figures(records)
+            figures += traffic_figures(records) + autoscaling_figures(records)
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
         out[-1].caption = legend([f.title for f in figures])
         for table in out:

@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "select_figures", "traffic_figures", "figure_value", "run_one",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures",
+           "autoscaling_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
 
@@ -201,10 +202,28 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(f"requests_{k}", title, "streams", 3) for k, title in (
         ("first_item_p50", "1st item\np50 s"), ("first_item_p99", "1st item\np99 s"),
         ("stream_duration_p50", "duration\np50 s"), ("stream_duration_p99", "duration\np99 s"))),
+    # autoscaling (issue 23; executors/sim/autoscale.py): what the replicas cost, what the autoscaler
+    # did, and (``ALIASES``: figures of other groups, again) what it cost the callers and the ranks
+    Figure("replica_seconds", "replica·s", "autoscaling", 0),
+    Figure("gpu_hours", "GPU-h", "autoscaling", 2),
+    Figure("starts", "cold\nstarts", "autoscaling", count=True),
+    Figure("autoscaling_scale_ups", "scale\nups", "autoscaling", count=True),
+    Figure("autoscaling_scale_downs", "scale\ndowns", "autoscaling", count=True),
+    Figure("autoscaling_to_enough_p50", "to enough\np50 s", "autoscaling"),
+    Figure("autoscaling_to_enough_max", "to enough\nmax s", "autoscaling"),
+    Figure("as_queue_wait_p99", "queue wait\np99 s", "autoscaling", 3),
+    Figure("as_failed", "failed", "autoscaling", count=True),
+    Figure("as_rejected", "rejected", "autoscaling", count=True),
+    Figure("as_reassigned", "reassigned", "autoscaling", count=True),
+    Figure("as_reconfigures", "rank\nreconfigs", "autoscaling", count=True),
 )
+#: figures shown again in another group (the autoscaling table's), under a key of their own
+ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "requests_failed",
+           "as_rejected": "requests_rejected_total", "as_reassigned": "reassignments_any",
+           "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams")
+          "streams", "autoscaling")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
 TRAFFIC_GROUPS = ("requests", "queue", "streams")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
@@ -243,8 +262,19 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     return [f for f in FIGURES if f.group in groups]
 
 
+def autoscaling_figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """The autoscaling group's figures if any run had an autoscaled deployment, else none."""
+    if any(m.get("autoscaling") for r in records for m in r.metrics["deployments"].values()):
+        return [f for f in FIGURES if f.group == "autoscaling"]
+    return []
+
+
 def figure_value(d: dict, key: str) -> float | None:
     """A figure of one run's deployment metrics (``metrics.DeploymentMetrics.as_dict``)."""
+    key = ALIASES.get(key, key)
+    if key.startswith("autoscaling_"):  # what the autoscaler did (executors/sim/autoscale.py)
+        v = (d.get("autoscaling") or {}).get(key[len("autoscaling_"):])
+        return None if v is None else float(v)
     for prefix, field in (("reassignments_", "reassignments"), ("reconfigures_", "reconfigures")):
         if key.startswith(prefix):
             v = (d.get(field) or {}).get(key[len(prefix):])

@@ -126,7 +126,8 @@ class SimAutoscaler:
     def feed(self, name: str) -> None:
         """One sample of ``name``'s load, now, to the core."""
         traffic = self.sim.traffic
-        queued, ongoing = 0, ()
+        queued = 0
+        ongoing: tuple[tuple[str, int], ...] = ()
         if traffic is not None and name in traffic.flows:
             queued = traffic.machine.counters(name).in_queue
             ongoing = tuple((r.replica_id, r.in_flight) for r in traffic.machine.pool(name))

@@ -780,7 +780,10 @@ def _draw_queue(ax: Any, tl: _Timeline, d: _Deployment, t0: float, t1: float) ->
         text = (f"; autoscaler: {auto.get('scale_ups', 0)} up, {auto.get('scale_downs', 0)} down, "
                 f"target {auto.get('min_target')}..{auto.get('max_target')}")
         if auto.get("to_enough_max") is not None:
-            text += f", to enough replicas p50 {auto['to_enough_p50']:g} s, max {auto['to_enough_max']:g} s"
+            text += f", to enough replicas p50 {auto['to_enough_p50']:.1f} s, max {auto['to_enough_max']:.1f} s"
+    for a, b in tl.down:  # no metrics fed then: the autoscaler pauses
+        if b is not None and a <= t1 and b >= t0:
+            ax.axvspan(max(a, t0), min(b, t1), color="#999999", alpha=0.25, linewidth=0)
     ax.set_title(f"{d.name}: request queue every metrics interval{text}", fontsize=9, loc="left")
     ax.legend(loc="upper right", fontsize=8, frameon=False)
 
