@@ -156,6 +156,8 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
     if figures is None:
         groups = [[f for key in SUMMARY_FIGURES for f in FIGURES if f.key == key]]
     else:
+        keys = {f.key for f in figures}  # (a figure shown again under an alias: once is enough in one run)
+        figures = [f for f in figures if ALIASES.get(f.key) not in keys]
         groups = [cols for g in GROUPS if (cols := [f for f in figures if f.group == g])]
     out = []
     for n, cols in enumerate(groups or [[]]):

@@ -215,7 +215,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("as_failed", "failed", "autoscaling", count=True),
     Figure("as_rejected", "rejected", "autoscaling", count=True),
     Figure("as_reassigned", "reassigned", "autoscaling", count=True),
-    Figure("as_reconfigures", "rank\nreconfigs", "autoscaling", count=True),
+    Figure("as_reconfigures", "reconfigures\nrank", "autoscaling", count=True),
 )
 #: figures shown again in another group (the autoscaling table's), under a key of their own
 ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "requests_failed",

@@ -7,7 +7,9 @@ room), crash markers, reconfigure markers (rank / user_config), lost nodes,
 controller outages, and the world size as a step line on a second y axis whose
 value ``w`` sits on the top edge of rank row ``w - 1``. Under each rank chart
 an availability panel shows serving replicas against the target over time,
-the shortfall shaded, with the availability of the window shown.
+the shortfall shaded, with the availability of the window shown; under it,
+for a deployment with ``traffic:``, the request queue (queued and in flight,
+the autoscaler's decisions in its title, issue 23).
 
 Holdings are derived from the event and command records (StartReplica opens
 one, InitializeReplica / ReconfigureReplica move it, ReplicaStopped,
