@@ -15,8 +15,9 @@ apart from the replicas' ``Step.commands``):
   ever having served is not announced (the request path holds nothing of
   it); its ``gone`` may be, and is ignored by a request path that never held it.
 * ``PoolComing(deployment, coming)`` when whether the deployment wants
-  replicas changes (its target above zero): with none serving and none
-  coming, waiting requests fail at once instead of waiting for nothing.
+  replicas changes (its target above zero, or autoscaled and able to scale
+  up from zero): with none serving and none coming, waiting requests fail at
+  once instead of waiting for nothing.
 * ``PoolReset`` for every deployment after ``ControllerRecovered``: the whole
   pool, since the request path may have missed changes while the controller
   was down.
@@ -66,8 +67,15 @@ def membership(dep: Deployment | None, rep: Replica | None) -> str:
 
 
 def coming(dep: Deployment | None) -> bool:
-    """Whether ``dep`` wants replicas (so a request may wait for one)."""
-    return dep is not None and dep.target > 0
+    """Whether ``dep`` wants replicas (so a request may wait for one): its target is above
+    zero, or it is autoscaled and may scale up (at zero, the request waiting is what brings a
+    replica back: rankcore.autoscaling's cold start); not while it is being deleted."""
+    if dep is None:
+        return False
+    if dep.target > 0:
+        return True
+    auto = dep.config.autoscaler
+    return auto.autoscaling and not dep.deleting and dep.max_replicas // dep.config.gang.gang_size > 0
 
 
 def pool_of(dep: Deployment) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -142,10 +142,6 @@ timeline:
     assert "autoscaling" not in m  # (not autoscaled: no autoscaler figures)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the core: rankcore.pool.coming() is False for an autoscaled "
-                                       "deployment at target 0, so the request machine refuses the first "
-                                       "request at once (unavailable) instead of queueing it while the "
-                                       "autoscaler's cold start brings a replica (Ray Serve's handle waits)")
 def test_scale_to_zero_and_back_loses_no_request_the_first_one_waits_in_the_queue() -> None:
     options = "    initial_replicas: 1\n    downscale_to_zero_delay_s: 20\n"
     sim, watch = _sim(_text(minimum=0, base_rate=0, options=options))

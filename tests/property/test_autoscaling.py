@@ -49,6 +49,7 @@ class World:
         self.state = rc.State()
         self.now = 0.0
         self.changes: list[tuple[float, int, int]] = []  # (time, old target, new target) made by metrics
+        self.pools = rc.PoolView()  # the pools as the steps' pool commands told them
         self.apply(rc.DeploymentApplied(name=NAME, num_replicas=0, **opts))
 
     @property
@@ -59,6 +60,9 @@ class World:
         note(f"step({event!r})")
         result = rc.step(self.state, event)
         inv.check_step(self.state, event, result, full=True)
+        for cmd in result.pool:
+            self.pools.apply(cmd)
+        assert self.pools.mismatch(result.state) is None, self.pools.mismatch(result.state)
         self.state = result.state
         return result
 
@@ -183,5 +187,5 @@ def test_idle_it_goes_down_to_min_replicas_zero_included_and_a_request_brings_on
     if lo == 0:  # scale to zero and back: the first request waits for a replica that comes at once
         result = world.metrics(interval, data.draw(st.integers(1, 5), label="requests"))
         assert world.dep.target >= 1
-        assert rc.PoolComing(deployment=NAME, coming=True) in result.pool
+        assert world.pools.wanted.get(NAME) is True, "at zero, requests were not told a replica may come"
         assert any(isinstance(c, rc.StartReplica) for c in result.commands)

@@ -197,12 +197,17 @@ def test_downscale_to_zero_delay_unset_is_downscale_delay() -> None:
 
 
 def test_from_zero_requests_waiting_scale_up_at_once_and_are_told_replicas_come() -> None:
-    state = deploy(min_replicas=0, upscale_delay_s=300.0)
+    applied_step = rc.step(rc.State(), applied(min_replicas=0, upscale_delay_s=300.0))
+    state = applied_step.state
     assert state.deployment(NAME).target == 0
+    # at zero it is still "coming" (it may scale up): a request waits instead of failing
+    assert rc.PoolComing(deployment=NAME, coming=True) in applied_step.pool
     step = metrics(state, 1.0, queued=1)
     assert step.state.deployment(NAME).target == 1
-    assert rc.PoolComing(deployment=NAME, coming=True) in step.pool
     assert [type(c) for c in step.commands] == [rc.UpdateWorldSize, rc.StartReplica]
+    # deleting it says nothing is coming any more
+    deleted = rc.step(step.state, rc.DeploymentDeleted(deployment=NAME))
+    assert rc.PoolComing(deployment=NAME, coming=False) in deleted.pool
 
 
 def test_from_zero_the_upscaling_factor_is_bounded_by_max_replicas() -> None:
