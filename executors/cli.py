@@ -144,6 +144,17 @@ def _title_width(title: str) -> int:
     return width
 
 
+
+def _figures_table(title: str, cols: list, cells: dict[str, list[str]]) -> Table:
+    """A table of figures: a row per deployment, a column per figure, each as wide as its widest cell."""
+    t = Table(title=title)
+    t.add_column("deployment", overflow="fold")
+    for i, f in enumerate(cols):
+        t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
+    for name, row in cells.items():
+        t.add_row(escape(name), *row)
+    return t
+
 def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
     """One run's summary. ``figures`` None: one table of the state columns and
     ``SUMMARY_FIGURES`` (readable at 100 columns); else a table per group of
@@ -184,28 +195,16 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
     scaled = {name: m for name, m in deps.items() if m.get("autoscaling")}
     if figures is None and scaled:  # autoscaled deployments (issue 23): cost, decisions, the callers' wait
         cols = [f for f in FIGURES if f.group == "autoscaling" and f.key not in ALIASES]  # (the rest: other tables)
-        t = Table(title="autoscaling")
-        t.add_column("deployment", overflow="fold")
-        cells = {name: [_figure_cell(m, f) for f in cols] for name, m in scaled.items()}
-        for i, f in enumerate(cols):
-            t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
-        for name, row in cells.items():
-            t.add_row(escape(name), *row)
-        out.append(t)
+        out.append(_figures_table("autoscaling", cols, {name: [_figure_cell(m, f) for f in cols]
+                                                        for name, m in scaled.items()}))
         groups.append(cols)
     for group in TRAFFIC_GROUPS if figures is None and any(m.get("requests") for m in deps.values()) else ():
         cols = [f for f in FIGURES if f.group == group]  # the request queue (``traffic:``): counts, waits
-        t = Table(title=group)
-        t.add_column("deployment", overflow="fold")
         cells = {name: [_figure_cell(m, f) for f in cols] for name, m in deps.items() if m.get("requests")}
         cells = {name: row for name, row in cells.items() if set(row) != {"-"}}  # (streams: theirs only)
         if not cells:
             continue
-        for i, f in enumerate(cols):
-            t.add_column(f.title, justify="right", width=max([_title_width(f.title), *(len(c[i]) for c in cells.values())]))
-        for name, row in cells.items():
-            t.add_row(escape(name), *row)
-        out.append(t)
+        out.append(_figures_table(group, cols, cells))
         groups.append(cols)
     out[-1].caption = legend([f.title for cols in groups for f in cols], more=figures is None)
     return out
