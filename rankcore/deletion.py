@@ -23,9 +23,9 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from .commands import DropWarmCopy, UpdateWorldSize
+from .commands import DropWarmCopy
 from .errors import InvalidEvent
-from .moves import reconcile
+from .moves import scale
 from .records import unchecked_copy
 from .state import Deployment
 from .transaction import Tx
@@ -38,10 +38,8 @@ _copy = unchecked_copy
 def begin(tx: Tx, dep: Deployment) -> None:
     """Target 0, marked deleting; its replicas are stopped by the downscale rules
     (drained by its graceful-shutdown options; the sweep removes it when none is left)."""
-    if dep.target:
-        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=0))
-    dep = _copy(dep, target=0, deleting=True)
-    tx.put(reconcile(tx, dep))  # (a static deployment at 0 is shut down: every replica, FAILED ones too)
+    # (a person's scale to 0, the one path: a static deployment at 0 is shut down, FAILED replicas too)
+    tx.put(scale(tx, _copy(dep, deleting=True), 0))
 
 
 def cancel(dep: Deployment) -> Deployment:
