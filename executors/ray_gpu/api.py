@@ -546,6 +546,11 @@ class DeploymentHandle:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
         return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress)
 
+    def knows_pool(self) -> bool:
+        """Whether the router has had the controller's pool once (``remote`` and ``is_stream`` then
+        never block: the HTTP ingress calls them on its event loop)."""
+        return self._router.version is not None
+
     def is_stream(self, method: str | None = None) -> bool:
         """Whether ``method`` (this handle's by default) is a generator method of the deployment's class
         (call it with ``options(stream=True)``). May ask the controller the first time."""

@@ -244,6 +244,7 @@ class Controller:
                             # (the request limits: the core's config, declared once in rankcore.options;
                             # ``max_ongoing_requests`` the caller passes is that one's too)
                             "max_ongoing_requests": event.config.max_ongoing_requests, "bundles": bundles,
+                            **_methods(cls),
                             "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
         try:
             self.driver.feed(event, self.ledger.now())
@@ -535,8 +536,6 @@ class Controller:
     def _pool(self, name: str) -> dict:
         """``name``'s pool as the core's pool commands made it (``Driver.pools``), with the actors of
         its serving replicas and the request limits (what ``router.Router`` feeds its machine)."""
-        from .router import IDEMPOTENT_ATTR
-
         members = self.driver.pools.members.get(name, {})
         spec = self.ledger.specs.get(name, {})
         serving, draining = [], []
@@ -546,17 +545,13 @@ class Controller:
                 serving.append((rid, actor))
             else:
                 draining.append(rid)
-        cls = spec.get("cls")
-        idem = sorted(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)) if cls else []
-        streams = sorted(m for m in dir(cls) if inspect.isgeneratorfunction(getattr(cls, m, None))
-                         or inspect.isasyncgenfunction(getattr(cls, m, None))) if cls else []
         dep = self.driver.state.deployments.get(name)
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.options)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,
-                "idempotent": idem, "streams": streams}
+                "idempotent": spec.get("idempotent", ()), "streams": spec.get("streams", ())}
 
     async def pool(self, name: str) -> dict:
         """``name``'s request pool (``_pool``); an unknown deployment raises ``UnknownDeployment``."""
@@ -729,3 +724,15 @@ async def _stop_ingress(timeout: float = 10.0) -> None:
         except ValueError:
             return
         await asyncio.sleep(0.05)
+
+
+def _methods(cls: type) -> dict:
+    """The class's ``@idempotent`` methods and its generator methods (streams), read once at apply
+    (they were read from the class at every pool answer): every pool answer carries them to the
+    routers; saved with the spec, so a restarted controller has them too."""
+    from .router import IDEMPOTENT_ATTR
+
+    names = dir(cls)
+    return {"idempotent": tuple(m for m in names if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)),
+            "streams": tuple(m for m in names if inspect.isgeneratorfunction(getattr(cls, m, None))
+                             or inspect.isasyncgenfunction(getattr(cls, m, None)))}

@@ -61,12 +61,14 @@ MAX_BODY_BYTES = 1 << 20
 #: a request still unanswered after this long gets 408 (Ray Serve waits forever by default;
 #: a bounded wait frees the caller and the ingress's thread; None: no limit)
 REQUEST_TIMEOUT_S: float | None = 60.0
-#: threads that wait on handle calls (one per request in flight, until the handle is awaitable)
+#: threads for what may block: a handle's first call (it asks the controller), the controller's answers
 CALL_THREADS = 256
 #: how often a progress stream looks at its request's status
 PROGRESS_POLL_S = 0.05
 #: how many recent error answers the status page lists
 RECENT_FAULTS = 20
+#: a call still unanswered this long starts watching its client (a quick answer pays for no watcher)
+WATCH_AFTER_S = 0.2
 #: what a request whose client went away is counted as (nginx's "Client Closed Request")
 GONE = 499
 
@@ -195,21 +197,26 @@ async def _client_gone(receive: Any) -> None:
 
 async def _answer(response: Any, receive: Any, timeout: float | None) -> tuple[bool, Any]:
     """Wait for ``response`` (awaited on this loop: no thread), for the client's going away
-    (``receive``, when given) and for ``timeout``: ``(True, result)``, or ``(False, None)`` when
-    the time ran out; ``_Gone`` when the client went away; the call's own error raised as is.
-    The response itself is left alone (``call`` cancels it through the handle, which owns it)."""
+    (``receive``, when given; watched only once the answer is ``WATCH_AFTER_S`` late, so that a
+    quick answer pays for no watcher) and for ``timeout``: ``(True, result)``, or ``(False,
+    None)`` when the time ran out; ``_Gone`` when the client went away; the call's own error
+    raised as is. The response itself is left alone (``call`` cancels it through the handle)."""
     answer = asyncio.ensure_future(response)
     if receive is None:
         done, _ = await asyncio.wait((answer,), timeout=timeout)
     else:
-        watch = asyncio.ensure_future(_client_gone(receive))
-        try:
-            done, _ = await asyncio.wait((answer, watch), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if answer not in done and watch in done:
-            answer.add_done_callback(_retrieved)
-            raise _Gone()
+        grace = WATCH_AFTER_S if timeout is None else min(WATCH_AFTER_S, timeout)
+        done, _ = await asyncio.wait((answer,), timeout=grace)
+        left = None if timeout is None else timeout - grace
+        if not done and (left is None or left > 0):
+            watch = asyncio.ensure_future(_client_gone(receive))
+            try:
+                done, _ = await asyncio.wait((answer, watch), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                watch.cancel()
+            if answer not in done and watch in done:
+                answer.add_done_callback(_retrieved)
+                raise _Gone()
     if answer not in done:
         answer.add_done_callback(_retrieved)
         return False, None
@@ -304,14 +311,26 @@ class _Ingress:
         return value
 
     async def send(self, handle: Any, name: str, args: tuple, kwargs: dict, timeout: float | None) -> Any:
-        """``handle.remote(...)`` on a call thread, within ``timeout`` (``asyncio.TimeoutError``);
-        a call given up while being sent is cancelled as soon as it is."""
+        """``handle.remote(...)``: on this loop once the handle knows its pool (sending then never
+        blocks: no thread hop), else on a call thread (the first call asks the controller),
+        within ``timeout`` (``asyncio.TimeoutError``); a call given up while being sent is
+        cancelled as soon as it is."""
+        if handle.knows_pool():
+            return _submit(handle, name, args, kwargs)
         submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs)
         try:
             return await asyncio.wait_for(asyncio.shield(submit), timeout)
         except BaseException:
             submit.add_done_callback(_cancel_sent)
             raise
+
+    async def is_stream(self, name: str, method: str) -> bool:
+        """Whether ``method`` of ``name`` is a generator method: asked on this loop once the handle
+        knows its pool (it then never blocks), else on a call thread."""
+        handle = self.handles[name]
+        if handle.knows_pool():
+            return bool(handle.is_stream(method))
+        return bool(await asyncio.get_running_loop().run_in_executor(self.pool, handle.is_stream, method))
 
     def _error(self, status: int, error: str, detail: str, deployment: str | None) -> Any:
         from starlette.responses import JSONResponse
@@ -352,8 +371,7 @@ class _Ingress:
             _, name, method = found
             args, kwargs = args_of(await self._body(request)) if request.method == "POST" else ((), {})
             accept = request.headers.get("accept", "")
-            loop = asyncio.get_running_loop()
-            if await loop.run_in_executor(self.pool, self.handles[name].is_stream, method):
+            if await self.is_stream(name, method):
                 return await self._stream(name, method, args, kwargs, request.receive)
             if "text/event-stream" in accept or request.query_params.get("progress") in ("1", "true"):
                 return StreamingResponse(self._events(name, method, args, kwargs), media_type="text/event-stream",
