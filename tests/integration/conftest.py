@@ -35,3 +35,22 @@ def local_ray():
         ask(get_controller(), "shutdown_replicas")
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_gpu_ray():
+    """A local Ray with one logical GPU (the GPU-memory tests: two models do not fit on it),
+    everything the controller held forgotten at the end (its memory booking too)."""
+    import ray
+
+    from executors.ray_gpu import get_controller
+    from executors.ray_gpu.api import ask
+
+    ray_env()
+    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
+             object_store_memory=128 * 1024**2, log_to_driver=False)
+    yield
+    try:
+        ask(get_controller(), "reset")
+    finally:
+        ray.shutdown()

@@ -25,7 +25,6 @@ import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api import ask, book_memory, sleep, tiers_status, wait_serving, wake
 from executors.ray_gpu.controller import NAMESPACE, actor_name
-from tests.integration.conftest import ray_env
 from tests.integration.waiting import wait_for
 
 GPU_MEMORY = 1000
@@ -33,16 +32,7 @@ MODEL = 600  # the core's model_bytes: two do not fit on the one GPU
 LOAD_S = 1.5  # how long a Sleeper takes to take its weights back (a wake that takes time)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_gpu_ray():
-    ray_env()
-    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
-             object_store_memory=128 * 1024**2, log_to_driver=False)
-    yield
-    try:
-        ask(get_controller(), "shutdown_replicas")
-    finally:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("one_gpu_ray")
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,6 @@ import torch
 from executors.ray_gpu import deployment, get_controller, run
 from executors.ray_gpu.api import ask, book_memory, tiers_status, wait_serving
 from executors.ray_gpu.controller import NAMESPACE, actor_name
-from tests.integration.conftest import ray_env
 from tests.integration.waiting import wait_for
 
 X = torch.linspace(-1, 1, 64)
@@ -28,16 +27,7 @@ GPU_MEMORY = 1000
 MODEL = 600  # the core's model_bytes: two do not fit on the one GPU
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_gpu_ray():
-    ray_env()
-    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
-             object_store_memory=128 * 1024**2, log_to_driver=False)
-    yield
-    try:
-        ask(get_controller(), "reset")
-    finally:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("one_gpu_ray")
 
 
 @pytest.fixture(autouse=True)
