@@ -302,7 +302,7 @@ class Router:
                 yield item
         except (RayActorError, ActorUnavailableError) as exc:
             raise self._stream_died(call, rid, exc) from None
-        except GeneratorExit:
+        except (GeneratorExit, asyncio.CancelledError):  # (closed early, or the consuming task cancelled)
             ray.cancel(gen)
             self._stream_end(call, rid, ok=True)
             raise

@@ -323,3 +323,32 @@ def test_deleting_one_deployment_drains_it_fails_its_waiting_calls_and_leaves_th
     assert again.double.remote(4).result(timeout=60) == 8
     assert not set(ask(ctl, "ranks", "doomed")) & first  # (new replica ids)
     assert "doomed" not in load_deleted()
+
+
+def test_a_stream_whose_consuming_task_is_cancelled_frees_its_slot():
+    """``async for`` over a stream in a task that is cancelled mid-stream: the stream ends for the
+    request machine, so its one slot is free again (the next call on the 1-slot replica runs)."""
+    h = run(deployment(Tokens, name="cancelled", num_replicas=1, max_ongoing_requests=1,
+                       ray_actor_options=OPTS).bind())
+    streaming = h.options(stream=True)
+
+    async def consume(seen: list) -> None:
+        async for x in streaming.tokens.remote(1000, 0.05):
+            seen.append(x)
+
+    async def cancelled_mid_stream() -> list:
+        seen: list = []
+        task = asyncio.ensure_future(consume(seen))
+        while len(seen) < 3:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return seen
+
+    async def next_stream() -> list:
+        return [x["i"] async for x in streaming.tokens.remote(2)]
+
+    assert len(asyncio.run(cancelled_mid_stream())) >= 3
+    assert asyncio.run(asyncio.wait_for(next_stream(), 20)) == [0, 1]  # (a leaked slot: it never starts)
+    assert h.counters().lost == 0
