@@ -19,6 +19,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
 
+from .autoscale import from_ray_serve
 from .controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
 from .placement import actor_resources, static_actor_options
 from .placement import validate as validate_placement
@@ -215,30 +216,31 @@ class Application:
 
 
 @overload
-def deployment(cls: type, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
+def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               **core_options: Any) -> Deployment: ...
+               autoscaling_config: dict | None = ..., **core_options: Any) -> Deployment: ...
 @overload
-def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | None = ..., user_config: Any = ...,
+def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
                placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               **core_options: Any) -> Callable[[type], Deployment]:
+               autoscaling_config: dict | None = ..., **core_options: Any) -> Callable[[type], Deployment]:
     ...
-def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | None = None,
+def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | str | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None,
                placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
                replica_placement: str = _D.placement, max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
                static_placement: StaticPlacementConfig | None = None,
                _placement_info: StaticPlacementConfig | None = None, gang_size: int = _D.gang_size,
                gang_placement: str = _D.gang_placement,
-               gang_failure: str = _D.gang_failure, **core_options: Any) -> Deployment | Callable[[type], Deployment]:
+               gang_failure: str = _D.gang_failure, autoscaling_config: dict | None = None,
+               **core_options: Any) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -262,18 +264,29 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     restart backoff, ``spare_processes``; the table in docs/ray.md is generated
     from there). Every option is checked here (``rankcore.InvalidConfig``
     naming it; an unknown one is refused, listing the options).
+    ``autoscaling_config`` (and ``num_replicas="auto"``), as Ray Serve takes them: the core's
+    autoscaling options (``autoscale.from_ray_serve``; the routers feed it: docs/autoscaling.md).
     """
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:
         where = f"deployment {name!r}" if name else "@deployment(...)"
         raise rc.InvalidConfig(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
                                f"{', '.join(CORE_OPTIONS)})")
+    auto_count, auto = from_ray_serve(name, num_replicas, autoscaling_config)
+    if auto_count is not None:  # Ray Serve's autoscaling_config / num_replicas="auto": the core's flat options
+        num_replicas = auto_count
+        if "max_replicas" in (autoscaling_config or {}) or max_replicas == rc.DEFAULT_MAX_REPLICAS:
+            max_replicas = auto["max_replicas"]
+        core_options = {**{k: v for k, v in auto.items() if k != "max_replicas"}, **core_options}
+    elif isinstance(num_replicas, str):
+        raise rc.InvalidConfig(f"{f'deployment {name!r}' if name else '@deployment(...)'}: num_replicas must be "
+                               f"an int or 'auto', got {num_replicas!r}")
     if cls is not None and not isinstance(cls, type):
         raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
     if static_placement is not None and _placement_info is not None:
         raise _bad(name or "@deployment(...)", "give static_placement or its alias _placement_info, not both")
     static = static_placement if static_placement is not None else _placement_info
-    count = num_replicas if num_replicas is not None else \
+    count = int(num_replicas) if num_replicas is not None else \
         static.num_replicas if isinstance(static, StaticPlacementConfig) else 1
 
     def wrap(c: type) -> Deployment:

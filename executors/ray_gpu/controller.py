@@ -43,6 +43,7 @@ from ..driver import Driver
 from . import persist
 from . import placement as pl
 from . import static as st
+from .autoscale import LoadBook
 from .carry import Carrier, replica_class
 from .ledger import Ledger
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
@@ -88,6 +89,8 @@ class Controller:
         self.ledger.driver.observers.append(self._forget_deleted)
         self._spares_checked = time.monotonic()
         self._cluster_task: asyncio.Task | None = None
+        self.loads = LoadBook()  # the routers' load (autoscaling; a restarted controller starts empty)
+        self._autoscale_task: asyncio.Task | None = None
 
     @property
     def driver(self) -> Driver:
@@ -104,6 +107,8 @@ class Controller:
         actor), recover before answering anything (``Recovery.ready``)."""
         if self._cluster_task is None:
             self._cluster_task = asyncio.get_event_loop().create_task(self._cluster_loop())
+        if self._autoscale_task is None:
+            self._autoscale_task = asyncio.get_event_loop().create_task(self._autoscale_loop())
         await self.recovery.ready()
 
     async def _cluster_loop(self) -> None:
@@ -128,6 +133,38 @@ class Controller:
                 self._spares_checked = now
                 for node in list(led.spares.wanted):
                     self.carrier.top_up_spares(node)
+
+    async def _autoscale_loop(self) -> None:
+        """Every autoscaled deployment's ``metrics_interval_s`` (the core's config): one
+        ``AutoscalingMetrics`` of the routers' summed load (``autoscale.LoadBook``); none while
+        the controller recovers or is halted (autoscaling pauses, the routers keep routing)."""
+        while True:
+            await asyncio.sleep(self.loads.wait_s(time.monotonic()))
+            if not self.recovery.done or self.ledger.halted:
+                continue
+            now = time.monotonic()
+            for name, interval in self.loads.due(self.driver.state, now):
+                self._feed_load(name, now, interval)
+
+    def _feed_load(self, name: str, now: float, interval: float) -> None:
+        queued, ongoing = self.loads.sample(name, now, interval)
+        self.ledger.feed(rc.AutoscalingMetrics(deployment=name, now=self.ledger.now(), queued=queued,
+                                               ongoing=ongoing))
+
+    async def report_load(self, name: str, key: str, queued: int, ongoing: tuple, urgent: bool = False) -> float | None:
+        """A router's load (``autoscale.LoadReporter``): kept until the next sample. Answers the
+        deployment's ``metrics_interval_s``, None when it is not autoscaled. ``urgent`` (queued with
+        no replica serving): a deployment at target 0 is fed at once (scale from zero)."""
+        await self._ready()
+        dep = self.driver.state.deployments.get(name)
+        if dep is None or not dep.config.autoscaler.autoscaling:
+            return None
+        now = time.monotonic()
+        interval = dep.config.autoscaler.metrics_interval_s
+        self.loads.report(name, key, queued, ongoing, now)
+        if urgent and dep.target == 0 and not dep.deleting and not self.ledger.halted:
+            self._feed_load(name, now, interval)
+        return interval
 
     # ------------------------------------------------------------ recording
     async def record(self, meta: dict, snapshot_every: int = 1) -> None:
@@ -688,10 +725,13 @@ class Controller:
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
         """Scale every deployment to 0 through the core (a static one too: 0 shuts
-        it down) and wait for the stops."""
+        it down; an autoscaled one is deleted) and wait for the stops."""
         await self._ready()
         for name in sorted(self.driver.state.deployments.keys()):
-            if self.driver.state.deployments[name].target:
+            dep = self.driver.state.deployments[name]
+            if dep.config.autoscaler.autoscaling and not dep.deleting:  # (its target is the autoscaler's: a
+                self.ledger.feed(rc.DeploymentDeleted(deployment=name))  # scale is refused, so it is deleted)
+            elif dep.target:
                 self.ledger.feed(rc.ScaleRequested(deployment=name, num_replicas=0))
         self._persist()
         deadline = time.monotonic() + timeout

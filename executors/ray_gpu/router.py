@@ -66,6 +66,8 @@ from rankcore.requests import (
     Submit,
 )
 
+from .autoscale import LoadReporter
+
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
 
 #: how long the controller holds a long poll with no change before answering anyway
@@ -142,6 +144,8 @@ class Router:
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
         self._prefix = f"{name}:{id(self):x}:"
+        #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
+        self.load = LoadReporter(self._load, self._push_load)
 
     # ------------------------------------------------------------ the pool
     def refresh(self, force: bool = False) -> None:
@@ -203,7 +207,21 @@ class Router:
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream)))
-            return call
+            cold = not self.actors
+        if self.controller is not None:
+            self.load.kick(urgent=cold)
+        return call
+
+    def _load(self) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """What this router holds of its deployment: queued requests, in flight per replica."""
+        with self.lock:
+            if self.limits is None:
+                return 0, ()
+            return (self.machine.counters(self.name).in_queue,
+                    tuple((r.replica_id, r.in_flight) for r in self.machine.pool(self.name)))
+
+    def _push_load(self, key: str, queued: int, ongoing: tuple, urgent: bool) -> Any:
+        return self.controller.report_load.remote(self.name, key, queued, ongoing, urgent)
 
     def cancel(self, request_id: str) -> None:
         with self.lock:

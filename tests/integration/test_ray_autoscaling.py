@@ -1,0 +1,88 @@
+"""Autoscaling on Ray (issue 23): the routers push their load, the controller feeds the core's
+autoscaler one ``AutoscalingMetrics`` per ``metrics_interval_s``, and the target follows it.
+``@deployment(autoscaling_config={...})`` as Ray Serve users write it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rankcore as rc
+from executors.ray_gpu import deployment, get_controller, run
+from executors.ray_gpu.api import ask
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
+KNOBS = {"max_replicas": 4, "target_ongoing_requests": 1, "upscale_delay_s": 1, "downscale_delay_s": 3,
+         "metrics_interval_s": 0.5, "look_back_period_s": 1.5}
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    yield
+    ask(get_controller(), "reset")
+
+
+class Slow:
+    def __call__(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "ok"
+
+
+def _status(name: str) -> dict:
+    return ask(get_controller(), "deployment_status", name)
+
+
+def _wait(name: str, pred, timeout: float) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + timeout:
+        st = _status(name)
+        if pred(st):
+            return st, time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"{name}: not reached in {timeout} s: {_status(name)}")
+
+
+def _serving(st: dict) -> int:
+    return sum(1 for r in st["replicas"].values() if r["phase"] == rc.Phase.RUNNING.value)
+
+
+def test_a_burst_scales_up_all_answered_and_idle_it_comes_back_to_min():
+    d = deployment(Slow, name="auto", ray_actor_options=OPTS, max_ongoing_requests=2,
+                   autoscaling_config={"min_replicas": 1, **KNOBS})
+    h = run(d.bind(), timeout=120)
+    assert _status("auto")["target"] == 1
+    with pytest.raises(rc.InvalidEvent, match="autoscaled"):
+        h.scale(3)
+    calls = [h.remote(1.0) for _ in range(16)]  # 16 s of work at 1 replica, 2 at a time
+    st, took = _wait("auto", lambda s: s["target"] > 1, timeout=10)
+    assert took < 10
+    _wait("auto", lambda s: _serving(s) >= 2, timeout=20)
+    assert [c.result(timeout=60) for c in calls] == ["ok"] * 16  # all answered, none failed
+    st, _ = _wait("auto", lambda s: s["target"] == 1 and len(s["replicas"]) == 1, timeout=30)
+    assert st["failed"] == [] and st["healthy"]
+    assert ask(get_controller(), "state_errors") == []
+
+
+def test_min_replicas_zero_scales_to_zero_and_a_new_call_waits_and_is_answered():
+    d = deployment(Slow, name="zero", ray_actor_options=OPTS,
+                   autoscaling_config={"min_replicas": 0, "initial_replicas": 1, **KNOBS})
+    h = run(d.bind(), timeout=120)
+    assert h.remote(0.1).result(timeout=30) == "ok"
+    _wait("zero", lambda s: s["target"] == 0 and not s["replicas"], timeout=30)
+    t0 = time.monotonic()
+    assert h.remote(0.1).result(timeout=60) == "ok"  # waited in the queue while a replica started
+    assert time.monotonic() - t0 < 60
+    assert _status("zero")["target"] >= 1
+    assert ask(get_controller(), "state_errors") == []
+
+
+def test_autoscaling_config_unknown_key_and_count_beside_it_are_refused_at_the_decorator():
+    with pytest.raises(rc.InvalidConfig, match="smoothing_factor"):
+        deployment(autoscaling_config={"smoothing_factor": 1.0})
+    with pytest.raises(rc.InvalidConfig, match="do not mix"):
+        deployment(num_replicas=2, autoscaling_config={"max_replicas": 3})
+    auto = deployment(num_replicas="auto")(Slow)
+    assert auto.max_replicas == 100 and auto.core_options["autoscaling"] is True
+    assert auto.core_options["target_ongoing_requests"] == 2.0 and auto.num_replicas == 1
