@@ -1,0 +1,322 @@
+"""Benchmark rankcore's autoscaler on Ray against Ray Serve's, same bursty load, same knobs, one run.
+
+What it measures
+----------------
+Both systems serve the same model (``async def __call__``: ``await asyncio.sleep(--work)``, then
+its replica id and rank), autoscaled with the same Ray Serve keys: ``min_replicas`` 1,
+``max_replicas`` (``--max``, 4), ``target_ongoing_requests`` 2, ``upscale_delay_s`` 1,
+``downscale_delay_s`` 3, ``metrics_interval_s`` 0.5, ``look_back_period_s`` 2, default
+``max_ongoing_requests`` (5). Each system in a child process of its own with a fresh local Ray
+(``childrun.py``), one after the other. The load, handle calls from one asyncio loop (closed
+loop, every call bounded by ``--request-timeout``): 1 client for ``--calm`` s, ``--clients``
+clients for ``--burst`` s, then nothing for ``--idle`` s. A sampler reads the replica count every
+0.2 s (ours: the controller's ``deployment_status``; Serve: ``serve.status()``).
+
+Reported per system: *to enough*, seconds from the burst's start until min(max, ceil(clients /
+target)) replicas run; *replica-seconds* (replicas alive, integrated over the whole run);
+requests failed; *queue wait p99* (a call's latency minus ``--work``: the time it waited for a
+replica); *reassigned*, replicas seen answering with another rank than before; *rank
+reconfigures*, ``reconfigure`` calls with a new rank that replicas reported. The last two are
+what the answers show (a replica that stopped before answering again is not seen).
+
+How to run
+----------
+    .venv/bin/python benchmarks/bench_autoscale.py                 # both, ~2 x 40 s
+    .venv/bin/python benchmarks/bench_autoscale.py --only ours --json out.json
+
+Needs the ``bench`` extra (Ray Serve). Timings on a shared machine are noisy: compare the ratios
+within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import math
+import os
+import pathlib
+import sys
+import threading
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
+
+DEP = "scaled"
+ACTOR_OPTIONS = {"num_cpus": 0.1}
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[bench_autoscale {time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def knobs(args: argparse.Namespace) -> dict:
+    return {"min_replicas": 1, "max_replicas": args.max, "target_ongoing_requests": 2.0, "upscale_delay_s": 1.0,
+            "downscale_delay_s": 3.0, "metrics_interval_s": 0.5, "look_back_period_s": 2.0}
+
+
+# --------------------------------------------------------------------- models
+def _rank(ctx: Any) -> int | None:
+    r = getattr(ctx, "rank", None)
+    return getattr(r, "rank", r)
+
+
+class _Counting:
+    """Counts ``reconfigure`` calls that bring a new rank (both systems call it on a rank change)."""
+
+    context: Any = None
+
+    def __init__(self) -> None:
+        self.last_rank: int | None = None
+        self.rank_reconfigures = 0
+
+    def reconfigure(self, config: Any, rank: Any = None) -> None:
+        r = getattr(rank, "rank", rank)
+        if r is not None and self.last_rank is not None and r != self.last_rank:
+            self.rank_reconfigures += 1
+        if r is not None:
+            self.last_rank = r
+
+    async def __call__(self, work: float) -> tuple:
+        await asyncio.sleep(work)
+        ctx = self.context()
+        return str(ctx.replica_id), _rank(ctx), self.rank_reconfigures
+
+
+class OursModel(_Counting):
+    @staticmethod
+    def context() -> Any:  # type: ignore[override]
+        from executors.ray_gpu import get_replica_context
+
+        return get_replica_context()
+
+
+class ServeModel(_Counting):
+    @staticmethod
+    def context() -> Any:  # type: ignore[override]
+        from ray import serve
+
+        return serve.get_replica_context()
+
+
+# ------------------------------------------------------------------- systems
+class Ours:
+    name = "ours"
+
+    def deploy(self, args: argparse.Namespace) -> Any:
+        from executors.ray_gpu import deployment, run
+
+        d = deployment(OursModel, name=DEP, ray_actor_options=dict(ACTOR_OPTIONS), autoscaling_config=knobs(args),
+                       user_config={})
+        self.handle = run(d.bind(), timeout=120)
+        from executors.ray_gpu import get_controller
+        self.ctl = get_controller()
+        return self.handle
+
+    def replicas(self) -> tuple[int, int]:
+        """(alive, running)"""
+        from executors.ray_gpu.api import ask
+
+        st = ask(self.ctl, "deployment_status", DEP, timeout=10)
+        reps = st["replicas"].values()
+        return len(reps), sum(1 for r in reps if r["phase"] == "running")
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                ray.get(self.ctl.shutdown_replicas.remote(30.0), timeout=60)
+        except Exception as exc:
+            log(f"ours: shutdown_replicas failed: {exc!r}")
+        finally:
+            ray.shutdown()
+
+
+class Serve:
+    name = "serve"
+
+    def deploy(self, args: argparse.Namespace) -> Any:
+        from ray import serve
+
+        serve.start(http_options={"host": "127.0.0.1", "port": 0})
+        d: Any = serve.deployment(ServeModel, name=DEP, ray_actor_options=dict(ACTOR_OPTIONS),
+                                  autoscaling_config=knobs(args), user_config={})
+        return serve.run(d.bind(), name=DEP, route_prefix=None)
+
+    def replicas(self) -> tuple[int, int]:
+        from ray import serve
+
+        states = serve.status().applications[DEP].deployments[DEP].replica_states
+        named = {str(getattr(s, "value", s)): n for s, n in states.items()}  # (ReplicaState keys)
+        return sum(n for s, n in named.items() if s != "STOPPING"), int(named.get("RUNNING", 0))
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if ray.is_initialized():
+                from ray import serve
+
+                serve.shutdown()
+        except Exception as exc:
+            log(f"serve: serve.shutdown() failed: {exc!r}")
+        finally:
+            ray.shutdown()
+
+
+# ----------------------------------------------------------------- measuring
+async def drive(handle: Any, args: argparse.Namespace, answers: list, errors: list) -> float:
+    """The load; returns the burst's start (perf_counter)."""
+    loop = asyncio.get_running_loop()
+
+    async def client(until: float) -> None:
+        while loop.time() < until:
+            t = time.perf_counter()
+            try:
+                rid, rank, reconf = await asyncio.wait_for(_await(handle.remote(args.work)), args.request_timeout)
+                answers.append((time.perf_counter() - t, rid, rank, reconf))
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    await client(loop.time() + args.calm)
+    burst = time.perf_counter()
+    end = loop.time() + args.burst
+    await asyncio.gather(*(client(end) for _ in range(args.clients)))
+    await asyncio.sleep(args.idle)
+    return burst
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    import ray
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "errors": []}
+    system: Any = Ours() if system_name == "ours" else Serve()
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    samples: list[tuple[float, int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                alive, running = system.replicas()
+                samples.append((time.perf_counter(), alive, running))
+            except Exception as exc:  # (counted: a sampler gap)
+                res.setdefault("sampler_errors", []).append(repr(exc)[:200])
+            stop.wait(0.2)
+
+    try:
+        handle = system.deploy(args)
+        log(f"{system_name}: deployed")
+        sampler = threading.Thread(target=sample, daemon=True)
+        start = time.perf_counter()
+        sampler.start()
+        answers: list = []
+        failed: list = []
+        burst = asyncio.run(drive(handle, args, answers, failed))
+        stop.set()
+        sampler.join(5)
+        enough = min(args.max, math.ceil(args.clients / 2.0))
+        reached = next((t - burst for t, _, running in samples if t >= burst and running >= enough), None)
+        rs = sum((b[0] - a[0]) * a[1] for a, b in itertools.pairwise(samples))
+        waits = sorted(max(0.0, lat - args.work) for lat, *_ in answers)
+        ranks: dict[str, set] = {}
+        reconf: dict[str, int] = {}
+        for _, rid, rank, rc_ in answers:
+            ranks.setdefault(rid, set()).add(rank)
+            reconf[rid] = max(reconf.get(rid, 0), rc_)
+        res.update({"answers": len(answers), "failed": len(failed), "first_failures": failed[:3],
+                    "enough": enough, "to_enough_s": reached, "replica_s": rs, "run_s": time.perf_counter() - start,
+                    "max_replicas_seen": max((a for _, a, _ in samples), default=0),
+                    "end_replicas": samples[-1][1] if samples else None,
+                    "queue_wait_p99_ms": 1000 * waits[min(len(waits) - 1, round(0.99 * len(waits)))] if waits else None,
+                    "reassigned": sum(1 for s in ranks.values() if len(s) > 1),
+                    "rank_reconfigures": sum(reconf.values())})
+        log(f"{system_name}: {res}")
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
+        log(f"{system_name}: ERROR {exc!r}")
+    finally:
+        stop.set()
+        system.shutdown()
+    return res
+
+
+# ----------------------------------------------------------------- reporting
+ROWS = [("to enough (s)", "to_enough_s", True), ("replica-seconds", "replica_s", True),
+        ("requests failed", "failed", True), ("queue wait p99 (ms)", "queue_wait_p99_ms", True),
+        ("reassigned", "reassigned", True), ("rank reconfigures", "rank_reconfigures", True),
+        ("answers", "answers", False), ("most replicas", "max_replicas_seen", False),
+        ("replicas at the end", "end_replicas", False)]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
+    a, b = results.get("ours", {}), results.get("serve", {})
+    version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
+    print(f"\nautoscaling: rankcore vs Ray Serve, Ray {version}, {args.clients} clients x {args.burst:g} s burst "
+          f"(calm {args.calm:g} s, idle {args.idle:g} s), work {args.work:g} s, knobs {knobs(args)}, "
+          f"{os.cpu_count()} CPUs")
+    rows = []
+    print(f"{'figure':<22}{'ours':>10}{'serve':>10}{'ours/serve':>12}  lower is better")
+    for title, key, lower in ROWS:
+        x, y = a.get(key), b.get(key)
+        ratio = x / y if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+        rows.append({"figure": title, "ours": x, "serve": y, "ratio": ratio})
+        print(f"{title:<22}{_fmt(x):>10}{_fmt(y):>10}{_fmt(ratio):>12}  {'yes' if lower else ''}")
+    for name, res in results.items():
+        for e in res.get("first_failures", []) + res.get("errors", []):
+            print(f"{name}: ERROR: {e}")
+    return rows
+
+
+def spawn(system_name: str, args: argparse.Namespace) -> dict:
+    argv = ["--clients", str(args.clients), "--burst", str(args.burst), "--calm", str(args.calm),
+            "--idle", str(args.idle), "--work", str(args.work), "--max", str(args.max),
+            "--request-timeout", str(args.request_timeout), "--num-cpus", str(args.num_cpus)]
+    limit = args.calm + args.burst + args.idle + args.request_timeout + 180
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=16, help="clients in the burst; default 16")
+    p.add_argument("--burst", type=float, default=12.0, help="burst seconds; default 12")
+    p.add_argument("--calm", type=float, default=2.0, help="seconds of 1 client before it; default 2")
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of no load after it; default 10")
+    p.add_argument("--work", type=float, default=0.2, help="seconds one call takes; default 0.2")
+    p.add_argument("--max", type=int, default=4, help="max_replicas; default 4")
+    p.add_argument("--request-timeout", type=float, default=60.0, help="limit of one call; default 60")
+    p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray; default 4")
+    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
+    p.add_argument("--json", metavar="FILE", help="write all results here")
+    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
+        str(ROOT), str(ROOT / "benchmarks"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
+    return childrun.main_for(args, run_child, spawn, print_report, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
