@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import attrs
 import ray
@@ -278,15 +278,12 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
         if "max_replicas" in (autoscaling_config or {}) or max_replicas == rc.DEFAULT_MAX_REPLICAS:
             max_replicas = auto["max_replicas"]
         core_options = {**{k: v for k, v in auto.items() if k != "max_replicas"}, **core_options}
-    elif isinstance(num_replicas, str):
-        raise rc.InvalidConfig(f"{f'deployment {name!r}' if name else '@deployment(...)'}: num_replicas must be "
-                               f"an int or 'auto', got {num_replicas!r}")
     if cls is not None and not isinstance(cls, type):
         raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
     if static_placement is not None and _placement_info is not None:
         raise _bad(name or "@deployment(...)", "give static_placement or its alias _placement_info, not both")
     static = static_placement if static_placement is not None else _placement_info
-    count = int(num_replicas) if num_replicas is not None else \
+    count = cast(int, num_replicas) if num_replicas is not None else \
         static.num_replicas if isinstance(static, StaticPlacementConfig) else 1
 
     def wrap(c: type) -> Deployment:
