@@ -42,7 +42,7 @@ class Model:
 
 
 def scenario(deployment_yaml: str, top: str = "") -> rc.DeploymentApplied:
-    text = (f"name: t\ncluster: {{nodes: [{{name: n0, gpus: 4}}, {{name: n1, gpus: 4}}]}}\n{top}"
+    text = (f"name: t\nduration: 100\ncluster: {{nodes: [{{name: n0, gpus: 4}}, {{name: n1, gpus: 4}}]}}\n{top}"
             f"timeline: []\ndeployments:\n  llm:\n{deployment_yaml}")
     return parse_scenario(text).deployments["llm"].applied()
 
