@@ -187,15 +187,23 @@ class Deployment:
     def options(self, **changes: Any) -> Deployment:
         """A copy with some options changed (checked as ``@deployment`` checks them).
         A new ``static_placement`` (or ``_placement_info``) brings its mapping's
-        replica count unless ``num_replicas`` is given too."""
+        replica count unless ``num_replicas`` is given too; ``autoscaling_config`` (or
+        ``num_replicas="auto"``) as ``@deployment`` takes it."""
         if "_placement_info" in changes:
             if "static_placement" in changes:
                 raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
             changes["static_placement"] = changes.pop("_placement_info")
+        auto_given = "autoscaling_config" in changes or changes.get("num_replicas") == "auto"
+        count, auto = from_ray_serve(self.name, changes.get("num_replicas"), changes.pop("autoscaling_config", None))
+        if auto_given and count is not None:  # (as @deployment takes them: the core's flat options)
+            changes["num_replicas"] = count
+            changes.setdefault("max_replicas", auto["max_replicas"])
+            changes = {**{k: v for k, v in auto.items() if k != "max_replicas"}, **changes}
         core = {k: changes.pop(k) for k in list(changes) if k in CORE_OPTIONS}
         if core:
             changes["core_options"] = {**self.core_options, **core}
-        known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS)
+        known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS) \
+            | {"autoscaling_config"}
         bad = sorted(set(changes) - known - {"core_options"})
         if bad:
             raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")

@@ -89,3 +89,19 @@ def test_handle_scale_with_a_bad_count_raises_at_the_call(n, words):
     assert words in str(exc.value) and "handle.scale" in str(exc.value)
     with pytest.raises(rc.InvalidConfig, match="names a replica twice"):
         handle.scale(1, victims=["llm#0", "llm#0"])
+
+
+def test_options_takes_autoscaling_config_as_the_decorator_does():
+    class M:
+        pass
+
+    fixed = deployment(M, num_replicas=2)
+    auto = fixed.options(autoscaling_config={"min_replicas": 1, "max_replicas": 3, "upscale_delay_s": 1.0})
+    assert (auto.num_replicas, auto.max_replicas) == (1, 3)
+    assert auto.core_options == {"autoscaling": True, "min_replicas": 1, "upscale_delay_s": 1.0}
+    assert fixed.options(num_replicas="auto").max_replicas == 100  # (Ray Serve's num_replicas="auto")
+    with pytest.raises(rc.InvalidConfig, match="unknown key"):
+        fixed.options(autoscaling_config={"smoothing_factor": 1.0})
+    with pytest.raises(rc.InvalidConfig, match="do not mix"):
+        fixed.options(num_replicas=3, autoscaling_config={"min_replicas": 1})
+    assert fixed.core_options == {} and fixed.options(num_replicas=5).num_replicas == 5  # (the original unchanged)
