@@ -649,6 +649,9 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
         if static is not None and gang[0] > 1:
             raise c.fail(p + ("gang",), "a static placement and gangs do not mix (the mapping fixes every rank)")
         replicas = m.get("replicas", static.replicas if static is not None else 1)
+        if m.get("autoscaling") is True and "replicas" in m:
+            raise c.fail(p + ("replicas",), "an autoscaled deployment has no fixed replica count (the autoscaler "
+                                            "sets it): give min_replicas / initial_replicas instead")
         if static is not None and replicas != static.replicas:
             raise c.fail(p + ("replicas",), f"a static placement fixes the replica count to its mapping's length "
                                             f"({static.replicas}), got {_show(replicas)}")

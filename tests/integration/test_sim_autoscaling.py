@@ -224,6 +224,8 @@ def test_autoscaling_without_a_duration_and_min_above_max_are_refused() -> None:
         parse_scenario(_text().replace("duration: 400\n", "").split("traffic:")[0], "f.yaml")
     with pytest.raises(ScenarioError, match=r"deployments\.chat.*min_replicas=13 is above max_replicas=12"):
         parse_scenario(_text().replace("min_replicas: 1", "min_replicas: 13"), "f.yaml")
+    with pytest.raises(ScenarioError, match=r"deployments\.chat\.replicas: an autoscaled deployment has no fixed"):
+        parse_scenario(_text(options="    replicas: 3\n"), "f.yaml")  # (it would be silently ignored)
 
 
 def test_a_scale_of_an_autoscaled_deployment_is_a_failed_line_not_a_crash() -> None:

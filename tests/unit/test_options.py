@@ -116,7 +116,8 @@ def test_a_scenario_takes_as_is_options_by_name_and_spells_the_rest_with_the_sam
         if spelt is None:
             assert getattr(plain, name) == getattr(OPT.DEFAULTS, name), name
             value = OTHER[name]
-            assert getattr(scenario(f"    replicas: 1\n    {name}: {value}\n"), name) == value
+            fixed = "" if name == "autoscaling" else "    replicas: 1\n"  # (autoscaled: no fixed count)
+            assert getattr(scenario(f"{fixed}    {name}: {value}\n"), name) == value
         elif spelt.default is None:
             assert getattr(plain, name) == getattr(OPT.DEFAULTS, name), name
     assert plain.resources == (("GPU", 1.0),) and plain.start_timeout_s == 300.0  # their own defaults (docs)
