@@ -148,8 +148,12 @@ class Controller:
 
     def _feed_load(self, name: str, now: float, interval: float) -> None:
         queued, ongoing = self.loads.sample(name, now, interval)
+        before = self.driver.state.deployments.get(name)
         self.ledger.feed(rc.AutoscalingMetrics(deployment=name, now=self.ledger.now(), queued=queued,
                                                ongoing=ongoing))
+        after = self.driver.state.deployments.get(name)
+        if before is not None and after is not None and after.target != before.target:
+            self._persist()  # (the autoscaled target survives a restart: rankcore.desired_specs)
 
     async def report_load(self, name: str, key: str, queued: int, ongoing: tuple, urgent: bool = False) -> float | None:
         """A router's load (``autoscale.LoadReporter``): kept until the next sample. Answers the

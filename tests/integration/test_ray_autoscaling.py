@@ -96,3 +96,36 @@ def test_autoscaling_config_unknown_key_and_count_beside_it_are_refused_at_the_d
     auto = deployment(num_replicas="auto")(Slow)
     assert auto.max_replicas == 100 and auto.core_options["autoscaling"] is True
     assert auto.core_options["target_ongoing_requests"] == 2.0 and auto.num_replicas == 1
+
+
+def test_a_controller_restart_pauses_autoscaling_keeps_its_target_and_it_resumes():
+    """The issue: while the controller is down autoscaling pauses and calls keep flowing; after
+    recovery the autoscaled target is the one decided before (persisted), and it resumes from fresh
+    metrics (idle, it comes back to min)."""
+    import ray
+
+    d = deployment(Slow, name="restart", ray_actor_options=OPTS, max_ongoing_requests=2,
+                   autoscaling_config={"min_replicas": 1, **KNOBS, "downscale_delay_s": 8})
+    h = run(d.bind(), timeout=120)
+    calls: list = []
+    t0 = time.monotonic()
+    while time.monotonic() < t0 + 45:  # (load until a second replica serves, as above)
+        calls += [h.remote(1.0) for _ in range(8 - sum(1 for c in calls if not c.future.done()))]
+        st = _status("restart")
+        if _serving(st) >= 2:
+            break
+        time.sleep(0.2)
+    decided = st["target"]
+    assert decided >= 2, f"no scale-up before the restart: {st}"
+    from executors.ray_gpu.persist import load_specs
+
+    assert load_specs()["restart"]["applied"].num_replicas == decided  # (what a restarted core rebuilds)
+    ray.kill(get_controller(), no_restart=False)
+    during = [h.remote(0.2) for _ in range(6)]  # routed by the handle while the controller is down
+    assert [c.result(timeout=60) for c in during] == ["ok"] * 6
+    assert ask(get_controller(), "wait_healthy", "restart", 60, timeout=90)
+    assert _status("restart")["target"] >= min(decided, 2)  # (persisted: not back to initial 1 at once)
+    assert [c.result(timeout=60) for c in calls] == ["ok"] * len(calls)
+    st, _ = _wait("restart", lambda s: s["target"] == 1 and len(s["replicas"]) == 1, timeout=45)
+    assert st["failed"] == []
+    assert ask(get_controller(), "state_errors") == []
