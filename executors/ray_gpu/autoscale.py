@@ -29,6 +29,7 @@ import uuid
 from typing import Any
 
 import attrs
+import ray
 
 import rankcore as rc
 
@@ -93,6 +94,13 @@ class LoadReporter:
         self._active = False  # a timer is pending (the pushes go on)
         self._urgent_at = 0.0
         self._idle_sent = True  # the last record sent said: nothing (or none was sent)
+        self._job = _job()  # the Ray job this router's controller handle belongs to
+
+    def _alive(self) -> bool:
+        """Ray is still the one this reporter was made in: a push after ``ray.shutdown`` would
+        start a new Ray from a timer thread (``.remote`` initialises Ray), and one in a later
+        ``ray.init`` would use a dead controller's handle."""
+        return ray.is_initialized() and _job() == self._job
 
     def kick(self, urgent: bool = False) -> None:
         """A request came: start the pushes if they are stopped; ``urgent`` (queued, no replica
@@ -110,6 +118,10 @@ class LoadReporter:
     def _tick(self, reschedule: bool = True, urgent: bool = False) -> None:
         """Push the router's load if it has some, or once when it has none left; go on every
         interval while it has some (``reschedule``: this is the timer's own tick)."""
+        if not self._alive():
+            with self._lock:
+                self._active = False  # (for good: this router's Ray is gone)
+            return
         queued, ongoing = self._load()
         busy = queued > 0 or any(n for _, n in ongoing)
         if busy or not self._idle_sent:
@@ -141,6 +153,13 @@ class LoadReporter:
             self.quiet_until = time.monotonic() + RECHECK_S  # (the pending tick stops)
             return
         self.interval = float(interval)
+
+
+def _job() -> str | None:
+    """The current Ray job's id (None: Ray is not initialised)."""
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_job_id()
 
 
 class LoadBook:

@@ -157,3 +157,19 @@ def test_a_hang_that_did_not_take_on_ray_is_a_failed_result_not_a_pass(monkeypat
     monkeypatch.setattr(scenario, "_freeze", lambda actor: False)  # it died meanwhile: nothing to hang
     target.hang(Hang(replica="llm#0"))
     assert target.results[-1][1] is True and "nothing to hang" in target.results[-1][2]
+
+
+def test_a_load_reporter_pushes_nothing_once_ray_is_shut_down():
+    """A router's load pushes run on timer threads: after ``ray.shutdown`` (a test module's end) one
+    would call ``.remote`` on the old controller's handle, which starts a new Ray from that thread and
+    broke the next module's ``ray.init`` (the whole CI run stopped at the next module)."""
+    import ray
+
+    from executors.ray_gpu.autoscale import LoadReporter
+
+    assert not ray.is_initialized()
+    pushed: list = []
+    reporter = LoadReporter(lambda: (3, (("m#0", 2),)), lambda *a: pushed.append(a))
+    reporter.kick(urgent=True)
+    reporter.kick()
+    assert pushed == [] and reporter.pushes == 0
