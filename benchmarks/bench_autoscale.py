@@ -159,17 +159,7 @@ class Serve:
         return sum(n for s, n in named.items() if s != "STOPPING"), int(named.get("RUNNING", 0))
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                from ray import serve
-
-                serve.shutdown()
-        except Exception as exc:
-            log(f"serve: serve.shutdown() failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.serve_shutdown(log)
 
 
 # ----------------------------------------------------------------- measuring

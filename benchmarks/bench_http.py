@@ -156,17 +156,7 @@ class Serve:
         return handle, f"http://127.0.0.1:{port}{ROUTE}"
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                from ray import serve
-
-                serve.shutdown()
-        except Exception as exc:
-            log(f"serve: serve.shutdown() failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.serve_shutdown(log)
 
 
 # ----------------------------------------------------------------- measuring

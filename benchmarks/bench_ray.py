@@ -323,17 +323,7 @@ class Serve:
         return {}
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                from ray import serve
-
-                serve.shutdown()
-        except Exception as exc:
-            log(f"serve: serve.shutdown() failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.serve_shutdown(log)
 
 
 # ----------------------------------------------------------------- measuring

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["spawn", "main_for"]
+__all__ = ["spawn", "main_for", "serve_shutdown"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -70,3 +70,18 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
                        "results": results, "table": rows}, f, indent=1, default=repr)
         log(f"wrote {args.json}")
     return 1 if any(r.get("errors") for r in results.values()) else 0
+
+
+def serve_shutdown(log: Callable[[str], None]) -> None:
+    """End a child's Ray Serve and Ray (a failing ``serve.shutdown`` is logged: Ray still stops)."""
+    import ray
+
+    try:
+        if ray.is_initialized():
+            from ray import serve
+
+            serve.shutdown()
+    except Exception as exc:
+        log(f"serve: serve.shutdown() failed: {exc!r}")
+    finally:
+        ray.shutdown()
