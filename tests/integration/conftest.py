@@ -19,38 +19,32 @@ def ray_env() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), *paths]))
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """A local Ray with 4 logical GPUs (no GPU needed), replicas stopped at the end."""
+def _local_ray(num_gpus: int, store_mib: int, end: str):
+    """A local Ray (4 CPUs, ``num_gpus`` logical GPUs: no GPU needed) for one module; at its end the
+    controller is asked ``end`` (``shutdown_replicas``, or ``reset``: forget everything) and Ray stops."""
     import ray
 
     from executors.ray_gpu import get_controller
     from executors.ray_gpu.api import ask
 
     ray_env()
-    ray.init(address="local", num_cpus=4, num_gpus=4, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, num_gpus=num_gpus, include_dashboard=False,
+             object_store_memory=store_mib * 1024**2, log_to_driver=False)
     yield
     try:
-        ask(get_controller(), "shutdown_replicas")
+        ask(get_controller(), end)
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 4 logical GPUs, replicas stopped at the end."""
+    yield from _local_ray(4, 256, "shutdown_replicas")
 
 
 @pytest.fixture(scope="module")
 def one_gpu_ray():
     """A local Ray with one logical GPU (the GPU-memory tests: two models do not fit on it),
     everything the controller held forgotten at the end (its memory booking too)."""
-    import ray
-
-    from executors.ray_gpu import get_controller
-    from executors.ray_gpu.api import ask
-
-    ray_env()
-    ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False,
-             object_store_memory=128 * 1024**2, log_to_driver=False)
-    yield
-    try:
-        ask(get_controller(), "reset")
-    finally:
-        ray.shutdown()
+    yield from _local_ray(1, 128, "reset")
