@@ -95,6 +95,7 @@ class LoadReporter:
         self._urgent_at = 0.0
         self._idle_sent = True  # the last record sent said: nothing (or none was sent)
         self._job = _job()  # the Ray job this router's controller handle belongs to
+        self._pending = False  # a push is unanswered (one at a time: a restarting controller is not flooded)
 
     def _alive(self) -> bool:
         """Ray is still the one this reporter was made in: a push after ``ray.shutdown`` would
@@ -137,14 +138,20 @@ class LoadReporter:
                 timer.start()
 
     def _send(self, queued: int, ongoing: tuple, urgent: bool) -> None:
+        with self._lock:
+            if self._pending:
+                return  # (the last push is unanswered: the controller is busy or restarting)
+            self._pending = True
         try:
             ref = self._push(self.key, queued, ongoing, urgent)
         except Exception:  # (Ray shutting down)
+            self._pending = False
             return
         self.pushes += 1
         ref.future().add_done_callback(self._answered)
 
     def _answered(self, fut: Any) -> None:
+        self._pending = False
         try:
             interval = fut.result()
         except Exception:  # the controller restarting: the next interval pushes again

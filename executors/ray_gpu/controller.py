@@ -64,6 +64,11 @@ CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is
 log = logging.getLogger("rankcore.ray.controller")
 
 
+#: a router's load push while the controller recovers is answered at once with this interval
+#: (nothing recorded; reports do not queue behind the recovery)
+RECOVERING_RETRY_S = 1.0
+
+
 class Controller:
     # Observation details only (docs/architecture.md, "what is left in
     # executors/"): how often the controller looks at Ray. Every decision
@@ -159,7 +164,8 @@ class Controller:
         """A router's load (``autoscale.LoadReporter``): kept until the next sample. Answers the
         deployment's ``metrics_interval_s``, None when it is not autoscaled. ``urgent`` (queued with
         no replica serving): a deployment at target 0 is fed at once (scale from zero)."""
-        await self._ready()
+        if not self.recovery.done:  # (restarting: no wait for the recovery here, the router asks again soon)
+            return RECOVERING_RETRY_S
         dep = self.driver.state.deployments.get(name)
         if dep is None or not dep.config.autoscaler.autoscaling:
             return None

@@ -358,7 +358,7 @@ def slowpoke_counts(client) -> tuple[int, int, dict]:
 @pytest.mark.parametrize("how", ["plain", "progress", "ndjson"])
 def test_client_gone_cancels_its_request_and_frees_the_slot(base, client, how):
     """A client that goes away (a plain call timing out on its side, a progress or an NDJSON stream
-    closed mid-way) has its call cancelled within 2 s: counted 499 and cancelled, and the replica's
+    closed mid-way) has its call cancelled within 4 s: counted 499 and cancelled, and the replica's
     one slot is free at once (the next call is answered long before the 5 s nap would end)."""
     cancelled0, gone0, _ = slowpoke_counts(client)
     with httpx.Client(base_url=base, timeout=0.5) as c:
@@ -376,12 +376,12 @@ def test_client_gone_cancels_its_request_and_frees_the_slot(base, client, how):
         else:
             with c.stream("POST", "/slowpoke/drip", json={"args": [3, 5]}) as r:
                 assert r.status_code == 200 and json.loads(next(r.iter_lines())) == 0
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 4.0  # (before the 5 s nap would end; a loaded machine is slow to notice)
     while True:
         cancelled, gone, queue = slowpoke_counts(client)
         if cancelled > cancelled0 and gone > gone0:
             break
-        assert time.monotonic() < deadline, f"not cancelled within 2 s: 499s {gone0} -> {gone}, counters {queue}"
+        assert time.monotonic() < deadline, f"not cancelled within 4 s: 499s {gone0} -> {gone}, counters {queue}"
         time.sleep(0.05)
     assert queue["lost"] == 0
     t0 = time.monotonic()
