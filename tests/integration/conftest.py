@@ -28,6 +28,8 @@ def _local_ray(num_gpus: int, store_mib: int, end: str):
     from executors.ray_gpu.api import ask
 
     ray_env()
+    if ray.is_initialized():  # (a module before failed without letting its Ray go: one failure, not thirty)
+        ray.shutdown()
     ray.init(address="local", num_cpus=4, num_gpus=num_gpus, include_dashboard=False,
              object_store_memory=store_mib * 1024**2, log_to_driver=False)
     yield
