@@ -320,7 +320,10 @@ class Router:
                 yield item
         except (RayActorError, ActorUnavailableError) as exc:
             raise self._stream_died(call, rid, exc) from None
-        except (GeneratorExit, asyncio.CancelledError):  # (closed early, or the consuming task cancelled)
+        except asyncio.CancelledError:  # the consuming task was cancelled: so is the stream (slot freed)
+            self.cancel(call.request_id)
+            raise
+        except GeneratorExit:  # (closed early by its caller)
             ray.cancel(gen)
             self._stream_end(call, rid, ok=True)
             raise
