@@ -148,22 +148,24 @@ def test_calls_keep_flowing_while_the_controller_restarts_and_through_a_scale_up
             except Exception as exc:  # (counted, asserted below)
                 errors.append(repr(exc))
 
-    threads = [threading.Thread(target=load) for _ in range(4)]
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
-    ray.kill(get_controller(), no_restart=False)
-    time.sleep(2.0)
-    during = len(results)
-    assert ask(get_controller(), "wait_healthy", "steady", 60)
-    h.scale(4)
-    new = set(h.ranks()) - before
-    deadline = time.monotonic() + 30
-    while not new <= set(results) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stop.set()
-    for t in threads:
-        t.join(60)
+    try:  # (the load stops whatever happens: a failure here left 4 threads running and pytest never exited)
+        time.sleep(0.5)
+        ray.kill(get_controller(), no_restart=False)
+        time.sleep(2.0)
+        during = len(results)
+        assert ask(get_controller(), "wait_healthy", "steady", 60)
+        h.scale(4)
+        new = set(h.ranks()) - before
+        deadline = time.monotonic() + 30
+        while not new <= set(results) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
     assert errors == [], errors[:3]
     assert during > 20  # calls were answered while the controller was down and restarting
     assert len(new) == 2 and new <= set(results), f"the new replicas {new} never answered"
