@@ -691,7 +691,7 @@ class HttpIngress:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
-        routes, handles = _load_routes()
+        routes, handles = persist.load_http_routes()
         self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s)
         sock = _listen(host, port)
         self.state.address = (host, sock.getsockname()[1])
@@ -730,18 +730,17 @@ class HttpIngress:
         holder = st.routes.get(prefix)
         if holder is not None and holder != deployment:
             raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
-        new = {p: d for p, d in st.routes.items() if d != deployment}
+        new, _ = _without(st.routes, {}, deployment)
         new[prefix] = deployment
         st.handles = {**st.handles, deployment: handle}
         st.routes = new
-        _save_routes(new, st.handles)
+        persist.save_http_routes(new, st.handles)
         return dict(new)
 
     def remove_route(self, deployment: str) -> dict[str, str]:
         st = self.state
-        st.routes = {p: d for p, d in st.routes.items() if d != deployment}
-        st.handles = {d: h for d, h in st.handles.items() if d != deployment}
-        _save_routes(st.routes, st.handles)
+        st.routes, st.handles = _without(st.routes, st.handles, deployment)
+        persist.save_http_routes(st.routes, st.handles)
         return dict(st.routes)
 
     def routes(self) -> dict[str, str]:
@@ -798,13 +797,10 @@ def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
         raise rc.InvalidConfig(f"request_timeout_s must be a number > 0 or None, got {request_timeout_s!r}")
 
 
-def _load_routes() -> tuple[dict[str, str], dict[str, Any]]:
-    """The routes and their handles a previous incarnation saved."""
-    return persist.load_http_routes()
-
-
-def _save_routes(routes: dict[str, str], handles: dict[str, Any]) -> None:
-    persist.save_http_routes(routes, handles)
+def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -> tuple[dict, dict]:
+    """The route table and handles with ``deployment``'s gone."""
+    return ({p: d for p, d in routes.items() if d != deployment},
+            {d: h for d, h in handles.items() if d != deployment})
 
 
 # ------------------------------------------------------------------ the driver's side
@@ -860,14 +856,13 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
 
 def unexpose(deployment: str) -> None:
     """Drop ``deployment``'s route (it was deleted): through the running ingress, else from the
-    routes a restarted one would load. Called by the controller; nothing to drop is fine."""
+    routes a restarted one would load. Called by ``api.delete``; nothing to drop is fine."""
     try:
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
     except ValueError:
-        routes, handles = _load_routes()
+        routes, handles = persist.load_http_routes()
         if deployment in routes.values() or deployment in handles:
-            _save_routes({p: d for p, d in routes.items() if d != deployment},
-                         {d: h for d, h in handles.items() if d != deployment})
+            persist.save_http_routes(*_without(routes, handles, deployment))
         return
     ray.get(actor.remove_route.remote(deployment))
 
