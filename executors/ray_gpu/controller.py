@@ -33,6 +33,7 @@ import asyncio
 import inspect
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray import cloudpickle
@@ -346,12 +347,7 @@ class Controller:
 
     async def wait_deleted(self, name: str, timeout: float = 60.0) -> bool:
         """Wait until the core has forgotten ``name`` (its last replica stopped)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if name not in self.driver.state.deployments:
-                return True
-            await asyncio.sleep(0.05)
-        return name not in self.driver.state.deployments
+        return await _until(lambda: name not in self.driver.state.deployments, timeout)
 
     def _forget_deleted(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         """A deleted deployment's record left the core in this step (its last replica stopped):
@@ -467,25 +463,23 @@ class Controller:
         """Return True once ``name`` is healthy, awake, and every replica serves (running, HOT,
         holding the last version pushed); False after ``timeout``."""
         await self._ready()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             dep = self.driver.state.deployments.get(name)
-            if dep is not None and rc.fully_serving(dep):
-                return True
-            await asyncio.sleep(0.05)
-        return False
+            return dep is not None and rc.fully_serving(dep)
+
+        return await _until(serving, timeout)
 
     async def wait_asleep(self, name: str, timeout: float = 120.0) -> bool:
         """Return True once ``name`` is meant to sleep and every live replica's weights are WARM."""
         await self._ready()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def asleep() -> bool:
             dep = self.driver.state.deployments.get(name)
-            if dep is not None and dep.asleep and all(
-                    r.residency is rc.Residency.WARM for r in dep.replicas.values() if r.phase in rc.LIVE):
-                return True
-            await asyncio.sleep(0.05)
-        return False
+            return dep is not None and dep.asleep and all(
+                r.residency is rc.Residency.WARM for r in dep.replicas.values() if r.phase in rc.LIVE)
+
+        return await _until(asleep, timeout)
 
     async def pools(self) -> dict:
         """The pools as the core's pool commands told them (``Driver.pools``: what the request
@@ -558,13 +552,12 @@ class Controller:
 
     async def wait_healthy(self, name: str, timeout: float = 120.0) -> bool:
         await self._ready()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             dep = self.driver.state.deployments.get(name)
-            if dep is not None and dep.healthy:
-                return True
-            await asyncio.sleep(0.05)
-        return False
+            return dep is not None and dep.healthy
+
+        return await _until(healthy, timeout)
 
     def _count_pool(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         """A step's pool commands (``Step.pool``): bump each named deployment's version, wake the
@@ -749,6 +742,17 @@ class Controller:
             await asyncio.sleep(0.05)
         for rid, _ in self.ledger.with_actors():  # anything left behind
             self.carrier.kill(rid)
+
+
+async def _until(ready: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Whether ``ready()`` became true within ``timeout`` (looked at every ``every`` s; the waits
+    callers ask of the controller: healthy, serving, asleep, deleted)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(every)
+    return True
 
 
 async def _stop_ingress(timeout: float = 10.0) -> None:
