@@ -193,12 +193,10 @@ class Deployment:
             if "static_placement" in changes:
                 raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
             changes["static_placement"] = changes.pop("_placement_info")
-        auto_given = "autoscaling_config" in changes or changes.get("num_replicas") == "auto"
-        count, auto = from_ray_serve(self.name, changes.get("num_replicas"), changes.pop("autoscaling_config", None))
-        if auto_given and count is not None:  # (as @deployment takes them: the core's flat options)
-            changes["num_replicas"] = count
-            changes.setdefault("max_replicas", auto["max_replicas"])
-            changes = {**{k: v for k, v in auto.items() if k != "max_replicas"}, **changes}
+        auto = _autoscaled(self.name, changes.get("num_replicas"), changes.pop("autoscaling_config", None),
+                           changes.get("max_replicas"))
+        if auto is not None:  # (as @deployment takes them: an option given beside the config wins)
+            changes = {**auto, **changes, "num_replicas": auto["num_replicas"], "max_replicas": auto["max_replicas"]}
         core = {k: changes.pop(k) for k in list(changes) if k in CORE_OPTIONS}
         if core:
             changes["core_options"] = {**self.core_options, **core}
@@ -280,12 +278,11 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
         where = f"deployment {name!r}" if name else "@deployment(...)"
         raise rc.InvalidConfig(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
                                f"{', '.join(CORE_OPTIONS)})")
-    auto_count, auto = from_ray_serve(name, num_replicas, autoscaling_config)
-    if auto_count is not None:  # Ray Serve's autoscaling_config / num_replicas="auto": the core's flat options
-        num_replicas = auto_count
-        if "max_replicas" in (autoscaling_config or {}) or max_replicas == rc.DEFAULT_MAX_REPLICAS:
-            max_replicas = auto["max_replicas"]
-        core_options = {**{k: v for k, v in auto.items() if k != "max_replicas"}, **core_options}
+    auto = _autoscaled(name, num_replicas, autoscaling_config,
+                       None if max_replicas == rc.DEFAULT_MAX_REPLICAS else max_replicas)
+    if auto is not None:
+        num_replicas, max_replicas = auto.pop("num_replicas"), auto.pop("max_replicas")
+        core_options = {**auto, **core_options}
     if cls is not None and not isinstance(cls, type):
         raise _bad(name or getattr(cls, "__name__", cls), f"@deployment takes a class, got {cls!r}")
     if static_placement is not None and _placement_info is not None:
@@ -314,6 +311,19 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
             raise rc.InvalidConfig(str(exc).replace("deployment 'decorated_class': ", "@deployment(...): ", 1)) from None
         return wrap
     return wrap(cls)
+
+
+def _autoscaled(name: Any, num_replicas: Any, config: Any, max_replicas: int | None) -> dict | None:
+    """Ray Serve's ``autoscaling_config`` / ``num_replicas="auto"`` as the fields ``@deployment`` and
+    ``.options()`` set (``autoscale.from_ray_serve``: ``num_replicas``, ``max_replicas``, the core's
+    flat autoscaling options), or None when not autoscaled. ``max_replicas``: the one given beside
+    it, if any; the config's own wins, else Ray Serve's default."""
+    count, auto = from_ray_serve(name, num_replicas, config)
+    if count is None:
+        return None
+    if max_replicas is not None and "max_replicas" not in (config or {}):
+        auto["max_replicas"] = max_replicas
+    return {**auto, "num_replicas": count}
 
 
 def _head_node() -> str | None:
