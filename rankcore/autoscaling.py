@@ -82,7 +82,7 @@ from .transaction import Tx
 
 __all__ = ["PolicyContext", "Policy", "DEFAULT_POLICY", "default_policy", "register_policy", "policy",
            "BURST_WINDOW", "BURST_THRESHOLD", "check", "bounds", "bounded", "applied", "refuse_scale",
-           "observe", "sampled", "aggregate", "cold_start", "factored", "delayed", "burst"]
+           "observe", "running", "sampled", "aggregate", "cold_start", "factored", "delayed", "burst"]
 
 _copy = unchecked_copy
 _EMPTY = Autoscaler()
@@ -165,7 +165,7 @@ def bounds(config: DeploymentConfig, max_replicas: int) -> tuple[int, int]:
     """[min_replicas, max_replicas], both whole gangs (the smallest at or above the one, the
     largest at or below the other; ``DeploymentApplied`` checks one lies between)."""
     k = config.gang.gang_size
-    return -(-config.autoscaler.min_replicas // k) * k, max_replicas // k * k
+    return _whole(config.autoscaler.min_replicas, k), max_replicas // k * k
 
 
 def bounded(dep: Deployment, n: int) -> int:
@@ -212,20 +212,25 @@ def observe(tx: Tx, dep: Deployment, e: AutoscalingMetrics) -> bool:
     if dep.deleting or (state.window and e.now < state.window[-1][0]):
         return False
     state = _copy(state, window=sampled(state.window, e, auto.look_back_period_s))
-    running = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
+    running_now = running(dep)
     total = aggregate(state.window, auto.aggregation_function)
-    n = cold_start(dep, running, total, e)
+    n = cold_start(dep, running_now, total, e)
     if n is not None:  # (no decision of the policy's: nothing was wanted without a break)
         state = _copy(state, wanted=0, since=None)
     else:
         lo, hi = bounds(dep.config, dep.max_replicas)
-        ctx = PolicyContext(deployment=dep.name, now=e.now, target=dep.target, running=running,
+        ctx = PolicyContext(deployment=dep.name, now=e.now, target=dep.target, running=running_now,
                             total_requests=total, queued=e.queued, ongoing=e.ongoing, min_replicas=lo,
                             max_replicas=hi, options=auto)
-        n = bounded(dep, factored(_wanted(ctx), running, auto, dep.config.gang.gang_size))
-        n, state = burst(dep, state, n, running, e.now) if auto.burst else delayed(dep, state, n, e.now)
+        n = bounded(dep, factored(_wanted(ctx), running_now, auto, dep.config.gang.gang_size))
+        n, state = burst(dep, state, n, running_now, e.now) if auto.burst else delayed(dep, state, n, e.now)
     tx.put(scale(tx, _copy(dep, autoscaler=state), n))
     return True
+
+
+def running(dep: Deployment) -> int:
+    """Replicas serving now (Ray Serve's ``running``: running, or being told a new rank)."""
+    return dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
 
 
 def sampled(window: tuple[tuple[float, int, int], ...], e: AutoscalingMetrics,

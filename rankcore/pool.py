@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .autoscaling import bounds
 from .commands import PoolChanged, PoolComing, PoolReset
 from .events import ControllerRecovered, NodeCapacityChanged, NodeJoined, NodeLost
 from .lifecycle import Phase
@@ -74,8 +75,7 @@ def coming(dep: Deployment | None) -> bool:
         return False
     if dep.target > 0:
         return True
-    auto = dep.config.autoscaler
-    return auto.autoscaling and not dep.deleting and dep.max_replicas // dep.config.gang.gang_size > 0
+    return dep.config.autoscaler.autoscaling and not dep.deleting and bounds(dep.config, dep.max_replicas)[1] > 0
 
 
 def pool_of(dep: Deployment) -> tuple[tuple[str, ...], tuple[str, ...]]:

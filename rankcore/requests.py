@@ -672,6 +672,14 @@ class RequestMachine:
         return tuple(ReplicaView(replica_id=r.rid, membership="serving" if r.serving else "draining",
                                  in_flight=len(r.held), excluded=r.excluded) for r in dep.replicas.values())
 
+    def load(self, deployment: str) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """What ``deployment``'s autoscaler is fed (``AutoscalingMetrics.queued`` and ``.ongoing``):
+        the requests queued, and in flight on each replica of its pool; nothing if unknown."""
+        dep = self._deps.get(deployment)
+        if dep is None:
+            return 0, ()
+        return dep.queue.n, tuple((r.rid, len(r.held)) for r in dep.replicas.values())
+
     def coming(self, deployment: str) -> bool:
         """Whether replicas are on their way to ``deployment`` (``PoolComing``)."""
         dep = self._deps.get(deployment)

@@ -215,10 +215,7 @@ class Router:
     def _load(self) -> tuple[int, tuple[tuple[str, int], ...]]:
         """What this router holds of its deployment: queued requests, in flight per replica."""
         with self.lock:
-            if self.limits is None:
-                return 0, ()
-            return (self.machine.counters(self.name).in_queue,
-                    tuple((r.replica_id, r.in_flight) for r in self.machine.pool(self.name)))
+            return self.machine.load(self.name)
 
     def _push_load(self, key: str, queued: int, ongoing: tuple, urgent: bool) -> Any:
         return self.controller.report_load.remote(self.name, key, queued, ongoing, urgent)

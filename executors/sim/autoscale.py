@@ -35,12 +35,7 @@ from ..scenarios.metrics import percentile
 
 __all__ = ["SimAutoscaler"]
 
-_RUNNING, _RECONFIGURING = rc.Phase.RUNNING, rc.Phase.RECONFIGURING
-
-
-def _serving(dep: rc.Deployment) -> int:
-    """Replicas serving (the autoscaler's ``running``)."""
-    return dep.count(_RUNNING) + dep.count(_RECONFIGURING)
+_serving = rc.autoscaling.running  # (replicas serving: the autoscaler's ``running``)
 
 
 def _autoscaled(dep: rc.Deployment | None) -> bool:
@@ -126,11 +121,7 @@ class SimAutoscaler:
     def feed(self, name: str) -> None:
         """One sample of ``name``'s load, now, to the core."""
         traffic = self.sim.traffic
-        queued = 0
-        ongoing: tuple[tuple[str, int], ...] = ()
-        if traffic is not None and name in traffic.flows:
-            queued = traffic.machine.counters(name).in_queue
-            ongoing = tuple((r.replica_id, r.in_flight) for r in traffic.machine.pool(name))
+        queued, ongoing = traffic.machine.load(name) if traffic is not None and name in traffic.flows else (0, ())
         self.figures[name].fed += 1
         self.sim.deliver(rc.AutoscalingMetrics(deployment=name, now=self.sim.now, queued=queued, ongoing=ongoing))
 
