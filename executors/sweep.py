@@ -269,19 +269,19 @@ def autoscaling_figures(records: Sequence[RunRecord]) -> list[Figure]:
     return []
 
 
+#: figure key prefix -> the section of a deployment's metrics it reads: rank changes, the request
+#: queue's figures (``traffic:``), what the autoscaler did (executors/sim/autoscale.py)
+_SECTIONS = (("reassignments_", "reassignments"), ("reconfigures_", "reconfigures"), ("requests_", "requests"),
+             ("autoscaling_", "autoscaling"))
+
+
 def figure_value(d: dict, key: str) -> float | None:
     """A figure of one run's deployment metrics (``metrics.DeploymentMetrics.as_dict``)."""
     key = ALIASES.get(key, key)
-    if key.startswith("autoscaling_"):  # what the autoscaler did (executors/sim/autoscale.py)
-        v = (d.get("autoscaling") or {}).get(key[len("autoscaling_"):])
-        return None if v is None else float(v)
-    for prefix, field in (("reassignments_", "reassignments"), ("reconfigures_", "reconfigures")):
+    for prefix, field in _SECTIONS:
         if key.startswith(prefix):
             v = (d.get(field) or {}).get(key[len(prefix):])
             return None if v is None else float(v)
-    if key.startswith("requests_"):  # the request queue's figures (``traffic:``)
-        v = (d.get("requests") or {}).get(key[len("requests_"):])
-        return None if v is None else float(v)
     if key.startswith("noncontig_s_"):  # seconds: the fraction of the observed time (after start-up)
         frac = (d.get("noncontiguous_fraction") or {}).get(key[len("noncontig_s_"):])
         return None if frac is None else frac * float(d.get("observed_seconds") or 0.0)
