@@ -296,15 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max", type=int, default=4, help="max_replicas; default 4")
     p.add_argument("--request-timeout", type=float, default=60.0, help="limit of one call; default 60")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray; default 4")
-    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
-    p.add_argument("--json", metavar="FILE", help="write all results here")
-    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    childrun.add_child_arguments(p)
     args = p.parse_args(argv)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
-        str(ROOT), str(ROOT / "benchmarks"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
+    childrun.ray_env(ROOT, ROOT / "benchmarks")
     return childrun.main_for(args, run_child, spawn, print_report, log)
 
 

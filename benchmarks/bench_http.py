@@ -386,19 +386,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a child starts no new level past this many seconds; default 300")
     p.add_argument("--request-timeout", type=float, default=30.0, help="limit of one request, seconds; default 30")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
-    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
-    p.add_argument("--json", metavar="FILE", help="write all results here")
-    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
         p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # replicas and the ingress import executors.ray_gpu (ours) and this module by name
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
-        str(ROOT), str(ROOT / "benchmarks"), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
+    childrun.ray_env(ROOT, ROOT / "benchmarks")
 
     return childrun.main_for(args, run_child, spawn, print_report, log)
 

@@ -696,25 +696,19 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=16, help="N (downscale goes to N // 2); default 16")
     p.add_argument("--repeats", type=int, default=5, help="crash repeats; default 5")
-    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
-    p.add_argument("--json", metavar="FILE", help="write all results (raw values included) here")
+    childrun.add_child_arguments(p, "write all results (raw values included) here")
     p.add_argument("--timeout", type=float, default=120.0, help="limit of every wait, seconds; default 120")
     p.add_argument("--num-cpus", type=int, default=8, help="num_cpus of each local Ray instance; default 8")
     p.add_argument("--no-controller", action="store_true", help="skip the controller-restart step")
     p.add_argument("--spare-processes", type=int, default=1,
                    help="ours: the deployment's spare_processes (idle worker processes kept on its node, so a "
                         "crash's replacement skips the process start); 0: none; default 1")
-    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
-    p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.replicas < 2 or args.repeats < 1:
         p.error("need --replicas >= 2 and --repeats >= 1")
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # replicas import executors.ray_gpu (ours) by module name
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        dict.fromkeys(filter(None, [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
+    childrun.ray_env(ROOT)
 
     return childrun.main_for(args, run_child, spawn, print_report, log)
 

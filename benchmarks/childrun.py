@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["spawn", "main_for", "serve_shutdown"]
+__all__ = ["spawn", "main_for", "serve_shutdown", "add_child_arguments", "ray_env"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -85,3 +85,21 @@ def serve_shutdown(log: Callable[[str], None]) -> None:
         log(f"serve: serve.shutdown() failed: {exc!r}")
     finally:
         ray.shutdown()
+
+
+def add_child_arguments(p: argparse.ArgumentParser, json_help: str = "write all results here") -> None:
+    """The options every ours-against-Ray-Serve benchmark takes: which systems, the JSON file, and
+    the child's own (``spawn`` passes them)."""
+    p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
+    p.add_argument("--json", metavar="FILE", help=json_help)
+    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+
+
+def ray_env(*paths: Any) -> None:
+    """No telemetry, no auth; ``paths`` first on ``PYTHONPATH`` (the children and their replicas
+    import the repository and the benchmark module by name)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
+        *map(str, paths), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])))
