@@ -168,6 +168,14 @@ class Scale(Action):
             target.apply(event)
 
 
+def _one_deployment(value: Any, path: tuple, c: Checks) -> str:
+    """An action that names one deployment: ``<name>`` or ``{deployment: <name>}``."""
+    if not isinstance(value, str):
+        value = c.mapping(value, path, ("deployment",), required=("deployment",))["deployment"]
+        path = path + ("deployment",)
+    return c.deployment(value, path)
+
+
 @attrs.frozen(kw_only=True)
 class Delete(Action):
     """Delete one deployment (``DeploymentDeleted``; Ray Serve's ``serve.delete``): its
@@ -180,10 +188,7 @@ class Delete(Action):
 
     @classmethod
     def parse(cls, value: Any, path: tuple, c: Checks) -> Delete:
-        if not isinstance(value, str):
-            value = c.mapping(value, path, ("deployment",), required=("deployment",))["deployment"]
-            path = path + ("deployment",)
-        return cls(deployment=c.deployment(value, path))
+        return cls(deployment=_one_deployment(value, path, c))
 
     def perform(self, desired: Desired, target: Target) -> None:
         desired.delete(self.deployment)
@@ -402,10 +407,7 @@ class Sleep(Action):
 
     @classmethod
     def parse(cls, value: Any, path: tuple, c: Checks) -> Sleep:
-        if not isinstance(value, str):
-            value = c.mapping(value, path, ("deployment",), required=("deployment",))["deployment"]
-            path = path + ("deployment",)
-        return cls(deployment=c.deployment(value, path))
+        return cls(deployment=_one_deployment(value, path, c))
 
     def perform(self, desired: Desired, target: Target) -> None:
         target.request(rc.SleepRequested(deployment=self.deployment))
