@@ -59,6 +59,18 @@ def name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {shown(value)}")
 
 
+def positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A finite number > 0 (bools refused)."""
+    if not finite(value) or value <= 0:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a finite number > 0, got {shown(value)}")
+
+
+def optional_positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """None, or a finite number > 0."""
+    if value is not None:
+        positive(inst, attribute, value)
+
+
 def optional_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None:
         name(inst, attribute, value)
@@ -68,6 +80,12 @@ def count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-negative int (bools are refused: True is not a replica count)."""
     if type(value) is not int or value < 0:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a non-negative int, got {shown(value)}")
+
+
+def optional_count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """None, or a non-negative int."""
+    if value is not None:
+        count(inst, attribute, value)
 
 
 #: the largest value a tie-breaking int may take (a node's ``order``): what a

@@ -265,21 +265,6 @@ class RequestOptions:
         "a request a dying replica had started runs again at most this many times, if its method is idempotent")
 
 
-def _positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if not f.finite(value) or value <= 0:
-        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a finite number > 0, got {f.shown(value)}")
-
-
-def _optional_positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        _positive(inst, attribute, value)
-
-
-def _optional_count(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        f.count(inst, attribute, value)
-
-
 def _policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise InvalidConfig(f"{type(inst).__name__}.policy must be None (the default policy) or the name of a "
@@ -297,9 +282,9 @@ class AutoscalingOptions:
     min_replicas: int = _option(MIN_REPLICAS, f.count, "the autoscaler never goes below this many replicas (0: "
                                                        "scale to zero; the first request waits in the queue)")
     initial_replicas: int | None = _option(
-        None, _optional_count, "replicas a new autoscaled deployment starts with; None: min_replicas")
+        None, f.optional_count, "replicas a new autoscaled deployment starts with; None: min_replicas")
     target_ongoing_requests: float = _option(
-        TARGET_ONGOING_REQUESTS, _positive, "requests (running and queued) wanted per replica: the autoscaler "
+        TARGET_ONGOING_REQUESTS, f.positive, "requests (running and queued) wanted per replica: the autoscaler "
                                             "asks for total requests / this replicas")
     upscale_delay_s: float = _option(UPSCALE_DELAY_S, f.seconds,
                                      "an upscale is made once it has been wanted this long without a break")
@@ -309,10 +294,10 @@ class AutoscalingOptions:
         None, f.optional_seconds, "the delay of the last step, 1 -> 0 (a downscale goes to 1 first); "
                                   "None: downscale_delay_s")
     upscaling_factor: float | None = _option(
-        None, _optional_positive, "multiplies each upscale's step (ceil(current + factor x (desired - "
+        None, f.optional_positive, "multiplies each upscale's step (ceil(current + factor x (desired - "
                                   "current))); None: 1")
     downscaling_factor: float | None = _option(
-        None, _optional_positive, "the same for downscales (at least one replica a step); None: 1")
+        None, f.optional_positive, "the same for downscales (at least one replica a step); None: 1")
     metrics_interval_s: float = _option(
         METRICS_INTERVAL_S, f.positive_seconds, "how often the executors send AutoscalingMetrics")
     look_back_period_s: float = _option(
