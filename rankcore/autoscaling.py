@@ -180,7 +180,8 @@ def applied(dep: Deployment, e: DeploymentApplied, new: bool) -> Deployment:
     Not autoscaled: ``e.num_replicas`` (the autoscaler's state dropped). Autoscaled,
     ``num_replicas`` is no target (Ray Serve refuses it beside an autoscaling_config): a new
     deployment starts at ``initial_replicas``, else ``min_replicas`` (Ray Serve's rule); one
-    applied again keeps the autoscaler's target, moved into the new bounds."""
+    applied again keeps the autoscaler's target, moved into the new bounds, and its window
+    cut to the new ``look_back_period_s`` (a shorter one must not aggregate older samples)."""
     check(e)
     auto = dep.config.autoscaler
     if not auto.autoscaling:
@@ -188,7 +189,10 @@ def applied(dep: Deployment, e: DeploymentApplied, new: bool) -> Deployment:
     start = dep.target
     if new:
         start = auto.min_replicas if auto.initial_replicas is None else auto.initial_replicas
-    return _copy(dep, target=bounded(dep, start))
+    state = dep.autoscaler
+    if state is not None and state.window:
+        state = _copy(state, window=_since(state.window, state.window[-1][0] - auto.look_back_period_s))
+    return _copy(dep, target=bounded(dep, start), autoscaler=state)
 
 
 def refuse_scale(dep: Deployment) -> None:
@@ -236,8 +240,12 @@ def running(dep: Deployment) -> int:
 def sampled(window: tuple[tuple[float, int, int], ...], e: AutoscalingMetrics,
             look_back_s: float) -> tuple[tuple[float, int, int], ...]:
     """The window with ``e``'s sample, less those older than ``look_back_s`` before it."""
-    oldest = e.now - look_back_s
-    return (*(s for s in window if s[0] >= oldest), (e.now, e.queued, e.total - e.queued))
+    return (*_since(window, e.now - look_back_s), (e.now, e.queued, e.total - e.queued))
+
+
+def _since(window: tuple[tuple[float, int, int], ...], oldest: float) -> tuple[tuple[float, int, int], ...]:
+    """The samples of ``window`` taken at ``oldest`` or later."""
+    return tuple(s for s in window if s[0] >= oldest)
 
 
 def aggregate(window: tuple[tuple[float, int, int], ...], how: str) -> float:

@@ -49,7 +49,7 @@ from .tiers import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
            "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
-           "check_same_model", "release", "joined", "node_lost", "free_gpus",
+           "check_same_model", "holds", "release", "joined", "node_lost", "free_gpus",
            "views_of", "recovered"]
 
 
@@ -286,6 +286,12 @@ def forget_copy(cl: ClusterTx, node_id: str, rid: str) -> None:
     if len(kept) != len(cache):
         cl.caches = cl.caches.set(node_id, kept)
         cl.changed = True
+
+
+def holds(cl: Cluster | ClusterTx, rid: str) -> bool:
+    """Whether the device books hold anything of ``rid`` (a booking, a wait for victims, a
+    no-evict mark): what ``release`` frees when it leaves."""
+    return rid in cl.hot or rid in cl.evicting or rid in cl.no_evict
 
 
 def release(cl: ClusterTx, rid: str) -> None:

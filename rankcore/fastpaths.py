@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deadlines, residency, restarts, spares
+from . import deadlines, devices, residency, restarts, spares
 from .cluster import Cluster, clock_work_due
 from .commands import PlaceReplica, ScheduleTick, StartReplica
 from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
@@ -201,8 +201,9 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     name, dep, rep, cl = found
     if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
-            or spares.asks(dep) or rid in cl.hot or cl.evicting):
-        return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares)
+            or spares.asks(dep) or cl.evicting or devices.holds(cl, rid)):
+        return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares;
+        # what the device books hold of it is the general path's to release)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None
     moved = _moves_clock(cl, e.now)

@@ -848,7 +848,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
             check_step(before, Tick(now=now), first, full=full)
             second = attrs.evolve(result, commands=tuple(result.commands[k:]),
                                   compactions=tuple(result.compactions[len(first.compactions):]))
-            check_step(first.state, attrs.evolve(event, now=None), second, full=full)  # type: ignore[misc]
+            check_step(first.state, event, second, full=full)  # (the clock is at ``now``: no split again)
             return
     full = full or isinstance(event, (ControllerRecovered, NodeLost, NodeJoined, NodeCapacityChanged))
     if full:

@@ -227,10 +227,10 @@ def release(tx: Tx, rid: str) -> None:
     """``rid`` left (stopped, crashed): what the cluster holds for it is freed."""
     seen = tx.view
     if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid \
-            and rid not in seen.hot and rid not in seen.evicting and rid not in seen.no_evict:
+            and not devices.holds(seen, rid):
         return  # nothing to free (a crash replacement took its booking): no working copy
     cl = tx.cl
-    if rid in cl.hot or rid in cl.evicting or rid in cl.no_evict:
+    if devices.holds(cl, rid):
         devices.release(cl, rid)
     if rid in cl.held:
         cl.changed = True

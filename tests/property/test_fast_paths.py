@@ -126,6 +126,30 @@ def test_the_fast_paths_decline_what_they_do_not_cover() -> None:
         rc.step(s, rc.ReplicaReady(replica_id=place.replica_id))  # the general path says why
 
 
+def test_a_stop_of_an_asleep_replacement_of_an_evicted_replica_takes_the_general_path() -> None:
+    """Found by the thorough profile: the replacement of an evicted replica keeps its no-evict
+    mark while it runs and sleeps (not HOT then); its ReplicaStopped on the fast path kept the
+    mark, the general path drops it (``devices.release``)."""
+    g = 10**9
+    s = rc.State()
+    for e in (rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), cpu_cache_bytes=200 * g),
+              rc.DeploymentApplied(name="a", num_replicas=1, resources={"GPU": 1}, model_bytes=50 * g,
+                                   min_deployment_time_s=0.0),
+              rc.ReplicaPlaced(replica_id="a#0", node_id="n0"), rc.ReplicaReady(replica_id="a#0"),
+              rc.DeploymentApplied(name="b", num_replicas=1, resources={"GPU": 1}, model_bytes=60 * g,
+                                   min_deployment_time_s=0.0, dedicated=True),  # evicts a#0; a#2 waits
+              rc.ReplicaStopped(replica_id="a#0"), rc.DeploymentDeleted(deployment="b"),
+              rc.ReplicaStopped(replica_id="b#1"),  # room: a#2 placed on the WARM copy
+              rc.ReplicaPlaced(replica_id="a#2", node_id="n0"), rc.ReplicaReady(replica_id="a#2"),
+              rc.ReplicaReconfigured(replica_id="a#2", version=0), rc.SleepRequested(deployment="a"),
+              rc.TierMoved(replica_id="a#2", tier="warm"), rc.ScaleRequested(deployment="a", num_replicas=0)):
+        s = rc.step(s, e).state
+    assert "a#2" in s.cluster.no_evict and "a#2" not in s.cluster.hot
+    stop = rc.ReplicaStopped(replica_id="a#2")
+    assert core.fast_step(s, stop) is None
+    assert "a#2" not in rc.step(s, stop).state.cluster.no_evict
+
+
 @pytest.mark.parametrize("name", ["node-loss-3-nodes.yaml", "crash-storm.yaml", "gangs.yaml",
                                   "controller-crash.yaml", "capacity-plan-64.yaml"])
 def test_fast_paths_agree_at_every_step_of_a_simulation(name: str, monkeypatch: pytest.MonkeyPatch) -> None:

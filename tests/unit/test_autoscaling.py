@@ -359,3 +359,57 @@ def test_a_gang_deployment_at_its_rounded_want_stays() -> None:
                              downscale_delay_s=0.0, look_back_period_s=1.0))
     _, targets = feed(state, [0.0, 10.0, 20.0, 30.0], queued=5)
     assert targets == [4, 4, 4, 4]
+
+
+def test_a_scale_up_loads_the_warm_copy_an_eviction_left_before_a_cold_start():
+    """Tiers (issue 21) under the autoscaler: a replica evicted to the CPU cache leaves its model
+    WARM; the autoscaler's downscale takes the replacement still waiting for room (not serving
+    yet) first; once room comes back, its next scale-up places the new replica on the WARM copy
+    (``source="warm"``), not on the freer node from disk."""
+    g = 10**9
+    state = rc.State()
+
+    def step(event: object) -> list:
+        nonlocal state
+        result = rc.step(state, event)
+        check_state(result.state)
+        state = result.state
+        return list(result.commands)
+
+    step(rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), cpu_cache_bytes=200 * g,
+                       order=1))
+    step(rc.NodeJoined(node_id="n1", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), order=2))
+    step(rc.DeploymentApplied(name="a", num_replicas=0, resources={"GPU": 1}, model_bytes=50 * g,
+                              min_deployment_time_s=0.0, autoscaling=True, min_replicas=1, max_replicas=2,
+                              initial_replicas=2, upscale_delay_s=0, downscale_delay_s=0, look_back_period_s=1))
+    for rid in ("a#0", "a#1"):
+        step(rc.ReplicaPlaced(replica_id=rid, node_id=state.deployment("a").replicas[rid].node_id))
+        step(rc.ReplicaReady(replica_id=rid))
+    evicted = step(rc.DeploymentApplied(name="b", num_replicas=1, resources={"GPU": 1}, model_bytes=60 * g,
+                                        min_deployment_time_s=0.0, dedicated=True))
+    (evict,) = [c for c in evicted if isinstance(c, rc.EvictReplica)]
+    assert (evict.replica_id, evict.node_id, evict.to) == ("a#0", "n0", "warm")
+    step(rc.ReplicaStopped(replica_id="a#0"))
+    waiting = [rid for rid, r in state.deployment("a").replicas.items() if r.phase is rc.Phase.PENDING]
+    assert waiting == ["a#3"]  # (the eviction's replacement, waiting for room)
+    down = step(rc.AutoscalingMetrics(deployment="a", now=5.0, ongoing={"a#1": 1}))
+    assert [c.replica_id for c in down if isinstance(c, rc.StopReplica)] == ["a#3"]  # not serving: first
+    assert [e.replica_id for e in state.cluster.caches["n0"]] == ["a#0"]
+    step(rc.DeploymentDeleted(deployment="b"))
+    step(rc.ReplicaStopped(replica_id="b#2"))
+    step(rc.NodeJoined(node_id="n2", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), order=0))  # empty, first
+    up = step(rc.AutoscalingMetrics(deployment="a", now=10.0, queued=4, ongoing={"a#1": 3}))
+    (place,) = [c for c in up if isinstance(c, rc.PlaceReplica)]
+    assert (place.node_id, place.source) == ("n0", "warm")  # not n2: empty too, first in order, from disk
+    assert state.cluster.caches["n0"] == ()
+
+
+def test_applied_again_with_a_shorter_look_back_the_window_drops_the_older_samples():
+    """Found by the shared property machine: the window kept samples older than the new
+    look_back_period_s (a sample 20 s old aggregated into a 5 s window; check_state refused it)."""
+    state = serve_all(deploy(look_back_period_s=30.0, min_replicas=1))
+    for t in (0.0, 10.0, 20.0):
+        state = metrics(state, t, per_replica=2).state
+    state = rc.step(state, applied(look_back_period_s=5.0, min_replicas=1)).state
+    check_state(state)
+    assert [t for t, _, _ in state.deployment(NAME).autoscaler.window] == [20.0]
