@@ -39,6 +39,7 @@ from .core import step as core_step
 from .errors import InvalidConfig, InvalidEvent
 from .events import (
     CRASH_CAUSES,
+    AutoscalingMetrics,
     BundlesPlaced,
     ControllerRecovered,
     DeploymentApplied,
@@ -187,7 +188,10 @@ def make_machine(
     core to place). ``tiers`` (managed, without groups): nodes declare their
     GPUs' memory and a CPU cache, deployments a model size (some dedicated),
     so models are booked by memory, evict each other and reload WARM or COLD
-    (``rankcore.devices``).
+    (``rankcore.devices``). In every machine a third of the deployments applied
+    (any but the static one) are autoscaled, with random bounds, delays and
+    burst mode, and fed random load (``AutoscalingMetrics``); a person's scale
+    of one must be refused (``rankcore.autoscaling``).
     """
     if tiers and (groups or not managed):
         raise InvalidConfig("make_machine(tiers=True) needs managed=True and groups=False (a model booked by "
@@ -262,6 +266,8 @@ def make_machine(
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                               gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))
+                if self.autoscaled(fields, 2, data):
+                    return 0, fields
                 return n - n % 2, fields
             if groups and name == STATIC:
                 dep = self.state.deployments.get(name)
@@ -272,7 +278,33 @@ def make_machine(
                 if dep is not None and dep.count(Phase.STOPPING):
                     return dep.target, fields  # (back up only once they have stopped: the core says so)
                 return len(STATIC_MAPPING), fields
+            if self.autoscaled(fields, 1, data):
+                return 0, fields
             return n, fields
+
+        def autoscaled(self, fields: dict, gang: int, data: st.DataObject) -> bool:
+            """Maybe autoscale the deployment (a third of the time): bounds holding a whole gang,
+            short delays, and the autoscaler's other options at random (``fields`` takes them)."""
+            if not data.draw(st.sampled_from([False, False, True]), label="autoscaled"):
+                return False
+            low = data.draw(st.integers(0, min(2, max_replicas)), label="min_replicas")
+            top = data.draw(st.integers(max(low, gang, 1), max_replicas), label="max_replicas")
+            top = max(top, -(-low // gang) * gang)  # (a whole gang between them)
+            fields.update(
+                autoscaling=True, min_replicas=low, max_replicas=top,
+                initial_replicas=data.draw(st.one_of(st.none(), st.integers(low, top)), label="initial_replicas"),
+                target_ongoing_requests=data.draw(st.sampled_from([1.0, 2.0]), label="target_ongoing_requests"),
+                upscale_delay_s=data.draw(st.sampled_from([0.0, 10.0]), label="upscale_delay_s"),
+                downscale_delay_s=data.draw(st.sampled_from([0.0, 20.0]), label="downscale_delay_s"),
+                downscale_to_zero_delay_s=data.draw(st.sampled_from([None, 0.0, 30.0]), label="to zero delay"),
+                look_back_period_s=data.draw(st.sampled_from([5.0, 30.0]), label="look_back_period_s"),
+                upscaling_factor=data.draw(st.sampled_from([None, 2.0]), label="upscaling_factor"),
+                burst=data.draw(st.booleans(), label="burst"))
+            return True
+
+        def autoscaled_names(self) -> list[str]:
+            return [name for name in sorted(self.state.deployments.keys())
+                    if self.state.deployments[name].config.autoscaler.autoscaling]
 
         def placing(self, data: st.DataObject) -> dict:
             """A deployment's placement fields (managed machines only)."""
@@ -387,6 +419,18 @@ def make_machine(
             else:
                 self.apply(ReplicaPlaced(replica_id=rid, node_id=rep.node_id, now=now))
 
+        def refused(self, event: object, says: str, *also: type[Exception]) -> None:
+            """``event`` raises ``InvalidEvent`` (or one of ``also``) saying ``says``, and changes nothing."""
+            snap = snapshot(self.state)
+            kinds: tuple[type[Exception], ...] = (InvalidEvent, *also)
+            try:
+                self.step_subject(event)
+            except kinds as exc:
+                assert says in str(exc), f"{event!r} was refused with {exc!r}, which does not say {says!r}"
+                assert snapshot(self.state) == snap, f"{event!r} was refused but changed the state"
+                return
+            raise AssertionError(f"{event!r} was accepted")
+
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule(data=st.data())
         def scale(self, data: st.DataObject) -> None:
@@ -395,24 +439,16 @@ def make_machine(
             n = data.draw(st.integers(0, max_replicas), label="num_replicas")
             victims: tuple = ()
             if dep.deleting:  # (refused: a DeploymentApplied takes it back)
-                snap = snapshot(self.state)
-                try:
-                    self.step_subject(ScaleRequested(deployment=name, num_replicas=n))
-                except InvalidEvent as exc:
-                    assert "being deleted" in str(exc), exc
-                    assert snapshot(self.state) == snap
-                    return
-                raise AssertionError(f"scaling {name}, which is being deleted, was accepted")
+                self.refused(ScaleRequested(deployment=name, num_replicas=n), "being deleted")
+                return
+            if dep.config.autoscaler.autoscaling:  # (refused: its target is the autoscaler's)
+                self.refused(ScaleRequested(deployment=name, num_replicas=n), "is autoscaled")
+                return
             if dep.static is not None or dep.gang_size > 1:
                 early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) > 0
                 if (dep.static is not None and n not in (0, dep.static.replicas)) or n % dep.gang_size or early:
-                    snap = snapshot(self.state)
-                    try:
-                        self.step_subject(ScaleRequested(deployment=name, num_replicas=n))
-                    except (InvalidConfig, InvalidEvent):
-                        assert snapshot(self.state) == snap
-                        return
-                    raise AssertionError(f"scaling {name} to {n} was accepted")
+                    self.refused(ScaleRequested(deployment=name, num_replicas=n), "", InvalidConfig)
+                    return
                 self.apply(ScaleRequested(deployment=name, num_replicas=n))
                 return
             removing = dep.active - n
@@ -420,6 +456,30 @@ def make_machine(
                 alive = sorted(r for r, rep in dep.replicas.items() if rep.phase is not Phase.STOPPING)
                 victims = tuple(data.draw(st.lists(st.sampled_from(alive), unique=True, max_size=removing), label="victims"))
             self.apply(ScaleRequested(deployment=name, num_replicas=n, victims=victims))
+
+        @precondition(lambda self: self.autoscaled_names())
+        @rule(data=st.data())
+        def autoscaling_metrics(self, data: st.DataObject) -> None:
+            """The request path's load of an autoscaled deployment (some later time): the
+            autoscaler moves its target, within its bounds; requests at zero bring one back."""
+            name = data.draw(st.sampled_from(self.autoscaled_names()), label="autoscaled deployment")
+            dep = self.state.deployments[name]
+            window = dep.autoscaler.window if dep.autoscaler is not None else ()
+            newest = max(self.state.cluster.now, window[-1][0] if window else 0.0)
+            now = newest + data.draw(st.sampled_from([0.0, 0.5, 5.0, 20.0, 60.0]), label="metrics: later by")
+            serving = [rid for rid, r in sorted(dep.replicas.items()) if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)]
+            ongoing = {rid: data.draw(st.integers(0, 4), label=f"in flight on {rid}") for rid in serving}
+            queued = data.draw(st.sampled_from([0, 0, 1, 3, 10]), label="queued")
+            result = self.apply(AutoscalingMetrics(deployment=name, now=now, queued=queued, ongoing=ongoing))
+            after = self.state.deployments[name]
+            if dep.deleting:
+                assert result.stale and after.target == 0, f"{name} is being deleted but its metrics were taken"
+                return
+            if not serving and queued and not dep.target:
+                assert after.target > 0, f"{queued} requests waited for {name} at zero replicas and none is coming"
+            quiet = after.autoscaler is not None and not any(q + o for _, q, o in after.autoscaler.window)
+            if quiet and not dep.target:
+                assert after.target == 0, f"{name} at zero with no traffic went to {after.target} (ray#61731)"
 
         @precondition(lambda self: len(self.state.deployments) > 0)
         @rule(data=st.data())

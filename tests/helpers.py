@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
 from collections.abc import Callable, Iterable
+from types import ModuleType
 
 import rankcore as rc
 from rankcore.invariants import check_step
@@ -77,3 +80,13 @@ class Driver:
 
 def of(kind: type, commands: Iterable[object]) -> list:
     return [c for c in commands if isinstance(c, kind)]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is scripts, not a package)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -35,8 +35,6 @@ from ..scenarios.metrics import percentile
 
 __all__ = ["SimAutoscaler"]
 
-_serving = rc.autoscaling.running  # (replicas serving: the autoscaler's ``running``)
-
 
 def _autoscaled(dep: rc.Deployment | None) -> bool:
     return dep is not None and dep.config.autoscaler.autoscaling and not dep.deleting
@@ -155,7 +153,7 @@ class SimAutoscaler:
         _, queued, in_flight = window[-1]
         auto = dep.config.autoscaler
         need = rc.autoscaling.bounded(dep, math.ceil((queued + in_flight) / auto.target_ongoing_requests))
-        serving = _serving(dep)
+        serving = rc.autoscaling.running(dep)
         if f.open_since is None:
             if need > serving:
                 f.open_since, f.open_need, f.open_serving = t, need, serving
@@ -165,7 +163,7 @@ class SimAutoscaler:
 
     def _enough(self, f: _Figures, dep: rc.Deployment, t: float) -> None:
         """Close ``f``'s episode if enough replicas serve for the latest load."""
-        serving = _serving(dep)
+        serving = rc.autoscaling.running(dep)
         if f.open_since is None or serving < f.open_need:
             return
         if serving > f.open_serving:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_ranks", ROOT / "benchmarks" / "bench_ranks.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_ranks")
 
 
 def test_with_ray_figures_it_prints_ratios_and_no_target_verdicts(capsys, monkeypatch, tmp_path):
