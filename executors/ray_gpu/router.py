@@ -36,7 +36,9 @@ stays one ``handle_request`` and its status goes from ``dispatched`` to its end.
 still counts as started when its replica dies (never run twice), whichever kind it is.
 
 Thread-safe: the machine is stepped under one lock, from callers' threads and
-from Ray's completion callbacks.
+from Ray's completion callbacks. Nothing waits on Ray while holding it: Ray runs
+those callbacks on the thread that also delivers answers to ``ray.get``, so a
+callback waiting for the lock would stall the answer its holder waits for.
 """
 
 from __future__ import annotations
@@ -165,8 +167,15 @@ class Router:
                     timer = threading.Timer(LONG_POLL_RETRY_S + 0.01, self.refresh)
                     timer.daemon = True
                     timer.start()
-            if force or self.version is None:
-                self._take(self._ask(self.controller, "pool", self.name))
+            ask_now = force or self.version is None
+        if ask_now:
+            # Not under the lock: Ray delivers this answer on the thread that also runs the calls'
+            # completion callbacks (``_done``), which take the lock; one of them waiting for it
+            # while we held it would stall the answer until ``ask`` timed out (60 s).
+            pool = self._ask(self.controller, "pool", self.name)
+            with self.lock:
+                self._take(pool)
+        with self.lock:
             if self.poll is None and time.monotonic() >= self.retry_at:
                 self.poll = self.controller.pool_after.remote(self.name, self.version, LONG_POLL_S).future()
                 self.poll.add_done_callback(lambda _f: self._later(self.refresh))
@@ -176,7 +185,11 @@ class Router:
 
     def _take(self, pool: dict) -> None:
         """A pool answer: ``{"version", "serving": [(rid, actor)], "draining": [rid], "coming",
-        "max_ongoing_requests", "max_queued_requests", "idempotent"}``."""
+        "max_ongoing_requests", "max_queued_requests", "idempotent"}``. One older than the
+        answer taken last (a forced ask and the long poll crossing) is dropped: versions are
+        (controller incarnation, pool changes), both counting up for this router's controller."""
+        if self.version is not None and pool["version"] < self.version:
+            return
         self.version = pool["version"]
         serving = [(rid, actor) for rid, actor in pool["serving"]]
         self.dead.intersection_update(rid for rid, _ in serving)

@@ -172,3 +172,52 @@ def test_a_load_reporter_pushes_nothing_once_ray_is_shut_down(monkeypatch):
     reporter.kick(urgent=True)
     reporter.kick()
     assert pushed == [] and reporter.pushes == 0
+
+
+class _Controller:
+    """The long poll never answers (the test asks ``pool`` through ``ask`` only)."""
+
+    class _Poll:
+        def remote(self, *args: object) -> _Ref:
+            return _Ref()
+
+    pool_after = _Poll()
+
+
+def test_a_forced_pool_ask_leaves_the_lock_free_for_the_calls_answers(monkeypatch):
+    """``refresh(force=True)`` (``scale``, ``broadcast``) asks the controller without the router's
+    lock: Ray delivers that answer on the thread that runs the calls' completion callbacks, which
+    take the lock, so holding it there stalled the answer for the ask's whole 60 s (CI: the
+    controller-restart test's ``h.scale(4)`` timed out in ``pool``)."""
+    import threading
+
+    from executors.ray_gpu import router as router_mod
+
+    monkeypatch.setattr(router_mod.ray, "is_initialized", lambda: True)
+    a = _Actor("d#0")
+    free: list = []
+
+    def ask(controller: object, method: str, *args: object) -> dict:
+        assert method == "pool"
+        t = threading.Thread(target=lambda: free.append(r.lock.acquire(timeout=2) and (r.lock.release() or True)))
+        t.start()
+        t.join()  # (what a call's completion callback on Ray's thread does meanwhile)
+        return pool({"d#0": a}, version=(1, 2))
+
+    r = Router("d", controller=_Controller(), ask=ask)
+    r.refresh(force=True)
+    assert free == [True] and r.version == (1, 2) and list(r.actors) == ["d#0"]
+
+
+def test_a_pool_answer_older_than_the_one_taken_is_dropped() -> None:
+    """A forced ask and the long poll can cross: the answer the controller gave first must not undo
+    the later one (a replica it had already dropped would be served again)."""
+    a, b = _Actor("d#0"), _Actor("d#1")
+    r = router({"d#0": a, "d#1": b}, version=(1, 3))
+    with r.lock:
+        r._take(pool({"d#0": a}, version=(1, 4)))  # d#1 gone
+        r._take(pool({"d#0": a, "d#1": b}, version=(1, 3)))  # the older answer, late
+    assert r.version == (1, 4) and list(r.actors) == ["d#0"]
+    with r.lock:
+        r._take(pool({"d#0": a, "d#1": b}, version=(2, 0)))  # a restarted controller's first answer
+    assert r.version == (2, 0) and sorted(r.actors) == ["d#0", "d#1"]
