@@ -23,9 +23,12 @@ def _weights(v: float) -> dict[str, torch.Tensor]:
 
 
 def _child_reads(handle: sw.SharedWeights, version: int, out: mp.Queue) -> None:
-    """In another process: open the handle and send back what it reads."""
+    """In another process: open the handle and send back what it reads, as numpy arrays (pickled
+    by value: a torch tensor put on a queue is sent as a file descriptor this process must still
+    serve when the parent reads it, and it may have exited by then: ConnectionResetError in CI)."""
     try:
-        got = sw.open_shared(handle).copy_into(lambda views: {k: v.clone() for k, v in views.items()}, version)
+        got = sw.open_shared(handle).copy_into(lambda views: {k: v.numpy().copy() for k, v in views.items()},
+                                               version)
         out.put(("ok", got))
     except Exception as exc:  # the parent asserts on it
         out.put(("error", f"{type(exc).__name__}: {exc}"))
@@ -45,7 +48,7 @@ def test_another_process_maps_the_buffer_and_sees_writes_in_place() -> None:
             p.join(30)
             assert status == "ok", got
             for k, t in _weights(float(version)).items():
-                assert torch.equal(got[k], t), k
+                assert torch.equal(torch.from_numpy(got[k]), t), k
     finally:
         share.close()
     assert not os.path.exists(share.handle.path) and not os.path.exists(share.handle.stamp_path)
