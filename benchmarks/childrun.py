@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["spawn", "main_for", "serve_shutdown", "add_child_arguments", "ray_env"]
+__all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -62,6 +62,12 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
             json.dump(res, f, indent=1, default=repr)
         return 0
     systems = ["ours", "serve"] if args.only == "both" else [args.only]
+    missing = serve_missing() if "serve" in systems else None
+    if missing:  # (said before measuring ours, not after)
+        print(f"Ray Serve cannot be imported here ({missing}): `make bench` installs it (the '[bench]' "
+              f"extra: .venv/bin/python -m pip install -c constraints.txt -e '.[bench]'), or run "
+              f"--only ours", file=sys.stderr)
+        return 2
     results = {name: spawn_one(name, args) for name in systems}
     rows = print_report(results, args)
     if args.json:
@@ -70,6 +76,16 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
                        "results": results, "table": rows}, f, indent=1, default=repr)
         log(f"wrote {args.json}")
     return 1 if any(r.get("errors") for r in results.values()) else 0
+
+
+def serve_missing() -> str | None:
+    """Why ``ray.serve`` cannot be imported in this environment (``ray`` without its ``[serve]``
+    extra lacks pydantic and more), or None when it can."""
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def serve_shutdown(log: Callable[[str], None]) -> None:

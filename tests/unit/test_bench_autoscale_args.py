@@ -42,3 +42,15 @@ def test_the_report_gives_ours_over_serve_and_a_dash_for_a_missing_figure(capsys
     assert by["to enough (s)"]["ratio"] is None
     out = capsys.readouterr().out
     assert "layout two-nodes" in out and "replica-seconds" in out  # (printed, not only returned)
+
+
+def test_without_ray_serve_the_comparison_stops_before_measuring_and_says_how_to_install_it(capsys, monkeypatch):
+    """(The three ours-against-Ray-Serve benchmarks share ``childrun.main_for``: a missing Ray Serve
+    used to show only after ours had run, as the serve child's ModuleNotFoundError.)"""
+    bench = _bench()
+    monkeypatch.setattr(bench.childrun, "serve_missing", lambda: "ModuleNotFoundError: No module named 'pydantic'")
+    monkeypatch.setattr(bench, "spawn", lambda *a: pytest.fail("a child was started"))
+    assert bench.main(["--json", "unused.json"]) == 2
+    err = capsys.readouterr().err
+    assert "Ray Serve cannot be imported" in err and "pydantic" in err and "make bench" in err
+    assert "--only ours" in err
