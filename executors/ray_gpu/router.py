@@ -167,18 +167,22 @@ class Router:
                     timer = threading.Timer(LONG_POLL_RETRY_S + 0.01, self.refresh)
                     timer.daemon = True
                     timer.start()
-            ask_now = force or self.version is None
-        if ask_now:
-            # Not under the lock: Ray delivers this answer on the thread that also runs the calls'
-            # completion callbacks (``_done``), which take the lock; one of them waiting for it
-            # while we held it would stall the answer until ``ask`` timed out (60 s).
-            pool = self._ask(self.controller, "pool", self.name)
-            with self.lock:
-                self._take(pool)
+            if not (force or self.version is None):
+                self._keep_polling()
+                return
+        # Not under the lock: Ray delivers this answer on the thread that also runs the calls'
+        # completion callbacks (``_done``), which take the lock; one of them waiting for it
+        # while we held it would stall the answer until ``ask`` timed out (60 s).
+        pool = self._ask(self.controller, "pool", self.name)
         with self.lock:
-            if self.poll is None and time.monotonic() >= self.retry_at:
-                self.poll = self.controller.pool_after.remote(self.name, self.version, LONG_POLL_S).future()
-                self.poll.add_done_callback(lambda _f: self._later(self.refresh))
+            self._take(pool)
+            self._keep_polling()
+
+    def _keep_polling(self) -> None:
+        """One long poll pending, unless a failed one is waiting out its retry (under the lock)."""
+        if self.poll is None and time.monotonic() >= self.retry_at:
+            self.poll = self.controller.pool_after.remote(self.name, self.version, LONG_POLL_S).future()
+            self.poll.add_done_callback(lambda _f: self._later(self.refresh))
 
     def _later(self, fn: Any) -> None:
         threading.Thread(target=fn, daemon=True).start()  # (not on Ray's callback thread: refresh may block)
