@@ -303,8 +303,7 @@ def make_machine(
             return True
 
         def autoscaled_names(self) -> list[str]:
-            return [name for name in sorted(self.state.deployments.keys())
-                    if self.state.deployments[name].config.autoscaler.autoscaling]
+            return [name for name, dep in sorted(self.state.deployments.items()) if dep.config.autoscaler.autoscaling]
 
         def placing(self, data: st.DataObject) -> dict:
             """A deployment's placement fields (managed machines only)."""
