@@ -143,7 +143,7 @@ class Ours:
 
     def replicas(self) -> tuple[int, int]:
         """(alive, running)"""
-        from executors.ray_gpu.api import ask
+        from executors.ray_gpu.api.deployments import ask
 
         st = ask(self.ctl, "deployment_status", DEP, timeout=10)
         reps = st["replicas"].values()
@@ -197,7 +197,7 @@ class Layout:
             return
         from ray.cluster_utils import Cluster
 
-        from executors.ray_gpu.cluster import FAST_HEALTH_CHECKS
+        from executors.ray_gpu.control.cluster import FAST_HEALTH_CHECKS
 
         store = 96 * 1024**2
         self.cluster = Cluster(initialize_head=True, head_node_args={

@@ -48,7 +48,7 @@ import ray  # noqa: E402
 
 from examples.ray.colocation import colocate  # noqa: E402
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run  # noqa: E402
-from executors.ray_gpu.controller import NAMESPACE, actor_name  # noqa: E402
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name  # noqa: E402
 
 
 def hidden_for(mib: float) -> int:

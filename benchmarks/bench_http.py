@@ -12,7 +12,7 @@ num_cpus=--num-cpus)``, same Ray: the one in this virtualenv), one after the
 other, never both at once:
 
 * ours: ``run(app, route_prefix="/bench", port=0)`` (the ``rankcore-http``
-  ingress actor on a free port, executors/ray_gpu/ingress.py) and the handle
+  ingress actor on a free port, executors/ray_gpu/ingress/http.py) and the handle
   ``run`` returns;
 * Ray Serve: ``serve.start(http_options={"host": "127.0.0.1", "port": <free>})``
   and ``serve.run(app, route_prefix="/bench")`` (its HTTP proxy actor) and the
@@ -121,7 +121,7 @@ class Ours:
 
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from executors.ray_gpu import deployment, run
-        from executors.ray_gpu.ingress import ingress_address
+        from executors.ray_gpu.ingress.http import ingress_address
 
         d = deployment(OursEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = run(d.bind(), route_prefix=ROUTE, port=0, timeout=timeout)

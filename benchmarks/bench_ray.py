@@ -582,7 +582,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         step_crash(system, n, args.repeats, args.timeout, ranks, res)
         if system_name == "ours":
             from executors.ray_gpu import get_controller
-            from executors.ray_gpu.api import ask
+            from executors.ray_gpu.api.deployments import ask
 
             res["spare_pool"] = ask(get_controller(), "status")["spare_processes"]
         step_floor(args.repeats, args.timeout, res)

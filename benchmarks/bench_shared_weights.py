@@ -4,7 +4,7 @@ An RL trainer pushes new weights every step to the replicas on its node.
 ``push_weights(name, state_dict, v)`` puts the weights in Ray's object store
 (the caller's ``ray.put``, the store actor's own copy) and each replica copies
 them out; ``push_weights(name, share, v)`` after ``share.write(state_dict, v)``
-(``executors/ray_gpu/shared_weights.py``) sends a handle, and each replica
+(``executors/ray_gpu/weights/shared.py``) sends a handle, and each replica
 copies from the shared buffer it opened once. Both are timed end to end, as a
 trainer waits for them: ``write`` (share only) + ``push_weights(...,
 wait=True)`` until every replica serves the version. The two kinds of push
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from executors.ray_gpu import deployment, run, share_weights
-    from executors.ray_gpu.api import push_weights, weights_status
+    from executors.ray_gpu.api.deployments import push_weights, weights_status
 
     ray.init(address="local", num_cpus=max(4, args.replicas + 2), num_gpus=4, include_dashboard=False,
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})

@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import safetensors
 import torch
 
-from executors.ray_gpu.weights import (
+from executors.ray_gpu.weights.weights import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_READERS,
     TieredWeights,

@@ -1,6 +1,6 @@
 """Does a sleeping replica really give its GPU memory back? (issue 21, a GPU-only check)
 
-A replica's weights (``executors.ray_gpu.weights.TieredWeights``) go HOT -> WARM
+A replica's weights (``executors.ray_gpu.weights.weights.TieredWeights``) go HOT -> WARM
 (sleep) while a "trainer" then allocates most of the device in the memory they
 left; the trainer frees it and the weights come back HOT (wake), bit-identical.
 Prints the device's free memory at each point (``torch.cuda.mem_get_info``, what
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs CUDA: no GPU here (run it on a lent H100/H200; see docs/benchmarks.md)")
         return 2
-    from executors.ray_gpu.weights import TieredWeights
+    from executors.ray_gpu.weights.weights import TieredWeights
 
     gib = 1 << 30
     n = int(args.gib * gib) // 4 // 8

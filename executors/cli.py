@@ -550,7 +550,7 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
             click.echo("error: --cluster scenario starts its own Ray cluster, but this process is already "
                        "connected to one", err=True)
             sys.exit(EXIT_BAD_INPUT)
-        from .ray_gpu.cluster import ScenarioCluster
+        from .ray_gpu.control.cluster import ScenarioCluster
 
         with console.status(f"starting a local Ray cluster of {len(sc.nodes)} nodes + head"):
             cluster = ScenarioCluster(sc.nodes)
@@ -619,7 +619,7 @@ def _load_app(target: str) -> Any:
 
     from ray import cloudpickle
 
-    from .ray_gpu.api import Application, Deployment
+    from .ray_gpu.api.deployments import Application, Deployment
 
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
@@ -664,8 +664,8 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    from .ray_gpu.api import run as ray_run
-    from .ray_gpu.ingress import expose, start_ingress
+    from .ray_gpu.api.deployments import run as ray_run
+    from .ray_gpu.ingress.http import expose, start_ingress
 
     try:
         start_ingress(host, port, max_body_bytes=max_body_bytes,
@@ -701,8 +701,8 @@ def demo() -> None:
 @click.option("--format", "fmt", type=click.Choice(["mermaid", "png"]), default="mermaid", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
 def diagram(fmt: str, output: Path | None) -> None:
-    """Render the replica lifecycle (generated from rankcore.lifecycle.DECLARATION)."""
-    from rankcore import lifecycle
+    """Render the replica lifecycle (generated from rankcore.base.lifecycle.DECLARATION)."""
+    from rankcore.base import lifecycle
 
     if fmt == "mermaid":
         text = lifecycle.mermaid()

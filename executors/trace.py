@@ -65,7 +65,7 @@ def _converter(ty: type, value: Any) -> Any:
         return lambda v: [v.rank, v.node_rank, v.local_rank]
     if issubclass(ty, Phase):
         return lambda v: v.value
-    if attrs.has(ty):  # (a DeploymentApplied: its options by their flat names, rankcore.options)
+    if attrs.has(ty):  # (a DeploymentApplied: its options by their flat names, rankcore.base.options)
         names = tuple(value.flat()) if ty is rc.DeploymentApplied else tuple(f.name for f in attrs.fields(ty))
 
         def fields(v: Any) -> dict:

@@ -8,12 +8,18 @@ names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
 ``static``, ``cluster``, ``health``, ``restarts``, ``spares``, ``tiers`` and ``autoscaling``), ``rankcore.testing``,
 ``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.records`` and ``rankcore.requests``. Every
 other module is internal: it may change without notice.
+
+The modules live in one folder per plane (docs/architecture.md): ``base/``, ``placement/``,
+``tiers/``, ``control/``, ``requests/``. The namespaces above kept their old paths: each is
+also importable as ``rankcore.<name>`` (``import rankcore.options``), registered below.
 """
 
-from . import autoscaling, cluster, gangs, health, options, placement, restarts, spares, static, tiers
-from .autoscaling import PolicyContext, register_policy
-from .bundles import StaticPlacement, consecutive_mapping
-from .commands import (
+import sys as _sys
+
+from . import placement, tiers
+from .base import cluster, options, records
+from .base.bundles import StaticPlacement, consecutive_mapping
+from .base.commands import (
     Command,
     DropWarmCopy,
     EvictReplica,
@@ -34,8 +40,7 @@ from .commands import (
     UpdateWeights,
     UpdateWorldSize,
 )
-from .core import run, step
-from .errors import (
+from .base.errors import (
     REQUEST_ERRORS,
     InvalidConfig,
     InvalidEvent,
@@ -51,7 +56,7 @@ from .errors import (
     UnknownDeployment,
     UnknownReplica,
 )
-from .events import (
+from .base.events import (
     CRASH_CAUSES,
     DEFAULT_MAX_REPLICAS,
     OUTDATED,
@@ -84,14 +89,11 @@ from .events import (
     WeightsPushed,
     WeightsUpdated,
 )
-from .gangmap import GangContext
-from .lifecycle import LIVE, Phase, Residency
-from .options import DeploymentConfig, Options
-from .pool import PoolView
-from .ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
-from .residency import fully_serving
-from .residency import serving as is_serving
-from .state import (
+from .base.gangmap import GangContext
+from .base.lifecycle import LIVE, Phase, Residency
+from .base.options import DeploymentConfig, Options
+from .base.ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
+from .base.state import (
     STATUSES,
     Autoscaler,
     Compaction,
@@ -107,8 +109,23 @@ from .state import (
     desired_weights,
     parse_replica_number,
 )
+from .control import autoscaling, health, restarts
+from .control.autoscaling import PolicyContext, register_policy
+from .control.pool import PoolView
+from .core import run, step
+from .placement import gangs, spares, static
+from .tiers.residency import fully_serving
+from .tiers.residency import serving as is_serving
 
 __version__ = "0.1.0"
+
+# The public namespaces that moved into a plane's folder keep their old module paths
+# (``from rankcore.options import DeploymentConfig`` as before the move).
+for _name, _module in (("options", options), ("records", records), ("cluster", cluster), ("gangs", gangs),
+                       ("static", static), ("spares", spares), ("health", health), ("restarts", restarts),
+                       ("autoscaling", autoscaling)):
+    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
+del _name, _module
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",

@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 
 import attrs
 
-from . import autoscaling, clock, deadlines, deletion, devices, gangs, health, pool, residency, restarts, static
-from .cluster import clock_work_due
-from .commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
-from .errors import InvalidConfig, InvalidEvent, InvariantViolation
-from .events import (
+from .base.cluster import clock_work_due
+from .base.commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
+from .base.errors import InvalidConfig, InvalidEvent, InvariantViolation
+from .base.events import (
     AutoscalingMetrics,
     BundlesPlaced,
     ControllerRecovered,
@@ -51,26 +50,29 @@ from .events import (
     WeightsPushed,
     WeightsUpdated,
 )
-from .fastpaths import FAST_PATHS
-from .fields import shown
-from .lifecycle import LIVE, Phase, Residency, Trigger, advance
-from .moves import crash, reconcile, scale
-from .passes import finish
-from .records import unchecked_copy
-from .recovery import rebuild, unresponsive_gone
-from .scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
-from .state import (
+from .base.fields import shown
+from .base.lifecycle import LIVE, Phase, Residency, Trigger, advance
+from .base.records import unchecked_copy
+from .base.state import (
     Deployment,
     RecoveryOutcome,
     Replica,
     State,
     Step,
 )
-from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
+from .control import autoscaling, clock, deadlines, deletion, health, pool, restarts
+from .control.moves import crash, reconcile, scale
+from .control.passes import finish
+from .control.recovery import rebuild, unresponsive_gone
+from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
+from .fastpaths import FAST_PATHS
+from .placement import gangs, static
+from .placement.scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
+from .tiers import devices, residency
 
 __all__ = ["step", "run"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 
 # --------------------------------------------------------------- handlers
 _E = TypeVar("_E")
@@ -208,7 +210,7 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
                            f"cluster the core places on (send NodeJoined first)")
     if rep.node_id != e.node_id and tx.managed and devices.tiered(tx.view, dep):
-        # A model booked by memory runs only on the GPUs the core booked for it (rankcore.devices):
+        # A model booked by memory runs only on the GPUs the core booked for it (rankcore.tiers.devices):
         # an incarnation elsewhere is stopped at once and replaced, as after a placement timeout.
         deadlines.answered(tx, rid)
         tx.emit(stop_command(dep, rid, now=True))
@@ -261,7 +263,7 @@ def _on_replica_ready(tx: Tx, e: ReplicaReady, dep: Deployment, rep: Replica) ->
         reason = "user_config" if rep.config_version < dep.config_version else "rank"
         new, cmd = reconfigure(dep, new, reason)
         tx.emit(cmd)
-    tx.put(put_replica(dep, rep, residency.settle(tx, dep, new)))  # (new weights, asleep: rankcore.residency)
+    tx.put(put_replica(dep, rep, residency.settle(tx, dep, new)))  # (new weights, asleep: rankcore.tiers.residency)
     return finish(tx)
 
 
@@ -491,7 +493,7 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
 def step(state: State, event: object) -> Step:
     """Apply one event. Pure: same state and event, same result; ``state`` is untouched.
 
-    Raises :class:`~rankcore.errors.InvalidEvent` (naming what was wrong) for an
+    Raises :class:`~rankcore.base.errors.InvalidEvent` (naming what was wrong) for an
     event that is illegal now; the caller keeps its state.
     """
     if not isinstance(state, State):

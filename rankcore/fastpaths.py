@@ -25,23 +25,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import deadlines, devices, residency, restarts, spares
-from .cluster import Cluster, clock_work_due
-from .commands import PlaceReplica, ScheduleTick, StartReplica
-from .events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
-from .lifecycle import Phase
-from .moves import compaction_due
-from .records import maker, updater
-from .scheduling import booking_to_pass, unbook
-from .state import Deployment, Replica, State, Step, parse_replica_number, replica_id
-from .transaction import initialize, put_replica, recount
+from .base.cluster import Cluster, clock_work_due
+from .base.commands import PlaceReplica, ScheduleTick, StartReplica
+from .base.events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
+from .base.lifecycle import Phase
+from .base.records import maker, updater
+from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
+from .control import deadlines, restarts
+from .control.moves import compaction_due
+from .control.transaction import initialize, put_replica, recount
+from .placement import spares
+from .placement.scheduling import booking_to_pass, unbook
+from .tiers import devices, residency
 
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
 _PENDING, _STARTING, _RUNNING, _STOPPING = Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.STOPPING
 _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
 _Tick = maker(ScheduleTick)
-# each copy a step makes, as an updater of the fields it changes (rankcore.records)
+# each copy a step makes, as an updater of the fields it changes (rankcore.base.records)
 _with_phase, _with_phase_version = updater(Replica, "phase"), updater(Replica, "phase", "config_version")
 _with_ranks = updater(Deployment, "replicas", "ranks", "counts")
 _with_dep = updater(State, "deployments", "cluster")
@@ -68,7 +70,7 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
         return None
     dep = state.deployments[name]
     if dep.deleting:
-        return None  # (its record may go in this step: rankcore.deletion's end-of-step pass)
+        return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass)
     return name, dep, dep.replicas[rid], cl
 
 
@@ -202,7 +204,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     name, dep, rep, cl = found
     if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
             or spares.asks(dep) or cl.evicting or devices.holds(cl, rid)):
-        return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.spares;
+        return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.placement.spares;
         # what the device books hold of it is the general path's to release)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
         return None

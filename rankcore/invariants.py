@@ -15,8 +15,7 @@ from typing import Any
 
 import attrs
 
-from . import autoscaling, spares
-from .commands import (
+from .base.commands import (
     EvictReplica,
     GangChanged,
     InitializeReplica,
@@ -29,9 +28,8 @@ from .commands import (
     StartReplica,
     UpdateWorldSize,
 )
-from .devices import views_of
-from .errors import InvariantViolation
-from .events import (
+from .base.errors import InvariantViolation
+from .base.events import (
     OUTDATED,
     ControllerRecovered,
     DeploymentApplied,
@@ -44,9 +42,9 @@ from .events import (
     Tick,
     WarmCopy,
 )
-from .lifecycle import LIVE, Phase, Residency
-from .ranks import ReplicaRank
-from .state import (
+from .base.lifecycle import LIVE, Phase, Residency
+from .base.ranks import ReplicaRank
+from .base.state import (
     Deployment,
     State,
     Step,
@@ -56,6 +54,9 @@ from .state import (
     desired_specs,
     desired_weights,
 )
+from .control import autoscaling
+from .placement import spares
+from .tiers.devices import views_of
 
 __all__ = [
     "check_state",
@@ -241,7 +242,7 @@ def check_cluster(state: State) -> None:
 
 
 def check_tiers(nodes: Iterable[Any]) -> None:
-    """Model tiers on ``rankcore.tiers.NodeTiers`` views: no device over-committed,
+    """Model tiers on ``rankcore.tiers.choice.NodeTiers`` views: no device over-committed,
     no replica HOT twice (on two nodes or two sets of devices), the CPU cache
     within its budget."""
     seen: dict[str, str] = {}
@@ -263,7 +264,7 @@ def check_tiers(nodes: Iterable[Any]) -> None:
 
 
 def check_residency(state: State) -> None:
-    """Sleep and weights (rankcore.residency): a replica not yet running is on its
+    """Sleep and weights (rankcore.tiers.residency): a replica not yet running is on its
     GPU (it sleeps once ready) and has no weights update in flight before it is
     initialised; no replica holds a version newer than its deployment's."""
     for name, dep in state.deployments.items():
@@ -278,7 +279,7 @@ def check_residency(state: State) -> None:
 
 
 def check_devices(state: State) -> None:
-    """GPU memory booked in the cluster model (rankcore.devices): the tier views
+    """GPU memory booked in the cluster model (rankcore.tiers.devices): the tier views
     hold (``check_tiers``); every booking is a live replica's on the node it
     runs on, never one asleep; a node's WARM copies and their budget are on a
     device node."""
@@ -318,7 +319,7 @@ def check_devices(state: State) -> None:
 
 def check_deletions(state: State) -> None:
     """A deployment being deleted is at target 0 and still has replicas to stop (with none
-    left its record is gone, ``rankcore.deletion``); a deleted name is not also a live one."""
+    left its record is gone, ``rankcore.control.deletion``); a deleted name is not also a live one."""
     for name, dep in state.deployments.items():
         if dep.deleting and dep.target:
             _fail(f"{name}: being deleted with target {dep.target}")
@@ -655,7 +656,7 @@ def check_command_order(before: State, event: object, result: Step) -> None:
     evicting = False
     for c in result.commands:
         if isinstance(c, EvictReplica) and not evicting:
-            # the evictions the step chose come after its own work (rankcore.evictions): their
+            # the evictions the step chose come after its own work (rankcore.tiers.evictions): their
             # victims' replacements are a batch of their own, in ascending rank too
             evicting = True
             last = {k: v for k, v in last.items() if k[0] != "start"}
@@ -691,7 +692,7 @@ def check_spares_told(before: State, event: object, result: Step) -> None:
     spare processes exactly where each deployment wants them
     (``spare_processes`` on every node holding one of its replicas, none
     elsewhere): the step's commands take the counts wanted before to those
-    wanted after (``rankcore.spares.wanted``: O(nodes) per deployment the step
+    wanted after (``rankcore.placement.spares.wanted``: O(nodes) per deployment the step
     changed), and none repeats a count already told."""
     cmds: dict[str, list[KeepSpareProcesses]] = {}
     for c in result.commands:
@@ -835,7 +836,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     """
     now = getattr(event, "now", None)
     if now is not None and not isinstance(event, Tick):
-        from .cluster import clock_work_due
+        from .base.cluster import clock_work_due
         from .core import step as core_step
 
         cl = before.cluster
@@ -936,7 +937,7 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
     cl = state.cluster
     if cl.devices and any(dep.config.tier.model_bytes and r.phase is Phase.PENDING
                           for dep in state.deployments.values() for r in dep.replicas.values()):
-        # a replica of a model booked by memory (rankcore.devices) waits or is not placed yet: the new
+        # a replica of a model booked by memory (rankcore.tiers.devices) waits or is not placed yet: the new
         # controller chooses its room again with what it knows (no claims, no failed placements, every
         # replica just HOT), maybe elsewhere or by evicting: a new decision, not a round trip
         # (check_step checks the result)

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from .commands import (
+from .base.commands import (
     EvictReplica,
     InitializeReplica,
     LoadReplica,
@@ -29,7 +29,7 @@ from .commands import (
     StopReplica,
     UpdateWeights,
 )
-from .events import ReplicaPlaced, ReplicaReady, ReplicaReconfigured, ReplicaStopped, TierMoved, WeightsUpdated
+from .base.events import ReplicaPlaced, ReplicaReady, ReplicaReconfigured, ReplicaStopped, TierMoved, WeightsUpdated
 
 __all__ = ["answers"]
 

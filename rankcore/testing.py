@@ -33,11 +33,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from . import invariants as inv
-from .bundles import StaticPlacement
-from .commands import PoolComing
-from .core import step as core_step
-from .errors import InvalidConfig, InvalidEvent
-from .events import (
+from .base.bundles import StaticPlacement
+from .base.commands import PoolComing
+from .base.errors import InvalidConfig, InvalidEvent
+from .base.events import (
     CRASH_CAUSES,
     AutoscalingMetrics,
     BundlesPlaced,
@@ -65,13 +64,14 @@ from .events import (
     WeightsPushed,
     WeightsUpdated,
 )
-from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
-from .lifecycle import Phase, Residency
-from .placement import POLICIES
-from .pool import PoolView
+from .base.gangmap import GANG_FAILURES, GANG_PLACEMENTS
+from .base.lifecycle import Phase, Residency
+from .base.ranks import ReplicaRank
+from .base.state import State, Step
+from .control.pool import PoolView
+from .core import step as core_step
+from .placement.policies import POLICIES
 from .protocol import answers
-from .ranks import ReplicaRank
-from .state import State, Step
 
 __all__ = [
     "Subject",
@@ -188,10 +188,10 @@ def make_machine(
     core to place). ``tiers`` (managed, without groups): nodes declare their
     GPUs' memory and a CPU cache, deployments a model size (some dedicated),
     so models are booked by memory, evict each other and reload WARM or COLD
-    (``rankcore.devices``). In every machine a third of the deployments applied
+    (``rankcore.tiers.devices``). In every machine a third of the deployments applied
     (any but the static one) are autoscaled, with random bounds, delays and
     burst mode, and fed random load (``AutoscalingMetrics``); a person's scale
-    of one must be refused (``rankcore.autoscaling``).
+    of one must be refused (``rankcore.control.autoscaling``).
     """
     if tiers and (groups or not managed):
         raise InvalidConfig("make_machine(tiers=True) needs managed=True and groups=False (a model booked by "

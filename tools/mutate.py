@@ -98,9 +98,9 @@ def mutation(name: str, file: str, find: str, replace: str, breaks: str,
     return Mutation(name=name, breaks=breaks, edits=(Edit(file, find, replace), *more), tests=tuple(tests))
 
 
-CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/recovery.py", "rankcore/ranks.py"
-TX, POLICIES = "rankcore/transaction.py", "rankcore/policies.py"
-MOVES, GANGS, CLOCK = "rankcore/moves.py", "rankcore/gangs.py", "rankcore/clock.py"
+CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/control/recovery.py", "rankcore/base/ranks.py"
+TX, POLICIES = "rankcore/control/transaction.py", "rankcore/base/victims.py"
+MOVES, GANGS, CLOCK = "rankcore/control/moves.py", "rankcore/placement/gangs.py", "rankcore/control/clock.py"
 #: the fast paths repeat the plainest case of some rules: a mutant of such a
 #: rule edits both copies, so it is killed by the rule's tests, not only by
 #: the fast-path equivalence test
@@ -249,9 +249,9 @@ MUTATIONS: tuple[Mutation, ...] = (
 # "Ranks") that the mutants above do not cover yet, and one per check function
 # of rankcore/invariants.py (made a no-op). The row each breaks is named in
 # ``breaks`` ("[table: row] ..."); docs/mutation-testing.md lists what killed each.
-PLACEMENT, SCHED, STATIC_ = "rankcore/placement.py", "rankcore/scheduling.py", "rankcore/static.py"
-HEALTH, RESTARTS, STATE = "rankcore/health.py", "rankcore/restarts.py", "rankcore/state.py"
-EVENTS, INVARIANTS = "rankcore/events.py", "rankcore/invariants.py"
+PLACEMENT, SCHED, STATIC_ = "rankcore/placement/policies.py", "rankcore/placement/scheduling.py", "rankcore/placement/static.py"
+HEALTH, RESTARTS, STATE = "rankcore/control/health.py", "rankcore/control/restarts.py", "rankcore/base/state.py"
+EVENTS, INVARIANTS = "rankcore/base/events.py", "rankcore/invariants.py"
 TIMELINE = "executors/scenarios/timeline.py"
 
 ISSUE20_RULES: tuple[Mutation, ...] = (
@@ -293,7 +293,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: suspect nodes] a suspect node is avoided while another node has room",
     ),
     mutation(
-        "suspect-node-never-forgiven", "rankcore/clustertx.py",
+        "suspect-node-never-forgiven", "rankcore/placement/clustertx.py",
         "        return until is not None and until > self.now\n",
         "        return until is not None\n",
         "[Placement: suspect nodes] a node is suspect for suspect_s of core time only",
@@ -420,7 +420,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Static: recovery] a FAILED rank whose bundles are placed at recovery restarts on them",
     ),
     mutation(
-        "static-gang-accepted", "rankcore/options.py",
+        "static-gang-accepted", "rankcore/base/options.py",
         "        if value.gang_size > 1 and self.static.static_placement is not None:\n",
         "        if False:\n",
         "[Static: static + gangs] refused",
@@ -612,12 +612,12 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "recovery-unresponsive-ranks-given", MOVES,
-        "        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
-        "        if False:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)\n",
+        "        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.control.recovery)\n",
+        "        if False:  # it may hold any free rank: none is given until it has stopped (rankcore.control.recovery)\n",
         "[Ranks: recovery] no rank of a deployment with an unresponsive replica is given until it has stopped",
     ),
     mutation(
-        "spares-left-node-not-told", "rankcore/spares.py",
+        "spares-left-node-not-told", "rankcore/placement/spares.py",
         "for node in sorted(before.keys() | after.keys()) if before.get(node, 0) != after.get(node, 0)]",
         "for node in sorted(after.keys()) if before.get(node, 0) != after.get(node, 0)]",
         "[Health: spare processes] a node whose last replica of the deployment left is told 0",
@@ -669,7 +669,7 @@ INVARIANT_NOOPS: tuple[Mutation, ...] = (
     noop("_check_levels", "def _check_levels(name: str, triples: Iterable[tuple], healthy: bool) -> None:\n"),
 )
 
-TIERS = "rankcore/tiers.py"
+TIERS = "rankcore/tiers/choice.py"
 TIER_TESTS = ("tests/unit/test_tiers.py", "tests/property/test_tiers.py")
 #: issue 21: the tier choices (docs/tiers.md)
 TIER_RULES: tuple[Mutation, ...] = (
@@ -710,14 +710,14 @@ TIER_RULES: tuple[Mutation, ...] = (
              "[invariants] check_tiers checks something (here: nothing)", tests=TIER_TESTS),
 )
 
-RESIDENCY = "rankcore/residency.py"
+RESIDENCY = "rankcore/tiers/residency.py"
 RESIDENCY_TESTS = ("tests/scenarios", "tests/property/test_core_machine.py")
-#: issue 21: sleep, wake and weight versions (rankcore/residency.py)
+#: issue 21: sleep, wake and weight versions (rankcore/tiers/residency.py)
 RESIDENCY_RULES: tuple[Mutation, ...] = (
     mutation("weights-skip-starting", RESIDENCY,
              "    if rep.phase not in _INITIALISED:\n", "    if rep.phase not in _SERVING:\n",
              "[Tiers: weights] a push reaches a replica that is starting", tests=RESIDENCY_TESTS),
-    mutation("weights-not-at-init", "rankcore/transaction.py",
+    mutation("weights-not-at-init", "rankcore/control/transaction.py",
              "        weights_version=dep.weights_version,\n", "        weights_version=0,\n",
              "[Tiers: weights] a replica not yet initialised loads the last version pushed at start",
              tests=RESIDENCY_TESTS),
@@ -736,9 +736,9 @@ RESIDENCY_RULES: tuple[Mutation, ...] = (
              tests=("tests/unit/test_invariants.py",)),
 )
 
-DEVICES = "rankcore/devices.py"
+DEVICES = "rankcore/tiers/devices.py"
 DEVICE_TESTS = ("tests/scenarios", "tests/unit/test_devices.py", "tests/integration/test_sim_tiers.py")
-#: issue 21: GPU memory booked in the step (rankcore/devices.py, rankcore/evictions.py)
+#: issue 21: GPU memory booked in the step (rankcore/tiers/devices.py, rankcore/tiers/evictions.py)
 DEVICE_RULES: tuple[Mutation, ...] = (
     mutation("devices-no-claim", DEVICES,
              "    cl.evicting = cl.evicting.set(rid, victims)\n    book(cl, dep, rid, chosen.node_id, chosen.devices)\n",
@@ -759,7 +759,7 @@ DEVICE_RULES: tuple[Mutation, ...] = (
              "        devices.free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others\n",
              "        pass\n",
              "[Tiers: sleep] a sleeping replica's GPU memory is free for another model", tests=DEVICE_TESTS),
-    mutation("devices-stopping-victim", "rankcore/scheduling.py",
+    mutation("devices-stopping-victim", "rankcore/placement/scheduling.py",
              "    chosen = devices.choose(cl, dep, rid, avoid, devices.stopping(tx))\n",
              "    chosen = devices.choose(cl, dep, rid, avoid)\n",
              "[Tiers: eviction] a replica being stopped already is no victim",

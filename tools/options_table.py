@@ -1,4 +1,4 @@
-"""The docs' deployment-option tables, generated from their one declaration (rankcore/options.py).
+"""The docs' deployment-option tables, generated from their one declaration (rankcore/base/options.py).
 
 Each table sits between ``<!-- options:SURFACE -->`` and ``<!-- /options:SURFACE -->`` in the
 doc that describes that surface (``DOCS``). ``--write`` rewrites them; without it the tool
@@ -52,7 +52,7 @@ def table(surface: str) -> str:
             lines.append(f"| `{spelt.key}`{core} | {spelt.default or default} | {what}{note} |")
     group_names = ", ".join(f"`{g.name}`" for g in attrs.fields(rc.options.DeploymentConfig))
     lines.append("")
-    lines.append(f"Generated from `rankcore/options.py` (`DeploymentConfig`, groups {group_names}) by "
+    lines.append(f"Generated from `rankcore/base/options.py` (`DeploymentConfig`, groups {group_names}) by "
                  f"`tools/options_table.py --write`; do not edit by hand.")
     return "\n".join(lines)
 
@@ -69,7 +69,7 @@ def stale() -> list[str]:
         if m is None:
             out.append(f"{doc}: no <!-- options:{surface} --> ... <!-- /options:{surface} --> table")
         elif m.group(2) != table(surface):
-            out.append(f"{doc}: the options:{surface} table differs from rankcore/options.py")
+            out.append(f"{doc}: the options:{surface} table differs from rankcore/base/options.py")
     return out
 
 

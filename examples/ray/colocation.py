@@ -158,6 +158,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    from executors.ray_gpu.local import run_locally
+    from executors.ray_gpu.api.local import run_locally
 
     run_locally(main, logical_gpus=2)

@@ -20,7 +20,7 @@ import time
 import ray
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 
 
 @deployment(name="gangs", num_replicas=4, gang_size=2, ray_actor_options={"num_cpus": 0.05})
@@ -65,6 +65,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    from executors.ray_gpu.local import run_locally
+    from executors.ray_gpu.api.local import run_locally
 
     run_locally(main)

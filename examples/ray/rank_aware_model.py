@@ -71,7 +71,7 @@ def main(workdir: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from executors.ray_gpu.local import run_locally
+    from executors.ray_gpu.api.local import run_locally
 
     with tempfile.TemporaryDirectory() as d:
         run_locally(lambda: main(d))

@@ -25,6 +25,6 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    from executors.ray_gpu.local import run_locally
+    from executors.ray_gpu.api.local import run_locally
 
     run_locally(main)

@@ -104,6 +104,6 @@ def main() -> list[dict]:
 
 
 if __name__ == "__main__":
-    from executors.ray_gpu.local import run_locally
+    from executors.ray_gpu.api.local import run_locally
 
     run_locally(main, logical_gpus=4)

@@ -13,7 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import (
+    from .api.context import ReplicaContext, get_replica_context
+    from .api.deployments import (
         Application,
         Deployment,
         DeploymentHandle,
@@ -26,9 +27,8 @@ if TYPE_CHECKING:
         idempotent,
         run,
     )
-    from .context import ReplicaContext, get_replica_context
-    from .shared_weights import WeightsShare, share_weights
-    from .static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
+    from .control.static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
+    from .weights.shared import WeightsShare, share_weights
 
 __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
@@ -36,14 +36,14 @@ __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "D
            "idempotent"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
-#: worker imports ``executors.ray_gpu.replica`` and must not pay for the
+#: worker imports ``executors.ray_gpu.control.replica`` and must not pay for the
 #: controller and the handle (~0.1-0.2 s of every replacement's start).
 _WHERE = {
     **dict.fromkeys(("Application", "Deployment", "DeploymentHandle", "DeploymentResponse", "ask", "delete", "deployment",
-                     "get_controller", "get_deployment_handle", "run", "idempotent"), "api"),
-    **dict.fromkeys(("ReplicaContext", "get_replica_context"), "context"),
-    **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "static"),
-    **dict.fromkeys(("WeightsShare", "share_weights"), "shared_weights"),
+                     "get_controller", "get_deployment_handle", "run", "idempotent"), "api.deployments"),
+    **dict.fromkeys(("ReplicaContext", "get_replica_context"), "api.context"),
+    **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "control.static"),
+    **dict.fromkeys(("WeightsShare", "share_weights"), "weights.shared"),
 }
 
 

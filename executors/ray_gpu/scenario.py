@@ -64,14 +64,14 @@ from ..scenarios.timeline import (
     plan,
     rank_holder,
 )
-from .api import Deployment, ask, get_controller
-from .cluster import SCENARIO_NODE_LABEL, ScenarioCluster
-from .observe import UNSEEN_GROUP_PREFIX
-from .record import queue_fault
-from .replica import ReplicaActor
-from .replicas import NAMESPACE, actor_name
+from .api.deployments import Deployment, ask, get_controller
+from .control.cluster import SCENARIO_NODE_LABEL, ScenarioCluster
+from .control.observe import UNSEEN_GROUP_PREFIX
+from .control.record import queue_fault
+from .control.replica import ReplicaActor
+from .control.replicas import NAMESPACE, actor_name
+from .control.static import StaticPlacementConfig
 from .scenario_models import CLASSES, WEIGHTED, NoReconfigure, weights_for
-from .static import StaticPlacementConfig
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REFUSED", "check_supported",
            "needs_cluster", "CLASSES"]
@@ -133,7 +133,7 @@ def memory_booking(sc: Scenario) -> Any:
     """The nodes' ``gpu_memory`` / ``cpu_cache`` as the controller's ``book_memory`` options
     (per scenario node name: the ScenarioCluster labels its nodes so), or None if no node
     declares GPU memory."""
-    from .memory import MemoryBooking
+    from .control.memory import MemoryBooking
 
     declared = [n for n in sc.nodes if _gpu_memory(n)]
     if not declared:

@@ -17,8 +17,8 @@ from typing import Any
 
 import ray
 
-from .api import ask, get_controller
-from .controller import NAMESPACE, actor_name
+from .api.deployments import ask, get_controller
+from .control.controller import NAMESPACE, actor_name
 from .scenario import CLASSES, _holder
 
 __all__ = ["RaySubject"]

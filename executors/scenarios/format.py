@@ -110,11 +110,11 @@ class DeploymentSpec:
     static: rc.StaticPlacement | None = None
     #: GPUs each bundle of that group holds on its node (the group's, not the replica's)
     bundle_gpus: float = 1.0
-    #: gangs (rankcore.gangs): size, pack/spread, restart_gang/restart_replica
+    #: gangs (rankcore.placement.gangs): size, pack/spread, restart_gang/restart_replica
     gang_size: int = rc.options.DEFAULTS.gang_size
     gang_placement: str = rc.options.DEFAULTS.gang_placement
     gang_failure: str = rc.options.DEFAULTS.gang_failure
-    #: the options a scenario takes as is (``rankcore.options.as_is("scenario")``: health checks,
+    #: the options a scenario takes as is (``rankcore.base.options.as_is("scenario")``: health checks,
     #: graceful shutdown, placement timeout, restart backoff, spare processes, ...), as given in
     #: the file: the core's defaults for the rest (declared once there)
     options: tuple[tuple[str, Any], ...] = ()
@@ -149,7 +149,7 @@ class DeploymentSpec:
 
     def tier_option(self) -> dict[str, Any]:
         """``model_bytes`` for the core (a static placement or a gang places its GPUs whole: the
-        core books them by count, and the bytes only size the weights' moves, ``rankcore.devices``)."""
+        core books them by count, and the bytes only size the weights' moves, ``rankcore.tiers.devices``)."""
         if not self.model_bytes:
             return {}
         return {"model_bytes": self.model_bytes}
@@ -163,7 +163,7 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "daily": (("rates",), ("day_s",)),
     "file": (("path",), ()),
 }
-#: the request machine's limits: deployment options (``rankcore.options.RequestOptions``, declared once
+#: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
 _TRAFFIC_KEYS = ("arrivals", "service", "stream", "idempotent", "timeout_s", "error_rate", "from", "until",
@@ -688,7 +688,7 @@ def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: fl
 
 #: the core's ``model_bytes`` option as a scenario spells it (bytes, or a size: ``_size``)
 _MODEL_BYTES = cast(rc.options.Spelling, rc.options.spelling("model_bytes", "scenario")).key
-#: the deployment keys that are options taken as is (rankcore.options: one declaration); the
+#: the deployment keys that are options taken as is (rankcore.base.options: one declaration); the
 #: others (gpus, placement, static_placement, gang, faults.start_timeout) are spelt here
 _AS_IS = rc.options.as_is("scenario")
 
@@ -995,7 +995,7 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         given = set(spec) & set(_LIMITS) if isinstance(spec, dict) else set()
         if given:
             k = sorted(given)[0]
-            raise c.fail(p + (k,), f"{k} is a deployment option (declared once: rankcore/options.py): "
+            raise c.fail(p + (k,), f"{k} is a deployment option (declared once: rankcore/base/options.py): "
                                    f"set it as deployments.{name}.{k}", at_key=True)
         m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals",))
         stream = None if m.get("stream") is None else _stream(m["stream"], p + ("stream",), c)

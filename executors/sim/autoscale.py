@@ -1,6 +1,6 @@
 """The simulator's side of autoscaling (issue 23): it feeds the core's autoscaler and measures it.
 
-The policy is the core's (``rankcore.autoscaling``); the simulator only reports what its
+The policy is the core's (``rankcore.control.autoscaling``); the simulator only reports what its
 request path sees, as Ray Serve's handles and replicas push theirs: every
 ``metrics_interval_s`` (the deployment's own option, read from the core's config, so an
 ``apply`` that changes it is followed) an ``AutoscalingMetrics`` per autoscaled deployment,

@@ -41,7 +41,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Any
 
-from rankcore.records import maker
+from rankcore.base.records import maker
 from rankcore.requests import (
     CancelOnReplica,
     Completed,

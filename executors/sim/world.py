@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import rankcore as rc
 from rankcore import parse_replica_number
-from rankcore.records import maker
+from rankcore.base.records import maker
 
 from ..scenarios import Metrics, Scenario
 from ..scenarios.latency import Latency
@@ -128,7 +128,7 @@ class SimNode:
 
     def copy_for(self, deployment: str, replica_id: str) -> SimCopy | None:
         """The WARM copy a "warm" placement of ``replica_id`` loads from: its own, else the
-        oldest of its deployment (the one the core's books take: ``rankcore.tiers.apply``)."""
+        oldest of its deployment (the one the core's books take: ``rankcore.tiers.choice.apply``)."""
         mine = [c for c in self.cache if c.deployment == deployment]
         return next((c for c in mine if c.replica_id == replica_id), mine[0] if mine else None)
 

@@ -13,8 +13,8 @@ node ranks and tell which replicas a lost node takes down.
 ``consecutive_mapping`` gives a deterministic mapping whatever order the
 bundles landed in (Ray does not promise one across nodes, ray#51117).
 
-The rules that act on it are in ``rankcore.static``, which re-exports these names
-(``rankcore.static.StaticPlacement``).
+The rules that act on it are in ``rankcore.placement.static``, which re-exports these names
+(``rankcore.placement.static.StaticPlacement``).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").

@@ -1,6 +1,6 @@
 """The cluster as the core sees it: nodes, what replicas hold on them, who
 waits for room, and the clock. Records only (immutable, persistent maps);
-the moves that change them are in ``rankcore/scheduling.py``.
+the moves that change them are in ``rankcore/placement/scheduling.py``.
 
 The core places replicas once it knows a node (``NodeJoined``): it is then
 *managed*. Until then (``Cluster.managed`` false) it behaves as before the
@@ -11,11 +11,13 @@ replica went with ``ReplicaPlaced`` (embedders with a scheduler of their own).
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
+from itertools import pairwise
 
 import attrs
 import immutables
 
-__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S", "clock_work_due", "fits"]
+__all__ = ["Node", "Cluster", "Need", "SUSPECT_S", "RETRY_S", "clock_work_due", "fits", "packing_gap"]
 
 #: A need or a node's resources: sorted (name, amount) pairs.
 Need = tuple[tuple[str, float], ...]
@@ -80,7 +82,7 @@ class Cluster:
     #: (in ``delayed``) its restart backoff ends
     deadlines: immutables.Map = attrs.field(factory=immutables.Map)
     #: replica id -> the replica it replaces: a replacement after failed starts, waiting
-    #: for its backoff to end before its StartReplica (rankcore.restarts)
+    #: for its backoff to end before its StartReplica (rankcore.control.restarts)
     delayed: immutables.Map = attrs.field(factory=immutables.Map)
     #: no deadline falls before this (a lower bound: refreshed when reached)
     next_deadline: float = math.inf
@@ -88,7 +90,7 @@ class Cluster:
     #: nodes the executor reported lost (and that have not joined again): a late
     #: ReplicaPlaced naming one is a replica that died with its node
     lost: frozenset = frozenset()
-    #: GPU memory (rankcore.devices): node id -> its devices (``tiers.Device``), for nodes
+    #: GPU memory (rankcore.tiers.devices): node id -> its devices (``tiers.Device``), for nodes
     #: that declared them; node id -> CPU bytes for WARM copies; replica id -> (node id,
     #: ``tiers.Resident``): its weights booked on devices; node id -> its WARM copies
     #: (``tiers.CacheEntry``), in the order they came
@@ -126,3 +128,15 @@ def clock_work_due(cluster: Cluster, now: float) -> bool:
     placement retry comes due, or a suspect node is cleared."""
     return (now >= cluster.next_deadline or now >= cluster.retry_at or now >= cluster.evictable_at
             or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))
+
+
+def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:
+    """How far a deployment is from rank-packed: the node of each global rank,
+    in rank order (None: not placed, skipped) -> the number of times
+    consecutive ranks change node beyond the fewest possible (one less than the
+    nodes used). 0: every node holds one block of consecutive ranks."""
+    placed = [n for n in nodes_by_rank if n is not None]
+    if not placed:
+        return 0
+    changes = sum(1 for a, b in pairwise(placed) if a != b)
+    return changes - (len(set(placed)) - 1)

@@ -188,7 +188,7 @@ class KeepSpareProcesses:
     """Keep ``count`` started, idle worker processes on ``node_id`` for
     ``deployment``'s replicas from now on (0: none any more), refilled after a
     replica there takes one, so a replacement placed there runs in a process
-    that already exists (rankcore.spares). A node keeps the largest count any
+    that already exists (rankcore.placement.spares). A node keeps the largest count any
     deployment asks of it. No answer."""
 
     deployment: str = attrs.field(validator=f.name)
@@ -230,7 +230,7 @@ class UpdateWeights:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class EvictReplica:
-    """Stop ``replica_id`` to give its GPU memory to another model (rankcore.devices):
+    """Stop ``replica_id`` to give its GPU memory to another model (rankcore.tiers.devices):
     drain like a ``StopReplica`` (finish the calls in flight, at most
     ``graceful_shutdown_timeout_s``), then keep its weights in the node's CPU
     cache (``to="warm"``: the core counted them in the budget) or drop them
@@ -310,5 +310,5 @@ class PoolComing:
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
                 EvictReplica, DropWarmCopy]
-#: what ``Step.pool`` holds: the request path's commands (``rankcore.pool``), apart from the replicas'
+#: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'
 PoolCommand = Union[PoolChanged, PoolReset, PoolComing]

@@ -77,7 +77,7 @@ OUTDATED: Any = _Marker("OUTDATED")
 
 
 #: What an executor observed when a replica died (``ReplicaCrashed.cause``): facts, not
-#: conclusions; the core derives its rules from them (``rankcore.restarts``):
+#: conclusions; the core derives its rules from them (``rankcore.control.restarts``):
 #: ``error``: the user's code raised (``__init__``, ``reconfigure``); ``exited``: the process
 #: vanished on its own (its node may be going down: the core avoids it for a while);
 #: ``killed``: killed from outside on purpose (a user's kill, the OOM killer); ``node_lost``:
@@ -121,7 +121,7 @@ def _check_cause(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 def _check_config(inst: DeploymentApplied, attribute: attrs.Attribute, value: DeploymentConfig) -> None:
     """What the options must agree on with the replica count."""
     if not isinstance(value, DeploymentConfig):
-        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).config must be a rankcore.options.DeploymentConfig, "
+        raise InvalidConfig(f"DeploymentApplied({inst.name!r}).config must be a rankcore.base.options.DeploymentConfig, "
                             f"got {type(value).__name__}")
     static, k = value.static.static_placement, value.gang.gang_size
     if static is not None and inst.num_replicas not in (0, static.replicas):
@@ -159,7 +159,7 @@ class DeploymentApplied:
     changes). ``has_reconfigure``/``reconfigure_takes_rank`` describe the
     user's class, so the core can apply the seed's rules.
 
-    The deployment's options (``rankcore.options``: placement, starts, health checks,
+    The deployment's options (``rankcore.base.options``: placement, starts, health checks,
     shutdown, static placement, gangs, spare processes) are its ``config``, given as a
     ``DeploymentConfig`` or by their flat names (``DeploymentApplied(name="llm",
     num_replicas=4, gang_size=2)``; both: the names change that config) and read flat
@@ -173,7 +173,7 @@ class DeploymentApplied:
     reconfigure_takes_rank: bool = attrs.field(default=False, validator=_check_reconfigure)
     #: the most replicas this deployment may ever be scaled to (ScaleRequested too)
     max_replicas: int = attrs.field(default=DEFAULT_MAX_REPLICAS, validator=_check_max_replicas)
-    #: the options (rankcore.options), each declared there once
+    #: the options (rankcore.base.options), each declared there once
     config: DeploymentConfig = attrs.field(default=DEFAULTS, validator=_check_config)
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
@@ -212,7 +212,7 @@ class DeploymentApplied:
 
 flat_reads(DeploymentApplied, "config.")
 if {a.name for a in attrs.fields(DeploymentApplied)} & set(OPTION_NAMES):
-    raise TypeError("DeploymentApplied: a field and an option share a name (rankcore.options)")
+    raise TypeError("DeploymentApplied: a field and an option share a name (rankcore.base.options)")
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
@@ -238,7 +238,7 @@ class DeploymentDeleted:
     Its target goes to 0 at once (requests waiting for it fail: nothing is
     coming) and its replicas drain and stop as on a downscale; its record, and
     the WARM copies its replicas left in the nodes' CPU caches, go once the last
-    one has stopped (``rankcore.deletion``). A ``DeploymentApplied`` of the same
+    one has stopped (``rankcore.control.deletion``). A ``DeploymentApplied`` of the same
     name before then takes it back (a new target; the replicas already stopping
     still stop). A ``ScaleRequested`` meanwhile is refused.
     """
@@ -293,7 +293,7 @@ class ReplicaCrashed:
 class HealthChecked:
     """The outcome of one health check of a running replica (the executor checks every
     ``health_check_period_s``; no answer within ``health_check_timeout_s`` is a failure).
-    A fact: the core counts consecutive failures and decides (``rankcore.health``)."""
+    A fact: the core counts consecutive failures and decides (``rankcore.control.health``)."""
 
     replica_id: str = attrs.field(validator=f.name)
     healthy: bool = attrs.field(validator=f.flag)
@@ -372,9 +372,9 @@ class NodeJoined:
     labels: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=f.to_labels, validator=f.labels)
     order: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.order))
     #: its GPUs' memory in bytes, one entry per device (index = position): replicas of
-    #: deployments with ``model_bytes`` are booked on these by memory (rankcore.devices)
+    #: deployments with ``model_bytes`` are booked on these by memory (rankcore.tiers.devices)
     devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
-    #: CPU memory for WARM copies of evicted models, in bytes (rankcore.tiers.make_room)
+    #: CPU memory for WARM copies of evicted models, in bytes (rankcore.tiers.choice.make_room)
     cpu_cache_bytes: int = attrs.field(default=0)
 
     @devices.validator
@@ -499,7 +499,7 @@ class ReplicaReport:
     tier: str = attrs.field(default="hot", validator=_tier_name)
     weights_version: int = attrs.field(default=0, validator=f.count)
     #: the GPUs of its node its weights are on (a deployment with ``model_bytes``, HOT):
-    #: the core books them again (rankcore.devices)
+    #: the core books them again (rankcore.tiers.devices)
     devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
 
     @tier.validator
@@ -577,7 +577,7 @@ class ControllerRecovered:
     #: ``rankcore.desired_weights(state)`` beside the specs (docs/tiers.md)
     asleep: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
     weights_versions: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_versions)
-    #: the WARM copies the nodes' CPU caches hold (rankcore.devices), in the order they came
+    #: the WARM copies the nodes' CPU caches hold (rankcore.tiers.devices), in the order they came
     warm_copies: tuple[WarmCopy, ...] = attrs.field(default=(), converter=f.to_tuple)
     #: ``rankcore.desired_no_evict(state)`` beside the specs: the evicted replicas'
     #: replacements still waiting, which wait for room and never evict
@@ -721,7 +721,7 @@ class AutoscalingMetrics:
     every ``metrics_interval_s``; Ray Serve's handles and replicas push the same two metrics):
     ``queued``, requests waiting in its handles' queues for a replica; ``ongoing``, the requests
     in flight on each replica, as (replica id, n) pairs (or a mapping). Facts only: the window,
-    the aggregation and the decision are the core's (``rankcore.autoscaling``)."""
+    the aggregation and the decision are the core's (``rankcore.control.autoscaling``)."""
 
     deployment: str = attrs.field(validator=f.name)
     now: float = attrs.field(validator=f.seconds)

@@ -4,7 +4,7 @@ A deployment with ``gang_size = k`` has gangs of k replicas: gang g holds the
 global ranks ``g*k .. g*k+k-1`` (so ranks are contiguous per gang, and per node
 when the gang fits on one node). Its target is a multiple of k, a downscale
 removes whole gangs from the top (nothing to compact), and the core places a
-gang all or nothing (``rankcore.placement.choose_gang``). When a member fails,
+gang all or nothing (``rankcore.placement.policies.choose_gang``). When a member fails,
 ``restart_gang`` replaces every member on its rank (the others are stopped),
 ``restart_replica`` replaces only that member (the others are told the new
 member list, ``GangChanged``). A gang whose start a controller crash cut short
@@ -12,8 +12,8 @@ is restarted whole on its ranks at recovery.
 
 A gang is named by its position, which never changes: ``"<deployment>/gang-<g>"``.
 
-The rules that act on gangs are in ``rankcore.gangs``, which re-exports these
-names (``rankcore.gangs.gang_id``).
+The rules that act on gangs are in ``rankcore.placement.gangs``, which re-exports these
+names (``rankcore.placement.gangs.gang_id``).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").

@@ -3,7 +3,7 @@
 ``DeploymentConfig`` holds one frozen group per subject: ``scheduling`` (what a replica
 reserves, the placement policy, the placement timeout), ``start`` (start timeout, restart
 backoff, retries), ``health``, ``shutdown``, ``static`` (static placement), ``gang`` and
-``spares``, ``tier``, ``requests`` and ``autoscaling`` (rankcore.autoscaling). Every leaf keeps Ray
+``spares``, ``tier``, ``requests`` and ``autoscaling`` (rankcore.control.autoscaling). Every leaf keeps Ray
 Serve's flat name where Ray Serve has the option, and leaf names are unique across
 groups, so every surface spells an option by its leaf name: ``DeploymentApplied(gang_size=2)``,
 ``@deployment(health_check_period_s=5)``, a scenario's ``deployments.llm.restart_backoff_s``.
@@ -28,18 +28,20 @@ from . import fields as f
 from .bundles import StaticPlacement
 from .errors import InvalidConfig
 from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
-from .placement import POLICIES
 
 __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
     "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
-    "AGGREGATION_FUNCTIONS", "Spelling", "Options",
+    "AGGREGATION_FUNCTIONS", "Spelling", "Options", "POLICIES",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
     "MAX_PER_REPLICA_RETRY_COUNT", "PLACEMENT_TIMEOUT_S", "SPARE_PROCESSES", "RESTART_BACKOFF_S",
     "RESTART_BACKOFF_MAX_S", "MIN_DEPLOYMENT_TIME_S",
 ]
+
+#: the placement policies, by name (``rankcore.placement.policies.choose_node`` implements each)
+POLICIES = ("spread", "pack", "rank_packed")
 
 # Ray Serve's values (ray/serve/_private/constants.py, 2.60) where it has the option.
 HEALTH_CHECK_PERIOD_S = 10.0
@@ -59,13 +61,13 @@ RESTART_BACKOFF_MAX_S = 64.0
 #: ours (Ray Serve has none): started, idle worker processes kept on each node holding a replica
 SPARE_PROCESSES = 0
 #: NDIF's minimum deployment time: a replica HOT for less is not evicted for another model
-#: (unless that model is dedicated); rankcore.tiers
+#: (unless that model is dedicated); rankcore.tiers.choice
 MIN_DEPLOYMENT_TIME_S = 3600.0
 #: the request path's limits (rankcore.requests; Ray Serve's names and defaults)
 MAX_ONGOING_REQUESTS = 5
 MAX_QUEUED_REQUESTS = -1
 MAX_RETRIES = 3
-#: the autoscaler's (ray/serve/config.py AutoscalingConfig and _private/constants.py; rankcore.autoscaling)
+#: the autoscaler's (ray/serve/config.py AutoscalingConfig and _private/constants.py; rankcore.control.autoscaling)
 MIN_REPLICAS = 1
 TARGET_ONGOING_REQUESTS = 2.0
 UPSCALE_DELAY_S = 30.0
@@ -121,7 +123,7 @@ _RAY_PLACEMENT = "a keyword of its own, sent with the placement options"
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class SchedulingOptions:
-    """Where a replica goes and how long its placement may take (rankcore.placement)."""
+    """Where a replica goes and how long its placement may take (rankcore.placement.policies)."""
 
     resources: tuple[tuple[str, float], ...] = _option(
         (), f.resources, "what one replica reserves on its node ({GPU: 1, CPU: 4}) when the core places replicas",
@@ -141,7 +143,7 @@ class SchedulingOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class StartOptions:
-    """How long a start may take and how failed starts are retried (rankcore.restarts)."""
+    """How long a start may take and how failed starts are retried (rankcore.control.restarts)."""
 
     start_timeout_s: float | None = _option(
         None, f.optional_seconds,
@@ -168,7 +170,7 @@ class StartOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class HealthOptions:
-    """Health checks of a serving replica (rankcore.health)."""
+    """Health checks of a serving replica (rankcore.control.health)."""
 
     health_check_period_s: float = _option(HEALTH_CHECK_PERIOD_S, f.positive_seconds,
                                            "how often the executor checks a serving replica")
@@ -181,7 +183,7 @@ class HealthOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class ShutdownOptions:
-    """How a stop drains (rankcore.transaction.stop_command)."""
+    """How a stop drains (rankcore.control.transaction.stop_command)."""
 
     graceful_shutdown_wait_loop_s: float = _option(GRACEFUL_SHUTDOWN_WAIT_LOOP_S, f.seconds,
                                                    "a stopping replica looks this often whether its calls are done")
@@ -191,7 +193,7 @@ class ShutdownOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class StaticOptions:
-    """Static placement on a caller's placement group (rankcore.static)."""
+    """Static placement on a caller's placement group (rankcore.placement.static)."""
 
     static_placement: StaticPlacement | None = _option(  # noqa: RUF009 (an attrs.field)
         None, _static, "run on the caller's placement group: rank N on the bundles mapping[N] "
@@ -204,7 +206,7 @@ class StaticOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class GangOptions:
-    """Gangs: replicas placed, failing and scaling together on consecutive ranks (rankcore.gangs)."""
+    """Gangs: replicas placed, failing and scaling together on consecutive ranks (rankcore.placement.gangs)."""
 
     gang_size: int = _option(1, f.positive_int, "gangs of this many replicas (num_replicas a multiple of it)",
                              ray=Spelling("gang_size", _RAY_PLACEMENT), scenario=Spelling("gang.size", "or gang: k"))
@@ -220,7 +222,7 @@ class GangOptions:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class SpareOptions:
-    """Spare worker processes (rankcore.spares)."""
+    """Spare worker processes (rankcore.placement.spares)."""
 
     spare_processes: int = _option(
         SPARE_PROCESSES, f.count,
@@ -236,7 +238,7 @@ def _model_bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class TierOptions:
-    """GPU memory, eviction and the warm cache (rankcore.tiers, rankcore.devices)."""
+    """GPU memory, eviction and the warm cache (rankcore.tiers.choice, rankcore.tiers.devices)."""
 
     model_bytes: int = _option(
         0, _model_bytes,
@@ -273,7 +275,7 @@ def _policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class AutoscalingOptions:
-    """The autoscaler (rankcore.autoscaling): Ray Serve's AutoscalingConfig names, meanings and
+    """The autoscaler (rankcore.control.autoscaling): Ray Serve's AutoscalingConfig names, meanings and
     defaults; the upper bound is ``DeploymentApplied.max_replicas`` (declared once, there)."""
 
     autoscaling: bool = _option(

@@ -5,7 +5,7 @@ The rank arithmetic alone, usable without the rest of the core (like raft's
 reports, and compact back to contiguous with the fewest changes.
 
 Every method returns a new table; the old one stays valid and unchanged
-(see :mod:`rankcore.persistent` for how that is cheap). Bulk methods
+(see :mod:`rankcore.base.persistent` for how that is cheap). Bulk methods
 (``assign_many``, ``release_many``, ``recover_many``) do one event's worth of
 work in one version, at dict speed.
 

@@ -36,7 +36,7 @@ def _check(cls: type) -> list[str]:
     (never run), no cached hash (a copy would inherit the old one)."""
     slots = cls.__dict__.get("__slots__")
     if not attrs.has(cls) or not slots:
-        raise TypeError(f"{cls.__name__}: rankcore.records copies only slotted attrs classes")
+        raise TypeError(f"{cls.__name__}: rankcore.base.records copies only slotted attrs classes")
     if hasattr(cls, "__attrs_post_init__"):
         raise TypeError(f"{cls.__name__} has __attrs_post_init__, which a copy would not run: "
                         f"build it with its constructor")
@@ -91,7 +91,7 @@ class _Writer:
 
     def compile(self, kind: str, cls: type, head: str, body: list[str]) -> Any:
         src = f"def {kind}({head}):\n{self.start}{''.join(body)}{self.end}"
-        exec(compile(src, f"<rankcore.records {kind} for {cls.__name__}>", "exec"), self.scope)
+        exec(compile(src, f"<rankcore.base.records {kind} for {cls.__name__}>", "exec"), self.scope)
         return self.scope[kind]
 
 

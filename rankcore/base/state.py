@@ -1,7 +1,7 @@
 """State records: frozen attrs over persistent maps, so one event costs O(log N).
 
 A ``State`` holds any number of deployments, each with its own rank space
-(its own :class:`~rankcore.ranks.RankTable`). Nothing here is ever mutated;
+(its own :class:`~rankcore.base.ranks.RankTable`). Nothing here is ever mutated;
 ``step`` returns a new ``State`` and the old one stays valid.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
@@ -18,7 +18,7 @@ import immutables
 
 from . import fields as f
 from .bundles import StaticPlacement
-from .cluster import Cluster
+from .cluster import Cluster, packing_gap
 from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase, Residency
@@ -76,19 +76,19 @@ class Replica:
     config_version: int = attrs.field(default=0, validator=f.count)
     #: a recovered, still-starting replica whose rank changed: tell it once ready
     rank_update_due: bool = attrs.field(default=False, validator=f.flag)
-    #: failed health checks in a row (rankcore.health)
+    #: failed health checks in a row (rankcore.control.health)
     health_failures: int = attrs.field(default=0, validator=f.count)
     #: where its weights are (docs/tiers.md: asleep is WARM, process and ranks kept)
     residency: Residency = Residency.HOT
     #: the weights version it was last given (InitializeReplica, UpdateWeights), and whether
-    #: that UpdateWeights is still unanswered (it does not serve until it is: rankcore.residency)
+    #: that UpdateWeights is still unanswered (it does not serve until it is: rankcore.tiers.residency)
     weights_version: int = attrs.field(default=0, validator=f.count)
     weights_pending: bool = attrs.field(default=False, validator=f.flag)
 
 
 @attrs.frozen(kw_only=True, weakref_slot=False)
 class Autoscaler:
-    """An autoscaled deployment's autoscaler (rankcore.autoscaling): plain data, so the state stays
+    """An autoscaled deployment's autoscaler (rankcore.control.autoscaling): plain data, so the state stays
     picklable and a step deterministic. Not persisted: a recovered controller starts from fresh
     metrics, as Ray Serve's does."""
 
@@ -116,14 +116,14 @@ class Deployment:
     has_reconfigure: bool = False
     reconfigure_takes_rank: bool = False
     max_replicas: int = DEFAULT_MAX_REPLICAS
-    #: the options, as the last ``DeploymentApplied`` gave them (rankcore.options); read flat
+    #: the options, as the last ``DeploymentApplied`` gave them (rankcore.base.options); read flat
     #: too: ``dep.gang_size``, ``dep.resources``, ``dep.health_check_period_s``
     config: DeploymentConfig = DEFAULTS
     #: the static placement as it is now: the applied mapping, its bundles on the nodes
     #: last reported (``BundlesPlaced``, ``NodeLost``); ``config`` keeps it as applied
     static: StaticPlacement | None = None
     #: starts that failed in a row (``__init__`` raised or timed out; reset by any ReplicaReady):
-    #: the restart backoff and the UNHEALTHY status follow from it (rankcore.restarts)
+    #: the restart backoff and the UNHEALTHY status follow from it (rankcore.control.restarts)
     start_failures: int = 0
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
@@ -133,14 +133,14 @@ class Deployment:
     #: replica id -> node id (or None) of each unresponsive replica a recovery
     #: stopped whose ReplicaStopped has not come: its rank is unknown, so no
     #: rank is handed out (``transaction.reconcile``) nor compacted (not
-    #: ``healthy``) until it has gone (``rankcore.recovery``)
+    #: ``healthy``) until it has gone (``rankcore.control.recovery``)
     unresponsive: immutables.Map = attrs.field(factory=immutables.Map)
     #: the weights version last pushed (``WeightsPushed``) and whether the deployment is meant
-    #: to sleep (``SleepRequested`` / ``WakeRequested``): rankcore.residency
+    #: to sleep (``SleepRequested`` / ``WakeRequested``): rankcore.tiers.residency
     weights_version: int = 0
     asleep: bool = False
     #: ``DeploymentDeleted``: its target is 0 and its record goes once its last replica
-    #: has stopped (``rankcore.deletion``); a ``DeploymentApplied`` takes it back
+    #: has stopped (``rankcore.control.deletion``); a ``DeploymentApplied`` takes it back
     deleting: bool = False
     #: the autoscaler's window and timers (``autoscaling`` on, after its first AutoscalingMetrics);
     #: the target it decides is ``target`` itself, which ``desired_specs`` persists
@@ -195,7 +195,7 @@ class Deployment:
     @property
     def failing_to_start(self) -> bool:
         """Ray Serve's rule: ``min(max_constructor_retry_count, 3 x target)`` failed starts in a
-        row (rankcore.restarts counts them)."""
+        row (rankcore.control.restarts counts them)."""
         return self.target > 0 and self.start_failures >= min(self.config.start.max_constructor_retry_count,
                                                               MAX_PER_REPLICA_RETRY_COUNT * self.target)
 
@@ -230,7 +230,6 @@ class Deployment:
     def packing_gap(self) -> int:
         """How far from rank-packed the placed replicas are (``placement.packing_gap``):
         0 when every node holds one block of consecutive global ranks. O(N)."""
-        from .placement import packing_gap
 
         ranks = self.ranks
         return packing_gap([ranks.node_of(rid) for rid in ranks])  # (iteration is in global-rank order)
@@ -252,7 +251,7 @@ class State:
     #: foreign replica ids (from recovery reports) that have left: later
     #: events about them are stale, not invalid
     retired: immutables.Map = attrs.field(factory=immutables.Map)
-    #: nodes, reservations, the waiting queue, the clock (rankcore.cluster)
+    #: nodes, reservations, the waiting queue, the clock (rankcore.base.cluster)
     cluster: Cluster = attrs.field(factory=Cluster)
     #: deployment name -> None for each deployment deleted whose record has gone
     #: (``DeploymentDeleted``): late news about its replicas is stale, not unknown
@@ -310,7 +309,7 @@ def desired_asleep(state: State) -> tuple[str, ...]:
 
 def desired_no_evict(state: State) -> tuple[str, ...]:
     """The evicted replicas' replacements still waiting for room, which never evict
-    (rankcore.devices), sorted: persist it with ``desired_specs`` and pass it as
+    (rankcore.tiers.devices), sorted: persist it with ``desired_specs`` and pass it as
     ``ControllerRecovered.no_evict``, or a restarted controller lets them evict."""
     return tuple(sorted(state.cluster.no_evict.keys()))
 
@@ -361,7 +360,7 @@ class Step:
     already finished replica, or an unknown node) and so changed nothing.
     ``recovery`` says what a ``ControllerRecovered`` did (None otherwise).
     ``pool``: the commands for the request path (``PoolChanged``,
-    ``PoolComing``, ``PoolReset``; ``rankcore.pool``), kept apart from the
+    ``PoolComing``, ``PoolReset``; ``rankcore.control.pool``), kept apart from the
     replicas' commands: whoever routes requests reads these, whoever runs
     replicas reads ``commands``; neither is answered.
     """

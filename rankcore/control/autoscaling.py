@@ -12,7 +12,7 @@ Serve's does).
 
 Matched with Ray Serve (``ray/serve/autoscaling_policy.py`` and
 ``ray/serve/config.py`` ``AutoscalingConfig``, 2.5x; the options' names and
-defaults are in ``rankcore/options.py``, ``AutoscalingOptions``):
+defaults are in ``rankcore/base/options.py``, ``AutoscalingOptions``):
 
 * the window: every sample within ``look_back_period_s`` of the newest,
   aggregated by ``aggregation_function`` (mean, max, min) over the total,
@@ -70,14 +70,14 @@ from collections.abc import Callable
 
 import attrs
 
-from . import fields as f
-from .errors import InvalidConfig, InvalidEvent
-from .events import AutoscalingMetrics, DeploymentApplied
-from .lifecycle import Phase
+from ..base import fields as f
+from ..base.errors import InvalidConfig, InvalidEvent
+from ..base.events import AutoscalingMetrics, DeploymentApplied
+from ..base.lifecycle import Phase
+from ..base.options import AutoscalingOptions, DeploymentConfig
+from ..base.records import unchecked_copy
+from ..base.state import Autoscaler, Deployment
 from .moves import scale
-from .options import AutoscalingOptions, DeploymentConfig
-from .records import unchecked_copy
-from .state import Autoscaler, Deployment
 from .transaction import Tx
 
 __all__ = ["PolicyContext", "Policy", "DEFAULT_POLICY", "default_policy", "register_policy", "policy",

@@ -9,7 +9,7 @@ move it (``advance``). Moving it does more only when work comes due
   incarnation is stopped at once and replaced elsewhere, avoiding that node);
   a start not answered in time (stopped at once, counted as a failed start,
   replaced: its gang too under ``restart_gang``). The deadlines themselves are
-  armed where their commands go out (``rankcore.deadlines``).
+  armed where their commands go out (``rankcore.control.deadlines``).
 * placement failures are forgotten ``retry_s`` after the first
   (``scheduling.forget_failures``): every replica may try every node again;
 * a suspect node (``suspect``: a replica there vanished on its own,
@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import math
 
+from ..base.lifecycle import Phase
+from ..base.records import unchecked_copy
+from ..base.state import Replica
+from ..placement.clustertx import ClusterTx
+from ..placement.gangs import fail_member
+from ..placement.scheduling import forget_failures
 from . import deadlines, restarts
-from .clustertx import ClusterTx
-from .gangs import fail_member
-from .lifecycle import Phase
 from .moves import crash, start_delayed
-from .records import unchecked_copy
-from .scheduling import forget_failures
-from .state import Replica
 from .transaction import Tx, by_rank, stop_command
 
 __all__ = ["advance", "deadlines_due", "suspect"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 
 
 def advance(tx: Tx, now: float, work_due: bool) -> None:

@@ -11,7 +11,7 @@ pass (``sweep``) once the last replica has stopped, in whichever step that
 is (a stop, a crash, a lost node, a recovery that found none).
 
 Meanwhile the deployment is at target 0 (the request path is told nothing is
-coming: waiting requests fail at once, ``rankcore.pool``), a scale is refused,
+coming: waiting requests fail at once, ``rankcore.control.pool``), a scale is refused,
 and a ``DeploymentApplied`` of the same name takes it back (``cancel``). Once
 gone, its name is kept in ``State.deleted`` so that late news about its
 replicas is stale rather than unknown; the embedder persists both kinds with
@@ -23,11 +23,11 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from .commands import DropWarmCopy
-from .errors import InvalidEvent
+from ..base.commands import DropWarmCopy
+from ..base.errors import InvalidEvent
+from ..base.records import unchecked_copy
+from ..base.state import Deployment
 from .moves import scale
-from .records import unchecked_copy
-from .state import Deployment
 from .transaction import Tx
 
 __all__ = ["begin", "cancel", "revive", "refuse_scale", "sweep"]

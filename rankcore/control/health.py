@@ -14,12 +14,12 @@ replicas.
 
 from __future__ import annotations
 
-from .events import HealthChecked
-from .gangs import fail_member
-from .lifecycle import Phase
+from ..base.events import HealthChecked
+from ..base.lifecycle import Phase
+from ..base.records import updater
+from ..base.state import Deployment, Replica, Step
+from ..placement.gangs import fail_member
 from .passes import finish
-from .records import updater
-from .state import Deployment, Replica, Step
 from .transaction import Tx, put_replica, stop_command
 
 __all__ = ["checked"]

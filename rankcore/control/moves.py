@@ -2,13 +2,13 @@
 start, and the compaction of its ranks.
 
 Each returns the next ``Deployment`` and emits its commands in order. What
-differs for static placement is asked of ``rankcore.static`` (its bundles,
+differs for static placement is asked of ``rankcore.placement.static`` (its bundles,
 FAILED ranks); a gang deployment starts and stops like any other here, whole
-gangs being the caller's count (``rankcore.gangs`` restarts a gang and tells
+gangs being the caller's count (``rankcore.placement.gangs`` restarts a gang and tells
 its members). Rank rules: new replicas take the lowest free ranks, a crash
 replacement takes its predecessor's global rank, a downscale stops named
 victims first, then replicas not yet running, then the highest ranks
-(``rankcore.policies.VICTIM_ORDER``), and a healthy deployment with holes in
+(``rankcore.base.victims.VICTIM_ORDER``), and a healthy deployment with holes in
 its ranks is compacted once (``compaction_due``, the end-of-step pass).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
@@ -19,18 +19,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import restarts, static
-from .commands import StartReplica, UpdateWorldSize
-from .lifecycle import LIVE, Phase, Trigger, advance
-from .policies import VICTIM_ORDER
-from .records import maker, unchecked_copy
-from .scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
-from .state import Compaction, Deployment, Replica
+from ..base.commands import StartReplica, UpdateWorldSize
+from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.records import maker, unchecked_copy
+from ..base.state import Compaction, Deployment, Replica
+from ..base.victims import VICTIM_ORDER
+from ..placement import static
+from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
+from . import restarts
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed
 
 __all__ = ["start", "stop", "reconcile", "scale", "crash", "start_delayed", "compaction_due", "compact", "compact_touched"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _IDX = {p: i for i, p in enumerate(LIVE)}
 _Replica, _Start = maker(Replica), maker(StartReplica)
 
@@ -119,7 +120,7 @@ def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deploymen
     """Start or stop replicas until as many are active as the target."""
     active = dep.active
     if active < dep.target:
-        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.recovery)
+        if dep.unresponsive:  # it may hold any free rank: none is given until it has stopped (rankcore.control.recovery)
             return dep
         return start(tx, dep, dep.target - active)
     if active > dep.target:
@@ -129,7 +130,7 @@ def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deploymen
 
 def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
     """A new target, announced at once (``UpdateWorldSize``), then ``reconcile``: the one path of a
-    person's ``ScaleRequested`` and of the autoscaler's decisions (``rankcore.autoscaling``)."""
+    person's ``ScaleRequested`` and of the autoscaler's decisions (``rankcore.control.autoscaling``)."""
     if n != dep.target:
         dep = _copy(dep, target=n)
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=n))
@@ -139,7 +140,7 @@ def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deplo
 def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:
     """A replica died: its replacement takes its global rank (unless it was
     leaving), after the restart backoff when its starts keep failing
-    (``rankcore.restarts``), back on its predecessor's node and booking when
+    (``rankcore.control.restarts``), back on its predecessor's node and booking when
     the core's rule lets it (``scheduling.keep_booking``); ``avoid``: a node
     the replacement must not go to."""
     if dep.static is not None:
@@ -170,7 +171,7 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
 
 
 def start_delayed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
-    """Replacement ``rep`` waited out its restart backoff (``rankcore.restarts``):
+    """Replacement ``rep`` waited out its restart backoff (``rankcore.control.restarts``):
     its StartReplica now, then a node: its bundles (static placement), or the
     queue (a gang's members come due together and are placed whole)."""
     tx.emit(restarts.release(tx, dep, rep))

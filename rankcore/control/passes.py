@@ -28,9 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import deadlines, deletion, evictions, gangs, moves, spares
-from .scheduling import place_waiting
-from .state import RecoveryOutcome, Step
+from ..base.state import RecoveryOutcome, Step
+from ..placement import gangs, spares
+from ..placement.scheduling import place_waiting
+from ..tiers import evictions
+from . import deadlines, deletion, moves
 from .transaction import Tx, build
 
 __all__ = ["PASSES", "finish"]

@@ -42,13 +42,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..base.commands import PoolChanged, PoolComing, PoolReset
+from ..base.events import ControllerRecovered, NodeCapacityChanged, NodeJoined, NodeLost
+from ..base.lifecycle import Phase
+from ..base.records import maker
+from ..base.state import Deployment, Replica, State, Step
+from ..tiers.residency import serving
 from .autoscaling import bounds
-from .commands import PoolChanged, PoolComing, PoolReset
-from .events import ControllerRecovered, NodeCapacityChanged, NodeJoined, NodeLost
-from .lifecycle import Phase
-from .records import maker
-from .residency import serving
-from .state import Deployment, Replica, State, Step
 
 __all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "reset", "pool_of", "PoolView"]
 
@@ -70,7 +70,7 @@ def membership(dep: Deployment | None, rep: Replica | None) -> str:
 def coming(dep: Deployment | None) -> bool:
     """Whether ``dep`` wants replicas (so a request may wait for one): its target is above
     zero, or it is autoscaled and may scale up (at zero, the request waiting is what brings a
-    replica back: rankcore.autoscaling's cold start); not while it is being deleted."""
+    replica back: rankcore.control.autoscaling's cold start); not while it is being deleted."""
     if dep is None:
         return False
     if dep.target > 0:

@@ -47,16 +47,18 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
-from . import deadlines, devices, gangs, residency, static
-from .commands import ScheduleTick, StopReplica, UpdateWorldSize
-from .errors import InvalidEvent
-from .events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
-from .lifecycle import LIVE, Phase, Residency
+from ..base.commands import ScheduleTick, StopReplica, UpdateWorldSize
+from ..base.errors import InvalidEvent
+from ..base.events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
+from ..base.lifecycle import LIVE, Phase, Residency
+from ..base.ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
+from ..base.state import Deployment, Replica, parse_replica_number
+from ..base.victims import VICTIM_ORDER
+from ..placement import gangs, static
+from ..placement.scheduling import adopt, new_node
+from ..tiers import devices, residency
+from . import deadlines
 from .moves import reconcile, stop
-from .policies import VICTIM_ORDER
-from .ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
-from .scheduling import adopt, new_node
-from .state import Deployment, Replica, parse_replica_number
 from .transaction import Tx, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .clustertx import ClusterTx
-from .commands import StartReplica
-from .lifecycle import Phase
-from .records import maker, unchecked_copy
-from .state import Deployment, Replica
+from ..base.commands import StartReplica
+from ..base.lifecycle import Phase
+from ..base.records import maker, unchecked_copy
+from ..base.state import Deployment, Replica
+from ..placement.clustertx import ClusterTx
 
 __all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "defer", "release"]
 
@@ -37,7 +37,7 @@ _Start = maker(StartReplica)
 
 
 class Tx(Protocol):
-    """What these moves need of ``rankcore.transaction.Tx``."""
+    """What these moves need of ``rankcore.control.transaction.Tx``."""
 
     @property
     def cl(self) -> ClusterTx: ...

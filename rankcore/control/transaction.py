@@ -18,21 +18,19 @@ from collections.abc import Iterable
 
 import immutables
 
-from .cluster import Cluster
-from .clustertx import ClusterTx
-from .commands import (
+from ..base.cluster import Cluster
+from ..base.commands import (
     InitializeReplica,
     ReconfigureReplica,
     ScheduleTick,
     StartReplica,
     StopReplica,
 )
-from .errors import InvalidEvent, InvariantViolation
-from .fields import shown
-from .lifecycle import LIVE, Phase, Trigger, advance
-from .records import copier, maker, unchecked_copy, updater
-from .scheduling import release
-from .state import (
+from ..base.errors import InvalidEvent, InvariantViolation
+from ..base.fields import shown
+from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.records import copier, maker, unchecked_copy, updater
+from ..base.state import (
     Compaction,
     Deployment,
     RecoveryOutcome,
@@ -42,6 +40,8 @@ from .state import (
     parse_replica_number,
     replica_id,
 )
+from ..placement.clustertx import ClusterTx
+from ..placement.scheduling import release
 
 __all__ = [
     "Tx", "recount", "put_replica", "initialize", "stop_command", "reconfigure", "remove", "forget", "disarm",
@@ -49,9 +49,9 @@ __all__ = [
 ]
 
 _IDX = {p: i for i, p in enumerate(LIVE)}
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 # The records and commands a step builds from values it already holds valid,
-# made without re-running their validators (rankcore.records.maker).
+# made without re-running their validators (rankcore.base.records.maker).
 _State, _Step, _Replica = maker(State), maker(Step), maker(Replica)
 _Start, _Init = maker(StartReplica), maker(InitializeReplica)
 _Reconfigure, _Stop = maker(ReconfigureReplica), maker(StopReplica)
@@ -73,15 +73,15 @@ class Tx:
         self.next_replica = state.next_replica
         self.next_lineage = state.next_lineage
         self.retired: immutables.Map = state.retired
-        self.deleted: immutables.Map = state.deleted  # deployments deleted and gone (rankcore.deletion)
+        self.deleted: immutables.Map = state.deleted  # deployments deleted and gone (rankcore.control.deletion)
         self.commands: list = []
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
         self.gangs: set[str] | None = None  # gang deployments that started replicas this step
         self.ticks: set[float] | None = None  # the ScheduleTick times asked for this step (``tick_at``)
-        self.armed: list[float] | None = None  # deadlines armed this step (``rankcore.deadlines``)
+        self.armed: list[float] | None = None  # deadlines armed this step (``rankcore.control.deadlines``)
         #: evictions chosen this step, carried out by the end-of-step pass
-        #: (``rankcore.evictions``): (victim, for replica, node, "warm"/"cold", entries dropped)
+        #: (``rankcore.tiers.evictions``): (victim, for replica, node, "warm"/"cold", entries dropped)
         self.evictions: list | None = None
 
     @property
@@ -158,7 +158,7 @@ class Tx:
 
 
 def build(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
-    """The ``Step`` a finished transaction makes (after the end-of-step passes, ``rankcore.passes``)."""
+    """The ``Step`` a finished transaction makes (after the end-of-step passes, ``rankcore.control.passes``)."""
     cluster = tx.working.build() if tx.working is not None else tx.cluster
     state = _State(
         deployments=tx.deps,

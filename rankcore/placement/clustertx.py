@@ -16,8 +16,8 @@ from typing import Any
 
 import immutables
 
-from .cluster import Cluster
-from .records import unchecked_copy
+from ..base.cluster import Cluster
+from ..base.records import unchecked_copy
 
 __all__ = ["ClusterTx"]
 

@@ -1,7 +1,7 @@
 """Gangs: replicas that start, stop and fail together, on consecutive ranks: every move.
 
 A deployment with ``gang_size = k`` has gangs of k replicas: gang g holds the
-global ranks ``g*k .. g*k+k-1`` (``rankcore.gangmap``: the numbering and the
+global ranks ``g*k .. g*k+k-1`` (``rankcore.base.gangmap``: the numbering and the
 ``GangContext`` record). Its target is a multiple of k (``check_scale``), a
 downscale removes whole gangs from the top (``moves.stop``), and the core
 places a gang all or nothing (``scheduling.place_waiting`` with
@@ -20,7 +20,7 @@ places a gang all or nothing (``scheduling.place_waiting`` with
 A gang is named by its position, which never changes: ``"<deployment>/gang-<g>"``.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
-"What you may import"); the numbering is re-exported here for ``rankcore.gangs.gang_id``.
+"What you may import"); the numbering is re-exported here for ``rankcore.placement.gangs.gang_id``.
 """
 
 from __future__ import annotations
@@ -28,20 +28,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import cast
 
-from .commands import GangChanged, StartReplica
-from .errors import InvalidConfig, InvalidEvent
-from .fields import shown
-from .gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id, gang_index, gang_ranks
-from .lifecycle import Phase
-from .moves import crash
-from .records import unchecked_copy
-from .state import Deployment, Replica
-from .transaction import Tx, stop_command
+from ..base.commands import GangChanged, StartReplica
+from ..base.errors import InvalidConfig, InvalidEvent
+from ..base.fields import shown
+from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id, gang_index, gang_ranks
+from ..base.lifecycle import Phase
+from ..base.records import unchecked_copy
+from ..base.state import Deployment, Replica
+from ..control.moves import crash
+from ..control.transaction import Tx, stop_command
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
            "fail_member", "tell", "restart_incomplete", "check_scale", "check_same_shape"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 
 
 def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:

@@ -23,16 +23,16 @@ Policies (per deployment):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from itertools import pairwise
+from collections.abc import Mapping, Sequence
 
 import attrs
 
-from .errors import InvalidConfig
+from ..base.cluster import packing_gap
+from ..base.errors import InvalidConfig
+from ..base.options import POLICIES
 
 __all__ = ["POLICIES", "NodeView", "choose_node", "choose_gang", "packing_gap"]
 
-POLICIES = ("spread", "pack", "rank_packed")
 _EPS = 1e-9
 
 
@@ -135,15 +135,3 @@ def choose_gang(nodes: Sequence[NodeView], need: Mapping[str, float], size: int,
                 out.append(n.node_id)
                 left[n.node_id] -= 1
     return out
-
-
-def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:
-    """How far a deployment is from rank-packed: the node of each global rank,
-    in rank order (None: not placed, skipped) -> the number of times
-    consecutive ranks change node beyond the fewest possible (one less than the
-    nodes used). 0: every node holds one block of consecutive ranks."""
-    placed = [n for n in nodes_by_rank if n is not None]
-    if not placed:
-        return 0
-    changes = sum(1 for a, b in pairwise(placed) if a != b)
-    return changes - (len(set(placed)) - 1)

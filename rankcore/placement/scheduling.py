@@ -3,7 +3,7 @@
 Once the cluster is managed (a node joined), a new replica joins a first
 come, first served queue; at the end of every step the queue is walked and
 each replica that fits somewhere gets a node by its deployment's policy
-(``rankcore.placement.choose_node``): the core reserves its resources,
+(``rankcore.placement.policies.choose_node``): the core reserves its resources,
 gives it its node and local ranks, and emits ``PlaceReplica``. The executor
 answers ``ReplicaPlaced`` (then InitializeReplica follows) or
 ``PlacementFailed`` (reservation undone, that node avoided, placed again).
@@ -15,9 +15,9 @@ Rules settled here, once for every executor:
 * a node where a replica vanished (``ReplicaCrashed.suspect_node``) is
   avoided for ``Cluster.suspect_s`` seconds while another node has room;
 * a PlaceReplica on a node the core chose owes its answer within the
-  deployment's ``placement_timeout_s`` (armed here, ``rankcore.deadlines``).
+  deployment's ``placement_timeout_s`` (armed here, ``rankcore.control.deadlines``).
 
-The step's working copy of the cluster is ``rankcore.clustertx.ClusterTx``.
+The step's working copy of the cluster is ``rankcore.placement.clustertx.ClusterTx``.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -31,20 +31,21 @@ from typing import Protocol, TypeVar, cast
 
 import immutables
 
-from . import deadlines, devices
-from .cluster import Cluster, Need, Node, fits
+from ..base.cluster import Cluster, Need, Node, fits
+from ..base.commands import PlaceReplica, ScheduleTick
+from ..base.errors import InvariantViolation
+from ..base.lifecycle import Phase
+from ..base.records import maker, unchecked_copy, updater
+from ..base.state import Deployment, Replica
+from ..control import deadlines
+from ..tiers import devices
+from ..tiers.choice import Choice, Tier, TierPlacement
 from .clustertx import ClusterTx
-from .commands import PlaceReplica, ScheduleTick
-from .errors import InvariantViolation
-from .lifecycle import Phase
-from .placement import NodeView, choose_gang, choose_node
-from .records import maker, unchecked_copy, updater
-from .state import Deployment, Replica
-from .tiers import Choice, Tier, TierPlacement
+from .policies import NodeView, choose_gang, choose_node
 
 
 class Tx(Protocol):
-    """What these moves need of ``rankcore.transaction.Tx`` (which builds on this module)."""
+    """What these moves need of ``rankcore.control.transaction.Tx`` (which builds on this module)."""
 
     @property
     def cl(self) -> ClusterTx: ...
@@ -72,10 +73,10 @@ class Tx(Protocol):
 
 __all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "unbook", "avoid_node", "new_node", "adjusted"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _INF = math.inf
 _Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
-# the copies a placement makes, of the fields it changes (rankcore.records)
+# the copies a placement makes, of the fields it changes (rankcore.base.records)
 _with_free, _with_node = updater(Node, "free"), updater(Replica, "node_id")
 _with_placed = updater(Deployment, "replicas", "ranks")
 _View = maker(NodeView)  # (a node the core holds, as it holds it)
@@ -355,7 +356,7 @@ def _reserve(tx: Tx, dep: Deployment, rep: Replica, node_id: str, tier: TierPlac
     ranks = dep.ranks.place(rid, node_id)
     if tier is None:
         hold(tx, rid, node_id, dep.resources)
-    else:  # its GPUs by memory, the rest as always (rankcore.devices)
+    else:  # its GPUs by memory, the rest as always (rankcore.tiers.devices)
         hold(tx, rid, node_id, devices.host_need(dep))
         devices.book(tx.cl, dep, rid, node_id, tier.devices)
         if tier.source is Tier.WARM:
@@ -400,7 +401,7 @@ def booking_to_pass(cl: Cluster | ClusterTx, dep: Deployment, rid: str, now: flo
     unchanged, the node is up, not suspect and not over-committed; else None."""
     held = cl.held.get(rid)
     if held is None or cl.queued or held[1] != dep.resources or rid in cl.hot:
-        return None  # (a replica booked by memory is placed again like anyone: rankcore.devices)
+        return None  # (a replica booked by memory is placed again like anyone: rankcore.tiers.devices)
     node_id, need = held
     node = cl.nodes.get(node_id)
     if node is None:
@@ -449,7 +450,7 @@ def _choose_gang(cl: ClusterTx, dep: Deployment, members: list[str]) -> list[str
 
 
 def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple) -> bool:
-    """Waiting replica ``rid`` of a model booked by memory (``rankcore.devices``):
+    """Waiting replica ``rid`` of a model booked by memory (``rankcore.tiers.devices``):
     placed (True), or not (False: no room, even by evicting; or victims chosen
     for it are still draining, in ``Cluster.evicting``). Victims chosen now are
     marked leaving and listed in ``tx.evictions`` for the next pass to evict."""

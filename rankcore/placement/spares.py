@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import immutables
 
-from .commands import KeepSpareProcesses
+from ..base.commands import KeepSpareProcesses
 
 if TYPE_CHECKING:
-    from .state import Deployment
+    from ..base.state import Deployment
 
 __all__ = ["wanted", "told", "announce", "asks"]
 

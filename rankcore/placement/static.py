@@ -1,7 +1,7 @@
 """Static placement on a caller's placement group (Ray RFC #59857): every move.
 
 Rank N runs on the first bundle of ``mapping[N]`` of the caller's group
-(``rankcore.bundles.StaticPlacement``, the map as plain data). The rules, each
+(``rankcore.base.bundles.StaticPlacement``, the map as plain data). The rules, each
 in one function here:
 
 * ``place``: a replica goes on its rank's bundles (``PlaceReplica`` with the
@@ -10,7 +10,7 @@ in one function here:
 * ``start_failed``: a new replica whose rank's bundles are not all placed
   starts FAILED (no process), and waits for them;
 * ``crash``: a replica that died comes back on the same bundles with the same
-  rank (after the restart backoff, ``rankcore.restarts``), or FAILED when a
+  rank (after the restart backoff, ``rankcore.control.restarts``), or FAILED when a
   bundle of its rank has no node now;
 * ``fail``: a bundle of a live replica's rank lost its node: FAILED, its
   process stopped, its rank kept;
@@ -26,27 +26,27 @@ in one function here:
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import"); ``StaticPlacement`` and ``consecutive_mapping`` are
-re-exported here for ``rankcore.static.StaticPlacement``.
+re-exported here for ``rankcore.placement.static.StaticPlacement``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from . import restarts
-from .bundles import StaticPlacement, consecutive_mapping
-from .commands import PlaceReplica
-from .errors import InvalidConfig, InvalidEvent, InvariantViolation
-from .fields import shown
-from .lifecycle import Phase, Trigger, advance
-from .records import maker, unchecked_copy
-from .state import Deployment, Replica
-from .transaction import Tx, disarm, put_replica, remove, stop_command, succeed
+from ..base.bundles import StaticPlacement, consecutive_mapping
+from ..base.commands import PlaceReplica
+from ..base.errors import InvalidConfig, InvalidEvent, InvariantViolation
+from ..base.fields import shown
+from ..base.lifecycle import Phase, Trigger, advance
+from ..base.records import maker, unchecked_copy
+from ..base.state import Deployment, Replica
+from ..control import restarts
+from ..control.transaction import Tx, disarm, put_replica, remove, stop_command, succeed
 
 __all__ = ["StaticPlacement", "consecutive_mapping", "place", "start_failed", "crash", "fail", "restart_failed",
            "bundles_moved", "node_lost", "placed_elsewhere", "check_scale", "check_same_shape"]
 
-_copy = unchecked_copy  # rankcore.records: not validated, no per-call introspection
+_copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _Place = maker(PlaceReplica)
 
 

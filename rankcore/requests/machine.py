@@ -31,13 +31,13 @@ from collections import OrderedDict
 from heapq import heapify, heappop, heappush
 from typing import Any, Union
 
-from . import events as _core_events
-from .commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
-from .errors import InvalidConfig, InvalidEvent, UnknownDeployment
-from .fields import shown
-from .records import maker
-from .request_queue import RequestQueue
-from .request_records import (
+from ..base import events as _core_events
+from ..base.commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
+from ..base.errors import InvalidConfig, InvalidEvent, UnknownDeployment
+from ..base.fields import shown
+from ..base.records import maker
+from .queue import RequestQueue
+from .records import (
     FAIL_REASONS,
     REJECT_REASONS,
     STATES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Generic, Protocol, TypeVar
 
-from .errors import InvariantViolation
+from ..base.errors import InvariantViolation
 
 __all__ = ["RequestQueue", "Queued", "FRONT"]
 

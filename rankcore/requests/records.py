@@ -2,7 +2,7 @@
 what it answers about a request, a deployment's counters and its pool.
 
 Frozen, slotted, keyword-only attrs records that validate on construction
-(like ``rankcore/events.py``): a malformed one raises ``InvalidConfig``
+(like ``rankcore/base/events.py``): a malformed one raises ``InvalidConfig``
 naming the record, the field and the value, so it never reaches the machine.
 
 Internal module: import its public names from ``rankcore.requests``.
@@ -14,9 +14,9 @@ from typing import Any
 
 import attrs
 
-from . import fields as f
-from .errors import InvalidConfig
-from .options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
+from ..base import fields as f
+from ..base.errors import InvalidConfig
+from ..base.options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 
 __all__ = [
     "REJECT_REASONS",
@@ -82,7 +82,7 @@ class Configure:
     ejected)."""
 
     deployment: str = attrs.field(validator=f.name)
-    #: (the defaults: a deployment's options, declared once in rankcore/options.py, RequestOptions)
+    #: (the defaults: a deployment's options, declared once in rankcore/base/options.py, RequestOptions)
     max_ongoing_requests: int = attrs.field(default=MAX_ONGOING_REQUESTS, validator=f.positive_int)
     max_queued_requests: int = attrs.field(default=MAX_QUEUED_REQUESTS, validator=f.queue_limit)
     max_retries: int = attrs.field(default=MAX_RETRIES, validator=f.count)

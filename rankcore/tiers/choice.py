@@ -47,8 +47,8 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from . import fields as f
-from .errors import InvalidConfig, InvariantViolation
+from ..base import fields as f
+from ..base.errors import InvalidConfig, InvariantViolation
 
 __all__ = [
     "Tier", "Device", "Resident", "CacheEntry", "NodeTiers", "Want", "Choice", "PREFERENCE",

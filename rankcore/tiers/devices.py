@@ -1,4 +1,4 @@
-"""GPU memory in the cluster model: the tier choices of ``rankcore.tiers``
+"""GPU memory in the cluster model: the tier choices of ``rankcore.tiers.choice``
 booked in the step (issue 21; docs/tiers.md).
 
 A node that joins with ``devices`` (each GPU's memory in bytes) and
@@ -39,13 +39,13 @@ from typing import Any
 
 import attrs
 
-from . import tiers
-from .cluster import Cluster, Need, fits
-from .clustertx import ClusterTx
-from .errors import InvalidEvent
-from .lifecycle import Phase
-from .state import Deployment
-from .tiers import CacheEntry, NodeTiers, Resident, TierPlacement, Want
+from ..base.cluster import Cluster, Need, fits
+from ..base.errors import InvalidEvent
+from ..base.lifecycle import Phase
+from ..base.state import Deployment
+from ..placement.clustertx import ClusterTx
+from . import choice as tiers
+from .choice import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
            "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
@@ -238,7 +238,7 @@ def start_evictions(tx: Any, dep: Deployment, rid: str, chosen: TierPlacement) -
     """``chosen.evict`` leave for ``rid``, which claims its devices now (placed, or
     woken, there once they are gone: the room they free is nobody else's). Each
     victim is marked leaving (no other replica counts on it), where its weights go
-    is decided now, and the end-of-step pass sends the evictions (``rankcore.evictions``)."""
+    is decided now, and the end-of-step pass sends the evictions (``rankcore.tiers.evictions``)."""
     cl = tx.cl
     victims = chosen.evict
     cl.evicting = cl.evicting.set(rid, victims)

@@ -1,5 +1,5 @@
 """The end-of-step pass that carries out the evictions chosen in the step
-(``rankcore.devices``, issue 21), and the wakes that wait for room.
+(``rankcore.tiers.devices``, issue 21), and the wakes that wait for room.
 
 An evicted replica is a removal for the rank rules: it drains and stops
 (``EvictReplica``, answered by ``ReplicaStopped``), keeping its ranks until
@@ -15,13 +15,13 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from ..base.commands import DropWarmCopy, EvictReplica
+from ..base.lifecycle import Phase, Residency, TierTrigger, Trigger, advance
+from ..base.records import unchecked_copy
+from ..control.moves import reconcile
+from ..control.transaction import Tx, put_replica
+from ..placement.scheduling import _rekind
 from . import devices, residency
-from .commands import DropWarmCopy, EvictReplica
-from .lifecycle import Phase, Residency, TierTrigger, Trigger, advance
-from .moves import reconcile
-from .records import unchecked_copy
-from .scheduling import _rekind
-from .transaction import Tx, put_replica
 
 __all__ = ["carry_out", "retry_wakes"]
 

@@ -26,13 +26,13 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from ..base.commands import LoadReplica, OffloadReplica, UpdateWeights
+from ..base.errors import InvalidEvent
+from ..base.lifecycle import Phase, Residency, TierTrigger, advance_tier
+from ..base.records import unchecked_copy
+from ..base.state import Deployment, Replica
+from ..control.transaction import Tx, by_rank, put_replica
 from . import devices
-from .commands import LoadReplica, OffloadReplica, UpdateWeights
-from .errors import InvalidEvent
-from .lifecycle import Phase, Residency, TierTrigger, advance_tier
-from .records import unchecked_copy
-from .state import Deployment, Replica
-from .transaction import Tx, by_rank, put_replica
 
 __all__ = ["settle", "settle_all", "needs", "quiet", "serving", "fully_serving", "at_start",
            "sleep", "wake", "push", "moved", "move_failed", "updated"]
@@ -81,7 +81,7 @@ def settle(tx: Tx, dep: Deployment, rep: Replica) -> Replica:
         tx.emit(UpdateWeights(replica_id=rep.replica_id, deployment=dep.name, version=dep.weights_version))
         rep = _copy(rep, weights_version=dep.weights_version, weights_pending=True)
     if move is TierTrigger.WAKE and not devices.wake_room(tx, dep, rep.replica_id, rep.node_id):
-        move = None  # waits for GPU room on its node (rankcore.devices; retried by rankcore.evictions)
+        move = None  # waits for GPU room on its node (rankcore.tiers.devices; retried by rankcore.tiers.evictions)
     if move is not None:
         cmd = OffloadReplica if move is TierTrigger.SLEEP else LoadReplica
         tx.emit(cmd(replica_id=rep.replica_id, deployment=dep.name))

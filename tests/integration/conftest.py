@@ -25,7 +25,7 @@ def _local_ray(num_gpus: int, store_mib: int, end: str):
     import ray
 
     from executors.ray_gpu import get_controller
-    from executors.ray_gpu.api import ask
+    from executors.ray_gpu.api.deployments import ask
 
     ray_env()
     if ray.is_initialized():  # (a module before failed without letting its Ray go: one failure, not thirty)

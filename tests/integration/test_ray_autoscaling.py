@@ -10,7 +10,7 @@ import pytest
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, run
-from executors.ray_gpu.api import ask
+from executors.ray_gpu.api.deployments import ask
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
@@ -117,7 +117,7 @@ def test_a_controller_restart_pauses_autoscaling_keeps_its_target_and_it_resumes
         time.sleep(0.2)
     decided = st["target"]
     assert decided >= 2, f"no scale-up before the restart: {st}"
-    from executors.ray_gpu.persist import load_specs
+    from executors.ray_gpu.control.persist import load_specs
 
     assert load_specs()["restart"]["applied"].num_replicas == decided  # (what a restarted core rebuilds)
     ray.kill(get_controller(), no_restart=False)

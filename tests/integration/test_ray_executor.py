@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from executors.ray_gpu import deployment, get_controller, get_deployment_handle, get_replica_context, idempotent, run
-from executors.ray_gpu.api import ask
+from executors.ray_gpu.api.deployments import ask
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -373,7 +373,7 @@ def test_a_handle_learns_of_a_crash_and_its_replacement_from_the_controller_not_
     same-rank replacement once the controller serves it, and none fails."""
     import types
 
-    from executors.ray_gpu import router
+    from executors.ray_gpu.api import router
 
     h = run(Ids.bind())
     assert h.remote().result(timeout=30)  # the handle knows the 3 replicas

@@ -21,8 +21,8 @@ import pytest
 import ray
 
 from executors.ray_gpu import deployment, run
-from executors.ray_gpu.controller import NAMESPACE
-from executors.ray_gpu.ingress import INGRESS_NAME, args_of, expose, ingress_address, match_route
+from executors.ray_gpu.control.controller import NAMESPACE
+from executors.ray_gpu.ingress.http import INGRESS_NAME, args_of, expose, ingress_address, match_route
 
 from .conftest import ROOT
 
@@ -490,7 +490,7 @@ def test_reset_stops_the_ingress_and_forgets_its_routes_and_port(base):
     from ray.experimental import internal_kv
 
     from executors.ray_gpu import get_controller
-    from executors.ray_gpu.api import ask
+    from executors.ray_gpu.api.deployments import ask
 
     ask(get_controller(), "reset")
     assert ingress_address() is None

@@ -22,9 +22,9 @@ from executors.checktrace import check_trace_file
 from executors.cli import main
 from executors.history import rank_history
 from executors.ray_gpu import StaticPlacementConfig, deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.api import ask
-from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.control.cluster import SCENARIO_NODE_LABEL
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from executors.ray_gpu.scenario import run_on_ray
 from executors.scenarios import parse_scenario
 from executors.scenarios.timeline import plan
@@ -52,7 +52,7 @@ def scenario(body: str, name: str = "issue19"):
 def cluster():
     import ray
 
-    from executors.ray_gpu.cluster import ScenarioCluster
+    from executors.ray_gpu.control.cluster import ScenarioCluster
 
     ray_env()
     c = ScenarioCluster(scenario("deployments: {x: {}}\ntimeline: [{deploy: x}]").nodes)

@@ -12,7 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.api import ask
+from executors.ray_gpu.api.deployments import ask
 from tests.integration.conftest import ray_env
 
 FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}

@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.api import ask
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")

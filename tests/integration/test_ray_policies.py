@@ -30,9 +30,9 @@ import pytest
 
 from executors.checktrace import check_trace_lines
 from executors.ray_gpu import deployment, get_controller, get_replica_context
-from executors.ray_gpu.api import ask
-from executors.ray_gpu.controller import NAMESPACE, actor_name
-from executors.ray_gpu.replica import ReplicaActor
+from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
+from executors.ray_gpu.control.replica import ReplicaActor
 from tests.integration.conftest import ROOT, ray_env
 from tests.integration.waiting import wait_for
 
@@ -402,7 +402,7 @@ def _shaped_like(sc):
     (``ScenarioCluster``: one Ray node per scenario node, its GPUs), then back."""
     import ray
 
-    from executors.ray_gpu.cluster import ScenarioCluster
+    from executors.ray_gpu.control.cluster import ScenarioCluster
 
     ask(get_controller(), "reset")
     ray.shutdown()
@@ -421,7 +421,7 @@ def _shaped_like(sc):
 def _layout(recs: list[dict]) -> dict[int, tuple]:
     """The last snapshot, lineage by lineage: (scenario node name, [global, node, local rank])
     (a Ray node is named by its scenario label, from the trace's NodeJoined events)."""
-    from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
+    from executors.ray_gpu.control.cluster import SCENARIO_NODE_LABEL
 
     names = {r["fields"]["node_id"]: dict(r["fields"]["labels"]).get(SCENARIO_NODE_LABEL)
              for r in recs if r.get("kind") == "event" and r["type"] == "NodeJoined"}
@@ -477,8 +477,8 @@ def _refused_on_ray(sim: list[dict], got: list[dict]) -> None:
     lineage on node-1 (the simulator: a PlacementFailed, then node-1)."""
     import ray
 
-    from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
-    from executors.ray_gpu.controller import UNSEEN_GROUP_PREFIX
+    from executors.ray_gpu.control.cluster import SCENARIO_NODE_LABEL
+    from executors.ray_gpu.control.controller import UNSEEN_GROUP_PREFIX
 
     node0 = [r["fields"] for r in got if r.get("kind") == "event" and r["type"] == "NodeJoined"
              and dict(r["fields"]["labels"]).get(SCENARIO_NODE_LABEL) == "node-0"]

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from executors.ray_gpu.api import ask, get_controller
+from executors.ray_gpu.api.deployments import ask, get_controller
 from executors.ray_gpu.subject import RaySubject
 from rankcore.testing import make_timeline_machine
 

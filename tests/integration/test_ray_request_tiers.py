@@ -23,8 +23,8 @@ import torch
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.api import ask, book_memory, sleep, tiers_status, wait_serving, wake
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask, book_memory, sleep, tiers_status, wait_serving, wake
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
 
 GPU_MEMORY = 1000

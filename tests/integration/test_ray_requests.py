@@ -14,8 +14,8 @@ import ray
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
-from executors.ray_gpu.api import DeploymentHandle, ask
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import DeploymentHandle, ask
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
@@ -224,7 +224,7 @@ def test_a_generator_method_streams_over_http_as_ndjson():
 
     import httpx
 
-    from executors.ray_gpu.ingress import ingress_address
+    from executors.ray_gpu.ingress.http import ingress_address
 
     run(deployment(Tokens, name="httptokens", num_replicas=1, ray_actor_options=OPTS).bind(),
         route_prefix="/tok", port=0)
@@ -249,7 +249,7 @@ def test_a_progress_call_reports_running_over_http_and_through_the_handle():
 
     import httpx
 
-    from executors.ray_gpu.ingress import ingress_address
+    from executors.ray_gpu.ingress.http import ingress_address
 
     h = run(deployment(Model, name="progress", num_replicas=1, ray_actor_options=OPTS).bind(),
             route_prefix="/prog", port=0)
@@ -292,8 +292,8 @@ def test_deleting_one_deployment_drains_it_fails_its_waiting_calls_and_leaves_th
     import httpx
 
     from executors.ray_gpu import delete
-    from executors.ray_gpu.ingress import ingress_address
-    from executors.ray_gpu.persist import load_deleted
+    from executors.ray_gpu.control.persist import load_deleted
+    from executors.ray_gpu.ingress.http import ingress_address
 
     doomed = run(deployment(Model, name="doomed", num_replicas=1, max_ongoing_requests=1,
                             ray_actor_options=OPTS).bind(), route_prefix="/doomed", port=0)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from executors.checktrace import check_trace_file
 from executors.cli import main
 from executors.history import rank_history
-from executors.ray_gpu.cluster import SCENARIO_NODE_LABEL
+from executors.ray_gpu.control.cluster import SCENARIO_NODE_LABEL
 from executors.sim import Simulation, load_scenario
 from executors.trace import states
 from tests.integration.conftest import ray_env
@@ -99,7 +99,7 @@ RANK_PACKED = ROOT / "examples" / "scenarios" / "rank-packed-downscale.yaml"
 def test_rank_packed_example_places_every_replica_as_the_simulator_does(tmp_path):
     """Issue 9's proof, for placement by rank: on a 3-node Ray cluster shaped like the
     scenario, every replica lands on the same node with the same node and local rank
-    as in the simulator (both take it from rankcore.placement), and the downscale
+    as in the simulator (both take it from rankcore.placement.policies), and the downscale
     reassigns nothing there either."""
     ray_env()
     trace = tmp_path / "ray.jsonl"

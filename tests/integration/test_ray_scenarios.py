@@ -12,7 +12,7 @@ import pytest
 from executors.checktrace import check_trace_file
 from executors.history import rank_history
 from executors.ray_gpu import get_controller
-from executors.ray_gpu.api import ask
+from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported, run_on_ray
 from executors.scenarios.timeline import CrashController
 from executors.sim import Simulation, load_scenario

@@ -25,8 +25,8 @@ import ray
 import torch
 
 from executors.ray_gpu import StaticPlacementConfig, deployment, get_controller, get_replica_context, run
-from executors.ray_gpu.api import ask, push_weights, sleep, wait_serving, wake, weights_status
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask, push_weights, sleep, wait_serving, wake, weights_status
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from executors.ray_gpu.scenario import run_on_ray
 from executors.sim import Simulation, load_scenario
 from tests.integration.waiting import wait_for
@@ -266,7 +266,7 @@ def test_a_controller_restart_keeps_a_sleep_and_a_push_that_no_replica_showed_ye
     ``desired_weights``) and passed as ``ControllerRecovered.asleep`` / ``weights_versions``:
     here every replica is still in its constructor when the controller dies, so no report says
     "warm" or holds the version pushed, and only the saved words keep the sleep and the push."""
-    from executors.ray_gpu import persist
+    from executors.ray_gpu.control import persist
 
     d = deployment(Policy, name="early", num_replicas=2)
     ctl = get_controller()
@@ -384,7 +384,7 @@ def test_a_replica_on_another_node_takes_a_shares_fallback_copy():
     import attrs
 
     from executors.ray_gpu import share_weights
-    from executors.ray_gpu.replica_weights import ReplicaWeights
+    from executors.ray_gpu.weights.replica import ReplicaWeights
 
     share = share_weights(weights(1), 1)
     try:

@@ -32,8 +32,8 @@ from executors.ray_gpu import (
     run,
     sorted_bundle_mapping,
 )
-from executors.ray_gpu.api import ask
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.conftest import ray_env
 from tests.integration.waiting import wait_for
 

@@ -18,8 +18,8 @@ import ray
 import torch
 
 from executors.ray_gpu import deployment, get_controller, run
-from executors.ray_gpu.api import ask, book_memory, tiers_status, wait_serving
-from executors.ray_gpu.controller import NAMESPACE, actor_name
+from executors.ray_gpu.api.deployments import ask, book_memory, tiers_status, wait_serving
+from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
 
 X = torch.linspace(-1, 1, 64)

@@ -851,7 +851,7 @@ def test_unreported_gpus_runs_on_a_scenario_shaped_ray_cluster_only() -> None:
 
 
 def test_the_controller_does_not_subtract_a_fault_injection_group_from_its_node() -> None:
-    from executors.ray_gpu.controller import UNSEEN_GROUP_PREFIX, held_by_callers
+    from executors.ray_gpu.control.controller import UNSEEN_GROUP_PREFIX, held_by_callers
 
     def group(name: str) -> dict:
         return {"name": name, "state": "CREATED", "bundles": {0: {"GPU": 1.0}}, "bundles_to_node_id": {0: "n0"}}

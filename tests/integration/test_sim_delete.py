@@ -1,6 +1,6 @@
 """Deleting one deployment in the simulator (issue 22): the ``delete`` timeline action.
 
-The core decides (``DeploymentDeleted``, rankcore/deletion.py); the simulator carries out the stops,
+The core decides (``DeploymentDeleted``, rankcore/control/deletion.py); the simulator carries out the stops,
 fails the requests still waiting (nothing is coming), lets the draining replicas finish what they hold,
 and a controller restart in the middle of it recovers the deletion from what it persisted.
 """

@@ -122,7 +122,7 @@ def test_a_bad_arrival_file_names_its_line(tmp_path: Path) -> None:
     ("{arrivals: {kind: poisson, rate: 5}, service: {dist: weibull}}", "traffic.llm.service", "unknown dist"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, timeout_s: 0}", "traffic.llm.timeout_s", "> 0"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, max_ongoing_requests: 2}",
-     "traffic.llm.max_ongoing_requests", "a deployment option (declared once: rankcore/options.py): set it as "
+     "traffic.llm.max_ongoing_requests", "a deployment option (declared once: rankcore/base/options.py): set it as "
      "deployments.llm.max_ongoing_requests"),
     ("{arrivals: {kind: poisson, rate: 5}, service: 1, idempotent: maybe}", "traffic.llm.idempotent", "true or false"),
     # streams (``stream:``)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import rankcore as rc
 from rankcore import invariants as inv
-from rankcore.autoscaling import bounds
+from rankcore.control.autoscaling import bounds
 
 NAME = "m"
 

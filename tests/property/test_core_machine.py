@@ -14,5 +14,5 @@ TestManagedCoreMachine = make_machine(CoreSubject, managed=True, groups=False).T
 TestGroupsCoreMachine = make_machine(CoreSubject, managed=True, groups=True).TestCase
 
 #: GPU memory (issue 21): nodes declare devices and a CPU cache, models evict
-#: each other, reload WARM or COLD, sleep and wake (rankcore.devices)
+#: each other, reload WARM or COLD, sleep and wake (rankcore.tiers.devices)
 TestTiersCoreMachine = make_machine(CoreSubject, managed=True, groups=False, tiers=True).TestCase

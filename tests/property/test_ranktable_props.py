@@ -14,8 +14,8 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rankcore.errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
-from rankcore.ranks import LowerBound, RankTable, Reassignment, ReplicaRank
+from rankcore.base.errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
+from rankcore.base.ranks import LowerBound, RankTable, Reassignment, ReplicaRank
 
 REPLICAS = tuple(f"r{i}" for i in range(12))
 NODES = tuple(f"n{i}" for i in range(4))

@@ -1,4 +1,4 @@
-"""The request machine under random events (rankcore/requests.py, issue 22).
+"""The request machine under random events (rankcore/requests/machine.py, issue 22).
 
 Random Configure / PoolChanged / PoolReset / PoolComing / Submit / Started /
 Completed / NotDelivered / Cancel / Tick, some of them illegal or stale; after
@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import rankcore as rc
-from rankcore.request_queue import RequestQueue
 from rankcore.requests import (
     Cancel,
     CancelOnReplica,
@@ -36,6 +35,7 @@ from rankcore.requests import (
     Submit,
     Tick,
 )
+from rankcore.requests.queue import RequestQueue
 
 DEPS = ("llm", "emb")
 UNKNOWN_DEP = "zzz"

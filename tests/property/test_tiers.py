@@ -1,4 +1,4 @@
-"""Model tiers' choices (``rankcore.tiers``) against brute force, on random
+"""Model tiers' choices (``rankcore.tiers.choice``) against brute force, on random
 nodes: no device over-committed, no dedicated or young replica evicted (but
 for a dedicated newcomer), no eviction that was not needed, the preference
 order across nodes, the CPU cache never over its budget, dropped smallest first
@@ -11,7 +11,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankcore.tiers import (
+from rankcore.tiers.choice import (
     PREFERENCE,
     CacheEntry,
     Choice,
@@ -203,7 +203,7 @@ def test_a_sequence_of_placements_never_breaks_the_tier_invariants(data):
     clock moving on): no device is ever over-committed, no replica is HOT
     twice, the cache stays within budget, dedicated replicas never leave."""
     from rankcore.invariants import check_tiers
-    from rankcore.tiers import apply
+    from rankcore.tiers.choice import apply
 
     nodes = tuple(data.draw(nodes_st(1, 3)))
     check_tiers(nodes)
@@ -230,7 +230,7 @@ def test_a_sequence_of_placements_never_breaks_the_tier_invariants(data):
 def test_check_tiers_names_what_is_wrong():
     import pytest
 
-    from rankcore.errors import InvariantViolation
+    from rankcore.base.errors import InvariantViolation
     from rankcore.invariants import check_tiers
 
     big = Resident(replica_id="r", deployment="a", devices=(0,), bytes_per_device=90 * GIB)

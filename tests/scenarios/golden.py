@@ -297,7 +297,7 @@ def show_state(state: rc.State) -> list[str]:
             r = dep.replicas[rid]
             out.append(f"  {rid} {r.phase.value} {r.node_id or '-'} no-rank")
     cl = state.cluster
-    for node_id in sorted(cl.devices.keys()):  # GPU memory booked (rankcore.devices): who holds what, where
+    for node_id in sorted(cl.devices.keys()):  # GPU memory booked (rankcore.tiers.devices): who holds what, where
         held = sorted((tuple(r.devices), rid, r.bytes_per_device, r.leaving, rid in cl.evicting)
                       for rid, (n, r) in cl.hot.items() if n == node_id)
         gpu = " ".join(f"{rid}@{','.join(map(str, d))}={b}" + ("(leaving)" if gone else "(claim)" if claim else "")

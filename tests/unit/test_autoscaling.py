@@ -1,4 +1,4 @@
-"""The autoscaler in the core (rankcore.autoscaling, issue 23): Ray Serve's options and rule,
+"""The autoscaler in the core (rankcore.control.autoscaling, issue 23): Ray Serve's options and rule,
 each rule on its own, through the same scale path as a person's ScaleRequested."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import attrs
 import pytest
 
 import rankcore as rc
-from rankcore.autoscaling import DEFAULT_POLICY, factored
+from rankcore.base.options import AutoscalingOptions
+from rankcore.control.autoscaling import DEFAULT_POLICY, factored
 from rankcore.invariants import check_recovery_roundtrip, check_state, reports_from
-from rankcore.options import AutoscalingOptions
 
 NAME = "m"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import rankcore as rc
+from rankcore.base.lifecycle import Phase
 from rankcore.invariants import check_recovery_roundtrip, check_step
-from rankcore.lifecycle import Phase
 
 GPU1 = (("GPU", 1.0),)
 
@@ -434,7 +434,7 @@ def test_node_joined_again_with_several_resources_is_stale():
 
 def test_packing_gap_counts_node_changes_beyond_one_block_per_node():
     """How far from rank-packed: 0 for blocks, one per extra change of node."""
-    from rankcore.placement import packing_gap
+    from rankcore.placement.policies import packing_gap
 
     assert packing_gap(["a", "a", "b", "b", "c"]) == 0
     assert packing_gap(["a", "b", "a", "b"]) == 2  # 3 changes, 2 nodes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import rankcore as rc
-from rankcore.lifecycle import Phase
+from rankcore.base.lifecycle import Phase
 from tests.helpers import Driver, of
 
 

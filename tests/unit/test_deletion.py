@@ -1,4 +1,4 @@
-"""Deleting one deployment (rankcore/deletion.py): what persists and what a recovery makes of it."""
+"""Deleting one deployment (rankcore/control/deletion.py): what persists and what a recovery makes of it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPU memory in the step (issue 21, rankcore/devices.py): the rules the golden scripts
+"""GPU memory in the step (issue 21, rankcore/tiers/devices.py): the rules the golden scripts
 (tests/scenarios/eviction-*.txt, sleep-frees-gpu.txt) do not show, and the errors."""
 
 from __future__ import annotations

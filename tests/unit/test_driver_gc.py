@@ -32,7 +32,7 @@ def test_a_large_scale_up_freezes_what_is_alive_and_small_changes_do_not():
     frozen = gc.get_freeze_count()
     # the new replica records are frozen: a full collection no longer scans them
     assert frozen >= FREEZE_MIN_CHANGE
-    assert not any(type(o) is rc.state.Replica for o in gc.get_objects())
+    assert not any(type(o) is rc.base.state.Replica for o in gc.get_objects())
     _scale(d, FREEZE_MIN_CHANGE + 1_000)  # +900: below the threshold
     assert d.freezes == 1
     _scale(d, 2 * FREEZE_MIN_CHANGE + 200)  # +10,100 and more than a quarter
@@ -44,4 +44,4 @@ def test_gc_freeze_false_leaves_the_collector_alone():
     d = Driver(_Null(), gc_freeze=False)
     _scale(d, FREEZE_MIN_CHANGE + 100)
     assert d.freezes == 0 and gc.get_freeze_count() == 0
-    assert any(type(o) is rc.state.Replica for o in gc.get_objects())
+    assert any(type(o) is rc.base.state.Replica for o in gc.get_objects())

@@ -12,7 +12,7 @@ import gc
 import random
 import time
 
-from rankcore.ranks import RankTable, ReplicaRank
+from rankcore.base.ranks import RankTable, ReplicaRank
 
 
 def _tracked_tables(t: RankTable) -> list[int]:

@@ -109,17 +109,22 @@ def test_the_executors_share_scenarios_but_not_each_other():
 
 #: what an embedder (and every executor, benchmark and tool here) may import
 #: of rankcore: docs/embedding.md, "What you may import"
-PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.records",
+PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.base.records",
                   "rankcore.requests"}
-#: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...)
-NAMESPACES = {"options", "placement", "gangs", "static", "cluster", "health", "restarts", "spares", "tiers"}
+#: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...) and the module each is
+NAMESPACES = {"options": "rankcore.base.options", "placement": "rankcore.placement", "gangs": "rankcore.placement.gangs",
+              "static": "rankcore.placement.static", "cluster": "rankcore.base.cluster",
+              "health": "rankcore.control.health", "restarts": "rankcore.control.restarts",
+              "spares": "rankcore.placement.spares", "tiers": "rankcore.tiers",
+              "autoscaling": "rankcore.control.autoscaling"}
 
 
 def test_executors_benchmarks_and_tools_use_only_the_public_surface():
     import rankcore
 
-    assert set(rankcore.__all__) >= NAMESPACES
-    allowed = PUBLIC_MODULES | {f"rankcore.{n}" for n in NAMESPACES}
+    assert set(rankcore.__all__) >= set(NAMESPACES)
+    # + the lifecycle declaration the CLI renders as a diagram (rankcore diagram)
+    allowed = PUBLIC_MODULES | set(NAMESPACES.values()) | {"rankcore.base.lifecycle"}
     bad = []
     for package in ("executors", "benchmarks", "tools"):
         for path in (ROOT / package).rglob("*.py"):
@@ -129,7 +134,9 @@ def test_executors_benchmarks_and_tools_use_only_the_public_surface():
             for node in ast.walk(tree):
                 mods = []
                 if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    mods = [node.module]
+                    # from a plane's folder: the submodules named (from rankcore.base import lifecycle)
+                    mods = ([f"{node.module}.{a.name}" for a in node.names] if _layer(node.module) != ""
+                            and node.module not in allowed else [node.module])
                 elif isinstance(node, ast.Import):
                     mods = [a.name for a in node.names]
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in mods
@@ -144,11 +151,52 @@ def test_executors_benchmarks_and_tools_use_only_the_public_surface():
 def test_internal_modules_say_they_are_internal():
     import rankcore
 
-    core = ROOT / "rankcore"
-    public = {m.rpartition(".")[2] for m in PUBLIC_MODULES if m != "rankcore"} | NAMESPACES
-    for path in core.glob("*.py"):
-        if path.stem in public or path.stem == "__init__":
+    public = PUBLIC_MODULES | set(NAMESPACES.values()) | {"rankcore.tiers.choice", "rankcore.placement.policies",
+                                                           "rankcore.requests.machine"}
+    seen = 0
+    for path in (ROOT / "rankcore").rglob("*.py"):
+        if _module(path) in public or path.stem == "__init__":
             continue
+        seen += 1
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        assert "Internal" in doc, f"rankcore/{path.name}: its docstring does not say it is internal"
+        assert "Internal" in doc, f"{path.relative_to(ROOT)}: its docstring does not say it is internal"
+    assert seen > 25
     assert rankcore.__doc__ is not None and "public surface" in rankcore.__doc__
+
+
+#: rankcore's folders, bottom to top (docs/architecture.md, "The planes"): a module may import its own
+#: folder and the folders beneath it; the request plane stands on the base alone
+LAYERS = {"base": 0, "placement": 1, "tiers": 1, "control": 1, "requests": 1, "": 2}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else ""  # rankcore.core, rankcore.testing: the top
+
+
+def _crossings(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for a, targets in graph.items():
+        for b in targets:
+            la, lb = _layer(a), _layer(b)
+            if b == "rankcore" or la == lb or not b.startswith("rankcore."):
+                continue
+            if LAYERS[lb] > LAYERS[la] or (LAYERS[lb] == LAYERS[la] and "requests" in (la, lb)):
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_the_planes_import_one_way():
+    """base <- placement, tiers, control (one layer: the generic moves ask static placement and gangs
+    what differs) <- the step (core, fast paths) and the public modules; requests <- base only."""
+    graph = _graph("rankcore")
+    assert {_layer(m) for m in graph} == set(LAYERS)
+    assert _crossings(graph) == []
+
+
+def test_the_layer_check_sees_a_base_module_importing_a_plane():
+    graph = {"rankcore.base.state": {"rankcore.placement.policies"}, "rankcore.requests.machine": {"rankcore.control.pool"},
+             "rankcore.control.moves": {"rankcore.core"}, "rankcore.core": {"rankcore.control.moves"}}
+    assert _crossings(graph) == ["rankcore.base.state -> rankcore.placement.policies",
+                                 "rankcore.control.moves -> rankcore.core",
+                                 "rankcore.requests.machine -> rankcore.control.pool"]

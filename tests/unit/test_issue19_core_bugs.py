@@ -151,10 +151,10 @@ def test_a_replica_id_with_unicode_digits_is_refused_not_stale(rid: str) -> None
     """``"llm#١"`` is not ``"llm#1"`` (int() reads it as 1, so it looked like an
     earlier incarnation of the core's own, and the event was taken as stale)."""
     state = _deployed()
-    assert rc.state.parse_replica_number(rid) is None
+    assert rc.base.state.parse_replica_number(rid) is None
     with pytest.raises(rc.InvalidEvent, match="unknown replica"):
         rc.step(state, rc.ReplicaPlaced(replica_id=rid, node_id="n0"))
-    assert rc.state.parse_replica_number("llm#1") == 1  # (ASCII digits still parse)
+    assert rc.base.state.parse_replica_number("llm#1") == 1  # (ASCII digits still parse)
 
 
 @pytest.mark.parametrize("make, field", [
@@ -195,7 +195,7 @@ def test_fine_numbers_still_pass() -> None:
 
 
 def test_error_messages_cut_huge_values_short() -> None:
-    from rankcore.fields import shown
+    from rankcore.base.fields import shown
 
     assert shown("x" * 1000).endswith("... (1002 characters)") and len(shown("x" * 1000)) < 120
     assert shown(10**5000) == "an int of about 5001 digits"  # (repr itself would raise: over the digit limit)
@@ -255,7 +255,7 @@ def test_a_start_latency_equal_to_the_start_timeout_warns() -> None:
 # ------------------------------------------------------------------ bug 8
 def _count_choices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every node choice the queue pass makes (``scheduling._choose``), by replica."""
-    from rankcore import scheduling
+    from rankcore.placement import scheduling
 
     seen: list[str] = []
     real = scheduling._choose

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rankcore import InvalidEvent
-from rankcore.lifecycle import DECLARATION, TABLE, TERMINAL, Phase, Trigger, advance, mermaid
+from rankcore.base.lifecycle import DECLARATION, TABLE, TERMINAL, Phase, Trigger, advance, mermaid
 
 
 def test_table_equals_declaration():

@@ -56,7 +56,7 @@ def test_a_rank_listing_a_bundle_twice_is_named_so():
 
 def test_ask_is_exported_where_docs_ray_md_calls_it():
     import executors.ray_gpu as rg
-    from executors.ray_gpu.api import ask
+    from executors.ray_gpu.api.deployments import ask
 
     assert rg.ask is ask and "ask" in rg.__all__
     assert "get_controller" in rg.__all__
@@ -71,7 +71,7 @@ def test_the_protocol_table_lists_every_field_of_every_command():
 
     import attrs
 
-    from rankcore import commands
+    from rankcore.base import commands
 
     text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
     section = text.split("## Protocol between core and executor", 1)[1].split("\n## ", 1)[0]

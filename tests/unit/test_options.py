@@ -1,4 +1,4 @@
-"""The deployment's options, declared once (rankcore/options.py): every surface reads their
+"""The deployment's options, declared once (rankcore/base/options.py): every surface reads their
 names, defaults and checks from there, and refuses an unknown one by name."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import rankcore as rc
 from executors.ray_gpu import deployment
-from executors.ray_gpu.api import CORE_OPTIONS, Deployment
+from executors.ray_gpu.api.deployments import CORE_OPTIONS, Deployment
 from executors.scenarios.format import ScenarioError, parse_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))

@@ -1,4 +1,4 @@
-"""Which node a replica goes to (rankcore.placement, both executors' rule) and the Ray
+"""Which node a replica goes to (rankcore.placement.policies, both executors' rule) and the Ray
 executor's placement option checks (no Ray needed)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 
 import rankcore as rc
-from executors.ray_gpu import placement as pl
-from rankcore.placement import NodeView, choose_node
+from executors.ray_gpu.control import placement as pl
+from rankcore.placement.policies import NodeView, choose_node
 
 
 def nodes(*gpus: float, held: dict | None = None, mine: dict | None = None, order: dict | None = None) -> list[NodeView]:

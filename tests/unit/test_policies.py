@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 import rankcore as rc
+from rankcore.base.lifecycle import Phase
 from rankcore.invariants import check_step
-from rankcore.lifecycle import Phase
 
 
 class Core:

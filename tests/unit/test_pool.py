@@ -1,4 +1,4 @@
-"""The pool commands the core pushes to the request path (rankcore/pool.py, issue 22): each rule, in
+"""The pool commands the core pushes to the request path (rankcore/control/pool.py, issue 22): each rule, in
 the step that changes the pool, and ``PoolView`` following them."""
 
 from __future__ import annotations

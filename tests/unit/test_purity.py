@@ -13,12 +13,15 @@ import rankcore
 BANNED = {"ray", "torch", "time", "random", "os", "asyncio", "threading", "subprocess", "socket", "numpy"}
 # The one exception: persistent.py takes a lock around rerooting (thread safety
 # of every version, docs/embedding.md); nothing else in rankcore/ may.
-ALLOWED = {("persistent.py", "threading")}
+ALLOWED = {("base/persistent.py", "threading")}
 CORE = pathlib.Path(rankcore.__file__).parent
 
 
 def test_core_imports_nothing_effectful():
-    for path in CORE.glob("*.py"):
+    paths = sorted(CORE.rglob("*.py"))
+    assert len(paths) > 40 and CORE / "base" / "persistent.py" in paths  # every plane's folder is read
+    for path in paths:
+        rel = path.relative_to(CORE).as_posix()
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = []
@@ -28,12 +31,12 @@ def test_core_imports_nothing_effectful():
                 names = [node.module]
             for name in names:
                 top = name.split(".")[0]
-                assert top not in BANNED or (path.name, top) in ALLOWED, f"{path.name} imports {name}"
+                assert top not in BANNED or (rel, top) in ALLOWED, f"{rel} imports {name}"
 
 
 def test_the_lock_is_all_that_threading_gives_the_core():
     """persistent.py uses threading for RLock only: no threads, timers or events."""
-    tree = ast.parse((CORE / "persistent.py").read_text())
+    tree = ast.parse((CORE / "base" / "persistent.py").read_text())
     used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "threading"}
     assert used == {"RLock"}
 
@@ -76,10 +79,10 @@ def test_core_has_no_bare_assert():
     InvariantViolation instead (issue 20). rankcore.testing, the property
     machines' helper, asserts what a test expects: it may."""
     found = []
-    for path in CORE.glob("*.py"):
+    for path in sorted(CORE.rglob("*.py")):
         if path.name == "testing.py":
             continue
-        found += [f"{path.name}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+        found += [f"{path.relative_to(CORE)}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
                   if isinstance(node, ast.Assert)]
     assert found == []
 

@@ -1,4 +1,4 @@
-"""The waiting queue names each waiting replica once (rankcore/scheduling.py, ``enqueue``)."""
+"""The waiting queue names each waiting replica once (rankcore/placement/scheduling.py, ``enqueue``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Example-based tests of ``RankTable`` and its records (rankcore.ranks)."""
+"""Example-based tests of ``RankTable`` and its records (rankcore.base.ranks)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from rankcore.errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
-from rankcore.ranks import (
+from rankcore.base.errors import InvalidConfig, InvariantViolation, RankConflict, UnknownReplica
+from rankcore.base.ranks import (
     LowerBound,
     RankTable,
     Reassignment,

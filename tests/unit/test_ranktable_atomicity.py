@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import rankcore as rc
-from rankcore.ranks import RankTable
+from rankcore.base.ranks import RankTable
 
 
 def test_failed_release_many_leaves_the_table_unchanged():

@@ -1,4 +1,4 @@
-"""The handle's request path (``executors.ray_gpu.router.Router``: the request machine carried
+"""The handle's request path (``executors.ray_gpu.api.router.Router``: the request machine carried
 out), without a cluster: fake actors whose calls end when a test says, and pool answers as the
 controller's long poll gives them."""
 
@@ -10,8 +10,8 @@ import pytest
 from ray.exceptions import RayActorError
 
 import rankcore as rc
-from executors.ray_gpu.api import DeploymentHandle, DeploymentResponse
-from executors.ray_gpu.router import Router
+from executors.ray_gpu.api.deployments import DeploymentHandle, DeploymentResponse
+from executors.ray_gpu.api.router import Router
 
 
 class _Ref:
@@ -163,8 +163,8 @@ def test_a_load_reporter_pushes_nothing_once_ray_is_shut_down(monkeypatch):
     """A router's load pushes run on timer threads: after ``ray.shutdown`` (a test module's end) one
     would call ``.remote`` on the old controller's handle, which starts a new Ray from that thread and
     broke the next module's ``ray.init`` (the whole CI run stopped at the next module)."""
-    from executors.ray_gpu import autoscale
-    from executors.ray_gpu.autoscale import LoadReporter
+    from executors.ray_gpu.api import autoscale
+    from executors.ray_gpu.api.autoscale import LoadReporter
 
     monkeypatch.setattr(autoscale.ray, "is_initialized", lambda: False)  # (Ray is gone)
     pushed: list = []
@@ -191,7 +191,7 @@ def test_a_forced_pool_ask_leaves_the_lock_free_for_the_calls_answers(monkeypatc
     controller-restart test's ``h.scale(4)`` timed out in ``pool``)."""
     import threading
 
-    from executors.ray_gpu import router as router_mod
+    from executors.ray_gpu.api import router as router_mod
 
     monkeypatch.setattr(router_mod.ray, "is_initialized", lambda: True)
     a = _Actor("d#0")

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from executors.ray_gpu import ledger as ledger_mod
-from executors.ray_gpu import persist
-from executors.ray_gpu.ledger import Ledger
-from executors.ray_gpu.replicas import CREATED, RESERVING, ReplicaRecord
+from executors.ray_gpu.control import ledger as ledger_mod
+from executors.ray_gpu.control import persist
+from executors.ray_gpu.control.ledger import Ledger
+from executors.ray_gpu.control.replicas import CREATED, RESERVING, ReplicaRecord
 
 
 @pytest.fixture

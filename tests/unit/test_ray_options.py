@@ -11,7 +11,7 @@ import pytest
 
 import rankcore as rc
 from executors.ray_gpu import deployment
-from executors.ray_gpu.api import DeploymentHandle
+from executors.ray_gpu.api.deployments import DeploymentHandle
 
 
 class Model:

@@ -8,10 +8,10 @@ import immutables
 import pytest
 
 import rankcore as rc
-from rankcore.cluster import Cluster
-from rankcore.lifecycle import Phase
-from rankcore.records import copier, maker, updater
-from rankcore.state import Deployment, Replica, State
+from rankcore.base.cluster import Cluster
+from rankcore.base.lifecycle import Phase
+from rankcore.base.records import copier, maker, updater
+from rankcore.base.state import Deployment, Replica, State
 
 
 def _dep() -> Deployment:
@@ -57,7 +57,7 @@ def test_maker_is_the_constructor_with_defaults_and_factories() -> None:
 def test_the_cores_records_are_filled_through_a_twin_and_stay_frozen() -> None:
     """The hot records have a same-layout twin (no __weakref__ slot), so their
     copies are plain attribute stores; what comes out is a real, frozen record."""
-    from rankcore.records import _twin
+    from rankcore.base.records import _twin
 
     for cls in (State, Deployment, Replica, Cluster, rc.StartReplica, rc.ReplicaPlaced, rc.ReplicaRank):
         assert _twin(cls) is not None, cls
@@ -70,7 +70,7 @@ def test_the_cores_records_are_filled_through_a_twin_and_stay_frozen() -> None:
 def test_a_record_with_a_weakref_slot_is_copied_through_its_setters() -> None:
     """CPython refuses the twin's class switch for a class with __weakref__:
     those records are written slot by slot instead, with the same result."""
-    from rankcore.records import _twin
+    from rankcore.base.records import _twin
 
     @attrs.frozen(kw_only=True)
     class Weak:
@@ -86,7 +86,7 @@ def test_a_record_with_a_weakref_slot_is_copied_through_its_setters() -> None:
 def test_a_class_whose_copy_would_not_be_valid_is_refused_when_generated() -> None:
     """A converter (skipped by a copy), __attrs_post_init__ (never run) or a
     cached hash (carried over stale): TypeError naming the class, at once."""
-    from rankcore.records import unchecked_copy
+    from rankcore.base.records import unchecked_copy
 
     @attrs.frozen(kw_only=True)
     class Conv:

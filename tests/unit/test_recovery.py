@@ -6,8 +6,8 @@ import attrs
 import pytest
 
 import rankcore as rc
+from rankcore.base.ranks import MAX_RANKS
 from rankcore.invariants import check_recovery_roundtrip, reports_from
-from rankcore.ranks import MAX_RANKS
 from tests.helpers import Driver, of
 
 SPEC = rc.DeploymentApplied(name="app", num_replicas=4, user_config={"m": 1}, has_reconfigure=True,

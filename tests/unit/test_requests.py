@@ -1,11 +1,11 @@
-"""The request machine's rules, one at a time (rankcore/requests.py, issue 22)."""
+"""The request machine's rules, one at a time (rankcore/requests/machine.py, issue 22)."""
 
 from __future__ import annotations
 
 import pytest
 
 import rankcore as rc
-from rankcore.records import maker
+from rankcore.base.records import maker
 from rankcore.requests import (
     Cancel,
     CancelOnReplica,

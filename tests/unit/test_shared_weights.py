@@ -1,4 +1,4 @@
-"""Weights shared once and updated in place (executors/ray_gpu/shared_weights.py), without Ray: the
+"""Weights shared once and updated in place (executors/ray_gpu/weights/shared.py), without Ray: the
 POSIX shared-memory path, the version stamp that refuses half-written or moved-on buffers, and a
 replica's ``ReplicaWeights.update`` from a share."""
 
@@ -11,9 +11,9 @@ import attrs
 import pytest
 import torch
 
-from executors.ray_gpu import shared_weights as sw
-from executors.ray_gpu.replica_weights import ReplicaWeights
-from executors.ray_gpu.weights import TieredWeights, WeightsMismatch
+from executors.ray_gpu.weights import shared as sw
+from executors.ray_gpu.weights.replica import ReplicaWeights
+from executors.ray_gpu.weights.weights import TieredWeights, WeightsMismatch
 
 
 def _weights(v: float) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The simulator keeps spare processes as KeepSpareProcesses asks (rankcore.spares):
+"""The simulator keeps spare processes as KeepSpareProcesses asks (rankcore.placement.spares):
 a replica starting on a node with an idle spare skips the ``process`` latency;
 the node refills it after a ``process`` draw; a lost node's spares go with it;
 with no spare processes asked, a run is what it was before."""

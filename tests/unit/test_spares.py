@@ -1,4 +1,4 @@
-"""Spare processes (rankcore.spares): the core tells the executor where to keep
+"""Spare processes (rankcore.placement.spares): the core tells the executor where to keep
 started, idle worker processes (every node holding a replica of a deployment
 that asks for them), and only when that changes. Events in, commands out,
 every invariant checked after every step."""

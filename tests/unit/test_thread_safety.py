@@ -11,7 +11,7 @@ import threading
 import time
 
 import rankcore as rc
-from rankcore.ranks import RankTable
+from rankcore.base.ranks import RankTable
 
 N, NODES, THREADS, SECONDS = 10_000, 125, 8, 3.0
 

@@ -1,4 +1,4 @@
-"""``rankcore.tiers`` on hand-built nodes: NDIF's eviction rules, the
+"""``rankcore.tiers.choice`` on hand-built nodes: NDIF's eviction rules, the
 preference for a WARM copy, refusals that say why, and bad input refused
 where it is built."""
 
@@ -7,7 +7,18 @@ from __future__ import annotations
 import pytest
 
 import rankcore as rc
-from rankcore.tiers import CacheEntry, Choice, Device, NodeTiers, Refusal, Resident, Tier, Want, choose, make_room
+from rankcore.tiers.choice import (
+    CacheEntry,
+    Choice,
+    Device,
+    NodeTiers,
+    Refusal,
+    Resident,
+    Tier,
+    Want,
+    choose,
+    make_room,
+)
 
 GIB = 1 << 30
 
@@ -131,7 +142,7 @@ def test_tiers_is_a_public_namespace():
 def test_apply_takes_the_source_copy_out_before_the_victims_go_into_the_cache():
     """Loading from a WARM copy frees its room first: the victim's weights then fit
     without dropping another model's copy (found in review: ``c`` went COLD)."""
-    from rankcore.tiers import apply
+    from rankcore.tiers.choice import apply
 
     n = NodeTiers(node_id="n", devices=[Device(index=0, memory=10)], cache_budget=14,
                   residents=[Resident(replica_id="b#0", deployment="b", devices=(0,), bytes_per_device=8)],

@@ -230,4 +230,4 @@ def test_the_scenarios_replica_classes_import_no_controller() -> None:
     code = ("import sys, executors.ray_gpu.scenario_models as m; "
             "print(sorted(k for k in sys.modules if k.startswith('executors.ray_gpu.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['executors.ray_gpu.context', 'executors.ray_gpu.scenario_models']"
+    assert out.strip() == "['executors.ray_gpu.api.context', 'executors.ray_gpu.scenario_models']"

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from executors.ray_gpu.weights import (  # noqa: E402
+from executors.ray_gpu.weights.weights import (  # noqa: E402
     COLD,
     HOT,
     WARM,
@@ -266,7 +266,7 @@ def test_warm_buffer_is_reused_across_round_trips_unless_asked_not_to(net):
 
 def test_pipelined_reader_with_its_defaults_is_byte_exact_over_several_chunks(tmp_path):
     """The default chunk size and reader count (tuned on a lent H100) across 2.5 chunks and a short tail."""
-    from executors.ray_gpu.weights import DEFAULT_CHUNK_BYTES, DEFAULT_READERS
+    from executors.ray_gpu.weights.weights import DEFAULT_CHUNK_BYTES, DEFAULT_READERS
 
     assert DEFAULT_READERS >= 1 and DEFAULT_CHUNK_BYTES > 0
     g = torch.Generator().manual_seed(6)

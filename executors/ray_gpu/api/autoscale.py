@@ -1,6 +1,6 @@
 """Autoscaling on Ray (issue 23): the routers' load reaches the core as ``AutoscalingMetrics``.
 
-The policy is the core's (``rankcore.autoscaling``); this module only carries the facts, as
+The policy is the core's (``rankcore.control.autoscaling``); this module only carries the facts, as
 Ray Serve's handles push theirs to its controller:
 
 * ``LoadReporter`` (one per ``router.Router``): every ``metrics_interval_s`` it pushes one
@@ -39,7 +39,7 @@ __all__ = ["LoadReporter", "LoadBook", "from_ray_serve", "AUTOSCALING_KEYS", "AU
 RECHECK_S = 10.0
 #: urgent pushes (a request queued, no replica serving) at most this often per router
 URGENT_GAP_S = 0.2
-#: ``autoscaling_config`` keys: the core's autoscaling options (rankcore.options.AutoscalingOptions)
+#: ``autoscaling_config`` keys: the core's autoscaling options (rankcore.base.options.AutoscalingOptions)
 #: and ``max_replicas`` (the deployment's own bound, declared once in DeploymentApplied)
 AUTOSCALING_KEYS: tuple[str, ...] = tuple(
     a.name for a in attrs.fields(rc.options.AutoscalingOptions) if a.name != "autoscaling") + ("max_replicas",)

@@ -19,12 +19,12 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
 
+from ..control.controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
+from ..control.placement import actor_resources, static_actor_options
+from ..control.placement import validate as validate_placement
+from ..control.static import StaticPlacementConfig
 from .autoscale import from_ray_serve
-from .controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
-from .placement import actor_resources, static_actor_options
-from .placement import validate as validate_placement
 from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
-from .static import StaticPlacementConfig
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
@@ -38,7 +38,7 @@ RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "reso
                      "label_selector")
 
 
-#: the core's option defaults (rankcore.options): the keywords of its own that spell options
+#: the core's option defaults (rankcore.base.options): the keywords of its own that spell options
 #: (replica_placement, gang_*) default to them
 _D = rc.options.DEFAULTS
 
@@ -155,7 +155,7 @@ class Deployment:
     gang_size: int = _D.gang_size
     gang_placement: str = _D.gang_placement
     gang_failure: str = _D.gang_failure
-    #: the options Ray takes as is (``CORE_OPTIONS``: ``rankcore.options.as_is("ray")``, Ray
+    #: the options Ray takes as is (``CORE_OPTIONS``: ``rankcore.base.options.as_is("ray")``, Ray
     #: Serve's names and defaults: health checks, graceful shutdown, timeouts, restart backoff,
     #: spare processes), only those given: ``DeploymentApplied`` has the defaults
     core_options: dict = attrs.field(factory=dict, eq=False)
@@ -169,7 +169,7 @@ class Deployment:
 
     @property
     def max_ongoing_requests(self) -> int:
-        """(declared once, in ``rankcore.options.RequestOptions``: given in ``core_options``)"""
+        """(declared once, in ``rankcore.base.options.RequestOptions``: given in ``core_options``)"""
         return int(self.core_options.get("max_ongoing_requests", rc.options.DEFAULTS.max_ongoing_requests))
 
     @property
@@ -265,7 +265,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     ``spread``), failing whole (``gang_failure="restart_gang"``) or member by
     member (``"restart_replica"``); ``num_replicas`` a multiple of k.
     ``core_options``: the core's options Ray takes as is (``CORE_OPTIONS``,
-    declared once in ``rankcore.options`` with Ray Serve's names and defaults:
+    declared once in ``rankcore.base.options`` with Ray Serve's names and defaults:
     health checks, graceful shutdown, ``start_timeout_s``, ``placement_timeout_s``,
     restart backoff, ``spare_processes``; the table in docs/ray.md is generated
     from there). Every option is checked here (``rankcore.InvalidConfig``
@@ -380,7 +380,7 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
 
     HTTP (``http=True``, or a ``route_prefix`` or ``port`` given): the ingress
     (started if need be, ``port`` default 8000) routes ``route_prefix`` (default
-    ``/<name>``) to ``app``'s deployment (executors/ray_gpu/ingress.py).
+    ``/<name>``) to ``app``'s deployment (executors/ray_gpu/ingress/http.py).
 
     Composition: a bound deployment among ``app``'s arguments
     (``Ingress.bind(Model.bind())``) is deployed first, and the constructor
@@ -392,7 +392,7 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
     _deploy(app, ctl, timeout, seen)
     handle = DeploymentHandle(app.deployment.name, ctl)
     if http or route_prefix is not None or port is not None:
-        from .ingress import expose
+        from ..ingress.http import expose
 
         expose(handle, route_prefix, port)
     return handle
@@ -452,7 +452,7 @@ def delete(name: str, *, wait: bool = True, timeout: float = 60.0) -> None:
     replicas finish what they hold and stop, requests still waiting for it fail with
     ``Unavailable`` (503), its HTTP route goes at once (404). ``wait``: return once the core
     has forgotten it (else TimeoutError). An unknown name raises ``InvalidEvent``."""
-    from .ingress import unexpose
+    from ..ingress.http import unexpose
 
     ctl = get_controller()
     ask(ctl, "delete", name)
@@ -520,7 +520,7 @@ def book_memory(gpu_memory: Any = "cuda", cpu_cache: Any = 0, *, cold_dir: str |
     evicting others. ``cold_dir``: each node's directory for COLD files. Call it before the first
     ``run()`` (or after a reset); ``book_memory(None)`` turns it off. Returns each node as
     declared: (node id, devices, cpu cache bytes)."""
-    from .memory import MemoryBooking
+    from ..control.memory import MemoryBooking
 
     booking = None if gpu_memory is None else MemoryBooking.make(gpu_memory, cpu_cache, cold_dir)
     return ask(get_controller(), "book_memory", booking, timeout=timeout)

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from .api import get_controller
+from .deployments import get_controller
 
 
 def run_locally(main: Callable[[], Any], *, logical_gpus: int | None = None) -> Any:

@@ -27,6 +27,7 @@ import ray
 
 import rankcore as rc
 
+from ..weights.warm_cache import Caches
 from . import persist
 from . import placement as pl
 from . import static as st
@@ -35,7 +36,6 @@ from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
 from .replica import ReplicaActor
 from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
-from .warm_cache import Caches
 
 log = logging.getLogger("rankcore.ray.controller")
 

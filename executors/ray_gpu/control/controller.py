@@ -40,11 +40,11 @@ from ray import cloudpickle
 
 import rankcore as rc
 
-from ..driver import Driver
+from ...driver import Driver
+from ..api.autoscale import LoadBook
 from . import persist
 from . import placement as pl
 from . import static as st
-from .autoscale import LoadBook
 from .carry import Carrier, replica_class
 from .ledger import Ledger
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
@@ -60,7 +60,7 @@ CONTROLLER_NAME = "rankcore-controller"
 #: the HTTP ingress actor (ingress.py), by name: ``reset`` stops it without importing it
 INGRESS_NAME = "rankcore-http"
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
-CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.options)
+CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.base.options)
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -238,7 +238,7 @@ class Controller:
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
                     max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None) -> None:
         """Deploy or update ``name``. ``options``: the core's deployment options
-        (``rankcore.options.OPTION_NAMES``: health checks, graceful shutdown,
+        (``rankcore.base.options.OPTION_NAMES``: health checks, graceful shutdown,
         placement timeout, restart backoff; and ``start_timeout_s``), passed to
         ``DeploymentApplied`` as given. ``placement``: ``placement_group_bundles``,
         ``placement_group_strategy``, ``replica_placement`` (see api.deployment).
@@ -289,7 +289,7 @@ class Controller:
                 st.bundle_nodes(static.placement_group, set(self.ledger.nodes))))
         before = self.ledger.specs.get(name)
         self.ledger.specs[name] = {"cls": cls, "args": args, "kwargs": kwargs, "actor_options": actor_options,
-                            # (the request limits: the core's config, declared once in rankcore.options;
+                            # (the request limits: the core's config, declared once in rankcore.base.options;
                             # ``max_ongoing_requests`` the caller passes is that one's too)
                             "max_ongoing_requests": event.config.max_ongoing_requests, "bundles": bundles,
                             **_methods(cls),
@@ -403,8 +403,8 @@ class Controller:
     async def _keep_weights(self, name: str, version: int, weights: list | None) -> None:
         """Put ``weights`` (``[ref]`` of a state_dict, or None) in the store as ``version``. A class
         that holds weights (``replica_weights.holds_weights``) needs them for a new version."""
-        from .replica_weights import holds_weights
-        from .weights_store import store
+        from ..weights.replica import holds_weights
+        from ..weights.store import store
 
         if weights is None:
             if holds_weights(self.ledger.specs[name]["cls"]):
@@ -415,7 +415,7 @@ class Controller:
         self.ledger.weights[(name, version)] = ref[0]
 
     async def _drop_weights(self, name: str, version: int) -> None:
-        from .weights_store import store
+        from ..weights.store import store
 
         self.ledger.weights.pop((name, version), None)
         await store().drop.remote(name, version)
@@ -586,7 +586,7 @@ class Controller:
             else:
                 draining.append(rid)
         dep = self.driver.state.deployments.get(name)
-        limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.options)
+        limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.base.options)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
@@ -710,7 +710,7 @@ class Controller:
         self.recovery.adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         led.specs.clear()
         led.weights.clear()
-        from .weights_store import store
+        from ..weights.store import store
 
         await store().forget_all.remote()
         await self.carrier.caches.forget_all()
@@ -784,7 +784,7 @@ def _methods(cls: type) -> dict:
     """The class's ``@idempotent`` methods and its generator methods (streams), read once at apply
     (they were read from the class at every pool answer): every pool answer carries them to the
     routers; saved with the spec, so a restarted controller has them too."""
-    from .router import IDEMPOTENT_ATTR
+    from ..api.router import IDEMPOTENT_ATTR
 
     names = dir(cls)
     return {"idempotent": tuple(m for m in names if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)),

@@ -21,7 +21,7 @@ import ray
 
 import rankcore as rc
 
-from ..driver import Driver
+from ...driver import Driver
 from . import persist
 from .replicas import ReplicaRecord
 from .spares import SparePool
@@ -113,7 +113,7 @@ class Ledger:
             return None
         key = (deployment, version)
         if key not in self.weights:
-            from .weights_store import store
+            from ..weights.store import store
 
             got = await store().get.remote(deployment, version)
             if got is None:

@@ -43,8 +43,8 @@ class Recorder:
     def start(self, meta: dict | None, header: bool, snapshot_every: int = 1) -> None:
         """Write a trace from now on (``header``: a new one; else one a
         restarted controller continues), with metrics."""
-        from ..scenarios import Metrics
-        from ..trace import TraceWriter
+        from ...scenarios import Metrics
+        from ...trace import TraceWriter
 
         driver = self.ledger.driver
         self._buf = io.StringIO()
@@ -103,7 +103,7 @@ class Recorder:
         self._tiers_read = len(log)
 
     def metrics_now(self) -> Any:
-        from ..scenarios import Metrics
+        from ...scenarios import Metrics
 
         if self.metrics is None:
             self.metrics = Metrics()
@@ -113,7 +113,7 @@ class Recorder:
 
     def check(self, e: Any) -> Any:
         """One expectation checked against the core's state and the metrics now."""
-        from ..scenarios import check_expectation
+        from ...scenarios import check_expectation
 
         return check_expectation(e, self.ledger.driver.state, self.metrics_now(), self.ledger.now())
 

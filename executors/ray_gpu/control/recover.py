@@ -21,10 +21,10 @@ import ray
 
 import rankcore as rc
 
+from ..weights import warm_cache as wc
 from . import persist
 from . import placement as pl
 from . import static as st
-from . import warm_cache as wc
 from .carry import Carrier
 from .ledger import Ledger
 from .observe import Watcher, actor_info

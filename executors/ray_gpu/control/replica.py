@@ -35,8 +35,8 @@ from typing import Any
 
 import rankcore as rc
 
-from . import context
-from .replica_weights import ReplicaWeights
+from ..api import context
+from ..weights.replica import ReplicaWeights
 
 
 def _takes_rank(fn: Any) -> bool:

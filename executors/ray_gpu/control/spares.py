@@ -1,6 +1,6 @@
 """Spare processes on Ray: started, idle worker processes kept on a node, as
 ``KeepSpareProcesses`` asks (the core decides where and how many:
-``rankcore.spares``).
+``rankcore.placement.spares``).
 
 How: Ray gives an actor it creates an idle worker process of the same job that
 has never run anything, when the node has one, instead of starting a process

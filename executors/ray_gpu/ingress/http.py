@@ -47,8 +47,8 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from . import persist
-from .controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
+from ..control import persist
+from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
            "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app"]

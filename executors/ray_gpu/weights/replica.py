@@ -162,7 +162,7 @@ class ReplicaWeights:
         if self.tiered is not None:
             if state_dict is None:
                 raise RuntimeError(f"replica {self.name}: no weights for version {version}")
-            from .shared_weights import SharedWeights
+            from .shared import SharedWeights
 
             if isinstance(state_dict, SharedWeights):
                 self._update_shared(version, state_dict)
@@ -174,7 +174,7 @@ class ReplicaWeights:
     def _update_shared(self, version: int, handle: Any) -> None:
         """New weights from a trainer's share (``shared_weights``): copied from its mapping, opened once,
         when it lives on this node; else from its fallback copy in the object store, if it has one."""
-        from .shared_weights import SharedWeightsUnavailable, open_shared, this_node
+        from .shared import SharedWeightsUnavailable, open_shared, this_node
 
         if handle.here():
             open_shared(handle).copy_into(lambda views: self.tiered.update(views, version), version)

@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from .replicas import NAMESPACE
+from ..control.replicas import NAMESPACE
 
 __all__ = ["STORE_NAME", "KEEP", "WeightsStore", "store"]
 

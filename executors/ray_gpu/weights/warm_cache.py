@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from .replicas import NAMESPACE
+from ..control.replicas import NAMESPACE
 
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from ..control.ledger import Ledger
 
 __all__ = ["Caches", "WarmCache", "cache_name", "held_copies", "warm_cache"]
 
@@ -126,7 +126,7 @@ def warm_cache(node_id: str, cuda: bool = False) -> Any:
     its copies are pinned)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .memory import NOSET_CUDA
+    from ..control.memory import NOSET_CUDA
 
     extra: dict[str, Any] = {"runtime_env": {"env_vars": {NOSET_CUDA: "1"}}} if cuda else {}
     return ray.remote(WarmCache).options(

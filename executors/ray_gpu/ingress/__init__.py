@@ -1,0 +1,3 @@
+"""Ingress: the HTTP app (``http``: starlette + uvicorn in an actor) that
+routes requests to deployments through the same router as a handle.
+"""
