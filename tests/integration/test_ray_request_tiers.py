@@ -62,10 +62,23 @@ class Weighted:
 class Sleeper(Weighted):
     """Takes ``LOAD_S`` to take real weights (its start, and each wake), none to let them go."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[float] = []  # when each real load finished (wall clock: same machine as the test)
+
     def load_state_dict(self, state_dict, assign=False):
-        if all(t.device.type != "meta" for t in state_dict.values()):
+        real = all(t.device.type != "meta" for t in state_dict.values())
+        if real:
             time.sleep(LOAD_S)
-        return super().load_state_dict(state_dict, assign=assign)
+        out = super().load_state_dict(state_dict, assign=assign)
+        if real:
+            self.loaded.append(time.time())
+        return out
+
+    def ordered(self, seconds: float) -> tuple[str, float, list[float]]:
+        """``slow``, with when it began on the replica and when the replica's loads finished."""
+        began = time.time()
+        return self.slow(seconds), began, list(self.loaded)
 
 
 def states(responses: list) -> list[str]:
@@ -86,17 +99,21 @@ def test_requests_for_a_sleeping_model_wait_loading_while_it_wakes_and_are_all_a
     sleep("sleeper", timeout=60)  # WARM: processes and ranks kept, weights in CPU memory
     h._router.refresh(force=True)  # (this process's router has the pool the sleep made: none serving)
     assert [v.membership for v in h._router.machine.pool("sleeper")] == ["draining", "draining"]
-    calls = [h.slow.remote(0.1) for _ in range(6)]
+    calls = [h.ordered.remote(0.1) for _ in range(6)]
     assert states(calls) == ["loading"] * 6  # waiting for a replica that is coming, not failed
     assert [c.status().position for c in calls] == list(range(6))
     time.sleep(1.0)  # nothing wakes it on its own: they keep waiting, none ends
     assert states(calls) == ["loading"] * 6 and not any(c.future.done() for c in calls)
+    woken = time.time()
     wake("sleeper", wait=False)
     time.sleep(LOAD_S / 2)
     assert states(calls) == ["loading"] * 6  # still loading its weights back (LOAD_S each)
     outcomes = [outcome(c) for c in calls]
-    assert [o[0] for o in outcomes] == ["ok"] * 6, outcomes
-    assert {o[1] for o in outcomes} <= set(h.ranks())
+    assert [o[0] for o in outcomes] == ["ok"] * 6, outcomes  # answered, none rejected nor failed
+    assert {o[1][0] for o in outcomes} <= set(h.ranks())
+    for _, (rid, began, loaded) in outcomes:  # the order: sent, wake, its load done, then it ran
+        assert len(loaded) == 2, (rid, loaded)  # its start's load, then the wake's
+        assert loaded[0] < woken < loaded[1] <= began, (rid, woken, loaded, began)
     assert states(calls) == ["done"] * 6
     c = h.counters()
     assert (c.failed, c.lost, c.cancelled, sum(c.rejected.values())) == (0, 0, 0, 0), c

@@ -413,3 +413,45 @@ def test_applied_again_with_a_shorter_look_back_the_window_drops_the_older_sampl
     state = rc.step(state, applied(look_back_period_s=5.0, min_replicas=1)).state
     check_state(state)
     assert [t for t, _, _ in state.deployment(NAME).autoscaler.window] == [20.0]
+
+
+def test_a_downscale_victim_of_a_tiered_deployment_is_stopped_and_leaves_no_warm_copy():
+    """The chosen rule (docs/autoscaling.md, docs/tiers.md "Scaled down, not evicted"): a replica the
+    autoscaler takes away is stopped (``StopReplica``), never evicted to the CPU cache, even with room
+    in the cache; its weights are dropped, and the scale from zero that follows loads from disk
+    (``source="cold"``). NDIF caches a model pushed out by another's demand only, and Ray Serve
+    keeps nothing of a downscaled replica."""
+    g = 10**9
+    state = rc.State()
+
+    def step(event: object) -> list:
+        nonlocal state
+        result = rc.step(state, event)
+        check_state(result.state)
+        state = result.state
+        return list(result.commands)
+
+    step(rc.NodeJoined(node_id="n0", resources={"GPU": 2, "CPU": 8}, devices=(80 * g, 80 * g),
+                       cpu_cache_bytes=200 * g, order=1))
+    step(rc.DeploymentApplied(name="a", num_replicas=0, resources={"GPU": 1}, model_bytes=50 * g,
+                              min_deployment_time_s=0.0, autoscaling=True, min_replicas=0, max_replicas=2,
+                              initial_replicas=2, upscale_delay_s=0, downscale_delay_s=0,
+                              downscale_to_zero_delay_s=0, look_back_period_s=1))
+    for rid in ("a#0", "a#1"):
+        step(rc.ReplicaPlaced(replica_id=rid, node_id="n0"))
+        step(rc.ReplicaReady(replica_id=rid))
+    stops: list[str] = []
+    for now in (5.0, 6.0):  # idle: down to 1 (the highest rank goes), then to 0
+        running = {rid: 0 for rid in state.deployment("a").replicas}
+        down = step(rc.AutoscalingMetrics(deployment="a", now=now, ongoing=running))
+        assert not [c for c in down if isinstance(c, (rc.EvictReplica, rc.DropWarmCopy))]  # not evicted to WARM
+        for c in down:
+            if isinstance(c, rc.StopReplica):
+                stops.append(c.replica_id)
+                step(rc.ReplicaStopped(replica_id=c.replica_id))
+    assert stops == ["a#1", "a#0"]
+    assert len(state.deployment("a").replicas) == 0
+    assert state.cluster.caches.get("n0", ()) == ()  # no WARM copy kept in the node's cache
+    up = step(rc.AutoscalingMetrics(deployment="a", now=10.0, queued=1, ongoing={}))
+    (place,) = [c for c in up if isinstance(c, rc.PlaceReplica)]
+    assert (place.node_id, place.source) == ("n0", "cold")  # from disk: nothing was cached

@@ -44,9 +44,11 @@ callback waiting for the lock would stall the answer its holder waits for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -292,46 +294,44 @@ class Router:
     def stream_items(self, call: Call, timeout: float | None = None) -> Any:
         """A stream's items, as the replica yields them (Ray's back-pressure: the replica runs at most
         ``STREAM_BACKPRESSURE`` items ahead). Its end, an application error, or its replica's death is
-        told to the machine; a replica dying mid-stream raises ``rankcore.ReplicaDied`` after the items
-        already given, never a silent truncation. A stream closed early is cancelled on the replica."""
+        told to the machine (``_reading``); a replica dying mid-stream raises ``rankcore.ReplicaDied``
+        after the items already given, never a silent truncation. A stream closed early is cancelled
+        on the replica."""
         gen = call.future.result(timeout)  # (Rejected / Failed before dispatch raise here)
-        rid = call.replica_id
-        first = True
-        try:
+        with self._reading(call, gen) as got:
             for ref in gen:
-                try:
-                    item = ray.get(ref)
-                except RayTaskError as exc:  # the application raised: the caller gets it, the stream ends
-                    self._stream_end(call, rid, ok=False)
-                    raise exc.as_instanceof_cause() from None
-                if first:
-                    first = False
-                    self._started(call.request_id, rid)
-                yield item
-        except (RayActorError, ActorUnavailableError) as exc:
-            raise self._stream_died(call, rid, exc) from None
-        except GeneratorExit:
-            ray.cancel(gen)
-            self._stream_end(call, rid, ok=True)
-            raise
-        self._stream_end(call, rid, ok=True)
+                yield got(ray.get(ref))
 
     async def stream_items_async(self, call: Call) -> Any:
-        """``stream_items`` for async code (``async for``)."""
+        """``stream_items`` for async code (``async for``); the same bookkeeping (``_reading``)."""
         gen = await asyncio.wrap_future(call.future)
-        rid = call.replica_id
-        first = True
-        try:
+        with self._reading(call, gen) as got:
             async for ref in gen:
-                try:
-                    item = await ref
-                except RayTaskError as exc:
-                    self._stream_end(call, rid, ok=False)
-                    raise exc.as_instanceof_cause() from None
-                if first:
-                    first = False
-                    self._started(call.request_id, rid)
-                yield item
+                yield got(await ref)
+
+    @contextlib.contextmanager
+    def _reading(self, call: Call, gen: Any) -> Iterator[Callable[[Any], Any]]:
+        """What both stream readers tell the machine while a caller reads ``call``'s items from ``gen``
+        (Ray's ``ObjectRefGenerator``). The body passes each item through the function it is given:
+        the first one is ``Started`` (status ``running``). An application error ends the stream
+        (``Completed(ok=False)``) and is raised as its cause; the replica dying is ``_stream_died``;
+        the consuming task cancelled (async) cancels the request, whose slot the machine frees when
+        Ray's generator ends; closed early by its caller, it is cancelled on the replica and ends
+        answered; the last item read, it ends answered."""
+        rid = call.replica_id
+        first = [True]
+
+        def got(item: Any) -> Any:
+            if first[0]:
+                first[0] = False
+                self._started(call.request_id, rid)
+            return item
+
+        try:
+            yield got
+        except RayTaskError as exc:  # the application raised: the caller gets it, the stream ends
+            self._stream_end(call, rid, ok=False)
+            raise exc.as_instanceof_cause() from None
         except (RayActorError, ActorUnavailableError) as exc:
             raise self._stream_died(call, rid, exc) from None
         except asyncio.CancelledError:  # the consuming task was cancelled: so is the stream (slot freed)
