@@ -707,6 +707,8 @@ class Controller:
         for rec in list(led.replicas.values()):
             led.release_pg(rec)
         led.replicas.clear()
+        led.starting.clear()
+        led.starting_node.clear()
         self.recovery.adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         led.specs.clear()
         led.weights.clear()
