@@ -182,6 +182,8 @@ _COMMAND_FIELDS = {
     "OffloadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "LoadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "UpdateWeights": ({"replica": "str", "deployment": "str"}, {"version": "int"}),
+    "EvictReplica": ({"replica": "str", "deployment": "str"}, {"node_id": "str", "to": "str", "for_replica": "str"}),
+    "DropWarmCopy": ({"replica": "str", "deployment": "str"}, {"node_id": "str"}),
     "PoolChanged": ({"replica": "str", "deployment": "str"}, {"membership": "str"}),
     "PoolComing": ({"deployment": "str"}, {"coming": "bool"}),
     "PoolReset": ({"deployment": "str"}, {"serving": "list", "draining": "list", "coming": "bool"}),

@@ -30,7 +30,9 @@ others at the end.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -72,6 +74,8 @@ from .control.replica import ReplicaActor
 from .control.replicas import NAMESPACE, actor_name
 from .control.static import StaticPlacementConfig
 from .scenario_models import CLASSES, WEIGHTED, NoReconfigure, weights_for
+
+log = logging.getLogger(__name__)
 
 __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REFUSED", "check_supported",
            "needs_cluster", "CLASSES"]
@@ -305,7 +309,7 @@ class _RayTarget:
     once the cluster shows it, for the next controller to find)."""
 
     def __init__(self, sc: Scenario, ctl: Any, cluster: ScenarioCluster | None, time_scale: float,
-                 keep: Any, groups: dict[str, Any]) -> None:
+                 keep: Any, groups: dict[str, Any], fail_dir: str | None = None) -> None:
         self.sc, self.ctl, self.cluster, self.time_scale, self.keep = sc, ctl, cluster, time_scale, keep
         self.groups = groups
         self.applied: set[str] = set()
@@ -313,7 +317,7 @@ class _RayTarget:
         self.down = False  # the controller is down (crashed, not yet recovered)
         self.results: list[tuple[str, bool, str]] = []  # the runner's own, as the simulator's
         self.orphans: list[str] = []  # the actor names of the orphans left (killed at the end if still there)
-        self.fail_dir = tempfile.mkdtemp(prefix="rankcore-start-failures-")  # (start_failures' counters)
+        self.fail_dir = fail_dir  # (start_failures' counters: the run's, removed at its end)
 
     def note(self, type_: str, fields: dict) -> None:
         """A fault record in the trace. While the controller is down the fault
@@ -534,10 +538,19 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
     groups = _make_groups(sc, cluster)
     hidden: list[Any] = []
     orphans: list[str] = []
+    # start_failures' counters, shared by the replicas' processes (``scenario_models``): the run's own
+    fail_dir = (tempfile.mkdtemp(prefix="rankcore-start-failures-")
+                if any(d.start_failures for d in sc.deployments.values()) else None)
     try:
         hidden = _hide_gpus(sc, cluster)
-        return _run(sc, ctl, groups, trace_fp, time_scale, healthy_timeout, cluster, settle, orphans)
+        return _run(sc, ctl, groups, trace_fp, time_scale, healthy_timeout, cluster, settle, orphans, fail_dir)
     finally:
+        if fail_dir is not None:
+            shutil.rmtree(fail_dir, ignore_errors=True)
+        try:
+            ask(ctl, "remove_cold_files")  # (the COLD files its evictions wrote)
+        except Exception as exc:  # (the controller is gone: nothing more to ask it)
+            log.warning("the scenario's COLD files were not removed: %r", exc)
         for name in orphans:  # left and never found by a recovery
             try:
                 ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
@@ -552,7 +565,8 @@ def run_on_ray(sc: Scenario, *, trace_fp: IO[str] | None = None, time_scale: flo
 
 
 def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | None, time_scale: float,
-         healthy_timeout: float, cluster: ScenarioCluster | None, settle: float, orphans: list[str]) -> RayRun:
+         healthy_timeout: float, cluster: ScenarioCluster | None, settle: float, orphans: list[str],
+         fail_dir: str | None = None) -> RayRun:
     ask(ctl, "record", {"scenario": sc.name, "seed": sc.seed}, sc.snapshot_every)
     chunks: list[str] = []
 
@@ -561,7 +575,7 @@ def _run(sc: Scenario, ctl: Any, groups: dict[str, Any], trace_fp: IO[str] | Non
         if trace_fp is not None:
             trace_fp.write(text)
 
-    target = _RayTarget(sc, ctl, cluster, time_scale, keep, groups)
+    target = _RayTarget(sc, ctl, cluster, time_scale, keep, groups, fail_dir)
     target.orphans = orphans
     desired = Desired(sc.deployments)
     timed = sorted((e for e in sc.expect if e.at is not None), key=lambda e: (e.at, e.index))

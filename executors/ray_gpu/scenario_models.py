@@ -19,7 +19,8 @@ __all__ = ["NoReconfigure", "PlainReconfigure", "RankReconfigure", "CLASSES", "W
 class NoReconfigure:
     """The scenario's replica. ``start_failures``: the deployment's first N
     constructions raise (a crash loop), counted across actors by files made
-    with O_EXCL in ``fail_dir``. ``pid()``: its process, which the scenario's
+    with O_EXCL in ``fail_dir`` (the scenario run's: once it is removed, none
+    raises). ``pid()``: its process, which the scenario's
     ``hang`` freezes (``scenario._freeze``)."""
 
     def __init__(self, fail_dir: str | None = None, start_failures: int = 0) -> None:
@@ -28,6 +29,8 @@ class NoReconfigure:
                 os.close(os.open(os.path.join(fail_dir or ".", f"start-{k}"), os.O_CREAT | os.O_EXCL))
             except FileExistsError:
                 continue
+            except FileNotFoundError:  # the run that counted is over (its folder removed): no more failures
+                return
             raise RuntimeError(f"start_failures: construction {k + 1} of {start_failures} raises")
 
     def __call__(self) -> Any:

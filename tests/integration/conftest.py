@@ -21,7 +21,8 @@ def ray_env() -> None:
 
 def _local_ray(num_gpus: int, store_mib: int, end: str):
     """A local Ray (4 CPUs, ``num_gpus`` logical GPUs: no GPU needed) for one module; at its end the
-    controller is asked ``end`` (``shutdown_replicas``, or ``reset``: forget everything) and Ray stops."""
+    controller is asked ``end`` (``shutdown_replicas``, or ``reset``: forget everything), its COLD files
+    are removed and Ray stops."""
     import ray
 
     from executors.ray_gpu import get_controller
@@ -35,6 +36,7 @@ def _local_ray(num_gpus: int, store_mib: int, end: str):
     yield
     try:
         ask(get_controller(), end)
+        ask(get_controller(), "remove_cold_files")  # (what the module's evictions wrote)
     finally:
         ray.shutdown()
 

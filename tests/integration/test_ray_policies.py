@@ -436,13 +436,26 @@ SHAPED = {"refused-placement", "controller-crash-orphan-unresponsive"}
 
 @pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale", "refused-placement",
                                   "controller-crash-orphan-unresponsive"])
-def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path):
+def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path, monkeypatch):
     """The example scenario of each moved policy, on the simulator and on Ray:
     the same global ranks per replica lineage (executors.history). One that
     needs nodes of its own (``unreported_gpus``), or is in ``SHAPED``, runs on
     a cluster shaped like its own; there every lineage ends on the same node
-    with the same ranks, and every expectation holds."""
+    with the same ranks, and every expectation holds. The temp folders the run
+    made (``start_failures``' counters) are gone once it returns."""
     import io
+    import tempfile
+
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        path = mkdtemp(*args, **kwargs)
+        if os.path.basename(path).startswith("rankcore-"):  # (ours, not Ray's)
+            made.append(path)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
 
     from executors.history import rank_history
     from executors.ray_gpu.scenario import needs_cluster, run_on_ray
@@ -460,6 +473,8 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
         ask(get_controller(), "reset")
         with open(out, "w") as fp:
             result = run_on_ray(sc, trace_fp=fp, cluster=cluster)
+        assert [d for d in made if os.path.exists(d)] == []  # (issue 36: 43 of them were left in /tmp)
+        assert bool(made) == any(d.start_failures for d in sc.deployments.values())
         got = records(out.read_text())
         assert rank_history(got) == rank_history(sim)
         if cluster is not None:

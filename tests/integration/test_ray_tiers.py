@@ -18,7 +18,7 @@ import ray
 import torch
 
 from executors.ray_gpu import deployment, get_controller, run
-from executors.ray_gpu.api.deployments import ask, book_memory, tiers_status, wait_serving
+from executors.ray_gpu.api.deployments import ask, book_memory, delete, tiers_status, wait_serving
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
 
@@ -129,6 +129,30 @@ def test_a_cache_too_small_sends_the_evicted_model_cold_and_it_reloads_bit_ident
     assert seen["evicted"]["to"] == "cold" and seen["evicted"]["nbytes"] == seen["reloaded"]["nbytes"]
     assert all(c["held_bytes"] == 0 for c in seen["caches_while_evicted"].values())
     assert (seen["reloaded"]["source"], seen["reloaded"]["loaded_from"]) == ("cold", "cold")
+
+
+def test_the_cold_files_go_when_their_deployment_is_deleted_and_when_the_run_is_reset(tmp_path):
+    """Issue 36: the COLD files (``<cold_dir>/<epoch>/<node>/<deployment>.safetensors``) are
+    the run's: a deleted deployment's go once the core forgets it, the rest on a reset, with
+    the folders they leave empty (the folder the user named stays)."""
+    cold = tmp_path / "cold"
+
+    def files() -> list[str]:
+        return sorted(p.name for p in cold.rglob("*.safetensors"))
+
+    book_memory(gpu_memory=GPU_MEMORY, cpu_cache=MODEL - 1, cold_dir=str(cold))  # no WARM room: COLD
+    run(tiered("a").bind())
+    hb = run(tiered("b").bind())  # a is evicted to its COLD file
+    assert wait_for(lambda: files() == ["a.safetensors"], timeout=30), files()
+    delete("a")
+    assert wait_for(lambda: files() == [], timeout=30), files()
+    assert list(cold.iterdir()) == []  # its epoch's folder went with it
+    hb.scale(0)
+    run(tiered("c").bind())
+    hb.scale(1)  # b evicts c to its COLD file
+    assert wait_for(lambda: files() == ["c.safetensors"], timeout=60), files()
+    ask(get_controller(), "reset")
+    assert files() == [] and cold.is_dir() and list(cold.iterdir()) == []
 
 
 def test_without_book_memory_nodes_count_gpus_and_model_bytes_change_nothing():

@@ -68,3 +68,98 @@ def test_forget_leaves_the_calling_task_running_and_saves_nothing_for_a_replica_
 
     assert asyncio.run(go())
     assert not led.replicas and checkpoints == []
+
+
+class _Counted(dict):
+    """``Ledger.replicas`` that counts the records a loop over it reads."""
+
+    visited = 0
+
+    def _count(self, it):
+        for x in it:
+            self.visited += 1
+            yield x
+
+    def items(self):
+        return self._count(super().items())
+
+    def values(self):
+        return self._count(super().values())
+
+    def keys(self):
+        return self._count(super().keys())
+
+    def __iter__(self):
+        return self._count(super().__iter__())
+
+
+class _Watcher:
+    def __init__(self) -> None:
+        self.checked: list[str] = []
+
+    def start_checks(self, rid: str, actor: object) -> None:
+        self.checked.append(rid)
+
+
+def _carrier(led: Ledger, monkeypatch) -> tuple:
+    """A Carrier on ``led`` (no Ray): returns (carrier, nodes topped up, events fed)."""
+    from executors.ray_gpu.control.carry import Carrier
+
+    refills: list[str] = []
+    fed: list[object] = []
+    monkeypatch.setattr(led.spares, "refill", refills.append)
+    monkeypatch.setattr(led, "feed", fed.append)
+    return Carrier(led, _Watcher()), refills, fed  # type: ignore[arg-type]
+
+
+def test_a_top_up_after_a_replica_is_ready_reads_no_record_whatever_the_fleet(saved, monkeypatch):
+    """Issue 36: a ReplicaReady's spare top-up scanned every actor to find one
+    still starting on the node (quadratic on a bulk deploy). Counted, not timed:
+    the records it reads are the same (none) with 10 and 1,000 replicas."""
+    visited = {}
+    for n in (10, 1000):
+        led = Ledger()
+        carrier, refills, fed = _carrier(led, monkeypatch)
+        for i in range(n):  # ready replicas on other nodes
+            led.replicas[f"d#{i}"] = ReplicaRecord(deployment="d", stage=CREATED, actor=object(), initialized=True)
+        led.replicas["d#new"] = ReplicaRecord(deployment="d", stage=CREATED, actor=object())
+        led.starting_at("d#new", "n0")
+        led.replicas["d#late"] = ReplicaRecord(deployment="d", stage=CREATED, actor=object())
+        led.starting_at("d#late", "n0")
+        led.replicas = _Counted(led.replicas)
+        assert carrier._ready("d#new", object())
+        carrier.top_up_spares("n0")
+        visited[n] = led.replicas.visited
+        assert visited[n] == 0, f"one ReplicaReady's top-up read {visited[n]} records of {n + 2}"
+        assert refills == []  # d#late still starts there: it may take an idle process
+        assert carrier._ready("d#late", object())
+        carrier.top_up_spares("n0")
+        assert refills == ["n0"]  # the last one to start tops the node up
+        assert [type(e).__name__ for e in fed] == ["ReplicaReady", "ReplicaReady"]
+        assert led.replicas.visited == 0
+    assert visited == {10: 0, 1000: 0}
+
+
+def test_a_replica_starts_on_its_node_until_it_is_ready_fails_to_place_or_is_forgotten(saved, monkeypatch):
+    led, _, _ = saved
+    carrier, refills, _ = _carrier(led, monkeypatch)
+    for rid in ("d#0", "d#1", "d#2"):
+        led.replicas[rid] = ReplicaRecord(deployment="d")
+        led.starting_at(rid, "n0")
+    assert led.starts_on("n0") and not led.starts_on("n1")
+    led.starting_at("d#0", "n1")  # a caller's bundle moved: the actor runs on n1
+    assert led.starting == {"n0": {"d#1", "d#2"}, "n1": {"d#0"}} and led.starting_node["d#0"] == "n1"
+
+    async def stop() -> None:  # (cancel_chain runs in the controller's loop)
+        carrier.cancel_chain("d#1")  # stopped while placing, no actor: not starting any more
+        led.replicas["d#2"].actor = object()
+        carrier.cancel_chain("d#2")  # an actor: starting until it is killed (forgotten)
+
+    asyncio.run(stop())
+    assert led.starting == {"n0": {"d#2"}, "n1": {"d#0"}}
+    led.forget("d#2")
+    carrier.top_up_spares("n0")
+    carrier.top_up_spares("n1")
+    assert refills == ["n0"] and led.starting == {"n1": {"d#0"}} and "d#2" not in led.starting_node
+    led.forget("d#0")
+    assert led.starting == {} and led.starting_node == {}

@@ -660,3 +660,59 @@ def test_every_trace_line_is_the_compact_json_of_what_it_says(name):
     text = _trace_text(ROOT / "examples" / "scenarios" / name)
     for n, line in enumerate(text.splitlines(), 1):
         assert json.dumps(json.loads(line), separators=(",", ":")) == line, f"line {n}: {line[:200]}"
+
+
+# ------------------------------------------------------------------ every command
+GANG_YAML = """\
+name: a gang member crashes and only it restarts
+seed: 5
+cluster: {nodes: 2, gpus_per_node: 2}
+deployments:
+  engine: {replicas: 4, user_config: {}, gang: {size: 2, placement: pack, failure: restart_replica}}
+timeline:
+  - deploy: engine
+  - wait_until_healthy: engine
+  - after: 10
+    crash: {deployment: engine, rank: 3}
+  - wait_until_healthy: engine
+expect:
+  - contiguous: engine
+"""
+
+
+def test_a_trace_with_a_gang_changed_command_is_read_and_checked(tmp_path):
+    """Issue 36: GangChanged is a command of the trace (docs/trace-format.md) that
+    check-trace knows: read, its fields checked, the trace passes."""
+    scenario = tmp_path / "gang.yaml"
+    scenario.write_text(GANG_YAML)
+    text = _trace_text(scenario)
+    recs = _records(text)
+    changed = [r for r in recs if r["kind"] == "command" and r["type"] == "GangChanged"]
+    assert len(changed) == 1
+    (gc,) = changed
+    assert gc["deployment"] == "engine" and gc["replica"] is None and gc["rank"] is None
+    assert gc["fields"]["gang_id"] and len(gc["fields"]["members"]) == 2
+    report = check_trace_file(_write(tmp_path, text))
+    assert report.ok and report.violations == [] and report.complete, report.violations
+    assert report.counts["command"] == sum(1 for r in recs if r["kind"] == "command")
+    # its fields are checked: one without its members is malformed
+    i = recs.index(gc)
+    del recs[i]["fields"]["members"]
+    assert "GangChanged command's fields" in _malformed(tmp_path, _dump(recs))
+
+
+def test_every_command_is_in_check_traces_list_and_in_the_docs_table():
+    """A command the core can emit that check-trace or docs/trace-format.md does not know
+    (GangChanged was missing from both once)."""
+    import typing
+
+    from executors.checktrace import _COMMAND_FIELDS
+
+    names = [c.__name__ for c in typing.get_args(rc.Command) + typing.get_args(rc.PoolCommand)]
+    doc = (ROOT / "docs" / "trace-format.md").read_text()
+    section = doc[doc.index("### `command`"):doc.index("### `delta`")]
+    rows = {line.split("|")[1].strip().strip("`") for line in section.splitlines() if line.startswith("| `")}
+    assert "GangChanged" in names
+    assert [n for n in names if n not in _COMMAND_FIELDS] == []
+    assert [n for n in names if n not in rows] == []
+    assert sorted(_COMMAND_FIELDS) == sorted(names)  # (and nothing it lists is not a command)

@@ -15,7 +15,7 @@ from .deployments import get_controller
 def run_locally(main: Callable[[], Any], *, logical_gpus: int | None = None) -> Any:
     """``ray.init(address="local")`` with ``logical_gpus`` GPUs unless CUDA is
     there (then Ray counts the real ones), ``main()``, then every replica
-    stopped through rankcore and Ray shut down."""
+    stopped through rankcore, their COLD files removed, and Ray shut down."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     gpus = None
@@ -27,5 +27,7 @@ def run_locally(main: Callable[[], Any], *, logical_gpus: int | None = None) -> 
     try:
         return main()
     finally:
-        ray.get(get_controller().shutdown_replicas.remote())
+        ctl = get_controller()
+        ray.get(ctl.shutdown_replicas.remote())
+        ray.get(ctl.remove_cold_files.remote())  # (the run's own temp files go with it)
         ray.shutdown()

@@ -185,6 +185,8 @@ class Carrier:
         rec = self.ledger.replicas.get(rid)
         if rec is not None:
             rec.placing = None
+            if rec.actor is None:  # (one with an actor is starting until it is killed: ``forget``)
+                self.ledger.starting_at(rid, None)
 
     # -------------------------------------------------------------- starts
     def start(self, cmd: rc.StartReplica) -> None:
@@ -202,10 +204,13 @@ class Carrier:
         led.checkpoint()
 
     def _placed(self, rid: str) -> None:
-        """The placement under way for ``rid`` (this task's) is over."""
+        """The placement under way for ``rid`` (this task's) is over (without an
+        actor: it is not starting anywhere any more)."""
         rec = self.ledger.replicas.get(rid)
         if rec is not None and rec.placing is not None and rec.placing[1] is asyncio.current_task():
             rec.placing = None
+            if rec.actor is None:
+                self.ledger.starting_at(rid, None)
 
     async def place(self, cmd: rc.PlaceReplica) -> None:
         """Put the replica on ``cmd.node_id``, the core's choice: its group
@@ -225,6 +230,7 @@ class Carrier:
                 or dep not in led.specs:
             return  # stopped (or placed) meanwhile
         rec.placing = (node, asyncio.current_task())  # type: ignore[assignment]
+        led.starting_at(rid, node)
         spec = led.specs[dep]
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
@@ -295,6 +301,7 @@ class Carrier:
         self._placed(rid)
         if rid in led.stopping or led.actor(rid) is None:  # stopped while its actor started: the stop killed it
             return
+        led.starting_at(rid, where)  # (a caller's bundle may have moved)
         led.spawn(self.watcher.watch(rid, actor))
         led.feed(rc.ReplicaPlaced(replica_id=rid, node_id=where))
 
@@ -404,6 +411,7 @@ class Carrier:
         if rec is None or rec.actor is None or rid in self.ledger.stopping:
             return False
         rec.initialized = True
+        self.ledger.starting_at(rid, None)
         self.ledger.feed(rc.ReplicaReady(replica_id=rid))
         self.watcher.start_checks(rid, actor)
         return True
@@ -517,11 +525,11 @@ class Carrier:
     def top_up_spares(self, node: str) -> None:
         """Top the node's spares up, unless a replica of ours is being placed or
         started there: it may be about to take an idle process, and the pool
-        could take its new process for a spare (the last one to start tops up)."""
-        led = self.ledger
-        if not any(not rec.initialized and led.node_of(rid) == node for rid, rec in led.with_actors()) and not any(
-                rec.placing is not None and rec.placing[0] == node for rec in led.replicas.values()):
-            led.spares.refill(node)
+        could take its new process for a spare (the last one to start tops up).
+        One look at the node's replicas starting (``Ledger.starting``), not a scan
+        of every replica: a bulk deploy's ReplicaReadys cost each the same."""
+        if not self.ledger.starts_on(node):
+            self.ledger.spares.refill(node)
 
     async def _spare_taken(self, rid: str, node: str, actor: Any) -> None:
         """A replica started on a node that keeps spares: was its process one? Then top the node up."""

@@ -357,6 +357,7 @@ class Controller:
             return
         for name in [n for n in before.deployments if n not in after]:
             self.ledger.specs.pop(name, None)
+            self.ledger.spawn(self.carrier.caches.remove_cold(name))  # (its COLD files: no one reads them now)
             self._pool_versions[name] = self._pool_versions.get(name, 0) + 1
         self._wake_pools()
         self._persist()
@@ -707,6 +708,8 @@ class Controller:
         for rec in list(led.replicas.values()):
             led.release_pg(rec)
         led.replicas.clear()
+        led.starting.clear()
+        led.starting_node.clear()
         self.recovery.adopt_placement_groups()  # (none adopted: no actors) removes any left from before
         led.specs.clear()
         led.weights.clear()
@@ -714,6 +717,7 @@ class Controller:
 
         await store().forget_all.remote()
         await self.carrier.caches.forget_all()
+        await self.carrier.caches.remove_cold()  # (this epoch's: the next run starts another)
         led.tier_log.clear()
         led.booking, led.cuda = None, {}
         led.started = led.lineages = 0
@@ -725,6 +729,12 @@ class Controller:
         await _stop_ingress()  # (before its keys go: a stopping ingress saves nothing more)
         persist.forget_all()
         led.t0 = persist.new_epoch()
+
+    async def remove_cold_files(self) -> None:
+        """The run is over (``run_locally``, a scenario run, a test's end): remove the COLD files
+        its evictions wrote (``Caches.remove_cold``; a ``reset`` does too). A deployment scaled up
+        afterwards starts from its class's own weights."""
+        await self.carrier.caches.remove_cold()
 
     async def shutdown_replicas(self, timeout: float = 60.0) -> None:
         """Scale every deployment to 0 through the core (a static one too: 0 shuts

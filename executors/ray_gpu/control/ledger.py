@@ -55,6 +55,11 @@ class Ledger:
         self.nodes: dict[str, tuple] = {}
         #: idle worker processes kept per node (KeepSpareProcesses)
         self.spares = SparePool()
+        #: node id -> the replicas being placed or started there (a placement under way, or an
+        #: actor whose ``__init__`` has not returned), and replica id -> that node: kept as they
+        #: change (``starting_at``, ``forget``), so a spare top-up asks one node, not every record
+        self.starting: dict[str, set[str]] = {}
+        self.starting_node: dict[str, str] = {}
         self.tasks: set[asyncio.Task] = set()
         self.errors: list[str] = []  # events the core rejected, "repr(event): error"
         self.halted = False  # halt() was called: the controller is about to be killed
@@ -139,6 +144,23 @@ class Ledger:
         rep = dep.replicas.get(rid) if dep is not None else None
         return rep.node_id if rep is not None else None
 
+    def starting_at(self, rid: str, node: str | None) -> None:
+        """``rid`` is being placed or started on ``node`` from now on (None: not
+        any more: it is ready, its placement failed, or it is gone)."""
+        old = self.starting_node.pop(rid, None)
+        if old is not None:
+            here = self.starting[old]
+            here.discard(rid)
+            if not here:
+                del self.starting[old]
+        if node is not None:
+            self.starting_node[rid] = node
+            self.starting.setdefault(node, set()).add(rid)
+
+    def starts_on(self, node: str) -> bool:
+        """Is a replica of ours being placed or started on ``node``?"""
+        return node in self.starting
+
     def checkpoint(self) -> None:
         """Save every replica of ours (``persist.save_replicas``)."""
         persist.save_replicas({rid: rec.checkpoint() for rid, rec in self.replicas.items() if rec.checkpointed})
@@ -156,6 +178,7 @@ class Ledger:
         """Drop the record of a replica that is gone or going, and what it
         holds: its placement under way and its health checks are cancelled
         (unless the caller is that task), its group removed. Returns it, if known."""
+        self.starting_at(rid, None)
         rec = self.replicas.pop(rid, None)
         if rec is None:
             return None

@@ -142,6 +142,7 @@ class Recovery:
                 node = ((info or {}).get("Address") or {}).get("NodeID") or None
                 silent.append(rc.UnresponsiveReplica(replica_id=rid, deployment=dep, node_id=node))
                 led.replicas[rid] = ReplicaRecord(deployment=dep, checkpointed=False, stage=CREATED, actor=actor)
+                led.starting_at(rid, node)
                 continue
             rid, dep = r["replica_id"], r["deployment"]
             if rank is None:  # created, placed, never initialised: the core initialises it
@@ -162,6 +163,7 @@ class Recovery:
             led.replicas[rid] = ReplicaRecord(deployment=dep, global_rank=grank, lineage=r["lineage"],
                                               world_size=r["world_size"], stage=CREATED, actor=actor,
                                               initialized=phase not in ("starting", "pending"))
+            led.starting_at(rid, r["node_id"] if phase in ("starting", "pending") else None)
             if phase == "starting":
                 starting.append((rid, actor))
         lost = []

@@ -14,12 +14,18 @@ are the tensors' real sizes (``TieredWeights.nbytes``).
 path of each node's COLD file of a deployment,
 ``<cold_dir>/<epoch>/<node id>/<deployment>.safetensors`` (the epoch of
 this run: a ``reset`` starts a new one, so a file from before is never read).
+The files are removed when their owner stops: a deleted deployment's once the
+core forgets it, the epoch's on a ``reset`` and when the controller is told
+its run is over (``Controller.remove_cold_files``: ``run_locally``, a scenario
+run), each node's by its own cache (``remove_cold``); the default root,
+``<temp dir>/rankcore-cold``, goes with its last epoch.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -97,6 +103,32 @@ class WarmCache:
     def forget_all(self) -> None:
         self.entries.clear()
 
+    def remove_cold(self, root: str, epoch: str, node_id: str, deployment: str | None = None,
+                    prune_root: bool = False) -> None:
+        """Remove this node's COLD files of ``epoch`` (``remove_cold_files``; ``deployment``: its
+        only), then the folders they leave empty (the root itself only if ``prune_root``)."""
+        remove_cold_files(root, epoch, node_id, deployment, prune_root)
+
+
+def remove_cold_files(root: str, epoch: str, node_id: str, deployment: str | None = None,
+                      prune_root: bool = False) -> None:
+    """Remove ``<root>/<epoch>/<node id>`` (``deployment``: its ``<deployment>.safetensors`` only)
+    and the folders that leaves empty, up to ``<root>/<epoch>`` (up to ``root`` with ``prune_root``:
+    the default temp one, not a folder the user named). What another run still holds stays."""
+    here = os.path.join(root, epoch, node_id)
+    if deployment is None:
+        shutil.rmtree(here, ignore_errors=True)
+    else:
+        try:
+            os.unlink(os.path.join(here, f"{deployment}.safetensors"))
+        except FileNotFoundError:
+            pass
+    for folder in (here, os.path.join(root, epoch)) + ((root,) if prune_root else ()):
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty (another node's, another run's, another deployment's), or gone
+            pass
+
 
 async def held_copies(node_ids: Iterable[str], timeout_s: float) -> list[tuple[str, str, str, int]]:
     """``(node id, deployment, replica id, bytes)`` of every entry the caches of ``node_ids`` hold,
@@ -141,6 +173,8 @@ class Caches:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self.actors: dict[str, Any] = {}
+        #: node id -> the COLD root of the paths given for it this epoch (what ``remove_cold`` removes)
+        self.cold: dict[str, str] = {}
 
     def get(self, node_id: str) -> Any:
         if node_id not in self.actors:
@@ -150,7 +184,22 @@ class Caches:
     def cold_path(self, node_id: str | None, deployment: str) -> str:
         booking = self.ledger.booking
         root = getattr(booking, "cold_dir", None) or os.path.join(tempfile.gettempdir(), "rankcore-cold")
+        if node_id is not None:
+            self.cold[node_id] = root  # (removed when their owner stops: ``remove_cold``)
         return os.path.join(root, f"{self.ledger.t0:.6f}", node_id or "unknown", f"{deployment}.safetensors")
+
+    async def remove_cold(self, deployment: str | None = None) -> None:
+        """Remove this epoch's COLD files (``deployment``: its only) on every node given a COLD
+        path, each by its node's cache; a node that is gone took its files with it."""
+        epoch = f"{self.ledger.t0:.6f}"
+        default = os.path.join(tempfile.gettempdir(), "rankcore-cold")
+        for node, root in sorted(self.cold.items()):
+            try:
+                await self.get(node).remove_cold.remote(root, epoch, node, deployment, root == default)
+            except Exception as exc:
+                log.warning("the COLD files of node %s were not removed: %r", node, exc)
+        if deployment is None:
+            self.cold.clear()
 
     def missing(self, rid: str, node_id: str | None, deployment: str) -> None:
         """A replica placed from a WARM copy that its node's cache does not hold (lost with a
