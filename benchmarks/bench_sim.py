@@ -80,6 +80,7 @@ import gc
 import os
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -610,14 +611,21 @@ def bench_sweep(seeds: int) -> None:
     variants = [{"cluster.nodes": n} for n in (8, 9, 10, 11)]
     base = load_scenario(PLAN).seed
     print(f"(f) what-if sweep: {PLAN.name}, {seeds} seeds x {len(variants)} variants on {os.cpu_count()} processes")
+    load0 = os.getloadavg()
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     records = run_sweep(PLAN, variants, lambda v: [base + i for i in range(seeds)])
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the pool's workers, reaped when it closed)
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    load1 = os.getloadavg()
     events = sum(r.events for r in records)
     one = statistics.median(r.wall for r in records)
     _check(len(records) == seeds * len(variants), "a run of the sweep is missing")
     print(f"  {len(records)} runs, {events:,} core events in {wall:.2f} s wall ({events / wall:,.0f} events/s); "
           f"one run {one:.3f} s median (serial estimate {one * len(records):.1f} s)")
+    print(f"  workers' CPU {cpu:.1f} s ({cpu / len(records):.3f} s a run; wall x cores used {cpu / wall:.2f}); "
+          f"load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} after on {os.cpu_count()} CPUs")
     print(f"  sweep <= {TARGET_SWEEP_SECONDS:g} s wall: {wall:.2f} s  {_verdict(wall <= TARGET_SWEEP_SECONDS)}")
 
 

@@ -81,7 +81,9 @@ MEANINGS = (
     ("reassigned", "reassigned: replicas whose rank moved (per level; any level: at one or more)"),
     ("reconfigures", "reconfigures: reconfigure calls for a rank change / a user_config update"),
     ("timeouts", "timeouts: starts replaced after faults.start_timeout"),
-    ("crash→ready", "crash→ready: from a rank's failure to its replacement ready"),
+    ("crash→ready", "crash→ready: from a rank's failure to its replacement ready (a crash while the controller "
+                    "was down: to the replica its recovery started on that rank; none: no replacement ready by "
+                    "the end)"),
     ("avail. %", "avail. %: serving / target replica-seconds after first full strength"),
     ("full strength %", "full strength %: time after that with every replica serving"),
     ("unavail.", "unavail. replica·s: target minus serving replicas, integrated"),
@@ -127,7 +129,8 @@ def _figure_cell(m: dict, f: Any) -> str:
 
     v = figure_value(m, f.key)
     if v is None:
-        return "-"
+        # crashes and no replacement ready (the target fell, the run ended first): say so, not "-"
+        return "none" if f.key.startswith("crash_to_ready") and m.get("crashes") else "-"
     return str(int(v)) if f.count else f"{v:.{f.digits}f}"
 
 

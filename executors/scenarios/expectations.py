@@ -98,12 +98,36 @@ def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], Expe
                    + (f"; not holding it: {', '.join(off)}" if off else f"; all {len(reps)} replicas hold it"))
 
 
+def _qualifier(e: Expectation) -> str:
+    """Which count a reconfigures / reassignments expectation reads, for its label: ``(rank)``,
+    ``(user_config)``, ``(any reason)``; ``(rank level)`` ... ``(any level)``."""
+    if e.kind == "reconfigures":
+        return f" ({'any reason' if e.args['reason'] == 'any' else e.args['reason']})"
+    if e.kind == "reassignments":
+        return f" ({e.args['level']} level)"
+    return ""
+
+
+def _counted(e: Expectation, now: float) -> str:
+    """What a count expectation's number is, and over which window (from the run's start to the
+    check): ``rank reconfigures by t=350.1``."""
+    if e.kind == "reconfigures":
+        reason = e.args["reason"]
+        what = "reconfigures (rank or user_config)" if reason == "any" else f"{reason} reconfigures"
+    elif e.kind == "reassignments":
+        level = e.args["level"]
+        what = f"replicas moved ({level} level)"
+    else:
+        what = e.kind.replace("_", " ")
+    return f"{what} by t={now:g}"
+
+
 def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
     """One expectation against a state and the metrics so far (any executor)."""
     name = e.args["deployment"]
     dep = state.deployments.get(name)
     m = metrics.deployments.get(name)
-    label = f"expect[{e.index}] {e.kind} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
+    label = f"expect[{e.index}] {e.kind}{_qualifier(e)} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
 
     def res(ok: bool, detail: str) -> ExpectationResult:
         return ExpectationResult(e, label, ok, detail, now)
@@ -161,6 +185,6 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
             problems.append(f"at least {e.args['at_least']}")
         if "equals" in e.args and n != e.args["equals"]:
             problems.append(f"exactly {e.args['equals']}")
-        what = " node changes beyond one block of ranks per node" if e.kind == "packed" else ""
+        what = " node changes beyond one block of ranks per node" if e.kind == "packed" else f" {_counted(e, now)}"
         return res(not problems, f"expected {' and '.join(problems)}, saw {n}{what}" if problems else f"saw {n}{what}")
     raise AssertionError(e.kind)  # pragma: no cover

@@ -241,6 +241,9 @@ class Metrics:
         self.events = 0
         self.stale = 0
         self._crashed_at: dict[tuple[str, int], float] = {}
+        #: (deployment, global rank) -> when its holder died while the controller was down (nobody
+        #: heard it: no replacement names it); the recovery's start on that rank is its replacement
+        self._unheard: dict[tuple[str, int], float] = {}
 
     def _m(self, name: str) -> DeploymentMetrics:
         m = self.deployments.get(name)
@@ -288,6 +291,15 @@ class Metrics:
             # stale answer): nothing measured changes either.
             return
         if recovered:
+            # A crash the controller never heard of (it was down): the recovery
+            # starts a new replica on the free rank, and that is its replacement.
+            if self._unheard:
+                for cmd in result.commands:
+                    if type(cmd) is _START and cmd.replaces is None and cmd.lineage is not None:
+                        t0 = self._unheard.pop((cmd.deployment, cmd.global_rank), None)
+                        if t0 is not None:
+                            self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t0)
+                self._unheard.clear()  # (a rank not started again: never replaced)
             # What each replica said against what it holds now (recovery and any
             # compaction in the same step together).
             for r in event.reports:  # type: ignore[attr-defined]
@@ -382,12 +394,18 @@ class Metrics:
         elif fell and m._short_since is None:
             m._short_since = t
 
-    def crashed(self, t: float, deployment: str, serving: bool) -> None:
+    def crashed(self, t: float, deployment: str, serving: bool, rank: int | None = None,
+                heard: bool = True) -> None:
         """The cluster lost a replica (told by the executor, so crashes while the
-        controller is down count too); a serving one is unavailable from now."""
+        controller is down count too); a serving one is unavailable from now.
+        ``heard`` False: the controller was down (``rank``: the global rank the
+        replica held); its replacement is the replica the recovery starts on
+        that rank, and crash_to_ready counts from now to it ready."""
         m = self._m(deployment)
         self._settle(m, t)
         m.crashes += 1
+        if not heard and rank is not None:
+            self._unheard.setdefault((deployment, rank), t)
         if serving:
             m._serving -= 1
             self._full_strength(m, t, True)

@@ -36,6 +36,8 @@ class SimServices(Protocol):
     rng: random.Random
     metrics: Metrics
     now: float
+    #: False while the controller is down (a crash then is one it never hears of)
+    controller_up: bool
 
     def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int:
         """Call ``fn(*args)`` after ``delay`` virtual seconds."""
@@ -702,7 +704,8 @@ class SimBackend:
             self.orphans.discard(rid)
             self._free(r, "dead")
             return True
-        self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
+        self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"),
+                                 r.global_rank, self.sim.controller_up)
         self._free(r, "dead")
         self.sim.deliver(_Crashed(replica_id=rid, reason=reason, cause=cause, now=self.sim.now))
         return True
@@ -750,7 +753,8 @@ class SimBackend:
             r = self.replicas.get(rid)
             if r is not None:
                 if rid not in self.orphans:
-                    self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"))
+                    self.sim.metrics.crashed(self.sim.now, r.deployment, r.phase in ("running", "reconfiguring"),
+                                             r.global_rank, self.sim.controller_up)
                 self.orphans.discard(rid)
                 self._free(r, "dead")
         del self.nodes[name]

@@ -79,8 +79,9 @@ def test_a_thousand_ranks_are_said_in_a_few_words():
 def test_the_default_leaves_figures_out_and_wide_shows_every_one():
     default = _simulate(EXAMPLES / "controller-crash.yaml")
     wide = _simulate(EXAMPLES / "controller-crash.yaml", "--wide")
+    summary = default[:default.index("expectations")]  # (an expectation may name user_config)
     for word in ("timeouts", "user_config", "frac.", "unavail.", "whole run", "to full"):
-        assert word not in default, word  # neither a column nor its legend entry
+        assert word not in summary, word  # neither a column nor its legend entry
         assert word in wide, word
     for f in FIGURES:  # every figure's title, wrapped or not, in a table of its group
         assert all(w in wide for w in f.title.split()), f.title
@@ -123,3 +124,26 @@ def test_short_detail_writes_long_lists_as_runs_keeping_gaps_and_repeats():
     assert short_detail(f"saw {[*range(10), 9]}") == "saw 0..9, 9 (11)"  # a repeated rank shows
     many = list(range(0, 40, 2))
     assert short_detail(f"saw {many}") == "saw 0, 2, 4, 6, … (16 more runs) (20)"
+
+
+def test_make_simulate_gives_crash_to_ready_and_says_what_each_count_counts():
+    """controller-crash.yaml (make simulate): its 2 crashes fell while the controller was down; the
+    summary times them to the recovery's replacements (not "-"), and each count expectation names
+    its count and window (issue 36)."""
+    out = " ".join(_simulate(EXAMPLES / "controller-crash.yaml").split())
+    row = next(line for line in _simulate(EXAMPLES / "controller-crash.yaml").splitlines() if "│ llm" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[4] == "2" and float(cells[-1]) > 14  # crashes; crash→ready p50 (t=35/36 to ready after t=50)
+    assert "expect[7] reconfigures (rank) of llm" in out and "saw 0 rank reconfigures by t=350.1" in out
+    assert "expect[8] reconfigures (user_config) of llm" in out
+    assert "saw 4 user_config reconfigures by t=350.1" in out
+    assert "expect[6] reassignments (any level) of llm" in out and "saw 0 replicas moved (any level)" in out
+
+
+def test_crash_to_ready_says_none_when_crashes_had_no_replacement_ready():
+    from executors.cli import _figure_cell
+
+    p50 = next(f for f in FIGURES if f.key == "crash_to_ready_p50")
+    assert _figure_cell({"crashes": 2, "crash_to_ready_p50": None}, p50) == "none"
+    assert _figure_cell({"crashes": 0, "crash_to_ready_p50": None}, p50) == "-"
+    assert _figure_cell({"crashes": 2, "crash_to_ready_p50": 6.54}, p50) == "6.5"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import rankcore as rc
 from executors.sim import Simulation, load_scenario
 
@@ -9,6 +11,40 @@ from executors.sim import Simulation, load_scenario
 def test_crashes_while_the_controller_is_down_are_counted():
     res = Simulation(load_scenario("examples/scenarios/controller-crash.yaml")).run()
     assert res.metrics["deployments"]["llm"]["crashes"] == 2
+
+
+def test_crash_to_ready_of_a_crash_the_controller_never_heard_runs_to_the_recoverys_start_on_its_rank(tmp_path):
+    """controller-crash.yaml: ranks 2 and 5 die at t=35 and t=36 while the controller is down; the
+    recovery (t=50) starts llm#6 on rank 2 and llm#7 on rank 5: those are their replacements."""
+    import json
+
+    trace = tmp_path / "run.jsonl"
+    with trace.open("w") as f:
+        res = Simulation(load_scenario("examples/scenarios/controller-crash.yaml"), trace=f).run()
+    ready = {r["replica"]: r["t"] for r in map(json.loads, trace.read_text().splitlines())
+             if r.get("type") == "ReplicaReady"}
+    m = res.metrics["deployments"]["llm"]
+    assert m["replacements_ready"] == 2
+    want = sorted([ready["llm#6"] - 35.0, ready["llm#7"] - 36.0])  # 2 replacements: p50 the one, p99 the other
+    assert [m["crash_to_ready_p50"], m["crash_to_ready_p99"]] == pytest.approx(want, abs=1e-6)
+
+
+def test_an_unheard_crash_pairs_with_the_recoverys_start_on_its_rank_and_no_other():
+    from executors.scenarios import Metrics
+
+    m = Metrics()
+    m.crashed(1.0, "app", True, rank=0)  # heard: the core's own replacement (replaces=...) is timed
+    assert m._unheard == {}
+    m.crashed(2.0, "app", True, rank=0, heard=False)
+    m.crashed(2.5, "app", True, rank=1, heard=False)
+    spec = rc.DeploymentApplied(name="app", num_replicas=1)
+    event = rc.ControllerRecovered(deployments=(spec,), reports=())
+    res = rc.step(rc.State(), event)
+    m(3.0, event, rc.State(), res)
+    starts = [c for c in res.commands if isinstance(c, rc.StartReplica)]
+    assert [c.global_rank for c in starts] == [0]
+    # rank 0's start is its replacement, timed from its crash; rank 1 was not started again: forgotten
+    assert m._crashed_at == {("app", starts[0].lineage): 2.0} and m._unheard == {}
 
 
 def test_reassignments_compares_with_what_a_replica_said(tmp_path):
