@@ -11,6 +11,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Union
 
 import attrs
@@ -701,6 +702,9 @@ def _to_ongoing(value: Any) -> Any:
         return value  # (the validator names it)
 
 
+_in_flight = itemgetter(1)  # an ongoing pair's count
+
+
 def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: Any) -> None:
     where = f"AutoscalingMetrics({inst.deployment!r}).ongoing"
     if not isinstance(value, tuple):
@@ -731,7 +735,7 @@ class AutoscalingMetrics:
     @property
     def total(self) -> int:
         """Every request this deployment holds now: queued and in flight (Ray Serve's total_num_requests)."""
-        return self.queued + sum(n for _, n in self.ongoing)
+        return self.queued + sum(map(_in_flight, self.ongoing))  # (no generator: read once a sample, O(replicas))
 
 
 Event = Union[

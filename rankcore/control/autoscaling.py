@@ -264,7 +264,7 @@ def cold_start(dep: Deployment, running: int, total: float, e: AutoscalingMetric
     None: replicas run, the policy decides."""
     if running:
         return None
-    if not (e.total or total):
+    if not (total or e.total):  # (the event's sum only when the window's is zero)
         return dep.target
     factor = dep.config.autoscaler.upscaling_factor or 1.0
     return max(bounded(dep, math.ceil(factor)), dep.target)
