@@ -151,7 +151,7 @@ def _check_autoscaling_bounds(inst: DeploymentApplied, config: DeploymentConfig)
                             f"{auto.min_replicas} and max_replicas={f.shown(top)} (the autoscaler scales by gangs)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False, init=False, repr=False)
+@attrs.frozen(kw_only=True, init=False, repr=False)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
 
@@ -216,7 +216,7 @@ if {a.name for a in attrs.fields(DeploymentApplied)} & set(OPTION_NAMES):
     raise TypeError("DeploymentApplied: a field and an option share a name (rankcore.base.options)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ScaleRequested:
     """Someone (a user, an autoscaler) asked for a new replica count.
 
@@ -232,7 +232,7 @@ class ScaleRequested:
     victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class DeploymentDeleted:
     """Delete one deployment (Ray Serve's ``serve.delete``), leaving the others be.
 
@@ -247,7 +247,7 @@ class DeploymentDeleted:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaPlaced:
     """The executor put a started replica on a node (answers StartReplica)."""
 
@@ -259,14 +259,14 @@ class ReplicaPlaced:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReady:
     """The replica finished initialising (answers InitializeReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
@@ -274,7 +274,7 @@ class ReplicaReconfigured:
     version: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaCrashed:
     """The replica died, failed to start, failed a health check or a reconfigure."""
 
@@ -290,7 +290,7 @@ class ReplicaCrashed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class HealthChecked:
     """The outcome of one health check of a running replica (the executor checks every
     ``health_check_period_s``; no answer within ``health_check_timeout_s`` is a failure).
@@ -303,7 +303,7 @@ class HealthChecked:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaStopped:
     """The replica has fully stopped (answers StopReplica); its ranks are released."""
 
@@ -313,7 +313,7 @@ class ReplicaStopped:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeLost:
     """A node is gone: every replica placed on it has crashed."""
 
@@ -330,7 +330,7 @@ def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: 
                             f"every bundle of the group, got {value!r}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class BundlesPlaced:
     """Where the bundles of a static deployment's placement group are now (the
     caller's group was rescheduled after a node loss, say). A FAILED replica
@@ -362,7 +362,7 @@ def _check_report(inst: ReplicaReport, attribute: attrs.Attribute, value: Any) -
         )
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeJoined:
     """A node joined the cluster: from now on the core places replicas (see
     docs/architecture.md, "Placement"). ``order`` breaks placement ties (lower
@@ -395,7 +395,7 @@ class NodeJoined:
                                 f"(an int >= 0), got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeCapacityChanged:
     """A node's total resources changed. Replicas already there stay (even if
     they no longer fit); new ones go there only while they fit. Also clears
@@ -405,7 +405,7 @@ class NodeCapacityChanged:
     resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PlacementFailed:
     """The executor could not put a replica on the node a PlaceReplica named
     (no room there after all, the node refused it). The core frees what it
@@ -420,7 +420,7 @@ class PlacementFailed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Tick:
     """Time passed: the core's clock is now ``now`` (seconds, any origin, never
     going back). Start timeouts and suspect nodes run on it; a ScheduleTick
@@ -451,7 +451,7 @@ def _tier_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'hot' or 'warm', got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReport:
     """What one live replica tells a recovering controller.
 
@@ -510,7 +510,7 @@ class ReplicaReport:
                                 f"(a replica sleeps only once it runs)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WarmCopy:
     """A WARM copy a node's CPU cache holds (an evicted replica's weights), as the
     executor tells a recovering controller (``ControllerRecovered.warm_copies``)."""
@@ -521,7 +521,7 @@ class WarmCopy:
     nbytes: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class UnresponsiveReplica:
     """A live replica process a recovering controller found but that did not
     answer its report call in time: its rank is unknown. The core stops it
@@ -537,7 +537,7 @@ class UnresponsiveReplica:
     node_id: str | None = attrs.field(default=None, validator=f.optional_name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 
@@ -631,7 +631,7 @@ def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> N
         seen.add(k)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class SleepRequested:
     """Put a deployment's replicas to sleep (RL: the trainer needs the GPUs):
     each running replica's weights go to CPU memory, its process, ranks and
@@ -641,7 +641,7 @@ class SleepRequested:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WakeRequested:
     """Wake a sleeping deployment (``LoadReplica`` for each sleeper). With
     ``weights_version``, the replicas wake with those weights: the same as a
@@ -651,7 +651,7 @@ class WakeRequested:
     weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WeightsPushed:
     """New weights, ``version`` (greater than any before), for every replica of
     the deployment: one starting or asleep included. Each gets
@@ -661,7 +661,7 @@ class WeightsPushed:
     version: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class TierMoved:
     """A replica's weights arrived: ``tier`` ``"warm"`` answers ``OffloadReplica``,
     ``"hot"`` answers ``LoadReplica``."""
@@ -672,7 +672,7 @@ class TierMoved:
     nbytes: int = attrs.field(default=0, validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class TierMoveFailed:
     """An ``OffloadReplica`` or ``LoadReplica`` could not be carried out: the
     weights are where they were (on its GPU, or in CPU memory)."""
@@ -681,7 +681,7 @@ class TierMoveFailed:
     reason: str = attrs.field(default="", validator=f.text)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WeightsUpdated:
     """The replica holds the weights of ``version`` (answers ``UpdateWeights``)."""
 
@@ -719,7 +719,7 @@ def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: 
         seen.add(pair[0])
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class AutoscalingMetrics:
     """What the request path saw of one autoscaled deployment at ``now`` (an executor sends one
     every ``metrics_interval_s``; Ray Serve's handles and replicas push the same two metrics):

@@ -95,7 +95,7 @@ BURST_WINDOW = 0.1
 BURST_THRESHOLD = 2.0
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PolicyContext:
     """What a policy decides from (Ray Serve's ``AutoscalingContext``, the parts the core has)."""
 
