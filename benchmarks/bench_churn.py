@@ -18,6 +18,9 @@
     events (built before timing; one a second of virtual time), each step
     timed alone: µs per step (median of the steps). A step that changes no
     replica should cost the same at any N.
+(a') the churn of (a) again, the loop holding the last ``--keep`` (event,
+    commands) pairs (default 10,000), as a controller's log or trace buffer
+    would: the collector then runs (young objects survive), as in a service.
 
 Each size runs ``--repeats`` times (default 3), interleaved; the median is
 printed. Runs the worktree's own ``rankcore`` (its root is put first on the
@@ -46,9 +49,9 @@ from bench_gc import child as _gc_child  # noqa: E402 (bench_gc's deploy and chu
 import rankcore as rc  # noqa: E402
 
 
-def churn(n: int, window: int, cycles: int, seed: int) -> dict:
-    """(a) in this (fresh) process: bench_gc's ``on, current`` cell."""
-    r = _gc_child(n, "on", window, cycles, seed, histogram=False)
+def churn(n: int, window: int, cycles: int, seed: int, keep: int = 0) -> dict:
+    """(a) in this (fresh) process: bench_gc's ``on, current`` cell (``keep``: with a log of that many steps)."""
+    r = _gc_child(n, "on", window, cycles, seed, histogram=False, keep=keep)
     return {"n": n, "us": r["steady_us"], "gc": r["gc"]["steady"]["count"], "gc_s": sum(r["gc"]["steady"]["seconds"])}
 
 
@@ -78,7 +81,8 @@ def metrics(n: int, steps: int) -> dict:
 
 def _run(kind: str, n: int, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--child", f"{kind},{n}", "--window", str(args.window), "--cycles",
-           str(args.cycles), "--seed", str(args.seed), "--metrics-steps", str(args.metrics_steps)]
+           str(args.cycles), "--seed", str(args.seed), "--metrics-steps", str(args.metrics_steps), "--keep",
+           str(args.keep)]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
@@ -95,16 +99,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-sizes", default="1000,10000", help="replicas for (b) (default 1000,10000)")
     p.add_argument("--metrics-steps", type=int, default=2_000, help="AutoscalingMetrics steps per size (default 2,000)")
     p.add_argument("--repeats", type=int, default=3, help="fresh runs per size; the median is printed (default 3)")
-    p.add_argument("--only", choices=("churn", "metrics"), help="run only (a) or (b)")
+    p.add_argument("--keep", type=int, default=10_000,
+                   help="(a'): the churn again holding the last KEEP (event, commands) pairs, as a controller's log "
+                        "would (default 10,000, as bench_sim's (e); 0: skip (a'))")
+    p.add_argument("--only", choices=("churn", "log", "metrics"), help="run only (a), (a') or (b)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         kind, n = args.child.split(",")
-        out = churn(int(n), args.window, args.cycles, args.seed) if kind == "churn" else metrics(int(n),
-                                                                                                 args.metrics_steps)
+        if kind == "metrics":
+            out = metrics(int(n), args.metrics_steps)
+        else:
+            out = churn(int(n), args.window, args.cycles, args.seed, args.keep if kind == "log" else 0)
         print(json.dumps(out))
         return 0
-    parts = [("churn", [int(s) for s in args.sizes.split(",")]),
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parts = [("churn", sizes)] + ([("log", sizes)] if args.keep else []) + [
              ("metrics", [int(s) for s in args.metrics_sizes.split(",")])]
     parts = [(k, s) for k, s in parts if args.only in (None, k)]
     print(f"# bench_churn: rankcore from {Path(rc.__file__).parent}; Python {platform.python_version()}; "
@@ -122,16 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             rs = sorted(runs[(kind, n)], key=lambda r: r["us"])
             med[n] = rs[len(rs) // 2]
             spread = ", ".join(f"{r['us']:.1f}" for r in runs[(kind, n)])
-            if kind == "churn":
+            if kind != "metrics":
                 g = med[n]
-                print(f"  churn   N={n:>9,}  {g['us']:8.1f} us/cycle  (runs {spread})  collections gen0/1/2 "
+                print(f"  {kind:<7} N={n:>9,}  {g['us']:8.1f} us/cycle  (runs {spread})  collections gen0/1/2 "
                       f"{'/'.join(map(str, g['gc']))} ({g['gc_s'] * 1e3:.0f} ms)")
             else:
                 print(f"  metrics N={n:>9,}  {med[n]['us']:8.1f} us/AutoscalingMetrics step  (runs {spread})")
         if len(sizes) > 1:
             lo, hi = sizes[0], sizes[-1]
             print(f"  {kind:<7} {_ratio_label(lo, hi):>11}  {med[hi]['us'] / med[lo]['us']:8.2f}x"
-                  + ("  (goal <= 1.5x)" if kind == "churn" else ""))
+                  + ("" if kind == "metrics" else "  (goal <= 1.5x)"))
     return 0
 
 
