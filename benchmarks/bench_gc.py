@@ -78,13 +78,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-try:
-    import rankcore as rc
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(ROOT))
-    import rankcore as rc
-
+# This tree's rankcore first: an environment may have another checkout installed (a git worktree's
+# benchmark would otherwise measure that one)
+sys.path.insert(0, str(ROOT))
 from bench_sim import _GcMeter  # noqa: E402 (bench_sim's collector meter: one copy)
+
+import rankcore as rc  # noqa: E402
 
 MODES = ("on", "off", "freeze", "threshold")
 PER_NODE = 8
