@@ -78,13 +78,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-try:
-    import rankcore as rc
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(ROOT))
-    import rankcore as rc
-
+# This tree's rankcore first: an environment may have another checkout installed (a git worktree's
+# benchmark would otherwise measure that one)
+sys.path.insert(0, str(ROOT))
 from bench_sim import _GcMeter  # noqa: E402 (bench_sim's collector meter: one copy)
+
+import rankcore as rc  # noqa: E402
 
 MODES = ("on", "off", "freeze", "threshold")
 PER_NODE = 8
@@ -121,31 +120,43 @@ def _build(n: int) -> tuple[rc.State, list[str], dict[str, str]]:
     return state, live, where
 
 
-def _churn(box: list[rc.State], live: list[str], where: dict[str, str], picks: list[int]) -> None:
+def _churn(box: list[rc.State], live: list[str], where: dict[str, str], picks: list[int],
+           log: collections.deque | None = None) -> None:
     """crash -> replacement placed on the same node -> ready, once per pick.
 
     The state travels in ``box`` (its one reference): a caller that held the
     state it started from would keep every later ``RankTable`` version alive
     until the loop ends (docs/embedding.md, "Keeping state"), and the
-    collector would scan them all."""
+    collector would scan them all. ``log``: each step's (event, commands) appended (a bounded deque:
+    a controller's log or trace buffer, as bench_sim's (e) keeps)."""
     step = rc.step
     state = box.pop()
     Crashed, Placed, Ready, Start = rc.ReplicaCrashed, rc.ReplicaPlaced, rc.ReplicaReady, rc.StartReplica
     for i in picks:
         old = live[i]
-        result = step(state, Crashed(replica_id=old, reason="bench"))
+        e = Crashed(replica_id=old, reason="bench")
+        result = step(state, e)
         new = next(c for c in result.commands if type(c) is Start).replica_id
         node = where.pop(old)
         where[new] = node
         live[i] = new
-        state = step(result.state, Placed(replica_id=new, node_id=node)).state
-        state = step(state, Ready(replica_id=new)).state
+        if log is None:
+            state = step(result.state, Placed(replica_id=new, node_id=node)).state
+            state = step(state, Ready(replica_id=new)).state
+            continue
+        log.append((e, result.commands))
+        for e in (Placed(replica_id=new, node_id=node), Ready(replica_id=new)):
+            result = step(result.state, e)
+            log.append((e, result.commands))
+        state = result.state
     box.append(state)
 
 
-def child(n: int, mode: str, window: int, steady: int, seed: int, histogram: bool, pin: bool = False) -> dict:
+def child(n: int, mode: str, window: int, steady: int, seed: int, histogram: bool, pin: bool = False,
+          keep: int = 0) -> dict:
     """One measurement, in this (fresh) process. ``pin``: hold the state the
-    bulk deploy ended with through the timed loops (a forgotten variable)."""
+    bulk deploy ended with through the timed loops (a forgotten variable).
+    ``keep``: hold the last ``keep`` (event, commands) pairs (a log; 0: none)."""
     if mode == "off":
         gc.disable()
     elif mode == "threshold":
@@ -167,11 +178,12 @@ def child(n: int, mode: str, window: int, steady: int, seed: int, histogram: boo
     pinned = state if pin else None
     del state
     t0 = clock()
-    _churn(box, live, where, picks[:window])
+    log = collections.deque(maxlen=keep) if keep else None
+    _churn(box, live, where, picks[:window], log)
     window_s = clock() - t0
     window_gc = meter.take()
     t0 = clock()
-    _churn(box, live, where, picks[window:])
+    _churn(box, live, where, picks[window:], log)
     steady_s = clock() - t0
     steady_gc = meter.take()
     gc.callbacks.remove(meter)

@@ -88,12 +88,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-try:
-    import rankcore as rc
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import rankcore as rc
-
+# This tree's rankcore first: an environment may have another checkout installed (a git worktree's
+# benchmark would otherwise measure that one)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import rankcore as rc
 from executors.scenarios import Scenario, load_scenario, parse_scenario
 from executors.sim.runner import Simulation
 

@@ -34,7 +34,7 @@ RETRY_S = 30.0
 SUSPECT_S = 15.0
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Node:
     """A live node: its total resources, what is free after the core's
     reservations (may go below zero after a capacity drop), labels, and its
@@ -47,7 +47,7 @@ class Node:
     order: tuple = ()
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Cluster:
     """Nodes, reservations, the waiting queue and the clock."""
 

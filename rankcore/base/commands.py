@@ -54,7 +54,7 @@ __all__ = [
 
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class StartReplica:
     """Create replica ``replica_id`` and place it; it holds ``global_rank``.
 
@@ -77,7 +77,7 @@ class StartReplica:
     gang: GangContext | None = None
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class InitializeReplica:
     """Run the user's ``__init__`` with the full rank, then ``reconfigure``
     with ``user_config`` when ``call_reconfigure`` (the seed's startup rule),
@@ -98,7 +98,7 @@ class InitializeReplica:
     weights_version: int = 0
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReconfigureReplica:
     """Tell a running replica its new rank / user_config.
 
@@ -119,7 +119,7 @@ class ReconfigureReplica:
     pass_rank: bool = attrs.field(validator=f.flag)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class StopReplica:
     """Stop the replica gracefully: take no new calls, let those in flight finish
     (looking every ``graceful_shutdown_wait_loop_s``) for up to
@@ -133,7 +133,7 @@ class StopReplica:
     graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class UpdateWorldSize:
     """Every live replica of ``deployment`` now has ``world_size`` (the target)."""
 
@@ -141,7 +141,7 @@ class UpdateWorldSize:
     world_size: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PlaceReplica:
     """Put started replica ``replica_id`` on ``node_id``, reserving ``resources``
     there (only when the core places: it knows nodes from ``NodeJoined``).
@@ -165,7 +165,7 @@ class PlaceReplica:
     source: str = ""
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ScheduleTick:
     """Feed the core a ``Tick`` with ``now >= at`` (a start deadline or a
     suspect node's end falls then). No answer besides the Tick."""
@@ -173,7 +173,7 @@ class ScheduleTick:
     at: float
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class GangChanged:
     """A gang's members changed (``restart_replica`` replaced one): tell every
     member (``members`` in gang-rank order). No answer."""
@@ -183,7 +183,7 @@ class GangChanged:
     members: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class KeepSpareProcesses:
     """Keep ``count`` started, idle worker processes on ``node_id`` for
     ``deployment``'s replicas from now on (0: none any more), refilled after a
@@ -196,7 +196,7 @@ class KeepSpareProcesses:
     count: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class OffloadReplica:
     """Put a running replica to sleep: its weights from its GPU to CPU memory
     (pinned where it can), its process, ranks and bundle kept, its GPU memory
@@ -206,7 +206,7 @@ class OffloadReplica:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class LoadReplica:
     """Wake a sleeping replica: its weights from CPU memory back to its GPU.
     Answer: ``TierMoved(tier="hot")`` or ``TierMoveFailed``."""
@@ -215,7 +215,7 @@ class LoadReplica:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class UpdateWeights:
     """Give a replica the weights of ``version`` (wherever they are: on its GPU,
     in its CPU copy while it sleeps, or once it is ready if it is starting).
@@ -228,7 +228,7 @@ class UpdateWeights:
 
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class EvictReplica:
     """Stop ``replica_id`` to give its GPU memory to another model (rankcore.tiers.devices):
     drain like a ``StopReplica`` (finish the calls in flight, at most
@@ -246,7 +246,7 @@ class EvictReplica:
     graceful_shutdown_timeout_s: float = attrs.field(default=GRACEFUL_SHUTDOWN_TIMEOUT_S, validator=f.seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class DropWarmCopy:
     """Free the WARM copy of ``deployment``'s weights that ``replica_id`` left in
     ``node_id``'s CPU cache: the core dropped it to make room for another (smallest
@@ -267,7 +267,7 @@ def _membership(inst: object, attribute: attrs.Attribute, value: object) -> None
                             f"got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PoolChanged:
     """Tell the request path (``rankcore.requests``) where ``replica_id`` now
     stands in ``deployment``'s pool: ``"serving"`` (it takes new requests),
@@ -281,7 +281,7 @@ class PoolChanged:
     membership: str = attrs.field(validator=_membership)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PoolReset:
     """``deployment``'s whole pool at once: the ``serving`` and ``draining``
     replicas (every other one is gone) and whether replicas are ``coming``
@@ -295,7 +295,7 @@ class PoolReset:
     coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PoolComing:
     """Whether ``deployment`` will have serving replicas without anyone asking
     (its target is above zero: replicas are starting, waking, loading their

@@ -11,6 +11,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Union
 
 import attrs
@@ -150,7 +151,7 @@ def _check_autoscaling_bounds(inst: DeploymentApplied, config: DeploymentConfig)
                             f"{auto.min_replicas} and max_replicas={f.shown(top)} (the autoscaler scales by gangs)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False, init=False, repr=False)
+@attrs.frozen(kw_only=True, init=False, repr=False)
 class DeploymentApplied:
     """A deployment was created or its config changed (Ray Serve's ``serve.run``).
 
@@ -215,7 +216,7 @@ if {a.name for a in attrs.fields(DeploymentApplied)} & set(OPTION_NAMES):
     raise TypeError("DeploymentApplied: a field and an option share a name (rankcore.base.options)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ScaleRequested:
     """Someone (a user, an autoscaler) asked for a new replica count.
 
@@ -231,7 +232,7 @@ class ScaleRequested:
     victims: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class DeploymentDeleted:
     """Delete one deployment (Ray Serve's ``serve.delete``), leaving the others be.
 
@@ -246,7 +247,7 @@ class DeploymentDeleted:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaPlaced:
     """The executor put a started replica on a node (answers StartReplica)."""
 
@@ -258,14 +259,14 @@ class ReplicaPlaced:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReady:
     """The replica finished initialising (answers InitializeReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
@@ -273,7 +274,7 @@ class ReplicaReconfigured:
     version: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaCrashed:
     """The replica died, failed to start, failed a health check or a reconfigure."""
 
@@ -289,7 +290,7 @@ class ReplicaCrashed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class HealthChecked:
     """The outcome of one health check of a running replica (the executor checks every
     ``health_check_period_s``; no answer within ``health_check_timeout_s`` is a failure).
@@ -302,7 +303,7 @@ class HealthChecked:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaStopped:
     """The replica has fully stopped (answers StopReplica); its ranks are released."""
 
@@ -312,7 +313,7 @@ class ReplicaStopped:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeLost:
     """A node is gone: every replica placed on it has crashed."""
 
@@ -329,7 +330,7 @@ def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: 
                             f"every bundle of the group, got {value!r}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class BundlesPlaced:
     """Where the bundles of a static deployment's placement group are now (the
     caller's group was rescheduled after a node loss, say). A FAILED replica
@@ -361,7 +362,7 @@ def _check_report(inst: ReplicaReport, attribute: attrs.Attribute, value: Any) -
         )
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeJoined:
     """A node joined the cluster: from now on the core places replicas (see
     docs/architecture.md, "Placement"). ``order`` breaks placement ties (lower
@@ -394,7 +395,7 @@ class NodeJoined:
                                 f"(an int >= 0), got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeCapacityChanged:
     """A node's total resources changed. Replicas already there stay (even if
     they no longer fit); new ones go there only while they fit. Also clears
@@ -404,7 +405,7 @@ class NodeCapacityChanged:
     resources: tuple[tuple[str, float], ...] = attrs.field(converter=f.to_resources, validator=f.resources)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PlacementFailed:
     """The executor could not put a replica on the node a PlaceReplica named
     (no room there after all, the node refused it). The core frees what it
@@ -419,7 +420,7 @@ class PlacementFailed:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Tick:
     """Time passed: the core's clock is now ``now`` (seconds, any origin, never
     going back). Start timeouts and suspect nodes run on it; a ScheduleTick
@@ -450,7 +451,7 @@ def _tier_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'hot' or 'warm', got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaReport:
     """What one live replica tells a recovering controller.
 
@@ -509,7 +510,7 @@ class ReplicaReport:
                                 f"(a replica sleeps only once it runs)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WarmCopy:
     """A WARM copy a node's CPU cache holds (an evicted replica's weights), as the
     executor tells a recovering controller (``ControllerRecovered.warm_copies``)."""
@@ -520,7 +521,7 @@ class WarmCopy:
     nbytes: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class UnresponsiveReplica:
     """A live replica process a recovering controller found but that did not
     answer its report call in time: its rank is unknown. The core stops it
@@ -536,7 +537,7 @@ class UnresponsiveReplica:
     node_id: str | None = attrs.field(default=None, validator=f.optional_name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 
@@ -630,7 +631,7 @@ def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> N
         seen.add(k)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class SleepRequested:
     """Put a deployment's replicas to sleep (RL: the trainer needs the GPUs):
     each running replica's weights go to CPU memory, its process, ranks and
@@ -640,7 +641,7 @@ class SleepRequested:
     deployment: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WakeRequested:
     """Wake a sleeping deployment (``LoadReplica`` for each sleeper). With
     ``weights_version``, the replicas wake with those weights: the same as a
@@ -650,7 +651,7 @@ class WakeRequested:
     weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WeightsPushed:
     """New weights, ``version`` (greater than any before), for every replica of
     the deployment: one starting or asleep included. Each gets
@@ -660,7 +661,7 @@ class WeightsPushed:
     version: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class TierMoved:
     """A replica's weights arrived: ``tier`` ``"warm"`` answers ``OffloadReplica``,
     ``"hot"`` answers ``LoadReplica``."""
@@ -671,7 +672,7 @@ class TierMoved:
     nbytes: int = attrs.field(default=0, validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class TierMoveFailed:
     """An ``OffloadReplica`` or ``LoadReplica`` could not be carried out: the
     weights are where they were (on its GPU, or in CPU memory)."""
@@ -680,7 +681,7 @@ class TierMoveFailed:
     reason: str = attrs.field(default="", validator=f.text)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class WeightsUpdated:
     """The replica holds the weights of ``version`` (answers ``UpdateWeights``)."""
 
@@ -701,6 +702,9 @@ def _to_ongoing(value: Any) -> Any:
         return value  # (the validator names it)
 
 
+_in_flight = itemgetter(1)  # an ongoing pair's count
+
+
 def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: Any) -> None:
     where = f"AutoscalingMetrics({inst.deployment!r}).ongoing"
     if not isinstance(value, tuple):
@@ -715,7 +719,7 @@ def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: 
         seen.add(pair[0])
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class AutoscalingMetrics:
     """What the request path saw of one autoscaled deployment at ``now`` (an executor sends one
     every ``metrics_interval_s``; Ray Serve's handles and replicas push the same two metrics):
@@ -731,7 +735,7 @@ class AutoscalingMetrics:
     @property
     def total(self) -> int:
         """Every request this deployment holds now: queued and in flight (Ray Serve's total_num_requests)."""
-        return self.queued + sum(n for _, n in self.ongoing)
+        return self.queued + sum(map(_in_flight, self.ongoing))  # (no generator: read once a sample, O(replicas))
 
 
 Event = Union[

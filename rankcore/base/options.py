@@ -121,7 +121,7 @@ def _static(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 _RAY_PLACEMENT = "a keyword of its own, sent with the placement options"
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class SchedulingOptions:
     """Where a replica goes and how long its placement may take (rankcore.placement.policies)."""
 
@@ -141,7 +141,7 @@ class SchedulingOptions:
         "None: wait forever")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class StartOptions:
     """How long a start may take and how failed starts are retried (rankcore.control.restarts)."""
 
@@ -168,7 +168,7 @@ class StartOptions:
                                 f"restart_backoff_s={self.restart_backoff_s!r}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class HealthOptions:
     """Health checks of a serving replica (rankcore.control.health)."""
 
@@ -181,7 +181,7 @@ class HealthOptions:
         "this many failed checks in a row: the replica is stopped and replaced on its rank")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ShutdownOptions:
     """How a stop drains (rankcore.control.transaction.stop_command)."""
 
@@ -191,7 +191,7 @@ class ShutdownOptions:
                                                  "a stop drains calls in flight at most this long, then kills")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class StaticOptions:
     """Static placement on a caller's placement group (rankcore.placement.static)."""
 
@@ -204,7 +204,7 @@ class StaticOptions:
                                               "capture_child_tasks}"))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class GangOptions:
     """Gangs: replicas placed, failing and scaling together on consecutive ranks (rankcore.placement.gangs)."""
 
@@ -220,7 +220,7 @@ class GangOptions:
                                 scenario=Spelling("gang.failure"))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class SpareOptions:
     """Spare worker processes (rankcore.placement.spares)."""
 
@@ -236,7 +236,7 @@ def _model_bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class TierOptions:
     """GPU memory, eviction and the warm cache (rankcore.tiers.choice, rankcore.tiers.devices)."""
 
@@ -252,7 +252,7 @@ class TierOptions:
         "a replica HOT for less than this is not evicted for another model (unless that one is dedicated)")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class RequestOptions:
     """The request path's limits (rankcore.requests; the core carries them, and tells no replica)."""
 
@@ -273,7 +273,7 @@ def _policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"policy given to rankcore.register_policy, got {f.shown(value)}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class AutoscalingOptions:
     """The autoscaler (rankcore.control.autoscaling): Ray Serve's AutoscalingConfig names, meanings and
     defaults; the upper bound is ``DeploymentApplied.max_replicas`` (declared once, there)."""
@@ -321,7 +321,7 @@ class AutoscalingOptions:
                                 f"min_replicas={self.min_replicas!r}")
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
     :meth:`of`; read a leaf nested (``config.gang.gang_size``) or flat (``config.gang_size``)."""

@@ -45,7 +45,7 @@ def _opt_nonneg_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         _nonneg_int(inst, attribute, value)
 
 
-@attrs.frozen(order=True, weakref_slot=False)
+@attrs.frozen(order=True)
 class ReplicaRank:
     """A replica's ranks: global (0..N-1), its node's (0..M-1), on its node (0..K-1)."""
 

@@ -6,10 +6,10 @@ each call (~3-4 µs for a ``Deployment``); a step makes several, and builds
 commands too. The values the core puts into its own records and commands are
 already valid, so ``copier`` copies the slots and sets the changed ones,
 ``updater`` does so for a fixed set of changed fields, and ``maker`` builds
-one from its fields: functions generated once per class, writing the slots
-with plain attribute stores on a same-layout twin class (see ``_twin``; a
-17-field ``Deployment`` is copied in ~0.5 µs). ``unchecked_copy`` is named
-so that nobody takes it for ``attrs.evolve``: it validates nothing. A class whose copy would not be a
+one from its fields: functions generated once per class, writing each slot
+through its setter captured once per class (see ``_Writer``; a 17-field
+``Deployment`` is copied in ~1-2 µs). ``unchecked_copy`` is named so that
+nobody takes it for ``attrs.evolve``: it validates nothing. A class whose copy would not be a
 valid record (a converter, ``__attrs_post_init__``, a cached hash) is refused
 when its functions are generated. Not for input from outside: events from
 executors are still built (and validated) by their constructors.
@@ -49,45 +49,27 @@ def _check(cls: type) -> list[str]:
     return [a.name for a in fields]
 
 
-def _twin(cls: type) -> type | None:
-    """A plain class with ``cls``'s slots, or None when there cannot be one.
-
-    Writing a slot through its setter is a call (~55 ns: an argument tuple
-    built and unpacked); a plain attribute store on an instance of a class
-    with no ``__setattr__`` of its own is a single specialised instruction
-    (~5 ns). So a record is filled in as an instance of its twin, then
-    becomes a ``cls`` (``__class__`` assignment: allowed between classes of
-    the same layout, and checked here once). Needs a class that derives
-    from ``object`` alone and has no ``__weakref__`` slot (CPython refuses
-    the switch for those: the core's records are declared with
-    ``weakref_slot=False``)."""
-    slots = cls.__dict__.get("__slots__")
-    if not slots or "__weakref__" in slots or cls.__bases__ != (object,):
-        return None
-    twin = type(f"_{cls.__name__}Twin", (object,), {"__slots__": tuple(slots), "__module__": __name__})
-    probe: Any = object.__new__(twin)
-    try:
-        probe.__class__ = cls
-    except TypeError:
-        return None
-    return twin
-
-
 class _Writer:
     """How generated code fills the slots of a new ``cls``: ``start`` makes
-    it, ``put(i, name, value)`` writes a field, ``end`` finishes it."""
+    it, ``put(i, name, value)`` writes a field, ``end`` finishes it.
+
+    Each field is written through its slot's own setter, captured once per
+    class (``_s{i}(_o, value)``: no frozen ``__setattr__``, no name lookup).
+    Measured against the other ways (issue 36, a 17-field ``Deployment``
+    copied): ``object.__setattr__(_o, name, value)`` costs 1.6x as much, a
+    bound ``object.__setattr__`` 1.3x, one C-level ``map`` over the fields
+    2.2x. Plain attribute stores on a same-layout twin class switched with
+    ``__class__`` were faster still, but needed records without a
+    ``__weakref__`` slot; that switch is gone (docs/benchmarks.md)."""
 
     def __init__(self, cls: type, names: list[str]) -> None:
         self.scope: dict[str, Any] = {"_M": _MISSING, "_new": object.__new__, "_cls": cls}
-        twin = _twin(cls)
-        if twin is not None:
-            self.scope["_T"] = twin
-            self.start, self.end = "    _o = _new(_T)\n", "    _o.__class__ = _cls\n    return _o\n"
-            self.put = lambda i, n, v: f"    _o.{n} = {v}\n"
-        else:  # each slot's own setter: no frozen __setattr__, no name lookup
-            self.scope.update({f"_s{i}": getattr(cls, n).__set__ for i, n in enumerate(names)})
-            self.start, self.end = "    _o = _new(_cls)\n", "    return _o\n"
-            self.put = lambda i, n, v: f"    _s{i}(_o, {v})\n"
+        self.scope.update({f"_s{i}": getattr(cls, n).__set__ for i, n in enumerate(names)})
+        self.start, self.end = "    _o = _new(_cls)\n", "    return _o\n"
+
+    @staticmethod
+    def put(i: int, name: str, value: str) -> str:
+        return f"    _s{i}(_o, {value})\n"
 
     def compile(self, kind: str, cls: type, head: str, body: list[str]) -> Any:
         src = f"def {kind}({head}):\n{self.start}{''.join(body)}{self.end}"

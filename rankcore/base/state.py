@@ -60,7 +60,7 @@ def parse_replica_number(rid: str) -> int | None:
         return None
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Replica:
     """One incarnation of a replica. A replacement is a new Replica (new id)
     of the same ``lineage``; events about an older incarnation are stale."""
@@ -86,7 +86,7 @@ class Replica:
     weights_pending: bool = attrs.field(default=False, validator=f.flag)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Autoscaler:
     """An autoscaled deployment's autoscaler (rankcore.control.autoscaling): plain data, so the state stays
     picklable and a step deterministic. Not persisted: a recovered controller starts from fresh
@@ -106,7 +106,7 @@ def _empty_counts() -> tuple[int, ...]:
     return (0,) * len(LIVE)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Deployment:
     """A deployment's config, replicas and rank table."""
 
@@ -239,7 +239,7 @@ class Deployment:
 flat_reads(Deployment, "config.", skip=("static_placement",))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class State:
     """Everything the core knows. Build the first one with ``State()``."""
 
@@ -314,7 +314,7 @@ def desired_no_evict(state: State) -> tuple[str, ...]:
     return tuple(sorted(state.cluster.no_evict.keys()))
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class RecoveryOutcome:
     """What a ``ControllerRecovered`` step did to the fleet, so that a
     destructive outcome (replicas stopped) cannot pass unnoticed.
@@ -343,7 +343,7 @@ class RecoveryOutcome:
         return bool(self.stopped or self.unknown_stopped or self.unresponsive_stopped)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Compaction:
     """One compaction inside a step: the lower bound it had to meet and what it changed."""
 
@@ -352,7 +352,7 @@ class Compaction:
     changes: Reassignments
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Step:
     """The result of one ``step``: the new state and what to do, in order.
 

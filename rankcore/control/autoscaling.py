@@ -95,7 +95,7 @@ BURST_WINDOW = 0.1
 BURST_THRESHOLD = 2.0
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class PolicyContext:
     """What a policy decides from (Ray Serve's ``AutoscalingContext``, the parts the core has)."""
 
@@ -264,7 +264,7 @@ def cold_start(dep: Deployment, running: int, total: float, e: AutoscalingMetric
     None: replicas run, the policy decides."""
     if running:
         return None
-    if not (e.total or total):
+    if not (total or e.total):  # (the event's sum only when the window's is zero)
         return dep.target
     factor = dep.config.autoscaler.upscaling_factor or 1.0
     return max(bounded(dep, math.ceil(factor)), dep.target)

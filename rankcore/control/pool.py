@@ -28,7 +28,8 @@ It compares the replicas the step can have changed: the event's replica,
 every replica a command names (a replica leaves serving only through a
 command: stop, evict, offload, new weights, reconfigure) or replaces, every
 replica of the deployment a deployment's own event names (apply, scale,
-sleep, wake, push, bundles), and for a node's event (lost, joined, capacity:
+sleep, wake, push, bundles) when the step changed its replica records or its
+weights version (an autoscaling sample that scales nothing looks at none), and for a node's event (lost, joined, capacity:
 rare, and wide: a lost node may end a static group's replicas on others)
 every replica. The property suite
 checks that the pool these commands describe is the core's own after every
@@ -99,7 +100,7 @@ def reset(state: State) -> list[PoolReset]:
     return out
 
 
-def _candidates(before: State, event: object, commands: tuple) -> list[str]:
+def _candidates(before: State, after: State, event: object, commands: tuple) -> list[str]:
     """The replicas ``event``'s step can have moved in or out of a pool, in a fixed order."""
     seen: dict[str, None] = {}
     rid = getattr(event, "replica_id", None)
@@ -122,9 +123,19 @@ def _candidates(before: State, event: object, commands: tuple) -> list[str]:
             field = _name_field(kind)
         name = getattr(event, field) if field else None
         dep = before.deployments.get(name) if type(name) is str else None
-        if dep is not None:  # a deployment's own event (scale, apply, sleep, push, bundles): all of its replicas
+        if dep is not None and _moved(dep, after.deployments.get(name)):
+            # a deployment's own event (scale, apply, sleep, push, bundles) that changed its replicas or the
+            # weights version they must hold: all of them
             seen.update(dict.fromkeys(dep.replicas))
     return list(seen)
+
+
+def _moved(dep0: Deployment, dep1: Deployment | None) -> bool:
+    """Whether a replica of ``dep0`` can stand elsewhere in its pool in ``dep1`` (the same deployment
+    after the step): not when the step kept the same replica records (the same map) and the same
+    weights version, the only field of the deployment's own that membership reads. An autoscaling
+    sample that scales nothing is such a step: its cost does not grow with the deployment."""
+    return dep1 is None or dep1.replicas is not dep0.replicas or dep1.weights_version != dep0.weights_version
 
 
 #: event type -> the field naming its deployment ("" when it names none): looked up once per type
@@ -155,7 +166,7 @@ def announce(before: State, event: object, step: Step) -> Step:
         rid = getattr(event, "replica_id", None)
         candidates: list[str] = [rid] if type(rid) is str else []
     else:
-        candidates = _candidates(before, event, commands)
+        candidates = _candidates(before, after, event, commands)
     i0, i1, d0, d1 = before.index, after.index, before.deployments, after.deployments
     for rid in candidates:
         n0, n1 = i0.get(rid), i1.get(rid)

@@ -36,7 +36,7 @@ __all__ = ["POLICIES", "NodeView", "choose_node", "choose_gang", "packing_gap"]
 _EPS = 1e-9
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NodeView:
     """A live node as placement sees it."""
 

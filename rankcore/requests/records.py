@@ -72,7 +72,7 @@ def _one_of(choices: tuple[str, ...]) -> Any:
 # ---------------------------------------------------------------- events (in)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Configure:
     """``deployment``'s request limits, Ray Serve's names and defaults: at most
     ``max_ongoing_requests`` in flight per replica, at most
@@ -88,7 +88,7 @@ class Configure:
     max_retries: int = attrs.field(default=MAX_RETRIES, validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Submit:
     """A caller sent ``request_id`` to ``deployment``. ``idempotent``: it may run
     again after a replica died while running it; ``stream``: its answer is a
@@ -103,7 +103,7 @@ class Submit:
     deadline: float | None = attrs.field(default=None, validator=_optional_clock)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Started:
     """The replica began running ``request_id``. Optional: see
     ``RequestMachine(reports_started=...)``. ``replica_id``, when given, must
@@ -114,7 +114,7 @@ class Started:
     replica_id: str | None = attrs.field(default=None, validator=f.optional_name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Completed:
     """The replica answered ``request_id``: ``ok=False`` means the application
     raised; that is still an answer (the caller gets the error, Ray Serve's 500
@@ -125,7 +125,7 @@ class Completed:
     replica_id: str | None = attrs.field(default=None, validator=f.optional_name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class NotDelivered:
     """The executor could not hand ``request_id`` to its replica (it never
     started there): it goes back to the head of the queue, and that replica
@@ -136,14 +136,14 @@ class NotDelivered:
     replica_id: str | None = attrs.field(default=None, validator=f.optional_name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Cancel:
     """The caller gave up on ``request_id`` (a client disconnected)."""
 
     request_id: str = attrs.field(validator=f.name)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Tick:
     """The executor's clock reads ``now`` (never going back): every request whose
     deadline is ``<= now`` ends. The core's ``rankcore.Tick`` is taken too."""
@@ -154,7 +154,7 @@ class Tick:
 # -------------------------------------------------------------- actions (out)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Dispatch:
     """Send ``request_id`` to ``replica_id``. ``attempt``: 0 the first time a
     replica runs it, +1 for each retry after a replica died while running it."""
@@ -165,7 +165,7 @@ class Dispatch:
     attempt: int = attrs.field(validator=f.count)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Rejected:
     """``request_id`` ended before any replica ran it (``REJECT_REASONS``);
     ``detail`` says why in words, for the caller."""
@@ -175,7 +175,7 @@ class Rejected:
     detail: str = attrs.field(default="", validator=f.text)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Failed:
     """``request_id`` ended without an answer after replica ``replica_id`` had
     started it (``FAIL_REASONS``); ``detail`` names the replica and why."""
@@ -186,7 +186,7 @@ class Failed:
     detail: str = attrs.field(default="", validator=f.text)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class CancelOnReplica:
     """Best effort: tell ``replica_id`` to stop running ``request_id``, which has
     ended. Its slot stays taken until the replica answers it (the answer is
@@ -199,7 +199,7 @@ class CancelOnReplica:
 # ---------------------------------------------------------------- read models
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class RequestStatus:
     """Where a request stands (``RequestMachine.status``). ``position``: its
     0-based place in its deployment's queue while queued or loading, else
@@ -216,7 +216,7 @@ class RequestStatus:
     reason: str | None = None
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class Counters:
     """What happened to the requests of one deployment, or of all.
     ``rejected`` by reason (``"cancelled"`` is counted in ``cancelled``, not
@@ -246,7 +246,7 @@ class Counters:
                                  + self.cancelled + self.in_queue + self.in_flight)
 
 
-@attrs.frozen(kw_only=True, weakref_slot=False)
+@attrs.frozen(kw_only=True)
 class ReplicaView:
     """One replica of a pool, for a status page: its membership (``"serving"``
     or ``"draining"``), the slots it holds (``in_flight``: requests it runs,

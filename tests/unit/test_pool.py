@@ -191,3 +191,30 @@ def test_a_lost_node_that_ends_a_static_groups_replica_on_another_node_announces
     ):
         run(event)  # (Run checks the view against the core's pools after every step)
     assert "embed#6" not in run.view.members.get("embed", {})
+
+
+def test_an_autoscaling_sample_that_changes_no_replica_walks_none_of_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Issue 36: announce compares only the replicas a step can have moved. A sample that scales nothing
+    # keeps every replica record (and the weights version): the replicas looked at must not grow with
+    # the deployment (counted, not timed). Before, every replica of the deployment was a candidate.
+    from rankcore.control import pool
+
+    looked: list[int] = []
+    candidates = pool._candidates
+    monkeypatch.setattr(pool, "_candidates", lambda *a: looked.append(len(got := candidates(*a))) or got)
+    for n in (4, 64):
+        run = Run()
+        first = run(rc.DeploymentApplied(name="m", num_replicas=n, autoscaling=True, initial_replicas=n,
+                                         max_replicas=n, target_ongoing_requests=2))
+        for rid in (c.replica_id for c in first.commands if isinstance(c, rc.StartReplica)):
+            run(rc.ReplicaPlaced(replica_id=rid, node_id="a"))
+            run(rc.ReplicaReady(replica_id=rid))
+        replicas = tuple(run.state.deployment("m").replicas)
+        looked.clear()
+        for t in (1.0, 2.0, 3.0):  # exactly the target's load: nothing to scale
+            kept = run.state.deployment("m").replicas
+            result = run(rc.AutoscalingMetrics(deployment="m", now=t, ongoing=tuple((r, 2) for r in replicas)))
+            assert result.commands == () and result.pool == ()
+            assert result.state.deployment("m").replicas is kept
+        assert run.state.deployment("m").target == n
+        assert looked == [0, 0, 0], (n, looked)
