@@ -424,7 +424,7 @@ def _weights_ref(state_dict: Any, name: str = "", version: int = 0) -> list | No
     for a ``WeightsShare`` (``shared_weights``), ``[its handle]``: no bytes travel."""
     if state_dict is None:
         return None
-    shared = sys.modules.get(f"{__package__}.shared_weights")  # (not imported: it cannot be a share)
+    shared = sys.modules.get("executors.ray_gpu.weights.shared")  # (not imported: it cannot be a share)
     if shared is not None and isinstance(state_dict, shared.WeightsShare):
         return [_share_handle(state_dict, name, version)]
     if not hasattr(state_dict, "items"):

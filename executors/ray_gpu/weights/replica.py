@@ -198,7 +198,7 @@ class ReplicaWeights:
     def info(self) -> dict:
         """What the replica says about its weights (tests, tools)."""
         t = self.tiered
-        shared = sys.modules.get(f"{__package__}.shared_weights")
+        shared = sys.modules.get("executors.ray_gpu.weights.shared")
         return {"shares_opened": shared.opened() if shared is not None else 0,
                 "tier": self.tier, "version": self.version, "nbytes": self.nbytes, "holds": t is not None,
                 "host_nbytes": t.host_nbytes if t is not None else 0,
