@@ -7,10 +7,13 @@ need), not a mutant's text.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
-from rankcore.base.errors import InvariantViolation
+from rankcore.base.errors import InvalidConfig, InvariantViolation
+from rankcore.requests import records
 from rankcore.requests.queue import FRONT, RequestQueue
+from rankcore.requests.records import FAIL_REASONS, REJECT_REASONS, Failed, Rejected, Submit, Tick
 
 # ------------------------------------------------------------ requests/queue.py
 
@@ -102,3 +105,45 @@ def test_positions_count_the_put_back_head_then_the_live_requests_before() -> No
     assert reqs[0].slot == FRONT
     assert q.in_order() == [reqs[0], reqs[1], reqs[2], reqs[4], reqs[5]]
     assert [q.position(r) for r in q.in_order()] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------- requests/records.py
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Tick(now=float("nan")), "Tick.now must be a finite number, got nan"),
+    (lambda: Submit(request_id="a", deployment="d", deadline=float("inf")),
+     "Submit.deadline must be a finite number, got inf"),
+    (lambda: Rejected(request_id="a", reason="bogus"),
+     "Rejected.reason must be one of ('overloaded', 'unavailable', 'timeout', 'unknown_deployment', 'cancelled'), "
+     "got 'bogus'"),
+    (lambda: Failed(request_id="a", reason="overloaded"),
+     "Failed.reason must be one of ('replica_died', 'timeout'), got 'overloaded'"),
+])
+def test_a_malformed_request_record_is_refused_naming_the_record_the_field_and_the_value(make, message) -> None:
+    """The module's promise: "a malformed one raises InvalidConfig naming the record, the field
+    and the value" (an executor logs it; an ingress answers it)."""
+    with pytest.raises(InvalidConfig) as caught:
+        make()
+    assert str(caught.value) == message
+
+
+def test_well_formed_clocks_and_reasons_are_taken() -> None:
+    assert Submit(request_id="a", deployment="d").deadline is None
+    assert Submit(request_id="a", deployment="d", deadline=-3.5).deadline == -3.5  # (any origin)
+    assert Tick(now=0).now == 0
+    assert [Rejected(request_id="a", reason=r).reason for r in REJECT_REASONS] == list(REJECT_REASONS)
+    assert [Failed(request_id="a", reason=r).reason for r in FAIL_REASONS] == list(FAIL_REASONS)
+
+
+def test_the_one_of_validator_takes_its_choices_and_refuses_anything_else_by_name() -> None:
+    """``_one_of`` builds its validator when the record classes are defined (at import), so
+    the records above exercise only the validator built then; this builds one now, so a
+    change to the factory itself shows too."""
+    check = records._one_of(("a", "b"))
+    field = attrs.fields(Rejected).reason
+    inst = Rejected(request_id="r", reason="timeout")
+    assert check(inst, field, "a") is None and check(inst, field, "b") is None
+    with pytest.raises(InvalidConfig) as caught:
+        check(inst, field, "c")
+    assert str(caught.value) == "Rejected.reason must be one of ('a', 'b'), got 'c'"
