@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
+import rankcore as rc
 from rankcore.base.errors import InvalidConfig, InvariantViolation
 from rankcore.requests import records
 from rankcore.requests.queue import FRONT, RequestQueue
@@ -147,3 +148,45 @@ def test_the_one_of_validator_takes_its_choices_and_refuses_anything_else_by_nam
     with pytest.raises(InvalidConfig) as caught:
         check(inst, field, "c")
     assert str(caught.value) == "Rejected.reason must be one of ('a', 'b'), got 'c'"
+
+
+# ------------------------------------------------------------- tiers/residency.py
+
+
+def _fed(events, state=None):
+    state = state or rc.State()
+    result = None
+    for ev in events:
+        result = rc.step(state, ev)
+        state = result.state
+    return state, result
+
+
+_RUNNING = [rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
+            rc.ReplicaReady(replica_id="d#0")]
+
+
+def test_fully_serving_is_healthy_awake_and_every_replica_serving() -> None:
+    """``rankcore.fully_serving`` (what ``wait_until_serving`` waits for)."""
+    state, _ = _fed(_RUNNING)
+    assert rc.fully_serving(state.deployments["d"])  # healthy, awake, d#0 serving
+    asleep, _ = _fed([rc.SleepRequested(deployment="d")], state)
+    assert not rc.fully_serving(asleep.deployments["d"])  # asleep (d#0 offloading)
+    scaled, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=2)], state)
+    dep = scaled.deployments["d"]
+    assert not dep.healthy and rc.is_serving(dep, dep.replicas["d#0"])
+    assert not rc.fully_serving(dep)  # every replica there serves, but one is missing: not healthy
+    pushed, _ = _fed([rc.WeightsPushed(deployment="d", version=1)], state)
+    dep = pushed.deployments["d"]
+    assert dep.healthy and not dep.asleep and not rc.fully_serving(dep)  # d#0 is still on version 0
+
+
+def test_a_failed_move_leaves_the_weights_where_they_were() -> None:
+    """``TierMoveFailed``: an offload that failed leaves the replica HOT (its weights never
+    left the GPU); a failure naming a replica with no move in flight is stale."""
+    state, _ = _fed(_RUNNING + [rc.SleepRequested(deployment="d")])
+    assert state.deployments["d"].replicas["d#0"].residency is rc.Residency.OFFLOADING
+    after, result = _fed([rc.TierMoveFailed(replica_id="d#0")], state)
+    assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
+    again = rc.step(after, rc.TierMoveFailed(replica_id="d#0"))
+    assert again.stale and again.state.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
