@@ -190,3 +190,14 @@ def test_a_failed_move_leaves_the_weights_where_they_were() -> None:
     assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
     again = rc.step(after, rc.TierMoveFailed(replica_id="d#0"))
     assert again.stale and again.state.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
+
+
+def test_a_failed_load_leaves_the_replica_asleep_and_the_next_wake_retries_it() -> None:
+    state, _ = _fed(_RUNNING + [rc.SleepRequested(deployment="d"), rc.TierMoved(replica_id="d#0", tier="warm"),
+                                rc.WakeRequested(deployment="d")])
+    assert state.deployments["d"].replicas["d#0"].residency is rc.Residency.LOADING
+    after, result = _fed([rc.TierMoveFailed(replica_id="d#0")], state)
+    assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.WARM
+    assert not rc.fully_serving(after.deployments["d"])
+    retry = rc.step(after, rc.WakeRequested(deployment="d"))
+    assert [(type(c).__name__, c.replica_id) for c in retry.commands] == [("LoadReplica", "d#0")]
