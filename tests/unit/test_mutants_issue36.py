@@ -201,3 +201,31 @@ def test_a_failed_load_leaves_the_replica_asleep_and_the_next_wake_retries_it() 
     assert not rc.fully_serving(after.deployments["d"])
     retry = rc.step(after, rc.WakeRequested(deployment="d"))
     assert [(type(c).__name__, c.replica_id) for c in retry.commands] == [("LoadReplica", "d#0")]
+
+
+def test_a_failed_move_keeps_or_frees_the_gpu_memory_as_the_weights_are() -> None:
+    """With GPU memory booked (a node declaring its devices, a model's size): a failed offload
+    keeps the replica's booking (its weights are still on the GPU); a failed load frees the
+    booking made for it (its weights stayed in CPU memory)."""
+    from rankcore import invariants as inv
+
+    G = 10**9
+    state = rc.State()
+    for e in (rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * G,)),
+              rc.DeploymentApplied(name="a", num_replicas=1, resources={"GPU": 1}, model_bytes=60 * G,
+                                   min_deployment_time_s=0.0),
+              rc.ReplicaPlaced(replica_id="a#0", node_id="n0"), rc.ReplicaReady(replica_id="a#0"),
+              rc.SleepRequested(deployment="a"), rc.TierMoveFailed(replica_id="a#0")):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+    assert state.deployments["a"].replicas["a#0"].residency is rc.Residency.HOT and "a#0" in state.cluster.hot
+    for e, where, booked in ((rc.SleepRequested(deployment="a"), rc.Residency.OFFLOADING, True),
+                             (rc.TierMoved(replica_id="a#0", tier="warm"), rc.Residency.WARM, False),
+                             (rc.WakeRequested(deployment="a"), rc.Residency.LOADING, True),
+                             (rc.TierMoveFailed(replica_id="a#0"), rc.Residency.WARM, False)):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+        assert state.deployments["a"].replicas["a#0"].residency is where, e
+        assert ("a#0" in state.cluster.hot) is booked, e
