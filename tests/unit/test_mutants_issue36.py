@@ -1,0 +1,231 @@
+"""Tests added for mutmut's survivors in the rule modules (issue 36, `make mutate`;
+docs/testing.md names each survivor and what killed it, or why it is equivalent).
+
+Each test states a behaviour the module promises (its docstring, a caller's
+need), not a mutant's text.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+import rankcore as rc
+from rankcore.base.errors import InvalidConfig, InvariantViolation
+from rankcore.requests import records
+from rankcore.requests.queue import FRONT, RequestQueue
+from rankcore.requests.records import FAIL_REASONS, REJECT_REASONS, Failed, Rejected, Submit, Tick
+
+# ------------------------------------------------------------ requests/queue.py
+
+
+class _Req:
+    """A queued request that counts how often the queue writes its slot."""
+
+    writes = 0
+
+    def __init__(self, rid: str, seq: int) -> None:
+        self.rid, self.seq, self._slot = rid, seq, None
+
+    @property
+    def slot(self) -> int | None:
+        return self._slot
+
+    @slot.setter
+    def slot(self, value: int | None) -> None:
+        _Req.writes += 1
+        self._slot = value
+
+
+def _reqs(n: int) -> list[_Req]:
+    return [_Req(f"r{i}", i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [100, 2000])
+def test_draining_a_queue_costs_amortised_constant_work_per_request(n: int) -> None:
+    """"Garbage is compacted once it outgrows the live requests (amortised O(1))":
+    pushing n requests and popping them all moves each request's slot a bounded
+    number of times (a compaction on every pop would be quadratic)."""
+    q: RequestQueue[_Req] = RequestQueue()
+    reqs = _reqs(n)
+    _Req.writes = 0
+    for r in reqs:
+        q.push(r)
+    assert [q.pop() for _ in range(n)] == reqs
+    assert _Req.writes <= 4 * n, f"{_Req.writes} slot writes to drain {n} requests"
+    assert len(q) == 0 and q.in_order() == []
+
+
+def test_removing_from_the_middle_costs_amortised_constant_work_per_request() -> None:
+    q: RequestQueue[_Req] = RequestQueue()
+    reqs = _reqs(3000)
+    for r in reqs:
+        q.push(r)
+    _Req.writes = 0
+    for r in reqs[::-1][:2900]:  # (from the tail: the head never moves, only holes)
+        q.remove(r)
+    assert q.in_order() == reqs[:100]
+    assert _Req.writes <= 4 * 3000
+
+
+def test_a_drained_queue_keeps_no_garbage() -> None:
+    """Once every request has left, the queue holds nothing of them (memory is not kept
+    for the requests a long-lived deployment has seen)."""
+    for n, popped in ((1, 1), (5, 2), (50, 25)):
+        q: RequestQueue[_Req] = RequestQueue()
+        reqs = _reqs(n)
+        for r in reqs:
+            q.push(r)
+        for _ in range(popped):
+            q.pop()
+        for r in reqs[popped:]:
+            q.remove(r)
+        assert (q.main, q.lo, q.dead, q.front, len(q)) == ([], 0, [], [], 0), n
+
+
+def test_a_removed_request_is_not_queued_and_removing_it_again_is_refused() -> None:
+    q: RequestQueue[_Req] = RequestQueue()
+    a, b = _reqs(2)
+    q.push(a)
+    q.push(b)
+    q.remove(a)
+    assert a.slot is None  # (the Queued protocol: None while not queued)
+    with pytest.raises(InvariantViolation, match="'r0' is not queued"):
+        q.remove(a)
+    assert q.in_order() == [b] and q.position(b) == 0
+
+
+def test_positions_count_the_put_back_head_then_the_live_requests_before() -> None:
+    q: RequestQueue[_Req] = RequestQueue()
+    reqs = _reqs(6)
+    for r in reqs[2:]:
+        q.push(r)
+    q.remove(reqs[3])
+    for r in (reqs[1], reqs[0]):
+        q.put_back(r)
+    assert reqs[0].slot == FRONT
+    assert q.in_order() == [reqs[0], reqs[1], reqs[2], reqs[4], reqs[5]]
+    assert [q.position(r) for r in q.in_order()] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------- requests/records.py
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Tick(now=float("nan")), "Tick.now must be a finite number, got nan"),
+    (lambda: Submit(request_id="a", deployment="d", deadline=float("inf")),
+     "Submit.deadline must be a finite number, got inf"),
+    (lambda: Rejected(request_id="a", reason="bogus"),
+     "Rejected.reason must be one of ('overloaded', 'unavailable', 'timeout', 'unknown_deployment', 'cancelled'), "
+     "got 'bogus'"),
+    (lambda: Failed(request_id="a", reason="overloaded"),
+     "Failed.reason must be one of ('replica_died', 'timeout'), got 'overloaded'"),
+])
+def test_a_malformed_request_record_is_refused_naming_the_record_the_field_and_the_value(make, message) -> None:
+    """The module's promise: "a malformed one raises InvalidConfig naming the record, the field
+    and the value" (an executor logs it; an ingress answers it)."""
+    with pytest.raises(InvalidConfig) as caught:
+        make()
+    assert str(caught.value) == message
+
+
+def test_well_formed_clocks_and_reasons_are_taken() -> None:
+    assert Submit(request_id="a", deployment="d").deadline is None
+    assert Submit(request_id="a", deployment="d", deadline=-3.5).deadline == -3.5  # (any origin)
+    assert Tick(now=0).now == 0
+    assert [Rejected(request_id="a", reason=r).reason for r in REJECT_REASONS] == list(REJECT_REASONS)
+    assert [Failed(request_id="a", reason=r).reason for r in FAIL_REASONS] == list(FAIL_REASONS)
+
+
+def test_the_one_of_validator_takes_its_choices_and_refuses_anything_else_by_name() -> None:
+    """``_one_of`` builds its validator when the record classes are defined (at import), so
+    the records above exercise only the validator built then; this builds one now, so a
+    change to the factory itself shows too."""
+    check = records._one_of(("a", "b"))
+    field = attrs.fields(Rejected).reason
+    inst = Rejected(request_id="r", reason="timeout")
+    assert check(inst, field, "a") is None and check(inst, field, "b") is None
+    with pytest.raises(InvalidConfig) as caught:
+        check(inst, field, "c")
+    assert str(caught.value) == "Rejected.reason must be one of ('a', 'b'), got 'c'"
+
+
+# ------------------------------------------------------------- tiers/residency.py
+
+
+def _fed(events, state=None):
+    state = state or rc.State()
+    result = None
+    for ev in events:
+        result = rc.step(state, ev)
+        state = result.state
+    return state, result
+
+
+_RUNNING = [rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
+            rc.ReplicaReady(replica_id="d#0")]
+
+
+def test_fully_serving_is_healthy_awake_and_every_replica_serving() -> None:
+    """``rankcore.fully_serving`` (what ``wait_until_serving`` waits for)."""
+    state, _ = _fed(_RUNNING)
+    assert rc.fully_serving(state.deployments["d"])  # healthy, awake, d#0 serving
+    asleep, _ = _fed([rc.SleepRequested(deployment="d")], state)
+    assert not rc.fully_serving(asleep.deployments["d"])  # asleep (d#0 offloading)
+    scaled, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=2)], state)
+    dep = scaled.deployments["d"]
+    assert not dep.healthy and rc.is_serving(dep, dep.replicas["d#0"])
+    assert not rc.fully_serving(dep)  # every replica there serves, but one is missing: not healthy
+    pushed, _ = _fed([rc.WeightsPushed(deployment="d", version=1)], state)
+    dep = pushed.deployments["d"]
+    assert dep.healthy and not dep.asleep and not rc.fully_serving(dep)  # d#0 is still on version 0
+
+
+def test_a_failed_move_leaves_the_weights_where_they_were() -> None:
+    """``TierMoveFailed``: an offload that failed leaves the replica HOT (its weights never
+    left the GPU); a failure naming a replica with no move in flight is stale."""
+    state, _ = _fed(_RUNNING + [rc.SleepRequested(deployment="d")])
+    assert state.deployments["d"].replicas["d#0"].residency is rc.Residency.OFFLOADING
+    after, result = _fed([rc.TierMoveFailed(replica_id="d#0")], state)
+    assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
+    again = rc.step(after, rc.TierMoveFailed(replica_id="d#0"))
+    assert again.stale and again.state.deployments["d"].replicas["d#0"].residency is rc.Residency.HOT
+
+
+def test_a_failed_load_leaves_the_replica_asleep_and_the_next_wake_retries_it() -> None:
+    state, _ = _fed(_RUNNING + [rc.SleepRequested(deployment="d"), rc.TierMoved(replica_id="d#0", tier="warm"),
+                                rc.WakeRequested(deployment="d")])
+    assert state.deployments["d"].replicas["d#0"].residency is rc.Residency.LOADING
+    after, result = _fed([rc.TierMoveFailed(replica_id="d#0")], state)
+    assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.WARM
+    assert not rc.fully_serving(after.deployments["d"])
+    retry = rc.step(after, rc.WakeRequested(deployment="d"))
+    assert [(type(c).__name__, c.replica_id) for c in retry.commands] == [("LoadReplica", "d#0")]
+
+
+def test_a_failed_move_keeps_or_frees_the_gpu_memory_as_the_weights_are() -> None:
+    """With GPU memory booked (a node declaring its devices, a model's size): a failed offload
+    keeps the replica's booking (its weights are still on the GPU); a failed load frees the
+    booking made for it (its weights stayed in CPU memory)."""
+    from rankcore import invariants as inv
+
+    G = 10**9
+    state = rc.State()
+    for e in (rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * G,)),
+              rc.DeploymentApplied(name="a", num_replicas=1, resources={"GPU": 1}, model_bytes=60 * G,
+                                   min_deployment_time_s=0.0),
+              rc.ReplicaPlaced(replica_id="a#0", node_id="n0"), rc.ReplicaReady(replica_id="a#0"),
+              rc.SleepRequested(deployment="a"), rc.TierMoveFailed(replica_id="a#0")):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+    assert state.deployments["a"].replicas["a#0"].residency is rc.Residency.HOT and "a#0" in state.cluster.hot
+    for e, where, booked in ((rc.SleepRequested(deployment="a"), rc.Residency.OFFLOADING, True),
+                             (rc.TierMoved(replica_id="a#0", tier="warm"), rc.Residency.WARM, False),
+                             (rc.WakeRequested(deployment="a"), rc.Residency.LOADING, True),
+                             (rc.TierMoveFailed(replica_id="a#0"), rc.Residency.WARM, False)):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+        assert state.deployments["a"].replicas["a#0"].residency is where, e
+        assert ("a#0" in state.cluster.hot) is booked, e
