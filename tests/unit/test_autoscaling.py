@@ -361,20 +361,27 @@ def test_a_gang_deployment_at_its_rounded_want_stays() -> None:
     assert targets == [4, 4, 4, 4]
 
 
+
+class _Stepper:
+    """Steps the core from an empty state, checking every state it reaches."""
+
+    def __init__(self) -> None:
+        self.state = rc.State()
+
+    def __call__(self, event: rc.Event) -> list:
+        result = rc.step(self.state, event)
+        check_state(result.state)
+        self.state = result.state
+        return list(result.commands)
+
+
 def test_a_scale_up_loads_the_warm_copy_an_eviction_left_before_a_cold_start():
     """Tiers (issue 21) under the autoscaler: a replica evicted to the CPU cache leaves its model
     WARM; the autoscaler's downscale takes the replacement still waiting for room (not serving
     yet) first; once room comes back, its next scale-up places the new replica on the WARM copy
     (``source="warm"``), not on the freer node from disk."""
     g = 10**9
-    state = rc.State()
-
-    def step(event: object) -> list:
-        nonlocal state
-        result = rc.step(state, event)
-        check_state(result.state)
-        state = result.state
-        return list(result.commands)
+    step = _Stepper()
 
     step(rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), cpu_cache_bytes=200 * g,
                        order=1))
@@ -383,25 +390,25 @@ def test_a_scale_up_loads_the_warm_copy_an_eviction_left_before_a_cold_start():
                               min_deployment_time_s=0.0, autoscaling=True, min_replicas=1, max_replicas=2,
                               initial_replicas=2, upscale_delay_s=0, downscale_delay_s=0, look_back_period_s=1))
     for rid in ("a#0", "a#1"):
-        step(rc.ReplicaPlaced(replica_id=rid, node_id=state.deployment("a").replicas[rid].node_id))
+        step(rc.ReplicaPlaced(replica_id=rid, node_id=step.state.deployment("a").replicas[rid].node_id))
         step(rc.ReplicaReady(replica_id=rid))
     evicted = step(rc.DeploymentApplied(name="b", num_replicas=1, resources={"GPU": 1}, model_bytes=60 * g,
                                         min_deployment_time_s=0.0, dedicated=True))
     (evict,) = [c for c in evicted if isinstance(c, rc.EvictReplica)]
     assert (evict.replica_id, evict.node_id, evict.to) == ("a#0", "n0", "warm")
     step(rc.ReplicaStopped(replica_id="a#0"))
-    waiting = [rid for rid, r in state.deployment("a").replicas.items() if r.phase is rc.Phase.PENDING]
+    waiting = [rid for rid, r in step.state.deployment("a").replicas.items() if r.phase is rc.Phase.PENDING]
     assert waiting == ["a#3"]  # (the eviction's replacement, waiting for room)
     down = step(rc.AutoscalingMetrics(deployment="a", now=5.0, ongoing={"a#1": 1}))
     assert [c.replica_id for c in down if isinstance(c, rc.StopReplica)] == ["a#3"]  # not serving: first
-    assert [e.replica_id for e in state.cluster.caches["n0"]] == ["a#0"]
+    assert [e.replica_id for e in step.state.cluster.caches["n0"]] == ["a#0"]
     step(rc.DeploymentDeleted(deployment="b"))
     step(rc.ReplicaStopped(replica_id="b#2"))
     step(rc.NodeJoined(node_id="n2", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), order=0))  # empty, first
     up = step(rc.AutoscalingMetrics(deployment="a", now=10.0, queued=4, ongoing={"a#1": 3}))
     (place,) = [c for c in up if isinstance(c, rc.PlaceReplica)]
     assert (place.node_id, place.source) == ("n0", "warm")  # not n2: empty too, first in order, from disk
-    assert state.cluster.caches["n0"] == ()
+    assert step.state.cluster.caches["n0"] == ()
 
 
 def test_applied_again_with_a_shorter_look_back_the_window_drops_the_older_samples():
@@ -422,14 +429,7 @@ def test_a_downscale_victim_of_a_tiered_deployment_is_stopped_and_leaves_no_warm
     (``source="cold"``). NDIF caches a model pushed out by another's demand only, and Ray Serve
     keeps nothing of a downscaled replica."""
     g = 10**9
-    state = rc.State()
-
-    def step(event: object) -> list:
-        nonlocal state
-        result = rc.step(state, event)
-        check_state(result.state)
-        state = result.state
-        return list(result.commands)
+    step = _Stepper()
 
     step(rc.NodeJoined(node_id="n0", resources={"GPU": 2, "CPU": 8}, devices=(80 * g, 80 * g),
                        cpu_cache_bytes=200 * g, order=1))
@@ -442,7 +442,7 @@ def test_a_downscale_victim_of_a_tiered_deployment_is_stopped_and_leaves_no_warm
         step(rc.ReplicaReady(replica_id=rid))
     stops: list[str] = []
     for now in (5.0, 6.0):  # idle: down to 1 (the highest rank goes), then to 0
-        running = {rid: 0 for rid in state.deployment("a").replicas}
+        running = {rid: 0 for rid in step.state.deployment("a").replicas}
         down = step(rc.AutoscalingMetrics(deployment="a", now=now, ongoing=running))
         assert not [c for c in down if isinstance(c, (rc.EvictReplica, rc.DropWarmCopy))]  # not evicted to WARM
         for c in down:
@@ -450,8 +450,8 @@ def test_a_downscale_victim_of_a_tiered_deployment_is_stopped_and_leaves_no_warm
                 stops.append(c.replica_id)
                 step(rc.ReplicaStopped(replica_id=c.replica_id))
     assert stops == ["a#1", "a#0"]
-    assert len(state.deployment("a").replicas) == 0
-    assert state.cluster.caches.get("n0", ()) == ()  # no WARM copy kept in the node's cache
+    assert len(step.state.deployment("a").replicas) == 0
+    assert step.state.cluster.caches.get("n0", ()) == ()  # no WARM copy kept in the node's cache
     up = step(rc.AutoscalingMetrics(deployment="a", now=10.0, queued=1, ongoing={}))
     (place,) = [c for c in up if isinstance(c, rc.PlaceReplica)]
     assert (place.node_id, place.source) == ("n0", "cold")  # from disk: nothing was cached
