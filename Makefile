@@ -70,7 +70,7 @@ $(MUTMUT_STAMP): $(STAMP)
 
 mutate: $(MUTMUT_STAMP)
 	$(PY) tools/mutmut_summary.py --drop-empty-stats
-	$(VENV)/bin/mutmut run --max-children $(MUTATE_JOBS) $(foreach m,$(MUTATE_MODULES),'$(m).*')
+	$(PY) -m mutmut run --max-children $(MUTATE_JOBS) $(foreach m,$(MUTATE_MODULES),'$(m).*')
 	$(PY) tools/mutmut_summary.py $(foreach m,$(MUTATE_MODULES),$(subst .,/,$(m)).py)
 
 # The hand-written rule-breaking mutations of rankcore/ (tools/mutate.py; see

@@ -229,3 +229,83 @@ def test_a_failed_move_keeps_or_frees_the_gpu_memory_as_the_weights_are() -> Non
         state = result.state
         assert state.deployments["a"].replicas["a#0"].residency is where, e
         assert ("a#0" in state.cluster.hot) is booked, e
+
+
+# ------------------------------------------------------------ control/pool.py (PoolView)
+
+
+def _serving_state(n: int = 2) -> tuple[rc.State, list[str]]:
+    state = rc.State()
+    first = rc.step(state, rc.DeploymentApplied(name="llm", num_replicas=n))
+    state = first.state
+    rids = [c.replica_id for c in first.commands if isinstance(c, rc.StartReplica)]
+    for rid in rids:
+        state = rc.step(state, rc.ReplicaPlaced(replica_id=rid, node_id="a")).state
+        state = rc.step(state, rc.ReplicaReady(replica_id=rid)).state
+    return state, rids
+
+
+def test_a_pool_view_knows_no_replica_of_a_deployment_it_was_never_told_of():
+    assert rc.PoolView().serving("never-told") == []
+
+
+def test_a_pool_view_still_holding_a_deployment_the_core_no_longer_has_is_a_mismatch():
+    """Members of a deployment absent from the state (deleted, or never there) are checked too:
+    the core's pool for it is empty, so a view that still serves from it differs, and says so."""
+    state, _ = _serving_state()
+    view = rc.PoolView()
+    view.apply(rc.PoolReset(deployment="llm", serving=tuple(sorted(state.deployments["llm"].replicas)),
+                            draining=(), coming=True))
+    assert view.mismatch(state) is None
+    view.apply(rc.PoolChanged(deployment="ghost", replica_id="ghost#0", membership="serving"))
+    assert view.mismatch(state) == "ghost: serving told ['ghost#0'], the core's []"
+    only_coming = rc.PoolView()
+    only_coming.apply(rc.PoolReset(deployment="llm", serving=tuple(sorted(state.deployments["llm"].replicas)),
+                                   draining=(), coming=True))
+    only_coming.apply(rc.PoolComing(deployment="ghost", coming=True))
+    assert only_coming.mismatch(state) == "ghost: coming told True, the core's False"
+
+
+def test_a_pool_view_mismatch_names_the_draining_replicas_and_coming_as_told_and_as_the_core_has_them():
+    state, rids = _serving_state()
+    serving = tuple(sorted(rids))
+    draining = rc.PoolView()
+    draining.apply(rc.PoolReset(deployment="llm", serving=serving, draining=("llm#99",), coming=True))
+    assert draining.mismatch(state) == "llm: draining told ['llm#99'], the core's []"
+    coming = rc.PoolView()
+    coming.apply(rc.PoolReset(deployment="llm", serving=serving, draining=(), coming=False))
+    assert coming.mismatch(state) == "llm: coming told False, the core's True"  # (a target of 2 wants replicas)
+    untold = rc.PoolView()
+    untold.apply(rc.PoolChanged(deployment="llm", replica_id=serving[0], membership="serving"))
+    untold.apply(rc.PoolChanged(deployment="llm", replica_id=serving[1], membership="serving"))
+    assert untold.mismatch(state) == "llm: coming told False, the core's True"  # never told: read as not coming
+
+
+def test_the_field_naming_an_events_deployment_is_found_for_a_type_never_seen_before():
+    """``announce`` asks each event type once which field names its deployment (``deployment``, else
+    ``name``, else none) and keeps the answer; the first ask of a new type must find it, the same for a
+    type that is not an attrs record. (Through the core the cache is filled by the first step of each
+    type, so only a type never stepped shows the lookup itself.)"""
+    from rankcore.control import pool
+
+    @attrs.frozen
+    class ByDeployment:
+        deployment: str
+        name: str
+
+    @attrs.frozen
+    class ByName:
+        name: str
+
+    @attrs.frozen
+    class Nameless:
+        replica_id: str
+
+    class NotARecord:
+        deployment = "x"
+
+    assert pool._name_field(ByDeployment) == "deployment"
+    assert pool._name_field(ByDeployment) == "deployment"  # (asked again: the kept answer)
+    assert pool._name_field(ByName) == "name"
+    assert pool._name_field(Nameless) == ""
+    assert pool._name_field(NotARecord) == ""
