@@ -50,8 +50,9 @@ def _check(cls: type) -> list[str]:
 
 
 class _Writer:
-    """How generated code fills the slots of a new ``cls``: ``start`` makes
-    it, ``put(i, name, value)`` writes a field, ``end`` finishes it.
+    """How generated code fills the slots of a new ``cls``: ``put(i, value)``
+    writes field ``i``; ``compile`` wraps the writes in a function that makes
+    the record first and returns it.
 
     Each field is written through its slot's own setter, captured once per
     class (``_s{i}(_o, value)``: no frozen ``__setattr__``, no name lookup).
@@ -65,14 +66,13 @@ class _Writer:
     def __init__(self, cls: type, names: list[str]) -> None:
         self.scope: dict[str, Any] = {"_M": _MISSING, "_new": object.__new__, "_cls": cls}
         self.scope.update({f"_s{i}": getattr(cls, n).__set__ for i, n in enumerate(names)})
-        self.start, self.end = "    _o = _new(_cls)\n", "    return _o\n"
 
     @staticmethod
-    def put(i: int, name: str, value: str) -> str:
+    def put(i: int, value: str) -> str:
         return f"    _s{i}(_o, {value})\n"
 
     def compile(self, kind: str, cls: type, head: str, body: list[str]) -> Any:
-        src = f"def {kind}({head}):\n{self.start}{''.join(body)}{self.end}"
+        src = f"def {kind}({head}):\n    _o = _new(_cls)\n{''.join(body)}    return _o\n"
         exec(compile(src, f"<rankcore.base.records {kind} for {cls.__name__}>", "exec"), self.scope)
         return self.scope[kind]
 
@@ -80,7 +80,7 @@ class _Writer:
 def _copier(cls: type) -> Any:
     names = _check(cls)
     w = _Writer(cls, names)
-    body = [w.put(i, n, f"_i.{n} if {n} is _M else {n}") for i, n in enumerate(names)]
+    body = [w.put(i, f"_i.{n} if {n} is _M else {n}") for i, n in enumerate(names)]
     return w.compile("copy", cls, "_i, *, " + ", ".join(f"{n}=_M" for n in names), body)
 
 
@@ -93,17 +93,17 @@ def _maker(cls: type) -> Any:
         n = a.name
         if a.default is attrs.NOTHING:
             args.append(n)
-            body.append(w.put(i, n, n))
+            body.append(w.put(i, n))
         elif isinstance(a.default, attrs.Factory):  # type: ignore[arg-type]
             if a.default.takes_self:
                 raise TypeError(f"{cls.__name__}.{n}: a factory taking self")
             w.scope[f"_f{i}"] = a.default.factory
             args.append(f"{n}=_M")
-            body.append(w.put(i, n, f"_f{i}() if {n} is _M else {n}"))
+            body.append(w.put(i, f"_f{i}() if {n} is _M else {n}"))
         else:
             w.scope[f"_d{i}"] = a.default
             args.append(f"{n}=_d{i}")
-            body.append(w.put(i, n, n))
+            body.append(w.put(i, n))
     return w.compile("make", cls, "*, " + ", ".join(args), body)
 
 
@@ -114,7 +114,7 @@ def _updater(cls: type, changed: tuple[str, ...]) -> Any:
         raise TypeError(f"updater({cls.__name__}, {', '.join(changed)}): "
                         + (f"no field {', '.join(unknown)}" if unknown else "a field twice"))
     w = _Writer(cls, names)
-    body = [w.put(i, n, n if n in changed else f"_i.{n}") for i, n in enumerate(names)]
+    body = [w.put(i, n if n in changed else f"_i.{n}") for i, n in enumerate(names)]
     return w.compile("update", cls, ", ".join(("_i", *changed)), body)
 
 
