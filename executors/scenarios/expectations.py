@@ -98,28 +98,24 @@ def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], Expe
                    + (f"; not holding it: {', '.join(off)}" if off else f"; all {len(reps)} replicas hold it"))
 
 
-def _qualifier(e: Expectation) -> str:
-    """Which count a reconfigures / reassignments expectation reads, for its label: ``(rank)``,
-    ``(user_config)``, ``(any reason)``; ``(rank level)`` ... ``(any level)``."""
+def _count_names(e: Expectation) -> tuple[str, str]:
+    """Which count a reconfigures / reassignments expectation reads: its label's qualifier
+    (``(rank)``, ``(any reason)``, ``(any level)``) and what its number is (``rank reconfigures``)."""
     if e.kind == "reconfigures":
-        return f" ({'any reason' if e.args['reason'] == 'any' else e.args['reason']})"
+        reason = e.args["reason"]
+        if reason == "any":
+            return " (any reason)", "reconfigures (rank or user_config)"
+        return f" ({reason})", f"{reason} reconfigures"
     if e.kind == "reassignments":
-        return f" ({e.args['level']} level)"
-    return ""
+        level = e.args["level"]
+        return f" ({level} level)", f"replicas moved ({level} level)"
+    return "", e.kind.replace("_", " ")
 
 
 def _counted(e: Expectation, now: float) -> str:
     """What a count expectation's number is, and over which window (from the run's start to the
     check): ``rank reconfigures by t=350.1``."""
-    if e.kind == "reconfigures":
-        reason = e.args["reason"]
-        what = "reconfigures (rank or user_config)" if reason == "any" else f"{reason} reconfigures"
-    elif e.kind == "reassignments":
-        level = e.args["level"]
-        what = f"replicas moved ({level} level)"
-    else:
-        what = e.kind.replace("_", " ")
-    return f"{what} by t={now:g}"
+    return f"{_count_names(e)[1]} by t={now:g}"
 
 
 def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: float) -> ExpectationResult:
@@ -127,7 +123,7 @@ def check_expectation(e: Expectation, state: rc.State, metrics: Metrics, now: fl
     name = e.args["deployment"]
     dep = state.deployments.get(name)
     m = metrics.deployments.get(name)
-    label = f"expect[{e.index}] {e.kind}{_qualifier(e)} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
+    label = f"expect[{e.index}] {e.kind}{_count_names(e)[0]} of {name}" + ("" if e.at is None else f" at t={e.at:g}")
 
     def res(ok: bool, detail: str) -> ExpectationResult:
         return ExpectationResult(e, label, ok, detail, now)
