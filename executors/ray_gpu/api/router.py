@@ -319,11 +319,12 @@ class Router:
         Ray's generator ends; closed early by its caller, it is cancelled on the replica and ends
         answered; the last item read, it ends answered."""
         rid = call.replica_id
-        first = [True]
+        first = True
 
         def got(item: Any) -> Any:
-            if first[0]:
-                first[0] = False
+            nonlocal first
+            if first:
+                first = False
                 self._started(call.request_id, rid)
             return item
 
