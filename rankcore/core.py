@@ -60,8 +60,8 @@ from .base.state import (
     State,
     Step,
 )
-from .control import autoscaling, clock, deadlines, deletion, health, pool, restarts
-from .control.moves import crash, reconcile, scale
+from .control import autoscaling, clock, deadlines, deletion, health, pool, restarts, rollouts
+from .control.moves import crash, reconcile, scale, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
 from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
@@ -99,7 +99,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = tx.deps.get(e.name)
     if dep is None:
         deletion.revive(tx, e.name)
-        dep = autoscaling.applied(Deployment.applied(e), e, new=True)
+        dep = autoscaling.applied(Deployment.applied(e, revision=rollouts.revision(e.config)), e, new=True)
         tx.put(reconcile(tx, dep))
         return finish(tx)
     _check_same_shape(dep, e)
@@ -108,6 +108,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
+    dep = rollouts.applied(dep, e.config)  # (a heavyweight change: the rollout pass replaces its replicas)
     if moved:
         if e.static_placement is None:
             raise InvariantViolation("a static deployment's DeploymentApplied without its static_placement")
@@ -297,6 +298,9 @@ def _on_health_checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) 
 @_about_replica
 def _on_replica_stopped(tx: Tx, e: ReplicaStopped, dep: Deployment, rep: Replica) -> Step:
     advance(rep.phase, Trigger.STOPPED, rep.replica_id)
+    if rep.retiring:  # a rollout stopped it: its successor takes its ranks
+        tx.put(succeed_retired(tx, dep, rep))
+        return finish(tx)
     tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))
     return finish(tx)
 

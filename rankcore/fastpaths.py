@@ -69,8 +69,8 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     if cl.queue and cl.blocked is None:
         return None
     dep = state.deployments[name]
-    if dep.deleting:
-        return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass)
+    if dep.deleting or dep.rolling:
+        return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass; a rollout's pass)
     return name, dep, dep.replicas[rid], cl
 
 
@@ -174,12 +174,13 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     book = cl.held.delete(rid).set(new_id, held)
     cl = _with_held_clock(cl, book, now, True) if moved else _with_held(cl, book)  # one copy: clock and booking
     ranks = dep.ranks.replace(rid, new_id, node_id)
-    new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id)
+    new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id,
+                   revision=dep.revision)
     dep = _with_ranks(dep, dep.replicas.delete(rid).set(new_id, new), ranks, recount(dep.counts, phase, _PENDING))
     rank = ranks.rank_of(new_id)
     commands: tuple[Any, ...] = (
         _Start(replica_id=new_id, deployment=name, global_rank=rank.rank, world_size=dep.target,  # type: ignore[union-attr]
-               replaces=rid, lineage=rep.lineage),
+               replaces=rid, lineage=rep.lineage, revision=dep.revision),
         _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
     )
     timeout = deadlines.placement_timeout(dep)

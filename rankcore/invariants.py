@@ -66,6 +66,8 @@ __all__ = [
     "check_devices",
     "check_cluster",
     "check_placements",
+    "check_rollouts",
+    "check_rollout_pace",
     "check_ranks_unique",
     "check_every_replica_ranked",
     "check_counts",
@@ -354,8 +356,51 @@ def check_autoscaling(state: State) -> None:
             _fail(f"{name}: autoscaler wants {a.wanted} since {a.since} (newest sample {times[-1:]})")
 
 
+def check_rollouts(state: State) -> None:
+    """Rolling updates (rankcore.control.rollouts): ``Deployment.retiring`` counts the retiring
+    replicas, each of them stopping; a deployment not rolling has no live replica of another
+    revision (stopping ones aside)."""
+    for name, dep in state.deployments.items():
+        retiring = [r for r in dep.replicas.values() if r.retiring]
+        if len(retiring) != dep.retiring:
+            _fail(f"{name}: Deployment.retiring={dep.retiring} but {len(retiring)} replicas are retiring")
+        for r in retiring:
+            if r.phase is not Phase.STOPPING:
+                _fail(f"{name}: retiring replica {r.replica_id!r} is {r.phase.value}, not stopping")
+        if not dep.rolling:
+            old = sorted(r.replica_id for r in dep.replicas.values()
+                         if r.revision != dep.revision and r.phase is not Phase.STOPPING)
+            if old:
+                _fail(f"{name}: not rolling, but {old} run revision(s) other than {dep.revision!r}")
+
+
+def check_rollout_pace(before: State, event: object, result: Step) -> None:
+    """A step that retires a serving replica leaves at least ``target - budget`` serving
+    (``rollouts.budget``: max_unavailable), and a retired replica's successor never takes the
+    deployment past its target."""
+    from .control.rollouts import budget
+
+    after = result.state
+    for name, dep in after.deployments.items():
+        old = before.deployments.get(name)
+        if old is None or (dep.retiring <= 0 and old.retiring <= 0):
+            continue
+        retired = [rid for rid, r in dep.replicas.items() if r.retiring and rid in old.replicas
+                   and not old.replicas[rid].retiring and old.replicas[rid].phase in (Phase.RUNNING, Phase.RECONFIGURING)]
+        serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
+        if retired and serving < dep.target - budget(dep):
+            _fail(f"{name}: {type(event).__name__} retired serving {retired}, leaving {serving} serving of "
+                  f"{dep.target} (max_unavailable allows {budget(dep)} short)")
+        succeeded = [c for c in result.commands if type(c) is StartReplica and c.deployment == name
+                     and c.replaces is not None and c.replaces in old.replicas and old.replicas[c.replaces].retiring]
+        if succeeded and dep.active > dep.target:
+            _fail(f"{name}: successors {[c.replica_id for c in succeeded]} take it to {dep.active} active, "
+                  f"past its target {dep.target}")
+
+
 def check_state(state: State) -> None:
     """All state invariants."""
+    check_rollouts(state)
     check_deletions(state)
     check_autoscaling(state)
     check_contiguity_counters(state)
@@ -857,6 +902,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     else:
         check_touched(before, event, result)
     check_world_size_commands(before, event, result)
+    check_rollout_pace(before, event, result)
     check_crash_inherits_rank(before, event, result)
     check_new_replicas_take_lowest_free(before, event, result)
     check_crash_replacement_inherits_all_ranks(before, event, result)
@@ -905,6 +951,7 @@ def reports_from(state: State) -> ControllerRecovered:
                     tier="warm" if rep.residency in (Residency.WARM, Residency.LOADING) else "hot",
                     weights_version=rep.weights_version,
                     devices=state.cluster.hot[rid][1].devices if rid in state.cluster.hot else (),
+                    revision=rep.revision,
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)

@@ -263,6 +263,11 @@ def make_machine(
             if tiers and dep is not None and dep.replicas:  # (its model stays while it has replicas)
                 fields.update(model_bytes=dep.config.tier.model_bytes, resources=dict(dep.resources))
             fields["spare_processes"] = data.draw(st.sampled_from([0, 0, 1, 2]), label="spare processes")
+            if not (groups and name == GANGS):  # (a gang deployment with replicas refuses a rollout)
+                fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
+                fields["max_unavailable"] = data.draw(st.sampled_from([0.2, 0.5, 1, 2]), label="max unavailable")
+            elif dep is not None and any(r.phase is not Phase.STOPPING for r in dep.replicas.values()):
+                fields.update(placement=dep.placement, resources=dict(dep.resources))
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                               gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))
@@ -453,7 +458,9 @@ def make_machine(
             removing = dep.active - n
             if removing > 0:
                 alive = sorted(r for r, rep in dep.replicas.items() if rep.phase is not Phase.STOPPING)
-                victims = tuple(data.draw(st.lists(st.sampled_from(alive), unique=True, max_size=removing), label="victims"))
+                if alive:  # (those a rollout retires count, but stop already)
+                    victims = tuple(data.draw(st.lists(st.sampled_from(alive), unique=True, max_size=removing),
+                                              label="victims"))
             self.apply(ScaleRequested(deployment=name, num_replicas=n, victims=victims))
 
         @precondition(lambda self: self.autoscaled_names())

@@ -187,7 +187,9 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "    tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))\n",
                  "    tx.put(remove(tx, dep, rep, dep.ranks))\n"),
             Edit(MOVES,
+                 "    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement\n"
                  "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
+                 "    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement\n"
                  "        return remove(tx, dep, rep, dep.ranks)\n"),
             Edit(FAST, "    ranks = dep.ranks.release(rid)\n", "    ranks = dep.ranks\n"),
         ),
@@ -606,8 +608,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "backoff-start-stale-world-size", RESTARTS,
-        "                  world_size=dep.target, replaces=replaces, lineage=rep.lineage)\n",
-        "                  world_size=len(dep.replicas), replaces=replaces, lineage=rep.lineage)\n",
+        "                  world_size=dep.target, replaces=replaces, lineage=rep.lineage, revision=rep.revision)\n",
+        "                  world_size=len(dep.replicas), replaces=replaces, lineage=rep.lineage, revision=rep.revision)\n",
         "[Ranks: world_size] a replacement released after its backoff starts with the world size as it is now",
     ),
     mutation(

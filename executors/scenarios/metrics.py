@@ -111,6 +111,11 @@ class DeploymentMetrics:
     noncontiguous_seconds: float = 0.0
     unavailable_replica_seconds: float = 0.0
     crash_to_ready: list = attrs.field(factory=list)
+    #: rollouts (rankcore.control.rollouts): replicas replaced by a successor on their ranks, and the
+    #: seconds from each rollout's start (the apply of a new revision) to its last outdated replica gone
+    rollout_replacements: int = 0
+    rollout_seconds: list = attrs.field(factory=list)
+    _rolling_since: float | None = None
     first_healthy: float | None = None
     #: after start-up (from first_healthy): seconds spent at each (target,
     #: serving) pair; availability, full strength, shortfalls and time below
@@ -213,6 +218,9 @@ class DeploymentMetrics:
             "crash_to_ready_p50": percentile(self.crash_to_ready, 50),
             "crash_to_ready_p99": percentile(self.crash_to_ready, 99),
             "replacements_ready": len(self.crash_to_ready),
+            "rollout_replacements": self.rollout_replacements,
+            "rollouts_done": len(self.rollout_seconds),
+            "rollout_s_max": round(max(self.rollout_seconds), 6) if self.rollout_seconds else None,
             "first_healthy": self.first_healthy,
             "availability_pct": _round(self.availability()),
             "full_strength_pct": _round(self.full_strength()),
@@ -325,7 +333,11 @@ class Metrics:
                 m = self._m(cmd.deployment)
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
-                    self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
+                    old = before.replica(cmd.replaces)
+                    if old is not None and old.retiring:  # a rollout's successor, not a crash's replacement
+                        m.rollout_replacements += 1
+                    else:
+                        self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif ctype is _RECONFIGURE:
                 self._m(cmd.deployment).reconfigures[cmd.reason] += 1
             elif ctype is _STOP and not cmd.graceful_shutdown_timeout_s:
@@ -356,6 +368,12 @@ class Metrics:
             if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
             m = self._m(name)
+            if dep.rolling != (m._rolling_since is not None):
+                if dep.rolling:
+                    m._rolling_since = t
+                else:
+                    m.rollout_seconds.append(t - m._rolling_since)  # type: ignore[operator]
+                    m._rolling_since = None
             ranks = dep.ranks
             if ranks is not m._ranks:
                 m._ranks = ranks

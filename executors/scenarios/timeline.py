@@ -28,7 +28,7 @@ import attrs
 
 import rankcore as rc
 
-__all__ = ["ACTIONS", "Action", "Deploy", "Scale", "Delete", "UpdateConfig", "Crash", "Hang", "LoseNode", "AddNode",
+__all__ = ["ACTIONS", "Action", "Deploy", "Scale", "Delete", "UpdateConfig", "Rollout", "Crash", "Hang", "LoseNode", "AddNode",
            "CrashController", "PlaceBundles", "Orphan", "Sleep", "Wake", "PushWeights", "WaitUntilHealthy",
            "WaitUntilServing", "Wait", "AS_DECLARED", "Checks", "Declared", "Desired", "Target", "Planned", "plan",
            "rank_holder", "check_weights_versions"]
@@ -211,6 +211,36 @@ class UpdateConfig(Action):
 
     def perform(self, desired: Desired, target: Target) -> None:
         target.apply(desired.update_config(self))
+
+
+@attrs.frozen(kw_only=True)
+class Rollout(Action):
+    """Redeploy with a new code ``version`` (a heavyweight change): every replica is replaced, each by one
+    on its ranks, at most ``max_unavailable`` short at once (rankcore.control.rollouts)."""
+
+    key: ClassVar[str] = "rollout"
+
+    deployment: str
+    version: str
+    max_unavailable: int | float | None = None
+
+    @classmethod
+    def parse(cls, value: Any, path: tuple, c: Checks) -> Rollout:
+        m = c.mapping(value, path, ("deployment", "version", "max_unavailable"), required=("deployment", "version"))
+        version = m["version"]
+        if not isinstance(version, (str, int, float)) or isinstance(version, bool) or not str(version):
+            raise c.fail(path + ("version",), f"must be a version name (text or a number), got {version!r}")
+        unavailable = m.get("max_unavailable")
+        if unavailable is not None:
+            try:
+                rc.DeploymentConfig.of({"max_unavailable": unavailable})
+            except rc.InvalidConfig as exc:
+                raise c.fail(path + ("max_unavailable",), str(exc).split(".max_unavailable ", 1)[-1]) from None
+        return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)), version=str(version),
+                   max_unavailable=unavailable)
+
+    def perform(self, desired: Desired, target: Target) -> None:
+        target.apply(desired.rollout(self))
 
 
 def _one_form(action: _Hit, attribute: Any, value: Any) -> None:
@@ -526,7 +556,7 @@ class Wait(Action):
 
 #: every action, by its YAML key, in the docs' order (docs/scenarios.md's table is checked against it)
 ACTIONS: dict[str, type[Action]] = {cls.key: cls for cls in (
-    Deploy, Scale, Delete, UpdateConfig, Crash, Hang, LoseNode, AddNode, CrashController, PlaceBundles, Orphan,
+    Deploy, Scale, Delete, UpdateConfig, Rollout, Crash, Hang, LoseNode, AddNode, CrashController, PlaceBundles, Orphan,
     Sleep, Wake, PushWeights, WaitUntilHealthy, WaitUntilServing, Wait)}
 
 
@@ -619,6 +649,14 @@ class Desired:
     def update_config(self, action: UpdateConfig) -> rc.DeploymentApplied:
         name = action.deployment
         self.applied[name] = attrs.evolve(self._base(name), user_config=action.user_config)
+        return self.applied[name]
+
+    def rollout(self, action: Rollout) -> rc.DeploymentApplied:
+        name = action.deployment
+        changes: dict[str, Any] = {"version": action.version}
+        if action.max_unavailable is not None:
+            changes["max_unavailable"] = action.max_unavailable
+        self.applied[name] = self._base(name).replace(**changes)
         return self.applied[name]
 
     def bundles(self, name: str, bundle_nodes: tuple[str | None, ...]) -> None:

@@ -145,7 +145,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
                  "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
-                 "asked_at", "hot_at", "placed_at")
+                 "asked_at", "hot_at", "placed_at", "revision")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -158,6 +158,7 @@ class SimReplica:
         self.user_config = None
         self.version = 0
         self.lineage = cmd.lineage
+        self.revision = cmd.revision  # the deployment revision it runs (told back to a recovering controller)
         self.gpus = gpus
         self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
         self.target: str | None = None  # the node a PlaceReplica sent it to
@@ -197,6 +198,7 @@ class SimReplica:
             tier=self.tier,
             weights_version=self.weights,
             devices=self.devices if self.tier == "hot" and self.node is not None else (),
+            revision=self.revision,
         )
 
 

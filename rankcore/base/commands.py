@@ -62,7 +62,7 @@ class StartReplica:
     with the node): hence an int here and a full ``ReplicaRank`` on
     ``InitializeReplica.rank`` / ``ReconfigureReplica.rank``.
 
-    ``replaces`` names the crashed replica whose rank it inherits, if any;
+    ``replaces`` names the replica whose rank it inherits, if any (crashed, or retired by a rollout);
     ``lineage`` numbers the chain of replicas that replaced one another (a
     replacement has its predecessor's lineage).
     """
@@ -75,6 +75,9 @@ class StartReplica:
     lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
     #: a gang member: its gang, its rank in it, the gang's size and members
     gang: GangContext | None = None
+    #: the deployment's revision it runs (rankcore.control.rollouts): the executor starts the code and
+    #: options of that revision, and reports it back to a recovering controller (``ReplicaReport.revision``)
+    revision: str = ""
 
 
 @attrs.frozen(kw_only=True)

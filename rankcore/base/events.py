@@ -502,6 +502,9 @@ class ReplicaReport:
     #: the GPUs of its node its weights are on (a deployment with ``model_bytes``, HOT):
     #: the core books them again (rankcore.tiers.devices)
     devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
+    #: the deployment revision it was started with (``StartReplica.revision``); None: not said (taken
+    #: as current). Another one is outdated: the rollout goes on (rankcore.control.rollouts)
+    revision: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str)))
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: str) -> None:

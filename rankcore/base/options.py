@@ -32,6 +32,7 @@ from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
     "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
+    "RolloutOptions", "MAX_UNAVAILABLE",
     "AGGREGATION_FUNCTIONS", "Spelling", "Options", "POLICIES",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
@@ -74,6 +75,9 @@ UPSCALE_DELAY_S = 30.0
 DOWNSCALE_DELAY_S = 600.0
 METRICS_INTERVAL_S = 10.0
 LOOK_BACK_PERIOD_S = 30.0
+#: a rollout's pace: Ray Serve replaces at most max(1, int(0.2 x target)) replicas at once
+#: (deployment_state.py, "bringing down at most 20% of the replicas at any given time")
+MAX_UNAVAILABLE = 0.2
 #: Ray Serve's AggregationFunction values (the first is its default)
 AGGREGATION_FUNCTIONS = ("mean", "max", "min")
 #: MAX_PER_REPLICA_RETRY_COUNT: the UNHEALTHY threshold is min(MAX_CONSTRUCTOR_RETRY_COUNT, this x target)
@@ -321,6 +325,28 @@ class AutoscalingOptions:
                                 f"min_replicas={self.min_replicas!r}")
 
 
+def _max_unavailable(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    ok = (type(value) is int and value >= 1) or (type(value) is float and 0 < value < 1)
+    if not ok:
+        raise InvalidConfig(f"{type(inst).__name__}.max_unavailable must be a count of replicas (an int >= 1) or "
+                            f"a fraction of the target (a float, 0 < x < 1), got {f.shown(value)}")
+
+
+@attrs.frozen(kw_only=True)
+class RolloutOptions:
+    """Rolling updates (rankcore.control.rollouts): what makes a running replica outdated, and the pace."""
+
+    version: str | None = _option(
+        None, f.optional_name,
+        "the code's version (Ray Serve's): a new one replaces every running replica, each by one on its "
+        "ranks; the same one rolls nothing. None: nothing to compare (the Ray executor fills in a "
+        "fingerprint of the code)")
+    max_unavailable: int | float = _option(
+        MAX_UNAVAILABLE, _max_unavailable,
+        "a rollout takes down at most this many replicas at once: a count (>= 1) or a fraction of the "
+        "target (at least one; Ray Serve's pace is 0.2)")
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
@@ -336,6 +362,7 @@ class DeploymentConfig:
     tier: TierOptions = attrs.field(factory=TierOptions)
     requests: RequestOptions = attrs.field(factory=RequestOptions)
     autoscaler: AutoscalingOptions = attrs.field(factory=AutoscalingOptions)
+    rollout: RolloutOptions = attrs.field(factory=RolloutOptions)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:

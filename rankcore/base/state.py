@@ -84,6 +84,11 @@ class Replica:
     #: that UpdateWeights is still unanswered (it does not serve until it is: rankcore.tiers.residency)
     weights_version: int = attrs.field(default=0, validator=f.count)
     weights_pending: bool = attrs.field(default=False, validator=f.flag)
+    #: the deployment's revision it was started with (rankcore.control.rollouts: another one is outdated)
+    revision: str = ""
+    #: stopping because a rollout replaced it: when it has stopped (or died), its successor takes its
+    #: ranks (rankcore.control.moves.succeed_retired); it counts towards the target until then
+    retiring: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +150,12 @@ class Deployment:
     #: the autoscaler's window and timers (``autoscaling`` on, after its first AutoscalingMetrics);
     #: the target it decides is ``target`` itself, which ``desired_specs`` persists
     autoscaler: Autoscaler | None = None
+    #: what its replicas must run (``rankcore.control.rollouts.revision`` of its config): one started
+    #: with another is outdated; ``rolling`` while any may be (cleared by the rollout pass that finds
+    #: none), ``retiring`` counts the outdated replicas stopping to be succeeded on their ranks
+    revision: str = ""
+    rolling: bool = False
+    retiring: int = 0
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...
@@ -183,8 +194,9 @@ class Deployment:
 
     @property
     def active(self) -> int:
-        """Replicas not being stopped: what counts towards the target."""
-        return len(self.replicas) - self.counts[_STOPPING_AT]
+        """Replicas not being stopped, and those a rollout stops to be succeeded on their ranks:
+        what counts towards the target."""
+        return len(self.replicas) - self.counts[_STOPPING_AT] + self.retiring
 
     @property
     def healthy(self) -> bool:

@@ -27,9 +27,9 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
 from . import restarts
-from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed
+from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_delayed", "compaction_due", "compact", "compact_touched"]
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "succeed_retired", "start_delayed", "compaction_due", "compact", "compact_touched"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _IDX = {p: i for i, p in enumerate(LIVE)}
@@ -48,7 +48,8 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     with dep.replicas.mutate() as m:
         for rid in ids:
             m.set(rid, _Replica(replica_id=rid, deployment=dep.name,
-                                phase=Phase.FAILED if rid in failed else Phase.PENDING, lineage=lineages[rid]))
+                                phase=Phase.FAILED if rid in failed else Phase.PENDING, lineage=lineages[rid],
+                                revision=dep.revision))
         replicas = m.finish()
     with tx.index.mutate() as ix:
         for rid in ids:
@@ -57,7 +58,7 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     for rid in ids:
         if rid not in failed:
             tx.emit(_Start(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
-                           world_size=dep.target, lineage=lineages[rid]))
+                           world_size=dep.target, lineage=lineages[rid], revision=dep.revision))
     c = list(dep.counts)
     c[_IDX[Phase.PENDING]] += n - len(failed)
     c[_IDX[Phase.FAILED]] += len(failed)
@@ -143,6 +144,8 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
     (``rankcore.control.restarts``), back on its predecessor's node and booking when
     the core's rule lets it (``scheduling.keep_booking``); ``avoid``: a node
     the replacement must not go to."""
+    if rep.retiring:  # a rollout was stopping it: its successor starts now
+        return succeed_retired(tx, dep, rep)
     if dep.static is not None:
         return static.crash(tx, dep, rep)
     advance(rep.phase, Trigger.CRASH, rep.replica_id)
@@ -165,6 +168,31 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
         if avoid is not None:
             avoid_node(tx, new_id, avoid)
         enqueue(tx, dep, [new_id])  # placed by the end-of-step pass, once every release of this step is done
+    if dep.gang_size > 1:
+        tx.gang_started(dep.name)
+    return dep
+
+
+def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica a rollout retired (``rankcore.control.rollouts``) has stopped or died: its
+    successor, on the current revision, takes its three ranks as a crash's replacement would (its
+    bundles under static placement; its node and booking where the core places replicas and its
+    rule lets the booking pass, else the queue), with no restart backoff (nothing failed). None
+    when the deployment no longer wants it (deleted, scaled down meanwhile): it just leaves."""
+    rid = rep.replica_id
+    if dep.static is not None:
+        return static.succeed_retired(tx, dep, rep)
+    if not wants_successor(dep):
+        return remove(tx, dep, rep, dep.ranks.release(rid))
+    (new_id,) = tx.new_ids(dep.name, 1)
+    managed = tx.managed
+    booking = keep_booking(tx, dep, rid, new_id) if managed else None
+    node_id = booking[0] if booking is not None else None
+    dep = succeed(tx, dep, rep, new_id, node_id)
+    if node_id is not None:
+        announce_booking(tx, dep, new_id, node_id)
+    elif managed:
+        enqueue(tx, dep, [new_id])
     if dep.gang_size > 1:
         tx.gang_started(dep.name)
     return dep

@@ -5,6 +5,8 @@ the step did, then the step is built (``transaction.build``). Each pass skips
 itself when there is nothing for it (the common step runs none of them past a
 test of one field):
 
+0. ``rollouts``: touched deployments with a rollout under way retire the outdated
+   replicas they may now (``rollouts.advance_touched``);
 1. ``place_waiting``: the waiting queue is walked once every release of the
    step is done (``scheduling.place_waiting``; only when the step opened the
    cluster's working copy and someone waits, not blocked);
@@ -32,7 +34,7 @@ from ..base.state import RecoveryOutcome, Step
 from ..placement import gangs, spares
 from ..placement.scheduling import place_waiting
 from ..tiers import evictions
-from . import deadlines, deletion, moves
+from . import deadlines, deletion, moves, rollouts
 from .transaction import Tx, build
 
 __all__ = ["PASSES", "finish"]
@@ -45,6 +47,7 @@ def _place_waiting(tx: Tx) -> None:
 
 #: the end-of-step passes, in the order they run: (name, pass)
 PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
+    ("rollouts", rollouts.advance_touched),
     ("place_waiting", _place_waiting),
     ("wakes", evictions.retry_wakes),
     ("evictions", evictions.carry_out),

@@ -57,9 +57,9 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import deadlines
+from . import deadlines, rollouts
 from .moves import reconcile, stop
-from .transaction import Tx, initialize, put_replica, reconfigure, recount, stop_command
+from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
 
@@ -138,6 +138,22 @@ def _config_outdated(r: ReplicaReport, spec: DeploymentApplied) -> bool:
     return r.user_config is not UNKNOWN and r.user_config != spec.user_config
 
 
+def _retiring(dep: Deployment, extras: set[str]) -> Deployment:
+    """Replicas reported stopping (not extras) while the deployment is short of its target were
+    retired by a rollout (or their successor is wanted anyway): each is succeeded on its ranks when
+    it has stopped (``moves.succeed_retired``), lowest rank first, rather than a new replica started
+    on another rank now. Recovering from a state's own reports gives the same replicas retiring."""
+    short = dep.target - dep.active
+    if short <= 0 or dep.deleting:
+        return dep
+    stopping = [r for r in dep.replicas.values() if r.phase is Phase.STOPPING and r.replica_id not in extras]
+    replicas = dep.replicas
+    chosen = by_rank(dep, stopping)[:short]
+    for rep in chosen:
+        replicas = replicas.set(rep.replica_id, attrs.evolve(rep, retiring=True))
+    return attrs.evolve(dep, replicas=replicas, retiring=len(chosen))
+
+
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
                         unresponsive: list[UnresponsiveReplica], asleep: bool = False, weights: int = 0,
                         deleting: bool = False) -> Deployment:
@@ -162,6 +178,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     unstarted: set[str] = set()
     failed: list[str] = []
     stopping = set(to_stop)
+    current = rollouts.revision(spec.config)
     for r in reports:
         phase = r.phase
         node_id = r.node_id
@@ -185,6 +202,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
             config_version=0 if old_config else 1,
             residency=Residency(r.tier),
             weights_version=r.weights_version,
+            revision=current if r.revision is None else r.revision,
         )
         serving_or_starting = node_id is not None and not _leaving(r) and r.replica_id not in stopping
         if serving_or_starting and r.replica_id not in unstarted:
@@ -212,7 +230,10 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         ranks=ranks,
         counts=tuple(counts),
         unresponsive=immutables.Map({u.replica_id: u.node_id for u in unresponsive}),
+        revision=current,
+        rolling=True,  # (the rollout pass clears it when no replica is outdated)
     )
+    dep = _retiring(dep, stopping)
     # Processes to stop before anything else: those that did not report (their
     # rank is unknown: reconcile gives no rank until they have gone), and the
     # FAILED ones (a FAILED replica has no process to keep).

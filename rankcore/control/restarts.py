@@ -87,4 +87,4 @@ def release(tx: Tx, dep: Deployment, rep: Replica) -> StartReplica:
     cl.delayed = cl.delayed.delete(rep.replica_id)
     cl.changed = True
     return _Start(replica_id=rep.replica_id, deployment=dep.name, global_rank=dep.ranks.global_rank(rep.replica_id),
-                  world_size=dep.target, replaces=replaces, lineage=rep.lineage)
+                  world_size=dep.target, replaces=replaces, lineage=rep.lineage, revision=rep.revision)

@@ -269,6 +269,7 @@ def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
         replicas=dep.replicas.delete(rid),
         ranks=ranks,
         counts=recount(dep.counts, rep.phase, None),
+        retiring=dep.retiring - 1 if rep.retiring else dep.retiring,
     )
 
 
@@ -287,6 +288,12 @@ def disarm(tx: Tx, rid: str) -> None:
         release(tx, rid)
 
 
+def wants_successor(dep: Deployment) -> bool:
+    """Whether a replica a rollout retired gets a successor on its ranks now that it has gone
+    (rankcore.control.rollouts): not when the deployment is being deleted or was scaled down meanwhile."""
+    return not dep.deleting and dep.active - 1 < dep.target
+
+
 def succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | None = None,
              announce: bool = True) -> Deployment:
     """``new_id``, a new incarnation of ``rep`` (same lineage and global rank),
@@ -295,15 +302,17 @@ def succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | N
     rid = rep.replica_id
     ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
     forget(tx, rid)
-    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id)
+    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id,
+                   revision=dep.revision)
     tx.index = tx.index.set(new_id, dep.name)
     if announce:
         tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
-                       world_size=dep.target, replaces=rid, lineage=rep.lineage))
+                       world_size=dep.target, replaces=rid, lineage=rep.lineage, revision=dep.revision))
     counts = list(dep.counts)
     counts[_IDX[rep.phase]] -= 1
     counts[_IDX[Phase.PENDING]] += 1
-    return _copy(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts))
+    return _copy(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts),
+                 retiring=dep.retiring - 1 if rep.retiring else dep.retiring)
 
 
 def by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:

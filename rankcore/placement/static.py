@@ -41,7 +41,7 @@ from ..base.lifecycle import Phase, Trigger, advance
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
 from ..control import restarts
-from ..control.transaction import Tx, disarm, put_replica, remove, stop_command, succeed
+from ..control.transaction import Tx, disarm, put_replica, remove, stop_command, succeed, wants_successor
 
 __all__ = ["StaticPlacement", "consecutive_mapping", "place", "start_failed", "crash", "fail", "restart_failed",
            "bundles_moved", "node_lost", "placed_elsewhere", "check_scale", "check_same_shape"]
@@ -90,9 +90,11 @@ def start_failed(dep: Deployment, global_ranks: Iterable[tuple[str, int]]) -> se
 
 
 def _check_none_stopping(dep: Deployment) -> None:
-    """A static deployment's ranks are its bundles: none is started again while a replica still stops there."""
-    if dep.count(Phase.STOPPING):
-        raise InvalidEvent(f"deployment {dep.name!r} (static placement) still has {dep.count(Phase.STOPPING)} "
+    """A static deployment's ranks are its bundles: none is started again while a replica still stops there
+    (one a rollout retires keeps its rank for its successor: no new replica is started on it)."""
+    stopping = dep.count(Phase.STOPPING) - dep.retiring
+    if stopping:
+        raise InvalidEvent(f"deployment {dep.name!r} (static placement) still has {stopping} "
                            f"replicas stopping on its ranks: bring it back once they have stopped")
 
 
@@ -100,6 +102,8 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A static replica died: back on the same bundles with the same rank (or
     FAILED, when a bundle of its rank is not placed now); one that was leaving is gone."""
     advance(rep.phase, Trigger.CRASH, rep.replica_id)
+    if rep.retiring:
+        return succeed_retired(tx, dep, rep)
     if rep.phase is Phase.STOPPING:
         return remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
     static = _map(dep)
@@ -112,6 +116,20 @@ def crash(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         restarts.defer(tx, new_id, rep.replica_id, tx.view.now + delay)
         return dep
     return place(tx, dep, new_id)
+
+
+def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica a rollout retired has gone: its successor starts on its rank's bundles (FAILED,
+    holding the rank, when a bundle of it has no node now); none when no longer wanted."""
+    rid = rep.replica_id
+    if not wants_successor(dep):
+        return remove(tx, dep, rep, dep.ranks.release(rid))
+    (new_id,) = tx.new_ids(dep.name, 1)
+    if _map(dep).placed(dep.ranks.global_rank(rid)):
+        return place(tx, succeed(tx, dep, rep, new_id), new_id)
+    dep = succeed(tx, dep, rep, new_id, announce=False)
+    new = dep.replicas[new_id]
+    return put_replica(dep, new, _copy(new, phase=Phase.FAILED))
 
 
 def fail(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:

@@ -160,14 +160,18 @@ def test_a_replica_that_fits_nowhere_waits_and_the_longest_waiting_goes_first(fr
     assert set(c.state.cluster.queued) == {"a#4"} and c.rep("a#4").node_id is None
 
 
-def test_waiting_replicas_are_placed_by_their_deployments_new_need():
-    """Resources changed while replicas wait: they are placed by the new need at
-    once; replicas already on a node keep what they reserved."""
+def test_a_resources_change_replaces_replicas_not_yet_serving_at_once_on_their_ranks():
+    """Resources are a heavyweight option (rankcore.control.rollouts): a replica started
+    under the old need is outdated. Neither serves yet, so both are stopped at once (no
+    availability to keep); each one's successor takes its ranks when it has stopped, and
+    reserves the new need (the placed one's booking passes on at the new size)."""
     c = Core(("n0", 3))
     assert c(deploy("a", 2, gpus=2))[2:] == [("place", "a#0", "n0", (0, 0, 0))]
-    assert c(deploy("a", 2, gpus=1)) == [("place", "a#1", "n0", (1, 0, 1))]
-    assert dict(c.state.cluster.held) == {"a#0": ("n0", (("GPU", 2.0),)), "a#1": ("n0", GPU1)}
-    assert c.free() == {"n0": 0.0}
+    assert c(deploy("a", 2, gpus=1)) == [("stop", "a#0"), ("stop", "a#1")]
+    assert c(rc.ReplicaStopped(replica_id="a#0")) == [("start", "a#2", 0, "a#0"), ("place", "a#2", "n0", (0, 0, 0))]
+    assert c(rc.ReplicaStopped(replica_id="a#1")) == [("start", "a#3", 1, "a#1"), ("place", "a#3", "n0", (1, 0, 1))]
+    assert dict(c.state.cluster.held) == {"a#2": ("n0", GPU1), "a#3": ("n0", GPU1)}
+    assert c.free() == {"n0": 1.0} and not c.state.deployments["a"].rolling
 
 
 # ---------------------------------------------------------- failed placements

@@ -28,6 +28,7 @@ from executors.scenarios.timeline import (
     Orphan,
     PlaceBundles,
     PushWeights,
+    Rollout,
     Scale,
     Sleep,
     UpdateConfig,
@@ -51,6 +52,7 @@ timeline:
   - deploy: {deployment: llm, replicas: 3, user_config: {model: small}}
   - scale: {deployment: llm, replicas: 2, victims: ["llm#0"]}
   - update_config: {deployment: llm, user_config: null}
+  - rollout: {deployment: llm, version: v2, max_unavailable: 1}
   - crash: {replica: "llm#1"}
   - hang: {deployment: llm, rank: 1}
   - lose_node: node-1
@@ -81,6 +83,7 @@ def test_every_action_parses_to_its_typed_record() -> None:
         Deploy(deployment="llm", replicas=3, user_config={"model": "small"}),
         Scale(deployment="llm", replicas=2, victims=("llm#0",)),
         UpdateConfig(deployment="llm", user_config=None),
+        Rollout(deployment="llm", version="v2", max_unavailable=1),
         Crash(replica="llm#1"),
         Hang(deployment="llm", rank=1),
         LoseNode(node="node-1"),
@@ -100,13 +103,13 @@ def test_every_action_parses_to_its_typed_record() -> None:
         Delete(deployment="engine"),
     ]
     assert {type(a) for a in sc.timeline} == set(ACTIONS.values())  # (the scenario above shows every action)
-    assert [a.index for a in sc.timeline] == list(range(21))
-    assert (sc.timeline[11].after, sc.timeline[12].at) == (2.0, 100.0)
+    assert [a.index for a in sc.timeline] == list(range(22))
+    assert (sc.timeline[12].after, sc.timeline[13].at) == (2.0, 100.0)
     assert sc.timeline[0].where == "every.yaml:8" and sc.timeline[0].user_config is AS_DECLARED
 
 
 def test_the_registry_keys_each_class_by_its_own_key_and_every_action_has_a_meaning() -> None:
-    assert list(ACTIONS) == ["deploy", "scale", "delete", "update_config", "crash", "hang", "lose_node", "add_node",
+    assert list(ACTIONS) == ["deploy", "scale", "delete", "update_config", "rollout", "crash", "hang", "lose_node", "add_node",
                              "crash_controller", "place_bundles", "orphan", "sleep", "wake", "push_weights",
                              "wait_until_healthy", "wait_until_serving", "wait"]
     for key, cls in ACTIONS.items():

@@ -1,0 +1,120 @@
+"""Rolling updates: a heavyweight change replaces every replica, each by one on its ranks.
+
+Ray Serve keeps a running replica on a *lightweight* change (user_config, num_replicas,
+autoscaling, request limits, graceful shutdown, health checks: reconfigured or scaled in
+place, ``rankcore.core``) and replaces it on a *heavyweight* one: its code's ``version``,
+what it reserves (``resources``), where it goes (``placement``). Those three make the
+deployment's :func:`revision`; a replica started under another revision is outdated.
+
+The rule (``advance``, an end-of-step pass over the deployments the step touched):
+
+* an outdated replica that serves nothing yet (pending, starting, FAILED) is stopped at once;
+* an outdated serving one is stopped (drained, as any stop) only while no more than
+  ``max_unavailable`` of the target (Ray Serve's 20%, at least one) would be short of serving,
+  lowest rank first;
+* either way it is *retiring*: it still counts towards the target, and when it has stopped (or
+  died) its successor starts on its three ranks, on its node and booking where the core places
+  replicas (``rankcore.control.moves.succeed_retired``), as a crash's replacement would. A rollout
+  reassigns no rank and changes no world size; it never runs more replicas than the target.
+
+A rollback is applying the old config: the replicas still on the old revision are current again,
+those already replaced are replaced once more. A crash's replacement starts on the current revision.
+A deployment being deleted rolls nothing. A gang deployment with replicas refuses a heavyweight
+change (``InvalidConfig``: rolling gangs is not built yet; scale it to 0 or delete it first). After a
+controller restart the reports say which revision each replica runs (``ReplicaReport.revision``),
+and the rollout goes on from there; a replica reported stopping while its deployment is short of
+its target is succeeded on its ranks (``rankcore.control.recovery``).
+
+Internal module: import its public names from ``rankcore`` (docs/embedding.md, "What you may import").
+"""
+
+from __future__ import annotations
+
+from ..base.errors import InvalidConfig
+from ..base.lifecycle import Phase, Trigger, advance
+from ..base.options import DeploymentConfig
+from ..base.records import unchecked_copy
+from ..base.state import Deployment, Replica
+from ..placement.scheduling import release
+from .transaction import Tx, recount, stop_command
+
+__all__ = ["revision", "applied", "budget", "outdated", "advance_touched", "retire"]
+
+_copy = unchecked_copy
+_SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
+
+
+def revision(config: DeploymentConfig) -> str:
+    """What a replica must have been started with to be current: the code's ``version`` and what it
+    reserves and where (the heavyweight options). Plain text, so a report can carry it."""
+    s = config.scheduling
+    res = ",".join(f"{k}={v:g}" for k, v in s.resources)
+    return f"v={config.rollout.version or ''};r={res};p={s.placement}"
+
+
+def applied(dep: Deployment, config: DeploymentConfig) -> Deployment:
+    """``dep`` under ``config``: a new revision starts a rollout (the next ``advance`` pass)."""
+    rev = revision(config)
+    if rev == dep.revision:
+        return dep
+    if dep.gang_size > 1 and any(r.phase is not Phase.STOPPING for r in dep.replicas.values()):
+        raise InvalidConfig(
+            f"DeploymentApplied({dep.name!r}): a gang deployment cannot be rolled to a new version, resources or "
+            f"placement while it has replicas (rolling updates of gangs are not built yet): scale it to 0 or "
+            f"delete it, then apply the new config")
+    return _copy(dep, revision=rev, rolling=True)
+
+
+def budget(dep: Deployment) -> int:
+    """How many replicas a rollout may have short of serving at once (``max_unavailable``: a count,
+    or a fraction of the target, at least one)."""
+    m = dep.config.rollout.max_unavailable
+    n = m if type(m) is int else max(1, int(m * dep.target))
+    return n
+
+
+def outdated(dep: Deployment, rep: Replica) -> bool:
+    """Started under another revision, and not yet retiring."""
+    return rep.revision != dep.revision and not rep.retiring and rep.phase is not Phase.STOPPING
+
+
+def advance_touched(tx: Tx) -> None:
+    """End of step: each touched deployment with a rollout under way retires what it may now."""
+    for name in sorted(tx.touched):
+        dep = tx.deps.get(name)
+        if dep is not None and dep.rolling:
+            tx.put(_advance(tx, dep))
+
+
+def _advance(tx: Tx, dep: Deployment) -> Deployment:
+    if dep.deleting:
+        return _copy(dep, rolling=False)
+    old = [r for r in dep.replicas.values() if outdated(dep, r)]
+    if not old:
+        return dep if dep.retiring else _copy(dep, rolling=False)
+    ranks = dep.ranks
+    old.sort(key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
+    idle = [r for r in old if r.phase not in _SERVING]
+    serving = [r for r in old if r.phase in _SERVING]
+    delayed = tx.view.delayed
+    for rep in idle:
+        if rep.phase is Phase.FAILED or rep.replica_id in delayed:  # no process yet: it starts current
+            dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
+        else:
+            dep = retire(tx, dep, rep)
+    short = dep.target - (dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING))
+    room = budget(dep) - max(short, 0)
+    for rep in serving[:max(room, 0)]:
+        dep = retire(tx, dep, rep)
+    return dep
+
+
+def retire(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """Stop ``rep`` (drained, as any stop) to be succeeded on its ranks when it has stopped."""
+    rid = rep.replica_id
+    if tx.managed and rep.node_id is None and rid in tx.cl.queued:
+        release(tx, rid)  # it was waiting for a node: it waits no more
+    new = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), retiring=True)
+    tx.emit(stop_command(dep, rid))
+    return _copy(dep, replicas=dep.replicas.set(rid, new), counts=recount(dep.counts, rep.phase, new.phase),
+                 retiring=dep.retiring + 1)

@@ -1,0 +1,143 @@
+"""Rolling updates (rankcore.control.rollouts): a heavyweight change replaces every replica, each by
+one on its ranks, at most ``max_unavailable`` short of serving at once."""
+
+from __future__ import annotations
+
+import pytest
+
+import rankcore as rc
+from executors.sim import Simulation, parse_scenario
+from rankcore.invariants import check_state, check_step, reports_from
+
+
+class Fleet:
+    """The bare core, every command answered in order (placed on n0/n1 alternately, ready, stopped)."""
+
+    def __init__(self, n: int, **options: object) -> None:
+        self.state = rc.State()
+        self.log: list[object] = []
+        self.run(rc.DeploymentApplied(name="m", num_replicas=n, **options))
+
+    def step(self, event: object) -> rc.Step:
+        result = rc.step(self.state, event)
+        check_step(self.state, event, result, full=True)
+        self.state = result.state
+        self.log.append(event)
+        return result
+
+    def run(self, event: object, hold: type | None = None) -> list[object]:
+        """Step ``event`` and answer what follows; commands of type ``hold`` are kept, not answered."""
+        held: list[object] = []
+        queue = [event]
+        while queue:
+            for c in self.step(queue.pop(0)).commands:
+                if hold is not None and isinstance(c, hold):
+                    held.append(c)
+                elif isinstance(c, rc.StartReplica):
+                    queue.append(rc.ReplicaPlaced(replica_id=c.replica_id, node_id=f"n{c.global_rank % 2}"))
+                elif isinstance(c, rc.InitializeReplica):
+                    queue.append(rc.ReplicaReady(replica_id=c.replica_id))
+                elif isinstance(c, rc.StopReplica):
+                    queue.append(rc.ReplicaStopped(replica_id=c.replica_id))
+        return held
+
+    @property
+    def dep(self) -> rc.Deployment:
+        return self.state.deployments["m"]
+
+    def ranks(self) -> dict[int, tuple[int, int, int]]:
+        d = self.dep
+        return {d.ranks.global_rank(r): d.ranks.rank_of(r).as_tuple() for r in d.replicas}  # type: ignore[union-attr]
+
+
+def test_a_new_version_replaces_every_replica_on_its_ranks_one_at_a_time_by_default() -> None:
+    f = Fleet(4)
+    before, ids = f.ranks(), set(f.dep.replicas)
+    f.run(rc.DeploymentApplied(name="m", num_replicas=4, version="v2"))
+    d = f.dep
+    assert f.ranks() == before and not ids & set(d.replicas)  # every replica new, every rank kept
+    assert {r.revision for r in d.replicas.values()} == {d.revision} and "v=v2" in d.revision
+    assert d.healthy and not d.rolling and d.retiring == 0
+    # max(1, int(0.2 x 4)) = 1: each stop waited for the previous successor to be ready
+    stops = [e.replica_id for e in f.log if isinstance(e, rc.ReplicaStopped)]
+    assert len(stops) == 4
+
+
+def test_the_same_version_again_rolls_nothing_and_a_user_config_change_reconfigures_in_place() -> None:
+    f = Fleet(3, version="v1")
+    assert rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=3, version="v1")).commands == ()
+    cmds = rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=3, version="v1", user_config={"a": 1})).commands
+    assert {type(c) for c in cmds} == {rc.ReconfigureReplica}
+
+
+@pytest.mark.parametrize(("unavailable", "first_wave"), [(0.2, 2), (0.5, 5), (3, 3), (1, 1)])
+def test_max_unavailable_bounds_how_many_serving_replicas_stop_at_once(unavailable: float, first_wave: int) -> None:
+    f = Fleet(10, max_unavailable=unavailable)
+    held = f.run(rc.DeploymentApplied(name="m", num_replicas=10, version="v2", max_unavailable=unavailable),
+                 hold=rc.StopReplica)
+    assert len(held) == first_wave
+    d = f.dep
+    assert d.retiring == first_wave and d.active == d.target == 10  # the retiring count towards the target
+    assert d.count(rc.Phase.RUNNING) == 10 - first_wave
+
+
+def test_a_retired_replica_that_dies_while_draining_is_succeeded_on_its_ranks() -> None:
+    f = Fleet(2)
+    (stop,) = f.run(rc.DeploymentApplied(name="m", num_replicas=2, version="v2"), hold=rc.StopReplica)
+    rank = f.dep.ranks.rank_of(stop.replica_id)
+    result = f.step(rc.ReplicaCrashed(replica_id=stop.replica_id, cause="error"))
+    (start,) = [c for c in result.commands if isinstance(c, rc.StartReplica)]
+    assert start.replaces == stop.replica_id and start.global_rank == rank.rank  # type: ignore[union-attr]
+    assert f.dep.start_failures == 0  # a draining replica dying is no failed start
+
+
+def test_a_rollout_goes_on_after_a_controller_restart_from_the_reports() -> None:
+    f = Fleet(4)
+    held = f.run(rc.DeploymentApplied(name="m", num_replicas=4, version="v2"), hold=rc.StopReplica)
+    assert len(held) == 1
+    recovered = rc.step(rc.State(), reports_from(f.state))
+    check_state(recovered.state)
+    assert recovered.commands == ()  # the draining one stays retiring: nothing else to do yet
+    f.state = recovered.state
+    f.run(rc.ReplicaStopped(replica_id=held[0].replica_id))  # type: ignore[attr-defined]
+    d = f.dep
+    assert d.healthy and not d.rolling and {r.revision for r in d.replicas.values()} == {d.revision}
+
+
+def test_a_gang_deployment_with_replicas_refuses_a_heavyweight_change() -> None:
+    f = Fleet(2, gang_size=2)
+    with pytest.raises(rc.InvalidConfig, match="gang deployment cannot be rolled"):
+        rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=2, gang_size=2, version="v2"))
+
+
+def test_max_unavailable_is_checked() -> None:
+    for bad in (0, 1.0, -1, "20%", 0.0):
+        with pytest.raises(rc.InvalidConfig, match="max_unavailable must be a count"):
+            rc.DeploymentApplied(name="m", num_replicas=1, max_unavailable=bad)
+
+
+ROLLOUT = """
+name: rollout
+seed: 3
+duration: 9000
+cluster: {nodes: 8, gpus_per_node: 8}
+latency: {place: 0.5, start: {dist: uniform, low: 60, high: 120}, stop: 5}
+deployments:
+  llm: {replicas: 64}
+timeline:
+  - deploy: llm
+  - wait_until_healthy: {deployment: llm, timeout: 600}
+  - rollout: {deployment: llm, version: v2, max_unavailable: %s}
+  - wait_until_healthy: {deployment: llm, timeout: 8000}
+"""
+
+
+def test_the_simulator_rolls_64_replicas_with_no_rank_moved_and_faster_with_a_larger_budget() -> None:
+    took = {}
+    for budget in (1, 8):
+        result = Simulation(parse_scenario(ROLLOUT % budget, "rollout.yaml")).run()
+        m = result.metrics["deployments"]["llm"] if "deployments" in result.metrics else result.metrics["llm"]
+        assert m["rollout_replacements"] == 64 and m["rollouts_done"] == 1
+        assert m["reassignments"]["any"] == 0 and m["crash_to_ready_p50"] is None
+        took[budget] = m["rollout_s_max"]
+    assert took[8] < took[1] / 4
