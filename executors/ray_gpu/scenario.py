@@ -56,6 +56,7 @@ from ..scenarios.timeline import (
     Orphan,
     PlaceBundles,
     PushWeights,
+    Rollout,
     Scale,
     Sleep,
     UpdateConfig,
@@ -81,7 +82,7 @@ __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REF
            "needs_cluster", "CLASSES"]
 
 #: the timeline actions (``executors.scenarios.ACTIONS``) Ray carries out anywhere ...
-RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, Delete, UpdateConfig, Crash, Hang, Orphan, CrashController,
+RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, Delete, UpdateConfig, Rollout, Crash, Hang, Orphan, CrashController,
                                          WaitUntilHealthy, Wait, Sleep, Wake, PushWeights, WaitUntilServing)
 #: ... on a ScenarioCluster only ...
 NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)
@@ -333,9 +334,10 @@ class _RayTarget:
         if not ok:
             raise TimeoutError(f"the controller did not see {what} within {OBSERVE_TIMEOUT_S:g}s")
 
-    def deployment(self, name: str, num_replicas: int, user_config: Any) -> Deployment:
+    def deployment(self, name: str, num_replicas: int, user_config: Any, more: dict | None = None) -> Deployment:
         """The scenario's deployment as the Python API's: its gangs, its static
-        placement on the group made for it, its GPUs on a ScenarioCluster."""
+        placement on the group made for it, its GPUs on a ScenarioCluster; ``more``: options the
+        timeline changed since the declaration (a ``rollout``'s version and pace)."""
         spec = self.sc.deployments[name]
         opts: dict[str, Any] = {"num_cpus": 0.01}
         if self.cluster is not None:
@@ -356,10 +358,11 @@ class _RayTarget:
                           gang_size=spec.gang_size, gang_placement=spec.gang_placement,
                           gang_failure=spec.gang_failure,
                           core_options={**dict(spec.options), **_tier_option(spec),
-                                        "start_timeout_s": spec.start_timeout}, **where)
+                                        "start_timeout_s": spec.start_timeout, **(more or {})}, **where)
 
     def apply(self, event: Any) -> None:
-        d = self.deployment(event.name, event.num_replicas, event.user_config)
+        d = self.deployment(event.name, event.num_replicas, event.user_config,
+                            {"version": event.version, "max_unavailable": event.max_unavailable})
         self.applied.add(event.name)
         spec = self.sc.deployments[event.name]
         init: dict[str, Any] = {"fail_dir": self.fail_dir, "start_failures": spec.start_failures}
