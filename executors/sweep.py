@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures",
            "autoscaling_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
@@ -170,6 +170,9 @@ FIGURES: tuple[Figure, ...] = (
     Figure("to_full_strength_p50", "to full p50 s", "recovery"),
     Figure("to_full_strength_p99", "to full p99 s", "recovery"),
     Figure("to_full_strength_max", "to full max s", "recovery"),
+    # rolling updates (docs/rollouts.md): replicas replaced, and how long the (last) rollout took
+    Figure("rollout_replacements", "rollout\nreplaced", "rollouts", count=True),
+    Figure("rollout_s_max", "rollout s", "rollouts"),
     *(Figure(f"reassignments_{lv}", f"reassigned\n{short}", "ranks", count=True) for lv, short in _LEVELS),
     Figure("reassignments_any", "reassigned\nany level", "ranks", count=True),
     Figure("reconfigures_rank", "reconfigures\nrank", "ranks", count=True),
@@ -222,7 +225,7 @@ ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "request
            "as_rejected": "requests_rejected_total", "as_reassigned": "reassignments_any",
            "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
-GROUPS = ("availability", "recovery", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
+GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
           "streams", "autoscaling")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
 TRAFFIC_GROUPS = ("requests", "queue", "streams")
@@ -260,6 +263,13 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     groups = {"requests", "queue"} if any(queues) else set()
     groups |= {"streams"} if any("streams_started" in q for q in queues) else set()
     return [f for f in FIGURES if f.group in groups]
+
+
+def rollout_figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """The rollouts group's figures if any run replaced a replica by a rollout, else none."""
+    if any(m.get("rollout_replacements") for r in records for m in r.metrics["deployments"].values()):
+        return [f for f in FIGURES if f.group == "rollouts"]
+    return []
 
 
 def autoscaling_figures(records: Sequence[RunRecord]) -> list[Figure]:
