@@ -655,9 +655,10 @@ class DeploymentHandle:
         """The deployment as the core holds it: ``healthy``, ``target``,
         ``status`` (Ray Serve's ``HEALTHY`` / ``UPDATING`` / ``UNHEALTHY``, e.g.
         while its constructor keeps raising) and ``status_message`` (why),
-        ``failed`` (replica ids) and ``replicas``: per replica id its ``phase``
-        (``"running"``, ``"failed"``, ...), ``rank``, ``node_id``, ``bundles``
-        (static placement) and ``gang`` (its gang's id)."""
+        ``failed`` (replica ids), ``revision`` (what its replicas must run: docs/rollouts.md)
+        and ``replicas``: per replica id its ``phase`` (``"running"``, ``"failed"``, ...),
+        ``rank``, ``node_id``, ``bundles`` (static placement), ``gang`` (its gang's id) and
+        ``revision`` (the one it was started with)."""
         return ask(self.controller, "deployment_status", self.name)
 
     def ranks(self) -> dict:
