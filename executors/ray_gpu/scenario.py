@@ -56,6 +56,7 @@ from ..scenarios.timeline import (
     Orphan,
     PlaceBundles,
     PushWeights,
+    Rollout,
     Scale,
     Sleep,
     UpdateConfig,
@@ -82,7 +83,7 @@ __all__ = ["run_on_ray", "UnsupportedOnRay", "RAY_ACTIONS", "NODE_ACTIONS", "REF
            "needs_cluster", "CLASSES"]
 
 #: the timeline actions (``executors.scenarios.ACTIONS``) Ray carries out anywhere ...
-RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, Delete, UpdateConfig, Crash, Hang, Orphan, CrashController,
+RAY_ACTIONS: tuple[type[Action], ...] = (Deploy, Scale, Delete, UpdateConfig, Rollout, Crash, Hang, Orphan, CrashController,
                                          WaitUntilHealthy, Wait, Sleep, Wake, PushWeights, WaitUntilServing)
 #: ... on a ScenarioCluster only ...
 NODE_ACTIONS: tuple[type[Action], ...] = (LoseNode, AddNode)

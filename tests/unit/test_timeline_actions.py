@@ -182,9 +182,9 @@ def test_ray_runs_lists_or_refuses_every_action_by_class() -> None:
     sc = parse_scenario(EVERY_ACTION, "every.yaml")
     with pytest.raises(UnsupportedOnRay) as err:
         check_supported(sc, multi_node=True)
-    assert str(err.value) == ("every.yaml: the Ray executor cannot run timeline[9] place_bundles (Ray cannot move "
+    assert str(err.value) == ("every.yaml: the Ray executor cannot run timeline[10] place_bundles (Ray cannot move "
                               "a placement group's bundles) (use --executor sim)")
-    with pytest.raises(UnsupportedOnRay, match=r"timeline\[6\] lose_node, timeline\[7\] add_node, timeline\[9\] "):
+    with pytest.raises(UnsupportedOnRay, match=r"timeline\[7\] lose_node, timeline\[8\] add_node, timeline\[10\] "):
         check_supported(sc)
 
 
