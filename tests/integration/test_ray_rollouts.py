@@ -4,6 +4,7 @@ replaces nothing; a controller that dies mid-rollout finishes it from the replic
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -12,9 +13,12 @@ import pytest
 import ray
 
 from executors.checktrace import check_trace_lines
+from executors.history import rank_history
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.api.fingerprint import code_fingerprint
+from executors.ray_gpu.scenario import run_on_ray
+from executors.sim import Simulation, parse_scenario
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -193,3 +197,43 @@ def test_a_controller_that_dies_mid_rollout_finishes_it_from_the_replicas_report
     assert {r["revision"] for r in status["replicas"].values()} == {status["revision"]}
     assert ask(ctl, "status")["rejected_events"] == 0
     ask(ctl, "reset")
+
+
+ROLLOUT_SCENARIO = """
+name: rollout on ray
+cluster: {nodes: 1, gpus_per_node: 8}
+latency: {place: 0.1, start: 1, reconfigure: 0.2, stop: 0.5}
+deployments:
+  model: {replicas: 3, user_config: {}}
+timeline:
+  - deploy: model
+  - wait_until_healthy: {deployment: model, timeout: 60}
+  - rollout: {deployment: model, version: v2, max_unavailable: 1}
+  - wait_until_healthy: {deployment: model, timeout: 60}
+expect:
+  - ranks: {deployment: model, global: [0, 1, 2], contiguous: true}
+  - reassignments: {deployment: model, equals: 0}
+  - reconfigures: {deployment: model, reason: rank, equals: 0}
+"""
+
+
+def test_a_scenarios_rollout_action_gives_the_simulators_rank_history_on_ray():
+    """The scenario runner applies the action's version (its class never changes): the same
+    successors on the same ranks as in the simulator, counted as the simulator counts them."""
+    sc = parse_scenario(ROLLOUT_SCENARIO, "rollout.yaml")
+    buf = io.StringIO()
+    assert Simulation(sc, trace=buf).run().passed
+    want = rank_history(json.loads(line) for line in buf.getvalue().splitlines())
+    result = run_on_ray(sc)
+    assert result.passed, result.expectations
+    lines = result.trace.splitlines()
+    assert rank_history(json.loads(line) for line in lines) == want
+    starts = [json.loads(line)["fields"] for line in lines if '"type":"StartReplica"' in line]
+    assert [(f["global_rank"], f["replaces"] is not None) for f in starts] == \
+        [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)]
+    end = json.loads(lines[-1])
+    m = end["metrics"]["deployments"]["model"]
+    assert (m["rollout_replacements"], m["rollouts_done"]) == (3, 1)
+    report = check_trace_lines(lines)
+    assert report.ok, report.violations[:5]
+    ask(get_controller(), "reset")
