@@ -68,6 +68,7 @@ from ..scenarios.timeline import (
     rank_holder,
 )
 from .api.deployments import Deployment, ask, get_controller
+from .api.fingerprint import version_of
 from .control.cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .control.observe import UNSEEN_GROUP_PREFIX
 from .control.record import queue_fault
@@ -334,10 +335,9 @@ class _RayTarget:
         if not ok:
             raise TimeoutError(f"the controller did not see {what} within {OBSERVE_TIMEOUT_S:g}s")
 
-    def deployment(self, name: str, num_replicas: int, user_config: Any, more: dict | None = None) -> Deployment:
+    def deployment(self, name: str, num_replicas: int, user_config: Any) -> Deployment:
         """The scenario's deployment as the Python API's: its gangs, its static
-        placement on the group made for it, its GPUs on a ScenarioCluster; ``more``: options the
-        timeline changed since the declaration (a ``rollout``'s version and pace)."""
+        placement on the group made for it, its GPUs on a ScenarioCluster."""
         spec = self.sc.deployments[name]
         opts: dict[str, Any] = {"num_cpus": 0.01}
         if self.cluster is not None:
@@ -353,23 +353,26 @@ class _RayTarget:
                 self.groups[name], {r: list(b) for r, b in enumerate(spec.static.mapping)},
                 spec.static.capture_child_tasks)}
         cls = (WEIGHTED if spec.model_bytes > 0 else CLASSES)[spec.reconfigure]
-        return Deployment(cls=cls, name=name, num_replicas=num_replicas,
+        core = {**dict(spec.options), **_tier_option(spec), "start_timeout_s": spec.start_timeout}
+        version = core.pop("version", None)  # (Ray spells it with a keyword of its own)
+        return Deployment(version=version, cls=cls, name=name, num_replicas=num_replicas,
                           user_config=user_config, ray_actor_options=opts, max_replicas=spec.max_replicas,
                           gang_size=spec.gang_size, gang_placement=spec.gang_placement,
                           gang_failure=spec.gang_failure,
-                          core_options={**dict(spec.options), **_tier_option(spec),
-                                        "start_timeout_s": spec.start_timeout, **(more or {})}, **where)
+                          core_options=core, **where)
 
     def apply(self, event: Any) -> None:
-        d = self.deployment(event.name, event.num_replicas, event.user_config,
-                            {"version": event.version, "max_unavailable": event.max_unavailable})
+        d = self.deployment(event.name, event.num_replicas, event.user_config)
+        # a ``rollout`` action's version and pace (None: the scenario class's fingerprint, never changing)
+        d = attrs.evolve(d, version=event.version,
+                         core_options={**d.core_options, "max_unavailable": event.max_unavailable})
         self.applied.add(event.name)
         spec = self.sc.deployments[event.name]
         init: dict[str, Any] = {"fail_dir": self.fail_dir, "start_failures": spec.start_failures}
         if spec.model_bytes > 0:
             init["model_bytes"] = int(spec.model_bytes)
         ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), init, d.ray_actor_options,
-            d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+            d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options, version_of(d.version, d.cls))
 
     def deployed(self, deployment: str) -> bool:
         return deployment in self.applied

@@ -24,6 +24,7 @@ from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
 from .autoscale import from_ray_serve
+from .fingerprint import version_of
 from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
@@ -61,7 +62,7 @@ def validate_options(d: Deployment) -> None:
     try:  # name, num_replicas, max_replicas, static placement, gangs: exactly as the core will see them
         rc.DeploymentApplied(name=d.name, num_replicas=d.num_replicas, max_replicas=d.max_replicas,
                              static_placement=sp.to_core(None) if sp is not None else None, gang_size=d.gang_size,
-                             gang_placement=d.gang_placement, gang_failure=d.gang_failure)
+                             gang_placement=d.gang_placement, gang_failure=d.gang_failure, version=d.version)
     except rc.InvalidConfig as exc:
         raise _bad(d.name, str(exc)) from None
     _check_user_config(d.name, d.user_config)
@@ -155,6 +156,9 @@ class Deployment:
     gang_size: int = _D.gang_size
     gang_placement: str = _D.gang_placement
     gang_failure: str = _D.gang_failure
+    #: the code's version (``rankcore.base.options.RolloutOptions``): a new one rolls every replica,
+    #: the same one rolls nothing; None: ``run()`` gives a fingerprint of ``cls``'s code (docs/rollouts.md)
+    version: str | None = _D.version
     #: the options Ray takes as is (``CORE_OPTIONS``: ``rankcore.base.options.as_is("ray")``, Ray
     #: Serve's names and defaults: health checks, graceful shutdown, timeouts, restart backoff,
     #: spare processes), only those given: ``DeploymentApplied`` has the defaults
@@ -228,7 +232,7 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | N
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               autoscaling_config: dict | None = ..., **core_options: Any) -> Deployment: ...
+               autoscaling_config: dict | None = ..., version: str | None = ..., **core_options: Any) -> Deployment: ...
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
@@ -236,7 +240,7 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               autoscaling_config: dict | None = ..., **core_options: Any) -> Callable[[type], Deployment]:
+               autoscaling_config: dict | None = ..., version: str | None = ..., **core_options: Any) -> Callable[[type], Deployment]:
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | str | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None,
@@ -246,7 +250,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                _placement_info: StaticPlacementConfig | None = None, gang_size: int = _D.gang_size,
                gang_placement: str = _D.gang_placement,
                gang_failure: str = _D.gang_failure, autoscaling_config: dict | None = None,
-               **core_options: Any) -> Deployment | Callable[[type], Deployment]:
+               version: str | None = _D.version, **core_options: Any) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -272,6 +276,9 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     naming it; an unknown one is refused, listing the options).
     ``autoscaling_config`` (and ``num_replicas="auto"``), as Ray Serve takes them: the core's
     autoscaling options (``autoscale.from_ray_serve``; the routers feed it: docs/autoscaling.md).
+    ``version`` (Ray Serve's): a new one makes ``run()`` replace every replica, each by one on its
+    ranks (a rolling update); the same one replaces nothing, even if the code changed. Left out,
+    ``run()`` uses a fingerprint of the class's code (``fingerprint.code_fingerprint``; docs/rollouts.md).
     """
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:
@@ -299,7 +306,8 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                           placement_group_bundles=placement_group_bundles,
                           placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
                           max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
-                          gang_placement=gang_placement, gang_failure=gang_failure, core_options=dict(core_options))
+                          gang_placement=gang_placement, gang_failure=gang_failure, version=version,
+                          core_options=dict(core_options))
 
     if cls is None:  # @deployment(...): check the options now, before a class is given
         if isinstance(name, str) and name:
@@ -412,7 +420,8 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
     args = tuple(inner(a) for a in app.args)
     kwargs = {k: inner(v) for k, v in app.kwargs.items()}
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
-        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options)
+        d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
+        version_of(d.version, d.cls))  # (here: the caller has the class's source)
     if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
@@ -646,9 +655,10 @@ class DeploymentHandle:
         """The deployment as the core holds it: ``healthy``, ``target``,
         ``status`` (Ray Serve's ``HEALTHY`` / ``UPDATING`` / ``UNHEALTHY``, e.g.
         while its constructor keeps raising) and ``status_message`` (why),
-        ``failed`` (replica ids) and ``replicas``: per replica id its ``phase``
-        (``"running"``, ``"failed"``, ...), ``rank``, ``node_id``, ``bundles``
-        (static placement) and ``gang`` (its gang's id)."""
+        ``failed`` (replica ids), ``revision`` (what its replicas must run: docs/rollouts.md)
+        and ``replicas``: per replica id its ``phase`` (``"running"``, ``"failed"``, ...),
+        ``rank``, ``node_id``, ``bundles`` (static placement), ``gang`` (its gang's id) and
+        ``revision`` (the one it was started with)."""
         return ask(self.controller, "deployment_status", self.name)
 
     def ranks(self) -> dict:

@@ -201,6 +201,7 @@ class Carrier:
         # (a record already there is given this start's fields, as the checkpoint keeps them)
         rec.deployment, rec.checkpointed, rec.stage, rec.gang = cmd.deployment, True, RESERVING, cmd.gang
         rec.global_rank, rec.lineage, rec.world_size = cmd.global_rank, cmd.lineage, cmd.world_size
+        rec.revision = cmd.revision  # (its actor runs the spec applied last: that revision's code)
         led.checkpoint()
 
     def _placed(self, rid: str) -> None:
@@ -235,7 +236,7 @@ class Carrier:
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
         static: st.StaticPlacementConfig | None = spec.get("static")
-        extra: dict[str, Any] = {"gang": rec.gang}
+        extra: dict[str, Any] = {"gang": rec.gang, "revision": rec.revision}
         if cmd.devices or cmd.source:  # booked by memory (memory.py): the core holds its GPUs
             bundles, opts = pl.without_gpus(bundles, opts)
             if led.cuda.get(node):  # it sees every GPU and uses the core's indices

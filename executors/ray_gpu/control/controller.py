@@ -42,6 +42,7 @@ import rankcore as rc
 
 from ...driver import Driver
 from ..api.autoscale import LoadBook
+from ..api.fingerprint import version_of
 from . import persist
 from . import placement as pl
 from . import static as st
@@ -236,7 +237,8 @@ class Controller:
     # ------------------------------------------------------------------ API
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
-                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None) -> None:
+                    max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None,
+                    version: str | None = None) -> None:
         """Deploy or update ``name``. ``options``: the core's deployment options
         (``rankcore.base.options.OPTION_NAMES``: health checks, graceful shutdown,
         placement timeout, restart backoff; and ``start_timeout_s``), passed to
@@ -247,7 +249,10 @@ class Controller:
         on one node, else bundle 0 only) and the policy. ``placement`` may also
         hold ``static`` (a ``StaticPlacementConfig``: the caller's group, whose
         bundles' nodes the core is told; nothing is reserved) and the gang
-        options ``gang_size``, ``gang_placement``, ``gang_failure``. A bad
+        options ``gang_size``, ``gang_placement``, ``gang_failure``. ``version``: the
+        code's (a new one rolls every replica onto ``cls``: docs/rollouts.md); None, a
+        fingerprint of ``cls``'s code (``api.run`` gives it, taken where the source is). Every
+        replica started from now on runs ``cls``, ``args`` and ``kwargs``. A bad
         option or request raises to the caller (``InvalidConfig``,
         ``InvalidEvent``) and changes nothing."""
         options = dict(options or {})
@@ -278,7 +283,8 @@ class Controller:
         event = rc.DeploymentApplied(**options, name=name, num_replicas=num_replicas, user_config=user_config,
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
                                      max_replicas=max_replicas, resources=need, placement=spread,
-                                     static_placement=static.to_core(None) if static is not None else None, **gang)
+                                     static_placement=static.to_core(None) if static is not None else None,
+                                     version=version_of(version, cls), **gang)
         if static is not None:
             static.check_actor_fits(pl.actor_resources(pl.static_actor_options(actor_options)))
             await self._group_ready(name, static)
@@ -635,7 +641,9 @@ class Controller:
         replica its ``phase`` (``"running"``, ``"failed"``: a static replica
         whose bundle's node was lost, ...), ``rank`` (rank, node_rank,
         local_rank; node and local None until placed), ``node_id``,
-        ``bundles`` (a static rank's bundle indices) and ``gang`` (its gang's id)."""
+        ``bundles`` (a static rank's bundle indices), ``gang`` (its gang's id) and
+        ``revision`` (the deployment's revision it was started with; the deployment's
+        own is ``revision``, another is outdated: docs/rollouts.md)."""
         gang_id = rc.gangs.gang_id
 
         await self._ready()
@@ -649,9 +657,10 @@ class Controller:
             replicas[rid] = {
                 "phase": rep.phase.value, "rank": rk.as_tuple() if rk else (g, None, None), "node_id": rep.node_id,
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
-                "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None}
+                "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
+                "revision": rep.revision}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
-                "status_message": dep.status_message,
+                "status_message": dep.status_message, "revision": dep.revision,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
                 "replicas": replicas}
 

@@ -153,6 +153,7 @@ class Recovery:
             reports.append(rc.ReplicaReport(
                 replica_id=rid, deployment=dep, node_id=r["node_id"], phase=phase, rank=claim,
                 world_size=r["world_size"], version=r["version"], user_config=config, lineage=r["lineage"],
+                revision=r.get("revision") or None,  # (None: not said, taken as the current one)
                 tier=r.get("tier", "hot"), weights_version=r.get("weights_version", 0),
                 devices=tuple(r.get("devices", ())) if r.get("tier", "hot") == "hot" else (),
             ))
@@ -162,6 +163,7 @@ class Recovery:
                 continue
             led.replicas[rid] = ReplicaRecord(deployment=dep, global_rank=grank, lineage=r["lineage"],
                                               world_size=r["world_size"], stage=CREATED, actor=actor,
+                                              revision=r.get("revision") or "",
                                               initialized=phase not in ("starting", "pending"))
             led.starting_at(rid, r["node_id"] if phase in ("starting", "pending") else None)
             if phase == "starting":
@@ -205,6 +207,12 @@ class Recovery:
         # Watch only now: a replica that died while the others reported is then
         # a crash the core knows what to do with (before, it would be ignored).
         state = led.driver.state
+        for rid in requeued:  # (no actor yet: it starts on the specs read, the revision the core holds for it)
+            rec = led.replicas[rid]
+            d = state.deployments.get(rec.deployment)
+            rep = d.replicas.get(rid) if d is not None else None
+            if rep is not None:
+                rec.revision = rep.revision
         for rid, rec in sorted(led.with_actors(), key=lambda e: e[0]):
             led.spawn(self.watcher.watch(rid, rec.actor))
             d = state.deployments.get(rec.deployment)

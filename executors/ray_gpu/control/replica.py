@@ -51,8 +51,10 @@ class ReplicaActor:
                  lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
                  max_ongoing_requests: int = 5, bundle_indices: tuple[int, ...] | None = None,
                  placement_group: Any = None, gang: rc.GangContext | None = None, devices: tuple[int, ...] = (),
-                 source: str = "") -> None:
+                 source: str = "", revision: str = "") -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
+        #: the deployment revision it runs (``StartReplica.revision``; "": not said), for a recovering controller
+        self.revision = revision
         # static placement: this rank's bundles of the caller's group; a gang member's gang
         self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
         self.placement_group, self.gang = placement_group, gang
@@ -324,6 +326,7 @@ class ReplicaActor:
             "version": self.version,
             "user_config": self.user_config,
             "lineage": self.lineage,
+            "revision": self.revision,
             "tier": self.weights.tier,
             "weights_version": self.weights.version,
             "devices": self.devices,

@@ -42,6 +42,10 @@ class ReplicaRecord:
     lineage: int | None = None
     world_size: int | None = None
     gang: Any = None  # its StartReplica's gang (``rc.GangContext``), members kept up to date
+    #: the deployment revision its StartReplica named (``rankcore.control.rollouts``): its actor holds
+    #: it and reports it to a recovering controller. (Not checkpointed: one with no actor yet is
+    #: reported without it, taken as current: it starts on the specs a recovery reads, the current ones.)
+    revision: str = ""
     stage: str = RESERVING  # RESERVING, then CREATED
     actor: Any = None  # its actor handle, once created
     pg: Any = None  # its own placement group (``rankcore:<deployment>:<id>``), if it reserves one

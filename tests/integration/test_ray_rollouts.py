@@ -1,0 +1,239 @@
+"""Rolling updates on Ray (docs/rollouts.md): ``run()`` with new code replaces every replica, each
+by one on its ranks, while calls keep being answered; unchanged code, or the same ``version``,
+replaces nothing; a controller that dies mid-rollout finishes it from the replicas' reports."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import pytest
+import ray
+
+from executors.checktrace import check_trace_lines
+from executors.history import rank_history
+from executors.ray_gpu import deployment, get_controller, get_replica_context, run
+from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.api.fingerprint import code_fingerprint
+from executors.ray_gpu.scenario import run_on_ray
+from executors.sim import Simulation, parse_scenario
+from tests.integration.waiting import wait_for
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+OPTS = {"num_cpus": 0.05}
+NAME = "rolling"
+
+
+class _Model:
+    """What every version here does: answers its code's tag, its replica id and the ranks its
+    ``reconfigure`` was given (one per rank it was told: a rank change would add one)."""
+
+    TAG = ""
+
+    def __init__(self):
+        self.ranks = []
+
+    def reconfigure(self, user_config, rank):
+        self.ranks.append(rank.rank)
+
+    def __call__(self):
+        return self.TAG, get_replica_context().replica_id, list(self.ranks)
+
+
+@deployment(name=NAME, num_replicas=2, user_config={"m": 1}, ray_actor_options=OPTS)
+class V1(_Model):
+    TAG = "v1"
+
+
+@deployment(name=NAME, num_replicas=2, user_config={"m": 1}, ray_actor_options=OPTS)
+class V2(_Model):
+    TAG = "v2"
+
+
+class Caller(threading.Thread):
+    """Calls the deployment in a loop until stopped: counts answers per tag, and failures."""
+
+    def __init__(self, handle):
+        super().__init__(daemon=True)
+        self.handle, self.stop = handle, threading.Event()
+        self.tags: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.calls = 0
+
+    def run(self):
+        while not self.stop.is_set():
+            self.calls += 1
+            try:
+                tag = self.handle.remote().result(timeout=30)[0]
+                self.tags[tag] = self.tags.get(tag, 0) + 1
+            except Exception as exc:  # any error is a failed call
+                self.errors.append(repr(exc))
+            time.sleep(0.005)
+
+
+def answers(handle, n=12) -> set:
+    return {r.result(timeout=30)[0] for r in [handle.remote() for _ in range(n)]}
+
+
+def commands(text: str, kind: str) -> list[dict]:
+    recs = (json.loads(line) for line in text.splitlines() if line.strip())
+    return [r for r in recs if r.get("kind") == "command" and r.get("type") == kind]
+
+
+def test_new_code_rolls_every_replica_onto_its_ranks_and_no_call_fails():
+    ctl = get_controller()
+    ask(ctl, "reset")
+    assert code_fingerprint(V1.cls) != code_fingerprint(V2.cls)
+    assert code_fingerprint(V1.cls) == code_fingerprint(V1.cls)
+    h = run(V1.bind())
+    assert answers(h) == {"v1"}
+    before = h.ranks()
+    assert sorted(v[0] for v in before.values()) == [0, 1]
+    old_revision = h.status()["revision"]
+
+    ask(ctl, "record", {"scenario": "rollout on ray"})
+    caller = Caller(h)
+    caller.start()
+    assert wait_for(lambda: caller.calls > 20, 30)
+    t0 = time.monotonic()
+    run(V2.bind())  # returns once healthy: every replica replaced
+    returned_s = time.monotonic() - t0
+    assert wait_for(lambda: answers(h) == {"v2"}, 60)
+    all_new_s = time.monotonic() - t0
+    time.sleep(0.5)  # a few more calls after it
+    caller.stop.set()
+    caller.join(60)
+    text = ask(ctl, "drain_trace")
+
+    after = h.ranks()
+    status = h.status()
+    print(f"\nrollout of 2 replicas: run() returned after {returned_s:.2f}s, every call 'v2' after "
+          f"{all_new_s:.2f}s; {caller.calls} calls during it, {len(caller.errors)} failed, answers {caller.tags}")
+    assert caller.errors == [], caller.errors[:3]
+    assert caller.tags.get("v1", 0) > 0 and caller.tags.get("v2", 0) > 0
+    assert set(after).isdisjoint(before)  # every replica replaced
+    assert sorted(v[0] for v in after.values()) == [0, 1]
+    # each successor took its predecessor's global rank, and no replica's rank changed meanwhile
+    starts = commands(text, "StartReplica")
+    assert len(starts) == 2
+    for s in starts:
+        f = s["fields"]
+        assert f["replaces"] in before and f["global_rank"] == before[f["replaces"]][0]
+        assert after[f["replica_id"]][0] == f["global_rank"]
+    assert [c for c in commands(text, "ReconfigureReplica") if c["fields"].get("reason") == "rank"] == []
+    seen = {}
+    for _ in range(12):
+        tag, rid, ranks = h.remote().result(timeout=30)
+        assert tag == "v2"
+        seen[rid] = ranks
+    assert seen == {rid: [v[0]] for rid, v in after.items()}  # reconfigure told each one rank, its own
+    assert status["revision"] != old_revision
+    assert {r["revision"] for r in status["replicas"].values()} == {status["revision"]}
+    report = check_trace_lines(text.splitlines())
+    assert report.ok, report.violations[:5]
+
+    # the same code again: nothing to roll
+    ask(ctl, "record", {"scenario": "same code"})
+    run(V2.bind())
+    assert h.ranks() == after
+    assert commands(ask(ctl, "drain_trace"), "StopReplica") == []
+    assert ask(ctl, "status")["rejected_events"] == 0
+    ask(ctl, "reset")
+
+
+@deployment(name="pinned", num_replicas=1, ray_actor_options=OPTS)
+class PinnedA:
+    def __call__(self):
+        return "a"
+
+
+@deployment(name="pinned", num_replicas=1, ray_actor_options=OPTS)
+class PinnedB:
+    def __call__(self):
+        return "b"
+
+
+def test_the_same_version_rolls_nothing_even_with_other_code_and_a_new_one_rolls():
+    ctl = get_controller()
+    ask(ctl, "reset")
+    h = run(PinnedA.options(version="a").bind())
+    before = h.ranks()
+    run(PinnedB.options(version="a").bind())  # Ray Serve's meaning: the user says nothing changed
+    assert h.ranks() == before
+    assert {h.remote().result(timeout=30) for _ in range(4)} == {"a"}
+    assert h.status()["replicas"][next(iter(before))]["revision"].startswith("v=a;")
+    run(PinnedB.options(version="b").bind())  # a new version: the class applied last runs
+    after = h.ranks()
+    assert set(after).isdisjoint(before) and [v[0] for v in after.values()] == [0]
+    assert {h.remote().result(timeout=30) for _ in range(4)} == {"b"}
+    ask(ctl, "reset")
+
+
+def test_a_controller_that_dies_mid_rollout_finishes_it_from_the_replicas_reports():
+    """The replicas report the revision they run (``ReplicaReport.revision``): after a controller
+    crash between two replacements, the one still on the old code is replaced, on its rank."""
+    ctl = get_controller()
+    ask(ctl, "reset")
+    h = run(V1.bind())
+    before = h.ranks()
+    d = V2
+    ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), {}, d.ray_actor_options,
+        d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options, code_fingerprint(d.cls))
+    # one replaced and running, the other still on v1: crash the controller
+    assert wait_for(lambda: sum(rid not in before for rid in ask(ctl, "ranks", NAME)) == 1
+                    and ask(ctl, "deployment_status", NAME)["status"] != "HEALTHY", 60, every=0.02)
+    ask(ctl, "halt")
+    ray.kill(ctl, no_restart=False)
+    time.sleep(0.5)
+    ctl = get_controller()
+    assert ask(ctl, "wait_healthy", NAME, 60)
+    assert wait_for(lambda: answers(h) == {"v2"}, 60)
+    after = h.ranks()
+    assert set(after).isdisjoint(before) and sorted(v[0] for v in after.values()) == [0, 1]
+    status = h.status()
+    assert {r["revision"] for r in status["replicas"].values()} == {status["revision"]}
+    assert ask(ctl, "status")["rejected_events"] == 0
+    ask(ctl, "reset")
+
+
+ROLLOUT_SCENARIO = """
+name: rollout on ray
+cluster: {nodes: 1, gpus_per_node: 8}
+latency: {place: 0.1, start: 1, reconfigure: 0.2, stop: 0.5}
+deployments:
+  model: {replicas: 3, user_config: {}}
+timeline:
+  - deploy: model
+  - wait_until_healthy: {deployment: model, timeout: 60}
+  - rollout: {deployment: model, version: v2, max_unavailable: 1}
+  - wait_until_healthy: {deployment: model, timeout: 60}
+expect:
+  - ranks: {deployment: model, global: [0, 1, 2], contiguous: true}
+  - reassignments: {deployment: model, equals: 0}
+  - reconfigures: {deployment: model, reason: rank, equals: 0}
+"""
+
+
+def test_a_scenarios_rollout_action_gives_the_simulators_rank_history_on_ray():
+    """The scenario runner applies the action's version (its class never changes): the same
+    successors on the same ranks as in the simulator, counted as the simulator counts them."""
+    sc = parse_scenario(ROLLOUT_SCENARIO, "rollout.yaml")
+    buf = io.StringIO()
+    assert Simulation(sc, trace=buf).run().passed
+    want = rank_history(json.loads(line) for line in buf.getvalue().splitlines())
+    result = run_on_ray(sc)
+    assert result.passed, result.expectations
+    lines = result.trace.splitlines()
+    assert rank_history(json.loads(line) for line in lines) == want
+    starts = [json.loads(line)["fields"] for line in lines if '"type":"StartReplica"' in line]
+    assert [(f["global_rank"], f["replaces"] is not None) for f in starts] == \
+        [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)]
+    end = json.loads(lines[-1])
+    m = end["metrics"]["deployments"]["model"]
+    assert (m["rollout_replacements"], m["rollouts_done"]) == (3, 1)
+    report = check_trace_lines(lines)
+    assert report.ok, report.violations[:5]
+    ask(get_controller(), "reset")
