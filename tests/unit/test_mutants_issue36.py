@@ -11,7 +11,9 @@ import attrs
 import pytest
 
 import rankcore as rc
-from rankcore.base.errors import InvalidConfig, InvariantViolation
+from rankcore.base.cluster import Cluster
+from rankcore.base.errors import InvalidConfig, InvalidEvent, InvariantViolation
+from rankcore.base.records import copier, maker, updater
 from rankcore.requests import records
 from rankcore.requests.queue import FRONT, RequestQueue
 from rankcore.requests.records import FAIL_REASONS, REJECT_REASONS, Failed, Rejected, Submit, Tick
@@ -309,3 +311,211 @@ def test_the_field_naming_an_events_deployment_is_found_for_a_type_never_seen_be
     assert pool._name_field(ByName) == "name"
     assert pool._name_field(Nameless) == ""
     assert pool._name_field(NotARecord) == ""
+
+
+# ------------------------------------------------------------------ base/records.py
+
+
+@attrs.frozen(kw_only=True)
+class _Tagged:
+    name: str
+    tags: list = attrs.field(factory=list)
+    size: int = 2
+
+
+def test_only_slotted_attrs_classes_are_copied_and_the_refusal_names_the_class() -> None:
+    """Kills ``_check__mutmut_5`` (``and`` for ``or``: an attrs class without slots, or a slotted
+    class that is not attrs, let through) and ``_check__mutmut_9`` (the message dropped)."""
+
+    @attrs.frozen(kw_only=True, slots=False)
+    class Loose:
+        a: int
+
+    class Plain:
+        __slots__ = ("a",)
+
+    for cls in (Loose, Plain):
+        for make in (maker, copier, lambda c: updater(c, "a")):
+            with pytest.raises(TypeError) as caught:
+                make(cls)
+            assert str(caught.value) == f"{cls.__name__}: rankcore.base.records copies only slotted attrs classes"
+
+
+def test_a_maker_fills_a_factory_field_with_a_fresh_value_unless_one_is_given() -> None:
+    """Kills ``_maker__mutmut_21`` to ``_maker__mutmut_27`` (the factory, the argument or the slot
+    write of a field with a factory broken). The core's own records get their makers at import,
+    before mutmut's workers fork, so only a maker built at test time shows the generator itself."""
+
+    @attrs.frozen(kw_only=True)
+    class Fresh:
+        name: str
+        tags: list = attrs.field(factory=list)
+        size: int = 2
+
+    make = maker(Fresh)
+    one, two = make(name="a"), make(name="b")
+    assert one == Fresh(name="a") and one.tags == [] and one.size == 2
+    assert one.tags is not two.tags  # (a new list each time, as the constructor makes)
+    given = [1]
+    got = make(name="c", tags=given, size=5)
+    assert got == Fresh(name="c", tags=[1], size=5) and got.tags is given
+
+
+def test_a_factory_taking_self_is_refused_naming_the_field() -> None:
+    """Kills ``_maker__mutmut_20`` (the message dropped)."""
+
+    @attrs.frozen(kw_only=True)
+    class Selfish:
+        a: int
+        b: int = attrs.field(default=attrs.Factory(lambda self: self.a, takes_self=True))
+
+    with pytest.raises(TypeError) as caught:
+        maker(Selfish)
+    assert str(caught.value) == "Selfish.b: a factory taking self"
+
+
+def test_an_updater_names_every_field_the_record_lacks_or_the_field_named_twice() -> None:
+    """Kills ``_updater__mutmut_14`` (the unknown fields joined by a wrong separator) and
+    ``_updater__mutmut_15`` (the "twice" message changed)."""
+    with pytest.raises(TypeError) as caught:
+        updater(Cluster, "now", "colck", "nwo")
+    assert str(caught.value) == "updater(Cluster, now, colck, nwo): no field colck, nwo"
+    with pytest.raises(TypeError) as caught:
+        updater(Cluster, "now", "now")
+    assert str(caught.value) == "updater(Cluster, now, now): a field twice"
+
+
+def test_copiers_and_makers_are_generated_once_per_class() -> None:
+    """"Functions generated once per class": asking again gives the same function (generating
+    one compiles source). Kills ``copier__mutmut_1``, ``copier__mutmut_2``, ``maker__mutmut_1``
+    and ``maker__mutmut_2`` (the cache never read)."""
+    assert copier(_Tagged) is copier(_Tagged)
+    assert maker(_Tagged) is maker(_Tagged)
+
+
+def test_a_generated_function_is_named_for_what_it_does_and_the_record_it_is_for() -> None:
+    """What a traceback or a profile shows for a frame of the generated code (``copy``, ``make``,
+    ``update``, in ``<rankcore.base.records KIND for CLASS>``). Kills ``_copier__mutmut_22``/``23``,
+    ``_maker__mutmut_43``/``44`` and ``_updater__mutmut_39``/``40`` (the name changed)."""
+    for kind, fn in (("copy", copier(_Tagged)), ("make", maker(_Tagged)), ("update", updater(_Tagged, "size"))):
+        assert fn.__name__ == kind
+        assert fn.__code__.co_filename == f"<rankcore.base.records {kind} for _Tagged>"
+    assert updater(_Tagged, "size")(maker(_Tagged)(name="a"), 7) == _Tagged(name="a", size=7)
+
+
+def test_a_wake_that_must_wait_for_gpu_room_sends_no_load() -> None:
+    """A sleeper whose node has no GPU room for it (what took the room is too young to evict)
+    stays WARM, with no ``LoadReplica``, and waits (``Cluster.evicting``). Kills
+    ``settle__mutmut_32`` (the wait's ``None`` became ``""``: a load was sent anyway)."""
+    from rankcore import invariants as inv
+
+    state = rc.State()
+    for e in (rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80,)),
+              rc.DeploymentApplied(name="llm", num_replicas=1, resources={"GPU": 1}, model_bytes=60,
+                                   min_deployment_time_s=0.0),
+              rc.ReplicaPlaced(replica_id="llm#0", node_id="n0"), rc.ReplicaReady(replica_id="llm#0"),
+              rc.SleepRequested(deployment="llm"), rc.TierMoved(replica_id="llm#0", tier="warm"),
+              rc.DeploymentApplied(name="tr", num_replicas=1, resources={"GPU": 1}, model_bytes=50,
+                                   min_deployment_time_s=3600.0),
+              rc.ReplicaPlaced(replica_id="tr#1", node_id="n0"), rc.ReplicaReady(replica_id="tr#1"),
+              rc.WakeRequested(deployment="llm")):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+    assert result.commands == ()
+    assert state.deployments["llm"].replicas["llm#0"].residency is rc.Residency.WARM
+    assert "llm#0" in state.cluster.evicting and "llm#0" not in state.cluster.hot
+
+
+def test_a_repeated_sleep_or_wake_request_is_stale() -> None:
+    """A request that changes nothing (asleep already, or awake already with no newer weights,
+    every replica where it should be) is stale and sends nothing. Kills ``_request__mutmut_6``,
+    ``sleep__mutmut_2``, ``sleep__mutmut_7``, ``wake__mutmut_28`` (never None) and
+    ``wake__mutmut_14`` (the version already held taken as newer)."""
+    state, _ = _fed(_RUNNING)
+    for ev in (rc.WakeRequested(deployment="d"), rc.WakeRequested(deployment="d", weights_version=0)):
+        again = rc.step(state, ev)
+        assert again.stale and again.commands == () and again.state.deployments["d"] is state.deployments["d"], ev
+    state, result = _fed([rc.SleepRequested(deployment="d")], state)
+    assert not result.stale and [type(c).__name__ for c in result.commands] == ["OffloadReplica"]
+    for step_first in ([], [rc.TierMoved(replica_id="d#0", tier="warm")]):  # (offloading, then asleep)
+        state, _ = _fed(step_first, state)
+        again = rc.step(state, rc.SleepRequested(deployment="d"))
+        assert again.stale and again.commands == () and again.state.deployments["d"] is state.deployments["d"]
+
+
+def test_a_wake_with_the_version_already_pushed_is_taken_and_an_older_one_refused() -> None:
+    """``WakeRequested.weights_version``: the version pushed last is fine (versions only go up:
+    an equal one is not older); an older one is refused naming the event, the deployment and
+    both versions. Kills ``_check_version__mutmut_1`` (``<=``), ``_check_version__mutmut_2``
+    (no message) and ``wake__mutmut_4``, ``_8``, ``_9``, ``_10`` (the event's name changed)."""
+    state, _ = _fed(_RUNNING + [rc.WeightsPushed(deployment="d", version=1), rc.WeightsUpdated(replica_id="d#0", version=1),
+                                rc.SleepRequested(deployment="d"), rc.TierMoved(replica_id="d#0", tier="warm")])
+    woken = rc.step(state, rc.WakeRequested(deployment="d", weights_version=1))
+    assert [(type(c).__name__, c.replica_id) for c in woken.commands] == [("LoadReplica", "d#0")]
+    assert woken.state.deployments["d"].weights_version == 1
+    with pytest.raises(InvalidEvent) as caught:
+        rc.step(state, rc.WakeRequested(deployment="d", weights_version=0))
+    assert str(caught.value) == ("WakeRequested('d'): weights version 0 is older than the last one pushed, 1 "
+                                 "(versions only go up)")
+
+
+def test_a_push_of_a_version_not_newer_is_refused_naming_both_versions() -> None:
+    """Kills ``push__mutmut_1`` (``<``: the same version pushed again taken) and ``push__mutmut_2``
+    (no message)."""
+    state, _ = _fed(_RUNNING)
+    with pytest.raises(InvalidEvent) as caught:
+        rc.step(state, rc.WeightsPushed(deployment="d", version=0))
+    assert str(caught.value) == "WeightsPushed('d'): version 0 is not newer than the last one pushed, 0"
+    state, _ = _fed([rc.WeightsPushed(deployment="d", version=2)], state)
+    with pytest.raises(InvalidEvent) as caught:
+        rc.step(state, rc.WeightsPushed(deployment="d", version=2))
+    assert str(caught.value) == "WeightsPushed('d'): version 2 is not newer than the last one pushed, 2"
+
+
+def test_a_finished_load_keeps_the_gpu_memory_booked_for_it() -> None:
+    """``TierMoved`` to ``hot``: the booking made for the load stays (the weights are on the GPU);
+    only a move to ``warm`` frees it. Kills ``moved__mutmut_21`` (``or`` for ``and``: a load's
+    answer freed the booking of a replica now on the GPU)."""
+    from rankcore import invariants as inv
+
+    state = rc.State()
+    for e, where, booked in ((rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80,)), None, False),
+                             (rc.DeploymentApplied(name="a", num_replicas=1, resources={"GPU": 1}, model_bytes=60,
+                                                   min_deployment_time_s=0.0), None, True),
+                             (rc.ReplicaPlaced(replica_id="a#0", node_id="n0"), rc.Residency.HOT, True),
+                             (rc.ReplicaReady(replica_id="a#0"), rc.Residency.HOT, True),
+                             (rc.SleepRequested(deployment="a"), rc.Residency.OFFLOADING, True),
+                             (rc.TierMoved(replica_id="a#0", tier="warm"), rc.Residency.WARM, False),
+                             (rc.WakeRequested(deployment="a"), rc.Residency.LOADING, True),
+                             (rc.TierMoved(replica_id="a#0", tier="hot"), rc.Residency.HOT, True)):
+        result = rc.step(state, e)
+        inv.check_step(state, e, result, full=True)
+        state = result.state
+        if where is not None:
+            assert state.deployments["a"].replicas["a#0"].residency is where, e
+        assert ("a#0" in state.cluster.hot) is booked, e
+    assert rc.fully_serving(state.deployments["a"])
+
+
+def test_a_weights_answer_clears_pending_only_for_the_version_last_sent() -> None:
+    """``WeightsUpdated``: an older version's answer (a push overtook it) is stale and leaves
+    the newer one pending (the replica does not serve weights it does not hold); the answer for
+    the version last sent clears it (``False``, the field's type), and the same answer again is
+    stale; a version never sent is refused, naming the replica and both versions. Kills
+    ``updated__mutmut_3`` (``and`` for ``or``), ``updated__mutmut_13`` (pending set to None) and
+    ``updated__mutmut_2`` (no message)."""
+    state, _ = _fed(_RUNNING + [rc.WeightsPushed(deployment="d", version=1), rc.WeightsPushed(deployment="d", version=2)])
+    rep = state.deployments["d"].replicas["d#0"]
+    assert (rep.weights_version, rep.weights_pending) == (2, True)
+    older = rc.step(state, rc.WeightsUpdated(replica_id="d#0", version=1))
+    assert older.stale and older.state.deployments["d"].replicas["d#0"].weights_pending is True
+    assert not rc.fully_serving(older.state.deployments["d"])
+    state, result = _fed([rc.WeightsUpdated(replica_id="d#0", version=2)], state)
+    assert not result.stale and state.deployments["d"].replicas["d#0"].weights_pending is False
+    assert rc.fully_serving(state.deployments["d"])
+    again = rc.step(state, rc.WeightsUpdated(replica_id="d#0", version=2))
+    assert again.stale and again.state.deployments["d"] is state.deployments["d"]
+    with pytest.raises(InvalidEvent) as caught:
+        rc.step(state, rc.WeightsUpdated(replica_id="d#0", version=3))
+    assert str(caught.value) == "WeightsUpdated: replica 'd#0' says it holds version 3, but the last one sent was 2"
