@@ -156,6 +156,10 @@ class Deployment:
     revision: str = ""
     rolling: bool = False
     retiring: int = 0
+    #: a rollout's list of the replicas it found outdated (lowest rank first; None: not listed yet)
+    #: and how far down it has gone (rankcore.control.rollouts: one walk per rollout)
+    roll_order: tuple[str, ...] | None = None
+    roll_next: int = 0
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...

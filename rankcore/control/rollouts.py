@@ -62,7 +62,7 @@ def applied(dep: Deployment, config: DeploymentConfig) -> Deployment:
             f"DeploymentApplied({dep.name!r}): a gang deployment cannot be rolled to a new version, resources or "
             f"placement while it has replicas (rolling updates of gangs are not built yet): scale it to 0 or "
             f"delete it, then apply the new config")
-    return _copy(dep, revision=rev, rolling=True)
+    return _copy(dep, revision=rev, rolling=True, roll_order=None, roll_next=0)  # (a rollback lists anew)
 
 
 def budget(dep: Deployment) -> int:
@@ -87,26 +87,49 @@ def advance_touched(tx: Tx) -> None:
 
 
 def _advance(tx: Tx, dep: Deployment) -> Deployment:
+    """Retire what the budget allows now. The first pass of a rollout lists the outdated replicas
+    once, lowest rank first (``Deployment.roll_order``), and retires those serving nothing yet; each
+    later pass goes on down that list from ``roll_next`` (a listed replica gone meanwhile, or no longer
+    outdated, is passed over), so a whole rollout walks its deployment once, not once a step."""
     if dep.deleting:
-        return _copy(dep, rolling=False)
-    old = [r for r in dep.replicas.values() if outdated(dep, r)]
-    if not old:
-        return dep if dep.retiring else _copy(dep, rolling=False)
+        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    if dep.roll_order is None:
+        dep = _first_pass(tx, dep)
+    order, i = dep.roll_order or (), dep.roll_next
+    short = dep.target - (dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING))
+    room = budget(dep) - max(short, 0)
+    replicas = dep.replicas
+    while room > 0 and i < len(order):
+        rep = replicas.get(order[i])
+        i += 1
+        if rep is None or not outdated(dep, rep):
+            continue
+        if rep.phase in _SERVING:
+            dep = retire(tx, dep, rep)
+            room -= 1
+        elif rep.phase is Phase.FAILED:  # (its bundle lost its node meanwhile: no process; it starts current)
+            dep = _copy(dep, replicas=replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
+        replicas = dep.replicas
+    if i >= len(order) and not dep.retiring:
+        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    return dep if i == dep.roll_next else _copy(dep, roll_next=i)
+
+
+def _first_pass(tx: Tx, dep: Deployment) -> Deployment:
+    """List the outdated replicas (lowest rank first); retire at once those serving nothing yet
+    (one with no process, FAILED or waiting out a restart backoff, just starts current)."""
     ranks = dep.ranks
-    old.sort(key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
-    idle = [r for r in old if r.phase not in _SERVING]
-    serving = [r for r in old if r.phase in _SERVING]
+    old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
+                 key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
     delayed = tx.view.delayed
-    for rep in idle:
-        if rep.phase is Phase.FAILED or rep.replica_id in delayed:  # no process yet: it starts current
+    for rep in old:
+        if rep.phase in _SERVING:
+            continue
+        if rep.phase is Phase.FAILED or rep.replica_id in delayed:
             dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
         else:
             dep = retire(tx, dep, rep)
-    short = dep.target - (dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING))
-    room = budget(dep) - max(short, 0)
-    for rep in serving[:max(room, 0)]:
-        dep = retire(tx, dep, rep)
-    return dep
+    return _copy(dep, roll_order=tuple(r.replica_id for r in old if r.phase in _SERVING), roll_next=0)
 
 
 def retire(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
