@@ -313,6 +313,71 @@ def test_the_field_naming_an_events_deployment_is_found_for_a_type_never_seen_be
     assert pool._name_field(NotARecord) == ""
 
 
+def test_a_replica_missing_or_of_a_deployment_missing_is_gone():
+    """``membership(dep, rep)``: a replica its deployment does not hold (None), or one of a deployment
+    the state no longer has (None), is ``gone``, whatever the other is; a stopping replica is
+    ``draining`` only in its deployment. Kills ``membership__mutmut_1`` (``and`` for ``or``: the other
+    one was looked at, and a stopping replica of no deployment taken as draining). (Through the core,
+    ``announce`` only asks with both or neither: the index and the deployments agree.)"""
+    from rankcore.control import pool
+
+    state, rids = _serving_state(1)
+    dep = state.deployments["llm"]
+    rep = dep.replicas[rids[0]]
+    assert pool.membership(dep, rep) == pool.SERVING
+    assert pool.membership(dep, None) == pool.GONE
+    assert pool.membership(None, rep) == pool.GONE
+    assert pool.membership(None, None) == pool.GONE
+    down = rc.step(state, rc.ScaleRequested(deployment="llm", num_replicas=0)).state.deployments["llm"]
+    stopping = down.replicas[rids[0]]
+    assert stopping.phase is rc.Phase.STOPPING and pool.membership(down, stopping) == pool.DRAINING
+    assert pool.membership(None, stopping) == pool.GONE
+
+
+def test_the_replica_a_replacement_replaces_is_looked_at_when_the_event_names_none():
+    """The replicas a step can have moved include the one each ``StartReplica`` replaces, in a fixed
+    order (the commands' replicas, each then the one it replaces): here a replacement held back by a
+    restart backoff, released by a ``Tick``, which names no replica. (In the steps the core makes, the
+    replaced replica is also the event's or a ``StopReplica``'s, or gone before and after, so only the
+    candidates show it.) Kills ``_candidates__mutmut_24``, ``_25``, ``_30``, ``_31``, ``_32`` (``replaces``
+    never read) and ``_33`` (read only when it is not a name)."""
+    from rankcore.control import pool
+
+    state = rc.step(rc.State(), rc.Tick(now=0.0)).state
+    for e in (rc.DeploymentApplied(name="llm", num_replicas=1, restart_backoff_s=1.0),
+              rc.ReplicaPlaced(replica_id="llm#0", node_id="a", now=0.0),
+              rc.ReplicaCrashed(replica_id="llm#0", cause="error", now=1.0),  # retried at once: llm#1
+              rc.ReplicaPlaced(replica_id="llm#1", node_id="a", now=1.0),
+              rc.ReplicaCrashed(replica_id="llm#1", cause="error", now=2.0)):  # llm#2 waits 1 s
+        state = rc.step(state, e).state
+    tick = rc.Tick(now=3.0)
+    released = rc.step(state, tick)
+    (start,) = released.commands
+    assert isinstance(start, rc.StartReplica) and (start.replica_id, start.replaces) == ("llm#2", "llm#1")
+    assert pool._candidates(state, released.state, tick, released.commands) == ["llm#2", "llm#1"]
+
+
+def test_a_deployments_own_event_looks_at_all_its_replicas_the_first_time_its_type_is_stepped(monkeypatch):
+    """A deployment's own event that changed its replica records (a scale up: the map gains one) looks at
+    every replica it had, after the ones its commands name; also when it is the first event of its type
+    (the field naming the deployment not yet kept: ``_NAMES`` empty). Kills ``_candidates__mutmut_43``
+    (the field worked out only when already kept) and ``_candidates__mutmut_44`` (not worked out: no
+    deployment), which only the first step of a type shows; and ``_moved__mutmut_1`` (``and`` for ``or``:
+    a step that changed the replicas but not the weights version looked at none of them)."""
+    from rankcore.control import pool
+
+    state, rids = _serving_state(2)
+    scale = rc.ScaleRequested(deployment="llm", num_replicas=3)
+    up = rc.step(state, scale)
+    new = [c.replica_id for c in up.commands if isinstance(c, rc.StartReplica)]
+    assert len(new) == 1 and up.state.deployments["llm"].weights_version == state.deployments["llm"].weights_version
+    monkeypatch.setattr(pool, "_NAMES", {})
+    for _ in range(2):  # (the second time with the field kept)
+        got = pool._candidates(state, up.state, scale, up.commands)
+        assert got[:1] == new and sorted(got[1:]) == sorted(rids)  # (the deployment's: in its map's order)
+        assert list(pool._NAMES.items()) == [(rc.ScaleRequested, "deployment")]
+
+
 # ------------------------------------------------------------------ base/records.py
 
 
