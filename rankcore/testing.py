@@ -449,7 +449,7 @@ def make_machine(
                 self.refused(ScaleRequested(deployment=name, num_replicas=n), "is autoscaled")
                 return
             if dep.static is not None or dep.gang_size > 1:
-                early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) > 0
+                early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) - dep.retiring > 0
                 if (dep.static is not None and n not in (0, dep.static.replicas)) or n % dep.gang_size or early:
                     self.refused(ScaleRequested(deployment=name, num_replicas=n), "", InvalidConfig)
                     return
