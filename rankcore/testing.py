@@ -595,6 +595,10 @@ def make_machine(
                     moving = [x for x in self.in_flight()
                               if self.state.deployments[x[0]].replicas[x[1]].phase is not Phase.STARTING]
                     if not moving:
+                        for name, dep in self.state.deployments.items():
+                            # every answer given: a healthy deployment's rollout is over, every replica on
+                            # its revision (rankcore.control.rollouts)
+                            assert not (dep.healthy and dep.rolling), f"{name} is healthy but still rolling"
                         return
                     for name, rid in moving:
                         dep = self.state.deployments.get(name)
