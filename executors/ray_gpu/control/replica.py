@@ -350,14 +350,19 @@ class ReplicaActor:
     async def prepare_stop(self, wait_loop_s: float, timeout_s: float) -> None:
         """Graceful stop (``StopReplica``'s ``graceful_shutdown_wait_loop_s`` /
         ``graceful_shutdown_timeout_s``, Ray Serve's): let the calls in flight
-        finish, looking at least every ``wait_loop_s`` (and whenever one ends),
-        for up to ``timeout_s``; then the user's ``__del__``. The controller
+        finish, first waiting ``wait_loop_s`` (calls on their way arrive), then looking at
+        least every ``wait_loop_s`` (and whenever one ends), for up to ``timeout_s``; then the
+        user's ``__del__``. The controller
         kills the actor at ``timeout_s`` whatever this has done by then."""
         self._loop_objects()
         assert self._idle is not None and self._stop is not None
         self.phase = "stopping"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        # Ray Serve sleeps first ("make sure all the routers receive the notification to remove this
+        # replica first"): a call routed here before the pool dropped it may still be on its way, and
+        # would find the drain over and die with the process
+        await asyncio.sleep(min(max(wait_loop_s, 0.05), timeout_s))
         async with self._idle:
             while self._inflight and loop.time() < deadline:
                 try:
