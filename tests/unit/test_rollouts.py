@@ -7,64 +7,44 @@ import pytest
 
 import rankcore as rc
 from executors.sim import Simulation, parse_scenario
-from rankcore.invariants import check_state, check_step, reports_from
+from rankcore.invariants import check_state, reports_from
+from tests.helpers import Driver, of
 
 
-class Fleet:
-    """The bare core, every command answered in order (placed on n0/n1 alternately, ready, stopped)."""
+def fleet(n: int, **options: object) -> Driver:
+    """Deployment ``m`` of ``n`` replicas, every command answered (tests.helpers.Driver)."""
+    d = Driver()
+    d.run(rc.DeploymentApplied(name="m", num_replicas=n, **options))
+    return d
 
-    def __init__(self, n: int, **options: object) -> None:
-        self.state = rc.State()
-        self.log: list[object] = []
-        self.run(rc.DeploymentApplied(name="m", num_replicas=n, **options))
 
-    def step(self, event: object) -> rc.Step:
-        result = rc.step(self.state, event)
-        check_step(self.state, event, result, full=True)
-        self.state = result.state
-        self.log.append(event)
-        return result
+def stops_held(d: Driver, event: object) -> list:
+    """Step ``event`` and answer what follows but the StopReplicas, which are returned."""
+    d.held = []
+    d.run(event, hold=lambda c: isinstance(c, rc.StopReplica))
+    return d.held
 
-    def run(self, event: object, hold: type | None = None) -> list[object]:
-        """Step ``event`` and answer what follows; commands of type ``hold`` are kept, not answered."""
-        held: list[object] = []
-        queue = [event]
-        while queue:
-            for c in self.step(queue.pop(0)).commands:
-                if hold is not None and isinstance(c, hold):
-                    held.append(c)
-                elif isinstance(c, rc.StartReplica):
-                    queue.append(rc.ReplicaPlaced(replica_id=c.replica_id, node_id=f"n{c.global_rank % 2}"))
-                elif isinstance(c, rc.InitializeReplica):
-                    queue.append(rc.ReplicaReady(replica_id=c.replica_id))
-                elif isinstance(c, rc.StopReplica):
-                    queue.append(rc.ReplicaStopped(replica_id=c.replica_id))
-        return held
 
-    @property
-    def dep(self) -> rc.Deployment:
-        return self.state.deployments["m"]
-
-    def ranks(self) -> dict[int, tuple[int, int, int]]:
-        d = self.dep
-        return {d.ranks.global_rank(r): d.ranks.rank_of(r).as_tuple() for r in d.replicas}  # type: ignore[union-attr]
+def ranks(d: Driver) -> dict[int, tuple[int, int, int]]:
+    dep = d.dep("m")
+    return {dep.ranks.global_rank(r): dep.ranks.rank_of(r).as_tuple() for r in dep.replicas}  # type: ignore[union-attr]
 
 
 def test_a_new_version_replaces_every_replica_on_its_ranks_one_at_a_time_by_default() -> None:
-    f = Fleet(4)
-    before, ids = f.ranks(), set(f.dep.replicas)
-    f.run(rc.DeploymentApplied(name="m", num_replicas=4, version="v2"))
-    d = f.dep
-    assert f.ranks() == before and not ids & set(d.replicas)  # every replica new, every rank kept
+    f = fleet(4)
+    before, ids = ranks(f), set(f.dep("m").replicas)
+    commands = f.run(rc.DeploymentApplied(name="m", num_replicas=4, version="v2"))
+    d = f.dep("m")
+    assert ranks(f) == before and not ids & set(d.replicas)  # every replica new, every rank kept
     assert {r.revision for r in d.replicas.values()} == {d.revision} and "v=v2" in d.revision
     assert d.healthy and not d.rolling and d.retiring == 0
     # max(1, int(0.2 x 4)) = 1: each stop waited for the previous successor to be ready
-    stops = [e.replica_id for e in f.log if isinstance(e, rc.ReplicaStopped)]
+    stops = of(rc.StopReplica, commands)
     assert len(stops) == 4
 
 
 def test_the_same_version_again_rolls_nothing_and_a_user_config_change_reconfigures_in_place() -> None:
-    f = Fleet(3, version="v1")
+    f = fleet(3, version="v1")
     assert rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=3, version="v1")).commands == ()
     cmds = rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=3, version="v1", user_config={"a": 1})).commands
     assert {type(c) for c in cmds} == {rc.ReconfigureReplica}
@@ -72,40 +52,39 @@ def test_the_same_version_again_rolls_nothing_and_a_user_config_change_reconfigu
 
 @pytest.mark.parametrize(("unavailable", "first_wave"), [(0.2, 2), (0.5, 5), (3, 3), (1, 1)])
 def test_max_unavailable_bounds_how_many_serving_replicas_stop_at_once(unavailable: float, first_wave: int) -> None:
-    f = Fleet(10, max_unavailable=unavailable)
-    held = f.run(rc.DeploymentApplied(name="m", num_replicas=10, version="v2", max_unavailable=unavailable),
-                 hold=rc.StopReplica)
+    f = fleet(10, max_unavailable=unavailable)
+    held = stops_held(f, rc.DeploymentApplied(name="m", num_replicas=10, version="v2", max_unavailable=unavailable))
     assert len(held) == first_wave
-    d = f.dep
+    d = f.dep("m")
     assert d.retiring == first_wave and d.active == d.target == 10  # the retiring count towards the target
     assert d.count(rc.Phase.RUNNING) == 10 - first_wave
 
 
 def test_a_retired_replica_that_dies_while_draining_is_succeeded_on_its_ranks() -> None:
-    f = Fleet(2)
-    (stop,) = f.run(rc.DeploymentApplied(name="m", num_replicas=2, version="v2"), hold=rc.StopReplica)
-    rank = f.dep.ranks.rank_of(stop.replica_id)
+    f = fleet(2)
+    (stop,) = stops_held(f, rc.DeploymentApplied(name="m", num_replicas=2, version="v2"))
+    rank = f.dep("m").ranks.rank_of(stop.replica_id)
     result = f.step(rc.ReplicaCrashed(replica_id=stop.replica_id, cause="error"))
     (start,) = [c for c in result.commands if isinstance(c, rc.StartReplica)]
     assert start.replaces == stop.replica_id and start.global_rank == rank.rank  # type: ignore[union-attr]
-    assert f.dep.start_failures == 0  # a draining replica dying is no failed start
+    assert f.dep("m").start_failures == 0  # a draining replica dying is no failed start
 
 
 def test_a_rollout_goes_on_after_a_controller_restart_from_the_reports() -> None:
-    f = Fleet(4)
-    held = f.run(rc.DeploymentApplied(name="m", num_replicas=4, version="v2"), hold=rc.StopReplica)
+    f = fleet(4)
+    held = stops_held(f, rc.DeploymentApplied(name="m", num_replicas=4, version="v2"))
     assert len(held) == 1
     recovered = rc.step(rc.State(), reports_from(f.state))
     check_state(recovered.state)
     assert recovered.commands == ()  # the draining one stays retiring: nothing else to do yet
     f.state = recovered.state
     f.run(rc.ReplicaStopped(replica_id=held[0].replica_id))  # type: ignore[attr-defined]
-    d = f.dep
+    d = f.dep("m")
     assert d.healthy and not d.rolling and {r.revision for r in d.replicas.values()} == {d.revision}
 
 
 def test_a_gang_deployment_with_replicas_refuses_a_heavyweight_change() -> None:
-    f = Fleet(2, gang_size=2)
+    f = fleet(2, gang_size=2)
     with pytest.raises(rc.InvalidConfig, match="gang deployment cannot be rolled"):
         rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=2, gang_size=2, version="v2"))
 
