@@ -26,6 +26,7 @@ from .base.commands import (
     ReconfigureReplica,
     ScheduleTick,
     StartReplica,
+    StopReplica,
     UpdateWorldSize,
 )
 from .base.errors import InvariantViolation
@@ -46,6 +47,7 @@ from .base.lifecycle import LIVE, Phase, Residency
 from .base.ranks import ReplicaRank
 from .base.state import (
     Deployment,
+    Replica,
     State,
     Step,
     desired_asleep,
@@ -55,6 +57,7 @@ from .base.state import (
     desired_weights,
 )
 from .control import autoscaling
+from .control.rollouts import budget
 from .placement import spares
 from .tiers.devices import views_of
 
@@ -374,19 +377,23 @@ def check_rollouts(state: State) -> None:
                 _fail(f"{name}: not rolling, but {old} run revision(s) other than {dep.revision!r}")
 
 
+def _retired_serving(old: Replica | None, new: Replica | None) -> bool:
+    return (old is not None and new is not None and new.retiring and not old.retiring
+            and old.phase in (Phase.RUNNING, Phase.RECONFIGURING))
+
+
 def check_rollout_pace(before: State, event: object, result: Step) -> None:
     """A step that retires a serving replica leaves at least ``target - budget`` serving
     (``rollouts.budget``: max_unavailable), and a retired replica's successor never takes the
     deployment past its target."""
-    from .control.rollouts import budget
-
     after = result.state
     for name, dep in after.deployments.items():
         old = before.deployments.get(name)
-        if old is None or (dep.retiring <= 0 and old.retiring <= 0):
+        if old is None or old is dep or (dep.retiring <= 0 and old.retiring <= 0):
             continue
-        retired = [rid for rid, r in dep.replicas.items() if r.retiring and rid in old.replicas
-                   and not old.replicas[rid].retiring and old.replicas[rid].phase in (Phase.RUNNING, Phase.RECONFIGURING)]
+        # (a retirement sends its StopReplica: the step's stops are where to look, not every replica)
+        retired = [c.replica_id for c in result.commands if type(c) is StopReplica and c.deployment == name
+                   and _retired_serving(old.replicas.get(c.replica_id), dep.replicas.get(c.replica_id))]
         serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
         if retired and serving < dep.target - budget(dep):
             _fail(f"{name}: {type(event).__name__} retired serving {retired}, leaving {serving} serving of "

@@ -152,9 +152,17 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
     rid = rep.replica_id
     if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
         return remove(tx, dep, rep, dep.ranks.release(rid))
+    delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
+    return _replace(tx, dep, rep, delay, avoid)
+
+
+def _replace(tx: Tx, dep: Deployment, rep: Replica, delay: float = 0.0, avoid: str | None = None) -> Deployment:
+    """``rep``'s successor on its global rank (``succeed``): held back ``delay`` seconds (the restart
+    backoff), else back on its node and booking when the core's rule lets it (``keep_booking``; not
+    when it must ``avoid`` that node), else into the waiting queue (a managed cluster)."""
+    rid = rep.replica_id
     managed = tx.managed
     (new_id,) = tx.new_ids(dep.name, 1)
-    delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
     if managed and (delay > 0 or avoid is not None):
         release(tx, rid)  # its room is free while the replacement waits, or it goes elsewhere
     booking = keep_booking(tx, dep, rid, new_id) if managed and delay == 0 and avoid is None else None
@@ -179,23 +187,11 @@ def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     bundles under static placement; its node and booking where the core places replicas and its
     rule lets the booking pass, else the queue), with no restart backoff (nothing failed). None
     when the deployment no longer wants it (deleted, scaled down meanwhile): it just leaves."""
-    rid = rep.replica_id
     if dep.static is not None:
         return static.succeed_retired(tx, dep, rep)
     if not wants_successor(dep):
-        return remove(tx, dep, rep, dep.ranks.release(rid))
-    (new_id,) = tx.new_ids(dep.name, 1)
-    managed = tx.managed
-    booking = keep_booking(tx, dep, rid, new_id) if managed else None
-    node_id = booking[0] if booking is not None else None
-    dep = succeed(tx, dep, rep, new_id, node_id)
-    if node_id is not None:
-        announce_booking(tx, dep, new_id, node_id)
-    elif managed:
-        enqueue(tx, dep, [new_id])
-    if dep.gang_size > 1:
-        tx.gang_started(dep.name)
-    return dep
+        return remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
+    return _replace(tx, dep, rep)  # (no restart backoff: nothing failed)
 
 
 def start_delayed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:

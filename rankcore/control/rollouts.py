@@ -69,8 +69,7 @@ def budget(dep: Deployment) -> int:
     """How many replicas a rollout may have short of serving at once (``max_unavailable``: a count,
     or a fraction of the target, at least one)."""
     m = dep.config.rollout.max_unavailable
-    n = m if type(m) is int else max(1, int(m * dep.target))
-    return n
+    return m if type(m) is int else max(1, int(m * dep.target))
 
 
 def outdated(dep: Deployment, rep: Replica) -> bool:
@@ -107,8 +106,8 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
         if rep.phase in _SERVING:
             dep = retire(tx, dep, rep)
             room -= 1
-        elif rep.phase is Phase.FAILED:  # (its bundle lost its node meanwhile: no process; it starts current)
-            dep = _copy(dep, replicas=replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
+        elif rep.phase is Phase.FAILED:  # (its bundle lost its node meanwhile)
+            dep = _current(dep, rep)
         replicas = dep.replicas
     if i >= len(order) and not dep.retiring:
         return _copy(dep, rolling=False, roll_order=None, roll_next=0)
@@ -126,10 +125,16 @@ def _first_pass(tx: Tx, dep: Deployment) -> Deployment:
         if rep.phase in _SERVING:
             continue
         if rep.phase is Phase.FAILED or rep.replica_id in delayed:
-            dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
+            dep = _current(dep, rep)
         else:
             dep = retire(tx, dep, rep)
     return _copy(dep, roll_order=tuple(r.replica_id for r in old if r.phase in _SERVING), roll_next=0)
+
+
+def _current(dep: Deployment, rep: Replica) -> Deployment:
+    """``rep`` has no process yet (FAILED, or waiting out a restart backoff): it will start on the
+    current revision, so it is current already; nothing to stop."""
+    return _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
 
 
 def retire(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
