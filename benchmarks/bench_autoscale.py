@@ -150,15 +150,7 @@ class Ours:
         return len(reps), sum(1 for r in reps if r["phase"] == "running")
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                ray.get(self.ctl.shutdown_replicas.remote(30.0), timeout=60)
-        except Exception as exc:
-            log(f"ours: shutdown_replicas failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.ours_shutdown(log)
 
 
 class Serve:
@@ -319,25 +311,13 @@ ROWS = [("to enough (s)", "to_enough_s", True), ("replica-seconds", "replica_s",
         ("replicas at the end", "end_replicas", False)]
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     a, b = results.get("ours", {}), results.get("serve", {})
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nautoscaling: rankcore vs Ray Serve, Ray {version}, layout {args.layout}, {args.clients} clients x "
           f"{args.burst:g} s burst (calm {args.calm:g} s, idle {args.idle:g} s, tail {args.tail:g} s), work "
           f"{args.work:g} s, knobs {knobs(args)}, {os.cpu_count()} CPUs")
-    rows = []
-    print(f"{'figure':<22}{'ours':>10}{'serve':>10}{'ours/serve':>12}  lower is better")
-    for title, key, lower in ROWS:
-        x, y = a.get(key), b.get(key)
-        ratio = x / y if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
-        rows.append({"figure": title, "ours": x, "serve": y, "ratio": ratio})
-        print(f"{title:<22}{_fmt(x):>10}{_fmt(y):>10}{_fmt(ratio):>12}  {'yes' if lower else ''}")
+    rows = childrun.ratio_table(ROWS, a, b)
     for name, res in results.items():
         for e in res.get("first_failures", []) + res.get("errors", []):
             print(f"{name}: ERROR: {e}")

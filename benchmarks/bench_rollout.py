@@ -178,15 +178,7 @@ class Ours:
                 and all(r["phase"] == "running" and r["revision"] == st["revision"] for r in reps))
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized() and getattr(self, "ctl", None) is not None:
-                ray.get(self.ctl.shutdown_replicas.remote(30.0), timeout=60)
-        except Exception as exc:
-            log(f"ours: shutdown_replicas failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.ours_shutdown(log)
 
 
 class Serve:
@@ -352,25 +344,13 @@ ROWS = [("to all-new (s)", "to_all_new_s", True), ("apply returned (s)", "apply_
         ("rank reconfigures", "rank_reconfigures", True)]
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     a, b = results.get("ours", {}), results.get("serve", {})
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nrolling update v1 -> v2 under load: rankcore vs Ray Serve, Ray {version}, {args.replicas} replicas, "
           f"{args.clients} clients, work {args.work:g} s, warm {args.warm:g} s, tail {args.tail:g} s, "
           f"{os.cpu_count()} CPUs")
-    rows = []
-    print(f"{'figure':<22}{'ours':>10}{'serve':>10}{'ours/serve':>12}  lower is better")
-    for title, key, lower in ROWS:
-        x, y = a.get(key), b.get(key)
-        ratio = x / y if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
-        rows.append({"figure": title, "ours": x, "serve": y, "ratio": ratio})
-        print(f"{title:<22}{_fmt(x):>10}{_fmt(y):>10}{_fmt(ratio):>12}  {'yes' if lower else ''}")
+    rows = childrun.ratio_table(ROWS, a, b)
     for name, res in results.items():
         if "v2_start_ranks" in res:
             print(f"{name}: v2 replicas started on ranks {res['v2_start_ranks']}, end on {res.get('final_ranks')}; "

@@ -103,6 +103,42 @@ def serve_shutdown(log: Callable[[str], None]) -> None:
         ray.shutdown()
 
 
+def ours_shutdown(log: Callable[[str], None]) -> None:
+    """End a child's rankcore deployments (their replicas drained, the controller's
+    ``shutdown_replicas``) and Ray (a failure is logged: Ray still stops)."""
+    import ray
+
+    try:
+        if ray.is_initialized():
+            from executors.ray_gpu import get_controller
+
+            ray.get(get_controller().shutdown_replicas.remote(30.0), timeout=60)
+    except Exception as exc:  # best effort: ray.shutdown() below ends everything anyway
+        log(f"ours: shutdown_replicas failed: {exc!r}")
+    finally:
+        ray.shutdown()
+
+
+def fmt(v: Any) -> str:
+    """A figure as the reports print it: "-" for none, two digits for a float."""
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def ratio_table(rows: list[tuple[str, str, bool]], ours: dict, serve: dict) -> list[dict]:
+    """Print ``rows`` ((title, result key, lower is better)) for both systems and their ratio,
+    one run's figures side by side; returns them as records (the JSON's ``rows``)."""
+    out = []
+    print(f"{'figure':<22}{'ours':>10}{'serve':>10}{'ours/serve':>12}  lower is better")
+    for title, key, lower in rows:
+        x, y = ours.get(key), serve.get(key)
+        ratio = x / y if isinstance(x, (int, float)) and isinstance(y, (int, float)) and y else None
+        out.append({"figure": title, "ours": x, "serve": y, "ratio": ratio})
+        print(f"{title:<22}{fmt(x):>10}{fmt(y):>10}{fmt(ratio):>12}  {'yes' if lower else ''}")
+    return out
+
+
 def add_child_arguments(p: argparse.ArgumentParser, json_help: str = "write all results here") -> None:
     """The options every ours-against-Ray-Serve benchmark takes: which systems, the JSON file, and
     the child's own (``spawn`` passes them)."""
