@@ -251,17 +251,7 @@ class Ours:
                 "ranks": self.handle.ranks()}
 
     def shutdown(self) -> None:
-        import ray
-
-        try:
-            if ray.is_initialized():
-                from executors.ray_gpu import get_controller
-
-                ray.get(get_controller().shutdown_replicas.remote(30.0), timeout=60)
-        except Exception as exc:  # best effort: ray.shutdown() below ends everything anyway
-            log(f"ours: shutdown_replicas failed: {exc!r}")
-        finally:
-            ray.shutdown()
+        childrun.ours_shutdown(log)
 
 
 class Serve:
