@@ -522,7 +522,7 @@ def fast_step(state: State, event: object) -> Step | None:
     if fast is None:
         return None
     done = fast(state, event)
-    return None if done is None else pool.announce(state, event, done)
+    return None if done is None else pool.announce_answer(state, event.replica_id, done)  # type: ignore[attr-defined]
 
 
 def general_step(state: State, event: object, handler: Any = None) -> Step:

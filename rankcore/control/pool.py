@@ -22,9 +22,10 @@ apart from the replicas' ``Step.commands``):
   pool, since the request path may have missed changes while the controller
   was down.
 
-One function decides, after any step (``announce``; ``core.step`` and
-``core.general_step`` call it, so the fast paths need no copy of the rule).
-It compares the replicas the step can have changed: the event's replica,
+One function decides, after any step (``announce``; ``core.general_step`` calls
+it, and ``core.fast_step`` calls ``announce_answer``, the same comparison for the
+one replica a fast path's answer can move, so the fast paths need no copy of the
+rule). It compares the replicas the step can have changed: the event's replica,
 every replica a command names (a replica leaves serving only through a
 command: stop, evict, offload, new weights, reconfigure) or replaces, every
 replica of the deployment a deployment's own event names (apply, scale,
@@ -51,7 +52,7 @@ from ..base.state import Deployment, Replica, State, Step
 from ..tiers.residency import serving
 from .autoscaling import bounds
 
-__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "reset", "pool_of", "PoolView"]
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "announce_answer", "reset", "pool_of", "PoolView"]
 
 SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
@@ -153,6 +154,34 @@ def _name_field(kind: type) -> str:
     return got
 
 
+def _change(before: State, after: State, rid: str) -> PoolChanged | None:
+    """The ``PoolChanged`` for ``rid`` between ``before`` and ``after``; None when its membership
+    is the same (or it went from gone to draining: a replica that never served is not announced)."""
+    n0, n1 = before.index.get(rid), after.index.get(rid)
+    dep0 = before.deployments.get(n0) if n0 is not None else None
+    dep1 = after.deployments.get(n1) if n1 is not None else None
+    rep0 = dep0.replicas.get(rid) if dep0 is not None else None
+    rep1 = dep1.replicas.get(rid) if dep1 is not None else None
+    if rep0 is rep1 and (dep0 is dep1 or dep0.weights_version == dep1.weights_version):  # type: ignore[union-attr]
+        return None  # (the same record, the same version wanted: the same membership)
+    m0, m1 = membership(dep0, rep0), membership(dep1, rep1)
+    if m0 is m1 or (m0 is GONE and m1 is DRAINING):
+        return None
+    return _Changed(deployment=(dep1 or dep0).name, replica_id=rid, membership=m1)  # type: ignore[union-attr]
+
+
+def announce_answer(before: State, rid: str, step: Step) -> Step:
+    """``announce`` for the step of a replica's own answer (placed, ready, crashed, stopped) that
+    moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take (a crash's
+    replacement is pending, in no pool; the event names no deployment, so ``coming`` is not
+    asked). The property suite checks it gives ``announce``'s step (tests/property/test_fast_paths.py)."""
+    changed = _change(before, step.state, rid)
+    if changed is None:
+        return step
+    return _Step(state=step.state, commands=step.commands, stale=step.stale, compactions=step.compactions,
+                 recovery=step.recovery, pool=(changed,))
+
+
 def announce(before: State, event: object, step: Step) -> Step:
     """``step`` (from ``before`` by ``event``) with the pool commands it implies (``Step.pool``)."""
     after = step.state
@@ -167,25 +196,17 @@ def announce(before: State, event: object, step: Step) -> Step:
         candidates: list[str] = [rid] if type(rid) is str else []
     else:
         candidates = _candidates(before, after, event, commands)
-    i0, i1, d0, d1 = before.index, after.index, before.deployments, after.deployments
     for rid in candidates:
-        n0, n1 = i0.get(rid), i1.get(rid)
-        dep0 = d0.get(n0) if n0 is not None else None
-        dep1 = d1.get(n1) if n1 is not None else None
-        rep0 = dep0.replicas.get(rid) if dep0 is not None else None
-        rep1 = dep1.replicas.get(rid) if dep1 is not None else None
-        if rep0 is rep1 and (dep0 is dep1 or dep0.weights_version == dep1.weights_version):  # type: ignore[union-attr]
-            continue  # (the same record, the same version wanted: the same membership)
-        m0, m1 = membership(dep0, rep0), membership(dep1, rep1)
-        if m0 is not m1 and not (m0 is GONE and m1 is DRAINING):
-            out.append(_Changed(deployment=(dep1 or dep0).name, replica_id=rid, membership=m1))  # type: ignore[union-attr]
+        changed = _change(before, after, rid)
+        if changed is not None:
+            out.append(changed)
     field = _NAMES.get(kind)
     if field is None:
         field = _name_field(kind)
     if field:
         name = getattr(event, field)
         if type(name) is str:
-            c0, c1 = coming(d0.get(name)), coming(d1.get(name))
+            c0, c1 = coming(before.deployments.get(name)), coming(after.deployments.get(name))
             if c0 is not c1:
                 out.append(_Coming(deployment=name, coming=c1))
     if not out:
