@@ -1,0 +1,97 @@
+"""Tests added for mutmut's survivors in rankcore/control/autoscaling.py (issue 36, `make mutate`;
+docs/testing.md names each survivor and what killed it, or why it is equivalent).
+
+Each test states a behaviour the module promises (its docstring, a caller's need), not a
+mutant's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import rankcore as rc
+from rankcore.control import autoscaling
+from rankcore.control.autoscaling import DEFAULT_POLICY
+
+NAME = "m"
+
+
+def _one(ctx: rc.PolicyContext) -> int:
+    return 1
+
+
+@pytest.fixture
+def registry() -> Iterator[dict]:
+    """The process's policy registry, left as it was found (the tests register names of their own)."""
+    saved = dict(autoscaling._POLICIES)
+    yield autoscaling._POLICIES
+    autoscaling._POLICIES.clear()
+    autoscaling._POLICIES.update(saved)
+
+
+# ------------------------------------------------------------------ register_policy
+@pytest.mark.parametrize("name, shown", [(7, "7"), ("", "''"), (None, "None"), (b"p", "b'p'")])
+def test_a_policy_name_that_is_not_a_non_empty_str_is_refused_showing_it(registry: dict, name: object,
+                                                                          shown: str) -> None:
+    """Kills ``register_policy__mutmut_2`` (``and`` for ``or``: a non-str name was registered),
+    ``_5`` (no message) and ``_6`` (the message showed None, not the name given)."""
+    with pytest.raises(rc.InvalidConfig) as caught:
+        rc.register_policy(name, _one)  # type: ignore[arg-type]
+    assert str(caught.value) == f"register_policy: the name must be a non-empty str, got {shown}"
+    assert name not in registry
+
+
+def test_a_policy_that_is_not_callable_is_refused_naming_the_policy_and_showing_it(registry: dict) -> None:
+    """Kills ``register_policy__mutmut_9`` (no message) and ``_10`` (None shown, not the value)."""
+    with pytest.raises(rc.InvalidConfig) as caught:
+        rc.register_policy("test-not-callable", 42)  # type: ignore[arg-type]
+    assert str(caught.value) == "register_policy('test-not-callable'): the policy must be callable, got 42"
+    assert "test-not-callable" not in registry
+
+
+def test_a_name_never_registered_is_taken_without_replace(registry: dict) -> None:
+    """The first registration of a name needs no ``replace`` (only another function under a
+    taken name does). Kills ``register_policy__mutmut_15`` and ``_17`` (a name not yet in the
+    registry read as taken by some other function)."""
+    assert "test-fresh-name" not in registry
+    rc.register_policy("test-fresh-name", _one)
+    assert autoscaling.policy("test-fresh-name") is _one
+    with pytest.raises(rc.InvalidConfig, match="that name is taken"):
+        rc.register_policy(DEFAULT_POLICY, _one)
+
+
+# ------------------------------------------------------------------ delayed
+def _deploy(**options: object) -> rc.State:
+    base: dict[str, object] = {"autoscaling": True, "max_replicas": 10, "look_back_period_s": 1.0}
+    state = rc.step(rc.State(), rc.DeploymentApplied(name=NAME, num_replicas=1, **{**base, **options})).state
+    for rid in sorted(state.deployment(NAME).replicas):
+        state = rc.step(state, rc.ReplicaPlaced(replica_id=rid, node_id="n0")).state
+        state = rc.step(state, rc.ReplicaReady(replica_id=rid)).state
+    return state
+
+
+def test_a_change_of_direction_starts_its_own_delay_from_the_sample_that_turned() -> None:
+    """``delayed``: a change is made once it has been wanted *that way* without a break for its
+    delay. Upscale wanted from t=0 (never long enough: its delay is 1,000 s), then downscale
+    wanted from t=500: the downscale's 100 s count from t=500, not from the upscale's t=0 (it is
+    not made at t=510, it is at t=600). Kills ``delayed__mutmut_19`` (``or`` for ``and``: the
+    other direction's start kept)."""
+    state = _deploy(initial_replicas=3, min_replicas=1, upscale_delay_s=1000.0, downscale_delay_s=100.0)
+    dep = state.deployment(NAME)
+    assert dep.target == 3
+
+    def sample(state: rc.State, now: float, per_replica: int) -> rc.State:
+        ongoing = {rid: per_replica for rid, r in state.deployment(NAME).replicas.items()
+                   if r.phase is rc.Phase.RUNNING}
+        return rc.step(state, rc.AutoscalingMetrics(deployment=NAME, now=now, queued=0, ongoing=ongoing)).state
+
+    state = sample(state, 0.0, 8)  # 24 in flight / 2 a replica: 12 wanted (up)
+    state = sample(state, 490.0, 8)
+    assert state.deployment(NAME).target == 3
+    state = sample(state, 500.0, 0)  # nothing in flight: down from here
+    state = sample(state, 510.0, 0)
+    assert state.deployment(NAME).target == 3, "a downscale made 10 s after it was first wanted"
+    state = sample(state, 600.0, 0)
+    assert state.deployment(NAME).target == 1
