@@ -95,3 +95,24 @@ def test_a_change_of_direction_starts_its_own_delay_from_the_sample_that_turned(
     assert state.deployment(NAME).target == 3, "a downscale made 10 s after it was first wanted"
     state = sample(state, 600.0, 0)
     assert state.deployment(NAME).target == 1
+
+
+def _sample(state: rc.State, now: float, queued: int = 0, per_replica: int = 0) -> rc.State:
+    ongoing = {rid: per_replica for rid, r in state.deployment(NAME).replicas.items() if r.phase is rc.Phase.RUNNING}
+    return rc.step(state, rc.AutoscalingMetrics(deployment=NAME, now=now, queued=queued, ongoing=ongoing)).state
+
+
+def test_the_burst_window_includes_the_sample_on_its_start() -> None:
+    """``burst``: the burst window is the last ``BURST_WINDOW`` (0.1) of ``look_back_period_s``,
+    its start included. With a 10 s look-back it is the last 1 s: at t=10 it holds the samples of
+    t=9 (nothing in flight) and t=10 (5 queued): a mean of 2.5 requests, 1.25 replicas wanted,
+    under twice the one running: no burst (alone, t=10's 5 would be one). Kills ``burst__mutmut_4``
+    (``>`` for ``>=``: the sample on the start left out)."""
+    state = _deploy(burst=True, upscale_delay_s=300.0, look_back_period_s=10.0)
+    state = _sample(state, 9.0)
+    state = _sample(state, 10.0, queued=5)
+    dep = state.deployment(NAME)
+    assert dep.autoscaler.burst_since is None and dep.target == 1
+    # (the same load alone in the burst window is a burst: the test can tell the two apart)
+    state = _sample(state, 11.5, queued=5)
+    assert state.deployment(NAME).autoscaler.burst_since == 11.5 and state.deployment(NAME).target > 1
