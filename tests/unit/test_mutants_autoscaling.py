@@ -116,3 +116,24 @@ def test_the_burst_window_includes_the_sample_on_its_start() -> None:
     # (the same load alone in the burst window is a burst: the test can tell the two apart)
     state = _sample(state, 11.5, queued=5)
     assert state.deployment(NAME).autoscaler.burst_since == 11.5 and state.deployment(NAME).target > 1
+
+
+def test_burst_mode_is_entered_at_twice_the_running_replicas_and_left_a_window_after() -> None:
+    """``burst``: load in the burst window wanting ``BURST_THRESHOLD`` (2) x the running replicas
+    enters burst mode, at exactly 2x too; 1.5x of two running does not; a whole look-back after its
+    last such sample the mode ends and the state says so (``burst_since`` None). Kills
+    ``burst__mutmut_12`` (``>``: exactly 2x not a burst), ``burst__mutmut_13`` (2 / running: 1.5x of
+    two running read as a burst) and ``burst__mutmut_36`` (the end not recorded)."""
+    one = _deploy(burst=True, upscale_delay_s=300.0, downscale_delay_s=300.0, look_back_period_s=10.0)
+    at_two = _sample(one, 0.0, queued=4)  # 4 / 2 = 2 replicas wanted, one running: exactly 2x
+    assert at_two.deployment(NAME).autoscaler.burst_since == 0.0 and at_two.deployment(NAME).target == 2
+
+    two = _deploy(burst=True, upscale_delay_s=300.0, downscale_delay_s=300.0, look_back_period_s=10.0,
+                  initial_replicas=2, min_replicas=2)
+    calm = _sample(two, 0.0, queued=6)  # 3 wanted, two running: 1.5x
+    assert calm.deployment(NAME).autoscaler.burst_since is None and calm.deployment(NAME).target == 2
+
+    later = _sample(at_two, 5.0)  # within a window of the burst's last sample: still in it
+    assert later.deployment(NAME).autoscaler.burst_since == 0.0
+    ended = _sample(later, 10.0)
+    assert ended.deployment(NAME).autoscaler.burst_since is None
