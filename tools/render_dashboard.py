@@ -162,7 +162,7 @@ def chart(lines: dict[str, list[tuple[float, float]]], w: int, h: int, t0: float
         t = t0 + span * k / 3
         out.append(f"<text x={pad_l + (t - t0) / span * (w - pad_l - 4):.1f} y={h - 4} fill=#9fa7b3 font-size=10 "
                    f"text-anchor=middle>{t - t0:.0f}s</text>")
-    for n, (name, ps) in enumerate(sorted(lines.items())):
+    for n, (_name, ps) in enumerate(sorted(lines.items())):
         colour = _COLOURS[n % len(_COLOURS)]
         out.append(f"<polyline fill=none stroke={colour} stroke-width=1.6 points='{' '.join(xy(*p) for p in ps)}' />")
     out.append("</svg>")

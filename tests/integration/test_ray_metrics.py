@@ -6,6 +6,7 @@ reassignments after a downscale that compacts); one access record per request, w
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -135,6 +136,12 @@ def test_known_load_counted_exactly_and_recorded_once_each(app):
     for r in got[-MISSES:]:
         assert r["deployment"] is None and r["replica"] is None and r["rank"] is None and r["route"] == ""
     assert got[0]["bytes"] == len(b"0")
+    # ... and the same records in the JSON-lines file under Ray's session logs
+    path = ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).access_records.remote(0))["path"]
+    assert path.endswith("/rankcore/access.jsonl")
+    with open(path) as f:
+        in_file = [json.loads(line)["request_id"] for line in f]
+    assert [r["request_id"] for r in got] == in_file[-len(got):]
 
 
 def test_access_log_off_by_the_flag_metrics_still_counted(app):
@@ -190,9 +197,9 @@ def test_controller_counts_what_the_core_decided(app):
         s = scrape(client)
     assert total(s, "ray_serve_controller_num_control_loops") >= 1
     assert total(s, "ray_serve_controller_control_loop_duration_s") > 0
-    r = client.post("/m", json=5)  # the survivor's new rank reaches the access records
-    assert r.status_code == 200
-    last = wait_records(len(records()))[-1]
+    n = len(records())
+    assert client.post("/m", json=5).status_code == 200  # the survivor's new rank reaches the access records
+    last = wait_records(n + 1)[-1]
     deadline = time.monotonic() + 5
     while last["rank"] != 0 and time.monotonic() < deadline:  # (the ingress's ranks are at most RANKS_TTL_S old)
         time.sleep(0.5)
