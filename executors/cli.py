@@ -654,8 +654,10 @@ def _load_app(target: str) -> Any:
               help="Answer 408 to a request unanswered after this long (default 60).")
 @click.option("--max-body-bytes", type=click.IntRange(min=0), help="Answer 413 to a larger body (default 1 MiB).")
 @click.option("--address", help="Connect to this Ray cluster instead of starting a local one.")
+@click.option("--access-log/--no-access-log", "enable_access_log", default=None,
+              help="Write one JSON access record per request (default: on; docs/metrics.md).")
 def serve(target: str, port: int | None, host: str | None, route_prefix: str | None, request_timeout_s: float | None,
-          max_body_bytes: int | None, address: str | None) -> None:
+          max_body_bytes: int | None, address: str | None, enable_access_log: bool | None) -> None:
     """Deploy MODULE:APP and serve it over HTTP until interrupted (docs/ray.md, "HTTP ingress")."""
     import ray
 
@@ -673,7 +675,8 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
 
     try:
         start_ingress(host, port, max_body_bytes=max_body_bytes,
-                      request_timeout_s=request_timeout_s if request_timeout_s is not None else "keep")
+                      request_timeout_s=request_timeout_s if request_timeout_s is not None else "keep",
+                      enable_access_log=enable_access_log)
         url = expose(ray_run(app), route_prefix, port, host)
     except rc.RankcoreError as exc:
         click.echo(f"error: {exc}", err=True)

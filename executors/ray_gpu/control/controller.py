@@ -48,6 +48,7 @@ from . import placement as pl
 from . import static as st
 from .carry import Carrier, replica_class
 from .ledger import Ledger
+from .metrics import ControllerMetrics
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
 from .record import Recorder, queue_fault
 from .recover import Recovery
@@ -98,6 +99,31 @@ class Controller:
         self._cluster_task: asyncio.Task | None = None
         self.loads = LoadBook()  # the routers' load (autoscaling; a restarted controller starts empty)
         self._autoscale_task: asyncio.Task | None = None
+        self.metrics = self._start_metrics()
+
+    # ------------------------------------------------------------ metrics (issue 37)
+    def _start_metrics(self) -> ControllerMetrics:
+        """Prometheus metrics (``metrics.ControllerMetrics``): told every step (a driver observer)
+        and every weights move carried out (beside the recorder, which is told them too)."""
+        import ray
+
+        actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+        metrics = ControllerMetrics(actor_id=actor_id or "")
+        self.ledger.driver.observers.append(metrics.observe)
+        recorder_told = self.ledger.on_transfer
+
+        def transferred(deployment: str, what: str, nbytes: int) -> None:
+            metrics.transferred(deployment, what, nbytes)
+            if recorder_told is not None:
+                recorder_told(deployment, what, nbytes)
+
+        self.ledger.on_transfer = transferred
+        return metrics
+
+    async def metrics_text(self) -> bytes:
+        """The controller's metrics in Prometheus's text format (the ingress's ``/metrics`` serves
+        them after its own). Read as they are, the recovery not waited for: a scrape changes nothing."""
+        return self.metrics.exposition(self.driver.state, len(self.ledger.errors))
 
     @property
     def driver(self) -> Driver:
@@ -128,6 +154,7 @@ class Controller:
             await asyncio.sleep(self.node_poll_s)
             if not self.recovery.done or led.halted:
                 continue
+            began = time.perf_counter()
             if led.nodes:  # (after a reset, the next apply() tells the core the nodes first)
                 try:
                     self.watcher.sync_nodes()
@@ -135,6 +162,7 @@ class Controller:
                 except Exception as exc:  # GCS hiccup: next pass
                     log.warning("could not read the cluster's nodes: %r", exc)
             led.feed(rc.Tick(now=led.now()))
+            self.metrics.loop(time.perf_counter() - began)
             now = time.monotonic()
             if now >= self._spares_checked + led.spares.check_s:
                 self._spares_checked = now

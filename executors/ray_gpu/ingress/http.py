@@ -15,7 +15,11 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
   server-sent events ``queued`` / ``loading`` / ``dispatched`` / ``running``,
   then ``done`` with the result or ``error``;
 * ``GET /-/healthz``, ``GET /-/routes``, and a status page ``GET /-/status``
-  (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``).
+  (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``);
+* ``GET /metrics``: Prometheus metrics, the ingress's and the controller's
+  (``control/metrics.py``), and one access record per request with its
+  ``x-request-id`` (``access.py``), both taken by ``_Observe`` around the app
+  (docs/metrics.md).
 
 The route table (with each route's handle) and the port bound live in Ray's
 internal KV store (``persist.save_http_routes`` / ``save_http_port``, beside the
@@ -32,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import os
 import re
 import socket
 import threading
@@ -49,9 +54,12 @@ import rankcore as rc
 
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
+from ..control.metrics import CONTENT_TYPE, IngressMetrics
+from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
-           "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app"]
+           "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app",
+           "set_access_log", "METRICS_PATH"]
 
 #: Ray Serve's defaults: loopback only, port 8000
 DEFAULT_HOST = "127.0.0.1"
@@ -71,6 +79,12 @@ RECENT_FAULTS = 20
 WATCH_AFTER_S = 0.2
 #: what a request whose client went away is counted as (nginx's "Client Closed Request")
 GONE = 499
+#: where Prometheus scrapes the ingress (a route prefix may not take it)
+METRICS_PATH = "/metrics"
+#: how long the ingress trusts the ranks it last heard (access records' ``rank``)
+RANKS_TTL_S = 1.0
+#: how long a scrape waits for the controller's metrics (then serves the ingress's alone)
+CONTROLLER_METRICS_TIMEOUT_S = 2.0
 
 _HEAD = "node:__internal_head__"  # the head node's own resource
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -95,6 +109,8 @@ def check_route_prefix(prefix: Any) -> str:
         raise rc.InvalidConfig(f"route_prefix must not end with '/', got {prefix!r}")
     if prefix == "/-" or prefix.startswith("/-/"):
         raise rc.InvalidConfig(f"route_prefix {prefix!r} is under '/-/', which the ingress keeps for itself")
+    if prefix == METRICS_PATH or prefix.startswith(METRICS_PATH + "/"):
+        raise rc.InvalidConfig(f"route_prefix {prefix!r} is the ingress's Prometheus endpoint {METRICS_PATH!r}")
     if any(c.isspace() or c in "?#" for c in prefix):
         raise rc.InvalidConfig(f"route_prefix must not hold spaces, '?' or '#', got {prefix!r}")
     return prefix
@@ -252,6 +268,18 @@ def _cancel(response: Any) -> None:
             pass
 
 
+def _replica_of(response: Any) -> str | None:
+    """The replica the router sent a call to (None: not dispatched)."""
+    return getattr(getattr(response, "call", None), "replica_id", None)
+
+
+def _exception_type(exc: BaseException) -> str:
+    """The type of what failed a call: the application's own exception's, inside Ray's wrapper."""
+    if isinstance(exc, RayTaskError) and getattr(exc, "cause", None) is not None:
+        return type(exc.cause).__name__
+    return type(exc).__name__
+
+
 def _cancel_sent(submit: Any) -> None:
     """``submit`` done: cancel the call it sent (if it sent one)."""
     if not submit.cancelled() and submit.exception() is None:
@@ -263,7 +291,8 @@ class _Ingress:
     """The starlette app's state: routes, limits, counters; one call thread pool."""
 
     def __init__(self, routes: dict[str, str], handles: dict[str, Any], max_body_bytes: int,
-                 request_timeout_s: float | None) -> None:
+                 request_timeout_s: float | None, access: AccessLog | None = None,
+                 metrics: IngressMetrics | None = None) -> None:
         self.routes = dict(routes)  # prefix -> deployment
         self.handles = dict(handles)  # deployment -> its handle (``__call__``), as ``expose`` gave it
         self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
@@ -272,15 +301,22 @@ class _Ingress:
         self.in_flight: Counter[str] = Counter()
         self.faults: deque[dict] = deque(maxlen=RECENT_FAULTS)
         self.address: tuple[str, int] = ("", 0)
+        self.access = access if access is not None else AccessLog(enabled=False)
+        self.metrics = metrics if metrics is not None else IngressMetrics()
+        #: deployment -> (when heard, {replica: global rank}); and the asks under way
+        self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
+        self._asking: dict[str, asyncio.Future] = {}
+        self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
 
     # ------------------------------------------------------------ calls
     async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None,
-                   receive: Any = None) -> Any:
+                   receive: Any = None, note: dict | None = None) -> Any:
         """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it), and,
         given the request's ``receive``, until its client goes away (``_Gone``).
         ``sent["response"]``: the response once the call is sent (progress streams read it).
         A call given up (timed out, its client gone, or this coroutine cancelled) is cancelled
-        through the handle, also when it is given up while being sent (as soon as it is)."""
+        through the handle, also when it is given up while being sent (as soon as it is).
+        ``note["replica"]``: the replica the router sent it to (metrics, access records)."""
         loop = asyncio.get_running_loop()
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
@@ -304,6 +340,8 @@ class _Ingress:
             raise
         finally:
             self.in_flight[name] -= 1
+            if note is not None and response is not None:
+                note["replica"] = _replica_of(response)
         if not answered:
             _cancel(response)
             raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
@@ -363,25 +401,30 @@ class _Ingress:
         from starlette.responses import Response, StreamingResponse
 
         name = None
+        note = request.scope.get("rankcore")  # (``_Observe``'s: what the metrics and the access record say)
         try:
             found = match_route(self.routes, request.url.path)
             if found is None:
                 raise _Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
                                                f"{', '.join(sorted(self.routes)) or 'none'})")
-            _, name, method = found
+            prefix, name, method = found
+            if note is not None:
+                note["route"], note["deployment"] = prefix, name
             args, kwargs = args_of(await self._body(request)) if request.method == "POST" else ((), {})
             accept = request.headers.get("accept", "")
             if await self.is_stream(name, method):
-                return await self._stream(name, method, args, kwargs, request.receive)
+                return await self._stream(name, method, args, kwargs, request.receive, note)
             if "text/event-stream" in accept or request.query_params.get("progress") in ("1", "true"):
-                return StreamingResponse(self._events(name, method, args, kwargs), media_type="text/event-stream",
+                return StreamingResponse(self._events(name, method, args, kwargs, note), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            value = await self.call(name, method, args, kwargs, receive=request.receive)
+            value = await self.call(name, method, args, kwargs, receive=request.receive, note=note)
         except _Reply as r:
             return self._error(r.status, r.error, r.detail, r.deployment or name)
         except _Gone:
             return self._gone(name)
         except Exception as exc:
+            if note is not None:
+                note["exception_type"] = _exception_type(exc)
             return self._error(*status_of(exc), name)
         try:
             body = json.dumps(value)
@@ -399,7 +442,8 @@ class _Ingress:
         self.answers[GONE] += 1
         return Response(status_code=GONE)
 
-    async def _stream(self, name: str, method: str, args: tuple, kwargs: dict, receive: Any) -> Any:
+    async def _stream(self, name: str, method: str, args: tuple, kwargs: dict, receive: Any,
+                      note: dict | None = None) -> Any:
         """A generator method over HTTP: newline-delimited JSON, one line per item, chunked as the
         replica yields them (Ray's back-pressure bounds how far it runs ahead of this reader). An error
         before the first item is an ordinary error answer (503, 500, ...); one after it (the replica
@@ -420,6 +464,9 @@ class _Ingress:
             self.in_flight[name] -= 1
             _cancel(response)
             raise
+        finally:
+            if note is not None:
+                note["replica"] = _replica_of(response)
 
         async def lines() -> AsyncIterator[bytes]:
             nonlocal ended
@@ -444,13 +491,14 @@ class _Ingress:
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    async def _events(self, name: str, method: str, args: tuple, kwargs: dict) -> AsyncIterator[str]:
+    async def _events(self, name: str, method: str, args: tuple, kwargs: dict,
+                      note: dict | None = None) -> AsyncIterator[str]:
         """Server-sent events: each change of the request's state (``_progress``), then ``done``
         with ``{"result": ...}`` or ``error`` with the error body and its ``status``. Counted when
         it ends: 200, the error's status, or 499 when the client went away (starlette cancels this
         generator on ``http.disconnect``; the call is cancelled through the handle)."""
         sent: dict = {}
-        task = asyncio.ensure_future(self.call(name, method, args, kwargs, sent))
+        task = asyncio.ensure_future(self.call(name, method, args, kwargs, sent, note=note))
         last: dict | None = {"state": "queued", "position": None}
         try:
             yield _sse("queued", last)
@@ -478,6 +526,76 @@ class _Ingress:
             if not task.done():  # the client went away
                 task.cancel()
                 self.answers[GONE] += 1
+
+    # ------------------------------------------------------- metrics and access records
+    async def observed(self, note: dict, method: str, path: str, status: int, latency_ms: float,
+                       nbytes: int) -> None:
+        """One request answered (``_Observe``): counted in the metrics, and its access record
+        written (with its replica's rank: ``rank_of``)."""
+        deployment, replica = note["deployment"], note["replica"]
+        self.metrics.request(route=note["route"], method=method, deployment=deployment, status=status,
+                             latency_ms=latency_ms, replica=replica,
+                             exception_type=note.get("exception_type") if status >= 400 else None)
+        if not self.access.enabled:
+            return
+        rank = await self.rank_of(deployment, replica) if replica is not None else None
+        self.access.write({"time": round(time.time(), 6), "request_id": note["request_id"], "method": method,
+                           "route": note["route"], "path": path, "deployment": deployment or None,
+                           "replica": replica, "rank": rank, "status": status, "latency_ms": round(latency_ms, 3),
+                           "bytes": nbytes})
+
+    async def rank_of(self, deployment: str, replica: str) -> int | None:
+        """``replica``'s global rank as the controller last said (asked again when older than
+        ``RANKS_TTL_S``: in the background, or waited for when the replica is new to us)."""
+        loop = asyncio.get_running_loop()
+        heard, ranks = self.ranks.get(deployment, (0.0, {}))
+        if replica not in ranks or loop.time() - heard > RANKS_TTL_S:
+            ask = self._asking.get(deployment)
+            if ask is None:
+                ask = self._asking[deployment] = asyncio.ensure_future(self._ask_ranks(deployment))
+            if replica not in ranks:
+                try:
+                    await asyncio.wait_for(asyncio.shield(ask), CONTROLLER_METRICS_TIMEOUT_S)
+                except Exception:
+                    return None
+                ranks = self.ranks.get(deployment, (0.0, {}))[1]
+        return ranks.get(replica)
+
+    async def _ask_ranks(self, deployment: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            got = await loop.run_in_executor(self.pool, _ask_controller, "ranks", deployment)
+            self.ranks[deployment] = (loop.time(), {rid: rk[0] for rid, rk in got.items()})
+        except Exception:  # (the controller restarting: no rank in the records meanwhile)
+            pass
+        finally:
+            self._asking.pop(deployment, None)
+
+    async def prometheus(self, request: Any) -> Any:
+        """``GET /metrics``: the ingress's metrics (its routers' queues read now), then the
+        controller's (asked; within ``CONTROLLER_METRICS_TIMEOUT_S``, else left out and
+        ``rankcore_controller_metrics_up`` 0). Two registries, disjoint families: one scrape target."""
+        from starlette.responses import Response
+
+        loop = asyncio.get_running_loop()
+        self.metrics.queues(self._loads(), "http", self.actor_id)
+        try:
+            theirs = await loop.run_in_executor(self.pool, lambda: _ask_controller(
+                "metrics_text", timeout=CONTROLLER_METRICS_TIMEOUT_S))
+            up = True
+        except Exception:
+            theirs, up = b"", False
+        self.metrics.controller_up(up)
+        return Response(self.metrics.exposition() + theirs, media_type=CONTENT_TYPE)
+
+    def _loads(self) -> dict[str, tuple[int, int]]:
+        """Each routed deployment's queue in this ingress: (queued, in flight at replicas)."""
+        out = {}
+        for name in set(self.routes.values()):
+            q = self._queue(name)
+            if q is not None:
+                out[name] = (int(q.get("in_queue", 0)), int(q.get("in_flight", 0)))
+        return out
 
     # ---------------------------------------------------------- the ingress's own pages
     async def healthz(self, request: Any) -> Any:
@@ -572,8 +690,58 @@ def _sse(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, default=repr)}\n\n"
 
 
+class _Observe:
+    """ASGI middleware around the app: every request but the ingress's own pages (``/-/``) and
+    ``/metrics`` gets its request id (``request_id_of``, returned in ``x-request-id``), is counted
+    in flight while it runs, and once answered is measured and recorded (``_Ingress.observed``:
+    status, latency from its arrival to its last byte, body bytes). The app notes in
+    ``scope["rankcore"]`` the route, deployment and replica it found. A client gone before the
+    answer's end is recorded as 499, whatever the status line said."""
+
+    def __init__(self, app: Any, ingress: _Ingress) -> None:
+        self.app, self.ingress = app, ingress
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path == METRICS_PATH or path.startswith("/-/"):
+            await self.app(scope, receive, send)
+            return
+        sent_id = None
+        for k, v in scope.get("headers", ()):
+            if k == b"x-request-id":
+                sent_id = v.decode("latin-1")
+                break
+        rid = request_id_of(sent_id)
+        note = {"route": "", "deployment": "", "replica": None, "request_id": rid}
+        scope["rankcore"] = note
+        t0 = time.perf_counter()
+        out = {"status": 500, "bytes": 0, "done": False}
+        header = (REQUEST_ID_HEADER.encode(), rid.encode())
+
+        async def observed_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                out["status"] = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            elif message["type"] == "http.response.body":
+                out["bytes"] += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    out["done"] = True
+            await send(message)
+
+        ingress = self.ingress
+        ingress.metrics.started()
+        try:
+            await self.app(scope, receive, observed_send)
+        finally:
+            ingress.metrics.ended()
+            status = out["status"] if out["done"] else GONE
+            await ingress.observed(note, scope.get("method", ""), path, status,
+                                   (time.perf_counter() - t0) * 1000.0, out["bytes"])
+
+
 def make_app(ingress: _Ingress) -> Any:
-    """The starlette app: the ingress's own pages under ``/-/``, every other path a deployment's."""
+    """The starlette app: the ingress's own pages under ``/-/``, ``/metrics``, every other path a
+    deployment's; wrapped in ``_Observe`` (metrics, access records, request ids)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
@@ -587,8 +755,10 @@ def make_app(ingress: _Ingress) -> Any:
               Route("/-/routes", ingress.list_routes, methods=["GET"]),
               Route("/-/status", ingress.status_page, methods=["GET"]),
               Route("/-/status.json", ingress.status_json, methods=["GET"]),
+              Route(METRICS_PATH, ingress.prometheus, methods=["GET"]),
               Route("/{path:path}", ingress.deployment_call, methods=["GET", "POST"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: http_error})
+    return _Observe(app, ingress)
 
 
 # ------------------------------------------------------------------ the status page
@@ -687,12 +857,17 @@ class HttpIngress:
     creation, naming it) and serves on a thread of its own, restarts included."""
 
     def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
-                 request_timeout_s: float | None = REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float | None = REQUEST_TIMEOUT_S, enable_access_log: bool = ENABLE_ACCESS_LOG,
+                 logs_dir: str | None = None) -> None:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
         routes, handles = persist.load_http_routes()
-        self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s)
+        ctx = ray.get_runtime_context()
+        metrics = IngressMetrics(node_id=ctx.get_node_id() or "", node_ip=ray.util.get_node_ip_address())
+        access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
+        self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
+        self.state.actor_id = ctx.get_actor_id() or ""
         sock = _listen(host, port)
         self.state.address = (host, sock.getsockname()[1])
 
@@ -752,14 +927,34 @@ class HttpIngress:
         self.server.should_exit = True
         self.thread.join(timeout)
 
-    def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep") -> dict:
-        """Change the limits of a running ingress (``"keep"``: leave the timeout as it is)."""
+    def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep",
+                  enable_access_log: bool | None = None) -> dict:
+        """Change the limits of a running ingress (``"keep"``: leave the timeout as it is), and
+        turn its access records on or off (None: as they are)."""
         st = self.state
         most = st.max_body_bytes if max_body_bytes is None else max_body_bytes
         timeout = st.request_timeout_s if request_timeout_s == "keep" else request_timeout_s
         _check_limits(most, timeout)
+        if enable_access_log is not None:
+            st.access.enabled = check_enable_access_log(enable_access_log)
         st.max_body_bytes, st.request_timeout_s = most, timeout
-        return {"max_body_bytes": most, "request_timeout_s": timeout}
+        return {"max_body_bytes": most, "request_timeout_s": timeout, "enable_access_log": st.access.enabled}
+
+    def access_records(self, n: int | None = None) -> dict:
+        """The last ``n`` access records kept (all of them: ``access.KEEP``), whether records are
+        written, and the file they go to."""
+        acc = self.state.access
+        return {"enabled": acc.enabled, "path": acc.path, "records": acc.last(n)}
+
+
+def _default_logs_dir() -> str | None:
+    """``<Ray's session log directory>/rankcore`` (beside Serve's ``serve/``); None outside Ray."""
+    try:
+        from ray._private.worker import global_worker
+
+        return os.path.join(global_worker.node.get_logs_dir_path(), "rankcore")  # type: ignore[union-attr]
+    except Exception:
+        return None
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -805,13 +1000,19 @@ def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -
 
 # ------------------------------------------------------------------ the driver's side
 def start_ingress(host: str | None = None, port: int | None = None, *, max_body_bytes: int | None = None,
-                  request_timeout_s: Any = "keep") -> tuple[Any, tuple[str, int]]:
+                  request_timeout_s: Any = "keep", enable_access_log: bool | None = None,
+                  logs_dir: str | None = None) -> tuple[Any, tuple[str, int]]:
     """The ingress actor and its address: the running one, or one started (detached,
     restarted by Ray, ``num_cpus=0``, on the head node like the controller) on ``host``
     (default 127.0.0.1) and ``port`` (default 8000; 0: any free port). A running ingress
-    on another host or port raises ``rankcore.InvalidConfig``; new limits are applied to it."""
+    on another host or port raises ``rankcore.InvalidConfig``; new limits are applied to it.
+    ``enable_access_log`` (Serve's ``LoggingConfig`` field; None: the running ingress's, else
+    ``access.ENABLE_ACCESS_LOG``) and ``logs_dir`` (where its ``access.jsonl`` goes; a new
+    ingress's only): docs/metrics.md."""
     if port is not None and (type(port) is not int or not 0 <= port <= 65535):
         raise rc.InvalidConfig(f"port must be an int in 0..65535, got {port!r}")
+    if enable_access_log is not None:
+        check_enable_access_log(enable_access_log)
     actor: Any
     try:
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
@@ -823,7 +1024,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             max_concurrency=16, num_cpus=0, resources={_HEAD: 0.001},
         ).remote(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
                  MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
-                 REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
+                 REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s,
+                 _next["enable_access_log"] if enable_access_log is None else enable_access_log, logs_dir)
     try:
         address = ray.get(actor.ready.remote())
     except RayActorError as exc:
@@ -833,9 +1035,25 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
         raise rc.InvalidConfig(f"the HTTP ingress already runs on {address[0]}:{address[1]}, not "
                                f"{host or address[0]}:{port if port is not None else address[1]} (one ingress per "
                                f"cluster: leave port out to use it)")
-    if max_body_bytes is not None or request_timeout_s != "keep":
-        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s))
+    if max_body_bytes is not None or request_timeout_s != "keep" or enable_access_log is not None:
+        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s, enable_access_log))
     return actor, tuple(address)
+
+
+#: what the next ingress this process starts is given where ``start_ingress`` is not told (``set_access_log``)
+_next: dict[str, Any] = {"enable_access_log": ENABLE_ACCESS_LOG}
+
+
+def set_access_log(enabled: bool) -> None:
+    """Turn the running ingress's access records on or off (Serve's
+    ``logging_config.enable_access_log``); with no ingress running, the next one starts so."""
+    check_enable_access_log(enabled)
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:
+        _next["enable_access_log"] = enabled
+        return
+    ray.get(actor.configure.remote(enable_access_log=enabled))
 
 
 def expose(handle: Any, route_prefix: str | None = None, port: int | None = None,

@@ -1,0 +1,273 @@
+"""Prometheus metrics of the Ray executor (issue 37): every metric declared once, here.
+
+Two processes export metrics, each into a ``CollectorRegistry`` of its own (never
+prometheus_client's global one, so two ingresses or two tests never clash):
+
+* the HTTP ingress (the data path, Ray Serve's proxy): requests, errors and latency per
+  route and deployment, requests in flight, the deployments' queues
+  (``IngressMetrics``);
+* the controller: replica health, target and current replicas, the controller's loop time,
+  and what only rankcore knows: rank reassignments, reconfigures by reason, tier moves and
+  the bytes they moved, weights pushes (``ControllerMetrics``). It counts what the core
+  decided (a driver observer reads each ``Step``'s compactions and commands); it decides
+  nothing.
+
+Where Ray Serve has a metric for the same thing, ours has Serve's exact name and labels
+(read from ``ray/serve/_private``, Ray 2.60: ``request_ingress_metrics.py``, ``replica.py``,
+``router.py``, ``deployment_state.py``, ``controller.py``; Ray adds the ``ray_`` prefix and a
+counter's ``_total``), so a Serve dashboard's queries read ours. The rest are ``rankcore_*``.
+rankcore has no applications: each ``run`` is one deployment, so ``application`` is the
+deployment's name (``""`` for a request no route matched). docs/metrics.md lists them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+import rankcore as rc
+
+__all__ = ["MetricSpec", "INGRESS_METRICS", "CONTROLLER_METRICS", "ALL_METRICS", "LATENCY_BUCKETS_MS",
+           "IngressMetrics", "ControllerMetrics", "build", "exported_names", "CONTENT_TYPE"]
+
+#: the exposition's media type (Prometheus text format 0.0.4)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Ray Serve's request latency buckets (``DEFAULT_LATENCY_BUCKET_MS``), in ms
+LATENCY_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000,
+                                         60000, 120000, 300000, 600000)
+#: the controller's step time (a core step is microseconds to milliseconds), in seconds
+STEP_BUCKETS_S: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+_KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
+
+@attrs.frozen(kw_only=True)
+class MetricSpec:
+    """One metric: ``name`` is the family name as exposed (a counter's samples add ``_total``, a
+    histogram's ``_bucket``/``_sum``/``_count``); ``serve`` names Ray Serve's metric it matches
+    (None: rankcore's own)."""
+
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(tuple(_KINDS)))
+    labels: tuple[str, ...]
+    doc: str
+    serve: str | None = None
+    buckets: tuple[float, ...] | None = None
+
+    def samples(self) -> tuple[str, ...]:
+        """The sample names a scrape shows (what a query names)."""
+        if self.kind == "counter":
+            return (self.name + "_total",)
+        if self.kind == "histogram":
+            return tuple(self.name + s for s in ("_bucket", "_sum", "_count"))
+        return (self.name,)
+
+
+def _serve(name: str, kind: str, labels: tuple[str, ...], doc: str, **kw: Any) -> MetricSpec:
+    return MetricSpec(name=name, kind=kind, labels=labels, doc=doc, serve=name, **kw)
+
+
+_DEP = ("deployment", "application")
+
+INGRESS_METRICS: tuple[MetricSpec, ...] = (
+    _serve("ray_serve_num_http_requests", "counter", ("route", "method", "application", "status_code"),
+           "HTTP requests answered by the ingress."),
+    _serve("ray_serve_num_http_error_requests", "counter", ("route", "error_code", "method", "application"),
+           "HTTP requests answered with a 4xx or 5xx status."),
+    _serve("ray_serve_num_deployment_http_error_requests", "counter",
+           ("deployment", "error_code", "method", "route", "application"),
+           "HTTP requests answered with a 4xx or 5xx status, per deployment."),
+    _serve("ray_serve_http_request_latency_ms", "histogram", ("method", "route", "application", "status_code"),
+           "End-to-end latency of HTTP requests, measured in the ingress (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
+           "HTTP requests the ingress is answering now."),
+    _serve("ray_serve_deployment_request_counter", "counter", ("deployment", "replica", "route", "application"),
+           "HTTP requests a replica answered (counted in the ingress, by the replica the router chose)."),
+    _serve("ray_serve_deployment_error_counter", "counter",
+           ("deployment", "replica", "route", "application", "exception_type"),
+           "HTTP requests a replica answered with an error (its exception's type)."),
+    _serve("ray_serve_deployment_queued_queries", "gauge", ("deployment", "application", "handle", "actor_id"),
+           "Requests waiting in the ingress's router for a replica (at scrape time)."),
+    _serve("ray_serve_num_ongoing_requests_at_replicas", "gauge", ("deployment", "application", "handle", "actor_id"),
+           "Requests the ingress's router has sent to replicas and not yet seen answered (at scrape time)."),
+    MetricSpec(name="rankcore_controller_metrics_up", kind="gauge", labels=(),
+               doc="1 when the last /metrics scrape got the controller's metrics, else 0."),
+)
+
+CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
+    _serve("ray_serve_deployment_replica_healthy", "gauge", ("deployment", "replica", "application"),
+           "1 for a replica that serves (running or reconfiguring), 0 for any other live replica."),
+    _serve("ray_serve_autoscaling_target_replicas", "gauge", _DEP,
+           "The deployment's target number of replicas (the person's or the autoscaler's)."),
+    MetricSpec(name="rankcore_deployment_replicas", kind="gauge", labels=(*_DEP, "phase"),
+               doc="The deployment's replicas now, by lifecycle phase (Serve has no gauge of current replicas)."),
+    _serve("ray_serve_controller_control_loop_duration_s", "gauge", (),
+           "How long the controller's last cluster pass took (nodes, bundles, the core's Tick) (s)."),
+    _serve("ray_serve_controller_num_control_loops", "gauge", ("actor_id",),
+           "Cluster passes the controller has made since it started."),
+    MetricSpec(name="rankcore_core_steps", kind="counter", labels=(),
+               doc="Events the core has stepped in this controller."),
+    MetricSpec(name="rankcore_rank_reassignments", kind="counter", labels=(*_DEP, "level"),
+               doc="Ranks a compaction moved, by level (rank, node_rank, local_rank)."),
+    MetricSpec(name="rankcore_compactions", kind="counter", labels=_DEP,
+               doc="Compactions the core made after a downscale (each with the fewest possible moves)."),
+    MetricSpec(name="rankcore_reconfigures", kind="counter", labels=(*_DEP, "reason"),
+               doc="ReconfigureReplica commands, by reason (user_config, rank)."),
+    MetricSpec(name="rankcore_tier_moves", kind="counter", labels=(*_DEP, "move"),
+               doc="Tier moves the core ordered: offload, load, evict_warm, evict_cold, drop_warm."),
+    MetricSpec(name="rankcore_tier_bytes", kind="counter", labels=(*_DEP, "move"),
+               doc="Weight bytes moved by the moves carried out (offload, load, update)."),
+    MetricSpec(name="rankcore_weight_pushes", kind="counter", labels=_DEP,
+               doc="Weights versions pushed (WeightsPushed accepted by the core)."),
+    MetricSpec(name="rankcore_weight_updates", kind="counter", labels=_DEP,
+               doc="UpdateWeights commands: one per replica a pushed version must reach."),
+    MetricSpec(name="rankcore_rejected_events", kind="gauge", labels=(),
+               doc="Events the core has refused (a normal run has none; the controller's status lists them)."),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + CONTROLLER_METRICS
+
+
+def build(specs: Iterable[MetricSpec]) -> tuple[CollectorRegistry, dict[str, Any]]:
+    """A registry of its own holding ``specs``: ``(registry, {name: metric})``."""
+    registry = CollectorRegistry(auto_describe=True)
+    made: dict[str, Any] = {}
+    for s in specs:
+        kw: dict[str, Any] = {"labelnames": s.labels, "registry": registry}
+        if s.buckets is not None:
+            kw["buckets"] = s.buckets
+        made[s.name] = _KINDS[s.kind](s.name, s.doc, **kw)
+    return registry, made
+
+
+def exported_names() -> frozenset[str]:
+    """Every sample name a scrape of the ingress's ``/metrics`` can show."""
+    return frozenset(n for s in ALL_METRICS for n in s.samples())
+
+
+def _is_error(status: int) -> bool:
+    return status >= 400
+
+
+class IngressMetrics:
+    """The ingress's metrics: one ``request`` per HTTP request answered; the ongoing gauge
+    moves as requests come and go; the queue gauges are read from the handles at scrape."""
+
+    def __init__(self, node_id: str = "", node_ip: str = "") -> None:
+        self.registry, self.m = build(INGRESS_METRICS)
+        self._ongoing = self.m["ray_serve_num_ongoing_http_requests"].labels(node_id, node_ip)
+
+    def started(self) -> None:
+        self._ongoing.inc()
+
+    def ended(self) -> None:
+        self._ongoing.dec()
+
+    def request(self, *, route: str, method: str, deployment: str, status: int, latency_ms: float,
+                replica: str | None = None, exception_type: str | None = None) -> None:
+        """One request answered (``deployment`` ``""``: no route matched)."""
+        m, code, app = self.m, str(status), deployment
+        m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
+        m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
+        if _is_error(status):
+            m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
+            m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
+        if replica is not None:
+            m["ray_serve_deployment_request_counter"].labels(deployment, replica, route, app).inc()
+            if exception_type is not None:
+                m["ray_serve_deployment_error_counter"].labels(deployment, replica, route, app,
+                                                               exception_type).inc()
+
+    def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
+        """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""
+        queued, ongoing = self.m["ray_serve_deployment_queued_queries"], self.m["ray_serve_num_ongoing_requests_at_replicas"]
+        queued.clear()
+        ongoing.clear()
+        for name, (q, f) in loads.items():
+            queued.labels(name, name, handle, actor_id).set(q)
+            ongoing.labels(name, name, handle, actor_id).set(f)
+
+    def controller_up(self, up: bool) -> None:
+        self.m["rankcore_controller_metrics_up"].set(1 if up else 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_LEVELS = ("rank", "node_rank", "local_rank")
+_SERVING = frozenset({rc.Phase.RUNNING, rc.Phase.RECONFIGURING})
+
+
+class ControllerMetrics:
+    """The controller's metrics. ``observe`` is a driver observer (after every step);
+    ``transferred`` is told of each weights move carried out; ``loop`` of each cluster pass;
+    ``refresh(state)`` sets the gauges that read the state, just before a scrape."""
+
+    def __init__(self, actor_id: str = "") -> None:
+        self.registry, self.m = build(CONTROLLER_METRICS)
+        self.actor_id = actor_id
+        self.loops = 0
+
+    def observe(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """What the core decided in one step: compactions (each rank change, by level), and its
+        reconfigure, tier and weights commands."""
+        m = self.m
+        m["rankcore_core_steps"].inc()
+        for comp in result.compactions:
+            m["rankcore_compactions"].labels(comp.deployment, comp.deployment).inc()
+            for ch in comp.changes:
+                for level, old, new in zip(_LEVELS, ch.old.as_tuple(), ch.new.as_tuple()):
+                    if old != new:
+                        m["rankcore_rank_reassignments"].labels(comp.deployment, comp.deployment, level).inc()
+        for cmd in result.commands:
+            kind = type(cmd)
+            move = _MOVES.get(kind)
+            if kind is rc.ReconfigureReplica:
+                m["rankcore_reconfigures"].labels(cmd.deployment, cmd.deployment, cmd.reason).inc()
+            elif kind is rc.UpdateWeights:
+                m["rankcore_weight_updates"].labels(cmd.deployment, cmd.deployment).inc()
+            elif move is not None:
+                name = move if kind is not rc.EvictReplica else f"evict_{cmd.to}"
+                m["rankcore_tier_moves"].labels(cmd.deployment, cmd.deployment, name).inc()
+        if type(event) is rc.WeightsPushed and not result.stale:
+            dep = event.deployment
+            m["rankcore_weight_pushes"].labels(dep, dep).inc()
+
+    def transferred(self, deployment: str, what: str, nbytes: int) -> None:
+        self.m["rankcore_tier_bytes"].labels(deployment, deployment, what).inc(nbytes)
+
+    def loop(self, seconds: float) -> None:
+        self.loops += 1
+        self.m["ray_serve_controller_control_loop_duration_s"].set(seconds)
+        self.m["ray_serve_controller_num_control_loops"].labels(self.actor_id).set(self.loops)
+
+    def refresh(self, state: rc.State, rejected: int = 0) -> None:
+        """The gauges that read the controller's state: replica health, target, replicas by phase,
+        events rejected. Cleared first, so a deleted deployment's series go."""
+        self.m["rankcore_rejected_events"].set(rejected)
+        healthy, target, phases = (self.m["ray_serve_deployment_replica_healthy"],
+                                   self.m["ray_serve_autoscaling_target_replicas"],
+                                   self.m["rankcore_deployment_replicas"])
+        for g in (healthy, target, phases):
+            g.clear()
+        for name, dep in state.deployments.items():
+            target.labels(name, name).set(dep.target)
+            counts: dict[str, int] = {}
+            for rid, rep in dep.replicas.items():
+                counts[rep.phase.value] = counts.get(rep.phase.value, 0) + 1
+                if rep.phase in rc.LIVE:
+                    healthy.labels(name, rid, name).set(1 if rep.phase in _SERVING else 0)
+            for phase, n in counts.items():
+                phases.labels(name, name, phase).set(n)
+
+    def exposition(self, state: rc.State, rejected: int = 0) -> bytes:
+        self.refresh(state, rejected)
+        return generate_latest(self.registry)
+
+
+_MOVES: dict[type, str] = {rc.OffloadReplica: "offload", rc.LoadReplica: "load", rc.EvictReplica: "evict",
+                           rc.DropWarmCopy: "drop_warm"}

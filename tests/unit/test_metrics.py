@@ -1,0 +1,179 @@
+"""The metrics' declarations (issue 37) and what is pure around them: Serve's names checked
+against Ray Serve's own source, a registry per process, the controller's counts from real core
+steps, request-id validation, and the Grafana dashboard naming only metrics we export."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import rankcore as rc
+from executors.ray_gpu.control.metrics import (
+    ALL_METRICS,
+    CONTROLLER_METRICS,
+    INGRESS_METRICS,
+    ControllerMetrics,
+    IngressMetrics,
+    build,
+    exported_names,
+)
+from executors.ray_gpu.ingress.access import REQUEST_ID_MAX, AccessLog, check_enable_access_log, request_id_of
+from tests.helpers import Driver
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "docs" / "grafana" / "rankcore-dashboard.json"
+
+
+def samples(text: bytes) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text.decode()) for s in fam.samples}
+
+
+# ------------------------------------------------------------------ declarations
+def test_names_unique_and_prefixed():
+    names = [s.name for s in ALL_METRICS]
+    assert len(names) == len(set(names))
+    for s in ALL_METRICS:
+        assert s.name.startswith("ray_serve_" if s.serve else "rankcore_"), s
+        assert not s.name.endswith("_total"), s  # (a counter's samples add it)
+
+
+def test_serve_names_are_ray_serves_own():
+    """Every metric that claims Serve's name is declared in Ray Serve's source (Ray adds ``ray_``)."""
+    ray = pytest.importorskip("ray")
+    src = "".join(p.read_text() for p in (pathlib.Path(ray.__file__).parent / "serve").rglob("*.py"))
+    for s in ALL_METRICS:
+        if s.serve:
+            bare = s.serve.removeprefix("ray_")
+            templated = bare.replace("_http_", "_{protocol_name}_")  # (Serve builds the HTTP ones per protocol)
+            assert re.search(rf"[\"']{re.escape(bare)}[\"']", src) or f'"{templated}"' in src, s
+
+
+def test_each_process_has_a_registry_of_its_own():
+    a, b = IngressMetrics(), IngressMetrics()
+    a.request(route="/x", method="GET", deployment="x", status=200, latency_ms=3.0)
+    assert samples(a.exposition())[("ray_serve_num_http_requests_total",
+                                    (("application", "x"), ("method", "GET"), ("route", "/x"),
+                                     ("status_code", "200")))] == 1
+    assert not any(n == "ray_serve_num_http_requests_total" for n, _ in samples(b.exposition()))
+    r1, _ = build(CONTROLLER_METRICS)
+    r2, _ = build(CONTROLLER_METRICS)  # (the global registry would refuse the second: "Duplicated timeseries")
+    assert r1 is not r2
+
+
+def test_ingress_counts_errors_by_status_and_exception():
+    m = IngressMetrics("node", "1.2.3.4")
+    m.request(route="/d", method="POST", deployment="d", status=500, latency_ms=7.0, replica="d#1",
+              exception_type="ValueError")
+    m.request(route="", method="GET", deployment="", status=404, latency_ms=0.5)
+    m.request(route="/d", method="POST", deployment="d", status=200, latency_ms=1500.0, replica="d#1")
+    s = samples(m.exposition())
+
+    def tot(name, **labels):
+        return sum(v for (n, ls), v in s.items() if n == name and labels.items() <= dict(ls).items())
+
+    assert tot("ray_serve_num_http_error_requests_total") == 2
+    assert tot("ray_serve_num_http_error_requests_total", error_code="404", route="") == 1
+    assert tot("ray_serve_deployment_request_counter_total", replica="d#1") == 2
+    assert tot("ray_serve_deployment_error_counter_total", exception_type="ValueError") == 1
+    assert tot("ray_serve_http_request_latency_ms_bucket", status_code="200", le="1000.0") == 0
+    assert tot("ray_serve_http_request_latency_ms_bucket", status_code="200", le="2000.0") == 1
+
+
+# ------------------------------------------------------------------ the controller's, from core steps
+class _Observed(Driver):
+    def __init__(self, metrics: ControllerMetrics, **kw) -> None:
+        super().__init__(**kw)
+        self.metrics = metrics
+
+    def step(self, event: object) -> rc.Step:
+        before = self.state
+        result = super().step(event)
+        self.metrics.observe(0.0, event, before, result)
+        return result
+
+
+def test_controller_counts_reconfigures_compactions_and_reassignments():
+    m = ControllerMetrics("actor")
+    d = _Observed(m, nodes=["n0"])
+    first = d.run(rc.DeploymentApplied(name="app", num_replicas=6, user_config={"v": 1}, has_reconfigure=True,
+                                       reconfigure_takes_rank=True))
+    assert not any(isinstance(c, rc.ReconfigureReplica) for c in first)  # (a start's config: InitializeReplica)
+    change = d.run(rc.DeploymentApplied(name="app", num_replicas=6, user_config={"v": 2}, has_reconfigure=True,
+                                        reconfigure_takes_rank=True))
+    victims = (d.by_rank()[0], d.by_rank()[2], d.by_rank()[4])
+    cmds = d.run(rc.ScaleRequested(deployment="app", num_replicas=3, victims=victims))
+    rank_recs = [c for c in cmds if isinstance(c, rc.ReconfigureReplica) and c.reason == "rank"]
+    s = samples(m.exposition(d.state, rejected=0))
+
+    def tot(name, **labels):
+        return sum(v for (n, ls), v in s.items() if n == name and labels.items() <= dict(ls).items())
+
+    assert tot("rankcore_reconfigures_total", reason="rank") == len(rank_recs) == 2
+    assert tot("rankcore_reconfigures_total", reason="user_config") == 6 == sum(
+        isinstance(c, rc.ReconfigureReplica) and c.reason == "user_config" for c in change)
+    assert tot("rankcore_compactions_total", deployment="app") == 1
+    assert tot("rankcore_rank_reassignments_total", level="rank") == 2  # ranks 3, 5 -> 0, 2
+    assert tot("ray_serve_autoscaling_target_replicas", deployment="app") == 3
+    assert tot("ray_serve_deployment_replica_healthy") == 3
+    assert tot("rankcore_deployment_replicas", phase="running") == 3
+    assert tot("rankcore_core_steps_total") > 0
+
+
+def test_controller_counts_tier_moves_and_bytes():
+    m = ControllerMetrics()
+    m.observe(0.0, rc.Tick(now=1.0), rc.State(), rc.Step(state=rc.State(), commands=(
+        rc.OffloadReplica(replica_id="a#0", deployment="a"), rc.LoadReplica(replica_id="a#0", deployment="a"),
+        rc.EvictReplica(replica_id="a#1", deployment="a", node_id="n", to="warm", for_replica="b#0"),
+        rc.UpdateWeights(replica_id="a#0", deployment="a", version=2))))
+    m.transferred("a", "offload", 1000)
+    m.transferred("a", "offload", 24)
+    s = samples(m.exposition(rc.State()))
+    moves = {dict(ls)["move"]: v for (n, ls), v in s.items() if n == "rankcore_tier_moves_total"}
+    assert moves == {"offload": 1, "load": 1, "evict_warm": 1}
+    assert s[("rankcore_tier_bytes_total", (("application", "a"), ("deployment", "a"), ("move", "offload")))] == 1024
+    assert s[("rankcore_weight_updates_total", (("application", "a"), ("deployment", "a")))] == 1
+
+
+# ------------------------------------------------------------------ access records
+def test_request_id_kept_when_safe_else_replaced():
+    assert request_id_of("abc-123_x.y:z@q/w+e=") == "abc-123_x.y:z@q/w+e="
+    assert request_id_of("a" * REQUEST_ID_MAX) == "a" * REQUEST_ID_MAX
+    for bad in (None, "", "a" * (REQUEST_ID_MAX + 1), "has space", "new\nline", "<script>", "é"):
+        new = request_id_of(bad)
+        assert re.fullmatch(r"[0-9a-f]{32}", new), bad
+    assert request_id_of(None) != request_id_of(None)
+
+
+def test_access_log_flag_and_file(tmp_path):
+    with pytest.raises(rc.InvalidConfig, match="enable_access_log"):
+        check_enable_access_log("yes")
+    log = AccessLog(True, str(tmp_path))
+    log.write({"request_id": "r1", "status": 200})
+    log.enabled = False
+    log.write({"request_id": "r2", "status": 200})
+    assert [r["request_id"] for r in log.last()] == ["r1"]
+    for h in log.log.handlers:
+        h.flush()
+    lines = (tmp_path / "access.jsonl").read_text().splitlines()
+    assert [json.loads(x)["request_id"] for x in lines] == ["r1"]
+
+
+# ------------------------------------------------------------------ the Grafana dashboard
+def test_dashboard_names_only_metrics_we_export():
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert exprs, "no queries"
+    known = exported_names()
+    named = set()
+    for e in exprs:
+        for word in re.findall(r"\b(?:ray_serve|rankcore)_[a-z_]+\b", e):
+            named.add(word)
+            assert word in known, f"{word!r} in {e!r} is not a metric we export"
+    spec_names = {s.name for s in INGRESS_METRICS + CONTROLLER_METRICS}
+    covered = {n for n in spec_names if any(n in w for w in named)}
+    assert len(covered) >= len(spec_names) // 2, sorted(spec_names - covered)
