@@ -137,3 +137,17 @@ def test_burst_mode_is_entered_at_twice_the_running_replicas_and_left_a_window_a
     assert later.deployment(NAME).autoscaler.burst_since == 0.0
     ended = _sample(later, 10.0)
     assert ended.deployment(NAME).autoscaler.burst_since is None
+
+
+def test_a_burst_upscale_ends_the_wait_for_an_upscale_in_the_state() -> None:
+    """The autoscaler's state says which way a change has been wanted without a break and since
+    when (``Autoscaler.wanted``/``since``, 0/None: none). An upscale wanted, then made at once by a
+    burst: nothing is wanted any more, both fields say so. Kills ``burst__mutmut_62`` (``wanted``
+    left at 1 beside ``since`` None)."""
+    state = _deploy(burst=True, upscale_delay_s=300.0, look_back_period_s=10.0, initial_replicas=2, min_replicas=1)
+    state = _sample(state, 0.0, per_replica=3)  # 6 / 2 = 3 wanted of 2 running: an upscale to wait for
+    auto = state.deployment(NAME).autoscaler
+    assert (auto.wanted, auto.since, auto.burst_since) == (1, 0.0, None)
+    state = _sample(state, 5.0, per_replica=4, queued=2)  # the last second: 10 / 2 = 5 >= 2 x 2: a burst
+    dep = state.deployment(NAME)
+    assert dep.target == 5 and (dep.autoscaler.wanted, dep.autoscaler.since, dep.autoscaler.burst_since) == (0, None, 5.0)
