@@ -406,7 +406,10 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
     return handle
 
 
-def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployment]) -> DeploymentHandle:
+def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployment],
+            wait: bool = True) -> DeploymentHandle:
+    """Apply ``app``'s deployments, those it binds first; ``wait``: each healthy before the next
+    (``run``); else applied only (``control.apps.apply_config``, as Ray Serve's deploy returns at once)."""
     d = app.deployment
     if d.name in seen:
         if seen[d.name] is not d:
@@ -415,14 +418,14 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
     seen[d.name] = d
 
     def inner(x: Any) -> Any:
-        return _deploy(x, ctl, timeout, seen) if isinstance(x, Application) else x
+        return _deploy(x, ctl, timeout, seen, wait) if isinstance(x, Application) else x
 
     args = tuple(inner(a) for a in app.args)
     kwargs = {k: inner(v) for k, v in app.kwargs.items()}
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
         d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
         version_of(d.version, d.cls))  # (here: the caller has the class's source)
-    if not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
+    if wait and not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)
 

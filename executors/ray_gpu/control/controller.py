@@ -33,9 +33,11 @@ import asyncio
 import inspect
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from ray import cloudpickle
 
 import rankcore as rc
@@ -70,6 +72,10 @@ log = logging.getLogger("rankcore.ray.controller")
 #: a router's load push while the controller recovers is answered at once with this interval
 #: (nothing recorded; reports do not queue behind the recovery)
 RECOVERING_RETRY_S = 1.0
+#: how many of the latest faults ``recent_faults`` keeps (``rankcore status``)
+FAULTS_KEPT = 50
+#: the events that report a fault (a failed ``HealthChecked`` only)
+FAULT_EVENTS = (rc.ReplicaCrashed, rc.NodeLost, rc.HealthChecked, rc.PlacementFailed)
 
 
 class Controller:
@@ -100,6 +106,8 @@ class Controller:
         self.loads = LoadBook()  # the routers' load (autoscaling; a restarted controller starts empty)
         self._autoscale_task: asyncio.Task | None = None
         self.metrics = self._start_metrics()
+        self.faults: deque[dict] = deque(maxlen=FAULTS_KEPT)  # (``rankcore status``: recent_faults)
+        self.ledger.driver.observers.append(self._note_fault)
 
     # ------------------------------------------------------------ metrics (issue 37)
     def _start_metrics(self) -> ControllerMetrics:
@@ -205,6 +213,20 @@ class Controller:
         if urgent and dep.target == 0 and not dep.deleting and not self.ledger.halted:
             self._feed_load(name, now, interval)
         return interval
+
+    # ------------------------------------------------------------ faults (issue 37: ``rankcore status``)
+    def _note_fault(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """Keep the latest fault events the core took (crashes, lost nodes, failed health checks
+        and placements), as what was observed: ``recent_faults``."""
+        if not isinstance(event, FAULT_EVENTS) or (isinstance(event, rc.HealthChecked) and event.healthy):
+            return
+        fields = {k: v for k, v in attrs.asdict(event, recurse=False).items() if k != "now"}
+        self.faults.append({"t": round(t, 3), "event": type(event).__name__, **fields})
+
+    async def recent_faults(self) -> list[dict]:
+        """The latest faults (``FAULTS_KEPT``), oldest first, and the events the core rejected."""
+        await self._ready()
+        return list(self.faults) + [{"t": None, "event": "rejected", "detail": e} for e in self.ledger.errors]
 
     # ------------------------------------------------------------ recording
     async def record(self, meta: dict, snapshot_every: int = 1) -> None:
