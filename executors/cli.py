@@ -4,12 +4,15 @@
 ``--set``), ``run`` runs one on a chosen executor, ``check-trace`` checks the
 invariants over a trace, ``diagram`` renders the replica lifecycle,
 ``demo`` walks the bare core through its rules and ``serve`` serves an
-application over HTTP on Ray.
+application over HTTP on Ray; ``deploy``, ``build``, ``status``, ``delete`` and
+``shutdown`` operate applications from a config file as Ray Serve's CLI does
+(docs/operate.md).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import re
 import shutil
@@ -18,7 +21,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import yaml
@@ -693,6 +696,187 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
         pass
     finally:
         ray.shutdown()  # a local cluster goes with it; on --address, the deployment and the ingress keep serving
+
+
+# ------------------------------------------------- operate (issue 37): deploy, build, status, delete, shutdown
+def _connect(address: str | None) -> None:
+    """Join the running Ray cluster (``--address``, else ``RAY_ADDRESS``, else the local one):
+    the controller, the ingress and the REST server are its named actors. No cluster: exit 2."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace="rankcore",
+                 log_to_driver=False, logging_level=logging.ERROR)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        _fail(f"no Ray cluster at {address or 'auto'} ({str(exc).splitlines()[0]}): start one with `ray start "
+              f"--head`, or pass --address")
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+_ADDRESS = click.option("--address", help="The Ray cluster (default: RAY_ADDRESS, else the running local one).")
+
+
+@main.command()
+@click.argument("config_file", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
+@_ADDRESS
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until every deployment is healthy (Ray Serve's deploy returns at once: --no-wait).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="How long --wait waits, in seconds.")
+@click.option("--rest-port", type=click.IntRange(0, 65535),
+              help="Start the REST server (/api/serve/applications/) on this port if none runs (default 8266).")
+def deploy(config_file: Path, address: str | None, wait: bool, timeout: float, rest_port: int | None) -> None:
+    """Apply a config file (Ray Serve's schema): deploy or update its applications, delete
+    those it no longer names. Applying the same file again changes nothing (docs/operate.md)."""
+    import rankcore as rc
+
+    from .ray_gpu.api import config as cf
+
+    try:
+        cfg = cf.load(config_file)  # (checked before any cluster is joined)
+    except cf.ConfigError as exc:
+        _fail(str(exc))
+    for note in cfg.warnings:
+        click.echo(f"warning: {note}", err=True)
+    _connect(address)
+    from .ray_gpu.control import apps, rest
+
+    try:
+        url = rest.start_rest(None, rest_port)
+        applied = apps.apply_config(cfg, wait_s=timeout if wait else None)
+    except rc.RankcoreError as exc:
+        _fail(str(exc))
+    except TimeoutError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"applied {len(applied)} application(s) from {config_file}: {', '.join(applied) or 'none'} "
+               f"(REST: {url}/api/serve/applications/)")
+
+
+@main.command()
+@click.argument("target", metavar="MODULE:APP")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
+def build(target: str, output: Path | None) -> None:
+    """Write the config file that deploys MODULE:APP as its code says (edit it, then `rankcore deploy`)."""
+    import rankcore as rc
+
+    from .ray_gpu.api import config as cf
+    from .ray_gpu.control.apps import import_app
+
+    try:
+        app = import_app(target, {})
+        text = cf.dump(cf.build_config(target, app))
+        cf.parse(yaml.safe_load(text), "the built config")  # (what build writes, deploy reads)
+    except rc.InvalidConfig as exc:
+        _fail(f"{target}: {exc}")
+    if output:
+        output.write_text(text)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command()
+@_ADDRESS
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the same facts) instead of tables.")
+def status(address: str | None, as_json: bool) -> None:
+    """Applications, deployments, replicas (ranks, node, tier, state, version), the proxy,
+    autoscaling targets and recent faults. Exit status 1 when anything is unhealthy."""
+    import json as json_
+
+    _connect(address)
+    from .ray_gpu.control import apps
+
+    view = apps.status()
+    if as_json:
+        click.echo(json_.dumps(view, indent=2, default=str))
+    else:
+        _status_tables(view, Console())
+    if not view["healthy"]:
+        if not as_json:
+            for line in apps.unhealthy(view):
+                click.echo(f"unhealthy: {line}", err=True)
+        sys.exit(1)
+
+
+def _status_tables(view: dict, console: Console) -> None:
+    apps_t = Table(title="applications")
+    for col in ("application", "status", "route", "deployment", "deployment status", "target", "autoscaling",
+                "message"):
+        apps_t.add_column(col)
+    deps = [(a["name"], a, d) for a in view["applications"].values() for d in a["deployments"].values()]
+    deps += [("-", None, d) for d in view["other_deployments"].values()]
+    for app_name, a, d in deps:
+        auto = d["autoscaling"]
+        apps_t.add_row(escape(app_name), a["status"] if a else "-", escape(str(a["route_prefix"])) if a else "-",
+                       escape(d["name"]), d["status"], str(d["target"]),
+                       f"{auto['min_replicas']}..{auto['max_replicas']}" if auto else "-",
+                       escape(d["message"] or (a["message"] if a else "")))
+    console.print(apps_t)
+    reps = Table(title="replicas")
+    for col in ("deployment", "replica", "rank", "node_rank", "local_rank", "node", "tier", "state", "version"):
+        reps.add_column(col)
+    for _, _, d in deps:
+        for r in d["replicas"]:
+            reps.add_row(escape(d["name"]), escape(r["replica_id"]), str(r["rank"]), str(r["node_rank"]),
+                         str(r["local_rank"]), (r["node_id"] or "-")[:12], r["tier"], r["state"],
+                         escape(str(r["version"])))
+    console.print(reps)
+    proxies = Table(title="proxies")
+    for col in ("node", "status", "address"):
+        proxies.add_column(col)
+    for node, p in view["proxies"].items():
+        proxies.add_row(node[:12], p["status"], str(p["address"]))
+    console.print(proxies)
+    if view["recent_faults"]:
+        faults = Table(title="recent faults")
+        for col in ("t", "event", "detail"):
+            faults.add_column(col)
+        for f in view["recent_faults"]:
+            rest = {k: v for k, v in f.items() if k not in ("t", "event")}
+            faults.add_row(str(f["t"]), f["event"], escape(", ".join(f"{k}={v}" for k, v in rest.items())))
+        console.print(faults)
+
+
+@main.command()
+@click.argument("name")
+@_ADDRESS
+def delete(name: str, address: str | None) -> None:
+    """Delete application NAME (its deployments and route), leave the others be."""
+    import rankcore as rc
+
+    _connect(address)
+    from .ray_gpu.control import apps
+
+    try:
+        apps.delete_app(name)
+    except rc.RankcoreError as exc:
+        _fail(str(exc))
+    click.echo(f"deleted application {name!r}")
+
+
+@main.command()
+@_ADDRESS
+@click.option("--yes", "-y", is_flag=True, help="Do not ask.")
+def shutdown(address: str | None, yes: bool) -> None:
+    """Delete every application, stop the ingress and the REST server, reset the controller
+    (the Ray cluster keeps running)."""
+    if not yes:
+        click.confirm("Delete every application and reset the controller?", abort=True)
+    _connect(address)
+    from .ray_gpu.control import apps, rest
+
+    apps.delete_all()
+    rest.stop_rest()
+    click.echo("shut down")
 
 
 # ------------------------------------------------------------------- others

@@ -47,7 +47,7 @@ class ConfigError(rc.InvalidConfig):
     def __init__(self, source: str, path: str, line: int | None, message: str) -> None:
         self.source, self.path, self.line, self.message = source, path, line, message
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {path or '(top)'}: {message}")
+        super().__init__(f"{where}: {path + ': ' if path else ''}{message}")
 
 
 # ------------------------------------------------------------------ the records
@@ -134,8 +134,6 @@ class ServeConfig:
     proxy_location: str = "EveryNode"
     http_options: HTTPOptions = attrs.Factory(HTTPOptions)
     grpc_options: GRPCOptions = attrs.Factory(GRPCOptions)
-    #: accepted and ignored (a warning): rankcore logs through Python's logging as configured
-    logging_config: dict | None = None
     #: the warnings loading gave (keys accepted and ignored); not part of the file
     warnings: tuple[str, ...] = attrs.field(default=(), eq=False)
     #: where it was read from, and each key path's line: errors found when it is applied name them too
@@ -197,9 +195,12 @@ class _Lines:
 
     def line(self, path: str) -> int | None:
         while True:  # the nearest enclosing key that has a line
-            if path in self.at or not path:
-                return self.at.get(path)
-            path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+            if path in self.at:
+                return self.at[path]
+            outer = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path)
+            if outer == path:  # (a top-level key without a line: JSON)
+                return self.at.get("")
+            path = outer
 
 
 def _plain(node: yaml.Node, path: str, lines: _Lines, source: str) -> Any:
@@ -453,7 +454,6 @@ def to_plain(cfg: ServeConfig) -> dict:
             "http_options": {k: v for k, v in attrs.asdict(cfg.http_options).items() if v not in (None, "")},
             "grpc_options": {"port": cfg.grpc_options.port,
                              "grpc_servicer_functions": list(cfg.grpc_options.grpc_servicer_functions)},
-            **({"logging_config": cfg.logging_config} if cfg.logging_config is not None else {}),
             "applications": [{"name": a.name, "route_prefix": a.route_prefix, "import_path": a.import_path,
                               **({"args": a.args} if a.args else {}),
                               **({"runtime_env": a.runtime_env} if a.runtime_env else {}),

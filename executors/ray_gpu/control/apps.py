@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import os
 import sys
 import time
@@ -40,7 +39,6 @@ from .replicas import NAMESPACE
 __all__ = ["AppliedApp", "apply_config", "import_app", "applied_apps", "delete_app", "delete_all", "details",
            "status", "unhealthy", "FAULTS_SHOWN"]
 
-log = logging.getLogger("rankcore.ray.apps")
 
 _KV_APPS = b"rankcore/apps"
 #: how many recent faults ``status`` shows

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import threading
 import time
 from typing import Any
@@ -35,7 +34,6 @@ from .replicas import NAMESPACE
 __all__ = ["REST_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "RestServer", "make_app", "start_rest", "stop_rest",
            "rest_address"]
 
-log = logging.getLogger("rankcore.ray.rest")
 
 REST_NAME = "rankcore-rest"
 DEFAULT_HOST = "127.0.0.1"
