@@ -789,7 +789,8 @@ def build(target: str, output: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the same facts) instead of tables.")
 def status(address: str | None, as_json: bool) -> None:
     """Applications, deployments, replicas (ranks, node, tier, state, version), the proxy,
-    autoscaling targets and recent faults. Exit status 1 when anything is unhealthy."""
+    autoscaling targets and recent faults. Exit status 1 when anything is unhealthy (UNHEALTHY,
+    DEPLOY_FAILED, the proxy down), 0 while deploying."""
     import json as json_
 
     _connect(address)

@@ -41,6 +41,8 @@ __all__ = ["AppliedApp", "apply_config", "import_app", "applied_apps", "delete_a
 
 
 _KV_APPS = b"rankcore/apps"
+#: the statuses (Ray Serve's words) that make ``status`` unhealthy (exit status 1)
+_BAD = ("UNHEALTHY", "DEPLOY_FAILED")
 #: how many recent faults ``status`` shows
 FAULTS_SHOWN = 10
 #: Ray Serve's ``ReplicaState`` for each of the core's phases
@@ -328,8 +330,8 @@ def _app_status(deps: list[dict]) -> tuple[str, str]:
 def status(facts: dict | None = None) -> dict:
     """What ``rankcore status --json`` prints: applications with their deployments and replicas
     (ranks, node, tier, state, version), the proxy, autoscaling targets, recent faults, and
-    ``healthy`` (false when any application is not RUNNING, the proxy is not healthy, or a
-    deployment the file does not name is unhealthy)."""
+    ``healthy`` (false when an application or a deployment is UNHEALTHY or DEPLOY_FAILED, or the
+    proxy is not healthy; one still DEPLOYING, or DELETING, is on its way, not unhealthy)."""
     facts = facts or _facts()
     state = facts["state"]
     apps = {}
@@ -346,9 +348,9 @@ def status(facts: dict | None = None) -> dict:
         "status": proxy["status"], "address": f"{proxy['address'][0]}:{proxy['address'][1]}" if proxy["address"]
         else None}}
     faults = facts["faults"][-FAULTS_SHOWN:]
-    healthy = all(a["status"] == "RUNNING" for a in apps.values()) and \
+    healthy = not any(a["status"] in _BAD for a in apps.values()) and \
         all(p["status"] == "HEALTHY" for p in proxies.values()) and \
-        all(d["status"] in ("HEALTHY", "DELETING") for d in others.values())
+        not any(d["status"] in _BAD for d in others.values())
     return {"healthy": healthy, "applications": apps, "other_deployments": others, "proxies": proxies,
             "recent_faults": faults}
 
@@ -356,9 +358,9 @@ def status(facts: dict | None = None) -> dict:
 def unhealthy(view: dict) -> list[str]:
     """What is wrong, one line each ([] when ``view["healthy"]``)."""
     out = [f"application {a['name']}: {a['status']} {a['message']}".rstrip()
-           for a in view["applications"].values() if a["status"] != "RUNNING"]
+           for a in view["applications"].values() if a["status"] in _BAD]
     out += [f"deployment {d['name']}: {d['status']} {d['message']}".rstrip()
-            for d in view["other_deployments"].values() if d["status"] not in ("HEALTHY", "DELETING")]
+            for d in view["other_deployments"].values() if d["status"] in _BAD]
     out += [f"proxy on {n}: {p['status']}" for n, p in view["proxies"].items() if p["status"] != "HEALTHY"]
     return out
 
