@@ -151,3 +151,14 @@ def test_a_burst_upscale_ends_the_wait_for_an_upscale_in_the_state() -> None:
     state = _sample(state, 5.0, per_replica=4, queued=2)  # the last second: 10 / 2 = 5 >= 2 x 2: a burst
     dep = state.deployment(NAME)
     assert dep.target == 5 and (dep.autoscaler.wanted, dep.autoscaler.since, dep.autoscaler.burst_since) == (0, None, 5.0)
+
+
+def test_an_unregistered_policy_is_refused_listing_those_registered(registry: dict) -> None:
+    """The refusal names the policy and lists the registered ones, sorted, comma-separated.
+    Kills ``policy__mutmut_9`` (the list's separator)."""
+    registry.clear()
+    registry.update({DEFAULT_POLICY: _one, "test-a": _one})
+    with pytest.raises(rc.InvalidConfig) as caught:
+        autoscaling.policy("test-none")
+    assert str(caught.value) == ("policy='test-none' is not registered in this process (rankcore.register_policy; "
+                                 f"registered: {DEFAULT_POLICY}, test-a)")
