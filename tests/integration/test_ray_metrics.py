@@ -2,20 +2,28 @@
 and parsed with prometheus_client's own parser: every count must match the load exactly; the
 controller's counts follow what the core decided (reconfigures after a user_config change, rank
 reassignments after a downscale that compacts); one access record per request, with its
-``X-Request-Id`` echoed, and none while they are turned off. One Ray start for the module."""
+``X-Request-Id`` echoed, and none while they are turned off. The request id reaches the
+replica's user code (``_get_serve_request_context()``): the HTTP request's, a handle call's own,
+each concurrent call its own; the replicas' own metrics (Serve's replica counters, processing
+latency, calls in flight) are in the same scrape, HTTP and handle calls alike. One Ray start for
+the module."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import pathlib
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-from executors.ray_gpu import deployment, run
+from executors.ray_gpu import deployment, get_deployment_handle, run
+from executors.ray_gpu.api.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, set_access_log
 
@@ -34,6 +42,30 @@ class Metered:
 
     def fail(self):
         raise ValueError("metered says no")
+
+    def rid(self):
+        return _get_serve_request_context().request_id
+
+    def rid_twice(self, pause=0.3):
+        """The id before and after a pause in which other calls run in other threads of this replica."""
+        first = _get_serve_request_context().request_id
+        time.sleep(pause)
+        return [first, _get_serve_request_context().request_id]
+
+    async def rid_twice_async(self, pause=0.3):
+        first = _get_serve_request_context().request_id
+        await asyncio.sleep(pause)
+        return [first, _get_serve_request_context().request_id]
+
+    def relay(self):
+        """A handle call made inside a request carries its id on (Serve's handle does)."""
+        return get_deployment_handle("metered").rid.remote().result(timeout=30)
+
+    def hold(self, path):
+        """Answer once ``path`` exists (the test's event): a call held in flight."""
+        while not pathlib.Path(path).exists():
+            time.sleep(0.02)
+        return "released"
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +142,14 @@ def test_known_load_counted_exactly_and_recorded_once_each(app):
     assert total(s, "ray_serve_http_request_latency_ms_sum", status_code="200") > 0
     assert total(s, "ray_serve_num_ongoing_http_requests") == 0  # (the scrape is not one of them)
     replicas = set(handle.ranks())
+    # the replicas' counters (Serve 2.60: answered calls in one, failed ones in the other only)
     served = {dict(ls)["replica"]: v for (n, ls), v in s.items() if n == "ray_serve_deployment_request_counter_total"}
-    assert set(served) <= replicas and sum(served.values()) == OK + 1 + FAILS
-    assert total(s, "ray_serve_deployment_error_counter_total", deployment="metered",
+    assert set(served) <= replicas and sum(served.values()) == OK + 1
+    assert total(s, "ray_serve_deployment_request_counter_total", route="/m", application="metered") == OK + 1
+    assert total(s, "ray_serve_deployment_error_counter_total", deployment="metered", route="/m",
                  exception_type="ValueError") == FAILS
+    assert total(s, "ray_serve_deployment_processing_latency_ms_count", deployment="metered") == OK + 1 + FAILS
+    assert total(s, "rankcore_replica_metrics_up", deployment="metered") == 2
     assert total(s, "ray_serve_deployment_queued_queries", deployment="metered") == 0
     # --- the controller's, through the same scrape
     assert total(s, "rankcore_controller_metrics_up") == 1
@@ -160,6 +196,94 @@ def test_access_log_off_by_the_flag_metrics_still_counted(app):
         set_access_log(True)
     client.post("/m", json=1, headers={"X-Request-Id": "loud-again"})
     assert wait_records(before_records + 1)[-1]["request_id"] == "loud-again"
+
+
+def test_request_id_reaches_the_replica(app):
+    handle, client = app
+    r = client.get("/m/rid", headers={"X-Request-Id": "abc-123"})
+    assert r.status_code == 200 and r.json() == "abc-123"
+    r = client.get("/m/rid")  # none sent: the one the ingress made, the one it returns
+    assert r.json() == r.headers["x-request-id"] and re.fullmatch(r"[0-9a-f]{32}", r.json())
+    a, b = handle.rid.remote().result(timeout=30), handle.rid.remote().result(timeout=30)
+    assert a and b and a != b  # a handle call from Python: a new id each (Serve's: a UUID4)
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", a)
+    r = client.get("/m/relay", headers={"X-Request-Id": "relay-7"})
+    assert r.status_code == 200 and r.json() == "relay-7"  # carried on by a handle call made inside it
+
+
+@pytest.mark.parametrize("method", ["rid_twice", "rid_twice_async"])
+def test_concurrent_calls_each_see_their_own_id(app, method):
+    """8 calls at once on 2 replicas (5 slots each): calls share a replica and overlap there; each
+    reads its own id before and after the others ran (a plain method in its thread, an async one in
+    its task)."""
+    handle, client = app
+    ids = [f"conc-{method}-{i}" for i in range(8)]
+
+    def send(rid):
+        t0 = time.monotonic()
+        r = client.post(f"/m/{method}", json=0.5, headers={"X-Request-Id": rid})
+        return r.json(), t0, time.monotonic()
+
+    with ThreadPoolExecutor(len(ids)) as pool:
+        got = list(pool.map(send, ids))
+    assert [g[0] for g in got] == [[rid, rid] for rid in ids]
+    assert max(g[1] for g in got) < min(g[2] for g in got)  # (they all overlapped)
+    via_handle = [getattr(handle, method).remote(0.3) for _ in range(6)]
+    seen = [r.result(timeout=30) for r in via_handle]
+    assert all(x == y for x, y in seen) and len({x for x, _ in seen}) == 6
+
+
+def test_replica_metrics_count_http_and_handle_calls(app, tmp_path):
+    """A known mix: the replicas count every call once, whichever way it came (route "/m" over
+    HTTP, "" for a handle call made from Python); the latency histogram counts each; the in-flight
+    gauge is 1 while a call is held, 0 after."""
+    handle, client = app
+
+    def replica_totals():
+        s = scrape(client)
+        return s, {k: total(s, k, deployment="metered") for k in (
+            "ray_serve_deployment_request_counter_total", "ray_serve_deployment_error_counter_total",
+            "ray_serve_deployment_processing_latency_ms_count")}
+
+    s0, before = replica_totals()
+    ingress_ok = total(s0, "ray_serve_num_http_requests_total", route="/m", status_code="200")
+    http_ok, http_fail, handle_ok, handle_fail = 4, 1, 3, 2
+    for i in range(http_ok):
+        assert client.post("/m", json=i).status_code == 200
+    for _ in range(http_fail):
+        assert client.get("/m/fail").status_code == 500
+    assert [handle.remote(i).result(timeout=30) for i in range(handle_ok)] == list(range(handle_ok))
+    for _ in range(handle_fail):
+        with pytest.raises(ValueError, match="metered says no"):
+            handle.fail.remote().result(timeout=30)
+    s1, after = replica_totals()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta == {"ray_serve_deployment_request_counter_total": http_ok + handle_ok,
+                     "ray_serve_deployment_error_counter_total": http_fail + handle_fail,
+                     "ray_serve_deployment_processing_latency_ms_count": http_ok + http_fail + handle_ok + handle_fail}
+    by_route = {r: total(s1, "ray_serve_deployment_request_counter_total", route=r)
+                - total(s0, "ray_serve_deployment_request_counter_total", route=r) for r in ("/m", "")}
+    assert by_route == {"/m": http_ok, "": handle_ok}
+    assert total(s1, "ray_serve_deployment_error_counter_total", route="", exception_type="ValueError") \
+        - total(s0, "ray_serve_deployment_error_counter_total", route="", exception_type="ValueError") == handle_fail
+    # the ingress counts only what came over HTTP (no double counting of the replicas' counters)
+    assert total(s1, "ray_serve_num_http_requests_total", route="/m", status_code="200") - ingress_ok == http_ok
+    assert total(s1, "ray_serve_replica_processing_queries", deployment="metered") == 0
+
+    release = tmp_path / "release"
+    held = handle.hold.remote(str(release))
+    deadline = time.monotonic() + 15
+    while total(s := scrape(client), "ray_serve_replica_processing_queries", deployment="metered") != 1:
+        assert time.monotonic() < deadline, "the held call never showed in flight"
+        time.sleep(0.05)
+    assert sorted(v for (n, ls), v in s.items() if n == "ray_serve_replica_processing_queries") == [0, 1]
+    release.touch()
+    assert held.result(timeout=30) == "released"
+    s2 = scrape(client)
+    assert total(s2, "ray_serve_replica_processing_queries", deployment="metered") == 0
+    assert total(s2, "ray_serve_deployment_processing_latency_ms_count", deployment="metered") \
+        == after["ray_serve_deployment_processing_latency_ms_count"] + 1
+    assert total(s2, "rankcore_replica_metrics_up", deployment="metered") == 2
 
 
 def test_controller_counts_what_the_core_decided(app):

@@ -16,10 +16,14 @@ from executors.ray_gpu.control.metrics import (
     ALL_METRICS,
     CONTROLLER_METRICS,
     INGRESS_METRICS,
+    LATENCY_BUCKETS_MS,
+    REPLICA_METRICS,
     ControllerMetrics,
     IngressMetrics,
+    ReplicaMetrics,
     build,
     exported_names,
+    merged,
 )
 from executors.ray_gpu.ingress.access import REQUEST_ID_MAX, AccessLog, check_enable_access_log, request_id_of
 from tests.helpers import Driver
@@ -65,23 +69,72 @@ def test_each_process_has_a_registry_of_its_own():
     assert r1 is not r2
 
 
-def test_ingress_counts_errors_by_status_and_exception():
+def tot(s: dict, name: str, **labels) -> float:
+    return sum(v for (n, ls), v in s.items() if n == name and labels.items() <= dict(ls).items())
+
+
+def test_ingress_counts_errors_by_status():
     m = IngressMetrics("node", "1.2.3.4")
-    m.request(route="/d", method="POST", deployment="d", status=500, latency_ms=7.0, replica="d#1",
-              exception_type="ValueError")
+    m.request(route="/d", method="POST", deployment="d", status=500, latency_ms=7.0)
     m.request(route="", method="GET", deployment="", status=404, latency_ms=0.5)
-    m.request(route="/d", method="POST", deployment="d", status=200, latency_ms=1500.0, replica="d#1")
+    m.request(route="/d", method="POST", deployment="d", status=200, latency_ms=1500.0)
     s = samples(m.exposition())
+    assert tot(s, "ray_serve_num_http_error_requests_total") == 2
+    assert tot(s, "ray_serve_num_http_error_requests_total", error_code="404", route="") == 1
+    assert tot(s, "ray_serve_http_request_latency_ms_bucket", status_code="200", le="1000.0") == 0
+    assert tot(s, "ray_serve_http_request_latency_ms_bucket", status_code="200", le="2000.0") == 1
+    # the replica counts its calls (ReplicaMetrics): the ingress does not, so nothing is counted twice
+    assert not any(n.startswith("ray_serve_deployment_") and "http" not in n for n, _ in s)
 
-    def tot(name, **labels):
-        return sum(v for (n, ls), v in s.items() if n == name and labels.items() <= dict(ls).items())
 
-    assert tot("ray_serve_num_http_error_requests_total") == 2
-    assert tot("ray_serve_num_http_error_requests_total", error_code="404", route="") == 1
-    assert tot("ray_serve_deployment_request_counter_total", replica="d#1") == 2
-    assert tot("ray_serve_deployment_error_counter_total", exception_type="ValueError") == 1
-    assert tot("ray_serve_http_request_latency_ms_bucket", status_code="200", le="1000.0") == 0
-    assert tot("ray_serve_http_request_latency_ms_bucket", status_code="200", le="2000.0") == 1
+def test_replica_counts_as_serve_2_60_does():
+    """Serve's ``record_request_metrics``: an answered call in the request counter, a failed one in
+    the error counter only (by exception type), both in the latency histogram (Serve's buckets);
+    the in-flight gauge follows began/ended."""
+    m = ReplicaMetrics("d", "d#1")
+    m.began()
+    m.began()
+    s = samples(merged(m.families()))
+    assert s[("ray_serve_replica_processing_queries", (("application", "d"), ("deployment", "d"),
+                                                        ("replica", "d#1")))] == 2
+    m.answered("/d", 3.0)
+    m.ended()
+    m.answered("", 1500.0, "ValueError")
+    m.ended()
+    s = samples(merged(m.families()))
+    assert tot(s, "ray_serve_replica_processing_queries") == 0
+    assert tot(s, "ray_serve_deployment_request_counter_total", replica="d#1", route="/d") == 1
+    assert tot(s, "ray_serve_deployment_request_counter_total", route="") == 0
+    assert tot(s, "ray_serve_deployment_error_counter_total", route="", exception_type="ValueError") == 1
+    assert tot(s, "ray_serve_deployment_processing_latency_ms_count") == 2
+    assert tot(s, "ray_serve_deployment_processing_latency_ms_sum") == 1503.0
+    assert tot(s, "ray_serve_deployment_processing_latency_ms_bucket", le="5.0") == 1
+    les = {float(dict(ls)["le"]) for (n, ls), _ in s.items() if n == "ray_serve_deployment_processing_latency_ms_bucket"}
+    assert les == {*map(float, LATENCY_BUCKETS_MS), float("inf")}
+
+
+def test_replica_buckets_are_serves():
+    ray = pytest.importorskip("ray")
+    from ray.serve._private.constants import DEFAULT_LATENCY_BUCKET_MS
+
+    assert list(LATENCY_BUCKETS_MS) == list(DEFAULT_LATENCY_BUCKET_MS), ray.__version__
+
+
+def test_merged_puts_each_family_once():
+    """Two replicas export the same families: one scrape holds each family once (Prometheus refuses
+    a second ``# TYPE`` line for a family, which concatenated expositions would have), every sample kept."""
+    a, b = ReplicaMetrics("d", "d#1"), ReplicaMetrics("d", "d#2")
+    a.answered("/d", 2.0)
+    b.answered("/d", 2.0)
+    b.answered("/d", 4.0, "KeyError")
+    text = merged(a.families() + b.families())
+    types = [line for line in text.decode().splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)) and "# TYPE ray_serve_deployment_request_counter_total counter" in types
+    s = samples(text)
+    assert tot(s, "ray_serve_deployment_request_counter_total", replica="d#1") == 1
+    assert tot(s, "ray_serve_deployment_request_counter_total", replica="d#2") == 1
+    assert tot(s, "ray_serve_deployment_processing_latency_ms_count") == 3
+    assert tot(s, "ray_serve_deployment_error_counter_total", replica="d#2", exception_type="KeyError") == 1
 
 
 # ------------------------------------------------------------------ the controller's, from core steps
@@ -174,6 +227,6 @@ def test_dashboard_names_only_metrics_we_export():
         for word in re.findall(r"\b(?:ray_serve|rankcore)_[a-z_]+\b", e):
             named.add(word)
             assert word in known, f"{word!r} in {e!r} is not a metric we export"
-    spec_names = {s.name for s in INGRESS_METRICS + CONTROLLER_METRICS}
+    spec_names = {s.name for s in INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS}
     covered = {n for n in spec_names if any(n in w for w in named)}
     assert len(covered) >= len(spec_names) // 2, sorted(spec_names - covered)

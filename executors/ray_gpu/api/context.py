@@ -1,20 +1,30 @@
-"""What a replica knows about itself: ``get_replica_context()`` inside a replica.
+"""What a replica knows about itself: ``get_replica_context()`` inside a replica; and what it knows
+about the request it is answering: ``_get_serve_request_context()`` (Ray Serve's name).
 
 Each replica is its own Ray actor process, so one module-level context per
 process is exact. The executor updates it *before* calling the user's
 ``reconfigure``, so the context already shows the new rank there.
+
+The request context is per call, so it is a ``contextvars.ContextVar`` (as Serve's
+``_serve_request_context``), never a global: concurrent calls of one replica each see their
+own. The replica sets it around the user's method (in the thread or task that runs it); a
+handle call made while it is set carries its ``request_id`` on (Serve's
+``get_request_metadata``), else the call gets a new one (``generate_request_id``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
+import uuid
 from typing import Any
 
 import attrs
 
 import rankcore as rc
 
-__all__ = ["ReplicaContext", "get_replica_context"]
+__all__ = ["ReplicaContext", "get_replica_context", "RequestContext", "_get_serve_request_context",
+           "generate_request_id"]
 
 
 @attrs.frozen
@@ -61,3 +71,43 @@ def get_replica_context() -> ReplicaContext:
     if ctx is None:
         raise RuntimeError("get_replica_context() is only available inside a rankcore replica")
     return ctx
+
+
+@attrs.frozen
+class RequestContext:
+    """The request a replica is answering (Ray Serve's ``ray.serve.context._RequestContext``, the
+    fields rankcore has): ``request_id``: the HTTP request's ``X-Request-Id`` (kept or made by the
+    ingress) or, for a call made from Python, a new one (or the one of the request it was made
+    inside); ``route``: the HTTP route prefix the request matched (``""`` for a handle call made
+    outside a request); ``app_name``: the deployment (rankcore has no applications)."""
+
+    route: str = ""
+    request_id: str = ""
+    app_name: str = ""
+
+
+#: the request the running user code answers (Serve's ``_serve_request_context``; None outside one)
+_serve_request_context: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "rankcore request context", default=None)
+
+
+def _get_serve_request_context() -> RequestContext:
+    """The request the calling code is answering (Ray Serve's accessor, same name:
+    ``_get_serve_request_context().request_id``); an empty ``RequestContext`` outside a request."""
+    ctx = _serve_request_context.get()
+    return ctx if ctx is not None else RequestContext()
+
+
+def generate_request_id() -> str:
+    """A new request id: a UUID4 string, as Ray Serve's ``generate_request_id``."""
+    return str(uuid.uuid4())
+
+
+def request_for_call(app_name: str) -> RequestContext:
+    """The request context a handle call carries to its replica: the current request's id and route
+    when the call is made inside one (Serve's ``get_request_metadata``), else a new id."""
+    cur = _serve_request_context.get()
+    if cur is not None and cur.request_id:
+        return RequestContext(route=cur.route, request_id=cur.request_id, app_name=app_name)
+    return RequestContext(route=cur.route if cur is not None else "", request_id=generate_request_id(),
+                          app_name=app_name)

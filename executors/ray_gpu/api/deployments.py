@@ -24,6 +24,7 @@ from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
 from .autoscale import from_ray_serve
+from .context import RequestContext, request_for_call
 from .fingerprint import version_of
 from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 
@@ -610,12 +611,19 @@ class DeploymentHandle:
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
         on as its result (the call waits for it, the caller does not). With ``stream=True``: a
-        ``DeploymentResponseGenerator`` of the method's items."""
+        ``DeploymentResponseGenerator`` of the method's items.
+
+        The replica's user code sees the call's request id (``_get_serve_request_context()``): the
+        one of the request this call is made inside (a replica calling another; the HTTP ingress
+        sets it), else a new one, as Ray Serve's handle (which has no option to set it either)."""
+        request = request_for_call(self.name)  # (now: a chained call is sent from another thread)
         if self.stream:
-            return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True))
+            return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True,
+                                                                   request=request))
         if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
-            return DeploymentResponse.chained(self, args, kwargs)
-        return DeploymentResponse(self._router.submit(self.method, args, kwargs, progress=self.progress))
+            return DeploymentResponse.chained(self, args, kwargs, request)
+        return DeploymentResponse(self._router.submit(self.method, args, kwargs, progress=self.progress,
+                                                      request=request))
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
         """Scale in place (survivors keep running) and wait until healthy.
@@ -648,7 +656,8 @@ class DeploymentHandle:
         self._router.refresh(force=True)
         with self._router.lock:
             actors = dict(self._router.actors)
-        refs = {rid: actor.handle_request.remote(self.method, args, kwargs) for rid, actor in actors.items()}
+        request = request_for_call(self.name)  # (one call: one id on every replica)
+        refs = {rid: actor.handle_request.remote(self.method, args, kwargs, request) for rid, actor in actors.items()}
         if not wait:
             return refs
         values = ray.get(list(refs.values()), timeout=timeout)
@@ -689,7 +698,8 @@ class DeploymentResponse:
         self.future: Future = call.future if call is not None else future  # type: ignore[assignment]
 
     @classmethod
-    def chained(cls, handle: DeploymentHandle, args: tuple, kwargs: dict) -> DeploymentResponse:
+    def chained(cls, handle: DeploymentHandle, args: tuple, kwargs: dict,
+                request: RequestContext | None = None) -> DeploymentResponse:
         """A call whose arguments hold responses: sent once they are in (on a thread: the caller does
         not wait); its future follows the call's, or the first argument's error."""
         out: Future = Future()
@@ -699,7 +709,7 @@ class DeploymentResponse:
             try:
                 a = tuple(x.result() if isinstance(x, DeploymentResponse) else x for x in args)
                 kw = {k: (v.result() if isinstance(v, DeploymentResponse) else v) for k, v in kwargs.items()}
-                inner = handle._router.submit(handle.method, a, kw, progress=handle.progress)
+                inner = handle._router.submit(handle.method, a, kw, progress=handle.progress, request=request)
             except BaseException as exc:
                 out.set_exception(exc)
                 return

@@ -71,6 +71,7 @@ from rankcore.requests import (
 )
 
 from .autoscale import LoadReporter
+from .context import RequestContext, request_for_call
 
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
 
@@ -108,13 +109,16 @@ class Call:
     """One request: what to send, and the future its end resolves (the result, or an exception)."""
 
     __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream",
-                 "progress")
+                 "progress", "request")
 
     def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict,
-                 stream: bool = False, progress: bool = False) -> None:
+                 stream: bool = False, progress: bool = False, request: RequestContext | None = None) -> None:
         self.router, self.request_id, self.method = router, request_id, method
         self.args, self.kwargs, self.stream = args, kwargs, stream
         self.progress = progress  # the replica reports when it begins (status ``running``)
+        #: what the replica's user code sees (``_get_serve_request_context()``): the caller's request id
+        #: and route. ``request_id`` above is the machine's own (Serve's internal request id)
+        self.request = request if request is not None else request_for_call(router.name)
         #: the answer; for a stream, its Ray ``ObjectRefGenerator`` once dispatched (the items follow)
         self.future: Future = Future()
         self.ref: Any = None
@@ -214,15 +218,17 @@ class Router:
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
-               progress: bool = False) -> Call:
+               progress: bool = False, request: RequestContext | None = None) -> Call:
         """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer.
-        ``progress``: its status says ``running`` once the replica begins it (module docstring)."""
+        ``progress``: its status says ``running`` once the replica begins it (module docstring).
+        ``request``: the request context the replica shows its user code (None: the current
+        request's id, else a new one: ``context.request_for_call``)."""
         self.refresh()
         with self.lock:
             if method in self.streams and not stream:
                 raise TypeError(f"{self.name}.{method} is a generator method: call it through "
                                 f"handle.options(stream=True)")
-            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream, progress)
+            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream, progress, request)
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream)))
@@ -263,16 +269,16 @@ class Router:
                 if call.stream:  # (its items are read by the caller: ``stream_items``; it reports the end)
                     call.ref = actor.handle_stream.options(
                         num_returns="streaming", _generator_backpressure_num_objects=STREAM_BACKPRESSURE,
-                    ).remote(call.method, call.args, call.kwargs)
+                    ).remote(call.method, call.args, call.kwargs, call.request)
                     call.future.set_result(call.ref)
                     continue
                 if call.progress:  # (a start marker, then the answer: ``_follow``)
                     call.ref = gen = actor.handle_progress.options(num_returns="streaming").remote(
-                        call.method, call.args, call.kwargs)
+                        call.method, call.args, call.kwargs, call.request)
                     asyncio.run_coroutine_threadsafe(self._follow(a.request_id, a.replica_id, gen),
                                                      _progress_loop())
                     continue
-                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs)
+                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs, call.request)
                 rid, req = a.replica_id, a.request_id
                 ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
             elif kind is Rejected or kind is Failed:

@@ -1,11 +1,14 @@
 """Prometheus metrics of the Ray executor (issue 37): every metric declared once, here.
 
-Two processes export metrics, each into a ``CollectorRegistry`` of its own (never
+Three kinds of process export metrics, each into a ``CollectorRegistry`` of its own (never
 prometheus_client's global one, so two ingresses or two tests never clash):
 
 * the HTTP ingress (the data path, Ray Serve's proxy): requests, errors and latency per
   route and deployment, requests in flight, the deployments' queues
   (``IngressMetrics``);
+* each replica (Serve counts these in the replica too, so a handle call made from Python is
+  counted as an HTTP one is): calls answered and failed, the time in the user's method, calls
+  in flight (``ReplicaMetrics``); the ingress's ``/metrics`` gathers them (``merged``);
 * the controller: replica health, target and current replicas, the controller's loop time,
   and what only rankcore knows: rank reassignments, reconfigures by reason, tier moves and
   the bytes they moved, weights pushes (``ControllerMetrics``). It counts what the core
@@ -27,11 +30,13 @@ from typing import Any
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 import rankcore as rc
 
-__all__ = ["MetricSpec", "INGRESS_METRICS", "CONTROLLER_METRICS", "ALL_METRICS", "LATENCY_BUCKETS_MS",
-           "IngressMetrics", "ControllerMetrics", "build", "exported_names", "CONTENT_TYPE"]
+__all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
+           "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
+           "merged", "CONTENT_TYPE"]
 
 #: the exposition's media type (Prometheus text format 0.0.4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -85,17 +90,30 @@ INGRESS_METRICS: tuple[MetricSpec, ...] = (
            "End-to-end latency of HTTP requests, measured in the ingress (ms).", buckets=LATENCY_BUCKETS_MS),
     _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
            "HTTP requests the ingress is answering now."),
-    _serve("ray_serve_deployment_request_counter", "counter", ("deployment", "replica", "route", "application"),
-           "HTTP requests a replica answered (counted in the ingress, by the replica the router chose)."),
-    _serve("ray_serve_deployment_error_counter", "counter",
-           ("deployment", "replica", "route", "application", "exception_type"),
-           "HTTP requests a replica answered with an error (its exception's type)."),
     _serve("ray_serve_deployment_queued_queries", "gauge", ("deployment", "application", "handle", "actor_id"),
            "Requests waiting in the ingress's router for a replica (at scrape time)."),
     _serve("ray_serve_num_ongoing_requests_at_replicas", "gauge", ("deployment", "application", "handle", "actor_id"),
            "Requests the ingress's router has sent to replicas and not yet seen answered (at scrape time)."),
     MetricSpec(name="rankcore_controller_metrics_up", kind="gauge", labels=(),
                doc="1 when the last /metrics scrape got the controller's metrics, else 0."),
+    MetricSpec(name="rankcore_replica_metrics_up", kind="gauge", labels=("deployment", "replica", "application"),
+               doc="Per serving replica: 1 when it answered the last /metrics scrape in time, else 0."),
+)
+
+#: Serve's replica metrics (``replica.py``'s ``ReplicaMetricsManager``): Ray's default tags
+#: (deployment, replica, application) and the metric's own (route, exception_type)
+REPLICA_METRICS: tuple[MetricSpec, ...] = (
+    _serve("ray_serve_deployment_request_counter", "counter", ("deployment", "replica", "route", "application"),
+           "Calls the replica answered without an error (HTTP and handle calls; errors are only in the error "
+           "counter, as Serve 2.60 counts them)."),
+    _serve("ray_serve_deployment_error_counter", "counter",
+           ("deployment", "replica", "route", "application", "exception_type"),
+           "Calls the replica's user method ended with an exception (its type; CancelledError for a cancelled one)."),
+    _serve("ray_serve_deployment_processing_latency_ms", "histogram", ("deployment", "replica", "route", "application"),
+           "Time in the user's method (a stream: until its last item), errors included (ms).",
+           buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_replica_processing_queries", "gauge", ("deployment", "replica", "application"),
+           "Calls on the replica now: arrived and not yet ended (waiting for a slot included)."),
 )
 
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
@@ -129,7 +147,7 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
                doc="Events the core has refused (a normal run has none; the controller's status lists them)."),
 )
 
-ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + CONTROLLER_METRICS
+ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS
 
 
 def build(specs: Iterable[MetricSpec]) -> tuple[CollectorRegistry, dict[str, Any]]:
@@ -167,20 +185,15 @@ class IngressMetrics:
     def ended(self) -> None:
         self._ongoing.dec()
 
-    def request(self, *, route: str, method: str, deployment: str, status: int, latency_ms: float,
-                replica: str | None = None, exception_type: str | None = None) -> None:
-        """One request answered (``deployment`` ``""``: no route matched)."""
+    def request(self, *, route: str, method: str, deployment: str, status: int, latency_ms: float) -> None:
+        """One request answered (``deployment`` ``""``: no route matched). The replica counts the
+        call it answered (``ReplicaMetrics``): counted once, handle calls too."""
         m, code, app = self.m, str(status), deployment
         m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
         m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
         if _is_error(status):
             m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
             m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
-        if replica is not None:
-            m["ray_serve_deployment_request_counter"].labels(deployment, replica, route, app).inc()
-            if exception_type is not None:
-                m["ray_serve_deployment_error_counter"].labels(deployment, replica, route, app,
-                                                               exception_type).inc()
 
     def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
         """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""
@@ -194,8 +207,69 @@ class IngressMetrics:
     def controller_up(self, up: bool) -> None:
         self.m["rankcore_controller_metrics_up"].set(1 if up else 0)
 
+    def replicas_up(self, answered: dict[tuple[str, str], bool]) -> None:
+        """The last scrape's replicas: ``{(deployment, replica): answered in time}`` (gone ones dropped)."""
+        up = self.m["rankcore_replica_metrics_up"]
+        up.clear()
+        for (dep, rid), ok in answered.items():
+            up.labels(dep, rid, dep).set(1 if ok else 0)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ReplicaMetrics:
+    """One replica's metrics (its own registry: one per replica actor). ``began``/``ended``
+    bracket a call's stay on the replica (the in-flight gauge); ``answered`` counts a call whose
+    user method ended, with the time it ran and the exception type it raised (None: none)."""
+
+    def __init__(self, deployment: str, replica: str) -> None:
+        self.registry, self.m = build(REPLICA_METRICS)
+        self.deployment, self.replica = deployment, replica
+        self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, deployment)
+
+    def began(self) -> None:
+        self._ongoing.inc()
+
+    def ended(self) -> None:
+        self._ongoing.dec()
+
+    def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
+        m, dep, rid = self.m, self.deployment, self.replica
+        m["ray_serve_deployment_processing_latency_ms"].labels(dep, rid, route, dep).observe(latency_ms)
+        if exception_type is None:
+            m["ray_serve_deployment_request_counter"].labels(dep, rid, route, dep).inc()
+        else:
+            m["ray_serve_deployment_error_counter"].labels(dep, rid, route, dep, exception_type).inc()
+
+    def families(self) -> list[Metric]:
+        """Its metric families as objects (what the ingress's scrape gathers and ``merged`` joins)."""
+        return list(self.registry.collect())
+
+
+class _Families:
+    """A collector that yields given families (``merged``)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def merged(families: Iterable[Metric]) -> bytes:
+    """One exposition of several processes' families: the samples of a family that several
+    replicas export are put under one ``# HELP``/``# TYPE`` (a family may appear only once in a
+    scrape; concatenated expositions would repeat it)."""
+    out: dict[str, Metric] = {}
+    for fam in families:
+        into = out.get(fam.name)
+        if into is None:
+            into = out[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+        into.samples.extend(fam.samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(out.values())))
+    return generate_latest(registry)
 
 
 _LEVELS = ("rank", "node_rank", "local_rank")

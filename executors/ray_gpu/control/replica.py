@@ -20,6 +20,12 @@ At most ``max_ongoing_requests`` requests run at once (a semaphore; more wait
 their turn), whatever number of handles send them. A call pending on
 ``watch`` fails the moment the actor dies: death is noticed from Ray itself,
 not from a poll.
+
+Each request comes with its ``context.RequestContext`` (the caller's request id and route),
+set in a ``ContextVar`` in the thread or task that runs the user's method, so concurrent calls
+each read their own (``_get_serve_request_context()``), and a handle call made there carries
+the id on. The replica counts its calls as Ray Serve's does (``metrics.ReplicaMetrics``: its own
+registry, read by the ingress's scrape through ``metrics_families``).
 """
 
 from __future__ import annotations
@@ -27,16 +33,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import inspect
 import os
 import threading
+import time
 from typing import Any
 
 import rankcore as rc
 
 from ..api import context
+from ..api.context import RequestContext, _serve_request_context
 from ..weights.replica import ReplicaWeights
+from .metrics import ReplicaMetrics
 
 
 def _takes_rank(fn: Any) -> bool:
@@ -84,6 +94,8 @@ class ReplicaActor:
         #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
         #: torch's device index when CUDA is there, recorded otherwise) and where its weights come from
         self.devices, self.source = tuple(devices), source
+        #: Serve's replica metrics (calls, errors, time in the user's method, calls in flight)
+        self.metrics = ReplicaMetrics(deployment, replica_id)
 
     # -------------------------------------------------------------- plumbing
     def _loop_objects(self) -> None:
@@ -95,17 +107,20 @@ class ReplicaActor:
     async def _on_user_loop(self, coro: Any) -> Any:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._user_loop))
 
-    async def _call(self, fn: Any, args: tuple = (), kwargs: dict | None = None, *, pool: Any = None) -> Any:
+    async def _call(self, fn: Any, args: tuple = (), kwargs: dict | None = None, *, pool: Any = None,
+                    request: RequestContext | None = None) -> Any:
         """Call a user method the way Ray Serve does: a coroutine function is
         awaited on the user loop, a plain one runs in ``pool`` (its result
-        awaited if it is a coroutine)."""
+        awaited if it is a coroutine). ``request``: what its code reads from
+        ``_get_serve_request_context()`` (set in its own thread's or task's context)."""
         kwargs = kwargs or {}
         if inspect.iscoroutinefunction(fn):
-            return await self._on_user_loop(fn(*args, **kwargs))
+            return await self._on_user_loop(_in_request(request, fn(*args, **kwargs)))
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(pool or self._control, functools.partial(fn, *args, **kwargs))
+        result = await loop.run_in_executor(pool or self._control, _in_context(request),
+                                            functools.partial(fn, *args, **kwargs))
         if inspect.isawaitable(result):
-            result = await self._on_user_loop(_awaited(result))
+            result = await self._on_user_loop(_in_request(request, _awaited(result)))
         return result
 
     def _set_context(self) -> None:
@@ -377,54 +392,77 @@ class ReplicaActor:
             except Exception:  # pragma: no cover - best effort
                 pass
 
+    async def metrics_families(self) -> list:
+        """Its Prometheus metric families (``ReplicaMetrics.families``): the ingress's ``/metrics``
+        gathers every serving replica's and merges them (``metrics.merged``)."""
+        return self.metrics.families()
+
     # --------------------------------------------------------------- requests
     @contextlib.asynccontextmanager
-    async def _request(self, method: str) -> Any:
-        """The user's method, counted in flight (a drain waits for it) while it holds one of the
-        ``max_ongoing_requests`` slots."""
+    async def _request(self, method: str, request: RequestContext | None) -> Any:
+        """The user's method, counted in flight (a drain waits for it; the in-flight gauge shows
+        it) while it holds one of the ``max_ongoing_requests`` slots; once it ends, counted as
+        answered or failed (its exception's type) with the time it ran (Serve's replica metrics)."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         self._loop_objects()
         assert self._slots is not None and self._idle is not None
         fn = getattr(self.instance, method)
+        route = request.route if request is not None else ""
         self._inflight += 1
+        self.metrics.began()
         try:
             async with self._slots:  # at most max_ongoing_requests at once
-                yield fn
+                began = time.perf_counter()
+                failed: str | None = None
+                try:
+                    yield fn
+                except BaseException as exc:  # (counted, then raised as is)
+                    failed = type(exc).__name__
+                    raise
+                finally:
+                    self.metrics.answered(route, (time.perf_counter() - began) * 1000.0, failed)
         finally:
+            self.metrics.ended()
             async with self._idle:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    async def handle_request(self, method: str, args: tuple, kwargs: dict) -> Any:
-        async with self._request(method) as fn:
-            return await self._call(fn, args, kwargs, pool=self._requests)
+    async def handle_request(self, method: str, args: tuple, kwargs: dict,
+                             request: RequestContext | None = None) -> Any:
+        """One call of the user's ``method`` (``request``: the caller's request id and route)."""
+        async with self._request(method, request) as fn:
+            return await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
-    async def handle_progress(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def handle_progress(self, method: str, args: tuple, kwargs: dict,
+                              request: RequestContext | None = None) -> Any:
         """``handle_request`` for a caller who watches its progress (a Ray streaming generator): first
         ``STARTED`` once the call holds a slot and the user's method begins (the router then says
         ``running``), then the answer. Plain calls go to ``handle_request``: they pay nothing for it."""
-        async with self._request(method) as fn:
+        async with self._request(method, request) as fn:
             yield STARTED
-            yield await self._call(fn, args, kwargs, pool=self._requests)
+            yield await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
-    async def handle_stream(self, method: str, args: tuple, kwargs: dict) -> Any:
+    async def handle_stream(self, method: str, args: tuple, kwargs: dict,
+                            request: RequestContext | None = None) -> Any:
         """A generator method's items, one by one (a Ray streaming generator: the caller calls it with
         ``num_returns="streaming"``, the handle's ``options(stream=True)``). A sync generator's each
         ``next`` runs in the request pool, an async generator on the user loop; the stream holds one of
         the ``max_ongoing_requests`` slots until it ends."""
-        async with self._request(method) as fn:
+        async with self._request(method, request) as fn:
             if inspect.isasyncgenfunction(fn):
                 agen = fn(*args, **kwargs)
-                while (item := await self._on_user_loop(_next_async(agen))) is not _END:
+                while (item := await self._on_user_loop(_in_request(request, _next_async(agen)))) is not _END:
                     yield item
             else:
                 loop = asyncio.get_running_loop()
-                gen = await loop.run_in_executor(self._requests, functools.partial(fn, *args, **kwargs))
+                ctx = _in_context(request)  # (one context for the stream: its nexts run one at a time)
+                gen = await loop.run_in_executor(self._requests, ctx, functools.partial(fn, *args, **kwargs))
                 if not inspect.isgenerator(gen):
                     raise TypeError(f"{type(self.instance).__name__}.{method} is not a generator: call it "
                                     f"without stream=True")
-                while (item := await loop.run_in_executor(self._requests, next, gen, _END)) is not _END:
+                while (item := await loop.run_in_executor(self._requests, ctx, functools.partial(
+                        next, gen, _END))) is not _END:
                     yield item
 
 
@@ -432,6 +470,21 @@ _END = object()  # (a stream's end: StopIteration does not cross a thread pool's
 #: ``handle_progress``'s first item: the user's method begins
 STARTED = "started"
 
+
+
+async def _in_request(request: RequestContext | None, awaitable: Any) -> Any:
+    """Await ``awaitable`` with ``request`` as the request context (of this task alone: a task runs
+    in a copy of its creator's context)."""
+    _serve_request_context.set(request)
+    return await awaitable
+
+
+def _in_context(request: RequestContext | None) -> Any:
+    """A runner (``ctx.run``) for a pool thread: a fresh copy of the context with ``request`` set
+    (a thread pool does not carry the caller's context; two calls never share one)."""
+    ctx = contextvars.copy_context()
+    ctx.run(_serve_request_context.set, request)
+    return ctx.run
 
 
 async def _next_async(agen: Any) -> Any:

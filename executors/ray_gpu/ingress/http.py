@@ -52,9 +52,10 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
+from ..api.context import RequestContext, _serve_request_context
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
-from ..control.metrics import CONTENT_TYPE, IngressMetrics
+from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
@@ -85,6 +86,9 @@ METRICS_PATH = "/metrics"
 RANKS_TTL_S = 1.0
 #: how long a scrape waits for the controller's metrics (then serves the ingress's alone)
 CONTROLLER_METRICS_TIMEOUT_S = 2.0
+#: how long a scrape waits for the replicas' metrics, all asked at once (one late is left out of
+#: this scrape, ``rankcore_replica_metrics_up`` 0: a slow replica never stalls the scrape)
+REPLICA_METRICS_TIMEOUT_S = 1.0
 
 _HEAD = "node:__internal_head__"  # the head node's own resource
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -189,15 +193,27 @@ async def _first(items: Any) -> Any:
         return _NOTHING
 
 
-def _submit(handle: Any, name: str, args: tuple, kwargs: dict) -> Any:
-    """Send the call (on a call thread). A handle's own ``TimeoutError`` here means no replica
-    took it: 503, not the caller's 408."""
+def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestContext | None = None) -> Any:
+    """Send the call (on this loop or a call thread) with ``request`` as the current request, so
+    the handle carries its id and route to the replica (as Serve's proxy sets
+    ``_serve_request_context`` before it calls its handle). A handle's own ``TimeoutError`` here
+    means no replica took it: 503, not the caller's 408."""
+    token = _serve_request_context.set(request)
     try:
         return handle.remote(*args, **kwargs)
     except rc.RequestError:
         raise
     except TimeoutError as exc:
         raise rc.Unavailable(f"no replica of {name!r} took the call: {exc}", deployment=name) from exc
+    finally:
+        _serve_request_context.reset(token)
+
+
+def _request_of(note: dict | None) -> RequestContext | None:
+    """What the replica's user code sees of this HTTP request: its id (``x-request-id``), route."""
+    if note is None:
+        return None
+    return RequestContext(route=note["route"], request_id=note["request_id"], app_name=note["deployment"])
 
 
 class _Gone(Exception):
@@ -273,13 +289,6 @@ def _replica_of(response: Any) -> str | None:
     return getattr(getattr(response, "call", None), "replica_id", None)
 
 
-def _exception_type(exc: BaseException) -> str:
-    """The type of what failed a call: the application's own exception's, inside Ray's wrapper."""
-    if isinstance(exc, RayTaskError) and getattr(exc, "cause", None) is not None:
-        return type(exc.cause).__name__
-    return type(exc).__name__
-
-
 def _cancel_sent(submit: Any) -> None:
     """``submit`` done: cancel the call it sent (if it sent one)."""
     if not submit.cancelled() and submit.exception() is None:
@@ -326,7 +335,7 @@ class _Ingress:
         response = None
         try:
             try:
-                response = await self.send(handle, name, args, kwargs, timeout)
+                response = await self.send(handle, name, args, kwargs, timeout, _request_of(note))
             except asyncio.TimeoutError:  # (here only: the application may raise a TimeoutError, a 500)
                 raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
                                         deployment=name) from None
@@ -348,14 +357,16 @@ class _Ingress:
                                     deployment=name)
         return value
 
-    async def send(self, handle: Any, name: str, args: tuple, kwargs: dict, timeout: float | None) -> Any:
+    async def send(self, handle: Any, name: str, args: tuple, kwargs: dict, timeout: float | None,
+                   request: RequestContext | None = None) -> Any:
         """``handle.remote(...)``: on this loop once the handle knows its pool (sending then never
         blocks: no thread hop), else on a call thread (the first call asks the controller),
         within ``timeout`` (``asyncio.TimeoutError``); a call given up while being sent is
-        cancelled as soon as it is."""
+        cancelled as soon as it is. ``request``: the HTTP request's id and route (``_submit``)."""
         if handle.knows_pool():
-            return _submit(handle, name, args, kwargs)
-        submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs)
+            return _submit(handle, name, args, kwargs, request)
+        submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs,
+                                                            request)
         try:
             return await asyncio.wait_for(asyncio.shield(submit), timeout)
         except BaseException:
@@ -423,8 +434,6 @@ class _Ingress:
         except _Gone:
             return self._gone(name)
         except Exception as exc:
-            if note is not None:
-                note["exception_type"] = _exception_type(exc)
             return self._error(*status_of(exc), name)
         try:
             body = json.dumps(value)
@@ -454,7 +463,7 @@ class _Ingress:
         from starlette.responses import StreamingResponse
 
         handle = self.handles[name].options(stream=True, method_name=method)
-        response = await self.send(handle, name, args, kwargs, None)
+        response = await self.send(handle, name, args, kwargs, None, _request_of(note))
         items = response.__aiter__()
         self.in_flight[name] += 1
         ended = False
@@ -534,8 +543,7 @@ class _Ingress:
         written (with its replica's rank: ``rank_of``)."""
         deployment, replica = note["deployment"], note["replica"]
         self.metrics.request(route=note["route"], method=method, deployment=deployment, status=status,
-                             latency_ms=latency_ms, replica=replica,
-                             exception_type=note.get("exception_type") if status >= 400 else None)
+                             latency_ms=latency_ms)
         if not self.access.enabled:
             return
         rank = await self.rank_of(deployment, replica) if replica is not None else None
@@ -574,19 +582,20 @@ class _Ingress:
     async def prometheus(self, request: Any) -> Any:
         """``GET /metrics``: the ingress's metrics (its routers' queues read now), then the
         controller's (asked; within ``CONTROLLER_METRICS_TIMEOUT_S``, else left out and
-        ``rankcore_controller_metrics_up`` 0). Two registries, disjoint families: one scrape target."""
+        ``rankcore_controller_metrics_up`` 0), then every serving replica's, merged
+        (``_gather``). Registries of disjoint families: one scrape target."""
         from starlette.responses import Response
 
         loop = asyncio.get_running_loop()
         self.metrics.queues(self._loads(), "http", self.actor_id)
         try:
-            theirs = await loop.run_in_executor(self.pool, lambda: _ask_controller(
-                "metrics_text", timeout=CONTROLLER_METRICS_TIMEOUT_S))
-            up = True
-        except Exception:
-            theirs, up = b"", False
-        self.metrics.controller_up(up)
-        return Response(self.metrics.exposition() + theirs, media_type=CONTENT_TYPE)
+            theirs, families, answered = await loop.run_in_executor(self.pool, _gather)
+        except Exception:  # (the controller unknown: restarting)
+            theirs, families, answered = None, [], {}
+        self.metrics.controller_up(theirs is not None)
+        self.metrics.replicas_up(answered)
+        body = self.metrics.exposition() + (theirs or b"") + (merged(families) if families else b"")
+        return Response(body, media_type=CONTENT_TYPE)
 
     def _loads(self) -> dict[str, tuple[int, int]]:
         """Each routed deployment's queue in this ingress: (queued, in flight at replicas)."""
@@ -684,6 +693,47 @@ def _ask_controller(method: str, *args: Any, timeout: float = 5.0) -> Any:
     a controller restarting is shown as such, not waited out."""
     controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
     return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
+
+
+def _gather(controller_s: float = CONTROLLER_METRICS_TIMEOUT_S,
+            replica_s: float = REPLICA_METRICS_TIMEOUT_S) -> tuple[bytes | None, list, dict[tuple[str, str], bool]]:
+    """(On a call thread.) The controller's exposition (None: no answer in ``controller_s``), the
+    metric families of every replica its pools list as serving, and whether each answered within
+    ``replica_s``: ``(text, families, {(deployment, replica): answered})``. Every replica is asked
+    at once, so a scrape waits for the slowest answer up to ``replica_s``, never for their sum.
+    The ingress gathers them (not the controller): scrapes stay on the data path's actor, and the
+    controller's loop answers two small calls (its exposition, its pools) per scrape, not one per replica."""
+    controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+    text_ref, pools_ref = controller.metrics_text.remote(), controller.pools.remote()
+    ready, _ = ray.wait([text_ref, pools_ref], num_returns=2, timeout=controller_s)
+    text = _got(text_ref) if text_ref in ready else None
+    actors: dict[tuple[str, str], Any] = {}
+    members = (_got(pools_ref) or {}).get("members", {}) if pools_ref in ready else {}
+    pool_refs = {name: controller.pool.remote(name) for name in members}
+    if pool_refs:
+        ready, _ = ray.wait(list(pool_refs.values()), num_returns=len(pool_refs), timeout=controller_s)
+        for name, ref in pool_refs.items():
+            pool = _got(ref) if ref in ready else None
+            for rid, actor in (pool or {}).get("serving", ()):
+                actors[(name, rid)] = actor
+    refs = {key: actor.metrics_families.remote() for key, actor in actors.items()}
+    families: list = []
+    answered: dict[tuple[str, str], bool] = {}
+    if refs:
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=replica_s)
+        for key, ref in refs.items():
+            got = _got(ref) if ref in ready else None
+            answered[key] = got is not None
+            families.extend(got or ())
+    return text, families, answered
+
+
+def _got(ref: Any) -> Any:
+    """A ready ref's value; None when its task raised (the actor died, a deployment just deleted)."""
+    try:
+        return ray.get(ref, timeout=0)
+    except Exception:
+        return None
 
 
 def _sse(event: str, data: Any) -> str:
