@@ -127,3 +127,21 @@ def test_a_lost_node_makes_its_replicas_demand():
     assert c.asked == []
     c(rc.NodeLost(node_id="n1"))
     assert c.asked[-1].waiting == ((GPU1, 2),) and c.asked[-1].held == ((("GPU", 2.0),),)
+
+
+def test_a_recovery_that_reports_nodes_tells_the_demand_anew_even_empty():
+    """The failed controller's request still stands in the GCS: the recovered core replaces it."""
+    spec = rc.DeploymentApplied(name="a", num_replicas=3, resources={"GPU": 1}, placement_timeout_s=None)
+    report = rc.ReplicaReport(replica_id="a#0", deployment="a", node_id="n0",
+                              rank=rc.ReplicaRank(rank=0, node_rank=0, local_rank=0))
+    nodes = [rc.NodeJoined(node_id="n0", resources={"GPU": 1})]
+    full = rc.step(rc.State(), rc.ControllerRecovered(deployments=[spec], reports=[report], nodes=nodes,
+                                                      next_replica_number=1))
+    asked = [c for c in full.commands if isinstance(c, rc.RequestResources)]
+    assert asked == [rc.RequestResources(waiting=((GPU1, 2),), held=(GPU1,))]  # a#0 on n0; two more wait
+    fits = rc.step(rc.State(), rc.ControllerRecovered(deployments=[rc.DeploymentApplied(
+        name="a", num_replicas=1, resources={"GPU": 1}, placement_timeout_s=None)], reports=[report], nodes=nodes,
+        next_replica_number=1))
+    assert [c for c in fits.commands if isinstance(c, rc.RequestResources)] == [rc.RequestResources()]
+    unmanaged = rc.step(rc.State(), rc.ControllerRecovered(deployments=[spec], reports=[], next_replica_number=1))
+    assert not any(isinstance(c, rc.RequestResources) for c in unmanaged.commands)  # no node: nothing to tell
