@@ -184,6 +184,7 @@ _COMMAND_FIELDS = {
     "UpdateWeights": ({"replica": "str", "deployment": "str"}, {"version": "int"}),
     "EvictReplica": ({"replica": "str", "deployment": "str"}, {"node_id": "str", "to": "str", "for_replica": "str"}),
     "DropWarmCopy": ({"replica": "str", "deployment": "str"}, {"node_id": "str"}),
+    "RequestResources": ({}, {"waiting": "list", "held": "list"}),
     "PoolChanged": ({"replica": "str", "deployment": "str"}, {"membership": "str"}),
     "PoolComing": ({"deployment": "str"}, {"coming": "bool"}),
     "PoolReset": ({"deployment": "str"}, {"serving": "list", "draining": "list", "coming": "bool"}),

@@ -453,7 +453,7 @@ def _on_tick(tx: Tx, e: Tick) -> Step:
 
 def _on_controller_recovered(tx: Tx, e: ControllerRecovered) -> Step:
     rebuild(tx, e)
-    step = finish(tx)
+    step = finish(tx, retell=True)  # (the demand told anew: rankcore.placement.demand)
     known = {d.name for d in e.deployments}
     silent = {u.replica_id for u in e.unresponsive}
     stops = [c for c in step.commands if isinstance(c, StopReplica)]

@@ -15,6 +15,7 @@
 | UpdateWeights        | WeightsUpdated(version)                       |
 | EvictReplica         | ReplicaStopped (or ReplicaCrashed)            |
 | DropWarmCopy         | nothing                                       |
+| RequestResources     | nothing (nodes may join: NodeJoined)          |
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from . import invariants as inv
 from .base.bundles import StaticPlacement
-from .base.commands import PoolComing
+from .base.commands import PoolComing, RequestResources
 from .base.errors import InvalidConfig, InvalidEvent
 from .base.events import (
     CRASH_CAUSES,
@@ -105,6 +105,35 @@ _GB = 10**9  # (the tiers machine's model and GPU sizes)
 #: with ``groups=True``: the deployment made of gangs, the one on a static placement
 GANGS, STATIC = "llm", "embed"
 STATIC_MAPPING = ((0,), (1, 2), (3,))
+
+
+def _rounded(need: tuple) -> tuple:
+    return tuple((k, round(v, 9)) for k, v in need)
+
+
+def _demand(state: State) -> tuple:
+    """The autoscaler's demand of ``state``, worked out apart from ``rankcore.placement.demand``:
+    each waiting replica (not one the core evicts for) by its deployment's resources, and
+    the sum of the bookings on each live node (not the nodes' free room)."""
+    cl = state.cluster
+    counts: dict = {}
+    for rid in cl.queued:
+        if rid in cl.evicting:
+            continue
+        need = state.deployments[state.index[rid]].resources
+        if need:
+            counts[need] = counts.get(need, 0) + 1
+    if not counts:
+        return ((), ())
+    by_node: dict = {}
+    for node_id, need in cl.held.values():
+        if node_id in cl.nodes:
+            mine = by_node.setdefault(node_id, {})
+            for k, v in need:
+                mine[k] = mine.get(k, 0.0) + v
+    held = tuple(sorted(_rounded(tuple(sorted((k, v) for k, v in m.items() if v > 1e-9)))
+                        for m in by_node.values() if any(v > 1e-9 for v in m.values())))
+    return tuple(sorted(counts.items())), held
 
 
 class Subject(Protocol):
@@ -216,6 +245,7 @@ def make_machine(
             self.retired: list[str] = []
             self.pools = PoolView()  # the pools as the steps' pool commands told them
             self.restarting = False  # between a controller's restart and its ControllerRecovered
+            self.asked: RequestResources = RequestResources()  # the autoscaler's demand as last told
 
         # --------------------------------------------------------- driving
         def step_subject(self, event: object) -> tuple[Step, State]:
@@ -236,6 +266,15 @@ def make_machine(
                 self.pools.apply(cmd)
             problem = None if self.restarting else self.pools.mismatch(after)  # (stale until the PoolReset)
             assert problem is None, f"after {event!r} the pool commands so far do not describe the core's pools: {problem}"
+            if type(event) is ControllerRecovered and not after.cluster.joined:
+                self.asked = RequestResources()  # (no node reported: no autoscaler to tell, demand.tell)
+            for cmd in result.commands:
+                if type(cmd) is RequestResources:
+                    self.asked = cmd
+            if not self.restarting:
+                told = (self.asked.waiting, tuple(_rounded(b) for b in self.asked.held))
+                assert told == _demand(after), (f"after {event!r} the demand told ({self.asked!r}) is not "
+                                                f"the queue's: {_demand(after)!r}")
             gone = set(before.index.keys()) - set(after.index.keys())
             self.retired.extend(sorted(gone))
             self.own = result.state

@@ -183,6 +183,9 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
         bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
         bad += [f"cluster.nodes {n.name}: gpu_memory" for n in sc.nodes if _gpu_memory(n)]
     faults = _sim_only_faults(sc) + [f"traffic ({', '.join(sorted(sc.traffic))}: the simulator's queue only)"] * bool(sc.traffic)
+    if sc.provisioning is not None:  # (the controller still asks Ray's autoscaler: RequestResources)
+        faults.append("cluster.provisioning (the simulator's node provider: on Ray, nodes come from the "
+                      "cluster's own autoscaler, which the controller asks with request_resources)")
     nodes_only = not multi_node and not faults and all(
         isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
     bad += faults

@@ -39,6 +39,8 @@ __all__ = [
     "StreamSpec",
     "ARRIVAL_KINDS",
     "NodeSpec",
+    "Provisioning",
+    "PROVISIONING_KEYS",
     "DeploymentSpec",
     "Action",
     "Expectation",
@@ -91,6 +93,21 @@ class NodeSpec:
     gpu_memory: int = 0
     #: CPU memory for WARM copies of evicted models, in bytes (``NodeJoined.cpu_cache_bytes``)
     cpu_cache: int = 0
+
+
+@attrs.frozen
+class Provisioning:
+    """``cluster.provisioning``: the simulator's node provider, answering the core's
+    ``RequestResources`` as Ray's autoscaler would: nodes of ``gpus`` GPUs for what the
+    cluster cannot fit, each joining ``delay_s`` after it was asked for, the cluster never
+    above ``max_nodes`` nodes (those listed included)."""
+
+    delay_s: float
+    max_nodes: int
+    gpus: float
+
+
+PROVISIONING_KEYS = ("delay_s", "max_nodes", "gpus")
 
 
 @attrs.frozen
@@ -269,6 +286,8 @@ class Scenario:
                                   hash=False)
     #: deployment -> its requests (``traffic:``; the simulator only)
     traffic: dict = attrs.field(factory=dict, hash=False)
+    #: nodes added on the core's demand (``cluster.provisioning``; the simulator only)
+    provisioning: Provisioning | None = None
 
     def latency_for(self, deployment: str, what: str) -> Latency:
         spec = self.deployments.get(deployment)
@@ -470,6 +489,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     seed = c.count(top.get("seed", 0), ("seed",))
     duration = None if top.get("duration") is None else c.number(top["duration"], ("duration",), minimum=0)
     nodes = _nodes(top["cluster"], c)
+    provisioning = _provisioning(top["cluster"], nodes, c)
     placement = top.get("placement", "spread")
     if placement not in rc.placement.POLICIES:
         raise c.fail(("placement",), f"must be one of {', '.join(rc.placement.POLICIES)}, got {_show(placement)}")
@@ -530,7 +550,8 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         node_repair=repair if node_loss > 0 or cluster_loss > 0 else None,
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
         description=str(top.get("description", "")), raw=raw, bandwidth=bandwidth, traffic=traffic,
-        warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout)),
+        warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout, provisioning)),
+        provisioning=provisioning,
     )
 
 
@@ -550,7 +571,7 @@ _SLOW_START_Q = 0.99
 
 
 def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Action, ...], latency: dict,
-              timeout: float) -> list[str]:
+              timeout: float, provisioning: Provisioning | None = None) -> list[str]:
     out = []
     deployed = {a.deployment for a in timeline if isinstance(a, (Deploy, Scale))}
     by_memory = any(n.gpu_memory for n in nodes)  # tiered models are booked by memory there, may evict others
@@ -559,8 +580,11 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
     have = sum(n.gpus for n in nodes) - sum(d.bundle_gpus * len([b for b in d.static.bundle_nodes if b])
                                            for d in deployments.values() if d.static is not None)
     have += sum(a.gpus for a in timeline if isinstance(a, AddNode))
+    if provisioning is not None:  # (at most this many more, on demand)
+        have += max(0, provisioning.max_nodes - len(nodes)) * provisioning.gpus
     if want > have + 1e-9:
-        out.append(f"cluster: {have:g} GPUs (add_node included) for {want:g} asked by the deployments at full "
+        also = "add_node and provisioning" if provisioning is not None else "add_node"
+        out.append(f"cluster: {have:g} GPUs ({also} included) for {want:g} asked by the deployments at full "
                    f"strength: some replicas will never be placed (add nodes, or lower replicas)")
     crashes = [a.index for a in timeline if isinstance(a, CrashController)]
     for a in timeline:
@@ -581,8 +605,28 @@ def _warnings(nodes: tuple[NodeSpec, ...], deployments: dict, timeline: tuple[Ac
     return out
 
 
+def _provisioning(value: Any, nodes: tuple[NodeSpec, ...], c: _Checker) -> Provisioning | None:
+    """``cluster.provisioning: {delay_s, max_nodes, gpus}`` (``Provisioning``), or None."""
+    raw = value.get("provisioning") if isinstance(value, dict) else None
+    if raw is None:
+        return None
+    p = ("cluster", "provisioning")
+    m = c.mapping(raw, p, PROVISIONING_KEYS, required=("delay_s", "max_nodes"))
+    delay = c.number(m["delay_s"], p + ("delay_s",))
+    most = c.count(m["max_nodes"], p + ("max_nodes",))
+    if most < len(nodes):
+        raise c.fail(p + ("max_nodes",), f"{most} is fewer than the {len(nodes)} nodes the cluster starts with "
+                                         f"(max_nodes counts them too)")
+    gpus = c.number(m.get("gpus", value.get("gpus_per_node", 8)), p + ("gpus",) if "gpus" in m else
+                    ("cluster", "gpus_per_node"))
+    if gpus <= 0:
+        raise c.fail(p + ("gpus",), f"a node added must have GPUs, got {gpus:g}")
+    return Provisioning(delay_s=delay, max_nodes=most, gpus=gpus)
+
+
 def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
-    cl = c.mapping(value, ("cluster",), ("nodes", "gpus_per_node", "gpu_memory", "cpu_cache"), required=("nodes",))
+    cl = c.mapping(value, ("cluster",), ("nodes", "gpus_per_node", "gpu_memory", "cpu_cache", "provisioning"),
+                   required=("nodes",))
     gpus_default = c.number(cl.get("gpus_per_node", 8), ("cluster", "gpus_per_node"))
     memory_default = _size(cl.get("gpu_memory", 0), ("cluster", "gpu_memory"), c)
     cache_default = _size(cl.get("cpu_cache", 0), ("cluster", "cpu_cache"), c)

@@ -30,6 +30,7 @@ from ..scenarios import (
 from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy, WaitUntilServing
 from ..trace import TraceWriter
 from .autoscale import SimAutoscaler
+from .provision import SimProvisioner
 from .traffic import SimTraffic
 from .world import SimBackend, SimReplica
 
@@ -90,6 +91,8 @@ class Simulation:
         #: the requests (``traffic:``): one request machine fed the core's pool commands
         self.traffic = SimTraffic(self, scenario.traffic) if scenario.traffic else None
         self.backend.traffic = self.traffic
+        if scenario.provisioning is not None:  # nodes added on the core's demand
+            self.backend.provisioner = SimProvisioner(self, self.backend, scenario.provisioning, self.add_node)
         every = snapshot_every or scenario.snapshot_every
         self.trace = (
             TraceWriter(trace, snapshot_every=every,
@@ -494,6 +497,8 @@ class Simulation:
         if self.traffic is not None:  # each deployment's requests beside its other figures
             for name, figures in self.traffic.as_dict().items():
                 metrics["deployments"].setdefault(name, {})["requests"] = figures
+        if self.backend.provisioner is not None:
+            metrics["provisioning"] = self.backend.provisioner.as_dict()
         for name, figures in self.autoscaler.as_dict().items():  # what the autoscaler did, beside its cost
             metrics["deployments"].setdefault(name, {})["autoscaling"] = figures
         if self.trace is not None:

@@ -24,6 +24,7 @@ from ..scenarios.latency import Latency
 from ..scenarios.timeline import rank_holder
 
 if TYPE_CHECKING:
+    from .provision import SimProvisioner
     from .traffic import SimTraffic
 
 __all__ = ["SimNode", "SimReplica", "SimBackend", "SimServices"]
@@ -240,7 +241,8 @@ class SimBackend:
             rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
             rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
             rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update,
-            rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy}
+            rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy,
+            rc.RequestResources: self._request_resources}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -257,6 +259,9 @@ class SimBackend:
         #: the run's requests (``traffic:``), if any: given the core's pool commands, asked how long a
         #: stopping replica needs to finish what it serves
         self.traffic: SimTraffic | None = None
+        #: the node provider answering the core's demand (``cluster.provisioning``); None: the
+        #: demand goes unanswered, as on a Ray cluster with no autoscaler
+        self.provisioner: SimProvisioner | None = None
 
     def joined(self) -> list[rc.NodeJoined]:
         """The live nodes, as NodeJoined events in their order."""
@@ -295,6 +300,10 @@ class SimBackend:
                                         gang_size=r.gang.gang_size, members=cmd.members)
                 if r.phase in ("running", "reconfiguring"):
                     self.gang_hooks += 1
+
+    def _request_resources(self, cmd: rc.RequestResources) -> None:
+        if self.provisioner is not None:
+            self.provisioner.request(cmd)
 
     def _schedule_tick(self, cmd: rc.ScheduleTick) -> None:
         self.sim.schedule(cmd.at - self.sim.now, self.sim.tick)

@@ -49,6 +49,7 @@ __all__ = [
     "PoolCommand",
     "EvictReplica",
     "DropWarmCopy",
+    "RequestResources",
     "Command",
 ]
 
@@ -260,6 +261,27 @@ class DropWarmCopy:
     replica_id: str = attrs.field(validator=f.name)
 
 
+@attrs.frozen(kw_only=True)
+class RequestResources:
+    """The demand a cluster autoscaler must see (``rankcore.placement.demand``):
+    ``waiting``, the replicas no live node has room for, as (shape, count)
+    pairs; ``held``, while any wait, what the core has booked on each live node
+    (one bundle per node). The full demand each time it changes: it replaces the
+    previous one; both empty clears it. No answer (the executor may add nodes,
+    which join as ``NodeJoined``)."""
+
+    waiting: tuple[tuple[tuple[tuple[str, float], ...], int], ...] = ()
+    held: tuple[tuple[tuple[str, float], ...], ...] = ()
+
+    def bundles(self) -> list[dict[str, float]]:
+        """What ``request_resources(bundles=...)`` takes: every held bundle, then
+        one bundle per waiting replica (the cluster must fit them all at once)."""
+        out = [{k: v for k, v in b if v > 0} for b in self.held]
+        for need, n in self.waiting:
+            out.extend({k: v for k, v in need if v > 0} for _ in range(n))
+        return [b for b in out if b]
+
+
 #: where a replica stands in its deployment's request pool (``PoolChanged``)
 POOL_MEMBERSHIPS = ("serving", "draining", "gone")
 
@@ -312,6 +334,6 @@ class PoolComing:
 
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
-                EvictReplica, DropWarmCopy]
+                EvictReplica, DropWarmCopy, RequestResources]
 #: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'
 PoolCommand = Union[PoolChanged, PoolReset, PoolComing]

@@ -20,7 +20,10 @@ test of one field):
 6. ``deletions``: deployments being deleted whose last replica has gone leave,
    with their WARM copies (``deletion.sweep``);
 7. ``spares``: nodes whose set of replicas of a deployment changed are told
-   how many spare processes to keep (``spares.announce``).
+   how many spare processes to keep (``spares.announce``);
+8. ``demand``: when the step changed what waits for room (or, while anything
+   waits, what the nodes hold), the autoscaler is told the new demand
+   (``demand.announce``; last: every pass above may queue or place).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..base.state import RecoveryOutcome, Step
-from ..placement import gangs, spares
+from ..placement import demand, gangs, spares
 from ..placement.scheduling import place_waiting
 from ..tiers import evictions
 from . import deadlines, deletion, moves, rollouts
@@ -56,11 +59,16 @@ PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("compaction", moves.compact_touched),
     ("deletions", deletion.sweep),
     ("spares", spares.announce),
+    ("demand", demand.announce),
 )
 
 
-def finish(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None) -> Step:
-    """Run the end-of-step passes and build the step (``stale``: the event changed nothing)."""
+def finish(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None, retell: bool = False) -> Step:
+    """Run the end-of-step passes and build the step (``stale``: the event changed nothing;
+    ``retell``: a recovery, whose demand pass tells the demand even unchanged, ``demand.tell``)."""
     for _, run in PASSES:
-        run(tx)
+        if retell and run is demand.announce:
+            demand.tell(tx)
+        else:
+            run(tx)
     return build(tx, stale, recovery)

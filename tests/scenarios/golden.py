@@ -247,6 +247,16 @@ def _place(c: rc.PlaceReplica) -> str:
     return s
 
 
+def _shape(need: tuple) -> str:
+    return ",".join(f"{k}={_num(v)}" for k, v in need)
+
+
+def _request(c: rc.RequestResources) -> str:
+    """``RequestResources waiting=GPU=1x2 held=GPU=2;GPU=1`` (``-``: none)."""
+    waiting = " ".join(f"{_shape(need)}x{n}" for need, n in c.waiting) or "-"
+    return f"RequestResources waiting={waiting} held={';'.join(_shape(b) for b in c.held) or '-'}"
+
+
 #: command type -> its line (the commands are final classes)
 _SHOW: dict[type, Any] = {
     rc.StartReplica: _start,
@@ -265,6 +275,7 @@ _SHOW: dict[type, Any] = {
     rc.KeepSpareProcesses: lambda c: f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}",
     rc.EvictReplica: lambda c: f"EvictReplica {c.replica_id} {c.node_id} to={c.to} for={c.for_replica}",
     rc.DropWarmCopy: lambda c: f"DropWarmCopy {c.node_id} {c.deployment} {c.replica_id}",
+    rc.RequestResources: _request,
 }
 
 

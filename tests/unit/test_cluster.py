@@ -72,6 +72,8 @@ def brief(commands: tuple) -> list[tuple]:
             out.append(("stop", c.replica_id))
         elif isinstance(c, rc.ScheduleTick):
             out.append(("tick", c.at))
+        elif isinstance(c, rc.RequestResources):
+            continue  # (the autoscaler's demand: tests/unit/test_demand.py)
         else:
             out.append(("world", c.deployment, c.world_size))
     return out

@@ -8,7 +8,8 @@ calls into the replica; ``StopReplica``: a drain, then a kill;
 event (``ReplicaPlaced`` or ``PlacementFailed``, ``ReplicaReady``,
 ``ReplicaCrashed``, ``ReplicaStopped``; the weights' moves
 ``OffloadReplica`` / ``LoadReplica`` / ``UpdateWeights`` answered by
-``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``; memory-booked
+``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``; ``RequestResources``:
+``ray.autoscaler.sdk.request_resources``, unanswered; memory-booked
 placement: ``PlaceReplica.devices`` / ``.source``, ``EvictReplica``
 answered by ``ReplicaStopped`` once the weights are in the node's WARM cache
 or COLD file, ``DropWarmCopy`` unanswered). It chooses no node and orders
@@ -119,11 +120,28 @@ class Carrier:
                 self.in_order(cmd.replica_id, self.move(cmd))
             elif isinstance(cmd, rc.UpdateWeights):
                 self.in_order(cmd.replica_id, self.update_weights(cmd))
+            elif isinstance(cmd, rc.RequestResources):
+                self.request_resources(cmd)
             elif isinstance(cmd, rc.UpdateWorldSize):
                 seq = self.next_seq()
                 for _rid, rec in self.ledger.with_actors():
                     if rec.deployment == cmd.deployment:
                         rec.actor.update_world_size.remote(cmd.world_size, seq)
+
+    def request_resources(self, cmd: rc.RequestResources) -> None:
+        """The core's demand (``rankcore.placement.demand``) to Ray's autoscaler, KubeRay's
+        too: ``ray.autoscaler.sdk.request_resources`` (GCS internal KV with autoscaler v1,
+        the GCS's cluster resource constraints with v2), which replaces the previous request;
+        no bundles clears it. Called here, on the loop, so that two requests land in the
+        core's order; one GCS write, sent only when the demand changes. A failure is logged,
+        not raised: the request is a hint, the replicas wait in the core's queue either way."""
+        from ray.autoscaler.sdk import request_resources
+
+        bundles = cmd.bundles()
+        try:
+            request_resources(bundles=bundles)
+        except Exception:  # (a hint: see above)
+            log.exception("request_resources(%d bundles) failed", len(bundles))
 
     def next_seq(self) -> tuple[int, int]:
         self._seq += 1
