@@ -54,6 +54,7 @@ _with_deadlines = updater(Cluster, "deadlines", "next_deadline")
 _with_clock_deadlines = updater(Cluster, "now", "clock", "deadlines", "next_deadline")
 _with_held = updater(Cluster, "held")
 _with_held_clock = updater(Cluster, "held", "now", "clock")
+_with_held_clock_deadlines = updater(Cluster, "held", "now", "clock", "deadlines", "next_deadline")
 _with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
 
 
@@ -172,7 +173,13 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     node_id = held[0]
     new_id = replica_id(name, state.next_replica)
     book = cl.held.delete(rid).set(new_id, held)
-    cl = _with_held_clock(cl, book, now, True) if moved else _with_held(cl, book)  # one copy: clock and booking
+    timeout = deadlines.placement_timeout(dep)
+    at = now + timeout if (cl.clock or moved) and timeout is not None else None  # (deadlines.placement)
+    if at is not None:  # one copy: booking, clock and the placement deadline
+        cl = _with_held_clock_deadlines(cl, book, now, True,
+                                        *deadlines.with_deadline(cl.deadlines, cl.next_deadline, new_id, at))
+    else:
+        cl = _with_held_clock(cl, book, now, True) if moved else _with_held(cl, book)  # one copy: clock and booking
     ranks = dep.ranks.replace(rid, new_id, node_id)
     new = _Replica(replica_id=new_id, deployment=name, phase=_PENDING, lineage=rep.lineage, node_id=node_id,
                    revision=dep.revision)
@@ -183,10 +190,7 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
                replaces=rid, lineage=rep.lineage, revision=dep.revision),
         _Place(replica_id=new_id, deployment=name, node_id=node_id, rank=rank, resources=dep.resources),
     )
-    timeout = deadlines.placement_timeout(dep)
-    if cl.clock and timeout is not None:  # the placement deadline (deadlines.placement)
-        at = now + timeout
-        cl = _with_deadlines(cl, *deadlines.with_deadline(cl.deadlines, cl.next_deadline, new_id, at))
+    if at is not None:
         commands = (*commands, _Tick(at=at))
     return _Step(state=_with_dep_new(state, state.deployments.set(name, dep), cl,
                                      state.index.delete(rid).set(new_id, name), state.next_replica + 1),
