@@ -12,8 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 import rankcore as rc
+from rankcore.base.options import AutoscalingOptions
 from rankcore.control import autoscaling
-from rankcore.control.autoscaling import DEFAULT_POLICY
+from rankcore.control.autoscaling import DEFAULT_POLICY, factored
 
 NAME = "m"
 
@@ -162,3 +163,23 @@ def test_an_unregistered_policy_is_refused_listing_those_registered(registry: di
         autoscaling.policy("test-none")
     assert str(caught.value) == ("policy='test-none' is not registered in this process (rankcore.register_policy; "
                                  f"registered: {DEFAULT_POLICY}, test-a)")
+
+
+# ------------------------------------------------------------------ factored
+def test_a_downscale_takes_the_downscaling_factor_and_an_upscale_the_upscaling_one() -> None:
+    """``factored``: the step towards ``desired`` times the factor of its direction. Kills
+    ``factored__mutmut_7`` (the upscaling factor for a downscale too) and ``factored__mutmut_9``
+    (an upscale by less than one replica taking the downscaling factor)."""
+    both = AutoscalingOptions(upscaling_factor=2.0, downscaling_factor=0.5)
+    assert factored(1.0, 4, both) == 3  # ceil(4 - 0.5 x 3)
+    assert factored(2.5, 2, AutoscalingOptions(upscaling_factor=3.0)) == 4  # ceil(2 + 3 x 0.5)
+
+
+def test_a_factor_never_takes_it_to_zero_while_requests_are_there() -> None:
+    """A downscaling factor over 1 can overshoot below zero; while any request is there
+    (``desired`` > 0, even a fraction of a replica's) at least one replica stays; with none, zero.
+    Kills ``factored__mutmut_37`` (always zero) and ``factored__mutmut_41`` (a fraction of one
+    replica's load counted as none)."""
+    steep = AutoscalingOptions(downscaling_factor=1.5)
+    assert factored(0.1, 4, steep) == 1  # ceil(4 - 1.5 x 3.9) = -1
+    assert factored(0.0, 4, steep) == 0
