@@ -197,3 +197,51 @@ def test_replicas_being_reconfigured_count_as_running() -> None:
     dep = state.deployment(NAME)
     assert dep.count(rc.Phase.RECONFIGURING) == 2
     assert before == autoscaling.running(dep) == 2
+
+
+# ------------------------------------------------------------------ observe
+def test_with_none_running_load_still_in_the_window_scales_up_at_once() -> None:
+    """``cold_start`` (via ``observe``): with no replica running, the window's load (not only the
+    newest sample's) decides whether requests wait. One replica had a call in flight, then
+    crashed; the next sample sees nothing (none runs to hold a call) but the window still holds
+    the load: scaled at once to ceil(upscaling_factor). Kills ``observe__mutmut_34`` (the
+    window's total not passed: only the newest sample read)."""
+    state = _deploy(min_replicas=1, upscaling_factor=3.0, upscale_delay_s=300.0, look_back_period_s=10.0)
+    state = _sample(state, 0.0, per_replica=1)  # 1 in flight: 0.5 replicas wanted, target 1 kept
+    assert state.deployment(NAME).target == 1
+    (rid,) = state.deployment(NAME).replicas
+    state = rc.step(state, rc.ReplicaCrashed(replica_id=rid, reason="test")).state
+    assert autoscaling.running(state.deployment(NAME)) == 0
+    state = _sample(state, 1.0)
+    assert state.deployment(NAME).target == 3
+
+
+def test_a_cold_start_sample_stays_in_the_window_and_each_sample_is_no_stale_step() -> None:
+    """``observe`` keeps every sample in the autoscaler's window (a cold start's too: the next
+    decisions aggregate it) and answers True (the step is not stale) for a sample it took; an
+    older one is stale. Kills ``observe__mutmut_41`` (a cold start dropped the autoscaler's
+    state) and ``observe__mutmut_120`` (every sample called stale)."""
+    state = _deploy(min_replicas=0, initial_replicas=0, look_back_period_s=10.0)
+    assert state.deployment(NAME).target == 0
+    step = rc.step(state, rc.AutoscalingMetrics(deployment=NAME, now=5.0, queued=2, ongoing={}))
+    dep = step.state.deployment(NAME)
+    assert not step.stale and dep.target >= 1
+    assert dep.autoscaler is not None and dep.autoscaler.window == ((5.0, 2, 0),)
+    older = rc.step(step.state, rc.AutoscalingMetrics(deployment=NAME, now=4.0, queued=2, ongoing={}))
+    assert older.stale
+
+
+def test_a_policy_is_given_the_samples_calls_in_flight_per_replica(registry: dict) -> None:
+    """``PolicyContext.ongoing``: the sample's calls in flight per replica, as sent (sorted
+    pairs). Kills ``observe__mutmut_60`` (None given)."""
+    seen: list = []
+
+    def spy(ctx: rc.PolicyContext) -> int:
+        seen.append(ctx.ongoing)
+        return ctx.target
+
+    rc.register_policy("test-spy", spy, replace=True)
+    state = _deploy(policy="test-spy", initial_replicas=2, min_replicas=1)
+    ids = sorted(state.deployment(NAME).replicas)
+    rc.step(state, rc.AutoscalingMetrics(deployment=NAME, now=0.0, queued=0, ongoing={ids[1]: 3, ids[0]: 1}))
+    assert seen == [((ids[0], 1), (ids[1], 3))]
