@@ -23,6 +23,7 @@ from rankcore.tiers.choice import (
     choose,
     evictable,
     make_room,
+    victims,
 )
 
 
@@ -46,6 +47,61 @@ def test_a_refusal_restricted_to_some_nodes_names_them_and_judges_only_them() ->
                           "(the model can never be HOT on node(s) n0, n1)")
     # (on any node, the large one takes it: the restriction is what refused it)
     assert choose(nodes, Want(deployment="m", model_bytes=40_000))
+
+
+def test_a_refusal_on_any_node_says_none_is_free_when_a_device_could_hold_the_model() -> None:
+    """``Refusal.reason``: "the model can never be HOT" only when every device is smaller than
+    its share; a device of exactly that size could hold it, so the reason is that none is free
+    after every allowed eviction, said of any node when the want names none. Kills
+    ``_why_not__mutmut_9``, ``_why_not__mutmut_10`` and ``_why_not__mutmut_11`` (the "on any
+    node" words None or changed) and ``_why_not__mutmut_19`` (``<=``: a device of exactly the
+    model's share called too small)."""
+    # a device exactly the model's size, held by a replica that may not go (dedicated)
+    held = Resident(replica_id="d#0", deployment="d", devices=(0,), bytes_per_device=40_000, dedicated=True)
+    got = choose([_node("n0", 40_000, residents=(held,))], Want(deployment="m", model_bytes=40_000))
+    assert isinstance(got, Refusal)
+    assert got.reason == ("m: needs 1 device(s) with 40,000 bytes each; none is free on any node, even after "
+                          "evicting every replica that may be evicted (not dedicated, HOT for 3600 s or more)")
+
+
+def test_a_refusal_among_nodes_without_devices_says_the_largest_has_zero_bytes() -> None:
+    """A node may declare no GPU devices (``NodeTiers.devices`` empty): the refusal then says the
+    largest device has 0 bytes rather than failing to find one. Kills ``_why_not__mutmut_15``
+    (None as the default: a TypeError), ``_why_not__mutmut_17`` (no default: a ValueError) and
+    ``_why_not__mutmut_18`` (1 byte claimed)."""
+    got = choose([NodeTiers(node_id="n0", devices=())], Want(deployment="m", model_bytes=40_000))
+    assert isinstance(got, Refusal)
+    assert got.reason == ("m: needs 1 device(s) with 40,000 bytes each; the largest device has 0 bytes "
+                          "(the model can never be HOT on any node)")
+
+
+# ------------------------------------------------------------------ victims, choose
+def test_a_victim_whose_eviction_turns_out_not_needed_is_kept_whichever_it_was() -> None:
+    """``victims``: evicted in order (the youngest HOT first among one-GPU replicas) until the
+    newcomer fits, then every earlier victim not needed after all is kept, not only the first.
+    Here 2 + 2 bytes are not enough, the oldest's 8 are, and alone: only it goes. Kills
+    ``_needed__mutmut_4`` (only the first victim tried for keeping)."""
+    young, middle, old = (Resident(replica_id=rid, deployment=dep, devices=(0,), bytes_per_device=nbytes,
+                                   hot_since=since)
+                          for rid, dep, nbytes, since in [("a#0", "a", 2, 300.0), ("b#0", "b", 2, 200.0),
+                                                          ("c#0", "c", 8, 100.0)])
+    node = _node("n", 12, residents=(young, middle, old))
+    want = Want(deployment="m", model_bytes=8, now=1e9)
+    assert victims(node, want) == (old,)
+    got = choose([node], want)
+    assert isinstance(got, TierPlacement) and (got.evict, got.evicted_bytes) == (("c#0",), 8)
+
+
+def test_among_nodes_that_tie_on_everything_the_first_given_wins() -> None:
+    """``choose``'s order of last resort is the order the nodes are given in: with two views that
+    tie on every key (the same node given twice, here with different devices free), the first
+    is chosen. Kills ``choose__mutmut_14`` (``<=``: the last of a tie won)."""
+    first = NodeTiers(node_id="n", devices=[Device(index=0, memory=10), Device(index=1, memory=20)])
+    second = NodeTiers(node_id="n", devices=[Device(index=0, memory=20), Device(index=1, memory=10)])
+    want = Want(deployment="m", model_bytes=10)
+    for nodes, device in [([first, second], 0), ([second, first], 1)]:
+        got = choose(nodes, want)
+        assert isinstance(got, TierPlacement) and got.devices == (device,)
 
 
 # ------------------------------------------------------------------ make_room
