@@ -76,6 +76,20 @@ def test_a_refusal_among_nodes_without_devices_says_the_largest_has_zero_bytes()
 
 
 # ------------------------------------------------------------------ victims, choose
+def test_among_victims_on_as_many_gpus_the_youngest_hot_goes_first() -> None:
+    """``victims``: after the fewest GPUs, the replica HOT most recently goes first (the least
+    settled; NDIF's order), whatever its id. Either of two one-GPU replicas would make room: the
+    younger one goes, though its id sorts after the older one's. Kills ``_victim_order__mutmut_1``
+    (the oldest first)."""
+    old = Resident(replica_id="a#0", deployment="a", devices=(0,), bytes_per_device=5, hot_since=100.0)
+    young = Resident(replica_id="b#0", deployment="b", devices=(0,), bytes_per_device=5, hot_since=200.0)
+    node = _node("n", 10, residents=(old, young))
+    want = Want(deployment="m", model_bytes=5, now=1e9)
+    assert victims(node, want) == (young,)
+    got = choose([node], want)
+    assert isinstance(got, TierPlacement) and got.evict == ("b#0",)
+
+
 def test_a_victim_whose_eviction_turns_out_not_needed_is_kept_whichever_it_was() -> None:
     """``victims``: evicted in order (the youngest HOT first among one-GPU replicas) until the
     newcomer fits, then every earlier victim not needed after all is kept, not only the first.
