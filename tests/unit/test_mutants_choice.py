@@ -7,8 +7,10 @@ mutant's text. Sizes are small numbers of bytes, so the expected cache arithmeti
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
+from rankcore.base.errors import InvalidConfig
 from rankcore.tiers.choice import (
     CacheEntry,
     Choice,
@@ -116,6 +118,48 @@ def test_among_nodes_that_tie_on_everything_the_first_given_wins() -> None:
     for nodes, device in [([first, second], 0), ([second, first], 1)]:
         got = choose(nodes, want)
         assert isinstance(got, TierPlacement) and got.devices == (device,)
+
+
+# ------------------------------------------------------------------ validators
+def test_a_bad_size_is_refused_naming_the_field_and_showing_the_value() -> None:
+    """Bad input is refused where it is built, with a typed error naming the field and showing
+    what was given. Kills ``_nonneg_bytes__mutmut_8`` and ``_positive_int__mutmut_8`` (None shown,
+    not the value)."""
+    with pytest.raises(InvalidConfig) as caught:
+        Device(index=0, memory=-5)
+    assert str(caught.value) == "Device.memory must be a number of bytes (an int >= 0), got -5"
+    with pytest.raises(InvalidConfig) as caught:
+        Want(deployment="m", model_bytes=1, gpus=0)
+    assert str(caught.value) == "Want.gpus must be an int >= 1, got 0"
+
+
+# ------------------------------------------------------------------ evictable
+def _old(leaving: bool = False, claim: bool = False) -> Resident:
+    """A one-GPU replica HOT since t=0, holding its whole 8-byte device."""
+    return Resident(replica_id="b#0", deployment="b", devices=(0,), bytes_per_device=8, leaving=leaving,
+                    claim=claim)
+
+
+def test_a_want_that_may_not_evict_evicts_no_one() -> None:
+    """``Want.may_evict`` False (an evicted replica's replacement): it only goes where it fits
+    without evicting, however evictable the replicas there. Kills ``evictable__mutmut_1`` (``and``
+    for ``or``: may_evict heeded only against a claim; in the run it timed out rather than failed)."""
+    node = _node("n", 8, residents=(_old(),))
+    may = Want(deployment="m", model_bytes=8, now=1e9)
+    assert evictable(_old(), may) and choose([node], may)
+    may_not = attrs.evolve(may, may_evict=False)
+    assert not evictable(_old(), may_not)
+    assert victims(node, may_not) is None and isinstance(choose([node], may_not), Refusal)
+
+
+@pytest.mark.parametrize("kw", [{"leaving": True}, {"claim": True}])
+def test_a_replica_leaving_or_a_claim_is_never_a_victim(kw: dict[str, bool]) -> None:
+    """A replica being evicted already (``leaving``: no victim twice) and the room a newcomer
+    claimed (``claim``: never a victim) are not evictable, each on its own. Kills
+    ``evictable__mutmut_2`` (``and`` for ``or``: only one both leaving and a claim spared)."""
+    want = Want(deployment="m", model_bytes=8, now=1e9)
+    assert not evictable(_old(**kw), want)
+    assert isinstance(choose([_node("n", 8, residents=(_old(**kw),))], want), Refusal)
 
 
 # ------------------------------------------------------------------ make_room
@@ -240,7 +284,8 @@ def test_an_evicted_replicas_weights_go_warm_under_its_replica_id() -> None:
 def test_a_replica_placed_is_hot_since_want_now_and_spared_for_its_minimum_time() -> None:
     """``apply``: the replica is HOT since ``want.now``, so it is not evicted for another model
     before its minimum deployment time, and is once that has passed. Kills ``apply__mutmut_72``
-    (``hot_since`` left at 0: a replica placed at t=10,000 evictable at once)."""
+    (``hot_since`` left at 0: a replica placed at t=10,000 evictable at once) and
+    ``evictable__mutmut_14`` (``>`` for ``>=``: one HOT for exactly its minimum time spared)."""
     now = 10_000.0
     want = Want(deployment="a", model_bytes=8, now=now)
     node = _node("n", 10)
