@@ -12,15 +12,30 @@ modelled. The simulated nodes hold GPUs only, so bundles are packed by their GPU
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import rankcore as rc
 
 from ..scenarios.format import Provisioning
 
-if TYPE_CHECKING:
-    from .world import SimBackend, SimServices
+
+class _Clock(Protocol):
+    """What the provisioner needs of the simulation (``world.SimServices`` has it; not imported:
+    the world imports this module)."""
+
+    now: float
+
+    def schedule(self, delay: float, fn: Callable, *args: Any, last: bool = False) -> int: ...
+
+    def note(self, type_: str, **fields: Any) -> None: ...
+
+
+class _Nodes(Protocol):
+    """What it reads of the simulated cluster (``world.SimBackend``): its nodes by name."""
+
+    @property
+    def nodes(self) -> Mapping[str, Any]: ...
 
 __all__ = ["SimProvisioner"]
 
@@ -30,7 +45,7 @@ _EPS = 1e-9
 class SimProvisioner:
     """Launches nodes for the core's demand; counts what it did (``as_dict``)."""
 
-    def __init__(self, sim: SimServices, backend: SimBackend, spec: Provisioning,
+    def __init__(self, sim: _Clock, backend: _Nodes, spec: Provisioning,
                  join: Callable[[str, float], None]) -> None:
         """``join(name, gpus)``: a launched node joins the cluster (the runner's ``add_node``)."""
         self.sim, self.backend, self.spec, self.join = sim, backend, spec, join
