@@ -9,7 +9,8 @@ places a gang all or nothing (``scheduling.place_waiting`` with
 
 * ``fail_member``: under ``restart_gang`` a member's failure replaces every
   member on its rank (the others are stopped at once); under
-  ``restart_replica`` only that member;
+  ``restart_replica`` only that member (unless it runs an outdated revision
+  during a rollout: then its whole gang, as under ``restart_gang``);
 * ``tell`` (an end-of-step pass): each StartReplica of a member carries its
   gang as the step leaves it, and a gang that got a new member while others
   kept running is told its members (``GangChanged``);
@@ -46,8 +47,12 @@ _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call intr
 
 def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A replica died (crash, start timeout, node loss): replace it, and under
-    ``restart_gang`` every other member of its gang too (their processes stopped)."""
-    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:
+    ``restart_gang`` every other member of its gang too (their processes stopped).
+    A member still on an old revision during a rollout restarts its whole gang
+    under ``restart_replica`` too: its gang is being replaced anyway, and its
+    replacement (on the new revision) must not join members of the old one."""
+    if dep.gang_size <= 1 or rep.phase is Phase.STOPPING or (
+            dep.gang_failure != "restart_gang" and (rep.revision == dep.revision or dep.deleting)):
         return crash(tx, dep, rep)
     k = dep.gang_size
     g = dep.ranks.global_rank(rep.replica_id) // k
