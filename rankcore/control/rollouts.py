@@ -28,7 +28,8 @@ A gang deployment rolls whole gangs (``_advance_gangs``): every member of a gang
 same step, lowest gang first, while no more than ``max_unavailable`` rounded up to whole gangs
 (``gang_budget``) would be short of serving, so one whole gang always may be. Each member's successor
 takes its global rank but waits (``moves.hold``: no StartReplica) until no member of its gang is
-retiring any more; then the whole new gang starts at once (``moves._start_gang``), placed all or
+retiring or on an old revision; then the whole new gang starts at once (``moves._start_gang``; the
+end-of-step pass starts one whose old members left another way, ``moves.start_waiting``), placed all or
 nothing by its gang placement (gangs and static placement do not mix: ``DeploymentApplied`` refuses it).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md, "What you may import").
@@ -106,8 +107,8 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
     once, lowest rank first (``Deployment.roll_order``), and retires those serving nothing yet; each
     later pass goes on down that list from ``roll_next`` (a listed replica gone meanwhile, or no longer
     outdated, is passed over), so a whole rollout walks its deployment once, not once a step."""
-    if dep.deleting:
-        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    if dep.deleting:  # (rolling until its retiring replicas have gone: the fast paths skip it until then)
+        return _copy(dep, rolling=dep.retiring > 0, roll_order=None, roll_next=0)
     if dep.gang_size > 1:
         return _advance_gangs(tx, dep)
     if dep.roll_order is None:

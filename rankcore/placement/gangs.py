@@ -36,7 +36,7 @@ from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id,
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from ..control.moves import crash
+from ..control.moves import crash, held
 from ..control.transaction import Tx, stop_command
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
@@ -56,10 +56,10 @@ def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         return crash(tx, dep, rep)
     k = dep.gang_size
     g = dep.ranks.global_rank(rep.replica_id) // k
-    for r in gang_ranks(g, k):
-        rid = cast("str | None", dep.ranks.holder_of(r))
+    waiting = set(held(tx, dep, g))  # held for a rolled gang (moves.hold): no process; they start with it
+    for rid in [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]:  # (as it was)
         member = dep.replicas.get(rid) if rid is not None else None
-        if member is None or member.phase is Phase.STOPPING:
+        if member is None or member.phase is Phase.STOPPING or (rid in waiting and rid != rep.replica_id):
             continue
         if rid != rep.replica_id and rid not in tx.view.delayed:  # (delayed: never started, nothing to stop)
             tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang
