@@ -58,7 +58,7 @@ from .base.state import (
     desired_weights,
 )
 from .control import autoscaling
-from .control.rollouts import budget
+from .control.rollouts import budget, gang_budget
 from .placement import spares
 from .tiers.devices import views_of
 
@@ -376,6 +376,40 @@ def check_rollouts(state: State) -> None:
                          if r.revision != dep.revision and r.phase is not Phase.STOPPING)
             if old:
                 _fail(f"{name}: not rolling, but {old} run revision(s) other than {dep.revision!r}")
+        if dep.gang_size > 1:
+            _check_gangs_roll_whole(state, name, dep)
+
+
+def _check_gangs_roll_whole(state: State, name: str, dep: Deployment) -> None:
+    """A gang rolls whole (rankcore.control.rollouts): its members with a process, stopping ones aside,
+    run one revision; while a member is retiring every other member is stopping or held for the new
+    gang (``moves.hold``: pending, on no node, in ``Cluster.delayed`` with no deadline), and a held
+    member's gang has a member retiring or still on an old revision."""
+    cl = state.cluster
+    k = dep.gang_size
+    gangs: dict[int, list[Replica]] = {}
+    for rid, rep in dep.replicas.items():
+        gangs.setdefault(dep.ranks.global_rank(rid) // k, []).append(rep)
+    for g, members in sorted(gangs.items()):
+        held = {r.replica_id for r in members if cl.deadlines.get(r.replica_id) == float("inf")}
+        for rid in sorted(held):
+            rep = dep.replicas[rid]
+            if rid not in cl.delayed or rep.phase is not Phase.PENDING or rep.node_id is not None:
+                _fail(f"{name}: {rid} is held for its gang but is {rep.phase.value} on {rep.node_id!r}"
+                      f"{'' if rid in cl.delayed else ', not in Cluster.delayed'}")
+        retiring = sorted(r.replica_id for r in members if r.retiring)
+        old = [r for r in members if r.revision != dep.revision and r.phase is not Phase.STOPPING
+               and r.replica_id not in cl.delayed]
+        if held and not retiring and not old:
+            _fail(f"{name}: gang {g}'s {sorted(held)} are held, but no member of it is retiring or on an old revision")
+        if retiring:
+            started = sorted(r.replica_id for r in members if r.phase is not Phase.STOPPING and r.replica_id not in held)
+            if started:
+                _fail(f"{name}: gang {g} has {retiring} retiring but {started} started (a gang rolls whole)")
+        revisions = {r.revision for r in members if r.phase is not Phase.STOPPING and r.replica_id not in cl.delayed}
+        if len(revisions) > 1:
+            _fail(f"{name}: gang {g} runs revisions {sorted(revisions)} at once (a gang rolls whole): "
+                  f"{[(r.replica_id, r.phase.value, r.revision, r.replica_id in cl.delayed) for r in members]}")
 
 
 def _retired_serving(old: Replica | None, new: Replica | None) -> bool:
@@ -385,7 +419,8 @@ def _retired_serving(old: Replica | None, new: Replica | None) -> bool:
 
 def check_rollout_pace(before: State, event: object, result: Step) -> None:
     """A step that retires a serving replica leaves at least ``target - budget`` serving
-    (``rollouts.budget``: max_unavailable), and a retired replica's successor never takes the
+    (``rollouts.budget``: max_unavailable; a gang deployment's ``gang_budget``: rounded up to whole
+    gangs), and a retired replica's successor never takes the
     deployment past its target."""
     after = result.state
     for name, dep in after.deployments.items():
@@ -396,9 +431,10 @@ def check_rollout_pace(before: State, event: object, result: Step) -> None:
         retired = [c.replica_id for c in result.commands if type(c) is StopReplica and c.deployment == name
                    and _retired_serving(old.replicas.get(c.replica_id), dep.replicas.get(c.replica_id))]
         serving = dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)
-        if retired and serving < dep.target - budget(dep):
+        allowed = budget(dep) if dep.gang_size <= 1 else gang_budget(dep)  # (a gang: rounded up to whole gangs)
+        if retired and serving < dep.target - allowed:
             _fail(f"{name}: {type(event).__name__} retired serving {retired}, leaving {serving} serving of "
-                  f"{dep.target} (max_unavailable allows {budget(dep)} short)")
+                  f"{dep.target} (max_unavailable allows {allowed} short)")
         succeeded = [c for c in result.commands if type(c) is StartReplica and c.deployment == name
                      and c.replaces is not None and c.replaces in old.replicas and old.replicas[c.replaces].retiring]
         if succeeded and dep.active > dep.target:
@@ -554,8 +590,9 @@ def check_new_replicas_take_lowest_free(before: State, event: object, result: St
     and, once placed, the lowest free node rank (a node new to the deployment)
     and local rank on their node."""
     new_ranks: dict[str, list[int]] = {}
+    held = before.cluster.delayed  # (held for its gang, rankcore.control.moves.hold: it took its rank then)
     for c in result.commands:
-        if isinstance(c, StartReplica) and c.replaces is None:
+        if isinstance(c, StartReplica) and c.replaces is None and c.replica_id not in held:
             new_ranks.setdefault(c.deployment, []).append(c.global_rank)
     for name, ranks in new_ranks.items():
         free = result.state.deployments[name].ranks.lowest_free()

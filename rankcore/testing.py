@@ -22,6 +22,7 @@ or ``settings.load_profile``, or pass ``settings=`` to ``make_machine``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -286,6 +287,8 @@ def make_machine(
                 hyp_event("compaction")
             if result.stale:
                 hyp_event("stale")
+            if after.cluster.delayed and math.inf in after.cluster.deadlines.values():
+                hyp_event("a gang's successors held for its rollout")
             return result
 
         def live(self, *phases: Phase) -> list[tuple[str, str]]:
@@ -302,11 +305,9 @@ def make_machine(
             if tiers and dep is not None and dep.replicas:  # (its model stays while it has replicas)
                 fields.update(model_bytes=dep.config.tier.model_bytes, resources=dict(dep.resources))
             fields["spare_processes"] = data.draw(st.sampled_from([0, 0, 1, 2]), label="spare processes")
-            if not (groups and name == GANGS):  # (a gang deployment with replicas refuses a rollout)
-                fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
-                fields["max_unavailable"] = data.draw(st.sampled_from([0.2, 0.5, 1, 2]), label="max unavailable")
-            elif dep is not None and any(r.phase is not Phase.STOPPING for r in dep.replicas.values()):
-                fields.update(placement=dep.placement, resources=dict(dep.resources))
+            # (a gang deployment rolls whole gangs: a max_unavailable below its gang size still retires one)
+            fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
+            fields["max_unavailable"] = data.draw(st.sampled_from([0.2, 0.5, 1, 2, 3]), label="max unavailable")
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                               gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))
@@ -388,6 +389,19 @@ def make_machine(
                 **fields,
             ))
 
+        @precondition(lambda self: bool(groups) and GANGS in self.state.deployments
+                      and bool(self.state.deployments[GANGS].replicas))
+        @rule(data=st.data())
+        def roll_gangs(self, data: st.DataObject) -> None:
+            """The gang deployment as it is, with another version (and pace): its gangs roll whole."""
+            spec = self.state.deployments[GANGS].spec()
+            self.apply(DeploymentApplied(
+                name=GANGS, num_replicas=spec.num_replicas, user_config=spec.user_config,
+                has_reconfigure=spec.has_reconfigure, reconfigure_takes_rank=spec.reconfigure_takes_rank,
+                max_replicas=spec.max_replicas, config=spec.config,
+                version=data.draw(st.sampled_from(["v1", "v2", "v3"]), label="gang version"),
+                max_unavailable=data.draw(st.sampled_from([1, 2, 3, 0.5]), label="gang max_unavailable")))
+
         @precondition(lambda self: bool(groups) and STATIC in self.state.deployments)
         @rule(data=st.data())
         def move_bundles(self, data: st.DataObject) -> None:
@@ -445,6 +459,8 @@ def make_machine(
 
         def answer_pending(self, rid: str, rep: Any, data: st.DataObject, label: str) -> None:
             if not managed or rep.node_id is None:
+                if self.state.cluster.deadlines.get(rid) == math.inf:
+                    return  # held for its gang (rankcore.control.moves.hold): the executor never heard of it
                 if managed and not data.draw(st.booleans(), label=f"{label}: executor places a waiting one itself"):
                     return
                 node = self.where(data, label)

@@ -334,7 +334,8 @@ class Metrics:
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
-                    if old is not None and old.retiring:  # a rollout's successor, not a crash's replacement
+                    if (old is not None and old.retiring) or _held(before, cmd.replica_id):
+                        # a rollout's successor (a gang's, held until its gang stopped), not a crash's replacement
                         m.rollout_replacements += 1
                     else:
                         self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
@@ -352,7 +353,7 @@ class Metrics:
             # A replacement held back by the restart backoff: its StartReplica
             # comes later, but its wait began now, with the failure.
             for rid in delayed:
-                if rid not in before.cluster.delayed:
+                if rid not in before.cluster.delayed and not _held(after, rid):
                     name = after.index[rid]
                     self._crashed_at.setdefault((name, after.deployments[name].replicas[rid].lineage), t)
         if kind is _READY and not result.stale and self._crashed_at:
@@ -501,3 +502,9 @@ class Metrics:
             "stale_events": self.stale,
             "deployments": {name: m.as_dict() for name, m in sorted(self.deployments.items())},
         }
+
+
+def _held(state: rc.State, rid: str) -> bool:
+    """``rid`` is a gang member's rollout successor held until its gang's retiring members have
+    stopped (``rankcore.control.moves.hold``: delayed with no deadline), not a restart backoff."""
+    return rid in state.cluster.delayed and state.cluster.deadlines.get(rid) == math.inf

@@ -17,19 +17,25 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from typing import cast
 
 from ..base.commands import StartReplica, UpdateWorldSize
+from ..base.gangmap import gang_ranks
 from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.ranks import RankTable
 from ..base.records import maker, unchecked_copy
 from ..base.state import Compaction, Deployment, Replica
 from ..base.victims import VICTIM_ORDER
 from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
-from . import restarts
+from . import deadlines, restarts
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "succeed_retired", "start_delayed", "compaction_due", "compact", "compact_touched"]
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "succeed_retired", "start_delayed", "compaction_due", "compact",
+           "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
+           "start_waiting"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _IDX = {p: i for i, p in enumerate(LIVE)}
@@ -55,8 +61,12 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
         for rid in ids:
             ix.set(rid, dep.name)
         tx.index = ix.finish()
+    waits = _gangs_retiring(dep, ranks, ids) if (dep.rolling or dep.retiring) and dep.gang_size > 1 and dep.static is None \
+        else set()
     for rid in ids:
-        if rid not in failed:
+        if rid in waits:
+            hold(tx, rid, None)  # (its gang is being retired: it starts with the gang's successors)
+        elif rid not in failed:
             tx.emit(_Start(replica_id=rid, deployment=dep.name, global_rank=ranks.global_rank(rid),
                            world_size=dep.target, lineage=lineages[rid], revision=dep.revision))
     c = list(dep.counts)
@@ -71,8 +81,14 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     if dep.gang_size > 1:
         tx.gang_started(dep.name)
     if tx.managed:
-        enqueue(tx, dep, ids)
+        enqueue(tx, dep, [rid for rid in ids if rid not in waits])
     return dep
+
+
+def _gangs_retiring(dep: Deployment, ranks: RankTable, ids: list[str]) -> set[str]:
+    """Those of new replicas ``ids`` (ranked in ``ranks``) whose gang has a member retiring."""
+    k = dep.gang_size
+    return {rid for rid in ids if waits_in(dep, ranks.global_rank(rid) // k)}
 
 
 def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
@@ -162,6 +178,10 @@ def _replace(tx: Tx, dep: Deployment, rep: Replica, delay: float = 0.0, avoid: s
     when it must ``avoid`` that node), else into the waiting queue (a managed cluster)."""
     rid = rep.replica_id
     managed = tx.managed
+    if dep.gang_size > 1 and (dep.rolling or dep.retiring or rep.retiring):  # (static gangs do not roll: not here)
+        g = dep.ranks.global_rank(rid) // dep.gang_size
+        if waits_in(dep, g, but=rid) or held(tx, dep, g):
+            return _succeed_in_gang(tx, dep, rep, g)
     (new_id,) = tx.new_ids(dep.name, 1)
     if managed and (delay > 0 or avoid is not None):
         release(tx, rid)  # its room is free while the replacement waits, or it goes elsewhere
@@ -181,6 +201,101 @@ def _replace(tx: Tx, dep: Deployment, rep: Replica, delay: float = 0.0, avoid: s
     return dep
 
 
+def waits_in(dep: Deployment, g: int, but: str | None = None) -> bool:
+    """Whether a new member of gang ``g`` must wait (``hold``) for the others: one of them (other than
+    ``but``) is retiring (a rollout stopping it), or runs on an older revision and will be retired
+    (a gap in a gang still on the old code: the new member would make it half-new)."""
+    ranks, replicas = dep.ranks, dep.replicas
+    for r in gang_ranks(g, dep.gang_size):
+        rid = ranks.holder_of(r)
+        if rid is None or rid == but:
+            continue
+        rep = replicas[rid]
+        if rep.retiring or (rep.revision != dep.revision and rep.phase is not Phase.STOPPING):
+            return True
+    return False
+
+
+def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
+    """The members of gang ``g`` waiting for their gang's retiring members to stop (``hold``), in rank order."""
+    cl = tx.view
+    if not cl.delayed:
+        return []
+    holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
+    return [rid for rid in holders if rid is not None and cl.deadlines.get(rid) == math.inf and rid in cl.delayed]
+
+
+def hold(tx: Tx, rid: str, replaces: str | None) -> None:
+    """New member ``rid`` (PENDING, no node, its rank held) waits for its gang's retiring members to
+    stop: no StartReplica yet. Kept as a restart backoff with no end (``Cluster.delayed``, deadline
+    inf): it has no process (a stop removes it, a rollout makes it current) and no Tick releases it;
+    ``_start_gang`` does, with the rest of its gang."""
+    cl = tx.cl
+    cl.delayed = cl.delayed.set(rid, replaces)
+    cl.deadlines = cl.deadlines.set(rid, math.inf)
+    cl.changed = True
+
+
+def hold_waiting_gangs(tx: Tx, dep: Deployment) -> None:
+    """After a recovery: a gang member reported pending with no node while a member of its gang is
+    retiring is held (``hold``) rather than placed alone (a report cannot say it was held)."""
+    if dep.gang_size <= 1 or not (dep.rolling or dep.retiring) or dep.static is not None:
+        return
+    k = dep.gang_size
+    for rid in dep.replicas:
+        rep = dep.replicas[rid]
+        if rep.phase is Phase.PENDING and rep.node_id is None and not rep.retiring \
+                and waits_in(dep, dep.ranks.global_rank(rid) // k) and rid not in tx.view.delayed:
+            if tx.managed and rid in tx.view.queued:
+                release(tx, rid)
+            hold(tx, rid, None)
+
+
+def start_waiting(tx: Tx, dep: Deployment) -> Deployment:
+    """Start each gang of ``dep`` whose held members wait for nothing any more (the members they
+    waited for left by another way than a retirement: a downscale, a restart, a recovery)."""
+    cl = tx.view
+    k = dep.gang_size
+    gangs = sorted({dep.ranks.global_rank(rid) // k for rid in cl.delayed
+                    if cl.deadlines.get(rid) == math.inf and rid in dep.replicas})
+    for g in gangs:
+        if not waits_in(dep, g):
+            dep = _start_gang(tx, dep, g)
+    return dep
+
+
+def _succeed_in_gang(tx: Tx, dep: Deployment, rep: Replica, g: int) -> Deployment:
+    """``rep`` left while its gang is being retired: its successor takes its global rank and waits
+    (``hold``); once no member of the gang is retiring any more, the whole new gang starts."""
+    rid = rep.replica_id
+    (new_id,) = tx.new_ids(dep.name, 1)
+    dep = succeed(tx, dep, rep, new_id, None, announce=False)  # (its booking freed: the gang is placed whole)
+    hold(tx, new_id, rid)
+    return dep if waits_in(dep, g) else _start_gang(tx, dep, g)
+
+
+def _start_gang(tx: Tx, dep: Deployment, g: int) -> Deployment:
+    """No member of gang ``g`` is retiring any more: every held member starts now, on the current
+    revision (a rollback meanwhile included), in rank order, and (the core placing) waits for a node
+    with the others, so the end-of-step pass places the gang whole; ``gangs.tell`` gives each
+    StartReplica the new gang's members."""
+    members = held(tx, dep, g)
+    if not members:
+        return dep
+    cl = tx.cl
+    for rid in members:
+        rep = dep.replicas[rid]
+        if rep.revision != dep.revision:  # (no process yet: it starts current)
+            rep = _copy(rep, revision=dep.revision)
+            dep = _copy(dep, replicas=dep.replicas.set(rid, rep))
+        cl.deadlines, cl.next_deadline = deadlines.disarm(cl, rid)
+        tx.emit(restarts.release(tx, dep, rep))
+    tx.gang_started(dep.name)
+    if tx.managed:
+        enqueue(tx, dep, members)
+    return dep
+
+
 def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A replica a rollout retired (``rankcore.control.rollouts``) has stopped or died: its
     successor, on the current revision, takes its three ranks as a crash's replacement would (its
@@ -190,8 +305,12 @@ def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     if dep.static is not None:
         return static.succeed_retired(tx, dep, rep)
     if not wants_successor(dep):
-        return remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
-    return _replace(tx, dep, rep)  # (no restart backoff: nothing failed)
+        g = dep.ranks.global_rank(rep.replica_id) // dep.gang_size
+        dep = remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
+        if dep.gang_size > 1 and not waits_in(dep, g):
+            dep = _start_gang(tx, dep, g)  # (members held for it and still wanted start now)
+        return dep
+    return _replace(tx, dep, rep)  # (no restart backoff: nothing failed; a gang's: rankcore.control.rollouts)
 
 
 def start_delayed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:

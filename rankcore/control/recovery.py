@@ -58,7 +58,7 @@ from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
 from . import deadlines, rollouts
-from .moves import reconcile, stop
+from .moves import hold_waiting_gangs, reconcile, stop
 from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
@@ -147,11 +147,23 @@ def _retiring(dep: Deployment, extras: set[str]) -> Deployment:
     if short <= 0 or dep.deleting:
         return dep
     stopping = [r for r in dep.replicas.values() if r.phase is Phase.STOPPING and r.replica_id not in extras]
+    if dep.gang_size > 1:  # a gang retires whole: not one whose other members run (conflicting claims mixed it)
+        stopping = [r for r in stopping if _gang_stopped(dep, dep.ranks.global_rank(r.replica_id) // dep.gang_size)]
     replicas = dep.replicas
     chosen = by_rank(dep, stopping)[:short]
     for rep in chosen:
         replicas = replicas.set(rep.replica_id, attrs.evolve(rep, retiring=True))
     return attrs.evolve(dep, replicas=replicas, retiring=len(chosen))
+
+
+def _gang_stopped(dep: Deployment, g: int) -> bool:
+    """Every member of gang ``g`` is stopping or pending on no node (none runs)."""
+    for r in gangs.gang_ranks(g, dep.gang_size):
+        rid = dep.ranks.holder_of(r)
+        rep = dep.replicas.get(rid) if rid is not None else None
+        if rep is not None and rep.phase is not Phase.STOPPING and not (rep.phase is Phase.PENDING and rep.node_id is None):
+            return False
+    return True
 
 
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
@@ -234,6 +246,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         rolling=True,  # (the rollout pass clears it when no replica is outdated)
     )
     dep = _retiring(dep, stopping)
+    hold_waiting_gangs(tx, dep)  # (a gang being retired starts whole, once its retiring members have stopped)
     # Processes to stop before anything else: those that did not report (their
     # rank is unknown: reconcile gives no rank until they have gone), and the
     # FAILED ones (a FAILED replica has no process to keep).

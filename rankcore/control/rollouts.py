@@ -19,26 +19,34 @@ The rule (``advance``, an end-of-step pass over the deployments the step touched
 
 A rollback is applying the old config: the replicas still on the old revision are current again,
 those already replaced are replaced once more. A crash's replacement starts on the current revision.
-A deployment being deleted rolls nothing. A gang deployment with replicas refuses a heavyweight
-change (``InvalidConfig``: rolling gangs is not built yet; scale it to 0 or delete it first). After a
-controller restart the reports say which revision each replica runs (``ReplicaReport.revision``),
-and the rollout goes on from there; a replica reported stopping while its deployment is short of
-its target is succeeded on its ranks (``rankcore.control.recovery``).
+A deployment being deleted rolls nothing. After a controller restart the reports say which revision
+each replica runs (``ReplicaReport.revision``), and the rollout goes on from there; a replica reported
+stopping while its deployment is short of its target is succeeded on its ranks
+(``rankcore.control.recovery``).
+
+A gang deployment rolls whole gangs (``_advance_gangs``): every member of a gang is retired in the
+same step, lowest gang first, while no more than ``max_unavailable`` rounded up to whole gangs
+(``gang_budget``) would be short of serving, so one whole gang always may be. Each member's successor
+takes its global rank but waits (``moves.hold``: no StartReplica) until no member of its gang is
+retiring or on an old revision; then the whole new gang starts at once (``moves._start_gang``; the
+end-of-step pass starts one whose old members left another way, ``moves.start_waiting``), placed all or
+nothing by its gang placement (gangs and static placement do not mix: ``DeploymentApplied`` refuses it).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md, "What you may import").
 """
 
 from __future__ import annotations
 
-from ..base.errors import InvalidConfig
+from ..base.gangmap import gang_ranks
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.scheduling import release
+from .moves import hold, start_waiting
 from .transaction import Tx, recount, stop_command
 
-__all__ = ["revision", "applied", "budget", "outdated", "advance_touched", "retire"]
+__all__ = ["revision", "applied", "budget", "gang_budget", "outdated", "advance_touched", "retire"]
 
 _copy = unchecked_copy
 _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
@@ -57,11 +65,6 @@ def applied(dep: Deployment, config: DeploymentConfig) -> Deployment:
     rev = revision(config)
     if rev == dep.revision:
         return dep
-    if dep.gang_size > 1 and any(r.phase is not Phase.STOPPING for r in dep.replicas.values()):
-        raise InvalidConfig(
-            f"DeploymentApplied({dep.name!r}): a gang deployment cannot be rolled to a new version, resources or "
-            f"placement while it has replicas (rolling updates of gangs are not built yet): scale it to 0 or "
-            f"delete it, then apply the new config")
     return _copy(dep, revision=rev, rolling=True, roll_order=None, roll_next=0)  # (a rollback lists anew)
 
 
@@ -72,17 +75,31 @@ def budget(dep: Deployment) -> int:
     return m if type(m) is int else max(1, int(m * dep.target))
 
 
+def gang_budget(dep: Deployment) -> int:
+    """A gang deployment's ``budget`` rounded up to whole gangs: one whole gang may always be short."""
+    k = dep.gang_size
+    return -(-budget(dep) // k) * k
+
+
 def outdated(dep: Deployment, rep: Replica) -> bool:
     """Started under another revision, and not yet retiring."""
     return rep.revision != dep.revision and not rep.retiring and rep.phase is not Phase.STOPPING
 
 
 def advance_touched(tx: Tx) -> None:
-    """End of step: each touched deployment with a rollout under way retires what it may now."""
+    """End of step: each touched deployment with a rollout under way retires what it may now; a
+    touched gang deployment starts each gang whose held successors wait for nothing any more."""
     for name in sorted(tx.touched):
         dep = tx.deps.get(name)
-        if dep is not None and dep.rolling:
-            tx.put(_advance(tx, dep))
+        if dep is None:
+            continue
+        if dep.rolling:
+            dep = _advance(tx, dep)
+            tx.put(dep)
+        if dep.gang_size > 1 and tx.view.delayed:
+            started = start_waiting(tx, dep)
+            if started is not dep:
+                tx.put(started)
 
 
 def _advance(tx: Tx, dep: Deployment) -> Deployment:
@@ -90,8 +107,10 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
     once, lowest rank first (``Deployment.roll_order``), and retires those serving nothing yet; each
     later pass goes on down that list from ``roll_next`` (a listed replica gone meanwhile, or no longer
     outdated, is passed over), so a whole rollout walks its deployment once, not once a step."""
-    if dep.deleting:
-        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    if dep.deleting:  # (rolling until its retiring replicas have gone: the fast paths skip it until then)
+        return _copy(dep, rolling=dep.retiring > 0, roll_order=None, roll_next=0)
+    if dep.gang_size > 1:
+        return _advance_gangs(tx, dep)
     if dep.roll_order is None:
         dep = _first_pass(tx, dep)
     order, i = dep.roll_order or (), dep.roll_next
@@ -129,6 +148,72 @@ def _first_pass(tx: Tx, dep: Deployment) -> Deployment:
         else:
             dep = retire(tx, dep, rep)
     return _copy(dep, roll_order=tuple(r.replica_id for r in old if r.phase in _SERVING), roll_next=0)
+
+
+def _advance_gangs(tx: Tx, dep: Deployment) -> Deployment:
+    """``_advance`` for a gang deployment: whole gangs, lowest first. The first pass lists the outdated
+    members (lowest rank first) and retires at once each gang none of whose members serves; each pass
+    then retires the gang of the next listed member while the replicas short of serving, with that
+    gang's serving members added, stay within ``gang_budget``."""
+    k = dep.gang_size
+    if dep.roll_order is None:
+        ranks = dep.ranks
+        old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
+                     key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
+        listed: list[str] = []
+        for g in sorted({ranks.global_rank(r.replica_id) // k for r in old}):
+            members = _outdated_members(dep, g)
+            if any(m.phase in _SERVING for m in members):
+                listed.extend(m.replica_id for m in members)
+            else:
+                dep = _retire_gang(tx, dep, members)
+        dep = _copy(dep, roll_order=tuple(listed), roll_next=0)
+    order, i = dep.roll_order or (), dep.roll_next
+    whole = gang_budget(dep)
+    short = max(dep.target - (dep.count(Phase.RUNNING) + dep.count(Phase.RECONFIGURING)), 0)
+    while i < len(order):
+        rep = dep.replicas.get(order[i])
+        if rep is None or not outdated(dep, rep):
+            i += 1
+            continue
+        members = _outdated_members(dep, dep.ranks.global_rank(rep.replica_id) // k)
+        cost = sum(1 for m in members if m.phase in _SERVING)
+        if cost and short + cost > whole:
+            break
+        dep = _retire_gang(tx, dep, members)
+        short += cost
+        i += 1
+    if i >= len(order) and not dep.retiring:
+        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    return dep if i == dep.roll_next else _copy(dep, roll_next=i)
+
+
+def _outdated_members(dep: Deployment, g: int) -> list[Replica]:
+    """The members of gang ``g`` on another revision, not yet retiring nor stopping, in rank order."""
+    out = []
+    for r in gang_ranks(g, dep.gang_size):
+        rid = dep.ranks.holder_of(r)
+        rep = dep.replicas.get(rid) if rid is not None else None
+        if rep is not None and outdated(dep, rep):
+            out.append(rep)
+    return out
+
+
+def _retire_gang(tx: Tx, dep: Deployment, members: list[Replica]) -> Deployment:
+    """Retire every member of a gang with a process; one with none yet (waiting out a restart backoff)
+    just becomes current, and waits for the gang's successors (``moves.hold``) when any was retired."""
+    delayed = tx.view.delayed
+    waiting = [m for m in members if m.replica_id in delayed]
+    retired = False
+    for rep in members:
+        if rep.replica_id not in delayed and rep.phase is not Phase.FAILED:
+            dep = retire(tx, dep, rep)
+            retired = True
+    for rep in waiting:
+        dep = _current(dep, rep)
+        if retired:
+            hold(tx, rep.replica_id, delayed[rep.replica_id])
+    return dep
 
 
 def _current(dep: Deployment, rep: Replica) -> Deployment:

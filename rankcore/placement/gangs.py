@@ -9,7 +9,8 @@ places a gang all or nothing (``scheduling.place_waiting`` with
 
 * ``fail_member``: under ``restart_gang`` a member's failure replaces every
   member on its rank (the others are stopped at once); under
-  ``restart_replica`` only that member;
+  ``restart_replica`` only that member (unless it runs an outdated revision
+  during a rollout: then its whole gang, as under ``restart_gang``);
 * ``tell`` (an end-of-step pass): each StartReplica of a member carries its
   gang as the step leaves it, and a gang that got a new member while others
   kept running is told its members (``GangChanged``);
@@ -35,7 +36,7 @@ from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id,
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from ..control.moves import crash
+from ..control.moves import crash, held
 from ..control.transaction import Tx, stop_command
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
@@ -46,15 +47,19 @@ _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call intr
 
 def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     """A replica died (crash, start timeout, node loss): replace it, and under
-    ``restart_gang`` every other member of its gang too (their processes stopped)."""
-    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:
+    ``restart_gang`` every other member of its gang too (their processes stopped).
+    A member still on an old revision during a rollout restarts its whole gang
+    under ``restart_replica`` too: its gang is being replaced anyway, and its
+    replacement (on the new revision) must not join members of the old one."""
+    if dep.gang_size <= 1 or rep.phase is Phase.STOPPING or (
+            dep.gang_failure != "restart_gang" and (rep.revision == dep.revision or dep.deleting)):
         return crash(tx, dep, rep)
     k = dep.gang_size
     g = dep.ranks.global_rank(rep.replica_id) // k
-    for r in gang_ranks(g, k):
-        rid = cast("str | None", dep.ranks.holder_of(r))
+    waiting = set(held(tx, dep, g))  # held for a rolled gang (moves.hold): no process; they start with it
+    for rid in [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]:  # (as it was)
         member = dep.replicas.get(rid) if rid is not None else None
-        if member is None or member.phase is Phase.STOPPING:
+        if member is None or member.phase is Phase.STOPPING or (rid in waiting and rid != rep.replica_id):
             continue
         if rid != rep.replica_id and rid not in tx.view.delayed:  # (delayed: never started, nothing to stop)
             tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang

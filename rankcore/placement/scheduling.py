@@ -208,8 +208,8 @@ def adopt(tx: Tx, names: Iterable[str]) -> None:
             rep = dep.replicas[rid]
             if rep.node_id is not None:
                 hold(tx, rid, rep.node_id, devices.host_need(dep) if devices.tiered(tx.cl, dep) else dep.resources)
-            elif rep.phase is Phase.PENDING and rid not in tx.cl.queued:
-                waiting.append(rid)
+            elif rep.phase is Phase.PENDING and rid not in tx.cl.queued and rid not in tx.cl.delayed:
+                waiting.append(rid)  # (delayed: held for its gang, rankcore.control.moves.hold)
         if waiting:
             enqueue(tx, dep, waiting)
 

@@ -199,6 +199,76 @@ def test_a_controller_that_dies_mid_rollout_finishes_it_from_the_replicas_report
     ask(ctl, "reset")
 
 
+class _Member:
+    """A gang member: answers its code's tag, id, global rank, and its gang's members as it was
+    started with them (``__init__``: where it would join its gang's collective group) and as now."""
+
+    TAG = ""
+
+    def __init__(self):
+        self.joined = get_replica_context().gang.members
+
+    def __call__(self):
+        ctx = get_replica_context()
+        return self.TAG, ctx.replica_id, ctx.rank.rank, self.joined, ctx.gang.members
+
+
+GANG_OPTS = {"num_cpus": 0.1}
+
+
+GANG_KW = dict(name="gangroll", num_replicas=4, gang_size=2, ray_actor_options=GANG_OPTS,
+               graceful_shutdown_wait_loop_s=0.1, graceful_shutdown_timeout_s=2.0)  # (no calls to drain)
+
+
+@deployment(**GANG_KW)
+class GangV1(_Member):
+    TAG = "v1"
+
+
+@deployment(**GANG_KW)
+class GangV2(_Member):
+    TAG = "v2"
+
+
+def test_new_code_rolls_a_gang_deployment_whole_gangs_on_their_ranks_each_new_gang_knowing_its_members():
+    """Two gangs of two (docs/rollouts.md, "Gang deployments"): every replica replaced, on its global
+    rank; each new gang's two StartReplicas go out in one step and its members see each other."""
+    ctl = get_controller()
+    ask(ctl, "reset")
+    t0 = time.monotonic()
+    h = run(GangV1.bind())
+    t1 = time.monotonic()
+    before = {rid: v[0] for rid, v in h.ranks().items()}
+    assert sorted(before.values()) == [0, 1, 2, 3]
+    ask(ctl, "record", {"scenario": "gang rollout on ray"})
+    run(GangV2.options(max_unavailable=1).bind())  # returns once healthy
+    print(f"\ngangs of 2 x 2: deployed in {t1 - t0:.2f}s, rolled in {time.monotonic() - t1:.2f}s")
+    text = ask(ctl, "drain_trace")
+    got = {r[1]: r for r in h.broadcast().values()}
+    assert {r[0] for r in got.values()} == {"v2"} and set(got).isdisjoint(before)  # every replica replaced
+    by_rank = {r[2]: rid for rid, r in got.items()}
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    for rid, (_, _, rank, joined, members) in got.items():
+        gang = (by_rank[rank - rank % 2], by_rank[rank - rank % 2 + 1])
+        assert tuple(joined) == tuple(members) == gang, (rid, joined, members, gang)  # (no half-old gang)
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    at = [i for i, r in enumerate(records) if r.get("kind") == "command" and r.get("type") == "StartReplica"]
+    starts = [records[i] for i in at]
+    assert len(starts) == 4
+    for s in starts:  # each successor on its predecessor's global rank
+        f = s["fields"]
+        assert before[f["replaces"]] == f["global_rank"] and got[f["replica_id"]][2] == f["global_rank"]
+    # one gang at a time (max_unavailable 1, rounded up to a gang), each gang's two starts together
+    assert [sorted(s["fields"]["global_rank"] for s in starts[i:i + 2]) for i in (0, 2)] == [[0, 1], [2, 3]]
+    for i, j in ((at[0], at[1]), (at[2], at[3])):  # (no event between them: one step's commands)
+        assert [r for r in records[i:j] if r.get("kind") == "event"] == []
+    assert commands(text, "GangChanged") == []
+    report = check_trace_lines(text.splitlines())
+    assert report.ok, report.violations[:5]
+    assert ask(ctl, "status")["rejected_events"] == 0
+    ask(ctl, "reset")
+
+
 ROLLOUT_SCENARIO = """
 name: rollout on ray
 cluster: {nodes: 1, gpus_per_node: 8}

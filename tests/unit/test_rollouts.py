@@ -83,12 +83,6 @@ def test_a_rollout_goes_on_after_a_controller_restart_from_the_reports() -> None
     assert d.healthy and not d.rolling and {r.revision for r in d.replicas.values()} == {d.revision}
 
 
-def test_a_gang_deployment_with_replicas_refuses_a_heavyweight_change() -> None:
-    f = fleet(2, gang_size=2)
-    with pytest.raises(rc.InvalidConfig, match="gang deployment cannot be rolled"):
-        rc.step(f.state, rc.DeploymentApplied(name="m", num_replicas=2, gang_size=2, version="v2"))
-
-
 def test_max_unavailable_is_checked() -> None:
     for bad in (0, 1.0, -1, "20%", 0.0):
         with pytest.raises(rc.InvalidConfig, match="max_unavailable must be a count"):
