@@ -317,8 +317,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "placement-order-reversed", MOVES,
-        "        enqueue(tx, dep, ids)\n",
-        "        enqueue(tx, dep, ids[::-1])\n",
+        "        enqueue(tx, dep, [rid for rid in ids if rid not in waits])\n",
+        "        enqueue(tx, dep, [rid for rid in ids if rid not in waits][::-1])\n",
         "[Placement: placement order] the core places in queue order, rank order within a step",
     ),
     mutation(
@@ -460,8 +460,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "gang-restart-gang-only-member", GANGS,
-        '    if dep.gang_size <= 1 or dep.gang_failure != "restart_gang" or rep.phase is Phase.STOPPING:\n',
-        "    if True:\n",
+        "    if dep.gang_size <= 1 or rep.phase is Phase.STOPPING or (\n",
+        "    if True or (\n",
         "[Gangs: a member fails] restart_gang stops and replaces every live member",
     ),
     mutation(

@@ -26,12 +26,14 @@ class _Actor:
     """A replica: each call is a pending ``_Ref`` the test ends."""
 
     def __init__(self, rid: str) -> None:
-        self.rid, self.calls = rid, []
+        self.rid, self.calls, self.requests = rid, [], []
         self.handle_request = self
 
-    def remote(self, method: str, args: tuple, kwargs: dict) -> _Ref:
+    def remote(self, method: str, args: tuple, kwargs: dict, request: object = None) -> _Ref:
+        """``request``: the call's request context (its id, route), sent with every call."""
         ref = _Ref()
         self.calls.append((method, args, ref))
+        self.requests.append(request)
         return ref
 
 
