@@ -620,31 +620,19 @@ def check_trace(trace: Path) -> None:
 
 # --------------------------------------------------------------------- serve
 def _load_app(target: str) -> Any:
-    """``module:attr`` -> the application (a ``Deployment`` is bound with no arguments). The
-    module's classes travel to the replicas by value: they need not be importable there."""
-    import importlib
+    """``module:attr`` -> the application (``control.apps.import_app``: a ``Deployment`` is bound
+    with no arguments, a builder function called; the module's classes travel to the replicas
+    by value). A bad target is a usage error naming what was wrong."""
+    import rankcore as rc
 
-    from ray import cloudpickle
+    from .ray_gpu.control.apps import import_app
 
-    from .ray_gpu.api.deployments import Application, Deployment
-
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
+    if ":" not in target:
         raise click.UsageError(f"expected MODULE:APP (e.g. my_models:app), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.UsageError(f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attr, None)
-    if isinstance(app, Deployment):
-        app = app.bind()
-    if not isinstance(app, Application):
-        raise click.UsageError(f"{target} is {type(app).__name__}, not an application (Model.bind(...)) or a "
-                               f"deployment")
-    cloudpickle.register_pickle_by_value(module)
-    return app
+        return import_app(target, {})
+    except rc.InvalidConfig as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @main.command()
