@@ -300,3 +300,26 @@ def test_the_deadline_heap_is_rebuilt_only_past_twice_its_live_entries_plus_64()
     assert m.handle(Tick(now=2.0)) == []
     assert [e[2] for e in m._deadlines] == ["live"]
     assert [a.request_id for a in m.handle(Tick(now=50.0))] == ["live", "live"]  # Failed, CancelOnReplica
+
+
+# ------------------------------------------------------------------ the pool
+def test_a_replica_gone_holding_an_ended_request_forgets_it_and_still_settles_the_rest() -> None:
+    """A replica that leaves the pool: a request it held that had already ended (cancelled
+    while it ran; the answer it owed will never come) is forgotten, its status kept in the
+    memory, and every other request it held is dealt with as usual, in dispatch order (here
+    ``r1``, never started, back to the queue, then dispatched to ``b``). Kills
+    ``_gone__mutmut_6`` (the ended request not passed on to be forgotten: an error) and
+    ``_gone__mutmut_7`` (``break`` for ``continue``: the requests after an ended one left on
+    a replica that is gone)."""
+    m = machine("a", max_ongoing_requests=2)
+    submit(m, "r0")
+    submit(m, "r1")
+    m.handle(Cancel(request_id="r0"))
+    m.handle(rc.PoolChanged(deployment=D, replica_id="b", membership="serving"))
+    assert m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone")) == [
+        Dispatch(request_id="r1", deployment=D, replica_id="b", attempt=0)]
+    assert m.status("r0") == RequestStatus(request_id="r0", state="cancelled", deployment=D, replica_id="a")
+    assert m.status("r1") == RequestStatus(request_id="r1", state="dispatched", deployment=D, replica_id="b")
+    c = m.counters(D)
+    assert (c.cancelled, c.in_flight, c.in_queue, c.lost) == (1, 1, 0, 0)
+    assert m.handle(Completed(request_id="r0")) == [] and m.counters(D).late == 1
