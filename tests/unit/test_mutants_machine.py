@@ -323,3 +323,47 @@ def test_a_replica_gone_holding_an_ended_request_forgets_it_and_still_settles_th
     c = m.counters(D)
     assert (c.cancelled, c.in_flight, c.in_queue, c.lost) == (1, 1, 0, 0)
     assert m.handle(Completed(request_id="r0")) == [] and m.counters(D).late == 1
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_request_put_back_when_its_replica_left_is_queued_again(started: bool) -> None:
+    """A replica gone: a request it held that never started goes back to the queue, and so does
+    a started idempotent one to be retried; either is queued again, so a ``Started`` for it,
+    while no replica holds it, is refused as for any queued request. Kills ``_gone__mutmut_16``
+    (never started: its state left unset) and ``_gone__mutmut_26`` (retried: the same)."""
+    m = machine("a")
+    m.handle(rc.PoolComing(deployment=D, coming=True))
+    submit(m, "r0", idempotent=True)
+    if started:
+        m.handle(Started(request_id="r0"))
+    assert m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone")) == []
+    assert m.status("r0") == RequestStatus(request_id="r0", state="loading", deployment=D, position=0,
+                                           attempt=int(started))
+    with pytest.raises(rc.InvalidEvent, match="Started: request 'r0' is queued: no replica holds it"):
+        m.handle(Started(request_id="r0"))
+    assert m.handle(rc.PoolChanged(deployment=D, replica_id="b", membership="serving")) == [
+        Dispatch(request_id="r0", deployment=D, replica_id="b", attempt=int(started))]
+
+
+def test_started_requests_a_gone_replica_held_each_fail_saying_why_not_retried() -> None:
+    """A replica gone: each started request it held that cannot be retried fails
+    (``Failed("replica_died")``, one ``failed`` each, and so in its status), the detail naming
+    the replica and why: a stream, not idempotent, or its retries used up. Kills
+    ``_gone__mutmut_31`` (``failed = 1``), ``_gone__mutmut_37`` and ``_gone__mutmut_41`` (the
+    why garbled) and ``_gone__mutmut_46`` (no reason kept)."""
+    m = machine("a", max_retries=0)
+    submit(m, "r0", idempotent=True, stream=True)
+    submit(m, "r1")
+    submit(m, "r2", idempotent=True)
+    for rid in ("r0", "r1", "r2"):
+        m.handle(Started(request_id=rid))
+    died = "replica 'a' of 'llm' died while running it"
+    assert m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone")) == [
+        Failed(request_id="r0", reason="replica_died", replica_id="a", detail=f"{died} (a stream)"),
+        Failed(request_id="r1", reason="replica_died", replica_id="a", detail=f"{died} (not idempotent)"),
+        Failed(request_id="r2", reason="replica_died", replica_id="a", detail=f"{died} (retries used up: 0)")]
+    c = m.counters(D)
+    assert (c.failed, c.retried, c.in_flight, c.lost) == (3, 0, 0, 0)
+    for rid in ("r0", "r1", "r2"):
+        assert m.status(rid) == RequestStatus(request_id=rid, state="failed", deployment=D, replica_id="a",
+                                              reason="replica_died")
