@@ -211,6 +211,29 @@ def test_requests_timing_out_on_their_replicas_each_count_failed_with_reason_tim
     assert m.status("r0") == want
 
 
+def test_the_deadline_heap_is_rebuilt_only_past_twice_its_live_entries_plus_64() -> None:
+    """Ended requests leave their deadline entries in the heap (skipped when popped); a
+    ``Tick`` rebuilds it once it holds more than twice the live deadlines plus 64 (mostly
+    stale: memory stays bounded), and not before (the rebuild scans every entry: done each
+    ``Tick`` it would break the amortised O(log n) an event costs). One live deadline: 66
+    entries are kept, 67 are rebuilt to the live one. Kills ``_tick__mutmut_67`` (``>=``: a
+    heap at the bound rebuilt), ``_tick__mutmut_68`` (``- 64``: rebuilt at nearly every
+    ``Tick``) and ``_tick__mutmut_70`` (``3 *``: a heap past the bound kept)."""
+    m = machine("a", max_ongoing_requests=1000)
+    submit(m, "live", deadline=50.0)
+    for i in range(65):
+        submit(m, f"r{i}", deadline=100.0)
+        m.handle(Completed(request_id=f"r{i}"))
+    assert len(m._deadlines) == 66
+    assert m.handle(Tick(now=1.0)) == []
+    assert len(m._deadlines) == 66
+    submit(m, "r65", deadline=100.0)
+    m.handle(Completed(request_id="r65"))
+    assert m.handle(Tick(now=2.0)) == []
+    assert [e[2] for e in m._deadlines] == ["live"]
+    assert [a.request_id for a in m.handle(Tick(now=50.0))] == ["live", "live"]  # Failed, CancelOnReplica
+
+
 # ------------------------------------------------------------------ ends in the queue
 def test_a_request_rejected_at_submission_is_remembered_as_never_run() -> None:
     """``status`` of a request rejected when submitted: rejected, why, no replica, attempt 0
@@ -267,39 +290,6 @@ def test_retried_requests_left_with_no_replica_fail_naming_the_replica_that_died
     for rid in ("r0", "r1"):
         assert m.status(rid) == RequestStatus(request_id=rid, state="failed", deployment=D, replica_id="a",
                                               attempt=1, reason="replica_died")
-
-
-# ------------------------------------------------------------------ reads
-def test_the_load_of_a_deployment_never_seen_is_nothing() -> None:
-    """``load``: nothing queued and no replica for a deployment the machine does not know (the
-    autoscaler is fed no phantom request). Kills ``load__mutmut_4`` (one queued reported)."""
-    m = machine("a")
-    submit(m, "r0")
-    assert m.load("nope") == (0, ())
-    assert m.load(D) == (0, (("a", 1),))
-
-
-def test_the_deadline_heap_is_rebuilt_only_past_twice_its_live_entries_plus_64() -> None:
-    """Ended requests leave their deadline entries in the heap (skipped when popped); a
-    ``Tick`` rebuilds it once it holds more than twice the live deadlines plus 64 (mostly
-    stale: memory stays bounded), and not before (the rebuild scans every entry: done each
-    ``Tick`` it would break the amortised O(log n) an event costs). One live deadline: 66
-    entries are kept, 67 are rebuilt to the live one. Kills ``_tick__mutmut_67`` (``>=``: a
-    heap at the bound rebuilt), ``_tick__mutmut_68`` (``- 64``: rebuilt at nearly every
-    ``Tick``) and ``_tick__mutmut_70`` (``3 *``: a heap past the bound kept)."""
-    m = machine("a", max_ongoing_requests=1000)
-    submit(m, "live", deadline=50.0)
-    for i in range(65):
-        submit(m, f"r{i}", deadline=100.0)
-        m.handle(Completed(request_id=f"r{i}"))
-    assert len(m._deadlines) == 66
-    assert m.handle(Tick(now=1.0)) == []
-    assert len(m._deadlines) == 66
-    submit(m, "r65", deadline=100.0)
-    m.handle(Completed(request_id="r65"))
-    assert m.handle(Tick(now=2.0)) == []
-    assert [e[2] for e in m._deadlines] == ["live"]
-    assert [a.request_id for a in m.handle(Tick(now=50.0))] == ["live", "live"]  # Failed, CancelOnReplica
 
 
 # ------------------------------------------------------------------ the pool
@@ -367,3 +357,24 @@ def test_started_requests_a_gone_replica_held_each_fail_saying_why_not_retried()
     for rid in ("r0", "r1", "r2"):
         assert m.status(rid) == RequestStatus(request_id=rid, state="failed", deployment=D, replica_id="a",
                                               reason="replica_died")
+
+
+# ------------------------------------------------------------------ reads
+def test_the_load_of_a_deployment_never_seen_is_nothing() -> None:
+    """``load``: nothing queued and no replica for a deployment the machine does not know (the
+    autoscaler is fed no phantom request). Kills ``load__mutmut_4`` (one queued reported)."""
+    m = machine("a")
+    submit(m, "r0")
+    assert m.load("nope") == (0, ())
+    assert m.load(D) == (0, (("a", 1),))
+
+
+@pytest.mark.parametrize("name", ["nope", "pooled"])
+def test_counters_of_a_deployment_never_configured_are_refused_naming_it(name: str) -> None:
+    """``counters(deployment)`` raises ``UnknownDeployment`` naming the deployment for one never
+    configured (a pool alone is not a configuration). Kills ``counters__mutmut_7`` (no message)."""
+    m = machine("a")
+    m.handle(rc.PoolChanged(deployment="pooled", replica_id="b", membership="serving"))
+    with pytest.raises(rc.UnknownDeployment) as caught:
+        m.counters(name)
+    assert str(caught.value) == f"counters: no deployment named {name!r} was configured"
