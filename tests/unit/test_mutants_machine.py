@@ -378,3 +378,27 @@ def test_counters_of_a_deployment_never_configured_are_refused_naming_it(name: s
     with pytest.raises(rc.UnknownDeployment) as caught:
         m.counters(name)
     assert str(caught.value) == f"counters: no deployment named {name!r} was configured"
+
+
+def test_counters_in_all_add_up_each_deployments_and_the_unknown_ones_only_there() -> None:
+    """``counters()`` (everyone's) is each configured deployment's counters added up, plus the
+    Submits for deployments never configured and the late events about them; one
+    deployment's counters hold none of the latter. Kills ``counters__mutmut_25`` (no
+    ``dispatched`` in all) and ``counters__mutmut_60`` (the unknown deployments' late events in
+    every deployment's count)."""
+    m = machine("a")
+    m.handle(Configure(deployment="emb"))
+    m.handle(rc.PoolChanged(deployment="emb", replica_id="e", membership="serving"))
+    submit(m, "r0")
+    submit(m, "r1")
+    m.handle(Submit(request_id="e0", deployment="emb"))
+    m.handle(Submit(request_id="z0", deployment="zzz"))
+    assert m.handle(Cancel(request_id="z0")) == []  # about a request that ended: late, unknown deployment
+    m.handle(Completed(request_id="r0"))
+    assert m.handle(Cancel(request_id="r0")) == []  # late, llm
+    one, emb, every = m.counters(D), m.counters("emb"), m.counters()
+    assert (one.dispatched, emb.dispatched, every.dispatched) == (2, 1, 3)
+    assert (one.late, emb.late, every.late) == (1, 0, 2)
+    assert (one.submitted, emb.submitted, every.submitted) == (2, 1, 4)
+    assert (one.rejected["unknown_deployment"], every.rejected["unknown_deployment"]) == (0, 1)
+    assert every.lost == 0
