@@ -237,7 +237,8 @@ def test_the_deadline_heap_is_rebuilt_only_past_twice_its_live_entries_plus_64()
 # ------------------------------------------------------------------ ends in the queue
 def test_a_request_rejected_at_submission_is_remembered_as_never_run() -> None:
     """``status`` of a request rejected when submitted: rejected, why, no replica, attempt 0
-    (no replica ever ran it). Kills ``_reject_new__mutmut_10`` (attempt 1 remembered)."""
+    (no replica ever ran it). Kills ``_reject_new__mutmut_10`` (attempt 1 remembered) and
+    ``status__mutmut_8`` (a remembered status without its request id)."""
     m = machine("a", max_ongoing_requests=1, max_queued_requests=0)
     submit(m, "r0")
     assert [a.reason for a in submit(m, "r1")] == ["overloaded"]
