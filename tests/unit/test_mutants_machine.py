@@ -180,7 +180,8 @@ def test_an_old_deadline_of_a_reused_id_does_not_end_the_new_request() -> None:
 
 def test_an_ended_requests_deadline_does_not_hold_up_the_later_ones() -> None:
     """Every request whose deadline is ``<= now`` ends at a ``Tick``, whatever ended before it:
-    ``r0`` (deadline 1) answered, ``r1`` (deadline 2, queued) must still time out at t=3.
+    ``r0`` (deadline 1) answered, ``r1`` (deadline 2, on the slot ``r0`` freed) must still time
+    out at t=3.
     Kills ``_tick__mutmut_22`` (``break`` for ``continue``: an ended request's entry stopped
     the sweep)."""
     m = machine("a", max_ongoing_requests=1)
