@@ -468,18 +468,7 @@ def build_config(target: str, app: Any) -> ServeConfig:
     """``rankcore build MODULE:APP``: the config that deploys ``app`` (an ``Application``) as its code
     says, every deployment of its graph listed with the options its code sets (Ray Serve's
     ``serve build``): edit it, then ``rankcore deploy`` it."""
-    from .deployments import Application, Deployment
-
-    found: dict[str, Deployment] = {}
-
-    def walk(a: Any) -> None:
-        if isinstance(a, Application):
-            found.setdefault(a.deployment.name, a.deployment)
-            for x in (*a.args, *a.kwargs.values()):
-                walk(x)
-
-    walk(app)
-    entries = tuple(_entry(d) for d in found.values())
+    entries = tuple(_entry(d) for d in app.graph())
     name = app.deployment.name
     return ServeConfig(proxy_location="HeadOnly", http_options=HTTPOptions(host="127.0.0.1", port=8000),
                        applications=(ApplicationConfig(name=name, route_prefix=f"/{name}", import_path=target,

@@ -225,6 +225,20 @@ class Application:
     args: tuple
     kwargs: dict = attrs.field(eq=False)
 
+    def graph(self) -> list[Deployment]:
+        """The deployments of this application's graph (bound ones among its arguments, at any
+        depth), each once by name, its ingress first."""
+        out: dict[str, Deployment] = {}
+
+        def walk(a: Any) -> None:
+            if isinstance(a, Application):
+                out.setdefault(a.deployment.name, a.deployment)
+                for x in (*a.args, *a.kwargs.values()):
+                    walk(x)
+
+        walk(self)
+        return list(out.values())
+
 
 @overload
 def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,

@@ -124,25 +124,11 @@ def import_app(import_path: str, args: dict) -> Application:
     return app
 
 
-def _graph(app: Application) -> list[Deployment]:
-    """The deployments of ``app``'s graph, its ingress first."""
-    out: dict[str, Deployment] = {}
-
-    def walk(a: Any) -> None:
-        if isinstance(a, Application):
-            out.setdefault(a.deployment.name, a.deployment)
-            for x in (*a.args, *a.kwargs.values()):
-                walk(x)
-
-    walk(app)
-    return list(out.values())
-
-
 def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.ServeConfig) -> Application:
     """``app`` with the file's options for each deployment named in ``entry.deployments`` (checked
     with the code's options by ``.options()``), and the application's ``runtime_env`` where a
     deployment has none of its own (Ray Serve's inheritance)."""
-    names = {d.name for d in _graph(app)}
+    names = {d.name for d in app.graph()}
     for j, d in enumerate(entry.deployments):
         if d.name not in names:
             raise cfg.error(f"applications[{i}].deployments[{j}].name", f"application {entry.name!r} has no deployment {d.name!r} "
@@ -191,7 +177,7 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
         except rc.InvalidConfig as exc:
             raise cfg.error(f"applications[{i}].import_path", str(exc)) from None
         app = _override(app, entry, i, cfg)
-        for d in _graph(app):
+        for d in app.graph():
             if d.name in owner:
                 raise cfg.error(f"applications[{i}].import_path", f"deployment {d.name!r} is in applications {owner[d.name]!r} and "
                                      f"{entry.name!r} (deployment names are global in rankcore)")
@@ -217,7 +203,7 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
         plain = cf.to_plain(attrs.evolve(cfg, applications=(entry,)))["applications"][0]
         old = before.apps.get(entry.name)
         apps[entry.name] = AppliedApp(
-            name=entry.name, deployments=tuple(d.name for d in _graph(app)), route_prefix=entry.route_prefix,
+            name=entry.name, deployments=tuple(d.name for d in app.graph()), route_prefix=entry.route_prefix,
             config=plain, deployed_at=old.deployed_at if old is not None and old.config == plain else now)
     kept = {d for a in apps.values() for d in a.deployments}
     gone = [d for a in before.apps.values() for d in a.deployments if d not in kept]
