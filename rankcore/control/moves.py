@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ..base.commands import StartReplica, UpdateWorldSize
 from ..base.gangmap import gang_ranks
@@ -32,6 +32,10 @@ from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
 from . import deadlines, restarts
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
+
+if TYPE_CHECKING:
+    from ..base.cluster import Cluster
+    from ..placement.clustertx import ClusterTx
 
 __all__ = ["start", "stop", "reconcile", "scale", "crash", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
@@ -222,7 +226,12 @@ def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
     if not cl.delayed:
         return []
     holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
-    return [rid for rid in holders if rid is not None and cl.deadlines.get(rid) == math.inf and rid in cl.delayed]
+    return [rid for rid in holders if rid is not None and _is_held(cl, rid)]
+
+
+def _is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
+    """``rid`` is held for its gang (``hold``): a restart backoff with no end."""
+    return rid in cl.delayed and cl.deadlines.get(rid) == math.inf
 
 
 def hold(tx: Tx, rid: str, replaces: str | None) -> None:
@@ -242,8 +251,7 @@ def hold_waiting_gangs(tx: Tx, dep: Deployment) -> None:
     if dep.gang_size <= 1 or not (dep.rolling or dep.retiring) or dep.static is not None:
         return
     k = dep.gang_size
-    for rid in dep.replicas:
-        rep = dep.replicas[rid]
+    for rid, rep in dep.replicas.items():
         if rep.phase is Phase.PENDING and rep.node_id is None and not rep.retiring \
                 and waits_in(dep, dep.ranks.global_rank(rid) // k) and rid not in tx.view.delayed:
             if tx.managed and rid in tx.view.queued:
@@ -257,7 +265,7 @@ def start_waiting(tx: Tx, dep: Deployment) -> Deployment:
     cl = tx.view
     k = dep.gang_size
     gangs = sorted({dep.ranks.global_rank(rid) // k for rid in cl.delayed
-                    if cl.deadlines.get(rid) == math.inf and rid in dep.replicas})
+                    if rid in dep.replicas and _is_held(cl, rid)})
     for g in gangs:
         if not waits_in(dep, g):
             dep = _start_gang(tx, dep, g)
