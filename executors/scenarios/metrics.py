@@ -236,6 +236,13 @@ class DeploymentMetrics:
         }
 
 
+def moved_levels(old: tuple, new: tuple) -> list[str]:
+    """The levels (rank, node_rank, local_rank) at which a replica's ranks ``old`` and ``new``
+    (``ReplicaRank.as_tuple()``) differ: what a rank reassignment is counted by, here and in the
+    Ray executor's metrics."""
+    return [level for level, a, b in zip(LEVELS, old, new) if a != b]
+
+
 def _round(v: float | None, digits: int = 6) -> float | None:
     return None if v is None else round(v, digits)
 
@@ -489,12 +496,10 @@ class Metrics:
 
     @staticmethod
     def _count_change(m: DeploymentMetrics, old: tuple, new: tuple) -> None:
-        any_ = False
-        for level, a, b in zip(LEVELS, old, new):
-            if a != b:
-                m.reassignments[level] += 1
-                any_ = True
-        m.reassignments["any"] += any_
+        moved = moved_levels(old, new)
+        for level in moved:
+            m.reassignments[level] += 1
+        m.reassignments["any"] += bool(moved)
 
     def as_dict(self) -> dict:
         return {

@@ -34,6 +34,8 @@ from prometheus_client.metrics_core import Metric
 
 import rankcore as rc
 
+from ...scenarios.metrics import moved_levels
+
 __all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
            "merged", "CONTENT_TYPE"]
@@ -272,7 +274,6 @@ def merged(families: Iterable[Metric]) -> bytes:
     return generate_latest(registry)
 
 
-_LEVELS = ("rank", "node_rank", "local_rank")
 _SERVING = frozenset({rc.Phase.RUNNING, rc.Phase.RECONFIGURING})
 
 
@@ -294,9 +295,8 @@ class ControllerMetrics:
         for comp in result.compactions:
             m["rankcore_compactions"].labels(comp.deployment, comp.deployment).inc()
             for ch in comp.changes:
-                for level, old, new in zip(_LEVELS, ch.old.as_tuple(), ch.new.as_tuple()):
-                    if old != new:
-                        m["rankcore_rank_reassignments"].labels(comp.deployment, comp.deployment, level).inc()
+                for level in moved_levels(ch.old.as_tuple(), ch.new.as_tuple()):
+                    m["rankcore_rank_reassignments"].labels(comp.deployment, comp.deployment, level).inc()
         for cmd in result.commands:
             kind = type(cmd)
             move = _MOVES.get(kind)
