@@ -503,9 +503,11 @@ def step(state: State, event: object) -> Step:
     if not isinstance(state, State):
         raise InvalidEvent(f"step needs a rankcore State, got {type(state).__name__}")
     kind = type(event)
-    done = fast_step(state, event)
-    if done is not None:
-        return done
+    fast = FAST_PATHS.get(kind)  # (fast_step, inlined: a call less on nine steps in ten)
+    if fast is not None:
+        done = fast(state, event)
+        if done is not None:
+            return done
     handler = _HANDLERS.get(kind)
     if handler is None:
         raise InvalidEvent(
@@ -519,10 +521,7 @@ def fast_step(state: State, event: object) -> Step | None:
     """``event``'s step by its fast path (``rankcore.fastpaths``), pool commands included; None where
     there is none or it declines (``general_step`` then)."""
     fast = FAST_PATHS.get(type(event))
-    if fast is None:
-        return None
-    done = fast(state, event)
-    return None if done is None else pool.announce_answer(state, event.replica_id, done)  # type: ignore[attr-defined]
+    return None if fast is None else fast(state, event)
 
 
 def general_step(state: State, event: object, handler: Any = None) -> Step:

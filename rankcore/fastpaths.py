@@ -33,6 +33,7 @@ from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .control import deadlines, restarts
 from .control.moves import compaction_due
+from .control.pool import answer_pool
 from .control.transaction import initialize, put_replica, recount
 from .placement import spares
 from .placement.scheduling import booking_to_pass, unbook
@@ -56,6 +57,13 @@ _with_held = updater(Cluster, "held")
 _with_held_clock = updater(Cluster, "held", "now", "clock")
 _with_held_clock_deadlines = updater(Cluster, "held", "now", "clock", "deadlines", "next_deadline")
 _with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
+
+
+def _done(before: State, rid: str, after: State, commands: tuple) -> Step:
+    """The fast path's ``Step`` from ``before`` to ``after``, with the pool commands of ``rid``'s
+    answer (``pool.answer_pool``: the rule's own comparison, asked here so the step is built once)."""
+    return _Step(state=after, commands=commands, stale=False, compactions=(), recovery=None,
+                 pool=answer_pool(before, after, rid))
 
 
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:
@@ -104,8 +112,7 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
         return None
     if cl.deadlines and rid in cl.deadlines:
         cl = _with_deadlines(cl, *deadlines.disarm(cl, rid))
-    return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
-                 commands=(), stale=False, compactions=(), recovery=None)
+    return _done(state, rid, _with_dep(state, state.deployments.set(name, dep), cl), ())
 
 
 def placed(state: State, e: ReplicaPlaced) -> Step | None:
@@ -138,8 +145,7 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
         cl = _with_clock_deadlines(cl, now, cl.clock or moved, book, nxt)
     elif moved:
         cl = _with_clock(cl, now, True)
-    return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl),
-                 commands=commands, stale=False, compactions=(), recovery=None)
+    return _done(state, rid, _with_dep(state, state.deployments.set(name, dep), cl), commands)
 
 
 def crashed(state: State, e: ReplicaCrashed) -> Step | None:
@@ -192,9 +198,9 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     )
     if at is not None:
         commands = (*commands, _Tick(at=at))
-    return _Step(state=_with_dep_new(state, state.deployments.set(name, dep), cl,
-                                     state.index.delete(rid).set(new_id, name), state.next_replica + 1),
-                 commands=commands, stale=False, compactions=(), recovery=None)
+    return _done(state, rid, _with_dep_new(state, state.deployments.set(name, dep), cl,
+                                           state.index.delete(rid).set(new_id, name), state.next_replica + 1),
+                 commands)
 
 
 def stopped(state: State, e: ReplicaStopped) -> Step | None:
@@ -225,8 +231,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         cl = _with_held(cl, book) if nodes is cl.nodes else _with_held_nodes(cl, book, nodes, None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
-    return _Step(state=_with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)),
-                 commands=(), stale=False, compactions=(), recovery=None)
+    return _done(state, rid, _with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)), ())
 
 
 #: event type -> its fast path (None from it: take the general path)

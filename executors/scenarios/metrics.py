@@ -261,6 +261,8 @@ class Metrics:
         self._unheard: dict[tuple[str, int], float] = {}
 
     def _m(self, name: str) -> DeploymentMetrics:
+        """``name``'s figures, made at first use (the hot callers write
+        ``self.deployments.get(name) or self._m(name)``: a call less per step)."""
         m = self.deployments.get(name)
         if m is None:
             m = self.deployments[name] = DeploymentMetrics()
@@ -337,7 +339,7 @@ class Metrics:
         for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
-                m = self._m(cmd.deployment)
+                m = self.deployments.get(cmd.deployment) or self._m(cmd.deployment)
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
@@ -375,7 +377,7 @@ class Metrics:
         for name, dep in after.deployments.items():
             if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
-            m = self._m(name)
+            m = self.deployments.get(name) or self._m(name)
             if dep.rolling != (m._rolling_since is not None):
                 if dep.rolling:
                     m._rolling_since = t
@@ -427,7 +429,7 @@ class Metrics:
         ``heard`` False: the controller was down (``rank``: the global rank the
         replica held); its replacement is the replica the recovery starts on
         that rank, and crash_to_ready counts from now to it ready."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         self._settle(m, t)
         m.crashes += 1
         if not heard and rank is not None:
@@ -438,7 +440,7 @@ class Metrics:
 
     def process_started(self, deployment: str, spared: bool) -> None:
         """A replica's worker process: a spare one it took (``spared``), or a new one it waited for."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         if spared:
             m.spare_hits += 1
         else:
@@ -446,7 +448,7 @@ class Metrics:
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         """A replica's weights moved (``what``: offload, load or update; ``nbytes`` of them)."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         if what == "offload":
             m.offloads += 1
         elif what == "load":
@@ -458,7 +460,7 @@ class Metrics:
     def loaded(self, deployment: str, source: str, fell_back: bool = False) -> None:
         """A tiered replica landed on its node and loads its weights from ``source`` ("warm": the
         node's WARM copy; "cold": disk); ``fell_back``: the core said warm, no copy was there."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         if source == "warm":
             m.warm_loads += 1
         else:
@@ -467,7 +469,7 @@ class Metrics:
 
     def held(self, deployment: str, seconds: float, gpus: float) -> None:
         """A replica of ``deployment`` held its node and ``gpus`` GPUs for ``seconds`` (its cost)."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         m.replica_seconds += seconds
         m.gpu_seconds += seconds * gpus
 
@@ -483,14 +485,14 @@ class Metrics:
 
     def hot(self, t: float, deployment: str, delta: int) -> None:
         """``delta`` replicas of ``deployment`` became HOT (+1) or stopped being HOT (-1) at ``t``."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         self._settle_hot(m, t)
         m._hot += delta
 
     def waited_for_hot(self, deployment: str, seconds: float, ready: bool = True) -> None:
         """A replica became ready ``seconds`` after its StartReplica (not ``ready``: it stopped,
         died or the run ended that long after, never ready)."""
-        m = self._m(deployment)
+        m = self.deployments.get(deployment) or self._m(deployment)
         m.wait_to_hot.append(seconds)
         m.never_hot += not ready
 

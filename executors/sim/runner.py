@@ -150,18 +150,18 @@ class Simulation:
     def run_until(self, t_end: float, *, advance_clock: bool = True) -> None:
         """Process everything scheduled up to ``t_end`` (inclusive); then the
         clock reads ``t_end`` (or, with ``advance_clock=False``, the last happening)."""
-        q = self._queue
+        q, cancelled, pop, progress = self._queue, self._cancelled, heapq.heappop, self.progress
         n = 0
         while q and q[0][0] <= t_end:
-            t, _, seq, fn, args = heapq.heappop(q)
-            if seq in self._cancelled:
-                self._cancelled.discard(seq)
+            t, _, seq, fn, args = pop(q)
+            if cancelled and seq in cancelled:
+                cancelled.discard(seq)
                 continue
             self.now = t
             fn(*args)
             n += 1
-            if self.progress is not None and n % 2000 == 0:
-                self.progress(self.now, self.scenario.duration)
+            if progress is not None and n % 2000 == 0:
+                progress(self.now, self.scenario.duration)
         if advance_clock:
             self.now = max(self.now, t_end)
 
@@ -177,7 +177,8 @@ class Simulation:
         self.driver.feed(event, self.now)
         if self.check:
             check_state(self.driver.state)
-        self._maybe_unblock()
+        if self._blocked_on is not None:
+            self._maybe_unblock()
 
     def stream(self, name: str) -> random.Random:
         """The seeded random stream of one source (``crash/llm/3``, ``node/node-2``, ``hang``, ...)."""

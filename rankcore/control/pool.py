@@ -23,9 +23,8 @@ apart from the replicas' ``Step.commands``):
   was down.
 
 One function decides, after any step (``announce``; ``core.general_step`` calls
-it, and ``core.fast_step`` calls ``announce_answer``, the same comparison for the
-one replica a fast path's answer can move, so the fast paths need no copy of the
-rule). It compares the replicas the step can have changed: the event's replica,
+it, and the fast paths (``rankcore.fastpaths``) call ``answer_pool``, the same comparison
+for the one replica their answer can move, so they need no copy of the rule). It compares the replicas the step can have changed: the event's replica,
 every replica a command names (a replica leaves serving only through a
 command: stop, evict, offload, new weights, reconfigure) or replaces, every
 replica of the deployment a deployment's own event names (apply, scale,
@@ -52,7 +51,7 @@ from ..base.state import Deployment, Replica, State, Step
 from ..tiers.residency import serving
 from .autoscaling import bounds
 
-__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "announce_answer", "reset", "pool_of", "PoolView"]
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "announce_answer", "answer_pool", "reset", "pool_of", "PoolView"]
 
 SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
@@ -170,16 +169,23 @@ def _change(before: State, after: State, rid: str) -> PoolChanged | None:
     return _Changed(deployment=(dep1 or dep0).name, replica_id=rid, membership=m1)  # type: ignore[union-attr]
 
 
+def answer_pool(before: State, after: State, rid: str) -> tuple[PoolChanged, ...]:
+    """``announce``'s pool commands for the step of a replica's own answer (placed, ready, crashed,
+    stopped) that moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take,
+    before they build their ``Step`` (a crash's replacement is pending, in no pool; the event names
+    no deployment, so ``coming`` is not asked). The property suite checks the fast paths give
+    ``announce``'s step (tests/property/test_fast_paths.py)."""
+    changed = _change(before, after, rid)
+    return () if changed is None else (changed,)
+
+
 def announce_answer(before: State, rid: str, step: Step) -> Step:
-    """``announce`` for the step of a replica's own answer (placed, ready, crashed, stopped) that
-    moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take (a crash's
-    replacement is pending, in no pool; the event names no deployment, so ``coming`` is not
-    asked). The property suite checks it gives ``announce``'s step (tests/property/test_fast_paths.py)."""
-    changed = _change(before, step.state, rid)
-    if changed is None:
+    """``step`` (of ``rid``'s own answer, from ``before``) with ``answer_pool``'s commands."""
+    out = answer_pool(before, step.state, rid)
+    if not out:
         return step
     return _Step(state=step.state, commands=step.commands, stale=step.stale, compactions=step.compactions,
-                 recovery=step.recovery, pool=(changed,))
+                 recovery=step.recovery, pool=out)
 
 
 def announce(before: State, event: object, step: Step) -> Step:
