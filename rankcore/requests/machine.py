@@ -29,7 +29,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict
 from heapq import heapify, heappop, heappush
-from typing import Any, Union
+from typing import Any, Union, cast
 
 from ..base import events as _core_events
 from ..base.commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
@@ -602,9 +602,10 @@ class RequestMachine:
             self._with_deadline -= 1
 
     def _forget(self, req: _Request) -> None:
-        """An ended request no replica holds leaves the live table for the memory."""
+        """An ended request no replica holds leaves the live table for the memory (every caller
+        ended it first: ``final`` is set)."""
         del self._requests[req.rid]
-        self._remember(req.rid, (req.dep.name, req.final or "done", req.last, req.attempt, req.reason))
+        self._remember(req.rid, (req.dep.name, cast(str, req.final), req.last, req.attempt, req.reason))
 
     def _remember(self, rid: str, rec: tuple[str, str, str | None, int, str | None]) -> None:
         if self.remember_ended:

@@ -404,3 +404,91 @@ def test_counters_in_all_add_up_each_deployments_and_the_unknown_ones_only_there
     assert (one.submitted, emb.submitted, every.submitted) == (2, 1, 4)
     assert (one.rejected["unknown_deployment"], every.rejected["unknown_deployment"]) == (0, 1)
     assert every.lost == 0
+
+
+# ------------------------------------------------------------------ session 44: the rest of the module
+def test_completed_without_a_replica_for_a_queued_request_is_refused_naming_it() -> None:
+    """``Completed`` for a request still in the queue (no replica holds it) is an illegal event,
+    refused with an error that names the request. Kills ``_completed__mutmut_9`` (no message)."""
+    m = machine("a", max_ongoing_requests=1)
+    submit(m, "r0")
+    submit(m, "r1")
+    assert m.queued(D) == ("r1",)
+    with pytest.raises(rc.InvalidEvent, match=r"Completed: request 'r1' is queued"):
+        m.handle(Completed(request_id="r1"))
+    assert m.queued(D) == ("r1",)  # nothing changed
+
+
+def test_unknown_request_ids_are_refused_naming_the_event() -> None:
+    """An event about an id the machine never saw names the event's own type, so the caller
+    knows which of its answers was wrong. Kills ``_lookup__mutmut_9`` ("NoneType")."""
+    m = machine("a")
+    for ev, name in ((Completed(request_id="zz"), "Completed"), (Started(request_id="zz"), "Started"),
+                     (Cancel(request_id="zz"), "Cancel")):
+        with pytest.raises(rc.InvalidEvent, match=rf"^{name}: unknown request id 'zz'"):
+            m.handle(ev)
+
+
+def test_answers_after_a_request_ended_on_its_replica_count_each_time() -> None:
+    """A request cancelled while its replica runs it: the replica's ``Started`` and then its
+    ``Completed`` are both late, two in all (counted, not reset). Kills ``_completed__mutmut_13``."""
+    m = machine("a")
+    submit(m, "r0")
+    m.handle(Cancel(request_id="r0"))
+    assert m.handle(Started(request_id="r0", replica_id="a")) == []
+    assert late(m) == 1
+    assert m.handle(Completed(request_id="r0", replica_id="a")) == []
+    assert late(m) == 2
+    assert m.status("r0") == RequestStatus(request_id="r0", state="cancelled", deployment=D, replica_id="a")
+
+
+def test_a_completed_request_is_remembered_as_done_and_failed_answers_add_up() -> None:
+    """``status`` of a request answered ok is ``done``; of one whose handler raised, ``failed``
+    (``app_error``), and every such answer is counted. Kills ``_completed__mutmut_23`` (the
+    request ended with no final state) and ``_completed__mutmut_29`` (``app_errors = 1``)."""
+    m = machine("a")
+    for rid in ("r0", "r1", "r2"):
+        submit(m, rid)
+    m.handle(Completed(request_id="r0", replica_id="a"))
+    assert m.status("r0") == RequestStatus(request_id="r0", state="done", deployment=D, replica_id="a")
+    m.handle(Completed(request_id="r1", replica_id="a", ok=False))
+    m.handle(Completed(request_id="r2", replica_id="a", ok=False))
+    assert m.status("r2") == RequestStatus(request_id="r2", state="failed", deployment=D, replica_id="a",
+                                           reason="app_error")
+    c = m.counters(D)
+    assert (c.answered, c.app_errors, c.in_flight) == (1, 2, 0)
+
+
+def test_events_about_an_earlier_dispatch_are_late_and_change_nothing() -> None:
+    """A request that never started on ``a`` goes back to the queue when ``a`` leaves and is sent
+    to ``b``: ``a``'s ``Started`` and ``Completed`` for it, arriving afterwards, are about the
+    earlier dispatch: each counted late, the request still dispatched on ``b`` (not started, not
+    ended). Kills ``_started__mutmut_3`` (``Started`` looked up without its replica) and
+    ``_lookup__mutmut_26`` (``late = 1``)."""
+    m = machine("a", "b")
+    submit(m, "r0")
+    assert m.status("r0").replica_id == "a"  # type: ignore[union-attr]
+    out = m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone"))
+    assert out == [Dispatch(request_id="r0", deployment=D, replica_id="b", attempt=0)]
+    assert m.handle(Started(request_id="r0", replica_id="a")) == []
+    assert m.handle(Completed(request_id="r0", replica_id="a")) == []
+    assert late(m) == 2
+    assert m.status("r0") == RequestStatus(request_id="r0", state="dispatched", deployment=D, replica_id="b")
+    m.handle(Started(request_id="r0", replica_id="b"))  # b's own answers still count
+    assert m.status("r0").state == "running"  # type: ignore[union-attr]
+
+
+def test_status_carries_the_attempt_while_dispatched_and_after_it_ended() -> None:
+    """A started idempotent request whose replica died is retried (attempt 1) on the next one;
+    ``status`` says attempt 1 while it is dispatched there, and still after it was cancelled
+    there (ended, its replica still holding it). Kills ``status__mutmut_62`` and
+    ``status__mutmut_32`` (the attempt left out: 0)."""
+    m = machine("a", "b")
+    submit(m, "r0", idempotent=True)
+    m.handle(Started(request_id="r0", replica_id="a"))
+    m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone"))
+    assert m.status("r0") == RequestStatus(request_id="r0", state="dispatched", deployment=D, replica_id="b",
+                                           attempt=1)
+    m.handle(Cancel(request_id="r0"))
+    assert m.status("r0") == RequestStatus(request_id="r0", state="cancelled", deployment=D, replica_id="b",
+                                           attempt=1)
