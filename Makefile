@@ -36,8 +36,9 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) tools/typecheck_docs.py
 
+# (--durations: the slowest tests, so each CI log says where the suite's time goes)
 test: lint browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The status page's browser test drives Debian's chromium (playwright's own browser
 # download cannot be fetched here); installed when missing and we may (root, apt).
