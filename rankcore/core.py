@@ -61,7 +61,7 @@ from .base.state import (
     Step,
 )
 from .control import autoscaling, clock, deadlines, deletion, health, pool, restarts, rollouts
-from .control.moves import crash, reconcile, scale, succeed_retired
+from .control.moves import crash, is_held, reconcile, scale, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
 from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
@@ -204,6 +204,10 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
     if rep.phase is not Phase.PENDING:  # placed after a stop: the stop wins
         return finish(tx)
     rid = rep.replica_id
+    if rid in tx.view.delayed:  # its StartReplica was never sent: no executor can have placed it
+        why = "held until its gang can start whole" if is_held(tx.view, rid) else "waiting out a restart backoff"
+        raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} was never started ({why}: its StartReplica "
+                           f"has not been sent)")
     if tx.managed and dep.static is None and e.node_id not in tx.view.nodes:
         if e.node_id in tx.view.lost:  # placed there as the node went: it went with it
             tx.put(gangs.fail_member(tx, dep, rep))

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..base.cluster import Cluster
     from ..placement.clustertx import ClusterTx
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "succeed_retired", "start_delayed", "compaction_due", "compact",
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
@@ -226,10 +226,10 @@ def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
     if not cl.delayed:
         return []
     holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
-    return [rid for rid in holders if rid is not None and _is_held(cl, rid)]
+    return [rid for rid in holders if rid is not None and is_held(cl, rid)]
 
 
-def _is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
+def is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
     """``rid`` is held for its gang (``hold``): a restart backoff with no end."""
     return rid in cl.delayed and cl.deadlines.get(rid) == math.inf
 
@@ -265,7 +265,7 @@ def start_waiting(tx: Tx, dep: Deployment) -> Deployment:
     cl = tx.view
     k = dep.gang_size
     gangs = sorted({dep.ranks.global_rank(rid) // k for rid in cl.delayed
-                    if rid in dep.replicas and _is_held(cl, rid)})
+                    if rid in dep.replicas and is_held(cl, rid)})
     for g in gangs:
         if not waits_in(dep, g):
             dep = _start_gang(tx, dep, g)

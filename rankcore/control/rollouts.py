@@ -54,10 +54,13 @@ _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
 
 def revision(config: DeploymentConfig) -> str:
     """What a replica must have been started with to be current: the code's ``version`` and what it
-    reserves and where (the heavyweight options). Plain text, so a report can carry it."""
+    reserves and where (the heavyweight options: for gangs, their ``gang_placement`` too). Plain
+    text, so a report can carry it."""
     s = config.scheduling
     res = ",".join(f"{k}={v:g}" for k, v in s.resources)
-    return f"v={config.rollout.version or ''};r={res};p={s.placement}"
+    g = config.gang
+    gang = f";g={g.gang_placement}" if g.gang_size > 1 else ""
+    return f"v={config.rollout.version or ''};r={res};p={s.placement}{gang}"
 
 
 def applied(dep: Deployment, config: DeploymentConfig) -> Deployment:

@@ -161,6 +161,49 @@ def test_a_crash_of_a_retiring_member_counts_as_its_stop_and_a_crash_of_a_held_o
     assert sorted(s.global_rank for s in of(rc.StartReplica, list(step.commands))) == [0, 1]
 
 
+def test_a_replica_placed_that_was_never_started_is_refused_and_the_state_kept() -> None:
+    """A held gang successor has had no StartReplica: a ReplicaPlaced naming it is an executor's
+    error, refused naming the replica and why (the caller keeps its state); the same for a
+    replacement waiting out a restart backoff."""
+    d = gangs()
+    a, _ = held_stops(d, rc.DeploymentApplied(**{**V1, "version": "v2"}))  # type: ignore[arg-type]
+    d.step(rc.ReplicaCrashed(replica_id=a.replica_id, cause="exited"))  # its successor held for b
+    (waiting,) = held_ids(d)
+    before = d.state
+    with pytest.raises(rc.InvalidEvent, match=rf"{waiting!r} was never started \(held until its gang"):
+        rc.step(before, rc.ReplicaPlaced(replica_id=waiting, node_id=d.nodes[0]))
+    assert waiting in before.cluster.delayed and before.replica(waiting).phase is rc.Phase.PENDING
+
+    # a replacement waiting out a restart backoff (two failed starts in a row) has no process either
+    s = rc.step(rc.step(rc.State(), rc.Tick(now=1.0)).state, rc.DeploymentApplied(name="x", num_replicas=1)).state
+    for _ in range(2):
+        (rid,) = s.deployment("x").replicas
+        s = rc.step(s, rc.ReplicaPlaced(replica_id=rid, node_id="n1")).state
+        s = rc.step(s, rc.ReplicaCrashed(replica_id=rid, cause="error")).state
+    (backoff,) = s.cluster.delayed
+    with pytest.raises(rc.InvalidEvent, match=rf"{backoff!r} was never started \(waiting out a restart backoff"):
+        rc.step(s, rc.ReplicaPlaced(replica_id=backoff, node_id="n1"))
+
+
+def test_a_gang_placement_change_alone_rolls_every_gang() -> None:
+    """``gang_placement`` is where a gang goes, a heavyweight option like ``placement``: changing it
+    alone replaces every gang (on its ranks); applying it again changes nothing."""
+    d = gangs()
+    before = ranks(d)
+    spread = rc.DeploymentApplied(**{**V1, "gang_placement": "spread"})  # type: ignore[arg-type]
+    stops = held_stops(d, spread)
+    assert len(stops) == 2 and d.dep("m").rolling and d.dep("m").revision.endswith(";g=spread")
+    for stop in stops:
+        stopped(d, stop)
+    stops = list(d.held)
+    for stop in stops:
+        stopped(d, stop)
+    dep = d.dep("m")
+    assert not dep.rolling and dep.healthy and {r.revision for r in dep.replicas.values()} == {dep.revision}
+    assert ranks(d) == before
+    assert held_stops(d, spread) == [] and not d.dep("m").rolling
+
+
 def test_a_rollback_mid_gang_starts_the_held_gang_on_the_old_revision_and_leaves_old_gangs_alone() -> None:
     d = gangs()
     v1 = d.dep("m").revision
