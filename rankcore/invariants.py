@@ -58,7 +58,7 @@ from .base.state import (
     desired_weights,
 )
 from .control import autoscaling
-from .control.rollouts import budget, gang_budget
+from .control.rollouts import budget, gang_budget, surge_budget
 from .placement import spares
 from .tiers.devices import views_of
 
@@ -412,21 +412,35 @@ def _check_gangs_roll_whole(state: State, name: str, dep: Deployment) -> None:
                   f"{[(r.replica_id, r.phase.value, r.revision, r.replica_id in cl.delayed) for r in members]}")
 
 
+def _surged(old: Replica | None, new: Replica | None) -> bool:
+    """A serving replica stopped with its successor started beside it (``rollouts.surge``): its
+    lineage went to the successor."""
+    return (old is not None and new is not None and new.phase is Phase.STOPPING and new.lineage != old.lineage
+            and old.phase in (Phase.RUNNING, Phase.RECONFIGURING))
+
+
 def _retired_serving(old: Replica | None, new: Replica | None) -> bool:
     return (old is not None and new is not None and new.retiring and not old.retiring
-            and old.phase in (Phase.RUNNING, Phase.RECONFIGURING))
+            and old.phase in (Phase.RUNNING, Phase.RECONFIGURING)) or _surged(old, new)
 
 
 def check_rollout_pace(before: State, event: object, result: Step) -> None:
     """A step that retires a serving replica leaves at least ``target - budget`` serving
     (``rollouts.budget``: max_unavailable; a gang deployment's ``gang_budget``: rounded up to whole
-    gangs), and a retired replica's successor never takes the
-    deployment past its target."""
+    gangs); a retired replica's successor never takes the deployment past its target, nor a
+    surge's (started beside its draining predecessor) past ``target + surge_budget`` replicas
+    alive (draining ones included)."""
     after = result.state
     for name, dep in after.deployments.items():
         old = before.deployments.get(name)
-        if old is None or old is dep or (dep.retiring <= 0 and old.retiring <= 0):
+        if old is None or old is dep or (dep.retiring <= 0 and old.retiring <= 0 and not dep.rolling
+                                         and not old.rolling):
             continue
+        surged = [c.replica_id for c in result.commands if type(c) is StartReplica and c.deployment == name
+                  and c.replaces is not None and _surged(old.replicas.get(c.replaces), dep.replicas.get(c.replaces))]
+        if surged and len(dep.replicas) > dep.target + surge_budget(dep):
+            _fail(f"{name}: surged successors {surged} take it to {len(dep.replicas)} replicas alive, past its "
+                  f"target {dep.target} + max_surge {surge_budget(dep)}")
         # (a retirement sends its StopReplica: the step's stops are where to look, not every replica)
         retired = [c.replica_id for c in result.commands if type(c) is StopReplica and c.deployment == name
                    and _retired_serving(old.replicas.get(c.replica_id), dep.replicas.get(c.replica_id))]
@@ -518,6 +532,8 @@ def check_upscale_keeps_ranks(before: State, event: object, result: Step) -> Non
     was, now = rank_view(old), rank_view(new)
     for rid, rk in was.items():
         placed = rk[1] is None and old.replicas[rid].phase is Phase.PENDING and now.get(rid, rk)[0] == rk[0]
+        if _surged(old.replicas.get(rid), new.replicas.get(rid)):
+            continue  # (a rollout's surged predecessor: its successor took its ranks, it drains on a spare one)
         if rid in now and now[rid] != rk and not placed:  # (a waiting replica may get its node meanwhile)
             _fail(f"{name}: upscale {old.target}->{new.target} changed {rid} from {rk} to {now[rid]}")
 
@@ -556,12 +572,16 @@ def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, change
     replica that was only reserved (PENDING, never initialised) was not told
     its rank yet; a FAILED one has no process (it was stopped; it is told its
     rank when restarted); a replica whose rank update was due since a
-    recovery may get it without a change."""
+    recovery may get it without a change; a rollout's surged predecessor
+    (stopping, its lineage handed to the successor that took its ranks:
+    ``rankcore.control.rollouts.surge``) drains on a spare rank it is not told."""
     rep_before = old.replicas.get(rid) if old is not None else None
     if rep_before is not None and rep_before.phase is Phase.PENDING:
         changed = False
     rep = new.replicas.get(rid)
     if rep is not None and rep.phase is Phase.FAILED:
+        changed = False
+    if _surged(rep_before, rep):
         changed = False
     due = rep_before is not None and rep_before.rank_update_due
     if changed != ((new.name, rid) in sent) and not (due and not changed):
@@ -739,17 +759,25 @@ def check_compact_only_when_healthy(before: State, event: object, result: Step) 
 def check_command_order(before: State, event: object, result: Step) -> None:
     """Within one step, per deployment: replicas are started in ascending global
     rank (a lost node's replicas are replaced in rank order; the replacements of
-    replicas evicted at the end of the step are a batch of their own), and reconfigured
-    and initialised in ascending rank. Executors carry commands out in order,
-    so a wrapper that reorders them changes who gets what first."""
+    replicas evicted at the end of the step are a batch of their own, and so are
+    a rollout's surged successors, started by its end-of-step pass beside their
+    draining predecessors), and reconfigured and initialised in ascending rank.
+    Executors carry commands out in order, so a wrapper that reorders them
+    changes who gets what first."""
     last: dict[tuple[str, str], int] = {}
     evicting = False
+    surging: set[str] = set()
+    after = result.state
     for c in result.commands:
         if isinstance(c, EvictReplica) and not evicting:
             # the evictions the step chose come after its own work (rankcore.tiers.evictions): their
             # victims' replacements are a batch of their own, in ascending rank too
             evicting = True
             last = {k: v for k, v in last.items() if k[0] != "start"}
+        if (isinstance(c, StartReplica) and c.deployment not in surging and c.replaces is not None
+                and after.replica(c.replaces) is not None):  # (rankcore.control.rollouts.surge)
+            surging.add(c.deployment)
+            last.pop(("start", c.deployment), None)
         if isinstance(c, StartReplica):
             key, r = ("start", c.deployment), c.global_rank
         elif isinstance(c, (ReconfigureReplica, InitializeReplica)):

@@ -308,6 +308,7 @@ def make_machine(
             # (a gang deployment rolls whole gangs: a max_unavailable below its gang size still retires one)
             fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
             fields["max_unavailable"] = data.draw(st.sampled_from([0.2, 0.5, 1, 2, 3]), label="max unavailable")
+            fields["max_surge"] = data.draw(st.sampled_from([0, 0, 1, 2, 0.5]), label="max surge")
             if groups and name == GANGS:
                 fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                               gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))
@@ -459,8 +460,10 @@ def make_machine(
 
         def answer_pending(self, rid: str, rep: Any, data: st.DataObject, label: str) -> None:
             if not managed or rep.node_id is None:
-                if self.state.cluster.deadlines.get(rid) == math.inf:
-                    return  # held for its gang (rankcore.control.moves.hold): the executor never heard of it
+                if rid in self.state.cluster.delayed:
+                    # held for its gang (rankcore.control.moves.hold) or waiting out a restart backoff: no
+                    # StartReplica yet, the executor never heard of it (a ReplicaPlaced is refused)
+                    return
                 if managed and not data.draw(st.booleans(), label=f"{label}: executor places a waiting one itself"):
                     return
                 node = self.where(data, label)

@@ -368,7 +368,8 @@ class _RayTarget:
         d = self.deployment(event.name, event.num_replicas, event.user_config)
         # a ``rollout`` action's version and pace (None: the scenario class's fingerprint, never changing)
         d = attrs.evolve(d, version=event.version,
-                         core_options={**d.core_options, "max_unavailable": event.max_unavailable})
+                         core_options={**d.core_options, "max_unavailable": event.max_unavailable,
+                                       "max_surge": event.max_surge})
         self.applied.add(event.name)
         spec = self.sc.deployments[event.name]
         init: dict[str, Any] = {"fail_dir": self.fail_dir, "start_failures": spec.start_failures}

@@ -343,8 +343,10 @@ class Metrics:
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
-                    if (old is not None and old.retiring) or _held(before, cmd.replica_id):
-                        # a rollout's successor (a gang's, held until its gang stopped), not a crash's replacement
+                    if (old is not None and old.retiring) or _held(before, cmd.replica_id) \
+                            or after.replica(cmd.replaces) is not None:
+                        # a rollout's successor (a gang's, held until its gang stopped; a surge's, its
+                        # predecessor still draining), not a crash's replacement
                         m.rollout_replacements += 1
                     else:
                         self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)

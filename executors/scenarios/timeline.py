@@ -213,31 +213,37 @@ class UpdateConfig(Action):
         target.apply(desired.update_config(self))
 
 
+#: a rollout's pace, options of the deployment (``rollout:`` may set them for that rollout)
+_PACE = ("max_unavailable", "max_surge")
+
+
 @attrs.frozen(kw_only=True)
 class Rollout(Action):
     """Redeploy with a new code ``version`` (a heavyweight change): every replica is replaced, each by one
-    on its ranks, at most ``max_unavailable`` short at once (rankcore.control.rollouts)."""
+    on its ranks, at most ``max_unavailable`` short at once and ``max_surge`` above the target
+    (rankcore.control.rollouts)."""
 
     key: ClassVar[str] = "rollout"
 
     deployment: str
     version: str
     max_unavailable: int | float | None = None
+    max_surge: int | float | None = None
 
     @classmethod
     def parse(cls, value: Any, path: tuple, c: Checks) -> Rollout:
-        m = c.mapping(value, path, ("deployment", "version", "max_unavailable"), required=("deployment", "version"))
+        m = c.mapping(value, path, ("deployment", "version", *_PACE), required=("deployment", "version"))
         version = m["version"]
         if not isinstance(version, (str, int, float)) or isinstance(version, bool) or not str(version):
             raise c.fail(path + ("version",), f"must be a version name (text or a number), got {version!r}")
-        unavailable = m.get("max_unavailable")
-        if unavailable is not None:
-            try:
-                rc.DeploymentConfig.of({"max_unavailable": unavailable})
-            except rc.InvalidConfig as exc:
-                raise c.fail(path + ("max_unavailable",), str(exc).split(".max_unavailable ", 1)[-1]) from None
+        for key in _PACE:  # checked by the option's own rule (rankcore.base.options.RolloutOptions)
+            if m.get(key) is not None:
+                try:
+                    rc.DeploymentConfig.of({key: m[key]})
+                except rc.InvalidConfig as exc:
+                    raise c.fail(path + (key,), str(exc).split(f".{key} ", 1)[-1]) from None
         return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)), version=str(version),
-                   max_unavailable=unavailable)
+                   max_unavailable=m.get("max_unavailable"), max_surge=m.get("max_surge"))
 
     def perform(self, desired: Desired, target: Target) -> None:
         target.apply(desired.rollout(self))
@@ -654,8 +660,9 @@ class Desired:
     def rollout(self, action: Rollout) -> rc.DeploymentApplied:
         name = action.deployment
         changes: dict[str, Any] = {"version": action.version}
-        if action.max_unavailable is not None:
-            changes["max_unavailable"] = action.max_unavailable
+        for key in _PACE:
+            if getattr(action, key) is not None:
+                changes[key] = getattr(action, key)
         self.applied[name] = self._base(name).replace(**changes)
         return self.applied[name]
 

@@ -332,6 +332,13 @@ def _max_unavailable(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"a fraction of the target (a float, 0 < x < 1), got {f.shown(value)}")
 
 
+def _max_surge(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    ok = (type(value) is int and value >= 0) or (type(value) is float and 0 < value < 1)
+    if not ok:
+        raise InvalidConfig(f"{type(inst).__name__}.max_surge must be a count of replicas (an int >= 0) or "
+                            f"a fraction of the target (a float, 0 < x < 1), got {f.shown(value)}")
+
+
 @attrs.frozen(kw_only=True)
 class RolloutOptions:
     """Rolling updates (rankcore.control.rollouts): what makes a running replica outdated, and the pace."""
@@ -346,6 +353,12 @@ class RolloutOptions:
         MAX_UNAVAILABLE, _max_unavailable,
         "a rollout takes down at most this many replicas at once: a count (>= 1) or a fraction of the "
         "target (at least one; Ray Serve's pace is 0.2)")
+    max_surge: int | float = _option(
+        0, _max_surge,
+        "a rollout may run this many replicas above the target: each successor starts on its "
+        "predecessor's ranks and node as the predecessor starts draining, not once it has stopped "
+        "(where the node has room; not for gangs or static placement): a count or a fraction of the "
+        "target (rounded down); 0: successors wait for the drain")
 
 
 @attrs.frozen(kw_only=True)

@@ -37,16 +37,22 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md, "
 
 from __future__ import annotations
 
+from ..base.cluster import fits
+from ..base.commands import StartReplica
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
-from ..base.records import unchecked_copy
+from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
-from ..placement.scheduling import release
+from ..placement.scheduling import announce_booking, release
+from ..placement.scheduling import hold as book
 from .moves import hold, start_waiting
 from .transaction import Tx, recount, stop_command
 
-__all__ = ["revision", "applied", "budget", "gang_budget", "outdated", "advance_touched", "retire"]
+__all__ = ["revision", "applied", "budget", "surge_budget", "gang_budget", "outdated", "advance_touched", "retire",
+           "surge"]
+
+_Replica, _Start = maker(Replica), maker(StartReplica)
 
 _copy = unchecked_copy
 _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
@@ -76,6 +82,13 @@ def budget(dep: Deployment) -> int:
     or a fraction of the target, at least one)."""
     m = dep.config.rollout.max_unavailable
     return m if type(m) is int else max(1, int(m * dep.target))
+
+
+def surge_budget(dep: Deployment) -> int:
+    """How many replicas a rollout may run above the target (``max_surge``: a count, or a fraction of
+    the target rounded down; 0: none, each successor waits for its predecessor's drain)."""
+    m = dep.config.rollout.max_surge
+    return m if type(m) is int else int(m * dep.target)
 
 
 def gang_budget(dep: Deployment) -> int:
@@ -126,7 +139,7 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
         if rep is None or not outdated(dep, rep):
             continue
         if rep.phase in _SERVING:
-            dep = retire(tx, dep, rep)
+            dep = surge(tx, dep, rep) or retire(tx, dep, rep)
             room -= 1
         elif rep.phase is Phase.FAILED:  # (its bundle lost its node meanwhile)
             dep = _current(dep, rep)
@@ -223,6 +236,46 @@ def _current(dep: Deployment, rep: Replica) -> Deployment:
     """``rep`` has no process yet (FAILED, or waiting out a restart backoff): it will start on the
     current revision, so it is current already; nothing to stop."""
     return _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, revision=dep.revision)))
+
+
+def surge(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
+    """Serving ``rep`` is stopped (drained) and its successor starts at once, in the same step, on
+    its three ranks and node (Ray Serve's order: the new replica starts as the old one starts
+    draining), while the replicas alive, draining ones included, stay within ``surge_budget`` above
+    the target. The successor takes ``rep``'s place in the rank table and its lineage; ``rep`` gets a
+    spare entry (the lowest free global rank, a local rank beside its successor's) for the rest of
+    its drain, so every live replica still holds ranks of its own: it is not told (it takes no new
+    call), and leaves as any stopping replica does. The successor is booked beside ``rep`` (its
+    booking is held until it has stopped), so a surge needs the core's cluster (``Tx.managed``) and
+    room on that node, not suspect; a gang rolls whole, a static replica in its bundle and a model
+    booked by GPU memory where the tiers place it (``retire``). None where the rule does not apply:
+    ``retire`` then."""
+    allowed = surge_budget(dep)
+    if allowed <= 0 or len(dep.replicas) + 1 > dep.target + allowed:
+        return None
+    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
+        return None  # (a model booked by GPU memory is placed by the tiers' rule: rankcore.tiers.devices)
+    if rep.phase is not Phase.RUNNING:
+        return None  # (a reconfigure in flight carries its rank: it is retired the plain way, keeping it)
+    rid, node_id = rep.replica_id, rep.node_id
+    cl = tx.view
+    node = cl.nodes.get(node_id) if node_id is not None else None
+    if node is None or cl.suspect(node_id) or not fits(node, dep.resources):  # type: ignore[arg-type]
+        return None
+    (new_id,) = tx.new_ids(dep.name, 1)
+    ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
+    old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
+    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage,
+                   node_id=node_id, revision=dep.revision)
+    counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
+    dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
+    tx.index = tx.index.set(new_id, dep.name)
+    tx.emit(stop_command(dep, rid))
+    tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
+                   world_size=dep.target, replaces=rid, lineage=rep.lineage, revision=dep.revision))
+    book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
+    announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
+    return dep
 
 
 def retire(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:

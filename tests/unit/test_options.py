@@ -33,7 +33,7 @@ OTHER = {
     "upscale_delay_s": 5.0, "downscale_delay_s": 60.0, "downscale_to_zero_delay_s": 120.0, "upscaling_factor": 2.0,
     "downscaling_factor": 0.5, "metrics_interval_s": 2.0, "look_back_period_s": 10.0, "aggregation_function": "max",
     "burst": True, "policy": "replica_queue_length_autoscaling_policy",
-    "version": "v2", "max_unavailable": 3,
+    "version": "v2", "max_unavailable": 3, "max_surge": 2,
 }
 
 
@@ -143,7 +143,7 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every_surface() -> None:
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
                                                r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s, "
-                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable\)"):
+                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable, max_surge\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):
         OPT.DeploymentConfig.of({"gang_sise": 2})
