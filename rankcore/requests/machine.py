@@ -35,6 +35,7 @@ from ..base import events as _core_events
 from ..base.commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
 from ..base.errors import InvalidConfig, InvalidEvent, UnknownDeployment
 from ..base.fields import shown
+from ..base.options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 from ..base.records import maker
 from .queue import RequestQueue
 from .records import (
@@ -148,9 +149,9 @@ class _Dep:
     def __init__(self, name: str) -> None:
         self.name = name
         self.configured = False
-        self.max_ongoing = 5
-        self.max_queued = -1
-        self.max_retries = 3
+        self.max_ongoing = MAX_ONGOING_REQUESTS  # (the options' defaults until its Configure)
+        self.max_queued = MAX_QUEUED_REQUESTS
+        self.max_retries = MAX_RETRIES
         self.coming = False
         self.replicas: dict[str, _Replica] = {}  # in join order
         self.by_join: dict[int, _Replica] = {}

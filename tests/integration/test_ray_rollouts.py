@@ -144,6 +144,40 @@ def test_new_code_rolls_every_replica_onto_its_ranks_and_no_call_fails():
     ask(ctl, "reset")
 
 
+def test_with_max_surge_each_successor_starts_while_its_predecessor_drains_on_its_ranks():
+    """``max_surge=2`` on a node with room: both successors start in the step that stops their
+    predecessors (before either has stopped), each on its predecessor's rank; no call fails, no
+    rank is reconfigured (docs/rollouts.md, "Surge")."""
+    ctl = get_controller()
+    ask(ctl, "reset")
+    h = run(V1.options(max_surge=2, max_unavailable=2).bind())
+    before = h.ranks()
+    ask(ctl, "record", {"scenario": "surge on ray"})
+    caller = Caller(h)
+    caller.start()
+    assert wait_for(lambda: caller.calls > 20, 30)
+    run(V2.options(max_surge=2, max_unavailable=2).bind())
+    assert wait_for(lambda: answers(h) == {"v2"}, 60)
+    caller.stop.set()
+    caller.join(60)
+    text = ask(ctl, "drain_trace")
+    after = h.ranks()
+    assert caller.errors == [], caller.errors[:3]
+    assert set(after).isdisjoint(before) and sorted(v[0] for v in after.values()) == [0, 1]
+    recs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    starts = [i for i, r in enumerate(recs) if r.get("kind") == "command" and r.get("type") == "StartReplica"]
+    stopped = [i for i, r in enumerate(recs) if r.get("kind") == "event" and r.get("type") == "ReplicaStopped"]
+    assert len(starts) == 2 and stopped and max(starts) < min(stopped)  # both started before a drain ended
+    for i in starts:
+        f = recs[i]["fields"]
+        assert f["global_rank"] == before[f["replaces"]][0] and after[f["replica_id"]] == before[f["replaces"]]
+    assert [c for c in commands(text, "ReconfigureReplica") if c["fields"].get("reason") == "rank"] == []
+    report = check_trace_lines(text.splitlines())
+    assert report.ok, report.violations[:5]
+    assert ask(ctl, "status")["rejected_events"] == 0
+    ask(ctl, "reset")
+
+
 @deployment(name="pinned", num_replicas=1, ray_actor_options=OPTS)
 class PinnedA:
     def __call__(self):

@@ -506,3 +506,69 @@ def test_the_live_deadline_count_falls_by_one_per_ended_request() -> None:
     m.handle(Completed(request_id="r1"))
     assert m.handle(Tick(now=1.0)) == []
     assert len(m._deadlines) == 101
+
+
+def test_bad_construction_and_foreign_events_are_refused_naming_the_field_and_the_value() -> None:
+    """``RequestMachine(...)`` with a bad setting names the setting and what it got; an event the
+    machine does not take names its type and shows it. Kills ``__init____mutmut_4/5/12`` and
+    ``handle__mutmut_5/6/7`` (a message dropped, or showing None)."""
+    with pytest.raises(rc.InvalidConfig, match=r"^RequestMachine.reports_started must be a bool, got 'yes'"):
+        RequestMachine(reports_started="yes")  # type: ignore[arg-type]
+    with pytest.raises(rc.InvalidConfig, match=r"^RequestMachine.remember_ended must be an int >= 0, got -1"):
+        RequestMachine(remember_ended=-1)
+    with pytest.raises(rc.InvalidEvent, match=r"^the request machine takes no ReplicaReady \(got ReplicaReady\("):
+        machine("a").handle(rc.ReplicaReady(replica_id="a"))  # type: ignore[arg-type]
+
+
+def test_a_reused_request_id_is_refused_saying_ids_must_be_unique() -> None:
+    """Kills ``_submit__mutmut_6/7`` (the refusal's reason garbled)."""
+    m = machine("a")
+    submit(m, "r0")
+    with pytest.raises(rc.InvalidEvent, match=r"'r0' is already in use .*; request ids must be unique$"):
+        submit(m, "r0")
+
+
+def test_requests_refused_at_submission_say_why_and_are_remembered_under_their_id() -> None:
+    """A Submit for a deployment never configured, one whose deadline had already passed, and one
+    for a deployment with no replica serving and none coming: each ``Rejected`` names the request
+    and why (a detail saying what), and ``status`` remembers it rejected, attempt 0, with that
+    reason. Kills ``_submit__mutmut_22/23/24`` (the unknown deployment's record garbled),
+    ``_submit__mutmut_42`` (the expired request rejected under no id), ``_submit__mutmut_44`` and
+    ``_submit__mutmut_57`` (no detail)."""
+    m = machine("a")
+    (r,) = m.handle(Submit(request_id="u", deployment="nope"))
+    assert (r.request_id, r.reason) == ("u", "unknown_deployment")
+    assert m.status("u") == RequestStatus(request_id="u", state="rejected", deployment="nope",
+                                          reason="unknown_deployment")
+    m.handle(Tick(now=10.0))
+    (r,) = submit(m, "late", deadline=5.0)
+    assert (r.request_id, r.reason) == ("late", "timeout") and "its deadline 5.0 had passed (now 10.0)" in r.detail
+    assert m.status("late") == RequestStatus(request_id="late", state="rejected", deployment=D, reason="timeout")
+    m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone"))
+    (r,) = submit(m, "none")
+    assert (r.request_id, r.reason) == ("none", "unavailable")
+    assert r.detail == f"deployment {D!r} has no replica serving and none coming"
+
+
+def test_a_draining_replica_is_not_serving_so_a_lone_one_leaves_the_deployment_unavailable() -> None:
+    """The serving count falls when a replica drains (it finishes what it holds, takes nothing
+    new): with its only replica draining and none coming, a new request is refused
+    ``unavailable`` rather than queued for a replica that will never take it; serving again,
+    it takes requests. Kills ``_member__mutmut_15`` (a drain counted as one more serving)."""
+    m = machine("a")
+    m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="draining"))
+    assert [a.reason for a in submit(m, "r0")] == ["unavailable"]
+    m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="serving"))
+    assert submit(m, "r1") == [Dispatch(request_id="r1", deployment=D, replica_id="a", attempt=0)]
+
+
+def test_the_free_slot_heap_stays_small_over_many_requests() -> None:
+    """The heap of slot counts that may have a free replica holds each count once (``low_set``):
+    1,000 requests through one replica leave it at most ``max_ongoing_requests`` entries long.
+    Kills ``_Dep.enter__mutmut_11`` (a count never marked as in the heap: pushed again on every
+    entry, the heap growing with the requests served)."""
+    m = machine("a", max_ongoing_requests=2)
+    for i in range(1000):
+        submit(m, f"r{i}")
+        m.handle(Completed(request_id=f"r{i}"))
+    assert len(m._deps[D].lows) <= 2
