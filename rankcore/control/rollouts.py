@@ -15,7 +15,9 @@ The rule (``advance``, an end-of-step pass over the deployments the step touched
 * either way it is *retiring*: it still counts towards the target, and when it has stopped (or
   died) its successor starts on its three ranks, on its node and booking where the core places
   replicas (``rankcore.control.moves.succeed_retired``), as a crash's replacement would. A rollout
-  reassigns no rank and changes no world size; it never runs more replicas than the target.
+  reassigns no rank and changes no world size; it never runs more replicas than the target, but
+  with ``max_surge``: then, where the node has room, the successor starts in the step its
+  predecessor starts draining, on its ranks (``surge``).
 
 A rollback is applying the old config: the replicas still on the old revision are current again,
 those already replaced are replaced once more. A crash's replacement starts on the current revision.
