@@ -78,6 +78,21 @@ class Driver:
         return {dep.ranks.global_rank(rid): rid for rid in dep.replicas}
 
 
+def placed_answers(cmd: object) -> list[object]:
+    """What an executor of a core that places replicas (nodes joined) answers at once: a
+    PlaceReplica with ReplicaPlaced on that node (a StartReplica waits for it), then ready,
+    reconfigured, stopped."""
+    if isinstance(cmd, rc.PlaceReplica):
+        return [rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=cmd.node_id)]
+    if isinstance(cmd, rc.InitializeReplica):
+        return [rc.ReplicaReady(replica_id=cmd.replica_id)]
+    if isinstance(cmd, rc.StopReplica):
+        return [rc.ReplicaStopped(replica_id=cmd.replica_id)]
+    if isinstance(cmd, rc.ReconfigureReplica):
+        return [rc.ReplicaReconfigured(replica_id=cmd.replica_id, version=cmd.version)]
+    return []
+
+
 def of(kind: type, commands: Iterable[object]) -> list:
     return [c for c in commands if isinstance(c, kind)]
 

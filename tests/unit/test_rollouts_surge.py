@@ -11,19 +11,19 @@ import attrs
 import pytest
 
 import rankcore as rc
-from rankcore.invariants import check_recovery_roundtrip, check_step, reports_from
+from rankcore.invariants import check_recovery_roundtrip, reports_from
+from tests.helpers import Driver, placed_answers
 
 GPU = (("GPU", 1.0),)
 
 
-class Cluster:
+class Cluster(Driver):
     """A managed core (nodes joined: the core places) whose commands are answered at once, except
-    the StopReplicas ``hold`` keeps back (in ``held``: a drain still running)."""
+    the StopReplicas ``hold`` keeps back (in ``held``: a drain still running); every invariant is
+    checked after every step (``Driver.step``)."""
 
     def __init__(self, nodes: dict[str, float]) -> None:
-        self.state = rc.State()
-        self.held: list[rc.StopReplica] = []
-        self.commands: list[object] = []  # every command, in order
+        super().__init__()
         self.hold: Callable[[object], bool] = lambda c: False
         self.alive_max = 0  # the most replicas alive at once (draining ones included)
         self.serving_min: int | None = None  # the fewest serving once healthy
@@ -31,11 +31,7 @@ class Cluster:
             self.run(rc.NodeJoined(node_id=name, resources={"GPU": gpus, "CPU": 64}))
 
     def step(self, event: object) -> rc.Step:
-        before = self.state
-        result = rc.step(before, event)
-        check_step(before, event, result, full=True)
-        self.state = result.state
-        self.commands.extend(result.commands)
+        result = super().step(event)
         dep = self.state.deployments.get("m")
         if dep is not None:
             self.alive_max = max(self.alive_max, len(dep.replicas))
@@ -44,7 +40,7 @@ class Cluster:
                 self.serving_min = serving if self.serving_min is None else min(self.serving_min, serving)
         return result
 
-    def run(self, event: object) -> list[object]:
+    def run(self, event: object, hold: Callable[[object], bool] | None = None) -> list[object]:
         out: list[object] = []
         queue = [event]
         while queue:
@@ -52,20 +48,16 @@ class Cluster:
                 out.append(cmd)
                 if isinstance(cmd, rc.StopReplica) and self.hold(cmd):
                     self.held.append(cmd)
-                elif isinstance(cmd, rc.PlaceReplica):
-                    queue.append(rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=cmd.node_id))
-                elif isinstance(cmd, rc.InitializeReplica):
-                    queue.append(rc.ReplicaReady(replica_id=cmd.replica_id))
-                elif isinstance(cmd, rc.StopReplica):
-                    queue.append(rc.ReplicaStopped(replica_id=cmd.replica_id))
+                else:
+                    queue.extend(placed_answers(cmd))
         return out
 
     def drained(self, stop: rc.StopReplica) -> list[object]:
         self.held.remove(stop)
         return self.run(rc.ReplicaStopped(replica_id=stop.replica_id))
 
-    def dep(self) -> rc.Deployment:
-        return self.state.deployments["m"]
+    def dep(self, name: str = "m") -> rc.Deployment:
+        return self.state.deployments[name]
 
     def ranks(self) -> dict[int, tuple[tuple[int, int, int], str | None]]:
         """global rank -> (three ranks, node) of every replica not stopping."""

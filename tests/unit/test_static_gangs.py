@@ -9,6 +9,7 @@ import pytest
 import rankcore as rc
 from rankcore.base.lifecycle import Phase
 from rankcore.invariants import check_recovery_roundtrip, check_step
+from tests.helpers import placed_answers
 
 
 class Exec:
@@ -37,14 +38,7 @@ class Exec:
                 out.append(c)
                 if hold is not None and isinstance(c, hold):
                     continue
-                if isinstance(c, rc.PlaceReplica):
-                    queue.append(rc.ReplicaPlaced(replica_id=c.replica_id, node_id=c.node_id))
-                elif isinstance(c, rc.InitializeReplica):
-                    queue.append(rc.ReplicaReady(replica_id=c.replica_id))
-                elif isinstance(c, rc.StopReplica):
-                    queue.append(rc.ReplicaStopped(replica_id=c.replica_id))
-                elif isinstance(c, rc.ReconfigureReplica):
-                    queue.append(rc.ReplicaReconfigured(replica_id=c.replica_id, version=c.version))
+                queue.extend(placed_answers(c))
         self.log.extend(out)
         return out
 
