@@ -333,10 +333,10 @@ def _max_unavailable(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 
 def _max_surge(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    ok = (type(value) is int and value >= 0) or (type(value) is float and 0 < value < 1)
+    ok = (type(value) is int and value >= 0) or (type(value) is float and 0 < value <= 1)
     if not ok:
         raise InvalidConfig(f"{type(inst).__name__}.max_surge must be a count of replicas (an int >= 0) or "
-                            f"a fraction of the target (a float, 0 < x < 1), got {f.shown(value)}")
+                            f"a fraction of the target (a float, 0 < x <= 1), got {f.shown(value)}")
 
 
 @attrs.frozen(kw_only=True)
@@ -358,7 +358,7 @@ class RolloutOptions:
         "a rollout may run this many replicas above the target: each successor starts on its "
         "predecessor's ranks and node as the predecessor starts draining, not once it has stopped "
         "(where the node has room; not for gangs or static placement): a count or a fraction of the "
-        "target (rounded down); 0: successors wait for the drain")
+        "target (rounded up, as Ray Serve's max_surge_percent); 0: successors wait for the drain")
 
 
 @attrs.frozen(kw_only=True)

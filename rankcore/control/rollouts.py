@@ -88,9 +88,10 @@ def budget(dep: Deployment) -> int:
 
 def surge_budget(dep: Deployment) -> int:
     """How many replicas a rollout may run above the target (``max_surge``: a count, or a fraction of
-    the target rounded down; 0: none, each successor waits for its predecessor's drain)."""
+    the target rounded up, as Ray Serve rounds its ``max_surge_percent``; 0: none, each successor
+    waits for its predecessor's drain)."""
     m = dep.config.rollout.max_surge
-    return m if type(m) is int else int(m * dep.target)
+    return m if type(m) is int else -(-int(m * 1_000_000) * dep.target // 1_000_000)
 
 
 def gang_budget(dep: Deployment) -> int:

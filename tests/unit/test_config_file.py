@@ -137,9 +137,20 @@ def test_keys_serve_treats_as_no_ops_are_accepted_with_a_warning(tmp_path: Path)
 def test_ours_and_serves_rolling_update_pace_reach_the_options() -> None:
     cfg = cf.parse({"applications": [{"import_path": "m:a", "deployments": [
         {"name": "x", "rolling_update_percentage": 0.5, "version": "2", "health_check_failure_threshold": 5,
-         "num_replicas": "auto"}]}]})
+         "num_replicas": "auto", "max_surge_percent": 25}]}]})
     assert cfg.applications[0].deployments[0].to_options() == {
-        "num_replicas": "auto", "version": "2", "max_unavailable": 0.5, "health_check_failure_threshold": 5}
+        "num_replicas": "auto", "version": "2", "max_unavailable": 0.5, "health_check_failure_threshold": 5,
+        "max_surge": 0.25}
+    none = cf.parse({"applications": [{"import_path": "m:a", "deployments": [{"name": "x", "max_surge_percent": 0}]}]})
+    assert none.applications[0].deployments[0].to_options() == {"max_surge": 0}
+
+
+def test_a_surge_percent_outside_serves_range_names_its_key_and_line(tmp_path: Path) -> None:
+    text = ("applications:\n  - import_path: m:a\n    deployments:\n      - name: x\n"
+            "        max_surge_percent: 150\n")
+    with pytest.raises(cf.ConfigError, match=r"deploy.yaml:5: applications\[0\].deployments\[0\].max_surge_percent: "
+                                             r"must be a percent of the target, an int in \[0, 100\].*got 150"):
+        cf.load(write(tmp_path, text))
 
 
 def test_yaml_that_does_not_parse_names_its_line(tmp_path: Path) -> None:

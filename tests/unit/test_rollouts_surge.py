@@ -142,14 +142,18 @@ def test_max_surge_bounds_the_replicas_above_the_target() -> None:
     assert c.alive_max == 5 and c.dep().healthy and not c.dep().rolling
 
 
-def test_a_fraction_rounds_down_and_zero_is_the_plain_rollout() -> None:
-    d = rc.DeploymentApplied(name="m", num_replicas=10, max_surge=0.25)
+def test_a_fraction_rounds_up_as_ray_serves_percent_does() -> None:
+    """``max_surge`` 0.25 of 10 allows 3 above the target, of 3 allows 1 (Ray Serve rounds its
+    ``max_surge_percent`` up to whole replicas); 0.2 of 5 is exactly 1; 1.0 is the whole target."""
     from rankcore.control.rollouts import surge_budget
 
-    assert surge_budget(rc.Deployment.applied(d)) == 2
-    assert surge_budget(rc.Deployment.applied(rc.DeploymentApplied(name="m", num_replicas=3, max_surge=0.25))) == 0
-    with pytest.raises(rc.InvalidConfig, match="max_surge must be"):
-        rc.DeploymentApplied(name="m", num_replicas=3, max_surge=1.5)
+    def budget(n: int, m: float) -> int:
+        return surge_budget(rc.Deployment.applied(rc.DeploymentApplied(name="m", num_replicas=n, max_surge=m)))
+
+    assert (budget(10, 0.25), budget(3, 0.25), budget(5, 0.2), budget(4, 1.0), budget(0, 0.5)) == (3, 1, 1, 4, 0)
+    for bad in (1.5, -1, 0.0, True, "2"):
+        with pytest.raises(rc.InvalidConfig, match="max_surge must be"):
+            rc.DeploymentApplied(name="m", num_replicas=3, max_surge=bad)
 
 
 @pytest.mark.parametrize("who", ["successor", "predecessor"])

@@ -78,6 +78,10 @@ class GRPCOptions:
     enable_reflection: bool = False
 
 
+#: Ray Serve's names for the pace of a rolling update (``DeploymentConfig.to_options`` translates them)
+_SERVE_PACE = ("rolling_update_percentage", "max_surge_percent")
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """One entry of an application's ``deployments:``: options that override the code's for the
@@ -100,15 +104,22 @@ class DeploymentConfig:
     placement_group_strategy: str | None = None
     #: Ray Serve's pace of a rolling update, a fraction in (0, 1]: our ``max_unavailable``
     rolling_update_percentage: float | None = None
+    #: Ray Serve's surge of a rolling update, a percent of the target in [0, 100]: our ``max_surge``
+    #: (its fraction; docs/rollouts.md, "Surge", says where the two differ)
+    max_surge_percent: int | None = None
     version: str | None = None
     options: dict = attrs.Factory(dict)
 
     def to_options(self) -> dict[str, Any]:
-        """The ``.options()`` keywords this entry sets (``rolling_update_percentage`` as ``max_unavailable``)."""
+        """The ``.options()`` keywords this entry sets (``rolling_update_percentage`` as ``max_unavailable``,
+        ``max_surge_percent`` as ``max_surge``: 25 is 0.25, 0 is none)."""
         out = {f.name: getattr(self, f.name) for f in attrs.fields(DeploymentConfig)
-               if f.name not in ("name", "options", "rolling_update_percentage") and getattr(self, f.name) is not None}
+               if f.name not in ("name", "options", *_SERVE_PACE) and getattr(self, f.name) is not None}
         if self.rolling_update_percentage is not None:
             out["max_unavailable"] = self.rolling_update_percentage
+        if self.max_surge_percent is not None:
+            p = self.max_surge_percent
+            out["max_surge"] = p / 100 if p else 0  # (its range is checked with the file: in [0, 100])
         return {**out, **self.options}
 
 
@@ -408,6 +419,10 @@ def _check(cfg: ServeConfig, source: str, lines: _Lines) -> None:
             if d.name in seen:
                 raise err(f"{dp}.name", f"deployment {d.name!r} is also {here}.deployments[{seen[d.name]}]")
             seen[d.name] = j
+            p = d.max_surge_percent
+            if p is not None and (type(p) is not int or not 0 <= p <= 100):
+                raise err(f"{dp}.max_surge_percent", f"must be a percent of the target, an int in [0, 100] "
+                                                     f"(Ray Serve's range), got {p!r}")
             opts = d.to_options()
             try:
                 deployment(name=d.name, **opts)
@@ -431,7 +446,8 @@ def option_error(source: str, lines: _Lines | None, path: str, opts: dict, exc: 
     msg = re.sub(r"^(deployment '[^']*'|@deployment\(\.\.\.\)): ", "", msg)
     named = sorted((k for k in opts if re.search(rf"\b{re.escape(k)}\b", str(exc))),
                    key=lambda k: str(exc).find(k))
-    key = {"max_unavailable": "rolling_update_percentage"}.get(named[0], named[0]) if named else None
+    key = {"max_unavailable": "rolling_update_percentage", "max_surge": "max_surge_percent"}.get(named[0], named[0]) \
+        if named else None
     p = f"{path}.{key}" if key else path
     lines = lines or _Lines()
     if key and p not in lines.at and f"{path}.{named[0]}" in lines.at:
