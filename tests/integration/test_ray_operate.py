@@ -235,3 +235,24 @@ def test_the_rest_paths(tmp_path: Path) -> None:
     body = httpx.get(path, timeout=30).json()
     assert body["applications"] == {} and apps.applied_apps() == {}
     assert ask(get_controller(), "ranks", "Echo") == {}
+
+
+def test_shutdown_deletes_every_application_and_stops_the_rest_server(tmp_path: Path) -> None:
+    """``rankcore shutdown --yes``: every application deleted (no replica left), the REST server
+    stopped (no actor, its port no longer answers); the controller stays usable (the next
+    ``deploy`` works again); without ``--yes`` it asks, and a no changes nothing."""
+    result = deploy(tmp_path, config())
+    assert result.exit_code == 0, result.output
+    url = rest.rest_address()
+    assert url is not None and set(apps.applied_apps()) == {"echo", "hello"}
+    no = CliRunner().invoke(main, ["shutdown"], input="n\n")
+    assert no.exit_code == 1 and "Aborted" in no.output and set(apps.applied_apps()) == {"echo", "hello"}
+    result = CliRunner().invoke(main, ["shutdown", "--yes"])
+    assert result.exit_code == 0 and result.output.strip() == "shut down", result.output
+    assert apps.applied_apps() == {} and ask(get_controller(), "ranks", "Echo") == {}
+    assert rest.rest_address() is None
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/api/serve/applications/", timeout=5)
+    again = deploy(tmp_path, config(drop_hello=True))
+    assert again.exit_code == 0, again.output
+    assert set(apps.applied_apps()) == {"echo"}
