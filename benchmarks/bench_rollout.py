@@ -12,7 +12,8 @@ replicas serve, ``--clients`` closed-loop clients call it through a handle from 
 applied again with a new class (``"v2"``: other code, nothing else changed) from a thread, while the
 load goes on, until the rollout is over and ``--tail`` s more. Both at their default pace, one
 replica at a time (rankcore's ``max_unavailable`` 0.2 and Ray Serve's ``rolling_update_percentage``
-0.2 of 8: 1; Ray Serve's ``max_surge_percent`` 0: no surge); ours is given no ``version``: the class's
+0.2 of 8: 1; no surge unless ``--surge-percent`` gives Serve's ``max_surge_percent`` and ours the same
+``max_surge``, docs/rollouts.md, "Surge"); ours is given no ``version``: the class's
 code fingerprint changed (docs/rollouts.md), Serve gives every redeploy a new version.
 
 Every ``reconfigure`` call reports to a recorder actor: the replica's id, its code's tag and the
@@ -163,7 +164,7 @@ class Ours:
         from executors.ray_gpu import deployment, get_controller, run
 
         d = deployment(cls, name=DEP, num_replicas=args.replicas, ray_actor_options=dict(ACTOR_OPTIONS),
-                       user_config={"n": 1})
+                       user_config={"n": 1}, max_surge=args.surge_percent / 100 if args.surge_percent else 0)
         handle = run(d.bind(), timeout=args.max_rollout)
         self.ctl = get_controller()
         return handle
@@ -191,6 +192,8 @@ class Serve:
         serve.start(proxy_location="Disabled")  # (handle calls only)
         d: Any = serve.deployment(cls, name=DEP, num_replicas=args.replicas,
                                   ray_actor_options=dict(ACTOR_OPTIONS), user_config={"n": 1})
+        if args.surge_percent:
+            d = d.options(max_surge_percent=args.surge_percent)
         return serve.run(d.bind(), name=DEP, route_prefix=None)
 
     def all_new(self, n: int) -> bool:
@@ -349,6 +352,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nrolling update v1 -> v2 under load: rankcore vs Ray Serve, Ray {version}, {args.replicas} replicas, "
           f"{args.clients} clients, work {args.work:g} s, warm {args.warm:g} s, tail {args.tail:g} s, "
+          f"surge {args.surge_percent}% (ours: max_surge; Serve: max_surge_percent), "
           f"{os.cpu_count()} CPUs")
     rows = childrun.ratio_table(ROWS, a, b)
     for name, res in results.items():
@@ -366,7 +370,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     argv = ["--replicas", str(args.replicas), "--clients", str(args.clients), "--work", str(args.work),
             "--warm", str(args.warm), "--tail", str(args.tail), "--max-rollout", str(args.max_rollout),
-            "--request-timeout", str(args.request_timeout), "--num-cpus", str(args.num_cpus)]
+            "--request-timeout", str(args.request_timeout), "--num-cpus", str(args.num_cpus),
+            "--surge-percent", str(args.surge_percent)]
     limit = 2 * args.max_rollout + args.warm + args.tail + args.request_timeout + 120
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
@@ -383,10 +388,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="give up when not all-new after this many seconds; default 180")
     p.add_argument("--request-timeout", type=float, default=30.0, help="limit of one call; default 30")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of the local Ray; default 4")
+    p.add_argument("--surge-percent", type=int, default=0,
+                   help="replicas a rollout may run above the target, a percent of it (Ray Serve's "
+                        "max_surge_percent; ours: max_surge, docs/rollouts.md); default 0")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     if args.replicas < 1 or args.clients < 1:
         p.error("--replicas and --clients must be 1 or more")
+    if not 0 <= args.surge_percent <= 100:
+        p.error(f"--surge-percent must be in [0, 100] (Ray Serve's range), got {args.surge_percent}")
     if args.replicas * ACTOR_OPTIONS["num_cpus"] > args.num_cpus:
         p.error(f"--num-cpus {args.num_cpus} has no room for {args.replicas} replicas of "
                 f"num_cpus {ACTOR_OPTIONS['num_cpus']}")

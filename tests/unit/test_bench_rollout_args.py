@@ -20,6 +20,7 @@ def _bench():
     (["--clients", "0"], "--replicas and --clients must be 1 or more"),
     (["--replicas", "50", "--num-cpus", "4"], "--num-cpus 4 has no room for 50 replicas"),
     (["--only", "neither"], "invalid choice: 'neither'"),
+    (["--surge-percent", "150"], "--surge-percent must be in [0, 100]"),
 ])
 def test_bad_options_are_refused_before_anything_starts(argv, says, capsys, monkeypatch):
     bench = _bench()
@@ -46,6 +47,7 @@ def test_the_defaults_and_what_a_child_is_given(monkeypatch):
     assert set(seen) == {"ours", "serve"}
     opts = dict(zip(argv[::2], argv[1::2]))
     assert opts["--replicas"] == "8" and opts["--clients"] == "2" and opts["--work"] == "0.1"
+    assert opts["--surge-percent"] == "0"  # (no surge unless asked: both systems' default)
     assert limit > 2 * 180.0  # (a rollout may take up to --max-rollout, the v1 deploy too)
 
 
@@ -66,7 +68,7 @@ def test_rank_figures_count_moves_off_range_starts_and_reconfigures_since_the_ap
 
 def test_the_report_gives_ours_over_serve_a_dash_for_a_missing_figure_and_the_goal(capsys):
     bench = _bench()
-    args = argparse.Namespace(replicas=8, clients=4, work=0.1, warm=3.0, tail=3.0)
+    args = argparse.Namespace(replicas=8, clients=4, work=0.1, warm=3.0, tail=3.0, surge_percent=0)
     rows = bench.print_report({
         "ours": {"to_all_new_s": 5.0, "failed": 0, "rank_moved": 0, "errors": [], "ray_version": "x",
                  "v2_start_ranks": [0, 1], "final_ranks": [0, 1], "rank_moves": []},
