@@ -83,9 +83,10 @@ def test_async_requests_of_one_replica_overlap_up_to_max_ongoing_requests():
 
 
 def test_a_failing_async_check_health_replaces_the_replica():
-    h = run(Overlap.options(name="sickly", user_config={"v": 1}).bind())
+    # (checks every 0.5 s, not Serve's default 10 s: three failures in ~1.5 s, not ~30)
+    h = run(Overlap.options(name="sickly", user_config={"v": 1}, health_check_period_s=0.5).bind())
     (rid,) = h.ranks()
-    run(Overlap.options(name="sickly", user_config={"v": "sick"}).bind())
+    run(Overlap.options(name="sickly", user_config={"v": "sick"}, health_check_period_s=0.5).bind())
     ctl = get_controller()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and rid in h.ranks():

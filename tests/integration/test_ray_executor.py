@@ -182,7 +182,8 @@ def test_controller_restart_recovers_the_same_ranks_without_restarting_replicas(
     ask(ctl, "shutdown_replicas")
 
 
-@deployment(name="sick", num_replicas=2, ray_actor_options=OPTS)
+@deployment(name="sick", num_replicas=2, ray_actor_options=OPTS,
+            health_check_period_s=0.5)  # (three failed checks in ~1.5 s, not Serve's default ~30 s)
 class Sick:
     def __init__(self):
         self.healthy = True
