@@ -51,7 +51,7 @@ from ..base.state import Deployment, Replica, State, Step
 from ..tiers.residency import serving
 from .autoscaling import bounds
 
-__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "announce_answer", "answer_pool", "reset", "pool_of", "PoolView"]
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "answer_pool", "reset", "pool_of", "PoolView"]
 
 SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
@@ -177,15 +177,6 @@ def answer_pool(before: State, after: State, rid: str) -> tuple[PoolChanged, ...
     ``announce``'s step (tests/property/test_fast_paths.py)."""
     changed = _change(before, after, rid)
     return () if changed is None else (changed,)
-
-
-def announce_answer(before: State, rid: str, step: Step) -> Step:
-    """``step`` (of ``rid``'s own answer, from ``before``) with ``answer_pool``'s commands."""
-    out = answer_pool(before, step.state, rid)
-    if not out:
-        return step
-    return _Step(state=step.state, commands=step.commands, stale=step.stale, compactions=step.compactions,
-                 recovery=step.recovery, pool=out)
 
 
 def announce(before: State, event: object, step: Step) -> Step:
