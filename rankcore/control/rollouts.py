@@ -39,22 +39,22 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md, "
 
 from __future__ import annotations
 
+import math
+
 from ..base.cluster import fits
-from ..base.commands import StartReplica
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
-from ..base.records import maker, unchecked_copy
+from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.scheduling import announce_booking, release
 from ..placement.scheduling import hold as book
 from .moves import hold, start_waiting
-from .transaction import Tx, recount, stop_command
+from .transaction import Tx, recount, stop_command, successor
 
 __all__ = ["revision", "applied", "budget", "surge_budget", "gang_budget", "outdated", "advance_touched", "retire",
            "surge"]
 
-_Replica, _Start = maker(Replica), maker(StartReplica)
 
 _copy = unchecked_copy
 _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
@@ -91,7 +91,7 @@ def surge_budget(dep: Deployment) -> int:
     the target rounded up, as Ray Serve rounds its ``max_surge_percent``; 0: none, each successor
     waits for its predecessor's drain)."""
     m = dep.config.rollout.max_surge
-    return m if type(m) is int else -(-int(m * 1_000_000) * dep.target // 1_000_000)
+    return m if type(m) is int else math.ceil(round(m * dep.target, 9))  # (0.2 x 5 is 1, not 1.0000000000000002)
 
 
 def gang_budget(dep: Deployment) -> int:
@@ -268,14 +268,10 @@ def surge(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     (new_id,) = tx.new_ids(dep.name, 1)
     ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
     old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
-    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage,
-                   node_id=node_id, revision=dep.revision)
+    tx.emit(stop_command(dep, rid))
+    new = successor(tx, dep, rep, new_id, node_id, ranks)
     counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
     dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
-    tx.index = tx.index.set(new_id, dep.name)
-    tx.emit(stop_command(dep, rid))
-    tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
-                   world_size=dep.target, replaces=rid, lineage=rep.lineage, revision=dep.revision))
     book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
     announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
     return dep

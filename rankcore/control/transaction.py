@@ -29,6 +29,7 @@ from ..base.commands import (
 from ..base.errors import InvalidEvent, InvariantViolation
 from ..base.fields import shown
 from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.ranks import RankTable
 from ..base.records import copier, maker, unchecked_copy, updater
 from ..base.state import (
     Compaction,
@@ -302,17 +303,25 @@ def succeed(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | N
     rid = rep.replica_id
     ranks = dep.ranks.replace(rid, new_id, node_id) if node_id is not None else dep.ranks.replace(rid, new_id)
     forget(tx, rid)
-    new = _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id,
-                   revision=dep.revision)
-    tx.index = tx.index.set(new_id, dep.name)
-    if announce:
-        tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
-                       world_size=dep.target, replaces=rid, lineage=rep.lineage, revision=dep.revision))
+    new = successor(tx, dep, rep, new_id, node_id, ranks, announce)
     counts = list(dep.counts)
     counts[_IDX[rep.phase]] -= 1
     counts[_IDX[Phase.PENDING]] += 1
     return _copy(dep, replicas=dep.replicas.delete(rid).set(new_id, new), ranks=ranks, counts=tuple(counts),
                  retiring=dep.retiring - 1 if rep.retiring else dep.retiring)
+
+
+def successor(tx: Tx, dep: Deployment, rep: Replica, new_id: str, node_id: str | None, ranks: RankTable,
+              announce: bool = True) -> Replica:
+    """The record of ``new_id``, ``rep``'s successor (its lineage, pending, on the current revision;
+    ``ranks`` already gives it ``rep``'s), indexed, and (``announce``) its StartReplica. The caller
+    puts it in the deployment (``succeed``, ``rollouts.surge``)."""
+    tx.index = tx.index.set(new_id, dep.name)
+    if announce:
+        tx.emit(_Start(replica_id=new_id, deployment=dep.name, global_rank=ranks.global_rank(new_id),
+                       world_size=dep.target, replaces=rep.replica_id, lineage=rep.lineage, revision=dep.revision))
+    return _Replica(replica_id=new_id, deployment=dep.name, phase=Phase.PENDING, lineage=rep.lineage, node_id=node_id,
+                    revision=dep.revision)
 
 
 def by_rank(dep: Deployment, replicas: Iterable[Replica]) -> list[Replica]:
