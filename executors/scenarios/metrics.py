@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -251,7 +252,8 @@ class Metrics:
     """A driver observer: ``Metrics()(t, event, before, result)`` after every step."""
 
     def __init__(self) -> None:
-        self.deployments: dict[str, DeploymentMetrics] = {}
+        #: deployment -> its figures, made at first use (a plain lookup per step: no call)
+        self.deployments: defaultdict[str, DeploymentMetrics] = defaultdict(DeploymentMetrics)
         self.last_t = 0.0
         self.events = 0
         self.stale = 0
@@ -259,14 +261,6 @@ class Metrics:
         #: (deployment, global rank) -> when its holder died while the controller was down (nobody
         #: heard it: no replacement names it); the recovery's start on that rank is its replacement
         self._unheard: dict[tuple[str, int], float] = {}
-
-    def _m(self, name: str) -> DeploymentMetrics:
-        """``name``'s figures, made at first use (the hot callers write
-        ``self.deployments.get(name) or self._m(name)``: a call less per step)."""
-        m = self.deployments.get(name)
-        if m is None:
-            m = self.deployments[name] = DeploymentMetrics()
-        return m
 
     def advance(self, t: float) -> None:
         """Integrate every deployment's figures up to ``t`` (before reading them)."""
@@ -326,10 +320,10 @@ class Metrics:
                     said = (r.rank.rank, r.rank.node_rank, r.rank.local_rank)
                     now = rk.as_tuple()
                     known = tuple(n if s is None else s for s, n in zip(said, now))  # unsaid = unchanged
-                    self._count_change(self._m(r.deployment), known, now)
+                    self._count_change(self.deployments[r.deployment], known, now)
         elif result.compactions:
             for comp in result.compactions:
-                m = self._m(comp.deployment)
+                m = self.deployments[comp.deployment]
                 for ch in comp.changes:
                     self._count_change(m, ch.old.as_tuple(), ch.new.as_tuple())
         # A replica still starting that the core stops at once because its start
@@ -339,7 +333,7 @@ class Metrics:
         for cmd in result.commands:
             ctype = type(cmd)
             if ctype is _START:
-                m = self.deployments.get(cmd.deployment) or self._m(cmd.deployment)
+                m = self.deployments[cmd.deployment]
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
@@ -351,14 +345,14 @@ class Metrics:
                     else:
                         self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)
             elif ctype is _RECONFIGURE:
-                self._m(cmd.deployment).reconfigures[cmd.reason] += 1
+                self.deployments[cmd.deployment].reconfigures[cmd.reason] += 1
             elif ctype is _STOP and not cmd.graceful_shutdown_timeout_s:
                 deadlines = before.cluster.deadlines
                 due = deadlines.get(cmd.replica_id) if deadlines else None
                 if due is not None and due <= t:
                     old = before.replica(cmd.replica_id)
                     if old is not None and old.phase is rc.Phase.STARTING:
-                        self._m(cmd.deployment).timeouts += 1
+                        self.deployments[cmd.deployment].timeouts += 1
         delayed = after.cluster.delayed
         if delayed is not before.cluster.delayed:
             # A replacement held back by the restart backoff: its StartReplica
@@ -374,12 +368,12 @@ class Metrics:
                 rep = after.deployments[name].replicas[rid]
                 t0 = self._crashed_at.pop((name, rep.lineage), None)
                 if t0 is not None:
-                    self._m(name).crash_to_ready.append(t - t0)
+                    self.deployments[name].crash_to_ready.append(t - t0)
         was = before.deployments
         for name, dep in after.deployments.items():
             if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
-            m = self.deployments.get(name) or self._m(name)
+            m = self.deployments[name]
             if dep.rolling != (m._rolling_since is not None):
                 if dep.rolling:
                     m._rolling_since = t
@@ -431,7 +425,7 @@ class Metrics:
         ``heard`` False: the controller was down (``rank``: the global rank the
         replica held); its replacement is the replica the recovery starts on
         that rank, and crash_to_ready counts from now to it ready."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         self._settle(m, t)
         m.crashes += 1
         if not heard and rank is not None:
@@ -442,7 +436,7 @@ class Metrics:
 
     def process_started(self, deployment: str, spared: bool) -> None:
         """A replica's worker process: a spare one it took (``spared``), or a new one it waited for."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         if spared:
             m.spare_hits += 1
         else:
@@ -450,7 +444,7 @@ class Metrics:
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         """A replica's weights moved (``what``: offload, load or update; ``nbytes`` of them)."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         if what == "offload":
             m.offloads += 1
         elif what == "load":
@@ -462,7 +456,7 @@ class Metrics:
     def loaded(self, deployment: str, source: str, fell_back: bool = False) -> None:
         """A tiered replica landed on its node and loads its weights from ``source`` ("warm": the
         node's WARM copy; "cold": disk); ``fell_back``: the core said warm, no copy was there."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         if source == "warm":
             m.warm_loads += 1
         else:
@@ -471,13 +465,13 @@ class Metrics:
 
     def held(self, deployment: str, seconds: float, gpus: float) -> None:
         """A replica of ``deployment`` held its node and ``gpus`` GPUs for ``seconds`` (its cost)."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         m.replica_seconds += seconds
         m.gpu_seconds += seconds * gpus
 
     def evicted(self, deployment: str) -> None:
         """An ``EvictReplica`` was carried out (the replica drains, then leaves its GPU)."""
-        self._m(deployment).evictions += 1
+        self.deployments[deployment].evictions += 1
 
     @staticmethod
     def _settle_hot(m: DeploymentMetrics, t: float) -> None:
@@ -487,14 +481,14 @@ class Metrics:
 
     def hot(self, t: float, deployment: str, delta: int) -> None:
         """``delta`` replicas of ``deployment`` became HOT (+1) or stopped being HOT (-1) at ``t``."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         self._settle_hot(m, t)
         m._hot += delta
 
     def waited_for_hot(self, deployment: str, seconds: float, ready: bool = True) -> None:
         """A replica became ready ``seconds`` after its StartReplica (not ``ready``: it stopped,
         died or the run ended that long after, never ready)."""
-        m = self.deployments.get(deployment) or self._m(deployment)
+        m = self.deployments[deployment]
         m.wait_to_hot.append(seconds)
         m.never_hot += not ready
 
