@@ -156,3 +156,70 @@ def test_tiered_weights_take_views_of_a_share() -> None:
         assert all(torch.equal(tw.state_dict()[k], t) for k, t in _weights(1.0).items())
     finally:
         share.close()
+
+
+# ------------------------------------------------------------------ CUDA (a lent GPU only)
+CUDA = torch.cuda.is_available()
+
+
+def _cuda_replica(inbox: mp.Queue, out: mp.Queue) -> None:
+    """Another process on the GPU, as a colocated replica: weights HOT on CUDA, updated from the
+    trainer's CUDA share at each (verb, handle, version) it is sent; answers what it serves, on the host."""
+    try:
+        rw = ReplicaWeights("m#cuda")
+        rw.attach(_Module(), device="cuda")
+        while True:
+            verb, handle, version = inbox.get(timeout=120)
+            if verb == "stop":
+                return
+            try:
+                if verb == "sleep-then-push":  # a push to a sleeper lands in its WARM copy; it wakes with it
+                    rw.offload()
+                    rw.update(version, handle)
+                    asleep = (rw.tier, rw.tiered.tier, rw.tiered.version)
+                    rw.load()
+                else:
+                    asleep = ()
+                    rw.update(version, handle)
+                served = {k: v.detach().cpu().numpy().copy() for k, v in rw.instance.state_dict().items()}
+                devices = sorted({v.device.type for v in rw.instance.state_dict().values()})
+                out.put(("ok", {"served": served, "devices": devices, "info": rw.info(), "opened": sw.opened(),
+                                "asleep": asleep}))
+            except Exception as exc:  # the parent asserts on it
+                out.put(("error", f"{type(exc).__name__}: {exc}"))
+    except Exception as exc:
+        out.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (CUDA IPC); run on a lent GPU: docs/benchmarks.md")
+def test_on_cuda_a_colocated_replica_maps_the_trainers_share_once_and_takes_each_version_in_every_tier() -> None:
+    share = sw.share_weights(_weights(1.0), 1, device="cuda")
+    assert share.handle.kind == "cuda" and share.handle.path is None and share.handle.device_uuid
+    ctx = mp.get_context("spawn")
+    inbox, out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_cuda_replica, args=(inbox, out))
+    p.start()
+    try:
+        for version, verb in ((1, "push"), (2, "push"), (3, "sleep-then-push")):
+            if version > 1:
+                share.write(_weights(float(version)), version)  # in place, on the GPU
+            inbox.put((verb, share.handle, version))
+            status, got = out.get(timeout=120)
+            assert status == "ok", got
+            assert got["devices"] == ["cuda"] and got["info"]["version"] == version
+            assert got["info"]["shared"] == share.handle.share_id and got["opened"] == 1  # mapped once
+            for k, t in _weights(float(version)).items():
+                assert torch.equal(torch.from_numpy(got["served"][k]), t), (version, k)
+            if verb == "sleep-then-push":
+                assert got["asleep"] == ("warm", "warm", version)  # taken while WARM, on the host
+        inbox.put(("push", share.handle, 4))  # the share holds 3: refused, never served half-written
+        status, got = out.get(timeout=120)
+        assert status == "error" and "SharedWeightsMoved" in got and "not version 4" in got, got
+        inbox.put(("stop", None, 0))
+        p.join(60)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+        share.close()
+    assert not os.path.exists(share.handle.stamp_path)

@@ -40,9 +40,10 @@ to reach it).
 
 CUDA note: Ray gives each actor its own ``CUDA_VISIBLE_DEVICES``, so device
 indices differ between processes; the handle names the GPU by its UUID and
-the reader maps it to its own index. This path was measured in a plain
-``torch.multiprocessing`` benchmark (``benchmarks/gpu_cuda_ipc.py``); the
-POSIX shared-memory path is what CI runs.
+the reader maps it to its own index. This path ran on a lent H100: a test
+that CI skips without CUDA (``tests/unit/test_shared_weights.py``) and
+``benchmarks/bench_shared_weights.py --device cuda`` on Ray (docs/benchmarks.md);
+the POSIX shared-memory path is what CI runs.
 """
 
 from __future__ import annotations
