@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import pathlib
 from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import Any
 
 import rankcore as rc
 from rankcore.invariants import check_step
@@ -105,3 +107,23 @@ def load_benchmark(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def example_run(path: pathlib.Path) -> tuple[Any, str]:
+    """One run of an example scenario, shared by the tests that read it (three did the same run
+    each, rollout-64-under-load.yaml 11 s every time): every invariant checked after every step
+    (``check=True``) and its trace, each step's delta verified against a comparison of every
+    replica. Returns (the ``RunResult``, the trace's text); ~6 MB for all the examples."""
+    return _example_run(pathlib.Path(path).resolve())
+
+
+@functools.cache
+def _example_run(path: pathlib.Path) -> tuple[Any, str]:
+    import io
+
+    from executors.sim import Simulation, load_scenario
+
+    buf = io.StringIO()
+    sim = Simulation(load_scenario(path), trace=buf, check=True)
+    sim.trace.verify = True
+    return sim.run(), buf.getvalue()

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from executors.cli import main
 from executors.sim import Simulation, load_scenario
 from rankcore.invariants import check_snapshot
+from tests.helpers import example_run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "scenarios"
@@ -64,7 +65,7 @@ def test_example_is_commented_and_documented(name: str) -> None:
 
 @pytest.mark.parametrize("name", SMALL)
 def test_example_meets_its_expectations_with_invariants_checked(name: str) -> None:
-    result = Simulation(load_scenario(EXAMPLES / name), check=True).run()
+    result, _ = example_run(EXAMPLES / name)  # (check=True: every invariant after every step)
     _assert_all_expectations_met(result)
 
 
@@ -130,7 +131,8 @@ def test_another_seed_changes_the_trace_when_latencies_are_random() -> None:
 # is back at t=50); the executor tells it how far ids have gone.
 @pytest.mark.parametrize("name", SMALL)
 def test_replica_ids_are_never_reused(name: str) -> None:
-    started = [json.loads(x)["replica"] for x in _trace(name).splitlines() if '"type":"StartReplica"' in x]
+    started = [json.loads(x)["replica"] for x in example_run(EXAMPLES / name)[1].splitlines()
+               if '"type":"StartReplica"' in x]
     assert started
     reused = sorted({r for r in started if started.count(r) > 1})
     assert not reused, f"started more than once: {reused}"

@@ -16,6 +16,7 @@ import rankcore as rc
 from executors.checktrace import TraceFormatError, TraceReport, check_trace_file
 from executors.cli import main
 from executors.sim import Simulation, load_scenario
+from tests.helpers import example_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DOWNSCALE = ROOT / "examples" / "scenarios" / "downscale-8-to-4.yaml"
@@ -351,7 +352,7 @@ CONTROLLER_CRASH = ROOT / "examples" / "scenarios" / "controller-crash.yaml"
 def test_every_example_trace_passes_with_its_departures_explained(tmp_path, path):
     """Every replica that leaves a simulator trace of an example leaves through a
     stop, a crash, a node loss, a fault or a recovery that explains it."""
-    report = check_trace_file(_write(tmp_path, _trace_text(path)))
+    report = check_trace_file(_write(tmp_path, example_run(path)[1]))  # (_trace_text's run, shared)
     assert report.ok, report.violations[:5]
     if path.name not in ("seed-four-replicas.yaml", "rank-aware-model.yaml", "refused-placement.yaml"):
         assert report.checks["presence"] > 0  # replicas did leave, each explained
