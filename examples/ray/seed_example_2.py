@@ -13,6 +13,7 @@ tests/integration/test_ray_async_methods.py).
 """
 
 from typing import Any
+
 import executors.ray_gpu as serve
 from rankcore import ReplicaRank
 

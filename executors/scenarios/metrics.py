@@ -337,7 +337,7 @@ class Metrics:
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
-                    if (old is not None and old.retiring) or _held(before, cmd.replica_id) \
+                    if (old is not None and old.retiring) or rc.is_held(before.cluster, cmd.replica_id) \
                             or after.replica(cmd.replaces) is not None:
                         # a rollout's successor (a gang's, held until its gang stopped; a surge's, its
                         # predecessor still draining), not a crash's replacement
@@ -358,7 +358,7 @@ class Metrics:
             # A replacement held back by the restart backoff: its StartReplica
             # comes later, but its wait began now, with the failure.
             for rid in delayed:
-                if rid not in before.cluster.delayed and not _held(after, rid):
+                if rid not in before.cluster.delayed and not rc.is_held(after.cluster, rid):
                     name = after.index[rid]
                     self._crashed_at.setdefault((name, after.deployments[name].replicas[rid].lineage), t)
         if kind is _READY and not result.stale and self._crashed_at:
@@ -507,7 +507,3 @@ class Metrics:
         }
 
 
-def _held(state: rc.State, rid: str) -> bool:
-    """``rid`` is a gang member's rollout successor held until its gang's retiring members have
-    stopped (``rankcore.control.moves.hold``: delayed with no deadline), not a restart backoff."""
-    return rid in state.cluster.delayed and state.cluster.deadlines.get(rid) == math.inf

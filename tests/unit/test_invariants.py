@@ -12,7 +12,6 @@ from rankcore import invariants as inv
 from rankcore.testing import CoreSubject, make_machine
 from tests.helpers import Driver, of
 
-
 #: for a machine that must find a bug: every phase but ``explain``, which adds 20-40 s to a
 #: stateful failure and tells these tests nothing (they assert the failure, not its report)
 FIND = tuple(p for p in Phase if p is not Phase.explain)
