@@ -591,7 +591,7 @@ class SimBackend:
         self._free(r, "stopped")
         if r.evict_to == "warm" and node is not None and node.alive:  # its weights stay in the node's CPU memory
             node.cache.append(SimCopy(r.deployment, rid, self._nbytes(r.deployment)))
-        self.sim.deliver(_Stopped(replica_id=rid))
+        self.sim.deliver(_Stopped(replica_id=rid, now=self.sim.now))  # (the driver would copy it to add now)
 
     # ------------------------------------------------- GPU memory tiers (issue 21)
     def _evict(self, cmd: rc.EvictReplica) -> None:

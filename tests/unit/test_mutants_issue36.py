@@ -334,6 +334,26 @@ def test_a_replica_missing_or_of_a_deployment_missing_is_gone():
     assert pool.membership(None, stopping) == pool.GONE
 
 
+def test_a_replica_record_kept_while_its_deployment_wants_newer_weights_leaves_the_serving_pool():
+    """``_change(before, after, rid)`` is the membership change between two states, whatever made
+    it: the same replica record, serving before, under a deployment that now wants another weights
+    version no longer serves (``rankcore.is_serving`` reads the deployment's version), so it is
+    announced ``draining``; the same record under the same version is no change. (The core itself
+    sends ``UpdateWeights`` in that step, so the record changes too; ``_change`` must not rely on
+    it.) Kills ``_change__mutmut_28`` (the shortcut taken when the versions differ)."""
+    from rankcore.control import pool
+
+    state, rids = _serving_state(1)
+    dep = state.deployments["llm"]
+    newer = attrs.evolve(dep, weights_version=dep.weights_version + 1)
+    after = attrs.evolve(state, deployments=state.deployments.set("llm", newer))
+    assert newer.replicas[rids[0]] is dep.replicas[rids[0]]
+    changed = pool._change(state, after, rids[0])
+    assert changed is not None and (changed.replica_id, changed.membership) == (rids[0], pool.DRAINING)
+    same = attrs.evolve(state, deployments=state.deployments.set("llm", attrs.evolve(dep)))
+    assert pool._change(state, same, rids[0]) is None
+
+
 def test_the_replica_a_replacement_replaces_is_looked_at_when_the_event_names_none():
     """The replicas a step can have moved include the one each ``StartReplica`` replaces, in a fixed
     order (the commands' replicas, each then the one it replaces): here a replacement held back by a
