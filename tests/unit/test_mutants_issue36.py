@@ -354,6 +354,39 @@ def test_a_replica_record_kept_while_its_deployment_wants_newer_weights_leaves_t
     assert pool._change(state, same, rids[0]) is None
 
 
+def test_a_recovery_step_keeps_the_compaction_it_made_and_is_not_stale():
+    """A ``ControllerRecovered`` whose reports leave a hole compacts in the same step: the step
+    ``announce`` returns (with its ``PoolReset``) still carries that compaction, and a recovery is
+    never stale. Kills ``announce__mutmut_14`` (the compactions dropped) and ``_7`` (``stale=None``)."""
+    from rankcore.control.pool import PoolReset
+
+    spec = rc.DeploymentApplied(name="app", num_replicas=2, user_config={}, has_reconfigure=True,
+                                reconfigure_takes_rank=True)
+    reports = tuple(rc.ReplicaReport(replica_id=rid, deployment="app", rank=rank, node_id="n0")
+                    for rid, rank in (("app#0", rc.ReplicaRank(rank=0, node_rank=0, local_rank=0)),
+                                      ("app#3", rc.ReplicaRank(rank=5, node_rank=0, local_rank=1))))
+    step = rc.step(rc.State(), rc.ControllerRecovered(deployments=(spec,), reports=reports))
+    assert step.stale is False and step.recovery is not None
+    (comp,) = step.compactions
+    assert comp.deployment == "app" and [(c.replica, c.new.rank) for c in comp.changes] == [("app#3", 1)]
+    assert [type(c) for c in step.pool] == [PoolReset]
+
+
+def test_an_autoscaled_deployment_at_zero_is_coming_while_it_may_scale_up_to_one_whole_gang():
+    """``coming``: at target 0, an autoscaled deployment wants replicas (a request may wait: it is
+    what brings one back) when its upper bound allows at least one replica, a whole gang for a
+    gang deployment; not when ``max_replicas`` is below one gang (its bound is 0). Kills
+    ``coming__mutmut_14`` (``>= 0``) and ``_15`` (``> 1``: a bound of exactly one)."""
+    from rankcore.control import pool
+
+    for kw, want in ((dict(max_replicas=1), True), (dict(max_replicas=1, gang_size=2), False),
+                     (dict(max_replicas=2, gang_size=2), True)):
+        step = rc.step(rc.State(), rc.DeploymentApplied(name="a", num_replicas=0, autoscaling=True, min_replicas=0,
+                                                        **kw))
+        dep = step.state.deployments["a"]
+        assert dep.target == 0 and pool.coming(dep) is want, kw
+
+
 def test_the_replica_a_replacement_replaces_is_looked_at_when_the_event_names_none():
     """The replicas a step can have moved include the one each ``StartReplica`` replaces, in a fixed
     order (the commands' replicas, each then the one it replaces): here a replacement held back by a
