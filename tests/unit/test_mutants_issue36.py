@@ -514,11 +514,19 @@ def test_copiers_and_makers_are_generated_once_per_class() -> None:
 def test_a_generated_function_is_named_for_what_it_does_and_the_record_it_is_for() -> None:
     """What a traceback or a profile shows for a frame of the generated code (``copy``, ``make``,
     ``update``, in ``<rankcore.base.records KIND for CLASS>``). Kills ``_copier__mutmut_22``/``23``,
-    ``_maker__mutmut_43``/``44`` and ``_updater__mutmut_39``/``40`` (the name changed)."""
-    for kind, fn in (("copy", copier(_Tagged)), ("make", maker(_Tagged)), ("update", updater(_Tagged, "size"))):
+    ``_maker__mutmut_43``/``44`` and ``_updater__mutmut_39``/``40`` (the name changed). The record
+    class is made here: its functions are generated in this test, not found in the per-class cache
+    filled by an earlier test or at import (before mutmut's workers fork, with the unmutated code)."""
+
+    @attrs.frozen(kw_only=True)
+    class _Fresh:
+        name: str
+        size: int = 2
+
+    for kind, fn in (("copy", copier(_Fresh)), ("make", maker(_Fresh)), ("update", updater(_Fresh, "size"))):
         assert fn.__name__ == kind
-        assert fn.__code__.co_filename == f"<rankcore.base.records {kind} for _Tagged>"
-    assert updater(_Tagged, "size")(maker(_Tagged)(name="a"), 7) == _Tagged(name="a", size=7)
+        assert fn.__code__.co_filename == f"<rankcore.base.records {kind} for _Fresh>"
+    assert updater(_Fresh, "size")(maker(_Fresh)(name="a"), 7) == _Fresh(name="a", size=7)
 
 
 def test_a_wake_that_must_wait_for_gpu_room_sends_no_load() -> None:
