@@ -434,15 +434,15 @@ def _layout(recs: list[dict]) -> dict[int, tuple]:
 SHAPED = {"refused-placement", "controller-crash-orphan-unresponsive"}
 
 
-@pytest.mark.parametrize("name", ["hang-health-check", "crash-loop-backoff", "drain-on-downscale", "refused-placement",
-                                  "controller-crash-orphan-unresponsive"])
+@pytest.mark.parametrize("name", sorted(SHAPED))
 def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path, monkeypatch):
-    """The example scenario of each moved policy, on the simulator and on Ray:
-    the same global ranks per replica lineage (executors.history). One that
-    needs nodes of its own (``unreported_gpus``), or is in ``SHAPED``, runs on
-    a cluster shaped like its own; there every lineage ends on the same node
-    with the same ranks, and every expectation holds. The temp folders the run
-    made (``start_failures``' counters) are gone once it returns."""
+    """The example scenario of each moved policy that needs a cluster shaped like its own (nodes of
+    its own, ``unreported_gpus``, or in ``SHAPED``), on the simulator and on such a cluster: the same
+    global ranks per replica lineage (executors.history), every lineage on the same node with the
+    same ranks, every expectation held, and the checks of ``CHECKS``. The temp folders the run made
+    are gone once it returns. (The other policy examples, hang-health-check, crash-loop-backoff and
+    drain-on-downscale, run on the module's one-node Ray with the same comparisons in
+    test_ray_scenarios.py, as every example Ray supports does.)"""
     import io
     import tempfile
 

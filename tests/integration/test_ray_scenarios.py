@@ -1,11 +1,15 @@
 """Same scenario, both executors: the Ray run passes the scenario's expectations,
-writes a trace that `check-trace` accepts, and gives the simulator's rank history."""
+writes a trace that `check-trace` accepts, gives the simulator's rank history, and
+leaves none of the temp folders it made. (The policy examples that need a cluster
+shaped like their own run in test_ray_policies.py.)"""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import pathlib
+import tempfile
 
 import pytest
 
@@ -43,7 +47,17 @@ def test_the_supported_examples_are_the_ones_ray_can_run():
 
 
 @pytest.mark.parametrize("path", ON_RAY, ids=lambda p: p.name)
-def test_same_rank_history_as_the_simulator(path, tmp_path):
+def test_same_rank_history_as_the_simulator(path, tmp_path, monkeypatch):
+    made: list[str] = []  # the temp folders the run makes (``start_failures``' counters)
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        folder = mkdtemp(*args, **kwargs)
+        if os.path.basename(folder).startswith("rankcore-"):  # (ours, not Ray's)
+            made.append(folder)
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
     sc = load_scenario(path)
     buf = io.StringIO()
     sim = Simulation(sc, trace=buf).run()
@@ -52,6 +66,8 @@ def test_same_rank_history_as_the_simulator(path, tmp_path):
     trace = tmp_path / "ray.jsonl"
     with open(trace, "w") as fp:
         result = run_on_ray(sc, trace_fp=fp)
+    assert [d for d in made if os.path.exists(d)] == []  # (issue 36: 43 of them were left in /tmp)
+    assert bool(made) == any(d.start_failures for d in sc.deployments.values())
     # Node and local ranks follow placement, which differs (the simulator places on
     # the scenario's nodes, local Ray has one node), so expectations that count
     # node/local changes are the simulator's; the rest must hold on Ray too.
