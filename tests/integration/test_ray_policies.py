@@ -442,7 +442,8 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
     same ranks, every expectation held, and the checks of ``CHECKS``. The temp folders the run made
     are gone once it returns. (The other policy examples, hang-health-check, crash-loop-backoff and
     drain-on-downscale, run on the module's one-node Ray with the same comparisons in
-    test_ray_scenarios.py, as every example Ray supports does.)"""
+    test_ray_scenarios.py, as every other example Ray supports does; that module leaves these
+    two to this test, which makes the same checks.)"""
     import io
     import tempfile
 
@@ -477,6 +478,13 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
         assert bool(made) == any(d.start_failures for d in sc.deployments.values())
         got = records(out.read_text())
         assert rank_history(got) == rank_history(sim)
+        # as in test_ray_scenarios: no replica started twice (refused-placement's Ray run starts one
+        # more on purpose: its placement times out where the simulator's is refused, _refused_on_ray),
+        # every injected fault traced, nothing refused
+        if name != "refused-placement":
+            assert len(of(got, "command", "StartReplica")) == len(of(sim, "command", "StartReplica"))
+        assert [r["type"] for r in got if r["kind"] == "fault"] == [r["type"] for r in sim if r["kind"] == "fault"]
+        assert ask(get_controller(), "status")["rejected_events"] == 0
         if cluster is not None:
             assert result.passed, result.expectations
             assert _layout(got) == _layout(sim)
