@@ -245,3 +245,39 @@ def test_a_policy_is_given_the_samples_calls_in_flight_per_replica(registry: dic
     ids = sorted(state.deployment(NAME).replicas)
     rc.step(state, rc.AutoscalingMetrics(deployment=NAME, now=0.0, queued=0, ongoing={ids[1]: 3, ids[0]: 1}))
     assert seen == [((ids[0], 1), (ids[1], 3))]
+
+
+# ------------------------------------------------------------------ observe
+def test_a_sample_taken_at_the_newest_samples_time_is_taken_and_an_older_one_is_not() -> None:
+    """``observe``: a sample older than the window's newest changes nothing; one at the same time
+    (two handles reporting at one instant) is taken. Kills ``observe__mutmut_8`` (``<=``: the
+    second sample of an instant dropped)."""
+    state = _sample(_deploy(), 5.0)
+    state = _sample(state, 5.0, queued=3)
+    assert state.deployment(NAME).autoscaler.window[-2:] == ((5.0, 0, 0), (5.0, 3, 0))
+    older = _sample(state, 4.0, queued=9)
+    assert older.deployment(NAME).autoscaler == state.deployment(NAME).autoscaler
+
+
+def test_a_cold_start_forgets_what_was_wanted_before_so_a_later_downscale_waits_its_whole_delay() -> None:
+    """``observe``: with no replica running, requests scale up at once (the cold start), which is
+    no decision of the policy's: what was wanted before, and since when, is forgotten. A downscale
+    wanted at t=0 (delay 100 s) is broken by the cold start at t=10; wanted again from t=20, it is
+    made at t=120, not at t=105. Kills ``observe__mutmut_45`` (the direction kept) and ``_46`` (its
+    start kept)."""
+    state = _deploy(initial_replicas=2, min_replicas=1, downscale_delay_s=100.0, upscale_delay_s=0.0)
+    state = _sample(state, 0.0)  # nothing in flight: down wanted from t=0
+    assert (state.deployment(NAME).autoscaler.wanted, state.deployment(NAME).autoscaler.since) == (-1, 0.0)
+    for rid in sorted(state.deployment(NAME).replicas):
+        state = rc.step(state, rc.ReplicaCrashed(replica_id=rid, cause="error", now=1.0)).state
+    state = _sample(state, 10.0, queued=3)  # none running: the cold start
+    auto = state.deployment(NAME).autoscaler
+    assert (auto.wanted, auto.since) == (0, None) and state.deployment(NAME).target == 2
+    for rid in sorted(state.deployment(NAME).replicas):
+        state = rc.step(state, rc.ReplicaPlaced(replica_id=rid, node_id="n0", now=11.0)).state
+        state = rc.step(state, rc.ReplicaReady(replica_id=rid)).state
+    state = _sample(state, 20.0)
+    state = _sample(state, 105.0)
+    assert state.deployment(NAME).target == 2, "a downscale counted from before the cold start"
+    state = _sample(state, 120.0)
+    assert state.deployment(NAME).target == 1

@@ -108,6 +108,24 @@ def test_a_victim_whose_eviction_turns_out_not_needed_is_kept_whichever_it_was()
     assert isinstance(got, TierPlacement) and (got.evict, got.evicted_bytes) == (("c#0",), 8)
 
 
+def test_keeping_a_victim_back_counts_every_other_victims_bytes_on_the_device() -> None:
+    """``victims``: when an earlier victim is tried for keeping back, the room is what every
+    remaining victim frees, added up per device. Here 2 + 4 bytes are not enough for 10, the
+    oldest's 6 make 12; then the youngest (2) is not needed after all (4 + 6 = 10), the middle
+    one is (2 + 6 = 8). Kills ``_needed__mutmut_9`` (each victim's bytes replacing the others'
+    on its device instead of adding to them: 6 < 10, every victim kept, one evicted for
+    nothing)."""
+    young, middle, old = (Resident(replica_id=rid, deployment=dep, devices=(0,), bytes_per_device=nbytes,
+                                   hot_since=since)
+                          for rid, dep, nbytes, since in [("a#0", "a", 2, 300.0), ("b#0", "b", 4, 200.0),
+                                                          ("c#0", "c", 6, 100.0)])
+    node = _node("n", 12, residents=(young, middle, old))
+    want = Want(deployment="m", model_bytes=10, now=1e9)
+    assert victims(node, want) == (middle, old)
+    got = choose([node], want)
+    assert isinstance(got, TierPlacement) and (got.evict, got.evicted_bytes) == (("b#0", "c#0"), 10)
+
+
 def test_among_nodes_that_tie_on_everything_the_first_given_wins() -> None:
     """``choose``'s order of last resort is the order the nodes are given in: with two views that
     tie on every key (the same node given twice, here with different devices free), the first
