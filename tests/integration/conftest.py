@@ -52,3 +52,23 @@ def one_gpu_ray():
     """A local Ray with one logical GPU (the GPU-memory tests: two models do not fit on it),
     everything the controller held forgotten at the end (its memory booking too)."""
     yield from _local_ray(1, 128, "reset")
+
+
+@pytest.fixture
+def rankcore_temp_dirs(monkeypatch) -> list[str]:
+    """The temp folders the test's run makes with ``tempfile.mkdtemp`` under rankcore's prefix
+    (``start_failures``' counters; not Ray's), recorded as they are made, so a test can check they
+    are gone once its run returns (issue 36: 43 of them were left in /tmp)."""
+    import tempfile
+
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args, **kwargs):
+        folder = mkdtemp(*args, **kwargs)
+        if os.path.basename(folder).startswith("rankcore-"):
+            made.append(folder)
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    return made

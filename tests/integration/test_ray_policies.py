@@ -435,7 +435,7 @@ SHAPED = {"refused-placement", "controller-crash-orphan-unresponsive"}
 
 
 @pytest.mark.parametrize("name", sorted(SHAPED))
-def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path, monkeypatch):
+def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_path, rankcore_temp_dirs):
     """The example scenario of each moved policy that needs a cluster shaped like its own (nodes of
     its own, ``unreported_gpus``, or in ``SHAPED``), on the simulator and on such a cluster: the same
     global ranks per replica lineage (executors.history), every lineage on the same node with the
@@ -445,19 +445,8 @@ def test_a_policy_scenario_gives_the_simulators_rank_history_on_ray(name, tmp_pa
     test_ray_scenarios.py, as every other example Ray supports does; that module leaves these
     two to this test, which makes the same checks.)"""
     import io
-    import tempfile
 
-    made: list[str] = []
-    mkdtemp = tempfile.mkdtemp
-
-    def recorded(*args, **kwargs):
-        path = mkdtemp(*args, **kwargs)
-        if os.path.basename(path).startswith("rankcore-"):  # (ours, not Ray's)
-            made.append(path)
-        return path
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
-
+    made = rankcore_temp_dirs
     from executors.history import rank_history
     from executors.ray_gpu.scenario import needs_cluster, run_on_ray
     from executors.scenarios import parse_scenario

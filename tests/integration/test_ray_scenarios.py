@@ -9,7 +9,6 @@ import io
 import json
 import os
 import pathlib
-import tempfile
 
 import pytest
 
@@ -49,17 +48,8 @@ def test_the_supported_examples_are_the_ones_ray_can_run():
 
 
 @pytest.mark.parametrize("path", [p for p in ON_RAY if p.name not in SHAPED_THERE], ids=lambda p: p.name)
-def test_same_rank_history_as_the_simulator(path, tmp_path, monkeypatch):
-    made: list[str] = []  # the temp folders the run makes (``start_failures``' counters)
-    mkdtemp = tempfile.mkdtemp
-
-    def recorded(*args, **kwargs):
-        folder = mkdtemp(*args, **kwargs)
-        if os.path.basename(folder).startswith("rankcore-"):  # (ours, not Ray's)
-            made.append(folder)
-        return folder
-
-    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+def test_same_rank_history_as_the_simulator(path, tmp_path, rankcore_temp_dirs):
+    made = rankcore_temp_dirs  # (the temp folders the run makes: gone when it returns)
     sc = load_scenario(path)
     buf = io.StringIO()
     sim = Simulation(sc, trace=buf).run()

@@ -92,15 +92,20 @@ def test_among_victims_on_as_many_gpus_the_youngest_hot_goes_first() -> None:
     assert isinstance(got, TierPlacement) and got.evict == ("b#0",)
 
 
+def _three_on_device_0(young: int, middle: int, old: int) -> tuple[Resident, ...]:
+    """Three one-GPU replicas on device 0 holding these many bytes, HOT since t=300, 200 and 100
+    (``a#0``, ``b#0``, ``c#0``): the youngest is the first victim."""
+    return tuple(Resident(replica_id=f"{dep}#0", deployment=dep, devices=(0,), bytes_per_device=nbytes,
+                          hot_since=since)
+                 for dep, nbytes, since in [("a", young, 300.0), ("b", middle, 200.0), ("c", old, 100.0)])
+
+
 def test_a_victim_whose_eviction_turns_out_not_needed_is_kept_whichever_it_was() -> None:
     """``victims``: evicted in order (the youngest HOT first among one-GPU replicas) until the
     newcomer fits, then every earlier victim not needed after all is kept, not only the first.
     Here 2 + 2 bytes are not enough, the oldest's 8 are, and alone: only it goes. Kills
     ``_needed__mutmut_4`` (only the first victim tried for keeping)."""
-    young, middle, old = (Resident(replica_id=rid, deployment=dep, devices=(0,), bytes_per_device=nbytes,
-                                   hot_since=since)
-                          for rid, dep, nbytes, since in [("a#0", "a", 2, 300.0), ("b#0", "b", 2, 200.0),
-                                                          ("c#0", "c", 8, 100.0)])
+    young, middle, old = _three_on_device_0(2, 2, 8)
     node = _node("n", 12, residents=(young, middle, old))
     want = Want(deployment="m", model_bytes=8, now=1e9)
     assert victims(node, want) == (old,)
@@ -115,10 +120,7 @@ def test_keeping_a_victim_back_counts_every_other_victims_bytes_on_the_device() 
     one is (2 + 6 = 8). Kills ``_needed__mutmut_9`` (each victim's bytes replacing the others'
     on its device instead of adding to them: 6 < 10, every victim kept, one evicted for
     nothing)."""
-    young, middle, old = (Resident(replica_id=rid, deployment=dep, devices=(0,), bytes_per_device=nbytes,
-                                   hot_since=since)
-                          for rid, dep, nbytes, since in [("a#0", "a", 2, 300.0), ("b#0", "b", 4, 200.0),
-                                                          ("c#0", "c", 6, 100.0)])
+    young, middle, old = _three_on_device_0(2, 4, 6)
     node = _node("n", 12, residents=(young, middle, old))
     want = Want(deployment="m", model_bytes=10, now=1e9)
     assert victims(node, want) == (middle, old)
