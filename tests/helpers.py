@@ -109,21 +109,26 @@ def load_benchmark(name: str) -> ModuleType:
     return mod
 
 
-def example_run(path: pathlib.Path) -> tuple[Any, str]:
-    """One run of an example scenario, shared by the tests that read it (three did the same run
-    each, rollout-64-under-load.yaml 11 s every time): every invariant checked after every step
-    (``check=True``) and its trace, each step's delta verified against a comparison of every
-    replica. Returns (the ``RunResult``, the trace's text); ~6 MB for all the examples."""
-    return _example_run(pathlib.Path(path).resolve())
-
-
-@functools.cache
-def _example_run(path: pathlib.Path) -> tuple[Any, str]:
+def checked_run(path: pathlib.Path, **kwargs: Any) -> tuple[Any, str]:
+    """A simulation of scenario ``path`` (``kwargs`` go to ``Simulation``) with every invariant
+    checked after every step (``check=True``) and its trace, each step's delta verified against a
+    comparison of every replica (the writer raises if the delta it bounded missed a change).
+    Returns (the ``RunResult``, the trace's text)."""
     import io
 
     from executors.sim import Simulation, load_scenario
 
     buf = io.StringIO()
-    sim = Simulation(load_scenario(path), trace=buf, check=True)
+    sim = Simulation(load_scenario(path), trace=buf, check=True, **kwargs)
     sim.trace.verify = True
     return sim.run(), buf.getvalue()
+
+
+def example_run(path: pathlib.Path) -> tuple[Any, str]:
+    """``checked_run`` of an example scenario, made once and shared by the tests that read it
+    (three did the same run each, rollout-64-under-load.yaml 11 s every time); ~6 MB for all
+    the examples."""
+    return _example_run(pathlib.Path(path).resolve())
+
+
+_example_run = functools.cache(checked_run)

@@ -16,7 +16,7 @@ import rankcore as rc
 from executors.checktrace import TraceFormatError, TraceReport, check_trace_file
 from executors.cli import main
 from executors.sim import Simulation, load_scenario
-from tests.helpers import example_run
+from tests.helpers import checked_run, example_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DOWNSCALE = ROOT / "examples" / "scenarios" / "downscale-8-to-4.yaml"
@@ -44,13 +44,8 @@ expect:
 
 # ------------------------------------------------------------------ helpers
 def _trace_text(scenario: Path, **kwargs) -> str:
-    """The trace of a scenario, every step's delta verified against a comparison of
-    every replica (the writer raises if the delta it bounded missed a change)."""
-    buf = io.StringIO()
-    sim = Simulation(load_scenario(scenario), trace=buf, check=True, **kwargs)
-    sim.trace.verify = True
-    sim.run()
-    return buf.getvalue()
+    """The trace of a scenario, every step's delta verified (``tests.helpers.checked_run``)."""
+    return checked_run(scenario, **kwargs)[1]
 
 
 def _records(text: str) -> list[dict]:
@@ -352,7 +347,7 @@ CONTROLLER_CRASH = ROOT / "examples" / "scenarios" / "controller-crash.yaml"
 def test_every_example_trace_passes_with_its_departures_explained(tmp_path, path):
     """Every replica that leaves a simulator trace of an example leaves through a
     stop, a crash, a node loss, a fault or a recovery that explains it."""
-    report = check_trace_file(_write(tmp_path, example_run(path)[1]))  # (_trace_text's run, shared)
+    report = check_trace_file(_write(tmp_path, example_run(path)[1]))  # (the run _trace_text makes, shared)
     assert report.ok, report.violations[:5]
     if path.name not in ("seed-four-replicas.yaml", "rank-aware-model.yaml", "refused-placement.yaml"):
         assert report.checks["presence"] > 0  # replicas did leave, each explained
