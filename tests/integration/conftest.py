@@ -55,10 +55,11 @@ def one_gpu_ray():
 
 
 @pytest.fixture
-def rankcore_temp_dirs(monkeypatch) -> list[str]:
-    """The temp folders the test's run makes with ``tempfile.mkdtemp`` under rankcore's prefix
-    (``start_failures``' counters; not Ray's), recorded as they are made, so a test can check they
-    are gone once its run returns (issue 36: 43 of them were left in /tmp)."""
+def temp_dirs_gone(monkeypatch):
+    """Records the temp folders the test's run makes with ``tempfile.mkdtemp`` under rankcore's
+    prefix (``start_failures``' counters; not Ray's); the function it returns, called with the
+    scenario once its run has returned, checks they are gone (issue 36: 43 of them were left in
+    /tmp) and that the run made some exactly when the scenario's start failures need them."""
     import tempfile
 
     made: list[str] = []
@@ -71,4 +72,9 @@ def rankcore_temp_dirs(monkeypatch) -> list[str]:
         return folder
 
     monkeypatch.setattr(tempfile, "mkdtemp", recorded)
-    return made
+
+    def check(sc) -> None:
+        assert [d for d in made if os.path.exists(d)] == []
+        assert bool(made) == any(d.start_failures for d in sc.deployments.values())
+
+    return check
