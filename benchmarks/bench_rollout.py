@@ -162,9 +162,10 @@ class Ours:
 
     def deploy(self, cls: type, args: argparse.Namespace) -> Any:
         from executors.ray_gpu import deployment, get_controller, run
+        from executors.ray_gpu.api.config import max_surge_of_percent
 
         d = deployment(cls, name=DEP, num_replicas=args.replicas, ray_actor_options=dict(ACTOR_OPTIONS),
-                       user_config={"n": 1}, max_surge=args.surge_percent / 100 if args.surge_percent else 0)
+                       user_config={"n": 1}, max_surge=max_surge_of_percent(args.surge_percent))
         handle = run(d.bind(), timeout=args.max_rollout)
         self.ctl = get_controller()
         return handle

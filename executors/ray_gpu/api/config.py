@@ -30,7 +30,7 @@ import yaml
 import rankcore as rc
 
 __all__ = ["ConfigError", "ServeConfig", "ApplicationConfig", "DeploymentConfig", "HTTPOptions", "GRPCOptions",
-           "PROXY_LOCATIONS", "load", "parse", "dump", "to_plain", "build_config"]
+           "PROXY_LOCATIONS", "load", "parse", "dump", "to_plain", "build_config", "max_surge_of_percent"]
 
 #: Ray Serve's ``ProxyLocation`` values. One ingress runs, on the head node: ``HeadOnly`` is what
 #: we do, ``EveryNode`` (Serve's default) is taken as ``HeadOnly`` with a warning, ``Disabled``
@@ -82,6 +82,12 @@ class GRPCOptions:
 _SERVE_PACE = ("rolling_update_percentage", "max_surge_percent")
 
 
+def max_surge_of_percent(percent: int) -> int | float:
+    """Ray Serve's ``max_surge_percent`` as our ``max_surge``: its fraction of the target (25 is
+    0.25), and 0 as the count 0 (no surge: a fraction must be above 0)."""
+    return percent / 100 if percent else 0
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """One entry of an application's ``deployments:``: options that override the code's for the
@@ -118,8 +124,7 @@ class DeploymentConfig:
         if self.rolling_update_percentage is not None:
             out["max_unavailable"] = self.rolling_update_percentage
         if self.max_surge_percent is not None:
-            p = self.max_surge_percent
-            out["max_surge"] = p / 100 if p else 0  # (its range is checked with the file: in [0, 100])
+            out["max_surge"] = max_surge_of_percent(self.max_surge_percent)  # (range checked with the file)
         return {**out, **self.options}
 
 
