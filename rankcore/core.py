@@ -60,8 +60,8 @@ from .base.state import (
     State,
     Step,
 )
-from .control import autoscaling, clock, deadlines, deletion, health, pool, restarts, rollouts
-from .control.moves import crash, is_held, reconcile, scale, succeed_retired
+from .control import autoscaling, bluegreen, clock, deadlines, deletion, health, pool, restarts, rollouts
+from .control.moves import crash, is_held, reconcile, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
 from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
@@ -108,6 +108,12 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
+    if dep.blues and (rollouts.revision(e.config) != dep.revision or e.num_replicas != dep.target
+                      or e.config.rollout.update_mode != bluegreen.BLUE_GREEN):
+        # a new revision, size or update mode before a blue-green switch: the old set serves on (and
+        # the rollout pass starts over from it)
+        dep, greens = bluegreen.call_off(tx, dep)
+        dep = stop(tx, dep, len(greens), greens)
     dep = rollouts.applied(dep, e.config)  # (a heavyweight change: the rollout pass replaces its replicas)
     if moved:
         if e.static_placement is None:
@@ -124,8 +130,10 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
     dep = reconcile(tx, dep)
     if config_changed:
-        # Every serving replica (not those being stopped) gets the new user_config.
-        serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)]
+        # Every serving replica (not those being stopped, nor a blue-green's blues: they are leaving,
+        # and their reconfigure would carry the spare rank they are not told) gets the new user_config.
+        serving = [r for r in dep.replicas.values()
+                   if r.phase in (Phase.RUNNING, Phase.RECONFIGURING) and r.blue_ranks is None]
         replicas, counts = dep.replicas, dep.counts
         for rep in by_rank(dep, serving):
             new, cmd = reconfigure(dep, rep, "user_config")
@@ -166,6 +174,7 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
     dep = tx.dep(e.deployment)
     deletion.refuse_scale(dep)
     autoscaling.refuse_scale(dep)
+    bluegreen.refuse_scale(dep)
     if dep.static is not None:
         static.check_scale(dep, e.num_replicas)
     if dep.gang_size > 1:

@@ -61,6 +61,7 @@ from .control import autoscaling
 from .control.rollouts import budget, gang_budget, surge_budget
 from .placement import spares
 from .tiers.devices import views_of
+from .tiers.residency import serving
 
 __all__ = [
     "check_state",
@@ -378,6 +379,30 @@ def check_rollouts(state: State) -> None:
                 _fail(f"{name}: not rolling, but {old} run revision(s) other than {dep.revision!r}")
         if dep.gang_size > 1:
             _check_gangs_roll_whole(state, name, dep)
+        _check_blue_green(name, dep)
+
+
+def _check_blue_green(name: str, dep: Deployment) -> None:
+    """Blue-green (rankcore.control.bluegreen): ``Deployment.blues`` counts the blues, each running on
+    a spare entry whose told global rank a green holds; in a blue-green deployment, replicas of the
+    current revision never serve beside older ones (no request reaches an old replica once the pool
+    has switched, nor a new one before)."""
+    blues = [r for r in dep.replicas.values() if r.blue_ranks is not None]
+    if len(blues) != dep.blues:
+        _fail(f"{name}: Deployment.blues={dep.blues} but {len(blues)} replicas are blue")
+    for r in blues:
+        holder = dep.ranks.holder_of(r.blue_ranks[0])
+        if r.phase not in (Phase.RUNNING, Phase.RECONFIGURING) or holder is None or dep.replicas[holder].blue_ranks is not None \
+                or r.revision == dep.revision or dep.ranks.global_rank(r.replica_id) < dep.target:
+            _fail(f"{name}: blue {r.replica_id!r} ({r.phase.value}, told {r.blue_ranks}, on "
+                  f"{dep.ranks.rank_tuple(r.replica_id)}) is not a running old replica on a spare entry "
+                  f"whose told rank a green holds (held by {holder!r})")
+    if dep.config.rollout.update_mode == "blue_green":
+        up = [r for r in dep.replicas.values() if serving(dep, r)]
+        new = sorted(r.replica_id for r in up if r.revision == dep.revision)
+        old = sorted(r.replica_id for r in up if r.revision != dep.revision)
+        if new and old:
+            _fail(f"{name}: blue-green, but the current revision's {new} serve beside the old {old}")
 
 
 def _check_gangs_roll_whole(state: State, name: str, dep: Deployment) -> None:
@@ -417,6 +442,17 @@ def _surged(old: Replica | None, new: Replica | None) -> bool:
     lineage went to the successor."""
     return (old is not None and new is not None and new.phase is Phase.STOPPING and new.lineage != old.lineage
             and old.phase in (Phase.RUNNING, Phase.RECONFIGURING))
+
+
+def _blue_green_move(old: Deployment, rid: str, new: Deployment) -> bool:
+    """``rid``'s entry moved by blue-green (rankcore.control.bluegreen), not a rank change it is told:
+    it became a blue (onto a spare entry) or was one (back on its ranks when the switch is called off:
+    ``_check_rank_change`` asks whether they are what it was told), or a green stopped then."""
+    r0, r1 = old.replicas.get(rid), new.replicas.get(rid)
+    if r0 is None or r1 is None:
+        return False
+    return (r0.blue_ranks is not None or r1.blue_ranks is not None
+            or (old.blues > 0 and r1.phase is Phase.STOPPING and r0.phase is not Phase.STOPPING))
 
 
 def _retired_serving(old: Replica | None, new: Replica | None) -> bool:
@@ -514,7 +550,9 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
                     _fail(f"{c.replica_id} waited out its backoff on rank {dep.ranks.global_rank(c.replica_id)} "
                           f"but starts with rank {c.global_rank}")
                 continue
-            old = dep.ranks.global_rank(c.replaces)
+            gone = dep.replicas[c.replaces]
+            # (a blue called off and given a twin again in one step: the rank it was told and took back)
+            old = dep.ranks.global_rank(c.replaces) if gone.blue_ranks is None else gone.blue_ranks[0]
             if c.global_rank != old:
                 _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.global_rank}")
             if result.state.deployments[c.deployment].replicas[c.replica_id].lineage != dep.replicas[c.replaces].lineage:
@@ -532,7 +570,7 @@ def check_upscale_keeps_ranks(before: State, event: object, result: Step) -> Non
     was, now = rank_view(old), rank_view(new)
     for rid, rk in was.items():
         placed = rk[1] is None and old.replicas[rid].phase is Phase.PENDING and now.get(rid, rk)[0] == rk[0]
-        if _surged(old.replicas.get(rid), new.replicas.get(rid)):
+        if _surged(old.replicas.get(rid), new.replicas.get(rid)) or _blue_green_move(old, rid, new):
             continue  # (a rollout's surged predecessor: its successor took its ranks, it drains on a spare one)
         if rid in now and now[rid] != rk and not placed:  # (a waiting replica may get its node meanwhile)
             _fail(f"{name}: upscale {old.target}->{new.target} changed {rid} from {rk} to {now[rid]}")
@@ -559,7 +597,9 @@ def check_rank_changes_reconfigured(before: State, event: object, result: Step) 
                                sent, old, rk)
     for c in result.commands:
         if isinstance(c, ReconfigureReplica):
-            r, nr, lr = now[c.deployment][c.replica_id]
+            rep = result.state.deployments[c.deployment].replicas[c.replica_id]
+            # (a blue made in the same step keeps what its reconfigure told it: rankcore.control.bluegreen)
+            r, nr, lr = rep.blue_ranks if rep.blue_ranks is not None else now[c.deployment][c.replica_id]
             if c.rank.as_tuple() != (r, nr, lr):
                 _fail(f"reconfigure of {c.replica_id} carries {c.rank}, its rank is {(r, nr, lr)}")
 
@@ -574,7 +614,10 @@ def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, change
     rank when restarted); a replica whose rank update was due since a
     recovery may get it without a change; a rollout's surged predecessor
     (stopping, its lineage handed to the successor that took its ranks:
-    ``rankcore.control.rollouts.surge``) drains on a spare rank it is not told."""
+    ``rankcore.control.rollouts.surge``) drains on a spare rank it is not told; a blue-green's
+    blue serves on a spare entry what it was told (``Replica.blue_ranks``), and is told again
+    only if taking its ranks back moved it; a green stopped then drains on a spare entry
+    (``rankcore.control.bluegreen``)."""
     rep_before = old.replicas.get(rid) if old is not None else None
     if rep_before is not None and rep_before.phase is Phase.PENDING:
         changed = False
@@ -583,6 +626,14 @@ def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, change
         changed = False
     if _surged(rep_before, rep):
         changed = False
+    if rep is not None and rep.blue_ranks is not None:
+        changed = False  # a blue-green's blue: it serves the ranks it was told, on a spare entry
+    elif rep_before is not None and rep_before.blue_ranks is not None and rep is not None \
+            and rep.phase is not Phase.STOPPING:
+        changed = now != rep_before.blue_ranks  # (back on its ranks when the switch is called off: told if moved)
+    elif old is not None and old.blues and rep_before is not None and rep is not None \
+            and rep.phase is Phase.STOPPING and rep_before.phase is not Phase.STOPPING:
+        changed = False  # a green stopped as the switch is called off: it drains on a spare entry
     due = rep_before is not None and rep_before.rank_update_due
     if changed != ((new.name, rid) in sent) and not (due and not changed):
         _fail(f"{new.name}/{rid}: rank {was} -> {now}, rank reconfigures sent: {sent.get((new.name, rid), 0)}")
@@ -1006,6 +1057,8 @@ def reports_from(state: State) -> ControllerRecovered:
             if rep.phase is Phase.FAILED:
                 continue  # no process: its bundles' node is gone
             r, node, nr, lr = snap[rid]
+            if rep.blue_ranks is not None:  # (a blue-green's blue says what it was told)
+                r, nr, lr = rep.blue_ranks
             if rep.phase is Phase.PENDING:
                 node = None
             rank: Any = r if node is None else ReplicaRank(rank=r, node_rank=nr, local_rank=lr)
@@ -1067,7 +1120,9 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         return
 
     def settled(s: State) -> dict:
-        return {name: {rid: (v if dep.replicas[rid].phase is not Phase.PENDING else (v[0], None, None))
+        # (a blue's spare entry is the controller's own: it is known by the ranks it was told)
+        return {name: {rid: (("blue", dep.replicas[rid].blue_ranks) if dep.replicas[rid].blue_ranks is not None
+                             else v if dep.replicas[rid].phase is not Phase.PENDING else (v[0], None, None))
                        for rid, v in rank_view(dep).items()} for name, dep in s.deployments.items()}
 
     if settled(result.state) != settled(state):

@@ -326,6 +326,9 @@ def make_machine(
                 return len(STATIC_MAPPING), fields
             if self.autoscaled(fields, 1, data):
                 return 0, fields
+            if not fields.get("model_bytes"):
+                fields["update_mode"] = data.draw(st.sampled_from(["rolling", "rolling", "blue_green"]),
+                                                  label="update mode")
             return n, fields
 
         def autoscaled(self, fields: dict, gang: int, data: st.DataObject) -> bool:
@@ -505,6 +508,9 @@ def make_machine(
                 return
             if dep.config.autoscaler.autoscaling:  # (refused: its target is the autoscaler's)
                 self.refused(ScaleRequested(deployment=name, num_replicas=n), "is autoscaled")
+                return
+            if dep.blues:  # (refused until the blue-green switch)
+                self.refused(ScaleRequested(deployment=name, num_replicas=n), "is switching blue-green")
                 return
             if dep.static is not None or dep.gang_size > 1:
                 early = dep.static is not None and n > dep.active and dep.count(Phase.STOPPING) - dep.retiring > 0

@@ -332,6 +332,10 @@ def _max_unavailable(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"a fraction of the target (a float, 0 < x < 1), got {f.shown(value)}")
 
 
+#: ``RolloutOptions.update_mode`` (rankcore.control.rollouts; blue-green: rankcore.control.bluegreen)
+UPDATE_MODES = ("rolling", "blue_green")
+
+
 def _max_surge(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     ok = (type(value) is int and value >= 0) or (type(value) is float and 0 < value <= 1)
     if not ok:
@@ -359,6 +363,12 @@ class RolloutOptions:
         "predecessor's ranks and node as the predecessor starts draining, not once it has stopped "
         "(where the node has room; not for gangs or static placement): a count or a fraction of the "
         "target (rounded up, as Ray Serve's max_surge_percent); 0: successors wait for the drain")
+    update_mode: str = _option(
+        "rolling", _one_of(UPDATE_MODES),
+        "how a rollout replaces replicas (SkyServe's names): rolling (a few at a time, old and new serve "
+        "side by side) or blue_green (a whole new set starts beside the old one and serves nothing until "
+        "all of it is ready; then the pool switches at once and the old set drains: never old and new "
+        "traffic mixed; not for gangs, static placement, autoscaling or models booked by GPU memory)")
 
 
 @attrs.frozen(kw_only=True)
@@ -399,6 +409,21 @@ class DeploymentConfig:
         if value.gang_size > 1 and self.static.static_placement is not None:
             raise InvalidConfig(f"{type(self).__name__}: static_placement and gang_size > 1 do not mix "
                                 f"(a static mapping already fixes where every rank runs)")
+
+    @rollout.validator
+    def _check_rollout(self, attribute: attrs.Attribute, value: RolloutOptions) -> None:
+        if value.update_mode != "blue_green":
+            return
+        clash = ("gang_size > 1 (a gang is one collective group: it cannot have two)" if self.gang.gang_size > 1
+                 else "static_placement (its ranks are its bundles: a second set has none)"
+                 if self.static.static_placement is not None
+                 else "autoscaling (the new set is as large as the target the switch began with)"
+                 if self.autoscaler.autoscaling
+                 else "model_bytes (models booked by GPU memory are placed by the tiers' rule)"
+                 if self.tier.model_bytes else None)
+        if clash is not None:
+            raise InvalidConfig(f"{type(self).__name__}: update_mode='blue_green' and {clash} do not mix; "
+                                f"use update_mode='rolling'")
 
     if TYPE_CHECKING:  # the flat reads, generated below from LEAVES
         def __getattr__(self, name: str) -> Any: ...

@@ -89,6 +89,10 @@ class Replica:
     #: stopping because a rollout replaced it: when it has stopped (or died), its successor takes its
     #: ranks (rankcore.control.moves.succeed_retired); it counts towards the target until then
     retiring: bool = False
+    #: blue-green (rankcore.control.bluegreen): set on a *blue*, an old-revision replica still serving
+    #: while the new set starts: the (global, node, local) ranks it was told, which its green twin holds
+    #: now (it is on a spare entry it is not told); None: not a blue
+    blue_ranks: tuple | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -160,6 +164,9 @@ class Deployment:
     #: and how far down it has gone (rankcore.control.rollouts: one walk per rollout)
     roll_order: tuple[str, ...] | None = None
     roll_next: int = 0
+    #: blue-green: the blue replicas (``Replica.blue_ranks``) still serving; while there are any, only they serve
+    #: (the new set stands by: rankcore.tiers.residency.serving) and none counts towards the target
+    blues: int = 0
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...
@@ -200,7 +207,7 @@ class Deployment:
     def active(self) -> int:
         """Replicas not being stopped, and those a rollout stops to be succeeded on their ranks:
         what counts towards the target."""
-        return len(self.replicas) - self.counts[_STOPPING_AT] + self.retiring
+        return len(self.replicas) - self.counts[_STOPPING_AT] + self.retiring - self.blues
 
     @property
     def healthy(self) -> bool:

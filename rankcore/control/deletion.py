@@ -27,6 +27,7 @@ from ..base.commands import DropWarmCopy
 from ..base.errors import InvalidEvent
 from ..base.records import unchecked_copy
 from ..base.state import Deployment
+from . import bluegreen
 from .moves import scale
 from .transaction import Tx
 
@@ -39,7 +40,7 @@ def begin(tx: Tx, dep: Deployment) -> None:
     """Target 0, marked deleting; its replicas are stopped by the downscale rules
     (drained by its graceful-shutdown options; the sweep removes it when none is left)."""
     # (a person's scale to 0, the one path: a static deployment at 0 is shut down, FAILED replicas too)
-    tx.put(scale(tx, _copy(dep, deleting=True), 0))
+    tx.put(scale(tx, bluegreen.disband(_copy(dep, deleting=True)), 0))
 
 
 def cancel(dep: Deployment) -> Deployment:

@@ -30,7 +30,7 @@ from ..base.state import Compaction, Deployment, Replica
 from ..base.victims import VICTIM_ORDER
 from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
-from . import deadlines, restarts
+from . import bluegreen, deadlines, restarts
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
 
 if TYPE_CHECKING:
@@ -166,6 +166,9 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
     the replacement must not go to."""
     if rep.retiring:  # a rollout was stopping it: its successor starts now
         return succeed_retired(tx, dep, rep)
+    if rep.blue_ranks is not None:  # a blue-green's old replica: its green twin holds its ranks
+        advance(rep.phase, Trigger.CRASH, rep.replica_id)
+        return bluegreen.gone(tx, dep, rep)
     if dep.static is not None:
         return static.crash(tx, dep, rep)
     advance(rep.phase, Trigger.CRASH, rep.replica_id)

@@ -130,12 +130,27 @@ def _candidates(before: State, after: State, event: object, commands: tuple) -> 
     return list(seen)
 
 
+def _switched(before: State, after: State, rid: str) -> list[str]:
+    """Every replica of ``rid``'s deployment when the step changed its blue-green standing (the last
+    green ready switches the pool; the last blue gone lets the greens serve), else none."""
+    name = before.index.get(rid)
+    dep0 = before.deployments.get(name) if name is not None else None
+    if dep0 is None or not dep0.blues:
+        return []
+    dep1 = after.deployments.get(name)
+    if dep1 is not None and dep1.blues == dep0.blues:
+        return []
+    return sorted({*dep0.replicas, *(dep1.replicas if dep1 is not None else ())})
+
+
 def _moved(dep0: Deployment, dep1: Deployment | None) -> bool:
     """Whether a replica of ``dep0`` can stand elsewhere in its pool in ``dep1`` (the same deployment
-    after the step): not when the step kept the same replica records (the same map) and the same
-    weights version, the only field of the deployment's own that membership reads. An autoscaling
-    sample that scales nothing is such a step: its cost does not grow with the deployment."""
-    return dep1 is None or dep1.replicas is not dep0.replicas or dep1.weights_version != dep0.weights_version
+    after the step): not when the step kept the same replica records (the same map), the same
+    weights version and the same blue-green standing (``blues``), the deployment's own fields that
+    membership reads. An autoscaling sample that scales nothing is such a step: its cost does not
+    grow with the deployment."""
+    return (dep1 is None or dep1.replicas is not dep0.replicas or dep1.weights_version != dep0.weights_version
+            or dep1.blues != dep0.blues)
 
 
 #: event type -> the field naming its deployment ("" when it names none): looked up once per type
@@ -161,8 +176,9 @@ def _change(before: State, after: State, rid: str) -> PoolChanged | None:
     dep1 = after.deployments.get(n1) if n1 is not None else None
     rep0 = dep0.replicas.get(rid) if dep0 is not None else None
     rep1 = dep1.replicas.get(rid) if dep1 is not None else None
-    if rep0 is rep1 and (dep0 is dep1 or dep0.weights_version == dep1.weights_version):  # type: ignore[union-attr]
-        return None  # (the same record, the same version wanted: the same membership)
+    if rep0 is rep1 and (dep0 is dep1 or (dep0.weights_version == dep1.weights_version  # type: ignore[union-attr]
+                                          and dep0.blues == dep1.blues)):  # type: ignore[union-attr]
+        return None  # (the same record, the same version wanted, the same blue-green standing: the same membership)
     m0, m1 = membership(dep0, rep0), membership(dep1, rep1)
     if m0 is m1 or (m0 is GONE and m1 is DRAINING):
         return None
@@ -193,6 +209,11 @@ def announce(before: State, event: object, step: Step) -> Step:
         candidates: list[str] = [rid] if type(rid) is str else []
     else:
         candidates = _candidates(before, after, event, commands)
+    rid = getattr(event, "replica_id", None)
+    if type(rid) is str:
+        switched = _switched(before, after, rid)
+        if switched:
+            candidates = list(dict.fromkeys([*candidates, *switched]))
     for rid in candidates:
         changed = _change(before, after, rid)
         if changed is not None:

@@ -57,7 +57,7 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import deadlines, rollouts
+from . import bluegreen, deadlines, rollouts
 from .moves import hold_waiting_gangs, reconcile, stop
 from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
@@ -166,9 +166,43 @@ def _gang_stopped(dep: Deployment, g: int) -> bool:
     return True
 
 
+def _blues(spec: DeploymentApplied, reports: list[ReplicaReport]) -> dict[str, ReplicaReport]:
+    """A blue-green deployment switching when its controller stopped (rankcore.control.bluegreen): each
+    serving replica of an older revision whose global rank a replica of the current revision also
+    claims is a blue (its green twin keeps the rank); by id."""
+    if spec.config.rollout.update_mode != bluegreen.BLUE_GREEN:
+        return {}
+    current = rollouts.revision(spec.config)
+    green = {r.rank.rank for r in reports if r.revision in (None, current) and not _leaving(r)
+             and r.phase is not Phase.FAILED}
+    return {r.replica_id: r for r in reports
+            if r.revision not in (None, current) and r.phase in (Phase.RUNNING, Phase.RECONFIGURING)
+            and r.node_id is not None and r.rank.rank in green}
+
+
+def _with_blues(tx: Tx, dep: Deployment, spec: DeploymentApplied, blues: list[ReplicaReport]) -> Deployment:
+    """``dep`` with its blues back, each serving on a spare entry (``bluegreen.spare``, in the order of
+    the ranks they claim) what it reports it was told."""
+    replicas, ranks, counts = dep.replicas, dep.ranks, list(dep.counts)
+    for r in sorted(blues, key=lambda r: (r.rank.rank, r.replica_id)):
+        ranks = ranks.assign(r.replica_id, r.node_id, rank=bluegreen.spare(ranks, dep.target))
+        replicas = replicas.set(r.replica_id, Replica(
+            replica_id=r.replica_id, deployment=dep.name, phase=r.phase,
+            lineage=r.lineage if r.lineage is not None else tx.new_lineage(), node_id=r.node_id, version=r.version,
+            config_version=0 if _config_outdated(r, spec) else 1, residency=Residency(r.tier),
+            weights_version=r.weights_version, revision=r.revision or "",
+            blue_ranks=(r.rank.rank, r.rank.node_rank, r.rank.local_rank)))
+        counts[LIVE.index(r.phase)] += 1
+        tx.index = tx.index.set(r.replica_id, dep.name)
+    return attrs.evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(counts), blues=len(blues))
+
+
 def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaReport],
                         unresponsive: list[UnresponsiveReplica], asleep: bool = False, weights: int = 0,
                         deleting: bool = False) -> Deployment:
+    blues = _blues(spec, reports)
+    if blues:
+        reports = [r for r in reports if r.replica_id not in blues]
     final_rank, to_stop = _resolve_global(spec, reports)
     # a FAILED replica holds its global rank only (its process is stopped below)
     placed = [r for r in reports if r.node_id is not None and r.phase is not Phase.FAILED]
@@ -246,6 +280,8 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         rolling=True,  # (the rollout pass clears it when no replica is outdated)
     )
     dep = _retiring(dep, stopping)
+    if blues:
+        dep = _with_blues(tx, dep, spec, list(blues.values()))
     hold_waiting_gangs(tx, dep)  # (a gang being retired starts whole, once its retiring members have stopped)
     # Processes to stop before anything else: those that did not report (their
     # rank is unknown: reconcile gives no rank until they have gone), and the

@@ -49,6 +49,7 @@ from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.scheduling import announce_booking, release
 from ..placement.scheduling import hold as book
+from .bluegreen import is_blue_green, switch, switch_due, twin
 from .moves import hold, start_waiting
 from .transaction import Tx, recount, stop_command, successor
 
@@ -101,8 +102,9 @@ def gang_budget(dep: Deployment) -> int:
 
 
 def outdated(dep: Deployment, rep: Replica) -> bool:
-    """Started under another revision, and not yet retiring."""
-    return rep.revision != dep.revision and not rep.retiring and rep.phase is not Phase.STOPPING
+    """Started under another revision, and not yet retiring (nor a blue-green's blue: its twin is started)."""
+    return (rep.revision != dep.revision and not rep.retiring and rep.phase is not Phase.STOPPING
+            and rep.blue_ranks is None)
 
 
 def advance_touched(tx: Tx) -> None:
@@ -130,6 +132,8 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
         return _copy(dep, rolling=dep.retiring > 0, roll_order=None, roll_next=0)
     if dep.gang_size > 1:
         return _advance_gangs(tx, dep)
+    if dep.blues or is_blue_green(dep):
+        return _advance_blue_green(tx, dep)
     if dep.roll_order is None:
         dep = _first_pass(tx, dep)
     order, i = dep.roll_order or (), dep.roll_next
@@ -150,6 +154,28 @@ def _advance(tx: Tx, dep: Deployment) -> Deployment:
     if i >= len(order) and not dep.retiring:
         return _copy(dep, rolling=False, roll_order=None, roll_next=0)
     return dep if i == dep.roll_next else _copy(dep, roll_next=i)
+
+
+def _advance_blue_green(tx: Tx, dep: Deployment) -> Deployment:
+    """``_advance`` for ``update_mode="blue_green"`` (rankcore.control.bluegreen): every serving outdated
+    replica gets its green twin at once, the others are retired as ``_first_pass`` does; once the green
+    set is whole and running, the pool switches. Each pass walks the deployment (only while it switches)."""
+    ranks = dep.ranks
+    old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
+                 key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
+    delayed = tx.view.delayed
+    for rep in old:
+        if rep.phase in _SERVING:
+            dep = twin(tx, dep, rep)
+        elif rep.phase is Phase.FAILED or rep.replica_id in delayed:
+            dep = _current(dep, rep)
+        else:
+            dep = retire(tx, dep, rep)
+    if switch_due(dep):
+        dep = switch(tx, dep)
+    if not dep.blues and not dep.retiring:
+        return _copy(dep, rolling=False, roll_order=None, roll_next=0)
+    return dep
 
 
 def _first_pass(tx: Tx, dep: Deployment) -> Deployment:

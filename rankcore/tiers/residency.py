@@ -43,10 +43,11 @@ _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
 
 
 def serving(dep: Deployment, rep: Replica) -> bool:
-    """Running, on its GPU, holding the deployment's weights version (nothing pending):
-    what a handle may send requests to (``rankcore.is_serving``)."""
+    """Running, on its GPU, holding the deployment's weights version (nothing pending), and not a
+    blue-green's new set standing by while the old one serves (``Deployment.blues``): what a handle
+    may send requests to (``rankcore.is_serving``)."""
     return (rep.phase in _SERVING and rep.residency is Residency.HOT and not rep.weights_pending
-            and rep.weights_version == dep.weights_version)
+            and rep.weights_version == dep.weights_version and (not dep.blues or rep.blue_ranks is not None))
 
 
 def fully_serving(dep: Deployment) -> bool:

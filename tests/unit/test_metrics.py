@@ -4,8 +4,8 @@ steps, request-id validation, and the Grafana dashboard naming only metrics we e
 
 from __future__ import annotations
 
-import json
 import ast
+import json
 import pathlib
 import re
 

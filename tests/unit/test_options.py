@@ -33,7 +33,7 @@ OTHER = {
     "upscale_delay_s": 5.0, "downscale_delay_s": 60.0, "downscale_to_zero_delay_s": 120.0, "upscaling_factor": 2.0,
     "downscaling_factor": 0.5, "metrics_interval_s": 2.0, "look_back_period_s": 10.0, "aggregation_function": "max",
     "burst": True, "policy": "replica_queue_length_autoscaling_policy",
-    "version": "v2", "max_unavailable": 3, "max_surge": 2,
+    "version": "v2", "max_unavailable": 3, "max_surge": 2, "update_mode": "blue_green",
 }
 
 
@@ -80,9 +80,11 @@ def test_a_changed_static_placement_is_the_deployments_live_one_in_its_spec() ->
 
 
 def test_the_core_keeps_the_options_a_new_deployment_applied_gives() -> None:
-    # (a live deployment keeps its static mapping, gang size and model size: refused below, elsewhere)
+    # (a live deployment keeps its static mapping, gang size and model size: refused below, elsewhere;
+    # blue-green and autoscaling do not mix: refused in test_rollouts_bluegreen)
     state = rc.step(rc.State(), rc.DeploymentApplied(name="llm", num_replicas=1)).state
-    changed = {k: v for k, v in OTHER.items() if k not in ("static_placement", "gang_size", "resources", "model_bytes")}
+    changed = {k: v for k, v in OTHER.items()
+               if k not in ("static_placement", "gang_size", "resources", "model_bytes", "update_mode")}
     state = rc.step(state, rc.DeploymentApplied(name="llm", num_replicas=1, **changed)).state
     dep = state.deployment("llm")
     assert dep.config.changed() == changed and dep.options is dep.config
@@ -143,7 +145,7 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every_surface() -> None:
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
                                                r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s, "
-                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable, max_surge\)"):
+                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable, max_surge, update_mode\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):
         OPT.DeploymentConfig.of({"gang_sise": 2})
