@@ -60,6 +60,7 @@ class Caller(threading.Thread):
         super().__init__(daemon=True)
         self.handle, self.stop = handle, threading.Event()
         self.tags: dict[str, int] = {}
+        self.order: list[str] = []  # every answer's tag, in the order the calls were made (one at a time)
         self.errors: list[str] = []
         self.calls = 0
 
@@ -69,6 +70,7 @@ class Caller(threading.Thread):
             try:
                 tag = self.handle.remote().result(timeout=30)[0]
                 self.tags[tag] = self.tags.get(tag, 0) + 1
+                self.order.append(tag)
             except Exception as exc:  # any error is a failed call
                 self.errors.append(repr(exc))
             time.sleep(0.005)
@@ -171,6 +173,43 @@ def test_with_max_surge_each_successor_starts_while_its_predecessor_drains_on_it
     for i in starts:
         f = recs[i]["fields"]
         assert f["global_rank"] == before[f["replaces"]][0] and after[f["replica_id"]] == before[f["replaces"]]
+    assert [c for c in commands(text, "ReconfigureReplica") if c["fields"].get("reason") == "rank"] == []
+    report = check_trace_lines(text.splitlines())
+    assert report.ok, report.violations[:5]
+    assert ask(ctl, "status")["rejected_events"] == 0
+    ask(ctl, "reset")
+
+
+def test_blue_green_switches_every_call_at_once_and_keeps_every_rank():
+    """``update_mode="blue_green"``: the new replicas start on the old ones' ranks while the old ones
+    answer; one step switches the pool, after which no call reaches an old replica (the calls, made
+    one at a time, answer v1 then only v2); no call fails, no rank is reconfigured, and every old
+    replica stops only after every new one started (docs/rollouts.md, "Blue-green")."""
+    ctl = get_controller()
+    ask(ctl, "reset")
+    h = run(V1.options(update_mode="blue_green").bind())
+    before = h.ranks()
+    ask(ctl, "record", {"scenario": "blue-green on ray"})
+    caller = Caller(h)
+    caller.start()
+    assert wait_for(lambda: caller.calls > 20, 30)
+    run(V2.options(update_mode="blue_green").bind())
+    assert wait_for(lambda: answers(h) == {"v2"}, 60)
+    n = caller.calls
+    assert wait_for(lambda: caller.calls > n + 20, 30)
+    caller.stop.set()
+    caller.join(60)
+    text = ask(ctl, "drain_trace")
+    after = h.ranks()
+    assert caller.errors == [], caller.errors[:3]
+    first_new = caller.order.index("v2")
+    assert set(caller.order[first_new:]) == {"v2"} and set(caller.order[:first_new]) == {"v1"}, caller.order
+    assert set(after).isdisjoint(before) and sorted(after.values()) == sorted(before.values())
+    recs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    started = [i for i, r in enumerate(recs) if r.get("kind") == "command" and r.get("type") == "StartReplica"]
+    stops = [i for i, r in enumerate(recs) if r.get("kind") == "command" and r.get("type") == "StopReplica"]
+    ready = [i for i, r in enumerate(recs) if r.get("kind") == "event" and r.get("type") == "ReplicaReady"]
+    assert len(started) == 2 and len(stops) == 2 and len(ready) >= 2 and max(ready) < min(stops)
     assert [c for c in commands(text, "ReconfigureReplica") if c["fields"].get("reason") == "rank"] == []
     report = check_trace_lines(text.splitlines())
     assert report.ok, report.violations[:5]
