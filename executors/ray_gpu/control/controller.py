@@ -691,9 +691,11 @@ class Controller:
         replica its ``phase`` (``"running"``, ``"failed"``: a static replica
         whose bundle's node was lost, ...), ``rank`` (rank, node_rank,
         local_rank; node and local None until placed), ``node_id``,
-        ``bundles`` (a static rank's bundle indices), ``gang`` (its gang's id) and
+        ``bundles`` (a static rank's bundle indices), ``gang`` (its gang's id),
         ``revision`` (the deployment's revision it was started with; the deployment's
-        own is ``revision``, another is outdated: docs/rollouts.md)."""
+        own is ``revision``, another is outdated: docs/rollouts.md) and ``blue_green``
+        (during a blue-green switch: ``"blue"``, an old replica serving the ranks it was
+        told, shown as its rank; ``"standby"``, a new one not serving yet; else None)."""
         gang_id = rc.gangs.gang_id
 
         await self._ready()
@@ -704,11 +706,14 @@ class Controller:
         for rid, rk in dep.ranks.items():
             g = dep.ranks.global_rank(rid)
             rep = dep.replicas[rid]
+            blue = rep.blue_ranks is not None
             replicas[rid] = {
-                "phase": rep.phase.value, "rank": rk.as_tuple() if rk else (g, None, None), "node_id": rep.node_id,
+                "phase": rep.phase.value, "node_id": rep.node_id,
+                "rank": tuple(rep.blue_ranks) if blue else rk.as_tuple() if rk else (g, None, None),
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
-                "revision": rep.revision}
+                "revision": rep.revision,
+                "blue_green": "blue" if blue else "standby" if dep.blues else None}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
                 "status_message": dep.status_message, "revision": dep.revision,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
