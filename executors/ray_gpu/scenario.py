@@ -369,7 +369,7 @@ class _RayTarget:
         # a ``rollout`` action's version and pace (None: the scenario class's fingerprint, never changing)
         d = attrs.evolve(d, version=event.version,
                          core_options={**d.core_options, "max_unavailable": event.max_unavailable,
-                                       "max_surge": event.max_surge})
+                                       "max_surge": event.max_surge, "update_mode": event.update_mode})
         self.applied.add(event.name)
         spec = self.sc.deployments[event.name]
         init: dict[str, Any] = {"fail_dir": self.fail_dir, "start_failures": spec.start_failures}

@@ -213,15 +213,16 @@ class UpdateConfig(Action):
         target.apply(desired.update_config(self))
 
 
-#: a rollout's pace, options of the deployment (``rollout:`` may set them for that rollout)
-_PACE = ("max_unavailable", "max_surge")
+#: a rollout's pace and way, options of the deployment (``rollout:`` may set them for that rollout)
+_PACE = ("max_unavailable", "max_surge", "update_mode")
 
 
 @attrs.frozen(kw_only=True)
 class Rollout(Action):
     """Redeploy with a new code ``version`` (a heavyweight change): every replica is replaced, each by one
     on its ranks, at most ``max_unavailable`` short at once and ``max_surge`` above the target
-    (rankcore.control.rollouts)."""
+    (rankcore.control.rollouts), or a whole new set first with ``update_mode: blue_green``
+    (rankcore.control.bluegreen)."""
 
     key: ClassVar[str] = "rollout"
 
@@ -229,6 +230,7 @@ class Rollout(Action):
     version: str
     max_unavailable: int | float | None = None
     max_surge: int | float | None = None
+    update_mode: str | None = None
 
     @classmethod
     def parse(cls, value: Any, path: tuple, c: Checks) -> Rollout:
@@ -243,7 +245,7 @@ class Rollout(Action):
                 except rc.InvalidConfig as exc:
                     raise c.fail(path + (key,), str(exc).split(f".{key} ", 1)[-1]) from None
         return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)), version=str(version),
-                   max_unavailable=m.get("max_unavailable"), max_surge=m.get("max_surge"))
+                   **{key: m.get(key) for key in _PACE})
 
     def perform(self, desired: Desired, target: Target) -> None:
         target.apply(desired.rollout(self))

@@ -234,3 +234,26 @@ def test_the_simulator_runs_a_blue_green_rollout_with_every_invariant_checked() 
     m = full.metrics["deployments"]["model"]
     assert m["rollouts_done"] == 0 and m["availability_pct"] == 100.0
     assert not all(e.passed for e in full.expectations)
+
+
+def test_a_rollout_action_may_ask_for_blue_green_and_a_bad_mode_is_refused_naming_its_key() -> None:
+    import pathlib
+
+    from executors.sim import ScenarioError, Simulation, parse_scenario
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "rollout-8.yaml").read_text()
+    text = text.replace("nodes: 2", "nodes: 4")
+    bg = text.replace("rollout: {deployment: model, version: v2}",
+                      "rollout: {deployment: model, version: v2, update_mode: blue_green}")
+    assert bg != text
+    seen: list[int] = []
+
+    def blues(t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        seen.append(result.state.deployments["model"].blues if "model" in result.state.deployments else 0)
+
+    sim = Simulation(parse_scenario(bg), check=True)
+    sim.driver.observers.append(blues)
+    r = sim.run()
+    assert all(e.passed for e in r.expectations) and max(seen) == 8 and seen[-1] == 0
+    with pytest.raises(ScenarioError, match=r"timeline\[2\]\.rollout\.update_mode: must be one of rolling, blue_green"):
+        parse_scenario(bg.replace("update_mode: blue_green", "update_mode: purple"))
