@@ -245,7 +245,8 @@ class Rollout(Action):
                 except rc.InvalidConfig as exc:
                     raise c.fail(path + (key,), str(exc).split(f".{key} ", 1)[-1]) from None
         return cls(deployment=c.deployment(m["deployment"], path + ("deployment",)), version=str(version),
-                   **{key: m.get(key) for key in _PACE})
+                   max_unavailable=m.get("max_unavailable"), max_surge=m.get("max_surge"),
+                   update_mode=m.get("update_mode"))
 
     def perform(self, desired: Desired, target: Target) -> None:
         target.apply(desired.rollout(self))
