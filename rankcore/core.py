@@ -108,12 +108,10 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
-    if dep.blues and (rollouts.revision(e.config) != dep.revision or e.num_replicas != dep.target
-                      or e.config.rollout.update_mode != bluegreen.BLUE_GREEN):
-        # a new revision, size or update mode before a blue-green switch: the old set serves on (and
-        # the rollout pass starts over from it)
-        dep, greens = bluegreen.call_off(tx, dep)
-        dep = stop(tx, dep, len(greens), greens)
+    # a new revision, size or update mode before a blue-green switch calls it off: the old set serves on
+    # (told its new world size, if any) and the rollout pass starts over from it
+    call_off = dep.blues and (rollouts.revision(e.config) != dep.revision or e.num_replicas != dep.target
+                              or e.config.rollout.update_mode != bluegreen.BLUE_GREEN)
     dep = rollouts.applied(dep, e.config)  # (a heavyweight change: the rollout pass replaces its replicas)
     if moved:
         if e.static_placement is None:
@@ -128,15 +126,22 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = autoscaling.applied(dep, e, new=False)  # (autoscaled: num_replicas is no target)
     if dep.target != target:
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
+    retell: list[Replica] = []
+    if call_off:
+        dep, greens, retell = bluegreen.call_off(dep)
+        dep = stop(tx, dep, len(greens), greens)
     dep = reconcile(tx, dep)
-    if config_changed:
+    if config_changed or retell:
         # Every serving replica (not those being stopped, nor a blue-green's blues: they are leaving,
-        # and their reconfigure would carry the spare rank they are not told) gets the new user_config.
-        serving = [r for r in dep.replicas.values()
-                   if r.phase in (Phase.RUNNING, Phase.RECONFIGURING) and r.blue_ranks is None]
+        # and their reconfigure would carry the spare rank they are not told) gets the new user_config;
+        # a blue given back other ranks than it was told gets them (one reconfigure each, in rank order).
+        told = {r.replica_id for r in retell}
+        serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)
+                   and r.blue_ranks is None and (config_changed or r.replica_id in told)]
         replicas, counts = dep.replicas, dep.counts
         for rep in by_rank(dep, serving):
-            new, cmd = reconfigure(dep, rep, "user_config")
+            # (a re-told blue's reconfigure says rank, carrying the new user_config too: one per step)
+            new, cmd = reconfigure(dep, rep, "rank" if rep.replica_id in told else "user_config")
             replicas = replicas.set(new.replica_id, new)
             counts = recount(counts, rep.phase, new.phase)
             tx.emit(cmd)

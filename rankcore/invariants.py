@@ -628,9 +628,10 @@ def _check_rank_change(old: Deployment | None, new: Deployment, rid: str, change
         changed = False
     if rep is not None and rep.blue_ranks is not None:
         changed = False  # a blue-green's blue: it serves the ranks it was told, on a spare entry
-    elif rep_before is not None and rep_before.blue_ranks is not None and rep is not None \
-            and rep.phase is not Phase.STOPPING:
-        changed = now != rep_before.blue_ranks  # (back on its ranks when the switch is called off: told if moved)
+    elif rep_before is not None and rep_before.blue_ranks is not None and rep is not None:
+        # back on its ranks when the switch is called off (told if they moved, unless stopped in the same
+        # step), or stopped by the switch on its spare entry (not told)
+        changed = was != now and now != rep_before.blue_ranks and rep.phase is not Phase.STOPPING
     elif old is not None and old.blues and rep_before is not None and rep is not None \
             and rep.phase is Phase.STOPPING and rep_before.phase is not Phase.STOPPING:
         changed = False  # a green stopped as the switch is called off: it drains on a spare entry

@@ -21,7 +21,8 @@ until everything new is ready, and old and new never serve side by side.
   its green already holds its ranks (``gone``). A scale request waits for no switch: it is refused
   until the switch (``refuse_scale``).
 * **A new revision before the switch** (a rollback, or a third one; or a new ``num_replicas``, or
-  ``update_mode``): ``call_off`` gives each blue its ranks back and its green is stopped; the blues are the serving set again, and the new revision rolls
+  ``update_mode``): ``call_off`` gives each blue back the ranks it was told (told again only where a
+  green had moved them) and its green is stopped; the blues are the serving set again, and the new revision rolls
   from there (a rollback rolls nothing: the blues are current again).
 * **A controller restart** finds blue and green reporting the same global rank; recovery gives it to
   the current revision's replica and marks the other blue (``rankcore.control.recovery``).
@@ -32,14 +33,14 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md, "
 from __future__ import annotations
 
 from ..base.cluster import fits
-from ..base.errors import InvalidEvent
+from ..base.errors import InvalidEvent, RankConflict
 from ..base.lifecycle import Phase, Trigger, advance
-from ..base.ranks import RankTable
+from ..base.ranks import RankTable, ReplicaRank
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
-from .transaction import Tx, by_rank, reconfigure, recount, remove, stop_command, successor
+from .transaction import Tx, by_rank, recount, remove, stop_command, successor
 
 __all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "gone", "call_off", "disband", "refuse_scale", "blues", "spare"]
 
@@ -113,33 +114,33 @@ def gone(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     return _copy(dep, blues=dep.blues - 1)
 
 
-def call_off(tx: Tx, dep: Deployment) -> tuple[Deployment, list[str]]:
-    """A new revision before the switch: each blue takes its global rank back from the green holding
-    it (on its own node: its node and local rank, told again if they are not what it was told) and
-    serves on as any replica; that green moves to a spare entry. Returns the greens, for the caller
-    to stop (``moves.stop``: one with no process yet is just removed)."""
+def call_off(dep: Deployment) -> tuple[Deployment, list[str], list[Replica]]:
+    """A new revision, size or mode before the switch: each blue takes back the ranks it was told from
+    the green holding them and serves on as any replica; the greens move to spare entries. Returns the
+    deployment, the greens (for the caller to stop: ``moves.stop``, which removes one with no process
+    yet) and the blues whose ranks could not be given back as told (a green had moved their node's
+    ranks): the caller tells them, with any other reconfigure of its step, in rank order."""
     if not dep.blues:
-        return dep, []
+        return dep, [], []
     replicas, ranks = dep.replicas, dep.ranks
-    told: list[tuple[Replica, tuple]] = []
-    greens: list[str] = []
-    for blue in by_rank(dep, blues(dep)):
-        bid = blue.replica_id
-        gid = ranks.holder_of(blue.blue_ranks[0])  # type: ignore[index]
-        green = replicas[gid]  # (a green's crash replacement holds the rank too: never none)
-        ranks = ranks.release(bid).replace(gid, bid, blue.node_id).assign(gid, green.node_id)
-        back = _copy(blue, blue_ranks=None)
-        replicas = replicas.set(bid, back)
-        told.append((back, blue.blue_ranks))  # type: ignore[arg-type]
-        greens.append(str(gid))
+    back = by_rank(dep, blues(dep))
+    greens = [str(ranks.holder_of(b.blue_ranks[0])) for b in back]  # type: ignore[index]
+    # every blue and green leaves its entry first, so that each blue's told ranks are free again
+    ranks = ranks.release_many([b.replica_id for b in back] + greens)
+    moved: list[Replica] = []
+    for b in back:
+        told = b.blue_ranks
+        try:
+            ranks = ranks.recover(b.replica_id, b.node_id, ReplicaRank(rank=told[0], node_rank=told[1],  # type: ignore[index]
+                                                                       local_rank=told[2]))  # type: ignore[index]
+        except (RankConflict, ValueError, TypeError):
+            ranks = ranks.assign(b.replica_id, b.node_id, rank=told[0])  # type: ignore[index]
+            moved.append(b)
+        replicas = replicas.set(b.replica_id, _copy(b, blue_ranks=None))
+    for gid in greens:
+        ranks = ranks.assign(gid, replicas[gid].node_id, rank=spare(ranks, dep.target))
     dep = _copy(dep, replicas=replicas, ranks=ranks, blues=0)
-    for rep, was in told:
-        if ranks.rank_tuple(rep.replica_id) != was:  # (its green had moved: its local rank is taken)
-            new, cmd = reconfigure(dep, rep, "rank")
-            dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, new),
-                        counts=recount(dep.counts, rep.phase, new.phase))
-            tx.emit(cmd)
-    return dep, greens
+    return dep, greens, [dep.replicas[b.replica_id] for b in moved]
 
 
 def disband(dep: Deployment) -> Deployment:
