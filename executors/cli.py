@@ -815,8 +815,9 @@ def _status_tables(view: dict, console: Console) -> None:
         reps.add_column(col)
     for _, _, d in deps:
         for r in d["replicas"]:
+            state = r["state"] + (f" ({r['blue_green']})" if r.get("blue_green") else "")  # (a blue-green switch)
             reps.add_row(escape(d["name"]), escape(r["replica_id"]), str(r["rank"]), str(r["node_rank"]),
-                         str(r["local_rank"]), (r["node_id"] or "-")[:12], r["tier"], r["state"],
+                         str(r["local_rank"]), (r["node_id"] or "-")[:12], r["tier"], state,
                          escape(str(r["version"])))
     console.print(reps)
     proxies = Table(title="proxies")

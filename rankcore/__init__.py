@@ -112,6 +112,8 @@ from .base.state import (
 )
 from .control import autoscaling, health, restarts
 from .control.autoscaling import PolicyContext, register_policy
+from .control.bluegreen import role as blue_green_role
+from .control.bluegreen import shown_ranks
 from .control.moves import is_held
 from .control.pool import PoolView
 from .core import run, step
@@ -142,7 +144,7 @@ __all__ = [
     "UpdateWorldSize", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
-    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving", "is_held",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving", "is_held", "blue_green_role", "shown_ranks",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "AutoscalingMetrics", "Autoscaler", "PolicyContext", "register_policy", "autoscaling",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",

@@ -42,7 +42,8 @@ from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
 from .transaction import Tx, by_rank, recount, remove, stop_command, successor
 
-__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "gone", "call_off", "disband", "refuse_scale", "blues", "spare"]
+__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "gone", "call_off", "disband", "refuse_scale", "blues", "spare",
+           "role", "shown_ranks"]
 
 _copy = unchecked_copy
 _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
@@ -152,6 +153,21 @@ def disband(dep: Deployment) -> Deployment:
     for rep in blues(dep):
         replicas = replicas.set(rep.replica_id, _copy(rep, blue_ranks=None))
     return _copy(dep, replicas=replicas, blues=0)
+
+
+def role(dep: Deployment, rep: Replica) -> str | None:
+    """What a status page says of ``rep`` during a switch: ``"blue"`` (an old replica serving the
+    ranks it was told, ``Replica.blue_ranks``), ``"standby"`` (a new one, not serving yet), else None."""
+    if rep.blue_ranks is not None:
+        return "blue"
+    return "standby" if dep.blues else None
+
+
+def shown_ranks(dep: Deployment, rid: str) -> tuple:
+    """``rid``'s (global, node, local) ranks as the replica knows them: a blue's are those it was told,
+    not its spare entry's; node and local None while it holds only a global rank."""
+    rep = dep.replicas[rid]
+    return tuple(rep.blue_ranks) if rep.blue_ranks is not None else dep.ranks.rank_tuple(rid)
 
 
 def blues(dep: Deployment) -> list[Replica]:

@@ -257,3 +257,20 @@ def test_a_rollout_action_may_ask_for_blue_green_and_a_bad_mode_is_refused_namin
     assert all(e.passed for e in r.expectations) and max(seen) == 8 and seen[-1] == 0
     with pytest.raises(ScenarioError, match=r"timeline\[2\]\.rollout\.update_mode: must be one of rolling, blue_green"):
         parse_scenario(bg.replace("update_mode: blue_green", "update_mode: purple"))
+
+
+def test_status_shows_each_blue_with_the_ranks_it_serves_and_each_green_standing_by() -> None:
+    c = deployed(2, {"a": 4, "b": 4})
+    told = {r: c.dep().ranks.rank_tuple(r) for r in c.dep().replicas}
+    c.hold = hold_ready
+    apply(c, "v2", n=2)
+    dep = c.dep()
+    roles = {r: rc.blue_green_role(dep, rep) for r, rep in dep.replicas.items()}
+    assert sorted(roles.values()) == ["blue", "blue", "standby", "standby"]
+    for r, t in told.items():
+        assert roles[r] == "blue" and rc.shown_ranks(dep, r) == t != dep.ranks.rank_tuple(r)
+    c.hold = lambda x: False
+    c.answer_held(lambda x: True)
+    dep = c.dep()
+    assert {rc.blue_green_role(dep, rep) for rep in dep.replicas.values()} == {None}
+    assert all(rc.shown_ranks(dep, r) == dep.ranks.rank_tuple(r) for r in dep.replicas)

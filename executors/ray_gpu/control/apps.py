@@ -274,14 +274,13 @@ def _head() -> str | None:
 
 def _replicas(dep: Any) -> list[dict]:
     out = []
-    for rid, rk in dep.ranks.items():
-        rep = dep.replicas[rid]
-        g = dep.ranks.global_rank(rid)
-        rank = rk.as_tuple() if rk else (g, None, None)
+    for rid, rep in dep.replicas.items():
+        rank = rc.shown_ranks(dep, rid)
         out.append({"replica_id": rid, "state": _REPLICA_STATE.get(rep.phase.value, rep.phase.value.upper()),
                     "phase": rep.phase.value, "rank": rank[0], "node_rank": rank[1], "local_rank": rank[2],
-                    "node_id": rep.node_id, "tier": rep.residency.value, "version": rep.revision})
-    return sorted(out, key=lambda r: r["rank"])
+                    "node_id": rep.node_id, "tier": rep.residency.value, "version": rep.revision,
+                    "blue_green": rc.blue_green_role(dep, rep)})
+    return sorted(out, key=lambda r: (r["rank"], r["replica_id"]))
 
 
 def _deployment(name: str, dep: Any) -> dict:
@@ -373,7 +372,8 @@ def details() -> dict:
                 "replicas": [{"replica_id": r["replica_id"], "state": r["state"], "node_id": r["node_id"],
                               "actor_name": f"ModelActor:{dname}:{r['replica_id']}", "start_time_s": 0.0,
                               "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"],
-                              "tier": r["tier"], "version": r["version"]} for r in d["replicas"]]}
+                              "tier": r["tier"], "version": r["version"], "blue_green": r["blue_green"]}
+                             for r in d["replicas"]]}
         apps[name] = {"name": name, "route_prefix": a["route_prefix"], "docs_path": None, "status": a["status"],
                       "message": a["message"], "last_deployed_time_s": a["last_deployed_time_s"],
                       "deployed_app_config": _serve_app(applied.apps[name].config), "source": "declarative",

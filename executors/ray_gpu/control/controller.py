@@ -703,17 +703,14 @@ class Controller:
         if dep is None:
             raise rc.UnknownDeployment(f"unknown deployment {name!r}")
         replicas = {}
-        for rid, rk in dep.ranks.items():
+        for rid in dep.replicas:
             g = dep.ranks.global_rank(rid)
             rep = dep.replicas[rid]
-            blue = rep.blue_ranks is not None
             replicas[rid] = {
-                "phase": rep.phase.value, "node_id": rep.node_id,
-                "rank": tuple(rep.blue_ranks) if blue else rk.as_tuple() if rk else (g, None, None),
+                "phase": rep.phase.value, "node_id": rep.node_id, "rank": rc.shown_ranks(dep, rid),
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
-                "revision": rep.revision,
-                "blue_green": "blue" if blue else "standby" if dep.blues else None}
+                "revision": rep.revision, "blue_green": rc.blue_green_role(dep, rep)}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
                 "status_message": dep.status_message, "revision": dep.revision,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
