@@ -160,17 +160,8 @@ def _advance_blue_green(tx: Tx, dep: Deployment) -> Deployment:
     """``_advance`` for ``update_mode="blue_green"`` (rankcore.control.bluegreen): every serving outdated
     replica gets its green twin at once, the others are retired as ``_first_pass`` does; once the green
     set is whole and running, the pool switches. Each pass walks the deployment (only while it switches)."""
-    ranks = dep.ranks
-    old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
-                 key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
-    delayed = tx.view.delayed
-    for rep in old:
-        if rep.phase in _SERVING:
-            dep = twin(tx, dep, rep)
-        elif rep.phase is Phase.FAILED or rep.replica_id in delayed:
-            dep = _current(dep, rep)
-        else:
-            dep = retire(tx, dep, rep)
+    for rep in _outdated(dep):
+        dep = twin(tx, dep, rep) if rep.phase in _SERVING else _replace_unserving(tx, dep, rep)
     if switch_due(dep):
         dep = switch(tx, dep)
     if not dep.blues and not dep.retiring:
@@ -179,20 +170,27 @@ def _advance_blue_green(tx: Tx, dep: Deployment) -> Deployment:
 
 
 def _first_pass(tx: Tx, dep: Deployment) -> Deployment:
-    """List the outdated replicas (lowest rank first); retire at once those serving nothing yet
-    (one with no process, FAILED or waiting out a restart backoff, just starts current)."""
-    ranks = dep.ranks
-    old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
-                 key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
-    delayed = tx.view.delayed
+    """List the outdated replicas (lowest rank first); retire at once those serving nothing yet."""
+    old = _outdated(dep)
     for rep in old:
-        if rep.phase in _SERVING:
-            continue
-        if rep.phase is Phase.FAILED or rep.replica_id in delayed:
-            dep = _current(dep, rep)
-        else:
-            dep = retire(tx, dep, rep)
+        if rep.phase not in _SERVING:
+            dep = _replace_unserving(tx, dep, rep)
     return _copy(dep, roll_order=tuple(r.replica_id for r in old if r.phase in _SERVING), roll_next=0)
+
+
+def _outdated(dep: Deployment) -> list[Replica]:
+    """``dep``'s outdated replicas, lowest rank first."""
+    ranks = dep.ranks
+    return sorted((r for r in dep.replicas.values() if outdated(dep, r)),
+                  key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
+
+
+def _replace_unserving(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """Outdated ``rep``, serving nothing yet, is retired; one with no process (FAILED, or waiting out a
+    restart backoff) just starts current."""
+    if rep.phase is Phase.FAILED or rep.replica_id in tx.view.delayed:
+        return _current(dep, rep)
+    return retire(tx, dep, rep)
 
 
 def _advance_gangs(tx: Tx, dep: Deployment) -> Deployment:
@@ -203,8 +201,7 @@ def _advance_gangs(tx: Tx, dep: Deployment) -> Deployment:
     k = dep.gang_size
     if dep.roll_order is None:
         ranks = dep.ranks
-        old = sorted((r for r in dep.replicas.values() if outdated(dep, r)),
-                     key=lambda r: (ranks.global_rank(r.replica_id), r.replica_id))
+        old = _outdated(dep)
         listed: list[str] = []
         for g in sorted({ranks.global_rank(r.replica_id) // k for r in old}):
             members = _outdated_members(dep, g)
