@@ -145,7 +145,10 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
         cl = _with_clock_deadlines(cl, now, cl.clock or moved, book, nxt)
     elif moved:
         cl = _with_clock(cl, now, True)
-    return _done(state, rid, _with_dep(state, state.deployments.set(name, dep), cl), commands)
+    # (pending to starting: in no pool before or after, ``pool.membership``'s GONE both times, so the
+    # answer moves nothing in any pool: no ``answer_pool`` to ask)
+    return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl), commands=commands, stale=False,
+                 compactions=(), recovery=None, pool=())
 
 
 def crashed(state: State, e: ReplicaCrashed) -> Step | None:
