@@ -137,7 +137,8 @@ def _check_config(inst: DeploymentApplied, attribute: attrs.Attribute, value: De
 
 def _check_autoscaling_bounds(inst: DeploymentApplied, config: DeploymentConfig) -> None:
     """The autoscaler's bounds, ``min_replicas`` and ``initial_replicas`` against ``max_replicas``
-    (Ray Serve's AutoscalingConfig checks), and room for a whole gang between them."""
+    (Ray Serve's AutoscalingConfig checks), and room for a whole gang between them (at least one
+    gang below max_replicas, min_replicas 0 included)."""
     auto, top, k = config.autoscaler, inst.max_replicas, config.gang.gang_size
     where = f"DeploymentApplied({inst.name!r})"
     if type(top) is not int:
@@ -149,6 +150,9 @@ def _check_autoscaling_bounds(inst: DeploymentApplied, config: DeploymentConfig)
     if auto.autoscaling and k > 1 and -(-auto.min_replicas // k) * k > top // k * k:
         raise InvalidConfig(f"{where}: no whole number of gangs of {k} lies between min_replicas="
                             f"{auto.min_replicas} and max_replicas={f.shown(top)} (the autoscaler scales by gangs)")
+    if auto.autoscaling and k > 1 and top < k:
+        raise InvalidConfig(f"{where}: max_replicas={f.shown(top)} is below gang_size={k}: the autoscaler scales "
+                            f"by whole gangs, so this deployment could never run a replica")
 
 
 @attrs.frozen(kw_only=True, init=False, repr=False)

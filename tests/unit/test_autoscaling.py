@@ -79,6 +79,9 @@ def test_the_defaults_are_ray_serves() -> None:
     ({"policy": ""}, "policy must be None"),
     ({"gang_size": 4, "min_replicas": 1, "max_replicas": 3, "num_replicas": 0},
      "no whole number of gangs of 4 lies between min_replicas=1 and max_replicas=3"),
+    ({"gang_size": 2, "min_replicas": 0, "max_replicas": 1, "num_replicas": 0},
+     "max_replicas=1 is below gang_size=2: the autoscaler scales by whole gangs, so this deployment could never "
+     "run a replica"),
 ])
 def test_a_bad_value_is_refused_naming_the_deployment_and_the_option(options: dict, words: str) -> None:
     with pytest.raises(rc.InvalidConfig) as exc:
