@@ -33,7 +33,7 @@ from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .control import deadlines, restarts
 from .control.moves import compaction_due
-from .control.pool import answer_pool
+from .control.pool import answer_pool_of
 from .control.transaction import initialize, put_replica, recount
 from .placement import spares
 from .placement.scheduling import booking_to_pass, unbook
@@ -59,11 +59,13 @@ _with_held_clock_deadlines = updater(Cluster, "held", "now", "clock", "deadlines
 _with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
 
 
-def _done(before: State, rid: str, after: State, commands: tuple) -> Step:
-    """The fast path's ``Step`` from ``before`` to ``after``, with the pool commands of ``rid``'s
-    answer (``pool.answer_pool``: the rule's own comparison, asked here so the step is built once)."""
+def _done(rid: str, after: State, commands: tuple, dep0: Deployment, rep0: Replica, dep1: Deployment,
+          rep1: Replica | None) -> Step:
+    """The fast path's ``Step`` to ``after``, with the pool commands of ``rid``'s answer
+    (``pool.answer_pool_of``: the rule's own comparison, from the deployment and record before and
+    after, which the fast path holds; asked here so the step is built once)."""
     return _Step(state=after, commands=commands, stale=False, compactions=(), recovery=None,
-                 pool=answer_pool(before, after, rid))
+                 pool=answer_pool_of(rid, dep0, rep0, dep1, rep1))
 
 
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:
@@ -101,18 +103,18 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     found = _plain(state, rid)
     if found is None:
         return None
-    name, dep, rep, cl = found
-    if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep.config_version:
+    name, dep0, rep, cl = found
+    if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep0.config_version:
         return None
     new = _with_phase(rep, _RUNNING)
-    if not residency.quiet(dep, new):
+    if not residency.quiet(dep0, new):
         return None  # (new weights or a sleep due)
-    dep = put_replica(restarts.started(dep), rep, new)
+    dep = put_replica(restarts.started(dep0), rep, new)
     if compaction_due(dep):
         return None
     if cl.deadlines and rid in cl.deadlines:
         cl = _with_deadlines(cl, *deadlines.disarm(cl, rid))
-    return _done(state, rid, _with_dep(state, state.deployments.set(name, dep), cl), ())
+    return _done(rid, _with_dep(state, state.deployments.set(name, dep), cl), (), dep0, rep, dep, new)
 
 
 def placed(state: State, e: ReplicaPlaced) -> Step | None:
@@ -163,11 +165,11 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     found = _plain(state, rid)
     if found is None:
         return None
-    name, dep, rep, cl = found
+    name, dep0, rep, cl = found
     phase = rep.phase
-    if (phase is not _RUNNING and phase is not _STARTING) or dep.gang_size > 1 or dep.static is not None:
+    if (phase is not _RUNNING and phase is not _STARTING) or dep0.gang_size > 1 or dep0.static is not None:
         return None  # (gangs, static placement)
-    dep = restarts.failed_start(dep, rep, e.cause)
+    dep = restarts.failed_start(dep0, rep, e.cause)
     if restarts.backoff_s(dep) > 0:
         return None  # (the replacement waits out a restart backoff)
     if rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:
@@ -201,9 +203,9 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     )
     if at is not None:
         commands = (*commands, _Tick(at=at))
-    return _done(state, rid, _with_dep_new(state, state.deployments.set(name, dep), cl,
-                                           state.index.delete(rid).set(new_id, name), state.next_replica + 1),
-                 commands)
+    return _done(rid, _with_dep_new(state, state.deployments.set(name, dep), cl,
+                                    state.index.delete(rid).set(new_id, name), state.next_replica + 1),
+                 commands, dep0, rep, dep, None)
 
 
 def stopped(state: State, e: ReplicaStopped) -> Step | None:
@@ -215,9 +217,9 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     found = _plain(state, rid)
     if found is None:
         return None
-    name, dep, rep, cl = found
-    if (cl.queue or rep.phase is not _STOPPING or dep.gang_size > 1 or dep.static is not None
-            or spares.asks(dep) or cl.evicting or devices.holds(cl, rid)):
+    name, dep0, rep, cl = found
+    if (cl.queue or rep.phase is not _STOPPING or dep0.gang_size > 1 or dep0.static is not None
+            or spares.asks(dep0) or cl.evicting or devices.holds(cl, rid)):
         return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.placement.spares;
         # what the device books hold of it is the general path's to release)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:
@@ -225,8 +227,8 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
     moved = _moves_clock(cl, e.now)
     if moved is None:
         return None
-    ranks = dep.ranks.release(rid)
-    dep = _with_ranks(dep, dep.replicas.delete(rid), ranks, recount(dep.counts, _STOPPING, None))
+    ranks = dep0.ranks.release(rid)
+    dep = _with_ranks(dep0, dep0.replicas.delete(rid), ranks, recount(dep0.counts, _STOPPING, None))
     if compaction_due(dep):
         return None
     if cl.joined > 0 and rid in cl.held:  # the core's book: what it held for the replica is free again
@@ -234,7 +236,8 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         cl = _with_held(cl, book) if nodes is cl.nodes else _with_held_nodes(cl, book, nodes, None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
-    return _done(state, rid, _with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)), ())
+    return _done(rid, _with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)), (),
+                 dep0, rep, dep, None)
 
 
 #: event type -> its fast path (None from it: take the general path)

@@ -51,7 +51,7 @@ from ..base.state import Deployment, Replica, State, Step
 from ..tiers.residency import serving
 from .autoscaling import bounds
 
-__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "answer_pool", "reset", "pool_of", "PoolView"]
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "answer_pool", "answer_pool_of", "change_of", "reset", "pool_of", "PoolView"]
 
 SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
@@ -176,6 +176,13 @@ def _change(before: State, after: State, rid: str) -> PoolChanged | None:
     dep1 = after.deployments.get(n1) if n1 is not None else None
     rep0 = dep0.replicas.get(rid) if dep0 is not None else None
     rep1 = dep1.replicas.get(rid) if dep1 is not None else None
+    return change_of(rid, dep0, rep0, dep1, rep1)
+
+
+def change_of(rid: str, dep0: Deployment | None, rep0: Replica | None, dep1: Deployment | None,
+              rep1: Replica | None) -> PoolChanged | None:
+    """``_change`` from the records already at hand: ``rid``'s deployment and record before and after
+    (None: not held). The fast paths (``rankcore.fastpaths``) hold them, so they look nothing up."""
     if rep0 is rep1 and (dep0 is dep1 or (dep0.weights_version == dep1.weights_version  # type: ignore[union-attr]
                                           and dep0.blues == dep1.blues)):  # type: ignore[union-attr]
         return None  # (the same record, the same version wanted, the same blue-green standing: the same membership)
@@ -192,6 +199,12 @@ def answer_pool(before: State, after: State, rid: str) -> tuple[PoolChanged, ...
     no deployment, so ``coming`` is not asked). The property suite checks the fast paths give
     ``announce``'s step (tests/property/test_fast_paths.py)."""
     changed = _change(before, after, rid)
+    return () if changed is None else (changed,)
+
+
+def answer_pool_of(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment, rep1: Replica | None) -> tuple:
+    """``answer_pool`` from the records at hand (``change_of``)."""
+    changed = change_of(rid, dep0, rep0, dep1, rep1)
     return () if changed is None else (changed,)
 
 
