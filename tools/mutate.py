@@ -191,7 +191,7 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
                  "    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement\n"
                  "        return remove(tx, dep, rep, dep.ranks)\n"),
-            Edit(FAST, "    ranks = dep.ranks.release(rid)\n", "    ranks = dep.ranks\n"),
+            Edit(FAST, "    ranks = dep0.ranks.release(rid)\n", "    ranks = dep0.ranks\n"),
         ),
     ),
     mutation(

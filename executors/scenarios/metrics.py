@@ -392,7 +392,8 @@ class Metrics:
                     self._settle(m, t)
                     m._off = off
             counts = dep.counts
-            serving = counts[_RUNNING] + counts[_RECONFIGURING]
+            # (during a blue-green switch only the blues serve: the new set stands by, rankcore.is_serving)
+            serving = dep.blues or counts[_RUNNING] + counts[_RECONFIGURING]
             target = dep.target
             healthy = m.first_healthy is None and target > 0 and dep.healthy
             if serving == m._serving and target == m._target and not healthy:

@@ -274,3 +274,34 @@ def test_status_shows_each_blue_with_the_ranks_it_serves_and_each_green_standing
     dep = c.dep()
     assert {rc.blue_green_role(dep, rep) for rep in dep.replicas.values()} == {None}
     assert all(rc.shown_ranks(dep, r) == dep.ranks.rank_tuple(r) for r in dep.replicas)
+
+
+def test_the_simulators_availability_counts_only_the_blues_while_the_new_set_stands_by() -> None:
+    """The scenario metrics (``executors.scenarios.metrics``) count as serving what serves: during a
+    switch, the blues. A green ready and standing by does not make up for a blue lost meanwhile."""
+    from executors.scenarios.metrics import Metrics
+
+    c = deployed(2, {"a": 4, "b": 4})
+    m, clock = Metrics(), [0.0]
+    plain = Cluster.step
+
+    def observed(self: Cluster, event: object) -> rc.Step:
+        before = self.state
+        result = plain(self, event)
+        clock[0] += 1.0
+        m(clock[0], event, before, result)
+        return result
+
+    c.step = observed.__get__(c)  # type: ignore[method-assign]
+    c.run(rc.ScaleRequested(deployment="m", num_replicas=2))  # (the observer's first sight of it: healthy)
+    c.hold = hold_ready
+    apply(c, "v2", n=2)
+    first = c.held[0].replica_id
+    c.answer_held(lambda x: isinstance(x, rc.InitializeReplica) and x.replica_id == first)  # one green stands by
+    blue = sorted(r for r, rep in c.dep().replicas.items() if rep.blue_ranks is not None)[0]
+    c.run(rc.ReplicaCrashed(replica_id=blue))
+    t0 = clock[0]
+    m.advance(t0 + 10.0)
+    assert c.dep().blues == 1 and m.deployments["m"].unavailable_replica_seconds >= 10.0
+
+
