@@ -34,6 +34,9 @@ retiring or on an old revision; then the whole new gang starts at once (``moves.
 end-of-step pass starts one whose old members left another way, ``moves.start_waiting``), placed all or
 nothing by its gang placement (gangs and static placement do not mix: ``DeploymentApplied`` refuses it).
 
+``update_mode="blue_green"`` replaces the other way round, a whole new set first (``_advance_blue_green``,
+the rule in ``rankcore.control.bluegreen``).
+
 Internal module: import its public names from ``rankcore`` (docs/embedding.md, "What you may import").
 """
 
