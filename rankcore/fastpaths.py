@@ -33,7 +33,7 @@ from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .control import deadlines, restarts
 from .control.moves import compaction_due
-from .control.pool import answer_pool_of
+from .control.pool import answer_pool
 from .control.transaction import initialize, put_replica, recount
 from .placement import spares
 from .placement.scheduling import booking_to_pass, unbook
@@ -62,10 +62,10 @@ _with_held_nodes = updater(Cluster, "held", "nodes", "blocked")
 def _done(rid: str, after: State, commands: tuple, dep0: Deployment, rep0: Replica, dep1: Deployment,
           rep1: Replica | None) -> Step:
     """The fast path's ``Step`` to ``after``, with the pool commands of ``rid``'s answer
-    (``pool.answer_pool_of``: the rule's own comparison, from the deployment and record before and
+    (``pool.answer_pool``: the rule's own comparison, from the deployment and record before and
     after, which the fast path holds; asked here so the step is built once)."""
     return _Step(state=after, commands=commands, stale=False, compactions=(), recovery=None,
-                 pool=answer_pool_of(rid, dep0, rep0, dep1, rep1))
+                 pool=answer_pool(rid, dep0, rep0, dep1, rep1))
 
 
 def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] | None:

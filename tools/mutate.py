@@ -187,9 +187,9 @@ MUTATIONS: tuple[Mutation, ...] = (
                  "    tx.put(remove(tx, dep, rep, dep.ranks.release(rep.replica_id)))\n",
                  "    tx.put(remove(tx, dep, rep, dep.ranks))\n"),
             Edit(MOVES,
-                 "    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement\n"
+                 "        # it was leaving anyway, or is a blue-green's blue, whose green holds its ranks: no replacement\n"
                  "        return remove(tx, dep, rep, dep.ranks.release(rid))\n",
-                 "    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement\n"
+                 "        # it was leaving anyway, or is a blue-green's blue, whose green holds its ranks: no replacement\n"
                  "        return remove(tx, dep, rep, dep.ranks)\n"),
             Edit(FAST, "    ranks = dep0.ranks.release(rid)\n", "    ranks = dep0.ranks\n"),
         ),
@@ -785,8 +785,8 @@ BLUE_GREEN_RULES: tuple[Mutation, ...] = (
              "and rep.weights_version == dep.weights_version)",
              "[Rollouts: blue-green] a new replica does not serve while an old one does", tests=_BG_TESTS),
     mutation("bluegreen-blue-replaced", MOVES,
-             "    if rep.blue_ranks is not None:  # a blue-green's old replica: its green twin holds its ranks\n",
-             "    if False:\n",
+             "    if rep.phase is Phase.STOPPING or rep.blue_ranks is not None:\n",
+             "    if rep.phase is Phase.STOPPING:\n",
              "[Rollouts: blue-green] a blue that dies is not replaced (its green holds its ranks)", tests=_BG_TESTS),
 )
 # (Not here: dropping call-off's explicit stop of the greens. Reconcile then stops them anyway, since they sit

@@ -17,8 +17,8 @@ until everything new is ready, and old and new never serve side by side.
   stands by (``rankcore.tiers.residency.serving``); blues do not count towards the target.
 * **The switch** (``switch_due``): once every green runs and they are the target's number, one step
   stops (drains) every blue; greens serve from that step on. A request is never sent to a blue after it.
-* **Faults.** A green that dies is replaced as any crash (standing by too). A blue that dies is gone:
-  its green already holds its ranks (``gone``). A scale request waits for no switch: it is refused
+* **Faults.** A green that dies is replaced as any crash (standing by too). A blue that dies is gone,
+  not replaced: its green already holds its ranks (``moves.crash``; ``transaction.remove`` counts it out). A scale request waits for no switch: it is refused
   until the switch (``refuse_scale``).
 * **A new revision before the switch** (a rollback, or a third one; or a new ``num_replicas``, or
   ``update_mode``): ``call_off`` gives each blue back the ranks it was told (told again only where a
@@ -40,9 +40,9 @@ from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
-from .transaction import Tx, by_rank, recount, remove, stop_command, successor
+from .transaction import Tx, by_rank, recount, stop_command, successor
 
-__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "gone", "call_off", "disband", "refuse_scale", "blues", "spare",
+__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "call_off", "disband", "refuse_scale", "blues", "spare",
            "role", "shown_ranks"]
 
 _copy = unchecked_copy
@@ -107,12 +107,6 @@ def switch(tx: Tx, dep: Deployment) -> Deployment:
         counts = recount(counts, rep.phase, new.phase)
         tx.emit(stop_command(dep, rep.replica_id))
     return _copy(dep, replicas=replicas, counts=counts, blues=0)
-
-
-def gone(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
-    """Blue ``rep`` died (or was stopped) before the switch: its spare entry goes; its green holds its ranks."""
-    dep = remove(tx, dep, rep, dep.ranks.release(rep.replica_id))
-    return _copy(dep, blues=dep.blues - 1)
 
 
 def call_off(dep: Deployment) -> tuple[Deployment, list[str], list[Replica]]:

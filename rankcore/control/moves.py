@@ -30,7 +30,7 @@ from ..base.state import Compaction, Deployment, Replica
 from ..base.victims import VICTIM_ORDER
 from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
-from . import bluegreen, deadlines, restarts
+from . import deadlines, restarts
 from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
 
 if TYPE_CHECKING:
@@ -166,14 +166,12 @@ def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> De
     the replacement must not go to."""
     if rep.retiring:  # a rollout was stopping it: its successor starts now
         return succeed_retired(tx, dep, rep)
-    if rep.blue_ranks is not None:  # a blue-green's old replica: its green twin holds its ranks
-        advance(rep.phase, Trigger.CRASH, rep.replica_id)
-        return bluegreen.gone(tx, dep, rep)
     if dep.static is not None:
         return static.crash(tx, dep, rep)
     advance(rep.phase, Trigger.CRASH, rep.replica_id)
     rid = rep.replica_id
-    if rep.phase is Phase.STOPPING:  # it was leaving anyway: no replacement
+    if rep.phase is Phase.STOPPING or rep.blue_ranks is not None:
+        # it was leaving anyway, or is a blue-green's blue, whose green holds its ranks: no replacement
         return remove(tx, dep, rep, dep.ranks.release(rid))
     delay = restarts.backoff_s(dep) if tx.view.clock else 0.0
     return _replace(tx, dep, rep, delay, avoid)

@@ -24,7 +24,7 @@ apart from the replicas' ``Step.commands``):
 
 One function decides, after any step (``announce``; ``core.general_step`` calls
 it, and the fast paths (``rankcore.fastpaths``) call ``answer_pool``, the same comparison
-for the one replica their answer can move, so they need no copy of the rule). It compares the replicas the step can have changed: the event's replica,
+for the one replica their answer can move, from the records they hold, so they need no copy of the rule). It compares the replicas the step can have changed: the event's replica,
 every replica a command names (a replica leaves serving only through a
 command: stop, evict, offload, new weights, reconfigure) or replaces, every
 replica of the deployment a deployment's own event names (apply, scale,
@@ -51,7 +51,7 @@ from ..base.state import Deployment, Replica, State, Step
 from ..tiers.residency import serving
 from .autoscaling import bounds
 
-__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "answer_pool", "answer_pool_of", "change_of", "reset", "pool_of", "PoolView"]
+__all__ = ["SERVING", "DRAINING", "GONE", "membership", "coming", "announce", "answer_pool", "reset", "pool_of", "PoolView"]
 
 SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
@@ -176,13 +176,13 @@ def _change(before: State, after: State, rid: str) -> PoolChanged | None:
     dep1 = after.deployments.get(n1) if n1 is not None else None
     rep0 = dep0.replicas.get(rid) if dep0 is not None else None
     rep1 = dep1.replicas.get(rid) if dep1 is not None else None
-    return change_of(rid, dep0, rep0, dep1, rep1)
+    return _change_of(rid, dep0, rep0, dep1, rep1)
 
 
-def change_of(rid: str, dep0: Deployment | None, rep0: Replica | None, dep1: Deployment | None,
+def _change_of(rid: str, dep0: Deployment | None, rep0: Replica | None, dep1: Deployment | None,
               rep1: Replica | None) -> PoolChanged | None:
     """``_change`` from the records already at hand: ``rid``'s deployment and record before and after
-    (None: not held). The fast paths (``rankcore.fastpaths``) hold them, so they look nothing up."""
+    (None: not held)."""
     if rep0 is rep1 and (dep0 is dep1 or (dep0.weights_version == dep1.weights_version  # type: ignore[union-attr]
                                           and dep0.blues == dep1.blues)):  # type: ignore[union-attr]
         return None  # (the same record, the same version wanted, the same blue-green standing: the same membership)
@@ -192,19 +192,15 @@ def change_of(rid: str, dep0: Deployment | None, rep0: Replica | None, dep1: Dep
     return _Changed(deployment=(dep1 or dep0).name, replica_id=rid, membership=m1)  # type: ignore[union-attr]
 
 
-def answer_pool(before: State, after: State, rid: str) -> tuple[PoolChanged, ...]:
-    """``announce``'s pool commands for the step of a replica's own answer (placed, ready, crashed,
-    stopped) that moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take,
-    before they build their ``Step`` (a crash's replacement is pending, in no pool; the event names
-    no deployment, so ``coming`` is not asked). The property suite checks the fast paths give
-    ``announce``'s step (tests/property/test_fast_paths.py)."""
-    changed = _change(before, after, rid)
-    return () if changed is None else (changed,)
-
-
-def answer_pool_of(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment, rep1: Replica | None) -> tuple:
-    """``answer_pool`` from the records at hand (``change_of``)."""
-    changed = change_of(rid, dep0, rep0, dep1, rep1)
+def answer_pool(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment,
+                rep1: Replica | None) -> tuple[PoolChanged, ...]:
+    """``announce``'s pool commands for the step of a replica's own answer (ready, crashed, stopped)
+    that moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take, before they
+    build their ``Step``, from the records they hold (``rid``'s deployment and record before and
+    after; None: gone), so nothing is looked up (a crash's replacement is pending, in no pool; the
+    event names no deployment, so ``coming`` is not asked). The property suite checks the fast
+    paths give ``announce``'s step (tests/property/test_fast_paths.py)."""
+    changed = _change_of(rid, dep0, rep0, dep1, rep1)
     return () if changed is None else (changed,)
 
 
@@ -217,16 +213,14 @@ def announce(before: State, event: object, step: Step) -> Step:
                      recovery=step.recovery, pool=tuple(reset(after)))
     out: list[Any] = []
     commands = step.commands
+    rid = getattr(event, "replica_id", None)
     if not commands and kind not in _NODE_EVENTS and not _name_field(kind):  # (the commonest: an answer)
-        rid = getattr(event, "replica_id", None)
         candidates: list[str] = [rid] if type(rid) is str else []
     else:
         candidates = _candidates(before, after, event, commands)
-    rid = getattr(event, "replica_id", None)
-    if type(rid) is str:
-        switched = _switched(before, after, rid)
-        if switched:
-            candidates = list(dict.fromkeys([*candidates, *switched]))
+    switched = _switched(before, after, rid) if type(rid) is str else None
+    if switched:
+        candidates = list(dict.fromkeys([*candidates, *switched]))
     for rid in candidates:
         changed = _change(before, after, rid)
         if changed is not None:

@@ -166,6 +166,16 @@ def _gang_stopped(dep: Deployment, g: int) -> bool:
     return True
 
 
+def _record(tx: Tx, name: str, r: ReplicaReport, phase: Phase, node_id: str | None, old_config: bool,
+            current: str) -> Replica:
+    """The core's record of reported replica ``r`` (in ``phase``, on ``node_id``; ``old_config``: behind
+    the spec's user_config; ``current``: the revision an unsaid one is taken to run)."""
+    return Replica(replica_id=r.replica_id, deployment=name, phase=phase,
+                   lineage=r.lineage if r.lineage is not None else tx.new_lineage(), node_id=node_id,
+                   version=r.version, config_version=0 if old_config else 1, residency=Residency(r.tier),
+                   weights_version=r.weights_version, revision=current if r.revision is None else r.revision)
+
+
 def _blues(spec: DeploymentApplied, reports: list[ReplicaReport]) -> dict[str, ReplicaReport]:
     """A blue-green deployment switching when its controller stopped (rankcore.control.bluegreen): each
     serving replica of an older revision whose global rank a replica of the current revision also
@@ -186,12 +196,9 @@ def _with_blues(tx: Tx, dep: Deployment, spec: DeploymentApplied, blues: list[Re
     replicas, ranks, counts = dep.replicas, dep.ranks, list(dep.counts)
     for r in sorted(blues, key=lambda r: (r.rank.rank, r.replica_id)):
         ranks = ranks.assign(r.replica_id, r.node_id, rank=bluegreen.spare(ranks, dep.target))
-        replicas = replicas.set(r.replica_id, Replica(
-            replica_id=r.replica_id, deployment=dep.name, phase=r.phase,
-            lineage=r.lineage if r.lineage is not None else tx.new_lineage(), node_id=r.node_id, version=r.version,
-            config_version=0 if _config_outdated(r, spec) else 1, residency=Residency(r.tier),
-            weights_version=r.weights_version, revision=r.revision or "",
-            blue_ranks=(r.rank.rank, r.rank.node_rank, r.rank.local_rank)))
+        rep = _record(tx, dep.name, r, r.phase, r.node_id, _config_outdated(r, spec), dep.revision)
+        replicas = replicas.set(r.replica_id, attrs.evolve(rep, blue_ranks=(r.rank.rank, r.rank.node_rank,
+                                                                           r.rank.local_rank)))
         counts[LIVE.index(r.phase)] += 1
         tx.index = tx.index.set(r.replica_id, dep.name)
     return attrs.evolve(dep, replicas=replicas, ranks=ranks, counts=tuple(counts), blues=len(blues))
@@ -238,18 +245,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
             if r.replica_id not in stopping:
                 unstarted.add(r.replica_id)
         old_config = _config_outdated(r, spec)
-        rep = Replica(
-            replica_id=r.replica_id,
-            deployment=spec.name,
-            phase=phase,
-            lineage=r.lineage if r.lineage is not None else tx.new_lineage(),
-            node_id=node_id,
-            version=r.version,
-            config_version=0 if old_config else 1,
-            residency=Residency(r.tier),
-            weights_version=r.weights_version,
-            revision=current if r.revision is None else r.revision,
-        )
+        rep = _record(tx, spec.name, r, phase, node_id, old_config, current)
         serving_or_starting = node_id is not None and not _leaving(r) and r.replica_id not in stopping
         if serving_or_starting and r.replica_id not in unstarted:
             now = (final_rank[r.replica_id], node_rank[r.node_id], local_rank[r.replica_id])  # type: ignore[index]

@@ -262,7 +262,8 @@ def reconfigure(dep: Deployment, rep: Replica, reason: str) -> tuple[Replica, Re
 
 
 def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
-    """Drop a finished replica (its ranks already handled in ``ranks``)."""
+    """Drop a finished replica (its ranks already handled in ``ranks``), and from the deployment's
+    counts of retiring replicas and blue-green blues."""
     rid = rep.replica_id
     forget(tx, rid)
     return _copy(
@@ -271,6 +272,7 @@ def remove(tx: Tx, dep: Deployment, rep: Replica, ranks: object) -> Deployment:
         ranks=ranks,
         counts=recount(dep.counts, rep.phase, None),
         retiring=dep.retiring - 1 if rep.retiring else dep.retiring,
+        blues=dep.blues if rep.blue_ranks is None else dep.blues - 1,
     )
 
 

@@ -703,7 +703,7 @@ class Controller:
         if dep is None:
             raise rc.UnknownDeployment(f"unknown deployment {name!r}")
         replicas = {}
-        for rid in dep.replicas:
+        for rid, _ in dep.ranks.items():  # (in the table's order)
             g = dep.ranks.global_rank(rid)
             rep = dep.replicas[rid]
             replicas[rid] = {
