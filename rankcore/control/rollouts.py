@@ -289,8 +289,8 @@ def surge(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     rid, node_id = rep.replica_id, rep.node_id
     cl = tx.view
     node = cl.nodes.get(node_id) if node_id is not None else None
-    if node is None or cl.suspect(node_id) or not fits(node, dep.resources):  # type: ignore[arg-type]
-        return None
+    if node is None or cl.suspect(node_id) or not fits(node, dep.resources) or cl.queued:  # type: ignore[arg-type]
+        return None  # (no room there, or a replica waits for a node longer: first come, as bluegreen.twin)
     (new_id,) = tx.new_ids(dep.name, 1)
     ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
     old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
