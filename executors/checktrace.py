@@ -188,6 +188,9 @@ _COMMAND_FIELDS = {
     "PoolChanged": ({"replica": "str", "deployment": "str"}, {"membership": "str"}),
     "PoolComing": ({"deployment": "str"}, {"coming": "bool"}),
     "PoolReset": ({"deployment": "str"}, {"serving": "list", "draining": "list", "coming": "bool"}),
+    "StartProxy": ({}, {"proxy_id": "str", "node_id": "str"}),
+    "DrainProxy": ({}, {"proxy_id": "str", "node_id": "str", "draining": "bool"}),
+    "StopProxy": ({}, {"proxy_id": "str", "node_id": "str", "reason": "str"}),
 }
 #: per event type: its required ``fields`` entries (the sleep/wake/weights requests and answers, issue 21)
 _EVENT_FIELDS = {

@@ -20,7 +20,9 @@ from . import placement, tiers
 from .base import cluster, options, records
 from .base.bundles import StaticPlacement, consecutive_mapping
 from .base.commands import (
+    PROXY_STOP_REASONS,
     Command,
+    DrainProxy,
     DropWarmCopy,
     EvictReplica,
     GangChanged,
@@ -36,7 +38,9 @@ from .base.commands import (
     ReconfigureReplica,
     RequestResources,
     ScheduleTick,
+    StartProxy,
     StartReplica,
+    StopProxy,
     StopReplica,
     UpdateWeights,
     UpdateWorldSize,
@@ -70,9 +74,14 @@ from .base.events import (
     Event,
     HealthChecked,
     NodeCapacityChanged,
+    NodeDraining,
     NodeJoined,
     NodeLost,
     PlacementFailed,
+    ProxiesConfigured,
+    ProxyCrashed,
+    ProxyHealthChecked,
+    ProxyStarted,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -93,6 +102,7 @@ from .base.events import (
 from .base.gangmap import GangContext
 from .base.lifecycle import LIVE, Phase, Residency
 from .base.options import DeploymentConfig, Options
+from .base.proxybook import PROXY_LOCATIONS, Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase
 from .base.ranks import MAX_RANKS, LowerBound, RankTable, Reassignment, ReplicaRank, ReportedRank
 from .base.state import (
     STATUSES,
@@ -116,6 +126,8 @@ from .control.bluegreen import role as blue_green_role
 from .control.bluegreen import shown_ranks
 from .control.moves import is_held
 from .control.pool import PoolView
+from .control.proxies import serving as serving_proxies
+from .control.proxies import wanted as proxy_nodes
 from .core import run, step
 from .placement import gangs, spares, static
 from .tiers.residency import fully_serving
@@ -150,4 +162,7 @@ __all__ = [
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
     "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
     "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",
+    "ProxiesConfigured", "ProxyStarted", "ProxyCrashed", "ProxyHealthChecked", "NodeDraining",
+    "StartProxy", "DrainProxy", "StopProxy", "PROXY_STOP_REASONS", "ProxyLocation", "PROXY_LOCATIONS", "ProxyOptions",
+    "ProxyPhase", "Proxy", "ProxyBook", "serving_proxies", "proxy_nodes",
 ]

@@ -33,9 +33,14 @@ from .base.events import (
     DeploymentDeleted,
     HealthChecked,
     NodeCapacityChanged,
+    NodeDraining,
     NodeJoined,
     NodeLost,
     PlacementFailed,
+    ProxiesConfigured,
+    ProxyCrashed,
+    ProxyHealthChecked,
+    ProxyStarted,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -60,7 +65,7 @@ from .base.state import (
     State,
     Step,
 )
-from .control import autoscaling, bluegreen, clock, deadlines, deletion, health, pool, restarts, rollouts
+from .control import autoscaling, bluegreen, clock, deadlines, deletion, health, pool, proxies, restarts, rollouts
 from .control.moves import crash, is_held, reconcile, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
@@ -408,7 +413,8 @@ def _on_node_joined(tx: Tx, e: NodeJoined) -> Step:
     node = new_node(e.node_id, e.resources, e.labels, e.order, cl.joined)
     for node_id, need in cl.held.values():  # (a node back after recovery may hold replicas)
         if node_id == e.node_id:
-            node = _copy(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}))
+            node = _copy(node, free=node.free.update({k: node.free.get(k, 0.0) - v for k, v in need}),
+                         tenants=node.tenants + 1)
     cl.nodes = cl.nodes.set(e.node_id, node)
     devices.joined(cl, e.node_id, e.devices, e.cpu_cache_bytes)
     if e.node_id in cl.lost:
@@ -461,6 +467,26 @@ def _on_node_capacity_changed(tx: Tx, e: NodeCapacityChanged) -> Step:
     return finish(tx)
 
 
+def _on_proxies_configured(tx: Tx, e: ProxiesConfigured) -> Step:
+    return finish(tx, stale=not proxies.configure(tx, e))
+
+
+def _on_proxy_started(tx: Tx, e: ProxyStarted) -> Step:
+    return finish(tx, stale=not proxies.started(tx, e))
+
+
+def _on_proxy_crashed(tx: Tx, e: ProxyCrashed) -> Step:
+    return finish(tx, stale=not proxies.died(tx, e))
+
+
+def _on_proxy_health_checked(tx: Tx, e: ProxyHealthChecked) -> Step:
+    return finish(tx, stale=not proxies.health_checked(tx, e))
+
+
+def _on_node_draining(tx: Tx, e: NodeDraining) -> Step:
+    return finish(tx, stale=not proxies.node_draining(tx, e))
+
+
 def _on_tick(tx: Tx, e: Tick) -> Step:
     old = tx.cluster
     if old.clock and e.now <= old.now:
@@ -509,6 +535,11 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     TierMoveFailed: _on_tier_move_failed,
     WeightsUpdated: _on_weights_updated,
     AutoscalingMetrics: _on_autoscaling_metrics,
+    ProxiesConfigured: _on_proxies_configured,
+    ProxyStarted: _on_proxy_started,
+    ProxyCrashed: _on_proxy_crashed,
+    ProxyHealthChecked: _on_proxy_health_checked,
+    NodeDraining: _on_node_draining,
 }
 
 

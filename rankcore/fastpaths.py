@@ -233,6 +233,8 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     if cl.joined > 0 and rid in cl.held:  # the core's book: what it held for the replica is free again
         book, nodes = unbook(cl, rid)
+        if state.proxies.options is not None and nodes is not cl.nodes and not nodes[cl.held[rid][0]].tenants:
+            return None  # (its node holds no replica now: its proxy may drain, rankcore.control.proxies)
         cl = _with_held(cl, book) if nodes is cl.nodes else _with_held_nodes(cl, book, nodes, None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ recovery event a state's own live replicas would send.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import attrs
 
 from .base.commands import (
+    DrainProxy,
     EvictReplica,
     GangChanged,
     InitializeReplica,
@@ -26,7 +28,9 @@ from .base.commands import (
     ReconfigureReplica,
     RequestResources,
     ScheduleTick,
+    StartProxy,
     StartReplica,
+    StopProxy,
     StopReplica,
     UpdateWorldSize,
 )
@@ -38,6 +42,7 @@ from .base.events import (
     NodeCapacityChanged,
     NodeJoined,
     NodeLost,
+    ProxiesConfigured,
     ReplicaPlaced,
     ReplicaReport,
     ScaleRequested,
@@ -45,6 +50,7 @@ from .base.events import (
     WarmCopy,
 )
 from .base.lifecycle import LIVE, Phase, Residency
+from .base.proxybook import ProxyPhase
 from .base.ranks import ReplicaRank
 from .base.state import (
     Deployment,
@@ -58,6 +64,7 @@ from .base.state import (
     desired_weights,
 )
 from .control import autoscaling
+from .control.proxies import parse_proxy_id, wanted
 from .control.rollouts import budget, gang_budget, surge_budget
 from .placement import spares
 from .tiers.devices import views_of
@@ -246,6 +253,43 @@ def check_cluster(state: State) -> None:
     kinds = Counter(cl.queued.values())
     if dict(kinds) != dict(cl.queue_kinds.items()):
         _fail("the queue's kind counts do not match the waiting replicas")
+    tenants = Counter(node for node, _ in held.values())
+    for node_id, node in cl.nodes.items():
+        if node.tenants != tenants[node_id]:
+            _fail(f"node {node_id!r} counts {node.tenants} replicas booked on it, the book {tenants[node_id]}")
+
+
+def check_proxies(state: State) -> None:
+    """One proxy a node at most (the book is keyed by node), none on a lost node; every
+    node that should have one has one, and a proxy on a node that should not is draining
+    (or waiting out a backoff: ``rankcore.control.proxies.reconcile`` forgets those); the
+    deadlines' minimum is kept, in the book and in the cluster's mirror."""
+    book, cl = state.proxies, state.cluster
+    if book.options is None:
+        if len(book.proxies):
+            _fail("the core runs no proxies (no ProxiesConfigured) but its book holds some")
+        return
+    want = wanted(book, cl.nodes)
+    for node_id, p in book.proxies.items():
+        parsed = parse_proxy_id(p.proxy_id)
+        if p.node_id != node_id or parsed is None or parsed[0] != node_id or parsed[1] >= book.started:
+            _fail(f"proxy {p.proxy_id!r} is booked under node {node_id!r}")
+        if node_id not in cl.nodes:
+            _fail(f"proxy {p.proxy_id!r} is on {node_id!r}, a node the cluster lost")
+        if node_id not in want and p.phase is not ProxyPhase.DRAINING:
+            _fail(f"proxy {p.proxy_id!r} is {p.phase.value} on {node_id!r}, which needs none: it should drain")
+        if node_id in want and p.phase is ProxyPhase.DRAINING:
+            _fail(f"proxy {p.proxy_id!r} drains on {node_id!r}, which needs one")
+        if cl.clock and p.phase is ProxyPhase.BACKOFF and p.deadline > cl.now + book.options.restart_backoff_max_s:
+            _fail(f"proxy {p.proxy_id!r} restarts at {p.deadline}, later than the longest backoff from {cl.now}")
+    missing = sorted(want - set(book.proxies.keys()))
+    if missing:
+        _fail(f"nodes {missing[:3]} should run a proxy and have none")
+    nxt = min((p.deadline for p in book.proxies.values()), default=math.inf)
+    if book.next_at != nxt or cl.proxies_at != nxt:
+        _fail(f"the proxies' next deadline is {nxt}, the book says {book.next_at}, the cluster {cl.proxies_at}")
+    if not book.draining <= set(cl.nodes.keys()):
+        _fail(f"nodes draining {sorted(book.draining - set(cl.nodes.keys()))[:3]} are not in the cluster")
 
 
 def check_tiers(nodes: Iterable[Any]) -> None:
@@ -505,6 +549,7 @@ def check_state(state: State) -> None:
     check_cluster(state)
     check_residency(state)
     check_devices(state)
+    check_proxies(state)
 
 
 # ------------------------------------------------------------- step checks
@@ -1026,6 +1071,8 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
         check_state(result.state)
     else:
         check_touched(before, event, result)
+        if result.state.proxies is not before.proxies:
+            check_proxies(result.state)  # (O(nodes): only where the step changed them)
     check_world_size_commands(before, event, result)
     check_rollout_pace(before, event, result)
     check_crash_inherits_rank(before, event, result)
@@ -1092,7 +1139,19 @@ def reports_from(state: State) -> ControllerRecovered:
         nodes=tuple(NodeJoined(node_id=n.node_id, resources=tuple(n.resources.items()), labels=n.labels,
                                order=n.order[0] if n.order[0] != float("inf") else None,
                                devices=tuple(d.memory for d in state.cluster.devices.get(n.node_id, ())),
-                               cpu_cache_bytes=state.cluster.cache_budget.get(n.node_id, 0)) for n in nodes))
+                               cpu_cache_bytes=state.cluster.cache_budget.get(n.node_id, 0)) for n in nodes),
+        **proxies_from(state))
+
+
+def proxies_from(state: State) -> dict[str, Any]:
+    """``ControllerRecovered``'s proxy fields this state gives: its config, the proxies that
+    run (not those waiting out a backoff: nothing runs) and the next proxy number."""
+    book = state.proxies
+    if book.options is None:
+        return {}
+    return {"proxies": ProxiesConfigured(options=book.options, head_node=book.head),
+            "proxy_ids": tuple(p.proxy_id for _, p in sorted(book.proxies.items()) if p.phase is not ProxyPhase.BACKOFF),
+            "next_proxy_number": book.started}
 
 
 def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
@@ -1144,9 +1203,25 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
               for dep in state.deployments.values() for r in dep.replicas.values()
               if r.residency is not (Residency.WARM if dep.asleep else Residency.HOT)}
     # (a RequestResources re-tells the demand of the queue rebuilt: it replaces whatever was asked before)
+    # the proxies: each that ran is the core's again on its node; a draining one is told to drain
+    # again, a node whose proxy waited out a backoff starts one (nothing ran there to report). (A
+    # pending replica placed anew may land elsewhere: where proxies are wanted may change with it,
+    # and check_proxies holds the result to that.)
+    book, got = state.proxies, result.state.proxies
+    moved = wanted(book, state.cluster.nodes) ^ wanted(got, result.state.cluster.nodes)
+    for n, p in book.proxies.items():
+        q = got.proxies.get(n)
+        if p.phase is not ProxyPhase.BACKOFF and q is not None and q.proxy_id != p.proxy_id:
+            _fail(f"recovery from own reports replaced proxy {p.proxy_id!r} by {q.proxy_id!r}")
+    again: set[tuple[Any, type]] = {(p.proxy_id, DrainProxy) for p in book.proxies.values()
+                                     if p.phase is ProxyPhase.DRAINING}
+    again |= {(n, StartProxy) for n, p in book.proxies.items() if p.phase is ProxyPhase.BACKOFF}
+    again |= {(n, c) for n in moved for c in (StartProxy, DrainProxy, StopProxy)}
     others = [c for c in result.commands
               if not isinstance(c, (PlaceReplica, ScheduleTick, KeepSpareProcesses, RequestResources))
-              and (getattr(c, "replica_id", None), type(c)) not in moving]
+              and (getattr(c, "replica_id", None), type(c)) not in moving
+              and (getattr(c, "proxy_id", None), type(c)) not in again
+              and (getattr(c, "node_id", None), type(c)) not in again]
     if others:
         _fail(f"recovery from own reports sent commands: {others[:3]}")
 

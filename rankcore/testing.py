@@ -35,8 +35,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from . import invariants as inv
 from .base.bundles import StaticPlacement
-from .base.commands import PoolComing, RequestResources
-from .base.errors import InvalidConfig, InvalidEvent
+from .base.commands import PoolComing, RequestResources, StartProxy, StopProxy
+from .base.errors import InvalidConfig, InvalidEvent, InvariantViolation
 from .base.events import (
     CRASH_CAUSES,
     AutoscalingMetrics,
@@ -46,9 +46,14 @@ from .base.events import (
     DeploymentDeleted,
     HealthChecked,
     NodeCapacityChanged,
+    NodeDraining,
     NodeJoined,
     NodeLost,
     PlacementFailed,
+    ProxiesConfigured,
+    ProxyCrashed,
+    ProxyHealthChecked,
+    ProxyStarted,
     ReplicaCrashed,
     ReplicaPlaced,
     ReplicaReady,
@@ -67,6 +72,7 @@ from .base.events import (
 )
 from .base.gangmap import GANG_FAILURES, GANG_PLACEMENTS
 from .base.lifecycle import Phase, Residency
+from .base.proxybook import PROXY_LOCATIONS, ProxyOptions, ProxyPhase
 from .base.ranks import ReplicaRank
 from .base.state import State, Step
 from .control.pool import PoolView
@@ -247,6 +253,7 @@ def make_machine(
             self.pools = PoolView()  # the pools as the steps' pool commands told them
             self.restarting = False  # between a controller's restart and its ControllerRecovered
             self.asked: RequestResources = RequestResources()  # the autoscaler's demand as last told
+            self.proxies_up: dict[str, str] = {}  # the executor's proxies: id -> node (started, not gone)
 
         # --------------------------------------------------------- driving
         def step_subject(self, event: object) -> tuple[Step, State]:
@@ -272,6 +279,7 @@ def make_machine(
             for cmd in result.commands:
                 if type(cmd) is RequestResources:
                     self.asked = cmd
+            self.carry_proxies(event, result, after)
             if not self.restarting:
                 told = (self.asked.waiting, tuple(_rounded(b) for b in self.asked.held))
                 assert told == _demand(after), (f"after {event!r} the demand told ({self.asked!r}) is not "
@@ -290,6 +298,33 @@ def make_machine(
             if after.cluster.delayed and math.inf in after.cluster.deadlines.values():
                 hyp_event("a gang's successors held for its rollout")
             return result
+
+        def carry_proxies(self, event: object, result: Step, after: State) -> None:
+            """The executor's side of the proxies: one a node (a StartProxy never goes where one
+            runs), never on a lost node, and a drain stops a proxy only on its report of nothing
+            in flight (the step of a ProxyHealthChecked of it with ``ongoing=0``)."""
+            up = self.proxies_up
+            if type(event) is ProxyCrashed and not result.stale:
+                up.pop(event.proxy_id, None)
+            if type(event) is NodeLost:
+                for pid in [p for p, n in up.items() if n == event.node_id]:
+                    del up[pid]  # (died with its node)
+            if type(event) is ControllerRecovered:  # (what did not report is gone)
+                up = self.proxies_up = {p: n for p, n in up.items() if p in event.proxy_ids}
+            for cmd in result.commands:  # (carried out in order: a StopProxy after its node's next StartProxy
+                # is a wrapper that reorders commands)
+                if type(cmd) is StartProxy:
+                    if cmd.node_id in up.values():
+                        raise InvariantViolation(f"{cmd!r}: a proxy already runs on {cmd.node_id}")
+                    if cmd.node_id not in after.cluster.nodes:
+                        raise InvariantViolation(f"{cmd!r}: {cmd.node_id} is not in the cluster")
+                    up[cmd.proxy_id] = cmd.node_id
+                elif type(cmd) is StopProxy:
+                    if cmd.reason == "drained" and not (type(event) is ProxyHealthChecked
+                                                        and event.proxy_id == cmd.proxy_id and event.ongoing == 0):
+                        raise InvariantViolation(f"{cmd!r} after {event!r}: a drain cut requests in flight")
+                    up.pop(cmd.proxy_id, None)
+                    hyp_event(f"proxy stopped: {cmd.reason}")
 
         def live(self, *phases: Phase) -> list[tuple[str, str]]:
             out: list[tuple[str, str]] = []
@@ -438,6 +473,43 @@ def make_machine(
             else:
                 self.apply(NodeJoined(node_id=node, resources={"GPU": gpus, "CPU": 8},
                                       **self.memory(node, gpus, data)))
+
+        @precondition(lambda self: managed)
+        @rule(data=st.data())
+        def configure_proxies(self, data: st.DataObject) -> None:
+            """The core runs the proxies from now on, or where they run changes."""
+            where = data.draw(st.sampled_from(("EveryNode", *PROXY_LOCATIONS)), label="proxy_location")
+            head = data.draw(st.sampled_from((None, *NODES)) if where != "HeadOnly" else node_ids, label="head")
+            drain = data.draw(st.sampled_from([0.0, 30.0]), label="min_draining_period_s")
+            self.apply(ProxiesConfigured(options=ProxyOptions(proxy_location=where, min_draining_period_s=drain),
+                                         head_node=head, now=self.later(data, "configure")))
+
+        @precondition(lambda self: managed and self.state.proxies.started > 0)
+        @rule(data=st.data())
+        def proxy_news(self, data: st.DataObject) -> None:
+            """A proxy (the current one on its node, mostly; else an older incarnation's late news)
+            is ready, died, or was health-checked with some requests in flight."""
+            book = self.state.proxies
+            current = [p.proxy_id for _, p in sorted(book.proxies.items()) if p.phase is not ProxyPhase.BACKOFF]
+            late = not current or data.draw(st.integers(0, 4), label="late news") == 0
+            pid = data.draw(st.sampled_from([f"proxy:{n}#{i}" for n in NODES for i in range(book.started)]
+                                            if late else current), label="proxy")
+            kind = data.draw(st.sampled_from(["started", "started", "crashed", "health", "health", "health"]),
+                             label="news")
+            now = self.later(data, "proxy news")
+            if kind == "started":
+                self.apply(ProxyStarted(proxy_id=pid, now=now))
+            elif kind == "crashed":
+                self.apply(ProxyCrashed(proxy_id=pid, reason="killed", now=now))
+            else:
+                self.apply(ProxyHealthChecked(proxy_id=pid, healthy=data.draw(st.booleans(), label="healthy"),
+                                              ongoing=data.draw(st.integers(0, 2), label="in flight"), now=now))
+
+        @precondition(lambda self: managed and len(self.state.cluster.nodes) > 0)
+        @rule(data=st.data())
+        def drain_node(self, data: st.DataObject) -> None:
+            node = data.draw(st.sampled_from(sorted(self.state.cluster.nodes.keys())), label="node draining")
+            self.apply(NodeDraining(node_id=node, now=self.later(data, "drain")))
 
         @precondition(lambda self: managed)
         @rule(seconds=st.sampled_from([0.5, 6.0, 20.0, 40.0]))

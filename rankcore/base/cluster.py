@@ -45,6 +45,9 @@ class Node:
     free: immutables.Map
     labels: tuple[tuple[str, str], ...] = ()
     order: tuple = ()
+    #: how many replicas the core has booked on it (``scheduling.adjusted`` counts them): under
+    #: ``EveryNode`` a node with any holds a proxy (``rankcore.control.proxies``)
+    tenants: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +109,9 @@ class Cluster:
     #: when a replica too young to be evicted for a waiting one comes of age (the
     #: queue is tried again then; inf: nobody waits for that)
     evictable_at: float = math.inf
+    #: when the proxies' earliest deadline falls (``ProxyBook.next_at``, mirrored here so that
+    #: ``clock_work_due`` sees it; inf: none)
+    proxies_at: float = math.inf
 
     @property
     def managed(self) -> bool:
@@ -127,7 +133,7 @@ def clock_work_due(cluster: Cluster, now: float) -> bool:
     """Moving the clock to ``now`` does more than move it: a start deadline or a
     placement retry comes due, or a suspect node is cleared."""
     return (now >= cluster.next_deadline or now >= cluster.retry_at or now >= cluster.evictable_at
-            or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))
+            or now >= cluster.proxies_at or (bool(cluster.suspects) and any(t <= now for t in cluster.suspects.values())))
 
 
 def packing_gap(nodes_by_rank: Sequence[Hashable | None]) -> int:

@@ -50,6 +50,10 @@ __all__ = [
     "EvictReplica",
     "DropWarmCopy",
     "RequestResources",
+    "StartProxy",
+    "DrainProxy",
+    "StopProxy",
+    "PROXY_STOP_REASONS",
     "Command",
 ]
 
@@ -332,8 +336,42 @@ class PoolComing:
     coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
 
 
+@attrs.frozen(kw_only=True)
+class StartProxy:
+    """Start proxy ``proxy_id`` on ``node_id`` (HTTP, and gRPC where configured). Answer:
+    ProxyStarted once it passed its ready check, or ProxyCrashed."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+
+
+@attrs.frozen(kw_only=True)
+class DrainProxy:
+    """``draining`` True: proxy ``proxy_id`` answers ``/-/healthz`` with 503 (an outside load
+    balancer moves away) and lets in-flight requests finish; False: it is wanted again and
+    answers 200. No answer (its health checks report what it has in flight)."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    draining: bool = attrs.field(default=True, validator=f.flag)
+
+
+#: why the core stops a proxy
+PROXY_STOP_REASONS = ("drained", "unhealthy", "ready_timeout", "node_lost", "not_needed")
+
+
+@attrs.frozen(kw_only=True)
+class StopProxy:
+    """Stop proxy ``proxy_id`` (``reason``: one of ``PROXY_STOP_REASONS``; a drained one has
+    nothing in flight). No answer: the core has forgotten it already."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.name)
+    reason: str = attrs.field(validator=attrs.validators.in_(PROXY_STOP_REASONS))
+
+
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
-                EvictReplica, DropWarmCopy, RequestResources]
+                EvictReplica, DropWarmCopy, RequestResources, StartProxy, DrainProxy, StopProxy]
 #: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'
 PoolCommand = Union[PoolChanged, PoolReset, PoolComing]

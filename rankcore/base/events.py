@@ -20,6 +20,7 @@ from . import fields as f
 from .errors import InvalidConfig
 from .lifecycle import Phase
 from .options import DEFAULTS, OPTION_NAMES, DeploymentConfig, flat_reads
+from .proxybook import ProxyOptions
 from .ranks import MAX_RANKS, ReportedRank
 
 __all__ = [
@@ -53,6 +54,11 @@ __all__ = [
     "TierMoveFailed",
     "WeightsUpdated",
     "AutoscalingMetrics",
+    "ProxiesConfigured",
+    "ProxyStarted",
+    "ProxyCrashed",
+    "ProxyHealthChecked",
+    "NodeDraining",
     "Event",
 ]
 
@@ -594,6 +600,19 @@ class ControllerRecovered:
     #: (``DeploymentDeleted``). One that ``deployments`` still names (at 0 replicas) is
     #: still being deleted; the others are gone, and late news about their replicas is stale
     deleted: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+    #: the proxies (rankcore.control.proxies): the last ``ProxiesConfigured`` the core was
+    #: told (None: it ran none), the proxies alive now (each answered), and the number the
+    #: next proxy id takes (one above any id handed out, so that late news of a proxy that
+    #: died meanwhile is stale, not taken for a new one)
+    proxies: ProxiesConfigured | None = attrs.field(default=None)
+
+    @proxies.validator
+    def _check_proxies(self, attribute: attrs.Attribute, value: object) -> None:
+        if value is not None and type(value).__name__ != "ProxiesConfigured":
+            raise InvalidConfig(f"ControllerRecovered.proxies must be the last ProxiesConfigured (or None), "
+                                f"got {f.shown(value)}")
+    proxy_ids: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
+    next_proxy_number: int = attrs.field(default=0, validator=f.count)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -745,7 +764,66 @@ class AutoscalingMetrics:
         return self.queued + sum(map(_in_flight, self.ongoing))  # (no generator: read once a sample, O(replicas))
 
 
+def _check_proxy_options(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, ProxyOptions):
+        raise InvalidConfig(f"ProxiesConfigured.options must be a rankcore.ProxyOptions, got {f.shown(value)}")
+
+
+@attrs.frozen(kw_only=True)
+class ProxiesConfigured:
+    """From now on the core runs the proxies (``rankcore.control.proxies``): where
+    (``options.proxy_location``) and which node is the head (Serve: the controller's node).
+    Sent again, it changes where they run (proxies no longer wanted drain)."""
+
+    options: ProxyOptions = attrs.field(factory=ProxyOptions, validator=_check_proxy_options)
+    head_node: str | None = attrs.field(default=None, validator=f.optional_name)
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
+@attrs.frozen(kw_only=True)
+class ProxyStarted:
+    """Proxy ``proxy_id`` (``StartProxy``) is up and passed its ready check: it serves."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
+@attrs.frozen(kw_only=True)
+class ProxyCrashed:
+    """Proxy ``proxy_id`` died (its process, its start, or a ``StopProxy`` cut short)."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    reason: str = attrs.field(default="", validator=f.text)
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
+@attrs.frozen(kw_only=True)
+class ProxyHealthChecked:
+    """One health check of a proxy, and how many requests it had in flight then (facts: the
+    core counts failures in a row, and ends a drain only when none is in flight)."""
+
+    proxy_id: str = attrs.field(validator=f.name)
+    healthy: bool = attrs.field(validator=f.flag)
+    ongoing: int = attrs.field(default=0, validator=f.count)
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
+@attrs.frozen(kw_only=True)
+class NodeDraining:
+    """The cluster is draining ``node_id`` (Ray's autoscaler takes it away soon): its proxy
+    drains (``/-/healthz`` answers 503 so an outside load balancer moves away). Replicas on it
+    are not moved by this event (NodeLost ends them when it goes)."""
+
+    node_id: str = attrs.field(validator=f.name)
+    now: float | None = attrs.field(default=None, validator=f.optional_seconds)
+
+
 Event = Union[
+    ProxiesConfigured,
+    ProxyStarted,
+    ProxyCrashed,
+    ProxyHealthChecked,
+    NodeDraining,
     BundlesPlaced,
     DeploymentApplied,
     ScaleRequested,

@@ -23,6 +23,7 @@ from .errors import UnknownDeployment
 from .events import DEFAULT_MAX_REPLICAS, DeploymentApplied
 from .lifecycle import LIVE, Phase, Residency
 from .options import DEFAULTS, MAX_PER_REPLICA_RETRY_COUNT, DeploymentConfig, StaticOptions, flat_reads
+from .proxybook import ProxyBook
 from .ranks import LowerBound, RankTable, Reassignments, ReplicaRank
 
 __all__ = ["Replica", "Autoscaler", "Deployment", "State", "Step", "Compaction", "RecoveryOutcome", "replica_id", "desired_specs",
@@ -279,6 +280,8 @@ class State:
     #: deployment name -> None for each deployment deleted whose record has gone
     #: (``DeploymentDeleted``): late news about its replicas is stale, not unknown
     deleted: immutables.Map = attrs.field(factory=immutables.Map)
+    #: the proxies, one a node (rankcore.control.proxies; ``options`` None: the core runs none)
+    proxies: ProxyBook = attrs.field(factory=ProxyBook)
 
     def deployment(self, name: str) -> Deployment:
         """The deployment ``name``; :class:`UnknownDeployment` (a ``KeyError``) names the known ones."""

@@ -19,9 +19,12 @@ test of one field):
    ranks is compacted (``moves.compact_touched``);
 6. ``deletions``: deployments being deleted whose last replica has gone leave,
    with their WARM copies (``deletion.sweep``);
-7. ``spares``: nodes whose set of replicas of a deployment changed are told
+7. ``proxies``: the proxies are made to match where they should run, and their deadlines
+   acted on (``proxies.reconcile``; only when the core runs proxies and the step changed
+   them, the nodes or reached a proxy's deadline);
+8. ``spares``: nodes whose set of replicas of a deployment changed are told
    how many spare processes to keep (``spares.announce``);
-8. ``demand``: when the step changed what waits for room (or, while anything
+9. ``demand``: when the step changed what waits for room (or, while anything
    waits, what the nodes hold), the autoscaler is told the new demand
    (``demand.announce``; last: every pass above may queue or place).
 
@@ -37,7 +40,7 @@ from ..base.state import RecoveryOutcome, Step
 from ..placement import demand, gangs, spares
 from ..placement.scheduling import place_waiting
 from ..tiers import evictions
-from . import deadlines, deletion, moves, rollouts
+from . import deadlines, deletion, moves, proxies, rollouts
 from .transaction import Tx, build
 
 __all__ = ["PASSES", "finish"]
@@ -58,6 +61,7 @@ PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("gangs", gangs.tell),
     ("compaction", moves.compact_touched),
     ("deletions", deletion.sweep),
+    ("proxies", proxies.reconcile),
     ("spares", spares.announce),
     ("demand", demand.announce),
 )

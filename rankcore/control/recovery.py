@@ -57,7 +57,7 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import bluegreen, deadlines, rollouts
+from . import bluegreen, deadlines, proxies, rollouts
 from .moves import hold_waiting_gangs, reconcile, stop
 from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
@@ -424,6 +424,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
             tx.emit(ScheduleTick(at=tx.cl.next_deadline))
     if tx.managed:  # what the replicas hold where they run, and who still waits for a node
         adopt(tx, sorted(specs))
+    proxies.adopt(tx, e.proxies, e.proxy_ids, e.next_proxy_number)  # (after the bookings: where they are wanted)
     for r in sorted(orphans, key=lambda r: r.replica_id):
         # A replica of a deployment that no longer exists: stop it, and treat
         # later news about it as stale.

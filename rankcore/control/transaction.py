@@ -29,6 +29,7 @@ from ..base.commands import (
 from ..base.errors import InvalidEvent, InvariantViolation
 from ..base.fields import shown
 from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.proxybook import ProxyBook
 from ..base.ranks import RankTable
 from ..base.records import copier, maker, unchecked_copy, updater
 from ..base.state import (
@@ -63,7 +64,7 @@ class Tx:
 
     __slots__ = ("deps", "index", "next_replica", "next_lineage", "retired", "commands", "touched", "compactions",
                  "cluster", "_cl", "gangs", "ticks", "initial", "armed",
-                 "evictions", "deleted")
+                 "evictions", "deleted", "proxies", "initial_proxies")
 
     def __init__(self, state: State) -> None:
         self.cluster = state.cluster
@@ -75,6 +76,8 @@ class Tx:
         self.next_lineage = state.next_lineage
         self.retired: immutables.Map = state.retired
         self.deleted: immutables.Map = state.deleted  # deployments deleted and gone (rankcore.control.deletion)
+        self.proxies: ProxyBook = state.proxies  # (rankcore.control.proxies)
+        self.initial_proxies: ProxyBook = state.proxies
         self.commands: list = []
         self.touched: set[str] = set()
         self.compactions: list[Compaction] = []
@@ -169,6 +172,7 @@ def build(tx: Tx, stale: bool = False, recovery: RecoveryOutcome | None = None) 
         retired=tx.retired,
         cluster=cluster,
         deleted=tx.deleted,
+        proxies=tx.proxies,
     )
     return _Step(
         state=state, commands=tuple(tx.commands), stale=stale, compactions=tuple(tx.compactions),

@@ -52,6 +52,7 @@ class ClusterTx:
     evicting: immutables.Map
     no_evict: immutables.Map
     evictable_at: float
+    proxies_at: float
     base: Cluster
     changed: bool
 

@@ -77,7 +77,7 @@ _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call intr
 _INF = math.inf
 _Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
 # the copies a placement makes, of the fields it changes (rankcore.base.records)
-_with_free, _with_node = updater(Node, "free"), updater(Replica, "node_id")
+_with_free, _with_node = updater(Node, "free", "tenants"), updater(Replica, "node_id")
 _with_placed = updater(Deployment, "replicas", "ranks")
 _View = maker(NodeView)  # (a node the core holds, as it holds it)
 
@@ -94,7 +94,7 @@ def adjusted(node: Node, need: Need, sign: float) -> Node:
     free = node.free
     for k, v in need:
         free = free.set(k, free.get(k, 0.0) + sign * v)
-    return _with_free(node, free)
+    return _with_free(node, free, node.tenants - 1 if sign > 0 else node.tenants + 1)
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need, gang: tuple = ()) -> tuple:
