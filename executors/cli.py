@@ -367,6 +367,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     from .sweep import (
         InvalidVariant,
         autoscaling_figures,
+        proxy_figures,
         rollout_figures,
         run_sweep,
         select_figures,
@@ -421,7 +422,8 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
             click.echo(text, nl=False)
     if fmt == "table" or output:
         if columns is None:  # the default groups, and the request queue's when the runs had traffic
-            figures += rollout_figures(records) + traffic_figures(records) + autoscaling_figures(records)
+            figures += (rollout_figures(records) + traffic_figures(records) + proxy_figures(records)
+                        + autoscaling_figures(records))
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
         out[-1].caption = legend([f.title for f in figures])
         for table in out:

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures", "proxy_figures",
            "autoscaling_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
@@ -205,6 +205,9 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(f"requests_{k}", title, "streams", 3) for k, title in (
         ("first_item_p50", "1st item\np50 s"), ("first_item_p99", "1st item\np99 s"),
         ("stream_duration_p50", "duration\np50 s"), ("stream_duration_p99", "duration\np99 s"))),
+    # proxies (``proxies:``; executors/sim/proxies.py): requests that failed at their callers for a proxy
+    Figure("requests_failed_no_proxy", "failed:\nno proxy", "proxies", count=True),
+    Figure("requests_failed_proxy_died", "failed:\nproxy died", "proxies", count=True),
     # autoscaling (issue 23; executors/sim/autoscale.py): what the replicas cost, what the autoscaler
     # did, and (``ALIASES``: figures of other groups, again) what it cost the callers and the ranks
     Figure("replica_seconds", "replica·s", "autoscaling", 0),
@@ -226,7 +229,7 @@ ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "request
            "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams", "autoscaling")
+          "streams", "proxies", "autoscaling")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
 TRAFFIC_GROUPS = ("requests", "queue", "streams")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
@@ -269,6 +272,13 @@ def rollout_figures(records: Sequence[RunRecord]) -> list[Figure]:
     """The rollouts group's figures if any run replaced a replica by a rollout, else none."""
     if any(m.get("rollout_replacements") for r in records for m in r.metrics["deployments"].values()):
         return [f for f in FIGURES if f.group == "rollouts"]
+    return []
+
+
+def proxy_figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """The proxies group's figures if any run modelled proxies (``proxies:``), else none."""
+    if any(r.metrics.get("proxies") for r in records):
+        return [f for f in FIGURES if f.group == "proxies"]
     return []
 
 

@@ -255,6 +255,23 @@ class Expectation:
 
 
 @attrs.frozen
+class ProxySpec:
+    """``proxies:`` (the simulator only): the core runs a proxy per node (``rankcore.ProxyOptions``,
+    its fields by their own names: ``proxy_location``, ``min_draining_period_s`` ...), the head
+    node (default: the first node), how long a proxy takes to be ready (``start``) and how
+    often one dies (``crash_rate_per_proxy_hour``)."""
+
+    options: rc.ProxyOptions
+    head: str
+    start: Latency
+    crash_rate: float  # per second
+
+
+#: the simulator's own keys of ``proxies:``, beside ``rankcore.ProxyOptions``'s fields
+PROXY_SIM_KEYS = ("head", "start", "crash_rate_per_proxy_hour")
+
+
+@attrs.frozen
 class Scenario:
     name: str
     source: str
@@ -288,6 +305,8 @@ class Scenario:
     traffic: dict = attrs.field(factory=dict, hash=False)
     #: nodes added on the core's demand (``cluster.provisioning``; the simulator only)
     provisioning: Provisioning | None = None
+    #: the proxies the core runs (``proxies:``; the simulator only); None: none modelled
+    proxies: ProxySpec | None = None
 
     def latency_for(self, deployment: str, what: str) -> Latency:
         spec = self.deployments.get(deployment)
@@ -480,7 +499,7 @@ def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dic
 
 
 _TOP = ("name", "description", "seed", "duration", "cluster", "placement", "latency", "bandwidth", "faults",
-        "deployments", "timeline", "expect", "trace", "traffic")
+        "deployments", "timeline", "expect", "trace", "traffic", "proxies")
 
 
 def _scenario(raw: Any, c: _Checker) -> Scenario:
@@ -526,6 +545,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
                      message)
     expect = _expectations(top.get("expect", []), c, deployments)
     traffic = _traffic(top.get("traffic", {}), c, deployments, duration)
+    proxies = _proxies(top.get("proxies"), nodes, c)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 0), ("trace", "snapshot_every"))
     if every < 1 and "snapshot_every" in trace:
@@ -551,8 +571,29 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         placement=placement, timeline=timeline, expect=expect, snapshot_every=every,
         description=str(top.get("description", "")), raw=raw, bandwidth=bandwidth, traffic=traffic,
         warnings=tuple(_warnings(nodes, deployments, timeline, latency, timeout, provisioning)),
-        provisioning=provisioning,
+        provisioning=provisioning, proxies=proxies,
     )
+
+
+def _proxies(raw: Any, nodes: tuple[NodeSpec, ...], c: _Checker) -> ProxySpec | None:
+    """``proxies: {proxy_location, head, start, crash_rate_per_proxy_hour, ...}`` (``ProxySpec``), or None."""
+    if raw is None:
+        return None
+    p = ("proxies",)
+    fields = tuple(a.name for a in attrs.fields(rc.ProxyOptions))
+    m = c.mapping(raw, p, fields + PROXY_SIM_KEYS)
+    try:
+        options = rc.ProxyOptions(**{k: v for k, v in m.items() if k in fields})
+    except (rc.InvalidConfig, TypeError) as exc:
+        bad = next((k for k in fields if k in m and k in str(exc)), None)
+        raise c.fail(p + ((bad,) if bad else ()), str(exc)) from None
+    names = [n.name for n in nodes]
+    head = m.get("head", names[0] if names else None)
+    if head not in names:
+        raise c.fail(p + ("head",), f"unknown node {_show(head)} (the cluster has: {', '.join(names) or 'none'})")
+    rate = c.number(m.get("crash_rate_per_proxy_hour", 0.0), p + ("crash_rate_per_proxy_hour",)) / 3600.0
+    start = c.latency(m.get("start", 2.0), p + ("start",))
+    return ProxySpec(options=options, head=head, start=start, crash_rate=rate)
 
 
 def _check_nodes_named(timeline: tuple[Action, ...], nodes: tuple[NodeSpec, ...], c: _Checker) -> None:

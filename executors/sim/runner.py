@@ -31,6 +31,7 @@ from ..scenarios.timeline import Crash, Hang, Wait, WaitUntilHealthy, WaitUntilS
 from ..trace import TraceWriter
 from .autoscale import SimAutoscaler
 from .provision import SimProvisioner
+from .proxies import SimProxies
 from .traffic import SimTraffic
 from .world import SimBackend, SimReplica
 
@@ -91,6 +92,11 @@ class Simulation:
         #: the requests (``traffic:``): one request machine fed the core's pool commands
         self.traffic = SimTraffic(self, scenario.traffic) if scenario.traffic else None
         self.backend.traffic = self.traffic
+        #: the proxies the core runs (``proxies:``): requests come in through them
+        self.proxies = SimProxies(self, scenario.proxies) if scenario.proxies is not None else None
+        self.backend.proxies = self.proxies
+        if self.proxies is not None and self.traffic is not None:
+            self.traffic.proxies, self.proxies.traffic = self.proxies, self.traffic
         if scenario.provisioning is not None:  # nodes added on the core's demand
             self.backend.provisioner = SimProvisioner(self, self.backend, scenario.provisioning, self.add_node)
         every = snapshot_every or scenario.snapshot_every
@@ -124,6 +130,8 @@ class Simulation:
         self._crash_rate = scenario.crash_rate_per_replica_hour / 3600.0
         for joined in self.backend.joined():  # the core places replicas on these
             self.driver.feed(joined, 0.0)
+        if self.proxies is not None:  # the core runs the proxies from now on
+            self.driver.feed(self.proxies.configured(), 0.0)
         for node in sorted(self.backend.nodes):
             self.node_up(node)
         if scenario.cluster_node_loss_rate > 0:
@@ -378,7 +386,7 @@ class Simulation:
                                        nodes=self.backend.joined(), stop_unknown=True,
                                        asleep=self._asleep, weights_versions=self._weights,
                                        warm_copies=tuple(self.backend.warm_copies()), no_evict=self._no_evict,
-                                       deleted=self._deleted)
+                                       deleted=self._deleted, **self._proxy_reports())
         if self.trace:
             self.trace.fault(self.now, "controller_recovered", reports=len(reports), lost_events=self.lost_events,
                              unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
@@ -470,6 +478,13 @@ class Simulation:
         self.results.append(self._check(e))
 
     # --------------------------------------------------------------- run
+    def _proxy_reports(self) -> dict:
+        """A recovery's proxy fields: the config, the proxies alive (each answers), the next number."""
+        if self.proxies is None:
+            return {}
+        return {"proxies": self.proxies.configured(), "proxy_ids": tuple(sorted(self.proxies.up)),
+                "next_proxy_number": self.proxies.numbered}
+
     def run(self) -> RunResult:
         sc = self.scenario
         for e in sc.expect:
@@ -500,6 +515,8 @@ class Simulation:
                 metrics["deployments"].setdefault(name, {})["requests"] = figures
         if self.backend.provisioner is not None:
             metrics["provisioning"] = self.backend.provisioner.as_dict()
+        if self.proxies is not None:
+            metrics["proxies"] = self.proxies.as_dict()
         for name, figures in self.autoscaler.as_dict().items():  # what the autoscaler did, beside its cost
             metrics["deployments"].setdefault(name, {})["autoscaling"] = figures
         if self.trace is not None:

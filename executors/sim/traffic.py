@@ -43,6 +43,7 @@ from typing import Any
 
 from rankcore.base.records import maker
 from rankcore.requests import (
+    Cancel,
     CancelOnReplica,
     Completed,
     Configure,
@@ -62,7 +63,8 @@ from ..scenarios.metrics import percentile
 __all__ = ["SimTraffic", "arrival_times", "segments"]
 
 # records built from values the simulator holds valid (ids it made, its own clock)
-_Submit, _Completed, _NotDelivered, _Tick = (maker(c) for c in (Submit, Completed, NotDelivered, Tick))
+_Submit, _Completed, _NotDelivered, _Tick, _Cancel = (maker(c) for c in (Submit, Completed, NotDelivered, Tick,
+                                                                         Cancel))
 #: the phases in which a replica takes a call (one stopping drains what it holds, takes nothing new)
 _TAKES_CALLS = ("running", "reconfiguring")
 #: the failures each deployment's metrics keep in full (the rest are counted)
@@ -121,7 +123,7 @@ class _Flow:
 
     __slots__ = ("spec", "name", "times", "service", "errors", "n", "waits", "latencies", "series", "max_queued",
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
-                 "streams")
+                 "streams", "no_proxy", "proxy_dropped")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -139,6 +141,8 @@ class _Flow:
         self.failures: list[dict] = []
         self.failed_by_replica: dict[str, int] = {}
         self.double_ends = 0  # an end for a request already ended (never, if the machine is right)
+        self.no_proxy = 0  # requests that found no proxy serving (failed at their callers, never submitted)
+        self.proxy_dropped = 0  # requests whose proxy died holding their connection (failed at their callers)
         self.streamed = self.shapes = None
         self.streams = _Streams()
         if spec.stream is not None:
@@ -167,10 +171,10 @@ class _Streams:
 
 
 class _Req:
-    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent")
+    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent", "proxy")
 
-    def __init__(self, flow: _Flow, t0: float, stream: bool) -> None:
-        self.flow, self.t0, self.dispatched, self.stream = flow, t0, False, stream
+    def __init__(self, flow: _Flow, t0: float, stream: bool, proxy: Any = None) -> None:
+        self.flow, self.t0, self.dispatched, self.stream, self.proxy = flow, t0, False, stream, proxy
         self.items_at: list[float] | None = None  # a stream's item times (absolute), drawn at its dispatch
         self.cut: float | None = None  # when its replica died or hung: no item after that reaches the caller
         self.sent = t0  # when a replica took the stream (its items were drawn then)
@@ -206,6 +210,8 @@ class SimTraffic:
         #: replica id -> request id -> (when its answer is due, its ticket, ok): what each replica is serving
         self._held: dict[str, dict[str, tuple[float, int, bool]]] = {}
         self._end_t = sim.scenario.duration
+        #: the proxies (``executors.sim.proxies``) the requests come in through; None: no ``proxies:``
+        self.proxies: Any = None
         for name in sorted(specs):
             flow = self.flows[name] = _Flow(specs[name], sim)
             self.machine.handle(Configure(deployment=name, **dict(specs[name].limits)))
@@ -225,7 +231,15 @@ class SimTraffic:
         deadline = None if spec.timeout_s is None else now + spec.timeout_s
         stream = flow.streamed is not None and spec.stream is not None and (
             spec.stream.fraction >= 1 or flow.streamed.random() < spec.stream.fraction)
-        self._requests[rid] = _Req(flow, now, stream)
+        proxy = None
+        if self.proxies is not None:  # (a scenario's ``proxies:``: it comes in through one, or fails at once)
+            proxy = self.proxies.route(rid)
+            if proxy is None:
+                flow.no_proxy += 1
+                flow.ends += 1
+                self._next_arrival(flow)
+                return
+        self._requests[rid] = _Req(flow, now, stream, proxy)
         flow.live += 1
         actions = self.machine.handle(_Submit(request_id=rid, deployment=flow.name, idempotent=spec.idempotent,
                                               stream=stream, deadline=deadline))
@@ -296,6 +310,8 @@ class SimTraffic:
         actions = self.machine.handle(_Completed(request_id=rid, ok=ok, replica_id=replica_id))
         if answer:
             req = self._requests.pop(rid)
+            if req.proxy is not None:
+                req.proxy.carrying.discard(rid)
             req.flow.latencies.append(self.sim.now - req.t0)
             req.flow.answers += 1
             req.flow.ends += 1
@@ -342,6 +358,8 @@ class SimTraffic:
         flow = req.flow
         flow.ends += 1
         flow.live -= 1
+        if req.proxy is not None:
+            req.proxy.carrying.discard(a.request_id)
         if type(a) is Failed:
             rep = a.replica_id or "-"
             flow.failed_by_replica[rep] = flow.failed_by_replica.get(rep, 0) + 1
@@ -353,6 +371,24 @@ class SimTraffic:
                 flow.failures.append(failure)
         if req.stream and req.dispatched:  # (a stream refused before any replica took it never started)
             self._stream_ended(req, completed=False, answered=False)
+
+    def dropped(self, rids: list[str]) -> None:
+        """The proxy holding these requests' connections died: each fails at its caller, and
+        the machine is told the caller hung up (``Cancel``: its slot is freed at once)."""
+        for rid in rids:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            req.flow.proxy_dropped += 1
+            req.proxy = None
+            actions = self.machine.handle(_Cancel(request_id=rid))
+            if not any(isinstance(a, (Rejected, Failed)) and a.request_id == rid for a in actions):
+                del self._requests[rid]  # (dispatched: the replica is told to drop it; the caller is gone)
+                req.flow.ends += 1
+                req.flow.live -= 1
+                if req.stream and req.dispatched:
+                    self._stream_ended(req, completed=False, answered=False)
+            self._carry(actions)
 
     def _tick(self) -> None:
         """A deadline came due: the machine ends what is past it."""
@@ -412,6 +448,7 @@ class SimTraffic:
                 "queue_wait_max": _r(max(f.waits)) if f.waits else None,
                 "latency_p50": _r(percentile(f.latencies, 50)), "latency_p99": _r(percentile(f.latencies, 99)),
                 "max_queued": f.max_queued,
+                "failed_no_proxy": f.no_proxy, "failed_proxy_died": f.proxy_dropped,
                 "failed_by_replica": dict(sorted(f.failed_by_replica.items())),
                 "failures": list(f.failures),
                 "queue_series": [list(s) for s in f.series],

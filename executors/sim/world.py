@@ -242,7 +242,8 @@ class SimBackend:
             rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
             rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update,
             rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy,
-            rc.RequestResources: self._request_resources}
+            rc.RequestResources: self._request_resources, rc.StartProxy: self._proxy, rc.DrainProxy: self._proxy,
+            rc.StopProxy: self._proxy}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -259,6 +260,8 @@ class SimBackend:
         #: the run's requests (``traffic:``), if any: given the core's pool commands, asked how long a
         #: stopping replica needs to finish what it serves
         self.traffic: SimTraffic | None = None
+        #: the run's proxies (``proxies:``), if any: they carry out the core's proxy commands
+        self.proxies: Any = None
         #: the node provider answering the core's demand (``cluster.provisioning``); None: the
         #: demand goes unanswered, as on a Ray cluster with no autoscaler
         self.provisioner: SimProvisioner | None = None
@@ -284,6 +287,11 @@ class SimBackend:
         """The core's pool commands of a step (``Step.pool``): the request machine takes them."""
         if self.traffic is not None:
             self.traffic.pool_changed(tuple(commands))
+
+    def _proxy(self, cmd: rc.StartProxy | rc.DrainProxy | rc.StopProxy) -> None:
+        if self.proxies is not None:  # (a scenario with no ``proxies:`` never configured the core's)
+            {rc.StartProxy: self.proxies.start, rc.DrainProxy: self.proxies.drain,
+             rc.StopProxy: self.proxies.stop}[type(cmd)](cmd)
 
     def _world_size(self, cmd: rc.UpdateWorldSize) -> None:
         for r in self.replicas.values():
@@ -769,6 +777,8 @@ class SimBackend:
                 self.orphans.discard(rid)
                 self._free(r, "dead")
         del self.nodes[name]
+        if self.proxies is not None:
+            self.proxies.node_lost(name)
         self.sim.deliver(rc.NodeLost(node_id=name))
         return len(dead)
 
