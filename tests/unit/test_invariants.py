@@ -177,7 +177,7 @@ class ReversingWrapper(CoreSubject):
 def test_the_machine_finds_a_wrapper_that_reorders_commands():
     machine = make_machine(ReversingWrapper)
     # (the replicas' command order, or the proxies': a node's next proxy started before the last one stopped)
-    with pytest.raises(rc.InvariantViolation, match="comes after one for rank|a proxy already runs on"):
+    with pytest.raises(rc.InvariantViolation, match=r"comes after one for rank|a proxy already runs on"):
         run_state_machine_as_test(machine, settings=settings(max_examples=300, deadline=None, database=None, phases=FIND,
                                                              report_multiple_bugs=False))
 

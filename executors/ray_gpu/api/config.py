@@ -35,7 +35,7 @@ __all__ = ["ConfigError", "ServeConfig", "ApplicationConfig", "DeploymentConfig"
 #: Ray Serve's ``ProxyLocation`` values. One ingress runs, on the head node: ``HeadOnly`` is what
 #: we do, ``EveryNode`` (Serve's default) is taken as ``HeadOnly`` with a warning, ``Disabled``
 #: exposes no route.
-PROXY_LOCATIONS = ("EveryNode", "HeadOnly", "Disabled")
+PROXY_LOCATIONS = rc.PROXY_LOCATIONS  # (declared once: rankcore.ProxyLocation)
 #: Ray Serve's default application name
 DEFAULT_APP_NAME = "default"
 

@@ -19,7 +19,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
 
-from ..control.controller import CONTROLLER_NAME, CORE_OPTIONS, NAMESPACE, Controller
+from ..control.controller import CORE_OPTIONS, controller_actor
 from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
@@ -349,29 +349,10 @@ def _autoscaled(name: Any, num_replicas: Any, config: Any, max_replicas: int | N
     return {**auto, "num_replicas": count}
 
 
-def _head_node() -> str | None:
-    for n in ray.nodes():
-        if n.get("Alive") and "node:__internal_head__" in (n.get("Resources") or {}):
-            return n["NodeID"]
-    return None
-
-
 def get_controller() -> Any:
-    """The controller actor, started (detached, restartable) if it is not running.
-
-    It lives on the head node (as Ray Serve's does), so losing a worker node
-    never takes it along; without a head node in view, it prefers this
-    process's node.
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    head = _head_node()
-    where = (NodeAffinitySchedulingStrategy(node_id=head, soft=False) if head else
-             NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True))
-    return ray.remote(Controller).options(
-        name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        max_restarts=-1, max_concurrency=1000, num_cpus=0, scheduling_strategy=where,
-    ).remote()
+    """The controller actor, started (detached, restartable) if it is not running
+    (``control.controller.controller_actor``: on the head node, as Ray Serve's)."""
+    return controller_actor()
 
 
 def get_deployment_handle(name: str) -> DeploymentHandle:

@@ -188,7 +188,7 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     http = cfg.http_options
     exposed = cfg.proxy_location != "Disabled" and any(e.route_prefix is not None for e, _ in built)
     if exposed:
-        ingress.start_ingress(http.host, http.port,
+        ingress.start_ingress(http.host, http.port, proxy_location=cfg.proxy_location,
                               request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep")
     now = time.time()
     apps: dict[str, AppliedApp] = {}
@@ -262,7 +262,11 @@ def _facts() -> dict[str, Any]:
     except Exception as exc:  # (there, but not answering)
         proxy = {"status": "UNHEALTHY", "address": None, "actor_id": None, "error": repr(exc)}
     return {"state": state, "applied": _load(), "faults": ask(ctl, "recent_faults"),
-            "controller": ctl._actor_id.hex(), "proxy": proxy, "head": _head()}
+            "controller": ctl._actor_id.hex(), "proxy": proxy, "head": _head(), "proxies": ask(ctl, "proxies")}
+
+
+#: the core's proxy phases in Ray Serve's ``ProxyStatus`` words
+_PROXY_STATUS = {"starting": "STARTING", "healthy": "HEALTHY", "draining": "DRAINING", "backoff": "UNHEALTHY"}
 
 
 def _head() -> str | None:
@@ -328,13 +332,13 @@ def status(facts: dict | None = None) -> dict:
         apps[name] = {"name": name, "status": st, "message": msg, "route_prefix": app.route_prefix,
                       "last_deployed_time_s": app.deployed_at, "deployments": {d["name"]: d for d in deps}}
     others = {n: _deployment(n, d) for n, d in sorted(state.deployments.items()) if n not in named}
-    proxy = facts["proxy"]
-    proxies = {} if proxy is None else {facts["head"] or "head": {
-        "status": proxy["status"], "address": f"{proxy['address'][0]}:{proxy['address'][1]}" if proxy["address"]
-        else None}}
+    # each proxy the core runs, by node (Serve's ProxyStatus; a draining one is on its way out, not unhealthy)
+    proxies = {p["node_id"]: {"status": _PROXY_STATUS[p["phase"]], "proxy_id": pid, "actor_name": p["actor_name"],
+                              "address": f"{p['address'][0]}:{p['address'][1]}" if p["address"] else None}
+               for pid, p in sorted(facts.get("proxies", {}).items())}
     faults = facts["faults"][-FAULTS_SHOWN:]
     healthy = not any(a["status"] in _BAD for a in apps.values()) and \
-        all(p["status"] == "HEALTHY" for p in proxies.values()) and \
+        all(p["status"] != "UNHEALTHY" for p in proxies.values()) and \
         not any(d["status"] in _BAD for d in others.values())
     return {"healthy": healthy, "applications": apps, "other_deployments": others, "proxies": proxies,
             "recent_faults": faults}
@@ -346,7 +350,7 @@ def unhealthy(view: dict) -> list[str]:
            for a in view["applications"].values() if a["status"] in _BAD]
     out += [f"deployment {d['name']}: {d['status']} {d['message']}".rstrip()
             for d in view["other_deployments"].values() if d["status"] in _BAD]
-    out += [f"proxy on {n}: {p['status']}" for n, p in view["proxies"].items() if p["status"] != "HEALTHY"]
+    out += [f"proxy on {n}: {p['status']}" for n, p in view["proxies"].items() if p["status"] == "UNHEALTHY"]
     return out
 
 
@@ -384,10 +388,11 @@ def details() -> dict:
         http.update(host=proxy["address"][0], port=proxy["address"][1])
     return {"controller_info": {"node_id": facts["head"], "actor_id": facts["controller"],
                                 "actor_name": "rankcore-controller"},
-            "proxy_location": "HeadOnly" if applied.proxy_location != "Disabled" else "Disabled",
+            "proxy_location": applied.proxy_location,
             "http_options": http,
-            "proxies": {n: {"node_id": n, "status": p["status"], "actor_name": ingress.INGRESS_NAME,
-                            "actor_id": proxy["actor_id"] if proxy else None}
+            "proxies": {n: {"node_id": n, "status": p["status"], "actor_name": p["actor_name"],
+                            "actor_id": proxy["actor_id"] if proxy and p["actor_name"] == ingress.INGRESS_NAME
+                            else None}
                         for n, p in view["proxies"].items()},
             "applications": apps, "target_capacity": None}
 

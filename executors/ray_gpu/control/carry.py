@@ -8,7 +8,8 @@ calls into the replica; ``StopReplica``: a drain, then a kill;
 event (``ReplicaPlaced`` or ``PlacementFailed``, ``ReplicaReady``,
 ``ReplicaCrashed``, ``ReplicaStopped``; the weights' moves
 ``OffloadReplica`` / ``LoadReplica`` / ``UpdateWeights`` answered by
-``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``; ``RequestResources``:
+``TierMoved`` / ``TierMoveFailed`` / ``WeightsUpdated``; the proxies' commands: control/proxies.py;
+``RequestResources``:
 ``ray.autoscaler.sdk.request_resources``, unanswered; memory-booked
 placement: ``PlaceReplica.devices`` / ``.source``, ``EvictReplica``
 answered by ``ReplicaStopped`` once the weights are in the node's WARM cache
@@ -35,6 +36,7 @@ from . import static as st
 from .ledger import Ledger
 from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
+from .proxies import Proxies
 from .replica import ReplicaActor
 from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
 
@@ -81,6 +83,8 @@ class Carrier:
         self.timers: dict[float, asyncio.TimerHandle] = {}  # ScheduleTick's time -> its timer
         self.caches = Caches(ledger)  # each node's WARM cache and COLD file
         self._seq = 0
+        #: the proxies the core runs (control/proxies.py): their commands are carried out there
+        self.proxies = Proxies(ledger)
 
     def execute(self, commands: Sequence[object], t: float) -> None:
         """Carry commands out, in the order the core emitted them. The commands
@@ -122,6 +126,8 @@ class Carrier:
                 self.in_order(cmd.replica_id, self.update_weights(cmd))
             elif isinstance(cmd, rc.RequestResources):
                 self.request_resources(cmd)
+            elif isinstance(cmd, (rc.StartProxy, rc.DrainProxy, rc.StopProxy)):
+                self.proxies.execute(cmd)
             elif isinstance(cmd, rc.UpdateWorldSize):
                 seq = self.next_seq()
                 for _rid, rec in self.ledger.with_actors():

@@ -52,17 +52,16 @@ from .carry import Carrier, replica_class
 from .ledger import Ledger
 from .metrics import ControllerMetrics
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
+from .proxies import INGRESS_NAME, ProxySettings
 from .record import Recorder, queue_fault
 from .recover import Recovery
 from .replicas import NAMESPACE, ReplicaRecord, actor_name
 from .spares import SparePool
 
-__all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "NAMESPACE", "UNSEEN_GROUP_PREFIX", "Controller", "ReplicaRecord",
+__all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "controller_actor", "NAMESPACE", "UNSEEN_GROUP_PREFIX", "Controller", "ReplicaRecord",
            "actor_name", "held_by_callers", "queue_fault", "replica_class"]
 
 CONTROLLER_NAME = "rankcore-controller"
-#: the HTTP ingress actor (ingress.py), by name: ``reset`` stops it without importing it
-INGRESS_NAME = "rankcore-http"
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
 CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.base.options)
 
@@ -747,6 +746,48 @@ class Controller:
         self.ledger.feed(event)
         return len(self.ledger.errors) == errors
 
+    async def start_proxies(self, settings: ProxySettings, timeout: float = 30.0) -> str:
+        """Run the proxies with ``settings`` from now on (``ingress.http.start_ingress``): the core is
+        told where they run (``ProxiesConfigured``, with this controller's node as the head) and starts
+        them; returns the head proxy's actor name once it serves. Proxies already running with other
+        settings: ``rankcore.InvalidConfig`` (one set of proxies a cluster)."""
+        await self.recovery.ready()
+        pr = self.carrier.proxies
+        if pr.settings is not None and (pr.settings.host, pr.settings.port) != (settings.host, settings.port) \
+                and settings.port != 0:
+            raise rc.InvalidConfig(f"the proxies already run on {pr.settings.host}:{pr.settings.port}, not "
+                                   f"{settings.host}:{settings.port} (one set of proxies per cluster)")
+        if pr.settings is None or pr.settings.options != settings.options:
+            if not self.ledger.nodes:
+                self.watcher.sync_nodes()  # (the core learns the nodes before it places proxies)
+            import ray
+
+            pr.configure(settings if pr.settings is None else attrs.evolve(pr.settings, options=settings.options),
+                         ray.get_runtime_context().get_node_id())
+        if settings.options.proxy_location is rc.ProxyLocation.Disabled:
+            return ""
+
+        def head_serves() -> bool:
+            head = self.driver.state.proxies.proxies.get(pr.head) if pr.head is not None else None
+            return head is not None and head.phase is rc.ProxyPhase.HEALTHY
+
+        ok = await _until(head_serves, timeout)
+        if not ok:
+            raise rc.InvalidConfig(f"the head node's proxy did not start within {timeout:g} s "
+                                   f"({self.ledger.errors[-1] if self.ledger.errors else 'see the controller log'})")
+        return INGRESS_NAME
+
+    async def set_proxy_options(self, options: rc.ProxyOptions) -> None:
+        """Where proxies run changes (a config file's ``proxy_location``): the core is told."""
+        await self.recovery.ready()
+        pr = self.carrier.proxies
+        if pr.settings is not None and pr.settings.options != options and pr.head is not None:
+            pr.configure(attrs.evolve(pr.settings, options=options), pr.head)
+
+    async def proxies(self) -> dict:
+        """Each proxy the core runs: its node, actor name, phase and address (``ingress.http.proxies``)."""
+        return await self.carrier.proxies.status()
+
     async def reset(self, timeout: float = 60.0) -> None:
         """Stop every replica and forget everything (deployments, ids, trace, the HTTP ingress with
         its routes and port): the next run starts as on a new cluster."""
@@ -787,7 +828,7 @@ class Controller:
         self.driver.state = rc.State()
         self.driver.trace = None
         self.recorder.metrics = None
-        await _stop_ingress()  # (before its keys go: a stopping ingress saves nothing more)
+        await self.carrier.proxies.stop_all()  # (before their keys go: a stopping proxy saves nothing more)
         persist.forget_all()
         led.t0 = persist.new_epoch()
 
@@ -815,6 +856,34 @@ class Controller:
             self.carrier.kill(rid)
 
 
+def _head_node() -> str | None:
+    import ray
+
+    for n in ray.nodes():
+        if n.get("Alive") and "node:__internal_head__" in (n.get("Resources") or {}):
+            return n["NodeID"]
+    return None
+
+
+def controller_actor() -> Any:
+    """The controller actor, started (detached, restartable) if it is not running.
+
+    It lives on the head node (as Ray Serve's does), so losing a worker node
+    never takes it along; without a head node in view, it prefers this
+    process's node.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    head = _head_node()
+    where = (NodeAffinitySchedulingStrategy(node_id=head, soft=False) if head else
+             NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True))
+    return ray.remote(Controller).options(
+        name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1, max_concurrency=1000, num_cpus=0, scheduling_strategy=where,
+    ).remote()
+
+
 async def _until(ready: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
     """Whether ``ready()`` became true within ``timeout`` (looked at every ``every`` s; the waits
     callers ask of the controller: healthy, serving, asleep, deleted)."""
@@ -824,31 +893,6 @@ async def _until(ready: Callable[[], bool], timeout: float, every: float = 0.05)
             return False
         await asyncio.sleep(every)
     return True
-
-
-async def _stop_ingress(timeout: float = 10.0) -> None:
-    """Stop the HTTP ingress, if one runs (``reset``): its routes name deployments that are gone
-    and its handles hold their routers, so it goes with them, as on a new cluster; the next
-    ``run(..., route_prefix=...)`` starts a new one. Its server is closed first (its port is
-    free again), then the actor is killed, and its name waited out (a new one can take it)."""
-    import ray
-
-    try:
-        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
-    except ValueError:
-        return
-    try:
-        await asyncio.wait_for(actor.stop.remote(), timeout)
-    except Exception:  # (dead, or not answering: killed all the same)
-        pass
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
-        except ValueError:
-            return
-        await asyncio.sleep(0.05)
 
 
 def _methods(cls: type) -> dict:

@@ -33,6 +33,8 @@ _KV_DELETED = b"rankcore/deleted"  # the deployments deleted, being deleted or g
 _KV_BOOKING = b"rankcore/memory_booking"  # api.book_memory's options and the nodes' CUDA memory (probed)
 _KV_HTTP_ROUTES = b"rankcore/http_routes"  # the HTTP ingress's routes with their handles (ingress.py)
 _KV_HTTP_PORT = b"rankcore/http_port"  # the port the ingress bound last (a restarted one on port 0 binds it again)
+_KV_PROXIES = b"rankcore/proxies"  # the proxies' settings and the head node (control/proxies.py)
+_KV_PROXY_NUMBER = b"rankcore/proxy_number"  # one above the highest proxy number started (ids never reused)
 
 
 def _get(key: bytes) -> Any:
@@ -159,7 +161,8 @@ def forget_all() -> None:
     """Delete what a restarted controller would recover from (``reset``); the
     incarnation count stays, so later commands still outrank earlier ones."""
     for key in (_KV_SPECS, _KV_COUNTERS, _KV_RECORDING, _KV_EPOCH, _KV_REPLICAS, _KV_FAULTS, _KV_ASLEEP,
-                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT, _KV_HTTP_ROUTES, _KV_HTTP_PORT, _KV_DELETED):
+                _KV_WEIGHTS, _KV_BOOKING, _KV_NO_EVICT, _KV_HTTP_ROUTES, _KV_HTTP_PORT, _KV_DELETED, _KV_PROXIES,
+                _KV_PROXY_NUMBER):
         internal_kv._internal_kv_del(key)
 
 
@@ -182,6 +185,29 @@ def save_http_port(port: int) -> None:
 def load_http_port() -> int | None:
     """The port the ingress bound last, or None."""
     return _get(_KV_HTTP_PORT)
+
+
+def save_proxies(settings: Any, head: str) -> None:
+    """The proxies' settings (``proxies.ProxySettings``) and the head node: a restarted controller
+    runs the same proxies."""
+    _put(_KV_PROXIES, (settings, head))
+
+
+def load_proxies() -> tuple[Any, str] | None:
+    return _get(_KV_PROXIES)
+
+
+def forget_proxies() -> None:
+    for key in (_KV_PROXIES, _KV_HTTP_PORT):
+        internal_kv._internal_kv_del(key)
+
+
+def save_proxy_number(n: int) -> None:
+    _put(_KV_PROXY_NUMBER, int(n))
+
+
+def load_proxy_number() -> int:
+    return _get(_KV_PROXY_NUMBER) or 0
 
 
 def save_booking(booking: Any, cuda: dict[str, tuple[int, ...]]) -> None:

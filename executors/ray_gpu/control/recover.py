@@ -70,8 +70,8 @@ class Recovery:
             if recording is not None:  # continue the trace after a restart
                 self.recorder.start(None, header=False, snapshot_every=recording)
             named = self.recorder.write_queued_faults()  # what happened while no controller ran
-            if specs is not None:
-                await self.recover(specs, named)
+            if specs is not None or persist.load_proxies() is not None:  # (proxies alone: adopted too)
+                await self.recover(specs if specs is not None else {}, named)
             else:  # a fresh controller: the core learns the nodes before any deployment
                 self.watcher.sync_nodes()
             self.done = True
@@ -193,7 +193,8 @@ class Recovery:
                                        next_lineage=lineages, nodes=tuple(nodes), stop_unknown=True,
                                        unresponsive=tuple(silent), asleep=persist.load_asleep(),
                                        weights_versions=persist.load_weights_versions(), warm_copies=warm,
-                                       no_evict=persist.load_no_evict(), deleted=persist.load_deleted())
+                                       no_evict=persist.load_no_evict(), deleted=persist.load_deleted(),
+                                       **await self.carrier.proxies.recovered())
         trace = led.driver.trace
         if trace is not None:
             for rid, dep in lost:

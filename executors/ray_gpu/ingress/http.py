@@ -59,7 +59,7 @@ from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
-           "start_ingress", "expose", "ingress_address", "args_of", "status_of", "check_route_prefix", "make_app",
+           "start_ingress", "expose", "ingress_address", "proxies", "args_of", "status_of", "check_route_prefix", "make_app",
            "set_access_log", "METRICS_PATH"]
 
 #: Ray Serve's defaults: loopback only, port 8000
@@ -90,7 +90,6 @@ CONTROLLER_METRICS_TIMEOUT_S = 2.0
 #: this scrape, ``rankcore_replica_metrics_up`` 0: a slow replica never stalls the scrape)
 REPLICA_METRICS_TIMEOUT_S = 1.0
 
-_HEAD = "node:__internal_head__"  # the head node's own resource
 _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
 
@@ -316,6 +315,9 @@ class _Ingress:
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
         self._asking: dict[str, asyncio.Future] = {}
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
+        #: a draining proxy (``DrainProxy``) answers ``/-/healthz`` with 503; requests in flight now
+        self.draining = False
+        self.ongoing = 0
 
     # ------------------------------------------------------------ calls
     async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None,
@@ -610,6 +612,8 @@ class _Ingress:
     async def healthz(self, request: Any) -> Any:
         from starlette.responses import PlainTextResponse
 
+        if self.draining:  # (an outside load balancer moves away; what is in flight finishes)
+            return self._error(503, "draining", "This node is being drained.", None)
         try:
             await asyncio.get_running_loop().run_in_executor(self.pool, _ask_controller, "status")
         except Exception as exc:
@@ -780,9 +784,11 @@ class _Observe:
 
         ingress = self.ingress
         ingress.metrics.started()
+        ingress.ongoing += 1
         try:
             await self.app(scope, receive, observed_send)
         finally:
+            ingress.ongoing -= 1
             ingress.metrics.ended()
             status = out["status"] if out["done"] else GONE
             await ingress.observed(note, scope.get("method", ""), path, status,
@@ -908,7 +914,7 @@ class HttpIngress:
 
     def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
                  request_timeout_s: float | None = REQUEST_TIMEOUT_S, enable_access_log: bool = ENABLE_ACCESS_LOG,
-                 logs_dir: str | None = None) -> None:
+                 logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True) -> None:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
@@ -918,8 +924,10 @@ class HttpIngress:
         access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
         self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
         self.state.actor_id = ctx.get_actor_id() or ""
-        sock = _listen(host, port)
+        sock = _listen(host, port, remember_port)
         self.state.address = (host, sock.getsockname()[1])
+        self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
+        self._gone = threading.Event()
 
         class Server(uvicorn.Server):
             def install_signal_handlers(self) -> None:  # the actor's process keeps Ray's handlers
@@ -971,11 +979,37 @@ class HttpIngress:
     def routes(self) -> dict[str, str]:
         return dict(self.state.routes)
 
+    def reload_routes(self) -> dict[str, str]:
+        """The routes as the head's proxy saved them (another node's proxy, after a route changed)."""
+        st = self.state
+        st.routes, st.handles = persist.load_http_routes()
+        return dict(st.routes)
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (the controller's ``reset``, before it kills this actor): the server
-        closes its listening socket, so the port is free once this returns."""
+        """Stop serving (``StopProxy``, the controller's ``reset``, before this actor is killed): the
+        server closes its listening socket, so the port is free once this returns."""
         self.server.should_exit = True
         self.thread.join(timeout)
+        self._gone.set()
+
+    # ------------------------------------------------ the controller's side (control/proxies.py)
+    def identity(self) -> tuple[str, str]:
+        """(proxy id the core gave it, its node): what a restarted controller adopts."""
+        return self.proxy_id, self.node_id
+
+    def set_draining(self, draining: bool) -> None:
+        """``DrainProxy``: ``/-/healthz`` answers 503 while draining (200 again when not)."""
+        self.state.draining = bool(draining)
+
+    def check_health(self) -> int:
+        """Alive and serving: how many requests are in flight (a drain ends at none)."""
+        if not self.thread.is_alive():
+            raise RuntimeError("the proxy's server thread has stopped")
+        return self.state.ongoing
+
+    def watch(self) -> None:
+        """Pending until this proxy stops: the controller sees its death at once."""
+        self._gone.wait()
 
     def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep",
                   enable_access_log: bool | None = None) -> dict:
@@ -1007,11 +1041,12 @@ def _default_logs_dir() -> str | None:
         return None
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
     """The listening socket. Port 0 (any free port): the port an earlier incarnation of the
-    ingress bound, where it is free, so that a restarted ingress keeps its address."""
+    head's proxy bound, where it is free, so that a restarted one keeps its address
+    (``remember``: the head's proxy; another node's binds any free port each time)."""
     tries = [port]
-    if port == 0:
+    if port == 0 and remember:
         last = persist.load_http_port()
         if last:
             tries.insert(0, last)
@@ -1029,7 +1064,8 @@ def _listen(host: str, port: int) -> socket.socket:
                 continue
             raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
         sock.listen(2048)
-        persist.save_http_port(sock.getsockname()[1])
+        if remember:
+            persist.save_http_port(sock.getsockname()[1])
         return sock
     raise AssertionError("unreachable")
 
@@ -1051,31 +1087,57 @@ def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -
 # ------------------------------------------------------------------ the driver's side
 def start_ingress(host: str | None = None, port: int | None = None, *, max_body_bytes: int | None = None,
                   request_timeout_s: Any = "keep", enable_access_log: bool | None = None,
-                  logs_dir: str | None = None) -> tuple[Any, tuple[str, int]]:
-    """The ingress actor and its address: the running one, or one started (detached,
-    restarted by Ray, ``num_cpus=0``, on the head node like the controller) on ``host``
-    (default 127.0.0.1) and ``port`` (default 8000; 0: any free port). A running ingress
-    on another host or port raises ``rankcore.InvalidConfig``; new limits are applied to it.
-    ``enable_access_log`` (Serve's ``LoggingConfig`` field; None: the running ingress's, else
+                  logs_dir: str | None = None, proxy_location: Any = None,
+                  worker_port: int | None = None,
+                  proxy_options: rc.ProxyOptions | None = None) -> tuple[Any, tuple[str, int]]:
+    """The head node's proxy and its address: the running one, or the proxies started. The
+    core decides where proxies run (``proxy_location``, Ray Serve's names and default:
+    ``EveryNode``, the head and every node that holds a replica; ``HeadOnly``; ``Disabled``)
+    and the controller starts, drains, stops and restarts them (control/proxies.py). Each
+    binds ``host`` (default 127.0.0.1) and ``port`` (default 8000; 0: any free port) on its
+    node; ``worker_port`` (default: ``port``) is what the other nodes' proxies bind (0 on a
+    one-host test cluster: any free port each). A running set of proxies on another host or
+    port raises ``rankcore.InvalidConfig``; new limits are applied to the head's proxy.
+    ``enable_access_log`` (Serve's ``LoggingConfig`` field; None: the running proxy's, else
     ``access.ENABLE_ACCESS_LOG``) and ``logs_dir`` (where its ``access.jsonl`` goes; a new
-    ingress's only): docs/metrics.md."""
-    if port is not None and (type(port) is not int or not 0 <= port <= 65535):
-        raise rc.InvalidConfig(f"port must be an int in 0..65535, got {port!r}")
+    proxy's only): docs/metrics.md. ``proxy_options`` (``rankcore.ProxyOptions``: the drain's
+    minimum, the ready timeout ...) instead of ``proxy_location`` alone."""
+    from ..control.controller import controller_actor
+    from ..control.proxies import ProxySettings
+
+    for name, value in (("port", port), ("worker_port", worker_port)):
+        if value is not None and (type(value) is not int or not 0 <= value <= 65535):
+            raise rc.InvalidConfig(f"{name} must be an int in 0..65535, got {value!r}")
     if enable_access_log is not None:
         check_enable_access_log(enable_access_log)
+    if proxy_options is not None and proxy_location is not None:
+        raise rc.InvalidConfig("give proxy_location or proxy_options (which has one), not both")
+    options = proxy_options if proxy_options is not None else (
+        rc.ProxyOptions() if proxy_location is None else rc.ProxyOptions(proxy_location=proxy_location))
     actor: Any
     try:
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
     except ValueError:
         _check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
                       REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
-        actor = ray.remote(HttpIngress).options(  # on the head node (Ray Serve's proxy's default)
-            name=INGRESS_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, max_restarts=-1,
-            max_concurrency=16, num_cpus=0, resources={_HEAD: 0.001},
-        ).remote(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port,
-                 MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
-                 REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s,
-                 _next["enable_access_log"] if enable_access_log is None else enable_access_log, logs_dir)
+        settings = ProxySettings(
+            host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port, worker_port=worker_port,
+            max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
+            request_timeout_s=REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s,
+            enable_access_log=_next["enable_access_log"] if enable_access_log is None else enable_access_log,
+            logs_dir=logs_dir, options=options, actor_class=HttpIngress)
+        try:
+            name = ray.get(controller_actor().start_proxies.remote(settings))
+        except RayTaskError as exc:
+            if isinstance(exc.cause, rc.RankcoreError):
+                raise exc.cause from None
+            raise
+        if not name:
+            raise rc.InvalidConfig("proxy_location=Disabled: no proxy runs, so nothing serves HTTP") from None
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+    else:
+        if proxy_location is not None or proxy_options is not None:  # (where they run may change)
+            ray.get(controller_actor().set_proxy_options.remote(options))
     try:
         address = ray.get(actor.ready.remote())
     except RayActorError as exc:
@@ -1088,6 +1150,23 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     if max_body_bytes is not None or request_timeout_s != "keep" or enable_access_log is not None:
         ray.get(actor.configure.remote(max_body_bytes, request_timeout_s, enable_access_log))
     return actor, tuple(address)
+
+
+def proxies(timeout: float = 60.0) -> dict:
+    """Each proxy the core runs: proxy id -> its node, actor name, phase (the core's) and address
+    (a controller restarting is waited out)."""
+    from ray.exceptions import ActorUnavailableError
+
+    from ..control.controller import controller_actor
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(controller_actor().proxies.remote())
+        except (ActorUnavailableError, RayActorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 #: what the next ingress this process starts is given where ``start_ingress`` is not told (``set_access_log``)
@@ -1119,7 +1198,26 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
         if isinstance(exc.cause, rc.RankcoreError):
             raise exc.cause from None
         raise
+    _reload_others()
     return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
+
+
+def _reload_others() -> None:
+    """The other nodes' proxies take the routes the head's saved (a new one loads them as it starts)."""
+    from ..control.proxies import proxy_names
+
+    refs = []
+    for name in proxy_names():
+        if name != INGRESS_NAME:
+            try:
+                refs.append(ray.get_actor(name, namespace=NAMESPACE).reload_routes.remote())
+            except ValueError:
+                pass
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=10)
+        except Exception:  # (one going away: its successor loads them)
+            pass
 
 
 def unexpose(deployment: str) -> None:
@@ -1133,6 +1231,7 @@ def unexpose(deployment: str) -> None:
             persist.save_http_routes(*_without(routes, handles, deployment))
         return
     ray.get(actor.remove_route.remote(deployment))
+    _reload_others()
 
 
 def ingress_address() -> tuple[str, int] | None:

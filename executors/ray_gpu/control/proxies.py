@@ -1,0 +1,292 @@
+"""The Ray controller's side of the proxies (issue 38): it carries out the core's proxy commands.
+
+The core decides where proxies run (``rankcore.control.proxies``: ``proxy_location``, one a
+node); this module runs them as Ray actors and reports what happened. ``StartProxy``: an
+``ingress.http.HttpIngress`` actor pinned to the node (``NodeAffinitySchedulingStrategy``,
+``soft=False``), detached, ``max_restarts=0`` (the core restarts a dead one, not Ray), named
+``rankcore-http`` on the head node (the name the ingress always had) and
+``rankcore-http:<node id>`` elsewhere; answered by ``ProxyStarted`` once it accepts
+connections, or ``ProxyCrashed``. Each live proxy holds a pending ``watch`` call, which
+fails the moment it dies (``ProxyCrashed``, at once, not after missed health checks); every
+``health_period_s`` (Serve's ``PROXY_HEALTH_CHECK_PERIOD_S``, 10 s) and every
+``drain_check_s`` while it drains (5 s) it is asked how many requests it has in flight
+(``ProxyHealthChecked``; no answer within ``health_timeout_s``: unhealthy). ``DrainProxy``:
+its ``/-/healthz`` answers 503 (or 200 again); ``StopProxy``: its server closes, then the
+actor is killed.
+
+Ports: every proxy binds ``port`` on its node, as Serve's do (a real cluster: one address per
+node, an outside load balancer in front). On one host (a ``ray.cluster_utils.Cluster``) the
+nodes share the host's ports: give ``worker_port=0`` and each worker node's proxy binds a free
+port of its own (``proxies()`` lists each one's address); the head's keeps ``port``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import attrs
+import ray
+
+import rankcore as rc
+
+from . import persist
+from .ledger import Ledger
+from .replicas import NAMESPACE
+
+log = logging.getLogger("rankcore.ray.controller")
+
+__all__ = ["INGRESS_NAME", "ProxySettings", "Proxies", "proxy_actor_name", "PROXY_HEALTH_CHECK_PERIOD_S"]
+
+#: the head node's proxy's actor name (the one ingress had it before proxies were per node)
+INGRESS_NAME = "rankcore-http"
+#: Ray Serve's PROXY_HEALTH_CHECK_PERIOD_S / PROXY_HEALTH_CHECK_TIMEOUT_S / PROXY_DRAIN_CHECK_PERIOD_S
+PROXY_HEALTH_CHECK_PERIOD_S = 10.0
+PROXY_HEALTH_CHECK_TIMEOUT_S = 10.0
+PROXY_DRAIN_CHECK_PERIOD_S = 5.0
+
+
+def proxy_actor_name(node_id: str, head: str | None) -> str:
+    return INGRESS_NAME if node_id == head else f"{INGRESS_NAME}:{node_id}"
+
+
+@attrs.frozen(kw_only=True)
+class ProxySettings:
+    """What every proxy is started with (``ingress.http.start_ingress``): its address, limits and
+    access records, and where proxies run (``rankcore.ProxyOptions``, declared once there)."""
+
+    host: str
+    port: int
+    #: the port proxies on the other nodes bind (None: ``port``; 0: any free port, one host)
+    worker_port: int | None = None
+    max_body_bytes: int
+    request_timeout_s: float | None
+    enable_access_log: bool
+    logs_dir: str | None = None
+    options: rc.ProxyOptions = attrs.field(factory=rc.ProxyOptions)
+    #: the proxy actor's class (``ingress.http.HttpIngress``, given by ``start_ingress``: the control
+    #: plane imports nothing of the ingress; pickled by reference)
+    actor_class: Any = None
+
+
+class _Live:
+    __slots__ = ("proxy_id", "node_id", "name", "actor", "ready", "draining", "stopping", "checked")
+
+    def __init__(self, proxy_id: str, node_id: str, name: str) -> None:
+        self.proxy_id, self.node_id, self.name = proxy_id, node_id, name
+        self.actor: Any = None
+        self.ready = self.draining = self.stopping = False
+        self.checked = 0.0  # (monotonic) when it was last asked
+
+
+class Proxies:
+    """Every proxy the core started (module docstring), and the settings they start with."""
+
+    health_period_s = PROXY_HEALTH_CHECK_PERIOD_S
+    health_timeout_s = PROXY_HEALTH_CHECK_TIMEOUT_S
+    drain_check_s = PROXY_DRAIN_CHECK_PERIOD_S
+    #: how long a new proxy may wait for its name (its predecessor's, killed a moment ago)
+    name_wait_s = 10.0
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.settings: ProxySettings | None = None
+        self.head: str | None = None
+        self.live: dict[str, _Live] = {}  # proxy id -> the proxy
+        self._loop: asyncio.Task | None = None
+
+    # ---------------------------------------------------------- configure
+    def configured(self) -> rc.ProxiesConfigured | None:
+        if self.settings is None:
+            return None
+        return rc.ProxiesConfigured(options=self.settings.options, head_node=self.head)
+
+    def configure(self, settings: ProxySettings, head: str) -> None:
+        """From now on the core runs the proxies with ``settings`` (persisted for a restart)."""
+        self.settings, self.head = settings, head
+        persist.save_proxies(settings, head)
+        self.ledger.feed(rc.ProxiesConfigured(options=settings.options, head_node=head, now=self.ledger.now()))
+        self._start_loop()
+
+    def _start_loop(self) -> None:
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.get_event_loop().create_task(self._health_loop())
+
+    # ----------------------------------------------------------- commands
+    def execute(self, cmd: object) -> None:
+        if isinstance(cmd, rc.StartProxy):
+            self.start(cmd)
+        elif isinstance(cmd, rc.DrainProxy):
+            p = self.live.get(cmd.proxy_id)
+            if p is not None and p.actor is not None:
+                p.draining = cmd.draining
+                p.actor.set_draining.remote(cmd.draining)
+        elif isinstance(cmd, rc.StopProxy):
+            self.stop(cmd.proxy_id)
+
+    def start(self, cmd: rc.StartProxy) -> None:
+        s = self.settings
+        if s is None:
+            log.error("StartProxy %s without proxy settings (no ProxiesConfigured from this controller)", cmd.proxy_id)
+            return
+        p = self.live[cmd.proxy_id] = _Live(cmd.proxy_id, cmd.node_id, proxy_actor_name(cmd.node_id, self.head))
+        persist.save_proxy_number(int(cmd.proxy_id.rpartition("#")[2]) + 1)
+        self.ledger.spawn(self._start(p, s))
+
+    async def _start(self, p: _Live, s: ProxySettings) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        head = p.node_id == self.head
+        port = s.port if head or s.worker_port is None else s.worker_port
+        deadline = time.monotonic() + self.name_wait_s
+        while True:
+            try:
+                p.actor = ray.remote(s.actor_class).options(
+                    name=p.name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, max_concurrency=16,
+                    num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
+                ).remote(s.host, port, s.max_body_bytes, s.request_timeout_s, s.enable_access_log, s.logs_dir,
+                         proxy_id=p.proxy_id, remember_port=head)
+                break
+            except ValueError:  # the name is still its predecessor's (killed a moment ago)
+                if time.monotonic() > deadline or self.live.get(p.proxy_id) is not p:
+                    self._died(p, "its actor name stayed taken")
+                    return
+                await asyncio.sleep(0.1)
+        try:
+            await p.actor.ready.remote()
+        except Exception as exc:
+            self._died(p, f"did not start: {getattr(exc, 'cause', None) or exc}")
+            return
+        if self.live.get(p.proxy_id) is not p or p.stopping:
+            return
+        p.ready = True
+        self.ledger.spawn(self._watch(p))
+        self.ledger.feed(rc.ProxyStarted(proxy_id=p.proxy_id, now=self.ledger.now()))
+
+    async def _watch(self, p: _Live) -> None:
+        """A call pending on the proxy: it fails the moment the proxy dies."""
+        try:
+            await p.actor.watch.remote()
+        except Exception:
+            pass
+        if self.live.get(p.proxy_id) is p and not p.stopping:
+            self._died(p, "its actor died")
+
+    def _died(self, p: _Live, reason: str) -> None:
+        self.live.pop(p.proxy_id, None)
+        self.ledger.feed(rc.ProxyCrashed(proxy_id=p.proxy_id, reason=reason, now=self.ledger.now()))
+
+    def stop(self, proxy_id: str) -> None:
+        p = self.live.pop(proxy_id, None)
+        if p is not None:
+            p.stopping = True
+            if p.actor is not None:
+                self.ledger.spawn(_stop(p.actor))
+
+    async def stop_all(self, timeout: float = 10.0) -> None:
+        """Every proxy this controller knows, and any left by an earlier one (``reset``)."""
+        actors = [p.actor for p in self.live.values() if p.actor is not None]
+        for p in self.live.values():
+            p.stopping = True
+        self.live.clear()
+        self.settings = self.head = None
+        for name in proxy_names():
+            try:
+                actors.append(ray.get_actor(name, namespace=NAMESPACE))
+            except ValueError:
+                pass
+        await asyncio.gather(*(_stop(a, timeout) for a in actors))
+        deadline = time.monotonic() + timeout
+        while proxy_names() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        persist.forget_proxies()
+
+    # ------------------------------------------------------------ health
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.drain_check_s, self.health_period_s))
+            if self.ledger.halted:
+                continue
+            now = time.monotonic()
+            for p in list(self.live.values()):
+                every = self.drain_check_s if p.draining else self.health_period_s
+                if p.ready and not p.stopping and now - p.checked >= every:
+                    p.checked = now
+                    self.ledger.spawn(self._check(p))
+
+    async def _check(self, p: _Live) -> None:
+        try:
+            ongoing = await asyncio.wait_for(p.actor.check_health.remote(), self.health_timeout_s)
+            healthy = True
+        except asyncio.TimeoutError:
+            ongoing, healthy = 0, False
+        except Exception:
+            return  # (dead: its watch reports it)
+        if self.live.get(p.proxy_id) is p and not p.stopping:
+            self.ledger.feed(rc.ProxyHealthChecked(proxy_id=p.proxy_id, healthy=healthy, ongoing=int(ongoing),
+                                                   now=self.ledger.now()))
+
+    # ------------------------------------------------------------ status
+    async def status(self) -> dict:
+        """proxy id -> its node, actor name, phase (the core's) and address."""
+        book = self.ledger.driver.state.proxies
+        out = {}
+        for node, q in sorted(book.proxies.items()):
+            p = self.live.get(q.proxy_id)
+            address = None
+            if p is not None and p.ready:
+                try:
+                    address = list(await asyncio.wait_for(p.actor.ready.remote(), 5.0))
+                except Exception:
+                    address = None
+            out[q.proxy_id] = {"node_id": node, "actor_name": p.name if p is not None else None,
+                               "phase": q.phase.value, "address": address, "head": node == self.head}
+        return out
+
+    # ----------------------------------------------------------- recovery
+    async def recovered(self) -> dict[str, Any]:
+        """A restarted controller's ``ControllerRecovered`` proxy fields: the settings persisted,
+        the proxy actors alive (each asked who it is), the next proxy number."""
+        saved = persist.load_proxies()
+        if saved is None:
+            return {}
+        self.settings, self.head = saved
+        numbers, ids = [-1], []
+        for name in proxy_names():
+            try:
+                actor = ray.get_actor(name, namespace=NAMESPACE)
+                pid, node = await asyncio.wait_for(actor.identity.remote(), 10.0)
+            except Exception:
+                continue
+            p = self.live[pid] = _Live(pid, node, name)
+            p.actor, p.ready = actor, True
+            self.ledger.spawn(self._watch(p))
+            ids.append(pid)
+            numbers.append(int(pid.rpartition("#")[2]))
+        self._start_loop()
+        return {"proxies": self.configured(), "proxy_ids": tuple(sorted(ids)),
+                "next_proxy_number": max(max(numbers) + 1, persist.load_proxy_number())}
+
+
+def proxy_names() -> list[str]:
+    """The proxy actors alive in rankcore's namespace, by name."""
+    try:
+        named = ray.util.list_named_actors(all_namespaces=True)
+    except Exception:
+        return []
+    return sorted(a["name"] for a in named if a.get("namespace") == NAMESPACE
+                  and (a["name"] == INGRESS_NAME or a["name"].startswith(INGRESS_NAME + ":")))
+
+
+async def _stop(actor: Any, timeout: float = 10.0) -> None:
+    """Close its server (its port is free again), then kill it."""
+    try:
+        await asyncio.wait_for(actor.stop.remote(), timeout)
+    except Exception:  # (dead, or not answering: killed all the same)
+        pass
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:
+        pass
