@@ -16,8 +16,8 @@ node is wanted again serves again. A proxy on a lost node is forgotten
 
 Failures, each in one function: a proxy that dies (``died``), fails
 ``health_check_unhealthy_threshold`` health checks in a row (``health_checked``) or is
-not ready within ``ready_check_timeout_s`` x (its restarts + 1) (Serve's growing ready
-timeout; ``reconcile``) is started again, after the restart backoff a replica's failed
+not ready in time (``ready_timeout_s``: Serve's ready checks, each ``ready_check_timeout_s`` x
+(its restarts + 1), ``health_check_unhealthy_threshold`` of them; ``reconcile``) is started again, after the restart backoff a replica's failed
 starts wait (``rankcore.control.restarts``): at once the first time, then 1, 2, 4 ...
 64 s while it never becomes ready.
 
@@ -38,7 +38,7 @@ from ..base.records import unchecked_copy
 from .transaction import Tx
 
 __all__ = ["wanted", "adopt", "configure", "started", "died", "health_checked", "node_draining", "reconcile",
-           "backoff_s", "parse_proxy_id", "serving"]
+           "backoff_s", "ready_timeout_s", "parse_proxy_id", "serving"]
 
 _copy = unchecked_copy
 _INF = math.inf
@@ -69,6 +69,13 @@ def backoff_s(o: ProxyOptions, restarts: int) -> float:
     if restarts <= 1:
         return 0.0
     return min(o.restart_backoff_s * 2.0 ** min(restarts - 2, 64), o.restart_backoff_max_s)
+
+
+def ready_timeout_s(o: ProxyOptions, restarts: int) -> float:
+    """How long a proxy may take to be ready: Serve's ready check, ``ready_check_timeout_s`` x
+    (its restarts + 1) a try, failing ``health_check_unhealthy_threshold`` times before the proxy
+    is given up (5 x 3 = 15 s, then 30 s, 45 s ... after restarts)."""
+    return o.ready_check_timeout_s * (restarts + 1) * o.health_check_unhealthy_threshold
 
 
 def parse_proxy_id(pid: str) -> tuple[str, int] | None:
@@ -119,7 +126,7 @@ def _start(tx: Tx, node_id: str, restarts: int) -> Proxy:
     o = _options(book)
     tx.emit(StartProxy(proxy_id=pid, node_id=node_id))
     return Proxy(proxy_id=pid, node_id=node_id, phase=_STARTING, restarts=restarts,
-                 deadline=now + o.ready_check_timeout_s * (restarts + 1) if clock else _INF)
+                 deadline=now + ready_timeout_s(o, restarts) if clock else _INF)
 
 
 def _restart(tx: Tx, p: Proxy) -> Proxy:

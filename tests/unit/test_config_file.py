@@ -94,7 +94,7 @@ def test_the_docs_error_lines_are_what_loading_says(tmp_path: Path) -> None:
     ({"http_options": {"ssl_keyfile": "k"}}, "http_options.ssl_keyfile"),
     ({"http_options": {"port": 70000}}, "http_options.port"),
     ({"http_options": {"root_path": "/x"}}, "http_options.root_path"),
-    ({"grpc_options": {"grpc_servicer_functions": ["a.b"]}}, "grpc_options.grpc_servicer_functions"),
+    ({"grpc_options": {"grpc_servicer_functions": ["no_dot"]}}, "grpc_options.grpc_servicer_functions"),
     ({"applications": [{"import_path": "m:a"}, {"import_path": "m:b"}]}, "applications[1].name"),
     ({"applications": [{"name": "a", "import_path": "m:a"}, {"name": "b", "import_path": "m:b"}]},
      "applications[1].route_prefix"),

@@ -159,11 +159,12 @@ def test_three_failed_health_checks_in_a_row_stop_a_proxy_and_start_another() ->
 
 def test_a_proxy_not_ready_in_time_is_started_again_with_a_longer_ready_timeout() -> None:
     run = Run()
-    cluster(run, workers=0)  # StartProxy at t=0: ready deadline 5 s
-    step = run(rc.Tick(now=5.0))
+    cluster(run, workers=0)  # StartProxy at t=0: ready deadline 15 s (three ready checks of 5 s, as Serve's)
+    assert proxy_cmds(run(rc.Tick(now=14.0))) == []
+    step = run(rc.Tick(now=15.0))
     assert proxy_cmds(step) == [rc.StopProxy(proxy_id="proxy:head#0", node_id="head", reason="ready_timeout"),
                                 rc.StartProxy(proxy_id="proxy:head#1", node_id="head")]
-    assert run.state.proxies.proxies["head"].deadline == 15.0  # 5 s x (1 restart + 1): Serve's growing timeout
+    assert run.state.proxies.proxies["head"].deadline == 45.0  # 15 + 3 x 5 s x (1 restart + 1): Serve's growing timeout
 
 
 def test_a_lost_node_takes_its_proxy_and_a_draining_node_drains_its_own() -> None:

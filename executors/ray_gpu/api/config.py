@@ -69,8 +69,8 @@ class HTTPOptions:
 
 @attrs.frozen(kw_only=True)
 class GRPCOptions:
-    """Ray Serve's ``grpc_options``: without servicer functions Ray Serve starts no gRPC proxy,
-    so ``port`` and the rest are no-ops here; servicer functions are refused (no gRPC proxy)."""
+    """Ray Serve's ``grpc_options``: with servicer functions every proxy serves gRPC on ``port``
+    beside HTTP (ingress/grpc_proxy.py); without, no gRPC, as in Serve."""
 
     port: int = 9000
     grpc_servicer_functions: tuple[str, ...] = ()
@@ -390,8 +390,10 @@ def _check(cfg: ServeConfig, source: str, lines: _Lines) -> None:
         raise err("proxy_location", f"must be one of {', '.join(PROXY_LOCATIONS)}, got {cfg.proxy_location!r}")
     if cfg.http_options.root_path:
         raise err("http_options.root_path", "not supported: only \"\" (no root path)")
-    if cfg.grpc_options.grpc_servicer_functions:
-        raise err("grpc_options.grpc_servicer_functions", "not supported: rankcore has no gRPC proxy")
+    bad = [f for f in cfg.grpc_options.grpc_servicer_functions if not isinstance(f, str) or "." not in f.strip(".")]
+    if bad:  # (imported where the proxies start: ingress/grpc_proxy.py)
+        raise err("grpc_options.grpc_servicer_functions",
+                  f"{bad[0]!r} is not an import path of a generated add_XServicer_to_server (module.function)")
     port = cfg.http_options.port
     if port is not None and not 0 <= port <= 65535:
         raise err("http_options.port", f"must be in 0..65535, got {port}")

@@ -188,8 +188,11 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     http = cfg.http_options
     exposed = cfg.proxy_location != "Disabled" and any(e.route_prefix is not None for e, _ in built)
     if exposed:
+        grpc = cfg.grpc_options
         ingress.start_ingress(http.host, http.port, proxy_location=cfg.proxy_location,
-                              request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep")
+                              request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep",
+                              grpc_port=grpc.port if grpc.grpc_servicer_functions else None,
+                              grpc_servicer_functions=tuple(grpc.grpc_servicer_functions))
     now = time.time()
     apps: dict[str, AppliedApp] = {}
     for entry, app in built:

@@ -66,6 +66,10 @@ class ProxySettings:
     enable_access_log: bool
     logs_dir: str | None = None
     options: rc.ProxyOptions = attrs.field(factory=rc.ProxyOptions)
+    #: gRPC beside HTTP (ingress/grpc_proxy.py): its port (None: no gRPC; other nodes bind any free
+    #: port when ``worker_port`` is 0) and the services' ``add_XServicer_to_server`` import paths
+    grpc_port: int | None = None
+    grpc_servicer_functions: tuple[str, ...] = ()
     #: the proxy actor's class (``ingress.http.HttpIngress``, given by ``start_ingress``: the control
     #: plane imports nothing of the ingress; pickled by reference)
     actor_class: Any = None
@@ -143,11 +147,13 @@ class Proxies:
         deadline = time.monotonic() + self.name_wait_s
         while True:
             try:
-                p.actor = ray.remote(s.actor_class).options(
+                p.actor = _remote(s.actor_class).options(
                     name=p.name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, max_concurrency=16,
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
                 ).remote(s.host, port, s.max_body_bytes, s.request_timeout_s, s.enable_access_log, s.logs_dir,
-                         proxy_id=p.proxy_id, remember_port=head)
+                         proxy_id=p.proxy_id, remember_port=head,
+                         grpc_port=s.grpc_port if head or s.worker_port != 0 or s.grpc_port is None else 0,
+                         grpc_servicer_functions=s.grpc_servicer_functions)
                 break
             except ValueError:  # the name is still its predecessor's (killed a moment ago)
                 if time.monotonic() > deadline or self.live.get(p.proxy_id) is not p:
@@ -222,8 +228,13 @@ class Proxies:
             healthy = True
         except asyncio.TimeoutError:
             ongoing, healthy = 0, False
-        except Exception:
-            return  # (dead: its watch reports it)
+        except ray.exceptions.RayActorError:
+            if self.live.get(p.proxy_id) is p and not p.stopping:
+                self._died(p, "its actor died")
+            return
+        except Exception as exc:  # (its check raised: not serving)
+            log.warning("proxy %s health check: %r", p.proxy_id, exc)
+            ongoing, healthy = 0, False
         if self.live.get(p.proxy_id) is p and not p.stopping:
             self.ledger.feed(rc.ProxyHealthChecked(proxy_id=p.proxy_id, healthy=healthy, ongoing=int(ongoing),
                                                    now=self.ledger.now()))
@@ -235,14 +246,17 @@ class Proxies:
         out = {}
         for node, q in sorted(book.proxies.items()):
             p = self.live.get(q.proxy_id)
-            address = None
+            address = grpc_address = None
             if p is not None and p.ready:
                 try:
                     address = list(await asyncio.wait_for(p.actor.ready.remote(), 5.0))
+                    got = await asyncio.wait_for(p.actor.grpc_address.remote(), 5.0)
+                    grpc_address = list(got) if got else None
                 except Exception:
                     address = None
             out[q.proxy_id] = {"node_id": node, "actor_name": p.name if p is not None else None,
-                               "phase": q.phase.value, "address": address, "head": node == self.head}
+                               "phase": q.phase.value, "address": address, "grpc_address": grpc_address,
+                               "head": node == self.head}
         return out
 
     # ----------------------------------------------------------- recovery
@@ -268,6 +282,18 @@ class Proxies:
         self._start_loop()
         return {"proxies": self.configured(), "proxy_ids": tuple(sorted(ids)),
                 "next_proxy_number": max(max(numbers) + 1, persist.load_proxy_number())}
+
+
+_REMOTE: dict[Any, Any] = {}
+
+
+def _remote(cls: Any) -> Any:
+    """``cls`` as a Ray actor class (made once), its ``watch`` in a concurrency group of its own: a
+    threaded actor's pending ``watch`` must leave the other calls' threads free."""
+    made = _REMOTE.get(cls)
+    if made is None:
+        made = _REMOTE[cls] = ray.remote(concurrency_groups={"watch": 1})(cls)  # type: ignore[call-overload]
+    return made
 
 
 def proxy_names() -> list[str]:

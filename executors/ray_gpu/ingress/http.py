@@ -914,7 +914,8 @@ class HttpIngress:
 
     def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
                  request_timeout_s: float | None = REQUEST_TIMEOUT_S, enable_access_log: bool = ENABLE_ACCESS_LOG,
-                 logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True) -> None:
+                 logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True,
+                 grpc_port: int | None = None, grpc_servicer_functions: tuple[str, ...] = ()) -> None:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
@@ -941,18 +942,50 @@ class HttpIngress:
         config = uvicorn.Config(make_app(self.state), log_level="warning", access_log=False, lifespan="off",
                                 timeout_keep_alive=30)
         self.server = Server(config)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
+        #: gRPC beside HTTP (grpc_proxy.py), on the same loop, when servicer functions are given
+        self.grpc: Any = None
+        self.grpc_error: BaseException | None = None
+        if grpc_servicer_functions and grpc_port is not None:
+            from .grpc_proxy import GrpcFront
+
+            self.grpc = GrpcFront(self.state, grpc_servicer_functions)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve(sock, host, grpc_port)),
                                        name="rankcore-http", daemon=True)
         self.thread.start()
+
+    async def _serve(self, sock: socket.socket, host: str, grpc_port: int | None) -> None:
+        self.loop = asyncio.get_running_loop()
+        if self.grpc is not None:
+            try:
+                await self.grpc.start(host, grpc_port or 0)
+            except BaseException as exc:  # (ready() says so)
+                self.grpc_error = exc
+                return
+        try:
+            await self.server.serve(sockets=[sock])
+        finally:
+            if self.grpc is not None:
+                await self.grpc.stop()
 
     def ready(self, timeout: float = 30.0) -> tuple[str, int]:
         """The address once the server accepts connections."""
         deadline = time.monotonic() + timeout
         while not self.server.started:
+            if self.grpc_error is not None:
+                raise RuntimeError(f"the proxy's gRPC server did not start: {self.grpc_error}")
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"the HTTP ingress did not start on {self.state.address}")
             time.sleep(0.01)
         return self.state.address
+
+    def grpc_address(self) -> tuple[str, int] | None:
+        """The gRPC server's address (None: this proxy serves no gRPC)."""
+        self.ready()
+        return self.grpc.address if self.grpc is not None else None
+
+    def grpc_codes(self) -> dict[str, int]:
+        """gRPC answers by status code (``OK``, ``CANCELLED``, ``NOT_FOUND`` ...)."""
+        return dict(self.grpc.codes) if self.grpc is not None else {}
 
     def add_route(self, prefix: str, handle: Any) -> dict[str, str]:
         """Route ``prefix`` to ``handle``'s deployment (replacing the deployment's earlier
@@ -998,8 +1031,11 @@ class HttpIngress:
         return self.proxy_id, self.node_id
 
     def set_draining(self, draining: bool) -> None:
-        """``DrainProxy``: ``/-/healthz`` answers 503 while draining (200 again when not)."""
+        """``DrainProxy``: ``/-/healthz`` answers 503 while draining (200 again when not); gRPC's
+        health service says NOT_SERVING."""
         self.state.draining = bool(draining)
+        if self.grpc is not None:
+            asyncio.run_coroutine_threadsafe(self.grpc.draining(bool(draining)), self.loop).result(10)
 
     def check_health(self) -> int:
         """Alive and serving: how many requests are in flight (a drain ends at none)."""
@@ -1007,8 +1043,10 @@ class HttpIngress:
             raise RuntimeError("the proxy's server thread has stopped")
         return self.state.ongoing
 
+    @ray.method(concurrency_group="watch")
     def watch(self) -> None:
-        """Pending until this proxy stops: the controller sees its death at once."""
+        """Pending until this proxy stops: the controller sees its death at once (in a concurrency
+        group of its own: the other calls' threads stay free)."""
         self._gone.wait()
 
     def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep",
@@ -1088,8 +1126,9 @@ def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -
 def start_ingress(host: str | None = None, port: int | None = None, *, max_body_bytes: int | None = None,
                   request_timeout_s: Any = "keep", enable_access_log: bool | None = None,
                   logs_dir: str | None = None, proxy_location: Any = None,
-                  worker_port: int | None = None,
-                  proxy_options: rc.ProxyOptions | None = None) -> tuple[Any, tuple[str, int]]:
+                  worker_port: int | None = None, proxy_options: rc.ProxyOptions | None = None,
+                  grpc_port: int | None = None,
+                  grpc_servicer_functions: Any = ()) -> tuple[Any, tuple[str, int]]:
     """The head node's proxy and its address: the running one, or the proxies started. The
     core decides where proxies run (``proxy_location``, Ray Serve's names and default:
     ``EveryNode``, the head and every node that holds a replica; ``HeadOnly``; ``Disabled``)
@@ -1101,11 +1140,17 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     ``enable_access_log`` (Serve's ``LoggingConfig`` field; None: the running proxy's, else
     ``access.ENABLE_ACCESS_LOG``) and ``logs_dir`` (where its ``access.jsonl`` goes; a new
     proxy's only): docs/metrics.md. ``proxy_options`` (``rankcore.ProxyOptions``: the drain's
-    minimum, the ready timeout ...) instead of ``proxy_location`` alone."""
+    minimum, the ready timeout ...) instead of ``proxy_location`` alone. ``grpc_servicer_functions``
+    (import paths of generated ``add_XServicer_to_server``; Serve's ``gRPCOptions``) turns on gRPC
+    beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py)."""
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
+    from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
 
-    for name, value in (("port", port), ("worker_port", worker_port)):
+    servicers = check_servicer_functions(grpc_servicer_functions)
+    if servicers and grpc_port is None:
+        grpc_port = DEFAULT_GRPC_PORT
+    for name, value in (("port", port), ("worker_port", worker_port), ("grpc_port", grpc_port)):
         if value is not None and (type(value) is not int or not 0 <= value <= 65535):
             raise rc.InvalidConfig(f"{name} must be an int in 0..65535, got {value!r}")
     if enable_access_log is not None:
@@ -1125,7 +1170,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
             request_timeout_s=REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s,
             enable_access_log=_next["enable_access_log"] if enable_access_log is None else enable_access_log,
-            logs_dir=logs_dir, options=options, actor_class=HttpIngress)
+            logs_dir=logs_dir, options=options, actor_class=HttpIngress,
+            grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers)
         try:
             name = ray.get(controller_actor().start_proxies.remote(settings))
         except RayTaskError as exc:
@@ -1138,11 +1184,20 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     else:
         if proxy_location is not None or proxy_options is not None:  # (where they run may change)
             ray.get(controller_actor().set_proxy_options.remote(options))
-    try:
-        address = ray.get(actor.ready.remote())
-    except RayActorError as exc:
-        cause = getattr(exc, "cause", None) or exc
-        raise rc.InvalidConfig(f"the HTTP ingress did not start: {cause}") from None
+    deadline = time.monotonic() + 60.0
+    while True:
+        try:
+            address = ray.get(actor.ready.remote())
+            break
+        except RayActorError as exc:  # (one the core gave up on: its successor takes the name)
+            if time.monotonic() > deadline:
+                cause = getattr(exc, "cause", None) or exc
+                raise rc.InvalidConfig(f"the HTTP ingress did not start: {cause}") from None
+            time.sleep(0.2)
+            try:
+                actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+            except ValueError:
+                pass
     if (host is not None and host != address[0]) or (port not in (None, 0) and port != address[1]):
         raise rc.InvalidConfig(f"the HTTP ingress already runs on {address[0]}:{address[1]}, not "
                                f"{host or address[0]}:{port if port is not None else address[1]} (one ingress per "

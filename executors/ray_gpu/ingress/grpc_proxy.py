@@ -1,0 +1,237 @@
+"""gRPC beside HTTP in every proxy (issue 38), in Ray Serve's style.
+
+The user names the generated ``add_XServicer_to_server`` functions of their services
+(``grpc_servicer_functions``, import paths, as Serve's ``gRPCOptions``); each is called once
+with a stand-in server that keeps the service's method handlers, so the proxy knows every
+method's request and response types without the user's servicer. A call is routed to the
+application named by its ``application`` metadata (a routed deployment's name; with one
+routed deployment, that one whatever it says: Serve's rule), and that deployment's method
+of the RPC's name is called with the request message and returns the response message
+(unary), or yields them (a generator method: server streaming). It runs on the HTTP
+server's event loop and goes through the same request path (``http._Ingress.call``: the
+handle, ``request_timeout_s``, cancellation).
+
+Errors map to status codes: an unknown or missing application ``NOT_FOUND``; overloaded or
+no replica ``UNAVAILABLE``; past ``request_timeout_s`` ``DEADLINE_EXCEEDED``; the
+application's own exception ``INTERNAL`` with its message; a client that cancels (or whose
+deadline passes) cancels the call through the handle (its slot on the replica is freed;
+counted ``CANCELLED``). Health: the standard ``grpc.health.v1.Health`` service (``SERVING``;
+``NOT_SERVING`` while the proxy drains), and ``/rankcore.RankcoreAPIService/ListApplications``
+(``google.protobuf.Empty`` in, ``google.protobuf.ListValue`` of the application names out)
+and ``/rankcore.RankcoreAPIService/Healthz`` (``StringValue`` "success"; ``UNAVAILABLE`` while
+draining), well-known types so that no stub is needed to call them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from google.protobuf import empty_pb2, struct_pb2, wrappers_pb2
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+import rankcore as rc
+
+__all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
+           "code_of"]
+
+#: Ray Serve's default gRPC port (``gRPCOptions.port``)
+DEFAULT_GRPC_PORT = 9000
+API_SERVICE = "rankcore.RankcoreAPIService"
+#: the HTTP status the request path gives an error -> its gRPC code
+_CODES = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+          499: grpc.StatusCode.CANCELLED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 400: grpc.StatusCode.INVALID_ARGUMENT}
+
+
+class _Keeper:
+    """What ``add_XServicer_to_server`` is handed instead of a server: it keeps the handlers."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, dict[str, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
+        pass  # (the registered handlers below carry the same methods, by name)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.services[service] = dict(handlers)
+
+
+class _AnyServicer:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def check_servicer_functions(paths: Any) -> tuple[str, ...]:
+    """Import paths (``package.module.add_XServicer_to_server``), each importable and callable;
+    ``rankcore.InvalidConfig`` naming the one that is not."""
+    if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
+        raise rc.InvalidConfig(f"grpc_servicer_functions must be a list of import paths, got {paths!r}")
+    for path in paths:
+        _function(path)
+    return tuple(paths)
+
+
+def _function(path: Any) -> Any:
+    if not isinstance(path, str) or "." not in path:
+        raise rc.InvalidConfig(f"grpc_servicer_functions: {path!r} is not an import path (module.function)")
+    module, _, name = path.rpartition(".")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise rc.InvalidConfig(f"grpc_servicer_functions: cannot import {path!r}: {exc}") from None
+    if not callable(fn):
+        raise rc.InvalidConfig(f"grpc_servicer_functions: {path!r} is not callable")
+    return fn
+
+
+def servicer_methods(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """service name -> method name -> its generated handler (request deserializer, response
+    serializer, whether it streams), from the ``add_XServicer_to_server`` functions."""
+    keeper = _Keeper()
+    for path in paths:
+        _function(path)(_AnyServicer(), keeper)
+    if not keeper.services:
+        raise rc.InvalidConfig(f"grpc_servicer_functions {list(paths)!r} registered no service (grpcio older "
+                               f"than 1.62 generates no add_registered_method_handlers call: generate again)")
+    return keeper.services
+
+
+def code_of(status: int) -> grpc.StatusCode:
+    return _CODES.get(status, grpc.StatusCode.INTERNAL)
+
+
+class GrpcFront:
+    """The proxy's gRPC server: one ``grpc.aio`` server on the HTTP server's loop."""
+
+    def __init__(self, ingress: Any, servicer_functions: Sequence[str]) -> None:
+        self.ingress = ingress  # (http._Ingress: routes, handles, the request path)
+        self.services = servicer_methods(servicer_functions)
+        self.server: aio.Server | None = None
+        self.health = health_aio.HealthServicer()
+        self.codes: Counter[str] = Counter()  # answers by status code name
+        self.address: tuple[str, int] = ("", 0)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        from .http import status_of
+
+        self.status_of = status_of
+        server = self.server = aio.server(options=[("grpc.so_reuseport", 0)])
+        for service, methods in sorted(self.services.items()):
+            handlers = {name: self._handler(name, h) for name, h in methods.items()}
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        api = {"ListApplications": grpc.unary_unary_rpc_method_handler(
+                   self._list, request_deserializer=empty_pb2.Empty.FromString,
+                   response_serializer=struct_pb2.ListValue.SerializeToString),
+               "Healthz": grpc.unary_unary_rpc_method_handler(
+                   self._healthz, request_deserializer=empty_pb2.Empty.FromString,
+                   response_serializer=wrappers_pb2.StringValue.SerializeToString)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(API_SERVICE, api),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = server.add_insecure_port(where)
+        if bound == 0:
+            raise rc.InvalidConfig(f"the gRPC server cannot listen on {where}")
+        await server.start()
+        self.address = (host, bound)
+        return self.address
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+
+    async def draining(self, draining: bool) -> None:
+        await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING if draining
+                              else health_pb2.HealthCheckResponse.SERVING)
+
+    # ---------------------------------------------------------------- calls
+    def _handler(self, method: str, generated: Any) -> Any:
+        kw = {"request_deserializer": generated.request_deserializer,
+              "response_serializer": generated.response_serializer}
+        if generated.unary_unary is not None:
+            async def unary(request: Any, context: aio.ServicerContext) -> Any:
+                return await self._unary(method, request, context)
+            return grpc.unary_unary_rpc_method_handler(unary, **kw)
+        if generated.unary_stream is not None:
+            async def stream(request: Any, context: aio.ServicerContext) -> Any:
+                async for item in self._stream(method, request, context):
+                    yield item
+            return grpc.unary_stream_rpc_method_handler(stream, **kw)
+        raise rc.InvalidConfig(f"gRPC method {method!r}: only unary and server-streaming calls are served")
+
+    def _application(self, context: aio.ServicerContext) -> str | None:
+        """The deployment ``application`` names (None: unknown, or not given with several)."""
+        handles = self.ingress.handles
+        named = dict(context.invocation_metadata() or ()).get("application")
+        if len(handles) == 1:
+            return next(iter(handles))
+        return named if named in handles else None
+
+    async def _app_or_abort(self, context: aio.ServicerContext) -> str:
+        name = self._application(context)
+        if name is None:
+            named = dict(context.invocation_metadata() or ()).get("application")
+            self.codes["NOT_FOUND"] += 1
+            what = "Application metadata not set." if named is None else f"Application {named!r} not found."
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"{what} Ping /{API_SERVICE}/ListApplications for the applications.")
+        return name  # type: ignore[return-value]
+
+    async def _failed(self, exc: BaseException, name: str, context: aio.ServicerContext) -> None:
+        status, _error, detail = self.status_of(exc)
+        code = code_of(status)
+        self.codes[code.name] += 1
+        await context.abort(code, detail[-4000:])
+
+    async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
+        name = await self._app_or_abort(context)
+        try:
+            value = await self.ingress.call(name, method, (request,), {})
+        except asyncio.CancelledError:  # the client cancelled (or its deadline passed): the call is cancelled
+            self.codes["CANCELLED"] += 1
+            raise
+        except Exception as exc:
+            await self._failed(exc, name, context)
+        self.codes["OK"] += 1
+        return value
+
+    async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
+        from .http import _cancel
+
+        name = await self._app_or_abort(context)
+        ingress = self.ingress
+        handle = ingress.handles[name].options(stream=True, method_name=method)
+        response = None
+        ended = False
+        try:
+            response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s)
+            async for item in response:
+                yield item
+            ended = True
+        except asyncio.CancelledError:
+            self.codes["CANCELLED"] += 1
+            raise
+        except Exception as exc:
+            ended = True
+            await self._failed(exc, name, context)
+        finally:
+            if not ended and response is not None:
+                _cancel(response)
+        self.codes["OK"] += 1
+
+    # ------------------------------------------------------------- the API
+    async def _list(self, request: Any, context: aio.ServicerContext) -> Any:
+        out = struct_pb2.ListValue()
+        out.extend(sorted(self.ingress.handles))
+        return out
+
+    async def _healthz(self, request: Any, context: aio.ServicerContext) -> Any:
+        if self.ingress.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "This node is being drained.")
+        return wrappers_pb2.StringValue(value="success")
