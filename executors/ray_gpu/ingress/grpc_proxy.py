@@ -109,8 +109,11 @@ def code_of(status: int) -> grpc.StatusCode:
 class GrpcFront:
     """The proxy's gRPC server: one ``grpc.aio`` server on the HTTP server's loop."""
 
-    def __init__(self, ingress: Any, servicer_functions: Sequence[str]) -> None:
+    def __init__(self, ingress: Any, servicer_functions: Sequence[str], status_of: Any, cancel: Any) -> None:
         self.ingress = ingress  # (http._Ingress: routes, handles, the request path)
+        #: http.status_of (an error's HTTP status, mapped to a code here) and http._cancel, handed in:
+        #: this module does not import http.py, which starts it
+        self.status_of, self._cancel = status_of, cancel
         self.services = servicer_methods(servicer_functions)
         self.server: aio.Server | None = None
         self.health = health_aio.HealthServicer()
@@ -118,9 +121,6 @@ class GrpcFront:
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        from .http import status_of
-
-        self.status_of = status_of
         server = self.server = aio.server(options=[("grpc.so_reuseport", 0)])
         for service, methods in sorted(self.services.items()):
             handlers = {name: self._handler(name, h) for name, h in methods.items()}
@@ -202,8 +202,6 @@ class GrpcFront:
         return value
 
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
-        from .http import _cancel
-
         name = await self._app_or_abort(context)
         ingress = self.ingress
         handle = ingress.handles[name].options(stream=True, method_name=method)
@@ -222,7 +220,7 @@ class GrpcFront:
             await self._failed(exc, name, context)
         finally:
             if not ended and response is not None:
-                _cancel(response)
+                self._cancel(response)
         self.codes["OK"] += 1
 
     # ------------------------------------------------------------- the API

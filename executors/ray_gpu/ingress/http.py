@@ -948,7 +948,7 @@ class HttpIngress:
         if grpc_servicer_functions and grpc_port is not None:
             from .grpc_proxy import GrpcFront
 
-            self.grpc = GrpcFront(self.state, grpc_servicer_functions)
+            self.grpc = GrpcFront(self.state, grpc_servicer_functions, status_of, _cancel)
         self.thread = threading.Thread(target=lambda: asyncio.run(self._serve(sock, host, grpc_port)),
                                        name="rankcore-http", daemon=True)
         self.thread.start()
