@@ -27,7 +27,9 @@ window, errors (non-200 answers, exceptions, or an answer that is not the
 request's own body).
 
 Clients: one asyncio loop in the child (the driver process), one task per
-client. HTTP: each client its own ``httpx.AsyncClient`` with one keep-alive
+client. gRPC (``--paths grpc``): each client its own ``grpc.aio`` channel, unary ``Say`` calls
+of tests/integration/protos/echo.proto with the ``application`` metadata (both systems serve
+the same generated service: ``grpc_servicer_functions``). HTTP: each client its own ``httpx.AsyncClient`` with one keep-alive
 connection (``max_connections=1``), ``POST <url>/bench`` with a JSON body
 ``{"client": c, "seq": i, "text": "hello"}``. Handle: ``await
 handle.remote(body)`` from each task, for both systems. The load generator
@@ -53,6 +55,7 @@ How to run
     .venv/bin/python benchmarks/bench_http.py                     # 2 replicas, 1/16/64 clients, 5 s each
     .venv/bin/python benchmarks/bench_http.py --seconds 3 --clients 1,16 --json out.json
     .venv/bin/python benchmarks/bench_http.py --only ours --paths http
+    .venv/bin/python benchmarks/bench_http.py --paths grpc --clients 1,16,64   # gRPC: ours vs Serve's gRPC proxy
 
 Needs the ``bench`` extra (Ray Serve) and the ``http`` extra (starlette,
 uvicorn, httpx). Progress goes to stderr; the table (and ``--json`` file) is
@@ -92,10 +95,16 @@ def log(msg: str) -> None:
 
 # --------------------------------------------------------------------- models
 class OursEcho:
-    """Returns its input: over HTTP the ingress passes the JSON body as the one argument."""
+    """Returns its input: over HTTP the ingress passes the JSON body as the one argument; over
+    gRPC (``Say``) the request message, answered with a reply of the same text."""
 
     async def __call__(self, x: Any = None) -> Any:
         return x
+
+    async def Say(self, request: Any) -> Any:
+        from tests.integration.protos import echo_pb2
+
+        return echo_pb2.EchoReply(text=request.text)
 
 
 class ServeEcho:
@@ -107,6 +116,15 @@ class ServeEcho:
         if isinstance(x, Request):
             return await x.json()
         return x
+
+    async def Say(self, request: Any) -> Any:
+        from tests.integration.protos import echo_pb2
+
+        return echo_pb2.EchoReply(text=request.text)
+
+
+#: the gRPC service both systems serve (the tests' own stubs: tests/integration/protos/echo.proto)
+SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
 
 
 # ------------------------------------------------------------------- systems
@@ -121,12 +139,15 @@ class Ours:
 
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from executors.ray_gpu import deployment, run
-        from executors.ray_gpu.ingress.http import ingress_address
+        from executors.ray_gpu.ingress.http import ingress_address, proxies, start_ingress
 
+        start_ingress(port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS)
         d = deployment(OursEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = run(d.bind(), route_prefix=ROUTE, port=0, timeout=timeout)
         address = ingress_address()
         assert address is not None, "the ingress did not start"
+        (head,) = [p for p in proxies().values() if p["head"]]
+        self.grpc_target = f"{head['grpc_address'][0]}:{head['grpc_address'][1]}"
         return handle, f"http://{address[0]}:{address[1]}{ROUTE}"
 
     def shutdown(self) -> None:
@@ -139,8 +160,10 @@ class Serve:
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from ray import serve
 
-        port = _free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        port, grpc_port = _free_port(), _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port},
+                    grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS})
+        self.grpc_target = f"127.0.0.1:{grpc_port}"
         d: Any = serve.deployment(ServeEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = serve.run(d.bind(), name=DEP, route_prefix=ROUTE)
         return handle, f"http://127.0.0.1:{port}{ROUTE}"
@@ -225,6 +248,28 @@ async def http_level(url: str, clients: int, warmup: float, seconds: float, time
         await asyncio.gather(*(p.aclose() for p in pool))
 
 
+async def grpc_level(target: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+    """Each client its own channel (one HTTP/2 connection) and stub: ``Say`` unary calls, the
+    ``application`` metadata naming the deployment (Serve's application of the same name)."""
+    import grpc
+
+    from tests.integration.protos import echo_pb2, echo_pb2_grpc
+
+    channels = [grpc.aio.insecure_channel(target) for _ in range(clients)]
+    stubs = [echo_pb2_grpc.EchoStub(ch) for ch in channels]
+    meta = (("application", DEP),)
+
+    async def send(c: int, seq: int) -> bool:
+        text = f"{c}/{seq}"
+        reply = await stubs[c].Say(echo_pb2.EchoRequest(text=text), metadata=meta, timeout=timeout)
+        return bool(reply.text == text)
+
+    try:
+        return await load(send, clients, warmup, seconds)
+    finally:
+        await asyncio.gather(*(ch.close() for ch in channels))
+
+
 async def handle_level(handle: Any, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
     async def send(c: int, seq: int) -> bool:
         body = _body(c, seq)
@@ -259,6 +304,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
                     continue
                 if path == "http":
                     coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout)
+                elif path == "grpc":
+                    coro = grpc_level(system.grpc_target, clients, args.warmup, args.seconds, args.request_timeout)
                 else:
                     coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout)
                 got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
@@ -359,8 +406,8 @@ def _ints(text: str) -> list[int]:
 
 def _paths(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in ("http", "handle") for v in values):
-        raise argparse.ArgumentTypeError(f"paths are http and/or handle, got {text!r}")
+    if not values or any(v not in ("http", "handle", "grpc") for v in values):
+        raise argparse.ArgumentTypeError(f"paths are http, handle and/or grpc, got {text!r}")
     return values
 
 
@@ -369,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
     p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
-    p.add_argument("--paths", type=_paths, default=["http", "handle"], help="http,handle (default both)")
+    p.add_argument("--paths", type=_paths, default=["http", "handle"],
+                   help="http,handle (default), grpc: each proxy's gRPC server against Serve's gRPC proxy")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")
     p.add_argument("--budget", type=float, default=300.0,

@@ -1203,8 +1203,8 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
               for dep in state.deployments.values() for r in dep.replicas.values()
               if r.residency is not (Residency.WARM if dep.asleep else Residency.HOT)}
     # (a RequestResources re-tells the demand of the queue rebuilt: it replaces whatever was asked before)
-    # the proxies: each that ran is the core's again on its node; a draining one is told to drain
-    # again, a node whose proxy waited out a backoff starts one (nothing ran there to report). (A
+    # the proxies: each that ran is the core's again on its node, told whether it serves or drains
+    # (``DrainProxy``), a node whose proxy waited out a backoff starts one (nothing ran there to report). (A
     # pending replica placed anew may land elsewhere: where proxies are wanted may change with it,
     # and check_proxies holds the result to that.)
     book, got = state.proxies, result.state.proxies
@@ -1213,8 +1213,7 @@ def check_recovery_roundtrip(state: State, step_fn: Any = None) -> None:
         q = got.proxies.get(n)
         if p.phase is not ProxyPhase.BACKOFF and q is not None and q.proxy_id != p.proxy_id:
             _fail(f"recovery from own reports replaced proxy {p.proxy_id!r} by {q.proxy_id!r}")
-    again: set[tuple[Any, type]] = {(p.proxy_id, DrainProxy) for p in book.proxies.values()
-                                     if p.phase is ProxyPhase.DRAINING}
+    again: set[tuple[Any, type]] = {(p.proxy_id, DrainProxy) for p in book.proxies.values()}  # (told again)
     again |= {(n, StartProxy) for n, p in book.proxies.items() if p.phase is ProxyPhase.BACKOFF}
     again |= {(n, c) for n in moved for c in (StartProxy, DrainProxy, StopProxy)}
     others = [c for c in result.commands

@@ -186,8 +186,9 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     if sc.provisioning is not None:  # (the controller still asks Ray's autoscaler: RequestResources)
         faults.append("cluster.provisioning (the simulator's node provider: on Ray, nodes come from the "
                       "cluster's own autoscaler, which the controller asks with request_resources)")
-    if sc.proxies is not None:  # (not yet: the Ray executor's ingress is one actor, restarted by Ray)
-        faults.append("proxies (the simulator's proxy model: the Ray executor does not run a proxy per node yet)")
+    if sc.proxies is not None:  # (the scenario runner drives no proxy faults nor an outside load balancer)
+        faults.append("proxies (the simulator's proxy model: on Ray, start_ingress(proxy_location=...) runs them, "
+                      "and the scenario runner does not model their faults or the load balancer)")
     nodes_only = not multi_node and not faults and all(
         isinstance(a, NODE_ACTIONS) for a in sc.timeline if not isinstance(a, allowed))
     bad += faults

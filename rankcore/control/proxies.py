@@ -185,7 +185,7 @@ def health_checked(tx: Tx, e: ProxyHealthChecked) -> bool:
         tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=p.node_id, reason="unhealthy"))
         _put(tx, _restart(tx, p), p.node_id)
         return True
-    if p.phase is _DRAINING and p.deadline == _INF and e.ongoing == 0:
+    if p.phase is _DRAINING and p.deadline == _INF and e.healthy and e.ongoing == 0:  # (a failed check says nothing)
         tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=p.node_id, reason="drained"))
         _put(tx, None, p.node_id)
         return True
@@ -206,9 +206,10 @@ def node_draining(tx: Tx, e: NodeDraining) -> bool:
 
 
 def adopt(tx: Tx, config: ProxiesConfigured | None, ids: tuple[str, ...], next_number: int) -> None:
-    """A recovery (``ControllerRecovered``): the proxies alive are the core's again, as
-    healthy (the pass drains those whose node needs none); a second one on a node, or one
-    on a node the event does not list, is stopped."""
+    """A recovery (``ControllerRecovered``): the proxies alive are the core's again, each told
+    whether it serves (``DrainProxy(draining=False)``) or drains (a drain begun afresh): whether
+    it was draining is not known; a second one on a node, or one on a node the event does not
+    list, is stopped."""
     if config is None:
         if ids:
             raise InvalidEvent(f"ControllerRecovered names live proxies {', '.join(map(shown, ids[:3]))} but no "
@@ -226,6 +227,9 @@ def adopt(tx: Tx, config: ProxiesConfigured | None, ids: tuple[str, ...], next_n
         found.setdefault(parsed[0], []).append((parsed[1], pid))
     tx.proxies = _copy(tx.proxies, started=max(numbers) + 1)
     nodes = tx.view.nodes
+    want = wanted(tx.proxies, nodes)
+    o = _options(tx.proxies)
+    now, clock = _now(tx)
     for node_id in sorted(found):
         older, (_, keep) = sorted(found[node_id])[:-1], sorted(found[node_id])[-1]
         for _, pid in older:
@@ -233,7 +237,12 @@ def adopt(tx: Tx, config: ProxiesConfigured | None, ids: tuple[str, ...], next_n
         if node_id not in nodes:
             tx.emit(StopProxy(proxy_id=keep, node_id=node_id, reason="node_lost"))
             continue
-        _put(tx, Proxy(proxy_id=keep, node_id=node_id, phase=_HEALTHY), node_id)
+        # whether it was draining is not known: it is told which it is now (a drain starts afresh)
+        serving = node_id in want
+        tx.emit(DrainProxy(proxy_id=keep, node_id=node_id, draining=not serving))
+        end = now + o.min_draining_period_s if clock and o.min_draining_period_s > 0 else _INF
+        _put(tx, Proxy(proxy_id=keep, node_id=node_id, phase=_HEALTHY) if serving else
+             Proxy(proxy_id=keep, node_id=node_id, phase=_DRAINING, deadline=end), node_id)
 
 
 # ------------------------------------------------------------- the pass

@@ -142,3 +142,9 @@ def test_servicer_functions_are_checked_where_they_are_given():
         start_ingress(grpc_servicer_functions=["nowhere.add_XServicer_to_server"])
     with pytest.raises(rc.InvalidConfig, match="must be a list of import paths"):
         start_ingress(grpc_servicer_functions=SERVICERS[0])
+
+
+def test_other_grpc_services_asked_of_running_proxies_are_refused_not_ignored(channel):
+    with pytest.raises(rc.InvalidConfig, match=r"the proxies already run with grpc_servicer_functions"):
+        start_ingress(grpc_servicer_functions=[*SERVICERS, SERVICERS[0]])
+    start_ingress(grpc_servicer_functions=SERVICERS)  # (the same services: fine)

@@ -94,6 +94,8 @@ def test_a_node_left_without_replicas_drains_its_proxy_which_stops_only_with_not
     # before the period, nothing in flight does not end it
     assert proxy_cmds(run(rc.ProxyHealthChecked(proxy_id="proxy:w0#1", healthy=True, ongoing=0, now=20.0))) == []
     run(rc.Tick(now=42.0))
+    # a failed check says nothing of what is in flight: it does not end the drain
+    assert proxy_cmds(run(rc.ProxyHealthChecked(proxy_id="proxy:w0#1", healthy=False, ongoing=0, now=43.0))) == []
     # after it: a request still in flight keeps it ...
     assert proxy_cmds(run(rc.ProxyHealthChecked(proxy_id="proxy:w0#1", healthy=True, ongoing=2, now=45.0))) == []
     # ... and the first report of none ends it
@@ -194,7 +196,9 @@ def test_a_recovered_controller_adopts_the_live_proxies_and_drains_what_is_not_n
     result = rc.step(rc.State(), event)
     check_state(result.state)
     assert proxy_cmds(result) == [rc.StopProxy(proxy_id="proxy:head#0", node_id="head", reason="not_needed"),
+                                  rc.DrainProxy(proxy_id="proxy:head#5", node_id="head", draining=False),
                                   rc.DrainProxy(proxy_id="proxy:w0#3", node_id="w0")]  # (w0 holds no replica)
+    # whether a proxy drained before is not known: each is told what it is now
     assert result.state.proxies.proxies["head"].proxy_id == "proxy:head#5"
     assert result.state.proxies.started == 7
     with pytest.raises(rc.InvalidEvent, match="no proxies config"):

@@ -32,9 +32,8 @@ import rankcore as rc
 __all__ = ["ConfigError", "ServeConfig", "ApplicationConfig", "DeploymentConfig", "HTTPOptions", "GRPCOptions",
            "PROXY_LOCATIONS", "load", "parse", "dump", "to_plain", "build_config", "max_surge_of_percent"]
 
-#: Ray Serve's ``ProxyLocation`` values. One ingress runs, on the head node: ``HeadOnly`` is what
-#: we do, ``EveryNode`` (Serve's default) is taken as ``HeadOnly`` with a warning, ``Disabled``
-#: exposes no route.
+#: Ray Serve's ``ProxyLocation`` values: where the core runs proxies (rankcore/control/proxies.py);
+#: ``Disabled`` exposes no route.
 PROXY_LOCATIONS = rc.PROXY_LOCATIONS  # (declared once: rankcore.ProxyLocation)
 #: Ray Serve's default application name
 DEFAULT_APP_NAME = "default"

@@ -746,7 +746,7 @@ class Controller:
         self.ledger.feed(event)
         return len(self.ledger.errors) == errors
 
-    async def start_proxies(self, settings: ProxySettings, timeout: float = 30.0) -> str:
+    async def start_proxies(self, settings: ProxySettings, timeout: float = 30.0, set_options: bool = True) -> str:
         """Run the proxies with ``settings`` from now on (``ingress.http.start_ingress``): the core is
         told where they run (``ProxiesConfigured``, with this controller's node as the head) and starts
         them; returns the head proxy's actor name once it serves. Proxies already running with other
@@ -757,6 +757,13 @@ class Controller:
                 and settings.port != 0:
             raise rc.InvalidConfig(f"the proxies already run on {pr.settings.host}:{pr.settings.port}, not "
                                    f"{settings.host}:{settings.port} (one set of proxies per cluster)")
+        if pr.settings is not None and settings.grpc_servicer_functions and \
+                pr.settings.grpc_servicer_functions != settings.grpc_servicer_functions:
+            raise rc.InvalidConfig(f"the proxies already run with grpc_servicer_functions="
+                                   f"{list(pr.settings.grpc_servicer_functions)} on grpc_port={pr.settings.grpc_port}, "
+                                   f"not {list(settings.grpc_servicer_functions)} on {settings.grpc_port} (reset first)")
+        if pr.settings is not None and not set_options:
+            settings = attrs.evolve(settings, options=pr.settings.options)  # (where they run stays as set)
         if pr.settings is None or pr.settings.options != settings.options:
             if not self.ledger.nodes:
                 self.watcher.sync_nodes()  # (the core learns the nodes before it places proxies)
@@ -783,6 +790,11 @@ class Controller:
         pr = self.carrier.proxies
         if pr.settings is not None and pr.settings.options != options and pr.head is not None:
             pr.configure(attrs.evolve(pr.settings, options=options), pr.head)
+
+    async def proxy_settings(self) -> ProxySettings | None:
+        """The settings the proxies run with (None: none runs)."""
+        await self.recovery.ready()
+        return self.carrier.proxies.settings
 
     async def proxies(self) -> dict:
         """Each proxy the core runs: its node, actor name, phase and address (``ingress.http.proxies``)."""

@@ -92,7 +92,7 @@ class Proxies:
     health_timeout_s = PROXY_HEALTH_CHECK_TIMEOUT_S
     drain_check_s = PROXY_DRAIN_CHECK_PERIOD_S
     #: how long a new proxy may wait for its name (its predecessor's, killed a moment ago)
-    name_wait_s = 10.0
+    name_wait_s = 30.0
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -128,7 +128,9 @@ class Proxies:
                 p.draining = cmd.draining
                 p.actor.set_draining.remote(cmd.draining)
         elif isinstance(cmd, rc.StopProxy):
-            self.stop(cmd.proxy_id)
+            # a drained one (or one never needed) closes its server first; one given up on (unhealthy,
+            # not ready, its node gone) is killed at once: its successor needs its name now
+            self.stop(cmd.proxy_id, graceful=cmd.reason in ("drained", "not_needed"))
 
     def start(self, cmd: rc.StartProxy) -> None:
         s = self.settings
@@ -156,16 +158,21 @@ class Proxies:
                          grpc_servicer_functions=s.grpc_servicer_functions)
                 break
             except ValueError:  # the name is still its predecessor's (killed a moment ago)
-                if time.monotonic() > deadline or self.live.get(p.proxy_id) is not p:
+                if self.live.get(p.proxy_id) is not p or p.stopping:
+                    return  # (stopped meanwhile: nothing was made)
+                if time.monotonic() > deadline:
                     self._died(p, "its actor name stayed taken")
                     return
                 await asyncio.sleep(0.1)
         try:
             await p.actor.ready.remote()
         except Exception as exc:
-            self._died(p, f"did not start: {getattr(exc, 'cause', None) or exc}")
+            self.ledger.spawn(_stop(p.actor, 0.0))  # (a half-started proxy may hold its ports)
+            if self.live.get(p.proxy_id) is p and not p.stopping:
+                self._died(p, f"did not start: {getattr(exc, 'cause', None) or exc}")
             return
         if self.live.get(p.proxy_id) is not p or p.stopping:
+            self.ledger.spawn(_stop(p.actor))  # (stopped while it started: made all the same, so killed)
             return
         p.ready = True
         self.ledger.spawn(self._watch(p))
@@ -184,12 +191,12 @@ class Proxies:
         self.live.pop(p.proxy_id, None)
         self.ledger.feed(rc.ProxyCrashed(proxy_id=p.proxy_id, reason=reason, now=self.ledger.now()))
 
-    def stop(self, proxy_id: str) -> None:
+    def stop(self, proxy_id: str, graceful: bool = True) -> None:
         p = self.live.pop(proxy_id, None)
         if p is not None:
             p.stopping = True
             if p.actor is not None:
-                self.ledger.spawn(_stop(p.actor))
+                self.ledger.spawn(_stop(p.actor, 10.0 if graceful else 0.0))
 
     async def stop_all(self, timeout: float = 10.0) -> None:
         """Every proxy this controller knows, and any left by an earlier one (``reset``)."""
@@ -307,11 +314,12 @@ def proxy_names() -> list[str]:
 
 
 async def _stop(actor: Any, timeout: float = 10.0) -> None:
-    """Close its server (its port is free again), then kill it."""
-    try:
-        await asyncio.wait_for(actor.stop.remote(), timeout)
-    except Exception:  # (dead, or not answering: killed all the same)
-        pass
+    """Close its server (its port is free again), then kill it (``timeout`` 0: kill it at once)."""
+    if timeout > 0:
+        try:
+            await asyncio.wait_for(actor.stop.remote(), timeout)
+        except Exception:  # (dead, or not answering: killed all the same)
+            pass
     try:
         ray.kill(actor, no_restart=True)
     except Exception:

@@ -191,6 +191,7 @@ class GrpcFront:
 
     async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         name = await self._app_or_abort(context)
+        self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
             value = await self.ingress.call(name, method, (request,), {})
         except asyncio.CancelledError:  # the client cancelled (or its deadline passed): the call is cancelled
@@ -198,16 +199,19 @@ class GrpcFront:
             raise
         except Exception as exc:
             await self._failed(exc, name, context)
+        finally:
+            self.ingress.ongoing -= 1
         self.codes["OK"] += 1
         return value
 
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         name = await self._app_or_abort(context)
         ingress = self.ingress
-        handle = ingress.handles[name].options(stream=True, method_name=method)
         response = None
         ended = False
+        ingress.ongoing += 1
         try:
+            handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s)
             async for item in response:
                 yield item
@@ -219,6 +223,7 @@ class GrpcFront:
             ended = True
             await self._failed(exc, name, context)
         finally:
+            ingress.ongoing -= 1
             if not ended and response is not None:
                 self._cancel(response)
         self.codes["OK"] += 1

@@ -939,8 +939,10 @@ class HttpIngress:
 
                 return contextlib.nullcontext()
 
+        loop, parser = server_stack()
+        self.stack = (loop, parser)
         config = uvicorn.Config(make_app(self.state), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30)
+                                timeout_keep_alive=30, http=parser)
         self.server = Server(config)
         #: gRPC beside HTTP (grpc_proxy.py), on the same loop, when servicer functions are given
         self.grpc: Any = None
@@ -949,8 +951,15 @@ class HttpIngress:
             from .grpc_proxy import GrpcFront
 
             self.grpc = GrpcFront(self.state, grpc_servicer_functions, status_of, _cancel)
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve(sock, host, grpc_port)),
-                                       name="rankcore-http", daemon=True)
+        def serve() -> None:
+            if loop == "uvloop":
+                import uvloop
+
+                uvloop.run(self._serve(sock, host, grpc_port))
+            else:
+                asyncio.run(self._serve(sock, host, grpc_port))
+
+        self.thread = threading.Thread(target=serve, name="rankcore-http", daemon=True)
         self.thread.start()
 
     async def _serve(self, sock: socket.socket, host: str, grpc_port: int | None) -> None:
@@ -958,8 +967,9 @@ class HttpIngress:
         if self.grpc is not None:
             try:
                 await self.grpc.start(host, grpc_port or 0)
-            except BaseException as exc:  # (ready() says so)
+            except BaseException as exc:  # (ready() says so; its HTTP port is given back)
                 self.grpc_error = exc
+                sock.close()
                 return
         try:
             await self.server.serve(sockets=[sock])
@@ -982,6 +992,10 @@ class HttpIngress:
         """The gRPC server's address (None: this proxy serves no gRPC)."""
         self.ready()
         return self.grpc.address if self.grpc is not None else None
+
+    def stack_info(self) -> dict:
+        """Its event loop and HTTP parser (``server_stack``)."""
+        return {"loop": self.stack[0], "http": self.stack[1]}
 
     def grpc_codes(self) -> dict[str, int]:
         """gRPC answers by status code (``OK``, ``CANCELLED``, ``NOT_FOUND`` ...)."""
@@ -1069,6 +1083,22 @@ class HttpIngress:
         return {"enabled": acc.enabled, "path": acc.path, "records": acc.last(n)}
 
 
+def server_stack() -> tuple[str, str]:
+    """The proxy's event loop and HTTP parser: ``uvloop`` and ``httptools`` where installed (the
+    ``http`` extra installs both; docs/benchmarks.md measured them), else asyncio's loop and
+    ``h11``. ``RANKCORE_HTTP_LOOP`` (``uvloop`` / ``asyncio``) and ``RANKCORE_HTTP_PARSER``
+    (``httptools`` / ``h11``) choose one (the benchmark compares them)."""
+    import importlib.util
+
+    loop = os.environ.get("RANKCORE_HTTP_LOOP") or ("uvloop" if importlib.util.find_spec("uvloop") else "asyncio")
+    parser = os.environ.get("RANKCORE_HTTP_PARSER") or (
+        "httptools" if importlib.util.find_spec("httptools") else "h11")
+    if loop not in ("uvloop", "asyncio") or parser not in ("httptools", "h11"):
+        raise rc.InvalidConfig(f"RANKCORE_HTTP_LOOP must be uvloop or asyncio and RANKCORE_HTTP_PARSER httptools "
+                               f"or h11, got {loop!r} and {parser!r}")
+    return loop, parser
+
+
 def _default_logs_dir() -> str | None:
     """``<Ray's session log directory>/rankcore`` (beside Serve's ``serve/``); None outside Ray."""
     try:
@@ -1148,6 +1178,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
 
     servicers = check_servicer_functions(grpc_servicer_functions)
+    asked_port = grpc_port  # (None: the running one's, or the default for new proxies)
     if servicers and grpc_port is None:
         grpc_port = DEFAULT_GRPC_PORT
     for name, value in (("port", port), ("worker_port", worker_port), ("grpc_port", grpc_port)):
@@ -1173,7 +1204,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             logs_dir=logs_dir, options=options, actor_class=HttpIngress,
             grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers)
         try:
-            name = ray.get(controller_actor().start_proxies.remote(settings))
+            explicit = proxy_location is not None or proxy_options is not None
+            name = ray.get(controller_actor().start_proxies.remote(settings, set_options=explicit))
         except RayTaskError as exc:
             if isinstance(exc.cause, rc.RankcoreError):
                 raise exc.cause from None
@@ -1184,6 +1216,13 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     else:
         if proxy_location is not None or proxy_options is not None:  # (where they run may change)
             ray.get(controller_actor().set_proxy_options.remote(options))
+        if servicers:  # (gRPC asked of proxies that run: with these very services, or refused)
+            running = ray.get(controller_actor().proxy_settings.remote())
+            if running is not None and (running.grpc_servicer_functions != servicers
+                                        or (asked_port not in (None, 0) and asked_port != running.grpc_port)):
+                raise rc.InvalidConfig(f"the proxies already run with grpc_servicer_functions="
+                                       f"{list(running.grpc_servicer_functions)} on grpc_port={running.grpc_port}, "
+                                       f"not {list(servicers)} (one set of proxies per cluster: reset first)")
     deadline = time.monotonic() + 60.0
     while True:
         try:
