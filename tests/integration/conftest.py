@@ -41,6 +41,37 @@ def _local_ray(num_gpus: int, store_mib: int, end: str):
         ray.shutdown()
 
 
+#: fast node health checks for the multi-node clusters (a lost node is seen within ~2 s)
+FAST_NODE_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
+                    "health_check_initial_delay_ms": 0}
+
+
+def multi_node_cluster(workers: int, gpus_per_worker: int, end: str = "shutdown_replicas"):
+    """A ``ray.cluster_utils.Cluster`` for one module: a head with 2 CPUs and no GPU, ``workers``
+    worker nodes of 2 CPUs and ``gpus_per_worker`` logical GPUs, fast node health checks; yields
+    ``(cluster, worker nodes)``. At its end the controller is asked ``end`` and everything stops."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from executors.ray_gpu import get_controller
+    from executors.ray_gpu.api.deployments import ask
+
+    ray_env()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": FAST_NODE_CHECKS,
+                                                      "include_dashboard": False,
+                                                      "object_store_memory": 128 * 1024**2})
+    nodes = [c.add_node(num_cpus=2, num_gpus=gpus_per_worker, object_store_memory=128 * 1024**2)
+             for _ in range(workers)]
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    yield c, nodes
+    try:
+        ask(get_controller(), end)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray with 4 logical GPUs, replicas stopped at the end."""

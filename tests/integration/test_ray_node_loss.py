@@ -9,30 +9,15 @@ import time
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
-from tests.integration.conftest import ray_env
-
-FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+from tests.integration.conftest import multi_node_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray_env()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": FAST,
-                                                      "include_dashboard": False,
-                                                      "object_store_memory": 128 * 1024**2})
-    workers = [c.add_node(num_cpus=2, num_gpus=2, object_store_memory=128 * 1024**2) for _ in range(2)]
-    ray.init(address=c.address, log_to_driver=False)
-    c.wait_for_nodes()
-    yield c, workers
-    try:
-        ask(get_controller(), "shutdown_replicas")
-    finally:
-        ray.shutdown()
-        c.shutdown()
+    yield from multi_node_cluster(2, 2, end="shutdown_replicas")
 
 
 @ray.remote(num_cpus=0, num_gpus=2)
