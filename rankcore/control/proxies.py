@@ -246,7 +246,7 @@ def adopt(tx: Tx, config: ProxiesConfigured | None, ids: tuple[str, ...], next_n
 
 
 # ------------------------------------------------------------- the pass
-def reconcile(tx: Tx, force: bool = False) -> None:
+def reconcile(tx: Tx) -> None:
     """The end-of-step pass: make the proxies match ``wanted``, and act on the deadlines
     due. Skipped unless the core runs proxies and the step changed the proxies, the nodes,
     or reached a proxy's deadline (O(nodes) when it runs: never on the fast paths' steps)."""
@@ -255,7 +255,7 @@ def reconcile(tx: Tx, force: bool = False) -> None:
         return
     cl = tx.view
     nodes = cl.nodes
-    if not (force or book is not tx.initial_proxies or nodes is not tx.cluster.nodes or cl.now >= book.next_at):
+    if not (book is not tx.initial_proxies or nodes is not tx.cluster.nodes or cl.now >= book.next_at):
         return
     now, clock = cl.now, cl.clock
     if book.draining and any(n not in nodes for n in book.draining):
