@@ -126,6 +126,7 @@ from .control.bluegreen import role as blue_green_role
 from .control.bluegreen import shown_ranks
 from .control.moves import is_held
 from .control.pool import PoolView
+from .control.proxies import parse_proxy_id
 from .control.proxies import serving as serving_proxies
 from .control.proxies import wanted as proxy_nodes
 from .core import run, step
@@ -164,5 +165,5 @@ __all__ = [
     "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",
     "ProxiesConfigured", "ProxyStarted", "ProxyCrashed", "ProxyHealthChecked", "NodeDraining",
     "StartProxy", "DrainProxy", "StopProxy", "PROXY_STOP_REASONS", "ProxyLocation", "PROXY_LOCATIONS", "ProxyOptions",
-    "ProxyPhase", "Proxy", "ProxyBook", "serving_proxies", "proxy_nodes",
+    "ProxyPhase", "Proxy", "ProxyBook", "serving_proxies", "proxy_nodes", "parse_proxy_id",
 ]

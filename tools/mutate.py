@@ -546,8 +546,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "backoff-uncapped", RESTARTS,
-        "    return min(o.restart_backoff_s * 2.0 ** min(k - 2, 64), o.restart_backoff_max_s)\n",
-        "    return o.restart_backoff_s * 2.0 ** min(k - 2, 64)\n",
+        "    return min(base_s * 2.0 ** min(k - 2, 64), max_s)\n",
+        "    return base_s * 2.0 ** min(k - 2, 64)\n",
         "[Health: restart backoff] the wait is capped at restart_backoff_max_s",
     ),
     mutation(

@@ -63,7 +63,8 @@ class SimProxies:
         self._settle()
         p = self.up[cmd.proxy_id] = _Proxy(cmd.proxy_id, cmd.node_id)
         self.starts += 1
-        self.numbered = max(self.numbered, int(cmd.proxy_id.rpartition("#")[2]) + 1)
+        parsed = rc.parse_proxy_id(cmd.proxy_id)
+        self.numbered = max(self.numbered, (parsed[1] if parsed else -1) + 1)
         self.sim.schedule(self.spec.start.sample(self._start), self._ready, p)
         if self.spec.crash_rate > 0:
             self.sim.schedule(self._crash.expovariate(self.spec.crash_rate), self._die, p, "crashed")

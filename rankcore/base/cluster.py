@@ -109,8 +109,8 @@ class Cluster:
     #: when a replica too young to be evicted for a waiting one comes of age (the
     #: queue is tried again then; inf: nobody waits for that)
     evictable_at: float = math.inf
-    #: when the proxies' earliest deadline falls (``ProxyBook.next_at``, mirrored here so that
-    #: ``clock_work_due`` sees it; inf: none)
+    #: when the proxies' earliest deadline falls (``rankcore.control.proxies``: kept here, beside
+    #: the replicas' deadlines, so that ``clock_work_due`` sees it; inf: none)
     proxies_at: float = math.inf
 
     @property

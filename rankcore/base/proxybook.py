@@ -21,6 +21,7 @@ import immutables
 
 from . import fields as f
 from .errors import InvalidConfig
+from .options import RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S
 
 __all__ = ["ProxyLocation", "PROXY_LOCATIONS", "ProxyPhase", "ProxyOptions", "Proxy", "ProxyBook",
            "PROXY_READY_CHECK_TIMEOUT_S", "PROXY_HEALTH_CHECK_UNHEALTHY_THRESHOLD", "PROXY_MIN_DRAINING_PERIOD_S",
@@ -52,8 +53,7 @@ PROXY_MIN_DRAINING_PERIOD_S = 30.0
 #: ours (Serve restarts a dead proxy at its next control loop): a proxy that dies before it was
 #: ever ready again is restarted after a doubling backoff, as a replica's failed starts are
 #: (``rankcore.control.restarts``): at once, then 1, 2, 4 ... 64 s
-PROXY_RESTART_BACKOFF_S = 1.0
-PROXY_RESTART_BACKOFF_MAX_S = 64.0
+PROXY_RESTART_BACKOFF_S, PROXY_RESTART_BACKOFF_MAX_S = RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S
 
 
 def _location(value: object) -> object:
@@ -137,10 +137,8 @@ class ProxyBook:
     proxies: immutables.Map = attrs.field(factory=immutables.Map)
     #: nodes being drained (``NodeDraining``): their proxies drain
     draining: frozenset = frozenset()
-    #: proxies ever started (numbers the next one)
+    #: proxies ever started (numbers the next one); the earliest deadline is ``Cluster.proxies_at``
     started: int = 0
-    #: the earliest ``Proxy.deadline`` (inf: none)
-    next_at: float = math.inf
 
     @property
     def managed(self) -> bool:

@@ -35,6 +35,7 @@ from ..base.events import NodeDraining, ProxiesConfigured, ProxyCrashed, ProxyHe
 from ..base.fields import shown
 from ..base.proxybook import Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
 from ..base.records import unchecked_copy
+from .restarts import doubling
 from .transaction import Tx
 
 __all__ = ["wanted", "adopt", "configure", "started", "died", "health_checked", "node_draining", "reconcile",
@@ -66,9 +67,7 @@ def serving(book: ProxyBook) -> tuple[str, ...]:
 def backoff_s(o: ProxyOptions, restarts: int) -> float:
     """How long a proxy's restart waits after ``restarts`` deaths in a row before it was ever
     ready: the replicas' rule (``restarts.backoff_s``), on the proxies' own options."""
-    if restarts <= 1:
-        return 0.0
-    return min(o.restart_backoff_s * 2.0 ** min(restarts - 2, 64), o.restart_backoff_max_s)
+    return 0.0 if restarts <= 1 else doubling(restarts, o.restart_backoff_s, o.restart_backoff_max_s)
 
 
 def ready_timeout_s(o: ProxyOptions, restarts: int) -> float:
@@ -255,7 +254,7 @@ def reconcile(tx: Tx) -> None:
         return
     cl = tx.view
     nodes = cl.nodes
-    if not (book is not tx.initial_proxies or nodes is not tx.cluster.nodes or cl.now >= book.next_at):
+    if not (book is not tx.initial_proxies or nodes is not tx.cluster.nodes or cl.now >= cl.proxies_at):
         return
     now, clock = cl.now, cl.clock
     if book.draining and any(n not in nodes for n in book.draining):
@@ -283,30 +282,26 @@ def reconcile(tx: Tx) -> None:
             elif due:  # draining, and its drain may end now: at the next report of nothing in flight
                 _put(tx, _copy(p, deadline=_INF, ongoing=None), node_id)
             continue
+        if p.phase is _STARTING and due:  # not ready in time: stopped, started again after the backoff
+            tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=node_id, reason="ready_timeout"))
+            p = _restart(tx, p)
+            _put(tx, p, node_id)
         if p.phase is _DRAINING:  # wanted again: it serves again
             tx.emit(DrainProxy(proxy_id=p.proxy_id, node_id=node_id, draining=False))
             _put(tx, _copy(p, phase=_HEALTHY, deadline=_INF, ongoing=None), node_id)
-        elif p.phase is _BACKOFF and (due or p.deadline <= now):
+        elif p.phase is _BACKOFF and p.deadline <= now:
             _put(tx, _start(tx, node_id, p.restarts), node_id)
-        elif p.phase is _STARTING and due:  # not ready in time: stopped, started again
-            tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=node_id, reason="ready_timeout"))
-            _put(tx, _restart(tx, p), node_id)
-            q = tx.proxies.proxies[node_id]
-            if q.deadline <= now:
-                _put(tx, _start(tx, node_id, q.restarts), node_id)
     for node_id in sorted(want - set(tx.proxies.proxies.keys())):
         _put(tx, _start(tx, node_id, 0), node_id)
     _deadlines(tx)
 
 
 def _deadlines(tx: Tx) -> None:
-    """Keep ``next_at`` (and the cluster's mirror, which ``clock_work_due`` reads) and ask for a Tick."""
-    book = tx.proxies
-    nxt = min((p.deadline for p in book.proxies.values()), default=_INF)
-    if nxt != book.next_at:
-        tx.proxies = _copy(book, next_at=nxt)
-        if nxt != _INF and tx.view.clock:
-            tx.tick_at(nxt)
+    """Keep the proxies' earliest deadline (``Cluster.proxies_at``, which ``clock_work_due`` reads)
+    and ask for a Tick then."""
+    nxt = min((p.deadline for p in tx.proxies.proxies.values()), default=_INF)
     if tx.view.proxies_at != nxt:
         cl = tx.cl
         cl.proxies_at, cl.changed = nxt, True
+        if nxt != _INF and cl.clock:
+            tx.tick_at(nxt)

@@ -29,7 +29,7 @@ from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.clustertx import ClusterTx
 
-__all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "defer", "release"]
+__all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "doubling", "defer", "release"]
 
 #: what makes a crash a failed start (of a replica still starting): its code raised, or it hung
 FAILED_START_CAUSES = frozenset({"error", "start_timeout"})
@@ -66,7 +66,13 @@ def backoff_s(dep: Deployment) -> float:
     if k <= 1:
         return 0.0  # the first failure is retried at once (it may have been a fluke)
     o = dep.config.start
-    return min(o.restart_backoff_s * 2.0 ** min(k - 2, 64), o.restart_backoff_max_s)
+    return doubling(k, o.restart_backoff_s, o.restart_backoff_max_s)
+
+
+def doubling(k: int, base_s: float, max_s: float) -> float:
+    """The wait after the ``k``-th failure in a row (``k`` >= 2): ``base_s``, doubling, at most
+    ``max_s`` (the replicas' rule; the proxies' too, ``rankcore.control.proxies``)."""
+    return min(base_s * 2.0 ** min(k - 2, 64), max_s)
 
 
 def defer(tx: Tx, rid: str, replaces: str, at: float) -> None:

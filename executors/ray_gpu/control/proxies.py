@@ -138,7 +138,7 @@ class Proxies:
             log.error("StartProxy %s without proxy settings (no ProxiesConfigured from this controller)", cmd.proxy_id)
             return
         p = self.live[cmd.proxy_id] = _Live(cmd.proxy_id, cmd.node_id, proxy_actor_name(cmd.node_id, self.head))
-        persist.save_proxy_number(int(cmd.proxy_id.rpartition("#")[2]) + 1)
+        persist.save_proxy_number(_number(cmd.proxy_id) + 1)
         self.ledger.spawn(self._start(p, s))
 
     async def _start(self, p: _Live, s: ProxySettings) -> None:
@@ -285,10 +285,16 @@ class Proxies:
             p.actor, p.ready = actor, True
             self.ledger.spawn(self._watch(p))
             ids.append(pid)
-            numbers.append(int(pid.rpartition("#")[2]))
+            numbers.append(_number(pid))
         self._start_loop()
         return {"proxies": self.configured(), "proxy_ids": tuple(sorted(ids)),
                 "next_proxy_number": max(max(numbers) + 1, persist.load_proxy_number())}
+
+
+def _number(pid: str) -> int:
+    """The incarnation number of a proxy id the core made (``rankcore.parse_proxy_id``)."""
+    parsed = rc.parse_proxy_id(pid)
+    return -1 if parsed is None else parsed[1]
 
 
 _REMOTE: dict[Any, Any] = {}
