@@ -140,3 +140,33 @@ def test_a_node_left_without_replicas_drains_its_proxy_then_stops_it(cluster):
     assert set(_by_node()) == {head}
     assert _wait(lambda: not [a for a in ray.util.list_named_actors(all_namespaces=True)
                               if a["name"] == p["actor_name"]], timeout=15)
+
+
+def test_a_node_ray_drains_has_its_proxy_drained_then_stopped_while_its_replica_serves_on(cluster):
+    """Ray's GCS drains a node (what its autoscaler does before a preemption or an idle
+    termination; here ``drain_node`` with a deadline, as ``ray drain-node`` sends): the controller
+    reads the GCS's drain list and tells the core (``NodeDraining``); the proxy there answers 503
+    on ``/-/healthz`` and then stops, as Serve's does. The replica there is not moved by it."""
+    from ray.core.generated import autoscaler_pb2
+
+    head = ray.get_runtime_context().get_node_id()
+    get_deployment_handle("where").scale(1)
+    ready = _wait(lambda: (b := _by_node()) and len(b) == 2 and all(
+        p["phase"] == "healthy" and p["address"] for _, p in b.values()) and b)
+    assert ready, proxies()
+    node = next(n for n in ready if n != head)
+    address, name = tuple(ready[node][1]["address"]), ready[node][1]["actor_name"]
+    assert _get(address, "/-/healthz")[0] == 200
+    gcs = ray._private.worker.global_worker.gcs_client
+    accepted, why = gcs.drain_node(node, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                   "rankcore test", int(time.time() * 1000) + 600_000)
+    assert accepted, why
+    saw_503 = _wait(lambda: _get(address, "/-/healthz")[0] == 503, timeout=30, every=0.1)
+    assert saw_503, "the proxy on the node Ray drains kept answering 200 on /-/healthz"
+    assert _wait(lambda: node not in _by_node(), timeout=30), proxies()
+    assert set(_by_node()) == {head}
+    assert _wait(lambda: not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name],
+                 timeout=15)
+    assert ray.get(get_controller().replica_nodes.remote("where")) == [node]  # not moved by the drain
+    status, body = _get(tuple(_by_node()[head][1]["address"]), "/where")
+    assert status == 200 and json.loads(body)["node"] == node

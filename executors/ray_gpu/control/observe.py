@@ -1,7 +1,9 @@
 """What the Ray controller observes of Ray, told to the core as events.
 
 The cluster's nodes (``NodeJoined`` / ``NodeCapacityChanged`` / ``NodeLost``,
-from ``ray.nodes()``, less what the callers' placement groups hold), where a
+from ``ray.nodes()``, less what the callers' placement groups hold), the nodes
+Ray is draining (``NodeDraining``, from the GCS's drain list: its autoscaler or
+``ray drain-node``), where a
 static deployment's bundles are (``BundlesPlaced``), replica actors' deaths
 (``ReplicaCrashed`` with the cause read from Ray's death record, or one
 ``NodeLost`` for deaths on a node Ray declared dead) and health checks
@@ -132,6 +134,18 @@ def node_dead(node_id: str) -> bool:
         return False
 
 
+def draining_nodes() -> set[str]:
+    """The nodes Ray's GCS is draining (its autoscaler's idle or preemption drains, ``ray
+    drain-node``): what Ray Serve's controller reads to drain their proxies. A GCS that does not
+    answer: none this pass (the next pass asks again)."""
+    try:
+        gcs = ray._private.worker.global_worker.gcs_client
+        return set(gcs.get_draining_nodes(timeout=5))
+    except Exception as exc:  # GCS hiccup, or a Ray without the call
+        log.debug("could not read the draining nodes: %r", exc)
+        return set()
+
+
 class Watcher:
     """Turns what Ray reports (nodes, bundles, deaths, health checks) into core events."""
 
@@ -218,7 +232,9 @@ class Watcher:
         """Tell the core what changed in the cluster since it was last told: a
         new node joins (``NodeJoined``), a node whose total resources changed
         says so (``NodeCapacityChanged``), a node it knows that Ray reports dead
-        (or no longer lists) is lost (``NodeLost``, through ``lose_node``)."""
+        (or no longer lists) is lost (``NodeLost``, through ``lose_node``), a node
+        Ray has begun to drain is draining (``NodeDraining``, once: the core keeps
+        it; after a recovery the core is told again)."""
         led = self.ledger
         alive = {j.node_id: j for j in self.alive_nodes()}
         for node_id in sorted(set(led.nodes) - set(alive)):
@@ -230,6 +246,9 @@ class Watcher:
             elif led.nodes[node_id] != joined.resources:
                 led.nodes[node_id] = joined.resources
                 led.feed(rc.NodeCapacityChanged(node_id=node_id, resources=joined.resources))
+        known = led.driver.state.proxies.draining
+        for node_id in sorted((draining_nodes() & set(led.nodes)) - known):
+            led.feed(rc.NodeDraining(node_id=node_id, now=led.now()))
 
     def lose_node(self, node_id: str) -> None:
         """A node died: one ``NodeLost`` (the core crashes every replica it
