@@ -10,11 +10,13 @@
 #     bash benchmarks/gpu_session.sh --wheels        # here, once: fill .whl/ (git-ignored via .git/info/exclude)
 #     bash benchmarks/gpu_session.sh                 # there (device tool, carry [".whl"]): all steps
 #     bash benchmarks/gpu_session.sh tiers1 share    # only these (names below)
+#     bash benchmarks/gpu_session.sh env http proxies  # issue 38's ingress figures on a quiet 16-core host
 set -u
 if [ "${1:-}" = "--wheels" ]; then  # the versions constraints.txt pins, for the device's Python 3.12
     set -e
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
     mkdir -p .whl
+    rm -f .whl/*.whl  # one version of each package: none left over from an earlier set
     pin() { grep -i "^$1==" constraints.txt || { echo "$1 is not pinned in constraints.txt" >&2; exit 1; }; }
     plat="--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
           --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64"
@@ -22,6 +24,17 @@ if [ "${1:-}" = "--wheels" ]; then  # the versions constraints.txt pins, for the
     python3 -m pip download -q --no-deps --only-binary=:all: $plat -d .whl $(pin attrs) $(pin immutables) \
         $(pin transitions) $(pin cattrs) jsonschema==4.26.0 referencing==0.37.0 \
         jsonschema-specifications==2025.9.1 rpds-py==2026.9.1
+    # Ray Serve (HTTP and gRPC proxies) and rankcore's ingress (executors/ray_gpu/ingress/): grpcio and
+    # protobuf at our pins (they shadow the device's own, of unknown versions), the health and reflection
+    # services, starlette/uvicorn/httptools, and fastapi with what it imports at `from ray import serve`
+    # (pydantic, annotated-doc, opentelemetry-api); typing-extensions for pydantic-core (needs >= 4.14),
+    # six for transitions. Ray's dashboard/metrics extras (aiohttp_cors, opencensus, opentelemetry-sdk,
+    # smart_open, virtualenv, py-spy, mmh3, watchfiles, colorful) are left out: Ray and Serve run without.
+    # shellcheck disable=SC2046,SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: $plat -d .whl $(pin grpcio) $(pin protobuf) \
+        $(pin grpcio-health-checking) grpcio-reflection==1.84.0 $(pin starlette) $(pin uvicorn) $(pin httptools) \
+        fastapi==0.165.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 \
+        typing-inspection==0.4.5 typing-extensions==4.16.0 opentelemetry-api==1.45.2 six==1.17.0
     tmp=$(mktemp -d)
     # shellcheck disable=SC2086
     python3 -m pip download -q --no-deps --only-binary=:all: $plat -d "$tmp" "$(pin ray)"
@@ -70,5 +83,8 @@ step share 240 python3 benchmarks/bench_shared_weights.py --device cuda --mib 10
 step sleep 120 python3 benchmarks/gpu_sleep_frees_memory.py
 step tiers4 180 python3 benchmarks/bench_tiers.py --gib 4 --dir /tmp
 step sweep 240 python3 benchmarks/bench_tiers.py --gib 1 --sweep --dir /tmp
+# not GPU work: the device machine is the only quiet many-core host lent here (issue 38's HTTP floor)
+step http 300 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1,16,64 --json "$OUT/http.json"
+step proxies 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64
 rm -f /tmp/rankcore-* 2>/dev/null
 echo "done $(date -u +%H:%M:%S)" | tee -a "$LOG"
