@@ -31,7 +31,9 @@ client. gRPC (``--paths grpc``): each client its own ``grpc.aio`` channel, unary
 of tests/integration/protos/echo.proto with the ``application`` metadata (both systems serve
 the same generated service: ``grpc_servicer_functions``). HTTP: each client its own ``httpx.AsyncClient`` with one keep-alive
 connection (``max_connections=1``), ``POST <url>/bench`` with a JSON body
-``{"client": c, "seq": i, "text": "hello"}``. Handle: ``await
+``{"client": c, "seq": i, "text": "hello"}``; with ``--http-client raw``, a bare keep-alive
+HTTP/1.1 client instead (benchmarks/rawhttp.py), which spends far less of the load generator's
+CPU per request, so what the servers cost shows more plainly. Handle: ``await
 handle.remote(body)`` from each task, for both systems. The load generator
 shares the machine (and on a small machine, its cores) with the server: its
 own CPU time is part of what limits the high levels, equally for both.
@@ -56,6 +58,7 @@ How to run
     .venv/bin/python benchmarks/bench_http.py --seconds 3 --clients 1,16 --json out.json
     .venv/bin/python benchmarks/bench_http.py --only ours --paths http
     .venv/bin/python benchmarks/bench_http.py --paths grpc --clients 1,16,64   # gRPC: ours vs Serve's gRPC proxy
+    .venv/bin/python benchmarks/bench_http.py --paths http --http-client raw   # the lean client
 
 Needs the ``bench`` extra (Ray Serve) and the ``http`` extra (starlette,
 uvicorn, httpx). Progress goes to stderr; the table (and ``--json`` file) is
@@ -229,7 +232,10 @@ async def load(send: Any, clients: int, warmup: float, seconds: float) -> dict:
     return summarise(latencies, counts["answers"], counts["errors"], seconds, clients, first_errors)
 
 
-async def http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+async def http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float,
+                     client: str = "httpx") -> dict:
+    if client == "raw":
+        return await raw_http_level(url, clients, warmup, seconds, timeout)
     import httpx
 
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
@@ -246,6 +252,28 @@ async def http_level(url: str, clients: int, warmup: float, seconds: float, time
         return await load(send, clients, warmup, seconds)
     finally:
         await asyncio.gather(*(p.aclose() for p in pool))
+
+
+async def raw_http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+    """As ``http_level`` through ``rawhttp.RawClient`` (one keep-alive connection per client, a
+    fraction of httpx's own CPU per request: what the servers cost shows more plainly)."""
+    import json
+
+    from rawhttp import RawClient
+
+    pool = [RawClient(url, timeout) for _ in range(clients)]
+
+    async def send(c: int, seq: int) -> bool:
+        body = _body(c, seq)
+        status, data = await pool[c].post(json.dumps(body).encode())
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+        return bool(json.loads(data) == body)
+
+    try:
+        return await load(send, clients, warmup, seconds)
+    finally:
+        await asyncio.gather(*(p.close() for p in pool))
 
 
 async def grpc_level(target: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
@@ -303,7 +331,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
                     res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
                     continue
                 if path == "http":
-                    coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout)
+                    coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout,
+                                      args.http_client)
                 elif path == "grpc":
                     coro = grpc_level(system.grpc_target, clients, args.warmup, args.seconds, args.request_timeout)
                 else:
@@ -352,7 +381,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     rows = judge(results, args)
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nrankcore HTTP ingress and handle vs Ray Serve, {args.replicas} replicas, Ray {version}, "
-          f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs")
+          f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs, "
+          f"HTTP load generator: {args.http_client}")
     headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
                "ours p99", "serve p99", "p99 ours/serve", "errors o/s", "goal"]
     table = []
@@ -392,7 +422,7 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
     argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
             "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
             "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
-            "--num-cpus", str(args.num_cpus)]
+            "--num-cpus", str(args.num_cpus), "--http-client", args.http_client]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
@@ -423,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=300.0,
                    help="a child starts no new level past this many seconds; default 300")
     p.add_argument("--request-timeout", type=float, default=30.0, help="limit of one request, seconds; default 30")
+    p.add_argument("--http-client", choices=("httpx", "raw"), default="httpx",
+                   help="the HTTP load generator: httpx (default) or raw (benchmarks/rawhttp.py: a bare "
+                        "keep-alive HTTP/1.1 client, far less of its own CPU per request)")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
