@@ -38,6 +38,10 @@ handle.remote(body)`` from each task, for both systems. The load generator
 shares the machine (and on a small machine, its cores) with the server: its
 own CPU time is part of what limits the high levels, equally for both.
 
+Once, in ours' child: a bare Ray actor call (an ``async def`` echo of the same body, one client,
+no router, no proxy), the round trip any Ray-based handle or proxy pays on this host, printed
+beside the published figures as the floor they rest on.
+
 Then the goal from issue 22 is judged per path and level: ours' throughput
 >= Serve's and ours' p99 <= Serve's; MET only if both hold.
 
@@ -306,6 +310,29 @@ async def handle_level(handle: Any, clients: int, warmup: float, seconds: float,
     return await load(send, clients, warmup, seconds)
 
 
+async def ray_floor(warmup: float, seconds: float) -> dict:
+    """One client's closed loop of bare Ray actor calls to an ``async def`` echo (same body, no
+    router, no proxy): the round trip any Ray-based handle or proxy pays on this host, its floor."""
+    import ray
+
+    @ray.remote(num_cpus=0.1)
+    class Bare:
+        async def echo(self, x: Any) -> Any:
+            return x
+
+    actor = Bare.remote()
+    await actor.echo.remote(None)
+
+    async def send(c: int, seq: int) -> bool:
+        body = _body(c, seq)
+        return bool(await actor.echo.remote(body) == body)
+
+    try:
+        return await load(send, 1, warmup, seconds)
+    finally:
+        ray.kill(actor)
+
+
 async def _awaitable(response: Any) -> Any:
     return await response
 
@@ -325,6 +352,10 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         res["deploy_s"] = time.perf_counter() - t0
         res["url"] = url
         log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
+        if system_name == "ours":  # (once: the same Ray for both systems)
+            res["ray_floor"] = asyncio.run(ray_floor(args.warmup, args.seconds))
+            log(f"bare Ray actor call, 1 client: p50 {_fmt(res['ray_floor']['p50_ms'])} ms  "
+                f"p99 {_fmt(res['ray_floor']['p99_ms'])} ms")
         for path in args.paths:
             for clients in args.clients:
                 if time.perf_counter() > deadline:
@@ -400,6 +431,10 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     print("(latencies in ms; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
     print(f"published Ray Serve HTTP figures (2025, orientation): p50 {PUBLISHED_SERVE['http_p50_ms']} ms, "
           f"p99 {PUBLISHED_SERVE['http_p99_ms']} ms")
+    floor = results.get("ours", {}).get("ray_floor")
+    if floor:
+        print(f"bare Ray actor call (async echo, no router or proxy), 1 client, same host: "
+              f"p50 {_fmt(floor['p50_ms'])} ms, p99 {_fmt(floor['p99_ms'])} ms: the floor of any Ray-based path")
     for name, res in results.items():
         if "deploy_s" in res:
             print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")

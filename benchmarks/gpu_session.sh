@@ -10,7 +10,7 @@
 #     bash benchmarks/gpu_session.sh --wheels        # here, once: fill .whl/ (git-ignored via .git/info/exclude)
 #     bash benchmarks/gpu_session.sh                 # there (device tool, carry [".whl"]): all steps
 #     bash benchmarks/gpu_session.sh tiers1 share    # only these (names below)
-#     bash benchmarks/gpu_session.sh env http proxies httpraw proxiesgen  # issue 38's ingress figures, quiet host
+#     bash benchmarks/gpu_session.sh env http proxies httpraw floor proxiesgen  # issue 38's ingress figures, quiet host
 set -u
 if [ "${1:-}" = "--wheels" ]; then  # the versions constraints.txt pins, for the device's Python 3.12
     set -e
@@ -87,6 +87,8 @@ step sweep 240 python3 benchmarks/bench_tiers.py --gib 1 --sweep --dir /tmp
 step http 300 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1,16,64 --json "$OUT/http.json"
 step proxies 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64
 step httpraw 200 python3 benchmarks/bench_http.py --paths http --clients 1,16,64 --http-client raw --json "$OUT/httpraw.json"
+step floor 200 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1 --seconds 10 --http-client raw \
+    --json "$OUT/floor.json"
 step proxiesgen 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64 --generators 8 \
     --http-client raw
 rm -f /tmp/rankcore-* 2>/dev/null
