@@ -1,12 +1,17 @@
 """The request plane: sans-IO, not through ``step`` (docs/requests.md).
 
 ``machine`` (``RequestMachine``: per deployment a FIFO queue, least-loaded
-dispatch, retries, cancellation, deadlines), ``queue`` and ``records``. It
-imports only the base; it learns who serves from the control plane's pool
-commands (``rankcore.control.pool``).
+dispatch, retries, cancellation, deadlines), ``queue`` and ``records``, and
+``batcher`` (``Batcher``: when a replica's batch closes, issue 39). It imports
+only the base; it learns who serves from the control plane's pool commands
+(``rankcore.control.pool``).
 
-``rankcore.requests`` is the public namespace of the machine, as before.
+``rankcore.requests`` is the public namespace of the machine and the batcher.
 """
 
+from .batcher import *  # noqa: F403  (batcher.__all__)
+from .batcher import __all__ as _batcher_all
 from .machine import *  # noqa: F403  (the public namespace: machine.__all__)
-from .machine import __all__ as __all__
+from .machine import __all__ as _machine_all
+
+__all__ = [*_machine_all, *_batcher_all]

@@ -139,7 +139,7 @@ def draining_nodes() -> set[str]:
     drain-node``): what Ray Serve's controller reads to drain their proxies. A GCS that does not
     answer: none this pass (the next pass asks again)."""
     try:
-        gcs = ray._private.worker.global_worker.gcs_client
+        gcs = ray._private.worker.global_worker.gcs_client  # type: ignore[attr-defined]
         return set(gcs.get_draining_nodes(timeout=5))
     except Exception as exc:  # GCS hiccup, or a Ray without the call
         log.debug("could not read the draining nodes: %r", exc)
