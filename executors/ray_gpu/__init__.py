@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .api.batching import batch
     from .api.context import ReplicaContext, get_replica_context
     from .api.deployments import (
         Application,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
            "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights",
-           "idempotent"]
+           "idempotent", "batch"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
 #: worker imports ``executors.ray_gpu.control.replica`` and must not pay for the
@@ -44,6 +45,7 @@ _WHERE = {
     **dict.fromkeys(("ReplicaContext", "get_replica_context"), "api.context"),
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "control.static"),
     **dict.fromkeys(("WeightsShare", "share_weights"), "weights.shared"),
+    "batch": "api.batching",
 }
 
 

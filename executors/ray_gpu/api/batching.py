@@ -1,0 +1,311 @@
+"""``@batch``: Ray Serve's ``@serve.batch`` carried out with the core's batcher (issue 39).
+
+The decorated method takes a list (one element per caller) and returns a list of the same
+length; each caller calls it with one element and gets its own answer. When a batch closes is
+not decided here: ``rankcore.requests.Batcher`` decides (requests and ticks in, "run this batch"
+out); this module only keeps the callers' futures, the one timer the batcher asks for
+(``next_deadline``) and runs the batches it names, on the event loop the calls arrive on (in a
+replica: its user loop).
+
+Serve's names, defaults and behaviour: ``max_batch_size=10``, ``batch_wait_timeout_s=0.01``,
+``max_concurrent_batches=1``, ``batch_size_fn=None``; a wrong-length answer fails every caller
+of that batch (``BatchSizeMismatch``, Serve's words); an exception of the method fails every
+caller of that batch; an ``async def`` generator streams: each ``yield`` is a list with one
+item per caller, ``StopIteration`` (the class) in a caller's place ends that caller's stream;
+batches split by multiplexed model id; ``set_max_batch_size`` / ``set_batch_wait_timeout_s``
+(and ``set_max_concurrent_batches``) change the options without a restart, from the next
+batch. Where ours differs from Serve (a request that does not fit closes the batch; a
+cancelled request leaves its batch; batches keep filling while every slot is busy):
+docs/requests.md, "Batching".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from rankcore.requests import (
+    BatchDone,
+    Batcher,
+    BatchOptions,
+    Cancel,
+    Enqueue,
+    Refused,
+    RunBatch,
+    SetBatchOptions,
+    Tick,
+)
+
+__all__ = ["batch", "BatchSizeMismatch", "BatchOptions"]
+
+#: the instance attribute a method's batchers live under (one per decorated method)
+_RUNNERS = "__rankcore_batchers__"
+
+
+class _End:
+    """A caller's stream ended (a class, not an ``object()``: a decorated class that travels to
+    its replicas by value takes its wrappers' globals with it, and only an importable class
+    keeps its identity there)."""
+
+
+_END = _End()
+
+
+class BatchSizeMismatch(RuntimeError):
+    """The batched method answered a list of another length than the batch (or no list)."""
+
+
+def _model_id() -> str:
+    """The caller's multiplexed model id ("" none): batches split by it."""
+    from .context import _get_serve_request_context
+
+    ctx = _get_serve_request_context()
+    return str(getattr(ctx, "multiplexed_model_id", "") or "") if ctx is not None else ""
+
+
+class _Call:
+    __slots__ = ("args", "kwargs", "future", "queue", "done")
+
+    def __init__(self, args: tuple, kwargs: dict, future: asyncio.Future | None, queue: asyncio.Queue | None) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.future, self.queue = future, queue
+        self.done = False  # (a stream's caller ended: its later items are dropped)
+
+
+class _Runner:
+    """One method's batches on one instance (or one plain function), on one event loop."""
+
+    def __init__(self, fn: Callable, owner: Any, options: BatchOptions, size_fn: Callable | None,
+                 stream: bool) -> None:
+        self.fn, self.owner, self.size_fn, self.stream = fn, owner, size_fn, stream
+        self.batcher = Batcher(options)
+        self.calls: dict[str, _Call] = {}
+        self.ids = itertools.count()
+        self.loop = asyncio.get_running_loop()
+        self.timer: asyncio.TimerHandle | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.last = 0.0  # the batcher's clock: never behind what it was told (a timer may fire a hair early)
+        #: answers dropped because their caller had gone (cancelled while its batch ran)
+        self.dropped = 0
+
+    def apply(self, event: Any) -> None:
+        for act in self.batcher.handle(event):
+            if isinstance(act, Refused):
+                call = self.calls.pop(act.request_id)
+                self._fail(call, RuntimeError(act.detail))
+            else:
+                task = self.loop.create_task(self._run(act))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        due = self.batcher.next_deadline()
+        if due is not None:
+            self.timer = self.loop.call_at(due, self._tick)
+
+    def now(self, at_least: float = 0.0) -> float:
+        self.last = max(self.last, self.loop.time(), at_least)
+        return self.last
+
+    def _tick(self) -> None:
+        self.timer = None
+        self.apply(Tick(now=self.now(self.batcher.next_deadline() or 0.0)))
+
+    def enqueue(self, args: tuple, kwargs: dict, *, stream: bool) -> tuple[str, _Call]:
+        rid = f"b{next(self.ids)}"
+        size = 1
+        if self.size_fn is not None:
+            if not args:
+                raise TypeError("batch_size_fn needs the batched argument passed by position")
+            size = self.size_fn([args[0]])
+            if type(size) is not int or size < 1:
+                raise TypeError(f"batch_size_fn must return an int >= 1, got {size!r}")
+        call = _Call(args, kwargs, None if stream else self.loop.create_future(),
+                     asyncio.Queue() if stream else None)
+        self.calls[rid] = call
+        try:
+            self.apply(Enqueue(request_id=rid, now=self.now(), size=size, model_id=_model_id()))
+        except BaseException:
+            self.calls.pop(rid, None)
+            raise
+        return rid, call
+
+    def cancel(self, rid: str) -> None:
+        """The caller went away: a request still waiting leaves its batch; one whose batch runs
+        has its answer dropped there."""
+        call = self.calls.get(rid)
+        if call is None:
+            return
+        call.done = True
+        before = self.batcher.waiting
+        self.apply(Cancel(request_id=rid))
+        if self.batcher.waiting < before:
+            del self.calls[rid]
+
+    async def _run(self, act: RunBatch) -> None:
+        try:
+            await asyncio.gather(*(self._part(part.request_ids) for part in act.parts))
+        finally:
+            self.apply(BatchDone(batch_id=act.batch_id, now=self.now()))
+
+    async def _part(self, rids: tuple[str, ...]) -> None:
+        calls = [self.calls.pop(r) for r in rids if r in self.calls]
+        if not calls:
+            return
+        n = len(calls[0].args)
+        if any(len(c.args) != n for c in calls):
+            for c in calls:
+                self._fail(c, TypeError("every call of a batched method must pass the same number of "
+                                        "positional arguments"))
+            return
+        args = [[c.args[i] for c in calls] for i in range(n)]
+        kwargs = {k: [c.kwargs.get(k) for c in calls] for k in calls[0].kwargs}
+        head = (self.owner,) if self.owner is not None else ()
+        try:
+            if self.stream:
+                await self._stream(calls, self.fn(*head, *args, **kwargs))
+                return
+            results = await self.fn(*head, *args, **kwargs)
+            _check_length(results, len(calls))
+        except Exception as exc:
+            for c in calls:
+                self._fail(c, exc)
+            return
+        for c, r in zip(calls, results):
+            if c.future is not None and not c.future.done():
+                c.future.set_result(r)
+            else:
+                self.dropped += 1
+
+    async def _stream(self, calls: list[_Call], agen: Any) -> None:
+        try:
+            async for items in agen:
+                _check_length(items, len(calls))
+                for c, item in zip(calls, items):
+                    if c.done:
+                        continue
+                    if item is StopIteration or item is StopAsyncIteration:
+                        c.done = True
+                        c.queue.put_nowait(_END)  # type: ignore[union-attr]
+                    else:
+                        c.queue.put_nowait(item)  # type: ignore[union-attr]
+        except Exception as exc:
+            for c in calls:
+                if not c.done:
+                    c.done = True
+                    c.queue.put_nowait(exc)  # type: ignore[union-attr]
+            return
+        for c in calls:
+            if not c.done:
+                c.done = True
+                c.queue.put_nowait(_END)  # type: ignore[union-attr]
+
+    def _fail(self, call: _Call, exc: BaseException) -> None:
+        if call.future is not None:
+            if not call.future.done():
+                call.future.set_exception(exc)
+        elif not call.done:
+            call.done = True
+            call.queue.put_nowait(exc)  # type: ignore[union-attr]
+
+
+def _check_length(results: Any, n: int) -> None:
+    try:
+        got = len(results)
+    except TypeError:
+        raise BatchSizeMismatch(f"Batched function doesn't preserve batch size. The input list has length {n} but "
+                                f"the answer is a {type(results).__name__}, not a list.") from None
+    if got != n:
+        raise BatchSizeMismatch(f"Batched function doesn't preserve batch size. The input list has length {n} but "
+                                f"the returned list has length {got}.")
+
+
+def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait_timeout_s: float = 0.01,
+          max_concurrent_batches: int = 1, batch_size_fn: Callable[[list], int] | None = None) -> Any:
+    """Batch the calls of an ``async def`` method (or an ``async def`` generator: streams), as Ray
+    Serve's ``@serve.batch``: ``@batch`` or ``@batch(max_batch_size=..., ...)``. Bad options
+    raise ``rankcore.InvalidConfig`` naming the option, when the class is defined."""
+    options = BatchOptions(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s,
+                           max_concurrent_batches=max_concurrent_batches)
+    if batch_size_fn is not None and not callable(batch_size_fn):
+        raise TypeError(f"batch_size_fn must be a callable or None, got {type(batch_size_fn).__name__}")
+
+    def decorate(fn: Callable) -> Any:
+        if not callable(fn):
+            raise TypeError("@batch can only be used to decorate functions or methods.")
+        stream = inspect.isasyncgenfunction(fn)
+        if not stream and not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@batch needs an 'async def' method or generator, got {fn.__qualname__}")
+        method = next(iter(inspect.signature(fn).parameters), "") == "self"  # (a method: batchers per instance)
+        state = {"options": options}
+        plain: dict[str, _Runner] = {}  # a plain function's runner, by event loop
+
+        def runner(args: tuple) -> tuple[_Runner, tuple]:
+            runners: dict[str, _Runner]
+            if method:
+                owner, rest = args[0], args[1:]
+                runners = owner.__dict__.setdefault(_RUNNERS, {})
+                key = fn.__qualname__
+            else:
+                owner, rest, runners, key = None, args, plain, str(id(asyncio.get_running_loop()))
+            r = runners.get(key)
+            if r is None or r.loop is not asyncio.get_running_loop():
+                r = runners[key] = _Runner(fn, owner, state["options"], batch_size_fn, stream)
+                every.add(r)
+            return r, rest
+
+        every: weakref.WeakSet[_Runner] = weakref.WeakSet()  # (to tell each of new options)
+
+        if stream:
+            @functools.wraps(fn)
+            async def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                r, rest = runner(args)
+                rid, call = r.enqueue(rest, kwargs, stream=True)
+                try:
+                    while True:
+                        item = await call.queue.get()  # type: ignore[union-attr]
+                        if isinstance(item, _End):
+                            return
+                        if isinstance(item, BaseException):
+                            raise item
+                        yield item
+                finally:
+                    if not call.done:
+                        r.cancel(rid)
+            wrapper: Any = gen_wrapper
+        else:
+            @functools.wraps(fn)
+            async def call_wrapper(*args: Any, **kwargs: Any) -> Any:
+                r, rest = runner(args)
+                rid, call = r.enqueue(rest, kwargs, stream=False)
+                try:
+                    return await call.future  # type: ignore[misc]
+                except asyncio.CancelledError:
+                    r.cancel(rid)
+                    raise
+            wrapper = call_wrapper
+
+        def _set(**change: Any) -> None:
+            state["options"] = attrs.evolve(state["options"], **change)  # (checked: InvalidConfig)
+            for r in list(every):
+                if not r.loop.is_closed():  # (on its own loop: the batcher is not thread-safe)
+                    r.loop.call_soon_threadsafe(r.apply, SetBatchOptions(options=state["options"]))
+
+        wrapper.set_max_batch_size = lambda n: _set(max_batch_size=n)
+        wrapper.set_batch_wait_timeout_s = lambda s: _set(batch_wait_timeout_s=s)
+        wrapper.set_max_concurrent_batches = lambda n: _set(max_concurrent_batches=n)
+        wrapper._get_max_batch_size = lambda: state["options"].max_batch_size
+        wrapper._get_batch_wait_timeout_s = lambda: state["options"].batch_wait_timeout_s
+        wrapper.batch_options = lambda: state["options"]
+        wrapper._rankcore_batchers = every
+        return wrapper
+
+    return decorate(_func) if _func is not None else decorate
