@@ -205,6 +205,12 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(f"requests_{k}", title, "streams", 3) for k, title in (
         ("first_item_p50", "1st item\np50 s"), ("first_item_p99", "1st item\np99 s"),
         ("stream_duration_p50", "duration\np50 s"), ("stream_duration_p99", "duration\np99 s"))),
+    # batches (``traffic.<d>.batch``; the core's batcher): throughput, how many batches, how full
+    Figure("requests_throughput_rps", "answered\nper s", "batches", 1),
+    Figure("requests_batches", "batches", "batches", count=True),
+    Figure("requests_batch_size_mean", "batch size\nmean", "batches", 2),
+    Figure("requests_batches_full", "closed\nfull", "batches", count=True),
+    Figure("bt_latency_p99", "latency\np99 s", "batches", 3),
     # proxies (``proxies:``; executors/sim/proxies.py): requests that failed at their callers for a proxy
     Figure("requests_failed_no_proxy", "failed:\nno proxy", "proxies", count=True),
     Figure("requests_failed_proxy_died", "failed:\nproxy died", "proxies", count=True),
@@ -226,12 +232,12 @@ FIGURES: tuple[Figure, ...] = (
 #: figures shown again in another group (the autoscaling table's), under a key of their own
 ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "requests_failed",
            "as_rejected": "requests_rejected_total", "as_reassigned": "reassignments_any",
-           "as_reconfigures": "reconfigures_rank"}
+           "as_reconfigures": "reconfigures_rank", "bt_latency_p99": "requests_latency_p99"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams", "proxies", "autoscaling")
+          "streams", "batches", "proxies", "autoscaling")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
-TRAFFIC_GROUPS = ("requests", "queue", "streams")
+TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
 #: ``TRAFFIC_GROUPS`` too when its runs had traffic (``traffic_figures``)
 DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
@@ -265,6 +271,7 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     queues = [m.get("requests") or {} for r in records for m in r.metrics["deployments"].values()]
     groups = {"requests", "queue"} if any(queues) else set()
     groups |= {"streams"} if any("streams_started" in q for q in queues) else set()
+    groups |= {"batches"} if any("batches" in q for q in queues) else set()
     return [f for f in FIGURES if f.group in groups]
 
 

@@ -37,6 +37,8 @@ __all__ = [
     "ArrivalSpec",
     "TrafficSpec",
     "StreamSpec",
+    "BatchSpec",
+    "BATCH_SIM_KEYS",
     "ARRIVAL_KINDS",
     "NodeSpec",
     "Provisioning",
@@ -183,8 +185,11 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
-_TRAFFIC_KEYS = ("arrivals", "service", "stream", "idempotent", "timeout_s", "error_rate", "from", "until",
+_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "idempotent", "timeout_s", "error_rate", "from", "until",
                  "metrics_interval_s")
+#: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time), beside
+#: ``rankcore.requests.BatchOptions``'s fields (declared once there)
+BATCH_SIM_KEYS = ("fixed_s", "per_item_s")
 #: ``traffic.<deployment>.stream``: requests answered as a stream of items (a generator method)
 _STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
 
@@ -223,6 +228,17 @@ class StreamSpec:
 
 
 @attrs.frozen
+class BatchSpec:
+    """Requests served in batches (``traffic.<deployment>.batch``), as a ``@batch`` method: when a
+    batch closes is ``rankcore.requests.Batcher``'s rule under ``options``; a batch of n requests
+    is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution)."""
+
+    options: Any  # rankcore.requests.BatchOptions
+    fixed_s: Latency
+    per_item_s: Latency
+
+
+@attrs.frozen
 class TrafficSpec:
     """One deployment's requests in the simulator (docs/scenarios.md, "Traffic and the request
     queue"): arrivals between ``start`` and ``until``, each served for a ``service`` draw on the
@@ -235,6 +251,8 @@ class TrafficSpec:
     service: Latency | None
     #: the requests answered as a stream (None: none)
     stream: StreamSpec | None = None
+    #: served in batches (None: one by one, a ``service`` draw each)
+    batch: BatchSpec | None = None
     idempotent: bool = False
     timeout_s: float | None = None
     error_rate: float = 0.0
@@ -1084,7 +1102,14 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
                                    f"set it as deployments.{name}.{k}", at_key=True)
         m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals",))
         stream = None if m.get("stream") is None else _stream(m["stream"], p + ("stream",), c)
-        if "service" not in m and (stream is None or stream.fraction < 1):
+        batched = None if m.get("batch") is None else _batch(m["batch"], p + ("batch",), c)
+        if batched is not None and stream is not None:
+            raise c.fail(p + ("batch",), "batch and stream together are not modelled by the simulator (a batched "
+                                         "generator streams per caller on Ray): give one of them", at_key=True)
+        if batched is not None and "service" in m:
+            raise c.fail(p + ("service",), "a batched deployment's service time is its batch's: "
+                                           "batch.fixed_s + n x batch.per_item_s (drop 'service')", at_key=True)
+        if "service" not in m and batched is None and (stream is None or stream.fraction < 1):
             raise c.fail(p, "missing required field 'service'" + (
                 "" if stream is None else f" (the plain requests' service time: stream.fraction is {stream.fraction:g})"))
         if duration is None:
@@ -1105,11 +1130,27 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
             service=c.latency(m["service"], p + ("service",)) if "service" in m else None, stream=stream,
-            idempotent=idempotent,
+            batch=batched, idempotent=idempotent,
             timeout_s=None if timeout is None else float(timeout),
             error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
             start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
     return out
+
+
+def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
+    """``batch: {max_batch_size, batch_wait_timeout_s, max_concurrent_batches, fixed_s, per_item_s}``
+    -> ``BatchSpec`` (the options are ``rankcore.requests.BatchOptions``'s, by their own names)."""
+    from rankcore.requests import BatchOptions
+
+    fields = tuple(a.name for a in attrs.fields(BatchOptions))
+    m = c.mapping(value, p, fields + BATCH_SIM_KEYS, required=("fixed_s",))
+    try:
+        options = BatchOptions(**{k: v for k, v in m.items() if k in fields})
+    except (rc.InvalidConfig, TypeError) as exc:
+        bad = next((k for k in fields if k in m and k in str(exc)), None)
+        raise c.fail(p + ((bad,) if bad else ()), str(exc)) from None
+    return BatchSpec(options=options, fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
+                     per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)))
 
 
 def _stream(value: Any, p: tuple, c: _Checker) -> StreamSpec:

@@ -43,16 +43,20 @@ from typing import Any
 
 from rankcore.base.records import maker
 from rankcore.requests import (
+    BatchDone,
+    Batcher,
     Cancel,
     CancelOnReplica,
     Completed,
     Configure,
     Dispatch,
+    Enqueue,
     Failed,
     NotDelivered,
     Rejected,
     RequestAction,
     RequestMachine,
+    RunBatch,
     Submit,
     Tick,
 )
@@ -123,7 +127,8 @@ class _Flow:
 
     __slots__ = ("spec", "name", "times", "service", "errors", "n", "waits", "latencies", "series", "max_queued",
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
-                 "streams", "no_proxy", "proxy_dropped")
+                 "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
+                 "batch_seconds")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -145,6 +150,9 @@ class _Flow:
         self.proxy_dropped = 0  # requests whose proxy died holding their connection (failed at their callers)
         self.streamed = self.shapes = None
         self.streams = _Streams()
+        self.batch_costs = sim.stream(f"traffic/{self.name}/batches") if spec.batch is not None else None
+        self.batches = self.batch_items = self.batch_full = 0  # batches run, requests in them, closed full
+        self.batch_seconds = 0.0  # their service time, summed
         if spec.stream is not None:
             self.streamed = sim.stream(f"traffic/{self.name}/streamed")  # which requests stream
             self.shapes = sim.stream(f"traffic/{self.name}/streams")  # their items and item times
@@ -212,6 +220,9 @@ class SimTraffic:
         self._end_t = sim.scenario.duration
         #: the proxies (``executors.sim.proxies``) the requests come in through; None: no ``proxies:``
         self.proxies: Any = None
+        #: replica id -> (its incarnation, its batcher, its pending timer ticket): batched deployments'
+        #: replicas (``traffic.<d>.batch``); a new incarnation gets a new batcher
+        self._batchers: dict[str, list] = {}
         for name in sorted(specs):
             flow = self.flows[name] = _Flow(specs[name], sim)
             self.machine.handle(Configure(deployment=name, **dict(specs[name].limits)))
@@ -281,6 +292,9 @@ class SimTraffic:
                 flow.streams.live += 1
         if r.hung:
             return  # a frozen process takes the call and never answers it
+        if flow.spec.batch is not None:
+            self._batch_enqueue(flow, a.request_id, a.replica_id, r.epoch)
+            return
         if req is not None and req.stream:
             assert flow.spec.stream is not None and flow.shapes is not None
             req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
@@ -291,6 +305,66 @@ class SimTraffic:
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         ticket = sim.schedule(service, self._complete, a.request_id, a.replica_id, r.epoch, ok)
         self._held.setdefault(a.replica_id, {})[a.request_id] = (sim.now + service, ticket, ok)
+
+    # ---------------------------------------------------------- batches
+    def _batch_enqueue(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
+        """A batched deployment's replica took ``rid``: its batcher (the core's rule) says when the
+        batch runs; the batch is served for ``fixed_s + n x per_item_s``, then each answers."""
+        spec = flow.spec.batch
+        assert spec is not None
+        entry = self._batchers.get(replica_id)
+        if entry is None or entry[0] != epoch:
+            if entry is not None and entry[2] is not None:
+                self.sim.cancel(entry[2])
+            entry = self._batchers[replica_id] = [epoch, Batcher(spec.options), None]
+        ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
+        guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
+            spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
+        self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
+        self._batch_actions(flow, replica_id, entry, entry[1].handle(Enqueue(request_id=rid, now=self.sim.now)))
+
+    def _batch_actions(self, flow: _Flow, replica_id: str, entry: list, actions: list) -> None:
+        spec, sim = flow.spec.batch, self.sim
+        assert spec is not None and flow.batch_costs is not None
+        for act in actions:
+            if not isinstance(act, RunBatch):  # (Refused: never, every request is of size 1 <= the bound)
+                raise AssertionError(f"the simulator's batcher refused a request: {act!r}")
+            rids = tuple(r for part in act.parts for r in part.request_ids)
+            service = spec.fixed_s.sample(flow.batch_costs) + act.size * spec.per_item_s.sample(flow.batch_costs)
+            flow.batches += 1
+            flow.batch_items += act.size
+            flow.batch_full += act.reason == "full"
+            flow.batch_seconds += service
+            ticket = sim.schedule(service, self._batch_done, flow, replica_id, entry[0], act.batch_id, rids)
+            held = self._held.setdefault(replica_id, {})
+            for rid in rids:
+                if rid in held:
+                    held[rid] = (sim.now + service, ticket, held[rid][2])
+        if entry[2] is not None:
+            sim.cancel(entry[2])
+            entry[2] = None
+        due = entry[1].next_deadline()
+        if due is not None:
+            entry[2] = sim.schedule(max(0.0, due - sim.now), self._batch_tick, flow, replica_id, entry[0])
+
+    def _batch_tick(self, flow: _Flow, replica_id: str, epoch: int) -> None:
+        entry = self._batchers.get(replica_id)
+        if entry is None or entry[0] != epoch:
+            return
+        entry[2] = None
+        due = entry[1].next_deadline()
+        self._batch_actions(flow, replica_id, entry, entry[1].handle(_Tick(now=max(self.sim.now, due or 0.0))))
+
+    def _batch_done(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple) -> None:
+        """A batch was served: each of its requests answers (those still held: one cancelled or
+        cut meanwhile has been answered already), then its slot is free."""
+        for rid in rids:
+            entry = self._held.get(replica_id, {}).get(rid)
+            if entry is not None and entry[1] is not None:
+                self._complete(rid, replica_id, epoch, entry[2])
+        b = self._batchers.get(replica_id)
+        if b is not None and b[0] == epoch:
+            self._batch_actions(flow, replica_id, b, b[1].handle(BatchDone(batch_id=batch_id, now=self.sim.now)))
 
     def _complete(self, rid: str, replica_id: str, epoch: int, ok: bool) -> None:
         """The replica finished serving ``rid``: its answer goes in if that very replica is still
@@ -342,7 +416,12 @@ class SimTraffic:
         by the machine), which frees its slot."""
         entry = self._held.get(replica_id, {}).get(rid)
         if entry is not None:
-            self.sim.cancel(entry[1])
+            b = self._batchers.get(replica_id)
+            if b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
+                if entry[1] is None:
+                    b[1].handle(Cancel(request_id=rid))
+            else:
+                self.sim.cancel(entry[1])
             r = self.sim.backend.replicas.get(replica_id)
             epoch = r.epoch if r is not None else -1
             ticket = self.sim.schedule(0.0, self._complete, rid, replica_id, epoch, entry[2])
@@ -455,6 +534,12 @@ class SimTraffic:
             }
             if f.spec.stream is not None:
                 out[name].update(f.streams.as_dict())
+            if f.spec.batch is not None:
+                span = f.spec.until - f.spec.start
+                out[name].update({"batches": f.batches, "batch_size_mean": _r(f.batch_items / f.batches)
+                                  if f.batches else None, "batches_full": f.batch_full,
+                                  "batch_busy_s": _r(f.batch_seconds),
+                                  "throughput_rps": _r(f.answers / span) if span > 0 else None})
         return out
 
 

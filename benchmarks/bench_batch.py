@@ -1,0 +1,537 @@
+"""Benchmark rankcore's ``@batch`` against Ray Serve's ``@serve.batch``, same run, same handler (issue 39).
+
+What it measures
+----------------
+Both systems serve the same model whose cost is mostly per batch: ``--replicas`` replicas
+(default 1) of ``num_cpus=1``, ``max_ongoing_requests=64`` on both (large enough that batches
+can fill), each with the two-level shape Serve's docs recommend: a plain ``async def
+__call__(self, x)`` (over HTTP Serve passes a starlette ``Request``: it does ``await
+request.json()``; ours' ingress passes the JSON body itself) that returns ``await
+self.handle_batch(body)``, where ``handle_batch`` is the batched method: ``@batch`` (ours,
+executors/ray_gpu/api/batching.py) or ``@serve.batch``, both with ``max_batch_size =
+--max-batch-size`` (default 16), ``batch_wait_timeout_s = --batch-wait-timeout-s`` (default
+0.01) and one batch at a time (``max_concurrent_batches=1``).
+
+The batched method (torch on CPU, ``torch.set_num_threads(1)``): stack the batch's inputs (each
+request a vector of 64 floats) into a matrix, zero-pad it to ``max_batch_size`` rows, multiply by
+a fixed random 64 x ``--hidden`` matrix and then ``--layers`` times by a fixed random
+``--hidden`` x ``--hidden`` matrix (defaults 2048 and 2: a few ms a batch, whatever its size),
+and answer each request its row's sum with the request's id, the batch's size, the batch's own
+service time (``time.perf_counter`` around the whole method) and an id of the batch. The client
+checks every answer: its id, and its value against the one computed on the client from the same
+seeded matrices (``x . (A M^L 1)``, float64), so an answer mixed up with another request's fails.
+
+Each system runs in its own child process with its own fresh local Ray (``ray.init(address=
+"local", num_cpus=--num-cpus)``), one after the other, never both at once:
+
+* ours: ``run(app, route_prefix="/bench", port=0)`` (the ``rankcore-http`` ingress on a free
+  port, executors/ray_gpu/ingress/http.py) and the handle ``run`` returns;
+* Ray Serve: ``serve.start(http_options={"host": "127.0.0.1", "port": <free>})`` and
+  ``serve.run(app, route_prefix="/bench")`` (its HTTP proxy) and the handle it returns.
+
+Then, per path (``http``, ``handle``) and per level of concurrent clients (``--clients``,
+default 1,16,64): ``--warmup`` seconds (default 1) untimed, then ``--seconds`` (default 5) of
+closed-loop clients (each sends its next request as soon as its last is answered; bench_http.py's
+``load``). Reported per level: answers per second, p50 / p99 latency, errors (non-200, exceptions
+or a wrong answer), the mean size of the batches run in the window (distinct batches, each
+counted once; the mean over answers, which weighs a batch by its size, is in the JSON too) and the
+mean per-batch service time. Per system, over every batch of every level: the mean service time
+by batch size and a least-squares fit ``fixed_s + per_item_s * batch_size``, printed as ``sim cost:
+fixed_s=... per_item_s=...``: the handler's cost as the simulator takes it, to predict the
+throughput of the same settings (issue 39's other goal: the prediction within 15% of the
+measured throughput).
+
+HTTP clients: each its own keep-alive connection (benchmarks/rawhttp.py's ``RawClient``, a
+fraction of httpx's own CPU per request), ``POST <url>/bench`` with a JSON body ``{"id": [client,
+seq], "x": [64 floats]}``. Handle: ``await handle.remote(body)``. The load generator shares the
+machine with the server: its CPU time is part of what limits the high levels, equally for both.
+
+Then the goal from issue 39 is judged per path and level: ours' throughput >= Serve's and ours'
+p99 <= Serve's, no errors; MET only if all hold.
+
+Method
+------
+* ``time.perf_counter`` around each request, from before the send to the parsed answer; in the
+  replica, around the batched method's body.
+* Bounded: every request has a ``--request-timeout`` (default 30 s); a child stops starting new
+  levels past ``--budget`` seconds (default 300) and is killed 120 s after that. Ray is shut down
+  (``serve.shutdown()`` first for Serve) in every case. ``RAY_USAGE_STATS_ENABLED=0
+  RAY_AUTH_MODE=disabled``.
+* Timings on a shared or small machine are noisy: compare the ratios within one run, and re-run
+  on a quiet machine before drawing conclusions.
+
+How to run
+----------
+    .venv/bin/python benchmarks/bench_batch.py                    # 1 replica, 1/16/64 clients, 5 s each
+    .venv/bin/python benchmarks/bench_batch.py --seconds 2 --clients 1,16 --json out.json
+    .venv/bin/python benchmarks/bench_batch.py --only ours --paths handle
+    .venv/bin/python benchmarks/bench_batch.py --max-batch-size 32 --batch-wait-timeout-s 0.005
+
+Needs the ``bench`` extra (Ray Serve), the ``http`` extra and torch. Progress goes to stderr; the
+table (and ``--json`` file) is the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import pathlib
+import sys
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
+from bench_http import _awaitable, _fmt, _free_port, load  # noqa: E402 - (the same clients and figures)
+
+DEP = "bench"  # deployment name (and Serve application name)
+ROUTE = "/bench"
+WIDTH = 64  # floats per request
+SEED = 39
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[bench_batch {time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------- models
+def weights(hidden: int) -> tuple[Any, Any]:
+    """The fixed random matrices (numpy float32, the same in every replica and the client):
+    ``A`` (WIDTH x hidden) and ``M`` (hidden x hidden), scaled to keep the values near 1."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    a = (rng.standard_normal((WIDTH, hidden), dtype=np.float32) / math.sqrt(WIDTH)).astype(np.float32)
+    m = (rng.standard_normal((hidden, hidden), dtype=np.float32) / math.sqrt(hidden)).astype(np.float32)
+    return a, m
+
+
+class Model:
+    """The per-batch work both systems run: zero-pad the batch to ``max_batch_size`` rows, then
+    ``x @ A @ M ... @ M`` (``layers`` times M) and each row's sum (cost per batch, not per item)."""
+
+    def __init__(self, max_batch_size: int, batch_wait_timeout_s: float, hidden: int, layers: int) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        a, m = weights(hidden)
+        self.a, self.m = torch.from_numpy(a), torch.from_numpy(m)
+        self.rows, self.layers = max_batch_size, layers
+        self.batches = 0
+        self.pid = os.getpid()
+        # (the decorators' defaults, set here from the options: the same on both systems)
+        self.handle_batch.set_max_batch_size(max_batch_size)
+        self.handle_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.work([{"id": [0, 0], "x": [0.0] * WIDTH}])  # (torch's first call, before any request)
+
+    def work(self, bodies: list) -> list:
+        import torch
+
+        t0 = time.perf_counter()
+        n = len(bodies)
+        x = torch.zeros(max(self.rows, n), WIDTH)
+        x[:n] = torch.tensor([b["x"] for b in bodies])
+        h = x @ self.a
+        for _ in range(self.layers):
+            h = h @ self.m
+        ys = h.sum(dim=1)[:n].tolist()
+        self.batches += 1
+        key = f"{self.pid}:{self.batches}"
+        dt = time.perf_counter() - t0
+        return [{"id": b["id"], "y": y, "n": n, "t": dt, "b": key} for b, y in zip(bodies, ys)]
+
+
+def _batch(**options: Any) -> Any:
+    """Ours' ``@batch``, imported where the class is defined (the driver and the replicas)."""
+    from executors.ray_gpu import batch
+
+    return batch(**options)
+
+
+class OursBatched(Model):
+    """The two-level shape on ours: ``__call__`` gets the JSON body (HTTP) or the value (handle)."""
+
+    async def __call__(self, x: Any) -> Any:
+        return await self.handle_batch(x)
+
+    @_batch(max_batch_size=16, batch_wait_timeout_s=0.01, max_concurrent_batches=1)
+    async def handle_batch(self, xs: list) -> list:
+        return self.work(xs)
+
+
+def _serve_batch(**options: Any) -> Any:
+    """Serve's ``@serve.batch`` (where Ray Serve cannot be imported, the method is left as is: only
+    Serve's child uses the class, and the parent says why it cannot run)."""
+    try:
+        from ray import serve
+    except ImportError:
+        return lambda fn: fn
+    return serve.batch(**options)
+
+
+class ServeBatched(Model):
+    """Serve's docs' shape: ``__call__`` extracts the body from the starlette Request (HTTP), then
+    the ``@serve.batch`` method."""
+
+    async def __call__(self, x: Any) -> Any:
+        from starlette.requests import Request
+
+        body = await x.json() if isinstance(x, Request) else x
+        return await self.handle_batch(body)
+
+    @_serve_batch(max_batch_size=16, batch_wait_timeout_s=0.01, max_concurrent_batches=1)
+    async def handle_batch(self, xs: list) -> list:
+        return self.work(xs)
+
+
+# ------------------------------------------------------------------- systems
+def _options(args: argparse.Namespace) -> dict:
+    return {"num_replicas": args.replicas, "max_ongoing_requests": args.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": 1}}
+
+
+def _bind_args(args: argparse.Namespace) -> tuple:
+    return (args.max_batch_size, args.batch_wait_timeout_s, args.hidden, args.layers)
+
+
+class Ours:
+    name = "ours"
+
+    def deploy(self, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
+        from executors.ray_gpu import deployment, run
+        from executors.ray_gpu.ingress.http import ingress_address
+
+        d = deployment(OursBatched, name=DEP, **_options(args))
+        handle = run(d.bind(*_bind_args(args)), route_prefix=ROUTE, port=0, timeout=timeout)
+        address = ingress_address()
+        assert address is not None, "the ingress did not start"
+        return handle, f"http://{address[0]}:{address[1]}{ROUTE}"
+
+    def shutdown(self) -> None:
+        childrun.ours_shutdown(log)
+
+
+class Serve:
+    name = "serve"
+
+    def deploy(self, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
+        from ray import serve
+
+        port = _free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        d: Any = serve.deployment(ServeBatched, name=DEP, **_options(args))
+        handle = serve.run(d.bind(*_bind_args(args)), name=DEP, route_prefix=ROUTE)
+        return handle, f"http://127.0.0.1:{port}{ROUTE}"
+
+    def shutdown(self) -> None:
+        childrun.serve_shutdown(log)
+
+
+# ----------------------------------------------------------------- measuring
+def _x(client: int, seq: int) -> list[float]:
+    """A request's vector: multiples of 1/64 in [-0.78, 0.78] (exact in float32 and in JSON)."""
+    return [((client * 131 + seq * 17 + k * 7) % 101 - 50) / 64 for k in range(WIDTH)]
+
+
+class Checker:
+    """Checks answers against ``x . v`` (``v = A M^layers 1``, float64 on the client) and keeps the
+    batches seen inside the measured window (each once, by the replica's batch id)."""
+
+    def __init__(self, hidden: int, layers: int, max_batch_size: int) -> None:
+        import numpy as np
+
+        a, m = weights(hidden)
+        u = np.ones(hidden)
+        for _ in range(layers):
+            u = m.astype(np.float64) @ u
+        self.v = [float(t) for t in a.astype(np.float64) @ u]
+        self.vnorm = math.sqrt(sum(t * t for t in self.v))
+        self.max_batch_size = max_batch_size
+        self.window = (math.inf, -math.inf)
+        self.batches: dict[str, tuple[int, float]] = {}
+        self.answer_sizes: list[int] = []
+
+    def start(self, warmup: float, seconds: float) -> None:
+        """A level begins now: its window is [now + warmup, now + warmup + seconds] (load()'s)."""
+        now = asyncio.get_running_loop().time()
+        self.window = (now + warmup, now + warmup + seconds)
+        self.batches, self.answer_sizes = {}, []
+
+    def check(self, c: int, seq: int, x: list[float], ans: Any) -> bool:
+        if not isinstance(ans, dict) or ans.get("id") != [c, seq]:
+            return False
+        n = ans.get("n")
+        if not isinstance(n, int) or not 1 <= n <= self.max_batch_size:
+            return False
+        want = sum(a * b for a, b in zip(x, self.v))
+        bound = math.sqrt(sum(t * t for t in x)) * self.vnorm  # (|x . v| <= |x| |v|)
+        if not abs(float(ans["y"]) - want) <= 1e-3 * bound + 1e-6:
+            return False
+        if self.window[0] <= asyncio.get_running_loop().time() <= self.window[1]:
+            self.answer_sizes.append(n)
+            self.batches.setdefault(str(ans["b"]), (n, float(ans["t"])))
+        return True
+
+    def figures(self) -> dict:
+        """The level's batches: mean size (per batch and per answer), mean service time, and the
+        service time by size ({size: [batches, total seconds]}) for the fit."""
+        by_size: dict[int, list] = {}
+        for n, t in self.batches.values():
+            entry = by_size.setdefault(n, [0, 0.0])
+            entry[0] += 1
+            entry[1] += t
+        count = len(self.batches)
+        return {"batches": count,
+                "mean_batch": sum(n for n, _ in self.batches.values()) / count if count else None,
+                "mean_batch_per_answer": (sum(self.answer_sizes) / len(self.answer_sizes)
+                                          if self.answer_sizes else None),
+                "mean_batch_s": sum(t for _, t in self.batches.values()) / count if count else None,
+                "by_size": {str(n): v for n, v in sorted(by_size.items())}}
+
+
+def _body(c: int, seq: int) -> tuple[dict, list[float]]:
+    x = _x(c, seq)
+    return {"id": [c, seq], "x": x}, x
+
+
+async def http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float,
+                     checker: Checker) -> dict:
+    import json
+
+    from rawhttp import RawClient
+
+    pool = [RawClient(url, timeout) for _ in range(clients)]
+
+    async def send(c: int, seq: int) -> bool:
+        body, x = _body(c, seq)
+        status, data = await pool[c].post(json.dumps(body).encode())
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+        return checker.check(c, seq, x, json.loads(data))
+
+    checker.start(warmup, seconds)
+    try:
+        return await load(send, clients, warmup, seconds)
+    finally:
+        await asyncio.gather(*(p.close() for p in pool))
+
+
+async def handle_level(handle: Any, clients: int, warmup: float, seconds: float, timeout: float,
+                       checker: Checker) -> dict:
+    async def send(c: int, seq: int) -> bool:
+        body, x = _body(c, seq)
+        return checker.check(c, seq, x, await asyncio.wait_for(_awaitable(handle.remote(body)), timeout))
+
+    checker.start(warmup, seconds)
+    return await load(send, clients, warmup, seconds)
+
+
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    import ray
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "levels": {}, "errors": []}
+    system: Any = Ours() if system_name == "ours" else Serve()
+    deadline = time.perf_counter() + args.budget
+    checker = Checker(args.hidden, args.layers, args.max_batch_size)
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    try:
+        log(f"{system_name}: deploying {args.replicas} batched replicas with an HTTP route")
+        t0 = time.perf_counter()
+        handle, url = system.deploy(args, args.request_timeout * 4)
+        res["deploy_s"] = time.perf_counter() - t0
+        res["url"] = url
+        log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
+        for path in args.paths:
+            for clients in args.clients:
+                if time.perf_counter() > deadline:
+                    res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
+                    continue
+                if path == "http":
+                    coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, checker)
+                else:
+                    coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout, checker)
+                got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
+                got.update(checker.figures())
+                res["levels"][f"{path}/{clients}"] = got
+                log(f"{system_name}: {path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  "
+                    f"p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  "
+                    f"batch {_fmt(got['mean_batch'])} of {_fmt(_ms(got['mean_batch_s']))} ms")
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
+        log(f"{system_name}: ERROR {exc!r}")
+    finally:
+        system.shutdown()
+    return res
+
+
+# ----------------------------------------------------------------- reporting
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def cost_fit(levels: dict) -> dict | None:
+    """Least squares ``t = fixed_s + per_item_s * n`` over every distinct batch of ``levels`` (each
+    batch weighs one), and the mean service time by size. With one size only: per_item_s 0."""
+    by_size: dict[int, list] = {}
+    for lv in levels.values():
+        for n, (count, total) in lv.get("by_size", {}).items():
+            entry = by_size.setdefault(int(n), [0, 0.0])
+            entry[0] += count
+            entry[1] += total
+    k = sum(c for c, _ in by_size.values())
+    if not k:
+        return None
+    sn = sum(n * c for n, (c, _) in by_size.items())
+    st = sum(t for _, t in by_size.values())
+    snn = sum(n * n * c for n, (c, _) in by_size.items())
+    snt = sum(n * t for n, (_, t) in by_size.items())
+    var = k * snn - sn * sn
+    per_item = (k * snt - sn * st) / var if var > 0 else 0.0
+    fixed = (st - per_item * sn) / k
+    return {"fixed_s": fixed, "per_item_s": per_item, "batches": k, "mean_batch_s": st / k,
+            "by_size": {n: {"batches": c, "mean_s": t / c} for n, (c, t) in sorted(by_size.items())}}
+
+
+def judge(results: dict, args: argparse.Namespace) -> list[dict]:
+    ours, serve = results.get("ours", {}).get("levels", {}), results.get("serve", {}).get("levels", {})
+    rows = []
+    for path in args.paths:
+        for clients in args.clients:
+            key = f"{path}/{clients}"
+            a, b = ours.get(key), serve.get(key)
+            row: dict[str, Any] = {"path": path, "clients": clients, "ours": a, "serve": b,
+                                   "rps_ratio": None, "p99_ratio": None, "verdict": "n/a"}
+            if a and b and a["rps"] and b["rps"] and a["p99_ms"] and b["p99_ms"]:
+                row["rps_ratio"] = a["rps"] / b["rps"]
+                row["p99_ratio"] = a["p99_ms"] / b["p99_ms"]
+                clean = not a["errors"] and not b["errors"]
+                row["verdict"] = ("MET" if a["rps"] >= b["rps"] and a["p99_ms"] <= b["p99_ms"] and clean
+                                  else "NOT MET")
+            rows.append(row)
+    return rows
+
+
+def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
+    rows = judge(results, args)
+    version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
+    print(f"\nrankcore @batch vs Ray Serve @serve.batch, {args.replicas} replica(s) of num_cpus 1, "
+          f"max_batch_size {args.max_batch_size}, batch_wait_timeout_s {args.batch_wait_timeout_s:g}, "
+          f"max_ongoing_requests {args.max_ongoing_requests}, matmul 64x{args.hidden} + {args.layers}x "
+          f"{args.hidden}x{args.hidden} padded to {args.max_batch_size} rows, Ray {version}, "
+          f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs")
+    headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
+               "ours p99", "serve p99", "p99 ours/serve", "batch o/s", "batch ms o/s", "errors o/s", "goal"]
+    table = []
+    for r in rows:
+        a, b = r["ours"] or {}, r["serve"] or {}
+        table.append([r["path"], str(r["clients"]), _fmt(a.get("rps"), 1), _fmt(b.get("rps"), 1),
+                      _fmt(r["rps_ratio"]), _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")),
+                      _fmt(b.get("p99_ms")), _fmt(r["p99_ratio"]),
+                      f"{_fmt(a.get('mean_batch'), 1)}/{_fmt(b.get('mean_batch'), 1)}",
+                      f"{_fmt(_ms(a.get('mean_batch_s')))}/{_fmt(_ms(b.get('mean_batch_s')))}",
+                      f"{a.get('errors', '-')}/{b.get('errors', '-')}", r["verdict"]])
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print("(latencies in ms; batch: mean size of the distinct batches run in the window; batch ms: their mean "
+          "service time in the replica; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
+    for name, res in results.items():
+        fit = cost_fit(res.get("levels", {}))
+        res["cost_fit"] = fit
+        if fit:
+            sizes = ", ".join(f"{n}: {_fmt(_ms(v['mean_s']))} ms x{v['batches']}" for n, v in fit["by_size"].items())
+            print(f"{name}: per-batch service time {_fmt(_ms(fit['mean_batch_s']))} ms mean over {fit['batches']} "
+                  f"batches; by size: {sizes}")
+            print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
+                  f"({name}'s batches, fixed_s + per_item_s * batch_size)")
+    for name, res in results.items():
+        if "deploy_s" in res:
+            print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
+        for key, lv in res.get("levels", {}).items():
+            for e in lv.get("first_errors", []):
+                print(f"{name}: {key}: error: {e}")
+        for e in res.get("errors", []):
+            print(f"{name}: ERROR: {e}")
+    judged = [r for r in rows if r["verdict"] != "n/a"]
+    if "ours" in results and "serve" in results:
+        overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \
+            else "NOT MET"
+        print(f"\ngoal (issue 39): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
+    return rows
+
+
+# ---------------------------------------------------------------------- main
+def spawn(system_name: str, args: argparse.Namespace) -> dict:
+    """Run one system in a child process (a fresh Ray instance) and read its result."""
+    argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
+            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
+            "--num-cpus", str(args.num_cpus), "--max-batch-size", str(args.max_batch_size),
+            "--batch-wait-timeout-s", str(args.batch_wait_timeout_s),
+            "--max-ongoing-requests", str(args.max_ongoing_requests), "--hidden", str(args.hidden),
+            "--layers", str(args.layers)]
+    limit = args.budget + 120  # the last level may start just before the budget; then start and stop
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"need a comma-separated list of ints >= 1, got {text!r}")
+    return values
+
+
+def _paths(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values or any(v not in ("http", "handle") for v in values):
+        raise argparse.ArgumentTypeError(f"paths are http and/or handle, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-batch-size", type=int, default=16, help="both decorators' max_batch_size; default 16")
+    p.add_argument("--batch-wait-timeout-s", type=float, default=0.01,
+                   help="both decorators' batch_wait_timeout_s; default 0.01")
+    p.add_argument("--replicas", type=int, default=1, help="replicas of each system; default 1")
+    p.add_argument("--max-ongoing-requests", type=int, default=64,
+                   help="max_ongoing_requests of each replica, both systems; default 64")
+    p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
+    p.add_argument("--paths", type=_paths, default=["http", "handle"], help="http,handle (default)")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
+    p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")
+    p.add_argument("--budget", type=float, default=300.0,
+                   help="a child starts no new level past this many seconds; default 300")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="limit of one request, seconds; default 30")
+    p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
+    p.add_argument("--hidden", type=int, default=2048, help="the square matrix's side; default 2048")
+    p.add_argument("--layers", type=int, default=2, help="multiplications by the square matrix; default 2")
+    childrun.add_child_arguments(p)
+    args = p.parse_args(argv)
+    if (args.replicas < 1 or args.seconds <= 0 or args.warmup < 0 or args.max_batch_size < 1
+            or args.batch_wait_timeout_s < 0 or args.max_ongoing_requests < 1 or args.hidden < 1 or args.layers < 0):
+        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0, --max-batch-size >= 1, "
+                "--batch-wait-timeout-s >= 0, --max-ongoing-requests >= 1, --hidden >= 1, --layers >= 0")
+    if args.replicas > args.num_cpus:
+        p.error(f"--replicas {args.replicas} of num_cpus 1 do not fit --num-cpus {args.num_cpus}")
+
+    # replicas and the ingress import executors.ray_gpu (ours) and this module by name
+    childrun.ray_env(ROOT, ROOT / "benchmarks")
+
+    return childrun.main_for(args, run_child, spawn, print_report, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Batches in the simulator's traffic (``traffic.<d>.batch``, issue 39): the core's batcher
+closes them, a batch of n is served for ``fixed_s + n x per_item_s``; throughput follows the
+batch size, nothing is lost when a replica dies with batches in hand, and bad keys are refused
+naming the key. Every run checks the invariants after every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from executors.scenarios import ScenarioError, parse_scenario
+from executors.sim import Simulation, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = """
+seed: 3
+duration: 60
+cluster: {nodes: 1, gpus_per_node: 2}
+latency: {place: 0.1, start: 1, stop: 0.5}
+deployments:
+  embed: {replicas: 2, max_ongoing_requests: 64}
+timeline:
+  - deploy: embed
+TIMELINE
+traffic:
+  embed:
+    from: 5
+    arrivals: {kind: poisson, rate: RATE}
+    batch: BATCH
+"""
+
+
+def _run(batch: str, rate: float = 300, timeline: str = "") -> dict:
+    text = BASE.replace("BATCH", batch).replace("RATE", str(rate)).replace("TIMELINE", timeline)
+    result = Simulation(parse_scenario(text, "<batching>"), check=True).run()
+    assert result.passed, [e.detail for e in result.failures]
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    return q
+
+
+def test_the_example_batches_and_answers_its_load():
+    result = Simulation(load_scenario(ROOT / "examples/scenarios/traffic-batching.yaml"), check=True).run()
+    assert result.passed
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert q["lost"] == 0 and q["failed"] == 0
+    assert q["batch_size_mean"] > 4  # batched: one at a time it could not keep up
+    assert q["throughput_rps"] == pytest.approx(600, rel=0.05)
+
+
+def test_an_overloaded_deployment_answers_what_its_batches_can():
+    # 4 a batch, 20 ms + 4 x 0.5 ms: 181.8 req/s a replica, 363.6 for two, under 600 offered
+    q = _run("{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.02, per_item_s: 0.0005}", rate=600)
+    assert q["batch_size_mean"] == pytest.approx(4, abs=0.01)
+    assert q["throughput_rps"] == pytest.approx(2 * 4 / 0.022, rel=0.03)
+    assert q["batches_full"] >= 0.99 * q["batches"]
+
+
+def test_a_light_load_waits_out_the_timeout_in_small_batches():
+    q = _run("{max_batch_size: 32, batch_wait_timeout_s: 0.05, fixed_s: 0.001, per_item_s: 0.0}", rate=20)
+    assert q["batches_full"] == 0 and 1 <= q["batch_size_mean"] < 3
+    assert 0.05 <= q["latency_p50"] <= 0.06  # the timeout, then the batch's 1 ms
+
+
+def test_a_replica_dying_with_batches_in_hand_loses_nothing():
+    q = _run("{max_batch_size: 8, batch_wait_timeout_s: 0.01, fixed_s: 0.05, per_item_s: 0.001}", rate=200,
+             timeline="  - at: 30\n    crash: {deployment: embed, rank: 0}\n  - at: 40\n    crash: {deployment: embed, "
+                      "rank: 1}")
+    assert q["failed"] > 0 or q["retried"] > 0  # (the requests it held: not idempotent, they fail)
+    assert q["answered"] > 0.9 * q["submitted"]
+
+
+@pytest.mark.parametrize("batch, words", [
+    ("{max_batch_size: 0, fixed_s: 0.01}", "traffic.embed.batch.max_batch_size"),
+    ("{max_batch_size: 4}", "missing required field 'fixed_s'"),
+    ("{fixed_s: 0.01, size: 3}", "size"),
+])
+def test_bad_batch_keys_are_refused_naming_the_key(batch, words):
+    text = BASE.replace("BATCH", batch).replace("RATE", "10").replace("TIMELINE", "")
+    with pytest.raises(ScenarioError, match=words.replace(".", r"\.")):
+        parse_scenario(text, "<batching>")
+
+
+def test_batch_with_service_or_stream_is_refused():
+    text = BASE.replace("BATCH", "{fixed_s: 0.01}\n    service: 0.1").replace("RATE", "10").replace("TIMELINE", "")
+    with pytest.raises(ScenarioError, match="service time is its batch's"):
+        parse_scenario(text, "<batching>")
+    text = BASE.replace("BATCH", "{fixed_s: 0.01}\n    stream: {items: 3, item_interval_s: 0.1}").replace(
+        "RATE", "10").replace("TIMELINE", "")
+    with pytest.raises(ScenarioError, match="batch and stream together"):
+        parse_scenario(text, "<batching>")
+
+
+@pytest.mark.parametrize("timeout", [0.1, 0.25])  # (ends while its batch forms / while its batch runs)
+def test_deadlines_end_requests_waiting_in_a_batch_and_running_in_one(timeout):
+    text = BASE.replace("BATCH", "{max_batch_size: 16, batch_wait_timeout_s: 0.2, fixed_s: 0.3, per_item_s: 0.0}\n"
+                                 f"    timeout_s: {timeout}").replace("RATE", "40").replace("TIMELINE", "")
+    result = Simulation(parse_scenario(text, "<batching>"), check=True).run()
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    assert q["failed"] > 0 and q["answered"] == 0  # (every batch waits 0.2 s, then runs 0.3 s: past 0.25 s)
+    assert q["late"] > 0  # the answers of the requests cut off came in late
+    # ~20 req/s a replica into a batch open 0.2 s: ~5 each (seen: 5.0), unless those past their deadline left it
+    # before it closed (seen: 2.2)
+    assert q["batch_size_mean"] < 3 if timeout < 0.2 else q["batch_size_mean"] > 4
