@@ -454,7 +454,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
             print(f"{name}: per-batch service time {_fmt(_ms(fit['mean_batch_s']))} ms mean over {fit['batches']} "
                   f"batches; by size: {sizes}")
             print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
-                  f"({name}'s batches, fixed_s + per_item_s * batch_size)")
+                  f"(fit over the batches of {name}: fixed_s + per_item_s * batch_size)")
     for name, res in results.items():
         if "deploy_s" in res:
             print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")

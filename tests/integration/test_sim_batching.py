@@ -45,7 +45,7 @@ def test_the_example_batches_and_answers_its_load():
     result = Simulation(load_scenario(ROOT / "examples/scenarios/traffic-batching.yaml"), check=True).run()
     assert result.passed
     q = result.metrics["deployments"]["embed"]["requests"]
-    assert q["lost"] == 0 and q["failed"] == 0
+    assert q["lost"] == 0 and 0 < q["failed"] < 100  # (what the crash at t=60 held)
     assert q["batch_size_mean"] > 4  # batched: one at a time it could not keep up
     assert q["throughput_rps"] == pytest.approx(600, rel=0.05)
 
