@@ -38,8 +38,12 @@ counted once; the mean over answers, which weighs a batch by its size, is in the
 mean per-batch service time. Per system, over every batch of every level: the mean service time
 by batch size and a least-squares fit ``fixed_s + per_item_s * batch_size``, printed as ``sim cost:
 fixed_s=... per_item_s=...``: the handler's cost as the simulator takes it, to predict the
-throughput of the same settings (issue 39's other goal: the prediction within 15% of the
-measured throughput).
+throughput of the same settings. Then issue 39's other goal, the simulator's prediction within
+15% of the measured throughput: for each of ours' levels whose batches ran full (mean >= 90% of
+the bound: the replicas saturated, what they answer is their capacity), the simulator runs the
+same deployment (replicas, bound, timeout, ``max_ongoing_requests``; ``traffic.<d>.batch``) with
+the batch cost fitted on that level's own batches and 3x the measured rate offered, and its
+answers a second are printed beside the measured ones.
 
 HTTP clients: each its own keep-alive connection (benchmarks/rawhttp.py's ``RawClient``, a
 fraction of httpx's own CPU per request), ``POST <url>/bench`` with a JSON body ``{"id": [client,
@@ -401,6 +405,60 @@ def cost_fit(levels: dict) -> dict | None:
             "by_size": {n: {"batches": c, "mean_s": t / c} for n, (c, t) in sorted(by_size.items())}}
 
 
+def predict(args: argparse.Namespace, fit: dict, offered: float) -> float:
+    """The simulator's requests a second for this benchmark's deployment (same replicas, bound,
+    timeout, ``max_ongoing_requests``) when a batch costs ``fit``'s ``fixed_s + per_item_s x n``
+    and ``offered`` requests a second arrive (Poisson): above what it can answer, its capacity."""
+    from executors.scenarios import parse_scenario
+    from executors.sim import Simulation
+
+    per_item = max(0.0, fit["per_item_s"])
+    fixed = fit["fixed_s"] if fit["per_item_s"] >= 0 else fit["mean_batch_s"]
+    text = f"""
+seed: 1
+duration: 35
+cluster: {{nodes: 1, gpus_per_node: {args.replicas}}}
+latency: {{place: 0.0, start: 0.1, stop: 0.1}}
+deployments:
+  bench: {{replicas: {args.replicas}, max_ongoing_requests: {args.max_ongoing_requests}}}
+timeline:
+  - deploy: bench
+traffic:
+  bench:
+    from: 5
+    arrivals: {{kind: poisson, rate: {offered:.3f}}}
+    batch: {{max_batch_size: {args.max_batch_size}, batch_wait_timeout_s: {args.batch_wait_timeout_s},
+             max_concurrent_batches: 1, fixed_s: {max(fixed, 1e-6):.9f}, per_item_s: {per_item:.9f}}}
+"""
+    metrics = Simulation(parse_scenario(text, "<bench_batch prediction>")).run().metrics
+    return float(metrics["deployments"]["bench"]["requests"]["throughput_rps"])
+
+
+def print_predictions(results: dict, args: argparse.Namespace) -> None:
+    """Issue 39's check of the simulator: for each of ours' levels whose batches ran full (mean >=
+    90% of the bound: the replicas saturated, so what it answers is its capacity), the simulator's
+    throughput with the batch cost fitted on that level's own batches, against the measured."""
+    levels = results.get("ours", {}).get("levels", {})
+    rows = []
+    for key, lv in levels.items():
+        fit = cost_fit({key: lv})
+        if fit is None or not lv.get("rps") or (lv.get("mean_batch") or 0) < 0.9 * args.max_batch_size:
+            continue
+        got = predict(args, fit, 3.0 * lv["rps"])
+        rows.append((key, lv["rps"], got, fit))
+        lv["sim_predicted_rps"] = got
+    if not rows:
+        print("simulator prediction: no level of ours ran full batches (saturated): nothing to compare")
+        return
+    print("simulator prediction (ours' saturated levels; batch cost fitted on the level's own batches, "
+          "3x the measured rate offered):")
+    for key, measured, got, fit in rows:
+        off = (got - measured) / measured
+        print(f"  {key}: measured {measured:.1f} req/s, simulator {got:.1f} req/s ({100 * off:+.1f}%, "
+              f"{'within' if abs(off) <= 0.15 else 'NOT within'} 15%); cost {1000 * fit['fixed_s']:.2f} ms + "
+              f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n")
+
+
 def judge(results: dict, args: argparse.Namespace) -> list[dict]:
     ours, serve = results.get("ours", {}).get("levels", {}), results.get("serve", {}).get("levels", {})
     rows = []
@@ -455,6 +513,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
                   f"batches; by size: {sizes}")
             print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
                   f"(fit over the batches of {name}: fixed_s + per_item_s * batch_size)")
+    print_predictions(results, args)
     for name, res in results.items():
         if "deploy_s" in res:
             print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
