@@ -39,11 +39,12 @@ mean per-batch service time. Per system, over every batch of every level: the me
 by batch size and a least-squares fit ``fixed_s + per_item_s * batch_size``, printed as ``sim cost:
 fixed_s=... per_item_s=...``: the handler's cost as the simulator takes it, to predict the
 throughput of the same settings. Then issue 39's other goal, the simulator's prediction within
-15% of the measured throughput: for each of ours' levels whose batches ran full (mean >= 90% of
-the bound: the replicas saturated, what they answer is their capacity), the simulator runs the
-same deployment (replicas, bound, timeout, ``max_ongoing_requests``; ``traffic.<d>.batch``) with
-the batch cost fitted on that level's own batches and 3x the measured rate offered, and its
-answers a second are printed beside the measured ones.
+15% of the measured throughput: for each of ours' levels, the simulator runs the same deployment
+(replicas, bound, timeout, ``max_ongoing_requests``; ``traffic.<d>.batch``) under the same closed
+loop (``arrivals: {kind: closed, clients: N, think_s: T}``), a batch costing what that level's own
+batches cost (the fit), T the time a request spends outside the replica (measured once, at one
+client of the same path: p50 less the timeout and a lone batch's service); its answers a second
+are printed beside the measured ones.
 
 HTTP clients: each its own keep-alive connection (benchmarks/rawhttp.py's ``RawClient``, a
 fraction of httpx's own CPU per request), ``POST <url>/bench`` with a JSON body ``{"id": [client,
@@ -405,10 +406,11 @@ def cost_fit(levels: dict) -> dict | None:
             "by_size": {n: {"batches": c, "mean_s": t / c} for n, (c, t) in sorted(by_size.items())}}
 
 
-def predict(args: argparse.Namespace, fit: dict, offered: float) -> float:
+def predict(args: argparse.Namespace, fit: dict, clients: int, think_s: float) -> float:
     """The simulator's requests a second for this benchmark's deployment (same replicas, bound,
-    timeout, ``max_ongoing_requests``) when a batch costs ``fit``'s ``fixed_s + per_item_s x n``
-    and ``offered`` requests a second arrive (Poisson): above what it can answer, its capacity."""
+    timeout, ``max_ongoing_requests``) under the same closed loop (``clients`` callers, each sending
+    again ``think_s`` after its answer: the time a request spends outside the replica) when a
+    batch costs ``fit``'s ``fixed_s + per_item_s x n``."""
     from executors.scenarios import parse_scenario
     from executors.sim import Simulation
 
@@ -416,7 +418,7 @@ def predict(args: argparse.Namespace, fit: dict, offered: float) -> float:
     fixed = fit["fixed_s"] if fit["per_item_s"] >= 0 else fit["mean_batch_s"]
     text = f"""
 seed: 1
-duration: 35
+duration: 65
 cluster: {{nodes: 1, gpus_per_node: {args.replicas}}}
 latency: {{place: 0.0, start: 0.1, stop: 0.1}}
 deployments:
@@ -426,7 +428,7 @@ timeline:
 traffic:
   bench:
     from: 5
-    arrivals: {{kind: poisson, rate: {offered:.3f}}}
+    arrivals: {{kind: closed, clients: {clients}, think_s: {max(0.0, think_s):.9f}}}
     batch: {{max_batch_size: {args.max_batch_size}, batch_wait_timeout_s: {args.batch_wait_timeout_s},
              max_concurrent_batches: 1, fixed_s: {max(fixed, 1e-6):.9f}, per_item_s: {per_item:.9f}}}
 """
@@ -435,28 +437,37 @@ traffic:
 
 
 def print_predictions(results: dict, args: argparse.Namespace) -> None:
-    """Issue 39's check of the simulator: for each of ours' levels whose batches ran full (mean >=
-    90% of the bound: the replicas saturated, so what it answers is its capacity), the simulator's
-    throughput with the batch cost fitted on that level's own batches, against the measured."""
+    """Issue 39's check of the simulator: each of ours' levels predicted by the simulator (the same
+    deployment and closed loop; ``traffic.<d>.batch`` with the batch cost fitted on that level's own
+    batches; ``arrivals: closed`` with the time a request spends outside the replica measured at one
+    client of the same path: its p50 less the batch timeout and a lone batch's service time),
+    against the measured requests a second."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
-    for key, lv in levels.items():
-        fit = cost_fit({key: lv})
-        if fit is None or not lv.get("rps") or (lv.get("mean_batch") or 0) < 0.9 * args.max_batch_size:
+    for path in args.paths:
+        one = levels.get(f"{path}/1")
+        lone = cost_fit({"one": one}) if one else None
+        if not one or lone is None or not one.get("p50_ms"):
+            print(f"simulator prediction, {path}: no one-client level to measure the time outside the replica")
             continue
-        got = predict(args, fit, 3.0 * lv["rps"])
-        rows.append((key, lv["rps"], got, fit))
-        lv["sim_predicted_rps"] = got
+        outside = one["p50_ms"] / 1000.0 - args.batch_wait_timeout_s - lone["mean_batch_s"]
+        for clients in args.clients:
+            lv = levels.get(f"{path}/{clients}")
+            fit = cost_fit({"lv": lv}) if lv else None
+            if fit is None or not lv.get("rps"):
+                continue
+            got = predict(args, fit, clients, outside)
+            lv["sim_predicted_rps"] = got
+            rows.append((f"{path}/{clients}", lv["rps"], got, fit, outside))
     if not rows:
-        print("simulator prediction: no level of ours ran full batches (saturated): nothing to compare")
         return
-    print("simulator prediction (ours' saturated levels; batch cost fitted on the level's own batches, "
-          "3x the measured rate offered):")
-    for key, measured, got, fit in rows:
+    print("simulator prediction (the same closed loop; batch cost fitted on each level's own batches; the "
+          "time outside the replica measured at one client):")
+    for key, measured, got, fit, outside in rows:
         off = (got - measured) / measured
         print(f"  {key}: measured {measured:.1f} req/s, simulator {got:.1f} req/s ({100 * off:+.1f}%, "
-              f"{'within' if abs(off) <= 0.15 else 'NOT within'} 15%); cost {1000 * fit['fixed_s']:.2f} ms + "
-              f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n")
+              f"{'within' if abs(off) <= 0.15 else 'NOT within'} 15%); batch {1000 * fit['fixed_s']:.2f} ms + "
+              f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms")
 
 
 def judge(results: dict, args: argparse.Namespace) -> list[dict]:

@@ -210,7 +210,6 @@ FIGURES: tuple[Figure, ...] = (
     Figure("requests_batches", "batches", "batches", count=True),
     Figure("requests_batch_size_mean", "batch size\nmean", "batches", 2),
     Figure("requests_batches_full", "closed\nfull", "batches", count=True),
-    Figure("bt_latency_p99", "latency\np99 s", "batches", 3),
     # proxies (``proxies:``; executors/sim/proxies.py): requests that failed at their callers for a proxy
     Figure("requests_failed_no_proxy", "failed:\nno proxy", "proxies", count=True),
     Figure("requests_failed_proxy_died", "failed:\nproxy died", "proxies", count=True),
@@ -232,7 +231,7 @@ FIGURES: tuple[Figure, ...] = (
 #: figures shown again in another group (the autoscaling table's), under a key of their own
 ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "requests_failed",
            "as_rejected": "requests_rejected_total", "as_reassigned": "reassignments_any",
-           "as_reconfigures": "reconfigures_rank", "bt_latency_p99": "requests_latency_p99"}
+           "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
           "streams", "batches", "proxies", "autoscaling")

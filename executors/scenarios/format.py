@@ -181,6 +181,7 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bursts": (("base_rate", "burst_rate", "burst_s", "period_s"), ("offset_s",)),
     "daily": (("rates",), ("day_s",)),
     "file": (("path",), ()),
+    "closed": (("clients",), ("think_s",)),
 }
 #: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
@@ -196,7 +197,8 @@ _STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
 
 @attrs.frozen
 class ArrivalSpec:
-    """When requests arrive (``ARRIVAL_KINDS``): ``poisson`` at ``rate``; ``bursts``: ``burst_rate``
+    """When requests arrive (``ARRIVAL_KINDS``): ``closed``: ``clients`` callers in a closed loop
+    (a benchmark's load generator); ``poisson`` at ``rate``; ``bursts``: ``burst_rate``
     for ``burst_s`` of every ``period_s`` (from ``offset_s``), ``base_rate`` the rest; ``daily``: 24
     hourly ``rates`` over a day of ``day_s`` virtual seconds; ``file``: the ``times`` read from ``path``."""
 
@@ -211,6 +213,9 @@ class ArrivalSpec:
     day_s: float = 86400.0
     path: str = ""
     times: tuple[float, ...] = attrs.field(default=(), repr=False)
+    #: ``closed``: ``clients`` callers, each sending its next request ``think_s`` after its last ended
+    clients: int = 0
+    think_s: Any = None  # a Latency (None: 0)
 
 
 @attrs.frozen
@@ -1187,6 +1192,12 @@ def _arrivals(value: Any, p: tuple, c: _Checker) -> ArrivalSpec:
                            burst_rate=c.number(m["burst_rate"], p + ("burst_rate",)),
                            burst_s=c.number(m["burst_s"], p + ("burst_s",), maximum=period), period_s=period,
                            offset_s=c.number(m.get("offset_s", 0.0), p + ("offset_s",)))
+    if kind == "closed":
+        clients = m["clients"]
+        if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
+            raise c.fail(p + ("clients",), f"must be a whole number of callers >= 1, got {_show(clients)}")
+        think = m.get("think_s")
+        return ArrivalSpec(kind, clients=clients, think_s=None if think is None else c.latency(think, p + ("think_s",)))
     if kind == "daily":
         rates = m["rates"]
         if not isinstance(rates, list) or len(rates) != 24:

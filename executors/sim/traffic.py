@@ -95,13 +95,17 @@ def segments(spec: ArrivalSpec) -> Iterator[tuple[float, float, float]]:
                 yield k * spec.day_s + h * hour, k * spec.day_s + (h + 1) * hour, rate
             k += 1
     else:
-        raise ValueError(f"arrivals of kind {spec.kind!r} come from a list, not a rate")
+        raise ValueError(f"arrivals of kind {spec.kind!r} come from a list or their callers, not a rate")
 
 
 def arrival_times(spec: ArrivalSpec, rng: random.Random, start: float, until: float) -> Iterator[float]:
-    """Arrival times in ``[start, until]``, increasing: ``file``'s as listed; the others a Poisson
+    """Arrival times in ``[start, until]``, increasing: ``closed``'s first requests (one per caller,
+    at ``start``: the rest follow their ends, ``SimTraffic``); ``file``'s as listed; the others a Poisson
     process whose rate is constant on each piece of ``segments`` (exact: an exponential gap that
     crosses a piece's end is dropped and drawn again from there, the process being memoryless)."""
+    if spec.kind == "closed":
+        yield from (start for _ in range(spec.clients))
+        return
     if spec.kind == "file":
         yield from (t for t in spec.times if start <= t <= until)
         return
@@ -128,7 +132,7 @@ class _Flow:
     __slots__ = ("spec", "name", "times", "service", "errors", "n", "waits", "latencies", "series", "max_queued",
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
-                 "batch_seconds")
+                 "batch_seconds", "think")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -151,6 +155,8 @@ class _Flow:
         self.streamed = self.shapes = None
         self.streams = _Streams()
         self.batch_costs = sim.stream(f"traffic/{self.name}/batches") if spec.batch is not None else None
+        #: ``closed`` arrivals: the callers' think times (each caller sends again after its last ended)
+        self.think = sim.stream(f"traffic/{self.name}/think") if spec.arrivals.kind == "closed" else None
         self.batches = self.batch_items = self.batch_full = 0  # batches run, requests in them, closed full
         self.batch_seconds = 0.0  # their service time, summed
         if spec.stream is not None:
@@ -233,7 +239,17 @@ class SimTraffic:
     def _next_arrival(self, flow: _Flow) -> None:
         t = next(flow.times, None)
         if t is not None:
-            self.sim.schedule(t - self.sim.now, self._arrive, flow)
+            self.sim.schedule(max(0.0, t - self.sim.now), self._arrive, flow)
+
+    def _again(self, flow: _Flow) -> None:
+        """``closed`` arrivals: the caller whose request just ended sends its next one after its
+        think time, until the arrivals' window ends."""
+        if flow.think is None:
+            return
+        think = flow.spec.arrivals.think_s
+        delay = 0.0 if think is None else think.sample(flow.think)
+        if self.sim.now + delay <= flow.spec.until:
+            self.sim.schedule(delay, self._arrive, flow)
 
     def _arrive(self, flow: _Flow) -> None:
         now, spec = self.sim.now, flow.spec
@@ -248,6 +264,7 @@ class SimTraffic:
             if proxy is None:
                 flow.no_proxy += 1
                 flow.ends += 1
+                self._again(flow)
                 self._next_arrival(flow)
                 return
         self._requests[rid] = _Req(flow, now, stream, proxy)
@@ -389,6 +406,7 @@ class SimTraffic:
             req.flow.latencies.append(self.sim.now - req.t0)
             req.flow.answers += 1
             req.flow.ends += 1
+            self._again(req.flow)
             req.flow.live -= 1
             if req.stream:  # every item given, then the end (an application error: a last error line)
                 self._stream_ended(req, completed=ok, answered=True)
@@ -436,6 +454,7 @@ class SimTraffic:
             return
         flow = req.flow
         flow.ends += 1
+        self._again(flow)
         flow.live -= 1
         if req.proxy is not None:
             req.proxy.carrying.discard(a.request_id)
@@ -464,6 +483,7 @@ class SimTraffic:
             if not any(isinstance(a, (Rejected, Failed)) and a.request_id == rid for a in actions):
                 del self._requests[rid]  # (dispatched: the replica is told to drop it; the caller is gone)
                 req.flow.ends += 1
+                self._again(req.flow)
                 req.flow.live -= 1
                 if req.stream and req.dispatched:
                     self._stream_ended(req, completed=False, answered=False)

@@ -105,3 +105,24 @@ def test_deadlines_end_requests_waiting_in_a_batch_and_running_in_one(timeout):
     # ~20 req/s a replica into a batch open 0.2 s: ~5 each (seen: 5.0), unless those past their deadline left it
     # before it closed (seen: 2.2)
     assert q["batch_size_mean"] < 3 if timeout < 0.2 else q["batch_size_mean"] > 4
+
+
+@pytest.mark.parametrize("replicas, clients, rps, size", [(1, 16, 1600, 16), (2, 16, 800, 8), (1, 64, 1600, 16)])
+def test_a_closed_loop_of_callers_gives_what_the_batches_allow(replicas, clients, rps, size):
+    """``arrivals: {kind: closed}``: each caller sends again when its answer comes. 16 callers, one
+    replica: a full batch of 16 every 10 ms; on two replicas each gets 8, waits its 10 ms timeout,
+    then 10 ms of service."""
+    text = (BASE.replace("{kind: poisson, rate: RATE}", f"{{kind: closed, clients: {clients}}}")
+            .replace("BATCH", "{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.01}")
+            .replace("TIMELINE", "").replace("replicas: 2,", f"replicas: {replicas},"))
+    result = Simulation(parse_scenario(text, "<closed>"), check=True).run()
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["failed"]) == (0, 0)
+    assert q["throughput_rps"] == pytest.approx(rps, rel=0.01) and q["batch_size_mean"] == pytest.approx(size)
+
+
+def test_closed_arrivals_need_a_whole_number_of_clients():
+    text = BASE.replace("{kind: poisson, rate: RATE}", "{kind: closed, clients: 0}").replace(
+        "BATCH", "{fixed_s: 0.01}").replace("TIMELINE", "")
+    with pytest.raises(ScenarioError, match=r"traffic\.embed\.arrivals\.clients.*whole number of callers"):
+        parse_scenario(text, "<closed>")
