@@ -30,7 +30,7 @@ from rankcore.testing import make_timeline_machine
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
-EXAMPLES = 12
+EXAMPLES = 9
 BATCH = 3
 BUDGET_S = 120.0
 STEPS = 8
