@@ -94,7 +94,15 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
-from bench_http import _awaitable, _fmt, _free_port, load  # noqa: E402 - (the same clients and figures)
+from bench_http import (  # noqa: E402 - (the same clients, figures and report)
+    _awaitable,
+    _fmt,
+    _free_port,
+    judge,
+    load,
+    print_errors_and_goal,
+    print_table,
+)
 
 DEP = "bench"  # deployment name (and Serve application name)
 ROUTE = "/bench"
@@ -470,25 +478,6 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
               f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms")
 
 
-def judge(results: dict, args: argparse.Namespace) -> list[dict]:
-    ours, serve = results.get("ours", {}).get("levels", {}), results.get("serve", {}).get("levels", {})
-    rows = []
-    for path in args.paths:
-        for clients in args.clients:
-            key = f"{path}/{clients}"
-            a, b = ours.get(key), serve.get(key)
-            row: dict[str, Any] = {"path": path, "clients": clients, "ours": a, "serve": b,
-                                   "rps_ratio": None, "p99_ratio": None, "verdict": "n/a"}
-            if a and b and a["rps"] and b["rps"] and a["p99_ms"] and b["p99_ms"]:
-                row["rps_ratio"] = a["rps"] / b["rps"]
-                row["p99_ratio"] = a["p99_ms"] / b["p99_ms"]
-                clean = not a["errors"] and not b["errors"]
-                row["verdict"] = ("MET" if a["rps"] >= b["rps"] and a["p99_ms"] <= b["p99_ms"] and clean
-                                  else "NOT MET")
-            rows.append(row)
-    return rows
-
-
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     rows = judge(results, args)
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
@@ -508,11 +497,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
                       f"{_fmt(a.get('mean_batch'), 1)}/{_fmt(b.get('mean_batch'), 1)}",
                       f"{_fmt(_ms(a.get('mean_batch_s')))}/{_fmt(_ms(b.get('mean_batch_s')))}",
                       f"{a.get('errors', '-')}/{b.get('errors', '-')}", r["verdict"]])
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print_table(headers, table)
     print("(latencies in ms; batch: mean size of the distinct batches run in the window; batch ms: their mean "
           "service time in the replica; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
     for name, res in results.items():
@@ -525,19 +510,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
             print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
                   f"(fit over the batches of {name}: fixed_s + per_item_s * batch_size)")
     print_predictions(results, args)
-    for name, res in results.items():
-        if "deploy_s" in res:
-            print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
-        for key, lv in res.get("levels", {}).items():
-            for e in lv.get("first_errors", []):
-                print(f"{name}: {key}: error: {e}")
-        for e in res.get("errors", []):
-            print(f"{name}: ERROR: {e}")
-    judged = [r for r in rows if r["verdict"] != "n/a"]
-    if "ours" in results and "serve" in results:
-        overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \
-            else "NOT MET"
-        print(f"\ngoal (issue 39): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
+    print_errors_and_goal(results, rows, "issue 39")
     return rows
 
 

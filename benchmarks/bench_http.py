@@ -423,11 +423,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
                       _fmt(r["rps_ratio"]), _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")),
                       _fmt(b.get("p99_ms")), _fmt(r["p99_ratio"]), f"{a.get('errors', '-')}/{b.get('errors', '-')}",
                       r["verdict"]])
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+    print_table(headers, table)
     print("(latencies in ms; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
     print(f"published Ray Serve HTTP figures (2025, orientation): p50 {PUBLISHED_SERVE['http_p50_ms']} ms, "
           f"p99 {PUBLISHED_SERVE['http_p99_ms']} ms")
@@ -435,6 +431,21 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     if floor:
         print(f"bare Ray actor call (async echo, no router or proxy), 1 client, same host: "
               f"p50 {_fmt(floor['p50_ms'])} ms, p99 {_fmt(floor['p99_ms'])} ms: the floor of any Ray-based path")
+    print_errors_and_goal(results, rows, "issue 22")
+    return rows
+
+
+def print_table(headers: list[str], table: list[list[str]]) -> None:
+    """A plain text table, columns as wide as their widest cell."""
+    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for t in table:
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
+
+
+def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
+    """Each system's start-up time and errors, then the overall verdict of ``judge``'s rows."""
     for name, res in results.items():
         if "deploy_s" in res:
             print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
@@ -447,8 +458,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     if "ours" in results and "serve" in results:
         overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \
             else "NOT MET"
-        print(f"\ngoal (issue 22): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
-    return rows
+        print(f"\ngoal ({issue}): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
 
 
 # ---------------------------------------------------------------------- main
