@@ -18,7 +18,9 @@ __all__ = ["RawClient"]
 
 
 class RawClient:
-    """One connection (opened on first use, again after the server closes it)."""
+    """One connection: opened on first use, and again when the server closed it (a request that
+    finds a reused connection closed before any answer is sent once more on a new one). Answers
+    have a ``Content-Length``, a chunked body or end when the server closes (not a 204/304)."""
 
     def __init__(self, url: str, timeout: float = 30.0) -> None:
         parts = urlsplit(url)
@@ -43,13 +45,20 @@ class RawClient:
         return await asyncio.wait_for(self._post(body), self.timeout)
 
     async def _post(self, body: bytes) -> tuple[int, bytes]:
-        if self._writer is None:
+        reused = self._writer is not None
+        if not reused:
             await self._connect()
         reader, writer = self._reader, self._writer
         assert reader is not None and writer is not None
         try:
             writer.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
-            head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                if not reused:
+                    raise
+                await self.close()  # the server closed the idle connection: once more on a new one
+                return await self._post(body)
             lines = head[:-4].split(b"\r\n")
             status = int(lines[0].split(None, 2)[1])
             headers = {}

@@ -73,6 +73,8 @@ _Submit, _Completed, _NotDelivered, _Tick, _Cancel = (maker(c) for c in (Submit,
 _TAKES_CALLS = ("running", "reconfiguring")
 #: the failures each deployment's metrics keep in full (the rest are counted)
 KEEP_FAILURES = 20
+#: ``closed`` arrivals: how long a caller whose request failed or was refused waits before its next
+CLOSED_RETRY_PAUSE_S = 0.001
 
 
 def segments(spec: ArrivalSpec) -> Iterator[tuple[float, float, float]]:
@@ -229,6 +231,8 @@ class SimTraffic:
         #: replica id -> (its incarnation, its batcher, its pending timer ticket): batched deployments'
         #: replicas (``traffic.<d>.batch``); a new incarnation gets a new batcher
         self._batchers: dict[str, list] = {}
+        #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
+        self._cut: set[str] = set()
         for name in sorted(specs):
             flow = self.flows[name] = _Flow(specs[name], sim)
             self.machine.handle(Configure(deployment=name, **dict(specs[name].limits)))
@@ -241,13 +245,17 @@ class SimTraffic:
         if t is not None:
             self.sim.schedule(max(0.0, t - self.sim.now), self._arrive, flow)
 
-    def _again(self, flow: _Flow) -> None:
+    def _again(self, flow: _Flow, refused: bool = False) -> None:
         """``closed`` arrivals: the caller whose request just ended sends its next one after its
-        think time, until the arrivals' window ends."""
+        think time, until the arrivals' window ends; after an error no sooner than
+        ``CLOSED_RETRY_PAUSE_S`` (a caller refused at once would else send again at the same
+        instant for ever)."""
         if flow.think is None:
             return
         think = flow.spec.arrivals.think_s
         delay = 0.0 if think is None else think.sample(flow.think)
+        if refused:
+            delay = max(delay, CLOSED_RETRY_PAUSE_S)
         if self.sim.now + delay <= flow.spec.until:
             self.sim.schedule(delay, self._arrive, flow)
 
@@ -264,7 +272,7 @@ class SimTraffic:
             if proxy is None:
                 flow.no_proxy += 1
                 flow.ends += 1
-                self._again(flow)
+                self._again(flow, refused=True)
                 self._next_arrival(flow)
                 return
         self._requests[rid] = _Req(flow, now, stream, proxy)
@@ -364,9 +372,23 @@ class SimTraffic:
         if due is not None:
             entry[2] = sim.schedule(max(0.0, due - sim.now), self._batch_tick, flow, replica_id, entry[0])
 
-    def _batch_tick(self, flow: _Flow, replica_id: str, epoch: int) -> None:
+    def _live_batcher(self, replica_id: str, epoch: int) -> list | None:
+        """The batcher of that very incarnation of the replica if it still runs; one whose
+        replica died, froze or was replaced is dropped (its batches end with it)."""
         entry = self._batchers.get(replica_id)
         if entry is None or entry[0] != epoch:
+            return None
+        r = self.sim.backend.replicas.get(replica_id)
+        if r is None or r.epoch != epoch or r.hung:
+            del self._batchers[replica_id]
+            if entry[2] is not None:
+                self.sim.cancel(entry[2])
+            return None
+        return entry
+
+    def _batch_tick(self, flow: _Flow, replica_id: str, epoch: int) -> None:
+        entry = self._live_batcher(replica_id, epoch)
+        if entry is None:
             return
         entry[2] = None
         due = entry[1].next_deadline()
@@ -377,10 +399,11 @@ class SimTraffic:
         cut meanwhile has been answered already), then its slot is free."""
         for rid in rids:
             entry = self._held.get(replica_id, {}).get(rid)
-            if entry is not None and entry[1] is not None:
+            if entry is not None and entry[1] is not None and rid not in self._cut:
                 self._complete(rid, replica_id, epoch, entry[2])
-        b = self._batchers.get(replica_id)
-        if b is not None and b[0] == epoch:
+            self._cut.discard(rid)
+        b = self._live_batcher(replica_id, epoch)
+        if b is not None:
             self._batch_actions(flow, replica_id, b, b[1].handle(BatchDone(batch_id=batch_id, now=self.sim.now)))
 
     def _complete(self, rid: str, replica_id: str, epoch: int, ok: bool) -> None:
@@ -438,6 +461,8 @@ class SimTraffic:
             if b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
                 if entry[1] is None:
                     b[1].handle(Cancel(request_id=rid))
+                else:
+                    self._cut.add(rid)
             else:
                 self.sim.cancel(entry[1])
             r = self.sim.backend.replicas.get(replica_id)
@@ -454,7 +479,7 @@ class SimTraffic:
             return
         flow = req.flow
         flow.ends += 1
-        self._again(flow)
+        self._again(flow, refused=True)
         flow.live -= 1
         if req.proxy is not None:
             req.proxy.carrying.discard(a.request_id)
@@ -483,7 +508,7 @@ class SimTraffic:
             if not any(isinstance(a, (Rejected, Failed)) and a.request_id == rid for a in actions):
                 del self._requests[rid]  # (dispatched: the replica is told to drop it; the caller is gone)
                 req.flow.ends += 1
-                self._again(req.flow)
+                self._again(req.flow, refused=True)
                 req.flow.live -= 1
                 if req.stream and req.dispatched:
                     self._stream_ended(req, completed=False, answered=False)

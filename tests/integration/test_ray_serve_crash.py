@@ -63,20 +63,23 @@ def _cmdline(pid: int) -> str:
 _AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
-def _serve(port: int) -> subprocess.Popen:
+def _serve(port: int, route: str, log: Path) -> subprocess.Popen:
+    """``rankcore serve`` of test_ray_http's app on ``route``, its output in ``log`` (a file, not a
+    pipe: Ray's own lines would fill a pipe nobody reads and block it)."""
     ray_env()
-    return subprocess.Popen([sys.executable, "-m", "executors.cli", "serve", "tests.integration.test_ray_http:cli_app",
-                             "--port", str(port), "--route-prefix", "/served"],
-                            cwd=ROOT, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    with log.open("w") as out:
+        return subprocess.Popen([sys.executable, "-m", "executors.cli", "serve",
+                                 "tests.integration.test_ray_http:cli_app", "--port", str(port), "--route-prefix", route],
+                                cwd=ROOT, env={**os.environ}, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
 
 
-def _until_served(proc: subprocess.Popen, port: int) -> None:
+def _until_served(proc: subprocess.Popen, port: int, route: str, log: Path) -> None:
     deadline = time.monotonic() + 120
     while True:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         try:
-            r = httpx.get(f"http://127.0.0.1:{port}/served", timeout=10.0)
+            r = httpx.get(f"http://127.0.0.1:{port}{route}", timeout=10.0)
             if r.status_code == 200:
                 assert r.json() == "here"
                 return
@@ -86,12 +89,12 @@ def _until_served(proc: subprocess.Popen, port: int) -> None:
         time.sleep(0.3)
 
 
-def test_a_second_serve_after_a_killed_one_starts_clean_on_the_same_port():
+def test_a_second_serve_after_a_killed_one_starts_clean_on_the_same_port(tmp_path):
     port = _free_port()
-    first = _serve(port)
+    first = _serve(port, "/served", tmp_path / "first.log")
     everything: set[int] = set()
     try:
-        _until_served(first, port)
+        _until_served(first, port, "/served", tmp_path / "first.log")
         everything = _descendants(first.pid)
         ray_processes = {p for p in everything if not _cmdline(p).startswith(_AGENTS)}
         assert any("raylet" in _cmdline(p) for p in ray_processes), "rankcore serve started no local Ray"
@@ -112,15 +115,15 @@ def test_a_second_serve_after_a_killed_one_starts_clean_on_the_same_port():
         for p in everything:  # (the agents, which would go by themselves a minute later)
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
-    second = _serve(port)
+    second = _serve(port, "/again", tmp_path / "second.log")
     try:
-        _until_served(second, port)
+        _until_served(second, port, "/again", tmp_path / "second.log")
         routes = httpx.get(f"http://127.0.0.1:{port}/-/routes", timeout=10.0).json()
-        assert routes == {"/served": "served"}, routes
+        assert routes == {"/again": "served"}, routes  # (the killed serve's /served is not carried over)
     finally:
         second.send_signal(signal.SIGINT)
         try:
             second.wait(timeout=60)
         except subprocess.TimeoutExpired:
             second.kill()
-    assert second.returncode == 0, second.stderr.read()[-2000:]
+    assert second.returncode == 0, (tmp_path / "second.log").read_text()[-2000:]

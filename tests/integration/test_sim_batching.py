@@ -126,3 +126,17 @@ def test_closed_arrivals_need_a_whole_number_of_clients():
         "BATCH", "{fixed_s: 0.01}").replace("TIMELINE", "")
     with pytest.raises(ScenarioError, match=r"traffic\.embed\.arrivals\.clients.*whole number of callers"):
         parse_scenario(text, "<closed>")
+
+
+def test_closed_callers_refused_at_once_retry_after_a_pause_and_the_run_ends():
+    """More callers than the replica and its queue take: the rest are refused ("overloaded") the
+    moment they send; each sends again 1 ms later (else the run would spin at one instant)."""
+    text = (BASE.replace("{kind: poisson, rate: RATE}", "{kind: closed, clients: 50}")
+            .replace("BATCH", "{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.01}")
+            .replace("TIMELINE", "").replace("replicas: 2, max_ongoing_requests: 64",
+                                             "replicas: 1, max_ongoing_requests: 4, max_queued_requests: 2")
+            .replace("duration: 60", "duration: 7"))
+    result = Simulation(parse_scenario(text, "<closed>"), check=True).run()
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert q["rejected"]["overloaded"] > 0 and q["lost"] == 0
+    assert q["throughput_rps"] == pytest.approx(400, rel=0.05)  # full batches of 4 every 10 ms

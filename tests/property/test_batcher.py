@@ -56,8 +56,10 @@ class BatcherProps(RuleBasedStateMachine):
         self.refused: set[str] = set()
         self.model: dict[str, str] = {}
         self.size: dict[str, int] = {}
+        self.bound_of: dict[int, int] = {}  # a batch seen forming -> the bound in force when it began
 
     def _do(self, ev: Any) -> list[Any]:
+        before = self.b.options  # (a batch that begins in this event has these options)
         try:
             out = self.b.handle(ev)
         except rc.InvalidEvent as exc:
@@ -73,6 +75,8 @@ class BatcherProps(RuleBasedStateMachine):
                 assert act.batch_id > self.last_batch, "batches run in the order they began"
                 self.last_batch = act.batch_id
                 assert 0 < act.size <= act.max_batch_size
+                assert act.max_batch_size == self.bound_of.pop(act.batch_id, before.max_batch_size), \
+                    "a batch's bound is the one in force when it began"
                 assert act.began <= act.closed <= self.now
                 seen: list[str] = []
                 for part in act.parts:
@@ -91,6 +95,9 @@ class BatcherProps(RuleBasedStateMachine):
                 self.running[act.batch_id] = act
         assert len(self.running) <= self.b.options.max_concurrent_batches or isinstance(ev, SetBatchOptions) \
             or self.shrunk
+        for b in [self.b._forming, *self.b._waiting]:  # (one not seen before began in this event)
+            if b is not None and b.batch_id not in self.bound_of:
+                self.bound_of[b.batch_id] = before.max_batch_size
         return out
 
     shrunk = False

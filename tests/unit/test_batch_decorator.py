@@ -30,6 +30,10 @@ class Model:
     async def broken(self, xs: list[int]) -> list[int]:
         raise ValueError(f"bad batch of {len(xs)}")
 
+    @batch(max_batch_size=3, batch_wait_timeout_s=0.01)
+    async def cancelled(self, xs: list[int]) -> list[int]:
+        raise asyncio.CancelledError()
+
     @batch(max_batch_size=4, batch_wait_timeout_s=0.01)
     async def count_up(self, ns: list[int]):
         for i in range(max(ns)):
@@ -88,6 +92,26 @@ def test_an_exception_of_the_method_fails_every_caller_of_that_batch():
 
     errs = _run(go())
     assert [str(e) for e in errs] == ["bad batch of 2", "bad batch of 2"]
+
+
+def test_a_batch_cancelled_inside_fails_its_callers_instead_of_leaving_them_waiting():
+    m = Model()
+
+    async def go():
+        return await asyncio.gather(*(m.cancelled(i) for i in range(2)), return_exceptions=True)
+
+    errs = _run(go())
+    assert [str(e) for e in errs] == ["the batch was cancelled before it answered"] * 2
+
+
+def test_calls_passing_other_arguments_fail_naming_them():
+    m = Model()
+
+    async def go():
+        return await asyncio.gather(m.double(1), m.double(x=2), return_exceptions=True)  # type: ignore[call-arg]
+
+    errs = _run(go())
+    assert all(isinstance(e, TypeError) and "must pass the same arguments" in str(e) for e in errs), errs
 
 
 def test_a_generator_streams_to_each_caller_and_stopiteration_ends_one_stream():

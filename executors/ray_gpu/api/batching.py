@@ -58,6 +58,15 @@ class _End:
 _END = _End()
 
 
+class _Raise:
+    """A stream's error, as its caller raises it (an exception the generator yields as data is an item)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
 class BatchSizeMismatch(RuntimeError):
     """The batched method answered a list of another length than the batch (or no list)."""
 
@@ -160,14 +169,16 @@ class _Runner:
         calls = [self.calls.pop(r) for r in rids if r in self.calls]
         if not calls:
             return
-        n = len(calls[0].args)
-        if any(len(c.args) != n for c in calls):
+        n, names = len(calls[0].args), sorted(calls[0].kwargs)
+        odd = next((c for c in calls if len(c.args) != n or sorted(c.kwargs) != names), None)
+        if odd is not None:
             for c in calls:
-                self._fail(c, TypeError("every call of a batched method must pass the same number of "
-                                        "positional arguments"))
+                self._fail(c, TypeError(
+                    f"every call of a batched method must pass the same arguments: one passed {len(odd.args)} "
+                    f"positional and keywords {sorted(odd.kwargs)}, another {n} and {names}"))
             return
         args = [[c.args[i] for c in calls] for i in range(n)]
-        kwargs = {k: [c.kwargs.get(k) for c in calls] for k in calls[0].kwargs}
+        kwargs = {k: [c.kwargs[k] for c in calls] for k in names}
         head = (self.owner,) if self.owner is not None else ()
         try:
             if self.stream:
@@ -179,6 +190,10 @@ class _Runner:
             for c in calls:
                 self._fail(c, exc)
             return
+        except BaseException:  # (cancelled: no caller of the batch is left waiting for ever)
+            for c in calls:
+                self._fail(c, RuntimeError("the batch was cancelled before it answered"))
+            raise
         for c, r in zip(calls, results):
             if c.future is not None and not c.future.done():
                 c.future.set_result(r)
@@ -201,7 +216,7 @@ class _Runner:
             for c in calls:
                 if not c.done:
                     c.done = True
-                    c.queue.put_nowait(exc)  # type: ignore[union-attr]
+                    c.queue.put_nowait(_Raise(exc))  # type: ignore[union-attr]
             return
         for c in calls:
             if not c.done:
@@ -214,7 +229,7 @@ class _Runner:
                 call.future.set_exception(exc)
         elif not call.done:
             call.done = True
-            call.queue.put_nowait(exc)  # type: ignore[union-attr]
+            call.queue.put_nowait(_Raise(exc))  # type: ignore[union-attr]
 
 
 def _check_length(results: Any, n: int) -> None:
@@ -244,7 +259,9 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
         stream = inspect.isasyncgenfunction(fn)
         if not stream and not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@batch needs an 'async def' method or generator, got {fn.__qualname__}")
-        method = next(iter(inspect.signature(fn).parameters), "") == "self"  # (a method: batchers per instance)
+        # a method (its first parameter named ``self``, as Serve's docs write them): a batcher per
+        # instance; anything else is a plain function, one batcher per event loop
+        method = next(iter(inspect.signature(fn).parameters), "") == "self"
         state = {"options": options}
         plain: dict[str, _Runner] = {}  # a plain function's runner, by event loop
 
@@ -274,12 +291,13 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
                         item = await call.queue.get()  # type: ignore[union-attr]
                         if isinstance(item, _End):
                             return
-                        if isinstance(item, BaseException):
-                            raise item
+                        if isinstance(item, _Raise):
+                            raise item.exc
                         yield item
                 finally:
                     if not call.done:
                         r.cancel(rid)
+                    call.done = True  # (gone: a batch still running gives it no more items)
             wrapper: Any = gen_wrapper
         else:
             @functools.wraps(fn)
@@ -295,8 +313,14 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
 
         def _set(**change: Any) -> None:
             state["options"] = attrs.evolve(state["options"], **change)  # (checked: InvalidConfig)
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
             for r in list(every):
-                if not r.loop.is_closed():  # (on its own loop: the batcher is not thread-safe)
+                if r.loop is here:  # (at once: the next call already uses them)
+                    r.apply(SetBatchOptions(options=state["options"]))
+                elif not r.loop.is_closed():  # (on its own loop: the batcher is not thread-safe)
                     r.loop.call_soon_threadsafe(r.apply, SetBatchOptions(options=state["options"]))
 
         wrapper.set_max_batch_size = lambda n: _set(max_batch_size=n)
