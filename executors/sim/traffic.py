@@ -214,6 +214,18 @@ def _item_times(spec: StreamSpec, rng: random.Random, now: float) -> list[float]
     return times
 
 
+class _BatchReplica:
+    """One replica incarnation's batcher (``traffic.<d>.batch``: the core's rule) and its one
+    timer, armed for ``due`` (the batcher's ``next_deadline``) and moved only when that moves."""
+
+    __slots__ = ("epoch", "batcher", "timer", "due")
+
+    def __init__(self, epoch: int, batcher: Batcher) -> None:
+        self.epoch, self.batcher = epoch, batcher
+        self.timer: int | None = None
+        self.due: float | None = None
+
+
 class SimTraffic:
     """Every deployment's requests in one simulation (module docstring). ``sim``: the
     ``Simulation`` (its clock, seeded streams and backend)."""
@@ -228,9 +240,9 @@ class SimTraffic:
         self._end_t = sim.scenario.duration
         #: the proxies (``executors.sim.proxies``) the requests come in through; None: no ``proxies:``
         self.proxies: Any = None
-        #: replica id -> (its incarnation, its batcher, its pending timer ticket): batched deployments'
-        #: replicas (``traffic.<d>.batch``); a new incarnation gets a new batcher
-        self._batchers: dict[str, list] = {}
+        #: replica id -> its batcher (batched deployments' replicas, ``traffic.<d>.batch``); a new
+        #: incarnation gets a new one
+        self._batchers: dict[str, _BatchReplica] = {}
         #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
         self._cut: set[str] = set()
         for name in sorted(specs):
@@ -337,18 +349,18 @@ class SimTraffic:
         batch runs; the batch is served for ``fixed_s + n x per_item_s``, then each answers."""
         spec = flow.spec.batch
         assert spec is not None
-        entry = self._batchers.get(replica_id)
-        if entry is None or entry[0] != epoch:
-            if entry is not None and entry[2] is not None:
-                self.sim.cancel(entry[2])
-            entry = self._batchers[replica_id] = [epoch, Batcher(spec.options), None]
+        b = self._batchers.get(replica_id)
+        if b is None or b.epoch != epoch:
+            if b is not None and b.timer is not None:
+                self.sim.cancel(b.timer)
+            b = self._batchers[replica_id] = _BatchReplica(epoch, Batcher(spec.options))
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
         self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
-        self._batch_actions(flow, replica_id, entry, entry[1].handle(Enqueue(request_id=rid, now=self.sim.now)))
+        self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
-    def _batch_actions(self, flow: _Flow, replica_id: str, entry: list, actions: list) -> None:
+    def _batch_actions(self, flow: _Flow, replica_id: str, b: _BatchReplica, actions: list) -> None:
         spec, sim = flow.spec.batch, self.sim
         assert spec is not None and flow.batch_costs is not None
         for act in actions:
@@ -360,39 +372,44 @@ class SimTraffic:
             flow.batch_items += act.size
             flow.batch_full += act.reason == "full"
             flow.batch_seconds += service
-            ticket = sim.schedule(service, self._batch_done, flow, replica_id, entry[0], act.batch_id, rids)
+            ticket = sim.schedule(service, self._batch_done, flow, replica_id, b.epoch, act.batch_id, rids)
             held = self._held.setdefault(replica_id, {})
             for rid in rids:
                 if rid in held:
                     held[rid] = (sim.now + service, ticket, held[rid][2])
-        if entry[2] is not None:
-            sim.cancel(entry[2])
-            entry[2] = None
-        due = entry[1].next_deadline()
-        if due is not None:
-            entry[2] = sim.schedule(max(0.0, due - sim.now), self._batch_tick, flow, replica_id, entry[0])
+        self._arm(flow, replica_id, b)
 
-    def _live_batcher(self, replica_id: str, epoch: int) -> list | None:
+    def _arm(self, flow: _Flow, replica_id: str, b: _BatchReplica) -> None:
+        """Keep ``b``'s timer at its batcher's ``next_deadline`` (moved only when that moved)."""
+        due = b.batcher.next_deadline()
+        if due == b.due:
+            return
+        if b.timer is not None:
+            self.sim.cancel(b.timer)
+        b.due = due
+        b.timer = None if due is None else self.sim.schedule(max(0.0, due - self.sim.now), self._batch_tick, flow,
+                                                            replica_id, b.epoch)
+
+    def _live_batcher(self, replica_id: str, epoch: int) -> _BatchReplica | None:
         """The batcher of that very incarnation of the replica if it still runs; one whose
         replica died, froze or was replaced is dropped (its batches end with it)."""
-        entry = self._batchers.get(replica_id)
-        if entry is None or entry[0] != epoch:
+        b = self._batchers.get(replica_id)
+        if b is None or b.epoch != epoch:
             return None
         r = self.sim.backend.replicas.get(replica_id)
         if r is None or r.epoch != epoch or r.hung:
             del self._batchers[replica_id]
-            if entry[2] is not None:
-                self.sim.cancel(entry[2])
+            if b.timer is not None:
+                self.sim.cancel(b.timer)
             return None
-        return entry
+        return b
 
     def _batch_tick(self, flow: _Flow, replica_id: str, epoch: int) -> None:
-        entry = self._live_batcher(replica_id, epoch)
-        if entry is None:
+        b = self._live_batcher(replica_id, epoch)
+        if b is None:
             return
-        entry[2] = None
-        due = entry[1].next_deadline()
-        self._batch_actions(flow, replica_id, entry, entry[1].handle(_Tick(now=max(self.sim.now, due or 0.0))))
+        due, b.timer, b.due = b.due, None, None  # (fired)
+        self._batch_actions(flow, replica_id, b, b.batcher.handle(_Tick(now=max(self.sim.now, due or 0.0))))
 
     def _batch_done(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple) -> None:
         """A batch was served: each of its requests answers (those still held: one cancelled or
@@ -404,7 +421,7 @@ class SimTraffic:
             self._cut.discard(rid)
         b = self._live_batcher(replica_id, epoch)
         if b is not None:
-            self._batch_actions(flow, replica_id, b, b[1].handle(BatchDone(batch_id=batch_id, now=self.sim.now)))
+            self._batch_actions(flow, replica_id, b, b.batcher.handle(BatchDone(batch_id=batch_id, now=self.sim.now)))
 
     def _complete(self, rid: str, replica_id: str, epoch: int, ok: bool) -> None:
         """The replica finished serving ``rid``: its answer goes in if that very replica is still
@@ -460,7 +477,8 @@ class SimTraffic:
             b = self._batchers.get(replica_id)
             if b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
                 if entry[1] is None:
-                    b[1].handle(Cancel(request_id=rid))
+                    b.batcher.handle(Cancel(request_id=rid))
+                    self._arm(self.flows[rid.rsplit("/", 1)[0]], replica_id, b)
                 else:
                     self._cut.add(rid)
             else:
