@@ -191,9 +191,11 @@ class Batcher:
         """When the forming batch closes by its timeout if nothing else happens first (the
         executor's one timer: send ``Tick`` then); None: no batch closes by time alone now."""
         b = self._forming
-        if b is None or self._waiting or len(self._running) >= self.options.max_concurrent_batches:
-            return None
-        return b.began + b.opts.batch_wait_timeout_s
+        return b.began + b.opts.batch_wait_timeout_s if b is not None and self._time_may_close() else None
+
+    def _time_may_close(self) -> bool:
+        """Time alone may close the forming batch: no closed batch waits and a slot is free."""
+        return not self._waiting and len(self._running) < self.options.max_concurrent_batches
 
     # ------------------------------------------------------------------ events
 
@@ -274,7 +276,7 @@ class Batcher:
         while self._waiting and len(self._running) < slots:
             self._run(self._waiting.popleft(), out)
         b = self._forming
-        if (b is not None and not self._waiting and len(self._running) < slots and self._now is not None
+        if (b is not None and self._time_may_close() and self._now is not None
                 and self._now >= b.began + b.opts.batch_wait_timeout_s):
             self._close(b, self._now, "timeout")
             self._run(self._waiting.popleft(), out)

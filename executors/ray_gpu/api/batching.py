@@ -99,6 +99,7 @@ class _Runner:
         self.ids = itertools.count()
         self.loop = asyncio.get_running_loop()
         self.timer: asyncio.TimerHandle | None = None
+        self.due: float | None = None  # what ``timer`` is armed for
         self.tasks: set[asyncio.Task] = set()
         self.last = 0.0  # the batcher's clock: never behind what it was told (a timer may fire a hair early)
         #: answers dropped because their caller had gone (cancelled while its batch ran)
@@ -113,20 +114,20 @@ class _Runner:
                 task = self.loop.create_task(self._run(act))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         due = self.batcher.next_deadline()
-        if due is not None:
-            self.timer = self.loop.call_at(due, self._tick)
+        if due != self.due:  # (the timer moves only when the deadline does: not on every call)
+            if self.timer is not None:
+                self.timer.cancel()
+            self.due = due
+            self.timer = None if due is None else self.loop.call_at(due, self._tick)
 
     def now(self, at_least: float = 0.0) -> float:
         self.last = max(self.last, self.loop.time(), at_least)
         return self.last
 
     def _tick(self) -> None:
-        self.timer = None
-        self.apply(Tick(now=self.now(self.batcher.next_deadline() or 0.0)))
+        due, self.timer, self.due = self.due, None, None  # (fired)
+        self.apply(Tick(now=self.now(due or 0.0)))
 
     def enqueue(self, args: tuple, kwargs: dict, *, stream: bool) -> tuple[str, _Call]:
         rid = f"b{next(self.ids)}"
