@@ -598,18 +598,28 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
     )
 
 
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(a.name for a in attrs.fields(cls))
+
+
+def _core_options(cls: type, m: dict, p: tuple, c: _Checker) -> Any:
+    """``cls`` (an options record of the core, its fields by their own names) from those keys of
+    ``m``; its refusal is the file's error, at the key it names."""
+    fields = _field_names(cls)
+    try:
+        return cls(**{k: v for k, v in m.items() if k in fields})
+    except (rc.InvalidConfig, TypeError) as exc:
+        bad = next((k for k in fields if k in m and k in str(exc)), None)
+        raise c.fail(p + ((bad,) if bad else ()), str(exc)) from None
+
+
 def _proxies(raw: Any, nodes: tuple[NodeSpec, ...], c: _Checker) -> ProxySpec | None:
     """``proxies: {proxy_location, head, start, crash_rate_per_proxy_hour, ...}`` (``ProxySpec``), or None."""
     if raw is None:
         return None
     p = ("proxies",)
-    fields = tuple(a.name for a in attrs.fields(rc.ProxyOptions))
-    m = c.mapping(raw, p, fields + PROXY_SIM_KEYS)
-    try:
-        options = rc.ProxyOptions(**{k: v for k, v in m.items() if k in fields})
-    except (rc.InvalidConfig, TypeError) as exc:
-        bad = next((k for k in fields if k in m and k in str(exc)), None)
-        raise c.fail(p + ((bad,) if bad else ()), str(exc)) from None
+    m = c.mapping(raw, p, _field_names(rc.ProxyOptions) + PROXY_SIM_KEYS)
+    options = _core_options(rc.ProxyOptions, m, p, c)
     names = [n.name for n in nodes]
     head = m.get("head", names[0] if names else None)
     if head not in names:
@@ -1147,14 +1157,8 @@ def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
     -> ``BatchSpec`` (the options are ``rankcore.requests.BatchOptions``'s, by their own names)."""
     from rankcore.requests import BatchOptions
 
-    fields = tuple(a.name for a in attrs.fields(BatchOptions))
-    m = c.mapping(value, p, fields + BATCH_SIM_KEYS, required=("fixed_s",))
-    try:
-        options = BatchOptions(**{k: v for k, v in m.items() if k in fields})
-    except (rc.InvalidConfig, TypeError) as exc:
-        bad = next((k for k in fields if k in m and k in str(exc)), None)
-        raise c.fail(p + ((bad,) if bad else ()), str(exc)) from None
-    return BatchSpec(options=options, fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
+    m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
+    return BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
                      per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)))
 
 
