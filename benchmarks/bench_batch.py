@@ -98,7 +98,9 @@ from bench_http import (  # noqa: E402 - (the same clients, figures and report)
     _awaitable,
     _fmt,
     _free_port,
+    _ints,
     judge,
+    level_argv,
     load,
     print_errors_and_goal,
     print_table,
@@ -519,22 +521,12 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
 # ---------------------------------------------------------------------- main
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
-    argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
-            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
-            "--num-cpus", str(args.num_cpus), "--max-batch-size", str(args.max_batch_size),
+    argv = [*level_argv(args), "--max-batch-size", str(args.max_batch_size),
             "--batch-wait-timeout-s", str(args.batch_wait_timeout_s),
             "--max-ongoing-requests", str(args.max_ongoing_requests), "--hidden", str(args.hidden),
             "--layers", str(args.layers)]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
-
-
-def _ints(text: str) -> list[int]:
-    values = [int(x) for x in text.split(",") if x.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need a comma-separated list of ints >= 1, got {text!r}")
-    return values
 
 
 def _paths(text: str) -> list[str]:

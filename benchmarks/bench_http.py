@@ -464,12 +464,17 @@ def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
 # ---------------------------------------------------------------------- main
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
-    argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
-            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
-            "--num-cpus", str(args.num_cpus), "--http-client", args.http_client]
+    argv = [*level_argv(args), "--http-client", args.http_client]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
+
+
+def level_argv(args: argparse.Namespace) -> list[str]:
+    """The child's arguments every Serve-vs-ours level benchmark shares (bench_batch's too)."""
+    return ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
+            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
+            "--num-cpus", str(args.num_cpus)]
 
 
 def _ints(text: str) -> list[int]:

@@ -8,9 +8,10 @@ second, the latency p99 and the mean batch size, a line per value of the second 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from .plot_tiers import sweep_main
 
 __all__ = ["plot_batch_sweep"]
 
@@ -58,10 +59,7 @@ def plot_batch_sweep(summary: list[dict], out: Path, title: str = "") -> None:
 
 
 def main(argv: list[str]) -> None:
-    src, out = Path(argv[0]), Path(argv[1])
-    data = json.loads(src.read_text())
-    name = data["runs"][0]["scenario"] if data.get("runs") else src.stem
-    plot_batch_sweep(data["summary"], out, title=f"what-if: {name} (mean over {data['summary'][0]['runs']} seeds)")
+    sweep_main(argv, plot_batch_sweep)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-__all__ = ["plot_tier_sweep"]
+__all__ = ["plot_tier_sweep", "sweep_main"]
 
 #: (figure key, panel title, scale)
 PANELS = (("cold_loads", "cold loads (from disk)", 1.0), ("warm_loads", "warm loads (from CPU cache)", 1.0),
@@ -58,11 +59,17 @@ def plot_tier_sweep(summary: list[dict], out: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> None:
+def sweep_main(argv: list[str], draw: Any) -> None:
+    """``python -m executors.sim.plot_X sweep.json out.png``: ``draw(summary, out, title=...)`` of the
+    JSON a sweep wrote (``--format json --output``), titled by its scenario and seeds."""
     src, out = Path(argv[0]), Path(argv[1])
     data = json.loads(src.read_text())
     name = data["runs"][0]["scenario"] if data.get("runs") else src.stem
-    plot_tier_sweep(data["summary"], out, title=f"what-if: {name} (mean over {data['summary'][0]['runs']} seeds)")
+    draw(data["summary"], out, title=f"what-if: {name} (mean over {data['summary'][0]['runs']} seeds)")
+
+
+def main(argv: list[str]) -> None:
+    sweep_main(argv, plot_tier_sweep)
 
 
 if __name__ == "__main__":
