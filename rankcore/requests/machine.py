@@ -19,7 +19,8 @@ Mutable and NOT thread-safe: an executor holds a lock around ``handle`` and
 the reads. Deterministic: the same events give the same actions (no hash
 order, no clock). Each event costs O(log n) in the replicas and queued
 requests (amortised; no scan of every request), except ``Configure`` changing
-``max_ongoing_requests`` and ``PoolReset`` (O(replicas)).
+``max_ongoing_requests``, ``PoolReset`` and dispatching a request with a multiplexed model id
+(``Submit.model_id``: the replicas are compared, ``rankcore.requests.route_model``), O(replicas).
 
 Public module for executors: ``from rankcore.requests import RequestMachine, Submit, ...``.
 """
@@ -37,6 +38,7 @@ from ..base.errors import InvalidConfig, InvalidEvent, UnknownDeployment
 from ..base.fields import shown
 from ..base.options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 from ..base.records import maker
+from .multiplex import ReplicaModels, route_model
 from .queue import RequestQueue
 from .records import (
     FAIL_REASONS,
@@ -83,10 +85,11 @@ __all__ = [
     "PoolChanged",
     "PoolReset",
     "PoolComing",
+    "ReplicaModels",
 ]
 
 RequestEvent = Union[Configure, Submit, Started, Completed, NotDelivered, Cancel, Tick, PoolChanged, PoolReset,
-                     PoolComing, _core_events.Tick]
+                     PoolComing, ReplicaModels, _core_events.Tick]
 RequestAction = Union[Dispatch, Rejected, Failed, CancelOnReplica]
 
 #: how many ended requests the machine remembers by default (for ``status`` and
@@ -107,8 +110,8 @@ _cancel_on = maker(CancelOnReplica)
 class _Request:
     """A live request (or an ended one its replica still holds: ``final`` set)."""
 
-    __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "attempt", "state", "replica", "slot",
-                 "ran_on", "last", "final", "reason")
+    __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "model", "attempt", "state", "replica",
+                 "slot", "ran_on", "last", "final", "reason")
 
     def __init__(self, rid: str, dep: _Dep, seq: int, ev: Submit) -> None:
         self.rid = rid
@@ -117,6 +120,7 @@ class _Request:
         self.idempotent = ev.idempotent
         self.stream = ev.stream
         self.deadline = ev.deadline
+        self.model = ev.model_id  # its multiplexed model ("" none)
         self.attempt = 0
         self.state = _QUEUED
         self.replica: _Replica | None = None
@@ -128,7 +132,7 @@ class _Request:
 
 
 class _Replica:
-    __slots__ = ("rid", "join", "serving", "excluded", "held")
+    __slots__ = ("rid", "join", "serving", "excluded", "held", "models")
 
     def __init__(self, rid: str, join: int) -> None:
         self.rid = rid
@@ -136,6 +140,8 @@ class _Replica:
         self.serving = False
         self.excluded = False  # a NotDelivered: nothing new until the pool names it again
         self.held: dict[str, _Request] = {}  # its slots, in dispatch order
+        #: the multiplexed models it holds or loads: as last reported, with those sent to it since
+        self.models: dict[str, None] = {}
 
 
 class _Dep:
@@ -203,6 +209,15 @@ class _Dep:
             self.low_set.discard(heappop(lows))
         return None
 
+    def choose_model(self, model: str) -> _Replica | None:
+        """The free replica a request for multiplexed ``model`` goes to (``route_model``'s rule).
+        O(replicas)."""
+        cap = self.max_ongoing
+        join = route_model(model, ((r.join, len(r.held), len(r.models), model in r.models)
+                                   for r in self.replicas.values()
+                                   if r.serving and not r.excluded and len(r.held) < cap), self.last_join)
+        return None if join is None else self.by_join[join]
+
     def rebuild_free(self) -> None:
         self.free, self.lows, self.low_set = {}, [], set()
         for rep in self.replicas.values():
@@ -241,7 +256,7 @@ class RequestMachine:
             Submit: self._submit, Completed: self._completed, Started: self._started,
             NotDelivered: self._not_delivered, Cancel: self._cancel, Tick: self._tick,
             _core_events.Tick: self._tick, Configure: self._configure, PoolChanged: self._pool_changed,
-            PoolReset: self._pool_reset, PoolComing: self._pool_coming,
+            PoolReset: self._pool_reset, PoolComing: self._pool_coming, ReplicaModels: self._replica_models,
         }
 
     # ------------------------------------------------------------------ events
@@ -286,7 +301,7 @@ class RequestMachine:
                                      f"deployment {dep.name!r} has no replica serving and none coming")]
         self._seq += 1
         waiting = dep.queue.n
-        rep = None if waiting else dep.choose()
+        rep = None if waiting else dep.choose_model(ev.model_id) if ev.model_id else dep.choose()
         if rep is None and 0 <= dep.max_queued <= waiting:
             return [self._reject_new(dep, rid, "overloaded",
                                      f"deployment {dep.name!r} has {waiting} requests queued "
@@ -448,6 +463,15 @@ class RequestMachine:
         self._settle(dep, out)
         return out
 
+    def _replica_models(self, ev: ReplicaModels) -> list[RequestAction]:
+        """What a replica says it holds replaces what the machine believed; routing only, so
+        nothing is dispatched (a replica not in the pool: a late report, ignored)."""
+        dep = self._deps.get(ev.deployment)
+        rep = dep.replicas.get(ev.replica_id) if dep is not None else None
+        if rep is not None:
+            rep.models = dict.fromkeys(ev.model_ids)
+        return []
+
     def _pool_coming(self, ev: PoolComing) -> list[RequestAction]:
         dep = self._dep(ev.deployment)
         dep.coming = ev.coming
@@ -548,6 +572,8 @@ class RequestMachine:
         lst = dep.free[k]
         del lst[bisect_left(lst, rep.join)]
         held[req.rid] = req
+        if req.model:  # it loads the model if it does not hold it: requests for it follow
+            rep.models[req.model] = None
         if k + 1 < dep.max_ongoing:
             dep.enter(rep)
         req.replica = rep
@@ -565,7 +591,10 @@ class RequestMachine:
             rep = dep.choose()
             if rep is None:
                 return
-            self._send(dep, queue.pop(), rep, out)
+            req = queue.pop()
+            if req.model:
+                rep = dep.choose_model(req.model) or rep
+            self._send(dep, req, rep, out)
 
     def _free_slot(self, dep: _Dep, rep: _Replica, req: _Request) -> None:
         dep.leave(rep)
@@ -672,7 +701,8 @@ class RequestMachine:
         if dep is None:
             return ()
         return tuple(ReplicaView(replica_id=r.rid, membership="serving" if r.serving else "draining",
-                                 in_flight=len(r.held), excluded=r.excluded) for r in dep.replicas.values())
+                                 in_flight=len(r.held), excluded=r.excluded, models=tuple(r.models))
+                     for r in dep.replicas.values())
 
     def load(self, deployment: str) -> tuple[int, tuple[tuple[str, int], ...]]:
         """What ``deployment``'s autoscaler is fed (``AutoscalingMetrics.queued`` and ``.ongoing``):

@@ -93,14 +93,17 @@ class Submit:
     """A caller sent ``request_id`` to ``deployment``. ``idempotent``: it may run
     again after a replica died while running it; ``stream``: its answer is a
     stream (never retried once started: the caller may hold part of it);
-    ``deadline``: on the executor's clock, compared only with ``Tick.now``.
-    Ids must be unique among the machine's live and remembered requests."""
+    ``deadline``: on the executor's clock, compared only with ``Tick.now``;
+    ``model_id``: Serve's multiplexed model id. Ids must be unique among the machine's live and remembered requests."""
 
     request_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
     idempotent: bool = attrs.field(default=False, validator=f.flag)
     stream: bool = attrs.field(default=False, validator=f.flag)
     deadline: float | None = attrs.field(default=None, validator=_optional_clock)
+    #: the multiplexed model it asks for ("" none): routed to a replica that holds it
+    #: (``rankcore.requests.route_model``)
+    model_id: str = attrs.field(default="", validator=f.text)
 
 
 @attrs.frozen(kw_only=True)
@@ -251,9 +254,11 @@ class ReplicaView:
     """One replica of a pool, for a status page: its membership (``"serving"``
     or ``"draining"``), the slots it holds (``in_flight``: requests it runs,
     ended ones it has not answered yet included) and whether a
-    ``NotDelivered`` keeps it from new work (``excluded``)."""
+    ``NotDelivered`` keeps it from new work (``excluded``), and the multiplexed
+    models it holds or loads (``models``: as last reported, with those sent to it since)."""
 
     replica_id: str
     membership: str
     in_flight: int
     excluded: bool
+    models: tuple[str, ...] = ()

@@ -1,13 +1,15 @@
 """The request machine under random events (rankcore/requests/machine.py, issue 22).
 
 Random Configure / PoolChanged / PoolReset / PoolComing / Submit / Started /
-Completed / NotDelivered / Cancel / Tick, some of them illegal or stale; after
+Completed / NotDelivered / Cancel / Tick / ReplicaModels (Submits with multiplexed model ids),
+some of them illegal or stale; after
 every step: no replica over ``max_ongoing_requests`` from a dispatch, no
 dispatch to a replica not serving or left out, a Submit queued only below
 ``max_queued_requests``, every request ends exactly once and is never
 dispatched after its end, nothing lost (the counters' identity and a count of
 our own), the queue in submission order and dispatched from its head,
-positions exact, work-conserving; at the end the same events replayed on a
+positions exact, work-conserving, a request with a model id sent to a free replica holding
+it if there is one (else one with the fewest models); at the end the same events replayed on a
 fresh machine give the same actions. And the queue alone against a sorted
 list: order and positions after random pushes, pops, removals, puts back.
 """
@@ -30,6 +32,7 @@ from rankcore.requests import (
     Failed,
     NotDelivered,
     Rejected,
+    ReplicaModels,
     RequestMachine,
     Started,
     Submit,
@@ -42,6 +45,7 @@ UNKNOWN_DEP = "zzz"
 REPLICAS = {d: tuple(f"{d}#{i}" for i in range(4)) for d in DEPS}
 ENDED = ("done", "failed", "rejected", "cancelled")
 LIVE_ON_REPLICA = ("dispatched", "running")
+MODELS = ("", "", "m1", "m2", "m3")
 
 
 class RequestMachineProps(RuleBasedStateMachine):
@@ -117,16 +121,36 @@ class RequestMachineProps(RuleBasedStateMachine):
     def pool_coming(self, dep: str, coming: bool) -> None:
         self.feed(rc.PoolComing(deployment=dep, coming=coming))
 
+    @rule(dep=st.sampled_from(DEPS), i=st.integers(0, 3), models=st.sets(st.sampled_from(MODELS[2:])))
+    def replica_models(self, dep: str, i: int, models: set[str]) -> None:
+        rid = REPLICAS[dep][i]
+        self.feed(ReplicaModels(deployment=dep, replica_id=rid, model_ids=tuple(sorted(models))))
+        view = {v.replica_id: v for v in self.m.pool(dep)}
+        if rid in view:
+            assert view[rid].models == tuple(sorted(models))
+
     @rule(dep=st.sampled_from(DEPS + DEPS + (UNKNOWN_DEP,)), idempotent=st.booleans(), stream=st.booleans(),
-          deadline=st.none() | st.floats(0, 6))
-    def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None) -> None:
+          deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS))
+    def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None, model: str) -> None:
         rid = f"q{len(self.ids)}"
         before = len(self.m.queued(dep))
+        pool = self.m.pool(dep)
         self.order[rid] = len(self.ids)
         self.dep_of[rid] = dep
         self.ids.append(rid)
-        self.feed(Submit(request_id=rid, deployment=dep, idempotent=idempotent, stream=stream,
-                         deadline=None if deadline is None else self.now + deadline))
+        out = self.feed(Submit(request_id=rid, deployment=dep, idempotent=idempotent, stream=stream,
+                               deadline=None if deadline is None else self.now + deadline, model_id=model))
+        sent = [a.replica_id for a in out if isinstance(a, Dispatch)]
+        if model and sent:  # the routing rule: a free holder of its model if there is one, else fewest models
+            limit = self.limits.get(dep, (5, -1))[0]
+            free = [v for v in pool if v.membership == "serving" and not v.excluded and v.in_flight < limit]
+            chosen = next(v for v in free if v.replica_id == sent[0])
+            if any(model in v.models for v in free):
+                assert model in chosen.models, (model, sent, free)
+                assert chosen.in_flight == min(v.in_flight for v in free if model in v.models)
+            else:
+                assert len(chosen.models) == min(len(v.models) for v in free), (model, sent, free)
+            assert model in {v.replica_id: v for v in self.m.pool(dep)}[sent[0]].models
         state = self.state_of(rid)
         if state in ("queued", "loading"):
             limit = self.limits.get(dep, (5, -1))[1]

@@ -1,0 +1,216 @@
+"""Model multiplexing as two sans-IO rules (issue 39): which replica gets a request for model m,
+and which models a replica keeps.
+
+Ray Serve decides both inside its router and its replica wrapper (``ray/serve/multiplex.py``,
+``request_router.py``); here they are pure, so the Ray replica, the simulator and the property
+tests share them. Names and defaults are Serve's (``max_num_models_per_replica`` 3, -1 for no
+bound).
+
+* **Routing** (``route_model``, called by ``RequestMachine`` for a request with a model id): among
+  the replicas that can take a request now, one that holds m (fewest in flight); else the one
+  with the fewest models (then fewest in flight), which loads m, evicting its least recently used
+  model if full. Ties go round-robin in pool-join order. A model whose holders are all busy
+  therefore gets another copy on the next free replica: a model hot on too few replicas for its
+  load spreads at once. Serve instead tries the holders first, backs off, then tries the
+  replicas with the fewest models, and only after 1-2 s (``RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S``,
+  randomised) any replica; it picks two at random among the candidates (power of two choices).
+  A replica holds m from the moment a request for m is dispatched to it (the machine adds it)
+  until its next report (``ReplicaModels``) says otherwise: Serve learns of a load only from the
+  replica's push, every 0.1 s.
+* **Residency** (``ModelCache``, one per replica and loader): least recently used eviction beyond
+  the bound; loads run one at a time (as Serve's lock makes them), and the eviction is decided
+  when the load begins, so loaded models never exceed the bound. A model being loaded counts as
+  held in what the replica reports (``resident``), as Serve's push does, so requests for it
+  follow it there.
+
+Internal module: import its public names from ``rankcore.requests``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from ..base import fields as f
+from ..base.errors import InvalidConfig, InvalidEvent
+
+__all__ = [
+    "MAX_NUM_MODELS_PER_REPLICA", "MultiplexOptions", "ReplicaModels", "ModelCache", "Hit", "Load",
+    "route_model", "check_model_id",
+]
+
+#: Ray Serve's default (``serve.multiplexed``)
+MAX_NUM_MODELS_PER_REPLICA = 3
+
+
+def _bound(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if type(value) is not int or (value != -1 and value < 1):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an integer >= 1, or -1 for no bound "
+                            f"(Serve's), got {f.shown(value)}")
+
+
+def check_model_id(model_id: Any, where: str) -> str:
+    """``model_id`` if it is a non-empty string, else ``InvalidConfig`` naming ``where`` (Serve:
+    "The model ID must be a string", "cannot be empty")."""
+    if type(model_id) is not str or not model_id:
+        raise InvalidConfig(f"{where} must be a non-empty string (a multiplexed model id), got {f.shown(model_id)}")
+    return model_id
+
+
+def _model_ids(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if type(value) is not tuple:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a tuple of model ids, got {f.shown(value)}")
+    for m in value:
+        check_model_id(m, f"{type(inst).__name__}.{attribute.name}'s items")
+    if len(set(value)) != len(value):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} names a model twice: {f.shown(value)}")
+
+
+@attrs.frozen(kw_only=True)
+class MultiplexOptions:
+    """A multiplexed loader's options, declared once (the Ray decorator, the simulator's scenario
+    key and the docs read them here). Serve's name and default; -1: no bound."""
+
+    max_num_models_per_replica: int = attrs.field(default=MAX_NUM_MODELS_PER_REPLICA, validator=_bound)
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaModels:
+    """A fact for ``RequestMachine``: replica ``replica_id`` of ``deployment`` holds (or is loading)
+    ``model_ids``, the whole set, replacing what the machine believed. For a replica not in the
+    pool it changes nothing (a late report)."""
+
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+    model_ids: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=_model_ids)
+
+
+@attrs.frozen(kw_only=True)
+class Hit:
+    """The model is loaded: use it (it is now the most recently used)."""
+
+    model_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Load:
+    """Load ``model_id`` now, after unloading ``evict`` (least recently used first): then call
+    ``ModelCache.loaded`` (or ``failed``)."""
+
+    model_id: str
+    evict: tuple[str, ...] = ()
+
+
+class ModelCache:
+    """One replica's models for one loader: least recently used eviction beyond
+    ``max_num_models_per_replica`` (-1: none). Mutable, not thread-safe; deterministic.
+
+    The executor calls ``use(m)`` for each request: ``Hit`` (use the loaded model) or None (a miss:
+    m now counts as wanted, so ``resident`` shows it at once). Then, one load at a time, ``begin(m)``
+    says ``Hit`` (another request loaded it meanwhile) or ``Load(m, evict)``: unload ``evict``,
+    load m, and report ``loaded(m)`` or ``failed(m)``."""
+
+    def __init__(self, options: MultiplexOptions | None = None) -> None:
+        self.options = options if options is not None else MultiplexOptions()
+        self._loaded: OrderedDict[str, None] = OrderedDict()  # least recently used first
+        self._wanted: dict[str, int] = {}  # misses not begun or loading: model -> how many wait for it
+        self._loading: str | None = None
+        self.loads = self.hits = self.evictions = self.failures = 0
+
+    def use(self, model_id: str) -> Hit | None:
+        """A request for ``model_id``: ``Hit``, or None for a miss (then ``begin`` it)."""
+        check_model_id(model_id, "ModelCache.use's model_id")
+        if model_id in self._loaded:
+            self._loaded.move_to_end(model_id)
+            self.hits += 1
+            return Hit(model_id=model_id)
+        self._wanted[model_id] = self._wanted.get(model_id, 0) + 1
+        return None
+
+    def begin(self, model_id: str) -> Hit | Load:
+        """The replica's turn to load for a miss on ``model_id`` (loads run one at a time)."""
+        n = self._wanted.get(model_id, 0)
+        if n == 0:
+            raise InvalidEvent(f"ModelCache.begin({model_id!r}): no miss waits for it (call use first)")
+        if self._loading is not None:
+            raise InvalidEvent(f"ModelCache.begin({model_id!r}): {self._loading!r} is loading; loads run one "
+                               f"at a time")
+        if model_id in self._loaded:  # loaded by an earlier miss meanwhile
+            self._drop_wanted(model_id)
+            self._loaded.move_to_end(model_id)
+            self.hits += 1
+            return Hit(model_id=model_id)
+        bound = self.options.max_num_models_per_replica
+        evict: list[str] = []
+        while bound != -1 and len(self._loaded) >= bound:
+            evict.append(self._loaded.popitem(last=False)[0])
+        self.evictions += len(evict)
+        self._loading = model_id
+        return Load(model_id=model_id, evict=tuple(evict))
+
+    def loaded(self, model_id: str) -> None:
+        """The load ``begin`` asked for ended well; the other requests that missed it get ``Hit``
+        from their ``begin``."""
+        self._end(model_id)
+        self._drop_wanted(model_id)
+        self._loaded[model_id] = None
+        self.loads += 1
+
+    def failed(self, model_id: str) -> None:
+        """The load failed: the request that began it gets the error; the others waiting may
+        ``begin`` again (Serve: each waiting request tries the load itself)."""
+        self._end(model_id)
+        self._drop_wanted(model_id)
+        self.failures += 1
+
+    def gave_up(self, model_id: str) -> None:
+        """A request that missed ``model_id`` left before its load began (cancelled)."""
+        if self._wanted.get(model_id, 0) == 0:
+            raise InvalidEvent(f"ModelCache.gave_up({model_id!r}): no miss waits for it")
+        self._drop_wanted(model_id)
+
+    def _drop_wanted(self, model_id: str) -> None:
+        n = self._wanted[model_id] - 1
+        if n:
+            self._wanted[model_id] = n
+        else:
+            del self._wanted[model_id]
+
+    def _end(self, model_id: str) -> None:
+        if self._loading != model_id:
+            raise InvalidEvent(f"ModelCache: {model_id!r} is not loading (loading: {self._loading!r})")
+        self._loading = None
+
+    def loaded_ids(self) -> tuple[str, ...]:
+        """The loaded models, least recently used first."""
+        return tuple(self._loaded)
+
+    def resident(self) -> tuple[str, ...]:
+        """What the replica reports (``ReplicaModels``): loaded models, then the ones it is loading
+        or has missed, sorted (Serve pushes both)."""
+        extra = set(self._wanted)
+        if self._loading is not None:
+            extra.add(self._loading)
+        return (*self._loaded, *sorted(extra.difference(self._loaded)))
+
+    @property
+    def loading(self) -> str | None:
+        return self._loading
+
+
+def route_model(model_id: str, candidates: Iterable[tuple[int, int, int, bool]], last: int) -> int | None:
+    """Which replica gets a request for ``model_id``: ``candidates`` are the replicas that can take a
+    request now, as ``(join, in_flight, models, holds)`` (pool-join number, requests it holds, models
+    it holds or loads, whether ``model_id`` is one); ``last``: the join number chosen last. The
+    holders first, fewest in flight; else fewest models, then fewest in flight; ties: the first
+    after ``last`` in join order (round-robin). None when there is no candidate."""
+    best: tuple | None = None
+    choice: int | None = None
+    for join, in_flight, models, holds in candidates:
+        key = (not holds, 0 if holds else models, in_flight, join <= last, join)
+        if best is None or key < best:
+            best, choice = key, join
+    return choice
