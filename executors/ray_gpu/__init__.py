@@ -28,13 +28,14 @@ if TYPE_CHECKING:
         idempotent,
         run,
     )
+    from .api.multiplex import get_multiplexed_model_id, multiplexed
     from .control.static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
     from .weights.shared import WeightsShare, share_weights
 
 __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
            "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights",
-           "idempotent", "batch"]
+           "idempotent", "batch", "multiplexed", "get_multiplexed_model_id"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
 #: worker imports ``executors.ray_gpu.control.replica`` and must not pay for the
@@ -46,6 +47,7 @@ _WHERE = {
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "control.static"),
     **dict.fromkeys(("WeightsShare", "share_weights"), "weights.shared"),
     "batch": "api.batching",
+    **dict.fromkeys(("multiplexed", "get_multiplexed_model_id"), "api.multiplex"),
 }
 
 

@@ -79,11 +79,15 @@ class RequestContext:
     fields rankcore has): ``request_id``: the HTTP request's ``X-Request-Id`` (kept or made by the
     ingress) or, for a call made from Python, a new one (or the one of the request it was made
     inside); ``route``: the HTTP route prefix the request matched (``""`` for a handle call made
-    outside a request); ``app_name``: the deployment (rankcore has no applications)."""
+    outside a request); ``app_name``: the deployment (rankcore has no applications);
+    ``multiplexed_model_id``: the model the request names ("" none: ``handle.options(
+    multiplexed_model_id=...)``, the ``serve_multiplexed_model_id`` header, the gRPC
+    ``multiplexed_model_id`` metadata; read it with ``get_multiplexed_model_id()``)."""
 
     route: str = ""
     request_id: str = ""
     app_name: str = ""
+    multiplexed_model_id: str = ""
 
 
 #: the request the running user code answers (Serve's ``_serve_request_context``; None outside one)
@@ -103,11 +107,14 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
-def request_for_call(app_name: str) -> RequestContext:
+def request_for_call(app_name: str, model_id: str = "") -> RequestContext:
     """The request context a handle call carries to its replica: the current request's id and route
-    when the call is made inside one (Serve's ``get_request_metadata``), else a new id."""
+    when the call is made inside one (Serve's ``get_request_metadata``), else a new id; and the
+    handle's ``multiplexed_model_id`` (never the current request's: as Serve, a call names its
+    model through its handle's options)."""
     cur = _serve_request_context.get()
     if cur is not None and cur.request_id:
-        return RequestContext(route=cur.route, request_id=cur.request_id, app_name=app_name)
+        return RequestContext(route=cur.route, request_id=cur.request_id, app_name=app_name,
+                              multiplexed_model_id=model_id)
     return RequestContext(route=cur.route if cur is not None else "", request_id=generate_request_id(),
-                          app_name=app_name)
+                          app_name=app_name, multiplexed_model_id=model_id)

@@ -568,19 +568,22 @@ class DeploymentHandle:
     share this one's router."""
 
     def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None,
-                 stream: bool = False, progress: bool = False) -> None:
+                 stream: bool = False, progress: bool = False, multiplexed_model_id: str = "") -> None:
         self.name, self.controller, self.method, self.stream = name, controller, method, stream
         self.progress = progress
+        self.multiplexed_model_id = multiplexed_model_id
         self._router = router if router is not None else router_for(name, controller)
 
     def __getattr__(self, method: str) -> DeploymentHandle:
         if method.startswith("_"):
             raise AttributeError(method)
-        return DeploymentHandle(self.name, self.controller, method, self._router, self.stream, self.progress)
+        return DeploymentHandle(self.name, self.controller, method, self._router, self.stream, self.progress,
+                                self.multiplexed_model_id)
 
     def __reduce__(self) -> tuple:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
-        return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress)
+        return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress,
+                                  self.multiplexed_model_id)
 
     def knows_pool(self) -> bool:
         """Whether the router has had the controller's pool once (``remote`` and ``is_stream`` then
@@ -594,14 +597,20 @@ class DeploymentHandle:
         return (method or self.method) in self._router.streams
 
     def options(self, *, stream: bool | None = None, method_name: str | None = None,
-                progress: bool | None = None) -> DeploymentHandle:
+                progress: bool | None = None, multiplexed_model_id: str | None = None) -> DeploymentHandle:
         """A handle with other call options: ``stream=True`` for a generator method (its calls return
         a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's), ``progress=True`` for
         calls whose ``status()`` says ``running`` while the replica runs them (plain calls never do:
-        the replica does not report their start; router.py)."""
+        the replica does not report their start; router.py), ``multiplexed_model_id`` (Serve's): the
+        model its calls name, routed to a replica that holds it ("" none; a bad one raises
+        ``rankcore.InvalidConfig``)."""
+        if multiplexed_model_id is not None and type(multiplexed_model_id) is not str:
+            raise rc.InvalidConfig(f"handle.options(multiplexed_model_id=...) of {self.name!r} must be a str, "
+                                   f"got {type(multiplexed_model_id).__name__} {multiplexed_model_id!r}")
         return DeploymentHandle(self.name, self.controller, method_name or self.method, self._router,
                                 self.stream if stream is None else bool(stream),
-                                self.progress if progress is None else bool(progress))
+                                self.progress if progress is None else bool(progress),
+                                self.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
@@ -611,7 +620,7 @@ class DeploymentHandle:
         The replica's user code sees the call's request id (``_get_serve_request_context()``): the
         one of the request this call is made inside (a replica calling another; the HTTP ingress
         sets it), else a new one, as Ray Serve's handle (which has no option to set it either)."""
-        request = request_for_call(self.name)  # (now: a chained call is sent from another thread)
+        request = request_for_call(self.name, self.multiplexed_model_id)  # (now: a chained call is sent later)
         if self.stream:
             return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True,
                                                                    request=request))
@@ -664,8 +673,9 @@ class DeploymentHandle:
         while its constructor keeps raising) and ``status_message`` (why),
         ``failed`` (replica ids), ``revision`` (what its replicas must run: docs/rollouts.md)
         and ``replicas``: per replica id its ``phase`` (``"running"``, ``"failed"``, ...),
-        ``rank``, ``node_id``, ``bundles`` (static placement), ``gang`` (its gang's id) and
-        ``revision`` (the one it was started with)."""
+        ``rank``, ``node_id``, ``bundles`` (static placement), ``gang`` (its gang's id),
+        ``revision`` (the one it was started with) and ``multiplexed_model_ids`` (``@multiplexed``
+        models it holds or loads)."""
         return ask(self.controller, "deployment_status", self.name)
 
     def ranks(self) -> dict:

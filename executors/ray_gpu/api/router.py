@@ -64,6 +64,7 @@ from rankcore.requests import (
     Dispatch,
     Failed,
     Rejected,
+    ReplicaModels,
     RequestMachine,
     RequestStatus,
     Started,
@@ -148,6 +149,8 @@ class Router:
         self.version: Any = None  # the last pool answer's version (None: never asked)
         self.idempotent: frozenset[str] = frozenset()
         self.streams: frozenset[str] = frozenset()  # the class's generator methods (``options(stream=True)``)
+        #: replica id -> the multiplexed models it last said it holds (fed to the machine when they change)
+        self.models: dict[str, tuple[str, ...]] = {}
         self.poll: Any = None
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
@@ -214,6 +217,10 @@ class Router:
                                                  max_queued_requests=limits[1], max_retries=limits[2]))
         out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
                                                 draining=tuple(pool["draining"]), coming=bool(pool["coming"])))
+        for rid, models in pool.get("models", {}).items():  # (what each replica said it holds, if it changed)
+            if rid in self.actors and self.models.get(rid) != models:
+                self.machine.handle(ReplicaModels(deployment=self.name, replica_id=rid, model_ids=tuple(models)))
+        self.models = {rid: m for rid, m in pool.get("models", {}).items() if rid in self.actors}
         self._carry(out)
 
     # ------------------------------------------------------------ requests
@@ -231,7 +238,8 @@ class Router:
             call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream, progress, request)
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
-                                                   idempotent=method in self.idempotent, stream=stream)))
+                                                   idempotent=method in self.idempotent, stream=stream,
+                                                   model_id=call.request.multiplexed_model_id)))
             cold = not self.actors
         if self.controller is not None:
             self.load.kick(urgent=cold)

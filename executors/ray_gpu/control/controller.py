@@ -55,13 +55,12 @@ from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_caller
 from .proxies import INGRESS_NAME, ProxySettings
 from .record import Recorder, queue_fault
 from .recover import Recovery
-from .replicas import NAMESPACE, ReplicaRecord, actor_name
+from .replicas import CONTROLLER_NAME, NAMESPACE, ReplicaRecord, actor_name
 from .spares import SparePool
 
 __all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "controller_actor", "NAMESPACE", "UNSEEN_GROUP_PREFIX", "Controller", "ReplicaRecord",
            "actor_name", "held_by_callers", "queue_fault", "replica_class"]
 
-CONTROLLER_NAME = "rankcore-controller"
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
 CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.base.options)
 
@@ -212,6 +211,17 @@ class Controller:
         if urgent and dep.target == 0 and not dep.deleting and not self.ledger.halted:
             self._feed_load(name, now, interval)
         return interval
+
+    async def report_models(self, name: str, replica_id: str, seq: int, models: tuple) -> None:
+        """What a replica's multiplexed models are now (``api.multiplex``: loaded and loading), numbered
+        by the replica (``seq``: an older report crossing a newer one is dropped). Routers get it with
+        the pool (``_pool``: ``models``), their machines route by it (``rankcore.requests.route_model``)."""
+        known = self.ledger.models.get(replica_id)
+        if known is not None and known[0] >= seq:
+            return
+        self.ledger.models[replica_id] = (seq, tuple(models))
+        self._pool_versions[name] = self._pool_versions.get(name, 0) + 1
+        self._wake_pools()
 
     # ------------------------------------------------------------ faults (issue 37: ``rankcore status``)
     def _note_fault(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
@@ -643,7 +653,10 @@ class Controller:
                 draining.append(rid)
         dep = self.driver.state.deployments.get(name)
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.base.options)
+        held = self.ledger.models
+        models = {rid: held[rid][1] for rid, _ in serving if rid in held}
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
+                "models": models,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,
@@ -694,8 +707,10 @@ class Controller:
         ``revision`` (the deployment's revision it was started with; the deployment's
         own is ``revision``, another is outdated: docs/rollouts.md) and ``blue_green``
         (during a blue-green switch: ``"blue"``, an old replica serving the ranks it was
-        told, shown as its rank; ``"standby"``, a new one not serving yet; else None)."""
+        told, shown as its rank; ``"standby"``, a new one not serving yet; else None), and
+        ``multiplexed_model_ids`` (the models it holds or loads, as it last said; sorted)."""
         gang_id = rc.gangs.gang_id
+        held = self.ledger.models
 
         await self._ready()
         dep = self.driver.state.deployments.get(name)
@@ -709,7 +724,8 @@ class Controller:
                 "phase": rep.phase.value, "node_id": rep.node_id, "rank": rc.shown_ranks(dep, rid),
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
-                "revision": rep.revision, "blue_green": rc.blue_green_role(dep, rep)}
+                "revision": rep.revision, "blue_green": rc.blue_green_role(dep, rep),
+                "multiplexed_model_ids": list(held[rid][1]) if rid in held else []}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
                 "status_message": dep.status_message, "revision": dep.revision,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),

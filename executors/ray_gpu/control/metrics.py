@@ -116,6 +116,21 @@ REPLICA_METRICS: tuple[MetricSpec, ...] = (
            buckets=LATENCY_BUCKETS_MS),
     _serve("ray_serve_replica_processing_queries", "gauge", ("deployment", "replica", "application"),
            "Calls on the replica now: arrived and not yet ended (waiting for a slot included)."),
+    # model multiplexing (``@multiplexed``): Serve's ``multiplex.py`` names
+    _serve("ray_serve_num_multiplexed_models", "gauge", ("deployment", "replica", "application"),
+           "Multiplexed models the replica holds or is loading."),
+    _serve("ray_serve_registered_multiplexed_model_id", "gauge", ("deployment", "replica", "application", "model_id"),
+           "1 for each multiplexed model the replica holds or is loading, 0 once unloaded."),
+    _serve("ray_serve_multiplexed_get_model_requests_counter", "counter", ("deployment", "replica", "application"),
+           "Calls of a @multiplexed loader (hits and misses)."),
+    _serve("ray_serve_multiplexed_models_load_counter", "counter", ("deployment", "replica", "application"),
+           "Multiplexed models loaded."),
+    _serve("ray_serve_multiplexed_models_unload_counter", "counter", ("deployment", "replica", "application"),
+           "Multiplexed models unloaded (least recently used beyond max_num_models_per_replica)."),
+    _serve("ray_serve_multiplexed_model_load_latency_ms", "histogram", ("deployment", "replica", "application"),
+           "Time a multiplexed model took to load (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_multiplexed_model_unload_latency_ms", "histogram", ("deployment", "replica", "application"),
+           "Time a multiplexed model took to unload (its __del__) (ms).", buckets=LATENCY_BUCKETS_MS),
 )
 
 CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
@@ -229,6 +244,7 @@ class ReplicaMetrics:
         self.registry, self.m = build(REPLICA_METRICS)
         self.deployment, self.replica = deployment, replica
         self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, deployment)
+        self._models: set[str] = set()  # (the multiplexed models last shown as registered)
 
     def began(self) -> None:
         self._ongoing.inc()
@@ -243,6 +259,30 @@ class ReplicaMetrics:
             m["ray_serve_deployment_request_counter"].labels(dep, rid, route, dep).inc()
         else:
             m["ray_serve_deployment_error_counter"].labels(dep, rid, route, dep, exception_type).inc()
+
+    # -- model multiplexing (``api.multiplex``)
+    def models_now(self, models: tuple[str, ...]) -> None:
+        m, dep, rid = self.m, self.deployment, self.replica
+        m["ray_serve_num_multiplexed_models"].labels(dep, rid, dep).set(len(models))
+        reg = m["ray_serve_registered_multiplexed_model_id"]
+        now = set(models)
+        for model in now | self._models:
+            reg.labels(dep, rid, dep, model).set(1 if model in now else 0)
+        self._models = now
+
+    def model_lookup(self) -> None:
+        self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(self.deployment, self.replica,
+                                                                          self.deployment).inc()
+
+    def model_loaded(self, model_id: str, ms: float) -> None:
+        dep, rid = self.deployment, self.replica
+        self.m["ray_serve_multiplexed_models_load_counter"].labels(dep, rid, dep).inc()
+        self.m["ray_serve_multiplexed_model_load_latency_ms"].labels(dep, rid, dep).observe(ms)
+
+    def model_unloaded(self, model_id: str, ms: float) -> None:
+        dep, rid = self.deployment, self.replica
+        self.m["ray_serve_multiplexed_models_unload_counter"].labels(dep, rid, dep).inc()
+        self.m["ray_serve_multiplexed_model_unload_latency_ms"].labels(dep, rid, dep).observe(ms)
 
     def families(self) -> list[Metric]:
         """Its metric families as objects (what the ingress's scrape gathers and ``merged`` joins)."""

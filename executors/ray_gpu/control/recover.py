@@ -166,6 +166,8 @@ class Recovery:
                                               revision=r.get("revision") or "",
                                               initialized=phase not in ("starting", "pending"))
             led.starting_at(rid, r["node_id"] if phase in ("starting", "pending") else None)
+            if r.get("models"):  # (its multiplexed models: routers route by them again at once)
+                led.models[rid] = (int(r.get("models_seq", 0)), tuple(r["models"]))
             if phase == "starting":
                 starting.append((rid, actor))
         lost = []

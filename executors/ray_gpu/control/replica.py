@@ -43,7 +43,7 @@ from typing import Any
 
 import rankcore as rc
 
-from ..api import context
+from ..api import context, multiplex
 from ..api.context import RequestContext, _serve_request_context
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics
@@ -96,6 +96,13 @@ class ReplicaActor:
         self.devices, self.source = tuple(devices), source
         #: Serve's replica metrics (calls, errors, time in the user's method, calls in flight)
         self.metrics = ReplicaMetrics(deployment, replica_id)
+        #: the multiplexed models it holds or loads (``api.multiplex``), told to the controller when
+        #: they change, numbered (``_models_seq``) so a late report never undoes a newer one
+        self._models: tuple[str, ...] = ()
+        self._models_seq = 0
+        self._models_lock = threading.Lock()
+        self._controller: Any = None
+        multiplex.attach(self._push_models, self.metrics)
 
     # -------------------------------------------------------------- plumbing
     def _loop_objects(self) -> None:
@@ -130,6 +137,25 @@ class ReplicaActor:
                                             user_config=self.user_config, bundle_indices=self.bundle_indices,
                                             placement_group=self.placement_group, gang=self.gang,
                                             weights_version=self.weights.version, tier=self.weights.tier))
+
+    def _push_models(self, models: tuple[str, ...]) -> None:
+        """Its multiplexed models changed (on the user loop's thread): tell the controller, not
+        waiting for the answer (routers get them with the pool; ``Controller.report_models``)."""
+        with self._models_lock:
+            if models == self._models:
+                return
+            self._models_seq += 1
+            self._models, seq = models, self._models_seq
+        try:
+            if self._controller is None:
+                import ray
+
+                from .replicas import CONTROLLER_NAME, NAMESPACE
+
+                self._controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+            self._controller.report_models.remote(self.deployment, self.replica_id, seq, models)
+        except Exception:  # (no controller now: a recovering one asks ``report``)
+            self._controller = None
 
     # ------------------------------------------------------------ controller
     async def node_id(self) -> str:
@@ -345,6 +371,8 @@ class ReplicaActor:
             "tier": self.weights.tier,
             "weights_version": self.weights.version,
             "devices": self.devices,
+            "models": self._models,
+            "models_seq": self._models_seq,
         }
 
     async def ping(self) -> bool:
@@ -384,6 +412,10 @@ class ReplicaActor:
                     await asyncio.wait_for(self._idle.wait(), max(0.0, min(max(wait_loop_s, 0.05), deadline - loop.time())))
                 except asyncio.TimeoutError:
                     pass
+        try:  # (its multiplexed models are unloaded, as Serve's replica does at shutdown)
+            await self._on_user_loop(multiplex.shutdown_all())
+        except Exception:  # pragma: no cover - best effort
+            pass
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:

@@ -16,6 +16,9 @@ from typing import Any
 import attrs
 
 NAMESPACE = "rankcore"
+#: the controller actor's name in ``NAMESPACE`` (here, not in controller.py: a replica finds its
+#: controller by it without importing the controller)
+CONTROLLER_NAME = "rankcore-controller"
 
 #: a checkpointed replica's start: no actor yet (waiting for a node, or for its group)
 RESERVING = "reserving"

@@ -38,6 +38,8 @@ from grpc_health.v1.health import aio as health_aio
 
 import rankcore as rc
 
+from ..api.context import RequestContext
+
 __all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
            "code_of"]
 
@@ -60,6 +62,19 @@ class _Keeper:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         self.services[service] = dict(handlers)
+
+
+#: the metadata key a call names its multiplexed model with (Serve's gRPC proxy reads the same)
+MODEL_ID_KEY = "multiplexed_model_id"
+
+
+def _model_of(context: aio.ServicerContext) -> str:
+    """The multiplexed model the call's metadata names ("" none)."""
+    return str(dict(context.invocation_metadata() or ()).get(MODEL_ID_KEY, "") or "").strip()
+
+
+def _model_request(name: str, model_id: str) -> RequestContext | None:
+    return RequestContext(app_name=name, multiplexed_model_id=model_id) if model_id else None
 
 
 class _AnyServicer:
@@ -193,7 +208,7 @@ class GrpcFront:
         name = await self._app_or_abort(context)
         self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
-            value = await self.ingress.call(name, method, (request,), {})
+            value = await self.ingress.call(name, method, (request,), {}, model_id=_model_of(context))
         except asyncio.CancelledError:  # the client cancelled (or its deadline passed): the call is cancelled
             self.codes["CANCELLED"] += 1
             raise
@@ -212,7 +227,8 @@ class GrpcFront:
         ingress.ongoing += 1
         try:
             handle = ingress.handles[name].options(stream=True, method_name=method)
-            response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s)
+            response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
+                                          _model_request(name, _model_of(context)))
             async for item in response:
                 yield item
             ended = True

@@ -208,11 +208,22 @@ def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestC
         _serve_request_context.reset(token)
 
 
+#: the header a request names its multiplexed model in (Serve's ``SERVE_MULTIPLEXED_MODEL_ID``)
+MODEL_ID_HEADER = b"serve_multiplexed_model_id"
+
+
+def model_request(name: str, model_id: str) -> RequestContext | None:
+    """The request context of a call that names only a multiplexed model (None: it names none)."""
+    return RequestContext(app_name=name, multiplexed_model_id=model_id) if model_id else None
+
+
 def _request_of(note: dict | None) -> RequestContext | None:
-    """What the replica's user code sees of this HTTP request: its id (``x-request-id``), route."""
+    """What the replica's user code sees of this HTTP request: its id (``x-request-id``), route, and
+    the multiplexed model its ``serve_multiplexed_model_id`` header names."""
     if note is None:
         return None
-    return RequestContext(route=note["route"], request_id=note["request_id"], app_name=note["deployment"])
+    return RequestContext(route=note["route"], request_id=note["request_id"], app_name=note["deployment"],
+                          multiplexed_model_id=note.get("model", ""))
 
 
 class _Gone(Exception):
@@ -321,13 +332,14 @@ class _Ingress:
 
     # ------------------------------------------------------------ calls
     async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None,
-                   receive: Any = None, note: dict | None = None) -> Any:
+                   receive: Any = None, note: dict | None = None, model_id: str = "") -> Any:
         """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it), and,
         given the request's ``receive``, until its client goes away (``_Gone``).
         ``sent["response"]``: the response once the call is sent (progress streams read it).
         A call given up (timed out, its client gone, or this coroutine cancelled) is cancelled
         through the handle, also when it is given up while being sent (as soon as it is).
-        ``note["replica"]``: the replica the router sent it to (metrics, access records)."""
+        ``note["replica"]``: the replica the router sent it to (metrics, access records).
+        ``model_id``: the multiplexed model a call without a ``note`` names (gRPC's metadata)."""
         loop = asyncio.get_running_loop()
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
@@ -337,7 +349,8 @@ class _Ingress:
         response = None
         try:
             try:
-                response = await self.send(handle, name, args, kwargs, timeout, _request_of(note))
+                request = _request_of(note) if note is not None else model_request(name, model_id)
+                response = await self.send(handle, name, args, kwargs, timeout, request)
             except asyncio.TimeoutError:  # (here only: the application may raise a TimeoutError, a 500)
                 raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
                                         deployment=name) from None
@@ -364,7 +377,10 @@ class _Ingress:
         """``handle.remote(...)``: on this loop once the handle knows its pool (sending then never
         blocks: no thread hop), else on a call thread (the first call asks the controller),
         within ``timeout`` (``asyncio.TimeoutError``); a call given up while being sent is
-        cancelled as soon as it is. ``request``: the HTTP request's id and route (``_submit``)."""
+        cancelled as soon as it is. ``request``: the HTTP request's id and route (``_submit``), and
+        the multiplexed model it names (the call goes through ``options(multiplexed_model_id=...)``)."""
+        if request is not None and request.multiplexed_model_id:
+            handle = handle.options(multiplexed_model_id=request.multiplexed_model_id)
         if handle.knows_pool():
             return _submit(handle, name, args, kwargs, request)
         submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs,
@@ -761,12 +777,14 @@ class _Observe:
             await self.app(scope, receive, send)
             return
         sent_id = None
+        model = ""
         for k, v in scope.get("headers", ()):
             if k == b"x-request-id":
                 sent_id = v.decode("latin-1")
-                break
+            elif k == MODEL_ID_HEADER:
+                model = v.decode("latin-1").strip()
         rid = request_id_of(sent_id)
-        note = {"route": "", "deployment": "", "replica": None, "request_id": rid}
+        note = {"route": "", "deployment": "", "replica": None, "request_id": rid, "model": model}
         scope["rankcore"] = note
         t0 = time.perf_counter()
         out = {"status": 500, "bytes": 0, "done": False}
