@@ -105,6 +105,8 @@ MEANINGS = (
     ("scale", "scale ups / downs: target changes the autoscaler made"),
     ("to enough", "to enough: from a metrics sample whose load needs more replicas than serve (ceil(total / "
                   "target_ongoing_requests)) to enough serving (over the episodes that ended by a scale-up)"),
+    ("model hit", "models: hit rate: requests served without a load of their own / requests with a model id; "
+                  "loaded (per min): model loads; evicted: models unloaded to make room"),
     ("1st item", "streams: 1st item: a stream's submit to its first item; duration: its dispatch to its last "
                  "item (the slot held); failed: ended by an error after the items given (its replica died "
                  "mid-stream: never retried)"),

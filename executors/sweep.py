@@ -210,6 +210,11 @@ FIGURES: tuple[Figure, ...] = (
     Figure("requests_batches", "batches", "batches", count=True),
     Figure("requests_batch_size_mean", "batch size\nmean", "batches", 2),
     Figure("requests_batches_full", "closed\nfull", "batches", count=True),
+    # multiplexed models (``traffic.<d>.models``; the core's ModelCache): hits, loads, evictions
+    Figure("requests_model_hit_rate", "model\nhit rate", "models", 3),
+    Figure("requests_model_loads", "models\nloaded", "models", count=True),
+    Figure("requests_model_loads_per_min", "loaded\nper min", "models", 1),
+    Figure("requests_model_evictions", "models\nevicted", "models", count=True),
     # proxies (``proxies:``; executors/sim/proxies.py): requests that failed at their callers for a proxy
     Figure("requests_failed_no_proxy", "failed:\nno proxy", "proxies", count=True),
     Figure("requests_failed_proxy_died", "failed:\nproxy died", "proxies", count=True),
@@ -234,9 +239,9 @@ ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "request
            "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams", "batches", "proxies", "autoscaling")
+          "streams", "batches", "models", "proxies", "autoscaling")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
-TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches")
+TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches", "models")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
 #: ``TRAFFIC_GROUPS`` too when its runs had traffic (``traffic_figures``)
 DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
@@ -271,6 +276,7 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     groups = {"requests", "queue"} if any(queues) else set()
     groups |= {"streams"} if any("streams_started" in q for q in queues) else set()
     groups |= {"batches"} if any("batches" in q for q in queues) else set()
+    groups |= {"models"} if any("model_loads" in q for q in queues) else set()
     return [f for f in FIGURES if f.group in groups]
 
 

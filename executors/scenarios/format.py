@@ -39,6 +39,8 @@ __all__ = [
     "StreamSpec",
     "BatchSpec",
     "BATCH_SIM_KEYS",
+    "ModelsSpec",
+    "MODELS_SIM_KEYS",
     "ARRIVAL_KINDS",
     "NodeSpec",
     "Provisioning",
@@ -186,11 +188,16 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
-_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "idempotent", "timeout_s", "error_rate", "from", "until",
-                 "metrics_interval_s")
+_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "idempotent", "timeout_s", "error_rate", "from",
+                 "until", "metrics_interval_s")
 #: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time), beside
 #: ``rankcore.requests.BatchOptions``'s fields (declared once there)
 BATCH_SIM_KEYS = ("fixed_s", "per_item_s")
+#: ``traffic.<deployment>.models``: the simulator's own keys (which model each request asks for, how
+#: long a load takes), beside ``rankcore.requests.MultiplexOptions``' fields (declared once there)
+MODELS_SIM_KEYS = ("count", "zipf_s", "file", "load_s")
+#: ``models.load_s``' default: seconds a replica takes to load a model
+MODEL_LOAD_S = 0.5
 #: ``traffic.<deployment>.stream``: requests answered as a stream of items (a generator method)
 _STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
 
@@ -244,6 +251,22 @@ class BatchSpec:
 
 
 @attrs.frozen
+class ModelsSpec:
+    """Multiplexed models (``traffic.<deployment>.models``), as a ``@multiplexed`` loader: each
+    request asks for one model, ``"m0"`` .. ``"m{count-1}"`` drawn with weight ``1 / (i + 1) **
+    zipf_s`` (or, from a file, ``ids`` in order, cycled); a replica keeps them by
+    ``rankcore.requests.ModelCache`` under ``options``, loading one at a time for ``load_s``."""
+
+    options: Any  # rankcore.requests.MultiplexOptions
+    count: int
+    load_s: Latency
+    zipf_s: float = 1.0
+    #: ``file``: the model id of each request, in order (cycled); () for the Zipf draw
+    ids: tuple[str, ...] = attrs.field(default=(), repr=False)
+    path: str = ""
+
+
+@attrs.frozen
 class TrafficSpec:
     """One deployment's requests in the simulator (docs/scenarios.md, "Traffic and the request
     queue"): arrivals between ``start`` and ``until``, each served for a ``service`` draw on the
@@ -258,6 +281,8 @@ class TrafficSpec:
     stream: StreamSpec | None = None
     #: served in batches (None: one by one, a ``service`` draw each)
     batch: BatchSpec | None = None
+    #: multiplexed models (None: requests carry no model id)
+    models: ModelsSpec | None = None
     idempotent: bool = False
     timeout_s: float | None = None
     error_rate: float = 0.0
@@ -1124,6 +1149,10 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         if batched is not None and "service" in m:
             raise c.fail(p + ("service",), "a batched deployment's service time is its batch's: "
                                            "batch.fixed_s + n x batch.per_item_s (drop 'service')", at_key=True)
+        models = None if m.get("models") is None else _models(m["models"], p + ("models",), c)
+        if models is not None and batched is not None:
+            raise c.fail(p + ("models",), "models and batch together are not modelled by the simulator (a batch "
+                                          "would split by model id): give one of them", at_key=True)
         if "service" not in m and batched is None and (stream is None or stream.fraction < 1):
             raise c.fail(p, "missing required field 'service'" + (
                 "" if stream is None else f" (the plain requests' service time: stream.fraction is {stream.fraction:g})"))
@@ -1145,7 +1174,7 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
             service=c.latency(m["service"], p + ("service",)) if "service" in m else None, stream=stream,
-            batch=batched, idempotent=idempotent,
+            batch=batched, models=models, idempotent=idempotent,
             timeout_s=None if timeout is None else float(timeout),
             error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
             start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
@@ -1160,6 +1189,51 @@ def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
     m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
     return BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
                      per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)))
+
+
+def _models(value: Any, p: tuple, c: _Checker) -> ModelsSpec:
+    """``models: {count, zipf_s, load_s, max_num_models_per_replica}`` or ``{file, load_s, ...}`` ->
+    ``ModelsSpec`` (the options are ``rankcore.requests.MultiplexOptions``', by their own names)."""
+    from rankcore.requests import MultiplexOptions
+
+    m = c.mapping(value, p, _field_names(MultiplexOptions) + MODELS_SIM_KEYS)
+    options = _core_options(MultiplexOptions, m, p, c)
+    load_s = c.latency(m.get("load_s", MODEL_LOAD_S), p + ("load_s",))
+    if "file" in m:
+        for k in ("count", "zipf_s"):
+            if k in m:
+                raise c.fail(p + (k,), f"{k} draws the model ids; file lists them: give one of them", at_key=True)
+        path = c.name(m["file"], p + ("file",))
+        ids = _model_file(path, p + ("file",), c)
+        return ModelsSpec(options=options, count=len(set(ids)), load_s=load_s, ids=ids, path=path)
+    if "count" not in m:
+        raise c.fail(p, "missing required field 'count' (how many models, or 'file': a model id per request)")
+    count = m["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise c.fail(p + ("count",), f"must be a whole number of models >= 1, got {_show(count)}")
+    return ModelsSpec(options=options, count=count, load_s=load_s,
+                      zipf_s=c.number(m.get("zipf_s", 1.0), p + ("zipf_s",)))
+
+
+def _model_file(path: str, p: tuple, c: _Checker) -> tuple[str, ...]:
+    """The model ids in ``path`` (relative to the scenario file): one a line, each request in
+    order takes the next (cycled); blank lines and ``#`` comments skipped."""
+    where = Path(path) if Path(path).is_absolute() or c.file.startswith("<") else Path(c.file).parent / path
+    try:
+        lines = where.read_text().splitlines()
+    except OSError as exc:
+        raise c.fail(p, f"cannot read {str(where)!r}: {exc.strerror}") from None
+    ids: list[str] = []
+    for n, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if any(ch.isspace() for ch in text):
+            raise c.fail(p, f"{where}:{n}: one model id a line, got {text!r}")
+        ids.append(text)
+    if not ids:
+        raise c.fail(p, f"{where}: no model id in it")
+    return tuple(ids)
 
 
 def _stream(value: Any, p: tuple, c: _Checker) -> StreamSpec:

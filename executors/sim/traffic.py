@@ -24,13 +24,27 @@ has the items given until then and, once the core's ``PoolChanged(gone)`` reache
 the machine, a ``Failed("replica_died")`` (a stream is never retried). A draining
 replica finishes its streams (``drain_s`` waits for their last item).
 
+Multiplexed models (``models:``, ``executors.scenarios.format.ModelsSpec``): each
+request asks for a model (``traffic/<deployment>/models``: Zipf over ``count``
+models, or a file's ids in order) and is submitted with it (``Submit.model_id``:
+the machine routes it, ``rankcore.requests.route_model``). Each replica
+incarnation keeps its models by ``rankcore.requests.ModelCache``: a hit is served
+at once; a miss holds its slot and waits for its load (one at a time per
+replica, a ``load_s`` draw each from ``traffic/<deployment>/loads``, evicting
+least recently used models beyond the bound), then is served as usual; the
+requests that missed a model being loaded are served as soon as it is. The
+replica reports what it holds (``ReplicaModels``, ``ModelCache.resident``)
+``MODELS_PUSH_S`` after a change, as Serve's replica pushes every 0.1 s; one that
+stops, dies or hangs loses its models (its successor starts empty).
+
 What it measures per deployment (``as_dict``): the machine's counters, what the
 callers saw (every Submit ends once: ``lost`` from the simulator's own books),
 queue wait (submit -> first dispatch) and end-to-end latency (submit -> answer)
 percentiles in virtual seconds, the longest queue, and ``queue_series``: (t,
 queued, in flight) every ``metrics_interval_s``, the load an autoscaler reads
 (issue 23); with streams, what became of them (``streams_*``), the items the
-callers got, time to first item and stream duration percentiles.
+callers got, time to first item and stream duration percentiles; with models,
+the hit rate, loads (a minute) and evictions.
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,8 +67,11 @@ from rankcore.requests import (
     Dispatch,
     Enqueue,
     Failed,
+    Hit,
+    ModelCache,
     NotDelivered,
     Rejected,
+    ReplicaModels,
     RequestAction,
     RequestMachine,
     RunBatch,
@@ -61,7 +79,7 @@ from rankcore.requests import (
     Tick,
 )
 
-from ..scenarios.format import ArrivalSpec, StreamSpec, TrafficSpec
+from ..scenarios.format import ArrivalSpec, ModelsSpec, StreamSpec, TrafficSpec
 from ..scenarios.metrics import percentile
 
 __all__ = ["SimTraffic", "arrival_times", "segments"]
@@ -75,6 +93,9 @@ _TAKES_CALLS = ("running", "reconfiguring")
 KEEP_FAILURES = 20
 #: ``closed`` arrivals: how long a caller whose request failed or was refused waits before its next
 CLOSED_RETRY_PAUSE_S = 0.001
+#: ``models:``: how long after a change of its models a replica reports them (``ReplicaModels``):
+#: Serve's replica pushes its multiplexed model ids every 0.1 s
+MODELS_PUSH_S = 0.1
 
 
 def segments(spec: ArrivalSpec) -> Iterator[tuple[float, float, float]]:
@@ -134,7 +155,8 @@ class _Flow:
     __slots__ = ("spec", "name", "times", "service", "errors", "n", "waits", "latencies", "series", "max_queued",
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
-                 "batch_seconds", "think")
+                 "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
+                 "model_evictions")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -161,9 +183,30 @@ class _Flow:
         self.think = sim.stream(f"traffic/{self.name}/think") if spec.arrivals.kind == "closed" else None
         self.batches = self.batch_items = self.batch_full = 0  # batches run, requests in them, closed full
         self.batch_seconds = 0.0  # their service time, summed
+        #: ``models:``: each request's model id (None: no models), and the load times
+        self.model_of = None if spec.models is None else _model_draw(spec.models,
+                                                                     sim.stream(f"traffic/{self.name}/models"))
+        self.loads = None if spec.models is None else sim.stream(f"traffic/{self.name}/loads")
+        #: requests dispatched with a model, served without a load of their own, loads done, models evicted
+        self.model_requests = self.model_hits = self.model_loads = self.model_evictions = 0
         if spec.stream is not None:
             self.streamed = sim.stream(f"traffic/{self.name}/streamed")  # which requests stream
             self.shapes = sim.stream(f"traffic/{self.name}/streams")  # their items and item times
+
+
+def _model_draw(spec: ModelsSpec, rng: random.Random) -> Any:
+    """The function giving request number n its model id: the file's ids in order (cycled), else a
+    draw of ``"m<i>"`` with weight ``1 / (i + 1) ** zipf_s`` (one ``rng`` draw a request)."""
+    if spec.ids:
+        ids = spec.ids
+        return lambda n: ids[n % len(ids)]
+    names = [f"m{i}" for i in range(spec.count)]
+    cum, total = [], 0.0
+    for i in range(spec.count):
+        total += 1.0 / (i + 1) ** spec.zipf_s
+        cum.append(total)
+    last = spec.count - 1
+    return lambda n: names[min(bisect_right(cum, rng.random() * total), last)]
 
 
 class _Streams:
@@ -187,10 +230,11 @@ class _Streams:
 
 
 class _Req:
-    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent", "proxy")
+    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent", "proxy", "model")
 
-    def __init__(self, flow: _Flow, t0: float, stream: bool, proxy: Any = None) -> None:
+    def __init__(self, flow: _Flow, t0: float, stream: bool, proxy: Any = None, model: str = "") -> None:
         self.flow, self.t0, self.dispatched, self.stream, self.proxy = flow, t0, False, stream, proxy
+        self.model = model  # its multiplexed model id ("" none)
         self.items_at: list[float] | None = None  # a stream's item times (absolute), drawn at its dispatch
         self.cut: float | None = None  # when its replica died or hung: no item after that reaches the caller
         self.sent = t0  # when a replica took the stream (its items were drawn then)
@@ -226,6 +270,19 @@ class _BatchReplica:
         self.due: float | None = None
 
 
+class _ModelReplica:
+    """One replica incarnation's models (``traffic.<d>.models``): the core's cache, the misses
+    waiting for their load to begin (in order), the request whose load runs, its next report."""
+
+    __slots__ = ("epoch", "cache", "waiting", "loader", "push")
+
+    def __init__(self, epoch: int, cache: ModelCache) -> None:
+        self.epoch, self.cache = epoch, cache
+        self.waiting: deque[tuple[str, str]] = deque()  # (request id, model id), their load not begun
+        self.loader: str | None = None  # the request whose load runs (None: none, or it left: the load goes on)
+        self.push: int | None = None  # the scheduled ``ReplicaModels`` report
+
+
 class SimTraffic:
     """Every deployment's requests in one simulation (module docstring). ``sim``: the
     ``Simulation`` (its clock, seeded streams and backend)."""
@@ -245,6 +302,10 @@ class SimTraffic:
         self._batchers: dict[str, _BatchReplica] = {}
         #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
         self._cut: set[str] = set()
+        #: replica id -> its models (``traffic.<d>.models``); a new incarnation starts empty
+        self._models: dict[str, _ModelReplica] = {}
+        #: request id -> the replica where it waits for a model's load
+        self._load_wait: dict[str, str] = {}
         for name in sorted(specs):
             flow = self.flows[name] = _Flow(specs[name], sim)
             self.machine.handle(Configure(deployment=name, **dict(specs[name].limits)))
@@ -274,6 +335,7 @@ class SimTraffic:
     def _arrive(self, flow: _Flow) -> None:
         now, spec = self.sim.now, flow.spec
         rid = f"{flow.name}/{flow.n}"
+        model = "" if flow.model_of is None else flow.model_of(flow.n)  # (drawn first: one draw per arrival)
         flow.n += 1
         deadline = None if spec.timeout_s is None else now + spec.timeout_s
         stream = flow.streamed is not None and spec.stream is not None and (
@@ -287,10 +349,10 @@ class SimTraffic:
                 self._again(flow, refused=True)
                 self._next_arrival(flow)
                 return
-        self._requests[rid] = _Req(flow, now, stream, proxy)
+        self._requests[rid] = _Req(flow, now, stream, proxy, model)
         flow.live += 1
         actions = self.machine.handle(_Submit(request_id=rid, deployment=flow.name, idempotent=spec.idempotent,
-                                              stream=stream, deadline=deadline))
+                                              stream=stream, deadline=deadline, model_id=model))
         if deadline is not None:
             self.sim.schedule(spec.timeout_s, self._tick)
         if not actions:  # queued
@@ -332,6 +394,15 @@ class SimTraffic:
         if flow.spec.batch is not None:
             self._batch_enqueue(flow, a.request_id, a.replica_id, r.epoch)
             return
+        if req is not None and req.model:
+            self._model_dispatch(flow, req, a.request_id, a.replica_id, r.epoch)
+            return
+        self._serve(flow, req, a.request_id, a.replica_id, r.epoch)
+
+    def _serve(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int) -> None:
+        """The replica serves ``rid`` from now: a ``service`` draw (a stream: until its last item),
+        then it answers."""
+        sim = self.sim
         if req is not None and req.stream:
             assert flow.spec.stream is not None and flow.shapes is not None
             req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
@@ -340,8 +411,136 @@ class SimTraffic:
             assert flow.spec.service is not None  # (parsed: required unless every request streams)
             service = flow.spec.service.sample(flow.service)
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
-        ticket = sim.schedule(service, self._complete, a.request_id, a.replica_id, r.epoch, ok)
-        self._held.setdefault(a.replica_id, {})[a.request_id] = (sim.now + service, ticket, ok)
+        ticket = sim.schedule(service, self._complete, rid, replica_id, epoch, ok)
+        self._held.setdefault(replica_id, {})[rid] = (sim.now + service, ticket, ok)
+
+    # ---------------------------------------------------------- models
+    def _model_dispatch(self, flow: _Flow, req: _Req, rid: str, replica_id: str, epoch: int) -> None:
+        """A replica took ``rid`` for ``req.model``: served at once on a hit; on a miss it holds its
+        slot and waits for the model's load (``_next_load``)."""
+        mr = self._models.get(replica_id)
+        if mr is None or mr.epoch != epoch:
+            if mr is not None:
+                self._drop_models(replica_id)
+            spec = flow.spec.models
+            assert spec is not None
+            mr = self._models[replica_id] = _ModelReplica(epoch, ModelCache(spec.options))
+        flow.model_requests += 1
+        if mr.cache.use(req.model) is not None:
+            flow.model_hits += 1
+            self._serve(flow, req, rid, replica_id, epoch)
+            return
+        mr.waiting.append((rid, req.model))
+        self._load_wait[rid] = replica_id
+        guess = self._load_guess(flow, len(mr.waiting) + 1)  # (drain_s' guess while it waits)
+        self._held.setdefault(replica_id, {})[rid] = (guess, None, True)  # type: ignore[assignment]
+        self._models_changed(flow, replica_id, mr)
+        self._next_load(flow, replica_id, mr)
+
+    def _load_guess(self, flow: _Flow, loads: int) -> float:
+        """When a request waiting behind ``loads`` loads may be answered (``drain_s``' guess)."""
+        spec = flow.spec
+        assert spec.models is not None
+        service = spec.service.quantile(0.5) if spec.service is not None else 0.0
+        return self.sim.now + loads * spec.models.load_s.quantile(0.5) + service
+
+    def _next_load(self, flow: _Flow, replica_id: str, mr: _ModelReplica) -> None:
+        """While no load runs: the first miss waiting begins its load (or, its model loaded
+        meanwhile, is served)."""
+        while mr.cache.loading is None and mr.waiting:
+            rid, model = mr.waiting.popleft()
+            act = mr.cache.begin(model)
+            if isinstance(act, Hit):
+                self._load_served(flow, rid, replica_id, mr)
+                continue
+            flow.model_evictions += len(act.evict)
+            assert flow.spec.models is not None and flow.loads is not None
+            took = flow.spec.models.load_s.sample(flow.loads)
+            mr.loader = rid
+            held = self._held.setdefault(replica_id, {})
+            if rid in held:
+                held[rid] = (self._load_guess(flow, 0) + took, None, True)  # type: ignore[assignment]
+            self.sim.schedule(took, self._model_loaded, flow, replica_id, mr.epoch, model)
+            if act.evict:
+                self._models_changed(flow, replica_id, mr)
+
+    def _load_served(self, flow: _Flow, rid: str, replica_id: str, mr: _ModelReplica) -> None:
+        """``rid``'s model is loaded (by its own load or another's): it is served now."""
+        flow.model_hits += rid != mr.loader
+        del self._load_wait[rid]
+        self._serve(flow, self._requests.get(rid), rid, replica_id, mr.epoch)
+
+    def _model_loaded(self, flow: _Flow, replica_id: str, epoch: int, model: str) -> None:
+        """A load ended (on a replica still alive): the request that began it and every other
+        that missed the model are served, then the next load begins."""
+        mr = self._live_models(replica_id, epoch)
+        if mr is None:
+            return
+        mr.cache.loaded(model)
+        flow.model_loads += 1
+        if mr.loader is not None:
+            self._load_served(flow, mr.loader, replica_id, mr)
+            mr.loader = None
+        for entry in [e for e in mr.waiting if e[1] == model]:
+            mr.waiting.remove(entry)
+            act = mr.cache.begin(model)
+            assert isinstance(act, Hit), act
+            self._load_served(flow, entry[0], replica_id, mr)
+        self._models_changed(flow, replica_id, mr)
+        self._next_load(flow, replica_id, mr)
+
+    def _model_left(self, rid: str) -> None:
+        """``rid`` left while it waited for a load (its deadline, its caller gone): a load begun
+        for it goes on; one not begun is given up."""
+        replica_id = self._load_wait.pop(rid)
+        mr = self._models[replica_id]
+        if mr.loader == rid:
+            mr.loader = None
+            return
+        entry = next(e for e in mr.waiting if e[0] == rid)
+        mr.waiting.remove(entry)
+        mr.cache.gave_up(entry[1])
+        self._models_changed(self.flows[rid.rsplit("/", 1)[0]], replica_id, mr)
+
+    def _models_changed(self, flow: _Flow, replica_id: str, mr: _ModelReplica) -> None:
+        """What the replica holds changed: it reports it ``MODELS_PUSH_S`` later (one report for
+        every change until then)."""
+        if mr.push is None:
+            mr.push = self.sim.schedule(MODELS_PUSH_S, self._push_models, flow, replica_id, mr.epoch)
+
+    def _push_models(self, flow: _Flow, replica_id: str, epoch: int) -> None:
+        mr = self._live_models(replica_id, epoch)
+        if mr is None:
+            return
+        mr.push = None
+        self._carry(self.machine.handle(ReplicaModels(deployment=flow.name, replica_id=replica_id,
+                                                       model_ids=mr.cache.resident())))
+
+    def _live_models(self, replica_id: str, epoch: int) -> _ModelReplica | None:
+        """The models of that very incarnation of the replica if it still runs (else dropped)."""
+        mr = self._models.get(replica_id)
+        if mr is None or mr.epoch != epoch:
+            return None
+        r = self.sim.backend.replicas.get(replica_id)
+        if r is None or r.epoch != epoch or r.hung:
+            self._drop_models(replica_id)
+            return None
+        return mr
+
+    def _drop_models(self, replica_id: str) -> None:
+        """The replica stopped, died or hung: its models are gone, and the requests waiting there
+        for a load are never served (the machine ends them when the core says it is gone)."""
+        mr = self._models.pop(replica_id, None)
+        if mr is None:
+            return
+        if mr.push is not None:
+            self.sim.cancel(mr.push)
+        held = self._held.get(replica_id, {})
+        for rid in [*(r for r, _ in mr.waiting), *([mr.loader] if mr.loader is not None else [])]:
+            self._load_wait.pop(rid, None)
+            held.pop(rid, None)
+        if not held:
+            self._held.pop(replica_id, None)
 
     # ---------------------------------------------------------- batches
     def _batch_enqueue(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
@@ -475,7 +674,9 @@ class SimTraffic:
         entry = self._held.get(replica_id, {}).get(rid)
         if entry is not None:
             b = self._batchers.get(replica_id)
-            if b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
+            if rid in self._load_wait:  # waiting for a model's load: it leaves the line
+                self._model_left(rid)
+            elif b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
                 if entry[1] is None:
                     b.batcher.handle(Cancel(request_id=rid))
                     self._arm(self.flows[rid.rsplit("/", 1)[0]], replica_id, b)
@@ -552,6 +753,8 @@ class SimTraffic:
             req = self._requests.get(rid)
             if req is not None and req.stream and req.cut is None:
                 req.cut = self.sim.now
+        if replica_id in self._models:
+            self._drop_models(replica_id)
 
     def drain_s(self, replica_id: str) -> float:
         """How long ``replica_id`` needs to finish what it is serving (its graceful stop waits)."""
@@ -603,6 +806,13 @@ class SimTraffic:
                                   if f.batches else None, "batches_full": f.batch_full,
                                   "batch_busy_s": _r(f.batch_seconds),
                                   "throughput_rps": _r(f.answers / span) if span > 0 else None})
+            if f.spec.models is not None:
+                span = f.spec.until - f.spec.start
+                out[name].update({"model_requests": f.model_requests, "model_hits": f.model_hits,
+                                  "model_hit_rate": _r(f.model_hits / f.model_requests) if f.model_requests else None,
+                                  "model_loads": f.model_loads,
+                                  "model_loads_per_min": _r(60 * f.model_loads / span) if span > 0 else None,
+                                  "model_evictions": f.model_evictions})
         return out
 
 
