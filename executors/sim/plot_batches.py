@@ -20,9 +20,11 @@ PANELS = (("requests_throughput_rps", "answered per second"), ("requests_latency
           ("requests_batch_size_mean", "mean batch size"))
 
 
-def plot_batch_sweep(summary: list[dict], out: Path, title: str = "") -> None:
+def plot_batch_sweep(summary: list[dict], out: Path, title: str = "", panels: tuple = PANELS,
+                     x_log: bool = True) -> None:
     """Lines of ``summary`` (``executors.sweep.summarise``' rows, one deployment): the first swept
-    key on the x axis, a line per value of the others (the mean over the seeds)."""
+    key on the x axis (``x_log``: a log2 scale), a line per value of the others (the mean over the
+    seeds), a panel per ``(figure key, title)`` of ``panels``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -38,8 +40,8 @@ def plot_batch_sweep(summary: list[dict], out: Path, title: str = "") -> None:
     for row in summary:
         label = ", ".join(f"{k.split('.')[-1]}={row['variant'][k]}" for k in rest) or row["deployment"]
         lines.setdefault(label, []).append((float(row["variant"][x_key]), row["figures"]))
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4))
-    for ax, (key, label) in zip(axes, PANELS):
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (key, label) in zip(axes, panels):
         for name, points in lines.items():
             points.sort(key=lambda p: p[0])
             xs = [x for x, _ in points]
@@ -47,7 +49,8 @@ def plot_batch_sweep(summary: list[dict], out: Path, title: str = "") -> None:
             ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=name)
         ax.set_title(label)
         ax.set_xlabel(x_key.split(".")[-1])
-        ax.set_xscale("log", base=2)
+        if x_log:
+            ax.set_xscale("log", base=2)
         if key == "requests_latency_p99":
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
