@@ -112,3 +112,20 @@ def test_reconfigure_changes_the_bound_without_a_restart(handle):
     assert {g["replica"] for g in after} == {g["replica"] for g in before}  # the same replica: no restart
     assert max(g["batch"] for g in after) == 2, [g["batch"] for g in after]
     assert json.dumps(after)  # (answers are plain data)
+
+
+def test_the_replicas_metrics_count_batches_with_serves_names(handle):
+    from executors.ray_gpu.ingress.http import ingress_address
+
+    _together(handle, 4)
+    host, port = ingress_address()
+    text = httpx.get(f"http://{host}:{port}/metrics", timeout=60).text
+    ran = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("ray_serve_batches_processed_total{") and 'function_name="__call__"' in line)
+    sizes = [line for line in text.splitlines()
+             if line.startswith("ray_serve_actual_batch_size_count{") and 'function_name="__call__"' in line]
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("ray_serve_actual_batch_size_sum{") and 'function_name="__call__"' in line)
+    assert ran >= 2 and sizes, [line for line in text.splitlines() if "batch" in line][:20]
+    assert total >= 4 + ran - 1  # (every call counted in some batch; more than one per batch on average)
+    assert "ray_serve_batch_wait_time_ms_bucket{" in text and "ray_serve_batch_queue_length{" in text

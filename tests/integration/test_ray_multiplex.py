@@ -149,8 +149,14 @@ def test_a_replicas_crash_moves_its_models_traffic_to_a_live_replica(handle):
     home = _ask(handle, "z")[0]["replica"]
     _settle(handle, home, "z")
     ray.kill(ray.get_actor(f"ModelActor:mux:{home}", namespace=NAMESPACE), no_restart=True)
-    deadline = time.monotonic() + 30  # (a call already on its way to it fails: it is not idempotent)
-    while handle.status()["replicas"].get(home, {}).get("phase") == "running" and time.monotonic() < deadline:
+    # (a call sent before this process's router hears of the death fails: it is not idempotent)
+    router = handle._router
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        router.refresh()
+        with router.lock:
+            if home not in [v.replica_id for v in router.machine.pool("mux")]:
+                break
         time.sleep(0.05)
     got = _ask(handle, "z", 3)
     assert all(g["model"] == "z" and g["replica"] != home for g in got), (home, got)

@@ -6,6 +6,7 @@ gRPC metadata key."""
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import pytest
 
@@ -27,7 +28,7 @@ def reports():
 
 
 class Model:
-    freed: list[str] = []
+    freed: ClassVar[list[str]] = []
 
     def __init__(self, name: str) -> None:
         self.name = name

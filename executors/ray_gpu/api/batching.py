@@ -47,6 +47,13 @@ __all__ = ["batch", "BatchSizeMismatch", "BatchOptions"]
 
 #: the instance attribute a method's batchers live under (one per decorated method)
 _RUNNERS = "__rankcore_batchers__"
+#: the replica's ``ReplicaMetrics`` (``attach_metrics``): Serve's batch metrics, per method
+_metrics: list[Any] = []
+
+
+def attach_metrics(metrics: Any) -> None:
+    """The replica actor's metrics: each batch is counted there (Serve's ``serve_batch_*``)."""
+    _metrics[:] = [metrics]
 
 
 class _End:
@@ -106,7 +113,10 @@ class _Runner:
         self.dropped = 0
 
     def apply(self, event: Any) -> None:
-        for act in self.batcher.handle(event):
+        acts = self.batcher.handle(event)
+        for m in _metrics:
+            m.batch_queue(self.fn.__name__, self.batcher.waiting)
+        for act in acts:
             if isinstance(act, Refused):
                 call = self.calls.pop(act.request_id)
                 self._fail(call, RuntimeError(act.detail))
@@ -161,9 +171,13 @@ class _Runner:
             del self.calls[rid]
 
     async def _run(self, act: RunBatch) -> None:
+        t0 = self.loop.time()
         try:
             await asyncio.gather(*(self._part(part.request_ids) for part in act.parts))
         finally:
+            for m in _metrics:
+                m.batch_ran(self.fn.__name__, (act.closed - act.began) * 1000.0, (self.loop.time() - t0) * 1000.0,
+                            act.size, act.max_batch_size)
             self.apply(BatchDone(batch_id=act.batch_id, now=self.now()))
 
     async def _part(self, rids: tuple[str, ...]) -> None:

@@ -46,6 +46,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Ray Serve's request latency buckets (``DEFAULT_LATENCY_BUCKET_MS``), in ms
 LATENCY_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000,
                                          60000, 120000, 300000, 600000)
+#: Serve's batch utilization buckets (``DEFAULT_BATCH_UTILIZATION_BUCKETS_PERCENT``), in %
+BATCH_UTILIZATION_BUCKETS: tuple[float, ...] = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99, 100)
+#: Serve's batch size buckets (``DEFAULT_BATCH_SIZE_BUCKETS``)
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 #: the controller's step time (a core step is microseconds to milliseconds), in seconds
 STEP_BUCKETS_S: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 
@@ -102,6 +106,8 @@ INGRESS_METRICS: tuple[MetricSpec, ...] = (
                doc="Per serving replica: 1 when it answered the last /metrics scrape in time, else 0."),
 )
 
+_BATCH = ("deployment", "replica", "application", "function_name")
+
 #: Serve's replica metrics (``replica.py``'s ``ReplicaMetricsManager``): Ray's default tags
 #: (deployment, replica, application) and the metric's own (route, exception_type)
 REPLICA_METRICS: tuple[MetricSpec, ...] = (
@@ -116,6 +122,17 @@ REPLICA_METRICS: tuple[MetricSpec, ...] = (
            buckets=LATENCY_BUCKETS_MS),
     _serve("ray_serve_replica_processing_queries", "gauge", ("deployment", "replica", "application"),
            "Calls on the replica now: arrived and not yet ended (waiting for a slot included)."),
+    # batching (``@batch``): Serve's ``batching.py`` names, per batched method (``function_name``)
+    _serve("ray_serve_batch_wait_time_ms", "histogram", _BATCH,
+           "Time a batch waited to fill: from its first request to its close (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_batch_execution_time_ms", "histogram", _BATCH,
+           "Time the batched method took for one batch (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_batch_queue_length", "gauge", _BATCH, "Requests waiting in the batcher (not yet running)."),
+    _serve("ray_serve_batch_utilization_percent", "histogram", _BATCH,
+           "A batch's size as a share of max_batch_size (%).", buckets=BATCH_UTILIZATION_BUCKETS),
+    _serve("ray_serve_actual_batch_size", "histogram", _BATCH, "The number of requests (sizes) in each batch.",
+           buckets=BATCH_SIZE_BUCKETS),
+    _serve("ray_serve_batches_processed", "counter", _BATCH, "Batches run."),
     # model multiplexing (``@multiplexed``): Serve's ``multiplex.py`` names
     _serve("ray_serve_num_multiplexed_models", "gauge", ("deployment", "replica", "application"),
            "Multiplexed models the replica holds or is loading."),
@@ -259,6 +276,19 @@ class ReplicaMetrics:
             m["ray_serve_deployment_request_counter"].labels(dep, rid, route, dep).inc()
         else:
             m["ray_serve_deployment_error_counter"].labels(dep, rid, route, dep, exception_type).inc()
+
+    # -- batching (``api.batching``)
+    def batch_ran(self, function: str, wait_ms: float, run_ms: float, size: int, bound: int) -> None:
+        m, lab = self.m, (self.deployment, self.replica, self.deployment, function)
+        m["ray_serve_batch_wait_time_ms"].labels(*lab).observe(wait_ms)
+        m["ray_serve_batch_execution_time_ms"].labels(*lab).observe(run_ms)
+        m["ray_serve_batch_utilization_percent"].labels(*lab).observe(100.0 * size / bound)
+        m["ray_serve_actual_batch_size"].labels(*lab).observe(size)
+        m["ray_serve_batches_processed"].labels(*lab).inc()
+
+    def batch_queue(self, function: str, waiting: int) -> None:
+        self.m["ray_serve_batch_queue_length"].labels(self.deployment, self.replica, self.deployment,
+                                                      function).set(waiting)
 
     # -- model multiplexing (``api.multiplex``)
     def models_now(self, models: tuple[str, ...]) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 
 import rankcore as rc
 
-from ..api import context, multiplex
+from ..api import batching, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics
@@ -103,6 +103,7 @@ class ReplicaActor:
         self._models_lock = threading.Lock()
         self._controller: Any = None
         multiplex.attach(self._push_models, self.metrics)
+        batching.attach_metrics(self.metrics)
 
     # -------------------------------------------------------------- plumbing
     def _loop_objects(self) -> None:
