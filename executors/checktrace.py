@@ -188,6 +188,7 @@ _COMMAND_FIELDS = {
     "PoolChanged": ({"replica": "str", "deployment": "str"}, {"membership": "str"}),
     "PoolComing": ({"deployment": "str"}, {"coming": "bool"}),
     "PoolReset": ({"deployment": "str"}, {"serving": "list", "draining": "list", "coming": "bool"}),
+    "ReplicaModels": ({"replica": "str", "deployment": "str"}, {"model_ids": "list"}),
     "StartProxy": ({}, {"proxy_id": "str", "node_id": "str"}),
     "DrainProxy": ({}, {"proxy_id": "str", "node_id": "str", "draining": "bool"}),
     "StopProxy": ({}, {"proxy_id": "str", "node_id": "str", "reason": "str"}),

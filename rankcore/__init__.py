@@ -36,6 +36,7 @@ from .base.commands import (
     PoolCommand,
     PoolReset,
     ReconfigureReplica,
+    ReplicaModels,
     RequestResources,
     ScheduleTick,
     StartProxy,
@@ -73,6 +74,7 @@ from .base.events import (
     DeploymentDeleted,
     Event,
     HealthChecked,
+    ModelsReported,
     NodeCapacityChanged,
     NodeDraining,
     NodeJoined,
@@ -164,6 +166,7 @@ __all__ = [
     "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
     "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",
     "ProxiesConfigured", "ProxyStarted", "ProxyCrashed", "ProxyHealthChecked", "NodeDraining",
+    "ModelsReported", "ReplicaModels",
     "StartProxy", "DrainProxy", "StopProxy", "PROXY_STOP_REASONS", "ProxyLocation", "PROXY_LOCATIONS", "ProxyOptions",
     "ProxyPhase", "Proxy", "ProxyBook", "serving_proxies", "proxy_nodes", "parse_proxy_id",
 ]

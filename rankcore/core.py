@@ -32,6 +32,7 @@ from .base.events import (
     DeploymentApplied,
     DeploymentDeleted,
     HealthChecked,
+    ModelsReported,
     NodeCapacityChanged,
     NodeDraining,
     NodeJoined,
@@ -65,7 +66,19 @@ from .base.state import (
     State,
     Step,
 )
-from .control import autoscaling, bluegreen, clock, deadlines, deletion, health, pool, proxies, restarts, rollouts
+from .control import (
+    autoscaling,
+    bluegreen,
+    clock,
+    deadlines,
+    deletion,
+    health,
+    models,
+    pool,
+    proxies,
+    restarts,
+    rollouts,
+)
 from .control.moves import crash, is_held, reconcile, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
@@ -483,6 +496,15 @@ def _on_proxy_health_checked(tx: Tx, e: ProxyHealthChecked) -> Step:
     return finish(tx, stale=not proxies.health_checked(tx, e))
 
 
+@_about_replica
+def _on_models_reported(tx: Tx, e: ModelsReported, dep: Deployment, rep: Replica) -> Step:
+    new = models.reported(dep, rep, e.model_ids)
+    if new is None:
+        return finish(tx, stale=True)  # the same set again, or a replica on its way out
+    tx.put(new)
+    return finish(tx)
+
+
 def _on_node_draining(tx: Tx, e: NodeDraining) -> Step:
     return finish(tx, stale=not proxies.node_draining(tx, e))
 
@@ -540,6 +562,7 @@ _HANDLERS: dict[type, Callable[[Tx, Any], Step]] = {
     ProxyCrashed: _on_proxy_crashed,
     ProxyHealthChecked: _on_proxy_health_checked,
     NodeDraining: _on_node_draining,
+    ModelsReported: _on_models_reported,
 }
 
 

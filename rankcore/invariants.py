@@ -1126,6 +1126,7 @@ def reports_from(state: State) -> ControllerRecovered:
                     weights_version=rep.weights_version,
                     devices=state.cluster.hot[rid][1].devices if rid in state.cluster.hot else (),
                     revision=rep.revision,
+                    models=rep.models,
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)

@@ -45,6 +45,7 @@ from .base.events import (
     DeploymentApplied,
     DeploymentDeleted,
     HealthChecked,
+    ModelsReported,
     NodeCapacityChanged,
     NodeDraining,
     NodeJoined,
@@ -511,6 +512,23 @@ def make_machine(
             node = data.draw(st.sampled_from(sorted(self.state.cluster.nodes.keys())), label="node draining")
             self.apply(NodeDraining(node_id=node, now=self.later(data, "drain")))
 
+        @precondition(lambda self: any(True for _ in self.state.replicas()))
+        @rule(data=st.data())
+        def models_reported(self, data: st.DataObject) -> None:
+            """A replica (any: starting, serving, stopping) says which multiplexed models it holds: the
+            core keeps them on its record; a changed set in a pool is told to the request path (the
+            pool commands' view is checked against the core's after every step)."""
+            rid = data.draw(st.sampled_from(sorted(r.replica_id for r in self.state.replicas())), label="replica")
+            models = data.draw(st.lists(st.sampled_from(("m0", "m1", "m2")), unique=True, max_size=3), label="models")
+            before = self.state.replica(rid)
+            result = self.apply(ModelsReported(replica_id=rid, model_ids=tuple(models)))
+            after = self.state.replica(rid)
+            if before is not None and after is not None and before.phase not in (Phase.STOPPING, Phase.FAILED):
+                assert after.models == tuple(models), (rid, after.models, models)
+            if result is not None and result.stale:
+                assert before is None or before.models == tuple(models) or before.phase in (Phase.STOPPING,
+                                                                                             Phase.FAILED)
+
         @precondition(lambda self: managed)
         @rule(seconds=st.sampled_from([0.5, 6.0, 20.0, 40.0]))
         def tick(self, seconds: float) -> None:
@@ -847,7 +865,7 @@ def make_machine(
                 reports.append(ReplicaReport(
                     replica_id=rep.replica_id, deployment=rep.deployment, rank=rank, node_id=rep.node_id,
                     phase=rep.phase, world_size=world_size, lineage=rep.lineage, version=rep.version,
-                    tier=rep.tier, devices=rep.devices,
+                    tier=rep.tier, devices=rep.devices, models=rep.models,
                 ))
             self.recover(ControllerRecovered(deployments=exact.deployments, reports=tuple(reports), nodes=exact.nodes,
                                              next_replica_number=exact.next_replica_number,

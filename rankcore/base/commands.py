@@ -45,6 +45,7 @@ __all__ = [
     "PoolChanged",
     "PoolReset",
     "PoolComing",
+    "ReplicaModels",
     "POOL_MEMBERSHIPS",
     "PoolCommand",
     "EvictReplica",
@@ -311,6 +312,19 @@ class PoolChanged:
 
 
 @attrs.frozen(kw_only=True)
+class ReplicaModels:
+    """Tell the request path which multiplexed models ``replica_id`` of ``deployment`` holds (or
+    is loading): the whole set, replacing what it believed (``rankcore.requests.route_model`` sends
+    a model's requests to its holders). Sent when a replica's report (``ModelsReported``) changes
+    it, and after a recovery for every replica holding some. For a replica not in its pool the
+    request machine changes nothing (a late report). No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+    model_ids: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.model_ids)
+
+
+@attrs.frozen(kw_only=True)
 class PoolReset:
     """``deployment``'s whole pool at once: the ``serving`` and ``draining``
     replicas (every other one is gone) and whether replicas are ``coming``
@@ -374,4 +388,4 @@ Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
                 EvictReplica, DropWarmCopy, RequestResources, StartProxy, DrainProxy, StopProxy]
 #: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'
-PoolCommand = Union[PoolChanged, PoolReset, PoolComing]
+PoolCommand = Union[PoolChanged, PoolReset, PoolComing, ReplicaModels]

@@ -59,6 +59,7 @@ __all__ = [
     "ProxyCrashed",
     "ProxyHealthChecked",
     "NodeDraining",
+    "ModelsReported",
     "Event",
 ]
 
@@ -515,6 +516,8 @@ class ReplicaReport:
     #: the deployment revision it was started with (``StartReplica.revision``); None: not said (taken
     #: as current). Another one is outdated: the rollout goes on (rankcore.control.rollouts)
     revision: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    #: the multiplexed models it holds or loads (``ModelsReported``): kept on its record again
+    models: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.model_ids)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: str) -> None:
@@ -818,7 +821,20 @@ class NodeDraining:
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 
+@attrs.frozen(kw_only=True)
+class ModelsReported:
+    """Replica ``replica_id`` holds (or is loading) the multiplexed models ``model_ids``, the
+    whole set, as it reported them (issue 39: ``@multiplexed``). Kept on its record
+    (``Replica.models``: status, metrics, a recovery) and told to the request path
+    (``ReplicaModels`` in ``Step.pool``), which routes a model's requests to its holders. The
+    same set again, or news of a replica that has left, is stale."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    model_ids: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.model_ids)
+
+
 Event = Union[
+    ModelsReported,
     ProxiesConfigured,
     ProxyStarted,
     ProxyCrashed,

@@ -115,6 +115,24 @@ def names(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{_where(inst, attribute)} names a replica twice: {shown(value)}")
 
 
+def model_id(value: Any, where: str) -> str:
+    """``value`` if it is a non-empty str (a multiplexed model id), else ``InvalidConfig`` naming
+    ``where`` (Serve's checks: a string, not empty)."""
+    if type(value) is not str or not value:
+        raise InvalidConfig(f"{where} must be a non-empty string (a multiplexed model id), got {shown(value)}")
+    return value
+
+
+def model_ids(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A tuple of distinct multiplexed model ids."""
+    if type(value) is not tuple:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a tuple of model ids, got {shown(value)}")
+    for m in value:
+        model_id(m, f"{_where(inst, attribute)}'s items")
+    if len(set(value)) != len(value):
+        raise InvalidConfig(f"{_where(inst, attribute)} names a model twice: {shown(value)}")
+
+
 def to_tuple(value: Any) -> Any:
     """Accept any iterable for a tuple field (a list from YAML, a generator).
 

@@ -94,6 +94,9 @@ class Replica:
     #: while the new set starts: the (global, node, local) ranks it was told, which its green twin holds
     #: now (it is on a spare entry it is not told); None: not a blue
     blue_ranks: tuple | None = None
+    #: the multiplexed models it holds or is loading, as it last reported them (``ModelsReported``;
+    #: rankcore.control.models): status, metrics and a recovery see them; the request path is told
+    models: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

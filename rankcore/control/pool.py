@@ -21,6 +21,9 @@ apart from the replicas' ``Step.commands``):
 * ``PoolReset`` for every deployment after ``ControllerRecovered``: the whole
   pool, since the request path may have missed changes while the controller
   was down.
+* ``ReplicaModels(replica, model_ids)``: the multiplexed models a replica in the
+  pool holds (``Replica.models``, from its ``ModelsReported``), when a report
+  changes them, when it joins the pool holding some, and after a recovery.
 
 One function decides, after any step (``announce``; ``core.general_step`` calls
 it, and the fast paths (``rankcore.fastpaths``) call ``answer_pool``, the same comparison
@@ -43,8 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base.commands import PoolChanged, PoolComing, PoolReset
-from ..base.events import ControllerRecovered, NodeCapacityChanged, NodeJoined, NodeLost
+from ..base.commands import PoolChanged, PoolComing, PoolReset, ReplicaModels
+from ..base.events import ControllerRecovered, ModelsReported, NodeCapacityChanged, NodeJoined, NodeLost
 from ..base.lifecycle import Phase
 from ..base.records import maker
 from ..base.state import Deployment, Replica, State, Step
@@ -57,6 +60,7 @@ SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
 _HOLDING = (Phase.RUNNING, Phase.RECONFIGURING, Phase.STOPPING)
 _Changed, _Coming, _Step = maker(PoolChanged), maker(PoolComing), maker(Step)
+_Models = ReplicaModels  # (its model ids have a converter: built with its constructor, from a record's tuple)
 
 
 def membership(dep: Deployment | None, rep: Replica | None) -> str:
@@ -90,14 +94,39 @@ def pool_of(dep: Deployment) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(r for _, r in sorted(s)), tuple(r for _, r in sorted(d))
 
 
-def reset(state: State) -> list[PoolReset]:
-    """A ``PoolReset`` per deployment of ``state``, in name order."""
-    out = []
+def reset(state: State) -> list[PoolReset | ReplicaModels]:
+    """A ``PoolReset`` per deployment of ``state``, in name order, each followed by the
+    ``ReplicaModels`` of its pool's replicas that hold multiplexed models."""
+    out: list[PoolReset | ReplicaModels] = []
     for name in sorted(state.deployments):
         dep = state.deployments[name]
         s, d = pool_of(dep)
         out.append(PoolReset(deployment=name, serving=s, draining=d, coming=coming(dep)))
+        out.extend(_Models(deployment=name, replica_id=rid, model_ids=dep.replicas[rid].models)
+                   for rid in (*s, *d) if dep.replicas[rid].models)
     return out
+
+
+def _models_reported(before: State, step: Step, rid: str) -> Step:
+    """A replica's report of its models: told to the request path when it changed them and the
+    replica is in a pool (one that is not is told when it joins: ``_joined``)."""
+    after = step.state
+    n0, n1 = before.index.get(rid), after.index.get(rid)
+    rep0 = before.deployments[n0].replicas.get(rid) if n0 is not None else None
+    dep1 = after.deployments.get(n1) if n1 is not None else None
+    rep1 = dep1.replicas.get(rid) if dep1 is not None else None
+    if rep1 is None or rep0 is None or rep0.models == rep1.models or membership(dep1, rep1) is GONE:
+        return step
+    return _Step(state=after, commands=step.commands, stale=step.stale, compactions=step.compactions,
+                 recovery=step.recovery, pool=(_Models(deployment=rep1.deployment, replica_id=rid,
+                                                        model_ids=rep1.models),))
+
+
+def _joined(changed: PoolChanged, rep1: Replica | None) -> ReplicaModels | None:
+    """The models of a replica that ``changed`` brings into its pool holding some (None: none)."""
+    if rep1 is None or not rep1.models or changed.membership == GONE:
+        return None
+    return _Models(deployment=changed.deployment, replica_id=changed.replica_id, model_ids=rep1.models)
 
 
 def _candidates(before: State, after: State, event: object, commands: tuple) -> list[str]:
@@ -193,7 +222,7 @@ def _change_of(rid: str, dep0: Deployment | None, rep0: Replica | None, dep1: De
 
 
 def answer_pool(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment,
-                rep1: Replica | None) -> tuple[PoolChanged, ...]:
+                rep1: Replica | None) -> tuple[PoolChanged | ReplicaModels, ...]:
     """``announce``'s pool commands for the step of a replica's own answer (ready, crashed, stopped)
     that moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take, before they
     build their ``Step``, from the records they hold (``rid``'s deployment and record before and
@@ -201,7 +230,10 @@ def answer_pool(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment,
     event names no deployment, so ``coming`` is not asked). The property suite checks the fast
     paths give ``announce``'s step (tests/property/test_fast_paths.py)."""
     changed = _change_of(rid, dep0, rep0, dep1, rep1)
-    return () if changed is None else (changed,)
+    if changed is None:
+        return ()
+    models = _joined(changed, rep1)
+    return (changed,) if models is None else (changed, models)
 
 
 def announce(before: State, event: object, step: Step) -> Step:
@@ -211,6 +243,8 @@ def announce(before: State, event: object, step: Step) -> Step:
     if kind is ControllerRecovered:
         return _Step(state=after, commands=step.commands, stale=step.stale, compactions=step.compactions,
                      recovery=step.recovery, pool=tuple(reset(after)))
+    if kind is ModelsReported:
+        return _models_reported(before, step, event.replica_id)  # type: ignore[attr-defined]
     out: list[Any] = []
     commands = step.commands
     rid = getattr(event, "replica_id", None)
@@ -225,6 +259,10 @@ def announce(before: State, event: object, step: Step) -> Step:
         changed = _change(before, after, rid)
         if changed is not None:
             out.append(changed)
+            if changed.membership != GONE:
+                models = _joined(changed, after.replica(rid))
+                if models is not None:
+                    out.append(models)
     field = _NAMES.get(kind)
     if field is None:
         field = _name_field(kind)
@@ -245,13 +283,15 @@ class PoolView:
     state (an executor's status page, the property suite's check that they describe the core's
     pools). Not thread-safe; apply the commands in the order the core emitted them."""
 
-    __slots__ = ("members", "wanted")
+    __slots__ = ("members", "wanted", "models")
 
     def __init__(self) -> None:
         #: deployment -> replica id -> "serving" | "draining" (gone ones are dropped)
         self.members: dict[str, dict[str, str]] = {}
         #: deployment -> whether replicas are coming (PoolComing / PoolReset)
         self.wanted: dict[str, bool] = {}
+        #: replica id -> the multiplexed models it holds (ReplicaModels; dropped when it is gone)
+        self.models: dict[str, tuple[str, ...]] = {}
 
     def apply(self, cmd: object) -> bool:
         """Take one command; False if it is not a pool command (ignored)."""
@@ -260,14 +300,19 @@ class PoolView:
             pool = self.members.setdefault(cmd.deployment, {})  # type: ignore[attr-defined]
             if cmd.membership == GONE:  # type: ignore[attr-defined]
                 pool.pop(cmd.replica_id, None)  # type: ignore[attr-defined]
+                self.models.pop(cmd.replica_id, None)  # type: ignore[attr-defined]
             else:
                 pool[cmd.replica_id] = cmd.membership  # type: ignore[attr-defined]
         elif kind is PoolComing:
             self.wanted[cmd.deployment] = cmd.coming  # type: ignore[attr-defined]
         elif kind is PoolReset:
+            for rid in (*self.members.get(cmd.deployment, {}), *cmd.serving, *cmd.draining):  # type: ignore[attr-defined]
+                self.models.pop(rid, None)  # (told again after it: ReplicaModels)
             self.members[cmd.deployment] = {**dict.fromkeys(cmd.draining, DRAINING),  # type: ignore[attr-defined]
                                             **dict.fromkeys(cmd.serving, SERVING)}  # type: ignore[attr-defined]
             self.wanted[cmd.deployment] = cmd.coming  # type: ignore[attr-defined]
+        elif kind is ReplicaModels:
+            self.models[cmd.replica_id] = cmd.model_ids  # type: ignore[attr-defined]
         else:
             return False
         return True
@@ -292,4 +337,8 @@ class PoolView:
                 return f"{name}: draining told {sorted(told_d)}, the core's {sorted(d)}"
             if self.wanted.get(name, False) is not coming(dep):
                 return f"{name}: coming told {self.wanted.get(name, False)}, the core's {coming(dep)}"
+            for rid in view:
+                rep = dep.replicas.get(rid) if dep is not None else None
+                if rep is not None and self.models.get(rid, ()) != rep.models:
+                    return f"{name}: {rid}'s models told {self.models.get(rid, ())}, the core's {rep.models}"
         return None

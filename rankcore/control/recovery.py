@@ -173,7 +173,8 @@ def _record(tx: Tx, name: str, r: ReplicaReport, phase: Phase, node_id: str | No
     return Replica(replica_id=r.replica_id, deployment=name, phase=phase,
                    lineage=r.lineage if r.lineage is not None else tx.new_lineage(), node_id=node_id,
                    version=r.version, config_version=0 if old_config else 1, residency=Residency(r.tier),
-                   weights_version=r.weights_version, revision=current if r.revision is None else r.revision)
+                   weights_version=r.weights_version, revision=current if r.revision is None else r.revision,
+                   models=r.models)
 
 
 def _blues(spec: DeploymentApplied, reports: list[ReplicaReport]) -> dict[str, ReplicaReport]:

@@ -15,8 +15,9 @@ bound).
   replicas with the fewest models, and only after 1-2 s (``RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S``,
   randomised) any replica; it picks two at random among the candidates (power of two choices).
   A replica holds m from the moment a request for m is dispatched to it (the machine adds it)
-  until its next report (``ReplicaModels``) says otherwise: Serve learns of a load only from the
-  replica's push, every 0.1 s.
+  until its next report says otherwise (``ReplicaModels``, a pool command of the control core:
+  the replica reports ``ModelsReported`` to it, which keeps it on the replica's record): Serve
+  learns of a load only from the replica's push, every 0.1 s.
 * **Residency** (``ModelCache``, one per replica and loader): least recently used eviction beyond
   the bound; loads run one at a time (as Serve's lock makes them), and the eviction is decided
   when the load begins, so loaded models never exceed the bound. A model being loaded counts as
@@ -35,6 +36,7 @@ from typing import Any
 import attrs
 
 from ..base import fields as f
+from ..base.commands import ReplicaModels
 from ..base.errors import InvalidConfig, InvalidEvent
 
 __all__ = [
@@ -52,21 +54,8 @@ def _bound(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
                             f"(Serve's), got {f.shown(value)}")
 
 
-def check_model_id(model_id: Any, where: str) -> str:
-    """``model_id`` if it is a non-empty string, else ``InvalidConfig`` naming ``where`` (Serve:
-    "The model ID must be a string", "cannot be empty")."""
-    if type(model_id) is not str or not model_id:
-        raise InvalidConfig(f"{where} must be a non-empty string (a multiplexed model id), got {f.shown(model_id)}")
-    return model_id
-
-
-def _model_ids(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if type(value) is not tuple:
-        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a tuple of model ids, got {f.shown(value)}")
-    for m in value:
-        check_model_id(m, f"{type(inst).__name__}.{attribute.name}'s items")
-    if len(set(value)) != len(value):
-        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} names a model twice: {f.shown(value)}")
+#: ``model_id`` if it is a non-empty string, else ``InvalidConfig`` naming where (Serve's checks)
+check_model_id = f.model_id
 
 
 @attrs.frozen(kw_only=True)
@@ -75,17 +64,6 @@ class MultiplexOptions:
     key and the docs read them here). Serve's name and default; -1: no bound."""
 
     max_num_models_per_replica: int = attrs.field(default=MAX_NUM_MODELS_PER_REPLICA, validator=_bound)
-
-
-@attrs.frozen(kw_only=True)
-class ReplicaModels:
-    """A fact for ``RequestMachine``: replica ``replica_id`` of ``deployment`` holds (or is loading)
-    ``model_ids``, the whole set, replacing what the machine believed. For a replica not in the
-    pool it changes nothing (a late report)."""
-
-    deployment: str = attrs.field(validator=f.name)
-    replica_id: str = attrs.field(validator=f.name)
-    model_ids: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=_model_ids)
 
 
 @attrs.frozen(kw_only=True)
