@@ -160,3 +160,15 @@ def test_a_replicas_crash_moves_its_models_traffic_to_a_live_replica(handle):
         time.sleep(0.05)
     got = _ask(handle, "z", 3)
     assert all(g["model"] == "z" and g["replica"] != home for g in got), (home, got)
+
+
+def test_a_restarted_controller_reads_each_replicas_models_back_and_routing_still_sticks(handle):
+    from executors.ray_gpu import ask, get_controller
+
+    home = _ask(handle, "r1")[0]["replica"]
+    _settle(handle, home, "r1")
+    ray.kill(get_controller(), no_restart=False)
+    assert ask(get_controller(), "wait_healthy", "mux", 30)
+    assert "r1" in handle.status()["replicas"][home]["multiplexed_model_ids"]  # from the replica's report
+    assert {g["replica"] for g in _ask(handle, "r1", 4)} == {home}
+    assert ask(get_controller(), "state_errors") == []

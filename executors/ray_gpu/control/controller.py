@@ -214,14 +214,15 @@ class Controller:
 
     async def report_models(self, name: str, replica_id: str, seq: int, models: tuple) -> None:
         """What a replica's multiplexed models are now (``api.multiplex``: loaded and loading), numbered
-        by the replica (``seq``: an older report crossing a newer one is dropped). Routers get it with
-        the pool (``_pool``: ``models``), their machines route by it (``rankcore.requests.route_model``)."""
-        known = self.ledger.models.get(replica_id)
-        if known is not None and known[0] >= seq:
+        by the replica (``seq``: an older report crossing a newer one is dropped): told to the core
+        (``ModelsReported``), which keeps them on the replica's record and tells the pool
+        (``ReplicaModels``); routers get them with the pool (``_pool``: ``models``), their machines
+        route by them (``rankcore.requests.route_model``)."""
+        await self._ready()
+        if self.ledger.models_seq.get(replica_id, -1) >= seq:
             return
-        self.ledger.models[replica_id] = (seq, tuple(models))
-        self._pool_versions[name] = self._pool_versions.get(name, 0) + 1
-        self._wake_pools()
+        self.ledger.models_seq[replica_id] = seq
+        self.ledger.feed(rc.ModelsReported(replica_id=replica_id, model_ids=tuple(models)))
 
     # ------------------------------------------------------------ faults (issue 37: ``rankcore status``)
     def _note_fault(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
@@ -653,8 +654,8 @@ class Controller:
                 draining.append(rid)
         dep = self.driver.state.deployments.get(name)
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.base.options)
-        held = self.ledger.models
-        models = {rid: held[rid][1] for rid, _ in serving if rid in held}
+        held = self.driver.pools.models  # (the core's ReplicaModels, as its pool commands said them)
+        models = {rid: held[rid] for rid, _ in serving if rid in held}
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "models": models,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
@@ -710,7 +711,6 @@ class Controller:
         told, shown as its rank; ``"standby"``, a new one not serving yet; else None), and
         ``multiplexed_model_ids`` (the models it holds or loads, as it last said; sorted)."""
         gang_id = rc.gangs.gang_id
-        held = self.ledger.models
 
         await self._ready()
         dep = self.driver.state.deployments.get(name)
@@ -725,7 +725,7 @@ class Controller:
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
                 "revision": rep.revision, "blue_green": rc.blue_green_role(dep, rep),
-                "multiplexed_model_ids": list(held[rid][1]) if rid in held else []}
+                "multiplexed_model_ids": list(rep.models)}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
                 "status_message": dep.status_message, "revision": dep.revision,
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),

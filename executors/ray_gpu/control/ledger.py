@@ -73,9 +73,9 @@ class Ledger:
         self.booking: Any = None  # (the controller loads the saved ones: Controller.__init__)
         self.cuda: dict[str, tuple[int, ...]] = {}
         self.probing: dict[str, Any] = {}
-        #: replica id -> (report number, the multiplexed models it holds or loads): what its last
-        #: ``report_models`` said (or its report to a recovering controller); dropped with its record
-        self.models: dict[str, tuple[int, tuple[str, ...]]] = {}
+        #: replica id -> the number of its last ``report_models`` taken (the models are the core's:
+        #: ``Replica.models``); a report numbered no higher arrived late. Dropped with its record
+        self.models_seq: dict[str, int] = {}
         #: the tier moves carried out (evictions, warm/cold loads, dropped copies): what tests read
         self.tier_log: list[dict] = []
         #: told of each weights move carried out (deployment, "offload" | "load" | "update", bytes): the metrics
@@ -182,7 +182,7 @@ class Ledger:
         holds: its placement under way and its health checks are cancelled
         (unless the caller is that task), its group removed. Returns it, if known."""
         self.starting_at(rid, None)
-        self.models.pop(rid, None)
+        self.models_seq.pop(rid, None)
         rec = self.replicas.pop(rid, None)
         if rec is None:
             return None

@@ -156,6 +156,7 @@ class Recovery:
                 revision=r.get("revision") or None,  # (None: not said, taken as the current one)
                 tier=r.get("tier", "hot"), weights_version=r.get("weights_version", 0),
                 devices=tuple(r.get("devices", ())) if r.get("tier", "hot") == "hot" else (),
+                models=tuple(r.get("models", ())),  # (its multiplexed models: routers route by them again)
             ))
             if dep not in led.specs:  # not ours: the core stops it (drained as any replica)
                 led.replicas[rid] = ReplicaRecord(deployment=dep, checkpointed=False, stage=CREATED, actor=actor,
@@ -166,8 +167,7 @@ class Recovery:
                                               revision=r.get("revision") or "",
                                               initialized=phase not in ("starting", "pending"))
             led.starting_at(rid, r["node_id"] if phase in ("starting", "pending") else None)
-            if r.get("models"):  # (its multiplexed models: routers route by them again at once)
-                led.models[rid] = (int(r.get("models_seq", 0)), tuple(r["models"]))
+            led.models_seq[rid] = int(r.get("models_seq", 0))  # (its models are in its report: the core's)
             if phase == "starting":
                 starting.append((rid, actor))
         lost = []
