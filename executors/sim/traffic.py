@@ -33,9 +33,11 @@ at once; a miss holds its slot and waits for its load (one at a time per
 replica, a ``load_s`` draw each from ``traffic/<deployment>/loads``, evicting
 least recently used models beyond the bound), then is served as usual; the
 requests that missed a model being loaded are served as soon as it is. The
-replica reports what it holds (``ReplicaModels``, ``ModelCache.resident``)
-``MODELS_PUSH_S`` after a change, as Serve's replica pushes every 0.1 s; one that
-stops, dies or hangs loses its models (its successor starts empty).
+replica reports what it holds (``ModelCache.resident``) ``MODELS_PUSH_S`` after a
+change, as Serve's replica pushes every 0.1 s, to the controller
+(``ModelsReported``): the core keeps it on the replica's record and tells the
+machine (``ReplicaModels``, a pool command); one that stops, dies or hangs loses
+its models (its successor starts empty).
 
 What it measures per deployment (``as_dict``): the machine's counters, what the
 callers saw (every Submit ends once: ``lost`` from the simulator's own books),
@@ -56,6 +58,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import rankcore as rc
 from rankcore.base.records import maker
 from rankcore.requests import (
     BatchDone,
@@ -71,7 +74,6 @@ from rankcore.requests import (
     ModelCache,
     NotDelivered,
     Rejected,
-    ReplicaModels,
     RequestAction,
     RequestMachine,
     RunBatch,
@@ -513,8 +515,12 @@ class SimTraffic:
         if mr is None:
             return
         mr.push = None
-        self._carry(self.machine.handle(ReplicaModels(deployment=flow.name, replica_id=replica_id,
-                                                       model_ids=mr.cache.resident())))
+        r = self.sim.backend.replicas[replica_id]  # (live: ``_live_models``)
+        r.models = mr.cache.resident()
+        # told to the controller, as the Ray replica does: the core keeps it on the replica's record and
+        # tells the request machine (``ReplicaModels`` in the step's pool commands: ``pool``); lost while
+        # the controller is down (a recovery reads it back from the replica's report)
+        self.sim.deliver(rc.ModelsReported(replica_id=replica_id, model_ids=r.models))
 
     def _live_models(self, replica_id: str, epoch: int) -> _ModelReplica | None:
         """The models of that very incarnation of the replica if it still runs (else dropped)."""

@@ -146,7 +146,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
                  "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
-                 "asked_at", "hot_at", "placed_at", "revision")
+                 "asked_at", "hot_at", "placed_at", "revision", "models")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -179,6 +179,7 @@ class SimReplica:
         self.asked_at: float | None = 0.0  # when its StartReplica came (the wait to be HOT); None once ready
         self.hot_at: float | None = None  # HOT (serving from its GPU) since then; None: not HOT
         self.placed_at: float | None = None  # holding its node's GPUs since then (its cost); None: not
+        self.models: tuple[str, ...] = ()  # its multiplexed models, as it last reported them (traffic.py)
 
     @property
     def alive(self) -> bool:
@@ -200,6 +201,7 @@ class SimReplica:
             weights_version=self.weights,
             devices=self.devices if self.tier == "hot" and self.node is not None else (),
             revision=self.revision,
+            models=self.models,
         )
 
 
