@@ -251,6 +251,18 @@ class Serve:
 
 
 # ----------------------------------------------------------------- measuring
+def host_busy_s() -> float | None:
+    """CPU seconds the whole host has been busy, every core summed (``/proc/stat``; None elsewhere):
+    the load generator, the proxy, the router and the replica alike."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # (idle, iowait)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _x(client: int, seq: int) -> list[float]:
     """A request's vector: multiples of 1/64 in [-0.78, 0.78] (exact in float32 and in JSON)."""
     return [((client * 131 + seq * 17 + k * 7) % 101 - 50) / 64 for k in range(WIDTH)]
@@ -273,12 +285,16 @@ class Checker:
         self.window = (math.inf, -math.inf)
         self.batches: dict[str, tuple[int, float]] = {}
         self.answer_sizes: list[int] = []
+        self.busy: list[float | None] = []  # the host's busy CPU seconds at the window's start and end
 
     def start(self, warmup: float, seconds: float) -> None:
         """A level begins now: its window is [now + warmup, now + warmup + seconds] (load()'s)."""
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         self.window = (now + warmup, now + warmup + seconds)
-        self.batches, self.answer_sizes = {}, []
+        self.batches, self.answer_sizes, self.busy = {}, [], []
+        for at in self.window:
+            loop.call_at(at, lambda: self.busy.append(host_busy_s()))
 
     def check(self, c: int, seq: int, x: list[float], ans: Any) -> bool:
         if not isinstance(ans, dict) or ans.get("id") != [c, seq]:
@@ -304,7 +320,8 @@ class Checker:
             entry[0] += 1
             entry[1] += t
         count = len(self.batches)
-        return {"batches": count,
+        busy = (self.busy[1] - self.busy[0] if len(self.busy) == 2 and None not in self.busy else None)
+        return {"batches": count, "host_busy_s": busy, "batch_busy_s": sum(t for _, t in self.batches.values()),
                 "mean_batch": sum(n for n, _ in self.batches.values()) / count if count else None,
                 "mean_batch_per_answer": (sum(self.answer_sizes) / len(self.answer_sizes)
                                           if self.answer_sizes else None),
@@ -416,16 +433,19 @@ def cost_fit(levels: dict) -> dict | None:
             "by_size": {n: {"batches": c, "mean_s": t / c} for n, (c, t) in sorted(by_size.items())}}
 
 
-def predict(args: argparse.Namespace, fit: dict, clients: int, think_s: float) -> float:
+def predict(args: argparse.Namespace, fit: dict, clients: int, think_s: float, cpu: tuple[int, float] | None = None
+            ) -> float:
     """The simulator's requests a second for this benchmark's deployment (same replicas, bound,
     timeout, ``max_ongoing_requests``) under the same closed loop (``clients`` callers, each sending
     again ``think_s`` after its answer: the time a request spends outside the replica) when a
-    batch costs ``fit``'s ``fixed_s + per_item_s x n``."""
+    batch costs ``fit``'s ``fixed_s + per_item_s x n``; ``cpu``: (the host's cores, each request's
+    own CPU seconds on them), the simulator's ``batch.cores`` / ``batch.request_s``."""
     from executors.scenarios import parse_scenario
     from executors.sim import Simulation
 
     per_item = max(0.0, fit["per_item_s"])
     fixed = fit["fixed_s"] if fit["per_item_s"] >= 0 else fit["mean_batch_s"]
+    host = "" if cpu is None else f", cores: {cpu[0]}, request_s: {max(cpu[1], 1e-6):.9f}"
     text = f"""
 seed: 1
 duration: 65
@@ -440,7 +460,7 @@ traffic:
     from: 5
     arrivals: {{kind: closed, clients: {clients}, think_s: {max(0.0, think_s):.9f}}}
     batch: {{max_batch_size: {args.max_batch_size}, batch_wait_timeout_s: {args.batch_wait_timeout_s},
-             max_concurrent_batches: 1, fixed_s: {max(fixed, 1e-6):.9f}, per_item_s: {per_item:.9f}}}
+             max_concurrent_batches: 1, fixed_s: {max(fixed, 1e-6):.9f}, per_item_s: {per_item:.9f}{host}}}
 """
     metrics = Simulation(parse_scenario(text, "<bench_batch prediction>")).run().metrics
     return float(metrics["deployments"]["bench"]["requests"]["throughput_rps"])
@@ -451,7 +471,9 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
     deployment and closed loop; ``traffic.<d>.batch`` with the batch cost fitted on that level's own
     batches; ``arrivals: closed`` with the time a request spends outside the replica measured at one
     client of the same path: its p50 less the batch timeout and a lone batch's service time),
-    against the measured requests a second."""
+    against the measured requests a second. Twice: with the batch cost alone, and with the host's
+    CPU (``batch.cores``: this host's cores; ``batch.request_s``: each request's own CPU, measured
+    at one client as the host's busy CPU seconds less its batches', per request)."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
     for path in args.paths:
@@ -461,6 +483,12 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
             print(f"simulator prediction, {path}: no one-client level to measure the time outside the replica")
             continue
         outside = one["p50_ms"] / 1000.0 - args.batch_wait_timeout_s - lone["mean_batch_s"]
+        cpu = None
+        if one.get("host_busy_s") is not None and one.get("rps"):
+            served = one["rps"] * args.seconds
+            per_request = max(0.0, one["host_busy_s"] - one["batch_busy_s"]) / served
+            cpu = (os.cpu_count() or 1, per_request)
+            one["request_cpu_s"] = per_request
         for clients in args.clients:
             lv = levels.get(f"{path}/{clients}")
             fit = cost_fit({"lv": lv}) if lv else None
@@ -468,18 +496,26 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
                 continue
             got = predict(args, fit, clients, outside)
             lv["sim_predicted_rps"] = got
-            rows.append((f"{path}/{clients}", lv["rps"], got, fit, outside))
+            with_cpu = None
+            if cpu is not None:
+                with_cpu = predict(args, fit, clients, max(0.0, outside - cpu[1]), cpu)
+                lv["sim_predicted_rps_cpu"] = with_cpu
+            rows.append((f"{path}/{clients}", lv["rps"], got, with_cpu, fit, outside, cpu))
     if not rows:
         return
     print("simulator prediction (the same closed loop; batch cost fitted on each level's own batches; the "
-          "time outside the replica measured at one client):")
-    for key, measured, got, fit, outside in rows:
-        off = (got - measured) / measured
-        verdict = ("calibration: the time outside was measured here" if key.endswith("/1") else
-                   "within 15%" if abs(off) <= 0.15 else "NOT within 15%")
-        print(f"  {key}: measured {measured:.1f} req/s, simulator {got:.1f} req/s ({100 * off:+.1f}%, {verdict}); "
-              f"batch {1000 * fit['fixed_s']:.2f} ms + {1000 * max(0.0, fit['per_item_s']):.3f} ms x n, "
-              f"outside {1000 * outside:.2f} ms")
+          "time outside the replica, and each request's own CPU, measured at one client):")
+    for key, measured, got, with_cpu, fit, outside, cpu in rows:
+        for label, value in (("batch cost alone", got), ("with the host's CPU", with_cpu)):
+            if value is None:
+                continue
+            off = (value - measured) / measured
+            verdict = ("calibration: measured here" if key.endswith("/1") else
+                       "within 15%" if abs(off) <= 0.15 else "NOT within 15%")
+            extra = f", {cpu[0]} cores, {1000 * cpu[1]:.2f} ms CPU a request" if value is with_cpu and cpu else ""
+            print(f"  {key} ({label}): measured {measured:.1f} req/s, simulator {value:.1f} req/s "
+                  f"({100 * off:+.1f}%, {verdict}); batch {1000 * fit['fixed_s']:.2f} ms + "
+                  f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms{extra}")
 
 
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:

@@ -192,7 +192,7 @@ _TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "idempotent
                  "until", "metrics_interval_s")
 #: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time), beside
 #: ``rankcore.requests.BatchOptions``'s fields (declared once there)
-BATCH_SIM_KEYS = ("fixed_s", "per_item_s")
+BATCH_SIM_KEYS = ("fixed_s", "per_item_s", "cores", "request_s")
 #: ``traffic.<deployment>.models``: the simulator's own keys (which model each request asks for, how
 #: long a load takes), beside ``rankcore.requests.MultiplexOptions``' fields (declared once there)
 MODELS_SIM_KEYS = ("count", "zipf_s", "file", "load_s")
@@ -243,11 +243,17 @@ class StreamSpec:
 class BatchSpec:
     """Requests served in batches (``traffic.<deployment>.batch``), as a ``@batch`` method: when a
     batch closes is ``rankcore.requests.Batcher``'s rule under ``options``; a batch of n requests
-    is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution)."""
+    is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution).
+    ``cores`` and ``request_s`` (both, or neither): the host's CPU, ``cores`` of them, shared by
+    every request's own work outside its batch (``request_s`` each, one core at a time, before it
+    joins a batch: deserialising, the actor's loop) and the batches (each holds a core while it
+    runs): a loaded host's limit, which a batch cost alone does not show."""
 
     options: Any  # rankcore.requests.BatchOptions
     fixed_s: Latency
     per_item_s: Latency
+    cores: int | None = None
+    request_s: Latency | None = None
 
 
 @attrs.frozen
@@ -1187,8 +1193,18 @@ def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
     from rankcore.requests import BatchOptions
 
     m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
+    if ("cores" in m) != ("request_s" in m):
+        given, missing = ("cores", "request_s") if "cores" in m else ("request_s", "cores")
+        raise c.fail(p + (given,), f"needs '{missing}' beside it: the host's cores and each request's CPU on them "
+                                   f"are modelled together")
+    cores = None
+    if "cores" in m:
+        cores = c.count(m["cores"], p + ("cores",))
+        if cores < 1:
+            raise c.fail(p + ("cores",), f"must be at least 1, got {cores}")
     return BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
-                     per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)))
+                     per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)), cores=cores,
+                     request_s=c.latency(m["request_s"], p + ("request_s",)) if "request_s" in m else None)
 
 
 def _models(value: Any, p: tuple, c: _Checker) -> ModelsSpec:

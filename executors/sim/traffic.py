@@ -158,7 +158,7 @@ class _Flow:
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
-                 "model_evictions")
+                 "model_evictions", "cores", "cpu")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -181,6 +181,10 @@ class _Flow:
         self.streamed = self.shapes = None
         self.streams = _Streams()
         self.batch_costs = sim.stream(f"traffic/{self.name}/batches") if spec.batch is not None else None
+        #: ``batch.cores``: the host's cores (each request's own CPU, then the batches), and its draws
+        cores = spec.batch.cores if spec.batch is not None else None
+        self.cores = _Cores(cores) if cores else None
+        self.cpu = sim.stream(f"traffic/{self.name}/cpu") if cores else None
         #: ``closed`` arrivals: the callers' think times (each caller sends again after its last ended)
         self.think = sim.stream(f"traffic/{self.name}/think") if spec.arrivals.kind == "closed" else None
         self.batches = self.batch_items = self.batch_full = 0  # batches run, requests in them, closed full
@@ -272,6 +276,36 @@ class _BatchReplica:
         self.due: float | None = None
 
 
+class _Cores:
+    """The host's CPU cores (``batch.cores``): each work item holds one while it runs; the ones that
+    find none wait, first come first served."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self.waiting: deque[Any] = deque()
+
+    def acquire(self, start: Any) -> None:
+        """``start()`` now if a core is free (it holds it), else once one is."""
+        if self.free:
+            self.free -= 1
+            start()
+        else:
+            self.waiting.append(start)
+
+    def release(self) -> None:
+        """A core is free: the next one waiting takes it."""
+        if self.waiting:
+            self.waiting.popleft()()
+        else:
+            self.free += 1
+
+
+#: a request of a closed batch that waits for a core (``_held``'s ticket until its batch runs)
+_WAITING_CORE = -1
+
+
 class _ModelReplica:
     """One replica incarnation's models (``traffic.<d>.models``): the core's cache, the misses
     waiting for their load to begin (in order), the request whose load runs, its next report."""
@@ -304,6 +338,8 @@ class SimTraffic:
         self._batchers: dict[str, _BatchReplica] = {}
         #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
         self._cut: set[str] = set()
+        #: requests on a core for their own CPU before they join a batch (``batch.cores``)
+        self._in_cpu: set[str] = set()
         #: replica id -> its models (``traffic.<d>.models``); a new incarnation starts empty
         self._models: dict[str, _ModelReplica] = {}
         #: request id -> the replica where it waits for a model's load
@@ -563,7 +599,27 @@ class SimTraffic:
         guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
         self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
+        if flow.cores is not None:  # (its own CPU first, on a core: then it joins a batch)
+            self._in_cpu.add(rid)
+            flow.cores.acquire(lambda: self._cpu_begin(flow, rid, replica_id, epoch))
+            return
         self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
+
+    def _cpu_begin(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
+        assert flow.spec.batch is not None and flow.spec.batch.request_s is not None and flow.cpu is not None
+        self.sim.schedule(flow.spec.batch.request_s.sample(flow.cpu), self._cpu_done, flow, rid, replica_id, epoch)
+
+    def _cpu_done(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
+        """``rid``'s own CPU is done: its core is free; it joins its replica's batcher (unless it was
+        answered meanwhile, or its replica is gone)."""
+        assert flow.cores is not None
+        flow.cores.release()
+        if rid not in self._in_cpu:
+            return
+        self._in_cpu.discard(rid)
+        b = self._live_batcher(replica_id, epoch)
+        if b is not None:
+            self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
     def _batch_actions(self, flow: _Flow, replica_id: str, b: _BatchReplica, actions: list) -> None:
         spec, sim = flow.spec.batch, self.sim
@@ -577,12 +633,26 @@ class SimTraffic:
             flow.batch_items += act.size
             flow.batch_full += act.reason == "full"
             flow.batch_seconds += service
-            ticket = sim.schedule(service, self._batch_done, flow, replica_id, b.epoch, act.batch_id, rids)
-            held = self._held.setdefault(replica_id, {})
-            for rid in rids:
-                if rid in held:
-                    held[rid] = (sim.now + service, ticket, held[rid][2])
+            if flow.cores is not None:  # (it runs once it holds a core)
+                held = self._held.setdefault(replica_id, {})
+                for rid in rids:
+                    if rid in held:
+                        held[rid] = (sim.now + service, _WAITING_CORE, held[rid][2])
+                flow.cores.acquire(lambda service=service, rids=rids, act=act: self._batch_begin(
+                    flow, replica_id, b.epoch, act.batch_id, rids, service))
+                continue
+            self._batch_begin(flow, replica_id, b.epoch, act.batch_id, rids, service)
         self._arm(flow, replica_id, b)
+
+    def _batch_begin(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple,
+                     service: float) -> None:
+        """A closed batch runs now, for ``service``."""
+        sim = self.sim
+        ticket = sim.schedule(service, self._batch_done, flow, replica_id, epoch, batch_id, rids)
+        held = self._held.setdefault(replica_id, {})
+        for rid in rids:
+            if rid in held:
+                held[rid] = (sim.now + service, ticket, held[rid][2])
 
     def _arm(self, flow: _Flow, replica_id: str, b: _BatchReplica) -> None:
         """Keep ``b``'s timer at its batcher's ``next_deadline`` (moved only when that moved)."""
@@ -618,7 +688,9 @@ class SimTraffic:
 
     def _batch_done(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple) -> None:
         """A batch was served: each of its requests answers (those still held: one cancelled or
-        cut meanwhile has been answered already), then its slot is free."""
+        cut meanwhile has been answered already), then its slot (and its core) is free."""
+        if flow.cores is not None:
+            flow.cores.release()
         for rid in rids:
             entry = self._held.get(replica_id, {}).get(rid)
             if entry is not None and entry[1] is not None and rid not in self._cut:
@@ -682,6 +754,8 @@ class SimTraffic:
             b = self._batchers.get(replica_id)
             if rid in self._load_wait:  # waiting for a model's load: it leaves the line
                 self._model_left(rid)
+            elif rid in self._in_cpu:  # on its own CPU, not in a batch yet: it never joins one
+                self._in_cpu.discard(rid)
             elif b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
                 if entry[1] is None:
                     b.batcher.handle(Cancel(request_id=rid))

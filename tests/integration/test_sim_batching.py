@@ -76,11 +76,33 @@ def test_a_replica_dying_with_batches_in_hand_loses_nothing():
     ("{max_batch_size: 0, fixed_s: 0.01}", "traffic.embed.batch.max_batch_size"),
     ("{max_batch_size: 4}", "missing required field 'fixed_s'"),
     ("{fixed_s: 0.01, size: 3}", "size"),
+    ("{fixed_s: 0.01, cores: 2}", "traffic.embed.batch.cores: needs 'request_s' beside it"),
+    ("{fixed_s: 0.01, request_s: 0.001}", "traffic.embed.batch.request_s: needs 'cores' beside it"),
+    ("{fixed_s: 0.01, cores: 0, request_s: 0.001}", "traffic.embed.batch.cores: must be at least 1"),
 ])
 def test_bad_batch_keys_are_refused_naming_the_key(batch, words):
     text = BASE.replace("BATCH", batch).replace("RATE", "10").replace("TIMELINE", "")
     with pytest.raises(ScenarioError, match=words.replace(".", r"\.")):
         parse_scenario(text, "<batching>")
+
+
+def test_the_hosts_cores_cap_what_requests_cpu_allows_and_batches_take_a_core():
+    # 2 replicas, batches of up to 16 at 1 ms: alone they would answer ~600 req/s offered; each request's
+    # own CPU (2 ms on one of 2 cores) caps the host at 1,000 req/s, then 1 core at 4 ms: 250 req/s
+    free = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001}", rate=600)
+    assert free["throughput_rps"] == pytest.approx(600, rel=0.05)
+    two = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 2, request_s: 0.002}",
+               rate=600)
+    assert two["throughput_rps"] == pytest.approx(600, rel=0.05)  # (under the cap: all answered)
+    assert two["latency_p50"] > free["latency_p50"] + 0.002  # (each one's CPU first)
+    one = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 1, request_s: 0.004}",
+               rate=600)
+    assert one["throughput_rps"] < 250 * 1.02  # the core is the limit (batches take it too)
+    assert one["throughput_rps"] > 200
+    # a batch holds a core: with one core and heavy batches, the requests' CPU waits behind them
+    heavy = _run("{max_batch_size: 4, batch_wait_timeout_s: 0.0, fixed_s: 0.02, cores: 1, request_s: 0.001}",
+                 rate=600)
+    assert heavy["throughput_rps"] < 4 / (0.02 + 4 * 0.001) * 1.05
 
 
 def test_batch_with_service_or_stream_is_refused():
