@@ -65,6 +65,7 @@ __all__ = [
     "RequestEvent",
     "RequestAction",
     "REMEMBER_ENDED",
+    "MODEL_ASKS_HALF_LIFE",
     "REJECT_REASONS",
     "FAIL_REASONS",
     "STATES",
@@ -91,6 +92,10 @@ __all__ = [
 RequestEvent = Union[Configure, Submit, Started, Completed, NotDelivered, Cancel, Tick, PoolChanged, PoolReset,
                      PoolComing, ReplicaModels, _core_events.Tick]
 RequestAction = Union[Dispatch, Rejected, Failed, CancelOnReplica]
+
+#: every ``MODEL_ASKS_HALF_LIFE`` requests with a model id, a deployment's counts of how often each
+#: model was asked for halve (``route_model``'s eviction choice follows what is popular now)
+MODEL_ASKS_HALF_LIFE = 1000
 
 #: how many ended requests the machine remembers by default (for ``status`` and
 #: to tell a late event from an unknown id); older ones are forgotten
@@ -150,7 +155,7 @@ class _Dep:
     __slots__ = ("name", "configured", "max_ongoing", "max_queued", "max_retries", "coming", "replicas", "by_join",
                  "next_join", "serving", "free", "lows", "low_set", "last_join", "queue", "in_flight",
                  "submitted", "dispatched", "answered", "app_errors", "retried", "failed", "rejected", "cancelled",
-                 "late")
+                 "late", "asked", "asks")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -171,6 +176,12 @@ class _Dep:
         self.low_set: set[int] = set()
         self.last_join = -1  # the replica chosen last
         self.queue: RequestQueue[_Request] = RequestQueue()
+        #: multiplexed model -> how often it was asked for lately (``route_model``'s eviction choice:
+        #: the replica whose least recently used model is asked for least); every count halves each
+        #: ``MODEL_ASKS_HALF_LIFE`` requests with a model id (``asks`` counts them), so it follows a
+        #: change of what is popular
+        self.asked: dict[str, int] = {}
+        self.asks = 0
         self.in_flight = 0  # live requests on replicas
         self.submitted = self.dispatched = self.answered = self.app_errors = 0
         self.retried = self.failed = self.cancelled = self.late = 0
@@ -213,10 +224,22 @@ class _Dep:
         """The free replica a request for multiplexed ``model`` goes to (``route_model``'s rule).
         O(replicas)."""
         cap = self.max_ongoing
-        join = route_model(model, ((r.join, len(r.held), len(r.models), model in r.models)
+        asked = self.asked
+        join = route_model(model, ((r.join, len(r.held), len(r.models), model in r.models,
+                                    asked.get(next(iter(r.models)), 0) if r.models else -1)
                                    for r in self.replicas.values()
                                    if r.serving and not r.excluded and len(r.held) < cap), self.last_join)
         return None if join is None else self.by_join[join]
+
+    def ask(self, model: str) -> None:
+        """A request for ``model``: counted (amortised O(1): the halving is O(models) every
+        ``MODEL_ASKS_HALF_LIFE`` requests)."""
+        asked = self.asked
+        asked[model] = asked.get(model, 0) + 2
+        self.asks += 1
+        if self.asks >= MODEL_ASKS_HALF_LIFE:
+            self.asks = 0
+            self.asked = {m: n // 2 for m, n in asked.items() if n > 1}
 
     def rebuild_free(self) -> None:
         self.free, self.lows, self.low_set = {}, [], set()
@@ -300,6 +323,8 @@ class RequestMachine:
             return [self._reject_new(dep, rid, "unavailable",
                                      f"deployment {dep.name!r} has no replica serving and none coming")]
         self._seq += 1
+        if ev.model_id:
+            dep.ask(ev.model_id)
         waiting = dep.queue.n
         rep = None if waiting else dep.choose_model(ev.model_id) if ev.model_id else dep.choose()
         if rep is None and 0 <= dep.max_queued <= waiting:
@@ -469,7 +494,8 @@ class RequestMachine:
         dep = self._deps.get(ev.deployment)
         rep = dep.replicas.get(ev.replica_id) if dep is not None else None
         if rep is not None:
-            rep.models = dict.fromkeys(ev.model_ids)
+            said = dict.fromkeys(ev.model_ids)  # (in the machine's own order of use where it knows it)
+            rep.models = {**{m: None for m in rep.models if m in said}, **said}
         return []
 
     def _pool_coming(self, ev: PoolComing) -> list[RequestAction]:
@@ -573,7 +599,9 @@ class RequestMachine:
         del lst[bisect_left(lst, rep.join)]
         held[req.rid] = req
         if req.model:  # it loads the model if it does not hold it: requests for it follow
-            rep.models[req.model] = None
+            models = rep.models
+            models.pop(req.model, None)
+            models[req.model] = None  # (its most recently used now: the replica's LRU order)
         if k + 1 < dep.max_ongoing:
             dep.enter(rep)
         req.replica = rep

@@ -8,8 +8,12 @@ bound).
 
 * **Routing** (``route_model``, called by ``RequestMachine`` for a request with a model id): among
   the replicas that can take a request now, one that holds m (fewest in flight); else the one
-  with the fewest models (then fewest in flight), which loads m, evicting its least recently used
-  model if full. Ties go round-robin in pool-join order. A model whose holders are all busy
+  with the fewest models, then the one whose least recently used model is asked for least lately
+  (then fewest in flight), which loads m, evicting that model if full: of the models the replicas
+  would drop next, the least popular goes, not one chosen by chance (Serve's router does not look
+  at what a load evicts). The machine keeps each replica's models in order of use (its
+  dispatches), as the replica's cache does, and counts the requests for each model, halving the
+  counts every ``MODEL_ASKS_HALF_LIFE`` (1,000) requests with a model id. Ties go round-robin in pool-join order. A model whose holders are all busy
   therefore gets another copy on the next free replica: a model hot on too few replicas for its
   load spreads at once. Serve instead tries the holders first, backs off, then tries the
   replicas with the fewest models, and only after 1-2 s (``RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S``,
@@ -179,16 +183,20 @@ class ModelCache:
         return self._loading
 
 
-def route_model(model_id: str, candidates: Iterable[tuple[int, int, int, bool]], last: int) -> int | None:
+def route_model(model_id: str, candidates: Iterable[tuple[int, int, int, bool, int]], last: int) -> int | None:
     """Which replica gets a request for ``model_id``: ``candidates`` are the replicas that can take a
-    request now, as ``(join, in_flight, models, holds)`` (pool-join number, requests it holds, models
-    it holds or loads, whether ``model_id`` is one); ``last``: the join number chosen last. The
-    holders first, fewest in flight; else fewest models, then fewest in flight; ties: the first
-    after ``last`` in join order (round-robin). None when there is no candidate."""
+    request now, as ``(join, in_flight, models, holds, victim)`` (pool-join number, requests it holds,
+    models it holds or loads, whether ``model_id`` is one, and how often its least recently used
+    model was asked for lately, -1 for none); ``last``: the join number chosen last. The holders
+    first, fewest in flight; else fewest models (room, or less to lose), then the one whose least
+    recently used model is asked for least (the one a load there would evict: of the models some
+    replica would drop next, the least popular goes, not one chosen by chance), then fewest in
+    flight; ties: the first after ``last`` in join order (round-robin). None when there is no
+    candidate."""
     best: tuple | None = None
     choice: int | None = None
-    for join, in_flight, models, holds in candidates:
-        key = (not holds, 0 if holds else models, in_flight, join <= last, join)
+    for join, in_flight, models, holds, victim in candidates:
+        key = (not holds, 0 if holds else models, 0 if holds else victim, in_flight, join <= last, join)
         if best is None or key < best:
             best, choice = key, join
     return choice

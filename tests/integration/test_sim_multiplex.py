@@ -92,8 +92,10 @@ def test_a_bound_of_one_thrashes_and_a_miss_waits_for_its_load():
     assert q["model_loads"] <= 4 and q["model_hit_rate"] > 0.99
     q = _run("{count: 4, zipf_s: 0, load_s: 1.0, max_num_models_per_replica: 1}", replicas=2, rate=0.5)
     assert q["model_loads"] - 2 <= q["model_evictions"] <= q["model_loads"] and q["model_loads"] > 50
-    assert q["model_hit_rate"] < 0.6  # (seen: 0.54; a replica picked at random would hit half the time)
-    assert q["latency_p50"] == pytest.approx(0.1) and q["latency_p99"] >= 1.1  # a hit: 0.1 s; a miss: 1 s more
+    assert q["model_hit_rate"] < 0.6  # (seen: 0.56; a replica picked at random would hit half the time)
+    # a hit is served in 0.1 s, a miss waits its 1 s load first; a hit on a model still loading waits
+    # what is left of it (seen: p50 0.23 s)
+    assert 0.1 <= q["latency_p50"] < 0.5 and q["latency_p99"] >= 1.1
 
 
 def test_a_crashed_replicas_models_are_gone_and_its_traffic_goes_elsewhere():

@@ -105,14 +105,29 @@ def test_a_replica_that_dies_takes_its_models_with_it_and_their_traffic_moves():
     assert m.pool("d")[-1].models == ()  # back, holding nothing until it says so
 
 
-def test_route_model_ranks_holders_then_fewest_models_then_load_then_round_robin():
+def test_route_model_ranks_holders_then_fewest_models_then_the_oldest_victim_then_load_then_round_robin():
     assert route_model("m", [], -1) is None
-    # (join, in_flight, models, holds)
-    assert route_model("m", [(0, 0, 0, False), (1, 4, 3, True)], -1) == 1
-    assert route_model("m", [(0, 2, 1, True), (1, 1, 2, True)], -1) == 1
-    assert route_model("m", [(0, 0, 3, False), (1, 3, 1, False)], -1) == 1
-    assert route_model("m", [(0, 1, 1, False), (1, 1, 1, False), (2, 1, 1, False)], 0) == 1
-    assert route_model("m", [(0, 1, 1, False), (1, 1, 1, False), (2, 1, 1, False)], 2) == 0
+    # (join, in_flight, models, holds, when its least recently used model was last asked for)
+    assert route_model("m", [(0, 0, 0, False, -1), (1, 4, 3, True, 9)], -1) == 1
+    assert route_model("m", [(0, 2, 1, True, 1), (1, 1, 2, True, 9)], -1) == 1
+    assert route_model("m", [(0, 0, 3, False, 1), (1, 3, 1, False, 9)], -1) == 1
+    assert route_model("m", [(0, 0, 3, False, 7), (1, 3, 3, False, 2)], -1) == 1  # evicts the less asked for
+    assert route_model("m", [(0, 1, 1, False, 5), (1, 1, 1, False, 5), (2, 1, 1, False, 5)], 0) == 1
+    assert route_model("m", [(0, 1, 1, False, 5), (1, 1, 1, False, 5), (2, 1, 1, False, 5)], 2) == 0
+
+
+def test_a_cold_model_evicts_the_least_asked_for_of_the_models_the_replicas_would_drop_next():
+    m = machine(replicas=("a", "b"), max_ongoing=4)
+    for rid, model in (("q1", "x"), ("q2", "y"), ("q3", "x")):  # x on a, y on b, x asked for more
+        send(m, rid, model)
+    m.handle(ReplicaModels(deployment="d", replica_id="a", model_ids=("x",)))
+    m.handle(ReplicaModels(deployment="d", replica_id="b", model_ids=("y",)))
+    assert send(m, "q4", "z") == "b"  # both hold one: b's y was asked for less than a's x
+    assert m.pool("d")[1].models == ("y", "z")
+    send(m, "q5", "y")  # y is b's most recent now, z its least
+    assert m.pool("d")[1].models == ("z", "y")
+    m.handle(ReplicaModels(deployment="d", replica_id="b", model_ids=("y", "z")))  # (a report keeps that order)
+    assert m.pool("d")[1].models == ("z", "y")
 
 
 def test_bad_model_ids_are_refused_by_name():
@@ -195,3 +210,20 @@ def test_a_request_that_gives_up_before_its_load_is_forgotten():
     assert c.resident() == ()
     with pytest.raises(rc.InvalidEvent, match="no miss waits"):
         c.gave_up("x")
+
+
+def test_how_often_a_model_is_asked_for_fades_so_the_choice_follows_what_is_popular_now(monkeypatch):
+    from rankcore.requests import machine as machine_module
+
+    monkeypatch.setattr(machine_module, "MODEL_ASKS_HALF_LIFE", 4)
+    m = machine(replicas=("a", "b"), max_ongoing=16)
+    m.handle(ReplicaModels(deployment="d", replica_id="a", model_ids=("x",)))
+    m.handle(ReplicaModels(deployment="d", replica_id="b", model_ids=("y",)))
+    for i in range(10):
+        assert send(m, f"x{i}", "x") == "a"
+    assert send(m, "y0", "y") == "b"
+    assert send(m, "z0", "z") == "b"  # x was popular: y (b's next to go) is evicted
+    m.handle(ReplicaModels(deployment="d", replica_id="b", model_ids=("y",)))  # (b dropped z again)
+    for i in range(1, 9):
+        send(m, f"y{i}", "y")  # now y is, and x's count has halved away (without fading: 20 asks to 18)
+    assert send(m, "z1", "z") == "a"
