@@ -466,14 +466,26 @@ traffic:
     return float(metrics["deployments"]["bench"]["requests"]["throughput_rps"])
 
 
+def _request_cpu(level: dict, args: argparse.Namespace) -> tuple[int, float] | None:
+    """(this host's cores, the CPU seconds a request cost at ``level`` outside its batch: the host's
+    busy CPU in the window less its batches', per request answered); None where not measured."""
+    if level.get("host_busy_s") is None or not level.get("rps"):
+        return None
+    per_request = max(0.0, level["host_busy_s"] - level["batch_busy_s"]) / (level["rps"] * args.seconds)
+    level["request_cpu_s"] = per_request
+    return os.cpu_count() or 1, per_request
+
+
 def print_predictions(results: dict, args: argparse.Namespace) -> None:
     """Issue 39's check of the simulator: each of ours' levels predicted by the simulator (the same
     deployment and closed loop; ``traffic.<d>.batch`` with the batch cost fitted on that level's own
     batches; ``arrivals: closed`` with the time a request spends outside the replica measured at one
     client of the same path: its p50 less the batch timeout and a lone batch's service time),
-    against the measured requests a second. Twice: with the batch cost alone, and with the host's
-    CPU (``batch.cores``: this host's cores; ``batch.request_s``: each request's own CPU, measured
-    at one client as the host's busy CPU seconds less its batches', per request)."""
+    against the measured requests a second. Three times: with the batch cost alone; with the host's
+    CPU (``batch.cores``: this host's cores; ``batch.request_s``: each request's own CPU, the
+    host's busy CPU seconds less its batches', per request) measured at one client; and with the
+    CPU a request cost at that level itself (as its batch cost is: the CPU a request costs falls
+    with the load, so one client's does not carry over)."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
     for path in args.paths:
@@ -483,12 +495,7 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
             print(f"simulator prediction, {path}: no one-client level to measure the time outside the replica")
             continue
         outside = one["p50_ms"] / 1000.0 - args.batch_wait_timeout_s - lone["mean_batch_s"]
-        cpu = None
-        if one.get("host_busy_s") is not None and one.get("rps"):
-            served = one["rps"] * args.seconds
-            per_request = max(0.0, one["host_busy_s"] - one["batch_busy_s"]) / served
-            cpu = (os.cpu_count() or 1, per_request)
-            one["request_cpu_s"] = per_request
+        cpu = _request_cpu(one, args)
         for clients in args.clients:
             lv = levels.get(f"{path}/{clients}")
             fit = cost_fit({"lv": lv}) if lv else None
@@ -496,23 +503,28 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
                 continue
             got = predict(args, fit, clients, outside)
             lv["sim_predicted_rps"] = got
-            with_cpu = None
+            with_cpu = own_cpu = None
             if cpu is not None:
                 with_cpu = predict(args, fit, clients, max(0.0, outside - cpu[1]), cpu)
                 lv["sim_predicted_rps_cpu"] = with_cpu
-            rows.append((f"{path}/{clients}", lv["rps"], got, with_cpu, fit, outside, cpu))
+            mine = _request_cpu(lv, args)
+            if mine is not None:
+                own_cpu = predict(args, fit, clients, max(0.0, outside - mine[1]), mine)
+                lv["sim_predicted_rps_own_cpu"] = own_cpu
+            rows.append((f"{path}/{clients}", lv["rps"], got, with_cpu, own_cpu, fit, outside, cpu, mine))
     if not rows:
         return
     print("simulator prediction (the same closed loop; batch cost fitted on each level's own batches; the "
           "time outside the replica, and each request's own CPU, measured at one client):")
-    for key, measured, got, with_cpu, fit, outside, cpu in rows:
-        for label, value in (("batch cost alone", got), ("with the host's CPU", with_cpu)):
+    for key, measured, got, with_cpu, own_cpu, fit, outside, cpu, mine in rows:
+        for label, value, used in (("batch cost alone", got, None), ("one client's CPU a request", with_cpu, cpu),
+                                   ("this level's CPU a request", own_cpu, mine)):
             if value is None:
                 continue
             off = (value - measured) / measured
             verdict = ("calibration: measured here" if key.endswith("/1") else
                        "within 15%" if abs(off) <= 0.15 else "NOT within 15%")
-            extra = f", {cpu[0]} cores, {1000 * cpu[1]:.2f} ms CPU a request" if value is with_cpu and cpu else ""
+            extra = f", {used[0]} cores, {1000 * used[1]:.2f} ms CPU a request" if used else ""
             print(f"  {key} ({label}): measured {measured:.1f} req/s, simulator {value:.1f} req/s "
                   f"({100 * off:+.1f}%, {verdict}); batch {1000 * fit['fixed_s']:.2f} ms + "
                   f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms{extra}")
