@@ -367,42 +367,22 @@ async def handle_level(handle: Any, clients: int, warmup: float, seconds: float,
 
 
 def run_child(system_name: str, args: argparse.Namespace) -> dict:
-    import ray
-
-    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "levels": {}, "errors": []}
     system: Any = Ours() if system_name == "ours" else Serve()
-    deadline = time.perf_counter() + args.budget
     checker = Checker(args.hidden, args.layers, args.max_batch_size)
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
-    try:
-        log(f"{system_name}: deploying {args.replicas} batched replicas with an HTTP route")
-        t0 = time.perf_counter()
-        handle, url = system.deploy(args, args.request_timeout * 4)
-        res["deploy_s"] = time.perf_counter() - t0
-        res["url"] = url
-        log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
-        for path in args.paths:
-            for clients in args.clients:
-                if time.perf_counter() > deadline:
-                    res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
-                    continue
-                if path == "http":
-                    coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, checker)
-                else:
-                    coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout, checker)
-                got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
-                got.update(checker.figures())
-                res["levels"][f"{path}/{clients}"] = got
-                log(f"{system_name}: {path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  "
-                    f"p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  "
-                    f"batch {_fmt(got['mean_batch'])} of {_fmt(_ms(got['mean_batch_s']))} ms")
-    except Exception as exc:
-        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
-        log(f"{system_name}: ERROR {exc!r}")
-    finally:
-        system.shutdown()
-    return res
+
+    def level(handle: Any, url: str, pi: int, path: str, li: int, clients: int) -> tuple[dict, str]:
+        if path == "http":
+            coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, checker)
+        else:
+            coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout, checker)
+        got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
+        got.update(checker.figures())
+        return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {_fmt(got['p50_ms'])} ms  "
+                     f"p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  "
+                     f"batch {_fmt(got['mean_batch'])} of {_fmt(_ms(got['mean_batch_s']))} ms")
+
+    return childrun.measure(system_name, args, system, f"{args.replicas} batched replicas with an HTTP route",
+                            lambda: system.deploy(args, args.request_timeout * 4), level, log)
 
 
 # ----------------------------------------------------------------- reporting

@@ -333,41 +333,22 @@ async def level(path: str, handle: Any, url: str, seq: list[str], clients: int, 
 
 def run_child(system_name: str, args: argparse.Namespace) -> dict:
     import bench_multiplex as mod  # (by name: the replicas import the same module)
-    import ray
 
-    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "levels": {}, "errors": []}
     system: Any = Ours() if system_name == "ours" else Serve()
-    deadline = time.perf_counter() + args.budget
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
-    try:
-        log(f"{system_name}: deploying {args.replicas} multiplexing replicas (bound {mod.MAX_MODELS})")
-        t0 = time.perf_counter()
-        handle, url = system.deploy(mod, args, args.request_timeout * 4)
-        res["deploy_s"] = time.perf_counter() - t0
-        res["url"] = url
-        log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
-        total = args.warmup_requests + args.requests
-        for pi, path in enumerate(args.paths):
-            for li, clients in enumerate(args.clients):
-                if time.perf_counter() > deadline:
-                    res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
-                    continue
-                seq = zipf_sequence(args.models, args.zipf_s, total, level_seed(args.seed, pi, li))
-                limit = total * (args.load_s + args.work_s + 1.0) + args.request_timeout + 30
-                t1 = time.perf_counter()
-                got = asyncio.run(asyncio.wait_for(level(path, handle, url, seq, clients, args), limit))
-                got["level_s"] = time.perf_counter() - t1
-                res["levels"][f"{path}/{clients}"] = got
-                log(f"{system_name}: {path} {clients:>3} clients: hit rate {_fmt(_pc(got['hit_rate']), 1)}%  "
-                    f"loads {got['loads']}  {_fmt(got['rps'], 1)} req/s  p50 {_fmt(got['p50_ms'])} ms  "
-                    f"p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  ({got['level_s']:.1f}s)")
-    except Exception as exc:
-        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
-        log(f"{system_name}: ERROR {exc!r}")
-    finally:
-        system.shutdown()
-    return res
+    total = args.warmup_requests + args.requests
+
+    def one(handle: Any, url: str, pi: int, path: str, li: int, clients: int) -> tuple[dict, str]:
+        seq = zipf_sequence(args.models, args.zipf_s, total, level_seed(args.seed, pi, li))
+        limit = total * (args.load_s + args.work_s + 1.0) + args.request_timeout + 30
+        t1 = time.perf_counter()
+        got = asyncio.run(asyncio.wait_for(level(path, handle, url, seq, clients, args), limit))
+        got["level_s"] = time.perf_counter() - t1
+        return got, (f"{path} {clients:>3} clients: hit rate {_fmt(_pc(got['hit_rate']), 1)}%  loads {got['loads']}  "
+                     f"{_fmt(got['rps'], 1)} req/s  p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  "
+                     f"errors {got['errors']}  ({got['level_s']:.1f}s)")
+
+    return childrun.measure(system_name, args, system, f"{args.replicas} multiplexing replicas (bound {mod.MAX_MODELS})",
+                            lambda: system.deploy(mod, args, args.request_timeout * 4), one, log)
 
 
 # ----------------------------------------------------------------- reporting

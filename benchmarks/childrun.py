@@ -12,10 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env"]
+__all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -44,6 +45,46 @@ def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Cal
         os.unlink(out)
     if proc.returncode:
         res.setdefault("errors", []).append(f"child exit code {proc.returncode}")
+    return res
+
+
+def measure(system_name: str, args: argparse.Namespace, system: Any, what: str,
+            deploy: Callable[[], tuple[Any, str]], level: Callable[..., tuple[dict, str]],
+            log: Callable[[str], None], after_deploy: Callable[[dict, Any, str], None] | None = None) -> dict:
+    """A child's run, as bench_http.py, bench_batch.py and bench_multiplex.py make it: a fresh local
+    Ray (``args.num_cpus``), ``deploy()`` -> (handle, url) timed, ``after_deploy(res, handle, url)``,
+    then every level of ``args.paths`` x ``args.clients`` while ``args.budget`` seconds last:
+    ``level(handle, url, path_index, path, clients_index, clients)`` -> (its figures, a line to log).
+    An exception is kept in ``errors``; the system is shut down (``system.shutdown()``) whatever
+    happened."""
+    import ray
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "levels": {}, "errors": []}
+    deadline = time.perf_counter() + args.budget
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    try:
+        log(f"{system_name}: deploying {what}")
+        t0 = time.perf_counter()
+        handle, url = deploy()
+        res["deploy_s"] = time.perf_counter() - t0
+        res["url"] = url
+        log(f"{system_name}: serving at {url} after {res['deploy_s']:.1f}s")
+        if after_deploy is not None:
+            after_deploy(res, handle, url)
+        for pi, path in enumerate(args.paths):
+            for li, clients in enumerate(args.clients):
+                if time.perf_counter() > deadline:
+                    res["errors"].append(f"budget of {args.budget:g}s spent: skipped {path} at {clients} clients")
+                    continue
+                got, line = level(handle, url, pi, path, li, clients)
+                res["levels"][f"{path}/{clients}"] = got
+                log(f"{system_name}: {line}")
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:2000])
+        log(f"{system_name}: ERROR {exc!r}")
+    finally:
+        system.shutdown()
     return res
 
 

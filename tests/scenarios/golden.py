@@ -404,10 +404,12 @@ class Runner:
         raise ScriptError(f"settle did not settle in {SETTLE_LIMIT} steps")
 
 
-def check(path: Path, rewrite: bool) -> str | None:
-    """Run one script; rewrite it, or return a diff of what differs (None: all as expected)."""
+def check(path: Path, rewrite: bool, runner: Any = None) -> str | None:
+    """Run one script; rewrite it, or return a diff of what differs (None: all as expected).
+    ``runner``: what runs each block's input line (``run(text) -> output lines``); the core's
+    ``Runner`` by default (the request plane's: ``requests_golden.Runner``)."""
     script = parse(path)
-    runner = Runner()
+    runner = Runner() if runner is None else runner
     outputs: list[list[str]] = []
     problems: list[str] = []
     for block in script.blocks:

@@ -9,7 +9,6 @@ The request plane does not go through ``rankcore.step``: each script drives one
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,8 @@ from rankcore.requests import (
     Tick,
 )
 
-from .golden import SEPARATOR, ScriptError, _split, parse, render
+from .golden import ScriptError, _split
+from .golden import check as golden_check
 
 
 def _ids(text: Any) -> tuple[str, ...]:
@@ -230,27 +230,5 @@ class Runner:
 
 
 def check(path: Path, rewrite: bool) -> str | None:
-    """Run one script; rewrite it, or return a diff of what differs (None: all as expected)."""
-    script = parse(path)
-    runner = Runner()
-    outputs: list[list[str]] = []
-    problems: list[str] = []
-    for block in script.blocks:
-        try:
-            got = runner.run(block.text)
-        except Exception as e:
-            raise ScriptError(f"{path}:{block.line}: {block.text!r}: {type(e).__name__}: {e}") from e
-        outputs.append(got)
-        if not rewrite:
-            if block.expected is None:
-                problems.append(f"{path}:{block.line}: {block.text!r} has no {SEPARATOR!r} "
-                                f"(run with RANKCORE_REWRITE=1 to write its output)")
-            elif block.expected != got:
-                diff = difflib.unified_diff(block.expected, got, f"expected ({path.name}:{block.line})", "got",
-                                            lineterm="")
-                problems.append(f"{path}:{block.line}: {block.text}\n" + "\n".join(diff))
-                break
-    if rewrite:
-        path.write_text(render(script, outputs))
-        return None
-    return "\n\n".join(problems) or None
+    """Run one script (``golden.check`` with this runner)."""
+    return golden_check(path, rewrite, Runner())
