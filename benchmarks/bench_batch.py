@@ -221,14 +221,7 @@ class Ours:
     name = "ours"
 
     def deploy(self, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
-        from executors.ray_gpu import deployment, run
-        from executors.ray_gpu.ingress.http import ingress_address
-
-        d = deployment(OursBatched, name=DEP, **_options(args))
-        handle = run(d.bind(*_bind_args(args)), route_prefix=ROUTE, port=0, timeout=timeout)
-        address = ingress_address()
-        assert address is not None, "the ingress did not start"
-        return handle, f"http://{address[0]}:{address[1]}{ROUTE}"
+        return childrun.deploy_ours(OursBatched, DEP, ROUTE, _options(args), _bind_args(args), timeout)
 
     def shutdown(self) -> None:
         childrun.ours_shutdown(log)
@@ -557,13 +550,6 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
 
-def _paths(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in ("http", "handle") for v in values):
-        raise argparse.ArgumentTypeError(f"paths are http and/or handle, got {text!r}")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -574,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-ongoing-requests", type=int, default=64,
                    help="max_ongoing_requests of each replica, both systems; default 64")
     p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
-    p.add_argument("--paths", type=_paths, default=["http", "handle"], help="http,handle (default)")
+    p.add_argument("--paths", type=childrun.paths_type("http", "handle"), default=["http", "handle"], help="http,handle (default)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")
     p.add_argument("--budget", type=float, default=300.0,

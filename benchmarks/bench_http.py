@@ -465,19 +465,12 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _paths(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in ("http", "handle", "grpc") for v in values):
-        raise argparse.ArgumentTypeError(f"paths are http, handle and/or grpc, got {text!r}")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
     p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
-    p.add_argument("--paths", type=_paths, default=["http", "handle"],
+    p.add_argument("--paths", type=childrun.paths_type("http", "handle", "grpc"), default=["http", "handle"],
                    help="http,handle (default), grpc: each proxy's gRPC server against Serve's gRPC proxy")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")

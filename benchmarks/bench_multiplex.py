@@ -201,14 +201,7 @@ class Ours:
     name = "ours"
 
     def deploy(self, mod: Any, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
-        from executors.ray_gpu import deployment, run
-        from executors.ray_gpu.ingress.http import ingress_address
-
-        d = deployment(mod.OursMux, name=DEP, **_options(args))
-        handle = run(d.bind(args.load_s, args.work_s), route_prefix=ROUTE, port=0, timeout=timeout)
-        address = ingress_address()
-        assert address is not None, "the ingress did not start"
-        return handle, f"http://{address[0]}:{address[1]}{ROUTE}"
+        return childrun.deploy_ours(mod.OursMux, DEP, ROUTE, _options(args), (args.load_s, args.work_s), timeout)
 
     def shutdown(self) -> None:
         childrun.ours_shutdown(log)
@@ -451,13 +444,6 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, child_argv(args), limit, log)
 
 
-def _paths(text: str) -> list[str]:
-    values = [x.strip() for x in text.split(",") if x.strip()]
-    if not values or any(v not in ("http", "handle") for v in values) or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"paths are handle and/or http, got {text!r}")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -475,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests a level sends first, not counted; default 40")
     p.add_argument("--quick", action="store_true", help="100 requests a level after 10 (a smoke run)")
     p.add_argument("--seed", type=int, default=39, help="seed of the model sequences; default 39")
-    p.add_argument("--paths", type=_paths, default=["handle"], help="handle (default) and/or http")
+    p.add_argument("--paths", type=childrun.paths_type("handle", "http"), default=["handle"], help="handle (default) and/or http")
     p.add_argument("--max-ongoing-requests", type=int, default=5,
                    help="max_ongoing_requests of each replica, both systems; default 5 (Serve's)")
     p.add_argument("--budget", type=float, default=150.0,

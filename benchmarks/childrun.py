@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure"]
+__all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
+           "deploy_ours", "paths_type"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -46,6 +47,30 @@ def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Cal
     if proc.returncode:
         res.setdefault("errors", []).append(f"child exit code {proc.returncode}")
     return res
+
+
+def deploy_ours(cls: Any, name: str, route: str, options: dict, bind: tuple, timeout: float) -> tuple[Any, str]:
+    """``cls`` deployed as ``name`` with ``options`` on rankcore (``cls.bind(*bind)``, served at
+    ``route`` by an ingress on a free port): (its handle, its URL)."""
+    from executors.ray_gpu import deployment, run
+    from executors.ray_gpu.ingress.http import ingress_address
+
+    handle = run(deployment(cls, name=name, **options).bind(*bind), route_prefix=route, port=0, timeout=timeout)
+    address = ingress_address()
+    if address is None:
+        raise RuntimeError("the ingress did not start")
+    return handle, f"http://{address[0]}:{address[1]}{route}"
+
+
+def paths_type(*allowed: str) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of distinct ``allowed`` paths (http, handle, ...)."""
+    def parse(text: str) -> list[str]:
+        values = [x.strip() for x in text.split(",") if x.strip()]
+        if not values or any(v not in allowed for v in values) or len(set(values)) != len(values):
+            raise argparse.ArgumentTypeError(f"paths are {' and/or '.join(allowed)}, got {text!r}")
+        return values
+
+    return parse
 
 
 def measure(system_name: str, args: argparse.Namespace, system: Any, what: str,
