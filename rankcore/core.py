@@ -172,7 +172,7 @@ def _check_same_shape(dep: Deployment, e: DeploymentApplied) -> None:
     """What a live deployment cannot change: its static mapping, its gang size."""
     static.check_same_shape(dep, e.static_placement)
     gangs.check_same_shape(dep, e.gang_size)
-    devices.check_same_model(dep, e.model_bytes, e.resources)
+    devices.check_same_model(dep, e.model_bytes, e.resources, e.multiplexed_bytes)
 
 
 def _on_bundles_placed(tx: Tx, e: BundlesPlaced) -> Step:

@@ -339,7 +339,8 @@ def make_machine(
             fields = self.placing(data)
             dep = self.state.deployments.get(name)
             if tiers and dep is not None and dep.replicas:  # (its model stays while it has replicas)
-                fields.update(model_bytes=dep.config.tier.model_bytes, resources=dict(dep.resources))
+                fields.update(model_bytes=dep.config.tier.model_bytes, resources=dict(dep.resources),
+                              multiplexed_bytes=dep.config.tier.multiplexed_bytes)
             fields["spare_processes"] = data.draw(st.sampled_from([0, 0, 1, 2]), label="spare processes")
             # (a gang deployment rolls whole gangs: a max_unavailable below its gang size still retires one)
             fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
@@ -397,6 +398,7 @@ def make_machine(
             if tiers:
                 return {"resources": {"GPU": data.draw(st.sampled_from([1, 1, 2]), label="gpus")},
                         "model_bytes": data.draw(st.sampled_from([30, 50, 70, 130]), label="model GB") * _GB,
+                        "multiplexed_bytes": data.draw(st.sampled_from([0, 0, 10]), label="multiplexed GB") * _GB,
                         "dedicated": data.draw(st.sampled_from([False, False, True]), label="dedicated"),
                         "min_deployment_time_s": data.draw(st.sampled_from([0.0, 10.0]), label="min time"),
                         "placement": data.draw(st.sampled_from(POLICIES), label="policy"),

@@ -846,8 +846,9 @@ def _options(m: dict, p: tuple, c: _Checker, name: str) -> tuple[tuple[str, Any]
     """The options given that a scenario takes as is (``_AS_IS``), checked by the core's own
     ``DeploymentApplied`` (one declaration, one check), the error pinned on the key."""
     given = tuple((k, m[k]) for k in _AS_IS if k in m)
+    beside: dict[str, Any] = {"model_bytes": 1} if _MODEL_BYTES in m else {}  # (its size: checked below, _size)
     try:
-        rc.DeploymentApplied(name=name, num_replicas=0, **dict(given))
+        rc.DeploymentApplied(name=name, num_replicas=0, **beside, **dict(given))
     except rc.InvalidConfig as exc:
         named = [k for k, _ in given if f".{k}" in str(exc)]
         raise c.fail(p + tuple(named[:1]), str(exc)) from None

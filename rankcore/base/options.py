@@ -236,7 +236,7 @@ class SpareOptions:
 
 def _model_bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if type(value) is not int or value < 0:
-        raise InvalidConfig(f"{type(inst).__name__}.model_bytes must be a number of bytes (an int >= 0), "
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a number of bytes (an int >= 0), "
                             f"got {f.shown(value)}")
 
 
@@ -250,6 +250,11 @@ class TierOptions:
         "(split evenly over the replica's GPUs), evicting other models when full (gangs and static placement: "
         "only sizes their sleep/wake moves); 0: GPUs are counted",
         scenario=Spelling("model_bytes", "bytes, or a size such as 16GiB"))
+    multiplexed_bytes: int = _option(
+        0, _model_bytes,
+        "GPU memory each replica sets aside for its multiplexed models (@multiplexed: at most "
+        "max_num_models_per_replica of them, so that many times one model's bytes), booked on its devices with "
+        "model_bytes (needs model_bytes > 0); 0: none")
     dedicated: bool = _option(False, f.flag, "never evicted for another model (and may evict young replicas)")
     min_deployment_time_s: float = _option(
         MIN_DEPLOYMENT_TIME_S, f.seconds,
@@ -390,9 +395,12 @@ class DeploymentConfig:
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:
-        if not value.model_bytes:
-            return
         name = type(self).__name__
+        if not value.model_bytes:
+            if value.multiplexed_bytes:
+                raise InvalidConfig(f"{name}: multiplexed_bytes needs model_bytes > 0 (memory is booked on GPU "
+                                    f"devices only for models with a size; without one GPUs are counted)")
+            return
         gpus = dict(self.scheduling.resources).get("GPU")
         if gpus is not None and (gpus < 1 or gpus != int(gpus)):
             raise InvalidConfig(f"{name}: model_bytes > 0 needs a whole number of GPUs (>= 1) per replica, "

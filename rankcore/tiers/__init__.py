@@ -7,8 +7,12 @@ node's devices), ``devices`` (GPU memory booked in the cluster model),
 end-of-step passes that send evictions and retry waiting wakes).
 
 ``rankcore.tiers`` is also the public namespace of the tier choices
-(``rankcore.tiers.choose``, ``Tier``, ``NodeTiers``, ...), as before.
+(``rankcore.tiers.choose``, ``Tier``, ``NodeTiers``, ...), as before, and of
+``device_bytes`` (what a replica books on its devices).
 """
 
 from .choice import *  # noqa: F403  (the public namespace: choice.__all__)
-from .choice import __all__ as __all__
+from .choice import __all__ as _choice_all
+from .devices import device_bytes
+
+__all__ = [*_choice_all, "device_bytes"]

@@ -47,7 +47,7 @@ from ..placement.clustertx import ClusterTx
 from . import choice as tiers
 from .choice import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
-__all__ = ["tiered", "gpus_of", "host_need", "off_device_nodes", "want", "node_views", "choose", "book",
+__all__ = ["tiered", "gpus_of", "host_need", "device_bytes", "off_device_nodes", "want", "node_views", "choose", "book",
            "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
            "check_same_model", "holds", "release", "joined", "node_lost", "free_gpus",
            "views_of", "recovered"]
@@ -77,21 +77,31 @@ def off_device_nodes(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
     return bool(cl.devices) and not tiered(cl, dep) and any(k == "GPU" for k, _ in dep.resources)
 
 
+def device_bytes(t: Any) -> int:
+    """What one replica of a deployment with tier options ``t`` books on its devices: its model,
+    and the memory it sets aside for its multiplexed models (``multiplexed_bytes``, issue 39)."""
+    return int(t.model_bytes + t.multiplexed_bytes)
+
+
 def want(cl: Cluster | ClusterTx, dep: Deployment, rid: str | None = None,
          nodes: frozenset[str] | None = None) -> Want:
     t = dep.config.tier
-    return Want(deployment=dep.name, model_bytes=t.model_bytes, gpus=gpus_of(dep), dedicated=t.dedicated,
+    return Want(deployment=dep.name, model_bytes=device_bytes(t), gpus=gpus_of(dep), dedicated=t.dedicated,
                 replica_id=rid, now=cl.now, min_deployment_time_s=t.min_deployment_time_s, nodes=nodes,
                 may_evict=rid is None or rid not in cl.no_evict)
 
 
-def check_same_model(dep: Deployment, model_bytes: int, resources: Need) -> None:
-    """A deployment with replicas keeps its model's size and GPUs (what each replica
-    holds is booked by them, and a recovering controller books them again from
-    the size it is told): scale to 0 first, or deploy under another name."""
+def check_same_model(dep: Deployment, model_bytes: int, resources: Need, multiplexed_bytes: int = 0) -> None:
+    """A deployment with replicas keeps its model's size (and what it sets aside for
+    multiplexed models) and GPUs (what each replica holds is booked by them, and a
+    recovering controller books them again from the size it is told): scale to 0
+    first, or deploy under another name."""
     if not dep.replicas:
         return
     old, gpus = dep.config.tier.model_bytes, dict(dep.resources).get("GPU")
+    if multiplexed_bytes != dep.config.tier.multiplexed_bytes:
+        raise InvalidEvent(f"DeploymentApplied({dep.name!r}): multiplexed_bytes cannot change while it has replicas "
+                           f"({dep.config.tier.multiplexed_bytes} -> {multiplexed_bytes}); scale it to 0 first")
     if model_bytes != old or (old and dict(resources).get("GPU") != gpus):
         raise InvalidEvent(f"DeploymentApplied({dep.name!r}): model_bytes or GPUs cannot change while it has replicas "
                            f"(model_bytes {old} -> {model_bytes}, GPU {gpus} -> {dict(resources).get('GPU')}); "
@@ -368,7 +378,7 @@ def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm
         t = spec.config.tier
         cl.hot = cl.hot.set(r.replica_id, (r.node_id, Resident(
             replica_id=r.replica_id, deployment=r.deployment, devices=tuple(sorted(r.devices)),
-            bytes_per_device=-(-t.model_bytes // gpus), dedicated=t.dedicated, hot_since=cl.now,
+            bytes_per_device=-(-device_bytes(t) // gpus), dedicated=t.dedicated, hot_since=cl.now,
             min_deployment_time_s=t.min_deployment_time_s)))
     for node in views_of(cl).values():
         for i, room in node.free().items():

@@ -125,3 +125,31 @@ def test_recovery_keeps_the_warm_copies_the_executor_reports() -> None:
     assert [e.replica_id for e in recovered.cluster.caches["n0"]] == ["a#0"] and not of(cmds, rc.EvictReplica)
     assert recovered.cluster.queue == ("a#2",)  # (b is dedicated: a's replacement waits for room)
 
+
+
+def test_the_memory_set_aside_for_multiplexed_models_is_booked_with_the_model() -> None:
+    # 30 GB of model and 10 GB for its multiplexed models (issue 39): 40 GB a replica, two on a 100 GB GPU
+    state, cmds = run(device_node(gb=100), model("lora", 30, n=3, multiplexed_bytes=10 * G))
+    placed = of(cmds, rc.PlaceReplica)
+    assert [p.replica_id for p in placed] == ["lora#0", "lora#1"]  # the third does not fit
+    assert state.cluster.hot["lora#0"][1].bytes_per_device == 40 * G
+    assert state.cluster.queue == ("lora#2",)
+    alone, _ = run(device_node(gb=100), model("lora", 30, n=3))
+    assert len(alone.cluster.hot) == 3  # without it, three 30 GB replicas fit
+
+
+def test_multiplexed_bytes_needs_a_model_size_and_cannot_change_under_live_replicas() -> None:
+    with pytest.raises(rc.InvalidConfig, match="multiplexed_bytes needs model_bytes > 0"):
+        rc.DeploymentApplied(name="x", num_replicas=1, multiplexed_bytes=G)
+    with pytest.raises(rc.InvalidConfig, match="multiplexed_bytes must be a number of bytes"):
+        model("x", 30, multiplexed_bytes=-1)
+    state, _ = run(device_node(), model("lora", 30, multiplexed_bytes=10 * G))
+    with pytest.raises(rc.InvalidEvent, match="multiplexed_bytes cannot change while it has replicas"):
+        rc.step(state, model("lora", 30, multiplexed_bytes=20 * G))
+
+
+def test_a_recovery_books_the_multiplexed_memory_again() -> None:
+    state, _ = run(device_node(gb=80), model("lora", 30, n=2, multiplexed_bytes=10 * G))
+    state, _ = run(*(rc.ReplicaPlaced(replica_id=r, node_id="n0") for r in ("lora#0", "lora#1")), state=state)
+    back, _ = run(inv.reports_from(state))
+    assert back.cluster.hot["lora#1"][1].bytes_per_device == 40 * G

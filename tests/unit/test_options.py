@@ -27,7 +27,7 @@ OTHER = {
     "graceful_shutdown_wait_loop_s": 0.5, "graceful_shutdown_timeout_s": 6.0,
     "static_placement": rc.StaticPlacement.from_mapping("pg", ["n0", "n1"], {0: [0], 1: [1]}),
     "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "spare_processes": 1,
-    "model_bytes": 1 << 30, "dedicated": True, "min_deployment_time_s": 60.0,
+    "model_bytes": 1 << 30, "multiplexed_bytes": 1 << 28, "dedicated": True, "min_deployment_time_s": 60.0,
     "max_ongoing_requests": 2, "max_queued_requests": 100, "max_retries": 0,
     "autoscaling": True, "min_replicas": 0, "initial_replicas": 3, "target_ongoing_requests": 4.0,
     "upscale_delay_s": 5.0, "downscale_delay_s": 60.0, "downscale_to_zero_delay_s": 120.0, "upscaling_factor": 2.0,
@@ -35,6 +35,10 @@ OTHER = {
     "burst": True, "policy": "replica_queue_length_autoscaling_policy",
     "version": "v2", "max_unavailable": 3, "max_surge": 2, "update_mode": "blue_green",
 }
+
+
+#: what an option needs beside it to be valid (multiplexed_bytes is booked with model_bytes)
+WITH: dict[str, dict] = {"multiplexed_bytes": {"model_bytes": 1 << 30}}
 
 
 class Model:
@@ -59,17 +63,18 @@ def test_the_table_covers_every_option_once_and_names_are_flat_and_unique() -> N
 @pytest.mark.parametrize("name", OPT.OPTION_NAMES)
 def test_each_option_reads_the_same_nested_and_flat_on_every_record(name: str) -> None:
     n = 2 if name in ("gang_size", "static_placement") else 4
-    e = rc.DeploymentApplied(name="llm", num_replicas=n, **{name: OTHER[name]})
+    e = rc.DeploymentApplied(name="llm", num_replicas=n, **WITH.get(name, {}), **{name: OTHER[name]})
     group = OPT.LEAVES[name]
     assert getattr(getattr(e.config, group), name) == getattr(e.config, name) == getattr(e, name) == OTHER[name]
-    assert e.config.changed() == {name: OTHER[name]}
+    assert e.config.changed() == {**WITH.get(name, {}), name: OTHER[name]}
     dep = rc.Deployment.applied(e)
     assert dep.config == e.config
     assert (dep.static if name == "static_placement" else getattr(dep, name)) == OTHER[name]
     assert dep.spec() == e and rc.DeploymentApplied(**e.flat()) == e
     assert eval(repr(e), {"DeploymentApplied": rc.DeploymentApplied, "StaticPlacement": rc.StaticPlacement}) == e
     assert attrs.evolve(e, num_replicas=0).config == e.config  # flat and nested keywords compose
-    assert attrs.evolve(rc.DeploymentApplied(name="llm", num_replicas=n), **{name: OTHER[name]}) == e
+    assert attrs.evolve(rc.DeploymentApplied(name="llm", num_replicas=n, **WITH.get(name, {})),
+                        **{name: OTHER[name]}) == e
 
 
 def test_a_changed_static_placement_is_the_deployments_live_one_in_its_spec() -> None:
@@ -84,7 +89,8 @@ def test_the_core_keeps_the_options_a_new_deployment_applied_gives() -> None:
     # blue-green and autoscaling do not mix: refused in test_rollouts_bluegreen)
     state = rc.step(rc.State(), rc.DeploymentApplied(name="llm", num_replicas=1)).state
     changed = {k: v for k, v in OTHER.items()
-               if k not in ("static_placement", "gang_size", "resources", "model_bytes", "update_mode")}
+               if k not in ("static_placement", "gang_size", "resources", "model_bytes", "multiplexed_bytes",
+                            "update_mode")}
     state = rc.step(state, rc.DeploymentApplied(name="llm", num_replicas=1, **changed)).state
     dep = state.deployment("llm")
     assert dep.config.changed() == changed and dep.options is dep.config
@@ -100,9 +106,9 @@ def test_the_decorator_takes_as_is_options_by_name_and_spells_the_rest_with_the_
     for name in OPT.OPTION_NAMES:
         spelt = OPT.spelling(name, "ray")
         if spelt is None:
-            value = OTHER[name]
-            assert deployment(**{name: value})(Model).core_options == {name: value}
-            assert d.options(**{name: value}).core_options == {name: value}
+            value, also = OTHER[name], WITH.get(name, {})
+            assert deployment(**also, **{name: value})(Model).core_options == {**also, name: value}
+            assert d.options(**also, **{name: value}).core_options == {**also, name: value}
             assert name not in params  # (taken by **core_options, checked against CORE_OPTIONS)
             continue
         assert spelt.key in params, f"@deployment has no keyword {spelt.key!r} for the option {name}"
@@ -120,6 +126,7 @@ def test_a_scenario_takes_as_is_options_by_name_and_spells_the_rest_with_the_sam
             assert getattr(plain, name) == getattr(OPT.DEFAULTS, name), name
             value = OTHER[name]
             fixed = "" if name == "autoscaling" else "    replicas: 1\n"  # (autoscaled: no fixed count)
+            fixed += "".join(f"    {k}: {v}\n" for k, v in WITH.get(name, {}).items())
             assert getattr(scenario(f"{fixed}    {name}: {value}\n"), name) == value
         elif spelt.default is None:
             assert getattr(plain, name) == getattr(OPT.DEFAULTS, name), name
@@ -144,7 +151,8 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 # ------------------------------------------------------------------ an unknown option, everywhere
 def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every_surface() -> None:
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
-                                               r"\(options: resources, placement, .*spare_processes, model_bytes, dedicated, min_deployment_time_s, "
+                                               r"\(options: resources, placement, .*spare_processes, model_bytes, multiplexed_bytes, dedicated, "
+                                               r"min_deployment_time_s, "
                                                r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable, max_surge, update_mode\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):

@@ -239,7 +239,8 @@ class Recovery:
             spec = desired.get(dep)
             if spec is not None and spec.model_bytes:
                 gpus = int(dict(spec.resources).get("GPU") or 1)
-                real = -(-spec.model_bytes // gpus) * gpus  # (as the core booked it: bytes per device, on each)
+                booked = rc.tiers.device_bytes(spec.config.tier)  # (as the core booked it: per device, on each)
+                real = -(-booked // gpus) * gpus
             copies.append(rc.WarmCopy(node_id=node_id, deployment=dep, replica_id=rid, nbytes=real))
         if copies:
             log.info("recovered %d WARM cop%s: %s", len(copies), "y" if len(copies) == 1 else "ies",
