@@ -141,5 +141,85 @@ def test_the_http_header_and_the_grpc_key_have_serves_names():
     assert grpc_proxy.MODEL_ID_KEY == "multiplexed_model_id"
     assert grpc_proxy._model_of(Ctx((("application", "d"), ("multiplexed_model_id", "m3")))) == "m3"
     assert grpc_proxy._model_of(Ctx(None)) == ""
-    assert grpc_proxy._model_request("d", "") is None
-    assert grpc_proxy._model_request("d", "m3").multiplexed_model_id == "m3"
+    assert grpc_proxy.model_request("d", "") is None
+    assert grpc_proxy.model_request("d", "m3").multiplexed_model_id == "m3"
+
+
+def test_a_request_cancelled_while_its_evictions_unload_leaves_the_loader_usable(reports):
+    freed: list[str] = []
+
+    class Slow:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def __del__(self) -> None:  # (awaited by the unload: a slow GPU free)
+            await asyncio.sleep(0.05)
+            freed.append(self.name)
+
+    @multiplexed(max_num_models_per_replica=1)
+    async def slow(model_id: str) -> Slow:
+        return Slow(model_id)
+
+    async def go() -> str:
+        await slow("a")
+        task = asyncio.ensure_future(slow("b"))  # evicts a: its __del__ takes 50 ms
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.1)  # (the unload goes on, shielded)
+        return (await slow("c")).name  # the loader still works: no load left half begun
+
+    assert asyncio.run(go()) == "c"
+    assert freed == ["a"]  # a was unloaded once, though its evicting request was cancelled
+    assert reports[-1] == ("c",)
+
+
+def test_a_del_that_raises_does_not_stop_the_load_and_the_model_is_gone(reports, caplog):
+    class Bad:
+        def __del__(self) -> None:
+            raise OSError("cannot free")
+
+    @multiplexed(max_num_models_per_replica=1)
+    async def bad(model_id: str) -> Bad:
+        return Bad()
+
+    async def go() -> None:
+        await bad("a")
+        await bad("b")
+
+    asyncio.run(go())
+    assert reports[-1] == ("b",)
+    assert "unloading multiplexed model 'a' failed" in caplog.text
+
+
+def test_after_shutdown_no_load_begins_and_every_model_was_unloaded(reports):
+    Model.freed.clear()
+    o = Owner()
+
+    async def go() -> None:
+        await o.load("a")
+        await o.load("b")
+        await multiplex.shutdown_all()
+        with pytest.raises(RuntimeError, match="the replica is stopping"):
+            await o.load("a")
+
+    asyncio.run(go())
+    assert sorted(Model.freed) == ["a", "b"] and reports[-1] == ()
+
+
+def test_plain_loaders_of_the_same_name_in_two_modules_keep_their_own_models(reports):
+    async def fetch(model_id: str) -> str:
+        return "one:" + model_id
+
+    async def fetch2(model_id: str) -> str:
+        return "two:" + model_id
+
+    fetch2.__qualname__ = fetch.__qualname__
+    fetch2.__module__ = "elsewhere"
+    one, two = multiplexed(fetch), multiplexed(fetch2)
+
+    async def go() -> tuple:
+        return await one("m"), await two("m")
+
+    assert asyncio.run(go()) == ("one:m", "two:m")

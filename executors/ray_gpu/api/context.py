@@ -107,6 +107,12 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
+def model_request(app_name: str, model_id: str) -> RequestContext | None:
+    """The request context of a call that names only a multiplexed model (the gRPC proxy's, an
+    HTTP call with no note); None when it names none."""
+    return RequestContext(app_name=app_name, multiplexed_model_id=model_id) if model_id else None
+
+
 def request_for_call(app_name: str, model_id: str = "") -> RequestContext:
     """The request context a handle call carries to its replica: the current request's id and route
     when the call is made inside one (Serve's ``get_request_metadata``), else a new id; and the

@@ -21,17 +21,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from rankcore.requests import Hit, ModelCache, MultiplexOptions
+from rankcore import InvalidConfig
+from rankcore.requests import MAX_NUM_MODELS_PER_REPLICA, Hit, ModelCache, MultiplexOptions
 
 from .context import _get_serve_request_context
 
 __all__ = ["multiplexed", "get_multiplexed_model_id", "MultiplexOptions", "resident_models"]
 
+log = logging.getLogger(__name__)
 #: the instance attribute a class's multiplexers live under (one per decorated method)
 _HOLDERS = "__rankcore_multiplexers__"
 #: plain-function loaders' multiplexers in this process, by the function's qualified name
@@ -114,55 +117,76 @@ class _Multiplexer:
         self.models: dict[str, Any] = {}
         self.lock: asyncio.Lock | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False  # (the replica is stopping: its models are unloaded, no new load)
         with _lock:
             _every.append(self)
+
+    def _the_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self.lock is None or self.loop is not loop:
+            self.lock, self.loop = asyncio.Lock(), loop
+        return self.lock
 
     async def get(self, model_id: Any) -> Any:
         if not isinstance(model_id, str):  # (Serve's words)
             raise TypeError("The model ID must be a string.")
         if not model_id:
             raise ValueError("The model ID cannot be empty.")
+        if self.closed:
+            raise RuntimeError(f"the replica is stopping: its multiplexed models are unloaded (asked for {model_id!r})")
         for m in _metrics:
             m.model_lookup()
-        loop = asyncio.get_running_loop()
-        if self.lock is None or self.loop is not loop:
-            self.lock, self.loop = asyncio.Lock(), loop
-        if self.cache.use(model_id) is not None:
+        lock, cache = self._the_lock(), self.cache
+        if cache.use(model_id) is not None:
             return self.models[model_id]
         _changed()  # (a miss: the model counts as held from now on, so its requests come here)
         begun = False
         try:
-            async with self.lock:  # (one load at a time: Serve's cache lock)
-                act = self.cache.begin(model_id)
+            async with lock:  # (one load at a time: Serve's cache lock)
+                if self.closed:  # (it stopped while this one waited)
+                    raise RuntimeError(f"the replica is stopping: {model_id!r} is not loaded")
+                act = cache.begin(model_id)
                 begun = True
                 if isinstance(act, Hit):
                     return self.models[model_id]
-                for gone in act.evict:
-                    t0 = time.perf_counter()
-                    await _unload(self.models.pop(gone))
-                    for m in _metrics:
-                        m.model_unloaded(gone, (time.perf_counter() - t0) * 1000.0)
-                t0 = time.perf_counter()
                 try:
+                    # the evicted models leave now, unloaded even if this request is cancelled meanwhile
+                    await asyncio.shield(self._unload([(gone, self.models.pop(gone, None)) for gone in act.evict]))
+                    t0 = time.perf_counter()
                     model = await (self.fn(model_id) if self.owner is None else self.fn(self.owner, model_id))
                 except BaseException:
-                    self.cache.failed(model_id)
+                    cache.failed(model_id)
                     raise
                 self.models[model_id] = model
-                self.cache.loaded(model_id)
+                cache.loaded(model_id)
                 for m in _metrics:
                     m.model_loaded(model_id, (time.perf_counter() - t0) * 1000.0)
                 return model
         finally:
-            if not begun:  # (cancelled while waiting for its turn)
-                self.cache.gave_up(model_id)
+            if not begun:  # (cancelled, or refused, while waiting for its turn)
+                cache.gave_up(model_id)
             _changed()
 
+    @staticmethod
+    async def _unload(models: list[tuple[str, Any]]) -> None:
+        """Unload ``models`` (id, object) in order; one whose ``__del__`` raises does not stop the
+        others (Serve logs it the same way)."""
+        for model_id, model in models:
+            t0 = time.perf_counter()
+            try:
+                await _unload(model)
+            except Exception:  # (the user's cleanup failed: the model is gone from the cache all the same)
+                log.exception("unloading multiplexed model %r failed", model_id)
+            for m in _metrics:
+                m.model_unloaded(model_id, (time.perf_counter() - t0) * 1000.0)
+
     async def shutdown(self) -> None:
-        """Unload every model, least recently used first (the replica is stopping)."""
-        for model_id in self.cache.loaded_ids():
-            await _unload(self.models.pop(model_id, None))
-        self.cache = ModelCache(self.cache.options)
+        """Unload every model, least recently used first (the replica is stopping): after the load
+        under way, if any; no load begins after it."""
+        self.closed = True
+        async with self._the_lock():
+            await self._unload([(m, self.models.pop(m, None)) for m in self.cache.loaded_ids()])
+            self.cache = ModelCache(self.cache.options)  # (a request still waiting holds the old one)
 
 
 async def shutdown_all() -> None:
@@ -177,12 +201,12 @@ async def shutdown_all() -> None:
 def _get(fn: Callable, method: bool, options: MultiplexOptions, args: tuple) -> Any:
     """The multiplexer for this call (a module function, so a decorated class sent by value to
     its replica still finds this module's state), and the model id."""
+    key = f"{fn.__module__}.{fn.__qualname__}"
     if method:
         owner, rest = args[0], args[1:]
         holders = owner.__dict__.setdefault(_HOLDERS, {})
-        key = fn.__qualname__
     else:
-        owner, rest, holders, key = None, args, _plain, fn.__qualname__
+        owner, rest, holders = None, args, _plain
     if len(rest) != 1:
         raise TypeError(f"{fn.__qualname__} takes the model id only, got {len(rest)} arguments")
     mux = holders.get(key)
@@ -191,7 +215,7 @@ def _get(fn: Callable, method: bool, options: MultiplexOptions, args: tuple) -> 
     return mux.get(rest[0])
 
 
-def multiplexed(func: Callable | None = None, max_num_models_per_replica: int = 3) -> Any:
+def multiplexed(func: Callable | None = None, max_num_models_per_replica: int = MAX_NUM_MODELS_PER_REPLICA) -> Any:
     """Mark an ``async def`` model loader (a method ``(self, model_id)`` or a function
     ``(model_id)``), as Ray Serve's ``@serve.multiplexed``: calling it returns the model, loaded
     on a miss; beyond ``max_num_models_per_replica`` (-1: no bound) the least recently used
@@ -206,11 +230,12 @@ def multiplexed(func: Callable | None = None, max_num_models_per_replica: int = 
         if n == 0 or n > 2:
             raise TypeError("@serve.multiplexed can only be used to decorate functions or methods with at least "
                             "one 'model_id: str' argument.")
-    if type(max_num_models_per_replica) is not int:
+    if type(max_num_models_per_replica) is not int:  # (Serve's errors; the bound's rule: MultiplexOptions)
         raise TypeError("max_num_models_per_replica must be an integer.")
-    if max_num_models_per_replica != -1 and max_num_models_per_replica <= 0:
-        raise ValueError("max_num_models_per_replica must be positive.")
-    options = MultiplexOptions(max_num_models_per_replica=max_num_models_per_replica)
+    try:
+        options = MultiplexOptions(max_num_models_per_replica=max_num_models_per_replica)
+    except InvalidConfig:
+        raise ValueError("max_num_models_per_replica must be positive.") from None
 
     def decorate(fn: Callable) -> Any:
         if func is None:  # (checked above when given directly)

@@ -219,8 +219,8 @@ class Controller:
         (``ReplicaModels``); routers get them with the pool (``_pool``: ``models``), their machines
         route by them (``rankcore.requests.route_model``)."""
         await self._ready()
-        if self.ledger.models_seq.get(replica_id, -1) >= seq:
-            return
+        if replica_id not in self.ledger.replicas or self.ledger.models_seq.get(replica_id, -1) >= seq:
+            return  # (a replica let go of, or a report crossing a newer one)
         self.ledger.models_seq[replica_id] = seq
         self.ledger.feed(rc.ModelsReported(replica_id=replica_id, model_ids=tuple(models)))
 
@@ -655,7 +655,7 @@ class Controller:
         dep = self.driver.state.deployments.get(name)
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.base.options)
         held = self.driver.pools.models  # (the core's ReplicaModels, as its pool commands said them)
-        models = {rid: held[rid] for rid, _ in serving if rid in held}
+        models = {rid: held.get(rid, ()) for rid, _ in serving}  # (every one: () says it holds none)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "models": models,
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),

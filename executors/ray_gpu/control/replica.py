@@ -140,13 +140,23 @@ class ReplicaActor:
                                             weights_version=self.weights.version, tier=self.weights.tier))
 
     def _push_models(self, models: tuple[str, ...]) -> None:
-        """Its multiplexed models changed (on the user loop's thread): tell the controller, not
-        waiting for the answer (routers get them with the pool; ``Controller.report_models``)."""
+        """Its multiplexed models changed (on the user loop's thread): numbered, and told to the
+        controller from a control thread (finding the controller is a GCS call: not on the user's
+        loop), not waiting for the answer (routers get them with the pool;
+        ``Controller.report_models``)."""
         with self._models_lock:
             if models == self._models:
                 return
             self._models_seq += 1
-            self._models, seq = models, self._models_seq
+            self._models = models
+        self._control.submit(self._send_models)
+
+    def _send_models(self) -> None:
+        """Send the newest models (a send that finds a newer number sends that one: none is lost,
+        stale ones are dropped by the controller). With no controller now, a recovering one reads
+        them from ``report``."""
+        with self._models_lock:
+            models, seq = self._models, self._models_seq
         try:
             if self._controller is None:
                 import ray
@@ -357,6 +367,8 @@ class ReplicaActor:
 
     async def report(self) -> dict:
         """What this replica tells a recovering controller."""
+        with self._models_lock:  # (its models and their number together: a push may be under way)
+            models, models_seq = self._models, self._models_seq
         return {
             "replica_id": self.replica_id,
             "deployment": self.deployment,
@@ -372,8 +384,8 @@ class ReplicaActor:
             "tier": self.weights.tier,
             "weights_version": self.weights.version,
             "devices": self.devices,
-            "models": self._models,
-            "models_seq": self._models_seq,
+            "models": models,
+            "models_seq": models_seq,
         }
 
     async def ping(self) -> bool:

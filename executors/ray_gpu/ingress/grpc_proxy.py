@@ -38,7 +38,7 @@ from grpc_health.v1.health import aio as health_aio
 
 import rankcore as rc
 
-from ..api.context import RequestContext
+from ..api.context import model_request
 
 __all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
            "code_of"]
@@ -71,10 +71,6 @@ MODEL_ID_KEY = "multiplexed_model_id"
 def _model_of(context: aio.ServicerContext) -> str:
     """The multiplexed model the call's metadata names ("" none)."""
     return str(dict(context.invocation_metadata() or ()).get(MODEL_ID_KEY, "") or "").strip()
-
-
-def _model_request(name: str, model_id: str) -> RequestContext | None:
-    return RequestContext(app_name=name, multiplexed_model_id=model_id) if model_id else None
 
 
 class _AnyServicer:
@@ -228,7 +224,7 @@ class GrpcFront:
         try:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
-                                          _model_request(name, _model_of(context)))
+                                          model_request(name, _model_of(context)))
             async for item in response:
                 yield item
             ended = True

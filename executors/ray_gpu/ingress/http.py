@@ -52,7 +52,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from ..api.context import RequestContext, _serve_request_context
+from ..api.context import RequestContext, _serve_request_context, model_request
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
@@ -210,11 +210,6 @@ def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestC
 
 #: the header a request names its multiplexed model in (Serve's ``SERVE_MULTIPLEXED_MODEL_ID``)
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
-
-
-def model_request(name: str, model_id: str) -> RequestContext | None:
-    """The request context of a call that names only a multiplexed model (None: it names none)."""
-    return RequestContext(app_name=name, multiplexed_model_id=model_id) if model_id else None
 
 
 def _request_of(note: dict | None) -> RequestContext | None:
