@@ -316,7 +316,8 @@ class ReplicaModels:
     """Tell the request path which multiplexed models ``replica_id`` of ``deployment`` holds (or
     is loading): the whole set, replacing what it believed (``rankcore.requests.route_model`` sends
     a model's requests to its holders). Sent when a replica's report (``ModelsReported``) changes
-    it, and after a recovery for every replica holding some. For a replica not in its pool the
+    it, when a replica joins its pool holding some, and after a recovery for every replica of a
+    pool holding some. For a replica not in its pool the
     request machine changes nothing (a late report). No answer."""
 
     deployment: str = attrs.field(validator=f.name)

@@ -398,7 +398,7 @@ class DeploymentConfig:
         name = type(self).__name__
         if not value.model_bytes:
             if value.multiplexed_bytes:
-                raise InvalidConfig(f"{name}: multiplexed_bytes needs model_bytes > 0 (memory is booked on GPU "
+                raise InvalidConfig(f"{name}.multiplexed_bytes needs model_bytes > 0 (memory is booked on GPU "
                                     f"devices only for models with a size; without one GPUs are counted)")
             return
         gpus = dict(self.scheduling.resources).get("GPU")

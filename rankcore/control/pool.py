@@ -107,19 +107,16 @@ def reset(state: State) -> list[PoolReset | ReplicaModels]:
     return out
 
 
-def _models_reported(before: State, step: Step, rid: str) -> Step:
+def _models_reported(before: State, after: State, rid: str) -> ReplicaModels | None:
     """A replica's report of its models: told to the request path when it changed them and the
     replica is in a pool (one that is not is told when it joins: ``_joined``)."""
-    after = step.state
     n0, n1 = before.index.get(rid), after.index.get(rid)
     rep0 = before.deployments[n0].replicas.get(rid) if n0 is not None else None
     dep1 = after.deployments.get(n1) if n1 is not None else None
     rep1 = dep1.replicas.get(rid) if dep1 is not None else None
     if rep1 is None or rep0 is None or rep0.models == rep1.models or membership(dep1, rep1) is GONE:
-        return step
-    return _Step(state=after, commands=step.commands, stale=step.stale, compactions=step.compactions,
-                 recovery=step.recovery, pool=(_Models(deployment=rep1.deployment, replica_id=rid,
-                                                        model_ids=rep1.models),))
+        return None
+    return _Models(deployment=rep1.deployment, replica_id=rid, model_ids=rep1.models)
 
 
 def _joined(changed: PoolChanged, rep1: Replica | None) -> ReplicaModels | None:
@@ -243,8 +240,6 @@ def announce(before: State, event: object, step: Step) -> Step:
     if kind is ControllerRecovered:
         return _Step(state=after, commands=step.commands, stale=step.stale, compactions=step.compactions,
                      recovery=step.recovery, pool=tuple(reset(after)))
-    if kind is ModelsReported:
-        return _models_reported(before, step, event.replica_id)  # type: ignore[attr-defined]
     out: list[Any] = []
     commands = step.commands
     rid = getattr(event, "replica_id", None)
@@ -272,6 +267,10 @@ def announce(before: State, event: object, step: Step) -> Step:
             c0, c1 = coming(before.deployments.get(name)), coming(after.deployments.get(name))
             if c0 is not c1:
                 out.append(_Coming(deployment=name, coming=c1))
+    if kind is ModelsReported:
+        models = _models_reported(before, after, event.replica_id)  # type: ignore[attr-defined]
+        if models is not None:
+            out.append(models)
     if not out:
         return step
     return _Step(state=after, commands=commands, stale=step.stale, compactions=step.compactions,

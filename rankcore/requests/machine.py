@@ -225,7 +225,7 @@ class _Dep:
         O(replicas)."""
         cap = self.max_ongoing
         asked = self.asked
-        join = route_model(model, ((r.join, len(r.held), len(r.models), model in r.models,
+        join = route_model(((r.join, len(r.held), len(r.models), model in r.models,
                                     asked.get(next(iter(r.models)), 0) if r.models else -1)
                                    for r in self.replicas.values()
                                    if r.serving and not r.excluded and len(r.held) < cap), self.last_join)

@@ -150,8 +150,11 @@ class ModelCache:
 
     def gave_up(self, model_id: str) -> None:
         """A request that missed ``model_id`` left before its load began (cancelled)."""
-        if self._wanted.get(model_id, 0) == 0:
-            raise InvalidEvent(f"ModelCache.gave_up({model_id!r}): no miss waits for it")
+        waiting = self._wanted.get(model_id, 0) - (self._loading == model_id)  # (not the one loading it)
+        if waiting <= 0:
+            raise InvalidEvent(f"ModelCache.gave_up({model_id!r}): no miss waits for it"
+                               + (" (the request loading it ends with loaded or failed)"
+                                  if self._loading == model_id else ""))
         self._drop_wanted(model_id)
 
     def _drop_wanted(self, model_id: str) -> None:
@@ -183,16 +186,17 @@ class ModelCache:
         return self._loading
 
 
-def route_model(model_id: str, candidates: Iterable[tuple[int, int, int, bool, int]], last: int) -> int | None:
-    """Which replica gets a request for ``model_id``: ``candidates`` are the replicas that can take a
+def route_model(candidates: Iterable[tuple[int, int, int, bool, int]], last: int) -> int | None:
+    """Which replica gets a request for a model: ``candidates`` are the replicas that can take a
     request now, as ``(join, in_flight, models, holds, victim)`` (pool-join number, requests it holds,
-    models it holds or loads, whether ``model_id`` is one, and how often its least recently used
+    models it holds or loads, whether the model is one, and how often its least recently used
     model was asked for lately, -1 for none); ``last``: the join number chosen last. The holders
     first, fewest in flight; else fewest models (room, or less to lose), then the one whose least
-    recently used model is asked for least (the one a load there would evict: of the models some
-    replica would drop next, the least popular goes, not one chosen by chance), then fewest in
-    flight; ties: the first after ``last`` in join order (round-robin). None when there is no
-    candidate."""
+    recently used model is asked for least (the one a load there evicts when it is full: of the
+    models some replica would drop next, the least popular goes, not one chosen by chance; the
+    machine does not know the bound, so among replicas holding as many this decides even when
+    none is full), then fewest in flight; ties: the first after ``last`` in join order
+    (round-robin). None when there is no candidate."""
     best: tuple | None = None
     choice: int | None = None
     for join, in_flight, models, holds, victim in candidates:

@@ -86,9 +86,8 @@ class ModelCacheProps(RuleBasedStateMachine):
     @rule(m=st.sampled_from(MODELS))
     def give_up(self, m: str) -> None:
         n = self.waiting.get(m, 0) - (1 if self.loading == m else 0)
-        if n <= 0:
-            if not self.waiting.get(m):
-                self.refused(self.c.gave_up, m)
+        if n <= 0:  # (none waits, or only the request loading it: refused, nothing changed)
+            self.refused(self.c.gave_up, m)
             return
         self.c.gave_up(m)
         self._served(m)
