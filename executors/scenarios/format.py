@@ -244,8 +244,8 @@ class BatchSpec:
     """Requests served in batches (``traffic.<deployment>.batch``), as a ``@batch`` method: when a
     batch closes is ``rankcore.requests.Batcher``'s rule under ``options``; a batch of n requests
     is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution).
-    ``cores`` and ``request_s`` (both, or neither): the host's CPU, ``cores`` of them, shared by
-    every request's own work outside its batch (``request_s`` each, one core at a time, before it
+    ``cores`` and ``request_s`` (both, or neither): the host's CPU, ``cores`` of them (one pool per
+    deployment, whatever its replicas' nodes), shared by every request's own work outside its batch (``request_s`` each, one core at a time, before it
     joins a batch: deserialising, the actor's loop) and the batches (each holds a core while it
     runs): a loaded host's limit, which a batch cost alone does not show."""
 

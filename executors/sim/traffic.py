@@ -95,7 +95,7 @@ _TAKES_CALLS = ("running", "reconfiguring")
 KEEP_FAILURES = 20
 #: ``closed`` arrivals: how long a caller whose request failed or was refused waits before its next
 CLOSED_RETRY_PAUSE_S = 0.001
-#: ``models:``: how long after a change of its models a replica reports them (``ReplicaModels``):
+#: ``models:``: how long after a change of its models a replica reports them (``ModelsReported``):
 #: Serve's replica pushes its multiplexed model ids every 0.1 s
 MODELS_PUSH_S = 0.1
 
@@ -316,7 +316,7 @@ class _ModelReplica:
         self.epoch, self.cache = epoch, cache
         self.waiting: deque[tuple[str, str]] = deque()  # (request id, model id), their load not begun
         self.loader: str | None = None  # the request whose load runs (None: none, or it left: the load goes on)
-        self.push: int | None = None  # the scheduled ``ReplicaModels`` report
+        self.push: int | None = None  # the scheduled ``ModelsReported`` report
 
 
 class SimTraffic:
@@ -606,8 +606,19 @@ class SimTraffic:
         self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
     def _cpu_begin(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
+        """``rid`` has a core: its own CPU runs, unless it left meanwhile (answered, or its replica
+        is gone), which gives the core back at once."""
         assert flow.spec.batch is not None and flow.spec.batch.request_s is not None and flow.cpu is not None
+        if rid not in self._in_cpu or not self._replica_live(replica_id, epoch):
+            self._in_cpu.discard(rid)
+            assert flow.cores is not None
+            flow.cores.release()
+            return
         self.sim.schedule(flow.spec.batch.request_s.sample(flow.cpu), self._cpu_done, flow, rid, replica_id, epoch)
+
+    def _replica_live(self, replica_id: str, epoch: int) -> bool:
+        r = self.sim.backend.replicas.get(replica_id)
+        return r is not None and r.epoch == epoch and not r.hung
 
     def _cpu_done(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
         """``rid``'s own CPU is done: its core is free; it joins its replica's batcher (unless it was
@@ -646,8 +657,11 @@ class SimTraffic:
 
     def _batch_begin(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple,
                      service: float) -> None:
-        """A closed batch runs now, for ``service``."""
+        """A closed batch runs now, for ``service`` (one whose replica is gone meanwhile ends at
+        once: it gives its core back)."""
         sim = self.sim
+        if flow.cores is not None and not self._replica_live(replica_id, epoch):
+            service = 0.0
         ticket = sim.schedule(service, self._batch_done, flow, replica_id, epoch, batch_id, rids)
         held = self._held.setdefault(replica_id, {})
         for rid in rids:
@@ -751,15 +765,18 @@ class SimTraffic:
         by the machine), which frees its slot."""
         entry = self._held.get(replica_id, {}).get(rid)
         if entry is not None:
-            b = self._batchers.get(replica_id)
+            flow = self.flows[rid.rsplit("/", 1)[0]]
             if rid in self._load_wait:  # waiting for a model's load: it leaves the line
                 self._model_left(rid)
             elif rid in self._in_cpu:  # on its own CPU, not in a batch yet: it never joins one
                 self._in_cpu.discard(rid)
-            elif b is not None:  # batched: a waiting one leaves its batch; a running batch runs on for the others
+            elif flow.spec.batch is not None:  # batched: a waiting one leaves its batch; a running batch
+                # runs on for the others (its end, which frees its slot and core, is never cancelled)
+                b = self._batchers.get(replica_id)
                 if entry[1] is None:
-                    b.batcher.handle(Cancel(request_id=rid))
-                    self._arm(self.flows[rid.rsplit("/", 1)[0]], replica_id, b)
+                    if b is not None:  # (a dead replica's batcher is gone, and its batches with it)
+                        b.batcher.handle(Cancel(request_id=rid))
+                        self._arm(flow, replica_id, b)
                 else:
                     self._cut.add(rid)
             else:

@@ -162,3 +162,18 @@ def test_closed_callers_refused_at_once_retry_after_a_pause_and_the_run_ends():
     q = result.metrics["deployments"]["embed"]["requests"]
     assert q["rejected"]["overloaded"] > 0 and q["lost"] == 0
     assert q["throughput_rps"] == pytest.approx(400, rel=0.05)  # full batches of 4 every 10 ms
+
+
+def test_cores_are_all_given_back_after_deadlines_cut_batches_of_a_frozen_replica_and_one_dies():
+    text = BASE.replace("BATCH", "{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.02, cores: 1, "
+                                 "request_s: 0.001}\n    timeout_s: 0.04\n    until: 50").replace(
+        "RATE", "150").replace("TIMELINE", "  - at: 30\n    hang: {deployment: embed, rank: 0}\n  - at: 31\n"
+                                           "    crash: {deployment: embed, rank: 1}")
+    sim = Simulation(parse_scenario(text, "<batching>"), check=True)
+    result = sim.run()
+    assert result.passed
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    assert q["failed"] > 0 and q["answered"] > 0  # (deadlines cut requests in running batches)
+    flow = sim.traffic.flows["embed"]
+    assert flow.cores.free == 1 and not flow.cores.waiting  # no core leaked, nothing left waiting for one
