@@ -43,6 +43,8 @@ from rankcore.requests import (
     Tick,
 )
 
+from .multiplex import get_multiplexed_model_id
+
 __all__ = ["batch", "BatchSizeMismatch", "BatchOptions"]
 
 #: the instance attribute a method's batchers live under (one per decorated method)
@@ -78,14 +80,6 @@ class BatchSizeMismatch(RuntimeError):
     """The batched method answered a list of another length than the batch (or no list)."""
 
 
-def _model_id() -> str:
-    """The caller's multiplexed model id ("" none): batches split by it."""
-    from .context import _get_serve_request_context
-
-    ctx = _get_serve_request_context()
-    return str(getattr(ctx, "multiplexed_model_id", "") or "") if ctx is not None else ""
-
-
 class _Call:
     __slots__ = ("args", "kwargs", "future", "queue", "done")
 
@@ -111,11 +105,14 @@ class _Runner:
         self.last = 0.0  # the batcher's clock: never behind what it was told (a timer may fire a hair early)
         #: answers dropped because their caller had gone (cancelled while its batch ran)
         self.dropped = 0
+        self.shown_waiting = -1  # (what the queue-length gauge shows: set again only when it changes)
 
     def apply(self, event: Any) -> None:
         acts = self.batcher.handle(event)
-        for m in _metrics:
-            m.batch_queue(self.fn.__name__, self.batcher.waiting)
+        if _metrics and self.batcher.waiting != self.shown_waiting:
+            self.shown_waiting = self.batcher.waiting
+            for m in _metrics:
+                m.batch_queue(self.fn.__name__, self.shown_waiting)
         for act in acts:
             if isinstance(act, Refused):
                 call = self.calls.pop(act.request_id)
@@ -152,7 +149,7 @@ class _Runner:
                      asyncio.Queue() if stream else None)
         self.calls[rid] = call
         try:
-            self.apply(Enqueue(request_id=rid, now=self.now(), size=size, model_id=_model_id()))
+            self.apply(Enqueue(request_id=rid, now=self.now(), size=size, model_id=get_multiplexed_model_id()))
         except BaseException:
             self.calls.pop(rid, None)
             raise

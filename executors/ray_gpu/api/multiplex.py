@@ -37,7 +37,7 @@ __all__ = ["multiplexed", "get_multiplexed_model_id", "MultiplexOptions", "resid
 log = logging.getLogger(__name__)
 #: the instance attribute a class's multiplexers live under (one per decorated method)
 _HOLDERS = "__rankcore_multiplexers__"
-#: plain-function loaders' multiplexers in this process, by the function's qualified name
+#: plain-function loaders' multiplexers in this process, by the function's module and qualified name
 _plain: dict[str, _Multiplexer] = {}
 #: every multiplexer of this process (what the replica reports is their union)
 _every: list[_Multiplexer] = []
@@ -151,7 +151,7 @@ class _Multiplexer:
                     return self.models[model_id]
                 try:
                     # the evicted models leave now, unloaded even if this request is cancelled meanwhile
-                    await asyncio.shield(self._unload([(gone, self.models.pop(gone, None)) for gone in act.evict]))
+                    await asyncio.shield(self._unload_all([(gone, self.models.pop(gone, None)) for gone in act.evict]))
                     t0 = time.perf_counter()
                     model = await (self.fn(model_id) if self.owner is None else self.fn(self.owner, model_id))
                 except BaseException:
@@ -160,7 +160,7 @@ class _Multiplexer:
                 self.models[model_id] = model
                 cache.loaded(model_id)
                 for m in _metrics:
-                    m.model_loaded(model_id, (time.perf_counter() - t0) * 1000.0)
+                    m.model_loaded((time.perf_counter() - t0) * 1000.0)
                 return model
         finally:
             if not begun:  # (cancelled, or refused, while waiting for its turn)
@@ -168,7 +168,7 @@ class _Multiplexer:
             _changed()
 
     @staticmethod
-    async def _unload(models: list[tuple[str, Any]]) -> None:
+    async def _unload_all(models: list[tuple[str, Any]]) -> None:
         """Unload ``models`` (id, object) in order; one whose ``__del__`` raises does not stop the
         others (Serve logs it the same way)."""
         for model_id, model in models:
@@ -178,14 +178,14 @@ class _Multiplexer:
             except Exception:  # (the user's cleanup failed: the model is gone from the cache all the same)
                 log.exception("unloading multiplexed model %r failed", model_id)
             for m in _metrics:
-                m.model_unloaded(model_id, (time.perf_counter() - t0) * 1000.0)
+                m.model_unloaded((time.perf_counter() - t0) * 1000.0)
 
     async def shutdown(self) -> None:
         """Unload every model, least recently used first (the replica is stopping): after the load
         under way, if any; no load begins after it."""
         self.closed = True
         async with self._the_lock():
-            await self._unload([(m, self.models.pop(m, None)) for m in self.cache.loaded_ids()])
+            await self._unload_all([(m, self.models.pop(m, None)) for m in self.cache.loaded_ids()])
             self.cache = ModelCache(self.cache.options)  # (a request still waiting holds the old one)
 
 

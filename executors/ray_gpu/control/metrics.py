@@ -262,6 +262,9 @@ class ReplicaMetrics:
         self.deployment, self.replica = deployment, replica
         self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, deployment)
         self._models: set[str] = set()  # (the multiplexed models last shown as registered)
+        #: a @multiplexed loader's calls: counted once a request (its labelled child kept, as ``_ongoing``)
+        self._lookups = self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(deployment, replica,
+                                                                                          deployment)
 
     def began(self) -> None:
         self._ongoing.inc()
@@ -301,15 +304,14 @@ class ReplicaMetrics:
         self._models = now
 
     def model_lookup(self) -> None:
-        self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(self.deployment, self.replica,
-                                                                          self.deployment).inc()
+        self._lookups.inc()
 
-    def model_loaded(self, model_id: str, ms: float) -> None:
+    def model_loaded(self, ms: float) -> None:
         dep, rid = self.deployment, self.replica
         self.m["ray_serve_multiplexed_models_load_counter"].labels(dep, rid, dep).inc()
         self.m["ray_serve_multiplexed_model_load_latency_ms"].labels(dep, rid, dep).observe(ms)
 
-    def model_unloaded(self, model_id: str, ms: float) -> None:
+    def model_unloaded(self, ms: float) -> None:
         dep, rid = self.deployment, self.replica
         self.m["ray_serve_multiplexed_models_unload_counter"].labels(dep, rid, dep).inc()
         self.m["ray_serve_multiplexed_model_unload_latency_ms"].labels(dep, rid, dep).observe(ms)
