@@ -60,7 +60,6 @@ SERVING, DRAINING, GONE = "serving", "draining", "gone"
 #: alive past its start: may hold requests (when it is not serving, it finishes them and takes no new ones)
 _HOLDING = (Phase.RUNNING, Phase.RECONFIGURING, Phase.STOPPING)
 _Changed, _Coming, _Step = maker(PoolChanged), maker(PoolComing), maker(Step)
-_Models = ReplicaModels  # (its model ids have a converter: built with its constructor, from a record's tuple)
 
 
 def membership(dep: Deployment | None, rep: Replica | None) -> str:
@@ -102,9 +101,13 @@ def reset(state: State) -> list[PoolReset | ReplicaModels]:
         dep = state.deployments[name]
         s, d = pool_of(dep)
         out.append(PoolReset(deployment=name, serving=s, draining=d, coming=coming(dep)))
-        out.extend(_Models(deployment=name, replica_id=rid, model_ids=dep.replicas[rid].models)
-                   for rid in (*s, *d) if dep.replicas[rid].models)
+        out.extend(_models_of(dep.replicas[rid]) for rid in (*s, *d) if dep.replicas[rid].models)
     return out
+
+
+def _models_of(rep: Replica) -> ReplicaModels:
+    """What the request path is told of ``rep``'s multiplexed models (``Replica.models``)."""
+    return ReplicaModels(deployment=rep.deployment, replica_id=rep.replica_id, model_ids=rep.models)
 
 
 def _models_reported(before: State, after: State, rid: str) -> ReplicaModels | None:
@@ -116,14 +119,14 @@ def _models_reported(before: State, after: State, rid: str) -> ReplicaModels | N
     rep1 = dep1.replicas.get(rid) if dep1 is not None else None
     if rep1 is None or rep0 is None or rep0.models == rep1.models or membership(dep1, rep1) is GONE:
         return None
-    return _Models(deployment=rep1.deployment, replica_id=rid, model_ids=rep1.models)
+    return _models_of(rep1)
 
 
 def _joined(changed: PoolChanged, rep1: Replica | None) -> ReplicaModels | None:
     """The models of a replica that ``changed`` brings into its pool holding some (None: none)."""
     if rep1 is None or not rep1.models or changed.membership == GONE:
         return None
-    return _Models(deployment=changed.deployment, replica_id=changed.replica_id, model_ids=rep1.models)
+    return _models_of(rep1)
 
 
 def _candidates(before: State, after: State, event: object, commands: tuple) -> list[str]:
@@ -254,7 +257,7 @@ def announce(before: State, event: object, step: Step) -> Step:
         changed = _change(before, after, rid)
         if changed is not None:
             out.append(changed)
-            if changed.membership != GONE:
+            if changed.membership != GONE:  # (no lookup for one that left)
                 models = _joined(changed, after.replica(rid))
                 if models is not None:
                     out.append(models)

@@ -91,7 +91,7 @@ def want(cl: Cluster | ClusterTx, dep: Deployment, rid: str | None = None,
                 may_evict=rid is None or rid not in cl.no_evict)
 
 
-def check_same_model(dep: Deployment, model_bytes: int, resources: Need, multiplexed_bytes: int = 0) -> None:
+def check_same_model(dep: Deployment, model_bytes: int, resources: Need, multiplexed_bytes: int) -> None:
     """A deployment with replicas keeps its model's size (and what it sets aside for
     multiplexed models) and GPUs (what each replica holds is booked by them, and a
     recovering controller books them again from the size it is told): scale to 0
