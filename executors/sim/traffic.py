@@ -563,8 +563,7 @@ class SimTraffic:
         mr = self._models.get(replica_id)
         if mr is None or mr.epoch != epoch:
             return None
-        r = self.sim.backend.replicas.get(replica_id)
-        if r is None or r.epoch != epoch or r.hung:
+        if not self._replica_live(replica_id, epoch):
             self._drop_models(replica_id)
             return None
         return mr
@@ -617,6 +616,8 @@ class SimTraffic:
         self.sim.schedule(flow.spec.batch.request_s.sample(flow.cpu), self._cpu_done, flow, rid, replica_id, epoch)
 
     def _replica_live(self, replica_id: str, epoch: int) -> bool:
+        """Whether that very incarnation of the replica still runs and answers (not replaced, not
+        dead, not frozen)."""
         r = self.sim.backend.replicas.get(replica_id)
         return r is not None and r.epoch == epoch and not r.hung
 
@@ -685,8 +686,7 @@ class SimTraffic:
         b = self._batchers.get(replica_id)
         if b is None or b.epoch != epoch:
             return None
-        r = self.sim.backend.replicas.get(replica_id)
-        if r is None or r.epoch != epoch or r.hung:
+        if not self._replica_live(replica_id, epoch):
             del self._batchers[replica_id]
             if b.timer is not None:
                 self.sim.cancel(b.timer)
@@ -722,8 +722,7 @@ class SimTraffic:
             held.pop(rid, None)
             if not held:
                 del self._held[replica_id]
-        r = self.sim.backend.replicas.get(replica_id)
-        if r is None or r.epoch != epoch or r.hung:
+        if not self._replica_live(replica_id, epoch):
             return
         st = self.machine.status(rid)
         if st is None:
@@ -897,14 +896,13 @@ class SimTraffic:
             }
             if f.spec.stream is not None:
                 out[name].update(f.streams.as_dict())
+            span = f.spec.until - f.spec.start
             if f.spec.batch is not None:
-                span = f.spec.until - f.spec.start
                 out[name].update({"batches": f.batches, "batch_size_mean": _r(f.batch_items / f.batches)
                                   if f.batches else None, "batches_full": f.batch_full,
                                   "batch_busy_s": _r(f.batch_seconds),
                                   "throughput_rps": _r(f.answers / span) if span > 0 else None})
             if f.spec.models is not None:
-                span = f.spec.until - f.spec.start
                 out[name].update({"model_requests": f.model_requests, "model_hits": f.model_hits,
                                   "model_hit_rate": _r(f.model_hits / f.model_requests) if f.model_requests else None,
                                   "model_loads": f.model_loads,
