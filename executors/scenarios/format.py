@@ -445,6 +445,12 @@ class _Checker:
             raise self.fail(path, f"must not be negative, got {value}")
         return value
 
+    def some(self, value: Any, path: tuple, what: str) -> int:
+        """A whole number of ``what`` (models, callers), at least 1."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(path, f"must be a whole number of {what} >= 1, got {_show(value)}")
+        return value
+
     def number(self, value: Any, path: tuple, *, minimum: float = 0.0, maximum: float | None = None) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise self.fail(path, f"must be a number, got {_show(value)}")
@@ -1225,10 +1231,7 @@ def _models(value: Any, p: tuple, c: _Checker) -> ModelsSpec:
         return ModelsSpec(options=options, count=len(set(ids)), load_s=load_s, ids=ids, path=path)
     if "count" not in m:
         raise c.fail(p, "missing required field 'count' (how many models, or 'file': a model id per request)")
-    count = m["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise c.fail(p + ("count",), f"must be a whole number of models >= 1, got {_show(count)}")
-    return ModelsSpec(options=options, count=count, load_s=load_s,
+    return ModelsSpec(options=options, count=c.some(m["count"], p + ("count",), "models"), load_s=load_s,
                       zipf_s=c.number(m.get("zipf_s", 1.0), p + ("zipf_s",)))
 
 
@@ -1288,11 +1291,8 @@ def _arrivals(value: Any, p: tuple, c: _Checker) -> ArrivalSpec:
                            burst_s=c.number(m["burst_s"], p + ("burst_s",), maximum=period), period_s=period,
                            offset_s=c.number(m.get("offset_s", 0.0), p + ("offset_s",)))
     if kind == "closed":
-        clients = m["clients"]
-        if isinstance(clients, bool) or not isinstance(clients, int) or clients < 1:
-            raise c.fail(p + ("clients",), f"must be a whole number of callers >= 1, got {_show(clients)}")
         think = m.get("think_s")
-        return ArrivalSpec(kind, clients=clients, think_s=None if think is None else c.latency(think, p + ("think_s",)))
+        return ArrivalSpec(kind, clients=c.some(m["clients"], p + ("clients",), "callers"), think_s=None if think is None else c.latency(think, p + ("think_s",)))
     if kind == "daily":
         rates = m["rates"]
         if not isinstance(rates, list) or len(rates) != 24:
