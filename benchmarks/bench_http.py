@@ -425,8 +425,8 @@ def print_table(headers: list[str], table: list[list[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
 
 
-def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
-    """Each system's start-up time and errors, then the overall verdict of ``judge``'s rows."""
+def print_errors(results: dict) -> None:
+    """Each system's start-up time and errors (its levels' first ones, then its own)."""
     for name, res in results.items():
         if "deploy_s" in res:
             print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
@@ -435,6 +435,11 @@ def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
                 print(f"{name}: {key}: error: {e}")
         for e in res.get("errors", []):
             print(f"{name}: ERROR: {e}")
+
+
+def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
+    """Each system's start-up time and errors, then the overall verdict of ``judge``'s rows."""
+    print_errors(results)
     judged = [r for r in rows if r["verdict"] != "n/a"]
     if "ours" in results and "serve" in results:
         overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \

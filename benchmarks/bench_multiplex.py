@@ -83,7 +83,7 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
-from bench_http import _awaitable, _fmt, _free_port, _ints, print_table  # noqa: E402
+from bench_http import _awaitable, _fmt, _free_port, _ints, print_errors, print_table, summarise  # noqa: E402
 
 DEP = "mux"  # deployment name (and Serve application name)
 ROUTE = "/mux"
@@ -224,16 +224,9 @@ class Serve:
 
 
 # ----------------------------------------------------------------- measuring
-def _pct(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, max(0, round(q * len(sorted_values)) - 1))]
-
-
 def figures(records: list[dict], errors: int, first_errors: list[str], load_s: float, clients: int) -> dict:
     """A level's figures from its measured requests' records (``t0``, ``t1``: send and answer,
-    ``loaded``, ``get_s``, ``pid``, ``model``)."""
-    lat = sorted(r["t1"] - r["t0"] for r in records)
+    ``loaded``, ``get_s``, ``pid``, ``model``): bench_http's latency summary, then the loads."""
     answers = len(records)
     loads = sum(1 for r in records if r["loaded"])
     waits = sum(1 for r in records if not r["loaded"] and r["get_s"] >= 0.5 * load_s)
@@ -242,16 +235,12 @@ def figures(records: list[dict], errors: int, first_errors: list[str], load_s: f
     for r in records:
         if r["loaded"]:
             copies.setdefault(r["model"], set()).add(r["pid"])
-    p50, p99 = _pct(lat, 0.50), _pct(lat, 0.99)
-    return {"clients": clients, "answers": answers, "errors": errors, "first_errors": first_errors,
-            "loads": loads, "hits": answers - loads, "hit_rate": (answers - loads) / answers if answers else None,
-            "waits": waits, "seconds": window,
-            "loads_per_min": 60.0 * loads / window if window > 0 else None,
-            "rps": answers / window if window > 0 else None,
-            "p50_ms": None if p50 is None else 1000.0 * p50, "p99_ms": None if p99 is None else 1000.0 * p99,
-            "max_ms": 1000.0 * lat[-1] if lat else None,
-            "replicas_answering": len({r["pid"] for r in records}),
-            "models_loaded_on_2_or_more": sum(1 for v in copies.values() if len(v) > 1)}
+    out = summarise([r["t1"] - r["t0"] for r in records], answers, errors, window, clients, first_errors)
+    out.update({"loads": loads, "hits": answers - loads, "hit_rate": (answers - loads) / answers if answers else None,
+                "waits": waits, "loads_per_min": 60.0 * loads / window if window > 0 else None,
+                "replicas_answering": len({r["pid"] for r in records}),
+                "models_loaded_on_2_or_more": sum(1 for v in copies.values() if len(v) > 1)})
+    return out
 
 
 async def run_level(send: Any, seq: list[str], warmup: int, clients: int, timeout: float, load_s: float) -> dict:
@@ -406,16 +395,11 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
           "did; waits: hits that waited >= half a load in get_model; goal: ours hit rate >= serve and ours p99 "
           "<= serve, no errors)")
     for name, res in results.items():
-        if "deploy_s" in res:
-            print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
         for key, lv in res.get("levels", {}).items():
             print(f"{name}: {key}: {lv['answers']} answers, {lv['loads']} loads over {_fmt(lv['seconds'], 1)} s, "
                   f"{lv['replicas_answering']} replicas answering, {lv['models_loaded_on_2_or_more']} models loaded "
                   f"on 2+ replicas")
-            for e in lv.get("first_errors", []):
-                print(f"{name}: {key}: error: {e}")
-        for e in res.get("errors", []):
-            print(f"{name}: ERROR: {e}")
+    print_errors(results)
     if "ours" in results and "serve" in results:
         clean = all(not r["ours"]["errors"] and not r["serve"]["errors"] for r in rows if r["ours"] and r["serve"])
         clean = clean and not any(res.get("errors") for res in results.values())
