@@ -103,8 +103,6 @@ class _Runner:
         self.due: float | None = None  # what ``timer`` is armed for
         self.tasks: set[asyncio.Task] = set()
         self.last = 0.0  # the batcher's clock: never behind what it was told (a timer may fire a hair early)
-        #: answers dropped because their caller had gone (cancelled while its batch ran)
-        self.dropped = 0
         self.shown_waiting = -1  # (what the queue-length gauge shows: set again only when it changes)
 
     def apply(self, event: Any) -> None:
@@ -207,10 +205,8 @@ class _Runner:
                 self._fail(c, RuntimeError("the batch was cancelled before it answered"))
             raise
         for c, r in zip(calls, results):
-            if c.future is not None and not c.future.done():
+            if c.future is not None and not c.future.done():  # (a caller gone meanwhile: its answer is dropped)
                 c.future.set_result(r)
-            else:
-                self.dropped += 1
 
     async def _stream(self, calls: list[_Call], agen: Any) -> None:
         try:
@@ -340,8 +336,6 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
         wrapper.set_max_concurrent_batches = lambda n: _set(max_concurrent_batches=n)
         wrapper._get_max_batch_size = lambda: state["options"].max_batch_size
         wrapper._get_batch_wait_timeout_s = lambda: state["options"].batch_wait_timeout_s
-        wrapper.batch_options = lambda: state["options"]
-        wrapper._rankcore_batchers = every
         return wrapper
 
     return decorate(_func) if _func is not None else decorate
