@@ -234,7 +234,7 @@ class SpareOptions:
         "there skips the process start; 0: none")
 
 
-def _model_bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _bytes(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if type(value) is not int or value < 0:
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a number of bytes (an int >= 0), "
                             f"got {f.shown(value)}")
@@ -245,13 +245,13 @@ class TierOptions:
     """GPU memory, eviction and the warm cache (rankcore.tiers.choice, rankcore.tiers.devices)."""
 
     model_bytes: int = _option(
-        0, _model_bytes,
+        0, _bytes,
         "the model's weights in bytes: > 0 books them on GPU devices of nodes that declare devices "
         "(split evenly over the replica's GPUs), evicting other models when full (gangs and static placement: "
         "only sizes their sleep/wake moves); 0: GPUs are counted",
         scenario=Spelling("model_bytes", "bytes, or a size such as 16GiB"))
     multiplexed_bytes: int = _option(
-        0, _model_bytes,
+        0, _bytes,
         "GPU memory each replica sets aside for its multiplexed models (@multiplexed: at most "
         "max_num_models_per_replica of them, so that many times one model's bytes), booked on its devices with "
         "model_bytes (needs model_bytes > 0); 0: none")
