@@ -20,15 +20,17 @@ __all__ = ["RawClient"]
 class RawClient:
     """One connection: opened on first use, and again when the server closed it (a request that
     finds a reused connection closed before any answer is sent once more on a new one). Answers
-    have a ``Content-Length``, a chunked body or end when the server closes (not a 204/304)."""
+    have a ``Content-Length``, a chunked body or end when the server closes (not a 204/304).
+    ``resend_on_closed=False``: no resend, the closed connection is the request's error (the chaos
+    benchmark counts a server's failures, not a client's retries)."""
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, resend_on_closed: bool = True) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"RawClient speaks plain http://host:port/path, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.timeout = timeout
+        self.timeout, self.resend_on_closed = timeout, resend_on_closed
         self._head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                       "Content-Type: application/json\r\nContent-Length: ").encode()
         self._reader: asyncio.StreamReader | None = None
@@ -55,7 +57,7 @@ class RawClient:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, ConnectionError):
-                if not reused:
+                if not reused or not self.resend_on_closed:
                     raise
                 await self.close()  # the server closed the idle connection: once more on a new one
                 return await self._post(body)

@@ -1,0 +1,837 @@
+"""Chaos under load: rankcore on Ray against Ray Serve, the same app and faults, one run (issue 40).
+
+What it measures
+----------------
+Both systems serve the same app on a local multi-node cluster (``ray.cluster_utils.Cluster``: a
+head of 2 logical CPUs and no GPU, ``--workers`` worker nodes of 2 logical CPUs and 2 logical
+GPUs each, fast node health checks): ``--replicas`` replicas (default 4) of ``num_cpus`` 0.1 and
+``num_gpus`` 1 (so they run on the workers), ``max_ongoing_requests`` 5 (Serve's default),
+health checks every 1 s with a 3 s timeout (both), a ``user_config`` and a rank-aware
+``reconfigure(user_config, rank)``, and an ``async def __call__`` that records the request's id
+as started (one line appended to a file of its replica), sleeps ``--work`` s (default 0.02) and
+answers its replica id, rank, world_size, node, code tag and ``user_config`` generation. Served
+over HTTP by the head node's proxy (``HeadOnly`` on both: on one host the nodes share its ports)
+and by the handle. Each system runs in a child process of its own with a fresh cluster,
+``--repeats`` times (default 2), alternating (ours, Serve, ours, Serve).
+
+Under ``--clients`` closed-loop HTTP clients (default 16; each its own keep-alive connection,
+benchmarks/rawhttp.py's client with its one resend on a closed idle connection turned off: a
+failure is the system's, not hidden by the client) and ``--handle-clients`` closed-loop handle
+callers (default 8), every request bounded by ``--request-timeout`` (default 30 s), the faults
+of ``--faults`` are injected one after another, each once the previous one settled
+(``--gap`` s after, default 2), which replica or node a seeded draw (``--seed``):
+
+* ``replica``: a replica's actor killed (``ray.kill``, no restart);
+* ``controller``: the controller's actor killed (Ray restarts it);
+* ``proxy``: the head node's HTTP proxy killed (no restart: the system must start it again);
+* ``node``: a worker node holding a replica removed from the cluster, and another added;
+* ``unresponsive``: a replica's ``check_health`` made to hang (its requests still answered);
+* ``slow``: a replica made 10x slower for ``--slow-s`` s (default 5), nothing to replace;
+* ``light``: the deployment applied again with a new ``user_config`` (a lightweight update:
+  ``reconfigure``, no restart);
+* ``heavy``: the deployment applied again with new code (a rolling update). Serve's code
+  version is pinned for ``light`` (else ``serve.run`` gives every apply a new one).
+
+Per system and fault (requests attributed by when they were sent, from the fault to the next):
+sent, answered, failed by status or exception, **lost** (neither answered nor failed within the
+request timeout: a hang), **avoidable** failures (failed, and the request never started on any
+replica: it could have been sent to another one), p50 / p99 latency of the requests sent in the
+3 s after the fault, **time back to target** (until ``--replicas`` replicas, none a victim of
+the fault, answer with the ranks 0..N-1 and world_size N, for ``light`` / ``heavy`` all with the
+new config / code; for ``controller`` also until the controller answers again; for ``proxy``
+until an HTTP request sent after the fault is answered), and the ranks after it: what the
+replicas themselves answered in the 1.5 s after it settled (reassigned: survivors whose rank
+changed; holes in 0..N-1; duplicates; a world_size other than N) and, for ours, whether the
+controller's ranks are the ones the replicas answer and its state checks are clean.
+
+The goal (issue 40): ours loses 0, fails no request that had not started (``proxy`` aside: a
+client whose proxy died has no server to re-send for it), and is back to target no slower than
+Serve (median over the repeats, per fault).
+
+How to run
+----------
+    .venv/bin/python benchmarks/bench_chaos.py                   # both, 2 repeats, every fault: ~12 min
+    .venv/bin/python benchmarks/bench_chaos.py --only ours --repeats 1 --faults replica,node
+    .venv/bin/python benchmarks/bench_chaos.py --clients 4 --handle-clients 2 --only ours --repeats 1 --json out.json
+
+Needs the ``bench`` extra (Ray Serve) for Serve; ``--only ours`` does not. Progress goes to stderr;
+the table (and ``--json`` file) is the result. Timings on this shared 2-core host are noisy:
+compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
+
+DEP = "chaos"  # deployment name (and Serve application name)
+ROUTE = "/chaos"
+FAULTS = ("replica", "controller", "proxy", "node", "unresponsive", "slow", "light", "heavy")
+#: the faults whose failures a system could have avoided by sending the request elsewhere
+#: (``proxy``: the client's own connection died with it)
+REDISPATCHABLE = frozenset(FAULTS) - {"proxy"}
+ACTOR_OPTIONS = {"num_cpus": 0.1, "num_gpus": 1}
+HEALTH = {"health_check_period_s": 1.0, "health_check_timeout_s": 3.0}
+MAX_ONGOING = 5
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[bench_chaos {time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    """A step of the run failed; the message says which and why."""
+
+
+# --------------------------------------------------------------------- the app
+class _App:
+    """Records each request as started, sleeps ``work`` (x10 while its ``slow-<id>`` file exists),
+    answers who it is; ``check_health`` hangs while its ``hang-<id>`` file exists."""
+
+    TAG = "v1"
+
+    def __init__(self, chaos_dir: str, work: float) -> None:
+        self.dir, self.work = chaos_dir, work
+        self.cfg: Any = None
+        self._id: str | None = None
+
+    def _ctx(self) -> Any:
+        raise NotImplementedError
+
+    def _rid(self) -> str:
+        if self._id is None:
+            rid = self._ctx().replica_id
+            self._id = str(getattr(rid, "unique_id", rid))
+        return self._id
+
+    def reconfigure(self, user_config: Any, rank: Any = None) -> None:
+        self.cfg = (user_config or {}).get("n")
+
+    async def check_health(self) -> None:
+        if os.path.exists(os.path.join(self.dir, f"hang-{self._rid()}")):
+            await asyncio.sleep(3600)
+
+    async def answer(self, body: Any) -> dict:
+        rid = self._rid()
+        with open(os.path.join(self.dir, f"started-{rid}"), "a") as f:
+            f.write(f"{body.get('id')}\n")
+        slow = os.path.exists(os.path.join(self.dir, f"slow-{rid}"))
+        await asyncio.sleep(self.work * (10 if slow else 1))
+        import ray
+
+        ctx = self._ctx()
+        return {"id": body.get("id"), "rid": rid, "rank": getattr(ctx.rank, "rank", ctx.rank),
+                "ws": ctx.world_size, "tag": self.TAG, "cfg": self.cfg,
+                "node": ray.get_runtime_context().get_node_id()}
+
+
+class _Ours(_App):
+    def _ctx(self) -> Any:
+        from executors.ray_gpu import get_replica_context
+
+        return get_replica_context()
+
+    async def __call__(self, body: Any) -> dict:
+        return await self.answer(body)
+
+
+class _Serve(_App):
+    def _ctx(self) -> Any:
+        from ray import serve
+
+        return serve.get_replica_context()
+
+    async def __call__(self, body: Any) -> dict:
+        from starlette.requests import Request
+
+        return await self.answer(await body.json() if isinstance(body, Request) else body)
+
+
+class OursV1(_Ours):
+    TAG = "v1"
+
+
+class OursV2(_Ours):
+    TAG = "v2"
+
+
+class ServeV1(_Serve):
+    TAG = "v1"
+
+
+class ServeV2(_Serve):
+    TAG = "v2"
+
+
+# ------------------------------------------------------------------- systems
+class Ours:
+    name = "ours"
+
+    def __init__(self, args: argparse.Namespace, chaos_dir: str) -> None:
+        self.args, self.dir = args, chaos_dir
+        self.handle: Any = None
+
+    def _deploy(self, cls: type, n: int) -> Any:
+        from executors.ray_gpu import deployment, run
+
+        d = deployment(cls, name=DEP, num_replicas=self.args.replicas, user_config={"n": n},
+                       ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING, **HEALTH)
+        return run(d.bind(self.dir, self.args.work), route_prefix=ROUTE, timeout=self.args.settle_timeout)
+
+    def deploy(self) -> str:
+        from executors.ray_gpu.ingress.http import ingress_address, start_ingress
+
+        start_ingress(port=0, proxy_location="HeadOnly")
+        self.handle = self._deploy(OursV1, 1)
+        address = ingress_address()
+        if address is None:
+            raise BenchError("ours: the ingress did not start")
+        return f"http://{address[0]}:{address[1]}{ROUTE}"
+
+    def apply(self, version: str, n: int) -> None:
+        self._deploy(OursV2 if version == "v2" else OursV1, n)
+
+    def kill_replica(self, rid: str) -> None:
+        import ray
+
+        ray.kill(ray.get_actor(f"ModelActor:{DEP}:{rid}", namespace="rankcore"), no_restart=True)
+
+    def kill_controller(self) -> None:
+        import ray
+
+        from executors.ray_gpu import get_controller
+
+        ray.kill(get_controller(), no_restart=False)
+
+    def controller_answers(self) -> bool:
+        import ray
+
+        from executors.ray_gpu import get_controller
+
+        try:
+            ray.get(get_controller().state_errors.remote(), timeout=1.0)
+            return True
+        except Exception:
+            return False
+
+    def kill_proxy(self) -> None:
+        import ray
+
+        from executors.ray_gpu.ingress.http import INGRESS_NAME
+
+        ray.kill(ray.get_actor(INGRESS_NAME, namespace="rankcore"), no_restart=True)
+
+    def controller_view(self) -> dict:
+        """The controller's ranks (replica id -> global rank) and its state checks."""
+        import ray
+
+        from executors.ray_gpu import get_controller
+
+        ranks = {rid: v[0] for rid, v in self.handle.ranks().items() if v is not None}
+        return {"ranks": ranks, "state_errors": ray.get(get_controller().state_errors.remote(), timeout=30)}
+
+    def shutdown(self) -> None:
+        childrun.ours_shutdown(log)
+
+
+class Serve:
+    name = "serve"
+
+    def __init__(self, args: argparse.Namespace, chaos_dir: str) -> None:
+        self.args, self.dir = args, chaos_dir
+        self.handle: Any = None
+
+    def _deploy(self, cls: type, n: int, version: str) -> Any:
+        from ray import serve
+
+        d: Any = serve.deployment(cls, name=DEP, num_replicas=self.args.replicas, user_config={"n": n},
+                                  ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING, **HEALTH)
+        d._version = version  # (pinned: else every serve.run is a new code version, a rolling update)
+        return serve.run(d.bind(self.dir, self.args.work), name=DEP, route_prefix=ROUTE)
+
+    def deploy(self) -> str:
+        from ray import serve
+
+        port = _free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        self.handle = self._deploy(ServeV1, 1, "v1")
+        return f"http://127.0.0.1:{port}{ROUTE}"
+
+    def apply(self, version: str, n: int) -> None:
+        self._deploy(ServeV2 if version == "v2" else ServeV1, n, version)
+
+    def kill_replica(self, rid: str) -> None:
+        import ray
+
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == "serve" and a["name"].startswith("SERVE_REPLICA::")
+                 and a["name"].endswith(f"#{rid}")]
+        if len(names) != 1:
+            raise BenchError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
+        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+
+    def kill_controller(self) -> None:
+        import ray
+
+        ray.kill(ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve"), no_restart=False)
+
+    def controller_answers(self) -> bool:
+        import ray
+
+        try:
+            ray.get(ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve").check_alive.remote(), timeout=1.0)
+            return True
+        except Exception:
+            return False
+
+    def kill_proxy(self) -> None:
+        import ray
+
+        head = ray.get_runtime_context().get_node_id()
+        ray.kill(ray.get_actor(f"SERVE_PROXY_ACTOR-{head}", namespace="serve"), no_restart=True)
+
+    def controller_view(self) -> dict | None:
+        return None  # (Serve's controller has no rank table to compare)
+
+    def shutdown(self) -> None:
+        childrun.serve_shutdown(log)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------ the load
+class Load:
+    """The closed-loop clients (HTTP and handle) on one asyncio loop in a thread of the child, and
+    every request's record: (sent, ended, path, id, outcome, answer)."""
+
+    def __init__(self, url: str, handle: Any, args: argparse.Namespace) -> None:
+        self.url, self.handle, self.args = url, handle, args
+        self.records: list[tuple] = []
+        self.latest: dict[str, tuple] = {}  # replica id -> (when, answer): the last answer of each
+        self.stop = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        tasks = [self._http_client(c) for c in range(self.args.clients)]
+        tasks += [self._handle_client(c) for c in range(self.args.handle_clients)]
+        await asyncio.gather(*tasks)
+
+    def _record(self, t0: float, path: str, rid: str, outcome: str, answer: Any) -> None:
+        t1 = time.perf_counter()
+        self.records.append((t0, t1, path, rid, outcome, answer))
+        if outcome == "ok" and isinstance(answer, dict) and "rid" in answer:
+            self.latest[answer["rid"]] = (t1, answer)
+
+    async def _http_client(self, c: int) -> None:
+        from rawhttp import RawClient
+
+        client = RawClient(self.url, self.args.request_timeout, resend_on_closed=False)
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                rid = f"h{c}-{seq}"
+                seq += 1
+                t0 = time.perf_counter()
+                try:
+                    status, data = await client.post(json.dumps({"id": rid}).encode())
+                    if status == 200:
+                        self._record(t0, "http", rid, "ok", json.loads(data))
+                    else:
+                        self._record(t0, "http", rid, f"HTTP {status}", data[:200].decode(errors="replace"))
+                except asyncio.TimeoutError:
+                    self._record(t0, "http", rid, "lost", None)
+                except Exception as exc:
+                    self._record(t0, "http", rid, type(exc).__name__, str(exc)[:200])
+                    await asyncio.sleep(0.05)  # (a refused connection fails at once: not a busy loop)
+        finally:
+            await client.close()
+
+    async def _handle_client(self, c: int) -> None:
+        seq = 0
+        while not self.stop.is_set():
+            rid = f"d{c}-{seq}"
+            seq += 1
+            t0 = time.perf_counter()
+            try:
+                answer = await asyncio.wait_for(_awaited(self.handle.remote({"id": rid})),
+                                                self.args.request_timeout)
+                self._record(t0, "handle", rid, "ok", answer)
+            except asyncio.TimeoutError:
+                self._record(t0, "handle", rid, "lost", None)
+            except Exception as exc:
+                self._record(t0, "handle", rid, type(exc).__name__, str(exc)[:200])
+                await asyncio.sleep(0.05)
+
+    def end(self) -> None:
+        """No new request; those under way end (answered, failed or timed out: lost)."""
+        self.stop.set()
+        self.thread.join(self.args.request_timeout + 30)
+        if self.thread.is_alive():
+            raise BenchError("the load's clients did not end within the request timeout")
+
+    def live(self, since: float, window: float = 1.0) -> dict[str, dict]:
+        """The replicas that answered in the last ``window`` s and after ``since``: id -> answer."""
+        now = time.perf_counter()
+        return {rid: a for rid, (t, a) in list(self.latest.items()) if t >= max(since, now - window)}
+
+
+async def _awaited(response: Any) -> Any:
+    return await response
+
+
+# ----------------------------------------------------------------- the faults
+class Chaos:
+    """Injects each fault, waits until the system is back to target, checks the ranks the replicas
+    answer (and, for ours, the controller's), and keeps per-fault figures."""
+
+    def __init__(self, system: Any, load: Load, cluster: Any, args: argparse.Namespace, chaos_dir: str,
+                 rng: random.Random) -> None:
+        self.system, self.load, self.cluster, self.args, self.dir, self.rng = (
+            system, load, cluster, args, chaos_dir, rng)
+        self.n = args.replicas
+        self.cfg, self.tag = 1, "v1"
+        self.windows: list[dict] = []
+
+    def _snapshot(self, window: float = 1.5) -> dict[str, dict]:
+        """The replicas answering now: id -> answer (waits up to ``window`` s for all N)."""
+        deadline = time.perf_counter() + window
+        live = self.load.live(0.0)
+        while len(live) < self.n and time.perf_counter() < deadline:
+            time.sleep(0.1)
+            live = self.load.live(0.0)
+        return live
+
+    def _on_target(self, since: float, victims: set[str]) -> bool:
+        live = {rid: a for rid, a in self.load.live(since).items() if rid not in victims}
+        return (len(live) == self.n and sorted(a["rank"] for a in live.values()) == list(range(self.n))
+                and all(a["ws"] == self.n and a["cfg"] == self.cfg and a["tag"] == self.tag for a in live.values()))
+
+    def inject(self, fault: str) -> dict:
+        before = self._snapshot()
+        if len(before) < self.n:
+            raise BenchError(f"{self.system.name}: only {len(before)} of {self.n} replicas answering before {fault}")
+        victims: set[str] = set()
+        extra: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        worker: threading.Thread | None = None
+        if fault == "replica":
+            victims = {self.rng.choice(sorted(before))}
+            self.system.kill_replica(next(iter(victims)))
+        elif fault == "controller":
+            self.system.kill_controller()
+        elif fault == "proxy":
+            self.system.kill_proxy()
+        elif fault == "node":
+            nodes = sorted({a["node"] for a in before.values()})
+            node_id = self.rng.choice(nodes)
+            node = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
+            victims = {rid for rid, a in before.items() if a["node"] == node_id}
+            self.cluster.remove_node(node)
+            self.cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=128 * 1024**2)
+            extra["node_victims"] = len(victims)
+        elif fault == "unresponsive":
+            victims = {self.rng.choice(sorted(before))}
+            pathlib.Path(self.dir, f"hang-{next(iter(victims))}").touch()
+        elif fault == "slow":
+            slow = self.rng.choice(sorted(before))
+            pathlib.Path(self.dir, f"slow-{slow}").touch()
+            threading.Timer(self.args.slow_s, lambda: pathlib.Path(self.dir, f"slow-{slow}").unlink()).start()
+        elif fault in ("light", "heavy"):
+            if fault == "light":
+                self.cfg += 1
+            else:
+                self.tag = "v2" if self.tag == "v1" else "v1"
+                victims = set(before)
+            cfg, tag = self.cfg, self.tag
+            errors: list[str] = []
+
+            def apply() -> None:
+                try:
+                    self.system.apply(tag, cfg)
+                except Exception as exc:  # (kept: the run goes on, the fault's row says it)
+                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+            worker = threading.Thread(target=apply, daemon=True)
+            worker.start()
+            extra["apply_errors"] = errors
+        else:
+            raise BenchError(f"unknown fault {fault!r}")
+        log(f"{self.system.name}: {fault} injected" + (f" (victims {sorted(victims)})" if victims else ""))
+
+        back = self._wait_back(fault, t0, victims)
+        if worker is not None:
+            worker.join(self.args.settle_timeout)
+            extra["apply_s"] = time.perf_counter() - t0
+        if fault == "slow":  # (nothing to replace: the window lasts while the replica is slow)
+            time.sleep(max(0.0, t0 + self.args.slow_s - time.perf_counter()))
+        settled = time.perf_counter()
+        after = self._snapshot()
+        row = {"fault": fault, "t0": t0, "settled": settled, "back_s": back, **extra,
+               **rank_figures(before, after, victims, self.n)}
+        view = self.system.controller_view()
+        if view is not None:
+            row["controller_agrees"] = view["ranks"] == {rid: a["rank"] for rid, a in after.items()}
+            row["state_errors"] = view["state_errors"]
+        log(f"{self.system.name}: {fault} back to target after {_fmt_s(back)}; ranks {row['ranks']}")
+        self.windows.append(row)
+        time.sleep(self.args.gap)
+        return row
+
+    def _wait_back(self, fault: str, t0: float, victims: set[str]) -> float | None:
+        """Seconds from the fault until the system is back to target (None: not within
+        ``--settle-timeout``; for ``slow``, None: no target was lost)."""
+        if fault == "slow":
+            return None
+        deadline = t0 + self.args.settle_timeout
+        controller_back = fault != "controller"
+        while time.perf_counter() < deadline:
+            since = t0 if fault in ("proxy", "controller") else 0.0
+            if not controller_back:
+                controller_back = self.system.controller_answers()
+            if controller_back and self._on_target(since, victims) and (fault != "proxy" or self._http_since(t0)):
+                return time.perf_counter() - t0
+            time.sleep(0.05)
+        return None
+
+    def _http_since(self, t0: float) -> bool:
+        return any(r[2] == "http" and r[4] == "ok" and r[0] > t0 for r in reversed(self.load.records[-500:]))
+
+
+def rank_figures(before: dict, after: dict, victims: set[str], n: int) -> dict:
+    """What the replicas answered after the fault settled, against before it."""
+    ranks = [a["rank"] for a in after.values()]
+    survivors = set(before) & set(after)
+    return {"ranks": sorted(ranks), "answering": len(after), "replaced": len(set(before) - set(after)),
+            "reassigned": sum(1 for rid in survivors if before[rid]["rank"] != after[rid]["rank"]),
+            "holes": len(set(range(n)) - set(ranks)),
+            "duplicates": len(ranks) - len(set(ranks)),
+            "bad_world_size": sum(1 for a in after.values() if a["ws"] != n),
+            "victims_answering": len(victims & set(after))}
+
+
+def started_ids(chaos_dir: str) -> set[str]:
+    """Every request id some replica started (its ``started-<replica>`` files)."""
+    out: set[str] = set()
+    for p in pathlib.Path(chaos_dir).glob("started-*"):
+        out.update(line.strip() for line in p.read_text().splitlines() if line.strip())
+    return out
+
+
+def fault_figures(rows: list[dict], records: list[tuple], started: set[str], end: float) -> list[dict]:
+    """Each fault's requests (sent from its injection until the next one's): counts by outcome,
+    lost, avoidable failures and the latency of those sent in its first 3 s."""
+    for i, row in enumerate(rows):
+        t1 = rows[i + 1]["t0"] if i + 1 < len(rows) else end
+        mine = [r for r in records if row["t0"] <= r[0] < t1]
+        failed = [r for r in mine if r[4] not in ("ok", "lost")]
+        early = sorted(r[1] - r[0] for r in mine if r[4] == "ok" and r[0] < row["t0"] + 3.0)
+        by: dict[str, int] = {}
+        for r in failed:
+            by[r[4]] = by.get(r[4], 0) + 1
+        row.update({"sent": len(mine), "answered": sum(1 for r in mine if r[4] == "ok"),
+                    "failed": len(failed), "failed_by": by, "lost": sum(1 for r in mine if r[4] == "lost"),
+                    "avoidable": sum(1 for r in failed if r[3] not in started),
+                    "first_failures": [f"{r[2]} {r[4]}: {r[5]}" for r in failed[:3]],
+                    "p50_ms": 1000 * _pct(early, 0.50) if early else None,
+                    "p99_ms": 1000 * _pct(early, 0.99) if early else None})
+    return rows
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"
+
+
+# ------------------------------------------------------------------ a child
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "faults": [], "errors": []}
+    chaos_dir = tempfile.mkdtemp(prefix="bench_chaos_")
+    rng = random.Random(args.seed)
+    checks = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 0, "_system_config": checks, "include_dashboard": False,
+        "object_store_memory": 128 * 1024**2})
+    system: Any = None
+    load: Load | None = None
+    try:
+        for _ in range(args.workers):
+            cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=128 * 1024**2)
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        system = (Ours if system_name == "ours" else Serve)(args, chaos_dir)
+        log(f"{system_name}: deploying {args.replicas} replicas on {args.workers} worker nodes")
+        t = time.perf_counter()
+        url = system.deploy()
+        res["deploy_s"] = time.perf_counter() - t
+        load = Load(url, system.handle, args)
+        load.start()
+        time.sleep(args.warmup)
+        chaos = Chaos(system, load, cluster, args, chaos_dir, rng)
+        deadline = time.perf_counter() + args.budget
+        for fault in args.faults:
+            if time.perf_counter() > deadline:
+                res["errors"].append(f"budget of {args.budget:g}s spent: skipped {fault}")
+                continue
+            try:
+                chaos.inject(fault)
+            except BenchError as exc:
+                res["errors"].append(str(exc))
+                log(str(exc))
+                break
+        end = time.perf_counter()
+        load.end()
+        res["faults"] = fault_figures(chaos.windows, load.records, started_ids(chaos_dir), end)
+        res["requests"] = len(load.records)
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
+        log(f"{system_name}: {exc!r}")
+        if load is not None:
+            load.stop.set()
+    finally:
+        if system is not None:
+            system.shutdown()
+        else:
+            ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(chaos_dir, ignore_errors=True)
+    for row in res["faults"]:
+        row.pop("t0", None)
+        row.pop("settled", None)
+    return res
+
+
+# ----------------------------------------------------------------- reporting
+def _median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarise(results: dict[str, list[dict]], faults: list[str]) -> list[dict]:
+    """Per fault and system, the repeats together: sums of the counts, medians of the times."""
+    rows = []
+    for fault in faults:
+        row: dict[str, Any] = {"fault": fault}
+        for name, runs in results.items():
+            got = [f for r in runs for f in r.get("faults", []) if f["fault"] == fault]
+            if not got:
+                row[name] = None
+                continue
+            row[name] = {
+                "runs": len(got), "sent": sum(f["sent"] for f in got), "answered": sum(f["answered"] for f in got),
+                "failed": sum(f["failed"] for f in got), "lost": sum(f["lost"] for f in got),
+                "avoidable": sum(f["avoidable"] for f in got),
+                "back_s": _median([f["back_s"] for f in got]),
+                "back_all": [f["back_s"] for f in got],
+                "p50_ms": _median([f["p50_ms"] for f in got]), "p99_ms": _median([f["p99_ms"] for f in got]),
+                "reassigned": sum(f["reassigned"] for f in got), "holes": sum(f["holes"] for f in got),
+                "duplicates": sum(f["duplicates"] for f in got),
+                "bad_world_size": sum(f["bad_world_size"] for f in got),
+                "controller_agrees": all(f.get("controller_agrees", True) for f in got),
+                "state_errors": [e for f in got for e in f.get("state_errors", [])],
+                "failed_by": _merge([f["failed_by"] for f in got]),
+                "first_failures": [x for f in got for x in f["first_failures"]][:3]}
+        rows.append(row)
+    return rows
+
+
+def _merge(dicts: list[dict]) -> dict:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def judge(row: dict) -> str:
+    """Issue 40's goal for one fault: ours loses 0, fails no request that had not started
+    (``proxy`` aside), its ranks are whole, and it is back to target no slower than Serve."""
+    ours, serve = row.get("ours"), row.get("serve")
+    if not ours:
+        return "n/a"
+    ok = (ours["lost"] == 0 and (row["fault"] not in REDISPATCHABLE or ours["avoidable"] == 0)
+          and ours["holes"] == ours["duplicates"] == ours["bad_world_size"] == 0 and ours["controller_agrees"]
+          and not ours["state_errors"])
+    if row["fault"] != "slow":
+        ok = ok and ours["back_s"] is not None
+        if serve and serve.get("back_s") is not None:
+            ok = ok and ours["back_s"] <= serve["back_s"]
+    return "MET" if ok else "NOT MET"
+
+
+def _f(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> list[dict]:
+    rows = summarise(results, args.faults)
+    version = next((r.get("ray_version") for runs in results.values() for r in runs if r.get("ray_version")), "?")
+    print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
+          f"{args.handle_clients} handle clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
+          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs")
+    headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
+               "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
+    table = []
+    for row in rows:
+        a, b = row.get("ours") or {}, row.get("serve") or {}
+        ratio = (a["back_s"] / b["back_s"] if a.get("back_s") is not None and b.get("back_s") else None)
+        table.append([row["fault"], f"{_f(a.get('sent'))}/{_f(b.get('sent'))}",
+                      f"{_f(a.get('failed'))}/{_f(b.get('failed'))}", f"{_f(a.get('lost'))}/{_f(b.get('lost'))}",
+                      f"{_f(a.get('avoidable'))}/{_f(b.get('avoidable'))}",
+                      f"{_f(a.get('back_s'))}/{_f(b.get('back_s'))}", _f(ratio),
+                      f"{_f(a.get('p99_ms'), 0)}/{_f(b.get('p99_ms'), 0)}",
+                      "/".join(_f(a.get(k)) for k in ("reassigned", "holes", "duplicates")) if a else "-",
+                      "/".join(_f(b.get(k)) for k in ("reassigned", "holes", "duplicates")) if b else "-",
+                      judge(row)])
+        row["verdict"] = table[-1][-1]
+    widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    print("(o/s: ours/Serve, the repeats summed; back s: seconds from the fault until the target is served again, "
+          "median of the repeats; p99: requests sent in the 3 s after the fault; avoidable: failed requests that "
+          "never started on a replica)")
+    for row in rows:
+        for name in ("ours", "serve"):
+            got = row.get(name)
+            if got and (got["failed_by"] or got["state_errors"] or not got["controller_agrees"]):
+                print(f"  {row['fault']} {name}: failed by {got['failed_by']}; first: {got['first_failures']}"
+                      + (f"; state errors {got['state_errors']}" if got["state_errors"] else "")
+                      + ("" if got["controller_agrees"] else "; the controller's ranks differ from the replicas'"))
+    for name, runs in results.items():
+        for r in runs:
+            for e in r.get("errors", []):
+                print(f"  {name}: {e}")
+    verdicts = [r["verdict"] for r in rows if r["verdict"] != "n/a"]
+    met = bool(verdicts) and all(v == "MET" for v in verdicts) and not any(
+        r.get("errors") for runs in results.values() for r in runs)
+    print(f"issue 40 goal (ours loses 0, fails no request that had not started, ranks whole, back to target "
+          f"no slower than Serve): {'MET' if met else 'NOT MET'}")
+    return rows
+
+
+# ---------------------------------------------------------------------- main
+def spawn(system_name: str, args: argparse.Namespace) -> dict:
+    argv = ["--replicas", str(args.replicas), "--workers", str(args.workers), "--clients", str(args.clients),
+            "--handle-clients", str(args.handle_clients), "--work", str(args.work),
+            "--faults", ",".join(args.faults), "--seed", str(args.seed), "--gap", str(args.gap),
+            "--slow-s", str(args.slow_s), "--settle-timeout", str(args.settle_timeout),
+            "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
+            "--budget", str(args.budget)]
+    limit = args.budget + args.settle_timeout + args.request_timeout + 180
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
+
+
+def _faults(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if values == ["all"]:
+        return list(FAULTS)
+    bad = [v for v in values if v not in FAULTS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"faults are 'all' or some of {', '.join(FAULTS)}; got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=4, help="replicas of the deployment; default 4")
+    p.add_argument("--workers", type=int, default=3, help="worker nodes of 2 logical GPUs; default 3")
+    p.add_argument("--clients", type=int, default=16, help="closed-loop HTTP clients; default 16")
+    p.add_argument("--handle-clients", type=int, default=8, help="closed-loop handle callers; default 8")
+    p.add_argument("--work", type=float, default=0.02, help="the handler's seconds a request; default 0.02")
+    p.add_argument("--faults", type=_faults, default=list(FAULTS), help=f"'all' (default) or some of {','.join(FAULTS)}")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating; default 2")
+    p.add_argument("--seed", type=int, default=40, help="which replicas and nodes the faults hit; default 40")
+    p.add_argument("--gap", type=float, default=2.0, help="seconds between a fault settling and the next; default 2")
+    p.add_argument("--slow-s", type=float, default=5.0, help="seconds the slow replica stays slow; default 5")
+    p.add_argument("--settle-timeout", type=float, default=90.0,
+                   help="seconds a fault may take to settle before the run counts it not back; default 90")
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="a request neither answered nor failed by then is lost; default 30")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the first fault; default 3")
+    p.add_argument("--budget", type=float, default=600.0,
+                   help="a child injects no new fault past this many seconds; default 600")
+    childrun.add_child_arguments(p)
+    args = p.parse_args(argv)
+    if (args.replicas < 1 or args.workers < 2 or args.clients < 1 or args.handle_clients < 0 or args.work < 0
+            or args.repeats < 1 or args.slow_s <= 0 or args.settle_timeout <= 0 or args.request_timeout <= 0):
+        p.error("need --replicas >= 1, --workers >= 2, --clients >= 1, --handle-clients >= 0, --work >= 0, "
+                "--repeats >= 1, and --slow-s, --settle-timeout, --request-timeout > 0")
+    if args.replicas > 2 * (args.workers - 1):
+        p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "
+                f"removes one before it adds another)")
+    childrun.ray_env(ROOT, ROOT / "benchmarks")
+    if args.child:
+        res = run_child(args.child, args)
+        with open(args.child_out, "w") as f:
+            json.dump(res, f, indent=1, default=repr)
+        return 0
+    systems = ["ours", "serve"] if args.only == "both" else [args.only]
+    missing = childrun.serve_missing() if "serve" in systems else None
+    if missing:
+        print(f"Ray Serve cannot be imported here ({missing}): `make bench` installs it, or run --only ours",
+              file=sys.stderr)
+        return 2
+    results: dict[str, list[dict]] = {name: [] for name in systems}
+    for i in range(args.repeats):
+        for name in systems:
+            log(f"{name}: run {i + 1} of {args.repeats}")
+            results[name].append(spawn(name, args))
+    rows = print_report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+                       "results": results, "rows": rows}, f, indent=1, default=repr)
+        log(f"wrote {args.json}")
+    errors = any(r.get("errors") for runs in results.values() for r in runs)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
