@@ -32,7 +32,7 @@ of ``--faults`` are injected one after another, each once the previous one settl
 * ``heavy``: the deployment applied again with new code (a rolling update). Serve's code
   version is pinned for ``light`` (else ``serve.run`` gives every apply a new one).
 
-Per system and fault (requests attributed by when they were sent, from the fault to the next):
+Per system and fault (a request is the fault's that it ended after, before the next one):
 sent, answered, failed by status or exception, **lost** (neither answered nor failed within the
 request timeout: a hang), **avoidable** failures (failed, and the request never started on any
 replica: it could have been sent to another one), p50 / p99 latency of the requests sent in the
@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import pathlib
 import random
@@ -90,7 +91,7 @@ FAULTS = ("replica", "controller", "proxy", "node", "unresponsive", "slow", "lig
 #: (``proxy``: the client's own connection died with it)
 REDISPATCHABLE = frozenset(FAULTS) - {"proxy"}
 ACTOR_OPTIONS = {"num_cpus": 0.1, "num_gpus": 1}
-HEALTH = {"health_check_period_s": 1.0, "health_check_timeout_s": 3.0}
+HEALTH: dict[str, Any] = {"health_check_period_s": 1.0, "health_check_timeout_s": 3.0}
 MAX_ONGOING = 5
 T0 = time.perf_counter()
 
@@ -355,7 +356,7 @@ class Load:
 
     def _record(self, t0: float, path: str, rid: str, outcome: str, answer: Any) -> None:
         t1 = time.perf_counter()
-        self.records.append((t0, t1, path, rid, outcome, answer))
+        self.records.append((t0, t1, path, rid, outcome, None if outcome == "ok" else answer))
         if outcome == "ok" and isinstance(answer, dict) and "rid" in answer:
             self.latest[answer["rid"]] = (t1, answer)
 
@@ -554,12 +555,13 @@ def started_ids(chaos_dir: str) -> set[str]:
     return out
 
 
-def fault_figures(rows: list[dict], records: list[tuple], started: set[str], end: float) -> list[dict]:
-    """Each fault's requests (sent from its injection until the next one's): counts by outcome,
-    lost, avoidable failures and the latency of those sent in its first 3 s."""
+def fault_figures(rows: list[dict], records: list[tuple], started: set[str]) -> list[dict]:
+    """Each fault's requests (those that ended from its injection until the next one's: a request
+    under way when a fault hit it is that fault's): counts by outcome, lost, avoidable failures and
+    the latency of those sent in its first 3 s."""
     for i, row in enumerate(rows):
-        t1 = rows[i + 1]["t0"] if i + 1 < len(rows) else end
-        mine = [r for r in records if row["t0"] <= r[0] < t1]
+        t1 = rows[i + 1]["t0"] if i + 1 < len(rows) else math.inf
+        mine = [r for r in records if row["t0"] <= r[1] < t1]
         failed = [r for r in mine if r[4] not in ("ok", "lost")]
         early = sorted(r[1] - r[0] for r in mine if r[4] == "ok" and r[0] < row["t0"] + 3.0)
         by: dict[str, int] = {}
@@ -592,7 +594,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     checks = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "num_gpus": 0, "_system_config": checks, "include_dashboard": False,
+        "num_cpus": 2, "num_gpus": 0, "_system_config": checks, "include_dashboard": bool(args.soak),
         "object_store_memory": 128 * 1024**2})
     system: Any = None
     load: Load | None = None
@@ -611,7 +613,9 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         time.sleep(args.warmup)
         chaos = Chaos(system, load, cluster, args, chaos_dir, rng)
         deadline = time.perf_counter() + args.budget
-        for fault in args.faults:
+        if args.soak:
+            res["soak"] = soak(system_name, chaos, args)
+        for fault in [] if args.soak else args.faults:
             if time.perf_counter() > deadline:
                 res["errors"].append(f"budget of {args.budget:g}s spent: skipped {fault}")
                 continue
@@ -621,9 +625,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
                 res["errors"].append(str(exc))
                 log(str(exc))
                 break
-        end = time.perf_counter()
         load.end()
-        res["faults"] = fault_figures(chaos.windows, load.records, started_ids(chaos_dir), end)
+        res["faults"] = fault_figures(chaos.windows, load.records, started_ids(chaos_dir))
         res["requests"] = len(load.records)
     except Exception as exc:
         res["errors"].append(f"{type(exc).__name__}: {exc}"[:500])
@@ -641,6 +644,148 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         row.pop("t0", None)
         row.pop("settled", None)
     return res
+
+
+# ------------------------------------------------------------------ the soak
+ROLES = {"ours": (("controller", "rankcore-controller"), ("proxy", "rankcore-http"), ("replica", "ModelActor:")),
+         "serve": (("controller", "SERVE_CONTROLLER_ACTOR"), ("proxy", "SERVE_PROXY_ACTOR"),
+                   ("replica", "SERVE_REPLICA::"))}
+
+
+def rss_by_role(system_name: str) -> dict[str, dict]:
+    """Per role (controller, proxy, replica): the live actors' count and summed RSS in MB
+    (Ray's state API for their pids, ``/proc/<pid>/status``'s VmRSS: every node is on this host)."""
+    from ray.util.state import list_actors
+
+    out = {role: {"count": 0, "rss_mb": 0.0} for role, _ in ROLES[system_name]}
+    for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, timeout=30):
+        role = next((r for r, prefix in ROLES[system_name] if (a.name or "").startswith(prefix)), None)
+        if role is None or not a.pid:
+            continue
+        try:
+            with open(f"/proc/{a.pid}/status") as f:
+                kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue  # (it ended meanwhile)
+        out[role]["count"] += 1
+        out[role]["rss_mb"] += kb / 1024
+    return out
+
+
+def soak(system_name: str, chaos: Chaos, args: argparse.Namespace) -> dict:
+    """``--soak`` s of the load with a fault every ``--soak-every`` s (``--faults`` in turn), the
+    roles' RSS sampled every ``--sample-s`` s; growth: the mean of the last 2 minutes' samples over
+    the mean of the 2 minutes after ``--soak-warmup`` s (replicas: per replica, they are replaced)."""
+    t0 = time.perf_counter()
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while True:
+            try:
+                samples.append({"t": time.perf_counter() - t0, **rss_by_role(system_name)})
+            except Exception as exc:  # (one missed sample is not the run's end)
+                log(f"{system_name}: RSS sample failed: {exc!r}")
+            if stop.wait(args.sample_s):
+                return
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    injected = 0
+    try:
+        while True:
+            due = t0 + (injected + 1) * args.soak_every
+            if due > t0 + args.soak:
+                break
+            time.sleep(max(0.0, due - time.perf_counter()))
+            chaos.inject(args.faults[injected % len(args.faults)])
+            injected += 1
+        time.sleep(max(0.0, t0 + args.soak - time.perf_counter()))
+    finally:
+        stop.set()
+        sampler.join(60)
+    return {"seconds": time.perf_counter() - t0, "faults_injected": injected, "samples": samples,
+            "growth": rss_growth(samples, args.soak_warmup)}
+
+
+def _per(sample: dict, role: str) -> float | None:
+    got = sample.get(role) or {}
+    if not got.get("count"):
+        return None
+    return got["rss_mb"] / got["count"] if role == "replica" else got["rss_mb"]
+
+
+def rss_growth(samples: list[dict], warmup: float, span: float = 120.0) -> dict:
+    """Per role: the mean RSS (MB) of the ``span`` s after ``warmup`` and of the last ``span`` s,
+    and their ratio (the goal: at most 1.10)."""
+    if not samples:
+        return {}
+    end = samples[-1]["t"]
+    out = {}
+    for role in ("controller", "proxy", "replica"):
+        first = [v for x in samples if warmup <= x["t"] < warmup + span and (v := _per(x, role)) is not None]
+        last = [v for x in samples if x["t"] >= end - span and (v := _per(x, role)) is not None]
+        if first and last:
+            a, b = statistics.mean(first), statistics.mean(last)
+            out[role] = {"after_warmup_mb": a, "last_mb": b, "ratio": b / a if a else None}
+    return out
+
+
+def print_soak(results: dict[str, list[dict]], args: argparse.Namespace) -> bool:
+    """The soak's figures; True when the goal holds (lost 0, every role within +10%)."""
+    ok = True
+    for name, runs in results.items():
+        for r in runs:
+            sk = r.get("soak")
+            if not sk:
+                ok = False
+                continue
+            faults = r.get("faults", [])
+            lost, failed = sum(f["lost"] for f in faults), sum(f["failed"] for f in faults)
+            print(f"\n{name} soak: {sk['seconds'] / 60:.1f} min, {sk['faults_injected']} faults "
+                  f"({','.join(args.faults)} in turn), {r.get('requests')} requests: lost {lost}, failed {failed}, "
+                  f"avoidable {sum(f['avoidable'] for f in faults)}, not back to target "
+                  f"{sum(1 for f in faults if f['back_s'] is None and f['fault'] != 'slow')}")
+            print(f"{'minute':>6}  {'controller MB':>13}  {'proxy MB':>8}  {'replica MB (each)':>17}  replicas")
+            shown = -1
+            for x in sk["samples"]:
+                if int(x["t"] // 60) > shown:
+                    shown = int(x["t"] // 60)
+                    print(f"{shown:>6}  {_f(_per(x, 'controller'), 1):>13}  {_f(_per(x, 'proxy'), 1):>8}  "
+                          f"{_f(_per(x, 'replica'), 1):>17}  {x.get('replica', {}).get('count', 0)}")
+            for role, g in sk["growth"].items():
+                verdict = g["ratio"] is not None and g["ratio"] <= 1.10
+                ok = ok and verdict
+                print(f"  {role}: {g['after_warmup_mb']:.1f} MB after the {args.soak_warmup:g} s warm-up, "
+                      f"{g['last_mb']:.1f} MB at the end: x{_f(g['ratio'])} ({'within' if verdict else 'NOT within'} 10%)")
+            ok = ok and lost == 0 and len(sk["growth"]) == 3
+            if args.plot:
+                plot_soak(sk["samples"], args.plot, name)
+    print(f"soak goal (lost 0, RSS of the controller, proxies and each replica within +10% after the warm-up): "
+          f"{'MET' if ok else 'NOT MET'}")
+    return ok
+
+
+def plot_soak(samples: list[dict], path: str, name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for role, label in (("controller", "controller"), ("proxy", "proxy"), ("replica", "each replica (mean)")):
+        pts = [(x["t"] / 60, v) for x in samples if (v := _per(x, role)) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label)
+    ax.set_xlabel("minutes under load, a fault every minute")
+    ax.set_ylabel("RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{name}: memory over the soak")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    log(f"wrote {path}")
 
 
 # ----------------------------------------------------------------- reporting
@@ -744,8 +889,8 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
                       + (f"; state errors {got['state_errors']}" if got["state_errors"] else "")
                       + ("" if got["controller_agrees"] else "; the controller's ranks differ from the replicas'"))
     for name, runs in results.items():
-        for r in runs:
-            for e in r.get("errors", []):
+        for run in runs:
+            for e in run.get("errors", []):
                 print(f"  {name}: {e}")
     verdicts = [r["verdict"] for r in rows if r["verdict"] != "n/a"]
     met = bool(verdicts) and all(v == "MET" for v in verdicts) and not any(
@@ -762,8 +907,9 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
             "--faults", ",".join(args.faults), "--seed", str(args.seed), "--gap", str(args.gap),
             "--slow-s", str(args.slow_s), "--settle-timeout", str(args.settle_timeout),
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
-            "--budget", str(args.budget)]
-    limit = args.budget + args.settle_timeout + args.request_timeout + 180
+            "--budget", str(args.budget), "--soak", str(args.soak), "--soak-every", str(args.soak_every),
+            "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s)]
+    limit = args.budget + args.soak + args.settle_timeout + args.request_timeout + 180
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
 
@@ -797,6 +943,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the first fault; default 3")
     p.add_argument("--budget", type=float, default=600.0,
                    help="a child injects no new fault past this many seconds; default 600")
+    p.add_argument("--soak", type=float, default=0.0,
+                   help="instead of one fault each: this many seconds of load with a fault every --soak-every s "
+                        "(--faults in turn) and the RSS of the controller, proxies and replicas sampled")
+    p.add_argument("--soak-every", type=float, default=60.0, help="seconds between the soak's faults; default 60")
+    p.add_argument("--soak-warmup", type=float, default=300.0,
+                   help="the soak's RSS growth is measured from this many seconds on; default 300")
+    p.add_argument("--sample-s", type=float, default=10.0, help="seconds between the soak's RSS samples; default 10")
+    p.add_argument("--plot", metavar="PNG", help="the soak's RSS curve, drawn here")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     if (args.replicas < 1 or args.workers < 2 or args.clients < 1 or args.handle_clients < 0 or args.work < 0
@@ -823,7 +977,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in systems:
             log(f"{name}: run {i + 1} of {args.repeats}")
             results[name].append(spawn(name, args))
-    rows = print_report(results, args)
+    rows: list[dict] = []
+    if args.soak:
+        print_soak(results, args)
+    else:
+        rows = print_report(results, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
