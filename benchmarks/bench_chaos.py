@@ -859,7 +859,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
           f"{args.handle_clients} handle clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
           f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
-               "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
+               "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
     table = []
     for row in rows:
         a, b = row.get("ours") or {}, row.get("serve") or {}
@@ -868,6 +868,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
                       f"{_f(a.get('failed'))}/{_f(b.get('failed'))}", f"{_f(a.get('lost'))}/{_f(b.get('lost'))}",
                       f"{_f(a.get('avoidable'))}/{_f(b.get('avoidable'))}",
                       f"{_f(a.get('back_s'))}/{_f(b.get('back_s'))}", _f(ratio),
+                      f"{_f(a.get('p50_ms'), 0)}/{_f(b.get('p50_ms'), 0)}",
                       f"{_f(a.get('p99_ms'), 0)}/{_f(b.get('p99_ms'), 0)}",
                       "/".join(_f(a.get(k)) for k in ("reassigned", "holes", "duplicates")) if a else "-",
                       "/".join(_f(b.get(k)) for k in ("reassigned", "holes", "duplicates")) if b else "-",
@@ -879,7 +880,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
     for r in table:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
     print("(o/s: ours/Serve, the repeats summed; back s: seconds from the fault until the target is served again, "
-          "median of the repeats; p99: requests sent in the 3 s after the fault; avoidable: failed requests that "
+          "median of the repeats; p50, p99: requests sent in the 3 s after the fault; avoidable: failed requests that "
           "never started on a replica)")
     for row in rows:
         for name in ("ours", "serve"):
