@@ -7,17 +7,19 @@ head of 2 logical CPUs and no GPU, ``--workers`` worker nodes of 2 logical CPUs 
 GPUs each, fast node health checks): ``--replicas`` replicas (default 4) of ``num_cpus`` 0.1 and
 ``num_gpus`` 1 (so they run on the workers), ``max_ongoing_requests`` 5 (Serve's default),
 health checks every 1 s with a 3 s timeout (both), a ``user_config`` and a rank-aware
-``reconfigure(user_config, rank)``, and an ``async def __call__`` that records the request's id
+``reconfigure(user_config, rank)``, and an ``async def __call__`` (and ``Say`` for gRPC) that records the request's id
 as started (one line appended to a file of its replica), sleeps ``--work`` s (default 0.02) and
 answers its replica id, rank, world_size, node, code tag and ``user_config`` generation. Served
-over HTTP by the head node's proxy (``HeadOnly`` on both: on one host the nodes share its ports)
-and by the handle. Each system runs in a child process of its own with a fresh cluster,
+over HTTP and gRPC by the head node's proxy (``HeadOnly`` on both: on one host the nodes share its
+ports) and by the handle. Each system runs in a child process of its own with a fresh cluster,
 ``--repeats`` times (default 2), alternating (ours, Serve, ours, Serve).
 
 Under ``--clients`` closed-loop HTTP clients (default 16; each its own keep-alive connection,
 benchmarks/rawhttp.py's client with its one resend on a closed idle connection turned off: a
-failure is the system's, not hidden by the client) and ``--handle-clients`` closed-loop handle
-callers (default 8), every request bounded by ``--request-timeout`` (default 30 s), the faults
+failure is the system's, not hidden by the client), ``--handle-clients`` closed-loop handle
+callers (default 8) and ``--grpc-clients`` closed-loop gRPC callers (default 4; each its own
+channel, unary ``Say`` of tests/integration/protos/echo.proto with the ``application`` metadata,
+reconnecting within 0.1-1 s), every request bounded by ``--request-timeout`` (default 30 s), the faults
 of ``--faults`` are injected one after another, each once the previous one settled
 (``--gap`` s after, default 2), which replica or node a seeded draw (``--seed``):
 
@@ -86,6 +88,8 @@ import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child 
 
 DEP = "chaos"  # deployment name (and Serve application name)
 ROUTE = "/chaos"
+#: the gRPC service both systems serve (the tests' own stubs: tests/integration/protos/echo.proto)
+SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
 FAULTS = ("replica", "controller", "proxy", "node", "unresponsive", "slow", "light", "heavy")
 #: the faults whose failures a system could have avoided by sending the request elsewhere
 #: (``proxy``: the client's own connection died with it)
@@ -146,6 +150,13 @@ class _App:
                 "node": ray.get_runtime_context().get_node_id()}
 
 
+    async def Say(self, request: Any) -> Any:
+        """The gRPC path (tests/integration/protos/echo.proto): the body and the answer as JSON text."""
+        from tests.integration.protos import echo_pb2
+
+        return echo_pb2.EchoReply(text=json.dumps(await self.answer(json.loads(request.text))))
+
+
 class _Ours(_App):
     def _ctx(self) -> Any:
         from executors.ray_gpu import get_replica_context
@@ -202,7 +213,9 @@ class Ours:
     def deploy(self) -> str:
         from executors.ray_gpu.ingress.http import ingress_address, start_ingress
 
-        start_ingress(port=0, proxy_location="HeadOnly")
+        self.grpc_target = f"127.0.0.1:{_free_port()}"
+        start_ingress(port=0, proxy_location="HeadOnly", grpc_port=int(self.grpc_target.rsplit(":", 1)[1]),
+                      grpc_servicer_functions=SERVICERS)
         self.handle = self._deploy(OursV1, 1)
         address = ingress_address()
         if address is None:
@@ -273,8 +286,10 @@ class Serve:
     def deploy(self) -> str:
         from ray import serve
 
-        port = _free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        port, grpc_port = _free_port(), _free_port()
+        self.grpc_target = f"127.0.0.1:{grpc_port}"
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port},
+                    grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS})
         self.handle = self._deploy(ServeV1, 1, "v1")
         return f"http://127.0.0.1:{port}{ROUTE}"
 
@@ -331,8 +346,8 @@ class Load:
     """The closed-loop clients (HTTP and handle) on one asyncio loop in a thread of the child, and
     every request's record: (sent, ended, path, id, outcome, answer)."""
 
-    def __init__(self, url: str, handle: Any, args: argparse.Namespace) -> None:
-        self.url, self.handle, self.args = url, handle, args
+    def __init__(self, url: str, grpc_target: str, handle: Any, args: argparse.Namespace) -> None:
+        self.url, self.grpc_target, self.handle, self.args = url, grpc_target, handle, args
         self.records: list[tuple] = []
         self.latest: dict[str, tuple] = {}  # replica id -> (when, answer): the last answer of each
         self.stop = threading.Event()
@@ -352,6 +367,7 @@ class Load:
     async def _main(self) -> None:
         tasks = [self._http_client(c) for c in range(self.args.clients)]
         tasks += [self._handle_client(c) for c in range(self.args.handle_clients)]
+        tasks += [self._grpc_client(c) for c in range(self.args.grpc_clients)]
         await asyncio.gather(*tasks)
 
     def _record(self, t0: float, path: str, rid: str, outcome: str, answer: Any) -> None:
@@ -383,6 +399,38 @@ class Load:
                     await asyncio.sleep(0.05)  # (a refused connection fails at once: not a busy loop)
         finally:
             await client.close()
+
+    async def _grpc_client(self, c: int) -> None:
+        """Its own channel (reconnecting within 0.1-1 s after its proxy went), unary ``Say`` calls
+        with the ``application`` metadata; a status code is the failure, a deadline a loss."""
+        import grpc
+
+        from tests.integration.protos import echo_pb2, echo_pb2_grpc
+
+        channel = grpc.aio.insecure_channel(self.grpc_target, options=[
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
+        stub = echo_pb2_grpc.EchoStub(channel)
+        seq = 0
+        try:
+            while not self.stop.is_set():
+                rid = f"g{c}-{seq}"
+                seq += 1
+                t0 = time.perf_counter()
+                try:
+                    reply = await stub.Say(echo_pb2.EchoRequest(text=json.dumps({"id": rid})),
+                                           metadata=(("application", DEP),), timeout=self.args.request_timeout)
+                    self._record(t0, "grpc", rid, "ok", json.loads(reply.text))
+                except grpc.aio.AioRpcError as exc:
+                    code = exc.code()
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED and \
+                            time.perf_counter() - t0 >= self.args.request_timeout - 0.5:  # (its own deadline)
+                        self._record(t0, "grpc", rid, "lost", None)
+                    else:
+                        self._record(t0, "grpc", rid, f"gRPC {code.name}", (exc.details() or "")[:200])
+                        await asyncio.sleep(0.05)
+        finally:
+            await channel.close()
 
     async def _handle_client(self, c: int) -> None:
         seq = 0
@@ -608,7 +656,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         url = system.deploy()
         res["deploy_s"] = time.perf_counter() - t
-        load = Load(url, system.handle, args)
+        load = Load(url, system.grpc_target, system.handle, args)
         load.start()
         time.sleep(args.warmup)
         chaos = Chaos(system, load, cluster, args, chaos_dir, rng)
@@ -856,7 +904,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
     rows = summarise(results, args.faults)
     version = next((r.get("ray_version") for runs in results.values() for r in runs if r.get("ray_version")), "?")
     print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
-          f"{args.handle_clients} handle clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
+          f"{args.handle_clients} handle + {args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
           f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
                "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
@@ -904,7 +952,8 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
 # ---------------------------------------------------------------------- main
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     argv = ["--replicas", str(args.replicas), "--workers", str(args.workers), "--clients", str(args.clients),
-            "--handle-clients", str(args.handle_clients), "--work", str(args.work),
+            "--handle-clients", str(args.handle_clients), "--grpc-clients", str(args.grpc_clients),
+            "--work", str(args.work),
             "--faults", ",".join(args.faults), "--seed", str(args.seed), "--gap", str(args.gap),
             "--slow-s", str(args.slow_s), "--settle-timeout", str(args.settle_timeout),
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
@@ -931,6 +980,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=3, help="worker nodes of 2 logical GPUs; default 3")
     p.add_argument("--clients", type=int, default=16, help="closed-loop HTTP clients; default 16")
     p.add_argument("--handle-clients", type=int, default=8, help="closed-loop handle callers; default 8")
+    p.add_argument("--grpc-clients", type=int, default=4, help="closed-loop gRPC callers; default 4")
     p.add_argument("--work", type=float, default=0.02, help="the handler's seconds a request; default 0.02")
     p.add_argument("--faults", type=_faults, default=list(FAULTS), help=f"'all' (default) or some of {','.join(FAULTS)}")
     p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating; default 2")
@@ -954,9 +1004,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", metavar="PNG", help="the soak's RSS curve, drawn here")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
-    if (args.replicas < 1 or args.workers < 2 or args.clients < 1 or args.handle_clients < 0 or args.work < 0
+    if (args.replicas < 1 or args.workers < 2 or args.clients < 1 or args.handle_clients < 0 or args.grpc_clients < 0 or args.work < 0
             or args.repeats < 1 or args.slow_s <= 0 or args.settle_timeout <= 0 or args.request_timeout <= 0):
-        p.error("need --replicas >= 1, --workers >= 2, --clients >= 1, --handle-clients >= 0, --work >= 0, "
+        p.error("need --replicas >= 1, --workers >= 2, --clients >= 1, --handle-clients and --grpc-clients >= 0, --work >= 0, "
                 "--repeats >= 1, and --slow-s, --settle-timeout, --request-timeout > 0")
     if args.replicas > 2 * (args.workers - 1):
         p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "

@@ -1,10 +1,11 @@
 """The chaos benchmark's short version in CI (issue 40): one of each fault class on rankcore under
-load, on a real local multi-node Ray cluster (benchmarks/bench_chaos.py, ours only, few clients).
+load over HTTP, gRPC and the handle, on a real local multi-node Ray cluster (benchmarks/
+bench_chaos.py, ours only, few clients).
 
 What must hold for every fault, whatever the machine's speed: nothing lost (every request answered
 or given an error before the timeout), every failure a clear error (the handle's typed
-``ReplicaDied``, the ingress's HTTP 500 ``replica_died``, or, for the killed proxy only, the
-client's connection refused or cut), back to target (N replicas, none a victim, answering ranks
+``ReplicaDied``, the ingress's HTTP 500 ``replica_died`` or gRPC ``INTERNAL``, or, for the
+killed proxy only, the client's connection refused or cut), back to target (N replicas, none a victim, answering ranks
 0..N-1 and world_size N, with the new config or code after a redeploy), and the controller's ranks
 the ones the replicas themselves answer, its state checks clean. The full comparison with Ray Serve
 (and its timings) is the benchmark's, not this test's."""
@@ -23,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "bench_chaos.py"
 FAULTS = ("replica", "controller", "proxy", "node", "unresponsive", "slow", "light", "heavy")
 #: what a failed request may say, per fault (the connection to a killed proxy is cut or refused)
-CLEAR = {"ReplicaDied", "HTTP 500", "HTTP 503"}
+CLEAR = {"ReplicaDied", "HTTP 500", "HTTP 503", "gRPC INTERNAL", "gRPC UNAVAILABLE"}
 PROXY = CLEAR | {"ConnectionRefusedError", "IncompleteReadError", "ConnectionResetError"}
 
 
@@ -33,7 +34,7 @@ def chaos(tmp_path_factory) -> dict:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--only", "ours", "--repeats", "1", "--replicas", "2", "--workers", "2",
-         "--clients", "4", "--handle-clients", "2", "--gap", "0.5", "--warmup", "1", "--slow-s", "2",
+         "--clients", "3", "--handle-clients", "2", "--grpc-clients", "2", "--gap", "0.5", "--warmup", "1", "--slow-s", "2",
          "--settle-timeout", "60", "--budget", "240", "--json", str(out)],
         env=env, capture_output=True, text=True, timeout=600)
     assert out.exists(), f"the benchmark wrote no result (exit {proc.returncode}): {proc.stderr[-3000:]}"
