@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
@@ -93,11 +94,81 @@ _Submit, _Completed, _NotDelivered, _Tick, _Cancel = (maker(c) for c in (Submit,
 _TAKES_CALLS = ("running", "reconfiguring")
 #: the failures each deployment's metrics keep in full (the rest are counted)
 KEEP_FAILURES = 20
+#: a deployment's per-request figures (queue wait, latency, a stream's first item and duration) are kept
+#: exactly up to this many values each; past it, all of them go into log-spaced buckets (``_Sample``),
+#: so that a long run's memory does not grow with its requests
+EXACT_VALUES = 100_000
+#: the buckets' relative accuracy: a percentile read from them is within this fraction of the exact one
+SAMPLE_ACCURACY = 1e-3
 #: ``closed`` arrivals: how long a caller whose request failed or was refused waits before its next
 CLOSED_RETRY_PAUSE_S = 0.001
 #: ``models:``: how long after a change of its models a replica reports them (``ModelsReported``):
 #: Serve's replica pushes its multiplexed model ids every 0.1 s
 MODELS_PUSH_S = 0.1
+
+
+class _Sample:
+    """Durations (seconds) whose count, maximum and percentiles are read at the end, in bounded memory:
+    each value kept exactly (8 bytes, in an ``array``) up to ``EXACT_VALUES``, the percentiles then
+    ``percentile``'s (nearest rank) over them; past that, every value counted in a bucket of
+    log-spaced bounds instead (DDSketch's: ``(g^(i-1), g^i]``, ``g = (1 + a) / (1 - a)``, read as
+    ``2 g^i / (g + 1)``: within ``a = SAMPLE_ACCURACY`` of the value), values <= 0 counted apart
+    (a request dispatched at once waits 0.0, read back as 0.0). The maximum stays exact. A week of
+    requests keeps a few thousand buckets where a list kept every value (32 bytes each)."""
+
+    __slots__ = ("exact", "buckets", "zeros", "n", "top")
+
+    _GAMMA = (1 + SAMPLE_ACCURACY) / (1 - SAMPLE_ACCURACY)
+    _LOG_GAMMA = math.log(_GAMMA)
+
+    def __init__(self) -> None:
+        self.exact: array | None = array("d")  # None once the values went into the buckets
+        self.buckets: dict[int, int] = {}
+        self.zeros = 0
+        self.n = 0
+        self.top = -math.inf
+
+    def __len__(self) -> int:
+        return self.n
+
+    def append(self, v: float) -> None:
+        self.n += 1
+        if v > self.top:
+            self.top = v
+        exact = self.exact
+        if exact is None:
+            self._count(v)
+            return
+        exact.append(v)
+        if len(exact) > EXACT_VALUES:
+            self.exact = None
+            for x in exact:
+                self._count(x)
+
+    def _count(self, v: float) -> None:
+        if v <= 0:
+            self.zeros += 1
+        else:
+            i = math.ceil(math.log(v) / self._LOG_GAMMA)
+            self.buckets[i] = self.buckets.get(i, 0) + 1
+
+    def max(self) -> float | None:
+        return self.top if self.n else None
+
+    def percentile(self, q: float) -> float | None:
+        """``percentile(values, q)``: exact while every value is kept, else within ``SAMPLE_ACCURACY``
+        (never above the maximum)."""
+        if self.exact is not None:
+            return percentile(self.exact, q)  # type: ignore[arg-type]
+        k = max(0, math.ceil(q / 100 * self.n) - 1)  # (the nearest rank's index, as ``percentile``)
+        if k < self.zeros:
+            return 0.0
+        seen = self.zeros
+        for i in sorted(self.buckets):
+            seen += self.buckets[i]
+            if seen > k:
+                return min(2 * self._GAMMA ** i / (self._GAMMA + 1), self.top)
+        return self.top  # (not reached: the buckets hold n - zeros values)
 
 
 def segments(spec: ArrivalSpec) -> Iterator[tuple[float, float, float]]:
@@ -166,8 +237,8 @@ class _Flow:
         self.service = sim.stream(f"traffic/{self.name}/service")
         self.errors = sim.stream(f"traffic/{self.name}/errors")
         self.n = 0  # Submits so far (the next request's number)
-        self.waits: list[float] = []  # submit -> first dispatch, per request dispatched
-        self.latencies: list[float] = []  # submit -> answer (ok or an application error)
+        self.waits = _Sample()  # submit -> first dispatch, per request dispatched
+        self.latencies = _Sample()  # submit -> answer (ok or an application error)
         self.series: list[tuple[float, int, int]] = []
         self.max_queued = 0
         self.ends = 0  # ends the callers were told: answers, Rejected, Failed
@@ -222,17 +293,17 @@ class _Streams:
 
     def __init__(self) -> None:
         self.started = self.completed = self.app_errors = self.failed = self.live = self.items = 0
-        self.first_item: list[float] = []  # submit -> first item, per stream that gave one
-        self.duration: list[float] = []  # dispatch -> last item (the slot held), per stream that ended answered
+        self.first_item = _Sample()  # submit -> first item, per stream that gave one
+        self.duration = _Sample()  # dispatch -> last item (the slot held), per stream that ended answered
 
     def as_dict(self) -> dict:
         return {"streams_started": self.started, "streams_completed": self.completed,
                 "streams_app_errors": self.app_errors, "streams_failed": self.failed, "streams_in_flight": self.live,
                 "stream_items": self.items,
-                "first_item_p50": _r(percentile(self.first_item, 50)),
-                "first_item_p99": _r(percentile(self.first_item, 99)),
-                "stream_duration_p50": _r(percentile(self.duration, 50)),
-                "stream_duration_p99": _r(percentile(self.duration, 99))}
+                "first_item_p50": _r(self.first_item.percentile(50)),
+                "first_item_p99": _r(self.first_item.percentile(99)),
+                "stream_duration_p50": _r(self.duration.percentile(50)),
+                "stream_duration_p99": _r(self.duration.percentile(99))}
 
 
 class _Req:
@@ -885,9 +956,9 @@ class SimTraffic:
                 "late": c.late, "in_queue": c.in_queue, "in_flight": c.in_flight,
                 # the callers' books: every Submit ended once or is still waiting (the machine's own: machine_lost)
                 "lost": f.n - f.ends - f.live, "machine_lost": c.lost, "double_ends": f.double_ends,
-                "queue_wait_p50": _r(percentile(f.waits, 50)), "queue_wait_p99": _r(percentile(f.waits, 99)),
-                "queue_wait_max": _r(max(f.waits)) if f.waits else None,
-                "latency_p50": _r(percentile(f.latencies, 50)), "latency_p99": _r(percentile(f.latencies, 99)),
+                "queue_wait_p50": _r(f.waits.percentile(50)), "queue_wait_p99": _r(f.waits.percentile(99)),
+                "queue_wait_max": _r(f.waits.max()),
+                "latency_p50": _r(f.latencies.percentile(50)), "latency_p99": _r(f.latencies.percentile(99)),
                 "max_queued": f.max_queued,
                 "failed_no_proxy": f.no_proxy, "failed_proxy_died": f.proxy_dropped,
                 "failed_by_replica": dict(sorted(f.failed_by_replica.items())),
