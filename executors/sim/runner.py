@@ -268,10 +268,12 @@ class Simulation:
 
     def tick(self) -> None:
         """A ScheduleTick came due: the core learns the time (not while it is down)."""
-        cl = self.driver.state.cluster
-        if self.controller_up and (self.now >= cl.next_deadline or self.now >= cl.retry_at):
-            # (next_deadline is a lower bound: a deadline whose replica became
-            # ready meanwhile does not wake the core once the bound was refreshed)
+        if self.controller_up and rc.cluster.clock_work_due(self.driver.state.cluster, self.now):
+            # Only when the core has work then (next_deadline is a lower bound: a deadline whose
+            # replica became ready meanwhile does not wake it once the bound was refreshed), but any
+            # such work: a replica coming of age for an eviction (evictable_at) too, which used to
+            # wait for the next event carrying the time, sharing its step (an AutoscalingMetrics
+            # scaling down in the same step then contradicted the world_size just sent)
             self.driver.tick(self.now)
             self._maybe_unblock()
 
