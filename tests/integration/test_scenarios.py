@@ -3,8 +3,11 @@
 The small examples run with ``check=True`` (every rank invariant after every
 step). The 1,000-replica day is too slow for that, so it runs plain, with a
 trace, and every snapshot in the trace is checked with
-``rankcore.invariants.check_snapshot``. Also: determinism (same seed, same
-bytes; another seed, another trace) and the ``simulate`` command's exit codes.
+``rankcore.invariants.check_snapshot``. The week of churn (a day of 1,000
+replicas under traffic) runs squeezed into an hour, its trace checked by
+``rankcore check-trace``, in tests/integration/test_week_churn.py. Also:
+determinism (same seed, same bytes; another seed, another trace) and the
+``simulate`` command's exit codes.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from tests.helpers import example_run
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "scenarios"
 DAY = "day-of-churn-1000.yaml"
+WEEK = "week-of-churn-1000.yaml"  # (test_week_churn.py)
 ALL = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
-SMALL = [n for n in ALL if n != DAY]
+SMALL = [n for n in ALL if n not in (DAY, WEEK)]
 
 REQUIRED = {
     "seed-four-replicas.yaml",
