@@ -703,10 +703,12 @@ ROLES = {"ours": (("controller", "rankcore-controller"), ("proxy", "rankcore-htt
 def rss_by_role(system_name: str) -> dict[str, dict]:
     """Per role (controller, proxy, replica): the live actors' count and summed RSS in MB
     (Ray's state API for their pids, ``/proc/<pid>/status``'s VmRSS: every node is on this host)."""
+    import ray
     from ray.util.state import list_actors
 
     out = {role: {"count": 0, "rss_mb": 0.0} for role, _ in ROLES[system_name]}
-    for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10_000, timeout=30):
+    address = ray.get_runtime_context().gcs_address  # (this run's cluster, not another on the host)
+    for a in list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000, timeout=30):
         role = next((r for r, prefix in ROLES[system_name] if (a.name or "").startswith(prefix)), None)
         if role is None or not a.pid:
             continue
