@@ -40,6 +40,10 @@ __all__ = ["TraceFormatError", "TraceReport", "check_trace_file", "check_trace_l
 
 #: violations kept in ``TraceReport.violations``; the rest are only counted
 MAX_VIOLATIONS = 1000
+#: a line longer than this is refused before it is parsed (``check_trace_file`` reads no more of it):
+#: a file with no line break must not be read whole into memory; the longest record a writer makes is a
+#: snapshot, ~110 bytes a replica, so 64 MiB holds one of 600,000 replicas
+MAX_LINE_BYTES = 64 << 20
 
 KINDS = ("header", "event", "command", "delta", "snapshot", "fault", "rejected", "expectation", "end")
 SNAPSHOT_REASONS = ("step", "sync", "recovery", "end")
@@ -808,6 +812,19 @@ def check_trace_file(path: str | Path) -> TraceReport:
         raise TraceFormatError(f"{name}: cannot read: {exc.strerror or exc}") from None
     with fp:
         try:
-            return check_trace_lines(fp, name)
+            return check_trace_lines(_bounded_lines(fp, name), name)
         except OSError as exc:
             raise TraceFormatError(f"{name}: cannot read: {exc.strerror or exc}") from None
+
+
+def _bounded_lines(fp: Any, name: str) -> Iterator[bytes]:
+    """The file's lines, none longer than ``MAX_LINE_BYTES`` (``TraceFormatError`` at the first that is)."""
+    n = 0
+    while True:
+        line = fp.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        n += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise TraceFormatError(f"{name}: line {n}: longer than {MAX_LINE_BYTES:,} bytes (MAX_LINE_BYTES)")
+        yield line

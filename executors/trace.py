@@ -541,6 +541,10 @@ def _parse(lines: Iterable[str]) -> Iterator[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"line {n}: not JSON ({exc.msg})") from None
+        except ValueError as exc:  # (an int of more than 4,300 digits)
+            raise ValueError(f"line {n}: not JSON ({exc})") from None
+        except RecursionError:
+            raise ValueError(f"line {n}: not JSON a reader can take (arrays or objects nested too deeply)") from None
         if not isinstance(rec, dict):
             if first:
                 raise ValueError(f"line {n}: not a {SCHEMA} trace (first record must be its header)")

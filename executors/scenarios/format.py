@@ -50,6 +50,10 @@ __all__ = [
     "Expectation",
     "load_scenario",
     "parse_scenario",
+    "read_text",
+    "check_yaml_bounds",
+    "YamlTooBig",
+    "MAX_NODES",
     "apply_overrides",
     "ACTIONS",
     "EXPECTATIONS",
@@ -71,6 +75,19 @@ LEVEL_NAMES = {"rank": "rank", "global": "rank", "node_rank": "node_rank", "node
 LATENCY_KEYS = ("place", "start", "ready", "reconfigure", "stop", "process")
 DEFAULT_LATENCY = {"place": 0.1, "start": 5.0, "ready": 0.0, "reconfigure": 0.5, "stop": 1.0, "process": 0.0}
 RECONFIGURE_KINDS = ("none", "plain", "with_rank")
+#: nodes a cluster may list (its count, or the sum of its entries' ``count``): each is a record made as
+#: the file is read (a count of 10**100 filled memory); 100,000 (~20 MB of records) is a deployment's
+#: default ``max_replicas``, and ~800 times the largest example cluster (128 nodes)
+MAX_NODES = 100_000
+
+
+#: what a line break is to ``str.splitlines`` (an error message is one line whatever a key holds)
+_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character ``str.splitlines`` breaks at written as its escape."""
+    return text.translate(_BREAKS)
 
 
 class ScenarioError(Exception):
@@ -79,7 +96,94 @@ class ScenarioError(Exception):
     def __init__(self, file: str, line: int | None, col: int | None, field: str, message: str) -> None:
         self.file, self.line, self.col, self.field, self.message = file, line, col, field, message
         where = file if line is None else f"{file}:{line}:{col}"
-        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}")
+        super().__init__(one_line(f"{where}: {field}: {message}" if field else f"{where}: {message}"))
+
+
+# ------------------------------------------------------------------ hostile YAML (issue 40)
+#: a YAML file (scenario or config) above this many bytes is refused before it is parsed: the
+#: largest example scenario is 5 KB; PyYAML (pure Python, as the loaders read for positions) takes
+#: ~3 s and ~10 times the size in memory for each pass over 1 MiB
+MAX_YAML_BYTES = 1 << 20
+#: collections nested deeper than this are refused: PyYAML's composer recurses once per level
+#: (a RecursionError near 300), and no scenario or config needs more than ~10
+MAX_YAML_DEPTH = 100
+#: values in the document (scalars and collections) with every alias expanded: the example files have
+#: at most 281; PyYAML builds a Python object per value (~70 us each here: 50,000 take ~3.5 s), and
+#: aliases share one object when loaded but anything that walks the data (the position marks, a
+#: deepcopy, a dump into a trace) walks each alias again: a "billion laughs" is 10^9 in 300 bytes
+MAX_YAML_NODES = 50_000
+
+
+class YamlTooBig(ValueError):
+    """A YAML document past ``MAX_YAML_BYTES``, ``MAX_YAML_DEPTH`` or ``MAX_YAML_NODES``;
+    ``mark``: where (``(line, column)``, 1-based; None: the whole file)."""
+
+    def __init__(self, message: str, mark: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.mark = mark
+
+
+def check_yaml_bounds(text: str) -> None:
+    """Refuse (``YamlTooBig``) a document above the bounds, in one pass over its parse events (no
+    recursion, nothing built: the expanded size is counted per anchor). A syntax error ends the pass
+    quietly: the caller's parse reports it, having gone no deeper than this pass saw (libyaml's parser
+    reads it first, PyYAML's again where libyaml found an error: theirs may differ)."""
+    size = len(text) if len(text) * 4 <= MAX_YAML_BYTES else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_YAML_BYTES:
+        raise YamlTooBig(f"the file is {size:,} bytes, above {MAX_YAML_BYTES:,} (MAX_YAML_BYTES)")
+    fast = getattr(yaml, "CSafeLoader", None)  # (libyaml: PyYAML's own scanner takes ~1 s to refuse 10,000 '[')
+    if fast is None or not _events_bounded(text, fast):
+        _events_bounded(text, yaml.SafeLoader)  # (the parser the loaders use, where libyaml stopped short)
+
+
+def _events_bounded(text: str, loader: Any) -> bool:
+    """``check_yaml_bounds``' pass with ``loader``'s parser: True when it read the whole document."""
+    counted = 0  # values so far, every alias expanded
+    open_at: list[tuple[int, str | None]] = []  # each open collection: (``counted`` at its start, its anchor)
+    anchored: dict[str, int] = {}  # anchor -> its value's expanded size
+    try:
+        for ev in yaml.parse(text, Loader=loader):
+            if isinstance(ev, yaml.CollectionStartEvent):
+                if len(open_at) >= MAX_YAML_DEPTH:
+                    raise YamlTooBig(f"collections nested deeper than {MAX_YAML_DEPTH} (MAX_YAML_DEPTH)",
+                                     _mark(ev))
+                open_at.append((counted, ev.anchor))
+                counted += 1
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                start, anchor = open_at.pop()
+                if anchor is not None:
+                    anchored[anchor] = counted - start
+            elif isinstance(ev, yaml.ScalarEvent):
+                counted += 1
+                if ev.anchor is not None:
+                    anchored[ev.anchor] = 1
+            elif isinstance(ev, yaml.AliasEvent):
+                if any(anchor == ev.anchor for _, anchor in open_at):
+                    raise YamlTooBig(f"the alias *{ev.anchor} is inside its own anchor (a value that contains "
+                                     f"itself)", _mark(ev))
+                counted += anchored.get(ev.anchor or "", 1)
+            if counted > MAX_YAML_NODES:
+                raise YamlTooBig(f"more than {MAX_YAML_NODES:,} values with every alias expanded "
+                                 f"(MAX_YAML_NODES: an alias bomb?)", _mark(ev))
+    except yaml.YAMLError:
+        return False
+    return True
+
+
+def _construct(node: yaml.Node | None) -> Any:
+    """The data of a composed document (what ``yaml.safe_load`` gives, without parsing it again)."""
+    if node is None:
+        return None
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _mark(ev: yaml.Event) -> tuple[int, int] | None:
+    m = ev.start_mark
+    return (m.line + 1, m.column + 1) if m is not None else None
 
 
 @attrs.frozen
@@ -452,8 +556,11 @@ class _Checker:
         return value
 
     def number(self, value: Any, path: tuple, *, minimum: float = 0.0, maximum: float | None = None) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                               and math.isnan(value)):
             raise self.fail(path, f"must be a number, got {_show(value)}")
+        if not -1e300 < value < 1e300:  # (an infinity, or an int no float holds: nothing a count or a time needs)
+            raise self.fail(path, f"must be a finite number below 1e300 in size, got {_show(value):.40}")
         if value < minimum:
             raise self.fail(path, f"must be >= {minimum:g}, got {value:g}")
         if maximum is not None and value > maximum:
@@ -467,14 +574,17 @@ class _Checker:
 
     def latency(self, value: Any, path: tuple) -> Latency:
         try:
-            return parse_latency(value)
-        except ValueError as exc:
+            got = parse_latency(value)
+        except (ValueError, ArithmeticError) as exc:  # (OverflowError: an int no float holds)
             raise self.fail(path, str(exc)) from None
+        if not all(p < 1e300 for p in got.params):
+            raise self.fail(path, f"a latency's numbers must be finite and below 1e300, got {_show(value):.60}")
+        return got
 
     def bandwidth(self, value: Any, path: tuple) -> Transfer:
         try:
             return parse_bandwidth(value)
-        except ValueError as exc:
+        except (ValueError, ArithmeticError) as exc:
             raise self.fail(path, str(exc)) from None
 
 
@@ -485,9 +595,14 @@ def _did_you_mean(word: Any, choices: tuple) -> str:
 
 
 def _show(value: Any) -> str:
+    """A value in an error message: its repr, at most ``_SHOWN`` characters (an error stays a line to read)."""
     if value is None:
         return "nothing"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
+
+
+_SHOWN = 200
 
 
 # ----------------------------------------------------------------- parsing
@@ -496,22 +611,44 @@ def load_scenario(path: str | Path, overrides: dict | None = None) -> Scenario:
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text()
+        text = read_text(path)
     except OSError as exc:
-        raise ScenarioError(file, None, None, "", f"cannot read: {exc.strerror}") from None
+        raise ScenarioError(file, None, None, "", f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ScenarioError(file, None, None, "", str(exc)) from None
     return parse_scenario(text, file, overrides)
+
+
+def read_text(path: str | Path) -> str:
+    """A YAML file's text (scenario or config): ``OSError`` when it cannot be read or is above
+    ``MAX_YAML_BYTES`` (no more than that is read into memory), ``ValueError`` (one line) when it
+    is not UTF-8."""
+    with open(path, "rb") as fp:
+        data = fp.read(MAX_YAML_BYTES + 1)
+    if len(data) > MAX_YAML_BYTES:
+        raise OSError(f"the file is above {MAX_YAML_BYTES:,} bytes (MAX_YAML_BYTES)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
 
 
 def parse_scenario(text: str, file: str = "<scenario>", overrides: dict | None = None) -> Scenario:
     try:
+        check_yaml_bounds(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
+        raw = _construct(node)
+    except YamlTooBig as exc:
+        line, col = exc.mark or (None, None)
+        raise ScenarioError(file, line, col, "", f"refused: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
         raise ScenarioError(file, line, col, "", f"bad YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise ScenarioError(file, None, None, "", f"bad YAML: {exc}") from None
+        raise ScenarioError(file, None, None, "", f"bad YAML: {' '.join(str(exc).split())}") from None
+    except (ValueError, RecursionError) as exc:  # (an int of more than 4,300 digits; a depth the bound missed)
+        raise ScenarioError(file, None, None, "", f"bad YAML: {type(exc).__name__}: {exc}") from None
     marks: dict = {}
     keys: dict = {}
     if node is not None:
@@ -744,7 +881,7 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     nodes_raw = cl["nodes"]
     out: list[NodeSpec] = []
     if isinstance(nodes_raw, int) and not isinstance(nodes_raw, bool):
-        n = c.count(nodes_raw, ("cluster", "nodes"))
+        n = _at_most_nodes(c.count(nodes_raw, ("cluster", "nodes")), 0, ("cluster", "nodes"), c)
         out = [NodeSpec(name=f"node-{i}", gpus=gpus_default, gpu_memory=memory_default, cpu_cache=cache_default)
                for i in range(n)]
         if memory_default:
@@ -756,7 +893,7 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
                           required=("name",))
             nm = c.name(m["name"], p + ("name",))
             gpus = c.number(m.get("gpus", gpus_default), p + ("gpus",))
-            count = c.count(m.get("count", 1), p + ("count",))
+            count = _at_most_nodes(c.count(m.get("count", 1), p + ("count",)), len(out), p + ("count",), c)
             hidden = c.number(m.get("unreported_gpus", 0), p + ("unreported_gpus",))
             if hidden > gpus:
                 raise c.fail(p + ("unreported_gpus",), f"{hidden:g} is more than the node's {gpus:g} GPUs")
@@ -775,6 +912,13 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
             raise c.fail(("cluster", "nodes"), f"node {spec.name!r} is listed twice")
         seen.add(spec.name)
     return tuple(out)
+
+
+def _at_most_nodes(n: int, listed: int, p: tuple, c: _Checker) -> int:
+    """``n`` more nodes beside the ``listed`` ones, within ``MAX_NODES`` (each is an object made now)."""
+    if listed + n > MAX_NODES:
+        raise c.fail(p, f"{listed + n:,} nodes is above {MAX_NODES:,} (MAX_NODES)")
+    return n
 
 
 def _deployments(value: Any, c: _Checker, placement: str = "spread", timeout: float | None = None,
@@ -1102,7 +1246,7 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
             mm = c.mapping(v, q, ("deployment", "level", "at_most_fraction"),
                            required=("deployment", "at_most_fraction"))
             level = mm.get("level", "any")
-            if level not in LEVEL_NAMES:
+            if not isinstance(level, str) or level not in LEVEL_NAMES:
                 raise c.fail(q + ("level",), f"must be one of {', '.join(LEVEL_NAMES)}, got {_show(level)}")
             args = {"deployment": _deployment_ref(mm["deployment"], q + ("deployment",), c, deployments),
                     "level": LEVEL_NAMES[level],
@@ -1275,7 +1419,7 @@ def _arrivals(value: Any, p: tuple, c: _Checker) -> ArrivalSpec:
     """One ``arrivals`` mapping (``ARRIVAL_KINDS``), every rate a number >= 0."""
     m = c.mapping(value, p, required=("kind",))
     kind = m["kind"]
-    if kind not in ARRIVAL_KINDS:
+    if not isinstance(kind, str) or kind not in ARRIVAL_KINDS:
         raise c.fail(p + ("kind",), f"unknown arrival kind {_show(kind)}{_did_you_mean(kind, tuple(ARRIVAL_KINDS))} "
                                     f"(one of: {', '.join(ARRIVAL_KINDS)})")
     need, optional = ARRIVAL_KINDS[kind]

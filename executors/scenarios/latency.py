@@ -61,6 +61,11 @@ class Latency:
         return f"{self.dist}(" + ", ".join(f"{n}={v:g}" for n, v in zip(names, self.params)) + ")"
 
 
+#: a lognormal's largest sigma: its samples are ``median * exp(z * sigma)``, which overflows a float past
+#: e^709 (z of a sample is within +-14 short of 1 in 10^40); 50 is already a spread of e^+-50 around the median
+LOGNORMAL_MAX_SIGMA = 50.0
+
+
 def parse_latency(value: Any) -> Latency:
     """``2.5`` (constant) or ``{dist: uniform, low: 1, high: 3}``.
 
@@ -69,13 +74,13 @@ def parse_latency(value: Any) -> Latency:
     if isinstance(value, bool):
         raise ValueError(f"a latency must be a number of seconds or a mapping, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0 or math.isnan(value):
-            raise ValueError(f"a latency must be >= 0 seconds, got {value!r}")
+        if not 0 <= value < 1e300:  # (nan, infinities, an int no float holds)
+            raise ValueError(f"a latency must be >= 0 seconds (a finite number), got {value!r:.40}")
         return Latency("constant", (float(value),))
     if not isinstance(value, dict):
-        raise ValueError(f"a latency must be a number of seconds or a mapping, got {value!r}")
+        raise ValueError(f"a latency must be a number of seconds or a mapping, got {value!r:.60}")
     dist = value.get("dist", "constant")
-    if dist not in DISTRIBUTIONS:
+    if not isinstance(dist, str) or dist not in DISTRIBUTIONS:
         raise ValueError(f"unknown dist {dist!r} (one of: {', '.join(DISTRIBUTIONS)})")
     names = DISTRIBUTIONS[dist]
     extra = set(value) - {"dist", *names}
@@ -86,11 +91,13 @@ def parse_latency(value: Any) -> Latency:
         if n not in value:
             raise ValueError(f"{dist} needs '{n}'")
         v = value[n]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"'{n}' must be a number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e300:
+            raise ValueError(f"'{n}' must be a number >= 0 (finite), got {v!r:.40}")
         params.append(float(v))
     if dist == "uniform" and params[0] > params[1]:
         raise ValueError(f"uniform needs low <= high, got low={params[0]:g} high={params[1]:g}")
+    if dist == "lognormal" and params[1] > LOGNORMAL_MAX_SIGMA:  # (exp(z * sigma) overflows a float past ~e^709)
+        raise ValueError(f"lognormal's sigma must be <= {LOGNORMAL_MAX_SIGMA:g}, got {params[1]:g}")
     return Latency(dist, tuple(params))
 
 
@@ -123,7 +130,6 @@ class Transfer:
 
 def parse_bandwidth(value: Any) -> Transfer:
     """A bandwidth in GB/s, a number > 0. Raises ValueError naming what is wrong."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0 \
-            or math.isinf(value):
-        raise ValueError(f"a bandwidth must be a number of GB/s > 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e300:
+        raise ValueError(f"a bandwidth must be a number of GB/s > 0, got {value!r:.40}")
     return Transfer(float(value))

@@ -46,7 +46,7 @@ class ConfigError(rc.InvalidConfig):
     def __init__(self, source: str, path: str, line: int | None, message: str) -> None:
         self.source, self.path, self.line, self.message = source, path, line, message
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {path + ': ' if path else ''}{message}")
+        super().__init__(" ".join(f"{where}: {path + ': ' if path else ''}{message}".splitlines()))
 
 
 # ------------------------------------------------------------------ the records
@@ -224,6 +224,9 @@ def _plain(node: yaml.Node, path: str, lines: _Lines, source: str) -> Any:
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):  # (``? [a, b]: x``: no key path names it)
+                raise ConfigError(source, path, k.start_mark.line + 1, "a key must be a plain value, not a "
+                                                                       "list or a mapping")
             key = _scalar(k)
             sub = f"{path}.{key}" if path else str(key)
             lines.at[sub] = k.start_mark.line + 1
@@ -245,16 +248,26 @@ def _scalar(node: yaml.Node) -> Any:
 
 
 def _read(text: str, source: str) -> tuple[Any, _Lines]:
+    """The file's data and each key path's line. Hostile YAML is refused first, as scenario files
+    are (``check_yaml_bounds``: size, nesting, aliases expanded; ``_plain`` walks every alias again)."""
+    from ...scenarios.format import YamlTooBig, check_yaml_bounds
+
     lines = _Lines()
     try:
+        check_yaml_bounds(text)
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return {}, lines
+        return _plain(node, "", lines, source), lines
+    except YamlTooBig as exc:
+        raise ConfigError(source, "", exc.mark[0] if exc.mark else None, f"refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
         raise ConfigError(source, "", mark.line + 1 if mark is not None else None,
-                          f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    if node is None:
-        return {}, lines
-    return _plain(node, "", lines, source), lines
+                          f"not valid YAML: {problem}") from None
+    except (ValueError, RecursionError) as exc:  # (an int of more than 4,300 digits; a depth the bound missed)
+        raise ConfigError(source, "", None, f"not valid YAML: {type(exc).__name__}: {exc}") from None
 
 
 def _walk(data: Any, cls: type, path: str, lines: _Lines, source: str, notes: list[str]) -> Any:
@@ -367,11 +380,15 @@ def parse(data: Any, source: str = "<config>", lines: _Lines | None = None) -> S
 
 def load(path: str | Path) -> ServeConfig:
     """Read a YAML (or JSON) config file; ``ConfigError`` names the file, key path and line."""
+    from ...scenarios.format import read_text
+
     p = Path(path)
     try:
-        text = p.read_text()
+        text = read_text(p)
     except OSError as exc:
         raise ConfigError(str(p), "", None, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # (not UTF-8)
+        raise ConfigError(str(p), "", None, str(exc)) from None
     data, lines = _read(text, str(p))
     return parse(data, str(p), lines)
 
