@@ -648,11 +648,19 @@ def _load_app(target: str) -> Any:
 @click.option("--request-timeout-s", type=click.FloatRange(min=0, min_open=True),
               help="Answer 408 to a request unanswered after this long (default 60).")
 @click.option("--max-body-bytes", type=click.IntRange(min=0), help="Answer 413 to a larger body (default 1 MiB).")
+@click.option("--header-timeout-s", type=click.FloatRange(min=0, min_open=True),
+              help="Answer 408 and close a connection whose request head is not in after this long (default 10).")
+@click.option("--max-header-bytes", type=click.IntRange(min=1024),
+              help="Answer 431 to a larger request head (default 16 KiB).")
+@click.option("--max-connections", type=click.IntRange(min=1),
+              help="Answer 503 and close a connection past this many open (default 10000).")
 @click.option("--address", help="Connect to this Ray cluster instead of starting a local one.")
 @click.option("--access-log/--no-access-log", "enable_access_log", default=None,
               help="Write one JSON access record per request (default: on; docs/metrics.md).")
 def serve(target: str, port: int | None, host: str | None, route_prefix: str | None, request_timeout_s: float | None,
-          max_body_bytes: int | None, address: str | None, enable_access_log: bool | None) -> None:
+          max_body_bytes: int | None, address: str | None, enable_access_log: bool | None,
+          header_timeout_s: float | None = None, max_header_bytes: int | None = None,
+          max_connections: int | None = None) -> None:
     """Deploy MODULE:APP and serve it over HTTP until interrupted (docs/ray.md, "HTTP ingress")."""
     import ray
 
@@ -671,7 +679,10 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
     try:
         start_ingress(host, port, max_body_bytes=max_body_bytes,
                       request_timeout_s=request_timeout_s if request_timeout_s is not None else "keep",
-                      enable_access_log=enable_access_log)
+                      enable_access_log=enable_access_log,
+                      header_timeout_s=header_timeout_s if header_timeout_s is not None else "keep",
+                      max_header_bytes=max_header_bytes,
+                      max_connections=max_connections if max_connections is not None else "keep")
         url = expose(ray_run(app), route_prefix, port, host)
     except rc.RankcoreError as exc:
         click.echo(f"error: {exc}", err=True)

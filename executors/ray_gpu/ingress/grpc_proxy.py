@@ -11,7 +11,9 @@ of the RPC's name is called with the request message and returns the response me
 server's event loop and goes through the same request path (``http._Ingress.call``: the
 handle, ``request_timeout_s``, cancellation).
 
-Errors map to status codes: an unknown or missing application ``NOT_FOUND``; overloaded or
+Errors map to status codes: bytes that are not the method's request message ``INVALID_ARGUMENT``,
+a message above ``max_body_bytes`` (or metadata above ``max_header_bytes``) ``RESOURCE_EXHAUSTED``,
+an unknown method ``UNIMPLEMENTED`` (gRPC's); an unknown or missing application ``NOT_FOUND``; overloaded or
 no replica ``UNAVAILABLE``; past ``request_timeout_s`` ``DEADLINE_EXCEEDED``; the
 application's own exception ``INTERNAL`` with its message; a client that cancels (or whose
 deadline passes) cancels the call through the handle (its slot on the replica is freed;
@@ -45,6 +47,9 @@ __all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "serv
 
 #: Ray Serve's default gRPC port (``gRPCOptions.port``)
 DEFAULT_GRPC_PORT = 9000
+#: gRPC's own default ``max_receive_message_length`` (4 MiB): what the server buffers of a message at
+#: most when ``max_body_bytes`` is below it (each call checks ``max_body_bytes`` itself)
+GRPC_MESSAGE_BYTES = 4 << 20
 API_SERVICE = "rankcore.RankcoreAPIService"
 #: the HTTP status the request path gives an error -> its gRPC code
 _CODES = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -113,6 +118,13 @@ def servicer_methods(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
     return keeper.services
 
 
+class _Refused:
+    """A request message refused as it was read (``GrpcFront._read``): the code and the detail."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        self.code, self.detail = code, detail
+
+
 def code_of(status: int) -> grpc.StatusCode:
     return _CODES.get(status, grpc.StatusCode.INTERNAL)
 
@@ -132,15 +144,15 @@ class GrpcFront:
         self.address: tuple[str, int] = ("", 0)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        server = self.server = aio.server(options=[("grpc.so_reuseport", 0)])
+        server = self.server = aio.server(options=self.options())
         for service, methods in sorted(self.services.items()):
             handlers = {name: self._handler(name, h) for name, h in methods.items()}
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         api = {"ListApplications": grpc.unary_unary_rpc_method_handler(
-                   self._list, request_deserializer=empty_pb2.Empty.FromString,
+                   self._list, request_deserializer=self._read(empty_pb2.Empty.FromString),
                    response_serializer=struct_pb2.ListValue.SerializeToString),
                "Healthz": grpc.unary_unary_rpc_method_handler(
-                   self._healthz, request_deserializer=empty_pb2.Empty.FromString,
+                   self._healthz, request_deserializer=self._read(empty_pb2.Empty.FromString),
                    response_serializer=wrappers_pb2.StringValue.SerializeToString)}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(API_SERVICE, api),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -153,6 +165,44 @@ class GrpcFront:
         self.address = (host, bound)
         return self.address
 
+    def options(self) -> list[tuple[str, Any]]:
+        """The server's channel options: the HTTP side's limits, as gRPC's own (read when it starts):
+        a message above ``max(max_body_bytes, 4 MiB)`` is refused by gRPC before it is read whole
+        (``RESOURCE_EXHAUSTED``; each call then checks the current ``max_body_bytes``: ``_read``),
+        metadata above ``max_header_bytes`` too, and a connection's HTTP/2 handshake must end within
+        ``header_timeout_s``."""
+        ing = self.ingress
+        out: list[tuple[str, Any]] = [("grpc.so_reuseport", 0),
+                                      ("grpc.max_receive_message_length", max(ing.max_body_bytes, GRPC_MESSAGE_BYTES)),
+                                      ("grpc.max_metadata_size", ing.max_header_bytes)]
+        if ing.header_timeout_s is not None:
+            out.append(("grpc.server_handshake_timeout_ms", max(1, int(ing.header_timeout_s * 1000))))
+        return out
+
+    def _read(self, deserialize: Any) -> Any:
+        """``deserialize`` that never raises: a message above ``max_body_bytes`` or one that does not
+        parse becomes a ``_Refused`` the call answers with its code (gRPC answered ``UNKNOWN`` with
+        the decoder's exception for bytes that are not the message)."""
+        ingress = self.ingress
+
+        def read(data: bytes) -> Any:
+            most = ingress.max_body_bytes
+            if len(data) > most:
+                return _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the message is {len(data)} bytes, above max_body_bytes={most}")
+            try:
+                return deserialize(data)
+            except Exception as exc:
+                return _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a message of this method's "
+                                                                  f"type: {type(exc).__name__}: {exc}")
+        return read
+
+    async def _refuse(self, request: Any, context: aio.ServicerContext) -> None:
+        """A request ``_read`` refused: answered with its code (the call ends here)."""
+        if isinstance(request, _Refused):
+            self.codes[request.code.name] += 1
+            await context.abort(request.code, request.detail)
+
     async def stop(self, grace: float = 5.0) -> None:
         if self.server is not None:
             await self.server.stop(grace)
@@ -163,7 +213,7 @@ class GrpcFront:
 
     # ---------------------------------------------------------------- calls
     def _handler(self, method: str, generated: Any) -> Any:
-        kw = {"request_deserializer": generated.request_deserializer,
+        kw = {"request_deserializer": self._read(generated.request_deserializer),
               "response_serializer": generated.response_serializer}
         if generated.unary_unary is not None:
             async def unary(request: Any, context: aio.ServicerContext) -> Any:
@@ -201,6 +251,7 @@ class GrpcFront:
         await context.abort(code, detail[-4000:])
 
     async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
+        await self._refuse(request, context)
         name = await self._app_or_abort(context)
         self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
@@ -216,6 +267,7 @@ class GrpcFront:
         return value
 
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
+        await self._refuse(request, context)
         name = await self._app_or_abort(context)
         ingress = self.ingress
         response = None
@@ -242,11 +294,13 @@ class GrpcFront:
 
     # ------------------------------------------------------------- the API
     async def _list(self, request: Any, context: aio.ServicerContext) -> Any:
+        await self._refuse(request, context)
         out = struct_pb2.ListValue()
         out.extend(sorted(self.ingress.handles))
         return out
 
     async def _healthz(self, request: Any, context: aio.ServicerContext) -> Any:
+        await self._refuse(request, context)
         if self.ingress.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "This node is being drained.")
         return wrappers_pb2.StringValue(value="success")

@@ -11,6 +11,10 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
   ``.status`` (503 overloaded or no replica, 408 timeout, 499, 500 replica
   died), 404 unknown route or deployment, 413 body above ``max_body_bytes``,
   400 bad JSON, 500 with the remote traceback for the application's error;
+* limits on what a hostile client can hold (issue 40): a request head within
+  ``header_timeout_s`` (408) and ``max_header_bytes`` (431), at most ``max_connections``
+  (503), a body within ``request_timeout_s`` (408), JSON at most ``MAX_JSON_DEPTH`` deep
+  (400); a request the parser cannot read is a JSON 400 too (``_guarded``);
 * progress while waiting (``Accept: text/event-stream`` or ``?progress=1``):
   server-sent events ``queued`` / ``loading`` / ``dispatched`` / ``running``,
   then ``done`` with the result or ``error``;
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import math
 import os
 import re
 import socket
@@ -58,7 +63,8 @@ from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
-__all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HttpIngress",
+__all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
+           "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
            "start_ingress", "expose", "ingress_address", "proxies", "args_of", "status_of", "check_route_prefix", "make_app",
            "set_access_log", "METRICS_PATH"]
 
@@ -68,8 +74,31 @@ DEFAULT_PORT = 8000
 #: a body above this is refused with 413 before it is read (configurable)
 MAX_BODY_BYTES = 1 << 20
 #: a request still unanswered after this long gets 408 (Ray Serve waits forever by default;
-#: a bounded wait frees the caller and the ingress's thread; None: no limit)
+#: a bounded wait frees the caller and the ingress's thread; None: no limit); a body still arriving
+#: after this long too (408, the connection closed)
 REQUEST_TIMEOUT_S: float | None = 60.0
+# the connection limits (issue 40: hostile clients), configurable as the two above; read by the
+# proxy's protocol (``_guarded``) on every connection, so ``configure`` changes them at once
+#: a request's head (request line and headers) must have arrived this long after the connection
+#: opened, or after its first byte on a kept-alive connection: else 408 and the connection closed
+#: (nothing sent to one that sent nothing). Without it a client sending a byte a second (slowloris),
+#: or none, holds its connection for ever: uvicorn times only the wait between two requests. A real
+#: client sends its head in one packet; 10 s allows a very slow link (nginx 60 s, Node 60 s, Apache
+#: 20-40 s). None: no limit
+HEADER_TIMEOUT_S: float | None = 10.0
+#: a request head above this many bytes is refused with 431 (and the connection closed): h11's and
+#: uvicorn's default (``h11_max_incomplete_event_size``), Node's too; the httptools parser has none,
+#: so a header that never ends grew without bound
+MAX_HEADER_BYTES = 16 << 10
+#: connections open at once; one more is answered 503 and closed before anything is read (uvicorn's
+#: ``limit_concurrency`` answers only once a request is read, and has no default). Each costs a file
+#: descriptor and a few KB (500 idle: under 1 MB, measured); idle ones go after ``HEADER_TIMEOUT_S``.
+#: None: no limit
+MAX_CONNECTIONS: int | None = 10_000
+#: a JSON body nested deeper than this is refused with 400: Python's decoder raises RecursionError
+#: near 1,000 levels, and the call's arguments are pickled (and answers encoded) by recursion too
+#: (serde_json's default limit is 128)
+MAX_JSON_DEPTH = 128
 #: threads for what may block: a handle's first call (it asks the controller), the controller's answers
 CALL_THREADS = 256
 #: how often a progress stream looks at its request's status
@@ -144,9 +173,15 @@ def args_of(body: bytes) -> tuple[tuple, dict]:
     if not body.strip():
         return (), {}
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:  # (UnicodeDecodeError is a ValueError)
         raise _Reply(400, "bad_request", f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise _Reply(400, "bad_request", f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)") from None
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
+        raise _Reply(400, "bad_request", f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)")
+    if _HUGE_NUMBER.search(body) and _has_infinity(value):  # (1e999 reads as inf: an answer could not hold it)
+        raise _Reply(400, "bad_request", "a number in the body is beyond a 64-bit float (JSON has no infinity)")
     if isinstance(value, dict) and value and set(value) <= {"args", "kwargs"}:
         args, kwargs = value.get("args", []), value.get("kwargs", {})
         if not isinstance(args, list):
@@ -155,6 +190,40 @@ def args_of(body: bytes) -> tuple[tuple, dict]:
             raise _Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
         return tuple(args), kwargs
     return (value,), {}
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's decoder takes them, JSON (RFC 8259) has none."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+#: what a number past a double's range looks like in JSON (an exponent of 3 digits or more, or 309
+#: digits in a row): only then is the parsed value searched for an infinity
+_HUGE_NUMBER = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})|(?<![0-9])[0-9]{309}")
+
+
+def _has_infinity(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and v in (math.inf, -math.inf):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _depth_within(value: Any, most: int) -> bool:
+    """Whether ``value``'s arrays and objects nest at most ``most`` deep (a loop: no recursion)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > most:
+            return False
+        stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
+    return True
 
 
 def status_of(exc: BaseException) -> tuple[int, str, str]:
@@ -190,6 +259,12 @@ async def _first(items: Any) -> Any:
         return await items.__anext__()
     except StopAsyncIteration:
         return _NOTHING
+
+
+def _declares_body(request: Any) -> bool:
+    """Whether the request's head announces a body (a Content-Length above 0, or chunks)."""
+    headers = request.headers
+    return headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers
 
 
 def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestContext | None = None) -> Any:
@@ -310,6 +385,10 @@ class _Ingress:
         self.routes = dict(routes)  # prefix -> deployment
         self.handles = dict(handles)  # deployment -> its handle (``__call__``), as ``expose`` gave it
         self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
+        #: the connection limits (``HEADER_TIMEOUT_S`` ...: ``configure`` changes them)
+        self.header_timeout_s: float | None = HEADER_TIMEOUT_S
+        self.max_header_bytes: int = MAX_HEADER_BYTES
+        self.max_connections: int | None = MAX_CONNECTIONS
         self.pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="rankcore-http-call")
         self.answers: Counter[int] = Counter()
         self.in_flight: Counter[str] = Counter()
@@ -394,11 +473,14 @@ class _Ingress:
             return bool(handle.is_stream(method))
         return bool(await asyncio.get_running_loop().run_in_executor(self.pool, handle.is_stream, method))
 
-    def _error(self, status: int, error: str, detail: str, deployment: str | None) -> Any:
+    def _error(self, status: int, error: str, detail: str, deployment: str | None, close: bool = False) -> Any:
+        """The JSON error answer; ``close``: with ``Connection: close`` (answered before the request's
+        body was read: a client trickling the rest would otherwise hold the connection)."""
         from starlette.responses import JSONResponse
 
         self._count(status, error, detail, deployment)
-        return JSONResponse({"error": error, "detail": detail, "deployment": deployment}, status_code=status)
+        return JSONResponse({"error": error, "detail": detail, "deployment": deployment}, status_code=status,
+                            headers={"Connection": "close"} if close else None)
 
     def _count(self, status: int, error: str, detail: str, deployment: str | None) -> None:
         self.answers[status] += 1
@@ -408,17 +490,33 @@ class _Ingress:
 
     async def _body(self, request: Any) -> bytes:
         """The body, refused with 413 past ``max_body_bytes`` (by its Content-Length before
-        reading anything, or as it streams in)."""
+        reading anything, or as it streams in), with 408 when it is still arriving after
+        ``request_timeout_s``; ``_Gone`` when the client closed before its end."""
         most = self.max_body_bytes
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > most:
+        if length is not None and length.isdigit() and len(length) < 20 and int(length) > most:
             raise _Reply(413, "body_too_large", f"the body is {int(length)} bytes, above max_body_bytes={most}")
+        if length is not None and length.isdigit() and len(length) >= 20:  # (no int of 10,000 digits made)
+            raise _Reply(413, "body_too_large", f"the body is {len(length)} digits of bytes, above max_body_bytes={most}")
+        try:
+            return await asyncio.wait_for(self._read(request, most), self.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise _Reply(408, "timeout", f"the body did not arrive within request_timeout_s="
+                                         f"{self.request_timeout_s:g}") from None
+
+    @staticmethod
+    async def _read(request: Any, most: int) -> bytes:
+        from starlette.requests import ClientDisconnect
+
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > most:
-                raise _Reply(413, "body_too_large", f"the body is above max_body_bytes={most}")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > most:
+                    raise _Reply(413, "body_too_large", f"the body is above max_body_bytes={most}")
+                chunks.append(chunk)
+        except ClientDisconnect:  # (a body cut short: its client closed before sending it all)
+            raise _Gone() from None
         return b"".join(chunks)
 
     async def deployment_call(self, request: Any) -> Any:
@@ -426,6 +524,7 @@ class _Ingress:
 
         name = None
         note = request.scope.get("rankcore")  # (``_Observe``'s: what the metrics and the access record say)
+        unread = _declares_body(request)  # (a body not read yet: an early answer closes the connection)
         try:
             found = match_route(self.routes, request.url.path)
             if found is None:
@@ -434,7 +533,12 @@ class _Ingress:
             prefix, name, method = found
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
-            args, kwargs = args_of(await self._body(request)) if request.method == "POST" else ((), {})
+            if request.method == "POST":
+                body = await self._body(request)
+                unread = False
+                args, kwargs = args_of(body)
+            else:
+                args, kwargs = (), {}
             accept = request.headers.get("accept", "")
             if await self.is_stream(name, method):
                 return await self._stream(name, method, args, kwargs, request.receive, note)
@@ -443,18 +547,18 @@ class _Ingress:
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             value = await self.call(name, method, args, kwargs, receive=request.receive, note=note)
         except _Reply as r:
-            return self._error(r.status, r.error, r.detail, r.deployment or name)
+            return self._error(r.status, r.error, r.detail, r.deployment or name, close=unread)
         except _Gone:
             return self._gone(name)
         except Exception as exc:
-            return self._error(*status_of(exc), name)
+            return self._error(*status_of(exc), name, close=unread)
         try:
-            body = json.dumps(value)
-        except (TypeError, ValueError) as exc:
+            answer = json.dumps(value)
+        except (TypeError, ValueError, RecursionError) as exc:
             return self._error(500, "unserialisable_result",
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name)
         self.answers[200] += 1
-        return Response(body, media_type="application/json")
+        return Response(answer, media_type="application/json", headers={"Connection": "close"} if unread else None)
 
     def _gone(self, name: str | None) -> Any:
         """The client went away before its answer: its call was cancelled; 499 counted (nginx's
@@ -686,6 +790,8 @@ class _Ingress:
         return {"time": time.time(), "errors": errors,
                 "ingress": {"host": host, "port": port, "routes": dict(sorted(self.routes.items())),
                             "max_body_bytes": self.max_body_bytes, "request_timeout_s": self.request_timeout_s,
+                            "header_timeout_s": self.header_timeout_s, "max_header_bytes": self.max_header_bytes,
+                            "max_connections": self.max_connections,
                             "answers": {str(k): v for k, v in sorted(self.answers.items())}},
                 "deployments": deployments, "tiers": tiers, "faults": faults[-RECENT_FAULTS * 2:]}
 
@@ -808,6 +914,138 @@ class _Observe:
                                    (time.perf_counter() - t0) * 1000.0, out["bytes"])
 
 
+# ------------------------------------------------------------------ the connection limits
+_REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
+
+
+def _guarded(base: type, ingress: _Ingress) -> type:
+    """uvicorn's HTTP protocol (``base``: httptools' or h11's) with the connection limits of
+    ``ingress`` (read on every connection: ``configure`` changes them at once): at most
+    ``max_connections`` open (503 past it, before anything is read), a request head within
+    ``header_timeout_s`` (408, or closed when nothing was sent) and ``max_header_bytes`` (431, counted
+    as the bytes arrive, before the parser buffers them), and uvicorn's own 400 for what its parser
+    cannot read answered as the ingress's JSON error. Each closes the connection. (A protocol object
+    per connection; uvicorn's attributes used: ``connections``, ``transport``, ``cycle``, ``loop``,
+    ``conn`` (h11), ``send_400_response``.)"""
+    h11 = "h11" in base.__module__
+
+    class Guarded(base):
+        _head_timer: Any = None
+        _head_fed = 0  # bytes of the head under way (received with no request in progress)
+        _tail = b""  # its last 3 bytes (a head's end, CRLF CRLF, may straddle two reads)
+        _in_head = False  # (httptools) between a message's first byte and its complete head
+        _piped = 0  # (httptools) bytes received while a request runs and the next one's head is incomplete
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if h11:  # (its parser's own bound on a head it buffers, at this ingress's limit)
+                import h11 as h11_lib
+
+                self.conn = h11_lib.Connection(h11_lib.SERVER, ingress.max_header_bytes)
+
+        # ------------------------------------------------------------ asyncio's calls
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            most = ingress.max_connections
+            if most is not None and len(self.connections) > most:
+                self._answer(503, "too_many_connections", f"{most} connections are open (max_connections={most})")
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._no_request() and not self._head_within(data):
+                return
+            super().data_received(data)
+            if self.transport.is_closing():
+                self._disarm()
+            elif self._no_request():
+                if self._head_fed:  # (a head begun: its clock runs)
+                    self._arm()
+            else:
+                self._disarm()
+                self._head_fed, self._tail = 0, b""
+                if self._in_head:  # (httptools: the next request's head, pipelined, buffered by the parser)
+                    self._piped += len(data)
+                    if self._piped > ingress.max_header_bytes:
+                        self._refused_head()
+
+        def _head_within(self, data: bytes) -> bool:
+            """Count ``data`` into the head under way (up to its end, CRLF CRLF); False (and 431
+            answered, before the parser buffers any of it) when the head is above ``max_header_bytes``."""
+            seen = self._tail + data
+            end = seen.find(b"\r\n\r\n")
+            size = self._head_fed + (len(data) if end < 0 else end + 4 - len(self._tail))
+            if size > ingress.max_header_bytes:
+                self._refused_head()
+                return False
+            self._head_fed, self._tail = (size, seen[-3:]) if end < 0 else (0, b"")
+            return True
+
+        # --------------------------------------------- httptools' parser callbacks
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._piped = True, 0
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        # ------------------------------------------------------------------ answers
+        def send_400_response(self, msg: str) -> None:
+            if h11 and len(self.conn.trailing_data[0]) >= ingress.max_header_bytes:
+                self._refused_head()
+            else:
+                self._answer(400, "bad_request", f"{msg.rstrip('.')}: the request line or headers are not HTTP/1.1")
+
+        def _refused_head(self) -> None:
+            self._answer(431, "header_too_large", f"the request head is above max_header_bytes="
+                                                  f"{ingress.max_header_bytes}")
+
+        def _answer(self, status: int, error: str, detail: str) -> None:
+            """Answer the JSON error (written as is: the parser's state no longer matters) and close."""
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            body = json.dumps({"error": error, "detail": detail, "deployment": None}).encode()
+            self.transport.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
+                                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+            self.transport.close()
+            ingress._count(status, error, detail, None)
+
+        # ------------------------------------------------------------------ the head's clock
+        def _no_request(self) -> bool:
+            """No request in progress: what arrives is a request's head."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            timeout = ingress.header_timeout_s
+            if timeout is not None and self._head_timer is None:
+                self._head_timer = self.loop.call_later(timeout, self._head_late)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_late(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing() or not self._no_request():
+                return
+            if self._head_fed:
+                self._answer(408, "timeout", f"the request head did not arrive within header_timeout_s="
+                                             f"{ingress.header_timeout_s:g}")
+            else:  # (a connection that never sent anything: nothing asked, nothing answered)
+                self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
 def make_app(ingress: _Ingress) -> Any:
     """The starlette app: the ingress's own pages under ``/-/``, ``/metrics``, every other path a
     deployment's; wrapped in ``_Observe`` (metrics, access records, request ids)."""
@@ -928,15 +1166,20 @@ class HttpIngress:
     def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
                  request_timeout_s: float | None = REQUEST_TIMEOUT_S, enable_access_log: bool = ENABLE_ACCESS_LOG,
                  logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True,
-                 grpc_port: int | None = None, grpc_servicer_functions: tuple[str, ...] = ()) -> None:
+                 grpc_port: int | None = None, grpc_servicer_functions: tuple[str, ...] = (),
+                 header_timeout_s: float | None = HEADER_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES,
+                 max_connections: int | None = MAX_CONNECTIONS) -> None:
         import uvicorn
 
         _check_limits(max_body_bytes, request_timeout_s)
+        _check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
         routes, handles = persist.load_http_routes()
         ctx = ray.get_runtime_context()
         metrics = IngressMetrics(node_id=ctx.get_node_id() or "", node_ip=ray.util.get_node_ip_address())
         access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
         self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
+        st = self.state
+        st.header_timeout_s, st.max_header_bytes, st.max_connections = header_timeout_s, max_header_bytes, max_connections
         self.state.actor_id = ctx.get_actor_id() or ""
         sock = _listen(host, port, remember_port)
         self.state.address = (host, sock.getsockname()[1])
@@ -954,8 +1197,13 @@ class HttpIngress:
 
         loop, parser = server_stack()
         self.stack = (loop, parser)
+        if parser == "httptools":
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as protocol
+        else:
+            from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
+        # ws="none": no route takes a WebSocket (an Upgrade is served as plain HTTP, the limits kept)
         config = uvicorn.Config(make_app(self.state), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30, http=parser)
+                                timeout_keep_alive=30, http=_guarded(protocol, self.state), ws="none")
         self.server = Server(config)
         #: gRPC beside HTTP (grpc_proxy.py), on the same loop, when servicer functions are given
         self.grpc: Any = None
@@ -1077,17 +1325,29 @@ class HttpIngress:
         self._gone.wait()
 
     def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep",
-                  enable_access_log: bool | None = None) -> dict:
-        """Change the limits of a running ingress (``"keep"``: leave the timeout as it is), and
-        turn its access records on or off (None: as they are)."""
+                  enable_access_log: bool | None = None, *, header_timeout_s: Any = "keep",
+                  max_header_bytes: int | None = None, max_connections: Any = "keep") -> dict:
+        """Change the limits of a running ingress (None or ``"keep"``: leave one as it is; a
+        connection limit applies to the next event of every connection), and turn its access
+        records on or off (None: as they are)."""
         st = self.state
         most = st.max_body_bytes if max_body_bytes is None else max_body_bytes
         timeout = st.request_timeout_s if request_timeout_s == "keep" else request_timeout_s
+        head_s = st.header_timeout_s if header_timeout_s == "keep" else header_timeout_s
+        head_bytes = st.max_header_bytes if max_header_bytes is None else max_header_bytes
+        conns = st.max_connections if max_connections == "keep" else max_connections
         _check_limits(most, timeout)
+        _check_connection_limits(head_s, head_bytes, conns)
         if enable_access_log is not None:
             st.access.enabled = check_enable_access_log(enable_access_log)
         st.max_body_bytes, st.request_timeout_s = most, timeout
-        return {"max_body_bytes": most, "request_timeout_s": timeout, "enable_access_log": st.access.enabled}
+        st.header_timeout_s, st.max_header_bytes, st.max_connections = head_s, head_bytes, conns
+        return {"max_body_bytes": most, "request_timeout_s": timeout, "enable_access_log": st.access.enabled,
+                "header_timeout_s": head_s, "max_header_bytes": head_bytes, "max_connections": conns}
+
+    def connections(self) -> dict:
+        """The connections the HTTP server holds now, and this process's id (its memory: the tests')."""
+        return {"open": len(self.server.server_state.connections), "pid": os.getpid()}
 
     def access_records(self, n: int | None = None) -> dict:
         """The last ``n`` access records kept (all of them: ``access.KEEP``), whether records are
@@ -1159,6 +1419,16 @@ def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
         raise rc.InvalidConfig(f"request_timeout_s must be a number > 0 or None, got {request_timeout_s!r}")
 
 
+def _check_connection_limits(header_timeout_s: Any, max_header_bytes: Any, max_connections: Any) -> None:
+    if header_timeout_s is not None and (isinstance(header_timeout_s, bool) or
+                                         not isinstance(header_timeout_s, (int, float)) or not header_timeout_s > 0):
+        raise rc.InvalidConfig(f"header_timeout_s must be a number > 0 or None, got {header_timeout_s!r}")
+    if type(max_header_bytes) is not int or max_header_bytes < 1024:
+        raise rc.InvalidConfig(f"max_header_bytes must be an int >= 1024, got {max_header_bytes!r}")
+    if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
+        raise rc.InvalidConfig(f"max_connections must be an int >= 1 or None, got {max_connections!r}")
+
+
 def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -> tuple[dict, dict]:
     """The route table and handles with ``deployment``'s gone."""
     return ({p: d for p, d in routes.items() if d != deployment},
@@ -1171,7 +1441,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
                   logs_dir: str | None = None, proxy_location: Any = None,
                   worker_port: int | None = None, proxy_options: rc.ProxyOptions | None = None,
                   grpc_port: int | None = None,
-                  grpc_servicer_functions: Any = ()) -> tuple[Any, tuple[str, int]]:
+                  grpc_servicer_functions: Any = (), header_timeout_s: Any = "keep",
+                  max_header_bytes: int | None = None, max_connections: Any = "keep") -> tuple[Any, tuple[str, int]]:
     """The head node's proxy and its address: the running one, or the proxies started. The
     core decides where proxies run (``proxy_location``, Ray Serve's names and default:
     ``EveryNode``, the head and every node that holds a replica; ``HeadOnly``; ``Disabled``)
@@ -1185,7 +1456,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     proxy's only): docs/metrics.md. ``proxy_options`` (``rankcore.ProxyOptions``: the drain's
     minimum, the ready timeout ...) instead of ``proxy_location`` alone. ``grpc_servicer_functions``
     (import paths of generated ``add_XServicer_to_server``; Serve's ``gRPCOptions``) turns on gRPC
-    beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py)."""
+    beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py). The connection
+    limits (``header_timeout_s``, ``max_header_bytes``, ``max_connections``; ``"keep"`` / None: as
+    they are, the defaults on a new proxy) are applied to the head's proxy once it runs."""
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
     from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
@@ -1199,6 +1472,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             raise rc.InvalidConfig(f"{name} must be an int in 0..65535, got {value!r}")
     if enable_access_log is not None:
         check_enable_access_log(enable_access_log)
+    _check_connection_limits(HEADER_TIMEOUT_S if header_timeout_s == "keep" else header_timeout_s,
+                             MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes,
+                             MAX_CONNECTIONS if max_connections == "keep" else max_connections)
     if proxy_options is not None and proxy_location is not None:
         raise rc.InvalidConfig("give proxy_location or proxy_options (which has one), not both")
     options = proxy_options if proxy_options is not None else (
@@ -1254,8 +1530,15 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
         raise rc.InvalidConfig(f"the HTTP ingress already runs on {address[0]}:{address[1]}, not "
                                f"{host or address[0]}:{port if port is not None else address[1]} (one ingress per "
                                f"cluster: leave port out to use it)")
-    if max_body_bytes is not None or request_timeout_s != "keep" or enable_access_log is not None:
-        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s, enable_access_log))
+    connection: dict[str, Any] = {}
+    if header_timeout_s != "keep":
+        connection["header_timeout_s"] = header_timeout_s
+    if max_header_bytes is not None:
+        connection["max_header_bytes"] = max_header_bytes
+    if max_connections != "keep":
+        connection["max_connections"] = max_connections
+    if max_body_bytes is not None or request_timeout_s != "keep" or enable_access_log is not None or connection:
+        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s, enable_access_log, **connection))
     return actor, tuple(address)
 
 
