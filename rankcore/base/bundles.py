@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 
 from .errors import InvalidConfig
+from .fields import shown
 
 __all__ = ["StaticPlacement", "consecutive_mapping"]
 
@@ -78,17 +79,17 @@ class StaticPlacement:
         where = "StaticPlacement"
         if not isinstance(self.group, str) or not self.group:
             raise InvalidConfig(f"{where}.group must be a non-empty str (the placement group's id), "
-                                f"got {self.group!r}")
+                                f"got {shown(self.group)}")
         if type(self.capture_child_tasks) is not bool:
-            raise InvalidConfig(f"{where}.capture_child_tasks must be a bool, got {self.capture_child_tasks!r}")
+            raise InvalidConfig(f"{where}.capture_child_tasks must be a bool, got {shown(self.capture_child_tasks)}")
         nodes = self.bundle_nodes
         if not isinstance(nodes, tuple) or not nodes:
             raise InvalidConfig(f"{where}.bundle_nodes must list the node of every bundle of group "
-                                f"{self.group!r} (one entry per bundle), got {nodes!r}")
+                                f"{self.group!r} (one entry per bundle), got {shown(nodes)}")
         for i, n in enumerate(nodes):
             if n is not None and (not isinstance(n, str) or not n):
                 raise InvalidConfig(f"{where}.bundle_nodes[{i}] must be a node id (or None while not placed), "
-                                    f"got {n!r}")
+                                    f"got {shown(n)}")
         m = self.mapping
         if isinstance(m, Mapping):
             keys = list(m.keys())
@@ -99,22 +100,23 @@ class StaticPlacement:
             raise InvalidConfig(f"{where}.replica_bundle_mapping: ranks must be contiguous from 0, got "
                                 f"{sorted(keys)} (missing rank {missing[0] if missing else len(keys)})")
         if not isinstance(m, tuple):
-            raise InvalidConfig(f"{where}.replica_bundle_mapping must map rank -> list of bundle indices, got {m!r}")
+            raise InvalidConfig(f"{where}.replica_bundle_mapping must map rank -> list of bundle indices, "
+                                f"got {shown(m)}")
         if not m:
             raise InvalidConfig(f"{where}.replica_bundle_mapping is empty: a static deployment needs a replica")
         owner: dict[int, int] = {}
         for rank, bundles in enumerate(m):
             if not isinstance(bundles, tuple):
                 raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] must be a list of bundle indices, "
-                                    f"got {bundles!r}")
+                                    f"got {shown(bundles)}")
             if not bundles:
                 raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] is empty: rank {rank} needs a bundle")
             for b in bundles:
                 if type(b) is not int or b < 0:
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds {b!r}: bundle indices "
+                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds {shown(b)}: bundle indices "
                                         f"are non-negative ints")
                 if b >= len(nodes):
-                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds bundle {b}, but group "
+                    raise InvalidConfig(f"{where}.replica_bundle_mapping[{rank}] holds bundle {shown(b)}, but group "
                                         f"{self.group!r} has {len(nodes)} bundles (0..{len(nodes) - 1})")
                 if b in owner and owner[b] == rank:
                     raise InvalidConfig(f"{where}.replica_bundle_mapping: rank {rank} lists bundle {b} twice")

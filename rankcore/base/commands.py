@@ -336,7 +336,7 @@ class PoolReset:
     deployment: str = attrs.field(validator=f.name)
     serving: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
     draining: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
-    coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    coming: bool = attrs.field(validator=f.flag)
 
 
 @attrs.frozen(kw_only=True)
@@ -348,7 +348,7 @@ class PoolComing:
     error. Sent when that changes. No answer."""
 
     deployment: str = attrs.field(validator=f.name)
-    coming: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    coming: bool = attrs.field(validator=f.flag)
 
 
 @attrs.frozen(kw_only=True)

@@ -102,7 +102,7 @@ DEFAULT_MAX_REPLICAS = 100_000
 
 def _check_max_replicas(inst: DeploymentApplied, attribute: attrs.Attribute, value: int) -> None:
     if type(value) is not int or value < 1:
-        raise InvalidConfig(f"DeploymentApplied.max_replicas must be a positive int, got {value!r}")
+        raise InvalidConfig(f"DeploymentApplied.max_replicas must be a positive int, got {f.shown(value)}")
     if value > MAX_RANKS:
         raise InvalidConfig(f"DeploymentApplied.max_replicas={f.shown(value)} is above the rank space ({MAX_RANKS})")
     if inst.num_replicas > value:
@@ -123,7 +123,7 @@ def _check_reconfigure(inst: DeploymentApplied, attribute: attrs.Attribute, valu
 def _check_cause(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if value not in CRASH_CAUSES:
         raise InvalidConfig(f"ReplicaCrashed({inst.replica_id!r}).cause must be one of {', '.join(CRASH_CAUSES)}, "
-                            f"got {value!r}")
+                            f"got {f.shown(value)}")
 
 
 def _check_config(inst: DeploymentApplied, attribute: attrs.Attribute, value: DeploymentConfig) -> None:
@@ -282,7 +282,7 @@ class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.count)
+    version: int = attrs.field(validator=f.counter)
 
 
 @attrs.frozen(kw_only=True)
@@ -338,7 +338,7 @@ def _bundle_nodes(value: Any) -> Any:
 def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple) or not value or not all(n is None or (isinstance(n, str) and n) for n in value):
         raise InvalidConfig(f"BundlesPlaced({inst.deployment!r}).bundle_nodes must list a node id (or None) for "
-                            f"every bundle of the group, got {value!r}")
+                            f"every bundle of the group, got {f.shown(value)}")
 
 
 @attrs.frozen(kw_only=True)
@@ -360,7 +360,7 @@ def _report_phase(value: Any) -> Phase:
         phase = Phase(value)
     except ValueError:
         live = ", ".join(repr(p.value) for p in Phase if p not in (Phase.STOPPED, Phase.CRASHED))
-        raise InvalidConfig(f"ReplicaReport.phase must be one of {live}, got {value!r}") from None
+        raise InvalidConfig(f"ReplicaReport.phase must be one of {live}, got {f.shown(value)}") from None
     if phase in (Phase.STOPPED, Phase.CRASHED):
         raise InvalidConfig(f"ReplicaReport.phase: a live replica cannot report {phase.value!r}")
     return phase
@@ -391,7 +391,7 @@ class NodeJoined:
 
     @devices.validator
     def _check_devices(self, attribute: attrs.Attribute, value: tuple) -> None:
-        if any(type(b) is not int or b < 1 for b in value):
+        if not isinstance(value, tuple) or any(type(b) is not int or b < 1 for b in value):
             raise InvalidConfig(f"NodeJoined({self.node_id!r}).devices must be each GPU's memory in bytes "
                                 f"(ints >= 1), got {f.shown(value)}")
         gpus = dict(self.resources).get("GPU")
@@ -498,26 +498,32 @@ class ReplicaReport:
     node_id: str | None = attrs.field(default=None, validator=f.optional_name)
     phase: Phase = attrs.field(default=Phase.RUNNING, converter=_report_phase, validator=_check_report)
     world_size: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(f.count)
+        default=None, validator=attrs.validators.optional(f.counter)
     )
-    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.counter))
     #: number of the last reconfigure it received (so a pending answer still matches)
-    version: int = attrs.field(default=0, validator=f.count)
+    version: int = attrs.field(default=0, validator=f.counter)
     #: the user_config it runs (UNKNOWN if not said; OUTDATED if older than the
     #: deployment's): an outdated replica is reconfigured after recovery
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
     #: where its weights are now (``"hot"``: on its GPU; ``"warm"``: asleep; a move in
     #: progress: where they still are) and the version it holds (or is being given)
     tier: str = attrs.field(default="hot", validator=_tier_name)
-    weights_version: int = attrs.field(default=0, validator=f.count)
+    weights_version: int = attrs.field(default=0, validator=f.counter)
     #: the GPUs of its node its weights are on (a deployment with ``model_bytes``, HOT):
     #: the core books them again (rankcore.tiers.devices)
     devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
     #: the deployment revision it was started with (``StartReplica.revision``); None: not said (taken
     #: as current). Another one is outdated: the rollout goes on (rankcore.control.rollouts)
-    revision: str | None = attrs.field(default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str)))
+    revision: str | None = attrs.field(default=None, validator=attrs.validators.optional(f.text))
     #: the multiplexed models it holds or loads (``ModelsReported``): kept on its record again
     models: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.model_ids)
+
+    @devices.validator
+    def _check_devices(self, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, tuple) or any(type(i) is not int or i < 0 for i in value):
+            raise InvalidConfig(f"ReplicaReport({self.replica_id!r}).devices must be the indices of its node's GPUs "
+                                f"(ints >= 0), got {f.shown(value)}")
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: str) -> None:
@@ -534,7 +540,7 @@ class WarmCopy:
     node_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
     replica_id: str = attrs.field(validator=f.name)
-    nbytes: int = attrs.field(validator=f.count)
+    nbytes: int = attrs.field(validator=f.counter)
 
 
 @attrs.frozen(kw_only=True)
@@ -558,7 +564,8 @@ class ControllerRecovered:
     """A restarted controller learnt the deployments' configs and the replicas' reports.
 
     Feed it to a fresh ``State()`` (a ``Tick`` first is fine): it replaces
-    everything, so a state that already has deployments or nodes is refused.
+    everything, so a state that already has deployments or nodes, or has handed out
+    replica ids (a repeated or late recovery), is refused.
     Ranks are not checkpointed (as in Ray Serve): they are rebuilt from the
     reports alone. ``deployments`` is every deployment as it is meant to be
     now: what ``rankcore.desired_specs(state)`` returned after the last step
@@ -576,8 +583,8 @@ class ControllerRecovered:
 
     deployments: tuple[DeploymentApplied, ...] = attrs.field(converter=f.to_tuple)
     reports: tuple[ReplicaReport, ...] = attrs.field(converter=f.to_tuple)
-    next_replica_number: int = attrs.field(default=0, validator=f.count)
-    next_lineage: int = attrs.field(default=0, validator=f.count)
+    next_replica_number: int = attrs.field(default=0, validator=f.counter)
+    next_lineage: int = attrs.field(default=0, validator=f.counter)
     #: stop live replicas of deployments ``deployments`` does not name. False
     #: (the default) makes such reports raise InvalidEvent instead: a
     #: forgotten spec must not silently stop a fleet.
@@ -615,7 +622,7 @@ class ControllerRecovered:
             raise InvalidConfig(f"ControllerRecovered.proxies must be the last ProxiesConfigured (or None), "
                                 f"got {f.shown(value)}")
     proxy_ids: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
-    next_proxy_number: int = attrs.field(default=0, validator=f.count)
+    next_proxy_number: int = attrs.field(default=0, validator=f.counter)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -629,6 +636,12 @@ class ControllerRecovered:
     @nodes.validator
     def _check_nodes(self, attribute: attrs.Attribute, value: tuple) -> None:
         _check_records("nodes", value, NodeJoined, lambda n: n.node_id, "names {!r} twice")
+
+    @warm_copies.validator
+    def _check_warm_copies(self, attribute: attrs.Attribute, value: tuple) -> None:
+        if not isinstance(value, tuple) or not all(isinstance(c, WarmCopy) for c in value):
+            raise InvalidConfig(f"ControllerRecovered.warm_copies must be an iterable of WarmCopy, "
+                                f"got {f.shown(value)}")
 
     def unknown_ids(self) -> list[str]:
         """The replicas found (answering or not) of deployments the event does
@@ -649,11 +662,11 @@ class ControllerRecovered:
 def _check_records(field: str, value: Any, cls: type, key: Any, twice: str) -> None:
     """A ControllerRecovered tuple field: only ``cls`` records, no key twice."""
     if not isinstance(value, tuple):
-        raise InvalidConfig(f"ControllerRecovered.{field} must be an iterable of {cls.__name__}, got {value!r}")
+        raise InvalidConfig(f"ControllerRecovered.{field} must be an iterable of {cls.__name__}, got {f.shown(value)}")
     seen = set()
     for x in value:
         if not isinstance(x, cls):
-            raise InvalidConfig(f"ControllerRecovered.{field} holds {x!r}, not a {cls.__name__}")
+            raise InvalidConfig(f"ControllerRecovered.{field} holds {f.shown(x)}, not a {cls.__name__}")
         k = key(x)
         if k in seen:
             raise InvalidConfig(f"ControllerRecovered.{field} " + twice.format(k))
@@ -677,7 +690,7 @@ class WakeRequested:
     ``WeightsPushed`` of that version first."""
 
     deployment: str = attrs.field(validator=f.name)
-    weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.count))
+    weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.counter))
 
 
 @attrs.frozen(kw_only=True)
@@ -687,7 +700,7 @@ class WeightsPushed:
     ``UpdateWeights``; a replica not yet initialised loads them at start."""
 
     deployment: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.count)
+    version: int = attrs.field(validator=f.counter)
 
 
 @attrs.frozen(kw_only=True)
@@ -698,7 +711,7 @@ class TierMoved:
     replica_id: str = attrs.field(validator=f.name)
     tier: str = attrs.field(validator=_tier_name)
     #: what moved, for the metrics (optional)
-    nbytes: int = attrs.field(default=0, validator=f.count)
+    nbytes: int = attrs.field(default=0, validator=f.counter)
 
 
 @attrs.frozen(kw_only=True)
@@ -715,7 +728,7 @@ class WeightsUpdated:
     """The replica holds the weights of ``version`` (answers ``UpdateWeights``)."""
 
     replica_id: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.count)
+    version: int = attrs.field(validator=f.counter)
 
 
 def _to_ongoing(value: Any) -> Any:
@@ -741,8 +754,8 @@ def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: 
     seen: set[str] = set()
     for pair in value:
         if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
-                or type(pair[1]) is not int or pair[1] < 0):
-            raise InvalidConfig(f"{where} holds {f.shown(pair)}, not a (replica id, int >= 0) pair")
+                or type(pair[1]) is not int or not 0 <= pair[1] <= f.MAX_ORDER):
+            raise InvalidConfig(f"{where} holds {f.shown(pair)}, not a (replica id, int >= 0) pair (at most 2**63 - 1)")
         if pair[0] in seen:
             raise InvalidConfig(f"{where} names {pair[0]!r} twice")
         seen.add(pair[0])
@@ -758,7 +771,7 @@ class AutoscalingMetrics:
 
     deployment: str = attrs.field(validator=f.name)
     now: float = attrs.field(validator=f.seconds)
-    queued: int = attrs.field(default=0, validator=f.count)
+    queued: int = attrs.field(default=0, validator=f.counter)
     ongoing: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_ongoing, validator=_check_ongoing)
 
     @property
@@ -807,7 +820,7 @@ class ProxyHealthChecked:
 
     proxy_id: str = attrs.field(validator=f.name)
     healthy: bool = attrs.field(validator=f.flag)
-    ongoing: int = attrs.field(default=0, validator=f.count)
+    ongoing: int = attrs.field(default=0, validator=f.counter)
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 

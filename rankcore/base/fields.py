@@ -2,7 +2,9 @@
 
 Malformed input is rejected where the record is built, with a message naming
 the record, the field and the value (h11's rule), so a bad event never reaches
-``step``.
+``step``; and ``check_record`` checks it again at the boundary (``step``, the
+request plane's machines), for a record that was not built by its constructor
+(unpickled, built by ``rankcore.base.records.maker``, forged).
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -16,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from .errors import InvalidConfig
+from .errors import InvalidConfig, RankcoreError
 
 #: how much of a value an error message shows
 SHOWN = 80
@@ -36,6 +38,8 @@ def shown(value: Any, limit: int = SHOWN) -> str:
         text = repr(value)
     except ValueError:  # (a huge int inside a container)
         return f"a {type(value).__name__} too large to show"
+    except Exception:  # (a repr that raises)
+        return f"a {type(value).__name__} that cannot be shown"
     if len(text) > limit:
         return f"{text[:limit]}... ({len(text)} characters)"
     return text
@@ -95,6 +99,15 @@ MAX_ORDER = 2**63 - 1
 
 def order(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-negative int no larger than ``MAX_ORDER``."""
+    count(inst, attribute, value)
+    if value > MAX_ORDER:
+        raise InvalidConfig(f"{_where(inst, attribute)} must be at most 2**63 - 1, got {shown(value)}")
+
+
+def counter(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A non-negative int that a 64-bit counter holds (a version, requests queued or in flight,
+    bytes): a 400-digit count is a mistake, its average overflows a float (the autoscaler
+    divides), and one of 5,000 digits cannot even be written (a message, a trace's JSON)."""
     count(inst, attribute, value)
     if value > MAX_ORDER:
         raise InvalidConfig(f"{_where(inst, attribute)} must be at most 2**63 - 1, got {shown(value)}")
@@ -180,9 +193,14 @@ def _as_float(v: Any) -> Any:
     return v
 
 
+#: the largest resource amount (``resources``): a node's free room is its resources less what is
+#: booked, and above 2**53 a float loses whole units (1e300 GPUs less 2 is 1e300: a booking vanishes)
+MAX_AMOUNT = float(2**53)
+
+
 def resources(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """Sorted (name, amount) pairs: names non-empty and distinct, amounts finite numbers >= 0."""
-    if not isinstance(value, tuple):
+    """Sorted (name, amount) pairs: names non-empty and distinct, amounts finite numbers from 0 to 2**53."""
+    if not isinstance(value, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in value):
         raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of resource name to amount, got {shown(value)}")
     seen = set()
     for k, v in value:
@@ -193,6 +211,9 @@ def resources(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         seen.add(k)
         if not isinstance(v, float) or not finite(v) or v < 0:
             raise InvalidConfig(f"{_where(inst, attribute)}[{shown(k)}] must be a finite number >= 0, got {shown(v)}")
+        if v > MAX_AMOUNT:
+            raise InvalidConfig(f"{_where(inst, attribute)}[{shown(k)}] must be at most 2**53 (a float adds and "
+                                f"subtracts whole units exactly below it), got {shown(v)}")
 
 
 def labels(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -246,3 +267,123 @@ def positive_int(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """An int >= 1 (bools refused)."""
     if type(value) is not int or value < 1:
         raise InvalidConfig(f"{_where(inst, attribute)} must be an int >= 1, got {shown(value)}")
+
+
+# ------------------------------------------------------------- records at a boundary
+#: the validators whose accepted values a check can test inline (a plain value of the
+#: plainest type); anything else calls the validator itself
+_INLINE = {
+    name: "(type(v) is str and v)",
+    optional_name: "(v is None or (type(v) is str and v))",
+    text: "type(v) is str",
+    flag: "(v is True or v is False)",
+    count: "(type(v) is int and v >= 0)",
+    counter: f"(type(v) is int and 0 <= v <= {MAX_ORDER})",
+    positive_int: "(type(v) is int and v >= 1)",
+    seconds: "(type(v) is float and 0.0 <= v < _inf)",
+    optional_seconds: "(v is None or (type(v) is float and 0.0 <= v < _inf))",
+}
+_CHECKERS: dict[type, Any] = {}
+
+
+def check_record(record: Any) -> None:
+    """Check ``record`` (an event, a command, an option group) as its constructor would:
+    every converter would leave each field as it is, every validator passes, and the
+    records it holds pass too. For records that reached a boundary without their
+    constructor (unpickled, built by ``rankcore.base.records.maker``, forged): ``step``
+    and the request plane's machines call it on every event, so what they take in is
+    always what a constructor could have built. Raises ``InvalidConfig`` naming the
+    record and the field."""
+    kind = type(record)
+    check = _CHECKERS.get(kind)
+    if check is None:
+        check = checker(kind)
+    check(record)
+
+
+def checker(cls: type) -> Any:
+    """``check_record`` for ``cls`` alone, generated once: a field holding a plain value
+    of the plainest type its validator takes is checked inline (~50 ns), any other goes
+    through ``_field_check`` (its converter, its validator, the records it holds)."""
+    check = _CHECKERS.get(cls)
+    if check is not None:
+        return check
+    scope: dict[str, Any] = {"_inf": math.inf, "_missing": _missing, "_cls": cls}
+    body = []
+    for i, a in enumerate(attrs.fields(cls)):
+        if a.converter is None and a.validator is None:
+            continue  # (any value: a user_config)
+        scope[f"_k{i}"] = _field_check(cls, a)
+        inline = next((e for k, e in _INLINE.items() if k is a.validator), None) if a.converter is None else None
+        body.append(f"        v = o.{a.name}\n")
+        body.append(f"        if not {inline}:\n            _k{i}(o, v)\n" if inline else f"        _k{i}(o, v)\n")
+    post = getattr(cls, "__attrs_post_init__", None)
+    if post is not None:  # (its checks: rankcore.base.bundles.StaticPlacement)
+        scope["_post"] = _guarded(f"{cls.__name__}", post)
+        body.append("        _post(o)\n")
+    src = ("def check(o):\n    try:\n" + ("".join(body) or "        pass\n")
+           + "    except AttributeError:\n        _missing(_cls, o)\n")
+    exec(compile(src, f"<rankcore.base.fields check for {cls.__name__}>", "exec"), scope)
+    _CHECKERS[cls] = check = scope["check"]
+    return check
+
+
+def _missing(cls: type, record: Any) -> None:
+    """A record with a field never set (built with ``object.__new__``): named."""
+    for a in attrs.fields(cls):
+        try:
+            getattr(record, a.name)
+        except AttributeError:
+            raise InvalidConfig(f"{cls.__name__}.{a.name} is missing (the record was not built by its "
+                                f"constructor)") from None
+    raise InvalidConfig(f"{cls.__name__}: a field of it cannot be read")
+
+
+def _guarded(where: str, check: Any) -> Any:
+    """``check(record)`` raising only ``InvalidConfig``: anything else it raises on a malformed
+    value (a ``TypeError`` from a comparison) is named as such."""
+    def guarded(record: Any) -> None:
+        try:
+            check(record)
+        except RankcoreError as exc:
+            if isinstance(exc, InvalidConfig):
+                raise
+            raise InvalidConfig(f"{where}: {exc}") from exc
+        except Exception as exc:
+            raise InvalidConfig(f"{where} is malformed ({type(exc).__name__}: {exc})") from exc
+    return guarded
+
+
+def _field_check(cls: type, a: attrs.Attribute) -> Any:
+    """One field's whole check, raising only ``InvalidConfig`` naming ``Class.field``."""
+    where = f"{cls.__name__}.{a.name}"
+    convert, validate = a.converter, a.validator
+
+    def check(record: Any, value: Any) -> None:
+        try:
+            if convert is not None:
+                converted = convert(value)  # type: ignore[operator]
+                if type(converted) is not type(value) or converted != value:
+                    raise InvalidConfig(f"{where} is {shown(value)}, not what its constructor makes of it "
+                                        f"({shown(converted)})")
+            if validate is not None:
+                validate(record, a, value)
+        except RankcoreError as exc:
+            if isinstance(exc, InvalidConfig) and a.name in str(exc):
+                raise
+            raise InvalidConfig(f"{where}: {exc}") from exc
+        except Exception as exc:
+            raise InvalidConfig(f"{where} is malformed: {shown(value)} ({type(exc).__name__}: {exc})") from exc
+        for held in value if type(value) is tuple else (value,):
+            kind = type(held)
+            if kind in _PLAIN or not attrs.has(kind) or not kind.__module__.startswith("rankcore."):
+                continue  # (a plain value, or not one of rankcore's records)
+            try:
+                check_record(held)
+            except InvalidConfig as exc:
+                raise InvalidConfig(f"{where}: {exc}") from exc
+    return check
+
+
+#: values that are no record (a field's check looks no further into them)
+_PLAIN = frozenset({str, int, float, bool, type(None), tuple, bytes})

@@ -376,22 +376,29 @@ class RolloutOptions:
         "traffic mixed; not for gangs, static placement, autoscaling or models booked by GPU memory)")
 
 
+def _group(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """A group of options of its own type (its default's)."""
+    cls = attribute.default.factory  # type: ignore[union-attr]
+    if not isinstance(value, cls):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a {cls.__name__}, got {f.shown(value)}")
+
+
 @attrs.frozen(kw_only=True)
 class DeploymentConfig:
     """A deployment's options, one group per subject. Build one from flat names with
     :meth:`of`; read a leaf nested (``config.gang.gang_size``) or flat (``config.gang_size``)."""
 
-    scheduling: SchedulingOptions = attrs.field(factory=SchedulingOptions)
-    start: StartOptions = attrs.field(factory=StartOptions)
-    health: HealthOptions = attrs.field(factory=HealthOptions)
-    shutdown: ShutdownOptions = attrs.field(factory=ShutdownOptions)
-    static: StaticOptions = attrs.field(factory=StaticOptions)
-    gang: GangOptions = attrs.field(factory=GangOptions)
-    spares: SpareOptions = attrs.field(factory=SpareOptions)
-    tier: TierOptions = attrs.field(factory=TierOptions)
-    requests: RequestOptions = attrs.field(factory=RequestOptions)
-    autoscaler: AutoscalingOptions = attrs.field(factory=AutoscalingOptions)
-    rollout: RolloutOptions = attrs.field(factory=RolloutOptions)
+    scheduling: SchedulingOptions = attrs.field(factory=SchedulingOptions, validator=_group)
+    start: StartOptions = attrs.field(factory=StartOptions, validator=_group)
+    health: HealthOptions = attrs.field(factory=HealthOptions, validator=_group)
+    shutdown: ShutdownOptions = attrs.field(factory=ShutdownOptions, validator=_group)
+    static: StaticOptions = attrs.field(factory=StaticOptions, validator=_group)
+    gang: GangOptions = attrs.field(factory=GangOptions, validator=_group)
+    spares: SpareOptions = attrs.field(factory=SpareOptions, validator=_group)
+    tier: TierOptions = attrs.field(factory=TierOptions, validator=_group)
+    requests: RequestOptions = attrs.field(factory=RequestOptions, validator=_group)
+    autoscaler: AutoscalingOptions = attrs.field(factory=AutoscalingOptions, validator=_group)
+    rollout: RolloutOptions = attrs.field(factory=RolloutOptions, validator=_group)
 
     @tier.validator
     def _check_tier(self, attribute: attrs.Attribute, value: TierOptions) -> None:

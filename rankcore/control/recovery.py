@@ -57,7 +57,7 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import bluegreen, deadlines, proxies, rollouts
+from . import autoscaling, bluegreen, deadlines, proxies, rollouts
 from .moves import hold_waiting_gangs, reconcile, stop
 from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
@@ -327,13 +327,21 @@ def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
 
 def _check_fresh(tx: Tx) -> None:
     """A recovery rebuilds everything from the event: on a state that already
-    knows deployments or nodes it would drop them without a command."""
+    knows deployments or nodes it would drop them without a command; on one that has
+    handed out replica ids or deleted deployments (all gone since) it would bring back
+    replicas that have left (a repeated or late ``ControllerRecovered``)."""
     cl = tx.view
     if tx.deps or cl.nodes or cl.joined:
         raise InvalidEvent(
             f"ControllerRecovered needs a fresh State(); this state has {len(tx.deps)} deployments and "
             f"{len(cl.nodes)} nodes, which a recovery would drop without a command. A restarted controller "
             f"feeds it to rankcore.State() (a Tick first is fine)"
+        )
+    if tx.next_replica or tx.deleted:  # (not fresh either: a late or repeated ControllerRecovered)
+        raise InvalidEvent(
+            f"ControllerRecovered needs a fresh State(); this state has handed out {tx.next_replica} replica ids "
+            f"and deleted {len(tx.deleted)} deployments: a recovery would bring back replicas that have left. A "
+            f"restarted controller feeds it to rankcore.State() (a Tick first is fine)"
         )
 
 
@@ -357,6 +365,20 @@ def _check_deleted(specs: dict[str, DeploymentApplied], deleted: set[str]) -> No
             raise InvalidEvent(f"ControllerRecovered: deployment {name!r} is in deleted but its spec asks for "
                                f"{specs[name].num_replicas} replicas (a deployment being deleted is persisted "
                                f"at 0: persist rankcore.desired_specs and desired_deleted after the same step)")
+
+
+def _check_autoscaled(specs: dict[str, DeploymentApplied], deleted: set[str]) -> None:
+    """An autoscaled deployment not being deleted is persisted at its autoscaler's target, which lies
+    within its bounds (``desired_specs``): a spec outside them is not one the core persisted."""
+    for name in sorted(set(specs) - deleted):
+        spec = specs[name]
+        if not spec.config.autoscaler.autoscaling:
+            continue
+        lo, hi = autoscaling.bounds(spec.config, spec.max_replicas)
+        if not lo <= spec.num_replicas <= hi:
+            raise InvalidEvent(f"ControllerRecovered: deployment {name!r} is autoscaled within [{lo}, {hi}] but its "
+                               f"spec asks for {spec.num_replicas} replicas (an autoscaled deployment is persisted "
+                               f"at its autoscaler's target: persist rankcore.desired_specs after each step)")
 
 
 def rebuild(tx: Tx, e: ControllerRecovered) -> None:
@@ -384,6 +406,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         silent.get(u.deployment, silent_orphans).append(u)
     deleted = set(e.deleted)
     _check_deleted(specs, deleted)
+    _check_autoscaled(specs, deleted)
     if not e.stop_unknown and (any(r.deployment not in deleted for r in orphans)
                                or any(u.deployment not in deleted for u in silent_orphans)):
         # (a deleted deployment's replicas are stopped: the deletion said so)

@@ -102,7 +102,12 @@ class SetBatchOptions:
     next batch formed uses these; the forming one keeps its own. A larger
     ``max_concurrent_batches`` frees slots at once."""
 
-    options: BatchOptions = attrs.field(validator=attrs.validators.instance_of(BatchOptions))
+    options: BatchOptions = attrs.field()
+
+    @options.validator
+    def _check_options(self, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, BatchOptions):
+            raise InvalidConfig(f"SetBatchOptions.options must be a BatchOptions, got {f.shown(value)}")
 
 
 # ---------------------------------------------------------------- actions (out)
@@ -142,6 +147,7 @@ class Refused:
 
 
 BatchEvent = Union[Enqueue, Tick, Cancel, BatchDone, SetBatchOptions]
+_EVENTS = (Enqueue, Tick, Cancel, BatchDone, SetBatchOptions)
 BatchAction = Union[RunBatch, Refused]
 
 
@@ -164,6 +170,8 @@ class Batcher:
     def __init__(self, options: BatchOptions | None = None) -> None:
         if options is not None and not isinstance(options, BatchOptions):
             raise InvalidConfig(f"Batcher options must be a BatchOptions, got {f.shown(options)}")
+        if options is not None:
+            f.check_record(options)  # (one unpickled or forged is checked as its constructor checks)
         self.options = options or BatchOptions()
         self._now: float | None = None
         self._forming: _Forming | None = None
@@ -203,6 +211,11 @@ class Batcher:
         """Take one event; return what to do, in order. Bad input raises ``InvalidEvent``
         naming what was wrong and changes nothing."""
         out: list[BatchAction] = []
+        if isinstance(event, _EVENTS):
+            try:
+                f.check_record(event)  # (built by its constructor, or as if: one unpickled or forged is checked here)
+            except InvalidConfig as exc:
+                raise InvalidEvent(str(exc)) from exc  # (the batcher's word for bad input)
         if isinstance(event, Enqueue):
             if event.request_id in self._where:
                 raise InvalidEvent(f"Enqueue: request id {event.request_id!r} is already waiting in a batch")
@@ -214,7 +227,7 @@ class Batcher:
             self._cancel(event.request_id)
         elif isinstance(event, BatchDone):
             if event.batch_id not in self._running:
-                raise InvalidEvent(f"BatchDone: batch {event.batch_id} is not running "
+                raise InvalidEvent(f"BatchDone: batch {f.shown(event.batch_id)} is not running "
                                    f"(running: {sorted(self._running)})")
             self._clock(event.now, event)
             self._running.discard(event.batch_id)

@@ -35,7 +35,7 @@ from typing import Any, Union, cast
 from ..base import events as _core_events
 from ..base.commands import POOL_MEMBERSHIPS, PoolChanged, PoolComing, PoolReset
 from ..base.errors import InvalidConfig, InvalidEvent, UnknownDeployment
-from ..base.fields import shown
+from ..base.fields import check_record, shown
 from ..base.options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 from ..base.records import maker
 from .multiplex import ReplicaModels, route_model
@@ -290,6 +290,10 @@ class RequestMachine:
         handler = self._handlers.get(type(event))
         if handler is None:
             raise InvalidEvent(f"the request machine takes no {type(event).__name__} (got {shown(event)})")
+        try:
+            check_record(event)  # (built by its constructor, or as if: one unpickled or forged is checked here)
+        except InvalidConfig as exc:
+            raise InvalidEvent(str(exc)) from exc  # (the machine's word for bad input)
         out: list[RequestAction] = handler(event)
         return out
 

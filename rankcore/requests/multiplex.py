@@ -96,6 +96,10 @@ class ModelCache:
     load m, and report ``loaded(m)`` or ``failed(m)``."""
 
     def __init__(self, options: MultiplexOptions | None = None) -> None:
+        if options is not None and not isinstance(options, MultiplexOptions):
+            raise InvalidConfig(f"ModelCache options must be a MultiplexOptions, got {f.shown(options)}")
+        if options is not None:
+            f.check_record(options)  # (one unpickled or forged is checked as its constructor checks)
         self.options = options if options is not None else MultiplexOptions()
         self._loaded: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self._wanted: dict[str, int] = {}  # misses not begun or loading: model -> how many wait for it
@@ -114,6 +118,7 @@ class ModelCache:
 
     def begin(self, model_id: str) -> Hit | Load:
         """The replica's turn to load for a miss on ``model_id`` (loads run one at a time)."""
+        check_model_id(model_id, "ModelCache.begin's model_id")
         n = self._wanted.get(model_id, 0)
         if n == 0:
             raise InvalidEvent(f"ModelCache.begin({model_id!r}): no miss waits for it (call use first)")
@@ -136,6 +141,7 @@ class ModelCache:
     def loaded(self, model_id: str) -> None:
         """The load ``begin`` asked for ended well; the other requests that missed it get ``Hit``
         from their ``begin``."""
+        check_model_id(model_id, "ModelCache.loaded's model_id")
         self._end(model_id)
         self._drop_wanted(model_id)
         self._loaded[model_id] = None
@@ -144,12 +150,14 @@ class ModelCache:
     def failed(self, model_id: str) -> None:
         """The load failed: the request that began it gets the error; the others waiting may
         ``begin`` again (Serve: each waiting request tries the load itself)."""
+        check_model_id(model_id, "ModelCache.failed's model_id")
         self._end(model_id)
         self._drop_wanted(model_id)
         self.failures += 1
 
     def gave_up(self, model_id: str) -> None:
         """A request that missed ``model_id`` left before its load began (cancelled)."""
+        check_model_id(model_id, "ModelCache.gave_up's model_id")
         waiting = self._wanted.get(model_id, 0) - (self._loading == model_id)  # (not the one loading it)
         if waiting <= 0:
             raise InvalidEvent(f"ModelCache.gave_up({model_id!r}): no miss waits for it"
@@ -199,8 +207,12 @@ def route_model(candidates: Iterable[tuple[int, int, int, bool, int]], last: int
     (round-robin). None when there is no candidate."""
     best: tuple | None = None
     choice: int | None = None
-    for join, in_flight, models, holds, victim in candidates:
-        key = (not holds, 0 if holds else models, 0 if holds else victim, in_flight, join <= last, join)
-        if best is None or key < best:
-            best, choice = key, join
+    try:
+        for join, in_flight, models, holds, victim in candidates:
+            key = (not holds, 0 if holds else models, 0 if holds else victim, in_flight, join <= last, join)
+            if best is None or key < best:
+                best, choice = key, join
+    except (TypeError, ValueError) as exc:  # (not (join, in_flight, models, holds, victim) ints and a bool)
+        raise InvalidConfig(f"route_model: its candidates must be (join, in_flight, models, holds, victim) "
+                            f"tuples of ints and a bool, and last an int ({type(exc).__name__}: {exc})") from exc
     return choice

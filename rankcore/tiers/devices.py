@@ -330,6 +330,18 @@ def joined(cl: ClusterTx, node_id: str, devices: tuple[int, ...], cache_bytes: i
         cl.changed = True
 
 
+def check_capacity(cl: Cluster | ClusterTx, node_id: str, resources: Need) -> None:
+    """A device node's GPUs are its devices (``NodeJoined`` checks it): a new capacity naming
+    another number of GPUs is refused (its devices would be unknown, and the state could no
+    longer be told to a recovering controller)."""
+    declared = cl.devices.get(node_id)
+    gpus = dict(resources).get("GPU")
+    if declared and gpus is not None and gpus != len(declared):
+        raise InvalidEvent(f"NodeCapacityChanged({node_id!r}): resources say GPU={gpus:g} but the node declared "
+                           f"{len(declared)} devices (a device node's GPUs are its devices: send NodeLost, then "
+                           f"NodeJoined with the new ones)")
+
+
 def node_lost(cl: ClusterTx, node_id: str) -> None:
     """A node left: its devices and its WARM copies with it (its replicas' bookings
     go as each of them crashes)."""

@@ -155,6 +155,9 @@ def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None
     answer naming where a move in flight started from is an earlier move's, stale."""
     if rep.residency.value == tier:
         return None  # the same answer again
+    if rep.phase in (Phase.PENDING, Phase.STARTING):  # (HOT: a replica sleeps only once it runs)
+        raise InvalidEvent(f"TierMoved: replica {rep.replica_id!r} is {rep.phase.value}: its weights cannot be "
+                           f"{tier} (a replica sleeps only once it runs: no OffloadReplica was sent to it)")
     if rep.residency in _STABLE:
         new = _copy(rep, residency=Residency(tier))
     else:
