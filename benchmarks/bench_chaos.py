@@ -297,14 +297,10 @@ class Serve:
         self._deploy(ServeV2 if version == "v2" else ServeV1, n, version)
 
     def kill_replica(self, rid: str) -> None:
-        import ray
-
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a.get("namespace") == "serve" and a["name"].startswith("SERVE_REPLICA::")
-                 and a["name"].endswith(f"#{rid}")]
-        if len(names) != 1:
-            raise BenchError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
-        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        try:
+            childrun.kill_serve_replica(rid)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from None
 
     def kill_controller(self) -> None:
         import ray

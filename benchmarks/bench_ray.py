@@ -285,14 +285,10 @@ class Serve:
         return resp.result(timeout_s=timeout)
 
     def kill_replica(self, rid: str) -> None:
-        import ray
-
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a.get("namespace") == "serve" and a["name"].startswith("SERVE_REPLICA::")
-                 and a["name"].endswith(f"#{rid}")]
-        if len(names) != 1:
-            raise BenchError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
-        ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+        try:
+            childrun.kill_serve_replica(rid)
+        except RuntimeError as exc:
+            raise BenchError(str(exc)) from None
 
     def scale(self, m: int) -> None:
         from ray import serve

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
-           "deploy_ours", "paths_type"]
+           "deploy_ours", "paths_type", "kill_serve_replica"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -152,6 +152,19 @@ def serve_missing() -> str | None:
     except ImportError as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def kill_serve_replica(rid: str) -> None:
+    """Kill Ray Serve's replica actor ``rid`` (``SERVE_REPLICA::<app>#<deployment>#<rid>`` in the
+    ``serve`` namespace) with no restart; RuntimeError unless exactly one such actor exists."""
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a.get("namespace") == "serve" and a["name"].startswith("SERVE_REPLICA::")
+             and a["name"].endswith(f"#{rid}")]
+    if len(names) != 1:
+        raise RuntimeError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
 
 
 def serve_shutdown(log: Callable[[str], None]) -> None:
