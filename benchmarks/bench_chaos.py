@@ -474,13 +474,14 @@ class Chaos:
         self.cfg, self.tag = 1, "v1"
         self.windows: list[dict] = []
 
-    def _snapshot(self, window: float = 1.5) -> dict[str, dict]:
-        """The replicas answering now: id -> answer (waits up to ``window`` s for all N)."""
+    def _snapshot(self, since: float = 0.0, window: float = 1.5) -> dict[str, dict]:
+        """The replicas answering now (an answer in the last second, ended after ``since``): id ->
+        answer (waits up to ``window`` s for all N)."""
         deadline = time.perf_counter() + window
-        live = self.load.live(0.0)
+        live = self.load.live(since)
         while len(live) < self.n and time.perf_counter() < deadline:
             time.sleep(0.1)
-            live = self.load.live(0.0)
+            live = self.load.live(since)
         return live
 
     def _on_target(self, since: float, victims: set[str]) -> bool:
@@ -547,7 +548,7 @@ class Chaos:
         if fault == "slow":  # (nothing to replace: the window lasts while the replica is slow)
             time.sleep(max(0.0, t0 + self.args.slow_s - time.perf_counter()))
         settled = time.perf_counter()
-        after = self._snapshot()
+        after = self._snapshot(since=settled)  # (a victim's last answers, from before it died, are not "after")
         row = {"fault": fault, "t0": t0, "settled": settled, "back_s": back, **extra,
                **rank_figures(before, after, victims, self.n)}
         view = self.system.controller_view()
