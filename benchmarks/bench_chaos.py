@@ -372,27 +372,38 @@ class Load:
         if outcome == "ok" and isinstance(answer, dict) and "rid" in answer:
             self.latest[answer["rid"]] = (t1, answer)
 
+    async def _loop(self, path: str, prefix: str, send: Any) -> None:
+        """One closed-loop client: ``send(request id)`` -> (outcome, answer, pause) each request
+        (pause: it failed at once, so wait 50 ms: a refused connection is not a busy loop); the
+        client's own timeout is a loss, any other exception a failure named by its type."""
+        seq = 0
+        while not self.stop.is_set():
+            rid = f"{prefix}-{seq}"
+            seq += 1
+            t0 = time.perf_counter()
+            try:
+                outcome, answer, pause = await send(rid, t0)
+            except asyncio.TimeoutError:
+                outcome, answer, pause = "lost", None, False
+            except Exception as exc:
+                outcome, answer, pause = type(exc).__name__, str(exc)[:200], True
+            self._record(t0, path, rid, outcome, answer)
+            if pause:
+                await asyncio.sleep(0.05)
+
     async def _http_client(self, c: int) -> None:
         from rawhttp import RawClient
 
         client = RawClient(self.url, self.args.request_timeout, resend_on_closed=False)
-        seq = 0
+
+        async def send(rid: str, t0: float) -> tuple:
+            status, data = await client.post(json.dumps({"id": rid}).encode())
+            if status == 200:
+                return "ok", json.loads(data), False
+            return f"HTTP {status}", data[:200].decode(errors="replace"), False
+
         try:
-            while not self.stop.is_set():
-                rid = f"h{c}-{seq}"
-                seq += 1
-                t0 = time.perf_counter()
-                try:
-                    status, data = await client.post(json.dumps({"id": rid}).encode())
-                    if status == 200:
-                        self._record(t0, "http", rid, "ok", json.loads(data))
-                    else:
-                        self._record(t0, "http", rid, f"HTTP {status}", data[:200].decode(errors="replace"))
-                except asyncio.TimeoutError:
-                    self._record(t0, "http", rid, "lost", None)
-                except Exception as exc:
-                    self._record(t0, "http", rid, type(exc).__name__, str(exc)[:200])
-                    await asyncio.sleep(0.05)  # (a refused connection fails at once: not a busy loop)
+            await self._loop("http", f"h{c}", send)
         finally:
             await client.close()
 
@@ -407,42 +418,30 @@ class Load:
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000)])
         stub = echo_pb2_grpc.EchoStub(channel)
-        seq = 0
+
+        async def send(rid: str, t0: float) -> tuple:
+            try:
+                reply = await stub.Say(echo_pb2.EchoRequest(text=json.dumps({"id": rid})),
+                                       metadata=(("application", DEP),), timeout=self.args.request_timeout)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED and \
+                        time.perf_counter() - t0 >= self.args.request_timeout - 0.5:  # (its own deadline)
+                    return "lost", None, False
+                return f"gRPC {code.name}", (exc.details() or "")[:200], True
+            return "ok", json.loads(reply.text), False
+
         try:
-            while not self.stop.is_set():
-                rid = f"g{c}-{seq}"
-                seq += 1
-                t0 = time.perf_counter()
-                try:
-                    reply = await stub.Say(echo_pb2.EchoRequest(text=json.dumps({"id": rid})),
-                                           metadata=(("application", DEP),), timeout=self.args.request_timeout)
-                    self._record(t0, "grpc", rid, "ok", json.loads(reply.text))
-                except grpc.aio.AioRpcError as exc:
-                    code = exc.code()
-                    if code == grpc.StatusCode.DEADLINE_EXCEEDED and \
-                            time.perf_counter() - t0 >= self.args.request_timeout - 0.5:  # (its own deadline)
-                        self._record(t0, "grpc", rid, "lost", None)
-                    else:
-                        self._record(t0, "grpc", rid, f"gRPC {code.name}", (exc.details() or "")[:200])
-                        await asyncio.sleep(0.05)
+            await self._loop("grpc", f"g{c}", send)
         finally:
             await channel.close()
 
     async def _handle_client(self, c: int) -> None:
-        seq = 0
-        while not self.stop.is_set():
-            rid = f"d{c}-{seq}"
-            seq += 1
-            t0 = time.perf_counter()
-            try:
-                answer = await asyncio.wait_for(_awaited(self.handle.remote({"id": rid})),
-                                                self.args.request_timeout)
-                self._record(t0, "handle", rid, "ok", answer)
-            except asyncio.TimeoutError:
-                self._record(t0, "handle", rid, "lost", None)
-            except Exception as exc:
-                self._record(t0, "handle", rid, type(exc).__name__, str(exc)[:200])
-                await asyncio.sleep(0.05)
+        async def send(rid: str, t0: float) -> tuple:
+            answer = await asyncio.wait_for(_awaited(self.handle.remote({"id": rid})), self.args.request_timeout)
+            return "ok", answer, False
+
+        await self._loop("handle", f"d{c}", send)
 
     def end(self) -> None:
         """No new request; those under way end (answered, failed or timed out: lost)."""
