@@ -21,6 +21,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
+from ..base.cluster import fits
 from ..base.commands import StartReplica, UpdateWorldSize
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import LIVE, Phase, Trigger, advance
@@ -30,14 +31,15 @@ from ..base.state import Compaction, Deployment, Replica
 from ..base.victims import VICTIM_ORDER
 from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
+from ..placement.scheduling import hold as book
 from . import deadlines, restarts
-from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, wants_successor
+from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, successor, wants_successor
 
 if TYPE_CHECKING:
     from ..base.cluster import Cluster
     from ..placement.clustertx import ClusterTx
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_beside", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
@@ -203,6 +205,39 @@ def _replace(tx: Tx, dep: Deployment, rep: Replica, delay: float = 0.0, avoid: s
         enqueue(tx, dep, [new_id])  # placed by the end-of-step pass, once every release of this step is done
     if dep.gang_size > 1:
         tx.gang_started(dep.name)
+    return dep
+
+
+def start_beside(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
+    """Serving ``rep`` is stopped with a drain and its successor starts at once, in this step, on
+    its three ranks and on its node: the successor takes ``rep``'s place in the rank table and its
+    lineage; ``rep`` gets a spare entry (the lowest free global rank, a local rank beside its
+    successor's) for the rest of its drain, so every live replica still holds ranks of its own: it
+    is not told (it takes no new call) and leaves as any stopping replica does. The successor is
+    booked beside ``rep`` (``rep``'s booking is held until it has stopped), so this needs the core's
+    cluster (``Tx.managed``) and room on that node, not suspect, with nobody waiting for a node
+    longer. None where it cannot (a gang, static placement, a model booked by GPU memory, a replica
+    not running, no room there): the caller's other rule applies. A rollout's surge
+    (``rankcore.control.rollouts.surge``) and an unhealthy replica's drain
+    (``rankcore.control.health``) are its two callers."""
+    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
+        return None  # (a model booked by GPU memory is placed by the tiers' rule: rankcore.tiers.devices)
+    if rep.phase is not Phase.RUNNING:
+        return None  # (a reconfigure in flight carries its rank: it is retired the plain way, keeping it)
+    rid, node_id = rep.replica_id, rep.node_id
+    cl = tx.view
+    node = cl.nodes.get(node_id) if node_id is not None else None
+    if node is None or cl.suspect(node_id) or not fits(node, dep.resources) or cl.queued:  # type: ignore[arg-type]
+        return None  # (no room there, or a replica waits for a node longer: first come, as bluegreen.twin)
+    (new_id,) = tx.new_ids(dep.name, 1)
+    ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
+    old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
+    tx.emit(stop_command(dep, rid))
+    new = successor(tx, dep, rep, new_id, node_id, ranks)
+    counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
+    dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
+    book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
+    announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
     return dep
 
 

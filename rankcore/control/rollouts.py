@@ -44,17 +44,15 @@ from __future__ import annotations
 
 import math
 
-from ..base.cluster import fits
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from ..placement.scheduling import announce_booking, release
-from ..placement.scheduling import hold as book
+from ..placement.scheduling import release
 from .bluegreen import is_blue_green, switch, switch_due, twin
-from .moves import hold, start_waiting
-from .transaction import Tx, recount, stop_command, successor
+from .moves import hold, start_beside, start_waiting
+from .transaction import Tx, recount, stop_command
 
 __all__ = ["revision", "applied", "budget", "surge_budget", "gang_budget", "outdated", "advance_touched", "retire",
            "surge"]
@@ -271,36 +269,14 @@ def surge(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     """Serving ``rep`` is stopped (drained) and its successor starts at once, in the same step, on
     its three ranks and node (Ray Serve's order: the new replica starts as the old one starts
     draining), while the replicas alive, draining ones included, stay within ``surge_budget`` above
-    the target. The successor takes ``rep``'s place in the rank table and its lineage; ``rep`` gets a
-    spare entry (the lowest free global rank, a local rank beside its successor's) for the rest of
-    its drain, so every live replica still holds ranks of its own: it is not told (it takes no new
-    call), and leaves as any stopping replica does. The successor is booked beside ``rep`` (its
-    booking is held until it has stopped), so a surge needs the core's cluster (``Tx.managed``) and
-    room on that node, not suspect; a gang rolls whole, a static replica in its bundle and a model
-    booked by GPU memory where the tiers place it (``retire``). None where the rule does not apply:
-    ``retire`` then."""
+    the target: ``moves.start_beside`` (the successor takes ``rep``'s place in the rank table and its
+    lineage, ``rep`` drains on a spare entry, booked beside it; a gang rolls whole, a static replica
+    in its bundle and a model booked by GPU memory where the tiers place it: ``retire``). None where
+    the rule does not apply: ``retire`` then."""
     allowed = surge_budget(dep)
     if allowed <= 0 or len(dep.replicas) + 1 > dep.target + allowed:
         return None
-    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
-        return None  # (a model booked by GPU memory is placed by the tiers' rule: rankcore.tiers.devices)
-    if rep.phase is not Phase.RUNNING:
-        return None  # (a reconfigure in flight carries its rank: it is retired the plain way, keeping it)
-    rid, node_id = rep.replica_id, rep.node_id
-    cl = tx.view
-    node = cl.nodes.get(node_id) if node_id is not None else None
-    if node is None or cl.suspect(node_id) or not fits(node, dep.resources) or cl.queued:  # type: ignore[arg-type]
-        return None  # (no room there, or a replica waits for a node longer: first come, as bluegreen.twin)
-    (new_id,) = tx.new_ids(dep.name, 1)
-    ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
-    old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
-    tx.emit(stop_command(dep, rid))
-    new = successor(tx, dep, rep, new_id, node_id, ranks)
-    counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
-    dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
-    book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
-    announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
-    return dep
+    return start_beside(tx, dep, rep)
 
 
 def retire(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
