@@ -42,18 +42,30 @@ def main() -> None:
 # ------------------------------------------------------------------ simulate
 def _parse_sets(sets: tuple[str, ...], zipped: bool = False) -> list[dict[str, Any]]:
     """``key=v1,v2`` options -> the list of variants: their cartesian product, or
-    (``zipped``) the i-th value of every option together."""
+    (``zipped``) the i-th value of every option together. Each value is read as YAML within the
+    scenario files' bounds (``check_yaml_bounds``: its size, depth and alias expansion); one past
+    them, or one YAML cannot hold (an int of more than 4,300 digits), is exit 2 naming its key."""
+    from .scenarios.format import MAX_YAML_BYTES, YamlTooBig, check_yaml_bounds
+
     axes = []
     for s in sets:
         key, sep, values = s.partition("=")
         if not sep or not key or not values:
-            raise click.UsageError(f"--set {s!r}: expected key=value[,value...]")
-        parsed = []
+            raise click.UsageError(f"--set {_shown(s)}: expected key=value[,value...]")
+        parsed, name = [], _shown(key, 120, quote=False)
         for v in values.split(","):
+            size = len(v.encode("utf-8", "surrogatepass"))
+            if size > MAX_YAML_BYTES:
+                _fail(f"--set {name}: the value is {size:,} bytes, above {MAX_YAML_BYTES:,} (MAX_YAML_BYTES)")
             try:
+                check_yaml_bounds(v)
                 parsed.append(yaml.safe_load(v))
+            except YamlTooBig as exc:
+                _fail(f"--set {name}: value {_shown(v)} refused: {exc}")
             except yaml.YAMLError:
-                raise click.UsageError(f"--set {s!r}: cannot read value {v!r}") from None
+                raise click.UsageError(f"--set {_shown(s)}: cannot read value {_shown(v)}") from None
+            except (ValueError, RecursionError) as exc:  # (an int of more than 4,300 digits; a depth the bound missed)
+                _fail(f"--set {name}: value {_shown(v)} refused: {type(exc).__name__}: {exc}")
         axes.append([(key, v) for v in parsed])
     if not axes:
         return [{}]
@@ -64,6 +76,15 @@ def _parse_sets(sets: tuple[str, ...], zipped: bool = False) -> list[dict[str, A
                                    f"got {', '.join(f'{a[0][0]}: {len(a)}' for a in axes)}")
         return [dict(combo) for combo in zip(*axes)]
     return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _shown(text: str, most: int = 60, quote: bool = True) -> str:
+    """``text`` on one line (quoted: its ``repr``), cut to ``most`` characters (a hostile value
+    may be 100 KB)."""
+    from .scenarios.format import one_line
+
+    shown = repr(text[:most]) if quote else one_line(text[:most])
+    return shown if len(text) <= most else f"{shown}... ({len(text):,} characters)"
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
