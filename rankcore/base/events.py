@@ -458,7 +458,7 @@ def _to_versions(value: Any) -> tuple[tuple[str, int], ...]:
 
 
 def _tier_name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    if value not in ("hot", "warm"):
+    if type(value) is not str or value not in ("hot", "warm"):  # (a str subclass may equal anything)
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'hot' or 'warm', got {f.shown(value)}")
 
 
