@@ -13,6 +13,15 @@ data path (the HTTP ingress serves requests; this serves operators and scripts).
 
 Ray Serve serves these on the dashboard (``http://localhost:8265``); ours listens on
 ``DEFAULT_PORT`` (8266) of 127.0.0.1 unless told otherwise (``rankcore deploy --rest-port``).
+
+Hostile clients meet the HTTP ingress's limits, its constants and its code (``ingress/http.py``:
+declared there once): a body above ``MAX_BODY_BYTES`` is 413 (by its Content-Length before it is
+read, else as it streams), a body still arriving after ``REQUEST_TIMEOUT_S`` 408, JSON nested
+deeper than ``MAX_JSON_DEPTH``, not JSON, NaN or a number past a double, or not an object 400;
+and on the connection (``_guarded``, the ingress's uvicorn protocol): a request head within
+``HEADER_TIMEOUT_S`` (408, or closed when nothing came) and ``MAX_HEADER_BYTES`` (431), at most
+``MAX_CONNECTIONS`` open (503). Those connection-level answers are the ingress's JSON errors; the
+app's own are one line of text.
 """
 
 from __future__ import annotations
@@ -28,11 +37,30 @@ import ray
 import rankcore as rc
 
 from ..api import config as cf
+from ..ingress.http import (
+    _HUGE_NUMBER,
+    HEADER_TIMEOUT_S,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+    MAX_JSON_DEPTH,
+    REQUEST_TIMEOUT_S,
+    _check_connection_limits,
+    _check_limits,
+    _depth_within,
+    _Gone,
+    _guarded,
+    _has_infinity,
+    _Ingress,
+    _no_constant,
+    _Reply,
+    server_stack,
+)
 from . import apps
 from .replicas import NAMESPACE
 
-__all__ = ["REST_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "RestServer", "make_app", "start_rest", "stop_rest",
-           "rest_address"]
+__all__ = ["REST_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "RestServer", "limits", "config_of", "make_app", "start_rest",
+           "stop_rest", "rest_address"]
 
 
 REST_NAME = "rankcore-rest"
@@ -42,14 +70,53 @@ DEFAULT_PORT = 8266
 PATH = "/api/serve/applications/"
 
 
-def make_app() -> Any:
+def limits(*, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float | None = REQUEST_TIMEOUT_S,
+           header_timeout_s: float | None = HEADER_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES,
+           max_connections: int | None = MAX_CONNECTIONS) -> _Ingress:
+    """The REST server's limits, held as the HTTP ingress holds its own (an ``_Ingress`` with no
+    route: what its body reader and connection guard read, and the answers they counted), so the
+    two servers share one definition of each limit and one piece of code enforcing it."""
+    _check_limits(max_body_bytes, body_timeout_s)
+    _check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
+    held = _Ingress({}, {}, max_body_bytes, body_timeout_s)
+    held.header_timeout_s, held.max_header_bytes, held.max_connections = header_timeout_s, max_header_bytes, \
+        max_connections
+    return held
+
+
+def config_of(body: bytes) -> Any:
+    """A PUT's body -> the JSON object it holds (empty: ``{}``); ``_Reply`` 400 naming what is
+    wrong: not UTF-8 JSON, NaN or Infinity, a number past a double, nested deeper than
+    ``MAX_JSON_DEPTH`` (a loop checks it: nothing recurses that deep), or not an object."""
+    if not body.strip():
+        return {}
+    deep = f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
+        raise _Reply(400, "bad_request", f"request body: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _Reply(400, "bad_request", f"request body: {deep}") from None
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(data, MAX_JSON_DEPTH):
+        raise _Reply(400, "bad_request", f"request body: {deep}")
+    if _HUGE_NUMBER.search(body) and _has_infinity(data):
+        raise _Reply(400, "bad_request", "request body: a number is beyond a 64-bit float (JSON has no infinity)")
+    if not isinstance(data, dict):
+        raise _Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
+                                         f"{type(data).__name__ if data is not None else 'null'}")
+    return data
+
+
+def make_app(held: _Ingress | None = None) -> Any:
     """The starlette app (its handlers call ``apps``; each runs in starlette's thread pool: they
-    wait on Ray)."""
+    wait on Ray); ``held``: its limits (``limits()``'s defaults when None)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
+
+    held = held if held is not None else limits()
 
     async def applications(request: Request) -> Response:
         if request.method in ("GET", "HEAD"):
@@ -58,9 +125,13 @@ def make_app() -> Any:
             await run_in_threadpool(apps.delete_all)
             return Response(status_code=200)
         try:  # PUT
-            data = json.loads(await request.body() or b"{}")
-        except ValueError as exc:
-            return PlainTextResponse(f"request body: not valid JSON: {exc}", status_code=400)
+            data = config_of(await held._body(request))  # (413 past the body cap, 408 when it stops arriving)
+        except _Reply as exc:
+            # (answered maybe before the body's end: the connection closed, so a trickled rest holds nothing)
+            return PlainTextResponse(exc.detail, status_code=exc.status,
+                                     headers={"Connection": "close"} if exc.status != 400 else None)
+        except _Gone:  # (its client closed before the body's end: nobody to answer)
+            return Response(status_code=499)
         try:
             cfg = cf.parse(data, "request body")
             await run_in_threadpool(apps.apply_config, cfg)
@@ -77,13 +148,15 @@ def make_app() -> Any:
 
 class RestServer:
     """The actor: binds its port when created (in use: the creation fails, naming it) and serves
-    on a thread of its own."""
+    on a thread of its own; ``limit``: ``limits()``'s keywords (the tests' shorter timeouts)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, **limit: Any) -> None:
         import socket
 
         import uvicorn
 
+        self.limits = limits(**limit)  # (checked, like the parser's choice, before the port is taken)
+        parser = server_stack()[1]
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -103,7 +176,14 @@ class RestServer:
 
                 return contextlib.nullcontext()
 
-        self.server = Server(uvicorn.Config(make_app(), log_level="warning", access_log=False, lifespan="off"))
+        if parser == "httptools":  # (the parser the ingress would use, guarded as it is)
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as protocol
+        else:
+            from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
+        # ws="none": no route takes a WebSocket; timeout_keep_alive: uvicorn's wait for a next request
+        self.server = Server(uvicorn.Config(make_app(self.limits), log_level="warning", access_log=False,
+                                            lifespan="off", http=_guarded(protocol, self.limits), ws="none",
+                                            timeout_keep_alive=5))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
                                        name=REST_NAME, daemon=True)
         self.thread.start()
