@@ -22,7 +22,14 @@ import ray
 
 from executors.ray_gpu import deployment, run
 from executors.ray_gpu.control.controller import NAMESPACE
-from executors.ray_gpu.ingress.http import INGRESS_NAME, args_of, expose, ingress_address, match_route
+from executors.ray_gpu.ingress.http import (
+    INGRESS_NAME,
+    args_of,
+    expose,
+    ingress_address,
+    match_route,
+    public_methods,
+)
 
 from .conftest import ROOT
 
@@ -134,6 +141,25 @@ def test_match_route_longest_prefix_and_methods():
     assert match_route({"/a": "A"}, "/ab") is None
 
 
+def test_public_methods_are_what_a_route_may_call():
+    class NoCall:
+        limit = 3  # (not callable: not a method)
+
+        def echo(self):
+            pass
+
+        def _hidden(self):
+            pass
+
+    class Anything:
+        def __getattr__(self, name):
+            return lambda: name
+
+    assert public_methods(Adder.cls) == ("echo", "fail", "late", "nap", "not_json", "__call__")
+    assert public_methods(NoCall) == ("echo",)
+    assert public_methods(Anything) is None  # any name may be a method: none refused
+
+
 # ------------------------------------------------------------------ answers
 def test_answers_json_in_and_out(client):
     assert client.post("/add", json={"args": [2, 3]}).json() == 5
@@ -179,6 +205,28 @@ def test_unknown_route_404(client):
     body = error_of(r)
     assert body["error"] == "not_found" and "/nowhere" in body["detail"] and "/add" in body["detail"]
     assert client.post("/add/_private").status_code == 404
+
+
+def test_unknown_method_404_names_the_deployment_and_its_methods_before_any_call(client):
+    """``<prefix>/<name>`` where the class has no public method ``name``: 404 ``unknown_method``
+    naming both and listing the methods, no traceback, nothing sent (the handle submitted nothing);
+    it was a 500 with the replica's AttributeError traceback."""
+
+    def submitted() -> int:
+        deps = {d["name"]: d for d in client.get("/-/status.json").json()["deployments"]}
+        return deps["adder"]["queue"]["submitted"]
+
+    assert client.post("/add", json={"args": [1, 2]}).json() == 3  # (the handle has a queue to read)
+    before = submitted()
+    for r in (client.get("/add/nope"), client.post("/add/nope", json={"args": [1]}),
+              client.get("/add/nope?progress=1")):
+        assert r.status_code == 404, r.text[:500]
+        body = error_of(r)
+        assert body["error"] == "unknown_method" and body["deployment"] == "adder", body
+        assert "'adder' has no method 'nope'" in body["detail"] and "echo, fail, late, nap" in body["detail"]
+        assert "Traceback" not in body["detail"]
+    assert submitted() == before
+    assert client.post("/add/echo", json=1).json() == {"args": [1], "kwargs": {}}  # a method it has: served
 
 
 def test_bad_json_400(client):
@@ -453,6 +501,7 @@ def test_ingress_restarted_keeps_address_and_routes(base):
     with httpx.Client(base_url=base, timeout=30.0) as c:
         assert c.get("/-/routes").json() == routes
         assert c.post("/add", json={"args": [20, 22]}).json() == 42
+        assert c.get("/add/nope").json()["error"] == "unknown_method"  # (the methods kept with the routes)
 
 
 # ------------------------------------------------------------------ rankcore serve

@@ -13,7 +13,8 @@ handle, ``request_timeout_s``, cancellation).
 
 Errors map to status codes: bytes that are not the method's request message ``INVALID_ARGUMENT``,
 a message above ``max_body_bytes`` (or metadata above ``max_header_bytes``) ``RESOURCE_EXHAUSTED``,
-an unknown method ``UNIMPLEMENTED`` (gRPC's); an unknown or missing application ``NOT_FOUND``; overloaded or
+an unknown method ``UNIMPLEMENTED`` (gRPC's; also a method of the services that the deployment's class
+lacks, before anything is sent: ``http._Ingress.unknown_method``); an unknown or missing application ``NOT_FOUND``; overloaded or
 no replica ``UNAVAILABLE``; past ``request_timeout_s`` ``DEADLINE_EXCEEDED``; the
 application's own exception ``INTERNAL`` with its message; a client that cancels (or whose
 deadline passes) cancels the call through the handle (its slot on the replica is freed;
@@ -244,6 +245,13 @@ class GrpcFront:
                                 f"{what} Ping /{API_SERVICE}/ListApplications for the applications.")
         return name  # type: ignore[return-value]
 
+    async def _method_or_abort(self, name: str, method: str, context: aio.ServicerContext) -> None:
+        """A method the deployment's class does not have: ``UNIMPLEMENTED`` (nothing sent)."""
+        unknown = self.ingress.unknown_method(name, method)
+        if unknown is not None:
+            self.codes["UNIMPLEMENTED"] += 1
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, unknown)
+
     async def _failed(self, exc: BaseException, name: str, context: aio.ServicerContext) -> None:
         status, _error, detail = self.status_of(exc)
         code = code_of(status)
@@ -253,6 +261,7 @@ class GrpcFront:
     async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         name = await self._app_or_abort(context)
+        await self._method_or_abort(name, method, context)
         self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
             value = await self.ingress.call(name, method, (request,), {}, model_id=_model_of(context))
@@ -269,6 +278,7 @@ class GrpcFront:
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         name = await self._app_or_abort(context)
+        await self._method_or_abort(name, method, context)
         ingress = self.ingress
         response = None
         ended = False

@@ -5,7 +5,8 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 
 * a route per deployment (``route_prefix``, default ``/<name>``): ``POST`` JSON
   in, JSON out (``args_of`` says how a body becomes the call's arguments);
-  ``GET`` calls with no arguments; ``<prefix>/<method>`` calls that method;
+  ``GET`` calls with no arguments; ``<prefix>/<method>`` calls that method (one the
+  class does not have: 404 ``unknown_method``, nothing sent: ``public_methods``);
 * errors as JSON ``{"error", "detail", "deployment"}`` with the status the
   request path gives them (``status_of``): a ``rankcore.RequestError`` its own
   ``.status`` (503 overloaded or no replica, 408 timeout, 499, 500 replica
@@ -287,6 +288,28 @@ def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestC
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 
 
+def public_methods(cls: Any) -> tuple[str, ...] | None:
+    """What HTTP (``<prefix>/<method>``) and gRPC may call on a deployment of class ``cls``: its
+    public methods (a name starting with a letter, callable on the class; ``_METHOD``), and
+    ``__call__`` when it has one. None (any name may be one: nothing is refused) when ``cls`` is not
+    a class or defines ``__getattr__``."""
+    if not isinstance(cls, type) or any("__getattr__" in vars(k) for k in cls.__mro__[:-1]):
+        return None
+    names = sorted(m for m in dir(cls) if _METHOD.fullmatch(m) and callable(getattr(cls, m, None)))
+    return (*names, "__call__") if any("__call__" in vars(k) for k in cls.__mro__[:-1]) else tuple(names)
+
+
+def _methods_of(deployment: str) -> tuple[str, ...] | None:
+    """(Where a route is added: the caller of ``expose`` has the deployment's class importable.)
+    ``public_methods`` of the class the controller last applied for ``deployment``, read from what
+    it stored (``persist.load_specs``); None when that cannot be read here."""
+    try:
+        spec = (persist.load_specs() or {}).get(deployment)
+    except Exception:  # (a class this process cannot import: nothing is refused)
+        return None
+    return public_methods(spec.get("cls")) if isinstance(spec, dict) else None
+
+
 def _request_of(note: dict | None) -> RequestContext | None:
     """What the replica's user code sees of this HTTP request: its id (``x-request-id``), route, and
     the multiplexed model its ``serve_multiplexed_model_id`` header names."""
@@ -384,6 +407,8 @@ class _Ingress:
                  metrics: IngressMetrics | None = None) -> None:
         self.routes = dict(routes)  # prefix -> deployment
         self.handles = dict(handles)  # deployment -> its handle (``__call__``), as ``expose`` gave it
+        #: deployment -> the methods it may be called by (``public_methods``; None or absent: any)
+        self.methods: dict[str, tuple[str, ...] | None] = {}
         self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
         #: the connection limits (``HEADER_TIMEOUT_S`` ...: ``configure`` changes them)
         self.header_timeout_s: float | None = HEADER_TIMEOUT_S
@@ -465,6 +490,17 @@ class _Ingress:
             submit.add_done_callback(_cancel_sent)
             raise
 
+    def unknown_method(self, name: str, method: str) -> str | None:
+        """Why ``method`` of ``name`` cannot be called (its class has no such public method), or None."""
+        known = self.methods.get(name)
+        if known is None or method in known:
+            return None
+        listed = ", ".join(m for m in known if m != "__call__") or "none"
+        if method == "__call__":
+            return f"deployment {name!r} has no __call__: call one of its methods, <route>/<method> (methods: {listed})"
+        return f"deployment {name!r} has no method {method!r} (methods: {listed}" + (
+            "; the route itself calls __call__)" if "__call__" in known else ")")
+
     async def is_stream(self, name: str, method: str) -> bool:
         """Whether ``method`` of ``name`` is a generator method: asked on this loop once the handle
         knows its pool (it then never blocks), else on a call thread."""
@@ -533,6 +569,9 @@ class _Ingress:
             prefix, name, method = found
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
+            unknown = self.unknown_method(name, method)
+            if unknown is not None:  # (before the body is read, or any call sent)
+                raise _Reply(404, "unknown_method", unknown, name)
             if request.method == "POST":
                 body = await self._body(request)
                 unread = False
@@ -1173,12 +1212,13 @@ class HttpIngress:
 
         _check_limits(max_body_bytes, request_timeout_s)
         _check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
-        routes, handles = persist.load_http_routes()
+        routes, handles, methods = _load_routes()
         ctx = ray.get_runtime_context()
         metrics = IngressMetrics(node_id=ctx.get_node_id() or "", node_ip=ray.util.get_node_ip_address())
         access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
         self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
         st = self.state
+        st.methods = methods
         st.header_timeout_s, st.max_header_bytes, st.max_connections = header_timeout_s, max_header_bytes, max_connections
         self.state.actor_id = ctx.get_actor_id() or ""
         sock = _listen(host, port, remember_port)
@@ -1262,9 +1302,10 @@ class HttpIngress:
         """gRPC answers by status code (``OK``, ``CANCELLED``, ``NOT_FOUND`` ...)."""
         return dict(self.grpc.codes) if self.grpc is not None else {}
 
-    def add_route(self, prefix: str, handle: Any) -> dict[str, str]:
+    def add_route(self, prefix: str, handle: Any, methods: tuple[str, ...] | None = None) -> dict[str, str]:
         """Route ``prefix`` to ``handle``'s deployment (replacing the deployment's earlier
-        route); a prefix another deployment holds is refused."""
+        route); a prefix another deployment holds is refused. ``methods``: what its class may be
+        called by (``public_methods``; None: any name is sent on)."""
         check_route_prefix(prefix)
         deployment = handle.name
         st = self.state
@@ -1273,15 +1314,17 @@ class HttpIngress:
             raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
         new, _ = _without(st.routes, {}, deployment)
         new[prefix] = deployment
+        st.methods = {**st.methods, deployment: None if methods is None else tuple(methods)}
         st.handles = {**st.handles, deployment: handle}
         st.routes = new
-        persist.save_http_routes(new, st.handles)
+        _save_routes(new, st.handles, st.methods)
         return dict(new)
 
     def remove_route(self, deployment: str) -> dict[str, str]:
         st = self.state
         st.routes, st.handles = _without(st.routes, st.handles, deployment)
-        persist.save_http_routes(st.routes, st.handles)
+        st.methods = {d: m for d, m in st.methods.items() if d != deployment}
+        _save_routes(st.routes, st.handles, st.methods)
         return dict(st.routes)
 
     def routes(self) -> dict[str, str]:
@@ -1290,7 +1333,7 @@ class HttpIngress:
     def reload_routes(self) -> dict[str, str]:
         """The routes as the head's proxy saved them (another node's proxy, after a route changed)."""
         st = self.state
-        st.routes, st.handles = persist.load_http_routes()
+        st.routes, st.handles, st.methods = _load_routes()
         return dict(st.routes)
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -1427,6 +1470,21 @@ def _check_connection_limits(header_timeout_s: Any, max_header_bytes: Any, max_c
         raise rc.InvalidConfig(f"max_header_bytes must be an int >= 1024, got {max_header_bytes!r}")
     if max_connections is not None and (type(max_connections) is not int or max_connections < 1):
         raise rc.InvalidConfig(f"max_connections must be an int >= 1 or None, got {max_connections!r}")
+
+
+def _save_routes(routes: dict[str, str], handles: dict[str, Any], methods: dict[str, tuple[str, ...] | None]) -> None:
+    """The route table, and per deployment its handle with the methods it may be called by
+    (``persist.save_http_routes``: each deployment's ``(handle, methods)``)."""
+    persist.save_http_routes(routes, {d: (h, methods.get(d)) for d, h in handles.items()})
+
+
+def _load_routes() -> tuple[dict[str, str], dict[str, Any], dict[str, tuple[str, ...] | None]]:
+    """What ``_save_routes`` stored: routes, handles, methods (a bare handle: any method)."""
+    routes, saved = persist.load_http_routes()
+    handles, methods = {}, {}
+    for d, v in saved.items():
+        handles[d], methods[d] = v if isinstance(v, tuple) else (v, None)
+    return routes, handles, methods
 
 
 def _without(routes: dict[str, str], handles: dict[str, Any], deployment: str) -> tuple[dict, dict]:
@@ -1583,7 +1641,7 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
     prefix = check_route_prefix(f"/{handle.name}" if route_prefix is None else route_prefix)
     actor, (h, p) = start_ingress(host, port)
     try:
-        ray.get(actor.add_route.remote(prefix, handle))
+        ray.get(actor.add_route.remote(prefix, handle, _methods_of(handle.name)))
     except RayTaskError as exc:
         if isinstance(exc.cause, rc.RankcoreError):
             raise exc.cause from None
@@ -1616,9 +1674,9 @@ def unexpose(deployment: str) -> None:
     try:
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
     except ValueError:
-        routes, handles = persist.load_http_routes()
+        routes, handles, methods = _load_routes()
         if deployment in routes.values() or deployment in handles:
-            persist.save_http_routes(*_without(routes, handles, deployment))
+            _save_routes(*_without(routes, handles, deployment), methods)
         return
     ray.get(actor.remove_route.remote(deployment))
     _reload_others()
