@@ -24,14 +24,18 @@ from executors.ray_gpu import deployment, run
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import (
     INGRESS_NAME,
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
     args_of,
     expose,
     ingress_address,
     match_route,
     public_methods,
+    start_ingress,
 )
 
 from .conftest import ROOT
+from .test_ray_wire_fuzz import connect, error_answer, exchange, read_until_closed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -502,6 +506,53 @@ def test_ingress_restarted_keeps_address_and_routes(base):
         assert c.get("/-/routes").json() == routes
         assert c.post("/add", json={"args": [20, 22]}).json() == 42
         assert c.get("/add/nope").json()["error"] == "unknown_method"  # (the methods kept with the routes)
+
+
+def wait_serving(base: str, replaced: str) -> None:
+    """Until the head's proxy answers ``/-/healthz`` from another actor than ``replaced`` (its id)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+            if actor._actor_id.hex() != replaced and httpx.get(f"{base}/-/healthz", timeout=5.0).status_code == 200:
+                return
+        except (ValueError, httpx.TransportError):
+            pass
+        assert time.monotonic() < deadline, "the ingress did not come back"
+        time.sleep(0.2)
+
+
+def test_connection_limits_survive_a_proxy_restart(base):
+    """Limits set on the running proxies (``start_ingress``, as ``rankcore serve`` does) are stored
+    with the proxies' settings: the proxy the core starts after the head's is killed enforces them
+    (it started with the defaults: 16 KiB heads, 10,000 connections)."""
+    from executors.ray_gpu.control import persist
+
+    host, port = ingress_address()
+    start_ingress(max_header_bytes=2048, max_connections=4)
+    stored, _ = persist.load_proxies()
+    assert (stored.max_header_bytes, stored.max_connections) == (2048, 4)  # (what every new proxy starts with)
+    actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    killed = actor._actor_id.hex()
+    ray.kill(actor, no_restart=False)
+    wait_serving(base, killed)
+    socks = []
+    try:
+        limits = httpx.get(f"{base}/-/status.json", timeout=30).json()["ingress"]
+        assert (limits["max_header_bytes"], limits["max_connections"]) == (2048, 4), limits
+        p = {"host": host, "port": port}
+        head = b"GET /add HTTP/1.1\r\nHost: x\r\nX-Fat: " + b"v" * 3000 + b"\r\n\r\n"
+        status, body, _ = exchange(p, head, within=5)
+        assert status == 431 and "max_header_bytes=2048" in body["detail"], body
+        socks = [connect(p) for _ in range(6)]  # (4 held open, the rest refused)
+        raw, _ = read_until_closed(socks[-1], 5)
+        status, body = error_answer(raw)
+        assert status == 503 and body["error"] == "too_many_connections", body
+    finally:
+        for s in socks:
+            s.close()
+        start_ingress(max_header_bytes=MAX_HEADER_BYTES, max_connections=MAX_CONNECTIONS)
+    assert httpx.post(f"{base}/add", json={"args": [1, 2]}, timeout=30).json() == 3
 
 
 # ------------------------------------------------------------------ rankcore serve

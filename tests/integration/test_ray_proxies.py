@@ -15,7 +15,7 @@ import ray
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import get_deployment_handle
-from executors.ray_gpu.ingress.http import expose, proxies, start_ingress
+from executors.ray_gpu.ingress.http import MAX_HEADER_BYTES, expose, proxies, start_ingress
 from tests.integration.conftest import multi_node_cluster
 
 
@@ -31,10 +31,10 @@ class Where:
         return {"replica": get_replica_context().replica_id, "node": ray.get_runtime_context().get_node_id()}
 
 
-def _get(address, path, timeout=10.0):
+def _get(address, path, timeout=10.0, headers=None):
     conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         r = conn.getresponse()
         return r.status, r.read()
     finally:
@@ -109,6 +109,30 @@ def test_a_killed_proxy_is_restarted_by_the_core_while_the_others_keep_serving(c
     assert status == 200
     print(f"proxy {pid} killed: {back[0]} serving again after {took:.2f} s")
     assert took < 30
+
+
+def test_limits_set_on_running_proxies_reach_another_node_and_its_next_proxy(cluster):
+    """``start_ingress``'s limits on running proxies: the worker node's proxy applies them at once,
+    and the one the core starts there after it is killed starts with them (the controller's
+    ``ProxySettings`` carry them): a head above ``max_header_bytes`` is 431 on both (it was served by
+    the next one, which started with the 16 KiB default)."""
+    head = ray.get_runtime_context().get_node_id()
+    fat = {"X-Fat": "v" * 3000}
+    start_ingress(max_header_bytes=2048)
+    try:
+        before = _by_node()
+        node = next(n for n in before if n != head)
+        pid, victim = before[node]
+        assert _get(tuple(victim["address"]), "/where", headers=fat)[0] == 431
+        ray.kill(ray.get_actor(victim["actor_name"], namespace="rankcore"), no_restart=True)
+        back = _wait(lambda: (b := _by_node()) and node in b and b[node][0] != pid
+                     and b[node][1]["phase"] == "healthy" and b[node][1]["address"] and b[node])
+        assert back, proxies()
+        status, body = _get(tuple(back[1]["address"]), "/where", headers=fat)
+        assert status == 431 and b"max_header_bytes=2048" in body, (status, body[:300])
+        assert _get(tuple(back[1]["address"]), "/where")[0] == 200
+    finally:
+        start_ingress(max_header_bytes=MAX_HEADER_BYTES)
 
 
 def test_a_restarted_controller_adopts_the_running_proxies(cluster):

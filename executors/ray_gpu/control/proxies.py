@@ -38,7 +38,8 @@ from .replicas import NAMESPACE
 
 log = logging.getLogger("rankcore.ray.controller")
 
-__all__ = ["INGRESS_NAME", "ProxySettings", "Proxies", "proxy_actor_name", "PROXY_HEALTH_CHECK_PERIOD_S"]
+__all__ = ["INGRESS_NAME", "ProxySettings", "Proxies", "proxy_actor_name", "PROXY_HEALTH_CHECK_PERIOD_S", "LIMITS",
+           "CONFIGURABLE", "save_configured"]
 
 #: the head node's proxy's actor name (the one ingress had it before proxies were per node)
 INGRESS_NAME = "rankcore-http"
@@ -52,10 +53,20 @@ def proxy_actor_name(node_id: str, head: str | None) -> str:
     return INGRESS_NAME if node_id == head else f"{INGRESS_NAME}:{node_id}"
 
 
+#: the proxies' limits (``ingress.http``: each declared there, with its default and its check): every
+#: proxy starts with them (the head's, a restarted one, another node's), each a keyword of
+#: ``HttpIngress`` and of its ``configure``
+LIMITS = ("max_body_bytes", "request_timeout_s", "header_timeout_s", "max_header_bytes", "max_connections")
+#: what ``start_ingress`` may change on running proxies (``save_configured``): the limits, access records
+CONFIGURABLE = (*LIMITS, "enable_access_log")
+
+
 @attrs.frozen(kw_only=True)
 class ProxySettings:
     """What every proxy is started with (``ingress.http.start_ingress``): its address, limits and
-    access records, and where proxies run (``rankcore.ProxyOptions``, declared once there)."""
+    access records, and where proxies run (``rankcore.ProxyOptions``, declared once there). The
+    ``CONFIGURABLE`` fields are stored again when ``start_ingress`` changes them on the running
+    proxies (``save_configured``); a proxy the controller starts reads them from there."""
 
     host: str
     port: int
@@ -63,6 +74,10 @@ class ProxySettings:
     worker_port: int | None = None
     max_body_bytes: int
     request_timeout_s: float | None
+    #: the connection limits (issue 40): a request head's deadline and size, connections open at once
+    header_timeout_s: float | None
+    max_header_bytes: int
+    max_connections: int | None
     enable_access_log: bool
     logs_dir: str | None = None
     options: rc.ProxyOptions = attrs.field(factory=rc.ProxyOptions)
@@ -73,6 +88,31 @@ class ProxySettings:
     #: the proxy actor's class (``ingress.http.HttpIngress``, given by ``start_ingress``: the control
     #: plane imports nothing of the ingress; pickled by reference)
     actor_class: Any = None
+
+    def limits(self) -> dict[str, Any]:
+        """``LIMITS`` by name (what a proxy is started with)."""
+        return {name: getattr(self, name) for name in LIMITS}
+
+
+def save_configured(values: dict[str, Any]) -> ProxySettings | None:
+    """Store ``values`` (``CONFIGURABLE`` fields: what the running proxies were just configured with)
+    in the proxies' settings, so that every proxy the controller starts from now on (one restarted
+    after a crash, one on another node) starts with them; None (nothing stored): no proxies run."""
+    saved = persist.load_proxies()
+    if saved is None:
+        return None
+    settings = attrs.evolve(saved[0], **{k: v for k, v in values.items() if k in CONFIGURABLE})
+    persist.save_proxies(settings, saved[1])
+    return settings
+
+
+def _stored(settings: ProxySettings) -> ProxySettings:
+    """``settings`` with the ``CONFIGURABLE`` fields as stored now (``save_configured`` changes them
+    there, not in the controller's copy)."""
+    saved = persist.load_proxies()
+    if saved is None:
+        return settings
+    return attrs.evolve(settings, **{k: getattr(saved[0], k, getattr(settings, k)) for k in CONFIGURABLE})
 
 
 class _Live:
@@ -108,7 +148,10 @@ class Proxies:
         return rc.ProxiesConfigured(options=self.settings.options, head_node=self.head)
 
     def configure(self, settings: ProxySettings, head: str) -> None:
-        """From now on the core runs the proxies with ``settings`` (persisted for a restart)."""
+        """From now on the core runs the proxies with ``settings`` (persisted for a restart; proxies that
+        run already keep the limits stored for them: ``save_configured``)."""
+        if self.settings is not None:
+            settings = _stored(settings)
         self.settings, self.head = settings, head
         persist.save_proxies(settings, head)
         self.ledger.feed(rc.ProxiesConfigured(options=settings.options, head_node=head, now=self.ledger.now()))
@@ -137,6 +180,7 @@ class Proxies:
         if s is None:
             log.error("StartProxy %s without proxy settings (no ProxiesConfigured from this controller)", cmd.proxy_id)
             return
+        s = self.settings = _stored(s)  # (the limits as start_ingress last set them on the running proxies)
         p = self.live[cmd.proxy_id] = _Live(cmd.proxy_id, cmd.node_id, proxy_actor_name(cmd.node_id, self.head))
         persist.save_proxy_number(_number(cmd.proxy_id) + 1)
         self.ledger.spawn(self._start(p, s))
@@ -152,7 +196,7 @@ class Proxies:
                 p.actor = _remote(s.actor_class).options(
                     name=p.name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, max_concurrency=16,
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
-                ).remote(s.host, port, s.max_body_bytes, s.request_timeout_s, s.enable_access_log, s.logs_dir,
+                ).remote(s.host, port, enable_access_log=s.enable_access_log, logs_dir=s.logs_dir, **s.limits(),
                          proxy_id=p.proxy_id, remember_port=head,
                          grpc_port=s.grpc_port if head or s.worker_port != 0 or s.grpc_port is None else 0,
                          grpc_servicer_functions=s.grpc_servicer_functions)

@@ -1370,9 +1370,10 @@ class HttpIngress:
     def configure(self, max_body_bytes: int | None = None, request_timeout_s: Any = "keep",
                   enable_access_log: bool | None = None, *, header_timeout_s: Any = "keep",
                   max_header_bytes: int | None = None, max_connections: Any = "keep") -> dict:
-        """Change the limits of a running ingress (None or ``"keep"``: leave one as it is; a
+        """Change the limits of this running proxy (None or ``"keep"``: leave one as it is; a
         connection limit applies to the next event of every connection), and turn its access
-        records on or off (None: as they are)."""
+        records on or off (None: as they are). This proxy's only: ``start_ingress`` changes every
+        proxy's and stores them for the proxies started later (``_configure_all``)."""
         st = self.state
         most = st.max_body_bytes if max_body_bytes is None else max_body_bytes
         timeout = st.request_timeout_s if request_timeout_s == "keep" else request_timeout_s
@@ -1508,7 +1509,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     binds ``host`` (default 127.0.0.1) and ``port`` (default 8000; 0: any free port) on its
     node; ``worker_port`` (default: ``port``) is what the other nodes' proxies bind (0 on a
     one-host test cluster: any free port each). A running set of proxies on another host or
-    port raises ``rankcore.InvalidConfig``; new limits are applied to the head's proxy.
+    port raises ``rankcore.InvalidConfig``; new limits (and ``enable_access_log``) are applied to
+    every running proxy and stored with the proxies' settings (``_configure_all``), so a proxy the
+    controller starts later (restarted after a crash, on another node) has them too.
     ``enable_access_log`` (Serve's ``LoggingConfig`` field; None: the running proxy's, else
     ``access.ENABLE_ACCESS_LOG``) and ``logs_dir`` (where its ``access.jsonl`` goes; a new
     proxy's only): docs/metrics.md. ``proxy_options`` (``rankcore.ProxyOptions``: the drain's
@@ -1516,7 +1519,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     (import paths of generated ``add_XServicer_to_server``; Serve's ``gRPCOptions``) turns on gRPC
     beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py). The connection
     limits (``header_timeout_s``, ``max_header_bytes``, ``max_connections``; ``"keep"`` / None: as
-    they are, the defaults on a new proxy) are applied to the head's proxy once it runs."""
+    they are, the defaults on a new proxy) are ``ProxySettings`` fields as the other two."""
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
     from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
@@ -1547,6 +1550,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port, worker_port=worker_port,
             max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
             request_timeout_s=REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s,
+            header_timeout_s=HEADER_TIMEOUT_S if header_timeout_s == "keep" else header_timeout_s,
+            max_header_bytes=MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes,
+            max_connections=MAX_CONNECTIONS if max_connections == "keep" else max_connections,
             enable_access_log=_next["enable_access_log"] if enable_access_log is None else enable_access_log,
             logs_dir=logs_dir, options=options, actor_class=HttpIngress,
             grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers)
@@ -1596,7 +1602,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     if max_connections != "keep":
         connection["max_connections"] = max_connections
     if max_body_bytes is not None or request_timeout_s != "keep" or enable_access_log is not None or connection:
-        ray.get(actor.configure.remote(max_body_bytes, request_timeout_s, enable_access_log, **connection))
+        _configure_all(actor, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
+                       enable_access_log=enable_access_log, **connection)
     return actor, tuple(address)
 
 
@@ -1630,7 +1637,7 @@ def set_access_log(enabled: bool) -> None:
     except ValueError:
         _next["enable_access_log"] = enabled
         return
-    ray.get(actor.configure.remote(enable_access_log=enabled))
+    _configure_all(actor, enable_access_log=enabled)
 
 
 def expose(handle: Any, route_prefix: str | None = None, port: int | None = None,
@@ -1652,13 +1659,32 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
 
 def _reload_others() -> None:
     """The other nodes' proxies take the routes the head's saved (a new one loads them as it starts)."""
+    _on_others(lambda actor: actor.reload_routes.remote())
+
+
+def _configure_all(head: Any, **changes: Any) -> dict:
+    """``changes`` (``HttpIngress.configure``'s keywords) applied to the head's proxy (which checks
+    them), then what it runs with stored in the proxies' settings (``proxies.save_configured``: a
+    proxy the controller starts from now on, restarted or on another node, starts with it) and
+    applied to the other nodes' proxies. Returns what the head's runs with."""
+    from ..control.proxies import save_configured
+
+    now = ray.get(head.configure.remote(**changes))
+    save_configured(now)
+    _on_others(lambda actor: actor.configure.remote(**now))
+    return now
+
+
+def _on_others(call: Any) -> None:
+    """``call(actor)`` (a remote call) for each other node's proxy, waited for (one going away is
+    skipped: its successor starts from what is stored)."""
     from ..control.proxies import proxy_names
 
     refs = []
     for name in proxy_names():
         if name != INGRESS_NAME:
             try:
-                refs.append(ray.get_actor(name, namespace=NAMESPACE).reload_routes.remote())
+                refs.append(call(ray.get_actor(name, namespace=NAMESPACE)))
             except ValueError:
                 pass
     for ref in refs:
