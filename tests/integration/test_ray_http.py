@@ -35,6 +35,7 @@ from executors.ray_gpu.ingress.http import (
 )
 
 from .conftest import ROOT
+from .test_ray_metrics import scrape, total
 from .test_ray_wire_fuzz import connect, error_answer, exchange, read_until_closed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -553,6 +554,43 @@ def test_connection_limits_survive_a_proxy_restart(base):
             s.close()
         start_ingress(max_header_bytes=MAX_HEADER_BYTES, max_connections=MAX_CONNECTIONS)
     assert httpx.post(f"{base}/add", json={"args": [1, 2]}, timeout=30).json() == 3
+
+
+def test_guard_answers_are_measured_and_logged(base):
+    """The connection guard's answers (a head too large 431, one too slow 408, one not HTTP 400, a
+    connection too many 503) are counted in ``/metrics`` and have an access record, as any answer:
+    they were only counted in ``/-/status.json``."""
+    host, port = ingress_address()
+    p = {"host": host, "port": port}
+    actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        before = scrape(c)
+        configure(header_timeout_s=0.5)
+        try:
+            flood = b"GET /add HTTP/1.1\r\nHost: x\r\nX-Fat: " + b"v" * (MAX_HEADER_BYTES + 10) + b"\r\n\r\n"
+            assert exchange(p, flood, within=5)[0] == 431
+            assert exchange(p, b"POST /add/echo HTTP/1.1\r\nHost: x\r\nContent-Le", within=5)[0] == 408
+            assert exchange(p, b"GARBAGE\r\n\r\n", within=5)[0] == 400
+        finally:
+            configure(header_timeout_s=10.0)
+        after = scrape(c)
+    reqs = "ray_serve_num_http_requests_total"
+    for labels in ({"status_code": "431", "route": "/add", "method": "GET", "application": "adder"},
+                   {"status_code": "408", "route": "/add", "method": "POST", "application": "adder"},
+                   {"status_code": "400", "route": "", "method": ""}):
+        assert total(after, reqs, **labels) == total(before, reqs, **labels) + 1, labels
+    assert total(after, "ray_serve_num_http_error_requests_total", error_code="431") == \
+        total(before, "ray_serve_num_http_error_requests_total", error_code="431") + 1
+    assert total(after, "ray_serve_http_request_latency_ms_count", status_code="408") == \
+        total(before, "ray_serve_http_request_latency_ms_count", status_code="408") + 1
+    records = ray.get(actor.access_records.remote(3))
+    got = [(r["status"], r["method"], r["route"], r["path"], r["deployment"], r["replica"]) for r in records["records"]]
+    assert got == [(431, "GET", "/add", "/add", "adder", None), (408, "POST", "/add", "/add/echo", "adder", None),
+                   (400, "", "", "", None, None)], got
+    late = records["records"][1]
+    assert late["latency_ms"] >= 400 and late["bytes"] > 0 and late["request_id"], late
+    with open(records["path"]) as fp:  # (the access log itself)
+        assert late["request_id"] in fp.read()
 
 
 # ------------------------------------------------------------------ rankcore serve

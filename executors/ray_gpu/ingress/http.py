@@ -15,7 +15,8 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 * limits on what a hostile client can hold (issue 40): a request head within
   ``header_timeout_s`` (408) and ``max_header_bytes`` (431), at most ``max_connections``
   (503), a body within ``request_timeout_s`` (408), JSON at most ``MAX_JSON_DEPTH`` deep
-  (400); a request the parser cannot read is a JSON 400 too (``_guarded``);
+  (400); a request the parser cannot read is a JSON 400 too (``_guarded``); these answers
+  are counted and logged as any other (``_Ingress.refused``);
 * progress while waiting (``Accept: text/event-stream`` or ``?progress=1``):
   server-sent events ``queued`` / ``loading`` / ``dispatched`` / ``running``,
   then ``done`` with the result or ``error``;
@@ -697,16 +698,35 @@ class _Ingress:
                        nbytes: int) -> None:
         """One request answered (``_Observe``): counted in the metrics, and its access record
         written (with its replica's rank: ``rank_of``)."""
-        deployment, replica = note["deployment"], note["replica"]
-        self.metrics.request(route=note["route"], method=method, deployment=deployment, status=status,
-                             latency_ms=latency_ms)
+        self._measured(note, method, status, latency_ms)
         if not self.access.enabled:
             return
-        rank = await self.rank_of(deployment, replica) if replica is not None else None
+        replica = note["replica"]
+        rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
+        self._logged(note, method, path, status, latency_ms, nbytes, rank)
+
+    def refused(self, method: str, path: str, status: int, latency_ms: float, nbytes: int) -> str:
+        """A request answered by the connection guard (``_guarded``: 400, 408, 431, 503), before the app
+        saw it: counted and logged as ``observed`` does any other (route and deployment those its path
+        matches, where the request line was read; no replica). Returns its new request id."""
+        found = match_route(self.routes, path) if path else None
+        rid = request_id_of(None)
+        note = {"route": found[0] if found else "", "deployment": found[1] if found else "", "replica": None,
+                "request_id": rid}
+        self._measured(note, method, status, latency_ms)
+        self._logged(note, method, path, status, latency_ms, nbytes, None)
+        return rid
+
+    def _measured(self, note: dict, method: str, status: int, latency_ms: float) -> None:
+        self.metrics.request(route=note["route"], method=method, deployment=note["deployment"], status=status,
+                             latency_ms=latency_ms)
+
+    def _logged(self, note: dict, method: str, path: str, status: int, latency_ms: float, nbytes: int,
+                rank: int | None) -> None:
         self.access.write({"time": round(time.time(), 6), "request_id": note["request_id"], "method": method,
-                           "route": note["route"], "path": path, "deployment": deployment or None,
-                           "replica": replica, "rank": rank, "status": status, "latency_ms": round(latency_ms, 3),
-                           "bytes": nbytes})
+                           "route": note["route"], "path": path, "deployment": note["deployment"] or None,
+                           "replica": note["replica"], "rank": rank, "status": status,
+                           "latency_ms": round(latency_ms, 3), "bytes": nbytes})
 
     async def rank_of(self, deployment: str, replica: str) -> int | None:
         """``replica``'s global rank as the controller last said (asked again when older than
@@ -956,6 +976,12 @@ class _Observe:
 # ------------------------------------------------------------------ the connection limits
 _REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",
             503: "Service Unavailable"}
+#: the methods a refused request's record may name (its ``method`` label: another token is "", so a
+#: hostile client cannot grow the metrics' label sets)
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"})
+#: how much of a refused request's head is kept to read its method and path from (a longer request
+#: line: its path is not recorded)
+_LINE_KEPT = 2048
 
 
 def _guarded(base: type, ingress: _Ingress) -> type:
@@ -964,7 +990,9 @@ def _guarded(base: type, ingress: _Ingress) -> type:
     ``max_connections`` open (503 past it, before anything is read), a request head within
     ``header_timeout_s`` (408, or closed when nothing was sent) and ``max_header_bytes`` (431, counted
     as the bytes arrive, before the parser buffers them), and uvicorn's own 400 for what its parser
-    cannot read answered as the ingress's JSON error. Each closes the connection. (A protocol object
+    cannot read answered as the ingress's JSON error. Each closes the connection, and is counted in the
+metrics and the access records as any answer (``_Ingress.refused``: the method and path its request
+line gave, when it was read; latency from the head's first byte). (A protocol object
     per connection; uvicorn's attributes used: ``connections``, ``transport``, ``cycle``, ``loop``,
     ``conn`` (h11), ``send_400_response``.)"""
     h11 = "h11" in base.__module__
@@ -975,6 +1003,8 @@ def _guarded(base: type, ingress: _Ingress) -> type:
         _tail = b""  # its last 3 bytes (a head's end, CRLF CRLF, may straddle two reads)
         _in_head = False  # (httptools) between a message's first byte and its complete head
         _piped = 0  # (httptools) bytes received while a request runs and the next one's head is incomplete
+        _line = b""  # the start of the last head begun (up to ``_LINE_KEPT`` bytes: its request line)
+        _began = 0.0  # (the loop's clock) when it began, or when the connection was made
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -986,6 +1016,7 @@ def _guarded(base: type, ingress: _Ingress) -> type:
         # ------------------------------------------------------------ asyncio's calls
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            self._began = self.loop.time()
             most = ingress.max_connections
             if most is not None and len(self.connections) > most:
                 self._answer(503, "too_many_connections", f"{most} connections are open (max_connections={most})")
@@ -1011,11 +1042,16 @@ def _guarded(base: type, ingress: _Ingress) -> type:
                 if self._in_head:  # (httptools: the next request's head, pipelined, buffered by the parser)
                     self._piped += len(data)
                     if self._piped > ingress.max_header_bytes:
+                        self._line = b""  # (not the running request's line: this one's is unknown)
                         self._refused_head()
 
         def _head_within(self, data: bytes) -> bool:
             """Count ``data`` into the head under way (up to its end, CRLF CRLF); False (and 431
             answered, before the parser buffers any of it) when the head is above ``max_header_bytes``."""
+            if not self._head_fed:  # (a new head: its first bytes)
+                self._line, self._began = b"", self.loop.time()
+            if len(self._line) < _LINE_KEPT and b"\r\n" not in self._line:
+                self._line += data[:_LINE_KEPT - len(self._line)]
             seen = self._tail + data
             end = seen.find(b"\r\n\r\n")
             size = self._head_fed + (len(data) if end < 0 else end + 4 - len(self._tail))
@@ -1046,15 +1082,30 @@ def _guarded(base: type, ingress: _Ingress) -> type:
                                                   f"{ingress.max_header_bytes}")
 
         def _answer(self, status: int, error: str, detail: str) -> None:
-            """Answer the JSON error (written as is: the parser's state no longer matters) and close."""
+            """Answer the JSON error (written as is: the parser's state no longer matters) and close;
+            counted (``/-/status.json``), measured and logged (``_Ingress.refused``)."""
             self._disarm()
             if self.transport.is_closing():
                 return
             body = json.dumps({"error": error, "detail": detail, "deployment": None}).encode()
+            method, path = self._request_line()
+            rid = ingress.refused(method, path, status, (self.loop.time() - self._began) * 1000.0, len(body))
             self.transport.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
-                                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+                                 f"content-length: {len(body)}\r\n{REQUEST_ID_HEADER}: {rid}\r\n"
+                                 f"connection: close\r\n\r\n".encode() + body)
             self.transport.close()
             ingress._count(status, error, detail, None)
+
+        def _request_line(self) -> tuple[str, str]:
+            """The method and path of the head refused, as far as its request line was read ("" for
+            what was not, or is not a method or an origin-form path)."""
+            line, ended, _ = self._line.partition(b"\r\n")
+            parts = line.split(b" ")
+            method = parts[0].decode("latin-1")
+            method = method if method in _HTTP_METHODS else ""
+            target = parts[1] if len(parts) > 1 and (ended or len(parts) > 2) else b""
+            path = target.partition(b"?")[0].decode("latin-1")
+            return method, path if path.startswith("/") else ""
 
         # ------------------------------------------------------------------ the head's clock
         def _no_request(self) -> bool:
