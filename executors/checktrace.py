@@ -347,7 +347,10 @@ class _Checker:
             return
         rid, dep, rank = rec["replica"], rec["deployment"], rec["rank"]
         if rid is not None and dep is not None and rank is not None and not rec["stale"]:
-            self.dep(dep).grank[rid] = rank[0]
+            # (what it held before the step, when the trace said it: the event's record shows it
+            # after, and a replica drained beside its successor is after the step on a spare rank,
+            # rankcore.control.moves.start_beside; the replacement's check wants the rank it held)
+            self.dep(dep).grank.setdefault(rid, rank[0])
 
     def _in_step(self, rec: dict, line: int, kind: str, outside: str) -> Any:
         """The step ``rec`` belongs to: one is open and ``rec`` is at its time."""
@@ -641,11 +644,16 @@ class _Checker:
                                             f"the state after the step says {r['rank']}")
         # a placed replica whose rank changed in this step gets a rank reconfigure
         if not st.recovered:
+            succeeded = {(c["deployment"], c["fields"]["replaces"]) for c in st.commands
+                         if c["type"] == "StartReplica" and c["fields"].get("replaces") is not None}
             for name, rid, was, now in st.changes:
                 if (was is None or now is None or was["rank"] is None or was["rank"][1] is None
-                        or now["phase"] in ("failed", "pending")):
+                        or now["phase"] in ("failed", "pending")
+                        or (now["phase"] == "stopping" and (name, rid) in succeeded)):
                     # (a FAILED replica's process is stopped: told its rank on restart; a pending
-                    # one was never initialised: placed again elsewhere, its PlaceReplica says where)
+                    # one was never initialised: placed again elsewhere, its PlaceReplica says where;
+                    # one stopped with a drain while its successor takes its ranks keeps a spare entry
+                    # it is never told, as it takes no new call: rankcore.control.moves.start_beside)
                     continue
                 rep.checks["rank_change"] += 1
                 if now["rank"] != was["rank"] and (name, rid) not in sent:
