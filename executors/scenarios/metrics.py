@@ -20,7 +20,7 @@ CONTIGUITY = ("rank", "node_rank", "local_rank", "any")
 
 
 _START, _RECONFIGURE, _STOP = rc.StartReplica, rc.ReconfigureReplica, rc.StopReplica
-_RECOVERED, _READY = rc.ControllerRecovered, rc.ReplicaReady
+_RECOVERED, _READY, _HEALTH = rc.ControllerRecovered, rc.ReplicaReady, rc.HealthChecked
 #: where Deployment.counts keeps the serving phases
 _RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
 _CONTIGUOUS = (False, False, False, False)
@@ -337,10 +337,12 @@ class Metrics:
                 m.starts += 1
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
-                    if (old is not None and old.retiring) or rc.is_held(before.cluster, cmd.replica_id) \
-                            or after.replica(cmd.replaces) is not None:
+                    if kind is not _HEALTH and ((old is not None and old.retiring)
+                                                or rc.is_held(before.cluster, cmd.replica_id)
+                                                or after.replica(cmd.replaces) is not None):
                         # a rollout's successor (a gang's, held until its gang stopped; a surge's, its
-                        # predecessor still draining), not a crash's replacement
+                        # predecessor still draining), not a crash's replacement (an unhealthy replica's
+                        # is one, even while its predecessor drains: rankcore.control.health)
                         m.rollout_replacements += 1
                     else:
                         self._crashed_at.setdefault((cmd.deployment, cmd.lineage), t)

@@ -4,12 +4,24 @@ The executor checks each running replica every ``health_check_period_s``
 (``InitializeReplica`` carries it), bounds each check by
 ``health_check_timeout_s``, and reports every outcome as ``HealthChecked``.
 The core counts failures in a row per replica (``Replica.health_failures``); a
-passing check resets the count; at ``health_check_failure_threshold`` it stops
-the replica at once (``StopReplica`` with no drain: it is not serving) and
-replaces it on its rank (its gang too, under ``restart_gang``), as Ray Serve's
-controller does after 3 failed checks. Checks of a replica not serving (still
-starting, being stopped) change nothing: Ray Serve checks only running
-replicas.
+passing check resets the count; at ``health_check_failure_threshold`` (Ray
+Serve's 3) the replica is replaced on its rank:
+
+* drained, as Ray Serve 2.60 stops an unhealthy replica by default
+  (``RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=0``: a graceful stop, so what it is
+  running may still finish), with its successor started at once on its ranks
+  and node, booked beside it while it drains (``moves.start_beside``), where
+  that node has room and nothing else is under way for the deployment (a
+  rollout, a restart backoff);
+* else killed at once (``StopReplica`` with no drain) so its room goes to its
+  successor in the same step (its gang too, under ``restart_gang``): a node
+  with no room beside it, a gang, static placement, a model booked by GPU
+  memory, a cluster the core does not place on. Serve would start the
+  replacement elsewhere or leave it pending while the old one drains; here it
+  takes the old one's room now.
+
+Checks of a replica not serving (still starting, being stopped) change nothing:
+Ray Serve checks only running replicas.
 """
 
 from __future__ import annotations
@@ -19,6 +31,8 @@ from ..base.lifecycle import Phase
 from ..base.records import updater
 from ..base.state import Deployment, Replica, Step
 from ..placement.gangs import fail_member
+from . import restarts
+from .moves import start_beside
 from .passes import finish
 from .transaction import Tx, put_replica, stop_command
 
@@ -40,6 +54,12 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
     if failures < dep.config.health.health_check_failure_threshold:
         tx.put(put_replica(dep, rep, _with_failures(rep, failures)))
         return finish(tx)
+    unhealthy = _with_failures(rep, failures)  # (kept on its record while it drains: it was stopped as unhealthy)
+    if not dep.rolling and not dep.retiring and not (tx.view.clock and restarts.backoff_s(dep)):
+        drained = start_beside(tx, dep, unhealthy)
+        if drained is not None:
+            tx.put(drained)
+            return finish(tx)
     tx.emit(stop_command(dep, rep.replica_id, now=True))  # unhealthy: its process goes, its rank is replaced
     tx.put(fail_member(tx, dep, rep))
     return finish(tx)

@@ -3,7 +3,10 @@ Ray controller, which decides nothing and reports facts.
 
 * health checks: a replica whose ``check_health`` stops answering is reported
   ``HealthChecked(healthy=False)`` every period and replaced on its rank after
-  the deployment's threshold (the core's ``StopReplica`` with 0 s);
+  the deployment's threshold: drained (what it runs finishes) while its
+  successor starts beside it where its node has room, as Ray Serve drains an
+  unhealthy replica; killed at once (the core's ``StopReplica`` with 0 s) where
+  its node has none;
 * restart backoff: a constructor that raises the first N times gets ever later
   ``StartReplica``s, and the deployment is UNHEALTHY, then HEALTHY;
 * graceful shutdown: a downscale drains a call in flight within
@@ -91,9 +94,10 @@ def call(dep: str, rid: str, method: str, *args):
 
 
 # --------------------------------------------------------------- health checks
-@deployment(name="hangs", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
-            health_check_period_s=0.3, health_check_timeout_s=0.5, health_check_failure_threshold=3)
-class Hangs:
+_CHECKS = dict(health_check_period_s=0.3, health_check_timeout_s=0.5, health_check_failure_threshold=3)
+
+
+class _Hangs:
     def __init__(self):
         self.hung = False
 
@@ -105,24 +109,40 @@ class Hangs:
         if self.hung:
             await asyncio.sleep(3600)  # never answers: every check times out
 
+    async def slow(self, seconds: float):
+        await asyncio.sleep(seconds)
+        return get_replica_context().replica_id
+
     def __call__(self):
         return get_replica_context().rank.rank
 
 
-def test_a_replica_whose_checks_stop_answering_is_replaced_after_the_threshold():
+#: room beside each replica (a twentieth of a CPU each on a 4-CPU node): an unhealthy one is drained
+Hangs = deployment(_Hangs, name="hangs", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
+                   graceful_shutdown_timeout_s=10.0, **_CHECKS)
+#: two GPUs each on the module's 4-GPU node: no room beside them, an unhealthy one is killed at once
+HangsFull = deployment(_Hangs, name="hangsfull", num_replicas=2, ray_actor_options={"num_cpus": 0.05, "num_gpus": 2},
+                       graceful_shutdown_timeout_s=10.0, **_CHECKS)
+
+
+def _hang_one(d) -> tuple[str, dict, dict, str, list[dict], object]:
+    """Deploy ``d``, hang its highest rank with a 4 s call in flight on it, wait until it is replaced
+    and healthy again: (victim, ranks before, ranks after, its successor, the trace's records, the
+    call's ObjectRef)."""
     import ray
 
     ctl = get_controller()
     ask(ctl, "reset")
     ask(ctl, "record", {"scenario": "health"})
-    apply(Hangs)
-    assert ask(ctl, "wait_healthy", "hangs", 60)
-    ranks = ask(ctl, "ranks", "hangs")
+    apply(d)
+    assert ask(ctl, "wait_healthy", d.name, 60)
+    ranks = ask(ctl, "ranks", d.name)
     victim = max(ranks, key=lambda rid: ranks[rid][0])
-    assert ray.get(call("hangs", victim, "hang"), timeout=10) == victim
-    assert wait_for(lambda: victim not in ask(ctl, "ranks", "hangs"), timeout=30)
-    assert ask(ctl, "wait_healthy", "hangs", 60)
-    after = ask(ctl, "ranks", "hangs")
+    assert ray.get(call(d.name, victim, "hang"), timeout=10) == victim
+    slow = call(d.name, victim, "slow", 4.0)  # in flight when the checks give up on it (~2.4 s)
+    assert wait_for(lambda: victim not in ask(ctl, "ranks", d.name), timeout=30)
+    assert ask(ctl, "wait_healthy", d.name, 60)
+    after = ask(ctl, "ranks", d.name)
     (new,) = set(after) - set(ranks)
     assert after[new][0] == ranks[victim][0]  # on its rank
     time.sleep(1.0)  # (a few checks of the new one)
@@ -131,14 +151,43 @@ def test_a_replica_whose_checks_stop_answering_is_replaced_after_the_threshold()
     checks = of(recs, "event", "HealthChecked", victim)
     failed = [r for r in checks if not r["fields"]["healthy"]]
     assert [r["fields"]["detail"] for r in failed] == ["timed out"] * 3  # the threshold, then no more checks
-    (stop,) = of(recs, "command", "StopReplica", victim)
-    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
-    assert stop["t"] >= failed[-1]["t"]
     assert of(recs, "event", "ReplicaStopped", victim)
     assert any(r["fields"]["healthy"] for r in of(recs, "event", "HealthChecked", new))  # the new one is checked
-    assert wait_for(lambda: _gone("hangs", victim), timeout=10)  # its process is gone
+    assert wait_for(lambda: _gone(d.name, victim), timeout=20)  # its process is gone
     trace_ok(text)
-    ask(ctl, "reset")
+    return victim, ranks, after, new, recs, slow
+
+
+def test_an_unhealthy_replica_with_room_beside_it_is_drained_while_its_successor_starts():
+    """Ray Serve 2.60's default (``RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=0``): a graceful stop, so
+    the call it was running is answered; its successor starts at once, beside it, on its ranks."""
+    import ray
+
+    victim, ranks, after, new, recs, slow = _hang_one(Hangs)
+    assert ray.get(slow, timeout=10) == victim  # answered, not failed
+    (stop,) = of(recs, "command", "StopReplica", victim)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 10.0  # drained, not killed
+    (start,) = [r for r in of(recs, "command", "StartReplica") if r["replica"] == new]
+    (stopped,) = of(recs, "event", "ReplicaStopped", victim)
+    assert start["fields"]["replaces"] == victim and start["t"] <= stopped["t"]  # started while it drained
+    assert stop["t"] == start["t"]  # (the same step)
+    assert after[new][1:] == ranks[victim][1:]  # on its node, beside it: its node and local rank too
+    ask(get_controller(), "reset")
+
+
+def test_an_unhealthy_replica_with_no_room_beside_it_is_killed_at_once():
+    """Its node full, its room goes to its successor in the same step: killed with what it runs."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    victim, _, _, _, recs, slow = _hang_one(HangsFull)
+    with pytest.raises(RayActorError):
+        ray.get(slow, timeout=10)
+    (stop,) = of(recs, "command", "StopReplica", victim)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
+    failed = [r for r in of(recs, "event", "HealthChecked", victim) if not r["fields"]["healthy"]]
+    assert stop["t"] >= failed[-1]["t"]
+    ask(get_controller(), "reset")
 
 
 # ------------------------------------------------------------ restart backoff
