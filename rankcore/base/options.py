@@ -183,6 +183,10 @@ class HealthOptions:
     health_check_failure_threshold: int = _option(
         HEALTH_CHECK_FAILURE_THRESHOLD, f.positive_int,
         "this many failed checks in a row: the replica is stopped and replaced on its rank")
+    force_stop_unhealthy_replicas: bool = _option(
+        False, f.flag,
+        "an unhealthy replica is killed at once, its room given to its successor (Ray Serve's "
+        "RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=1); false: drained while its successor starts")
 
 
 @attrs.frozen(kw_only=True)

@@ -9,16 +9,17 @@ Serve's 3) the replica is replaced on its rank:
 
 * drained, as Ray Serve 2.60 stops an unhealthy replica by default
   (``RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=0``: a graceful stop, so what it is
-  running may still finish), with its successor started at once on its ranks
-  and node, booked beside it while it drains (``moves.start_beside``), where
-  that node has room and nothing else is under way for the deployment (a
-  rollout, a restart backoff);
+  running may still finish), with its successor started at once on its ranks:
+  booked beside it on its node where that node has room
+  (``moves.start_beside``), else waiting for a node (``moves.start_elsewhere``:
+  placed wherever there is room, or once the drain has freed its own), while
+  nothing else is under way for the deployment (a rollout, a restart backoff);
 * else killed at once (``StopReplica`` with no drain) so its room goes to its
-  successor in the same step (its gang too, under ``restart_gang``): a node
-  with no room beside it, a gang, static placement, a model booked by GPU
-  memory, a cluster the core does not place on. Serve would start the
-  replacement elsewhere or leave it pending while the old one drains; here it
-  takes the old one's room now.
+  successor in the same step (its gang too, under ``restart_gang``): with
+  ``force_stop_unhealthy_replicas`` (Serve's ``RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=1``:
+  a frozen process drains nothing, and on a full cluster its successor would
+  wait out the drain), a gang, static placement, a model booked by GPU memory,
+  a cluster the core does not place on, a rollout or a restart backoff under way.
 
 Checks of a replica not serving (still starting, being stopped) change nothing:
 Ray Serve checks only running replicas.
@@ -32,7 +33,7 @@ from ..base.records import updater
 from ..base.state import Deployment, Replica, Step
 from ..placement.gangs import fail_member
 from . import restarts
-from .moves import start_beside
+from .moves import start_beside, start_elsewhere
 from .passes import finish
 from .transaction import Tx, put_replica, stop_command
 
@@ -55,8 +56,9 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
         tx.put(put_replica(dep, rep, _with_failures(rep, failures)))
         return finish(tx)
     unhealthy = _with_failures(rep, failures)  # (kept on its record while it drains: it was stopped as unhealthy)
-    if not dep.rolling and not dep.retiring and not (tx.view.clock and restarts.backoff_s(dep)):
-        drained = start_beside(tx, dep, unhealthy)
+    if (not dep.config.health.force_stop_unhealthy_replicas and not dep.rolling and not dep.retiring
+            and not (tx.view.clock and restarts.backoff_s(dep))):
+        drained = start_beside(tx, dep, unhealthy) or start_elsewhere(tx, dep, unhealthy)
         if drained is not None:
             tx.put(drained)
             return finish(tx)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..base.cluster import Cluster
     from ..placement.clustertx import ClusterTx
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_beside", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
+__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_beside", "start_elsewhere", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
@@ -238,6 +238,32 @@ def start_beside(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
     book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
     announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
+    return dep
+
+
+def start_elsewhere(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
+    """``start_beside`` where ``rep``'s node has no room for its successor: ``rep`` is stopped with
+    a drain on a spare global rank (no node or local rank: those stay its successor's preference),
+    and keeps its booking until it has stopped; its successor
+    takes its three ranks as a crash's replacement with no node would (its node and ranks kept as a
+    preference) and waits for a node (the queue): placed by the end-of-step pass where there is
+    room, or once ``rep``'s drain has freed its own. Ray Serve's order for an unhealthy replica: a
+    graceful stop, its replacement scheduled wherever it fits. None for a gang, static placement,
+    a model booked by GPU memory, a cluster the core does not place on, a replica not running."""
+    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
+        return None
+    if rep.phase is not Phase.RUNNING or rep.node_id is None:
+        return None
+    rid = rep.replica_id
+    (new_id,) = tx.new_ids(dep.name, 1)
+    ranks = dep.ranks.replace(rid, new_id).assign(rid)  # (a spare global rank only: its node and local
+    # ranks stay its successor's preference, to take them if it is placed there)
+    old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
+    tx.emit(stop_command(dep, rid))
+    new = successor(tx, dep, rep, new_id, None, ranks)
+    counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
+    dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
+    enqueue(tx, dep, [new_id])  # (placed by the end-of-step pass, once every release of this step is done)
     return dep
 
 

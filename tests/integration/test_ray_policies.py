@@ -3,10 +3,10 @@ Ray controller, which decides nothing and reports facts.
 
 * health checks: a replica whose ``check_health`` stops answering is reported
   ``HealthChecked(healthy=False)`` every period and replaced on its rank after
-  the deployment's threshold: drained (what it runs finishes) while its
-  successor starts beside it where its node has room, as Ray Serve drains an
-  unhealthy replica; killed at once (the core's ``StopReplica`` with 0 s) where
-  its node has none;
+  the deployment's threshold: drained (what it runs finishes), as Ray Serve
+  drains an unhealthy replica, while its successor starts beside it where its
+  node has room, else waits for its room; killed at once (the core's
+  ``StopReplica`` with 0 s) under ``force_stop_unhealthy_replicas``;
 * restart backoff: a constructor that raises the first N times gets ever later
   ``StartReplica``s, and the deployment is UNHEALTHY, then HEALTHY;
 * graceful shutdown: a downscale drains a call in flight within
@@ -120,9 +120,13 @@ class _Hangs:
 #: room beside each replica (a twentieth of a CPU each on a 4-CPU node): an unhealthy one is drained
 Hangs = deployment(_Hangs, name="hangs", num_replicas=2, ray_actor_options={"num_cpus": 0.05},
                    graceful_shutdown_timeout_s=10.0, **_CHECKS)
-#: two GPUs each on the module's 4-GPU node: no room beside them, an unhealthy one is killed at once
+#: two GPUs each on the module's 4-GPU node: no room beside them, nor anywhere
 HangsFull = deployment(_Hangs, name="hangsfull", num_replicas=2, ray_actor_options={"num_cpus": 0.05, "num_gpus": 2},
                        graceful_shutdown_timeout_s=10.0, **_CHECKS)
+#: the same, an unhealthy one killed at once (Ray Serve's RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=1)
+HangsForced = deployment(_Hangs, name="hangsforced", num_replicas=2,
+                         ray_actor_options={"num_cpus": 0.05, "num_gpus": 2}, graceful_shutdown_timeout_s=10.0,
+                         force_stop_unhealthy_replicas=True, **_CHECKS)
 
 
 def _hang_one(d) -> tuple[str, dict, dict, str, list[dict], object]:
@@ -175,12 +179,29 @@ def test_an_unhealthy_replica_with_room_beside_it_is_drained_while_its_successor
     ask(get_controller(), "reset")
 
 
-def test_an_unhealthy_replica_with_no_room_beside_it_is_killed_at_once():
-    """Its node full, its room goes to its successor in the same step: killed with what it runs."""
+def test_an_unhealthy_replica_with_no_room_anywhere_is_drained_and_its_successor_takes_its_room():
+    """The cluster full, its successor waits for a node while it drains (as Serve's replacement stays
+    pending): the call it runs is answered, then its GPUs go to its successor, on its ranks."""
+    import ray
+
+    victim, ranks, after, new, recs, slow = _hang_one(HangsFull)
+    assert ray.get(slow, timeout=10) == victim  # answered, not failed
+    (stop,) = of(recs, "command", "StopReplica", victim)
+    assert stop["fields"]["graceful_shutdown_timeout_s"] == 10.0
+    (start,) = [r for r in of(recs, "command", "StartReplica") if r["replica"] == new]
+    (stopped,) = of(recs, "event", "ReplicaStopped", victim)
+    (place,) = of(recs, "command", "PlaceReplica", new)
+    assert stop["t"] == start["t"] <= stopped["t"] <= place["t"]  # started at once, placed once its room was free
+    assert after[new] == ranks[victim]  # all three ranks: its node, and its place on it
+    ask(get_controller(), "reset")
+
+
+def test_an_unhealthy_replica_under_force_stop_is_killed_at_once():
+    """``force_stop_unhealthy_replicas``: its room goes to its successor in the same step, with what it runs."""
     import ray
     from ray.exceptions import RayActorError
 
-    victim, _, _, _, recs, slow = _hang_one(HangsFull)
+    victim, _, _, _, recs, slow = _hang_one(HangsForced)
     with pytest.raises(RayActorError):
         ray.get(slow, timeout=10)
     (stop,) = of(recs, "command", "StopReplica", victim)

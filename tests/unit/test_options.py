@@ -24,6 +24,7 @@ OTHER = {
     "resources": (("GPU", 2.0),), "placement": "pack", "placement_timeout_s": 3.0, "start_timeout_s": 7.0,
     "restart_backoff_s": 2.0, "restart_backoff_max_s": 8.0, "max_constructor_retry_count": 4,
     "health_check_period_s": 1.5, "health_check_timeout_s": 4.0, "health_check_failure_threshold": 5,
+    "force_stop_unhealthy_replicas": True,
     "graceful_shutdown_wait_loop_s": 0.5, "graceful_shutdown_timeout_s": 6.0,
     "static_placement": rc.StaticPlacement.from_mapping("pg", ["n0", "n1"], {0: [0], 1: [1]}),
     "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "spare_processes": 1,

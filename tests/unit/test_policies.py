@@ -97,8 +97,9 @@ def test_a_bad_option_is_refused_naming_it(field, value, match):
 
 # ------------------------------------------------------------------ health checks
 def test_failed_health_checks_in_a_row_stop_and_replace_the_replica_on_its_rank():
+    """Under ``force_stop_unhealthy_replicas``: killed at once, its room its successor's in the same step."""
     c = Core(("n0", 2))
-    c.up(c(deploy(2)))
+    c.up(c(deploy(2, force_stop_unhealthy_replicas=True)))
     rank = c.dep().rank_of("a#0")
     assert c(rc.HealthChecked(replica_id="a#0", healthy=False, detail="timed out")) == ()
     assert c.rep("a#0").health_failures == 1
@@ -113,6 +114,22 @@ def test_failed_health_checks_in_a_row_stop_and_replace_the_replica_on_its_rank(
     assert start.replaces == "a#0" and start.global_rank == rank.rank
     assert place.node_id == "n0" and place.rank == rank  # its room, on its node, all three ranks
     assert "a#0" not in c.state.index and c.state.cluster.now == 130.0
+
+
+def test_an_unhealthy_replica_is_drained_while_its_successor_waits_for_its_room():
+    """By default (Ray Serve 2.60's): a graceful stop; its node full, its successor takes its ranks at
+    once and is placed in its room, all three ranks, once it has stopped."""
+    c = Core(("n0", 2))
+    c.up(c(deploy(2, health_check_failure_threshold=1)))
+    rank = c.dep().rank_of("a#0")
+    cmds = c(rc.HealthChecked(replica_id="a#0", healthy=False, now=130.0))
+    stop, start = cmds[:2]
+    assert kinds(cmds)[:2] == ["StopReplica", "StartReplica"] and "PlaceReplica" not in kinds(cmds)
+    assert stop.replica_id == "a#0" and stop.graceful_shutdown_timeout_s == 20.0  # drained
+    assert start.replaces == "a#0" and start.global_rank == rank.rank
+    assert c.rep("a#0").phase is rc.Phase.STOPPING and c.dep().ranks.global_rank(start.replica_id) == rank.rank
+    placed = [x for x in c(rc.ReplicaStopped(replica_id="a#0", now=131.0)) if isinstance(x, rc.PlaceReplica)]
+    assert [(p.replica_id, p.node_id, p.rank) for p in placed] == [(start.replica_id, "n0", rank)]
 
 
 def test_the_failure_threshold_is_the_deployments():
