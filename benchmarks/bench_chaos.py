@@ -256,12 +256,16 @@ class Ours:
         ray.kill(ray.get_actor(INGRESS_NAME, namespace="rankcore"), no_restart=True)
 
     def controller_view(self) -> dict:
-        """The controller's ranks (replica id -> global rank) and its state checks."""
+        """The controller's ranks (replica id -> global rank) of the replicas it has serve (not those it
+        is stopping: an unhealthy one drains on a spare rank while its successor serves) and its state
+        checks."""
         import ray
 
         from executors.ray_gpu import get_controller
 
-        ranks = {rid: v[0] for rid, v in self.handle.ranks().items() if v is not None}
+        replicas = self.handle.status()["replicas"]
+        ranks = {rid: r["rank"][0] for rid, r in replicas.items()
+                 if r.get("rank") is not None and r.get("phase") != "stopping"}
         return {"ranks": ranks, "state_errors": ray.get(get_controller().state_errors.remote(), timeout=30)}
 
     def shutdown(self) -> None:
