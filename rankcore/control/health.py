@@ -19,7 +19,8 @@ Serve's 3) the replica is replaced on its rank:
   ``force_stop_unhealthy_replicas`` (Serve's ``RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS=1``:
   a frozen process drains nothing, and on a full cluster its successor would
   wait out the drain), a gang, static placement, a model booked by GPU memory,
-  a cluster the core does not place on, a rollout or a restart backoff under way.
+  a cluster the core does not place on, a replica reconfiguring, a rollout or a
+  restart backoff under way.
 
 Checks of a replica not serving (still starting, being stopped) change nothing:
 Ray Serve checks only running replicas.
@@ -58,7 +59,9 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
     unhealthy = _with_failures(rep, failures)  # (kept on its record while it drains: it was stopped as unhealthy)
     if (not dep.config.health.force_stop_unhealthy_replicas and not dep.rolling and not dep.retiring
             and not (tx.view.clock and restarts.backoff_s(dep))):
-        drained = start_beside(tx, dep, unhealthy) or start_elsewhere(tx, dep, unhealthy)
+        drained = start_beside(tx, dep, unhealthy)
+        if drained is None:
+            drained = start_elsewhere(tx, dep, unhealthy)
         if drained is not None:
             tx.put(drained)
             return finish(tx)
