@@ -116,7 +116,7 @@ class _Request:
     """A live request (or an ended one its replica still holds: ``final`` set)."""
 
     __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "model", "attempt", "state", "replica",
-                 "slot", "ran_on", "last", "final", "reason")
+                 "slot", "ran_on", "last", "final", "reason", "tells_start")
 
     def __init__(self, rid: str, dep: _Dep, seq: int, ev: Submit) -> None:
         self.rid = rid
@@ -126,6 +126,7 @@ class _Request:
         self.stream = ev.stream
         self.deadline = ev.deadline
         self.model = ev.model_id  # its multiplexed model ("" none)
+        self.tells_start = ev.reports_started  # its Started will come (else: the machine's reports_started)
         self.attempt = 0
         self.state = _QUEUED
         self.replica: _Replica | None = None
@@ -253,7 +254,8 @@ class RequestMachine:
 
     ``reports_started``: whether the executor sends ``Started``. If not (the
     default), a dispatched request counts as started: when its replica dies it
-    is retried only if idempotent, never run twice otherwise.
+    is retried only if idempotent, never run twice otherwise (a request
+    submitted with ``Submit.reports_started`` excepted: its own start is told).
     ``remember_ended``: how many ended requests ``status`` still knows and
     late events are recognised for; an older id is unknown (``status`` gives
     None, an event for it raises ``InvalidEvent``)."""
@@ -536,7 +538,7 @@ class RequestMachine:
                 self._forget(req)
                 continue
             dep.in_flight -= 1
-            started = req.state == _RUNNING or not self.reports_started
+            started = req.state == _RUNNING or not (self.reports_started or req.tells_start)
             if not started:
                 req.state = _QUEUED
                 dep.queue.put_back(req)

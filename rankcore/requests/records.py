@@ -94,7 +94,11 @@ class Submit:
     again after a replica died while running it; ``stream``: its answer is a
     stream (never retried once started: the caller may hold part of it);
     ``deadline``: on the executor's clock, compared only with ``Tick.now``;
-    ``model_id``: Serve's multiplexed model id. Ids must be unique among the machine's live and remembered requests."""
+    ``model_id``: Serve's multiplexed model id; ``reports_started``: the executor
+    will send this request's ``Started`` (a call whose replica tells it began,
+    as ``RequestMachine(reports_started=True)`` says of every request): if its
+    replica dies before, it never ran, and it is queued again, not failed.
+    Ids must be unique among the machine's live and remembered requests."""
 
     request_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
@@ -104,6 +108,7 @@ class Submit:
     #: the multiplexed model it asks for ("" none): routed to a replica that holds it
     #: (``rankcore.requests.route_model``)
     model_id: str = attrs.field(default="", validator=f.text)
+    reports_started: bool = attrs.field(default=False, validator=f.flag)
 
 
 @attrs.frozen(kw_only=True)

@@ -6,6 +6,8 @@ under load: nothing lost, idempotent calls retried, the others failed naming the
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -43,6 +45,9 @@ class Model:
     def slow_read(self, seconds: float) -> str:
         time.sleep(seconds)
         return get_replica_context().replica_id
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class Ingress:
@@ -238,6 +243,37 @@ def test_a_generator_method_streams_over_http_as_ndjson():
         last = [json.loads(line) for line in r.text.splitlines() if line]
         assert r.status_code == 200 and last[0] == 0
         assert last[-1]["error"] == "application_error" and "broke after the first of 2" in last[-1]["detail"], last
+
+
+def test_a_progress_call_that_never_began_on_a_replica_that_died_is_sent_to_another():
+    """A progress call tells the router when it began (its marker): one dispatched to a replica that
+    died before beginning it never ran, and is answered by another replica; a plain call there
+    counts as begun once dispatched, and fails naming the replica (never run twice)."""
+    h = run(deployment(Model, name="unstarted", num_replicas=2, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
+    victim = sorted(h.ranks())[0]
+    actor = ray.get_actor(actor_name("unstarted", victim), namespace=NAMESPACE)
+    pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=30)
+    os.kill(pid, signal.SIGSTOP)  # a wedged process: what is sent to it never begins
+    try:
+        calls = [("progress", h.options(progress=True).slow.remote(0.2)) for _ in range(2)]
+        calls += [("plain", h.slow.remote(0.2)) for _ in range(2)]  # (least loaded: one of each kind each)
+        time.sleep(0.5)
+        on_victim = {kind for kind, resp in calls if (st := resp.status()) is not None and st.replica_id == victim}
+        assert on_victim == {"progress", "plain"}, [(k, r.status()) for k, r in calls]
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    outcomes = []
+    for kind, resp in calls:
+        try:
+            outcomes.append((kind, resp.result(timeout=60)))
+        except rc.ReplicaDied as exc:
+            outcomes.append((kind, f"died on {exc.replica_id}"))
+    progress = [o for k, o in outcomes if k == "progress"]
+    plain = sorted(o for k, o in outcomes if k == "plain")
+    assert all(o.startswith("unstarted#") and o != victim for o in progress), outcomes  # both answered, elsewhere
+    assert plain[0] == f"died on {victim}" and plain[1].startswith("unstarted#") and plain[1] != victim, outcomes
+    c = h.counters()
+    assert c.lost == 0 and c.failed == 1 and c.answered == 3 and c.retried == 0
 
 
 def test_a_progress_call_reports_running_over_http_and_through_the_handle():

@@ -57,6 +57,7 @@ class RequestMachineProps(RuleBasedStateMachine):
         self.log: list[tuple[Any, Any]] = []  # (event, actions or the error's type)
         self.limits: dict[str, tuple[int, int]] = {}  # deployment -> (max_ongoing, max_queued)
         self.ids: list[str] = []
+        self.tells: dict[str, bool] = {}  # whether its Started will be told (its own, or the machine's)
         self.order: dict[str, int] = {}  # submission order
         self.dep_of: dict[str, str] = {}
         self.ended: set[str] = set()
@@ -105,7 +106,17 @@ class RequestMachineProps(RuleBasedStateMachine):
     @rule(dep=st.sampled_from(DEPS), i=st.integers(0, 3),
           membership=st.sampled_from(("serving", "serving", "draining", "gone")))
     def pool_changed(self, dep: str, i: int, membership: str) -> None:
-        self.feed(rc.PoolChanged(deployment=dep, replica_id=REPLICAS[dep][i], membership=membership))
+        rid = REPLICAS[dep][i]
+        unstarted = [r for r in self.ids if self.tells.get(r, self.reports_started) and r not in self.ended
+                     and (s := self.m.status(r)) is not None and s.state == "dispatched" and s.replica_id == rid]
+        attempts = {r: self.m.status(r).attempt for r in unstarted}  # type: ignore[union-attr]
+        out = self.feed(rc.PoolChanged(deployment=dep, replica_id=rid, membership=membership))
+        if membership == "gone":  # what never started there is queued again (or sent on, or refused as any
+            # queued request when nothing serves), not failed nor retried
+            failed = {a.request_id for a in out if isinstance(a, Failed)}
+            for r in unstarted:
+                s = self.m.status(r)
+                assert r not in failed and s is not None and s.attempt == attempts[r], (r, s, out)
 
     @rule(dep=st.sampled_from(DEPS), who=st.lists(st.sampled_from(("serving", "draining", "out")), min_size=4,
                                                  max_size=4), coming=st.booleans(), clash=st.booleans())
@@ -130,16 +141,19 @@ class RequestMachineProps(RuleBasedStateMachine):
             assert sorted(view[rid].models) == sorted(models)
 
     @rule(dep=st.sampled_from(DEPS + DEPS + (UNKNOWN_DEP,)), idempotent=st.booleans(), stream=st.booleans(),
-          deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS))
-    def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None, model: str) -> None:
+          deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS), tells=st.booleans())
+    def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None, model: str,
+               tells: bool) -> None:
         rid = f"q{len(self.ids)}"
         before = len(self.m.queued(dep))
         pool = self.m.pool(dep)
         self.order[rid] = len(self.ids)
         self.dep_of[rid] = dep
         self.ids.append(rid)
+        self.tells[rid] = tells or self.reports_started
         out = self.feed(Submit(request_id=rid, deployment=dep, idempotent=idempotent, stream=stream,
-                               deadline=None if deadline is None else self.now + deadline, model_id=model))
+                               deadline=None if deadline is None else self.now + deadline, model_id=model,
+                               reports_started=tells))
         sent = [a.replica_id for a in out if isinstance(a, Dispatch)]
         if model and sent:  # the routing rule: a free holder of its model if there is one, else fewest models
             limit = self.limits.get(dep, (5, -1))[0]

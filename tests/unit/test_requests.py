@@ -314,6 +314,27 @@ def test_without_started_reports_a_dispatched_request_counts_as_started():
     assert out == [] and m.status("r1").attempt == 1 and m.counters(D).retried == 1
 
 
+def test_a_request_that_reports_its_start_is_queued_again_if_its_replica_dies_before():
+    """``Submit.reports_started`` (a Ray progress call): its own start is told, whatever the machine's
+    default: dead before ``Started``, it never ran and goes to another replica; dead after, it fails
+    (not idempotent) as any started request."""
+    m = machine("a", "b", reports_started=False, max_ongoing_requests=1)
+    assert where(submit(m, "r0", reports_started=True)) == {"r0": "a"}
+    assert where(submit(m, "r1")) == {"r1": "b"}  # a plain one: counts as started once dispatched
+    assert submit(m, "r2", reports_started=True) == []  # queued behind them
+    out = m.handle(rc.PoolChanged(deployment=D, replica_id="a", membership="gone"))
+    assert where(out) == {} and not [a for a in out if isinstance(a, Failed)]
+    assert [r for r in m.queued(D)] == ["r0", "r2"] and m.status("r0").attempt == 0  # at the head, again
+    m.handle(rc.PoolChanged(deployment=D, replica_id="c", membership="serving"))
+    assert m.status("r0").state == "dispatched" and m.status("r0").replica_id == "c"
+    m.handle(Started(request_id="r0", replica_id="c"))
+    out = m.handle(rc.PoolChanged(deployment=D, replica_id="c", membership="gone"))
+    assert [(type(a), a.request_id) for a in out if isinstance(a, Failed)] == [(Failed, "r0")]  # it had started
+    out = m.handle(rc.PoolChanged(deployment=D, replica_id="b", membership="gone"))
+    assert [(type(a), a.request_id) for a in out if isinstance(a, Failed)] == [(Failed, "r1")]
+    no_loss(m)
+
+
 def test_pool_reset_unlisted_replicas_are_gone_listed_take_their_membership():
     m = machine("a", "b", "c")
     submit(m, "r0")  # a
