@@ -656,7 +656,12 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         t = time.perf_counter()
         url = system.deploy()
         res["deploy_s"] = time.perf_counter() - t
-        load = Load(url, system.grpc_target, system.handle, args)
+        # (ours' handle callers ask for progress with --handle-progress: their start is told, so one that
+        # never began on a replica that died is sent to another; Serve's router always waits for a replica
+        # to accept a request before counting it sent)
+        handle = system.handle.options(progress=True) if args.handle_progress and system_name == "ours" \
+            else system.handle
+        load = Load(url, system.grpc_target, handle, args)
         load.start()
         time.sleep(args.warmup)
         chaos = Chaos(system, load, cluster, args, chaos_dir, rng)
@@ -906,7 +911,8 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
     rows = summarise(results, args.faults)
     version = next((r.get("ray_version") for runs in results.values() for r in runs if r.get("ray_version")), "?")
     print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
-          f"{args.handle_clients} handle + {args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
+          f"{args.handle_clients} handle{' (ours: progress calls)' if args.handle_progress else ''} + "
+          f"{args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
           f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
                "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
@@ -961,6 +967,8 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
             "--budget", str(args.budget), "--soak", str(args.soak), "--soak-every", str(args.soak_every),
             "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s)]
+    if args.handle_progress:
+        argv.append("--handle-progress")
     limit = args.budget + args.soak + args.settle_timeout + args.request_timeout + 180
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
@@ -983,6 +991,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=16, help="closed-loop HTTP clients; default 16")
     p.add_argument("--handle-clients", type=int, default=8, help="closed-loop handle callers; default 8")
     p.add_argument("--grpc-clients", type=int, default=4, help="closed-loop gRPC callers; default 4")
+    p.add_argument("--handle-progress", action="store_true",
+                   help="ours' handle callers ask for progress (handle.options(progress=True)): a call tells when "
+                        "it began, so one that never began on a replica that died is sent to another")
     p.add_argument("--work", type=float, default=0.02, help="the handler's seconds a request; default 0.02")
     p.add_argument("--faults", type=_faults, default=list(FAULTS), help=f"'all' (default) or some of {','.join(FAULTS)}")
     p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating; default 2")

@@ -38,9 +38,9 @@ router re-sends a request no replica accepted the same way; a replica that dies 
 marker and its arrival has begun it, and it runs again: the marker's flight, a fraction of a
 millisecond). Every other call counts as started once dispatched (the machine keeps
 ``reports_started=False``): when its replica dies it is retried only if idempotent, never run twice.
-A marker costs every call a Ray streaming generator instead of a plain actor call: +0.75 ms at one
-client and half the calls a second at 16 on this project's 2-core machine, which is why plain calls
-go without it.
+A marker costs every call a Ray streaming generator instead of a plain actor call: +0.65 ms at one
+client and half the calls a second at 16 on this project's 2-core machine
+(``benchmarks/bench_start_marker.py``), which is why plain calls go without it.
 
 Thread-safe: the machine is stepped under one lock, from callers' threads and
 from Ray's completion callbacks. Nothing waits on Ray while holding it: Ray runs
