@@ -24,6 +24,7 @@ from rankcore import invariants as inv
 from rankcore.base.fields import check_record, shown
 from rankcore.base.options import DeploymentConfig, SchedulingOptions
 from rankcore.base.records import maker
+from tests.hostile import OddStr
 
 GB = 10**9
 VERY_HUGE = 10**5000  # (more digits than Python turns into a string)
@@ -361,25 +362,13 @@ def test_a_recovery_repeated_after_its_deployments_have_gone_is_refused() -> Non
     assert rc.step(state, rc.ReplicaReady(replica_id="llm#0")).stale
 
 
-class _EqualsAll(str):
-    """A str that equals every other (tests/hostile.py's ``OddStr``)."""
-
-    def __eq__(self, other: object) -> bool:
-        return True
-
-    def __ne__(self, other: object) -> bool:
-        return False
-
-    __hash__ = str.__hash__
-
-
 def test_a_recovery_report_whose_tier_is_a_str_equal_to_anything_is_refused() -> None:
     # (found by the campaign on 2026-11-26: the tier passed ``in ("hot", "warm")`` and the
     # recovery's ``Residency(...)`` then raised ValueError)
     report = rc.ReplicaReport(replica_id="a#0", deployment="a", rank=0, node_id="n0")
     event = forge(rc.ControllerRecovered(deployments=(rc.DeploymentApplied(name="a", num_replicas=1),), reports=()),
-                  reports=(forge(report, tier=_EqualsAll("llm#0")),))
+                  reports=(forge(report, tier=OddStr("llm#0")),))
     with pytest.raises(rc.InvalidConfig, match="tier must be 'hot' or 'warm'"):
         rc.step(rc.State(), event)
     with pytest.raises(rc.InvalidConfig, match="tier must be 'hot' or 'warm'"):
-        rc.ReplicaReport(replica_id="a#0", deployment="a", rank=0, node_id="n0", tier=_EqualsAll("x"))
+        rc.ReplicaReport(replica_id="a#0", deployment="a", rank=0, node_id="n0", tier=OddStr("x"))
