@@ -210,60 +210,65 @@ def _replace(tx: Tx, dep: Deployment, rep: Replica, delay: float = 0.0, avoid: s
 
 def start_beside(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
     """Serving ``rep`` is stopped with a drain and its successor starts at once, in this step, on
-    its three ranks and on its node: the successor takes ``rep``'s place in the rank table and its
-    lineage; ``rep`` gets a spare entry (the lowest free global rank, a local rank beside its
-    successor's) for the rest of its drain, so every live replica still holds ranks of its own: it
-    is not told (it takes no new call) and leaves as any stopping replica does. The successor is
-    booked beside ``rep`` (``rep``'s booking is held until it has stopped), so this needs the core's
-    cluster (``Tx.managed``) and room on that node, not suspect, with nobody waiting for a node
-    longer. None where it cannot (a gang, static placement, a model booked by GPU memory, a replica
-    not running, no room there): the caller's other rule applies. A rollout's surge
-    (``rankcore.control.rollouts.surge``) and an unhealthy replica's drain
-    (``rankcore.control.health``) are its two callers."""
-    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
-        return None  # (a model booked by GPU memory is placed by the tiers' rule: rankcore.tiers.devices)
-    if rep.phase is not Phase.RUNNING:
-        return None  # (a reconfigure in flight carries its rank: it is retired the plain way, keeping it)
-    rid, node_id = rep.replica_id, rep.node_id
+    its three ranks and on its node (``_drain_into``), booked beside it (``rep``'s booking is held
+    until it has stopped), so this needs room on that node, not suspect, with nobody waiting for a
+    node longer. None where it cannot (``_drainable``, or no room there): the caller's other rule
+    applies. A rollout's surge (``rankcore.control.rollouts.surge``) and an unhealthy replica's
+    drain (``rankcore.control.health``) are its two callers."""
+    if not _drainable(tx, dep, rep):
+        return None
+    node_id = rep.node_id
     cl = tx.view
     node = cl.nodes.get(node_id) if node_id is not None else None
     if node is None or cl.suspect(node_id) or not fits(node, dep.resources) or cl.queued:  # type: ignore[arg-type]
         return None  # (no room there, or a replica waits for a node longer: first come, as bluegreen.twin)
+    return _drain_into(tx, dep, rep, node_id)
+
+
+def start_elsewhere(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
+    """``start_beside`` where ``rep``'s node has no room for its successor: its successor takes its
+    three ranks as a crash's replacement with no node would (its node and ranks kept as a
+    preference) and waits for a node (the queue): placed by the end-of-step pass where there is
+    room, or once ``rep``'s drain has freed its own (``_drain_into``). Ray Serve's order for an
+    unhealthy replica: a graceful stop, its replacement scheduled wherever it fits. None where
+    ``_drainable`` says no, or for a replica on no node."""
+    if not _drainable(tx, dep, rep) or rep.node_id is None:
+        return None
+    return _drain_into(tx, dep, rep, None)
+
+
+def _drainable(tx: Tx, dep: Deployment, rep: Replica) -> bool:
+    """Whether ``rep`` may drain while its successor starts: a running replica (a reconfigure in
+    flight carries its rank: it goes the plain way, keeping it) of a deployment the core places on
+    its cluster (``Tx.managed``), not a gang, not static, not a model booked by GPU memory (placed by
+    the tiers' rule: ``rankcore.tiers.devices``)."""
+    return (rep.phase is Phase.RUNNING and tx.managed and dep.gang_size <= 1 and dep.static is None
+            and not dep.config.tier.model_bytes)
+
+
+def _drain_into(tx: Tx, dep: Deployment, rep: Replica, node_id: str | None) -> Deployment:
+    """``rep`` stopped with a drain, its successor on its three ranks: the successor takes ``rep``'s
+    place in the rank table and its lineage, on ``node_id`` (booked there) or, None, waiting for a
+    node; ``rep`` keeps a spare entry for the rest of its drain (the lowest free global rank, and
+    a local rank beside its successor's on ``node_id``; none with no node, so that its node and
+    local ranks stay its successor's preference), so every live replica still holds ranks of its
+    own: it is not told (it takes no new call) and leaves as any stopping replica does."""
+    rid = rep.replica_id
     (new_id,) = tx.new_ids(dep.name, 1)
-    ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
+    if node_id is not None:
+        ranks = dep.ranks.replace(rid, new_id, node_id).assign(rid, node_id)
+    else:
+        ranks = dep.ranks.replace(rid, new_id).assign(rid)
     old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
     tx.emit(stop_command(dep, rid))
     new = successor(tx, dep, rep, new_id, node_id, ranks)
     counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
     dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
-    book(tx, new_id, node_id, dep.resources)  # type: ignore[arg-type]
-    announce_booking(tx, dep, new_id, node_id)  # type: ignore[arg-type]
-    return dep
-
-
-def start_elsewhere(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
-    """``start_beside`` where ``rep``'s node has no room for its successor: ``rep`` is stopped with
-    a drain on a spare global rank (no node or local rank: those stay its successor's preference),
-    and keeps its booking until it has stopped; its successor
-    takes its three ranks as a crash's replacement with no node would (its node and ranks kept as a
-    preference) and waits for a node (the queue): placed by the end-of-step pass where there is
-    room, or once ``rep``'s drain has freed its own. Ray Serve's order for an unhealthy replica: a
-    graceful stop, its replacement scheduled wherever it fits. None for a gang, static placement,
-    a model booked by GPU memory, a cluster the core does not place on, a replica not running."""
-    if dep.gang_size > 1 or dep.static is not None or not tx.managed or dep.config.tier.model_bytes:
-        return None
-    if rep.phase is not Phase.RUNNING or rep.node_id is None:
-        return None
-    rid = rep.replica_id
-    (new_id,) = tx.new_ids(dep.name, 1)
-    ranks = dep.ranks.replace(rid, new_id).assign(rid)  # (a spare global rank only: its node and local
-    # ranks stay its successor's preference, to take them if it is placed there)
-    old = _copy(rep, phase=advance(rep.phase, Trigger.STOP, rid), lineage=tx.new_lineage())
-    tx.emit(stop_command(dep, rid))
-    new = successor(tx, dep, rep, new_id, None, ranks)
-    counts = recount(recount(dep.counts, rep.phase, old.phase), None, Phase.PENDING)
-    dep = _copy(dep, replicas=dep.replicas.set(rid, old).set(new_id, new), ranks=ranks, counts=counts)
-    enqueue(tx, dep, [new_id])  # (placed by the end-of-step pass, once every release of this step is done)
+    if node_id is not None:
+        book(tx, new_id, node_id, dep.resources)
+        announce_booking(tx, dep, new_id, node_id)
+    else:
+        enqueue(tx, dep, [new_id])  # (placed by the end-of-step pass, once every release of this step is done)
     return dep
 
 
