@@ -225,6 +225,18 @@ def mutated(draw: Any, name: str, kinds: tuple[str, ...] = (*BYTE_KINDS, "value"
 ORIGINALS.update({p.name: p.read_bytes() for p in SCENARIOS})
 
 
+def refused_quickly_in_one_line(path: Path, text: str, words: str, load: Any, error: type, command: str) -> None:
+    """``text`` written to ``path`` is refused by ``load`` with an ``error`` naming ``words``, within 2 s,
+    in one line, and ``rankcore <command> path`` exits 2 with that same line."""
+    path.write_text(text)
+    t0 = time.monotonic()
+    got = load(path)
+    assert isinstance(got, error) and words in str(got), got
+    assert time.monotonic() - t0 < 2.0
+    one_line(str(got))
+    assert cli_refuses([command, str(path)]) == f"error: {got}\n"
+
+
 def load_or_refuse(path: Path) -> Scenario | ScenarioError:
     with bounded():
         try:
@@ -285,15 +297,8 @@ REFUSED_SCENARIOS = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED_SCENARIOS))
 def test_hostile_scenarios_are_refused_quickly_in_one_line(case: str, workdir: Path) -> None:
-    text, words = REFUSED_SCENARIOS[case]
-    path = workdir / f"{case}.yaml"
-    path.write_text(text)
-    t0 = time.monotonic()
-    got = load_or_refuse(path)
-    assert isinstance(got, ScenarioError) and words in str(got), got
-    assert time.monotonic() - t0 < 2.0
-    one_line(str(got))
-    assert cli_refuses(["simulate", str(path)]) == f"error: {got}\n"
+    refused_quickly_in_one_line(workdir / f"{case}.yaml", *REFUSED_SCENARIOS[case], load_or_refuse, ScenarioError,
+                                "simulate")
 
 
 def test_non_utf8_and_unreadable_scenarios_are_one_line(workdir: Path) -> None:
@@ -484,15 +489,8 @@ REFUSED_CONFIGS = {
 
 @pytest.mark.parametrize("case", sorted(REFUSED_CONFIGS))
 def test_hostile_configs_are_refused_quickly_in_one_line(case: str, workdir: Path) -> None:
-    text, words = REFUSED_CONFIGS[case]
-    path = workdir / f"{case}.yaml"
-    path.write_text(text)
-    t0 = time.monotonic()
-    got = load_config_or_refuse(path)
-    assert isinstance(got, cf.ConfigError) and words in str(got), got
-    assert time.monotonic() - t0 < 2.0
-    one_line(str(got))
-    assert cli_refuses(["deploy", str(path)]) == f"error: {got}\n"
+    refused_quickly_in_one_line(workdir / f"{case}.yaml", *REFUSED_CONFIGS[case], load_config_or_refuse,
+                                cf.ConfigError, "deploy")
 
 
 def test_a_non_utf8_config_is_one_line(workdir: Path) -> None:
