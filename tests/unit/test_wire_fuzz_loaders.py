@@ -225,6 +225,14 @@ def mutated(draw: Any, name: str, kinds: tuple[str, ...] = (*BYTE_KINDS, "value"
 ORIGINALS.update({p.name: p.read_bytes() for p in SCENARIOS})
 
 
+def a_refusal_naming_the_file(got: Exception, path: Path, command: str) -> None:
+    """A loader's refusal of ``path``: one line starting with the path, and ``rankcore <command> path``
+    exits 2 with that same line."""
+    one_line(str(got))
+    assert str(got).startswith(str(path))
+    assert cli_refuses([command, str(path)]) == f"error: {got}\n"
+
+
 def refused_quickly_in_one_line(path: Path, text: str, words: str, load: Any, error: type, command: str) -> None:
     """``text`` written to ``path`` is refused by ``load`` with an ``error`` naming ``words``, within 2 s,
     in one line, and ``rankcore <command> path`` exits 2 with that same line."""
@@ -254,9 +262,7 @@ def test_a_mutated_scenario_loads_or_is_one_scenario_error_line(data: Any, name:
     got = load_or_refuse(path)
     outcome(got)
     if isinstance(got, ScenarioError):
-        one_line(str(got))
-        assert str(got).startswith(str(path))
-        assert cli_refuses(["simulate", str(path)]) == f"error: {got}\n"
+        a_refusal_naming_the_file(got, path, "simulate")
     else:
         assert isinstance(got, Scenario)
 
@@ -386,9 +392,7 @@ def test_a_mutated_trace_checks_or_is_one_trace_format_error_line(data: Any, tra
     got = check_or_refuse(path)
     outcome(got)
     if isinstance(got, TraceFormatError):
-        one_line(str(got))
-        assert str(got).startswith(str(path))
-        assert cli_refuses(["check-trace", str(path)]) == f"error: {got}\n"
+        a_refusal_naming_the_file(got, path, "check-trace")
     else:
         assert isinstance(got, TraceReport)
         got.summary()
@@ -468,9 +472,7 @@ def test_a_mutated_config_loads_or_is_one_config_error_line(data: Any, name: str
     got = load_config_or_refuse(path)
     outcome(got)
     if isinstance(got, cf.ConfigError):
-        one_line(str(got))
-        assert str(got).startswith(str(path))
-        assert cli_refuses(["deploy", str(path)]) == f"error: {got}\n"
+        a_refusal_naming_the_file(got, path, "deploy")
     else:
         assert isinstance(got, cf.ServeConfig)
 
