@@ -644,12 +644,10 @@ class _Checker:
                                             f"the state after the step says {r['rank']}")
         # a placed replica whose rank changed in this step gets a rank reconfigure
         if not st.recovered:
-            succeeded = {(c["deployment"], c["fields"]["replaces"]) for c in st.commands
-                         if c["type"] == "StartReplica" and c["fields"].get("replaces") is not None}
             for name, rid, was, now in st.changes:
                 if (was is None or now is None or was["rank"] is None or was["rank"][1] is None
                         or now["phase"] in ("failed", "pending")
-                        or (now["phase"] == "stopping" and (name, rid) in succeeded)):
+                        or (now["phase"] == "stopping" and _succeeded_in(st.commands, name, rid))):
                     # (a FAILED replica's process is stopped: told its rank on restart; a pending
                     # one was never initialised: placed again elsewhere, its PlaceReplica says where;
                     # one stopped with a drain while its successor takes its ranks keeps a spare entry
@@ -836,3 +834,9 @@ def _bounded_lines(fp: Any, name: str) -> Iterator[bytes]:
         if len(line) > MAX_LINE_BYTES:
             raise TraceFormatError(f"{name}: line {n}: longer than {MAX_LINE_BYTES:,} bytes (MAX_LINE_BYTES)")
         yield line
+
+
+def _succeeded_in(commands: list[dict], deployment: str, rid: str) -> bool:
+    """A command of the step starts ``rid``'s successor (``StartReplica`` replacing it)."""
+    return any(c["type"] == "StartReplica" and c["deployment"] == deployment and c["fields"].get("replaces") == rid
+               for c in commands)
