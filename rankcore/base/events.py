@@ -282,7 +282,7 @@ class ReplicaReconfigured:
     """The replica applied reconfigure number ``version`` (answers ReconfigureReplica)."""
 
     replica_id: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.counter)
+    version: int = attrs.field(validator=f.order)
 
 
 @attrs.frozen(kw_only=True)
@@ -498,18 +498,18 @@ class ReplicaReport:
     node_id: str | None = attrs.field(default=None, validator=f.optional_name)
     phase: Phase = attrs.field(default=Phase.RUNNING, converter=_report_phase, validator=_check_report)
     world_size: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(f.counter)
+        default=None, validator=attrs.validators.optional(f.order)
     )
-    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.counter))
+    lineage: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.order))
     #: number of the last reconfigure it received (so a pending answer still matches)
-    version: int = attrs.field(default=0, validator=f.counter)
+    version: int = attrs.field(default=0, validator=f.order)
     #: the user_config it runs (UNKNOWN if not said; OUTDATED if older than the
     #: deployment's): an outdated replica is reconfigured after recovery
     user_config: Any = attrs.field(default=UNKNOWN, hash=False)
     #: where its weights are now (``"hot"``: on its GPU; ``"warm"``: asleep; a move in
     #: progress: where they still are) and the version it holds (or is being given)
     tier: str = attrs.field(default="hot", validator=_tier_name)
-    weights_version: int = attrs.field(default=0, validator=f.counter)
+    weights_version: int = attrs.field(default=0, validator=f.order)
     #: the GPUs of its node its weights are on (a deployment with ``model_bytes``, HOT):
     #: the core books them again (rankcore.tiers.devices)
     devices: tuple[int, ...] = attrs.field(default=(), converter=f.to_tuple)
@@ -540,7 +540,7 @@ class WarmCopy:
     node_id: str = attrs.field(validator=f.name)
     deployment: str = attrs.field(validator=f.name)
     replica_id: str = attrs.field(validator=f.name)
-    nbytes: int = attrs.field(validator=f.counter)
+    nbytes: int = attrs.field(validator=f.order)
 
 
 @attrs.frozen(kw_only=True)
@@ -583,8 +583,8 @@ class ControllerRecovered:
 
     deployments: tuple[DeploymentApplied, ...] = attrs.field(converter=f.to_tuple)
     reports: tuple[ReplicaReport, ...] = attrs.field(converter=f.to_tuple)
-    next_replica_number: int = attrs.field(default=0, validator=f.counter)
-    next_lineage: int = attrs.field(default=0, validator=f.counter)
+    next_replica_number: int = attrs.field(default=0, validator=f.order)
+    next_lineage: int = attrs.field(default=0, validator=f.order)
     #: stop live replicas of deployments ``deployments`` does not name. False
     #: (the default) makes such reports raise InvalidEvent instead: a
     #: forgotten spec must not silently stop a fleet.
@@ -622,7 +622,7 @@ class ControllerRecovered:
             raise InvalidConfig(f"ControllerRecovered.proxies must be the last ProxiesConfigured (or None), "
                                 f"got {f.shown(value)}")
     proxy_ids: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
-    next_proxy_number: int = attrs.field(default=0, validator=f.counter)
+    next_proxy_number: int = attrs.field(default=0, validator=f.order)
 
     @unresponsive.validator
     def _check_unresponsive(self, attribute: attrs.Attribute, value: tuple) -> None:
@@ -690,7 +690,7 @@ class WakeRequested:
     ``WeightsPushed`` of that version first."""
 
     deployment: str = attrs.field(validator=f.name)
-    weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.counter))
+    weights_version: int | None = attrs.field(default=None, validator=attrs.validators.optional(f.order))
 
 
 @attrs.frozen(kw_only=True)
@@ -700,7 +700,7 @@ class WeightsPushed:
     ``UpdateWeights``; a replica not yet initialised loads them at start."""
 
     deployment: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.counter)
+    version: int = attrs.field(validator=f.order)
 
 
 @attrs.frozen(kw_only=True)
@@ -711,7 +711,7 @@ class TierMoved:
     replica_id: str = attrs.field(validator=f.name)
     tier: str = attrs.field(validator=_tier_name)
     #: what moved, for the metrics (optional)
-    nbytes: int = attrs.field(default=0, validator=f.counter)
+    nbytes: int = attrs.field(default=0, validator=f.order)
 
 
 @attrs.frozen(kw_only=True)
@@ -728,7 +728,7 @@ class WeightsUpdated:
     """The replica holds the weights of ``version`` (answers ``UpdateWeights``)."""
 
     replica_id: str = attrs.field(validator=f.name)
-    version: int = attrs.field(validator=f.counter)
+    version: int = attrs.field(validator=f.order)
 
 
 def _to_ongoing(value: Any) -> Any:
@@ -771,7 +771,7 @@ class AutoscalingMetrics:
 
     deployment: str = attrs.field(validator=f.name)
     now: float = attrs.field(validator=f.seconds)
-    queued: int = attrs.field(default=0, validator=f.counter)
+    queued: int = attrs.field(default=0, validator=f.order)
     ongoing: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_ongoing, validator=_check_ongoing)
 
     @property
@@ -820,7 +820,7 @@ class ProxyHealthChecked:
 
     proxy_id: str = attrs.field(validator=f.name)
     healthy: bool = attrs.field(validator=f.flag)
-    ongoing: int = attrs.field(default=0, validator=f.counter)
+    ongoing: int = attrs.field(default=0, validator=f.order)
     now: float | None = attrs.field(default=None, validator=f.optional_seconds)
 
 

@@ -98,16 +98,10 @@ MAX_ORDER = 2**63 - 1
 
 
 def order(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """A non-negative int no larger than ``MAX_ORDER``."""
-    count(inst, attribute, value)
-    if value > MAX_ORDER:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be at most 2**63 - 1, got {shown(value)}")
-
-
-def counter(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """A non-negative int that a 64-bit counter holds (a version, requests queued or in flight,
-    bytes): a 400-digit count is a mistake, its average overflows a float (the autoscaler
-    divides), and one of 5,000 digits cannot even be written (a message, a trace's JSON)."""
+    """A non-negative int no larger than ``MAX_ORDER``: an order, or what a 64-bit counter holds (a
+    version, requests queued or in flight, bytes): a 400-digit count is a mistake, its average
+    overflows a float (the autoscaler divides), and one of 5,000 digits cannot even be written (a
+    message, a trace's JSON)."""
     count(inst, attribute, value)
     if value > MAX_ORDER:
         raise InvalidConfig(f"{_where(inst, attribute)} must be at most 2**63 - 1, got {shown(value)}")
@@ -278,7 +272,7 @@ _INLINE = {
     text: "type(v) is str",
     flag: "(v is True or v is False)",
     count: "(type(v) is int and v >= 0)",
-    counter: f"(type(v) is int and 0 <= v <= {MAX_ORDER})",
+    order: f"(type(v) is int and 0 <= v <= {MAX_ORDER})",
     positive_int: "(type(v) is int and v >= 1)",
     seconds: "(type(v) is float and 0.0 <= v < _inf)",
     optional_seconds: "(v is None or (type(v) is float and 0.0 <= v < _inf))",
