@@ -61,6 +61,10 @@ class Latency:
         return f"{self.dist}(" + ", ".join(f"{n}={v:g}" for n, v in zip(names, self.params)) + ")"
 
 
+#: the largest number a latency, a bandwidth or a scenario's other numbers may be: a float holds it and
+#: its sums stay finite (nan, infinities and ints no float holds are above it); nothing a count or a time
+#: needs is near it
+MAX_NUMBER = 1e300
 #: a lognormal's largest sigma: its samples are ``median * exp(z * sigma)``, which overflows a float past
 #: e^709 (z of a sample is within +-14 short of 1 in 10^40); 50 is already a spread of e^+-50 around the median
 LOGNORMAL_MAX_SIGMA = 50.0
@@ -74,7 +78,7 @@ def parse_latency(value: Any) -> Latency:
     if isinstance(value, bool):
         raise ValueError(f"a latency must be a number of seconds or a mapping, got {value!r}")
     if isinstance(value, (int, float)):
-        if not 0 <= value < 1e300:  # (nan, infinities, an int no float holds)
+        if not 0 <= value < MAX_NUMBER:  # (nan, infinities, an int no float holds)
             raise ValueError(f"a latency must be >= 0 seconds (a finite number), got {value!r:.40}")
         return Latency("constant", (float(value),))
     if not isinstance(value, dict):
@@ -91,7 +95,7 @@ def parse_latency(value: Any) -> Latency:
         if n not in value:
             raise ValueError(f"{dist} needs '{n}'")
         v = value[n]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e300:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < MAX_NUMBER:
             raise ValueError(f"'{n}' must be a number >= 0 (finite), got {v!r:.40}")
         params.append(float(v))
     if dist == "uniform" and params[0] > params[1]:
@@ -130,6 +134,6 @@ class Transfer:
 
 def parse_bandwidth(value: Any) -> Transfer:
     """A bandwidth in GB/s, a number > 0. Raises ValueError naming what is wrong."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e300:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < MAX_NUMBER:
         raise ValueError(f"a bandwidth must be a number of GB/s > 0, got {value!r:.40}")
     return Transfer(float(value))
