@@ -131,14 +131,15 @@ class YamlTooBig(ValueError):
         self.mark = mark
 
 
-def check_yaml_bounds(text: str) -> None:
-    """Refuse (``YamlTooBig``) a document above the bounds, in one pass over its parse events (no
-    recursion, nothing built: the expanded size is counted per anchor). A syntax error ends the pass
-    quietly: the caller's parse reports it, having gone no deeper than this pass saw (libyaml's parser
-    reads it first, PyYAML's again where libyaml found an error: theirs may differ)."""
+def check_yaml_bounds(text: str, what: str = "the file") -> None:
+    """Refuse (``YamlTooBig``) a document (``what``: how a size past the bound names it) above the
+    bounds, in one pass over its parse events (no recursion, nothing built: the expanded size is
+    counted per anchor). A syntax error ends the pass quietly: the caller's parse reports it, having
+    gone no deeper than this pass saw (libyaml's parser reads it first, PyYAML's again where libyaml
+    found an error: theirs may differ)."""
     size = len(text) if len(text) * 4 <= MAX_YAML_BYTES else len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_YAML_BYTES:
-        raise YamlTooBig(f"the file is {size:,} bytes, above {MAX_YAML_BYTES:,} (MAX_YAML_BYTES)")
+        raise YamlTooBig(f"{what} is {size:,} bytes, above {MAX_YAML_BYTES:,} (MAX_YAML_BYTES)")
     fast = getattr(yaml, "CSafeLoader", None)  # (libyaml: PyYAML's own scanner takes ~1 s to refuse 10,000 '[')
     if fast is None or not _events_bounded(text, fast):
         _events_bounded(text, yaml.SafeLoader)  # (the parser the loaders use, where libyaml stopped short)
