@@ -27,7 +27,6 @@ app's own are one line of text.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from typing import Any
@@ -38,22 +37,18 @@ import rankcore as rc
 
 from ..api import config as cf
 from ..ingress.http import (
-    _HUGE_NUMBER,
     HEADER_TIMEOUT_S,
     MAX_BODY_BYTES,
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
-    MAX_JSON_DEPTH,
     REQUEST_TIMEOUT_S,
     _check_connection_limits,
     _check_limits,
-    _depth_within,
     _Gone,
     _guarded,
-    _has_infinity,
     _Ingress,
-    _no_constant,
     _Reply,
+    read_json,
     server_stack,
 )
 from . import apps
@@ -90,17 +85,7 @@ def config_of(body: bytes) -> Any:
     ``MAX_JSON_DEPTH`` (a loop checks it: nothing recurses that deep), or not an object."""
     if not body.strip():
         return {}
-    deep = f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
-    try:
-        data = json.loads(body, parse_constant=_no_constant)
-    except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
-        raise _Reply(400, "bad_request", f"request body: not valid JSON: {exc}") from None
-    except RecursionError:
-        raise _Reply(400, "bad_request", f"request body: {deep}") from None
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(data, MAX_JSON_DEPTH):
-        raise _Reply(400, "bad_request", f"request body: {deep}")
-    if _HUGE_NUMBER.search(body) and _has_infinity(data):
-        raise _Reply(400, "bad_request", "request body: a number is beyond a 64-bit float (JSON has no infinity)")
+    data = read_json(body, "not valid JSON: {}", "a number is beyond a 64-bit float", prefix="request body: ")
     if not isinstance(data, dict):
         raise _Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
                                          f"{type(data).__name__ if data is not None else 'null'}")

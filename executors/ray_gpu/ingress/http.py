@@ -67,7 +67,8 @@ from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enabl
 
 __all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
            "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
-           "start_ingress", "expose", "ingress_address", "proxies", "args_of", "status_of", "check_route_prefix", "make_app",
+           "start_ingress", "expose", "ingress_address", "proxies", "args_of", "read_json", "status_of", "check_route_prefix",
+           "make_app",
            "set_access_log", "METRICS_PATH"]
 
 #: Ray Serve's defaults: loopback only, port 8000
@@ -174,16 +175,7 @@ def args_of(body: bytes) -> tuple[tuple, dict]:
     Not JSON: ``_Reply`` 400."""
     if not body.strip():
         return (), {}
-    try:
-        value = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as exc:  # (UnicodeDecodeError is a ValueError)
-        raise _Reply(400, "bad_request", f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        raise _Reply(400, "bad_request", f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)") from None
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
-        raise _Reply(400, "bad_request", f"the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)")
-    if _HUGE_NUMBER.search(body) and _has_infinity(value):  # (1e999 reads as inf: an answer could not hold it)
-        raise _Reply(400, "bad_request", "a number in the body is beyond a 64-bit float (JSON has no infinity)")
+    value = read_json(body, "the body is not JSON: {}", "a number in the body is beyond a 64-bit float")
     if isinstance(value, dict) and value and set(value) <= {"args", "kwargs"}:
         args, kwargs = value.get("args", []), value.get("kwargs", {})
         if not isinstance(args, list):
@@ -192,6 +184,27 @@ def args_of(body: bytes) -> tuple[tuple, dict]:
             raise _Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
         return tuple(args), kwargs
     return (value,), {}
+
+
+def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
+    """A body's JSON value, or ``_Reply`` 400 saying why not, each message after ``prefix``:
+    ``not_json`` (with ``{}``: the parser's words) for what is not UTF-8 JSON or is NaN/Infinity,
+    "the body is nested deeper than MAX_JSON_DEPTH" (a loop checks it: nothing recurses that deep),
+    ``huge`` + " (JSON has no infinity)" for a number past a double (1e999 reads as inf: an answer
+    could not hold it). The HTTP ingress (``args_of``) and the REST server (``rest.config_of``) read
+    their bodies with it."""
+    deep = f"{prefix}the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
+        raise _Reply(400, "bad_request", prefix + not_json.format(exc)) from None
+    except RecursionError:
+        raise _Reply(400, "bad_request", deep) from None
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
+        raise _Reply(400, "bad_request", deep)
+    if _HUGE_NUMBER.search(body) and _has_infinity(value):
+        raise _Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
+    return value
 
 
 def _no_constant(name: str) -> Any:
