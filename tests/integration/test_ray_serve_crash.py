@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,7 @@ from pathlib import Path
 import httpx
 
 from .conftest import ROOT, ray_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .ports import free_port
 
 
 def _descendants(pid: int) -> set[int]:
@@ -90,7 +84,7 @@ def _until_served(proc: subprocess.Popen, port: int, route: str, log: Path) -> N
 
 
 def test_a_second_serve_after_a_killed_one_starts_clean_on_the_same_port(tmp_path):
-    port = _free_port()
+    port = free_port()
     first = _serve(port, "/served", tmp_path / "first.log")
     everything: set[int] = set()
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from datetime import timedelta
 
@@ -35,6 +34,7 @@ from executors.ray_gpu import (
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.conftest import ray_env
+from tests.integration.ports import free_port
 from tests.integration.waiting import wait_for
 
 FAST = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
@@ -82,12 +82,6 @@ def clean(cluster):
 def rankcore_groups() -> list[str]:
     return [i["name"] for i in placement_group_table().values()
             if i["name"].startswith("rankcore:") and i["state"] != "REMOVED"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def whoami() -> dict:
