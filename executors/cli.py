@@ -684,15 +684,21 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
 
     import rankcore as rc
 
+    from .ray_gpu.api.deployments import run as ray_run
+    from .ray_gpu.ingress.http import check_port, expose, start_ingress
+
     app = _load_app(target)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
+        try:  # (a local Ray is ours: its proxy's port, in use, is named before Ray starts)
+            check_port(host, port)
+        except rc.InvalidConfig as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
         ray.init(address="local", include_dashboard=False, log_to_driver=False)
-    from .ray_gpu.api.deployments import run as ray_run
-    from .ray_gpu.ingress.http import expose, start_ingress
 
     try:
         start_ingress(host, port, max_body_bytes=max_body_bytes,

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import httpx
 import pytest
 import ray
 
+import rankcore as rc
 from executors.ray_gpu import deployment, run
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import (
@@ -642,3 +644,31 @@ def test_reset_stops_the_ingress_and_forgets_its_routes_and_port(base):
         assert c.get("/-/routes").json() == {"/again": "again"}
         assert c.get("/again").json() == "here"
         assert c.get("/add").status_code == 404
+
+
+def test_a_head_proxy_that_cannot_bind_is_named_at_once_and_another_port_waits_for_a_reset():
+    """The head's proxy fails to start (its port held by another process): ``start_ingress`` says
+    why as soon as it fails (not "did not start within 30 s"), a second call on another port is
+    told the proxies are set to the first one and why they never served, and a reset frees them."""
+    from executors.ray_gpu import get_controller
+    from executors.ray_gpu.api.deployments import ask
+
+    from .ports import free_port
+
+    ask(get_controller(), "reset")
+    port = free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        with pytest.raises(rc.InvalidConfig, match=rf"did not start: InvalidConfig: the HTTP ingress cannot listen "
+                                                    rf"on 127\.0\.0\.1:{port}: .*in use"):
+            start_ingress(port=port)
+        other = free_port()
+        with pytest.raises(rc.InvalidConfig, match=rf"set to 127\.0\.0\.1:{port}, where the head node's proxy did "
+                                                    rf"not start .*cannot listen.*rankcore shutdown"):
+            start_ingress(port=other)
+    ask(get_controller(), "reset")
+    start_ingress(port=other)
+    assert ingress_address() == ("127.0.0.1", other)
+    assert httpx.get(f"http://127.0.0.1:{other}/-/healthz", timeout=10.0).status_code == 200
+    ask(get_controller(), "reset")

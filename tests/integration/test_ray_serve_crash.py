@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -121,3 +122,22 @@ def test_a_second_serve_after_a_killed_one_starts_clean_on_the_same_port(tmp_pat
         except subprocess.TimeoutExpired:
             second.kill()
     assert second.returncode == 0, (tmp_path / "second.log").read_text()[-2000:]
+
+
+def test_a_port_in_use_is_named_at_once_and_no_ray_is_started(tmp_path):
+    """``rankcore serve`` on a port another process listens on exits 2 naming the address, before
+    it starts a local Ray (it used to start one and give up after 30 s, "see the controller log")."""
+    port = free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        proc = _serve(port, "/served", tmp_path / "held.log")
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = (tmp_path / "held.log").read_text()
+    assert proc.returncode == 2, out[-2000:]
+    assert f"the HTTP ingress cannot listen on 127.0.0.1:{port}" in out and "in use" in out, out[-2000:]
+    assert "Started a local Ray" not in out, out[-2000:]

@@ -771,6 +771,9 @@ class Controller:
         pr = self.carrier.proxies
         if pr.settings is not None and (pr.settings.host, pr.settings.port) != (settings.host, settings.port) \
                 and settings.port != 0:
+            failure = await self.head_proxy_failure()
+            if failure is not None:  # (configured, but the head's never served: say why)
+                raise rc.InvalidConfig(f"{failure}, then serve on {settings.host}:{settings.port}")
             raise rc.InvalidConfig(f"the proxies already run on {pr.settings.host}:{pr.settings.port}, not "
                                    f"{settings.host}:{settings.port} (one set of proxies per cluster)")
         if pr.settings is not None and settings.grpc_servicer_functions and \
@@ -780,6 +783,7 @@ class Controller:
                                    f"not {list(settings.grpc_servicer_functions)} on {settings.grpc_port} (reset first)")
         if pr.settings is not None and not set_options:
             settings = attrs.evolve(settings, options=pr.settings.options)  # (where they run stays as set)
+        pr.head_error = None  # (a start that fails from now on is this call's answer: its port in use ...)
         if pr.settings is None or pr.settings.options != settings.options:
             if not self.ledger.nodes:
                 self.watcher.sync_nodes()  # (the core learns the nodes before it places proxies)
@@ -794,11 +798,22 @@ class Controller:
             head = self.driver.state.proxies.proxies.get(pr.head) if pr.head is not None else None
             return head is not None and head.phase is rc.ProxyPhase.HEALTHY
 
-        ok = await _until(head_serves, timeout)
+        ok = await _until(lambda: head_serves() or pr.head_error is not None, timeout)
+        if not head_serves() and pr.head_error is not None:
+            raise rc.InvalidConfig(f"the head node's proxy did not start: {pr.head_error}")
         if not ok:
             raise rc.InvalidConfig(f"the head node's proxy did not start within {timeout:g} s "
                                    f"({self.ledger.errors[-1] if self.ledger.errors else 'see the controller log'})")
         return INGRESS_NAME
+
+    async def head_proxy_failure(self) -> str | None:
+        """Why the head node's proxy does not serve, where its last start failed (its port in use ...),
+        and how to start over: ``start_ingress``'s answer while it fails; None while it serves."""
+        pr = self.carrier.proxies
+        if pr.head_error is None or pr.settings is None:
+            return None
+        return (f"the proxies are set to {pr.settings.host}:{pr.settings.port}, where the head node's proxy did not "
+                f"start ({pr.head_error}); `rankcore shutdown` resets them")
 
     async def set_proxy_options(self, options: rc.ProxyOptions) -> None:
         """Where proxies run changes (a config file's ``proxy_location``): the core is told."""

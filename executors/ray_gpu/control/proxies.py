@@ -125,6 +125,15 @@ class _Live:
         self.checked = 0.0  # (monotonic) when it was last asked
 
 
+def _why(exc: BaseException) -> str:
+    """An actor's creation error in one line: Ray's text of it ends with the traceback's last line,
+    ``module.Class: message``, given as ``Class: message``."""
+    lines = [line for line in str(getattr(exc, "cause", None) or exc).splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else repr(exc)
+    kind, sep, message = last.partition(": ")
+    return f"{kind.rsplit('.', 1)[-1]}: {message}" if sep and " " not in kind else last
+
+
 class Proxies:
     """Every proxy the core started (module docstring), and the settings they start with."""
 
@@ -139,6 +148,8 @@ class Proxies:
         self.settings: ProxySettings | None = None
         self.head: str | None = None
         self.live: dict[str, _Live] = {}  # proxy id -> the proxy
+        #: why the head node's proxy last failed to start (its port in use ...): ``start_proxies`` reports it
+        self.head_error: str | None = None
         self._loop: asyncio.Task | None = None
 
     # ---------------------------------------------------------- configure
@@ -213,12 +224,16 @@ class Proxies:
         except Exception as exc:
             self.ledger.spawn(_stop(p.actor, 0.0))  # (a half-started proxy may hold its ports)
             if self.live.get(p.proxy_id) is p and not p.stopping:
+                if head:
+                    self.head_error = _why(exc)
                 self._died(p, f"did not start: {getattr(exc, 'cause', None) or exc}")
             return
         if self.live.get(p.proxy_id) is not p or p.stopping:
             self.ledger.spawn(_stop(p.actor))  # (stopped while it started: made all the same, so killed)
             return
         p.ready = True
+        if head:
+            self.head_error = None
         self.ledger.spawn(self._watch(p))
         self.ledger.feed(rc.ProxyStarted(proxy_id=p.proxy_id, now=self.ledger.now()))
 
@@ -248,7 +263,7 @@ class Proxies:
         for p in self.live.values():
             p.stopping = True
         self.live.clear()
-        self.settings = self.head = None
+        self.settings = self.head = self.head_error = None
         for name in proxy_names():
             try:
                 actors.append(ray.get_actor(name, namespace=NAMESPACE))

@@ -65,7 +65,7 @@ from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
-__all__ = ["INGRESS_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
+__all__ = ["INGRESS_NAME", "check_port", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
            "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
            "start_ingress", "expose", "ingress_address", "proxies", "args_of", "read_json", "status_of", "check_route_prefix",
            "make_app",
@@ -1490,6 +1490,32 @@ def _default_logs_dir() -> str | None:
         return None
 
 
+def _bound(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (OSError: the address is in use, or not this host's)."""
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
+    # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def check_port(host: str | None, port: int | None) -> None:
+    """``rankcore.InvalidConfig`` now when the head's proxy could not listen on ``host:port``
+    (defaults as ``start_ingress``'s), as ``_listen`` would say it: ``rankcore serve`` asks before
+    it starts a local Ray, so a port in use is named at once, not after the proxy's start fails."""
+    host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
+    try:
+        _bound(host, port).close()
+    except OSError as exc:
+        raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
+
+
 def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
     """The listening socket. Port 0 (any free port): the port an earlier incarnation of the
     head's proxy bound, where it is free, so that a restarted one keeps its address
@@ -1500,15 +1526,9 @@ def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
         if last:
             tries.insert(0, last)
     for i, p in enumerate(tries):
-        # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
-        # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock.bind((host, p))
+            sock = _bound(host, p)
         except OSError as exc:
-            sock.close()
             if i + 1 < len(tries):
                 continue
             raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
@@ -1646,6 +1666,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             address = ray.get(actor.ready.remote())
             break
         except RayActorError as exc:  # (one the core gave up on: its successor takes the name)
+            failure = ray.get(controller_actor().head_proxy_failure.remote())
+            if failure is not None:  # (its start fails: the reason, not a minute's wait)
+                raise rc.InvalidConfig(failure) from None
             if time.monotonic() > deadline:
                 cause = getattr(exc, "cause", None) or exc
                 raise rc.InvalidConfig(f"the HTTP ingress did not start: {cause}") from None
