@@ -22,7 +22,7 @@ import pytest
 import ray
 
 import rankcore as rc
-from executors.ray_gpu import deployment, run
+from executors.ray_gpu import delete, deployment, run
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import (
     INGRESS_NAME,
@@ -234,6 +234,46 @@ def test_unknown_method_404_names_the_deployment_and_its_methods_before_any_call
         assert "Traceback" not in body["detail"]
     assert submitted() == before
     assert client.post("/add/echo", json=1).json() == {"args": [1], "kwargs": {}}  # a method it has: served
+
+
+@deployment(name="evolving", num_replicas=1, ray_actor_options=OPTS)
+class EvolvingV1:
+    def kept(self):
+        return "v1"
+
+    def dropped(self):
+        return "v1"
+
+
+@deployment(name="evolving", num_replicas=1, ray_actor_options=OPTS)
+class EvolvingV2:
+    def kept(self):
+        return "v2"
+
+    def added(self):
+        return "v2"
+
+
+def test_new_code_under_a_kept_route_is_called_by_its_own_methods(client):
+    """``run`` of new code without route arguments keeps the deployment's route: the methods HTTP may
+    call are the new class's (one it adds is served, one it drops is a 404 before anything is sent),
+    not those read when the route was added."""
+    run(EvolvingV1.bind(), route_prefix="/evolving")
+    try:
+        assert client.get("/evolving/dropped").json() == "v1"
+        assert error_of(client.get("/evolving/added"))["error"] == "unknown_method"
+        run(EvolvingV2.bind())
+        assert client.get("/-/routes").json()["/evolving"] == "evolving"
+        assert client.get("/evolving/added").json() == "v2"
+        assert client.get("/evolving/kept").json() == "v2"
+        r = client.get("/evolving/dropped")
+        assert r.status_code == 404 and error_of(r)["error"] == "unknown_method", r.text[:300]
+        assert "added, kept" in error_of(r)["detail"]
+    finally:
+        delete("evolving")
+    assert "/evolving" not in client.get("/-/routes").json()
+    s = client.get("/-/status.json").json()  # (gone from the page too, not an error there)
+    assert "evolving" not in [d["name"] for d in s["deployments"]] and s["errors"] == [], s["errors"]
 
 
 def test_bad_json_400(client):

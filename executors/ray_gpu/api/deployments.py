@@ -395,10 +395,11 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
     seen: dict[str, Deployment] = {}
     _deploy(app, ctl, timeout, seen)
     handle = DeploymentHandle(app.deployment.name, ctl)
-    if http or route_prefix is not None or port is not None:
-        from ..ingress.http import expose
+    from ..ingress.http import expose, refresh_methods
 
+    if http or route_prefix is not None or port is not None:
         expose(handle, route_prefix, port)
+    refresh_methods(seen)  # (new code under a route it keeps: the methods HTTP and gRPC may call)
     return handle
 
 

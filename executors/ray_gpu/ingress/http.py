@@ -67,7 +67,7 @@ from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enabl
 
 __all__ = ["INGRESS_NAME", "check_port", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
            "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
-           "start_ingress", "expose", "ingress_address", "proxies", "args_of", "read_json", "status_of", "check_route_prefix",
+           "start_ingress", "expose", "refresh_methods", "ingress_address", "proxies", "args_of", "read_json", "status_of", "check_route_prefix",
            "make_app",
            "set_access_log", "METRICS_PATH"]
 
@@ -830,11 +830,17 @@ class _Ingress:
     def _status(self) -> dict:
         errors: list[str] = []
 
+        gone: set[str] = set()
+
         def get(what: str, *args: Any) -> Any:
             try:
                 return _jsonable(_ask_controller(what, *args))
             except Exception as exc:
-                errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
+                if what == "deployment_status" and isinstance(getattr(exc, "cause", None), rc.UnknownDeployment) \
+                        and args[0] not in by_route:
+                    gone.add(args[0])  # (deleted: an empty pool is all the request path keeps of it)
+                else:
+                    errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
                 return None
 
         pools = get("pools") or {"members": {}, "coming": {}}
@@ -844,6 +850,8 @@ class _Ingress:
         faults = list(self.faults)
         for name in names:
             st = get("deployment_status", name)
+            if name in gone:
+                continue
             members = pools.get("members", {}).get(name, {})
             deployments.append({"name": name, "route": by_route.get(name), "status": st, "pool": members,
                                 "coming": pools.get("coming", {}).get(name), "queue": self._queue(name),
@@ -1384,6 +1392,16 @@ class HttpIngress:
         _save_routes(new, st.handles, st.methods)
         return dict(new)
 
+    def set_methods(self, methods: dict[str, tuple[str, ...] | None]) -> bool:
+        """The callable methods of deployments it routes, read again (``refresh_methods``); one it
+        does not route is left out. Whether anything changed."""
+        st = self.state
+        changed = {d: m for d, m in methods.items() if d in st.methods and st.methods[d] != m}
+        if changed:
+            st.methods = {**st.methods, **changed}
+            _save_routes(st.routes, st.handles, st.methods)
+        return bool(changed)
+
     def remove_route(self, deployment: str) -> dict[str, str]:
         st = self.state
         st.routes, st.handles = _without(st.routes, st.handles, deployment)
@@ -1742,6 +1760,23 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
         raise
     _reload_others()
     return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
+
+
+def refresh_methods(deployments: Any) -> None:
+    """The callable methods of each of ``deployments`` that has a route, read again from the class
+    the controller now holds (``run`` of new code keeps a route: a method the new class adds is
+    served, one it drops answers 404 before anything is sent). A deployment with no route: nothing."""
+    fresh = {d: _methods_of(d) for d in deployments}
+    try:
+        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+    except ValueError:  # (none runs: the routes a started one loads)
+        routes, handles, known = _load_routes()
+        changed = {d: m for d, m in fresh.items() if d in known and known[d] != m}
+        if changed:
+            _save_routes(routes, handles, {**known, **changed})
+        return
+    if ray.get(actor.set_methods.remote(fresh)):
+        _reload_others()
 
 
 def _reload_others() -> None:
