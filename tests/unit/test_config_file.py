@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -115,6 +116,15 @@ def test_json_input_errors_name_the_key_path_without_a_line(data: dict, path: st
     with pytest.raises(cf.ConfigError) as exc:
         cf.parse(data, "request body")
     assert (exc.value.source, exc.value.path, exc.value.line) == ("request body", path, None)
+
+
+@pytest.mark.parametrize("data", [None, {}, {"http_options": {"port": 8001}}, {"proxy_location": "HeadOnly"}])
+def test_a_config_without_applications_is_refused_not_applied_as_none(data: Any) -> None:
+    """An empty file or body (or one that sets only the ingress) would have deleted every
+    application; ``applications: []`` says that in so many words (Serve's schema requires it too)."""
+    with pytest.raises(cf.ConfigError, match=r"applications: missing: .*`applications: \[\]` deletes every one"):
+        cf.parse(data, "request body")
+    assert cf.parse({"applications": []}, "request body").applications == ()
 
 
 def test_a_deployments_options_are_checked_by_the_decorators_own_checks() -> None:

@@ -99,6 +99,9 @@ def test_bad_json_and_wrong_types_are_400_and_nothing_applied(server: dict, appl
         (b"{not json", "not valid JSON"),
         (b"\xff\xfe", "not valid JSON"),
         (b'{"applications": ' + b"1" * 5_000 + b"}", "not valid JSON"),  # (an int of more than 4,300 digits)
+        (b"", "empty: send the config"),
+        (b"  \n", "empty: send the config"),
+        (b"{}", "applications: missing"),
         (b"null", "must be a JSON object (the config), got null"),
         (b"[1, 2]", "must be a JSON object (the config), got list"),
         (b'"x"', "must be a JSON object (the config), got str"),

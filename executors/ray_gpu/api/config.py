@@ -373,6 +373,10 @@ def parse(data: Any, source: str = "<config>", lines: _Lines | None = None) -> S
         path, msg = errors[0] if errors else ("", str(exc))
         raise ConfigError(source, path, lines.line(path), msg) from None
     _check(cfg, source, lines)
+    if not isinstance(data, dict) or "applications" not in data:
+        # (Serve's schema requires it too: an empty file or body would delete every application)
+        raise ConfigError(source, "applications", None,
+                          "missing: a config lists its applications (`applications: []` deletes every one)")
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return attrs.evolve(cfg, warnings=tuple(notes), source=source, lines=lines)

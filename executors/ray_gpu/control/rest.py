@@ -80,11 +80,13 @@ def limits(*, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float | None
 
 
 def config_of(body: bytes) -> Any:
-    """A PUT's body -> the JSON object it holds (empty: ``{}``); ``_Reply`` 400 naming what is
-    wrong: not UTF-8 JSON, NaN or Infinity, a number past a double, nested deeper than
-    ``MAX_JSON_DEPTH`` (a loop checks it: nothing recurses that deep), or not an object."""
+    """A PUT's body -> the JSON object it holds; ``_Reply`` 400 naming what is wrong: empty (it
+    would have deleted every application), not UTF-8 JSON, NaN or Infinity, a number past a double,
+    nested deeper than ``MAX_JSON_DEPTH`` (a loop checks it: nothing recurses that deep), or not an
+    object."""
     if not body.strip():
-        return {}
+        raise _Reply(400, "bad_request", "request body: empty: send the config, a JSON object with "
+                                         "`applications` (`[]` deletes every application)")
     data = read_json(body, "not valid JSON: {}", "a number is beyond a 64-bit float", prefix="request body: ")
     if not isinstance(data, dict):
         raise _Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
