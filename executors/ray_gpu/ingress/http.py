@@ -1768,14 +1768,13 @@ def refresh_methods(deployments: Any) -> None:
     served, one it drops answers 404 before anything is sent). A deployment with no route: nothing."""
     fresh = {d: _methods_of(d) for d in deployments}
     try:
-        actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
-    except ValueError:  # (none runs: the routes a started one loads)
+        changed = ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).set_methods.remote(fresh))
+    except (ValueError, RayActorError):  # (none runs, or it is restarting: the routes a started one loads)
         routes, handles, known = _load_routes()
         changed = {d: m for d, m in fresh.items() if d in known and known[d] != m}
         if changed:
             _save_routes(routes, handles, {**known, **changed})
-        return
-    if ray.get(actor.set_methods.remote(fresh)):
+    if changed:
         _reload_others()
 
 
