@@ -2,7 +2,7 @@
 (ingress/grpc_proxy.py): ``UNIMPLEMENTED`` naming the deployment, the method and the class's methods,
 before anything is sent, as an HTTP ``<prefix>/<method>`` the class lacks is a 404 (the methods
 ``expose`` stored: ``http.public_methods``). A method of no service stays gRPC's own ``UNIMPLEMENTED``.
-No Ray: the proxy's gRPC server runs in this process in front of an ``http._Ingress`` whose handle
+No Ray: the proxy's gRPC server runs in this process in front of an ``http.IngressState`` whose handle
 is a stand-in that records what it is asked to send."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import grpc
 from grpc import aio
 
 from executors.ray_gpu.ingress.grpc_proxy import GrpcFront
-from executors.ray_gpu.ingress.http import _cancel, _Ingress, public_methods, status_of
+from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods, status_of
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
@@ -54,7 +54,7 @@ class Handle:
 
 def test_a_method_the_class_lacks_is_unimplemented_and_nothing_is_sent() -> None:
     sent: list[str] = []
-    ingress = _Ingress({"/wire": "wire"}, {"wire": Handle(sent)}, 1 << 20, 30.0)
+    ingress = IngressState({"/wire": "wire"}, {"wire": Handle(sent)}, 1 << 20, 30.0)
     ingress.methods = {"wire": public_methods(Wire)}
 
     async def main() -> list[tuple[str, Any, str]]:

@@ -18,7 +18,7 @@ Hostile clients meet the HTTP ingress's limits, its constants and its code (``in
 declared there once): a body above ``MAX_BODY_BYTES`` is 413 (by its Content-Length before it is
 read, else as it streams), a body still arriving after ``REQUEST_TIMEOUT_S`` 408, JSON nested
 deeper than ``MAX_JSON_DEPTH``, not JSON, NaN or a number past a double, or not an object 400;
-and on the connection (``_guarded``, the ingress's uvicorn protocol): a request head within
+and on the connection (``guarded``, the ingress's uvicorn protocol): a request head within
 ``HEADER_TIMEOUT_S`` (408, or closed when nothing came) and ``MAX_HEADER_BYTES`` (431), at most
 ``MAX_CONNECTIONS`` open (503). Those connection-level answers are the ingress's JSON errors; the
 app's own are one line of text.
@@ -42,12 +42,12 @@ from ..ingress.http import (
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
     REQUEST_TIMEOUT_S,
-    _check_connection_limits,
-    _check_limits,
-    _Gone,
-    _guarded,
-    _Ingress,
-    _Reply,
+    ClientGone,
+    IngressState,
+    Reply,
+    check_connection_limits,
+    check_limits,
+    guarded,
     read_json,
     server_stack,
 )
@@ -67,34 +67,34 @@ PATH = "/api/serve/applications/"
 
 def limits(*, max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float | None = REQUEST_TIMEOUT_S,
            header_timeout_s: float | None = HEADER_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES,
-           max_connections: int | None = MAX_CONNECTIONS) -> _Ingress:
-    """The REST server's limits, held as the HTTP ingress holds its own (an ``_Ingress`` with no
+           max_connections: int | None = MAX_CONNECTIONS) -> IngressState:
+    """The REST server's limits, held as the HTTP ingress holds its own (an ``IngressState`` with no
     route: what its body reader and connection guard read, and the answers they counted), so the
     two servers share one definition of each limit and one piece of code enforcing it."""
-    _check_limits(max_body_bytes, body_timeout_s)
-    _check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
-    held = _Ingress({}, {}, max_body_bytes, body_timeout_s)
+    check_limits(max_body_bytes, body_timeout_s)
+    check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
+    held = IngressState({}, {}, max_body_bytes, body_timeout_s)
     held.header_timeout_s, held.max_header_bytes, held.max_connections = header_timeout_s, max_header_bytes, \
         max_connections
     return held
 
 
 def config_of(body: bytes) -> Any:
-    """A PUT's body -> the JSON object it holds; ``_Reply`` 400 naming what is wrong: empty (it
+    """A PUT's body -> the JSON object it holds; ``Reply`` 400 naming what is wrong: empty (it
     would have deleted every application), not UTF-8 JSON, NaN or Infinity, a number past a double,
     nested deeper than ``MAX_JSON_DEPTH`` (a loop checks it: nothing recurses that deep), or not an
     object."""
     if not body.strip():
-        raise _Reply(400, "bad_request", "request body: empty: send the config, a JSON object with "
+        raise Reply(400, "bad_request", "request body: empty: send the config, a JSON object with "
                                          "`applications` (`[]` deletes every application)")
     data = read_json(body, "not valid JSON: {}", "a number is beyond a 64-bit float", prefix="request body: ")
     if not isinstance(data, dict):
-        raise _Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
+        raise Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
                                          f"{type(data).__name__ if data is not None else 'null'}")
     return data
 
 
-def make_app(held: _Ingress | None = None) -> Any:
+def make_app(held: IngressState | None = None) -> Any:
     """The starlette app (its handlers call ``apps``; each runs in starlette's thread pool: they
     wait on Ray); ``held``: its limits (``limits()``'s defaults when None)."""
     from starlette.applications import Starlette
@@ -113,11 +113,11 @@ def make_app(held: _Ingress | None = None) -> Any:
             return Response(status_code=200)
         try:  # PUT
             data = config_of(await held._body(request))  # (413 past the body cap, 408 when it stops arriving)
-        except _Reply as exc:
+        except Reply as exc:
             # (answered maybe before the body's end: the connection closed, so a trickled rest holds nothing)
             return PlainTextResponse(exc.detail, status_code=exc.status,
                                      headers={"Connection": "close"} if exc.status != 400 else None)
-        except _Gone:  # (its client closed before the body's end: nobody to answer)
+        except ClientGone:  # (its client closed before the body's end: nobody to answer)
             return Response(status_code=499)
         try:
             cfg = cf.parse(data, "request body")
@@ -169,7 +169,7 @@ class RestServer:
             from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
         # ws="none": no route takes a WebSocket; timeout_keep_alive: uvicorn's wait for a next request
         self.server = Server(uvicorn.Config(make_app(self.limits), log_level="warning", access_log=False,
-                                            lifespan="off", http=_guarded(protocol, self.limits), ws="none",
+                                            lifespan="off", http=guarded(protocol, self.limits), ws="none",
                                             timeout_keep_alive=5))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[sock])),
                                        name=REST_NAME, daemon=True)

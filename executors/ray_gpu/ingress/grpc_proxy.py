@@ -8,13 +8,13 @@ application named by its ``application`` metadata (a routed deployment's name; w
 routed deployment, that one whatever it says: Serve's rule), and that deployment's method
 of the RPC's name is called with the request message and returns the response message
 (unary), or yields them (a generator method: server streaming). It runs on the HTTP
-server's event loop and goes through the same request path (``http._Ingress.call``: the
+server's event loop and goes through the same request path (``http.IngressState.call``: the
 handle, ``request_timeout_s``, cancellation).
 
 Errors map to status codes: bytes that are not the method's request message ``INVALID_ARGUMENT``,
 a message above ``max_body_bytes`` (or metadata above ``max_header_bytes``) ``RESOURCE_EXHAUSTED``,
 an unknown method ``UNIMPLEMENTED`` (gRPC's; also a method of the services that the deployment's class
-lacks, before anything is sent: ``http._Ingress.unknown_method``); an unknown or missing application ``NOT_FOUND``; overloaded or
+lacks, before anything is sent: ``http.IngressState.unknown_method``); an unknown or missing application ``NOT_FOUND``; overloaded or
 no replica ``UNAVAILABLE``; past ``request_timeout_s`` ``DEADLINE_EXCEEDED``; the
 application's own exception ``INTERNAL`` with its message; a client that cancels (or whose
 deadline passes) cancels the call through the handle (its slot on the replica is freed;
@@ -134,7 +134,7 @@ class GrpcFront:
     """The proxy's gRPC server: one ``grpc.aio`` server on the HTTP server's loop."""
 
     def __init__(self, ingress: Any, servicer_functions: Sequence[str], status_of: Any, cancel: Any) -> None:
-        self.ingress = ingress  # (http._Ingress: routes, handles, the request path)
+        self.ingress = ingress  # (http.IngressState: routes, handles, the request path)
         #: http.status_of (an error's HTTP status, mapped to a code here) and http._cancel, handed in:
         #: this module does not import http.py, which starts it
         self.status_of, self._cancel = status_of, cancel

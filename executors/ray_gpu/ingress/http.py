@@ -15,8 +15,8 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 * limits on what a hostile client can hold (issue 40): a request head within
   ``header_timeout_s`` (408) and ``max_header_bytes`` (431), at most ``max_connections``
   (503), a body within ``request_timeout_s`` (408), JSON at most ``MAX_JSON_DEPTH`` deep
-  (400); a request the parser cannot read is a JSON 400 too (``_guarded``); these answers
-  are counted and logged as any other (``_Ingress.refused``);
+  (400); a request the parser cannot read is a JSON 400 too (``guarded``); these answers
+  are counted and logged as any other (``IngressState.refused``);
 * progress while waiting (``Accept: text/event-stream`` or ``?progress=1``):
   server-sent events ``queued`` / ``loading`` / ``dispatched`` / ``running``,
   then ``done`` with the result or ``error``;
@@ -68,7 +68,7 @@ from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enabl
 __all__ = ["INGRESS_NAME", "check_port", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
            "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
            "start_ingress", "expose", "refresh_methods", "ingress_address", "proxies", "args_of", "read_json", "status_of", "check_route_prefix",
-           "make_app",
+           "make_app", "IngressState", "Reply", "ClientGone", "guarded", "check_limits", "check_connection_limits",
            "set_access_log", "METRICS_PATH"]
 
 #: Ray Serve's defaults: loopback only, port 8000
@@ -81,7 +81,7 @@ MAX_BODY_BYTES = 1 << 20
 #: after this long too (408, the connection closed)
 REQUEST_TIMEOUT_S: float | None = 60.0
 # the connection limits (issue 40: hostile clients), configurable as the two above; read by the
-# proxy's protocol (``_guarded``) on every connection, so ``configure`` changes them at once
+# proxy's protocol (``guarded``) on every connection, so ``configure`` changes them at once
 #: a request's head (request line and headers) must have arrived this long after the connection
 #: opened, or after its first byte on a kept-alive connection: else 408 and the connection closed
 #: (nothing sent to one that sent nothing). Without it a client sending a byte a second (slowloris),
@@ -126,7 +126,7 @@ _METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
 
 
-class _Reply(Exception):
+class Reply(Exception):
     """An error answer decided in the ingress itself (bad body, unknown route)."""
 
     def __init__(self, status: int, error: str, detail: str, deployment: str | None = None) -> None:
@@ -172,22 +172,22 @@ def args_of(body: bytes) -> tuple[tuple, dict]:
     """A request body -> the call's ``(args, kwargs)``. Empty: no arguments. A JSON object whose
     keys are only ``args`` (a list) and/or ``kwargs`` (an object): those. Any other JSON value:
     the one argument (wrap an object that looks like that one: ``{"args": [obj]}``).
-    Not JSON: ``_Reply`` 400."""
+    Not JSON: ``Reply`` 400."""
     if not body.strip():
         return (), {}
     value = read_json(body, "the body is not JSON: {}", "a number in the body is beyond a 64-bit float")
     if isinstance(value, dict) and value and set(value) <= {"args", "kwargs"}:
         args, kwargs = value.get("args", []), value.get("kwargs", {})
         if not isinstance(args, list):
-            raise _Reply(400, "bad_request", f"'args' must be a JSON array, got {type(args).__name__}")
+            raise Reply(400, "bad_request", f"'args' must be a JSON array, got {type(args).__name__}")
         if not isinstance(kwargs, dict):
-            raise _Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
+            raise Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
         return tuple(args), kwargs
     return (value,), {}
 
 
 def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
-    """A body's JSON value, or ``_Reply`` 400 saying why not, each message after ``prefix``:
+    """A body's JSON value, or ``Reply`` 400 saying why not, each message after ``prefix``:
     ``not_json`` (with ``{}``: the parser's words) for what is not UTF-8 JSON or is NaN/Infinity,
     "the body is nested deeper than MAX_JSON_DEPTH" (a loop checks it: nothing recurses that deep),
     ``huge`` + " (JSON has no infinity)" for a number past a double (1e999 reads as inf: an answer
@@ -197,13 +197,13 @@ def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
     try:
         value = json.loads(body, parse_constant=_no_constant)
     except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
-        raise _Reply(400, "bad_request", prefix + not_json.format(exc)) from None
+        raise Reply(400, "bad_request", prefix + not_json.format(exc)) from None
     except RecursionError:
-        raise _Reply(400, "bad_request", deep) from None
+        raise Reply(400, "bad_request", deep) from None
     if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
-        raise _Reply(400, "bad_request", deep)
+        raise Reply(400, "bad_request", deep)
     if _HUGE_NUMBER.search(body) and _has_infinity(value):
-        raise _Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
+        raise Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
     return value
 
 
@@ -333,7 +333,7 @@ def _request_of(note: dict | None) -> RequestContext | None:
                           multiplexed_model_id=note.get("model", ""))
 
 
-class _Gone(Exception):
+class ClientGone(Exception):
     """The client closed its connection before its answer was complete (nginx's 499)."""
 
 
@@ -348,7 +348,7 @@ async def _answer(response: Any, receive: Any, timeout: float | None) -> tuple[b
     """Wait for ``response`` (awaited on this loop: no thread), for the client's going away
     (``receive``, when given; watched only once the answer is ``WATCH_AFTER_S`` late, so that a
     quick answer pays for no watcher) and for ``timeout``: ``(True, result)``, or ``(False,
-    None)`` when the time ran out; ``_Gone`` when the client went away; the call's own error
+    None)`` when the time ran out; ``ClientGone`` when the client went away; the call's own error
     raised as is. The response itself is left alone (``call`` cancels it through the handle)."""
     answer = asyncio.ensure_future(response)
     if receive is None:
@@ -365,7 +365,7 @@ async def _answer(response: Any, receive: Any, timeout: float | None) -> tuple[b
                 watch.cancel()
             if answer not in done and watch in done:
                 answer.add_done_callback(_retrieved)
-                raise _Gone()
+                raise ClientGone()
     if answer not in done:
         answer.add_done_callback(_retrieved)
         return False, None
@@ -413,8 +413,9 @@ def _cancel_sent(submit: Any) -> None:
 
 
 # ----------------------------------------------------------------- the app
-class _Ingress:
-    """The starlette app's state: routes, limits, counters; one call thread pool."""
+class IngressState:
+    """The starlette app's state: routes, limits, counters; one call thread pool. (Public: the REST
+    server holds its limits in one, so both servers share one definition and one enforcement.)"""
 
     def __init__(self, routes: dict[str, str], handles: dict[str, Any], max_body_bytes: int,
                  request_timeout_s: float | None, access: AccessLog | None = None,
@@ -447,7 +448,7 @@ class _Ingress:
     async def call(self, name: str, method: str, args: tuple, kwargs: dict, sent: dict | None = None,
                    receive: Any = None, note: dict | None = None, model_id: str = "") -> Any:
         """Send and wait, within ``request_timeout_s`` (``rankcore.RequestTimeout`` past it), and,
-        given the request's ``receive``, until its client goes away (``_Gone``).
+        given the request's ``receive``, until its client goes away (``ClientGone``).
         ``sent["response"]``: the response once the call is sent (progress streams read it).
         A call given up (timed out, its client gone, or this coroutine cancelled) is cancelled
         through the handle, also when it is given up while being sent (as soon as it is).
@@ -471,7 +472,7 @@ class _Ingress:
                 sent["response"] = response
             left = None if deadline is None else max(0.0, deadline - loop.time())
             answered, value = await _answer(response, receive, left)
-        except (asyncio.CancelledError, _Gone):
+        except (asyncio.CancelledError, ClientGone):
             if response is not None:
                 _cancel(response)
             raise
@@ -541,17 +542,17 @@ class _Ingress:
     async def _body(self, request: Any) -> bytes:
         """The body, refused with 413 past ``max_body_bytes`` (by its Content-Length before
         reading anything, or as it streams in), with 408 when it is still arriving after
-        ``request_timeout_s``; ``_Gone`` when the client closed before its end."""
+        ``request_timeout_s``; ``ClientGone`` when the client closed before its end."""
         most = self.max_body_bytes
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and len(length) < 20 and int(length) > most:
-            raise _Reply(413, "body_too_large", f"the body is {int(length)} bytes, above max_body_bytes={most}")
+            raise Reply(413, "body_too_large", f"the body is {int(length)} bytes, above max_body_bytes={most}")
         if length is not None and length.isdigit() and len(length) >= 20:  # (no int of 10,000 digits made)
-            raise _Reply(413, "body_too_large", f"the body is {len(length)} digits of bytes, above max_body_bytes={most}")
+            raise Reply(413, "body_too_large", f"the body is {len(length)} digits of bytes, above max_body_bytes={most}")
         try:
             return await asyncio.wait_for(self._read(request, most), self.request_timeout_s)
         except asyncio.TimeoutError:
-            raise _Reply(408, "timeout", f"the body did not arrive within request_timeout_s="
+            raise Reply(408, "timeout", f"the body did not arrive within request_timeout_s="
                                          f"{self.request_timeout_s:g}") from None
 
     @staticmethod
@@ -563,10 +564,10 @@ class _Ingress:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > most:
-                    raise _Reply(413, "body_too_large", f"the body is above max_body_bytes={most}")
+                    raise Reply(413, "body_too_large", f"the body is above max_body_bytes={most}")
                 chunks.append(chunk)
         except ClientDisconnect:  # (a body cut short: its client closed before sending it all)
-            raise _Gone() from None
+            raise ClientGone() from None
         return b"".join(chunks)
 
     async def deployment_call(self, request: Any) -> Any:
@@ -578,14 +579,14 @@ class _Ingress:
         try:
             found = match_route(self.routes, request.url.path)
             if found is None:
-                raise _Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
+                raise Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
                                                f"{', '.join(sorted(self.routes)) or 'none'})")
             prefix, name, method = found
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
             unknown = self.unknown_method(name, method)
             if unknown is not None:  # (before the body is read, or any call sent)
-                raise _Reply(404, "unknown_method", unknown, name)
+                raise Reply(404, "unknown_method", unknown, name)
             if request.method == "POST":
                 body = await self._body(request)
                 unread = False
@@ -599,9 +600,9 @@ class _Ingress:
                 return StreamingResponse(self._events(name, method, args, kwargs, note), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             value = await self.call(name, method, args, kwargs, receive=request.receive, note=note)
-        except _Reply as r:
+        except Reply as r:
             return self._error(r.status, r.error, r.detail, r.deployment or name, close=unread)
-        except _Gone:
+        except ClientGone:
             return self._gone(name)
         except Exception as exc:
             return self._error(*status_of(exc), name, close=unread)
@@ -719,7 +720,7 @@ class _Ingress:
         self._logged(note, method, path, status, latency_ms, nbytes, rank)
 
     def refused(self, method: str, path: str, status: int, latency_ms: float, nbytes: int) -> str:
-        """A request answered by the connection guard (``_guarded``: 400, 408, 431, 503), before the app
+        """A request answered by the connection guard (``guarded``: 400, 408, 431, 503), before the app
         saw it: counted and logged as ``observed`` does any other (route and deployment those its path
         matches, where the request line was read; no replica). Returns its new request id."""
         found = match_route(self.routes, path) if path else None
@@ -944,12 +945,12 @@ def _sse(event: str, data: Any) -> str:
 class _Observe:
     """ASGI middleware around the app: every request but the ingress's own pages (``/-/``) and
     ``/metrics`` gets its request id (``request_id_of``, returned in ``x-request-id``), is counted
-    in flight while it runs, and once answered is measured and recorded (``_Ingress.observed``:
+    in flight while it runs, and once answered is measured and recorded (``IngressState.observed``:
     status, latency from its arrival to its last byte, body bytes). The app notes in
     ``scope["rankcore"]`` the route, deployment and replica it found. A client gone before the
     answer's end is recorded as 499, whatever the status line said."""
 
-    def __init__(self, app: Any, ingress: _Ingress) -> None:
+    def __init__(self, app: Any, ingress: IngressState) -> None:
         self.app, self.ingress = app, ingress
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -1005,14 +1006,14 @@ _HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPT
 _LINE_KEPT = 2048
 
 
-def _guarded(base: type, ingress: _Ingress) -> type:
+def guarded(base: type, ingress: IngressState) -> type:
     """uvicorn's HTTP protocol (``base``: httptools' or h11's) with the connection limits of
     ``ingress`` (read on every connection: ``configure`` changes them at once): at most
     ``max_connections`` open (503 past it, before anything is read), a request head within
     ``header_timeout_s`` (408, or closed when nothing was sent) and ``max_header_bytes`` (431, counted
     as the bytes arrive, before the parser buffers them), and uvicorn's own 400 for what its parser
     cannot read answered as the ingress's JSON error. Each closes the connection, and is counted in the
-metrics and the access records as any answer (``_Ingress.refused``: the method and path its request
+metrics and the access records as any answer (``IngressState.refused``: the method and path its request
 line gave, when it was read; latency from the head's first byte). (A protocol object
     per connection; uvicorn's attributes used: ``connections``, ``transport``, ``cycle``, ``loop``,
     ``conn`` (h11), ``send_400_response``.)"""
@@ -1104,7 +1105,7 @@ line gave, when it was read; latency from the head's first byte). (A protocol ob
 
         def _answer(self, status: int, error: str, detail: str) -> None:
             """Answer the JSON error (written as is: the parser's state no longer matters) and close;
-            counted (``/-/status.json``), measured and logged (``_Ingress.refused``)."""
+            counted (``/-/status.json``), measured and logged (``IngressState.refused``)."""
             self._disarm()
             if self.transport.is_closing():
                 return
@@ -1157,7 +1158,7 @@ line gave, when it was read; latency from the head's first byte). (A protocol ob
     return Guarded
 
 
-def make_app(ingress: _Ingress) -> Any:
+def make_app(ingress: IngressState) -> Any:
     """The starlette app: the ingress's own pages under ``/-/``, ``/metrics``, every other path a
     deployment's; wrapped in ``_Observe`` (metrics, access records, request ids)."""
     from starlette.applications import Starlette
@@ -1282,13 +1283,13 @@ class HttpIngress:
                  max_connections: int | None = MAX_CONNECTIONS) -> None:
         import uvicorn
 
-        _check_limits(max_body_bytes, request_timeout_s)
-        _check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
+        check_limits(max_body_bytes, request_timeout_s)
+        check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
         routes, handles, methods = _load_routes()
         ctx = ray.get_runtime_context()
         metrics = IngressMetrics(node_id=ctx.get_node_id() or "", node_ip=ray.util.get_node_ip_address())
         access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
-        self.state = _Ingress(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
+        self.state = IngressState(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
         st = self.state
         st.methods = methods
         st.header_timeout_s, st.max_header_bytes, st.max_connections = header_timeout_s, max_header_bytes, max_connections
@@ -1315,7 +1316,7 @@ class HttpIngress:
             from uvicorn.protocols.http.h11_impl import H11Protocol as protocol  # type: ignore[assignment]
         # ws="none": no route takes a WebSocket (an Upgrade is served as plain HTTP, the limits kept)
         config = uvicorn.Config(make_app(self.state), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=30, http=_guarded(protocol, self.state), ws="none")
+                                timeout_keep_alive=30, http=guarded(protocol, self.state), ws="none")
         self.server = Server(config)
         #: gRPC beside HTTP (grpc_proxy.py), on the same loop, when servicer functions are given
         self.grpc: Any = None
@@ -1462,8 +1463,8 @@ class HttpIngress:
         head_s = st.header_timeout_s if header_timeout_s == "keep" else header_timeout_s
         head_bytes = st.max_header_bytes if max_header_bytes is None else max_header_bytes
         conns = st.max_connections if max_connections == "keep" else max_connections
-        _check_limits(most, timeout)
-        _check_connection_limits(head_s, head_bytes, conns)
+        check_limits(most, timeout)
+        check_connection_limits(head_s, head_bytes, conns)
         if enable_access_log is not None:
             st.access.enabled = check_enable_access_log(enable_access_log)
         st.max_body_bytes, st.request_timeout_s = most, timeout
@@ -1557,7 +1558,8 @@ def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
     raise AssertionError("unreachable")
 
 
-def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
+def check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
+    """A body's limits as every server here takes them (``rankcore.InvalidConfig`` naming the bad one)."""
     if type(max_body_bytes) is not int or max_body_bytes < 0:
         raise rc.InvalidConfig(f"max_body_bytes must be an int >= 0, got {max_body_bytes!r}")
     if request_timeout_s is not None and (isinstance(request_timeout_s, bool) or
@@ -1565,7 +1567,8 @@ def _check_limits(max_body_bytes: Any, request_timeout_s: Any) -> None:
         raise rc.InvalidConfig(f"request_timeout_s must be a number > 0 or None, got {request_timeout_s!r}")
 
 
-def _check_connection_limits(header_timeout_s: Any, max_header_bytes: Any, max_connections: Any) -> None:
+def check_connection_limits(header_timeout_s: Any, max_header_bytes: Any, max_connections: Any) -> None:
+    """A connection's limits as ``guarded`` enforces them (``rankcore.InvalidConfig`` naming the bad one)."""
     if header_timeout_s is not None and (isinstance(header_timeout_s, bool) or
                                          not isinstance(header_timeout_s, (int, float)) or not header_timeout_s > 0):
         raise rc.InvalidConfig(f"header_timeout_s must be a number > 0 or None, got {header_timeout_s!r}")
@@ -1635,7 +1638,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             raise rc.InvalidConfig(f"{name} must be an int in 0..65535, got {value!r}")
     if enable_access_log is not None:
         check_enable_access_log(enable_access_log)
-    _check_connection_limits(HEADER_TIMEOUT_S if header_timeout_s == "keep" else header_timeout_s,
+    check_connection_limits(HEADER_TIMEOUT_S if header_timeout_s == "keep" else header_timeout_s,
                              MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes,
                              MAX_CONNECTIONS if max_connections == "keep" else max_connections)
     if proxy_options is not None and proxy_location is not None:
@@ -1646,7 +1649,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     try:
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
     except ValueError:
-        _check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
+        check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
                       REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
         settings = ProxySettings(
             host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port, worker_port=worker_port,
