@@ -101,6 +101,7 @@ from .base.events import (
     WeightsPushed,
     WeightsUpdated,
 )
+from .base.fields import shown
 from .base.gangmap import GangContext
 from .base.lifecycle import LIVE, Phase, Residency
 from .base.options import DeploymentConfig, Options
@@ -162,7 +163,7 @@ __all__ = [
     "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving", "is_held", "blue_green_role", "shown_ranks",
     "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
     "AutoscalingMetrics", "Autoscaler", "PolicyContext", "register_policy", "autoscaling",
-    "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation",
+    "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation", "shown",
     "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
     "RequestTimeout", "RequestCancelled", "ReplicaDied", "REQUEST_ERRORS",
     "ProxiesConfigured", "ProxyStarted", "ProxyCrashed", "ProxyHealthChecked", "NodeDraining",

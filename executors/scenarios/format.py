@@ -601,11 +601,9 @@ def _did_you_mean(word: Any, choices: tuple) -> str:
 
 
 def _show(value: Any) -> str:
-    """A value in an error message: its repr, at most ``_SHOWN`` characters (an error stays a line to read)."""
-    if value is None:
-        return "nothing"
-    text = repr(value)
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text):,} characters)"
+    """A value in an error message: the core's ``rankcore.shown`` at most ``_SHOWN`` characters (an error stays
+    a line to read; an int past Python's digit limit inside it is named, not a ValueError)."""
+    return "nothing" if value is None else rc.shown(value, _SHOWN)
 
 
 _SHOWN = 200
@@ -674,7 +672,7 @@ def _arg(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return value if isinstance(value, str) else rc.shown(value, _SHOWN)  # (an API caller's value may be huge)
 
 
 def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dict:

@@ -315,6 +315,17 @@ def test_non_utf8_and_unreadable_scenarios_are_one_line(workdir: Path) -> None:
     assert cli_refuses(["simulate", str(missing)]) == f"error: {missing}: cannot read: No such file or directory\n"
 
 
+def test_an_api_override_past_pythons_digit_limit_is_named_not_a_value_error() -> None:
+    """``load_scenario(..., overrides=...)`` from Python (the CLI's ``--set`` is bounded by its YAML
+    checks): an int past Python's 4,300-digit ``str`` limit in a value was a ValueError out of the
+    error message itself; now the message names it."""
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(SCENARIOS[0], overrides={"cluster.nodes": [10**5000]})
+    text = str(exc.value)
+    assert "--set cluster.nodes=a list too large to show" in text and "an int of about 5001 digits" in text, text
+    assert len(text) < 400, len(text)
+
+
 def test_the_alias_bound_leaves_shared_values_alone(workdir: Path) -> None:
     """Aliases are fine below the bound: one anchor used many times, and 10^4 values expanded."""
     four = ", ".join([f"&a0 [{', '.join(['lol'] * 10)}]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]"
