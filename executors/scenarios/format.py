@@ -672,7 +672,9 @@ def _arg(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    return value if isinstance(value, str) else rc.shown(value, _SHOWN)  # (an API caller's value may be huge)
+    if isinstance(value, str) and len(value) <= _SHOWN:
+        return value
+    return rc.shown(value, _SHOWN)  # (an API caller's value may be huge)
 
 
 def apply_overrides(raw: Any, overrides: dict, c: _Checker | None = None) -> dict:

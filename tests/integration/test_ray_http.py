@@ -697,18 +697,21 @@ def test_a_head_proxy_that_cannot_bind_is_named_at_once_and_another_port_waits_f
 
     ask(get_controller(), "reset")
     port = free_port()
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", port))
-        held.listen()
-        with pytest.raises(rc.InvalidConfig, match=rf"did not start: InvalidConfig: the HTTP ingress cannot listen "
-                                                    rf"on 127\.0\.0\.1:{port}: .*in use"):
-            start_ingress(port=port)
-        other = free_port()
-        with pytest.raises(rc.InvalidConfig, match=rf"set to 127\.0\.0\.1:{port}, where the head node's proxy did "
-                                                    rf"not start .*cannot listen.*rankcore shutdown"):
-            start_ingress(port=other)
-    ask(get_controller(), "reset")
-    start_ingress(port=other)
-    assert ingress_address() == ("127.0.0.1", other)
-    assert httpx.get(f"http://127.0.0.1:{other}/-/healthz", timeout=10.0).status_code == 200
-    ask(get_controller(), "reset")
+    try:
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", port))
+            held.listen()
+            with pytest.raises(rc.InvalidConfig, match=rf"did not start: InvalidConfig: the HTTP ingress cannot "
+                                                        rf"listen on 127\.0\.0\.1:{port}: .*in use"):
+                start_ingress(port=port)
+            other = free_port()
+            with pytest.raises(rc.InvalidConfig, match=rf"set to 127\.0\.0\.1:{port}, where the head node's proxy "
+                                                        rf"did not start .*cannot listen.*free that port.*rankcore "
+                                                        rf"shutdown.*deletes every application"):
+                start_ingress(port=other)
+        ask(get_controller(), "reset")
+        start_ingress(port=other)
+        assert ingress_address() == ("127.0.0.1", other)
+        assert httpx.get(f"http://127.0.0.1:{other}/-/healthz", timeout=10.0).status_code == 200
+    finally:
+        ask(get_controller(), "reset")  # (proxies set to a held port would fail every later start)

@@ -773,7 +773,7 @@ class Controller:
                 and settings.port != 0:
             failure = await self.head_proxy_failure()
             if failure is not None:  # (configured, but the head's never served: say why)
-                raise rc.InvalidConfig(f"{failure}, then serve on {settings.host}:{settings.port}")
+                raise rc.InvalidConfig(f"{failure}, such as {settings.host}:{settings.port}")
             raise rc.InvalidConfig(f"the proxies already run on {pr.settings.host}:{pr.settings.port}, not "
                                    f"{settings.host}:{settings.port} (one set of proxies per cluster)")
         if pr.settings is not None and settings.grpc_servicer_functions and \
@@ -813,7 +813,9 @@ class Controller:
         if pr.head_error is None or pr.settings is None:
             return None
         return (f"the proxies are set to {pr.settings.host}:{pr.settings.port}, where the head node's proxy did not "
-                f"start ({pr.head_error}); `rankcore shutdown` resets them")
+                f"start ({pr.head_error}); free that port (the core starts it again there, with its restart "
+                f"backoff), or `rankcore shutdown` (it deletes every application; from Python: the controller's "
+                f"reset) to set another")
 
     async def set_proxy_options(self, options: rc.ProxyOptions) -> None:
         """Where proxies run changes (a config file's ``proxy_location``): the core is told."""

@@ -148,7 +148,8 @@ class Proxies:
         self.settings: ProxySettings | None = None
         self.head: str | None = None
         self.live: dict[str, _Live] = {}  # proxy id -> the proxy
-        #: why the head node's proxy last failed to start (its port in use ...): ``start_proxies`` reports it
+        #: why the head node's proxy last refused to start (its constructor's InvalidConfig: its port in use ...);
+        #: ``start_proxies`` reports it. A crash while it started is not one: the core's restart may mend it
         self.head_error: str | None = None
         self._loop: asyncio.Task | None = None
 
@@ -224,8 +225,8 @@ class Proxies:
         except Exception as exc:
             self.ledger.spawn(_stop(p.actor, 0.0))  # (a half-started proxy may hold its ports)
             if self.live.get(p.proxy_id) is p and not p.stopping:
-                if head:
-                    self.head_error = _why(exc)
+                if head and getattr(exc, "actor_init_failed", False) and "InvalidConfig" in str(exc):
+                    self.head_error = _why(exc)  # (its own refusal, its port in use: not a crash a retry mends)
                 self._died(p, f"did not start: {getattr(exc, 'cause', None) or exc}")
             return
         if self.live.get(p.proxy_id) is not p or p.stopping:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import logging
 import math
 import os
 import re
@@ -64,6 +65,8 @@ from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["INGRESS_NAME", "check_port", "DEFAULT_HOST", "DEFAULT_PORT", "MAX_BODY_BYTES", "REQUEST_TIMEOUT_S", "HEADER_TIMEOUT_S",
            "MAX_HEADER_BYTES", "MAX_CONNECTIONS", "MAX_JSON_DEPTH", "HttpIngress",
@@ -1298,6 +1301,7 @@ class HttpIngress:
         self.state.address = (host, sock.getsockname()[1])
         self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
         self._gone = threading.Event()
+        self._routes_lock = threading.Lock()
 
         class Server(uvicorn.Server):
             def install_signal_handlers(self) -> None:  # the actor's process keeps Ray's handlers
@@ -1380,6 +1384,10 @@ class HttpIngress:
         route); a prefix another deployment holds is refused. ``methods``: what its class may be
         called by (``public_methods``; None: any name is sent on)."""
         check_route_prefix(prefix)
+        with self._routes_lock:  # (the actor's calls run on up to 16 threads: no change is lost)
+            return self._add_route(prefix, handle, methods)
+
+    def _add_route(self, prefix: str, handle: Any, methods: tuple[str, ...] | None) -> dict[str, str]:
         deployment = handle.name
         st = self.state
         holder = st.routes.get(prefix)
@@ -1397,18 +1405,20 @@ class HttpIngress:
         """The callable methods of deployments it routes, read again (``refresh_methods``); one it
         does not route is left out. Whether anything changed."""
         st = self.state
-        changed = {d: m for d, m in methods.items() if d in st.methods and st.methods[d] != m}
-        if changed:
-            st.methods = {**st.methods, **changed}
-            _save_routes(st.routes, st.handles, st.methods)
+        with self._routes_lock:
+            changed = {d: m for d, m in methods.items() if d in st.methods and st.methods[d] != m}
+            if changed:
+                st.methods = {**st.methods, **changed}
+                _save_routes(st.routes, st.handles, st.methods)
         return bool(changed)
 
     def remove_route(self, deployment: str) -> dict[str, str]:
         st = self.state
-        st.routes, st.handles = _without(st.routes, st.handles, deployment)
-        st.methods = {d: m for d, m in st.methods.items() if d != deployment}
-        _save_routes(st.routes, st.handles, st.methods)
-        return dict(st.routes)
+        with self._routes_lock:
+            st.routes, st.handles = _without(st.routes, st.handles, deployment)
+            st.methods = {d: m for d, m in st.methods.items() if d != deployment}
+            _save_routes(st.routes, st.handles, st.methods)
+            return dict(st.routes)
 
     def routes(self) -> dict[str, str]:
         return dict(self.state.routes)
@@ -1416,8 +1426,9 @@ class HttpIngress:
     def reload_routes(self) -> dict[str, str]:
         """The routes as the head's proxy saved them (another node's proxy, after a route changed)."""
         st = self.state
-        st.routes, st.handles, st.methods = _load_routes()
-        return dict(st.routes)
+        with self._routes_lock:
+            st.routes, st.handles, st.methods = _load_routes()
+            return dict(st.routes)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving (``StopProxy``, the controller's ``reset``, before this actor is killed): the
@@ -1687,7 +1698,10 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             address = ray.get(actor.ready.remote())
             break
         except RayActorError as exc:  # (one the core gave up on: its successor takes the name)
-            failure = ray.get(controller_actor().head_proxy_failure.remote())
+            try:
+                failure = ray.get(controller_actor().head_proxy_failure.remote(), timeout=10)
+            except Exception:  # (the controller restarting: waited out as the proxy is)
+                failure = None
             if failure is not None:  # (its start fails: the reason, not a minute's wait)
                 raise rc.InvalidConfig(failure) from None
             if time.monotonic() > deadline:
@@ -1768,17 +1782,37 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
 def refresh_methods(deployments: Any) -> None:
     """The callable methods of each of ``deployments`` that has a route, read again from the class
     the controller now holds (``run`` of new code keeps a route: a method the new class adds is
-    served, one it drops answers 404 before anything is sent). A deployment with no route: nothing."""
-    fresh = {d: _methods_of(d) for d in deployments}
+    served, one it drops answers 404 before anything is sent). A deployment with no route, or
+    classes this process cannot read: nothing changes."""
+    routed = set(_load_routes()[2]) & set(deployments)  # (the head's proxy saves every change)
+    if not routed:
+        return
     try:
-        changed = ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).set_methods.remote(fresh))
-    except (ValueError, RayActorError):  # (none runs, or it is restarting: the routes a started one loads)
-        routes, handles, known = _load_routes()
-        changed = {d: m for d, m in fresh.items() if d in known and known[d] != m}
+        specs = persist.load_specs() or {}
+    except Exception:  # (a class this process cannot import: the lists stay as they are)
+        return
+    fresh = {d: public_methods(specs[d].get("cls")) for d in routed if isinstance(specs.get(d), dict)}
+    if not fresh:
+        return
+    from ray.exceptions import ActorDiedError
+
+    for attempt in range(3):
+        try:
+            changed = ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).set_methods.remote(fresh))
+        except (ValueError, ActorDiedError):  # (none runs, or it died: the routes a started one loads)
+            routes, handles, known = _load_routes()
+            changed = {d: m for d, m in fresh.items() if d in known and known[d] != m}
+            if changed:
+                _save_routes(routes, handles, {**known, **changed})
+        except RayActorError:  # (unreachable a moment: alive, so it is asked again)
+            if attempt < 2:
+                time.sleep(0.5)
+                continue
+            log.warning("the routes' methods of %s were not refreshed: the ingress did not answer", sorted(fresh))
+            return
         if changed:
-            _save_routes(routes, handles, {**known, **changed})
-    if changed:
-        _reload_others()
+            _reload_others()
+        return
 
 
 def _reload_others() -> None:
