@@ -86,11 +86,11 @@ def config_of(body: bytes) -> Any:
     object."""
     if not body.strip():
         raise Reply(400, "bad_request", "request body: empty: send the config, a JSON object with "
-                                         "`applications` (`[]` deletes every application)")
+                                        "`applications` (`[]` deletes every application)")
     data = read_json(body, "not valid JSON: {}", "a number is beyond a 64-bit float", prefix="request body: ")
     if not isinstance(data, dict):
         raise Reply(400, "bad_request", f"request body: must be a JSON object (the config), got "
-                                         f"{type(data).__name__ if data is not None else 'null'}")
+                                        f"{type(data).__name__ if data is not None else 'null'}")
     return data
 
 

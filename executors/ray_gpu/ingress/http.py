@@ -556,7 +556,7 @@ class IngressState:
             return await asyncio.wait_for(self._read(request, most), self.request_timeout_s)
         except asyncio.TimeoutError:
             raise Reply(408, "timeout", f"the body did not arrive within request_timeout_s="
-                                         f"{self.request_timeout_s:g}") from None
+                                        f"{self.request_timeout_s:g}") from None
 
     @staticmethod
     async def _read(request: Any, most: int) -> bytes:
@@ -583,7 +583,7 @@ class IngressState:
             found = match_route(self.routes, request.url.path)
             if found is None:
                 raise Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
-                                               f"{', '.join(sorted(self.routes)) or 'none'})")
+                                              f"{', '.join(sorted(self.routes)) or 'none'})")
             prefix, name, method = found
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
@@ -1650,8 +1650,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     if enable_access_log is not None:
         check_enable_access_log(enable_access_log)
     check_connection_limits(HEADER_TIMEOUT_S if header_timeout_s == "keep" else header_timeout_s,
-                             MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes,
-                             MAX_CONNECTIONS if max_connections == "keep" else max_connections)
+                            MAX_HEADER_BYTES if max_header_bytes is None else max_header_bytes,
+                            MAX_CONNECTIONS if max_connections == "keep" else max_connections)
     if proxy_options is not None and proxy_location is not None:
         raise rc.InvalidConfig("give proxy_location or proxy_options (which has one), not both")
     options = proxy_options if proxy_options is not None else (
@@ -1661,7 +1661,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
         actor = ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
     except ValueError:
         check_limits(MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
-                      REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
+                     REQUEST_TIMEOUT_S if request_timeout_s == "keep" else request_timeout_s)
         settings = ProxySettings(
             host=host or DEFAULT_HOST, port=DEFAULT_PORT if port is None else port, worker_port=worker_port,
             max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
