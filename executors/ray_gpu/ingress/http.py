@@ -833,18 +833,15 @@ class IngressState:
 
     def _status(self) -> dict:
         errors: list[str] = []
+        deleted = object()
 
-        gone: set[str] = set()
-
-        def get(what: str, *args: Any) -> Any:
+        def get(what: str, *args: Any, deleted_ok: bool = False) -> Any:
             try:
                 return _jsonable(_ask_controller(what, *args))
             except Exception as exc:
-                if what == "deployment_status" and isinstance(getattr(exc, "cause", None), rc.UnknownDeployment) \
-                        and args[0] not in by_route:
-                    gone.add(args[0])  # (deleted: an empty pool is all the request path keeps of it)
-                else:
-                    errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
+                if deleted_ok and isinstance(getattr(exc, "cause", None), rc.UnknownDeployment):
+                    return deleted
+                errors.append(f"{what}{args!r}: {type(exc).__name__}: {exc}")
                 return None
 
         pools = get("pools") or {"members": {}, "coming": {}}
@@ -853,8 +850,9 @@ class IngressState:
         deployments = []
         faults = list(self.faults)
         for name in names:
-            st = get("deployment_status", name)
-            if name in gone:
+            # (deleted a moment ago: an empty pool is all the request path keeps of it, not an error)
+            st = get("deployment_status", name, deleted_ok=name not in by_route)
+            if st is deleted:
                 continue
             members = pools.get("members", {}).get(name, {})
             deployments.append({"name": name, "route": by_route.get(name), "status": st, "pool": members,
@@ -1406,7 +1404,7 @@ class HttpIngress:
         does not route is left out. Whether anything changed."""
         st = self.state
         with self._routes_lock:
-            changed = {d: m for d, m in methods.items() if d in st.methods and st.methods[d] != m}
+            changed = _changed_methods(st.methods, methods)
             if changed:
                 st.methods = {**st.methods, **changed}
                 _save_routes(st.routes, st.handles, st.methods)
@@ -1520,30 +1518,11 @@ def _default_logs_dir() -> str | None:
         return None
 
 
-def _bound(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (OSError: the address is in use, or not this host's)."""
-    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
-    # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def check_port(host: str | None, port: int | None) -> None:
     """``rankcore.InvalidConfig`` now when the head's proxy could not listen on ``host:port``
-    (defaults as ``start_ingress``'s), as ``_listen`` would say it: ``rankcore serve`` asks before
-    it starts a local Ray, so a port in use is named at once, not after the proxy's start fails."""
-    host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
-    try:
-        _bound(host, port).close()
-    except OSError as exc:
-        raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
+    (defaults as ``start_ingress``'s), in ``_listen``'s words: ``rankcore serve`` asks before it
+    starts a local Ray, so a port in use is named at once, not after the proxy's start fails."""
+    _listen(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, remember=False).close()
 
 
 def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
@@ -1556,9 +1535,15 @@ def _listen(host: str, port: int, remember: bool = True) -> socket.socket:
         if last:
             tries.insert(0, last)
     for i, p in enumerate(tries):
+        # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
+        # with it on, a keep-alive answer's body waits for the client's delayed ACK (40 ms)
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            sock = _bound(host, p)
+            sock.bind((host, p))
         except OSError as exc:
+            sock.close()
             if i + 1 < len(tries):
                 continue
             raise rc.InvalidConfig(f"the HTTP ingress cannot listen on {host}:{port}: {exc}") from None
@@ -1779,6 +1764,12 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
     return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
 
 
+def _changed_methods(known: dict[str, tuple[str, ...] | None],
+                     fresh: dict[str, tuple[str, ...] | None]) -> dict[str, tuple[str, ...] | None]:
+    """The lists of ``fresh`` that differ from ``known``'s, for deployments ``known`` routes."""
+    return {d: m for d, m in fresh.items() if d in known and known[d] != m}
+
+
 def refresh_methods(deployments: Any) -> None:
     """The callable methods of each of ``deployments`` that has a route, read again from the class
     the controller now holds (``run`` of new code keeps a route: a method the new class adds is
@@ -1801,7 +1792,7 @@ def refresh_methods(deployments: Any) -> None:
             changed = ray.get(ray.get_actor(INGRESS_NAME, namespace=NAMESPACE).set_methods.remote(fresh))
         except (ValueError, ActorDiedError):  # (none runs, or it died: the routes a started one loads)
             routes, handles, known = _load_routes()
-            changed = {d: m for d, m in fresh.items() if d in known and known[d] != m}
+            changed = _changed_methods(known, fresh)
             if changed:
                 _save_routes(routes, handles, {**known, **changed})
         except RayActorError:  # (unreachable a moment: alive, so it is asked again)
