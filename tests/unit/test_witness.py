@@ -1,0 +1,95 @@
+"""The replica's witness (executors/ray_gpu/api/witness.py): what a dead process had begun, read
+from another process; every doubt counts as begun."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+
+from executors.ray_gpu.api import witness as w
+
+
+def _writer(directory: str, begun: list[int], ended: list[int], ready: mp.Event) -> None:
+    wit = w.Witness("actor1", directory=__import__("pathlib").Path(directory))
+    slots = {k: wit.begin(k) for k in begun}
+    for k in ended:
+        wit.end(slots[k])
+    ready.set()
+    time.sleep(60)  # (killed by the test)
+
+
+def _dead_writer(tmp_path, begun: list[int], ended: list[int] = ()) -> None:  # type: ignore[assignment]
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    p = ctx.Process(target=_writer, args=(str(tmp_path), begun, list(ended), ready))
+    p.start()
+    assert ready.wait(30)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(30)
+
+
+def test_a_dead_replicas_witness_names_the_calls_it_began_running_or_ended(tmp_path):
+    _dead_writer(tmp_path, begun=[11, 12, 13], ended=[12])
+    assert w.began("actor1", [11, 12, 13, 14, 15], directory=tmp_path) == [11, 12, 13]
+
+
+def test_no_witness_is_unknown_so_every_call_counts_as_begun(tmp_path):
+    assert w.began("nobody", [1, 2], directory=tmp_path) is None
+
+
+def test_a_process_that_still_runs_is_unknown_after_the_wait(tmp_path):
+    wit = w.Witness("alive", directory=tmp_path)  # (this process: it lives)
+    wit.begin(5)
+    t0 = time.monotonic()
+    assert w.began("alive", [5, 6], directory=tmp_path, wait_s=0.2) is None
+    assert 0.15 <= time.monotonic() - t0 < 5
+    wit.close()
+    assert not (tmp_path / "rankcore-witness-alive").exists()  # (a graceful stop removes it)
+
+
+def test_a_full_witness_sets_its_overflow_flag_and_reads_as_unknown(tmp_path, monkeypatch):
+    monkeypatch.setattr(w, "SLOTS", 4)
+    wit = w.Witness("full", directory=tmp_path)
+    slots = [wit.begin(k) for k in (1, 2, 3, 4)]
+    assert sorted(slots) == [0, 1, 2, 3]
+    wit.end(slots[0])  # (ended just now: kept KEEP_S, not reused)
+    assert wit.begin(5) == -1 and wit.overflowed
+    data = (tmp_path / "rankcore-witness-full").read_bytes()
+    assert w._HEADER.unpack_from(data, 0)[3] == 1
+
+
+def test_an_ended_calls_slot_is_reused_only_after_keep_s(tmp_path, monkeypatch):
+    monkeypatch.setattr(w, "SLOTS", 2)
+    wit = w.Witness("reuse", directory=tmp_path)
+    a, b = wit.begin(1), wit.begin(2)
+    wit.end(a)
+    assert wit.begin(3) == -1  # (1 ended less than KEEP_S ago: still kept)
+    monkeypatch.setattr(w, "KEEP_S", 0.0)
+    assert wit.begin(4) == a  # (now its slot takes the new key)
+    assert b != a
+    wit.close()
+
+
+def test_sweep_removes_dead_writers_witnesses_only(tmp_path):
+    _dead_writer(tmp_path, begun=[1])
+    live = w.Witness("live", directory=tmp_path)
+    assert w.sweep(tmp_path) == 0  # (the dead one began a call a moment ago: a router may still ask)
+    assert w.sweep(tmp_path, older_than_s=0) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["rankcore-witness-live"]
+    live.close()
+
+
+def test_a_witness_lives_in_memory_where_the_node_has_it():
+    assert w.witness_path("x").parent == w.witness_dir()
+    if os.path.isdir("/dev/shm"):
+        assert str(w.witness_dir()) == "/dev/shm"
+
+
+@pytest.mark.parametrize("key", [1, 2**63 + 5, 2**64 - 1])
+def test_any_64_bit_key_round_trips(tmp_path, key):
+    _dead_writer(tmp_path, begun=[key])
+    assert w.began("actor1", [key, 7], directory=tmp_path) == [key]
