@@ -4,10 +4,31 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def witness_dir():
+    """The replicas' witnesses (``executors/ray_gpu/api/witness.py``) in a folder of this run's own,
+    inherited by every Ray started here, removed at its end: a killed replica's stays otherwise,
+    and another run's on this machine are not ours to sweep."""
+    from executors.ray_gpu.api.witness import DIR_ENV
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    d = tempfile.mkdtemp(prefix="rankcore-test-witness-", dir=base)
+    before = os.environ.get(DIR_ENV)
+    os.environ[DIR_ENV] = d
+    yield pathlib.Path(d)
+    if before is None:
+        os.environ.pop(DIR_ENV, None)
+    else:
+        os.environ[DIR_ENV] = before
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def ray_env() -> None:

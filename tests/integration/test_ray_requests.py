@@ -245,10 +245,10 @@ def test_a_generator_method_streams_over_http_as_ndjson():
         assert last[-1]["error"] == "application_error" and "broke after the first of 2" in last[-1]["detail"], last
 
 
-def test_a_progress_call_that_never_began_on_a_replica_that_died_is_sent_to_another():
-    """A progress call tells the router when it began (its marker): one dispatched to a replica that
-    died before beginning it never ran, and is answered by another replica; a plain call there
-    counts as begun once dispatched, and fails naming the replica (never run twice)."""
+def test_a_call_that_never_began_on_a_replica_that_died_is_sent_to_another():
+    """A progress call tells the router when it began (its marker); a plain call's replica wrote it
+    to its witness as it began (``api.witness``): either kind, dispatched to a replica that died
+    before beginning it, never ran, and is answered by another replica."""
     h = run(deployment(Model, name="unstarted", num_replicas=2, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
     victim = sorted(h.ranks())[0]
     actor = ray.get_actor(actor_name("unstarted", victim), namespace=NAMESPACE)
@@ -268,12 +268,38 @@ def test_a_progress_call_that_never_began_on_a_replica_that_died_is_sent_to_anot
             outcomes.append((kind, resp.result(timeout=60)))
         except rc.ReplicaDied as exc:
             outcomes.append((kind, f"died on {exc.replica_id}"))
-    progress = [o for k, o in outcomes if k == "progress"]
-    plain = sorted(o for k, o in outcomes if k == "plain")
-    assert all(o.startswith("unstarted#") and o != victim for o in progress), outcomes  # both answered, elsewhere
-    assert plain[0] == f"died on {victim}" and plain[1].startswith("unstarted#") and plain[1] != victim, outcomes
+    assert all(o.startswith("unstarted#") and o != victim for _, o in outcomes), outcomes  # all answered, elsewhere
     c = h.counters()
-    assert c.lost == 0 and c.failed == 1 and c.answered == 3 and c.retried == 0
+    assert c.lost == 0 and c.failed == 0 and c.answered == 4 and c.retried == 0
+    assert (victim, 1, 1) in h._router.witnessed  # (its witness: the plain call there never began)
+
+
+def test_a_plain_call_a_dead_replica_had_begun_fails_and_one_it_had_not_is_answered_elsewhere():
+    """One replica, two slots: a call runs there, the process freezes, a second call is sent to it
+    (it never begins). Killed: its witness says the first began (it fails naming the replica: never
+    run twice) and the second did not (the replacement answers it)."""
+    h = run(deployment(Model, name="witnessed", num_replicas=1, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
+    victim = sorted(h.ranks())[0]
+    actor = ray.get_actor(actor_name("witnessed", victim), namespace=NAMESPACE)
+    pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=30)
+    running = h.slow.remote(30.0)
+    time.sleep(1.0)  # (it began: its thread sleeps)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        waiting = h.slow.remote(0.1)
+        time.sleep(0.5)
+        st = waiting.status()
+        assert st is not None and st.state == "dispatched" and st.replica_id == victim, st
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(rc.ReplicaDied) as died:
+        running.result(timeout=60)
+    assert died.value.replica_id == victim
+    answered_by = waiting.result(timeout=90)
+    assert answered_by.startswith("witnessed#") and answered_by != victim
+    c = h.counters()
+    assert c.lost == 0 and c.failed == 1 and c.answered == 1 and c.retried == 0
+    assert h._router.witnessed == [(victim, 2, 1)]
 
 
 def test_a_progress_call_reports_running_over_http_and_through_the_handle():

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,6 +71,7 @@ from rankcore.requests import (
     Configure,
     Dispatch,
     Failed,
+    NotDelivered,
     Rejected,
     ReplicaModels,
     RequestMachine,
@@ -80,6 +82,7 @@ from rankcore.requests import (
 
 from .autoscale import LoadReporter
 from .context import RequestContext, request_for_call
+from .witness import ask_node
 
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
 
@@ -117,11 +120,13 @@ class Call:
     """One request: what to send, and the future its end resolves (the result, or an exception)."""
 
     __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream",
-                 "progress", "request")
+                 "progress", "request", "key")
 
     def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict,
-                 stream: bool = False, progress: bool = False, request: RequestContext | None = None) -> None:
+                 stream: bool = False, progress: bool = False, request: RequestContext | None = None,
+                 key: int = 0) -> None:
         self.router, self.request_id, self.method = router, request_id, method
+        self.key = key  # what its replica's witness records as it begins (``witness``; 0: none)
         self.args, self.kwargs, self.stream = args, kwargs, stream
         self.progress = progress  # the replica reports when it begins (status ``running``)
         #: what the replica's user code sees (``_get_serve_request_context()``): the caller's request id
@@ -151,6 +156,11 @@ class Router:
         self.lock = threading.RLock()
         self.actors: dict[str, Any] = {}  # serving replica id -> actor handle, as the controller last said
         self.dead: set[str] = set()  # replicas a call saw die, left out until the controller stops listing them
+        #: serving replica id -> its node (the controller's pool answer), where its witness is read
+        self.nodes: dict[str, str] = {}
+        #: dead replicas whose witness is being asked which of their calls began (held as draining)
+        self.asking: set[str] = set()
+        self._key_base = int.from_bytes(os.urandom(4), "little") << 32  # (this router's calls' keys)
         self.calls: dict[str, Call] = {}
         self.limits: tuple[int, int, int] | None = None
         self.version: Any = None  # the last pool answer's version (None: never asked)
@@ -161,6 +171,8 @@ class Router:
         self.poll: Any = None
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
+        #: each witness asked (tests, benchmarks): (replica, calls asked about, of them never begun; None: unknown)
+        self.witnessed: list[tuple[str, int, int | None]] = []
         self._prefix = f"{name}:{id(self):x}:"
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
@@ -204,7 +216,7 @@ class Router:
         threading.Thread(target=fn, daemon=True).start()  # (not on Ray's callback thread: refresh may block)
 
     def _take(self, pool: dict) -> None:
-        """A pool answer: ``{"version", "serving": [(rid, actor)], "draining": [rid], "coming",
+        """A pool answer: ``{"version", "serving": [(rid, actor)], "nodes": {rid: node}, "draining": [rid], "coming",
         "max_ongoing_requests", "max_queued_requests", "idempotent"}``. One older than the
         answer taken last (a forced ask and the long poll crossing) is dropped: versions are
         (controller incarnation, pool changes), both counting up for this router's controller."""
@@ -213,7 +225,10 @@ class Router:
         self.version = pool["version"]
         serving = [(rid, actor) for rid, actor in pool["serving"]]
         self.dead.intersection_update(rid for rid, _ in serving)
+        self.dead |= self.asking
         self.actors = {rid: actor for rid, actor in serving if rid not in self.dead}
+        self.nodes = {**{rid: n for rid, n in pool.get("nodes", {}).items() if rid in self.actors},
+                      **{rid: n for rid, n in self.nodes.items() if rid in self.asking}}
         self.idempotent = frozenset(pool.get("idempotent", ()))
         self.streams = frozenset(pool.get("streams", ()))
         out: list = []
@@ -222,8 +237,9 @@ class Router:
             self.limits = limits
             out += self.machine.handle(Configure(deployment=self.name, max_ongoing_requests=limits[0],
                                                  max_queued_requests=limits[1], max_retries=limits[2]))
+        draining = tuple(pool["draining"]) + tuple(r for r in sorted(self.asking) if r not in pool["draining"])
         out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
-                                                draining=tuple(pool["draining"]), coming=bool(pool["coming"])))
+                                                draining=draining, coming=bool(pool["coming"])))
         for rid, models in pool.get("models", {}).items():  # (what each replica said it holds, if it changed)
             if rid in self.actors and self.models.get(rid) != models:
                 self.machine.handle(ReplicaModels(deployment=self.name, replica_id=rid, model_ids=tuple(models)))
@@ -242,7 +258,9 @@ class Router:
             if method in self.streams and not stream:
                 raise TypeError(f"{self.name}.{method} is a generator method: call it through "
                                 f"handle.options(stream=True)")
-            call = Call(self, f"{self._prefix}{next(_ids)}", method, args, kwargs, stream, progress, request)
+            n = next(_ids)
+            call = Call(self, f"{self._prefix}{n}", method, args, kwargs, stream, progress, request,
+                        self._key_base | (n & 0xFFFFFFFF))
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream,
@@ -294,7 +312,8 @@ class Router:
                     asyncio.run_coroutine_threadsafe(self._follow(a.request_id, a.replica_id, gen),
                                                      _progress_loop())
                     continue
-                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs, call.request)
+                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs, call.request,
+                                                             call.key)
                 rid, req = a.replica_id, a.request_id
                 ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
             elif kind is Rejected or kind is Failed:
@@ -390,6 +409,48 @@ class Router:
             exc = e
         self._answer(request_id, replica_id, value, exc)
 
+    def _ask_witness(self, rid: str) -> bool:
+        """``rid`` died (under the lock): if it holds plain calls and its node is known, keep it
+        from new work (draining) and ask its witness, on another thread, which of them began
+        (``witness``); False when there is nothing to ask (the caller says gone at once)."""
+        node, actor = self.nodes.get(rid), self.actors.get(rid)
+        keys = {c.key: c.request_id for c in self.calls.values()
+                if c.replica_id == rid and c.key and not c.stream and not c.progress}
+        if node is None or actor is None or not keys:
+            return False
+        self.dead.add(rid)
+        self.actors.pop(rid, None)
+        self.asking.add(rid)
+        self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
+                                                       membership="draining")))
+        actor_id = actor._actor_id.hex()
+
+        def ask() -> None:
+            try:
+                began = ask_node(node, actor_id, list(keys))
+            except Exception:  # (counted as begun: fail as without a witness)
+                began = None
+            self._witnessed(rid, keys, began)
+
+        self._later(ask)
+        return True
+
+    def _witnessed(self, rid: str, keys: dict[int, str], began: list[int] | None) -> None:
+        """The witness of dead ``rid`` answered: its calls that never began go to another replica
+        (``NotDelivered``), then it is gone (its other calls fail, or retry if idempotent)."""
+        with self.lock:
+            self.asking.discard(rid)
+            self.witnessed.append((rid, len(keys), None if began is None else len(keys) - len(began)))
+            if began is not None:
+                done = set(began)
+                for key, request_id in keys.items():
+                    st = self.machine.status(request_id)
+                    if key in done or st is None or st.state != "dispatched" or st.replica_id != rid:
+                        continue  # (began, or already ended / moved on)
+                    self._carry(self.machine.handle(NotDelivered(request_id=request_id, replica_id=rid)))
+            self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
+                                                           membership="gone")))
+
     def _stream_end(self, call: Call, rid: str | None, ok: bool) -> None:
         with self.lock:
             if self.calls.pop(call.request_id, None) is not None:
@@ -431,8 +492,13 @@ class Router:
         with self.lock:
             call = self.calls.get(request_id)
             if isinstance(exc, (RayActorError, ActorUnavailableError)) and not isinstance(exc, TaskCancelledError):
-                # the replica is gone for this call: for the machine at once (requeue or retry or fail)
+                # the replica is gone for this call: for the machine at once (requeue or retry or fail),
+                # once its witness said which of its calls began (``_ask_witness``) when it died
+                if replica_id in self.asking:
+                    return  # (settled with the others when the witness answers)
                 if not isinstance(exc, ActorUnavailableError):
+                    if self._ask_witness(replica_id):
+                        return
                     self.dead.add(replica_id)
                 self.actors.pop(replica_id, None)
                 self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=replica_id,

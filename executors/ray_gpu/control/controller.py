@@ -656,8 +656,10 @@ class Controller:
         limits = (dep.config if dep is not None else rc.options.DEFAULTS).requests  # (declared once: rankcore.base.options)
         held = self.driver.pools.models  # (the core's ReplicaModels, as its pool commands said them)
         models = {rid: held.get(rid, ()) for rid, _ in serving}  # (every one: () says it holds none)
+        reps = dep.replicas if dep is not None else {}
+        nodes = {rid: reps[rid].node_id for rid, _ in serving if rid in reps and reps[rid].node_id is not None}
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
-                "models": models,
+                "models": models, "nodes": nodes,  # (where each one's witness is read: api.witness)
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,

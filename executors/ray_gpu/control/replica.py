@@ -45,6 +45,7 @@ import rankcore as rc
 
 from ..api import batching, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
+from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics
 
@@ -102,6 +103,12 @@ class ReplicaActor:
         self._models_seq = 0
         self._models_lock = threading.Lock()
         self._controller: Any = None
+        #: the calls whose user method it entered, kept where a router can read them after this
+        #: process dies (``api.witness``): made now, so one frozen before its first call has one too
+        self._witness: Witness | None = None
+        self._witness_failed = False
+        self._swept = 0.0  # (when it last swept its node's stale witnesses: ``_sweep``)
+        self._witness_of()
         multiplex.attach(self._push_models, self.metrics)
         batching.attach_metrics(self.metrics)
 
@@ -390,7 +397,9 @@ class ReplicaActor:
 
     async def ping(self) -> bool:
         """Health check: answers while requests run; calls the user's
-        ``check_health()`` if the class has one (raise = unhealthy)."""
+        ``check_health()`` if the class has one (raise = unhealthy). Now and then it also sweeps its
+        node's witnesses of replicas long dead (``_sweep``)."""
+        self._sweep()
         fn = getattr(self.instance, "check_health", None)
         if fn is not None:
             await self._call(fn)
@@ -429,6 +438,10 @@ class ReplicaActor:
             await self._on_user_loop(multiplex.shutdown_all())
         except Exception:  # pragma: no cover - best effort
             pass
+        if self._witness is not None:  # (a call that still comes counts as begun if this dies)
+            self._witness.close()
+            self._witness = None
+            self._witness_failed = True
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:
@@ -443,11 +456,40 @@ class ReplicaActor:
         return self.metrics.families()
 
     # --------------------------------------------------------------- requests
+    def _witness_of(self) -> Witness | None:
+        """Its witness (``api.witness``), made once, after sweeping the node's stale ones; None
+        outside an actor or where no file can be made (its calls then count as begun)."""
+        if self._witness is None and not self._witness_failed:
+            import ray
+
+            actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+            try:
+                if actor_id is None:
+                    raise OSError("not in a Ray actor")
+                self._sweep()
+                self._witness = Witness(actor_id)
+            except OSError:
+                self._witness_failed = True
+        return self._witness
+
+    def _sweep(self) -> None:
+        """Remove its node's witnesses of replicas long dead (at most every ``SWEEP_EVERY_S``)."""
+        now = time.monotonic()
+        if self._witness_failed or now - self._swept < SWEEP_EVERY_S and self._swept:
+            return
+        self._swept = now
+        try:
+            sweep()
+        except OSError:  # pragma: no cover - (a folder gone: nothing to sweep)
+            pass
+
     @contextlib.asynccontextmanager
-    async def _request(self, method: str, request: RequestContext | None) -> Any:
+    async def _request(self, method: str, request: RequestContext | None, key: int = 0) -> Any:
         """The user's method, counted in flight (a drain waits for it; the in-flight gauge shows
         it) while it holds one of the ``max_ongoing_requests`` slots; once it ends, counted as
-        answered or failed (its exception's type) with the time it ran (Serve's replica metrics)."""
+        answered or failed (its exception's type) with the time it ran (Serve's replica metrics).
+        ``key`` (not 0): written to its witness once it holds a slot, before the method is
+        entered, so its router can tell after this process died that it began (``api.witness``)."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         self._loop_objects()
@@ -460,12 +502,16 @@ class ReplicaActor:
             async with self._slots:  # at most max_ongoing_requests at once
                 began = time.perf_counter()
                 failed: str | None = None
+                witness = self._witness_of() if key else None
+                slot = witness.begin(key) if witness is not None else -1
                 try:
                     yield fn
                 except BaseException as exc:  # (counted, then raised as is)
                     failed = type(exc).__name__
                     raise
                 finally:
+                    if witness is not None:
+                        witness.end(slot)
                     self.metrics.answered(route, (time.perf_counter() - began) * 1000.0, failed)
         finally:
             self.metrics.ended()
@@ -474,9 +520,10 @@ class ReplicaActor:
                 self._idle.notify_all()
 
     async def handle_request(self, method: str, args: tuple, kwargs: dict,
-                             request: RequestContext | None = None) -> Any:
-        """One call of the user's ``method`` (``request``: the caller's request id and route)."""
-        async with self._request(method, request) as fn:
+                             request: RequestContext | None = None, key: int = 0) -> Any:
+        """One call of the user's ``method`` (``request``: the caller's request id and route;
+        ``key``: its witness key, ``api.witness``)."""
+        async with self._request(method, request, key) as fn:
             return await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
     async def handle_progress(self, method: str, args: tuple, kwargs: dict,
