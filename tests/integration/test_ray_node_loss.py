@@ -13,6 +13,7 @@ import ray
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
 from tests.integration.conftest import multi_node_cluster
+from tests.integration.witnessing import begun_and_waiting_then_killed
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,29 @@ def test_a_failed_placement_is_placed_again_and_a_node_where_a_replica_vanished_
     assert [(c["replica"], c["fields"]["cause"]) for c in crash] == [(rid, "exited")]  # os._exit: its node suspect
     assert ask(ctl, "state_errors") == []
     ask(ctl, "reset")  # (the suspect mark goes with the core's state: the next test starts clean)
+
+
+@deployment(name="remote-witness", num_replicas=1, max_ongoing_requests=2,
+            ray_actor_options={"num_cpus": 0.1, "num_gpus": 1})  # (on a worker: the head has no GPU)
+class Sleeper:
+    def slow(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return get_replica_context().replica_id
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_call_a_replica_on_another_node_never_began_is_answered_elsewhere(cluster):
+    """The witness read on the replica's node by a task pinned there (the caller is on the head):
+    the call it began fails, the one it never began is answered by its replacement."""
+    h = run(Sleeper.bind(), timeout=90)
+    assert h.node.remote().result(timeout=30) != ray.get_runtime_context().get_node_id()
+    begun_and_waiting_then_killed(h, "remote-witness")
+    ask(get_controller(), "reset")
 
 
 @deployment(name="spread", num_replicas=4,

@@ -18,6 +18,7 @@ import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
 from executors.ray_gpu.api.deployments import DeploymentHandle, ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
+from tests.integration.witnessing import begun_and_waiting_then_killed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
@@ -279,27 +280,7 @@ def test_a_plain_call_a_dead_replica_had_begun_fails_and_one_it_had_not_is_answe
     (it never begins). Killed: its witness says the first began (it fails naming the replica: never
     run twice) and the second did not (the replacement answers it)."""
     h = run(deployment(Model, name="witnessed", num_replicas=1, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
-    victim = sorted(h.ranks())[0]
-    actor = ray.get_actor(actor_name("witnessed", victim), namespace=NAMESPACE)
-    pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=30)
-    running = h.slow.remote(30.0)
-    time.sleep(1.0)  # (it began: its thread sleeps)
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        waiting = h.slow.remote(0.1)
-        time.sleep(0.5)
-        st = waiting.status()
-        assert st is not None and st.state == "dispatched" and st.replica_id == victim, st
-    finally:
-        os.kill(pid, signal.SIGKILL)
-    with pytest.raises(rc.ReplicaDied) as died:
-        running.result(timeout=60)
-    assert died.value.replica_id == victim
-    answered_by = waiting.result(timeout=90)
-    assert answered_by.startswith("witnessed#") and answered_by != victim
-    c = h.counters()
-    assert c.lost == 0 and c.failed == 1 and c.answered == 1 and c.retried == 0
-    assert h._router.witnessed == [(victim, 2, 1)]
+    begun_and_waiting_then_killed(h, "witnessed")
 
 
 def test_a_progress_call_reports_running_over_http_and_through_the_handle():

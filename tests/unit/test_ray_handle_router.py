@@ -26,20 +26,35 @@ class _Actor:
     """A replica: each call is a pending ``_Ref`` the test ends."""
 
     def __init__(self, rid: str) -> None:
-        self.rid, self.calls, self.requests = rid, [], []
+        self.rid, self.calls, self.requests, self.keys = rid, [], [], []
         self.handle_request = self
+        self._actor_id = _Id(f"actor-{rid}")
 
-    def remote(self, method: str, args: tuple, kwargs: dict, request: object = None) -> _Ref:
-        """``request``: the call's request context (its id, route), sent with every call."""
+    def remote(self, method: str, args: tuple, kwargs: dict, request: object = None, key: int = 0) -> _Ref:
+        """``request``: the call's request context (its id, route), sent with every call; ``key``:
+        what the replica's witness records as the call begins."""
         ref = _Ref()
         self.calls.append((method, args, ref))
         self.requests.append(request)
+        self.keys.append(key)
         return ref
 
 
-def pool(actors: dict, draining=(), coming=True, ongoing=5, queued=-1, idempotent=(), version=1) -> dict:
-    return {"version": version, "serving": list(actors.items()), "draining": list(draining), "coming": coming,
-            "max_ongoing_requests": ongoing, "max_queued_requests": queued, "idempotent": list(idempotent)}
+class _Id:
+    def __init__(self, h: str) -> None:
+        self.h = h
+
+    def hex(self) -> str:
+        return self.h
+
+
+def pool(actors: dict, draining=(), coming=True, ongoing=5, queued=-1, idempotent=(), version=1,
+         nodes=None) -> dict:
+    out = {"version": version, "serving": list(actors.items()), "draining": list(draining), "coming": coming,
+           "max_ongoing_requests": ongoing, "max_queued_requests": queued, "idempotent": list(idempotent)}
+    if nodes is not None:
+        out["nodes"] = nodes
+    return out
 
 
 def router(actors: dict, **kw) -> Router:
@@ -223,3 +238,73 @@ def test_a_pool_answer_older_than_the_one_taken_is_dropped() -> None:
     with r.lock:
         r._take(pool({"d#0": a, "d#1": b}, version=(2, 0)))  # a restarted controller's first answer
     assert r.version == (2, 0) and sorted(r.actors) == ["d#0", "d#1"]
+
+
+def _witnessing(monkeypatch, began):
+    """A router of two replicas on nodes n0 / n1 whose witness answers ``began(actor_id, keys)``
+    when the test runs the asks it queued (``asks``), as the router's thread would."""
+    import executors.ray_gpu.api.router as router_mod
+
+    asked: list = []
+    monkeypatch.setattr(router_mod, "ask_node", lambda node, actor_id, keys: asked.append((node, actor_id)) or
+                        began(actor_id, keys))
+    a, b = _Actor("d#0"), _Actor("d#1")
+    r = router({"d#0": a, "d#1": b}, ongoing=2, nodes={"d#0": "n0", "d#1": "n1"})
+    asks: list = []
+    r._later = asks.append
+    return r, a, b, asks, asked
+
+
+def test_a_plain_call_a_dead_replica_never_began_is_sent_to_another_and_one_it_began_fails(monkeypatch) -> None:
+    r, a, b, asks, asked = _witnessing(monkeypatch, lambda actor_id, keys: keys[:1])  # (the first began)
+    calls = [r.submit("__call__", (i,), {}) for i in range(4)]  # (two on each)
+    on_a = [c for c in calls if c.replica_id == "d#0"]
+    assert len(on_a) == 2 and len(a.keys) == 2 and all(a.keys) and len(set(a.keys + b.keys)) == 4
+    a.calls[0][2].f.set_exception(RayActorError())
+    assert asks and "d#0" in r.asking and "d#0" not in r.actors
+    a.calls[1][2].f.set_exception(RayActorError())  # (the second death waits for the same answer)
+    assert len(asks) == 1 and not any(c.future.done() for c in on_a)
+    extra = r.submit("__call__", (9,), {})  # (d#0 drains while its witness is asked: nothing new there)
+    assert extra.status().state == "queued" and len(a.calls) == 2
+    with r.lock:  # a pool answer while asking keeps it (as draining): its calls are not failed by it
+        r._take(pool({"d#0": a, "d#1": b}, ongoing=2, nodes={"d#0": "n0", "d#1": "n1"}, version=2))
+    assert not any(c.future.done() for c in on_a) and "d#0" not in r.actors
+    asks.pop()()
+    assert asked == [("n0", "actor-d#0")]
+    with pytest.raises(rc.ReplicaDied, match="d#0"):
+        on_a[0].future.result(1)  # (it began: never run twice)
+    assert on_a[1].status().state in ("queued", "dispatched") and not on_a[1].future.done()
+    for ref in [ref for _, _, ref in b.calls]:
+        ref.f.set_result("b")
+    for _ in range(3):  # (the requeued call and the extra one follow on d#1's freed slots)
+        for ref in [ref for _, _, ref in b.calls if not ref.f.done()]:
+            ref.f.set_result("b")
+    assert on_a[1].future.result(1) == "b" and extra.future.result(1) == "b"
+    c = r.counters()
+    assert (c.failed, c.answered, c.retried, c.lost) == (1, 4, 0, 0)
+    assert r.witnessed == [("d#0", 2, 1)] and not r.asking
+
+
+def test_a_witness_that_cannot_say_fails_every_call_as_begun(monkeypatch) -> None:
+    r, a, _b, asks, _ = _witnessing(monkeypatch, lambda actor_id, keys: None)
+    calls = [r.submit("__call__", (i,), {}) for i in range(2)]
+    on_a = [c for c in calls if c.replica_id == "d#0"]
+    a.calls[0][2].f.set_exception(RayActorError())
+    asks.pop()()
+    for c in on_a:
+        with pytest.raises(rc.ReplicaDied):
+            c.future.result(1)
+    assert r.witnessed == [("d#0", 1, None)]
+
+
+def test_without_its_node_a_dead_replicas_calls_fail_at_once(monkeypatch) -> None:
+    a, b = _Actor("d#0"), _Actor("d#1")
+    r = router({"d#0": a, "d#1": b}, ongoing=1)  # (no "nodes": an older controller)
+    asks: list = []
+    r._later = asks.append
+    call = r.submit("__call__", (), {})
+    dying = a if a.calls else b
+    dying.calls[0][2].f.set_exception(RayActorError())
+    with pytest.raises(rc.ReplicaDied):
+        call.future.result(1)
+    assert not asks and r.witnessed == []

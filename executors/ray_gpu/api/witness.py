@@ -39,6 +39,7 @@ import struct
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Witness", "began", "ask_node", "witness_dir", "witness_path", "sweep", "SLOTS", "KEEP_S",
            "ASK_TIMEOUT_S", "PROCESS_EXIT_S", "SWEEP_AFTER_S", "SWEEP_EVERY_S", "DIR_ENV"]
@@ -192,10 +193,11 @@ def ask_node(node_id: str, actor_id: str, keys: list[int]) -> list[int] | None:
         return None
 
 
-_REMOTE = None
+_REMOTE: Any = None
 
 
-def _began_remote():  # type: ignore[no-untyped-def]
+def _began_remote() -> Any:
+    """``began`` as a Ray task (made once per process)."""
     global _REMOTE
     if _REMOTE is None:
         import ray

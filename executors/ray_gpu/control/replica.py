@@ -475,7 +475,7 @@ class ReplicaActor:
     def _sweep(self) -> None:
         """Remove its node's witnesses of replicas long dead (at most every ``SWEEP_EVERY_S``)."""
         now = time.monotonic()
-        if self._witness_failed or now - self._swept < SWEEP_EVERY_S and self._swept:
+        if self._witness_failed or (self._swept and now - self._swept < SWEEP_EVERY_S):
             return
         self._swept = now
         try:
