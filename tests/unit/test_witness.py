@@ -51,15 +51,24 @@ def test_a_process_that_still_runs_is_unknown_after_the_wait(tmp_path):
     assert not (tmp_path / "rankcore-witness-alive").exists()  # (a graceful stop removes it)
 
 
-def test_a_full_witness_sets_its_overflow_flag_and_reads_as_unknown(tmp_path, monkeypatch):
+def test_a_call_begun_with_every_slot_busy_reads_as_unknown_until_keep_s_after_it_ended(tmp_path, monkeypatch):
     monkeypatch.setattr(w, "SLOTS", 4)
     wit = w.Witness("full", directory=tmp_path)
     slots = [wit.begin(k) for k in (1, 2, 3, 4)]
     assert sorted(slots) == [0, 1, 2, 3]
     wit.end(slots[0])  # (ended just now: kept KEEP_S, not reused)
-    assert wit.begin(5) == -1 and wit.overflowed
+    unrecorded = wit.begin(5)
+    assert unrecorded == -1 and wit.unrecorded == 1
     data = (tmp_path / "rankcore-witness-full").read_bytes()
     assert w._HEADER.unpack_from(data, 0)[3] == 1
+    monkeypatch.setattr(w, "_start_ticks", lambda pid: None)  # (read as if its process were gone)
+    assert w.began("full", [1, 6], directory=tmp_path) is None  # (5 runs unrecorded: 6 may be it)
+    wit.end(unrecorded)
+    assert wit.unrecorded == 0
+    assert w.began("full", [1, 6], directory=tmp_path) is None  # (ended less than KEEP_S ago)
+    monkeypatch.setattr(w, "KEEP_S", 0.0)
+    assert w.began("full", [1, 6], directory=tmp_path) == [1]  # (healed: what it holds is whole again)
+    wit.close()
 
 
 def test_an_ended_calls_slot_is_reused_only_after_keep_s(tmp_path, monkeypatch):

@@ -37,10 +37,15 @@ dies before its marker came, it never began and is sent to another replica, not 
 router re-sends a request no replica accepted the same way; a replica that dies between yielding the
 marker and its arrival has begun it, and it runs again: the marker's flight, a fraction of a
 millisecond). Every other call counts as started once dispatched (the machine keeps
-``reports_started=False``): when its replica dies it is retried only if idempotent, never run twice.
-A marker costs every call a Ray streaming generator instead of a plain actor call: +0.65 ms at one
-client and half the calls a second at 16 on this project's 2-core machine
-(``benchmarks/bench_start_marker.py``), which is why plain calls go without it.
+``reports_started=False``): when its replica dies it is retried only if idempotent, never run twice,
+unless the replica's witness (``witness``) says it never entered the user's method. A plain call
+carries a key the replica writes to its witness as the call takes a slot; when a call sees its
+replica die, the router keeps that replica from new work (draining), reads its witness once its
+process is gone (``witness.ask_node``, on another thread), feeds ``NotDelivered`` for its calls
+the witness does not hold (sent to another replica) and then ``PoolChanged`` gone (the rest fail,
+or retry if idempotent). A marker costs every call a Ray streaming generator instead of a plain
+actor call: +0.65 ms at one client and half the calls a second at 16 on this project's 2-core
+machine (``benchmarks/bench_start_marker.py``); the witness, two stores into shared memory.
 
 Thread-safe: the machine is stepped under one lock, from callers' threads and
 from Ray's completion callbacks. Nothing waits on Ray while holding it: Ray runs

@@ -12,7 +12,8 @@ shared memory instead:
 * the replica (``Witness``) writes each call's key into a slot of a small file it maps from
   ``/dev/shm`` (named by its actor id) as the call takes one of its slots, *before* the user's
   method is entered; the slot is kept ``KEEP_S`` after the call ends (its answer may still be on
-  its way when the process dies) and then reused; with no slot free it sets an overflow flag;
+  its way when the process dies) and then reused; with no slot free it counts the call as
+  unrecorded while it runs and for ``KEEP_S`` after (a burst past ``SLOTS`` heals);
 * when a call fails with ``ActorDiedError``, its router asks the file (``began``: read where the
   router runs when it is on the replica's node, else by a task pinned to that node,
   ``ask_node``) once the process is gone: a call whose key is not there never entered the user's
@@ -21,13 +22,14 @@ shared memory instead:
 
 Every doubt counts as begun, so nothing runs twice: no file (a node lost with its replicas, a
 replica stopped gracefully, which removes its file), a process that still lives (a replica marked
-dead while it runs: its calls may yet begin), an overflow, a node that does not answer within
+dead while it runs: its calls may yet begin), an unrecorded call running or ended less than
+``KEEP_S`` ago, a node that does not answer within
 ``ASK_TIMEOUT_S``. A key is 64 bits, a random per-router prefix and the router's call counter;
 two calls sharing one could only make a call that never began count as begun.
 
 Layout (little-endian): a 64-byte header (``MAGIC``, the writer's pid and its start time in clock
-ticks from ``/proc/<pid>/stat``, the overflow flag, the wall time of the latest begin, for the
-sweep), then ``SLOTS`` 8-byte keys (0: never used).
+ticks from ``/proc/<pid>/stat``, the unrecorded calls running, the wall time of the latest begin,
+for the sweep, and of the latest unrecorded call's end), then ``SLOTS`` 8-byte keys (0: never used).
 """
 
 from __future__ import annotations
@@ -45,14 +47,16 @@ __all__ = ["Witness", "began", "ask_node", "witness_dir", "witness_path", "sweep
            "ASK_TIMEOUT_S", "PROCESS_EXIT_S", "SWEEP_AFTER_S", "SWEEP_EVERY_S", "DIR_ENV"]
 
 MAGIC = b"RCWIT001"
-_HEADER = struct.Struct("<8sQQQd")  # magic, pid, start ticks, overflow, wall time of the latest begin
+#: magic, pid, start ticks, unrecorded calls running, wall times of the latest begin and unrecorded end
+_HEADER = struct.Struct("<8sQQQdd")
 HEADER_BYTES = 64
 _LAST = 32  # (the offset of the latest begin's wall time in the header)
-_OVERFLOW = 24
+_UNRECORDED = 24
+_UNRECORDED_END = 40
 #: keys a replica holds at once: the calls in its slots plus those that ended less than KEEP_S ago
 SLOTS = 16384
 #: how long an ended call's key stays (its answer's flight back to the router, with room to spare)
-KEEP_S = 10.0
+KEEP_S = 5.0
 #: how long a router waits for a node to say which calls began (then: all count as begun)
 ASK_TIMEOUT_S = 5.0
 #: how long a reader waits for the dead replica's process to be gone from its node
@@ -109,32 +113,36 @@ class Witness:
         finally:
             os.close(fd)
         pid = os.getpid()
-        _HEADER.pack_into(self._map, 0, MAGIC, pid, _start_ticks(pid) or 0, 0, time.time())
+        _HEADER.pack_into(self._map, 0, MAGIC, pid, _start_ticks(pid) or 0, 0, time.time(), 0.0)
         self._fresh = SLOTS  # slots never used, taken from the top down
         self._ended: collections.deque[tuple[float, int]] = collections.deque()
-        self.overflowed = False
+        self.unrecorded = 0  # calls running that no slot holds (every slot busy when they began)
 
     def begin(self, key: int) -> int:
         """Record ``key`` (a call about to enter the user's method); its slot for ``end``, -1 if none
-        was free (the overflow flag is set: every call then counts as begun)."""
+        was free (counted unrecorded: until it ended ``KEEP_S`` ago every call counts as begun)."""
         if self._fresh:
             self._fresh -= 1
             slot = self._fresh
         elif self._ended and time.monotonic() - self._ended[0][0] >= KEEP_S:
             slot = self._ended.popleft()[1]
         else:
-            if not self.overflowed:
-                self.overflowed = True
-                struct.pack_into("<Q", self._map, _OVERFLOW, 1)
+            self.unrecorded += 1
+            struct.pack_into("<Q", self._map, _UNRECORDED, self.unrecorded)
             return -1
         struct.pack_into("<Q", self._map, HEADER_BYTES + 8 * slot, key)
         struct.pack_into("<d", self._map, _LAST, time.time())
         return slot
 
     def end(self, slot: int) -> None:
-        """The call of ``slot`` ended: its key stays ``KEEP_S`` more, then the slot is reused."""
+        """The call of ``slot`` ended: its key stays ``KEEP_S`` more, then the slot is reused (an
+        unrecorded call's end is stamped: reads say unknown ``KEEP_S`` more)."""
         if slot >= 0:
             self._ended.append((time.monotonic(), slot))
+        elif self.unrecorded:
+            self.unrecorded -= 1
+            struct.pack_into("<d", self._map, _UNRECORDED_END, time.time())
+            struct.pack_into("<Q", self._map, _UNRECORDED, self.unrecorded)
 
     def close(self) -> None:
         """Remove the file (a graceful stop: calls that still come count as begun, as without it)."""
@@ -151,7 +159,7 @@ class Witness:
 def began(actor_id: str, keys: list[int], directory: Path | None = None,
           wait_s: float = PROCESS_EXIT_S) -> list[int] | None:
     """Of ``keys``, those the dead replica ``actor_id`` had begun (they are in its witness); None
-    when that cannot be known (no witness, an overflow, its process still running after
+    when that cannot be known (no witness, a call it began unrecorded, its process still running after
     ``wait_s``): then every call counts as begun."""
     d = directory if directory is not None else witness_dir()
     path = d / f"{_PREFIX}{actor_id}"
@@ -161,7 +169,7 @@ def began(actor_id: str, keys: list[int], directory: Path | None = None,
         return None
     if len(data) < HEADER_BYTES or data[:8] != MAGIC:
         return None
-    _magic, pid, ticks, _over, _last = _HEADER.unpack_from(data, 0)
+    _magic, pid, ticks, _unrec, _last, _unrec_end = _HEADER.unpack_from(data, 0)
     if not ticks:  # (its writer could not say when it started: whether it still runs is unknown)
         return None
     deadline = time.monotonic() + wait_s
@@ -170,7 +178,8 @@ def began(actor_id: str, keys: list[int], directory: Path | None = None,
             return None
         time.sleep(0.02)
     data = path.read_bytes()  # (read again: what it wrote up to its end)
-    if _HEADER.unpack_from(data, 0)[3]:
+    _magic, pid, ticks, unrecorded, _last, unrecorded_end = _HEADER.unpack_from(data, 0)
+    if unrecorded or time.time() - unrecorded_end < KEEP_S:  # (a call that began without a slot)
         return None
     held = set(struct.unpack_from(f"<{(len(data) - HEADER_BYTES) // 8}Q", data, HEADER_BYTES))
     return [k for k in keys if k in held]
@@ -216,7 +225,7 @@ def sweep(directory: Path | None = None, older_than_s: float = SWEEP_AFTER_S) ->
         try:
             with open(path, "rb") as f:
                 head = f.read(HEADER_BYTES)
-            _magic, pid, ticks, _over, last = _HEADER.unpack_from(head, 0)
+            _magic, pid, ticks, _unrec, last, _unrec_end = _HEADER.unpack_from(head, 0)
         except (OSError, struct.error):
             continue
         if _start_ticks(pid) != ticks and now - last >= older_than_s:
