@@ -40,7 +40,8 @@ def begun_and_waiting_then_killed(h: Any, name: str, slow: str = "slow") -> str:
     answered_by = waiting.result(timeout=90)
     assert answered_by.startswith(f"{name}#") and answered_by != victim
     c = h.counters()
-    assert (c.lost, c.failed - c0.failed, c.answered - c0.answered, c.retried - c0.retried) == (0, 1, 1, 0), (
+    before = (c0.failed, c0.answered, c0.retried) if c0 is not None else (0, 0, 0)  # (None: no call yet)
+    assert (c.lost, c.failed - before[0], c.answered - before[1], c.retried - before[2]) == (0, 1, 1, 0), (
         c0, c, h._router.witnessed)
     assert h._router.witnessed == [(victim, 2, 1)], h._router.witnessed
     return victim

@@ -465,12 +465,14 @@ class Router:
         """The stream's replica died: gone for the machine (which fails the stream: it had started)."""
         with self.lock:
             if rid is not None:
-                if not isinstance(exc, ActorUnavailableError):
-                    self.dead.add(rid)
-                self.actors.pop(rid, None)
                 self.calls.pop(call.request_id, None)
-                self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
-                                                               membership="gone")))
+                # (its plain calls there are told apart first: ``_ask_witness``; gone once it answered)
+                if rid not in self.asking and (isinstance(exc, ActorUnavailableError) or not self._ask_witness(rid)):
+                    if not isinstance(exc, ActorUnavailableError):
+                        self.dead.add(rid)
+                    self.actors.pop(rid, None)
+                    self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
+                                                                   membership="gone")))
         return rc.ReplicaDied(f"stream from {self.name!r}.{call.method}: replica {rid} died mid-stream "
                               f"({type(exc).__name__}); the items before it were delivered",
                               deployment=self.name, request_id=call.request_id, replica_id=rid)
