@@ -92,10 +92,13 @@ def test_sweep_removes_dead_writers_witnesses_only(tmp_path):
     live.close()
 
 
-def test_a_witness_lives_in_memory_where_the_node_has_it():
+def test_a_witness_lives_in_memory_where_the_node_has_it_or_where_the_env_says(monkeypatch, tmp_path):
+    monkeypatch.delenv(w.DIR_ENV, raising=False)
     assert w.witness_path("x").parent == w.witness_dir()
     if os.path.isdir("/dev/shm"):
         assert str(w.witness_dir()) == "/dev/shm"
+    monkeypatch.setenv(w.DIR_ENV, str(tmp_path))
+    assert w.witness_path("x") == tmp_path / "rankcore-witness-x"
 
 
 @pytest.mark.parametrize("key", [1, 2**63 + 5, 2**64 - 1])
