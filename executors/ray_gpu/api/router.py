@@ -414,6 +414,19 @@ class Router:
             exc = e
         self._answer(request_id, replica_id, value, exc)
 
+    def _lost(self, rid: str, exc: BaseException) -> None:
+        """A call saw ``rid`` die (under the lock): gone for the machine (requeue, retry or fail),
+        once its witness said which of its plain calls began (``_ask_witness``); an unavailable one
+        (it may come back) is gone at once, without being marked dead."""
+        if rid in self.asking:
+            return  # (settled with the others when the witness answers)
+        if not isinstance(exc, ActorUnavailableError):
+            if self._ask_witness(rid):
+                return
+            self.dead.add(rid)
+        self.actors.pop(rid, None)
+        self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid, membership="gone")))
+
     def _ask_witness(self, rid: str) -> bool:
         """``rid`` died (under the lock): if it holds plain calls and its node is known, keep it
         from new work (draining) and ask its witness, on another thread, which of them began
@@ -466,13 +479,7 @@ class Router:
         with self.lock:
             if rid is not None:
                 self.calls.pop(call.request_id, None)
-                # (its plain calls there are told apart first: ``_ask_witness``; gone once it answered)
-                if rid not in self.asking and (isinstance(exc, ActorUnavailableError) or not self._ask_witness(rid)):
-                    if not isinstance(exc, ActorUnavailableError):
-                        self.dead.add(rid)
-                    self.actors.pop(rid, None)
-                    self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=rid,
-                                                                   membership="gone")))
+                self._lost(rid, exc)
         return rc.ReplicaDied(f"stream from {self.name!r}.{call.method}: replica {rid} died mid-stream "
                               f"({type(exc).__name__}); the items before it were delivered",
                               deployment=self.name, request_id=call.request_id, replica_id=rid)
@@ -499,17 +506,7 @@ class Router:
         with self.lock:
             call = self.calls.get(request_id)
             if isinstance(exc, (RayActorError, ActorUnavailableError)) and not isinstance(exc, TaskCancelledError):
-                # the replica is gone for this call: for the machine at once (requeue or retry or fail),
-                # once its witness said which of its calls began (``_ask_witness``) when it died
-                if replica_id in self.asking:
-                    return  # (settled with the others when the witness answers)
-                if not isinstance(exc, ActorUnavailableError):
-                    if self._ask_witness(replica_id):
-                        return
-                    self.dead.add(replica_id)
-                self.actors.pop(replica_id, None)
-                self._carry(self.machine.handle(rc.PoolChanged(deployment=self.name, replica_id=replica_id,
-                                                               membership="gone")))
+                self._lost(replica_id, exc)  # (the call is settled with the replica's others)
                 return
             actions = self.machine.handle(Completed(request_id=request_id, ok=exc is None, replica_id=replica_id))
             st = self.machine.status(request_id)

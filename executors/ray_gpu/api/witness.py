@@ -82,8 +82,9 @@ def witness_dir() -> Path:
     return Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
 
 
-def witness_path(actor_id: str) -> Path:
-    return witness_dir() / f"{_PREFIX}{actor_id}"
+def witness_path(actor_id: str, directory: Path | None = None) -> Path:
+    """Replica ``actor_id``'s witness, in ``directory`` (None: ``witness_dir()``)."""
+    return (directory if directory is not None else witness_dir()) / f"{_PREFIX}{actor_id}"
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -103,8 +104,7 @@ class Witness:
     loop only (``begin`` and ``end`` are not thread-safe)."""
 
     def __init__(self, actor_id: str, directory: Path | None = None) -> None:
-        d = directory if directory is not None else witness_dir()
-        self.path = d / f"{_PREFIX}{actor_id}"
+        self.path = witness_path(actor_id, directory)
         size = HEADER_BYTES + 8 * SLOTS
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -161,8 +161,7 @@ def began(actor_id: str, keys: list[int], directory: Path | None = None,
     """Of ``keys``, those the dead replica ``actor_id`` had begun (they are in its witness); None
     when that cannot be known (no witness, a call it began unrecorded, its process still running after
     ``wait_s``): then every call counts as begun."""
-    d = directory if directory is not None else witness_dir()
-    path = d / f"{_PREFIX}{actor_id}"
+    path = witness_path(actor_id, directory)
     try:
         data = path.read_bytes()
     except OSError:
@@ -217,7 +216,7 @@ def _began_remote() -> Any:
 
 def sweep(directory: Path | None = None, older_than_s: float = SWEEP_AFTER_S) -> int:
     """Remove the witnesses of processes that are gone and began no call for ``older_than_s``;
-    the number removed. A new replica sweeps its node; ``older_than_s=0`` removes every dead one."""
+    the number removed. A live replica sweeps its node; ``older_than_s=0`` removes every dead one."""
     d = directory if directory is not None else witness_dir()
     removed = 0
     now = time.time()

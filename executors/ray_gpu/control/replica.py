@@ -105,10 +105,8 @@ class ReplicaActor:
         self._controller: Any = None
         #: the calls whose user method it entered, kept where a router can read them after this
         #: process dies (``api.witness``): made now, so one frozen before its first call has one too
-        self._witness: Witness | None = None
-        self._witness_failed = False
         self._swept = 0.0  # (when it last swept its node's stale witnesses: ``_sweep``)
-        self._witness_of()
+        self._witness = self._new_witness()
         multiplex.attach(self._push_models, self.metrics)
         batching.attach_metrics(self.metrics)
 
@@ -441,7 +439,6 @@ class ReplicaActor:
         if self._witness is not None:  # (a call that still comes counts as begun if this dies)
             self._witness.close()
             self._witness = None
-            self._witness_failed = True
         fn = getattr(self.instance, "__del__", None)
         self._stop.set()
         if fn is not None:
@@ -456,26 +453,26 @@ class ReplicaActor:
         return self.metrics.families()
 
     # --------------------------------------------------------------- requests
-    def _witness_of(self) -> Witness | None:
-        """Its witness (``api.witness``), made once, after sweeping the node's stale ones; None
-        outside an actor or where no file can be made (its calls then count as begun)."""
-        if self._witness is None and not self._witness_failed:
-            import ray
+    def _new_witness(self) -> Witness | None:
+        """Its witness (``api.witness``), after sweeping the node's stale ones; None outside an
+        actor or where no file can be made (its calls then count as begun)."""
+        import ray
 
-            actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-            try:
-                if actor_id is None:
-                    raise OSError("not in a Ray actor")
-                self._sweep()
-                self._witness = Witness(actor_id)
-            except OSError:
-                self._witness_failed = True
-        return self._witness
+        actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+        if actor_id is None:
+            return None
+        try:
+            self._swept = time.monotonic()
+            sweep()
+            return Witness(actor_id)
+        except OSError:
+            return None
 
     def _sweep(self) -> None:
-        """Remove its node's witnesses of replicas long dead (at most every ``SWEEP_EVERY_S``)."""
+        """Remove its node's witnesses of replicas long dead (at most every ``SWEEP_EVERY_S``;
+        none once it has no witness of its own: outside an actor, or stopping)."""
         now = time.monotonic()
-        if self._witness_failed or (self._swept and now - self._swept < SWEEP_EVERY_S):
+        if self._witness is None or now - self._swept < SWEEP_EVERY_S:
             return
         self._swept = now
         try:
@@ -502,7 +499,7 @@ class ReplicaActor:
             async with self._slots:  # at most max_ongoing_requests at once
                 began = time.perf_counter()
                 failed: str | None = None
-                witness = self._witness_of() if key else None
+                witness = self._witness if key else None
                 slot = witness.begin(key) if witness is not None else -1
                 try:
                     yield fn
