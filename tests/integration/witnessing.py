@@ -43,5 +43,5 @@ def begun_and_waiting_then_killed(h: Any, name: str, slow: str = "slow") -> str:
     before = (c0.failed, c0.answered, c0.retried) if c0 is not None else (0, 0, 0)  # (None: no call yet)
     assert (c.lost, c.failed - before[0], c.answered - before[1], c.retried - before[2]) == (0, 1, 1, 0), (
         c0, c, h._router.witnessed)
-    assert h._router.witnessed == [(victim, 2, 1)], h._router.witnessed
+    assert list(h._router.witnessed) == [(victim, 2, 1)], h._router.witnessed
     return victim

@@ -282,7 +282,7 @@ def test_a_plain_call_a_dead_replica_never_began_is_sent_to_another_and_one_it_b
     assert on_a[1].future.result(1) == "b" and extra.future.result(1) == "b"
     c = r.counters()
     assert (c.failed, c.answered, c.retried, c.lost) == (1, 4, 0, 0)
-    assert r.witnessed == [("d#0", 2, 1)] and not r.asking
+    assert list(r.witnessed) == [("d#0", 2, 1)] and not r.asking
 
 
 def test_a_witness_that_cannot_say_fails_every_call_as_begun(monkeypatch) -> None:
@@ -294,7 +294,7 @@ def test_a_witness_that_cannot_say_fails_every_call_as_begun(monkeypatch) -> Non
     for c in on_a:
         with pytest.raises(rc.ReplicaDied):
             c.future.result(1)
-    assert r.witnessed == [("d#0", 1, None)]
+    assert list(r.witnessed) == [("d#0", 1, None)]
 
 
 def test_without_its_node_a_dead_replicas_calls_fail_at_once(monkeypatch) -> None:
@@ -307,4 +307,16 @@ def test_without_its_node_a_dead_replicas_calls_fail_at_once(monkeypatch) -> Non
     dying.calls[0][2].f.set_exception(RayActorError())
     with pytest.raises(rc.ReplicaDied):
         call.future.result(1)
-    assert not asks and r.witnessed == []
+    assert not asks and not r.witnessed
+
+
+def test_the_witness_answers_a_router_keeps_are_bounded(monkeypatch) -> None:
+    """A router lives as long as its handle, through any number of deaths: it keeps the last
+    ``WITNESSED`` witness answers, not one per death for ever."""
+    from executors.ray_gpu.api.router import WITNESSED
+
+    r, *_ = _witnessing(monkeypatch, lambda actor_id, keys: [])
+    for i in range(WITNESSED + 5):
+        r._witnessed(f"d#{i}", {}, [])
+    assert len(r.witnessed) == WITNESSED and r.witnessed[0] == ("d#5", 0, 0)
+    assert r.witnessed[-1] == (f"d#{WITNESSED + 4}", 0, 0)

@@ -56,6 +56,7 @@ callback waiting for the lock would stall the answer its holder waits for.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import os
@@ -98,6 +99,8 @@ LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
+#: how many witness answers a router keeps for tests and benchmarks to read (``Router.witnessed``)
+WITNESSED = 64
 _ids = itertools.count()
 _loop: asyncio.AbstractEventLoop | None = None  # the progress calls' event loop (``_progress_loop``)
 _loop_lock = threading.Lock()
@@ -176,8 +179,9 @@ class Router:
         self.poll: Any = None
         self.retry_at = 0.0
         self.polls = 0  # long-poll answers taken (tests)
-        #: each witness asked (tests, benchmarks): (replica, calls asked about, of them never begun; None: unknown)
-        self.witnessed: list[tuple[str, int, int | None]] = []
+        #: the last WITNESSED witnesses asked (tests, benchmarks): (replica, calls asked about, of them never
+        #: begun; None: unknown); bounded, as a router lives as long as its handle, through any number of deaths
+        self.witnessed: collections.deque[tuple[str, int, int | None]] = collections.deque(maxlen=WITNESSED)
         self._prefix = f"{name}:{id(self):x}:"
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
