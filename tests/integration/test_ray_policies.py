@@ -405,7 +405,11 @@ def test_a_hung_init_is_killed_at_the_start_timeout_and_started_again_on_its_ran
     assert ask(ctl, "wait_healthy", "sleepy", 60)
     text = ask(ctl, "drain_trace")
     recs = records(text)
-    first, second = of(recs, "command", "StartReplica")
+    starts = of(recs, "command", "StartReplica")
+    # (a loaded machine may take the 1.5 s over the second start too: each start after the first
+    # is a retry on the same rank, and the last one came up)
+    assert len(starts) >= 2 and all(s["rank"][0] == 0 for s in starts), starts
+    first, second = starts[0], starts[1]
     (stop,) = of(recs, "command", "StopReplica", first["replica"])
     assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
     (init,) = of(recs, "command", "InitializeReplica", first["replica"])
