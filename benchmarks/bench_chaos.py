@@ -639,10 +639,12 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
 
     res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "faults": [], "errors": []}
     chaos_dir = tempfile.mkdtemp(prefix="bench_chaos_")
-    # (ours' replicas keep their witnesses here, in memory where it can, not in /dev/shm itself: a killed
-    # replica's would stay there after the run; the nodes' processes inherit it from this one)
-    witnesses = tempfile.mkdtemp(prefix="bench_chaos_witness_", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    os.environ["RANKCORE_WITNESS_DIR"] = witnesses
+    # (ours' replicas keep their witnesses in a folder of the run's own, in the usual place, not there
+    # itself: a killed replica's would stay after the run; the nodes' processes inherit the variable)
+    from executors.ray_gpu.api.witness import DIR_ENV, witness_dir
+
+    witnesses = tempfile.mkdtemp(prefix="bench_chaos_witness_", dir=witness_dir())
+    os.environ[DIR_ENV] = witnesses
     rng = random.Random(args.seed)
     checks = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
     cluster = Cluster(initialize_head=True, head_node_args={

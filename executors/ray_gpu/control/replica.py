@@ -105,8 +105,9 @@ class ReplicaActor:
         self._controller: Any = None
         #: the calls whose user method it entered, kept where a router can read them after this
         #: process dies (``api.witness``): made now, so one frozen before its first call has one too
-        self._swept = 0.0  # (when it last swept its node's stale witnesses: ``_sweep``)
+        self._swept = float("-inf")  # (when it last swept its node's stale witnesses: ``_sweep``)
         self._witness = self._new_witness()
+        self._sweep()
         multiplex.attach(self._push_models, self.metrics)
         batching.attach_metrics(self.metrics)
 
@@ -454,16 +455,14 @@ class ReplicaActor:
 
     # --------------------------------------------------------------- requests
     def _new_witness(self) -> Witness | None:
-        """Its witness (``api.witness``), after sweeping the node's stale ones; None outside an
-        actor or where no file can be made (its calls then count as begun)."""
+        """Its witness (``api.witness``); None outside an actor or where no file can be made (its
+        calls then count as begun)."""
         import ray
 
         actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
         if actor_id is None:
             return None
         try:
-            self._swept = time.monotonic()
-            sweep()
             return Witness(actor_id)
         except OSError:
             return None
