@@ -72,7 +72,7 @@ from .api.fingerprint import version_of
 from .control.cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .control.observe import UNSEEN_GROUP_PREFIX
 from .control.record import queue_fault
-from .control.replica import ReplicaActor
+from .control.replica import remote_class
 from .control.replicas import NAMESPACE, actor_name
 from .control.static import StaticPlacementConfig
 from .scenario_models import CLASSES, WEIGHTED, NoReconfigure, weights_for
@@ -507,7 +507,7 @@ class _RayTarget:
         if self.cluster is not None and self.cluster.nodes:
             first = next(iter(self.cluster.nodes.values())).node_id  # (in the order added; lost ones left out)
             where["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=first, soft=False)
-        actor: Any = ray.remote(ReplicaActor).options(
+        actor: Any = remote_class().options(
             name=name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, num_cpus=0, max_concurrency=100,
             **where).remote(deployment, replica, NoReconfigure, (), {}, None, 0, 1)
         self.orphans.append(name)

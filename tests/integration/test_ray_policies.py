@@ -35,7 +35,7 @@ from executors.checktrace import check_trace_lines
 from executors.ray_gpu import deployment, get_controller, get_replica_context
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
-from executors.ray_gpu.control.replica import ReplicaActor
+from executors.ray_gpu.control.replica import remote_class
 from tests.integration.conftest import ROOT, ray_env
 from tests.integration.waiting import wait_for
 
@@ -341,7 +341,7 @@ def test_a_recovery_stops_an_orphan_and_an_unresponsive_replica_before_the_rank_
     silent = max(ranks, key=lambda rid: ranks[rid][0])
     pid = ray.get(call("keep", silent, "pid"), timeout=10)
     # an orphan: a replica actor of a deployment no spec names (left from an earlier run, say)
-    ghost = ray.remote(ReplicaActor).options(
+    ghost = remote_class().options(
         name=actor_name("ghost", "ghost#0"), namespace=NAMESPACE, lifetime="detached", num_cpus=0,
         max_concurrency=100).remote("ghost", "ghost#0", Ghost, (), {}, 0, 0, 1)
     ray.get(ghost.initialize.remote((0, 0, 0), 1, None, False, False), timeout=30)

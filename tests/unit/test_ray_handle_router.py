@@ -10,6 +10,7 @@ import pytest
 from ray.exceptions import RayActorError
 
 import rankcore as rc
+from executors.ray_gpu.api.context import from_wire
 from executors.ray_gpu.api.deployments import DeploymentHandle, DeploymentResponse
 from executors.ray_gpu.api.router import Router
 
@@ -27,7 +28,7 @@ class _Actor:
 
     def __init__(self, rid: str) -> None:
         self.rid, self.calls, self.requests, self.keys = rid, [], [], []
-        self.handle_request = self
+        self.handle_call = _Packed(self)
         self._actor_id = _Id(f"actor-{rid}")
 
     def remote(self, method: str, args: tuple, kwargs: dict, request: object = None, key: int = 0) -> _Ref:
@@ -38,6 +39,19 @@ class _Actor:
         self.requests.append(request)
         self.keys.append(key)
         return ref
+
+
+class _Packed:
+    """The replica's ``handle_call``: the call in one argument, its request context as a plain tuple
+    (``context.to_wire``), as the router sends it."""
+
+    def __init__(self, actor: _Actor) -> None:
+        self.actor = actor
+
+    def remote(self, call: tuple) -> _Ref:
+        method, args, kwargs, request, key = call
+        assert request is None or (type(request) is tuple and all(type(f) is str for f in request)), request
+        return self.actor.remote(method, args, kwargs, from_wire(request), key)
 
 
 class _Id:

@@ -124,3 +124,16 @@ def request_for_call(app_name: str, model_id: str = "") -> RequestContext:
                               multiplexed_model_id=model_id)
     return RequestContext(route=cur.route if cur is not None else "", request_id=generate_request_id(),
                           app_name=app_name, multiplexed_model_id=model_id)
+
+
+def to_wire(request: RequestContext | None) -> tuple[str, str, str, str] | None:
+    """``request`` as a plain tuple for a call's one argument to its replica (``from_wire`` there):
+    Ray sends plain types by msgpack, where an attrs object is pickled, about 80 us a call."""
+    if request is None:
+        return None
+    return (request.route, request.request_id, request.app_name, request.multiplexed_model_id)
+
+
+def from_wire(sent: tuple[str, str, str, str] | None) -> RequestContext | None:
+    """What ``to_wire`` sent, as the ``RequestContext`` the replica's user code reads."""
+    return None if sent is None else RequestContext(*sent)

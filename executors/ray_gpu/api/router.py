@@ -15,7 +15,7 @@ waiting request at once when no replica serves and none is coming
   ``PoolChanged`` / ``PoolComing`` / ``PoolReset`` commands made, as soon as a
   pool command for the deployment comes out of a step; the router turns each
   answer into a ``PoolReset`` (and a ``Configure`` when the limits changed);
-* carries out ``Dispatch`` (``actor.handle_request.remote``; a progress call's through
+* carries out ``Dispatch`` (``actor.handle_call.remote``, the call in one argument; a progress call's through
   ``handle_progress``, below), ``Rejected`` and
   ``Failed`` (the caller's future gets the typed error), ``CancelOnReplica``
   (``ray.cancel``);
@@ -87,7 +87,7 @@ from rankcore.requests import (
 )
 
 from .autoscale import LoadReporter
-from .context import RequestContext, request_for_call
+from .context import RequestContext, request_for_call, to_wire
 from .witness import ask_node
 
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
@@ -321,8 +321,8 @@ class Router:
                     asyncio.run_coroutine_threadsafe(self._follow(a.request_id, a.replica_id, gen),
                                                      _progress_loop())
                     continue
-                call.ref = ref = actor.handle_request.remote(call.method, call.args, call.kwargs, call.request,
-                                                             call.key)
+                call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
+                                                          call.key))
                 rid, req = a.replica_id, a.request_id
                 ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
             elif kind is Rejected or kind is Failed:

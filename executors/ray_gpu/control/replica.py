@@ -1,14 +1,19 @@
 """The replica actor: hosts one instance of the user's class.
 
-An **async** Ray actor, as Ray Serve's replica is. Its own event loop only
-answers the controller (``ping``, ``watch``, ``report``, ...) and routes
-requests; the user's code runs elsewhere, as in Ray Serve 2.60:
+An **async** Ray actor, as Ray Serve's replica is, with two event loops on threads of their
+own: the actor's default one only answers the controller (``ping``, ``watch``, ``report``,
+...); the user's code runs on the other, the *user event loop*, as in Ray Serve 2.60:
 
 * ``async def`` methods (``__call__``, ``reconfigure``, ``check_health`` and
-  any other, and an ``async def __init__``) are awaited on a separate *user
-  event loop* thread, so several requests of one replica run concurrently
-  (Ray Serve: "the replica will not wait for the handler to run") and a
-  handler that blocks its loop does not block health checks;
+  any other, and an ``async def __init__``) are awaited on the user event loop,
+  so several requests of one replica run concurrently (Ray Serve: "the replica
+  will not wait for the handler to run") and a handler that blocks its loop
+  does not block health checks. That loop is the one of the actor's
+  concurrency group ``USER``, which runs the requests (``handle_call`` and the
+  other ``handle_*``) and ``initialize``: a request's handler is awaited where
+  the request arrives, with no hop between threads (Serve's separate user thread
+  costs two: about 0.3 ms a call on this project's 2-core machine); the
+  controller's methods reach the user's code through ``_on_user_loop``;
 * plain ``def`` methods run in a thread pool of ``max_ongoing_requests``
   threads (requests) or a small one of their own (``reconfigure``,
   ``check_health``), so they never block either loop; a plain method that
@@ -41,6 +46,8 @@ import threading
 import time
 from typing import Any
 
+import ray
+
 import rankcore as rc
 
 from ..api import batching, context, multiplex
@@ -48,6 +55,19 @@ from ..api.context import RequestContext, _serve_request_context
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics
+
+#: the actor's concurrency group that runs requests and ``initialize``: its event loop is the user's
+#: (module docstring). A group's size is the class's (``remote_class``), not an actor's option
+USER = "user"
+#: how many calls that group runs at once (the replica's own ``max_ongoing_requests`` semaphore
+#: holds the rest of the calls a router sent; more than this wait in Ray's queue, never begun)
+USER_CONCURRENCY = 10_000
+
+
+def remote_class() -> Any:
+    """``ray.remote(ReplicaActor)`` with its ``USER`` concurrency group (a replica made without it
+    could not run its requests): every replica actor is made from this."""
+    return ray.remote(concurrency_groups={USER: USER_CONCURRENCY})(ReplicaActor)
 
 
 def _takes_rank(fn: Any) -> bool:
@@ -82,9 +102,10 @@ class ReplicaActor:
         self._requests = concurrent.futures.ThreadPoolExecutor(max_ongoing_requests,
                                                                thread_name_prefix="rankcore-request")
         self._control = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="rankcore-control")
-        self._user_loop = asyncio.new_event_loop()
-        threading.Thread(target=self._user_loop.run_forever, name="rankcore-user-loop", daemon=True).start()
-        # asyncio objects of the actor's own loop: made on first use, inside it
+        #: the user's event loop (the ``USER`` group's: ``initialize`` learns it); None before
+        self._user_loop: asyncio.AbstractEventLoop | None = None
+        # asyncio objects, made on first use: the slots and the idle condition the user loop's,
+        # the stop event the actor's own loop's
         self._slots: asyncio.Semaphore | None = None
         self._stop: asyncio.Event | None = None
         self._idle: asyncio.Condition | None = None
@@ -119,7 +140,19 @@ class ReplicaActor:
             self._idle = asyncio.Condition()
 
     async def _on_user_loop(self, coro: Any) -> Any:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._user_loop))
+        """Await ``coro`` on the user loop: where it is awaited already when called from there (a
+        request, ``initialize``) or before that loop is known, else sent there from the actor's."""
+        loop = self._user_loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+    async def _until_started(self) -> None:
+        """Wait for the start under way (raise if it failed), from either loop: its task is the
+        user loop's."""
+        init = self._init
+        assert init is not None
+        await self._on_user_loop(_shielded(init))
 
     async def _call(self, fn: Any, args: tuple = (), kwargs: dict | None = None, *, pool: Any = None,
                     request: RequestContext | None = None) -> Any:
@@ -193,6 +226,7 @@ class ReplicaActor:
         self._world_size_seq = tuple(seq)  # type: ignore[assignment]
         return True
 
+    @ray.method(concurrency_group=USER)
     async def initialize(self, rank: tuple, world_size: int, user_config: Any, call_reconfigure: bool,
                          pass_rank: bool, seq: tuple[int, int] | None = None, weights_version: int = 0,
                          weights: Any = None, warm: Any = None, cold_path: str | None = None) -> None:
@@ -203,7 +237,9 @@ class ReplicaActor:
         WARM copy (``warm``, resolved by Ray from the cache's answer) or its COLD file
         (``cold_path``), as ``PlaceReplica.source`` said. Called once per replica; a second call (a
         restarted controller's, for the same start) waits for the first and
-        then applies its rank, world size and weights."""
+        then applies its rank, world size and weights. Runs on the user loop (the ``USER`` group),
+        which it makes the user's."""
+        self._user_loop = asyncio.get_running_loop()
         self._loop_objects()
         new = rc.ReplicaRank(rank=rank[0], node_rank=rank[1], local_rank=rank[2])
         if self._init is not None:
@@ -230,7 +266,7 @@ class ReplicaActor:
         device = self._device()
         args, kwargs = self.args, self.kwargs
 
-        async def construct() -> Any:  # on the user loop's thread, as Ray Serve runs constructors
+        async def construct() -> Any:  # on the user loop, as Ray Serve runs constructors
             obj = cls.__new__(cls)
             res = obj.__init__(*args, **kwargs)
             if inspect.isawaitable(res):  # an async def __init__
@@ -275,7 +311,7 @@ class ReplicaActor:
         """Wait for the start under way (a command for a starting replica is applied once it is ready)."""
         if self._init is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised: it holds no weights yet")
-        await asyncio.shield(self._init)
+        await self._until_started()
 
     async def offload(self) -> int:
         """``OffloadReplica``: its weights to CPU memory (process, rank and bundle kept); bytes moved."""
@@ -318,7 +354,7 @@ class ReplicaActor:
         restarted controller waits on for a replica that reported ``starting``."""
         while self._init is None:
             await asyncio.sleep(0.05)
-        await asyncio.shield(self._init)
+        await self._until_started()
 
     async def _call_reconfigure(self, user_config: Any, pass_rank: bool) -> None:
         fn = getattr(self.instance, "reconfigure", None)
@@ -364,7 +400,7 @@ class ReplicaActor:
         if self._init is None:
             return
         try:
-            await asyncio.shield(self._init)
+            await self._until_started()
         except Exception:
             return  # its start failed: the controller reports that
         fn = getattr(self.instance, "on_gang_changed", None)
@@ -419,20 +455,14 @@ class ReplicaActor:
         user's ``__del__``. The controller
         kills the actor at ``timeout_s`` whatever this has done by then."""
         self._loop_objects()
-        assert self._idle is not None and self._stop is not None
+        assert self._stop is not None
         self.phase = "stopping"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout_s
         # Ray Serve sleeps first ("make sure all the routers receive the notification to remove this
         # replica first"): a call routed here before the pool dropped it may still be on its way, and
         # would find the drain over and die with the process
         await asyncio.sleep(min(max(wait_loop_s, 0.05), timeout_s))
-        async with self._idle:
-            while self._inflight and loop.time() < deadline:
-                try:
-                    await asyncio.wait_for(self._idle.wait(), max(0.0, min(max(wait_loop_s, 0.05), deadline - loop.time())))
-                except asyncio.TimeoutError:
-                    pass
+        await self._on_user_loop(self._drained(deadline, wait_loop_s))  # (the calls end there)
         try:  # (its multiplexed models are unloaded, as Serve's replica does at shutdown)
             await self._on_user_loop(multiplex.shutdown_all())
         except Exception:  # pragma: no cover - best effort
@@ -447,6 +477,19 @@ class ReplicaActor:
                 await self._call(fn)
             except Exception:  # pragma: no cover - best effort
                 pass
+
+    async def _drained(self, deadline: float, wait_loop_s: float) -> None:
+        """(On the user loop, where calls end and notify ``_idle``.) Return once no call is in flight
+        or at ``deadline`` (``loop.time()``: both loops read the same monotonic clock)."""
+        self._loop_objects()
+        assert self._idle is not None
+        loop = asyncio.get_running_loop()
+        async with self._idle:
+            while self._inflight and loop.time() < deadline:
+                try:
+                    await asyncio.wait_for(self._idle.wait(), max(0.0, min(max(wait_loop_s, 0.05), deadline - loop.time())))
+                except asyncio.TimeoutError:
+                    pass
 
     async def metrics_families(self) -> list:
         """Its Prometheus metric families (``ReplicaMetrics.families``): the ingress's ``/metrics``
@@ -515,6 +558,7 @@ class ReplicaActor:
                 self._inflight -= 1
                 self._idle.notify_all()
 
+    @ray.method(concurrency_group=USER)
     async def handle_request(self, method: str, args: tuple, kwargs: dict,
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
@@ -522,6 +566,18 @@ class ReplicaActor:
         async with self._request(method, request, key) as fn:
             return await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
+    @ray.method(concurrency_group=USER)
+    async def handle_call(self, call: tuple) -> Any:
+        """``handle_request`` as a router sends it: one argument, ``(method, args, kwargs, request,
+        key)``, ``request`` as ``context.to_wire`` made it. One argument of plain types is one msgpack
+        object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.3 ms
+        more a call at one client on this project's 2-core machine (benchmarks/bench_http.py)."""
+        method, args, kwargs, request, key = call
+        request = context.from_wire(request)
+        async with self._request(method, request, key) as fn:
+            return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+
+    @ray.method(concurrency_group=USER)
     async def handle_progress(self, method: str, args: tuple, kwargs: dict,
                               request: RequestContext | None = None) -> Any:
         """``handle_request`` for a caller who watches its progress (a Ray streaming generator): first
@@ -531,6 +587,7 @@ class ReplicaActor:
             yield STARTED
             yield await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
+    @ray.method(concurrency_group=USER)
     async def handle_stream(self, method: str, args: tuple, kwargs: dict,
                             request: RequestContext | None = None) -> Any:
         """A generator method's items, one by one (a Ray streaming generator: the caller calls it with
@@ -573,6 +630,10 @@ def _in_context(request: RequestContext | None) -> Any:
     ctx = contextvars.copy_context()
     ctx.run(_serve_request_context.set, request)
     return ctx.run
+
+
+async def _shielded(task: Any) -> Any:
+    return await asyncio.shield(task)
 
 
 async def _next_async(agen: Any) -> Any:
