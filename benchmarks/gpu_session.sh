@@ -11,7 +11,19 @@
 #     bash benchmarks/gpu_session.sh                 # there (device tool, carry [".whl"]): all steps
 #     bash benchmarks/gpu_session.sh tiers1 share    # only these (names below)
 #     bash benchmarks/gpu_session.sh env http proxies httpraw floor proxiesgen  # issue 38's ingress figures, quiet host
+#     bash benchmarks/gpu_session.sh --before REV    # here: .before/ holds REV's code (git-ignored), for
+#     bash benchmarks/gpu_session.sh env before floor httpraw  # there: REV's one-client floor, then this tree's
 set -u
+if [ "${1:-}" = "--before" ]; then  # an earlier revision's code beside this one, to compare on the same machine
+    set -e
+    grep -qx '/.before/' .git/info/exclude 2>/dev/null || echo /.before/ >>.git/info/exclude
+    rm -rf .before && mkdir .before
+    git archive "${2:?--before needs a revision}" executors rankcore benchmarks tests/__init__.py \
+        tests/integration/__init__.py tests/integration/protos | tar -x -C .before
+    git rev-parse --short "$2" >.before/REVISION
+    du -sh .before
+    exit 0
+fi
 if [ "${1:-}" = "--wheels" ]; then  # the versions constraints.txt pins, for the device's Python 3.12
     set -e
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
@@ -87,6 +99,10 @@ step sweep 240 python3 benchmarks/bench_tiers.py --gib 1 --sweep --dir /tmp
 step http 300 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1,16,64 --json "$OUT/http.json"
 step proxies 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64
 step httpraw 200 python3 benchmarks/bench_http.py --paths http --clients 1,16,64 --http-client raw --json "$OUT/httpraw.json"
+# (.before/: an earlier revision, --before above; run from there, so its replicas import its code)
+[ -d .before ] && step before 120 bash -c "cd .before && echo \"revision \$(cat REVISION)\" && PYTHONPATH=/tmp/site \
+    python3 benchmarks/bench_http.py --only ours --paths http,handle --clients 1 --seconds 10 --http-client raw \
+    --json $OUT/before.json"
 step floor 200 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1 --seconds 10 --http-client raw \
     --json "$OUT/floor.json"
 step proxiesgen 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64 --generators 8 \
