@@ -31,7 +31,7 @@ waiting request at once when no replica serves and none is coming
 call holds a slot and the user's method begins, and whose second is the answer: the router feeds
 ``Started`` at the marker (the request's status says ``running``) and ``Completed`` at the answer,
 reading both on one event loop thread shared by every progress call of the process. A plain call
-stays one ``handle_request`` and its status goes from ``dispatched`` to its end. A stream reports
+stays one ``handle_call`` and its status goes from ``dispatched`` to its end. A stream reports
 ``Started`` at its first item. A progress call is submitted with ``reports_started``: if its replica
 dies before its marker came, it never began and is sent to another replica, not failed (Ray Serve's
 router re-sends a request no replica accepted the same way; a replica that dies between yielding the

@@ -1,6 +1,6 @@
 """Which plain calls a replica that died had begun: a record that outlives its process (issue 40).
 
-A plain call (``handle_request``) sends nothing back before its answer, so when its replica dies
+A plain call (``handle_call``) sends nothing back before its answer, so when its replica dies
 Ray's ``ActorDiedError`` is all its router sees, the same for a call the replica was running as for
 one that never reached its method (queued behind the ``max_ongoing_requests`` slots, or sent
 after the process had died). Failing both is safe and wrong for the second: it never ran, so
