@@ -570,8 +570,8 @@ class ReplicaActor:
     async def handle_call(self, call: tuple) -> Any:
         """``handle_request`` as a router sends it: one argument, ``(method, args, kwargs, request,
         key)``, ``request`` as ``context.to_wire`` made it. One argument of plain types is one msgpack
-        object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.3 ms
-        more a call at one client on this project's 2-core machine (benchmarks/bench_http.py)."""
+        object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.4 ms
+        more a call at one client on this project's 2-core machine (docs/benchmarks.md)."""
         method, args, kwargs, request, key = call
         request = context.from_wire(request)
         async with self._request(method, request, key) as fn:
