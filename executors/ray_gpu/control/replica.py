@@ -67,7 +67,7 @@ USER_CONCURRENCY = 10_000
 def remote_class() -> Any:
     """``ray.remote(ReplicaActor)`` with its ``USER`` concurrency group (a replica made without it
     could not run its requests): every replica actor is made from this."""
-    return ray.remote(concurrency_groups={USER: USER_CONCURRENCY})(ReplicaActor)
+    return ray.remote(concurrency_groups={USER: USER_CONCURRENCY})(ReplicaActor)  # type: ignore[call-overload]
 
 
 def _takes_rank(fn: Any) -> bool:
