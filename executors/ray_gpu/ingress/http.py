@@ -40,7 +40,6 @@ docs/ray.md, "HTTP ingress".
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import html
 import json
 import logging
@@ -348,23 +347,13 @@ async def _client_gone(receive: Any) -> None:
         pass
 
 
-def _awaitable(response: Any) -> Any:
-    """``response`` as an asyncio future: a handle's ``DeploymentResponse`` by its concurrent
-    future (``wrap_future``: no task of its own, so no turn of the loop to start it), any other
-    awaitable as a task."""
-    future = getattr(response, "future", None)
-    if isinstance(future, concurrent.futures.Future):
-        return asyncio.wrap_future(future)
-    return asyncio.ensure_future(response)
-
-
 async def _answer(response: Any, receive: Any, timeout: float | None) -> tuple[bool, Any]:
     """Wait for ``response`` (awaited on this loop: no thread), for the client's going away
     (``receive``, when given; watched only once the answer is ``WATCH_AFTER_S`` late, so that a
     quick answer pays for no watcher) and for ``timeout``: ``(True, result)``, or ``(False,
     None)`` when the time ran out; ``ClientGone`` when the client went away; the call's own error
     raised as is. The response itself is left alone (``call`` cancels it through the handle)."""
-    answer = _awaitable(response)
+    answer = asyncio.ensure_future(response)
     if receive is None:
         done, _ = await asyncio.wait((answer,), timeout=timeout)
     else:
@@ -960,23 +949,10 @@ class _Observe:
     in flight while it runs, and once answered is measured and recorded (``IngressState.observed``:
     status, latency from its arrival to its last byte, body bytes). The app notes in
     ``scope["rankcore"]`` the route, deployment and replica it found. A client gone before the
-    answer's end is recorded as 499, whatever the status line said. A ``GET`` or ``POST`` to a
-    deployment's path goes straight to ``IngressState.deployment_call`` (the route every such path
-    matches), past starlette's router and middleware: about 0.1 ms a request on this project's 2-core
-    machine; an exception it lets out is the app's handler's 500 (``http_error``), as there."""
+    answer's end is recorded as 499, whatever the status line said."""
 
     def __init__(self, app: Any, ingress: IngressState) -> None:
-        from starlette.requests import Request
-
-        self.app, self.ingress, self._request = app, ingress, Request
-
-    async def _deployment(self, scope: dict, receive: Any, send: Any) -> None:
-        """(``deployment_call`` for what ``make_app``'s last route would give it.)"""
-        try:
-            response = await self.ingress.deployment_call(self._request(scope, receive))
-        except Exception as exc:  # (deployment_call answers its own errors: a bug's 500, as ``http_error``)
-            response = self.ingress._error(500, "http_error", "".join(traceback.format_exception(exc)), None)
-        await response(scope, receive, send)
+        self.app, self.ingress = app, ingress
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -1011,10 +987,7 @@ class _Observe:
         ingress.metrics.started()
         ingress.ongoing += 1
         try:
-            if scope.get("method") in ("GET", "POST"):
-                await self._deployment(scope, receive, observed_send)
-            else:
-                await self.app(scope, receive, observed_send)
+            await self.app(scope, receive, observed_send)
         finally:
             ingress.ongoing -= 1
             ingress.metrics.ended()
