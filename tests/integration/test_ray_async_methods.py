@@ -1,8 +1,9 @@
 """Async user methods on the Ray executor, as Ray Serve runs them: ``async def``
 ``__call__``, ``reconfigure``, ``check_health`` and ``__init__`` are awaited;
 several async requests of one replica overlap, up to ``max_ongoing_requests``;
-plain methods run in threads and block neither requests nor health checks.
-And the seed's two examples (the second declares ``async def reconfigure``),
+plain methods run in threads and block neither requests nor health checks; the user's code runs
+on one loop, the replica's ``user`` concurrency group's, which an async handler may block without
+blocking the controller's calls. And the seed's two examples (the second declares ``async def reconfigure``),
 with only their import lines changed (examples/ray/seed_example_*.py)."""
 
 from __future__ import annotations
@@ -117,6 +118,44 @@ def test_plain_methods_run_in_threads_and_block_neither_requests_nor_health_chec
     names = {r.result(timeout=30)[0] for r in slow}
     assert time.monotonic() - t0 < 2.9  # the two ran side by side
     assert all(n.startswith("rankcore-request") for n in names)
+    ask(get_controller(), "shutdown_replicas")
+
+
+@deployment(name="hogger", num_replicas=1, max_ongoing_requests=2, user_config={"v": 1}, ray_actor_options=OPTS)
+class Hogger:
+    def __init__(self):
+        self.threads = {"__init__": threading.get_ident()}
+
+    async def reconfigure(self, user_config):
+        self.threads["reconfigure"] = threading.get_ident()
+
+    async def __call__(self, s):
+        self.threads["__call__"] = threading.get_ident()
+        time.sleep(s)  # blocks its event loop: the user loop, not the one the controller's calls use
+        return "done"
+
+    async def threads_seen(self):
+        return self.threads
+
+
+def test_user_code_runs_on_one_loop_and_an_async_handler_blocking_it_blocks_no_health_check():
+    """The replica's requests run on the loop of its ``user`` concurrency group, where the user's
+    constructor and async methods run too (no hop to another thread a call); the controller's calls
+    (``ping``, ``report``) keep the actor's own loop, so a handler that blocks its loop holds up
+    neither (no ``check_health`` here: the class's own would run on the blocked loop, as in Serve)."""
+    h = run(Hogger.bind())
+    (rid,) = h.ranks()
+    assert h.remote(0).result(timeout=30) == "done"
+    seen = h.threads_seen.remote().result(timeout=30)
+    assert set(seen) == {"__init__", "reconfigure", "__call__"} and len(set(seen.values())) == 1, seen
+    actor = ray.get_actor(actor_name("hogger", rid), namespace=NAMESPACE)
+    t0 = time.monotonic()
+    slow = h.remote(2.0)
+    time.sleep(0.3)
+    assert ray.get(actor.ping.remote(), timeout=5) is True
+    assert ray.get(actor.report.remote(), timeout=5)["phase"] == "running"
+    assert time.monotonic() - t0 < 1.5, "the controller's calls waited for the handler blocking the user loop"
+    assert slow.result(timeout=30) == "done"
     ask(get_controller(), "shutdown_replicas")
 
 
