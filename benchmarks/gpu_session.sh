@@ -12,7 +12,8 @@
 #     bash benchmarks/gpu_session.sh tiers1 share    # only these (names below)
 #     bash benchmarks/gpu_session.sh env http proxies httpraw floor proxiesgen  # issue 38's ingress figures, quiet host
 #     bash benchmarks/gpu_session.sh --before REV    # here: .before/ holds REV's code (git-ignored), for
-#     bash benchmarks/gpu_session.sh env before floor httpraw  # there: REV's one-client floor, then this tree's
+#     bash benchmarks/gpu_session.sh env before floor httpraw  # there: REV's one-client floor beside this tree's
+# (the steps named run in this file's order, not the command line's)
 set -u
 if [ "${1:-}" = "--before" ]; then  # an earlier revision's code beside this one, to compare on the same machine
     set -e
