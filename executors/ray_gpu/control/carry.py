@@ -37,7 +37,7 @@ from .ledger import Ledger
 from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
 from .proxies import Proxies
-from .replica import remote_class
+from .replica import remote_class as replica_class
 from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
 
 log = logging.getLogger("rankcore.ray.controller")
@@ -52,19 +52,6 @@ async def _after(prev: asyncio.Task, coro: Any) -> Any:
         coro.close()
         raise
     return await coro
-
-
-_replica_class: Any = None
-
-
-def replica_class() -> Any:
-    """``ray.remote(ReplicaActor)`` (``replica.remote_class``), made once per process: a new one for each
-    replica exported the class again at every start (~30 ms of the controller's
-    loop, on the way from a crash to its replacement)."""
-    global _replica_class
-    if _replica_class is None:
-        _replica_class = remote_class()
-    return _replica_class
 
 
 class Carrier:

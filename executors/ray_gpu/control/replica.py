@@ -64,9 +64,12 @@ USER = "user"
 USER_CONCURRENCY = 10_000
 
 
+@functools.cache
 def remote_class() -> Any:
     """``ray.remote(ReplicaActor)`` with its ``USER`` concurrency group (a replica made without it
-    could not run its requests): every replica actor is made from this."""
+    could not run its requests): every replica actor is made from this. Made once per process: a new
+    one for each replica exported the class again at every start (~30 ms of the controller's loop, on
+    the way from a crash to its replacement)."""
     return ray.remote(concurrency_groups={USER: USER_CONCURRENCY})(ReplicaActor)  # type: ignore[call-overload]
 
 
@@ -198,8 +201,6 @@ class ReplicaActor:
             models, seq = self._models, self._models_seq
         try:
             if self._controller is None:
-                import ray
-
                 from .replicas import CONTROLLER_NAME, NAMESPACE
 
                 self._controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
@@ -209,8 +210,6 @@ class ReplicaActor:
 
     # ------------------------------------------------------------ controller
     async def node_id(self) -> str:
-        import ray
-
         return ray.get_runtime_context().get_node_id()
 
     async def pid(self) -> int:
@@ -500,8 +499,6 @@ class ReplicaActor:
     def _new_witness(self) -> Witness | None:
         """Its witness (``api.witness``); None outside an actor or where no file can be made (its
         calls then count as begun)."""
-        import ray
-
         actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
         if actor_id is None:
             return None
@@ -563,6 +560,10 @@ class ReplicaActor:
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
         ``key``: its witness key, ``api.witness``)."""
+        return await self._answer(method, args, kwargs, request, key)
+
+    async def _answer(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None,
+                      key: int) -> Any:
         async with self._request(method, request, key) as fn:
             return await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
@@ -573,9 +574,7 @@ class ReplicaActor:
         object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.4 ms
         more a call at one client on this project's 2-core machine (docs/benchmarks.md)."""
         method, args, kwargs, request, key = call
-        request = context.from_wire(request)
-        async with self._request(method, request, key) as fn:
-            return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+        return await self._answer(method, args, kwargs, context.from_wire(request), key)
 
     @ray.method(concurrency_group=USER)
     async def handle_progress(self, method: str, args: tuple, kwargs: dict,
