@@ -46,6 +46,13 @@ batches cost (the fit), T the time a request spends outside the replica (measure
 client of the same path: p50 less the timeout and a lone batch's service); its answers a second
 are printed beside the measured ones.
 
+Where the host's CPU went in each level's window (printed for ours, and in the JSON: ``host_busy_s``
+from ``/proc/stat``; ``caller_thread_s``, the load generator's own thread, which also runs the handle's
+router; ``replica_thread_s``, the replica's thread its batches run on, read from ``/proc/<pid>/task``,
+with ``batch_cpu_s`` its batches' own CPU (``time.thread_time``; ``batch_busy_s`` is their wall time);
+``processes``: the proxy, replica, controller, raylet and GCS processes, each in all and its busiest
+threads).
+
 HTTP clients: each its own keep-alive connection (benchmarks/rawhttp.py's ``RawClient``, a
 fraction of httpx's own CPU per request), ``POST <url>/bench`` with a JSON body ``{"id": [client,
 seq], "x": [64 floats]}``. Handle: ``await handle.remote(body)``. The load generator shares the
@@ -84,6 +91,7 @@ import math
 import os
 import pathlib
 import sys
+import threading
 import time
 from typing import Any
 
@@ -150,7 +158,7 @@ class Model:
     def work(self, bodies: list) -> list:
         import torch
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         n = len(bodies)
         x = torch.zeros(max(self.rows, n), WIDTH)
         x[:n] = torch.tensor([b["x"] for b in bodies])
@@ -160,8 +168,9 @@ class Model:
         ys = h.sum(dim=1)[:n].tolist()
         self.batches += 1
         key = f"{self.pid}:{self.batches}"
-        dt = time.perf_counter() - t0
-        return [{"id": b["id"], "y": y, "n": n, "t": dt, "b": key} for b, y in zip(bodies, ys)]
+        dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        where = [self.pid, threading.get_native_id()]  # (the thread the batches run on: its CPU is read from /proc)
+        return [{"id": b["id"], "y": y, "n": n, "t": dt, "c": cpu, "b": key, "w": where} for b, y in zip(bodies, ys)]
 
 
 def _batch(**options: Any) -> Any:
@@ -256,6 +265,42 @@ def host_busy_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int, tid: int) -> float | None:
+    """CPU seconds one thread of a process on this host has used (``/proc/<pid>/task/<tid>/stat``'s
+    utime + stime; None where it cannot be read: another host, or the thread is gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PROCESSES = ("ray::HttpIngress", "ray::Controller", "ray::ReplicaActor", "raylet", "gcs_server")
+
+
+def process_threads_cpu() -> dict:
+    """{name: {thread id: CPU s}} of this host's processes whose command line starts with a name in
+    ``PROCESSES`` (the same name twice: their threads together)."""
+    out: dict = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")[0].decode(errors="replace")
+            name = next((n for n in PROCESSES if os.path.basename(cmd).startswith(n) or cmd.startswith(n)), None)
+            if name is None:
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                t = thread_cpu_s(int(pid), int(tid))
+                if t is not None:
+                    out.setdefault(name, {})[f"{pid}/{tid}"] = t
+        except OSError:
+            continue
+    return out
+
+
 def _x(client: int, seq: int) -> list[float]:
     """A request's vector: multiples of 1/64 in [-0.78, 0.78] (exact in float32 and in JSON)."""
     return [((client * 131 + seq * 17 + k * 7) % 101 - 50) / 64 for k in range(WIDTH)]
@@ -276,18 +321,30 @@ class Checker:
         self.vnorm = math.sqrt(sum(t * t for t in self.v))
         self.max_batch_size = max_batch_size
         self.window = (math.inf, -math.inf)
-        self.batches: dict[str, tuple[int, float]] = {}
+        self.batches: dict[str, tuple[int, float, float]] = {}  # batch id -> (size, wall s, its thread's CPU s)
         self.answer_sizes: list[int] = []
         self.busy: list[float | None] = []  # the host's busy CPU seconds at the window's start and end
+        self.thread: list[float | None] = []  # the CPU seconds of the replica's batch thread, the same
+        self.where: tuple[int, int] | None = None  # (pid, thread id) of the replica's batch thread (one replica)
+        self.caller: list[float] = []  # this thread's CPU seconds (the callers' loop, and the handle's router)
+        self.procs: list[dict] = []  # {process name: {thread id: CPU s}}
 
     def start(self, warmup: float, seconds: float) -> None:
         """A level begins now: its window is [now + warmup, now + warmup + seconds] (load()'s)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self.window = (now + warmup, now + warmup + seconds)
-        self.batches, self.answer_sizes, self.busy = {}, [], []
+        self.batches, self.answer_sizes, self.busy, self.thread, self.caller, self.procs = {}, [], [], [], [], []
         for at in self.window:
-            loop.call_at(at, lambda: self.busy.append(host_busy_s()))
+            loop.call_at(at, self._sample)
+
+    def _sample(self) -> None:
+        """At the window's start and end: the host's busy CPU, the replica's batch thread's CPU, this
+        (the callers') thread's, and each thread's of the processes named in ``PROCESSES``."""
+        self.busy.append(host_busy_s())
+        self.thread.append(thread_cpu_s(*self.where) if self.where else None)
+        self.caller.append(time.thread_time())
+        self.procs.append(process_threads_cpu())
 
     def check(self, c: int, seq: int, x: list[float], ans: Any) -> bool:
         if not isinstance(ans, dict) or ans.get("id") != [c, seq]:
@@ -301,24 +358,37 @@ class Checker:
             return False
         if self.window[0] <= asyncio.get_running_loop().time() <= self.window[1]:
             self.answer_sizes.append(n)
-            self.batches.setdefault(str(ans["b"]), (n, float(ans["t"])))
+            self.batches.setdefault(str(ans["b"]), (n, float(ans["t"]), float(ans.get("c", ans["t"]))))
+        if self.where is None and isinstance(ans.get("w"), list):
+            self.where = (int(ans["w"][0]), int(ans["w"][1]))
         return True
 
     def figures(self) -> dict:
         """The level's batches: mean size (per batch and per answer), mean service time, and the
         service time by size ({size: [batches, total seconds]}) for the fit."""
         by_size: dict[int, list] = {}
-        for n, t in self.batches.values():
-            entry = by_size.setdefault(n, [0, 0.0])
+        for n, t, c in self.batches.values():
+            entry = by_size.setdefault(n, [0, 0.0, 0.0])
             entry[0] += 1
             entry[1] += t
+            entry[2] += c
         count = len(self.batches)
         busy = (self.busy[1] - self.busy[0] if len(self.busy) == 2 and None not in self.busy else None)
-        return {"batches": count, "host_busy_s": busy, "batch_busy_s": sum(t for _, t in self.batches.values()),
-                "mean_batch": sum(n for n, _ in self.batches.values()) / count if count else None,
+        thread = (self.thread[1] - self.thread[0] if len(self.thread) == 2 and None not in self.thread else None)
+        caller = self.caller[1] - self.caller[0] if len(self.caller) == 2 else None
+        procs: dict = {}
+        if len(self.procs) == 2:
+            for name, threads in self.procs[1].items():
+                before = self.procs[0].get(name, {})
+                deltas = sorted((t - before.get(tid, 0.0) for tid, t in threads.items()), reverse=True)
+                procs[name] = {"total_s": sum(deltas), "top_threads_s": deltas[:3]}
+        return {"batches": count, "host_busy_s": busy, "batch_busy_s": sum(t for _, t, _ in self.batches.values()),
+                "batch_cpu_s": sum(c for _, _, c in self.batches.values()), "replica_thread_s": thread,
+                "caller_thread_s": caller, "processes": procs,
+                "mean_batch": sum(n for n, _, _ in self.batches.values()) / count if count else None,
                 "mean_batch_per_answer": (sum(self.answer_sizes) / len(self.answer_sizes)
                                           if self.answer_sizes else None),
-                "mean_batch_s": sum(t for _, t in self.batches.values()) / count if count else None,
+                "mean_batch_s": sum(t for _, t, _ in self.batches.values()) / count if count else None,
                 "by_size": {str(n): v for n, v in sorted(by_size.items())}}
 
 
@@ -383,15 +453,17 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else 1000.0 * seconds
 
 
-def cost_fit(levels: dict) -> dict | None:
+def cost_fit(levels: dict, cpu: bool = False) -> dict | None:
     """Least squares ``t = fixed_s + per_item_s * n`` over every distinct batch of ``levels`` (each
-    batch weighs one), and the mean service time by size. With one size only: per_item_s 0."""
+    batch weighs one), and the mean service time by size. With one size only: per_item_s 0.
+    ``cpu``: the batches' CPU seconds on their thread instead of their wall time (a batch the host's
+    other work delayed costs its CPU only, the wait being the simulator's to model)."""
     by_size: dict[int, list] = {}
     for lv in levels.values():
-        for n, (count, total) in lv.get("by_size", {}).items():
+        for n, (count, wall, *own) in lv.get("by_size", {}).items():
             entry = by_size.setdefault(int(n), [0, 0.0])
             entry[0] += count
-            entry[1] += total
+            entry[1] += own[0] if cpu and own else wall
     k = sum(c for c, _ in by_size.values())
     if not k:
         return None
@@ -503,6 +575,28 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
                   f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms{extra}")
 
 
+def print_cpu(results: dict, args: argparse.Namespace) -> None:
+    """Where each of ours' levels spent the host's CPU in its window (issue 39's open question: what
+    limits a loaded 2-core host when no one thread is busy all the time)."""
+    levels = results.get("ours", {}).get("levels", {})
+    rows = [(key, lv) for key, lv in levels.items() if lv.get("host_busy_s") is not None and lv.get("rps")]
+    if not rows:
+        return
+    print(f"ours: CPU seconds in each level's {args.seconds:g} s window (/proc; {os.cpu_count()} cores: "
+          f"{args.seconds * (os.cpu_count() or 1):g} CPU-s at most):")
+    for key, lv in rows:
+        procs = lv.get("processes", {})
+
+        def proc(name: str, procs: dict = procs) -> str:
+            p = procs.get(name)
+            return "-" if not p else f"{p['total_s']:.2f} (busiest thread {max(p['top_threads_s'], default=0):.2f})"
+
+        print(f"  {key}: host {lv['host_busy_s']:.2f}; callers' thread {_fmt(lv.get('caller_thread_s'))}; replica's "
+              f"batch thread {_fmt(lv.get('replica_thread_s'))} (batches {lv.get('batch_cpu_s', 0):.2f}); replica "
+              f"process {proc('ray::ReplicaActor')}; proxy {proc('ray::HttpIngress')}; controller, raylet, GCS "
+              f"{sum(procs.get(n, {}).get('total_s', 0.0) for n in ('ray::Controller', 'raylet', 'gcs_server')):.2f}")
+
+
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     rows = judge(results, args)
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
@@ -535,6 +629,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
             print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
                   f"(fit over the batches of {name}: fixed_s + per_item_s * batch_size)")
     print_predictions(results, args)
+    print_cpu(results, args)
     print_errors_and_goal(results, rows, "issue 39")
     return rows
 
