@@ -324,7 +324,7 @@ class Checker:
         self.batches: dict[str, tuple[int, float, float]] = {}  # batch id -> (size, wall s, its thread's CPU s)
         self.answer_sizes: list[int] = []
         self.busy: list[float | None] = []  # the host's busy CPU seconds at the window's start and end
-        self.thread: list[float | None] = []  # the CPU seconds of the replica's batch thread, the same
+        self.thread: list[float | None] = []  # the replica's batch thread's CPU seconds, at the same two times
         self.where: tuple[int, int] | None = None  # (pid, thread id) of the replica's batch thread (one replica)
         self.caller: list[float] = []  # this thread's CPU seconds (the callers' loop, and the handle's router)
         self.procs: list[dict] = []  # {process name: {thread id: CPU s}}
@@ -364,8 +364,9 @@ class Checker:
         return True
 
     def figures(self) -> dict:
-        """The level's batches: mean size (per batch and per answer), mean service time, and the
-        service time by size ({size: [batches, total seconds]}) for the fit."""
+        """The level's batches: mean size (per batch and per answer), mean service time, the service
+        time by size ({size: [batches, wall seconds, CPU seconds]}) for the fit, and where the host's
+        CPU went in the window."""
         by_size: dict[int, list] = {}
         for n, t, c in self.batches.values():
             entry = by_size.setdefault(n, [0, 0.0, 0.0])
