@@ -37,7 +37,7 @@ from .ledger import Ledger
 from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
 from .proxies import Proxies
-from .replica import remote_class as replica_class
+from .replica import remote_class
 from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
 
 log = logging.getLogger("rankcore.ray.controller")
@@ -287,7 +287,7 @@ class Carrier:
             # An async actor: requests wait on a semaphore of max_ongoing_requests
             # inside it, so Ray's own limit only needs to leave room for them and
             # the controller's calls.
-            actor: Any = replica_class().options(
+            actor: Any = remote_class().options(
                 name=actor_name(dep, rid), namespace=NAMESPACE, lifetime="detached",
                 max_restarts=0, max_concurrency=max(1000, 2 * spec["max_ongoing_requests"] + 16), **opts,
             ).remote(dep, rid, spec["cls"], spec["args"], spec["kwargs"], rec.lineage, cmd.rank.rank,

@@ -48,7 +48,7 @@ from ..api.fingerprint import version_of
 from . import persist
 from . import placement as pl
 from . import static as st
-from .carry import Carrier, replica_class
+from .carry import Carrier
 from .ledger import Ledger
 from .metrics import ControllerMetrics
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
@@ -59,7 +59,7 @@ from .replicas import CONTROLLER_NAME, NAMESPACE, ReplicaRecord, actor_name
 from .spares import SparePool
 
 __all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "controller_actor", "NAMESPACE", "UNSEEN_GROUP_PREFIX", "Controller", "ReplicaRecord",
-           "actor_name", "held_by_callers", "queue_fault", "replica_class"]
+           "actor_name", "held_by_callers", "queue_fault"]
 
 #: the deployment options ``apply`` passes to ``DeploymentApplied`` (``@deployment(...)``'s)
 CORE_OPTIONS: tuple[str, ...] = rc.options.as_is("ray")  # (what Ray takes as is: rankcore.base.options)
