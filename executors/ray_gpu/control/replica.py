@@ -560,10 +560,6 @@ class ReplicaActor:
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
         ``key``: its witness key, ``api.witness``)."""
-        return await self._answer(method, args, kwargs, request, key)
-
-    async def _answer(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None,
-                      key: int) -> Any:
         async with self._request(method, request, key) as fn:
             return await self._call(fn, args, kwargs, pool=self._requests, request=request)
 
@@ -574,7 +570,7 @@ class ReplicaActor:
         object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.4 ms
         more a call at one client on this project's 2-core machine (docs/benchmarks.md)."""
         method, args, kwargs, request, key = call
-        return await self._answer(method, args, kwargs, context.from_wire(request), key)
+        return await self.handle_request(method, args, kwargs, context.from_wire(request), key)
 
     @ray.method(concurrency_group=USER)
     async def handle_progress(self, method: str, args: tuple, kwargs: dict,
