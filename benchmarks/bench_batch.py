@@ -323,28 +323,25 @@ class Checker:
         self.window = (math.inf, -math.inf)
         self.batches: dict[str, tuple[int, float, float]] = {}  # batch id -> (size, wall s, its thread's CPU s)
         self.answer_sizes: list[int] = []
-        self.busy: list[float | None] = []  # the host's busy CPU seconds at the window's start and end
-        self.thread: list[float | None] = []  # the replica's batch thread's CPU seconds, at the same two times
+        #: at the window's start and end (``_sample``): CPU seconds of the host busy, of the replica's
+        #: batch thread, of this (the callers') thread, and {process name: {thread id: CPU s}}
+        self.samples: list[tuple[float | None, float | None, float, dict]] = []
         self.where: tuple[int, int] | None = None  # (pid, thread id) of the replica's batch thread (one replica)
-        self.caller: list[float] = []  # this thread's CPU seconds (the callers' loop, and the handle's router)
-        self.procs: list[dict] = []  # {process name: {thread id: CPU s}}
 
     def start(self, warmup: float, seconds: float) -> None:
         """A level begins now: its window is [now + warmup, now + warmup + seconds] (load()'s)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self.window = (now + warmup, now + warmup + seconds)
-        self.batches, self.answer_sizes, self.busy, self.thread, self.caller, self.procs = {}, [], [], [], [], []
+        self.batches, self.answer_sizes, self.samples = {}, [], []
         for at in self.window:
             loop.call_at(at, self._sample)
 
     def _sample(self) -> None:
         """At the window's start and end: the host's busy CPU, the replica's batch thread's CPU, this
         (the callers') thread's, and each thread's of the processes named in ``PROCESSES``."""
-        self.busy.append(host_busy_s())
-        self.thread.append(thread_cpu_s(*self.where) if self.where else None)
-        self.caller.append(time.thread_time())
-        self.procs.append(process_threads_cpu())
+        self.samples.append((host_busy_s(), thread_cpu_s(*self.where) if self.where else None, time.thread_time(),
+                             process_threads_cpu()))
 
     def check(self, c: int, seq: int, x: list[float], ans: Any) -> bool:
         if not isinstance(ans, dict) or ans.get("id") != [c, seq]:
@@ -374,13 +371,15 @@ class Checker:
             entry[1] += t
             entry[2] += c
         count = len(self.batches)
-        busy = (self.busy[1] - self.busy[0] if len(self.busy) == 2 and None not in self.busy else None)
-        thread = (self.thread[1] - self.thread[0] if len(self.thread) == 2 and None not in self.thread else None)
-        caller = self.caller[1] - self.caller[0] if len(self.caller) == 2 else None
+        busy = thread = caller = None
         procs: dict = {}
-        if len(self.procs) == 2:
-            for name, threads in self.procs[1].items():
-                before = self.procs[0].get(name, {})
+        if len(self.samples) == 2:
+            (b0, t0, c0, p0), (b1, t1, c1, p1) = self.samples
+            busy = None if b0 is None or b1 is None else b1 - b0
+            thread = None if t0 is None or t1 is None else t1 - t0
+            caller = c1 - c0
+            for name, threads in p1.items():
+                before = p0.get(name, {})
                 deltas = sorted((t - before.get(tid, 0.0) for tid, t in threads.items()), reverse=True)
                 procs[name] = {"total_s": sum(deltas), "top_threads_s": deltas[:3]}
         return {"batches": count, "host_busy_s": busy, "batch_busy_s": sum(t for _, t, _ in self.batches.values()),
@@ -587,14 +586,12 @@ def print_cpu(results: dict, args: argparse.Namespace) -> None:
           f"{args.seconds * (os.cpu_count() or 1):g} CPU-s at most):")
     for key, lv in rows:
         procs = lv.get("processes", {})
-
-        def proc(name: str, procs: dict = procs) -> str:
-            p = procs.get(name)
-            return "-" if not p else f"{p['total_s']:.2f} (busiest thread {max(p['top_threads_s'], default=0):.2f})"
-
+        proc = {name: "-" if name not in procs else
+                f"{procs[name]['total_s']:.2f} (busiest thread {max(procs[name]['top_threads_s'], default=0):.2f})"
+                for name in ("ray::ReplicaActor", "ray::HttpIngress")}
         print(f"  {key}: host {lv['host_busy_s']:.2f}; callers' thread {_fmt(lv.get('caller_thread_s'))}; replica's "
               f"batch thread {_fmt(lv.get('replica_thread_s'))} (batches {lv.get('batch_cpu_s', 0):.2f}); replica "
-              f"process {proc('ray::ReplicaActor')}; proxy {proc('ray::HttpIngress')}; controller, raylet, GCS "
+              f"process {proc['ray::ReplicaActor']}; proxy {proc['ray::HttpIngress']}; controller, raylet, GCS "
               f"{sum(procs.get(n, {}).get('total_s', 0.0) for n in ('ray::Controller', 'raylet', 'gcs_server')):.2f}")
 
 

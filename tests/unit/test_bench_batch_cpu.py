@@ -61,3 +61,16 @@ def test_this_processes_threads_are_found_by_name(monkeypatch):
     found = bench.process_threads_cpu()
     mine = [tid for tid in found.get(os.path.basename(sys.executable), {}) if tid.startswith(f"{os.getpid()}/")]
     assert f"{os.getpid()}/{threading.get_native_id()}" in mine
+
+
+def test_a_levels_figures_are_the_cpu_used_between_the_windows_two_samples():
+    bench = _bench()
+    checker = bench.Checker.__new__(bench.Checker)  # (no matrices: only the figures are asked)
+    checker.batches, checker.answer_sizes = {"p:1": (2, 0.02, 0.01)}, [2, 2]
+    checker.samples = [(1.0, 0.5, 0.1, {"raylet": {"1/1": 0.1}}), (3.0, 0.9, 0.4, {"raylet": {"1/1": 0.3, "1/2": 0.05}})]
+    got = checker.figures()
+    assert got["host_busy_s"] == pytest.approx(2.0) and got["replica_thread_s"] == pytest.approx(0.4)
+    assert got["caller_thread_s"] == pytest.approx(0.3) and got["batch_cpu_s"] == pytest.approx(0.01)
+    assert got["processes"]["raylet"]["total_s"] == pytest.approx(0.25)  # (a thread born in the window: all of it)
+    checker.samples = [(None, None, 0.1, {}), (3.0, None, 0.4, {})]  # (a reading that failed: no figure)
+    assert checker.figures()["host_busy_s"] is None and checker.figures()["replica_thread_s"] is None
