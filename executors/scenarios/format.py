@@ -305,7 +305,7 @@ _TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "idempotent
                  "until", "metrics_interval_s")
 #: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time), beside
 #: ``rankcore.requests.BatchOptions``'s fields (declared once there)
-BATCH_SIM_KEYS = ("fixed_s", "per_item_s", "cores", "request_s")
+BATCH_SIM_KEYS = ("fixed_s", "per_item_s", "cores", "request_s", "threads", "replica_s")
 #: ``traffic.<deployment>.models``: the simulator's own keys (which model each request asks for, how
 #: long a load takes), beside ``rankcore.requests.MultiplexOptions``' fields (declared once there)
 MODELS_SIM_KEYS = ("count", "zipf_s", "file", "load_s")
@@ -357,16 +357,23 @@ class BatchSpec:
     """Requests served in batches (``traffic.<deployment>.batch``), as a ``@batch`` method: when a
     batch closes is ``rankcore.requests.Batcher``'s rule under ``options``; a batch of n requests
     is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution).
-    ``cores`` and ``request_s`` (both, or neither): the host's CPU, ``cores`` of them (one pool per
-    deployment, whatever its replicas' nodes), shared by every request's own work outside its batch (``request_s`` each, one core at a time, before it
-    joins a batch: deserialising, the actor's loop) and the batches (each holds a core while it
-    runs): a loaded host's limit, which a batch cost alone does not show."""
+    ``cores``: the host's CPU, ``cores`` of them (one host per deployment, whatever its replicas'
+    nodes), shared as an operating system shares them among the threads with work (each runs at
+    ``min(1, cores / running)`` of a core), with a request's own CPU before it joins a batch:
+    ``request_s`` (on a thread of its own: work done for each request in parallel), then each of
+    ``threads`` in turn (the host's shared threads it passes through, a caller's or a proxy's event
+    loop: one request at a time on each), then ``replica_s`` (in its replica's process, which runs
+    one thing at a time: Python's interpreter lock); a batch's service is then CPU on those cores
+    too, on its replica's one thread with ``replica_s`` (beside nothing else of that replica), else
+    on a thread of its own. A loaded host's limit, which a batch cost alone does not show."""
 
     options: Any  # rankcore.requests.BatchOptions
     fixed_s: Latency
     per_item_s: Latency
     cores: int | None = None
     request_s: Latency | None = None
+    threads: tuple[Latency, ...] = ()
+    replica_s: Latency | None = None
 
 
 @attrs.frozen
@@ -1350,18 +1357,26 @@ def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
     from rankcore.requests import BatchOptions
 
     m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
-    if ("cores" in m) != ("request_s" in m):
-        given, missing = ("cores", "request_s") if "cores" in m else ("request_s", "cores")
-        raise c.fail(p + (given,), f"needs '{missing}' beside it: the host's cores and each request's CPU on them "
-                                   f"are modelled together")
+    cpu = [k for k in ("request_s", "threads", "replica_s") if k in m]
+    if cpu and "cores" not in m:
+        raise c.fail(p + (cpu[0],), "needs 'cores' beside it: a request's CPU runs on the host's cores")
+    if "cores" in m and not cpu:
+        raise c.fail(p + ("cores",), "needs 'request_s', 'threads' or 'replica_s' beside it: the host's cores "
+                                     "and each request's CPU on them are modelled together")
     cores = None
     if "cores" in m:
         cores = c.count(m["cores"], p + ("cores",))
         if cores < 1:
             raise c.fail(p + ("cores",), f"must be at least 1, got {cores}")
+    threads = m.get("threads", [])
+    if not isinstance(threads, list) or (not threads and "threads" in m):
+        raise c.fail(p + ("threads",), f"must be a non-empty list of CPU seconds a request costs on each "
+                                       f"thread in turn, got {threads!r}")
     return BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
                      per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)), cores=cores,
-                     request_s=c.latency(m["request_s"], p + ("request_s",)) if "request_s" in m else None)
+                     request_s=c.latency(m["request_s"], p + ("request_s",)) if "request_s" in m else None,
+                     threads=tuple(c.latency(t, p + ("threads", i)) for i, t in enumerate(threads)),
+                     replica_s=c.latency(m["replica_s"], p + ("replica_s",)) if "replica_s" in m else None)
 
 
 def _models(value: Any, p: tuple, c: _Checker) -> ModelsSpec:

@@ -229,7 +229,7 @@ class _Flow:
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
-                 "model_evictions", "cores", "cpu")
+                 "model_evictions", "cores", "threads", "cpu")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -252,9 +252,12 @@ class _Flow:
         self.streamed = self.shapes = None
         self.streams = _Streams()
         self.batch_costs = sim.stream(f"traffic/{self.name}/batches") if spec.batch is not None else None
-        #: ``batch.cores``: the host's cores (each request's own CPU, then the batches), and its draws
+        #: ``batch.cores``: the host's cores (each request's own CPU, then the batches), the host's
+        #: threads a request passes through (``batch.threads``), and the CPU draws
         cores = spec.batch.cores if spec.batch is not None else None
-        self.cores = _Cores(cores) if cores else None
+        self.cores = _Cpu(sim, cores) if cores else None
+        self.threads = () if self.cores is None or spec.batch is None else tuple(
+            _Thread(self.cores) for _ in spec.batch.threads)
         self.cpu = sim.stream(f"traffic/{self.name}/cpu") if cores else None
         #: ``closed`` arrivals: the callers' think times (each caller sends again after its last ended)
         self.think = sim.stream(f"traffic/{self.name}/think") if spec.arrivals.kind == "closed" else None
@@ -339,42 +342,100 @@ class _BatchReplica:
     """One replica incarnation's batcher (``traffic.<d>.batch``: the core's rule) and its one
     timer, armed for ``due`` (the batcher's ``next_deadline``) and moved only when that moves."""
 
-    __slots__ = ("epoch", "batcher", "timer", "due")
+    __slots__ = ("epoch", "batcher", "timer", "due", "thread")
 
-    def __init__(self, epoch: int, batcher: Batcher) -> None:
+    def __init__(self, epoch: int, batcher: Batcher, thread: _Thread | None = None) -> None:
         self.epoch, self.batcher = epoch, batcher
         self.timer: int | None = None
         self.due: float | None = None
+        #: its one interpreter (``batch.replica_s``): its requests' own work and its batches, one at a time
+        self.thread = thread
 
 
-class _Cores:
-    """The host's CPU cores (``batch.cores``): each work item holds one while it runs; the ones that
-    find none wait, first come first served."""
+class _Cpu:
+    """The host's CPU cores (``batch.cores``), shared as an operating system shares them: every
+    thread with work runs, each at ``min(1, cores / threads running)`` of a core (processor
+    sharing), so a thread alone runs at full speed and a crowd slows everyone down together."""
 
-    __slots__ = ("free", "waiting")
+    __slots__ = ("sim", "cores", "jobs", "at", "timer", "_n")
 
-    def __init__(self, n: int) -> None:
-        self.free = n
-        self.waiting: deque[Any] = deque()
+    def __init__(self, sim: Any, cores: int) -> None:
+        self.sim, self.cores = sim, cores
+        #: job number -> [CPU seconds it still needs, what to call when it has had them]
+        self.jobs: dict[int, list] = {}
+        self.at = 0.0  # when ``jobs``' remainders were last brought up to date
+        self.timer: int | None = None  # the next job's end
+        self._n = 0
 
-    def acquire(self, start: Any) -> None:
-        """``start()`` now if a core is free (it holds it), else once one is."""
-        if self.free:
-            self.free -= 1
-            start()
-        else:
-            self.waiting.append(start)
+    def _rate(self) -> float:
+        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
 
-    def release(self) -> None:
-        """A core is free: the next one waiting takes it."""
-        if self.waiting:
-            self.waiting.popleft()()
-        else:
-            self.free += 1
+    def _advance(self) -> None:
+        now = self.sim.now
+        if self.jobs and now > self.at:
+            done = (now - self.at) * self._rate()
+            for job in self.jobs.values():
+                job[0] -= done
+        self.at = now
+
+    def _arm(self) -> None:
+        if self.timer is not None:
+            self.sim.cancel(self.timer)
+            self.timer = None
+        if self.jobs:
+            left = min(job[0] for job in self.jobs.values())
+            self.timer = self.sim.schedule(max(0.0, left) / self._rate(), self._end)
+
+    def run(self, work: float, done: Any) -> None:
+        """A thread runs ``work`` CPU seconds on the cores, then ``done()`` is called."""
+        self._advance()
+        self._n += 1
+        self.jobs[self._n] = [max(0.0, work), done]
+        self._arm()
+
+    def _end(self) -> None:
+        """The jobs whose CPU is all given end (in the order they began): the one the timer was
+        set for and any as near done (a float's rounding never leaves it a sliver to run)."""
+        self.timer = None
+        self._advance()
+        least = min(job[0] for job in self.jobs.values())
+        ended = [n for n, job in self.jobs.items() if job[0] <= max(least, 0.0) + 1e-12]
+        calls = [self.jobs.pop(n)[1] for n in ended]
+        self._arm()
+        for call in calls:
+            call()
 
 
-#: a request of a closed batch that waits for a core (``_held``'s ticket until its batch runs)
-_WAITING_CORE = -1
+class _Thread:
+    """One thread of the host (a caller's or a proxy's event loop, a replica's): the CPU work
+    given to it runs one item at a time, in order, on the shared cores."""
+
+    __slots__ = ("cpu", "queue", "busy")
+
+    def __init__(self, cpu: _Cpu) -> None:
+        self.cpu = cpu
+        self.queue: deque[tuple[float, Any]] = deque()
+        self.busy = False
+
+    def run(self, work: float, done: Any) -> None:
+        self.queue.append((work, done))
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        if self.queue:
+            self.busy = True
+            work, done = self.queue.popleft()
+            self.cpu.run(work, lambda: self._after(done))
+
+    def _after(self, done: Any) -> None:
+        self.busy = False
+        self._next()
+        done()
+
+
+#: a request of a running batch on the shared cores (``_held``'s ticket: its end is the cores' to say)
+_ON_CORES = -1
 
 
 class _ModelReplica:
@@ -664,45 +725,50 @@ class SimTraffic:
         if b is None or b.epoch != epoch:
             if b is not None and b.timer is not None:
                 self.sim.cancel(b.timer)
-            b = self._batchers[replica_id] = _BatchReplica(epoch, Batcher(spec.options))
+            b = self._batchers[replica_id] = _BatchReplica(epoch, Batcher(spec.options), None if (
+                spec.replica_s is None or flow.cores is None) else _Thread(flow.cores))
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
         self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
-        if flow.cores is not None:  # (its own CPU first, on a core: then it joins a batch)
+        if flow.cores is not None:  # (its own CPU first, on the host's cores: then it joins a batch)
             self._in_cpu.add(rid)
-            flow.cores.acquire(lambda: self._cpu_begin(flow, rid, replica_id, epoch))
+            self._cpu_stage(flow, rid, replica_id, b, 0)
             return
         self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
-    def _cpu_begin(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
-        """``rid`` has a core: its own CPU runs, unless it left meanwhile (answered, or its replica
-        is gone), which gives the core back at once."""
-        assert flow.spec.batch is not None and flow.spec.batch.request_s is not None and flow.cpu is not None
-        if rid not in self._in_cpu or not self._replica_live(replica_id, epoch):
+    def _cpu_stage(self, flow: _Flow, rid: str, replica_id: str, b: _BatchReplica, stage: int) -> None:
+        """``rid``'s own CPU, stage by stage: ``request_s`` (a thread of its own), each of
+        ``threads`` in turn (shared: one request at a time), ``replica_s`` on its replica's thread;
+        then it joins the batcher. One that left meanwhile (answered, its replica gone) stops."""
+        spec = flow.spec.batch
+        assert spec is not None and flow.cores is not None and flow.cpu is not None
+        if rid not in self._in_cpu or not self._replica_live(replica_id, b.epoch):
             self._in_cpu.discard(rid)
-            assert flow.cores is not None
-            flow.cores.release()
             return
-        self.sim.schedule(flow.spec.batch.request_s.sample(flow.cpu), self._cpu_done, flow, rid, replica_id, epoch)
+        step = lambda: self._cpu_stage(flow, rid, replica_id, b, stage + 1)  # noqa: E731
+        if stage == 0:
+            if spec.request_s is not None:
+                flow.cores.run(spec.request_s.sample(flow.cpu), step)
+            else:
+                step()
+            return
+        if stage <= len(flow.threads):
+            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step)
+            return
+        if stage == len(flow.threads) + 1 and b.thread is not None:
+            assert spec.replica_s is not None
+            b.thread.run(spec.replica_s.sample(flow.cpu), step)
+            return
+        self._in_cpu.discard(rid)
+        if self._live_batcher(replica_id, b.epoch) is b:
+            self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
     def _replica_live(self, replica_id: str, epoch: int) -> bool:
         """Whether that very incarnation of the replica still runs and answers (not replaced, not
         dead, not frozen)."""
         r = self.sim.backend.replicas.get(replica_id)
         return r is not None and r.epoch == epoch and not r.hung
-
-    def _cpu_done(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
-        """``rid``'s own CPU is done: its core is free; it joins its replica's batcher (unless it was
-        answered meanwhile, or its replica is gone)."""
-        assert flow.cores is not None
-        flow.cores.release()
-        if rid not in self._in_cpu:
-            return
-        self._in_cpu.discard(rid)
-        b = self._live_batcher(replica_id, epoch)
-        if b is not None:
-            self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
     def _batch_actions(self, flow: _Flow, replica_id: str, b: _BatchReplica, actions: list) -> None:
         spec, sim = flow.spec.batch, self.sim
@@ -716,13 +782,15 @@ class SimTraffic:
             flow.batch_items += act.size
             flow.batch_full += act.reason == "full"
             flow.batch_seconds += service
-            if flow.cores is not None:  # (it runs once it holds a core)
+            if flow.cores is not None:  # (its service is CPU on the host's cores: on its replica's one
+                # thread with ``replica_s``, else a thread of its own)
                 held = self._held.setdefault(replica_id, {})
                 for rid in rids:
                     if rid in held:
-                        held[rid] = (sim.now + service, _WAITING_CORE, held[rid][2])
-                flow.cores.acquire(lambda service=service, rids=rids, act=act: self._batch_begin(
-                    flow, replica_id, b.epoch, act.batch_id, rids, service))
+                        held[rid] = (sim.now + service, _ON_CORES, held[rid][2])
+                (b.thread or flow.cores).run(service if self._replica_live(replica_id, b.epoch) else 0.0,
+                                             lambda rids=rids, act=act: self._batch_done(flow, replica_id, b.epoch,
+                                                                                         act.batch_id, rids))
                 continue
             self._batch_begin(flow, replica_id, b.epoch, act.batch_id, rids, service)
         self._arm(flow, replica_id, b)
@@ -732,8 +800,6 @@ class SimTraffic:
         """A closed batch runs now, for ``service`` (one whose replica is gone meanwhile ends at
         once: it gives its core back)."""
         sim = self.sim
-        if flow.cores is not None and not self._replica_live(replica_id, epoch):
-            service = 0.0
         ticket = sim.schedule(service, self._batch_done, flow, replica_id, epoch, batch_id, rids)
         held = self._held.setdefault(replica_id, {})
         for rid in rids:
@@ -773,9 +839,7 @@ class SimTraffic:
 
     def _batch_done(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple) -> None:
         """A batch was served: each of its requests answers (those still held: one cancelled or
-        cut meanwhile has been answered already), then its slot (and its core) is free."""
-        if flow.cores is not None:
-            flow.cores.release()
+        cut meanwhile has been answered already), then its slot is free."""
         for rid in rids:
             entry = self._held.get(replica_id, {}).get(rid)
             if entry is not None and entry[1] is not None and rid not in self._cut:

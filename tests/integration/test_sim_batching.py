@@ -76,8 +76,12 @@ def test_a_replica_dying_with_batches_in_hand_loses_nothing():
     ("{max_batch_size: 0, fixed_s: 0.01}", "traffic.embed.batch.max_batch_size"),
     ("{max_batch_size: 4}", "missing required field 'fixed_s'"),
     ("{fixed_s: 0.01, size: 3}", "size"),
-    ("{fixed_s: 0.01, cores: 2}", "traffic.embed.batch.cores: needs 'request_s' beside it"),
+    ("{fixed_s: 0.01, cores: 2}", "traffic.embed.batch.cores: needs 'request_s', 'threads' or 'replica_s' beside it"),
     ("{fixed_s: 0.01, request_s: 0.001}", "traffic.embed.batch.request_s: needs 'cores' beside it"),
+    ("{fixed_s: 0.01, replica_s: 0.001}", "traffic.embed.batch.replica_s: needs 'cores' beside it"),
+    ("{fixed_s: 0.01, cores: 2, threads: 0.001}", "traffic.embed.batch.threads: must be a non-empty list"),
+    ("{fixed_s: 0.01, cores: 2, threads: []}", "traffic.embed.batch.threads: must be a non-empty list"),
+    ("{fixed_s: 0.01, cores: 2, threads: [0.001, -1]}", "traffic.embed.batch.threads"),
     ("{fixed_s: 0.01, cores: 0, request_s: 0.001}", "traffic.embed.batch.cores: must be at least 1"),
 ])
 def test_bad_batch_keys_are_refused_naming_the_key(batch, words):
@@ -103,6 +107,37 @@ def test_the_hosts_cores_cap_what_requests_cpu_allows_and_batches_take_a_core():
     heavy = _run("{max_batch_size: 4, batch_wait_timeout_s: 0.0, fixed_s: 0.02, cores: 1, request_s: 0.001}",
                  rate=600)
     assert heavy["throughput_rps"] < 4 / (0.02 + 4 * 0.001) * 1.05
+
+
+def test_a_shared_thread_and_each_replicas_loop_cap_what_the_cores_would_allow():
+    # 600 req/s offered to 2 replicas, batches of up to 16 at 1 ms, 4 cores: plenty of CPU, but
+    # one shared thread (a proxy's loop) at 4 ms a request answers at most 250 a second
+    proxy = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 4, threads: [0.004]}",
+                 rate=600)
+    assert 230 < proxy["throughput_rps"] < 250 * 1.02
+    # each replica's own loop at 4 ms: 250 a second each, 500 for two (one loop per replica) ...
+    loops = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 4, replica_s: 0.004}",
+                 rate=600)
+    assert 480 < loops["throughput_rps"] < 500 * 1.02
+    # ... but on one core the two loops and the batches share it: under 1 / 4 ms in all
+    shared = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 1, replica_s: 0.004}",
+                  rate=600)
+    assert 180 < shared["throughput_rps"] < 250
+    # the same CPU on threads of its own (``request_s``) is not capped by one thread: 4 cores allow 1,000
+    own = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, cores: 4, request_s: 0.004}",
+               rate=600)
+    assert own["throughput_rps"] == pytest.approx(600, rel=0.05)
+
+
+def test_a_crowd_of_threads_slows_each_one_processor_sharing():
+    # one request at a time (poisson at 5 a second), 2 ms on a shared thread, no other work: ~2 ms
+    # of CPU adds ~2 ms; with 1 core and every request's 20 ms own work beside it, all run slower
+    alone = _run("{max_batch_size: 1, batch_wait_timeout_s: 0.0, fixed_s: 0.001, cores: 1, threads: [0.002]}",
+                 rate=5)
+    crowd = _run("{max_batch_size: 1, batch_wait_timeout_s: 0.0, fixed_s: 0.001, cores: 1, threads: [0.002], "
+                 "request_s: 0.02}", rate=40)
+    assert alone["latency_p50"] == pytest.approx(0.003, abs=0.0005)  # (2 ms on the thread, 1 ms the batch)
+    assert crowd["latency_p50"] > 0.023 + 0.001  # (the 23 ms of CPU, slowed by the others sharing the core)
 
 
 def test_batch_with_service_or_stream_is_refused():
@@ -176,4 +211,24 @@ def test_cores_are_all_given_back_after_deadlines_cut_batches_of_a_frozen_replic
     assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
     assert q["failed"] > 0 and q["answered"] > 0  # (deadlines cut requests in running batches)
     flow = sim.traffic.flows["embed"]
-    assert flow.cores.free == 1 and not flow.cores.waiting  # no core leaked, nothing left waiting for one
+    assert not flow.cores.jobs and flow.cores.timer is None  # nothing left running on the cores
+
+
+def test_the_loaded_host_example_is_limited_by_its_cores_not_its_batches():
+    sc = load_scenario(ROOT / "examples/scenarios/traffic-batching-host.yaml")
+    result = Simulation(sc, check=True).run()
+    assert result.passed
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    # the batches alone (16 every 9 ms) would allow ~1,700 req/s; the host's two cores give ~470
+    assert 420 < q["throughput_rps"] < 520
+    assert q["batch_size_mean"] > 15
+    alone = _run_text((ROOT / "examples/scenarios/traffic-batching-host.yaml").read_text().replace(
+        "      cores: 2\n      request_s: 0.0007\n      threads: [0.0003, 0.0012]\n      replica_s: 0.0011\n", ""))
+    assert alone["throughput_rps"] > 3 * q["throughput_rps"]
+
+
+def _run_text(text: str) -> dict:
+    result = Simulation(parse_scenario(text, "<batching>"), check=True).run()
+    assert result.passed
+    return result.metrics["deployments"]["embed"]["requests"]

@@ -1,0 +1,75 @@
+"""The simulator's host CPU (``batch.cores``, issue 39): cores shared as the kernel shares them
+(processor sharing), and threads that run their work one item at a time on them."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+
+from executors.sim.traffic import _Cpu, _Thread
+
+
+class _Clock:
+    """Just what ``_Cpu`` asks of the simulation: its clock, and timers to schedule and cancel."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._queue: list = []
+        self._seq = itertools.count()
+        self._cancelled: set[int] = set()
+
+    def schedule(self, delay: float, fn, *args) -> int:
+        ticket = next(self._seq)
+        heapq.heappush(self._queue, (self.now + delay, ticket, fn, args))
+        return ticket
+
+    def cancel(self, ticket: int) -> None:
+        self._cancelled.add(ticket)
+
+    def run(self) -> None:
+        while self._queue:
+            t, ticket, fn, args = heapq.heappop(self._queue)
+            if ticket in self._cancelled:
+                continue
+            self.now = t
+            fn(*args)
+
+
+def _ends(cores: int, works: list[float], starts: list[float] | None = None) -> list[float]:
+    clock, ends = _Clock(), {}
+    cpu = _Cpu(clock, cores)
+    for i, (work, at) in enumerate(zip(works, starts or [0.0] * len(works))):
+        clock.schedule(at, lambda i=i, work=work: cpu.run(work, lambda: ends.__setitem__(i, clock.now)))
+    clock.run()
+    assert not cpu.jobs and cpu.timer is None
+    return [ends[i] for i in range(len(works))]
+
+
+def test_a_thread_alone_runs_at_full_speed_and_a_crowd_shares_the_cores():
+    assert _ends(2, [1.0]) == pytest.approx([1.0])
+    assert _ends(2, [1.0, 1.0]) == pytest.approx([1.0, 1.0])  # (one core each)
+    assert _ends(1, [1.0, 1.0]) == pytest.approx([2.0, 2.0])  # (half a core each)
+    # 3 on 2 cores: 2/3 of a core each until the short one ends at 1.5, then a core each
+    assert _ends(2, [1.0, 2.0, 2.0]) == pytest.approx([1.5, 2.5, 2.5])
+    # one arriving late slows the first only from then on
+    assert _ends(1, [1.0, 0.5], [0.0, 0.5]) == pytest.approx([1.5, 1.5])
+
+
+def test_work_on_a_weeks_clock_ends_on_time():
+    # at t=600,000 s the clock resolves ~1e-10 s: 0.1 us of CPU still ends, and frees the core
+    assert _ends(1, [1e-7, 1.0], [600_000.0, 600_000.0]) == pytest.approx([600_000.0, 600_001.0], abs=1e-6)
+
+
+def test_a_thread_runs_its_work_one_item_at_a_time_in_order():
+    clock, done = _Clock(), []
+    cpu = _Cpu(clock, 4)
+    thread = _Thread(cpu)
+    for i in range(3):
+        thread.run(1.0, lambda i=i: done.append((i, clock.now)))
+    other = _Thread(cpu)
+    other.run(0.5, lambda: done.append(("other", clock.now)))
+    clock.run()
+    assert done == [("other", 0.5), (0, 1.0), (1, 2.0), (2, 3.0)]  # (4 cores: the threads never wait for one)
+    assert not thread.busy and not thread.queue
