@@ -478,19 +478,32 @@ def cost_fit(levels: dict, cpu: bool = False) -> dict | None:
             "by_size": {n: {"batches": c, "mean_s": t / c} for n, (c, t) in sorted(by_size.items())}}
 
 
-def predict(args: argparse.Namespace, fit: dict, clients: int, think_s: float, cpu: tuple[int, float] | None = None
+def _batch_cost(fit: dict) -> tuple[float, float]:
+    """(fixed, per item) seconds the simulator is given for ``fit``: a falling fit (more items
+    costing less, the host's noise) is taken as flat at the mean batch's cost."""
+    if fit["per_item_s"] >= 0:
+        return fit["fixed_s"], fit["per_item_s"]
+    return fit["mean_batch_s"], 0.0
+
+
+def predict(args: argparse.Namespace, fit: dict, clients: int, think_s: float, cpu: dict | None = None
             ) -> float:
     """The simulator's requests a second for this benchmark's deployment (same replicas, bound,
     timeout, ``max_ongoing_requests``) under the same closed loop (``clients`` callers, each sending
     again ``think_s`` after its answer: the time a request spends outside the replica) when a
-    batch costs ``fit``'s ``fixed_s + per_item_s x n``; ``cpu``: (the host's cores, each request's
-    own CPU seconds on them), the simulator's ``batch.cores`` / ``batch.request_s``."""
+    batch costs ``fit``'s ``fixed_s + per_item_s x n``; ``cpu``: the simulator's ``batch.cores``
+    and a request's CPU on them (``request_s``, and where measured ``threads`` and ``replica_s``)."""
     from executors.scenarios import parse_scenario
     from executors.sim import Simulation
 
-    per_item = max(0.0, fit["per_item_s"])
-    fixed = fit["fixed_s"] if fit["per_item_s"] >= 0 else fit["mean_batch_s"]
-    host = "" if cpu is None else f", cores: {cpu[0]}, request_s: {max(cpu[1], 1e-6):.9f}"
+    fixed, per_item = _batch_cost(fit)
+    host = ""
+    if cpu is not None:
+        host = f", cores: {cpu['cores']}, request_s: {max(cpu['request_s'], 1e-6):.9f}"
+        if cpu.get("threads"):
+            host += ", threads: [" + ", ".join(f"{max(t, 1e-6):.9f}" for t in cpu["threads"]) + "]"
+        if cpu.get("replica_s") is not None:
+            host += f", replica_s: {max(cpu['replica_s'], 1e-6):.9f}"
     text = f"""
 seed: 1
 duration: 65
@@ -511,26 +524,68 @@ traffic:
     return float(metrics["deployments"]["bench"]["requests"]["throughput_rps"])
 
 
-def _request_cpu(level: dict, args: argparse.Namespace) -> tuple[int, float] | None:
-    """(this host's cores, the CPU seconds a request cost at ``level`` outside its batch: the host's
-    busy CPU in the window less its batches', per request answered); None where not measured."""
+def _request_cpu(level: dict, args: argparse.Namespace) -> dict | None:
+    """This host's cores and the CPU seconds a request cost at ``level`` outside its batch (the
+    host's busy CPU in the window less its batches', per request answered), all of it on threads
+    of its own (``request_s``); None where not measured."""
     if level.get("host_busy_s") is None or not level.get("rps"):
         return None
     per_request = max(0.0, level["host_busy_s"] - level["batch_busy_s"]) / (level["rps"] * args.seconds)
     level["request_cpu_s"] = per_request
-    return os.cpu_count() or 1, per_request
+    return {"cores": os.cpu_count() or 1, "request_s": per_request}
+
+
+#: the process of the HTTP path's proxy, whose busiest thread (its event loop) every request passes
+PROXY = "ray::HttpIngress"
+#: the replica's process: its batch thread, its event loop and Ray's threads
+REPLICA = "ray::ReplicaActor"
+
+
+def thread_cpu(level: dict, args: argparse.Namespace, path: str) -> dict | None:
+    """``level``'s CPU a request, thread by thread, as the simulator's ``batch.threads`` model takes
+    it: the callers' thread and (HTTP) the proxy's busiest thread, each shared by every request
+    (``threads``); the replica's process less its batches (``replica_s``: Ray's threads and the
+    replica's event loop, which one interpreter runs one at a time, its batches included); the
+    rest of the host's busy CPU (Ray's other processes, the proxy's other threads) on threads of
+    its own (``request_s``). None where a figure is missing."""
+    procs = level.get("processes") or {}
+    n = (level.get("rps") or 0) * args.seconds
+    if not n or any(level.get(k) is None for k in ("host_busy_s", "caller_thread_s", "batch_cpu_s")) or (
+            REPLICA not in procs or (path == "http" and PROXY not in procs)):
+        return None
+    replica = procs[REPLICA]["total_s"]
+    threads, used = [level["caller_thread_s"] / n], level["caller_thread_s"] + replica
+    if path == "http":
+        loop = procs[PROXY]["top_threads_s"][0]
+        threads.append(loop / n)
+        used += loop
+    return {"cores": os.cpu_count() or 1, "request_s": max(0.0, level["host_busy_s"] - used) / n, "threads": threads,
+            "replica_s": max(0.0, replica - level["batch_cpu_s"]) / n}
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    if cpu is None:
+        return ""
+    text = f", {cpu['cores']} cores, {1000 * cpu['request_s']:.2f} ms CPU a request"
+    if cpu.get("threads"):
+        text = (f", {cpu['cores']} cores; a request's CPU ms: {1000 * cpu['request_s']:.2f} its own, "
+                f"{' + '.join(f'{1000 * t:.2f}' for t in cpu['threads'])} on shared threads, "
+                f"{1000 * cpu['replica_s']:.2f} in the replica's process")
+    return text
 
 
 def print_predictions(results: dict, args: argparse.Namespace) -> None:
     """Issue 39's check of the simulator: each of ours' levels predicted by the simulator (the same
     deployment and closed loop; ``traffic.<d>.batch`` with the batch cost fitted on that level's own
     batches; ``arrivals: closed`` with the time a request spends outside the replica measured at one
-    client of the same path: its p50 less the batch timeout and a lone batch's service time),
-    against the measured requests a second. Three times: with the batch cost alone; with the host's
-    CPU (``batch.cores``: this host's cores; ``batch.request_s``: each request's own CPU, the
-    host's busy CPU seconds less its batches', per request) measured at one client; and with the
-    CPU a request cost at that level itself (as its batch cost is: the CPU a request costs falls
-    with the load, so one client's does not carry over)."""
+    client of the same path: its p50 less the batch timeout and a lone batch's service time, less
+    the CPU the model puts on the cores), against the measured requests a second. Four times: with
+    the batch cost alone; with the host's CPU (``batch.cores``: this host's cores;
+    ``batch.request_s``: each request's own CPU, the host's busy CPU seconds less its batches', per
+    request) measured at one client; with the CPU a request cost at that level itself (the CPU a
+    request costs falls with the load, so one client's does not carry over); and with that level's
+    CPU thread by thread (``thread_cpu``: the shared threads a request passes, its replica's loop,
+    the batches fitted on their CPU time, all sharing the cores as the kernel shares them)."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
     for path in args.paths:
@@ -548,31 +603,36 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
                 continue
             got = predict(args, fit, clients, outside)
             lv["sim_predicted_rps"] = got
-            with_cpu = own_cpu = None
+            row = [("batch cost alone", got, None, fit)]
             if cpu is not None:
-                with_cpu = predict(args, fit, clients, max(0.0, outside - cpu[1]), cpu)
-                lv["sim_predicted_rps_cpu"] = with_cpu
+                lv["sim_predicted_rps_cpu"] = predict(args, fit, clients, max(0.0, outside - cpu["request_s"]), cpu)
+                row.append(("one client's CPU a request", lv["sim_predicted_rps_cpu"], cpu, fit))
             mine = _request_cpu(lv, args)
             if mine is not None:
-                own_cpu = predict(args, fit, clients, max(0.0, outside - mine[1]), mine)
-                lv["sim_predicted_rps_own_cpu"] = own_cpu
-            rows.append((f"{path}/{clients}", lv["rps"], got, with_cpu, own_cpu, fit, outside, cpu, mine))
+                lv["sim_predicted_rps_own_cpu"] = predict(args, fit, clients, max(0.0, outside - mine["request_s"]),
+                                                          mine)
+                row.append(("this level's CPU a request", lv["sim_predicted_rps_own_cpu"], mine, fit))
+            threads = thread_cpu(lv, args, path)
+            cpu_fit = cost_fit({"lv": lv}, cpu=True)
+            if threads is not None and cpu_fit is not None:
+                think = outside - threads["request_s"] - sum(threads["threads"]) - threads["replica_s"]
+                lv["sim_predicted_rps_threads"] = predict(args, cpu_fit, clients, max(0.0, think), threads)
+                lv["sim_threads"] = threads
+                row.append(("this level's CPU thread by thread", lv["sim_predicted_rps_threads"], threads, cpu_fit))
+            rows.append((f"{path}/{clients}", lv["rps"], outside, row))
     if not rows:
         return
     print("simulator prediction (the same closed loop; batch cost fitted on each level's own batches; the "
-          "time outside the replica, and each request's own CPU, measured at one client):")
-    for key, measured, got, with_cpu, own_cpu, fit, outside, cpu, mine in rows:
-        for label, value, used in (("batch cost alone", got, None), ("one client's CPU a request", with_cpu, cpu),
-                                   ("this level's CPU a request", own_cpu, mine)):
-            if value is None:
-                continue
+          "time outside the replica measured at one client):")
+    for key, measured, outside, row in rows:
+        for label, value, used, fit in row:
             off = (value - measured) / measured
             verdict = ("calibration: measured here" if key.endswith("/1") else
                        "within 15%" if abs(off) <= 0.15 else "NOT within 15%")
-            extra = f", {used[0]} cores, {1000 * used[1]:.2f} ms CPU a request" if used else ""
+            fixed, per_item = _batch_cost(fit)
             print(f"  {key} ({label}): measured {measured:.1f} req/s, simulator {value:.1f} req/s "
-                  f"({100 * off:+.1f}%, {verdict}); batch {1000 * fit['fixed_s']:.2f} ms + "
-                  f"{1000 * max(0.0, fit['per_item_s']):.3f} ms x n, outside {1000 * outside:.2f} ms{extra}")
+                  f"({100 * off:+.1f}%, {verdict}); batch {1000 * fixed:.2f} ms + "
+                  f"{1000 * per_item:.3f} ms x n, outside {1000 * outside:.2f} ms{_cpu_text(used)}")
 
 
 def print_cpu(results: dict, args: argparse.Namespace) -> None:

@@ -74,3 +74,26 @@ def test_a_levels_figures_are_the_cpu_used_between_the_windows_two_samples():
     assert got["processes"]["raylet"]["total_s"] == pytest.approx(0.25)  # (a thread born in the window: all of it)
     checker.samples = [(None, None, 0.1, {}), (3.0, None, 0.4, {})]  # (a reading that failed: no figure)
     assert checker.figures()["host_busy_s"] is None and checker.figures()["replica_thread_s"] is None
+
+
+def test_a_levels_cpu_is_split_thread_by_thread_and_every_second_lands_once():
+    bench = _bench()
+    args = argparse.Namespace(seconds=5.0)
+    # 100 req/s over 5 s: 500 requests; the host busy 8 CPU-s
+    level = {"rps": 100.0, "host_busy_s": 8.0, "caller_thread_s": 0.5, "replica_thread_s": 2.5,
+             "batch_cpu_s": 2.0, "batches": 50,
+             "processes": {bench.REPLICA: {"total_s": 3.5, "top_threads_s": [2.5, 0.8]},
+                           bench.PROXY: {"total_s": 2.0, "top_threads_s": [1.5, 0.5]}}}
+    http = bench.thread_cpu(level, args, "http")
+    assert http["threads"] == pytest.approx([0.001, 0.003])  # the callers' thread, the proxy's loop
+    assert http["replica_s"] == pytest.approx(0.003)  # the replica's process less its batches
+    assert http["request_s"] == pytest.approx((8.0 - 0.5 - 3.5 - 1.5) / 500)  # the rest of the host
+    # every CPU second of the host counted once: the requests' and the batches'
+    per_request = http["request_s"] + sum(http["threads"]) + http["replica_s"]
+    assert per_request * 500 + level["batch_cpu_s"] == pytest.approx(8.0)
+    handle = bench.thread_cpu(level, args, "handle")  # (no proxy on the handle's path: its CPU is the rest's)
+    assert handle["threads"] == pytest.approx([0.001])
+    assert handle["request_s"] == pytest.approx((8.0 - 0.5 - 3.5) / 500)
+    del level["processes"][bench.PROXY]
+    assert bench.thread_cpu(level, args, "http") is None and bench.thread_cpu(level, args, "handle") is not None
+    assert bench.thread_cpu(dict(level, rps=0.0), args, "handle") is None
