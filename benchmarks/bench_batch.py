@@ -44,7 +44,10 @@ throughput of the same settings. Then issue 39's other goal, the simulator's pre
 loop (``arrivals: {kind: closed, clients: N, think_s: T}``), a batch costing what that level's own
 batches cost (the fit), T the time a request spends outside the replica (measured once, at one
 client of the same path: p50 less the timeout and a lone batch's service); its answers a second
-are printed beside the measured ones.
+are printed beside the measured ones. Four ways: the batch cost alone; one client's CPU a request on
+the host's cores; that level's own CPU a request; that level's CPU thread by thread (``thread_cpu``:
+the callers' and the proxy's loops as shared threads, the replica's process, which runs its batches
+too, as ``replica_s``; docs/benchmarks.md, "The simulator's prediction, thread by thread").
 
 Where the host's CPU went in each level's window (printed for ours, and in the JSON: ``host_busy_s``
 from ``/proc/stat``; ``caller_thread_s``, the load generator's own thread, which also runs the handle's
