@@ -408,25 +408,26 @@ class _Cpu:
 
 class _Thread:
     """One thread of the host (a caller's or a proxy's event loop, a replica's): the CPU work
-    given to it runs one item at a time, in order, on the shared cores."""
+    given to it runs one item at a time, in order, on the shared cores. An item whose ``live()``
+    is false when its turn comes (its request left, its replica died) takes no CPU."""
 
     __slots__ = ("cpu", "queue", "busy")
 
     def __init__(self, cpu: _Cpu) -> None:
         self.cpu = cpu
-        self.queue: deque[tuple[float, Any]] = deque()
+        self.queue: deque[tuple[float, Any, Any]] = deque()
         self.busy = False
 
-    def run(self, work: float, done: Any) -> None:
-        self.queue.append((work, done))
+    def run(self, work: float, done: Any, live: Any = None) -> None:
+        self.queue.append((work, done, live))
         if not self.busy:
             self._next()
 
     def _next(self) -> None:
         if self.queue:
             self.busy = True
-            work, done = self.queue.popleft()
-            self.cpu.run(work, lambda: self._after(done))
+            work, done, live = self.queue.popleft()
+            self.cpu.run(work if live is None or live() else 0.0, lambda: self._after(done))
 
     def _after(self, done: Any) -> None:
         self.busy = False
@@ -470,8 +471,9 @@ class SimTraffic:
         self._batchers: dict[str, _BatchReplica] = {}
         #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
         self._cut: set[str] = set()
-        #: requests on a core for their own CPU before they join a batch (``batch.cores``)
-        self._in_cpu: set[str] = set()
+        #: requests in their own CPU's stages before they join a batch (``batch.cores``), and the
+        #: replica incarnation each is on (a request retried elsewhere is the new one's)
+        self._in_cpu: dict[str, tuple[str, int]] = {}
         #: replica id -> its models (``traffic.<d>.models``); a new incarnation starts empty
         self._models: dict[str, _ModelReplica] = {}
         #: request id -> the replica where it waits for a model's load
@@ -732,7 +734,7 @@ class SimTraffic:
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
         self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
         if flow.cores is not None:  # (its own CPU first, on the host's cores: then it joins a batch)
-            self._in_cpu.add(rid)
+            self._in_cpu[rid] = (replica_id, epoch)
             self._cpu_stage(flow, rid, replica_id, b, 0)
             return
         self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
@@ -740,13 +742,16 @@ class SimTraffic:
     def _cpu_stage(self, flow: _Flow, rid: str, replica_id: str, b: _BatchReplica, stage: int) -> None:
         """``rid``'s own CPU, stage by stage: ``request_s`` (a thread of its own), each of
         ``threads`` in turn (shared: one request at a time), ``replica_s`` on its replica's thread;
-        then it joins the batcher. One that left meanwhile (answered, its replica gone) stops."""
+        then it joins the batcher. One that left meanwhile (answered, retried elsewhere, its
+        replica gone) stops, and its work still queued on a thread takes no CPU."""
         spec = flow.spec.batch
         assert spec is not None and flow.cores is not None and flow.cpu is not None
-        if rid not in self._in_cpu or not self._replica_live(replica_id, b.epoch):
-            self._in_cpu.discard(rid)
+        if not self._cpu_live(rid, replica_id, b.epoch):
+            if self._in_cpu.get(rid) == (replica_id, b.epoch):  # (not one retried on another replica)
+                del self._in_cpu[rid]
             return
         step = lambda: self._cpu_stage(flow, rid, replica_id, b, stage + 1)  # noqa: E731
+        live = lambda: self._cpu_live(rid, replica_id, b.epoch)  # noqa: E731
         if stage == 0:
             if spec.request_s is not None:
                 flow.cores.run(spec.request_s.sample(flow.cpu), step)
@@ -754,15 +759,20 @@ class SimTraffic:
                 step()
             return
         if stage <= len(flow.threads):
-            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step)
+            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step, live)
             return
         if stage == len(flow.threads) + 1 and b.thread is not None:
             assert spec.replica_s is not None
-            b.thread.run(spec.replica_s.sample(flow.cpu), step)
+            b.thread.run(spec.replica_s.sample(flow.cpu), step, live)
             return
-        self._in_cpu.discard(rid)
+        del self._in_cpu[rid]
         if self._live_batcher(replica_id, b.epoch) is b:
             self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
+
+    def _cpu_live(self, rid: str, replica_id: str, epoch: int) -> bool:
+        """Whether ``rid`` is still in its CPU's stages on that very replica incarnation, which
+        still runs."""
+        return self._in_cpu.get(rid) == (replica_id, epoch) and self._replica_live(replica_id, epoch)
 
     def _replica_live(self, replica_id: str, epoch: int) -> bool:
         """Whether that very incarnation of the replica still runs and answers (not replaced, not
@@ -788,17 +798,19 @@ class SimTraffic:
                 for rid in rids:
                     if rid in held:
                         held[rid] = (sim.now + service, _ON_CORES, held[rid][2])
-                (b.thread or flow.cores).run(service if self._replica_live(replica_id, b.epoch) else 0.0,
-                                             lambda rids=rids, act=act: self._batch_done(flow, replica_id, b.epoch,
-                                                                                         act.batch_id, rids))
+                done = (lambda rids=rids, act=act: self._batch_done(flow, replica_id, b.epoch, act.batch_id, rids))
+                if b.thread is not None:  # (one whose replica is gone by its turn takes no CPU)
+                    b.thread.run(service, done, lambda epoch=b.epoch: self._replica_live(replica_id, epoch))
+                else:
+                    flow.cores.run(service if self._replica_live(replica_id, b.epoch) else 0.0, done)
                 continue
             self._batch_begin(flow, replica_id, b.epoch, act.batch_id, rids, service)
         self._arm(flow, replica_id, b)
 
     def _batch_begin(self, flow: _Flow, replica_id: str, epoch: int, batch_id: int, rids: tuple,
                      service: float) -> None:
-        """A closed batch runs now, for ``service`` (one whose replica is gone meanwhile ends at
-        once: it gives its core back)."""
+        """A closed batch runs now, for ``service`` (without ``batch.cores``: its time, not the
+        host's CPU)."""
         sim = self.sim
         ticket = sim.schedule(service, self._batch_done, flow, replica_id, epoch, batch_id, rids)
         held = self._held.setdefault(replica_id, {})
@@ -902,10 +914,10 @@ class SimTraffic:
             flow = self.flows[rid.rsplit("/", 1)[0]]
             if rid in self._load_wait:  # waiting for a model's load: it leaves the line
                 self._model_left(rid)
-            elif rid in self._in_cpu:  # on its own CPU, not in a batch yet: it never joins one
-                self._in_cpu.discard(rid)
+            elif self._in_cpu.get(rid, ("",))[0] == replica_id:  # in its own CPU's stages there, not in a
+                del self._in_cpu[rid]  # batch yet: it never joins one (its queued work takes no CPU)
             elif flow.spec.batch is not None:  # batched: a waiting one leaves its batch; a running batch
-                # runs on for the others (its end, which frees its slot and core, is never cancelled)
+                # runs on for the others (its end, which frees its slot, is never cancelled)
                 b = self._batchers.get(replica_id)
                 if entry[1] is None:
                     if b is not None:  # (a dead replica's batcher is gone, and its batches with it)

@@ -90,7 +90,7 @@ def test_bad_batch_keys_are_refused_naming_the_key(batch, words):
         parse_scenario(text, "<batching>")
 
 
-def test_the_hosts_cores_cap_what_requests_cpu_allows_and_batches_take_a_core():
+def test_the_hosts_cores_cap_what_requests_cpu_allows_and_batches_run_on_them():
     # 2 replicas, batches of up to 16 at 1 ms: alone they would answer ~600 req/s offered; each request's
     # own CPU (2 ms on one of 2 cores) caps the host at 1,000 req/s, then 1 core at 4 ms: 250 req/s
     free = _run("{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001}", rate=600)
@@ -103,7 +103,7 @@ def test_the_hosts_cores_cap_what_requests_cpu_allows_and_batches_take_a_core():
                rate=600)
     assert one["throughput_rps"] < 250 * 1.02  # the core is the limit (batches take it too)
     assert one["throughput_rps"] > 200
-    # a batch holds a core: with one core and heavy batches, the requests' CPU waits behind them
+    # batches run on the cores too: with one core and heavy batches, the requests' CPU shares it with them
     heavy = _run("{max_batch_size: 4, batch_wait_timeout_s: 0.0, fixed_s: 0.02, cores: 1, request_s: 0.001}",
                  rate=600)
     assert heavy["throughput_rps"] < 4 / (0.02 + 4 * 0.001) * 1.05
@@ -199,7 +199,7 @@ def test_closed_callers_refused_at_once_retry_after_a_pause_and_the_run_ends():
     assert q["throughput_rps"] == pytest.approx(400, rel=0.05)  # full batches of 4 every 10 ms
 
 
-def test_cores_are_all_given_back_after_deadlines_cut_batches_of_a_frozen_replica_and_one_dies():
+def test_nothing_is_left_on_the_cores_after_deadlines_cut_batches_of_a_frozen_replica_and_one_dies():
     text = BASE.replace("BATCH", "{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.02, cores: 1, "
                                  "request_s: 0.001}\n    timeout_s: 0.04\n    until: 50").replace(
         "RATE", "150").replace("TIMELINE", "  - at: 30\n    hang: {deployment: embed, rank: 0}\n  - at: 31\n"
@@ -232,3 +232,23 @@ def _run_text(text: str) -> dict:
     result = Simulation(parse_scenario(text, "<batching>"), check=True).run()
     assert result.passed
     return result.metrics["deployments"]["embed"]["requests"]
+
+
+@pytest.mark.parametrize("cpu", ["cores: 1, request_s: 0.004", "cores: 4, threads: [0.004]",
+                                 "cores: 1, request_s: 0.001, replica_s: 0.002"])
+def test_a_request_retried_after_a_crash_mid_cpu_is_answered_by_the_new_replica(cpu):
+    # idempotent requests in their own CPU's stages on rank 0 when it crashes are retried on rank 1:
+    # the dead replica's stale stages must not take them out of rank 1's (every one answered, none
+    # left waiting at the end, nothing left on the cores or a thread)
+    text = BASE.replace("BATCH", "{max_batch_size: 16, batch_wait_timeout_s: 0.01, fixed_s: 0.001, " + cpu + "}"
+                        "\n    idempotent: true\n    until: 40").replace("RATE", "300").replace(
+        "TIMELINE", "  - at: 30\n    crash: {deployment: embed, rank: 0}").replace("duration: 60", "duration: 120")
+    sim = Simulation(parse_scenario(text, "<batching>"), check=True)
+    result = sim.run()
+    assert result.passed
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"], q["failed"]) == (0, 0, 0, 0), q
+    flow = sim.traffic.flows["embed"]
+    assert flow.live == 0 and not sim.traffic._in_cpu  # every request ended: none stranded mid-CPU
+    assert not flow.cores.jobs and all(not t.queue and not t.busy for t in flow.threads)
+

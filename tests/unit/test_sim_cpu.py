@@ -73,3 +73,17 @@ def test_a_thread_runs_its_work_one_item_at_a_time_in_order():
     clock.run()
     assert done == [("other", 0.5), (0, 1.0), (1, 2.0), (2, 3.0)]  # (4 cores: the threads never wait for one)
     assert not thread.busy and not thread.queue
+
+
+def test_an_item_whose_owner_left_by_its_turn_takes_no_cpu():
+    clock, done = _Clock(), []
+    cpu = _Cpu(clock, 1)
+    thread = _Thread(cpu)
+    alive = {"a": True, "b": True}
+    thread.run(1.0, lambda: done.append(("a", clock.now)), lambda: alive["a"])
+    thread.run(1.0, lambda: done.append(("b", clock.now)), lambda: alive["b"])  # (its replica dies at 0.5)
+    thread.run(1.0, lambda: done.append(("c", clock.now)))
+    clock.schedule(0.5, lambda: alive.__setitem__("b", False))
+    clock.run()
+    # a, already running, ends at 1.0; b's turn comes with its owner gone: no CPU; c runs at once
+    assert done == [("a", 1.0), ("b", 1.0), ("c", 2.0)]
