@@ -57,6 +57,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import rankcore as rc
@@ -798,7 +799,7 @@ class SimTraffic:
                 for rid in rids:
                     if rid in held:
                         held[rid] = (sim.now + service, _ON_CORES, held[rid][2])
-                done = (lambda rids=rids, act=act: self._batch_done(flow, replica_id, b.epoch, act.batch_id, rids))
+                done = partial(self._batch_done, flow, replica_id, b.epoch, act.batch_id, rids)
                 if b.thread is not None:  # (one whose replica is gone by its turn takes no CPU)
                     b.thread.run(service, done, lambda epoch=b.epoch: self._replica_live(replica_id, epoch))
                 else:
