@@ -587,8 +587,9 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
     ``batch.request_s``: each request's own CPU, the host's busy CPU seconds less its batches', per
     request) measured at one client; with the CPU a request cost at that level itself (the CPU a
     request costs falls with the load, so one client's does not carry over); and with that level's
-    CPU thread by thread (``thread_cpu``: the shared threads a request passes, its replica's loop,
-    the batches fitted on their CPU time, all sharing the cores as the kernel shares them)."""
+    CPU thread by thread (``thread_cpu``: the shared threads a request passes, its replica's
+    process, the batches fitted on their CPU time, all sharing the cores as the kernel shares
+    them)."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
     for path in args.paths:

@@ -1352,8 +1352,9 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
 
 
 def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
-    """``batch: {max_batch_size, batch_wait_timeout_s, max_concurrent_batches, fixed_s, per_item_s}``
-    -> ``BatchSpec`` (the options are ``rankcore.requests.BatchOptions``'s, by their own names)."""
+    """``batch: {max_batch_size, batch_wait_timeout_s, max_concurrent_batches, fixed_s, per_item_s,
+    cores, request_s, threads, replica_s}`` -> ``BatchSpec`` (the options are
+    ``rankcore.requests.BatchOptions``'s, by their own names)."""
     from rankcore.requests import BatchOptions
 
     m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
