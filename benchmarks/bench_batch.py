@@ -566,6 +566,11 @@ def thread_cpu(level: dict, args: argparse.Namespace, path: str) -> dict | None:
             "replica_s": max(0.0, replica - level["batch_cpu_s"]) / n}
 
 
+def _cpu_sum(cpu: dict) -> float:
+    """A request's CPU seconds in all, thread by thread (``thread_cpu``)."""
+    return cpu["request_s"] + sum(cpu["threads"]) + cpu["replica_s"]
+
+
 def _cpu_text(cpu: dict | None) -> str:
     if cpu is None:
         return ""
@@ -589,7 +594,8 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
     request costs falls with the load, so one client's does not carry over); and with that level's
     CPU thread by thread (``thread_cpu``: the shared threads a request passes, its replica's
     process, the batches fitted on their CPU time, all sharing the cores as the kernel shares
-    them)."""
+    them), where the callers wait between answer and request only what one client's time outside
+    the replica leaves beside its own CPU thread by thread."""
     levels = results.get("ours", {}).get("levels", {})
     rows = []
     for path in args.paths:
@@ -600,6 +606,11 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
             continue
         outside = one["p50_ms"] / 1000.0 - args.batch_wait_timeout_s - lone["mean_batch_s"]
         cpu = _request_cpu(one, args)
+        # the thread model's time outside the replica that is not CPU (the loopback, the kernel): what
+        # one client's outside time leaves beside its own CPU, measured together there (it does not grow
+        # as a request's CPU falls with load)
+        one_threads = thread_cpu(one, args, path)
+        wait = None if one_threads is None else max(0.0, outside - _cpu_sum(one_threads))
         for clients in args.clients:
             lv = levels.get(f"{path}/{clients}")
             fit = cost_fit({"lv": lv}) if lv else None
@@ -618,9 +629,9 @@ def print_predictions(results: dict, args: argparse.Namespace) -> None:
                 row.append(("this level's CPU a request", lv["sim_predicted_rps_own_cpu"], mine, fit))
             threads = thread_cpu(lv, args, path)
             cpu_fit = cost_fit({"lv": lv}, cpu=True)
-            if threads is not None and cpu_fit is not None:
-                think = outside - threads["request_s"] - sum(threads["threads"]) - threads["replica_s"]
-                lv["sim_predicted_rps_threads"] = predict(args, cpu_fit, clients, max(0.0, think), threads)
+            if threads is not None and cpu_fit is not None and wait is not None:
+                lv["sim_predicted_rps_threads"] = predict(args, cpu_fit, clients, wait, threads)
+                lv["sim_wait_s"] = wait
                 lv["sim_threads"] = threads
                 row.append(("this level's CPU thread by thread", lv["sim_predicted_rps_threads"], threads, cpu_fit))
             rows.append((f"{path}/{clients}", lv["rps"], outside, row))
