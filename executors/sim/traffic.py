@@ -751,8 +751,7 @@ class SimTraffic:
             if self._in_cpu.get(rid) == (replica_id, b.epoch):  # (not one retried on another replica)
                 del self._in_cpu[rid]
             return
-        step = lambda: self._cpu_stage(flow, rid, replica_id, b, stage + 1)  # noqa: E731
-        live = lambda: self._cpu_live(rid, replica_id, b.epoch)  # noqa: E731
+        step = partial(self._cpu_stage, flow, rid, replica_id, b, stage + 1)
         if stage == 0:
             if spec.request_s is not None:
                 flow.cores.run(spec.request_s.sample(flow.cpu), step)
@@ -760,11 +759,12 @@ class SimTraffic:
                 step()
             return
         if stage <= len(flow.threads):
-            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step, live)
+            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step,
+                                        partial(self._cpu_live, rid, replica_id, b.epoch))
             return
         if stage == len(flow.threads) + 1 and b.thread is not None:
             assert spec.replica_s is not None
-            b.thread.run(spec.replica_s.sample(flow.cpu), step, live)
+            b.thread.run(spec.replica_s.sample(flow.cpu), step, partial(self._cpu_live, rid, replica_id, b.epoch))
             return
         del self._in_cpu[rid]
         if self._live_batcher(replica_id, b.epoch) is b:
@@ -801,7 +801,7 @@ class SimTraffic:
                         held[rid] = (sim.now + service, _ON_CORES, held[rid][2])
                 done = partial(self._batch_done, flow, replica_id, b.epoch, act.batch_id, rids)
                 if b.thread is not None:  # (one whose replica is gone by its turn takes no CPU)
-                    b.thread.run(service, done, lambda epoch=b.epoch: self._replica_live(replica_id, epoch))
+                    b.thread.run(service, done, partial(self._replica_live, replica_id, b.epoch))
                 else:
                     flow.cores.run(service if self._replica_live(replica_id, b.epoch) else 0.0, done)
                 continue
