@@ -343,14 +343,19 @@ class _BatchReplica:
     """One replica incarnation's batcher (``traffic.<d>.batch``: the core's rule) and its one
     timer, armed for ``due`` (the batcher's ``next_deadline``) and moved only when that moves."""
 
-    __slots__ = ("epoch", "batcher", "timer", "due", "thread")
+    __slots__ = ("epoch", "batcher", "timer", "due", "thread", "cores", "jobs")
 
-    def __init__(self, epoch: int, batcher: Batcher, thread: _Thread | None = None) -> None:
+    def __init__(self, epoch: int, batcher: Batcher, thread: _Thread | None = None,
+                 cores: _Cpu | None = None) -> None:
         self.epoch, self.batcher = epoch, batcher
         self.timer: int | None = None
         self.due: float | None = None
         #: its one interpreter (``batch.replica_s``): its requests' own work and its batches, one at a time
         self.thread = thread
+        #: the host's cores (``batch.cores``) and, without ``replica_s``, their jobs that are its
+        #: batches running on threads of their own
+        self.cores = cores
+        self.jobs: set[int] = set()
 
 
 class _Cpu:
@@ -387,11 +392,23 @@ class _Cpu:
             left = min(job[0] for job in self.jobs.values())
             self.timer = self.sim.schedule(max(0.0, left) / self._rate(), self._end)
 
-    def run(self, work: float, done: Any) -> None:
-        """A thread runs ``work`` CPU seconds on the cores, then ``done()`` is called."""
+    def run(self, work: float, done: Any) -> int:
+        """A thread runs ``work`` CPU seconds on the cores, then ``done()`` is called; returns
+        the job's number (for ``cut``)."""
         self._advance()
         self._n += 1
         self.jobs[self._n] = [max(0.0, work), done]
+        self._arm()
+        return self._n
+
+    def cut(self, job: int) -> None:
+        """``job``'s process died: it takes no more CPU and ends now (its ``done`` is called at
+        this instant, in turn with any other job ending now); one already ended is let be."""
+        entry = self.jobs.get(job)
+        if entry is None or entry[0] <= 0:
+            return
+        self._advance()
+        entry[0] = 0.0
         self._arm()
 
     def _end(self) -> None:
@@ -412,12 +429,13 @@ class _Thread:
     given to it runs one item at a time, in order, on the shared cores. An item whose ``live()``
     is false when its turn comes (its request left, its replica died) takes no CPU."""
 
-    __slots__ = ("cpu", "queue", "busy")
+    __slots__ = ("cpu", "queue", "busy", "job")
 
     def __init__(self, cpu: _Cpu) -> None:
         self.cpu = cpu
         self.queue: deque[tuple[float, Any, Any]] = deque()
         self.busy = False
+        self.job: int | None = None  # the cores' job of the item running
 
     def run(self, work: float, done: Any, live: Any = None) -> None:
         self.queue.append((work, done, live))
@@ -428,12 +446,18 @@ class _Thread:
         if self.queue:
             self.busy = True
             work, done, live = self.queue.popleft()
-            self.cpu.run(work if live is None or live() else 0.0, lambda: self._after(done))
+            self.job = self.cpu.run(work if live is None or live() else 0.0, partial(self._after, done))
 
     def _after(self, done: Any) -> None:
-        self.busy = False
+        self.busy, self.job = False, None
         self._next()
         done()
+
+    def cut(self) -> None:
+        """Its process died: the item running ends now, without the CPU it still needed (the
+        items queued behind it take none when their ``live()`` says their replica is gone)."""
+        if self.job is not None:
+            self.cpu.cut(self.job)
 
 
 #: a request of a running batch on the shared cores (``_held``'s ticket: its end is the cores' to say)
@@ -729,7 +753,7 @@ class SimTraffic:
             if b is not None and b.timer is not None:
                 self.sim.cancel(b.timer)
             b = self._batchers[replica_id] = _BatchReplica(epoch, Batcher(spec.options), None if (
-                spec.replica_s is None or flow.cores is None) else _Thread(flow.cores))
+                spec.replica_s is None or flow.cores is None) else _Thread(flow.cores), flow.cores)
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
@@ -803,7 +827,9 @@ class SimTraffic:
                 if b.thread is not None:  # (one whose replica is gone by its turn takes no CPU)
                     b.thread.run(service, done, partial(self._replica_live, replica_id, b.epoch))
                 else:
-                    flow.cores.run(service if self._replica_live(replica_id, b.epoch) else 0.0, done)
+                    jobs = flow.cores.jobs
+                    b.jobs = {j for j in b.jobs if j in jobs}  # (those ended: at most max_concurrent_batches)
+                    b.jobs.add(flow.cores.run(service if self._replica_live(replica_id, b.epoch) else 0.0, done))
                 continue
             self._batch_begin(flow, replica_id, b.epoch, act.batch_id, rids, service)
         self._arm(flow, replica_id, b)
@@ -999,6 +1025,14 @@ class SimTraffic:
                 req.cut = self.sim.now
         if replica_id in self._models:
             self._drop_models(replica_id)
+        b = self._batchers.get(replica_id)
+        if b is not None:  # (its process stopped: what it was running on the host's cores takes no more)
+            if b.thread is not None:
+                b.thread.cut()
+            if b.cores is not None:
+                for job in b.jobs:
+                    b.cores.cut(job)
+            b.jobs.clear()
 
     def drain_s(self, replica_id: str) -> float:
         """How long ``replica_id`` needs to finish what it is serving (its graceful stop waits)."""

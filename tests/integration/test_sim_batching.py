@@ -252,3 +252,36 @@ def test_a_request_retried_after_a_crash_mid_cpu_is_answered_by_the_new_replica(
     assert flow.live == 0 and not sim.traffic._in_cpu  # every request ended: none stranded mid-CPU
     assert not flow.cores.jobs and all(not t.queue and not t.busy for t in flow.threads)
 
+
+
+@pytest.mark.parametrize("cpu", ["threads: [0.00001]", "replica_s: 0.00001"])
+def test_a_replica_that_dies_mid_batch_frees_the_cores_at_once(cpu):
+    # Two replicas on one core, each always running a batch (fixed_s 50 ms: 100 ms of wall shared).
+    # Rank 0 dies at t=30: its batch's process is gone, so its job leaves the cores at that instant,
+    # not when the CPU it still needed would have run out (the survivor gets the whole core at once).
+    text = BASE.replace("BATCH", "{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.05, cores: 1, "
+                        + cpu + "}\n    until: 40").replace("RATE", "300").replace(
+        "TIMELINE", "  - at: 30\n    crash: {deployment: embed, rank: 0}")
+    sim = Simulation(parse_scenario(text, "<batching>"), check=True)
+    seen: dict[str, object] = {}
+
+    def jobs_of(rid: str) -> set[int]:
+        b = sim.traffic._batchers[rid]
+        return set(b.jobs) | ({b.thread.job} if b.thread is not None and b.thread.job is not None else set())
+
+    def before() -> None:
+        rid = seen["rid"] = sim.backend.holder("embed", 0)
+        seen["jobs"] = jobs_of(rid) & set(sim.traffic.flows["embed"].cores.jobs)
+
+    def after() -> None:
+        seen["left"] = seen["jobs"] & set(sim.traffic.flows["embed"].cores.jobs)  # type: ignore[operator]
+        seen["running"] = len(sim.traffic.flows["embed"].cores.jobs)
+
+    sim.schedule(29.999, before)
+    sim.schedule(30.001, after)
+    result = sim.run()
+    assert result.passed
+    q = result.metrics["deployments"]["embed"]["requests"]
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    assert seen["jobs"], "rank 0 was running no batch just before its crash: the test shows nothing"
+    assert seen["left"] == set() and seen["running"] >= 1  # its batch left the cores; the survivor's runs

@@ -87,3 +87,29 @@ def test_an_item_whose_owner_left_by_its_turn_takes_no_cpu():
     clock.run()
     # a, already running, ends at 1.0; b's turn comes with its owner gone: no CPU; c runs at once
     assert done == [("a", 1.0), ("b", 1.0), ("c", 2.0)]
+
+
+def test_a_job_cut_ends_at_once_and_gives_its_share_of_the_cores_back():
+    clock, ends = _Clock(), {}
+    cpu = _Cpu(clock, 1)
+    a = cpu.run(2.0, lambda: ends.__setitem__("a", clock.now))
+    cpu.run(2.0, lambda: ends.__setitem__("b", clock.now))
+    clock.schedule(1.0, cpu.cut, a)  # (a's process dies with 1.5 s of its CPU still to run)
+    clock.schedule(1.5, cpu.cut, a)  # (cutting one already ended changes nothing)
+    clock.run()
+    # both ran at half a core until 1.0 (0.5 s each); then b alone at a whole core: 1.5 s more
+    assert ends == pytest.approx({"a": 1.0, "b": 2.5})
+    assert not cpu.jobs and cpu.timer is None
+
+
+def test_a_thread_cut_ends_the_item_running_and_goes_on_with_those_still_live():
+    clock, done = _Clock(), []
+    cpu = _Cpu(clock, 1)
+    thread = _Thread(cpu)
+    alive = {"a": True, "b": True}
+    thread.run(2.0, lambda: done.append(("a", clock.now)), lambda: alive["a"])
+    thread.run(1.0, lambda: done.append(("b", clock.now)), lambda: alive["b"])  # (another owner: still live)
+    clock.schedule(0.5, lambda: (alive.__setitem__("a", False), thread.cut()))
+    clock.run()
+    assert done == [("a", 0.5), ("b", 1.5)]
+    assert thread.job is None and not thread.busy
