@@ -1034,6 +1034,10 @@ class SimTraffic:
                     b.cores.cut(job)
             b.jobs.clear()
 
+    def holds(self, replica_id: str) -> bool:
+        """Whether ``replica_id`` still holds a request it has neither answered nor dropped."""
+        return bool(self._held.get(replica_id))
+
     def drain_s(self, replica_id: str) -> float:
         """How long ``replica_id`` needs to finish what it is serving (its graceful stop waits)."""
         held = self._held.get(replica_id)

@@ -70,6 +70,9 @@ _Placed, _Ready, _Crashed, _Stopped, _Checked = (
     maker(c) for c in (rc.ReplicaPlaced, rc.ReplicaReady, rc.ReplicaCrashed, rc.ReplicaStopped, rc.HealthChecked))
 #: the phases in which a replica carries out a weights move (one starting applies its updates once ready)
 _MOVING = ("running", "reconfiguring")
+#: a graceful stop whose replica still holds requests when the guess of their end has passed looks
+#: again this much later (virtual seconds), until they end or its graceful_shutdown_timeout_s does
+DRAIN_RECHECK_S = 0.01
 
 
 class SimSpares:
@@ -581,6 +584,7 @@ class SimBackend:
         if r is None or not r.alive:
             return
         r.phase = "stopping"
+        deadline = self.sim.now  # (until when it may go on serving what it holds)
         if cmd.graceful_shutdown_timeout_s <= 0:
             self._release_gpus(r)
             delay = 0.0
@@ -590,12 +594,20 @@ class SimBackend:
             delay = self.sim.latency(cmd.deployment, "stop")
             if self.traffic is not None:
                 delay = max(delay, self.traffic.drain_s(r.replica_id))
+                deadline += cmd.graceful_shutdown_timeout_s
             delay = min(delay, cmd.graceful_shutdown_timeout_s)
-        self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch)
+        self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch, deadline)
 
-    def _stopped(self, rid: str, epoch: int) -> None:
+    def _stopped(self, rid: str, epoch: int, deadline: float = 0.0) -> None:
         r = self.replicas.get(rid)
         if r is None or r.epoch != epoch or r.phase != "stopping":
+            return
+        now = self.sim.now
+        if now < deadline and self.traffic is not None and self.traffic.holds(rid):
+            # What it serves outlasted the guess (on shared cores a request's CPU runs slower than
+            # alone): a graceful stop waits for it, up to graceful_shutdown_timeout_s.
+            wait = max(self.traffic.drain_s(rid), DRAIN_RECHECK_S)
+            self.sim.schedule(min(wait, deadline - now), self._stopped, rid, epoch, deadline)
             return
         node = self.nodes.get(r.node) if r.node is not None else None
         self._free(r, "stopped")

@@ -285,3 +285,19 @@ def test_a_replica_that_dies_mid_batch_frees_the_cores_at_once(cpu):
     assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
     assert seen["jobs"], "rank 0 was running no batch just before its crash: the test shows nothing"
     assert seen["left"] == set() and seen["running"] >= 1  # its batch left the cores; the survivor's runs
+
+
+@pytest.mark.parametrize("cpu", ["threads: [0.003]", "replica_s: 0.003", "request_s: 0.003"])
+def test_a_graceful_stop_on_a_loaded_host_drains_what_its_replica_holds_up_to_its_timeout(cpu):
+    # 2 -> 1 at t=30 with the one core saturated: the stopping replica's requests run slower than the
+    # guess of their end (shared cores), so its stop waits for them (none fails) ...
+    text = BASE.replace("BATCH", "{max_batch_size: 4, batch_wait_timeout_s: 0.01, fixed_s: 0.02, cores: 1, "
+                        + cpu + "}\n    until: 40").replace("RATE", "300").replace(
+        "TIMELINE", "  - at: 30\n    scale: {deployment: embed, replicas: 1}")
+    q = _run_text(text)
+    assert (q["lost"], q["machine_lost"], q["double_ends"], q["failed"]) == (0, 0, 0, 0), q
+    # ... until graceful_shutdown_timeout_s: cut to the stop latency (0.5 s), what it still holds fails
+    q = _run_text(text.replace("max_ongoing_requests: 64}", "max_ongoing_requests: 64, "
+                                                            "graceful_shutdown_timeout_s: 0.5}"))
+    assert (q["lost"], q["machine_lost"], q["double_ends"]) == (0, 0, 0), q
+    assert q["failed"] > 0 and {f["reason"] for f in q["failures"]} == {"replica_died"}, q
