@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import click
 import yaml
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -169,6 +170,61 @@ def _title_width(title: str) -> int:
         width += 1
     return width
 
+
+
+def _cell_width(col: Any) -> int:
+    """The width ``col`` needs: its widest cell line, its fixed width, and never below its title's
+    longest word (rich would break "deployment" mid-word to fit)."""
+    return max(col.width or 0, col.min_width or 0, *(len(line) for c in col.cells for line in str(c).split("\n")))
+
+
+def _fit(tables: list[Table], width: int, keep: int = 1) -> list[Table]:
+    """``tables`` for a console ``width`` wide (an 80-column terminal): no title word broken; where
+    a boxed table would be wider, every table's columns parted by one space instead of a box and
+    padding; and where even that is too wide, a table's figure columns in several tables, each
+    beginning with its first ``keep`` columns (what names a row), the title on the first and the
+    caption on the last."""
+    for table in tables:
+        for col in table.columns:
+            col.min_width = max(col.min_width or 0, max((len(w) for w in str(col.header).split()), default=0))
+    if all(sum(_cell_width(c) + 3 for c in t.columns) + 1 <= width for t in tables):
+        return tables
+    return [part for table in tables for part in _compact(table, width, keep)]
+
+
+def _compact(table: Table, width: int, keep: int) -> list[Table]:
+    """``table`` (or its columns in several tables) with one space between columns (``_fit``)."""
+    cols = table.columns
+    widths = {id(c): _cell_width(c) for c in cols}
+
+    def need(cs: list) -> int:
+        return sum(widths[id(c)] for c in cs) + len(cs) - 1
+
+    compact = {"box": box.SIMPLE_HEAD, "padding": (0, 0), "pad_edge": False, "show_edge": False}
+    for col in cols:  # (each as wide as computed: rich's own shrinking would cut a figure short)
+        col.width = widths[id(col)]
+    if need(cols) <= width or len(cols) <= keep + 1:
+        for k, v in compact.items():
+            setattr(table, k, v)
+        return [table]
+    head = cols[:keep]
+    chunks: list[list[Any]] = [[]]
+    for col in cols[keep:]:
+        if chunks[-1] and need(head + chunks[-1] + [col]) > width:
+            chunks.append([])
+        chunks[-1].append(col)
+    out = []
+    for i, chunk in enumerate(chunks):
+        t = Table(title=table.title if i == 0 else None, caption=table.caption if i == len(chunks) - 1 else None,
+                  **compact)  # type: ignore[arg-type]
+        part = head + chunk
+        for col in part:
+            t.add_column(col.header, justify=col.justify, min_width=col.min_width, width=col.width,
+                         overflow=col.overflow)
+        for row in zip(*(list(col.cells) for col in part)):
+            t.add_row(*row)
+        out.append(t)
+    return out
 
 
 def _figures_table(title: str, cols: list, cells: dict[str, list[str]]) -> Table:
@@ -403,7 +459,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         raise click.UsageError(f"--columns: {exc}") from None
 
     console = Console(stderr=fmt != "table" and output is None)
-    if not console.is_terminal:
+    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped: every figure on its line
         console = Console(width=200, stderr=fmt != "table" and output is None)
     variants, invalid, base_seed, warned = [], [], {}, set()
     for v in _parse_sets(sets, zipped):
@@ -446,8 +502,8 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
                         + autoscaling_figures(records))
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
         out[-1].caption = legend([f.title for f in figures])
-        for table in out:
-            console.print(table)
+        keep = len(records[0].variant) + 2 if records else 1  # (the variant's keys, deployment, runs)
+        console.print(*_fit(out, console.width, keep))
         console.print(f"[dim]{len(records)} runs in {wall:.2f}s wall ({jobs or os.cpu_count()} processes)"
                       + (f"; {fmt}: {escape(str(output))}" if output else "") + "[/dim]")
     failed = [r for r in records if not r.passed]
@@ -496,8 +552,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     result = _run_one(sc, seed, path, snapshot_every, console, show_progress=not quiet and console.is_terminal)
     wall = time.perf_counter() - t0
     if not quiet:
-        for table in _summary_tables(result, figures):
-            console.print(table)
+        console.print(*_fit(_summary_tables(result, figures), console.width))
         et = _expectation_table(result)
         if et is not None:
             console.print(et)

@@ -149,7 +149,8 @@ def _flat(text: str) -> str:
 
 
 def test_cli_simulate_an_example_exits_0_and_prints_the_summary() -> None:
-    result = CliRunner().invoke(main, ["simulate", str(EXAMPLES / "seed-four-replicas.yaml")])
+    # (piped, no COLUMNS: the summary is 100 columns wide, boxed)
+    result = CliRunner(env={"COLUMNS": None}).invoke(main, ["simulate", str(EXAMPLES / "seed-four-replicas.yaml")])
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "seed example - four replicas" in out  # the summary table's title

@@ -70,6 +70,28 @@ def test_the_summary_and_expectations_fit_100_columns_uncut(name, columns):
     assert "every figure: --wide, --format json|csv" in " ".join(out.split())
 
 
+@pytest.mark.parametrize("args", [("controller-crash.yaml",), ("traffic-batching.yaml",),
+                                  ("controller-crash.yaml", "--seeds", "2", "--set", "cluster.nodes=2,3")],
+                         ids=["summary", "traffic", "sweep"])
+def test_an_80_column_terminal_gets_every_title_word_whole_and_nothing_cut(args):
+    """Narrower than the boxed tables: their columns are parted by a space (and a sweep's wide
+    tables split), so no title is broken mid-word ("deploym/ent"), no figure cut ('…')."""
+    out = _simulate(EXAMPLES / args[0], *args[1:], columns="80")
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "┃ deployment" not in out  # (the figures' compact form: no box; the expectations fold in theirs)
+    headers = [line.split() for line in out.splitlines() if line.split()[:1] in (["deployment"], ["cluster.nodes"])]
+    assert headers, out
+    for words in headers:
+        assert "deployment" in words, out
+    if len(args) == 1:
+        assert {"target", "healthy", "contiguous", "crashes"} <= set(headers[0])
+    else:  # every figure of the sweep's recovery table, its columns split over two tables
+        for title in ("crashes", "timeouts", "crash→ready", "to full", "max s"):
+            assert title in out, title
+        assert sum(words[:3] == ["cluster.nodes", "deployment", "runs"] for words in headers) > 5
+
+
 def test_a_thousand_ranks_are_said_in_a_few_words():
     out = _simulate(EXAMPLES / "day-of-churn-1000.yaml")
     assert "global ranks 0..999 (1,000, contiguous)" in out
