@@ -36,9 +36,13 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(PY) tools/typecheck_docs.py
 
-# (--durations: the slowest tests, so each CI log says where the suite's time goes)
+# (--durations: the slowest tests, so each CI log says where the suite's time goes.) Two processes
+# (pytest-xdist), each taking whole files: a file's Ray is started once in the process that runs it.
+# On 2 cores the suite takes ~24 minutes so, against ~38 in one (2026-11-27): most of a Ray test's
+# time is waiting. TEST_WORKERS=1 runs it in one process.
+TEST_WORKERS ?= 2
 test: lint browser
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25 $(PYTEST_ARGS)
 
 # The status page's browser test drives Debian's chromium (playwright's own browser
 # download cannot be fetched here); installed when missing and we may (root, apt).

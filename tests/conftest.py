@@ -1,5 +1,8 @@
 """Hypothesis profiles: the ones rankcore.testing registers, under short names too:
-``ci`` (default), ``thorough`` (``--hypothesis-profile=thorough``) and ``dev``; and ``mutate`` (below)."""
+``ci`` (default), ``thorough`` (``--hypothesis-profile=thorough``) and ``dev``; and ``mutate`` (below).
+No terminal size in the environment (below)."""
+
+import os
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -14,6 +17,12 @@ for name, kw in PROFILES.items():
 settings.register_profile("mutate", parent=settings.get_profile("dev"),
                           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 settings.load_profile("ci")
+
+# The CLI's tables take COLUMNS as a terminal's width. pytest-xdist's workers (`make test` runs two)
+# have COLUMNS=80 and LINES=24 in their environment, a shell may export its own: every test sees
+# what a plain run from a pipe sees, no size, and a test that wants one says so (CliRunner's env).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 import gc  # noqa: E402
