@@ -75,18 +75,25 @@ def test_a_thread_runs_its_work_one_item_at_a_time_in_order():
     assert not thread.busy and not thread.queue
 
 
+def _one_thread(*items: tuple[str, float, bool]):
+    """A thread on one core given ``items`` (name, CPU seconds, whether its owner may leave: then
+    ``alive[name]`` says if it is still there); ``done`` gets (name, when it ended)."""
+    clock, done, alive = _Clock(), [], {}
+    thread = _Thread(_Cpu(clock, 1))
+    for name, work, owned in items:
+        alive[name] = True
+        thread.run(work, lambda name=name: done.append((name, clock.now)),
+                   (lambda name=name: alive[name]) if owned else None)
+    return clock, done, thread, alive
+
+
 def test_an_item_whose_owner_left_by_its_turn_takes_no_cpu():
-    clock, done = _Clock(), []
-    cpu = _Cpu(clock, 1)
-    thread = _Thread(cpu)
-    alive = {"a": True, "b": True}
-    thread.run(1.0, lambda: done.append(("a", clock.now)), lambda: alive["a"])
-    thread.run(1.0, lambda: done.append(("b", clock.now)), lambda: alive["b"])  # (its replica dies at 0.5)
-    thread.run(1.0, lambda: done.append(("c", clock.now)))
-    clock.schedule(0.5, lambda: alive.__setitem__("b", False))
+    clock, done, thread, alive = _one_thread(("a", 1.0, True), ("b", 1.0, True), ("c", 1.0, False))
+    clock.schedule(0.5, lambda: alive.__setitem__("b", False))  # (b's replica dies at 0.5)
     clock.run()
     # a, already running, ends at 1.0; b's turn comes with its owner gone: no CPU; c runs at once
     assert done == [("a", 1.0), ("b", 1.0), ("c", 2.0)]
+    assert not thread.busy and not thread.queue
 
 
 def test_a_job_cut_ends_at_once_and_gives_its_share_of_the_cores_back():
@@ -103,12 +110,7 @@ def test_a_job_cut_ends_at_once_and_gives_its_share_of_the_cores_back():
 
 
 def test_a_thread_cut_ends_the_item_running_and_goes_on_with_those_still_live():
-    clock, done = _Clock(), []
-    cpu = _Cpu(clock, 1)
-    thread = _Thread(cpu)
-    alive = {"a": True, "b": True}
-    thread.run(2.0, lambda: done.append(("a", clock.now)), lambda: alive["a"])
-    thread.run(1.0, lambda: done.append(("b", clock.now)), lambda: alive["b"])  # (another owner: still live)
+    clock, done, thread, alive = _one_thread(("a", 2.0, True), ("b", 1.0, True))  # (b: another owner, live)
     clock.schedule(0.5, lambda: (alive.__setitem__("a", False), thread.cut()))
     clock.run()
     assert done == [("a", 0.5), ("b", 1.5)]
