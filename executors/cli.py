@@ -26,9 +26,11 @@ from typing import Any, NoReturn
 import click
 import yaml
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 EXIT_EXPECTATION_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -175,21 +177,31 @@ def _title_width(title: str) -> int:
 def _cell_width(col: Any) -> int:
     """The width ``col`` needs: its widest cell line, its fixed width, and never below its title's
     longest word (rich would break "deployment" mid-word to fit)."""
-    return max(col.width or 0, col.min_width or 0, *(len(line) for c in col.cells for line in str(c).split("\n")))
+    return max(col.width or 0, col.min_width or 0, *(cell_len(line) for c in col.cells for line in str(c).split("\n")))
 
 
-def _fit(tables: list[Table], width: int, keep: int = 1) -> list[Table]:
+def _sized(console: Console) -> bool:
+    """Whether ``console``'s width is the terminal's or one COLUMNS gives (a number; rich takes
+    anything else as 80), not a pipe's guess."""
+    return console.is_terminal or os.environ.get("COLUMNS", "").isdigit()
+
+
+def _fit(tables: list[Table], width: int, keep: int = 1) -> list[Any]:
     """``tables`` for a console ``width`` wide (an 80-column terminal): no title word broken; where
     a boxed table would be wider, every table's columns parted by one space instead of a box and
-    padding; and where even that is too wide, a table's figure columns in several tables, each
-    beginning with its first ``keep`` columns (what names a row), the title on the first and the
-    caption on the last."""
+    padding, the legend (the last caption) printed after them at the whole width; and where even
+    that is too wide, a table's figure columns in several tables of about as many columns each,
+    each beginning with its first ``keep`` columns (what names a row), the title on the first."""
     for table in tables:
         for col in table.columns:
-            col.min_width = max(col.min_width or 0, max((len(w) for w in str(col.header).split()), default=0))
+            col.min_width = max(col.min_width or 0, max((cell_len(w) for w in str(col.header).split()), default=0))
     if all(sum(_cell_width(c) + 3 for c in t.columns) + 1 <= width for t in tables):
         return tables
-    return [part for table in tables for part in _compact(table, width, keep)]
+    captions = [t.caption for t in tables if t.caption]
+    for t in tables:
+        t.caption = None
+    out: list[Any] = [part for table in tables for part in _compact(table, width, keep)]
+    return out + [c if isinstance(c, Text) else Text.from_markup(c, style="table.caption") for c in captions]
 
 
 def _compact(table: Table, width: int, keep: int) -> list[Table]:
@@ -207,16 +219,18 @@ def _compact(table: Table, width: int, keep: int) -> list[Table]:
         for k, v in compact.items():
             setattr(table, k, v)
         return [table]
-    head = cols[:keep]
-    chunks: list[list[Any]] = [[]]
-    for col in cols[keep:]:
-        if chunks[-1] and need(head + chunks[-1] + [col]) > width:
-            chunks.append([])
-        chunks[-1].append(col)
+    head, rest = cols[:keep], cols[keep:]
+    greedy: list[list[Any]] = [[]]
+    for col in rest:
+        if greedy[-1] and need(head + greedy[-1] + [col]) > width:
+            greedy.append([])
+        greedy[-1].append(col)
+    size = -(-len(rest) // len(greedy))  # (as many parts, about as many columns in each, if they fit)
+    even = [rest[i:i + size] for i in range(0, len(rest), size)]
+    chunks = even if len(even) == len(greedy) and all(need(head + c) <= width for c in even) else greedy
     out = []
     for i, chunk in enumerate(chunks):
-        t = Table(title=table.title if i == 0 else None, caption=table.caption if i == len(chunks) - 1 else None,
-                  **compact)  # type: ignore[arg-type]
+        t = Table(title=table.title if i == 0 else None, **compact)  # type: ignore[arg-type]
         part = head + chunk
         for col in part:
             t.add_column(col.header, justify=col.justify, min_width=col.min_width, width=col.width,
@@ -459,7 +473,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         raise click.UsageError(f"--columns: {exc}") from None
 
     console = Console(stderr=fmt != "table" and output is None)
-    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped: every figure on its line
+    if not _sized(console):  # piped: every figure on its line
         console = Console(width=200, stderr=fmt != "table" and output is None)
     variants, invalid, base_seed, warned = [], [], {}, set()
     for v in _parse_sets(sets, zipped):
@@ -532,7 +546,7 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
     from .sim import ScenarioError, load_scenario
 
     console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
+    if not _sized(console):
         console = Console(width=100)  # piped: as wide as the summary needs, whatever rich's default
     (variant,) = _parse_sets(sets)
     try:

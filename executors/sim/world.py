@@ -598,7 +598,7 @@ class SimBackend:
             delay = min(delay, cmd.graceful_shutdown_timeout_s)
         self.sim.schedule(delay, self._stopped, r.replica_id, r.epoch, deadline)
 
-    def _stopped(self, rid: str, epoch: int, deadline: float = 0.0) -> None:
+    def _stopped(self, rid: str, epoch: int, deadline: float) -> None:
         r = self.replicas.get(rid)
         if r is None or r.epoch != epoch or r.phase != "stopping":
             return

@@ -84,6 +84,8 @@ def test_an_80_column_terminal_gets_every_title_word_whole_and_nothing_cut(args)
     assert headers, out
     for words in headers:
         assert "deployment" in words, out
+    legend = next(line for line in out.splitlines() if "replicas whose rank moved" in line)
+    assert len(legend) > 70, out  # (once, after the tables, as wide as the terminal: not in a narrow column)
     if len(args) == 1:
         assert {"target", "healthy", "contiguous", "crashes"} <= set(headers[0])
     else:  # every figure of the sweep's recovery table, its columns split over two tables
