@@ -192,22 +192,24 @@ def _fit(tables: list[Table], width: int, keep: int = 1) -> list[Any]:
     padding, the legend (the last caption) printed after them at the whole width; and where even
     that is too wide, a table's figure columns in several tables of about as many columns each,
     each beginning with its first ``keep`` columns (what names a row), the title on the first."""
+    widths = {}  # column -> the width it needs, by id (each measured once)
     for table in tables:
         for col in table.columns:
             col.min_width = max(col.min_width or 0, max((cell_len(w) for w in str(col.header).split()), default=0))
-    if all(sum(_cell_width(c) + 3 for c in t.columns) + 1 <= width for t in tables):
+            widths[id(col)] = _cell_width(col)
+    if all(sum(widths[id(c)] + 3 for c in t.columns) + 1 <= width for t in tables):
         return tables
     captions = [t.caption for t in tables if t.caption]
     for t in tables:
         t.caption = None
-    out: list[Any] = [part for table in tables for part in _compact(table, width, keep)]
+    out: list[Any] = [part for table in tables for part in _compact(table, widths, width, keep)]
     return out + [c if isinstance(c, Text) else Text.from_markup(c, style="table.caption") for c in captions]
 
 
-def _compact(table: Table, width: int, keep: int) -> list[Table]:
-    """``table`` (or its columns in several tables) with one space between columns (``_fit``)."""
+def _compact(table: Table, widths: dict[int, int], width: int, keep: int) -> list[Table]:
+    """``table`` (or its columns in several tables) with one space between columns, each column
+    ``widths[id(column)]`` wide (``_fit``)."""
     cols = table.columns
-    widths = {id(c): _cell_width(c) for c in cols}
 
     def need(cs: list) -> int:
         return sum(widths[id(c)] for c in cs) + len(cs) - 1
