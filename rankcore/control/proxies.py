@@ -211,8 +211,9 @@ def adopt(tx: Tx, config: ProxiesConfigured | None, ids: tuple[str, ...], next_n
     list, is stopped."""
     if config is None:
         if ids:
-            raise InvalidEvent(f"ControllerRecovered names live proxies {', '.join(map(shown, ids[:3]))} but no "
-                               f"proxies config (pass the last ProxiesConfigured as proxies=)")
+            raise InvalidEvent(f"ControllerRecovered.proxy_ids names live proxies {', '.join(map(shown, ids[:3]))} "
+                               f"but its proxies is None: no proxies config (pass the last ProxiesConfigured "
+                               f"as proxies=)")
         return
     configure(tx, config)
     numbers = [next_number - 1]
