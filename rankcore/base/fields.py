@@ -59,8 +59,15 @@ def finite(value: Any) -> bool:
 
 def name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-empty string id (deployment, replica or node)."""
-    if not isinstance(value, str) or not value:
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {shown(value)}")
+    if type(value) is not str or not value:  # (a str subclass may compare equal to another id)
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {_typed(value)}")
+
+
+def _typed(value: Any) -> str:
+    """``value`` shown, with its type where it is a str subclass (which shows as a plain str)."""
+    if isinstance(value, str) and type(value) is not str:
+        return f"{shown(value)} (a {type(value).__name__}: a subclass of str, which may equal another id)"
+    return shown(value)
 
 
 def positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -116,8 +123,8 @@ def names(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if not isinstance(value, tuple):
         raise InvalidConfig(f"{_where(inst, attribute)} must be a tuple, got {shown(value)}")
     for v in value:
-        if not isinstance(v, str) or not v:
-            raise InvalidConfig(f"{_where(inst, attribute)} holds {shown(v)}, not a non-empty str")
+        if type(v) is not str or not v:  # (a str subclass may compare equal to another id)
+            raise InvalidConfig(f"{_where(inst, attribute)} holds {_typed(v)}, not a non-empty str")
     if len(set(value)) != len(value):
         raise InvalidConfig(f"{_where(inst, attribute)} names a replica twice: {shown(value)}")
 
