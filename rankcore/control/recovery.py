@@ -93,9 +93,12 @@ def _leaving(r: ReplicaReport) -> bool:
 
 
 def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tuple[dict[str, int], list[str]]:
-    """Final global rank of every report, and the serving replicas to stop."""
+    """Final global rank of every report, and the serving replicas to stop. A static placement's
+    ranks are its mapping's: a claim beyond it (the mapping shrank, or a report is wrong) is
+    settled as a taken one is, on the lowest free rank."""
+    bound = MAX_RANKS if spec.static_placement is None else len(spec.static_placement.mapping)
     final: dict[str, int] = _settle_claims(  # type: ignore[assignment]
-        (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS
+        (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), bound
     )
     active = [r for r in reports if not _leaving(r)]
     target = spec.num_replicas
@@ -461,9 +464,11 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for name in sorted(specs):  # a static replica reported before its placement, or failed: on its bundles
         dep = tx.deps[name]
         if dep.static is not None:
+            size = len(dep.static.mapping)
             for rid in list(dep.ranks):
                 rep = dep.replicas[rid]
-                if not dep.static.placed(dep.ranks.global_rank(rid)):
+                g = dep.ranks.global_rank(rid)
+                if g >= size or not dep.static.placed(g):  # (beyond the mapping: a surplus one, stopped)
                     continue
                 if rep.phase is Phase.PENDING and rep.node_id is None:
                     dep = static.place(tx, dep, rid)

@@ -365,3 +365,33 @@ def test_static_replica_running_off_its_bundles_node_is_restarted_on_them_when_t
     (place,) = of(rc.PlaceReplica, cmds)
     assert (place.rank.rank, place.node_id, place.bundles) == (1, "n2", (2, 3))
     assert ex.dep().count(Phase.FAILED) == 0 and ex.dep().healthy
+
+
+@pytest.mark.parametrize("claim, extra", [(7, False), (2, False), (2, True), (7, True)])
+def test_a_recovery_report_beyond_the_static_mapping_is_settled_on_its_ranks(claim, extra):
+    """A static replica that reports a rank the mapping does not have (``claim``; the
+    hostile-events campaign's find: an IndexError from inside the recovery) is settled as a
+    taken claim is, on the lowest free rank; one replica more than the mapping (``extra``) is
+    stopped, and once it has stopped the deployment is whole on its bundles."""
+    ex = Exec()
+    ex.run(rc.DeploymentApplied(name="app", num_replicas=2, static_placement=static()))
+    dep = ex.dep()
+    reports = [rc.ReplicaReport(replica_id=rid, deployment="app", phase=rep.phase.value, node_id=rep.node_id,
+                                rank=dep.ranks.rank_of(rid), lineage=rep.lineage)
+               for rid, rep in sorted(dep.replicas.items())]
+    moved = reports[0]
+    claimed = rc.ReplicaRank(rank=claim, node_rank=moved.rank.node_rank, local_rank=moved.rank.local_rank)
+    if extra:
+        reports.append(rc.ReplicaReport(replica_id="app#9", deployment="app", phase="running",
+                                        node_id=moved.node_id, rank=claimed, lineage=9))
+    else:
+        reports[0] = rc.ReplicaReport(replica_id=moved.replica_id, deployment="app", phase="running",
+                                      node_id=moved.node_id, rank=claimed, lineage=moved.lineage)
+    ex.state = rc.State()  # the controller restarted
+    cmds = ex.run(rc.ControllerRecovered(deployments=(rc.DeploymentApplied(name="app", num_replicas=2,
+                                                                           static_placement=static()),),
+                                         reports=tuple(reports)))
+    assert [c.replica_id for c in of(rc.StopReplica, cmds)] == (["app#9"] if extra else [])
+    assert not of(rc.StartReplica, cmds)  # (both of the mapping's replicas kept)
+    assert sorted(ex.by_rank()) == [0, 1] and ex.dep().healthy
+    assert {r.replica_id for r in ex.by_rank().values()} == {r.replica_id for r in reports[:2]}
