@@ -134,7 +134,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     if moved:
         if e.static_placement is None:
             raise InvariantViolation("a static deployment's DeploymentApplied without its static_placement")
-        dep = static.bundles_moved(tx, dep, e.static_placement.bundle_nodes)
+        dep = static.bundles_moved(tx, dep, e.static_placement.bundle_nodes, "DeploymentApplied({!r}).static_placement")
     if resources_changed and tx.managed:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config

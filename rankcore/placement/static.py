@@ -152,13 +152,14 @@ def restart_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     return place(tx, succeed(tx, dep, rep, new_id), new_id)
 
 
-def bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple) -> Deployment:
+def bundles_moved(tx: Tx, dep: Deployment, bundle_nodes: tuple, said: str = "BundlesPlaced({!r})") -> Deployment:
     """The caller's group has its bundles on ``bundle_nodes`` now: FAILED replicas
     whose bundles are all placed restart there; a live replica whose bundle lost
-    its node fails; one whose bundle moved follows it."""
+    its node fails; one whose bundle moved follows it. ``said``: the event (and field)
+    that said so, as a refusal names it."""
     static = _map(dep)
     if len(bundle_nodes) != static.bundle_count:
-        raise InvalidEvent(f"BundlesPlaced({dep.name!r}) lists {len(bundle_nodes)} bundles, but group "
+        raise InvalidEvent(f"{said.format(dep.name)} lists {len(bundle_nodes)} bundles, but group "
                            f"{static.group!r} has {static.bundle_count}")
     static = static.with_nodes(bundle_nodes)
     dep = _copy(dep, static=static)

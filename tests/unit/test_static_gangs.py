@@ -395,3 +395,18 @@ def test_a_recovery_report_beyond_the_static_mapping_is_settled_on_its_ranks(cla
     assert not of(rc.StartReplica, cmds)  # (both of the mapping's replicas kept)
     assert sorted(ex.by_rank()) == [0, 1] and ex.dep().healthy
     assert {r.replica_id for r in ex.by_rank().values()} == {r.replica_id for r in reports[:2]}
+
+
+def test_a_bundle_count_that_changed_is_refused_naming_the_event_that_said_it():
+    """Re-applied with a group of another size, or a ``BundlesPlaced`` listing another count: the
+    refusal names that event (the re-apply's used to say ``BundlesPlaced``), and nothing changes."""
+    ex = Exec()
+    ex.run(rc.DeploymentApplied(name="app", num_replicas=2, static_placement=static()))
+    before = ex.state
+    six = static(("n0", "n0", "n1", "n1", "n2", "n2"))
+    with pytest.raises(rc.InvalidEvent, match=r"^DeploymentApplied\('app'\)\.static_placement lists 6 bundles, "
+                                              r"but group 'pg-1' has 4"):
+        rc.step(before, rc.DeploymentApplied(name="app", num_replicas=2, static_placement=six))
+    with pytest.raises(rc.InvalidEvent, match=r"^BundlesPlaced\('app'\) lists 6 bundles, but group 'pg-1' has 4"):
+        rc.step(before, rc.BundlesPlaced(deployment="app", bundle_nodes=six.bundle_nodes))
+    assert ex.state is before and ex.dep().static == static()
