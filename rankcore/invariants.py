@@ -140,7 +140,17 @@ def check_ranks_unique(state: State) -> None:
 
 def _on_its_bundle(dep: Deployment, rid: str, node: object) -> bool:
     """A static replica placed by the core on its rank's first bundle (nothing booked for it)."""
-    return dep.static is not None and dep.static.node_of(dep.ranks.global_rank(rid)) == node
+    if dep.static is None:
+        return False
+    g = dep.ranks.global_rank(rid)
+    return g < len(dep.static.mapping) and dep.static.node_of(g) == node
+
+
+def _check_static_rank(dep: Deployment, rid: str, rep: Any, g: int) -> None:
+    """A static replica that is not leaving holds a rank of the mapping (one beyond it has no bundles)."""
+    if dep.static is not None and rep.phase is not Phase.STOPPING and g >= len(dep.static.mapping):
+        _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} holds global rank {g}, beyond the static "
+              f"mapping's {len(dep.static.mapping)} ranks")
 
 
 def check_every_replica_ranked(state: State) -> None:
@@ -164,6 +174,7 @@ def check_every_replica_ranked(state: State) -> None:
                 _fail(f"{dep.name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
             if node is not None and node != rep.node_id:
                 _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
+            _check_static_rank(dep, rid, rep, snap[rid][0])
     if len(state.index) != sum(len(d.replicas) for d in state.deployments.values()):
         _fail("the replica index names replicas that no deployment holds")
 
@@ -996,6 +1007,7 @@ def check_touched(before: State, event: object, result: Step) -> None:
             g = dep.ranks.global_rank(rid)
             if dep.ranks.holder_of(g) != rid:
                 _fail(f"{name}: {rid} holds global rank {g}, which the table gives {dep.ranks.holder_of(g)!r}")
+            _check_static_rank(dep, rid, rep, g)
             node = dep.ranks.node_of(rid)
             if node != rep.node_id and not (rep.phase is Phase.PENDING and node is None):
                 _fail(f"{name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")

@@ -452,7 +452,8 @@ def make_machine(
             self.apply(BundlesPlaced(deployment=STATIC, bundle_nodes=nodes))
             dep = self.state.deployments[STATIC]
             for rid, rep in dep.replicas.items():
-                placed = dep.static.placed(dep.ranks.global_rank(rid))
+                g = dep.ranks.global_rank(rid)
+                placed = g < len(dep.static.mapping) and dep.static.placed(g)
                 assert (rep.phase is Phase.FAILED) == (not placed and rep.phase is not Phase.STOPPING), (
                     f"{rid} is {rep.phase.value} with bundles placed={placed}")
 

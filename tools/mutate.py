@@ -227,8 +227,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     mutation(
         "recovery-leaving-claim-wins", RECOVERY,
-        "(((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), bound",
-        "(((not _leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), bound",
+        "(((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS",
+        "(((not _leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS",
         "at recovery a global rank claimed twice goes to the serving replica, not the stopping one",
     ),
     mutation(

@@ -11,7 +11,9 @@ commands, never by dropping a replica:
   report that level (a bare int), get the lowest free value, and a
   ReconfigureReplica once they serve;
 * claims beyond any plausible value (``>= MAX_RANKS``, or a local rank beyond
-  ``MAX_LOCAL``) count as no claim;
+  ``MAX_LOCAL``) count as no claim; for a static placement, a global rank
+  beyond its mapping too, and its serving replicas' claims come before its
+  leaving ones' (a serving replica gets a rank of the mapping);
 * replicas beyond the target are stopped: conflicting ones first, then
   not-yet-running ones, then the highest ranks;
 * gaps left by replicas that died meanwhile are the lowest free ranks, so the
@@ -64,14 +66,16 @@ from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, reco
 __all__ = ["rebuild", "unresponsive_gone"]
 
 
-def _settle_claims(claims: Iterable[tuple[tuple, Hashable, int | None]], bound: int) -> dict[Hashable, int]:
+def _settle_claims(claims: Iterable[tuple[tuple, Hashable, int | None]], bound: int,
+                   taken: Iterable[int] = ()) -> dict[Hashable, int]:
     """Give every claimant a distinct value: claims kept in ``order`` order, the
     rest (no claim, a taken one, or one ``>= bound``) the lowest free values.
 
-    ``claims``: (order key, claimant, claimed value or None).
+    ``claims``: (order key, claimant, claimed value or None); ``taken``: values
+    already given to others.
     """
     final: dict[Hashable, int] = {}
-    used: set[int] = set()
+    used: set[int] = set(taken)
     unresolved = []
     for _, who, value in sorted(claims, key=lambda c: (c[2] is None or c[2] >= bound, c[0], c[2] or 0)):
         if value is None or value >= bound or value in used:
@@ -93,20 +97,30 @@ def _leaving(r: ReplicaReport) -> bool:
 
 
 def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tuple[dict[str, int], list[str]]:
-    """Final global rank of every report, and the serving replicas to stop. A static placement's
-    ranks are its mapping's: a claim beyond it (the mapping shrank, or a report is wrong) is
-    settled as a taken one is, on the lowest free rank."""
-    bound = MAX_RANKS if spec.static_placement is None else len(spec.static_placement.mapping)
-    final: dict[str, int] = _settle_claims(  # type: ignore[assignment]
-        (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), bound
-    )
+    """Final global rank of every report, and the serving replicas to stop."""
     active = [r for r in reports if not _leaving(r)]
     target = spec.num_replicas
+    mapping = spec.static_placement.mapping if spec.static_placement is not None else None
+    if mapping is None:
+        final: dict[str, int] = _settle_claims(  # type: ignore[assignment]
+            (((_leaving(r), r.replica_id), r.replica_id, r.rank.rank) for r in reports), MAX_RANKS
+        )
+    else:
+        # A static placement's ranks are its mapping's, and the serving replicas take them first:
+        # a claim beyond it (the mapping shrank, or a report is wrong) or one a leaving replica
+        # also makes is settled on the lowest free rank; one replica more than the mapping ends
+        # beyond it, and is stopped (below). The leaving ones take what is left.
+        final = _settle_claims(  # type: ignore[assignment]
+            (((False, r.replica_id), r.replica_id, r.rank.rank) for r in active), len(mapping))
+        final.update(_settle_claims(  # type: ignore[arg-type]
+            (((True, r.replica_id), r.replica_id, r.rank.rank) for r in reports if _leaving(r)), MAX_RANKS,
+            taken=final.values()))
 
     def victim_key(r: ReplicaReport) -> tuple:
         moved = final[r.replica_id] != r.rank.rank
+        beyond = mapping is not None and final[r.replica_id] >= len(mapping)  # (no bundles: stopped first)
         bad = 0 if moved else 1 if r.rank.rank >= target else 2
-        return (bad, VICTIM_ORDER[r.phase], -final[r.replica_id], r.replica_id)
+        return (not beyond, bad, VICTIM_ORDER[r.phase], -final[r.replica_id], r.replica_id)
 
     to_stop = [r.replica_id for r in sorted(active, key=victim_key)[: max(0, len(active) - target)]]
     return final, to_stop
@@ -468,7 +482,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
             for rid in list(dep.ranks):
                 rep = dep.replicas[rid]
                 g = dep.ranks.global_rank(rid)
-                if g >= size or not dep.static.placed(g):  # (beyond the mapping: a surplus one, stopped)
+                if g >= size or not dep.static.placed(g):  # (beyond the mapping: leaving, or stopped above)
                     continue
                 if rep.phase is Phase.PENDING and rep.node_id is None:
                     dep = static.place(tx, dep, rid)
