@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from .errors import InvalidConfig
-from .fields import shown
+from .fields import shown, shown_id
 
 __all__ = ["StaticPlacement", "consecutive_mapping"]
 
@@ -77,9 +77,9 @@ class StaticPlacement:
 
     def __attrs_post_init__(self) -> None:
         where = "StaticPlacement"
-        if not isinstance(self.group, str) or not self.group:
+        if type(self.group) is not str or not self.group:
             raise InvalidConfig(f"{where}.group must be a non-empty str (the placement group's id), "
-                                f"got {shown(self.group)}")
+                                f"got {shown_id(self.group)}")
         if type(self.capture_child_tasks) is not bool:
             raise InvalidConfig(f"{where}.capture_child_tasks must be a bool, got {shown(self.capture_child_tasks)}")
         nodes = self.bundle_nodes
@@ -87,9 +87,9 @@ class StaticPlacement:
             raise InvalidConfig(f"{where}.bundle_nodes must list the node of every bundle of group "
                                 f"{self.group!r} (one entry per bundle), got {shown(nodes)}")
         for i, n in enumerate(nodes):
-            if n is not None and (not isinstance(n, str) or not n):
+            if n is not None and (type(n) is not str or not n):
                 raise InvalidConfig(f"{where}.bundle_nodes[{i}] must be a node id (or None while not placed), "
-                                    f"got {shown(n)}")
+                                    f"got {shown_id(n)}")
         m = self.mapping
         if isinstance(m, Mapping):
             keys = list(m.keys())

@@ -336,9 +336,11 @@ def _bundle_nodes(value: Any) -> Any:
 
 
 def _check_bundle_nodes(inst: BundlesPlaced, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, tuple) or not value or not all(n is None or (isinstance(n, str) and n) for n in value):
+    if not isinstance(value, tuple) or not value or not all(n is None or (type(n) is str and n) for n in value):
+        bad = next((n for n in value if isinstance(n, str) and type(n) is not str), value) \
+            if isinstance(value, tuple) else value
         raise InvalidConfig(f"BundlesPlaced({inst.deployment!r}).bundle_nodes must list a node id (or None) for "
-                            f"every bundle of the group, got {f.shown(value)}")
+                            f"every bundle of the group, got {f.shown_id(bad)}")
 
 
 @attrs.frozen(kw_only=True)
@@ -450,9 +452,9 @@ def _to_versions(value: Any) -> tuple[tuple[str, int], ...]:
         except (TypeError, ValueError):
             raise InvalidConfig(f"ControllerRecovered.weights_versions: {f.shown(item)} is not a "
                                 f"(deployment, version) pair") from None
-        if not isinstance(name, str) or type(version) is not int or version < 0:
+        if type(name) is not str or type(version) is not int or version < 0:
             raise InvalidConfig(f"ControllerRecovered.weights_versions: {f.shown(item)} is not a "
-                                f"(deployment, version >= 0) pair")
+                                f"(deployment, version >= 0) pair (deployment: {f.shown_id(name)})")
         out.append((name, version))
     return tuple(sorted(out))
 
@@ -753,9 +755,10 @@ def _check_ongoing(inst: AutoscalingMetrics, attribute: attrs.Attribute, value: 
         raise InvalidConfig(f"{where} must be (replica id, requests in flight) pairs, got {f.shown(value)}")
     seen: set[str] = set()
     for pair in value:
-        if (not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]
+        if (not isinstance(pair, tuple) or len(pair) != 2 or type(pair[0]) is not str or not pair[0]
                 or type(pair[1]) is not int or not 0 <= pair[1] <= f.MAX_ORDER):
-            raise InvalidConfig(f"{where} holds {f.shown(pair)}, not a (replica id, int >= 0) pair (at most 2**63 - 1)")
+            raise InvalidConfig(f"{where} holds {f.shown(pair)}, not a (replica id, int >= 0) pair (a plain str "
+                                f"and at most 2**63 - 1)")
         if pair[0] in seen:
             raise InvalidConfig(f"{where} names {pair[0]!r} twice")
         seen.add(pair[0])

@@ -60,13 +60,14 @@ def finite(value: Any) -> bool:
 def name(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A non-empty string id (deployment, replica or node)."""
     if type(value) is not str or not value:  # (a str subclass may compare equal to another id)
-        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {_typed(value)}")
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a non-empty str, got {shown_id(value)}")
 
 
-def _typed(value: Any) -> str:
-    """``value`` shown, with its type where it is a str subclass (which shows as a plain str)."""
+def shown_id(value: Any) -> str:
+    """``value`` shown, with its type where it is a str subclass (which shows as a plain str):
+    ids are plain str (a subclass may compare equal to another id and find its record)."""
     if isinstance(value, str) and type(value) is not str:
-        return f"{shown(value)} (a {type(value).__name__}: a subclass of str, which may equal another id)"
+        return f"{shown(value)} (of type {type(value).__name__}: a subclass of str, which may equal another id)"
     return shown(value)
 
 
@@ -124,7 +125,7 @@ def names(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{_where(inst, attribute)} must be a tuple, got {shown(value)}")
     for v in value:
         if type(v) is not str or not v:  # (a str subclass may compare equal to another id)
-            raise InvalidConfig(f"{_where(inst, attribute)} holds {_typed(v)}, not a non-empty str")
+            raise InvalidConfig(f"{_where(inst, attribute)} holds {shown_id(v)}, not a non-empty str")
     if len(set(value)) != len(value):
         raise InvalidConfig(f"{_where(inst, attribute)} names a replica twice: {shown(value)}")
 

@@ -155,3 +155,28 @@ def test_the_constructors_refuse_an_id_that_is_a_str_subclass(value: Any) -> Non
     with pytest.raises(rc.InvalidConfig, match=r"ScaleRequested\.victims holds .*a subclass of str"):
         rc.ScaleRequested(deployment="llm", num_replicas=1, victims=(value,))
     assert rc.ReplicaReady(replica_id=str(value)).replica_id == str(value)  # (the plain str is taken)
+
+
+class _Node(str):
+    """A node id of the caller's own type (a str enum's value, a numpy string)."""
+
+
+@pytest.mark.parametrize("build, says", [
+    (lambda: rc.BundlesPlaced(deployment="app", bundle_nodes=("n0", _Node("n1"))),
+     r"BundlesPlaced\('app'\)\.bundle_nodes must list a node id .*'n1' \(of type _Node: a subclass of str"),
+    (lambda: rc.StaticPlacement.from_mapping("pg-1", ("n0", _Node("n1")), {0: [0], 1: [1]}),
+     r"StaticPlacement\.bundle_nodes\[1\] must be a node id .*of type _Node"),
+    (lambda: rc.StaticPlacement.from_mapping(_Node("pg-1"), ("n0", "n1"), {0: [0], 1: [1]}),
+     r"StaticPlacement\.group must be a non-empty str .*of type _Node"),
+    (lambda: rc.ControllerRecovered(deployments=(), reports=(), weights_versions={_Node("app"): 3}),
+     r"ControllerRecovered\.weights_versions: .* \(deployment: 'app' \(of type _Node"),
+    (lambda: rc.AutoscalingMetrics(deployment="app", now=1.0, ongoing=((_Node("app#0"), 1),)),
+     r"AutoscalingMetrics\('app'\)\.ongoing holds .*\(replica id, int >= 0\) pair \(a plain str"),
+], ids=["BundlesPlaced.bundle_nodes", "StaticPlacement.bundle_nodes", "StaticPlacement.group",
+        "ControllerRecovered.weights_versions", "AutoscalingMetrics.ongoing"])
+def test_every_id_field_refuses_a_str_subclass(build: Any, says: str) -> None:
+    """Node ids in a bundle list (the core would place a replica there and refuse the executor's
+    echo of its own PlaceReplica), a group id, deployments in a recovery's weights versions, and
+    replicas in autoscaling metrics are plain str too."""
+    with pytest.raises(rc.InvalidConfig, match=says):
+        build()
