@@ -147,8 +147,10 @@ def _on_its_bundle(dep: Deployment, rid: str, node: object) -> bool:
 
 
 def _check_static_rank(dep: Deployment, rid: str, rep: Any, g: int) -> None:
-    """A static replica that is not leaving holds a rank of the mapping (one beyond it has no bundles)."""
-    if dep.static is not None and rep.phase is not Phase.STOPPING and g >= len(dep.static.mapping):
+    """A static replica that is not leaving, or is leaving to be replaced on its rank (``retiring``),
+    holds a rank of the mapping (one beyond it has no bundles)."""
+    if dep.static is not None and (rep.phase is not Phase.STOPPING or rep.retiring) \
+            and g >= len(dep.static.mapping):
         _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} holds global rank {g}, beyond the static "
               f"mapping's {len(dep.static.mapping)} ranks")
 

@@ -109,11 +109,13 @@ def _resolve_global(spec: DeploymentApplied, reports: list[ReplicaReport]) -> tu
         # A static placement's ranks are its mapping's, and the serving replicas take them first:
         # a claim beyond it (the mapping shrank, or a report is wrong) or one a leaving replica
         # also makes is settled on the lowest free rank; one replica more than the mapping ends
-        # beyond it, and is stopped (below). The leaving ones take what is left.
+        # beyond it, and is stopped (below). The leaving ones take what is left, within the
+        # mapping too: one beyond it only when every rank of it is taken (a leaving replica the
+        # deployment is short of is replaced on its rank, which must have bundles).
         final = _settle_claims(  # type: ignore[assignment]
             (((False, r.replica_id), r.replica_id, r.rank.rank) for r in active), len(mapping))
         final.update(_settle_claims(  # type: ignore[arg-type]
-            (((True, r.replica_id), r.replica_id, r.rank.rank) for r in reports if _leaving(r)), MAX_RANKS,
+            (((True, r.replica_id), r.replica_id, r.rank.rank) for r in reports if _leaving(r)), len(mapping),
             taken=final.values()))
 
     def victim_key(r: ReplicaReport) -> tuple:
