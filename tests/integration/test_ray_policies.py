@@ -384,7 +384,8 @@ def _gone(dep: str, rid: str) -> bool:
 
 
 # ------------------------------------------------------------ start timeout
-@deployment(name="sleepy", num_replicas=1, ray_actor_options={"num_cpus": 0.05}, start_timeout_s=1.5)
+# (3 s: a start on a machine loaded with two test runs took over 1.5 s every time, and no start came up in 60 s)
+@deployment(name="sleepy", num_replicas=1, ray_actor_options={"num_cpus": 0.05}, start_timeout_s=3.0)
 class Sleepy:
     def __init__(self, path: str):
         p = pathlib.Path(path)
@@ -406,14 +407,14 @@ def test_a_hung_init_is_killed_at_the_start_timeout_and_started_again_on_its_ran
     text = ask(ctl, "drain_trace")
     recs = records(text)
     starts = of(recs, "command", "StartReplica")
-    # (a loaded machine may take the 1.5 s over the second start too: each start after the first
+    # (a loaded machine may take the 3 s over the second start too: each start after the first
     # is a retry on the same rank, and the last one came up)
     assert len(starts) >= 2 and all(s["rank"][0] == 0 for s in starts), starts
     first, second = starts[0], starts[1]
     (stop,) = of(recs, "command", "StopReplica", first["replica"])
     assert stop["fields"]["graceful_shutdown_timeout_s"] == 0
     (init,) = of(recs, "command", "InitializeReplica", first["replica"])
-    assert 1.4 <= stop["t"] - init["t"] < 5.0
+    assert 2.9 <= stop["t"] - init["t"] < 6.5
     assert of(recs, "event", "ReplicaStopped", first["replica"])
     assert second["rank"][0] == first["rank"][0] == 0 and second["t"] >= stop["t"]
     assert _gone("sleepy", first["replica"])
