@@ -49,6 +49,7 @@ from collections.abc import Hashable, Iterable
 import attrs
 import immutables
 
+from ..base.bundles import StaticPlacement
 from ..base.commands import ScheduleTick, StopReplica, UpdateWorldSize
 from ..base.errors import InvalidEvent
 from ..base.events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
@@ -60,7 +61,7 @@ from ..placement import gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
 from . import autoscaling, bluegreen, deadlines, proxies, rollouts
-from .moves import hold_waiting_gangs, reconcile, stop
+from .moves import hold_waiting_gangs, reconcile, start, stop
 from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
@@ -325,7 +326,31 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     dep = residency.settle_all(tx, dep)  # (after the stops: a replica stopped now is sent nothing)
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
+    if dep.static is not None:
+        dep = _static_on_bundles(tx, dep, dep.static)
     return reconcile(tx, dep)
+
+
+def _static_on_bundles(tx: Tx, dep: Deployment, mapping: StaticPlacement) -> Deployment:
+    """A static deployment's ranks in order: a replica reported before its
+    placement goes on its bundles, a FAILED one restarts there, and a rank nobody
+    holds gets a new replica while fewer than the target are active (what
+    ``reconcile`` would start), so the step's starts keep global-rank order."""
+    for g in range(len(mapping.mapping)):  # (a rank beyond the mapping: leaving, stopped above)
+        holder = dep.ranks.holder_of(g)
+        if holder is None:
+            if dep.active < dep.target and not dep.unresponsive:
+                dep = start(tx, dep, 1)  # (the lowest free rank: g)
+            continue
+        rid = str(holder)
+        rep = dep.replicas[rid]
+        if not mapping.placed(g):
+            continue
+        if rep.phase is Phase.PENDING and rep.node_id is None:
+            dep = static.place(tx, dep, rid)
+        elif rep.phase is Phase.FAILED:
+            dep = static.restart_failed(tx, dep, rep)
+    return dep
 
 
 def _rebuild_cluster(tx: Tx, e: ControllerRecovered) -> None:
@@ -477,20 +502,6 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         tx.emit(StopReplica(replica_id=u.replica_id, deployment=u.deployment, graceful_shutdown_timeout_s=0.0))
         tx.retired = tx.retired.set(u.replica_id, None)
     gangs.restart_incomplete(tx, sorted(specs))
-    for name in sorted(specs):  # a static replica reported before its placement, or failed: on its bundles
-        dep = tx.deps[name]
-        if dep.static is not None:
-            size = len(dep.static.mapping)
-            for rid in list(dep.ranks):
-                rep = dep.replicas[rid]
-                g = dep.ranks.global_rank(rid)
-                if g >= size or not dep.static.placed(g):  # (beyond the mapping: leaving, or stopped above)
-                    continue
-                if rep.phase is Phase.PENDING and rep.node_id is None:
-                    dep = static.place(tx, dep, rid)
-                elif rep.phase is Phase.FAILED:
-                    dep = static.restart_failed(tx, dep, rep)
-            tx.put(dep)
 
 
 def _unfence(tx: Tx, dep: Deployment, gone: Iterable[str]) -> None:

@@ -448,3 +448,25 @@ def test_a_static_replica_not_yet_placed_that_claims_a_rank_beyond_the_mapping_i
     (place,) = of(rc.PlaceReplica, cmds)
     assert (place.replica_id, place.rank.rank, place.node_id, place.bundles) == ("app#1", 1, "n1", (2, 3))
     assert sorted(ex.by_rank()) == [0, 1] and ex.dep().healthy
+
+
+@pytest.mark.parametrize("failed, missing", [(0, 1), (1, 0), (1, (0, 2))])
+def test_a_static_recovery_starts_its_failed_and_missing_ranks_in_rank_order(failed, missing):
+    """A FAILED replica on one rank and nobody on another: its restart on its bundles and the new
+    replica are started in global-rank order (the FAILED one was restarted after the recovery's
+    reconcile had started the missing ranks: StartReplica for rank 0 after one for rank 1)."""
+    mapping = {0: [0, 1], 1: [2, 3], 2: [4, 5]}
+    nodes = ("n0", "n0", "n1", "n1", "n2", "n2")
+    ex = Exec()
+    spec = rc.DeploymentApplied(name="app", num_replicas=3, static_placement=static(nodes, mapping))
+    missing = missing if isinstance(missing, tuple) else (missing,)
+    reports = [_report("app#0", "failed", f"n{failed}", failed, failed, 0, lineage=0)]
+    for g in sorted({0, 1, 2} - {failed, *missing}):  # (the rest: running on their bundles)
+        reports.append(_report(f"app#{g + 4}", "running", f"n{g}", g, g, 0, lineage=g + 4))
+    cmds = ex.run(rc.ControllerRecovered(deployments=(spec,), reports=tuple(reports)))
+    starts = of(rc.StartReplica, cmds)
+    assert [s.global_rank for s in starts] == sorted([failed, *missing])
+    places = {c.replica_id: c.bundles for c in of(rc.PlaceReplica, cmds)}
+    assert [places[s.replica_id] for s in starts] == [tuple(mapping[s.global_rank]) for s in starts]
+    assert [c.replica_id for c in of(rc.StopReplica, cmds)] == ["app#0"]  # (a FAILED one has no process to keep)
+    assert sorted(ex.by_rank()) == [0, 1, 2] and ex.dep().healthy
