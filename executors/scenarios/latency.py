@@ -89,7 +89,8 @@ def parse_latency(value: Any) -> Latency:
     names = DISTRIBUTIONS[dist]
     extra = set(value) - {"dist", *names}
     if extra:
-        raise ValueError(f"{dist} takes {', '.join(names)}; unexpected {', '.join(sorted(extra))}")
+        # (a YAML key may be any scalar: ``-.inf``, ``1``, ``null``; shown as written, sorted as text)
+        raise ValueError(f"{dist} takes {', '.join(names)}; unexpected {', '.join(sorted(map(str, extra)))}")
     params = []
     for n in names:
         if n not in value:

@@ -34,7 +34,10 @@ def test_uniform_stays_in_range():
     [(-1, ">= 0"), (True, "number of seconds"), ("fast", "number of seconds"),
      ({"dist": "gamma"}, "unknown dist 'gamma'"), ({"dist": "uniform", "low": 1}, "needs 'high'"),
      ({"dist": "uniform", "low": 3, "high": 1}, "low <= high"), ({"dist": "exponential", "mean": -2}, ">= 0"),
-     ({"dist": "constant", "value": 1, "extra": 2}, "unexpected extra")],
+     ({"dist": "constant", "value": 1, "extra": 2}, "unexpected extra"),
+     # keys YAML gives as other scalars (``-.inf: lognormal``, the wire fuzz's find: a TypeError)
+     ({float("-inf"): "lognormal", "median": 0.2, "sigma": 0.4, 3: 1, None: 2},
+      r"constant takes value; unexpected -inf, 3, None, median, sigma")],
 )
 def test_bad_latency_is_named(spec, match):
     with pytest.raises(ValueError, match=match):
