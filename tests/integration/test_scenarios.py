@@ -7,7 +7,8 @@ trace, and every snapshot in the trace is checked with
 replicas under traffic) runs squeezed into an hour, its trace checked by
 ``rankcore check-trace``, in tests/integration/test_week_churn.py. Also:
 determinism (same seed, same bytes; another seed, another trace) and the
-``simulate`` command's exit codes.
+``simulate`` command's exit codes, and every example's trace through ``check-trace``
+with each departure explained (from the same checked run).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from executors.checktrace import check_trace_file
 from executors.cli import main
 from executors.sim import Simulation, load_scenario
 from rankcore.invariants import check_snapshot
@@ -71,6 +73,24 @@ def test_example_is_commented_and_documented(name: str) -> None:
 def test_example_meets_its_expectations_with_invariants_checked(name: str) -> None:
     result, _ = example_run(EXAMPLES / name)  # (check=True: every invariant after every step)
     _assert_all_expectations_met(result)
+
+
+#: examples where no replica leaves (no departure to explain)
+NOTHING_LEAVES = ("seed-four-replicas.yaml", "rank-aware-model.yaml", "refused-placement.yaml",
+                  "traffic-batching-host.yaml")
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_every_example_trace_passes_with_its_departures_explained(tmp_path: Path, name: str) -> None:
+    """Every replica that leaves a simulator trace of an example leaves through a
+    stop, a crash, a node loss, a fault or a recovery that explains it (``check-trace``
+    on the trace of the checked run above: here, so an example is simulated once)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(example_run(EXAMPLES / name)[1])
+    report = check_trace_file(trace)
+    assert report.ok, report.violations[:5]
+    if name not in NOTHING_LEAVES:
+        assert report.checks["presence"] > 0  # replicas did leave, each explained
 
 
 def test_day_of_churn_meets_its_expectations_and_every_snapshot_is_valid() -> None:

@@ -16,7 +16,7 @@ import rankcore as rc
 from executors.checktrace import TraceFormatError, TraceReport, check_trace_file
 from executors.cli import main
 from executors.sim import Simulation, load_scenario
-from tests.helpers import checked_run, example_run
+from tests.helpers import checked_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DOWNSCALE = ROOT / "examples" / "scenarios" / "downscale-8-to-4.yaml"
@@ -341,18 +341,8 @@ def test_plot_without_matplotlib_says_what_to_install(tmp_path, downscale_text, 
 CONTROLLER_CRASH = ROOT / "examples" / "scenarios" / "controller-crash.yaml"
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples" / "scenarios").glob("*.yaml")
-                                         # (verified: every replica every step, ~20 s; the week: test_week_churn.py)
-                                         if p.name not in ("day-of-churn-1000.yaml", "week-of-churn-1000.yaml")),
-                         ids=lambda p: p.name)
-def test_every_example_trace_passes_with_its_departures_explained(tmp_path, path):
-    """Every replica that leaves a simulator trace of an example leaves through a
-    stop, a crash, a node loss, a fault or a recovery that explains it."""
-    report = check_trace_file(_write(tmp_path, example_run(path)[1]))  # (the run _trace_text makes, shared)
-    assert report.ok, report.violations[:5]
-    if path.name not in ("seed-four-replicas.yaml", "rank-aware-model.yaml", "refused-placement.yaml",
-                         "traffic-batching-host.yaml"):  # (nothing leaves these)
-        assert report.checks["presence"] > 0  # replicas did leave, each explained
+# (Every example's trace, its departures explained: tests/integration/test_scenarios.py, beside the
+# checked run it reads, so an example is simulated once in the process that runs both.)
 
 
 def test_a_replica_gone_from_a_delta_without_a_stop_is_flagged(tmp_path, downscale_text):
