@@ -417,8 +417,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "static-recovery-failed-not-restarted", RECOVERY,
-        "        elif rep.phase is Phase.FAILED:\n            dep = static.restart_failed(tx, dep, rep)\n",
-        "        elif False:\n            dep = static.restart_failed(tx, dep, rep)\n",
+        "            elif rep.phase is Phase.FAILED:\n                dep = static.restart_failed(tx, dep, rep)\n",
+        "            elif False:\n                dep = static.restart_failed(tx, dep, rep)\n",
         "[Static: recovery] a FAILED rank whose bundles are placed at recovery restarts on them",
     ),
     mutation(

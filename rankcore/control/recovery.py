@@ -45,11 +45,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable
+from typing import cast
 
 import attrs
 import immutables
 
-from ..base.bundles import StaticPlacement
 from ..base.commands import ScheduleTick, StopReplica, UpdateWorldSize
 from ..base.errors import InvalidEvent
 from ..base.events import UNKNOWN, ControllerRecovered, DeploymentApplied, ReplicaReport, UnresponsiveReplica
@@ -326,30 +326,28 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     dep = residency.settle_all(tx, dep)  # (after the stops: a replica stopped now is sent nothing)
     if any(r.world_size is not None and r.world_size != spec.num_replicas for r in reports):
         tx.emit(UpdateWorldSize(deployment=spec.name, world_size=spec.num_replicas))
-    if dep.static is not None:
-        dep = _static_on_bundles(tx, dep, dep.static)
-    return reconcile(tx, dep)
+    return reconcile(tx, _static_on_bundles(tx, dep))
 
 
-def _static_on_bundles(tx: Tx, dep: Deployment, mapping: StaticPlacement) -> Deployment:
+def _static_on_bundles(tx: Tx, dep: Deployment) -> Deployment:
     """A static deployment's ranks in order: a replica reported before its
     placement goes on its bundles, a FAILED one restarts there, and a rank nobody
     holds gets a new replica while fewer than the target are active (what
     ``reconcile`` would start), so the step's starts keep global-rank order."""
+    mapping = dep.static
+    if mapping is None:
+        return dep
     for g in range(len(mapping.mapping)):  # (a rank beyond the mapping: leaving, stopped above)
-        holder = dep.ranks.holder_of(g)
-        if holder is None:
+        rid = cast("str | None", dep.ranks.holder_of(g))
+        if rid is None:
             if dep.active < dep.target and not dep.unresponsive:
                 dep = start(tx, dep, 1)  # (the lowest free rank: g)
-            continue
-        rid = str(holder)
-        rep = dep.replicas[rid]
-        if not mapping.placed(g):
-            continue
-        if rep.phase is Phase.PENDING and rep.node_id is None:
-            dep = static.place(tx, dep, rid)
-        elif rep.phase is Phase.FAILED:
-            dep = static.restart_failed(tx, dep, rep)
+        elif mapping.placed(g):
+            rep = dep.replicas[rid]
+            if rep.phase is Phase.PENDING and rep.node_id is None:
+                dep = static.place(tx, dep, rid)
+            elif rep.phase is Phase.FAILED:
+                dep = static.restart_failed(tx, dep, rep)
     return dep
 
 
