@@ -42,6 +42,12 @@ Once, in ours' child: a bare Ray actor call (an ``async def`` echo of the same b
 no router, no proxy), the round trip any Ray-based handle or proxy pays on this host, printed
 beside the published figures as the floor they rest on.
 
+How the proxies and handles reach their replicas (``--transport``), both systems alike through
+Ray Serve's own variables, which ours reads too: ``default`` (each system's defaults: Serve's proxy
+and handles by Ray actor call, ours' proxy over the replicas' gRPC servers and its handles by Ray
+call), ``value`` (``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``: both proxies and handles over gRPC, Serve's
+interdeployment gRPC transport), ``reference`` (both by Ray call, ours as before its by-value path).
+
 Then the goal from issue 22 is judged per path and level: ours' throughput
 >= Serve's and ours' p99 <= Serve's; MET only if both hold.
 
@@ -63,6 +69,7 @@ How to run
     .venv/bin/python benchmarks/bench_http.py --only ours --paths http
     .venv/bin/python benchmarks/bench_http.py --paths grpc --clients 1,16,64   # gRPC: ours vs Serve's gRPC proxy
     .venv/bin/python benchmarks/bench_http.py --paths http --http-client raw   # the lean client
+    .venv/bin/python benchmarks/bench_http.py --transport value      # both over gRPC to the replicas
 
 Needs the ``bench`` extra (Ray Serve) and the ``http`` extra (starlette,
 uvicorn, httpx). Progress goes to stderr; the table (and ``--json`` file) is
@@ -394,7 +401,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nrankcore HTTP ingress and handle vs Ray Serve, {args.replicas} replicas, Ray {version}, "
           f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs, "
-          f"HTTP load generator: {args.http_client}")
+          f"HTTP load generator: {args.http_client}, transport: {args.transport}")
     headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
                "ours p99", "serve p99", "p99 ours/serve", "errors o/s", "goal"]
     table = []
@@ -448,6 +455,13 @@ def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
 
 
 # ---------------------------------------------------------------------- main
+#: ``--transport``: the environment each choice gives both systems' processes (Ray Serve's own names,
+#: which ours reads too: executors/ray_gpu/api/by_value.py)
+TRANSPORTS = {"default": {},
+              "value": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_PROXY_USE_GRPC": "1"},
+              "reference": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0", "RAY_SERVE_PROXY_USE_GRPC": "0"}}
+
+
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
     argv = [*level_argv(args), "--http-client", args.http_client]
@@ -486,8 +500,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the HTTP load generator: httpx (default) or raw (benchmarks/rawhttp.py: a bare "
                         "keep-alive HTTP/1.1 client, far less of its own CPU per request)")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
+    p.add_argument("--transport", choices=tuple(TRANSPORTS), default="default",
+                   help="how proxies and handles reach replicas, both systems alike (Serve's variables): "
+                        "default (each system's own: Serve's by reference, ours' proxy by value), value "
+                        "(RAY_SERVE_USE_GRPC_BY_DEFAULT=1: proxies and handles over gRPC), reference (Ray calls)")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
+    os.environ.update(TRANSPORTS[args.transport])  # (read by both systems' proxies, replicas and handles)
     if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
         p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
 

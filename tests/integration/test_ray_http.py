@@ -205,6 +205,30 @@ def test_concurrent_requests_all_answered(base):
     assert results == [i + 1 for i in range(len(results))]
 
 
+def test_the_proxy_sends_plain_calls_by_value_to_replicas_it_knows_the_server_of(client):
+    """The proxy's calls go over the replicas' gRPC servers (``api.by_value``; ``RAY_SERVE_PROXY_USE_GRPC=0``
+    would send them as Ray calls): once its router knows both replicas' servers, every plain call
+    is counted sent by value (the status JSON's queue), answered as before, errors included."""
+    def sent() -> int:
+        adder = next(d for d in client.get("/-/status.json").json()["deployments"] if d["name"] == "adder")
+        return (adder["queue"] or {}).get("sent_by_value", 0)
+
+    assert client.post("/add", json={"args": [1, 2]}).json() == 3
+    deadline = time.monotonic() + 30
+    while True:  # (the first calls go by reference until the replicas said where their servers are)
+        before = sent()
+        assert client.post("/add", json={"args": [2, 2]}).json() == 4
+        if sent() == before + 1:
+            break
+        assert time.monotonic() < deadline, "no call went by value"
+        time.sleep(0.1)
+    before = sent()
+    assert [client.post("/add", json={"args": [i, 1]}).json() for i in range(5)] == [1, 2, 3, 4, 5]
+    r = client.post("/add/fail", json="by value")
+    assert r.status_code == 500 and "application says by value" in error_of(r)["detail"]
+    assert sent() == before + 6
+
+
 # ------------------------------------------------------------------ errors
 def test_unknown_route_404(client):
     r = client.get("/nowhere")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -18,6 +19,7 @@ import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
 from executors.ray_gpu.api.deployments import DeploymentHandle, ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
+from tests.integration.waiting import wait_for
 from tests.integration.witnessing import begun_and_waiting_then_killed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -397,3 +399,88 @@ def test_a_stream_whose_consuming_task_is_cancelled_frees_its_slot():
     assert len(asyncio.run(cancelled_mid_stream())) >= 3
     assert asyncio.run(asyncio.wait_for(next_stream(), 20)) == [0, 1]  # (a leaked slot: it never starts)
     assert h.counters().lost == 0
+
+
+# ------------------------------------------------------------------ by value (api/by_value.py)
+class Valued:
+    def double(self, x: int) -> int:
+        return x * 2
+
+    def kind(self, x: Any) -> str:
+        return type(x).__name__
+
+    def fail(self, what: str) -> None:
+        raise ValueError(f"boom {what}")
+
+    async def wait(self, seconds: float, marker: str) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:  # (cancelled on the replica: its caller cancelled the call)
+            with open(marker, "w") as f:
+                f.write("cancelled")
+            raise
+        return "waited"
+
+    def slow(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return get_replica_context().replica_id
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def _by_value(name: str, replicas: int, **opts: Any) -> Any:
+    """A handle of a new deployment that sends by value, once its router knows every replica's server."""
+    h = run(deployment(Valued, name=name, num_replicas=replicas, ray_actor_options=OPTS, **opts).bind())
+    hv = h.options(_by_reference=False)
+    assert hv.double.remote(1).result(timeout=30) == 2  # (asks the replicas where their servers are)
+    assert wait_for(lambda: len(hv._router.addresses) == replicas, 30), hv._router.addresses
+    return hv
+
+
+def test_a_call_by_value_is_answered_over_the_replicas_server_as_a_ray_call_is():
+    """``options(_by_reference=False)`` (Serve's): plain calls go over the replica's gRPC server, the
+    answers and the application's errors the same as by reference (``RayTaskError(<cause>)``, the
+    remote traceback); a Ray ``ObjectRef`` argument, or a bad option, is not sent by value."""
+    hv = _by_value("valued", 2)
+    router = hv._router
+    sent = router.sent_by_value
+    assert [hv.double.remote(i).result(timeout=30) for i in range(6)] == [2 * i for i in range(6)]
+    assert router.sent_by_value == sent + 6
+    with pytest.raises(ValueError) as by_value:
+        hv.fail.remote("here").result(timeout=30)
+    with pytest.raises(ValueError) as by_ref:
+        hv.options(_by_reference=True).fail.remote("here").result(timeout=30)
+    assert type(by_value.value).__name__ == type(by_ref.value).__name__ == "RayTaskError(ValueError)"
+    assert "boom here" in str(by_value.value) and "in fail" in str(by_value.value)  # (its traceback)
+    assert router.sent_by_value == sent + 7
+    assert hv.kind.remote(ray.put(3)).result(timeout=30) == "ObjectRef"  # (by reference: Ray carries the ref)
+    assert router.sent_by_value == sent + 7
+    assert hv.counters().answered >= 8 and hv.counters().lost == 0
+    with pytest.raises(rc.InvalidConfig, match="_by_reference"):
+        hv.options(_by_reference="no")
+
+
+def test_a_call_by_value_cancelled_by_its_caller_is_cancelled_on_the_replica_and_frees_its_slot():
+    hv = _by_value("valued_cancel", 1, max_ongoing_requests=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = os.path.join(tmp, "cancelled")
+        sent = hv._router.sent_by_value
+        waiting = hv.wait.remote(60.0, marker)
+        time.sleep(0.5)
+        waiting.cancel()
+        with pytest.raises(rc.RequestCancelled):
+            waiting.result(timeout=30)
+        assert wait_for(lambda: os.path.exists(marker), 30), "the replica's task was not cancelled"
+        assert hv.wait.remote(0.0, marker).result(timeout=15) == "waited"  # (the one slot is free)
+        assert hv._router.sent_by_value == sent + 2
+    c = hv.counters()
+    assert c.cancelled == 1 and c.lost == 0
+
+
+def test_a_plain_call_by_value_a_dead_replica_had_begun_fails_and_one_it_had_not_is_answered_elsewhere():
+    """As by reference (above): the witness tells which of the dead replica's calls began."""
+    hv = _by_value("valued_witness", 1, max_ongoing_requests=2)
+    sent = hv._router.sent_by_value
+    begun_and_waiting_then_killed(hv, "valued_witness")
+    assert hv._router.sent_by_value >= sent + 2

@@ -23,6 +23,7 @@ from ..control.controller import CORE_OPTIONS, controller_actor
 from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
+from . import by_value
 from .autoscale import from_ray_serve
 from .context import RequestContext, request_for_call
 from .fingerprint import version_of
@@ -569,22 +570,29 @@ class DeploymentHandle:
     share this one's router."""
 
     def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None,
-                 stream: bool = False, progress: bool = False, multiplexed_model_id: str = "") -> None:
+                 stream: bool = False, progress: bool = False, multiplexed_model_id: str = "",
+                 by_reference: bool | None = None) -> None:
         self.name, self.controller, self.method, self.stream = name, controller, method, stream
         self.progress = progress
         self.multiplexed_model_id = multiplexed_model_id
+        #: False: its plain calls go over the replica's gRPC server (``by_value``); None: the process's
+        #: default (``by_value.HANDLE_BY_REFERENCE``, from ``RAY_SERVE_USE_GRPC_BY_DEFAULT``)
+        self.by_reference = by_reference
         self._router = router if router is not None else router_for(name, controller)
 
     def __getattr__(self, method: str) -> DeploymentHandle:
         if method.startswith("_"):
             raise AttributeError(method)
         return DeploymentHandle(self.name, self.controller, method, self._router, self.stream, self.progress,
-                                self.multiplexed_model_id)
+                                self.multiplexed_model_id, self.by_reference)
 
     def __reduce__(self) -> tuple:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
         return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress,
-                                  self.multiplexed_model_id)
+                                  self.multiplexed_model_id, self.by_reference)
+
+    def _by_reference(self) -> bool:
+        return by_value.HANDLE_BY_REFERENCE if self.by_reference is None else self.by_reference
 
     def knows_pool(self) -> bool:
         """Whether the router has had the controller's pool once (``remote`` and ``is_stream`` then
@@ -598,20 +606,27 @@ class DeploymentHandle:
         return (method or self.method) in self._router.streams
 
     def options(self, *, stream: bool | None = None, method_name: str | None = None,
-                progress: bool | None = None, multiplexed_model_id: str | None = None) -> DeploymentHandle:
+                progress: bool | None = None, multiplexed_model_id: str | None = None,
+                _by_reference: bool | None = None) -> DeploymentHandle:
         """A handle with other call options: ``stream=True`` for a generator method (its calls return
         a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's), ``progress=True`` for
         calls whose ``status()`` says ``running`` while the replica runs them (plain calls never do:
         the replica does not report their start; router.py), ``multiplexed_model_id`` (Serve's): the
         model its calls name, routed to a replica that holds it ("" none; a bad one raises
-        ``rankcore.InvalidConfig``)."""
+        ``rankcore.InvalidConfig``), ``_by_reference`` (Serve's): False sends its plain calls over the
+        replica's gRPC server instead of a Ray actor call, True as a Ray call (``api.by_value``; default
+        True, or False where ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``)."""
+        if _by_reference is not None and type(_by_reference) is not bool:
+            raise rc.InvalidConfig(f"handle.options(_by_reference=...) of {self.name!r} must be a bool, "
+                                   f"got {type(_by_reference).__name__} {_by_reference!r}")
         if multiplexed_model_id is not None and type(multiplexed_model_id) is not str:
             raise rc.InvalidConfig(f"handle.options(multiplexed_model_id=...) of {self.name!r} must be a str, "
                                    f"got {type(multiplexed_model_id).__name__} {multiplexed_model_id!r}")
         return DeploymentHandle(self.name, self.controller, method_name or self.method, self._router,
                                 self.stream if stream is None else bool(stream),
                                 self.progress if progress is None else bool(progress),
-                                self.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id)
+                                self.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id,
+                                self.by_reference if _by_reference is None else _by_reference)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
@@ -628,6 +643,7 @@ class DeploymentHandle:
         if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
             return DeploymentResponse.chained(self, args, kwargs, request)
         return DeploymentResponse(self._router.submit(self.method, args, kwargs, progress=self.progress,
+                                                      by_value=not self._by_reference(),
                                                       request=request))
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
@@ -715,7 +731,8 @@ class DeploymentResponse:
             try:
                 a = tuple(x.result() if isinstance(x, DeploymentResponse) else x for x in args)
                 kw = {k: (v.result() if isinstance(v, DeploymentResponse) else v) for k, v in kwargs.items()}
-                inner = handle._router.submit(handle.method, a, kw, progress=handle.progress, request=request)
+                inner = handle._router.submit(handle.method, a, kw, progress=handle.progress, request=request,
+                                              by_value=not handle._by_reference())
             except BaseException as exc:
                 out.set_exception(exc)
                 return

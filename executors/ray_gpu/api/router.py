@@ -86,6 +86,7 @@ from rankcore.requests import (
     Submit,
 )
 
+from . import by_value
 from .autoscale import LoadReporter
 from .context import RequestContext, request_for_call, to_wire
 from .witness import ask_node
@@ -99,6 +100,8 @@ LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
+#: how long a by-value call that failed on its way waits for Ray to say whether its replica lives
+UNREACHABLE_PROBE_S = 30.0
 #: how many witness answers a router keeps for tests and benchmarks to read (``Router.witnessed``)
 WITNESSED = 64
 _ids = itertools.count()
@@ -117,6 +120,18 @@ def _progress_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _close_soon(channel: Any) -> None:
+    """Close a gRPC channel (on its loop's thread)."""
+    asyncio.ensure_future(channel.close())
+
+
 def idempotent(method: Any) -> Any:
     """Mark a deployment's method idempotent: a call to it that a dying replica had started runs again
     elsewhere (at most ``max_retries`` times). Off by default, as in Ray Serve."""
@@ -128,12 +143,14 @@ class Call:
     """One request: what to send, and the future its end resolves (the result, or an exception)."""
 
     __slots__ = ("request_id", "method", "args", "kwargs", "future", "ref", "replica_id", "router", "stream",
-                 "progress", "request", "key")
+                 "progress", "request", "key", "by_value")
 
     def __init__(self, router: Router, request_id: str, method: str, args: tuple, kwargs: dict,
                  stream: bool = False, progress: bool = False, request: RequestContext | None = None,
-                 key: int = 0) -> None:
+                 key: int = 0, by_value: bool = False) -> None:
         self.router, self.request_id, self.method = router, request_id, method
+        #: sent over the replica's gRPC server when it can be (``by_value``), else as a Ray actor call
+        self.by_value = by_value
         self.key = key  # what its replica's witness records as it begins (``witness``; 0: none)
         self.args, self.kwargs, self.stream = args, kwargs, stream
         self.progress = progress  # the replica reports when it begins (status ``running``)
@@ -151,6 +168,23 @@ class Call:
 
     def cancel(self) -> None:
         self.router.cancel(self.request_id)
+
+
+class _SentByValue:
+    """A call sent by value (``Call.ref``): its gRPC call once made, cancelled on ``loop``, the one
+    that sends it (a cancel that comes first stops it being sent)."""
+
+    __slots__ = ("loop", "rpc", "cancelled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.rpc: Any = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if self.rpc is not None:
+            self.rpc.cancel()
 
 
 class Router:
@@ -178,6 +212,15 @@ class Router:
         self.models: dict[str, tuple[str, ...]] = {}
         self.poll: Any = None
         self.retry_at = 0.0
+        #: by value (``by_value``): serving replica id -> its server's ``host:port``, once it answered; the
+        #: replicas asked now; those that could not say or whose server failed (by reference from then on)
+        self.addresses: dict[str, str] = {}
+        self.asking_address: set[str] = set()
+        self.no_by_value: set[str] = set()
+        self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
+        self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
+        #: (loop, address) -> a gRPC channel made on that loop, used there only
+        self._channels: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
         self.polls = 0  # long-poll answers taken (tests)
         #: the last WITNESSED witnesses asked (tests, benchmarks): (replica, calls asked about, of them never
         #: begun; None: unknown); bounded, as a router lives as long as its handle, through any number of deaths
@@ -253,23 +296,120 @@ class Router:
             if rid in self.actors and self.models.get(rid) != models:
                 self.machine.handle(ReplicaModels(deployment=self.name, replica_id=rid, model_ids=tuple(models)))
         self.models = {rid: m for rid, m in pool.get("models", {}).items() if rid in self.actors}
+        for rid in [r for r in self.addresses if r not in self.actors]:
+            self._forget_address(rid)
+        self.no_by_value.intersection_update(self.actors)
+        self._ask_addresses()
         self._carry(out)
+
+    # ------------------------------------------------------------ by value
+    def _ask_addresses(self) -> None:
+        """Ask each serving replica without a known address where its by-value server is (under the
+        lock; once a by-value call came). The answer comes on Ray's thread; calls go by reference
+        until it does."""
+        if not self.wants_by_value:
+            return
+        for rid, actor in self.actors.items():
+            if rid in self.addresses or rid in self.asking_address or rid in self.no_by_value:
+                continue
+            self.asking_address.add(rid)
+            actor.by_value_address.remote().future().add_done_callback(
+                lambda f, rid=rid, actor=actor: self._address(rid, actor, f))
+
+    def _address(self, rid: str, actor: Any, fut: Future) -> None:
+        with self.lock:
+            self.asking_address.discard(rid)
+            try:
+                address = fut.result()
+            except Exception:  # (it died, or could not start a server: by reference)
+                self.no_by_value.add(rid)
+                return
+            if self.actors.get(rid) is actor:
+                self.addresses[rid] = address
+
+    def _forget_address(self, rid: str) -> None:
+        """``rid`` left the pool (under the lock): its channel is closed on the loop that made it."""
+        address = self.addresses.pop(rid, None)
+        if address is not None and address not in self.addresses.values():
+            for loop, addr in [k for k in self._channels if k[1] == address]:
+                ch = self._channels.pop((loop, addr))
+                with contextlib.suppress(RuntimeError):  # (its loop closed: so is the channel)
+                    loop.call_soon_threadsafe(_close_soon, ch)
+
+    def _by_value_bytes(self, call: Call) -> bytes | None:
+        """``call`` pickled for its replica's server, or None when it goes by reference (``by_value``'s
+        docstring: a Ray ``ObjectRef`` among its arguments, bytes that do not pickle or are too many)."""
+        values = (*call.args, *call.kwargs.values())
+        if any(isinstance(v, ray.ObjectRef) for v in values):
+            return None
+        try:
+            data = by_value.encode((call.method, call.args, call.kwargs, to_wire(call.request), call.key))
+        except Exception:
+            return None
+        return data if len(data) <= by_value.MAX_BY_VALUE_BYTES else None
+
+    async def _send_by_value(self, sent: _SentByValue, call: Call, rid: str, address: str, data: bytes,
+                             actor: Any) -> None:
+        """One call over its replica's gRPC server (on the progress loop), answered as a Ray call is:
+        the value, the user's error as ``RayTaskError(<cause>)``, a cancelled call (``sent.cancel``)
+        as Ray's ``TaskCancelledError``, an unreachable replica as ``_unreachable`` says."""
+        req = call.request_id
+        value: Any = None
+        exc: BaseException | None = None
+        try:
+            if sent.cancelled:  # (cancelled before it was sent)
+                raise asyncio.CancelledError
+            ch = self._channels.get((sent.loop, address))
+            if ch is None:
+                ch = self._channels[sent.loop, address] = by_value.channel(address)
+            sent.rpc = ch.unary_unary(by_value.METHOD)(data)
+            ok, value = by_value.decode(await sent.rpc)
+            if not ok:
+                value, exc = None, value.as_instanceof_cause()
+        except asyncio.CancelledError:  # (``CancelOnReplica``: gRPC cancels the replica's task)
+            exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
+        except by_value.TransportError as e:
+            exc = await self._unreachable(rid, address, actor, e)
+        except Exception as e:  # (an answer this process cannot unpickle: the caller's error)
+            exc = e
+        self._answer(req, rid, value, exc)
+
+    async def _unreachable(self, rid: str, address: str, actor: Any, exc: BaseException) -> BaseException:
+        """A by-value call to ``rid`` failed on its way: its replica died (Ray says so: the error a Ray
+        call would have had, and ``_answer`` treats it as a Ray call's), or it lives but its server
+        did not answer: by reference from now on, and this call's replica counted unavailable."""
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(actor.pid.remote().future()), UNREACHABLE_PROBE_S)
+        except (RayActorError, ActorUnavailableError) as dead:
+            return dead
+        except Exception:  # (no answer in time)
+            pass
+        with self.lock:
+            self.no_by_value.add(rid)
+            self._forget_address(rid)
+        code = exc.code().name if isinstance(exc, by_value.TransportError) else type(exc).__name__
+        return ActorUnavailableError(f"replica {rid}'s by-value server at {address} failed a call: {code}", None)
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
-               progress: bool = False, request: RequestContext | None = None) -> Call:
+               progress: bool = False, request: RequestContext | None = None, by_value: bool = False) -> Call:
         """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer.
         ``progress``: its status says ``running`` once the replica begins it (module docstring).
         ``request``: the request context the replica shows its user code (None: the current
-        request's id, else a new one: ``context.request_for_call``)."""
+        request's id, else a new one: ``context.request_for_call``). ``by_value``: sent over the
+        replica's gRPC server where it can be (``api.by_value``; a stream or progress call never is)."""
         self.refresh()
         with self.lock:
             if method in self.streams and not stream:
                 raise TypeError(f"{self.name}.{method} is a generator method: call it through "
                                 f"handle.options(stream=True)")
             n = next(_ids)
+            by_value = by_value and not stream and not progress
             call = Call(self, f"{self._prefix}{n}", method, args, kwargs, stream, progress, request,
-                        self._key_base | (n & 0xFFFFFFFF))
+                        self._key_base | (n & 0xFFFFFFFF), by_value)
+            if by_value and not self.wants_by_value:
+                self.wants_by_value = True
+                self._ask_addresses()
             self.calls[call.request_id] = call
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream,
@@ -321,6 +461,17 @@ class Router:
                     asyncio.run_coroutine_threadsafe(self._follow(a.request_id, a.replica_id, gen),
                                                      _progress_loop())
                     continue
+                if call.by_value and (address := self.addresses.get(a.replica_id)) is not None and (
+                        data := self._by_value_bytes(call)) is not None:
+                    # (on this thread's loop when it runs one, the HTTP ingress's: no hop to another thread)
+                    self.sent_by_value += 1
+                    call.ref = sent = _SentByValue(_running_loop() or _progress_loop())
+                    coro = self._send_by_value(sent, call, a.replica_id, address, data, actor)
+                    if sent.loop is _running_loop():
+                        sent.loop.create_task(coro)
+                    else:
+                        asyncio.run_coroutine_threadsafe(coro, sent.loop)
+                    continue
                 call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
                                                           call.key))
                 rid, req = a.replica_id, a.request_id
@@ -332,7 +483,10 @@ class Router:
             elif kind is CancelOnReplica:
                 held = self.calls.pop(a.request_id, None)
                 if held is not None and held.ref is not None:
-                    ray.cancel(held.ref)
+                    if type(held.ref) is _SentByValue:  # (its gRPC call is cancelled)
+                        held.ref.loop.call_soon_threadsafe(held.ref.cancel)
+                    else:
+                        ray.cancel(held.ref)
                     if held.stream:  # (nobody reads its end now: the machine frees its slot when the task ends)
                         held.ref.completed().future().add_done_callback(
                             lambda f, req=a.request_id, rid=a.replica_id: self._done(req, rid, f))

@@ -50,7 +50,7 @@ import ray
 
 import rankcore as rc
 
-from ..api import batching, context, multiplex
+from ..api import batching, by_value, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
@@ -114,6 +114,8 @@ class ReplicaActor:
         self._idle: asyncio.Condition | None = None
         self._init: asyncio.Task | None = None
         self._inflight = 0
+        #: its by-value server (``by_value_address``) once a router asked: a task giving (server, address)
+        self._by_value: asyncio.Future | None = None
         #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
         self.weights = ReplicaWeights(replica_id)
         #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
@@ -571,6 +573,29 @@ class ReplicaActor:
         more a call at one client on this project's 2-core machine (docs/benchmarks.md)."""
         method, args, kwargs, request, key = call
         return await self.handle_request(method, args, kwargs, context.from_wire(request), key)
+
+    @ray.method(concurrency_group=USER)
+    async def by_value_address(self) -> str:
+        """Where a router sends calls by value (``api.by_value``): ``host:port`` of this replica's
+        gRPC server, started on the user loop on the first ask (a replica nobody asks has none)."""
+        if self._by_value is None:
+            self._by_value = asyncio.ensure_future(by_value.start_server(
+                self._answer_by_value, ray.util.get_node_ip_address()))
+        _server, address = await asyncio.shield(self._by_value)
+        return address
+
+    async def _answer_by_value(self, data: bytes) -> bytes:
+        """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or
+        ``(False, RayTaskError)`` pickled. Its caller cancelling the gRPC call cancels this task."""
+        method, args, kwargs, request, key = by_value.decode(data)
+        try:
+            value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
+        except Exception as exc:
+            return by_value.failure(f"{type(self.instance).__name__}.{method}", exc)
+        try:
+            return by_value.encode((True, value))
+        except Exception as exc:  # (an answer that does not pickle: the caller gets why)
+            return by_value.failure(f"{type(self.instance).__name__}.{method}", exc)
 
     @ray.method(concurrency_group=USER)
     async def handle_progress(self, method: str, args: tuple, kwargs: dict,

@@ -60,6 +60,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
+from ..api import by_value
 from ..api.context import RequestContext, _serve_request_context, model_request
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
@@ -461,7 +462,9 @@ class IngressState:
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
         handle = self.handles[name] if method == "__call__" else getattr(self.handles[name], method)
-        handle = handle.options(progress=True) if sent is not None else handle  # (progress: says `running`)
+        # (progress: says `running`; a plain call goes by value unless RAY_SERVE_PROXY_USE_GRPC=0: api.by_value)
+        handle = handle.options(progress=True) if sent is not None else handle.options(
+            _by_reference=by_value.PROXY_BY_REFERENCE)
         self.in_flight[name] += 1
         response = None
         try:
@@ -879,7 +882,8 @@ class IngressState:
 
     def _queue(self, name: str) -> dict | None:
         """The deployment's queue as this ingress's handle counts it (``handle.counters()``:
-        ``in_queue``, ``in_flight``, answered, ..., ``lost``); None before its first call."""
+        ``in_queue``, ``in_flight``, answered, ..., ``lost``, and how many went by value: ``api.by_value``);
+        None before its first call."""
         import attrs
 
         try:
@@ -888,7 +892,8 @@ class IngressState:
             return None
         if c is None or not attrs.has(type(c)):
             return None
-        return _jsonable({**attrs.asdict(c), "lost": c.lost})
+        by_value = getattr(getattr(self.handles[name], "_router", None), "sent_by_value", 0)
+        return _jsonable({**attrs.asdict(c), "lost": c.lost, "sent_by_value": by_value})
 
 
 def _ask_controller(method: str, *args: Any, timeout: float = 5.0) -> Any:
