@@ -70,7 +70,8 @@ def decode(data: bytes) -> Any:
 def failure(function_name: str, exc: BaseException) -> bytes:
     """The answer for a call whose user method raised ``exc``: a ``RayTaskError`` as Ray makes
     one (the caller turns it into ``RayTaskError(<cause>)``: ``as_instanceof_cause``). An exception
-    that cannot be pickled travels as a ``RuntimeError`` with its text."""
+    that cannot be pickled travels as Ray sends one (``RayTaskError`` puts a ``RayError`` saying so,
+    with the traceback, in its place); one that still does not, as a ``RuntimeError`` with its text."""
     from ray.exceptions import RayTaskError
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

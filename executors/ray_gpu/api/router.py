@@ -107,6 +107,7 @@ WITNESSED = 64
 _ids = itertools.count()
 _loop: asyncio.AbstractEventLoop | None = None  # the progress calls' event loop (``_progress_loop``)
 _loop_lock = threading.Lock()
+_tasks: set[asyncio.Future] = set()  # by-value sends and channel closes under way (``_kept``)
 
 
 def _progress_loop() -> asyncio.AbstractEventLoop:
@@ -127,9 +128,15 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def _kept(task: asyncio.Future) -> None:
+    """Hold ``task`` until it ends (an event loop holds its tasks only weakly)."""
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
 def _close_soon(channel: Any) -> None:
     """Close a gRPC channel (on its loop's thread)."""
-    asyncio.ensure_future(channel.close())
+    _kept(asyncio.ensure_future(channel.close()))
 
 
 def idempotent(method: Any) -> Any:
@@ -468,7 +475,7 @@ class Router:
                     call.ref = sent = _SentByValue(_running_loop() or _progress_loop())
                     coro = self._send_by_value(sent, call, a.replica_id, address, data, actor)
                     if sent.loop is _running_loop():
-                        sent.loop.create_task(coro)
+                        _kept(sent.loop.create_task(coro))
                     else:
                         asyncio.run_coroutine_threadsafe(coro, sent.loop)
                     continue

@@ -1,0 +1,92 @@
+"""The by-value transport's pieces without Ray (executors/ray_gpu/api/by_value.py): what travels, the
+user's error as Ray raises it, and a call and its cancel over a real gRPC server in this process.
+The Ray side (a router, replicas, a replica's death) is tests/integration/test_ray_requests.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from ray.exceptions import RayTaskError
+
+from executors.ray_gpu.api import by_value
+
+
+def test_a_call_travels_pickled_and_what_plain_pickle_refuses_by_cloudpickle():
+    call = ("__call__", (1, "x", {"a": [1.5, None]}), {"k": b"\x00"}, ("/r", "id", "app", ""), 7)
+    assert by_value.decode(by_value.encode(call)) == call
+    square = by_value.decode(by_value.encode(lambda x: x * x))  # (a lambda: cloudpickle's)
+    assert square(7) == 49
+
+
+def test_the_users_error_comes_back_as_ray_raises_it_with_its_remote_traceback():
+    def user_method() -> None:
+        raise ValueError("bad input 3")
+
+    try:
+        user_method()
+    except ValueError as exc:
+        ok, err = by_value.decode(by_value.failure("Model.__call__", exc))
+    assert ok is False and isinstance(err, RayTaskError)
+    raised = err.as_instanceof_cause()
+    assert isinstance(raised, ValueError) and type(raised).__name__ == "RayTaskError(ValueError)"
+    assert "bad input 3" in str(raised) and "user_method" in str(raised)  # (the traceback, by name)
+
+
+def test_an_error_that_does_not_pickle_comes_back_as_ray_sends_one_with_its_text():
+    class Holding(Exception):
+        def __init__(self) -> None:
+            super().__init__("holds a lock")
+            self.lock = threading.Lock()
+
+    ok, err = by_value.decode(by_value.failure("Model.f", Holding()))
+    raised = err.as_instanceof_cause()  # (Ray's own: the cause said not serialisable, with its text)
+    assert ok is False and isinstance(raised, RayTaskError)
+    assert "holds a lock" in str(raised) and "Holding isn't serializable" in str(raised.cause)
+
+
+def test_a_call_and_a_cancel_over_a_replicas_server():
+    """The replica's side (``start_server``) and a router's (``channel``): an answer comes back; a call
+    the caller cancels cancels the server's task for it."""
+    async def scenario() -> tuple[bytes, bool]:
+        cancelled = asyncio.Event()
+
+        async def answer(data: bytes) -> bytes:
+            if data == b"wait":
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+            return data[::-1]
+
+        server, address = await by_value.start_server(answer, "127.0.0.1")
+        try:
+            ch = by_value.channel(address)
+            call = ch.unary_unary(by_value.METHOD)
+            got = await call(b"abc")
+            waiting = call(b"wait")
+            await asyncio.sleep(0.2)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            await asyncio.wait_for(cancelled.wait(), 10)
+            await ch.close()
+            return got, cancelled.is_set()
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(scenario()) == (b"cba", True)
+
+
+def test_an_unreachable_server_is_a_transport_error():
+    async def call() -> None:
+        ch = by_value.channel("127.0.0.1:1")  # (nothing listens on port 1)
+        try:
+            await ch.unary_unary(by_value.METHOD)(b"x", timeout=5)
+        finally:
+            await ch.close()
+
+    with pytest.raises(by_value.TransportError):
+        asyncio.run(call())
