@@ -484,3 +484,38 @@ def test_a_plain_call_by_value_a_dead_replica_had_begun_fails_and_one_it_had_not
     sent = hv._router.sent_by_value
     begun_and_waiting_then_killed(hv, "valued_witness")
     assert hv._router.sent_by_value >= sent + 2
+
+
+def test_calls_by_value_in_flight_on_a_draining_replica_finish_there():
+    """A scale-down drains the replica it stops: its calls by value already sent finish and are
+    answered (the router's channel to it closes only once they ended), as by reference."""
+    hv = _by_value("valued_drain", 2, max_ongoing_requests=2)
+    sent = hv._router.sent_by_value
+    calls = [hv.slow.remote(2.0) for _ in range(4)]  # (two on each replica)
+    time.sleep(0.5)
+    hv.scale(1, timeout=60)
+    answered_by = [c.result(timeout=60) for c in calls]
+    assert len(set(answered_by)) == 2, answered_by  # (the stopped replica answered its own two)
+    assert hv._router.sent_by_value == sent + 4
+    c = hv.counters()
+    assert c.failed == 0 and c.lost == 0
+
+
+class Front:
+    """Calls ``valued`` by value from its own ``async def`` (a replica is a router's process too)."""
+
+    def __init__(self, model: DeploymentHandle) -> None:
+        self.model = model.options(_by_reference=False)
+
+    async def __call__(self, x: int) -> tuple[int, int]:
+        return await self.model.double.remote(x), self.model._router.sent_by_value
+
+
+def test_a_replica_calls_another_deployment_by_value_from_its_async_method():
+    model = deployment(Valued, name="valued_back", num_replicas=1, ray_actor_options=OPTS)
+    h = run(deployment(Front, name="valued_front", num_replicas=1, ray_actor_options=OPTS).bind(model.bind()))
+    assert h.remote(1).result(timeout=60)[0] == 2
+    assert wait_for(lambda: h.remote(2).result(timeout=30)[1] > 0, 30)  # (once it knows the server)
+    answers = [h.remote(i).result(timeout=30) for i in range(5)]
+    assert [a[0] for a in answers] == [2 * i for i in range(5)]
+    assert answers[-1][1] - answers[0][1] == 4  # (each of them by value)

@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import pytest
+import ray
 from ray.exceptions import RayTaskError
 
 from executors.ray_gpu.api import by_value
@@ -18,6 +19,19 @@ def test_a_call_travels_pickled_and_what_plain_pickle_refuses_by_cloudpickle():
     assert by_value.decode(by_value.encode(call)) == call
     square = by_value.decode(by_value.encode(lambda x: x * x))  # (a lambda: cloudpickle's)
     assert square(7) == 49
+
+
+def test_a_ray_object_ref_anywhere_inside_or_too_many_bytes_do_not_go_by_value():
+    """Its router then sends the call as a Ray call: a ref's owner travels only with Ray's own
+    serialisation; a large call is stopped as soon as it is too large, not pickled whole first."""
+    ref = ray.ObjectRef(b"\x01" * 28)
+    for call in (("f", (ref,), {}), ("f", ([{"deep": ref}],), {}), ("f", (), {"k": (1, ref)}),
+                 ("f", (lambda: ref,), {})):  # (the last by cloudpickle: a closure holding it)
+        with pytest.raises(by_value.NotByValue, match="ObjectRef"):
+            by_value.encode(call)
+    with pytest.raises(by_value.NotByValue, match="more than 1000 bytes"):
+        by_value.encode(("f", (b"x" * 5000,), {}), most=1000)
+    assert by_value.decode(by_value.encode(("f", (b"x" * 500,), {}), most=1000)) == ("f", (b"x" * 500,), {})
 
 
 def test_the_users_error_comes_back_as_ray_raises_it_with_its_remote_traceback():

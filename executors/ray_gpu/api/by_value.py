@@ -17,24 +17,30 @@ only the bytes' way differs.
 * A call whose caller cancels it (``CancelOnReplica``) cancels its gRPC call; gRPC cancels the
   replica's handler task there, as ``ray.cancel`` does an async actor task.
 * What goes by reference anyway: streams and progress calls (Ray's streaming generators), a call
-  whose arguments hold a Ray ``ObjectRef`` (its ownership travels only with Ray's serialisation) or
-  that cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES`` (Ray's object store moves large
-  data without copies), and any call to a replica whose address the router does not know yet.
+  holding a Ray ``ObjectRef`` at any depth (its owner travels only with Ray's serialisation) or that
+  cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES`` (Ray's object store moves large data
+  without copies), and any call to a replica whose address the router does not know yet.
+* A process sends from one loop (``sending_loop``): the HTTP ingress's own, else one of this
+  module's, never a user's (one blocked by a ``.result()`` would block its own call).
 * Anybody who can reach the port can have the replica unpickle bytes, as with Ray's own ports and
   Serve's transport: run it on a network you trust.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import socket
+import threading
 import traceback
 from typing import Any
 
 import grpc
+import ray
 
-__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "TransportError", "encode", "decode", "failure", "start_server", "channel"]
+__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "TransportError", "NotByValue", "encode", "decode", "failure",
+           "start_server", "channel", "sending_loop", "set_home_loop"]
 
 #: a handle's default way (``handle.options(_by_reference=...)`` not given): Serve's
 #: ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1`` sends by value, else by reference (Serve's default)
@@ -48,19 +54,85 @@ METHOD = "/rankcore.Replica/Call"
 #: a call's pickled bytes above this go by reference (Serve's ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``
 #: default, 4 MiB); an answer may be larger (``_LIMITS``)
 MAX_BY_VALUE_BYTES = 4 * 1024 * 1024
-#: what one message may hold either way (gRPC's own default refuses answers above 4 MiB)
+#: what one message may hold either way (gRPC's own default refuses answers above 4 MiB; 2 GiB is gRPC's most)
 _LIMITS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
+#: a channel pings its server while it has calls, so a call to a replica cut off by the network fails
+#: within about 30 s instead of waiting for the controller; the server takes pings that often
+_CLIENT = [*_LIMITS, ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
+           ("grpc.keepalive_permit_without_calls", 0)]
+_SERVER = [*_LIMITS, ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+           ("grpc.http2.max_ping_strikes", 0)]
+#: how long a router's channel to a replica that left its pool waits for the calls on it to end
+CLOSE_GRACE_S = 600.0
+#: the status a call gets when its replica could not be reached (then Ray is asked whether it lives)
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 
-def encode(value: Any) -> bytes:
-    """``value`` pickled (protocol 5); what plain pickle refuses (a lambda, a class defined in
-    ``__main__``) by Ray's cloudpickle, which the other side reads with plain ``pickle.loads``."""
-    try:
-        return pickle.dumps(value, protocol=5)
-    except (pickle.PicklingError, TypeError, AttributeError):
+class NotByValue(Exception):
+    """What cannot go by value: a Ray ``ObjectRef`` inside (its owner travels only with Ray's own
+    serialisation), or more bytes than allowed."""
+
+
+#: what never travels by value, at any depth
+_REFS = (ray.ObjectRef, ray.ObjectRefGenerator)
+
+
+class _Capped:
+    """A pickler's file: keeps what it is given, refusing past ``most`` bytes (None: no limit), so a
+    large call stops being pickled as soon as it is too large."""
+
+    def __init__(self, most: int | None) -> None:
+        self.parts: list[Any] = []
+        self.size, self.most = 0, most
+
+    def write(self, data: Any) -> int:
+        n = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        self.size += n
+        if self.most is not None and self.size > self.most:
+            raise NotByValue(f"more than {self.most} bytes pickled")
+        self.parts.append(bytes(data) if not isinstance(data, bytes) else data)
+        return n
+
+
+def _refuse(obj: Any) -> Any:
+    if isinstance(obj, _REFS):
+        raise NotByValue(f"a Ray {type(obj).__name__} cannot travel by value")
+    return NotImplemented
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        return _refuse(obj)
+
+
+_cloud_pickler: Any = None
+
+
+def _cloudpickler() -> Any:
+    global _cloud_pickler
+    if _cloud_pickler is None:
         from ray import cloudpickle
 
-        return cloudpickle.dumps(value, protocol=5)
+        class CloudPickler(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                _refuse(obj)
+                return super().reducer_override(obj)
+
+        _cloud_pickler = CloudPickler
+    return _cloud_pickler
+
+
+def encode(value: Any, most: int | None = None) -> bytes:
+    """``value`` pickled (protocol 5); what plain pickle refuses (a lambda, a class defined in
+    ``__main__``) by Ray's cloudpickle, which the other side reads with plain ``pickle.loads``.
+    ``NotByValue`` for a Ray ``ObjectRef`` anywhere inside, or past ``most`` bytes."""
+    out = _Capped(most)
+    try:
+        _Pickler(out, protocol=5).dump(value)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        out = _Capped(most)
+        _cloudpickler()(out, protocol=5).dump(value)
+    return b"".join(out.parts)
 
 
 def decode(data: bytes) -> Any:
@@ -91,7 +163,7 @@ async def start_server(answer: Any, host: str) -> tuple[Any, str]:
 
     handler = grpc.method_handlers_generic_handler(
         "rankcore.Replica", {"Call": grpc.unary_unary_rpc_method_handler(call)})
-    server = grpc.aio.server(options=_LIMITS)
+    server = grpc.aio.server(options=_SERVER)
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port(f"{_bracketed(host)}:0")
     await server.start()
@@ -100,7 +172,34 @@ async def start_server(answer: Any, host: str) -> tuple[Any, str]:
 
 def channel(address: str) -> Any:
     """A channel to a replica's server, made on (and only for) the running loop."""
-    return grpc.aio.insecure_channel(address, options=_LIMITS)
+    return grpc.aio.insecure_channel(address, options=_CLIENT)
+
+
+_home: asyncio.AbstractEventLoop | None = None  # the HTTP ingress's loop, in its process (``set_home_loop``)
+_own: asyncio.AbstractEventLoop | None = None  # else a loop of this module's own, on a daemon thread
+_own_lock = threading.Lock()
+
+
+def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Send this process's by-value calls on ``loop``: the HTTP ingress's, which lives as long as its
+    process and never blocks, so a call sent from it needs no hop to another thread. A process
+    without one (a driver, a replica calling another) sends on a loop of this module's own: a loop
+    its user's code could block (a ``.result()`` inside an ``async def``) must not be the one."""
+    global _home
+    _home = loop
+
+
+def sending_loop() -> asyncio.AbstractEventLoop:
+    """The one event loop this process sends by-value calls on (one gRPC client loop a process)."""
+    global _own
+    home = _home
+    if home is not None and not home.is_closed():
+        return home
+    with _own_lock:
+        if _own is None or _own.is_closed():
+            _own = asyncio.new_event_loop()
+            threading.Thread(target=_own.run_forever, name="rankcore-by-value", daemon=True).start()
+        return _own
 
 
 def _bracketed(host: str) -> str:

@@ -135,8 +135,9 @@ def _kept(task: asyncio.Future) -> None:
 
 
 def _close_soon(channel: Any) -> None:
-    """Close a gRPC channel (on its loop's thread)."""
-    _kept(asyncio.ensure_future(channel.close()))
+    """Close a gRPC channel (on its loop's thread) once the calls on it ended: a draining replica's
+    calls finish; a dead one's fail anyway."""
+    _kept(asyncio.ensure_future(channel.close(grace=by_value.CLOSE_GRACE_S)))
 
 
 def idempotent(method: Any) -> Any:
@@ -226,8 +227,8 @@ class Router:
         self.no_by_value: set[str] = set()
         self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
         self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
-        #: (loop, address) -> a gRPC channel made on that loop, used there only
-        self._channels: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
+        #: address -> a gRPC channel, made and used on ``by_value.sending_loop()`` only
+        self._channels: dict[str, Any] = {}
         self.polls = 0  # long-poll answers taken (tests)
         #: the last WITNESSED witnesses asked (tests, benchmarks): (replica, calls asked about, of them never
         #: begun; None: unknown); bounded, as a router lives as long as its handle, through any number of deaths
@@ -331,71 +332,86 @@ class Router:
             except Exception:  # (it died, or could not start a server: by reference)
                 self.no_by_value.add(rid)
                 return
-            if self.actors.get(rid) is actor:
+            if self.actors.get(rid) == actor:  # (still serving: the same actor, in a newer pool answer)
                 self.addresses[rid] = address
 
     def _forget_address(self, rid: str) -> None:
-        """``rid`` left the pool (under the lock): its channel is closed on the loop that made it."""
+        """``rid`` left the pool, or its server failed (under the lock): no new call goes there by
+        value, and its channel is closed once the calls on it ended (a draining replica's finish)."""
         address = self.addresses.pop(rid, None)
         if address is not None and address not in self.addresses.values():
-            for loop, addr in [k for k in self._channels if k[1] == address]:
-                ch = self._channels.pop((loop, addr))
+            loop = by_value.sending_loop()
+            ch = self._channels.pop(address, None)
+            if ch is not None:
                 with contextlib.suppress(RuntimeError):  # (its loop closed: so is the channel)
                     loop.call_soon_threadsafe(_close_soon, ch)
 
     def _by_value_bytes(self, call: Call) -> bytes | None:
         """``call`` pickled for its replica's server, or None when it goes by reference (``by_value``'s
-        docstring: a Ray ``ObjectRef`` among its arguments, bytes that do not pickle or are too many)."""
-        values = (*call.args, *call.kwargs.values())
-        if any(isinstance(v, ray.ObjectRef) for v in values):
-            return None
+        docstring: a Ray ``ObjectRef`` anywhere in its arguments, bytes that do not pickle or would be
+        more than ``MAX_BY_VALUE_BYTES``: pickling stops there)."""
         try:
-            data = by_value.encode((call.method, call.args, call.kwargs, to_wire(call.request), call.key))
-        except Exception:
+            return by_value.encode((call.method, call.args, call.kwargs, to_wire(call.request), call.key),
+                                   most=by_value.MAX_BY_VALUE_BYTES)
+        except Exception:  # (by_value.NotByValue, or what pickling raised)
             return None
-        return data if len(data) <= by_value.MAX_BY_VALUE_BYTES else None
 
     async def _send_by_value(self, sent: _SentByValue, call: Call, rid: str, address: str, data: bytes,
                              actor: Any) -> None:
-        """One call over its replica's gRPC server (on the progress loop), answered as a Ray call is:
-        the value, the user's error as ``RayTaskError(<cause>)``, a cancelled call (``sent.cancel``)
-        as Ray's ``TaskCancelledError``, an unreachable replica as ``_unreachable`` says."""
+        """One call over its replica's gRPC server (on ``sent.loop``), answered as a Ray call is: the
+        value, the user's error as ``RayTaskError(<cause>)``, a call its caller cancelled
+        (``sent.cancel``) as Ray's ``TaskCancelledError``, a failure on the way as ``_failed_on_way``
+        says. ``_answer`` is called whatever happens, so the machine's slot is always given back."""
         req = call.request_id
         value: Any = None
         exc: BaseException | None = None
         try:
             if sent.cancelled:  # (cancelled before it was sent)
                 raise asyncio.CancelledError
-            ch = self._channels.get((sent.loop, address))
+            ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[sent.loop, address] = by_value.channel(address)
+                ch = self._channels[address] = by_value.channel(address)
             sent.rpc = ch.unary_unary(by_value.METHOD)(data)
-            ok, value = by_value.decode(await sent.rpc)
+            raw = await sent.rpc
+            try:
+                ok, value = by_value.decode(raw)
+            except Exception as e:  # (an answer this process cannot unpickle: a class it lacks)
+                raise RuntimeError(f"the answer of {self.name!r} replica {rid} to {call.method!r} could not be "
+                                   f"unpickled here: {type(e).__name__}: {e}") from e
             if not ok:
                 value, exc = None, value.as_instanceof_cause()
-        except asyncio.CancelledError:  # (``CancelOnReplica``: gRPC cancels the replica's task)
-            exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
-        except by_value.TransportError as e:
-            exc = await self._unreachable(rid, address, actor, e)
-        except Exception as e:  # (an answer this process cannot unpickle: the caller's error)
-            exc = e
+        except BaseException as e:  # (sorted: cancelled, failed on its way, or the error above)
+            value = None
+            if isinstance(e, asyncio.CancelledError) and sent.cancelled:  # (gRPC cancels the replica's task)
+                exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
+            elif isinstance(e, (by_value.TransportError, asyncio.CancelledError)):
+                exc = await self._failed_on_way(call, rid, address, actor, e)
+            else:
+                exc = e
         self._answer(req, rid, value, exc)
 
-    async def _unreachable(self, rid: str, address: str, actor: Any, exc: BaseException) -> BaseException:
-        """A by-value call to ``rid`` failed on its way: its replica died (Ray says so: the error a Ray
-        call would have had, and ``_answer`` treats it as a Ray call's), or it lives but its server
-        did not answer: by reference from now on, and this call's replica counted unavailable."""
+    async def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any,
+                             exc: BaseException) -> BaseException:
+        """A by-value call to ``rid`` failed on its way, or its channel was closed under it. If its
+        replica is dead (Ray says so), the error a Ray call would have had: ``_answer`` then treats
+        it as a Ray call's (the witness, retries). Else its server failed this call: by reference to
+        that replica from now on, and this call alone fails (``rankcore.Unavailable``, naming the gRPC
+        status), the replica's others untouched. Never raises (the caller must answer the call)."""
         try:
-            await asyncio.wait_for(asyncio.wrap_future(actor.pid.remote().future()), UNREACHABLE_PROBE_S)
+            if isinstance(exc, by_value.TransportError) and exc.code() == by_value.UNAVAILABLE:
+                await asyncio.wait_for(asyncio.wrap_future(actor.pid.remote().future()), UNREACHABLE_PROBE_S)
         except (RayActorError, ActorUnavailableError) as dead:
             return dead
-        except Exception:  # (no answer in time)
+        except BaseException:  # (no answer in time, or this task cancelled meanwhile: as alive)
             pass
         with self.lock:
             self.no_by_value.add(rid)
             self._forget_address(rid)
-        code = exc.code().name if isinstance(exc, by_value.TransportError) else type(exc).__name__
-        return ActorUnavailableError(f"replica {rid}'s by-value server at {address} failed a call: {code}", None)
+        why = (f"{exc.code().name}: {exc.details()}" if isinstance(exc, by_value.TransportError)
+               else "its channel was closed")
+        return rc.Unavailable(f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its "
+                              f"way ({why}); its calls go by reference from now on", deployment=self.name,
+                              request_id=call.request_id, replica_id=rid)
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
@@ -470,9 +486,10 @@ class Router:
                     continue
                 if call.by_value and (address := self.addresses.get(a.replica_id)) is not None and (
                         data := self._by_value_bytes(call)) is not None:
-                    # (on this thread's loop when it runs one, the HTTP ingress's: no hop to another thread)
+                    # (sent on the process's one sending loop: straight from this thread when it runs
+                    # that loop, the HTTP ingress's own, else handed to it)
                     self.sent_by_value += 1
-                    call.ref = sent = _SentByValue(_running_loop() or _progress_loop())
+                    call.ref = sent = _SentByValue(by_value.sending_loop())
                     coro = self._send_by_value(sent, call, a.replica_id, address, data, actor)
                     if sent.loop is _running_loop():
                         _kept(sent.loop.create_task(coro))
@@ -491,7 +508,8 @@ class Router:
                 held = self.calls.pop(a.request_id, None)
                 if held is not None and held.ref is not None:
                     if type(held.ref) is _SentByValue:  # (its gRPC call is cancelled)
-                        held.ref.loop.call_soon_threadsafe(held.ref.cancel)
+                        with contextlib.suppress(RuntimeError):  # (its loop closed: so is the call)
+                            held.ref.loop.call_soon_threadsafe(held.ref.cancel)
                     else:
                         ray.cancel(held.ref)
                     if held.stream:  # (nobody reads its end now: the machine frees its slot when the task ends)

@@ -587,8 +587,9 @@ class ReplicaActor:
     async def _answer_by_value(self, data: bytes) -> bytes:
         """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or
         ``(False, RayTaskError)`` pickled. Its caller cancelling the gRPC call cancels this task."""
-        method, args, kwargs, request, key = by_value.decode(data)
+        method = "handle_call"
         try:
+            method, args, kwargs, request, key = by_value.decode(data)  # (a class missing here: the caller's error)
             value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
         except Exception as exc:
             return by_value.failure(f"{type(self.instance).__name__}.{method}", exc)
