@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
+import grpc
 import pytest
 import ray
 from ray.exceptions import RayTaskError
@@ -61,46 +63,45 @@ def test_an_error_that_does_not_pickle_comes_back_as_ray_sends_one_with_its_text
 
 
 def test_a_call_and_a_cancel_over_a_replicas_server():
-    """The replica's side (``start_server``) and a router's (``channel``): an answer comes back; a call
-    the caller cancels cancels the server's task for it."""
-    async def scenario() -> tuple[bytes, bool]:
-        cancelled = asyncio.Event()
+    """The replica's side (``start_server``, on an event loop of its own thread here) and a router's
+    (``channel``, gRPC's threaded client): an answer comes back; a call the caller cancels cancels
+    the server's task for it."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    cancelled = threading.Event()
 
-        async def answer(data: bytes) -> bytes:
-            if data == b"wait":
-                try:
-                    await asyncio.sleep(60)
-                except asyncio.CancelledError:
-                    cancelled.set()
-                    raise
-            return data[::-1]
+    async def answer(data: bytes) -> bytes:
+        if data == b"wait":
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return data[::-1]
 
-        server, address = await by_value.start_server(answer, "127.0.0.1")
-        try:
-            ch = by_value.channel(address)
-            call = ch.unary_unary(by_value.METHOD)
-            got = await call(b"abc")
-            waiting = call(b"wait")
-            await asyncio.sleep(0.2)
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
-            await asyncio.wait_for(cancelled.wait(), 10)
-            await ch.close()
-            return got, cancelled.is_set()
-        finally:
-            await server.stop(None)
-
-    assert asyncio.run(scenario()) == (b"cba", True)
+    server, address = asyncio.run_coroutine_threadsafe(by_value.start_server(answer, "127.0.0.1"), loop).result(10)
+    ch = by_value.channel(address)
+    try:
+        call = ch.unary_unary(by_value.METHOD)
+        assert call.future(b"abc").result(timeout=10) == b"cba"
+        waiting = call.future(b"wait")
+        time.sleep(0.2)
+        assert waiting.cancel() and waiting.cancelled()
+        assert cancelled.wait(10), "the server's task was not cancelled"
+    finally:
+        ch.close()
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
-def test_an_unreachable_server_is_a_transport_error():
-    async def call() -> None:
-        ch = by_value.channel("127.0.0.1:1")  # (nothing listens on port 1)
-        try:
-            await ch.unary_unary(by_value.METHOD)(b"x", timeout=5)
-        finally:
-            await ch.close()
-
-    with pytest.raises(by_value.TransportError):
-        asyncio.run(call())
+def test_an_unreachable_server_is_unavailable():
+    ch = by_value.channel("127.0.0.1:1")  # (nothing listens on port 1)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            ch.unary_unary(by_value.METHOD).future(b"x", timeout=5).result()
+        assert err.value.code() == by_value.UNAVAILABLE
+    finally:
+        ch.close()

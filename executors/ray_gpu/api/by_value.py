@@ -20,27 +20,24 @@ only the bytes' way differs.
   holding a Ray ``ObjectRef`` at any depth (its owner travels only with Ray's serialisation) or that
   cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES`` (Ray's object store moves large data
   without copies), and any call to a replica whose address the router does not know yet.
-* A process sends from one loop (``sending_loop``): the HTTP ingress's own, else one of this
-  module's, never a user's (one blocked by a ``.result()`` would block its own call).
+* A router sends with gRPC's threaded client (``channel``): no event loop of its own or the caller's.
 * Anybody who can reach the port can have the replica unpickle bytes, as with Ray's own ports and
   Serve's transport: run it on a network you trust.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import pickle
 import socket
-import threading
 import traceback
 from typing import Any
 
 import grpc
 import ray
 
-__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "TransportError", "NotByValue", "encode", "decode", "failure",
-           "start_server", "channel", "sending_loop", "set_home_loop"]
+__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "NotByValue", "encode", "decode", "failure",
+           "start_server", "channel"]
 
 #: a handle's default way (``handle.options(_by_reference=...)`` not given): Serve's
 #: ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1`` sends by value, else by reference (Serve's default)
@@ -62,8 +59,6 @@ _CLIENT = [*_LIMITS, ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeou
            ("grpc.keepalive_permit_without_calls", 0)]
 _SERVER = [*_LIMITS, ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
            ("grpc.http2.max_ping_strikes", 0)]
-#: how long a router's channel to a replica that left its pool waits for the calls on it to end
-CLOSE_GRACE_S = 600.0
 #: the status a call gets when its replica could not be reached (then Ray is asked whether it lives)
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
@@ -171,35 +166,12 @@ async def start_server(answer: Any, host: str) -> tuple[Any, str]:
 
 
 def channel(address: str) -> Any:
-    """A channel to a replica's server, made on (and only for) the running loop."""
-    return grpc.aio.insecure_channel(address, options=_CLIENT)
-
-
-_home: asyncio.AbstractEventLoop | None = None  # the HTTP ingress's loop, in its process (``set_home_loop``)
-_own: asyncio.AbstractEventLoop | None = None  # else a loop of this module's own, on a daemon thread
-_own_lock = threading.Lock()
-
-
-def set_home_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Send this process's by-value calls on ``loop``: the HTTP ingress's, which lives as long as its
-    process and never blocks, so a call sent from it needs no hop to another thread. A process
-    without one (a driver, a replica calling another) sends on a loop of this module's own: a loop
-    its user's code could block (a ``.result()`` inside an ``async def``) must not be the one."""
-    global _home
-    _home = loop
-
-
-def sending_loop() -> asyncio.AbstractEventLoop:
-    """The one event loop this process sends by-value calls on (one gRPC client loop a process)."""
-    global _own
-    home = _home
-    if home is not None and not home.is_closed():
-        return home
-    with _own_lock:
-        if _own is None or _own.is_closed():
-            _own = asyncio.new_event_loop()
-            threading.Thread(target=_own.run_forever, name="rankcore-by-value", daemon=True).start()
-        return _own
+    """A channel to a replica's server: gRPC's threaded client (``unary_unary(METHOD).future(data)``),
+    which any thread may call and cancel, with no event loop: a caller that blocks its own loop (a
+    ``.result()`` inside an ``async def``) cannot block its call, and none waits for a hop to a
+    sending loop's thread (0.94 ms p50 a call here against 1.1-1.2 ms for ``grpc.aio`` on another
+    thread's loop, on this project's 2-core machine)."""
+    return grpc.insecure_channel(address, options=_CLIENT)
 
 
 def _bracketed(host: str) -> str:
@@ -210,6 +182,3 @@ def _bracketed(host: str) -> str:
     return f"[{host}]"
 
 
-#: a by-value call failed on its way (the replica unreachable, its process gone), not in the user's
-#: method (whose error comes back as an answer)
-TransportError = grpc.aio.AioRpcError

@@ -66,6 +66,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import grpc
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
 
@@ -107,7 +108,6 @@ WITNESSED = 64
 _ids = itertools.count()
 _loop: asyncio.AbstractEventLoop | None = None  # the progress calls' event loop (``_progress_loop``)
 _loop_lock = threading.Lock()
-_tasks: set[asyncio.Future] = set()  # by-value sends and channel closes under way (``_kept``)
 
 
 def _progress_loop() -> asyncio.AbstractEventLoop:
@@ -119,25 +119,6 @@ def _progress_loop() -> asyncio.AbstractEventLoop:
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="rankcore-progress", daemon=True).start()
         return _loop
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _kept(task: asyncio.Future) -> None:
-    """Hold ``task`` until it ends (an event loop holds its tasks only weakly)."""
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-
-
-def _close_soon(channel: Any) -> None:
-    """Close a gRPC channel (on its loop's thread) once the calls on it ended: a draining replica's
-    calls finish; a dead one's fail anyway."""
-    _kept(asyncio.ensure_future(channel.close(grace=by_value.CLOSE_GRACE_S)))
 
 
 def idempotent(method: Any) -> Any:
@@ -178,23 +159,6 @@ class Call:
         self.router.cancel(self.request_id)
 
 
-class _SentByValue:
-    """A call sent by value (``Call.ref``): its gRPC call once made, cancelled on ``loop``, the one
-    that sends it (a cancel that comes first stops it being sent)."""
-
-    __slots__ = ("loop", "rpc", "cancelled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.rpc: Any = None
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        if self.rpc is not None:
-            self.rpc.cancel()
-
-
 class Router:
     """The request path of one deployment in this process (module docstring)."""
 
@@ -227,8 +191,10 @@ class Router:
         self.no_by_value: set[str] = set()
         self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
         self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
-        #: address -> a gRPC channel, made and used on ``by_value.sending_loop()`` only
-        self._channels: dict[str, Any] = {}
+        #: address -> [a gRPC channel, its calls in flight]; those of replicas gone from the pool close
+        #: once their calls ended (``_closing``): a draining replica finishes what it has
+        self._channels: dict[str, list] = {}
+        self._closing: set[str] = set()
         self.polls = 0  # long-poll answers taken (tests)
         #: the last WITNESSED witnesses asked (tests, benchmarks): (replica, calls asked about, of them never
         #: begun; None: unknown); bounded, as a router lives as long as its handle, through any number of deaths
@@ -337,14 +303,20 @@ class Router:
 
     def _forget_address(self, rid: str) -> None:
         """``rid`` left the pool, or its server failed (under the lock): no new call goes there by
-        value, and its channel is closed once the calls on it ended (a draining replica's finish)."""
+        value, and its channel closes once the calls on it ended (a draining replica's finish)."""
         address = self.addresses.pop(rid, None)
         if address is not None and address not in self.addresses.values():
-            loop = by_value.sending_loop()
-            ch = self._channels.pop(address, None)
-            if ch is not None:
-                with contextlib.suppress(RuntimeError):  # (its loop closed: so is the channel)
-                    loop.call_soon_threadsafe(_close_soon, ch)
+            self._closing.add(address)
+            self._close_idle(address)
+
+    def _close_idle(self, address: str) -> None:
+        """Close ``address``'s channel if it is to close and no call is on it (under the lock)."""
+        held = self._channels.get(address)
+        if address in self._closing and (held is None or held[1] == 0):
+            self._closing.discard(address)
+            if held is not None:
+                del self._channels[address]
+                held[0].close()
 
     def _by_value_bytes(self, call: Call) -> bytes | None:
         """``call`` pickled for its replica's server, or None when it goes by reference (``by_value``'s
@@ -356,59 +328,66 @@ class Router:
         except Exception:  # (by_value.NotByValue, or what pickling raised)
             return None
 
-    async def _send_by_value(self, sent: _SentByValue, call: Call, rid: str, address: str, data: bytes,
-                             actor: Any) -> None:
-        """One call over its replica's gRPC server (on ``sent.loop``), answered as a Ray call is: the
-        value, the user's error as ``RayTaskError(<cause>)``, a call its caller cancelled
-        (``sent.cancel``) as Ray's ``TaskCancelledError``, a failure on the way as ``_failed_on_way``
-        says. ``_answer`` is called whatever happens, so the machine's slot is always given back."""
-        req = call.request_id
+    def _send_by_value(self, call: Call, rid: str, address: str, data: bytes, actor: Any) -> None:
+        """Send ``call`` over its replica's gRPC server (under the lock; gRPC's own threads carry it, so
+        no event loop is needed and any thread may send or cancel: ``call.ref`` is gRPC's future).
+        ``_by_value_ended`` answers it, whatever happens."""
+        self._closing.discard(address)  # (a replica back in the pool: its channel stays)
+        held = self._channels.get(address)
+        if held is None:
+            held = self._channels[address] = [by_value.channel(address), 0]
+        held[1] += 1
+        self.sent_by_value += 1
+        call.ref = fut = held[0].unary_unary(by_value.METHOD).future(data)
+        fut.add_done_callback(lambda f, c=call, rid=rid, a=address, actor=actor: self._by_value_ended(
+            f, c, rid, a, actor))
+
+    def _by_value_ended(self, fut: Any, call: Call, rid: str, address: str, actor: Any) -> None:
+        """A call by value ended (on gRPC's thread): the value, the user's error as Ray raises it
+        (``RayTaskError(<cause>)``), a call its caller cancelled as Ray's ``TaskCancelledError``; a
+        failure on its way is sorted on another thread (``_failed_on_way`` asks Ray)."""
+        with self.lock:
+            held = self._channels.get(address)
+            if held is not None:
+                held[1] -= 1
+                self._close_idle(address)
         value: Any = None
         exc: BaseException | None = None
-        try:
-            if sent.cancelled:  # (cancelled before it was sent)
-                raise asyncio.CancelledError
-            ch = self._channels.get(address)
-            if ch is None:
-                ch = self._channels[address] = by_value.channel(address)
-            sent.rpc = ch.unary_unary(by_value.METHOD)(data)
-            raw = await sent.rpc
+        if fut.cancelled():  # (``CancelOnReplica``: gRPC cancels the replica's task)
+            exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
+        elif (err := fut.exception()) is not None:
+            self._later(lambda: self._answer(call.request_id, rid, None,
+                                             self._failed_on_way(call, rid, address, actor, err)))
+            return
+        else:
             try:
-                ok, value = by_value.decode(raw)
+                ok, value = by_value.decode(fut.result())
             except Exception as e:  # (an answer this process cannot unpickle: a class it lacks)
-                raise RuntimeError(f"the answer of {self.name!r} replica {rid} to {call.method!r} could not be "
-                                   f"unpickled here: {type(e).__name__}: {e}") from e
-            if not ok:
-                value, exc = None, value.as_instanceof_cause()
-        except BaseException as e:  # (sorted: cancelled, failed on its way, or the error above)
-            value = None
-            if isinstance(e, asyncio.CancelledError) and sent.cancelled:  # (gRPC cancels the replica's task)
-                exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
-            elif isinstance(e, (by_value.TransportError, asyncio.CancelledError)):
-                exc = await self._failed_on_way(call, rid, address, actor, e)
+                exc = RuntimeError(f"the answer of {self.name!r} replica {rid} to {call.method!r} could not be "
+                                   f"unpickled here: {type(e).__name__}: {e}")
             else:
-                exc = e
-        self._answer(req, rid, value, exc)
+                if not ok:
+                    value, exc = None, value.as_instanceof_cause()
+        self._answer(call.request_id, rid, value, exc)
 
-    async def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any,
-                             exc: BaseException) -> BaseException:
-        """A by-value call to ``rid`` failed on its way, or its channel was closed under it. If its
-        replica is dead (Ray says so), the error a Ray call would have had: ``_answer`` then treats
-        it as a Ray call's (the witness, retries). Else its server failed this call: by reference to
-        that replica from now on, and this call alone fails (``rankcore.Unavailable``, naming the gRPC
-        status), the replica's others untouched. Never raises (the caller must answer the call)."""
-        try:
-            if isinstance(exc, by_value.TransportError) and exc.code() == by_value.UNAVAILABLE:
-                await asyncio.wait_for(asyncio.wrap_future(actor.pid.remote().future()), UNREACHABLE_PROBE_S)
-        except (RayActorError, ActorUnavailableError) as dead:
-            return dead
-        except BaseException:  # (no answer in time, or this task cancelled meanwhile: as alive)
-            pass
+    def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any, exc: BaseException) -> BaseException:
+        """A by-value call to ``rid`` failed on its way (on a thread of its own: it may ask Ray). If the
+        replica could not be reached and is dead (Ray says so), the error a Ray call would have had:
+        ``_answer`` then treats it as a Ray call's (the witness, retries). Else its server failed this
+        call: by reference to that replica from now on, and this call alone fails
+        (``rankcore.Unavailable``, naming the gRPC status), the replica's others untouched."""
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        if code == by_value.UNAVAILABLE:
+            try:
+                ray.get(actor.pid.remote(), timeout=UNREACHABLE_PROBE_S)
+            except (RayActorError, ActorUnavailableError) as dead:
+                return dead
+            except Exception:  # (no answer in time: as alive)
+                pass
         with self.lock:
             self.no_by_value.add(rid)
             self._forget_address(rid)
-        why = (f"{exc.code().name}: {exc.details()}" if isinstance(exc, by_value.TransportError)
-               else "its channel was closed")
+        why = f"{code.name}: {exc.details()}" if isinstance(exc, grpc.Call) and code is not None else repr(exc)
         return rc.Unavailable(f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its "
                               f"way ({why}); its calls go by reference from now on", deployment=self.name,
                               request_id=call.request_id, replica_id=rid)
@@ -486,15 +465,7 @@ class Router:
                     continue
                 if call.by_value and (address := self.addresses.get(a.replica_id)) is not None and (
                         data := self._by_value_bytes(call)) is not None:
-                    # (sent on the process's one sending loop: straight from this thread when it runs
-                    # that loop, the HTTP ingress's own, else handed to it)
-                    self.sent_by_value += 1
-                    call.ref = sent = _SentByValue(by_value.sending_loop())
-                    coro = self._send_by_value(sent, call, a.replica_id, address, data, actor)
-                    if sent.loop is _running_loop():
-                        _kept(sent.loop.create_task(coro))
-                    else:
-                        asyncio.run_coroutine_threadsafe(coro, sent.loop)
+                    self._send_by_value(call, a.replica_id, address, data, actor)
                     continue
                 call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
                                                           call.key))
@@ -507,9 +478,8 @@ class Router:
             elif kind is CancelOnReplica:
                 held = self.calls.pop(a.request_id, None)
                 if held is not None and held.ref is not None:
-                    if type(held.ref) is _SentByValue:  # (its gRPC call is cancelled)
-                        with contextlib.suppress(RuntimeError):  # (its loop closed: so is the call)
-                            held.ref.loop.call_soon_threadsafe(held.ref.cancel)
+                    if isinstance(held.ref, grpc.Future):  # (by value: gRPC cancels the replica's task)
+                        held.ref.cancel()
                     else:
                         ray.cancel(held.ref)
                     if held.stream:  # (nobody reads its end now: the machine frees its slot when the task ends)

@@ -1345,7 +1345,6 @@ class HttpIngress:
 
     async def _serve(self, sock: socket.socket, host: str, grpc_port: int | None) -> None:
         self.loop = asyncio.get_running_loop()
-        by_value.set_home_loop(self.loop)  # (its calls by value are sent from this loop: no thread hop)
         if self.grpc is not None:
             try:
                 await self.grpc.start(host, grpc_port or 0)
