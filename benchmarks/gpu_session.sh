@@ -11,6 +11,7 @@
 #     bash benchmarks/gpu_session.sh                 # there (device tool, carry [".whl"]): all steps
 #     bash benchmarks/gpu_session.sh tiers1 share    # only these (names below)
 #     bash benchmarks/gpu_session.sh env http proxies httpraw floor proxiesgen  # issue 38's ingress figures, quiet host
+#     bash benchmarks/gpu_session.sh env floor floorref floorvalue byvalue     # issue 38's floor: by value and by reference
 #     bash benchmarks/gpu_session.sh --before REV    # here: .before/ holds REV's code (git-ignored), for
 #     bash benchmarks/gpu_session.sh env before floor httpraw  # there: REV's one-client floor beside this tree's
 # (the steps named run in this file's order, not the command line's)
@@ -106,6 +107,13 @@ step httpraw 200 python3 benchmarks/bench_http.py --paths http --clients 1,16,64
     --json $OUT/before.json"
 step floor 200 python3 benchmarks/bench_http.py --paths http,grpc,handle --clients 1 --seconds 10 --http-client raw \
     --json "$OUT/floor.json"
+# the same floor with every proxy and handle sending Ray calls (ours as before its by-value default), and
+# both systems over gRPC to their replicas (Serve's interdeployment transport); then the three ways interleaved
+step floorref 150 python3 benchmarks/bench_http.py --only ours --paths http --clients 1 --seconds 10 --http-client raw \
+    --transport reference --json "$OUT/floorref.json"
+step floorvalue 200 python3 benchmarks/bench_http.py --paths http,handle --clients 1 --seconds 10 --http-client raw \
+    --transport value --json "$OUT/floorvalue.json"
+step byvalue 120 python3 benchmarks/bench_by_value.py --clients 1,16 --seconds 5 --rounds 3 --json "$OUT/byvalue.json"
 step proxiesgen 200 python3 benchmarks/bench_proxies.py --workers 4 --proxies 1,2,4 --clients 64 --generators 8 \
     --http-client raw
 rm -f /tmp/rankcore-* 2>/dev/null
