@@ -37,16 +37,6 @@ import childrun  # noqa: E402 - (benchmarks/childrun.py)
 KINDS = ("reference", "value", "bare")
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of client counts, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"client counts must be >= 1, got {text!r}")
-    return out
-
-
 class Echo:
     async def __call__(self, x: Any = None) -> Any:
         return x
@@ -76,7 +66,8 @@ async def _level(call: Any, clients: int, seconds: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--clients", type=_ints, default=[1, 16], help="closed-loop clients per level; default 1,16")
+    p.add_argument("--clients", type=childrun.client_counts, default=[1, 16],
+                   help="closed-loop clients per level; default 1,16")
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per level; default 3")
     p.add_argument("--rounds", type=int, default=3, help="rounds, the three ways in turn; default 3")
     p.add_argument("--replicas", type=int, default=2, help="replicas of the echo deployment; default 2")

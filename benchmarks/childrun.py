@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
-           "deploy_ours", "paths_type", "kill_serve_replica"]
+           "client_counts", "deploy_ours", "paths_type", "kill_serve_replica"]
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -71,6 +71,17 @@ def paths_type(*allowed: str) -> Callable[[str], list[str]]:
         return values
 
     return parse
+
+
+def client_counts(text: str) -> list[int]:
+    """An argparse type: a comma-separated list of client counts, each >= 1."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of client counts, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1, got {text!r}")
+    return out
 
 
 def measure(system_name: str, args: argparse.Namespace, system: Any, what: str,
