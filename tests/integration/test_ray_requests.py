@@ -499,6 +499,29 @@ def test_calls_by_value_in_flight_on_a_draining_replica_finish_there():
     assert hv._router.sent_by_value == sent + 4
     c = hv.counters()
     assert c.failed == 0 and c.lost == 0
+    router = hv._router
+    assert wait_for(lambda: hv.slow.remote(0).result(timeout=30) and len(router._channels) == 1, 30), (
+        router._channels, router.addresses)  # (the stopped one's channel closed once its calls ended)
+    assert not router._closing
+
+
+def test_a_live_replica_whose_server_fails_a_call_fails_that_call_and_gets_ray_calls_after():
+    """Its router's address for the replica made wrong (nothing listens there): the call fails on its
+    way, Ray says the replica lives, so that call fails (``Unavailable``, naming gRPC's status), the
+    replica stays in the pool and takes the next calls as Ray calls."""
+    hv = _by_value("valued_alive", 1)
+    router = hv._router
+    (rid,) = router.addresses
+    with router.lock:
+        router.addresses[rid] = "127.0.0.1:1"
+    with pytest.raises(rc.Unavailable, match="UNAVAILABLE") as err:
+        hv.double.remote(4).result(timeout=60)
+    assert err.value.replica_id == rid
+    sent = router.sent_by_value
+    assert [hv.double.remote(i).result(timeout=30) for i in range(3)] == [0, 2, 4]
+    assert router.sent_by_value == sent and rid in router.no_by_value and rid not in router.addresses
+    c = hv.counters()  # (the machine knows an ended call as answered or errored: counted an error)
+    assert c.lost == 0 and c.app_errors == 1 and c.answered == 4
 
 
 class Front:

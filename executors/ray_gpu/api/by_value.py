@@ -51,12 +51,15 @@ METHOD = "/rankcore.Replica/Call"
 #: a call's pickled bytes above this go by reference (Serve's ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``
 #: default, 4 MiB); an answer may be larger (``_LIMITS``)
 MAX_BY_VALUE_BYTES = 4 * 1024 * 1024
-#: what one message may hold either way (gRPC's own default refuses answers above 4 MiB; 2 GiB is gRPC's most)
+#: what an answer may be pickled (gRPC's most: a larger one fails its call, saying so)
+MAX_ANSWER_BYTES = 2**31 - 1 - 1024
+#: what one message may hold either way (gRPC's own default refuses answers above 4 MiB)
 _LIMITS = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
-#: a channel pings its server while it has calls, so a call to a replica cut off by the network fails
-#: within about 30 s instead of waiting for the controller; the server takes pings that often
+#: a channel pings its server while it has calls (also while a long call sends nothing), so a call to a
+#: replica cut off by the network fails within about 30 s instead of waiting for the controller; the
+#: server takes pings that often
 _CLIENT = [*_LIMITS, ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
-           ("grpc.keepalive_permit_without_calls", 0)]
+           ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0)]
 _SERVER = [*_LIMITS, ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
            ("grpc.http2.max_ping_strikes", 0)]
 #: the status a call gets when its replica could not be reached (then Ray is asked whether it lives)

@@ -328,19 +328,27 @@ class Router:
         except Exception:  # (by_value.NotByValue, or what pickling raised)
             return None
 
-    def _send_by_value(self, call: Call, rid: str, address: str, data: bytes, actor: Any) -> None:
+    def _send_by_value(self, call: Call, rid: str, address: str, data: bytes, actor: Any) -> bool:
         """Send ``call`` over its replica's gRPC server (under the lock; gRPC's own threads carry it, so
         no event loop is needed and any thread may send or cancel: ``call.ref`` is gRPC's future).
-        ``_by_value_ended`` answers it, whatever happens."""
+        ``_by_value_ended`` answers it, whatever happens. False if it could not be sent (the caller
+        sends it by reference)."""
         self._closing.discard(address)  # (a replica back in the pool: its channel stays)
         held = self._channels.get(address)
-        if held is None:
-            held = self._channels[address] = [by_value.channel(address), 0]
+        try:
+            if held is None:
+                held = self._channels[address] = [by_value.channel(address), 0]
+            fut = held[0].unary_unary(by_value.METHOD).future(data)
+        except Exception:  # (gRPC refused to start it: as a Ray call, and that replica by reference now)
+            self.no_by_value.add(rid)
+            self._forget_address(rid)
+            return False
         held[1] += 1
         self.sent_by_value += 1
-        call.ref = fut = held[0].unary_unary(by_value.METHOD).future(data)
+        call.ref = fut
         fut.add_done_callback(lambda f, c=call, rid=rid, a=address, actor=actor: self._by_value_ended(
             f, c, rid, a, actor))
+        return True
 
     def _by_value_ended(self, fut: Any, call: Call, rid: str, address: str, actor: Any) -> None:
         """A call by value ended (on gRPC's thread): the value, the user's error as Ray raises it
@@ -464,8 +472,8 @@ class Router:
                                                      _progress_loop())
                     continue
                 if call.by_value and (address := self.addresses.get(a.replica_id)) is not None and (
-                        data := self._by_value_bytes(call)) is not None:
-                    self._send_by_value(call, a.replica_id, address, data, actor)
+                        data := self._by_value_bytes(call)) is not None and self._send_by_value(
+                            call, a.replica_id, address, data, actor):
                     continue
                 call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
                                                           call.key))

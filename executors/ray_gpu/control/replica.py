@@ -591,11 +591,14 @@ class ReplicaActor:
         try:
             method, args, kwargs, request, key = by_value.decode(data)  # (a class missing here: the caller's error)
             value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
-        except Exception as exc:
-            return by_value.failure(f"{type(self.instance).__name__}.{method}", exc)
-        try:
-            return by_value.encode((True, value))
-        except Exception as exc:  # (an answer that does not pickle: the caller gets why)
+            # (an answer that does not pickle, or one too large for gRPC: the caller gets why)
+            return by_value.encode((True, value), most=by_value.MAX_ANSWER_BYTES)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
+            cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+; before: as cancelled)
+            if isinstance(exc, asyncio.CancelledError) and (cancelling is None or cancelling()):
+                raise  # (its caller cancelled the call: gRPC cancelled this task)
             return by_value.failure(f"{type(self.instance).__name__}.{method}", exc)
 
     @ray.method(concurrency_group=USER)
