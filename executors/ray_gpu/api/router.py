@@ -16,7 +16,8 @@ waiting request at once when no replica serves and none is coming
   pool command for the deployment comes out of a step; the router turns each
   answer into a ``PoolReset`` (and a ``Configure`` when the limits changed);
 * carries out ``Dispatch`` (``actor.handle_call.remote``, the call in one argument; a progress call's through
-  ``handle_progress``, below), ``Rejected`` and
+  ``handle_progress``, below; a plain call of a by-value handle, the proxy's by default, over the replica's
+  gRPC server instead once its address is known: ``by_value``), ``Rejected`` and
   ``Failed`` (the caller's future gets the typed error), ``CancelOnReplica``
   (``ray.cancel``);
 * reports what happened: ``Completed`` when a call returns (``ok=False`` for
@@ -382,8 +383,8 @@ class Router:
         """A by-value call to ``rid`` failed on its way (on a thread of its own: it may ask Ray). If the
         replica could not be reached and is dead (Ray says so), the error a Ray call would have had:
         ``_answer`` then treats it as a Ray call's (the witness, retries). Else its server failed this
-        call: by reference to that replica from now on, and this call alone fails
-        (``rankcore.Unavailable``, naming the gRPC status), the replica's others untouched."""
+        call (and any other by value on its way then): it fails (``rankcore.Unavailable``, naming the
+        gRPC status), that replica gets Ray calls from now on, and its calls by reference are untouched."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
         if code == by_value.UNAVAILABLE:
             try:
