@@ -5,6 +5,9 @@ The Ray side (a router, replicas, a replica's death) is tests/integration/test_r
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -105,3 +108,18 @@ def test_an_unreachable_server_is_unavailable():
         assert err.value.code() == by_value.UNAVAILABLE
     finally:
         ch.close()
+
+
+@pytest.mark.parametrize(("env", "handles_by_reference", "proxies_by_reference"), [
+    ({}, True, False),  # (Serve's handles; ours' proxies by value)
+    ({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}, False, False),
+    ({"RAY_SERVE_PROXY_USE_GRPC": "0"}, True, True),
+    ({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_PROXY_USE_GRPC": "0"}, False, True),
+])
+def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_reference, proxies_by_reference):
+    """Read where the module is imported (a proxy's or a replica's process: set them before Ray starts)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
+    out = subprocess.run([sys.executable, "-c", "from executors.ray_gpu.api import by_value as b; "
+                          "print(b.HANDLE_BY_REFERENCE, b.PROXY_BY_REFERENCE)"],
+                         env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == [str(handles_by_reference), str(proxies_by_reference)]

@@ -49,7 +49,7 @@ PROXY_BY_REFERENCE = os.environ.get("RAY_SERVE_PROXY_USE_GRPC", "1") == "0"
 #: the one RPC a replica serves (unary: a call in, its answer out)
 METHOD = "/rankcore.Replica/Call"
 #: a call's pickled bytes above this go by reference (Serve's ``RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH``
-#: default, 4 MiB); an answer may be larger (``_LIMITS``)
+#: default, 4 MiB); an answer may be larger (``MAX_ANSWER_BYTES``)
 MAX_BY_VALUE_BYTES = 4 * 1024 * 1024
 #: what an answer may be pickled (gRPC's most: a larger one fails its call, saying so)
 MAX_ANSWER_BYTES = 2**31 - 1 - 1024
