@@ -27,6 +27,7 @@ only the bytes' way differs.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import socket
@@ -103,21 +104,18 @@ class _Pickler(pickle.Pickler):
         return _refuse(obj)
 
 
-_cloud_pickler: Any = None
-
-
+@functools.cache
 def _cloudpickler() -> Any:
-    global _cloud_pickler
-    if _cloud_pickler is None:
-        from ray import cloudpickle
+    """``_Pickler`` for what plain pickle refuses: Ray's cloudpickle, refusing the same refs (made on
+    first use: most calls never need it)."""
+    from ray import cloudpickle
 
-        class CloudPickler(cloudpickle.Pickler):
-            def reducer_override(self, obj: Any) -> Any:
-                _refuse(obj)
-                return super().reducer_override(obj)
+    class CloudPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            _refuse(obj)
+            return super().reducer_override(obj)
 
-        _cloud_pickler = CloudPickler
-    return _cloud_pickler
+    return CloudPickler
 
 
 def encode(value: Any, most: int | None = None) -> bytes:

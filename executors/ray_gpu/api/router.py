@@ -301,6 +301,7 @@ class Router:
                 return
             if self.actors.get(rid) == actor:  # (still serving: the same actor, in a newer pool answer)
                 self.addresses[rid] = address
+                self._closing.discard(address)  # (a replica back in the pool: its channel stays)
 
     def _forget_address(self, rid: str) -> None:
         """``rid`` left the pool, or its server failed (under the lock): no new call goes there by
@@ -334,7 +335,6 @@ class Router:
         no event loop is needed and any thread may send or cancel: ``call.ref`` is gRPC's future).
         ``_by_value_ended`` answers it, whatever happens. False if it could not be sent (the caller
         sends it by reference)."""
-        self._closing.discard(address)  # (a replica back in the pool: its channel stays)
         held = self._channels.get(address)
         try:
             if held is None:
