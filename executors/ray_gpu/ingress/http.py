@@ -443,6 +443,7 @@ class IngressState:
         #: deployment -> (when heard, {replica: global rank}); and the asks under way
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
         self._asking: dict[str, asyncio.Future] = {}
+        self._in_order = asyncio.Lock()  # (access records in the order their answers ended: ``observed``)
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
         #: a draining proxy (``DrainProxy``) answers ``/-/healthz`` with 503; requests in flight now
         self.draining = False
@@ -717,13 +718,17 @@ class IngressState:
     async def observed(self, note: dict, method: str, path: str, status: int, latency_ms: float,
                        nbytes: int) -> None:
         """One request answered (``_Observe``): counted in the metrics, and its access record
-        written (with its replica's rank: ``rank_of``)."""
+        written (with its replica's rank: ``rank_of``), in the order the answers ended: a record
+        waiting for a rank the controller is asked for holds back the ones after it (``_in_order``,
+        FIFO; taken without a pause when free). Else a client's next request, answered while the
+        first one's rank was asked, was recorded before it."""
         self._measured(note, method, status, latency_ms)
         if not self.access.enabled:
             return
         replica = note["replica"]
-        rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
-        self._logged(note, method, path, status, latency_ms, nbytes, rank)
+        async with self._in_order:
+            rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
+            self._logged(note, method, path, status, latency_ms, nbytes, rank)
 
     def refused(self, method: str, path: str, status: int, latency_ms: float, nbytes: int) -> str:
         """A request answered by the connection guard (``guarded``: 400, 408, 431, 503), before the app

@@ -1,0 +1,39 @@
+"""Access records are written in the order their answers ended (``IngressState.observed``), even when
+the first one waits for its replica's rank from the controller and the next one's rank is known: a
+client's second request, answered while its first one's rank was asked, was recorded before it
+(seen in a CI run once the proxy's calls went by value, which answers faster). No Ray: the rank
+lookup is a stand-in that the test releases."""
+
+from __future__ import annotations
+
+import asyncio
+
+from executors.ray_gpu.ingress.access import AccessLog
+from executors.ray_gpu.ingress.http import IngressState
+
+
+def test_a_record_waiting_for_its_rank_holds_back_the_ones_answered_after_it() -> None:
+    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
+
+    async def main() -> list[str]:
+        asked = asyncio.Event()
+
+        async def rank_of(deployment: str, replica: str) -> int:
+            if replica == "new":  # (new to the proxy: its rank is asked for)
+                await asked.wait()
+            return 0
+
+        state.rank_of = rank_of  # type: ignore[method-assign]
+
+        def note(rid: str, replica: str) -> dict:
+            return {"route": "/m", "deployment": "m", "replica": replica, "request_id": rid}
+
+        first = asyncio.ensure_future(state.observed(note("first", "new"), "POST", "/m", 200, 1.0, 1))
+        await asyncio.sleep(0)  # (the first is waiting for its rank)
+        second = asyncio.ensure_future(state.observed(note("second", "known"), "POST", "/m", 200, 1.0, 1))
+        await asyncio.sleep(0.05)
+        asked.set()
+        await asyncio.gather(first, second)
+        return [r["request_id"] for r in state.access.last()]
+
+    assert asyncio.run(main()) == ["first", "second"]
