@@ -4,8 +4,8 @@ call (Ray Serve's interdeployment gRPC transport: ``handle.options(_by_reference
 
 Why: a Ray actor call from the proxy to a replica is most of what one HTTP request costs. On the
 quiet 16-core host it was 1.52-1.58 ms of ours' 2.65-2.74 ms p50, 70% of Serve's published 2.2 ms
-before any routing or HTTP parsing (docs/benchmarks.md); a gRPC unary call of the same bytes between
-two processes costs a third of a Ray call on this project's 2-core machine. The request machine,
+before any routing or HTTP parsing. By value, on the same kind of host, HTTP took 1.53-1.91 ms p50
+and a handle call 1.10 ms (docs/benchmarks.md). The request machine,
 the router's bookkeeping and the replica's slots, metrics and witness are the same on both paths:
 only the bytes' way differs.
 
