@@ -37,3 +37,35 @@ def test_a_record_waiting_for_its_rank_holds_back_the_ones_answered_after_it() -
         return [r["request_id"] for r in state.access.last()]
 
     assert asyncio.run(main()) == ["first", "second"]
+
+
+def test_a_refused_request_is_recorded_after_the_answers_that_ended_before_it() -> None:
+    """A request the connection guard refuses (``refused``: a 431, say) while an earlier answer waits
+    for its replica's rank is recorded after that answer, and one refused later after it; with
+    nothing waiting it is recorded at once."""
+    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
+
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        asked = asyncio.Event()
+
+        async def rank_of(deployment: str, replica: str) -> int:
+            await asked.wait()
+            return 0
+
+        state.rank_of = rank_of  # type: ignore[method-assign]
+        first = asyncio.ensure_future(state.observed(
+            {"route": "/m", "deployment": "m", "replica": "new", "request_id": "first"}, "POST", "/m", 200, 1.0, 1))
+        await asyncio.sleep(0)  # (the first is waiting for its rank)
+        a = state.refused("GET", "/m", 431, 1.0, 10)
+        await asyncio.sleep(0.02)
+        asked.set()
+        await first
+        await asyncio.sleep(0)  # (the first's lock is free: the refused one's turn)
+        b = state.refused("GET", "/m", 431, 1.0, 10)  # (the first ended in the meantime, nothing waits)
+        mid = [r["request_id"] for r in state.access.last()]
+        await asyncio.sleep(0.02)
+        return mid, [r["request_id"] for r in state.access.last()], [a, b]
+
+    mid, end, (a, b) = asyncio.run(main())
+    assert end == ["first", a, b]
+    assert mid == end  # (b was written at once: it waited for nothing)

@@ -444,6 +444,8 @@ class IngressState:
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
         self._asking: dict[str, asyncio.Future] = {}
         self._in_order = asyncio.Lock()  # (access records in the order their answers ended: ``observed``)
+        self._held_back = 0  # (records waiting for ``_in_order`` or a rank: a refused one waits behind them)
+        self._writing: set[asyncio.Task] = set()  # (refused records waiting their turn: kept from the GC)
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
         #: a draining proxy (``DrainProxy``) answers ``/-/healthz`` with 503; requests in flight now
         self.draining = False
@@ -726,21 +728,42 @@ class IngressState:
         if not self.access.enabled:
             return
         replica = note["replica"]
-        async with self._in_order:
-            rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
-            self._logged(note, method, path, status, latency_ms, nbytes, rank)
+        self._held_back += 1
+        try:
+            async with self._in_order:
+                rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
+                self._logged(note, method, path, status, latency_ms, nbytes, rank)
+        finally:
+            self._held_back -= 1
 
     def refused(self, method: str, path: str, status: int, latency_ms: float, nbytes: int) -> str:
         """A request answered by the connection guard (``guarded``: 400, 408, 431, 503), before the app
         saw it: counted and logged as ``observed`` does any other (route and deployment those its path
-        matches, where the request line was read; no replica). Returns its new request id."""
+        matches, where the request line was read; no replica). Returns its new request id. Its record
+        is written at once, or, while records answered before it wait for a rank, after them."""
         found = match_route(self.routes, path) if path else None
         rid = request_id_of(None)
         note = {"route": found[0] if found else "", "deployment": found[1] if found else "", "replica": None,
                 "request_id": rid}
         self._measured(note, method, status, latency_ms)
-        self._logged(note, method, path, status, latency_ms, nbytes, None)
+        if not self._held_back:
+            self._logged(note, method, path, status, latency_ms, nbytes, None)
+        elif self.access.enabled:
+            self._held_back += 1  # (now: a record refused after this one waits behind it too)
+            task = asyncio.get_running_loop().create_task(self._logged_in_turn(note, method, path, status,
+                                                                               latency_ms, nbytes))
+            self._writing.add(task)
+            task.add_done_callback(self._in_turn_done)
         return rid
+
+    async def _logged_in_turn(self, note: dict, method: str, path: str, status: int, latency_ms: float,
+                              nbytes: int) -> None:
+        async with self._in_order:
+            self._logged(note, method, path, status, latency_ms, nbytes, None)
+
+    def _in_turn_done(self, task: asyncio.Task) -> None:
+        self._writing.discard(task)
+        self._held_back -= 1
 
     def _measured(self, note: dict, method: str, status: int, latency_ms: float) -> None:
         self.metrics.request(route=note["route"], method=method, deployment=note["deployment"], status=status,
