@@ -86,12 +86,14 @@ def waiting(cl: Cluster | ClusterTx) -> tuple[tuple[Need, int], ...]:
 def held(nodes: immutables.Map) -> tuple[Need, ...]:
     """What the core has booked on each live node (its resources less what is
     free, positive amounts only), one bundle per node that holds anything,
-    sorted: the room the cluster's replicas already take."""
+    sorted: the room the cluster's replicas already take. A resource a capacity
+    drop took from a node whose replicas still hold it (``NodeCapacityChanged``:
+    they stay) is counted too: its free amount went below zero there."""
     out = []
     for node in nodes.values():
-        free = node.free
-        used = tuple(sorted((k, v - free.get(k, 0.0)) for k, v in node.resources.items()
-                            if v - free.get(k, 0.0) > 1e-9))
+        total, free = node.resources, node.free
+        used = tuple(sorted((k, u) for k in set(total.keys()) | set(free.keys())
+                            if (u := total.get(k, 0.0) - free.get(k, 0.0)) > 1e-9))
         if used:
             out.append(used)
     return tuple(sorted(out))

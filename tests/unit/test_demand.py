@@ -129,6 +129,20 @@ def test_a_lost_node_makes_its_replicas_demand():
     assert c.asked[-1].waiting == ((GPU1, 2),) and c.asked[-1].held == ((("GPU", 2.0),),)
 
 
+def test_a_resource_a_node_no_longer_reports_still_counts_where_a_replica_holds_it():
+    """A capacity drop leaves the replicas there (``NodeCapacityChanged``). n1 loses its GPUs while a
+    stopping replica still holds one: the request counts that GPU as held on n1 (found by the
+    hostile-input campaign; only the resources n1 still reported were counted)."""
+    c = Core(("n0", 1), ("n1", 2))
+    c.up(c(deploy("a", 2, placement="spread")))
+    on = {r.replica_id: r.node_id for r in c.state.deployments["a"].replicas.values()}
+    assert sorted(on.values()) == ["n0", "n1"]
+    c(rc.ScaleRequested(deployment="a", num_replicas=1))  # (the one on n1 stops; not stopped yet)
+    c(rc.NodeCapacityChanged(node_id="n1", resources={"CPU": 8}))
+    c(rc.ScaleRequested(deployment="a", num_replicas=2))
+    assert c.asked[-1] == rc.RequestResources(waiting=((GPU1, 1),), held=(GPU1, GPU1))
+
+
 def test_a_recovery_that_reports_nodes_tells_the_demand_anew_even_empty():
     """The failed controller's request still stands in the GCS: the recovered core replaces it."""
     spec = rc.DeploymentApplied(name="a", num_replicas=3, resources={"GPU": 1}, placement_timeout_s=None)
