@@ -100,14 +100,39 @@ def test_a_call_and_a_cancel_over_a_replicas_server():
         loop.close()
 
 
-def test_an_unreachable_server_is_unavailable():
+def test_an_unreachable_server_is_unavailable_and_the_call_never_left():
+    """``never_sent``: no connection could be made, so the router may send the call again (by Ray call)."""
     ch = by_value.channel("127.0.0.1:1")  # (nothing listens on port 1)
     try:
         with pytest.raises(grpc.RpcError) as err:
             ch.unary_unary(by_value.METHOD).future(b"x", timeout=5).result()
         assert err.value.code() == by_value.UNAVAILABLE
+        assert by_value.never_sent(err.value)
     finally:
         ch.close()
+    assert not by_value.never_sent(RuntimeError("failed to connect"))  # (not a gRPC call's error)
+
+
+def test_a_class_or_function_of_main_travels_by_value_not_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain pickle names a class of the caller's ``__main__``, which the replica's ``__main__`` lacks:
+    such a class or function goes by cloudpickle, and a process without it reads it."""
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    def square(v: int) -> int:
+        return v * v
+
+    for obj in (Point, square):  # (as a script's own: found in this process's ``__main__``)
+        obj.__module__ = "__main__"
+        obj.__qualname__ = obj.__name__
+        monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)
+    data = by_value.encode(("f", (Point(3), square), {}))
+    code = ("import pickle, sys; _, (p, f), _ = pickle.loads(sys.stdin.buffer.read()); "
+            "print(type(p).__name__, p.x, f(p.x))")
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == ["Point", "3", "9"]
 
 
 @pytest.mark.parametrize(("env", "handles_by_reference", "proxies_by_reference"), [

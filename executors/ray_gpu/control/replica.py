@@ -42,11 +42,13 @@ import contextvars
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
 from typing import Any
 
 import ray
+from ray.exceptions import AsyncioActorExit
 
 import rankcore as rc
 
@@ -593,7 +595,8 @@ class ReplicaActor:
             value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
             # (an answer that does not pickle, or one too large for gRPC: the caller gets why)
             return by_value.encode((True, value), most=by_value.MAX_ANSWER_BYTES)
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, AsyncioActorExit) as exc:
+            _exit_now(exc)  # (raised here it would stop the user loop, and every call on it would hang)
             raise
         except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
             cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+; before: as cancelled)
@@ -669,3 +672,16 @@ async def _next_async(agen: Any) -> Any:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _exit_now(exc: BaseException) -> None:
+    """The user's code asked the process to end (``sys.exit``, ``ray.actor.exit_actor()``, Ctrl-C) in a
+    call that came by value: end it, as a Ray call's would. Its callers then see the replica's death
+    (their calls fail on their way, and Ray says it is dead), and the controller replaces it."""
+    code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else \
+        0 if isinstance(exc, AsyncioActorExit) else 1
+    print(f"replica exiting: {type(exc).__name__} in a call by value", flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
