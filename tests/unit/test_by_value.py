@@ -148,3 +148,39 @@ def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_
                           "print(b.HANDLE_BY_REFERENCE, b.PROXY_BY_REFERENCE)"],
                          env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == [str(handles_by_reference), str(proxies_by_reference)]
+
+
+_AUTH_CHECK = """
+import asyncio
+import grpc
+from executors.ray_gpu.api import by_value
+
+async def main():
+    async def answer(b):
+        return b"ok:" + b
+    server, address = await by_value.start_server(answer, "127.0.0.1")
+    def calls():
+        ours = by_value.channel(address).unary_unary(by_value.METHOD).future(b"x", timeout=10).result()
+        try:
+            grpc.insecure_channel(address).unary_unary(by_value.METHOD).future(b"y", timeout=10).result()
+            plain = "accepted"
+        except grpc.RpcError as e:
+            plain = e.code().name
+        return ours.decode(), plain
+    print(*await asyncio.get_running_loop().run_in_executor(None, calls))
+    await server.stop(None)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(("mode", "plain"), [("token", "UNAUTHENTICATED"), ("disabled", "accepted")])
+def test_with_rays_token_auth_the_server_takes_only_calls_that_carry_the_token(mode: str, plain: str) -> None:
+    """Server and channel are made as Ray makes its own (``ray._private.grpc_utils``): under
+    ``RAY_AUTH_MODE=token`` a channel without Ray's token is refused, the router's is answered."""
+    env = {**os.environ, "RAY_AUTH_MODE": mode, "RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _AUTH_CHECK], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok:x", plain]
