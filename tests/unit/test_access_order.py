@@ -69,3 +69,57 @@ def test_a_refused_request_is_recorded_after_the_answers_that_ended_before_it() 
     mid, end, (a, b) = asyncio.run(main())
     assert end == ["first", a, b]
     assert mid == end  # (b was written at once: it waited for nothing)
+
+
+def test_a_refused_request_keeps_its_place_ahead_of_an_answer_that_ended_after_it() -> None:
+    """In one turn of the loop the first answer's rank arrives, a request is refused, and another
+    request's answer ends: they are recorded in that order (found in review: the refused one's record
+    waited for a lock it had not yet queued for, and the answer after it took the lock first)."""
+    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
+
+    async def main() -> tuple[list[str], str]:
+        asked = asyncio.Event()
+
+        async def rank_of(deployment: str, replica: str) -> int:
+            if replica == "new":
+                await asked.wait()
+            return 0
+
+        state.rank_of = rank_of  # type: ignore[method-assign]
+        first = asyncio.ensure_future(state.observed(
+            {"route": "/m", "deployment": "m", "replica": "new", "request_id": "first"}, "POST", "/m", 200, 1.0, 1))
+        await asyncio.sleep(0)  # (the first is waiting for its rank)
+        asked.set()  # (its rank is here; it has not run since)
+        after = asyncio.ensure_future(state.observed(  # (its answer ends when it runs: after the refusal)
+            {"route": "/m", "deployment": "m", "replica": "known", "request_id": "after"}, "POST", "/m", 200, 1.0,
+            1))
+        refused = state.refused("GET", "/m", 431, 1.0, 10)
+        await asyncio.gather(first, after)
+        await asyncio.sleep(0.02)
+        return [r["request_id"] for r in state.access.last()], refused
+
+    written, refused = asyncio.run(main())
+    assert written == ["first", refused, "after"]
+
+
+def test_a_rank_lookup_that_fails_holds_back_nothing() -> None:
+    """The first answer's rank lookup raises: it is recorded without a rank, and the next is recorded."""
+    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
+
+    async def main() -> list[tuple[str, int | None]]:
+        async def rank_of(deployment: str, replica: str) -> int:
+            if replica == "broken":
+                raise RuntimeError("controller gone")
+            return 4
+
+        state.rank_of = rank_of  # type: ignore[method-assign]
+        try:
+            await state.observed({"route": "/m", "deployment": "m", "replica": "broken", "request_id": "a"},
+                                 "POST", "/m", 200, 1.0, 1)
+        except RuntimeError:
+            pass
+        await state.observed({"route": "/m", "deployment": "m", "replica": "ok", "request_id": "b"},
+                             "POST", "/m", 200, 1.0, 1)
+        return [(r["request_id"], r["rank"]) for r in state.access.last()]
+
+    assert asyncio.run(main()) == [("a", None), ("b", 4)]

@@ -443,9 +443,11 @@ class IngressState:
         #: deployment -> (when heard, {replica: global rank}); and the asks under way
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
         self._asking: dict[str, asyncio.Future] = {}
-        self._in_order = asyncio.Lock()  # (access records in the order their answers ended: ``observed``)
-        self._held_back = 0  # (records waiting for ``_in_order`` or a rank: a refused one waits behind them)
-        self._writing: set[asyncio.Task] = set()  # (refused records waiting their turn: kept from the GC)
+        #: access records in the order their answers ended (``observed``): each takes the next place
+        #: when its answer ends; a record is written once every place before it was (``_in_place``)
+        self._places = 0
+        self._written = 0
+        self._ready: dict[int, tuple] = {}
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
         #: a draining proxy (``DrainProxy``) answers ``/-/healthz`` with 503; requests in flight now
         self.draining = False
@@ -721,49 +723,46 @@ class IngressState:
                        nbytes: int) -> None:
         """One request answered (``_Observe``): counted in the metrics, and its access record
         written (with its replica's rank: ``rank_of``), in the order the answers ended: a record
-        waiting for a rank the controller is asked for holds back the ones after it (``_in_order``,
-        FIFO; taken without a pause when free). Else a client's next request, answered while the
+        waiting for a rank the controller is asked for holds back the ones after it (its place is
+        taken now, before the wait: ``_in_place``). Else a client's next request, answered while the
         first one's rank was asked, was recorded before it."""
         self._measured(note, method, status, latency_ms)
         if not self.access.enabled:
             return
         replica = note["replica"]
-        self._held_back += 1
+        place, rank = self._place(), None
         try:
-            async with self._in_order:
-                rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
-                self._logged(note, method, path, status, latency_ms, nbytes, rank)
-        finally:
-            self._held_back -= 1
+            rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
+        finally:  # (a lookup that failed or was cancelled: written without its rank, never holding back the rest)
+            self._in_place(place, (note, method, path, status, latency_ms, nbytes, rank))
 
     def refused(self, method: str, path: str, status: int, latency_ms: float, nbytes: int) -> str:
         """A request answered by the connection guard (``guarded``: 400, 408, 431, 503), before the app
         saw it: counted and logged as ``observed`` does any other (route and deployment those its path
         matches, where the request line was read; no replica). Returns its new request id. Its record
-        is written at once, or, while records answered before it wait for a rank, after them."""
+        is written in its place: at once, or after the records answered before it that wait for a rank."""
         found = match_route(self.routes, path) if path else None
         rid = request_id_of(None)
         note = {"route": found[0] if found else "", "deployment": found[1] if found else "", "replica": None,
                 "request_id": rid}
         self._measured(note, method, status, latency_ms)
-        if not self._held_back:
-            self._logged(note, method, path, status, latency_ms, nbytes, None)
-        elif self.access.enabled:
-            self._held_back += 1  # (now: a record refused after this one waits behind it too)
-            task = asyncio.get_running_loop().create_task(self._logged_in_turn(note, method, path, status,
-                                                                               latency_ms, nbytes))
-            self._writing.add(task)
-            task.add_done_callback(self._in_turn_done)
+        if self.access.enabled:
+            self._in_place(self._place(), (note, method, path, status, latency_ms, nbytes, None))
         return rid
 
-    async def _logged_in_turn(self, note: dict, method: str, path: str, status: int, latency_ms: float,
-                              nbytes: int) -> None:
-        async with self._in_order:
-            self._logged(note, method, path, status, latency_ms, nbytes, None)
+    def _place(self) -> int:
+        """The next access record's place (its answer ended now)."""
+        self._places += 1
+        return self._places - 1
 
-    def _in_turn_done(self, task: asyncio.Task) -> None:
-        self._writing.discard(task)
-        self._held_back -= 1
+    def _in_place(self, place: int, record: tuple) -> None:
+        """``record`` (``_logged``'s arguments) is ready: written with every ready one after it, once
+        every place before it was."""
+        self._ready[place] = record
+        while self._written in self._ready:
+            ready = self._ready.pop(self._written)
+            self._written += 1
+            self._logged(*ready)
 
     def _measured(self, note: dict, method: str, status: int, latency_ms: float) -> None:
         self.metrics.request(route=note["route"], method=method, deployment=note["deployment"], status=status,
