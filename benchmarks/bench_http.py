@@ -424,8 +424,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     floor = results.get("ours", {}).get("ray_floor")
     if floor:
         print(f"bare Ray actor call (async echo, no router or proxy), 1 client, same host: "
-              f"p50 {_fmt(floor['p50_ms'])} ms, p99 {_fmt(floor['p99_ms'])} ms: the floor of a call by reference "
-              f"(a call by value, over gRPC, goes under it)")
+              f"p50 {_fmt(floor['p50_ms'])} ms, p99 {_fmt(floor['p99_ms'])} ms: what a call by reference "
+              f"pays at least (a call by value, over gRPC, does not pay it)")
     print_errors_and_goal(results, rows, "issue 22")
     return rows
 

@@ -554,12 +554,12 @@ def test_a_call_by_value_that_exits_the_replica_ends_as_its_death_does_by_refere
     the replica's loop before, and every later call hung); its caller sees the death, and the
     replacement answers."""
     hv = _by_value("valued_exit", 1)
-    pid = hv.pid.remote().result(timeout=30)
+    pid_before = hv.pid.remote().result(timeout=30)
     sent = hv._router.sent_by_value
     with pytest.raises(rc.ReplicaDied):
         hv.quit.remote().result(timeout=60)
     assert hv._router.sent_by_value == sent + 1
-    assert hv.pid.remote().result(timeout=60) != pid  # (its replacement)
+    assert hv.pid.remote().result(timeout=60) != pid_before  # (its replacement)
 
 
 class Front:

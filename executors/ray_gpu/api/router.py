@@ -307,16 +307,20 @@ class Router:
         self._later(lambda: self._reach(rid, actor, address))
 
     def _reach(self, rid: str, actor: Any, address: str) -> None:
-        """Connect to ``rid``'s server before any call goes there by value: one this router cannot
-        reach within ``REACHABLE_S`` gets Ray calls (its calls would fail on their way otherwise)."""
-        with self.lock:
-            held = self._channels.get(address)
-        ch = held[0] if held is not None else by_value.channel(address)
+        """Connect to ``rid``'s server before any call goes there by value (a channel of its own: one the
+        router holds may close meanwhile): one this router cannot reach within ``REACHABLE_S`` gets Ray
+        calls (its calls would fail on their way otherwise)."""
+        ch, reached = None, False
         try:
-            grpc.channel_ready_future(ch).result(timeout=REACHABLE_S)
-            reached = True
-        except Exception:  # (grpc.FutureTimeoutError: no connection in time)
-            reached = False
+            ch = by_value.channel(address)
+            ready = grpc.channel_ready_future(ch)
+            try:
+                ready.result(timeout=REACHABLE_S)
+                reached = True
+            finally:
+                ready.cancel()
+        except Exception:  # (grpc.FutureTimeoutError: no connection in time; or no channel could be made)
+            pass
         kept = False
         with self.lock:
             self.asking_address.discard(rid)
@@ -324,11 +328,11 @@ class Router:
                 self.no_by_value.add(rid)
             elif self.actors.get(rid) == actor and rid not in self.no_by_value:  # (still serving: the same actor)
                 self.addresses[rid] = address
-                self._closing.discard(address)  # (a replica back in the pool: its channel stays)
-                if address not in self._channels:
+                self._closing.discard(address)  # (a replica back in the pool: the channel held stays open)
+                if address not in self._channels:  # (one held is open: ``_close_idle`` drops it before closing)
                     self._channels[address] = [ch, 0]
                     kept = True
-        if held is None and not kept:  # (a channel of its own that nobody took)
+        if ch is not None and not kept:
             ch.close()
 
     def _forget_address(self, rid: str) -> None:
@@ -400,7 +404,7 @@ class Router:
         if fut.cancelled():  # (``CancelOnReplica``: gRPC cancels the replica's task)
             exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
         elif (err := fut.exception()) is not None:
-            self._later(lambda: self._failed_on_way(call, rid, address, actor, err))
+            self._later(lambda: self._failed_on_way(call, rid, address, actor, fut, err))
             return
         else:
             try:
@@ -413,13 +417,14 @@ class Router:
                     value, exc = None, value.as_instanceof_cause()
         self._answer(call.request_id, rid, value, exc)
 
-    def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any, exc: BaseException) -> None:
+    def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any, fut: Any, exc: BaseException) -> None:
         """A by-value call to ``rid`` failed on its way (on a thread of its own: it may ask Ray); that
         replica gets Ray calls from now on. If the replica could not be reached and is dead (Ray says
         so), the call ends with the error a Ray call would have had (``_answer``: the witness, retries).
         If it lives and the call never left (gRPC could not connect), the call goes to it by reference,
-        where the machine sent it. Else its server failed the call after it may have begun: it fails
-        (``rankcore.Unavailable``, naming the gRPC status), and its calls by reference are untouched."""
+        where the machine sent it (unless it went elsewhere meanwhile: ``fut`` is no longer its way).
+        Else its server failed the call after it may have begun: it fails (``rankcore.Unavailable``,
+        naming the gRPC status), and its calls by reference are untouched."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
         if code == by_value.UNAVAILABLE:
             try:
@@ -432,11 +437,18 @@ class Router:
         with self.lock:
             self.no_by_value.add(rid)
             self._forget_address(rid)
-            if by_value.never_sent(exc) and self.calls.get(call.request_id) is call and call.replica_id == rid \
-                    and not call.future.done() and self.actors.get(rid) == actor:
-                self.resent_by_reference += 1
-                self._send_by_reference(call, rid, actor)
-                return
+            ours = self.calls.get(call.request_id) is call
+            if ours and call.ref is not fut:
+                return  # (it went another way meanwhile, its replica having left the pool: that way answers it)
+            if by_value.never_sent(exc) and ours and call.replica_id == rid and not call.future.done() \
+                    and self.actors.get(rid) == actor:
+                try:
+                    self._send_by_reference(call, rid, actor)
+                except Exception as e:  # (Ray refused it: the call fails, saying why)
+                    exc, code = e, None
+                else:
+                    self.resent_by_reference += 1
+                    return
         why = f"{code.name}: {exc.details()}" if isinstance(exc, grpc.Call) and code is not None else repr(exc)
         self._answer(call.request_id, rid, None, rc.Unavailable(
             f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its way ({why}); its "

@@ -48,7 +48,7 @@ import time
 from typing import Any
 
 import ray
-from ray.exceptions import AsyncioActorExit
+from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
@@ -595,9 +595,12 @@ class ReplicaActor:
             value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
             # (an answer that does not pickle, or one too large for gRPC: the caller gets why)
             return by_value.encode((True, value), most=by_value.MAX_ANSWER_BYTES)
-        except (KeyboardInterrupt, SystemExit, AsyncioActorExit) as exc:
+        except (SystemExit, AsyncioActorExit) as exc:
             _exit_now(exc)  # (raised here it would stop the user loop, and every call on it would hang)
             raise
+        except KeyboardInterrupt:  # (a Ray call's caller gets TaskCancelledError, and the actor lives on)
+            return by_value.failure(f"{type(self.instance).__name__}.{method}", TaskCancelledError(
+                error_message="KeyboardInterrupt in the replica's method"))
         except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
             cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+; before: as cancelled)
             if isinstance(exc, asyncio.CancelledError) and (cancelling is None or cancelling()):
@@ -675,11 +678,12 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def _exit_now(exc: BaseException) -> None:
-    """The user's code asked the process to end (``sys.exit``, ``ray.actor.exit_actor()``, Ctrl-C) in a
-    call that came by value: end it, as a Ray call's would. Its callers then see the replica's death
-    (their calls fail on their way, and Ray says it is dead), and the controller replaces it."""
-    code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else \
-        0 if isinstance(exc, AsyncioActorExit) else 1
+    """The user's code asked the process to end (``sys.exit``, ``ray.actor.exit_actor()``) in a call
+    that came by value: end it, as a Ray call's would. Its callers then see the replica's death (their
+    calls fail on their way, and Ray says it is dead), and the controller replaces it. The exit status
+    as Python's: ``sys.exit()`` 0, ``sys.exit(n)`` n, ``sys.exit("why")`` 1."""
+    asked = exc.code if isinstance(exc, SystemExit) else None
+    code = asked if isinstance(asked, int) else 0 if asked is None else 1
     print(f"replica exiting: {type(exc).__name__} in a call by value", flush=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
