@@ -12,29 +12,42 @@ from executors.ray_gpu.ingress.access import AccessLog
 from executors.ray_gpu.ingress.http import IngressState
 
 
-def test_a_record_waiting_for_its_rank_holds_back_the_ones_answered_after_it() -> None:
+def _state(asked: asyncio.Event, broken: str = "") -> IngressState:
+    """An ingress whose rank lookup waits for ``asked`` for the replica called "new", raises for
+    ``broken``, and answers 0 at once for any other."""
     state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
 
+    async def rank_of(deployment: str, replica: str) -> int:
+        if replica == broken:
+            raise RuntimeError("controller gone")
+        if replica == "new":  # (new to the proxy: its rank is asked for)
+            await asked.wait()
+        return 0
+
+    state.rank_of = rank_of  # type: ignore[method-assign]
+    return state
+
+
+def _answered(state: IngressState, rid: str, replica: str) -> asyncio.Future:
+    return asyncio.ensure_future(state.observed(
+        {"route": "/m", "deployment": "m", "replica": replica, "request_id": rid}, "POST", "/m", 200, 1.0, 1))
+
+
+def _written(state: IngressState) -> list[str]:
+    return [r["request_id"] for r in state.access.last()]
+
+
+def test_a_record_waiting_for_its_rank_holds_back_the_ones_answered_after_it() -> None:
     async def main() -> list[str]:
         asked = asyncio.Event()
-
-        async def rank_of(deployment: str, replica: str) -> int:
-            if replica == "new":  # (new to the proxy: its rank is asked for)
-                await asked.wait()
-            return 0
-
-        state.rank_of = rank_of  # type: ignore[method-assign]
-
-        def note(rid: str, replica: str) -> dict:
-            return {"route": "/m", "deployment": "m", "replica": replica, "request_id": rid}
-
-        first = asyncio.ensure_future(state.observed(note("first", "new"), "POST", "/m", 200, 1.0, 1))
+        state = _state(asked)
+        first = _answered(state, "first", "new")
         await asyncio.sleep(0)  # (the first is waiting for its rank)
-        second = asyncio.ensure_future(state.observed(note("second", "known"), "POST", "/m", 200, 1.0, 1))
+        second = _answered(state, "second", "known")
         await asyncio.sleep(0.05)
         asked.set()
         await asyncio.gather(first, second)
-        return [r["request_id"] for r in state.access.last()]
+        return _written(state)
 
     assert asyncio.run(main()) == ["first", "second"]
 
@@ -43,28 +56,20 @@ def test_a_refused_request_is_recorded_after_the_answers_that_ended_before_it() 
     """A request the connection guard refuses (``refused``: a 431, say) while an earlier answer waits
     for its replica's rank is recorded after that answer, and one refused later after it; with
     nothing waiting it is recorded at once."""
-    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
-
     async def main() -> tuple[list[str], list[str], list[str]]:
         asked = asyncio.Event()
-
-        async def rank_of(deployment: str, replica: str) -> int:
-            await asked.wait()
-            return 0
-
-        state.rank_of = rank_of  # type: ignore[method-assign]
-        first = asyncio.ensure_future(state.observed(
-            {"route": "/m", "deployment": "m", "replica": "new", "request_id": "first"}, "POST", "/m", 200, 1.0, 1))
+        state = _state(asked)
+        first = _answered(state, "first", "new")
         await asyncio.sleep(0)  # (the first is waiting for its rank)
         a = state.refused("GET", "/m", 431, 1.0, 10)
         await asyncio.sleep(0.02)
         asked.set()
         await first
-        await asyncio.sleep(0)  # (the first's lock is free: the refused one's turn)
+        await asyncio.sleep(0)
         b = state.refused("GET", "/m", 431, 1.0, 10)  # (the first ended in the meantime, nothing waits)
-        mid = [r["request_id"] for r in state.access.last()]
+        mid = _written(state)
         await asyncio.sleep(0.02)
-        return mid, [r["request_id"] for r in state.access.last()], [a, b]
+        return mid, _written(state), [a, b]
 
     mid, end, (a, b) = asyncio.run(main())
     assert end == ["first", a, b]
@@ -75,28 +80,17 @@ def test_a_refused_request_keeps_its_place_ahead_of_an_answer_that_ended_after_i
     """In one turn of the loop the first answer's rank arrives, a request is refused, and another
     request's answer ends: they are recorded in that order (found in review: the refused one's record
     waited for a lock it had not yet queued for, and the answer after it took the lock first)."""
-    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
-
     async def main() -> tuple[list[str], str]:
         asked = asyncio.Event()
-
-        async def rank_of(deployment: str, replica: str) -> int:
-            if replica == "new":
-                await asked.wait()
-            return 0
-
-        state.rank_of = rank_of  # type: ignore[method-assign]
-        first = asyncio.ensure_future(state.observed(
-            {"route": "/m", "deployment": "m", "replica": "new", "request_id": "first"}, "POST", "/m", 200, 1.0, 1))
+        state = _state(asked)
+        first = _answered(state, "first", "new")
         await asyncio.sleep(0)  # (the first is waiting for its rank)
         asked.set()  # (its rank is here; it has not run since)
-        after = asyncio.ensure_future(state.observed(  # (its answer ends when it runs: after the refusal)
-            {"route": "/m", "deployment": "m", "replica": "known", "request_id": "after"}, "POST", "/m", 200, 1.0,
-            1))
+        after = _answered(state, "after", "known")  # (its answer ends when it runs: after the refusal)
         refused = state.refused("GET", "/m", 431, 1.0, 10)
         await asyncio.gather(first, after)
         await asyncio.sleep(0.02)
-        return [r["request_id"] for r in state.access.last()], refused
+        return _written(state), refused
 
     written, refused = asyncio.run(main())
     assert written == ["first", refused, "after"]
@@ -104,22 +98,13 @@ def test_a_refused_request_keeps_its_place_ahead_of_an_answer_that_ended_after_i
 
 def test_a_rank_lookup_that_fails_holds_back_nothing() -> None:
     """The first answer's rank lookup raises: it is recorded without a rank, and the next is recorded."""
-    state = IngressState({"/m": "m"}, {}, 1 << 20, 30.0, access=AccessLog(enabled=True))
-
     async def main() -> list[tuple[str, int | None]]:
-        async def rank_of(deployment: str, replica: str) -> int:
-            if replica == "broken":
-                raise RuntimeError("controller gone")
-            return 4
-
-        state.rank_of = rank_of  # type: ignore[method-assign]
+        state = _state(asyncio.Event(), broken="broken")
         try:
-            await state.observed({"route": "/m", "deployment": "m", "replica": "broken", "request_id": "a"},
-                                 "POST", "/m", 200, 1.0, 1)
+            await _answered(state, "a", "broken")
         except RuntimeError:
             pass
-        await state.observed({"route": "/m", "deployment": "m", "replica": "ok", "request_id": "b"},
-                             "POST", "/m", 200, 1.0, 1)
+        await _answered(state, "b", "ok")
         return [(r["request_id"], r["rank"]) for r in state.access.last()]
 
-    assert asyncio.run(main()) == [("a", None), ("b", 4)]
+    assert asyncio.run(main()) == [("a", None), ("b", 0)]
