@@ -871,7 +871,9 @@ def check_command_order(before: State, event: object, result: Step) -> None:
     rank (a lost node's replicas are replaced in rank order; the replacements of
     replicas evicted at the end of the step are a batch of their own, and so are
     a rollout's surged successors, started by its end-of-step pass beside their
-    draining predecessors), and reconfigured and initialised in ascending rank.
+    draining predecessors, and what that pass starts after the retirements it
+    sends: the held gangs it releases, ``moves.start_waiting``), and reconfigured
+    and initialised in ascending rank.
     Executors carry commands out in order, so a wrapper that reorders them
     changes who gets what first."""
     last: dict[tuple[str, str], int] = {}
@@ -888,6 +890,8 @@ def check_command_order(before: State, event: object, result: Step) -> None:
                 and after.replica(c.replaces) is not None):  # (rankcore.control.rollouts.surge)
             surging.add(c.deployment)
             last.pop(("start", c.deployment), None)
+        if isinstance(c, StopReplica) and (gone := after.replica(c.replica_id)) is not None and gone.retiring:
+            last.pop(("start", c.deployment), None)  # (the rollout's pass: rollouts.advance_touched)
         if isinstance(c, StartReplica):
             key, r = ("start", c.deployment), c.global_rank
         elif isinstance(c, (ReconfigureReplica, InitializeReplica)):
