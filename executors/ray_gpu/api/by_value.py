@@ -18,8 +18,9 @@ only the bytes' way differs.
   replica's handler task there, as ``ray.cancel`` does an async actor task.
 * What goes by reference anyway: streams and progress calls (Ray's streaming generators), a call
   holding a Ray ``ObjectRef`` or actor handle at any depth (only Ray's serialisation makes the
-  replica a borrower of it) or that cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES`` (Ray's object store moves large data
-  without copies), and any call to a replica whose address the router does not know yet.
+  replica a borrower of it) or that cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES``
+  (Ray's object store moves large data without copies), and any call to a replica whose address
+  the router does not know yet or cannot reach.
 * A router sends with gRPC's threaded client (``channel``): no event loop of its own or the caller's.
 * Server and channels are made as Ray makes its own gRPC ones (``ray._private.grpc_utils``, as
   Serve's replicas do): with Ray's token authentication (``RAY_AUTH_MODE=token``) and TLS

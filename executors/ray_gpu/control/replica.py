@@ -598,7 +598,7 @@ class ReplicaActor:
         except (SystemExit, AsyncioActorExit) as exc:
             _exit_now(exc)  # (raised here it would stop the user loop, and every call on it would hang)
             raise
-        except KeyboardInterrupt:  # (a Ray call's caller gets TaskCancelledError, and the actor lives on)
+        except KeyboardInterrupt:  # (what a Ray call's caller gets: TaskCancelledError)
             return by_value.failure(f"{type(self.instance).__name__}.{method}", TaskCancelledError(
                 error_message="KeyboardInterrupt in the replica's method"))
         except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
