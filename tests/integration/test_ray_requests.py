@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import ray
+from ray.exceptions import TaskCancelledError
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
@@ -433,6 +434,12 @@ class Valued:
     def quit(self) -> None:
         sys.exit(3)
 
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt
+
+    async def interrupt_async(self) -> None:
+        raise KeyboardInterrupt
+
 
 def _by_value(name: str, replicas: int, **opts: Any) -> Any:
     """A handle of a new deployment that sends by value, once its router knows every replica's server."""
@@ -570,6 +577,21 @@ class Front:
 
     async def __call__(self, x: int) -> tuple[int, int]:
         return await self.model.double.remote(x), self.model._router.sent_by_value
+
+
+def test_a_keyboard_interrupt_in_a_method_cancels_its_call_and_the_replica_answers_the_next():
+    """By reference and by value, from a plain method and an ``async def``: the caller's
+    ``TaskCancelledError``, as Ray's; raised out of the actor's task it stopped the replica's loop,
+    and every later call hung."""
+    hv = _by_value("valued_interrupt", 1)
+    h = hv.options(_by_reference=True)
+    pid = hv.pid.remote().result(timeout=30)
+    for handle in (h, hv):
+        for method in ("interrupt", "interrupt_async"):
+            with pytest.raises(TaskCancelledError, match="KeyboardInterrupt"):
+                getattr(handle, method).remote().result(timeout=30)
+            assert handle.pid.remote().result(timeout=30) == pid, (handle, method)
+    assert hv._router.sent_by_value >= 4
 
 
 def test_a_replica_calls_another_deployment_by_value_from_its_async_method():

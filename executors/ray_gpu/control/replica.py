@@ -563,9 +563,14 @@ class ReplicaActor:
     async def handle_request(self, method: str, args: tuple, kwargs: dict,
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
-        ``key``: its witness key, ``api.witness``)."""
+        ``key``: its witness key, ``api.witness``). A ``KeyboardInterrupt`` the method raises is the
+        call's ``TaskCancelledError``, what Ray's caller sees: raised out of the actor's task it also
+        stopped the replica's user loop, and every later call hung."""
         async with self._request(method, request, key) as fn:
-            return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+            try:
+                return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+            except KeyboardInterrupt:
+                raise TaskCancelledError(error_message=f"KeyboardInterrupt in {method!r}") from None
 
     @ray.method(concurrency_group=USER)
     async def handle_call(self, call: tuple) -> Any:
@@ -598,9 +603,6 @@ class ReplicaActor:
         except (SystemExit, AsyncioActorExit) as exc:
             _exit_now(exc)  # (raised here it would stop the user loop, and every call on it would hang)
             raise
-        except KeyboardInterrupt:  # (what a Ray call's caller gets: TaskCancelledError)
-            return by_value.failure(f"{type(self.instance).__name__}.{method}", TaskCancelledError(
-                error_message="KeyboardInterrupt in the replica's method"))
         except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
             cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+; before: as cancelled)
             if isinstance(exc, asyncio.CancelledError) and (cancelling is None or cancelling()):
