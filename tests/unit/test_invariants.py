@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pytest
 from hypothesis import Phase, settings
@@ -311,16 +313,11 @@ def test_the_held_gangs_a_rollouts_pass_releases_are_a_batch_of_their_own() -> N
     new member (rank 5, its gang on an old revision); the rollout's end-of-step pass retires the old
     gangs and then releases gang 2 (``moves.start_waiting``). Rank 5 starts after rank 6, each in its
     own batch: the order check allows it, as it does a rollout's surged successors."""
-    from pathlib import Path
-
     names = {k: getattr(rc, k) for k in dir(rc)}
     lines = (Path(__file__).parents[1] / "data" / "gang-rollout-held-gang-order.events").read_text().splitlines()
-    state = rc.State()
+    driver = Driver(nodes=())
     for line in lines:
-        event = eval(line, names)  # (reprs of rankcore's own events)
-        result = rc.step(state, event)
-        inv.check_step(state, event, result, full=True)
-        state = result.state
+        result = driver.step(eval(line, names))  # (reprs of rankcore's own events; every invariant checked)
     order = [(type(c).__name__, getattr(c, "global_rank", None)) for c in result.commands
              if isinstance(c, (rc.StartReplica, rc.StopReplica)) and c.deployment == "llm"]
     assert order == [("StartReplica", 6), ("StopReplica", None), ("StopReplica", None), ("StopReplica", None),

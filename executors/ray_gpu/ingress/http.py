@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import itertools
 import json
 import logging
 import math
@@ -445,7 +446,7 @@ class IngressState:
         self._asking: dict[str, asyncio.Future] = {}
         #: access records in the order their answers ended (``observed``): each takes the next place
         #: when its answer ends; a record is written once every place before it was (``_in_place``)
-        self._places = 0
+        self._places = itertools.count()
         self._written = 0
         self._ready: dict[int, tuple] = {}
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
@@ -730,7 +731,7 @@ class IngressState:
         if not self.access.enabled:
             return
         replica = note["replica"]
-        place, rank = self._place(), None
+        place, rank = next(self._places), None
         try:
             rank = await self.rank_of(note["deployment"], replica) if replica is not None else None
         finally:  # (a lookup that failed or was cancelled: written without its rank, never holding back the rest)
@@ -747,13 +748,8 @@ class IngressState:
                 "request_id": rid}
         self._measured(note, method, status, latency_ms)
         if self.access.enabled:
-            self._in_place(self._place(), (note, method, path, status, latency_ms, nbytes, None))
+            self._in_place(next(self._places), (note, method, path, status, latency_ms, nbytes, None))
         return rid
-
-    def _place(self) -> int:
-        """The next access record's place (its answer ended now)."""
-        self._places += 1
-        return self._places - 1
 
     def _in_place(self, place: int, record: tuple) -> None:
         """``record`` (``_logged``'s arguments) is ready: written with every ready one after it, once
