@@ -6,6 +6,7 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
+import executors.ray_gpu  # noqa: F401  (first: gRPC's fork handlers off before anything imports grpc)
 from rankcore.testing import PROFILES
 
 for name, kw in PROFILES.items():
