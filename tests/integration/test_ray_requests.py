@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import tempfile
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 import ray
+from ray.exceptions import TaskCancelledError
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
@@ -428,6 +431,15 @@ class Valued:
     def pid(self) -> int:
         return os.getpid()
 
+    def quit(self) -> None:
+        sys.exit(3)
+
+    def interrupt(self) -> None:
+        raise KeyboardInterrupt
+
+    async def interrupt_async(self) -> None:
+        raise KeyboardInterrupt
+
 
 def _by_value(name: str, replicas: int, **opts: Any) -> Any:
     """A handle of a new deployment that sends by value, once its router knows every replica's server."""
@@ -455,6 +467,7 @@ def test_a_call_by_value_is_answered_over_the_replicas_server_as_a_ray_call_is()
     assert "boom here" in str(by_value.value) and "in fail" in str(by_value.value)  # (its traceback)
     assert router.sent_by_value == sent + 7
     assert hv.kind.remote(ray.put(3)).result(timeout=30) == "ObjectRef"  # (by reference: Ray carries the ref)
+    assert hv.kind.remote(hv._router.controller).result(timeout=30) == "ActorHandle"  # (likewise an actor)
     assert router.sent_by_value == sent + 7
     assert hv.counters().answered >= 8 and hv.counters().lost == 0
     with pytest.raises(rc.InvalidConfig, match="_by_reference"):
@@ -505,23 +518,55 @@ def test_calls_by_value_in_flight_on_a_draining_replica_finish_there():
     assert not router._closing
 
 
-def test_a_live_replica_whose_server_fails_a_call_fails_that_call_and_gets_ray_calls_after():
+def test_a_call_by_value_that_never_reached_a_live_replica_goes_to_it_by_reference_and_so_do_the_next():
     """Its router's address for the replica made wrong (nothing listens there): the call fails on its
-    way, Ray says the replica lives, so that call fails (``Unavailable``, naming gRPC's status), the
-    replica stays in the pool and takes the next calls as Ray calls."""
+    way before any connection, Ray says the replica lives, so the call goes to that replica as a Ray
+    call and is answered; the replica stays in the pool and takes the next calls as Ray calls."""
     hv = _by_value("valued_alive", 1)
     router = hv._router
     (rid,) = router.addresses
     with router.lock:
         router.addresses[rid] = "127.0.0.1:1"
-    with pytest.raises(rc.Unavailable, match="UNAVAILABLE") as err:
-        hv.double.remote(4).result(timeout=60)
-    assert err.value.replica_id == rid
+    sent, resent = router.sent_by_value, router.resent_by_reference
+    assert hv.double.remote(4).result(timeout=60) == 8
+    assert router.sent_by_value == sent + 1 and router.resent_by_reference == resent + 1
+    assert [hv.double.remote(i).result(timeout=30) for i in range(3)] == [0, 2, 4]
+    assert router.sent_by_value == sent + 1 and rid in router.no_by_value and rid not in router.addresses
+    c = hv.counters()
+    assert c.lost == 0 and c.app_errors == 0 and c.failed == 0 and c.answered == 5
+
+
+def test_a_replica_whose_server_this_router_cannot_reach_gets_ray_calls_from_the_start():
+    """The address a replica gives is tried first (``_reach``): one nothing answers at (a firewall that
+    lets Ray's ports alone through) is never sent a call by value."""
+    h = run(deployment(Valued, name="valued_walled", num_replicas=1, ray_actor_options=OPTS).bind())
+    hv = h.options(_by_reference=False)
+    router = hv._router
+    assert hv.double.remote(1).result(timeout=30) == 2  # (asks the replica where its server is)
+    assert wait_for(lambda: router.addresses or router.no_by_value, 30)
+    (rid,) = router.actors
+    with router.lock:
+        router.addresses.pop(rid, None)
+    told: Future = Future()
+    told.set_result("127.0.0.1:1")
+    router._address(rid, router.actors[rid], told)
+    assert wait_for(lambda: rid in router.no_by_value, 30) and rid not in router.addresses
     sent = router.sent_by_value
     assert [hv.double.remote(i).result(timeout=30) for i in range(3)] == [0, 2, 4]
-    assert router.sent_by_value == sent and rid in router.no_by_value and rid not in router.addresses
-    c = hv.counters()  # (the machine knows an ended call as answered or errored: counted an error)
-    assert c.lost == 0 and c.app_errors == 1 and c.answered == 4
+    assert router.sent_by_value == sent
+
+
+def test_a_call_by_value_that_exits_the_replica_ends_as_its_death_does_by_reference():
+    """``sys.exit`` in a method called by value ends the replica's process, as in a Ray call (it stopped
+    the replica's loop before, and every later call hung); its caller sees the death, and the
+    replacement answers."""
+    hv = _by_value("valued_exit", 1)
+    pid_before = hv.pid.remote().result(timeout=30)
+    sent = hv._router.sent_by_value
+    with pytest.raises(rc.ReplicaDied):
+        hv.quit.remote().result(timeout=60)
+    assert hv._router.sent_by_value == sent + 1
+    assert hv.pid.remote().result(timeout=60) != pid_before  # (its replacement)
 
 
 class Front:
@@ -532,6 +577,21 @@ class Front:
 
     async def __call__(self, x: int) -> tuple[int, int]:
         return await self.model.double.remote(x), self.model._router.sent_by_value
+
+
+def test_a_keyboard_interrupt_in_a_method_cancels_its_call_and_the_replica_answers_the_next():
+    """By reference and by value, from a plain method and an ``async def``: the caller's
+    ``TaskCancelledError``, as Ray's; raised out of the actor's task it stopped the replica's loop,
+    and every later call hung."""
+    hv = _by_value("valued_interrupt", 1)
+    h = hv.options(_by_reference=True)
+    pid = hv.pid.remote().result(timeout=30)
+    for handle in (h, hv):
+        for method in ("interrupt", "interrupt_async"):
+            with pytest.raises(TaskCancelledError, match="KeyboardInterrupt"):
+                getattr(handle, method).remote().result(timeout=30)
+            assert handle.pid.remote().result(timeout=30) == pid, (handle, method)
+    assert hv._router.sent_by_value >= 4
 
 
 def test_a_replica_calls_another_deployment_by_value_from_its_async_method():

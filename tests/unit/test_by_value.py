@@ -100,14 +100,39 @@ def test_a_call_and_a_cancel_over_a_replicas_server():
         loop.close()
 
 
-def test_an_unreachable_server_is_unavailable():
+def test_an_unreachable_server_is_unavailable_and_the_call_never_left():
+    """``never_sent``: no connection could be made, so the router may send the call again (by Ray call)."""
     ch = by_value.channel("127.0.0.1:1")  # (nothing listens on port 1)
     try:
         with pytest.raises(grpc.RpcError) as err:
             ch.unary_unary(by_value.METHOD).future(b"x", timeout=5).result()
         assert err.value.code() == by_value.UNAVAILABLE
+        assert by_value.never_sent(err.value)
     finally:
         ch.close()
+    assert not by_value.never_sent(RuntimeError("failed to connect"))  # (not a gRPC call's error)
+
+
+def test_a_class_or_function_of_main_travels_by_value_not_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain pickle names a class of the caller's ``__main__``, which the replica's ``__main__`` lacks:
+    such a class or function goes by cloudpickle, and a process without it reads it."""
+    class Point:
+        def __init__(self, x: int) -> None:
+            self.x = x
+
+    def square(v: int) -> int:
+        return v * v
+
+    for obj in (Point, square):  # (as a script's own: found in this process's ``__main__``)
+        obj.__module__ = "__main__"
+        obj.__qualname__ = obj.__name__
+        monkeypatch.setattr(sys.modules["__main__"], obj.__name__, obj, raising=False)
+    data = by_value.encode(("f", (Point(3), square), {}))
+    code = ("import pickle, sys; _, (p, f), _ = pickle.loads(sys.stdin.buffer.read()); "
+            "print(type(p).__name__, p.x, f(p.x))")
+    out = subprocess.run([sys.executable, "-c", code], input=data, capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.decode().split() == ["Point", "3", "9"]
 
 
 @pytest.mark.parametrize(("env", "handles_by_reference", "proxies_by_reference"), [
@@ -123,3 +148,39 @@ def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_
                           "print(b.HANDLE_BY_REFERENCE, b.PROXY_BY_REFERENCE)"],
                          env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == [str(handles_by_reference), str(proxies_by_reference)]
+
+
+_AUTH_CHECK = """
+import asyncio
+import grpc
+from executors.ray_gpu.api import by_value
+
+async def main():
+    async def answer(b):
+        return b"ok:" + b
+    server, address = await by_value.start_server(answer, "127.0.0.1")
+    def calls():
+        ours = by_value.channel(address).unary_unary(by_value.METHOD).future(b"x", timeout=10).result()
+        try:
+            grpc.insecure_channel(address).unary_unary(by_value.METHOD).future(b"y", timeout=10).result()
+            plain = "accepted"
+        except grpc.RpcError as e:
+            plain = e.code().name
+        return ours.decode(), plain
+    print(*await asyncio.get_running_loop().run_in_executor(None, calls))
+    await server.stop(None)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(("mode", "plain"), [("token", "UNAUTHENTICATED"), ("disabled", "accepted")])
+def test_with_rays_token_auth_the_server_takes_only_calls_that_carry_the_token(mode: str, plain: str) -> None:
+    """Server and channel are made as Ray makes its own (``ray._private.grpc_utils``): under
+    ``RAY_AUTH_MODE=token`` a channel without Ray's token is refused, the router's is answered."""
+    env = {**os.environ, "RAY_AUTH_MODE": mode, "RAY_AUTH_TOKEN": "0123456789abcdef0123456789abcdef"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _AUTH_CHECK], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok:x", plain]

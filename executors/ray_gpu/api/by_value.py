@@ -17,12 +17,15 @@ only the bytes' way differs.
 * A call whose caller cancels it (``CancelOnReplica``) cancels its gRPC call; gRPC cancels the
   replica's handler task there, as ``ray.cancel`` does an async actor task.
 * What goes by reference anyway: streams and progress calls (Ray's streaming generators), a call
-  holding a Ray ``ObjectRef`` at any depth (its owner travels only with Ray's serialisation) or that
-  cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES`` (Ray's object store moves large data
-  without copies), and any call to a replica whose address the router does not know yet.
+  holding a Ray ``ObjectRef`` or actor handle at any depth (only Ray's serialisation makes the
+  replica a borrower of it) or that cannot be pickled, a call larger than ``MAX_BY_VALUE_BYTES``
+  (Ray's object store moves large data without copies), and any call to a replica whose address
+  the router does not know yet or cannot reach.
 * A router sends with gRPC's threaded client (``channel``): no event loop of its own or the caller's.
-* Anybody who can reach the port can have the replica unpickle bytes, as with Ray's own ports and
-  Serve's transport: run it on a network you trust.
+* Server and channels are made as Ray makes its own gRPC ones (``ray._private.grpc_utils``, as
+  Serve's replicas do): with Ray's token authentication (``RAY_AUTH_MODE=token``) and TLS
+  (``RAY_USE_TLS``) where the cluster has them. Without them, anybody who can reach the port can
+  have the replica unpickle bytes, as with Ray's own ports: run it on a network you trust.
 """
 
 from __future__ import annotations
@@ -32,13 +35,23 @@ import os
 import pickle
 import socket
 import traceback
+import types
 from typing import Any
 
 import grpc
 import ray
 
-__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "NotByValue", "encode", "decode", "failure",
-           "start_server", "channel"]
+try:  # (Ray's own gRPC setup: its token authentication and TLS where the cluster has them; Ray 2.60 has it)
+    from ray._private.grpc_utils import create_grpc_server_with_interceptors, init_grpc_channel
+except ImportError:  # (an older Ray has neither: plain channels, as its own)
+    create_grpc_server_with_interceptors = init_grpc_channel = None  # type: ignore[assignment]
+try:
+    from ray._common.tls_utils import add_port_to_grpc_server
+except ImportError:
+    add_port_to_grpc_server = None  # type: ignore[assignment]
+
+__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "NotByValue", "never_sent", "encode", "decode",
+           "failure", "start_server", "channel"]
 
 #: a handle's default way (``handle.options(_by_reference=...)`` not given): Serve's
 #: ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1`` sends by value, else by reference (Serve's default)
@@ -65,15 +78,27 @@ _SERVER = [*_LIMITS, ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_00
            ("grpc.http2.max_ping_strikes", 0)]
 #: the status a call gets when its replica could not be reached (then Ray is asked whether it lives)
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+#: what gRPC's core says of an UNAVAILABLE call that never had a connection to go on
+_NOT_CONNECTED = ("failed to connect", "dns resolution failed", "name resolution failure")
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether a call that failed with ``exc`` never left this process: UNAVAILABLE because no
+    connection to its server could be made (then no part of it ran there, and it may go again)."""
+    if not isinstance(exc, grpc.Call) or exc.code() != UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower()
+    return any(m in details for m in _NOT_CONNECTED)
 
 
 class NotByValue(Exception):
-    """What cannot go by value: a Ray ``ObjectRef`` inside (its owner travels only with Ray's own
-    serialisation), or more bytes than allowed."""
+    """What cannot go by value: a Ray ``ObjectRef`` or actor handle inside (only Ray's own
+    serialisation tells Ray that the replica borrows it: sent by pickle, the object or actor can go
+    while the replica holds it), or more bytes than allowed."""
 
 
 #: what never travels by value, at any depth
-_REFS = (ray.ObjectRef, ray.ObjectRefGenerator)
+_REFS = (ray.ObjectRef, ray.ObjectRefGenerator, ray.actor.ActorHandle)
 
 
 class _Capped:
@@ -101,6 +126,9 @@ def _refuse(obj: Any) -> Any:
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            # (plain pickle names it, and the replica's ``__main__`` is not the caller's: by value instead)
+            raise pickle.PicklingError(f"{obj.__qualname__} is defined in __main__")
         return _refuse(obj)
 
 
@@ -119,9 +147,10 @@ def _cloudpickler() -> Any:
 
 
 def encode(value: Any, most: int | None = None) -> bytes:
-    """``value`` pickled (protocol 5); what plain pickle refuses (a lambda, a class defined in
-    ``__main__``) by Ray's cloudpickle, which the other side reads with plain ``pickle.loads``.
-    ``NotByValue`` for a Ray ``ObjectRef`` anywhere inside, or past ``most`` bytes."""
+    """``value`` pickled (protocol 5); what plain pickle refuses or would only name (a lambda, a
+    class or function defined in ``__main__``) by Ray's cloudpickle, which the other side reads with
+    plain ``pickle.loads``. ``NotByValue`` for a Ray ``ObjectRef`` or actor handle anywhere inside,
+    or past ``most`` bytes."""
     out = _Capped(most)
     try:
         _Pickler(out, protocol=5).dump(value)
@@ -159,9 +188,14 @@ async def start_server(answer: Any, host: str) -> tuple[Any, str]:
 
     handler = grpc.method_handlers_generic_handler(
         "rankcore.Replica", {"Call": grpc.unary_unary_rpc_method_handler(call)})
-    server = grpc.aio.server(options=_SERVER)
+    if create_grpc_server_with_interceptors is not None:  # (as Serve's replicas make theirs)
+        server = create_grpc_server_with_interceptors(options=_SERVER, asynchronous=True)
+    else:
+        server = grpc.aio.server(options=_SERVER)
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port(f"{_bracketed(host)}:0")
+    where = f"{_bracketed(host)}:0"
+    port = add_port_to_grpc_server(server, where) if add_port_to_grpc_server is not None \
+        else server.add_insecure_port(where)
     await server.start()
     return server, f"{_bracketed(host)}:{port}"
 
@@ -171,7 +205,10 @@ def channel(address: str) -> Any:
     which any thread may call and cancel, with no event loop: a caller that blocks its own loop (a
     ``.result()`` inside an ``async def``) cannot block its call, and none waits for a hop to a
     sending loop's thread (0.94 ms p50 a call here against 1.1-1.2 ms for ``grpc.aio`` on another
-    thread's loop, on this project's 2-core machine)."""
+    thread's loop, on this project's 2-core machine). Made as Ray makes its own (and Serve its
+    channels to replicas): its token and TLS where the cluster uses them."""
+    if init_grpc_channel is not None:
+        return init_grpc_channel(address, options=_CLIENT)
     return grpc.insecure_channel(address, options=_CLIENT)
 
 

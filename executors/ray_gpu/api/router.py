@@ -104,6 +104,9 @@ IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 STREAM_BACKPRESSURE = 16
 #: how long a by-value call that failed on its way waits for Ray to say whether its replica lives
 UNREACHABLE_PROBE_S = 30.0
+#: how long a router tries to connect to a replica's by-value server once it learns its address; a
+#: server it cannot reach by then (a firewall that lets Ray's ports alone through) gets Ray calls
+REACHABLE_S = 5.0
 #: how many witness answers a router keeps for tests and benchmarks to read (``Router.witnessed``)
 WITNESSED = 64
 _ids = itertools.count()
@@ -192,6 +195,7 @@ class Router:
         self.no_by_value: set[str] = set()
         self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
         self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
+        self.resent_by_reference = 0  # calls by value that never left (no connection), sent by Ray call then
         #: address -> [a gRPC channel, its calls in flight]; those of replicas gone from the pool close
         #: once their calls ended (``_closing``): a draining replica finishes what it has
         self._channels: dict[str, list] = {}
@@ -292,16 +296,44 @@ class Router:
                 lambda f, rid=rid, actor=actor: self._address(rid, actor, f))
 
     def _address(self, rid: str, actor: Any, fut: Future) -> None:
+        """``rid``'s server address came (on Ray's thread): tried on a thread of its own (``_reach``)."""
+        try:
+            address = fut.result()
+        except Exception:  # (it died, or could not start a server: by reference)
+            with self.lock:
+                self.asking_address.discard(rid)
+                self.no_by_value.add(rid)
+            return
+        self._later(lambda: self._reach(rid, actor, address))
+
+    def _reach(self, rid: str, actor: Any, address: str) -> None:
+        """Connect to ``rid``'s server before any call goes there by value (a channel of its own: one the
+        router holds may close meanwhile): one this router cannot reach within ``REACHABLE_S`` gets Ray
+        calls (its calls would fail on their way otherwise)."""
+        ch, reached = None, False
+        try:
+            ch = by_value.channel(address)
+            ready = grpc.channel_ready_future(ch)
+            try:
+                ready.result(timeout=REACHABLE_S)
+                reached = True
+            finally:
+                ready.cancel()
+        except Exception:  # (grpc.FutureTimeoutError: no connection in time; or no channel could be made)
+            pass
+        kept = False
         with self.lock:
             self.asking_address.discard(rid)
-            try:
-                address = fut.result()
-            except Exception:  # (it died, or could not start a server: by reference)
+            if not reached:
                 self.no_by_value.add(rid)
-                return
-            if self.actors.get(rid) == actor:  # (still serving: the same actor, in a newer pool answer)
+            elif self.actors.get(rid) == actor and rid not in self.no_by_value:  # (still serving: the same actor)
                 self.addresses[rid] = address
-                self._closing.discard(address)  # (a replica back in the pool: its channel stays)
+                self._closing.discard(address)  # (a replica back in the pool: the channel held stays open)
+                if address not in self._channels:  # (one held is open: ``_close_idle`` drops it before closing)
+                    self._channels[address] = [ch, 0]
+                    kept = True
+        if ch is not None and not kept:
+            ch.close()
 
     def _forget_address(self, rid: str) -> None:
         """``rid`` left the pool, or its server failed (under the lock): no new call goes there by
@@ -319,6 +351,13 @@ class Router:
             if held is not None:
                 del self._channels[address]
                 held[0].close()
+
+    def _send_by_reference(self, call: Call, rid: str, actor: Any) -> None:
+        """Send ``call`` to ``rid`` as a Ray actor call (under the lock); ``_done`` answers it."""
+        call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
+                                                  call.key))
+        req = call.request_id
+        ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
 
     def _by_value_bytes(self, call: Call) -> bytes | None:
         """``call`` pickled for its replica's server, or None when it goes by reference (``by_value``'s
@@ -365,8 +404,7 @@ class Router:
         if fut.cancelled():  # (``CancelOnReplica``: gRPC cancels the replica's task)
             exc = TaskCancelledError(error_message=f"call to {self.name!r} cancelled on replica {rid}")
         elif (err := fut.exception()) is not None:
-            self._later(lambda: self._answer(call.request_id, rid, None,
-                                             self._failed_on_way(call, rid, address, actor, err)))
+            self._later(lambda: self._failed_on_way(call, rid, address, actor, fut, err))
             return
         else:
             try:
@@ -379,27 +417,42 @@ class Router:
                     value, exc = None, value.as_instanceof_cause()
         self._answer(call.request_id, rid, value, exc)
 
-    def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any, exc: BaseException) -> BaseException:
-        """A by-value call to ``rid`` failed on its way (on a thread of its own: it may ask Ray). If the
-        replica could not be reached and is dead (Ray says so), the error a Ray call would have had:
-        ``_answer`` then treats it as a Ray call's (the witness, retries). Else its server failed this
-        call (and any other by value on its way then): it fails (``rankcore.Unavailable``, naming the
-        gRPC status), that replica gets Ray calls from now on, and its calls by reference are untouched."""
+    def _failed_on_way(self, call: Call, rid: str, address: str, actor: Any, fut: Any, exc: BaseException) -> None:
+        """A by-value call to ``rid`` failed on its way (on a thread of its own: it may ask Ray); that
+        replica gets Ray calls from now on. If the replica could not be reached and is dead (Ray says
+        so), the call ends with the error a Ray call would have had (``_answer``: the witness, retries).
+        If it lives and the call never left (gRPC could not connect), the call goes to it by reference,
+        where the machine sent it (unless it went elsewhere meanwhile: ``fut`` is no longer its way).
+        Else its server failed the call after it may have begun: it fails (``rankcore.Unavailable``,
+        naming the gRPC status), and its calls by reference are untouched."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
         if code == by_value.UNAVAILABLE:
             try:
                 ray.get(actor.pid.remote(), timeout=UNREACHABLE_PROBE_S)
             except (RayActorError, ActorUnavailableError) as dead:
-                return dead
+                self._answer(call.request_id, rid, None, dead)
+                return
             except Exception:  # (no answer in time: as alive)
                 pass
         with self.lock:
             self.no_by_value.add(rid)
             self._forget_address(rid)
+            ours = self.calls.get(call.request_id) is call
+            if ours and call.ref is not fut:
+                return  # (it went another way meanwhile, its replica having left the pool: that way answers it)
+            if by_value.never_sent(exc) and ours and call.replica_id == rid and not call.future.done() \
+                    and self.actors.get(rid) == actor:
+                try:
+                    self._send_by_reference(call, rid, actor)
+                except Exception as e:  # (Ray refused it: the call fails, saying why)
+                    exc, code = e, None
+                else:
+                    self.resent_by_reference += 1
+                    return
         why = f"{code.name}: {exc.details()}" if isinstance(exc, grpc.Call) and code is not None else repr(exc)
-        return rc.Unavailable(f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its "
-                              f"way ({why}); its calls go by reference from now on", deployment=self.name,
-                              request_id=call.request_id, replica_id=rid)
+        self._answer(call.request_id, rid, None, rc.Unavailable(
+            f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its way ({why}); its "
+            f"calls go by reference from now on", deployment=self.name, request_id=call.request_id, replica_id=rid))
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
@@ -476,10 +529,7 @@ class Router:
                         data := self._by_value_bytes(call)) is not None and self._send_by_value(
                             call, a.replica_id, address, data, actor):
                     continue
-                call.ref = ref = actor.handle_call.remote((call.method, call.args, call.kwargs, to_wire(call.request),
-                                                          call.key))
-                rid, req = a.replica_id, a.request_id
-                ref.future().add_done_callback(lambda f, req=req, rid=rid: self._done(req, rid, f))
+                self._send_by_reference(call, a.replica_id, actor)
             elif kind is Rejected or kind is Failed:
                 ended = self.calls.pop(a.request_id, None)
                 if ended is not None and not ended.future.done():

@@ -42,11 +42,13 @@ import contextvars
 import functools
 import inspect
 import os
+import sys
 import threading
 import time
 from typing import Any
 
 import ray
+from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
@@ -561,9 +563,14 @@ class ReplicaActor:
     async def handle_request(self, method: str, args: tuple, kwargs: dict,
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
-        ``key``: its witness key, ``api.witness``)."""
+        ``key``: its witness key, ``api.witness``). A ``KeyboardInterrupt`` the method raises is the
+        call's ``TaskCancelledError``, what Ray's caller sees: raised out of the actor's task it also
+        stopped the replica's user loop, and every later call hung."""
         async with self._request(method, request, key) as fn:
-            return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+            try:
+                return await self._call(fn, args, kwargs, pool=self._requests, request=request)
+            except KeyboardInterrupt:
+                raise TaskCancelledError(error_message=f"KeyboardInterrupt in {method!r}") from None
 
     @ray.method(concurrency_group=USER)
     async def handle_call(self, call: tuple) -> Any:
@@ -593,7 +600,8 @@ class ReplicaActor:
             value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
             # (an answer that does not pickle, or one too large for gRPC: the caller gets why)
             return by_value.encode((True, value), most=by_value.MAX_ANSWER_BYTES)
-        except (KeyboardInterrupt, SystemExit):
+        except (SystemExit, AsyncioActorExit) as exc:
+            _exit_now(exc)  # (raised here it would stop the user loop, and every call on it would hang)
             raise
         except BaseException as exc:  # (a CancelledError of the user's own too: its caller's error)
             cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+; before: as cancelled)
@@ -669,3 +677,17 @@ async def _next_async(agen: Any) -> Any:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _exit_now(exc: BaseException) -> None:
+    """The user's code asked the process to end (``sys.exit``, ``ray.actor.exit_actor()``) in a call
+    that came by value: end it, as a Ray call's would. Its callers then see the replica's death (their
+    calls fail on their way, and Ray says it is dead), and the controller replaces it. The exit status
+    as Python's: ``sys.exit()`` 0, ``sys.exit(n)`` n, ``sys.exit("why")`` 1."""
+    asked = exc.code if isinstance(exc, SystemExit) else None
+    code = asked if isinstance(asked, int) else 0 if asked is None else 1
+    print(f"replica exiting: {type(exc).__name__} in a call by value", flush=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
