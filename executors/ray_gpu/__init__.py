@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 #: child it forks, before that child execs; ``ray.init`` starts the GCS and the raylet that way
 #: (``subprocess`` with a ``preexec_fn``), and a child that crashes there leaves Ray "timed out during
 #: startup". Measured here: 1,857 of 9,798 such children died (SIGSEGV, SIGABRT) with calls in flight
-#: on 8 threads; none of 7,673 with this off. A process that forks and uses gRPC in the child sets it.
+#: on 8 threads, and one can hang there instead, holding its parent in ``Popen``; none of 7,673 with
+#: this off. A process that forks and uses gRPC in the child sets it (``docs/ray.md``, by value).
 FORK_SUPPORT_VARIABLE = "GRPC_ENABLE_FORK_SUPPORT"
 os.environ.setdefault(FORK_SUPPORT_VARIABLE, "false")
 
