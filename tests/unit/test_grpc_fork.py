@@ -48,7 +48,7 @@ def written(lost):
     os._exit(0)
 
 def watchdog():  # (a child that hangs before its exec holds its parent in Popen)
-    while time.monotonic() - last < 10:
+    while time.monotonic() - last < 5:
         time.sleep(0.5)
     written(lost + 1)
 
