@@ -536,9 +536,14 @@ def test_a_call_by_value_that_never_reached_a_live_replica_goes_to_it_by_referen
     assert c.lost == 0 and c.app_errors == 0 and c.failed == 0 and c.answered == 5
 
 
-def test_a_replica_whose_server_this_router_cannot_reach_gets_ray_calls_from_the_start():
+def test_a_replica_whose_server_this_router_cannot_reach_gets_ray_calls_until_it_is_reached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The address a replica gives is tried first (``_reach``): one nothing answers at (a firewall that
-    lets Ray's ports alone through) is never sent a call by value."""
+    lets Ray's ports alone through) is sent no call by value; it is tried again later (``REACH_AGAIN_S``),
+    and once reached takes calls by value."""
+    from executors.ray_gpu.api import router as router_module
+
+    monkeypatch.setattr(router_module, "REACH_AGAIN_S", 3.0)
     h = run(deployment(Valued, name="valued_walled", num_replicas=1, ray_actor_options=OPTS).bind())
     hv = h.options(_by_reference=False)
     router = hv._router
@@ -551,9 +556,14 @@ def test_a_replica_whose_server_this_router_cannot_reach_gets_ray_calls_from_the
     told.set_result("127.0.0.1:1")
     router._address(rid, router.actors[rid], told)
     assert wait_for(lambda: rid in router.no_by_value, 30) and rid not in router.addresses
+    assert router.unreached == {rid: 1}
     sent = router.sent_by_value
     assert [hv.double.remote(i).result(timeout=30) for i in range(3)] == [0, 2, 4]
     assert router.sent_by_value == sent
+    assert wait_for(lambda: rid in router.addresses, 30)  # (tried again: its real address this time)
+    assert rid not in router.no_by_value and not router.unreached
+    assert hv.double.remote(5).result(timeout=30) == 10
+    assert router.sent_by_value == sent + 1
 
 
 def test_a_call_by_value_that_exits_the_replica_ends_as_its_death_does_by_reference():

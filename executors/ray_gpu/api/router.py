@@ -107,6 +107,10 @@ UNREACHABLE_PROBE_S = 30.0
 #: how long a router tries to connect to a replica's by-value server once it learns its address; a
 #: server it cannot reach by then (a firewall that lets Ray's ports alone through) gets Ray calls
 REACHABLE_S = 5.0
+#: how long after a failed connect a router tries that replica's server again (doubling each time, to
+#: ``REACH_AGAIN_MOST_S``): one slow connect on a loaded host does not keep a replica on Ray calls for good
+REACH_AGAIN_S = 30.0
+REACH_AGAIN_MOST_S = 480.0
 #: how many witness answers a router keeps for tests and benchmarks to read (``Router.witnessed``)
 WITNESSED = 64
 _ids = itertools.count()
@@ -193,6 +197,7 @@ class Router:
         self.addresses: dict[str, str] = {}
         self.asking_address: set[str] = set()
         self.no_by_value: set[str] = set()
+        self.unreached: dict[str, int] = {}  # of those, the ones no connect reached: failed connects so far
         self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
         self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
         self.resent_by_reference = 0  # calls by value that never left (no connection), sent by Ray call then
@@ -278,6 +283,7 @@ class Router:
         for rid in [r for r in self.addresses if r not in self.actors]:
             self._forget_address(rid)
         self.no_by_value.intersection_update(self.actors)
+        self.unreached = {rid: n for rid, n in self.unreached.items() if rid in self.actors}
         self._ask_addresses()
         self._carry(out)
 
@@ -309,7 +315,7 @@ class Router:
     def _reach(self, rid: str, actor: Any, address: str) -> None:
         """Connect to ``rid``'s server before any call goes there by value (a channel of its own: one the
         router holds may close meanwhile): one this router cannot reach within ``REACHABLE_S`` gets Ray
-        calls (its calls would fail on their way otherwise)."""
+        calls (its calls would fail on their way otherwise) until it is tried again (``_reach_again``)."""
         ch, reached = None, False
         try:
             ch = by_value.channel(address)
@@ -321,12 +327,16 @@ class Router:
                 ready.cancel()
         except Exception:  # (grpc.FutureTimeoutError: no connection in time; or no channel could be made)
             pass
-        kept = False
+        kept, again = False, 0.0
         with self.lock:
             self.asking_address.discard(rid)
             if not reached:
                 self.no_by_value.add(rid)
+                if self.actors.get(rid) == actor:
+                    self.unreached[rid] = tries = self.unreached.get(rid, 0) + 1
+                    again = min(REACH_AGAIN_S * 2 ** (tries - 1), REACH_AGAIN_MOST_S)
             elif self.actors.get(rid) == actor and rid not in self.no_by_value:  # (still serving: the same actor)
+                self.unreached.pop(rid, None)
                 self.addresses[rid] = address
                 self._closing.discard(address)  # (a replica back in the pool: the channel held stays open)
                 if address not in self._channels:  # (one held is open: ``_close_idle`` drops it before closing)
@@ -334,6 +344,21 @@ class Router:
                     kept = True
         if ch is not None and not kept:
             ch.close()
+        if again:
+            timer = threading.Timer(again, self._reach_again, (rid, actor))
+            timer.daemon = True
+            timer.start()
+
+    def _reach_again(self, rid: str, actor: Any) -> None:
+        """Ask ``rid`` where its server is again and try to connect, if it still serves and was not
+        reached since."""
+        if not ray.is_initialized():
+            return  # (Ray was shut down: a call now would start a new local Ray)
+        with self.lock:
+            if self.actors.get(rid) != actor or rid not in self.unreached or rid in self.addresses:
+                return
+            self.no_by_value.discard(rid)
+            self._ask_addresses()
 
     def _forget_address(self, rid: str) -> None:
         """``rid`` left the pool, or its server failed (under the lock): no new call goes there by
