@@ -11,12 +11,13 @@ import signal
 import sys
 import tempfile
 import time
+import types
 from concurrent.futures import Future
 from typing import Any
 
 import pytest
 import ray
-from ray.exceptions import TaskCancelledError
+from ray.exceptions import RaySystemError, TaskCancelledError
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
@@ -440,6 +441,13 @@ class Valued:
     async def interrupt_async(self) -> None:
         raise KeyboardInterrupt
 
+    def stranger(self) -> Any:
+        """An instance of a class of a module only this replica has: its caller cannot unpickle it."""
+        module = types.ModuleType("only_in_the_replica")
+        exec("class Stranger:\n    pass\n", module.__dict__)
+        sys.modules[module.__name__] = module
+        return module.Stranger()
+
 
 def _by_value(name: str, replicas: int, **opts: Any) -> Any:
     """A handle of a new deployment that sends by value, once its router knows every replica's server."""
@@ -472,6 +480,18 @@ def test_a_call_by_value_is_answered_over_the_replicas_server_as_a_ray_call_is()
     assert hv.counters().answered >= 8 and hv.counters().lost == 0
     with pytest.raises(rc.InvalidConfig, match="_by_reference"):
         hv.options(_by_reference="no")
+
+
+def test_an_answer_the_caller_cannot_unpickle_is_rays_system_error_either_way():
+    """A value whose class the caller lacks: Ray's ``RaySystemError`` naming the cause, by reference as
+    by value, and the replica answers the next call."""
+    hv = _by_value("valued_stranger", 1)
+    sent = hv._router.sent_by_value
+    for handle in (hv.options(_by_reference=True), hv):
+        with pytest.raises(RaySystemError, match="only_in_the_replica"):
+            handle.stranger.remote().result(timeout=30)
+    assert hv._router.sent_by_value == sent + 1
+    assert hv.double.remote(2).result(timeout=30) == 4
 
 
 def test_a_call_by_value_cancelled_by_its_caller_is_cancelled_on_the_replica_and_frees_its_slot():

@@ -63,13 +63,14 @@ import itertools
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import grpc
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError, TaskCancelledError
+from ray.exceptions import ActorUnavailableError, RayActorError, RaySystemError, RayTaskError, TaskCancelledError
 
 import rankcore as rc
 from rankcore.requests import (
@@ -434,9 +435,9 @@ class Router:
         else:
             try:
                 ok, value = by_value.decode(fut.result())
-            except Exception as e:  # (an answer this process cannot unpickle: a class it lacks)
-                exc = RuntimeError(f"the answer of {self.name!r} replica {rid} to {call.method!r} could not be "
-                                   f"unpickled here: {type(e).__name__}: {e}")
+            except Exception as e:  # (an answer this process cannot unpickle: a class it lacks): Ray's error
+                exc = RaySystemError(f"the answer of {self.name!r} replica {rid} to {call.method!r} could not be "
+                                     f"unpickled here: {type(e).__name__}: {e}", traceback.format_exc())
             else:
                 if not ok:
                     value, exc = None, value.as_instanceof_cause()
