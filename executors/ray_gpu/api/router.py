@@ -229,9 +229,7 @@ class Router:
                     self.polls += 1
                 except Exception:  # (the controller restarting): ask again soon, whoever calls or not
                     self.retry_at = time.monotonic() + LONG_POLL_RETRY_S
-                    timer = threading.Timer(LONG_POLL_RETRY_S + 0.01, self.refresh)
-                    timer.daemon = True
-                    timer.start()
+                    self._after(LONG_POLL_RETRY_S + 0.01, self.refresh)
             if not (force or self.version is None):
                 self._keep_polling()
                 return
@@ -251,6 +249,12 @@ class Router:
 
     def _later(self, fn: Any) -> None:
         threading.Thread(target=fn, daemon=True).start()  # (not on Ray's callback thread: refresh may block)
+
+    def _after(self, seconds: float, fn: Any, *args: Any) -> None:
+        """``fn(*args)`` in ``seconds``, on a thread of its own that does not keep the process alive."""
+        timer = threading.Timer(seconds, fn, args)
+        timer.daemon = True
+        timer.start()
 
     def _take(self, pool: dict) -> None:
         """A pool answer: ``{"version", "serving": [(rid, actor)], "nodes": {rid: node}, "draining": [rid], "coming",
@@ -317,17 +321,18 @@ class Router:
         """Connect to ``rid``'s server before any call goes there by value (a channel of its own: one the
         router holds may close meanwhile): one this router cannot reach within ``REACHABLE_S`` gets Ray
         calls (its calls would fail on their way otherwise) until it is tried again (``_reach_again``)."""
-        ch, reached = None, False
+        ch = ready = None
+        reached = False
         try:
             ch = by_value.channel(address)
             ready = grpc.channel_ready_future(ch)
-            try:
-                ready.result(timeout=REACHABLE_S)
-                reached = True
-            finally:
-                ready.cancel()
+            ready.result(timeout=REACHABLE_S)
+            reached = True
         except Exception:  # (grpc.FutureTimeoutError: no connection in time; or no channel could be made)
             pass
+        finally:
+            if ready is not None:
+                ready.cancel()
         kept, again = False, 0.0
         with self.lock:
             self.asking_address.discard(rid)
@@ -346,9 +351,7 @@ class Router:
         if ch is not None and not kept:
             ch.close()
         if again:
-            timer = threading.Timer(again, self._reach_again, (rid, actor))
-            timer.daemon = True
-            timer.start()
+            self._after(again, self._reach_again, rid, actor)
 
     def _reach_again(self, rid: str, actor: Any) -> None:
         """Ask ``rid`` where its server is again and try to connect, if it still serves and was not
@@ -356,7 +359,7 @@ class Router:
         if not ray.is_initialized():
             return  # (Ray was shut down: a call now would start a new local Ray)
         with self.lock:
-            if self.actors.get(rid) != actor or rid not in self.unreached or rid in self.addresses:
+            if self.actors.get(rid) != actor or rid not in self.unreached:  # (reached since: no longer in it)
                 return
             self.no_by_value.discard(rid)
             self._ask_addresses()
