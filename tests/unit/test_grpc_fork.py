@@ -12,7 +12,7 @@ from pathlib import Path
 
 from executors.ray_gpu import FORK_SUPPORT_VARIABLE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = Path(__file__).resolve().parents[2]
 
 #: a gRPC server and 3 threads calling it, while the main thread spawns children as Ray spawns its
 #: processes (``subprocess`` with a ``preexec_fn``: fork, then Python in the child, then exec);
