@@ -1,7 +1,7 @@
 """``@batch`` in real replicas (issue 39): concurrent calls through the handle and over HTTP arrive
 in one replica as batches (sizes seen by the method), a lone call waits out the timeout, a
 wrong-length answer fails each caller with the batch's error, a generator streams per caller,
-and ``reconfigure`` changes the bound without a restart (the same replica, a new bound)."""
+each model's part of a batch sees its own multiplexed model id, and ``reconfigure`` changes the bound without a restart (the same replica, a new bound)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from executors.ray_gpu import batch, deployment, get_replica_context, run
+from executors.ray_gpu import batch, deployment, get_multiplexed_model_id, get_replica_context, run
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -35,6 +35,11 @@ class Batched:
     @batch(max_batch_size=4, batch_wait_timeout_s=0.05)
     async def wrong(self, xs: list) -> list:
         return xs + [None]
+
+    @batch(max_batch_size=6, batch_wait_timeout_s=0.5)
+    async def which_model(self, xs: list) -> list:
+        model = get_multiplexed_model_id()
+        return [f"{model}:{x}" for x in xs]
 
     @batch(max_batch_size=4, batch_wait_timeout_s=0.1)
     async def count(self, ns: list):
@@ -83,6 +88,12 @@ def test_a_generator_streams_to_each_caller(handle):
         return list(await asyncio.gather(take(2), take(3)))
 
     assert asyncio.run(both()) == [[0, 1], [0, 1, 2]]
+
+
+def test_each_model_s_part_of_a_batch_runs_with_its_own_multiplexed_model_id(handle):
+    models = [("model_a", "model_b")[i % 2] for i in range(6)]
+    calls = [handle.options(multiplexed_model_id=m).which_model.remote(i) for i, m in enumerate(models)]
+    assert [c.result(timeout=60) for c in calls] == [f"{m}:{i}" for i, m in enumerate(models)]
 
 
 def test_calls_over_http_are_batched_too(handle):

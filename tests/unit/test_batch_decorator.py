@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 import rankcore as rc
-from executors.ray_gpu import batch
+from executors.ray_gpu import batch, get_multiplexed_model_id
 from executors.ray_gpu.api.batching import BatchSizeMismatch
+from executors.ray_gpu.api.context import RequestContext, _serve_request_context
 
 
 class Model:
@@ -40,6 +41,12 @@ class Model:
     async def count_up(self, ns: list[int]):
         for i in range(max(ns)):
             yield [i if i < n else StopIteration for n in ns]
+
+    @batch(max_batch_size=6, batch_wait_timeout_s=0.2)
+    async def which_model(self, xs: list[int]) -> list[str]:
+        model = get_multiplexed_model_id()
+        self.batches.append([model, *xs])
+        return [f"{model}:{x}" for x in xs]
 
     @batch(max_batch_size=6, batch_wait_timeout_s=0.2, batch_size_fn=lambda items: sum(len(x) for x in items))
     async def rows(self, blocks: list[list[int]]) -> list[int]:
@@ -126,6 +133,23 @@ def test_a_generator_streams_to_each_caller_and_stopiteration_ends_one_stream():
         return await asyncio.gather(take(1), take(3), take(2))
 
     assert _run(go()) == [[0], [0, 1, 2], [0, 1]]
+
+
+@pytest.mark.parametrize("n", [6, 3], ids=["closed-by-the-last-caller", "closed-by-the-timer"])
+def test_each_model_s_part_of_a_batch_runs_in_its_own_model_s_request_context(n):
+    """A batch splits by model id; each part must see its own model in ``get_multiplexed_model_id()``,
+    not the context of whoever closed the batch (the last caller, or the timer's)."""
+    m = Model()
+
+    async def ask(i: int) -> str:
+        _serve_request_context.set(RequestContext(multiplexed_model_id=("model_a", "model_b")[i % 2]))  # (as a replica)
+        return await m.which_model(i)
+
+    async def go():
+        return await asyncio.gather(*(ask(i) for i in range(n)))
+
+    assert _run(go()) == [f"{('model_a', 'model_b')[i % 2]}:{i}" for i in range(n)]
+    assert sorted(m.batches) == [["model_a", *range(0, n, 2)], ["model_b", *range(1, n, 2)]]
 
 
 def test_batch_size_fn_counts_items_and_one_too_big_is_refused():

@@ -12,7 +12,8 @@ Serve's names, defaults and behaviour: ``max_batch_size=10``, ``batch_wait_timeo
 of that batch (``BatchSizeMismatch``, Serve's words); an exception of the method fails every
 caller of that batch; an ``async def`` generator streams: each ``yield`` is a list with one
 item per caller, ``StopIteration`` (the class) in a caller's place ends that caller's stream;
-batches split by multiplexed model id; ``set_max_batch_size`` / ``set_batch_wait_timeout_s``
+batches split by multiplexed model id, each part run in the context (``get_multiplexed_model_id()``,
+the request context) of its first caller; ``set_max_batch_size`` / ``set_batch_wait_timeout_s``
 (and ``set_max_concurrent_batches``) change the options without a restart, from the next
 batch. Where ours differs from Serve (a request that does not fit closes the batch; a
 cancelled request leaves its batch; batches keep filling while every slot is busy):
@@ -22,6 +23,7 @@ docs/requests.md, "Batching".
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import itertools
@@ -81,12 +83,14 @@ class BatchSizeMismatch(RuntimeError):
 
 
 class _Call:
-    __slots__ = ("args", "kwargs", "future", "queue", "done")
+    __slots__ = ("args", "kwargs", "future", "queue", "done", "context")
 
     def __init__(self, args: tuple, kwargs: dict, future: asyncio.Future | None, queue: asyncio.Queue | None) -> None:
         self.args, self.kwargs = args, kwargs
         self.future, self.queue = future, queue
         self.done = False  # (a stream's caller ended: its later items are dropped)
+        # the caller's context (its request, so its model id): its batch's part runs in a copy of it
+        self.context = contextvars.copy_context()
 
 
 class _Runner:
@@ -168,12 +172,21 @@ class _Runner:
     async def _run(self, act: RunBatch) -> None:
         t0 = self.loop.time()
         try:
-            await asyncio.gather(*(self._part(part.request_ids) for part in act.parts))
+            await asyncio.gather(*(self._in_own_context(part.request_ids) for part in act.parts))
         finally:
             for m in _metrics:
                 m.batch_ran(self.fn.__name__, (act.closed - act.began) * 1000.0, (self.loop.time() - t0) * 1000.0,
                             act.size, act.max_batch_size)
             self.apply(BatchDone(batch_id=act.batch_id, now=self.now()))
+
+    def _in_own_context(self, rids: tuple[str, ...]) -> Any:
+        """``_part(rids)`` as a task in a copy of its first caller's context: this task's (``_run``'s)
+        is whoever closed the batch's (its last caller, or the one whose call armed the timer), so
+        every part would read that request's model id."""
+        first = next((self.calls[r] for r in rids if r in self.calls), None)
+        if first is None:  # (every caller of the part went away)
+            return self._part(rids)
+        return first.context.run(self.loop.create_task, self._part(rids))  # (a task copies the context it starts in)
 
     async def _part(self, rids: tuple[str, ...]) -> None:
         calls = [self.calls.pop(r) for r in rids if r in self.calls]
