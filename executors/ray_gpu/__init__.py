@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         idempotent,
         run,
     )
+    from .api.exposed import http_method
     from .api.multiplex import get_multiplexed_model_id, multiplexed
     from .control.static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
     from .weights.shared import WeightsShare, share_weights
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "get_replica_context", "ReplicaContext",
            "StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping", "WeightsShare", "share_weights",
-           "idempotent", "batch", "multiplexed", "get_multiplexed_model_id"]
+           "idempotent", "batch", "multiplexed", "get_multiplexed_model_id", "http_method"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
 #: worker imports ``executors.ray_gpu.control.replica`` and must not pay for the
@@ -59,6 +60,7 @@ _WHERE = {
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "control.static"),
     **dict.fromkeys(("WeightsShare", "share_weights"), "weights.shared"),
     "batch": "api.batching",
+    "http_method": "api.exposed",
     **dict.fromkeys(("multiplexed", "get_multiplexed_model_id"), "api.multiplex"),
 }
 

@@ -1,5 +1,5 @@
 """The HTTP ingress (issue 22) with a real HTTP client (httpx) on loopback: answers, the
-error statuses (404, 400, 413, 500 with the remote traceback, 503, 408), healthz and
+error statuses (404, 400, 413, 500 naming the application's error, 503, 408), healthz and
 routes, progress as server-sent events, the status page and its JSON twin (and, where
 Chromium is installed, the page as a headless browser renders it), ``rankcore serve``."""
 
@@ -22,7 +22,8 @@ import pytest
 import ray
 
 import rankcore as rc
-from executors.ray_gpu import delete, deployment, run
+from executors.ray_gpu import delete, deployment, http_method, multiplexed, run
+from executors.ray_gpu.api.exposed import Reachable
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import (
     INGRESS_NAME,
@@ -50,19 +51,24 @@ class Adder:
     def __call__(self, a=0, b=0):
         return a + b
 
+    @http_method
     def echo(self, *args, **kwargs):
         return {"args": list(args), "kwargs": kwargs}
 
+    @http_method
     def fail(self, what="boom"):
         raise ValueError(f"application says {what}")
 
+    @http_method
     def nap(self, seconds):
         time.sleep(seconds)
         return seconds
 
+    @http_method
     def not_json(self):
         return {1, 2}
 
+    @http_method
     def late(self):
         raise TimeoutError("the application's own timeout")
 
@@ -87,10 +93,12 @@ class Slowpoke:
     def __call__(self):
         return "awake"
 
+    @http_method
     async def nap(self, seconds=5.0):
         await asyncio.sleep(seconds)
         return seconds
 
+    @http_method
     async def drip(self, n=3, seconds=5.0):
         for i in range(n):
             yield i
@@ -119,8 +127,10 @@ def client(base):
 
 
 def error_of(r: httpx.Response) -> dict:
+    """The ingress's JSON error; a request that reached the app has its id, the answer's ``x-request-id``."""
     body = r.json()
-    assert set(body) == {"error", "detail", "deployment"}, body
+    assert set(body) == {"error", "detail", "deployment", "request_id"}, body
+    assert body["request_id"] == r.headers["x-request-id"], (body, r.headers)
     return body
 
 
@@ -149,6 +159,9 @@ def test_match_route_longest_prefix_and_methods():
 
 
 def test_public_methods_are_what_a_route_may_call():
+    """Over HTTP only ``__call__`` and ``@http_method`` methods; over gRPC the public methods; never a
+    lifecycle method or a ``@multiplexed`` loader, however it is named or marked."""
+
     class NoCall:
         limit = 3  # (not callable: not a method)
 
@@ -158,13 +171,51 @@ def test_public_methods_are_what_a_route_may_call():
         def _hidden(self):
             pass
 
+        def reconfigure(self, config):
+            pass
+
+        def check_health(self):
+            pass
+
+        @multiplexed
+        async def get_model(self, model_id):
+            return model_id
+
     class Anything:
         def __getattr__(self, name):
             return lambda: name
 
-    assert public_methods(Adder.cls) == ("echo", "fail", "late", "nap", "not_json", "__call__")
-    assert public_methods(NoCall) == ("echo",)
-    assert public_methods(Anything) is None  # any name may be a method: none refused
+    adder = public_methods(Adder.cls)
+    assert adder.http == {"echo", "fail", "late", "nap", "not_json", "__call__"}
+    assert adder.grpc == {"echo", "fail", "late", "nap", "not_json", "__call__"}
+    no_call = public_methods(NoCall)
+    assert no_call == Reachable(http=frozenset(), grpc=frozenset({"echo"}))
+    for method in ("reconfigure", "check_health", "get_model", "echo", "__call__"):
+        assert no_call.refusal("nc", method, "http") is not None, method
+    for method in ("reconfigure", "check_health", "get_model", "__call__"):
+        assert no_call.refusal("nc", method, "grpc") is not None, method
+    assert no_call.refusal("nc", "echo", "grpc") is None
+    anything = public_methods(Anything)  # any name may be a method: gRPC sends it on, HTTP only __call__
+    assert anything.grpc is None and anything.refusal("a", "whatever", "grpc") is None
+    assert anything.refusal("a", "reconfigure", "grpc") is not None
+    assert anything.refusal("a", "whatever", "http") is not None
+
+
+def test_http_method_refuses_what_no_client_may_reach():
+    with pytest.raises(rc.InvalidConfig, match=r"'reconfigure'.*lifecycle"):
+
+        class Bad:
+            @http_method
+            def reconfigure(self, config):
+                pass
+
+    with pytest.raises(rc.InvalidConfig, match=r"'get_model'.*@multiplexed"):
+
+        class Loader:
+            @http_method
+            @multiplexed
+            async def get_model(self, model_id):
+                return model_id
 
 
 # ------------------------------------------------------------------ answers
@@ -260,20 +311,68 @@ def test_unknown_method_404_names_the_deployment_and_its_methods_before_any_call
     assert client.post("/add/echo", json=1).json() == {"args": [1], "kwargs": {}}  # a method it has: served
 
 
+@deployment(name="guarded", num_replicas=1, user_config={"threshold": 1}, ray_actor_options=OPTS)
+class Guarded:
+    """What a Serve app has beside ``__call__``: a ``reconfigure``, a ``@multiplexed`` loader, a
+    lifecycle hook and a helper the user never meant to publish."""
+
+    def __init__(self):
+        self.threshold = None
+
+    def reconfigure(self, config):
+        self.threshold = config["threshold"]
+
+    def check_health(self):
+        pass
+
+    @multiplexed
+    async def get_model(self, model_id):
+        return f"model {model_id}"
+
+    def helper(self):
+        return "internal"
+
+    def __call__(self):
+        return self.threshold
+
+
+def test_only_what_the_user_exposed_is_reachable_over_http(client):
+    """``/guarded/reconfigure`` set the replica's config behind the controller's back (200) and
+    ``/guarded/get_model`` loaded any model id a client named (issue 64): now 404 before anything
+    is sent, as every method not marked ``@http_method``; the route still calls ``__call__``."""
+    run(Guarded.bind(), route_prefix="/guarded")
+    try:
+        assert client.get("/guarded").json() == 1
+        for method, body in (("reconfigure", {"args": [{"threshold": 999}]}), ("get_model", "any-model"),
+                             ("check_health", None), ("helper", None), ("__init__", None)):
+            r = client.post(f"/guarded/{method}", json=body)
+            assert r.status_code == 404, (method, r.status_code, r.text[:300])
+            if method != "__init__":  # (not a method name a path can carry: no route matched)
+                assert error_of(r)["error"] == "unknown_method", r.text
+                assert "@http_method" in error_of(r)["detail"]
+        assert client.get("/guarded").json() == 1  # the file's config still served
+    finally:
+        delete("guarded")
+
+
 @deployment(name="evolving", num_replicas=1, ray_actor_options=OPTS)
 class EvolvingV1:
+    @http_method
     def kept(self):
         return "v1"
 
+    @http_method
     def dropped(self):
         return "v1"
 
 
 @deployment(name="evolving", num_replicas=1, ray_actor_options=OPTS)
 class EvolvingV2:
+    @http_method
     def kept(self):
         return "v2"
 
+    @http_method
     def added(self):
         return "v2"
 
@@ -326,15 +425,37 @@ def test_body_too_large_413(client):
         configure(max_body_bytes=1 << 20)
 
 
-def test_application_error_500_with_remote_traceback(client):
+def test_application_error_500_names_the_exception_never_its_traceback(client):
+    """A 500 says what the application raised and the request's id; the traceback (the replica's file
+    paths, pid, IP, actor id) stays in the proxy's log under that id (issue 64)."""
     r = client.post("/add/fail", json="kaput")
     assert r.status_code == 500
     body = error_of(r)
     assert body["error"] == "application_error" and body["deployment"] == "adder"
-    assert "ValueError" in body["detail"] and "application says kaput" in body["detail"]
-    assert re.search(r"test_ray_http.py\", line \d+, in fail\n", body["detail"])  # the replica's frame
+    assert body["detail"] == "ValueError: application says kaput", body
+    raw = r.text
+    for leak in ("Traceback", 'File "', "test_ray_http.py", "pid=", "ip=", "actor_id", "ray::"):
+        assert leak not in raw, (leak, raw)
     assert "\x1b[" not in body["detail"]  # no terminal colours in JSON
+    events = events_of(client.post("/add/fail", json="late", headers={"accept": "text/event-stream"}).text)
+    assert events[-1][0] == "error" and events[-1][1]["detail"] == "ValueError: application says late", events
     assert client.post("/add", json={"args": [1, 2]}).json() == 3  # the replica still serves
+
+
+def test_status_of_keeps_the_traceback_out_and_logs_it(caplog):
+    """``status_of`` gives the type and message of what the application raised; ``log_failure`` puts
+    the whole traceback in the proxy's log under the request id."""
+    from executors.ray_gpu.ingress.http import MAX_ERROR_MESSAGE, log_failure, status_of
+
+    try:
+        raise KeyError("x" * (MAX_ERROR_MESSAGE + 50))
+    except KeyError as exc:
+        status, error, detail = status_of(exc)
+        assert (status, error) == (500, "application_error")
+        assert detail.startswith("KeyError: 'xxx") and detail.endswith("...") and len(detail) < MAX_ERROR_MESSAGE + 20
+        with caplog.at_level("ERROR", logger="executors.ray_gpu.ingress.http"):
+            log_failure(exc, status, "adder", "fail", "rid-42")
+    assert "rid-42" in caplog.text and "Traceback" in caplog.text and "adder.fail" in caplog.text
 
 
 def test_unserialisable_result_500(client):
@@ -343,8 +464,8 @@ def test_unserialisable_result_500(client):
 
 
 def test_application_timeout_error_is_500_not_408(client):
-    """A TimeoutError the method raises is the application's error (500 with its traceback), not
-    the ingress's request timeout."""
+    """A TimeoutError the method raises is the application's error (500 naming it), not the ingress's
+    request timeout."""
     r = client.get("/add/late")
     assert r.status_code == 500, r.text
     body = error_of(r)

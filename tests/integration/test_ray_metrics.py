@@ -22,7 +22,7 @@ import pytest
 import ray
 from prometheus_client.parser import text_string_to_metric_families
 
-from executors.ray_gpu import deployment, get_deployment_handle, run
+from executors.ray_gpu import deployment, get_deployment_handle, http_method, run
 from executors.ray_gpu.api.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, set_access_log
@@ -40,23 +40,28 @@ class Metered:
     def __call__(self, x=0):
         return x
 
+    @http_method
     def fail(self):
         raise ValueError("metered says no")
 
+    @http_method
     def rid(self):
         return _get_serve_request_context().request_id
 
+    @http_method
     def rid_twice(self, pause=0.3):
         """The id before and after a pause in which other calls run in other threads of this replica."""
         first = _get_serve_request_context().request_id
         time.sleep(pause)
         return [first, _get_serve_request_context().request_id]
 
+    @http_method
     async def rid_twice_async(self, pause=0.3):
         first = _get_serve_request_context().request_id
         await asyncio.sleep(pause)
         return [first, _get_serve_request_context().request_id]
 
+    @http_method
     def relay(self):
         """A handle call made inside a request carries its id on (Serve's handle does)."""
         return get_deployment_handle("metered").rid.remote().result(timeout=30)

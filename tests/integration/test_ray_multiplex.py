@@ -13,7 +13,14 @@ import httpx
 import pytest
 import ray
 
-from executors.ray_gpu import deployment, get_multiplexed_model_id, get_replica_context, multiplexed, run
+from executors.ray_gpu import (
+    deployment,
+    get_multiplexed_model_id,
+    get_replica_context,
+    http_method,
+    multiplexed,
+    run,
+)
 from executors.ray_gpu.control.replicas import NAMESPACE
 
 pytestmark = pytest.mark.usefixtures("local_ray")
@@ -46,6 +53,7 @@ class Mux:
         return {"model": model.model_id, "asked": get_multiplexed_model_id(), "x": x,
                 "replica": get_replica_context().replica_id}
 
+    @http_method
     async def history(self) -> dict:
         return {"loads": list(self.loads), "unloaded": list(self.unloaded),
                 "replica": get_replica_context().replica_id}

@@ -20,7 +20,7 @@ import ray
 from ray.exceptions import RaySystemError, TaskCancelledError
 
 import rankcore as rc
-from executors.ray_gpu import deployment, get_controller, get_replica_context, idempotent, run
+from executors.ray_gpu import deployment, get_controller, get_replica_context, http_method, idempotent, run
 from executors.ray_gpu.api.deployments import DeploymentHandle, ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
@@ -44,6 +44,7 @@ class Model:
     def double(self, x: int) -> int:
         return x * 2
 
+    @http_method
     def slow(self, seconds: float) -> str:
         time.sleep(seconds)
         return get_replica_context().replica_id
@@ -185,6 +186,7 @@ def test_calls_keep_flowing_while_the_controller_restarts_and_through_a_scale_up
 
 
 class Tokens:
+    @http_method
     def tokens(self, n: int, delay: float = 0.0):
         for i in range(n):
             time.sleep(delay)
@@ -195,6 +197,7 @@ class Tokens:
             await asyncio.sleep(0)
             yield i * 10
 
+    @http_method
     def broken(self, n: int):
         yield 0
         raise ValueError(f"broke after the first of {n}")

@@ -14,7 +14,8 @@ handle, ``request_timeout_s``, cancellation).
 Errors map to status codes: bytes that are not the method's request message ``INVALID_ARGUMENT``,
 a message above ``max_body_bytes`` (or metadata above ``max_header_bytes``) ``RESOURCE_EXHAUSTED``,
 an unknown method ``UNIMPLEMENTED`` (gRPC's; also a method of the services that the deployment's class
-lacks, before anything is sent: ``http.IngressState.unknown_method``); an unknown or missing application ``NOT_FOUND``; overloaded or
+lacks, or a lifecycle method or ``@multiplexed`` loader it has, before anything is sent:
+``http.IngressState.unknown_method``); an unknown or missing application ``NOT_FOUND``; overloaded or
 no replica ``UNAVAILABLE``; past ``request_timeout_s`` ``DEADLINE_EXCEEDED``; the
 application's own exception ``INTERNAL`` with its message; a client that cancels (or whose
 deadline passes) cancels the call through the handle (its slot on the replica is freed;
@@ -247,13 +248,15 @@ class GrpcFront:
 
     async def _method_or_abort(self, name: str, method: str, context: aio.ServicerContext) -> None:
         """A method the deployment's class does not have: ``UNIMPLEMENTED`` (nothing sent)."""
-        unknown = self.ingress.unknown_method(name, method)
+        unknown = self.ingress.unknown_method(name, method, via="grpc")
         if unknown is not None:
             self.codes["UNIMPLEMENTED"] += 1
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, unknown)
 
-    async def _failed(self, exc: BaseException, name: str, context: aio.ServicerContext) -> None:
-        status, _error, detail = self.status_of(exc)
+    async def _failed(self, exc: BaseException, name: str, method: str, context: aio.ServicerContext) -> None:
+        """Abort with the error's code and ``status_of``'s detail (never a traceback: that goes to the
+        proxy's log, ``IngressState.failed``)."""
+        status, _error, detail = self.ingress.failed(exc, name, method, None)
         code = code_of(status)
         self.codes[code.name] += 1
         await context.abort(code, detail[-4000:])
@@ -269,7 +272,7 @@ class GrpcFront:
             self.codes["CANCELLED"] += 1
             raise
         except Exception as exc:
-            await self._failed(exc, name, context)
+            await self._failed(exc, name, method, context)
         finally:
             self.ingress.ongoing -= 1
         self.codes["OK"] += 1
@@ -295,7 +298,7 @@ class GrpcFront:
             raise
         except Exception as exc:
             ended = True
-            await self._failed(exc, name, context)
+            await self._failed(exc, name, method, context)
         finally:
             ingress.ongoing -= 1
             if not ended and response is not None:

@@ -5,13 +5,14 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 
 * a route per deployment (``route_prefix``, default ``/<name>``): ``POST`` JSON
   in, JSON out (``args_of`` says how a body becomes the call's arguments);
-  ``GET`` calls with no arguments; ``<prefix>/<method>`` calls that method (one the
-  class does not have: 404 ``unknown_method``, nothing sent: ``public_methods``);
+  ``GET`` calls with no arguments; ``<prefix>/<method>`` calls a method the user marked
+  ``@http_method`` (any other name, a lifecycle method and a ``@multiplexed`` loader
+  included: 404 ``unknown_method``, nothing sent: ``public_methods``, ``api.exposed``);
 * errors as JSON ``{"error", "detail", "deployment"}`` with the status the
   request path gives them (``status_of``): a ``rankcore.RequestError`` its own
   ``.status`` (503 overloaded or no replica, 408 timeout, 499, 500 replica
   died), 404 unknown route or deployment, 413 body above ``max_body_bytes``,
-  400 bad JSON, 500 with the remote traceback for the application's error;
+  400 bad JSON, 500 naming the application's error (its traceback only in the proxy's log);
 * limits on what a hostile client can hold (issue 40): a request head within
   ``header_timeout_s`` (408) and ``max_header_bytes`` (431), at most ``max_connections``
   (503), a body within ``request_timeout_s`` (408), JSON at most ``MAX_JSON_DEPTH`` deep
@@ -63,6 +64,7 @@ import rankcore as rc
 
 from ..api import by_value
 from ..api.context import RequestContext, _serve_request_context, model_request
+from ..api.exposed import Reachable, reachable
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
@@ -248,20 +250,43 @@ def _depth_within(value: Any, most: int) -> bool:
 
 def status_of(exc: BaseException) -> tuple[int, str, str]:
     """What a failed call answers: ``(HTTP status, error, detail)``. The application's own
-    exception first (500 with its remote traceback, whatever its type), then the request
-    path's typed errors by their ``.status``, an unknown deployment 404, a dead replica 500,
-    a timeout 408."""
+    exception first (500 with its type and message, whatever its type: never its traceback, which
+    holds the replica's file paths, pid, IP and actor id; ``log_failure`` writes that to the proxy's
+    log), then the request path's typed errors by their ``.status``, an unknown deployment 404, a
+    dead replica 500, a timeout 408."""
     if isinstance(exc, RayTaskError):
-        return 500, "application_error", _ANSI.sub("", str(exc))
+        return 500, "application_error", _what_raised(exc.cause if isinstance(exc.cause, BaseException) else None,
+                                                      getattr(exc, "cause_cls", None))
     if isinstance(exc, rc.RequestError):
         return exc.status, exc.reason, str(exc)
     if isinstance(exc, rc.UnknownDeployment):
         return 404, "unknown_deployment", str(exc)
     if isinstance(exc, RayActorError) or type(exc).__name__ == "ReplicaDiedError":
-        return 500, "replica_died", str(exc)
+        return 500, "replica_died", "the replica serving the request died"
     if isinstance(exc, TimeoutError):
         return 408, "timeout", str(exc) or "the request timed out"
-    return 500, "application_error", "".join(traceback.format_exception(exc))
+    return 500, "application_error", _what_raised(exc, type(exc))
+
+
+#: how much of an application exception's message an answer carries
+MAX_ERROR_MESSAGE = 1000
+
+
+def _what_raised(exc: BaseException | None, cls: Any) -> str:
+    """``"ValueError: its message"`` (the message's first ``MAX_ERROR_MESSAGE`` characters, no colours)."""
+    name = getattr(cls, "__name__", None) or (type(exc).__name__ if exc is not None else "Exception")
+    message = _ANSI.sub("", str(exc)) if exc is not None else ""
+    if len(message) > MAX_ERROR_MESSAGE:
+        message = message[:MAX_ERROR_MESSAGE] + "..."
+    return f"{name}: {message}" if message else name
+
+
+def log_failure(exc: BaseException, status: int, deployment: str | None, method: str, request_id: str) -> None:
+    """A 500's whole story (the remote traceback) goes to the proxy's log, under the request id
+    its answer carries; the client sees only ``status_of``'s detail."""
+    if status >= 500:
+        log.error("request %s to %s.%s failed (%d):\n%s", request_id or "-", deployment or "-", method, status,
+                  _ANSI.sub("", "".join(traceback.format_exception(exc))))
 
 
 def _jsonable(value: Any) -> Any:
@@ -307,26 +332,22 @@ def _submit(handle: Any, name: str, args: tuple, kwargs: dict, request: RequestC
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 
 
-def public_methods(cls: Any) -> tuple[str, ...] | None:
-    """What HTTP (``<prefix>/<method>``) and gRPC may call on a deployment of class ``cls``: its
-    public methods (a name starting with a letter, callable on the class; ``_METHOD``), and
-    ``__call__`` when it has one. None (any name may be one: nothing is refused) when ``cls`` is not
-    a class or defines ``__getattr__``."""
-    if not isinstance(cls, type) or any("__getattr__" in vars(k) for k in cls.__mro__[:-1]):
-        return None
-    names = sorted(m for m in dir(cls) if _METHOD.fullmatch(m) and callable(getattr(cls, m, None)))
-    return (*names, "__call__") if any("__call__" in vars(k) for k in cls.__mro__[:-1]) else tuple(names)
+def public_methods(cls: Any) -> Reachable:
+    """What HTTP and gRPC may call on a deployment of class ``cls`` (``api.exposed.reachable``):
+    over HTTP ``__call__`` and the ``@http_method`` ones, over gRPC its public methods; never a
+    lifecycle method or a ``@multiplexed`` loader."""
+    return reachable(cls)
 
 
-def _methods_of(deployment: str) -> tuple[str, ...] | None:
+def _methods_of(deployment: str) -> Reachable:
     """(Where a route is added: the caller of ``expose`` has the deployment's class importable.)
     ``public_methods`` of the class the controller last applied for ``deployment``, read from what
-    it stored (``persist.load_specs``); None when that cannot be read here."""
+    it stored (``persist.load_specs``); ``Reachable.unknown()`` when that cannot be read here."""
     try:
         spec = (persist.load_specs() or {}).get(deployment)
-    except Exception:  # (a class this process cannot import: nothing is refused)
-        return None
-    return public_methods(spec.get("cls")) if isinstance(spec, dict) else None
+    except Exception:  # (a class this process cannot import: __call__ over HTTP, no lifecycle method)
+        return Reachable.unknown()
+    return public_methods(spec.get("cls")) if isinstance(spec, dict) else Reachable.unknown()
 
 
 def _request_of(note: dict | None) -> RequestContext | None:
@@ -427,8 +448,8 @@ class IngressState:
                  metrics: IngressMetrics | None = None) -> None:
         self.routes = dict(routes)  # prefix -> deployment
         self.handles = dict(handles)  # deployment -> its handle (``__call__``), as ``expose`` gave it
-        #: deployment -> the methods it may be called by (``public_methods``; None or absent: any)
-        self.methods: dict[str, tuple[str, ...] | None] = {}
+        #: deployment -> the methods a client may call (``public_methods``; absent: ``Reachable.unknown()``)
+        self.methods: dict[str, Reachable] = {}
         self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
         #: the connection limits (``HEADER_TIMEOUT_S`` ...: ``configure`` changes them)
         self.header_timeout_s: float | None = HEADER_TIMEOUT_S
@@ -517,16 +538,9 @@ class IngressState:
             submit.add_done_callback(_cancel_sent)
             raise
 
-    def unknown_method(self, name: str, method: str) -> str | None:
-        """Why ``method`` of ``name`` cannot be called (its class has no such public method), or None."""
-        known = self.methods.get(name)
-        if known is None or method in known:
-            return None
-        listed = ", ".join(m for m in known if m != "__call__") or "none"
-        if method == "__call__":
-            return f"deployment {name!r} has no __call__: call one of its methods, <route>/<method> (methods: {listed})"
-        return f"deployment {name!r} has no method {method!r} (methods: {listed}" + (
-            "; the route itself calls __call__)" if "__call__" in known else ")")
+    def unknown_method(self, name: str, method: str, via: str = "http") -> str | None:
+        """Why a client may not call ``method`` of ``name`` over ``via`` ("http", "grpc"), or None."""
+        return self.methods.get(name, Reachable.unknown()).refusal(name, method, via)
 
     async def is_stream(self, name: str, method: str) -> bool:
         """Whether ``method`` of ``name`` is a generator method: asked on this loop once the handle
@@ -536,14 +550,24 @@ class IngressState:
             return bool(handle.is_stream(method))
         return bool(await asyncio.get_running_loop().run_in_executor(self.pool, handle.is_stream, method))
 
-    def _error(self, status: int, error: str, detail: str, deployment: str | None, close: bool = False) -> Any:
-        """The JSON error answer; ``close``: with ``Connection: close`` (answered before the request's
-        body was read: a client trickling the rest would otherwise hold the connection)."""
+    def _error(self, status: int, error: str, detail: str, deployment: str | None, close: bool = False,
+               request_id: str | None = None) -> Any:
+        """The JSON error answer (with ``request_id`` when known: what the proxy's log files a 500's
+        traceback under); ``close``: with ``Connection: close`` (answered before the request's body
+        was read: a client trickling the rest would otherwise hold the connection)."""
         from starlette.responses import JSONResponse
 
         self._count(status, error, detail, deployment)
-        return JSONResponse({"error": error, "detail": detail, "deployment": deployment}, status_code=status,
-                            headers={"Connection": "close"} if close else None)
+        body = {"error": error, "detail": detail, "deployment": deployment}
+        if request_id:
+            body["request_id"] = request_id
+        return JSONResponse(body, status_code=status, headers={"Connection": "close"} if close else None)
+
+    def failed(self, exc: BaseException, name: str | None, method: str, note: dict | None) -> tuple[int, str, str]:
+        """``status_of(exc)``, its traceback logged under the request's id (``log_failure``)."""
+        status, error, detail = status_of(exc)
+        log_failure(exc, status, name, method, note["request_id"] if note else "")
+        return status, error, detail
 
     def _count(self, status: int, error: str, detail: str, deployment: str | None) -> None:
         self.answers[status] += 1
@@ -585,8 +609,9 @@ class IngressState:
     async def deployment_call(self, request: Any) -> Any:
         from starlette.responses import Response, StreamingResponse
 
-        name = None
+        name, method = None, ""
         note = request.scope.get("rankcore")  # (``_Observe``'s: what the metrics and the access record say)
+        rid = note["request_id"] if note else None
         unread = _declares_body(request)  # (a body not read yet: an early answer closes the connection)
         try:
             found = match_route(self.routes, request.url.path)
@@ -613,16 +638,17 @@ class IngressState:
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
             value = await self.call(name, method, args, kwargs, receive=request.receive, note=note)
         except Reply as r:
-            return self._error(r.status, r.error, r.detail, r.deployment or name, close=unread)
+            return self._error(r.status, r.error, r.detail, r.deployment or name, close=unread, request_id=rid)
         except ClientGone:
             return self._gone(name)
         except Exception as exc:
-            return self._error(*status_of(exc), name, close=unread)
+            return self._error(*self.failed(exc, name, method, note), name, close=unread, request_id=rid)
         try:
             answer = json.dumps(value)
         except (TypeError, ValueError, RecursionError) as exc:
             return self._error(500, "unserialisable_result",
-                               f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name)
+                               f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name,
+                               request_id=rid)
         self.answers[200] += 1
         return Response(answer, media_type="application/json", headers={"Connection": "close"} if unread else None)
 
@@ -671,7 +697,7 @@ class IngressState:
                 self.answers[200] += 1
             except Exception as exc:
                 ended = True
-                status, error, detail = status_of(exc)
+                status, error, detail = self.failed(exc, name, method, note)
                 self._count(status, error, f"mid-stream: {detail}", name)
                 yield (json.dumps({"error": error, "detail": detail, "deployment": name}) + "\n").encode()
             finally:
@@ -708,7 +734,7 @@ class IngressState:
             try:
                 value = task.result()
             except Exception as exc:
-                status, error, detail = status_of(exc)
+                status, error, detail = self.failed(exc, name, method, note)
                 self._count(status, error, detail, name)
                 yield _sse("error", {"status": status, "error": error, "detail": detail, "deployment": name})
             else:
@@ -1195,9 +1221,14 @@ def make_app(ingress: IngressState) -> Any:
     from starlette.routing import Route
 
     async def http_error(request: Any, exc: Exception) -> Any:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else "".join(traceback.format_exception(exc))
-        return ingress._error(status, "not_found" if status == 404 else "http_error", str(detail), None)
+        note = request.scope.get("rankcore")
+        rid = note["request_id"] if note else None
+        if isinstance(exc, HTTPException):
+            return ingress._error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error",
+                                  str(exc.detail), None, request_id=rid)
+        log_failure(exc, 500, None, request.url.path, rid or "")  # (the proxy's own fault: its log has it)
+        return ingress._error(500, "http_error", f"the proxy failed ({type(exc).__name__}); its log has the "
+                                                 f"traceback under this request id", None, request_id=rid)
 
     routes = [Route("/-/healthz", ingress.healthz, methods=["GET"]),
               Route("/-/routes", ingress.list_routes, methods=["GET"]),
@@ -1405,15 +1436,15 @@ class HttpIngress:
         """gRPC answers by status code (``OK``, ``CANCELLED``, ``NOT_FOUND`` ...)."""
         return dict(self.grpc.codes) if self.grpc is not None else {}
 
-    def add_route(self, prefix: str, handle: Any, methods: tuple[str, ...] | None = None) -> dict[str, str]:
+    def add_route(self, prefix: str, handle: Any, methods: Reachable | None = None) -> dict[str, str]:
         """Route ``prefix`` to ``handle``'s deployment (replacing the deployment's earlier
         route); a prefix another deployment holds is refused. ``methods``: what its class may be
-        called by (``public_methods``; None: any name is sent on)."""
+        called by (``public_methods``; None: ``Reachable.unknown()``, only ``__call__`` over HTTP)."""
         check_route_prefix(prefix)
         with self._routes_lock:  # (the actor's calls run on up to 16 threads: no change is lost)
             return self._add_route(prefix, handle, methods)
 
-    def _add_route(self, prefix: str, handle: Any, methods: tuple[str, ...] | None) -> dict[str, str]:
+    def _add_route(self, prefix: str, handle: Any, methods: Reachable | None) -> dict[str, str]:
         deployment = handle.name
         st = self.state
         holder = st.routes.get(prefix)
@@ -1421,13 +1452,13 @@ class HttpIngress:
             raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
         new, _ = _without(st.routes, {}, deployment)
         new[prefix] = deployment
-        st.methods = {**st.methods, deployment: None if methods is None else tuple(methods)}
+        st.methods = {**st.methods, deployment: methods if isinstance(methods, Reachable) else Reachable.unknown()}
         st.handles = {**st.handles, deployment: handle}
         st.routes = new
         _save_routes(new, st.handles, st.methods)
         return dict(new)
 
-    def set_methods(self, methods: dict[str, tuple[str, ...] | None]) -> bool:
+    def set_methods(self, methods: dict[str, Reachable]) -> bool:
         """The callable methods of deployments it routes, read again (``refresh_methods``); one it
         does not route is left out. Whether anything changed."""
         st = self.state
@@ -1602,18 +1633,20 @@ def check_connection_limits(header_timeout_s: Any, max_header_bytes: Any, max_co
         raise rc.InvalidConfig(f"max_connections must be an int >= 1 or None, got {max_connections!r}")
 
 
-def _save_routes(routes: dict[str, str], handles: dict[str, Any], methods: dict[str, tuple[str, ...] | None]) -> None:
+def _save_routes(routes: dict[str, str], handles: dict[str, Any], methods: dict[str, Reachable]) -> None:
     """The route table, and per deployment its handle with the methods it may be called by
     (``persist.save_http_routes``: each deployment's ``(handle, methods)``)."""
     persist.save_http_routes(routes, {d: (h, methods.get(d)) for d, h in handles.items()})
 
 
-def _load_routes() -> tuple[dict[str, str], dict[str, Any], dict[str, tuple[str, ...] | None]]:
-    """What ``_save_routes`` stored: routes, handles, methods (a bare handle: any method)."""
+def _load_routes() -> tuple[dict[str, str], dict[str, Any], dict[str, Reachable]]:
+    """What ``_save_routes`` stored: routes, handles, methods (a bare handle, or methods saved
+    before issue 64 as a plain list: ``Reachable.unknown()``, only ``__call__`` over HTTP)."""
     routes, saved = persist.load_http_routes()
     handles, methods = {}, {}
     for d, v in saved.items():
-        handles[d], methods[d] = v if isinstance(v, tuple) else (v, None)
+        handles[d], reach = v if isinstance(v, tuple) else (v, None)
+        methods[d] = reach if isinstance(reach, Reachable) else Reachable.unknown()
     return routes, handles, methods
 
 
@@ -1792,8 +1825,7 @@ def expose(handle: Any, route_prefix: str | None = None, port: int | None = None
     return f"http://{h}:{p}{'' if prefix == '/' else prefix}"
 
 
-def _changed_methods(known: dict[str, tuple[str, ...] | None],
-                     fresh: dict[str, tuple[str, ...] | None]) -> dict[str, tuple[str, ...] | None]:
+def _changed_methods(known: dict[str, Reachable], fresh: dict[str, Reachable]) -> dict[str, Reachable]:
     """The lists of ``fresh`` that differ from ``known``'s, for deployments ``known`` routes."""
     return {d: m for d, m in fresh.items() if d in known and known[d] != m}
 

@@ -1,0 +1,97 @@
+"""What a client outside the cluster may call on a deployment (issue 64): only what the user exposed.
+
+Ray Serve sends every path under a route prefix to the ingress's ``__call__``; nothing else of the
+class is reachable over HTTP. rankcore keeps that as the default: over HTTP a route calls
+``__call__``, and ``<prefix>/<method>`` reaches a method only when the user marked it
+``@http_method``. Over gRPC a call names its method by the RPC (as in Serve): the services the
+user registered (``grpc_servicer_functions``) are what it exposed. The methods rankcore calls
+itself (``reconfigure``, ``check_health``, ``record_routing_stats``, ``__del__``) and
+``@multiplexed`` loaders are reachable by neither, whatever they are marked or named: a client
+that could call ``reconfigure`` would set the replica's config behind the controller's back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rankcore import InvalidConfig
+
+__all__ = ["http_method", "Reachable", "reachable", "LIFECYCLE", "HTTP_ATTR"]
+
+#: what ``@http_method`` sets on the function
+HTTP_ATTR = "__rankcore_http_method__"
+#: the methods the replica's runtime calls: no client reaches them
+LIFECYCLE = frozenset({"reconfigure", "check_health", "record_routing_stats", "__del__", "__init__"})
+#: a name a path segment (or an RPC) can carry
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+F = TypeVar("F")
+
+
+def _is_loader(fn: Any) -> bool:
+    """A ``@multiplexed`` loader (it sets ``multiplex_options`` on what it returns)."""
+    return getattr(fn, "multiplex_options", None) is not None
+
+
+def http_method(fn: F) -> F:
+    """Expose a deployment's method over HTTP at ``<route_prefix>/<method name>`` (the route itself
+    calls ``__call__``). A lifecycle method or a ``@multiplexed`` loader is refused
+    (``rankcore.InvalidConfig``): exposing one would let any client reconfigure the replica or load
+    any model."""
+    name = getattr(fn, "__name__", None)
+    if not callable(fn) or not isinstance(name, str):
+        raise InvalidConfig(f"@http_method decorates a method, got {type(fn).__name__}")
+    if name in LIFECYCLE or _is_loader(fn):
+        what = "a @multiplexed loader" if _is_loader(fn) else "a lifecycle method rankcore calls itself"
+        raise InvalidConfig(f"@http_method cannot expose {name!r}: it is {what}, never reachable by a client")
+    if not _NAME.fullmatch(name):
+        raise InvalidConfig(f"@http_method cannot expose {name!r}: a path names a method that starts with a letter")
+    setattr(fn, HTTP_ATTR, True)
+    return fn
+
+
+@dataclass(frozen=True)
+class Reachable:
+    """A deployment's methods a client may call: ``http`` (``__call__`` and the ``@http_method``
+    ones) and ``grpc`` (its public methods but lifecycle ones and loaders; None: any name but a
+    lifecycle one, for a class whose methods cannot be listed)."""
+
+    http: frozenset[str]
+    grpc: frozenset[str] | None
+
+    @classmethod
+    def unknown(cls) -> Reachable:
+        """A class this process cannot read (or a route saved before issue 64): ``__call__`` over
+        HTTP only; over gRPC any name but a lifecycle method."""
+        return cls(http=frozenset({"__call__"}), grpc=None)
+
+    def refusal(self, name: str, method: str, via: str) -> str | None:
+        """Why ``method`` of deployment ``name`` cannot be called over ``via`` ("http" or "grpc"), or None."""
+        allowed = self.http if via == "http" else self.grpc
+        if method not in LIFECYCLE and (allowed is None or method in allowed):
+            return None
+        if via == "http":
+            listed = ", ".join(sorted(m for m in self.http if m != "__call__")) or "none"
+            if method == "__call__":
+                return (f"deployment {name!r} has no __call__: the route itself calls __call__, "
+                        f"<route>/<method> a method marked @http_method (those: {listed})")
+            return (f"deployment {name!r} has no method {method!r} exposed over HTTP (only __call__ at the "
+                    f"route and methods marked @http_method at <route>/<method> are; those: {listed})")
+        listed = ", ".join(sorted(self.grpc or ())) or "none"
+        return f"deployment {name!r} has no method {method!r} (methods: {listed})"
+
+
+def reachable(cls: Any) -> Reachable:
+    """What a client may call on a deployment of class ``cls`` (``Reachable.unknown`` when ``cls`` is
+    not a class)."""
+    if not isinstance(cls, type):
+        return Reachable.unknown()
+    own = cls.__mro__[:-1]
+    names = {m for m in dir(cls) if _NAME.fullmatch(m) and callable(getattr(cls, m, None))}
+    public = {m for m in names if m not in LIFECYCLE and not _is_loader(getattr(cls, m))}
+    has_call = any("__call__" in vars(k) for k in own)
+    http = {m for m in public if getattr(getattr(cls, m), HTTP_ATTR, False)} | ({"__call__"} if has_call else set())
+    dynamic = any("__getattr__" in vars(k) for k in own)  # (any name may be a method: gRPC sends it on)
+    return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(public | ({"__call__"} if has_call else set())))
