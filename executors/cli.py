@@ -16,9 +16,11 @@ import logging
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -34,6 +36,13 @@ from rich.text import Text
 
 EXIT_EXPECTATION_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+#: How long a command waits to join a running Ray cluster before exit 2 (docs/operate.md): Ray's own
+#: ``ray.init(address=...)`` retries an unreachable one for some 12 minutes, a silent port for ever.
+CONNECT_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT = click.option(
+    "--connect-timeout", type=click.FloatRange(min=0, min_open=True), default=CONNECT_TIMEOUT_S, show_default=True,
+    help="Give up joining the Ray cluster after this many seconds (exit 2).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -604,21 +613,23 @@ def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, pl
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON Lines trace here (the same format for both executors).")
 @click.option("--address", help="(ray) Connect to this Ray cluster instead of starting a local one.")
+@_CONNECT_TIMEOUT
 @click.option("--cluster", "cluster_kind", type=click.Choice(["auto", "local", "scenario"]), default="auto",
               show_default=True,
               help="(ray) local: one local Ray node; scenario: a local multi-node Ray shaped like the scenario's "
                    "cluster (its GPUs as logical GPUs; needed for lose_node/add_node); auto: scenario when the "
                    "scenario loses or adds nodes, else local.")
 def run(scenario: Path, executor: str, seed: int | None, trace_path: Path | None, address: str | None,
-        cluster_kind: str) -> None:
+        connect_timeout: float, cluster_kind: str) -> None:
     """Run SCENARIO on an executor and check its expectations."""
     if executor == "sim":
         _simulate(scenario, seed, trace_path, None, (), None, False)
         return
-    _run_on_ray(scenario, trace_path, address, cluster_kind)
+    _run_on_ray(scenario, trace_path, address, cluster_kind, connect_timeout)
 
 
-def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | None, cluster_kind: str = "auto") -> None:
+def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | None, cluster_kind: str = "auto",
+                connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
     import os
 
     from .sim import ScenarioError, load_scenario
@@ -658,7 +669,7 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
     elif not started:
         pass  # embedded use (tests, notebooks): keep the caller's Ray
     elif address:
-        ray.init(address=address, log_to_driver=False)
+        _join(address, connect_timeout, log_to_driver=False)
     else:
         ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
                  object_store_memory=256 * 1024**2, log_to_driver=False)
@@ -744,12 +755,13 @@ def _load_app(target: str) -> Any:
 @click.option("--max-connections", type=click.IntRange(min=1),
               help="Answer 503 and close a connection past this many open (default 10000).")
 @click.option("--address", help="Connect to this Ray cluster instead of starting a local one.")
+@_CONNECT_TIMEOUT
 @click.option("--access-log/--no-access-log", "enable_access_log", default=None,
               help="Write one JSON access record per request (default: on; docs/metrics.md).")
 def serve(target: str, port: int | None, host: str | None, route_prefix: str | None, request_timeout_s: float | None,
           max_body_bytes: int | None, address: str | None, enable_access_log: bool | None,
           header_timeout_s: float | None = None, max_header_bytes: int | None = None,
-          max_connections: int | None = None) -> None:
+          max_connections: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Deploy MODULE:APP and serve it over HTTP until interrupted (docs/ray.md, "HTTP ingress")."""
     import ray
 
@@ -762,7 +774,7 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if address:
-        ray.init(address=address, log_to_driver=False)
+        _join(address, connect_timeout, log_to_driver=False)
     else:
         try:  # (a local Ray is ours: its proxy's port, in use, is named before Ray starts)
             check_port(host, port)
@@ -797,7 +809,7 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
 
 
 # ------------------------------------------------- operate (issue 37): deploy, build, status, delete, shutdown
-def _connect(address: str | None) -> None:
+def _connect(address: str | None, connect_timeout: float) -> None:
     """Join the running Ray cluster (``--address``, else ``RAY_ADDRESS``, else the local one):
     the controller, the ingress and the REST server are its named actors. No cluster: exit 2."""
     import ray
@@ -806,12 +818,58 @@ def _connect(address: str | None) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return
+    _join(address or os.environ.get("RAY_ADDRESS") or "auto", connect_timeout, namespace="rankcore",
+          log_to_driver=False, logging_level=logging.ERROR)
+
+
+def _join(address: str, connect_timeout: float, **init: Any) -> None:
+    """``ray.init(address=address, **init)`` within ``connect_timeout`` seconds, else exit 2 naming both.
+
+    Ray retries a GCS it cannot reach for some 12 minutes, and one that accepts the connection but
+    never answers (not a GCS) for ever: a port that refuses, or a host that does not answer, is
+    refused at once by a TCP connect, and a watchdog ends the process at the deadline whatever Ray
+    is waiting on (``ray.init`` cannot be interrupted, and it has started nothing to clean up)."""
+    import ray
+
+    lock = threading.Lock()
+    done = False
+
+    def said(why: str) -> str:
+        return (f"no Ray cluster at {address} ({why}, gave up within --connect-timeout {connect_timeout:g} s): "
+                f"start one with `ray start --head`, or pass --address")
+
+    def give_up(why: str, now: bool = False) -> None:
+        nonlocal done
+        with lock:  # (once: the watchdog and a failing ray.init may both give up)
+            if done:
+                return
+            done = True
+            if now:  # the watchdog's thread: sys.exit would end only that thread
+                click.echo(f"error: {said(why)}", err=True)
+                sys.stderr.flush()
+                os._exit(EXIT_BAD_INPUT)
+        _fail(said(why))
+
+    watchdog = threading.Timer(connect_timeout, give_up, ("no answer from Ray there", True))
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", namespace="rankcore",
-                 log_to_driver=False, logging_level=logging.ERROR)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        _fail(f"no Ray cluster at {address or 'auto'} ({str(exc).splitlines()[0]}): start one with `ray start "
-              f"--head`, or pass --address")
+        host, _, port = address.split("://", 1)[-1].rpartition(":")
+        if host and port.isdigit():
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=connect_timeout).close()
+            except TimeoutError:
+                give_up("no answer")
+            except OSError as exc:
+                give_up(exc.strerror or str(exc))
+        try:
+            ray.init(address=address, **init)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            give_up(str(exc).splitlines()[0])
+        with lock:
+            done = True
+    finally:
+        watchdog.cancel()
 
 
 def _fail(message: str) -> NoReturn:
@@ -825,13 +883,15 @@ _ADDRESS = click.option("--address", help="The Ray cluster (default: RAY_ADDRESS
 @main.command()
 @click.argument("config_file", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
 @_ADDRESS
+@_CONNECT_TIMEOUT
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until every deployment is healthy (Ray Serve's deploy returns at once: --no-wait).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               help="How long --wait waits, in seconds.")
 @click.option("--rest-port", type=click.IntRange(0, 65535),
               help="Start the REST server (/api/serve/applications/) on this port if none runs (default 8266).")
-def deploy(config_file: Path, address: str | None, wait: bool, timeout: float, rest_port: int | None) -> None:
+def deploy(config_file: Path, address: str | None, connect_timeout: float, wait: bool, timeout: float,
+           rest_port: int | None) -> None:
     """Apply a config file (Ray Serve's schema): deploy or update its applications, delete
     those it no longer names. Applying the same file again changes nothing (docs/operate.md)."""
     import rankcore as rc
@@ -844,7 +904,7 @@ def deploy(config_file: Path, address: str | None, wait: bool, timeout: float, r
         _fail(str(exc))
     for note in cfg.warnings:
         click.echo(f"warning: {note}", err=True)
-    _connect(address)
+    _connect(address, connect_timeout)
     from .ray_gpu.control import apps, rest
 
     try:
@@ -884,14 +944,15 @@ def build(target: str, output: Path | None) -> None:
 
 @main.command()
 @_ADDRESS
+@_CONNECT_TIMEOUT
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the same facts) instead of tables.")
-def status(address: str | None, as_json: bool) -> None:
+def status(address: str | None, connect_timeout: float, as_json: bool) -> None:
     """Applications, deployments, replicas (ranks, node, tier, state, version), the proxy,
     autoscaling targets and recent faults. Exit status 1 when anything is unhealthy (UNHEALTHY,
     DEPLOY_FAILED, the proxy down), 0 while deploying."""
     import json as json_
 
-    _connect(address)
+    _connect(address, connect_timeout)
     from .ray_gpu.control import apps
 
     view = apps.status()
@@ -949,11 +1010,12 @@ def _status_tables(view: dict, console: Console) -> None:
 @main.command()
 @click.argument("name")
 @_ADDRESS
-def delete(name: str, address: str | None) -> None:
+@_CONNECT_TIMEOUT
+def delete(name: str, address: str | None, connect_timeout: float) -> None:
     """Delete application NAME (its deployments and route), leave the others be."""
     import rankcore as rc
 
-    _connect(address)
+    _connect(address, connect_timeout)
     from .ray_gpu.control import apps
 
     try:
@@ -965,13 +1027,14 @@ def delete(name: str, address: str | None) -> None:
 
 @main.command()
 @_ADDRESS
+@_CONNECT_TIMEOUT
 @click.option("--yes", "-y", is_flag=True, help="Do not ask.")
-def shutdown(address: str | None, yes: bool) -> None:
+def shutdown(address: str | None, connect_timeout: float, yes: bool) -> None:
     """Delete every application, stop the ingress and the REST server, reset the controller
     (the Ray cluster keeps running)."""
     if not yes:
         click.confirm("Delete every application and reset the controller?", abort=True)
-    _connect(address)
+    _connect(address, connect_timeout)
     from .ray_gpu.control import apps, rest
 
     apps.delete_all()
