@@ -149,17 +149,16 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         dep, greens, retell = bluegreen.call_off(dep)
         dep = stop(tx, dep, len(greens), greens)
     dep = reconcile(tx, dep)
-    if config_changed or retell:
-        # Every serving replica (not those being stopped, nor a blue-green's blues: they are leaving,
-        # and their reconfigure would carry the spare rank they are not told) gets the new user_config;
-        # a blue given back other ranks than it was told gets them (one reconfigure each, in rank order).
+    if retell:
+        # A blue given back other ranks than it was told gets them (one reconfigure each, in rank order,
+        # carrying the new user_config too). The other serving replicas get a new user_config a few at a
+        # time (``configs.pace_touched``, the end-of-step pass: at most ``max_unavailable`` at once).
         told = {r.replica_id for r in retell}
         serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)
-                   and r.blue_ranks is None and (config_changed or r.replica_id in told)]
+                   and r.blue_ranks is None and r.replica_id in told]
         replicas, counts = dep.replicas, dep.counts
         for rep in by_rank(dep, serving):
-            # (a re-told blue's reconfigure says rank, carrying the new user_config too: one per step)
-            new, cmd = reconfigure(dep, rep, "rank" if rep.replica_id in told else "user_config")
+            new, cmd = reconfigure(dep, rep, "rank")
             replicas = replicas.set(new.replica_id, new)
             counts = recount(counts, rep.phase, new.phase)
             tx.emit(cmd)

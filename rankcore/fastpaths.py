@@ -12,7 +12,7 @@ They are an optimisation only, and restate no rule: each decision is asked
 of the function the handlers ask (``restarts.started`` / ``failed_start`` /
 ``backoff_s``, ``moves.compaction_due``, ``deadlines.start_timeout`` /
 ``placement_timeout`` / ``with_deadline`` / ``disarm``,
-``scheduling.booking_to_pass`` / ``unbook``, ``spares.asks``); what is left
+``scheduling.booking_to_pass`` / ``unbook``, ``spares.asks``, ``configs.settled``); what is left
 here is only which cases are plain enough to build without a ``Tx``. The
 property suite steps every event both ways and requires the same ``Step``
 (``tests/property/test_fast_paths.py``).
@@ -31,7 +31,7 @@ from .base.events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaSto
 from .base.lifecycle import Phase
 from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
-from .control import deadlines, restarts
+from .control import configs, deadlines, restarts
 from .control.moves import compaction_due
 from .control.pool import answer_pool
 from .control.transaction import initialize, put_replica, recount
@@ -80,8 +80,9 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     if cl.queue and cl.blocked is None:
         return None
     dep = state.deployments[name]
-    if dep.deleting or dep.rolling:
-        return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass; a rollout's pass)
+    if dep.deleting or dep.rolling or not configs.settled(dep):
+        return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass; a rollout's
+        # pass; a new user_config still reaching replicas: rankcore.control.configs's pass)
     return name, dep, dep.replicas[rid], cl
 
 

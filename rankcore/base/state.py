@@ -216,8 +216,11 @@ class Deployment:
     @property
     def healthy(self) -> bool:
         """Target replicas running, none pending, starting, reconfiguring or stopping
-        (nor an unresponsive one still to stop)."""
-        return self.counts[_RUNNING_AT] == self.target == len(self.replicas) and not self.unresponsive
+        (nor an unresponsive one still to stop), and every one on the deployment's ``user_config``:
+        one still waiting for its turn (``rankcore.control.configs`` paces them) keeps it
+        ``UPDATING``, as Ray Serve's config update does."""
+        return (self.counts[_RUNNING_AT] == self.target == len(self.replicas) and not self.unresponsive
+                and all(r.config_version >= self.config_version for r in self.replicas.values()))
 
     @property
     def failing_to_start(self) -> bool:

@@ -40,7 +40,7 @@ from ..base.state import RecoveryOutcome, Step
 from ..placement import demand, gangs, spares
 from ..placement.scheduling import place_waiting
 from ..tiers import evictions
-from . import deadlines, deletion, moves, proxies, rollouts
+from . import configs, deadlines, deletion, moves, proxies, rollouts
 from .transaction import Tx, build
 
 __all__ = ["PASSES", "finish"]
@@ -54,6 +54,7 @@ def _place_waiting(tx: Tx) -> None:
 #: the end-of-step passes, in the order they run: (name, pass)
 PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("rollouts", rollouts.advance_touched),
+    ("configs", configs.pace_touched),
     ("place_waiting", _place_waiting),
     ("wakes", evictions.retry_wakes),
     ("evictions", evictions.carry_out),

@@ -22,7 +22,9 @@ commands, never by dropping a replica:
 * ranks at or above the target are compacted once the deployment is healthy,
   by the same rule as after a downscale (fewest changes);
 * a replica that reports an older user_config than the deployment's is
-  reconfigured (at once if serving, when ready if still starting); one placed
+  reconfigured (if serving: ``max_unavailable`` at a time, by the end-of-step pass
+  ``rankcore.control.configs``, counting those that report they are reconfiguring; when
+  ready if still starting; at once, with its new rank, if its rank changes); one placed
   but never initialised (its answer was lost) is initialised;
 * a live process that did not report (``ControllerRecovered.unresponsive``)
   is stopped at once, and its deployment hands out no rank (no gap refilled,
@@ -248,7 +250,6 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
     counts = [0] * len(LIVE)
     replicas: dict[str, Replica] = {}
     changed: list[Replica] = []
-    outdated: list[Replica] = []
     unstarted: set[str] = set()
     failed: list[str] = []
     stopping = set(to_stop)
@@ -275,8 +276,6 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
                     rep = attrs.evolve(rep, rank_update_due=True)
                 else:
                     changed.append(rep)
-            elif old_config and phase is not Phase.STARTING:
-                outdated.append(rep)
         replicas[r.replica_id] = rep
         counts[LIVE.index(rep.phase)] += 1
         tx.index = tx.index.set(r.replica_id, spec.name)
@@ -307,11 +306,10 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         tx.emit(stop_command(dep, rid, now=True))
     for u in unresponsive:
         tx.emit(stop_command(dep, u.replica_id, now=True))
-    # One reconfigure each, carrying rank and user_config: reason user_config
-    # when the replica's config is outdated (so its reconfigure is called),
-    # else rank.
+    # One reconfigure each for a new rank, carrying the user_config too: reason user_config
+    # when the replica's config is outdated (so its reconfigure is called), else rank. One
+    # whose rank stays but whose config is outdated waits for the configs pass (paced).
     todo = [(rep, "user_config" if rep.config_version == 0 else "rank") for rep in changed]
-    todo += [(rep, "user_config") for rep in outdated]
     for rep, reason in sorted(todo, key=lambda x: (final_rank[x[0].replica_id], x[0].replica_id)):
         new, cmd = reconfigure(dep, rep, reason)
         dep = attrs.evolve(dep, replicas=dep.replicas.set(new.replica_id, new),

@@ -116,8 +116,9 @@ def test_a_user_config_change_reconfigures_in_place(tmp_path: Path) -> None:
     before = replicas()
     out = deploy(tmp_path, config(user_config={"greeting": "salut"}))
     assert out.exit_code == 0, out.output
-    after = until(lambda: configured("salut"))
+    after = configured("salut")  # at once: "applied" means every replica has it (issue 64, defect 6)
     assert after, replicas()
+    assert all(get("/echo").json()["config"] == {"greeting": "salut"} for _ in range(6))
     assert set(after) == set(before)
     for rid, r in after.items():
         assert (r["pid"], r["ranks"], r["revision"]) == (before[rid]["pid"], before[rid]["ranks"],

@@ -287,13 +287,22 @@ def test_stale_events_change_nothing():
 
 
 def test_old_reconfigure_answer_is_stale_and_future_one_invalid():
+    """A config applied while a replica still reconfigures for the one before reaches it once it
+    answers (one reconfigure in flight per replica); that answer repeated is then stale."""
     d = Driver(nodes=["n0"])
     deploy(d, 2)
     d.run(rc.DeploymentApplied(name="app", num_replicas=2, user_config={"model": "v2"}, has_reconfigure=True),
           hold=lambda c: isinstance(c, rc.ReconfigureReplica))
     rid = d.held[0].replica_id
-    d.run(rc.DeploymentApplied(name="app", num_replicas=2, user_config={"model": "v3"}, has_reconfigure=True),
-          hold=lambda c: isinstance(c, rc.ReconfigureReplica))
+    r = rc.step(d.state, rc.DeploymentApplied(name="app", num_replicas=2, user_config={"model": "v3"},
+                                              has_reconfigure=True))
+    assert r.commands == ()  # (app#0 still reconfigures, and only one may at once of 2)
+    d.state = r.state
+    r = rc.step(d.state, rc.ReplicaReconfigured(replica_id=rid, version=1))
+    assert not r.stale
+    (again,) = [c for c in r.commands if isinstance(c, rc.ReconfigureReplica)]
+    assert (again.replica_id, again.version, again.user_config) == (rid, 2, {"model": "v3"})
+    d.state = r.state
     assert rc.step(d.state, rc.ReplicaReconfigured(replica_id=rid, version=1)).stale
     with pytest.raises(rc.InvalidEvent, match="acknowledges reconfigure 9"):
         rc.step(d.state, rc.ReplicaReconfigured(replica_id=rid, version=9))
