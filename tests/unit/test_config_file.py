@@ -137,6 +137,24 @@ def test_a_deployments_options_are_checked_by_the_decorators_own_checks() -> Non
     assert by_file.value.message in str(by_code.value)
 
 
+@pytest.mark.parametrize("value, says", [
+    (-1, "must be from 0 to 100"), (101, "must be from 0 to 100"), (100.5, "must be from 0 to 100"),
+    ("abc", "must be a number from 0 to 100 or null, got str"), (True, "got bool"),
+    (50, "rankcore does not scale applications by target_capacity"),
+])
+def test_target_capacity_serve_refuses_or_rankcore_cannot_honour_is_refused(value: Any, says: str) -> None:
+    """(issue 64: -1, 101 and "abc" were accepted with a warning that contradicted itself)"""
+    with pytest.raises(cf.ConfigError, match=says) as exc:
+        cf.parse({"target_capacity": value, "applications": []}, "request body")
+    assert exc.value.path == "target_capacity"
+
+
+@pytest.mark.parametrize("value", [None, 100, 100.0])
+def test_target_capacity_that_changes_nothing_is_accepted_with_a_warning(value: Any) -> None:
+    with pytest.warns(UserWarning, match="target_capacity is accepted and ignored"):
+        assert cf.parse({"target_capacity": value, "applications": []}, "request body").applications == ()
+
+
 def test_keys_serve_treats_as_no_ops_are_accepted_with_a_warning(tmp_path: Path) -> None:
     text = "logging_config: {log_level: DEBUG}\ngrpc_options: {port: 9001}\n" + doc_config()
     with pytest.warns(UserWarning, match=r"deploy.yaml:1: logging_config: logging_config is accepted and ignored"):

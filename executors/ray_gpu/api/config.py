@@ -166,7 +166,8 @@ _LOGGING = "logging_config is accepted and ignored: rankcore logs through Python
 #: that we refuse (with why). A key in neither, and not a field, is unknown.
 _IGNORED: dict[type, dict[str, str]] = {
     ServeConfig: {"logging_config": _LOGGING,
-                  "target_capacity": "target_capacity is accepted and ignored only when null or 100"},
+                  "target_capacity": "target_capacity is accepted and ignored (null or 100 only: "
+                                     "_check_target_capacity refuses the rest)"},
     ApplicationConfig: {"logging_config": _LOGGING},
     DeploymentConfig: {"logging_config": _LOGGING},
     HTTPOptions: {"keep_alive_timeout_s": "keep_alive_timeout_s is accepted and ignored (the ingress keeps "
@@ -270,6 +271,21 @@ def _read(text: str, source: str) -> tuple[Any, _Lines]:
         raise ConfigError(source, "", None, f"not valid YAML: {type(exc).__name__}: {exc}") from None
 
 
+def _check_target_capacity(value: Any, err: Any) -> None:
+    """Ray Serve's rule (a number from 0 to 100, or null), then ours: only the values that change
+    nothing (null, 100) are accepted, as rankcore does not scale by it; anything else is refused
+    rather than taken and ignored."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise err(f"must be a number from 0 to 100 or null, got {type(value).__name__} {value!r:.40}")
+    if not 0 <= value <= 100:
+        raise err(f"must be from 0 to 100 (Ray Serve's range), got {value!r}")
+    if value != 100:
+        raise err(f"not supported: rankcore does not scale applications by target_capacity (only null or "
+                  f"100 are accepted, and change nothing), got {value!r}")
+
+
 def _walk(data: Any, cls: type, path: str, lines: _Lines, source: str, notes: list[str]) -> Any:
     """Check ``data``'s keys against ``cls`` (fields, ignored, refused, unknown); return the data
     ``cattrs`` structures (a deployment's keys of ours moved to its ``options``)."""
@@ -288,6 +304,8 @@ def _walk(data: Any, cls: type, path: str, lines: _Lines, source: str, notes: li
         elif key in ours:
             out.setdefault("options", {})[key] = value
         elif key in _IGNORED[cls]:
+            if cls is ServeConfig and key == "target_capacity":
+                _check_target_capacity(value, lambda msg, p=sub: err(p, msg))
             notes.append(f"{source}:{lines.line(sub)}: {sub}: {_IGNORED[cls][key]}")
         elif key in _REFUSED[cls]:
             raise err(sub, f"not supported: {_REFUSED[cls][key]}")
