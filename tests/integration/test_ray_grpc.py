@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_replica_context, run
+from executors.ray_gpu.api.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, expose, proxies, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
@@ -32,6 +33,8 @@ class Echo:
     def Say(self, request):
         if request.text == "boom":
             raise ValueError("the application says boom")
+        if request.text == "rid":  # (the request id the replica sees)
+            return echo_pb2.EchoReply(text=_get_serve_request_context().request_id)
         return echo_pb2.EchoReply(text=request.text.upper(), replica=get_replica_context().replica_id)
 
     def Count(self, request):
@@ -102,7 +105,21 @@ def test_the_applications_error_is_internal_with_its_message(channel):
     with pytest.raises(grpc.RpcError) as err:
         echo_pb2_grpc.EchoStub(channel).Say(echo_pb2.EchoRequest(text="boom"), metadata=_meta("echo"), timeout=30)
     assert err.value.code() == grpc.StatusCode.INTERNAL
-    assert "the application says boom" in err.value.details()
+    assert err.value.details() == "ValueError: the application says boom"  # (never the traceback)
+    rid = dict(err.value.trailing_metadata())["request_id"]  # (what the proxy's log files it under)
+    assert len(rid) == 32
+
+
+def test_the_request_id_reaches_the_replica_and_comes_back_in_trailing_metadata(channel):
+    """As Serve's gRPC proxy: the client's ``request_id`` metadata kept, else a new id; the replica's
+    request context has it; the answer's trailing metadata carries it (issue 64)."""
+    stub = echo_pb2_grpc.EchoStub(channel)
+    reply, call = stub.Say.with_call(echo_pb2.EchoRequest(text="rid"),
+                                     metadata=(*_meta("echo"), ("request_id", "abc-123")), timeout=30)
+    assert reply.text == "abc-123" and dict(call.trailing_metadata())["request_id"] == "abc-123"
+    reply, call = stub.Say.with_call(echo_pb2.EchoRequest(text="rid"), metadata=_meta("echo"), timeout=30)
+    made = dict(call.trailing_metadata())["request_id"]
+    assert reply.text == made and len(made) == 32
 
 
 def test_overloaded_is_unavailable_and_a_cancelled_call_frees_its_slot(channel):

@@ -523,7 +523,7 @@ def test_no_replica_503(client):
 # ------------------------------------------------------------------ the ingress's own pages
 def test_healthz_and_routes(client):
     r = client.get("/-/healthz")
-    assert r.status_code == 200 and r.text == "ok"
+    assert r.status_code == 200 and r.text == "success"  # (Ray Serve's word)
     assert client.get("/-/routes").json() == {"/add": "adder", "/gone": "gone", "/tight": "tight",
                                               "/slowpoke": "slowpoke"}
 

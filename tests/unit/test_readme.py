@@ -30,3 +30,21 @@ def test_wrapper_example_runs_and_its_machine_passes():
 
     run_state_machine_as_test(make_machine(namespace["MyScheduler"]),
                               settings=settings(max_examples=5, deadline=None, database=None))
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves_in_a_clone():
+    """A link into ``../shared/`` (the workplace beside the repository) broke in every clone (issue
+    64): each relative link of README.md and docs/*.md names a file of this repository."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    broken = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists() or root not in path.parents:
+                broken.append(f"{doc.relative_to(root)}: {target}")
+    assert not broken, broken

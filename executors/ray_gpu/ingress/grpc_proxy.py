@@ -42,7 +42,8 @@ from grpc_health.v1.health import aio as health_aio
 
 import rankcore as rc
 
-from ..api.context import model_request
+from ..api.context import RequestContext
+from .access import request_id_of
 
 __all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
            "code_of"]
@@ -73,6 +74,20 @@ class _Keeper:
 
 #: the metadata key a call names its multiplexed model with (Serve's gRPC proxy reads the same)
 MODEL_ID_KEY = "multiplexed_model_id"
+
+
+#: the metadata key a call's id comes in (when the client sends one) and goes back in, trailing (Serve's)
+REQUEST_ID_KEY = "request_id"
+
+
+def _note_of(name: str, context: aio.ServicerContext) -> dict:
+    """The call's note (what ``http.IngressState.call`` carries to the replica as its request context):
+    its id, the client's ``request_id`` when it sent a usable one, else a new one, set at once in the
+    trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model."""
+    sent = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
+    rid = request_id_of(sent if isinstance(sent, str) else None)
+    context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+    return {"route": "", "deployment": name, "request_id": rid, "model": _model_of(context), "replica": None}
 
 
 def _model_of(context: aio.ServicerContext) -> str:
@@ -253,10 +268,11 @@ class GrpcFront:
             self.codes["UNIMPLEMENTED"] += 1
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, unknown)
 
-    async def _failed(self, exc: BaseException, name: str, method: str, context: aio.ServicerContext) -> None:
+    async def _failed(self, exc: BaseException, name: str, method: str, context: aio.ServicerContext,
+                      note: dict | None = None) -> None:
         """Abort with the error's code and ``status_of``'s detail (never a traceback: that goes to the
-        proxy's log, ``IngressState.failed``)."""
-        status, _error, detail = self.ingress.failed(exc, name, method, None)
+        proxy's log under the request id, ``IngressState.failed``)."""
+        status, _error, detail = self.ingress.failed(exc, name, method, note)
         code = code_of(status)
         self.codes[code.name] += 1
         await context.abort(code, detail[-4000:])
@@ -264,15 +280,16 @@ class GrpcFront:
     async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         name = await self._app_or_abort(context)
+        note = _note_of(name, context)
         await self._method_or_abort(name, method, context)
         self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
-            value = await self.ingress.call(name, method, (request,), {}, model_id=_model_of(context))
+            value = await self.ingress.call(name, method, (request,), {}, note=note)
         except asyncio.CancelledError:  # the client cancelled (or its deadline passed): the call is cancelled
             self.codes["CANCELLED"] += 1
             raise
         except Exception as exc:
-            await self._failed(exc, name, method, context)
+            await self._failed(exc, name, method, context, note)
         finally:
             self.ingress.ongoing -= 1
         self.codes["OK"] += 1
@@ -281,6 +298,7 @@ class GrpcFront:
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         name = await self._app_or_abort(context)
+        note = _note_of(name, context)
         await self._method_or_abort(name, method, context)
         ingress = self.ingress
         response = None
@@ -289,7 +307,8 @@ class GrpcFront:
         try:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
-                                          model_request(name, _model_of(context)))
+                                          RequestContext(request_id=note["request_id"], app_name=name,
+                                                         multiplexed_model_id=note["model"]))
             async for item in response:
                 yield item
             ended = True
@@ -298,7 +317,7 @@ class GrpcFront:
             raise
         except Exception as exc:
             ended = True
-            await self._failed(exc, name, method, context)
+            await self._failed(exc, name, method, context, note)
         finally:
             ingress.ongoing -= 1
             if not ended and response is not None:

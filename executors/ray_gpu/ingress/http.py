@@ -861,11 +861,15 @@ class IngressState:
             await asyncio.get_running_loop().run_in_executor(self.pool, _ask_controller, "status")
         except Exception as exc:
             return self._error(503, "unhealthy", f"the controller does not answer: {exc}", None)
-        return PlainTextResponse("ok")
+        return PlainTextResponse("success")  # (Ray Serve's proxy answers this word: scripts test for it)
 
     async def list_routes(self, request: Any) -> Any:
+        """Route prefix -> deployment; 503 while this proxy drains, as Ray Serve's (a load balancer
+        that reads the routes moves away too)."""
         from starlette.responses import JSONResponse
 
+        if self.draining:
+            return self._error(503, "draining", "This node is being drained.", None)
         return JSONResponse(dict(sorted(self.routes.items())))
 
     async def status_json(self, request: Any) -> Any:
