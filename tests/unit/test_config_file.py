@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -216,3 +217,47 @@ def test_rankcore_build_prints_the_config_and_deploy_refuses_bad_input_with_exit
                           f"expected an int or \"auto\", got str 'two'\n")
     out = runner.invoke(main, ["deploy", str(tmp_path / "missing.yaml")])
     assert out.exit_code == 2 and "cannot read" in out.output
+
+
+def _keys_table() -> dict[str, set[str]]:
+    """docs/operate.md's "Keys" table: each row's last cell's first words -> the keys its first cell names."""
+    text = DOC.read_text()
+    table = text[text.index("### Keys"):text.index("## `rankcore status`")]
+    rows: dict[str, set[str]] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 2 and cells[0] not in ("key", "---"):
+            rows[cells[1]] = set(re.findall(r"`([A-Za-z_]+)`", cells[0].replace("[]", "")))
+    return rows
+
+
+def test_the_keys_table_says_what_loading_does() -> None:
+    """docs/operate.md's key table contradicted itself (``max_surge_percent`` supported and refused,
+    gRPC refused: issue 64): every key its "refused" row names is refused by the loader and is no
+    field of its record (a field would shadow the refusal), every refused key is in that row; every
+    deployment key a "yes" row names is a field, and the servicer functions load."""
+    rows = _keys_table()
+    (refused,) = [keys for says, keys in rows.items() if says.startswith("refused, naming why")]
+    code = {k for table in cf._REFUSED.values() for k in table if not k.startswith(("ssl_", "_"))}
+    assert refused == code, (refused ^ code)
+    for cls, table in cf._REFUSED.items():
+        assert not set(table) & {f.name for f in attrs.fields(cls)}, cls
+    fields = {f.name for f in attrs.fields(cf.DeploymentConfig)}
+    for says, keys in rows.items():
+        if says.startswith("yes") and {"num_replicas", "rolling_update_percentage", "max_surge_percent"} & keys:
+            assert keys - {"deployments", "auto"} <= fields, keys - fields  # (`auto`: num_replicas's value)
+    assert cf.parse({"grpc_options": {"grpc_servicer_functions": ["m.add_X_to_server"]}, "applications": []}
+                    ).grpc_options.grpc_servicer_functions == ("m.add_X_to_server",)
+
+
+@pytest.mark.parametrize("key, value", [("num_replicas", 0), ("max_queued_requests", 0)])
+def test_where_rankcore_differs_it_accepts_what_docs_say(key: str, value: int) -> None:
+    text = " ".join(DOC.read_text().split())
+    assert f"`{key}: {value}` is accepted" in text
+    d = cf.parse({"applications": [{"import_path": "m:a", "deployments": [{"name": "x", key: value}]}]})
+    assert getattr(d.applications[0].deployments[0], key) == value
+
+
+def test_an_unknown_key_is_refused_not_dropped() -> None:
+    with pytest.raises(cf.ConfigError, match="unknown key 'num_replica'"):
+        cf.parse({"applications": [{"import_path": "m:a", "deployments": [{"name": "x", "num_replica": 2}]}]})

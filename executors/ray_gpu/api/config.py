@@ -182,7 +182,7 @@ _REFUSED: dict[type, dict[str, str]] = {
                         "external_scaler_enabled": "no external scaler"},
     DeploymentConfig: {k: "not supported by rankcore's Ray executor" for k in (
         "max_replicas_per_node", "placement_group_bundle_label_selector", "request_router_config",
-        "backpressure_config", "gang_scheduling_config", "deployment_actors", "max_surge_percent")}
+        "backpressure_config", "gang_scheduling_config", "deployment_actors")}
     | {"static_placement": "needs a placement group object: use .options(static_placement=...) in code",
        "_placement_info": "needs a placement group object: use .options(static_placement=...) in code"},
     HTTPOptions: {k: "no TLS in the ingress" for k in ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password",
