@@ -88,6 +88,7 @@ __all__ = [
     "check_world_size_commands",
     "check_crash_inherits_rank",
     "check_gangs_told",
+    "check_gang_downscale_whole",
     "check_spares_told",
     "check_new_replicas_take_lowest_free",
     "check_crash_replacement_inherits_all_ranks",
@@ -919,6 +920,37 @@ def check_gangs_told(before: State, event: object, result: Step) -> None:
                   f"(GangChanged with members {list(members)}; sent: {told.get(key)})")
 
 
+def check_gang_downscale_whole(before: State, event: object, result: Step) -> None:
+    """A step that lowers a gang deployment's target takes whole gangs out of service
+    (``moves.stop``), or a member would wait on mates that are gone: of each gang's members
+    active before (not stopping), it stops or removes all or none. Not taken: a member retired
+    by a rollout, or succeeded on its rank (a crash's or restart's replacement: its lineage
+    lives on). A recovery settles its stops from the reports (``recovery``): not checked here.
+    Costs O(replicas) of such a deployment only, as the core's choice of them does."""
+    if isinstance(event, ControllerRecovered):
+        return
+    for name, dep in result.state.deployments.items():
+        old = before.deployments.get(name)
+        if old is None or old is dep or old.gang_size <= 1 or dep.target >= old.target:
+            continue
+        k = old.gang_size
+        lives_on = {r.lineage for rid, r in dep.replicas.items() if rid not in old.replicas}
+        taken: dict[int, list[str]] = {}
+        kept: dict[int, list[str]] = {}
+        for rid, rep in old.replicas.items():
+            if rep.phase is Phase.STOPPING:
+                continue
+            now = dep.replicas.get(rid)
+            g = old.ranks.global_rank(rid) // k
+            if now is not None and now.phase is not Phase.STOPPING:
+                kept.setdefault(g, []).append(rid)
+            elif not (now is not None and now.retiring) and rep.lineage not in lives_on:
+                taken.setdefault(g, []).append(rid)
+        for g in sorted(taken.keys() & kept.keys()):
+            _fail(f"{name}: {type(event).__name__} lowered the target {old.target} -> {dep.target} and took "
+                  f"{sorted(taken[g])} of gang {g} out of service, but kept {sorted(kept[g])} (gangs stop whole)")
+
+
 def check_spares_told(before: State, event: object, result: Step) -> None:
     """An executor that carried out every ``KeepSpareProcesses`` so far keeps
     spare processes exactly where each deployment wants them
@@ -1099,6 +1131,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
     check_gangs_told(before, event, result)
+    check_gang_downscale_whole(before, event, result)
     check_spares_told(before, event, result)
     check_placements(before, event, result)
     if full:

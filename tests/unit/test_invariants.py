@@ -322,3 +322,22 @@ def test_the_held_gangs_a_rollouts_pass_releases_are_a_batch_of_their_own() -> N
              if isinstance(c, (rc.StartReplica, rc.StopReplica)) and c.deployment == "llm"]
     assert order == [("StartReplica", 6), ("StopReplica", None), ("StopReplica", None), ("StopReplica", None),
                      ("StartReplica", 5)]
+
+
+def test_a_gang_downscale_that_stops_a_single_member_is_caught() -> None:
+    """Three gangs of two scaled to two: the core stops gang 2 whole, which passes; a step that
+    stops rank 5 alone (the rule for lone replicas, or one that counts members, not gangs) leaves
+    rank 4 waiting on a mate that is gone."""
+    d = Driver()
+    d.run(rc.DeploymentApplied(name="app", num_replicas=6, gang_size=2))
+    before, top = d.state, d.by_rank()
+    event = rc.ScaleRequested(deployment="app", num_replicas=4)
+    result = rc.step(before, event)
+    assert sorted(c.replica_id for c in of(rc.StopReplica, result.commands)) == [top[4], top[5]]
+    inv.check_gang_downscale_whole(before, event, result)
+    dep = result.state.deployments["app"]
+    kept = attrs.evolve(dep, replicas=dep.replicas.set(top[4], before.deployments["app"].replicas[top[4]]))
+    forged = attrs.evolve(result, state=attrs.evolve(result.state, deployments=result.state.deployments.set("app", kept)),
+                          commands=tuple(c for c in result.commands if getattr(c, "replica_id", None) != top[4]))
+    with pytest.raises(rc.InvariantViolation, match=rf"took \['{top[5]}'\] of gang 2 .* kept \['{top[4]}'\]"):
+        inv.check_gang_downscale_whole(before, event, forged)

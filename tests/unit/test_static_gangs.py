@@ -302,6 +302,19 @@ def test_gang_downscale_removes_whole_top_gangs():
     assert ex.by_rank() == {0: before[0], 1: before[1]}
 
 
+def test_gang_downscale_stops_the_top_gang_whole_not_a_lower_gangs_member_still_starting():
+    """A lone replica's downscale stops one not yet serving first; a gang's may not (it would
+    split two gangs, each member left waiting on a mate that is gone): the top gang goes whole."""
+    ex = Exec(("n0", 4), ("n1", 4))
+    ex.run(gangs(n=6, gang_failure="restart_replica"))
+    ex.run(rc.ReplicaCrashed(replica_id=ex.by_rank()[1].replica_id, reason="killed"), hold=rc.InitializeReplica)
+    before = ex.by_rank()
+    assert before[1].phase is Phase.STARTING  # gang 0's new member, not ready yet
+    cmds = ex.run(rc.ScaleRequested(deployment="app", num_replicas=4))
+    assert sorted(c.replica_id for c in of(rc.StopReplica, cmds)) == sorted(before[r].replica_id for r in (4, 5))
+    assert {r: rep.replica_id for r, rep in ex.by_rank().items()} == {r: before[r].replica_id for r in range(4)}
+
+
 def test_gang_node_loss_restarts_the_gang_once():
     ex = Exec(("n0", 2), ("n1", 2), ("n2", 2))
     ex.run(gangs())
