@@ -1,0 +1,173 @@
+"""Ray Serve's names, so that a Serve app ports by changing one import (issue 64)::
+
+    from ray import serve                  # before
+    from executors.ray_gpu import serve    # after
+
+Each name here is rankcore's own implementation under Serve's name and signature (``deployment``,
+``run``, ``batch``, ``multiplexed``, ``get_multiplexed_model_id``, ``get_replica_context``,
+``get_app_handle``, ``get_deployment_handle``, ``delete``, ``status``, ``shutdown``, ``start``,
+``DeploymentHandle``, ``DeploymentResponse``, ``Application``, ``Deployment``, ``HTTPOptions``,
+``gRPCOptions``). A name of Ray Serve's that rankcore has no equivalent for (``ingress``, the FastAPI
+integration, ``run_many`` ...) raises ``NoEquivalent`` when it is used, saying so and what to use
+instead; a name Ray Serve does not have either is an ``AttributeError``. docs/ray.md, "Porting a
+Serve app".
+
+Applications: ``run(app, name=...)`` keeps which deployments an application name holds in this
+process (its ingress first), so ``get_app_handle(name)`` and ``delete(name)`` find them; a name
+applied from a config file (``rankcore deploy``) is found in what the controller keeps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import rankcore as rc
+
+from .api.batching import batch
+from .api.config import GRPCOptions as gRPCOptions
+from .api.config import HTTPOptions
+from .api.context import get_replica_context
+from .api.deployments import Application, Deployment, DeploymentHandle, DeploymentResponse, deployment
+from .api.deployments import delete as _delete_deployment
+from .api.deployments import get_deployment_handle as _handle
+from .api.deployments import run as _run
+from .api.exposed import http_method
+from .api.multiplex import get_multiplexed_model_id, multiplexed
+
+__all__ = ["deployment", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
+           "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
+           "DeploymentResponse", "Application", "Deployment", "HTTPOptions", "gRPCOptions", "http_method",
+           "NoEquivalent"]
+
+#: Ray Serve's default application name (``serve.run``'s ``name``)
+DEFAULT_APP_NAME = "default"
+
+
+class NoEquivalent(rc.RankcoreError, NotImplementedError):
+    """A Ray Serve name or argument rankcore has no equivalent for (what to use instead is said)."""
+
+
+#: application name -> its deployments, ingress first (``run`` in this process)
+_APPS: dict[str, tuple[str, ...]] = {}
+
+
+def start(http_options: HTTPOptions | dict | None = None, grpc_options: gRPCOptions | dict | None = None,
+          proxy_location: str | None = None, **others: Any) -> None:
+    """Start the proxies (``serve.start``): HTTP on ``http_options``' host and port, gRPC when
+    ``grpc_options`` names servicer functions; ``proxy_location`` as Serve's."""
+    from .ingress.http import start_ingress
+
+    if others:
+        raise NoEquivalent(f"serve.start({', '.join(sorted(others))}=...): no such option in rankcore "
+                           f"(http_options, grpc_options, proxy_location)")
+    http = HTTPOptions(**http_options) if isinstance(http_options, dict) else http_options or HTTPOptions()
+    grpc = gRPCOptions(**grpc_options) if isinstance(grpc_options, dict) else grpc_options or gRPCOptions()
+    start_ingress(http.host, http.port, proxy_location=proxy_location,
+                  request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep",
+                  grpc_port=grpc.port if grpc.grpc_servicer_functions else None,
+                  grpc_servicer_functions=tuple(grpc.grpc_servicer_functions))
+
+
+def run(target: Application, blocking: bool = False, name: str = DEFAULT_APP_NAME, route_prefix: str | None = "/",
+        logging_config: Any = None, _local_testing_mode: bool = False) -> DeploymentHandle:
+    """Deploy ``target`` as application ``name`` and wait until it serves (``serve.run``); HTTP at
+    ``route_prefix`` (Serve's default ``/``; None: no route); a handle to its ingress. The deployments
+    an earlier ``run`` of ``name`` held that ``target`` no longer has are deleted, as Serve does."""
+    if not isinstance(target, Application):
+        raise rc.InvalidConfig(f"serve.run takes a bound application (Deployment.bind(...)), got "
+                               f"{type(target).__name__}")
+    if _local_testing_mode:
+        raise NoEquivalent("serve.run(_local_testing_mode=True): rankcore has no local testing mode; its "
+                           "simulator runs the same rules without Ray (docs/scenarios.md)")
+    if logging_config is not None:
+        raise NoEquivalent("serve.run(logging_config=...): rankcore logs through Python's logging as configured")
+    handle = _run(target, route_prefix=route_prefix) if route_prefix is not None else _run(target)
+    names = tuple(d.name for d in target.graph())
+    for gone in set(_APPS.get(name, ())) - set(names):
+        _delete_deployment(gone)
+    _APPS[name] = names
+    while blocking:  # (Serve's blocking=True: serve until interrupted)
+        time.sleep(1.0)
+    return handle
+
+
+def _deployments_of(name: str) -> tuple[str, ...]:
+    """The deployments application ``name`` holds, ingress first (``rankcore.InvalidEvent``: none)."""
+    if name in _APPS:
+        return _APPS[name]
+    from .control.apps import applied_apps
+
+    applied = applied_apps().get(name)
+    if applied is None:
+        known = sorted({*_APPS, *applied_apps()})
+        raise rc.InvalidEvent(f"no application {name!r} (applications: {', '.join(known) or 'none'})")
+    return applied.deployments
+
+
+def get_app_handle(name: str) -> DeploymentHandle:
+    """A handle to application ``name``'s ingress deployment (``serve.get_app_handle``)."""
+    return _handle(_deployments_of(name)[0])
+
+
+def get_deployment_handle(deployment_name: str, app_name: str | None = None, *args: Any, **kwargs: Any
+                          ) -> DeploymentHandle:
+    """A handle to ``deployment_name`` (``serve.get_deployment_handle``; deployment names are global
+    in rankcore, so ``app_name``, when given, must hold it)."""
+    if app_name is not None and deployment_name not in _deployments_of(app_name):
+        raise rc.InvalidEvent(f"application {app_name!r} has no deployment {deployment_name!r}")
+    return _handle(deployment_name)
+
+
+def delete(name: str, _blocking: bool = True) -> None:
+    """Delete application ``name`` and its deployments (``serve.delete``)."""
+    if name in _APPS:
+        for d in _APPS.pop(name):
+            _delete_deployment(d, wait=_blocking)
+        return
+    from .control.apps import delete_app
+
+    delete_app(name, wait=_blocking)
+
+
+def status() -> dict:
+    """What ``rankcore status --json`` prints (Serve's ``serve.status()`` gives a ``ServeStatus``
+    object of the same facts: applications, deployments, replicas, proxies)."""
+    from .control.apps import status as _status
+
+    return _status()
+
+
+def shutdown() -> None:
+    """Delete every application, stop every replica and proxy (``serve.shutdown``); Ray keeps running."""
+    from .control.apps import delete_all
+
+    _APPS.clear()
+    delete_all()
+
+
+#: Ray Serve's names with no equivalent here, and what to use instead
+_NO_EQUIVALENT = {
+    "ingress": "serve.ingress (a FastAPI app as the ingress) has no equivalent yet: the route calls __call__ "
+               "and <route>/<method> a method marked @serve.http_method (docs/ray.md, HTTP ingress)",
+    "run_many": "serve.run_many: call serve.run once per application",
+    "shutdown_async": "serve.shutdown_async: call serve.shutdown",
+    "get_multiplexed_model_ids": "no such call: a request names one model (get_multiplexed_model_id)",
+    "grpc_util": "serve.grpc_util: a method taking grpc_context gets no Serve context yet; errors map to codes "
+                 "(docs/ray.md, gRPC)",
+    "llm": "ray.serve.llm: no equivalent",
+    "AutoscalingConfig": "pass autoscaling_config as a dict to @serve.deployment (Serve's keys)",
+    "RequestRouter": "no pluggable request router yet (issue 68)",
+}
+
+
+def __getattr__(name: str) -> Any:
+    why = _NO_EQUIVALENT.get(name)
+    if why is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise NoEquivalent(why)
+
+    unavailable.__name__ = name
+    return unavailable
