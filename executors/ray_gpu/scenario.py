@@ -68,7 +68,7 @@ from ..scenarios.timeline import (
     rank_holder,
 )
 from .api.deployments import Deployment, ask, get_controller
-from .api.fingerprint import version_of
+from .api.fingerprint import stamp
 from .control.cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .control.observe import UNSEEN_GROUP_PREFIX
 from .control.record import queue_fault
@@ -379,7 +379,7 @@ class _RayTarget:
         if spec.model_bytes > 0:
             init["model_bytes"] = int(spec.model_bytes)
         ask(self.ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, (), init, d.ray_actor_options,
-            d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options, version_of(d.version, d.cls))
+            d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options, *stamp(d.version, d.cls, (), init))
 
     def deployed(self, deployment: str) -> bool:
         return deployment in self.applied

@@ -4,10 +4,15 @@ replaces nothing; a controller that dies mid-rollout finishes it from the replic
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
+import os
+import signal
+import sys
 import threading
 import time
+import uuid
 
 import pytest
 import ray
@@ -17,11 +22,34 @@ from executors.history import rank_history
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.api.fingerprint import code_fingerprint
+from executors.ray_gpu.control.replicas import NAMESPACE, actor_name
 from executors.ray_gpu.scenario import run_on_ray
 from executors.sim import Simulation, parse_scenario
+from tests.integration.conftest import _local_ray
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
+
+
+@pytest.fixture(scope="module")
+def importable(tmp_path_factory):
+    """A folder on the PYTHONPATH of every process of this module's Ray (``local_ray``), the
+    controller's too: a module written there is imported by name, from the file as it is then."""
+    return tmp_path_factory.mktemp("importable")
+
+
+@pytest.fixture(scope="module")
+def local_ray(importable):
+    """conftest's, started with ``importable`` on its PYTHONPATH."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(importable), before]))
+    try:
+        yield from _local_ray(4, 256, "shutdown_replicas")
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 OPTS = {"num_cpus": 0.05}
 NAME = "rolling"
@@ -380,3 +408,64 @@ def test_a_scenarios_rollout_action_gives_the_simulators_rank_history_on_ray():
     report = check_trace_lines(lines)
     assert report.ok, report.violations[:5]
     ask(get_controller(), "reset")
+
+
+EDITED = """VERSION = "{version}"
+
+
+class Model:
+    def __call__(self):
+        return (VERSION,)  # (as ``answers`` reads a tag: first)
+"""
+
+
+def test_an_edit_on_disk_is_never_served_under_the_old_revision_and_a_redeploy_rolls_it_out(importable):
+    """Issue 64, defect 3: ``VERSION = "v2"`` written beside an unchanged class (imported by name:
+    a new replica process reads the file as it is now). A replacement of a killed replica does not
+    serve v2 under the v1 revision: its start fails, and the status says why; ``run()`` again
+    rolls every replica onto v2 (the fingerprint covers the module's file)."""
+    name = f"issue64_app_{uuid.uuid4().hex[:8]}"
+    path = importable / f"{name}.py"
+    path.write_text(EDITED.format(version="v1"))
+    sys.path.insert(0, str(importable))
+    ctl = get_controller()
+    ask(ctl, "reset")
+    try:
+        importlib.invalidate_caches()
+        module = importlib.import_module(name)
+        made = deployment(name="edited", num_replicas=2, ray_actor_options=OPTS, restart_backoff_s=0.2,
+                          restart_backoff_max_s=0.5)
+        h = run(made(module.Model).bind())
+        assert answers(h, 8) == {"v1"}
+        v1 = h.status()["revision"]
+        mtime = path.stat().st_mtime_ns
+        path.write_text(EDITED.format(version="v2"))
+        os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # (a later second: no stale .pyc)
+
+        victim = sorted(h.ranks())[0]
+        actor = ray.get_actor(actor_name("edited", victim), namespace=NAMESPACE)
+        ask(ctl, "record", {"scenario": "an edit on disk"})
+        os.kill(ray.get(actor.pid.remote(), timeout=30), signal.SIGKILL)
+        assert wait_for(lambda: h.status()["status"] == "UNHEALTHY", 60), h.status()
+        status = h.status()
+        assert {r["revision"] for r in status["replicas"].values()} == {v1}
+        assert answers(h, 16) == {"v1"}  # (the survivor: nothing answers v2 under v1)
+        crashes = [r["fields"]["reason"] for r in map(json.loads, ask(ctl, "drain_trace").splitlines())
+                   if r.get("type") == "ReplicaCrashed"]
+        print(f"\nafter the kill: {status['status']}: {status['status_message']}; {crashes[-1][:300]}")
+        assert len(crashes) >= 2 and all("the code on this node changed" in c and name in c and v1 in c
+                                          and "redeploy to roll it out" in c for c in crashes[1:]), crashes[:3]
+
+        t0 = time.monotonic()
+        module = importlib.reload(module)
+        h = run(made(module.Model).bind())  # returns once healthy: rolled onto the file as it is
+        print(f"redeploy rolled in {time.monotonic() - t0:.2f}s")
+        status = h.status()
+        assert status["revision"] != v1 and status["status"] == "HEALTHY"
+        assert {r["revision"] for r in status["replicas"].values()} == {status["revision"]}
+        assert victim not in h.ranks() and answers(h, 8) == {"v2"}
+    finally:
+        sys.path.remove(str(importable))
+        sys.modules.pop(name, None)
+        path.unlink()
+        ask(ctl, "reset")

@@ -26,7 +26,7 @@ from ..control.static import StaticPlacementConfig
 from . import by_value
 from .autoscale import from_ray_serve
 from .context import RequestContext, request_for_call
-from .fingerprint import version_of
+from .fingerprint import stamp
 from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
@@ -422,7 +422,7 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
     kwargs = {k: inner(v) for k, v in app.kwargs.items()}
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
         d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
-        version_of(d.version, d.cls))  # (here: the caller has the class's source)
+        *stamp(d.version, d.cls, args, kwargs))  # (here, where the code was imported: not the controller)
     if wait and not ask(ctl, "wait_healthy", d.name, timeout, timeout=timeout + 30):
         raise TimeoutError(f"deployment {d.name!r} not healthy after {timeout:g}s")
     return DeploymentHandle(d.name, ctl)

@@ -248,6 +248,8 @@ class Carrier:
         opts = dict(spec["actor_options"])
         static: st.StaticPlacementConfig | None = spec.get("static")
         extra: dict[str, Any] = {"gang": rec.gang, "revision": rec.revision}
+        if spec.get("modules") is not None:  # (a fingerprinted version: the replica checks its code)
+            extra["modules"] = spec["modules"]
         if cmd.devices or cmd.source:  # booked by memory (memory.py): the core holds its GPUs
             bundles, opts = pl.without_gpus(bundles, opts)
             if led.cuda.get(node):  # it sees every GPU and uses the core's indices

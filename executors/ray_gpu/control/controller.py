@@ -44,7 +44,7 @@ import rankcore as rc
 
 from ...driver import Driver
 from ..api.autoscale import LoadBook
-from ..api.fingerprint import version_of
+from ..api.fingerprint import class_fingerprint
 from . import persist
 from . import placement as pl
 from . import static as st
@@ -298,7 +298,7 @@ class Controller:
     async def apply(self, name: str, num_replicas: int, user_config: Any, cls: type, args: tuple, kwargs: dict,
                     actor_options: dict, max_ongoing_requests: int, placement: dict | None = None,
                     max_replicas: int = rc.DEFAULT_MAX_REPLICAS, options: dict | None = None,
-                    version: str | None = None) -> None:
+                    version: str | None = None, modules: dict[str, str] | None = None) -> None:
         """Deploy or update ``name``. ``options``: the core's deployment options
         (``rankcore.base.options.OPTION_NAMES``: health checks, graceful shutdown,
         placement timeout, restart backoff; and ``start_timeout_s``), passed to
@@ -310,8 +310,12 @@ class Controller:
         hold ``static`` (a ``StaticPlacementConfig``: the caller's group, whose
         bundles' nodes the core is told; nothing is reserved) and the gang
         options ``gang_size``, ``gang_placement``, ``gang_failure``. ``version``: the
-        code's (a new one rolls every replica onto ``cls``: docs/rollouts.md); None, a
-        fingerprint of ``cls``'s code (``api.run`` gives it, taken where the source is). Every
+        code's (a new one rolls every replica onto ``cls``: docs/rollouts.md), a fingerprint
+        of what the replicas run when the user gave none, with the project ``modules`` it was
+        taken over (``fingerprint.stamp``, by ``api.run``, ``rankcore deploy`` and the scenario
+        runner: where the code was imported; never here, whose copy of the class may be
+        stale); each replica checks them when it starts (``fingerprint.check_modules``). None
+        (callers inside the project only): ``cls``'s own fingerprint, unchecked. Every
         replica started from now on runs ``cls``, ``args`` and ``kwargs``. A bad
         option or request raises to the caller (``InvalidConfig``,
         ``InvalidEvent``) and changes nothing."""
@@ -344,7 +348,7 @@ class Controller:
                                      has_reconfigure=has_reconfigure, reconfigure_takes_rank=takes_rank,
                                      max_replicas=max_replicas, resources=need, placement=spread,
                                      static_placement=static.to_core(None) if static is not None else None,
-                                     version=version_of(version, cls), **gang)
+                                     version=version if version is not None else class_fingerprint(cls), **gang)
         if static is not None:
             static.check_actor_fits(pl.actor_resources(pl.static_actor_options(actor_options)))
             await self._group_ready(name, static)
@@ -359,7 +363,9 @@ class Controller:
                             # ``max_ongoing_requests`` the caller passes is that one's too)
                             "max_ongoing_requests": event.config.max_ongoing_requests, "bundles": bundles,
                             **_methods(cls),
-                            "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang}
+                            "pg_strategy": pg_strategy, "placement": spread, "static": static, **gang,
+                            # (what its replicas check at their start: fingerprint.check_modules)
+                            "modules": modules if version is not None else None}
         try:
             self.driver.feed(event, self.ledger.now())
         except Exception:

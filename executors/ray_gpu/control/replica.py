@@ -54,6 +54,7 @@ import rankcore as rc
 
 from ..api import batching, by_value, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
+from ..api.fingerprint import check_modules
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics
@@ -87,10 +88,13 @@ class ReplicaActor:
                  lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
                  max_ongoing_requests: int = 5, bundle_indices: tuple[int, ...] | None = None,
                  placement_group: Any = None, gang: rc.GangContext | None = None, devices: tuple[int, ...] = (),
-                 source: str = "", revision: str = "") -> None:
+                 source: str = "", revision: str = "", modules: dict[str, str] | None = None) -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
         #: the deployment revision it runs (``StartReplica.revision``; "": not said), for a recovering controller
         self.revision = revision
+        #: the project modules its revision's fingerprint was taken over (None: a version the user gave):
+        #: checked before and after the user's constructor runs (``fingerprint.check_modules``)
+        self.modules = modules
         # static placement: this rank's bundles of the caller's group; a gang member's gang
         self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
         self.placement_group, self.gang = placement_group, gang
@@ -276,11 +280,20 @@ class ReplicaActor:
                 await res
             return obj
 
+        self._check_code()  # (no constructor of other code runs: a model load of minutes, say)
         self.instance = await self._on_user_loop(construct())
+        self._check_code()  # (and what the constructor imported)
         await self._in_control(self._take_weights, self.instance, weights_version, weights, device, warm, cold_path)
         if call_reconfigure:
             await self._call_reconfigure(user_config, pass_rank)
         self.phase = "running"
+
+    def _check_code(self) -> None:
+        """The start fails (``CodeChanged``: the core backs off and retries, the deployment says why)
+        when a project module this process imported is not the one its revision was fingerprinted
+        over: edited on this node since the deploy, it would serve other code under that revision."""
+        if self.modules is not None:
+            check_modules(self.deployment, self.revision, self.modules)
 
     def _device(self) -> Any:
         """The torch device of a replica booked by memory: ``cuda:<its first GPU index>`` (made
