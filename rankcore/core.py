@@ -321,7 +321,7 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
     clock.suspect(tx, rep, e.cause)
-    tx.put(gangs.fail_member(tx, restarts.failed_start(dep, rep, e.cause), rep))
+    tx.put(gangs.fail_member(tx, restarts.failed_start(dep, rep, e.cause, e.reason), rep))
     return finish(tx)
 
 

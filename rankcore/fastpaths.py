@@ -170,7 +170,7 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     phase = rep.phase
     if (phase is not _RUNNING and phase is not _STARTING) or dep0.gang_size > 1 or dep0.static is not None:
         return None  # (gangs, static placement)
-    dep = restarts.failed_start(dep0, rep, e.cause)
+    dep = restarts.failed_start(dep0, rep, e.cause, e.reason)
     if restarts.backoff_s(dep) > 0:
         return None  # (the replacement waits out a restart backoff)
     if rid in cl.avoid or rid in cl.deadlines or parse_replica_number(rid) is None:

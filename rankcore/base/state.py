@@ -138,6 +138,9 @@ class Deployment:
     #: starts that failed in a row (``__init__`` raised or timed out; reset by any ReplicaReady):
     #: the restart backoff and the UNHEALTHY status follow from it (rankcore.control.restarts)
     start_failures: int = 0
+    #: why the last of those failed (``ReplicaCrashed.reason``, cut to ``MAX_FAILURE_SHOWN``): the
+    #: status message says it, as Ray Serve's shows the constructor's error
+    last_start_failure: str = ""
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
@@ -242,8 +245,9 @@ class Deployment:
     def status_message(self) -> str:
         """Why the status is what it is (empty when HEALTHY)."""
         if self.failing_to_start:
+            last = f"; the last: {self.last_start_failure}" if self.last_start_failure else ""
             return (f"failing to start: {self.start_failures} starts in a row failed; retrying with a "
-                    f"backoff of up to {self.config.start.restart_backoff_max_s:g} s")
+                    f"backoff of up to {self.config.start.restart_backoff_max_s:g} s{last}")
         if self.counts[_FAILED_AT]:
             return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
         if self.healthy:

@@ -80,7 +80,7 @@ def deadlines_due(tx: Tx, cl: ClusterTx) -> None:
                 dep = start_delayed(tx, dep, current)
             elif current.phase is Phase.STARTING:  # its process hung in __init__
                 tx.emit(stop_command(dep, rid, now=True))
-                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)
+                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout", "not ready within start_timeout_s"), current)
             elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there
                 tx.emit(stop_command(dep, rid, now=True))
                 if dep.gang_size > 1:

@@ -47,11 +47,15 @@ class Tx(Protocol):
     def tick_at(self, at: float) -> None: ...
 
 
-def failed_start(dep: Deployment, rep: Replica, cause: str) -> Deployment:
+#: how much of a failed start's reason the deployment keeps (its status message shows it)
+MAX_FAILURE_SHOWN = 500
+
+
+def failed_start(dep: Deployment, rep: Replica, cause: str, reason: str = "") -> Deployment:
     """``dep`` after ``rep`` died for ``cause``: one more failed start in a row when
-    it was still starting and its own code is to blame."""
+    it was still starting and its own code is to blame (``reason`` kept as the last one's)."""
     if rep.phase is Phase.STARTING and cause in FAILED_START_CAUSES:
-        return unchecked_copy(dep, start_failures=dep.start_failures + 1)
+        return unchecked_copy(dep, start_failures=dep.start_failures + 1, last_start_failure=reason[:MAX_FAILURE_SHOWN])
     return dep
 
 

@@ -245,6 +245,7 @@ def test_a_crash_loop_backs_off_exponentially_capped_and_marks_the_deployment_un
             waits.append(0.0)
     assert waits == [0.0, 1.0, 2.0, 4.0, 4.0]
     assert c.dep().status == "UNHEALTHY" and "failing to start" in c.dep().status_message  # 3 x 1 replica
+    assert c.dep().status_message.endswith("; the last: boom")  # (the constructor's error, as Serve shows it)
     place = next(x for x in cmds if isinstance(x, rc.PlaceReplica))
     c(rc.ReplicaPlaced(replica_id=place.replica_id, node_id="n0", now=now))
     c(rc.ReplicaReady(replica_id=place.replica_id))
