@@ -360,8 +360,8 @@ class RolloutOptions:
         None, f.optional_name,
         "the code's version (Ray Serve's): a new one replaces every running replica, each by one on its "
         "ranks; the same one rolls nothing. None: nothing to compare (the Ray executor fills in a "
-        "fingerprint of the code)",
-        ray=Spelling("version", "docs/rollouts.md", "a fingerprint of the class's code"))
+        "fingerprint of what the replicas run)",
+        ray=Spelling("version", "docs/rollouts.md", "a fingerprint of what the replicas run"))
     max_unavailable: int | float = _option(
         MAX_UNAVAILABLE, _max_unavailable,
         "a rollout takes down at most this many replicas at once: a count (>= 1) or a fraction of the "

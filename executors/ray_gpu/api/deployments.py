@@ -159,7 +159,8 @@ class Deployment:
     gang_placement: str = _D.gang_placement
     gang_failure: str = _D.gang_failure
     #: the code's version (``rankcore.base.options.RolloutOptions``): a new one rolls every replica,
-    #: the same one rolls nothing; None: ``run()`` gives a fingerprint of ``cls``'s code (docs/rollouts.md)
+    #: the same one rolls nothing; None: ``run()`` gives a fingerprint of what the replicas run (the
+    #: class, the project modules loaded, the bind arguments: ``fingerprint.stamp``; docs/rollouts.md)
     version: str | None = _D.version
     #: the options Ray takes as is (``CORE_OPTIONS``: ``rankcore.base.options.as_is("ray")``, Ray
     #: Serve's names and defaults: health checks, graceful shutdown, timeouts, restart backoff,
@@ -294,7 +295,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     autoscaling options (``autoscale.from_ray_serve``; the routers feed it: docs/autoscaling.md).
     ``version`` (Ray Serve's): a new one makes ``run()`` replace every replica, each by one on its
     ranks (a rolling update); the same one replaces nothing, even if the code changed. Left out,
-    ``run()`` uses a fingerprint of the class's code (``fingerprint.code_fingerprint``; docs/rollouts.md).
+    ``run()`` uses a fingerprint of what the replicas run (``fingerprint.stamp``; docs/rollouts.md).
     """
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:
