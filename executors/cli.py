@@ -702,6 +702,37 @@ def _run_on_ray(scenario_path: Path, trace_path: Path | None, address: str | Non
         sys.exit(EXIT_EXPECTATION_FAILED)
 
 
+# --------------------------------------------------------------- crash-sweep
+@main.command("crash-sweep")
+@click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--every", type=click.IntRange(1), default=1, show_default=True,
+              help="Crash after every K-th step only (a long scenario: N runs of N steps).")
+def crash_sweep(scenario: Path, every: int) -> None:
+    """Run SCENARIO once, then once per step k with the controller crashed right after step k and
+    recovered at once: every invariant, no orphan, the same end state (exit 1 on a difference)."""
+    from rich.progress import Progress
+
+    from .sim import ScenarioError, load_scenario
+    from .sim.crashsweep import sweep
+
+    try:
+        sc = load_scenario(scenario)
+    except ScenarioError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("crashing after each step", total=None)
+        report = sweep(sc, every=every, progress=lambda k, n: bar.update(task, completed=k, total=n))
+    click.echo(f"{report.scenario}: {report.steps} steps, crashed after {len(report.crashed)} "
+               f"(every {every}), {len(report.failures)} different"
+               + (f", {len(report.local_only)} with other local ranks only (after steps "
+                  f"{', '.join(map(str, report.local_only[:10]))})" if report.local_only else ""))
+    for k, why in list(report.failures.items())[:20]:
+        click.echo(f"crash after step {k}: {why}", err=True)
+    if not report.passed:
+        sys.exit(1)
+
+
 # --------------------------------------------------------------- check-trace
 @main.command("check-trace")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
