@@ -296,12 +296,13 @@ def _stable(x: Any, seen: tuple = (), lenient: bool = False) -> bytes:
                                     for k, v in x.items()) + b"}"
     if t in (set, frozenset):
         return t.__name__.encode() + b"{" + b",".join(sorted(_stable(v, seen, lenient) for v in x)) + b"}"
-    from .deployments import Application, DeploymentHandle
-
-    if t is DeploymentHandle:  # (its controller's handle aside: the deployment it calls)
+    # (by name, not by import: ``deployments`` imports this module, and a replica checking its code
+    # must not import the handle and the controller)
+    kind = (t.__module__, t.__qualname__)
+    if kind == (_DEPLOYMENTS, "DeploymentHandle"):  # (its controller's handle aside: the deployment it calls)
         return b"handle:" + _stable((x.name, x.method, x.stream, x.progress, x.multiplexed_model_id,
                                      x.by_reference))
-    if t is Application:  # (bound, not deployed yet: the deployment it will be a handle to)
+    if kind == (_DEPLOYMENTS, "Application"):  # (bound, not deployed yet: the deployment it will be a handle to)
         return b"handle:" + _stable((x.deployment.name, "__call__", False, False, "", None))
     if lenient:
         return b"object:" + f"{t.__module__}:{t.__qualname__}".encode()
@@ -313,6 +314,10 @@ def _stable_or_random(part: Any) -> bytes:
         return part()
     except _Unstable:  # not proven the same: a redeploy rolls (Ray Serve's rule)
         return b"random:" + os.urandom(16)
+
+
+#: where ``DeploymentHandle`` and ``Application`` are defined (``_stable`` knows them by name)
+_DEPLOYMENTS = __name__.rsplit(".", 1)[0] + ".deployments"
 
 
 # ------------------------------------------------------------------ the fingerprint
