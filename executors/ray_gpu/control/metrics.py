@@ -17,10 +17,13 @@ prometheus_client's global one, so two ingresses or two tests never clash):
 
 Where Ray Serve has a metric for the same thing, ours has Serve's exact name and labels
 (read from ``ray/serve/_private``, Ray 2.60: ``request_ingress_metrics.py``, ``replica.py``,
-``router.py``, ``deployment_state.py``, ``controller.py``; Ray adds the ``ray_`` prefix and a
-counter's ``_total``), so a Serve dashboard's queries read ours. The rest are ``rankcore_*``.
-rankcore has no applications: each ``run`` is one deployment, so ``application`` is the
-deployment's name (``""`` for a request no route matched). docs/metrics.md lists them all.
+``router.py``, ``deployment_state.py``, ``autoscaling_state.py``, ``controller.py``; Ray adds the
+``ray_`` prefix and a counter's ``_total``), so a Serve dashboard's queries read ours. The rest are
+``rankcore_*``. The label values of ``application`` are the deployment's name (``""`` for a
+request no route matched), not yet the config's application name: these classes are told
+deployment names only (the application a deployment belongs to is known to ``apps.py``, in Ray's
+KV store, not to the controller's core state nor to a replica). docs/metrics.md lists them all,
+and Ray Serve's every metric with what rankcore exports of it ("Ray Serve's metrics, one by one").
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ...scenarios.metrics import moved_levels
 
 __all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
-           "merged", "CONTENT_TYPE"]
+           "merged", "CONTENT_TYPE", "DEPLOYMENT_STATUS_NUMERIC"]
 
 #: the exposition's media type (Prometheus text format 0.0.4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -122,6 +125,9 @@ REPLICA_METRICS: tuple[MetricSpec, ...] = (
            buckets=LATENCY_BUCKETS_MS),
     _serve("ray_serve_replica_processing_queries", "gauge", ("deployment", "replica", "application"),
            "Calls on the replica now: arrived and not yet ended (waiting for a slot included)."),
+    _serve("ray_serve_deployment_replica_starts", "counter", ("deployment", "replica", "application"),
+           "Starts of this replica's process: 1 once its actor is constructed (Serve counts it in the replica's "
+           "constructor too; a new process, a new series)."),
     # batching (``@batch``): Serve's ``batching.py`` names, per batched method (``function_name``)
     _serve("ray_serve_batch_wait_time_ms", "histogram", _BATCH,
            "Time a batch waited to fill: from its first request to its close (ms).", buckets=LATENCY_BUCKETS_MS),
@@ -155,6 +161,15 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
            "1 for a replica that serves (running or reconfiguring), 0 for any other live replica."),
     _serve("ray_serve_autoscaling_target_replicas", "gauge", _DEP,
            "The deployment's target number of replicas (the person's or the autoscaler's)."),
+    _serve("ray_serve_autoscaling_target_ongoing_requests", "gauge", _DEP,
+           "An autoscaled deployment's configured target_ongoing_requests per replica (none when not autoscaled)."),
+    _serve("ray_serve_deployment_status", "gauge", _DEP,
+           "The deployment's status (the one rankcore status shows) in Serve's numbers: 0 unknown, 1 DEPLOY_FAILED, "
+           "2 UNHEALTHY, 3 UPDATING, 4 UPSCALING, 5 DOWNSCALING, 6 HEALTHY (rankcore's are 2, 3 and 6)."),
+    # Serve's name ends in ``_total`` itself: the family is the name without it (the scrape shows Serve's)
+    MetricSpec(name="ray_serve_health_check_failures", kind="counter", labels=("deployment", "replica", "application"),
+               doc="Health checks a replica failed (its check raised or timed out), as the controller fed them to "
+                   "the core (HealthChecked, healthy=False).", serve="ray_serve_health_check_failures_total"),
     MetricSpec(name="rankcore_deployment_replicas", kind="gauge", labels=(*_DEP, "phase"),
                doc="The deployment's replicas now, by lifecycle phase (Serve has no gauge of current replicas)."),
     _serve("ray_serve_controller_control_loop_duration_s", "gauge", (),
@@ -261,6 +276,8 @@ class ReplicaMetrics:
         self.registry, self.m = build(REPLICA_METRICS)
         self.deployment, self.replica = deployment, replica
         self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, deployment)
+        # (constructed once per replica process, in its actor's constructor: Serve's replica counts its start there)
+        self.m["ray_serve_deployment_replica_starts"].labels(deployment, replica, deployment).inc()
         self._models: set[str] = set()  # (the multiplexed models last shown as registered)
         #: a @multiplexed loader's calls: counted once a request (its labelled child kept, as ``_ongoing``)
         self._lookups = self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(deployment, replica,
@@ -348,6 +365,10 @@ def merged(families: Iterable[Metric]) -> bytes:
 
 _SERVING = frozenset({rc.Phase.RUNNING, rc.Phase.RECONFIGURING})
 
+#: Serve's ``DeploymentStatus.to_numeric`` (``ray/serve/_private/common.py``, Ray 2.60); another word: 0
+DEPLOYMENT_STATUS_NUMERIC: dict[str, int] = {"DEPLOY_FAILED": 1, "UNHEALTHY": 2, "UPDATING": 3, "UPSCALING": 4,
+                                             "DOWNSCALING": 5, "HEALTHY": 6}
+
 
 class ControllerMetrics:
     """The controller's metrics. ``observe`` is a driver observer (after every step);
@@ -382,6 +403,11 @@ class ControllerMetrics:
         if type(event) is rc.WeightsPushed and not result.stale:
             dep = event.deployment
             m["rankcore_weight_pushes"].labels(dep, dep).inc()
+        elif type(event) is rc.HealthChecked and not event.healthy:
+            rid = event.replica_id
+            held = before.index.get(rid)
+            if held is not None:  # (a replica the core does not hold: no deployment to count it under)
+                m["ray_serve_health_check_failures"].labels(held, rid, held).inc()
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         self.m["rankcore_tier_bytes"].labels(deployment, deployment, what).inc(nbytes)
@@ -392,16 +418,23 @@ class ControllerMetrics:
         self.m["ray_serve_controller_num_control_loops"].labels(self.actor_id).set(self.loops)
 
     def refresh(self, state: rc.State, rejected: int = 0) -> None:
-        """The gauges that read the controller's state: replica health, target, replicas by phase,
-        events rejected. Cleared first, so a deleted deployment's series go."""
+        """The gauges that read the controller's state: replica health, target, status, an autoscaled
+        deployment's target ongoing requests, replicas by phase, events rejected. Cleared first, so a
+        deleted deployment's series go."""
         self.m["rankcore_rejected_events"].set(rejected)
-        healthy, target, phases = (self.m["ray_serve_deployment_replica_healthy"],
-                                   self.m["ray_serve_autoscaling_target_replicas"],
-                                   self.m["rankcore_deployment_replicas"])
-        for g in (healthy, target, phases):
+        healthy, target, phases, status, ongoing = (self.m["ray_serve_deployment_replica_healthy"],
+                                                    self.m["ray_serve_autoscaling_target_replicas"],
+                                                    self.m["rankcore_deployment_replicas"],
+                                                    self.m["ray_serve_deployment_status"],
+                                                    self.m["ray_serve_autoscaling_target_ongoing_requests"])
+        for g in (healthy, target, phases, status, ongoing):
             g.clear()
         for name, dep in state.deployments.items():
             target.labels(name, name).set(dep.target)
+            status.labels(name, name).set(DEPLOYMENT_STATUS_NUMERIC.get(dep.status, 0))
+            auto = dep.config.autoscaler
+            if auto.autoscaling:
+                ongoing.labels(name, name).set(auto.target_ongoing_requests)
             counts: dict[str, int] = {}
             for rid, rep in dep.replicas.items():
                 counts[rep.phase.value] = counts.get(rep.phase.value, 0) + 1
