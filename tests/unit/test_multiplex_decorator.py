@@ -138,11 +138,16 @@ def test_the_http_header_and_the_grpc_key_have_serves_names():
         def invocation_metadata(self):
             return self.md
 
+        def set_trailing_metadata(self, md):
+            self.trailing = md
+
     assert grpc_proxy.MODEL_ID_KEY == "multiplexed_model_id"
     assert grpc_proxy._model_of(Ctx((("application", "d"), ("multiplexed_model_id", "m3")))) == "m3"
     assert grpc_proxy._model_of(Ctx(None)) == ""
-    assert grpc_proxy.model_request("d", "") is None
-    assert grpc_proxy.model_request("d", "m3").multiplexed_model_id == "m3"
+    ctx = Ctx((("application", "d"), ("multiplexed_model_id", "m3"), ("request_id", "rid-1")))
+    note = grpc_proxy._note_of("d", ctx)  # (the call's request context: its model and id, the id sent back)
+    assert (note["model"], note["request_id"], ctx.trailing) == ("m3", "rid-1", (("request_id", "rid-1"),))
+    assert http._request_of(note).multiplexed_model_id == "m3"
 
 
 def test_a_request_cancelled_while_its_evictions_unload_leaves_the_loader_usable(reports):
