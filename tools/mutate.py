@@ -478,8 +478,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "gang-downscale-lowest-gangs", MOVES,
-        "                      if r.phase is not Phase.STOPPING), reverse=True)\n",
-        "                      if r.phase is not Phase.STOPPING))\n",
+        "        chosen.extend(rid for rank, rid in top if rank >= dep.target)\n",
+        "        chosen.extend(rid for rank, rid in top if rank < n)\n",
         "[Gangs: downscale] whole gangs from the top ranks",
     ),
     mutation(
@@ -522,7 +522,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "start-timeout-not-a-failed-start", CLOCK,
-        '                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout"), current)\n',
+        '                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout", '
+        '"not ready within start_timeout_s"), current)\n',
         "                dep = fail_member(tx, dep, current)\n",
         "[Health: start timeout] a start timeout counts as a failed start",
     ),

@@ -105,9 +105,14 @@ def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
         return chosen
     ranks = dep.ranks
     if dep.gang_size > 1:
+        # whole gangs from the top: every member at or above the target (a multiple of the gang size,
+        # ``gangs.check_scale``) not stopping already (a retiring one there leaves with no successor:
+        # ``stop``). Counting ``n`` from the top instead reached into the gang below when a top
+        # gang's member was retiring (it counts as active, but is stopping already).
+        taken = set(chosen)
         top = sorted(((ranks.global_rank(r.replica_id), r.replica_id) for r in dep.replicas.values()
-                      if r.phase is not Phase.STOPPING), reverse=True)
-        chosen.extend(rid for _, rid in top[: n - len(chosen)])
+                      if r.phase is not Phase.STOPPING and r.replica_id not in taken), reverse=True)
+        chosen.extend(rid for rank, rid in top if rank >= dep.target)
         return chosen
     taken = set(chosen)
     candidates = sorted(
@@ -119,10 +124,24 @@ def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
     return chosen
 
 
+def _leave_above_target(dep: Deployment) -> Deployment:
+    """A gang deployment's members a rollout is retiring at or above the target leave with no
+    successor (no longer ``retiring``, so no longer counted active): the gang they were in is gone
+    whole, and a lower gang's retiring member still gets its successor (``wants_successor``)."""
+    if dep.gang_size <= 1 or not dep.retiring:
+        return dep
+    replicas, left = dep.replicas, 0
+    for rid, rep in dep.replicas.items():
+        if rep.retiring and dep.ranks.global_rank(rid) >= dep.target:
+            replicas, left = replicas.set(rid, _copy(rep, retiring=False)), left + 1
+    return _copy(dep, replicas=replicas, retiring=dep.retiring - left) if left else dep
+
+
 def stop(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
     """Stop ``n`` replicas (``_victims``); one with no process (FAILED, or
     waiting out its restart backoff) is simply removed."""
     chosen = _victims(dep, n, victims)
+    dep = _leave_above_target(dep)
     delayed = tx.view.delayed
     for rid in [r for r in chosen if dep.replicas[r].phase is Phase.FAILED or r in delayed]:  # no process to stop
         dep = remove(tx, dep, dep.replicas[rid], dep.ranks.release(rid))

@@ -270,3 +270,28 @@ def test_the_simulator_rolls_the_gang_example_whole_gangs_with_no_rank_moved() -
               and r["fields"].get("replaces")]
     assert [sorted(s["global_rank"] for s in starts[i:i + 2]) for i in (0, 2)] == [[0, 1], [2, 3]]
     assert all(s["gang"]["members"] == starts[i // 2 * 2]["gang"]["members"] for i, s in enumerate(starts))
+
+
+def test_a_downscale_while_the_top_gang_retires_stops_that_gang_whole_and_keeps_the_ones_below() -> None:
+    """Three gangs of two roll one gang at a time; once the top gang retires (its stops held), a scale
+    to 4 must take that gang whole and nothing below it: its retiring members get no successors, gangs
+    0 and 1 run on. (It counted the retiring members as active but picked from the others, so it
+    reached down and stopped gang 1's members, and gang 2's members got successors above the target.)"""
+    d = gangs(num_replicas=6)
+    d.held = []
+    d.run(rc.DeploymentApplied(**{**V1, "num_replicas": 6, "version": "v2", "max_unavailable": 1}),  # type: ignore[arg-type]
+          hold=lambda c: isinstance(c, rc.StopReplica) and gang_of(d, c.replica_id) == 2)
+    dep = d.dep("m")
+    retiring = {s.replica_id for s in d.held}  # type: ignore[attr-defined]
+    assert len(retiring) == 2 and {gang_of(d, r) for r in retiring} == {2}
+    below = {r for r in dep.replicas if r not in retiring}
+    step = d.step(rc.ScaleRequested(deployment="m", num_replicas=4))
+    assert not [c for c in step.commands if isinstance(c, rc.StopReplica) and c.replica_id in below], step.commands
+    out = []
+    for stop in list(d.held):
+        d.held.remove(stop)
+        out += d.run(rc.ReplicaStopped(replica_id=stop.replica_id))  # type: ignore[attr-defined]
+    assert not of(rc.StartReplica, out)  # no successor above the target
+    dep = d.dep("m")
+    assert sorted(ranks(d)) == [0, 1, 2, 3] and set(dep.replicas) == below and dep.healthy
+    assert {r.revision for r in dep.replicas.values()} == {dep.revision}
