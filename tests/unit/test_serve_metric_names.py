@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rankcore as rc
 from executors.ray_gpu.control.metrics import ALL_METRICS, ControllerMetrics, MetricSpec, ReplicaMetrics, merged
-from tests.helpers import Driver
+from tests.unit.test_metrics import _Observed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
@@ -180,20 +180,6 @@ def test_a_lying_row_fails():
 def _samples(text: bytes) -> dict[tuple[str, tuple], float]:
     return {(x.name, tuple(sorted(x.labels.items()))): x.value
             for fam in text_string_to_metric_families(text.decode()) for x in fam.samples}
-
-
-class _Observed(Driver):
-    """A driver whose every step the controller's metrics observe (as the controller's driver's)."""
-
-    def __init__(self, metrics: ControllerMetrics, nodes: list[str]) -> None:
-        super().__init__(nodes=nodes)
-        self.metrics = metrics
-
-    def step(self, event: object) -> rc.Step:
-        before = self.state
-        result = super().step(event)
-        self.metrics.observe(0.0, event, before, result)
-        return result
 
 
 def test_the_added_metrics_count_what_the_table_says():
