@@ -64,7 +64,7 @@ def test_a_serve_app_runs_by_its_own_names():
 
 
 def test_a_serve_name_without_an_equivalent_says_so():
-    with pytest.raises(serve.NoEquivalent, match="serve.ingress .*no equivalent yet"):
+    with pytest.raises(serve.NoEquivalent, match=r"serve\.ingress .*no equivalent yet"):
 
         @serve.ingress(object())
         class Api:
