@@ -7,10 +7,17 @@ moves forward. After every step:
 * every request accepted is in exactly one batch that runs, unless it was cancelled while it
   waited, and never in a batch after its cancellation; a refused one never runs;
 * no batch is bigger than its bound (the sizes of its requests, the bound of its moment);
+* each batch runs whole, as a batch of our own (a model of the rule) says: the requests that
+  joined it and were not cancelled, its bound and its start; a request is refused exactly when it
+  fits neither the forming batch nor, alone, the bound of the moment;
+* a batch closes ("full") at the very step its requests reach its bound, or at the step a request
+  that does not fit begins the next one, never later by its timeout; a full batch waits only while
+  every slot is busy;
 * batches run in the order they began, each part in arrival order, one model id a part;
 * no more than ``max_concurrent_batches`` run at once;
 * while a slot is free, no request waits past its batch's timeout: a batch whose timeout has
-  passed closed at the step that passed it (``next_deadline`` is ahead of the clock);
+  passed closed at the step that passed it, and runs with that step's time (``next_deadline`` is
+  ahead of the clock);
 * at the end, with time moved past every timeout and every batch done, nothing waits; and the
   same events replayed on a fresh batcher give the same actions.
 """
@@ -35,6 +42,23 @@ from rankcore.requests.batcher import (
 )
 
 MODELS = ("", "a", "b")
+
+
+class Ours:
+    """A batch as the rule makes it, worked out apart from the batcher: the requests that joined it
+    (and are not cancelled), its bound and start; ``closed``: when it filled (None: forming)."""
+
+    def __init__(self, began: float, bound: int) -> None:
+        self.sizes: dict[str, int] = {}
+        self.began = began
+        self.bound = bound
+        self.closed: float | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(self.sizes.values())
+
+
 OPTIONS = st.builds(BatchOptions, max_batch_size=st.integers(1, 6),
                     batch_wait_timeout_s=st.sampled_from([0.0, 0.01, 0.05, 0.5]),
                     max_concurrent_batches=st.integers(1, 3))
@@ -56,10 +80,11 @@ class BatcherProps(RuleBasedStateMachine):
         self.refused: set[str] = set()
         self.model: dict[str, str] = {}
         self.size: dict[str, int] = {}
-        self.bound_of: dict[int, int] = {}  # a batch seen forming -> the bound in force when it began
+        self.forming: Ours | None = None
+        self.full: list[Ours] = []  # closed full, not run yet, in order
+        self.batch_of: dict[str, Ours] = {}  # a waiting request -> its batch
 
     def _do(self, ev: Any) -> list[Any]:
-        before = self.b.options  # (a batch that begins in this event has these options)
         try:
             out = self.b.handle(ev)
         except rc.InvalidEvent as exc:
@@ -75,8 +100,6 @@ class BatcherProps(RuleBasedStateMachine):
                 assert act.batch_id > self.last_batch, "batches run in the order they began"
                 self.last_batch = act.batch_id
                 assert 0 < act.size <= act.max_batch_size
-                assert act.max_batch_size == self.bound_of.pop(act.batch_id, before.max_batch_size), \
-                    "a batch's bound is the one in force when it began"
                 assert act.began <= act.closed <= self.now
                 seen: list[str] = []
                 for part in act.parts:
@@ -87,6 +110,7 @@ class BatcherProps(RuleBasedStateMachine):
                 assert len(seen) == len(set(seen))
                 assert len({p.model_id for p in act.parts}) == len(act.parts)
                 assert sum(self.size[r] for r in seen) == act.size
+                self._ours_ran(act, seen)
                 for r in seen:
                     assert r in self.waiting, f"{r} ran but was not waiting (cancelled: {r in self.cancelled})"
                     assert r not in self.ran
@@ -95,10 +119,30 @@ class BatcherProps(RuleBasedStateMachine):
                 self.running[act.batch_id] = act
         assert len(self.running) <= self.b.options.max_concurrent_batches or isinstance(ev, SetBatchOptions) \
             or self.shrunk
-        for b in [self.b._forming, *self.b._waiting]:  # (one not seen before began in this event)
-            if b is not None and b.batch_id not in self.bound_of:
-                self.bound_of[b.batch_id] = before.max_batch_size
         return out
+
+    def _ours_ran(self, act: RunBatch, seen: list[str]) -> None:
+        ours = self.batch_of[seen[0]]
+        assert set(seen) == set(ours.sizes), "a batch runs whole: the requests that joined it, no other"
+        assert (act.max_batch_size, act.began) == (ours.bound, ours.began), \
+            "a batch's bound and start are those of the moment it began"
+        if ours.closed is None:  # still forming: only its timeout closes it, at this step
+            assert ours is self.forming
+            assert (act.reason, act.closed) == ("timeout", self.now)
+            self.forming = None
+        else:
+            assert self.full[0] is ours, "closed batches run in order"
+            assert (act.reason, act.closed) == ("full", ours.closed), \
+                f"a batch that filled at {ours.closed} closed at {act.closed} ({act.reason})"
+            self.full.pop(0)
+        for r in seen:
+            del self.batch_of[r]
+
+    def _ours_closes(self, ours: Ours) -> None:
+        """Full: it closes now (and runs now if a slot is free; ``a_full_batch_waits_only_for_a_slot``)."""
+        ours.closed = self.now
+        self.full.append(ours)
+        self.forming = None
 
     shrunk = False
 
@@ -117,14 +161,23 @@ class BatcherProps(RuleBasedStateMachine):
         self.n += 1
         self.model[rid] = model
         self.size[rid] = size
-        bound = self.b.options.max_batch_size
-        self.order[rid] = len(self.order)  # (before: a request that fills its batch runs in this step)
-        self.waiting.add(rid)
+        ours = self.forming
+        fits = ours is not None and ours.size + size <= ours.bound
+        refuse = not fits and size > self.b.options.max_batch_size  # (the forming batch stays open)
+        if not refuse:  # (before: a request that fills its batch runs in this step)
+            self.order[rid] = len(self.order)
+            self.waiting.add(rid)
+            if not fits:
+                if ours is not None:
+                    self._ours_closes(ours)  # it cannot take this request: full
+                ours = self.forming = Ours(self.now, self.b.options.max_batch_size)
+            assert ours is not None
+            ours.sizes[rid] = size
+            self.batch_of[rid] = ours
+            if ours.size >= ours.bound:
+                self._ours_closes(ours)
         out = self._do(Enqueue(request_id=rid, now=self.now, size=size, model_id=model))
-        if any(isinstance(a, Refused) and a.request_id == rid for a in out):
-            assert size > bound
-            del self.order[rid]
-            self.waiting.discard(rid)
+        assert any(isinstance(a, Refused) and a.request_id == rid for a in out) == refuse
 
     @rule(dt=st.sampled_from([0.0, 0.001, 0.01, 0.05, 0.3, 1.0]))
     def tick(self, dt: float) -> None:
@@ -138,6 +191,14 @@ class BatcherProps(RuleBasedStateMachine):
             return
         rid = pool[pick % len(pool)]
         before = self.b.waiting
+        if which == "waiting":
+            ours = self.batch_of.pop(rid)
+            del ours.sizes[rid]  # (its room is free again)
+            if not ours.sizes:  # an empty batch is gone
+                if ours is self.forming:
+                    self.forming = None
+                else:
+                    self.full.remove(ours)
         self._do(Cancel(request_id=rid))
         if which == "waiting":
             self.waiting.discard(rid)
@@ -182,6 +243,12 @@ class BatcherProps(RuleBasedStateMachine):
         assert self.b.running == len(self.running)
         if len(self.running) <= self.b.options.max_concurrent_batches:
             self.shrunk = False
+
+    @invariant()
+    def a_full_batch_waits_only_for_a_slot(self) -> None:
+        if self.full:
+            assert len(self.running) >= self.b.options.max_concurrent_batches, \
+                f"a batch that filled at {self.full[0].closed} waits at {self.now} with a slot free"
 
     @invariant()
     def no_wait_past_the_timeout_while_a_slot_is_free(self) -> None:
