@@ -218,3 +218,32 @@ def test_a_replica_whose_modules_changed_since_the_deploy_refuses_to_start(modul
     with pytest.raises(CodeChanged, match=r"deployment 'dep'.*revision 'v=abc;r=;p=spread'.*"
                                           rf"{name}.*redeploy to roll it out"):
         check_modules("dep", "v=abc;r=;p=spread", taken)
+
+
+def test_a_batched_or_multiplexed_class_keeps_its_fingerprint_after_it_ran() -> None:
+    """The wrappers ``@batch`` and ``@multiplexed`` put around a method close over their running state
+    (runners, queues, loaded models): that is not code. A redeploy of such a class after it served
+    (the same source, a new user_config) rolled nothing before a fingerprint took their closures in;
+    it must roll nothing now either (test_ray_batching's reconfigure test saw a restart)."""
+    import asyncio
+
+    from executors.ray_gpu import batch, multiplexed
+
+    class Served:
+        @batch(max_batch_size=2, batch_wait_timeout_s=0.01)
+        async def __call__(self, xs):
+            return xs
+
+        @multiplexed(max_num_models_per_replica=1)
+        async def get_model(self, model_id):
+            return model_id
+
+    before = code_fingerprint(Served)
+    s = Served()
+
+    async def use() -> None:
+        assert await asyncio.gather(s(1), s(2), s(3)) == [1, 2, 3]
+        assert await s.get_model("a") == "a"
+
+    asyncio.run(use())
+    assert code_fingerprint(Served) == before

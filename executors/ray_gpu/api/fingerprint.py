@@ -226,7 +226,14 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 
 def _function(fn: types.FunctionType, seen: tuple) -> bytes:
-    """A function sent by value: its code, what it closes over, its defaults and the globals it reads."""
+    """A function sent by value: its code, what it closes over, its defaults and the globals it reads.
+    One whose code is a library's or rankcore's own (the wrapper ``@batch`` or ``@multiplexed`` puts
+    around a method): its name and what it wraps (``__wrapped__``), not its closure, which holds the
+    decorator's running state (its runners, their queues), different after every call."""
+    if fn.__code__.co_filename.startswith(_not_project()):
+        inner = getattr(fn, "__wrapped__", None)
+        return b"wrapper:" + fn.__code__.co_name.encode() + (
+            b"(" + _stable(inner, seen) + b")" if isinstance(inner, types.FunctionType) else b"")
     lenient = isinstance(fn.__globals__.get("__file__"), str)  # (its module's file made them)
     parts = [_compiled(fn.__code__)]
     for cell in fn.__closure__ or ():
