@@ -199,7 +199,11 @@ def test_stamp_gives_the_modules_a_replica_checks_and_none_for_a_version_given(m
     name = modules("app", "class Model:\n    pass\n")
     cls = _load(name).Model
     version, taken = stamp(None, cls, (1,), {})
-    assert taken is not None and name in taken and __name__ in taken
+    assert taken is not None and name in taken
+    assert __name__ not in taken  # (loaded, but nothing of Model's reaches it)
+    other = modules("unrelated", "X = 1\n")
+    _load(other)  # a project module imported after for another reason changes nothing
+    assert stamp(None, cls, (1,), {}) == (version, taken)
     assert not any(m.split(".")[0] in ("rankcore", "executors", "ray", "pytest", "json") for m in taken)
     assert version == code_fingerprint(cls, (1,), {}, taken)
     assert stamp("v7", cls) == ("v7", None)  # (Ray Serve's meaning: the user's word, unchecked)

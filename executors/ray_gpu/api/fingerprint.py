@@ -193,17 +193,60 @@ def _file_of(module: Any) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def project_modules() -> dict[str, str]:
-    """The project modules this process has loaded, by name (sorted), each with the sha256 of its
-    file's bytes: what a replica imports from disk when it starts."""
+def project_modules(*roots: Any) -> dict[str, str]:
+    """The project modules ``roots`` (objects: a class, its bind arguments) can reach, by name
+    (sorted), each with the sha256 of its file's bytes: what a replica imports from disk when it
+    starts. Reached: the module of each root (and of its classes' bases), then, module by module,
+    every module among its globals and the module of every class or function among them, as long as
+    it is a project module. (Not every module this process happens to have loaded: one imported
+    later for another reason rolled every deployment at its next redeploy.) No ``roots``: every
+    project module loaded."""
+    if not roots:
+        names = [n for n, m in list(sys.modules.items()) if _project_file(m) is not None]
+    else:
+        names, seen = [], set()
+        todo = [m for r in roots for m in _modules_of(r)]
+        while todo:
+            module = todo.pop()
+            name = getattr(module, "__name__", None)
+            if not isinstance(name, str) or name in seen or _project_file(module) is None:
+                continue
+            seen.add(name)
+            names.append(name)
+            for value in list(vars(module).values()):
+                todo.extend(_modules_of(value))
     out = {}
-    for name, module in list(sys.modules.items()):
-        path = _file_of(module)
-        if path is not None and _is_project(path):
-            digest = _digest(path)
-            if digest is not None:
-                out[name] = digest
+    for name in names:
+        path = _project_file(sys.modules.get(name))
+        digest = _digest(path) if path is not None else None
+        if digest is not None:
+            out[name] = digest
     return dict(sorted(out.items()))
+
+
+def _project_file(module: Any) -> str | None:
+    path = _file_of(module)
+    return path if path is not None and _is_project(path) else None
+
+
+def _modules_of(value: Any) -> list[Any]:
+    """The modules ``value`` stands for: itself (a module), its module (a class or function, its
+    classes' bases' too), or its type's (an instance); none for plain data."""
+    if isinstance(value, types.ModuleType):
+        return [value]
+    if isinstance(value, type):
+        return [m for k in value.__mro__[:-1] if (m := sys.modules.get(k.__module__)) is not None]
+    if isinstance(value, (types.FunctionType, types.MethodType)):
+        m = sys.modules.get(getattr(value, "__module__", None) or "")
+        return [m] if m is not None else []
+    if isinstance(value, (tuple, list)):
+        return [m for v in value for m in _modules_of(v)]
+    if isinstance(value, dict):
+        return [m for v in value.values() for m in _modules_of(v)]
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return []
+    m = sys.modules.get(type(value).__module__)
+    return [m] if m is not None else []
 
 
 # ------------------------------------------------------------------ what travels by value
@@ -331,11 +374,12 @@ _DEPLOYMENTS = __name__.rsplit(".", 1)[0] + ".deployments"
 def code_fingerprint(obj: Any, args: tuple = (), kwargs: Mapping | None = None,
                      modules: Mapping[str, str] | None = None) -> str:
     """sha256 over what a replica of ``obj`` bound to ``args`` and ``kwargs`` runs (the module
-    docstring): ``class_fingerprint(obj)``, ``modules`` (default: ``project_modules()`` now), what
+    docstring): ``class_fingerprint(obj)``, ``modules`` (default: ``project_modules`` it reaches now), what
     travels with a class pickled by value, and the bind arguments; ``LENGTH`` hex digits. A part
     that is not plain data is random: such a deployment rolls at every redeploy."""
     h = hashlib.sha256(class_fingerprint(obj).encode() + b"\0")
-    for name, digest in sorted((project_modules() if modules is None else modules).items()):
+    for name, digest in sorted((project_modules(obj, args, dict(kwargs or {})) if modules is None
+                                else modules).items()):
         h.update(f"{name}={digest}\0".encode())
     h.update(b"\1" + _stable_or_random(lambda: _runtime(obj)))
     h.update(b"\1" + _stable_or_random(lambda: _stable((tuple(args), dict(kwargs or {})))))
@@ -350,7 +394,7 @@ def stamp(version: str | None, obj: Any, args: tuple = (), kwargs: Mapping | Non
     driver, the ``rankcore deploy`` process), which imported the code from disk last."""
     if version is not None:
         return version, None
-    modules = project_modules()
+    modules = project_modules(obj, args, dict(kwargs or {}))
     return code_fingerprint(obj, args, kwargs, modules), modules
 
 
