@@ -251,3 +251,12 @@ def test_a_batched_or_multiplexed_class_keeps_its_fingerprint_after_it_ran() -> 
 
     asyncio.run(use())
     assert code_fingerprint(Served) == before
+
+
+def test_a_module_global_that_holds_itself_or_nests_deep_is_walked_without_recursion(modules) -> None:
+    """(CI: a RecursionError in every deploy of a module whose globals nest deeper than Python's stack)"""
+    name = modules("deep", "LOOP = []\nLOOP.append(LOOP)\nDEEP = [0]\nfor _ in range(5000):\n    DEEP = [DEEP]\n"
+                           "class Model:\n    pass\n")
+    cls = _load(name).Model
+    version, taken = stamp(None, cls)
+    assert taken is not None and name in taken and stamp(None, cls) == (version, taken)

@@ -231,22 +231,36 @@ def _project_file(module: Any) -> str | None:
 
 def _modules_of(value: Any) -> list[Any]:
     """The modules ``value`` stands for: itself (a module), its module (a class or function, its
-    classes' bases' too), or its type's (an instance); none for plain data."""
-    if isinstance(value, types.ModuleType):
-        return [value]
-    if isinstance(value, type):
-        return [m for k in value.__mro__[:-1] if (m := sys.modules.get(k.__module__)) is not None]
-    if isinstance(value, (types.FunctionType, types.MethodType)):
-        m = sys.modules.get(getattr(value, "__module__", None) or "")
-        return [m] if m is not None else []
-    if isinstance(value, (tuple, list)):
-        return [m for v in value for m in _modules_of(v)]
-    if isinstance(value, dict):
-        return [m for v in value.values() for m in _modules_of(v)]
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return []
-    m = sys.modules.get(type(value).__module__)
-    return [m] if m is not None else []
+    classes' bases' too), its type's (an instance), those of the items of a tuple, list or dict (a
+    loop over at most ``_MOST_ITEMS``, each container once: a module's global may hold itself);
+    none for plain data."""
+    out: list[Any] = []
+    todo: list[Any] = [value]
+    seen: set[int] = set()
+    while todo and len(seen) < _MOST_ITEMS:
+        v = todo.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, types.ModuleType):
+            out.append(v)
+        elif isinstance(v, type):
+            out.extend(m for k in v.__mro__[:-1] if (m := sys.modules.get(k.__module__)) is not None)
+        elif isinstance(v, (types.FunctionType, types.MethodType)):
+            m = sys.modules.get(getattr(v, "__module__", None) or "")
+            out.extend([m] if m is not None else [])
+        elif isinstance(v, (tuple, list)):
+            todo.extend(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif not (v is None or isinstance(v, (bool, int, float, complex, str, bytes))):
+            m = sys.modules.get(type(v).__module__)
+            out.extend([m] if m is not None else [])
+    return out
+
+
+#: how many values ``_modules_of`` looks at, at most, in one module global
+_MOST_ITEMS = 10_000
 
 
 # ------------------------------------------------------------------ what travels by value
