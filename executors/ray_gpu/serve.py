@@ -56,17 +56,14 @@ def start(http_options: HTTPOptions | dict | None = None, grpc_options: gRPCOpti
           proxy_location: str | None = None, **others: Any) -> None:
     """Start the proxies (``serve.start``): HTTP on ``http_options``' host and port, gRPC when
     ``grpc_options`` names servicer functions; ``proxy_location`` as Serve's."""
-    from .ingress.http import start_ingress
+    from .control.apps import start_proxies
 
     if others:
         raise NoEquivalent(f"serve.start({', '.join(sorted(others))}=...): no such option in rankcore "
                            f"(http_options, grpc_options, proxy_location)")
     http = HTTPOptions(**http_options) if isinstance(http_options, dict) else http_options or HTTPOptions()
     grpc = gRPCOptions(**grpc_options) if isinstance(grpc_options, dict) else grpc_options or gRPCOptions()
-    start_ingress(http.host, http.port, proxy_location=proxy_location,
-                  request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep",
-                  grpc_port=grpc.port if grpc.grpc_servicer_functions else None,
-                  grpc_servicer_functions=tuple(grpc.grpc_servicer_functions))
+    start_proxies(http, grpc, proxy_location)
 
 
 def run(target: Application, blocking: bool = False, name: str = DEFAULT_APP_NAME, route_prefix: str | None = "/",

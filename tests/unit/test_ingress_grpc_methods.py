@@ -14,7 +14,7 @@ import grpc
 from grpc import aio
 
 from executors.ray_gpu.ingress.grpc_proxy import GrpcFront
-from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods, status_of
+from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
@@ -58,7 +58,7 @@ def test_a_method_the_class_lacks_is_unimplemented_and_nothing_is_sent() -> None
     ingress.methods = {"wire": public_methods(Wire)}
 
     async def main() -> list[tuple[str, Any, str]]:
-        front = GrpcFront(ingress, SERVICERS, status_of, _cancel)
+        front = GrpcFront(ingress, SERVICERS, _cancel)
         host, port = await front.start("127.0.0.1", 0)
         out = []
         try:

@@ -36,7 +36,7 @@ from ..api.deployments import delete as delete_deployment
 from ..ingress import http as ingress
 from .replicas import NAMESPACE
 
-__all__ = ["AppliedApp", "apply_config", "import_app", "applied_apps", "delete_app", "delete_all", "details",
+__all__ = ["AppliedApp", "apply_config", "start_proxies", "import_app", "applied_apps", "delete_app", "delete_all", "details",
            "status", "unhealthy", "FAULTS_SHOWN"]
 
 
@@ -162,6 +162,16 @@ def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.Ser
 
 
 # ------------------------------------------------------------------ apply
+def start_proxies(http: cf.HTTPOptions, grpc: cf.GRPCOptions, proxy_location: str | None) -> None:
+    """Start (or configure) the proxies from Ray Serve's ``http_options`` and ``grpc_options``: HTTP
+    on their host and port, gRPC only when servicer functions are named (as Serve); the config
+    file's path (``apply_config``) and ``serve.start``."""
+    ingress.start_ingress(http.host, http.port, proxy_location=proxy_location,
+                          request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep",
+                          grpc_port=grpc.port if grpc.grpc_servicer_functions else None,
+                          grpc_servicer_functions=tuple(grpc.grpc_servicer_functions))
+
+
 def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
                  timeout: float = 120.0) -> dict[str, AppliedApp]:
     """Apply ``cfg`` (a ``ServeConfig``, checked): import every application and give its
@@ -188,11 +198,7 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     http = cfg.http_options
     exposed = cfg.proxy_location != "Disabled" and any(e.route_prefix is not None for e, _ in built)
     if exposed:
-        grpc = cfg.grpc_options
-        ingress.start_ingress(http.host, http.port, proxy_location=cfg.proxy_location,
-                              request_timeout_s=http.request_timeout_s if http.request_timeout_s else "keep",
-                              grpc_port=grpc.port if grpc.grpc_servicer_functions else None,
-                              grpc_servicer_functions=tuple(grpc.grpc_servicer_functions))
+        start_proxies(http, cfg.grpc_options, cfg.proxy_location)
     now = time.time()
     apps: dict[str, AppliedApp] = {}
     for entry, app in built:

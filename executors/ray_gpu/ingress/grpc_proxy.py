@@ -149,11 +149,12 @@ def code_of(status: int) -> grpc.StatusCode:
 class GrpcFront:
     """The proxy's gRPC server: one ``grpc.aio`` server on the HTTP server's loop."""
 
-    def __init__(self, ingress: Any, servicer_functions: Sequence[str], status_of: Any, cancel: Any) -> None:
-        self.ingress = ingress  # (http.IngressState: routes, handles, the request path)
-        #: http.status_of (an error's HTTP status, mapped to a code here) and http._cancel, handed in:
-        #: this module does not import http.py, which starts it
-        self.status_of, self._cancel = status_of, cancel
+    def __init__(self, ingress: Any, servicer_functions: Sequence[str], cancel: Any) -> None:
+        #: http.IngressState: routes, handles, the request path, and ``failed`` (an error's HTTP status,
+        #: mapped to a code here, its traceback logged)
+        self.ingress = ingress
+        #: http._cancel, handed in: this module does not import http.py, which starts it
+        self._cancel = cancel
         self.services = servicer_methods(servicer_functions)
         self.server: aio.Server | None = None
         self.health = health_aio.HealthServicer()

@@ -1389,7 +1389,7 @@ class HttpIngress:
         if grpc_servicer_functions and grpc_port is not None:
             from .grpc_proxy import GrpcFront
 
-            self.grpc = GrpcFront(self.state, grpc_servicer_functions, status_of, _cancel)
+            self.grpc = GrpcFront(self.state, grpc_servicer_functions, _cancel)
         def serve() -> None:
             if loop == "uvloop":
                 import uvloop
