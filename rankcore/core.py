@@ -139,7 +139,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         rekind(tx, dep)  # replicas already on a node keep what they reserved
     config_changed = e.user_config != dep.user_config
     if config_changed:
-        dep = _copy(dep, user_config=e.user_config, config_version=dep.config_version + 1, configuring=True)
+        dep = _copy(dep, user_config=e.user_config, config_version=dep.config_version + 1)
     target = dep.target
     dep = autoscaling.applied(dep, e, new=False)  # (autoscaled: num_replicas is no target)
     if dep.target != target:

@@ -142,10 +142,6 @@ class Deployment:
     #: status message says it, as Ray Serve's shows the constructor's error
     last_start_failure: str = ""
     config_version: int = 0
-    #: a ``user_config`` change (or a recovery) may have left replicas behind ``config_version``;
-    #: cleared by ``rankcore.control.configs.pace_touched`` once every replica has it (what
-    #: ``healthy`` and the fast paths read, instead of looking at every replica)
-    configuring: bool = False
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
     #: replicas per live phase, in ``lifecycle.LIVE`` order
@@ -227,7 +223,7 @@ class Deployment:
         one still waiting for its turn (``rankcore.control.configs`` paces them) keeps it
         ``UPDATING``, as Ray Serve's config update does."""
         return (self.counts[_RUNNING_AT] == self.target == len(self.replicas) and not self.unresponsive
-                and not self.configuring)
+                and all(r.config_version >= self.config_version for r in self.replicas.values()))
 
     @property
     def failing_to_start(self) -> bool:

@@ -38,9 +38,9 @@ def behind(dep: Deployment) -> list[Replica]:
 
 
 def settled(dep: Deployment) -> bool:
-    """Nothing for ``pace_touched`` to do in any step (the fast paths, which run no pass, ask it):
-    no config on its way (``Deployment.configuring``, O(1))."""
-    return not dep.configuring
+    """No serving replica of ``dep`` waits for its new ``user_config``: nothing for ``pace_touched``
+    to do in any step (the fast paths, which run no pass, ask it)."""
+    return not any(_behind(dep, r) for r in dep.replicas.values())
 
 
 def _reconfiguring(dep: Deployment) -> int:
@@ -57,10 +57,7 @@ def pace_touched(tx: Tx) -> None:
     lowest-ranked of them, while no more than ``rollouts.budget`` are reconfiguring."""
     for name in sorted(tx.touched):
         dep = tx.deps.get(name)
-        if dep is None or dep.deleting or not dep.configuring:
-            continue
-        if all(r.config_version >= dep.config_version for r in dep.replicas.values()):
-            tx.put(unchecked_copy(dep, configuring=False))  # (every replica has it, or is told it now)
+        if dep is None or dep.deleting:
             continue
         late = behind(dep)
         room = budget(dep) - _reconfiguring(dep)

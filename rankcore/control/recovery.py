@@ -288,7 +288,6 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         asleep=asleep,
         deleting=deleting,
         config_version=1,
-        configuring=True,  # (a replica may report an older config: the configs pass looks, once)
         replicas=immutables.Map(replicas),
         ranks=ranks,
         counts=tuple(counts),
