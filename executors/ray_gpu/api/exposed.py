@@ -18,6 +18,9 @@ from typing import Any, TypeVar
 
 from rankcore import InvalidConfig
 
+#: ``api.asgi.ENTRY`` (named here: ``asgi`` imports starlette where it runs, this module nothing)
+ASGI_ENTRY = "__rankcore_asgi__"
+
 __all__ = ["http_method", "Reachable", "reachable", "LIFECYCLE", "HTTP_ATTR"]
 
 #: what ``@http_method`` sets on the function
@@ -60,6 +63,9 @@ class Reachable:
 
     http: frozenset[str]
     grpc: frozenset[str] | None
+    #: HTTP requests reach the class as ASGI requests (``api.asgi``: Serve's ``__call__(request)`` or
+    #: ``@serve.ingress`` app): every path under its route prefix, whatever its method
+    asgi: bool = False
 
     @classmethod
     def unknown(cls) -> Reachable:
@@ -69,6 +75,8 @@ class Reachable:
 
     def refusal(self, name: str, method: str, via: str) -> str | None:
         """Why ``method`` of deployment ``name`` cannot be called over ``via`` ("http" or "grpc"), or None."""
+        if via == "http" and self.asgi:
+            return None
         allowed = self.http if via == "http" else self.grpc
         if method not in LIFECYCLE and (allowed is None or method in allowed):
             return None
@@ -94,4 +102,5 @@ def reachable(cls: Any) -> Reachable:
     has_call = any("__call__" in vars(k) for k in own)
     http = {m for m in public if getattr(getattr(cls, m), HTTP_ATTR, False)} | ({"__call__"} if has_call else set())
     dynamic = any("__getattr__" in vars(k) for k in own)  # (any name may be a method: gRPC sends it on)
-    return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(public | ({"__call__"} if has_call else set())))
+    return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(public | ({"__call__"} if has_call else set())),
+                     asgi=callable(getattr(cls, ASGI_ENTRY, None)))

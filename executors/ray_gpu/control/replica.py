@@ -52,7 +52,7 @@ from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
-from ..api import batching, by_value, context, multiplex
+from ..api import asgi, batching, by_value, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
 from ..api.fingerprint import check_modules
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
@@ -283,6 +283,7 @@ class ReplicaActor:
         self._check_code()  # (no constructor of other code runs: a model load of minutes, say)
         self.instance = await self._on_user_loop(construct())
         self._check_code()  # (and what the constructor imported)
+        await self._on_user_loop(asgi.started(self.instance))  # (an ASGI ingress's app: its lifespan startup)
         await self._in_control(self._take_weights, self.instance, weights_version, weights, device, warm, cold_path)
         if call_reconfigure:
             await self._call_reconfigure(user_config, pass_rank)
@@ -481,6 +482,10 @@ class ReplicaActor:
         await self._on_user_loop(self._drained(deadline, wait_loop_s))  # (the calls end there)
         try:  # (its multiplexed models are unloaded, as Serve's replica does at shutdown)
             await self._on_user_loop(multiplex.shutdown_all())
+        except Exception:  # pragma: no cover - best effort
+            pass
+        try:  # (an ASGI ingress's app: its lifespan shutdown)
+            await self._on_user_loop(asgi.stopped(self.instance))
         except Exception:  # pragma: no cover - best effort
             pass
         if self._witness is not None:  # (a call that still comes counts as begun if this dies)
