@@ -116,11 +116,6 @@ class TestMultiplexWrapper:
     async def test_unload_model_call_del(self):
         pass
 
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-        "rankcore defect: while a load waits after evicting the least recently used model, the "
-        "replica's last report still names the evicted model (rankcore reports at the miss and when "
-        "the load ends); Serve pushes right after the unload, so routers stop sending that model's "
-        "requests there during the load"))
     async def test_push_model_ids_info_after_unload_model(self):
         seen = _reports()
         gate = asyncio.Event()

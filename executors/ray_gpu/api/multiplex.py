@@ -149,6 +149,8 @@ class _Multiplexer:
                 begun = True
                 if isinstance(act, Hit):
                     return self.models[model_id]
+                if act.evict:  # (the evicted are gone from the cache now: routers must stop sending them
+                    _changed()  # here for the whole load, not until it ends; Serve pushes after the unload)
                 try:
                     # the evicted models leave now, unloaded even if this request is cancelled meanwhile
                     await asyncio.shield(self._unload_all([(gone, self.models.pop(gone, None)) for gone in act.evict]))
