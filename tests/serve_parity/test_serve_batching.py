@@ -19,7 +19,6 @@ import asyncio
 import pytest
 
 from executors.ray_gpu import serve
-from executors.ray_gpu.api.batching import BatchSizeMismatch
 
 ORIGIN = "python/ray/serve/tests/test_batching.py (search index version 9268977729, no commit given)"
 
@@ -79,10 +78,6 @@ async def test_concurrent_batching():
         assert requests == most, got
 
 
-@pytest.mark.xfail(strict=True, raises=BatchSizeMismatch, reason=(
-    "rankcore defect: a batched method that answers a non-list (here an int) fails its callers with "
-    "BatchSizeMismatch (a RuntimeError); Serve raises TypeError (its len() of the answer), which "
-    "is what this case expects"))
 @pytest.mark.asyncio
 async def test_batching_exception():
     class NoListReturned:

@@ -9,8 +9,9 @@ replica: its user loop).
 
 Serve's names, defaults and behaviour: ``max_batch_size=10``, ``batch_wait_timeout_s=0.01``,
 ``max_concurrent_batches=1``, ``batch_size_fn=None``; a wrong-length answer fails every caller
-of that batch (``BatchSizeMismatch``, Serve's words); an exception of the method fails every
-caller of that batch; an ``async def`` generator streams: each ``yield`` is a list with one
+of that batch (``BatchSizeMismatch``, Serve's words; an answer with no length: ``BatchNotAList``,
+also the ``TypeError`` Serve's callers get); an exception of the method fails every caller of
+that batch; an ``async def`` generator streams: each ``yield`` is a list with one
 item per caller, ``StopIteration`` (the class) in a caller's place ends that caller's stream;
 batches split by multiplexed model id, each part run in the context (``get_multiplexed_model_id()``,
 the request context) of its first caller; ``set_max_batch_size`` / ``set_batch_wait_timeout_s``
@@ -47,7 +48,7 @@ from rankcore.requests import (
 
 from .multiplex import get_multiplexed_model_id
 
-__all__ = ["batch", "BatchSizeMismatch", "BatchOptions"]
+__all__ = ["batch", "BatchSizeMismatch", "BatchNotAList", "BatchOptions"]
 
 #: the instance attribute a method's batchers live under (one per decorated method)
 _RUNNERS = "__rankcore_batchers__"
@@ -79,7 +80,14 @@ class _Raise:
 
 
 class BatchSizeMismatch(RuntimeError):
-    """The batched method answered a list of another length than the batch (or no list)."""
+    """The batched method answered a list of another length than the batch (or no list:
+    ``BatchNotAList``)."""
+
+
+class BatchNotAList(BatchSizeMismatch, TypeError):
+    """The batched method answered something without a length (an ``int``, ``None``): a
+    ``TypeError``, as Serve's callers get (its ``len()`` of the answer raises it), and a
+    ``BatchSizeMismatch``, as rankcore's callers catch."""
 
 
 class _Call:
@@ -257,8 +265,8 @@ def _check_length(results: Any, n: int) -> None:
     try:
         got = len(results)
     except TypeError:
-        raise BatchSizeMismatch(f"Batched function doesn't preserve batch size. The input list has length {n} but "
-                                f"the answer is a {type(results).__name__}, not a list.") from None
+        raise BatchNotAList(f"Batched function doesn't preserve batch size. The input list has length {n} but "
+                            f"the answer is a {type(results).__name__}, not a list.") from None
     if got != n:
         raise BatchSizeMismatch(f"Batched function doesn't preserve batch size. The input list has length {n} but "
                                 f"the returned list has length {got}.")
