@@ -106,13 +106,6 @@ def _call_as(func, mode: str, first: str, second: str):
     return func(key2=second, key1=first)
 
 
-# Serve raises TypeError for a max_batch_size that is not integral (1.1) and for a
-# batch_wait_timeout_s that is not a number ("a"), and takes 1.0 as 1; rankcore refuses all three
-# with rankcore.InvalidConfig (a ValueError).
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "rankcore defect: serve.batch(max_batch_size=1.0) is refused (Serve takes an integral float), "
-    "and max_batch_size=1.1 / batch_wait_timeout_s='a' raise rankcore.InvalidConfig (a ValueError) "
-    "where Serve raises TypeError"))
 @pytest.mark.asyncio
 async def test_decorator_validation():
     # accepted, bare and with options, on functions and on methods
@@ -170,7 +163,8 @@ async def test_decorator_validation():
         async def method(self, requests):
             pass
 
-    # wrong types are TypeErrors; an integral float bound is taken (where rankcore differs)
+    # wrong types are TypeErrors (rankcore: BatchOptionTypeError, an InvalidConfig and a TypeError);
+    # an integral float bound is taken as that int
     with pytest.raises(TypeError):
         class NonTimeout:
             @serve.batch(batch_wait_timeout_s="a")

@@ -8,7 +8,8 @@ out); this module only keeps the callers' futures, the one timer the batcher ask
 replica: its user loop).
 
 Serve's names, defaults and behaviour: ``max_batch_size=10``, ``batch_wait_timeout_s=0.01``,
-``max_concurrent_batches=1``, ``batch_size_fn=None``; a wrong-length answer fails every caller
+``max_concurrent_batches=1``, ``batch_size_fn=None`` (a wrong type: Serve's ``TypeError``, here
+``BatchOptionTypeError``, also an ``InvalidConfig``); a wrong-length answer fails every caller
 of that batch (``BatchSizeMismatch``, Serve's words; an answer with no length: ``BatchNotAList``,
 also the ``TypeError`` Serve's callers get); an exception of the method fails every caller of
 that batch; an ``async def`` generator streams: each ``yield`` is a list with one
@@ -34,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from rankcore import InvalidConfig
 from rankcore.requests import (
     BatchDone,
     Batcher,
@@ -48,7 +50,7 @@ from rankcore.requests import (
 
 from .multiplex import get_multiplexed_model_id
 
-__all__ = ["batch", "BatchSizeMismatch", "BatchNotAList", "BatchOptions"]
+__all__ = ["batch", "BatchSizeMismatch", "BatchNotAList", "BatchOptionTypeError", "BatchOptions"]
 
 #: the instance attribute a method's batchers live under (one per decorated method)
 _RUNNERS = "__rankcore_batchers__"
@@ -88,6 +90,12 @@ class BatchNotAList(BatchSizeMismatch, TypeError):
     """The batched method answered something without a length (an ``int``, ``None``): a
     ``TypeError``, as Serve's callers get (its ``len()`` of the answer raises it), and a
     ``BatchSizeMismatch``, as rankcore's callers catch."""
+
+
+class BatchOptionTypeError(InvalidConfig, TypeError):
+    """A ``@batch`` option of the wrong type (``max_batch_size=1.1``, ``batch_wait_timeout_s="a"``),
+    or a ``max_concurrent_batches`` that is not an int >= 1: Serve raises ``TypeError`` for these,
+    rankcore ``InvalidConfig`` for every bad option; this is both."""
 
 
 class _Call:
@@ -272,13 +280,36 @@ def _check_length(results: Any, n: int) -> None:
                                 f"the returned list has length {got}.")
 
 
+def _options(base: BatchOptions | None = None, **given: Any) -> BatchOptions:
+    """``given`` over ``base`` (the defaults when None), checked first as Serve checks them: an
+    integral float ``max_batch_size`` is that int, and a wrong type (or a ``max_concurrent_batches``
+    below 1) is a ``BatchOptionTypeError`` (Serve's ``TypeError``, in Serve's words); then by the
+    core's rules (``BatchOptions``: ``InvalidConfig`` naming the option, a ``ValueError`` as Serve's
+    for a ``max_batch_size`` below 1 or a negative wait)."""
+    if "max_batch_size" in given:
+        n = given["max_batch_size"]
+        if isinstance(n, float) and n.is_integer():
+            given["max_batch_size"] = int(n)
+        elif not isinstance(n, int):
+            raise BatchOptionTypeError(f"max_batch_size must be integer >= 1, got {n!r}")
+    if "batch_wait_timeout_s" in given and not isinstance(given["batch_wait_timeout_s"], (int, float)):
+        raise BatchOptionTypeError(f"batch_wait_timeout_s must be a float >= 0, got {given['batch_wait_timeout_s']!r}")
+    if "max_concurrent_batches" in given:
+        n = given["max_concurrent_batches"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise BatchOptionTypeError(f"max_concurrent_batches must be an integer >= 1, got {n!r}")
+    return BatchOptions(**given) if base is None else attrs.evolve(base, **given)
+
+
 def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait_timeout_s: float = 0.01,
           max_concurrent_batches: int = 1, batch_size_fn: Callable[[list], int] | None = None) -> Any:
     """Batch the calls of an ``async def`` method (or an ``async def`` generator: streams), as Ray
     Serve's ``@serve.batch``: ``@batch`` or ``@batch(max_batch_size=..., ...)``. Bad options
-    raise ``rankcore.InvalidConfig`` naming the option, when the class is defined."""
-    options = BatchOptions(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s,
-                           max_concurrent_batches=max_concurrent_batches)
+    raise ``rankcore.InvalidConfig`` naming the option, when the class is defined (a wrong type:
+    ``BatchOptionTypeError``, also the ``TypeError`` Serve raises; ``max_batch_size=1.0`` is 1,
+    as Serve's)."""
+    options = _options(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s,
+                       max_concurrent_batches=max_concurrent_batches)
     if batch_size_fn is not None and not callable(batch_size_fn):
         raise TypeError(f"batch_size_fn must be a callable or None, got {type(batch_size_fn).__name__}")
 
@@ -341,7 +372,7 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
             wrapper = call_wrapper
 
         def _set(**change: Any) -> None:
-            state["options"] = attrs.evolve(state["options"], **change)  # (checked: InvalidConfig)
+            state["options"] = _options(state["options"], **change)  # (checked as at the decorator)
             try:
                 here = asyncio.get_running_loop()
             except RuntimeError:
