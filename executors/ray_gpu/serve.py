@@ -4,13 +4,17 @@
     from executors.ray_gpu import serve    # after
 
 Each name here is rankcore's own implementation under Serve's name and signature (``deployment``,
-``run``, ``batch``, ``multiplexed``, ``get_multiplexed_model_id``, ``get_replica_context``,
+``ingress``, ``run``, ``batch``, ``multiplexed``, ``get_multiplexed_model_id``, ``get_replica_context``,
 ``get_app_handle``, ``get_deployment_handle``, ``delete``, ``status``, ``shutdown``, ``start``,
 ``DeploymentHandle``, ``DeploymentResponse``, ``Application``, ``Deployment``, ``HTTPOptions``,
-``gRPCOptions``). A name of Ray Serve's that rankcore has no equivalent for (``ingress``, the FastAPI
-integration, ``run_many`` ...) raises ``NoEquivalent`` when it is used, saying so and what to use
-instead; a name Ray Serve does not have either is an ``AttributeError``. docs/ray.md, "Porting a
-Serve app".
+``gRPCOptions``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
+``NoEquivalent`` when it is used, saying so and what to use instead; a name Ray Serve does not have
+either is an ``AttributeError``. docs/ray.md, "Porting a Serve app".
+
+HTTP as in Serve: a class deployed with this module's ``deployment`` gets, at every path under its
+route prefix, a starlette ``Request`` in ``__call__`` (``api.asgi``); under ``@ingress(app)`` its
+FastAPI (or any ASGI) app answers. (rankcore's own ``deployment`` keeps its JSON calls: the body's
+JSON is the arguments, ``<route>/<method>`` a method marked ``@http_method``.)
 
 Applications: ``run(app, name=...)`` keeps which deployments an application name holds in this
 process (its ingress first), so ``get_app_handle(name)`` and ``delete(name)`` find them; a name
@@ -24,18 +28,20 @@ from typing import Any
 
 import rankcore as rc
 
+from .api.asgi import ingress, request_ingress
 from .api.batching import batch
 from .api.config import GRPCOptions as gRPCOptions
 from .api.config import HTTPOptions
 from .api.context import get_replica_context
-from .api.deployments import Application, Deployment, DeploymentHandle, DeploymentResponse, deployment
+from .api.deployments import Application, Deployment, DeploymentHandle, DeploymentResponse
 from .api.deployments import delete as _delete_deployment
+from .api.deployments import deployment as _deployment
 from .api.deployments import get_deployment_handle as _handle
 from .api.deployments import run as _run
 from .api.exposed import http_method
 from .api.multiplex import get_multiplexed_model_id, multiplexed
 
-__all__ = ["deployment", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
+__all__ = ["deployment", "ingress", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
            "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
            "DeploymentResponse", "Application", "Deployment", "HTTPOptions", "gRPCOptions", "http_method",
            "NoEquivalent"]
@@ -46,6 +52,20 @@ DEFAULT_APP_NAME = "default"
 
 class NoEquivalent(rc.RankcoreError, NotImplementedError):
     """A Ray Serve name or argument rankcore has no equivalent for (what to use instead is said)."""
+
+
+def deployment(_func_or_class: Any = None, *args: Any, **options: Any) -> Any:
+    """Serve's ``@serve.deployment`` (``@deployment`` or ``@deployment(num_replicas=2, ...)``):
+    rankcore's ``deployment`` with Serve's HTTP: ``__call__(self, request)`` gets a starlette
+    ``Request`` for each HTTP request under the route prefix (``api.asgi.request_ingress``; a class
+    under ``@ingress(app)`` keeps its app)."""
+    if _func_or_class is not None:
+        return _deployment(request_ingress(_func_or_class), *args, **options)
+
+    def decorate(target: Any) -> Any:
+        return _deployment(request_ingress(target), *args, **options)
+
+    return decorate
 
 
 #: application name -> its deployments, ingress first (``run`` in this process)
@@ -145,8 +165,6 @@ def shutdown() -> None:
 
 #: Ray Serve's names with no equivalent here, and what to use instead
 _NO_EQUIVALENT = {
-    "ingress": "serve.ingress (a FastAPI app as the ingress) has no equivalent yet: the route calls __call__ "
-               "and <route>/<method> a method marked @serve.http_method (docs/ray.md, HTTP ingress)",
     "run_many": "serve.run_many: call serve.run once per application",
     "shutdown_async": "serve.shutdown_async: call serve.shutdown",
     "get_multiplexed_model_ids": "no such call: a request names one model (get_multiplexed_model_id)",

@@ -229,9 +229,13 @@ def test_an_unknown_method_is_4xx_json(proxy: dict, method: str) -> None:
 
 
 def test_unknown_paths_are_404(proxy: dict) -> None:
+    """Ray Serve's 404 words, as text, for a path no route (or no method of its route) answers."""
     with httpx.Client(base_url=proxy["base"], timeout=30) as c:
         for path in ("/nowhere", "/wire/_private", "/wire/a/b", "/wire/1x", "/-/nothing", "/%00", "/wire/%ff"):
-            check_error(c.post(path, json=1), 404)
+            r = c.post(path, json=1)
+            assert r.status_code == 404 and r.headers["content-type"].startswith("text/plain"), (path, r.text)
+            assert r.text.startswith("Path '") and r.text.endswith("' not found. Ping http://.../-/routes for "
+                                                                 "available routes."), (path, r.text)
 
 
 def test_a_body_cut_short_then_closed_is_counted_499_not_500(proxy: dict) -> None:

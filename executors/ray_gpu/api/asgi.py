@@ -9,7 +9,8 @@ changing one import"):
 * ``@serve.ingress(app)``: ``app`` (a FastAPI or starlette app, any ASGI app, or a function that
   builds one in the replica) answers every path under the route prefix; a FastAPI app's routes
   defined on the class are methods of the replica's instance (Serve's class-based view: their
-  ``self`` is the instance).
+  ``self`` is the instance), made so in each replica as it starts (the app travels as the user
+  wrote it: a FastAPI router of included routes holds a lock, which does not pickle).
 
 The proxy sends the request's ASGI scope (its ``root_path`` is the route prefix, its ``path`` the
 whole path, as Serve's proxy sets them) and its body (read there, within ``max_body_bytes``) to
@@ -78,7 +79,8 @@ def ingress(app: Any) -> Callable[[type], type]:
             raise InvalidConfig(f"class {cls.__name__!r} passed to @serve.ingress may not have a __call__ method: "
                                 f"its app answers every path")
         if _is_fastapi(app):
-            _class_based_view(app, cls)
+            for route in _views_of(app, cls):  # (made views in the replica, ``started``: a FastAPI router
+                _resolve(route.endpoint)       # of included routes holds a lock, which does not pickle)
         setattr(cls, APP_ATTR, app)
         setattr(cls, KIND_ATTR, "ingress")
         setattr(cls, ENTRY, _answer)
@@ -112,6 +114,8 @@ async def started(instance: Any) -> None:
     app = getattr(cls, APP_ATTR)
     if inspect.isfunction(app):  # (a builder: Serve calls it in the replica)
         app = app()
+    if _is_fastapi(app):
+        _class_based_view(app, cls)
     lifespan = _lifespan(app)
     if lifespan is not None:
         token = _instance.set(instance)
@@ -141,7 +145,7 @@ def _lifespan(app: Any) -> Any:
     except ImportError:  # pragma: no cover - (the http extra installs uvicorn)
         return None
     runner = LifespanOn(Config(app, lifespan="auto", log_level=None, log_config=None, access_log=False))
-    runner.logger = logging.getLogger("rankcore.asgi")
+    runner.logger = logging.getLogger(__name__)
     return runner
 
 
@@ -230,10 +234,8 @@ def response_of(result: Any) -> Any:
 
     if isinstance(result, Response):
         return result
-    if result is None:
-        return Response(b"", media_type="text/plain")
-    if isinstance(result, bytes):
-        return Response(result, media_type="text/plain")
+    if result is None or isinstance(result, bytes):  # (as the headers are given: starlette adds no charset)
+        return Response(result or b"", headers={"content-type": "text/plain"})
     if isinstance(result, str):
         return Response(result.encode("utf-8"), headers={"content-type": "text/plain; charset=utf-8"})
     try:
@@ -254,30 +256,51 @@ def _is_fastapi(app: Any) -> bool:
     return isinstance(app, FastAPI)
 
 
+def _resolve(endpoint: Any) -> None:
+    """Fix ``endpoint``'s signature with its annotations evaluated here, where its module's globals
+    are: a method pickled by value keeps only the globals its code reads, so in the replica a
+    string annotation (``from __future__ import annotations``) naming a body model would not
+    resolve and FastAPI would read the body as a query parameter."""
+    from fastapi.dependencies.utils import get_typed_signature
+
+    signature = get_typed_signature(endpoint)
+    if not signature.parameters:
+        raise InvalidConfig(f"FastAPI route {endpoint.__qualname__!r} of an ingress class must take self")
+    endpoint.__signature__ = signature
+
+
+def _views_of(app: Any, cls: type) -> list:
+    """The FastAPI routes of ``app`` defined as methods of ``cls`` (by their qualified name)."""
+    from fastapi.routing import APIRoute, APIWebSocketRoute
+
+    return [r for r in app.routes if isinstance(r, (APIRoute, APIWebSocketRoute))
+            and getattr(r.endpoint, "__qualname__", "").startswith(cls.__qualname__ + ".")]
+
+
 def _class_based_view(app: Any, cls: type) -> None:
     """Make the FastAPI routes defined as methods of ``cls`` (their endpoint's qualified name is
     under the class's) take the replica's instance as ``self``: ``self`` becomes a dependency
     (``current_instance``) and the other parameters keyword-only, then the routes are included
     again so FastAPI reads their new signatures (Serve's ``make_fastapi_class_based_view``)."""
     from fastapi import APIRouter, Depends
-    from fastapi.routing import APIRoute, APIWebSocketRoute
+
+    done = app.__dict__.setdefault("_rankcore_views", set())
+    if cls in done:  # (once per app and class in a process)
+        return
+    done.add(cls)
 
     async def instance() -> Any:
         return current_instance()
 
-    methods = [r for r in app.routes if isinstance(r, (APIRoute, APIWebSocketRoute))
-               and getattr(r.endpoint, "__qualname__", "").startswith(cls.__qualname__ + ".")]
     router = APIRouter()
-    for route in methods:
+    for route in _views_of(app, cls):
         app.routes.remove(route)
         signature = inspect.signature(route.endpoint)
         params = list(signature.parameters.values())
-        if not params:
-            raise InvalidConfig(f"FastAPI route {route.endpoint.__qualname__!r} of an ingress class must take self")
         new = [params[0].replace(default=Depends(instance))] + [
             p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[1:]]
-        route.endpoint.__signature__ = signature.replace(parameters=new)  # type: ignore[attr-defined]
-        route.endpoint._rankcore_cls = cls  # type: ignore[attr-defined]
+        route.endpoint.__signature__ = signature.replace(parameters=new)
+        route.endpoint._rankcore_cls = cls
         router.routes.append(route)
     app.include_router(router)
     # (a route another ingress class of this app made its own is not this one's)

@@ -64,7 +64,7 @@ import rankcore as rc
 
 from ..api import by_value
 from ..api.context import RequestContext, _serve_request_context, model_request
-from ..api.exposed import Reachable, reachable
+from ..api.exposed import ASGI_ENTRY, Reachable, reachable
 from ..control import persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
@@ -158,21 +158,34 @@ def check_route_prefix(prefix: Any) -> str:
     return prefix
 
 
-def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
-    """``(prefix, deployment, method)`` for ``path``: the longest prefix that is the path or a
-    parent of it; the rest, one name, is the method (``__call__`` when there is none).
-    None: no route (or a rest that is not a public method name)."""
+def match_prefix(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
+    """``(prefix, deployment, rest)`` for ``path``: the longest prefix that is the path or a parent
+    of it, and what follows it ("" for the prefix itself). None: no route."""
     for prefix in sorted(routes, key=len, reverse=True):
         if path == prefix:
-            return prefix, routes[prefix], "__call__"
+            return prefix, routes[prefix], ""
         base = "" if prefix == "/" else prefix
         if path.startswith(base + "/"):
-            rest = path[len(base) + 1:]
-            if _METHOD.fullmatch(rest):
-                return prefix, routes[prefix], rest
-            if rest == "":
-                return prefix, routes[prefix], "__call__"
+            return prefix, routes[prefix], path[len(base) + 1:]
     return None
+
+
+def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
+    """``(prefix, deployment, method)`` for ``path`` (``match_prefix``); the rest, one name, is the
+    method (``__call__`` when there is none). None: no route (or a rest that is not a method name).
+    (A deployment that takes ASGI requests gets every path under its prefix: ``deployment_call``.)"""
+    found = match_prefix(routes, path)
+    if found is None:
+        return None
+    prefix, name, rest = found
+    if rest == "":
+        return prefix, name, "__call__"
+    return (prefix, name, rest) if _METHOD.fullmatch(rest) else None
+
+
+def not_found_text(path: str) -> str:
+    """Ray Serve's proxy's 404 body, word for word (scripts and load balancers match it)."""
+    return f"Path '{path}' not found. Ping http://.../-/routes for available routes."
 
 
 def args_of(body: bytes) -> tuple[tuple, dict]:
@@ -296,6 +309,7 @@ def _jsonable(value: Any) -> Any:
 
 # ------------------------------------------------- the handle, behind two functions
 _NOTHING = object()  # (a stream without items)
+_UNKNOWN = Reachable.unknown()  # (a deployment whose methods the proxy was not told)
 
 
 async def _first(items: Any) -> Any:
@@ -436,6 +450,65 @@ def _cancel_sent(submit: Any) -> None:
     """``submit`` done: cancel the call it sent (if it sent one)."""
     if not submit.cancelled() and submit.exception() is None:
         _cancel(submit.result())
+
+
+class _Relayed:
+    """The answer of a deployment that takes ASGI requests (``IngressState._asgi``): the replica's
+    ASGI messages sent on as they come, while the client is watched: gone, the call is cancelled
+    (its replica stops the app) and 499 counted. The app's error before its answer began is the
+    usual JSON error answer; after, the answer is cut (the proxy's log has the traceback)."""
+
+    def __init__(self, ingress: IngressState, name: str, first: list, items: Any, response: Any,
+                 note: dict | None) -> None:
+        self.ingress, self.name, self.first, self.items, self.response, self.note = (
+            ingress, name, first, items, response, note)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        relay = asyncio.ensure_future(self._relay(scope, receive, send))
+        watch = asyncio.ensure_future(_client_gone(receive))
+        try:
+            done, _ = await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+            if relay not in done:  # the client went away: stop the app
+                relay.cancel()
+                await asyncio.gather(relay, return_exceptions=True)
+                self.ingress.answers[GONE] += 1
+            else:
+                relay.result()
+        finally:
+            watch.cancel()
+            relay.cancel()
+            self.ingress.in_flight[self.name] -= 1
+
+    async def _relay(self, scope: dict, receive: Any, send: Any) -> None:
+        ingress, started, ended = self.ingress, False, False
+        try:
+            batch = self.first
+            while True:
+                for message in batch:
+                    if message.get("type") == "http.response.start":
+                        started = True
+                        ingress.answers[int(message.get("status", 200))] += 1
+                    await send(message)
+                    if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                        ended = True
+                if ended:
+                    return
+                try:
+                    batch = await self.items.__anext__()
+                except StopAsyncIteration:
+                    break
+            raise RuntimeError(f"{self.name!r}'s ASGI app returned without completing its response")
+        except Exception as exc:
+            status, error, detail = ingress.failed(exc, self.name, "__call__", self.note)
+            if started:  # (the answer began: it is cut here, and its client sees that)
+                ingress._count(status, error, f"mid-answer: {detail}", self.name)
+                return
+            rid = self.note["request_id"] if self.note else None
+            await ingress._error(status, error, detail, self.name, request_id=rid)(scope, receive, send)
+        finally:
+            if not ended:
+                _cancel(self.response)
+            await self.items.aclose()
 
 
 # ----------------------------------------------------------------- the app
@@ -614,13 +687,22 @@ class IngressState:
         rid = note["request_id"] if note else None
         unread = _declares_body(request)  # (a body not read yet: an early answer closes the connection)
         try:
-            found = match_route(self.routes, request.url.path)
-            if found is None:
-                raise Reply(404, "not_found", f"no route for {request.url.path!r} (routes: "
-                                              f"{', '.join(sorted(self.routes)) or 'none'})")
-            prefix, name, method = found
+            path = request.url.path
+            under = match_prefix(self.routes, path)
+            if under is None:
+                return self._not_found(path, rid, close=unread)
+            prefix, name, _rest = under
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
+            if self.methods.get(name, _UNKNOWN).asgi:
+                return await self._asgi(request, prefix, name, note)
+            found = match_route(self.routes, path)
+            if found is None:
+                return self._not_found(path, rid, close=unread, deployment=name)
+            method = found[2]
+            if request.method not in ("GET", "HEAD", "POST"):
+                raise Reply(405, "method_not_allowed", f"{request.method} {path}: a deployment's route takes GET "
+                                                       f"and POST (an ASGI ingress takes any: docs/ray.md)", name)
             unknown = self.unknown_method(name, method)
             if unknown is not None:  # (before the body is read, or any call sent)
                 raise Reply(404, "unknown_method", unknown, name)
@@ -651,6 +733,55 @@ class IngressState:
                                request_id=rid)
         self.answers[200] += 1
         return Response(answer, media_type="application/json", headers={"Connection": "close"} if unread else None)
+
+    def _not_found(self, path: str, request_id: str | None, close: bool = False, deployment: str | None = None
+                   ) -> Any:
+        """404 for a path no route (or no method of its route) answers: Ray Serve's words, as text."""
+        from starlette.responses import PlainTextResponse
+
+        self._count(404, "not_found", path, deployment)
+        headers = {"Connection": "close"} if close else {}
+        return PlainTextResponse(not_found_text(path), status_code=404, headers=headers)
+
+    async def _asgi(self, request: Any, prefix: str, name: str, note: dict | None) -> Any:
+        """A request to a deployment that takes ASGI requests (``api.asgi``: Serve's
+        ``__call__(request)`` or ``@serve.ingress`` app): its body read here (within
+        ``max_body_bytes``), its scope (``root_path`` the route prefix, ``path`` whole, as Serve's
+        proxy sets them) and body streamed to the replica's ``ENTRY``, whose ASGI messages are sent on
+        as they come. ``request_timeout_s`` bounds the wait for the first (408); a client gone
+        cancels the call (499). An error before the answer began is the usual error answer (500
+        without a traceback); one after it cuts the answer (its traceback in the proxy's log)."""
+        scope = request.scope
+        body = await self._body(request)
+        headers = [(bytes(k), bytes(v)) for k, v in scope.get("headers", ())]
+        if note is not None and not any(k == b"x-request-id" for k, _ in headers):
+            headers.append((b"x-request-id", note["request_id"].encode()))
+        sent = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": scope.get("http_version", "1.1"), "method": scope["method"],
+                "scheme": scope.get("scheme", "http"), "path": scope["path"], "raw_path": scope.get("raw_path"),
+                "query_string": scope.get("query_string", b""), "headers": headers,
+                "root_path": scope.get("root_path", "") + ("" if prefix == "/" else prefix),
+                "client": scope.get("client"), "server": scope.get("server")}
+        handle = self.handles[name].options(stream=True, method_name=ASGI_ENTRY)
+        response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note))
+        items = response.__aiter__()
+        self.in_flight[name] += 1
+        try:
+            answered, first = await _answer(_first(items), request.receive, self.request_timeout_s)
+            if not answered:
+                raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s="
+                                        f"{self.request_timeout_s:g}", deployment=name)
+        except BaseException:
+            self.in_flight[name] -= 1
+            _cancel(response)
+            raise
+        finally:
+            if note is not None:
+                note["replica"] = _replica_of(response)
+        if first is _NOTHING:
+            self.in_flight[name] -= 1
+            raise RuntimeError(f"{name!r}'s ASGI app ended without an answer")
+        return _Relayed(self, name, first, items, response, note)
 
     def _gone(self, name: str | None) -> Any:
         """The client went away before its answer: its call was cancelled; 499 counted (nginx's
@@ -1227,6 +1358,8 @@ def make_app(ingress: IngressState) -> Any:
     async def http_error(request: Any, exc: Exception) -> Any:
         note = request.scope.get("rankcore")
         rid = note["request_id"] if note else None
+        if isinstance(exc, HTTPException) and exc.status_code == 404:
+            return ingress._not_found(request.url.path, rid)
         if isinstance(exc, HTTPException):
             return ingress._error(exc.status_code, "not_found" if exc.status_code == 404 else "http_error",
                                   str(exc.detail), None, request_id=rid)
@@ -1239,7 +1372,7 @@ def make_app(ingress: IngressState) -> Any:
               Route("/-/status", ingress.status_page, methods=["GET"]),
               Route("/-/status.json", ingress.status_json, methods=["GET"]),
               Route(METRICS_PATH, ingress.prometheus, methods=["GET"]),
-              Route("/{path:path}", ingress.deployment_call, methods=["GET", "POST"])]
+              Route("/{path:path}", ingress.deployment_call, methods=list(_HTTP_METHODS - {"CONNECT", "TRACE"}))]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: http_error})
     return _Observe(app, ingress)
 
