@@ -3,8 +3,9 @@
 
 Serve runs its ``async def`` tests with pytest-asyncio; rankcore's environment has no such plugin,
 so this folder runs them itself: each on a fresh event loop, bounded by ``deadline_s`` (default
-20 s, a hung case fails with ``TimeoutError`` instead of stalling the suite; the xfails whose
-defect is a hang set a short one). The multiplexing state of this process (every loader's models,
+20 s, a hung case fails with ``TimeoutError`` instead of stalling the suite; the streaming cases,
+whose streams would wait out a 1000 s batch timeout if they did not form one batch at once, set a
+short one). The multiplexing state of this process (every loader's models,
 what a replica would be told) is emptied around each test, as a fresh replica would start.
 """
 

@@ -20,16 +20,6 @@ from executors.ray_gpu.api.batching import BatchSizeMismatch
 
 ORIGIN = "python/ray/serve/tests/unit/test_batching.py@090eba776e2d85c3ce1bea884c78db971812e735"
 
-#: the defect behind the streaming xfails: rankcore's batched generator is an ``async def``
-#: generator, so a call joins a batch only when its stream is first iterated; Serve's wrapper
-#: enqueues the call when the method is called and returns the stream. Creating several streams
-#: and then reading them one after another (as these cases do) waits out the batch timeout
-#: (1000 s here) in rankcore, and is served at once by Serve.
-LAZY_STREAM = ("rankcore defect: a batched async generator joins its batch only when its stream is "
-               "first iterated, Serve's when it is called; streams created together and read one "
-               "after another wait out batch_wait_timeout_s (here 1000 s) instead of forming one batch")
-
-
 def _pairs(key1: list, key2: list) -> list:
     return list(zip(key1, key2))
 
@@ -423,7 +413,6 @@ async def test_batch_use_earliest_setters():
     assert done.pop().result() == ("hi1", "hi2")
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=LAZY_STREAM)
 @pytest.mark.deadline_s(0.25)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("mode", ["args", "kwargs", "mixed", "out-of-order"])
@@ -442,7 +431,6 @@ async def test_batch_generator_basic(mode, use_class, generator_length):
     assert second == [(step, "hi3", "hi4") for step in range(generator_length)]
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=LAZY_STREAM)
 @pytest.mark.deadline_s(0.25)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("error_type", ["runtime_error", "mismatched_lengths"])
@@ -473,7 +461,6 @@ async def test_batch_generator_exceptions(error_type):
             await stream.__anext__()
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=LAZY_STREAM)
 @pytest.mark.deadline_s(0.25)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("stop_token", [StopAsyncIteration, StopIteration])
@@ -496,7 +483,6 @@ async def test_batch_generator_early_termination(stop_token):
         next_round.set()  # one caller done: the handler may go on
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=LAZY_STREAM)
 @pytest.mark.deadline_s(0.25)
 @pytest.mark.asyncio
 async def test_batch_generator_setters():

@@ -12,13 +12,16 @@ Serve's names, defaults and behaviour: ``max_batch_size=10``, ``batch_wait_timeo
 ``BatchOptionTypeError``, also an ``InvalidConfig``); a wrong-length answer fails every caller
 of that batch (``BatchSizeMismatch``, Serve's words; an answer with no length: ``BatchNotAList``,
 also the ``TypeError`` Serve's callers get); an exception of the method fails every caller of
-that batch; an ``async def`` generator streams: each ``yield`` is a list with one
-item per caller, ``StopIteration`` (the class) in a caller's place ends that caller's stream;
+that batch; an ``async def`` generator streams: a call joins its batch when it is made (Serve's:
+streams made together form one batch, whatever order they are read in) and returns the caller's
+stream; each ``yield`` is a list with one item per caller, ``StopIteration`` (the class) in a
+caller's place ends that caller's stream;
 batches split by multiplexed model id, each part run in the context (``get_multiplexed_model_id()``,
 the request context) of its first caller; ``set_max_batch_size`` / ``set_batch_wait_timeout_s``
 (and ``set_max_concurrent_batches``) change the options without a restart, from the next
 batch. Where ours differs from Serve (a request that does not fit closes the batch; a
-cancelled request leaves its batch; batches keep filling while every slot is busy):
+cancelled request leaves its batch; batches keep filling while every slot is busy; a part runs
+in its first caller's request context, Serve's in an empty one):
 docs/requests.md, "Batching".
 """
 
@@ -29,6 +32,7 @@ import contextvars
 import functools
 import inspect
 import itertools
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +52,7 @@ from rankcore.requests import (
     Tick,
 )
 
+from . import context
 from .multiplex import get_multiplexed_model_id
 
 __all__ = ["batch", "BatchSizeMismatch", "BatchNotAList", "BatchOptionTypeError", "BatchOptions"]
@@ -269,6 +274,74 @@ class _Runner:
             call.queue.put_nowait(_Raise(exc))  # type: ignore[union-attr]
 
 
+def _joins_at_call() -> bool:
+    """Whether a batched stream joins its batch when its method is called (Serve's rule: streams
+    made together form one batch, whatever order they are read in), not at its first read: yes,
+    unless no event loop runs (the batcher lives on the loop its calls arrive on), or the call is a
+    replica's own, outside any request (the replica's ``handle_stream`` calls the method, then reads
+    the stream in the request's context: joining there, as it reads at once, gives the batch that
+    request's context and model id)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return context._current is None or context._serve_request_context.get() is not None
+
+
+async def _read(joined: tuple[_Runner, str, _Call] | Callable[[], tuple[_Runner, str, _Call]]) -> Any:
+    """A caller's stream: the items its batches yield for it (``joined``: its call, in its batch
+    already; or how to join, at the first read)."""
+    r, rid, call = joined() if callable(joined) else joined
+    try:
+        while True:
+            item = await call.queue.get()  # type: ignore[union-attr]
+            if isinstance(item, _End):
+                return
+            if isinstance(item, _Raise):
+                raise item.exc
+            yield item
+    finally:
+        if not call.done:
+            r.cancel(rid)
+        call.done = True  # (gone: a batch still running gives it no more items)
+
+
+class _BatchedStream:
+    """What ``@batch`` makes of an ``async def`` generator: calling it joins the batch at once and
+    returns the caller's stream (an ``async def`` generator wrapper would join at the first read: its
+    body runs only then). A method descriptor, as ``staticmethod`` is: its function is ``__func__``
+    (the fingerprint reads it as the wrapper of ``__wrapped__``, the user's generator). To ``inspect``
+    it is still an ``async def`` generator function, bound or not (its ``__code__`` is the
+    generator's): the replica, the controller and the ingresses tell a stream so."""
+
+    __wrapped__: Any  # (the generator function: set by update_wrapper)
+
+    def __init__(self, fn: Callable, call: Callable) -> None:
+        functools.update_wrapper(self, fn)
+        self.__func__ = call
+
+    @property
+    def __code__(self) -> types.CodeType:
+        return self.__wrapped__.__code__
+
+    @property
+    def __defaults__(self) -> tuple | None:
+        return self.__wrapped__.__defaults__
+
+    @property
+    def __kwdefaults__(self) -> dict | None:
+        return self.__wrapped__.__kwdefaults__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__func__(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<batched stream {self.__wrapped__.__qualname__}>"
+
+
 def _check_length(results: Any, n: int) -> None:
     try:
         got = len(results)
@@ -343,22 +416,14 @@ def batch(_func: Callable | None = None, /, max_batch_size: int = 10, batch_wait
 
         if stream:
             @functools.wraps(fn)
-            async def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-                r, rest = runner(args)
-                rid, call = r.enqueue(rest, kwargs, stream=True)
-                try:
-                    while True:
-                        item = await call.queue.get()  # type: ignore[union-attr]
-                        if isinstance(item, _End):
-                            return
-                        if isinstance(item, _Raise):
-                            raise item.exc
-                        yield item
-                finally:
-                    if not call.done:
-                        r.cancel(rid)
-                    call.done = True  # (gone: a batch still running gives it no more items)
-            wrapper: Any = gen_wrapper
+            def stream_call(*args: Any, **kwargs: Any) -> Any:
+                def join() -> tuple[_Runner, str, _Call]:
+                    r, rest = runner(args)
+                    rid, call = r.enqueue(rest, kwargs, stream=True)
+                    return r, rid, call
+
+                return _read(join() if _joins_at_call() else join)
+            wrapper: Any = _BatchedStream(fn, stream_call)
         else:
             @functools.wraps(fn)
             async def call_wrapper(*args: Any, **kwargs: Any) -> Any:
