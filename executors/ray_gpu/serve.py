@@ -40,6 +40,7 @@ from .api.deployments import get_deployment_handle as _handle
 from .api.deployments import run as _run
 from .api.exposed import http_method
 from .api.multiplex import get_multiplexed_model_id, multiplexed
+from .control import appnames
 
 __all__ = ["deployment", "ingress", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
            "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
@@ -99,8 +100,9 @@ def run(target: Application, blocking: bool = False, name: str = DEFAULT_APP_NAM
                            "simulator runs the same rules without Ray (docs/scenarios.md)")
     if logging_config is not None:
         raise NoEquivalent("serve.run(logging_config=...): rankcore logs through Python's logging as configured")
-    handle = _run(target, route_prefix=route_prefix) if route_prefix is not None else _run(target)
     names = tuple(d.name for d in target.graph())
+    appnames.assign(name, names)  # (before its route: the proxy's first answer names the application)
+    handle = _run(target, route_prefix=route_prefix) if route_prefix is not None else _run(target)
     for gone in set(_APPS.get(name, ())) - set(names):
         _delete_deployment(gone)
     _APPS[name] = names
@@ -141,6 +143,7 @@ def delete(name: str, _blocking: bool = True) -> None:
     if name in _APPS:
         for d in _APPS.pop(name):
             _delete_deployment(d, wait=_blocking)
+        appnames.forget(name)
         return
     from .control.apps import delete_app
 
@@ -159,6 +162,8 @@ def shutdown() -> None:
     """Delete every application, stop every replica and proxy (``serve.shutdown``); Ray keeps running."""
     from .control.apps import delete_all
 
+    for name in _APPS:
+        appnames.forget(name)
     _APPS.clear()
     delete_all()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from fastapi import FastAPI
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -50,6 +51,17 @@ class Greeter:
 app = Greeter.bind()
 
 
+def _scrape(base: str) -> dict[tuple[str, tuple], float]:
+    r = httpx.get(f"{base}/metrics", timeout=60)
+    assert r.status_code == 200
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in text_string_to_metric_families(r.text) for x in fam.samples}
+
+
+def _total(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items())
+
+
 def _base() -> str:
     host, port = ingress_address()
     return f"http://{host}:{port}"
@@ -84,6 +96,12 @@ def test_a_serve_app_runs_by_its_own_names():
         assert nowhere.status_code == 404
         assert nowhere.text == "Path '/nowhere' not found. Ping http://.../-/routes for available routes."
         assert httpx.get(f"{base}/-/healthz", timeout=60).text == "success"
+        assert httpx.get(f"{base}/-/routes", timeout=60).json()["/greet"] == "greet"  # (route -> application)
+        samples = _scrape(base)  # (Serve's application label: the app's name, not the deployment's)
+        assert _total(samples, "ray_serve_num_http_requests_total", application="greet", route="/greet") >= 5
+        assert _total(samples, "ray_serve_deployment_request_counter_total", application="greet",
+                      deployment="Greeter") >= 5
+        assert _total(samples, "ray_serve_num_http_requests_total", application="Greeter") == 0
         assert serve.get_app_handle("greet").greet.remote("again").result(timeout=60)["says"] == "hello again"
         got = serve.get_deployment_handle("Greeter", "greet").greet.remote().result(timeout=60)
         assert got["says"] == "hello world"

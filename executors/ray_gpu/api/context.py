@@ -23,6 +23,8 @@ import attrs
 
 import rankcore as rc
 
+from ..control import appnames
+
 __all__ = ["ReplicaContext", "get_replica_context", "RequestContext", "_get_serve_request_context",
            "generate_request_id"]
 
@@ -79,7 +81,8 @@ class RequestContext:
     fields rankcore has): ``request_id``: the HTTP request's ``X-Request-Id`` (kept or made by the
     ingress) or, for a call made from Python, a new one (or the one of the request it was made
     inside); ``route``: the HTTP route prefix the request matched (``""`` for a handle call made
-    outside a request); ``app_name``: the deployment (rankcore has no applications);
+    outside a request); ``app_name``: the application the deployment belongs to (``control.appnames``:
+    ``serve.run``'s ``name``, a config file's; a deployment no application holds is its own);
     ``multiplexed_model_id``: the model the request names ("" none: ``handle.options(
     multiplexed_model_id=...)``, the ``serve_multiplexed_model_id`` header, the gRPC
     ``multiplexed_model_id`` metadata; read it with ``get_multiplexed_model_id()``)."""
@@ -107,18 +110,19 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
-def model_request(app_name: str, model_id: str) -> RequestContext | None:
+def model_request(app_name: str, model_id: str) -> RequestContext | None:  # (app_name: the deployment's)
     """The request context of a call that names only a multiplexed model (the gRPC proxy's, an
     HTTP call with no note); None when it names none."""
-    return RequestContext(app_name=app_name, multiplexed_model_id=model_id) if model_id else None
+    return RequestContext(app_name=appnames.of(app_name), multiplexed_model_id=model_id) if model_id else None
 
 
-def request_for_call(app_name: str, model_id: str = "") -> RequestContext:
+def request_for_call(app_name: str, model_id: str = "") -> RequestContext:  # (app_name: the deployment's)
     """The request context a handle call carries to its replica: the current request's id and route
     when the call is made inside one (Serve's ``get_request_metadata``), else a new id; and the
     handle's ``multiplexed_model_id`` (never the current request's: as Serve, a call names its
     model through its handle's options)."""
     cur = _serve_request_context.get()
+    app_name = appnames.of(app_name)
     if cur is not None and cur.request_id:
         return RequestContext(route=cur.route, request_id=cur.request_id, app_name=app_name,
                               multiplexed_model_id=model_id)

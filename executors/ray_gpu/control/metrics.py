@@ -19,10 +19,9 @@ Where Ray Serve has a metric for the same thing, ours has Serve's exact name and
 (read from ``ray/serve/_private``, Ray 2.60: ``request_ingress_metrics.py``, ``replica.py``,
 ``router.py``, ``deployment_state.py``, ``autoscaling_state.py``, ``controller.py``; Ray adds the
 ``ray_`` prefix and a counter's ``_total``), so a Serve dashboard's queries read ours. The rest are
-``rankcore_*``. The label values of ``application`` are the deployment's name (``""`` for a
-request no route matched), not yet the config's application name: these classes are told
-deployment names only (the application a deployment belongs to is known to ``apps.py``, in Ray's
-KV store, not to the controller's core state nor to a replica). docs/metrics.md lists them all,
+``rankcore_*``. The label values of ``application`` are the application's name (``serve.run``'s
+``name``, a config file's ``applications[].name``: ``appnames``), the deployment's own name for a
+deployment no application holds, ``""`` for a request no route matched. docs/metrics.md lists them all,
 and Ray Serve's every metric with what rankcore exports of it ("Ray Serve's metrics, one by one").
 """
 
@@ -38,6 +37,7 @@ from prometheus_client.metrics_core import Metric
 import rankcore as rc
 
 from ...scenarios.metrics import moved_levels
+from .appnames import of as _app
 
 __all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
@@ -237,7 +237,7 @@ class IngressMetrics:
     def request(self, *, route: str, method: str, deployment: str, status: int, latency_ms: float) -> None:
         """One request answered (``deployment`` ``""``: no route matched). The replica counts the
         call it answered (``ReplicaMetrics``): counted once, handle calls too."""
-        m, code, app = self.m, str(status), deployment
+        m, code, app = self.m, str(status), _app(deployment)
         m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
         m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
         if _is_error(status):
@@ -250,8 +250,8 @@ class IngressMetrics:
         queued.clear()
         ongoing.clear()
         for name, (q, f) in loads.items():
-            queued.labels(name, name, handle, actor_id).set(q)
-            ongoing.labels(name, name, handle, actor_id).set(f)
+            queued.labels(name, _app(name), handle, actor_id).set(q)
+            ongoing.labels(name, _app(name), handle, actor_id).set(f)
 
     def controller_up(self, up: bool) -> None:
         self.m["rankcore_controller_metrics_up"].set(1 if up else 0)
@@ -261,7 +261,7 @@ class IngressMetrics:
         up = self.m["rankcore_replica_metrics_up"]
         up.clear()
         for (dep, rid), ok in answered.items():
-            up.labels(dep, rid, dep).set(1 if ok else 0)
+            up.labels(dep, rid, _app(dep)).set(1 if ok else 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -272,16 +272,17 @@ class ReplicaMetrics:
     bracket a call's stay on the replica (the in-flight gauge); ``answered`` counts a call whose
     user method ended, with the time it ran and the exception type it raised (None: none)."""
 
-    def __init__(self, deployment: str, replica: str) -> None:
+    def __init__(self, deployment: str, replica: str, application: str | None = None) -> None:
         self.registry, self.m = build(REPLICA_METRICS)
         self.deployment, self.replica = deployment, replica
-        self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, deployment)
+        #: the ``application`` label (``appnames``, read once: a replica belongs to one application)
+        self.app = app = _app(deployment) if application is None else application
+        self._ongoing = self.m["ray_serve_replica_processing_queries"].labels(deployment, replica, app)
         # (constructed once per replica process, in its actor's constructor: Serve's replica counts its start there)
-        self.m["ray_serve_deployment_replica_starts"].labels(deployment, replica, deployment).inc()
+        self.m["ray_serve_deployment_replica_starts"].labels(deployment, replica, app).inc()
         self._models: set[str] = set()  # (the multiplexed models last shown as registered)
         #: a @multiplexed loader's calls: counted once a request (its labelled child kept, as ``_ongoing``)
-        self._lookups = self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(deployment, replica,
-                                                                                          deployment)
+        self._lookups = self.m["ray_serve_multiplexed_get_model_requests_counter"].labels(deployment, replica, app)
 
     def began(self) -> None:
         self._ongoing.inc()
@@ -290,16 +291,16 @@ class ReplicaMetrics:
         self._ongoing.dec()
 
     def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
-        m, dep, rid = self.m, self.deployment, self.replica
-        m["ray_serve_deployment_processing_latency_ms"].labels(dep, rid, route, dep).observe(latency_ms)
+        m, dep, rid, app = self.m, self.deployment, self.replica, self.app
+        m["ray_serve_deployment_processing_latency_ms"].labels(dep, rid, route, app).observe(latency_ms)
         if exception_type is None:
-            m["ray_serve_deployment_request_counter"].labels(dep, rid, route, dep).inc()
+            m["ray_serve_deployment_request_counter"].labels(dep, rid, route, app).inc()
         else:
-            m["ray_serve_deployment_error_counter"].labels(dep, rid, route, dep, exception_type).inc()
+            m["ray_serve_deployment_error_counter"].labels(dep, rid, route, app, exception_type).inc()
 
     # -- batching (``api.batching``)
     def batch_ran(self, function: str, wait_ms: float, run_ms: float, size: int, bound: int) -> None:
-        m, lab = self.m, (self.deployment, self.replica, self.deployment, function)
+        m, lab = self.m, (self.deployment, self.replica, self.app, function)
         m["ray_serve_batch_wait_time_ms"].labels(*lab).observe(wait_ms)
         m["ray_serve_batch_execution_time_ms"].labels(*lab).observe(run_ms)
         m["ray_serve_batch_utilization_percent"].labels(*lab).observe(100.0 * size / bound)
@@ -307,31 +308,30 @@ class ReplicaMetrics:
         m["ray_serve_batches_processed"].labels(*lab).inc()
 
     def batch_queue(self, function: str, waiting: int) -> None:
-        self.m["ray_serve_batch_queue_length"].labels(self.deployment, self.replica, self.deployment,
-                                                      function).set(waiting)
+        self.m["ray_serve_batch_queue_length"].labels(self.deployment, self.replica, self.app, function).set(waiting)
 
     # -- model multiplexing (``api.multiplex``)
     def models_now(self, models: tuple[str, ...]) -> None:
-        m, dep, rid = self.m, self.deployment, self.replica
-        m["ray_serve_num_multiplexed_models"].labels(dep, rid, dep).set(len(models))
+        m, dep, rid, app = self.m, self.deployment, self.replica, self.app
+        m["ray_serve_num_multiplexed_models"].labels(dep, rid, app).set(len(models))
         reg = m["ray_serve_registered_multiplexed_model_id"]
         now = set(models)
         for model in now | self._models:
-            reg.labels(dep, rid, dep, model).set(1 if model in now else 0)
+            reg.labels(dep, rid, app, model).set(1 if model in now else 0)
         self._models = now
 
     def model_lookup(self) -> None:
         self._lookups.inc()
 
     def model_loaded(self, ms: float) -> None:
-        dep, rid = self.deployment, self.replica
-        self.m["ray_serve_multiplexed_models_load_counter"].labels(dep, rid, dep).inc()
-        self.m["ray_serve_multiplexed_model_load_latency_ms"].labels(dep, rid, dep).observe(ms)
+        dep, rid, app = self.deployment, self.replica, self.app
+        self.m["ray_serve_multiplexed_models_load_counter"].labels(dep, rid, app).inc()
+        self.m["ray_serve_multiplexed_model_load_latency_ms"].labels(dep, rid, app).observe(ms)
 
     def model_unloaded(self, ms: float) -> None:
-        dep, rid = self.deployment, self.replica
-        self.m["ray_serve_multiplexed_models_unload_counter"].labels(dep, rid, dep).inc()
-        self.m["ray_serve_multiplexed_model_unload_latency_ms"].labels(dep, rid, dep).observe(ms)
+        dep, rid, app = self.deployment, self.replica, self.app
+        self.m["ray_serve_multiplexed_models_unload_counter"].labels(dep, rid, app).inc()
+        self.m["ray_serve_multiplexed_model_unload_latency_ms"].labels(dep, rid, app).observe(ms)
 
     def families(self) -> list[Metric]:
         """Its metric families as objects (what the ingress's scrape gathers and ``merged`` joins)."""
@@ -386,31 +386,31 @@ class ControllerMetrics:
         m = self.m
         m["rankcore_core_steps"].inc()
         for comp in result.compactions:
-            m["rankcore_compactions"].labels(comp.deployment, comp.deployment).inc()
+            m["rankcore_compactions"].labels(comp.deployment, _app(comp.deployment)).inc()
             for ch in comp.changes:
                 for level in moved_levels(ch.old.as_tuple(), ch.new.as_tuple()):
-                    m["rankcore_rank_reassignments"].labels(comp.deployment, comp.deployment, level).inc()
+                    m["rankcore_rank_reassignments"].labels(comp.deployment, _app(comp.deployment), level).inc()
         for cmd in result.commands:
             kind = type(cmd)
             move = _MOVES.get(kind)
             if kind is rc.ReconfigureReplica:
-                m["rankcore_reconfigures"].labels(cmd.deployment, cmd.deployment, cmd.reason).inc()
+                m["rankcore_reconfigures"].labels(cmd.deployment, _app(cmd.deployment), cmd.reason).inc()
             elif kind is rc.UpdateWeights:
-                m["rankcore_weight_updates"].labels(cmd.deployment, cmd.deployment).inc()
+                m["rankcore_weight_updates"].labels(cmd.deployment, _app(cmd.deployment)).inc()
             elif move is not None:
                 name = move if kind is not rc.EvictReplica else f"evict_{cmd.to}"
-                m["rankcore_tier_moves"].labels(cmd.deployment, cmd.deployment, name).inc()
+                m["rankcore_tier_moves"].labels(cmd.deployment, _app(cmd.deployment), name).inc()
         if type(event) is rc.WeightsPushed and not result.stale:
             dep = event.deployment
-            m["rankcore_weight_pushes"].labels(dep, dep).inc()
+            m["rankcore_weight_pushes"].labels(dep, _app(dep)).inc()
         elif type(event) is rc.HealthChecked and not event.healthy:
             rid = event.replica_id
             held = before.index.get(rid)
             if held is not None:  # (a replica the core does not hold: no deployment to count it under)
-                m["ray_serve_health_check_failures"].labels(held, rid, held).inc()
+                m["ray_serve_health_check_failures"].labels(held, rid, _app(held)).inc()
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
-        self.m["rankcore_tier_bytes"].labels(deployment, deployment, what).inc(nbytes)
+        self.m["rankcore_tier_bytes"].labels(deployment, _app(deployment), what).inc(nbytes)
 
     def loop(self, seconds: float) -> None:
         self.loops += 1
@@ -430,18 +430,19 @@ class ControllerMetrics:
         for g in (healthy, target, phases, status, ongoing):
             g.clear()
         for name, dep in state.deployments.items():
-            target.labels(name, name).set(dep.target)
-            status.labels(name, name).set(DEPLOYMENT_STATUS_NUMERIC.get(dep.status, 0))
+            app = _app(name)
+            target.labels(name, app).set(dep.target)
+            status.labels(name, app).set(DEPLOYMENT_STATUS_NUMERIC.get(dep.status, 0))
             auto = dep.config.autoscaler
             if auto.autoscaling:
-                ongoing.labels(name, name).set(auto.target_ongoing_requests)
+                ongoing.labels(name, app).set(auto.target_ongoing_requests)
             counts: dict[str, int] = {}
             for rid, rep in dep.replicas.items():
                 counts[rep.phase.value] = counts.get(rep.phase.value, 0) + 1
                 if rep.phase in rc.LIVE:
-                    healthy.labels(name, rid, name).set(1 if rep.phase in _SERVING else 0)
+                    healthy.labels(name, rid, app).set(1 if rep.phase in _SERVING else 0)
             for phase, n in counts.items():
-                phases.labels(name, name, phase).set(n)
+                phases.labels(name, app, phase).set(n)
 
     def exposition(self, state: rc.State, rejected: int = 0) -> bytes:
         self.refresh(state, rejected)

@@ -65,7 +65,7 @@ import rankcore as rc
 from ..api import by_value
 from ..api.context import RequestContext, _serve_request_context, model_request
 from ..api.exposed import ASGI_ENTRY, Reachable, reachable
-from ..control import persist
+from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
@@ -369,7 +369,7 @@ def _request_of(note: dict | None) -> RequestContext | None:
     the multiplexed model its ``serve_multiplexed_model_id`` header names."""
     if note is None:
         return None
-    return RequestContext(route=note["route"], request_id=note["request_id"], app_name=note["deployment"],
+    return RequestContext(route=note["route"], request_id=note["request_id"], app_name=appnames.of(note["deployment"]),
                           multiplexed_model_id=note.get("model", ""))
 
 
@@ -995,13 +995,14 @@ class IngressState:
         return PlainTextResponse("success")  # (Ray Serve's proxy answers this word: scripts test for it)
 
     async def list_routes(self, request: Any) -> Any:
-        """Route prefix -> deployment; 503 while this proxy drains, as Ray Serve's (a load balancer
-        that reads the routes moves away too)."""
+        """Route prefix -> application (Ray Serve's answer: ``appnames``; a deployment no application
+        holds is its own); 503 while this proxy drains, as Ray Serve's (a load balancer that reads
+        the routes moves away too)."""
         from starlette.responses import JSONResponse
 
         if self.draining:
             return self._error(503, "draining", "This node is being drained.", None)
-        return JSONResponse(dict(sorted(self.routes.items())))
+        return JSONResponse({prefix: appnames.of(name) for prefix, name in sorted(self.routes.items())})
 
     async def status_json(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
