@@ -978,9 +978,9 @@ def build(target: str, output: Path | None) -> None:
 @_CONNECT_TIMEOUT
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the same facts) instead of tables.")
 def status(address: str | None, connect_timeout: float, as_json: bool) -> None:
-    """Applications, deployments, replicas (ranks, node, tier, state, version), the proxy,
-    autoscaling targets and recent faults. Exit status 1 when anything is unhealthy (UNHEALTHY,
-    DEPLOY_FAILED, the proxy down), 0 while deploying."""
+    """Applications, deployments, replicas (ranks, node, tier, state, version; pid too on a terminal
+    of 120 columns or more), the proxy, autoscaling targets and recent faults. Exit status 1 when
+    anything is unhealthy (UNHEALTHY, DEPLOY_FAILED, the proxy down), 0 while deploying."""
     import json as json_
 
     _connect(address, connect_timeout)
@@ -998,6 +998,10 @@ def status(address: str | None, connect_timeout: float, as_json: bool) -> None:
         sys.exit(1)
 
 
+#: the terminal width from which ``rankcore status``'s replica table has a pid column
+PID_COLUMN_FROM = 120
+
+
 def _status_tables(view: dict, console: Console) -> None:
     apps_t = Table(title="applications")
     for col in ("application", "status", "route", "deployment", "deployment status", "target", "autoscaling",
@@ -1013,13 +1017,16 @@ def _status_tables(view: dict, console: Console) -> None:
                        escape(d["message"] or (a["message"] if a else "")))
     console.print(apps_t)
     reps = Table(title="replicas")
-    for col in ("deployment", "replica", "rank", "node_rank", "local_rank", "node", "tier", "state", "version"):
+    pids = console.width >= PID_COLUMN_FROM  # (narrower, the replica ids would wrap)
+    for col in ("deployment", "replica", "rank", "node_rank", "local_rank", "node", *(("pid",) if pids else ()),
+                "tier", "state", "version"):
         reps.add_column(col)
     for _, _, d in deps:
         for r in d["replicas"]:
             state = r["state"] + (f" ({r['blue_green']})" if r.get("blue_green") else "")  # (a blue-green switch)
             reps.add_row(escape(d["name"]), escape(r["replica_id"]), str(r["rank"]), str(r["node_rank"]),
-                         str(r["local_rank"]), (r["node_id"] or "-")[:12], r["tier"], state,
+                         str(r["local_rank"]), (r["node_id"] or "-")[:12],
+                         *((str(r.get("pid") or "-"),) if pids else ()), r["tier"], state,
                          escape(str(r["version"])))
     console.print(reps)
     proxies = Table(title="proxies")

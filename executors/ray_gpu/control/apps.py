@@ -34,7 +34,7 @@ from ..api import config as cf
 from ..api.deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller
 from ..api.deployments import delete as delete_deployment
 from ..ingress import http as ingress
-from .replicas import NAMESPACE
+from .replicas import NAMESPACE, actor_name
 
 __all__ = ["AppliedApp", "apply_config", "start_proxies", "import_app", "applied_apps", "delete_app", "delete_all", "details",
            "status", "unhealthy", "FAULTS_SHOWN"]
@@ -271,7 +271,8 @@ def _facts() -> dict[str, Any]:
     except Exception as exc:  # (there, but not answering)
         proxy = {"status": "UNHEALTHY", "address": None, "actor_id": None, "error": repr(exc)}
     return {"state": state, "applied": _load(), "faults": ask(ctl, "recent_faults"),
-            "controller": ctl._actor_id.hex(), "proxy": proxy, "head": _head(), "proxies": ask(ctl, "proxies")}
+            "controller": ctl._actor_id.hex(), "proxy": proxy, "head": _head(), "proxies": ask(ctl, "proxies"),
+            "replicas": ask(ctl, "replica_details")}
 
 
 #: the core's proxy phases in Ray Serve's ``ProxyStatus`` words
@@ -285,30 +286,43 @@ def _head() -> str | None:
     return None
 
 
-def _replicas(dep: Any) -> list[dict]:
+#: what each replica says of itself (``ReplicaActor.identity``; None until its actor has answered),
+#: Ray Serve's ``ReplicaDetails`` fields
+_IDENTITY = ("pid", "actor_id", "actor_name", "worker_id", "node_ip", "start_time_s", "log_file_path")
+
+
+def _replicas(name: str, dep: Any, known: dict) -> list[dict]:
     out = []
     for rid, rep in dep.replicas.items():
         rank = rc.shown_ranks(dep, rid)
+        said = known.get(rid) or {"actor_name": actor_name(name, rid)}
         out.append({"replica_id": rid, "state": _REPLICA_STATE.get(rep.phase.value, rep.phase.value.upper()),
                     "phase": rep.phase.value, "rank": rank[0], "node_rank": rank[1], "local_rank": rank[2],
                     "node_id": rep.node_id, "tier": rep.residency.value, "version": rep.revision,
-                    "blue_green": rc.blue_green_role(dep, rep)})
+                    "blue_green": rc.blue_green_role(dep, rep), **{k: said.get(k) for k in _IDENTITY}})
     return sorted(out, key=lambda r: (r["rank"], r["replica_id"]))
 
 
-def _deployment(name: str, dep: Any) -> dict:
-    """One deployment as ``status`` shows it (None: the core does not hold it)."""
+def _deployment(name: str, dep: Any, seen: dict | None = None) -> dict:
+    """One deployment as ``status`` shows it (None: the core does not hold it); ``seen``: the
+    controller's ``replica_details``."""
+    seen = seen or {}
     if dep is None:
         return {"name": name, "status": "DEPLOY_FAILED", "message": "not held by the controller", "target": 0,
-                "revision": None, "autoscaling": None, "replicas": []}
+                "revision": None, "autoscaling": None, "replicas": [], "recent_dead_replicas": []}
     auto = dep.config.autoscaler
-    status = "DELETING" if dep.deleting else dep.status
-    return {"name": name, "status": status, "message": dep.status_message, "target": dep.target,
+    status, message = ("DELETING" if dep.deleting else dep.status), dep.status_message
+    died = seen.get("unhealthy", {}).get(name)
+    if died is not None and status not in ("UNHEALTHY", "DELETING"):  # (the core's own UNHEALTHY says more)
+        status, message = "UNHEALTHY", died  # (a serving replica died: Ray Serve's rule, observe.Unhealthy)
+    gone = [{k: r.get(k) for k in ("replica_id", "state", "node_id", *_IDENTITY)}
+            for r in seen.get("gone", {}).get(name, [])]
+    return {"name": name, "status": status, "message": message, "target": dep.target,
             "revision": dep.revision,
             "autoscaling": {"min_replicas": auto.min_replicas, "max_replicas": dep.max_replicas,
                             "target_ongoing_requests": auto.target_ongoing_requests, "target": dep.target}
             if auto.autoscaling else None,
-            "replicas": _replicas(dep)}
+            "replicas": _replicas(name, dep, seen.get("replicas", {})), "recent_dead_replicas": gone}
 
 
 def _app_status(deps: list[dict]) -> tuple[str, str]:
@@ -327,20 +341,23 @@ def _app_status(deps: list[dict]) -> tuple[str, str]:
 
 def status(facts: dict | None = None) -> dict:
     """What ``rankcore status --json`` prints: applications with their deployments and replicas
-    (ranks, node, tier, state, version), the proxy, autoscaling targets, recent faults, and
+    (ranks, node, tier, state, version, and what each said of itself when it started: pid, actor
+    id, log file, ...; each deployment's ``recent_dead_replicas`` too), the proxy, autoscaling
+    targets, recent faults, and
     ``healthy`` (false when an application or a deployment is UNHEALTHY or DEPLOY_FAILED, or the
     proxy is not healthy; one still DEPLOYING, or DELETING, is on its way, not unhealthy)."""
     facts = facts or _facts()
     state = facts["state"]
+    seen = facts.get("replicas") or {}
     apps = {}
     named: set[str] = set()
     for name, app in sorted(facts["applied"].apps.items()):
-        deps = [_deployment(d, state.deployments.get(d)) for d in app.deployments]
+        deps = [_deployment(d, state.deployments.get(d), seen) for d in app.deployments]
         named.update(app.deployments)
         st, msg = _app_status(deps)
         apps[name] = {"name": name, "status": st, "message": msg, "route_prefix": app.route_prefix,
                       "last_deployed_time_s": app.deployed_at, "deployments": {d["name"]: d for d in deps}}
-    others = {n: _deployment(n, d) for n, d in sorted(state.deployments.items()) if n not in named}
+    others = {n: _deployment(n, d, seen) for n, d in sorted(state.deployments.items()) if n not in named}
     # each proxy the core runs, by node (Serve's ProxyStatus; a draining one is on its way out, not unhealthy)
     proxies = {p["node_id"]: {"status": _PROXY_STATUS[p["phase"]], "proxy_id": pid, "actor_name": p["actor_name"],
                               "address": f"{p['address'][0]}:{p['address'][1]}" if p["address"] else None}
@@ -363,6 +380,14 @@ def unhealthy(view: dict) -> list[str]:
     return out
 
 
+def _serve_replica(r: dict) -> dict:
+    """A replica as Ray Serve's ``ReplicaDetails`` (its ``start_time_s`` 0 until it has said)."""
+    return {"replica_id": r["replica_id"], "state": r["state"], "node_id": r["node_id"],
+            "node_ip": r["node_ip"], "actor_id": r["actor_id"], "actor_name": r["actor_name"],
+            "worker_id": r["worker_id"], "pid": r["pid"], "log_file_path": r["log_file_path"],
+            "start_time_s": r["start_time_s"] or 0.0}
+
+
 def details() -> dict:
     """``GET /api/serve/applications/``: Ray Serve's ``ServeInstanceDetails`` shape (the fields we
     have facts for; each replica also carries ``rank``, ``node_rank``, ``local_rank``, ``tier``
@@ -370,6 +395,7 @@ def details() -> dict:
     facts = _facts()
     view = status(facts)
     applied = facts["applied"]
+    died = (facts.get("replicas") or {}).get("unhealthy", {})
     apps = {}
     for name, a in view["applications"].items():
         deps = {}
@@ -380,13 +406,15 @@ def details() -> dict:
                 "name": dname,
                 "status": d["status"] if d["status"] in ("HEALTHY", "UPDATING", "UNHEALTHY", "DEPLOY_FAILED")
                 else "UPDATING",
-                "status_trigger": "UNSPECIFIED", "message": d["message"], "deployment_config": _serve_names(conf),
+                "status_trigger": "HEALTH_CHECK_FAILED" if d["status"] == "UNHEALTHY" and died.get(dname) == d["message"]
+                else "UNSPECIFIED",
+                "message": d["message"], "deployment_config": _serve_names(conf),
                 "target_num_replicas": d["target"], "required_resources": {},
-                "replicas": [{"replica_id": r["replica_id"], "state": r["state"], "node_id": r["node_id"],
-                              "actor_name": f"ModelActor:{dname}:{r['replica_id']}", "start_time_s": 0.0,
-                              "rank": r["rank"], "node_rank": r["node_rank"], "local_rank": r["local_rank"],
-                              "tier": r["tier"], "version": r["version"], "blue_green": r["blue_green"]}
-                             for r in d["replicas"]]}
+                "replicas": [{**_serve_replica(r), "rank": r["rank"], "node_rank": r["node_rank"],
+                              "local_rank": r["local_rank"], "tier": r["tier"], "version": r["version"],
+                              "blue_green": r["blue_green"]}
+                             for r in d["replicas"]],
+                "recent_dead_replicas": [_serve_replica(r) for r in d["recent_dead_replicas"]]}
         apps[name] = {"name": name, "route_prefix": a["route_prefix"], "docs_path": None, "status": a["status"],
                       "message": a["message"], "last_deployed_time_s": a["last_deployed_time_s"],
                       "deployed_app_config": _serve_app(applied.apps[name].config), "source": "declarative",

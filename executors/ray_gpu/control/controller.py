@@ -739,6 +739,16 @@ class Controller:
                 "failed": sorted(r for r, v in replicas.items() if v["phase"] == rc.Phase.FAILED.value),
                 "replicas": replicas}
 
+    async def replica_details(self) -> dict:
+        """What ``rankcore status`` shows of the replicas beside the core's state (``Watcher.details``,
+        gathered once per replica, when its watch began: no replica is asked here): ``replicas``
+        (replica -> its ``pid``, ``actor_id``, ``actor_name``, ``worker_id``, ``node_id``, ``node_ip``,
+        ``start_time_s``, ``log_file_path``), ``gone`` (deployment -> its last replicas whose actors
+        are gone, state ``STOPPED``) and ``unhealthy`` (deployment -> the message of one UNHEALTHY
+        since a serving replica of it died, as Ray Serve shows it)."""
+        await self._ready()
+        return self.watcher.details()
+
     async def state(self) -> bytes:
         """The core's state now, pickled (``cloudpickle.loads`` it). Pickled here,
         on the event loop: Ray serialises return values on another thread, and

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import Any
 
 import attrs
@@ -25,6 +26,7 @@ import rankcore as rc
 from . import placement as pl
 from . import static as st
 from .ledger import Ledger
+from .replicas import actor_name as actor_name_of
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -33,6 +35,31 @@ log = logging.getLogger("rankcore.ray.controller")
 #: GPUs the group holds; the core believes in room that is not there, and a placement
 #: it aims there waits for room until its placement timeout. Never name a real group so.
 UNSEEN_GROUP_PREFIX = "rankcore-fault-unseen:"
+
+
+#: how many gone replicas each deployment's status lists (``recent_dead_replicas``: Ray Serve's
+#: ``RAY_SERVE_RETAINED_DEAD_REPLICAS`` default), so their logs can still be found
+DEAD_KEPT = 10
+#: the phases in which a replica serves (its death then makes its deployment UNHEALTHY: ``Unhealthy``)
+_SERVING = (rc.Phase.RUNNING, rc.Phase.RECONFIGURING)
+#: Ray Serve's words after a replica's death (its ``DeploymentStatusInfo`` message, which says no more)
+UNTIL_RECOVERED = "This deployment will be UNHEALTHY until the replica recovers or a new deploy happens."
+
+
+@attrs.define
+class Unhealthy:
+    """A deployment UNHEALTHY since a replica of it died as Ray Serve shows it (its status
+    trigger ``HEALTH_CHECK_FAILED``): what died and why, until it is healthy again or a new
+    deploy changes its revision or ``user_config`` (what ``revision`` / ``config_version`` were)."""
+
+    revision: str
+    config_version: int
+    died: dict[str, str] = attrs.Factory(dict)  # replica id -> why, the first to die first
+
+    def message(self) -> str:
+        shown = list(self.died.items())[-3:]
+        more = f" (and {len(self.died) - len(shown)} more before)" if len(self.died) > len(shown) else ""
+        return f"{'; '.join(f'replica {rid} {why}' for rid, why in shown)}{more}. {UNTIL_RECOVERED}"
 
 
 def held_by_callers(table: dict) -> dict[str, dict[str, float]]:
@@ -159,6 +186,15 @@ class Watcher:
         self.ledger = ledger
         #: node -> [(replica, cause)] whose deaths are being observed together
         self.dying: dict[str, list[tuple[str, str]]] = {}
+        #: replica -> its deployment and what it said of itself when its watch began
+        #: (``ReplicaActor.identity``: pid, actor id, log file, ...), until its actor is gone; then
+        #: it is in its deployment's ``gone``
+        self.identities: dict[str, tuple[str, dict]] = {}
+        #: deployment -> its last ``DEAD_KEPT`` replicas whose actors are gone (stopped or died), oldest first
+        self.gone: dict[str, deque[dict]] = {}
+        #: deployment -> why it is UNHEALTHY since a replica of it died (``Unhealthy``); told every step
+        self.unhealthy: dict[str, Unhealthy] = {}
+        ledger.driver.observers.append(self._after_step)
 
     # ------------------------------------------------------------------ nodes
     def alive_nodes(self) -> list[rc.NodeJoined]:
@@ -262,6 +298,7 @@ class Watcher:
             if rid in placing_there or led.node_of(rid) == node_id:
                 led.stopping.add(rid)  # their own watch calls fail too: already handled
                 led.forget(rid)
+                self._let_go(rid)
         led.nodes.pop(node_id, None)
         led.spares.forget(node_id)
         led.feed(rc.NodeLost(node_id=node_id))
@@ -272,13 +309,17 @@ class Watcher:
         death the controller did not cause is reported with its cause, read
         from Ray's death record (``death_cause``). Deaths that may be a node's
         (not killed on purpose, not the user's error) are observed together
-        for ``death_batch_s`` (``deaths_on``)."""
+        for ``death_batch_s`` (``deaths_on``). First the replica is asked who it is
+        (``identify``, once: what ``status`` shows of it); once it is gone and the core told, that
+        moves to its deployment's ``gone`` (``_let_go``)."""
         error: BaseException | None = None
+        await self.identify(rid, actor)
         try:
             await actor.watch.remote()
         except Exception as exc:
             error = exc
         if rid in self.ledger.stopping:
+            self._let_go(rid)
             return
         cause = death_cause(error, actor)
         reason = f"actor died ({cause})"
@@ -303,9 +344,109 @@ class Watcher:
         for rid, cause in batch:
             if rid not in self.ledger.stopping:
                 self.crashed(rid, f"actor died ({cause})", cause)
+            else:
+                self._let_go(rid)
+
+    # -------------------------------------------------- what status shows of replicas
+    async def identify(self, rid: str, actor: Any) -> None:
+        """Ask the replica once who it is (``identity``: its pid, actor id, log file, ...), kept in
+        ``identities`` for ``status``; a replica that does not answer (dead) is left unknown."""
+        try:
+            info = await actor.identity.remote()
+        except Exception:  # (dead: its watch call fails too, and says so)
+            return
+        rec = self.ledger.replicas.get(rid)
+        if rec is not None and rec.actor is actor:  # (not let go of meanwhile)
+            self.identities[rid] = (rec.deployment, {"actor_name": actor_name_of(rec.deployment, rid), **info})
+
+    def _let_go(self, rid: str) -> None:
+        """Its actor is gone (stopped, killed or died) and the core is told (its stop was the
+        core's, or its death is fed now): what it said moves to its deployment's ``gone`` (state
+        ``STOPPED``, as Ray Serve lists it), the last ``DEAD_KEPT`` of each kept while the core
+        holds the deployment. (Not before the core is told: till then ``status`` shows it as the
+        core holds it, with its pid, not also gone.)"""
+        known = self.identities.pop(rid, None)
+        if known is None:
+            return
+        name, info = known
+        state = self.ledger.driver.state
+        for dep in [d for d in self.gone if d not in state.deployments]:  # (deleted meanwhile)
+            del self.gone[dep]
+        if name in state.deployments:
+            self.gone.setdefault(name, deque(maxlen=DEAD_KEPT)).append(
+                {**info, "replica_id": rid, "state": "STOPPED"})
+
+    def details(self) -> dict:
+        """What ``status`` shows beside the core's state: ``replicas`` (each live replica's
+        identity), ``gone`` (deployment -> its recent gone replicas) and ``unhealthy``
+        (deployment -> the message of a deployment UNHEALTHY since a replica of it died)."""
+        deps = self.ledger.driver.state.deployments
+        return {"replicas": {rid: info for rid, (_, info) in self.identities.items()},
+                "gone": {d: list(q) for d, q in self.gone.items() if d in deps},
+                "unhealthy": {d: u.message() for d, u in self.unhealthy.items() if d in deps}}
+
+    def _after_step(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
+        """Ray Serve's rule for a replica that dies (a driver observer, told every step: O(1)
+        unless a replica died or a deployment is marked): a serving replica of a HEALTHY
+        deployment's current revision dies (its actor, or its health checks failed as many times
+        as ``health_check_failure_threshold`` in a row) -> the deployment is UNHEALTHY, the
+        message says which replica died and why, until it is healthy again or a new deploy
+        changes its revision or ``user_config``."""
+        kind = type(event)
+        if result.stale:
+            pass
+        elif kind is rc.ReplicaCrashed:
+            rid = event.replica_id  # type: ignore[attr-defined]
+            self._died(before, before.index.get(rid), [rid], f"died: {event.reason}")  # type: ignore[attr-defined]
+        elif kind is rc.HealthChecked and not event.healthy:  # type: ignore[attr-defined]
+            rid = event.replica_id  # type: ignore[attr-defined]
+            self._died(before, before.index.get(rid), [rid],
+                       f"failed its health check: {event.detail}", checked=True)  # type: ignore[attr-defined]
+        elif kind is rc.NodeLost:
+            node = event.node_id  # type: ignore[attr-defined]
+            for name, dep in before.deployments.items():
+                lost = [rid for rid, rep in dep.replicas.items() if rep.node_id == node]
+                if lost:  # (named in rank order)
+                    self._died(before, name, sorted(lost, key=dep.ranks.global_rank), f"died: its node {node} was lost")
+        if self.unhealthy:
+            self._recovered(result.state)
+
+    def _died(self, before: rc.State, name: str | None, rids: list[str], why: str, checked: bool = False) -> None:
+        """Replicas ``rids`` of deployment ``name`` died (``before``: the state they died in)."""
+        dep = before.deployments.get(name) if name is not None else None
+        if dep is None:
+            return
+        serving = []
+        for rid in rids:
+            rep = dep.replicas.get(rid)
+            if rep is None or rep.phase not in _SERVING or rep.revision != dep.revision:
+                continue  # (not serving, or of an older revision: a rollout replaces it anyway)
+            if checked and rep.health_failures + 1 < dep.config.health.health_check_failure_threshold:
+                continue  # (not unhealthy yet: the core counts the failures)
+            serving.append(rid)
+        if not serving:
+            return
+        mark = self.unhealthy.get(name)  # type: ignore[arg-type]
+        if mark is None:
+            if dep.status != "HEALTHY":
+                return  # (dying while it updates or scales: the core's UPDATING stays)
+            mark = self.unhealthy[name] = Unhealthy(revision=dep.revision,  # type: ignore[index]
+                                                    config_version=dep.config_version)
+        for rid in serving:
+            mark.died.setdefault(rid, why)  # (an unhealthy replica drained beside its successor is checked again)
+
+    def _recovered(self, state: rc.State) -> None:
+        """Let go of the marks of deployments gone, redeployed, or healthy again."""
+        for name, mark in list(self.unhealthy.items()):
+            dep = state.deployments.get(name)
+            if dep is None or dep.deleting or dep.revision != mark.revision or \
+                    dep.config_version != mark.config_version or \
+                    (dep.count(rc.Phase.RUNNING) == dep.target == len(dep.replicas) and dep.healthy):
+                del self.unhealthy[name]
 
     def crashed(self, rid: str, reason: str, cause: str) -> None:
         self.ledger.forget(rid)
+        self._let_go(rid)
         self.ledger.feed(rc.ReplicaCrashed(replica_id=rid, reason=reason, cause=cause, now=self.ledger.now()))
 
     # ---------------------------------------------------------- health checks

@@ -90,6 +90,7 @@ class ReplicaActor:
                  placement_group: Any = None, gang: rc.GangContext | None = None, devices: tuple[int, ...] = (),
                  source: str = "", revision: str = "", modules: dict[str, str] | None = None) -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
+        self.started_at = time.time()  # (its actor's start: ``identity``'s ``start_time_s``)
         #: the deployment revision it runs (``StartReplica.revision``; "": not said), for a recovering controller
         self.revision = revision
         #: the project modules its revision's fingerprint was taken over (None: a version the user gave):
@@ -223,6 +224,18 @@ class ReplicaActor:
     async def pid(self) -> int:
         """The process it runs in (the controller asks whether it was a spare)."""
         return os.getpid()
+
+    async def identity(self) -> dict:
+        """Who and where it is, as Ray Serve's ``ReplicaDetails`` says it (asked once, by the
+        controller's watch of it: ``observe.Watcher.watch``): its ``pid``, Ray's ``actor_id`` and
+        ``worker_id``, ``node_id`` and ``node_ip``, when its actor started (``start_time_s``) and
+        ``log_file_path``: the file its stdout goes to (what it prints; its stderr goes to the
+        same name ending ``.err``), below the node's Ray logs directory as Serve gives it (it
+        starts with ``/``; None: not known)."""
+        ctx = ray.get_runtime_context()
+        return {"pid": os.getpid(), "actor_id": ctx.get_actor_id(), "worker_id": ctx.get_worker_id(),
+                "node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "start_time_s": self.started_at, "log_file_path": _log_file_path()}
 
     def _newer(self, seq: tuple[int, int] | None) -> bool:
         """Whether a command numbered ``seq`` may set the world size (None: unnumbered, always)."""
@@ -665,6 +678,20 @@ _END = object()  # (a stream's end: StopIteration does not cross a thread pool's
 #: ``handle_progress``'s first item: the user's method begins
 STARTED = "started"
 
+
+
+def _log_file_path() -> str | None:
+    """This worker's stdout file (Ray redirects it there) below the node's Ray logs directory, as
+    Serve's ``log_file_path`` (``/worker-<worker id>-<job id>-<pid>.out``); None when Ray did not
+    redirect it there (a worker started with its output left on the console)."""
+    try:
+        from ray._private import worker
+
+        path = worker.global_worker.get_out_file_path()
+        logs = worker._global_node.get_logs_dir_path()  # type: ignore[attr-defined]
+    except Exception:  # (a Ray without these: not known)
+        return None
+    return path[len(logs):] if path and path.startswith(logs + os.sep) else None
 
 
 async def _in_request(request: RequestContext | None, awaitable: Any) -> Any:
