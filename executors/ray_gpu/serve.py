@@ -7,7 +7,8 @@ Each name here is rankcore's own implementation under Serve's name and signature
 ``ingress``, ``run``, ``batch``, ``multiplexed``, ``get_multiplexed_model_id``, ``get_replica_context``,
 ``get_app_handle``, ``get_deployment_handle``, ``delete``, ``status``, ``shutdown``, ``start``,
 ``DeploymentHandle``, ``DeploymentResponse``, ``Application``, ``Deployment``, ``HTTPOptions``,
-``gRPCOptions``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
+``gRPCOptions``, ``grpc_util.RayServegRPCContext``: a method taking ``grpc_context`` gets one over gRPC,
+``api.grpc_context``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
 ``NoEquivalent`` when it is used, saying so and what to use instead; a name Ray Serve does not have
 either is an ``AttributeError``. docs/ray.md, "Porting a Serve app".
 
@@ -23,11 +24,13 @@ applied from a config file (``rankcore deploy``) is found in what the controller
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import rankcore as rc
 
+from .api import grpc_context as grpc_util
 from .api.asgi import ingress, request_ingress
 from .api.batching import batch
 from .api.config import GRPCOptions as gRPCOptions
@@ -45,7 +48,12 @@ from .control import appnames
 __all__ = ["deployment", "ingress", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
            "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
            "DeploymentResponse", "Application", "Deployment", "HTTPOptions", "gRPCOptions", "http_method",
-           "NoEquivalent"]
+           "grpc_util", "NoEquivalent"]
+
+#: ``from ray.serve.grpc_util import RayServegRPCContext`` ports as
+#: ``from executors.ray_gpu.serve.grpc_util import RayServegRPCContext`` (this module is no package:
+#: the name is registered, so the import system finds it)
+sys.modules.setdefault(f"{__name__}.grpc_util", grpc_util)
 
 #: Ray Serve's default application name (``serve.run``'s ``name``)
 DEFAULT_APP_NAME = "default"
@@ -173,8 +181,6 @@ _NO_EQUIVALENT = {
     "run_many": "serve.run_many: call serve.run once per application",
     "shutdown_async": "serve.shutdown_async: call serve.shutdown",
     "get_multiplexed_model_ids": "no such call: a request names one model (get_multiplexed_model_id)",
-    "grpc_util": "serve.grpc_util: a method taking grpc_context gets no Serve context yet; errors map to codes "
-                 "(docs/ray.md, gRPC)",
     "llm": "ray.serve.llm: no equivalent",
     "AutoscalingConfig": "pass autoscaling_config as a dict to @serve.deployment (Serve's keys)",
     "RequestRouter": "no pluggable request router yet (issue 68)",

@@ -161,7 +161,8 @@ def test_servicer_functions_are_checked_where_they_are_given():
         start_ingress(grpc_servicer_functions=SERVICERS[0])
 
 
-def test_other_grpc_services_asked_of_running_proxies_are_refused_not_ignored(channel):
-    with pytest.raises(rc.InvalidConfig, match=r"the proxies already run with grpc_servicer_functions"):
-        start_ingress(grpc_servicer_functions=[*SERVICERS, SERVICERS[0]])
-    start_ingress(grpc_servicer_functions=SERVICERS)  # (the same services: fine)
+def test_another_grpc_port_asked_of_running_proxies_is_refused_not_ignored(channel):
+    with pytest.raises(rc.InvalidConfig, match=r"the proxies serve gRPC on grpc_port=0, not 9001"):
+        start_ingress(grpc_servicer_functions=SERVICERS, grpc_port=9001)
+    start_ingress(grpc_servicer_functions=[*SERVICERS, SERVICERS[0]])  # (the same services: fine)
+    start_ingress(grpc_servicer_functions=SERVICERS)  # (services added to running proxies: test_ray_grpc_context.py)

@@ -23,7 +23,7 @@ from ..control.controller import CORE_OPTIONS, controller_actor
 from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
-from . import by_value
+from . import by_value, grpc_context
 from .autoscale import from_ray_serve
 from .context import RequestContext, request_for_call
 from .fingerprint import stamp
@@ -318,6 +318,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     def wrap(c: type) -> Deployment:
         opts = dict(ray_actor_options) if isinstance(ray_actor_options, dict) else \
             ray_actor_options if ray_actor_options is not None else {}
+        c = grpc_context.attach(c)  # (a method taking grpc_context gets Serve's context over gRPC)
         return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
                           num_replicas=count, user_config=user_config, ray_actor_options=opts,
                           placement_group_bundles=placement_group_bundles,

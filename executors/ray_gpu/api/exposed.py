@@ -8,6 +8,9 @@ user registered (``grpc_servicer_functions``) are what it exposed. The methods r
 itself (``reconfigure``, ``check_health``, ``record_routing_stats``, ``__del__``) and
 ``@multiplexed`` loaders are reachable by neither, whatever they are marked or named: a client
 that could call ``reconfigure`` would set the replica's config behind the controller's back.
+A method that declares ``grpc_context`` is called over gRPC through its entry
+(``__rankcore_grpc__<method>``, ``api.grpc_context``; ``Reachable.grpc_context`` lists them): a name
+starting with ``__``, which no client can name.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from rankcore import InvalidConfig
 
 #: ``api.asgi.ENTRY`` (named here: ``asgi`` imports starlette where it runs, this module nothing)
 ASGI_ENTRY = "__rankcore_asgi__"
+#: ``api.grpc_context.ENTRY_PREFIX``: ``<it><method>`` calls ``method`` with a ``grpc_context``
+GRPC_ENTRY_PREFIX = "__rankcore_grpc__"
 
 __all__ = ["http_method", "Reachable", "reachable", "LIFECYCLE", "HTTP_ATTR"]
 
@@ -66,6 +71,9 @@ class Reachable:
     #: HTTP requests reach the class as ASGI requests (``api.asgi``: Serve's ``__call__(request)`` or
     #: ``@serve.ingress`` app): every path under its route prefix, whatever its method
     asgi: bool = False
+    #: the methods a gRPC call reaches through their ``grpc_context`` entry (``api.grpc_context``: they
+    #: declare a ``grpc_context`` parameter, and the class has the entry)
+    grpc_context: frozenset[str] = frozenset()
 
     @classmethod
     def unknown(cls) -> Reachable:
@@ -102,5 +110,7 @@ def reachable(cls: Any) -> Reachable:
     has_call = any("__call__" in vars(k) for k in own)
     http = {m for m in public if getattr(getattr(cls, m), HTTP_ATTR, False)} | ({"__call__"} if has_call else set())
     dynamic = any("__getattr__" in vars(k) for k in own)  # (any name may be a method: gRPC sends it on)
-    return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(public | ({"__call__"} if has_call else set())),
-                     asgi=callable(getattr(cls, ASGI_ENTRY, None)))
+    grpc = public | ({"__call__"} if has_call else set())
+    with_context = frozenset(m for m in grpc if callable(getattr(cls, GRPC_ENTRY_PREFIX + m, None)))
+    return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(grpc),
+                     asgi=callable(getattr(cls, ASGI_ENTRY, None)), grpc_context=with_context)

@@ -783,8 +783,10 @@ class Controller:
     async def start_proxies(self, settings: ProxySettings, timeout: float = 30.0, set_options: bool = True) -> str:
         """Run the proxies with ``settings`` from now on (``ingress.http.start_ingress``): the core is
         told where they run (``ProxiesConfigured``, with this controller's node as the head) and starts
-        them; returns the head proxy's actor name once it serves. Proxies already running with other
-        settings: ``rankcore.InvalidConfig`` (one set of proxies a cluster)."""
+        them; returns the head proxy's actor name once it serves. Proxies already running with another
+        address: ``rankcore.InvalidConfig`` (one set of proxies a cluster); with other gRPC services:
+        those that ``settings`` adds are served by the running proxies from now on (``Proxies.set_grpc``:
+        no application is touched; one that leaves a service out is refused)."""
         await self.recovery.ready()
         pr = self.carrier.proxies
         if pr.settings is not None and (pr.settings.host, pr.settings.port) != (settings.host, settings.port) \
@@ -795,10 +797,8 @@ class Controller:
             raise rc.InvalidConfig(f"the proxies already run on {pr.settings.host}:{pr.settings.port}, not "
                                    f"{settings.host}:{settings.port} (one set of proxies per cluster)")
         if pr.settings is not None and settings.grpc_servicer_functions and \
-                pr.settings.grpc_servicer_functions != settings.grpc_servicer_functions:
-            raise rc.InvalidConfig(f"the proxies already run with grpc_servicer_functions="
-                                   f"{list(pr.settings.grpc_servicer_functions)} on grpc_port={pr.settings.grpc_port}, "
-                                   f"not {list(settings.grpc_servicer_functions)} on {settings.grpc_port} (reset first)")
+                set(pr.settings.grpc_servicer_functions) != set(settings.grpc_servicer_functions):
+            await pr.set_grpc(settings.grpc_servicer_functions, settings.grpc_port)
         if pr.settings is not None and not set_options:
             settings = attrs.evolve(settings, options=pr.settings.options)  # (where they run stays as set)
         pr.head_error = None  # (a start that fails from now on is this call's answer: its port in use ...)

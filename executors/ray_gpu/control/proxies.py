@@ -53,6 +53,14 @@ def proxy_actor_name(node_id: str, head: str | None) -> str:
     return INGRESS_NAME if node_id == head else f"{INGRESS_NAME}:{node_id}"
 
 
+def grpc_port_of(settings: ProxySettings, head: bool) -> int | None:
+    """The gRPC port a proxy binds: ``grpc_port`` (None: no gRPC); another node's any free one when
+    ``worker_port`` is 0 (a one-host test cluster)."""
+    if settings.grpc_port is None or head or settings.worker_port != 0:
+        return settings.grpc_port
+    return 0
+
+
 #: the proxies' limits (``ingress.http``: each declared there, with its default and its check): every
 #: proxy starts with them (the head's, a restarted one, another node's), each a keyword of
 #: ``HttpIngress`` and of its ``configure``
@@ -169,6 +177,45 @@ class Proxies:
         self.ledger.feed(rc.ProxiesConfigured(options=settings.options, head_node=head, now=self.ledger.now()))
         self._start_loop()
 
+    async def set_grpc(self, servicer_functions: tuple[str, ...], grpc_port: int | None,
+                       timeout: float = 60.0) -> None:
+        """Serve the services of ``servicer_functions`` over gRPC on every proxy from now on, the
+        applications untouched (``Controller.start_proxies``): the running proxies' gRPC servers learn
+        them at once (one started on ``grpc_port`` where none ran; HTTP keeps serving), and proxies
+        started later get them (the settings stored). Services only add: a set that leaves out one the
+        proxies serve is refused (``rankcore.InvalidConfig``), as is a proxy that cannot import them
+        (the settings are then as they were)."""
+        s, head = self.settings, self.head
+        if s is None or head is None:
+            raise rc.InvalidConfig("no proxies run: start them first")
+        running = s.grpc_servicer_functions
+        left_out = [f for f in running if f not in servicer_functions]
+        if left_out:
+            raise rc.InvalidConfig(
+                f"the proxies serve grpc_servicer_functions={list(running)}; {list(servicer_functions)} leaves out "
+                f"{left_out}: services are only added to running proxies (name them all, with the new ones); "
+                f"to serve fewer, `rankcore shutdown` (it deletes every application) and start again")
+        wanted = tuple(dict.fromkeys((*running, *servicer_functions)))
+        if wanted == running:
+            return
+        new = _stored(attrs.evolve(s, grpc_servicer_functions=wanted,
+                                   grpc_port=s.grpc_port if s.grpc_port is not None else grpc_port))
+        self.settings = new  # (from here a proxy that starts, or is starting, gets them: ``_start``)
+        persist.save_proxies(new, head)
+        ready = [p for p in self.live.values() if p.ready and not p.stopping and p.actor is not None]
+        answers = await asyncio.gather(*(asyncio.wait_for(p.actor.set_grpc_services.remote(
+            grpc_port_of(new, p.node_id == head), wanted), timeout) for p in ready), return_exceptions=True)
+        refused = [(p, a) for p, a in zip(ready, answers)
+                   if isinstance(a, BaseException) and not isinstance(a, ray.exceptions.RayActorError)]
+        if refused:  # (a dead one is restarted by the core, with the new settings)
+            if self.settings is new:
+                self.settings = _stored(s)
+                persist.save_proxies(self.settings, head)
+            p, why = refused[0]
+            raise rc.InvalidConfig(f"proxy {p.proxy_id} cannot serve grpc_servicer_functions={list(wanted)}: "
+                                   f"{_why(why)}")
+        log.info("the proxies serve gRPC services %s now", list(wanted))
+
     def _start_loop(self) -> None:
         if self._loop is None or self._loop.done():
             self._loop = asyncio.get_event_loop().create_task(self._health_loop())
@@ -209,8 +256,7 @@ class Proxies:
                     name=p.name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, max_concurrency=16,
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
                 ).remote(s.host, port, enable_access_log=s.enable_access_log, logs_dir=s.logs_dir, **s.limits(),
-                         proxy_id=p.proxy_id, remember_port=head,
-                         grpc_port=s.grpc_port if head or s.worker_port != 0 or s.grpc_port is None else 0,
+                         proxy_id=p.proxy_id, remember_port=head, grpc_port=grpc_port_of(s, head),
                          grpc_servicer_functions=s.grpc_servicer_functions)
                 break
             except ValueError:  # the name is still its predecessor's (killed a moment ago)
@@ -222,6 +268,11 @@ class Proxies:
                 await asyncio.sleep(0.1)
         try:
             await p.actor.ready.remote()
+            # gRPC services added while it started (``set_grpc``: it asks the proxies that are ready):
+            # given to it before it counts as ready (no await between the last look and ``ready``)
+            while (now := self.settings) is not None and now.grpc_servicer_functions != s.grpc_servicer_functions:
+                await p.actor.set_grpc_services.remote(grpc_port_of(now, head), now.grpc_servicer_functions)
+                s = now
         except Exception as exc:
             self.ledger.spawn(_stop(p.actor, 0.0))  # (a half-started proxy may hold its ports)
             if self.live.get(p.proxy_id) is p and not p.stopping:

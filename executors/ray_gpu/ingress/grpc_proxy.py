@@ -9,7 +9,13 @@ routed deployment, that one whatever it says: Serve's rule), and that deployment
 of the RPC's name is called with the request message and returns the response message
 (unary), or yields them (a generator method: server streaming). It runs on the HTTP
 server's event loop and goes through the same request path (``http.IngressState.call``: the
-handle, ``request_timeout_s``, cancellation).
+handle, ``request_timeout_s``, cancellation). A method that declares ``grpc_context`` is called
+through its entry (``api.grpc_context``), as a stream of its answer and then what it set on Serve's
+``RayServegRPCContext``: its code, details and trailing metadata end the call (``_apply``).
+
+The services are looked up at each call (``_Services``, the server's one handler of them), so a
+running proxy serves services added later (``set_services``; ``HttpIngress.set_grpc_services``,
+``control.proxies.Proxies.set_grpc``) without a restart of its server or of any application.
 
 Errors map to status codes: bytes that are not the method's request message ``INVALID_ARGUMENT``,
 a message above ``max_body_bytes`` (or metadata above ``max_header_bytes``) ``RESOURCE_EXHAUSTED``,
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -43,7 +50,10 @@ from grpc_health.v1.health import aio as health_aio
 import rankcore as rc
 
 from ..api.context import RequestContext
+from ..api.grpc_context import GrpcState, RayServegRPCContext, entry_name
 from .access import request_id_of
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
            "code_of"]
@@ -70,6 +80,19 @@ class _Keeper:
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         self.services[service] = dict(handlers)
+
+
+class _Services(grpc.GenericRpcHandler):
+    """The server's one handler of the users' services: the method handlers by full name
+    (``/package.Service/Method``), looked up at each call, so services added to a running proxy
+    (``GrpcFront.set_services``) are served at once: gRPC's own generic handlers may be added only
+    before the server starts."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+
+    def service(self, handler_call_details: Any) -> Any:
+        return self.handlers.get(handler_call_details.method)
 
 
 #: the metadata key a call names its multiplexed model with (Serve's gRPC proxy reads the same)
@@ -146,6 +169,17 @@ def code_of(status: int) -> grpc.StatusCode:
     return _CODES.get(status, grpc.StatusCode.INTERNAL)
 
 
+def _error_code(code: Any) -> grpc.StatusCode | None:
+    """``code`` when it is a ``grpc.StatusCode`` other than ``OK`` (a method's ``grpc_context`` code that
+    ends the call), else None."""
+    return code if isinstance(code, grpc.StatusCode) and code != grpc.StatusCode.OK else None
+
+
+def _request_of(name: str, note: dict) -> RequestContext:
+    """The replica's request context of a call (``_note_of``'s note)."""
+    return RequestContext(request_id=note["request_id"], app_name=name, multiplexed_model_id=note["model"])
+
+
 class GrpcFront:
     """The proxy's gRPC server: one ``grpc.aio`` server on the HTTP server's loop."""
 
@@ -155,7 +189,10 @@ class GrpcFront:
         self.ingress = ingress
         #: http._cancel, handed in: this module does not import http.py, which starts it
         self._cancel = cancel
-        self.services = servicer_methods(servicer_functions)
+        self.services: dict[str, dict[str, Any]] = {}
+        self.servicer_functions: tuple[str, ...] = ()
+        self._services = _Services()
+        self.set_services(servicer_functions)
         self.server: aio.Server | None = None
         self.health = health_aio.HealthServicer()
         self.codes: Counter[str] = Counter()  # answers by status code name
@@ -163,9 +200,7 @@ class GrpcFront:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         server = self.server = aio.server(options=self.options())
-        for service, methods in sorted(self.services.items()):
-            handlers = {name: self._handler(name, h) for name, h in methods.items()}
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        server.add_generic_rpc_handlers((self._services,))
         api = {"ListApplications": grpc.unary_unary_rpc_method_handler(
                    self._list, request_deserializer=self._read(empty_pb2.Empty.FromString),
                    response_serializer=struct_pb2.ListValue.SerializeToString),
@@ -182,6 +217,15 @@ class GrpcFront:
         await server.start()
         self.address = (host, bound)
         return self.address
+
+    def set_services(self, servicer_functions: Sequence[str]) -> None:
+        """Serve the services of ``servicer_functions`` from now on (the running server included: calls
+        under way keep their method; the API and health services are the server's own)."""
+        services = servicer_methods(servicer_functions)
+        handlers = {f"/{service}/{name}": self._handler(name, h)
+                    for service, methods in services.items() for name, h in methods.items()}
+        self.services, self.servicer_functions = services, tuple(servicer_functions)
+        self._services.handlers = handlers
 
     def options(self) -> list[tuple[str, Any]]:
         """The server's channel options: the HTTP side's limits, as gRPC's own (read when it starts):
@@ -270,19 +314,32 @@ class GrpcFront:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, unknown)
 
     async def _failed(self, exc: BaseException, name: str, method: str, context: aio.ServicerContext,
-                      note: dict | None = None) -> None:
+                      note: dict | None = None, state: GrpcState | None = None) -> None:
         """Abort with the error's code and ``status_of``'s detail (never a traceback: that goes to the
-        proxy's log under the request id, ``IngressState.failed``)."""
-        status, _error, detail = self.ingress.failed(exc, name, method, note)
+        proxy's log under the request id, ``IngressState.failed``). ``state``: what a method taking
+        ``grpc_context`` set before it raised: its trailing metadata is sent, and the code it set (not
+        ``OK``) ends the call instead of ``INTERNAL``, with the details it set or else the error's (Serve's)."""
+        status, error, detail = self.ingress.failed(exc, name, method, note)
         code = code_of(status)
+        if state is not None:
+            self._trailing(state, context)
+            if error == "application_error" and _error_code(state.code) is not None:
+                code, detail = state.code, state.details or detail
         self.codes[code.name] += 1
         await context.abort(code, detail[-4000:])
+
+    def _takes_context(self, name: str, method: str) -> bool:
+        """Whether ``method`` of ``name`` declares ``grpc_context`` (called through its entry)."""
+        reach = self.ingress.methods.get(name)
+        return reach is not None and method in getattr(reach, "grpc_context", ())
 
     async def _unary(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         name = await self._app_or_abort(context)
         note = _note_of(name, context)
         await self._method_or_abort(name, method, context)
+        if self._takes_context(name, method):
+            return await self._unary_with_context(name, method, request, context, note)
         self.ingress.ongoing += 1  # (what a drain waits for, as HTTP requests)
         try:
             value = await self.ingress.call(name, method, (request,), {}, note=note)
@@ -301,6 +358,10 @@ class GrpcFront:
         name = await self._app_or_abort(context)
         note = _note_of(name, context)
         await self._method_or_abort(name, method, context)
+        if self._takes_context(name, method):
+            async for item in self._stream_with_context(name, method, request, context, note):
+                yield item
+            return
         ingress = self.ingress
         response = None
         ended = False
@@ -308,8 +369,7 @@ class GrpcFront:
         try:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
-                                          RequestContext(request_id=note["request_id"], app_name=name,
-                                                         multiplexed_model_id=note["model"]))
+                                          _request_of(name, note))
             async for item in response:
                 yield item
             ended = True
@@ -324,6 +384,124 @@ class GrpcFront:
             if not ended and response is not None:
                 self._cancel(response)
         self.codes["OK"] += 1
+
+    # ------------------------------------------------- methods taking grpc_context
+    async def _send_to_entry(self, name: str, method: str, request: Any, context: aio.ServicerContext,
+                             note: dict) -> Any:
+        """The call of ``method``'s entry (``api.grpc_context``): a stream of the method's answer, then
+        what it set on the ``RayServegRPCContext`` made here from the call's context."""
+        ingress = self.ingress
+        handle = ingress.handles[name].options(stream=True, method_name=entry_name(method))
+        return await ingress.send(handle, name, (request, RayServegRPCContext(context)), {},
+                                  ingress.request_timeout_s, _request_of(name, note))
+
+    async def _unary_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
+                                  note: dict) -> Any:
+        """A unary call of a method taking ``grpc_context``: its one answer within ``request_timeout_s``,
+        then what it set applied (``_apply``)."""
+        ingress = self.ingress
+        answers: list[Any] = []
+        state: GrpcState | None = None
+        failure: list[BaseException] = []
+        response: Any = None
+
+        async def collect() -> None:
+            nonlocal response, state
+            try:
+                response = await self._send_to_entry(name, method, request, context, note)
+                async for item in response:
+                    if isinstance(item, GrpcState):
+                        state = item
+                    else:
+                        answers.append(item)
+            except Exception as exc:  # (the application's, a dead replica ...: answered below)
+                failure.append(exc)
+
+        timeout = ingress.request_timeout_s
+        ingress.ongoing += 1
+        try:
+            await asyncio.wait_for(collect(), timeout)
+        except asyncio.TimeoutError:  # (only its own: collect keeps every error it meets)
+            if response is not None:
+                self._cancel(response)
+            failure.append(rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                             deployment=name))
+        except asyncio.CancelledError:  # the client cancelled (or its deadline passed)
+            self.codes["CANCELLED"] += 1
+            if response is not None:
+                self._cancel(response)
+            raise
+        finally:
+            ingress.ongoing -= 1
+        if not failure and len(answers) != 1:
+            failure.append(TypeError(f"{name}.{method} gave {len(answers)} answers to a unary gRPC call (a "
+                                     f"generator method is a server-streaming RPC)"))
+        if failure:
+            await self._failed(failure[0], name, method, context, note, state)
+        await self._apply(state, context, stream=False)
+        self.codes["OK"] += 1
+        return answers[0]
+
+    async def _stream_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
+                                   note: dict) -> Any:
+        """A server-streaming call of a method taking ``grpc_context``: its items as they come, then
+        what it set applied (``_apply``)."""
+        ingress = self.ingress
+        state: GrpcState | None = None
+        failure: BaseException | None = None
+        response: Any = None
+        ended = False
+        ingress.ongoing += 1
+        try:
+            response = await self._send_to_entry(name, method, request, context, note)
+            async for item in response:
+                if isinstance(item, GrpcState):
+                    state = item
+                else:
+                    yield item
+            ended = True
+        except asyncio.CancelledError:
+            self.codes["CANCELLED"] += 1
+            raise
+        except Exception as exc:
+            ended = True
+            failure = exc
+        finally:
+            ingress.ongoing -= 1
+            if not ended and response is not None:
+                self._cancel(response)
+        if failure is not None:
+            await self._failed(failure, name, method, context, note, state)
+        await self._apply(state, context, stream=True)
+        self.codes["OK"] += 1
+
+    def _trailing(self, state: GrpcState, context: aio.ServicerContext) -> None:
+        """The trailing metadata the method set (with the call's ``request_id``), where gRPC takes it."""
+        if state.trailing_metadata:
+            try:
+                context.set_trailing_metadata(tuple((k, v) for k, v in state.trailing_metadata))
+            except Exception as exc:  # (keys gRPC refuses ...: logged, the request id kept)
+                log.warning("the trailing metadata a method set was not sent: %r (%s)", state.trailing_metadata, exc)
+
+    async def _apply(self, state: GrpcState | None, context: aio.ServicerContext, stream: bool) -> None:
+        """End a call as the method's ``grpc_context`` says (Serve's ``_set_on_grpc_context``): its
+        trailing metadata, compression (a unary call's) and details; a code other than ``OK`` aborts
+        the call with it (a unary call's answer is not sent)."""
+        if state is None:
+            return
+        self._trailing(state, context)
+        if state.compression is not None and not stream:
+            context.set_compression(state.compression)
+        if state.code is not None and state.code != grpc.StatusCode.OK:
+            code = _error_code(state.code)
+            details = state.details or ""
+            if code is None:
+                code, details = grpc.StatusCode.INTERNAL, f"grpc_context.set_code takes a grpc.StatusCode, " \
+                                                          f"got {state.code!r}"
+            self.codes[code.name] += 1
+            await context.abort(code, details)
+        if state.details:
+            context.set_details(state.details)
 
     # ------------------------------------------------------------- the API
     async def _list(self, request: Any, context: aio.ServicerContext) -> Any:

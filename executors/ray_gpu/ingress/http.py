@@ -1520,6 +1520,7 @@ class HttpIngress:
         #: gRPC beside HTTP (grpc_proxy.py), on the same loop, when servicer functions are given
         self.grpc: Any = None
         self.grpc_error: BaseException | None = None
+        self._grpc_lock = threading.Lock()  # (``set_grpc_services``: one at a time)
         if grpc_servicer_functions and grpc_port is not None:
             from .grpc_proxy import GrpcFront
 
@@ -1565,6 +1566,25 @@ class HttpIngress:
         """The gRPC server's address (None: this proxy serves no gRPC)."""
         self.ready()
         return self.grpc.address if self.grpc is not None else None
+
+    def set_grpc_services(self, grpc_port: int | None, servicer_functions: tuple[str, ...]) -> tuple[str, int]:
+        """Serve the services of ``servicer_functions`` over gRPC from now on (``Proxies.set_grpc``): the
+        running gRPC server learns them at once (``GrpcFront.set_services``); a proxy that serves no gRPC
+        starts its gRPC server on ``grpc_port`` (0 or None: any free port), on the same loop. HTTP and
+        the calls under way are untouched. Its gRPC address."""
+        from .grpc_proxy import GrpcFront
+
+        self.ready()
+        with self._grpc_lock:
+            if self.grpc is not None:
+                self.grpc.set_services(tuple(servicer_functions))
+                return self.grpc.address
+            front = GrpcFront(self.state, tuple(servicer_functions), _cancel)
+            asyncio.run_coroutine_threadsafe(front.start(self.state.address[0], grpc_port or 0), self.loop).result(30)
+            if self.state.draining:
+                asyncio.run_coroutine_threadsafe(front.draining(True), self.loop).result(10)
+            self.grpc = front
+            return front.address
 
     def stack_info(self) -> dict:
         """Its event loop and HTTP parser (``server_stack``)."""
@@ -1869,13 +1889,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     else:
         if proxy_location is not None or proxy_options is not None:  # (where they run may change)
             ray.get(controller_actor().set_proxy_options.remote(options))
-        if servicers:  # (gRPC asked of proxies that run: with these very services, or refused)
-            running = ray.get(controller_actor().proxy_settings.remote())
-            if running is not None and (running.grpc_servicer_functions != servicers
-                                        or (asked_port not in (None, 0) and asked_port != running.grpc_port)):
-                raise rc.InvalidConfig(f"the proxies already run with grpc_servicer_functions="
-                                       f"{list(running.grpc_servicer_functions)} on grpc_port={running.grpc_port}, "
-                                       f"not {list(servicers)} (one set of proxies per cluster: reset first)")
+        if servicers:  # (gRPC asked of proxies that run: services they lack are added, on their gRPC port)
+            _add_grpc_services(servicers, asked_port, grpc_port)
     deadline = time.monotonic() + 60.0
     while True:
         try:
@@ -1911,6 +1926,34 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
         _configure_all(actor, max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s,
                        enable_access_log=enable_access_log, **connection)
     return actor, tuple(address)
+
+
+def _add_grpc_services(servicers: tuple[str, ...], asked_port: int | None, grpc_port: int | None) -> None:
+    """(``start_ingress``, proxies running.) Services of ``servicers`` the proxies lack are served by
+    them from now on, applications untouched (``Proxies.set_grpc``; gRPC started on ``grpc_port`` where
+    it was off); another port than their gRPC one, or a set that leaves one of theirs out, is refused."""
+    import attrs
+
+    from ..control.controller import controller_actor
+    from .grpc_proxy import servicer_methods
+
+    running = ray.get(controller_actor().proxy_settings.remote())
+    if running is None:
+        return
+    if running.grpc_port is not None and asked_port not in (None, 0) and asked_port != running.grpc_port:
+        raise rc.InvalidConfig(f"the proxies serve gRPC on grpc_port={running.grpc_port}, not {asked_port} (one "
+                               f"gRPC port a cluster: leave grpc_port out to add services to them)")
+    if set(servicers) == set(running.grpc_servicer_functions):
+        return
+    servicer_methods(servicers)  # (each registers a service: refused here, not in every proxy)
+    settings = attrs.evolve(running, grpc_servicer_functions=tuple(servicers),
+                            grpc_port=running.grpc_port if running.grpc_port is not None else grpc_port)
+    try:
+        ray.get(controller_actor().start_proxies.remote(settings, set_options=False))
+    except RayTaskError as exc:
+        if isinstance(exc.cause, rc.RankcoreError):
+            raise exc.cause from None
+        raise
 
 
 def proxies(timeout: float = 60.0) -> dict:

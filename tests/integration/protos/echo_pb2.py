@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tests/integration/protos/echo.proto\x12\rrankcore.test\"7\n\x0b\x45\x63hoRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\t\n\x01n\x18\x03 \x01(\x05\"*\n\tEchoReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t2\xc1\x01\n\x04\x45\x63ho\x12;\n\x03Say\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReply\x12?\n\x05\x43ount\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReply0\x01\x12;\n\x03Nap\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#tests/integration/protos/echo.proto\x12\rrankcore.test\"7\n\x0b\x45\x63hoRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\t\n\x01n\x18\x03 \x01(\x05\"*\n\tEchoReply\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t2\xc1\x01\n\x04\x45\x63ho\x12;\n\x03Say\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReply\x12?\n\x05\x43ount\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReply0\x01\x12;\n\x03Nap\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReply2E\n\x05Shout\x12<\n\x04Loud\x12\x1a.rankcore.test.EchoRequest\x1a\x18.rankcore.test.EchoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,4 +37,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ECHOREPLY']._serialized_end=153
   _globals['_ECHO']._serialized_start=156
   _globals['_ECHO']._serialized_end=349
+  _globals['_SHOUT']._serialized_start=351
+  _globals['_SHOUT']._serialized_end=420
 # @@protoc_insertion_point(module_scope)

@@ -181,3 +181,75 @@ class Echo:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ShoutStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Loud = channel.unary_unary(
+                '/rankcore.test.Shout/Loud',
+                request_serializer=tests_dot_integration_dot_protos_dot_echo__pb2.EchoRequest.SerializeToString,
+                response_deserializer=tests_dot_integration_dot_protos_dot_echo__pb2.EchoReply.FromString,
+                _registered_method=True)
+
+
+class ShoutServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Loud(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ShoutServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Loud': grpc.unary_unary_rpc_method_handler(
+                    servicer.Loud,
+                    request_deserializer=tests_dot_integration_dot_protos_dot_echo__pb2.EchoRequest.FromString,
+                    response_serializer=tests_dot_integration_dot_protos_dot_echo__pb2.EchoReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rankcore.test.Shout', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('rankcore.test.Shout', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Shout:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Loud(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rankcore.test.Shout/Loud',
+            tests_dot_integration_dot_protos_dot_echo__pb2.EchoRequest.SerializeToString,
+            tests_dot_integration_dot_protos_dot_echo__pb2.EchoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
