@@ -998,6 +998,29 @@ def status(address: str | None, connect_timeout: float, as_json: bool) -> None:
         sys.exit(1)
 
 
+@main.command("config")
+@_ADDRESS
+@_CONNECT_TIMEOUT
+@click.option("--name", "-n", "app_name", help="Only this application's config.")
+def config_command(address: str | None, connect_timeout: float, app_name: str | None) -> None:
+    """The config each application was applied with (Ray Serve's `serve config`): one YAML
+    document per application, its entry as `rankcore deploy` took it."""
+    _connect(address, connect_timeout)
+    from .ray_gpu.control import apps
+
+    applied = apps.applied_apps()
+    if app_name is not None:
+        if app_name not in applied:
+            click.echo(f'No config has been deployed for application "{app_name}".')
+            return
+        applied = {app_name: applied[app_name]}
+    if not applied:
+        click.echo("No configuration was found.")  # (Ray Serve's words)
+        return
+    entries = [{k: v for k, v in a.config.items() if v or k != "deployments"} for a in applied.values()]
+    click.echo(yaml.safe_dump_all(entries, sort_keys=False), nl=False)
+
+
 #: the terminal width from which ``rankcore status``'s replica table has a pid column
 PID_COLUMN_FROM = 120
 
