@@ -82,6 +82,21 @@ def test_what_call_returns_is_answered_as_serve_answers_it(value, status, ctype,
     assert got[1]["content-type"] == ctype
 
 
+def test_a_call_that_takes_no_argument_gets_no_request():
+    class NoArgs:
+        def __call__(self):
+            return "no request"
+
+    class Star:
+        async def __call__(self, *args):
+            return len(args)
+
+    asgi.request_ingress(NoArgs)
+    asgi.request_ingress(Star)
+    assert _answer(run(_batches(NoArgs(), _scope("GET", "/n", "/n")))) [2] == b"no request"
+    assert _answer(run(_batches(Star(), _scope("GET", "/s", "/s"))))[2] == b"1"
+
+
 def test_a_generator_from_call_is_a_clear_error_and_a_streaming_response_streams():
     class Gen:
         async def __call__(self, request):

@@ -210,19 +210,28 @@ async def _request_app(instance: Any, scope: dict, receive: Any, send: Any) -> N
     request's context), so one slow request does not hold the replica's loop."""
     from starlette.requests import Request
 
-    request = Request(scope, receive)
     fn = instance.__call__
+    args = (Request(scope, receive),) if _takes_args(fn) else ()  # (Serve: no Request for a __call__(self))
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__func__", None)):
-        result = await fn(request)
+        result = await fn(*args)
     else:
         ctx = contextvars.copy_context()
-        result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn, request)
+        result = await asyncio.get_running_loop().run_in_executor(None, ctx.run, fn, *args)
         if inspect.isawaitable(result):
             result = await result
     if inspect.isgenerator(result) or inspect.isasyncgen(result):
         raise TypeError(f"{type(instance).__name__}.__call__ returned a generator: over HTTP, return a starlette "
                         f"StreamingResponse of it (a handle call takes the generator with stream=True)")
     await response_of(result)(scope, receive, send)
+
+
+def _takes_args(fn: Any) -> bool:
+    """Whether a bound ``__call__`` takes an argument (Serve's ``takes_any_args``: a ``__call__(self)``
+    is called with none)."""
+    try:
+        return bool(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - (a builtin: given the request)
+        return True
 
 
 def response_of(result: Any) -> Any:
