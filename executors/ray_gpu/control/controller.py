@@ -109,13 +109,15 @@ class Controller:
 
     # ------------------------------------------------------------ metrics (issue 37)
     def _start_metrics(self) -> ControllerMetrics:
-        """Prometheus metrics (``metrics.ControllerMetrics``): told every step (a driver observer)
-        and every weights move carried out (beside the recorder, which is told them too)."""
+        """Prometheus metrics (``metrics.ControllerMetrics``): told every step (a driver observer),
+        every health check's time (the watcher's) and every weights move carried out (beside the
+        recorder, which is told them too)."""
         import ray
 
         actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
         metrics = ControllerMetrics(actor_id=actor_id or "")
         self.ledger.driver.observers.append(metrics.observe)
+        self.watcher.on_check_time = metrics.health_checked
         recorder_told = self.ledger.on_transfer
 
         def transferred(deployment: str, what: str, nbytes: int) -> None:

@@ -4,20 +4,23 @@ Three kinds of process export metrics, each into a ``CollectorRegistry`` of its 
 prometheus_client's global one, so two ingresses or two tests never clash):
 
 * the HTTP ingress (the data path, Ray Serve's proxy): requests, errors and latency per
-  route and deployment, requests in flight, the deployments' queues
+  route and deployment, requests in flight, the deployments' queues; its gRPC calls the same
   (``IngressMetrics``);
 * each replica (Serve counts these in the replica too, so a handle call made from Python is
   counted as an HTTP one is): calls answered and failed, the time in the user's method, calls
-  in flight (``ReplicaMetrics``); the ingress's ``/metrics`` gathers them (``merged``);
-* the controller: replica health, target and current replicas, the controller's loop time,
-  and what only rankcore knows: rank reassignments, reconfigures by reason, tier moves and
+  in flight, its constructor's time (``ReplicaMetrics``); the ingress's ``/metrics`` gathers them
+  (``merged``);
+* the controller: replica health, target and current replicas, the controller's loop time, the
+  replicas' start, reconfigure, stop and health-check times, the applications' status, and what
+  only rankcore knows: rank reassignments, reconfigures by reason, tier moves and
   the bytes they moved, weights pushes (``ControllerMetrics``). It counts what the core
   decided (a driver observer reads each ``Step``'s compactions and commands); it decides
   nothing.
 
 Where Ray Serve has a metric for the same thing, ours has Serve's exact name and labels
 (read from ``ray/serve/_private``, Ray 2.60: ``request_ingress_metrics.py``, ``replica.py``,
-``router.py``, ``deployment_state.py``, ``autoscaling_state.py``, ``controller.py``; Ray adds the
+``router.py``, ``deployment_state.py``, ``autoscaling_state.py``, ``controller.py``, ``application_state.py``;
+Ray adds the
 ``ray_`` prefix and a counter's ``_total``), so a Serve dashboard's queries read ours. The rest are
 ``rankcore_*``. The label values of ``application`` are the application's name (``serve.run``'s
 ``name``, a config file's ``applications[].name``: ``appnames``), the deployment's own name for a
@@ -27,7 +30,8 @@ and Ray Serve's every metric with what rankcore exports of it ("Ray Serve's metr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -38,10 +42,12 @@ import rankcore as rc
 
 from ...scenarios.metrics import moved_levels
 from .appnames import of as _app
+from .appnames import table as _apps_table
 
 __all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
-           "merged", "CONTENT_TYPE", "DEPLOYMENT_STATUS_NUMERIC"]
+           "merged", "CONTENT_TYPE", "DEPLOYMENT_STATUS_NUMERIC", "APPLICATION_STATUS_NUMERIC",
+           "REPLICA_LIFECYCLE_BUCKETS_MS", "application_status"]
 
 #: the exposition's media type (Prometheus text format 0.0.4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,6 +55,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: Ray Serve's request latency buckets (``DEFAULT_LATENCY_BUCKET_MS``), in ms
 LATENCY_BUCKETS_MS: tuple[float, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000,
                                          60000, 120000, 300000, 600000)
+#: Serve's replica startup, initialization and shutdown buckets (``DEFAULT_REPLICA_STARTUP_SHUTDOWN_LATENCY_BUCKETS_MS``),
+#: in ms
+REPLICA_LIFECYCLE_BUCKETS_MS: tuple[float, ...] = (5, 20, 50, 100, 250, 500, 1000, 2000, 5000, 10000, 20000, 30000,
+                                                   60000, 120000, 240000)
 #: Serve's batch utilization buckets (``DEFAULT_BATCH_UTILIZATION_BUCKETS_PERCENT``), in %
 BATCH_UTILIZATION_BUCKETS: tuple[float, ...] = (5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99, 100)
 #: Serve's batch size buckets (``DEFAULT_BATCH_SIZE_BUCKETS``)
@@ -99,6 +109,20 @@ INGRESS_METRICS: tuple[MetricSpec, ...] = (
            "End-to-end latency of HTTP requests, measured in the ingress (ms).", buckets=LATENCY_BUCKETS_MS),
     _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
            "HTTP requests the ingress is answering now."),
+    # gRPC: Serve's ``request_ingress_metrics.py`` makes the five above once more for gRPC; its proxy labels
+    # a call with its full method name (``/package.Service/Method``), the application as its route, and
+    # the gRPC code's name as its status (``OK``, ``NOT_FOUND``, ...)
+    _serve("ray_serve_num_grpc_requests", "counter", ("route", "method", "application", "status_code"),
+           "gRPC calls answered by the proxy (status_code: the gRPC code's name)."),
+    _serve("ray_serve_num_grpc_error_requests", "counter", ("route", "error_code", "method", "application"),
+           "gRPC calls answered with a code other than OK."),
+    _serve("ray_serve_num_deployment_grpc_error_requests", "counter",
+           ("deployment", "error_code", "method", "route", "application"),
+           "gRPC calls answered with a code other than OK, per deployment."),
+    _serve("ray_serve_grpc_request_latency_ms", "histogram", ("method", "route", "application", "status_code"),
+           "End-to-end latency of gRPC calls, measured in the proxy (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_num_ongoing_grpc_requests", "gauge", ("node_id", "node_ip_address"),
+           "gRPC calls to an application the proxy is answering now."),
     _serve("ray_serve_deployment_queued_queries", "gauge", ("deployment", "application", "handle", "actor_id"),
            "Requests waiting in the ingress's router for a replica (at scrape time)."),
     _serve("ray_serve_num_ongoing_requests_at_replicas", "gauge", ("deployment", "application", "handle", "actor_id"),
@@ -128,6 +152,11 @@ REPLICA_METRICS: tuple[MetricSpec, ...] = (
     _serve("ray_serve_deployment_replica_starts", "counter", ("deployment", "replica", "application"),
            "Starts of this replica's process: 1 once its actor is constructed (Serve counts it in the replica's "
            "constructor too; a new process, a new series)."),
+    # Serve's controller records it (``deployment_state.py``, labels deployment and application) from what
+    # the replica measured; here the replica exports it itself, so each replica's series has its ``replica``
+    _serve("ray_serve_replica_initialization_latency_ms", "histogram", ("deployment", "replica", "application"),
+           "Time the replica's user constructor took (and its ASGI app's startup) (ms); once per replica process.",
+           buckets=REPLICA_LIFECYCLE_BUCKETS_MS),
     # batching (``@batch``): Serve's ``batching.py`` names, per batched method (``function_name``)
     _serve("ray_serve_batch_wait_time_ms", "histogram", _BATCH,
            "Time a batch waited to fill: from its first request to its close (ms).", buckets=LATENCY_BUCKETS_MS),
@@ -170,6 +199,20 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(name="ray_serve_health_check_failures", kind="counter", labels=("deployment", "replica", "application"),
                doc="Health checks a replica failed (its check raised or timed out), as the controller fed them to "
                    "the core (HealthChecked, healthy=False).", serve="ray_serve_health_check_failures_total"),
+    _serve("ray_serve_health_check_latency_ms", "histogram", _DEP,
+           "Time the controller's health check of a replica took: answered or timed out (ms).",
+           buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_replica_startup_latency_ms", "histogram", _DEP,
+           "Time from a replica's start (StartReplica carried out) to its ready (ReplicaReady) (ms).",
+           buckets=REPLICA_LIFECYCLE_BUCKETS_MS),
+    _serve("ray_serve_replica_reconfigure_latency_ms", "histogram", _DEP,
+           "Time from a ReconfigureReplica sent to its answer (ReplicaReconfigured) (ms).", buckets=LATENCY_BUCKETS_MS),
+    _serve("ray_serve_replica_shutdown_duration_ms", "histogram", _DEP,
+           "Time from a StopReplica sent to the replica stopped (ReplicaStopped) (ms).",
+           buckets=REPLICA_LIFECYCLE_BUCKETS_MS),
+    _serve("ray_serve_application_status", "gauge", ("application",),
+           "The application's status (the one rankcore status shows) in Serve's numbers: 0 unknown, 1 DEPLOY_FAILED, "
+           "2 UNHEALTHY, 3 NOT_STARTED, 4 DELETING, 5 DEPLOYING, 6 RUNNING."),
     MetricSpec(name="rankcore_deployment_replicas", kind="gauge", labels=(*_DEP, "phase"),
                doc="The deployment's replicas now, by lifecycle phase (Serve has no gauge of current replicas)."),
     _serve("ray_serve_controller_control_loop_duration_s", "gauge", (),
@@ -221,12 +264,14 @@ def _is_error(status: int) -> bool:
 
 
 class IngressMetrics:
-    """The ingress's metrics: one ``request`` per HTTP request answered; the ongoing gauge
-    moves as requests come and go; the queue gauges are read from the handles at scrape."""
+    """The ingress's metrics: one ``request`` per HTTP request answered, one ``grpc_request`` per gRPC
+    call; the ongoing gauges move as requests come and go; the queue gauges are read from the handles
+    at scrape."""
 
     def __init__(self, node_id: str = "", node_ip: str = "") -> None:
         self.registry, self.m = build(INGRESS_METRICS)
         self._ongoing = self.m["ray_serve_num_ongoing_http_requests"].labels(node_id, node_ip)
+        self._grpc_ongoing = self.m["ray_serve_num_ongoing_grpc_requests"].labels(node_id, node_ip)
 
     def started(self) -> None:
         self._ongoing.inc()
@@ -243,6 +288,24 @@ class IngressMetrics:
         if _is_error(status):
             m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
             m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
+
+    def grpc_started(self) -> None:
+        self._grpc_ongoing.inc()
+
+    def grpc_ended(self) -> None:
+        self._grpc_ongoing.dec()
+
+    def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
+        """One gRPC call answered, as Serve's gRPC proxy records it: ``method`` its full name
+        (``/package.Service/Method``), ``code`` the gRPC code's name it ended with (``OK``, ``NOT_FOUND``
+        ...: any other than ``OK`` is an error), the application both the ``route`` and the
+        ``application`` label (``deployment`` ``""``: no application matched, both ``""``)."""
+        m, app = self.m, _app(deployment)
+        m["ray_serve_num_grpc_requests"].labels(app, method, app, code).inc()
+        m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, code).observe(latency_ms)
+        if code != "OK":
+            m["ray_serve_num_grpc_error_requests"].labels(app, code, method, app).inc()
+            m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, code, method, app, app).inc()
 
     def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
         """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""
@@ -289,6 +352,10 @@ class ReplicaMetrics:
 
     def ended(self) -> None:
         self._ongoing.dec()
+
+    def initialized(self, ms: float) -> None:
+        """The user's constructor ended, after ``ms`` (once per replica process)."""
+        self.m["ray_serve_replica_initialization_latency_ms"].labels(self.deployment, self.replica, self.app).observe(ms)
 
     def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
         m, dep, rid, app = self.m, self.deployment, self.replica, self.app
@@ -370,21 +437,54 @@ DEPLOYMENT_STATUS_NUMERIC: dict[str, int] = {"DEPLOY_FAILED": 1, "UNHEALTHY": 2,
                                              "DOWNSCALING": 5, "HEALTHY": 6}
 
 
+#: Serve's ``ApplicationStatus.to_numeric`` (``ray/serve/schema.py``, Ray 2.60); another word: 0
+APPLICATION_STATUS_NUMERIC: dict[str, int] = {"DEPLOY_FAILED": 1, "UNHEALTHY": 2, "NOT_STARTED": 3, "DELETING": 4,
+                                              "DEPLOYING": 5, "RUNNING": 6}
+
+
+def application_status(statuses: Iterable[str]) -> str:
+    """An application's status (Serve's ``ApplicationStatus`` word) from its deployments' as ``rankcore
+    status`` shows them (the core's status; ``DELETING`` for one being deleted): ``control/apps.py``'s
+    rule (``_app_status``), written again here because apps.py imports the ingress, which imports this
+    module; tests/unit/test_metrics_more.py holds the two to the same answers."""
+    seen = set(statuses)
+    if "UNHEALTHY" in seen:
+        return "UNHEALTHY"
+    if "DEPLOY_FAILED" in seen:
+        return "DEPLOY_FAILED"
+    if seen == {"HEALTHY"}:
+        return "RUNNING"
+    return "DELETING" if "DELETING" in seen else "DEPLOYING"
+
+
 class ControllerMetrics:
     """The controller's metrics. ``observe`` is a driver observer (after every step);
     ``transferred`` is told of each weights move carried out; ``loop`` of each cluster pass;
-    ``refresh(state)`` sets the gauges that read the state, just before a scrape."""
+    ``health_checked`` of each health check's time; ``refresh(state)`` sets the gauges that read the
+    state, just before a scrape. ``clock`` (seconds, monotonic) times a replica's start, reconfigure
+    and stop: from the step that ordered it to the step its answer was fed in."""
 
-    def __init__(self, actor_id: str = "") -> None:
+    def __init__(self, actor_id: str = "", clock: Callable[[], float] = time.monotonic) -> None:
         self.registry, self.m = build(CONTROLLER_METRICS)
         self.actor_id = actor_id
         self.loops = 0
+        self.clock = clock
+        #: replica id -> (when, deployment) of its StartReplica / StopReplica, until its answer
+        self._starting: dict[str, tuple[float, str]] = {}
+        self._stopping: dict[str, tuple[float, str]] = {}
+        #: replica id -> (when, deployment, version) of its last ReconfigureReplica, until answered
+        self._reconfiguring: dict[str, tuple[float, str, int]] = {}
 
     def observe(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         """What the core decided in one step: compactions (each rank change, by level), and its
-        reconfigure, tier and weights commands."""
+        reconfigure, tier and weights commands; and how long a replica's start, reconfigure or stop
+        took, from the step that ordered it to this one, which its answer fed (O(1) a step, but for
+        the commands it gave)."""
         m = self.m
         m["rankcore_core_steps"].inc()
+        kind = type(event)
+        if kind in _ANSWERS:
+            self._answered(kind, event, result.stale)
         for comp in result.compactions:
             m["rankcore_compactions"].labels(comp.deployment, _app(comp.deployment)).inc()
             for ch in comp.changes:
@@ -393,7 +493,15 @@ class ControllerMetrics:
         for cmd in result.commands:
             kind = type(cmd)
             move = _MOVES.get(kind)
-            if kind is rc.ReconfigureReplica:
+            if kind is rc.StartReplica:
+                self._starting[cmd.replica_id] = (self.clock(), cmd.deployment)
+            elif kind is rc.StopReplica:
+                rid = cmd.replica_id
+                self._stopping[rid] = (self.clock(), cmd.deployment)
+                self._starting.pop(rid, None)  # (stopped before it was ready, or while it reconfigured:
+                self._reconfiguring.pop(rid, None)  # no answer to time)
+            elif kind is rc.ReconfigureReplica:
+                self._reconfiguring[cmd.replica_id] = (self.clock(), cmd.deployment, cmd.version)
                 m["rankcore_reconfigures"].labels(cmd.deployment, _app(cmd.deployment), cmd.reason).inc()
             elif kind is rc.UpdateWeights:
                 m["rankcore_weight_updates"].labels(cmd.deployment, _app(cmd.deployment)).inc()
@@ -409,6 +517,37 @@ class ControllerMetrics:
             if held is not None:  # (a replica the core does not hold: no deployment to count it under)
                 m["ray_serve_health_check_failures"].labels(held, rid, _app(held)).inc()
 
+    def _answered(self, kind: type, event: Any, stale: bool) -> None:
+        """A replica's answer to a StartReplica (``ReplicaReady``), a ReconfigureReplica
+        (``ReplicaReconfigured``, of that version or a later one) or a StopReplica (``ReplicaStopped``):
+        its time observed (not for news the core found stale); a crash ends the wait for any."""
+        rid = event.replica_id
+        if kind is rc.ReplicaCrashed:
+            self._starting.pop(rid, None)
+            self._reconfiguring.pop(rid, None)
+            self._stopping.pop(rid, None)
+            return
+        if kind is rc.ReplicaReady:
+            began, name = self._starting.pop(rid, None) or (None, "")
+            metric = "ray_serve_replica_startup_latency_ms"
+        elif kind is rc.ReplicaStopped:
+            began, name = self._stopping.pop(rid, None) or (None, "")
+            metric = "ray_serve_replica_shutdown_duration_ms"
+        else:
+            sent = self._reconfiguring.get(rid)
+            if sent is None or event.version < sent[2]:
+                return  # (an answer to an older one: the last is still awaited)
+            del self._reconfiguring[rid]
+            began, name, _ = sent
+            metric = "ray_serve_replica_reconfigure_latency_ms"
+        if began is not None and not stale:
+            self.m[metric].labels(name, _app(name)).observe((self.clock() - began) * 1000.0)
+
+    def health_checked(self, deployment: str, ms: float) -> None:
+        """One health check of a replica of ``deployment`` ended after ``ms``: answered or timed out
+        (``observe.Watcher.health_checks``; Serve times no check that raised)."""
+        self.m["ray_serve_health_check_latency_ms"].labels(deployment, _app(deployment)).observe(ms)
+
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         self.m["rankcore_tier_bytes"].labels(deployment, _app(deployment), what).inc(nbytes)
 
@@ -419,18 +558,25 @@ class ControllerMetrics:
 
     def refresh(self, state: rc.State, rejected: int = 0) -> None:
         """The gauges that read the controller's state: replica health, target, status, an autoscaled
-        deployment's target ongoing requests, replicas by phase, events rejected. Cleared first, so a
-        deleted deployment's series go."""
+        deployment's target ongoing requests, replicas by phase, each application's status (from its
+        deployments the core holds: ``application_status``), events rejected. Cleared first, so a
+        deleted deployment's series go. Forgets the starts, reconfigures and stops awaited of
+        replicas the core no longer holds (lost with their node, or their deployment deleted)."""
         self.m["rankcore_rejected_events"].set(rejected)
-        healthy, target, phases, status, ongoing = (self.m["ray_serve_deployment_replica_healthy"],
-                                                    self.m["ray_serve_autoscaling_target_replicas"],
-                                                    self.m["rankcore_deployment_replicas"],
-                                                    self.m["ray_serve_deployment_status"],
-                                                    self.m["ray_serve_autoscaling_target_ongoing_requests"])
-        for g in (healthy, target, phases, status, ongoing):
+        healthy, target, phases, status, ongoing, app_status = (
+            self.m["ray_serve_deployment_replica_healthy"], self.m["ray_serve_autoscaling_target_replicas"],
+            self.m["rankcore_deployment_replicas"], self.m["ray_serve_deployment_status"],
+            self.m["ray_serve_autoscaling_target_ongoing_requests"], self.m["ray_serve_application_status"])
+        for g in (healthy, target, phases, status, ongoing, app_status):
             g.clear()
+        for waits in (self._starting, self._reconfiguring, self._stopping):
+            for rid in [rid for rid in waits if rid not in state.index]:
+                del waits[rid]
+        names = _apps_table()
+        apps: dict[str, list[str]] = {}
         for name, dep in state.deployments.items():
-            app = _app(name)
+            app = names.get(name, name)
+            apps.setdefault(app, []).append("DELETING" if dep.deleting else dep.status)
             target.labels(name, app).set(dep.target)
             status.labels(name, app).set(DEPLOYMENT_STATUS_NUMERIC.get(dep.status, 0))
             auto = dep.config.autoscaler
@@ -443,11 +589,16 @@ class ControllerMetrics:
                     healthy.labels(name, rid, app).set(1 if rep.phase in _SERVING else 0)
             for phase, n in counts.items():
                 phases.labels(name, app, phase).set(n)
+        for app, statuses in apps.items():
+            app_status.labels(app).set(APPLICATION_STATUS_NUMERIC.get(application_status(statuses), 0))
 
     def exposition(self, state: rc.State, rejected: int = 0) -> bytes:
         self.refresh(state, rejected)
         return generate_latest(self.registry)
 
+
+#: the events that answer a replica's start, reconfigure or stop (or end the wait: a crash)
+_ANSWERS = frozenset({rc.ReplicaReady, rc.ReplicaReconfigured, rc.ReplicaStopped, rc.ReplicaCrashed})
 
 _MOVES: dict[type, str] = {rc.OffloadReplica: "offload", rc.LoadReplica: "load", rc.EvictReplica: "evict",
                            rc.DropWarmCopy: "drop_warm"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -477,28 +478,42 @@ class Watcher:
         led = self.ledger
         return not led.halted and led.actor(rid) is not None and rid not in led.stopping
 
+    #: told how long each health check took (the replica's deployment, ms), answered or timed out
+    #: (Serve's ``serve_health_check_latency_ms``: a check that raised is not timed): the controller's
+    #: metrics, ``ControllerMetrics.health_checked``; None: no one is told
+    on_check_time: Callable[[str, float], None] | None = None
+
     async def health_checks(self, rid: str, actor: Any, period: float, timeout: float) -> None:
         """Every ``period`` s, ping the replica (its ``check_health`` if it has
         one), waiting up to ``timeout`` s, and report the outcome to the core:
         ``HealthChecked``, healthy or not (raised: the error; no answer in time:
-        "timed out"). The core counts and decides; the controller carries its
-        ``StopReplica`` out. A dead actor is not a failed check: its death is
+        "timed out"), and its time to ``on_check_time``. The core counts and decides; the
+        controller carries its ``StopReplica`` out. A dead actor is not a failed check: its death is
         reported by its watch (``ReplicaCrashed``)."""
         from ray.exceptions import RayActorError
 
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(period)
             if not self._checked(rid):
                 return
+            began, took = loop.time(), None
             try:
                 await asyncio.wait_for(actor.ping.remote(), timeout)
-                healthy, detail = True, ""
+                healthy, detail, took = True, "", loop.time() - began
             except asyncio.TimeoutError:
-                healthy, detail = False, "timed out"
+                healthy, detail, took = False, "timed out", loop.time() - began
             except RayActorError:
                 return  # died: the watch reports it
             except Exception as exc:
                 healthy, detail = False, f"check_health raised: {getattr(exc, 'cause', None) or exc!r}"[:500]
             if not self._checked(rid):
                 return
+            if took is not None:
+                self._check_took(rid, took)
             self.ledger.feed(rc.HealthChecked(replica_id=rid, healthy=healthy, detail=detail))
+
+    def _check_took(self, rid: str, seconds: float) -> None:
+        told, name = self.on_check_time, self.ledger.driver.state.index.get(rid)
+        if told is not None and name is not None:
+            told(name, seconds * 1000.0)

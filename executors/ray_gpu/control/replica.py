@@ -294,9 +294,12 @@ class ReplicaActor:
             return obj
 
         self._check_code()  # (no constructor of other code runs: a model load of minutes, say)
+        began = time.perf_counter()
         self.instance = await self._on_user_loop(construct())
         self._check_code()  # (and what the constructor imported)
         await self._on_user_loop(asgi.started(self.instance))  # (an ASGI ingress's app: its lifespan startup)
+        # (Serve's serve_replica_initialization_latency_ms: the constructor and its ASGI app's startup, once)
+        self.metrics.initialized((time.perf_counter() - began) * 1000.0)
         await self._in_control(self._take_weights, self.instance, weights_version, weights, device, warm, cold_path)
         if call_reconfigure:
             await self._call_reconfigure(user_config, pass_rank)

@@ -30,6 +30,12 @@ counted ``CANCELLED``). Health: the standard ``grpc.health.v1.Health`` service (
 (``google.protobuf.Empty`` in, ``google.protobuf.ListValue`` of the application names out)
 and ``/rankcore.RankcoreAPIService/Healthz`` (``StringValue`` "success"; ``UNAVAILABLE`` while
 draining), well-known types so that no stub is needed to call them.
+
+Metrics: each call of a user's service is counted in the proxy's ``IngressMetrics`` (``grpc_request``:
+Serve's ``serve_num_grpc_requests``, errors, latency; ``serve_num_ongoing_grpc_requests`` while a call to
+an application runs), labelled as Serve's gRPC proxy labels it: the method's full name, the application
+as its route, the code it ended with by name (``_Call``). The API and health services are not counted,
+as the HTTP side's ``/-/`` pages are not.
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -158,6 +166,21 @@ def servicer_methods(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
     return keeper.services
 
 
+class _Call:
+    """One call of a user's service, for the metrics (``GrpcFront._opened``/``_closed``): the deployment its
+    ``application`` metadata names (None: none), when it began, and the code it ended with (``_ended``)."""
+
+    __slots__ = ("name", "began", "code")
+
+    def __init__(self, name: str | None) -> None:
+        self.name, self.began = name, time.perf_counter()
+        self.code: str | None = None
+
+
+#: the call this task answers (grpc.aio runs each call in a task of its own): ``GrpcFront._ended`` tells it its code
+_CALL: ContextVar[_Call | None] = ContextVar("rankcore_grpc_call", default=None)
+
+
 class _Refused:
     """A request message refused as it was read (``GrpcFront._read``): the code and the detail."""
 
@@ -222,7 +245,7 @@ class GrpcFront:
         """Serve the services of ``servicer_functions`` from now on (the running server included: calls
         under way keep their method; the API and health services are the server's own)."""
         services = servicer_methods(servicer_functions)
-        handlers = {f"/{service}/{name}": self._handler(name, h)
+        handlers = {f"/{service}/{name}": self._handler(name, h, f"/{service}/{name}")
                     for service, methods in services.items() for name, h in methods.items()}
         self.services, self.servicer_functions = services, tuple(servicer_functions)
         self._services.handlers = handlers
@@ -262,7 +285,7 @@ class GrpcFront:
     async def _refuse(self, request: Any, context: aio.ServicerContext) -> None:
         """A request ``_read`` refused: answered with its code (the call ends here)."""
         if isinstance(request, _Refused):
-            self.codes[request.code.name] += 1
+            self._ended(request.code.name)
             await context.abort(request.code, request.detail)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -274,19 +297,61 @@ class GrpcFront:
                               else health_pb2.HealthCheckResponse.SERVING)
 
     # ---------------------------------------------------------------- calls
-    def _handler(self, method: str, generated: Any) -> Any:
+    def _handler(self, method: str, generated: Any, full: str) -> Any:
+        """The server's handler of ``method`` (``full``: ``/package.Service/Method``), each call measured."""
         kw = {"request_deserializer": self._read(generated.request_deserializer),
               "response_serializer": generated.response_serializer}
         if generated.unary_unary is not None:
             async def unary(request: Any, context: aio.ServicerContext) -> Any:
-                return await self._unary(method, request, context)
+                call, out = self._opened(context), None
+                try:
+                    return await self._unary(method, request, context)
+                except BaseException as exc:
+                    out = exc
+                    raise
+                finally:
+                    self._closed(call, full, out)
             return grpc.unary_unary_rpc_method_handler(unary, **kw)
         if generated.unary_stream is not None:
             async def stream(request: Any, context: aio.ServicerContext) -> Any:
-                async for item in self._stream(method, request, context):
-                    yield item
+                call, out = self._opened(context), None
+                try:
+                    async for item in self._stream(method, request, context):
+                        yield item
+                except BaseException as exc:  # (GeneratorExit too: the client went while an item was sent)
+                    out = exc
+                    raise
+                finally:
+                    self._closed(call, full, out)
             return grpc.unary_stream_rpc_method_handler(stream, **kw)
         raise rc.InvalidConfig(f"gRPC method {method!r}: only unary and server-streaming calls are served")
+
+    # ------------------------------------------------------------- metrics
+    def _opened(self, context: aio.ServicerContext) -> _Call:
+        """A call begins: measured from now; in flight (Serve's ongoing gauge) when an application takes it."""
+        call = _Call(self._application(context))
+        _CALL.set(call)
+        if call.name is not None:
+            self.ingress.metrics.grpc_started()
+        return call
+
+    def _ended(self, code: str) -> None:
+        """The call this task answers ends with ``code`` (a ``grpc.StatusCode``'s name): counted in ``codes``
+        and told to its metrics (``_Call``)."""
+        self.codes[code] += 1
+        call = _CALL.get()
+        if call is not None:
+            call.code = code
+
+    def _closed(self, call: _Call, full: str, exc: BaseException | None) -> None:
+        """A call ended: counted with its code (one never told: ``CANCELLED`` for a call cancelled or closed,
+        else ``UNKNOWN``, gRPC's answer to an unexpected error) and its time since ``_opened``."""
+        metrics = self.ingress.metrics
+        code = call.code or ("CANCELLED" if isinstance(exc, asyncio.CancelledError | GeneratorExit) else "UNKNOWN")
+        if call.name is not None:
+            metrics.grpc_ended()
+        metrics.grpc_request(method=full, deployment=call.name or "", code=code,
+                             latency_ms=(time.perf_counter() - call.began) * 1000.0)
 
     def _application(self, context: aio.ServicerContext) -> str | None:
         """The deployment ``application`` names (None: unknown, or not given with several)."""
@@ -300,7 +365,7 @@ class GrpcFront:
         name = self._application(context)
         if name is None:
             named = dict(context.invocation_metadata() or ()).get("application")
-            self.codes["NOT_FOUND"] += 1
+            self._ended("NOT_FOUND")
             what = "Application metadata not set." if named is None else f"Application {named!r} not found."
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"{what} Ping /{API_SERVICE}/ListApplications for the applications.")
@@ -310,7 +375,7 @@ class GrpcFront:
         """A method the deployment's class does not have: ``UNIMPLEMENTED`` (nothing sent)."""
         unknown = self.ingress.unknown_method(name, method, via="grpc")
         if unknown is not None:
-            self.codes["UNIMPLEMENTED"] += 1
+            self._ended("UNIMPLEMENTED")
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, unknown)
 
     async def _failed(self, exc: BaseException, name: str, method: str, context: aio.ServicerContext,
@@ -325,7 +390,7 @@ class GrpcFront:
             self._trailing(state, context)
             if error == "application_error" and _error_code(state.code) is not None:
                 code, detail = state.code, state.details or detail
-        self.codes[code.name] += 1
+        self._ended(code.name)
         await context.abort(code, detail[-4000:])
 
     def _takes_context(self, name: str, method: str) -> bool:
@@ -344,13 +409,13 @@ class GrpcFront:
         try:
             value = await self.ingress.call(name, method, (request,), {}, note=note)
         except asyncio.CancelledError:  # the client cancelled (or its deadline passed): the call is cancelled
-            self.codes["CANCELLED"] += 1
+            self._ended("CANCELLED")
             raise
         except Exception as exc:
             await self._failed(exc, name, method, context, note)
         finally:
             self.ingress.ongoing -= 1
-        self.codes["OK"] += 1
+        self._ended("OK")
         return value
 
     async def _stream(self, method: str, request: Any, context: aio.ServicerContext) -> Any:
@@ -374,7 +439,7 @@ class GrpcFront:
                 yield item
             ended = True
         except asyncio.CancelledError:
-            self.codes["CANCELLED"] += 1
+            self._ended("CANCELLED")
             raise
         except Exception as exc:
             ended = True
@@ -383,7 +448,7 @@ class GrpcFront:
             ingress.ongoing -= 1
             if not ended and response is not None:
                 self._cancel(response)
-        self.codes["OK"] += 1
+        self._ended("OK")
 
     # ------------------------------------------------- methods taking grpc_context
     async def _send_to_entry(self, name: str, method: str, request: Any, context: aio.ServicerContext,
@@ -427,7 +492,7 @@ class GrpcFront:
             failure.append(rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
                                              deployment=name))
         except asyncio.CancelledError:  # the client cancelled (or its deadline passed)
-            self.codes["CANCELLED"] += 1
+            self._ended("CANCELLED")
             if response is not None:
                 self._cancel(response)
             raise
@@ -439,7 +504,7 @@ class GrpcFront:
         if failure:
             await self._failed(failure[0], name, method, context, note, state)
         await self._apply(state, context, stream=False)
-        self.codes["OK"] += 1
+        self._ended("OK")
         return answers[0]
 
     async def _stream_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
@@ -461,7 +526,7 @@ class GrpcFront:
                     yield item
             ended = True
         except asyncio.CancelledError:
-            self.codes["CANCELLED"] += 1
+            self._ended("CANCELLED")
             raise
         except Exception as exc:
             ended = True
@@ -473,7 +538,7 @@ class GrpcFront:
         if failure is not None:
             await self._failed(failure, name, method, context, note, state)
         await self._apply(state, context, stream=True)
-        self.codes["OK"] += 1
+        self._ended("OK")
 
     def _trailing(self, state: GrpcState, context: aio.ServicerContext) -> None:
         """The trailing metadata the method set (with the call's ``request_id``), where gRPC takes it."""
@@ -498,7 +563,7 @@ class GrpcFront:
             if code is None:
                 code, details = grpc.StatusCode.INTERNAL, f"grpc_context.set_code takes a grpc.StatusCode, " \
                                                           f"got {state.code!r}"
-            self.codes[code.name] += 1
+            self._ended(code.name)
             await context.abort(code, details)
         if state.details:
             context.set_details(state.details)
