@@ -78,6 +78,7 @@ from .control import (
     proxies,
     restarts,
     rollouts,
+    unhealthy,
 )
 from .control.moves import crash, is_held, reconcile, scale, stop, succeed_retired
 from .control.passes import finish
@@ -124,6 +125,8 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = deletion.cancel(dep)  # (applied again while being deleted: it stays)
     resources_changed = e.resources != dep.resources
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
+    if dep.health_failed and (rollouts.revision(e.config) != dep.revision or e.user_config != dep.user_config):
+        dep = unhealthy.recovered(dep)  # (a new deploy: UPDATING, no longer UNHEALTHY for a replica that died)
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
     # a new revision, size or update mode before a blue-green switch calls it off: the old set serves on
@@ -407,6 +410,7 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
         for rep in by_rank(dep, on_node):
             current = dep.replicas.get(rep.replica_id)
             if current is not None:  # (not restarted already with its gang)
+                dep = unhealthy.died(dep, current, f"died: its node {e.node_id} was lost")
                 dep = gangs.fail_member(tx, dep, current)
             hit = True
         if on_node:

@@ -35,6 +35,7 @@ from .control import configs, deadlines, restarts
 from .control.moves import compaction_due
 from .control.pool import answer_pool
 from .control.transaction import initialize, put_replica, recount
+from .control.unhealthy import settled
 from .placement import spares
 from .placement.scheduling import booking_to_pass, unbook
 from .tiers import devices, residency
@@ -115,6 +116,7 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
         return None
     if cl.deadlines and rid in cl.deadlines:
         cl = _with_deadlines(cl, *deadlines.disarm(cl, rid))
+    dep = settled(dep)  # (healthy again: no longer UNHEALTHY for a replica that died, as Tx.put)
     return _done(rid, _with_dep(state, state.deployments.set(name, dep), cl), (), dep0, rep, dep, new)
 
 
@@ -150,6 +152,7 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
         cl = _with_clock(cl, now, True)
     # (pending to starting: in no pool before or after, ``pool.membership``'s GONE both times, so the
     # answer moves nothing in any pool: no ``answer_pool`` to ask)
+    dep = settled(dep)  # (healthy again: no longer UNHEALTHY for a replica that died, as Tx.put)
     return _Step(state=_with_dep(state, state.deployments.set(name, dep), cl), commands=commands, stale=False,
                  compactions=(), recovery=None, pool=())
 
@@ -204,6 +207,7 @@ def crashed(state: State, e: ReplicaCrashed) -> Step | None:
     )
     if at is not None:
         commands = (*commands, _Tick(at=at))
+    dep = settled(dep)  # (healthy again: no longer UNHEALTHY for a replica that died, as Tx.put)
     return _done(rid, _with_dep_new(state, state.deployments.set(name, dep), cl,
                                     state.index.delete(rid).set(new_id, name), state.next_replica + 1),
                  commands, dep0, rep, dep, None)
@@ -239,6 +243,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         cl = _with_held(cl, book) if nodes is cl.nodes else _with_held_nodes(cl, book, nodes, None)
     if moved:
         cl = _with_clock(cl, float(e.now), True)  # type: ignore[arg-type]
+    dep = settled(dep)  # (healthy again: no longer UNHEALTHY for a replica that died, as Tx.put)
     return _done(rid, _with_dep_index(state, state.deployments.set(name, dep), cl, state.index.delete(rid)), (),
                  dep0, rep, dep, None)
 

@@ -253,6 +253,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 # ``breaks`` ("[table: row] ..."); docs/mutation-testing.md lists what killed each.
 PLACEMENT, SCHED, STATIC_ = "rankcore/placement/policies.py", "rankcore/placement/scheduling.py", "rankcore/placement/static.py"
 HEALTH, RESTARTS, STATE = "rankcore/control/health.py", "rankcore/control/restarts.py", "rankcore/base/state.py"
+UNHEALTHY = "rankcore/control/unhealthy.py"
 EVENTS, INVARIANTS = "rankcore/base/events.py", "rankcore/invariants.py"
 TIMELINE = "executors/scenarios/timeline.py"
 
@@ -568,9 +569,15 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "status-never-unhealthy-on-failed-starts", STATE,
-        "        if self.failing_to_start or self.counts[_FAILED_AT]:\n",
-        "        if self.counts[_FAILED_AT]:\n",
+        "        if self.failing_to_start or self.counts[_FAILED_AT] or self.health_failed:\n",
+        "        if self.counts[_FAILED_AT] or self.health_failed:\n",
         "[Health: status] UNHEALTHY after min(max_constructor_retry_count, 3 x target) failed starts in a row",
+    ),
+    mutation(
+        "status-never-unhealthy-on-a-replica-death", UNHEALTHY,
+        "    if not marks and not dep.healthy:\n",
+        "    if True:\n",
+        "[Health: status] UNHEALTHY once a serving replica of the deployed revision dies (Serve's HEALTH_CHECK_FAILED)",
     ),
     mutation(
         "status-unhealthy-one-late", STATE,

@@ -38,6 +38,8 @@ _FAILED_AT = _PHASE_INDEX[Phase.FAILED]
 
 #: ``Deployment.status`` values (Ray Serve's DeploymentStatus names)
 STATUSES = ("HEALTHY", "UPDATING", "UNHEALTHY")
+#: Ray Serve's words once a serving replica died (its ``DeploymentStatusInfo`` message; rankcore.control.unhealthy)
+UNTIL_RECOVERED = "This deployment will be UNHEALTHY until the replica recovers or a new deploy happens."
 
 
 def replica_id(deployment: str, n: int) -> str:
@@ -141,6 +143,11 @@ class Deployment:
     #: why the last of those failed (``ReplicaCrashed.reason``, cut to ``MAX_FAILURE_SHOWN``): the
     #: status message says it, as Ray Serve's shows the constructor's error
     last_start_failure: str = ""
+    #: serving replicas of the deployed revision that died (their id, and why), the last
+    #: ``unhealthy.SHOWN``: UNHEALTHY until the deployment is healthy again or a new deploy comes (Ray
+    #: Serve's rule: rankcore.control.unhealthy); ``health_failed_more``: how many died before those
+    health_failed: tuple[tuple[str, str], ...] = ()
+    health_failed_more: int = 0
     config_version: int = 0
     replicas: immutables.Map = attrs.field(factory=immutables.Map)
     ranks: RankTable = attrs.field(factory=RankTable)
@@ -235,9 +242,11 @@ class Deployment:
     @property
     def status(self) -> str:
         """Ray Serve's deployment status: ``UNHEALTHY`` while its starts keep failing
-        (``min(max_constructor_retry_count, 3 x target)`` in a row; it keeps retrying) or a
-        static rank is FAILED, ``HEALTHY`` when healthy, else ``UPDATING``."""
-        if self.failing_to_start or self.counts[_FAILED_AT]:
+        (``min(max_constructor_retry_count, 3 x target)`` in a row; it keeps retrying), a
+        static rank is FAILED, or since a serving replica died (rankcore.control.unhealthy: until
+        the deployment is healthy again or a new deploy comes), ``HEALTHY`` when healthy, else
+        ``UPDATING``."""
+        if self.failing_to_start or self.counts[_FAILED_AT] or self.health_failed:
             return "UNHEALTHY"
         return "HEALTHY" if self.healthy else "UPDATING"
 
@@ -250,6 +259,10 @@ class Deployment:
                     f"backoff of up to {self.config.start.restart_backoff_max_s:g} s{last}")
         if self.counts[_FAILED_AT]:
             return f"{self.counts[_FAILED_AT]} rank(s) FAILED: a bundle of theirs has no node"
+        if self.health_failed:  # (which replicas died, then Ray Serve's words)
+            named = "; ".join(f"replica {rid} {why}" for rid, why in self.health_failed)
+            more = f" (and {self.health_failed_more} more before)" if self.health_failed_more else ""
+            return f"{named}{more}. {UNTIL_RECOVERED}"
         if self.healthy:
             if not self.asleep:
                 return ""

@@ -28,6 +28,7 @@ from ..base.lifecycle import Phase
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
 from ..placement.clustertx import ClusterTx
+from . import unhealthy
 
 __all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "doubling", "defer", "release"]
 
@@ -53,10 +54,11 @@ MAX_FAILURE_SHOWN = 500
 
 def failed_start(dep: Deployment, rep: Replica, cause: str, reason: str = "") -> Deployment:
     """``dep`` after ``rep`` died for ``cause``: one more failed start in a row when
-    it was still starting and its own code is to blame (``reason`` kept as the last one's)."""
+    it was still starting and its own code is to blame (``reason`` kept as the last one's);
+    UNHEALTHY when it was serving (``unhealthy.died``)."""
     if rep.phase is Phase.STARTING and cause in FAILED_START_CAUSES:
         return unchecked_copy(dep, start_failures=dep.start_failures + 1, last_start_failure=reason[:MAX_FAILURE_SHOWN])
-    return dep
+    return unhealthy.died(dep, rep, f"died: {reason or cause}"[:MAX_FAILURE_SHOWN])
 
 
 def started(dep: Deployment) -> Deployment:

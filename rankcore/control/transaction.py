@@ -44,6 +44,7 @@ from ..base.state import (
 )
 from ..placement.clustertx import ClusterTx
 from ..placement.scheduling import release
+from . import unhealthy
 
 __all__ = [
     "Tx", "recount", "put_replica", "initialize", "stop_command", "reconfigure", "remove", "forget", "disarm",
@@ -116,6 +117,7 @@ class Tx:
             raise InvalidEvent(f"unknown deployment {name!r}") from None
 
     def put(self, dep: Deployment) -> None:
+        dep = unhealthy.settled(dep)  # (the dead replica's successor serves: Serve's HEALTHY again)
         self.deps = self.deps.set(dep.name, dep)
         self.touched.add(dep.name)
 

@@ -4,7 +4,8 @@
 
 On one local Ray: an application of two replicas (``Talker``) whose constructor waits while a gate
 file exists, so the test holds a successor's start and reads the status while the dead replica is
-gone; the rule itself (which deaths count, when the mark goes) also on the bare core, no Ray."""
+gone. The rule itself (which deaths count, when the mark goes) is the core's:
+tests/unit/test_unhealthy_status.py."""
 
 from __future__ import annotations
 
@@ -21,14 +22,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-import rankcore as rc
 from executors.cli import PID_COLUMN_FROM, main
 from executors.ray_gpu import serve
 from executors.ray_gpu.api import config as cf
 from executors.ray_gpu.api.deployments import get_deployment_handle
 from executors.ray_gpu.control import apps, rest
-from executors.ray_gpu.control.observe import DEAD_KEPT, UNTIL_RECOVERED, Watcher
-from tests.helpers import Driver
+from executors.ray_gpu.control.observe import DEAD_KEPT, Watcher
+from rankcore.base.state import UNTIL_RECOVERED
 
 APP, DEP = "details", "Talker"
 #: what Ray Serve's ``ReplicaDetails`` says of a replica, each checked below
@@ -267,83 +267,7 @@ def test_a_replica_failing_its_health_checks_says_so_until_replaced(talker) -> N
     assert sick in {r["replica_id"] for r in talker_of(view)["recent_dead_replicas"]}
 
 
-# ------------------------------------------------------- the rule, on the bare core
-class Observed(Driver):
-    """tests.helpers' driver, each step told to a Watcher's observer as the controller's driver does."""
-
-    def __init__(self, nodes: tuple[str, ...] = ("n0", "n1")) -> None:
-        super().__init__(nodes)
-        self.watcher = Watcher(types.SimpleNamespace(driver=types.SimpleNamespace(observers=[])))  # type: ignore[arg-type]
-
-    def step(self, event: object) -> rc.Step:
-        before = self.state
-        result = super().step(event)
-        self.watcher._after_step(0.0, event, before, result)
-        return result
-
-    def message(self) -> str | None:
-        return self.watcher.unhealthy["app"].message() if "app" in self.watcher.unhealthy else None
-
-
-def deployed(n: int = 2, **kw: Any) -> Observed:
-    d = Observed()
-    d.run(rc.DeploymentApplied(name="app", num_replicas=n, user_config={"v": 1}, has_reconfigure=True, **kw))
-    assert d.dep().healthy and d.message() is None
-    return d
-
-
-def test_a_serving_replicas_death_marks_its_deployment_until_it_is_healthy_again() -> None:
-    d = deployed()
-    victim = d.by_rank()[1]
-    d.run(rc.ReplicaCrashed(replica_id=victim, reason="actor died (exited)", cause="exited"),
-          hold=lambda c: isinstance(c, (rc.PlaceReplica, rc.StartReplica)))
-    assert d.message() == f"replica {victim} died: actor died (exited). {UNTIL_RECOVERED}"
-    d.release()
-    assert d.dep().healthy and d.message() is None
-
-
-def test_a_lost_node_names_each_serving_replica_it_held() -> None:
-    d = deployed(4)
-    on_n1 = [rid for _, rid in sorted(d.by_rank().items()) if d.dep().replicas[rid].node_id == "n1"]
-    d.node_for = lambda cmd: "n0"
-    d.run(rc.NodeLost(node_id="n1"), hold=lambda c: isinstance(c, (rc.PlaceReplica, rc.StartReplica)))
-    assert d.message() == "; ".join(f"replica {rid} died: its node n1 was lost" for rid in on_n1) + \
-        f". {UNTIL_RECOVERED}"
-
-
-def test_health_checks_mark_it_at_the_threshold_not_before() -> None:
-    d = deployed(health_check_failure_threshold=2)
-    rid = d.by_rank()[0]
-    d.run(rc.HealthChecked(replica_id=rid, healthy=False, detail="timed out"))
-    assert d.message() is None  # (one failure: the core counts)
-    d.run(rc.HealthChecked(replica_id=rid, healthy=False, detail="timed out"),
-          hold=lambda c: isinstance(c, (rc.PlaceReplica, rc.StartReplica, rc.StopReplica)))
-    assert d.message() == f"replica {rid} failed its health check: timed out. {UNTIL_RECOVERED}"
-
-
-HELD = (rc.PlaceReplica, rc.StartReplica, rc.ReconfigureReplica)
-
-
-@pytest.mark.parametrize("change", [{"user_config": {"v": 2}}, {"version": "2"}])
-def test_a_new_deploy_clears_it(change: dict) -> None:
-    d = deployed()
-    d.run(rc.ReplicaCrashed(replica_id=d.by_rank()[0], reason="gone", cause="exited"),
-          hold=lambda c: isinstance(c, HELD))
-    assert d.message() is not None
-    d.run(rc.DeploymentApplied(name="app", num_replicas=2, **{"user_config": {"v": 1}, **change}, has_reconfigure=True),
-          hold=lambda c: isinstance(c, HELD))
-    assert d.message() is None and d.dep().status == "UPDATING"  # (Serve: a new deploy makes it UPDATING)
-
-
-def test_a_death_while_it_updates_leaves_the_cores_status() -> None:
-    d = deployed()
-    d.run(rc.DeploymentApplied(name="app", num_replicas=2, user_config={"v": 2}, has_reconfigure=True),
-          hold=lambda c: isinstance(c, HELD))
-    running = next(rid for rid, rep in d.dep().replicas.items() if rep.phase is rc.Phase.RECONFIGURING)
-    d.run(rc.ReplicaCrashed(replica_id=running, reason="gone", cause="exited"), hold=lambda c: isinstance(c, HELD))
-    assert d.message() is None and d.dep().status == "UPDATING"
-
-
+# ------------------------------------------------------- the gone replicas kept, no Ray
 def test_each_deployment_keeps_its_last_ten_gone_replicas() -> None:
     state = types.SimpleNamespace(deployments={"app": None})
     w = Watcher(types.SimpleNamespace(driver=types.SimpleNamespace(observers=[], state=state)))  # type: ignore[arg-type]

@@ -151,7 +151,8 @@ def exchange(p: dict, *parts: bytes, pause: float = 0.0, within: float = 10.0) -
 
 
 def error_answer(raw: bytes) -> tuple[int, dict]:
-    """The status of a raw HTTP answer and its body: the ingress's JSON error, no traceback."""
+    """The status of a raw HTTP answer and its body: the ingress's JSON error, no traceback (a 404
+    for a path no route takes: Ray Serve's text, returned as ``{"text": ...}``)."""
     head, sep, body = raw.partition(b"\r\n\r\n")
     assert sep and head.startswith(b"HTTP/1.1 "), raw[:300]
     status = int(head.split()[1])
@@ -159,6 +160,9 @@ def error_answer(raw: bytes) -> tuple[int, dict]:
     if b"transfer-encoding: chunked" in head.lower():
         size, _, rest = body.partition(b"\r\n")
         body = rest[:int(size, 16)]
+    if status == 404 and body.startswith(b"Path '"):
+        assert body.endswith(b"' not found. Ping http://.../-/routes for available routes."), body[:500]
+        return status, {"text": body.decode("utf-8", "replace")}
     got = json.loads(body)
     assert JSON_KEYS <= set(got) <= JSON_KEYS_WITH_ID, got
     return status, got

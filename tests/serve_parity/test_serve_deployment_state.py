@@ -880,7 +880,6 @@ def test_scale_num_replicas(target_capacity_direction):
 # ------------------------------------------------------------------------------ health checks
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=R_STATUS_DEFECT)
 @pytest.mark.parametrize("force_stop_unhealthy_replicas", [False, True])
 def test_health_check(force_stop_unhealthy_replicas: bool):
     c = Controller()
@@ -922,7 +921,6 @@ def test_health_gauge_caching():
     pass
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=R_STATUS_DEFECT)
 def test_update_while_unhealthy():
     c = Controller()
     c.deploy(num_replicas=2, version="1")
@@ -1965,7 +1963,6 @@ def _deploy_gang(gang_size: int, num_replicas: int) -> tuple[Controller, list[li
 
 
 class TestGangHealthCheck:
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=R_STATUS_DEFECT)
     @pytest.mark.parametrize("force_stop_unhealthy", [True, False])
     def test_restart_gang_entire_gang_stopped(self, force_stop_unhealthy):
         """A member fails its health checks: its whole gang is killed, whatever force_stop_unhealthy_replicas
@@ -1991,7 +1988,6 @@ class TestGangHealthCheck:
         assert c.status == "HEALTHY"
         assert status == "UNHEALTHY" and "UNHEALTHY" in message, (status, message)
 
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=R_STATUS_DEFECT)
     def test_restart_gang_multiple_unhealthy_gang_replicas(self):
         """Both members of a gang unhealthy: each is stopped once."""
         c, (target, healthy) = _deploy_gang(gang_size=2, num_replicas=4)
@@ -2007,7 +2003,6 @@ class TestGangHealthCheck:
         assert c.status == "HEALTHY"
         assert status == "UNHEALTHY", status
 
-    @pytest.mark.xfail(strict=True, raises=AssertionError, reason=R_STATUS_DEFECT)
     def test_restart_gang_multiple_gangs_failing(self):
         c, (failed_0, failed_1, surviving) = _deploy_gang(gang_size=2, num_replicas=6)
         c.unhealthy(failed_0[0])

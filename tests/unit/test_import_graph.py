@@ -224,7 +224,7 @@ def test_module_paths_written_as_strings_exist():
                    "rankcore.access",  # the ingress's access-log logger name
                    "rankcore.weights_version",  # a safetensors metadata key
                    "rankcore.RankcoreAPIService",  # the proxies' gRPC service's name (ingress/grpc_proxy.py)
-                   "rankcore.test.Echo"}  # the gRPC tests' service (tests/integration/protos/echo.proto)
+                   "rankcore.test.Echo", "rankcore.test.Shout"}  # the gRPC tests' services (tests/integration/protos/echo.proto)
     seen, missing = 0, []
     for where, dotted in _dotted_strings():
         if dotted in not_modules:

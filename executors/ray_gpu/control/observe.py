@@ -41,28 +41,6 @@ UNSEEN_GROUP_PREFIX = "rankcore-fault-unseen:"
 #: how many gone replicas each deployment's status lists (``recent_dead_replicas``: Ray Serve's
 #: ``RAY_SERVE_RETAINED_DEAD_REPLICAS`` default), so their logs can still be found
 DEAD_KEPT = 10
-#: the phases in which a replica serves (its death then makes its deployment UNHEALTHY: ``Unhealthy``)
-_SERVING = (rc.Phase.RUNNING, rc.Phase.RECONFIGURING)
-#: Ray Serve's words after a replica's death (its ``DeploymentStatusInfo`` message, which says no more)
-UNTIL_RECOVERED = "This deployment will be UNHEALTHY until the replica recovers or a new deploy happens."
-
-
-@attrs.define
-class Unhealthy:
-    """A deployment UNHEALTHY since a replica of it died as Ray Serve shows it (its status
-    trigger ``HEALTH_CHECK_FAILED``): what died and why, until it is healthy again or a new
-    deploy changes its revision or ``user_config`` (what ``revision`` / ``config_version`` were)."""
-
-    revision: str
-    config_version: int
-    died: dict[str, str] = attrs.Factory(dict)  # replica id -> why, the first to die first
-
-    def message(self) -> str:
-        shown = list(self.died.items())[-3:]
-        more = f" (and {len(self.died) - len(shown)} more before)" if len(self.died) > len(shown) else ""
-        return f"{'; '.join(f'replica {rid} {why}' for rid, why in shown)}{more}. {UNTIL_RECOVERED}"
-
-
 def held_by_callers(table: dict) -> dict[str, dict[str, float]]:
     """Node id -> resources the bundles of placement groups rankcore did not
     make hold there (``ray.util.placement_group_table()``: a trainer's group,
@@ -193,9 +171,6 @@ class Watcher:
         self.identities: dict[str, tuple[str, dict]] = {}
         #: deployment -> its last ``DEAD_KEPT`` replicas whose actors are gone (stopped or died), oldest first
         self.gone: dict[str, deque[dict]] = {}
-        #: deployment -> why it is UNHEALTHY since a replica of it died (``Unhealthy``); told every step
-        self.unhealthy: dict[str, Unhealthy] = {}
-        ledger.driver.observers.append(self._after_step)
 
     # ------------------------------------------------------------------ nodes
     def alive_nodes(self) -> list[rc.NodeJoined]:
@@ -379,71 +354,11 @@ class Watcher:
 
     def details(self) -> dict:
         """What ``status`` shows beside the core's state: ``replicas`` (each live replica's
-        identity), ``gone`` (deployment -> its recent gone replicas) and ``unhealthy``
-        (deployment -> the message of a deployment UNHEALTHY since a replica of it died)."""
+        identity) and ``gone`` (deployment -> its recent gone replicas). (A deployment UNHEALTHY
+        since a serving replica died is the core's: ``rankcore.control.unhealthy``.)"""
         deps = self.ledger.driver.state.deployments
         return {"replicas": {rid: info for rid, (_, info) in self.identities.items()},
-                "gone": {d: list(q) for d, q in self.gone.items() if d in deps},
-                "unhealthy": {d: u.message() for d, u in self.unhealthy.items() if d in deps}}
-
-    def _after_step(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
-        """Ray Serve's rule for a replica that dies (a driver observer, told every step: O(1)
-        unless a replica died or a deployment is marked): a serving replica of a HEALTHY
-        deployment's current revision dies (its actor, or its health checks failed as many times
-        as ``health_check_failure_threshold`` in a row) -> the deployment is UNHEALTHY, the
-        message says which replica died and why, until it is healthy again or a new deploy
-        changes its revision or ``user_config``."""
-        kind = type(event)
-        if result.stale:
-            pass
-        elif kind is rc.ReplicaCrashed:
-            rid = event.replica_id  # type: ignore[attr-defined]
-            self._died(before, before.index.get(rid), [rid], f"died: {event.reason}")  # type: ignore[attr-defined]
-        elif kind is rc.HealthChecked and not event.healthy:  # type: ignore[attr-defined]
-            rid = event.replica_id  # type: ignore[attr-defined]
-            self._died(before, before.index.get(rid), [rid],
-                       f"failed its health check: {event.detail}", checked=True)  # type: ignore[attr-defined]
-        elif kind is rc.NodeLost:
-            node = event.node_id  # type: ignore[attr-defined]
-            for name, dep in before.deployments.items():
-                lost = [rid for rid, rep in dep.replicas.items() if rep.node_id == node]
-                if lost:  # (named in rank order)
-                    self._died(before, name, sorted(lost, key=dep.ranks.global_rank), f"died: its node {node} was lost")
-        if self.unhealthy:
-            self._recovered(result.state)
-
-    def _died(self, before: rc.State, name: str | None, rids: list[str], why: str, checked: bool = False) -> None:
-        """Replicas ``rids`` of deployment ``name`` died (``before``: the state they died in)."""
-        dep = before.deployments.get(name) if name is not None else None
-        if dep is None:
-            return
-        serving = []
-        for rid in rids:
-            rep = dep.replicas.get(rid)
-            if rep is None or rep.phase not in _SERVING or rep.revision != dep.revision:
-                continue  # (not serving, or of an older revision: a rollout replaces it anyway)
-            if checked and rep.health_failures + 1 < dep.config.health.health_check_failure_threshold:
-                continue  # (not unhealthy yet: the core counts the failures)
-            serving.append(rid)
-        if not serving:
-            return
-        mark = self.unhealthy.get(name)  # type: ignore[arg-type]
-        if mark is None:
-            if dep.status != "HEALTHY":
-                return  # (dying while it updates or scales: the core's UPDATING stays)
-            mark = self.unhealthy[name] = Unhealthy(revision=dep.revision,  # type: ignore[index]
-                                                    config_version=dep.config_version)
-        for rid in serving:
-            mark.died.setdefault(rid, why)  # (an unhealthy replica drained beside its successor is checked again)
-
-    def _recovered(self, state: rc.State) -> None:
-        """Let go of the marks of deployments gone, redeployed, or healthy again."""
-        for name, mark in list(self.unhealthy.items()):
-            dep = state.deployments.get(name)
-            if dep is None or dep.deleting or dep.revision != mark.revision or \
-                    dep.config_version != mark.config_version or \
-                    (dep.count(rc.Phase.RUNNING) == dep.target == len(dep.replicas) and dep.healthy):
-                del self.unhealthy[name]
+                "gone": {d: list(q) for d, q in self.gone.items() if d in deps}}
 
     def crashed(self, rid: str, reason: str, cause: str) -> None:
         self.ledger.forget(rid)
