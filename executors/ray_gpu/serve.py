@@ -126,10 +126,28 @@ def _deployments_of(name: str) -> tuple[str, ...]:
     from .control.apps import applied_apps
 
     applied = applied_apps().get(name)
-    if applied is None:
-        known = sorted({*_APPS, *applied_apps()})
-        raise rc.InvalidEvent(f"no application {name!r} (applications: {', '.join(known) or 'none'})")
-    return applied.deployments
+    if applied is not None:
+        return applied.deployments
+    ran = _ran_elsewhere(name)  # (an application another process's serve.run made)
+    if ran:
+        return ran
+    known = sorted({*_APPS, *applied_apps(), *appnames.table(0.0).values()})
+    raise rc.InvalidEvent(f"no application {name!r} (applications: {', '.join(known) or 'none'})")
+
+
+def _ran_elsewhere(name: str) -> tuple[str, ...]:
+    """The deployments of application ``name`` as ``appnames`` keeps them (any process's
+    ``serve.run``), its routed one (the ingress) first; () when it has none."""
+    from .control import persist
+
+    members = sorted(d for d, app in appnames.table(0.0).items() if app == name)
+    if not members:
+        return ()
+    try:
+        routed = set(persist.load_http_routes()[0].values())
+    except Exception:  # (no route table here: the order is the names')
+        routed = set()
+    return tuple(sorted(members, key=lambda d: (d not in routed, d)))
 
 
 def get_app_handle(name: str) -> DeploymentHandle:
@@ -153,8 +171,14 @@ def delete(name: str, _blocking: bool = True) -> None:
             _delete_deployment(d, wait=_blocking)
         appnames.forget(name)
         return
-    from .control.apps import delete_app
+    from .control.apps import applied_apps, delete_app
 
+    ran = () if name in applied_apps() else _ran_elsewhere(name)
+    if ran:  # (another process's serve.run)
+        for d in ran:
+            _delete_deployment(d, wait=_blocking)
+        appnames.forget(name)
+        return
     delete_app(name, wait=_blocking)
 
 
@@ -170,10 +194,8 @@ def shutdown() -> None:
     """Delete every application, stop every replica and proxy (``serve.shutdown``); Ray keeps running."""
     from .control.apps import delete_all
 
-    for name in _APPS:
-        appnames.forget(name)
     _APPS.clear()
-    delete_all()
+    delete_all()  # (every application's name too: appnames.forget_all)
 
 
 #: Ray Serve's names with no equivalent here, and what to use instead

@@ -325,8 +325,6 @@ def test_config_multi_app(tmp_path):
     assert configs() == entries  # at once
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: an application of serve.run is missing from rankcore "
-                                       "status (and serve.status()): only config-applied applications are listed")
 def test_cli_without_config_deploy():
     @serve.deployment(name="fn_cli", ray_actor_options=CPU)
     class Fn:

@@ -23,8 +23,6 @@ import attrs
 
 import rankcore as rc
 
-from ..control import appnames
-
 __all__ = ["ReplicaContext", "get_replica_context", "RequestContext", "_get_serve_request_context",
            "generate_request_id"]
 
@@ -110,10 +108,18 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
+def _app(deployment: str) -> str:
+    """The application ``deployment`` belongs to (``control.appnames``, imported here on first use: a
+    scenario replica's process imports this module alone, never the control package)."""
+    from ..control import appnames
+
+    return appnames.of(deployment)
+
+
 def model_request(app_name: str, model_id: str) -> RequestContext | None:  # (app_name: the deployment's)
     """The request context of a call that names only a multiplexed model (the gRPC proxy's, an
     HTTP call with no note); None when it names none."""
-    return RequestContext(app_name=appnames.of(app_name), multiplexed_model_id=model_id) if model_id else None
+    return RequestContext(app_name=_app(app_name), multiplexed_model_id=model_id) if model_id else None
 
 
 def request_for_call(app_name: str, model_id: str = "") -> RequestContext:  # (app_name: the deployment's)
@@ -122,7 +128,7 @@ def request_for_call(app_name: str, model_id: str = "") -> RequestContext:  # (a
     handle's ``multiplexed_model_id`` (never the current request's: as Serve, a call names its
     model through its handle's options)."""
     cur = _serve_request_context.get()
-    app_name = appnames.of(app_name)
+    app_name = _app(app_name)
     if cur is not None and cur.request_id:
         return RequestContext(route=cur.route, request_id=cur.request_id, app_name=app_name,
                               multiplexed_model_id=model_id)

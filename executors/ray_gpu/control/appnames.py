@@ -18,7 +18,7 @@ import json
 import threading
 import time
 
-__all__ = ["assign", "forget", "of", "table", "FRESH_S"]
+__all__ = ["assign", "forget", "forget_all", "of", "table", "FRESH_S"]
 
 _KEY = b"rankcore/app_names"
 #: how long a process trusts the map it last read
@@ -84,3 +84,8 @@ def forget(app: str) -> None:
     kept = {d: a for d, a in names.items() if a != app}
     if kept != names:
         _write(kept)
+
+
+def forget_all() -> None:
+    """Every application was deleted (``serve.shutdown``, ``rankcore shutdown``)."""
+    _write({})

@@ -34,6 +34,7 @@ from ..api import config as cf
 from ..api.deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller
 from ..api.deployments import delete as delete_deployment
 from ..ingress import http as ingress
+from . import appnames, persist
 from .replicas import NAMESPACE, actor_name
 
 __all__ = ["AppliedApp", "apply_config", "start_proxies", "import_app", "applied_apps", "delete_app", "delete_all", "details",
@@ -203,6 +204,7 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     apps: dict[str, AppliedApp] = {}
     for entry, app in built:
         seen: dict[str, Deployment] = {}
+        appnames.assign(entry.name, tuple(d.name for d in app.graph()))  # (before: the first metrics name it)
         _deploy(app, ctl, timeout, seen, wait=False)
         name = app.deployment.name
         if exposed and entry.route_prefix is not None:
@@ -217,6 +219,8 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     kept = {d for a in apps.values() for d in a.deployments}
     gone = [d for a in before.apps.values() for d in a.deployments if d not in kept]
     _save(_Applied(apps=apps, http_options=attrs.asdict(http), proxy_location=cfg.proxy_location))
+    for left in set(before.apps) - set(apps):
+        appnames.forget(left)
     for name in gone:  # (as Ray Serve deletes the applications a new config leaves out)
         try:
             delete_deployment(name, wait=False)
@@ -237,6 +241,7 @@ def delete_app(name: str, *, wait: bool = True, timeout: float = 60.0) -> None:
     if app is None:
         raise rc.InvalidEvent(f"unknown application {name!r} (applied: {', '.join(sorted(applied.apps)) or 'none'})")
     _save(attrs.evolve(applied, apps={k: v for k, v in applied.apps.items() if k != name}))
+    appnames.forget(name)
     for d in app.deployments:
         try:
             delete_deployment(d, wait=False)
@@ -254,6 +259,7 @@ def delete_all(timeout: float = 60.0) -> None:
     reset (Ray Serve's ``serve shutdown``, but for the REST server: ``rest.stop_rest``); the Ray
     cluster keeps running."""
     internal_kv._internal_kv_del(_KV_APPS)
+    appnames.forget_all()
     ask(get_controller(), "reset", timeout, timeout=timeout + 30)
 
 
@@ -270,9 +276,13 @@ def _facts() -> dict[str, Any]:
         proxy = None
     except Exception as exc:  # (there, but not answering)
         proxy = {"status": "UNHEALTHY", "address": None, "actor_id": None, "error": repr(exc)}
+    try:
+        routes = persist.load_http_routes()[0]
+    except Exception:  # (a route table this process cannot read: no routes shown for serve.run's apps)
+        routes = {}
     return {"state": state, "applied": _load(), "faults": ask(ctl, "recent_faults"),
             "controller": ctl._actor_id.hex(), "proxy": proxy, "head": _head(), "proxies": ask(ctl, "proxies"),
-            "replicas": ask(ctl, "replica_details")}
+            "replicas": ask(ctl, "replica_details"), "app_names": appnames.table(0.0), "routes": routes}
 
 
 #: the core's proxy phases in Ray Serve's ``ProxyStatus`` words
@@ -312,12 +322,11 @@ def _deployment(name: str, dep: Any, seen: dict | None = None) -> dict:
                 "revision": None, "autoscaling": None, "replicas": [], "recent_dead_replicas": []}
     auto = dep.config.autoscaler
     status, message = ("DELETING" if dep.deleting else dep.status), dep.status_message
-    died = seen.get("unhealthy", {}).get(name)
-    if died is not None and status not in ("UNHEALTHY", "DELETING"):  # (the core's own UNHEALTHY says more)
-        status, message = "UNHEALTHY", died  # (a serving replica died: Ray Serve's rule, observe.Unhealthy)
     gone = [{k: r.get(k) for k in ("replica_id", "state", "node_id", *_IDENTITY)}
             for r in seen.get("gone", {}).get(name, [])]
     return {"name": name, "status": status, "message": message, "target": dep.target,
+            # (Ray Serve's status trigger: a serving replica died, rankcore.control.unhealthy)
+            "replica_died": bool(dep.health_failed) and status == "UNHEALTHY" and not dep.failing_to_start,
             "revision": dep.revision,
             "autoscaling": {"min_replicas": auto.min_replicas, "max_replicas": dep.max_replicas,
                             "target_ongoing_requests": auto.target_ongoing_requests, "target": dep.target}
@@ -357,6 +366,21 @@ def status(facts: dict | None = None) -> dict:
         st, msg = _app_status(deps)
         apps[name] = {"name": name, "status": st, "message": msg, "route_prefix": app.route_prefix,
                       "last_deployed_time_s": app.deployed_at, "deployments": {d["name"]: d for d in deps}}
+    # the applications serve.run made (appnames: not in the config's record), their routed deployment first
+    ran: dict[str, list[str]] = {}
+    for d in sorted(state.deployments):
+        app_name = (facts.get("app_names") or {}).get(d)
+        if d not in named and app_name is not None and app_name not in apps:
+            ran.setdefault(app_name, []).append(d)
+    routes = facts.get("routes") or {}
+    for name, members in sorted(ran.items()):
+        prefix = next((p for p, d in sorted(routes.items()) if d in members), None)
+        members.sort(key=lambda d: (routes.get(prefix) != d, d))
+        deps = [_deployment(d, state.deployments.get(d), seen) for d in members]
+        named.update(members)
+        st, msg = _app_status(deps)
+        apps[name] = {"name": name, "status": st, "message": msg, "route_prefix": prefix,
+                      "last_deployed_time_s": None, "deployments": {d["name"]: d for d in deps}}
     others = {n: _deployment(n, d, seen) for n, d in sorted(state.deployments.items()) if n not in named}
     # each proxy the core runs, by node (Serve's ProxyStatus; a draining one is on its way out, not unhealthy)
     proxies = {p["node_id"]: {"status": _PROXY_STATUS[p["phase"]], "proxy_id": pid, "actor_name": p["actor_name"],
@@ -395,19 +419,18 @@ def details() -> dict:
     facts = _facts()
     view = status(facts)
     applied = facts["applied"]
-    died = (facts.get("replicas") or {}).get("unhealthy", {})
     apps = {}
     for name, a in view["applications"].items():
         deps = {}
+        record = applied.apps.get(name)  # (None: an application serve.run made)
         for dname, d in a["deployments"].items():
-            conf = next((x for x in applied.apps[name].config.get("deployments", []) if x["name"] == dname),
+            conf = next((x for x in (record.config if record else {}).get("deployments", []) if x["name"] == dname),
                         {"name": dname})
             deps[dname] = {
                 "name": dname,
                 "status": d["status"] if d["status"] in ("HEALTHY", "UPDATING", "UNHEALTHY", "DEPLOY_FAILED")
                 else "UPDATING",
-                "status_trigger": "HEALTH_CHECK_FAILED" if d["status"] == "UNHEALTHY" and died.get(dname) == d["message"]
-                else "UNSPECIFIED",
+                "status_trigger": "HEALTH_CHECK_FAILED" if d.get("replica_died") else "UNSPECIFIED",
                 "message": d["message"], "deployment_config": _serve_names(conf),
                 "target_num_replicas": d["target"], "required_resources": {},
                 "replicas": [{**_serve_replica(r), "rank": r["rank"], "node_rank": r["node_rank"],
@@ -417,7 +440,8 @@ def details() -> dict:
                 "recent_dead_replicas": [_serve_replica(r) for r in d["recent_dead_replicas"]]}
         apps[name] = {"name": name, "route_prefix": a["route_prefix"], "docs_path": None, "status": a["status"],
                       "message": a["message"], "last_deployed_time_s": a["last_deployed_time_s"],
-                      "deployed_app_config": _serve_app(applied.apps[name].config), "source": "declarative",
+                      "deployed_app_config": _serve_app(record.config) if record else None,
+                      "source": "declarative" if record else "imperative",
                       "deployments": deps, "external_scaler_enabled": False}
     http = {k: v for k, v in applied.http_options.items() if k in ("host", "port", "request_timeout_s")}
     proxy = facts["proxy"]
