@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse

@@ -242,7 +242,7 @@ def test_dashboard_names_only_metrics_we_export():
         for word in re.findall(r"\b(?:ray_serve|rankcore)_[a-z_]+\b", e):
             named.add(word)
             assert word in known, f"{word!r} in {e!r} is not a metric we export"
-    assert NO_PANEL_YET <= {s.name for s in ALL_METRICS}
+    assert {s.name for s in ALL_METRICS} >= NO_PANEL_YET
     spec_names = {s.name for s in INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS} - NO_PANEL_YET
     covered = {n for n in spec_names if any(n in w for w in named)}
     assert len(covered) >= len(spec_names) // 2, sorted(spec_names - covered)
