@@ -764,13 +764,25 @@ class IngressState:
                 "client": scope.get("client"), "server": scope.get("server")}
         handle = self.handles[name].options(stream=True, method_name=ASGI_ENTRY)
         response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note))
+        items, first = await self._first_item(name, response, request.receive, self.request_timeout_s, note)
+        if first is _NOTHING:
+            self.in_flight[name] -= 1
+            raise RuntimeError(f"{name!r}'s ASGI app ended without an answer")
+        return _Relayed(self, name, first, items, response, note)
+
+    async def _first_item(self, name: str, response: Any, receive: Any, timeout: float | None,
+                          note: dict | None) -> tuple[Any, Any]:
+        """``(items, first)`` of a stream sent to ``name`` (``first``: ``_NOTHING`` for none), counted
+        in flight from now (its reader counts it out when it ends). An error, no first item within
+        ``timeout`` (``rankcore.RequestTimeout``) or the client gone cancels the call and counts it
+        out. ``note["replica"]``: the replica it went to."""
         items = response.__aiter__()
         self.in_flight[name] += 1
         try:
-            answered, first = await _answer(_first(items), request.receive, self.request_timeout_s)
+            answered, first = await _answer(_first(items), receive, timeout)
             if not answered:
-                raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s="
-                                        f"{self.request_timeout_s:g}", deployment=name)
+                raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                        deployment=name)
         except BaseException:
             self.in_flight[name] -= 1
             _cancel(response)
@@ -778,10 +790,7 @@ class IngressState:
         finally:
             if note is not None:
                 note["replica"] = _replica_of(response)
-        if first is _NOTHING:
-            self.in_flight[name] -= 1
-            raise RuntimeError(f"{name!r}'s ASGI app ended without an answer")
-        return _Relayed(self, name, first, items, response, note)
+        return items, first
 
     def _gone(self, name: str | None) -> Any:
         """The client went away before its answer: its call was cancelled; 499 counted (nginx's
@@ -804,18 +813,8 @@ class IngressState:
 
         handle = self.handles[name].options(stream=True, method_name=method)
         response = await self.send(handle, name, args, kwargs, None, _request_of(note))
-        items = response.__aiter__()
-        self.in_flight[name] += 1
+        items, first = await self._first_item(name, response, receive, None, note)
         ended = False
-        try:
-            _, first = await _answer(_first(items), receive, None)
-        except BaseException:
-            self.in_flight[name] -= 1
-            _cancel(response)
-            raise
-        finally:
-            if note is not None:
-                note["replica"] = _replica_of(response)
 
         async def lines() -> AsyncIterator[bytes]:
             nonlocal ended
