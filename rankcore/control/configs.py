@@ -9,8 +9,9 @@ rank first. ``pace_touched`` is an end-of-step pass: ``DeploymentApplied`` raise
 that touches the deployment later (an answer, a crash, a replica ready), sends what the budget allows.
 
 A replica that starts meanwhile gets the config with its start (``StartReplica``) or at ``ReplicaReady``;
-one stopping, retiring or a blue-green's blue (leaving: its reconfigure would carry ranks it is not
-told) is never reconfigured for a config. A deployment is fully on its config when no serving
+one stopping, retiring, of an outgoing revision (a rollout replaces it: Ray Serve's rule) or a
+blue-green's blue (leaving: its reconfigure would carry ranks it is not told) is never
+reconfigured for a config. A deployment is fully on its config when no serving
 replica is behind it and none is reconfiguring (``config_applied``): what ``rankcore deploy`` waits for.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md, "What you may import").
@@ -28,8 +29,11 @@ __all__ = ["pace_touched", "behind", "config_applied", "settled"]
 
 
 def _behind(dep: Deployment, r: Replica) -> bool:
+    """A serving replica to tell the new ``user_config``: not one of an outgoing revision (a rollout
+    replaces it, its successor starting with the config: Ray Serve never reconfigures a replica it
+    is replacing), nor one leaving."""
     return (r.phase is Phase.RUNNING and r.config_version < dep.config_version and r.blue_ranks is None
-            and not r.retiring)
+            and not r.retiring and r.revision == dep.revision)
 
 
 def behind(dep: Deployment) -> list[Replica]:

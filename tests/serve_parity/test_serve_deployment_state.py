@@ -757,11 +757,6 @@ def _rolls_in_waves_of_two(c: Controller) -> None:
     assert c.status == "HEALTHY"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "rankcore defect: a new version applied with a new user_config also reconfigures old-version replicas "
-    "waiting for the rollout (configs.pace_touched skips only those retiring): two of the eight old replicas go "
-    "RECONFIGURING with the config meant for the new code; Serve reconfigures no replica it is replacing "
-    "(a code version change restarts, it never reconfigures)"))
 def test_new_version_deploy_throttling_new():
     """The first deploy starts every replica at once; a new version rolls two at a time (20% of ten),
     code version and user_config both changed."""
