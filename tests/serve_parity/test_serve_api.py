@@ -5,23 +5,26 @@ on Serve's own tests").
 
 Source: ray-project/ray, python/ray/serve/tests/test_api.py @ 00f2529afe64 (the version the search
 index holds; 33,473 characters). Each case here is that file's, under its own name and parameters,
-re-expressed from what it checks (written anew, not copied). Left out, for the port of Serve's HTTP
-request path (a starlette ``Request`` in ``__call__``, ``serve.ingress`` and starlette responses,
-under way in executors/ray_gpu/serve.py): ``test_e2e``, the six ``test_starlette_response_*``,
-``test_deploy_function_no_params``, ``test_deploy_function_no_params_call_with_param``,
-``test_deploy_class_no_params``, ``test_scaling_replicas``, ``test_starlette_request`` and
-``test_deploy_application_basic``.
+re-expressed from what it checks (written anew, not copied). The HTTP cases (``test_e2e``, the six
+``test_starlette_response_*``, ``test_deploy_function_no_params*``, ``test_deploy_class_no_params``,
+``test_scaling_replicas``, ``test_starlette_request``, ``test_deploy_application_basic``) send their
+requests with httpx to the proxy (``ingress_address()``) where Serve's go to 127.0.0.1:8000: ``__call__``
+gets a starlette ``Request`` and its answer is made by Serve's rules (executors/ray_gpu/api/asgi.py).
 
 Adapted, as said at each case: Serve's function deployments (``@serve.deployment def f``) are classes
 with ``__call__`` here (rankcore's ``@serve.deployment`` takes a class: the cases about functions
-themselves are xfail in test_serve_config.py); an HTTP call checks the route (status, and the text of
-a handler that takes any arguments: ``__call__(self, *args)``), what is answered is checked through
-handles; ``serve.status()`` is ``rankcore status --json``'s dict (docs/ray.md, "Porting a Serve app"),
-read by key; Serve's ``RayServeException`` is a ``rankcore.RankcoreError`` naming the same thing;
+themselves are xfail in test_serve_config.py; a function with no parameter is a ``__call__(self)``,
+given no Request over HTTP as in Serve); deployment names are global in rankcore, so a case's
+deployments are named apart from other cases' (``.options(name=...)`` where Serve reuses one);
+requests follows redirects, httpx when told (``follow_redirects=True``); ``serve.status()`` is
+``rankcore status --json``'s dict (docs/ray.md, "Porting a Serve app"), read by key; Serve's ``RayServeException`` is a ``rankcore.RankcoreError`` naming the same thing;
 Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy --no-wait`` does
 (``control.apps.apply_config`` of a config naming a module-level application here) and Serve's
 private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
+
+Tally (2026-11-28): 46 cases, Serve's whole file: 31 pass, 4 skipped (documented differences, a pip
+install), 11 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any
 import httpx
 import pytest
 import ray
+import starlette.responses
+from fastapi import FastAPI
 from ray import cloudpickle
 
 import rankcore as rc
@@ -154,7 +159,173 @@ class HangingStart:
 hanging_app = HangingStart.bind()
 
 
+# ------------------------------------------------------------------ Serve's module-level deployments
+@serve.deployment(name="sync_d", ray_actor_options=CPU)
+class SyncD:  # (Serve's function deployment ``def sync_d()``: no parameter)
+    def __call__(self):
+        return "sync!"
+
+
+@serve.deployment(name="async_d", ray_actor_options=CPU)
+class AsyncD:  # (Serve's ``async def async_d()``)
+    async def __call__(self):
+        return "async!"
+
+
+@serve.deployment(name="Counter", ray_actor_options=CPU)
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self):
+        self.count += 1
+        return {"count": self.count}
+
+
+@serve.deployment(name="AsyncCounter", ray_actor_options=CPU)
+class AsyncCounter:
+    async def __init__(self):
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        self.count = 0
+
+    async def __call__(self):
+        import asyncio
+
+        self.count += 1
+        await asyncio.sleep(0.01)
+        return {"count": self.count}
+
+
 # ================================================================== cases
+def test_e2e():
+    @serve.deployment(name="api", ray_actor_options=CPU)
+    class Function:  # (Serve's ``def function(starlette_request)``)
+        def __call__(self, starlette_request):
+            return {"method": starlette_request.method}
+
+    serve.run(Function.bind())
+    assert httpx.get(f"{base()}/api", timeout=30).json()["method"] == "GET"
+    assert httpx.post(f"{base()}/api", timeout=30).json()["method"] == "POST"
+
+
+def test_starlette_response_basic():
+    @serve.deployment(name="basic", ray_actor_options=CPU)
+    class Basic:
+        def __call__(self):
+            return starlette.responses.Response("Hello, world!", media_type="text/plain")
+
+    serve.run(Basic.bind())
+    assert httpx.get(f"{base()}/", timeout=30).text == "Hello, world!"
+
+
+def test_starlette_response_html():
+    @serve.deployment(name="html", ray_actor_options=CPU)
+    class Html:
+        def __call__(self):
+            return starlette.responses.HTMLResponse("<html><body><h1>Hello, world!</h1></body></html>")
+
+    serve.run(Html.bind())
+    assert httpx.get(f"{base()}/", timeout=30).text == "<html><body><h1>Hello, world!</h1></body></html>"
+
+
+def test_starlette_response_plain_text():
+    @serve.deployment(name="plain_text", ray_actor_options=CPU)
+    class PlainText:
+        def __call__(self):
+            return starlette.responses.PlainTextResponse("Hello, world!")
+
+    serve.run(PlainText.bind())
+    assert httpx.get(f"{base()}/", timeout=30).text == "Hello, world!"
+
+
+def test_starlette_response_json():
+    @serve.deployment(name="json", ray_actor_options=CPU)
+    class Json:
+        def __call__(self):
+            return starlette.responses.JSONResponse({"hello": "world"})
+
+    serve.run(Json.bind())
+    assert httpx.get(f"{base()}/json", timeout=30).json()["hello"] == "world"
+
+
+def test_starlette_response_redirect():
+    home = f"{base()}/"  # (Serve's http://127.0.0.1:8000/: the proxy's address here)
+
+    @serve.deployment(name="basic_redirect", ray_actor_options=CPU)
+    class Basic:
+        def __call__(self):
+            return starlette.responses.Response("Hello, world!", media_type="text/plain")
+
+    @serve.deployment(name="redirect", ray_actor_options=CPU)
+    class Redirect:
+        def __call__(self):
+            return starlette.responses.RedirectResponse(url=home)
+
+    serve.run(Basic.bind(), name="app1", route_prefix="/")
+    serve.run(Redirect.bind(), name="app2", route_prefix="/redirect")
+    # (requests follows a redirect by default; httpx when told)
+    assert httpx.get(f"{base()}/redirect", timeout=30, follow_redirects=True).text == "Hello, world!"
+
+
+def test_starlette_response_streaming():
+    @serve.deployment(name="streaming", ray_actor_options=CPU)
+    class Streaming:
+        def __call__(self):
+            import asyncio
+
+            async def slow_numbers():
+                for number in range(1, 4):
+                    yield str(number)
+                    await asyncio.sleep(0.01)
+
+            return starlette.responses.StreamingResponse(slow_numbers(), media_type="text/plain", status_code=418)
+
+    serve.run(Streaming.bind())
+    resp = httpx.get(f"{base()}/", timeout=30)
+    assert resp.text == "123"
+    assert resp.status_code == 418
+
+
+# (Serve's sync_d / async_d are function deployments; here the classes SyncD / AsyncD, whose
+# ``__call__(self)`` takes no parameter: Serve calls such a one with no Request over HTTP)
+@pytest.mark.parametrize("use_async", [False, True])
+def test_deploy_function_no_params(use_async):
+    if use_async:
+        expected_output, deployment_cls = "async!", AsyncD
+    else:
+        expected_output, deployment_cls = "sync!", SyncD
+    handle = serve.run(deployment_cls.bind())
+    assert httpx.get(f"{base()}/{deployment_cls.name}", timeout=30).text == expected_output
+    assert handle.remote().result(timeout=30) == expected_output
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_deploy_function_no_params_call_with_param(use_async):
+    if use_async:
+        expected_output, deployment_cls = "async!", AsyncD
+    else:
+        expected_output, deployment_cls = "sync!", SyncD
+    deployment_cls = deployment_cls.options(name=f"{deployment_cls.name}_param")  # (names are global here)
+    handle = serve.run(deployment_cls.bind())
+    assert httpx.get(f"{base()}/{deployment_cls.name}", timeout=30).text == expected_output
+    # (Serve's function says "() takes 0 positional arguments but 1 was given"; a method counts its self)
+    with pytest.raises(TypeError, match=r"\(\) takes 1 positional argument but 2 were given"):
+        handle.remote(1).result(timeout=30)
+    with pytest.raises(TypeError, match=r"\(\) got an unexpected keyword argument"):
+        handle.remote(key=1).result(timeout=30)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_deploy_class_no_params(use_async):
+    deployment_cls = AsyncCounter if use_async else Counter
+    handle = serve.run(deployment_cls.bind())
+    assert httpx.get(f"{base()}/{deployment_cls.name}", timeout=30).json() == {"count": 1}
+    assert httpx.get(f"{base()}/{deployment_cls.name}", timeout=30).json() == {"count": 2}
+    assert handle.remote().result(timeout=30) == {"count": 3}
+
+
 def test_user_config():
     @serve.deployment(name="counter", num_replicas=2, user_config={"count": 123, "b": 2}, ray_actor_options=CPU)
     class Counter:
@@ -208,6 +379,36 @@ def test_user_config_empty():
     assert serve.run(Counter.bind(), name="empty", route_prefix=None).remote().result(timeout=30) == 1
 
 
+def test_scaling_replicas():
+    @serve.deployment(name="counter_scaling", num_replicas=2, ray_actor_options=CPU)
+    class Counter:
+        def __init__(self):
+            self.count = 0
+
+        def __call__(self, _):
+            self.count += 1
+            return self.count
+
+    serve.run(Counter.bind())
+    counter_result = [httpx.get(f"{base()}/counter", timeout=30).json() for _ in range(10)]
+    assert max(counter_result) < 10  # (shared by two replicas: neither counted all ten)
+    serve.run(Counter.options(num_replicas=1).bind())
+    counter_result = [httpx.get(f"{base()}/counter", timeout=30).json() for _ in range(10)]
+    assert max(counter_result) - min(counter_result) > 6  # (most by the one replica left)
+
+
+def test_starlette_request():
+    @serve.deployment(name="api_echo", ray_actor_options=CPU)
+    class EchoBody:  # (Serve's ``async def echo_body(starlette_request)``, named "api" as test_e2e's)
+        async def __call__(self, starlette_request):
+            return await starlette_request.body()
+
+    serve.run(EchoBody.bind())
+    uvicorn_high_water_mark = 65536  # (max bytes in one message: a body of many)
+    long_string = "x" * 10 * uvicorn_high_water_mark
+    assert httpx.post(f"{base()}/api", content=long_string, timeout=60).text == long_string
+
+
 def test_shutdown_destructor():
     signal = Signal.remote()
 
@@ -243,6 +444,52 @@ def test_run_get_ingress_node():
 
     handle = serve.run(Driver.bind(F.bind()), route_prefix=None)
     assert handle.remote().result(timeout=30) == "got f"
+
+
+@pytest.mark.xfail(strict=True, reason="rankcore defect: a @serve.ingress(FastAPI()) class defined inside a function "
+                                       "gets no class-based view in the replica: pickled by value, it comes back "
+                                       "with __qualname__ = its __name__ ('MyFastAPIDeployment') while its methods "
+                                       "keep theirs ('test_deploy_application_basic.<locals>.MyFastAPIDeployment."
+                                       "root'), so api/asgi.py's _views_of matches no route and FastAPI reads "
+                                       "`self` as a required query parameter: 422")
+def test_deploy_application_basic():
+    @serve.deployment(name="f_basic", ray_actor_options=CPU)
+    class F:
+        def __call__(self):
+            return "got f"
+
+    @serve.deployment(name="g_basic", ray_actor_options=CPU)
+    class G:
+        def __call__(self):
+            return "got g"
+
+    @serve.deployment(name="h_basic", ray_actor_options=CPU)
+    class H:
+        def __call__(self):
+            return "got h"
+
+    app = FastAPI()
+
+    @serve.deployment(name="MyFastAPIDeployment", ray_actor_options=CPU)
+    @serve.ingress(app)
+    class MyFastAPIDeployment:
+        @app.get("/")
+        def root(self):
+            return "Hello, world!"
+
+    f_handle = serve.run(F.bind(), name="app_f")
+    assert f_handle.remote().result(timeout=30) == "got f"
+    assert httpx.get(f"{base()}/", timeout=30).text == "got f"
+    g_handle = serve.run(G.bind(), name="app_g", route_prefix="/app_g")
+    assert g_handle.remote().result(timeout=30) == "got g"
+    assert httpx.get(f"{base()}/app_g", timeout=30).text == "got g"
+    h_handle = serve.run(H.bind(), name="app_h", route_prefix="/my_prefix")
+    assert h_handle.remote().result(timeout=30) == "got h"
+    assert httpx.get(f"{base()}/my_prefix", timeout=30).text == "got h"
+    serve.run(MyFastAPIDeployment.bind(), name="FastAPI", route_prefix="/hello")
+    # (requests follows redirects: the 307 from /hello to /hello/ that starlette answers for a route "/" under a
+    # root_path, httpx when told)
+    assert httpx.get(f"{base()}/hello", timeout=30, follow_redirects=True).text == '"Hello, world!"'
 
 
 @pytest.mark.xfail(strict=True, reason="rankcore defect: serve.delete of an application already deleted raises "
