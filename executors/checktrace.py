@@ -179,6 +179,7 @@ _COMMAND_FIELDS = {
     "ReconfigureReplica": ({"replica": "str", "rank": "fullrank"}, {"world_size": "int", "reason": "str"}),
     "StopReplica": ({"replica": "str"}, {}),
     "UpdateWorldSize": ({}, {"world_size": "int"}),
+    "UpdateHealthChecks": ({}, {"health_check_period_s": "num", "health_check_timeout_s": "num"}),
     "PlaceReplica": ({"replica": "str", "rank": "fullrank"}, {"node_id": "str"}),
     "ScheduleTick": ({}, {"at": "num"}),
     "KeepSpareProcesses": ({"deployment": "str"}, {"node_id": "str", "count": "int"}),

@@ -127,6 +127,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     moved = dep.static is not None and e.static_placement is not None and e.static_placement != dep.static
     if dep.health_failed and (rollouts.revision(e.config) != dep.revision or e.user_config != dep.user_config):
         dep = unhealthy.recovered(dep)  # (a new deploy: UPDATING, no longer UNHEALTHY for a replica that died)
+    health.retune(tx, dep, e.config)  # (new check timings reach the replicas running now)
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
     # a new revision, size or update mode before a blue-green switch calls it off: the old set serves on

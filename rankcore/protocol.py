@@ -7,6 +7,7 @@
 | ReconfigureReplica   | ReplicaReconfigured(version) (or ReplicaCrashed) |
 | StopReplica          | ReplicaStopped (or ReplicaCrashed)            |
 | UpdateWorldSize      | nothing                                       |
+| UpdateHealthChecks   | nothing                                       |
 | PlaceReplica         | ReplicaPlaced (or PlacementFailed, ReplicaCrashed) |
 | GangChanged          | nothing                                       |
 | KeepSpareProcesses   | nothing                                       |

@@ -243,7 +243,8 @@ class SimBackend:
         self._handlers: dict[type, Callable[[Any], None]] = {
             rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
             rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
-            rc.UpdateWorldSize: self._world_size, rc.ScheduleTick: self._schedule_tick,
+            rc.UpdateWorldSize: self._world_size, rc.UpdateHealthChecks: self._health_checks,
+            rc.ScheduleTick: self._schedule_tick,
             rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
             rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update,
             rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy,
@@ -302,6 +303,13 @@ class SimBackend:
         for r in self.replicas.values():
             if r.deployment == cmd.deployment and r.alive:
                 r.world_size = cmd.world_size
+
+    def _health_checks(self, cmd: rc.UpdateHealthChecks) -> None:
+        """Every live replica of the deployment is checked at the new period and timeout from its
+        next check on (Ray: ``carry``, the watcher reads them before each check)."""
+        for r in self.replicas.values():
+            if r.deployment == cmd.deployment and r.alive:
+                r.checks = (cmd.health_check_period_s, cmd.health_check_timeout_s)
 
     def _gang_changed(self, cmd: rc.GangChanged) -> None:
         """Every live member's context shows the new members; a running one's

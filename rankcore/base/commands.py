@@ -35,6 +35,7 @@ __all__ = [
     "ReconfigureReplica",
     "StopReplica",
     "UpdateWorldSize",
+    "UpdateHealthChecks",
     "PlaceReplica",
     "ScheduleTick",
     "GangChanged",
@@ -148,6 +149,18 @@ class UpdateWorldSize:
 
     deployment: str = attrs.field(validator=f.name)
     world_size: int = attrs.field(validator=f.count)
+
+
+@attrs.frozen(kw_only=True)
+class UpdateHealthChecks:
+    """Check every live replica of ``deployment`` every ``health_check_period_s``, each check
+    bounded by ``health_check_timeout_s``, from its next check on (a new deploy changed them: as
+    Ray Serve's controller, the running replicas are checked at the new period, none restarted;
+    one starting gets them with its ``InitializeReplica``). Answer: none."""
+
+    deployment: str = attrs.field(validator=f.name)
+    health_check_period_s: float
+    health_check_timeout_s: float
 
 
 @attrs.frozen(kw_only=True)
@@ -385,7 +398,8 @@ class StopProxy:
     reason: str = attrs.field(validator=attrs.validators.in_(PROXY_STOP_REASONS))
 
 
-Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, PlaceReplica,
+Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, UpdateHealthChecks,
+                PlaceReplica,
                 ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
                 EvictReplica, DropWarmCopy, RequestResources, StartProxy, DrainProxy, StopProxy]
 #: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'

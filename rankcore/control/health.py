@@ -28,8 +28,10 @@ Ray Serve checks only running replicas.
 
 from __future__ import annotations
 
+from ..base.commands import UpdateHealthChecks
 from ..base.events import HealthChecked
 from ..base.lifecycle import Phase
+from ..base.options import DeploymentConfig
 from ..base.records import updater
 from ..base.state import Deployment, Replica, Step
 from ..placement.gangs import fail_member
@@ -39,7 +41,7 @@ from .passes import finish
 from .transaction import Tx, put_replica, stop_command
 from .unhealthy import died
 
-__all__ = ["checked"]
+__all__ = ["checked", "retune"]
 
 _with_failures = updater(Replica, "health_failures")
 
@@ -70,3 +72,14 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
     tx.emit(stop_command(dep, rep.replica_id, now=True))  # unhealthy: its process goes, its rank is replaced
     tx.put(fail_member(tx, dep, rep))
     return finish(tx)
+
+
+def retune(tx: Tx, dep: Deployment, config: DeploymentConfig) -> None:
+    """A deploy of ``config``: when its ``health_check_period_s`` or ``health_check_timeout_s``
+    differ from the deployment's, its replicas are checked at the new ones from their next check
+    (``UpdateHealthChecks``; Ray Serve's lightweight update: none is restarted)."""
+    old, new = dep.config.health, config.health
+    if (old.health_check_period_s, old.health_check_timeout_s) != (new.health_check_period_s,
+                                                                    new.health_check_timeout_s):
+        tx.emit(UpdateHealthChecks(deployment=dep.name, health_check_period_s=new.health_check_period_s,
+                                   health_check_timeout_s=new.health_check_timeout_s))

@@ -635,16 +635,8 @@ def test_redeploy_different_num_replicas():
         ("max_ongoing_requests", 10),
         ("graceful_shutdown_timeout_s", DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S + 1),
         ("graceful_shutdown_wait_loop_s", DEFAULT_GRACEFUL_SHUTDOWN_WAIT_LOOP_S + 1),
-        pytest.param("health_check_period_s", DEFAULT_HEALTH_CHECK_PERIOD_S + 1, marks=pytest.mark.xfail(
-            strict=True, raises=AssertionError, reason=(
-                "rankcore defect: a new health_check_period_s never reaches a running replica: its executor "
-                "checks it at the period its InitializeReplica carried (executors/ray_gpu/control/observe.py "
-                "start_checks, executors/sim/world.py) and no command carries a new one; Serve's controller "
-                "checks the running replica at the new period (its version becomes v2 without a restart)"))),
-        pytest.param("health_check_timeout_s", DEFAULT_HEALTH_CHECK_TIMEOUT_S + 1, marks=pytest.mark.xfail(
-            strict=True, raises=AssertionError, reason=(
-                "rankcore defect: a new health_check_timeout_s never reaches a running replica, as for "
-                "health_check_period_s: InitializeReplica carried the old one and no command carries a new one"))),
+        ("health_check_period_s", DEFAULT_HEALTH_CHECK_PERIOD_S + 1),
+        ("health_check_timeout_s", DEFAULT_HEALTH_CHECK_TIMEOUT_S + 1),
     ],
 )
 def test_deploy_new_config_same_code_version(option, value):
@@ -676,9 +668,11 @@ def test_deploy_new_config_same_code_version(option, value):
     if option.startswith("graceful_shutdown"):
         c.delete()
         assert getattr(c.waiting[rid], option) == value  # the running replica's drain follows the new value
-    if option.startswith("health_check"):
-        told = [getattr(x, option) for x in c.log_for(rid) if hasattr(x, option)]
+    if option.startswith("health_check"):  # adapted: the deployment's executor is told once, for every replica
+        told = [getattr(x, option) for x in c.log
+                if hasattr(x, option) and (getattr(x, "replica_id", None) == rid or x.deployment == c.dep.name)]
         assert told[-1] == value, f"the running replica's executor was last told {option}={told[-1]}"
+        assert isinstance([x for x in c.log if hasattr(x, option)][-1], rc.UpdateHealthChecks)
 
 
 def test_deploy_new_config_same_code_version_2():

@@ -120,6 +120,10 @@ class Carrier:
                 for _rid, rec in self.ledger.with_actors():
                     if rec.deployment == cmd.deployment:
                         rec.actor.update_world_size.remote(cmd.world_size, seq)
+            elif isinstance(cmd, rc.UpdateHealthChecks):  # (the watcher reads them before each check)
+                for _rid, rec in self.ledger.with_actors():
+                    if rec.deployment == cmd.deployment:
+                        rec.check_every = (cmd.health_check_period_s, cmd.health_check_timeout_s)
 
     def request_resources(self, cmd: rc.RequestResources) -> None:
         """The core's demand (``rankcore.placement.demand``) to Ray's autoscaler, KubeRay's

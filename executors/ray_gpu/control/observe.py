@@ -412,6 +412,9 @@ class Watcher:
             await asyncio.sleep(period)
             if not self._checked(rid):
                 return
+            rec = self.ledger.replicas.get(rid)  # (an UpdateHealthChecks since: its period and timeout from now)
+            if rec is not None and rec.check_every is not None:
+                period, timeout = rec.check_every
             began, took = loop.time(), None
             try:
                 await asyncio.wait_for(actor.ping.remote(), timeout)
