@@ -23,8 +23,8 @@ Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy -
 private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
 
-Tally (2026-11-28): 46 cases, Serve's whole file: 31 pass, 4 skipped (documented differences, a pip
-install), 11 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
+Tally (2026-11-28): 46 cases, Serve's whole file: 32 pass, 4 skipped (documented differences, a pip
+install), 10 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -446,12 +446,6 @@ def test_run_get_ingress_node():
     assert handle.remote().result(timeout=30) == "got f"
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a @serve.ingress(FastAPI()) class defined inside a function "
-                                       "gets no class-based view in the replica: pickled by value, it comes back "
-                                       "with __qualname__ = its __name__ ('MyFastAPIDeployment') while its methods "
-                                       "keep theirs ('test_deploy_application_basic.<locals>.MyFastAPIDeployment."
-                                       "root'), so api/asgi.py's _views_of matches no route and FastAPI reads "
-                                       "`self` as a required query parameter: 422")
 def test_deploy_application_basic():
     @serve.deployment(name="f_basic", ray_actor_options=CPU)
     class F:

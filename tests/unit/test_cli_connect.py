@@ -35,6 +35,7 @@ def _commands(tmp_path: Path, address: str) -> dict[str, list[str]]:
     config = tmp_path / "deploy.yaml"
     config.write_text(CONFIG)
     return {"status": ["status", "--address", address],
+            "config": ["config", "--address", address],
             "deploy": ["deploy", str(config), "--address", address],
             "delete": ["delete", "echo", "--address", address],
             "shutdown": ["shutdown", "--yes", "--address", address],
@@ -53,7 +54,7 @@ def _cli(args: list[str], bound_s: float, **env: str) -> tuple[subprocess.Comple
     return done, time.monotonic() - t0
 
 
-@pytest.mark.parametrize("command", ["status", "deploy", "delete", "shutdown", "run", "serve"])
+@pytest.mark.parametrize("command", ["status", "config", "deploy", "delete", "shutdown", "run", "serve"])
 def test_a_refused_address_is_exit_2_at_once_by_default(command, tmp_path):
     """No --connect-timeout: the default bound, and a refused port is told at once, naming it."""
     args = _commands(tmp_path, REFUSED)[command]
@@ -107,7 +108,7 @@ def http_port() -> Iterator[int]:
     server.server_close()
 
 
-@pytest.mark.parametrize("command", ["status", "deploy", "delete", "shutdown", "run", "serve"])
+@pytest.mark.parametrize("command", ["status", "config", "deploy", "delete", "shutdown", "run", "serve"])
 def test_a_port_that_never_answers_gives_up_at_the_connect_timeout(command, silent_port, tmp_path):
     """TCP connects, Ray then waits on it for ever: the deadline ends the command, naming both."""
     address = f"{HOST}:{silent_port}"

@@ -40,6 +40,9 @@ __all__ = ["ENTRY", "ingress", "request_ingress", "is_asgi", "started", "stopped
 ENTRY = ASGI_ENTRY
 #: the ASGI app (or its builder) ``ingress`` put on the class
 APP_ATTR = "__rankcore_asgi_app__"
+#: the class's qualified name where it was defined (a class defined in a function comes back from
+#: cloudpickle named bare, while its methods keep ``f.<locals>.Cls.m``: its routes are found by this)
+QUALNAME_ATTR = "__rankcore_asgi_qualname__"
 #: which shape: "ingress" (``@serve.ingress``) or "request" (``__call__(request)``)
 KIND_ATTR = "__rankcore_asgi_kind__"
 
@@ -82,6 +85,7 @@ def ingress(app: Any) -> Callable[[type], type]:
             for route in _views_of(app, cls):  # (made views in the replica, ``started``: a FastAPI router
                 _resolve(route.endpoint)       # of included routes holds a lock, which does not pickle)
         setattr(cls, APP_ATTR, app)
+        setattr(cls, QUALNAME_ATTR, cls.__qualname__)  # (cloudpickle rebuilds a class of a function bare-named)
         setattr(cls, KIND_ATTR, "ingress")
         setattr(cls, ENTRY, _answer)
         return cls
@@ -282,8 +286,9 @@ def _views_of(app: Any, cls: type) -> list:
     """The FastAPI routes of ``app`` defined as methods of ``cls`` (by their qualified name)."""
     from fastapi.routing import APIRoute, APIWebSocketRoute
 
+    qualname = vars(cls).get(QUALNAME_ATTR, cls.__qualname__)
     return [r for r in app.routes if isinstance(r, (APIRoute, APIWebSocketRoute))
-            and getattr(r.endpoint, "__qualname__", "").startswith(cls.__qualname__ + ".")]
+            and getattr(r.endpoint, "__qualname__", "").startswith(qualname + ".")]
 
 
 def _class_based_view(app: Any, cls: type) -> None:
