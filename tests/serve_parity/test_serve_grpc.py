@@ -281,10 +281,6 @@ def test_serving_grpc_requests():
     assert list_applications(channel()) == ["default"]  # (the 2nd defect: last, so that the rest is proven)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "rankcore defect: /rankcore.RankcoreAPIService/ListApplications lists the routed deployment's name "
-    "('grpc-deployment-dict'), not the application's name serve.run gave it (Serve's ['default']); "
-    "serve.start with a dict grpc_options and Healthz pass before it"))
 def test_serve_start_dictionary_grpc_options():
     serve.start(grpc_options={"port": 0, "grpc_servicer_functions": list(SERVICERS)})  # (a dict, not gRPCOptions)
     serve.run(g("grpc-deployment-dict"))

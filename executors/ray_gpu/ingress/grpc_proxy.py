@@ -59,6 +59,7 @@ import rankcore as rc
 
 from ..api.context import RequestContext
 from ..api.grpc_context import GrpcState, RayServegRPCContext, entry_name
+from ..control import appnames
 from .access import request_id_of
 
 log = logging.getLogger(__name__)
@@ -354,12 +355,17 @@ class GrpcFront:
                              latency_ms=(time.perf_counter() - call.began) * 1000.0)
 
     def _application(self, context: aio.ServicerContext) -> str | None:
-        """The deployment ``application`` names (None: unknown, or not given with several)."""
+        """The routed deployment the ``application`` metadata names: an application's (``serve.run``'s
+        ``name``, a config's: its ingress, ``control.appnames``) or a deployment's own name; with one
+        routed deployment, that one whatever it says (Serve's rule). None: unknown, or not given
+        with several."""
         handles = self.ingress.handles
         named = dict(context.invocation_metadata() or ()).get("application")
         if len(handles) == 1:
             return next(iter(handles))
-        return named if named in handles else None
+        if named in handles:
+            return named
+        return next((d for d in sorted(handles) if appnames.of(d) == named), None) if named else None
 
     async def _app_or_abort(self, context: aio.ServicerContext) -> str:
         name = self._application(context)
@@ -572,7 +578,7 @@ class GrpcFront:
     async def _list(self, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
         out = struct_pb2.ListValue()
-        out.extend(sorted(self.ingress.handles))
+        out.extend(sorted({appnames.of(d) for d in self.ingress.handles}))  # (the applications' names: Serve's)
         return out
 
     async def _healthz(self, request: Any, context: aio.ServicerContext) -> Any:
