@@ -28,8 +28,9 @@ running proxies for what it names. Every case deletes the applications it ran. S
 
 Skipped, differing as documented (each says why): the twenty client-streaming and bidirectional cases
 (rankcore serves unary and server-streaming RPCs), and back-pressure's code (``UNAVAILABLE`` here).
-Strict xfails, rankcore defects (their reasons at each case): ``ListApplications`` lists deployments, not
-applications; ``serve.run`` of another graph under an application's name refused; a server-streaming
+Strict xfails, rankcore defects (their reasons at each case): ``serve.run`` of another graph under an
+application's name refused (which also holds back ``test_serving_grpc_requests``'s ``ListApplications``
+check, fixed since: it lists applications' names); a server-streaming
 call not bounded by ``request_timeout_s``; a servicer function registering through
 ``add_generic_rpc_handlers`` alone refused.
 """
