@@ -34,7 +34,7 @@ from .api import grpc_context as grpc_util
 from .api.asgi import ingress, request_ingress
 from .api.batching import batch
 from .api.config import GRPCOptions as gRPCOptions
-from .api.config import HTTPOptions
+from .api.config import HTTPOptions, options_from
 from .api.context import get_replica_context
 from .api.deployments import Application, Deployment, DeploymentHandle, DeploymentResponse
 from .api.deployments import delete as _delete_deployment
@@ -90,8 +90,11 @@ def start(http_options: HTTPOptions | dict | None = None, grpc_options: gRPCOpti
     if others:
         raise NoEquivalent(f"serve.start({', '.join(sorted(others))}=...): no such option in rankcore "
                            f"(http_options, grpc_options, proxy_location)")
-    http = HTTPOptions(**http_options) if isinstance(http_options, dict) else http_options or HTTPOptions()
-    grpc = gRPCOptions(**grpc_options) if isinstance(grpc_options, dict) else grpc_options or gRPCOptions()
+    # (a dict's keys by the config file's rules: keep_alive_timeout_s accepted and ignored, ssl_* refused ...)
+    http = options_from(HTTPOptions, http_options, "serve.start(http_options)") if isinstance(http_options, dict) \
+        else http_options or HTTPOptions()
+    grpc = options_from(gRPCOptions, grpc_options, "serve.start(grpc_options)") if isinstance(grpc_options, dict) \
+        else grpc_options or gRPCOptions()
     start_proxies(http, grpc, proxy_location)
 
 

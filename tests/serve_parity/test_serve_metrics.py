@@ -327,7 +327,6 @@ def test_http_replica_gauge_metrics():
     response.result(timeout=60)
 
 
-@pytest.mark.xfail(strict=True, raises=Gap, reason=CODE_NAMES)
 def test_proxy_metrics_not_found():
     before = scrape()
     for _ in range(2):
@@ -373,7 +372,6 @@ def test_proxy_metrics_internal_error():
     wait_for(counted)
 
 
-@pytest.mark.xfail(strict=True, raises=Gap, reason=CODE_NAMES)
 def test_proxy_metrics_fields_not_found():
     before = scrape()
     assert get("/fake_route").status_code == 404
@@ -396,7 +394,6 @@ def test_proxy_metrics_fields_not_found():
         f"{CODE_NAMES}: {grpc_req['status_code']}, {grpc_err['error_code']}")
 
 
-@pytest.mark.xfail(strict=True, raises=Gap, reason=CODE_NAMES)
 def test_proxy_metrics_fields_internal_error():
     before = scrape()
     serve.run(Fails.bind(), name="app", route_prefix="/real_route")
@@ -486,8 +483,8 @@ class TestRequestContextMetrics:
         missing = {"ray_serve_handle_request_counter_total", "ray_serve_num_router_requests_total"} - names(got)
         gap(not missing, NOT_YET.format(", ".join(sorted(missing))))
 
-    @pytest.mark.xfail(strict=True, raises=Gap, reason=f"{GRPC_ROUTE}; and " +
-                       NOT_YET.format("serve_handle_request_counter, serve_num_router_requests"))
+    @pytest.mark.xfail(strict=True, raises=Gap,
+                       reason=NOT_YET.format("serve_handle_request_counter, serve_num_router_requests"))
     def test_request_context_pass_for_grpc_proxy(self):
         before = scrape()
         serve.run(GrpcDeployment.bind(), name="app1", route_prefix="/app1")

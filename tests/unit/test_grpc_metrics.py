@@ -86,21 +86,21 @@ def test_each_call_is_counted_by_its_method_application_and_code() -> None:
     s = _grpc(ingress)
     by = {tuple(dict(ls)[k] for k in ("route", "method", "application", "status_code")): v
           for (n, ls), v in s.items() if n == "ray_serve_num_grpc_requests_total"}
-    assert by == {("ctx", SAY, "ctx", "OK"): 2, ("ctx", SAY, "ctx", "INTERNAL"): 1, ("ctx", SAY, "ctx", "DATA_LOSS"): 1,
-                  ("ctx", SAY, "ctx", "NOT_FOUND"): 1,  # (a code the method set: as the client got it)
-                  ("", SAY, "", "NOT_FOUND"): 1,  # (no application named: Serve's empty route and application)
-                  ("lacks", LOUD, "lacks", "UNIMPLEMENTED"): 1, ("ctx", LOUD, "ctx", "OK"): 1,
-                  ("ctx", COUNT, "ctx", "OK"): 1}
+    assert by == {("ctx", SAY, "ctx", "StatusCode.OK"): 2, ("ctx", SAY, "ctx", "StatusCode.INTERNAL"): 1, ("ctx", SAY, "ctx", "StatusCode.DATA_LOSS"): 1,
+                  ("ctx", SAY, "ctx", "StatusCode.NOT_FOUND"): 1,  # (a code the method set: as the client got it)
+                  ("", SAY, "", "StatusCode.NOT_FOUND"): 1,  # (no application named: Serve's empty route and application)
+                  ("lacks", LOUD, "lacks", "StatusCode.UNIMPLEMENTED"): 1, ("ctx", LOUD, "ctx", "StatusCode.OK"): 1,
+                  ("ctx", COUNT, "ctx", "StatusCode.OK"): 1}
     assert sum(by.values()) == sum(front.codes.values()) == 9  # (every call once; Healthz is in neither)
     errors = {(dict(ls)["route"], dict(ls)["error_code"]): v for (n, ls), v in s.items()
               if n == "ray_serve_num_grpc_error_requests_total"}
-    assert errors == {("ctx", "INTERNAL"): 1, ("ctx", "DATA_LOSS"): 1, ("ctx", "NOT_FOUND"): 1, ("", "NOT_FOUND"): 1,
-                      ("lacks", "UNIMPLEMENTED"): 1}
+    assert errors == {("ctx", "StatusCode.INTERNAL"): 1, ("ctx", "StatusCode.DATA_LOSS"): 1, ("ctx", "StatusCode.NOT_FOUND"): 1, ("", "StatusCode.NOT_FOUND"): 1,
+                      ("lacks", "StatusCode.UNIMPLEMENTED"): 1}
     assert tot(s, "ray_serve_num_deployment_grpc_error_requests_total", deployment="ctx", method=SAY,
-               error_code="INTERNAL", route="ctx", application="ctx") == 1
+               error_code="StatusCode.INTERNAL", route="ctx", application="ctx") == 1
     assert tot(s, "ray_serve_num_deployment_grpc_error_requests_total", deployment="") == 1
     assert tot(s, "ray_serve_grpc_request_latency_ms_count") == 9
-    assert tot(s, "ray_serve_grpc_request_latency_ms_count", method=COUNT, status_code="OK") == 1
+    assert tot(s, "ray_serve_grpc_request_latency_ms_count", method=COUNT, status_code="StatusCode.OK") == 1
     assert tot(s, "ray_serve_num_ongoing_grpc_requests") == 0
     # HTTP's families are another protocol's
     assert tot(samples(ingress.metrics.exposition()), "ray_serve_num_http_requests_total") == 0
@@ -127,7 +127,7 @@ def test_a_call_in_flight_is_ongoing_and_its_time_is_measured_and_a_cancelled_on
                 await _until(lambda: ongoing() == 1)
                 long.cancel()
                 await _until(lambda: tot(_grpc(ingress), "ray_serve_num_grpc_requests_total",
-                                         status_code="CANCELLED") == 1)
+                                         status_code="StatusCode.CANCELLED") == 1)
                 seen.append(ongoing())
         finally:
             await front.stop(0)
@@ -136,8 +136,8 @@ def test_a_call_in_flight_is_ongoing_and_its_time_is_measured_and_a_cancelled_on
     seen, answer = asyncio.run(main())
     assert seen == [1, 0, 0] and answer[0].text == "awake"
     s = _grpc(ingress)
-    assert tot(s, "ray_serve_grpc_request_latency_ms_count", method=NAP, status_code="OK") == 1
-    assert tot(s, "ray_serve_grpc_request_latency_ms_sum", method=NAP, status_code="OK") >= 300.0
-    assert tot(s, "ray_serve_grpc_request_latency_ms_bucket", method=NAP, status_code="OK", le="200.0") == 0
-    assert tot(s, "ray_serve_num_grpc_error_requests_total", error_code="CANCELLED", route="ctx") == 1
+    assert tot(s, "ray_serve_grpc_request_latency_ms_count", method=NAP, status_code="StatusCode.OK") == 1
+    assert tot(s, "ray_serve_grpc_request_latency_ms_sum", method=NAP, status_code="StatusCode.OK") >= 300.0
+    assert tot(s, "ray_serve_grpc_request_latency_ms_bucket", method=NAP, status_code="StatusCode.OK", le="200.0") == 0
+    assert tot(s, "ray_serve_num_grpc_error_requests_total", error_code="StatusCode.CANCELLED", route="ctx") == 1
     assert front.codes["CANCELLED"] == 1 and ingress.ongoing == 0

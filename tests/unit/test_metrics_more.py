@@ -243,15 +243,15 @@ def test_grpc_calls_are_counted_with_serves_grpc_labels():
     m.grpc_request(method="/pkg.Echo/Say", deployment="", code="NOT_FOUND", latency_ms=0.2)
     s = samples(m.exposition())
     assert s[("ray_serve_num_grpc_requests_total", (("application", "echo"), ("method", "/pkg.Echo/Say"),
-                                                    ("route", "echo"), ("status_code", "OK")))] == 1
+                                                    ("route", "echo"), ("status_code", "StatusCode.OK")))] == 1
     assert tot(s, "ray_serve_num_grpc_requests_total") == 3
     assert tot(s, "ray_serve_num_grpc_error_requests_total") == 2
-    assert s[("ray_serve_num_grpc_error_requests_total", (("application", ""), ("error_code", "NOT_FOUND"),
+    assert s[("ray_serve_num_grpc_error_requests_total", (("application", ""), ("error_code", "StatusCode.NOT_FOUND"),
                                                           ("method", "/pkg.Echo/Say"), ("route", "")))] == 1
     assert s[("ray_serve_num_deployment_grpc_error_requests_total",
-              (("application", "echo"), ("deployment", "echo"), ("error_code", "INTERNAL"),
+              (("application", "echo"), ("deployment", "echo"), ("error_code", "StatusCode.INTERNAL"),
                ("method", "/pkg.Echo/Say"), ("route", "echo")))] == 1
-    assert _hist(s, "ray_serve_grpc_request_latency_ms", status_code="INTERNAL") == (1, 30.0)
+    assert _hist(s, "ray_serve_grpc_request_latency_ms", status_code="StatusCode.INTERNAL") == (1, 30.0)
     assert s[("ray_serve_num_ongoing_grpc_requests", (("node_id", "node"), ("node_ip_address", "1.2.3.4")))] == 1
     m.grpc_ended()
     assert tot(samples(m.exposition()), "ray_serve_num_ongoing_grpc_requests") == 0

@@ -286,6 +286,20 @@ def _check_target_capacity(value: Any, err: Any) -> None:
                   f"100 are accepted, and change nothing), got {value!r}")
 
 
+def options_from(cls: type, data: dict, where: str) -> Any:
+    """``HTTPOptions`` or ``GRPCOptions`` from the keywords of a dict given in code (``serve.start``'s
+    ``http_options={...}``) by the config file's rules, declared once (``_IGNORED``, ``_REFUSED``): a
+    key Serve has that rankcore ignores is dropped with a warning, one it refuses or does not know
+    is a ``ConfigError`` (an ``InvalidConfig``) naming it."""
+    import warnings
+
+    notes: list[str] = []
+    walked = _walk(data, cls, "", _Lines(), where, notes)
+    for note in notes:
+        warnings.warn(note.replace(f"{where}:None: ", f"{where}: "), stacklevel=3)
+    return cls(**walked)
+
+
 def _walk(data: Any, cls: type, path: str, lines: _Lines, source: str, notes: list[str]) -> Any:
     """Check ``data``'s keys against ``cls`` (fields, ignored, refused, unknown); return the data
     ``cattrs`` structures (a deployment's keys of ours moved to its ``options``)."""

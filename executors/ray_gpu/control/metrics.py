@@ -298,14 +298,15 @@ class IngressMetrics:
     def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
         """One gRPC call answered, as Serve's gRPC proxy records it: ``method`` its full name
         (``/package.Service/Method``), ``code`` the gRPC code's name it ended with (``OK``, ``NOT_FOUND``
-        ...: any other than ``OK`` is an error), the application both the ``route`` and the
+        ...: any other than ``OK`` is an error; labelled as Serve's, ``StatusCode.NOT_FOUND``), the
+        application both the ``route`` and the
         ``application`` label (``deployment`` ``""``: no application matched, both ``""``)."""
-        m, app = self.m, _app(deployment)
-        m["ray_serve_num_grpc_requests"].labels(app, method, app, code).inc()
-        m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, code).observe(latency_ms)
+        m, app, shown = self.m, _app(deployment), f"StatusCode.{code}"  # (Serve's label: str(grpc.StatusCode.X))
+        m["ray_serve_num_grpc_requests"].labels(app, method, app, shown).inc()
+        m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, shown).observe(latency_ms)
         if code != "OK":
-            m["ray_serve_num_grpc_error_requests"].labels(app, code, method, app).inc()
-            m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, code, method, app, app).inc()
+            m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app).inc()
+            m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app).inc()
 
     def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
         """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""

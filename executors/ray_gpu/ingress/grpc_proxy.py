@@ -201,7 +201,8 @@ def _error_code(code: Any) -> grpc.StatusCode | None:
 
 def _request_of(name: str, note: dict) -> RequestContext:
     """The replica's request context of a call (``_note_of``'s note)."""
-    return RequestContext(request_id=note["request_id"], app_name=name, multiplexed_model_id=note["model"])
+    app = appnames.of(name)  # (Serve's gRPC request: its route and app_name are the application's)
+    return RequestContext(route=app, request_id=note["request_id"], app_name=app, multiplexed_model_id=note["model"])
 
 
 class GrpcFront:
@@ -577,6 +578,8 @@ class GrpcFront:
     # ------------------------------------------------------------- the API
     async def _list(self, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
+        if self.ingress.draining:  # (as /-/routes and Healthz: a load balancer moves away)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "This node is being drained.")
         out = struct_pb2.ListValue()
         out.extend(sorted({appnames.of(d) for d in self.ingress.handles}))  # (the applications' names: Serve's)
         return out
