@@ -17,9 +17,11 @@ route prefix, a starlette ``Request`` in ``__call__`` (``api.asgi``); under ``@i
 FastAPI (or any ASGI) app answers. (rankcore's own ``deployment`` keeps its JSON calls: the body's
 JSON is the arguments, ``<route>/<method>`` a method marked ``@http_method``.)
 
-Applications: ``run(app, name=...)`` keeps which deployments an application name holds in this
-process (its ingress first), so ``get_app_handle(name)`` and ``delete(name)`` find them; a name
-applied from a config file (``rankcore deploy``) is found in what the controller keeps.
+Applications: ``run(app, name=...)`` names its deployments' application in Ray's KV store
+(``control.appnames``: metrics, ``/-/routes``, gRPC routing and status read it), so
+``get_app_handle(name)`` and ``delete(name)`` find them from any process (this process also keeps
+them, its ingress first); a name applied from a config file (``rankcore deploy``) is found in what
+``control.apps`` keeps.
 """
 
 from __future__ import annotations
