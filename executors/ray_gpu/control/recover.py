@@ -207,9 +207,10 @@ class Recovery:
                         unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
         led.nodes = {n.node_id: n.resources for n in nodes}
         led.feed(event)
+        state = led.driver.state
+        self.carry_on_stops(state)
         # Watch only now: a replica that died while the others reported is then
         # a crash the core knows what to do with (before, it would be ignored).
-        state = led.driver.state
         for rid in requeued:  # (no actor yet: it starts on the specs read, the revision the core holds for it)
             rec = led.replicas[rid]
             d = state.deployments.get(rec.deployment)
@@ -224,6 +225,30 @@ class Recovery:
                 self.watcher.start_checks(rid, rec.actor)
         for rid, actor in starting:
             led.spawn(self.carrier.await_started(rid, actor))
+
+    def carry_on_stops(self, state: rc.State) -> None:
+        """Carry on the stops the dead controller had begun: a replica that reported itself stopping
+        is STOPPING in the core, which waits for its ``ReplicaStopped``, but only a controller ends
+        its process. Each is stopped as a ``StopReplica`` of its deployment's options would stop it
+        (``Carrier.stop_now``: drained again, ``graceful_shutdown_wait_loop_s`` first, while the
+        routers take this controller's pool, where it is draining; then killed, ``ReplicaStopped``).
+        Without it the replica was watched as a serving one, its watch call returned once the old
+        drain ended, and that was taken for its death: a ``ReplicaCrashed`` ("actor died (exited)")
+        of a live replica, killed then with no drain of this controller's
+        (tests/integration/test_ray_controller_kills.py). A replica the recovery's step stopped is
+        being stopped already."""
+        led = self.ledger
+        for rid, rec in sorted(led.with_actors(), key=lambda e: e[0]):
+            if rid in led.stopping:
+                continue
+            d = state.deployments.get(rec.deployment)
+            rep = d.replicas.get(rid) if d is not None else None
+            if rep is None or rep.phase is not rc.Phase.STOPPING:
+                continue
+            o = d.config.shutdown
+            self.carrier.stop_now(rc.StopReplica(
+                replica_id=rid, deployment=d.name, graceful_shutdown_wait_loop_s=o.graceful_shutdown_wait_loop_s,
+                graceful_shutdown_timeout_s=o.graceful_shutdown_timeout_s))
 
     async def warm_copies(self, nodes: Sequence[rc.NodeJoined],
                           desired: Mapping[str, rc.DeploymentApplied]) -> tuple[rc.WarmCopy, ...]:
