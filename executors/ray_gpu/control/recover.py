@@ -242,7 +242,9 @@ class Recovery:
             if rid in led.stopping:
                 continue
             d = state.deployments.get(rec.deployment)
-            rep = d.replicas.get(rid) if d is not None else None
+            if d is None:
+                continue
+            rep = d.replicas.get(rid)
             if rep is None or rep.phase is not rc.Phase.STOPPING:
                 continue
             o = d.config.shutdown
