@@ -108,12 +108,18 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
+_app_of: Any = None  # (``control.appnames.of``, once imported: a handle call asks it every time)
+
+
 def _app(deployment: str) -> str:
     """The application ``deployment`` belongs to (``control.appnames``, imported here on first use: a
     scenario replica's process imports this module alone, never the control package)."""
-    from ..control import appnames
+    global _app_of
+    if _app_of is None:
+        from ..control import appnames
 
-    return appnames.of(deployment)
+        _app_of = appnames.of
+    return str(_app_of(deployment))
 
 
 def model_request(app_name: str, model_id: str) -> RequestContext | None:  # (app_name: the deployment's)
