@@ -149,7 +149,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
                  "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
-                 "asked_at", "hot_at", "placed_at", "revision", "models")
+                 "asked_at", "hot_at", "placed_at", "revision", "models", "reserved")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -166,6 +166,9 @@ class SimReplica:
         self.gpus = gpus
         self.epoch = epoch  # changed when the replica dies: scheduled work for it is void
         self.target: str | None = None  # the node a PlaceReplica sent it to
+        #: the ranks that PlaceReplica reserved for it there (told back to a recovering controller while it
+        #: has not been initialised: the old controller's choice, which the new one keeps)
+        self.reserved: rc.ReplicaRank | None = None
         self.gang: rc.GangContext | None = cmd.gang  # its context's gang (GangChanged updates the members)
         self.checks = (rc.options.HEALTH_CHECK_PERIOD_S, rc.options.HEALTH_CHECK_TIMEOUT_S)  # InitializeReplica's
         self.hung = False  # it stopped answering (a ``hang`` action): its health checks fail
@@ -189,7 +192,14 @@ class SimReplica:
         return self.phase in LIVE
 
     def report(self) -> rc.ReplicaReport:
-        rank = self.rank if self.rank is not None and self.node is not None else self.global_rank
+        if self.rank is not None and self.node is not None:
+            rank: Any = self.rank
+        elif self.reserved is not None and self.node is not None and self.node == self.target:
+            # placed, never initialised: the ranks its placement carried (its global rank as it is now)
+            rank = {"rank": self.global_rank, "node_rank": self.reserved.node_rank,
+                    "local_rank": self.reserved.local_rank}
+        else:
+            rank = self.global_rank
         return rc.ReplicaReport(
             replica_id=self.replica_id,
             deployment=self.deployment,
@@ -360,7 +370,7 @@ class SimBackend:
         r = self.replicas.get(cmd.replica_id)
         if r is None or r.phase != "pending":
             return
-        r.target = cmd.node_id
+        r.target, r.reserved = cmd.node_id, cmd.rank
         r.devices, r.source = cmd.devices, cmd.source
         delay = self.sim.latency(cmd.deployment, "place")
         self.sim.schedule(delay, self._try_place, r.replica_id, r.epoch, cmd.node_id)
@@ -369,29 +379,31 @@ class SimBackend:
         r = self.replicas.get(rid)
         if r is None or r.epoch != epoch or r.phase != "pending" or r.node is not None:
             return
+        refused = self._land(r, node_id)
+        if refused is not None:
+            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason=refused, now=self.sim.now))
+            return
+        self.sim.deliver(_Placed(replica_id=rid, node_id=node_id, now=self.sim.now))
+
+    def _land(self, r: SimReplica, node_id: str) -> str | None:
+        """Put ``r`` on node ``node_id`` (its room taken); why not (the room is not there), or None."""
         node = self.nodes.get(node_id)
         if node is None or not node.alive:
-            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, reason="no such node",
-                                                now=self.sim.now))
-            return
+            return "no such node"
         if r.devices:  # a tiered replica: booked by memory on the GPUs the core chose
             full = self._no_memory(node, r)
             if full:
-                self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, now=self.sim.now,
-                                                    reason=f"no room: {full}"))
-                return
+                return f"no room: {full}"
             self._book(node, r, +1)
             self._take_copy(node, r)
         elif r.gpus > 0 and node.room() < r.gpus - 1e-9:  # the core believed in room that is not there
-            self.sim.deliver(rc.PlacementFailed(replica_id=rid, node_id=node_id, now=self.sim.now,
-                                                reason=f"no room: {node.room():g} of {r.gpus:g} GPUs free"))
-            return
+            return f"no room: {node.room():g} of {r.gpus:g} GPUs free"
         else:
             node.used += r.gpus
-        node.replicas.add(rid)
+        node.replicas.add(r.replica_id)
         r.node = node.name
         r.placed_at = self.sim.now
-        self.sim.deliver(_Placed(replica_id=rid, node_id=node.name, now=self.sim.now))
+        return None
 
     def _initialize(self, cmd: rc.InitializeReplica) -> None:
         r = self.replicas.get(cmd.replica_id)
@@ -853,6 +865,11 @@ class SimBackend:
         for _, r in sorted(self.replicas.items()):
             if not r.alive:
                 continue
+            if r.phase == "pending" and r.node is None and r.target is not None and not r.hung:
+                # Its placement is under way: the recovery waits for it to land, as the Ray executor's
+                # waits for a replica actor being created to answer (its answer to the old controller is
+                # lost); one that cannot land is reported on no node, and the core places it again.
+                self._land(r, r.target)
             if r.hung:
                 silent.append(rc.UnresponsiveReplica(replica_id=r.replica_id, deployment=r.deployment, node_id=r.node))
             else:

@@ -479,7 +479,11 @@ class ReplicaReport:
       on no node yet; the core places it again;
     * ``pending`` with ``node_id``: placed there, but never initialised (no
       ``InitializeReplica`` reached it: the answer was lost with the old
-      controller); the core sends ``InitializeReplica``;
+      controller); the core sends ``InitializeReplica``. Its ``rank`` may
+      carry the node and local ranks its ``PlaceReplica`` reserved there:
+      claimed like a running replica's, so the recovered controller keeps the
+      old one's choice (an executor's recovery waits for a placement under
+      way to land, and reports it so);
     * ``starting``: ``InitializeReplica`` received, ``__init__`` not done; the
       core waits for its ``ReplicaReady`` (with a fresh start timeout);
     * ``running``: ready and serving;

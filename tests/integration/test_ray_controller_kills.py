@@ -374,9 +374,10 @@ def test_a_rolling_update_survives_controller_kills_under_load():
 
 def _same_ranks_but_local_order(after: dict, before: dict) -> bool:
     """The new set holds the old set's global and node ranks, pair for pair, and the same local ranks on
-    each node; which of a node's replicas holds which local rank may differ after a kill while their
-    placements were in flight (a known open point: docs/reliability.md, the crash sweep's
-    provision-4-to-16; seen once on Ray in CI, the blue-green switch). ``check_after`` has checked the
+    each node; which of a node's replicas holds which local rank may differ after a kill while a
+    replica's placement group was still being reserved (no actor yet: the new controller places it
+    again by its own rule; docs/reliability.md; seen once on Ray in CI, the blue-green switch). A
+    replica whose actor exists keeps the ranks its placement reserved. ``check_after`` has checked the
     local ranks are contiguous per node."""
     if sorted(r[:2] for r in after.values()) != sorted(r[:2] for r in before.values()):
         return False

@@ -521,3 +521,21 @@ def test_recovery_refuses_names_it_does_not_know_and_a_warm_starter():
         rc.ReplicaReport(replica_id="d#0", deployment="d", rank=0, node_id="n", phase="starting", tier="warm")
     with pytest.raises(rc.InvalidConfig, match=r"is not a \(deployment, version >= 0\) pair"):
         rc.ControllerRecovered(deployments=[spec], reports=[], weights_versions=[("d", -1)])
+
+
+def test_a_placed_never_initialised_replica_keeps_the_local_rank_its_placement_reserved():
+    """(provision-4-to-16 crashed while 12 placements were under way.) A ``pending`` report on a node
+    that carries the node and local ranks its PlaceReplica reserved keeps them, and is initialised with
+    them; without them the free local ranks go by replica id (``app#10`` before ``app#9``)."""
+    spec = attrs.evolve(SPEC, num_replicas=3)
+    reserved = [report("app#9", {"rank": 0, "node_rank": 0, "local_rank": 0}, phase="pending"),
+                report("app#10", {"rank": 1, "node_rank": 0, "local_rank": 1}, phase="pending"),
+                report("app#11", {"rank": 2, "node_rank": 0, "local_rank": 2}, phase="pending")]
+    d = Driver(nodes=["n0"])
+    cmds = d.run(rc.ControllerRecovered(deployments=(spec,), reports=tuple(reserved)))
+    assert d.ranks() == {"app#9": (0, 0, 0), "app#10": (1, 0, 1), "app#11": (2, 0, 2)}
+    assert {c.replica_id: c.rank.as_tuple() for c in of(rc.InitializeReplica, cmds)} == d.ranks()
+    bare = Driver(nodes=["n0"])
+    bare.run(rc.ControllerRecovered(deployments=(spec,), reports=tuple(
+        report(r.replica_id, r.rank.rank, phase="pending") for r in reserved)))
+    assert bare.ranks()["app#9"] != (0, 0, 0)  # (the case the reserved ranks are told for)

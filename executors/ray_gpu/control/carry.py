@@ -251,7 +251,8 @@ class Carrier:
         bundles = pl.replica_bundles(spec["actor_options"], spec.get("bundles"))
         opts = dict(spec["actor_options"])
         static: st.StaticPlacementConfig | None = spec.get("static")
-        extra: dict[str, Any] = {"gang": rec.gang, "revision": rec.revision}
+        extra: dict[str, Any] = {"gang": rec.gang, "revision": rec.revision,
+                                 "reserved": (node, cmd.rank.node_rank, cmd.rank.local_rank)}
         if spec.get("modules") is not None:  # (a fingerprinted version: the replica checks its code)
             extra["modules"] = spec["modules"]
         if cmd.devices or cmd.source:  # booked by memory (memory.py): the core holds its GPUs

@@ -147,6 +147,9 @@ class Recovery:
             rid, dep = r["replica_id"], r["deployment"]
             if rank is None:  # created, placed, never initialised: the core initialises it
                 phase, claim, config = "pending", grank, rc.UNKNOWN
+                reserved = r.get("reserved")
+                if reserved and reserved[0] == r["node_id"]:  # the ranks its placement reserved there: kept
+                    claim = {"rank": grank, "node_rank": reserved[1], "local_rank": reserved[2]}
             else:
                 phase, claim = r["phase"], {"rank": rank[0], "node_rank": rank[1], "local_rank": rank[2]}
                 config = r["user_config"]

@@ -88,7 +88,8 @@ class ReplicaActor:
                  lineage: int | None = None, global_rank: int | None = None, world_size: int = 0,
                  max_ongoing_requests: int = 5, bundle_indices: tuple[int, ...] | None = None,
                  placement_group: Any = None, gang: rc.GangContext | None = None, devices: tuple[int, ...] = (),
-                 source: str = "", revision: str = "", modules: dict[str, str] | None = None) -> None:
+                 source: str = "", revision: str = "", modules: dict[str, str] | None = None,
+                 reserved: tuple[str, int, int] | None = None) -> None:
         self.deployment, self.replica_id, self.lineage = deployment, replica_id, lineage
         self.started_at = time.time()  # (its actor's start: ``identity``'s ``start_time_s``)
         #: the deployment revision it runs (``StartReplica.revision``; "": not said), for a recovering controller
@@ -96,6 +97,9 @@ class ReplicaActor:
         #: the project modules its revision's fingerprint was taken over (None: a version the user gave):
         #: checked before and after the user's constructor runs (``fingerprint.check_modules``)
         self.modules = modules
+        #: (node, node rank, local rank) its PlaceReplica reserved: told to a recovering controller while it
+        #: has not been initialised, so the new controller keeps the old one's choice (docs/reliability.md)
+        self.reserved = reserved
         # static placement: this rank's bundles of the caller's group; a gang member's gang
         self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
         self.placement_group, self.gang = placement_group, gang
@@ -449,6 +453,7 @@ class ReplicaActor:
             "deployment": self.deployment,
             "rank": self.rank.as_tuple() if self.rank is not None else None,
             "global_rank": self.rank.rank if self.rank is not None else self.global_rank,
+            "reserved": self.reserved,
             "node_id": await self.node_id(),
             "phase": self.phase,
             "world_size": self.world_size,
