@@ -20,9 +20,9 @@ controller does not hold; no event rejected by the core. ``RANKCORE_KILLS_SEED``
 
 Last, a stop under way when the controller dies (a scale-down's victim draining): carried on by the
 restarted controller, not taken for a crash (a defect these kills found, fixed in control/recover.py),
-and, as a strict xfail, with a short ``graceful_shutdown_wait_loop_s`` the victim killed before every
-router can hold the restarted controller's pool (docs/reliability.md, "Controller killed on Ray under
-load").
+and, with a short ``graceful_shutdown_wait_loop_s``, not killed before every router can hold the
+restarted controller's pool (``ROUTERS_RESYNC_S``; docs/reliability.md, "Controller killed on Ray
+under load").
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ray._private.state import actors as gcs_actors
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.control.carry import ROUTERS_RESYNC_S
 from executors.ray_gpu.control.replicas import NAMESPACE, actor_name
 from executors.ray_gpu.ingress.http import ingress_address
 from tests.integration.waiting import wait_for
@@ -422,11 +423,6 @@ def test_a_scale_up_survives_controller_kills_under_load():
 
 
 # ------------------------------------------------------------ a stop under way when the controller dies
-#: how long after a restarted controller's recovery a router may still hold the dead controller's pool:
-#: it takes the new one once Ray has failed its long poll to the dead one, and Ray fails a call sent to
-#: the dead controller's address up to ~2 s after it was sent (Ray 2.60, this machine: routers took the
-#: new pool up to 1.3 s after the recovery, in the rolling update here)
-ROUTERS_RESYNC_S = 2.0
 
 
 @deployment(name="kresume", num_replicas=2, **QUICK)
@@ -485,18 +481,12 @@ def test_a_stop_under_way_when_the_controller_dies_is_carried_on_not_taken_for_a
     assert after >= 2.0  # (graceful_shutdown_wait_loop_s: the routers had the new pool that long)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 64: a restarted controller kills a replica it stops graceful_shutdown_wait_loop_s after its "
-    "recovery (0.2 s here), while routers take its pool only once Ray has failed their long poll to the "
-    "dead controller (up to 1.3 s after the recovery, measured): with that wait loop the rolling update "
-    "under kills lost 1-3 calls (replica_died) in 5 of 15 seeded runs, 0 of 10 with the default 2 s. "
-    "The fix is in the stop's carrying out (control/carry.py: no drain begun within ROUTERS_RESYNC_S of "
-    "a recovery ends before then), or a replica refusing calls once drained (control/replica.py): files "
-    "this change does not touch"))
 def test_a_replica_the_restarted_controller_stops_outlives_the_routers_stale_pool():
     """The same with ``graceful_shutdown_wait_loop_s`` 0.2 s: the victim must live until every router
     can hold the restarted controller's pool (``ROUTERS_RESYNC_S``), else the calls a router still
-    sends it meanwhile fail at its kill."""
+    sends it meanwhile fail at its kill (before: killed 0.2 s after the recovery, and the rolling
+    update under kills lost 1-3 calls, replica_died, in 5 of 15 seeded runs). A drain the restarted
+    controller orders begins only then (control/carry.py, ``Carrier._routers_resynced``)."""
     victim, recs = stop_across_a_kill(ShortDrain)
     if any(r.get("type") == "ReplicaCrashed" for r in recs):  # (not this case: the one above)
         raise RuntimeError("the stop under way was taken for a crash")

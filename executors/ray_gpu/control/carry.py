@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,13 @@ async def _after(prev: asyncio.Task, coro: Any) -> Any:
     return await coro
 
 
+#: how long after a restarted controller's recovery a router may still route by the dead controller's
+#: pool: it takes the new one once Ray has failed its long poll to the dead one, and Ray fails a call
+#: sent to the dead controller's address up to ~2 s after it was sent (Ray 2.60, a 2-core machine:
+#: routers took the new pool up to 1.3 s after the recovery). A drain does not begin before then.
+ROUTERS_RESYNC_S = 2.0
+
+
 class Carrier:
     """The driver's backend on Ray (``execute``), and the answers to its commands."""
 
@@ -72,6 +80,21 @@ class Carrier:
         self._seq = 0
         #: the proxies the core runs (control/proxies.py): their commands are carried out there
         self.proxies = Proxies(ledger)
+        #: (monotonic) until when routers may hold a dead controller's pool (``recovered``)
+        self.resynced_at = 0.0
+
+    def recovered(self) -> None:
+        """This controller recovered from a dead one's replicas: until ``ROUTERS_RESYNC_S`` from now a
+        router may still send calls to a replica this controller stops, by the dead one's pool."""
+        self.resynced_at = time.monotonic() + ROUTERS_RESYNC_S
+
+    async def _routers_resynced(self) -> None:
+        """Wait until no router can hold a dead controller's pool (``recovered``) before a drain begins:
+        a replica drained and killed sooner is sent calls by such a router meanwhile, and they die with
+        it (``graceful_shutdown_wait_loop_s`` is the wait for routers that follow this controller)."""
+        hold = self.resynced_at - time.monotonic()
+        if hold > 0:
+            await asyncio.sleep(hold)
 
     def execute(self, commands: Sequence[object], t: float) -> None:
         """Carry commands out, in the order the core emitted them. The commands
@@ -611,6 +634,7 @@ class Carrier:
 
     async def _evict(self, rid: str, actor: Any, cmd: rc.EvictReplica) -> None:
         led = self.ledger
+        await self._routers_resynced()
         await _drained(actor, cmd.graceful_shutdown_wait_loop_s, cmd.graceful_shutdown_timeout_s)
         entry = {"replica": rid, "deployment": cmd.deployment, "move": "evict", "to": cmd.to, "nbytes": 0,
                  "error": ""}
@@ -634,7 +658,9 @@ class Carrier:
     async def _drain(self, rid: str, actor: Any, cmd: rc.StopReplica) -> None:
         """Let the calls in flight finish (the replica looks every
         ``graceful_shutdown_wait_loop_s``), for up to
-        ``graceful_shutdown_timeout_s``; then kill it."""
+        ``graceful_shutdown_timeout_s``; then kill it. Within ``ROUTERS_RESYNC_S`` of a recovery the
+        drain begins only then (``_routers_resynced``)."""
+        await self._routers_resynced()
         await _drained(actor, cmd.graceful_shutdown_wait_loop_s, cmd.graceful_shutdown_timeout_s)
         await self._stopped(rid, self.kill(rid))
 

@@ -209,6 +209,7 @@ class Recovery:
                         resumed=sorted(requeued), lost=[rid for rid, _ in lost],
                         unresponsive=sorted(u.replica_id for u in silent), unknown=event.unknown_ids())
         led.nodes = {n.node_id: n.resources for n in nodes}
+        self.carrier.recovered()  # (before the event: the stops it orders wait for the routers)
         led.feed(event)
         state = led.driver.state
         self.carry_on_stops(state)
