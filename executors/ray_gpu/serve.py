@@ -26,6 +26,7 @@ them, its ingress first); a name applied from a config file (``rankcore deploy``
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import Any
@@ -79,6 +80,7 @@ def deployment(_func_or_class: Any = None, *args: Any, **options: Any) -> Any:
     return decorate
 
 
+_log = logging.getLogger(__name__)
 #: application name -> its deployments, ingress first (``run`` in this process)
 _APPS: dict[str, tuple[str, ...]] = {}
 
@@ -170,7 +172,8 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None, *ar
 
 
 def delete(name: str, _blocking: bool = True) -> None:
-    """Delete application ``name`` and its deployments (``serve.delete``)."""
+    """Delete application ``name`` and its deployments (``serve.delete``). An application that does
+    not exist (deleted already, say) is nothing to do, as in Serve; ``rankcore delete`` says so instead."""
     if name in _APPS:
         for d in _APPS.pop(name):
             _delete_deployment(d, wait=_blocking)
@@ -178,11 +181,15 @@ def delete(name: str, _blocking: bool = True) -> None:
         return
     from .control.apps import applied_apps, delete_app
 
-    ran = () if name in applied_apps() else _ran_elsewhere(name)
+    applied = name in applied_apps()
+    ran = () if applied else _ran_elsewhere(name)
     if ran:  # (another process's serve.run)
         for d in ran:
             _delete_deployment(d, wait=_blocking)
         appnames.forget(name)
+        return
+    if not applied:
+        _log.info("serve.delete(%r): no such application, nothing deleted", name)
         return
     delete_app(name, wait=_blocking)
 

@@ -486,8 +486,6 @@ def test_deploy_application_basic():
     assert httpx.get(f"{base()}/hello", timeout=30, follow_redirects=True).text == '"Hello, world!"'
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: serve.delete of an application already deleted raises "
-                                       "rankcore.InvalidEvent ('unknown application'); Serve's does nothing")
 def test_delete_application():
     @serve.deployment(name="f_del", ray_actor_options=CPU)
     class F:

@@ -237,3 +237,25 @@ def test_dashboard_names_only_metrics_we_export():
     spec_names = {s.name for s in INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS}
     covered = {n for n in spec_names if any(n in w for w in named)}
     assert len(covered) >= len(spec_names) // 2, sorted(spec_names - covered)
+
+
+def test_router_families_count_each_router_by_route_under_serves_names():
+    """What a process's routers routed (``api.deployments.routed``) as Serve's two router counters: the
+    router counter labelled with the router's id (or the ingress's ``http``) and the process's actor, the
+    handle counter with Serve's ``application#deployment#handle``; merged with a replica's families."""
+    from executors.ray_gpu.control.metrics import ReplicaMetrics, router_families
+
+    routed = [("f", "/f", "ab", 3), ("f", "", "ab", 1), ("g", "/g", "cd", 2)]
+    text = merged(ReplicaMetrics("f", "f#0", application="f").families()
+                  + router_families(routed, "actor1")).decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(text) for s in fam.samples}
+    router = {(dict(k)["deployment"], dict(k)["route"], dict(k)["handle"], dict(k)["actor_id"]): v
+              for (n, k), v in got.items() if n == "ray_serve_num_router_requests_total"}
+    assert router == {("f", "/f", "ab", "actor1"): 3, ("f", "", "ab", "actor1"): 1, ("g", "/g", "cd", "actor1"): 2}
+    handle = {(dict(k)["handle"], dict(k)["route"]): v for (n, k), v in got.items()
+              if n == "ray_serve_handle_request_counter_total"}
+    assert handle == {("f#f#ab", "/f"): 3, ("f#f#ab", ""): 1, ("g#g#cd", "/g"): 2}
+    assert any(n == "ray_serve_deployment_replica_starts_total" for n, _ in got)  # (the replica's own, kept)
+    ingress = router_families(routed, "proxy", handle="http")
+    assert {s.labels["handle"] for fam in ingress for s in fam.samples} == {"http", "f#f#http", "g#g#http"}

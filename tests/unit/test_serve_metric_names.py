@@ -155,8 +155,8 @@ def test_a_lying_row_fails():
         # another type
         "serve_deployment_status": _edit(text, "serve_deployment_status", "| gauge |", "| counter |"),
         # exported, says the row: metrics.py has no such metric
-        "serve_num_router_requests": _edit(text, "serve_num_router_requests", "| not exported: not yet;",
-                                           "| exported;"),
+        "serve_router_args_resolution_latency_ms": _edit(text, "serve_router_args_resolution_latency_ms",
+                                                         "| not exported: not yet;", "| exported;"),
         # not exported, says the row: metrics.py declares it
         "serve_health_check_failures_total": _edit(text, "serve_health_check_failures_total", "| exported (",
                                                    "| not exported: not yet (", ),

@@ -46,10 +46,16 @@ RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "reso
 _D = rc.options.DEFAULTS
 
 
-def _bad(name: Any, what: str) -> rc.InvalidConfig:
+class OptionTypeError(rc.InvalidConfig, TypeError):
+    """An option of the wrong type, or one no deployment takes: ``rankcore.InvalidConfig`` as every bad
+    option, and the ``TypeError`` Ray Serve's decorator raises for it (an unexpected keyword argument,
+    a ``ray_actor_options`` that is no dict ...), so a ported ``except TypeError`` still catches it."""
+
+
+def _bad(name: Any, what: str, kind: type[rc.InvalidConfig] = rc.InvalidConfig) -> rc.InvalidConfig:
     # the core names its record ("DeploymentApplied('x').num_replicas"); here the option is the name
     what = re.sub(r"DeploymentApplied(\([^)]*\))?(\.|: )", "", what)
-    return rc.InvalidConfig(f"deployment {name!r}: {what}")
+    return kind(f"deployment {name!r}: {what}")
 
 
 def validate_options(d: Deployment) -> None:
@@ -70,11 +76,11 @@ def validate_options(d: Deployment) -> None:
     _check_user_config(d.name, d.user_config)
     opts = d.ray_actor_options
     if not isinstance(opts, dict):
-        raise _bad(d.name, f"ray_actor_options must be a dict, got {opts!r}")
+        raise _bad(d.name, f"ray_actor_options must be a dict, got {opts!r}", OptionTypeError)
     try:  # (placement first: it explains why scheduling_strategy and placement_group are refused)
         validate_placement(opts, d.placement_group_bundles, d.placement_group_strategy, d.replica_placement)
     except rc.InvalidConfig as exc:
-        raise _bad(d.name, str(exc)) from None
+        raise _bad(d.name, str(exc), OptionTypeError if isinstance(exc, TypeError) else rc.InvalidConfig) from None
     except (TypeError, AttributeError):
         pass  # a malformed option: named below
     unknown = sorted(str(k) for k in opts if k not in RAY_ACTOR_OPTIONS)
@@ -86,7 +92,8 @@ def validate_options(d: Deployment) -> None:
     try:  # Ray's own checks of each option's type and value
         ray_option_utils.validate_actor_options(dict(opts), in_options=True)
     except (TypeError, ValueError) as exc:
-        raise _bad(d.name, f"ray_actor_options: {exc}") from None
+        raise _bad(d.name, f"ray_actor_options: {exc}",
+                   OptionTypeError if isinstance(exc, TypeError) else rc.InvalidConfig) from None
 
 
 def _check_static(d: Deployment, sp: Any) -> None:
@@ -300,8 +307,8 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:
         where = f"deployment {name!r}" if name else "@deployment(...)"
-        raise rc.InvalidConfig(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
-                               f"{', '.join(CORE_OPTIONS)})")
+        raise OptionTypeError(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
+                              f"{', '.join(CORE_OPTIONS)})")
     auto = _autoscaled(name, num_replicas, autoscaling_config,
                        None if max_replicas == rc.DEFAULT_MAX_REPLICAS else max_replicas)
     if auto is not None:
@@ -561,6 +568,19 @@ def router_for(name: str, controller: Any) -> Router:
         if router is None:
             router = _ROUTERS[key] = Router(name, controller, ask)
         return router
+
+
+def routed() -> list[tuple[str, str, str, int]]:
+    """What this process's routers routed: ``(deployment, route, handle id, calls)`` (Serve's router
+    and handle request counters; the process that is scraped exports them: the ingress, a replica)."""
+    with _ROUTERS_LOCK:
+        routers = list(_ROUTERS.values())
+    out: list[tuple[str, str, str, int]] = []
+    for router in routers:
+        with router.lock:
+            counts = list(router.routed.items())
+        out.extend((router.name, route, router.handle_id, n) for route, n in counts)
+    return out
 
 
 class DeploymentHandle:

@@ -211,6 +211,11 @@ class Router:
         #: begun; None: unknown); bounded, as a router lives as long as its handle, through any number of deaths
         self.witnessed: collections.deque[tuple[str, int, int | None]] = collections.deque(maxlen=WITNESSED)
         self._prefix = f"{name}:{id(self):x}:"
+        #: Serve's ``handle`` label of what this router counts (``routed``): its id in this process
+        self.handle_id = f"{id(self):x}"
+        #: route -> calls submitted here with that route in their request context (Serve's router and
+        #: handle request counters, exported by the scraped process: ``deployments.routed``)
+        self.routed: dict[str, int] = {}
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
 
@@ -504,6 +509,8 @@ class Router:
                 self.wants_by_value = True
                 self._ask_addresses()
             self.calls[call.request_id] = call
+            route = call.request.route
+            self.routed[route] = self.routed.get(route, 0) + 1
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream,
                                                    model_id=call.request.multiplexed_model_id,

@@ -44,10 +44,10 @@ from ...scenarios.metrics import moved_levels
 from .appnames import of as _app
 from .appnames import table as _apps_table
 
-__all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ALL_METRICS",
+__all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ROUTER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
            "merged", "CONTENT_TYPE", "DEPLOYMENT_STATUS_NUMERIC", "APPLICATION_STATUS_NUMERIC",
-           "REPLICA_LIFECYCLE_BUCKETS_MS", "application_status"]
+           "REPLICA_LIFECYCLE_BUCKETS_MS", "application_status", "router_families"]
 
 #: the exposition's media type (Prometheus text format 0.0.4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -239,7 +239,19 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
                doc="Events the core has refused (a normal run has none; the controller's status lists them)."),
 )
 
-ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS
+#: What a process's routers routed (``api.router.Router.routed``), made anew at each scrape of the process
+#: that holds them (``router_families``): the ingress's routers and those of each replica's handles (a
+#: replica calling another). A driver's handles are in no scraped process: not exported.
+ROUTER_METRICS: tuple[MetricSpec, ...] = (
+    _serve("ray_serve_num_router_requests", "counter", ("deployment", "route", "application", "handle", "actor_id"),
+           "Calls a router sent on (Serve's: processed by the router), by the route of the request they were "
+           "made in (\"\": a call made outside a request)."),
+    _serve("ray_serve_handle_request_counter", "counter", ("handle", "deployment", "route", "application"),
+           "handle.remote() calls made through a handle (its router: the handles of a deployment in one "
+           "process share one), by the route of the request they were made in."),
+)
+
+ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS + ROUTER_METRICS
 
 
 def build(specs: Iterable[MetricSpec]) -> tuple[CollectorRegistry, dict[str, Any]]:
@@ -404,6 +416,21 @@ class ReplicaMetrics:
     def families(self) -> list[Metric]:
         """Its metric families as objects (what the ingress's scrape gathers and ``merged`` joins)."""
         return list(self.registry.collect())
+
+
+def router_families(routed: Iterable[tuple[str, str, str, int]], actor_id: str,
+                    handle: str | None = None) -> list[Metric]:
+    """Serve's router and handle request counters from what a process's routers routed
+    (``api.deployments.routed``: ``(deployment, route, handle id, calls)``), in a registry made for
+    this scrape: a counter is the router's own running count. ``handle``: the ``handle`` label of every
+    router here (the ingress's: ``http``, as its queue gauges); None: each router's id; the handle
+    counter's is Serve's ``application#deployment#handle``."""
+    registry, m = build(ROUTER_METRICS)
+    for dep, route, hid, n in routed:
+        app, hid = _app(dep), handle if handle is not None else hid
+        m["ray_serve_num_router_requests"].labels(dep, route, app, hid, actor_id).inc(n)
+        m["ray_serve_handle_request_counter"].labels(f"{app}#{dep}#{hid}", dep, route, app).inc(n)
+    return list(registry.collect())
 
 
 class _Families:

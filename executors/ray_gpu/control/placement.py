@@ -113,6 +113,11 @@ def bundle_sum(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return total
 
 
+class _TypeInvalid(InvalidConfig, TypeError):
+    """A placement option of the wrong type (a ``TypeError`` too, as Ray Serve's: ``validate``'s caller
+    names the deployment)."""
+
+
 def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, float]] | None,
              strategy: str, placement: str) -> None:
     """Raise ``rankcore.InvalidConfig`` (a ``ValueError``) naming what is wrong with a
@@ -127,7 +132,9 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
                          "and placement_group_bundles)")
     for key in ("num_cpus", "num_gpus", "memory"):
         v = actor_options.get(key)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v)):
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)):
+            raise _TypeInvalid(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
+        if v is not None and (v < 0 or not math.isfinite(v)):
             raise InvalidConfig(f"ray_actor_options[{key!r}] must be a number >= 0, got {v!r}")
         if v is not None and 0 < v < 1e-4:
             raise InvalidConfig(f"ray_actor_options[{key!r}] is {v!r}: Ray counts resources in units of 0.0001")

@@ -534,9 +534,17 @@ class ReplicaActor:
                     pass
 
     async def metrics_families(self) -> list:
-        """Its Prometheus metric families (``ReplicaMetrics.families``): the ingress's ``/metrics``
+        """Its Prometheus metric families (``ReplicaMetrics.families``), and what its handles' routers
+        routed (a replica calling another: ``metrics.router_families``): the ingress's ``/metrics``
         gathers every serving replica's and merges them (``metrics.merged``)."""
-        return self.metrics.families()
+        from ..api.deployments import routed
+        from .metrics import router_families
+
+        calls = routed()
+        if not calls:
+            return self.metrics.families()
+        actor_id = ray.get_runtime_context().get_actor_id() or ""
+        return self.metrics.families() + router_families(calls, actor_id)
 
     # --------------------------------------------------------------- requests
     def _new_witness(self) -> Witness | None:

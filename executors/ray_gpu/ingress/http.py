@@ -67,7 +67,7 @@ from ..api.context import RequestContext, _serve_request_context, model_request
 from ..api.exposed import ASGI_ENTRY, Reachable, reachable
 from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
-from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged
+from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged, router_families
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
 log = logging.getLogger(__name__)
@@ -969,6 +969,10 @@ class IngressState:
             theirs, families, answered = None, [], {}
         self.metrics.controller_up(theirs is not None)
         self.metrics.replicas_up(answered)
+        from ..api.deployments import routed  # (here: api.deployments imports the controller, which imports this)
+
+        # (its routers' counts join the replicas' families: a replica's handles count under the same names)
+        families = router_families(routed(), self.actor_id, handle="http") + families
         body = self.metrics.exposition() + (theirs or b"") + (merged(families) if families else b"")
         return Response(body, media_type=CONTENT_TYPE)
 
