@@ -245,7 +245,7 @@ def test_router_families_count_each_router_by_route_under_serves_names():
     handle counter with Serve's ``application#deployment#handle``; merged with a replica's families."""
     from executors.ray_gpu.control.metrics import ReplicaMetrics, router_families
 
-    routed = [("f", "/f", "ab", 3), ("f", "", "ab", 1), ("g", "/g", "cd", 2)]
+    routed = [("f", "/f", "app1", "ab", 3), ("f", "", "app1", "ab", 1), ("g", "/g", "g", "cd", 2)]
     text = merged(ReplicaMetrics("f", "f#0", application="f").families()
                   + router_families(routed, "actor1")).decode()
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -255,7 +255,7 @@ def test_router_families_count_each_router_by_route_under_serves_names():
     assert router == {("f", "/f", "ab", "actor1"): 3, ("f", "", "ab", "actor1"): 1, ("g", "/g", "cd", "actor1"): 2}
     handle = {(dict(k)["handle"], dict(k)["route"]): v for (n, k), v in got.items()
               if n == "ray_serve_handle_request_counter_total"}
-    assert handle == {("f#f#ab", "/f"): 3, ("f#f#ab", ""): 1, ("g#g#cd", "/g"): 2}
+    assert handle == {("app1#f#ab", "/f"): 3, ("app1#f#ab", ""): 1, ("g#g#cd", "/g"): 2}  # (the app counted)
     assert any(n == "ray_serve_deployment_replica_starts_total" for n, _ in got)  # (the replica's own, kept)
     ingress = router_families(routed, "proxy", handle="http")
-    assert {s.labels["handle"] for fam in ingress for s in fam.samples} == {"http", "f#f#http", "g#g#http"}
+    assert {s.labels["handle"] for fam in ingress for s in fam.samples} == {"http", "app1#f#http", "g#g#http"}

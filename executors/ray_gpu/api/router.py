@@ -213,9 +213,10 @@ class Router:
         self._prefix = f"{name}:{id(self):x}:"
         #: Serve's ``handle`` label of what this router counts (``routed``): its id in this process
         self.handle_id = f"{id(self):x}"
-        #: route -> calls submitted here with that route in their request context (Serve's router and
-        #: handle request counters, exported by the scraped process: ``deployments.routed``)
-        self.routed: dict[str, int] = {}
+        #: (route, application) -> calls submitted here with that route in their request context, and the
+        #: application their deployment was in then (Serve's router and handle request counters, exported by
+        #: the scraped process: ``deployments.routed``; labelled when counted, as Serve's are)
+        self.routed: dict[tuple[str, str], int] = {}
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
 
@@ -509,8 +510,8 @@ class Router:
                 self.wants_by_value = True
                 self._ask_addresses()
             self.calls[call.request_id] = call
-            route = call.request.route
-            self.routed[route] = self.routed.get(route, 0) + 1
+            key = (call.request.route, call.request.app_name)
+            self.routed[key] = self.routed.get(key, 0) + 1
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream,
                                                    model_id=call.request.multiplexed_model_id,

@@ -418,16 +418,17 @@ class ReplicaMetrics:
         return list(self.registry.collect())
 
 
-def router_families(routed: Iterable[tuple[str, str, str, int]], actor_id: str,
+def router_families(routed: Iterable[tuple[str, str, str, str, int]], actor_id: str,
                     handle: str | None = None) -> list[Metric]:
     """Serve's router and handle request counters from what a process's routers routed
-    (``api.deployments.routed``: ``(deployment, route, handle id, calls)``), in a registry made for
-    this scrape: a counter is the router's own running count. ``handle``: the ``handle`` label of every
-    router here (the ingress's: ``http``, as its queue gauges); None: each router's id; the handle
-    counter's is Serve's ``application#deployment#handle``."""
+    (``api.deployments.routed``: ``(deployment, route, application, handle id, calls)``, the application
+    as it was when the calls were made), in a registry made for this scrape: a counter is the router's
+    own running count. ``handle``: the ``handle`` label of every router here (the ingress's: ``http``, as
+    its queue gauges); None: each router's id; the handle counter's is Serve's
+    ``application#deployment#handle``."""
     registry, m = build(ROUTER_METRICS)
-    for dep, route, hid, n in routed:
-        app, hid = _app(dep), handle if handle is not None else hid
+    for dep, route, app, hid, n in routed:
+        hid = handle if handle is not None else hid
         m["ray_serve_num_router_requests"].labels(dep, route, app, hid, actor_id).inc(n)
         m["ray_serve_handle_request_counter"].labels(f"{app}#{dep}#{hid}", dep, route, app).inc(n)
     return list(registry.collect())
