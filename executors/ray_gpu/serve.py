@@ -106,7 +106,8 @@ def run(target: Application, blocking: bool = False, name: str = DEFAULT_APP_NAM
         logging_config: Any = None, _local_testing_mode: bool = False) -> DeploymentHandle:
     """Deploy ``target`` as application ``name`` and wait until it serves (``serve.run``); HTTP at
     ``route_prefix`` (Serve's default ``/``; None: no route); a handle to its ingress. The deployments
-    an earlier ``run`` of ``name`` held that ``target`` no longer has are deleted, as Serve does."""
+    an earlier ``run`` of ``name`` held that ``target`` no longer has are deleted, as Serve does; a
+    ``target`` whose ingress is another deployment takes over the route once it serves."""
     if not isinstance(target, Application):
         raise rc.InvalidConfig(f"serve.run takes a bound application (Deployment.bind(...)), got "
                                f"{type(target).__name__}")
@@ -116,9 +117,19 @@ def run(target: Application, blocking: bool = False, name: str = DEFAULT_APP_NAM
     if logging_config is not None:
         raise NoEquivalent("serve.run(logging_config=...): rankcore logs through Python's logging as configured")
     names = tuple(d.name for d in target.graph())
+    before = _APPS.get(name) or _ran_elsewhere(name)  # (the application as it was: its ingress first)
     appnames.assign(name, names)  # (before its route: the proxy's first answer names the application)
-    handle = _run(target, route_prefix=route_prefix) if route_prefix is not None else _run(target)
-    for gone in set(_APPS.get(name, ())) - set(names):
+    if route_prefix is not None and before and before[0] not in names:
+        # Another graph under the application's name replaces it, as in Serve: the new one runs, then
+        # takes the route from the old ingress (deleted below with the rest of the old graph)
+        from .ingress.http import expose, unexpose
+
+        handle = _run(target)
+        unexpose(before[0])
+        expose(handle, route_prefix)
+    else:
+        handle = _run(target, route_prefix=route_prefix) if route_prefix is not None else _run(target)
+    for gone in set(before) - set(names):
         _delete_deployment(gone)
     _APPS[name] = names
     while blocking:  # (Serve's blocking=True: serve until interrupted)

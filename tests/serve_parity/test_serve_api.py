@@ -526,10 +526,6 @@ def test_deployment_name_with_app_name():
                 "'Porting a Serve app'; docs/operate.md): a replica is not named by its application")
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: serve.run of another deployment under an application's "
-                                       "name is refused while the application's route still names its old "
-                                       "deployment ('route_prefix / already routes to deployment ...'); Serve "
-                                       "replaces the application")
 def test_deploy_application_with_same_name():
     @serve.deployment(name="Model_same", ray_actor_options=CPU)
     class Model:

@@ -256,13 +256,6 @@ def ping_call_method(app: str, *, not_found: bool = False) -> None:
 
 
 # ================================================================== test_grpc.py
-@pytest.mark.xfail(strict=True, raises=(rc.InvalidConfig, AssertionError), reason=(
-    "rankcore defects: serve.run(g2) under the application name 'default' that g holds is refused "
-    "(InvalidConfig: route_prefix '/' already routes to deployment 'grpc-deployment'; Serve replaces the "
-    "application: the same defect as test_serve_api.py::test_deploy_application_with_same_name), and "
-    "/rankcore.RankcoreAPIService/ListApplications lists the routed deployments' names, not the applications' "
-    "(test_serve_start_dictionary_grpc_options); NOT_FOUND before the run, Healthz, __call__, Method1, "
-    "multiplexed Method2 and Streaming pass before them"))
 def test_serving_grpc_requests():
     start()
     ping_call_method("default", not_found=True)  # (nothing runs yet)

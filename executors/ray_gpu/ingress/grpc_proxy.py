@@ -115,11 +115,12 @@ REQUEST_ID_KEY = "request_id"
 def _note_of(name: str, context: aio.ServicerContext) -> dict:
     """The call's note (what ``http.IngressState.call`` carries to the replica as its request context):
     its id, the client's ``request_id`` when it sent a usable one, else a new one, set at once in the
-    trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model."""
+    trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model;
+    its route the application's name (Serve's gRPC request: the replica's request counters carry it)."""
     sent = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
     rid = request_id_of(sent if isinstance(sent, str) else None)
     context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
-    return {"route": "", "deployment": name, "request_id": rid, "model": _model_of(context), "replica": None}
+    return {"route": appnames.of(name), "deployment": name, "request_id": rid, "model": _model_of(context), "replica": None}
 
 
 def _model_of(context: aio.ServicerContext) -> str:
