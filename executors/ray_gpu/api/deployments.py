@@ -570,20 +570,6 @@ def router_for(name: str, controller: Any) -> Router:
         return router
 
 
-def routed() -> list[tuple[str, str, str, str, int]]:
-    """What this process's routers routed: ``(deployment, route, application, handle id, calls)``
-    (Serve's router and handle request counters; the process that is scraped exports them: the
-    ingress, a replica)."""
-    with _ROUTERS_LOCK:
-        routers = list(_ROUTERS.values())
-    out: list[tuple[str, str, str, str, int]] = []
-    for router in routers:
-        with router.lock:
-            counts = list(router.routed.items())
-        out.extend((router.name, route, app, router.handle_id, n) for (route, app), n in counts)
-    return out
-
-
 class DeploymentHandle:
     """Sends calls through the deployment's request path (``router.Router``: a
     ``rankcore.requests.RequestMachine``): at most ``max_ongoing_requests`` in

@@ -64,6 +64,7 @@ import os
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -168,6 +169,25 @@ class Call:
         self.router.cancel(self.request_id)
 
 
+#: every router of this process (``routed``: what the scraped process exports of them)
+_ALL: weakref.WeakSet[Router] = weakref.WeakSet()
+_ALL_LOCK = threading.Lock()
+
+
+def routed() -> list[tuple[str, str, str, str, int]]:
+    """What this process's routers routed: ``(deployment, route, application, handle id, calls)``
+    (Serve's router and handle request counters; the process that is scraped exports them: the
+    ingress, a replica: ``control.metrics.router_families``)."""
+    with _ALL_LOCK:
+        routers = list(_ALL)
+    out: list[tuple[str, str, str, str, int]] = []
+    for router in routers:
+        with router.lock:
+            counts = list(router.routed.items())
+        out.extend((router.name, route, app, router.handle_id, n) for (route, app), n in counts)
+    return out
+
+
 class Router:
     """The request path of one deployment in this process (module docstring)."""
 
@@ -219,6 +239,8 @@ class Router:
         self.routed: dict[tuple[str, str], int] = {}
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
+        with _ALL_LOCK:
+            _ALL.add(self)
 
     # ------------------------------------------------------------ the pool
     def refresh(self, force: bool = False) -> None:

@@ -55,9 +55,10 @@ import rankcore as rc
 from ..api import asgi, batching, by_value, context, multiplex
 from ..api.context import RequestContext, _serve_request_context
 from ..api.fingerprint import check_modules
+from ..api.router import routed
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
-from .metrics import ReplicaMetrics
+from .metrics import ReplicaMetrics, router_families
 
 #: the actor's concurrency group that runs requests and ``initialize``: its event loop is the user's
 #: (module docstring). A group's size is the class's (``remote_class``), not an actor's option
@@ -537,9 +538,6 @@ class ReplicaActor:
         """Its Prometheus metric families (``ReplicaMetrics.families``), and what its handles' routers
         routed (a replica calling another: ``metrics.router_families``): the ingress's ``/metrics``
         gathers every serving replica's and merges them (``metrics.merged``)."""
-        from ..api.deployments import routed
-        from .metrics import router_families
-
         calls = routed()
         if not calls:
             return self.metrics.families()

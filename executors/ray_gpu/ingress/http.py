@@ -65,6 +65,7 @@ import rankcore as rc
 from ..api import by_value
 from ..api.context import RequestContext, _serve_request_context, model_request
 from ..api.exposed import ASGI_ENTRY, Reachable, reachable
+from ..api.router import routed
 from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged, router_families
@@ -969,8 +970,6 @@ class IngressState:
             theirs, families, answered = None, [], {}
         self.metrics.controller_up(theirs is not None)
         self.metrics.replicas_up(answered)
-        from ..api.deployments import routed  # (here: api.deployments imports the controller, which imports this)
-
         # (its routers' counts join the replicas' families: a replica's handles count under the same names)
         families = router_families(routed(), self.actor_id, handle="http") + families
         body = self.metrics.exposition() + (theirs or b"") + (merged(families) if families else b"")
