@@ -299,7 +299,8 @@ class TestDeploymentSchema:
         pytest.skip(UNSUPPORTED.format(key="max_replicas_per_node"))
 
     def test_mutually_exclusive_placement_group_strategy_and_gang_scheduling_config(self):
-        accepted(placement_group_strategy="SPREAD", gang_size=2, num_replicas=2)
+        accepted(placement_group_bundles=[{"CPU": 1}], placement_group_strategy="SPREAD", gang_size=2, num_replicas=2)
+        assert "placement_group_bundles must be given too" in deploy_refused(placement_group_strategy="SPREAD").message
         pytest.skip("differs on purpose: a gang's members each run in their own placement group, as every "
                     "replica (docs/ray.md, 'Gangs' and 'Placement'): placement_group_strategy shapes each "
                     "member's group, gang_placement where the members go, so the two mix")
@@ -630,11 +631,6 @@ class TestReplicaConfig:
         assert "not supported" in deploy_refused(max_replicas_per_node=5).message
         pytest.skip(UNSUPPORTED.format(key="max_replicas_per_node"))
 
-    @pytest.mark.xfail(strict=True, reason="rankcore defects: placement_group_strategy without "
-                                           "placement_group_bundles is accepted (Serve: 'placement_group_bundles "
-                                           "must also be provided'), and a bundle of only zero resources with a "
-                                           "zero-resource actor is accepted (Serve refuses it; Ray refuses such a "
-                                           "placement group)")
     def test_placement_group_options_validation(self):
         decorate(placement_group_bundles=[{"CPU": 1.0}])
         decorate(placement_group_bundles=[{"CPU": 1}])

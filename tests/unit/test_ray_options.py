@@ -58,6 +58,24 @@ def test_bad_options_fail_at_the_decorator_and_at_options(options, words):
     assert str(exc.value).startswith("deployment 'Model': " if "name" not in options else "deployment ")
 
 
+@pytest.mark.parametrize("options", [{"ray_actor_options": [("num_gpus", 1)]},
+                                     {"ray_actor_options": {"num_gpus": "1"}},
+                                     {"ray_actor_options": {"runtime_env": "conda"}}, {"is_xlang": True}])
+def test_a_wrong_type_or_an_unknown_option_is_a_type_error_too_wherever_it_is_written(options):
+    """As Ray Serve's decorator raises TypeError for these (a ported ``except TypeError`` still catches them),
+    and still ``rankcore.InvalidConfig``: with no class yet, with a name, and through ``.options()``."""
+    for make in (lambda: deployment(**options), lambda: deployment(name="llm", **options)(Model)):
+        with pytest.raises(TypeError) as exc:
+            make()
+        assert isinstance(exc.value, rc.InvalidConfig)
+    if "is_xlang" not in options:
+        with pytest.raises(TypeError):
+            deployment(Model).options(**options)
+    with pytest.raises(rc.InvalidConfig) as bad:  # (a bad value is no TypeError)
+        deployment(ray_actor_options={"num_gpus": -1})
+    assert not isinstance(bad.value, TypeError)
+
+
 def test_the_decorator_with_arguments_checks_before_it_gets_the_class():
     with pytest.raises(rc.InvalidConfig, match="num_replicas must be a non-negative int, got -1"):
         deployment(num_replicas=-1)  # (no class yet)

@@ -46,6 +46,10 @@ RAY_ACTOR_OPTIONS = ("accelerator_type", "memory", "num_cpus", "num_gpus", "reso
 _D = rc.options.DEFAULTS
 
 
+#: Ray Serve's rule: a strategy places the bundles a deployment gives (without them there is none to place)
+_STRATEGY_ALONE = "placement_group_strategy is given, so placement_group_bundles must be given too (as in Ray Serve)"
+
+
 class OptionTypeError(rc.InvalidConfig, TypeError):
     """An option of the wrong type, or one no deployment takes: ``rankcore.InvalidConfig`` as every bad
     option, and the ``TypeError`` Ray Serve's decorator raises for it (an unexpected keyword argument,
@@ -219,6 +223,9 @@ class Deployment:
         bad = sorted(set(changes) - known - {"core_options"})
         if bad:
             raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")
+        if changes.get("placement_group_strategy") is not None and \
+                changes.get("placement_group_bundles", self.placement_group_bundles) is None:
+            raise _bad(self.name, _STRATEGY_ALONE)
         sp = changes.get("static_placement")
         if isinstance(sp, StaticPlacementConfig) and "num_replicas" not in changes:
             changes["num_replicas"] = sp.num_replicas
@@ -252,7 +259,7 @@ class Application:
 @overload
 def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
-               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
+               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str | None = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
@@ -260,7 +267,7 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | N
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
-               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str = ...,
+               placement_group_bundles: list[dict] | None = ..., placement_group_strategy: str | None = ...,
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
@@ -268,7 +275,7 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | str | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None,
-               placement_group_bundles: list[dict] | None = None, placement_group_strategy: str = "PACK",
+               placement_group_bundles: list[dict] | None = None, placement_group_strategy: str | None = None,
                replica_placement: str = _D.placement, max_replicas: int = rc.DEFAULT_MAX_REPLICAS,
                static_placement: StaticPlacementConfig | None = None,
                _placement_info: StaticPlacementConfig | None = None, gang_size: int = _D.gang_size,
@@ -319,6 +326,9 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     if static_placement is not None and _placement_info is not None:
         raise _bad(name or "@deployment(...)", "give static_placement or its alias _placement_info, not both")
     static = static_placement if static_placement is not None else _placement_info
+    if placement_group_strategy is not None and placement_group_bundles is None:
+        raise rc.InvalidConfig(f"{f'deployment {name!r}' if name else '@deployment(...)'}: {_STRATEGY_ALONE}")
+    strategy = "PACK" if placement_group_strategy is None else placement_group_strategy
     count = cast(int, num_replicas) if num_replicas is not None else \
         static.num_replicas if isinstance(static, StaticPlacementConfig) else 1
 
@@ -329,7 +339,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
         return Deployment(cls=c, name=name if name is not None else getattr(c, "__name__", ""),
                           num_replicas=count, user_config=user_config, ray_actor_options=opts,
                           placement_group_bundles=placement_group_bundles,
-                          placement_group_strategy=placement_group_strategy, replica_placement=replica_placement,
+                          placement_group_strategy=strategy, replica_placement=replica_placement,
                           max_replicas=max_replicas, static_placement=static, gang_size=gang_size,
                           gang_placement=gang_placement, gang_failure=gang_failure, version=version,
                           core_options=dict(core_options))
@@ -341,7 +351,7 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
         try:
             wrap(type("decorated_class", (), {}))
         except rc.InvalidConfig as exc:  # no name yet: say where the option was written
-            raise rc.InvalidConfig(str(exc).replace("deployment 'decorated_class': ", "@deployment(...): ", 1)) from None
+            raise type(exc)(str(exc).replace("deployment 'decorated_class': ", "@deployment(...): ", 1)) from None
         return wrap
     return wrap(cls)
 

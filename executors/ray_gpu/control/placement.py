@@ -145,6 +145,9 @@ def validate(actor_options: Mapping[str, Any], bundles: Sequence[Mapping[str, fl
     for i, b in enumerate(bundles):
         if not isinstance(b, Mapping) or not b:
             raise InvalidConfig(f"placement_group_bundles[{i}] must be a non-empty dict of resources, got {b!r}")
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0 for v in b.values()):
+            raise InvalidConfig(f"placement_group_bundles[{i}] is {b!r}: a bundle of only zero resources reserves "
+                                f"nothing (Ray refuses such a placement group)")
         for k, v in b.items():
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or not math.isfinite(v):
                 raise InvalidConfig(f"placement_group_bundles[{i}][{k!r}] must be a number >= 0, got {v!r}")
