@@ -646,12 +646,6 @@ def add_test_servicer_to_server(servicer: Any, server: Any) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ray.serve.ServeAPIService", handlers),))
 
 
-@pytest.mark.xfail(strict=True, raises=rc.InvalidConfig, reason=(
-    "rankcore defect: a servicer function that registers its service through add_generic_rpc_handlers alone "
-    "(grpcio-tools older than 1.62 generates such; Serve's test writes one by hand) is refused, "
-    "rankcore.InvalidConfig 'registered no service' (ingress/grpc_proxy.py servicer_methods reads only "
-    "add_registered_method_handlers); Serve's gRPCGenericServer takes it from add_generic_rpc_handlers. "
-    "Not in docs/ray.md's \"### gRPC\""))
 def test_grpc_server():
     """Serve checks its server keeps the handlers a servicer function adds, each method's full name
     served by the proxy's own handler of its kind: here the proxy's gRPC front (``GrpcFront``) given

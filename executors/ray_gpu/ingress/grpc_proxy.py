@@ -83,12 +83,29 @@ class _Keeper:
 
     def __init__(self) -> None:
         self.services: dict[str, dict[str, Any]] = {}
+        self._generic: dict[str, dict[str, Any]] = {}
 
     def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
-        pass  # (the registered handlers below carry the same methods, by name)
+        """A service's handlers as grpcio-tools before 1.62 generates them (and a hand-written function,
+        as Serve's test writes): ``grpc.method_handlers_generic_handler``'s, by full method name (read as
+        Serve's gRPC server reads them). Newer generated code also calls ``add_registered_method_handlers``
+        with the same methods, which wins."""
+        for handler in handlers:
+            methods = getattr(handler, "_method_handlers", None)
+            name = handler.service_name() if callable(getattr(handler, "service_name", None)) else None
+            if not isinstance(name, str) or not isinstance(methods, dict):
+                continue  # (a handler of its own kind: it names no methods to route)
+            prefix = f"/{name}/"
+            self._generic[name] = {full[len(prefix):]: h for full, h in methods.items()
+                                   if isinstance(full, str) and full.startswith(prefix)}
 
     def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
         self.services[service] = dict(handlers)
+
+    def found(self) -> dict[str, dict[str, Any]]:
+        """service -> method -> handler: the registered ones, and the generic ones of the services no
+        registered call named."""
+        return {**{k: v for k, v in self._generic.items() if v}, **self.services}
 
 
 class _Services(grpc.GenericRpcHandler):
@@ -162,10 +179,11 @@ def servicer_methods(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
     keeper = _Keeper()
     for path in paths:
         _function(path)(_AnyServicer(), keeper)
-    if not keeper.services:
-        raise rc.InvalidConfig(f"grpc_servicer_functions {list(paths)!r} registered no service (grpcio older "
-                               f"than 1.62 generates no add_registered_method_handlers call: generate again)")
-    return keeper.services
+    services = keeper.found()
+    if not services:
+        raise rc.InvalidConfig(f"grpc_servicer_functions {list(paths)!r} registered no service (neither "
+                               f"add_registered_method_handlers nor grpc.method_handlers_generic_handler handlers)")
+    return services
 
 
 class _Call:
