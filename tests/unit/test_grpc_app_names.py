@@ -50,3 +50,22 @@ def test_a_call_names_its_application_or_its_deployment(apps: None) -> None:
     assert out["market"][1] == out["ctx"][1] == grpc.StatusCode.OK, out  # (the application's name, the deployment's)
     assert out["nowhere"][1] == grpc.StatusCode.NOT_FOUND and "'nowhere' not found" in out["nowhere"][2], out
     assert out["list"] == ["lacks", "market"]  # (applications' names; a deployment none holds: its own)
+
+
+def test_the_table_is_read_again_once_invalidated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process trusts what it read for ``FRESH_S``; ``invalidate`` (a proxy given a route: ``serve.run``
+    named the application first) makes the next read ask the store, so a new application is seen at once."""
+    store = {"d": "old"}
+    reads: list[dict[str, str]] = []
+
+    def read() -> dict[str, str]:
+        reads.append(dict(store))
+        return dict(store)
+
+    monkeypatch.setattr(appnames, "_read", read)
+    monkeypatch.setattr(appnames, "_cache", (float("-inf"), {}))
+    assert appnames.of("d") == "old"
+    store["d"] = "new"
+    assert appnames.of("d") == "old" and len(reads) == 1  # (within FRESH_S: the cached table)
+    appnames.invalidate()
+    assert appnames.of("d") == "new" and len(reads) == 2

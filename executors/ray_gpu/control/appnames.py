@@ -18,7 +18,7 @@ import json
 import threading
 import time
 
-__all__ = ["assign", "forget", "forget_all", "of", "table", "FRESH_S"]
+__all__ = ["assign", "forget", "forget_all", "of", "table", "invalidate", "FRESH_S"]
 
 _KEY = b"rankcore/app_names"
 #: how long a process trusts the map it last read
@@ -63,6 +63,14 @@ def table(fresh_s: float = FRESH_S) -> dict[str, str]:
     with _lock:
         _cache = (now, names)
     return names
+
+
+def invalidate() -> None:
+    """The next read asks the KV store again: a process that learns that an application changed (a
+    proxy given a route by ``serve.run``, which assigned the names first) sees it at once."""
+    global _cache
+    with _lock:
+        _cache = (float("-inf"), _cache[1])
 
 
 def of(deployment: str) -> str:

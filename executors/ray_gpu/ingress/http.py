@@ -1607,6 +1607,7 @@ class HttpIngress:
     def _add_route(self, prefix: str, handle: Any, methods: Reachable | None) -> dict[str, str]:
         deployment = handle.name
         st = self.state
+        appnames.invalidate()  # (serve.run named the application before it routed it: seen from now on)
         holder = st.routes.get(prefix)
         if holder is not None and holder != deployment:
             raise rc.InvalidConfig(f"route_prefix {prefix!r} already routes to deployment {holder!r}")
@@ -1643,6 +1644,7 @@ class HttpIngress:
     def reload_routes(self) -> dict[str, str]:
         """The routes as the head's proxy saved them (another node's proxy, after a route changed)."""
         st = self.state
+        appnames.invalidate()
         with self._routes_lock:
             st.routes, st.handles, st.methods = _load_routes()
             return dict(st.routes)
