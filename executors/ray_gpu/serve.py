@@ -26,6 +26,7 @@ them, its ingress first); a name applied from a config file (``rankcore deploy``
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
@@ -66,16 +67,42 @@ class NoEquivalent(rc.RankcoreError, NotImplementedError):
     """A Ray Serve name or argument rankcore has no equivalent for (what to use instead is said)."""
 
 
+def _function_class(fn: Any) -> Any:
+    """Serve's function deployment (``@serve.deployment`` on a ``def``): a class named as the function
+    whose ``__call__`` calls it (awaited, or its items relayed, as the function is written), so a
+    request or a handle call reaches it as a class's ``__call__`` would be reached; anything else as it is."""
+    if not inspect.isfunction(fn):
+        return fn
+    call: Any
+    if inspect.isasyncgenfunction(fn):
+        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            async for item in fn(*args, **kwargs):
+                yield item
+    elif inspect.isgeneratorfunction(fn):
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            yield from fn(*args, **kwargs)
+    elif inspect.iscoroutinefunction(fn):
+        async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return await fn(*args, **kwargs)
+    else:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+    call.__name__, call.__qualname__ = "__call__", f"{fn.__qualname__}.__call__"
+    return type(fn.__name__, (), {"__call__": call, "__module__": fn.__module__, "__qualname__": fn.__qualname__,
+                                  "__doc__": fn.__doc__})
+
+
 def deployment(_func_or_class: Any = None, *args: Any, **options: Any) -> Any:
     """Serve's ``@serve.deployment`` (``@deployment`` or ``@deployment(num_replicas=2, ...)``):
     rankcore's ``deployment`` with Serve's HTTP: ``__call__(self, request)`` gets a starlette
     ``Request`` for each HTTP request under the route prefix (``api.asgi.request_ingress``; a class
-    under ``@ingress(app)`` keeps its app)."""
+    under ``@ingress(app)`` keeps its app). On a function, as Serve's: the function is called
+    (``_function_class``)."""
     if _func_or_class is not None:
-        return _deployment(request_ingress(_func_or_class), *args, **options)
+        return _deployment(request_ingress(_function_class(_func_or_class)), *args, **options)
 
     def decorate(target: Any) -> Any:
-        return _deployment(request_ingress(target), *args, **options)
+        return _deployment(request_ingress(_function_class(target)), *args, **options)
 
     return decorate
 

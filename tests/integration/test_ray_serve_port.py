@@ -171,6 +171,22 @@ def test_a_fastapi_ingress_answers_its_routes_with_the_replicas_instance():
         serve.delete("api")
 
 
+@serve.deployment(name="port-fn", ray_actor_options={"num_cpus": 0.1})
+async def greeting(request: Request) -> str:
+    """A function deployment, as Serve's: the function gets each HTTP request (and a handle's arguments)."""
+    return f"hi {request.query_params.get('who', 'there')}" if isinstance(request, Request) else f"hi {request}"
+
+
+def test_a_function_deployment_answers_http_and_handle_calls():
+    serve.start(http_options={"port": 0})
+    handle = serve.run(greeting.bind(), name="fn", route_prefix="/fn")
+    try:
+        assert httpx.get(f"{_base()}/fn", params={"who": "http"}, timeout=60).text == "hi http"
+        assert handle.remote("handle").result(timeout=60) == "hi handle"
+    finally:
+        serve.delete("fn")
+
+
 def test_a_serve_name_without_an_equivalent_says_so():
     with pytest.raises(rc.InvalidConfig, match=r"serve\.ingress takes an ASGI app"):
         serve.ingress(object())

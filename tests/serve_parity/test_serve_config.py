@@ -596,8 +596,6 @@ class TestDeploymentConfig:
 
 
 class TestReplicaConfig:
-    @pytest.mark.xfail(strict=True, reason="rankcore defect: @serve.deployment takes a class only; Serve's "
-                                           "function deployments (@serve.deployment on a def) are refused")
     def test_basic_validation(self):
         class Class:
             pass

@@ -200,3 +200,33 @@ def test_rankcores_own_deployment_keeps_json_calls():
     rc_plain = reachable(Plain)
     assert not rc_plain.asgi and rc_plain.refusal("Plain", "other", "http") is not None
     assert not hasattr(Plain, asgi.ENTRY)
+
+
+def test_a_function_deployment_is_a_class_that_calls_the_function_as_it_is_written():
+    """Serve's ``@serve.deployment`` on a ``def``: a class named as the function whose ``__call__`` calls it
+    (HTTP gives it the Request), awaited when it is ``async``, its items relayed when it is a generator."""
+    def plain(request):
+        return f"plain {request.url.path}"
+
+    async def awaited(x):
+        return x * 2
+
+    def counted(n):
+        yield from range(n)
+
+    async def streamed(n):
+        for i in range(n):
+            yield i
+
+    d = serve.deployment(plain)
+    assert d.name == "plain" and isinstance(d.cls, type) and reachable(d.cls).asgi
+    status, _, body = _answer(run(_batches(d.cls(), _scope("GET", "/fn/x", "/fn"))))
+    assert (status, body) == (200, b"plain /fn/x")
+    assert run(serve.deployment(num_replicas=2)(awaited).cls()(3)) == 6
+    assert list(serve.deployment(counted).cls()(3)) == [0, 1, 2]
+
+    async def items():
+        return [i async for i in serve.deployment(streamed).cls()(3)]
+    assert run(items()) == [0, 1, 2]
+    with pytest.raises(rc.InvalidConfig):  # (an instance is still refused, as Serve refuses it)
+        serve.deployment(Echo())
