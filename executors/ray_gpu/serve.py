@@ -97,7 +97,10 @@ def deployment(_func_or_class: Any = None, *args: Any, **options: Any) -> Any:
     rankcore's ``deployment`` with Serve's HTTP: ``__call__(self, request)`` gets a starlette
     ``Request`` for each HTTP request under the route prefix (``api.asgi.request_ingress``; a class
     under ``@ingress(app)`` keeps its app). On a function, as Serve's: the function is called
-    (``_function_class``)."""
+    (``_function_class``). A first argument that is a string (``@serve.deployment("name", ...)``) is
+    ignored, as Serve's decorator ignores it: the deployment keeps its class's name (``name=`` names it)."""
+    if isinstance(_func_or_class, str):
+        _func_or_class = None
     if _func_or_class is not None:
         return _deployment(request_ingress(_function_class(_func_or_class)), *args, **options)
 

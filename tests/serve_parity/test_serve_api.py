@@ -12,9 +12,9 @@ requests with httpx to the proxy (``ingress_address()``) where Serve's go to 127
 gets a starlette ``Request`` and its answer is made by Serve's rules (executors/ray_gpu/api/asgi.py).
 
 Adapted, as said at each case: Serve's function deployments (``@serve.deployment def f``) are classes
-with ``__call__`` here (rankcore's ``@serve.deployment`` takes a class: the cases about functions
-themselves are xfail in test_serve_config.py; a function with no parameter is a ``__call__(self)``,
-given no Request over HTTP as in Serve); deployment names are global in rankcore, so a case's
+with ``__call__`` here (written before ``@serve.deployment`` took functions: tests/unit/test_asgi_ingress.py
+and tests/integration/test_ray_serve_port.py check those; a function with no parameter is a
+``__call__(self)``, given no Request over HTTP as in Serve); deployment names are global in rankcore, so a case's
 deployments are named apart from other cases' (``.options(name=...)`` where Serve reuses one);
 requests follows redirects, httpx when told (``follow_redirects=True``); ``serve.status()`` is
 ``rankcore status --json``'s dict (docs/ray.md, "Porting a Serve app"), read by key; Serve's ``RayServeException`` is a ``rankcore.RankcoreError`` naming the same thing;
@@ -23,8 +23,8 @@ Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy -
 private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
 
-Tally (2026-11-28): 46 cases, Serve's whole file: 32 pass, 4 skipped (documented differences, a pip
-install), 10 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
+Tally (2026-11-28): 46 cases, Serve's whole file: 38 pass, 4 skipped (documented differences, a pip
+install), 4 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -357,11 +357,8 @@ def test_user_config():
     assert until(lambda: seen(handle, 456, 3))
     # Serve's case names the deployment as @serve.deployment("counter", ...): a first argument that is not
     # callable, which Serve's decorator ignores (the deployment keeps its class's name)
-    try:
-        serve.deployment("counter", num_replicas=2)(type("Counter", (), {}))
-    except rc.InvalidConfig as exc:
-        pytest.xfail(f"rankcore defect: @serve.deployment('counter', ...) is refused ({exc}); Serve ignores a "
-                     f"first argument that is not callable")
+    named = serve.deployment("counter", num_replicas=2)(type("Counter", (), {}))
+    assert (named.name, named.num_replicas) == ("Counter", 2)
 
 
 def test_user_config_empty():
@@ -707,17 +704,12 @@ class TestAppBuilder:
         app = built("build_args_dict", {"message": "hiya", "num_replicas": "3"})
         assert isinstance(app, serve.Application) and app.deployment.num_replicas == 3
 
-    @pytest.mark.xfail(strict=True, reason="rankcore defect: a builder whose parameter is typed with a pydantic "
-                                           "model gets the args dict, not the model built from it (Serve "
-                                           "validates the args into the model)")
     def test_args_typed(self):
         args = {"message": "hiya", "num_replicas": "3"}
         for attr in ("build_untyped", "build_dict_hint", "build_forward_ref"):
             assert isinstance(built(attr, args), serve.Application), attr
         assert isinstance(built("build_typed", args), serve.Application)
 
-    @pytest.mark.xfail(strict=True, reason="rankcore defect: a builder whose parameter is typed with a pydantic "
-                                           "model gets the args dict, not the model built from it")
     @pytest.mark.parametrize("use_v1_patch", [True, False])
     def test_pydantic_version_compatibility(self, use_v1_patch: bool):
         attr = "build_cat_v1" if use_v1_patch else "build_cat_v2"

@@ -21,6 +21,7 @@ import inspect
 import os
 import sys
 import time
+import typing
 from typing import Any
 
 import attrs
@@ -110,7 +111,7 @@ def import_app(import_path: str, args: dict) -> Application:
                                    f"(Model.bind(...)), a deployment or a builder function")
         try:
             takes = len(inspect.signature(app).parameters)
-            app = app(args) if takes else app()
+            app = app(_builder_args(app, args)) if takes else app()
         except Exception as exc:
             raise rc.InvalidConfig(f"the builder {import_path} raised {type(exc).__name__}: {exc}") from None
         if isinstance(app, Deployment):
@@ -123,6 +124,33 @@ def import_app(import_path: str, args: dict) -> Application:
     if mod_name not in ("__main__",):
         cloudpickle.register_pickle_by_value(module)
     return app
+
+
+def _builder_args(builder: Any, args: dict) -> Any:
+    """What a builder gets, by Ray Serve's rule: ``args`` as they are, or, when its parameter is typed
+    with a pydantic model (v2's, or v1's through ``pydantic.v1``), the model built from them (a bad value
+    raises the model's error, which the caller names)."""
+    params = list(inspect.signature(builder).parameters.values())
+    if not params:
+        return args
+    try:  # (a string annotation, ``from __future__ import annotations``: resolved where the builder was written,
+        # its module's names and those its body closes over: a model class made in a function)
+        local = dict(inspect.getclosurevars(builder).nonlocals)
+        hint = typing.get_type_hints(builder, localns=local).get(params[0].name, params[0].annotation)
+    except Exception:  # (a hint that does not resolve: not a model)
+        hint = params[0].annotation
+    if not isinstance(hint, type):
+        return args
+    try:
+        import pydantic
+        from pydantic import v1 as pydantic_v1
+    except ImportError:  # pragma: no cover - (pydantic comes with Ray)
+        return args
+    if issubclass(hint, pydantic.BaseModel):
+        return hint.model_validate(args)
+    if issubclass(hint, pydantic_v1.BaseModel):
+        return hint.parse_obj(args)
+    return args
 
 
 def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.ServeConfig) -> Application:
