@@ -252,7 +252,8 @@ class Deployment:
 
     @property
     def status_message(self) -> str:
-        """Why the status is what it is (empty when HEALTHY)."""
+        """Why the status is what it is (empty when HEALTHY); while starts fail (UPDATING before
+        ``failing_to_start``), the last failure's reason too."""
         if self.failing_to_start:
             last = f"; the last: {self.last_start_failure}" if self.last_start_failure else ""
             return (f"failing to start: {self.start_failures} starts in a row failed; retrying with a "
@@ -269,7 +270,10 @@ class Deployment:
             warm = sum(r.residency is Residency.WARM for r in self.replicas.values())  # (O(N): a status read)
             return (f"asleep: {warm} of {len(self.replicas)} replicas' weights in CPU memory, ranks kept "
                     f"(WakeRequested wakes it)")
-        return f"{self.counts[_RUNNING_AT]} of {self.target} replicas running"
+        running = f"{self.counts[_RUNNING_AT]} of {self.target} replicas running"
+        if self.start_failures and self.last_start_failure:  # (retrying: the error shown now, as Ray Serve's)
+            return f"{running}; {self.start_failures} start(s) failed in a row, the last: {self.last_start_failure}"
+        return running
 
     def rank_of(self, rid: str) -> ReplicaRank | None:
         return self.ranks.rank_of(rid)

@@ -312,7 +312,7 @@ def test_deploy_multi_app_builder_with_args(tmp_path):
         in out.output
     pytest.skip("differs on purpose: deployment names are global in rankcore, two applications holding a deployment "
                 "of one name are refused (docs/operate.md, 'What applying does'); builders with args: "
-                "tests/integration/test_ray_operate.py (hello_builder), and typed (pydantic) args are an xfail of "
+                "tests/integration/test_ray_operate.py (hello_builder), and typed (pydantic) args: "
                 "test_serve_api.py::TestAppBuilder::test_args_typed")
 
 
@@ -446,9 +446,6 @@ def test_status_constructor_error(tmp_path):
     pytest.skip(DEPLOY_FAILED)
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a constructor's error reaches the status message only once the "
-                                       "deployment is UNHEALTHY (min(max_constructor_retry_count, 3 x target) failed "
-                                       "starts in a row); Serve shows it while it retries (DEPLOYING, UPDATING)")
 def test_status_constructor_retry_error(tmp_path):
     # (Serve's fail_2.py sleeps 5 s in __init__, then raises; 0.5 s here)
     entry = app("default", "failing", args={"tag": "_retry", "sleep_s": 0.5})

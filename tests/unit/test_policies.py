@@ -231,6 +231,9 @@ def test_a_crash_loop_backs_off_exponentially_capped_and_marks_the_deployment_un
     for k in range(1, 6):
         cmds = _fail_start(c, cmds, now)
         assert c.dep().start_failures == k
+        if k < 3:  # (retrying, not yet UNHEALTHY: the error is shown already, as Ray Serve shows it)
+            assert c.dep().status == "UPDATING"
+            assert c.dep().status_message == f"0 of 1 replicas running; {k} start(s) failed in a row, the last: boom"
         if not any(isinstance(x, rc.StartReplica) for x in cmds):  # held back: only a Tick is asked for
             tick = next(x for x in cmds if isinstance(x, rc.ScheduleTick))
             waits.append(tick.at - now)
