@@ -235,7 +235,7 @@ class Router:
         self.handle_id = f"{id(self):x}"
         #: (route, application) -> calls submitted here with that route in their request context, and the
         #: application their deployment was in then (Serve's router and handle request counters, exported by
-        #: the scraped process: ``deployments.routed``; labelled when counted, as Serve's are)
+        #: the scraped process: ``routed``; labelled when counted, as Serve's are)
         self.routed: dict[tuple[str, str], int] = {}
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)

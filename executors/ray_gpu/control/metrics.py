@@ -421,7 +421,7 @@ class ReplicaMetrics:
 def router_families(routed: Iterable[tuple[str, str, str, str, int]], actor_id: str,
                     handle: str | None = None) -> list[Metric]:
     """Serve's router and handle request counters from what a process's routers routed
-    (``api.deployments.routed``: ``(deployment, route, application, handle id, calls)``, the application
+    (``api.router.routed``: ``(deployment, route, application, handle id, calls)``, the application
     as it was when the calls were made), in a registry made for this scrape: a counter is the router's
     own running count. ``handle``: the ``handle`` label of every router here (the ingress's: ``http``, as
     its queue gauges); None: each router's id; the handle counter's is Serve's
