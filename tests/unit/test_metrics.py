@@ -240,7 +240,7 @@ def test_dashboard_names_only_metrics_we_export():
 
 
 def test_router_families_count_each_router_by_route_under_serves_names():
-    """What a process's routers routed (``api.deployments.routed``) as Serve's two router counters: the
+    """What a process's routers routed (``api.router.routed``) as Serve's two router counters: the
     router counter labelled with the router's id (or the ingress's ``http``) and the process's actor, the
     handle counter with Serve's ``application#deployment#handle``; merged with a replica's families."""
     from executors.ray_gpu.control.metrics import ReplicaMetrics, router_families
