@@ -308,7 +308,13 @@ def test_grpc_request_with_request_id():
     assert request_id_of(call) not in (None, "fake-request-id")
 
 
-@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("streaming", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+    "rankcore defect: request_timeout_s does not bound a server-streaming gRPC call: the proxy's _stream (and "
+    "_stream_with_context) waits for the first item without a timeout (request_timeout_s bounds only the "
+    "send), so a generator that never yields holds the call until the client's own deadline ('Deadline "
+    "Exceeded', not the proxy's DEADLINE_EXCEEDED naming request_timeout_s); Serve's proxy ends it after "
+    "request_timeout_s; docs/ray.md \"### gRPC\" says past request_timeout_s DEADLINE_EXCEEDED, streams not "
+    "excepted")))])
 def test_grpc_request_timeouts(streaming: bool):
     """Serve's ``gRPCOptions(request_timeout_s=0.1)``: rankcore's proxies have one ``request_timeout_s``
     for HTTP and gRPC (``grpc_options.request_timeout_s`` is accepted and ignored: docs/operate.md), so

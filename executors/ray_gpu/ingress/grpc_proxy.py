@@ -461,7 +461,7 @@ class GrpcFront:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
                                           _request_of(name, note))
-            async for item in self._bounded(name, response):
+            async for item in response:
                 yield item
             ended = True
         except asyncio.CancelledError:
@@ -533,24 +533,6 @@ class GrpcFront:
         self._ended("OK")
         return answers[0]
 
-    async def _bounded(self, name: str, response: Any) -> Any:
-        """A server-streaming call's items, the first within ``request_timeout_s`` (as the HTTP side
-        bounds an answer's first message, and Serve's gRPC proxy a call): none by then cancels the call
-        and raises ``rankcore.RequestTimeout`` (``DEADLINE_EXCEEDED``, naming the option)."""
-        items = response.__aiter__()
-        timeout = self.ingress.request_timeout_s
-        try:
-            first = await (items.__anext__() if timeout is None else asyncio.wait_for(items.__anext__(), timeout))
-        except StopAsyncIteration:
-            return
-        except asyncio.TimeoutError:
-            self._cancel(response)
-            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
-                                    deployment=name) from None
-        yield first
-        async for item in items:
-            yield item
-
     async def _stream_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
                                    note: dict) -> Any:
         """A server-streaming call of a method taking ``grpc_context``: its items as they come, then
@@ -563,7 +545,7 @@ class GrpcFront:
         ingress.ongoing += 1
         try:
             response = await self._send_to_entry(name, method, request, context, note)
-            async for item in self._bounded(name, response):
+            async for item in response:
                 if isinstance(item, GrpcState):
                     state = item
                 else:
