@@ -257,3 +257,45 @@ def test_grpc_calls_are_counted_with_serves_grpc_labels():
     assert tot(samples(m.exposition()), "ray_serve_num_ongoing_grpc_requests") == 0
     # the HTTP families are another protocol's: untouched
     assert tot(s, "ray_serve_num_http_requests_total") == 0
+
+
+# ------------------------------------------------------------------ a replica's calls, counted (no Ray)
+class _Served:
+    def __call__(self) -> str:
+        return "hi"
+
+    def fails(self) -> None:
+        raise ValueError("no")
+
+    async def items(self):  # (an async generator)
+        for i in range(5):
+            yield i
+
+
+def test_a_stream_its_caller_closed_counts_as_answered_and_a_raise_as_failed():
+    """CI once counted a plain deployment's call as failed with ``GeneratorExit``: a progress call's
+    router reads the answer and drops the stream, which closes the replica's generator at its last
+    ``yield``. A stream closed so, or mid-way (a client gone), is answered; a raise is failed."""
+    import asyncio
+
+    from executors.ray_gpu.control.replica import ReplicaActor
+
+    r = ReplicaActor("d", "d#0", _Served, (), {}, lineage=0, global_rank=0, world_size=1)
+    r.instance = _Served()
+
+    async def go() -> None:
+        progress = r.handle_progress("__call__", (), {})
+        assert [await progress.__anext__(), await progress.__anext__()] == ["started", "hi"]
+        await progress.aclose()  # (the answer read, the rest never asked for)
+        stream = r.handle_stream("items", (), {})
+        assert await stream.__anext__() == 0
+        await stream.aclose()  # (a client gone mid-stream)
+        with pytest.raises(ValueError, match="no"):
+            await r.handle_request("fails", (), {})
+    asyncio.run(go())
+    s = samples(merged(r.metrics.families()))
+    assert tot(s, "ray_serve_deployment_request_counter_total") == 2
+    assert {dict(ls)["exception_type"] for n, ls in s if n == "ray_serve_deployment_error_counter_total"} \
+        == {"ValueError"}
+    assert tot(s, "ray_serve_deployment_error_counter_total") == 1
+    assert tot(s, "ray_serve_deployment_processing_latency_ms_count") == 3

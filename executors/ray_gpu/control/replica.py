@@ -574,7 +574,9 @@ class ReplicaActor:
         it) while it holds one of the ``max_ongoing_requests`` slots; once it ends, counted as
         answered or failed (its exception's type) with the time it ran (Serve's replica metrics).
         ``key`` (not 0): written to its witness once it holds a slot, before the method is
-        entered, so its router can tell after this process died that it began (``api.witness``)."""
+        entered, so its router can tell after this process died that it began (``api.witness``).
+        A stream its caller closed (``GeneratorExit`` at a ``yield``: a progress call's router once it
+        has the answer, a client gone mid-stream) counts as answered: the method did not fail."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         self._loop_objects()
@@ -591,6 +593,8 @@ class ReplicaActor:
                 slot = witness.begin(key) if witness is not None else -1
                 try:
                     yield fn
+                except GeneratorExit:  # (its caller closed the stream: not the method's failure)
+                    raise
                 except BaseException as exc:  # (counted, then raised as is)
                     failed = type(exc).__name__
                     raise
