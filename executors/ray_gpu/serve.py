@@ -8,7 +8,8 @@ Each name here is rankcore's own implementation under Serve's name and signature
 ``get_app_handle``, ``get_deployment_handle``, ``delete``, ``status``, ``shutdown``, ``start``,
 ``DeploymentHandle``, ``DeploymentResponse``, ``Application``, ``Deployment``, ``HTTPOptions``,
 ``gRPCOptions``, ``grpc_util.RayServegRPCContext``: a method taking ``grpc_context`` gets one over gRPC,
-``api.grpc_context``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
+``api.grpc_context``; ``metrics.Counter``, ``metrics.Gauge``, ``metrics.Histogram``, the user's own
+metrics: ``api.user_metrics``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
 ``NoEquivalent`` when it is used, saying so and what to use instead; a name Ray Serve does not have
 either is an ``AttributeError``. docs/ray.md, "Porting a Serve app".
 
@@ -35,6 +36,7 @@ from typing import Any
 import rankcore as rc
 
 from .api import grpc_context as grpc_util
+from .api import user_metrics as metrics
 from .api.asgi import ingress, request_ingress
 from .api.batching import batch
 from .api.config import GRPCOptions as gRPCOptions
@@ -52,12 +54,13 @@ from .control import appnames
 __all__ = ["deployment", "ingress", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
            "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
            "DeploymentResponse", "Application", "Deployment", "HTTPOptions", "gRPCOptions", "http_method",
-           "grpc_util", "NoEquivalent"]
+           "grpc_util", "metrics", "NoEquivalent"]
 
 #: ``from ray.serve.grpc_util import RayServegRPCContext`` ports as
 #: ``from executors.ray_gpu.serve.grpc_util import RayServegRPCContext`` (this module is no package:
 #: the name is registered, so the import system finds it)
 sys.modules.setdefault(f"{__name__}.grpc_util", grpc_util)
+sys.modules.setdefault(f"{__name__}.metrics", metrics)  # (``from ray.serve.metrics import Counter`` too)
 
 #: Ray Serve's default application name (``serve.run``'s ``name``)
 DEFAULT_APP_NAME = "default"

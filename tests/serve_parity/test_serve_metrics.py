@@ -81,9 +81,10 @@ ROUTE_PATTERN = ("rankcore gap: the route label of a request to an ASGI (FastAPI
                  "where Serve's is the app's matched route (\"/api\", \"/api2/{user_id}\"), in the proxy's and the "
                  "replicas' metrics and in the calls it makes through handles (docs/metrics.md: \"the HTTP route "
                  "prefix\")")
-NO_SERVE_METRICS = ("rankcore gap: no serve.metrics (Serve's Counter, Gauge and Histogram, which add the replica's "
-                    "deployment, replica, application and route tags): serve.metrics is an AttributeError, not one "
-                    "of the Serve names docs/ray.md (\"Porting a Serve app\") lists without an equivalent")
+OUTSIDE_REPLICAS = ("differs on purpose: serve.metrics recorded outside a replica (a Ray task's, an actor's) are kept "
+                    "in that process and exported nowhere; rankcore's /metrics gathers the replicas' (docs/metrics.md, "
+                    "\"Your own metrics\"), where Serve's go through Ray's metrics agent, which this project does "
+                    "not install (ray[default])")
 ROUTER_ONLY = ("differs on purpose: the queue gauges are the proxy's router's only (docs/metrics.md, \"The ingress\": "
                "serve_deployment_queued_queries and serve_num_ongoing_requests_at_replicas, \"the ingress's router "
                "only, handle http\"); the handles of other processes (a driver's, a replica's) are not scraped")
@@ -550,14 +551,25 @@ class TestRequestContextMetrics:
         routes = wait_for(passed)
         gap(routes == {"G": {"/api", "/api2"}, "g1": {"/api"}, "g2": {"/api2"}}, f"{ROUTE_PATTERN}: {routes}")
 
-    @pytest.mark.xfail(strict=True, raises=AttributeError, reason=NO_SERVE_METRICS)
     def test_customer_metrics_with_context(self):
-        serve.metrics.Counter  # noqa: B018 (Serve's deployment makes a Counter, a Histogram and a Gauge)
+        serve.run(CustomMetrics.bind(), name="app", route_prefix="/app")
+        deployment_name, replica_id = get("/app").json()
+        static = {"my_static_tag": "static_value", "replica": replica_id, "deployment": deployment_name,
+                  "application": "app", "route": "/app"}
 
-    @pytest.mark.xfail(strict=True, raises=AttributeError, reason=NO_SERVE_METRICS)
+        def recorded() -> dict[str, list[dict]]:
+            got = scrape()
+            out = {n: series(n, got) for n in ("ray_my_counter_total", "ray_my_gauge", "ray_my_histogram_sum")}
+            assert all(len(v) == 1 for v in out.values()), out
+            return out
+        got = wait_for(recorded)
+        for name, runtime in (("ray_my_counter_total", "100"), ("ray_my_gauge", "300"), ("ray_my_histogram_sum", "200")):
+            assert got[name][0] == {**static, "my_runtime_tag": runtime}, (name, got[name])
+        assert (total("ray_my_counter_total"), total("ray_my_gauge"), total("ray_my_histogram_sum")) == (1, 300, 200)
+
     @pytest.mark.parametrize("use_actor", [False, True])
     def test_serve_metrics_outside_serve(self, use_actor):
-        serve.metrics.Counter  # noqa: B018 (made in a Ray actor or task, called from a deployment)
+        pytest.skip(OUTSIDE_REPLICAS)
 
 
 def test_multiplexed_metrics():
@@ -681,6 +693,28 @@ class TestProxyStateMetrics:
 
 
 # ------------------------------------------------------------------ the cases' deployments and helpers
+@serve.deployment(ray_actor_options=CPU, graceful_shutdown_timeout_s=0.001)
+class CustomMetrics:
+    """Serve's ``Model`` of test_customer_metrics_with_context: a Counter, a Histogram and a Gauge with a
+    static default tag, a runtime tag and ``route``; it answers its deployment and replica id."""
+
+    def __init__(self):
+        keys = ("my_static_tag", "my_runtime_tag", "route")
+        self.counter = serve.metrics.Counter("my_counter", description="my counter metrics", tag_keys=keys)
+        self.histogram = serve.metrics.Histogram("my_histogram", description="my histogram ",
+                                                 boundaries=[1, 10, 100, 1000, 10000], tag_keys=keys)
+        self.gauge = serve.metrics.Gauge("my_gauge", description="my_gauge", tag_keys=keys)
+        for m in (self.counter, self.histogram, self.gauge):
+            m.set_default_tags({"my_static_tag": "static_value"})
+
+    def __call__(self, *args):
+        self.counter.inc(tags={"my_runtime_tag": "100"})
+        self.histogram.observe(200, tags={"my_runtime_tag": "200"})
+        self.gauge.set(300, tags={"my_runtime_tag": "300"})
+        ctx = serve.get_replica_context()
+        return [ctx.deployment, ctx.replica_id]
+
+
 def _eq(got: float, want: float) -> bool:
     assert got == want, (got, want)
     return True

@@ -52,7 +52,7 @@ from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
-from ..api import asgi, batching, by_value, context, multiplex
+from ..api import asgi, batching, by_value, context, multiplex, user_metrics
 from ..api.context import RequestContext, _serve_request_context
 from ..api.fingerprint import check_modules
 from ..api.router import routed
@@ -536,13 +536,14 @@ class ReplicaActor:
 
     async def metrics_families(self) -> list:
         """Its Prometheus metric families (``ReplicaMetrics.families``), and what its handles' routers
-        routed (a replica calling another: ``metrics.router_families``): the ingress's ``/metrics``
+        routed (a replica calling another: ``metrics.router_families``), and the user's own
+        (``serve.metrics``: ``api.user_metrics``): the ingress's ``/metrics``
         gathers every serving replica's and merges them (``metrics.merged``)."""
         calls = routed()
         if not calls:
-            return self.metrics.families()
+            return self.metrics.families() + user_metrics.families()
         actor_id = ray.get_runtime_context().get_actor_id() or ""
-        return self.metrics.families() + router_families(calls, actor_id)
+        return self.metrics.families() + user_metrics.families() + router_families(calls, actor_id)
 
     # --------------------------------------------------------------- requests
     def _new_witness(self) -> Witness | None:
