@@ -299,3 +299,53 @@ def test_a_stream_its_caller_closed_counts_as_answered_and_a_raise_as_failed():
         == {"ValueError"}
     assert tot(s, "ray_serve_deployment_error_counter_total") == 1
     assert tot(s, "ray_serve_deployment_processing_latency_ms_count") == 3
+
+
+# ------------------------------------------------------------------ the proxies, in Serve's numbers
+def test_proxy_status_is_serves_number_for_the_cores_phase_and_a_drained_one_stays_drained():
+    """``ray_serve_proxy_status`` reads the core's proxy book at scrape: STARTING 1, HEALTHY 2, BACKOFF
+    (it died before it was ready again: restarting) 3 UNHEALTHY, DRAINING 4; a proxy the core stopped
+    once drained stays 5 DRAINED, as Serve's gauge keeps its last value. ``proxy_stopped`` times a stop."""
+    from tests.unit.test_proxies import Run, cluster, deploy, ready_all
+
+    m = ControllerMetrics()
+    ips = {"head": "10.0.0.1", "w0": "10.0.0.2"}
+    m.node_ip = lambda node: ips.get(node, "")
+
+    class Watched(Run):
+        def __call__(self, event: object) -> rc.Step:
+            before = self.state
+            result = super().__call__(event)
+            m.observe(0.0, event, before, result)
+            return result
+
+    run = Watched()
+
+    def status() -> dict[str, tuple[str, float]]:
+        s = samples(m.exposition(run.state))
+        return {dict(ls)["node_id"]: (dict(ls)["node_ip_address"], v)
+                for (n, ls), v in s.items() if n == "ray_serve_proxy_status"}
+
+    cluster(run, workers=1, drain=0.0)
+    assert status() == {"head": ("10.0.0.1", 1.0)}
+    deploy(run, 1)
+    ready_all(run)
+    assert status() == {"head": ("10.0.0.1", 2.0), "w0": ("10.0.0.2", 2.0)}
+    run(rc.ScaleRequested(deployment="llm", num_replicas=0))
+    run(rc.ReplicaStopped(replica_id="llm#0", now=12.0))  # (its node is empty: its proxy drains)
+    assert status()["w0"] == ("10.0.0.2", 4.0)
+    worker = run.state.proxies.proxies["w0"].proxy_id
+    run(rc.Tick(now=50.0))
+    run(rc.ProxyHealthChecked(proxy_id=worker, healthy=True, ongoing=0, now=50.0))
+    assert "w0" not in run.state.proxies.proxies and status()["w0"] == ("10.0.0.2", 5.0)
+    head = run.state.proxies.proxies["head"].proxy_id
+    run(rc.ProxyCrashed(proxy_id=head, now=51.0))  # (the first death restarts at once)
+    assert status()["head"] == ("10.0.0.1", 1.0)
+    run(rc.ProxyCrashed(proxy_id=run.state.proxies.proxies["head"].proxy_id, now=52.0))  # (again: it backs off)
+    assert run.state.proxies.proxies["head"].phase is rc.ProxyPhase.BACKOFF and status()["head"] == ("10.0.0.1", 3.0)
+    deploy(run, 1)  # (w0 is wanted again: a new proxy there is the series' value)
+    assert status()["w0"] == ("10.0.0.2", 1.0)
+
+    m.proxy_stopped("w0", 120.0)
+    s = samples(m.exposition(run.state))
+    assert _hist(s, "ray_serve_proxy_shutdown_duration_ms", node_id="w0", node_ip_address="10.0.0.2") == (1, 120.0)

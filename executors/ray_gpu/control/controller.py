@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -118,6 +119,8 @@ class Controller:
         metrics = ControllerMetrics(actor_id=actor_id or "")
         self.ledger.driver.observers.append(metrics.observe)
         self.watcher.on_check_time = metrics.health_checked
+        self.carrier.proxies.on_stopped = metrics.proxy_stopped
+        metrics.node_ip = _node_ips()
         recorder_told = self.ledger.on_transfer
 
         def transferred(deployment: str, what: str, nbytes: int) -> None:
@@ -919,6 +922,24 @@ class Controller:
             await asyncio.sleep(0.05)
         for rid, _ in self.ledger.with_actors():  # anything left behind
             self.carrier.kill(rid)
+
+
+def _node_ips(every_s: float = 5.0) -> Callable[[str], str]:
+    """node id -> its IP address, from ``ray.nodes()``: read again for a node not known yet, at most
+    every ``every_s`` ("" for one Ray does not list, or outside Ray)."""
+    known: dict[str, str] = {}
+    read = -math.inf
+
+    def ip(node_id: str) -> str:
+        nonlocal read
+        if node_id not in known and time.monotonic() - read >= every_s:
+            read = time.monotonic()
+            import ray
+
+            if ray.is_initialized():
+                known.update({n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()})
+        return known.get(node_id, "")
+    return ip
 
 
 def _head_node() -> str | None:

@@ -47,7 +47,7 @@ from .appnames import table as _apps_table
 __all__ = ["MetricSpec", "INGRESS_METRICS", "REPLICA_METRICS", "CONTROLLER_METRICS", "ROUTER_METRICS", "ALL_METRICS",
            "LATENCY_BUCKETS_MS", "IngressMetrics", "ReplicaMetrics", "ControllerMetrics", "build", "exported_names",
            "merged", "CONTENT_TYPE", "DEPLOYMENT_STATUS_NUMERIC", "APPLICATION_STATUS_NUMERIC",
-           "REPLICA_LIFECYCLE_BUCKETS_MS", "application_status", "router_families"]
+           "REPLICA_LIFECYCLE_BUCKETS_MS", "application_status", "router_families", "PROXY_STATUS_NUMERIC"]
 
 #: the exposition's media type (Prometheus text format 0.0.4)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -213,6 +213,12 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
     _serve("ray_serve_application_status", "gauge", ("application",),
            "The application's status (the one rankcore status shows) in Serve's numbers: 0 unknown, 1 DEPLOY_FAILED, "
            "2 UNHEALTHY, 3 NOT_STARTED, 4 DELETING, 5 DEPLOYING, 6 RUNNING."),
+    _serve("ray_serve_proxy_status", "gauge", ("node_id", "node_ip_address"),
+           "Each node's proxy's status in Serve's numbers: 1 STARTING, 2 HEALTHY, 3 UNHEALTHY (died or failed its "
+           "health checks: restarting), 4 DRAINING, 5 DRAINED (drained and stopped; until a proxy starts there again)."),
+    _serve("ray_serve_proxy_shutdown_duration_ms", "histogram", ("node_id", "node_ip_address"),
+           "Time a proxy took to stop: from its StopProxy (or the controller's reset) to its actor gone (ms).",
+           buckets=REPLICA_LIFECYCLE_BUCKETS_MS),
     MetricSpec(name="rankcore_deployment_replicas", kind="gauge", labels=(*_DEP, "phase"),
                doc="The deployment's replicas now, by lifecycle phase (Serve has no gauge of current replicas)."),
     _serve("ray_serve_controller_control_loop_duration_s", "gauge", (),
@@ -503,6 +509,11 @@ class ControllerMetrics:
         self._stopping: dict[str, tuple[float, str]] = {}
         #: replica id -> (when, deployment, version) of its last ReconfigureReplica, until answered
         self._reconfiguring: dict[str, tuple[float, str, int]] = {}
+        #: node id -> its IP address ("": not known); the controller gives a lookup of Ray's nodes
+        self.node_ip: Callable[[str], str] = lambda node_id: ""
+        #: node id -> the status number of a proxy the core stopped there (5 DRAINED, 3 UNHEALTHY), kept
+        #: until a proxy is in the book there again (Serve's gauge keeps its last value)
+        self._proxies_gone: dict[str, int] = {}
 
     def observe(self, t: float, event: object, before: rc.State, result: rc.Step) -> None:
         """What the core decided in one step: compactions (each rank change, by level), and its
@@ -534,6 +545,12 @@ class ControllerMetrics:
                 m["rankcore_reconfigures"].labels(cmd.deployment, _app(cmd.deployment), cmd.reason).inc()
             elif kind is rc.UpdateWeights:
                 m["rankcore_weight_updates"].labels(cmd.deployment, _app(cmd.deployment)).inc()
+            elif kind is rc.StopProxy:
+                if cmd.reason == "node_lost":
+                    self._proxies_gone.pop(cmd.node_id, None)
+                else:
+                    self._proxies_gone[cmd.node_id] = PROXY_STATUS_NUMERIC[
+                        "DRAINED" if cmd.reason in ("drained", "not_needed") else "UNHEALTHY"]
             elif move is not None:
                 name = move if kind is not rc.EvictReplica else f"evict_{cmd.to}"
                 m["rankcore_tier_moves"].labels(cmd.deployment, _app(cmd.deployment), name).inc()
@@ -576,6 +593,11 @@ class ControllerMetrics:
         """One health check of a replica of ``deployment`` ended after ``ms``: answered or timed out
         (``observe.Watcher.health_checks``; Serve times no check that raised)."""
         self.m["ray_serve_health_check_latency_ms"].labels(deployment, _app(deployment)).observe(ms)
+
+    def proxy_stopped(self, node_id: str, ms: float) -> None:
+        """A proxy on ``node_id`` took ``ms`` to stop (``proxies.Proxies``: its server closed, its actor
+        killed)."""
+        self.m["ray_serve_proxy_shutdown_duration_ms"].labels(node_id, self.node_ip(node_id)).observe(ms)
 
     def transferred(self, deployment: str, what: str, nbytes: int) -> None:
         self.m["rankcore_tier_bytes"].labels(deployment, _app(deployment), what).inc(nbytes)
@@ -620,11 +642,31 @@ class ControllerMetrics:
                 phases.labels(name, app, phase).set(n)
         for app, statuses in apps.items():
             app_status.labels(app).set(APPLICATION_STATUS_NUMERIC.get(application_status(statuses), 0))
+        self._refresh_proxies(state)
+
+    def _refresh_proxies(self, state: rc.State) -> None:
+        """``ray_serve_proxy_status``: each proxy in the core's book by its phase (Serve's numbers,
+        ``PROXY_STATUS_NUMERIC``), and a node whose proxy the core stopped by how it went."""
+        gauge = self.m["ray_serve_proxy_status"]
+        gauge.clear()
+        book = state.proxies.proxies
+        for node in [n for n in self._proxies_gone if n in book]:
+            del self._proxies_gone[node]
+        for node, number in self._proxies_gone.items():
+            gauge.labels(node, self.node_ip(node)).set(number)
+        for node, proxy in book.items():
+            gauge.labels(node, self.node_ip(node)).set(PROXY_STATUS_NUMERIC[_PROXY_STATUS[proxy.phase]])
 
     def exposition(self, state: rc.State, rejected: int = 0) -> bytes:
         self.refresh(state, rejected)
         return generate_latest(self.registry)
 
+
+#: Serve's ``ProxyStatus.to_numeric``
+PROXY_STATUS_NUMERIC = {"STARTING": 1, "HEALTHY": 2, "UNHEALTHY": 3, "DRAINING": 4, "DRAINED": 5}
+#: the core's proxy phase -> Serve's status (BACKOFF: it died or failed its checks, and restarts)
+_PROXY_STATUS = {rc.ProxyPhase.STARTING: "STARTING", rc.ProxyPhase.HEALTHY: "HEALTHY",
+                 rc.ProxyPhase.DRAINING: "DRAINING", rc.ProxyPhase.BACKOFF: "UNHEALTHY"}
 
 #: the events that answer a replica's start, reconfigure or stop (or end the wait: a crash)
 _ANSWERS = frozenset({rc.ReplicaReady, rc.ReplicaReconfigured, rc.ReplicaStopped, rc.ReplicaCrashed})

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -156,6 +157,8 @@ class Proxies:
         self.settings: ProxySettings | None = None
         self.head: str | None = None
         self.live: dict[str, _Live] = {}  # proxy id -> the proxy
+        #: told (node id, ms) once a proxy it stopped is gone (``ControllerMetrics.proxy_stopped``)
+        self.on_stopped: Callable[[str, float], None] | None = None
         #: why the head node's proxy last refused to start (its constructor's InvalidConfig: its port in use ...);
         #: ``start_proxies`` reports it. A crash while it started is not one: the core's restart may mend it
         self.head_error: str | None = None
@@ -307,21 +310,31 @@ class Proxies:
         if p is not None:
             p.stopping = True
             if p.actor is not None:
-                self.ledger.spawn(_stop(p.actor, 10.0 if graceful else 0.0))
+                self.ledger.spawn(self._timed_stop(p, 10.0 if graceful else 0.0))
+
+    async def _timed_stop(self, p: _Live, timeout: float) -> None:
+        """``_stop``, its time told to ``on_stopped`` (Serve's ``serve_proxy_shutdown_duration_ms``)."""
+        began = time.monotonic()
+        await _stop(p.actor, timeout)
+        if self.on_stopped is not None:
+            self.on_stopped(p.node_id, (time.monotonic() - began) * 1000.0)
 
     async def stop_all(self, timeout: float = 10.0) -> None:
         """Every proxy this controller knows, and any left by an earlier one (``reset``)."""
-        actors = [p.actor for p in self.live.values() if p.actor is not None]
+        live = [p for p in self.live.values() if p.actor is not None]
         for p in self.live.values():
             p.stopping = True
         self.live.clear()
         self.settings = self.head = self.head_error = None
+        others = []  # (an earlier controller's: not timed, their nodes unknown here)
         for name in proxy_names():
             try:
-                actors.append(ray.get_actor(name, namespace=NAMESPACE))
+                actor = ray.get_actor(name, namespace=NAMESPACE)
             except ValueError:
-                pass
-        await asyncio.gather(*(_stop(a, timeout) for a in actors))
+                continue
+            if all(actor._actor_id != p.actor._actor_id for p in live):
+                others.append(actor)
+        await asyncio.gather(*(self._timed_stop(p, timeout) for p in live), *(_stop(a, timeout) for a in others))
         deadline = time.monotonic() + timeout
         while proxy_names() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
