@@ -76,10 +76,9 @@ SAY = "/rankcore.test.Echo/Say"
 CODE_NAMES = ("rankcore defect: the gRPC metrics' status_code and error_code are the code's name (NOT_FOUND, "
               "INTERNAL), where Serve's are str(grpc.StatusCode.X) ('StatusCode.NOT_FOUND'): a dashboard or alert "
               "written for Serve matches nothing (docs/metrics.md gives the names, not as a difference)")
-ROUTE_PATTERN = ("rankcore gap: the route label of a request to an ASGI (FastAPI) deployment is its route prefix, "
-                 "where Serve's is the app's matched route (\"/api\", \"/api2/{user_id}\"), in the proxy's and the "
-                 "replicas' metrics and in the calls it makes through handles (docs/metrics.md: \"the HTTP route "
-                 "prefix\")")
+ROUTE_PATTERN = ("the route label of a request to an ASGI (FastAPI) deployment is the app's matched route (\"/api\", "
+                 "\"/api2/{user_id}\"), as Serve's, in the proxy's and the replicas' metrics and in the calls it makes "
+                 "through handles")
 OUTSIDE_REPLICAS = ("differs on purpose: serve.metrics recorded outside a replica (a Ray task's, an actor's) are kept "
                     "in that process and exported nowhere; rankcore's /metrics gathers the replicas' (docs/metrics.md, "
                     "\"Your own metrics\"), where Serve's go through Ray's metrics agent, which this project does "
@@ -533,7 +532,6 @@ class TestRequestContextMetrics:
             return out
         wait_for(routed)
 
-    @pytest.mark.xfail(strict=True, raises=Gap, reason=ROUTE_PATTERN)
     def test_request_context_pass_for_handle_passing(self):
         serve.run(Gateway.bind(G1.bind(), G2.bind()), name="app")
         assert get("/api").text == '"ok1"' and get("/api2").text == '"ok2"'
@@ -656,7 +654,6 @@ def test_actor_summary():
 
 
 # ================================================================== test_metrics_2.py (cases test_metrics.py has not)
-@pytest.mark.xfail(strict=True, raises=Gap, reason=ROUTE_PATTERN)
 @pytest.mark.parametrize("route_prefix", ["", "/prefix"])
 def test_fastapi_route_metrics(route_prefix: str):
     if route_prefix:

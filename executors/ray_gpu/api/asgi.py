@@ -32,14 +32,14 @@ from typing import Any
 
 from rankcore import InvalidConfig
 
-from .exposed import ASGI_ENTRY
+from .exposed import ASGI_APP_ATTR, ASGI_ENTRY
 
 __all__ = ["ENTRY", "ingress", "request_ingress", "is_asgi", "started", "stopped", "current_instance"]
 
 #: the replica method the proxy streams an HTTP request to (a client cannot name it: ``exposed``)
 ENTRY = ASGI_ENTRY
 #: the ASGI app (or its builder) ``ingress`` put on the class
-APP_ATTR = "__rankcore_asgi_app__"
+APP_ATTR = ASGI_APP_ATTR
 #: the class's qualified name where it was defined (a class defined in a function comes back from
 #: cloudpickle named bare, while its methods keep ``f.<locals>.Cls.m``: its routes are found by this)
 QUALNAME_ATTR = "__rankcore_asgi_qualname__"

@@ -23,6 +23,8 @@ from rankcore import InvalidConfig
 
 #: ``api.asgi.ENTRY`` (named here: ``asgi`` imports starlette where it runs, this module nothing)
 ASGI_ENTRY = "__rankcore_asgi__"
+#: ``api.asgi.APP_ATTR``: an ``@ingress`` class's app
+ASGI_APP_ATTR = "__rankcore_asgi_app__"
 #: ``api.grpc_context.ENTRY_PREFIX``: ``<it><method>`` calls ``method`` with a ``grpc_context``
 GRPC_ENTRY_PREFIX = "__rankcore_grpc__"
 
@@ -74,6 +76,9 @@ class Reachable:
     #: the methods a gRPC call reaches through their ``grpc_context`` entry (``api.grpc_context``: they
     #: declare a ``grpc_context`` parameter, and the class has the entry)
     grpc_context: frozenset[str] = frozenset()
+    #: an ``@serve.ingress`` app's declared routes, ``(path, methods)`` (methods None: any), for the route
+    #: label of its requests' metrics and logs (``route_patterns``; () for none: the route prefix)
+    routes: tuple[tuple[str, tuple[str, ...] | None], ...] = ()
 
     @classmethod
     def unknown(cls) -> Reachable:
@@ -113,4 +118,36 @@ def reachable(cls: Any) -> Reachable:
     grpc = public | ({"__call__"} if has_call else set())
     with_context = frozenset(m for m in grpc if callable(getattr(cls, GRPC_ENTRY_PREFIX + m, None)))
     return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(grpc),
-                     asgi=callable(getattr(cls, ASGI_ENTRY, None)), grpc_context=with_context)
+                     asgi=callable(getattr(cls, ASGI_ENTRY, None)), grpc_context=with_context,
+                     routes=route_patterns(getattr(cls, ASGI_APP_ATTR, None)))
+
+
+def route_patterns(app: Any) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    """The routes an ASGI app (FastAPI, Starlette) declares, as Serve's ``extract_route_patterns``
+    reads them: each route's whole path (a ``Mount``'s and an ``include_router``'s prefix in front,
+    the app's ``root_path`` too) with its methods, sorted by path; a mount with no routes of its own
+    takes any method. () for an app without routes, or one whose routes cannot be read."""
+    found: dict[str, set[str] | None] = {}
+
+    def walk(routes: Any, prefix: str) -> None:
+        for route in routes:
+            included = getattr(route, "original_router", None)  # (FastAPI >= 0.137's include_router)
+            if included is not None:
+                walk(included.routes, prefix + route.include_context.prefix)
+                continue
+            path = prefix + route.path
+            inner = getattr(route, "routes", None) if not hasattr(route, "endpoint") else None
+            if inner:  # (a Mount of routes)
+                walk(inner, path)
+            elif getattr(route, "methods", None) and found.get(path, set()) is not None:
+                found.setdefault(path, set()).update(route.methods)  # type: ignore[union-attr]
+            else:
+                found[path] = None
+    try:
+        walk(getattr(app, "routes", None) or (), "")
+    except Exception:  # (an app of another shape: no patterns, the route prefix labels its requests)
+        return ()
+    root = (getattr(app, "root_path", "") or "").rstrip("/")
+    if root:
+        found = {(root + "/" + path.lstrip("/") if path != "/" else root + path): m for path, m in found.items()}
+    return tuple(sorted((path, None if m is None else tuple(sorted(m))) for path, m in found.items()))

@@ -41,6 +41,7 @@ docs/ray.md, "HTTP ingress".
 from __future__ import annotations
 
 import asyncio
+import functools
 import html
 import itertools
 import json
@@ -182,6 +183,47 @@ def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | Non
     if rest == "":
         return prefix, name, "__call__"
     return (prefix, name, rest) if _METHOD.fullmatch(rest) else None
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern_routes(patterns: tuple[tuple[str, tuple[str, ...] | None], ...]) -> tuple[Any, ...]:
+    """Starlette routes of an app's declared ``patterns`` (``Reachable.routes``), made once a set."""
+    from starlette.routing import Route
+
+    async def nothing(request: Any) -> None:  # pragma: no cover - (matched against, never called)
+        return None
+    return tuple(Route(path, nothing, methods=list(methods) if methods else None) for path, methods in patterns)
+
+
+def route_pattern(prefix: str, patterns: tuple[tuple[str, tuple[str, ...] | None], ...], path: str,
+                  method: str) -> str:
+    """The route label of a request to an ASGI deployment routed at ``prefix``, as Serve's proxy's
+    ``match_route_pattern``: the app's declared route that ``path`` and ``method`` fully match, the
+    prefix in front (``/api`` + ``/users/{user_id}``); a path that matches none with a slash added
+    or taken off (starlette redirects it) matches that route, so shown; else ``prefix`` (no other
+    label: a label per path would grow without bound)."""
+    if not patterns:
+        return prefix
+    from starlette.routing import Match
+
+    base = "" if prefix == "/" else prefix
+    rel = path[len(base):]  # ("" for the prefix itself: as Serve's, it matches no route, "/" redirected)
+    routes = _pattern_routes(patterns)
+
+    def full(p: str) -> str | None:
+        scope = {"type": "http", "path": p, "root_path": "", "method": method}
+        for route in routes:
+            if route.matches(scope)[0] is Match.FULL:
+                return route.path
+        return None
+    name = full(rel)
+    if name is None and path != "/":
+        other = full(rel[:-1] if rel.endswith("/") else rel + "/")
+        if other is not None:
+            name = other + "/" if rel.endswith("/") else other[:-1]
+    if not name:
+        return prefix
+    return base + "/" + name.lstrip("/") if base else name
 
 
 def not_found_text(path: str) -> str:
@@ -695,7 +737,10 @@ class IngressState:
             prefix, name, _rest = under
             if note is not None:
                 note["route"], note["deployment"] = prefix, name
-            if self.methods.get(name, _UNKNOWN).asgi:
+            reach = self.methods.get(name, _UNKNOWN)
+            if reach.asgi:
+                if note is not None and reach.routes:  # (the metrics' and the log's route: Serve's pattern)
+                    note["route"] = route_pattern(prefix, reach.routes, path, request.method)
                 return await self._asgi(request, prefix, name, note)
             found = match_route(self.routes, path)
             if found is None:
