@@ -90,9 +90,6 @@ NO_ROUTE_TABLE = ("differs on purpose: a rankcore proxy reads its route table fr
 LIST_DRAINING = ("rankcore defect: a draining proxy answers gRPC ListApplications OK, where Serve's answers "
                  "UNAVAILABLE \"This node is being drained.\" (rankcore's HTTP /-/routes and gRPC Healthz do "
                  "answer the drain)")
-NO_REPLICAS = ("rankcore gap: a proxy answers /-/healthz 200 whether or not its routers know a running replica "
-               "of its routes; Serve's worker-node proxy answers 503 \"No replicas are available yet.\" until they "
-               "do (its head's answers 200), so a load balancer does not send it requests it can only queue")
 ROUTE_PATTERN = ("the HTTP metrics' route label of a request to an ASGI deployment is the matched route of its app "
                  "(\"/api/users/{user_id}\") when the app declares routes, as Serve's")
 
@@ -143,6 +140,9 @@ class Answers:
                        kw.get("stream", self.stream), self.pool)
 
     def knows_pool(self) -> bool:
+        return self.pool
+
+    def replicas_populated(self) -> bool:
         return self.pool
 
     def is_stream(self, method: str) -> bool:
@@ -226,10 +226,10 @@ class Wire:
 
 
 def ingress(routes: dict[str, str], handles: dict[str, Any] | None = None, methods: dict | None = None,
-            draining: bool = False) -> IngressState:
+            draining: bool = False, is_head: bool = True) -> IngressState:
     state = IngressState(routes, handles if handles is not None else {}, 1 << 20, 5.0)
     state.methods = dict(methods or {})
-    state.draining = draining
+    state.draining, state.is_head = draining, is_head
     return state
 
 
@@ -418,13 +418,16 @@ def test_head_http_unhealthy_until_route_table_updated():
     pytest.skip(NO_ROUTE_TABLE)
 
 
-@pytest.mark.xfail(strict=True, raises=Gap, reason=NO_REPLICAS)
 def test_worker_http_unhealthy_until_replicas_populated():
     # (before its route table: Serve's NO_ROUTES, a state rankcore's proxy never has, NO_ROUTE_TABLE)
-    state = ingress({"/route": "a"}, {"a": Answers(pool=False)})  # routed; its router has heard of no replica
+    handle = Answers(pool=False)  # routed; its router has heard of no replica
+    state = ingress({"/route": "a"}, {"a": handle}, is_head=False)
     with client(state) as c:
         r = c.get("/-/healthz")
-    gap(r.status_code == 503 and NO_REPLICAS_MESSAGE in r.text, f"{NO_REPLICAS}: {r.status_code} {r.text}")
+        assert r.status_code == 503 and NO_REPLICAS_MESSAGE in r.text, (r.status_code, r.text)
+        handle.pool = True  # (the controller names a serving replica)
+        r = c.get("/-/healthz")
+    assert (r.status_code, r.text) == (200, HEALTHY_MESSAGE)
 
 
 class TestProxyRouterMatchRoutePattern:
@@ -532,15 +535,14 @@ class TestReadyForTraffic:
             r = c.get("/-/healthz")
         assert (r.status_code, r.text) == (200, HEALTHY_MESSAGE)
 
-    @pytest.mark.xfail(strict=True, raises=Gap, reason=NO_REPLICAS)
     def test_worker_route_table_populated_no_replicas(self):
-        with client(ingress({"/": "A"}, {"A": Answers(pool=False)})) as c:
+        with client(ingress({"/": "A"}, {"A": Answers(pool=False)}, is_head=False)) as c:
             r = c.get("/-/healthz")
-        gap(r.status_code == 503 and NO_REPLICAS_MESSAGE in r.text, f"{NO_REPLICAS}: {r.status_code} {r.text}")
+        assert r.status_code == 503 and NO_REPLICAS_MESSAGE in r.text, (r.status_code, r.text)
 
     @pytest.mark.parametrize("is_head", [False, True])
     def test_route_table_populated_with_replicas(self, is_head: bool):
-        with client(ingress({"/": "A"}, {"A": Answers(pool=True)})) as c:
+        with client(ingress({"/": "A"}, {"A": Answers(pool=True)}, is_head=is_head)) as c:
             r = c.get("/-/healthz")
         assert (r.status_code, r.text) == (200, HEALTHY_MESSAGE)
 

@@ -334,3 +334,18 @@ def test_the_witness_answers_a_router_keeps_are_bounded(monkeypatch) -> None:
         r._witnessed(f"d#{i}", {}, [])
     assert len(r.witnessed) == WITNESSED and r.witnessed[0] == ("d#5", 0, 0)
     assert r.witnessed[-1] == (f"d#{WITNESSED + 4}", 0, 0)
+
+
+def test_replicas_populated_once_a_pool_answer_named_a_serving_replica_and_stays_so() -> None:
+    """Serve's ``running_replicas_populated``: a worker node's proxy is ready for traffic once a handle
+    of its routes has heard of a serving replica (``IngressState.unready``); a later scale to zero
+    keeps it so, as Serve's."""
+    r = router({}, coming=True)
+    assert r.populated is False
+    with r.lock:
+        r._take(pool({"d#0": _Actor("d#0")}, version=2))
+    assert r.populated is True
+    with r.lock:
+        r._take(pool({}, coming=False, version=3))
+    assert r.populated is True
+    assert DeploymentHandle("d", None, router=r).replicas_populated() is True

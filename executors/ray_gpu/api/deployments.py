@@ -618,6 +618,13 @@ class DeploymentHandle:
         never block: the HTTP ingress calls them on its event loop)."""
         return self._router.version is not None
 
+    def replicas_populated(self) -> bool:
+        """Whether the controller has named a serving replica of the deployment to this handle's router
+        once (Serve's ``running_replicas_populated``: a worker's proxy is ready for traffic once one of
+        its handles is). May ask the controller the first time."""
+        self._router.refresh()
+        return self._router.populated
+
     def is_stream(self, method: str | None = None) -> bool:
         """Whether ``method`` (this handle's by default) is a generator method of the deployment's class
         (call it with ``options(stream=True)``). May ask the controller the first time."""

@@ -207,6 +207,8 @@ class Router:
         self.calls: dict[str, Call] = {}
         self.limits: tuple[int, int, int] | None = None
         self.version: Any = None  # the last pool answer's version (None: never asked)
+        #: a pool answer has named a serving replica once (Serve's ``running_replicas_populated``)
+        self.populated = False
         self.idempotent: frozenset[str] = frozenset()
         self.streams: frozenset[str] = frozenset()  # the class's generator methods (``options(stream=True)``)
         #: replica id -> the multiplexed models it last said it holds (fed to the machine when they change)
@@ -296,6 +298,7 @@ class Router:
         self.dead.intersection_update(rid for rid, _ in serving)
         self.dead |= self.asking
         self.actors = {rid: actor for rid, actor in serving if rid not in self.dead}
+        self.populated = self.populated or bool(serving)
         self.nodes = {**{rid: n for rid, n in pool.get("nodes", {}).items() if rid in self.actors},
                       **{rid: n for rid, n in self.nodes.items() if rid in self.asking}}
         self.idempotent = frozenset(pool.get("idempotent", ()))

@@ -259,7 +259,7 @@ class Proxies:
                     name=p.name, namespace=NAMESPACE, lifetime="detached", max_restarts=0, max_concurrency=16,
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
                 ).remote(s.host, port, enable_access_log=s.enable_access_log, logs_dir=s.logs_dir, **s.limits(),
-                         proxy_id=p.proxy_id, remember_port=head, grpc_port=grpc_port_of(s, head),
+                         proxy_id=p.proxy_id, remember_port=head, is_head=head, grpc_port=grpc_port_of(s, head),
                          grpc_servicer_functions=s.grpc_servicer_functions)
                 break
             except ValueError:  # the name is still its predecessor's (killed a moment ago)

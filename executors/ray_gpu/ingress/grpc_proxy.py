@@ -605,6 +605,7 @@ class GrpcFront:
 
     async def _healthz(self, request: Any, context: aio.ServicerContext) -> Any:
         await self._refuse(request, context)
-        if self.ingress.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "This node is being drained.")
+        why = await self.ingress.unready()  # (draining; a worker's proxy with no replica yet)
+        if why is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, why[1])
         return wrappers_pb2.StringValue(value="success")

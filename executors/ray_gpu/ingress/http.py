@@ -226,6 +226,10 @@ def route_pattern(prefix: str, patterns: tuple[tuple[str, tuple[str, ...] | None
     return base + "/" + name.lstrip("/") if base else name
 
 
+#: a worker node's proxy's ``/-/healthz`` before any of its handles has a replica (Serve's, word for word)
+NO_REPLICAS_MESSAGE = "No replicas are available yet."
+
+
 def not_found_text(path: str) -> str:
     """Ray Serve's proxy's 404 body, word for word (scripts and load balancers match it)."""
     return f"Path '{path}' not found. Ping http://.../-/routes for available routes."
@@ -589,6 +593,9 @@ class IngressState:
         self.actor_id = ""  # (this actor's id: the queue gauges' ``actor_id``)
         #: a draining proxy (``DrainProxy``) answers ``/-/healthz`` with 503; requests in flight now
         self.draining = False
+        #: the head node's proxy (it takes traffic with no replica anywhere: an application scaled to zero
+        #: scales up from its requests); another node's is ready only once a handle has a replica (``unready``)
+        self.is_head = True
         self.ongoing = 0
 
     # ------------------------------------------------------------ calls
@@ -1030,11 +1037,28 @@ class IngressState:
         return out
 
     # ---------------------------------------------------------- the ingress's own pages
+    async def unready(self) -> tuple[str, str] | None:
+        """Why this proxy should get no traffic now, ``(error, message)``, or None: draining (an outside
+        load balancer moves away; what is in flight finishes), or, on a node other than the head, none
+        of its handles has heard of a serving replica yet (Serve's ``ready_for_traffic``: it could only
+        queue requests). The HTTP and gRPC health checks answer by it."""
+        if self.draining:
+            return "draining", "This node is being drained."
+        if not self.is_head:
+            handles = list(self.handles.values())
+
+            def populated() -> bool:  # (on a call thread: a handle's first look asks the controller)
+                return any(h.replicas_populated() for h in handles)
+            if not await asyncio.get_running_loop().run_in_executor(self.pool, populated):
+                return "no_replicas", NO_REPLICAS_MESSAGE
+        return None
+
     async def healthz(self, request: Any) -> Any:
         from starlette.responses import PlainTextResponse
 
-        if self.draining:  # (an outside load balancer moves away; what is in flight finishes)
-            return self._error(503, "draining", "This node is being drained.", None)
+        why = await self.unready()
+        if why is not None:
+            return self._error(503, why[0], why[1], None)
         try:
             await asyncio.get_running_loop().run_in_executor(self.pool, _ask_controller, "status")
         except Exception as exc:
@@ -1522,7 +1546,7 @@ class HttpIngress:
 
     def __init__(self, host: str, port: int, max_body_bytes: int = MAX_BODY_BYTES,
                  request_timeout_s: float | None = REQUEST_TIMEOUT_S, enable_access_log: bool = ENABLE_ACCESS_LOG,
-                 logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True,
+                 logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True, is_head: bool = True,
                  grpc_port: int | None = None, grpc_servicer_functions: tuple[str, ...] = (),
                  header_timeout_s: float | None = HEADER_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES,
                  max_connections: int | None = MAX_CONNECTIONS) -> None:
@@ -1537,6 +1561,7 @@ class HttpIngress:
         self.state = IngressState(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
         st = self.state
         st.methods = methods
+        st.is_head = is_head
         st.header_timeout_s, st.max_header_bytes, st.max_connections = header_timeout_s, max_header_bytes, max_connections
         self.state.actor_id = ctx.get_actor_id() or ""
         sock = _listen(host, port, remember_port)
