@@ -479,8 +479,8 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "gang-downscale-lowest-gangs", MOVES,
-        "        chosen.extend(rid for rank, rid in top if rank >= dep.target)\n",
-        "        chosen.extend(rid for rank, rid in top if rank < n)\n",
+        "        for g in sorted(gangs, reverse=True):\n",
+        "        for g in sorted(gangs):\n",
         "[Gangs: downscale] whole gangs from the top ranks",
     ),
     mutation(

@@ -105,14 +105,25 @@ def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
         return chosen
     ranks = dep.ranks
     if dep.gang_size > 1:
-        # whole gangs from the top: every member at or above the target (a multiple of the gang size,
-        # ``gangs.check_scale``) not stopping already (a retiring one there leaves with no successor:
-        # ``stop``). Counting ``n`` from the top instead reached into the gang below when a top
-        # gang's member was retiring (it counts as active, but is stopping already).
-        taken = set(chosen)
-        top = sorted(((ranks.global_rank(r.replica_id), r.replica_id) for r in dep.replicas.values()
-                      if r.phase is not Phase.STOPPING and r.replica_id not in taken), reverse=True)
-        chosen.extend(rid for rank, rid in top if rank >= dep.target)
+        # whole gangs from the top, until the members they count towards the target (``active``: a
+        # retiring one too, which leaves with no successor: ``stop``) reach ``n``; their members not
+        # stopping already are stopped. Counting members not stopping instead reached into the gang
+        # below when a top gang's member was retiring; taking every gang at or above the target
+        # instead stopped them all when replicas still stopping held the low ranks (a scale to 0,
+        # then up to 4 and down to 2: the new gangs ranked 2-5 all went, and none came back).
+        k, taken, counted = dep.gang_size, set(chosen), len(chosen)
+        gangs: dict[int, list[tuple[int, str, bool]]] = {}
+        for r in dep.replicas.values():
+            rid = r.replica_id
+            if rid in taken or r.blue_ranks is not None or (r.phase is Phase.STOPPING and not r.retiring):
+                continue
+            rank = ranks.global_rank(rid)
+            gangs.setdefault(rank // k, []).append((rank, rid, r.phase is not Phase.STOPPING))
+        for g in sorted(gangs, reverse=True):
+            if counted >= n:
+                break
+            counted += len(gangs[g])
+            chosen.extend(rid for _, rid, live in sorted(gangs[g], reverse=True) if live)
         return chosen
     taken = set(chosen)
     candidates = sorted(

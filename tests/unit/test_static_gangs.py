@@ -483,3 +483,29 @@ def test_a_static_recovery_starts_its_failed_and_missing_ranks_in_rank_order(fai
     assert [places[s.replica_id] for s in starts] == [tuple(mapping[s.global_rank]) for s in starts]
     assert [c.replica_id for c in of(rc.StopReplica, cmds)] == ["app#0"]  # (a FAILED one has no process to keep)
     assert sorted(ex.by_rank()) == [0, 1, 2] and ex.dep().healthy
+
+
+def test_gang_downscale_stops_as_many_as_asked_while_replicas_still_stopping_hold_the_low_ranks():
+    """Found by the property suite (a Groups machine's recovery round trip): a scale to 0 whose
+    replicas have not stopped yet keeps their ranks 0-1 held (a rank is released once its replica has
+    stopped), so a scale to 4 ranks the new gangs 2-5; a scale to 2 then stopped all four, every one
+    being at or above the target, and none came back: target 2, no replica. It stops the top gang
+    only, and the gang kept is compacted onto ranks 0-1 once the old ones stopped."""
+    ex = Exec(("n0", 4), ("n1", 4))
+    ex.run(gangs(n=2))
+    old = [rep.replica_id for rep in ex.by_rank().values()]
+    ex.run(rc.ScaleRequested(deployment="app", num_replicas=0), hold=rc.StopReplica)
+    up = ex.run(rc.ScaleRequested(deployment="app", num_replicas=4), hold=rc.StartReplica)
+    new = sorted((c.global_rank, c.replica_id) for c in of(rc.StartReplica, up))
+    assert [r for r, _ in new] == [2, 3, 4, 5]
+    down = ex.run(rc.ScaleRequested(deployment="app", num_replicas=2), hold=rc.StopReplica)
+    assert sorted(c.replica_id for c in of(rc.StopReplica, down)) == sorted(rid for r, rid in new if r >= 4)
+    assert ex.dep().active == 2
+    for rid in old + [rid for r, rid in new if r >= 4]:
+        ex.run(rc.ReplicaStopped(replica_id=rid))
+    kept = {rid for r, rid in new if r < 4}
+    for rid in kept:  # (the kept gang was held before it started: it starts now)
+        rep = ex.dep().replicas[rid]
+        if rep.phase is Phase.PENDING:
+            ex.run(rc.ReplicaPlaced(replica_id=rid, node_id=rep.node_id or "n0"))
+    assert set(ex.dep().replicas) == kept
