@@ -74,8 +74,11 @@ def membership(dep: Deployment | None, rep: Replica | None) -> str:
 def coming(dep: Deployment | None) -> bool:
     """Whether ``dep`` wants replicas (so a request may wait for one): its target is above
     zero, or it is autoscaled and may scale up (at zero, the request waiting is what brings a
-    replica back: rankcore.control.autoscaling's cold start); not while it is being deleted."""
-    if dep is None:
+    replica back: rankcore.control.autoscaling's cold start); not while it is being deleted,
+    nor while its starts keep failing (``Deployment.failing_to_start``: Serve's DEPLOY_FAILED,
+    whose requests are answered 503 at once; it keeps retrying, and a replica that starts
+    makes it coming again)."""
+    if dep is None or dep.failing_to_start:
         return False
     if dep.target > 0:
         return True
@@ -226,14 +229,16 @@ def answer_pool(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment,
     """``announce``'s pool commands for the step of a replica's own answer (ready, crashed, stopped)
     that moved no replica but ``rid`` between pools: what ``rankcore.fastpaths`` take, before they
     build their ``Step``, from the records they hold (``rid``'s deployment and record before and
-    after; None: gone), so nothing is looked up (a crash's replacement is pending, in no pool; the
-    event names no deployment, so ``coming`` is not asked). The property suite checks the fast
-    paths give ``announce``'s step (tests/property/test_fast_paths.py)."""
+    after; None: gone), so nothing is looked up (a crash's replacement is pending, in no pool), and
+    whether the deployment wants replicas changed (``coming``: its starts failing, or no longer).
+    The property suite checks the fast paths give ``announce``'s step (tests/property/test_fast_paths.py)."""
     changed = _change_of(rid, dep0, rep0, dep1, rep1)
+    c0, c1 = coming(dep0), coming(dep1)  # (a start that failed, or one that ended a run of failures)
+    came = () if c0 is c1 else (_Coming(deployment=dep1.name, coming=c1),)
     if changed is None:
-        return ()
+        return came
     models = _joined(changed, rep1)
-    return (changed,) if models is None else (changed, models)
+    return ((changed,) if models is None else (changed, models)) + came
 
 
 def announce(before: State, event: object, step: Step) -> Step:
@@ -265,7 +270,13 @@ def announce(before: State, event: object, step: Step) -> Step:
     if field is None:
         field = _name_field(kind)
     if field:
-        name = getattr(event, field)
+        names: Any = (getattr(event, field),)
+    elif type(rid) is str and not commands:  # (a replica's answer: its own deployment's starts)
+        names = (after.index.get(rid) or before.index.get(rid),)
+    else:  # (a Tick's start deadline, a node's loss, a crash's general path: the deployments the step changed)
+        b = before.deployments
+        names = [n for n, d in after.deployments.items() if b.get(n) is not d]
+    for name in names:
         if type(name) is str:
             c0, c1 = coming(before.deployments.get(name)), coming(after.deployments.get(name))
             if c0 is not c1:

@@ -783,9 +783,6 @@ def test_status_basic():
     assert all(p["status"] == "HEALTHY" for p in serve.status()["proxies"].values())
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a request to an application whose replicas never started "
-                                       "waits (up to the request timeout) instead of Serve's immediate 503 "
-                                       "'unavailable'")
 def test_status_constructor_error():
     apply({"name": "default", "route_prefix": "/", "import_path": f"{MODULE}:failing_app"})
 

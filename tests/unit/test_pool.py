@@ -218,3 +218,31 @@ def test_an_autoscaling_sample_that_changes_no_replica_walks_none_of_them(monkey
             assert result.state.deployment("m").replicas is kept
         assert run.state.deployment("m").target == n
         assert looked == [0, 0, 0], (n, looked)
+
+
+def test_a_deployment_whose_starts_keep_failing_is_not_coming_until_a_replica_starts() -> None:
+    """Serve's DEPLOY_FAILED answers a request 503 at once: once ``failing_to_start`` (``min(
+    max_constructor_retry_count, 3 x target)`` failed starts in a row) the deployment wants no
+    replica a request could wait for; the core keeps retrying, and the first replica that starts
+    makes it coming again. The first failure is retried at once (the fast path), the next after a
+    backoff (the general path, a Tick): the view follows the state at every step."""
+    run = Run()
+    run(rc.Tick(now=0.0))
+    run(rc.DeploymentApplied(name="llm", num_replicas=1))
+    said = []
+    for i in range(3):  # (3 x target: the threshold)
+        run(rc.Tick(now=100.0 * i))  # (a backoff waited out: the replacement starts)
+        (rid,) = run.state.deployments["llm"].replicas
+        run(rc.ReplicaPlaced(replica_id=rid, node_id="a"))
+        crash = run(rc.ReplicaCrashed(replica_id=rid, cause="error", reason=f"ZeroDivisionError {i}",
+                                      now=100.0 * i + 1))
+        said += [p for p in _pool(crash) if p[0] == "llm"]
+        assert run.state.deployments["llm"].failing_to_start is (i == 2) and run.view.wanted["llm"] is (i < 2)
+    assert said == [("llm", "not coming")]
+    assert run.state.deployments["llm"].status == "UNHEALTHY"
+    run(rc.Tick(now=1000.0))
+    (rid,) = run.state.deployments["llm"].replicas
+    run(rc.ReplicaPlaced(replica_id=rid, node_id="a"))
+    ready = run(rc.ReplicaReady(replica_id=rid))
+    assert ("llm", "coming") in _pool(ready) and (rid, "serving") in _pool(ready)
+    assert run.state.deployments["llm"].status == "HEALTHY"
