@@ -23,8 +23,8 @@ Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy -
 private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
 
-Tally (2026-11-28): 46 cases, Serve's whole file: 39 pass, 4 skipped (documented differences, a pip
-install), 3 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
+Tally (2026-11-28): 46 cases, Serve's whole file: 40 pass, 4 skipped (documented differences, a pip
+install), 2 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -899,9 +899,6 @@ class HandleWrapper:
         return self._handle
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a bound deployment inside another object given to "
-                                       "bind() is not deployed nor replaced by its handle (only bind()'s own "
-                                       "arguments are)")
 def test_deployment_handle_nested_in_obj():
     @serve.deployment(name="f_nested", ray_actor_options=CPU)
     class F:

@@ -243,17 +243,70 @@ class Application:
 
     def graph(self) -> list[Deployment]:
         """The deployments of this application's graph (bound ones among its arguments, at any
-        depth), each once by name, its ingress first."""
+        depth, inside any object: ``map_bound``), each once by name, its ingress first."""
         out: dict[str, Deployment] = {}
 
-        def walk(a: Any) -> None:
-            if isinstance(a, Application):
-                out.setdefault(a.deployment.name, a.deployment)
+        def walk(a: Application) -> Application:
+            if a.deployment.name not in out:
+                out[a.deployment.name] = a.deployment
                 for x in (*a.args, *a.kwargs.values()):
-                    walk(x)
+                    map_bound(x, walk)
+            return a
 
         walk(self)
         return list(out.values())
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+_scan_table = threading.local()
+
+
+def _bound_at(i: int) -> Any:
+    """(unpickling ``map_bound``'s copy) what replaces the ``i``-th bound deployment found."""
+    return _scan_table.replacements[i]
+
+
+def map_bound(x: Any, fn: Callable[[Application], Any]) -> Any:
+    """``x`` with each bound deployment (``Application``) in it replaced by ``fn(it)``, at any depth:
+    in lists, tuples, dicts and any other object, as Serve's ``_PyObjScanner`` finds them (an object
+    is pickled to find them and, when one is there, rebuilt with the replacements; else ``x`` itself
+    is returned, not a copy). An object that does not pickle holds none that could be sent: as is."""
+    if isinstance(x, Application):
+        return fn(x)
+    if isinstance(x, (*_PLAIN, DeploymentHandle)):
+        return x
+    if type(x) in (list, tuple):
+        items = [map_bound(i, fn) for i in x]
+        return x if all(a is b for a, b in zip(items, x)) else type(x)(items)
+    if type(x) is dict:
+        values = {k: map_bound(v, fn) for k, v in x.items()}
+        return x if all(values[k] is v for k, v in x.items()) else values
+    import io
+    import pickle
+
+    from ray import cloudpickle
+
+    found: list[Application] = []
+
+    class Scanner(cloudpickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, Application):
+                found.append(obj)
+                return _bound_at, (len(found) - 1,)
+            return super().reducer_override(obj)
+
+    buf = io.BytesIO()
+    try:
+        Scanner(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(x)
+    except Exception:
+        return x
+    if not found:
+        return x
+    _scan_table.replacements = [fn(a) for a in found]
+    try:
+        return pickle.loads(buf.getvalue())
+    finally:
+        _scan_table.replacements = None
 
 
 @overload
@@ -434,8 +487,8 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
         return DeploymentHandle(d.name, ctl)
     seen[d.name] = d
 
-    def inner(x: Any) -> Any:
-        return _deploy(x, ctl, timeout, seen, wait) if isinstance(x, Application) else x
+    def inner(x: Any) -> Any:  # (a bound deployment at any depth: deployed, then its handle in its place)
+        return map_bound(x, lambda a: _deploy(a, ctl, timeout, seen, wait))
 
     args = tuple(inner(a) for a in app.args)
     kwargs = {k: inner(v) for k, v in app.kwargs.items()}

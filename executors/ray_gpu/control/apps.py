@@ -32,7 +32,7 @@ from ray.experimental import internal_kv
 import rankcore as rc
 
 from ..api import config as cf
-from ..api.deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller
+from ..api.deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller, map_bound
 from ..api.deployments import delete as delete_deployment
 from ..ingress import http as ingress
 from . import appnames, persist
@@ -170,8 +170,8 @@ def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.Ser
             return a
         dep = a.deployment
         if id(dep) in done:
-            return Application(done[id(dep)], tuple(rebuild(x) for x in a.args),
-                               {k: rebuild(v) for k, v in a.kwargs.items()})
+            return Application(done[id(dep)], tuple(map_bound(x, rebuild) for x in a.args),
+                               {k: map_bound(v, rebuild) for k, v in a.kwargs.items()})
         opts: dict[str, Any] = {}
         if entry.runtime_env and "runtime_env" not in dep.ray_actor_options:
             opts["ray_actor_options"] = {**dep.ray_actor_options, "runtime_env": entry.runtime_env}
@@ -185,7 +185,8 @@ def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.Ser
                 path = f"applications[{i}].deployments[{here[0]}]" if here else f"applications[{i}].runtime_env"
                 raise cf.option_error(cfg.source, cfg.lines, path, opts, exc) from None
         done[id(a.deployment)] = dep
-        return Application(dep, tuple(rebuild(x) for x in a.args), {k: rebuild(v) for k, v in a.kwargs.items()})
+        return Application(dep, tuple(map_bound(x, rebuild) for x in a.args),
+                           {k: map_bound(v, rebuild) for k, v in a.kwargs.items()})  # (at any depth)
 
     return rebuild(app)
 
