@@ -23,8 +23,8 @@ Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy -
 private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
 
-Tally (2026-11-28): 46 cases, Serve's whole file: 40 pass, 4 skipped (documented differences, a pip
-install), 2 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
+Tally (2026-11-28): 46 cases, Serve's whole file: 41 pass, 4 skipped (documented differences, a pip
+install), 1 xfail (rankcore defects or gaps, strict, the reason at each case); ~3 min on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -505,8 +505,6 @@ def test_delete_application():
     serve.delete("app_f")  # again: no exception expected
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a replica deleted while its async __init__ still runs "
-                                       "does not run its (async) __del__; Serve runs it once")
 def test_delete_while_initializing():
     signal = Signal.options(name=SIGNAL, namespace="rankcore-serve-parity").remote()
     try:

@@ -396,6 +396,7 @@ class Carrier:
             warm, cold = None, None
             if rec.source:
                 warm, cold = await self._warm_copy(rid, rec), self.caches.cold_path(led.node_of(rid), cmd.deployment)
+            rec.del_on_abort = callable(getattr(led.specs.get(cmd.deployment, {}).get("cls"), "__del__", None))
             await actor.initialize.remote(cmd.rank.as_tuple(), cmd.world_size, cmd.user_config,
                                           cmd.call_reconfigure, cmd.pass_rank, seq, cmd.weights_version, weights,
                                           warm, cold)
@@ -598,7 +599,8 @@ class Carrier:
     def stop_now(self, cmd: rc.StopReplica) -> None:
         """Carry a StopReplica out: what is under way for the replica is
         cancelled; one that may hold calls (initialised) is drained for up to
-        ``graceful_shutdown_timeout_s`` (``_drain``); any other, or with a 0 s
+        ``graceful_shutdown_timeout_s`` (``_drain``); one whose constructor runs, of a class with a
+        ``__del__``, has it run first (``_abort_start``); any other, or with a 0 s
         timeout, is killed here and now, its group removed, before the step's
         next command runs. ``ReplicaStopped`` follows."""
         rid = cmd.replica_id
@@ -611,8 +613,21 @@ class Carrier:
                 check.cancel()
             self.in_order(rid, self._drain(rid, rec.actor, cmd))
             return
+        if rec is not None and rec.actor is not None and rec.del_on_abort and cmd.graceful_shutdown_timeout_s > 0:
+            self.in_order(rid, self._abort_start(rid, rec.actor, cmd))
+            return
         actor = self.kill(rid)
         self.in_order(rid, self._stopped(rid, actor))
+
+    async def _abort_start(self, rid: str, actor: Any, cmd: rc.StopReplica) -> None:
+        """Stopped while its constructor runs: the user's ``__del__`` first (``abort_start``; within
+        ``graceful_shutdown_timeout_s``), as Serve's replica runs its destructor at shutdown; then the
+        kill."""
+        try:
+            await asyncio.wait_for(actor.abort_start.remote(), timeout=cmd.graceful_shutdown_timeout_s)
+        except Exception:  # (timed out, or died meanwhile)
+            pass
+        await self._stopped(rid, self.kill(rid))
 
     def evict(self, cmd: rc.EvictReplica) -> None:
         """Carry an ``EvictReplica`` out: a stop (``stop_now``'s drain), and between the drain and

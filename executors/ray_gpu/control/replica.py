@@ -107,6 +107,10 @@ class ReplicaActor:
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.global_rank = global_rank  # from StartReplica: known before the user's __init__ runs
         self.instance: Any = None
+        #: the object whose constructor runs (``__new__`` made it), and whether its ``__del__`` ran
+        #: (``abort_start``: stopped before it was constructed)
+        self._constructing: Any = None
+        self._del_ran = False
         self.user_config: Any = rc.UNKNOWN
         self.version = 0
         self.phase = "pending"
@@ -292,7 +296,7 @@ class ReplicaActor:
         args, kwargs = self.args, self.kwargs
 
         async def construct() -> Any:  # on the user loop, as Ray Serve runs constructors
-            obj = cls.__new__(cls)
+            obj = self._constructing = cls.__new__(cls)
             res = obj.__init__(*args, **kwargs)
             if inspect.isawaitable(res):  # an async def __init__
                 await res
@@ -520,6 +524,24 @@ class ReplicaActor:
                 await self._call(fn)
             except Exception:  # pragma: no cover - best effort
                 pass
+
+    async def abort_start(self) -> bool:
+        """Stopped while its constructor still runs (the controller kills it next): the user's
+        ``__del__`` runs once on the object being constructed, as Serve's replica calls its
+        destructor at shutdown whether or not ``__init__`` returned. False: none to run (no
+        constructor began, or it returned: ``prepare_stop`` then does it)."""
+        obj = self._constructing
+        if obj is None or self.instance is not None or self._del_ran:
+            return False
+        self._del_ran = True
+        fn = getattr(obj, "__del__", None)
+        if fn is None:
+            return False
+        try:
+            await self._call(fn)
+        except Exception:  # pragma: no cover - best effort, as prepare_stop's
+            pass
+        return True
 
     async def _drained(self, deadline: float, wait_loop_s: float) -> None:
         """(On the user loop, where calls end and notify ``_idle``.) Return once no call is in flight

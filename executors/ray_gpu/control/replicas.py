@@ -55,6 +55,9 @@ class ReplicaRecord:
     #: (node, task): a PlaceReplica under way, until ReplicaPlaced or PlacementFailed is fed
     placing: tuple[str, asyncio.Task] | None = None
     initialized: bool = False  # initialize() returned: it may hold calls, so it is drained on stop
+    #: its initialize() was sent and its class has a ``__del__``: a stop before it is ready asks it to run
+    #: the user's ``__del__`` on the object being constructed before the kill (``Carrier.stop_now``)
+    del_on_abort: bool = False
     #: (period, timeout) of its health checks, from its InitializeReplica
     check_every: tuple[float, float] | None = None
     checks: asyncio.Task | None = None  # its health checks (started once it is ready)
