@@ -132,9 +132,6 @@ INVALID_IMPORT_PATHS = ["", ".", ":", "module_deployment_graph", "module.", "mod
                         "module:submodule1:submodule_2:DeploymentGraph",
                         "module.submodule_1:submodule2:deployment_Graph", "module.submodule_1:submodule2:sm3.dg"]
 
-LOCAL_URIS = ("rankcore defect (or a difference to document): a runtime_env with local working_dir / py_modules "
-              "is accepted; Serve's config refuses it (only remote URIs reach a cluster through a config)")
-
 
 # ================================================================== test_schema.py: RayActorOptionsSchema
 class TestRayActorOptionsSchema:
@@ -152,10 +149,10 @@ class TestRayActorOptionsSchema:
         got = accepted(ray_actor_options=copy.deepcopy(options)).ray_actor_options
         assert got["runtime_env"] == env  # unchanged by the check
 
-    @pytest.mark.xfail(strict=True, reason=LOCAL_URIS)
     @pytest.mark.parametrize("env", invalid_runtime_envs())
     def test_ray_actor_options_invalid_runtime_env(self, env):
-        deploy_refused(ray_actor_options={**valid_actor_options(), "runtime_env": env})
+        err = deploy_refused(ray_actor_options={**valid_actor_options(), "runtime_env": env})
+        assert err.path.endswith("ray_actor_options.runtime_env") and "only remote URIs" in err.message, err
 
     def test_extra_fields_invalid_ray_actor_options(self):
         nulls = {"runtime_env": {}, "num_cpus": None, "num_gpus": None, "memory": None, "resources": {},
@@ -336,10 +333,10 @@ class TestServeApplicationSchema:
     def test_serve_application_valid_runtime_env(self, env):
         assert parse(app_config(runtime_env=copy.deepcopy(env))).applications[0].runtime_env == env
 
-    @pytest.mark.xfail(strict=True, reason=LOCAL_URIS)
     @pytest.mark.parametrize("env", invalid_runtime_envs())
     def test_serve_application_invalid_runtime_env(self, env):
-        refused(app_config(runtime_env=env))
+        err = refused(app_config(runtime_env=env))
+        assert err.path == "applications[0].runtime_env" and "Expected URI but received path" in err.message, err
 
     @pytest.mark.parametrize("path", VALID_IMPORT_PATHS)
     def test_serve_application_valid_import_path(self, path):

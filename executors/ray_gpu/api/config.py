@@ -458,6 +458,7 @@ def _check(cfg: ServeConfig, source: str, lines: _Lines) -> None:
         here = f"applications[{i}]"
         if not app.name:
             raise err(f"{here}.name", "an application's name must not be empty")
+        _check_runtime_env(app.runtime_env, f"{here}.runtime_env", err)
         if app.name in names:
             raise err(f"{here}.name", f"application {app.name!r} is also applications[{names[app.name]}]")
         names[app.name] = i
@@ -482,11 +483,35 @@ def _check(cfg: ServeConfig, source: str, lines: _Lines) -> None:
             if p is not None and (type(p) is not int or not 0 <= p <= 100):
                 raise err(f"{dp}.max_surge_percent", f"must be a percent of the target, an int in [0, 100] "
                                                      f"(Ray Serve's range), got {p!r}")
+            if d.ray_actor_options:
+                _check_runtime_env(d.ray_actor_options.get("runtime_env"), f"{dp}.ray_actor_options.runtime_env", err)
             opts = d.to_options()
             try:
                 deployment(name=d.name, **opts)
             except rc.InvalidConfig as exc:
                 raise option_error(source, lines, dp, opts, exc) from None
+
+
+def _check_runtime_env(env: Any, path: str, err: Callable[[str, str], ConfigError]) -> None:
+    """A config's ``runtime_env`` names its ``working_dir`` and ``py_modules`` by remote URIs (or
+    ``local://`` ones, a folder on every node), as Serve's schema requires: a path of the machine that
+    deploys means nothing on the cluster's nodes. Parsed by Ray's own ``parse_uri``, as Serve's."""
+    if not isinstance(env, dict):
+        return
+    uris = list(env.get("py_modules") or [])
+    if "working_dir" in env:
+        uris.append(env["working_dir"])
+    from ray._common.runtime_env_uri import parse_uri
+
+    for uri in uris:
+        if uri is None:
+            continue
+        try:
+            parse_uri(uri)
+        except (ValueError, TypeError) as exc:
+            raise err(path, f"runtime_envs in the Serve config support only remote URIs in working_dir and "
+                            f"py_modules, or \"local://\" URIs for directories that already exist on every node "
+                            f"(Serve's rule): {exc}") from None
 
 
 def split_import_path(path: str) -> tuple[str, str]:
