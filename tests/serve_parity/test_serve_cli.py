@@ -412,9 +412,6 @@ def test_status_error_msg_format(tmp_path):
     pytest.skip(DEPLOY_FAILED)
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a replica whose runtime_env cannot be set up is reported as "
-                                       "'__init__ raised: RuntimeEnvSetupError()' (the error's words lost); Serve "
-                                       "says 'Failed to set up runtime environment' and why")
 def test_status_invalid_runtime_env(tmp_path):
     entry = app("default", "echo", args={"tag": "_env"}, runtime_env={"working_dir": "s3://does_not_exist.zip"})
     assert deploy(tmp_path, [entry], "--no-wait").exit_code == 0

@@ -529,7 +529,7 @@ class Carrier:
             return
         self.kill(rid)
         detail = getattr(exc, "cause", None) or exc
-        led.feed(rc.ReplicaCrashed(replica_id=rid, reason=f"{what} raised: {detail!r}"[:2000], cause="error",
+        led.feed(rc.ReplicaCrashed(replica_id=rid, reason=f"{what} raised: {said(detail)}"[:2000], cause="error",
                                    now=led.now()))
 
     # --------------------------------------------------------------- gangs
@@ -684,6 +684,14 @@ class Carrier:
         sent (Ray frees the group's resources, and kills what runs in it, with
         the removal)."""
         self.ledger.feed(rc.ReplicaStopped(replica_id=rid, now=self.ledger.now()))
+
+
+def said(exc: BaseException) -> str:
+    """An exception as ``Type: its words`` (``repr`` when it has none): a ``RuntimeEnvSetupError``'s
+    ``repr`` is ``RuntimeEnvSetupError()``, its words ("Failed to set up runtime environment" and why)
+    only in its text."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else repr(exc)
 
 
 async def _drained(actor: Any, wait_loop_s: float, timeout_s: float) -> None:
