@@ -502,9 +502,6 @@ def test_deploy_with_access_to_current_directory(tmp_path, monkeypatch):
     assert until(lambda: status()["applications"]["default"]["status"] == "RUNNING", 5)
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore defect: a module deployed from the current directory that imports a "
-                                       "sibling module (utils) cannot be unpickled by the controller: rankcore "
-                                       "deploy ends with a RayTaskError traceback (No module named ...), exit 1")
 def test_deployment_contains_utils(tmp_path, monkeypatch):
     (tmp_path / "cli_utils_module.py").write_text("def hello():\n    return 'hello_from_utils'\n")
     (tmp_path / "uses_utils.py").write_text(

@@ -96,6 +96,7 @@ def import_app(import_path: str, args: dict) -> Application:
         raise rc.InvalidConfig(f"expected module:attr or module.attr, got {import_path!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    before = set(sys.modules)
     try:
         module = importlib.import_module(mod_name)
     except Exception as exc:
@@ -123,7 +124,25 @@ def import_app(import_path: str, args: dict) -> Application:
         raise rc.InvalidConfig(f"args are for a builder function; {import_path} is an application")
     if mod_name not in ("__main__",):
         cloudpickle.register_pickle_by_value(module)
+        for sibling in _siblings(module, set(sys.modules) - before):
+            cloudpickle.register_pickle_by_value(sibling)
     return app
+
+
+def _siblings(module: Any, new: set[str]) -> list[Any]:
+    """The modules the import of ``module`` imported from its own folder (``utils.py`` beside ``app.py``):
+    sent by value with it, as ``module`` is, since the cluster's processes may not have that folder
+    on their path (a module deployed from the current directory that imports a sibling)."""
+    home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or ""))
+    if not getattr(module, "__file__", None):
+        return []
+    out = []
+    for name in sorted(new):
+        m = sys.modules.get(name)
+        f = getattr(m, "__file__", None)
+        if m is not None and m is not module and f and os.path.dirname(os.path.abspath(f)) == home:
+            out.append(m)
+    return out
 
 
 def _builder_args(builder: Any, args: dict) -> Any:
