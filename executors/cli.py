@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+import attrs
 import click
 import yaml
 from rich import box
@@ -912,7 +913,8 @@ _ADDRESS = click.option("--address", help="The Ray cluster (default: RAY_ADDRESS
 
 
 @main.command()
-@click.argument("config_file", metavar="CONFIG", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("target", metavar="CONFIG|MODULE:APP")
+@click.argument("arguments", metavar="[KEY=VALUE]...", nargs=-1)
 @_ADDRESS
 @_CONNECT_TIMEOUT
 @click.option("--wait/--no-wait", default=True, show_default=True,
@@ -921,21 +923,33 @@ _ADDRESS = click.option("--address", help="The Ray cluster (default: RAY_ADDRESS
               help="How long --wait waits, in seconds.")
 @click.option("--rest-port", type=click.IntRange(0, 65535),
               help="Start the REST server (/api/serve/applications/) on this port if none runs (default 8266).")
-def deploy(config_file: Path, address: str | None, connect_timeout: float, wait: bool, timeout: float,
-           rest_port: int | None) -> None:
+def deploy(target: str, arguments: tuple[str, ...], address: str | None, connect_timeout: float, wait: bool,
+           timeout: float, rest_port: int | None) -> None:
     """Apply a config file (Ray Serve's schema): deploy or update its applications, delete
-    those it no longer names. Applying the same file again changes nothing (docs/operate.md)."""
+    those it no longer names. Applying the same file again changes nothing (docs/operate.md).
+    Or, as Serve's ``serve deploy``, one application from MODULE:APP: named ``default``, at ``/``,
+    a builder's ``args`` given as KEY=VALUE (the proxies that run keep their host and port)."""
     import rankcore as rc
 
     from .ray_gpu.api import config as cf
 
+    config_file = _config_or_import_path(target, arguments)
     try:
-        cfg = cf.load(config_file)  # (checked before any cluster is joined)
+        if isinstance(config_file, Path):
+            cfg = cf.load(config_file)  # (checked before any cluster is joined)
+        else:
+            cfg = cf.parse(config_file, source=target)
     except cf.ConfigError as exc:
         _fail(str(exc))
     for note in cfg.warnings:
         click.echo(f"warning: {note}", err=True)
     _connect(address, connect_timeout)
+    if not isinstance(config_file, Path):  # (an import path keeps the proxies that run where they are)
+        from .ray_gpu.ingress.http import ingress_address
+
+        running = ingress_address()
+        if running is not None:
+            cfg = attrs.evolve(cfg, http_options=attrs.evolve(cfg.http_options, host=running[0], port=running[1]))
     from .ray_gpu.control import apps, rest
 
     try:
@@ -950,20 +964,46 @@ def deploy(config_file: Path, address: str | None, connect_timeout: float, wait:
                f"(REST: {url}/api/serve/applications/)")
 
 
+def _config_or_import_path(target: str, arguments: tuple[str, ...]) -> Path | dict:
+    """``rankcore deploy``'s argument as Serve's ``serve deploy`` reads it: a config file (a file, or a
+    name ending .yaml, .yml or .json), else an import path whose application is named ``default`` at
+    ``/``, its builder's ``args`` from KEY=VALUE (a value is a string, as Serve passes them)."""
+    path = Path(target)
+    if path.is_file() or path.suffix in (".yaml", ".yml", ".json"):
+        if arguments:
+            _fail(f"KEY=VALUE arguments are for an import path (MODULE:APP); {target} is a config file")
+        return path
+    args: dict[str, str] = {}
+    for a in arguments:
+        key, eq, value = a.partition("=")
+        if not eq or not key:
+            _fail(f"arguments are KEY=VALUE, got {a!r}")
+        args[key] = value
+    return {"applications": [{"name": "default", "route_prefix": "/", "import_path": target, "args": args}]}
+
+
 @main.command()
-@click.argument("target", metavar="MODULE:APP")
+@click.argument("targets", metavar="MODULE:APP...", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here instead of stdout.")
-def build(target: str, output: Path | None) -> None:
-    """Write the config file that deploys MODULE:APP as its code says (edit it, then `rankcore deploy`)."""
+@click.option("--grpc-servicer-functions", "servicers", multiple=True, metavar="MODULE.FUNCTION",
+              help="A gRPC servicer function the proxies serve (add_XServicer_to_server); repeat for more.")
+def build(targets: tuple[str, ...], output: Path | None, servicers: tuple[str, ...]) -> None:
+    """Write the config file that deploys each MODULE:APP as its code says (edit it, then `rankcore
+    deploy`): one application per import path, named by its ingress deployment."""
     import rankcore as rc
 
     from .ray_gpu.api import config as cf
     from .ray_gpu.control.apps import import_app
 
+    target = targets[0]
     try:
-        app = import_app(target, {})
-        text = cf.dump(cf.build_config(target, app))
+        built = []
+        for target in targets:
+            built.append((target, import_app(target, {})))
+        text = cf.dump(cf.build_config(built, grpc_servicer_functions=servicers))
         cf.parse(yaml.safe_load(text), "the built config")  # (what build writes, deploy reads)
+    except cf.ConfigError as exc:
+        _fail(f"the built config: {exc.message}" if exc.path else str(exc))
     except rc.InvalidConfig as exc:
         _fail(f"{target}: {exc}")
     if output:

@@ -48,6 +48,7 @@ from click.testing import CliRunner, Result
 
 from executors.cli import main
 from executors.ray_gpu import serve
+from executors.ray_gpu.api import config as cf
 from executors.ray_gpu.control import apps, rest
 from tests.integration.conftest import _local_ray, witness_dir  # noqa: F401 (fixtures of this module too)
 
@@ -235,21 +236,32 @@ def test_start_shutdown_without_ray_running():
     assert out.returncode == 2 and "no Ray cluster at 127.0.0.1:" in out.stderr, out.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore gap: rankcore build takes one MODULE:APP (and no "
-                                       "--grpc-servicer-functions); Serve's serve build writes one application per "
-                                       "import path given")
 def test_build_multi_app(tmp_path):
+    # (rankcore names each application by its ingress deployment, at /<name>; Serve's app1, app2)
     out = cli("build", f"{MODULE}:graph", "-o", str(tmp_path / "one.yaml"))
     assert out.exit_code == 0 and "wrote" in out.output, out.output
-    out = cli("build", f"{MODULE}:graph", f"{MODULE}:echo", "-o", str(tmp_path / "two.yaml"))
+    assert [a.import_path for a in cf.load(tmp_path / "one.yaml").applications] == [f"{MODULE}:graph"]
+    out = cli("build", f"{MODULE}:graph", f"{MODULE}:echo", "-o", str(tmp_path / "two.yaml"),
+              "--grpc-servicer-functions", "tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server")
     assert out.exit_code == 0, out.output
+    two = cf.load(tmp_path / "two.yaml")
+    assert [(a.name, a.route_prefix, a.import_path) for a in two.applications] == [
+        ("BasicDriver", "/BasicDriver", f"{MODULE}:graph"), ("Echo", "/Echo", f"{MODULE}:echo")]
+    assert two.grpc_options.grpc_servicer_functions == (
+        "tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server",)
+    out = cli("build", f"{MODULE}:echo", f"{MODULE}:echo")  # (two applications of one name)
+    assert out.exit_code == 2 and "both application 'Echo'" in out.output, out.output
 
 
-@pytest.mark.xfail(strict=True, reason="rankcore gap: rankcore deploy takes a config file only; Serve's serve deploy "
-                                       "also takes an import path and key=value arguments")
-def test_deploy_from_import_path():
+def test_deploy_from_import_path(tmp_path):
+    # (the proxies on this module's port first: an import path's deploy keeps the running proxies as they are)
+    assert deploy(tmp_path, [app("default", "echo")]).exit_code == 0 and get("/").text == "DEFAULT"
     out = cli("deploy", f"{MODULE}:echo", "message=redeployed!")
     assert out.exit_code == 0, out.output
+    assert until(lambda: get("/").text == "redeployed!")  # (application default, at /, the builder's args)
+    assert "default" in status()["applications"]
+    out = cli("deploy", f"{MODULE}:echo", "message")
+    assert out.exit_code == 2 and "arguments are KEY=VALUE, got 'message'" in out.output
 
 
 # ================================================================== deploy, status, config, shutdown

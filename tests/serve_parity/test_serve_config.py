@@ -476,7 +476,7 @@ class TestLoggingConfig:
 # (Serve's deployment_to_schema / schema_to_deployment: rankcore's is `rankcore build`'s config of a
 # deployment, cf.build_config, given back to the code's deployment by .options(), as `rankcore deploy` does)
 def round_trip(dep: serve.Deployment) -> tuple[serve.Deployment, cf.DeploymentConfig]:
-    built = cf.build_config("module:app", dep.bind())
+    built = cf.build_config([("module:app", dep.bind())])
     (entry,) = parse(yaml.safe_load(cf.dump(built))).applications[0].deployments
     return dep.options(**entry.to_options()), entry
 

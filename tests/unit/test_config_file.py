@@ -190,7 +190,7 @@ def test_yaml_that_does_not_parse_names_its_line(tmp_path: Path) -> None:
 def test_build_writes_a_config_that_loads_back_with_the_codes_options() -> None:
     from tests.integration import operate_models
 
-    cfg = cf.build_config("tests.integration.operate_models:app", operate_models.app)
+    cfg = cf.build_config([("tests.integration.operate_models:app", operate_models.app)])
     again = cf.parse(yaml.safe_load(cf.dump(cfg)), "built")
     assert again == cfg
     (app,) = again.applications

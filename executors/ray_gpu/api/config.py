@@ -564,15 +564,24 @@ def dump(cfg: ServeConfig) -> str:
     return yaml.safe_dump(to_plain(cfg), sort_keys=False)
 
 
-def build_config(target: str, app: Any) -> ServeConfig:
-    """``rankcore build MODULE:APP``: the config that deploys ``app`` (an ``Application``) as its code
-    says, every deployment of its graph listed with the options its code sets (Ray Serve's
-    ``serve build``): edit it, then ``rankcore deploy`` it."""
-    entries = tuple(_entry(d) for d in app.graph())
-    name = app.deployment.name
+def build_config(built: list[tuple[str, Any]], grpc_servicer_functions: tuple[str, ...] = ()) -> ServeConfig:
+    """``rankcore build MODULE:APP...``: the config that deploys each ``(import path, Application)`` as
+    its code says, one application each, named by its ingress deployment and routed at ``/<name>``,
+    every deployment of its graph listed with the options its code sets (Ray Serve's ``serve build``;
+    ``grpc_servicer_functions`` as its ``--grpc-servicer-functions``): edit it, then ``rankcore deploy``
+    it. Two applications of one name are refused (rename one's ingress deployment, or edit the file)."""
+    apps: list[tuple[str, ApplicationConfig]] = []
+    for target, app in built:
+        name = app.deployment.name
+        twice = next((t for t, a in apps if a.name == name), None)
+        if twice is not None:
+            raise rc.InvalidConfig(f"{twice} and {target} are both application {name!r} (named by their ingress "
+                                   f"deployment): build them into two files, or give one another deployment name")
+        apps.append((target, ApplicationConfig(name=name, route_prefix=f"/{name}", import_path=target,
+                                               deployments=tuple(_entry(d) for d in app.graph()))))
     return ServeConfig(proxy_location="HeadOnly", http_options=HTTPOptions(host="127.0.0.1", port=8000),
-                       applications=(ApplicationConfig(name=name, route_prefix=f"/{name}", import_path=target,
-                                                       deployments=entries),))
+                       grpc_options=GRPCOptions(grpc_servicer_functions=tuple(grpc_servicer_functions)),
+                       applications=tuple(a for _, a in apps))
 
 
 def _entry(d: Any) -> DeploymentConfig:
