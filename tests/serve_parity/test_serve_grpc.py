@@ -28,11 +28,9 @@ running proxies for what it names. Every case deletes the applications it ran. S
 
 Skipped, differing as documented (each says why): the twenty client-streaming and bidirectional cases
 (rankcore serves unary and server-streaming RPCs), and back-pressure's code (``UNAVAILABLE`` here).
-Strict xfails, rankcore defects (their reasons at each case): ``serve.run`` of another graph under an
-application's name refused (which also holds back ``test_serving_grpc_requests``'s ``ListApplications``
-check, fixed since: it lists applications' names); a server-streaming
-call not bounded by ``request_timeout_s``; a servicer function registering through
-``add_generic_rpc_handlers`` alone refused.
+No strict xfail is left: the defects this port found (``serve.run`` of another graph under an
+application's name refused, a server-streaming call not bounded by ``request_timeout_s``, a servicer
+function registering through ``add_generic_rpc_handlers`` alone refused) are fixed.
 """
 
 from __future__ import annotations
@@ -308,13 +306,7 @@ def test_grpc_request_with_request_id():
     assert request_id_of(call) not in (None, "fake-request-id")
 
 
-@pytest.mark.parametrize("streaming", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-    "rankcore defect: request_timeout_s does not bound a server-streaming gRPC call: the proxy's _stream (and "
-    "_stream_with_context) waits for the first item without a timeout (request_timeout_s bounds only the "
-    "send), so a generator that never yields holds the call until the client's own deadline ('Deadline "
-    "Exceeded', not the proxy's DEADLINE_EXCEEDED naming request_timeout_s); Serve's proxy ends it after "
-    "request_timeout_s; docs/ray.md \"### gRPC\" says past request_timeout_s DEADLINE_EXCEEDED, streams not "
-    "excepted")))])
+@pytest.mark.parametrize("streaming", [False, True])
 def test_grpc_request_timeouts(streaming: bool):
     """Serve's ``gRPCOptions(request_timeout_s=0.1)``: rankcore's proxies have one ``request_timeout_s``
     for HTTP and gRPC (``grpc_options.request_timeout_s`` is accepted and ignored: docs/operate.md), so

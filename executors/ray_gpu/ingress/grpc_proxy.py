@@ -461,7 +461,7 @@ class GrpcFront:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
                                           _request_of(name, note))
-            async for item in response:
+            async for item in self._bounded(name, response):
                 yield item
             ended = True
         except asyncio.CancelledError:
@@ -533,6 +533,45 @@ class GrpcFront:
         self._ended("OK")
         return answers[0]
 
+    def _bounded(self, name: str, response: Any) -> Any:
+        """A server-streaming call's items, the first within ``request_timeout_s`` (as the HTTP side
+        bounds an answer's first message; Serve's gRPC proxy a call): none by then cancels the call on
+        its replica, and the stream ends in ``rankcore.RequestTimeout`` (``DEADLINE_EXCEEDED`` naming
+        the option). No limit: ``response`` itself. The limit is a timer that cancels the call, not a
+        task of its own: the caller's cancellation reaches the read as before."""
+        timeout = self.ingress.request_timeout_s
+        return response if timeout is None else self._first_within(name, response, timeout)
+
+    async def _first_within(self, name: str, response: Any, timeout: float) -> Any:
+        items = response.__aiter__()
+        fired = False
+
+        def fire() -> None:
+            nonlocal fired
+            fired = True
+            self._cancel(response)
+
+        def late() -> rc.RequestTimeout:
+            return rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}", deployment=name)
+        timer = asyncio.get_running_loop().call_later(timeout, fire)
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            if fired:
+                raise late() from None
+            return
+        except Exception:
+            if fired:
+                raise late() from None
+            raise
+        finally:
+            timer.cancel()
+        if fired:  # (its first item came as the call was being cancelled: too late all the same)
+            raise late()
+        yield first
+        async for item in items:
+            yield item
+
     async def _stream_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
                                    note: dict) -> Any:
         """A server-streaming call of a method taking ``grpc_context``: its items as they come, then
@@ -545,7 +584,7 @@ class GrpcFront:
         ingress.ongoing += 1
         try:
             response = await self._send_to_entry(name, method, request, context, note)
-            async for item in response:
+            async for item in self._bounded(name, response):
                 if isinstance(item, GrpcState):
                     state = item
                 else:
