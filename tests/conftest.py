@@ -4,6 +4,12 @@ No terminal size in the environment (below)."""
 
 import os
 
+# No Ray is started behind a test's back: a Ray call made where none is initialised (a router's
+# long-poll thread that outlived its module's Ray, say) raises instead of starting a local Ray, which
+# raced the next module's own ray.init in CI ("Perhaps you called ray.init twice"). Read by Ray when it
+# is imported: set before anything imports it.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+
 from hypothesis import HealthCheck, Phase, settings
 
 import executors.ray_gpu  # noqa: F401  (first: gRPC's fork handlers off before anything imports grpc)
