@@ -233,8 +233,11 @@ def answer_pool(rid: str, dep0: Deployment, rep0: Replica, dep1: Deployment,
     whether the deployment wants replicas changed (``coming``: its starts failing, or no longer).
     The property suite checks the fast paths give ``announce``'s step (tests/property/test_fast_paths.py)."""
     changed = _change_of(rid, dep0, rep0, dep1, rep1)
-    c0, c1 = coming(dep0), coming(dep1)  # (a start that failed, or one that ended a run of failures)
-    came = () if c0 is c1 else (_Coming(deployment=dep1.name, coming=c1),)
+    # (a fast path changes no target, config or deletion: only a start that failed, or one that ended a run
+    # of failures, can change ``coming``; the property suite checks the fast paths give ``announce``'s step)
+    came: tuple = ()
+    if dep0.start_failures != dep1.start_failures and coming(dep0) is not coming(dep1):
+        came = (_Coming(deployment=dep1.name, coming=coming(dep1)),)
     if changed is None:
         return came
     models = _joined(changed, rep1)

@@ -249,8 +249,7 @@ class Application:
         def walk(a: Application) -> Application:
             if a.deployment.name not in out:
                 out[a.deployment.name] = a.deployment
-                for x in (*a.args, *a.kwargs.values()):
-                    map_bound(x, walk)
+                map_bound((a.args, a.kwargs), walk)
             return a
 
         walk(self)
@@ -487,11 +486,10 @@ def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployme
         return DeploymentHandle(d.name, ctl)
     seen[d.name] = d
 
-    def inner(x: Any) -> Any:  # (a bound deployment at any depth: deployed, then its handle in its place)
-        return map_bound(x, lambda a: _deploy(a, ctl, timeout, seen, wait))
+    def inner(a: Application) -> DeploymentHandle:  # (a bound deployment at any depth: deployed, its handle there)
+        return _deploy(a, ctl, timeout, seen, wait)
 
-    args = tuple(inner(a) for a in app.args)
-    kwargs = {k: inner(v) for k, v in app.kwargs.items()}
+    args, kwargs = map_bound(app.args, inner), map_bound(app.kwargs, inner)
     ask(ctl, "apply", d.name, d.num_replicas, d.user_config, d.cls, args, kwargs,
         d.ray_actor_options, d.max_ongoing_requests, d.placement, d.max_replicas, d.core_options,
         *stamp(d.version, d.cls, args, kwargs))  # (here, where the code was imported: not the controller)

@@ -133,9 +133,9 @@ def _siblings(module: Any, new: set[str]) -> list[Any]:
     """The modules the import of ``module`` imported from its own folder (``utils.py`` beside ``app.py``):
     sent by value with it, as ``module`` is, since the cluster's processes may not have that folder
     on their path (a module deployed from the current directory that imports a sibling)."""
-    home = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or ""))
     if not getattr(module, "__file__", None):
         return []
+    home = os.path.dirname(os.path.abspath(module.__file__))
     out = []
     for name in sorted(new):
         m = sys.modules.get(name)
@@ -187,10 +187,13 @@ def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.Ser
     def rebuild(a: Any) -> Any:
         if not isinstance(a, Application):
             return a
-        dep = a.deployment
-        if id(dep) in done:
-            return Application(done[id(dep)], tuple(map_bound(x, rebuild) for x in a.args),
-                               {k: map_bound(v, rebuild) for k, v in a.kwargs.items()})
+        if id(a.deployment) not in done:
+            done[id(a.deployment)] = _overridden(a.deployment)
+        # (a bound deployment at any depth of its arguments: rebuilt too)
+        return Application(done[id(a.deployment)], map_bound(a.args, rebuild), map_bound(a.kwargs, rebuild))
+
+    def _overridden(dep: Deployment) -> Deployment:
+        """``dep`` with the file's options for it and the application's ``runtime_env``."""
         opts: dict[str, Any] = {}
         if entry.runtime_env and "runtime_env" not in dep.ray_actor_options:
             opts["ray_actor_options"] = {**dep.ray_actor_options, "runtime_env": entry.runtime_env}
@@ -203,9 +206,7 @@ def _override(app: Application, entry: cf.ApplicationConfig, i: int, cfg: cf.Ser
             except rc.InvalidConfig as exc:
                 path = f"applications[{i}].deployments[{here[0]}]" if here else f"applications[{i}].runtime_env"
                 raise cf.option_error(cfg.source, cfg.lines, path, opts, exc) from None
-        done[id(a.deployment)] = dep
-        return Application(dep, tuple(map_bound(x, rebuild) for x in a.args),
-                           {k: map_bound(v, rebuild) for k, v in a.kwargs.items()})  # (at any depth)
+        return dep
 
     return rebuild(app)
 

@@ -623,10 +623,7 @@ class Carrier:
         """Stopped while its constructor runs: the user's ``__del__`` first (``abort_start``; within
         ``graceful_shutdown_timeout_s``), as Serve's replica runs its destructor at shutdown; then the
         kill."""
-        try:
-            await asyncio.wait_for(actor.abort_start.remote(), timeout=cmd.graceful_shutdown_timeout_s)
-        except Exception:  # (timed out, or died meanwhile)
-            pass
+        await _within(actor.abort_start.remote(), cmd.graceful_shutdown_timeout_s)
         await self._stopped(rid, self.kill(rid))
 
     def evict(self, cmd: rc.EvictReplica) -> None:
@@ -697,7 +694,12 @@ def said(exc: BaseException) -> str:
 async def _drained(actor: Any, wait_loop_s: float, timeout_s: float) -> None:
     """Let a stopping replica's calls in flight finish (it looks every ``wait_loop_s``),
     for up to ``timeout_s`` (a stop and an eviction drain alike)."""
+    await _within(actor.prepare_stop.remote(wait_loop_s, timeout_s), timeout_s)
+
+
+async def _within(ref: Any, timeout_s: float) -> None:
+    """Wait for a stopping replica's call ``ref`` for up to ``timeout_s``: its kill follows whatever it did."""
     try:
-        await asyncio.wait_for(actor.prepare_stop.remote(wait_loop_s, timeout_s), timeout=timeout_s)
+        await asyncio.wait_for(ref, timeout=timeout_s)
     except Exception:  # (timed out, or died meanwhile)
         pass

@@ -655,7 +655,7 @@ class ControllerMetrics:
         for node, number in self._proxies_gone.items():
             gauge.labels(node, self.node_ip(node)).set(number)
         for node, proxy in book.items():
-            gauge.labels(node, self.node_ip(node)).set(PROXY_STATUS_NUMERIC[_PROXY_STATUS[proxy.phase]])
+            gauge.labels(node, self.node_ip(node)).set(_PROXY_STATUS[proxy.phase])
 
     def exposition(self, state: rc.State, rejected: int = 0) -> bytes:
         self.refresh(state, rejected)
@@ -664,9 +664,10 @@ class ControllerMetrics:
 
 #: Serve's ``ProxyStatus.to_numeric``
 PROXY_STATUS_NUMERIC = {"STARTING": 1, "HEALTHY": 2, "UNHEALTHY": 3, "DRAINING": 4, "DRAINED": 5}
-#: the core's proxy phase -> Serve's status (BACKOFF: it died or failed its checks, and restarts)
-_PROXY_STATUS = {rc.ProxyPhase.STARTING: "STARTING", rc.ProxyPhase.HEALTHY: "HEALTHY",
-                 rc.ProxyPhase.DRAINING: "DRAINING", rc.ProxyPhase.BACKOFF: "UNHEALTHY"}
+#: the core's proxy phase -> Serve's status number (BACKOFF: it died or failed its checks, and restarts)
+_PROXY_STATUS = {phase: PROXY_STATUS_NUMERIC[name] for phase, name in (
+    (rc.ProxyPhase.STARTING, "STARTING"), (rc.ProxyPhase.HEALTHY, "HEALTHY"), (rc.ProxyPhase.DRAINING, "DRAINING"),
+    (rc.ProxyPhase.BACKOFF, "UNHEALTHY"))}
 
 #: the events that answer a replica's start, reconfigure or stop (or end the wait: a crash)
 _ANSWERS = frozenset({rc.ReplicaReady, rc.ReplicaReconfigured, rc.ReplicaStopped, rc.ReplicaCrashed})

@@ -561,11 +561,11 @@ class ReplicaActor:
         routed (a replica calling another: ``metrics.router_families``), and the user's own
         (``serve.metrics``: ``api.user_metrics``): the ingress's ``/metrics``
         gathers every serving replica's and merges them (``metrics.merged``)."""
+        own = self.metrics.families() + user_metrics.families()
         calls = routed()
         if not calls:
-            return self.metrics.families() + user_metrics.families()
-        actor_id = ray.get_runtime_context().get_actor_id() or ""
-        return self.metrics.families() + user_metrics.families() + router_families(calls, actor_id)
+            return own
+        return own + router_families(calls, ray.get_runtime_context().get_actor_id() or "")
 
     # --------------------------------------------------------------- requests
     def _new_witness(self) -> Witness | None:

@@ -556,13 +556,11 @@ class GrpcFront:
         timer = asyncio.get_running_loop().call_later(timeout, fire)
         try:
             first = await items.__anext__()
-        except StopAsyncIteration:
+        except Exception as exc:  # (the end of the stream too: StopAsyncIteration)
             if fired:
                 raise late() from None
-            return
-        except Exception:
-            if fired:
-                raise late() from None
+            if isinstance(exc, StopAsyncIteration):
+                return
             raise
         finally:
             timer.cancel()
