@@ -272,7 +272,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         sampler.start()
         answers: list = []
         failed: list = []
-        burst = asyncio.run(drive(handle, args, answers, failed))
+        burst = childrun.run_async(drive(handle, args, answers, failed))
         stop.set()
         sampler.join(5)
         enough = min(args.max, math.ceil(args.clients / 2.0))

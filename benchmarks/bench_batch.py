@@ -441,7 +441,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
             coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, checker)
         else:
             coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout, checker)
-        got = asyncio.run(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
+        got = childrun.run_async(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
         got.update(checker.figures())
         return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {_fmt(got['p50_ms'])} ms  "
                      f"p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  "

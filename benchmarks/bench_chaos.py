@@ -1037,22 +1037,23 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.child_out, "w") as f:
             json.dump(res, f, indent=1, default=repr)
         return 0
-    systems = ["ours", "serve"] if args.only == "both" else [args.only]
-    missing = childrun.serve_missing() if "serve" in systems else None
+    systems = childrun.systems(args)
+    missing = childrun.serve_missing(systems)
     if missing:
-        print(f"Ray Serve cannot be imported here ({missing}): `make bench` installs it, or run --only ours",
-              file=sys.stderr)
+        print(f"{missing}: `make bench` installs it, or run --only ours", file=sys.stderr)
         return 2
     results: dict[str, list[dict]] = {name: [] for name in systems}
     for i in range(args.repeats):
         for name in systems:
             log(f"{name}: run {i + 1} of {args.repeats}")
             results[name].append(spawn(name, args))
-    rows: list[dict] = []
-    if args.soak:
+    rows: dict[str, list[dict]] = {}
+    if args.soak:  # (each system's own figures, once)
         print_soak(results, args)
     else:
-        rows = print_report(results, args)
+        for title, view in childrun.serve_views(results):
+            print(f"\n=== ours against {title} ===")
+            rows[title] = print_report(view, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},

@@ -323,7 +323,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         seq = zipf_sequence(args.models, args.zipf_s, total, level_seed(args.seed, pi, li))
         limit = total * (args.load_s + args.work_s + 1.0) + args.request_timeout + 30
         t1 = time.perf_counter()
-        got = asyncio.run(asyncio.wait_for(level(path, handle, url, seq, clients, args), limit))
+        got = childrun.run_async(asyncio.wait_for(level(path, handle, url, seq, clients, args), limit))
         got["level_s"] = time.perf_counter() - t1
         return got, (f"{path} {clients:>3} clients: hit rate {_fmt(_pc(got['hit_rate']), 1)}%  loads {got['loads']}  "
                      f"{_fmt(got['rps'], 1)} req/s  p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  "

@@ -313,7 +313,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         log(f"{system_name}: {args.replicas} v1 replicas serve after {time.perf_counter() - t:.1f}s")
         answers: list = []
         failed: list = []
-        asyncio.run(drive(system, handle, recorder, args, res, answers, failed))
+        childrun.run_async(drive(system, handle, recorder, args, res, answers, failed))
         t_apply, t_done = res.pop("t_apply"), res.pop("t_done")
         v1_last = max((end for _, end, tag, *_ in answers if tag == "v1"), default=t_apply)
         all_new = max(t_done, v1_last) if t_done is not None else None

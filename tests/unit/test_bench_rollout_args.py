@@ -40,11 +40,12 @@ def test_the_defaults_and_what_a_child_is_given(monkeypatch):
         return {"system": name, "errors": []}
 
     monkeypatch.setattr(bench.childrun, "spawn", fake_spawn)
-    monkeypatch.setattr(bench.childrun, "serve_missing", lambda: None)
+    monkeypatch.setattr(bench.childrun, "serve_missing", lambda names: None)
     monkeypatch.setattr(bench.childrun, "ray_env", lambda *paths: None)  # (leaves os.environ alone)
     assert bench.main(["--clients", "2"]) == 0
     argv, limit = seen["serve"]
-    assert set(seen) == {"ours", "serve"}
+    assert set(seen) == {"ours", "serve", "serve-fast"}  # (both of Serve's modes by default)
+    assert seen["serve-fast"] == seen["serve"]
     opts = dict(zip(argv[::2], argv[1::2]))
     assert opts["--replicas"] == "8" and opts["--clients"] == "2" and opts["--work"] == "0.1"
     assert opts["--surge-percent"] == "0"  # (no surge unless asked: both systems' default)
@@ -85,7 +86,7 @@ def test_the_report_gives_ours_over_serve_a_dash_for_a_missing_figure_and_the_go
 
 def test_without_ray_serve_the_comparison_stops_before_measuring(capsys, monkeypatch):
     bench = _bench()
-    monkeypatch.setattr(bench.childrun, "serve_missing", lambda: "ModuleNotFoundError: No module named 'pydantic'")
+    monkeypatch.setattr(bench.childrun, "serve_missing", lambda names: "Ray Serve cannot be imported here (ModuleNotFoundError: No module named 'pydantic')")
     monkeypatch.setattr(bench, "spawn", lambda *a: pytest.fail("a child was started"))
     monkeypatch.setattr(bench.childrun, "ray_env", lambda *paths: None)
     assert bench.main([]) == 2
