@@ -618,6 +618,8 @@ def fault_figures(rows: list[dict], records: list[tuple], started: set[str]) -> 
         row.update({"sent": len(mine), "answered": sum(1 for r in mine if r[4] == "ok"),
                     "failed": len(failed), "failed_by": by, "lost": sum(1 for r in mine if r[4] == "lost"),
                     "avoidable": sum(1 for r in failed if r[3] not in started),
+                    "avoidable_by": {path: sum(1 for r in failed if r[3] not in started and r[2] == path)
+                                     for path in sorted({r[2] for r in failed if r[3] not in started})},
                     "first_failures": [f"{r[2]} {r[4]}: {r[5]}" for r in failed[:3]],
                     "p50_ms": 1000 * _pct(early, 0.50) if early else None,
                     "p99_ms": 1000 * _pct(early, 0.99) if early else None})
@@ -879,6 +881,7 @@ def summarise(results: dict[str, list[dict]], faults: list[str]) -> list[dict]:
                 "controller_agrees": all(f.get("controller_agrees", True) for f in got),
                 "state_errors": [e for f in got for e in f.get("state_errors", [])],
                 "failed_by": _merge([f["failed_by"] for f in got]),
+                "avoidable_by": _merge([f.get("avoidable_by", {}) for f in got]),
                 "first_failures": [x for f in got for x in f["first_failures"]][:3]}
         rows.append(row)
     return rows
@@ -949,7 +952,9 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
         for name in ("ours", "serve"):
             got = row.get(name)
             if got and (got["failed_by"] or got["state_errors"] or not got["controller_agrees"]):
-                print(f"  {row['fault']} {name}: failed by {got['failed_by']}; first: {got['first_failures']}"
+                print(f"  {row['fault']} {name}: failed by {got['failed_by']}"
+                      + (f", avoidable by path {got['avoidable_by']}" if got.get("avoidable_by") else "")
+                      + f"; first: {got['first_failures']}"
                       + (f"; state errors {got['state_errors']}" if got["state_errors"] else "")
                       + ("" if got["controller_agrees"] else "; the controller's ranks differ from the replicas'"))
     for name, runs in results.items():

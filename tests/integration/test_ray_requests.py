@@ -24,7 +24,7 @@ from executors.ray_gpu import deployment, get_controller, get_replica_context, h
 from executors.ray_gpu.api.deployments import DeploymentHandle, ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
 from tests.integration.waiting import wait_for
-from tests.integration.witnessing import begun_and_waiting_then_killed
+from tests.integration.witnessing import ANY_WITNESS, begun_and_waiting_then_killed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 OPTS = {"num_cpus": 0.25}  # (a local Ray of 4 CPUs)
@@ -520,6 +520,22 @@ def test_a_plain_call_by_value_a_dead_replica_had_begun_fails_and_one_it_had_not
     sent = hv._router.sent_by_value
     begun_and_waiting_then_killed(hv, "valued_witness")
     assert hv._router.sent_by_value >= sent + 2
+
+
+def test_a_call_by_value_cut_off_before_it_began_is_answered_elsewhere_with_no_witness_to_ask():
+    """A node lost takes its replicas' witnesses with it: here the replica has none (its witness
+    folder does not exist). The call that waited for a slot never got the replica's begin marker
+    (``by_value.BEGAN``), so it goes to another replica all the same; the one that began fails."""
+    h = run(deployment(Valued, name="valued_unwitnessed", num_replicas=1, max_ongoing_requests=2,
+                       ray_actor_options={**OPTS, "runtime_env": {"env_vars": {
+                           "RANKCORE_WITNESS_DIR": "/nonexistent-rankcore-witness"}}}).bind())
+    hv = h.options(_by_reference=False)
+    assert hv.double.remote(1).result(timeout=60) == 2
+    assert wait_for(lambda: len(hv._router.addresses) == 1, 30), hv._router.addresses
+    sent, not_begun = hv._router.sent_by_value, hv._router.not_begun
+    victim = begun_and_waiting_then_killed(hv, "valued_unwitnessed", witnessed=ANY_WITNESS)
+    assert hv._router.not_begun == not_begun + 1 and hv._router.sent_by_value >= sent + 2
+    assert all(w[0] == victim and w[2] is None for w in hv._router.witnessed), hv._router.witnessed  # (no file)
 
 
 def test_calls_by_value_in_flight_on_a_draining_replica_finish_there():

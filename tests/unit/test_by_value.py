@@ -74,7 +74,7 @@ def test_a_call_and_a_cancel_over_a_replicas_server():
     thread.start()
     cancelled = threading.Event()
 
-    async def answer(data: bytes) -> bytes:
+    async def answer(data: bytes, began) -> bytes:
         if data == b"wait":
             try:
                 await asyncio.sleep(60)
@@ -98,6 +98,52 @@ def test_a_call_and_a_cancel_over_a_replicas_server():
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+_SERVER = """
+import asyncio, sys
+from executors.ray_gpu.api import by_value
+
+async def answer(data, began):
+    if data == b"began":
+        await began()  # (as a replica once the call holds a slot)
+        print("began", flush=True)
+    await asyncio.sleep(60)
+    return data
+
+async def main():
+    server, address = await by_value.start_server(answer, "127.0.0.1")
+    print(address, flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def test_a_call_cut_off_before_its_begin_marker_never_began_and_one_after_it_did():
+    """``never_began``: the replica's server sends ``BEGAN`` once a call holds a slot; when its process
+    is killed, a call that had it began (it may have run: never sent again) and one still waiting for
+    a slot never did (it may go to another replica), both failing UNAVAILABLE alike."""
+    proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        address = proc.stdout.readline().strip()
+        ch = by_value.channel(address)
+        call = ch.unary_unary(by_value.METHOD)
+        began, waiting = call.future(b"began"), call.future(b"waiting")
+        assert proc.stdout.readline().strip() == "began"  # (the marker is on its way)
+        time.sleep(0.3)  # (gRPC's threaded future shows the metadata only once the call ended)
+        proc.kill()
+        for f in (began, waiting):
+            with pytest.raises(grpc.RpcError) as err:
+                f.result(timeout=10)
+            assert err.value.code() == by_value.UNAVAILABLE and not by_value.never_sent(err.value)
+        assert not by_value.never_began(began) and by_value.never_began(waiting)
+        ch.close()
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
 
 
 def test_an_unreachable_server_is_unavailable_and_the_call_never_left():
@@ -156,7 +202,7 @@ import grpc
 from executors.ray_gpu.api import by_value
 
 async def main():
-    async def answer(b):
+    async def answer(b, began):
         return b"ok:" + b
     server, address = await by_value.start_server(answer, "127.0.0.1")
     def calls():

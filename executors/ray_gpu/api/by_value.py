@@ -14,6 +14,9 @@ only the bytes' way differs.
   uses pays nothing. The one method, ``/rankcore.Replica/Call``, takes what ``handle_call`` takes,
   pickled (``encode``), and answers ``(True, value)`` or ``(False, RayTaskError)`` pickled: the
   caller raises the same ``RayTaskError(<cause>)`` a Ray call raises, with the remote traceback.
+* The replica's server sends a begin marker (``BEGAN``, as initial metadata) once a call holds one of
+  its slots, before the user's method: a call cut off without it (its replica or node lost) never
+  began, and its router sends it to another replica (``never_began``), with no witness to ask.
 * A call whose caller cancels it (``CancelOnReplica``) cancels its gRPC call; gRPC cancels the
   replica's handler task there, as ``ray.cancel`` does an async actor task.
 * What goes by reference anyway: streams and progress calls (Ray's streaming generators), a call
@@ -50,7 +53,8 @@ try:
 except ImportError:
     add_port_to_grpc_server = None  # type: ignore[assignment]
 
-__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "NotByValue", "never_sent", "encode", "decode",
+__all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "BEGAN", "NotByValue", "never_sent", "never_began",
+           "encode", "decode",
            "failure", "start_server", "channel"]
 
 #: a handle's default way (``handle.options(_by_reference=...)`` not given): Serve's
@@ -80,6 +84,26 @@ _SERVER = [*_LIMITS, ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_00
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 #: what gRPC's core says of an UNAVAILABLE call that never had a connection to go on
 _NOT_CONNECTED = ("failed to connect", "dns resolution failed", "name resolution failure")
+
+
+#: the begin marker: the initial metadata a replica's server sends once a call holds one of its slots,
+#: before the user's method is entered. A call that failed on its way without it never began there
+#: (``never_began``), whatever became of the replica or its node: it may go to another replica. It
+#: rides the call's own response stream (no round trip of its own); a replica that dies between
+#: sending it and its arrival has begun the call, and it runs again: the marker's flight, as with a
+#: progress call's start marker (api/router.py)
+BEGAN = (("rankcore-began", "1"),)
+
+
+def never_began(call: Any) -> bool:
+    """Whether a by-value call (its ended gRPC future) never began on its replica: no ``BEGAN`` in the
+    initial metadata it received (gRPC's threaded future gives what arrived once the call ended,
+    ``()`` when nothing did)."""
+    try:
+        got = call.initial_metadata()
+    except Exception:  # (none to read: counted as begun, as every doubt)
+        return False
+    return got is not None and not any(k == BEGAN[0][0] for k, _ in got)
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -181,10 +205,11 @@ def failure(function_name: str, exc: BaseException) -> bytes:
 
 
 async def start_server(answer: Any, host: str) -> tuple[Any, str]:
-    """A gRPC server on the running loop serving ``METHOD`` with ``answer(bytes) -> bytes`` (a
-    coroutine function), bound to ``host`` on a free port; returns it and its ``host:port``."""
+    """A gRPC server on the running loop serving ``METHOD`` with ``answer(bytes, began) -> bytes`` (a
+    coroutine function; ``began()``, awaited once the call holds a replica slot, sends ``BEGAN``),
+    bound to ``host`` on a free port; returns it and its ``host:port``."""
     async def call(request: bytes, context: Any) -> bytes:
-        return await answer(request)
+        return await answer(request, functools.partial(context.send_initial_metadata, BEGAN))
 
     handler = grpc.method_handlers_generic_handler(
         "rankcore.Replica", {"Call": grpc.unary_unary_rpc_method_handler(call)})

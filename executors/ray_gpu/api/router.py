@@ -224,6 +224,8 @@ class Router:
         self.wants_by_value = False  # (a by-value call came: every serving replica is asked its address)
         self.sent_by_value = 0  # calls sent by value (the ingress's status shows it; tests)
         self.resent_by_reference = 0  # calls by value that never left (no connection), sent by Ray call then
+        #: calls by value whose replica or node was lost before they began (no ``by_value.BEGAN``): sent on
+        self.not_begun = 0
         #: address -> [a gRPC channel, its calls in flight]; those of replicas gone from the pool close
         #: once their calls ended (``_closing``): a draining replica finishes what it has
         self._channels: dict[str, list] = {}
@@ -484,16 +486,27 @@ class Router:
         If it lives and the call never left (gRPC could not connect), the call goes to it by reference,
         where the machine sent it (unless it went elsewhere meanwhile: ``fut`` is no longer its way).
         Else its server failed the call after it may have begun: it fails (``rankcore.Unavailable``,
-        naming the gRPC status), and its calls by reference are untouched."""
+        naming the gRPC status), and its calls by reference are untouched. Before all that: a call cut
+        off that had not begun (no begin marker: ``_not_begun``) goes to another replica, whatever
+        became of this one or its node."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
+        # (cut off before it began, not for want of a connection: sent on at once; its replica's fate after)
+        on = code == by_value.UNAVAILABLE and not by_value.never_sent(exc) and by_value.never_began(fut) \
+            and self._not_begun(call, rid, fut)
         if code == by_value.UNAVAILABLE:
             try:
                 ray.get(actor.pid.remote(), timeout=UNREACHABLE_PROBE_S)
             except (RayActorError, ActorUnavailableError) as dead:
-                self._answer(call.request_id, rid, None, dead)
+                if on or (by_value.never_began(fut) and self._not_begun(call, rid, fut)):
+                    with self.lock:  # (its other calls: sorted as a Ray call's death sorts them)
+                        self._lost(rid, dead)
+                else:
+                    self._answer(call.request_id, rid, None, dead)
                 return
             except Exception:  # (no answer in time: as alive)
                 pass
+            if on:
+                return
         with self.lock:
             self.no_by_value.add(rid)
             self._forget_address(rid)
@@ -513,6 +526,21 @@ class Router:
         self._answer(call.request_id, rid, None, rc.Unavailable(
             f"call to {self.name!r} sent by value to replica {rid} at {address} failed on its way ({why}); its "
             f"calls go by reference from now on", deployment=self.name, request_id=call.request_id, replica_id=rid))
+
+    def _not_begun(self, call: Call, rid: str, fut: Any) -> bool:
+        """By-value ``call`` to ``rid`` was cut off before it began (``by_value.never_began``): unless it
+        went another way meanwhile, the machine's ``NotDelivered`` (sent to another replica; ``rid`` gets
+        nothing new until the pool names it again, and by reference then). True when it was sent on."""
+        with self.lock:
+            st = self.machine.status(call.request_id)
+            if self.calls.get(call.request_id) is not call or call.ref is not fut or st is None \
+                    or st.state != "dispatched" or st.replica_id != rid:
+                return False
+            self.no_by_value.add(rid)
+            self._forget_address(rid)
+            self.not_begun += 1
+            self._carry(self.machine.handle(NotDelivered(request_id=call.request_id, replica_id=rid)))
+            return True
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,

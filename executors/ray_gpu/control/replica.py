@@ -592,13 +592,15 @@ class ReplicaActor:
             pass
 
     @contextlib.asynccontextmanager
-    async def _request(self, method: str, request: RequestContext | None, key: int = 0) -> Any:
+    async def _request(self, method: str, request: RequestContext | None, key: int = 0,
+                       on_begin: Any = None) -> Any:
         """The user's method, counted in flight (a drain waits for it; the in-flight gauge shows
         it) while it holds one of the ``max_ongoing_requests`` slots; once it ends, counted as
         answered or failed (its exception's type) with the time it ran (Serve's replica metrics).
         ``key`` (not 0): written to its witness once it holds a slot, before the method is
-        entered, so its router can tell after this process died that it began (``api.witness``).
-        A stream its caller closed (``GeneratorExit`` at a ``yield``: a progress call's router once it
+        entered, so its router can tell after this process died that it began (``api.witness``);
+        ``on_begin`` (a coroutine function), awaited then too: a by-value call's begin marker
+        (``api.by_value.BEGAN``). A stream its caller closed (``GeneratorExit`` at a ``yield``: a progress call's router once it
         has the answer, a client gone mid-stream) counts as answered: the method did not fail."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
@@ -615,6 +617,8 @@ class ReplicaActor:
                 witness = self._witness if key else None
                 slot = witness.begin(key) if witness is not None else -1
                 try:
+                    if on_begin is not None:
+                        await on_begin()
                     yield fn
                 except GeneratorExit:  # (its caller closed the stream: not the method's failure)
                     raise
@@ -638,7 +642,12 @@ class ReplicaActor:
         ``key``: its witness key, ``api.witness``). A ``KeyboardInterrupt`` the method raises is the
         call's ``TaskCancelledError``, what Ray's caller sees: raised out of the actor's task it also
         stopped the replica's user loop, and every later call hung."""
-        async with self._request(method, request, key) as fn:
+        return await self._run(method, args, kwargs, request, key)
+
+    async def _run(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None, key: int,
+                   on_begin: Any = None) -> Any:
+        """``handle_request``'s work (``on_begin``: ``_request``'s)."""
+        async with self._request(method, request, key, on_begin) as fn:
             try:
                 return await self._call(fn, args, kwargs, pool=self._requests, request=request)
             except KeyboardInterrupt:
@@ -651,7 +660,7 @@ class ReplicaActor:
         object for Ray to send, where five arguments and a pickled ``RequestContext`` cost about 0.4 ms
         more a call at one client on this project's 2-core machine (docs/benchmarks.md)."""
         method, args, kwargs, request, key = call
-        return await self.handle_request(method, args, kwargs, context.from_wire(request), key)
+        return await self._run(method, args, kwargs, context.from_wire(request), key)
 
     @ray.method(concurrency_group=USER)
     async def by_value_address(self) -> str:
@@ -663,13 +672,14 @@ class ReplicaActor:
         _server, address = await asyncio.shield(self._by_value)
         return address
 
-    async def _answer_by_value(self, data: bytes) -> bytes:
+    async def _answer_by_value(self, data: bytes, began: Any) -> bytes:
         """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or
-        ``(False, RayTaskError)`` pickled. Its caller cancelling the gRPC call cancels this task."""
+        ``(False, RayTaskError)`` pickled; ``began()`` sends the begin marker once it holds a slot
+        (``by_value.BEGAN``). Its caller cancelling the gRPC call cancels this task."""
         method = "handle_call"
         try:
             method, args, kwargs, request, key = by_value.decode(data)  # (a class missing here: the caller's error)
-            value = await self.handle_request(method, args, kwargs, context.from_wire(request), key)
+            value = await self._run(method, args, kwargs, context.from_wire(request), key, began)
             # (an answer that does not pickle, or one too large for gRPC: the caller gets why)
             return by_value.encode((True, value), most=by_value.MAX_ANSWER_BYTES)
         except (SystemExit, AsyncioActorExit) as exc:
