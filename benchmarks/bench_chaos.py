@@ -29,6 +29,11 @@ of ``--faults`` are injected one after another, each once the previous one settl
 * ``node``: a worker node holding a replica removed from the cluster, and another added;
 * ``unresponsive``: a replica's ``check_health`` made to hang (its requests still answered);
 * ``slow``: a replica made 10x slower for ``--slow-s`` s (default 5), nothing to replace;
+* ``frozen`` (only when named in ``--faults``): a replica's process stopped (``SIGSTOP``) for
+  ``--frozen-s`` s (default 30), then continued: its row says how long after the freeze requests
+  still went to it (``left_out_s``: the latest send, while it was stopped, of a request it answered
+  or failed). With the default 3 s health-check timeout both controllers replace it within seconds;
+  ``--health-timeout 30`` (Serve's default) leaves the routers alone to notice it;
 * ``light``: the deployment applied again with a new ``user_config`` (a lightweight update:
   ``reconfigure``, no restart);
 * ``heavy``: the deployment applied again with new code (a rolling update). Serve's code
@@ -71,6 +76,7 @@ import os
 import pathlib
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -96,6 +102,8 @@ FAULTS = ("replica", "controller", "proxy", "node", "unresponsive", "slow", "lig
 REDISPATCHABLE = frozenset(FAULTS) - {"proxy"}
 ACTOR_OPTIONS = {"num_cpus": 0.1, "num_gpus": 1}
 HEALTH: dict[str, Any] = {"health_check_period_s": 1.0, "health_check_timeout_s": 3.0}
+#: faults run only when ``--faults`` names them (not in ``all``)
+EXTRA_FAULTS = ("frozen",)
 MAX_ONGOING = 5
 T0 = time.perf_counter()
 
@@ -106,6 +114,11 @@ def log(msg: str) -> None:
 
 class BenchError(Exception):
     """A step of the run failed; the message says which and why."""
+
+
+def _health(args: argparse.Namespace) -> dict[str, Any]:
+    """Both systems' health-check settings: ``HEALTH`` with ``--health-timeout``."""
+    return {**HEALTH, "health_check_timeout_s": args.health_timeout}
 
 
 # --------------------------------------------------------------------- the app
@@ -147,7 +160,7 @@ class _App:
         ctx = self._ctx()
         return {"id": body.get("id"), "rid": rid, "rank": getattr(ctx.rank, "rank", ctx.rank),
                 "ws": ctx.world_size, "tag": self.TAG, "cfg": self.cfg,
-                "node": ray.get_runtime_context().get_node_id()}
+                "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
 
     async def Say(self, request: Any) -> Any:
@@ -207,7 +220,8 @@ class Ours:
         from executors.ray_gpu import deployment, run
 
         d = deployment(cls, name=DEP, num_replicas=self.args.replicas, user_config={"n": n},
-                       ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING, **HEALTH)
+                       ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING,
+                       **_health(self.args))
         return run(d.bind(self.dir, self.args.work), route_prefix=ROUTE, timeout=self.args.settle_timeout)
 
     def deploy(self) -> str:
@@ -283,7 +297,8 @@ class Serve:
         from ray import serve
 
         d: Any = serve.deployment(cls, name=DEP, num_replicas=self.args.replicas, user_config={"n": n},
-                                  ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING, **HEALTH)
+                                  ray_actor_options=dict(ACTOR_OPTIONS), max_ongoing_requests=MAX_ONGOING,
+                                  **_health(self.args))
         d._version = version  # (pinned: else every serve.run is a new code version, a rolling update)
         return serve.run(d.bind(self.dir, self.args.work), name=DEP, route_prefix=ROUTE)
 
@@ -372,7 +387,9 @@ class Load:
 
     def _record(self, t0: float, path: str, rid: str, outcome: str, answer: Any) -> None:
         t1 = time.perf_counter()
-        self.records.append((t0, t1, path, rid, outcome, None if outcome == "ok" else answer))
+        # (an answer's replica id for ``ok``; what failed says, else)
+        self.records.append((t0, t1, path, rid, outcome, answer.get("rid") if outcome == "ok" and isinstance(
+            answer, dict) else None if outcome == "ok" else answer))
         if outcome == "ok" and isinstance(answer, dict) and "rid" in answer:
             self.latest[answer["rid"]] = (t1, answer)
 
@@ -518,6 +535,12 @@ class Chaos:
         elif fault == "unresponsive":
             victims = {self.rng.choice(sorted(before))}
             pathlib.Path(self.dir, f"hang-{next(iter(victims))}").touch()
+        elif fault == "frozen":
+            frozen = self.rng.choice(sorted(before))
+            pid = int(before[frozen]["pid"])
+            os.kill(pid, signal.SIGSTOP)
+            threading.Timer(self.args.frozen_s, _resume, (pid,)).start()
+            extra["frozen"], extra["frozen_s"] = frozen, self.args.frozen_s
         elif fault == "slow":
             slow = self.rng.choice(sorted(before))
             pathlib.Path(self.dir, f"slow-{slow}").touch()
@@ -548,8 +571,9 @@ class Chaos:
         if worker is not None:
             worker.join(self.args.settle_timeout)
             extra["apply_s"] = time.perf_counter() - t0
-        if fault == "slow":  # (nothing to replace: the window lasts while the replica is slow)
-            time.sleep(max(0.0, t0 + self.args.slow_s - time.perf_counter()))
+        if fault in ("slow", "frozen"):  # (the window lasts while the replica is slow or frozen)
+            time.sleep(max(0.0, t0 + (self.args.slow_s if fault == "slow" else self.args.frozen_s)
+                           - time.perf_counter()))
         settled = time.perf_counter()
         after = self._snapshot(since=settled)  # (a victim's last answers, from before it died, are not "after")
         row = {"fault": fault, "t0": t0, "settled": settled, "back_s": back, **extra,
@@ -565,8 +589,8 @@ class Chaos:
 
     def _wait_back(self, fault: str, t0: float, victims: set[str]) -> float | None:
         """Seconds from the fault until the system is back to target (None: not within
-        ``--settle-timeout``; for ``slow``, None: no target was lost)."""
-        if fault == "slow":
+        ``--settle-timeout``; for ``slow`` and ``frozen``, None: no target to wait for)."""
+        if fault in ("slow", "frozen"):
             return None
         deadline = t0 + self.args.settle_timeout
         controller_back = fault != "controller"
@@ -581,6 +605,13 @@ class Chaos:
 
     def _http_since(self, t0: float) -> bool:
         return any(r[2] == "http" and r[4] == "ok" and r[0] > t0 for r in reversed(self.load.records[-500:]))
+
+
+def _resume(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:  # (its controller replaced it meanwhile)
+        pass
 
 
 def rank_figures(before: dict, after: dict, victims: set[str], n: int) -> dict:
@@ -611,6 +642,10 @@ def fault_figures(rows: list[dict], records: list[tuple], started: set[str]) -> 
         t1 = rows[i + 1]["t0"] if i + 1 < len(rows) else math.inf
         mine = [r for r in records if row["t0"] <= r[1] < t1]
         failed = [r for r in mine if r[4] not in ("ok", "lost")]
+        if row.get("frozen"):  # (the latest request sent to the frozen replica while it was stopped)
+            hit = [r[0] for r in records if row["t0"] <= r[0] < row["t0"] + row["frozen_s"] and (
+                r[5] == row["frozen"] or (r[4] != "ok" and isinstance(r[5], str) and row["frozen"] in r[5]))]
+            row["left_out_s"] = max(hit) - row["t0"] if hit else 0.0
         early = sorted(r[1] - r[0] for r in mine if r[4] == "ok" and r[0] < row["t0"] + 3.0)
         by: dict[str, int] = {}
         for r in failed:
@@ -873,6 +908,7 @@ def summarise(results: dict[str, list[dict]], faults: list[str]) -> list[dict]:
                 "failed": sum(f["failed"] for f in got), "lost": sum(f["lost"] for f in got),
                 "avoidable": sum(f["avoidable"] for f in got),
                 "back_s": _median([f["back_s"] for f in got]),
+                "left_out_s": _median([f["left_out_s"] for f in got if "left_out_s" in f]),
                 "back_all": [f["back_s"] for f in got],
                 "p50_ms": _median([f["p50_ms"] for f in got]), "p99_ms": _median([f["p99_ms"] for f in got]),
                 "reassigned": sum(f["reassigned"] for f in got), "holes": sum(f["holes"] for f in got),
@@ -904,7 +940,10 @@ def judge(row: dict) -> str:
     ok = (ours["lost"] == 0 and (row["fault"] not in REDISPATCHABLE or ours["avoidable"] == 0)
           and ours["holes"] == ours["duplicates"] == ours["bad_world_size"] == 0 and ours["controller_agrees"]
           and not ours["state_errors"])
-    if row["fault"] != "slow":
+    if row["fault"] == "frozen":  # (left out no later than Serve leaves it out)
+        theirs = serve.get("left_out_s") if serve else None
+        ok = ok and ours["left_out_s"] is not None and (theirs is None or ours["left_out_s"] <= theirs)
+    elif row["fault"] != "slow":
         ok = ok and ours["back_s"] is not None
         if serve and serve.get("back_s") is not None:
             ok = ok and ours["back_s"] <= serve["back_s"]
@@ -949,6 +988,10 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
           "median of the repeats; p50, p99: requests sent in the 3 s after the fault; avoidable: failed requests that "
           "never started on a replica)")
     for row in rows:
+        if row["fault"] == "frozen":
+            print("  frozen: requests were still sent to the stopped replica until "
+                  + ", ".join(f"{name} {_f((row.get(name) or {}).get('left_out_s'))} s" for name in ("ours", "serve")
+                              if row.get(name)) + " after it stopped (median of the repeats)")
         for name in ("ours", "serve"):
             got = row.get(name)
             if got and (got["failed_by"] or got["state_errors"] or not got["controller_agrees"]):
@@ -975,7 +1018,8 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
             "--handle-clients", str(args.handle_clients), "--grpc-clients", str(args.grpc_clients),
             "--work", str(args.work),
             "--faults", ",".join(args.faults), "--seed", str(args.seed), "--gap", str(args.gap),
-            "--slow-s", str(args.slow_s), "--settle-timeout", str(args.settle_timeout),
+            "--slow-s", str(args.slow_s), "--frozen-s", str(args.frozen_s),
+            "--health-timeout", str(args.health_timeout), "--settle-timeout", str(args.settle_timeout),
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
             "--budget", str(args.budget), "--soak", str(args.soak), "--soak-every", str(args.soak_every),
             "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s)]
@@ -989,9 +1033,10 @@ def _faults(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
     if values == ["all"]:
         return list(FAULTS)
-    bad = [v for v in values if v not in FAULTS]
+    bad = [v for v in values if v not in FAULTS + EXTRA_FAULTS]
     if not values or bad:
-        raise argparse.ArgumentTypeError(f"faults are 'all' or some of {', '.join(FAULTS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"faults are 'all' or some of {', '.join(FAULTS + EXTRA_FAULTS)}; "
+                                         f"got {text!r}")
     return values
 
 
@@ -1012,6 +1057,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=40, help="which replicas and nodes the faults hit; default 40")
     p.add_argument("--gap", type=float, default=2.0, help="seconds between a fault settling and the next; default 2")
     p.add_argument("--slow-s", type=float, default=5.0, help="seconds the slow replica stays slow; default 5")
+    p.add_argument("--frozen-s", type=float, default=30.0,
+                   help="seconds the frozen replica stays stopped (the frozen fault); default 30")
+    p.add_argument("--health-timeout", type=float, default=HEALTH["health_check_timeout_s"],
+                   help="both systems' health_check_timeout_s; default %(default)s (Serve's own default: 30)")
     p.add_argument("--settle-timeout", type=float, default=90.0,
                    help="seconds a fault may take to settle before the run counts it not back; default 90")
     p.add_argument("--request-timeout", type=float, default=30.0,
@@ -1030,9 +1079,10 @@ def main(argv: list[str] | None = None) -> int:
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     if (args.replicas < 1 or args.workers < 2 or args.clients < 1 or args.handle_clients < 0 or args.grpc_clients < 0 or args.work < 0
-            or args.repeats < 1 or args.slow_s <= 0 or args.settle_timeout <= 0 or args.request_timeout <= 0):
+            or args.repeats < 1 or args.slow_s <= 0 or args.settle_timeout <= 0 or args.request_timeout <= 0
+            or args.frozen_s <= 0 or args.health_timeout <= 0):
         p.error("need --replicas >= 1, --workers >= 2, --clients >= 1, --handle-clients and --grpc-clients >= 0, --work >= 0, "
-                "--repeats >= 1, and --slow-s, --settle-timeout, --request-timeout > 0")
+                "--repeats >= 1, and --slow-s, --frozen-s, --health-timeout, --settle-timeout, --request-timeout > 0")
     if args.replicas > 2 * (args.workers - 1):
         p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "
                 f"removes one before it adds another)")

@@ -39,6 +39,7 @@ from ..base.fields import check_record, shown
 from ..base.options import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, MAX_RETRIES
 from ..base.records import maker
 from .multiplex import ReplicaModels, route_model
+from .outliers import QUIET_AFTER_S, quiet
 from .queue import RequestQueue
 from .records import (
     FAIL_REASONS,
@@ -116,7 +117,7 @@ class _Request:
     """A live request (or an ended one its replica still holds: ``final`` set)."""
 
     __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "model", "attempt", "state", "replica",
-                 "slot", "ran_on", "last", "final", "reason", "tells_start")
+                 "slot", "ran_on", "last", "final", "reason", "tells_start", "sent")
 
     def __init__(self, rid: str, dep: _Dep, seq: int, ev: Submit) -> None:
         self.rid = rid
@@ -135,10 +136,11 @@ class _Request:
         self.last: str | None = None  # the replica it was last dispatched to
         self.final: str | None = None
         self.reason: str | None = None
+        self.sent: float | None = None  # the clock when last dispatched (None: no Tick yet)
 
 
 class _Replica:
-    __slots__ = ("rid", "join", "serving", "excluded", "held", "models")
+    __slots__ = ("rid", "join", "serving", "excluded", "held", "models", "heard", "quiet")
 
     def __init__(self, rid: str, join: int) -> None:
         self.rid = rid
@@ -146,6 +148,8 @@ class _Replica:
         self.serving = False
         self.excluded = False  # a NotDelivered: nothing new until the pool names it again
         self.held: dict[str, _Request] = {}  # its slots, in dispatch order
+        self.heard: float | None = None  # the clock when it last answered or started a request
+        self.quiet = False  # silent while its peers answer (``outliers.quiet``): nothing new until it speaks
         #: the multiplexed models it holds or loads: as last reported, with those sent to it since
         self.models: dict[str, None] = {}
 
@@ -156,7 +160,7 @@ class _Dep:
     __slots__ = ("name", "configured", "max_ongoing", "max_queued", "max_retries", "coming", "replicas", "by_join",
                  "next_join", "serving", "free", "lows", "low_set", "last_join", "queue", "in_flight",
                  "submitted", "dispatched", "answered", "app_errors", "retried", "failed", "rejected", "cancelled",
-                 "late", "asked", "asks")
+                 "late", "asked", "asks", "heard")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -184,6 +188,7 @@ class _Dep:
         self.asked: dict[str, int] = {}
         self.asks = 0
         self.in_flight = 0  # live requests on replicas
+        self.heard: float | None = None  # the clock when any of its replicas last answered or started one
         self.submitted = self.dispatched = self.answered = self.app_errors = 0
         self.retried = self.failed = self.cancelled = self.late = 0
         self.rejected = dict.fromkeys(_REJECT_COUNTED, 0)
@@ -193,7 +198,7 @@ class _Dep:
     def enter(self, rep: _Replica) -> None:
         """Put ``rep`` among the free ones if it can take a request."""
         k = len(rep.held)
-        if rep.serving and not rep.excluded and k < self.max_ongoing:
+        if rep.serving and not rep.excluded and not rep.quiet and k < self.max_ongoing:
             lst = self.free.get(k)
             if lst is None:
                 lst = self.free[k] = []
@@ -205,7 +210,7 @@ class _Dep:
     def leave(self, rep: _Replica) -> None:
         """Take ``rep`` out of the free ones (before its slots or membership change)."""
         k = len(rep.held)
-        if rep.serving and not rep.excluded and k < self.max_ongoing:
+        if rep.serving and not rep.excluded and not rep.quiet and k < self.max_ongoing:
             lst = self.free[k]
             del lst[bisect_left(lst, rep.join)]
 
@@ -229,7 +234,8 @@ class _Dep:
         join = route_model(((r.join, len(r.held), len(r.models), model in r.models,
                                     asked.get(next(iter(r.models)), 0) if r.models else -1)
                                    for r in self.replicas.values()
-                                   if r.serving and not r.excluded and len(r.held) < cap), self.last_join)
+                                   if r.serving and not r.excluded and not r.quiet and len(r.held) < cap),
+                           self.last_join)
         return None if join is None else self.by_join[join]
 
     def ask(self, model: str) -> None:
@@ -258,15 +264,24 @@ class RequestMachine:
     submitted with ``Submit.reports_started`` excepted: its own start is told).
     ``remember_ended``: how many ended requests ``status`` still knows and
     late events are recognised for; an older id is unknown (``status`` gives
-    None, an event for it raises ``InvalidEvent``)."""
+    None, an event for it raises ``InvalidEvent``). ``quiet_after_s``: a
+    replica silent this long while its peers answer gets nothing new until it
+    answers again (``rankcore.requests.outliers``; judged at each ``Tick``);
+    None: never."""
 
-    def __init__(self, *, reports_started: bool = False, remember_ended: int = REMEMBER_ENDED) -> None:
+    def __init__(self, *, reports_started: bool = False, remember_ended: int = REMEMBER_ENDED,
+                 quiet_after_s: float | None = QUIET_AFTER_S) -> None:
         if type(reports_started) is not bool:
             raise InvalidConfig(f"RequestMachine.reports_started must be a bool, got {shown(reports_started)}")
         if type(remember_ended) is not int or remember_ended < 0:
             raise InvalidConfig(f"RequestMachine.remember_ended must be an int >= 0, got {shown(remember_ended)}")
+        if quiet_after_s is not None and (type(quiet_after_s) not in (int, float) or not quiet_after_s > 0
+                                          or quiet_after_s == float("inf")):
+            raise InvalidConfig(f"RequestMachine.quiet_after_s must be a finite number > 0 or None, "
+                                f"got {shown(quiet_after_s)}")
         self.reports_started = reports_started
         self.remember_ended = remember_ended
+        self.quiet_after_s = quiet_after_s
         self._deps: dict[str, _Dep] = {}
         self._requests: dict[str, _Request] = {}
         # ended requests no replica holds: id -> (deployment, state, replica, attempt, reason)
@@ -358,6 +373,7 @@ class RequestMachine:
             raise InvalidEvent(f"Completed: request {req.rid!r} is queued: no replica holds it")
         dep = req.dep
         out: list[RequestAction] = []
+        self._heard(dep, rep)
         if req.final is not None:  # ended while its replica ran it: the answer is late
             dep.late += 1
         else:
@@ -385,7 +401,10 @@ class RequestMachine:
             raise InvalidEvent(f"Started: request {req.rid!r} already started on replica {req.replica.rid!r}")  # type: ignore[union-attr]
         else:
             req.state = _RUNNING
-        return []
+        out: list[RequestAction] = []
+        if req.replica is not None and self._heard(req.dep, req.replica):
+            self._pump(req.dep, out)  # (back among the free: it may take what waits)
+        return out
 
     def _not_delivered(self, ev: NotDelivered) -> list[RequestAction]:
         req = self._lookup(ev, ev.replica_id)
@@ -458,7 +477,32 @@ class RequestMachine:
             self._deadlines = [e for e in heap if (r := live.get(e[2])) is not None and r.seq == e[1]
                                and r.final is None]
             heapify(self._deadlines)
+        if self.quiet_after_s is not None:
+            self._find_quiet(now, self.quiet_after_s)
         return out
+
+    def _find_quiet(self, now: float, after_s: float) -> None:
+        """Leave out of new work each replica ``outliers.quiet`` says is silent while its peers answer.
+        O(replicas holding requests) of deployments with requests in flight."""
+        for dep in self._deps.values():
+            if not dep.in_flight or dep.heard is None:
+                continue
+            for rep in dep.replicas.values():
+                if rep.quiet or not rep.held or not rep.serving:
+                    continue
+                oldest = next((r.sent for r in rep.held.values() if r.state != _RUNNING), None)
+                if quiet(now, oldest, rep.heard, dep.heard, after_s):
+                    dep.leave(rep)
+                    rep.quiet = True
+
+    def _heard(self, dep: _Dep, rep: _Replica) -> bool:
+        """``rep`` answered or started a request: heard now, and no longer quiet (True if it was)."""
+        rep.heard = dep.heard = self._now
+        if not rep.quiet:
+            return False
+        rep.quiet = False
+        dep.enter(rep)
+        return True
 
     # -- the pool
 
@@ -612,6 +656,7 @@ class RequestMachine:
             dep.enter(rep)
         req.replica = rep
         req.last = rep.rid
+        req.sent = self._now
         req.state = _DISPATCHED
         dep.last_join = rep.join
         dep.in_flight += 1
@@ -735,7 +780,8 @@ class RequestMachine:
         if dep is None:
             return ()
         return tuple(ReplicaView(replica_id=r.rid, membership="serving" if r.serving else "draining",
-                                 in_flight=len(r.held), excluded=r.excluded, models=tuple(r.models))
+                                 in_flight=len(r.held), excluded=r.excluded, models=tuple(r.models),
+                                 quiet=r.quiet)
                      for r in dep.replicas.values())
 
     def load(self, deployment: str) -> tuple[int, tuple[tuple[str, int], ...]]:

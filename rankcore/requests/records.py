@@ -259,11 +259,14 @@ class ReplicaView:
     """One replica of a pool, for a status page: its membership (``"serving"``
     or ``"draining"``), the slots it holds (``in_flight``: requests it runs,
     ended ones it has not answered yet included) and whether a
-    ``NotDelivered`` keeps it from new work (``excluded``), and the multiplexed
-    models it holds or loads (``models``: as last reported, with those sent to it since)."""
+    ``NotDelivered`` keeps it from new work (``excluded``), the multiplexed
+    models it holds or loads (``models``: as last reported, with those sent to it since),
+    and whether it is left out of new work for its silence while its peers answer
+    (``quiet``: ``rankcore.requests.outliers``)."""
 
     replica_id: str
     membership: str
     in_flight: int
     excluded: bool
     models: tuple[str, ...] = ()
+    quiet: bool = False

@@ -651,3 +651,44 @@ def test_a_replica_calls_another_deployment_by_value_from_its_async_method():
     answers = [h.remote(i).result(timeout=30) for i in range(5)]
     assert [a[0] for a in answers] == [2 * i for i in range(5)]
     assert answers[-1][1] - answers[0][1] == 4  # (each of them by value)
+
+
+def test_a_frozen_replica_is_left_out_within_seconds_while_the_other_answers_and_back_once_it_thaws():
+    """Outlier detection by silence (``rankcore.requests.outliers``): one of two replicas frozen
+    (SIGSTOP) under a steady trickle of calls. Within ``QUIET_AFTER_S`` (and a tick) of its oldest
+    call the router leaves it out: every later call goes to the other replica, none waits behind the
+    frozen one. Thawed, it answers what it held and takes calls again."""
+    from rankcore.requests.outliers import QUIET_AFTER_S
+
+    h = run(deployment(Model, name="frozen", num_replicas=2, max_ongoing_requests=4, ray_actor_options=OPTS).bind())
+    assert len({h.slow.remote(0.0).result(timeout=30) for _ in range(6)}) == 2  # (both answer)
+    victim = sorted(h.ranks())[0]
+    actor = ray.get_actor(actor_name("frozen", victim), namespace=NAMESPACE)
+    pid = ray.get(actor.handle_request.remote("pid", (), {}), timeout=30)
+
+    def views() -> dict:
+        return {v.replica_id: v for v in h._router.machine.pool("frozen")}
+
+    os.kill(pid, signal.SIGSTOP)
+    sent: list[tuple[float, Any]] = []
+    try:
+        t0 = time.monotonic()
+        quiet_at = None
+        while time.monotonic() - t0 < QUIET_AFTER_S + 6:
+            sent.append((time.monotonic(), h.slow.remote(0.01)))
+            time.sleep(0.1)
+            if quiet_at is None and views()[victim].quiet:
+                quiet_at = time.monotonic()
+        assert quiet_at is not None, views()
+        assert quiet_at - t0 < QUIET_AFTER_S + 2, quiet_at - t0  # (its first call was sent at t0)
+        after = [r for t, r in sent if t > quiet_at]
+        assert after and all(r.status() is None or r.status().replica_id != victim for r in after)
+        on_victim = [r for _, r in sent if (st := r.status()) is not None and st.replica_id == victim]
+        assert 1 <= len(on_victim) <= 4, views()  # (what it took before it was left out, within its slots)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    answers = [r.result(timeout=60) for _, r in sent]
+    assert answers.count(victim) >= 1 and all(a.startswith("frozen#") for a in answers)
+    assert wait_for(lambda: (h.slow.remote(0.0).result(timeout=30) and not views()[victim].quiet), 30), views()
+    c = h.counters()
+    assert c.lost == 0 and c.failed == 0

@@ -157,7 +157,8 @@ class RequestMachineProps(RuleBasedStateMachine):
         sent = [a.replica_id for a in out if isinstance(a, Dispatch)]
         if model and sent:  # the routing rule: a free holder of its model if there is one, else fewest models
             limit = self.limits.get(dep, (5, -1))[0]
-            free = [v for v in pool if v.membership == "serving" and not v.excluded and v.in_flight < limit]
+            free = [v for v in pool if v.membership == "serving" and not v.excluded and not v.quiet
+                    and v.in_flight < limit]
             chosen = next(v for v in free if v.replica_id == sent[0])
             if any(model in v.models for v in free):
                 assert model in chosen.models, (model, sent, free)
@@ -236,7 +237,7 @@ class RequestMachineProps(RuleBasedStateMachine):
                 assert a.request_id not in self.ended, f"{a.request_id} dispatched after its end"
                 assert a.deployment == self.dep_of[a.request_id]
                 v = pools[a.deployment].get(a.replica_id)
-                assert v is not None and v.membership == "serving" and not v.excluded, f"{a} to {v}"
+                assert v is not None and v.membership == "serving" and not v.excluded and not v.quiet, f"{a} to {v}"
                 assert v.in_flight <= self.limits.get(a.deployment, (5, -1))[0], f"{a}: {v} over the limit"
                 dispatched_in_step.setdefault(a.deployment, []).append(a.request_id)
         for dep, ids in dispatched_in_step.items():  # FIFO: from the head of the queue
@@ -273,7 +274,7 @@ class RequestMachineProps(RuleBasedStateMachine):
             if self.m.queued(d):
                 limit = self.limits.get(d, (5, -1))[0]
                 room = [v for v in self.m.pool(d) if v.membership == "serving" and not v.excluded
-                        and v.in_flight < limit]
+                        and not v.quiet and v.in_flight < limit]
                 assert room == [], f"{d}: queued while {room} has room"
 
     def teardown(self) -> None:

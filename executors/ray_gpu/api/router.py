@@ -88,6 +88,7 @@ from rankcore.requests import (
     RequestStatus,
     Started,
     Submit,
+    Tick,
 )
 
 from . import by_value
@@ -104,6 +105,9 @@ LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
+#: how often at most the request machine's clock is fed (``Router._tick``): a replica silent while its
+#: peers answer is left out within ``outliers.QUIET_AFTER_S`` plus this
+TICK_S = 0.25
 #: how long a by-value call that failed on its way waits for Ray to say whether its replica lives
 UNREACHABLE_PROBE_S = 30.0
 #: how long a router tries to connect to a replica's by-value server once it learns its address; a
@@ -196,6 +200,7 @@ class Router:
         (``api.ask``; passed in, so this module imports nothing of the handle's)."""
         self.name, self.controller, self._ask = name, controller, ask
         self.machine = RequestMachine()
+        self._ticked = float("-inf")  # (when the machine's clock was last fed: ``_tick``)
         self.lock = threading.RLock()
         self.actors: dict[str, Any] = {}  # serving replica id -> actor handle, as the controller last said
         self.dead: set[str] = set()  # replicas a call saw die, left out until the controller stops listing them
@@ -563,6 +568,7 @@ class Router:
                 self.wants_by_value = True
                 self._ask_addresses()
             self.calls[call.request_id] = call
+            self._tick()
             key = (call.request.route, call.request.app_name)
             self.routed[key] = self.routed.get(key, 0) + 1
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
@@ -594,6 +600,15 @@ class Router:
     def counters(self) -> Any:
         with self.lock:
             return self.machine.counters(self.name) if self.limits is not None else None
+
+    def _tick(self) -> None:
+        """The machine's clock, at most every ``TICK_S``, fed as calls come and go (under the lock): what
+        its rule of quiet replicas (``rankcore.requests.outliers``) reads. No call, no tick: with nothing
+        sent or answered there is no silence to judge."""
+        now = time.monotonic()
+        if now - self._ticked >= TICK_S:
+            self._ticked = now
+            self._carry(self.machine.handle(Tick(now=now)))
 
     def _carry(self, actions: list) -> None:
         """Carry out the machine's actions (under the lock)."""
@@ -806,6 +821,7 @@ class Router:
     def _answer(self, request_id: str, replica_id: str, value: Any, exc: BaseException | None) -> None:
         """A call's answer (``value``, or ``exc``): report it to the machine, carry out what follows."""
         with self.lock:
+            self._tick()
             call = self.calls.get(request_id)
             if isinstance(exc, (RayActorError, ActorUnavailableError)) and not isinstance(exc, TaskCancelledError):
                 self._lost(replica_id, exc)  # (the call is settled with the replica's others)
