@@ -46,7 +46,12 @@ process is gone (``witness.ask_node``, on another thread), feeds ``NotDelivered`
 the witness does not hold (sent to another replica) and then ``PoolChanged`` gone (the rest fail,
 or retry if idempotent). A marker costs every call a Ray streaming generator instead of a plain
 actor call: +0.65 ms at one client and half the calls a second at 16 on this project's 2-core
-machine (``benchmarks/bench_start_marker.py``); the witness, two stores into shared memory.
+machine (``benchmarks/bench_start_marker.py``); the witness, two stores into shared memory. A plain
+call sent by value needs no witness: its replica's server sends a begin marker once the call holds a
+slot (``by_value.BEGAN``), and one cut off without it is ``NotDelivered`` at once (``_not_begun``).
+
+The machine's clock (``Tick``) is fed as calls are sent and answered (``_tick``): a replica silent
+while its peers answer is left out of new work (``rankcore.requests.outliers``).
 
 Thread-safe: the machine is stepped under one lock, from callers' threads and
 from Ray's completion callbacks. Nothing waits on Ray while holding it: Ray runs
