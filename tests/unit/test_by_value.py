@@ -186,6 +186,8 @@ def test_a_class_or_function_of_main_travels_by_value_not_by_name(monkeypatch: p
     ({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}, False, False),
     ({"RAY_SERVE_PROXY_USE_GRPC": "0"}, True, True),
     ({"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_PROXY_USE_GRPC": "0"}, False, True),
+    ({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}, False, False),  # (Serve's fast mode: handles over gRPC)
+    ({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_USE_GRPC_BY_DEFAULT": "0"}, True, False),
 ])
 def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_reference, proxies_by_reference):
     """Read where the module is imported (a proxy's or a replica's process: set them before Ray starts)."""

@@ -57,9 +57,13 @@ __all__ = ["METHOD", "MAX_BY_VALUE_BYTES", "UNAVAILABLE", "BEGAN", "NotByValue",
            "encode", "decode",
            "failure", "start_server", "channel"]
 
+#: Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1`` (its fast mode) turns handles' calls by value by default,
+#: as in Serve; ``RAY_SERVE_USE_GRPC_BY_DEFAULT`` says otherwise when set
+THROUGHPUT_OPTIMIZED = os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0") == "1"
 #: a handle's default way (``handle.options(_by_reference=...)`` not given): Serve's
-#: ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1`` sends by value, else by reference (Serve's default)
-HANDLE_BY_REFERENCE = os.environ.get("RAY_SERVE_USE_GRPC_BY_DEFAULT", "0") != "1"
+#: ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1`` sends by value, else by reference (Serve's default; by value
+#: under ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``)
+HANDLE_BY_REFERENCE = os.environ.get("RAY_SERVE_USE_GRPC_BY_DEFAULT", "1" if THROUGHPUT_OPTIMIZED else "0") != "1"
 #: the HTTP and gRPC proxies' way to their replicas: Serve's ``RAY_SERVE_PROXY_USE_GRPC`` ("1" by value,
 #: "0" by reference), else by value, where Serve follows ``RAY_SERVE_USE_GRPC_BY_DEFAULT``: ours
 #: measured faster by value (docs/benchmarks.md), and a proxy's calls are plain data from the wire
