@@ -282,6 +282,7 @@ class RequestMachine:
         self.reports_started = reports_started
         self.remember_ended = remember_ended
         self.quiet_after_s = quiet_after_s
+        self._quiet_due = float("-inf")  # (the clock from which the next Tick looks for quiet replicas)
         self._deps: dict[str, _Dep] = {}
         self._requests: dict[str, _Request] = {}
         # ended requests no replica holds: id -> (deployment, state, replica, attempt, reason)
@@ -477,13 +478,15 @@ class RequestMachine:
             self._deadlines = [e for e in heap if (r := live.get(e[2])) is not None and r.seq == e[1]
                                and r.final is None]
             heapify(self._deadlines)
-        if self.quiet_after_s is not None:
+        if self.quiet_after_s is not None and now >= self._quiet_due:  # (a tenth of the silence apart at most)
+            self._quiet_due = now + self.quiet_after_s / 10
             self._find_quiet(now, self.quiet_after_s)
         return out
 
     def _find_quiet(self, now: float, after_s: float) -> None:
         """Leave out of new work each replica ``outliers.quiet`` says is silent while its peers answer.
-        O(replicas holding requests) of deployments with requests in flight."""
+        O(replicas holding requests) of deployments with requests in flight, at most every tenth of
+        ``quiet_after_s`` of the clock (``_tick``): a replica is left out that much late at most."""
         for dep in self._deps.values():
             if not dep.in_flight or dep.heard is None:
                 continue

@@ -500,14 +500,13 @@ class Router:
         off that had not begun (no begin marker: ``_not_begun``) goes to another replica, whatever
         became of this one or its node."""
         code = exc.code() if isinstance(exc, grpc.Call) else None
-        # (cut off before it began, not for want of a connection: sent on at once; its replica's fate after)
-        on = code == by_value.UNAVAILABLE and not by_value.never_sent(exc) and by_value.never_began(fut) \
-            and self._not_begun(call, rid, fut)
         if code == by_value.UNAVAILABLE:
+            # (cut off before it began, not for want of a connection: sent on before Ray is asked)
+            sent_on = not by_value.never_sent(exc) and by_value.never_began(fut) and self._not_begun(call, rid, fut)
             try:
                 ray.get(actor.pid.remote(), timeout=UNREACHABLE_PROBE_S)
             except (RayActorError, ActorUnavailableError) as dead:
-                if on or (by_value.never_began(fut) and self._not_begun(call, rid, fut)):
+                if sent_on or (by_value.never_began(fut) and self._not_begun(call, rid, fut)):
                     with self.lock:  # (its other calls: sorted as a Ray call's death sorts them)
                         self._lost(rid, dead)
                 else:
@@ -515,7 +514,7 @@ class Router:
                 return
             except Exception:  # (no answer in time: as alive)
                 pass
-            if on:
+            if sent_on:
                 return
         with self.lock:
             self.no_by_value.add(rid)

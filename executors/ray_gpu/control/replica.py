@@ -600,8 +600,9 @@ class ReplicaActor:
         ``key`` (not 0): written to its witness once it holds a slot, before the method is
         entered, so its router can tell after this process died that it began (``api.witness``);
         ``on_begin`` (a coroutine function), awaited then too: a by-value call's begin marker
-        (``api.by_value.BEGAN``). A stream its caller closed (``GeneratorExit`` at a ``yield``: a progress call's router once it
-        has the answer, a client gone mid-stream) counts as answered: the method did not fail."""
+        (``api.by_value.BEGAN``). A stream its caller closed (``GeneratorExit`` at a ``yield``: a
+        progress call's router once it has the answer, a client gone mid-stream) counts as answered:
+        the method did not fail."""
         if self.instance is None:
             raise RuntimeError(f"replica {self.replica_id} is not initialised yet")
         self._loop_objects()
