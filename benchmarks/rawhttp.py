@@ -24,14 +24,14 @@ class RawClient:
     ``resend_on_closed=False``: no resend, the closed connection is the request's error (the chaos
     benchmark counts a server's failures, not a client's retries)."""
 
-    def __init__(self, url: str, timeout: float = 30.0, resend_on_closed: bool = True) -> None:
+    def __init__(self, url: str, timeout: float = 30.0, resend_on_closed: bool = True, method: str = "POST") -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"RawClient speaks plain http://host:port/path, got {url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.timeout, self.resend_on_closed = timeout, resend_on_closed
-        self._head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        self._head = (f"{method} {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                       "Content-Type: application/json\r\nContent-Length: ").encode()
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -43,7 +43,7 @@ class RawClient:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
-        """``POST`` ``body`` (JSON) to the URL's path: (status, the answer's body)."""
+        """``POST`` (or the client's ``method``) ``body`` (JSON) to the URL's path: (status, the answer's body)."""
         return await asyncio.wait_for(self._post(body), self.timeout)
 
     async def _post(self, body: bytes) -> tuple[int, bytes]:

