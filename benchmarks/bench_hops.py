@@ -89,49 +89,53 @@ def _grpc_to_replica(handle: Any) -> Any:
     return send
 
 
-def run_child(system_name: str, args: argparse.Namespace) -> dict:
-    import ray
+def _hops(system_name: str, args: argparse.Namespace, handle: Any, url: str) -> dict[str, Any]:
+    """Each hop's name -> a function making its coroutine (module docstring)."""
+    base = url.rsplit(bench_http.ROUTE, 1)[0]
+    hops: dict[str, Any] = {
+        "proxy alone (a 404)" if system_name == "ours" else "HAProxy alone (a 404)":
+            lambda: _http(f"{base}/no-such-route", "GET", args.seconds, args.warmup, False, 404),
+        "HTTP, whole": lambda: _http(url, "POST", args.seconds, args.warmup, True)}
+    if system_name != "ours":
+        hops["handle"] = lambda: _calls(lambda b: bench_http._awaitable(handle.remote(b)), args.seconds, args.warmup)
+        return hops
+    by_value = handle.options(_by_reference=False)
+    childrun.run_async(bench_http._awaitable(by_value.remote(bench_http._body(0, 0))))  # (learns their servers)
+    by_reference = handle.options(_by_reference=True)
+    hops.update({
+        "handle by value": lambda: _calls(lambda b: bench_http._awaitable(by_value.remote(b)), args.seconds,
+                                          args.warmup),
+        "gRPC to the replica": lambda: _calls(_grpc_to_replica(by_value), args.seconds, args.warmup),
+        "handle by Ray call": lambda: _calls(lambda b: bench_http._awaitable(by_reference.remote(b)), args.seconds,
+                                             args.warmup),
+        "bare Ray actor call": lambda: bench_http.ray_floor(args.warmup, args.seconds)})
+    return hops
 
-    res: dict[str, Any] = {"system": system_name, "ray_version": ray.__version__, "hops": {}, "errors": []}
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-             object_store_memory=256 * 1024**2, log_to_driver=False)
+
+def run_child(system_name: str, args: argparse.Namespace) -> dict:
+    """``childrun.measure`` with one "path" per hop, at one client."""
     system: Any = bench_http.Ours() if system_name == "ours" else bench_http.Serve()
-    try:
+    made: dict[str, Any] = {}
+
+    def deploy() -> tuple[Any, str]:
         handle, url = system.deploy(args.replicas, 120.0)
-        base = url.rsplit(bench_http.ROUTE, 1)[0]
-        hops: list[tuple[str, Any]] = [
-            ("proxy alone (a 404)" if system_name == "ours" else "HAProxy alone (a 404)",
-             lambda: _http(f"{base}/no-such-route", "GET", args.seconds, args.warmup, False, 404)),
-            ("HTTP, whole", lambda: _http(url, "POST", args.seconds, args.warmup, True))]
-        if system_name == "ours":
-            by_value = handle.options(_by_reference=False)
-            childrun.run_async(by_value.remote(bench_http._body(0, 0)))  # (learns the replicas' servers)
-            hops += [("handle by value", lambda: _calls(lambda b: by_value.remote(b), args.seconds, args.warmup)),
-                     ("gRPC to the replica",
-                      lambda: _calls(_grpc_to_replica(by_value), args.seconds, args.warmup)),
-                     ("handle by Ray call", lambda: _calls(lambda b: handle.options(_by_reference=True).remote(b),
-                                                           args.seconds, args.warmup)),
-                     ("bare Ray actor call", lambda: bench_http.ray_floor(args.warmup, args.seconds))]
-        else:
-            hops += [("handle", lambda: _calls(lambda b: bench_http._awaitable(handle.remote(b)),
-                                               args.seconds, args.warmup))]
-        for name, make in hops:
-            got = childrun.run_async(make())
-            res["hops"][name] = got
-            log(f"{system_name}: {name}: p50 {bench_http._fmt(got['p50_ms'])} ms  p99 {bench_http._fmt(got['p99_ms'])} ms"
-                f"  errors {got['errors']} {got['first_errors'][:1]}")
-    except Exception as exc:
-        res["errors"].append(f"{type(exc).__name__}: {exc}"[:1000])
-        log(f"{system_name}: ERROR {exc!r}")
-    finally:
-        system.shutdown()
-    return res
+        made.update(_hops(system_name, args, handle, url))
+        args.paths = list(made)  # (what ``measure`` goes through, in order)
+        return handle, url
+
+    def level(handle: Any, url: str, pi: int, hop: str, li: int, clients: int) -> tuple[dict, str]:
+        got = childrun.run_async(made[hop]())
+        return got, (f"{hop}: p50 {bench_http._fmt(got['p50_ms'])} ms  p99 {bench_http._fmt(got['p99_ms'])} ms  "
+                     f"errors {got['errors']} {got['first_errors'][:1]}")
+
+    args.paths, args.clients = [], [1]
+    return childrun.measure(system_name, args, system, f"{args.replicas} replicas", deploy, level, log)
 
 
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     argv = ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-            "--num-cpus", str(args.num_cpus)]
-    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, 600, log)
+            "--num-cpus", str(args.num_cpus), "--budget", str(args.budget)]
+    return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, args.budget + 120, log)
 
 
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
@@ -139,16 +143,17 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     print(f"\none client, closed loop, {args.seconds:g} s a hop, {args.replicas} replicas (latencies in ms)")
     print(f"{'system':<12}{'hop':<24}{'p50':>8}{'p99':>8}{'req/s':>9}")
     for name, res in results.items():
-        for hop, got in res.get("hops", {}).items():
+        for key, got in res.get("levels", {}).items():
+            hop = key.rsplit("/", 1)[0]
             rows.append({"system": name, "hop": hop, **{k: got.get(k) for k in ("p50_ms", "p99_ms", "rps")}})
             print(f"{name:<12}{hop:<24}{bench_http._fmt(got['p50_ms']):>8}{bench_http._fmt(got['p99_ms']):>8}"
                   f"{bench_http._fmt(got['rps'], 0):>9}")
         for e in res.get("errors", []):
             print(f"  {name}: {e}")
-    ours = results.get("ours", {}).get("hops", {})
+    ours = results.get("ours", {}).get("levels", {})
 
     def p50(hop: str) -> float | None:
-        got = ours.get(hop)
+        got = ours.get(f"{hop}/1")
         return got["p50_ms"] if got else None
 
     parts = [("the proxy's HTTP leg (whole - handle by value)", p50("HTTP, whole"), p50("handle by value")),
@@ -166,22 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per hop; default 3")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each hop; default 1")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray instance; default 4")
+    p.add_argument("--budget", type=float, default=300.0, help="a child starts no new hop past this; default 300")
     childrun.add_child_arguments(p)
     p.set_defaults(serve_mode="fast")  # (the mode to beat; --serve-mode both adds the default one)
     args = p.parse_args(argv)
     if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
         p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
     childrun.ray_env(ROOT, ROOT / "benchmarks")
-    if args.child:
-        return childrun.main_for(args, run_child, spawn, print_report, log)
-    names = childrun.systems(args)
-    missing = childrun.serve_missing(names)
-    if missing:
-        print(f"{missing}: `make bench` installs it, or run --only ours", file=sys.stderr)
-        return 2
-    results = {name: spawn(name, args) for name in names}
-    print_report(results, args)
-    return 1 if any(r.get("errors") for r in results.values()) else 0
+    return childrun.main_for(args, run_child, spawn, print_report, log)
 
 
 if __name__ == "__main__":
