@@ -254,6 +254,17 @@ class Ours:
         childrun.ours_shutdown(log)
 
 
+def _from_plain_code(handle: Any) -> Any:
+    """Serve's ``handle``, callable from plain code: its router on a loop of its own, as in Serve's
+    default mode (its fast mode, ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``, runs it on the caller's loop and
+    refuses a call from outside one: "No event loop running"). One already set up is left as it is."""
+    try:
+        handle._init(_run_router_in_separate_loop=True)
+    except RuntimeError:  # ("Handle has already been initialized")
+        pass
+    return handle
+
+
 class Serve:
     name = "serve"
 
@@ -275,7 +286,7 @@ class Serve:
         from ray import serve
 
         serve.start(proxy_location="Disabled")
-        self.handle = serve.run(self._app(n), name=DEP, route_prefix=None)
+        self.handle = _from_plain_code(serve.run(self._app(n), name=DEP, route_prefix=None))
 
     def send(self) -> Any:
         return self.handle.remote()
@@ -293,7 +304,7 @@ class Serve:
     def scale(self, m: int) -> None:
         from ray import serve
 
-        self.handle = serve.run(self._app(m), name=DEP, route_prefix=None)
+        self.handle = _from_plain_code(serve.run(self._app(m), name=DEP, route_prefix=None))
 
     def kill_controller(self) -> None:
         import ray
