@@ -359,7 +359,8 @@ def _free_port() -> int:
 # ------------------------------------------------------------------ the load
 class Load:
     """The closed-loop clients (HTTP and handle) on one asyncio loop in a thread of the child, and
-    every request's record: (sent, ended, path, id, outcome, answer)."""
+    every request's record: (sent, ended, path, id, outcome, who) — who: the answering replica's id when ok, else
+    what the failure said."""
 
     def __init__(self, url: str, grpc_target: str, handle: Any, args: argparse.Namespace) -> None:
         self.url, self.grpc_target, self.handle, self.args = url, grpc_target, handle, args
