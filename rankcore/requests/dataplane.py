@@ -1,0 +1,245 @@
+"""What the compiled data plane in front of the replicas holds: the core's decisions as a table (issue 65).
+
+With direct ingress each replica serves HTTP itself and a compiled load balancer (HAProxy) routes
+to it, so a request never passes through a Python proxy. The balancer decides nothing: what it
+holds is computed here from the facts the executor has (the pool the control plane announced,
+each replica's own server address, the deployment's limits) and changed through its runtime API.
+The rules, one function each:
+
+* ``route``: a serving replica whose address is known is a server **ready** for new requests; a
+  draining one stays as a server in **drain** (it finishes what it holds, gets nothing new) until it
+  leaves the pool; one whose address is not known yet is left out. Each server takes at most
+  ``max_ongoing_requests`` at once (HAProxy's ``maxconn``); more wait in the balancer's queue, at
+  most ``max_queued_requests`` of them (-1: no limit), each at most ``queue_timeout_s``; past either
+  the answer is 503, the request never sent. A route is **direct** while one of its servers is
+  ready; else its requests go through the proxy (``Route.direct``), whose router queues them for a
+  replica still coming or answers 503 when none is.
+* ``changes``: what turns one table into another, as runtime commands where the balancer can take
+  them without a restart (a server added, removed, set ready or drain, its ``maxconn``; a queue
+  limit), and a ``Reload`` (a new process taking the listening sockets over, dropping no
+  connection) only when the routes themselves changed. ``apply`` is what each command does to a
+  table: ``apply(old, changes(old, new)) == new`` (tests/property/test_dataplane.py).
+
+Retries: the balancer re-sends a request only when its connection to a server failed (nothing was
+sent, so it cannot have run twice): ``RETRY_ON``.
+
+Internal module: the Ray executor's ingress (``executors/ray_gpu/ingress/haproxy.py``) uses it.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from ..base.errors import InvalidConfig
+
+__all__ = ["RETRY_ON", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
+           "Reload", "server_name", "route", "table", "changes", "apply"]
+
+#: when the balancer re-sends a request to another server: only when no connection was made (nothing
+#: was sent, so the request cannot have run); HAProxy's ``retry-on`` words
+RETRY_ON = "conn-failure"
+#: a server address: ``host:port``, the host a name or an IPv4 address
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def server_name(replica_id: str) -> str:
+    """The balancer's name for ``replica_id``'s server: its id with what the balancer does not take in
+    a name made ``_``, and a checksum of the id, so two ids never share a name."""
+    return f"{_UNSAFE.sub('_', replica_id)[:48]}-{zlib.crc32(replica_id.encode()):08x}"
+
+
+def _check_address(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not _ADDRESS.match(value) or not 0 < int(value.rpartition(":")[2]) < 65536:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'host:port', got {value!r}")
+
+
+def _positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _queue_limit(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an int >= -1 (-1: no limit), "
+                            f"got {value!r}")
+
+
+def _timeout(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                              or value == float("inf")):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a number > 0 or None, got {value!r}")
+
+
+def _prefix(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if not isinstance(value, str) or not value.startswith("/") or (len(value) > 1 and value.endswith("/")) \
+            or any(c.isspace() or c in "#?%\\\"'" for c in value):
+        raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be a path such as '/echo', got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Server:
+    """One replica's server in a route: ``ready`` (False: draining) and its ``maxconn``."""
+
+    replica_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    address: str = attrs.field(validator=_check_address)
+    ready: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    maxconn: int = attrs.field(validator=_positive)
+
+    @property
+    def name(self) -> str:
+        return server_name(self.replica_id)
+
+
+def _by_replica(servers: Iterable[Server]) -> tuple[Server, ...]:
+    return tuple(sorted(servers, key=lambda s: s.replica_id))
+
+
+@attrs.frozen(kw_only=True)
+class Route:
+    """A deployment's route: its ``prefix``, its servers (by replica id) and its queue's limits."""
+
+    deployment: str = attrs.field(validator=attrs.validators.instance_of(str))
+    prefix: str = attrs.field(validator=_prefix)
+    servers: tuple[Server, ...] = attrs.field(converter=_by_replica)
+    max_queued: int = attrs.field(validator=_queue_limit)
+    queue_timeout_s: float | None = attrs.field(validator=_timeout)
+
+    @property
+    def direct(self) -> bool:
+        """Whether its requests go straight to its replicas (one is ready); else through the proxy."""
+        return any(s.ready for s in self.servers)
+
+    @property
+    def backend(self) -> str:
+        """The balancer's name for this route's servers."""
+        return f"d_{server_name(self.deployment)}"
+
+    def shape(self) -> tuple[str, str, float | None]:
+        """What only a reload changes: the deployment, its prefix, its queue's timeout."""
+        return (self.deployment, self.prefix, self.queue_timeout_s)
+
+
+def _longest_first(routes: Iterable[Route]) -> tuple[Route, ...]:
+    return tuple(sorted(routes, key=lambda r: (-len(r.prefix), r.prefix)))
+
+
+@attrs.frozen(kw_only=True)
+class Table:
+    """Every route the data plane holds, longest prefix first (the first that matches a path wins)."""
+
+    routes: tuple[Route, ...] = attrs.field(converter=_longest_first)
+
+    def __attrs_post_init__(self) -> None:
+        for attr, what in (("prefix", "prefix"), ("deployment", "deployment")):
+            seen = [getattr(r, attr) for r in self.routes]
+            twice = sorted({v for v in seen if seen.count(v) > 1})
+            if twice:
+                raise InvalidConfig(f"Table.routes: two routes share the {what} {twice[0]!r}")
+
+    def of(self, deployment: str) -> Route | None:
+        return next((r for r in self.routes if r.deployment == deployment), None)
+
+
+def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterable[str],
+          addresses: Mapping[str, str], max_ongoing_requests: int, max_queued_requests: int,
+          queue_timeout_s: float | None) -> Route:
+    """``deployment``'s route (module docstring): its serving replicas ready, its draining ones in drain,
+    those without a known address left out."""
+    serving, draining = tuple(serving), tuple(draining)
+    servers = [Server(replica_id=rid, address=addresses[rid], ready=True, maxconn=max_ongoing_requests)
+               for rid in serving if rid in addresses]
+    servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests)
+                for rid in draining if rid in addresses and rid not in serving]
+    return Route(deployment=deployment, prefix=prefix, servers=servers, max_queued=max_queued_requests,
+                 queue_timeout_s=queue_timeout_s)
+
+
+def table(routes: Iterable[Route]) -> Table:
+    return Table(routes=tuple(routes))
+
+
+@attrs.frozen(kw_only=True)
+class AddServer:
+    deployment: str
+    server: Server
+
+
+@attrs.frozen(kw_only=True)
+class SetServer:
+    """A server's state (ready or drain) or ``maxconn`` changed; its address did not."""
+
+    deployment: str
+    server: Server
+
+
+@attrs.frozen(kw_only=True)
+class RemoveServer:
+    deployment: str
+    replica_id: str
+
+
+@attrs.frozen(kw_only=True)
+class SetQueue:
+    deployment: str
+    max_queued: int
+
+
+@attrs.frozen(kw_only=True)
+class Reload:
+    """The routes changed (one added or removed, a prefix or a queue timeout): a new configuration."""
+
+    table: Table
+
+
+Change = AddServer | SetServer | RemoveServer | SetQueue | Reload
+
+
+def changes(old: Table | None, new: Table) -> tuple[Change, ...]:
+    """The commands that turn ``old`` (None: nothing running yet) into ``new`` (module docstring):
+    a ``Reload`` alone when the routes' shapes differ, else runtime commands, removals first (a
+    replica's address may be taken by its successor)."""
+    if old is None or [r.shape() for r in old.routes] != [r.shape() for r in new.routes]:
+        return (Reload(table=new),)
+    out: list[Change] = []
+    for was, now in zip(old.routes, new.routes):
+        before = {s.replica_id: s for s in was.servers}
+        after = {s.replica_id: s for s in now.servers}
+        out += [RemoveServer(deployment=now.deployment, replica_id=rid) for rid in before
+                if rid not in after or after[rid].address != before[rid].address]
+        for rid, s in after.items():
+            b = before.get(rid)
+            if b is None or b.address != s.address:
+                out.append(AddServer(deployment=now.deployment, server=s))
+            elif b != s:
+                out.append(SetServer(deployment=now.deployment, server=s))
+        if was.max_queued != now.max_queued:
+            out.append(SetQueue(deployment=now.deployment, max_queued=now.max_queued))
+    return tuple(out)
+
+
+def apply(old: Table | None, commands: Iterable[Change]) -> Table:
+    """``old`` with ``commands`` carried out, as the balancer does them."""
+    current = old if old is not None else Table(routes=())
+    for cmd in commands:
+        if isinstance(cmd, Reload):
+            current = cmd.table
+            continue
+        r = current.of(cmd.deployment)
+        if r is None:
+            raise InvalidConfig(f"{type(cmd).__name__}: no route for deployment {cmd.deployment!r}")
+        servers = {s.replica_id: s for s in r.servers}
+        if isinstance(cmd, RemoveServer):
+            servers.pop(cmd.replica_id, None)
+        elif isinstance(cmd, (AddServer, SetServer)):
+            servers[cmd.server.replica_id] = cmd.server
+        if isinstance(cmd, SetQueue):
+            r = attrs.evolve(r, max_queued=cmd.max_queued)
+        r = attrs.evolve(r, servers=tuple(servers.values()))
+        current = Table(routes=tuple(r if x.deployment == cmd.deployment else x for x in current.routes))
+    return current
