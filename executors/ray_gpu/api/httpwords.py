@@ -1,0 +1,173 @@
+"""What an HTTP request to a deployment means and what a failure answers: the rules both HTTP
+servers share, the proxy's (``ingress/http.py``) and a replica's own (``api/direct.py``, direct
+ingress, issue 65), so the two answer alike. Pure functions of bytes and exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ray.exceptions import RayActorError, RayTaskError
+
+import rankcore as rc
+
+__all__ = ["MAX_JSON_DEPTH", "MAX_ERROR_MESSAGE", "Reply", "match_prefix", "match_route", "not_found_text",
+           "args_of", "read_json", "status_of", "ANSI"]
+
+#: a JSON body nested deeper than this is refused with 400: Python's decoder raises RecursionError
+#: near 1,000 levels, and the call's arguments are pickled (and answers encoded) by recursion too
+#: (serde_json's default limit is 128)
+MAX_JSON_DEPTH = 128
+
+_METHOD = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the remote traceback's first line
+
+
+class Reply(Exception):
+    """An error answer decided in the ingress itself (bad body, unknown route)."""
+
+    def __init__(self, status: int, error: str, detail: str, deployment: str | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.deployment = status, error, detail, deployment
+
+
+def match_prefix(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
+    """``(prefix, deployment, rest)`` for ``path``: the longest prefix that is the path or a parent
+    of it, and what follows it ("" for the prefix itself). None: no route."""
+    for prefix in sorted(routes, key=len, reverse=True):
+        if path == prefix:
+            return prefix, routes[prefix], ""
+        base = "" if prefix == "/" else prefix
+        if path.startswith(base + "/"):
+            return prefix, routes[prefix], path[len(base) + 1:]
+    return None
+
+
+def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | None:
+    """``(prefix, deployment, method)`` for ``path`` (``match_prefix``); the rest, one name, is the
+    method (``__call__`` when there is none). None: no route (or a rest that is not a method name).
+    (A deployment that takes ASGI requests gets every path under its prefix: ``deployment_call``.)"""
+    found = match_prefix(routes, path)
+    if found is None:
+        return None
+    prefix, name, rest = found
+    if rest == "":
+        return prefix, name, "__call__"
+    return (prefix, name, rest) if _METHOD.fullmatch(rest) else None
+
+
+
+def not_found_text(path: str) -> str:
+    """Ray Serve's proxy's 404 body, word for word (scripts and load balancers match it)."""
+    return f"Path '{path}' not found. Ping http://.../-/routes for available routes."
+
+
+def args_of(body: bytes) -> tuple[tuple, dict]:
+    """A request body -> the call's ``(args, kwargs)``. Empty: no arguments. A JSON object whose
+    keys are only ``args`` (a list) and/or ``kwargs`` (an object): those. Any other JSON value:
+    the one argument (wrap an object that looks like that one: ``{"args": [obj]}``).
+    Not JSON: ``Reply`` 400."""
+    if not body.strip():
+        return (), {}
+    value = read_json(body, "the body is not JSON: {}", "a number in the body is beyond a 64-bit float")
+    if isinstance(value, dict) and value and set(value) <= {"args", "kwargs"}:
+        args, kwargs = value.get("args", []), value.get("kwargs", {})
+        if not isinstance(args, list):
+            raise Reply(400, "bad_request", f"'args' must be a JSON array, got {type(args).__name__}")
+        if not isinstance(kwargs, dict):
+            raise Reply(400, "bad_request", f"'kwargs' must be a JSON object, got {type(kwargs).__name__}")
+        return tuple(args), kwargs
+    return (value,), {}
+
+
+def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
+    """A body's JSON value, or ``Reply`` 400 saying why not, each message after ``prefix``:
+    ``not_json`` (with ``{}``: the parser's words) for what is not UTF-8 JSON or is NaN/Infinity,
+    "the body is nested deeper than MAX_JSON_DEPTH" (a loop checks it: nothing recurses that deep),
+    ``huge`` + " (JSON has no infinity)" for a number past a double (1e999 reads as inf: an answer
+    could not hold it). The HTTP ingress (``args_of``) and the REST server (``rest.config_of``) read
+    their bodies with it."""
+    deep = f"{prefix}the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
+        raise Reply(400, "bad_request", prefix + not_json.format(exc)) from None
+    except RecursionError:
+        raise Reply(400, "bad_request", deep) from None
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
+        raise Reply(400, "bad_request", deep)
+    if _HUGE_NUMBER.search(body) and _has_infinity(value):
+        raise Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's decoder takes them, JSON (RFC 8259) has none."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+#: what a number past a double's range looks like in JSON (an exponent of 3 digits or more, or 309
+#: digits in a row): only then is the parsed value searched for an infinity
+_HUGE_NUMBER = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})|(?<![0-9])[0-9]{309}")
+
+
+def _has_infinity(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float) and v in (math.inf, -math.inf):
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _depth_within(value: Any, most: int) -> bool:
+    """Whether ``value``'s arrays and objects nest at most ``most`` deep (a loop: no recursion)."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > most:
+            return False
+        stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
+    return True
+
+
+def status_of(exc: BaseException) -> tuple[int, str, str]:
+    """What a failed call answers: ``(HTTP status, error, detail)``. The application's own
+    exception first (500 with its type and message, whatever its type: never its traceback, which
+    holds the replica's file paths, pid, IP and actor id; ``log_failure`` writes that to the proxy's
+    log), then the request path's typed errors by their ``.status``, an unknown deployment 404, a
+    dead replica 500, a timeout 408."""
+    if isinstance(exc, RayTaskError):
+        return 500, "application_error", _what_raised(exc.cause if isinstance(exc.cause, BaseException) else None,
+                                                      getattr(exc, "cause_cls", None))
+    if isinstance(exc, rc.RequestError):
+        return exc.status, exc.reason, str(exc)
+    if isinstance(exc, rc.UnknownDeployment):
+        return 404, "unknown_deployment", str(exc)
+    if isinstance(exc, RayActorError) or type(exc).__name__ == "ReplicaDiedError":
+        return 500, "replica_died", "the replica serving the request died"
+    if isinstance(exc, TimeoutError):
+        return 408, "timeout", str(exc) or "the request timed out"
+    return 500, "application_error", _what_raised(exc, type(exc))
+
+
+#: how much of an application exception's message an answer carries
+MAX_ERROR_MESSAGE = 1000
+
+
+def _what_raised(exc: BaseException | None, cls: Any) -> str:
+    """``"ValueError: its message"`` (the message's first ``MAX_ERROR_MESSAGE`` characters, no colours)."""
+    name = getattr(cls, "__name__", None) or (type(exc).__name__ if exc is not None else "Exception")
+    message = ANSI.sub("", str(exc)) if exc is not None else ""
+    if len(message) > MAX_ERROR_MESSAGE:
+        message = message[:MAX_ERROR_MESSAGE] + "..."
+    return f"{name}: {message}" if message else name
+
+
