@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import uuid
 from typing import Any
 
 from ray.exceptions import RayActorError, RayTaskError
@@ -15,7 +16,7 @@ from ray.exceptions import RayActorError, RayTaskError
 import rankcore as rc
 
 __all__ = ["MAX_JSON_DEPTH", "MAX_ERROR_MESSAGE", "Reply", "match_prefix", "match_route", "not_found_text",
-           "args_of", "read_json", "status_of", "ANSI"]
+           "args_of", "read_json", "status_of", "ANSI", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "request_id_of"]
 
 #: a JSON body nested deeper than this is refused with 400: Python's decoder raises RecursionError
 #: near 1,000 levels, and the call's arguments are pickled (and answers encoded) by recursion too
@@ -171,3 +172,17 @@ def _what_raised(exc: BaseException | None, cls: Any) -> str:
     return f"{name}: {message}" if message else name
 
 
+#: the header a client's request id comes in, and the answer's goes out in (Serve's ``x-request-id``)
+REQUEST_ID_HEADER = "x-request-id"
+#: the longest client request id kept (longer: replaced by a new one)
+REQUEST_ID_MAX = 128
+
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9\-_.:@/+=]{{1,{REQUEST_ID_MAX}}}")
+
+
+def request_id_of(sent: str | None) -> str:
+    """The request's id: ``sent`` (the client's ``X-Request-Id``) when it is one we can echo and
+    log safely, else a new one (a uuid4's hex)."""
+    if sent is not None and _REQUEST_ID.fullmatch(sent):
+        return sent
+    return uuid.uuid4().hex

@@ -22,34 +22,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
-import uuid
 from collections import deque
 from typing import Any
+
+from ..api.httpwords import REQUEST_ID_HEADER, REQUEST_ID_MAX, request_id_of
 
 __all__ = ["ENABLE_ACCESS_LOG", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "KEEP", "LOGGER_NAME", "AccessLog",
            "request_id_of", "check_enable_access_log"]
 
 #: Ray Serve's ``LoggingConfig.enable_access_log`` default: one record per request
 ENABLE_ACCESS_LOG = True
-#: the header a client's request id comes in, and the answer's goes out in (Serve's ``x-request-id``)
-REQUEST_ID_HEADER = "x-request-id"
-#: the longest client request id kept (longer: replaced by a new one)
-REQUEST_ID_MAX = 128
 #: how many records the ingress keeps readable (``access_records``)
 KEEP = 1000
 LOGGER_NAME = "rankcore.access"
-
-_REQUEST_ID = re.compile(rf"[A-Za-z0-9\-_.:@/+=]{{1,{REQUEST_ID_MAX}}}")
-
-
-def request_id_of(sent: str | None) -> str:
-    """The request's id: ``sent`` (the client's ``X-Request-Id``) when it is one we can echo and
-    log safely, else a new one (a uuid4's hex)."""
-    if sent is not None and _REQUEST_ID.fullmatch(sent):
-        return sent
-    return uuid.uuid4().hex
-
 
 def check_enable_access_log(value: Any) -> bool:
     """``enable_access_log`` must be a bool (Serve's field)."""
