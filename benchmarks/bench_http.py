@@ -104,6 +104,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
+from executors.ray_gpu.ingress.haproxy import DATA_PLANES  # noqa: E402 - (declared once, there)
+
 DEP = "bench"  # deployment name (and Serve application name)
 ROUTE = "/bench"
 ACTOR_OPTIONS = {"num_cpus": 0.1}
@@ -160,11 +162,14 @@ def _free_port() -> int:
 class Ours:
     name = "ours"
 
+    def __init__(self, data_plane: str = "proxy") -> None:
+        self.data_plane = data_plane
+
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from executors.ray_gpu import deployment, run
         from executors.ray_gpu.ingress.http import ingress_address, proxies, start_ingress
 
-        start_ingress(port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS)
+        start_ingress(port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS, data_plane=self.data_plane)
         d = deployment(OursEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = run(d.bind(), route_prefix=ROUTE, port=0, timeout=timeout)
         address = ingress_address()
@@ -354,7 +359,7 @@ async def _awaitable(response: Any) -> Any:
 
 
 def run_child(system_name: str, args: argparse.Namespace) -> dict:
-    system: Any = Ours() if system_name == "ours" else Serve()
+    system: Any = Ours(args.data_plane) if system_name == "ours" else Serve()
 
     def floor(res: dict, handle: Any, url: str) -> None:
         if system_name == "ours":  # (once: the same Ray for both systems)
@@ -410,7 +415,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
     print(f"\nrankcore HTTP ingress and handle vs Ray Serve, {args.replicas} replicas, Ray {version}, "
           f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs, "
-          f"HTTP load generator: {args.http_client}, transport: {args.transport}")
+          f"HTTP load generator: {args.http_client}, transport: {args.transport}, "
+          f"ours' data plane: {args.data_plane}")
     headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
                "ours p99", "serve p99", "p99 ours/serve", "errors o/s", "goal"]
     table = []
@@ -480,7 +486,7 @@ TRANSPORTS = {"default": {},
 
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
-    argv = [*level_argv(args), "--http-client", args.http_client]
+    argv = [*level_argv(args), "--http-client", args.http_client, "--data-plane", args.data_plane]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
@@ -520,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="how proxies and handles reach replicas, both systems alike (Serve's variables): "
                         "default (each system's own: Serve's by reference, ours' proxy by value), value "
                         "(RAY_SERVE_USE_GRPC_BY_DEFAULT=1: proxies and handles over gRPC), reference (Ray calls)")
+    p.add_argument("--data-plane", choices=DATA_PLANES, default="proxy",
+                   help="what carries ours' HTTP requests (start_ingress(data_plane=...)): proxy (default: its "
+                        "Python proxy and router) or direct (HAProxy straight to each replica's own server, as "
+                        "Serve's fast mode)")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     os.environ.update(TRANSPORTS[args.transport])  # (read by both systems' proxies, replicas and handles)

@@ -12,8 +12,10 @@ The rules, one function each:
   ``max_ongoing_requests`` at once (HAProxy's ``maxconn``); more wait in the balancer's queue, at
   most ``max_queued_requests`` of them (-1: no limit), each at most ``queue_timeout_s``; past either
   the answer is 503, the request never sent. A route is **direct** while one of its servers is
-  ready; else its requests go through the proxy (``Route.direct``), whose router queues them for a
-  replica still coming or answers 503 when none is.
+  ready and its class is not an ASGI app (which only the proxy relays); else its requests go through
+  the proxy (``Route.direct``), whose router queues them for a replica still coming or answers 503
+  when none is. So do requests that need the proxy's router whatever the route: those naming a
+  multiplexed model (its replica is chosen by the models it holds) and those asking for progress.
 * ``changes``: what turns one table into another, as runtime commands where the balancer can take
   them without a restart (a server added, removed, set ready or drain, its ``maxconn``; a queue
   limit), and a ``Reload`` (a new process taking the listening sockets over, dropping no
@@ -45,13 +47,14 @@ __all__ = ["RETRY_ON", "Server", "Route", "Table", "AddServer", "SetServer", "Re
 RETRY_ON = "conn-failure"
 #: a server address: ``host:port``, the host a name or an IPv4 address
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
 def server_name(replica_id: str) -> str:
-    """The balancer's name for ``replica_id``'s server: its id with what the balancer does not take in
-    a name made ``_``, and a checksum of the id, so two ids never share a name."""
-    return f"{_UNSAFE.sub('_', replica_id)[:48]}-{zlib.crc32(replica_id.encode()):08x}"
+    """The balancer's name for ``replica_id``'s server: its id with anything but letters, digits and
+    ``_`` made ``_`` (HAProxy's variable names take no more), and a checksum of the id, so two ids
+    never share a name."""
+    return f"{_UNSAFE.sub('_', replica_id)[:48]}_{zlib.crc32(replica_id.encode()):08x}"
 
 
 def _check_address(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -109,20 +112,26 @@ class Route:
     servers: tuple[Server, ...] = attrs.field(converter=_by_replica)
     max_queued: int = attrs.field(validator=_queue_limit)
     queue_timeout_s: float | None = attrs.field(validator=_timeout)
+    #: the application it belongs to (what its requests' context says)
+    app_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    #: its class takes ASGI requests (any path, any method), which only the proxy relays
+    asgi: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def direct(self) -> bool:
-        """Whether its requests go straight to its replicas (one is ready); else through the proxy."""
-        return any(s.ready for s in self.servers)
+        """Whether its requests go straight to its replicas (not an ASGI app, and one is ready); else
+        through the proxy."""
+        return not self.asgi and any(s.ready for s in self.servers)
 
     @property
     def backend(self) -> str:
         """The balancer's name for this route's servers."""
         return f"d_{server_name(self.deployment)}"
 
-    def shape(self) -> tuple[str, str, float | None]:
-        """What only a reload changes: the deployment, its prefix, its queue's timeout."""
-        return (self.deployment, self.prefix, self.queue_timeout_s)
+    def shape(self) -> tuple[str, str, float | None, str, bool]:
+        """What only a reload changes: the deployment, its prefix, its queue's timeout, its application,
+        whether it is an ASGI app."""
+        return (self.deployment, self.prefix, self.queue_timeout_s, self.app_name, self.asgi)
 
 
 def _longest_first(routes: Iterable[Route]) -> tuple[Route, ...]:
@@ -148,7 +157,7 @@ class Table:
 
 def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterable[str],
           addresses: Mapping[str, str], max_ongoing_requests: int, max_queued_requests: int,
-          queue_timeout_s: float | None) -> Route:
+          queue_timeout_s: float | None, app_name: str = "", asgi: bool = False) -> Route:
     """``deployment``'s route (module docstring): its serving replicas ready, its draining ones in drain,
     those without a known address left out."""
     serving, draining = tuple(serving), tuple(draining)
@@ -157,7 +166,7 @@ def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterab
     servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests)
                 for rid in draining if rid in addresses and rid not in serving]
     return Route(deployment=deployment, prefix=prefix, servers=servers, max_queued=max_queued_requests,
-                 queue_timeout_s=queue_timeout_s)
+                 queue_timeout_s=queue_timeout_s, app_name=app_name, asgi=asgi)
 
 
 def table(routes: Iterable[Route]) -> Table:

@@ -25,6 +25,11 @@ def test_only_draining_or_no_address_goes_through_the_proxy():
     assert not _route(serving=("e#9",)).direct
 
 
+def test_an_asgi_app_goes_through_the_proxy():
+    r = dp.route("e", "/e", ("e#1",), (), A, 5, -1, None, app_name="app", asgi=True)
+    assert not r.direct and r.servers and r.app_name == "app"
+
+
 def test_a_server_set_drain_then_removed_without_a_reload():
     t0 = dp.table([_route()])
     t1 = dp.table([_route(serving=("e#1",), draining=("e#2",))])
@@ -51,7 +56,7 @@ def test_longest_prefix_first_and_names_unique():
     t = dp.table([dp.route("a", "/a", (), (), {}, 1, -1, None), dp.route("b", "/a/b", (), (), {}, 1, -1, None)])
     assert [r.prefix for r in t.routes] == ["/a/b", "/a"]
     assert dp.server_name("x#1") != dp.server_name("x_1")
-    assert dp.server_name("x#1").startswith("x_1-")
+    assert dp.server_name("x#1").startswith("x_1_") and dp.server_name("a-b.c").startswith("a_b_c_")
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [

@@ -253,6 +253,11 @@ class Router:
         self.routed: dict[tuple[str, str], int] = {}
         #: pushes this router's load to the controller while it has some (autoscaling: ``autoscale.py``)
         self.load = LoadReporter(self._load, self._push_load)
+        #: the draining replicas the last pool answer named (with those whose witness is asked)
+        self.draining: tuple[str, ...] = ()
+        #: called (under the lock: they must not block) after each pool answer is taken: the direct data
+        #: plane's (``ingress/haproxy.py``), which follows the pool
+        self.listeners: list[Callable[[], None]] = []
         with _ALL_LOCK:
             _ALL.add(self)
 
@@ -322,6 +327,7 @@ class Router:
             out += self.machine.handle(Configure(deployment=self.name, max_ongoing_requests=limits[0],
                                                  max_queued_requests=limits[1], max_retries=limits[2]))
         draining = tuple(pool["draining"]) + tuple(r for r in sorted(self.asking) if r not in pool["draining"])
+        self.draining = draining
         out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
                                                 draining=draining, coming=bool(pool["coming"])))
         for rid, models in pool.get("models", {}).items():  # (what each replica said it holds, if it changed)
@@ -334,6 +340,8 @@ class Router:
         self.unreached = {rid: n for rid, n in self.unreached.items() if rid in self.actors}
         self._ask_addresses()
         self._carry(out)
+        for listener in self.listeners:
+            listener()
 
     # ------------------------------------------------------------ by value
     def _ask_addresses(self) -> None:

@@ -94,6 +94,9 @@ class ProxySettings:
     #: port when ``worker_port`` is 0) and the services' ``add_XServicer_to_server`` import paths
     grpc_port: int | None = None
     grpc_servicer_functions: tuple[str, ...] = ()
+    #: what carries deployments' HTTP requests: "proxy" (this proxy's server and router) or "direct"
+    #: (an HAProxy straight to the replicas' own servers: ``ingress.haproxy.DATA_PLANES``, checked there)
+    data_plane: str = "proxy"
     #: the proxy actor's class (``ingress.http.HttpIngress``, given by ``start_ingress``: the control
     #: plane imports nothing of the ingress; pickled by reference)
     actor_class: Any = None
@@ -260,7 +263,7 @@ class Proxies:
                     num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=p.node_id, soft=False),
                 ).remote(s.host, port, enable_access_log=s.enable_access_log, logs_dir=s.logs_dir, **s.limits(),
                          proxy_id=p.proxy_id, remember_port=head, is_head=head, grpc_port=grpc_port_of(s, head),
-                         grpc_servicer_functions=s.grpc_servicer_functions)
+                         grpc_servicer_functions=s.grpc_servicer_functions, data_plane=s.data_plane)
                 break
             except ValueError:  # the name is still its predecessor's (killed a moment ago)
                 if self.live.get(p.proxy_id) is not p or p.stopping:

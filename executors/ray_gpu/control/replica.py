@@ -52,7 +52,7 @@ from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
-from ..api import asgi, batching, by_value, context, multiplex, user_metrics
+from ..api import asgi, batching, by_value, context, direct, exposed, multiplex, user_metrics
 from ..api.context import RequestContext, _serve_request_context
 from ..api.fingerprint import check_modules
 from ..api.router import routed
@@ -132,6 +132,7 @@ class ReplicaActor:
         self._inflight = 0
         #: its by-value server (``by_value_address``) once a router asked: a task giving (server, address)
         self._by_value: asyncio.Future | None = None
+        self._direct: asyncio.Future | None = None  # (its own HTTP server, once asked: ``direct_address``)
         #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
         self.weights = ReplicaWeights(replica_id)
         #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
@@ -672,6 +673,29 @@ class ReplicaActor:
                 self._answer_by_value, ray.util.get_node_ip_address()))
         _server, address = await asyncio.shield(self._by_value)
         return address
+
+    @ray.method(concurrency_group=USER)
+    async def direct_address(self, prefix: str, max_body_bytes: int, max_header_bytes: int) -> str:
+        """Where the data plane's balancer sends this replica's HTTP requests (direct ingress:
+        ``api.direct``): ``host:port`` of its own HTTP server, started on the user loop on the first
+        ask (``prefix``: its route's, when the balancer does not name it; the limits: the ingress's)."""
+        if self._direct is None:
+            await self._until_started()
+            assert self.instance is not None
+            cls = type(self.instance)
+            streams = frozenset(m for m in dir(cls) if not m.startswith("_")
+                                and (inspect.isgeneratorfunction(getattr(cls, m, None))
+                                     or inspect.isasyncgenfunction(getattr(cls, m, None))))
+            server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
+                                         self._stream_direct, prefix, max_body_bytes, max_header_bytes)
+            self._direct = asyncio.ensure_future(server.start(ray.util.get_node_ip_address()))
+        return await asyncio.shield(self._direct)
+
+    async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
+        return await self._run(method, args, kwargs, request, 0)
+
+    def _stream_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
+        return ReplicaActor.handle_stream(self, method, args, kwargs, request)
 
     async def _answer_by_value(self, data: bytes, began: Any) -> bytes:
         """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or

