@@ -22,8 +22,9 @@ The rules, one function each:
   connection) only when the routes themselves changed. ``apply`` is what each command does to a
   table: ``apply(old, changes(old, new)) == new`` (tests/property/test_dataplane.py).
 
-Retries: the balancer re-sends a request only when its connection to a server failed (nothing was
-sent, so it cannot have run twice): ``RETRY_ON``.
+Retries: the balancer re-sends a request to another server only when it cannot have run: its connect
+failed, so nothing was sent (``RETRY_ON``). One whose server's connection broke after it was sent
+fails (500 ``replica_died``): that server may have begun it.
 
 Internal module: the Ray executor's ingress (``executors/ray_gpu/ingress/haproxy.py``) uses it.
 """

@@ -20,14 +20,15 @@ answering as the proxy does (``api/httpwords.py``: the same routes, bodies, erro
 * a head above ``max_header_bytes`` is 431, a body above ``max_body_bytes`` 413, both before the
   call, and the connection closed.
 
-One request at a time per connection (reading pauses while one is answered), as HTTP/1.1 without
-pipelining; the balancer holds many connections. The replica's ``max_ongoing_requests`` slots
+One request at a time per connection, in order (a pipelined one waits for the one before; reading
+goes on, so a client that leaves is noticed at once); the balancer holds many connections. The replica's ``max_ongoing_requests`` slots
 bound how many run at once, whatever path sent them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import socket
@@ -185,6 +186,7 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self._chunked = False
         self._drain: asyncio.Future | None = None
+        self._waiting: collections.deque[tuple[str, str, dict[bytes, bytes], bytes, bool]] = collections.deque()
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: Any) -> None:
@@ -249,13 +251,16 @@ class _Connection(asyncio.Protocol):
             return
         import httptools
 
-        self._keep_alive = self.parser.should_keep_alive()
         verb = self.parser.get_method().decode("latin-1")
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        assert self.transport is not None
-        self.transport.pause_reading()  # (one request at a time: the next is read once this one is answered)
-        self.task = asyncio.get_running_loop().create_task(
-            self.server.answer(self, verb, path, self._headers, b"".join(self._body)))
+        self._waiting.append((verb, path, self._headers, b"".join(self._body), self.parser.should_keep_alive()))
+        if self.task is None:
+            self._next()
+
+    def _next(self) -> None:
+        """Answer the oldest request read and not answered yet."""
+        verb, path, headers, body, self._keep_alive = self._waiting.popleft()
+        self.task = asyncio.get_running_loop().create_task(self.server.answer(self, verb, path, headers, body))
         self.task.add_done_callback(self._answered)
 
     def _count_head(self, n: int) -> None:
@@ -278,7 +283,8 @@ class _Connection(asyncio.Protocol):
             self._closing = True
             self.transport.close()
             return
-        self.transport.resume_reading()
+        if self._waiting:
+            self._next()
 
     # ------------------------------------------------------------ answers
     def _refuse(self, status: int, error: str, detail: str) -> None:

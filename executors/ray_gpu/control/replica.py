@@ -695,7 +695,7 @@ class ReplicaActor:
         return await self._run(method, args, kwargs, request, 0)
 
     def _stream_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
-        return ReplicaActor.handle_stream(self, method, args, kwargs, request)
+        return self._stream(method, args, kwargs, request)
 
     async def _answer_by_value(self, data: bytes, began: Any) -> bytes:
         """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or
@@ -733,6 +733,15 @@ class ReplicaActor:
         ``num_returns="streaming"``, the handle's ``options(stream=True)``). A sync generator's each
         ``next`` runs in the request pool, an async generator on the user loop; the stream holds one of
         the ``max_ongoing_requests`` slots until it ends."""
+        items = self._stream(method, args, kwargs, request)
+        try:
+            async for item in items:
+                yield item
+        finally:
+            await items.aclose()  # (its caller closed the stream: the slot is freed now, not when collected)
+
+    async def _stream(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None) -> Any:
+        """``handle_stream``'s items (the direct data plane's server calls it too: ``api.direct``)."""
         async with self._request(method, request) as fn:
             if inspect.isasyncgenfunction(fn):
                 agen = fn(*args, **kwargs)

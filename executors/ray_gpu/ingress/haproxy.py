@@ -52,6 +52,11 @@ __all__ = ["DATA_PLANES", "Options", "render", "HAProxy", "DataPlane", "haproxy_
 DATA_PLANES = ("proxy", "direct")
 #: HAProxy's threads (Serve's ``RAY_SERVE_HAPROXY_NBTHREAD`` default, at most the machine's cores)
 NBTHREAD = max(1, min(4, os.cpu_count() or 1))
+#: when HAProxy re-sends a request to another replica: only when its connect failed (nothing was sent).
+#: Not ``empty-response`` (the connection broke before anything came back): the replica may have begun
+#: it. A begin marker cannot tell HAProxy more: an interim ``100`` answer sent as the call begins does
+#: not count as something received (measured: HAProxy 2.8 re-sent such a request all the same)
+RETRY_ON = dp.RETRY_ON
 #: connections HAProxy holds at most (Serve's ``RAY_SERVE_HAPROXY_MAXCONN`` default)
 MAXCONN = 4096
 #: how long HAProxy waits to connect to a replica before trying another (a refused connect: at once)
@@ -150,7 +155,7 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         "    option http-no-delay",
         "    option abortonclose",
         "    option redispatch 1",
-        f"    retry-on {dp.RETRY_ON}",
+        f"    retry-on {RETRY_ON}",
         "    retries 3",
         f"    errorfile 408 {err['timeout']}",
         f"    errorfile 504 {err['timeout']}",

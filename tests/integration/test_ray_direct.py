@@ -1,0 +1,258 @@
+"""The direct data plane on Ray (issue 65): ``start_ingress(data_plane="direct")`` puts HAProxy on
+the ingress's port, sending a deployment's plain requests straight to its replicas' own HTTP
+servers (``api/direct.py``) as the core's table says (``rankcore.requests.dataplane``), and
+everything else to the proxy. A request that went direct leaves no record in the proxy's access
+log: that is how each test tells which way a request went."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+import ray
+
+import rankcore as rc
+from executors.ray_gpu import deployment, http_method, run
+from executors.ray_gpu.api.context import _get_serve_request_context
+from executors.ray_gpu.control.controller import NAMESPACE
+from executors.ray_gpu.control.replicas import actor_name
+from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, start_ingress
+
+pytestmark = pytest.mark.usefixtures("local_ray")
+
+OPTS = {"num_cpus": 0.05}
+
+
+@deployment(name="dir", num_replicas=2, ray_actor_options=OPTS)
+class Direct:
+    async def __call__(self, x=None):
+        ctx = _get_serve_request_context()
+        return {"x": x, "request_id": ctx.request_id, "route": ctx.route, "app": ctx.app_name, "pid": os.getpid()}
+
+    @http_method
+    def fail(self):
+        raise ValueError("the application says no")
+
+    @http_method
+    def count(self, n=3):
+        yield from range(n)
+
+    @http_method
+    def not_json(self):
+        return {1, 2}
+
+    @http_method
+    async def hold(self, folder, seconds=30.0):
+        with open(os.path.join(folder, "began"), "w"):
+            pass
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            with open(os.path.join(folder, "cancelled"), "w"):
+                pass
+            raise
+        return "held"
+
+
+@deployment(name="tight", num_replicas=1, max_ongoing_requests=1, max_queued_requests=1, ray_actor_options=OPTS)
+class Tight:
+    async def __call__(self, seconds=0.0):
+        await asyncio.sleep(seconds)
+        return seconds
+
+
+@pytest.fixture(scope="module")
+def base():
+    """The direct data plane on a free loopback port, ``Direct`` at ``/dir`` and ``Tight`` at ``/tight``."""
+    start_ingress(port=0, data_plane="direct")
+    run(Direct.bind(), route_prefix="/dir")
+    run(Tight.bind(), route_prefix="/tight")
+    for name, n in (("dir", 2), ("tight", 1)):
+        ready_servers(name, n)
+    host, port = ingress_address()
+    return f"http://{host}:{port}"
+
+
+def ingress():
+    return ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
+
+
+def plane() -> dict:
+    return ray.get(ingress().data_plane.remote())
+
+
+def ready_servers(deployment_name: str, n: int, timeout: float = 30.0) -> list:
+    """Wait until the data plane's route of ``deployment_name`` holds exactly ``n`` ready servers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = plane()
+        route = next((r for r in info["routes"] if r["deployment"] == deployment_name), None)
+        ready = [s for s in (route or {}).get("servers", []) if s[2]]
+        if route is not None and len(ready) == n and len(route["servers"]) == n:
+            return ready
+        assert time.monotonic() < deadline, f"{deployment_name}: not {n} ready servers: {info}"
+        time.sleep(0.1)
+
+
+def proxied(request_id: str) -> bool:
+    """Whether the proxy answered ``request_id`` (its access log holds it)."""
+    time.sleep(0.05)  # (the record is written as the answer ends)
+    records = ray.get(ingress().access_records.remote())["records"]
+    return any(r["request_id"] == request_id for r in records)
+
+
+@pytest.fixture()
+def client(base):
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        yield c
+
+
+def test_a_plain_request_goes_straight_to_a_replica_with_its_context(client):
+    info = plane()
+    assert info["data_plane"] == "direct" and info["errors"] == 0 and info["haproxy_pid"]
+    r = client.post("/dir", json={"a": 1}, headers={"x-request-id": "direct-1"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["x"] == {"a": 1} and body["request_id"] == "direct-1" and body["route"] == "/dir"
+    assert body["app"] == "dir" and r.headers["x-request-id"] == "direct-1"
+    assert not proxied("direct-1")
+    pids = {client.get("/dir").json()["pid"] for _ in range(20)}
+    assert len(pids) == 2  # (both replicas serve: least connections, ties in turn)
+
+
+def test_errors_answer_as_the_proxy_does(client):
+    r = client.post("/dir/fail", headers={"x-request-id": "direct-fail"})
+    assert r.status_code == 500 and r.json() == {"error": "application_error", "detail": "ValueError: the "
+                                                  "application says no", "deployment": "dir",
+                                                  "request_id": "direct-fail"}
+    assert not proxied("direct-fail")
+    r = client.post("/dir/nope")
+    assert r.status_code == 404 and r.json()["error"] == "unknown_method"
+    r = client.get("/dir/not_json")
+    assert r.status_code == 500 and r.json()["error"] == "unserialisable_result"
+    r = client.post("/dir", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"] == "bad_request"
+    r = client.put("/dir")
+    assert r.status_code == 405
+    r = client.post("/dir", content=b"x" * ((1 << 20) + 1))
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+
+
+def test_a_generator_method_streams_lines(client):
+    r = client.post("/dir/count", json={"kwargs": {"n": 4}}, headers={"x-request-id": "direct-stream"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+    assert [json.loads(line) for line in r.text.splitlines()] == [0, 1, 2, 3]
+    assert not proxied("direct-stream")
+
+
+def test_what_needs_the_proxy_goes_through_it(client):
+    r = client.get("/-/routes")
+    assert r.status_code == 200 and r.json() == {"/dir": "dir", "/tight": "tight"}
+    r = client.post("/dir", json=1, headers={"x-request-id": "via-model", "serve_multiplexed_model_id": "m1"})
+    assert r.status_code == 200 and proxied("via-model")
+    r = client.post("/dir?progress=1", json=1, headers={"x-request-id": "via-progress"})
+    assert r.status_code == 200 and "event: done" in r.text and proxied("via-progress")
+    r = client.get("/nowhere", headers={"x-request-id": "via-404"})
+    assert r.status_code == 404 and proxied("via-404")
+
+
+def test_past_max_queued_requests_the_balancer_answers_503(base):
+    async def burst() -> list:
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as c:
+            async def one(i: int) -> httpx.Response:
+                await asyncio.sleep(0.3 * i)  # (in turn: one runs, one waits, two find the queue full)
+                return await c.post("/tight", json=2.0)
+            return await asyncio.gather(*(one(i) for i in range(4)))
+    answers = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [200, 200, 503, 503], [r.text for r in answers]
+    refused = [r.json() for r in answers if r.status_code == 503]
+    assert all(b["error"] == "overloaded" and b["deployment"] == "tight" for b in refused), refused
+
+
+def test_a_client_gone_cancels_its_call(base):
+    host, port = ingress_address()
+    with tempfile.TemporaryDirectory() as folder:
+        body = json.dumps({"args": [folder]}).encode()
+        s = socket.create_connection((host, port))
+        s.sendall(b"POST /dir/hold HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(folder, "began")):
+            assert time.monotonic() < deadline, "the call never began"
+            time.sleep(0.05)
+        s.close()
+        while not os.path.exists(os.path.join(folder, "cancelled")):
+            assert time.monotonic() < deadline, "the call was not cancelled when its client left"
+            time.sleep(0.05)
+
+
+def test_a_dead_replica_fails_no_request(client):
+    """A replica dead before the requests come, still a server in HAProxy's table: a connect to it
+    fails, so each request goes to the other replica (only a failed connect is tried again: nothing
+    was sent); the table drops it once the pool does, and its replacement is a server once started."""
+    victim, address, _ready, _most = next(r for r in plane()["routes"] if r["deployment"] == "dir")["servers"][0]
+    actor = ray.get_actor(actor_name("dir", victim), namespace=NAMESPACE)
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while True:  # (Ray calls it dead a moment before its process is gone: until then it answers)
+        try:
+            socket.create_connection(tuple(address.rsplit(":", 1)), timeout=1).close()
+        except OSError:
+            break
+        assert time.monotonic() < deadline, f"{victim}'s server still answers at {address}"
+        time.sleep(0.02)
+    statuses = []
+    for i in range(40):
+        try:
+            r = client.post("/dir", json=i)
+            statuses.append((r.status_code, r.text[:200] if r.status_code != 200 else ""))
+        except httpx.HTTPError as exc:
+            statuses.append((0, repr(exc)))
+    assert statuses == [(200, "")] * 40, [s for s in statuses if s[0] != 200]
+    deadline = time.monotonic() + 30
+    while victim in [s[0] for r in plane()["routes"] for s in r["servers"]]:
+        assert time.monotonic() < deadline, plane()
+        time.sleep(0.1)
+    ready_servers("dir", 2, timeout=60)
+
+
+def test_scaling_down_drains_without_a_failure(base):
+    """While a client keeps sending, the deployment goes from 2 replicas to 1: the one that stops is
+    set to drain (nothing new), finishes what it holds, then is removed; no request fails."""
+    ready_servers("dir", 2, timeout=60)
+    stop, statuses = threading.Event(), []
+
+    def keep_sending() -> None:
+        with httpx.Client(base_url=base, timeout=30.0) as c:
+            while not stop.is_set():
+                statuses.append(c.post("/dir", json=1).status_code)
+    t = threading.Thread(target=keep_sending)
+    t.start()
+    try:
+        time.sleep(0.5)
+        run(Direct.options(num_replicas=1).bind(), route_prefix="/dir")
+        ready_servers("dir", 1, timeout=60)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(30)
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    assert plane()["errors"] == 0
+
+
+def test_a_bad_data_plane_is_refused():
+    with pytest.raises(rc.InvalidConfig, match="data_plane must be one of 'proxy', 'direct', got 'fast'"):
+        start_ingress(data_plane="fast")
+
+
+def test_the_running_data_plane_cannot_change(base):
+    with pytest.raises(rc.InvalidConfig, match="run with data_plane='direct', not 'proxy'"):
+        start_ingress(data_plane="proxy")
