@@ -35,6 +35,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from rankcore.requests import dataplane
+
 EXIT_EXPECTATION_FAILED = 1
 EXIT_BAD_INPUT = 2
 
@@ -786,6 +788,10 @@ def _load_app(target: str) -> Any:
               help="Answer 431 to a larger request head (default 16 KiB).")
 @click.option("--max-connections", type=click.IntRange(min=1),
               help="Answer 503 and close a connection past this many open (default 10000).")
+@click.option("--data-plane", type=click.Choice(dataplane.DATA_PLANES),
+              help="What carries the requests: proxy (the Python proxy and router) or direct (HAProxy straight "
+                   "to each replica's own HTTP server). Default: the running ingress's, else proxy (direct with "
+                   "RAY_SERVE_ENABLE_HA_PROXY=1). docs/ray.md, \"The direct data plane\".")
 @click.option("--address", help="Connect to this Ray cluster instead of starting a local one.")
 @_CONNECT_TIMEOUT
 @click.option("--access-log/--no-access-log", "enable_access_log", default=None,
@@ -793,7 +799,8 @@ def _load_app(target: str) -> Any:
 def serve(target: str, port: int | None, host: str | None, route_prefix: str | None, request_timeout_s: float | None,
           max_body_bytes: int | None, address: str | None, enable_access_log: bool | None,
           header_timeout_s: float | None = None, max_header_bytes: int | None = None,
-          max_connections: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+          max_connections: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S,
+          data_plane: str | None = None) -> None:
     """Deploy MODULE:APP and serve it over HTTP until interrupted (docs/ray.md, "HTTP ingress")."""
     import ray
 
@@ -821,7 +828,8 @@ def serve(target: str, port: int | None, host: str | None, route_prefix: str | N
                       enable_access_log=enable_access_log,
                       header_timeout_s=header_timeout_s if header_timeout_s is not None else "keep",
                       max_header_bytes=max_header_bytes,
-                      max_connections=max_connections if max_connections is not None else "keep")
+                      max_connections=max_connections if max_connections is not None else "keep",
+                      data_plane=data_plane)
         url = expose(ray_run(app), route_prefix, port, host)
     except rc.RankcoreError as exc:
         click.echo(f"error: {exc}", err=True)

@@ -40,9 +40,12 @@ import attrs
 
 from ..base.errors import InvalidConfig
 
-__all__ = ["RETRY_ON", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
+__all__ = ["DATA_PLANES", "RETRY_ON", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
            "Reload", "server_name", "route", "table", "changes", "apply"]
 
+#: what may carry a deployment's HTTP requests (an executor's option, declared here once): "proxy", a
+#: proxy process and its request machine; "direct", a compiled balancer straight to the replicas
+DATA_PLANES = ("proxy", "direct")
 #: when the balancer re-sends a request to another server: only when no connection was made (nothing
 #: was sent, so the request cannot have run); HAProxy's ``retry-on`` words
 RETRY_ON = "conn-failure"

@@ -68,3 +68,12 @@ def test_a_bad_data_plane_is_refused():
     assert h.check_data_plane("direct") == "direct"
     with pytest.raises(rc.InvalidConfig, match="data_plane must be one of 'proxy', 'direct', got 'haproxy'"):
         h.check_data_plane("haproxy")
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, "proxy"), ("0", "proxy"), ("1", "direct"), ("true", "direct")])
+def test_serve_s_ha_proxy_switch_picks_the_default(monkeypatch, value, want):
+    if value is None:
+        monkeypatch.delenv(h.SERVE_HA_PROXY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(h.SERVE_HA_PROXY_ENV, value)
+    assert h.default_data_plane() == want

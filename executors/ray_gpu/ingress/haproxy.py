@@ -45,7 +45,7 @@ from ..api.direct import APP_HEADER, ROUTE_HEADER
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATA_PLANES", "Options", "render", "HAProxy", "DataPlane", "haproxy_binary", "check_data_plane"]
+__all__ = ["DATA_PLANES", "SERVE_HA_PROXY_ENV", "default_data_plane", "Options", "render", "HAProxy", "DataPlane", "haproxy_binary", "check_data_plane"]
 
 #: what carries a deployment's HTTP requests: ``proxy``, the ingress's Python server and router (the
 #: default, every feature); ``direct``, HAProxy straight to each replica's own server (module docstring)
@@ -63,6 +63,17 @@ MAXCONN = 4096
 CONNECT_TIMEOUT_S = 2.0
 #: an idle kept-alive client connection is closed after this long (uvicorn's ``timeout_keep_alive`` here)
 KEEP_ALIVE_S = 30.0
+
+
+#: Ray Serve's switch for its HAProxy mode: set to 1, a new ingress's data plane defaults to "direct"
+#: (a Serve app run with it ports with its environment as it is)
+SERVE_HA_PROXY_ENV = "RAY_SERVE_ENABLE_HA_PROXY"
+
+
+def default_data_plane() -> str:
+    """A new ingress's data plane when none is given: "direct" with ``RAY_SERVE_ENABLE_HA_PROXY=1``
+    in the environment, else "proxy"."""
+    return "direct" if os.environ.get(SERVE_HA_PROXY_ENV, "0").strip().lower() in ("1", "true") else "proxy"
 
 
 def check_data_plane(value: Any) -> str:

@@ -1830,14 +1830,15 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py). The connection
     limits (``header_timeout_s``, ``max_header_bytes``, ``max_connections``; ``"keep"`` / None: as
     they are, the defaults on a new proxy) are ``ProxySettings`` fields as the other two.
-    ``data_plane`` (``haproxy.DATA_PLANES``; None: the running proxies', else "proxy"): "direct" puts
+    ``data_plane`` (``haproxy.DATA_PLANES``; None: the running proxies', else ``haproxy.default_data_plane``:
+    "proxy", or "direct" with Serve's ``RAY_SERVE_ENABLE_HA_PROXY=1``): "direct" puts
     an HAProxy on each proxy's port that sends a deployment's plain requests straight to its replicas'
     own HTTP servers (ingress/haproxy.py); proxies that run with another are refused
     (``rankcore.InvalidConfig``): ``serve.shutdown()`` first."""
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
     from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
-    from .haproxy import check_data_plane
+    from .haproxy import check_data_plane, default_data_plane
 
     if data_plane is not None:
         check_data_plane(data_plane)
@@ -1873,7 +1874,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
             enable_access_log=_next["enable_access_log"] if enable_access_log is None else enable_access_log,
             logs_dir=logs_dir, options=options, actor_class=HttpIngress,
             grpc_port=grpc_port if servicers else None, grpc_servicer_functions=servicers,
-            data_plane=data_plane or "proxy")
+            data_plane=data_plane or default_data_plane())
         try:
             explicit = proxy_location is not None or proxy_options is not None
             name = ray.get(controller_actor().start_proxies.remote(settings, set_options=explicit))
