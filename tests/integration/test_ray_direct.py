@@ -248,6 +248,25 @@ def test_scaling_down_drains_without_a_failure(base):
     assert plane()["errors"] == 0
 
 
+def test_requests_answered_direct_are_in_the_ingress_s_metrics(client):
+    """The replicas' own servers count what they answer under Serve's HTTP metrics; the ingress's
+    ``/metrics`` sums them with its own, each series once."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted(status: str) -> float:
+        text = client.get("/metrics").text
+        samples = [(s.name, tuple(sorted(s.labels.items())), s.value)
+                   for fam in text_string_to_metric_families(text) for s in fam.samples]
+        assert len({(n, ls) for n, ls, _ in samples}) == len(samples), "a series appears twice"
+        return sum(v for n, ls, v in samples if n == "ray_serve_num_http_requests_total"
+                   and dict(ls).get("route") == "/dir" and dict(ls).get("status_code") == status)
+    before, failed = counted("200"), counted("500")
+    for i in range(5):
+        assert client.post("/dir", json=i).status_code == 200
+    assert client.post("/dir/fail").status_code == 500
+    assert counted("200") - before == 5 and counted("500") - failed == 1
+
+
 def test_a_bad_data_plane_is_refused():
     with pytest.raises(rc.InvalidConfig, match="data_plane must be one of 'proxy', 'direct', got 'fast'"):
         start_ingress(data_plane="fast")

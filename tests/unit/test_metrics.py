@@ -259,3 +259,25 @@ def test_router_families_count_each_router_by_route_under_serves_names():
     assert any(n == "ray_serve_deployment_replica_starts_total" for n, _ in got)  # (the replica's own, kept)
     ingress = router_families(routed, "proxy", handle="http")
     assert {s.labels["handle"] for fam in ingress for s in fam.samples} == {"http", "app1#f#http", "g#g#http"}
+
+
+def test_http_requests_counted_by_several_processes_are_summed_into_one_series():
+    """The direct data plane: the ingress and each replica's own server count HTTP requests under the
+    same names and labels; a scrape shows each series once, the sum (a counter's and a histogram's)."""
+    from executors.ray_gpu.control.metrics import IngressMetrics, ReplicaMetrics
+
+    ingress, a, b = IngressMetrics(), ReplicaMetrics("d", "d#0", application="d"), ReplicaMetrics("d", "d#1",
+                                                                                                  application="d")
+    ingress.request(route="/d", method="POST", deployment="d", status=200, latency_ms=2.0)
+    a.http_request(route="/d", method="POST", status=200, latency_ms=1.0)
+    b.http_request(route="/d", method="POST", status=200, latency_ms=1.0)
+    b.http_request(route="/d", method="POST", status=500, latency_ms=1.0)
+    text = merged(list(ingress.registry.collect()) + a.families() + b.families()).decode()
+    series = [(s.name, tuple(sorted(s.labels.items()))) for fam in text_string_to_metric_families(text)
+              for s in fam.samples]
+    assert len(series) == len(set(series))  # (each series once)
+    got = {(s.name, s.labels.get("status_code")): s.value for fam in text_string_to_metric_families(text)
+           for s in fam.samples if s.name in ("ray_serve_num_http_requests_total", "ray_serve_http_request_latency_ms_count")}
+    assert got == {("ray_serve_num_http_requests_total", "200"): 3, ("ray_serve_num_http_requests_total", "500"): 1,
+                   ("ray_serve_http_request_latency_ms_count", "200"): 3,
+                   ("ray_serve_http_request_latency_ms_count", "500"): 1}

@@ -32,6 +32,7 @@ import collections
 import json
 import logging
 import socket
+import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -56,6 +57,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 Run = Callable[[str, tuple, dict, RequestContext], Awaitable[Any]]
 Stream = Callable[[str, tuple, dict, RequestContext], AsyncIterator[Any]]
+#: ``observe(route, method, status, latency_ms)``: one request answered (the replica's HTTP metrics)
+Observe = Callable[[str, str, int, float], None]
 
 
 class DirectServer:
@@ -63,8 +66,8 @@ class DirectServer:
     call, ``stream(...)`` a generator method's items; ``streams``: the class's generator methods."""
 
     def __init__(self, deployment: str, reach: Reachable, streams: frozenset[str], run: Run, stream: Stream,
-                 prefix: str, max_body_bytes: int, max_header_bytes: int) -> None:
-        self.deployment, self.reach, self.streams = deployment, reach, streams
+                 prefix: str, max_body_bytes: int, max_header_bytes: int, observe: Observe | None = None) -> None:
+        self.deployment, self.reach, self.streams, self.observe = deployment, reach, streams, observe
         self.run, self.stream, self.prefix = run, stream, prefix
         self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
         self.server: asyncio.AbstractServer | None = None
@@ -90,6 +93,7 @@ class DirectServer:
         name, method = self.deployment, "__call__"
         try:
             prefix = headers.get(ROUTE_HEADER, b"").decode("latin-1") or self.prefix
+            conn.route = prefix
             found = match_route({prefix: name}, path)
             if found is None:
                 return conn.reply(404, not_found_text(path).encode(), b"text/plain; charset=utf-8", rid)
@@ -186,7 +190,10 @@ class _Connection(asyncio.Protocol):
         self._closing = False
         self._chunked = False
         self._drain: asyncio.Future | None = None
-        self._waiting: collections.deque[tuple[str, str, dict[bytes, bytes], bytes, bool]] = collections.deque()
+        self._waiting: collections.deque[tuple[str, str, dict[bytes, bytes], bytes, bool, float]] = \
+            collections.deque()
+        #: the request being answered: its verb, route (set once matched) and when it was read whole
+        self.verb, self.route, self.t0 = "", "", 0.0
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: Any) -> None:
@@ -199,7 +206,7 @@ class _Connection(asyncio.Protocol):
         self._closing = True
         if self.task is not None and not self.task.done():
             self.task.cancel()  # (its client is gone: the call is cancelled, its slot freed)
-            self.server.answers[499] = self.server.answers.get(499, 0) + 1
+            self._counted(499)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
@@ -253,13 +260,15 @@ class _Connection(asyncio.Protocol):
 
         verb = self.parser.get_method().decode("latin-1")
         path = httptools.parse_url(self._url).path.decode("latin-1")
-        self._waiting.append((verb, path, self._headers, b"".join(self._body), self.parser.should_keep_alive()))
+        self._waiting.append((verb, path, self._headers, b"".join(self._body), self.parser.should_keep_alive(),
+                              time.perf_counter()))
         if self.task is None:
             self._next()
 
     def _next(self) -> None:
         """Answer the oldest request read and not answered yet."""
-        verb, path, headers, body, self._keep_alive = self._waiting.popleft()
+        verb, path, headers, body, self._keep_alive, self.t0 = self._waiting.popleft()
+        self.verb, self.route = verb, ""
         self.task = asyncio.get_running_loop().create_task(self.server.answer(self, verb, path, headers, body))
         self.task.add_done_callback(self._answered)
 
@@ -291,6 +300,12 @@ class _Connection(asyncio.Protocol):
         """An answer before the request was read whole: sent, then the connection closed."""
         if self._closing:
             return
+        if self.task is None:  # (what the metrics say of it: the request it refused)
+            try:
+                self.verb = self.parser.get_method().decode("latin-1")
+            except Exception:  # (no method read yet)
+                self.verb = "-"
+            self.route, self.t0 = "", time.perf_counter()
         body = {"error": error, "detail": detail, "deployment": self.server.deployment}
         self._keep_alive = False
         self.reply(status, _compact(body), b"application/json", None)
@@ -298,11 +313,19 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.close()
 
+    def _counted(self, status: int) -> None:
+        answers = self.server.answers
+        answers[status] = answers.get(status, 0) + 1
+        if self.server.observe is not None and self.verb:
+            try:
+                self.server.observe(self.route, self.verb, status, (time.perf_counter() - self.t0) * 1000.0)
+            except Exception:  # (metrics never fail an answer)
+                log.exception("direct ingress: recording a request's metrics failed")
+
     def reply(self, status: int, body: bytes, content_type: bytes, rid: str | None, head_only: bool = False) -> None:
         if self._closing or self.transport is None:
             return
-        answers = self.server.answers
-        answers[status] = answers.get(status, 0) + 1
+        self._counted(status)
         head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
             status, _REASONS.get(status, "").encode(), content_type, len(body))
         if rid:
@@ -314,8 +337,7 @@ class _Connection(asyncio.Protocol):
     def begin_chunked(self, status: int, content_type: bytes, rid: str) -> None:
         if self._closing or self.transport is None:
             return
-        answers = self.server.answers
-        answers[status] = answers.get(status, 0) + 1
+        self._counted(status)
         self._chunked = True
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n"
                              b"x-request-id: %s\r\n\r\n" % (status, _REASONS.get(status, "").encode(),

@@ -97,16 +97,23 @@ def _serve(name: str, kind: str, labels: tuple[str, ...], doc: str, **kw: Any) -
 
 _DEP = ("deployment", "application")
 
-INGRESS_METRICS: tuple[MetricSpec, ...] = (
+#: one per HTTP request answered: by the ingress, or on the direct data plane by the replica's own
+#: server (``api.direct``); a scrape sums the series several processes export (``merged``)
+HTTP_REQUEST_METRICS: tuple[MetricSpec, ...] = (
     _serve("ray_serve_num_http_requests", "counter", ("route", "method", "application", "status_code"),
-           "HTTP requests answered by the ingress."),
+           "HTTP requests answered by the ingress (or, on the direct data plane, by the replicas' own servers)."),
     _serve("ray_serve_num_http_error_requests", "counter", ("route", "error_code", "method", "application"),
            "HTTP requests answered with a 4xx or 5xx status."),
     _serve("ray_serve_num_deployment_http_error_requests", "counter",
            ("deployment", "error_code", "method", "route", "application"),
            "HTTP requests answered with a 4xx or 5xx status, per deployment."),
     _serve("ray_serve_http_request_latency_ms", "histogram", ("method", "route", "application", "status_code"),
-           "End-to-end latency of HTTP requests, measured in the ingress (ms).", buckets=LATENCY_BUCKETS_MS),
+           "End-to-end latency of HTTP requests, measured in the ingress (on the direct data plane: in the "
+           "replica's own server) (ms).", buckets=LATENCY_BUCKETS_MS),
+)
+
+INGRESS_METRICS: tuple[MetricSpec, ...] = (
+    *HTTP_REQUEST_METRICS,
     _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
            "HTTP requests the ingress is answering now."),
     # gRPC: Serve's ``request_ingress_metrics.py`` makes the five above once more for gRPC; its proxy labels
@@ -138,6 +145,7 @@ _BATCH = ("deployment", "replica", "application", "function_name")
 #: Serve's replica metrics (``replica.py``'s ``ReplicaMetricsManager``): Ray's default tags
 #: (deployment, replica, application) and the metric's own (route, exception_type)
 REPLICA_METRICS: tuple[MetricSpec, ...] = (
+    *HTTP_REQUEST_METRICS,
     _serve("ray_serve_deployment_request_counter", "counter", ("deployment", "replica", "route", "application"),
            "Calls the replica answered without an error (HTTP and handle calls; errors are only in the error "
            "counter, as Serve 2.60 counts them)."),
@@ -257,7 +265,8 @@ ROUTER_METRICS: tuple[MetricSpec, ...] = (
            "process share one), by the route of the request they were made in."),
 )
 
-ALL_METRICS: tuple[MetricSpec, ...] = INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS + ROUTER_METRICS
+ALL_METRICS: tuple[MetricSpec, ...] = tuple(dict.fromkeys(  # (HTTP_REQUEST_METRICS: in both the ingress's and replicas')
+    INGRESS_METRICS + REPLICA_METRICS + CONTROLLER_METRICS + ROUTER_METRICS))
 
 
 def build(specs: Iterable[MetricSpec]) -> tuple[CollectorRegistry, dict[str, Any]]:
@@ -281,6 +290,17 @@ def _is_error(status: int) -> bool:
     return status >= 400
 
 
+def http_request(m: dict[str, Any], *, route: str, method: str, deployment: str, app: str, status: int,
+                 latency_ms: float) -> None:
+    """One HTTP request answered, in ``HTTP_REQUEST_METRICS`` (``m``: a registry's metrics by name)."""
+    code = str(status)
+    m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
+    m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
+    if _is_error(status):
+        m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
+        m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
+
+
 class IngressMetrics:
     """The ingress's metrics: one ``request`` per HTTP request answered, one ``grpc_request`` per gRPC
     call; the ongoing gauges move as requests come and go; the queue gauges are read from the handles
@@ -300,12 +320,8 @@ class IngressMetrics:
     def request(self, *, route: str, method: str, deployment: str, status: int, latency_ms: float) -> None:
         """One request answered (``deployment`` ``""``: no route matched). The replica counts the
         call it answered (``ReplicaMetrics``): counted once, handle calls too."""
-        m, code, app = self.m, str(status), _app(deployment)
-        m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
-        m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
-        if _is_error(status):
-            m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
-            m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
+        http_request(self.m, route=route, method=method, deployment=deployment, app=_app(deployment), status=status,
+                     latency_ms=latency_ms)
 
     def grpc_started(self) -> None:
         self._grpc_ongoing.inc()
@@ -375,6 +391,11 @@ class ReplicaMetrics:
     def initialized(self, ms: float) -> None:
         """The user's constructor ended, after ``ms`` (once per replica process)."""
         self.m["ray_serve_replica_initialization_latency_ms"].labels(self.deployment, self.replica, self.app).observe(ms)
+
+    def http_request(self, *, route: str, method: str, status: int, latency_ms: float) -> None:
+        """One HTTP request its own server answered (the direct data plane: ``api.direct``)."""
+        http_request(self.m, route=route, method=method, deployment=self.deployment, app=self.app, status=status,
+                     latency_ms=latency_ms)
 
     def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
         m, dep, rid, app = self.m, self.deployment, self.replica, self.app
@@ -453,13 +474,24 @@ class _Families:
 def merged(families: Iterable[Metric]) -> bytes:
     """One exposition of several processes' families: the samples of a family that several
     replicas export are put under one ``# HELP``/``# TYPE`` (a family may appear only once in a
-    scrape; concatenated expositions would repeat it)."""
+    scrape; concatenated expositions would repeat it), and a counter's or histogram's series that
+    several export with the same labels (the HTTP requests the ingress and, on the direct data plane,
+    each replica counted) summed into one (a series may appear only once)."""
     out: dict[str, Metric] = {}
+    index: dict[tuple[str, str, tuple], int] = {}
     for fam in families:
         into = out.get(fam.name)
         if into is None:
             into = out[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-        into.samples.extend(fam.samples)
+        summed = fam.type in ("counter", "histogram", "summary")
+        for sample in fam.samples:
+            key = (fam.name, sample.name, tuple(sorted(sample.labels.items())))
+            at = index.get(key) if summed else None
+            if at is None:
+                index[key] = len(into.samples)
+                into.samples.append(sample)
+            elif not sample.name.endswith("_created"):  # (a creation time is not summed: the first kept)
+                into.samples[at] = into.samples[at]._replace(value=into.samples[at].value + sample.value)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(list(out.values())))
     return generate_latest(registry)

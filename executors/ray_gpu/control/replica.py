@@ -687,9 +687,13 @@ class ReplicaActor:
                                 and (inspect.isgeneratorfunction(getattr(cls, m, None))
                                      or inspect.isasyncgenfunction(getattr(cls, m, None))))
             server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
-                                         self._stream_direct, prefix, max_body_bytes, max_header_bytes)
+                                         self._stream_direct, prefix, max_body_bytes, max_header_bytes,
+                                         observe=self._http_observed)
             self._direct = asyncio.ensure_future(server.start(ray.util.get_node_ip_address()))
         return await asyncio.shield(self._direct)
+
+    def _http_observed(self, route: str, method: str, status: int, latency_ms: float) -> None:
+        self.metrics.http_request(route=route, method=method, status=status, latency_ms=latency_ms)
 
     async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
         return await self._run(method, args, kwargs, request, 0)

@@ -873,7 +873,8 @@ class IngressState:
         """``GET /metrics``: the ingress's metrics (its routers' queues read now), then the
         controller's (asked; within ``CONTROLLER_METRICS_TIMEOUT_S``, else left out and
         ``rankcore_controller_metrics_up`` 0), then every serving replica's, merged
-        (``_gather``). Registries of disjoint families: one scrape target."""
+        (``_gather``), its own with them (``merged``: a series several processes count, summed). One
+        scrape target."""
         from starlette.responses import Response
 
         loop = asyncio.get_running_loop()
@@ -884,9 +885,11 @@ class IngressState:
             theirs, families, answered = None, [], {}
         self.metrics.controller_up(theirs is not None)
         self.metrics.replicas_up(answered)
-        # (its routers' counts join the replicas' families: a replica's handles count under the same names)
-        families = router_families(routed(), self.actor_id, handle="http") + families
-        body = self.metrics.exposition() + (theirs or b"") + (merged(families) if families else b"")
+        # (its routers' counts join the replicas' families: a replica's handles count under the same names;
+        # its own HTTP request counts too: on the direct data plane the replicas' servers count theirs)
+        families = list(self.metrics.registry.collect()) + router_families(routed(), self.actor_id, handle="http") \
+            + families
+        body = merged(families) + (theirs or b"")
         return Response(body, media_type=CONTENT_TYPE)
 
     def _loads(self) -> dict[str, tuple[int, int]]:

@@ -1,0 +1,184 @@
+"""A replica's own HTTP server (executors/ray_gpu/api/direct.py, the direct data plane, issue 65),
+on an event loop of the test's, with plain functions for the replica: what it answers, in which
+order, what it refuses, what a client that leaves does to its call, what its metrics are told."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from executors.ray_gpu.api.direct import APP_HEADER, ROUTE_HEADER, DirectServer
+from executors.ray_gpu.api.exposed import Reachable
+
+
+class Replica:
+    """What the server calls: ``run`` and ``stream``, recording what they were asked."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.cancelled: list = []
+        self.observed: list = []
+
+    async def run(self, method, args, kwargs, request):
+        self.calls.append((method, args, kwargs, request))
+        if method == "fail":
+            raise KeyError("missing")
+        if method == "slow":
+            try:
+                await asyncio.sleep(args[0])
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
+            return "slow done"
+        if method == "weird":
+            return {1, 2}
+        return {"args": list(args), "kwargs": kwargs, "route": request.route, "app": request.app_name}
+
+    async def stream(self, method, args, kwargs, request):
+        for i in range(args[0] if args else 3):
+            yield {"i": i}
+        if kwargs.get("then_fail"):
+            raise ValueError("mid-way")
+
+
+def _server(rep: Replica, **limits) -> DirectServer:
+    reach = Reachable(http=frozenset({"__call__", "fail", "slow", "weird", "lines"}), grpc=None)
+    return DirectServer("dep", reach, frozenset({"lines"}), rep.run, rep.stream, "/dep",
+                        limits.get("max_body_bytes", 1000), limits.get("max_header_bytes", 2000),
+                        observe=lambda *a: rep.observed.append(a))
+
+
+def _request(path: str, body: bytes = b"", verb: str = "POST", headers: dict | None = None) -> bytes:
+    head = f"{verb} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    for k, v in (headers or {}).items():
+        head += f"{k}: {v}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[int, dict, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head[:-4].split(b"\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower().decode(): v.strip().decode() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    else:  # chunked
+        chunks = []
+        while (size := int((await reader.readuntil(b"\r\n")).strip(), 16)) != 0:
+            chunks.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+        await reader.readexactly(2)
+        body = b"".join(chunks)
+    return status, headers, body
+
+
+def _run(scenario) -> None:
+    async def main() -> None:
+        rep = Replica()
+        server = _server(rep)
+        address = await server.start("127.0.0.1")
+        host, port = address.rsplit(":", 1)
+        try:
+            await scenario(rep, server, host, int(port))
+        finally:
+            server.close()
+    asyncio.run(main())
+
+
+def test_a_call_with_its_context_errors_and_their_words():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep", json.dumps({"args": [1], "kwargs": {"k": 2}}).encode(),
+                         headers={"x-request-id": "rid-1", ROUTE_HEADER.decode(): "/dep", APP_HEADER.decode(): "app"}))
+        status, headers, body = await _read_answer(r)
+        assert status == 200 and headers["x-request-id"] == "rid-1"
+        assert json.loads(body) == {"args": [1], "kwargs": {"k": 2}, "route": "/dep", "app": "app"}
+        assert rep.calls[-1][3].request_id == "rid-1"
+        for path, verb, want, error in [("/dep/fail", "POST", 500, "application_error"),
+                                        ("/dep/nope", "POST", 404, "unknown_method"),
+                                        ("/dep/weird", "GET", 500, "unserialisable_result"),
+                                        ("/dep", "PUT", 405, "method_not_allowed")]:
+            w.write(_request(path, verb=verb))
+            status, headers, body = await _read_answer(r)
+            got = json.loads(body)
+            assert (status, got["error"], got["deployment"]) == (want, error, "dep"), got
+            assert got["request_id"] == headers["x-request-id"] and len(got["request_id"]) == 32
+        assert json.loads(body)["detail"].startswith("PUT /dep")
+        w.write(_request("/other"))
+        status, _, body = await _read_answer(r)
+        assert status == 404 and b"Path '/other' not found" in body
+        w.write(_request("/dep", b"{bad"))
+        status, _, body = await _read_answer(r)
+        assert status == 400 and json.loads(body)["error"] == "bad_request"
+        assert [o[2] for o in rep.observed] == [200, 500, 404, 500, 405, 404, 400]
+        assert rep.observed[0][:2] == ("/dep", "POST") and rep.observed[0][3] >= 0
+        w.close()
+    _run(scenario)
+
+
+def test_pipelined_requests_are_answered_in_order():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep/slow", b'{"args": [0.2]}') + _request("/dep", b"7"))
+        first, second = await _read_answer(r), await _read_answer(r)
+        assert json.loads(first[2]) == "slow done" and json.loads(second[2])["args"] == [7]
+        w.close()
+    _run(scenario)
+
+
+def test_a_stream_is_chunked_lines_and_an_error_mid_way_a_last_line():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep/lines", json.dumps({"args": [2], "kwargs": {"then_fail": True}}).encode()))
+        status, headers, body = await _read_answer(r)
+        assert status == 200 and headers["content-type"] == "application/x-ndjson"
+        lines = [json.loads(x) for x in body.splitlines()]
+        assert lines[:2] == [{"i": 0}, {"i": 1}] and lines[2]["error"] == "application_error"
+        assert lines[2]["detail"] == "mid-stream: ValueError: mid-way"
+        w.close()
+    _run(scenario)
+
+
+def test_a_client_that_leaves_cancels_its_call():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep/slow", b'{"args": [30]}', headers={"x-request-id": "leaver"}))
+        for _ in range(100):
+            if rep.calls:
+                break
+            await asyncio.sleep(0.01)
+        w.close()
+        for _ in range(200):
+            if rep.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        assert rep.cancelled == ["leaver"] and server.answers.get(499) == 1
+        assert rep.observed[-1][2] == 499
+    _run(scenario)
+
+
+@pytest.mark.parametrize(("extra", "want", "error"), [
+    ({"body": b"x" * 1001}, 413, "body_too_large"),
+    ({"headers": {"x-big": "v" * 3000}}, 431, "header_too_large"),
+])
+def test_what_is_too_large_is_refused_before_any_call(extra, want, error):
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep", extra.get("body", b""), headers=extra.get("headers")))
+        status, headers, body = await _read_answer(r)
+        assert status == want and json.loads(body)["error"] == error and headers["connection"] == "close"
+        assert await asyncio.wait_for(r.read(), 5) == b""  # (and the connection closed)
+        assert rep.calls == [] and rep.observed[-1][2] == want
+    _run(scenario)
+
+
+def test_connection_close_is_kept():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep", b"1", headers={"connection": "close"}))
+        status, headers, _ = await _read_answer(r)
+        assert status == 200 and headers["connection"] == "close"
+        assert await asyncio.wait_for(r.read(), 5) == b""
+    _run(scenario)
