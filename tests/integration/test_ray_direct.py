@@ -101,6 +101,11 @@ def ready_servers(deployment_name: str, n: int, timeout: float = 30.0) -> list:
         time.sleep(0.1)
 
 
+def direct(deployment_name: str) -> bool:
+    """Whether the data plane's route of ``deployment_name`` sends its requests straight to replicas now."""
+    return any(r["deployment"] == deployment_name and r["direct"] for r in plane()["routes"])
+
+
 def proxied(request_id: str) -> bool:
     """Whether the proxy answered ``request_id`` (its access log holds it)."""
     time.sleep(0.05)  # (the record is written as the answer ends)
@@ -143,6 +148,39 @@ def test_errors_answer_as_the_proxy_does(client):
     assert r.status_code == 405
     r = client.post("/dir", content=b"x" * ((1 << 20) + 1))
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+
+
+def test_limits_hold_on_the_direct_path_and_follow_configure(client):
+    """A head above ``max_header_bytes`` is 431 from the replica, one above HAProxy's buffer its 400;
+    an answer slower than ``request_timeout_s`` is 408. ``configure`` changes them on the running
+    data plane (HAProxy reloaded, the replicas' servers told)."""
+    r = client.get("/dir", headers={"x-fat": "v" * 20_000})
+    assert r.status_code == 431 and r.json()["error"] == "header_too_large"
+    assert client.get("/dir", headers={"x-fat": "v" * 40_000}).status_code == 400
+    reloads = plane()["reloads"]
+    ray.get(ingress().configure.remote(max_header_bytes=2048, request_timeout_s=0.5, header_timeout_s=0.5))
+    try:
+        deadline = time.monotonic() + 20
+        while plane()["reloads"] == reloads or not direct("dir"):
+            assert time.monotonic() < deadline, plane()
+            time.sleep(0.1)
+        time.sleep(0.3)  # (the replicas told their new limits: a call each)
+        r = client.get("/dir", headers={"x-fat": "v" * 3000})
+        assert r.status_code == 431 and "max_header_bytes=2048" in r.json()["detail"], r.text
+        with tempfile.TemporaryDirectory() as folder:
+            r = client.post("/dir/hold", json={"args": [folder, 3.0]})
+        assert r.status_code == 408 and r.json()["error"] == "timeout", r.text
+        host, port = ingress_address()
+        with socket.create_connection((host, port), timeout=10) as s:  # (a head that never ends)
+            s.sendall(b"GET /dir HTTP/1.1\r\nHost: x\r\n")
+            answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408"), answer  # (HAProxy's own page: it takes no error file for it)
+    finally:
+        ray.get(ingress().configure.remote(max_header_bytes=16 << 10, request_timeout_s=60.0, header_timeout_s=10.0))
+    deadline = time.monotonic() + 20
+    while not direct("dir"):
+        assert time.monotonic() < deadline, plane()
+        time.sleep(0.1)
 
 
 def test_a_generator_method_streams_lines(client):

@@ -143,7 +143,7 @@ def test_a_stream_is_chunked_lines_and_an_error_mid_way_a_last_line():
 
 def test_a_client_that_leaves_cancels_its_call():
     async def scenario(rep, server, host, port):
-        r, w = await asyncio.open_connection(host, port)
+        _r, w = await asyncio.open_connection(host, port)
         w.write(_request("/dep/slow", b'{"args": [30]}', headers={"x-request-id": "leaver"}))
         for _ in range(100):
             if rep.calls:

@@ -133,6 +133,7 @@ class ReplicaActor:
         #: its by-value server (``by_value_address``) once a router asked: a task giving (server, address)
         self._by_value: asyncio.Future | None = None
         self._direct: asyncio.Future | None = None  # (its own HTTP server, once asked: ``direct_address``)
+        self._direct_server: Any = None
         #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
         self.weights = ReplicaWeights(replica_id)
         #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
@@ -689,8 +690,16 @@ class ReplicaActor:
             server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
                                          self._stream_direct, prefix, max_body_bytes, max_header_bytes,
                                          observe=self._http_observed)
+            self._direct_server = server
             self._direct = asyncio.ensure_future(server.start(ray.util.get_node_ip_address()))
         return await asyncio.shield(self._direct)
+
+    @ray.method(concurrency_group=USER)
+    async def direct_limits(self, max_body_bytes: int, max_header_bytes: int) -> None:
+        """The ingress's limits changed: its own HTTP server (if started) applies them to what comes next."""
+        if self._direct is not None:
+            await asyncio.shield(self._direct)
+            self._direct_server.max_body_bytes, self._direct_server.max_header_bytes = max_body_bytes, max_header_bytes
 
     def _http_observed(self, route: str, method: str, status: int, latency_ms: float) -> None:
         self.metrics.http_request(route=route, method=method, status=status, latency_ms=latency_ms)

@@ -19,8 +19,9 @@ drain and their ``maxconn`` through HAProxy's runtime API (its admin socket); a 
 removed by a reload (a new HAProxy takes the listening socket over from the old, which finishes
 its connections: none is dropped). Answers HAProxy gives itself are the proxy's JSON errors:
 503 ``overloaded`` past ``max_queued_requests`` or ``unavailable`` when the queue's wait ran out,
-408 when a head or an answer took too long, 500 ``replica_died`` when a replica's connection broke
-after the request was sent (it may have run: never re-sent; only a failed connect is, ``RETRY_ON``).
+408 when an answer took too long, 500 ``replica_died`` when a replica's connection broke after the
+request was sent (it may have run: never re-sent; only a failed connect is, ``RETRY_ON``). A head
+slower than ``header_timeout_s`` gets HAProxy's own 408 page (it takes no error file for that one).
 """
 
 from __future__ import annotations
@@ -369,6 +370,7 @@ class DataPlane:
         self._wake = threading.Event()
         self._stop = False
         self._syncing = threading.Lock()  # (a sync and ``stop`` one at a time)
+        self._tell_limits = False  # (the replicas' servers are to be told new limits: ``set_limits``)
         self._facts = threading.Lock()  # (the addresses, asking, unreachable: Ray's callbacks write them)
         self.table: dp.Table | None = None
         self._started = threading.Event()
@@ -433,6 +435,12 @@ class DataPlane:
             self.haproxy.carry(cmds, new)
             self.applied += len(cmds)
         self.table = new
+        if self._tell_limits:
+            self._tell_limits = False
+            for v in views:
+                for rid, actor in v[4].items():
+                    if rid in addresses:
+                        actor.direct_limits.remote(self.max_body_bytes, self.max_header_bytes)
 
     def _ask(self, prefix: str, serving: dict[str, Any]) -> None:
         """Ask each serving replica not asked yet where its server is (under ``_facts``)."""
@@ -456,6 +464,19 @@ class DataPlane:
         with self._facts:
             self.asking.discard(rid)
             self.addresses[rid] = address
+        self._wake.set()
+
+    def set_limits(self, *, request_timeout_s: float | None, header_timeout_s: float | None,
+                   max_connections: int | None, max_body_bytes: int, max_header_bytes: int) -> None:
+        """The ingress's limits changed (``HttpIngress.configure``): HAProxy is reloaded with them and
+        every replica's server told its new ones (a replica asked later gets them with its address)."""
+        with self._syncing:
+            self.haproxy.opts = attrs.evolve(self.haproxy.opts, request_timeout_s=request_timeout_s,
+                                             header_timeout_s=header_timeout_s, max_connections=max_connections)
+            self.queue_timeout_s = request_timeout_s
+            self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+            self.table = None  # (the next sync reloads it whole, with the new options)
+            self._tell_limits = True
         self._wake.set()
 
     def info(self) -> dict:

@@ -1687,6 +1687,9 @@ class HttpIngress:
             st.access.enabled = check_enable_access_log(enable_access_log)
         st.max_body_bytes, st.request_timeout_s = most, timeout
         st.header_timeout_s, st.max_header_bytes, st.max_connections = head_s, head_bytes, conns
+        if self.plane is not None:  # (HAProxy reloaded with them, the replicas' servers told)
+            self.plane.set_limits(request_timeout_s=timeout, header_timeout_s=head_s, max_connections=conns,
+                                  max_body_bytes=most, max_header_bytes=head_bytes)
         return {"max_body_bytes": most, "request_timeout_s": timeout, "enable_access_log": st.access.enabled,
                 "header_timeout_s": head_s, "max_header_bytes": head_bytes, "max_connections": conns}
 
