@@ -92,6 +92,8 @@ if str(ROOT / "benchmarks") not in sys.path:
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
+from executors.ray_gpu.ingress.haproxy import DATA_PLANES  # noqa: E402 - (declared once, there)
+
 DEP = "chaos"  # deployment name (and Serve application name)
 ROUTE = "/chaos"
 #: the gRPC service both systems serve (the tests' own stubs: tests/integration/protos/echo.proto)
@@ -229,7 +231,7 @@ class Ours:
 
         self.grpc_target = f"127.0.0.1:{_free_port()}"
         start_ingress(port=0, proxy_location="HeadOnly", grpc_port=int(self.grpc_target.rsplit(":", 1)[1]),
-                      grpc_servicer_functions=SERVICERS)
+                      grpc_servicer_functions=SERVICERS, data_plane=self.args.data_plane)
         self.handle = self._deploy(OursV1, 1)
         address = ingress_address()
         if address is None:
@@ -963,7 +965,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
     print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
           f"{args.handle_clients} handle{' (ours: progress calls)' if args.handle_progress else ''} + "
           f"{args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
-          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs")
+          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs, ours' data plane: {args.data_plane}")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
                "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
     table = []
@@ -1023,7 +1025,8 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
             "--health-timeout", str(args.health_timeout), "--settle-timeout", str(args.settle_timeout),
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
             "--budget", str(args.budget), "--soak", str(args.soak), "--soak-every", str(args.soak_every),
-            "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s)]
+            "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s),
+            "--data-plane", args.data_plane]
     if args.handle_progress:
         argv.append("--handle-progress")
     limit = args.budget + args.soak + args.settle_timeout + args.request_timeout + 180
@@ -1053,6 +1056,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="ours' handle callers ask for progress (handle.options(progress=True)): a call tells when "
                         "it began, so one that never began on a replica that died is sent to another")
     p.add_argument("--work", type=float, default=0.02, help="the handler's seconds a request; default 0.02")
+    p.add_argument("--data-plane", choices=DATA_PLANES, default="proxy",
+                   help="what carries ours' HTTP requests: proxy (default) or direct (HAProxy straight to the "
+                        "replicas' own servers; docs/ray.md)")
     p.add_argument("--faults", type=_faults, default=list(FAULTS), help=f"'all' (default) or some of {','.join(FAULTS)}")
     p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating; default 2")
     p.add_argument("--seed", type=int, default=40, help="which replicas and nodes the faults hit; default 40")

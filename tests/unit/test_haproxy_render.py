@@ -48,8 +48,9 @@ def test_a_table_renders_to_a_configuration_haproxy_accepts(tmp_path, listening)
     assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
     e = table.of("e")
     assert e is not None
-    assert f"server {dp.server_name('e#1')} 127.0.0.1:9001 maxconn 5\n" in text
-    assert f"server {dp.server_name('e#2')} 127.0.0.1:9002 maxconn 5 weight 0\n" in text  # (draining)
+    eject = "check inter 1000ms rise 1 fall 1 observe layer4 error-limit 1 on-error mark-down"
+    assert f"server {dp.server_name('e#1')} 127.0.0.1:9001 maxconn 5 {eject}\n" in text
+    assert f"server {dp.server_name('e#2')} 127.0.0.1:9002 maxconn 5 {eject} weight 0\n" in text  # (draining)
     assert f"set-var proc.q_{e.backend} int(3)" in text
     assert f"set-var proc.q_{table.of('f').backend} int(2147483647)" in text  # (-1: no limit)
     assert f"retry-on {h.RETRY_ON}\n" in text and h.RETRY_ON == "conn-failure"

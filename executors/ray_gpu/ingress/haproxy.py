@@ -114,6 +114,12 @@ class Options:
     nbthread: int = NBTHREAD
 
 
+#: ``dataplane.EJECT`` in HAProxy's words: a server out at its first failed connect (passive), back once
+#: a connect check passes (active, TCP only: nothing reaches the user's code)
+_EJECT = (f"check inter {round(dp.EJECT['check_s'] * 1000)}ms rise 1 fall 1 observe layer4 "
+          f"error-limit {dp.EJECT['errors']} on-error mark-down")
+
+
 def _s(seconds: float | None, default: str = "1d") -> str:
     return default if seconds is None else f"{max(1, round(seconds * 1000))}ms"
 
@@ -201,7 +207,7 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
                   f"    http-request set-header {ROUTE_HEADER.decode()} {r.prefix}",
                   f"    http-request set-header {APP_HEADER.decode()} {r.app_name or r.deployment}"]
         for s in r.servers:
-            lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn}" + ("" if s.ready else " weight 0"))
+            lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn} {_EJECT}" + ("" if s.ready else " weight 0"))
     return "\n".join(lines) + "\n"
 
 
@@ -324,7 +330,8 @@ class HAProxy:
                 self.command(f"del server {be}/{name}")
             elif isinstance(cmd, dp.AddServer):
                 s = cmd.server
-                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn}")
+                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn} {_EJECT}")
+                self.command(f"enable health {be}/{s.name}")
                 self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
             elif isinstance(cmd, dp.SetServer):
                 s = cmd.server
