@@ -28,7 +28,7 @@ fails (500 ``replica_died``): that server may have begun it.
 
 A failed connect is a fact the balancer acts on at once, before the pool says the replica is gone
 (as a router leaves out a replica a call saw die): the server is out of the balancing until a
-connect to it succeeds again (``EJECT``). Without it, least-connections balancing picks a dead
+connect to it succeeds again (``EJECT_AFTER``, ``EJECT_CHECK_S``). Without it, least-connections balancing picks a dead
 server first (it holds no connection) for every request and every retry of one, and each fails.
 
 Internal module: the Ray executor's ingress (``executors/ray_gpu/ingress/haproxy.py``) uses it.
@@ -45,7 +45,7 @@ import attrs
 
 from ..base.errors import InvalidConfig
 
-__all__ = ["DATA_PLANES", "RETRY_ON", "EJECT", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
+__all__ = ["DATA_PLANES", "RETRY_ON", "EJECT_AFTER", "EJECT_CHECK_S", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
            "Reload", "server_name", "route", "table", "changes", "apply"]
 
 #: what may carry a deployment's HTTP requests (an executor's option, declared here once): "proxy", a
@@ -55,8 +55,9 @@ DATA_PLANES = ("proxy", "direct")
 #: was sent, so the request cannot have run); HAProxy's ``retry-on`` words
 RETRY_ON = "conn-failure"
 #: when the balancer takes a server out before the table does, and how it finds it back: out at its
-#: first failed connect, back once a connect (checked every ``check_s``) succeeds
-EJECT = {"on": "connect failure", "errors": 1, "check_s": 1.0}
+#: ``EJECT_AFTER``-th failed connect in a row, back once a connect (tried every ``EJECT_CHECK_S``) succeeds
+EJECT_AFTER = 1
+EJECT_CHECK_S = 1.0
 #: a server address: ``host:port``, the host a name or an IPv4 address
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")

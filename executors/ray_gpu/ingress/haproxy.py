@@ -114,10 +114,10 @@ class Options:
     nbthread: int = NBTHREAD
 
 
-#: ``dataplane.EJECT`` in HAProxy's words: a server out at its first failed connect (passive), back once
-#: a connect check passes (active, TCP only: nothing reaches the user's code)
-_EJECT = (f"check inter {round(dp.EJECT['check_s'] * 1000)}ms rise 1 fall 1 observe layer4 "
-          f"error-limit {dp.EJECT['errors']} on-error mark-down")
+#: ``dataplane.EJECT_AFTER`` and ``EJECT_CHECK_S`` in HAProxy's words: a server out at its first failed
+#: connect (passive), back once a connect check passes (active, TCP only: nothing reaches the user's code)
+_EJECT = (f"check inter {round(dp.EJECT_CHECK_S * 1000)}ms rise 1 fall 1 observe layer4 "
+          f"error-limit {dp.EJECT_AFTER} on-error mark-down")
 
 
 def _s(seconds: float | None, default: str = "1d") -> str:
