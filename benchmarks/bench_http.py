@@ -104,6 +104,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
+from executors.ray_gpu import http_method  # noqa: E402
 from executors.ray_gpu.ingress.haproxy import DATA_PLANES  # noqa: E402 - (declared once, there)
 
 DEP = "bench"  # deployment name (and Serve application name)
@@ -119,12 +120,24 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------- models
+#: the ``stream`` path's answer: this many newline-delimited JSON items, each sent as it is made
+STREAM_ITEMS = 100
+#: the ``mib`` path's body (and answer): one JSON string, 1 MiB in all (ours' default max_body_bytes)
+MIB_BODY = b'{"text": "' + b"x" * ((1 << 20) - 12) + b'"}'
+
+
 class OursEcho:
     """Returns its input: over HTTP the ingress passes the JSON body as the one argument; over
-    gRPC (``Say``) the request message, answered with a reply of the same text."""
+    gRPC (``Say``) the request message, answered with a reply of the same text; ``<route>/chunks``
+    streams ``n`` items."""
 
     async def __call__(self, x: Any = None) -> Any:
         return x
+
+    @http_method
+    async def chunks(self, n: int = STREAM_ITEMS) -> Any:
+        for i in range(n):
+            yield {"i": i}
 
     async def Say(self, request: Any) -> Any:
         from tests.integration.protos import echo_pb2
@@ -139,6 +152,17 @@ class ServeEcho:
         from starlette.requests import Request
 
         if isinstance(x, Request):
+            if x.url.path.endswith("/chunks"):  # (the stream path: JSON lines, as ours' generator method)
+                import json
+
+                from starlette.responses import StreamingResponse
+
+                n = (await x.json())["kwargs"]["n"]
+
+                async def lines() -> Any:
+                    for i in range(n):
+                        yield json.dumps({"i": i}) + "\n"
+                return StreamingResponse(lines(), media_type="application/x-ndjson")
             return await x.json()
         return x
 
@@ -279,16 +303,32 @@ async def http_level(url: str, clients: int, warmup: float, seconds: float, time
         await asyncio.gather(*(p.aclose() for p in pool))
 
 
-async def raw_http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+async def raw_http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float,
+                         kind: str = "http") -> dict:
     """As ``http_level`` through ``rawhttp.RawClient`` (one keep-alive connection per client, a
-    fraction of httpx's own CPU per request: what the servers cost shows more plainly)."""
+    fraction of httpx's own CPU per request: what the servers cost shows more plainly). ``kind``:
+    ``http`` (a small JSON body echoed), ``stream`` (``<route>/chunks``: ``STREAM_ITEMS`` JSON lines,
+    chunked) or ``mib`` (``MIB_BODY`` echoed)."""
     import json
 
     from rawhttp import RawClient
 
-    pool = [RawClient(url, timeout) for _ in range(clients)]
+    target = url + "/chunks" if kind == "stream" else url
+    pool = [RawClient(target, timeout) for _ in range(clients)]
+    asked = json.dumps({"kwargs": {"n": STREAM_ITEMS}}).encode()
 
     async def send(c: int, seq: int) -> bool:
+        if kind == "stream":
+            status, data = await pool[c].post(asked)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+            lines = data.splitlines()
+            return len(lines) == STREAM_ITEMS and json.loads(lines[-1]) == {"i": STREAM_ITEMS - 1}
+        if kind == "mib":
+            status, data = await pool[c].post(MIB_BODY)
+            if status != 200:
+                raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
+            return len(data) >= len(MIB_BODY) - 2 and data.endswith(b'x"}')
         body = _body(c, seq)
         status, data = await pool[c].post(json.dumps(body).encode())
         if status != 200:
@@ -370,6 +410,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
     def level(handle: Any, url: str, pi: int, path: str, li: int, clients: int) -> tuple[dict, str]:
         if path == "http":
             coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, args.http_client)
+        elif path in ("stream", "mib"):
+            coro = raw_http_level(url, clients, args.warmup, args.seconds, args.request_timeout, kind=path)
         elif path == "grpc":
             coro = grpc_level(system.grpc_target, clients, args.warmup, args.seconds, args.request_timeout)
         else:
@@ -511,8 +553,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
     p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
-    p.add_argument("--paths", type=childrun.paths_type("http", "handle", "grpc"), default=["http", "handle"],
-                   help="http,handle (default), grpc: each proxy's gRPC server against Serve's gRPC proxy")
+    p.add_argument("--paths", type=childrun.paths_type("http", "handle", "grpc", "stream", "mib"),
+                   default=["http", "handle"],
+                   help="http,handle (default), grpc: each proxy's gRPC server against Serve's gRPC proxy, "
+                        f"stream: {STREAM_ITEMS} JSON lines streamed over HTTP, mib: a 1 MiB body echoed over HTTP "
+                        "(both with the raw client)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")
     p.add_argument("--budget", type=float, default=300.0,

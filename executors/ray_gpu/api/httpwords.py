@@ -100,7 +100,7 @@ def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
         raise Reply(400, "bad_request", deep) from None
     if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
         raise Reply(400, "bad_request", deep)
-    if _HUGE_NUMBER.search(body) and _has_infinity(value):
+    if _may_overflow(body) and _has_infinity(value):
         raise Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
     return value
 
@@ -111,8 +111,30 @@ def _no_constant(name: str) -> Any:
 
 
 #: what a number past a double's range looks like in JSON (an exponent of 3 digits or more, or 309
-#: digits in a row): only then is the parsed value searched for an infinity
-_HUGE_NUMBER = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})|(?<![0-9])[0-9]{309}")
+#: digits in a row): only then is the parsed value searched for an infinity (``_may_overflow``)
+_BIG_EXPONENT = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})")
+_LONG_DIGITS = re.compile(rb"[0-9]{309}")
+_DIGITS = b"0123456789"
+#: above this many exponent letters in a body, one regex pass over it is cheaper than a look at each
+_FEW_EXPONENTS = 64
+
+
+def _may_overflow(body: bytes) -> bool:
+    """Whether ``body`` may hold a number past a double (``_BIG_EXPONENT``, ``_LONG_DIGITS``), looked
+    for at C speed first: a regex pass over a 1 MiB body took 35 ms, where counting letters and
+    digits takes well under one (the answer is the same: a false alarm only costs the exact walk)."""
+    letters = body.count(b"e") + body.count(b"E")
+    if letters > _FEW_EXPONENTS:
+        if _BIG_EXPONENT.search(body):
+            return True
+    elif letters:
+        for letter in (b"e", b"E"):
+            at = body.find(letter)
+            while at >= 0:
+                if _BIG_EXPONENT.match(body, at):
+                    return True
+                at = body.find(letter, at + 1)
+    return len(body) - len(body.translate(None, _DIGITS)) >= 309 and _LONG_DIGITS.search(body) is not None
 
 
 def _has_infinity(value: Any) -> bool:
