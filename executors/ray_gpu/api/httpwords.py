@@ -98,6 +98,8 @@ def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
         raise Reply(400, "bad_request", prefix + not_json.format(exc)) from None
     except RecursionError:
         raise Reply(400, "bad_request", deep) from None
+    if len(body) - len(body.translate(None, _SPECIAL)) < 4:  # (one pass: neither check can find anything)
+        return value
     if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
         raise Reply(400, "bad_request", deep)
     if _may_overflow(body) and _has_infinity(value):
@@ -116,6 +118,9 @@ _BIG_EXPONENT = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})")
 _LONG_DIGITS = re.compile(rb"[0-9]{309}")
 _DIGITS = b"0123456789"
 _DIGITS_AND_EXPONENTS = _DIGITS + b"eE"
+#: what nesting or a number past a double needs: brackets, digits, exponent letters (fewer than 4 of
+#: them in a body: it nests less than MAX_JSON_DEPTH and holds no such number)
+_SPECIAL = _DIGITS_AND_EXPONENTS + b"[{"
 #: above this many exponent letters in a body, one regex pass over it is cheaper than a look at each
 _FEW_EXPONENTS = 64
 
