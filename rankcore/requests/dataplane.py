@@ -188,6 +188,8 @@ def table(routes: Iterable[Route]) -> Table:
 
 @attrs.frozen(kw_only=True)
 class AddServer:
+    """A replica's server joins its route (its address became known, or changed)."""
+
     deployment: str
     server: Server
 
@@ -202,12 +204,16 @@ class SetServer:
 
 @attrs.frozen(kw_only=True)
 class RemoveServer:
+    """A replica left the pool (or its address changed): its server goes, after what it held ended."""
+
     deployment: str
     replica_id: str
 
 
 @attrs.frozen(kw_only=True)
 class SetQueue:
+    """A route's ``max_queued_requests`` changed (-1: no limit)."""
+
     deployment: str
     max_queued: int
 
