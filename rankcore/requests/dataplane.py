@@ -130,6 +130,12 @@ class Route:
     #: its class takes ASGI requests (any path, any method), which only the proxy relays
     asgi: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
+    def __attrs_post_init__(self) -> None:
+        ids = [s.replica_id for s in self.servers]
+        if len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise InvalidConfig(f"Route.servers: replica {twice[0]!r} is there twice")
+
     @property
     def direct(self) -> bool:
         """Whether its requests go straight to its replicas (not an ASGI app, and one is ready); else
@@ -173,7 +179,7 @@ def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterab
           queue_timeout_s: float | None, app_name: str = "", asgi: bool = False) -> Route:
     """``deployment``'s route (module docstring): its serving replicas ready, its draining ones in drain,
     those without a known address left out."""
-    serving, draining = tuple(serving), tuple(draining)
+    serving, draining = tuple(dict.fromkeys(serving)), tuple(dict.fromkeys(draining))
     servers = [Server(replica_id=rid, address=addresses[rid], ready=True, maxconn=max_ongoing_requests)
                for rid in serving if rid in addresses]
     servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests)

@@ -1,8 +1,8 @@
 """The direct data plane on Ray (issue 65): ``start_ingress(data_plane="direct")`` puts HAProxy on
 the ingress's port, sending a deployment's plain requests straight to its replicas' own HTTP
 servers (``api/direct.py``) as the core's table says (``rankcore.requests.dataplane``), and
-everything else to the proxy. A request that went direct leaves no record in the proxy's access
-log: that is how each test tells which way a request went."""
+everything else to the proxy. The proxy's answers carry uvicorn's ``server`` header, a replica's
+own none: that is how each test tells which way a request went."""
 
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ import pytest
 import ray
 
 import rankcore as rc
-from executors.ray_gpu import deployment, http_method, run
+from executors.ray_gpu import delete, deployment, http_method, run
 from executors.ray_gpu.api.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.control.replicas import actor_name
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, start_ingress
+from rankcore.requests import dataplane as dp
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -106,11 +107,23 @@ def direct(deployment_name: str) -> bool:
     return any(r["deployment"] == deployment_name and r["direct"] for r in plane()["routes"])
 
 
-def proxied(request_id: str) -> bool:
-    """Whether the proxy answered ``request_id`` (its access log holds it)."""
-    time.sleep(0.05)  # (the record is written as the answer ends)
-    records = ray.get(ingress().access_records.remote())["records"]
-    return any(r["request_id"] == request_id for r in records)
+def proxied(r: httpx.Response) -> bool:
+    """Whether the proxy answered ``r`` (uvicorn's ``server`` header; a replica's own server sends none)."""
+    return r.headers.get("server") == "uvicorn"
+
+
+def held_as_told() -> dict:
+    """The plane's info, once HAProxy itself holds exactly the servers of the table (``show servers
+    state`` against the core's table)."""
+    deadline = time.monotonic() + 20
+    while True:
+        info = plane()
+        told = {r["backend"]: sorted(dp.server_name(s[0]) for s in r["servers"]) for r in info["routes"]}
+        held = {b: sorted(names) for b, names in (info["held"] or {}).items()}
+        if info["held"] is not None and all(held.get(b, []) == names for b, names in told.items()):
+            return info
+        assert time.monotonic() < deadline, f"HAProxy holds {held}, the table {told}"
+        time.sleep(0.1)
 
 
 @pytest.fixture()
@@ -127,7 +140,8 @@ def test_a_plain_request_goes_straight_to_a_replica_with_its_context(client):
     body = r.json()
     assert body["x"] == {"a": 1} and body["request_id"] == "direct-1" and body["route"] == "/dir"
     assert body["app"] == "dir" and r.headers["x-request-id"] == "direct-1"
-    assert not proxied("direct-1")
+    assert not proxied(r)
+    assert proxied(client.get("/-/routes"))  # (and the check tells the two apart)
     pids = {client.get("/dir").json()["pid"] for _ in range(20)}
     assert len(pids) == 2  # (both replicas serve: least connections, ties in turn)
 
@@ -137,7 +151,7 @@ def test_errors_answer_as_the_proxy_does(client):
     assert r.status_code == 500 and r.json() == {"error": "application_error", "detail": "ValueError: the "
                                                   "application says no", "deployment": "dir",
                                                   "request_id": "direct-fail"}
-    assert not proxied("direct-fail")
+    assert not proxied(r)
     r = client.post("/dir/nope")
     assert r.status_code == 404 and r.json()["error"] == "unknown_method"
     r = client.get("/dir/not_json")
@@ -187,18 +201,18 @@ def test_a_generator_method_streams_lines(client):
     r = client.post("/dir/count", json={"kwargs": {"n": 4}}, headers={"x-request-id": "direct-stream"})
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
     assert [json.loads(line) for line in r.text.splitlines()] == [0, 1, 2, 3]
-    assert not proxied("direct-stream")
+    assert not proxied(r)
 
 
 def test_what_needs_the_proxy_goes_through_it(client):
     r = client.get("/-/routes")
     assert r.status_code == 200 and r.json() == {"/dir": "dir", "/tight": "tight"}
     r = client.post("/dir", json=1, headers={"x-request-id": "via-model", "serve_multiplexed_model_id": "m1"})
-    assert r.status_code == 200 and proxied("via-model")
+    assert r.status_code == 200 and proxied(r)
     r = client.post("/dir?progress=1", json=1, headers={"x-request-id": "via-progress"})
-    assert r.status_code == 200 and "event: done" in r.text and proxied("via-progress")
+    assert r.status_code == 200 and "event: done" in r.text and proxied(r)
     r = client.get("/nowhere", headers={"x-request-id": "via-404"})
-    assert r.status_code == 404 and proxied("via-404")
+    assert r.status_code == 404 and proxied(r)
 
 
 def test_past_max_queued_requests_the_balancer_answers_503(base):
@@ -260,6 +274,7 @@ def test_a_dead_replica_fails_no_request(client):
         assert time.monotonic() < deadline, plane()
         time.sleep(0.1)
     ready_servers("dir", 2, timeout=60)
+    assert dp.server_name(victim) not in str(held_as_told()["held"])  # (gone from HAProxy itself too)
 
 
 def test_scaling_down_drains_without_a_failure(base):
@@ -283,7 +298,9 @@ def test_scaling_down_drains_without_a_failure(base):
         stop.set()
         t.join(30)
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
-    assert plane()["errors"] == 0
+    assert held_as_told()["errors"] == 0
+    run(Direct.options(num_replicas=2).bind(), route_prefix="/dir")  # (as the other tests find it)
+    ready_servers("dir", 2, timeout=60)
 
 
 def test_requests_answered_direct_are_in_the_ingress_s_metrics(client):
@@ -303,6 +320,30 @@ def test_requests_answered_direct_are_in_the_ingress_s_metrics(client):
         assert client.post("/dir", json=i).status_code == 200
     assert client.post("/dir/fail").status_code == 500
     assert counted("200") - before == 5 and counted("500") - failed == 1
+
+
+def test_a_route_at_the_root_leaves_the_pages_to_the_proxy(client):
+    """A deployment routed at ``/`` gets every path but the proxy's pages and ``/metrics``; a longer
+    prefix's paths stay its own."""
+    run(Direct.options(name="root", num_replicas=1).bind(), route_prefix="/")
+    try:
+        ready_servers("root", 1)
+        held_as_told()
+        r = client.get("/")
+        assert r.status_code == 200 and r.json()["route"] == "/" and not proxied(r)
+        r = client.get("/nope")  # (a method the root's class lacks: its replica's 404)
+        assert r.status_code == 404 and r.json()["error"] == "unknown_method" and not proxied(r)
+        r = client.get("/dir")
+        assert r.status_code == 200 and r.json()["route"] == "/dir" and not proxied(r)
+        for page in ("/-/healthz", "/-/routes", "/metrics"):
+            r = client.get(page)
+            assert r.status_code == 200 and proxied(r), (page, r.status_code, r.text[:200])
+    finally:
+        delete("root")
+    deadline = time.monotonic() + 30
+    while any(r["deployment"] == "root" for r in plane()["routes"]):
+        assert time.monotonic() < deadline, plane()
+        time.sleep(0.1)
 
 
 def test_a_bad_data_plane_is_refused():
@@ -343,5 +384,4 @@ def test_a_killed_ingress_takes_its_haproxy_along_and_its_successor_serves_direc
     assert after["haproxy_pid"] != pid
     with httpx.Client(base_url=base, timeout=30.0) as c:
         r = c.post("/tight", json=0, headers={"x-request-id": "after-restart"})
-        assert r.status_code == 200 and r.json() == 0
-    assert not proxied("after-restart")
+        assert r.status_code == 200 and r.json() == 0 and not proxied(r)

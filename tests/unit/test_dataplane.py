@@ -80,6 +80,13 @@ def test_bad_route_is_refused(prefix, queued, timeout):
         dp.route("e", prefix, (), (), {}, 1, queued, timeout)
 
 
+def test_a_replica_twice_in_a_route_is_refused():
+    server = dp.Server(replica_id="e#1", address="127.0.0.1:1", ready=True, maxconn=1)
+    with pytest.raises(rc.InvalidConfig, match="replica 'e#1' is there twice"):
+        dp.Route(deployment="e", prefix="/e", servers=(server, server), max_queued=-1, queue_timeout_s=None)
+    assert len(dp.route("e", "/e", ["e#1", "e#1"], ["e#1"], A, 1, -1, None).servers) == 1
+
+
 def test_two_routes_on_one_prefix_are_refused():
     with pytest.raises(rc.InvalidConfig, match="share the prefix '/e'"):
         dp.table([_route(), dp.route("f", "/e", (), (), {}, 1, -1, None)])

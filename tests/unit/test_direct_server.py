@@ -182,3 +182,42 @@ def test_connection_close_is_kept():
         assert status == 200 and headers["connection"] == "close"
         assert await asyncio.wait_for(r.read(), 5) == b""
     _run(scenario)
+
+
+def test_head_answers_carry_no_body_errors_included():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        for path, want in (("/dep", 200), ("/dep/nope", 404), ("/dep/lines", 200)):
+            w.write(_request(path, verb="HEAD"))
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 %d" % want), head
+        w.write(_request("/dep", b"5"))  # (the connection's framing held: the next answer is whole)
+        status, _, body = await _read_answer(r)
+        assert status == 200 and json.loads(body)["args"] == [5]
+        assert [c[0] for c in rep.calls] == ["__call__", "__call__"]  # (a stream's HEAD ran nothing)
+        w.close()
+    _run(scenario)
+
+
+def test_a_refusal_behind_a_request_waits_its_turn():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep/slow", b'{"args": [0.3]}') + _request("/dep", b"x" * 1001))
+        first = await _read_answer(r)
+        second = await _read_answer(r)
+        assert json.loads(first[2]) == "slow done" and second[0] == 413
+        assert rep.cancelled == [] and server.answers.get(499) is None
+        assert await asyncio.wait_for(r.read(), 5) == b""
+    _run(scenario)
+
+
+def test_expect_100_continue_is_answered_before_the_body():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(b"POST /dep HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n")
+        assert await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        w.write(b"7")
+        status, _, body = await _read_answer(r)
+        assert status == 200 and json.loads(body)["args"] == [7]
+        w.close()
+    _run(scenario)

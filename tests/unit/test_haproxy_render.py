@@ -54,10 +54,30 @@ def test_a_table_renders_to_a_configuration_haproxy_accepts(tmp_path, listening)
     assert f"set-var proc.q_{e.backend} int(3)" in text
     assert f"set-var proc.q_{table.of('f').backend} int(2147483647)" in text  # (-1: no limit)
     assert f"retry-on {h.RETRY_ON}\n" in text and h.RETRY_ON == "conn-failure"
-    assert "http-request set-header x-rankcore-route /e\n" in text and "x-rankcore-app app\n" in text
+    assert 'http-request set-header x-rankcore-route "/e"\n' in text and 'x-rankcore-app "app"\n' in text
     assert f"use_backend {table.of('g').backend}" not in text  # (an ASGI app: through the proxy)
     assert text.index("use_backend proxy if via_proxy") < text.index(f"use_backend {e.backend}")
     assert f"bind fd@{listening.fileno()}\n" in text and "server proxy 127.0.0.1:1234" in text
+    # the pages are the proxy's whatever route sits at /, and a path is only its longest prefix's
+    assert "acl via_proxy path_beg /-/\n" in text and "acl via_proxy path /metrics\n" in text
+    f, g = table.of("f"), table.of("g")
+    assert f"use_backend {f.backend} if r_{f.backend} !r_{g.backend} !r_{e.backend} " in text
+    assert f"use_backend {e.backend} if r_{e.backend} {{" in text
+
+
+def test_max_queued_0_refuses_only_when_every_slot_is_taken(tmp_path, listening):
+    table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 2, 0, None)])
+    text = _render(tmp_path, listening, table)
+    be = table.routes[0].backend
+    assert f"{{ be_conn_free({be}) eq 0 }} {{ queue({be}),sub(proc.q_{be}) ge 0 }}" in text
+    assert _valid(tmp_path, listening).returncode == 0
+
+
+def test_names_and_prefixes_are_quoted(tmp_path, listening):
+    table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 2, -1, None, app_name='my app "100%"')])
+    text = _render(tmp_path, listening, table)
+    assert 'x-rankcore-app "my app \\"100%%\\""\n' in text
+    assert _valid(tmp_path, listening).returncode == 0
 
 
 def test_no_route_still_renders(tmp_path, listening):

@@ -107,6 +107,8 @@ class DirectServer:
             request = RequestContext(route=prefix, request_id=rid, app_name=headers.get(APP_HEADER, b"").decode(),
                                      multiplexed_model_id=headers.get(_MODEL_ID, b"").decode("latin-1"))
             if method in self.streams:
+                if verb == "HEAD":  # (a stream's head alone: nothing run)
+                    return conn.reply(200, b"", b"application/x-ndjson", rid)
                 return await self._stream(conn, method, args, kwargs, request)
             value = await self.run(method, args, kwargs, request)
         except Reply as r:
@@ -122,7 +124,7 @@ class DirectServer:
         except (TypeError, ValueError, RecursionError) as exc:
             return self._error(conn, 500, "unserialisable_result",
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", rid)
-        conn.reply(200, data, b"application/json", rid, head_only=verb == "HEAD")
+        conn.reply(200, data, b"application/json", rid)
 
     def _error(self, conn: _Connection, status: int, error: str, detail: str, rid: str) -> None:
         body = {"error": error, "detail": detail, "deployment": self.deployment, "request_id": rid}
@@ -158,6 +160,8 @@ class DirectServer:
 
 
 _NOTHING = object()
+#: pipelined requests read ahead of the one being answered, at most (then reading pauses)
+_MOST_WAITING = 16
 #: a stream's chunks held for one write at most this many bytes
 _FLUSH_AT = 64 << 10
 
@@ -194,8 +198,10 @@ class _Connection(asyncio.Protocol):
         self._out = bytearray()  # (a stream's chunks not written yet: ``chunk``)
         self._flushing = False
         self._drain: asyncio.Future | None = None
-        self._waiting: collections.deque[tuple[str, str, dict[bytes, bytes], bytes, bool, float]] = \
-            collections.deque()
+        #: requests read, not answered yet (pipelined), in order; a refusal ``(None, (status, error,
+        #: detail))`` waits its turn as they do
+        self._waiting: collections.deque[tuple] = collections.deque()
+        self._refusing = False  # (a refusal waits its turn: nothing more is read)
         #: the request being answered: its verb, route (set once matched) and when it was read whole
         self.verb, self.route, self.t0 = "", "", 0.0
 
@@ -224,6 +230,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         import httptools
 
+        if self._refusing:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -249,6 +257,9 @@ class _Connection(asyncio.Protocol):
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
             self._refuse(413, "body_too_large", f"the body ({int(length)} bytes) is above max_body_bytes="
                                                 f"{self.server.max_body_bytes}")
+        elif self._headers.get(b"expect", b"").lower() == b"100-continue" and self.task is None \
+                and self.transport is not None:  # (the client waits for it before sending its body, as curl does)
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -268,10 +279,18 @@ class _Connection(asyncio.Protocol):
                               time.perf_counter()))
         if self.task is None:
             self._next()
+        elif len(self._waiting) >= _MOST_WAITING and self.transport is not None:
+            self.transport.pause_reading()  # (a client pipelining without end: read again once answered)
 
     def _next(self) -> None:
-        """Answer the oldest request read and not answered yet."""
-        verb, path, headers, body, self._keep_alive, self.t0 = self._waiting.popleft()
+        """Answer the oldest request read and not answered yet (or send the refusal waiting its turn)."""
+        item = self._waiting.popleft()
+        if item[0] is None:
+            self._refuse_now(*item[1])
+            return
+        if self.transport is not None and not self._refusing and len(self._waiting) < _MOST_WAITING:
+            self.transport.resume_reading()
+        verb, path, headers, body, self._keep_alive, self.t0 = item
         self.verb, self.route = verb, ""
         self.task = asyncio.get_running_loop().create_task(self.server.answer(self, verb, path, headers, body))
         self.task.add_done_callback(self._answered)
@@ -301,7 +320,19 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ answers
     def _refuse(self, status: int, error: str, detail: str) -> None:
-        """An answer before the request was read whole: sent, then the connection closed."""
+        """An answer before the request was read whole: sent, then the connection closed. Behind a
+        request still being answered (pipelined), it waits its turn; nothing more is read."""
+        if self._closing or self._refusing:
+            return
+        if self.task is not None:
+            self._refusing = True
+            self._waiting.append((None, (status, error, detail)))
+            assert self.transport is not None
+            self.transport.pause_reading()
+            return
+        self._refuse_now(status, error, detail)
+
+    def _refuse_now(self, status: int, error: str, detail: str) -> None:
         if self._closing:
             return
         if self.task is None:  # (what the metrics say of it: the request it refused)
@@ -326,7 +357,8 @@ class _Connection(asyncio.Protocol):
             except Exception:  # (metrics never fail an answer)
                 log.exception("direct ingress: recording a request's metrics failed")
 
-    def reply(self, status: int, body: bytes, content_type: bytes, rid: str | None, head_only: bool = False) -> None:
+    def reply(self, status: int, body: bytes, content_type: bytes, rid: str | None) -> None:
+        """The whole answer (a ``HEAD``'s without its body, its length said all the same)."""
         if self._closing or self.transport is None:
             return
         self._counted(status)
@@ -336,7 +368,7 @@ class _Connection(asyncio.Protocol):
             head += b"x-request-id: %s\r\n" % rid.encode()
         if not self._keep_alive:
             head += b"connection: close\r\n"
-        self.transport.write(head + b"\r\n" + (b"" if head_only else body))
+        self.transport.write(head + b"\r\n" + (b"" if self.verb == "HEAD" else body))
 
     def begin_chunked(self, status: int, content_type: bytes, rid: str) -> None:
         if self._closing or self.transport is None:

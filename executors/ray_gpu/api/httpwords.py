@@ -15,9 +15,12 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_ERROR_MESSAGE", "Reply", "match_prefix", "match_route", "not_found_text",
+__all__ = ["METRICS_PATH", "MAX_JSON_DEPTH", "MAX_ERROR_MESSAGE", "Reply", "match_prefix", "match_route", "not_found_text",
            "args_of", "read_json", "status_of", "ANSI", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "request_id_of"]
 
+#: where Prometheus scrapes the ingress (a route prefix may not take it; the direct data plane sends
+#: it to the proxy whatever route sits at /)
+METRICS_PATH = "/metrics"
 #: a JSON body nested deeper than this is refused with 400: Python's decoder raises RecursionError
 #: near 1,000 levels, and the call's arguments are pickled (and answers encoded) by recursion too
 #: (serde_json's default limit is 128)

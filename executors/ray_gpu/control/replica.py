@@ -680,19 +680,22 @@ class ReplicaActor:
         """Where the data plane's balancer sends this replica's HTTP requests (direct ingress:
         ``api.direct``): ``host:port`` of its own HTTP server, started on the user loop on the first
         ask (``prefix``: its route's, when the balancer does not name it; the limits: the ingress's)."""
-        if self._direct is None:
-            await self._until_started()
-            assert self.instance is not None
-            cls = type(self.instance)
-            streams = frozenset(m for m in dir(cls) if not m.startswith("_")
-                                and (inspect.isgeneratorfunction(getattr(cls, m, None))
-                                     or inspect.isasyncgenfunction(getattr(cls, m, None))))
-            server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
-                                         self._stream_direct, prefix, max_body_bytes, max_header_bytes,
-                                         observe=self._http_observed)
-            self._direct_server = server
-            self._direct = asyncio.ensure_future(server.start(ray.util.get_node_ip_address()))
+        if self._direct is None:  # (set before any await: two asks at once start one server)
+            self._direct = asyncio.ensure_future(self._start_direct(prefix, max_body_bytes, max_header_bytes))
         return await asyncio.shield(self._direct)
+
+    async def _start_direct(self, prefix: str, max_body_bytes: int, max_header_bytes: int) -> str:
+        await self._until_started()
+        assert self.instance is not None
+        cls = type(self.instance)
+        streams = frozenset(m for m in dir(cls) if not m.startswith("_")
+                            and (inspect.isgeneratorfunction(getattr(cls, m, None))
+                                 or inspect.isasyncgenfunction(getattr(cls, m, None))))
+        server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
+                                     self._stream_direct, prefix, max_body_bytes, max_header_bytes,
+                                     observe=self._http_observed)
+        self._direct_server = server
+        return await server.start(ray.util.get_node_ip_address())
 
     @ray.method(concurrency_group=USER)
     async def direct_limits(self, max_body_bytes: int, max_header_bytes: int) -> None:

@@ -43,6 +43,7 @@ import attrs
 from rankcore.requests import dataplane as dp
 
 from ..api.direct import APP_HEADER, ROUTE_HEADER
+from ..api.httpwords import METRICS_PATH
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,19 @@ def _error_file(path: str, status: int, reason: str, body: dict) -> str:
     return path
 
 
+def _only(route: dp.Route, table: dp.Table) -> str:
+    """The condition of a path under ``route`` and under no longer prefix of the table (whose paths
+    are its route's, direct or through the proxy)."""
+    base = "" if route.prefix == "/" else route.prefix
+    longer = [r for r in table.routes if len(r.prefix) > len(route.prefix) and r.prefix.startswith(base + "/")]
+    return " ".join([f"r_{route.backend}", *(f"!r_{r.backend}" for r in longer)])
+
+
+def _quoted(value: str) -> str:
+    """``value`` as an HAProxy log-format string argument: quoted, ``"`` and ``\\`` escaped, ``%`` doubled."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+
+
 def _json_string(body: dict) -> str:
     """``body`` as an HAProxy quoted string argument."""
     return '"' + json.dumps(body).replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -185,43 +199,55 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         "    acl via_proxy req.hdr(serve_multiplexed_model_id) -m found",
         "    acl via_proxy req.hdr(accept) -m sub text/event-stream",
         "    acl via_proxy url_param(progress) -m str 1 true",
+        "    acl via_proxy path_beg /-/",  # (the proxy's pages, whatever route sits at /)
+        f"    acl via_proxy path {METRICS_PATH}",
     ]
-    direct = [r for r in table.routes if not r.asgi]  # (an ASGI app's requests go to the proxy: the default)
-    for r in direct:
+    for r in table.routes:  # (every route, ASGI ones too: a longer prefix's paths are never a shorter one's)
         base = "" if r.prefix == "/" else r.prefix
         lines.append(f"    acl r_{r.backend} path {r.prefix}")
         lines.append(f"    acl r_{r.backend} path_beg {base}/")
+    direct = [r for r in table.routes if not r.asgi]  # (an ASGI app's requests go to the proxy: the default)
     for r in direct:  # (http-request rules run before any use_backend)
-        overloaded = {"error": "overloaded", "detail": f"max_queued_requests={r.max_queued} requests already wait "
-                      f"for a replica of {r.deployment!r}", "deployment": r.deployment}
+        overloaded = {"error": "overloaded", "detail": f"max_queued_requests requests already wait for a replica of "
+                      f"{r.deployment!r}", "deployment": r.deployment}
         lines.append(f"    http-request return status 503 content-type application/json string "
-                     f"{_json_string(overloaded)} if !via_proxy r_{r.backend} {{ nbsrv({r.backend}) ge 1 }} "
-                     f"{{ queue({r.backend}),sub(proc.q_{r.backend}) ge 0 }}")
+                     f"{_json_string(overloaded)} if !via_proxy {_only(r, table)} {{ nbsrv({r.backend}) ge 1 }} "
+                     f"{{ be_conn_free({r.backend}) eq 0 }} {{ queue({r.backend}),sub(proc.q_{r.backend}) ge 0 }}")
     lines.append("    use_backend proxy if via_proxy")
     for r in direct:
-        lines.append(f"    use_backend {r.backend} if r_{r.backend} {{ nbsrv({r.backend}) ge 1 }}")
+        lines.append(f"    use_backend {r.backend} if {_only(r, table)} {{ nbsrv({r.backend}) ge 1 }}")
     lines += ["    default_backend proxy", "backend proxy", f"    server proxy {opts.proxy}"]
     for r in table.routes:
         lines += [f"backend {r.backend}", "    balance leastconn",
                   f"    timeout queue {_s(r.queue_timeout_s)}",
-                  f"    http-request set-header {ROUTE_HEADER.decode()} {r.prefix}",
-                  f"    http-request set-header {APP_HEADER.decode()} {r.app_name or r.deployment}"]
+                  f"    http-request set-header {ROUTE_HEADER.decode()} {_quoted(r.prefix)}",
+                  f"    http-request set-header {APP_HEADER.decode()} {_quoted(r.app_name or r.deployment)}"]
         for s in r.servers:
             lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn} {_EJECT}" + ("" if s.ready else " weight 0"))
     return "\n".join(lines) + "\n"
+
+
+def _prctl() -> Any:
+    """libc's ``prctl``, looked up here in the parent (None: not Linux): a child between fork and exec
+    only calls it (a library loaded there, in a process of many threads, could deadlock)."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
 
 
 def _die_with_parent() -> None:
     """In the child, before HAProxy starts: killed when the thread that started it ends (Linux's
     ``PR_SET_PDEATHSIG``), so an ingress actor that dies (killed, crashed) takes its HAProxy along and
     the port it held is free for its successor. ``DataPlane`` starts every HAProxy from its own
-    thread, which lives as long as the plane."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
-    except (OSError, AttributeError):  # (not Linux: the actor's ``stop`` stops it)
-        pass
+    thread, which lives as long as the plane. (Not Linux: the actor's ``stop`` stops it.)"""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
 
 
 class HAProxy:
@@ -269,9 +295,9 @@ class HAProxy:
                 raise RuntimeError(f"HAProxy exited at start ({proc.returncode}): "
                                    f"{proc.stderr.read().decode(errors='replace')[-2000:] if proc.stderr else ''}")
             try:
-                if old is None or takeover is False or self._answers(proc.pid):
+                if self._answers(proc.pid):  # (the admin socket is the new process's: it serves)
                     break
-            except OSError:
+            except (OSError, RuntimeError):
                 pass
             if time.monotonic() > deadline:
                 proc.kill()
@@ -285,7 +311,7 @@ class HAProxy:
 
     def _answers(self, pid: int) -> bool:
         """Whether the admin socket is the new process's (``show info``'s ``Pid``)."""
-        info = self.command("show info")
+        info = self.command("show info", ok="Pid:")
         return f"Pid: {pid}" in info
 
     @staticmethod
@@ -296,8 +322,10 @@ class HAProxy:
             if "[ALERT]" in text or "[WARNING]" in text:
                 log.info("haproxy %d: %s", proc.pid, text)
 
-    def command(self, line: str) -> str:
-        """One runtime API command: its answer, or ``RuntimeError`` when HAProxy refused it."""
+    def command(self, line: str, ok: str | None = None) -> str:
+        """One runtime API command: its answer, or ``RuntimeError`` when HAProxy refused it. ``ok``:
+        what its answer says when it did what was asked (None: a command that answers nothing then,
+        as ``set server``: any answer is a refusal)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5.0)
             s.connect(self.socket)
@@ -306,10 +334,18 @@ class HAProxy:
             while chunk := s.recv(65536):
                 out += chunk
         text = out.decode(errors="replace").strip()
-        if any(text.startswith(w) for w in ("No such", "Unknown", "Require", "This command", "'", "Missing")) \
-                or "error" in text.lower() or "invalid" in text.lower():
-            raise RuntimeError(f"HAProxy refused {line!r}: {text}")
+        if ok == "" or (ok is None and text) or (ok and ok not in text):
+            raise RuntimeError(f"HAProxy refused {line!r}: {text or 'no answer'}")
         return text
+
+    def held(self) -> dict[str, list[str]]:
+        """What HAProxy itself holds now (``show servers state``): backend -> its servers' names."""
+        out: dict[str, list[str]] = {}
+        for line in self.command("show servers state", ok="# be_id").splitlines():
+            fields = line.split()
+            if len(fields) > 3 and not line.startswith("#") and fields[1] != "proxy":
+                out.setdefault(fields[1], []).append(fields[3])
+        return out
 
     def carry(self, commands: tuple[dp.Change, ...], table: dp.Table) -> None:
         """Carry out ``changes``' commands (``table``: where they lead, for a reload)."""
@@ -327,10 +363,11 @@ class HAProxy:
                 name = dp.server_name(cmd.replica_id)
                 self.command(f"set server {be}/{name} state maint")
                 self.command(f"shutdown sessions server {be}/{name}")
-                self.command(f"del server {be}/{name}")
+                self.command(f"del server {be}/{name}", ok="Server deleted")
             elif isinstance(cmd, dp.AddServer):
                 s = cmd.server
-                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn} {_EJECT}")
+                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn} {_EJECT}",
+                             ok="New server registered")
                 self.command(f"enable health {be}/{s.name}")
                 self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
             elif isinstance(cmd, dp.SetServer):
@@ -373,6 +410,7 @@ class DataPlane:
         self.asking: set[str] = set()
         self.unreachable: set[str] = set()
         self.errors = 0
+        self.restarts = 0  # (HAProxy processes found dead and started again)
         self.applied = 0  # runtime commands and reloads carried out (tests)
         self._wake = threading.Event()
         self._stop = False
@@ -407,6 +445,11 @@ class DataPlane:
                 with self._syncing:
                     if self._stop:
                         return
+                    proc = self.haproxy.proc
+                    if proc is not None and proc.poll() is not None:  # (it died: started again, whole)
+                        log.error("HAProxy %d exited (%s): starting another", proc.pid, proc.returncode)
+                        self.haproxy.proc, self.table = None, None
+                        self.restarts += 1
                     self.sync()
             except Exception:
                 self.errors += 1
@@ -425,15 +468,18 @@ class DataPlane:
             with router.lock:
                 views.append((deployment, prefix, app_name, asgi, dict(router.actors),
                               tuple(getattr(router, "draining", ())), router.limits or (1, -1, 0)))
+        asked: list = []
         with self._facts:
             for _d, prefix, _a, asgi, serving, _dr, _l in views:
                 if not asgi:
-                    self._ask(prefix, serving)
+                    asked += self._ask(prefix, serving)
             known = {rid for v in views for rid in (*v[4], *v[5])}
             for rid in [r for r in self.addresses if r not in known]:
                 del self.addresses[rid]
             self.unreachable &= known
             addresses = dict(self.addresses)
+        for rid, ref in asked:  # (outside the lock: a callback on an answer already there runs here, at once)
+            ref.future().add_done_callback(lambda f, rid=rid: self._answered(rid, f))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
                                 app_name=app_name, asgi=asgi)
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
@@ -449,19 +495,22 @@ class DataPlane:
                     if rid in addresses:
                         actor.direct_limits.remote(self.max_body_bytes, self.max_header_bytes)
 
-    def _ask(self, prefix: str, serving: dict[str, Any]) -> None:
-        """Ask each serving replica not asked yet where its server is (under ``_facts``)."""
+    def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any]]:
+        """Ask each serving replica not asked yet where its server is (under ``_facts``): ``(replica,
+        the answer's ref)`` of each asked."""
+        out = []
         for rid, actor in serving.items():
             if rid in self.addresses or rid in self.asking or rid in self.unreachable:
                 continue
             self.asking.add(rid)
-            ref = actor.direct_address.remote(prefix, self.max_body_bytes, self.max_header_bytes)
-            ref.future().add_done_callback(lambda f, rid=rid: self._answered(rid, f))
+            out.append((rid, actor.direct_address.remote(prefix, self.max_body_bytes, self.max_header_bytes)))
+        return out
 
     def _answered(self, rid: str, fut: Any) -> None:
         """A replica's address came (on Ray's callback thread)."""
         try:
             address = fut.result()
+            dp.Server(replica_id=rid, address=address, ready=True, maxconn=1)  # (an address HAProxy takes)
         except Exception as exc:
             log.warning("replica %s could not start its own HTTP server (its requests take the others): %s", rid, exc)
             with self._facts:
@@ -487,12 +536,20 @@ class DataPlane:
         self._wake.set()
 
     def info(self) -> dict:
+        """What the plane holds: the table's routes, and HAProxy's own servers by backend (``held``:
+        they should be the table's), with its counters."""
         table = self.table
         routes = [] if table is None else [
-            {"deployment": r.deployment, "prefix": r.prefix, "direct": r.direct, "max_queued": r.max_queued,
+            {"deployment": r.deployment, "prefix": r.prefix, "backend": r.backend, "direct": r.direct,
+             "max_queued": r.max_queued,
              "servers": [(s.replica_id, s.address, s.ready, s.maxconn) for s in r.servers]} for r in table.routes]
-        return {"routes": routes, "applied": self.applied, "reloads": self.haproxy.reloads, "errors": self.errors,
-                "haproxy_pid": self.haproxy.proc.pid if self.haproxy.proc is not None else None}
+        proc = self.haproxy.proc
+        try:
+            held = self.haproxy.held()
+        except (OSError, RuntimeError):  # (between two processes, or none)
+            held = None
+        return {"routes": routes, "held": held, "applied": self.applied, "reloads": self.haproxy.reloads, "errors": self.errors,
+                "restarts": self.restarts, "haproxy_pid": proc.pid if proc is not None else None}
 
     def stop(self) -> None:
         """Stop HAProxy (it finishes the connections it holds, then exits), then the thread."""

@@ -68,6 +68,7 @@ from ..api.httpwords import ANSI as _ANSI
 from ..api.httpwords import (  # (re-exported: the rules moved there, their users import them from here)
     MAX_ERROR_MESSAGE,
     MAX_JSON_DEPTH,
+    METRICS_PATH,
     Reply,
     args_of,
     match_prefix,
@@ -128,8 +129,6 @@ RECENT_FAULTS = 20
 WATCH_AFTER_S = 0.2
 #: what a request whose client went away is counted as (nginx's "Client Closed Request")
 GONE = 499
-#: where Prometheus scrapes the ingress (a route prefix may not take it)
-METRICS_PATH = "/metrics"
 #: how long the ingress trusts the ranks it last heard (access records' ``rank``)
 RANKS_TTL_S = 1.0
 #: how long a scrape waits for the controller's metrics (then serves the ingress's alone)
