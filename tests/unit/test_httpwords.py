@@ -9,7 +9,8 @@ from executors.ray_gpu.api.httpwords import Reply, _may_overflow, args_of
 
 
 @pytest.mark.parametrize("body", [b"[1e999]", b"[1E+0400]", b"[-2.5e00309]", b"[" + b"9" * 309 + b".0]",
-                                  b"[" + b"1e5," * 100 + b"1e400]", b'{"a": {"b": [1, 2e9999]}}'])
+                                  b"[" + b"1e5," * 100 + b"1e400]", b'{"a": {"b": [1, 2e9999]}}',
+                                  b"[1" + b"0" * 250 + b"e60]", b"[1" + b"0" * 300 + b".5E9]"])
 def test_a_number_past_a_double_is_refused(body):
     with pytest.raises(Reply, match="JSON has no infinity"):
         args_of(body)

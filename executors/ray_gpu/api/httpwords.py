@@ -115,10 +115,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-#: what a number past a double's range looks like in JSON (an exponent of 3 digits or more, or 309
-#: digits in a row): only then is the parsed value searched for an infinity (``_may_overflow``)
+#: what a number past a double's range looks like in JSON (an exponent of 3 digits or more, 309 digits
+#: in a row, or a mantissa of 20 digits or more with any exponent): only then is the parsed value
+#: searched for an infinity (``_may_overflow``)
 _BIG_EXPONENT = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})")
 _LONG_DIGITS = re.compile(rb"[0-9]{309}")
+_SOME_DIGITS = re.compile(rb"[0-9]{20}")
 _DIGITS = b"0123456789"
 _DIGITS_AND_EXPONENTS = _DIGITS + b"eE"
 #: what nesting or a number past a double needs: brackets, digits, exponent letters (fewer than 4 of
@@ -145,7 +147,10 @@ def _may_overflow(body: bytes) -> bool:
                 if _BIG_EXPONENT.match(body, at):
                     return True
                 at = body.find(letter, at + 1)
-    return len(body) - len(body.translate(None, _DIGITS)) >= 309 and _LONG_DIGITS.search(body) is not None
+    digits = len(body) - len(body.translate(None, _DIGITS))
+    if letters and digits >= 20 and _SOME_DIGITS.search(body):  # (a long mantissa times a small power: 1 + 250 zeros, e60)
+        return True
+    return digits >= 309 and _LONG_DIGITS.search(body) is not None
 
 
 def _has_infinity(value: Any) -> bool:

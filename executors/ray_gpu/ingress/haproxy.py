@@ -305,6 +305,9 @@ class HAProxy:
             time.sleep(0.02)
         if old is not None:
             self.old.append(old)
+        for name in os.listdir(self.workdir):  # (the configurations before this one: read, not needed again)
+            if name.startswith("haproxy-") and name.endswith(".cfg") and os.path.join(self.workdir, name) != config:
+                os.remove(os.path.join(self.workdir, name))
         self.proc = proc
         self.old = [p for p in self.old if p.poll() is None]
         threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True).start()
@@ -424,6 +427,8 @@ class DataPlane:
         self._thread.start()
         self._started.wait(30.0)
         if self._start_error is not None or self.haproxy.proc is None:
+            self._stop = True
+            self.haproxy.stop()  # (its folder goes too)
             raise RuntimeError(f"the direct data plane's HAProxy did not start: {self._start_error}")
 
     def changed(self) -> None:
