@@ -281,3 +281,26 @@ def test_http_requests_counted_by_several_processes_are_summed_into_one_series()
     assert got == {("ray_serve_num_http_requests_total", "200"): 3, ("ray_serve_num_http_requests_total", "500"): 1,
                    ("ray_serve_http_request_latency_ms_count", "200"): 3,
                    ("ray_serve_http_request_latency_ms_count", "500"): 1}
+
+
+def test_a_replica_that_leaves_keeps_its_share_of_a_summed_counter():
+    """``Departed``: the sum over replicas never falls when one goes (Prometheus would read a reset),
+    nor when one misses a scrape; what each counted is added once."""
+    from executors.ray_gpu.control.metrics import HTTP_REQUEST_METRICS, Departed, ReplicaMetrics
+
+    def counted(fams: list) -> float:
+        text = merged(fams).decode()
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.name == "ray_serve_num_http_requests_total")
+
+    a, b = ReplicaMetrics("d", "d#0", application="d"), ReplicaMetrics("d", "d#1", application="d")
+    for _ in range(3):
+        a.http_request(route="/d", method="POST", status=200, latency_ms=1.0)
+    b.http_request(route="/d", method="POST", status=200, latency_ms=1.0)
+    shares = Departed(s.name for s in HTTP_REQUEST_METRICS)
+    assert counted(shares.fold({"a": a.families(), "b": b.families()})) == 4
+    assert counted(shares.fold({"a": None, "b": b.families()})) == 4  # (a missed this scrape)
+    b.http_request(route="/d", method="POST", status=200, latency_ms=1.0)
+    assert counted(shares.fold({"b": b.families()})) == 5  # (a left: its 3 stay)
+    assert counted(shares.fold({"b": b.families()})) == 5  # (and are added once)
+    assert counted(shares.fold({})) == 5

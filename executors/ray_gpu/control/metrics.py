@@ -301,6 +301,38 @@ def http_request(m: dict[str, Any], *, route: str, method: str, deployment: str,
         m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
 
 
+class Departed:
+    """Keeps counters summed over processes from dropping when one of them goes (the direct data
+    plane's HTTP request counts, one share per replica, summed by ``merged``): a replica that left keeps
+    adding what it counted last, so the sum never falls, which Prometheus would read as a counter reset
+    (a spike in ``rate``). One that did not answer a scrape counts what it counted last too."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self.last: dict[Any, list[Metric]] = {}  # process -> its families of ``names``, as it last said
+        #: (family, type, help, sample name, labels) -> what the processes that left counted
+        self.gone: dict[tuple[str, str, str, str, tuple], float] = {}
+
+    def fold(self, now: dict[Any, list[Metric] | None]) -> list[Metric]:
+        """``now``: every process still there, with its families (None: it did not answer this time).
+        The families of ``names`` to merge: each process's last, and one of those that left."""
+        for key, fams in now.items():
+            if fams is not None:
+                self.last[key] = [f for f in fams if f.name in self.names]
+        for key in [k for k in self.last if k not in now]:
+            for fam in self.last.pop(key):
+                for smp in fam.samples:
+                    if not smp.name.endswith("_created"):  # (a creation time is not a count)
+                        k = (fam.name, fam.type, fam.documentation, smp.name, tuple(sorted(smp.labels.items())))
+                        self.gone[k] = self.gone.get(k, 0.0) + smp.value
+        left: dict[str, Metric] = {}
+        for (name, kind, doc, sample, labels), value in self.gone.items():
+            if name not in left:
+                left[name] = Metric(name, doc, kind)
+            left[name].add_sample(sample, dict(labels), value)
+        return [f for fams in self.last.values() for f in fams] + list(left.values())
+
+
 class IngressMetrics:
     """The ingress's metrics: one ``request`` per HTTP request answered, one ``grpc_request`` per gRPC
     call; the ongoing gauges move as requests come and go; the queue gauges are read from the handles

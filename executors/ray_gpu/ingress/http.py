@@ -80,7 +80,7 @@ from ..api.httpwords import (  # (re-exported: the rules moved there, their user
 from ..api.router import routed
 from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
-from ..control.metrics import CONTENT_TYPE, IngressMetrics, merged, router_families
+from ..control.metrics import CONTENT_TYPE, HTTP_REQUEST_METRICS, Departed, IngressMetrics, merged, router_families
 from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
 
 log = logging.getLogger(__name__)
@@ -443,6 +443,9 @@ class IngressState:
         self.address: tuple[str, int] = ("", 0)
         self.access = access if access is not None else AccessLog(enabled=False)
         self.metrics = metrics if metrics is not None else IngressMetrics()
+        #: the replicas' HTTP request counts (the direct data plane's), kept from falling when one goes
+        self._http = Departed(s.name for s in HTTP_REQUEST_METRICS)
+        self._http_shares: list = []
         #: deployment -> (when heard, {replica: global rank}); and the asks under way
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
         self._asking: dict[str, asyncio.Future] = {}
@@ -879,15 +882,19 @@ class IngressState:
         loop = asyncio.get_running_loop()
         self.metrics.queues(self._loads(), "http", self.actor_id)
         try:
-            theirs, families, answered = await loop.run_in_executor(self.pool, _gather)
+            theirs, per_replica, answered = await loop.run_in_executor(self.pool, _gather)
         except Exception:  # (the controller unknown: restarting)
-            theirs, families, answered = None, [], {}
+            theirs, per_replica, answered = None, None, {}
         self.metrics.controller_up(theirs is not None)
         self.metrics.replicas_up(answered)
         # (its routers' counts join the replicas' families: a replica's handles count under the same names;
-        # its own HTTP request counts too: on the direct data plane the replicas' servers count theirs)
+        # its own HTTP request counts too: on the direct data plane the replicas' servers count theirs,
+        # and one that left keeps its share: ``Departed``. A scrape that found no pools leaves them as they were)
+        families = [f for fams in (per_replica or {}).values() for f in fams or () if f.name not in self._http.names]
+        if per_replica is not None:
+            self._http_shares = self._http.fold(per_replica)
         families = list(self.metrics.registry.collect()) + router_families(routed(), self.actor_id, handle="http") \
-            + families
+            + families + self._http_shares
         body = merged(families) + (theirs or b"")
         return Response(body, media_type=CONTENT_TYPE)
 
@@ -1023,11 +1030,12 @@ def _ask_controller(method: str, *args: Any, timeout: float = 5.0) -> Any:
     return ray.get(getattr(controller, method).remote(*args), timeout=timeout)
 
 
-def _gather(controller_s: float = CONTROLLER_METRICS_TIMEOUT_S,
-            replica_s: float = REPLICA_METRICS_TIMEOUT_S) -> tuple[bytes | None, list, dict[tuple[str, str], bool]]:
+def _gather(controller_s: float = CONTROLLER_METRICS_TIMEOUT_S, replica_s: float = REPLICA_METRICS_TIMEOUT_S
+            ) -> tuple[bytes | None, dict[tuple[str, str], list | None] | None, dict[tuple[str, str], bool]]:
     """(On a call thread.) The controller's exposition (None: no answer in ``controller_s``), the
-    metric families of every replica its pools list as serving, and whether each answered within
-    ``replica_s``: ``(text, families, {(deployment, replica): answered})``. Every replica is asked
+    metric families of every replica its pools list as serving (None: those of one that did not answer
+    within ``replica_s``), and whether each answered: ``(text, {(deployment, replica): families or
+    None}, {(deployment, replica): answered})``; None for the families when the pools were not read. Every replica is asked
     at once, so a scrape waits for the slowest answer up to ``replica_s``, never for their sum.
     The ingress gathers them (not the controller): scrapes stay on the data path's actor, and the
     controller's loop answers two small calls (its exposition, its pools) per scrape, not one per replica."""
@@ -1035,8 +1043,9 @@ def _gather(controller_s: float = CONTROLLER_METRICS_TIMEOUT_S,
     text_ref, pools_ref = controller.metrics_text.remote(), controller.pools.remote()
     ready, _ = ray.wait([text_ref, pools_ref], num_returns=2, timeout=controller_s)
     text = _got(text_ref) if text_ref in ready else None
+    pools_read = pools_ref in ready
     actors: dict[tuple[str, str], Any] = {}
-    members = (_got(pools_ref) or {}).get("members", {}) if pools_ref in ready else {}
+    members = (_got(pools_ref) or {}).get("members", {}) if pools_read else {}
     pool_refs = {name: controller.pool.remote(name) for name in members}
     if pool_refs:
         ready, _ = ray.wait(list(pool_refs.values()), num_returns=len(pool_refs), timeout=controller_s)
@@ -1045,15 +1054,15 @@ def _gather(controller_s: float = CONTROLLER_METRICS_TIMEOUT_S,
             for rid, actor in (pool or {}).get("serving", ()):
                 actors[(name, rid)] = actor
     refs = {key: actor.metrics_families.remote() for key, actor in actors.items()}
-    families: list = []
+    families: dict[tuple[str, str], list | None] = {}
     answered: dict[tuple[str, str], bool] = {}
     if refs:
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=replica_s)
         for key, ref in refs.items():
             got = _got(ref) if ref in ready else None
             answered[key] = got is not None
-            families.extend(got or ())
-    return text, families, answered
+            families[key] = got
+    return text, (families if pools_read else None), answered
 
 
 def _got(ref: Any) -> Any:
