@@ -15,6 +15,7 @@ starting with ``__``, which no client can name.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,7 +29,7 @@ ASGI_APP_ATTR = "__rankcore_asgi_app__"
 #: ``api.grpc_context.ENTRY_PREFIX``: ``<it><method>`` calls ``method`` with a ``grpc_context``
 GRPC_ENTRY_PREFIX = "__rankcore_grpc__"
 
-__all__ = ["http_method", "Reachable", "reachable", "LIFECYCLE", "HTTP_ATTR"]
+__all__ = ["http_method", "Reachable", "reachable", "stream_methods", "LIFECYCLE", "HTTP_ATTR"]
 
 #: what ``@http_method`` sets on the function
 HTTP_ATTR = "__rankcore_http_method__"
@@ -120,6 +121,13 @@ def reachable(cls: Any) -> Reachable:
     return Reachable(http=frozenset(http), grpc=None if dynamic else frozenset(grpc),
                      asgi=callable(getattr(cls, ASGI_ENTRY, None)), grpc_context=with_context,
                      routes=route_patterns(getattr(cls, ASGI_APP_ATTR, None)))
+
+
+def stream_methods(cls: type) -> tuple[str, ...]:
+    """The class's generator methods, plain or async (its streams): what the routers read from the
+    controller's pool answers and a replica's own HTTP server reads from its class."""
+    return tuple(m for m in dir(cls) if inspect.isgeneratorfunction(getattr(cls, m, None))
+                 or inspect.isasyncgenfunction(getattr(cls, m, None)))
 
 
 def route_patterns(app: Any) -> tuple[tuple[str, tuple[str, ...] | None], ...]:

@@ -122,10 +122,10 @@ _BIG_EXPONENT = re.compile(rb"[eE]\+?0*(?:[3-9][0-9][0-9]|[0-9]{4})")
 _LONG_DIGITS = re.compile(rb"[0-9]{309}")
 _SOME_DIGITS = re.compile(rb"[0-9]{20}")
 _DIGITS = b"0123456789"
-_DIGITS_AND_EXPONENTS = _DIGITS + b"eE"
 #: what nesting or a number past a double needs: brackets, digits, exponent letters (fewer than 4 of
-#: them in a body: it nests less than MAX_JSON_DEPTH and holds no such number)
-_SPECIAL = _DIGITS_AND_EXPONENTS + b"[{"
+#: them in a body: it nests less than MAX_JSON_DEPTH and holds no such number; ``read_json`` counts
+#: them in one pass before either check)
+_SPECIAL = _DIGITS + b"eE[{"
 #: above this many exponent letters in a body, one regex pass over it is cheaper than a look at each
 _FEW_EXPONENTS = 64
 
@@ -134,8 +134,6 @@ def _may_overflow(body: bytes) -> bool:
     """Whether ``body`` may hold a number past a double (``_BIG_EXPONENT``, ``_LONG_DIGITS``), looked
     for at C speed first: a regex pass over a 1 MiB body took 35 ms, where counting letters and
     digits takes well under one (the answer is the same: a false alarm only costs the exact walk)."""
-    if len(body) - len(body.translate(None, _DIGITS_AND_EXPONENTS)) < 4:  # (one pass: none can be there)
-        return False
     letters = body.count(b"e") + body.count(b"E")
     if letters > _FEW_EXPONENTS:
         if _BIG_EXPONENT.search(body):

@@ -30,7 +30,6 @@ restarted controller recovers from and ``recover.py`` rebuilds from it,
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import time
@@ -985,9 +984,8 @@ def _methods(cls: type) -> dict:
     """The class's ``@idempotent`` methods and its generator methods (streams), read once at apply
     (they were read from the class at every pool answer): every pool answer carries them to the
     routers; saved with the spec, so a restarted controller has them too."""
+    from ..api.exposed import stream_methods
     from ..api.router import IDEMPOTENT_ATTR
 
-    names = dir(cls)
-    return {"idempotent": tuple(m for m in names if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)),
-            "streams": tuple(m for m in names if inspect.isgeneratorfunction(getattr(cls, m, None))
-                             or inspect.isasyncgenfunction(getattr(cls, m, None)))}
+    return {"idempotent": tuple(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)),
+            "streams": stream_methods(cls)}

@@ -688,10 +688,8 @@ class ReplicaActor:
         await self._until_started()
         assert self.instance is not None
         cls = type(self.instance)
-        streams = frozenset(m for m in dir(cls) if not m.startswith("_")
-                            and (inspect.isgeneratorfunction(getattr(cls, m, None))
-                                 or inspect.isasyncgenfunction(getattr(cls, m, None))))
-        server = direct.DirectServer(self.deployment, exposed.reachable(cls), streams, self._run_direct,
+        server = direct.DirectServer(self.deployment, exposed.reachable(cls), frozenset(exposed.stream_methods(cls)),
+                                     self._run_direct,
                                      self._stream_direct, prefix, max_body_bytes, max_header_bytes,
                                      observe=self._http_observed)
         self._direct_server = server
