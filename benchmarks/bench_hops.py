@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     childrun.add_child_arguments(p)
     p.set_defaults(serve_mode="fast")  # (the mode to beat; --serve-mode both adds the default one)
     args = p.parse_args(argv)
-    if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
-        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
+    childrun.check_levels(p, args)
     childrun.ray_env(ROOT, ROOT / "benchmarks")
     return childrun.main_for(args, run_child, spawn, print_report, log)
 

@@ -578,8 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     os.environ.update(TRANSPORTS[args.transport])  # (read by both systems' proxies, replicas and handles)
-    if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
-        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
+    childrun.check_levels(p, args)
 
     # replicas and the ingress import executors.ray_gpu (ours) and this module by name
     childrun.ray_env(ROOT, ROOT / "benchmarks")

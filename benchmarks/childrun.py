@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
            "client_counts", "deploy_ours", "paths_type", "kill_serve_replica", "SERVE_MODES", "systems",
-           "serve_views", "run_async"]
+           "serve_views", "run_async", "check_levels"]
 
 #: Ray Serve's modes a benchmark measures ours against (``--serve-mode``), each the environment its
 #: child runs under: ``default`` as Serve ships, ``fast`` its fastest shipped mode (an HAProxy per node
@@ -286,6 +286,12 @@ def ratio_table(rows: list[tuple[str, str, bool]], ours: dict, serve: dict) -> l
         out.append({"figure": title, "ours": x, "serve": y, "ratio": ratio})
         print(f"{title:<22}{fmt(x):>10}{fmt(y):>10}{fmt(ratio):>12}  {'yes' if lower else ''}")
     return out
+
+
+def check_levels(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The usage error of a level benchmark given no replica, no measured time or a negative warm-up."""
+    if args.replicas < 1 or args.seconds <= 0 or args.warmup < 0:
+        p.error("need --replicas >= 1, --seconds > 0, --warmup >= 0")
 
 
 def add_child_arguments(p: argparse.ArgumentParser, json_help: str = "write all results here") -> None:
