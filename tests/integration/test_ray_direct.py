@@ -183,7 +183,11 @@ def test_limits_hold_on_the_direct_path_and_follow_configure(client):
         assert r.status_code == 431 and "max_header_bytes=2048" in r.json()["detail"], r.text
         with tempfile.TemporaryDirectory() as folder:
             r = client.post("/dir/hold", json={"args": [folder, 3.0]})
-        assert r.status_code == 408 and r.json()["error"] == "timeout", r.text
+            assert r.status_code == 408 and r.json()["error"] == "timeout", r.text
+            deadline = time.monotonic() + 10  # (HAProxy gave up on the replica: its call is cancelled there)
+            while not os.path.exists(os.path.join(folder, "cancelled")):
+                assert time.monotonic() < deadline, os.listdir(folder)
+                time.sleep(0.05)
         host, port = ingress_address()
         with socket.create_connection((host, port), timeout=10) as s:  # (a head that never ends)
             s.sendall(b"GET /dir HTTP/1.1\r\nHost: x\r\n")
@@ -320,6 +324,44 @@ def test_requests_answered_direct_are_in_the_ingress_s_metrics(client):
         assert client.post("/dir", json=i).status_code == 200
     assert client.post("/dir/fail").status_code == 500
     assert counted("200") - before == 5 and counted("500") - failed == 1
+
+
+def test_requests_answered_direct_have_access_records(client):
+    """A replica's own server writes each request's access record, as the proxy writes those it
+    carries (its replica and rank named), to its node's ``access.jsonl``; the ingress's
+    ``access_records()`` merges them in; ``configure(enable_access_log=False)`` stops them."""
+    rids = [f"direct-record-{i}-{time.monotonic_ns()}" for i in range(4)]
+    for rid in rids[:3]:
+        r = client.post("/dir", json=1, headers={"x-request-id": rid})
+        assert r.status_code == 200 and not proxied(r)
+    assert client.post("/dir/fail", headers={"x-request-id": rids[3]}).status_code == 500
+    got = ray.get(ingress().access_records.remote())
+    mine = {rec["request_id"]: rec for rec in got["records"] if rec["request_id"] in rids}
+    assert set(mine) == set(rids), got["records"][-8:]
+    ok, failed = mine[rids[0]], mine[rids[3]]
+    assert (ok["method"], ok["route"], ok["path"], ok["deployment"], ok["status"]) == ("POST", "/dir", "/dir", "dir",
+                                                                                       200)
+    assert ok["bytes"] > 0 and ok["latency_ms"] >= 0 and ok["replica"] and isinstance(ok["rank"], int)
+    assert (failed["path"], failed["status"]) == ("/dir/fail", 500)
+    servers = {s[0] for r in plane()["routes"] if r["deployment"] == "dir" for s in r["servers"]}
+    assert {rec["replica"] for rec in mine.values()} <= servers
+    with open(got["path"]) as f:  # (the same node's file as the proxy's: this test's cluster has one node)
+        written = [json.loads(line) for line in f if line.strip()]
+    assert {rec["request_id"] for rec in written} >= set(rids)
+    reloads = plane()["reloads"]
+    ray.get(ingress().configure.remote(enable_access_log=False))
+    try:
+        deadline = time.monotonic() + 20
+        while plane()["reloads"] == reloads or not direct("dir"):
+            assert time.monotonic() < deadline, plane()
+            time.sleep(0.1)
+        time.sleep(0.3)  # (the replicas told: a call each)
+        quiet = f"direct-record-off-{time.monotonic_ns()}"
+        assert client.post("/dir", json=1, headers={"x-request-id": quiet}).status_code == 200
+        records = ray.get(ingress().access_records.remote())["records"]
+        assert quiet not in {rec["request_id"] for rec in records}
+    finally:
+        ray.get(ingress().configure.remote(enable_access_log=True))
 
 
 def test_a_route_at_the_root_leaves_the_pages_to_the_proxy(client):

@@ -47,7 +47,7 @@ def _server(rep: Replica, **limits) -> DirectServer:
     reach = Reachable(http=frozenset({"__call__", "fail", "slow", "weird", "lines"}), grpc=None)
     return DirectServer("dep", reach, frozenset({"lines"}), rep.run, rep.stream, "/dep",
                         limits.get("max_body_bytes", 1000), limits.get("max_header_bytes", 2000),
-                        observe=lambda *a: rep.observed.append(a))
+                        observe=rep.observed.append)
 
 
 def _request(path: str, body: bytes = b"", verb: str = "POST", headers: dict | None = None) -> bytes:
@@ -110,10 +110,14 @@ def test_a_call_with_its_context_errors_and_their_words():
         status, _, body = await _read_answer(r)
         assert status == 404 and b"Path '/other' not found" in body
         w.write(_request("/dep", b"{bad"))
-        status, _, body = await _read_answer(r)
+        status, headers, body = await _read_answer(r)
         assert status == 400 and json.loads(body)["error"] == "bad_request"
-        assert [o[2] for o in rep.observed] == [200, 500, 404, 500, 405, 404, 400]
-        assert rep.observed[0][:2] == ("/dep", "POST") and rep.observed[0][3] >= 0
+        assert [o.status for o in rep.observed] == [200, 500, 404, 500, 405, 404, 400]
+        first = rep.observed[0]
+        assert (first.route, first.method, first.path, first.request_id) == ("/dep", "POST", "/dep", "rid-1")
+        assert first.latency_ms >= 0 and first.nbytes == len(json.dumps(
+            {"args": [1], "kwargs": {"k": 2}, "route": "/dep", "app": "app"}))
+        assert rep.observed[-1].request_id == headers["x-request-id"]  # (each its own, the one it was answered)
         w.close()
     _run(scenario)
 
@@ -137,7 +141,25 @@ def test_a_stream_is_chunked_lines_and_an_error_mid_way_a_last_line():
         lines = [json.loads(x) for x in body.splitlines()]
         assert lines[:2] == [{"i": 0}, {"i": 1}] and lines[2]["error"] == "application_error"
         assert lines[2]["detail"] == "mid-stream: ValueError: mid-way"
+        # (told once, at its end: its status and every line's bytes)
+        assert [(o.status, o.nbytes) for o in rep.observed] == [(200, len(body))]
         w.close()
+    _run(scenario)
+
+
+def test_a_stream_cut_by_its_client_is_told_once_as_499():
+    async def scenario(rep, server, host, port):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_request("/dep/lines", json.dumps({"args": [10 ** 6]}).encode()))
+        await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)  # (its head: the stream began)
+        w.close()
+        for _ in range(200):
+            if rep.observed:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert [o.status for o in rep.observed] == [499] and rep.observed[0].nbytes > 0
+        assert server.answers == {499: 1}
     _run(scenario)
 
 
@@ -155,7 +177,7 @@ def test_a_client_that_leaves_cancels_its_call():
                 break
             await asyncio.sleep(0.01)
         assert rep.cancelled == ["leaver"] and server.answers.get(499) == 1
-        assert rep.observed[-1][2] == 499
+        assert rep.observed[-1].status == 499 and rep.observed[-1].request_id is None  # (never answered)
     _run(scenario)
 
 
@@ -170,7 +192,8 @@ def test_what_is_too_large_is_refused_before_any_call(extra, want, error):
         status, headers, body = await _read_answer(r)
         assert status == want and json.loads(body)["error"] == error and headers["connection"] == "close"
         assert await asyncio.wait_for(r.read(), 5) == b""  # (and the connection closed)
-        assert rep.calls == [] and rep.observed[-1][2] == want
+        assert rep.calls == [] and rep.observed[-1].status == want
+        assert rep.observed[-1].request_id == headers["x-request-id"] and rep.observed[-1].path == "/dep"
     _run(scenario)
 
 

@@ -18,7 +18,10 @@ answering as the proxy does (``api/httpwords.py``: the same routes, bodies, erro
   ``x-rankcore-route`` / ``x-rankcore-app`` headers;
 * a client gone before its answer cancels the call (the user's task is cancelled, its slot freed);
 * a head above ``max_header_bytes`` is 431, a body above ``max_body_bytes`` 413, both before the
-  call, and the connection closed.
+  call, and the connection closed;
+* each request is told to ``observe`` once, when its answer ended (``Answered``: its status, the
+  time from its arrival to its last byte, its body's bytes; a client gone before the end 499),
+  as the proxy's ``_Observe`` tells its metrics and access records.
 
 One request at a time per connection, in order (a pipelined one waits for the one before; reading
 goes on, so a client that leaves is noticed at once); the balancer holds many connections. The replica's ``max_ongoing_requests`` slots
@@ -35,7 +38,7 @@ import socket
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from .context import RequestContext
 from .exposed import Reachable
@@ -43,7 +46,7 @@ from .httpwords import ANSI, Reply, args_of, match_route, not_found_text, reques
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROUTE_HEADER", "APP_HEADER", "DirectServer"]
+__all__ = ["ROUTE_HEADER", "APP_HEADER", "Answered", "DirectServer"]
 
 #: the route prefix the balancer matched, set by it on every request it sends (a client's own is replaced)
 ROUTE_HEADER = b"x-rankcore-route"
@@ -57,8 +60,22 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 Run = Callable[[str, tuple, dict, RequestContext], Awaitable[Any]]
 Stream = Callable[[str, tuple, dict, RequestContext], AsyncIterator[Any]]
-#: ``observe(route, method, status, latency_ms)``: one request answered (the replica's HTTP metrics)
-Observe = Callable[[str, str, int, float], None]
+
+
+class Answered(NamedTuple):
+    """One request's answer, ended: what the replica's metrics and access record say of it."""
+
+    route: str  # the route prefix it matched ("" for none)
+    method: str  # its HTTP verb
+    path: str
+    status: int  # 499: its client left before the answer's end
+    latency_ms: float  # from the request read whole to the answer's last byte
+    nbytes: int  # the answer's body (a stream's lines), as sent
+    request_id: str | None  # None: refused before a request id was given
+
+
+#: ``observe(answered)``: one request answered (the replica's HTTP metrics and access records)
+Observe = Callable[[Answered], None]
 
 
 class DirectServer:
@@ -202,8 +219,11 @@ class _Connection(asyncio.Protocol):
         #: detail))`` waits its turn as they do
         self._waiting: collections.deque[tuple] = collections.deque()
         self._refusing = False  # (a refusal waits its turn: nothing more is read)
-        #: the request being answered: its verb, route (set once matched) and when it was read whole
-        self.verb, self.route, self.t0 = "", "", 0.0
+        #: the request being answered: its verb, path, route (set once matched), when it was read whole,
+        #: its answer's status and body bytes so far, and its request id
+        self.verb, self.path, self.route, self.t0 = "", "", "", 0.0
+        self._status, self._sent, self._open = 0, 0, False
+        self._rid: str | None = None
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: Any) -> None:
@@ -216,7 +236,8 @@ class _Connection(asyncio.Protocol):
         self._closing = True
         if self.task is not None and not self.task.done():
             self.task.cancel()  # (its client is gone: the call is cancelled, its slot freed)
-            self._counted(499)
+            self._status = 499
+            self._ended()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
 
@@ -291,7 +312,8 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self._refusing and len(self._waiting) < _MOST_WAITING:
             self.transport.resume_reading()
         verb, path, headers, body, self._keep_alive, self.t0 = item
-        self.verb, self.route = verb, ""
+        self.verb, self.path, self.route = verb, path, ""
+        self._status, self._sent, self._rid, self._open = 0, 0, None, True
         self.task = asyncio.get_running_loop().create_task(self.server.answer(self, verb, path, headers, body))
         self.task.add_done_callback(self._answered)
 
@@ -340,20 +362,34 @@ class _Connection(asyncio.Protocol):
                 self.verb = self.parser.get_method().decode("latin-1")
             except Exception:  # (no method read yet)
                 self.verb = "-"
+            try:
+                import httptools
+
+                self.path = httptools.parse_url(self._url).path.decode("latin-1") if self._url else ""
+            except Exception:  # (a request line not read whole)
+                self.path = ""
             self.route, self.t0 = "", time.perf_counter()
+            self._status, self._sent, self._rid, self._open = 0, 0, None, True
+        rid = request_id_of(None)  # (a new one, as the proxy gives a request its guard refused)
         body = {"error": error, "detail": detail, "deployment": self.server.deployment}
         self._keep_alive = False
-        self.reply(status, _compact(body), b"application/json", None)
+        self.reply(status, _compact(body), b"application/json", rid)
         self._closing = True
         assert self.transport is not None
         self.transport.close()
 
-    def _counted(self, status: int) -> None:
+    def _ended(self) -> None:
+        """The request's answer ended (or its client left): counted, and told to ``observe``, once."""
+        if not self._open:
+            return
+        self._open = False
+        status = self._status
         answers = self.server.answers
         answers[status] = answers.get(status, 0) + 1
         if self.server.observe is not None and self.verb:
             try:
-                self.server.observe(self.route, self.verb, status, (time.perf_counter() - self.t0) * 1000.0)
+                self.server.observe(Answered(self.route, self.verb, self.path, status,
+                                             (time.perf_counter() - self.t0) * 1000.0, self._sent, self._rid))
             except Exception:  # (metrics never fail an answer)
                 log.exception("direct ingress: recording a request's metrics failed")
 
@@ -361,19 +397,21 @@ class _Connection(asyncio.Protocol):
         """The whole answer (a ``HEAD``'s without its body, its length said all the same)."""
         if self._closing or self.transport is None:
             return
-        self._counted(status)
+        sent = b"" if self.verb == "HEAD" else body
+        self._status, self._sent, self._rid = status, len(sent), rid
         head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
             status, _REASONS.get(status, "").encode(), content_type, len(body))
         if rid:
             head += b"x-request-id: %s\r\n" % rid.encode()
         if not self._keep_alive:
             head += b"connection: close\r\n"
-        self.transport.write(head + b"\r\n" + (b"" if self.verb == "HEAD" else body))
+        self.transport.write(head + b"\r\n" + sent)
+        self._ended()
 
     def begin_chunked(self, status: int, content_type: bytes, rid: str) -> None:
         if self._closing or self.transport is None:
             return
-        self._counted(status)
+        self._status, self._rid = status, rid
         self._chunked = True
         self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n"
                              b"x-request-id: %s\r\n\r\n" % (status, _REASONS.get(status, "").encode(),
@@ -384,6 +422,7 @@ class _Connection(asyncio.Protocol):
         for something, or the stream ends): items made back to back go out in one write, not one
         each (100 small items: 100 sends, and as many wake-ups of HAProxy, before)."""
         if not self._closing and self.transport is not None and data:
+            self._sent += len(data)
             self._out += b"%x\r\n%s\r\n" % (len(data), data)
             if len(self._out) >= _FLUSH_AT:  # (a generator that never waits: written now, so flow control holds it)
                 self._flush()
@@ -401,6 +440,7 @@ class _Connection(asyncio.Protocol):
         if not self._closing and self.transport is not None and self._chunked:
             self._out += b"0\r\n\r\n"
             self._flush()
+            self._ended()
         self._chunked = False
 
     async def drained(self) -> None:

@@ -57,6 +57,7 @@ from ..api.context import RequestContext, _serve_request_context
 from ..api.fingerprint import check_modules
 from ..api.router import routed
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
+from ..ingress.access import AccessLog, default_logs_dir
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics, router_families
 
@@ -134,6 +135,9 @@ class ReplicaActor:
         self._by_value: asyncio.Future | None = None
         self._direct: asyncio.Future | None = None  # (its own HTTP server, once asked: ``direct_address``)
         self._direct_server: Any = None
+        #: its access records of the requests its own server answered (``direct_address``'s limits say
+        #: whether, and where: the node's ``access.jsonl``, beside its proxy's)
+        self._access: AccessLog | None = None
         #: its weights' tier and version (and the tensors, when the class holds weights: replica_weights.py)
         self.weights = ReplicaWeights(replica_id)
         #: booked by memory (``PlaceReplica.devices`` / ``.source``): its GPUs on the node (used as
@@ -676,34 +680,53 @@ class ReplicaActor:
         return address
 
     @ray.method(concurrency_group=USER)
-    async def direct_address(self, prefix: str, max_body_bytes: int, max_header_bytes: int) -> str:
+    async def direct_address(self, prefix: str, limits: dict) -> str:
         """Where the data plane's balancer sends this replica's HTTP requests (direct ingress:
         ``api.direct``): ``host:port`` of its own HTTP server, started on the user loop on the first
-        ask (``prefix``: its route's, when the balancer does not name it; the limits: the ingress's)."""
+        ask (``prefix``: its route's, when the balancer does not name it; ``limits``: the ingress's,
+        ``haproxy.DataPlane.limits``)."""
         if self._direct is None:  # (set before any await: two asks at once start one server)
-            self._direct = asyncio.ensure_future(self._start_direct(prefix, max_body_bytes, max_header_bytes))
+            self._direct = asyncio.ensure_future(self._start_direct(prefix, limits))
         return await asyncio.shield(self._direct)
 
-    async def _start_direct(self, prefix: str, max_body_bytes: int, max_header_bytes: int) -> str:
+    async def _start_direct(self, prefix: str, limits: dict) -> str:
         await self._until_started()
         assert self.instance is not None
         cls = type(self.instance)
+        self._access = AccessLog(limits["enable_access_log"], limits["logs_dir"] or default_logs_dir())
         server = direct.DirectServer(self.deployment, exposed.reachable(cls), frozenset(exposed.stream_methods(cls)),
-                                     self._run_direct,
-                                     self._stream_direct, prefix, max_body_bytes, max_header_bytes,
-                                     observe=self._http_observed)
+                                     self._run_direct, self._stream_direct, prefix, limits["max_body_bytes"],
+                                     limits["max_header_bytes"], observe=self._http_observed)
         self._direct_server = server
         return await server.start(ray.util.get_node_ip_address())
 
     @ray.method(concurrency_group=USER)
-    async def direct_limits(self, max_body_bytes: int, max_header_bytes: int) -> None:
-        """The ingress's limits changed: its own HTTP server (if started) applies them to what comes next."""
+    async def direct_limits(self, limits: dict) -> None:
+        """The ingress's limits changed: its own HTTP server (if started) applies them to what comes
+        next, and writes access records or not as they say."""
         if self._direct is not None:
             await asyncio.shield(self._direct)
-            self._direct_server.max_body_bytes, self._direct_server.max_header_bytes = max_body_bytes, max_header_bytes
+            self._direct_server.max_body_bytes = limits["max_body_bytes"]
+            self._direct_server.max_header_bytes = limits["max_header_bytes"]
+            assert self._access is not None
+            self._access.enabled = limits["enable_access_log"]
 
-    def _http_observed(self, route: str, method: str, status: int, latency_ms: float) -> None:
-        self.metrics.http_request(route=route, method=method, status=status, latency_ms=latency_ms)
+    @ray.method(concurrency_group=USER)
+    async def access_records(self, n: int | None = None) -> list[dict]:
+        """The last ``n`` access records of the requests its own server answered (all it keeps:
+        ``access.KEEP``); the ingress's ``access_records`` merges them with its own."""
+        return [] if self._access is None else self._access.last(n)
+
+    def _http_observed(self, a: direct.Answered) -> None:
+        """One request its own server answered: counted in its HTTP metrics, and recorded as the
+        proxy records the requests it carries (``ingress.access``), with this replica and its rank."""
+        self.metrics.http_request(route=a.route, method=a.method, status=a.status, latency_ms=a.latency_ms)
+        access = self._access
+        if access is not None and access.enabled:
+            access.write({"time": round(time.time(), 6), "request_id": a.request_id, "method": a.method,
+                          "route": a.route, "path": a.path, "deployment": self.deployment, "replica": self.replica_id,
+                          "rank": self.rank.rank if self.rank is not None else None, "status": a.status,
+                          "latency_ms": round(a.latency_ms, 3), "bytes": a.nbytes})
 
     async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
         return await self._run(method, args, kwargs, request, 0)

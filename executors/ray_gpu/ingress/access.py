@@ -15,6 +15,10 @@ it is always returned in the answer's ``x-request-id`` header (Ray Serve's).
 
 On by default, as Serve's ``LoggingConfig.enable_access_log``; off: ``start_ingress(
 enable_access_log=False)``, ``set_access_log(False)``, ``rankcore serve --no-access-log``.
+
+On the direct data plane (docs/ray.md) a deployment's requests are answered by its replicas' own
+servers: each replica writes their records (the same fields, ``replica`` itself) to its node's
+``access.jsonl``, and the ingress's ``access_records()`` merges its own with its replicas'.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from ..api.httpwords import REQUEST_ID_HEADER, REQUEST_ID_MAX, request_id_of
 
 __all__ = ["ENABLE_ACCESS_LOG", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "KEEP", "LOGGER_NAME", "AccessLog",
-           "request_id_of", "check_enable_access_log"]
+           "request_id_of", "check_enable_access_log", "default_logs_dir"]
 
 #: Ray Serve's ``LoggingConfig.enable_access_log`` default: one record per request
 ENABLE_ACCESS_LOG = True
@@ -43,6 +47,16 @@ def check_enable_access_log(value: Any) -> bool:
 
         raise InvalidConfig(f"enable_access_log must be true or false, got {value!r}")
     return value
+
+
+def default_logs_dir() -> str | None:
+    """``<Ray's session log directory>/rankcore`` (beside Serve's ``serve/``); None outside Ray."""
+    try:
+        from ray._private.worker import global_worker
+
+        return os.path.join(global_worker.node.get_logs_dir_path(), "rankcore")  # type: ignore[union-attr]
+    except Exception:
+        return None
 
 
 class AccessLog:

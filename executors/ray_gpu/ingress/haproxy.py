@@ -405,10 +405,13 @@ class DataPlane:
     (``direct_address``); one that cannot say is left out (its requests take the other replicas)."""
 
     def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
-                 max_header_bytes: int) -> None:
+                 max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None) -> None:
         self.haproxy = HAProxy(opts)
         self.source, self.queue_timeout_s = source, queue_timeout_s
-        self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+        #: what the replicas' servers are told (``direct_address``, ``direct_limits``): the ingress's
+        #: body and head limits, whether to write access records and where (None: their node's default)
+        self.limits = {"max_body_bytes": max_body_bytes, "max_header_bytes": max_header_bytes,
+                       "enable_access_log": enable_access_log, "logs_dir": logs_dir}
         self.addresses: dict[str, str] = {}
         self.asking: set[str] = set()
         self.unreachable: set[str] = set()
@@ -498,7 +501,7 @@ class DataPlane:
             for v in views:
                 for rid, actor in v[4].items():
                     if rid in addresses:
-                        actor.direct_limits.remote(self.max_body_bytes, self.max_header_bytes)
+                        actor.direct_limits.remote(self.limits)
 
     def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any]]:
         """Ask each serving replica not asked yet where its server is (under ``_facts``): ``(replica,
@@ -508,7 +511,7 @@ class DataPlane:
             if rid in self.addresses or rid in self.asking or rid in self.unreachable:
                 continue
             self.asking.add(rid)
-            out.append((rid, actor.direct_address.remote(prefix, self.max_body_bytes, self.max_header_bytes)))
+            out.append((rid, actor.direct_address.remote(prefix, self.limits)))
         return out
 
     def _answered(self, rid: str, fut: Any) -> None:
@@ -528,17 +531,29 @@ class DataPlane:
         self._wake.set()
 
     def set_limits(self, *, request_timeout_s: float | None, header_timeout_s: float | None,
-                   max_connections: int | None, max_body_bytes: int, max_header_bytes: int) -> None:
+                   max_connections: int | None, max_body_bytes: int, max_header_bytes: int,
+                   enable_access_log: bool) -> None:
         """The ingress's limits changed (``HttpIngress.configure``): HAProxy is reloaded with them and
         every replica's server told its new ones (a replica asked later gets them with its address)."""
         with self._syncing:
             self.haproxy.opts = attrs.evolve(self.haproxy.opts, request_timeout_s=request_timeout_s,
                                              header_timeout_s=header_timeout_s, max_connections=max_connections)
             self.queue_timeout_s = request_timeout_s
-            self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+            self.limits = {**self.limits, "max_body_bytes": max_body_bytes, "max_header_bytes": max_header_bytes,
+                           "enable_access_log": enable_access_log}
             self.table = None  # (the next sync reloads it whole, with the new options)
             self._tell_limits = True
         self._wake.set()
+
+    def replicas(self) -> dict[str, Any]:
+        """The replicas whose own servers the plane sends requests to now: replica id -> actor."""
+        with self._facts:
+            known = set(self.addresses)
+        out = {}
+        for _d, _p, _a, _asgi, router in self.source():
+            with router.lock:
+                out.update({rid: a for rid, a in router.actors.items() if rid in known})
+        return out
 
     def info(self) -> dict:
         """What the plane holds: the table's routes, and HAProxy's own servers by backend (``held``:

@@ -81,7 +81,14 @@ from ..api.router import routed
 from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 from ..control.metrics import CONTENT_TYPE, HTTP_REQUEST_METRICS, Departed, IngressMetrics, merged, router_families
-from .access import ENABLE_ACCESS_LOG, REQUEST_ID_HEADER, AccessLog, check_enable_access_log, request_id_of
+from .access import (
+    ENABLE_ACCESS_LOG,
+    REQUEST_ID_HEADER,
+    AccessLog,
+    check_enable_access_log,
+    default_logs_dir,
+    request_id_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -1433,7 +1440,7 @@ class HttpIngress:
         routes, handles, methods = _load_routes()
         ctx = ray.get_runtime_context()
         metrics = IngressMetrics(node_id=ctx.get_node_id() or "", node_ip=ray.util.get_node_ip_address())
-        access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else _default_logs_dir())
+        access = AccessLog(enable_access_log, logs_dir if logs_dir is not None else default_logs_dir())
         self.state = IngressState(routes, handles, max_body_bytes, request_timeout_s, access, metrics)
         st = self.state
         st.methods = methods
@@ -1496,7 +1503,7 @@ class HttpIngress:
                                    request_timeout_s=request_timeout_s, header_timeout_s=header_timeout_s,
                                    max_connections=max_connections)
             self.plane = haproxy.DataPlane(opts, self._direct_routes, request_timeout_s, max_body_bytes,
-                                           max_header_bytes)
+                                           max_header_bytes, access.enabled, logs_dir)
 
     def data_plane(self) -> dict:
         """What carries deployments' requests: ``{"data_plane": "proxy"}``, or for the direct one its
@@ -1697,7 +1704,8 @@ class HttpIngress:
         st.header_timeout_s, st.max_header_bytes, st.max_connections = head_s, head_bytes, conns
         if self.plane is not None:  # (HAProxy reloaded with them, the replicas' servers told)
             self.plane.set_limits(request_timeout_s=timeout, header_timeout_s=head_s, max_connections=conns,
-                                  max_body_bytes=most, max_header_bytes=head_bytes)
+                                  max_body_bytes=most, max_header_bytes=head_bytes,
+                                  enable_access_log=st.access.enabled)
         return {"max_body_bytes": most, "request_timeout_s": timeout, "enable_access_log": st.access.enabled,
                 "header_timeout_s": head_s, "max_header_bytes": head_bytes, "max_connections": conns}
 
@@ -1707,9 +1715,24 @@ class HttpIngress:
 
     def access_records(self, n: int | None = None) -> dict:
         """The last ``n`` access records kept (all of them: ``access.KEEP``), whether records are
-        written, and the file they go to."""
+        written, and the file they go to. On the direct data plane, the records of the replicas it
+        sends requests to are merged in by time (each replica keeps its last ``KEEP``; one that does
+        not answer within ``CONTROLLER_METRICS_TIMEOUT_S`` is left out, and one that left is in the
+        file only)."""
         acc = self.state.access
-        return {"enabled": acc.enabled, "path": acc.path, "records": acc.last(n)}
+        records = acc.last(n)
+        if self.plane is not None:
+            actors = list(self.plane.replicas().values())
+            refs = [a.access_records.remote(n) for a in actors]
+            done, _late = ray.wait(refs, num_returns=len(refs), timeout=CONTROLLER_METRICS_TIMEOUT_S)
+            for ref in done:
+                try:
+                    records += ray.get(ref)
+                except Exception:  # (a replica that died since)
+                    pass
+            records.sort(key=lambda r: r["time"])
+            records = records if n is None else records[-n:] if n > 0 else []
+        return {"enabled": acc.enabled, "path": acc.path, "records": records}
 
 
 def server_stack() -> tuple[str, str]:
@@ -1726,16 +1749,6 @@ def server_stack() -> tuple[str, str]:
         raise rc.InvalidConfig(f"RANKCORE_HTTP_LOOP must be uvloop or asyncio and RANKCORE_HTTP_PARSER httptools "
                                f"or h11, got {loop!r} and {parser!r}")
     return loop, parser
-
-
-def _default_logs_dir() -> str | None:
-    """``<Ray's session log directory>/rankcore`` (beside Serve's ``serve/``); None outside Ray."""
-    try:
-        from ray._private.worker import global_worker
-
-        return os.path.join(global_worker.node.get_logs_dir_path(), "rankcore")  # type: ignore[union-attr]
-    except Exception:
-        return None
 
 
 def check_port(host: str | None, port: int | None) -> None:
