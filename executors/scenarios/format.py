@@ -47,6 +47,8 @@ __all__ = [
     "StreamSpec",
     "BatchSpec",
     "BATCH_SIM_KEYS",
+    "HostSpec",
+    "HOST_KEYS",
     "ModelsSpec",
     "MODELS_SIM_KEYS",
     "ARRIVAL_KINDS",
@@ -301,11 +303,14 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
-_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "idempotent", "timeout_s", "error_rate", "from",
-                 "until", "metrics_interval_s")
-#: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time), beside
-#: ``rankcore.requests.BatchOptions``'s fields (declared once there)
-BATCH_SIM_KEYS = ("fixed_s", "per_item_s", "cores", "request_s", "threads", "replica_s")
+_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "host", "idempotent", "timeout_s", "error_rate",
+                 "from", "until", "metrics_interval_s")
+#: ``traffic.<deployment>.host``: the host's CPU a request costs (``HostSpec``); a batched deployment
+#: may give them under ``batch`` instead (their first spelling), not in both places
+HOST_KEYS = ("cores", "request_s", "threads", "replica_s")
+#: ``traffic.<deployment>.batch``: the simulator's own keys (a batch's service time, and the host's),
+#: beside ``rankcore.requests.BatchOptions``'s fields (declared once there)
+BATCH_SIM_KEYS = ("fixed_s", "per_item_s", *HOST_KEYS)
 #: ``traffic.<deployment>.models``: the simulator's own keys (which model each request asks for, how
 #: long a load takes), beside ``rankcore.requests.MultiplexOptions``' fields (declared once there)
 MODELS_SIM_KEYS = ("count", "zipf_s", "file", "load_s")
@@ -356,21 +361,28 @@ class StreamSpec:
 class BatchSpec:
     """Requests served in batches (``traffic.<deployment>.batch``), as a ``@batch`` method: when a
     batch closes is ``rankcore.requests.Batcher``'s rule under ``options``; a batch of n requests
-    is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution).
-    ``cores``: the host's CPU, ``cores`` of them (one host per deployment, whatever its replicas'
-    nodes), shared as an operating system shares them among the threads with work (each runs at
-    ``min(1, cores / running)`` of a core), with a request's own CPU before it joins a batch:
-    ``request_s`` (on a thread of its own: work done for each request in parallel), then each of
-    ``threads`` in turn (the host's shared threads it passes through, a caller's or a proxy's event
-    loop: one request at a time on each), then ``replica_s`` (in its replica's process, which runs
-    one thing at a time: Python's interpreter lock); a batch's service is then CPU on those cores
-    too, on its replica's one thread with ``replica_s`` (beside nothing else of that replica), else
-    on a thread of its own. A loaded host's limit, which a batch cost alone does not show."""
+    is served for ``fixed_s + n * per_item_s`` (each a latency: a number or a distribution). With
+    a host (``HostSpec``) a batch's service is CPU on its cores too, on its replica's one thread
+    with ``replica_s`` (beside nothing else of that replica), else on a thread of its own."""
 
     options: Any  # rankcore.requests.BatchOptions
     fixed_s: Latency
     per_item_s: Latency
-    cores: int | None = None
+
+
+@attrs.frozen
+class HostSpec:
+    """The host's CPU a deployment's requests cost (``traffic.<deployment>.host``; a batched one's
+    may be under ``batch``): ``cores`` of them (one host per deployment, whatever its replicas'
+    nodes), shared as an operating system shares them among the threads with work (each runs at
+    ``min(1, cores / running)`` of a core). A request's own CPU, once a replica took it and before
+    its service (a batched one's: before it joins a batch): ``request_s`` (on a thread of its own:
+    work done for each request in parallel), then each of ``threads`` in turn (the host's shared
+    threads it passes through, a caller's or a proxy's event loop: one request at a time on each),
+    then ``replica_s`` (in its replica's process, which runs one thing at a time: Python's
+    interpreter lock). A loaded host's limit, which a service time alone does not show."""
+
+    cores: int
     request_s: Latency | None = None
     threads: tuple[Latency, ...] = ()
     replica_s: Latency | None = None
@@ -409,6 +421,8 @@ class TrafficSpec:
     batch: BatchSpec | None = None
     #: multiplexed models (None: requests carry no model id)
     models: ModelsSpec | None = None
+    #: the host's CPU its requests cost (None: none; their service time alone)
+    host: HostSpec | None = None
     idempotent: bool = False
     timeout_s: float | None = None
     error_rate: float = 0.0
@@ -1312,7 +1326,13 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
                                    f"set it as deployments.{name}.{k}", at_key=True)
         m = c.mapping(spec, p, _TRAFFIC_KEYS, required=("arrivals",))
         stream = None if m.get("stream") is None else _stream(m["stream"], p + ("stream",), c)
-        batched = None if m.get("batch") is None else _batch(m["batch"], p + ("batch",), c)
+        batched, host = (None, None) if m.get("batch") is None else _batch(m["batch"], p + ("batch",), c)
+        if m.get("host") is not None:
+            if host is not None:
+                raise c.fail(p + ("host",), "the host's CPU is given under batch already: give it once (host: "
+                                            "holds it for any deployment)", at_key=True)
+            keys = c.mapping(m["host"], p + ("host",), HOST_KEYS, required=("cores",))
+            host = _host(keys, p + ("host",), c)
         if batched is not None and stream is not None:
             raise c.fail(p + ("batch",), "batch and stream together are not modelled by the simulator (a batched "
                                          "generator streams per caller on Ray): give one of them", at_key=True)
@@ -1344,40 +1364,45 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
             service=c.latency(m["service"], p + ("service",)) if "service" in m else None, stream=stream,
-            batch=batched, models=models, idempotent=idempotent,
+            batch=batched, models=models, host=host, idempotent=idempotent,
             timeout_s=None if timeout is None else float(timeout),
             error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
             start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
     return out
 
 
-def _batch(value: Any, p: tuple, c: _Checker) -> BatchSpec:
+def _batch(value: Any, p: tuple, c: _Checker) -> tuple[BatchSpec, HostSpec | None]:
     """``batch: {max_batch_size, batch_wait_timeout_s, max_concurrent_batches, fixed_s, per_item_s,
     cores, request_s, threads, replica_s}`` -> ``BatchSpec`` (the options are
-    ``rankcore.requests.BatchOptions``'s, by their own names)."""
+    ``rankcore.requests.BatchOptions``'s, by their own names) and the host's CPU given there."""
     from rankcore.requests import BatchOptions
 
     m = c.mapping(value, p, _field_names(BatchOptions) + BATCH_SIM_KEYS, required=("fixed_s",))
+    batch = BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
+                      per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)))
+    return batch, _host(m, p, c)
+
+
+def _host(m: dict, p: tuple, c: _Checker) -> HostSpec | None:
+    """The host's keys of ``m`` (``HOST_KEYS``, at ``p``) -> ``HostSpec`` (None: none given)."""
     cpu = [k for k in ("request_s", "threads", "replica_s") if k in m]
     if cpu and "cores" not in m:
         raise c.fail(p + (cpu[0],), "needs 'cores' beside it: a request's CPU runs on the host's cores")
     if "cores" in m and not cpu:
         raise c.fail(p + ("cores",), "needs 'request_s', 'threads' or 'replica_s' beside it: the host's cores "
                                      "and each request's CPU on them are modelled together")
-    cores = None
-    if "cores" in m:
-        cores = c.count(m["cores"], p + ("cores",))
-        if cores < 1:
-            raise c.fail(p + ("cores",), f"must be at least 1, got {cores}")
+    if "cores" not in m:
+        return None
+    cores = c.count(m["cores"], p + ("cores",))
+    if cores < 1:
+        raise c.fail(p + ("cores",), f"must be at least 1, got {cores}")
     threads = m.get("threads", [])
     if not isinstance(threads, list) or (not threads and "threads" in m):
         raise c.fail(p + ("threads",), f"must be a non-empty list of CPU seconds a request costs on each "
                                        f"thread in turn, got {threads!r}")
-    return BatchSpec(options=_core_options(BatchOptions, m, p, c), fixed_s=c.latency(m["fixed_s"], p + ("fixed_s",)),
-                     per_item_s=c.latency(m.get("per_item_s", 0.0), p + ("per_item_s",)), cores=cores,
-                     request_s=c.latency(m["request_s"], p + ("request_s",)) if "request_s" in m else None,
-                     threads=tuple(c.latency(t, p + ("threads", i)) for i, t in enumerate(threads)),
-                     replica_s=c.latency(m["replica_s"], p + ("replica_s",)) if "replica_s" in m else None)
+    return HostSpec(cores=cores, request_s=c.latency(m["request_s"], p + ("request_s",)) if "request_s" in m else None,
+                    threads=tuple(c.latency(t, p + ("threads", i)) for i, t in enumerate(threads)),
+                    replica_s=c.latency(m["replica_s"], p + ("replica_s",)) if "replica_s" in m else None)
 
 
 def _models(value: Any, p: tuple, c: _Checker) -> ModelsSpec:

@@ -253,13 +253,12 @@ class _Flow:
         self.streamed = self.shapes = None
         self.streams = _Streams()
         self.batch_costs = sim.stream(f"traffic/{self.name}/batches") if spec.batch is not None else None
-        #: ``batch.cores``: the host's cores (each request's own CPU, then the batches), the host's
-        #: threads a request passes through (``batch.threads``), and the CPU draws
-        cores = spec.batch.cores if spec.batch is not None else None
-        self.cores = _Cpu(sim, cores) if cores else None
-        self.threads = () if self.cores is None or spec.batch is None else tuple(
-            _Thread(self.cores) for _ in spec.batch.threads)
-        self.cpu = sim.stream(f"traffic/{self.name}/cpu") if cores else None
+        #: ``host``: the host's cores (each request's own CPU, then its service or its batch), the
+        #: host's threads a request passes through (``host.threads``), and the CPU draws
+        host = spec.host
+        self.cores = _Cpu(sim, host.cores) if host is not None else None
+        self.threads = () if self.cores is None or host is None else tuple(_Thread(self.cores) for _ in host.threads)
+        self.cpu = sim.stream(f"traffic/{self.name}/cpu") if host is not None else None
         #: ``closed`` arrivals: the callers' think times (each caller sends again after its last ended)
         self.think = sim.stream(f"traffic/{self.name}/think") if spec.arrivals.kind == "closed" else None
         self.batches = self.batch_items = self.batch_full = 0  # batches run, requests in them, closed full
@@ -350,16 +349,16 @@ class _BatchReplica:
         self.epoch, self.batcher = epoch, batcher
         self.timer: int | None = None
         self.due: float | None = None
-        #: its one interpreter (``batch.replica_s``): its requests' own work and its batches, one at a time
+        #: its one interpreter (``host.replica_s``): its requests' own work and its batches, one at a time
         self.thread = thread
-        #: the host's cores (``batch.cores``) and, without ``replica_s``, their jobs that are its
+        #: the host's cores (``host.cores``) and, without ``replica_s``, their jobs that are its
         #: batches running on threads of their own
         self.cores = cores
         self.jobs: set[int] = set()
 
 
 class _Cpu:
-    """The host's CPU cores (``batch.cores``), shared as an operating system shares them: every
+    """The host's CPU cores (``host.cores``), shared as an operating system shares them: every
     thread with work runs, each at ``min(1, cores / threads running)`` of a core (processor
     sharing), so a thread alone runs at full speed and a crowd slows everyone down together."""
 
@@ -496,9 +495,12 @@ class SimTraffic:
         self._batchers: dict[str, _BatchReplica] = {}
         #: requests of a running batch answered already (``CancelOnReplica``): its end skips them
         self._cut: set[str] = set()
-        #: requests in their own CPU's stages before they join a batch (``batch.cores``), and the
+        #: requests in their own CPU's stages before their service or batch (``host``), and the
         #: replica incarnation each is on (a request retried elsewhere is the new one's)
         self._in_cpu: dict[str, tuple[str, int]] = {}
+        #: replica id -> (its incarnation, its one interpreter): an unbatched deployment's replicas'
+        #: ``host.replica_s`` (a batched one's is its batcher's); a new incarnation gets a new one
+        self._interpreters: dict[str, tuple[int, _Thread]] = {}
         #: replica id -> its models (``traffic.<d>.models``); a new incarnation starts empty
         self._models: dict[str, _ModelReplica] = {}
         #: request id -> the replica where it waits for a model's load
@@ -591,10 +593,37 @@ class SimTraffic:
         if flow.spec.batch is not None:
             self._batch_enqueue(flow, a.request_id, a.replica_id, r.epoch)
             return
-        if req is not None and req.model:
-            self._model_dispatch(flow, req, a.request_id, a.replica_id, r.epoch)
+        if flow.cores is not None:  # (its own CPU first, on the host's cores: then it is served)
+            self._host_enqueue(flow, a.request_id, a.replica_id, r.epoch)
             return
-        self._serve(flow, req, a.request_id, a.replica_id, r.epoch)
+        self._served(flow, req, a.request_id, a.replica_id, r.epoch)
+
+    def _served(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int) -> None:
+        """An unbatched request on its replica, its CPU given (``host``): it waits for its model, or
+        is served now."""
+        if req is not None and req.model:
+            self._model_dispatch(flow, req, rid, replica_id, epoch)
+            return
+        self._serve(flow, req, rid, replica_id, epoch)
+
+    def _host_enqueue(self, flow: _Flow, rid: str, replica_id: str, epoch: int) -> None:
+        """An unbatched deployment's replica took ``rid``: its CPU's stages on the host (``host``),
+        then ``_served`` (if it is still there: not answered, retried elsewhere, or its replica gone)."""
+        assert flow.cores is not None and flow.spec.host is not None
+        held = self._interpreters.get(replica_id)
+        if held is None or held[0] != epoch:
+            held = self._interpreters[replica_id] = (epoch, _Thread(flow.cores))
+        host = flow.spec.host
+        guess = self.sim.now + sum(t.quantile(0.5) for t in (host.request_s, *host.threads, host.replica_s)
+                                   if t is not None)  # (drain_s's guess while it waits)
+        ok = True  # (drawn at its service)
+        self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
+        self._in_cpu[rid] = (replica_id, epoch)
+
+        def then() -> None:
+            self._held.get(replica_id, {}).pop(rid, None)
+            self._served(flow, self._requests.get(rid), rid, replica_id, epoch)
+        self._cpu_stage(flow, rid, replica_id, epoch, held[1] if host.replica_s is not None else None, then, 0)
 
     def _serve(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int) -> None:
         """The replica serves ``rid`` from now: a ``service`` draw (a stream: until its last item),
@@ -752,45 +781,52 @@ class SimTraffic:
         if b is None or b.epoch != epoch:
             if b is not None and b.timer is not None:
                 self.sim.cancel(b.timer)
+            host = flow.spec.host
             b = self._batchers[replica_id] = _BatchReplica(epoch, Batcher(spec.options), None if (
-                spec.replica_s is None or flow.cores is None) else _Thread(flow.cores), flow.cores)
+                host is None or host.replica_s is None or flow.cores is None) else _Thread(flow.cores), flow.cores)
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         guess = self.sim.now + spec.options.batch_wait_timeout_s + spec.fixed_s.quantile(0.5) + \
             spec.options.max_batch_size * spec.per_item_s.quantile(0.5)  # (drain_s's guess while it waits)
         self._held.setdefault(replica_id, {})[rid] = (guess, None, ok)  # type: ignore[assignment]
         if flow.cores is not None:  # (its own CPU first, on the host's cores: then it joins a batch)
             self._in_cpu[rid] = (replica_id, epoch)
-            self._cpu_stage(flow, rid, replica_id, b, 0)
+            self._cpu_stage(flow, rid, replica_id, b.epoch, b.thread, partial(self._batch_join, flow, rid, replica_id, b),
+                            0)
             return
         self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
-    def _cpu_stage(self, flow: _Flow, rid: str, replica_id: str, b: _BatchReplica, stage: int) -> None:
-        """``rid``'s own CPU, stage by stage: ``request_s`` (a thread of its own), each of
-        ``threads`` in turn (shared: one request at a time), ``replica_s`` on its replica's thread;
-        then it joins the batcher. One that left meanwhile (answered, retried elsewhere, its
+    def _cpu_stage(self, flow: _Flow, rid: str, replica_id: str, epoch: int, thread: _Thread | None, then: Any,
+                   stage: int) -> None:
+        """``rid``'s own CPU, stage by stage (``host``): ``request_s`` (a thread of its own), each of
+        ``threads`` in turn (shared: one request at a time), ``replica_s`` on its replica's
+        ``thread``; then ``then()``. One that left meanwhile (answered, retried elsewhere, its
         replica gone) stops, and its work still queued on a thread takes no CPU."""
-        spec = flow.spec.batch
-        assert spec is not None and flow.cores is not None and flow.cpu is not None
-        if not self._cpu_live(rid, replica_id, b.epoch):
-            if self._in_cpu.get(rid) == (replica_id, b.epoch):  # (not one retried on another replica)
+        host = flow.spec.host
+        assert host is not None and flow.cores is not None and flow.cpu is not None
+        if not self._cpu_live(rid, replica_id, epoch):
+            if self._in_cpu.get(rid) == (replica_id, epoch):  # (not one retried on another replica)
                 del self._in_cpu[rid]
             return
-        step = partial(self._cpu_stage, flow, rid, replica_id, b, stage + 1)
+        step = partial(self._cpu_stage, flow, rid, replica_id, epoch, thread, then, stage + 1)
+        live = partial(self._cpu_live, rid, replica_id, epoch)
         if stage == 0:
-            if spec.request_s is not None:
-                flow.cores.run(spec.request_s.sample(flow.cpu), step)
+            if host.request_s is not None:
+                flow.cores.run(host.request_s.sample(flow.cpu), step)
             else:
                 step()
             return
         if stage <= len(flow.threads):
-            flow.threads[stage - 1].run(spec.threads[stage - 1].sample(flow.cpu), step,
-                                        partial(self._cpu_live, rid, replica_id, b.epoch))
+            flow.threads[stage - 1].run(host.threads[stage - 1].sample(flow.cpu), step, live)
             return
-        if stage == len(flow.threads) + 1 and b.thread is not None:
-            assert spec.replica_s is not None
-            b.thread.run(spec.replica_s.sample(flow.cpu), step, partial(self._cpu_live, rid, replica_id, b.epoch))
+        if stage == len(flow.threads) + 1 and thread is not None:
+            assert host.replica_s is not None
+            thread.run(host.replica_s.sample(flow.cpu), step, live)
             return
         del self._in_cpu[rid]
+        then()
+
+    def _batch_join(self, flow: _Flow, rid: str, replica_id: str, b: _BatchReplica) -> None:
+        """``rid``'s CPU given: it joins its replica's batcher (that very incarnation's, if it runs)."""
         if self._live_batcher(replica_id, b.epoch) is b:
             self._batch_actions(flow, replica_id, b, b.batcher.handle(Enqueue(request_id=rid, now=self.sim.now)))
 
@@ -1025,6 +1061,9 @@ class SimTraffic:
                 req.cut = self.sim.now
         if replica_id in self._models:
             self._drop_models(replica_id)
+        held = self._interpreters.pop(replica_id, None)
+        if held is not None:  # (its process stopped: what it was running on the host's cores takes no more)
+            held[1].cut()
         b = self._batchers.get(replica_id)
         if b is not None:  # (its process stopped: what it was running on the host's cores takes no more)
             if b.thread is not None:
@@ -1086,8 +1125,9 @@ class SimTraffic:
             if f.spec.batch is not None:
                 out[name].update({"batches": f.batches, "batch_size_mean": _r(f.batch_items / f.batches)
                                   if f.batches else None, "batches_full": f.batch_full,
-                                  "batch_busy_s": _r(f.batch_seconds),
-                                  "throughput_rps": _r(f.answers / span) if span > 0 else None})
+                                  "batch_busy_s": _r(f.batch_seconds)})
+            if f.spec.batch is not None or f.spec.host is not None:  # (what a loaded host's CPU allows)
+                out[name]["throughput_rps"] = _r(f.answers / span) if span > 0 else None
             if f.spec.models is not None:
                 out[name].update({"model_requests": f.model_requests, "model_hits": f.model_hits,
                                   "model_hit_rate": _r(f.model_hits / f.model_requests) if f.model_requests else None,
