@@ -105,6 +105,7 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
+import hostcpu  # noqa: E402 - (benchmarks/hostcpu.py: where a level's CPU went, from /proc)
 from bench_http import (  # noqa: E402 - (the same clients, figures and report)
     _awaitable,
     _fmt,
@@ -256,52 +257,12 @@ class Serve:
 
 
 # ----------------------------------------------------------------- measuring
-def host_busy_s() -> float | None:
-    """CPU seconds the whole host has been busy, every core summed (``/proc/stat``; None elsewhere):
-    the load generator, the proxy, the router and the replica alike."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # (idle, iowait)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu_s(pid: int, tid: int) -> float | None:
-    """CPU seconds one thread of a process on this host has used (``/proc/<pid>/task/<tid>/stat``'s
-    utime + stime; None where it cannot be read: another host, or the thread is gone)."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 PROCESSES = ("ray::HttpIngress", "ray::Controller", "ray::ReplicaActor", "raylet", "gcs_server")
 
 
 def process_threads_cpu() -> dict:
-    """{name: {thread id: CPU s}} of this host's processes whose command line starts with a name in
-    ``PROCESSES`` (the same name twice: their threads together)."""
-    out: dict = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")[0].decode(errors="replace")
-            name = next((n for n in PROCESSES if os.path.basename(cmd).startswith(n) or cmd.startswith(n)), None)
-            if name is None:
-                continue
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                t = thread_cpu_s(int(pid), int(tid))
-                if t is not None:
-                    out.setdefault(name, {})[f"{pid}/{tid}"] = t
-        except OSError:
-            continue
-    return out
+    """``hostcpu.process_threads_cpu`` of ``PROCESSES``."""
+    return hostcpu.process_threads_cpu(PROCESSES)
 
 
 def _x(client: int, seq: int) -> list[float]:
@@ -343,7 +304,8 @@ class Checker:
     def _sample(self) -> None:
         """At the window's start and end: the host's busy CPU, the replica's batch thread's CPU, this
         (the callers') thread's, and each thread's of the processes named in ``PROCESSES``."""
-        self.samples.append((host_busy_s(), thread_cpu_s(*self.where) if self.where else None, time.thread_time(),
+        self.samples.append((hostcpu.host_busy_s(), hostcpu.thread_cpu_s(*self.where) if self.where else None,
+                             time.thread_time(),
                              process_threads_cpu()))
 
     def check(self, c: int, seq: int, x: list[float], ans: Any) -> bool:
@@ -381,10 +343,7 @@ class Checker:
             busy = None if b0 is None or b1 is None else b1 - b0
             thread = None if t0 is None or t1 is None else t1 - t0
             caller = c1 - c0
-            for name, threads in p1.items():
-                before = p0.get(name, {})
-                deltas = sorted((t - before.get(tid, 0.0) for tid, t in threads.items()), reverse=True)
-                procs[name] = {"total_s": sum(deltas), "top_threads_s": deltas[:3]}
+            procs = hostcpu.deltas(p0, p1)
         return {"batches": count, "host_busy_s": busy, "batch_busy_s": sum(t for _, t, _ in self.batches.values()),
                 "batch_cpu_s": sum(c for _, _, c in self.batches.values()), "replica_thread_s": thread,
                 "caller_thread_s": caller, "processes": procs,
