@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["host_busy_s", "thread_cpu_s", "process_threads_cpu", "deltas"]
+__all__ = ["host_busy_s", "thread_cpu_s", "process_threads_cpu", "deltas", "Window"]
 
 
 def host_busy_s() -> float | None:
@@ -67,3 +67,33 @@ def deltas(before: dict, after: dict) -> dict:
         used = sorted((t - was.get(tid, 0.0) for tid, t in threads.items()), reverse=True)
         out[name] = {"total_s": sum(used), "top_threads_s": used[:3]}
     return out
+
+
+class Window:
+    """A benchmark level's window, sampled on the callers' thread at its start and at its end
+    (``sample``): the host's busy CPU, this thread's, and the named processes' threads'. The scans
+    of ``/proc`` stay outside the window: at the start the processes are read before the clocks, at
+    the end after them."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.samples: list[tuple[float | None, float, dict]] = []
+
+    def sample(self) -> None:
+        import time
+
+        if not self.samples:
+            procs = process_threads_cpu(self.names)
+            self.samples.append((host_busy_s(), time.thread_time(), procs))
+        else:
+            busy, own = host_busy_s(), time.thread_time()
+            self.samples.append((busy, own, process_threads_cpu(self.names)))
+
+    def figures(self) -> dict:
+        """``host_busy_s``, ``caller_thread_s`` and ``processes`` (``deltas``) of the window (None
+        where it was not sampled twice)."""
+        if len(self.samples) != 2:
+            return {"host_busy_s": None, "caller_thread_s": None, "processes": {}}
+        (b0, c0, p0), (b1, c1, p1) = self.samples
+        return {"host_busy_s": None if b0 is None or b1 is None else b1 - b0, "caller_thread_s": c1 - c0,
+                "processes": deltas(p0, p1)}
