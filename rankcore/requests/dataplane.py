@@ -22,6 +22,12 @@ The rules, one function each:
   connection) only when the routes themselves changed. ``apply`` is what each command does to a
   table: ``apply(old, changes(old, new)) == new`` (tests/property/test_dataplane.py).
 
+gRPC (when the balancer has a gRPC front): each replica may serve its deployment's gRPC services
+itself too, at a second address (``Server.grpc_address``); a route's gRPC calls go straight to the
+servers that have one, under the same rules (ready or drain, ``maxconn``, the queue), chosen by the
+call's ``application`` metadata; the rest (an unknown application, a multiplexed model, the API and
+health services) go through the proxy's gRPC server.
+
 Retries: the balancer re-sends a request to another server only when it cannot have run: its connect
 failed, so nothing was sent (``RETRY_ON``). One whose server's connection broke after it was sent
 fails (500 ``replica_died``): that server may have begun it.
@@ -75,6 +81,11 @@ def _check_address(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be 'host:port', got {value!r}")
 
 
+def _check_grpc_address(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None:
+        _check_address(inst, attribute, value)
+
+
 def _positive(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidConfig(f"{type(inst).__name__}.{attribute.name} must be an int >= 1, got {value!r}")
@@ -100,12 +111,14 @@ def _prefix(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen(kw_only=True)
 class Server:
-    """One replica's server in a route: ``ready`` (False: draining) and its ``maxconn``."""
+    """One replica's server in a route: its HTTP ``address`` and, when it serves gRPC itself, its
+    ``grpc_address``; ``ready`` (False: draining) and its ``maxconn``."""
 
     replica_id: str = attrs.field(validator=attrs.validators.instance_of(str))
     address: str = attrs.field(validator=_check_address)
     ready: bool = attrs.field(validator=attrs.validators.instance_of(bool))
     maxconn: int = attrs.field(validator=_positive)
+    grpc_address: str | None = attrs.field(default=None, validator=_check_grpc_address)
 
     @property
     def name(self) -> str:
@@ -147,6 +160,11 @@ class Route:
         """The balancer's name for this route's servers."""
         return f"d_{server_name(self.deployment)}"
 
+    @property
+    def grpc_backend(self) -> str:
+        """The balancer's name for this route's servers' gRPC addresses."""
+        return f"g_{server_name(self.deployment)}"
+
     def shape(self) -> tuple[str, str, float | None, str, bool]:
         """What only a reload changes: the deployment, its prefix, its queue's timeout, its application,
         whether it is an ASGI app."""
@@ -176,14 +194,16 @@ class Table:
 
 def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterable[str],
           addresses: Mapping[str, str], max_ongoing_requests: int, max_queued_requests: int,
-          queue_timeout_s: float | None, app_name: str = "", asgi: bool = False) -> Route:
+          queue_timeout_s: float | None, app_name: str = "", asgi: bool = False,
+          grpc_addresses: Mapping[str, str] | None = None) -> Route:
     """``deployment``'s route (module docstring): its serving replicas ready, its draining ones in drain,
-    those without a known address left out."""
+    those without a known address left out; each with its gRPC address where ``grpc_addresses`` has one."""
     serving, draining = tuple(dict.fromkeys(serving)), tuple(dict.fromkeys(draining))
-    servers = [Server(replica_id=rid, address=addresses[rid], ready=True, maxconn=max_ongoing_requests)
-               for rid in serving if rid in addresses]
-    servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests)
-                for rid in draining if rid in addresses and rid not in serving]
+    grpc = grpc_addresses or {}
+    servers = [Server(replica_id=rid, address=addresses[rid], ready=True, maxconn=max_ongoing_requests,
+                      grpc_address=grpc.get(rid)) for rid in serving if rid in addresses]
+    servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests,
+                       grpc_address=grpc.get(rid)) for rid in draining if rid in addresses and rid not in serving]
     return Route(deployment=deployment, prefix=prefix, servers=servers, max_queued=max_queued_requests,
                  queue_timeout_s=queue_timeout_s, app_name=app_name, asgi=asgi)
 
@@ -194,7 +214,7 @@ def table(routes: Iterable[Route]) -> Table:
 
 @attrs.frozen(kw_only=True)
 class AddServer:
-    """A replica's server joins its route (its address became known, or changed)."""
+    """A replica's server joins its route (its address became known, or changed: its gRPC one too)."""
 
     deployment: str
     server: Server
@@ -202,7 +222,7 @@ class AddServer:
 
 @attrs.frozen(kw_only=True)
 class SetServer:
-    """A server's state (ready or drain) or ``maxconn`` changed; its address did not."""
+    """A server's state (ready or drain) or ``maxconn`` changed; its addresses did not."""
 
     deployment: str
     server: Server
@@ -245,16 +265,21 @@ def changes(old: Table | None, new: Table) -> tuple[Change, ...]:
         before = {s.replica_id: s for s in was.servers}
         after = {s.replica_id: s for s in now.servers}
         out += [RemoveServer(deployment=now.deployment, replica_id=rid) for rid in before
-                if rid not in after or after[rid].address != before[rid].address]
+                if rid not in after or _where(after[rid]) != _where(before[rid])]
         for rid, s in after.items():
             b = before.get(rid)
-            if b is None or b.address != s.address:
+            if b is None or _where(b) != _where(s):
                 out.append(AddServer(deployment=now.deployment, server=s))
             elif b != s:
                 out.append(SetServer(deployment=now.deployment, server=s))
         if was.max_queued != now.max_queued:
             out.append(SetQueue(deployment=now.deployment, max_queued=now.max_queued))
     return tuple(out)
+
+
+def _where(s: Server) -> tuple[str, str | None]:
+    """What only a new server changes: its addresses."""
+    return (s.address, s.grpc_address)
 
 
 def apply(old: Table | None, commands: Iterable[Change]) -> Table:

@@ -17,8 +17,10 @@ def routes(draw, deployment: str, prefix: str) -> dp.Route:
     ids = draw(st.lists(st.sampled_from(_IDS), unique=True, max_size=5))
     split = draw(st.integers(0, len(ids)))
     addresses = {rid: draw(st.sampled_from(_ADDRS)) for rid in ids if draw(st.booleans())}
+    grpc = {rid: draw(st.sampled_from(_ADDRS)) for rid in addresses if draw(st.booleans())}  # (some serve gRPC)
     return dp.route(deployment, prefix, ids[:split], ids[split:], addresses,
-                    draw(st.integers(1, 4)), draw(st.integers(-1, 3)), draw(st.sampled_from([None, 30.0])))
+                    draw(st.integers(1, 4)), draw(st.integers(-1, 3)), draw(st.sampled_from([None, 30.0])),
+                    grpc_addresses=grpc)
 
 
 @st.composite

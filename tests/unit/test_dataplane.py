@@ -95,3 +95,17 @@ def test_two_routes_on_one_prefix_are_refused():
 def test_a_command_for_an_unknown_route_is_refused():
     with pytest.raises(rc.InvalidConfig, match="no route for deployment 'zz'"):
         dp.apply(dp.table([_route()]), [dp.SetQueue(deployment="zz", max_queued=1)])
+
+
+def test_a_servers_grpc_address_is_part_of_where_it_is():
+    """A replica that starts serving gRPC (its gRPC address now known) is a new server: removed and added,
+    as one whose HTTP address changed; a bad gRPC address is refused."""
+    before = dp.table([dp.route("d", "/d", ["d#1"], [], {"d#1": "10.0.0.1:8001"}, 5, -1, None)])
+    after = dp.table([dp.route("d", "/d", ["d#1"], [], {"d#1": "10.0.0.1:8001"}, 5, -1, None,
+                               grpc_addresses={"d#1": "10.0.0.1:9001"})])
+    cmds = dp.changes(before, after)
+    assert [type(c).__name__ for c in cmds] == ["RemoveServer", "AddServer"]
+    assert cmds[1].server.grpc_address == "10.0.0.1:9001" and dp.apply(before, cmds) == after
+    assert after.routes[0].grpc_backend.startswith("g_") and after.routes[0].backend.startswith("d_")
+    with pytest.raises(rc.InvalidConfig, match="grpc_address must be 'host:port'"):
+        dp.Server(replica_id="d#1", address="10.0.0.1:8001", ready=True, maxconn=1, grpc_address="nowhere")
