@@ -254,7 +254,7 @@ def test_a_dead_replica_fails_no_request(client):
     """A replica dead before the requests come, still a server in HAProxy's table: a connect to it
     fails, so each request goes to the other replica (only a failed connect is tried again: nothing
     was sent); the table drops it once the pool does, and its replacement is a server once started."""
-    victim, address, _ready, _most = next(r for r in plane()["routes"] if r["deployment"] == "dir")["servers"][0]
+    victim, address, _ready, _most, _grpc = next(r for r in plane()["routes"] if r["deployment"] == "dir")["servers"][0]
     actor = ray.get_actor(actor_name("dir", victim), namespace=NAMESPACE)
     ray.kill(actor, no_restart=True)
     deadline = time.monotonic() + 30

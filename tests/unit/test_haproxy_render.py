@@ -98,3 +98,43 @@ def test_serve_s_ha_proxy_switch_picks_the_default(monkeypatch, value, want):
     else:
         monkeypatch.setenv(h.SERVE_HA_PROXY_ENV, value)
     assert h.default_data_plane() == want
+
+
+def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_servers(tmp_path, listening):
+    """The gRPC front (HTTP/2 on its own socket): a route's calls by their ``application`` metadata to its
+    servers' gRPC addresses (a server without one is not there), the API, health and multiplexed calls
+    to the proxy's gRPC server; HAProxy accepts it."""
+    grpc_sock = socket.socket()
+    grpc_sock.bind(("127.0.0.1", 0))
+    grpc_sock.listen()
+    try:
+        table = dp.table([
+            dp.route("e", "/e", ["e#1", "e#2"], [], ADDR, 5, 3, 60.0, app_name="app",
+                     grpc_addresses={"e#1": "127.0.0.1:9501"}),
+            dp.route("f", "/f", ["f#1"], [], ADDR, 1, -1, None, grpc_addresses={"f#1": "127.0.0.1:9601"}),
+            dp.route("g", "/g", [], [], ADDR, 2, -1, None, asgi=True),
+        ])
+        opts = h.Options(proxy="127.0.0.1:1234", listen_fd=listening.fileno(), request_timeout_s=60.0,
+                         header_timeout_s=10.0, max_connections=10_000, nbthread=1, grpc_fd=grpc_sock.fileno(),
+                         grpc_proxy="127.0.0.1:1235")
+        text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+        (tmp_path / "h.cfg").write_text(text)
+        done = subprocess.run([h.haproxy_binary(), "-c", "-f", str(tmp_path / "h.cfg")], capture_output=True,
+                              text=True, pass_fds=opts.fds())
+        assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
+        e, f = table.of("e"), table.of("f")
+        assert f"bind fd@{grpc_sock.fileno()} proto h2\n" in text and "server proxy 127.0.0.1:1235 proto h2" in text
+        assert f'acl a_{e.grpc_backend} req.hdr(application) -m str "app" "e"\n' in text
+        assert f"use_backend {e.grpc_backend} if a_{e.grpc_backend} {{ nbsrv({e.grpc_backend}) ge 1 }}" in text
+        assert f"server {dp.server_name('e#1')} 127.0.0.1:9501 proto h2 maxconn 5" in text
+        assert "127.0.0.1:9002 proto h2" not in text  # (e#2 serves no gRPC: not in the gRPC backend)
+        assert f"backend g_{dp.server_name('g')}" not in text  # (an ASGI app: its calls go to the proxy)
+        assert "timeout server 65000ms" in text  # (request_timeout_s + GRPC_GRACE_S: the replica answers first)
+        assert text.index("use_backend proxy_grpc if g_via_proxy") < text.index(f"use_backend {f.grpc_backend}")
+        assert "acl g_via_proxy path_beg /grpc.health.v1.Health/" in text
+        assert "grpc-status 14" in text  # (past max_queued_requests: UNAVAILABLE, at once)
+        one = dp.table([table.of("e")])  # (one route: every call is its, whatever application it names)
+        text = h.render(one, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+        assert f"use_backend {e.grpc_backend} if {{ nbsrv({e.grpc_backend}) ge 1 }}" in text
+    finally:
+        grpc_sock.close()

@@ -112,22 +112,29 @@ HTTP_REQUEST_METRICS: tuple[MetricSpec, ...] = (
            "replica's own server) (ms).", buckets=LATENCY_BUCKETS_MS),
 )
 
-INGRESS_METRICS: tuple[MetricSpec, ...] = (
-    *HTTP_REQUEST_METRICS,
-    _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
-           "HTTP requests the ingress is answering now."),
-    # gRPC: Serve's ``request_ingress_metrics.py`` makes the five above once more for gRPC; its proxy labels
-    # a call with its full method name (``/package.Service/Method``), the application as its route, and
-    # the gRPC code's name as its status (``OK``, ``NOT_FOUND``, ...)
+#: gRPC: Serve's ``request_ingress_metrics.py`` makes the HTTP ones once more for gRPC; its proxy labels
+#: a call with its full method name (``/package.Service/Method``), the application as its route, and
+#: the gRPC code's name as its status (``OK``, ``NOT_FOUND``, ...). One per call: by the proxy, or on
+#: the direct data plane by the replica's own gRPC server, summed as the HTTP ones are
+GRPC_REQUEST_METRICS: tuple[MetricSpec, ...] = (
     _serve("ray_serve_num_grpc_requests", "counter", ("route", "method", "application", "status_code"),
-           "gRPC calls answered by the proxy (status_code: the gRPC code's name)."),
+           "gRPC calls answered by the proxy (or, on the direct data plane, by the replicas' own gRPC servers; "
+           "status_code: the gRPC code's name)."),
     _serve("ray_serve_num_grpc_error_requests", "counter", ("route", "error_code", "method", "application"),
            "gRPC calls answered with a code other than OK."),
     _serve("ray_serve_num_deployment_grpc_error_requests", "counter",
            ("deployment", "error_code", "method", "route", "application"),
            "gRPC calls answered with a code other than OK, per deployment."),
     _serve("ray_serve_grpc_request_latency_ms", "histogram", ("method", "route", "application", "status_code"),
-           "End-to-end latency of gRPC calls, measured in the proxy (ms).", buckets=LATENCY_BUCKETS_MS),
+           "End-to-end latency of gRPC calls, measured in the proxy (on the direct data plane: in the replica's "
+           "own gRPC server) (ms).", buckets=LATENCY_BUCKETS_MS),
+)
+
+INGRESS_METRICS: tuple[MetricSpec, ...] = (
+    *HTTP_REQUEST_METRICS,
+    _serve("ray_serve_num_ongoing_http_requests", "gauge", ("node_id", "node_ip_address"),
+           "HTTP requests the ingress is answering now."),
+    *GRPC_REQUEST_METRICS,
     _serve("ray_serve_num_ongoing_grpc_requests", "gauge", ("node_id", "node_ip_address"),
            "gRPC calls to an application the proxy is answering now."),
     _serve("ray_serve_deployment_queued_queries", "gauge", ("deployment", "application", "handle", "actor_id"),
@@ -146,6 +153,7 @@ _BATCH = ("deployment", "replica", "application", "function_name")
 #: (deployment, replica, application) and the metric's own (route, exception_type)
 REPLICA_METRICS: tuple[MetricSpec, ...] = (
     *HTTP_REQUEST_METRICS,
+    *GRPC_REQUEST_METRICS,
     _serve("ray_serve_deployment_request_counter", "counter", ("deployment", "replica", "route", "application"),
            "Calls the replica answered without an error (HTTP and handle calls; errors are only in the error "
            "counter, as Serve 2.60 counts them)."),
@@ -301,6 +309,20 @@ def http_request(m: dict[str, Any], *, route: str, method: str, deployment: str,
         m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
 
 
+def grpc_request(m: dict[str, Any], *, method: str, deployment: str, code: str, latency_ms: float) -> None:
+    """One gRPC call answered, in ``GRPC_REQUEST_METRICS``, as Serve's gRPC proxy records it: ``method``
+    its full name (``/package.Service/Method``), ``code`` the gRPC code's name it ended with (``OK``,
+    ``NOT_FOUND`` ...: any other than ``OK`` is an error; labelled as Serve's, ``StatusCode.NOT_FOUND``),
+    the application both the ``route`` and the ``application`` label (``deployment`` ``""``: no
+    application matched, both ``""``)."""
+    app, shown = _app(deployment), f"StatusCode.{code}"  # (Serve's label: str(grpc.StatusCode.X))
+    m["ray_serve_num_grpc_requests"].labels(app, method, app, shown).inc()
+    m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, shown).observe(latency_ms)
+    if code != "OK":
+        m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app).inc()
+        m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app).inc()
+
+
 class Departed:
     """Keeps counters summed over processes from dropping when one of them goes (the direct data
     plane's HTTP request counts, one share per replica, summed by ``merged``): a replica that left keeps
@@ -362,17 +384,8 @@ class IngressMetrics:
         self._grpc_ongoing.dec()
 
     def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
-        """One gRPC call answered, as Serve's gRPC proxy records it: ``method`` its full name
-        (``/package.Service/Method``), ``code`` the gRPC code's name it ended with (``OK``, ``NOT_FOUND``
-        ...: any other than ``OK`` is an error; labelled as Serve's, ``StatusCode.NOT_FOUND``), the
-        application both the ``route`` and the
-        ``application`` label (``deployment`` ``""``: no application matched, both ``""``)."""
-        m, app, shown = self.m, _app(deployment), f"StatusCode.{code}"  # (Serve's label: str(grpc.StatusCode.X))
-        m["ray_serve_num_grpc_requests"].labels(app, method, app, shown).inc()
-        m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, shown).observe(latency_ms)
-        if code != "OK":
-            m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app).inc()
-            m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app).inc()
+        """One gRPC call answered (module function ``grpc_request``)."""
+        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms)
 
     def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
         """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""
@@ -428,6 +441,16 @@ class ReplicaMetrics:
         """One HTTP request its own server answered (the direct data plane: ``api.direct``)."""
         http_request(self.m, route=route, method=method, deployment=self.deployment, app=self.app, status=status,
                      latency_ms=latency_ms)
+
+    def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
+        """One gRPC call its own gRPC server answered (the direct data plane: ``ingress.direct_grpc``)."""
+        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms)
+
+    def grpc_started(self) -> None:
+        """(A gRPC call began on its own server: Serve's replica keeps no gauge of them.)"""
+
+    def grpc_ended(self) -> None:
+        """(See ``grpc_started``.)"""
 
     def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
         m, dep, rid, app = self.m, self.deployment, self.replica, self.app

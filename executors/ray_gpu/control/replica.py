@@ -135,6 +135,8 @@ class ReplicaActor:
         self._by_value: asyncio.Future | None = None
         self._direct: asyncio.Future | None = None  # (its own HTTP server, once asked: ``direct_address``)
         self._direct_server: Any = None
+        #: its own gRPC server (``direct_grpc_address``), once asked: a task giving its ``GrpcFront``
+        self._direct_grpc: asyncio.Future | None = None
         #: its access records of the requests its own server answered (``direct_address``'s limits say
         #: whether, and where: the node's ``access.jsonl``, beside its proxy's)
         self._access: AccessLog | None = None
@@ -701,15 +703,41 @@ class ReplicaActor:
         return await server.start(ray.util.get_node_ip_address())
 
     @ray.method(concurrency_group=USER)
+    async def direct_grpc_address(self, limits: dict) -> str:
+        """Where the data plane's balancer sends this replica's gRPC calls: ``host:port`` of its own
+        gRPC server of ``limits["grpc_servicer_functions"]`` (``ingress.direct_grpc``), started on the
+        user loop on the first ask."""
+        if self._direct_grpc is None:  # (set before any await: two asks at once start one server)
+            self._direct_grpc = asyncio.ensure_future(self._start_direct_grpc(limits))
+        front = await asyncio.shield(self._direct_grpc)
+        return f"{front.address[0]}:{front.address[1]}"
+
+    async def _start_direct_grpc(self, limits: dict) -> Any:
+        from ..ingress import direct_grpc
+
+        await self._until_started()
+        assert self.instance is not None
+        return await direct_grpc.start(self.deployment, exposed.reachable(type(self.instance)), self._run_direct,
+                                       self._stream_direct, self.metrics, limits, limits["grpc_servicer_functions"],
+                                       ray.util.get_node_ip_address())
+
+    @ray.method(concurrency_group=USER)
     async def direct_limits(self, limits: dict) -> None:
         """The ingress's limits changed: its own HTTP server (if started) applies them to what comes
-        next, and writes access records or not as they say."""
+        next, and writes access records or not as they say; its own gRPC server (if started) too, and
+        serves the services they name."""
         if self._direct is not None:
             await asyncio.shield(self._direct)
             self._direct_server.max_body_bytes = limits["max_body_bytes"]
             self._direct_server.max_header_bytes = limits["max_header_bytes"]
             assert self._access is not None
             self._access.enabled = limits["enable_access_log"]
+        if self._direct_grpc is not None:
+            front = await asyncio.shield(self._direct_grpc)
+            front.ingress.set_limits(limits)
+            if limits.get("grpc_servicer_functions") and tuple(limits["grpc_servicer_functions"]) != \
+                    front.servicer_functions:
+                front.set_services(tuple(limits["grpc_servicer_functions"]))
 
     @ray.method(concurrency_group=USER)
     async def access_records(self, n: int | None = None) -> list[dict]:

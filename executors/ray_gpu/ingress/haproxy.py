@@ -22,6 +22,15 @@ its connections: none is dropped). Answers HAProxy gives itself are the proxy's 
 408 when an answer took too long, 500 ``replica_died`` when a replica's connection broke after the
 request was sent (it may have run: never re-sent; only a failed connect is, ``RETRY_ON``). A head
 slower than ``header_timeout_s`` gets HAProxy's own 408 page (it takes no error file for that one).
+
+gRPC, when the ingress starts with it (``grpc_servicer_functions`` and a ``grpc_port``): HAProxy takes
+the gRPC port too (HTTP/2, ``Options.grpc_fd``) and sends a route's calls, chosen by their
+``application`` metadata (any, with one route: Serve's rule), straight to its replicas' own gRPC
+servers (``ingress/direct_grpc.py``), each server's ``grpc_address``, under the same table; the rest
+(an unknown application, a multiplexed model, the API and health services, a route with no ready
+server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
+``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
+HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself.
 """
 
 from __future__ import annotations
@@ -65,6 +74,11 @@ MAXCONN = 4096
 CONNECT_TIMEOUT_S = 2.0
 #: an idle kept-alive client connection is closed after this long (uvicorn's ``timeout_keep_alive`` here)
 KEEP_ALIVE_S = 30.0
+#: how much longer than ``request_timeout_s`` HAProxy waits on a replica's gRPC answer (the replica
+#: itself answers ``DEADLINE_EXCEEDED`` at ``request_timeout_s``)
+GRPC_GRACE_S = 5.0
+#: the services that always go to the proxy's gRPC server (they answer for the whole ingress)
+GRPC_PROXY_SERVICES = ("/rankcore.RankcoreAPIService/", "/grpc.health.v1.Health/")
 
 
 #: Ray Serve's switch for its HAProxy mode: set to 1, a new ingress's data plane defaults to "direct"
@@ -113,6 +127,17 @@ class Options:
     header_timeout_s: float | None
     max_connections: int | None
     nbthread: int = NBTHREAD
+    #: the public gRPC socket's descriptor, and where the proxy's gRPC server listens (None: no gRPC here)
+    grpc_fd: int | None = None
+    grpc_proxy: str | None = None
+
+    @property
+    def grpc(self) -> bool:
+        return self.grpc_fd is not None and self.grpc_proxy is not None
+
+    def fds(self) -> tuple[int, ...]:
+        """The descriptors HAProxy inherits."""
+        return (self.listen_fd, *((self.grpc_fd,) if self.grpc_fd is not None else ()))
 
 
 #: ``dataplane.EJECT_AFTER`` and ``EJECT_CHECK_S`` in HAProxy's words: a server out at its first failed
@@ -224,7 +249,51 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
                   f"    http-request set-header {APP_HEADER.decode()} {_quoted(r.app_name or r.deployment)}"]
         for s in r.servers:
             lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn} {_EJECT}" + ("" if s.ready else " weight 0"))
+    if opts.grpc:
+        lines += _render_grpc(table, opts)
     return "\n".join(lines) + "\n"
+
+
+def _grpc_status(code: int, message: str) -> str:
+    """An HAProxy answer that ends a gRPC call with ``code`` (trailers-only: HTTP 200, ``grpc-status``)."""
+    return (f"http-request return status 200 hdr grpc-status {code} "
+            f"hdr grpc-message {_quoted(message)}")
+
+
+def _render_grpc(table: dp.Table, opts: Options) -> list[str]:
+    """The gRPC front (module docstring): a route's calls by their ``application`` metadata to its
+    replicas' gRPC servers, the rest to the proxy's."""
+    direct = [r for r in table.routes if not r.asgi]
+    lines = [
+        "frontend grpc",
+        f"    bind fd@{opts.grpc_fd} proto h2",
+        f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
+        "    acl g_via_proxy req.hdr(multiplexed_model_id) -m found",
+        *(f"    acl g_via_proxy path_beg {p}" for p in GRPC_PROXY_SERVICES),
+    ]
+    for r in direct:  # (the application's name, or the deployment's own: GrpcFront._application's rule)
+        names = " ".join(_quoted(n) for n in dict.fromkeys((r.app_name or r.deployment, r.deployment)))
+        lines.append(f"    acl a_{r.grpc_backend} req.hdr(application) -m str {names}")
+    one = len(table.routes) == 1  # (one route: every call is its, whatever it names)
+    for r in direct:
+        which = "" if one else f"a_{r.grpc_backend} "
+        lines.append(f"    {_grpc_status(14, f'max_queued_requests calls already wait for a replica of {r.deployment!r}')}"
+                     f" if !g_via_proxy {which}{{ nbsrv({r.grpc_backend}) ge 1 }} {{ be_conn_free({r.grpc_backend}) eq 0 }}"
+                     f" {{ queue({r.grpc_backend}),sub(proc.q_{r.backend}) ge 0 }}")
+    lines.append("    use_backend proxy_grpc if g_via_proxy")
+    for r in direct:
+        which = "" if one else f"a_{r.grpc_backend} "
+        lines.append(f"    use_backend {r.grpc_backend} if {which}{{ nbsrv({r.grpc_backend}) ge 1 }}")
+    lines += ["    default_backend proxy_grpc", "backend proxy_grpc", f"    server proxy {opts.grpc_proxy} proto h2"]
+    server_s = None if opts.request_timeout_s is None else opts.request_timeout_s + GRPC_GRACE_S
+    for r in direct:
+        lines += [f"backend {r.grpc_backend}", "    balance leastconn", f"    timeout queue {_s(r.queue_timeout_s)}",
+                  f"    timeout server {_s(server_s)}"]
+        for s in r.servers:
+            if s.grpc_address is not None:
+                lines.append(f"    server {s.name} {s.grpc_address} proto h2 maxconn {s.maxconn} {_EJECT}"
+                             + ("" if s.ready else " weight 0"))
+    return lines
 
 
 def _prctl() -> Any:
@@ -262,8 +331,12 @@ class HAProxy:
         self.proc: subprocess.Popen | None = None
         self.old: list[subprocess.Popen] = []
         self.reloads = 0
+        #: (gRPC backend, server) HAProxy holds: those of the table it was started with, and added since
+        self.grpc_held: set[tuple[str, str]] = set()
 
     def _write(self, table: dp.Table) -> str:
+        self.grpc_held = {(r.grpc_backend, s.name) for r in table.routes if self.opts.grpc and not r.asgi
+                          for s in r.servers if s.grpc_address is not None}
         path = os.path.join(self.workdir, f"haproxy-{self.reloads}.cfg")
         with open(path, "w") as f:
             f.write(render(table, self.opts, self.socket, self.workdir))
@@ -279,7 +352,7 @@ class HAProxy:
     def _launch(self, config: str, takeover: bool) -> None:
         binary = haproxy_binary()
         check = subprocess.run([binary, "-c", "-f", config], capture_output=True, text=True,
-                               pass_fds=(self.opts.listen_fd,))
+                               pass_fds=self.opts.fds())
         if check.returncode != 0:
             alerts = [line for line in check.stderr.splitlines() if "ALERT" in line] or [check.stderr.strip()]
             raise RuntimeError(f"HAProxy refused its configuration {config}: {' '.join(alerts)[-2000:]}")
@@ -287,7 +360,7 @@ class HAProxy:
         old = self.proc
         if takeover and old is not None and old.poll() is None:
             argv += ["-x", self.socket, "-sf", str(old.pid)]
-        proc = subprocess.Popen(argv, pass_fds=(self.opts.listen_fd,), stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, pass_fds=self.opts.fds(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 10.0
         while True:  # (ready once its admin socket answers)
@@ -351,7 +424,8 @@ class HAProxy:
         return out
 
     def carry(self, commands: tuple[dp.Change, ...], table: dp.Table) -> None:
-        """Carry out ``changes``' commands (``table``: where they lead, for a reload)."""
+        """Carry out ``changes``' commands (``table``: where they lead, for a reload). A route's gRPC
+        backend follows its HTTP one, for the servers that have a gRPC address (``grpc_held``)."""
         for cmd in commands:
             if isinstance(cmd, dp.Reload):
                 if self.proc is None:
@@ -361,26 +435,45 @@ class HAProxy:
                 continue
             route = table.of(cmd.deployment)
             assert route is not None
-            be = route.backend
-            if isinstance(cmd, dp.RemoveServer):
-                name = dp.server_name(cmd.replica_id)
-                self.command(f"set server {be}/{name} state maint")
-                self.command(f"shutdown sessions server {be}/{name}")
-                self.command(f"del server {be}/{name}", ok="Server deleted")
-            elif isinstance(cmd, dp.AddServer):
-                s = cmd.server
-                self.command(f"add server {be}/{s.name} {s.address} maxconn {s.maxconn} {_EJECT}",
-                             ok="New server registered")
-                self.command(f"enable health {be}/{s.name}")
-                self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
-            elif isinstance(cmd, dp.SetServer):
-                s = cmd.server
-                self.command(f"set maxconn server {be}/{s.name} {s.maxconn}")
-                self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
-                self.command(f"set weight {be}/{s.name} {1 if s.ready else 0}")
-            elif isinstance(cmd, dp.SetQueue):
+            pairs: list[tuple[str, str | None]] = [(route.backend, None)]
+            if self.opts.grpc and not route.asgi:
+                pairs.append((route.grpc_backend, "proto h2"))
+            for be, proto in pairs:
+                self._carry_one(cmd, be, proto)
+            if isinstance(cmd, dp.SetQueue):
                 n = cmd.max_queued if cmd.max_queued >= 0 else 2**31 - 1
-                self.command(f"experimental-mode on; set var proc.q_{be} int({n})")
+                self.command(f"experimental-mode on; set var proc.q_{route.backend} int({n})")
+
+    def _carry_one(self, cmd: dp.Change, be: str, proto: str | None) -> None:
+        """One server command on backend ``be`` (``proto``: its gRPC backend's, where a server is at
+        its ``grpc_address``, those without one not there)."""
+        grpc = proto is not None
+        if isinstance(cmd, dp.RemoveServer):
+            name = dp.server_name(cmd.replica_id)
+            if grpc and (be, name) not in self.grpc_held:
+                return
+            self.command(f"set server {be}/{name} state maint")
+            self.command(f"shutdown sessions server {be}/{name}")
+            self.command(f"del server {be}/{name}", ok="Server deleted")
+            self.grpc_held.discard((be, name))
+        elif isinstance(cmd, dp.AddServer):
+            s = cmd.server
+            address = s.grpc_address if grpc else s.address
+            if address is None:
+                return
+            self.command(f"add server {be}/{s.name} {address} {proto + ' ' if proto else ''}maxconn {s.maxconn} "
+                         f"{_EJECT}", ok="New server registered")
+            self.command(f"enable health {be}/{s.name}")
+            self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
+            if grpc:
+                self.grpc_held.add((be, s.name))
+        elif isinstance(cmd, dp.SetServer):
+            s = cmd.server
+            if grpc and (be, s.name) not in self.grpc_held:
+                return
+            self.command(f"set maxconn server {be}/{s.name} {s.maxconn}")
+            self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")
+            self.command(f"set weight {be}/{s.name} {1 if s.ready else 0}")
 
     def stop(self) -> None:
         for p in [*self.old, *([self.proc] if self.proc is not None else [])]:
@@ -405,16 +498,23 @@ class DataPlane:
     (``direct_address``); one that cannot say is left out (its requests take the other replicas)."""
 
     def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
-                 max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None) -> None:
+                 max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None,
+                 grpc_servicer_functions: tuple[str, ...] = ()) -> None:
         self.haproxy = HAProxy(opts)
         self.source, self.queue_timeout_s = source, queue_timeout_s
-        #: what the replicas' servers are told (``direct_address``, ``direct_limits``): the ingress's
-        #: body and head limits, whether to write access records and where (None: their node's default)
+        #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
+        #: ``direct_limits``): the ingress's body and head limits and ``request_timeout_s``, whether to
+        #: write access records and where (None: their node's default), the gRPC services they serve
         self.limits = {"max_body_bytes": max_body_bytes, "max_header_bytes": max_header_bytes,
-                       "enable_access_log": enable_access_log, "logs_dir": logs_dir}
+                       "enable_access_log": enable_access_log, "logs_dir": logs_dir, "request_timeout_s": queue_timeout_s,
+                       "grpc_servicer_functions": tuple(grpc_servicer_functions)}
         self.addresses: dict[str, str] = {}
         self.asking: set[str] = set()
         self.unreachable: set[str] = set()
+        #: the gRPC side of the same (the plane has a gRPC front: ``opts.grpc``)
+        self.grpc_addresses: dict[str, str] = {}
+        self.grpc_asking: set[str] = set()
+        self.grpc_unreachable: set[str] = set()
         self.errors = 0
         self.restarts = 0  # (HAProxy processes found dead and started again)
         self.applied = 0  # runtime commands and reloads carried out (tests)
@@ -482,14 +582,16 @@ class DataPlane:
                 if not asgi:
                     asked += self._ask(prefix, serving)
             known = {rid for v in views for rid in (*v[4], *v[5])}
-            for rid in [r for r in self.addresses if r not in known]:
-                del self.addresses[rid]
+            for held in (self.addresses, self.grpc_addresses):
+                for rid in [r for r in held if r not in known]:
+                    del held[rid]
             self.unreachable &= known
-            addresses = dict(self.addresses)
-        for rid, ref in asked:  # (outside the lock: a callback on an answer already there runs here, at once)
-            ref.future().add_done_callback(lambda f, rid=rid: self._answered(rid, f))
+            self.grpc_unreachable &= known
+            addresses, grpc_addresses = dict(self.addresses), dict(self.grpc_addresses)
+        for rid, ref, grpc in asked:  # (outside the lock: a callback on an answer already there runs here, at once)
+            ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc: self._answered(rid, f, grpc))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
-                                app_name=app_name, asgi=asgi)
+                                app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses)
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
         cmds = dp.changes(self.table, new)
         if cmds:
@@ -500,39 +602,46 @@ class DataPlane:
             self._tell_limits = False
             for v in views:
                 for rid, actor in v[4].items():
-                    if rid in addresses:
+                    if rid in addresses or rid in grpc_addresses:
                         actor.direct_limits.remote(self.limits)
 
-    def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any]]:
-        """Ask each serving replica not asked yet where its server is (under ``_facts``): ``(replica,
-        the answer's ref)`` of each asked."""
+    def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any, bool]]:
+        """Ask each serving replica not asked yet where its server is (under ``_facts``), and where its
+        gRPC server is when the plane has gRPC: ``(replica, the answer's ref, whether gRPC)`` of each asked."""
         out = []
+        grpc = self.haproxy.opts.grpc and bool(self.limits["grpc_servicer_functions"])
         for rid, actor in serving.items():
-            if rid in self.addresses or rid in self.asking or rid in self.unreachable:
-                continue
-            self.asking.add(rid)
-            out.append((rid, actor.direct_address.remote(prefix, self.limits)))
+            if rid not in self.addresses and rid not in self.asking and rid not in self.unreachable:
+                self.asking.add(rid)
+                out.append((rid, actor.direct_address.remote(prefix, self.limits), False))
+            if grpc and rid not in self.grpc_addresses and rid not in self.grpc_asking \
+                    and rid not in self.grpc_unreachable:
+                self.grpc_asking.add(rid)
+                out.append((rid, actor.direct_grpc_address.remote(self.limits), True))
         return out
 
-    def _answered(self, rid: str, fut: Any) -> None:
-        """A replica's address came (on Ray's callback thread)."""
+    def _answered(self, rid: str, fut: Any, grpc: bool = False) -> None:
+        """A replica's address came (on Ray's callback thread): its HTTP server's, or its gRPC server's."""
+        asking, unreachable, addresses = ((self.grpc_asking, self.grpc_unreachable, self.grpc_addresses) if grpc
+                                          else (self.asking, self.unreachable, self.addresses))
         try:
             address = fut.result()
             dp.Server(replica_id=rid, address=address, ready=True, maxconn=1)  # (an address HAProxy takes)
         except Exception as exc:
-            log.warning("replica %s could not start its own HTTP server (its requests take the others): %s", rid, exc)
+            log.warning("replica %s could not start its own %s server (its requests take the others): %s", rid,
+                        "gRPC" if grpc else "HTTP", exc)
             with self._facts:
-                self.asking.discard(rid)
-                self.unreachable.add(rid)
+                asking.discard(rid)
+                unreachable.add(rid)
             return
         with self._facts:
-            self.asking.discard(rid)
-            self.addresses[rid] = address
+            asking.discard(rid)
+            addresses[rid] = address
         self._wake.set()
 
     def set_limits(self, *, request_timeout_s: float | None, header_timeout_s: float | None,
                    max_connections: int | None, max_body_bytes: int, max_header_bytes: int,
-                   enable_access_log: bool) -> None:
+                   enable_access_log: bool, grpc_servicer_functions: tuple[str, ...] | None = None) -> None:
         """The ingress's limits changed (``HttpIngress.configure``): HAProxy is reloaded with them and
         every replica's server told its new ones (a replica asked later gets them with its address)."""
         with self._syncing:
@@ -540,8 +649,18 @@ class DataPlane:
                                              header_timeout_s=header_timeout_s, max_connections=max_connections)
             self.queue_timeout_s = request_timeout_s
             self.limits = {**self.limits, "max_body_bytes": max_body_bytes, "max_header_bytes": max_header_bytes,
-                           "enable_access_log": enable_access_log}
+                           "enable_access_log": enable_access_log, "request_timeout_s": request_timeout_s}
+            if grpc_servicer_functions is not None:
+                self.limits["grpc_servicer_functions"] = tuple(grpc_servicer_functions)
             self.table = None  # (the next sync reloads it whole, with the new options)
+            self._tell_limits = True
+        self._wake.set()
+
+    def set_grpc_services(self, servicer_functions: tuple[str, ...]) -> None:
+        """The ingress serves other gRPC services now (``HttpIngress.set_grpc_services``): every replica's
+        gRPC server is told (a replica asked later starts with them)."""
+        with self._syncing:
+            self.limits = {**self.limits, "grpc_servicer_functions": tuple(servicer_functions)}
             self._tell_limits = True
         self._wake.set()
 
@@ -562,7 +681,7 @@ class DataPlane:
         routes = [] if table is None else [
             {"deployment": r.deployment, "prefix": r.prefix, "backend": r.backend, "direct": r.direct,
              "max_queued": r.max_queued,
-             "servers": [(s.replica_id, s.address, s.ready, s.maxconn) for s in r.servers]} for r in table.routes]
+             "servers": [(s.replica_id, s.address, s.ready, s.maxconn, s.grpc_address) for s in r.servers]} for r in table.routes]
         proc = self.haproxy.proc
         try:
             held = self.haproxy.held()

@@ -80,7 +80,15 @@ from ..api.httpwords import (  # (re-exported: the rules moved there, their user
 from ..api.router import routed
 from ..control import appnames, persist
 from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
-from ..control.metrics import CONTENT_TYPE, HTTP_REQUEST_METRICS, Departed, IngressMetrics, merged, router_families
+from ..control.metrics import (
+    CONTENT_TYPE,
+    GRPC_REQUEST_METRICS,
+    HTTP_REQUEST_METRICS,
+    Departed,
+    IngressMetrics,
+    merged,
+    router_families,
+)
 from .access import (
     ENABLE_ACCESS_LOG,
     REQUEST_ID_HEADER,
@@ -451,7 +459,7 @@ class IngressState:
         self.access = access if access is not None else AccessLog(enabled=False)
         self.metrics = metrics if metrics is not None else IngressMetrics()
         #: the replicas' HTTP request counts (the direct data plane's), kept from falling when one goes
-        self._http = Departed(s.name for s in HTTP_REQUEST_METRICS)
+        self._http = Departed(s.name for s in (*HTTP_REQUEST_METRICS, *GRPC_REQUEST_METRICS))
         self._http_shares: list = []
         #: deployment -> (when heard, {replica: global rank}); and the asks under way
         self.ranks: dict[str, tuple[float, dict[str, int]]] = {}
@@ -1455,6 +1463,13 @@ class HttpIngress:
         self.public = sock
         if data_plane == "direct":
             sock = _listen("127.0.0.1", 0, remember=False)
+        #: the direct data plane with gRPC: HAProxy takes the public gRPC socket too, and the proxy's gRPC
+        #: server listens on a loopback port behind it (``haproxy`` module docstring)
+        self.grpc_public: socket.socket | None = None
+        grpc_host, grpc_bind = host, grpc_port
+        if data_plane == "direct" and grpc_servicer_functions and grpc_port is not None:
+            self.grpc_public = _listen(host, grpc_port, remember=False)
+            grpc_host, grpc_bind = "127.0.0.1", 0
         self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
         self._gone = threading.Event()
         self._routes_lock = threading.Lock()
@@ -1490,25 +1505,32 @@ class HttpIngress:
             if loop == "uvloop":
                 import uvloop
 
-                uvloop.run(self._serve(sock, host, grpc_port))
+                uvloop.run(self._serve(sock, grpc_host, grpc_bind))
             else:
-                asyncio.run(self._serve(sock, host, grpc_port))
+                asyncio.run(self._serve(sock, grpc_host, grpc_bind))
 
         self.thread = threading.Thread(target=serve, name="rankcore-http", daemon=True)
         self.thread.start()
         if data_plane == "direct":
             from . import haproxy
 
+            grpc_proxy = None
+            if self.grpc_public is not None:
+                self.ready()  # (the proxy's gRPC server started first: HAProxy sends it what is not direct)
+                grpc_proxy = f"127.0.0.1:{self.grpc.address[1]}"
             opts = haproxy.Options(proxy=f"127.0.0.1:{sock.getsockname()[1]}", listen_fd=self.public.fileno(),
                                    request_timeout_s=request_timeout_s, header_timeout_s=header_timeout_s,
-                                   max_connections=max_connections)
+                                   max_connections=max_connections,
+                                   grpc_fd=self.grpc_public.fileno() if self.grpc_public is not None else None,
+                                   grpc_proxy=grpc_proxy)
             self.plane = haproxy.DataPlane(opts, self._direct_routes, request_timeout_s, max_body_bytes,
-                                           max_header_bytes, access.enabled, logs_dir)
+                                           max_header_bytes, access.enabled, logs_dir,
+                                           tuple(grpc_servicer_functions) if grpc_proxy else ())
 
     def data_plane(self) -> dict:
         """What carries deployments' requests: ``{"data_plane": "proxy"}``, or for the direct one its
-        routes (``prefix``, ``direct``, servers ``(replica, address, ready, maxconn)``), the commands
-        and reloads carried out and the failures to (tests, the status page)."""
+        routes (``prefix``, ``direct``, servers ``(replica, address, ready, maxconn, grpc address)``),
+        the commands and reloads carried out and the failures to (tests, the status page)."""
         if self.plane is None:
             return {"data_plane": "proxy"}
         return {"data_plane": "direct", **self.plane.info()}
@@ -1555,8 +1577,11 @@ class HttpIngress:
         return self.state.address
 
     def grpc_address(self) -> tuple[str, int] | None:
-        """The gRPC server's address (None: this proxy serves no gRPC)."""
+        """The gRPC server's address (None: this proxy serves no gRPC): on the direct data plane with
+        gRPC, HAProxy's public one."""
         self.ready()
+        if self.grpc_public is not None:
+            return (self.state.address[0], self.grpc_public.getsockname()[1])
         return self.grpc.address if self.grpc is not None else None
 
     def set_grpc_services(self, grpc_port: int | None, servicer_functions: tuple[str, ...]) -> tuple[str, int]:
@@ -1570,6 +1595,9 @@ class HttpIngress:
         with self._grpc_lock:
             if self.grpc is not None:
                 self.grpc.set_services(tuple(servicer_functions))
+                if self.grpc_public is not None:  # (the direct data plane's replicas serve them too)
+                    self.plane.set_grpc_services(tuple(servicer_functions))
+                    return (self.state.address[0], self.grpc_public.getsockname()[1])
                 return self.grpc.address
             front = GrpcFront(self.state, tuple(servicer_functions), _cancel)
             asyncio.run_coroutine_threadsafe(front.start(self.state.address[0], grpc_port or 0), self.loop).result(30)
@@ -1655,6 +1683,8 @@ class HttpIngress:
         if self.plane is not None:
             self.plane.stop()
             self.public.close()
+            if self.grpc_public is not None:
+                self.grpc_public.close()
         self.server.should_exit = True
         self.thread.join(timeout)
         self._gone.set()

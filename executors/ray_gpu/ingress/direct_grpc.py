@@ -1,0 +1,157 @@
+"""A replica's own gRPC server: the direct data plane's gRPC (issue 65).
+
+With ``data_plane="direct"`` and gRPC (``grpc_servicer_functions``), the proxy's HAProxy sends a
+deployment's gRPC calls straight to its replicas (``ingress/haproxy.py``), each of which serves the
+user's services itself on its user event loop, as the proxy's gRPC server does (``grpc_proxy.GrpcFront``:
+the same server, the same codes, metadata, limits, ``grpc_context`` and metrics). ``ReplicaIngress``
+answers what that server asks of its ingress from the replica itself: the one deployment it serves
+(every ``application`` is this one: the balancer chose it by that metadata), its methods, the call
+run on a slot of its own (``run``), a generator method's items (``stream``), its errors' codes, and
+its metrics (the replica's ``ReplicaMetrics``, summed by the ingress's ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import rankcore as rc
+
+from ..api.context import RequestContext
+from ..api.exposed import Reachable
+from ..api.httpwords import ANSI, status_of
+from ..control import appnames
+from .grpc_proxy import GrpcFront
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReplicaIngress", "start"]
+
+Run = Callable[[str, tuple, dict, RequestContext], Awaitable[Any]]
+Stream = Callable[[str, tuple, dict, RequestContext], AsyncIterator[Any]]
+
+
+class _Handle:
+    """What ``GrpcFront`` asks of a deployment's handle: ``options(stream=True, method_name=m)``."""
+
+    def __init__(self, method: str = "__call__") -> None:
+        self.method = method
+
+    def options(self, *, method_name: str = "__call__", **_: Any) -> _Handle:
+        return _Handle(method_name)
+
+
+class _Items:
+    """A generator method's items, as ``GrpcFront`` reads a handle's stream: ``cancel()`` before the
+    first item (past ``request_timeout_s``: ``GrpcFront._first_within``) stops the stream, whose end
+    the server then answers ``DEADLINE_EXCEEDED``. The first item is awaited in a task of its own so
+    that it can be cancelled; each step of the replica's stream sets its request context itself."""
+
+    def __init__(self, items: AsyncIterator[Any]) -> None:
+        self._items = items
+        self._first: asyncio.Future | None = None
+        self._started = self._stopped = False
+
+    def __aiter__(self) -> _Items:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._stopped:
+            raise StopAsyncIteration
+        if self._started:
+            return await self._items.__anext__()
+        self._started = True
+        self._first = asyncio.ensure_future(self._items.__anext__())
+        try:
+            return await self._first
+        except asyncio.CancelledError:
+            if self._stopped and self._first.cancelled():  # (ours: the server's first-item bound)
+                raise StopAsyncIteration from None
+            raise
+        finally:
+            self._first = None
+
+    def cancel(self) -> None:
+        self._stopped = True
+        if self._first is not None:
+            self._first.cancel()
+
+
+def _cancel(response: Any) -> None:
+    cancel = getattr(response, "cancel", None)
+    if callable(cancel):
+        cancel()
+
+
+class ReplicaIngress:
+    """What ``GrpcFront`` asks of its ingress, answered by one replica of ``deployment`` (module
+    docstring); ``limits``: the ingress's (``haproxy.DataPlane.limits``)."""
+
+    def __init__(self, deployment: str, reach: Reachable, run: Run, stream: Stream, metrics: Any,
+                 limits: dict) -> None:
+        self.deployment, self.run, self.stream, self.metrics = deployment, run, stream, metrics
+        self.handles = {deployment: _Handle()}
+        self.methods = {deployment: reach}
+        self.ongoing = 0
+        self.draining = False
+        self.header_timeout_s: float | None = None
+        self.set_limits(limits)
+
+    def set_limits(self, limits: dict) -> None:
+        self.max_body_bytes, self.max_header_bytes = limits["max_body_bytes"], limits["max_header_bytes"]
+        self.request_timeout_s: float | None = limits.get("request_timeout_s")
+
+    def unknown_method(self, name: str, method: str, via: str = "grpc") -> str | None:
+        return self.methods[name].refusal(name, method, via)
+
+    def failed(self, exc: BaseException, name: str | None, method: str, note: dict | None) -> tuple[int, str, str]:
+        """``status_of(exc)``, a 500's traceback in this replica's log under the call's request id."""
+        status, error, detail = status_of(exc)
+        if status >= 500:
+            log.error("gRPC call %s to %s.%s failed (%d):\n%s", note["request_id"] if note else "-", name, method,
+                      status, ANSI.sub("", "".join(traceback.format_exception(exc))))
+        return status, error, detail
+
+    async def unready(self) -> tuple[str, str] | None:
+        return None  # (the balancer sends nothing to a replica that is not serving)
+
+    @staticmethod
+    def _request(name: str, note: dict) -> RequestContext:
+        app = appnames.of(name)
+        return RequestContext(route=app, request_id=note["request_id"], app_name=app,
+                              multiplexed_model_id=note.get("model", ""))
+
+    async def call(self, name: str, method: str, args: tuple, kwargs: dict, note: dict | None = None,
+                   **_: Any) -> Any:
+        """One unary call on this replica, within ``request_timeout_s`` (``rankcore.RequestTimeout``
+        past it: ``DEADLINE_EXCEEDED``; the call is cancelled, its slot freed)."""
+        assert note is not None
+        task = asyncio.ensure_future(self.run(method, args, kwargs, self._request(name, note)))
+        try:
+            done, _pending = await asyncio.wait((task,), timeout=self.request_timeout_s)
+        except BaseException:  # (the client cancelled: so is the call)
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={self.request_timeout_s:g}",
+                                    deployment=name)
+        return task.result()
+
+    async def send(self, handle: _Handle, name: str, args: tuple, kwargs: dict, timeout: float | None,
+                   request: RequestContext | None = None) -> _Items:
+        """A generator method's (or a ``grpc_context`` entry's) items on this replica (``GrpcFront``
+        bounds the first by ``request_timeout_s`` and cancels one its client left)."""
+        assert request is not None
+        return _Items(self.stream(handle.method, args, kwargs, request))
+
+
+async def start(deployment: str, reach: Reachable, run: Run, stream: Stream, metrics: Any, limits: dict,
+                servicer_functions: Sequence[str], host: str) -> GrpcFront:
+    """This replica's gRPC server of ``servicer_functions`` on ``host`` (a free port: its ``address``)."""
+    front = GrpcFront(ReplicaIngress(deployment, reach, run, stream, metrics, limits), servicer_functions, _cancel)
+    await front.start(host, 0)
+    return front

@@ -1,0 +1,128 @@
+"""A replica's own gRPC server (executors/ray_gpu/ingress/direct_grpc.py, the direct data plane,
+issue 65), on an event loop of the test's with plain functions for the replica: the proxy's gRPC
+server (``GrpcFront``) answering from the replica itself: its calls, streams, codes, deadlines and
+metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from executors.ray_gpu.api.exposed import Reachable
+from executors.ray_gpu.ingress import direct_grpc
+from tests.integration.protos import echo_pb2, echo_pb2_grpc
+
+SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
+
+
+class Replica:
+    def __init__(self) -> None:
+        self.requests: list = []
+        self.cancelled: list = []
+        self.metrics: list = []
+
+    async def run(self, method, args, kwargs, request):
+        self.requests.append((method, request))
+        (msg,) = args
+        if method == "Nap":
+            try:
+                await asyncio.sleep(msg.seconds)
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
+            return echo_pb2.EchoReply(text="awake")
+        if msg.text == "boom":
+            raise ValueError("says boom")
+        return echo_pb2.EchoReply(text=msg.text.upper(), replica=request.request_id)
+
+    async def stream(self, method, args, kwargs, request):
+        (msg,) = args
+        if msg.seconds:
+            try:
+                await asyncio.sleep(msg.seconds)  # (before its first item)
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
+        for i in range(msg.n):
+            yield echo_pb2.EchoReply(text=str(i))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def grpc_started(self) -> None:
+        pass
+
+    def grpc_ended(self) -> None:
+        pass
+
+    def grpc_request(self, **kw) -> None:
+        self.calls.append((kw["method"], kw["deployment"], kw["code"]))
+
+
+def _run(scenario, request_timeout_s: float | None = 5.0) -> None:
+    async def main() -> None:
+        rep, metrics = Replica(), Metrics()
+        reach = Reachable(http=frozenset(), grpc=frozenset({"Say", "Count", "Nap"}))
+        limits = {"max_body_bytes": 1 << 20, "max_header_bytes": 16 << 10, "request_timeout_s": request_timeout_s}
+        front = await direct_grpc.start("dep", reach, rep.run, rep.stream, metrics, limits, SERVICERS, "127.0.0.1")
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.address[1]}") as ch:
+                await scenario(echo_pb2_grpc.EchoStub(ch), rep, metrics)
+        finally:
+            await front.stop(0)
+    asyncio.run(main())
+
+
+def test_a_call_whatever_application_it_names_is_this_replica_s():
+    async def scenario(stub, rep, metrics):
+        reply = await stub.Say(echo_pb2.EchoRequest(text="hi"), metadata=(("application", "anything"),
+                                                                         ("request_id", "rid-1")))
+        assert reply.text == "HI" and reply.replica == "rid-1"
+        assert rep.requests[-1][0] == "Say" and rep.requests[-1][1].request_id == "rid-1"
+        items = [r.text async for r in stub.Count(echo_pb2.EchoRequest(n=3))]
+        assert items == ["0", "1", "2"]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Say(echo_pb2.EchoRequest(text="boom"))
+        assert err.value.code() == grpc.StatusCode.INTERNAL and "ValueError: says boom" in err.value.details()
+        assert [c[2] for c in metrics.calls] == ["OK", "OK", "INTERNAL"]
+        assert metrics.calls[0][:2] == ("/rankcore.test.Echo/Say", "dep")
+    _run(scenario)
+
+
+def test_past_request_timeout_s_a_call_and_a_stream_end_deadline_exceeded_and_are_cancelled():
+    async def scenario(stub, rep, metrics):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Nap(echo_pb2.EchoRequest(seconds=5.0), metadata=(("request_id", "napper"),))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "request_timeout_s=0.3" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # (a stream whose first item comes too late)
+            _ = [r async for r in stub.Count(echo_pb2.EchoRequest(n=2, seconds=5.0),
+                                             metadata=(("request_id", "streamer"),))]
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for _ in range(100):
+            if len(rep.cancelled) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(rep.cancelled) == ["napper", "streamer"]
+        assert [c[2] for c in metrics.calls] == ["DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"]
+    _run(scenario, request_timeout_s=0.3)
+
+
+def test_a_client_that_cancels_cancels_the_call():
+    async def scenario(stub, rep, metrics):
+        call = stub.Nap(echo_pb2.EchoRequest(seconds=30.0), metadata=(("request_id", "leaver"),))
+        for _ in range(100):
+            if rep.requests:
+                break
+            await asyncio.sleep(0.01)
+        call.cancel()
+        for _ in range(200):
+            if rep.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        assert rep.cancelled == ["leaver"]
+    _run(scenario)
