@@ -298,29 +298,63 @@ def _is_error(status: int) -> bool:
     return status >= 400
 
 
+#: how many label sets a registry's per-request series keep found (``_Children``): a request's series are
+#: looked up once, not at each request (prometheus_client's ``labels`` costs a few microseconds each)
+CHILDREN_KEPT = 1024
+
+
+class _Children(dict):
+    """Label set -> the series one request moves (``http_request``, ``grpc_request``), at most
+    ``CHILDREN_KEPT`` kept (more are looked up each time)."""
+
+    def get_or(self, key: tuple, make: Any) -> tuple:
+        kids = self.get(key)
+        if kids is None:
+            kids = make()
+            if len(self) < CHILDREN_KEPT:
+                self[key] = kids
+        return kids
+
+
 def http_request(m: dict[str, Any], *, route: str, method: str, deployment: str, app: str, status: int,
-                 latency_ms: float) -> None:
-    """One HTTP request answered, in ``HTTP_REQUEST_METRICS`` (``m``: a registry's metrics by name)."""
-    code = str(status)
-    m["ray_serve_num_http_requests"].labels(route, method, app, code).inc()
-    m["ray_serve_http_request_latency_ms"].labels(method, route, app, code).observe(latency_ms)
-    if _is_error(status):
-        m["ray_serve_num_http_error_requests"].labels(route, code, method, app).inc()
-        m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app).inc()
+                 latency_ms: float, kept: _Children | None = None) -> None:
+    """One HTTP request answered, in ``HTTP_REQUEST_METRICS`` (``m``: a registry's metrics by name;
+    ``kept``: its series found before)."""
+    def make() -> tuple:
+        code = str(status)
+        return (m["ray_serve_num_http_requests"].labels(route, method, app, code),
+                m["ray_serve_http_request_latency_ms"].labels(method, route, app, code),
+                *((m["ray_serve_num_http_error_requests"].labels(route, code, method, app),
+                   m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app))
+                  if _is_error(status) else ()))
+    kids = (kept if kept is not None else _Children()).get_or((route, method, deployment, app, status), make)
+    kids[0].inc()
+    kids[1].observe(latency_ms)
+    for kid in kids[2:]:
+        kid.inc()
 
 
-def grpc_request(m: dict[str, Any], *, method: str, deployment: str, code: str, latency_ms: float) -> None:
+def grpc_request(m: dict[str, Any], *, method: str, deployment: str, code: str, latency_ms: float,
+                 kept: _Children | None = None) -> None:
     """One gRPC call answered, in ``GRPC_REQUEST_METRICS``, as Serve's gRPC proxy records it: ``method``
     its full name (``/package.Service/Method``), ``code`` the gRPC code's name it ended with (``OK``,
     ``NOT_FOUND`` ...: any other than ``OK`` is an error; labelled as Serve's, ``StatusCode.NOT_FOUND``),
     the application both the ``route`` and the ``application`` label (``deployment`` ``""``: no
-    application matched, both ``""``)."""
-    app, shown = _app(deployment), f"StatusCode.{code}"  # (Serve's label: str(grpc.StatusCode.X))
-    m["ray_serve_num_grpc_requests"].labels(app, method, app, shown).inc()
-    m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, shown).observe(latency_ms)
-    if code != "OK":
-        m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app).inc()
-        m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app).inc()
+    application matched, both ``""``; ``kept``: its series found before)."""
+    app = _app(deployment)
+
+    def make() -> tuple:
+        shown = f"StatusCode.{code}"  # (Serve's label: str(grpc.StatusCode.X))
+        return (m["ray_serve_num_grpc_requests"].labels(app, method, app, shown),
+                m["ray_serve_grpc_request_latency_ms"].labels(method, app, app, shown),
+                *((m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app),
+                   m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app))
+                  if code != "OK" else ()))
+    kids = (kept if kept is not None else _Children()).get_or((method, deployment, app, code), make)
+    kids[0].inc()
+    kids[1].observe(latency_ms)
+    for kid in kids[2:]:
+        kid.inc()
 
 
 class Departed:
@@ -362,6 +396,7 @@ class IngressMetrics:
 
     def __init__(self, node_id: str = "", node_ip: str = "") -> None:
         self.registry, self.m = build(INGRESS_METRICS)
+        self._kept = _Children()  # (its per-request series, found once: ``http_request``)
         self._ongoing = self.m["ray_serve_num_ongoing_http_requests"].labels(node_id, node_ip)
         self._grpc_ongoing = self.m["ray_serve_num_ongoing_grpc_requests"].labels(node_id, node_ip)
 
@@ -375,7 +410,7 @@ class IngressMetrics:
         """One request answered (``deployment`` ``""``: no route matched). The replica counts the
         call it answered (``ReplicaMetrics``): counted once, handle calls too."""
         http_request(self.m, route=route, method=method, deployment=deployment, app=_app(deployment), status=status,
-                     latency_ms=latency_ms)
+                     latency_ms=latency_ms, kept=self._kept)
 
     def grpc_started(self) -> None:
         self._grpc_ongoing.inc()
@@ -385,7 +420,7 @@ class IngressMetrics:
 
     def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
         """One gRPC call answered (module function ``grpc_request``)."""
-        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms)
+        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms, kept=self._kept)
 
     def queues(self, loads: dict[str, tuple[int, int]], handle: str, actor_id: str) -> None:
         """The routers' queues now: ``{deployment: (queued, in flight)}`` (gone ones dropped)."""
@@ -417,6 +452,7 @@ class ReplicaMetrics:
 
     def __init__(self, deployment: str, replica: str, application: str | None = None) -> None:
         self.registry, self.m = build(REPLICA_METRICS)
+        self._kept = _Children()  # (its per-request series, found once: ``http_request``)
         self.deployment, self.replica = deployment, replica
         #: the ``application`` label (``appnames``, read once: a replica belongs to one application)
         self.app = app = _app(deployment) if application is None else application
@@ -440,11 +476,11 @@ class ReplicaMetrics:
     def http_request(self, *, route: str, method: str, status: int, latency_ms: float) -> None:
         """One HTTP request its own server answered (the direct data plane: ``api.direct``)."""
         http_request(self.m, route=route, method=method, deployment=self.deployment, app=self.app, status=status,
-                     latency_ms=latency_ms)
+                     latency_ms=latency_ms, kept=self._kept)
 
     def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
         """One gRPC call its own gRPC server answered (the direct data plane: ``ingress.direct_grpc``)."""
-        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms)
+        grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms, kept=self._kept)
 
     def grpc_started(self) -> None:
         """(A gRPC call began on its own server: Serve's replica keeps no gauge of them.)"""
@@ -454,11 +490,14 @@ class ReplicaMetrics:
 
     def answered(self, route: str, latency_ms: float, exception_type: str | None = None) -> None:
         m, dep, rid, app = self.m, self.deployment, self.replica, self.app
-        m["ray_serve_deployment_processing_latency_ms"].labels(dep, rid, route, app).observe(latency_ms)
-        if exception_type is None:
-            m["ray_serve_deployment_request_counter"].labels(dep, rid, route, app).inc()
-        else:
-            m["ray_serve_deployment_error_counter"].labels(dep, rid, route, app, exception_type).inc()
+
+        def make() -> tuple:
+            return (m["ray_serve_deployment_processing_latency_ms"].labels(dep, rid, route, app),
+                    m["ray_serve_deployment_request_counter"].labels(dep, rid, route, app) if exception_type is None
+                    else m["ray_serve_deployment_error_counter"].labels(dep, rid, route, app, exception_type))
+        took, count = self._kept.get_or(("answered", route, exception_type), make)
+        took.observe(latency_ms)
+        count.inc()
 
     # -- batching (``api.batching``)
     def batch_ran(self, function: str, wait_ms: float, run_ms: float, size: int, bound: int) -> None:

@@ -129,17 +129,31 @@ class ReplicaIngress:
         """One unary call on this replica, within ``request_timeout_s`` (``rankcore.RequestTimeout``
         past it: ``DEADLINE_EXCEEDED``; the call is cancelled, its slot freed)."""
         assert note is not None
-        task = asyncio.ensure_future(self.run(method, args, kwargs, self._request(name, note)))
+        coro = self.run(method, args, kwargs, self._request(name, note))
+        timeout = self.request_timeout_s
+        if timeout is None:
+            return await coro
+        task = asyncio.current_task()
+        assert task is not None
+        fired = False
+
+        def fire() -> None:  # (the call's own task cancelled: no task of its own, no hop)
+            nonlocal fired
+            fired = True
+            task.cancel()
+        timer = asyncio.get_running_loop().call_later(timeout, fire)
         try:
-            done, _pending = await asyncio.wait((task,), timeout=self.request_timeout_s)
-        except BaseException:  # (the client cancelled: so is the call)
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()
-            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={self.request_timeout_s:g}",
-                                    deployment=name)
-        return task.result()
+            return await coro
+        except asyncio.CancelledError:
+            if not fired:
+                raise  # (its client cancelled)
+            uncancel = getattr(task, "uncancel", None)  # (Python 3.11+: the task is not being cancelled any more)
+            if uncancel is not None:
+                uncancel()
+            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
+                                    deployment=name) from None
+        finally:
+            timer.cancel()
 
     async def send(self, handle: _Handle, name: str, args: tuple, kwargs: dict, timeout: float | None,
                    request: RequestContext | None = None) -> _Items:

@@ -129,20 +129,30 @@ MODEL_ID_KEY = "multiplexed_model_id"
 REQUEST_ID_KEY = "request_id"
 
 
+def _metadata(context: aio.ServicerContext) -> dict:
+    """The call's metadata as a dict, read once a call (``_Call.meta``; a call outside one: now)."""
+    call = _CALL.get()
+    if call is not None and call.meta is not None:
+        return call.meta
+    return dict(context.invocation_metadata() or ())
+
+
 def _note_of(name: str, context: aio.ServicerContext) -> dict:
     """The call's note (what ``http.IngressState.call`` carries to the replica as its request context):
     its id, the client's ``request_id`` when it sent a usable one, else a new one, set at once in the
     trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model;
     its route the application's name (Serve's gRPC request: the replica's request counters carry it)."""
-    sent = dict(context.invocation_metadata() or ()).get(REQUEST_ID_KEY)
+    meta = _metadata(context)
+    sent = meta.get(REQUEST_ID_KEY)
     rid = request_id_of(sent if isinstance(sent, str) else None)
     context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
-    return {"route": appnames.of(name), "deployment": name, "request_id": rid, "model": _model_of(context), "replica": None}
+    return {"route": appnames.of(name), "deployment": name, "request_id": rid, "model": _model_of(context, meta),
+            "replica": None}
 
 
-def _model_of(context: aio.ServicerContext) -> str:
+def _model_of(context: aio.ServicerContext, meta: dict | None = None) -> str:
     """The multiplexed model the call's metadata names ("" none)."""
-    return str(dict(context.invocation_metadata() or ()).get(MODEL_ID_KEY, "") or "").strip()
+    return str((meta if meta is not None else _metadata(context)).get(MODEL_ID_KEY, "") or "").strip()
 
 
 class _AnyServicer:
@@ -188,12 +198,13 @@ def servicer_methods(paths: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 class _Call:
     """One call of a user's service, for the metrics (``GrpcFront._opened``/``_closed``): the deployment its
-    ``application`` metadata names (None: none), when it began, and the code it ended with (``_ended``)."""
+    ``application`` metadata names (None: none), when it began, the code it ended with (``_ended``), and
+    its metadata (read once)."""
 
-    __slots__ = ("name", "began", "code")
+    __slots__ = ("name", "began", "code", "meta")
 
-    def __init__(self, name: str | None) -> None:
-        self.name, self.began = name, time.perf_counter()
+    def __init__(self, name: str | None, meta: dict | None = None) -> None:
+        self.name, self.began, self.meta = name, time.perf_counter(), meta
         self.code: str | None = None
 
 
@@ -350,7 +361,8 @@ class GrpcFront:
     # ------------------------------------------------------------- metrics
     def _opened(self, context: aio.ServicerContext) -> _Call:
         """A call begins: measured from now; in flight (Serve's ongoing gauge) when an application takes it."""
-        call = _Call(self._application(context))
+        meta = dict(context.invocation_metadata() or ())
+        call = _Call(self._application(context, meta), meta)
         _CALL.set(call)
         if call.name is not None:
             self.ingress.metrics.grpc_started()
@@ -374,13 +386,13 @@ class GrpcFront:
         metrics.grpc_request(method=full, deployment=call.name or "", code=code,
                              latency_ms=(time.perf_counter() - call.began) * 1000.0)
 
-    def _application(self, context: aio.ServicerContext) -> str | None:
+    def _application(self, context: aio.ServicerContext, meta: dict | None = None) -> str | None:
         """The routed deployment the ``application`` metadata names: an application's (``serve.run``'s
         ``name``, a config's: its ingress, ``control.appnames``) or a deployment's own name; with one
         routed deployment, that one whatever it says (Serve's rule). None: unknown, or not given
         with several."""
         handles = self.ingress.handles
-        named = dict(context.invocation_metadata() or ()).get("application")
+        named = (meta if meta is not None else _metadata(context)).get("application")
         if len(handles) == 1:
             return next(iter(handles))
         if named in handles:
@@ -388,9 +400,10 @@ class GrpcFront:
         return next((d for d in sorted(handles) if appnames.of(d) == named), None) if named else None
 
     async def _app_or_abort(self, context: aio.ServicerContext) -> str:
-        name = self._application(context)
+        call = _CALL.get()
+        name = call.name if call is not None else self._application(context)  # (found once, as the call opened)
         if name is None:
-            named = dict(context.invocation_metadata() or ()).get("application")
+            named = _metadata(context).get("application")
             self._ended("NOT_FOUND")
             what = "Application metadata not set." if named is None else f"Application {named!r} not found."
             await context.abort(grpc.StatusCode.NOT_FOUND,
