@@ -193,8 +193,8 @@ def _free_port() -> int:
 class Ours:
     name = "ours"
 
-    def __init__(self, data_plane: str = "proxy") -> None:
-        self.data_plane = data_plane
+    def __init__(self, data_plane: str | None = None) -> None:
+        self.data_plane = data_plane  # (None: as the environment says, ``haproxy.default_data_plane``)
 
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from executors.ray_gpu import deployment, run
@@ -515,18 +515,18 @@ def print_sim_fit(results: dict, args: argparse.Namespace, seconds: float = 30.0
     ``seconds``: the simulated load's length at each level."""
     levels = results.get("ours", {}).get("levels", {})
     one = levels.get("http/1")
-    one_cpu = request_cpu(one, args.seconds, args.data_plane) if one else None
+    one_cpu = request_cpu(one, args.seconds, args.plane) if one else None
     if not one or one_cpu is None or not one.get("mean_ms"):
         print("simulator fit: no measured one-client HTTP level of ours (run with --sim-fit --clients 1,...)")
         return []
     busy = sum(one_cpu["threads"]) + one_cpu["replica_s"] + one_cpu["request_s"]
     wait = max(0.0, one["mean_ms"] / 1000.0 - busy)
     rows = []
-    print(f"\nthe simulator's cost model of ours' {args.data_plane} data plane (traffic.<d>.host; the callers "
+    print(f"\nthe simulator's cost model of ours' {args.plane} data plane (traffic.<d>.host; the callers "
           f"wait {1000 * wait:.3f} ms a request that is no CPU, from one client):")
     for clients in args.clients:
         lv = levels.get(f"http/{clients}")
-        mine = request_cpu(lv, args.seconds, args.data_plane) if lv else None
+        mine = request_cpu(lv, args.seconds, args.plane) if lv else None
         if mine is None:
             continue
         own = sim_predict(args.replicas, clients, wait, mine, seconds)
@@ -586,7 +586,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     print(f"\nrankcore HTTP ingress and handle vs Ray Serve, {args.replicas} replicas, Ray {version}, "
           f"{args.seconds:g} s per level after {args.warmup:g} s warm-up, {os.cpu_count()} CPUs, "
           f"HTTP load generator: {args.http_client}, transport: {args.transport}, "
-          f"ours' data plane: {args.data_plane}")
+          f"ours' data plane: {args.plane}")
     headers = ["path", "clients", "ours req/s", "serve req/s", "ours/serve", "ours p50", "serve p50",
                "ours p99", "serve p99", "p99 ours/serve", "errors o/s", "goal"]
     table = []
@@ -658,8 +658,8 @@ TRANSPORTS = {"default": {},
 
 def spawn(system_name: str, args: argparse.Namespace) -> dict:
     """Run one system in a child process (a fresh Ray instance) and read its result."""
-    argv = [*level_argv(args), "--http-client", args.http_client, "--data-plane", args.data_plane,
-            *(["--sim-fit"] if args.sim_fit else [])]
+    argv = [*level_argv(args), "--http-client", args.http_client,
+            *(["--data-plane", args.data_plane] if args.data_plane else []), *(["--sim-fit"] if args.sim_fit else [])]
     limit = args.budget + 120  # the last level may start just before the budget; then start and stop
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
@@ -702,16 +702,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="how proxies and handles reach replicas, both systems alike (Serve's variables): "
                         "default (each system's own: Serve's by reference, ours' proxy by value), value "
                         "(RAY_SERVE_USE_GRPC_BY_DEFAULT=1: proxies and handles over gRPC), reference (Ray calls)")
-    p.add_argument("--data-plane", choices=DATA_PLANES, default="proxy",
-                   help="what carries ours' HTTP requests (start_ingress(data_plane=...)): proxy (default: its "
+    p.add_argument("--data-plane", choices=DATA_PLANES, default=None,
+                   help="what carries ours' HTTP and gRPC requests (start_ingress(data_plane=...)): proxy (its "
                         "Python proxy and router) or direct (HAProxy straight to each replica's own server, as "
-                        "Serve's fast mode)")
+                        "Serve's fast mode); default: as ours' environment says (--ours-mode fast: direct)")
     p.add_argument("--sim-fit", action="store_true",
                    help="ours over HTTP: read where each level's CPU went (/proc: the callers' loop, the replicas, "
                         "HAProxy) and predict each level with the simulator's host model (traffic.<d>.host), "
                         f"against the measured figures (issue 65: within {100 * SIM_WITHIN:.0f}%%)")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
+    #: ours' data plane as its child will have it (``--data-plane``, else its environment's default)
+    args.plane = args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")
     if args.sim_fit and "http" not in args.paths:
         p.error("--sim-fit reads the http path's levels: give --paths with http")
     os.environ.update(TRANSPORTS[args.transport])  # (read by both systems' proxies, replicas and handles)

@@ -31,6 +31,11 @@ SERVE_MODES: dict[str, dict[str, str]] = {
 }
 _CHILD_OF_MODE = {"default": "serve", "fast": "serve-fast"}
 _LOOP: Any = None
+#: the environment ours' child runs under (``--ours-mode``): Serve's variables of that mode, which ours
+#: reads too (``RAY_SERVE_ENABLE_HA_PROXY=1``: the direct data plane by default;
+#: ``RAY_SERVE_THROUGHPUT_OPTIMIZED=1``: handles by value by default), so a Serve app run in its fast mode
+#: and ported runs ours in its own
+_OURS_MODE = "default"
 
 
 def systems(args: argparse.Namespace) -> list[str]:
@@ -72,7 +77,7 @@ def spawn(script: str, system_name: str, argv: list[str], limit: float, log: Cal
     fd, out = tempfile.mkstemp(prefix=f"{os.path.basename(script)}_{system_name}_", suffix=".json")
     os.close(fd)
     cmd = [sys.executable, script, "--child", system_name, "--child-out", out, *argv]
-    mode = {child: m for m, child in _CHILD_OF_MODE.items()}.get(system_name, "default")
+    mode = {child: m for m, child in _CHILD_OF_MODE.items()}.get(system_name, _OURS_MODE)
     proc = subprocess.Popen(cmd, env={**os.environ, **SERVE_MODES[mode]}, stdout=sys.stderr)
     try:
         proc.wait(timeout=limit)
@@ -191,10 +196,13 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
         print(f"{missing}: `make bench` installs it (the '[bench]' extra: .venv/bin/python -m pip install "
               f"-c constraints.txt -e '.[bench]'), or run --only ours", file=sys.stderr)
         return 2
+    global _OURS_MODE
+    _OURS_MODE = getattr(args, "ours_mode", "default")
     results = {name: spawn_one(name, args) for name in names}
     rows: Any = {}
+    ours = "ours" if _OURS_MODE == "default" else "ours in its fast mode (the same variables)"
     for title, view in serve_views(results):
-        print(f"\n=== ours against {title} ===")
+        print(f"\n=== {ours} against {title} ===")
         rows[title] = print_report(view, args)
     if args.json:
         with open(args.json, "w") as f:
@@ -302,6 +310,10 @@ def add_child_arguments(p: argparse.ArgumentParser, json_help: str = "write all 
                    help="which of Ray Serve's modes to measure ours against: default (as it ships), fast "
                         "(RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1: HAProxy straight to "
                         "the replicas) or both (default), each in a child of its own, in one run")
+    p.add_argument("--ours-mode", choices=tuple(SERVE_MODES), default="default",
+                   help="the environment ours runs under: default (Serve's variables off) or fast (the same "
+                        "RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_THROUGHPUT_OPTIMIZED=1 as Serve's fast mode, which ours "
+                        "reads: its direct data plane and handles by value by default)")
     p.add_argument("--json", metavar="FILE", help=json_help)
     p.add_argument("--child", choices=("ours", *_CHILD_OF_MODE.values()), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)

@@ -45,7 +45,7 @@ def test_the_simulator_predicts_a_level_from_its_cpu():
 
 def test_the_fit_is_judged_at_every_loaded_level(capsys):
     bench = _bench()
-    args = argparse.Namespace(seconds=5.0, clients=[1, 16], replicas=2, data_plane="direct")
+    args = argparse.Namespace(seconds=5.0, clients=[1, 16], replicas=2, plane="direct")
     # one client: 1 ms of CPU a request, 1.2 ms a request in all; 16: the same CPU, the cores full
     one = _level(833.0, 0.833, 2.5, 0.833, 4.3, 1.2)
     loaded = _level(2000.0, 2.0, 6.0, 2.0, 10.0, 8.0)

@@ -54,6 +54,39 @@ def test_each_serve_child_runs_under_its_modes_variables(monkeypatch, tmp_path):
     assert seen["serve"] == seen["ours"] == {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}
 
 
+def test_ours_in_its_fast_mode_runs_under_the_same_variables(monkeypatch):
+    """``--ours-mode fast``: ours' child gets Serve's fast-mode variables, which ours reads (its direct data
+    plane, handles by value); the report says so."""
+    childrun = _childrun()
+    seen = {}
+
+    def spawn_one(name, args):
+        seen[name] = childrun._OURS_MODE
+        return {"system": name}
+    args = argparse.Namespace(child=None, only="ours", serve_mode="fast", ours_mode="fast", json=None)
+    monkeypatch.setattr(childrun, "serve_missing", lambda names: None)
+    try:
+        assert childrun.main_for(args, None, spawn_one, lambda view, a: [], lambda m: None) == 0
+        assert seen == {"ours": "fast"}
+        seen_env: dict = {}
+
+        class Proc:
+            returncode = 0
+
+            def __init__(self, cmd, env=None, stdout=None):
+                seen_env.update(env)
+                with open(cmd[cmd.index("--child-out") + 1], "w") as f:
+                    json.dump({}, f)
+
+            def wait(self, timeout=None):
+                return 0
+        monkeypatch.setattr(childrun.subprocess, "Popen", Proc)
+        childrun.spawn("x.py", "ours", [], 5, lambda m: None)
+        assert (seen_env["RAY_SERVE_ENABLE_HA_PROXY"], seen_env["RAY_SERVE_THROUGHPUT_OPTIMIZED"]) == ("1", "1")
+    finally:
+        monkeypatch.setattr(childrun, "_OURS_MODE", "default")
+
+
 def test_one_report_per_serve_mode_each_beside_the_same_ours():
     views = _childrun().serve_views({"ours": {"a": 1}, "serve": {"b": 2}, "serve-fast": {"c": 3}})
     assert [v["serve"] for _, v in views] == [{"b": 2}, {"c": 3}]
