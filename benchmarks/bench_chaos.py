@@ -965,7 +965,8 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
     print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
           f"{args.handle_clients} handle{' (ours: progress calls)' if args.handle_progress else ''} + "
           f"{args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
-          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs, ours' data plane: {args.data_plane}")
+          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs, ours' data plane: "
+          f"{args.data_plane or ('direct' if getattr(args, 'ours_mode', 'default') == 'fast' else 'proxy')}")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
                "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
     table = []
@@ -1026,7 +1027,7 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
             "--request-timeout", str(args.request_timeout), "--warmup", str(args.warmup),
             "--budget", str(args.budget), "--soak", str(args.soak), "--soak-every", str(args.soak_every),
             "--soak-warmup", str(args.soak_warmup), "--sample-s", str(args.sample_s),
-            "--data-plane", args.data_plane]
+            *(["--data-plane", args.data_plane] if args.data_plane else [])]
     if args.handle_progress:
         argv.append("--handle-progress")
     limit = args.budget + args.soak + args.settle_timeout + args.request_timeout + 180
@@ -1056,9 +1057,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="ours' handle callers ask for progress (handle.options(progress=True)): a call tells when "
                         "it began, so one that never began on a replica that died is sent to another")
     p.add_argument("--work", type=float, default=0.02, help="the handler's seconds a request; default 0.02")
-    p.add_argument("--data-plane", choices=DATA_PLANES, default="proxy",
-                   help="what carries ours' HTTP requests: proxy (default) or direct (HAProxy straight to the "
-                        "replicas' own servers; docs/ray.md)")
+    p.add_argument("--data-plane", choices=DATA_PLANES, default=None,
+                   help="what carries ours' HTTP and gRPC requests: proxy or direct (HAProxy straight to the "
+                        "replicas' own servers; docs/ray.md); default: as ours' environment says (--ours-mode "
+                        "fast: direct)")
     p.add_argument("--faults", type=_faults, default=list(FAULTS), help=f"'all' (default) or some of {','.join(FAULTS)}")
     p.add_argument("--repeats", type=int, default=2, help="runs of each system, alternating; default 2")
     p.add_argument("--seed", type=int, default=40, help="which replicas and nodes the faults hit; default 40")
@@ -1114,7 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
         print_soak(results, args)
     else:
         for title, view in childrun.serve_views(results):
-            print(f"\n=== ours against {title} ===")
+            print(f"\n=== {childrun.ours_title()} against {title} ===")
             rows[title] = print_report(view, args)
     if args.json:
         with open(args.json, "w") as f:

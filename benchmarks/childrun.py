@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
            "client_counts", "deploy_ours", "paths_type", "kill_serve_replica", "SERVE_MODES", "systems",
-           "serve_views", "run_async", "check_levels"]
+           "serve_views", "run_async", "check_levels", "ours_title"]
 
 #: Ray Serve's modes a benchmark measures ours against (``--serve-mode``), each the environment its
 #: child runs under: ``default`` as Serve ships, ``fast`` its fastest shipped mode (an HAProxy per node
@@ -40,10 +40,18 @@ _OURS_MODE = "default"
 
 def systems(args: argparse.Namespace) -> list[str]:
     """The children ``args`` asks for, in order: ``ours`` and/or one per Serve mode (``--only``,
-    ``--serve-mode``)."""
+    ``--serve-mode``). Every benchmark asks this before it starts a child: ours' environment
+    (``--ours-mode``) is taken from ``args`` here, for ``spawn``."""
+    global _OURS_MODE
+    _OURS_MODE = getattr(args, "ours_mode", "default")
     modes = list(SERVE_MODES) if args.serve_mode == "both" else [args.serve_mode]
     serve = [_CHILD_OF_MODE[m] for m in modes]
     return {"both": ["ours", *serve], "ours": ["ours"], "serve": serve}[args.only]
+
+
+def ours_title() -> str:
+    """How a report names ours: in its fast mode when ``--ours-mode fast``."""
+    return "ours" if _OURS_MODE == "default" else "ours in its fast mode (the same variables)"
 
 
 def serve_views(results: dict) -> list[tuple[str, dict]]:
@@ -196,13 +204,10 @@ def main_for(args: argparse.Namespace, run_child: Callable[[str, argparse.Namesp
         print(f"{missing}: `make bench` installs it (the '[bench]' extra: .venv/bin/python -m pip install "
               f"-c constraints.txt -e '.[bench]'), or run --only ours", file=sys.stderr)
         return 2
-    global _OURS_MODE
-    _OURS_MODE = getattr(args, "ours_mode", "default")
     results = {name: spawn_one(name, args) for name in names}
     rows: Any = {}
-    ours = "ours" if _OURS_MODE == "default" else "ours in its fast mode (the same variables)"
     for title, view in serve_views(results):
-        print(f"\n=== {ours} against {title} ===")
+        print(f"\n=== {ours_title()} against {title} ===")
         rows[title] = print_report(view, args)
     if args.json:
         with open(args.json, "w") as f:
