@@ -1,0 +1,96 @@
+"""The direct data plane on a real 3-node Ray cluster (issue 65): each node's proxy runs its own
+HAProxy, which holds the same core table and sends a route's requests straight to its replicas on
+every node, over HTTP and gRPC. A proxy's own answers carry uvicorn's ``server`` header, a replica's
+none; a gRPC call the proxy answered is in its ``grpc_codes()``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import grpc
+import httpx
+import pytest
+import ray
+
+import rankcore as rc
+from executors.ray_gpu import deployment, get_replica_context, run
+from executors.ray_gpu.control.controller import NAMESPACE
+from executors.ray_gpu.ingress.http import proxies, start_ingress
+from tests.integration.conftest import multi_node_cluster
+from tests.integration.protos import echo_pb2, echo_pb2_grpc
+
+SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from multi_node_cluster(2, 1, end="reset")
+
+
+@deployment(name="spread", num_replicas=2, ray_actor_options={"num_cpus": 0.1, "num_gpus": 1})
+class Spread:
+    def __call__(self, x=None):
+        return {"node": ray.get_runtime_context().get_node_id(), "replica": get_replica_context().replica_id}
+
+    def Say(self, request):
+        return echo_pb2.EchoReply(text=ray.get_runtime_context().get_node_id(),
+                                  replica=get_replica_context().replica_id)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(cond, timeout=90.0, every=0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(every)
+    return None
+
+
+def _direct_everywhere():
+    """Every running proxy's data plane holds ``spread``'s route direct with two ready servers, each with
+    a gRPC address: ``{node: (proxy record, its actor)}``, else None."""
+    out = {}
+    for p in proxies().values():
+        if p["phase"] != "healthy" or not p["address"]:
+            return None
+        actor = ray.get_actor(p["actor_name"], namespace=NAMESPACE)
+        info = ray.get(actor.data_plane.remote())
+        route = next((r for r in info.get("routes", []) if r["deployment"] == "spread"), None)
+        if route is None or not route["direct"] or len([s for s in route["servers"] if s[2] and s[4]]) != 2:
+            return None
+        out[p["node_id"]] = (p, actor)
+    return out
+
+
+def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster):
+    _c, workers = cluster
+    start_ingress(port=0, worker_port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS,
+                  data_plane="direct", proxy_options=rc.ProxyOptions(min_draining_period_s=1.0))
+    run(Spread.bind(), route_prefix="/spread")
+    ready = _wait(lambda: (d := _direct_everywhere()) and len(d) == 3 and d)  # (the head and both replicas' nodes)
+    assert ready, proxies()
+    replica_nodes = {w.node_id for w in workers}
+    for node, (p, actor) in ready.items():
+        seen = set()
+        with httpx.Client(base_url=f"http://{p['address'][0]}:{p['address'][1]}", timeout=30) as c:
+            for _ in range(12):
+                r = c.post("/spread", json=1)
+                assert r.status_code == 200 and r.headers.get("server") != "uvicorn", (node, r.text)
+                seen.add(json.loads(r.content)["node"])
+            assert c.get("/-/healthz").headers.get("server") == "uvicorn"  # (the check tells the two apart)
+        assert seen == replica_nodes, (node, seen)  # (every node's replica, whichever node's proxy)
+        host, port = ray.get(actor.grpc_address.remote())
+        before = ray.get(actor.grpc_codes.remote())
+        with grpc.insecure_channel(f"{host}:{port}") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            nodes = {stub.Say(echo_pb2.EchoRequest(text="x"), timeout=30).text for _ in range(12)}
+        assert nodes == replica_nodes and ray.get(actor.grpc_codes.remote()) == before, node
