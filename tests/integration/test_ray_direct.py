@@ -233,6 +233,41 @@ def test_past_max_queued_requests_the_balancer_answers_503(base):
     assert all(b["error"] == "overloaded" and b["deployment"] == "tight" for b in refused), refused
 
 
+def test_the_balancer_s_own_answers_are_counted_and_recorded(base):
+    """A 503 HAProxy answers itself (no replica saw the request) is in the ingress's metrics and access
+    records, as the proxy's own refusals are: read from HAProxy's log of its own answers."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def refused() -> float:
+        text = httpx.get(f"{base}/metrics", timeout=30).text
+        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                   if s.name == "ray_serve_num_http_requests_total" and s.labels.get("route") == "/tight"
+                   and s.labels.get("status_code") == "503")
+    before, answered = refused(), plane()["answered"]
+    rid = f"refused-{time.monotonic_ns()}"
+
+    async def burst() -> list:
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as c:
+            async def one(i: int) -> httpx.Response:
+                await asyncio.sleep(0.3 * i)
+                return await c.post("/tight", json=1.5, headers={"x-request-id": f"{rid}-{i}"})
+            return await asyncio.gather(*(one(i) for i in range(4)))
+    answers = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [200, 200, 503, 503], [r.text for r in answers]
+    deadline = time.monotonic() + 10
+    while refused() - before < 2:
+        assert time.monotonic() < deadline, (refused(), before, plane()["answered"])
+        time.sleep(0.1)
+    assert refused() - before == 2 and plane()["answered"] - answered == 2
+    records = {r["request_id"]: r for r in ray.get(ingress().access_records.remote())["records"]
+               if (r["request_id"] or "").startswith(rid)}
+    mine = sorted((r["status"], r["replica"] is None) for r in records.values())
+    assert mine == [(200, False), (200, False), (503, True), (503, True)], records
+    assert all(r["route"] == "/tight" and r["deployment"] == "tight" and r["path"] == "/tight"
+               for r in records.values() if r["status"] == 503)
+
+
 def test_a_client_gone_cancels_its_call(base):
     host, port = ingress_address()
     with tempfile.TemporaryDirectory() as folder:

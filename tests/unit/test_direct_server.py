@@ -177,7 +177,7 @@ def test_a_client_that_leaves_cancels_its_call():
                 break
             await asyncio.sleep(0.01)
         assert rep.cancelled == ["leaver"] and server.answers.get(499) == 1
-        assert rep.observed[-1].status == 499 and rep.observed[-1].request_id is None  # (never answered)
+        assert rep.observed[-1].status == 499 and rep.observed[-1].request_id == "leaver"  # (never answered)
     _run(scenario)
 
 

@@ -138,3 +138,37 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert f"use_backend {e.grpc_backend} if {{ nbsrv({e.grpc_backend}) ge 1 }}" in text
     finally:
         grpc_sock.close()
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    # its own 503 (http-request return: L), a request id the client sent
+    (b"<134>Nov 29 04:27:21 haproxy[1]: 503\tLR--\tPOST\t/tight\tpublic\t0\t96\trid-1\n",
+     h.Answered(status=503, method="POST", path="/tight", backend="public", latency_ms=0.0, nbytes=96,
+                request_id="rid-1")),
+    # no replica could be reached (SC), a head too slow (cR), a replica dead before its answer (SH)
+    (b"<134>x haproxy[1]: 503\tSC--\tGET\t/d\td_x\t3006\t217\t-\n", h.Answered(
+        status=503, method="GET", path="/d", backend="d_x", latency_ms=3006.0, nbytes=217, request_id="")),
+    (b"<134>x haproxy[1]: 408\tcR--\t<BADREQ>\t/\tpublic\t10001\t0\t-\n", h.Answered(
+        status=408, method="", path="/", backend="public", latency_ms=10001.0, nbytes=0, request_id="")),
+    (b"<134>x haproxy[1]: 500\tSH--\tPOST\t/d\td_x\t12\t190\t-\n", h.Answered(
+        status=500, method="POST", path="/d", backend="d_x", latency_ms=12.0, nbytes=190, request_id="")),
+    # the replica had these: it counts them (a client that left, a server timeout, a normal answer)
+    (b"<134>x haproxy[1]: 200\tCD--\tPOST\t/d\td_x\t12\t9\t-\n", None),
+    (b"<134>x haproxy[1]: 408\tsH--\tPOST\t/d\td_x\t60000\t190\t-\n", None),
+    (b"<134>x haproxy[1]: 500\t----\tPOST\t/d\td_x\t12\t190\t-\n", None),
+    (b"<134>x haproxy[1]: -1\tCR--\tPOST\t/d\td_x\t12\t0\t-\n", None),  # (no status: nothing answered)
+    (b"<134>x haproxy[1]: Proxy public started.\n", None),
+])
+def test_haproxys_log_of_its_own_answers_is_read(line, want):
+    assert h.read_log_line(line) == want
+
+
+def test_with_a_log_socket_haproxy_logs_only_its_own_answers(tmp_path, listening):
+    opts = h.Options(proxy="127.0.0.1:1234", listen_fd=listening.fileno(), request_timeout_s=60.0,
+                     header_timeout_s=10.0, max_connections=10_000, nbthread=1, log_socket=str(tmp_path / "log.sock"))
+    table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 5, 3, 60.0)])
+    text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+    (tmp_path / "h.cfg").write_text(text)
+    assert _valid(tmp_path, listening).returncode == 0
+    assert f"log {tmp_path / 'log.sock'} local0" in text and "option dontlog-normal" in text
+    assert "http-request capture req.hdr(x-request-id) len 128" in text

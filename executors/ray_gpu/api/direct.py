@@ -106,7 +106,7 @@ class DirectServer:
                      ) -> None:
         """One request, answered on ``conn`` (module docstring)."""
         sent = headers.get(_REQUEST_ID)
-        rid = request_id_of(sent.decode("latin-1") if sent is not None else None)
+        rid = conn._rid = request_id_of(sent.decode("latin-1") if sent is not None else None)
         name, method = self.deployment, "__call__"
         try:
             prefix = headers.get(ROUTE_HEADER, b"").decode("latin-1") or self.prefix

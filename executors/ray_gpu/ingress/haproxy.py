@@ -31,6 +31,13 @@ servers (``ingress/direct_grpc.py``), each server's ``grpc_address``, under the 
 server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
 ``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
 HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself.
+
+The answers HAProxy gives itself to HTTP requests no replica saw (503 ``overloaded`` or
+``unavailable``, its 400 and 408, 500 ``replica_died`` when a replica died before answering) are
+counted as the proxy counts its own: HAProxy logs only those (``option dontlog-normal``) to a
+datagram socket the plane reads (``Answered``, ``read_log_line``), and the ingress counts each in
+Serve's HTTP metrics and writes its access record (``HttpIngress._balancer_answered``). A request a
+replica saw is counted by the replica, whatever became of it (a client gone: its 499).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import attrs
 from rankcore.requests import dataplane as dp
 
 from ..api.direct import APP_HEADER, ROUTE_HEADER
-from ..api.httpwords import METRICS_PATH
+from ..api.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,9 @@ class Options:
     grpc_fd: int | None = None
     grpc_proxy: str | None = None
 
+    #: the datagram socket HAProxy logs its own answers to (None: not logged)
+    log_socket: str | None = None
+
     @property
     def grpc(self) -> bool:
         return self.grpc_fd is not None and self.grpc_proxy is not None
@@ -197,6 +207,7 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         f"    nbthread {opts.nbthread}",
         f"    stats socket {admin_socket} mode 600 level admin expose-fd listeners",
         "    tune.bufsize 32768",
+        *([f"    log {opts.log_socket} local0"] if opts.log_socket else []),
     ]
     for r in table.routes:
         lines.append(f"    set-var proc.q_{r.backend} int({r.max_queued if r.max_queued >= 0 else 2**31 - 1})")
@@ -218,9 +229,11 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         f"    errorfile 504 {err['timeout']}",
         f"    errorfile 502 {err['died']}",
         f"    errorfile 503 {err['unavailable']}",
+        *(["    log global", "    option dontlog-normal", f"    log-format {LOG_FORMAT}"] if opts.log_socket else []),
         "frontend public",
         f"    bind fd@{opts.listen_fd}",
         f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
+        *([f"    http-request capture req.hdr({REQUEST_ID_HEADER}) len {REQUEST_ID_MAX}"] if opts.log_socket else []),
         "    acl via_proxy req.hdr(serve_multiplexed_model_id) -m found",
         "    acl via_proxy req.hdr(accept) -m sub text/event-stream",
         "    acl via_proxy url_param(progress) -m str 1 true",
@@ -254,6 +267,54 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
     return "\n".join(lines) + "\n"
 
 
+#: what HAProxy logs of an answer it gave itself (``option dontlog-normal``: those alone), tab-separated:
+#: status, termination state, method, path, backend, total time (ms), bytes, the client's request id
+LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]"'
+#: termination states (first two letters) of a request no replica saw, or whose replica died before
+#: answering (``S`` then ``H``/``C``): HAProxy's own answer, which no replica counted. Request (``R``),
+#: queue (``Q``) and connect (``C``) phases; locally answered (``L``: its ``http-request return``)
+_NEVER_ANSWERED_PHASES = frozenset("RQC")
+
+
+@attrs.frozen
+class Answered:
+    """An HTTP answer HAProxy gave itself (``read_log_line``): its status, the request's method, path,
+    the backend it was for, its time from the first byte to the last (ms), the body's bytes, and the
+    client's ``X-Request-Id`` ("" none)."""
+
+    status: int
+    method: str
+    path: str
+    backend: str
+    latency_ms: float
+    nbytes: int
+    request_id: str
+
+
+def read_log_line(line: bytes) -> Answered | None:
+    """One of HAProxy's log lines (``LOG_FORMAT``) -> the answer it gave itself, or None: a line of
+    another shape, one whose replica saw it (counted there), one with no status (a client that left
+    before a status: nothing was answered)."""
+    text = line.decode("latin-1", "replace").rstrip("\n")
+    _, sep, rest = text.partition("]: ")
+    fields = rest.split("\t") if sep else []
+    if len(fields) != 8:
+        return None
+    status, state, method, path, backend, took, nbytes, rid = fields
+    if len(state) < 2 or state[0] == "-" or not status.isdigit():
+        return None
+    if state[1] not in _NEVER_ANSWERED_PHASES and state[:2] not in ("SH", "SC"):
+        return None  # (the replica had it: it counts it, a client gone included)
+    try:
+        latency = float(took)
+        size = int(nbytes)
+    except ValueError:
+        return None
+    return Answered(status=int(status), method=method if method != "<BADREQ>" else "", path=path,
+                    backend=backend, latency_ms=max(0.0, latency), nbytes=max(0, size),
+                    request_id="" if rid == "-" else rid)
+
+
 def _grpc_status(code: int, message: str) -> str:
     """An HAProxy answer that ends a gRPC call with ``code`` (trailers-only: HTTP 200, ``grpc-status``)."""
     return (f"http-request return status 200 hdr grpc-status {code} "
@@ -267,6 +328,7 @@ def _render_grpc(table: dp.Table, opts: Options) -> list[str]:
     lines = [
         "frontend grpc",
         f"    bind fd@{opts.grpc_fd} proto h2",
+        "    no log",
         f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
         "    acl g_via_proxy req.hdr(multiplexed_model_id) -m found",
         *(f"    acl g_via_proxy path_beg {p}" for p in GRPC_PROXY_SERVICES),
@@ -323,10 +385,10 @@ class HAProxy:
     """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
     socket over (``-x``) and tells the old to finish its connections and go (``-sf``)."""
 
-    def __init__(self, opts: Options, workdir: str | None = None) -> None:
+    def __init__(self, opts: Options, workdir: str | None = None, own_dir: bool = False) -> None:
         self.opts = opts
         self.workdir = workdir or tempfile.mkdtemp(prefix="rankcore-haproxy-")
-        self._own_dir = workdir is None
+        self._own_dir = workdir is None or own_dir
         self.socket = os.path.join(self.workdir, "admin.sock")
         self.proc: subprocess.Popen | None = None
         self.old: list[subprocess.Popen] = []
@@ -499,8 +561,18 @@ class DataPlane:
 
     def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
                  max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None,
-                 grpc_servicer_functions: tuple[str, ...] = ()) -> None:
-        self.haproxy = HAProxy(opts)
+                 grpc_servicer_functions: tuple[str, ...] = (), on_answered: Any = None) -> None:
+        #: ``on_answered(answer, route)`` (on the log thread): an HTTP answer HAProxy gave itself
+        #: (``Answered``) and the route it was for (None: none matched)
+        self.on_answered = on_answered
+        self._log: socket.socket | None = None
+        workdir = tempfile.mkdtemp(prefix="rankcore-haproxy-")
+        if on_answered is not None:
+            self._log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._log.bind(os.path.join(workdir, "log.sock"))
+            self._log.settimeout(1.0)
+            opts = attrs.evolve(opts, log_socket=os.path.join(workdir, "log.sock"))
+        self.haproxy = HAProxy(opts, workdir, own_dir=True)
         self.source, self.queue_timeout_s = source, queue_timeout_s
         #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
         #: ``direct_limits``): the ingress's body and head limits and ``request_timeout_s``, whether to
@@ -532,7 +604,46 @@ class DataPlane:
         if self._start_error is not None or self.haproxy.proc is None:
             self._stop = True
             self.haproxy.stop()  # (its folder goes too)
+            if self._log is not None:
+                self._log.close()
             raise RuntimeError(f"the direct data plane's HAProxy did not start: {self._start_error}")
+        self.answered = 0  # (HAProxy's own answers read from its log)
+        if self._log is not None:
+            threading.Thread(target=self._read_log, name="rankcore-dataplane-log", daemon=True).start()
+
+    def _read_log(self) -> None:
+        """HAProxy's log of the answers it gave itself: each told to ``on_answered`` with its route."""
+        sock = self._log
+        assert sock is not None
+        while not self._stop:
+            try:
+                line = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:  # (closed: the plane stopped)
+                return
+            answer = read_log_line(line)
+            if answer is None:
+                continue
+            self.answered += 1
+            try:
+                self.on_answered(answer, self._route_of(answer))
+            except Exception:
+                log.exception("counting an answer HAProxy gave itself failed")
+
+    def _route_of(self, answer: Answered) -> dp.Route | None:
+        """The route an answer was for: its backend's, else the longest prefix its path is under."""
+        table = self.table
+        if table is None:
+            return None
+        for r in table.routes:
+            if answer.backend in (r.backend, r.grpc_backend):
+                return r
+        for r in table.routes:  # (longest first)
+            base = "" if r.prefix == "/" else r.prefix
+            if answer.path == r.prefix or answer.path.startswith(base + "/"):
+                return r
+        return None
 
     def changed(self) -> None:
         self._wake.set()
@@ -687,7 +798,8 @@ class DataPlane:
             held = self.haproxy.held()
         except (OSError, RuntimeError):  # (between two processes, or none)
             held = None
-        return {"routes": routes, "held": held, "applied": self.applied, "reloads": self.haproxy.reloads, "errors": self.errors,
+        return {"routes": routes, "held": held, "applied": self.applied, "reloads": self.haproxy.reloads,
+                "errors": self.errors, "answered": self.answered,
                 "restarts": self.restarts, "haproxy_pid": proc.pid if proc is not None else None}
 
     def stop(self) -> None:
@@ -697,3 +809,5 @@ class DataPlane:
             self.haproxy.stop()
         self._wake.set()
         self._thread.join(timeout=5.0)
+        if self._log is not None:
+            self._log.close()

@@ -839,6 +839,18 @@ class IngressState:
             self._in_place(next(self._places), (note, method, path, status, latency_ms, nbytes, None))
         return rid
 
+    def balancer_answered(self, method: str, path: str, status: int, latency_ms: float, nbytes: int,
+                          request_id: str, route: str, deployment: str) -> None:
+        """An HTTP answer the direct data plane's balancer gave itself, which no replica counted
+        (``haproxy.Answered``: 503 ``overloaded``/``unavailable``, its 400 and 408, 500
+        ``replica_died``): counted and logged as ``refused`` does (the client's request id when it
+        sent a usable one, else a new one; no replica). On this ingress's loop."""
+        note = {"route": route, "deployment": deployment, "replica": None, "request_id": request_id_of(request_id or None)}
+        method = method if method in _HTTP_METHODS else ""
+        self._measured(note, method, status, latency_ms)
+        if self.access.enabled:
+            self._in_place(next(self._places), (note, method, path, status, latency_ms, nbytes, None))
+
     def _in_place(self, place: int, record: tuple) -> None:
         """``record`` (``_logged``'s arguments) is ready: written with every ready one after it, once
         every place before it was."""
@@ -1525,7 +1537,16 @@ class HttpIngress:
                                    grpc_proxy=grpc_proxy)
             self.plane = haproxy.DataPlane(opts, self._direct_routes, request_timeout_s, max_body_bytes,
                                            max_header_bytes, access.enabled, logs_dir,
-                                           tuple(grpc_servicer_functions) if grpc_proxy else ())
+                                           tuple(grpc_servicer_functions) if grpc_proxy else (),
+                                           on_answered=self._balancer_answered)
+
+    def _balancer_answered(self, answer: Any, route: Any) -> None:
+        """``haproxy.DataPlane``'s log thread: an answer HAProxy gave itself, counted on the server's loop."""
+        self.ready()
+        self.loop.call_soon_threadsafe(self.state.balancer_answered, answer.method, answer.path, answer.status,
+                                       answer.latency_ms, answer.nbytes, answer.request_id,
+                                       route.prefix if route is not None else "",
+                                       route.deployment if route is not None else "")
 
     def data_plane(self) -> dict:
         """What carries deployments' requests: ``{"data_plane": "proxy"}``, or for the direct one its
