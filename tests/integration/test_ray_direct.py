@@ -201,6 +201,41 @@ def test_limits_hold_on_the_direct_path_and_follow_configure(client):
         time.sleep(0.1)
 
 
+def test_past_max_connections_a_connection_gets_503_and_is_closed(base):
+    """As the proxy: the connection opened past ``max_connections`` has its requests answered 503
+    ``too_many_connections`` and is closed; those open before it are served."""
+    from executors.ray_gpu.ingress.http import MAX_CONNECTIONS
+
+    reloads = plane()["reloads"]
+    ray.get(ingress().configure.remote(max_connections=2))
+    socks: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 20
+        while plane()["reloads"] == reloads or not direct("dir"):
+            assert time.monotonic() < deadline, plane()
+            time.sleep(0.1)
+        time.sleep(0.5)  # (the old HAProxy's connections gone)
+        host, port = ingress_address()
+        for _ in range(3):
+            socks.append(socket.create_connection((host, port), timeout=10))
+            time.sleep(0.2)
+        answers = []
+        for s in socks:
+            s.sendall(b"POST /dir HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n1")
+            answers.append(s.recv(4096))
+        assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 200"), answers
+        assert answers[2].startswith(b"HTTP/1.1 503") and b"too_many_connections" in answers[2], answers
+        assert socks[2].recv(4096) == b""  # (and closed)
+    finally:
+        for s in socks:
+            s.close()
+        ray.get(ingress().configure.remote(max_connections=MAX_CONNECTIONS))
+    deadline = time.monotonic() + 20
+    while not direct("dir"):
+        assert time.monotonic() < deadline, plane()
+        time.sleep(0.1)
+
+
 def test_a_generator_method_streams_lines(client):
     r = client.post("/dir/count", json={"kwargs": {"n": 4}}, headers={"x-request-id": "direct-stream"})
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"

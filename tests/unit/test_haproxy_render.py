@@ -172,3 +172,16 @@ def test_with_a_log_socket_haproxy_logs_only_its_own_answers(tmp_path, listening
     assert _valid(tmp_path, listening).returncode == 0
     assert f"log {tmp_path / 'log.sock'} local0" in text and "option dontlog-normal" in text
     assert "http-request capture req.hdr(x-request-id) len 128" in text
+
+
+def test_past_max_connections_a_connection_is_answered_503_and_closed(tmp_path, listening):
+    table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 5, 3, 60.0)])
+    text = _render(tmp_path, listening, table)  # (max_connections=10_000: above HAProxy's own 4,096)
+    assert "too_many_connections" not in text and "    maxconn 4096\n" in text
+    opts = h.Options(proxy="127.0.0.1:1234", listen_fd=listening.fileno(), request_timeout_s=60.0,
+                     header_timeout_s=10.0, max_connections=2, nbthread=1)
+    text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+    (tmp_path / "h.cfg").write_text(text)
+    assert _valid(tmp_path, listening).returncode == 0
+    assert "tcp-request connection set-var(sess.over) bool(true) if { fe_conn gt 2 }" in text
+    assert text.index("too_many_connections") < text.index("overloaded")  # (before anything else is answered)

@@ -176,6 +176,20 @@ def _only(route: dp.Route, table: dp.Table) -> str:
     return " ".join([f"r_{route.backend}", *(f"!r_{r.backend}" for r in longer)])
 
 
+def _too_many(most: int | None) -> list[str]:
+    """Past ``max_connections`` open at once (as HAProxy counts them when one is accepted), that
+    connection's requests are answered the proxy's 503 ``too_many_connections`` and it is closed; the
+    ones open before it are served (``None``: HAProxy's own ``MAXCONN`` alone, past which it stops
+    accepting)."""
+    if most is None or most >= MAXCONN:
+        return []
+    body = {"error": "too_many_connections", "detail": f"{most} connections are open (max_connections={most})",
+            "deployment": None}
+    return [f"    tcp-request connection set-var(sess.over) bool(true) if {{ fe_conn gt {most} }}",
+            f"    http-request return status 503 content-type application/json string {_json_string(body)} "
+            f"hdr connection close if {{ var(sess.over) -m bool }}"]
+
+
 def _quoted(value: str) -> str:
     """``value`` as an HAProxy log-format string argument: quoted, ``"`` and ``\\`` escaped, ``%`` doubled."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
@@ -232,8 +246,9 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         *(["    log global", "    option dontlog-normal", f"    log-format {LOG_FORMAT}"] if opts.log_socket else []),
         "frontend public",
         f"    bind fd@{opts.listen_fd}",
-        f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
+        f"    maxconn {MAXCONN}",
         *([f"    http-request capture req.hdr({REQUEST_ID_HEADER}) len {REQUEST_ID_MAX}"] if opts.log_socket else []),
+        *_too_many(opts.max_connections),
         "    acl via_proxy req.hdr(serve_multiplexed_model_id) -m found",
         "    acl via_proxy req.hdr(accept) -m sub text/event-stream",
         "    acl via_proxy url_param(progress) -m str 1 true",
