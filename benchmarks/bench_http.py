@@ -79,6 +79,8 @@ How to run
     .venv/bin/python benchmarks/bench_http.py --paths http --http-client raw   # the lean client
     .venv/bin/python benchmarks/bench_http.py --transport value      # both over gRPC to the replicas
     .venv/bin/python benchmarks/bench_http.py --serve-mode fast      # only against Serve's fastest mode
+    .venv/bin/python benchmarks/bench_http.py --serve-mode fast --ours-mode fast --paths http,handle,grpc \
+        --http-client raw                  # both in their fast mode (the same variables for both)
     .venv/bin/python benchmarks/bench_http.py --only ours --paths http --http-client raw \
         --data-plane direct --sim-fit     # the simulator's host model of each level, against it
 
