@@ -139,11 +139,14 @@ def test_past_request_timeout_s_a_call_ends_deadline_exceeded_and_is_cancelled(c
     finally:
         ray.get(ingress().configure.remote(request_timeout_s=60.0))
     time.sleep(1.0)
-    # its slots were freed: both replicas take two calls each at once again
+    # its slots were freed: both replicas take two calls each at once again (one slot still held would
+    # queue a call behind a 1 s nap)
     stub = echo_pb2_grpc.EchoStub(channel)
-    futures = [stub.Nap.future(echo_pb2.EchoRequest(seconds=0.3), metadata=_meta("gecho"), timeout=30)
+    t0 = time.monotonic()
+    futures = [stub.Nap.future(echo_pb2.EchoRequest(seconds=1.0), metadata=_meta("gecho"), timeout=30)
                for _ in range(4)]
     assert [f.result().text for f in futures] == ["awake"] * 4
+    assert time.monotonic() - t0 < 1.9
 
 
 def test_the_api_and_a_multiplexed_call_go_through_the_proxy(channel):
@@ -170,11 +173,11 @@ def test_direct_calls_are_in_the_ingress_s_metrics(channel):
         return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
                    if s.name == "ray_serve_num_grpc_requests_total" and s.labels.get("application") == "gother"
                    and s.labels.get("status_code") == "StatusCode.OK")
-    before = counted()
+    before, answered = counted(), codes()
     stub = echo_pb2_grpc.EchoStub(channel)
     for _ in range(3):
         stub.Say(echo_pb2.EchoRequest(text="x"), metadata=_meta("gother"), timeout=30)
-    assert counted() - before == 3
+    assert counted() - before == 3 and codes() == answered  # (counted by the replica: the proxy saw none)
 
 
 def test_past_max_queued_requests_the_balancer_ends_a_call_unavailable(channel):

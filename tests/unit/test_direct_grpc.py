@@ -22,6 +22,7 @@ class Replica:
         self.requests: list = []
         self.cancelled: list = []
         self.metrics: list = []
+        self.closed: list = []  # (streams whose generator ended: their slot freed)
 
     async def run(self, method, args, kwargs, request):
         self.requests.append((method, request))
@@ -45,8 +46,13 @@ class Replica:
             except asyncio.CancelledError:
                 self.cancelled.append(request.request_id)
                 raise
-        for i in range(msg.n):
-            yield echo_pb2.EchoReply(text=str(i))
+        try:
+            for i in range(msg.n):
+                yield echo_pb2.EchoReply(text=str(i))
+                if msg.text == "slow":
+                    await asyncio.sleep(0.05)
+        finally:
+            self.closed.append(request.request_id)
 
 
 class Metrics:
@@ -125,4 +131,21 @@ def test_a_client_that_cancels_cancels_the_call():
                 break
             await asyncio.sleep(0.01)
         assert rep.cancelled == ["leaver"]
+    _run(scenario)
+
+
+def test_a_stream_its_client_leaves_mid_way_is_closed_on_the_replica():
+    async def scenario(stub, rep, metrics):
+        call = stub.Count(echo_pb2.EchoRequest(n=10_000, text="slow"), metadata=(("request_id", "mid"),))
+        got = 0
+        async for _ in call:
+            got += 1
+            if got == 3:
+                call.cancel()
+                break
+        for _ in range(200):
+            if rep.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert rep.closed == ["mid"]
     _run(scenario)

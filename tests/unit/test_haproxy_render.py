@@ -133,6 +133,11 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert text.index("use_backend proxy_grpc if g_via_proxy") < text.index(f"use_backend {f.grpc_backend}")
         assert "acl g_via_proxy path_beg /grpc.health.v1.Health/" in text
         assert "grpc-status 14" in text  # (past max_queued_requests: UNAVAILABLE, at once)
+        # (what HAProxy answers a call itself ends it with a gRPC code: the proxy's, not an HTTP status)
+        for code, grpc_code in ((502, b"13"), (503, b"14"), (504, b"4")):
+            assert f"    errorfile {code} {tmp_path / f'grpc-{code}.http'}\n" in text
+            answer = (tmp_path / f"grpc-{code}.http").read_bytes()
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and b"grpc-status: " + grpc_code + b"\r\n" in answer
         one = dp.table([table.of("e")])  # (one route: every call is its, whatever application it names)
         text = h.render(one, opts, str(tmp_path / "admin.sock"), str(tmp_path))
         assert f"use_backend {e.grpc_backend} if {{ nbsrv({e.grpc_backend}) ge 1 }}" in text
@@ -165,12 +170,12 @@ def test_haproxys_log_of_its_own_answers_is_read(line, want):
 
 def test_with_a_log_socket_haproxy_logs_only_its_own_answers(tmp_path, listening):
     opts = h.Options(proxy="127.0.0.1:1234", listen_fd=listening.fileno(), request_timeout_s=60.0,
-                     header_timeout_s=10.0, max_connections=10_000, nbthread=1, log_socket=str(tmp_path / "log.sock"))
+                     header_timeout_s=10.0, max_connections=10_000, nbthread=1, log_socket="127.0.0.1:5140")
     table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 5, 3, 60.0)])
     text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
     (tmp_path / "h.cfg").write_text(text)
     assert _valid(tmp_path, listening).returncode == 0
-    assert f"log {tmp_path / 'log.sock'} local0" in text and "option dontlog-normal" in text
+    assert "log 127.0.0.1:5140 local0" in text and "option dontlog-normal" in text
     assert "http-request capture req.hdr(x-request-id) len 128" in text
 
 

@@ -75,9 +75,21 @@ class _Items:
             self._first = None
 
     def cancel(self) -> None:
+        """Stop the stream: its first item's wait is cancelled, or, once it has given items, the replica's
+        generator is closed now (its slot freed), not when it is collected."""
         self._stopped = True
         if self._first is not None:
             self._first.cancel()
+        elif self._started:
+            asyncio.get_running_loop().create_task(self._close())
+
+    async def _close(self) -> None:
+        aclose = getattr(self._items, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except RuntimeError:  # (it is being read right now: whoever reads it ends it)
+                pass
 
 
 def _cancel(response: Any) -> None:

@@ -35,7 +35,7 @@ HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself.
 The answers HAProxy gives itself to HTTP requests no replica saw (503 ``overloaded`` or
 ``unavailable``, its 400 and 408, 500 ``replica_died`` when a replica died before answering) are
 counted as the proxy counts its own: HAProxy logs only those (``option dontlog-normal``) to a
-datagram socket the plane reads (``Answered``, ``read_log_line``), and the ingress counts each in
+UDP socket on loopback the plane reads (``Answered``, ``read_log_line``), and the ingress counts each in
 Serve's HTTP metrics and writes its access record (``HttpIngress._balancer_answered``). A request a
 replica saw is counted by the replica, whatever became of it (a client gone: its 499).
 """
@@ -138,7 +138,7 @@ class Options:
     grpc_fd: int | None = None
     grpc_proxy: str | None = None
 
-    #: the datagram socket HAProxy logs its own answers to (None: not logged)
+    #: where HAProxy logs its own answers (``host:port``, UDP on loopback; None: not logged)
     log_socket: str | None = None
 
     @property
@@ -158,6 +158,15 @@ _EJECT = (f"check inter {round(dp.EJECT_CHECK_S * 1000)}ms rise 1 fall 1 observe
 
 def _s(seconds: float | None, default: str = "1d") -> str:
     return default if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
+def _grpc_error_file(path: str, code: int, message: str) -> str:
+    """An answer HAProxy gives a gRPC call itself (a gRPC backend's error file): trailers-only, HTTP 200
+    with ``grpc-status`` ``code``, as the proxy's gRPC server would end the call."""
+    with open(path, "wb") as f:
+        f.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ngrpc-status: %d\r\ngrpc-message: %s\r\n"
+                b"content-length: 0\r\n\r\n" % (code, message.encode()))
+    return path
 
 
 def _error_file(path: str, status: int, reason: str, body: dict) -> str:
@@ -243,7 +252,8 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         f"    errorfile 504 {err['timeout']}",
         f"    errorfile 502 {err['died']}",
         f"    errorfile 503 {err['unavailable']}",
-        *(["    log global", "    option dontlog-normal", f"    log-format {LOG_FORMAT}"] if opts.log_socket else []),
+        *(["    log global", "    option dontlog-normal", "    option dontlognull", f"    log-format {LOG_FORMAT}"]
+          if opts.log_socket else []),
         "frontend public",
         f"    bind fd@{opts.listen_fd}",
         f"    maxconn {MAXCONN}",
@@ -278,10 +288,13 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         for s in r.servers:
             lines.append(f"    server {s.name} {s.address} maxconn {s.maxconn} {_EJECT}" + ("" if s.ready else " weight 0"))
     if opts.grpc:
-        lines += _render_grpc(table, opts)
+        lines += _render_grpc(table, opts, errors_dir)
     return "\n".join(lines) + "\n"
 
 
+#: the receive buffer of the socket HAProxy's log lines come to (the kernel caps it at ``net.core.rmem_max``):
+#: lines a burst of refusals logs faster than the plane reads them wait there
+LOG_BUFFER_BYTES = 4 << 20
 #: what HAProxy logs of an answer it gave itself (``option dontlog-normal``: those alone), tab-separated:
 #: status, termination state, method, path, backend, total time (ms), bytes, the client's request id
 LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]"'
@@ -336,10 +349,18 @@ def _grpc_status(code: int, message: str) -> str:
             f"hdr grpc-message {_quoted(message)}")
 
 
-def _render_grpc(table: dp.Table, opts: Options) -> list[str]:
+def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     """The gRPC front (module docstring): a route's calls by their ``application`` metadata to its
-    replicas' gRPC servers, the rest to the proxy's."""
+    replicas' gRPC servers, the rest to the proxy's. What HAProxy answers a call itself ends it with
+    the code the proxy's gRPC server would (``UNAVAILABLE``, ``INTERNAL``, ``DEADLINE_EXCEEDED``)."""
     direct = [r for r in table.routes if not r.asgi]
+    errors = {
+        502: _grpc_error_file(os.path.join(errors_dir, "grpc-502.http"), 13, "replica_died: the replica's "
+                              "connection broke while it held the call (it may have run: not sent again)"),
+        503: _grpc_error_file(os.path.join(errors_dir, "grpc-503.http"), 14, "no replica took the call in time"),
+        504: _grpc_error_file(os.path.join(errors_dir, "grpc-504.http"), 4, "the call took longer than the "
+                              "ingress allows (request_timeout_s)"),
+    }
     lines = [
         "frontend grpc",
         f"    bind fd@{opts.grpc_fd} proto h2",
@@ -365,7 +386,7 @@ def _render_grpc(table: dp.Table, opts: Options) -> list[str]:
     server_s = None if opts.request_timeout_s is None else opts.request_timeout_s + GRPC_GRACE_S
     for r in direct:
         lines += [f"backend {r.grpc_backend}", "    balance leastconn", f"    timeout queue {_s(r.queue_timeout_s)}",
-                  f"    timeout server {_s(server_s)}"]
+                  f"    timeout server {_s(server_s)}", *(f"    errorfile {code} {path}" for code, path in errors.items())]
         for s in r.servers:
             if s.grpc_address is not None:
                 lines.append(f"    server {s.name} {s.grpc_address} proto h2 maxconn {s.maxconn} {_EJECT}"
@@ -400,10 +421,10 @@ class HAProxy:
     """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
     socket over (``-x``) and tells the old to finish its connections and go (``-sf``)."""
 
-    def __init__(self, opts: Options, workdir: str | None = None, own_dir: bool = False) -> None:
+    def __init__(self, opts: Options, workdir: str | None = None) -> None:
         self.opts = opts
         self.workdir = workdir or tempfile.mkdtemp(prefix="rankcore-haproxy-")
-        self._own_dir = workdir is None or own_dir
+        self._own_dir = workdir is None
         self.socket = os.path.join(self.workdir, "admin.sock")
         self.proc: subprocess.Popen | None = None
         self.old: list[subprocess.Popen] = []
@@ -581,13 +602,18 @@ class DataPlane:
         #: (``Answered``) and the route it was for (None: none matched)
         self.on_answered = on_answered
         self._log: socket.socket | None = None
-        workdir = tempfile.mkdtemp(prefix="rankcore-haproxy-")
-        if on_answered is not None:
-            self._log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._log.bind(os.path.join(workdir, "log.sock"))
+        if on_answered is not None:  # (UDP on loopback, with a large buffer: a Unix datagram socket queues
+            # 10 lines at most, net.unix.max_dgram_qlen, and HAProxy drops what does not fit)
+            self._log = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                self._log.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LOG_BUFFER_BYTES)
+                self._log.bind(("127.0.0.1", 0))
+            except OSError:
+                self._log.close()
+                raise
             self._log.settimeout(1.0)
-            opts = attrs.evolve(opts, log_socket=os.path.join(workdir, "log.sock"))
-        self.haproxy = HAProxy(opts, workdir, own_dir=True)
+            opts = attrs.evolve(opts, log_socket=f"127.0.0.1:{self._log.getsockname()[1]}")
+        self.haproxy = HAProxy(opts)
         self.source, self.queue_timeout_s = source, queue_timeout_s
         #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
         #: ``direct_limits``): the ingress's body and head limits and ``request_timeout_s``, whether to
@@ -632,11 +658,13 @@ class DataPlane:
         assert sock is not None
         while not self._stop:
             try:
-                line = sock.recv(65536)
+                line, sender = sock.recvfrom(65536)
             except TimeoutError:
                 continue
             except OSError:  # (closed: the plane stopped)
                 return
+            if sender[0] != "127.0.0.1":  # (bound to loopback: HAProxy's own lines only)
+                continue
             answer = read_log_line(line)
             if answer is None:
                 continue
@@ -714,8 +742,13 @@ class DataPlane:
             self.unreachable &= known
             self.grpc_unreachable &= known
             addresses, grpc_addresses = dict(self.addresses), dict(self.grpc_addresses)
-        for rid, ref, grpc in asked:  # (outside the lock: a callback on an answer already there runs here, at once)
-            ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc: self._answered(rid, f, grpc))
+            if self._wants_grpc():  # (a replica's server joins once both its addresses are known, or its gRPC
+                # one cannot be: the gRPC address added later would take the server out and in again,
+                # cutting its HTTP requests in flight)
+                addresses = {rid: a for rid, a in addresses.items()
+                             if rid in grpc_addresses or rid in self.grpc_unreachable}
+        for rid, ref, grpc, told in asked:  # (outside the lock: a callback on an answer already there runs here)
+            ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc, told=told: self._answered(rid, f, grpc, told))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
                                 app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses)
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
@@ -731,22 +764,27 @@ class DataPlane:
                     if rid in addresses or rid in grpc_addresses:
                         actor.direct_limits.remote(self.limits)
 
-    def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any, bool]]:
+    def _ask(self, prefix: str, serving: dict[str, Any]) -> list[tuple[str, Any, bool, dict]]:
         """Ask each serving replica not asked yet where its server is (under ``_facts``), and where its
-        gRPC server is when the plane has gRPC: ``(replica, the answer's ref, whether gRPC)`` of each asked."""
+        gRPC server is when the plane has gRPC: ``(replica, the answer's ref, whether gRPC, the limits it
+        was told)`` of each asked."""
         out = []
-        grpc = self.haproxy.opts.grpc and bool(self.limits["grpc_servicer_functions"])
+        grpc = self._wants_grpc()
         for rid, actor in serving.items():
             if rid not in self.addresses and rid not in self.asking and rid not in self.unreachable:
                 self.asking.add(rid)
-                out.append((rid, actor.direct_address.remote(prefix, self.limits), False))
+                out.append((rid, actor.direct_address.remote(prefix, self.limits), False, self.limits))
             if grpc and rid not in self.grpc_addresses and rid not in self.grpc_asking \
                     and rid not in self.grpc_unreachable:
                 self.grpc_asking.add(rid)
-                out.append((rid, actor.direct_grpc_address.remote(self.limits), True))
+                out.append((rid, actor.direct_grpc_address.remote(self.limits), True, self.limits))
         return out
 
-    def _answered(self, rid: str, fut: Any, grpc: bool = False) -> None:
+    def _wants_grpc(self) -> bool:
+        """Whether the replicas serve gRPC here (the plane has a gRPC front and services to serve)."""
+        return self.haproxy.opts.grpc and bool(self.limits["grpc_servicer_functions"])
+
+    def _answered(self, rid: str, fut: Any, grpc: bool = False, limits: dict | None = None) -> None:
         """A replica's address came (on Ray's callback thread): its HTTP server's, or its gRPC server's."""
         asking, unreachable, addresses = ((self.grpc_asking, self.grpc_unreachable, self.grpc_addresses) if grpc
                                           else (self.asking, self.unreachable, self.addresses))
@@ -763,6 +801,8 @@ class DataPlane:
         with self._facts:
             asking.discard(rid)
             addresses[rid] = address
+            if limits is not None and limits is not self.limits:  # (asked with limits changed since: told again)
+                self._tell_limits = True
         self._wake.set()
 
     def set_limits(self, *, request_timeout_s: float | None, header_timeout_s: float | None,
