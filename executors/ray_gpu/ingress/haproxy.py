@@ -59,7 +59,7 @@ import attrs
 from rankcore.requests import dataplane as dp
 
 from ..api.direct import APP_HEADER, ROUTE_HEADER
-from ..api.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX
+from ..api.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, match_prefix
 
 log = logging.getLogger(__name__)
 
@@ -682,11 +682,8 @@ class DataPlane:
         for r in table.routes:
             if answer.backend in (r.backend, r.grpc_backend):
                 return r
-        for r in table.routes:  # (longest first)
-            base = "" if r.prefix == "/" else r.prefix
-            if answer.path == r.prefix or answer.path.startswith(base + "/"):
-                return r
-        return None
+        found = match_prefix({r.prefix: r.deployment for r in table.routes}, answer.path)
+        return table.of(found[1]) if found is not None else None
 
     def changed(self) -> None:
         self._wake.set()
