@@ -58,6 +58,7 @@ from ..api.fingerprint import check_modules
 from ..api.router import routed
 from ..api.witness import SWEEP_EVERY_S, Witness, sweep
 from ..ingress.access import AccessLog, default_logs_dir
+from ..ingress.access import record as access_record
 from ..weights.replica import ReplicaWeights
 from .metrics import ReplicaMetrics, router_families
 
@@ -751,10 +752,10 @@ class ReplicaActor:
         self.metrics.http_request(route=a.route, method=a.method, status=a.status, latency_ms=a.latency_ms)
         access = self._access
         if access is not None and access.enabled:
-            access.write({"time": round(time.time(), 6), "request_id": a.request_id, "method": a.method,
-                          "route": a.route, "path": a.path, "deployment": self.deployment, "replica": self.replica_id,
-                          "rank": self.rank.rank if self.rank is not None else None, "status": a.status,
-                          "latency_ms": round(a.latency_ms, 3), "bytes": a.nbytes})
+            access.write(access_record(request_id=a.request_id, method=a.method, route=a.route, path=a.path,
+                                       deployment=self.deployment, replica=self.replica_id,
+                                       rank=self.rank.rank if self.rank is not None else None, status=a.status,
+                                       latency_ms=a.latency_ms, nbytes=a.nbytes))
 
     async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
         return await self._run(method, args, kwargs, request, 0)

@@ -97,6 +97,7 @@ from .access import (
     default_logs_dir,
     request_id_of,
 )
+from .access import record as access_record
 
 log = logging.getLogger(__name__)
 
@@ -866,10 +867,9 @@ class IngressState:
 
     def _logged(self, note: dict, method: str, path: str, status: int, latency_ms: float, nbytes: int,
                 rank: int | None) -> None:
-        self.access.write({"time": round(time.time(), 6), "request_id": note["request_id"], "method": method,
-                           "route": note["route"], "path": path, "deployment": note["deployment"] or None,
-                           "replica": note["replica"], "rank": rank, "status": status,
-                           "latency_ms": round(latency_ms, 3), "bytes": nbytes})
+        self.access.write(access_record(request_id=note["request_id"], method=method, route=note["route"], path=path,
+                                        deployment=note["deployment"] or None, replica=note["replica"], rank=rank,
+                                        status=status, latency_ms=latency_ms, nbytes=nbytes))
 
     async def rank_of(self, deployment: str, replica: str) -> int | None:
         """``replica``'s global rank as the controller last said (asked again when older than
