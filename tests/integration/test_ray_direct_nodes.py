@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import grpc
 import httpx
@@ -20,6 +19,7 @@ from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import proxies, start_ingress
 from tests.integration.conftest import multi_node_cluster
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
+from tests.integration.waiting import wait_for
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
 
@@ -45,16 +45,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait(cond, timeout=90.0, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(every)
-    return None
-
-
 def _direct_everywhere():
     """Every running proxy's data plane holds ``spread``'s route direct with two ready servers, each with
     a gRPC address: ``{node: (proxy record, its actor)}``, else None."""
@@ -76,8 +66,10 @@ def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster):
     start_ingress(port=0, worker_port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS,
                   data_plane="direct", proxy_options=rc.ProxyOptions(min_draining_period_s=1.0))
     run(Spread.bind(), route_prefix="/spread")
-    ready = _wait(lambda: (d := _direct_everywhere()) and len(d) == 3 and d)  # (the head and both replicas' nodes)
-    assert ready, proxies()
+    # (the head's proxy and both replicas' nodes')
+    assert wait_for(lambda: len(_direct_everywhere() or ()) == 3, 90, 0.2), proxies()
+    ready = _direct_everywhere()
+    assert ready is not None
     replica_nodes = {w.node_id for w in workers}
     for node, (p, actor) in ready.items():
         seen = set()
