@@ -587,6 +587,29 @@ class HAProxy:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+@attrs.define
+class _Servers:
+    """One kind of a replica's own server (HTTP, gRPC): the addresses known, the replicas being asked,
+    and those that could not start one (their requests take the other replicas)."""
+
+    addresses: dict[str, str] = attrs.Factory(dict)
+    asking: set[str] = attrs.Factory(set)
+    unreachable: set[str] = attrs.Factory(set)
+
+    def to_ask(self, rid: str) -> bool:
+        """Whether ``rid`` is to be asked now (marked asked if so)."""
+        if rid in self.addresses or rid in self.asking or rid in self.unreachable:
+            return False
+        self.asking.add(rid)
+        return True
+
+    def keep(self, known: set[str]) -> None:
+        """Forget the replicas no longer in any pool."""
+        for rid in [r for r in self.addresses if r not in known]:
+            del self.addresses[rid]
+        self.unreachable &= known
+
+
 class DataPlane:
     """Keeps one HAProxy holding the core's table for the ingress's routes: ``changed()`` (a pool
     answer came, a route was added or removed) wakes a thread of its own that recomputes the table
@@ -621,13 +644,8 @@ class DataPlane:
         self.limits = {"max_body_bytes": max_body_bytes, "max_header_bytes": max_header_bytes,
                        "enable_access_log": enable_access_log, "logs_dir": logs_dir, "request_timeout_s": queue_timeout_s,
                        "grpc_servicer_functions": tuple(grpc_servicer_functions)}
-        self.addresses: dict[str, str] = {}
-        self.asking: set[str] = set()
-        self.unreachable: set[str] = set()
-        #: the gRPC side of the same (the plane has a gRPC front: ``opts.grpc``)
-        self.grpc_addresses: dict[str, str] = {}
-        self.grpc_asking: set[str] = set()
-        self.grpc_unreachable: set[str] = set()
+        #: the replicas' own HTTP servers, and their gRPC ones (the plane has a gRPC front: ``opts.grpc``)
+        self.http, self.grpc = _Servers(), _Servers()
         self.errors = 0
         self.restarts = 0  # (HAProxy processes found dead and started again)
         self.applied = 0  # runtime commands and reloads carried out (tests)
@@ -733,17 +751,14 @@ class DataPlane:
                 if not asgi:
                     asked += self._ask(prefix, serving)
             known = {rid for v in views for rid in (*v[4], *v[5])}
-            for held in (self.addresses, self.grpc_addresses):
-                for rid in [r for r in held if r not in known]:
-                    del held[rid]
-            self.unreachable &= known
-            self.grpc_unreachable &= known
-            addresses, grpc_addresses = dict(self.addresses), dict(self.grpc_addresses)
+            self.http.keep(known)
+            self.grpc.keep(known)
+            addresses, grpc_addresses = dict(self.http.addresses), dict(self.grpc.addresses)
             if self._wants_grpc():  # (a replica's server joins once both its addresses are known, or its gRPC
                 # one cannot be: the gRPC address added later would take the server out and in again,
                 # cutting its HTTP requests in flight)
                 addresses = {rid: a for rid, a in addresses.items()
-                             if rid in grpc_addresses or rid in self.grpc_unreachable}
+                             if rid in grpc_addresses or rid in self.grpc.unreachable}
         for rid, ref, grpc, told in asked:  # (outside the lock: a callback on an answer already there runs here)
             ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc, told=told: self._answered(rid, f, grpc, told))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
@@ -768,12 +783,9 @@ class DataPlane:
         out = []
         grpc = self._wants_grpc()
         for rid, actor in serving.items():
-            if rid not in self.addresses and rid not in self.asking and rid not in self.unreachable:
-                self.asking.add(rid)
+            if self.http.to_ask(rid):
                 out.append((rid, actor.direct_address.remote(prefix, self.limits), False, self.limits))
-            if grpc and rid not in self.grpc_addresses and rid not in self.grpc_asking \
-                    and rid not in self.grpc_unreachable:
-                self.grpc_asking.add(rid)
+            if grpc and self.grpc.to_ask(rid):
                 out.append((rid, actor.direct_grpc_address.remote(self.limits), True, self.limits))
         return out
 
@@ -783,8 +795,7 @@ class DataPlane:
 
     def _answered(self, rid: str, fut: Any, grpc: bool = False, limits: dict | None = None) -> None:
         """A replica's address came (on Ray's callback thread): its HTTP server's, or its gRPC server's."""
-        asking, unreachable, addresses = ((self.grpc_asking, self.grpc_unreachable, self.grpc_addresses) if grpc
-                                          else (self.asking, self.unreachable, self.addresses))
+        servers = self.grpc if grpc else self.http
         try:
             address = fut.result()
             dp.Server(replica_id=rid, address=address, ready=True, maxconn=1)  # (an address HAProxy takes)
@@ -792,12 +803,12 @@ class DataPlane:
             log.warning("replica %s could not start its own %s server (its requests take the others): %s", rid,
                         "gRPC" if grpc else "HTTP", exc)
             with self._facts:
-                asking.discard(rid)
-                unreachable.add(rid)
+                servers.asking.discard(rid)
+                servers.unreachable.add(rid)
             return
         with self._facts:
-            asking.discard(rid)
-            addresses[rid] = address
+            servers.asking.discard(rid)
+            servers.addresses[rid] = address
             if limits is not None and limits is not self.limits:  # (asked with limits changed since: told again)
                 self._tell_limits = True
         self._wake.set()
@@ -830,7 +841,7 @@ class DataPlane:
     def replicas(self) -> dict[str, Any]:
         """The replicas whose own servers the plane sends requests to now: replica id -> actor."""
         with self._facts:
-            known = set(self.addresses)
+            known = set(self.http.addresses)
         out = {}
         for _d, _p, _a, _asgi, router in self.source():
             with router.lock:
