@@ -327,7 +327,13 @@ def http_request(m: dict[str, Any], *, route: str, method: str, deployment: str,
                 *((m["ray_serve_num_http_error_requests"].labels(route, code, method, app),
                    m["ray_serve_num_deployment_http_error_requests"].labels(deployment, code, method, route, app))
                   if _is_error(status) else ()))
-    kids = (kept if kept is not None else _Children()).get_or((route, method, deployment, app, status), make)
+    _moved((kept if kept is not None else _Children()).get_or((route, method, deployment, app, status), make),
+           latency_ms)
+
+
+def _moved(kids: tuple, latency_ms: float) -> None:
+    """One request in its series (``http_request``, ``grpc_request``): its count, its latency, and the
+    error counts when it failed."""
     kids[0].inc()
     kids[1].observe(latency_ms)
     for kid in kids[2:]:
@@ -350,11 +356,7 @@ def grpc_request(m: dict[str, Any], *, method: str, deployment: str, code: str, 
                 *((m["ray_serve_num_grpc_error_requests"].labels(app, shown, method, app),
                    m["ray_serve_num_deployment_grpc_error_requests"].labels(deployment, shown, method, app, app))
                   if code != "OK" else ()))
-    kids = (kept if kept is not None else _Children()).get_or((method, deployment, app, code), make)
-    kids[0].inc()
-    kids[1].observe(latency_ms)
-    for kid in kids[2:]:
-        kid.inc()
+    _moved((kept if kept is not None else _Children()).get_or((method, deployment, app, code), make), latency_ms)
 
 
 class Departed:
