@@ -116,7 +116,7 @@ def test_a_call_with_its_context_errors_and_their_words():
         first = rep.observed[0]
         assert (first.route, first.method, first.path, first.request_id) == ("/dep", "POST", "/dep", "rid-1")
         assert first.latency_ms >= 0 and first.nbytes == len(json.dumps(
-            {"args": [1], "kwargs": {"k": 2}, "route": "/dep", "app": "app"}))
+            {"args": [1], "kwargs": {"k": 2}, "route": "/dep", "app": "app"}, separators=(",", ":")))  # (compact, as Serve's)
         assert rep.observed[-1].request_id == headers["x-request-id"]  # (each its own, the one it was answered)
         w.close()
     _run(scenario)

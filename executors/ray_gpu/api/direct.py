@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import socket
 import time
@@ -42,7 +41,7 @@ from typing import Any, NamedTuple
 
 from .context import RequestContext
 from .exposed import Reachable
-from .httpwords import ANSI, Reply, args_of, match_route, not_found_text, request_id_of, status_of
+from .httpwords import ANSI, Reply, args_of, json_answer, match_route, not_found_text, request_id_of, status_of
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +136,7 @@ class DirectServer:
             _log_failure(exc, status, name, method, rid)
             return self._error(conn, status, error, detail, rid)
         try:
-            data = json.dumps(value).encode()
+            data = json_answer(value)
         except (TypeError, ValueError, RecursionError) as exc:
             return self._error(conn, 500, "unserialisable_result",
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", rid)
@@ -145,7 +144,7 @@ class DirectServer:
 
     def _error(self, conn: _Connection, status: int, error: str, detail: str, rid: str) -> None:
         body = {"error": error, "detail": detail, "deployment": self.deployment, "request_id": rid}
-        conn.reply(status, _compact(body), b"application/json", rid)
+        conn.reply(status, json_answer(body), b"application/json", rid)
 
     async def _stream(self, conn: _Connection, method: str, args: tuple, kwargs: dict, request: RequestContext
                       ) -> None:
@@ -158,17 +157,17 @@ class DirectServer:
         conn.begin_chunked(200, b"application/x-ndjson", request.request_id)
         try:
             if first is not _NOTHING:
-                conn.chunk(json.dumps(first).encode() + b"\n")
+                conn.chunk(json_answer(first) + b"\n")
                 async for item in items:
-                    conn.chunk(json.dumps(item).encode() + b"\n")
+                    conn.chunk(json_answer(item) + b"\n")
                     await conn.drained()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             status, error, detail = status_of(exc)
             _log_failure(exc, status, self.deployment, method, request.request_id)
-            conn.chunk(json.dumps({"error": error, "detail": f"mid-stream: {detail}",
-                                   "deployment": self.deployment}).encode() + b"\n")
+            conn.chunk(json_answer({"error": error, "detail": f"mid-stream: {detail}",
+                                    "deployment": self.deployment}) + b"\n")
         finally:
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
@@ -181,11 +180,6 @@ _NOTHING = object()
 _MOST_WAITING = 16
 #: a stream's chunks held for one write at most this many bytes
 _FLUSH_AT = 64 << 10
-
-
-def _compact(body: dict) -> bytes:
-    """An error body as the proxy's (starlette's ``JSONResponse``) writes it."""
-    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _log_failure(exc: BaseException, status: int, deployment: str, method: str, request_id: str) -> None:
@@ -373,7 +367,7 @@ class _Connection(asyncio.Protocol):
         rid = request_id_of(None)  # (a new one, as the proxy gives a request its guard refused)
         body = {"error": error, "detail": detail, "deployment": self.server.deployment}
         self._keep_alive = False
-        self.reply(status, _compact(body), b"application/json", rid)
+        self.reply(status, json_answer(body), b"application/json", rid)
         self._closing = True
         assert self.transport is not None
         self.transport.close()

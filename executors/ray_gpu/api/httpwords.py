@@ -9,14 +9,19 @@ import json
 import math
 import re
 import uuid
-from typing import Any
+from typing import Any, overload
 
 from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
+try:  # (the ``http`` and ``ray`` extras install it; without it the stdlib's json reads and writes alike)
+    import orjson
+except ImportError:  # pragma: no cover - the extras pin it
+    orjson = None  # type: ignore[assignment]
+
 __all__ = ["METRICS_PATH", "MAX_JSON_DEPTH", "MAX_ERROR_MESSAGE", "Reply", "match_prefix", "match_route", "not_found_text",
-           "args_of", "read_json", "status_of", "ANSI", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "request_id_of"]
+           "args_of", "read_json", "json_answer", "status_of", "ANSI", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "request_id_of"]
 
 #: where Prometheus scrapes the ingress (a route prefix may not take it; the direct data plane sends
 #: it to the proxy whatever route sits at /)
@@ -93,21 +98,63 @@ def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
     "the body is nested deeper than MAX_JSON_DEPTH" (a loop checks it: nothing recurses that deep),
     ``huge`` + " (JSON has no infinity)" for a number past a double (1e999 reads as inf: an answer
     could not hold it). The HTTP ingress (``args_of``) and the REST server (``rest.config_of``) read
-    their bodies with it."""
+    their bodies with it.
+
+    orjson reads it first (a 1 MiB string: 0.3 ms, the stdlib's json 1.7 ms), its value walked for
+    the checks. The stdlib reads what orjson refuses (its words say why) and what orjson may have
+    read otherwise (an integer past 64 bits orjson makes a float): the value is the stdlib's always."""
     deep = f"{prefix}the body is nested deeper than {MAX_JSON_DEPTH} (MAX_JSON_DEPTH)"
+    if orjson is not None:
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            deeper, _infinite, rounded = _walk(value)  # (orjson refuses a number past a double itself)
+            if not rounded:
+                if deeper:
+                    raise Reply(400, "bad_request", deep)
+                return value
     try:
         value = json.loads(body, parse_constant=_no_constant)
     except ValueError as exc:  # (UnicodeDecodeError and an int of more than 4,300 digits are ValueErrors)
         raise Reply(400, "bad_request", prefix + not_json.format(exc)) from None
     except RecursionError:
         raise Reply(400, "bad_request", deep) from None
-    if len(body) - len(body.translate(None, _SPECIAL)) < 4:  # (one pass: neither check can find anything)
-        return value
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH):
+    walked = _walk(value, len(body) >> 10) if len(body) >= _WALK_FROM else None
+    if walked is not None:  # (a big body of few values, as one long string: their walk is the exact answer)
+        deeper, infinite, _rounded = walked
+    else:
+        if len(body) - len(body.translate(None, _SPECIAL)) < 4:  # (one pass: neither check can find anything)
+            return value
+        deeper = body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH)
+        infinite = not deeper and _may_overflow(body) and _has_infinity(value)
+    if deeper:
         raise Reply(400, "bad_request", deep)
-    if _may_overflow(body) and _has_infinity(value):
+    if infinite:
         raise Reply(400, "bad_request", f"{prefix}{huge} (JSON has no infinity)")
     return value
+
+
+def json_answer(value: Any) -> bytes:
+    """A value as an answer's JSON, as Ray Serve's ``JSONResponse`` writes it: compact, UTF-8; NaN and
+    the infinities refused (``ValueError``: JSON has none), as a value JSON cannot hold
+    (``TypeError``). Both HTTP servers answer with it, whole answers and a stream's lines alike.
+
+    orjson writes it when it takes the value (a 1 MiB string: 0.05 ms, the stdlib's json 2.2 ms);
+    the stdlib writes what orjson will not (a key that is not a string, an integer past 64 bits, a
+    lone surrogate, a subclass, a date, a dataclass), with the same meaning. orjson also writes a
+    ``uuid.UUID`` and an ``enum.Enum``'s value, which the stdlib refuses."""
+    if orjson is not None:
+        try:
+            out: bytes = orjson.dumps(value, option=_ORJSON_OPTIONS)
+        except TypeError:
+            pass
+        else:
+            if b"null" in out and _walk(value)[1]:  # (orjson writes NaN and infinities as null)
+                raise ValueError("Out of range float values are not JSON compliant")
+            return out
+    return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
 
 
 def _no_constant(name: str) -> Any:
@@ -149,6 +196,46 @@ def _may_overflow(body: bytes) -> bool:
     if letters and digits >= 20 and _SOME_DIGITS.search(body):  # (a long mantissa times a small power: 1 + 250 zeros, e60)
         return True
     return digits >= 309 and _LONG_DIGITS.search(body) is not None
+
+
+#: a body this long or longer the stdlib read is first walked as its parsed value, up to one value
+#: per KiB of it (``_walk``), before any pass over its bytes: a 1 MiB string's bytes took 0.6 ms to
+#: count, its one value nothing
+_WALK_FROM = 1 << 15
+#: what orjson leaves to the stdlib (``json_answer``): subclasses of str, int, dict and list (the
+#: stdlib writes them by their base's rules), dates and dataclasses (the stdlib refuses them)
+_ORJSON_OPTIONS = 0 if orjson is None else (
+    orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS)
+#: orjson reads an integer from 2**63 on up as a float when it does not fit 64 bits: a float this big
+#: may be one (``_walk``: the stdlib reads the body again)
+_ROUNDED_FROM = 2.0 ** 63
+
+
+@overload
+def _walk(value: Any) -> tuple[bool, bool, bool]: ...
+@overload
+def _walk(value: Any, most: int) -> tuple[bool, bool, bool] | None: ...
+
+
+def _walk(value: Any, most: int | None = None) -> tuple[bool, bool, bool] | None:
+    """(nested deeper than MAX_JSON_DEPTH, holds an infinity or NaN, holds a float of ``_ROUNDED_FROM``
+    or more) of ``value``, walked whole; with ``most``, ``None`` when it holds more than ``most``
+    arrays, objects and values (walking them all would cost more than a pass over the body's bytes)."""
+    stack, seen, deeper, infinite, rounded = [(value, 1)], 0, False, False, False
+    while stack:
+        v, depth = stack.pop()
+        seen += 1
+        if most is not None and seen > most:
+            return None
+        if type(v) is float:
+            if not math.isfinite(v):
+                infinite = True
+            elif abs(v) >= _ROUNDED_FROM:
+                rounded = True
+        elif isinstance(v, (dict, list, tuple)):
+            deeper = deeper or depth > MAX_JSON_DEPTH
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deeper, infinite, rounded
 
 
 def _has_infinity(value: Any) -> bool:

@@ -71,6 +71,7 @@ from ..api.httpwords import (  # (re-exported: the rules moved there, their user
     METRICS_PATH,
     Reply,
     args_of,
+    json_answer,
     match_prefix,
     match_route,
     not_found_text,
@@ -659,7 +660,7 @@ class IngressState:
         except Exception as exc:
             return self._error(*self.failed(exc, name, method, note), name, close=unread, request_id=rid)
         try:
-            answer = json.dumps(value)
+            answer = json_answer(value)
         except (TypeError, ValueError, RecursionError) as exc:
             return self._error(500, "unserialisable_result",
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", name,
@@ -753,16 +754,16 @@ class IngressState:
             nonlocal ended
             try:
                 if first is not _NOTHING:
-                    yield (json.dumps(first) + "\n").encode()
+                    yield json_answer(first) + b"\n"
                     async for item in items:
-                        yield (json.dumps(item) + "\n").encode()
+                        yield json_answer(item) + b"\n"
                 ended = True
                 self.answers[200] += 1
             except Exception as exc:
                 ended = True
                 status, error, detail = self.failed(exc, name, method, note)
                 self._count(status, error, f"mid-stream: {detail}", name)
-                yield (json.dumps({"error": error, "detail": detail, "deployment": name}) + "\n").encode()
+                yield json_answer({"error": error, "detail": detail, "deployment": name}) + b"\n"
             finally:
                 self.in_flight[name] -= 1
                 if not ended:  # the client went away mid-stream
