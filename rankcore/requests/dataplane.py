@@ -30,7 +30,10 @@ health services) go through the proxy's gRPC server.
 
 Retries: the balancer re-sends a request to another server only when it cannot have run: its connect
 failed, so nothing was sent (``RETRY_ON``). One whose server's connection broke after it was sent
-fails (500 ``replica_died``): that server may have begun it.
+fails (500 ``replica_died``): that server may have begun it. A gRPC call is re-sent too when its
+server ended with nothing sent back (``GRPC_RETRY_ON``): a replica's gRPC server sends the call's
+initial metadata once the call holds a slot, before the user's method, so a call that got none
+never began there (HTTP/1.1 has no such marker the balancer heeds: an interim 100 is not one).
 
 A failed connect is a fact the balancer acts on at once, before the pool says the replica is gone
 (as a router leaves out a replica a call saw die): the server is out of the balancing until a
@@ -51,7 +54,7 @@ import attrs
 
 from ..base.errors import InvalidConfig
 
-__all__ = ["DATA_PLANES", "RETRY_ON", "EJECT_AFTER", "EJECT_CHECK_S", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
+__all__ = ["DATA_PLANES", "RETRY_ON", "GRPC_RETRY_ON", "EJECT_AFTER", "EJECT_CHECK_S", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
            "Reload", "server_name", "route", "table", "changes", "apply"]
 
 #: what may carry a deployment's HTTP requests (an executor's option, declared here once): "proxy", a
@@ -60,6 +63,10 @@ DATA_PLANES = ("proxy", "direct")
 #: when the balancer re-sends a request to another server: only when no connection was made (nothing
 #: was sent, so the request cannot have run); HAProxy's ``retry-on`` words
 RETRY_ON = "conn-failure"
+#: when the balancer re-sends a gRPC call to another server: as ``RETRY_ON``, and when the server's
+#: connection ended with nothing of the call's answer received (no initial metadata: the call never
+#: began there, module docstring)
+GRPC_RETRY_ON = "conn-failure empty-response"
 #: when the balancer takes a server out before the table does, and how it finds it back: out at its
 #: ``EJECT_AFTER``-th failed connect in a row, back once a connect (tried every ``EJECT_CHECK_S``) succeeds
 EJECT_AFTER = 1

@@ -23,9 +23,11 @@ class Replica:
         self.cancelled: list = []
         self.metrics: list = []
         self.closed: list = []  # (streams whose generator ended: their slot freed)
+        self.began: list = []  # (calls whose begin marker went out)
 
-    async def run(self, method, args, kwargs, request):
+    async def run(self, method, args, kwargs, request, on_begin):
         self.requests.append((method, request))
+        await self._begin(on_begin, request)
         (msg,) = args
         if method == "Nap":
             try:
@@ -38,7 +40,14 @@ class Replica:
             raise ValueError("says boom")
         return echo_pb2.EchoReply(text=msg.text.upper(), replica=request.request_id)
 
-    async def stream(self, method, args, kwargs, request):
+    async def _begin(self, on_begin, request) -> None:
+        """As the replica's slot: the begin marker (the call's initial metadata) before the method."""
+        assert on_begin is not None
+        await on_begin()
+        self.began.append(request.request_id)
+
+    async def stream(self, method, args, kwargs, request, on_begin):
+        await self._begin(on_begin, request)
         (msg,) = args
         if msg.seconds:
             try:
@@ -77,7 +86,9 @@ def _run(scenario, request_timeout_s: float | None = 5.0) -> None:
         front = await direct_grpc.start("dep", reach, rep.run, rep.stream, metrics, limits, SERVICERS, "127.0.0.1")
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{front.address[1]}") as ch:
-                await scenario(echo_pb2_grpc.EchoStub(ch), rep, metrics)
+                stub = echo_pb2_grpc.EchoStub(ch)
+                stub.channel = ch  # (a scenario may call a method another way)
+                await scenario(stub, rep, metrics)
         finally:
             await front.stop(0)
     asyncio.run(main())
@@ -148,4 +159,23 @@ def test_a_stream_its_client_leaves_mid_way_is_closed_on_the_replica():
                 break
             await asyncio.sleep(0.01)
         assert rep.closed == ["mid"]
+    _run(scenario)
+
+
+def test_a_call_gets_its_initial_metadata_as_it_begins_long_before_its_answer():
+    """The begin marker the balancer heeds (``rankcore.requests.dataplane.GRPC_RETRY_ON``): a call
+    that got no initial metadata never began, so HAProxy may send it to another replica. (A unary
+    call is read here as a stream of one: grpc.aio hands a unary call's initial metadata over only
+    with its answer, whenever it came.)"""
+    async def scenario(stub, rep, metrics):
+        nap = stub.channel.unary_stream("/rankcore.test.Echo/Nap", request_serializer=echo_pb2.EchoRequest.SerializeToString,
+                                        response_deserializer=echo_pb2.EchoReply.FromString)
+        for call in (nap(echo_pb2.EchoRequest(seconds=2.0), metadata=(("request_id", "napper"),)),
+                     stub.Count(echo_pb2.EchoRequest(n=1, seconds=2.0), metadata=(("request_id", "streamer"),))):
+            t0 = asyncio.get_running_loop().time()
+            got = await asyncio.wait_for(call.initial_metadata(), 1.0)  # (the method sleeps 2 s before answering)
+            assert ("rankcore-began", "1") in tuple(got) and not call.done()
+            assert asyncio.get_running_loop().time() - t0 < 1.0
+            call.cancel()
+        assert rep.began == ["napper", "streamer"]
     _run(scenario)

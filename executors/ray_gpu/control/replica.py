@@ -757,11 +757,14 @@ class ReplicaActor:
                                        rank=self.rank.rank if self.rank is not None else None, status=a.status,
                                        latency_ms=a.latency_ms, nbytes=a.nbytes))
 
-    async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
-        return await self._run(method, args, kwargs, request, 0)
+    async def _run_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext,
+                          on_begin: Any = None) -> Any:
+        """A call its own server took (``on_begin``: its gRPC server's begin marker, ``_request``)."""
+        return await self._run(method, args, kwargs, request, 0, on_begin)
 
-    def _stream_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext) -> Any:
-        return self._stream(method, args, kwargs, request)
+    def _stream_direct(self, method: str, args: tuple, kwargs: dict, request: RequestContext,
+                       on_begin: Any = None) -> Any:
+        return self._stream(method, args, kwargs, request, on_begin)
 
     async def _answer_by_value(self, data: bytes, began: Any) -> bytes:
         """One call sent by value: ``handle_call``'s argument pickled, answered ``(True, value)`` or
@@ -806,9 +809,11 @@ class ReplicaActor:
         finally:
             await items.aclose()  # (its caller closed the stream: the slot is freed now, not when collected)
 
-    async def _stream(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None) -> Any:
-        """``handle_stream``'s items (the direct data plane's server calls it too: ``api.direct``)."""
-        async with self._request(method, request) as fn:
+    async def _stream(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None,
+                      on_begin: Any = None) -> Any:
+        """``handle_stream``'s items (the direct data plane's servers call it too: ``api.direct``,
+        ``ingress.direct_grpc``; ``on_begin``: ``_request``'s)."""
+        async with self._request(method, request, 0, on_begin) as fn:
             if inspect.isasyncgenfunction(fn):
                 agen = fn(*args, **kwargs)
                 while (item := await self._on_user_loop(_in_request(request, _next_async(agen)))) is not _END:

@@ -24,14 +24,16 @@ from ..api.context import RequestContext
 from ..api.exposed import Reachable
 from ..api.httpwords import ANSI, status_of
 from ..control import appnames
-from .grpc_proxy import GrpcFront
+from .grpc_proxy import GrpcFront, call_began
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ReplicaIngress", "start"]
 
-Run = Callable[[str, tuple, dict, RequestContext], Awaitable[Any]]
-Stream = Callable[[str, tuple, dict, RequestContext], AsyncIterator[Any]]
+#: ``run(method, args, kwargs, request, on_begin)``: one call on a slot (``on_begin``, awaited once it
+#: holds one, before the user's method: ``grpc_proxy.call_began``, the balancer's begin marker)
+Run = Callable[[str, tuple, dict, RequestContext, Any], Awaitable[Any]]
+Stream = Callable[[str, tuple, dict, RequestContext, Any], AsyncIterator[Any]]
 
 
 class _Handle:
@@ -141,7 +143,7 @@ class ReplicaIngress:
         """One unary call on this replica, within ``request_timeout_s`` (``rankcore.RequestTimeout``
         past it: ``DEADLINE_EXCEEDED``; the call is cancelled, its slot freed)."""
         assert note is not None
-        coro = self.run(method, args, kwargs, self._request(name, note))
+        coro = self.run(method, args, kwargs, self._request(name, note), call_began())
         timeout = self.request_timeout_s
         if timeout is None:
             return await coro
@@ -172,7 +174,7 @@ class ReplicaIngress:
         """A generator method's (or a ``grpc_context`` entry's) items on this replica (``GrpcFront``
         bounds the first by ``request_timeout_s`` and cancels one its client left)."""
         assert request is not None
-        return _Items(self.stream(handle.method, args, kwargs, request))
+        return _Items(self.stream(handle.method, args, kwargs, request, call_began()))
 
 
 async def start(deployment: str, reach: Reachable, run: Run, stream: Stream, metrics: Any, limits: dict,

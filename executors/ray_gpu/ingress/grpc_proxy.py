@@ -41,11 +41,12 @@ as the HTTP side's ``/-/`` pages are not.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -64,7 +65,7 @@ from .access import request_id_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront",
+__all__ = ["DEFAULT_GRPC_PORT", "API_SERVICE", "check_servicer_functions", "servicer_methods", "GrpcFront", "call_began",
            "code_of"]
 
 #: Ray Serve's default gRPC port (``gRPCOptions.port``)
@@ -201,15 +202,29 @@ class _Call:
     ``application`` metadata names (None: none), when it began, the code it ended with (``_ended``), and
     its metadata (read once)."""
 
-    __slots__ = ("name", "began", "code", "meta")
+    __slots__ = ("name", "began", "code", "meta", "context")
 
-    def __init__(self, name: str | None, meta: dict | None = None) -> None:
-        self.name, self.began, self.meta = name, time.perf_counter(), meta
+    def __init__(self, name: str | None, meta: dict | None = None, context: aio.ServicerContext | None = None) -> None:
+        self.name, self.began, self.meta, self.context = name, time.perf_counter(), meta, context
         self.code: str | None = None
 
 
 #: the call this task answers (grpc.aio runs each call in a task of its own): ``GrpcFront._ended`` tells it its code
 _CALL: ContextVar[_Call | None] = ContextVar("rankcore_grpc_call", default=None)
+
+
+#: the begin marker's initial metadata (empty initial metadata waits for the first message: it is not sent alone)
+_BEGAN = (("rankcore-began", "1"),)
+
+
+def call_began() -> Callable[[], Awaitable[None]] | None:
+    """What sends the initial metadata of the call this task answers (None: no call): a replica's own
+    server (``direct_grpc``) awaits it once the call holds a slot, before the user's method, so the
+    balancer re-sends only a call that got nothing back (``rankcore.requests.dataplane.GRPC_RETRY_ON``)."""
+    call = _CALL.get()
+    if call is None or call.context is None:
+        return None
+    return functools.partial(call.context.send_initial_metadata, _BEGAN)
 
 
 class _Refused:
@@ -362,7 +377,7 @@ class GrpcFront:
     def _opened(self, context: aio.ServicerContext) -> _Call:
         """A call begins: measured from now; in flight (Serve's ongoing gauge) when an application takes it."""
         meta = dict(context.invocation_metadata() or ())
-        call = _Call(self._application(context, meta), meta)
+        call = _Call(self._application(context, meta), meta, context)
         _CALL.set(call)
         if call.name is not None:
             self.ingress.metrics.grpc_started()

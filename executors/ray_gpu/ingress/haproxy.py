@@ -30,7 +30,8 @@ servers (``ingress/direct_grpc.py``), each server's ``grpc_address``, under the 
 (an unknown application, a multiplexed model, the API and health services, a route with no ready
 server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
 ``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
-HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself.
+HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself. A call whose replica
+died before sending it anything (it never began there: ``GRPC_RETRY_ON``) goes to another replica.
 
 The answers HAProxy gives itself to HTTP requests no replica saw (503 ``overloaded`` or
 ``unavailable``, its 400 and 408, 500 ``replica_died`` when a replica died before answering) are
@@ -386,7 +387,8 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     server_s = None if opts.request_timeout_s is None else opts.request_timeout_s + GRPC_GRACE_S
     for r in direct:
         lines += [f"backend {r.grpc_backend}", "    balance leastconn", f"    timeout queue {_s(r.queue_timeout_s)}",
-                  f"    timeout server {_s(server_s)}", *(f"    errorfile {code} {path}" for code, path in errors.items())]
+                  f"    timeout server {_s(server_s)}", f"    retry-on {dp.GRPC_RETRY_ON}",
+                  *(f"    errorfile {code} {path}" for code, path in errors.items())]
         for s in r.servers:
             if s.grpc_address is not None:
                 lines.append(f"    server {s.name} {s.grpc_address} proto h2 maxconn {s.maxconn} {_EJECT}"
