@@ -20,6 +20,7 @@ from executors.ray_gpu.api.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -162,34 +163,39 @@ def test_the_api_and_a_multiplexed_call_go_through_the_proxy(channel):
     assert codes().get("OK", 0) == before.get("OK", 0) + 1  # (the multiplexed call: the proxy's)
 
 
-def test_direct_calls_are_in_the_ingress_s_metrics(channel):
+def _grpc_counted(app: str, code: str) -> float:
+    """``ray_serve_num_grpc_requests_total`` of ``app`` ended ``code``, as the ingress's ``/metrics`` says."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     host, port = ray.get(ingress().ready.remote())
+    text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "ray_serve_num_grpc_requests_total" and s.labels.get("application") == app
+               and s.labels.get("status_code") == f"StatusCode.{code}")
 
-    def counted() -> float:
-        text = httpx.get(f"http://{host}:{port}/metrics", timeout=30).text
-        return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                   if s.name == "ray_serve_num_grpc_requests_total" and s.labels.get("application") == "gother"
-                   and s.labels.get("status_code") == "StatusCode.OK")
-    before, answered = counted(), codes()
+
+def test_direct_calls_are_in_the_ingress_s_metrics(channel):
+    before, answered = _grpc_counted("gother", "OK"), codes()
     stub = echo_pb2_grpc.EchoStub(channel)
     for _ in range(3):
         stub.Say(echo_pb2.EchoRequest(text="x"), metadata=_meta("gother"), timeout=30)
-    assert counted() - before == 3 and codes() == answered  # (counted by the replica: the proxy saw none)
+    assert _grpc_counted("gother", "OK") - before == 3 and codes() == answered  # (counted by the replica: the proxy saw none)
 
 
 def test_past_max_queued_requests_the_balancer_ends_a_call_unavailable(channel):
     """``gtight``: one slot, no queue. A call holding the slot; the next ends ``UNAVAILABLE`` at once,
-    answered by HAProxy (neither the proxy nor the replica saw it)."""
+    answered by HAProxy (neither the proxy nor the replica saw it), and counted in the ingress's
+    metrics all the same (HAProxy's log of its own answers)."""
     stub = echo_pb2_grpc.EchoStub(channel)
     held = stub.Nap.future(echo_pb2.EchoRequest(seconds=2.0), metadata=_meta("gtight"), timeout=30)
     time.sleep(0.5)
-    before = codes()
+    before, counted = codes(), _grpc_counted("gtight", "UNAVAILABLE")
     t0 = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         stub.Say(echo_pb2.EchoRequest(text="x"), metadata=_meta("gtight"), timeout=30)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
     assert "max_queued_requests" in err.value.details() and time.monotonic() - t0 < 1.0
     assert held.result().text == "awake" and codes() == before
+    assert wait_for(lambda: _grpc_counted("gtight", "UNAVAILABLE") == counted + 1, 10), (
+        _grpc_counted("gtight", "UNAVAILABLE"), counted)

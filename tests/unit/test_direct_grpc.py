@@ -177,5 +177,5 @@ def test_a_call_gets_its_initial_metadata_as_it_begins_long_before_its_answer():
             assert ("rankcore-began", "1") in tuple(got) and not call.done()
             assert asyncio.get_running_loop().time() - t0 < 1.0
             call.cancel()
-        assert rep.began == ["napper", "streamer"]
+        assert sorted(rep.began) == ["napper", "streamer"]  # (each recorded once its marker went out: any order)
     _run(scenario)

@@ -132,7 +132,13 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert "timeout server 65000ms" in text  # (request_timeout_s + GRPC_GRACE_S: the replica answers first)
         assert text.index("use_backend proxy_grpc if g_via_proxy") < text.index(f"use_backend {f.grpc_backend}")
         assert "acl g_via_proxy path_beg /grpc.health.v1.Health/" in text
-        assert "grpc-status 14" in text  # (past max_queued_requests: UNAVAILABLE, at once)
+        # (past max_queued_requests: UNAVAILABLE, at once, from a file of the route's: logged as a 503)
+        queue_file = tmp_path / f"grpc-queue-{e.grpc_backend}.http"
+        assert f"http-request deny deny_status 503 errorfile {queue_file} if !g_via_proxy a_{e.grpc_backend} " in text
+        assert b"grpc-status: 14\r\n" in queue_file.read_bytes() and b"a replica of 'e'" in queue_file.read_bytes()
+        # (a call that got nothing back never began: sent to another replica; HTTP only on a failed connect)
+        assert text.count(f"retry-on {dp.GRPC_RETRY_ON}\n") == 2 and f"retry-on {dp.RETRY_ON}\n" in text
+        assert "    no log\n" in text  # (no log socket: the gRPC front logs nothing)
         # (what HAProxy answers a call itself ends it with a gRPC code: the proxy's, not an HTTP status)
         for code, grpc_code in ((502, b"13"), (503, b"14"), (504, b"4")):
             assert f"    errorfile {code} {tmp_path / f'grpc-{code}.http'}\n" in text
@@ -166,6 +172,42 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
 ])
 def test_haproxys_log_of_its_own_answers_is_read(line, want):
     assert h.read_log_line(line) == want
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    # past max_queued_requests (its deny: PR), UNAVAILABLE; the application names the route
+    (b"<134>x haproxy[1]: 503\tPR--\tPOST\t/rankcore.test.Echo/Say\tgrpc\t0\t92\trid-1\t14\tapp\n", h.Answered(
+        status=503, method="POST", path="/rankcore.test.Echo/Say", backend="grpc", latency_ms=0.0, nbytes=92,
+        request_id="rid-1", grpc_code="UNAVAILABLE", application="app")),
+    # a replica dead before it sent anything, no other one (SH: INTERNAL), none in time (sQ: UNAVAILABLE)
+    (b"<134>x haproxy[1]: 502\tSH--\tPOST\t/p.S/M\tg_x\t12\t90\t-\t13\t-\n", h.Answered(
+        status=502, method="POST", path="/p.S/M", backend="g_x", latency_ms=12.0, nbytes=90, request_id="",
+        grpc_code="INTERNAL", application="")),
+    # a call a replica (or the proxy) ended: no code of HAProxy's
+    (b"<134>x haproxy[1]: 200\tCD--\tPOST\t/p.S/M\tg_x\t12\t9\t-\t-\tapp\n", None),
+])
+def test_haproxys_log_of_its_own_grpc_answers_is_read(line, want):
+    assert h.read_log_line(line) == want
+
+
+def test_with_a_log_socket_the_grpc_front_logs_its_own_answers(tmp_path, listening):
+    grpc_sock = socket.socket()
+    grpc_sock.bind(("127.0.0.1", 0))
+    grpc_sock.listen()
+    try:
+        opts = h.Options(proxy="127.0.0.1:1234", listen_fd=listening.fileno(), request_timeout_s=60.0,
+                         header_timeout_s=10.0, max_connections=10_000, nbthread=1, grpc_fd=grpc_sock.fileno(),
+                         grpc_proxy="127.0.0.1:1235", log_socket="127.0.0.1:5140")
+        table = dp.table([dp.route("e", "/e", ["e#1"], [], ADDR, 5, 3, 60.0, grpc_addresses={"e#1": "127.0.0.1:9501"})])
+        text = h.render(table, opts, str(tmp_path / "admin.sock"), str(tmp_path))
+        (tmp_path / "h.cfg").write_text(text)
+        done = subprocess.run([h.haproxy_binary(), "-c", "-f", str(tmp_path / "h.cfg")], capture_output=True,
+                              text=True, pass_fds=opts.fds())
+        assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
+        assert f"log-format {h.GRPC_LOG_FORMAT}" in text and "http-after-response set-var(txn.gs) res.hdr(grpc-status)" in text
+        assert "    no log\n" not in text
+    finally:
+        grpc_sock.close()
 
 
 def test_with_a_log_socket_haproxy_logs_only_its_own_answers(tmp_path, listening):

@@ -37,8 +37,10 @@ The answers HAProxy gives itself to HTTP requests no replica saw (503 ``overload
 ``unavailable``, its 400 and 408, 500 ``replica_died`` when a replica died before answering) are
 counted as the proxy counts its own: HAProxy logs only those (``option dontlog-normal``) to a
 UDP socket on loopback the plane reads (``Answered``, ``read_log_line``), and the ingress counts each in
-Serve's HTTP metrics and writes its access record (``HttpIngress._balancer_answered``). A request a
-replica saw is counted by the replica, whatever became of it (a client gone: its 499).
+Serve's HTTP metrics and writes its access record (``HttpIngress._balancer_answered``). The gRPC front
+logs the calls it ends itself likewise, with the ``grpc-status`` it answered (``GRPC_LOG_FORMAT``),
+counted in Serve's gRPC metrics. A request a replica saw is counted by the replica, whatever became
+of it (a client gone: its 499).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from rankcore.requests import dataplane as dp
 
 from ..api.direct import APP_HEADER, ROUTE_HEADER
 from ..api.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, match_prefix
+from .grpc_proxy import REQUEST_ID_KEY
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +302,9 @@ LOG_BUFFER_BYTES = 4 << 20
 #: what HAProxy logs of an answer it gave itself (``option dontlog-normal``: those alone), tab-separated:
 #: status, termination state, method, path, backend, total time (ms), bytes, the client's request id
 LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]"'
+#: the gRPC front's: the same, then the ``grpc-status`` HAProxy answered (``txn.gs``, set after every
+#: answer) and the call's ``application`` metadata (a call refused before a backend was chosen: its route)
+GRPC_LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]\\t%[var(txn.gs)]\\t%[capture.req.hdr(1)]"'
 #: termination states (first two letters) of a request no replica saw, or whose replica died before
 #: answering (``S`` then ``H``/``C``): HAProxy's own answer, which no replica counted. Request (``R``),
 #: queue (``Q``) and connect (``C``) phases; locally answered (``L``: its ``http-request return``)
@@ -318,6 +324,9 @@ class Answered:
     latency_ms: float
     nbytes: int
     request_id: str
+    #: a gRPC call's: the code HAProxy ended it with (its name: ``UNAVAILABLE``), and its ``application``
+    grpc_code: str | None = None
+    application: str = ""
 
 
 def read_log_line(line: bytes) -> Answered | None:
@@ -327,9 +336,12 @@ def read_log_line(line: bytes) -> Answered | None:
     text = line.decode("latin-1", "replace").rstrip("\n")
     _, sep, rest = text.partition("]: ")
     fields = rest.split("\t") if sep else []
-    if len(fields) != 8:
+    if len(fields) not in (8, 10):
         return None
-    status, state, method, path, backend, took, nbytes, rid = fields
+    status, state, method, path, backend, took, nbytes, rid = fields[:8]
+    code, application = (_grpc_code_name(fields[8]), fields[9]) if len(fields) == 10 else (None, "")
+    if len(fields) == 10 and code is None:
+        return None  # (a gRPC call with no code HAProxy gave: the replica or the proxy ended it)
     if len(state) < 2 or state[0] == "-" or not status.isdigit():
         return None
     if state[1] not in _NEVER_ANSWERED_PHASES and state[:2] not in ("SH", "SC"):
@@ -341,13 +353,24 @@ def read_log_line(line: bytes) -> Answered | None:
         return None
     return Answered(status=int(status), method=method if method != "<BADREQ>" else "", path=path,
                     backend=backend, latency_ms=max(0.0, latency), nbytes=max(0, size),
-                    request_id="" if rid == "-" else rid)
+                    request_id="" if rid == "-" else rid, grpc_code=code,
+                    application="" if application == "-" else application)
 
 
-def _grpc_status(code: int, message: str) -> str:
-    """An HAProxy answer that ends a gRPC call with ``code`` (trailers-only: HTTP 200, ``grpc-status``)."""
-    return (f"http-request return status 200 hdr grpc-status {code} "
-            f"hdr grpc-message {_quoted(message)}")
+def _grpc_code_name(text: str) -> str | None:
+    """``"14"`` -> ``"UNAVAILABLE"`` (None: not a gRPC code)."""
+    import grpc
+
+    if not text.isdigit():
+        return None
+    return next((c.name for c in grpc.StatusCode if c.value[0] == int(text)), None)
+
+
+def _grpc_refusal(path: str, code: int, message: str) -> str:
+    """An HAProxy answer that ends a gRPC call with ``code`` at once (trailers-only: HTTP 200,
+    ``grpc-status``), from an error file written to ``path``: logged as a 503 (a ``return`` of 200
+    would be a normal answer, which ``option dontlog-normal`` leaves out of the log)."""
+    return f"http-request deny deny_status 503 errorfile {_grpc_error_file(path, code, message)}"
 
 
 def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
@@ -365,7 +388,9 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     lines = [
         "frontend grpc",
         f"    bind fd@{opts.grpc_fd} proto h2",
-        "    no log",
+        *([f"    log-format {GRPC_LOG_FORMAT}", f"    http-request capture req.hdr({REQUEST_ID_KEY}) len {REQUEST_ID_MAX}",
+           "    http-request capture req.hdr(application) len 256",
+           "    http-after-response set-var(txn.gs) res.hdr(grpc-status)"] if opts.log_socket else ["    no log"]),
         f"    maxconn {min(opts.max_connections or MAXCONN, MAXCONN)}",
         "    acl g_via_proxy req.hdr(multiplexed_model_id) -m found",
         *(f"    acl g_via_proxy path_beg {p}" for p in GRPC_PROXY_SERVICES),
@@ -376,7 +401,9 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     one = len(table.routes) == 1  # (one route: every call is its, whatever it names)
     for r in direct:
         which = "" if one else f"a_{r.grpc_backend} "
-        lines.append(f"    {_grpc_status(14, f'max_queued_requests calls already wait for a replica of {r.deployment!r}')}"
+        refusal = _grpc_refusal(os.path.join(errors_dir, f"grpc-queue-{r.grpc_backend}.http"), 14,
+                                f"max_queued_requests calls already wait for a replica of {r.deployment!r}")
+        lines.append(f"    {refusal}"
                      f" if !g_via_proxy {which}{{ nbsrv({r.grpc_backend}) ge 1 }} {{ be_conn_free({r.grpc_backend}) eq 0 }}"
                      f" {{ queue({r.grpc_backend}),sub(proc.q_{r.backend}) ge 0 }}")
     lines.append("    use_backend proxy_grpc if g_via_proxy")
@@ -695,13 +722,20 @@ class DataPlane:
                 log.exception("counting an answer HAProxy gave itself failed")
 
     def _route_of(self, answer: Answered) -> dp.Route | None:
-        """The route an answer was for: its backend's, else the longest prefix its path is under."""
+        """The route an answer was for: its backend's, else (a gRPC call refused before one was
+        chosen) the one its ``application`` names, as the gRPC front chose (the only one: any), else
+        the longest prefix its path is under."""
         table = self.table
         if table is None:
             return None
         for r in table.routes:
             if answer.backend in (r.backend, r.grpc_backend):
                 return r
+        if answer.grpc_code is not None:
+            direct = [r for r in table.routes if not r.asgi]
+            if len(table.routes) == 1:
+                return direct[0] if direct else None
+            return next((r for r in direct if answer.application in (r.app_name or r.deployment, r.deployment)), None)
         found = match_prefix({r.prefix: r.deployment for r in table.routes}, answer.path)
         return table.of(found[1]) if found is not None else None
 

@@ -1542,12 +1542,18 @@ class HttpIngress:
                                            on_answered=self._balancer_answered)
 
     def _balancer_answered(self, answer: Any, route: Any) -> None:
-        """``haproxy.DataPlane``'s log thread: an answer HAProxy gave itself, counted on the server's loop."""
+        """``haproxy.DataPlane``'s log thread: an answer HAProxy gave itself, counted on the server's
+        loop (a gRPC call's in Serve's gRPC metrics, with the code HAProxy ended it with)."""
         self.ready()
+        deployment = route.deployment if route is not None else ""
+        if answer.grpc_code is not None:
+            self.loop.call_soon_threadsafe(functools.partial(
+                self.state.metrics.grpc_request, method=answer.path, deployment=deployment, code=answer.grpc_code,
+                latency_ms=answer.latency_ms))
+            return
         self.loop.call_soon_threadsafe(self.state.balancer_answered, answer.method, answer.path, answer.status,
                                        answer.latency_ms, answer.nbytes, answer.request_id,
-                                       route.prefix if route is not None else "",
-                                       route.deployment if route is not None else "")
+                                       route.prefix if route is not None else "", deployment)
 
     def data_plane(self) -> dict:
         """What carries deployments' requests: ``{"data_plane": "proxy"}``, or for the direct one its
