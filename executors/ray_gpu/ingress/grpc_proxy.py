@@ -58,6 +58,7 @@ from grpc_health.v1.health import aio as health_aio
 
 import rankcore as rc
 
+from ..api.by_value import BEGAN
 from ..api.context import RequestContext
 from ..api.grpc_context import GrpcState, RayServegRPCContext, entry_name
 from ..control import appnames
@@ -213,10 +214,6 @@ class _Call:
 _CALL: ContextVar[_Call | None] = ContextVar("rankcore_grpc_call", default=None)
 
 
-#: the begin marker's initial metadata (empty initial metadata waits for the first message: it is not sent alone)
-_BEGAN = (("rankcore-began", "1"),)
-
-
 def call_began() -> Callable[[], Awaitable[None]] | None:
     """What sends the initial metadata of the call this task answers (None: no call): a replica's own
     server (``direct_grpc``) awaits it once the call holds a slot, before the user's method, so the
@@ -224,7 +221,7 @@ def call_began() -> Callable[[], Awaitable[None]] | None:
     call = _CALL.get()
     if call is None or call.context is None:
         return None
-    return functools.partial(call.context.send_initial_metadata, _BEGAN)
+    return functools.partial(call.context.send_initial_metadata, BEGAN)  # (a by-value call's marker too)
 
 
 class _Refused:
