@@ -184,7 +184,7 @@ def test_limits_hold_on_the_direct_path_and_follow_configure(client):
         with tempfile.TemporaryDirectory() as folder:
             r = client.post("/dir/hold", json={"args": [folder, 3.0]})
             assert r.status_code == 408 and r.json()["error"] == "timeout", r.text
-            deadline = time.monotonic() + 10  # (HAProxy gave up on the replica: its call is cancelled there)
+            deadline = time.monotonic() + 10  # (the replica answered its own 408: its call is cancelled)
             while not os.path.exists(os.path.join(folder, "cancelled")):
                 assert time.monotonic() < deadline, os.listdir(folder)
                 time.sleep(0.05)

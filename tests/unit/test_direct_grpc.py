@@ -43,8 +43,8 @@ class Replica:
     async def _begin(self, on_begin, request) -> None:
         """As the replica's slot: the begin marker (the call's initial metadata) before the method."""
         assert on_begin is not None
+        self.began.append(request.request_id)  # (before its await: the client may have the marker first)
         await on_begin()
-        self.began.append(request.request_id)
 
     async def stream(self, method, args, kwargs, request, on_begin):
         await self._begin(on_begin, request)
@@ -78,6 +78,15 @@ class Metrics:
         self.calls.append((kw["method"], kw["deployment"], kw["code"]))
 
 
+async def _until(done, seconds: float = 2.0) -> None:
+    """Wait until ``done()`` (at most ``seconds``): the server counts a call as its handler ends, which
+    may trail the client's answer."""
+    for _ in range(int(seconds / 0.01)):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
 def _run(scenario, request_timeout_s: float | None = 5.0) -> None:
     async def main() -> None:
         rep, metrics = Replica(), Metrics()
@@ -105,6 +114,7 @@ def test_a_call_whatever_application_it_names_is_this_replica_s():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Say(echo_pb2.EchoRequest(text="boom"))
         assert err.value.code() == grpc.StatusCode.INTERNAL and "ValueError: says boom" in err.value.details()
+        await _until(lambda: len(metrics.calls) == 3)
         assert [c[2] for c in metrics.calls] == ["OK", "OK", "INTERNAL"]
         assert metrics.calls[0][:2] == ("/rankcore.test.Echo/Say", "dep")
     _run(scenario)
@@ -120,10 +130,7 @@ def test_past_request_timeout_s_a_call_and_a_stream_end_deadline_exceeded_and_ar
             _ = [r async for r in stub.Count(echo_pb2.EchoRequest(n=2, seconds=5.0),
                                              metadata=(("request_id", "streamer"),))]
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        for _ in range(100):
-            if len(rep.cancelled) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await _until(lambda: len(rep.cancelled) == 2 and len(metrics.calls) == 2)
         assert sorted(rep.cancelled) == ["napper", "streamer"]
         assert [c[2] for c in metrics.calls] == ["DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"]
     _run(scenario, request_timeout_s=0.3)
@@ -177,5 +184,5 @@ def test_a_call_gets_its_initial_metadata_as_it_begins_long_before_its_answer():
             assert ("rankcore-began", "1") in tuple(got) and not call.done()
             assert asyncio.get_running_loop().time() - t0 < 1.0
             call.cancel()
-        assert sorted(rep.began) == ["napper", "streamer"]  # (each recorded once its marker went out: any order)
+        assert sorted(rep.began) == ["napper", "streamer"]  # (both reached their marker: any order)
     _run(scenario)

@@ -181,6 +181,26 @@ def test_a_client_that_leaves_cancels_its_call():
     _run(scenario)
 
 
+def test_past_request_timeout_s_a_call_is_answered_408_by_the_replica_and_cancelled():
+    """The replica answers its own 408 (counted as 408, not as a client gone), before the balancer's
+    timeout (``haproxy.GRACE_S`` later); the connection stays usable."""
+    async def scenario(rep, server, host, port):
+        server.request_timeout_s = 0.2
+        r, w = await asyncio.open_connection(host, port)
+        t0 = asyncio.get_running_loop().time()
+        w.write(_request("/dep/slow", b'{"args": [30]}', headers={"x-request-id": "sleeper"}))
+        status, _headers, body = await _read_answer(r)
+        assert status == 408 and json.loads(body)["error"] == "timeout", body
+        assert "request_timeout_s=0.2" in json.loads(body)["detail"]
+        assert asyncio.get_running_loop().time() - t0 < 2.0
+        assert rep.cancelled == ["sleeper"] and rep.observed[-1].status == 408
+        w.write(_request("/dep", b"[1]"))  # (the same connection, the next request)
+        status, _headers, body = await _read_answer(r)
+        assert status == 200
+        w.close()
+    _run(scenario)
+
+
 @pytest.mark.parametrize(("extra", "want", "error"), [
     ({"body": b"x" * 1001}, 413, "body_too_large"),
     ({"headers": {"x-big": "v" * 3000}}, 431, "header_too_large"),

@@ -129,7 +129,7 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert f"server {dp.server_name('e#1')} 127.0.0.1:9501 proto h2 maxconn 5" in text
         assert "127.0.0.1:9002 proto h2" not in text  # (e#2 serves no gRPC: not in the gRPC backend)
         assert f"backend g_{dp.server_name('g')}" not in text  # (an ASGI app: its calls go to the proxy)
-        assert "timeout server 65000ms" in text  # (request_timeout_s + GRPC_GRACE_S: the replica answers first)
+        assert text.count("timeout server 65000ms") == 3  # (request_timeout_s + GRACE_S, HTTP and gRPC: the replica answers first)
         assert text.index("use_backend proxy_grpc if g_via_proxy") < text.index(f"use_backend {f.grpc_backend}")
         assert "acl g_via_proxy path_beg /grpc.health.v1.Health/" in text
         # (past max_queued_requests: UNAVAILABLE, at once, from a file of the route's: logged as a 503)

@@ -18,7 +18,9 @@ answering as the proxy does (``api/httpwords.py``: the same routes, bodies, erro
   ``x-rankcore-route`` / ``x-rankcore-app`` headers;
 * a client gone before its answer cancels the call (the user's task is cancelled, its slot freed);
 * a head above ``max_header_bytes`` is 431, a body above ``max_body_bytes`` 413, both before the
-  call, and the connection closed;
+  call, and the connection closed; a call not answered within ``request_timeout_s`` is 408
+  ``timeout`` and cancelled, as the proxy answers it (``within``: the replica answers first, the
+  balancer waits a grace longer);
 * each request is told to ``observe`` once, when its answer ended (``Answered``: its status, the
   time from its arrival to its last byte, its body's bytes; a client gone before the end 499),
   as the proxy's ``_Observe`` tells its metrics and access records.
@@ -39,13 +41,15 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
+import rankcore as rc
+
 from .context import RequestContext
 from .exposed import Reachable
 from .httpwords import ANSI, Reply, args_of, json_answer, match_route, not_found_text, request_id_of, status_of
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROUTE_HEADER", "APP_HEADER", "Answered", "DirectServer"]
+__all__ = ["ROUTE_HEADER", "APP_HEADER", "Answered", "DirectServer", "within"]
 
 #: the route prefix the balancer matched, set by it on every request it sends (a client's own is replaced)
 ROUTE_HEADER = b"x-rankcore-route"
@@ -82,10 +86,12 @@ class DirectServer:
     call, ``stream(...)`` a generator method's items; ``streams``: the class's generator methods."""
 
     def __init__(self, deployment: str, reach: Reachable, streams: frozenset[str], run: Run, stream: Stream,
-                 prefix: str, max_body_bytes: int, max_header_bytes: int, observe: Observe | None = None) -> None:
+                 prefix: str, max_body_bytes: int, max_header_bytes: int, observe: Observe | None = None,
+                 request_timeout_s: float | None = None) -> None:
         self.deployment, self.reach, self.streams, self.observe = deployment, reach, streams, observe
         self.run, self.stream, self.prefix = run, stream, prefix
         self.max_body_bytes, self.max_header_bytes = max_body_bytes, max_header_bytes
+        self.request_timeout_s = request_timeout_s
         self.server: asyncio.AbstractServer | None = None
         #: answers by status (tests, the replica's report)
         self.answers: dict[int, int] = {}
@@ -126,7 +132,7 @@ class DirectServer:
                 if verb == "HEAD":  # (a stream's head alone: nothing run)
                     return conn.reply(200, b"", b"application/x-ndjson", rid)
                 return await self._stream(conn, method, args, kwargs, request)
-            value = await self.run(method, args, kwargs, request)
+            value = await within(self.run(method, args, kwargs, request), self.request_timeout_s, name)
         except Reply as r:
             return self._error(conn, r.status, r.error, r.detail, rid)
         except asyncio.CancelledError:
@@ -180,6 +186,36 @@ _NOTHING = object()
 _MOST_WAITING = 16
 #: a stream's chunks held for one write at most this many bytes
 _FLUSH_AT = 64 << 10
+
+
+async def within(call: Awaitable[Any], timeout: float | None, deployment: str) -> Any:
+    """Await ``call``, a call of ``deployment`` in this task, for at most ``timeout`` seconds (None:
+    no limit): past it the task is cancelled (the call with it, its slot freed) and
+    ``rankcore.RequestTimeout`` raised, the proxy's 408 and gRPC's ``DEADLINE_EXCEEDED``. A timer on
+    the task itself: no task of its own, no hop. A cancel from elsewhere (the client gone) stays one."""
+    if timeout is None:
+        return await call
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+    timer = asyncio.get_running_loop().call_later(timeout, fire)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if not fired:
+            raise  # (its client cancelled)
+        uncancel = getattr(task, "uncancel", None)  # (Python 3.11+: the task is not being cancelled any more)
+        if uncancel is not None:
+            uncancel()
+        raise rc.RequestTimeout(f"no answer from {deployment!r} within request_timeout_s={timeout:g}",
+                                deployment=deployment) from None
+    finally:
+        timer.cancel()
 
 
 def _log_failure(exc: BaseException, status: int, deployment: str, method: str, request_id: str) -> None:

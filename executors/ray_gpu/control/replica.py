@@ -699,7 +699,8 @@ class ReplicaActor:
         self._access = AccessLog(limits["enable_access_log"], limits["logs_dir"] or default_logs_dir())
         server = direct.DirectServer(self.deployment, exposed.reachable(cls), frozenset(exposed.stream_methods(cls)),
                                      self._run_direct, self._stream_direct, prefix, limits["max_body_bytes"],
-                                     limits["max_header_bytes"], observe=self._http_observed)
+                                     limits["max_header_bytes"], observe=self._http_observed,
+                                     request_timeout_s=limits.get("request_timeout_s"))
         self._direct_server = server
         return await server.start(ray.util.get_node_ip_address())
 
@@ -731,6 +732,7 @@ class ReplicaActor:
             await asyncio.shield(self._direct)
             self._direct_server.max_body_bytes = limits["max_body_bytes"]
             self._direct_server.max_header_bytes = limits["max_header_bytes"]
+            self._direct_server.request_timeout_s = limits.get("request_timeout_s")
             assert self._access is not None
             self._access.enabled = limits["enable_access_log"]
         if self._direct_grpc is not None:

@@ -18,9 +18,8 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import rankcore as rc
-
 from ..api.context import RequestContext
+from ..api.direct import within
 from ..api.exposed import Reachable
 from ..api.httpwords import ANSI, status_of
 from ..control import appnames
@@ -143,31 +142,8 @@ class ReplicaIngress:
         """One unary call on this replica, within ``request_timeout_s`` (``rankcore.RequestTimeout``
         past it: ``DEADLINE_EXCEEDED``; the call is cancelled, its slot freed)."""
         assert note is not None
-        coro = self.run(method, args, kwargs, self._request(name, note), call_began())
-        timeout = self.request_timeout_s
-        if timeout is None:
-            return await coro
-        task = asyncio.current_task()
-        assert task is not None
-        fired = False
-
-        def fire() -> None:  # (the call's own task cancelled: no task of its own, no hop)
-            nonlocal fired
-            fired = True
-            task.cancel()
-        timer = asyncio.get_running_loop().call_later(timeout, fire)
-        try:
-            return await coro
-        except asyncio.CancelledError:
-            if not fired:
-                raise  # (its client cancelled)
-            uncancel = getattr(task, "uncancel", None)  # (Python 3.11+: the task is not being cancelled any more)
-            if uncancel is not None:
-                uncancel()
-            raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
-                                    deployment=name) from None
-        finally:
-            timer.cancel()
+        return await within(self.run(method, args, kwargs, self._request(name, note), call_began()),
+                            self.request_timeout_s, name)
 
     async def send(self, handle: _Handle, name: str, args: tuple, kwargs: dict, timeout: float | None,
                    request: RequestContext | None = None) -> _Items:

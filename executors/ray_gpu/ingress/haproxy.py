@@ -19,7 +19,8 @@ drain and their ``maxconn`` through HAProxy's runtime API (its admin socket); a 
 removed by a reload (a new HAProxy takes the listening socket over from the old, which finishes
 its connections: none is dropped). Answers HAProxy gives itself are the proxy's JSON errors:
 503 ``overloaded`` past ``max_queued_requests`` or ``unavailable`` when the queue's wait ran out,
-408 when an answer took too long, 500 ``replica_died`` when a replica's connection broke after the
+408 when a server gave no answer ``GRACE_S`` past ``request_timeout_s`` (a replica answers its own 408
+at ``request_timeout_s``), 500 ``replica_died`` when a replica's connection broke after the
 request was sent (it may have run: never re-sent; only a failed connect is, ``RETRY_ON``). A head
 slower than ``header_timeout_s`` gets HAProxy's own 408 page (it takes no error file for that one).
 
@@ -30,7 +31,7 @@ servers (``ingress/direct_grpc.py``), each server's ``grpc_address``, under the 
 (an unknown application, a multiplexed model, the API and health services, a route with no ready
 server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
 ``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
-HAProxy waits ``GRPC_GRACE_S`` longer before it gives up on a replica itself. A call whose replica
+HAProxy waits ``GRACE_S`` longer before it gives up on a replica itself. A call whose replica
 died before sending it anything (it never began there: ``GRPC_RETRY_ON``) goes to another replica.
 
 The answers HAProxy gives itself to HTTP requests no replica saw (503 ``overloaded`` or
@@ -85,9 +86,10 @@ MAXCONN = 4096
 CONNECT_TIMEOUT_S = 2.0
 #: an idle kept-alive client connection is closed after this long (uvicorn's ``timeout_keep_alive`` here)
 KEEP_ALIVE_S = 30.0
-#: how much longer than ``request_timeout_s`` HAProxy waits on a replica's gRPC answer (the replica
-#: itself answers ``DEADLINE_EXCEEDED`` at ``request_timeout_s``)
-GRPC_GRACE_S = 5.0
+#: how much longer than ``request_timeout_s`` HAProxy waits on a server's answer: the replica (or the
+#: proxy) itself answers at ``request_timeout_s`` (HTTP 408 ``timeout``, gRPC ``DEADLINE_EXCEEDED``),
+#: cancels the call and counts what it answered; HAProxy's own 408 is for a server that cannot
+GRACE_S = 5.0
 #: the services that always go to the proxy's gRPC server (they answer for the whole ingress)
 GRPC_PROXY_SERVICES = ("/rankcore.RankcoreAPIService/", "/grpc.health.v1.Health/")
 
@@ -245,7 +247,7 @@ def render(table: dp.Table, opts: Options, admin_socket: str, errors_dir: str) -
         f"    timeout client {_s(KEEP_ALIVE_S)}",
         f"    timeout http-keep-alive {_s(KEEP_ALIVE_S)}",
         f"    timeout http-request {_s(opts.header_timeout_s)}",
-        f"    timeout server {_s(opts.request_timeout_s)}",
+        f"    timeout server {_s(None if opts.request_timeout_s is None else opts.request_timeout_s + GRACE_S)}",
         "    timeout queue 1d",
         "    option http-no-delay",
         "    option abortonclose",
@@ -411,7 +413,7 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
         which = "" if one else f"a_{r.grpc_backend} "
         lines.append(f"    use_backend {r.grpc_backend} if {which}{{ nbsrv({r.grpc_backend}) ge 1 }}")
     lines += ["    default_backend proxy_grpc", "backend proxy_grpc", f"    server proxy {opts.grpc_proxy} proto h2"]
-    server_s = None if opts.request_timeout_s is None else opts.request_timeout_s + GRPC_GRACE_S
+    server_s = None if opts.request_timeout_s is None else opts.request_timeout_s + GRACE_S
     for r in direct:
         lines += [f"backend {r.grpc_backend}", "    balance leastconn", f"    timeout queue {_s(r.queue_timeout_s)}",
                   f"    timeout server {_s(server_s)}", f"    retry-on {dp.GRPC_RETRY_ON}",
