@@ -17,6 +17,17 @@
 | EvictReplica         | ReplicaStopped (or ReplicaCrashed)            |
 | DropWarmCopy         | nothing                                       |
 | RequestResources     | nothing (nodes may join: NodeJoined)          |
+| ScheduleTick         | a Tick with ``now >= at``                     |
+| StartProxy           | ProxyStarted (or ProxyCrashed)                |
+| DrainProxy           | nothing (its health checks: ProxyHealthChecked) |
+| StopProxy            | nothing                                       |
+| PoolChanged          | nothing (the request path's, ``Step.pool``)   |
+| PoolReset            | nothing (the request path's, ``Step.pool``)   |
+| PoolComing           | nothing (the request path's, ``Step.pool``)   |
+| ReplicaModels        | nothing (the request path's, ``Step.pool``)   |
+
+Every command type has its row (tests/unit/test_dispatch_tables.py); ``answers`` gives a healthy
+executor's answer to the replica commands, for drivers that answer in-process.
 """
 
 from __future__ import annotations

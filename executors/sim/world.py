@@ -249,17 +249,6 @@ class SimBackend:
         self.started = 0
         self.lineages = 0
         self._epochs = 0  # unique over the run, so no two incarnations share one
-        #: command type -> what carries it out (the core's commands are final classes)
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            rc.StartReplica: self._start, rc.PlaceReplica: self._place_cmd, rc.InitializeReplica: self._initialize,
-            rc.ReconfigureReplica: self._reconfigure, rc.StopReplica: self._stop,
-            rc.UpdateWorldSize: self._world_size, rc.UpdateHealthChecks: self._health_checks,
-            rc.ScheduleTick: self._schedule_tick,
-            rc.GangChanged: self._gang_changed, rc.KeepSpareProcesses: self._keep_spares,
-            rc.OffloadReplica: self._offload, rc.LoadReplica: self._load, rc.UpdateWeights: self._update,
-            rc.EvictReplica: self._evict, rc.DropWarmCopy: self._drop_copy,
-            rc.RequestResources: self._request_resources, rc.StartProxy: self._proxy, rc.DrainProxy: self._proxy,
-            rc.StopProxy: self._proxy}
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
@@ -293,11 +282,11 @@ class SimBackend:
 
     # ------------------------------------------------------------ commands
     def execute(self, commands: Sequence[object], t: float) -> None:
-        handlers = self._handlers
         for cmd in commands:
-            handler = handlers.get(type(cmd))
-            if handler is not None:
-                handler(cmd)
+            carry = CARRIES.get(type(cmd))
+            if carry is None:  # (every command type has its entry: tests/unit/test_dispatch_tables.py)
+                raise TypeError(f"the simulator carries out no {type(cmd).__name__} (world.CARRIES)")
+            carry(self, cmd)
 
     def pool_changed(self, commands: Sequence[object], t: float) -> None:
         """The core's pool commands of a step (``Step.pool``): the request machine takes them."""
@@ -875,3 +864,19 @@ class SimBackend:
             else:
                 reports.append(r.report())
         return reports, silent
+
+
+#: command type -> what carries it out (the core's commands are final classes: a type, not an
+#: ``isinstance`` chain); ``SimBackend.execute`` refuses a type that has none. Beside the Ray
+#: executor's ``carry.CARRIES``: the two cover every command (tests/unit/test_dispatch_tables.py)
+CARRIES: dict[type, Callable[[SimBackend, Any], None]] = {
+    rc.StartReplica: SimBackend._start, rc.PlaceReplica: SimBackend._place_cmd,
+    rc.InitializeReplica: SimBackend._initialize, rc.ReconfigureReplica: SimBackend._reconfigure,
+    rc.StopReplica: SimBackend._stop, rc.UpdateWorldSize: SimBackend._world_size,
+    rc.UpdateHealthChecks: SimBackend._health_checks, rc.ScheduleTick: SimBackend._schedule_tick,
+    rc.GangChanged: SimBackend._gang_changed, rc.KeepSpareProcesses: SimBackend._keep_spares,
+    rc.OffloadReplica: SimBackend._offload, rc.LoadReplica: SimBackend._load, rc.UpdateWeights: SimBackend._update,
+    rc.EvictReplica: SimBackend._evict, rc.DropWarmCopy: SimBackend._drop_copy,
+    rc.RequestResources: SimBackend._request_resources, rc.StartProxy: SimBackend._proxy,
+    rc.DrainProxy: SimBackend._proxy, rc.StopProxy: SimBackend._proxy,
+}

@@ -1,0 +1,38 @@
+"""One command -> carrier table per executor (issue 66): every command the core can emit has its
+carrier in the simulator and in the Ray executor, and its row in the protocol's answer table
+(``rankcore.protocol``); an executor given a command it has no carrier for refuses it."""
+
+from __future__ import annotations
+
+import re
+import typing
+
+import pytest
+
+import rankcore as rc
+from executors.ray_gpu.control import carry
+from executors.sim import world
+from rankcore import protocol
+
+COMMANDS = set(typing.get_args(rc.Command))
+
+
+def test_the_simulator_and_the_ray_executor_carry_out_every_command_and_nothing_else():
+    assert set(world.CARRIES) == COMMANDS, COMMANDS ^ set(world.CARRIES)
+    assert set(carry.CARRIES) == COMMANDS, COMMANDS ^ set(carry.CARRIES)
+
+
+def test_the_protocol_table_has_a_row_for_every_command():
+    rows = set(re.findall(r"^\| (\w+) +\|", protocol.__doc__ or "", re.M)) - {"command"}
+    pool = {t.__name__ for t in typing.get_args(rc.PoolCommand)}
+    assert rows == {t.__name__ for t in COMMANDS} | pool
+
+
+@pytest.mark.parametrize("table", [world, carry], ids=["sim", "ray"])
+def test_a_command_with_no_carrier_is_refused_not_dropped(table):
+    class Unheard:
+        pass
+
+    executor = world.SimBackend.__new__(world.SimBackend) if table is world else carry.Carrier.__new__(carry.Carrier)
+    with pytest.raises(TypeError, match="carries out no Unheard"):
+        type(executor).execute(executor, [Unheard()], 0.0)
