@@ -33,7 +33,7 @@ from ..base.commands import DrainProxy, StartProxy, StopProxy
 from ..base.errors import InvalidEvent, InvariantViolation
 from ..base.events import NodeDraining, ProxiesConfigured, ProxyCrashed, ProxyHealthChecked, ProxyStarted
 from ..base.fields import shown
-from ..base.proxybook import Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
+from ..base.proxybook import PROXY_LOCATIONS, Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
 from ..base.records import unchecked_copy
 from .restarts import doubling
 from .transaction import Tx
@@ -55,8 +55,11 @@ def wanted(book: ProxyBook, nodes: object) -> frozenset[str]:
     head = {book.head} if book.head is not None and book.head in nodes else set()  # type: ignore[operator]
     if o.proxy_location is ProxyLocation.HeadOnly:
         return frozenset(head)
-    busy = {n for n, node in nodes.items() if node.tenants > 0 and n not in book.draining}  # type: ignore[attr-defined]
-    return frozenset(busy | head)
+    if o.proxy_location is ProxyLocation.EveryNode:
+        busy = {n for n, node in nodes.items() if node.tenants > 0 and n not in book.draining}  # type: ignore[attr-defined]
+        return frozenset(busy | head)
+    raise InvariantViolation(f"proxy_location {o.proxy_location!r} has no rule here: ProxyOptions takes only "
+                             f"{', '.join(PROXY_LOCATIONS)}")
 
 
 def serving(book: ProxyBook) -> tuple[str, ...]:

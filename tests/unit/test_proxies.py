@@ -215,3 +215,19 @@ def test_without_proxies_configured_the_core_runs_none_and_the_fast_paths_stay()
     assert run.of(rc.StartProxy) == [] and not run.state.proxies.managed
     run(rc.ScaleRequested(deployment="llm", num_replicas=0))
     assert core.fast_step(run.state, rc.ReplicaStopped(replica_id="llm#0")) is not None
+
+
+def test_where_proxies_run_has_a_rule_for_each_location_and_refuses_any_other() -> None:
+    """``proxies.wanted``: every ``ProxyLocation`` its own branch; a value ProxyOptions could not have
+    taken (forced past its converter) is an invariant broken, not read as EveryNode (issue 66)."""
+    from rankcore.control import proxies
+
+    nodes = {"head": type("N", (), {"tenants": 0})(), "w1": type("N", (), {"tenants": 1})()}
+    want = {"HeadOnly": {"head"}, "EveryNode": {"head", "w1"}, "Disabled": set()}
+    for location in rc.PROXY_LOCATIONS:
+        book = rc.ProxyBook(options=rc.ProxyOptions(proxy_location=location), head="head")
+        assert proxies.wanted(book, nodes) == want[location]
+    options = rc.ProxyOptions()
+    object.__setattr__(options, "proxy_location", "Everywhere")
+    with pytest.raises(rc.InvariantViolation, match="'Everywhere' has no rule"):
+        proxies.wanted(rc.ProxyBook(options=options, head="head"), nodes)

@@ -246,7 +246,8 @@ def apply_config(cfg: cf.ServeConfig, *, wait_s: float | None = None,
     before = _load()
     ctl = get_controller()
     http = cfg.http_options
-    exposed = cfg.proxy_location != "Disabled" and any(e.route_prefix is not None for e, _ in built)
+    exposed = rc.ProxyLocation(cfg.proxy_location) is not rc.ProxyLocation.Disabled and \
+        any(e.route_prefix is not None for e, _ in built)
     if exposed:
         start_proxies(http, cfg.grpc_options, cfg.proxy_location)
     now = time.time()
