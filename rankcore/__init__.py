@@ -6,18 +6,16 @@ See README.md for a quick start and docs/architecture.md for the design.
 The public surface (docs/embedding.md, "What you may import"): this package's
 names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
 ``static``, ``cluster``, ``health``, ``restarts``, ``spares``, ``tiers`` and ``autoscaling``), ``rankcore.testing``,
-``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.records`` and ``rankcore.requests``. Every
-other module is internal: it may change without notice.
+``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.base.records`` and ``rankcore.requests``.
+Every other module is internal: it may change without notice.
 
 The modules live in one folder per plane (docs/architecture.md): ``base/``, ``placement/``,
-``tiers/``, ``control/``, ``requests/``. The namespaces above kept their old paths: each is
-also importable as ``rankcore.<name>`` (``import rankcore.options``), registered below.
+``tiers/``, ``control/``, ``requests/``. The namespaces above are attributes of this package
+(``rankcore.options``), imported from their plane's module (``rankcore.base.options``).
 """
 
-import sys as _sys
-
 from . import placement, tiers
-from .base import cluster, options, records
+from .base import cluster, options
 from .base.bundles import StaticPlacement, consecutive_mapping
 from .base.commands import (
     PROXY_STOP_REASONS,
@@ -139,14 +137,6 @@ from .tiers.residency import fully_serving
 from .tiers.residency import serving as is_serving
 
 __version__ = "0.1.0"
-
-# The public namespaces that moved into a plane's folder keep their old module paths
-# (``from rankcore.options import DeploymentConfig`` as before the move).
-for _name, _module in (("options", options), ("records", records), ("cluster", cluster), ("gangs", gangs),
-                       ("static", static), ("spares", spares), ("health", health), ("restarts", restarts),
-                       ("autoscaling", autoscaling)):
-    _sys.modules.setdefault(f"{__name__}.{_name}", _module)
-del _name, _module
 
 __all__ = [
     "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
