@@ -26,14 +26,18 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import attrs
-import click
-import yaml
-from rich import box
-from rich.cells import cell_len
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+
+try:  # (the core installs without them: the command line is the ``cli`` extra)
+    import click
+    import yaml
+    from rich import box
+    from rich.cells import cell_len
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+except ImportError as _missing:  # pragma: no cover - make and the test extra install them
+    raise SystemExit(f"the rankcore command needs its extra: pip install 'rankcore[cli]' ({_missing})") from None
 
 from rankcore.requests import dataplane
 

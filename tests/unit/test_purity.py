@@ -97,3 +97,20 @@ def test_a_broken_internal_rule_raises_even_under_python_O():
             "    print('raised:', e)\n")
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("raised: a static-placement rule ran on a deployment without static placement")
+
+
+def test_the_core_installs_and_imports_without_the_command_line_s_libraries():
+    """``pip install rankcore`` is attrs, immutables and transitions (issue 66): click, rich and
+    PyYAML are the ``cli`` extra (the command line, the scenario files), and the core's public
+    modules load none of them."""
+    import tomllib
+
+    project = tomllib.loads((CORE.parent / "pyproject.toml").read_text())["project"]
+    names = {d.split(">")[0].split("=")[0].strip().lower() for d in project["dependencies"]}
+    assert names == {"attrs", "immutables", "transitions"}
+    assert {"click>=8.1", "rich>=13", "pyyaml>=6"} <= set(project["optional-dependencies"]["cli"])
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, rankcore, rankcore.invariants, rankcore.protocol, rankcore.requests; "
+                               "print(sorted({'click', 'rich', 'yaml'} & set(sys.modules)))"],
+        capture_output=True, text=True, check=True, cwd=CORE.parent).stdout.strip()
+    assert loaded == "[]"
