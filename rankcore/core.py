@@ -24,7 +24,7 @@ import attrs
 
 from .base.cluster import clock_work_due
 from .base.commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
-from .base.errors import InvalidConfig, InvalidEvent, InvariantViolation
+from .base.errors import InvalidEvent, InvariantViolation
 from .base.events import (
     AutoscalingMetrics,
     BundlesPlaced,
@@ -80,10 +80,10 @@ from .control import (
     rollouts,
     unhealthy,
 )
-from .control.moves import crash, is_held, reconcile, scale, stop, succeed_retired
+from .control.moves import check_scale, crash, is_held, reconcile, retell_ranks, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
-from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, remove, stop_command
+from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, remove, stop_command
 from .fastpaths import FAST_PATHS
 from .placement import gangs, static
 from .placement.scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
@@ -130,10 +130,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     health.retune(tx, dep, e.config)  # (new check timings reach the replicas running now)
     dep = _copy(dep, has_reconfigure=e.has_reconfigure, reconfigure_takes_rank=e.reconfigure_takes_rank,
                   max_replicas=e.max_replicas, config=e.config)  # (dep.static moves below, if it did)
-    # a new revision, size or update mode before a blue-green switch calls it off: the old set serves on
-    # (told its new world size, if any) and the rollout pass starts over from it
-    call_off = dep.blues and (rollouts.revision(e.config) != dep.revision or e.num_replicas != dep.target
-                              or e.config.rollout.update_mode != bluegreen.BLUE_GREEN)
+    call_off = bluegreen.calls_off(dep, rollouts.revision(e.config), e.num_replicas, e.config.rollout.update_mode)
     dep = rollouts.applied(dep, e.config)  # (a heavyweight change: the rollout pass replaces its replicas)
     if moved:
         if e.static_placement is None:
@@ -154,19 +151,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
         dep = stop(tx, dep, len(greens), greens)
     dep = reconcile(tx, dep)
     if retell:
-        # A blue given back other ranks than it was told gets them (one reconfigure each, in rank order,
-        # carrying the new user_config too). The other serving replicas get a new user_config a few at a
-        # time (``configs.pace_touched``, the end-of-step pass: at most ``max_unavailable`` at once).
-        told = {r.replica_id for r in retell}
-        serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)
-                   and r.blue_ranks is None and r.replica_id in told]
-        replicas, counts = dep.replicas, dep.counts
-        for rep in by_rank(dep, serving):
-            new, cmd = reconfigure(dep, rep, "rank")
-            replicas = replicas.set(new.replica_id, new)
-            counts = recount(counts, rep.phase, new.phase)
-            tx.emit(cmd)
-        dep = _copy(dep, replicas=replicas, counts=counts)
+        dep = retell_ranks(tx, dep, retell)
     tx.put(dep)
     return finish(tx)
 
@@ -205,22 +190,7 @@ def _on_scale_requested(tx: Tx, e: ScaleRequested) -> Step:
         static.check_scale(dep, e.num_replicas)
     if dep.gang_size > 1:
         gangs.check_scale(dep, e.num_replicas, e.victims)
-    if e.num_replicas > dep.max_replicas:
-        raise InvalidConfig(
-            f"ScaleRequested({dep.name!r}).num_replicas={shown(e.num_replicas)} is above the deployment's "
-            f"max_replicas={dep.max_replicas} (raise it with DeploymentApplied.max_replicas if you mean it)"
-        )
-    for v in e.victims:
-        rep = dep.replicas.get(v)
-        if rep is None:
-            raise InvalidEvent(f"ScaleRequested: victim {v!r} is not a live replica of {dep.name!r}")
-        if rep.phase is Phase.STOPPING:
-            raise InvalidEvent(f"ScaleRequested: victim {v!r} is already stopping")
-    if e.victims and len(e.victims) > dep.active - e.num_replicas:
-        raise InvalidEvent(
-            f"ScaleRequested: {len(e.victims)} victims named, but scaling {dep.name!r} "
-            f"from {dep.active} to {shown(e.num_replicas)} stops {max(dep.active - e.num_replicas, 0)}"
-        )
+    check_scale(dep, e.num_replicas, e.victims)
     tx.put(scale(tx, dep, e.num_replicas, e.victims))
     return finish(tx)
 

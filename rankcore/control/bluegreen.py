@@ -42,7 +42,7 @@ from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
 from .transaction import Tx, by_rank, recount, stop_command, successor
 
-__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "call_off", "disband", "refuse_scale", "blues", "spare",
+__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "calls_off", "call_off", "disband", "refuse_scale", "blues", "spare",
            "role", "shown_ranks"]
 
 _copy = unchecked_copy
@@ -107,6 +107,14 @@ def switch(tx: Tx, dep: Deployment) -> Deployment:
         counts = recount(counts, rep.phase, new.phase)
         tx.emit(stop_command(dep, rep.replica_id))
     return _copy(dep, replicas=replicas, counts=counts, blues=0)
+
+
+def calls_off(dep: Deployment, revision: str, n: int, update_mode: str) -> bool:
+    """Whether a ``DeploymentApplied`` of ``revision`` (``rollouts.revision``), ``n`` replicas and
+    ``update_mode`` calls off the blue-green switch under way: a new revision, size or mode before
+    the switch. The old set then serves on (told its new world size, if any) and the rollout pass
+    starts over from it (``call_off``)."""
+    return bool(dep.blues) and (revision != dep.revision or n != dep.target or update_mode != BLUE_GREEN)
 
 
 def call_off(dep: Deployment) -> tuple[Deployment, list[str], list[Replica]]:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, cast
 
 from ..base.cluster import fits
 from ..base.commands import StartReplica, UpdateWorldSize
+from ..base.errors import InvalidConfig, InvalidEvent
+from ..base.fields import shown
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import LIVE, Phase, Trigger, advance
 from ..base.ranks import RankTable
@@ -33,13 +35,13 @@ from ..placement import static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
 from ..placement.scheduling import hold as book
 from . import deadlines, restarts
-from .transaction import Tx, reconfigure, recount, remove, stop_command, succeed, successor, wants_successor
+from .transaction import Tx, by_rank, reconfigure, recount, remove, stop_command, succeed, successor, wants_successor
 
 if TYPE_CHECKING:
     from ..base.cluster import Cluster
     from ..placement.clustertx import ClusterTx
 
-__all__ = ["start", "stop", "reconcile", "scale", "crash", "start_beside", "start_elsewhere", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
+__all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "crash", "start_beside", "start_elsewhere", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
@@ -179,6 +181,52 @@ def reconcile(tx: Tx, dep: Deployment, victims: Iterable[str] = ()) -> Deploymen
     if active > dep.target:
         return stop(tx, dep, active - dep.target, victims)
     return dep
+
+
+def retell_ranks(tx: Tx, dep: Deployment, retell: Iterable[Replica]) -> Deployment:
+    """The serving replicas of ``retell`` told the ranks they hold now (a blue given back other ranks
+    than it was told, ``bluegreen.call_off``): one reconfigure each, in rank order, carrying the new
+    user_config too. The other serving replicas get a new user_config a few at a time
+    (``configs.pace_touched``, the end-of-step pass: at most ``max_unavailable`` at once)."""
+    told = {r.replica_id for r in retell}
+    serving = [r for r in dep.replicas.values() if r.phase in (Phase.RUNNING, Phase.RECONFIGURING)
+               and r.blue_ranks is None and r.replica_id in told]
+    return _tell_ranks(tx, dep, by_rank(dep, serving))
+
+
+def _tell_ranks(tx: Tx, dep: Deployment, reps: Iterable[Replica]) -> Deployment:
+    """One reconfigure of each of ``reps``, in their order, carrying the rank it holds in ``dep``."""
+    replicas, counts = dep.replicas, dep.counts
+    for rep in reps:
+        new, cmd = reconfigure(dep, rep, "rank")
+        replicas = replicas.set(new.replica_id, new)
+        counts = recount(counts, rep.phase, new.phase)
+        tx.emit(cmd)
+    return _copy(dep, replicas=replicas, counts=counts)
+
+
+def check_scale(dep: Deployment, n: int, victims: Iterable[str] = ()) -> None:
+    """A ``ScaleRequested`` to ``n`` naming ``victims`` refused before anything moves: ``n`` above
+    ``max_replicas`` (``InvalidConfig``), a victim not a live replica or already stopping, or more
+    victims than the scale stops (``InvalidEvent``). (Gangs' and static placement's own checks are
+    theirs: ``gangs.check_scale``, ``static.check_scale``.)"""
+    if n > dep.max_replicas:
+        raise InvalidConfig(
+            f"ScaleRequested({dep.name!r}).num_replicas={shown(n)} is above the deployment's "
+            f"max_replicas={dep.max_replicas} (raise it with DeploymentApplied.max_replicas if you mean it)"
+        )
+    victims = tuple(victims)
+    for v in victims:
+        rep = dep.replicas.get(v)
+        if rep is None:
+            raise InvalidEvent(f"ScaleRequested: victim {v!r} is not a live replica of {dep.name!r}")
+        if rep.phase is Phase.STOPPING:
+            raise InvalidEvent(f"ScaleRequested: victim {v!r} is already stopping")
+    if victims and len(victims) > dep.active - n:
+        raise InvalidEvent(
+            f"ScaleRequested: {len(victims)} victims named, but scaling {dep.name!r} "
+            f"from {dep.active} to {shown(n)} stops {max(dep.active - n, 0)}"
+        )
 
 
 def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deployment:
@@ -446,14 +494,7 @@ def compact(tx: Tx, dep: Deployment) -> Deployment:
     ranks, changes = dep.ranks.compact()
     tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
     dep = _copy(dep, ranks=ranks)
-    replicas, counts = dep.replicas, dep.counts
-    for change in changes:  # ordered by new global rank
-        rep = replicas[change.replica]
-        new, cmd = reconfigure(dep, rep, "rank")
-        replicas = replicas.set(new.replica_id, new)
-        counts = recount(counts, rep.phase, new.phase)
-        tx.emit(cmd)
-    return _copy(dep, replicas=replicas, counts=counts)
+    return _tell_ranks(tx, dep, [dep.replicas[change.replica] for change in changes])  # (by new global rank)
 
 
 def compact_touched(tx: Tx) -> None:
