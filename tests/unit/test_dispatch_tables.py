@@ -49,3 +49,19 @@ def test_the_architecture_page_names_every_module_of_the_core_and_no_other():
     named = {m for cell in re.findall(r"^\| ([^|]*\.py[^|]*) \|", pure, re.M) for m in re.findall(r"`([\w/]+\.py)`", cell)}
     modules = {p.relative_to(root).as_posix() for p in root.rglob("*.py") if p.name != "__init__.py"}
     assert named == modules, {"not on the page": sorted(modules - named), "not in the code": sorted(named - modules)}
+
+
+def test_the_architecture_picture_shows_every_module_in_its_folder():
+    """The picture at the top of docs/architecture.md names every module of every folder (it had 11
+    of control's 17 before issue 66)."""
+    import pathlib
+
+    root = pathlib.Path(rc.__file__).parent
+    doc = (root.parent / "docs" / "architecture.md").read_text()
+    picture = doc[doc.index("```\n  rankcore/__init__.py"):]
+    picture = picture[:picture.index("\n```")]
+    words = set(re.findall(r"[a-z]+", picture))
+    for folder in ("control", "placement", "tiers", "requests", "base"):
+        stems = {p.stem for p in (root / folder).glob("*.py") if p.stem != "__init__"}
+        assert stems <= words, (folder, sorted(stems - words))
+    assert {p.stem for p in root.glob("*.py") if p.stem != "__init__"} <= words
