@@ -156,6 +156,21 @@ def _check_static_rank(dep: Deployment, rid: str, rep: Any, g: int) -> None:
               f"mapping's {len(dep.static.mapping)} ranks")
 
 
+def _check_node_ranks(dep: Deployment, rid: str, rep: Any, node: object, held: Any) -> None:
+    """The node-rank rules of one replica ranked on ``node`` (None: no node ranks), for the whole
+    state and for what a step touched alike (``held``: the replicas the core reserved a node for):
+    ranked where it is when it holds node ranks, a placed live one has node ranks, a
+    pending one has them only on a node reserved for it or its static bundle, a FAILED one none."""
+    if node is not None and node != rep.node_id:  # (a stopping one may have given its node ranks on)
+        _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
+    if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
+        _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} has no node rank")
+    if rep.phase is Phase.PENDING and node is not None and rid not in held and not _on_its_bundle(dep, rid, node):
+        _fail(f"{dep.name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
+    if rep.phase is Phase.FAILED and node is not None:
+        _fail(f"{dep.name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
+
+
 def check_every_replica_ranked(state: State) -> None:
     """Every live replica holds exactly one rank; a placed one all three levels."""
     for dep in state.deployments.values():
@@ -167,16 +182,7 @@ def check_every_replica_ranked(state: State) -> None:
         for rid, rep in dep.replicas.items():
             if state.index.get(rid) != dep.name:
                 _fail(f"{dep.name}: replica {rid!r} is missing from the replica index")
-            node = snap[rid][1]
-            if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
-                _fail(f"{dep.name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None and rid not in state.cluster.held \
-                    and not _on_its_bundle(dep, rid, node):
-                _fail(f"{dep.name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
-            if rep.phase is Phase.FAILED and node is not None:
-                _fail(f"{dep.name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
-            if node is not None and node != rep.node_id:
-                _fail(f"{dep.name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
+            _check_node_ranks(dep, rid, rep, snap[rid][1], state.cluster.held)
             _check_static_rank(dep, rid, rep, snap[rid][0])
     if len(state.index) != sum(len(d.replicas) for d in state.deployments.values()):
         _fail("the replica index names replicas that no deployment holds")
@@ -1046,16 +1052,7 @@ def check_touched(before: State, event: object, result: Step) -> None:
             if dep.ranks.holder_of(g) != rid:
                 _fail(f"{name}: {rid} holds global rank {g}, which the table gives {dep.ranks.holder_of(g)!r}")
             _check_static_rank(dep, rid, rep, g)
-            node = dep.ranks.node_of(rid)
-            if node != rep.node_id and not (rep.phase is Phase.PENDING and node is None):
-                _fail(f"{name}: replica {rid!r} is on {rep.node_id!r} but ranked on {node!r}")
-            if rep.phase in (Phase.STARTING, Phase.RUNNING, Phase.RECONFIGURING) and node is None:
-                _fail(f"{name}: {rep.phase.value} replica {rid!r} has no node rank")
-            if rep.phase is Phase.PENDING and node is not None and rid not in after.cluster.held \
-                    and not _on_its_bundle(dep, rid, node):
-                _fail(f"{name}: pending replica {rid!r} already has node ranks, and the core reserved no node")
-            if rep.phase is Phase.FAILED and node is not None:
-                _fail(f"{name}: FAILED replica {rid!r} still holds node ranks on {node!r}")
+            _check_node_ranks(dep, rid, rep, dep.ranks.node_of(rid), after.cluster.held)
         if old is not None:
             want = tuple(a + d for a, d in zip(old.counts, delta))
             if want != dep.counts:
