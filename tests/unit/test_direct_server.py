@@ -37,6 +37,12 @@ class Replica:
         return {"args": list(args), "kwargs": kwargs, "route": request.route, "app": request.app_name}
 
     async def stream(self, method, args, kwargs, request):
+        if kwargs.get("first_after"):  # (a first item slow to come)
+            try:
+                await asyncio.sleep(kwargs["first_after"])
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
         for i in range(args[0] if args else 3):
             yield {"i": i}
         if kwargs.get("then_fail"):
@@ -197,6 +203,11 @@ def test_past_request_timeout_s_a_call_is_answered_408_by_the_replica_and_cancel
         w.write(_request("/dep", b"[1]"))  # (the same connection, the next request)
         status, _headers, body = await _read_answer(r)
         assert status == 200
+        # (a stream's first item is bounded alike: 408 before anything of the stream is sent)
+        w.write(_request("/dep/lines", b'{"kwargs": {"first_after": 30}}', headers={"x-request-id": "slowstream"}))
+        status, _headers, body = await _read_answer(r)
+        assert status == 408 and json.loads(body)["error"] == "timeout", body
+        assert rep.cancelled == ["sleeper", "slowstream"] and rep.observed[-1].status == 408
         w.close()
     _run(scenario)
 

@@ -129,7 +129,9 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert f"server {dp.server_name('e#1')} 127.0.0.1:9501 proto h2 maxconn 5" in text
         assert "127.0.0.1:9002 proto h2" not in text  # (e#2 serves no gRPC: not in the gRPC backend)
         assert f"backend g_{dp.server_name('g')}" not in text  # (an ASGI app: its calls go to the proxy)
-        assert text.count("timeout server 65000ms") == 3  # (request_timeout_s + GRACE_S, HTTP and gRPC: the replica answers first)
+        # (request_timeout_s + GRACE_S, HTTP's defaults and each gRPC backend: the replica answers first)
+        assert text.count("timeout server 65000ms") == 3
+        assert "    timeout server 65000ms\n" in text[text.index("defaults"):text.index("frontend public")]
         assert text.index("use_backend proxy_grpc if g_via_proxy") < text.index(f"use_backend {f.grpc_backend}")
         assert "acl g_via_proxy path_beg /grpc.health.v1.Health/" in text
         # (past max_queued_requests: UNAVAILABLE, at once, from a file of the route's: logged as a 503)
@@ -176,15 +178,22 @@ def test_haproxys_log_of_its_own_answers_is_read(line, want):
 
 @pytest.mark.parametrize(("line", "want"), [
     # past max_queued_requests (its deny: PR), UNAVAILABLE; the application names the route
-    (b"<134>x haproxy[1]: 503\tPR--\tPOST\t/rankcore.test.Echo/Say\tgrpc\t0\t92\trid-1\t14\tapp\n", h.Answered(
+    (b"<134>x haproxy[1]: G\t503\tPR--\tPOST\t/rankcore.test.Echo/Say\tgrpc\t0\t92\t14\tapp\trid-1\n", h.Answered(
         status=503, method="POST", path="/rankcore.test.Echo/Say", backend="grpc", latency_ms=0.0, nbytes=92,
         request_id="rid-1", grpc_code="UNAVAILABLE", application="app")),
     # a replica dead before it sent anything, no other one (SH: INTERNAL), none in time (sQ: UNAVAILABLE)
-    (b"<134>x haproxy[1]: 502\tSH--\tPOST\t/p.S/M\tg_x\t12\t90\t-\t13\t-\n", h.Answered(
+    (b"<134>x haproxy[1]: G\t502\tSH--\tPOST\t/p.S/M\tg_x\t12\t90\t13\t-\t-\n", h.Answered(
         status=502, method="POST", path="/p.S/M", backend="g_x", latency_ms=12.0, nbytes=90, request_id="",
         grpc_code="INTERNAL", application="")),
     # a call a replica (or the proxy) ended: no code of HAProxy's
-    (b"<134>x haproxy[1]: 200\tCD--\tPOST\t/p.S/M\tg_x\t12\t9\t-\t-\tapp\n", None),
+    (b"<134>x haproxy[1]: G\t200\tCD--\tPOST\t/p.S/M\tg_x\t12\t9\t-\tapp\t-\n", None),
+    # a tab in a captured header: an HTTP refusal stays an HTTP one (its request id read whole), and a
+    # gRPC call's request id or application with a tab is still read
+    (b"<134>x haproxy[1]: 503\tPR--\tGET\t/a\tpublic\t0\t92\ta\t14\tapp\n", h.Answered(
+        status=503, method="GET", path="/a", backend="public", latency_ms=0.0, nbytes=92, request_id="a\t14\tapp")),
+    (b"<134>x haproxy[1]: G\t503\tPR--\tPOST\t/p.S/M\tgrpc\t0\t92\t14\tapp\tr\t1\n", h.Answered(
+        status=503, method="POST", path="/p.S/M", backend="grpc", latency_ms=0.0, nbytes=92, request_id="r\t1",
+        grpc_code="UNAVAILABLE", application="app")),
 ])
 def test_haproxys_log_of_its_own_grpc_answers_is_read(line, want):
     assert h.read_log_line(line) == want

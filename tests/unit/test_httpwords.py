@@ -149,6 +149,11 @@ def test_an_answer_is_compact_utf8_json_as_serves(encoders):
     assert json_answer({"a": [1, 2], "t": "é"}) == want  # (the stdlib escapes: a lone surrogate stays JSON)
 
 
+class _Odd(__import__("enum").Enum):  # (orjson writes an Enum's value: a NaN inside one is refused too)
+    NAN = float("nan")
+    INFS = (float("inf"),)
+
+
 @pytest.mark.parametrize("value", [float("nan"), [1.0, float("inf")], {"x": {"y": -math.inf}}])
 def test_nan_and_infinities_are_refused_not_written_as_null(encoders, value):
     with pytest.raises(ValueError, match="not JSON compliant"):
@@ -181,3 +186,11 @@ def test_orjson_also_writes_a_uuid_and_an_enum_the_stdlib_refuses(encoders):
     else:
         with pytest.raises(TypeError):
             json_answer(value)
+
+
+@pytest.mark.parametrize("value", [_Odd.NAN, [_Odd.INFS]])
+def test_a_nan_inside_an_enum_is_refused_too(encoders, value):
+    """orjson writes an Enum's value, so its NaN is looked for there too (not written as null); the
+    stdlib refuses an Enum whatever it holds."""
+    with pytest.raises(ValueError if encoders == "orjson" else TypeError):
+        json_answer(value)

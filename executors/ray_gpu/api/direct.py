@@ -156,8 +156,8 @@ class DirectServer:
                       ) -> None:
         """A generator method's items as newline-delimited JSON, chunked (module docstring)."""
         items = self.stream(method, args, kwargs, request).__aiter__()
-        try:
-            first = await items.__anext__()
+        try:  # (its first item within request_timeout_s: else 408, nothing sent yet, as for a call)
+            first = await within(items.__anext__(), self.request_timeout_s, self.deployment)
         except StopAsyncIteration:
             first = _NOTHING
         conn.begin_chunked(200, b"application/x-ndjson", request.request_id)

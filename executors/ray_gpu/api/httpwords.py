@@ -5,6 +5,7 @@ ingress, issue 65), so the two answer alike. Pure functions of bytes and excepti
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -235,6 +236,8 @@ def _walk(value: Any, most: int | None = None) -> tuple[bool, bool, bool] | None
         elif isinstance(v, (dict, list, tuple)):
             deeper = deeper or depth > MAX_JSON_DEPTH
             stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+        elif isinstance(v, enum.Enum):  # (orjson writes its value: a NaN there too)
+            stack.append((v.value, depth))
     return deeper, infinite, rounded
 
 

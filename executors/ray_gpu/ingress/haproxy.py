@@ -304,9 +304,11 @@ LOG_BUFFER_BYTES = 4 << 20
 #: what HAProxy logs of an answer it gave itself (``option dontlog-normal``: those alone), tab-separated:
 #: status, termination state, method, path, backend, total time (ms), bytes, the client's request id
 LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]"'
-#: the gRPC front's: the same, then the ``grpc-status`` HAProxy answered (``txn.gs``, set after every
-#: answer) and the call's ``application`` metadata (a call refused before a backend was chosen: its route)
-GRPC_LOG_FORMAT = '"%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[capture.req.hdr(0)]\\t%[var(txn.gs)]\\t%[capture.req.hdr(1)]"'
+#: the gRPC front's: ``G`` first, the same fields, the ``grpc-status`` HAProxy answered (``txn.gs``, set
+#: after every answer), the call's ``application`` metadata (a call refused before a backend was
+#: chosen: its route), and its ``request_id`` last. A captured header is logged as sent, tabs
+#: included: each format ends with one, read whole (``read_log_line`` splits no further)
+GRPC_LOG_FORMAT = '"G\\t%ST\\t%tsc\\t%HM\\t%HPO\\t%b\\t%Ta\\t%B\\t%[var(txn.gs)]\\t%[capture.req.hdr(1)]\\t%[capture.req.hdr(0)]"'
 #: termination states (first two letters) of a request no replica saw, or whose replica died before
 #: answering (``S`` then ``H``/``C``): HAProxy's own answer, which no replica counted. Request (``R``),
 #: queue (``Q``) and connect (``C``) phases; locally answered (``L``: its ``http-request return``)
@@ -337,13 +339,22 @@ def read_log_line(line: bytes) -> Answered | None:
     before a status: nothing was answered)."""
     text = line.decode("latin-1", "replace").rstrip("\n")
     _, sep, rest = text.partition("]: ")
-    fields = rest.split("\t") if sep else []
-    if len(fields) not in (8, 10):
+    if not sep:
         return None
-    status, state, method, path, backend, took, nbytes, rid = fields[:8]
-    code, application = (_grpc_code_name(fields[8]), fields[9]) if len(fields) == 10 else (None, "")
-    if len(fields) == 10 and code is None:
-        return None  # (a gRPC call with no code HAProxy gave: the replica or the proxy ended it)
+    code, application = None, ""
+    if rest.startswith("G\t"):  # (the gRPC front's: GRPC_LOG_FORMAT)
+        fields = rest[2:].split("\t", 9)
+        if len(fields) != 10:
+            return None
+        status, state, method, path, backend, took, nbytes, grpc_status, application, rid = fields
+        code = _grpc_code_name(grpc_status)
+        if code is None:
+            return None  # (a gRPC call with no code HAProxy gave: the replica or the proxy ended it)
+    else:
+        fields = rest.split("\t", 7)  # (the request id last, whole: a client's may hold a tab)
+        if len(fields) != 8:
+            return None
+        status, state, method, path, backend, took, nbytes, rid = fields
     if len(state) < 2 or state[0] == "-" or not status.isdigit():
         return None
     if state[1] not in _NEVER_ANSWERED_PHASES and state[:2] not in ("SH", "SC"):
