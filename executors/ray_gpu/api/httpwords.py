@@ -69,7 +69,6 @@ def match_route(routes: dict[str, str], path: str) -> tuple[str, str, str] | Non
     return (prefix, name, rest) if _METHOD.fullmatch(rest) else None
 
 
-
 def not_found_text(path: str) -> str:
     """Ray Serve's proxy's 404 body, word for word (scripts and load balancers match it)."""
     return f"Path '{path}' not found. Ping http://.../-/routes for available routes."
@@ -128,8 +127,9 @@ def read_json(body: bytes, not_json: str, huge: str, prefix: str = "") -> Any:
     else:
         if len(body) - len(body.translate(None, _SPECIAL)) < 4:  # (one pass: neither check can find anything)
             return value
-        deeper = body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and not _depth_within(value, MAX_JSON_DEPTH)
-        infinite = not deeper and _may_overflow(body) and _has_infinity(value)
+        if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH and not _may_overflow(body):
+            return value  # (too few brackets to nest that deep, no number past a double: nothing to walk)
+        deeper, infinite, _rounded = _walk(value)
     if deeper:
         raise Reply(400, "bad_request", deep)
     if infinite:
@@ -239,30 +239,6 @@ def _walk(value: Any, most: int | None = None) -> tuple[bool, bool, bool] | None
         elif isinstance(v, enum.Enum):  # (orjson writes its value: a NaN there too)
             stack.append((v.value, depth))
     return deeper, infinite, rounded
-
-
-def _has_infinity(value: Any) -> bool:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, float) and v in (math.inf, -math.inf):
-            return True
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
-
-
-def _depth_within(value: Any, most: int) -> bool:
-    """Whether ``value``'s arrays and objects nest at most ``most`` deep (a loop: no recursion)."""
-    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
-    while stack:
-        v, depth = stack.pop()
-        if depth > most:
-            return False
-        stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v) if isinstance(x, (dict, list)))
-    return True
 
 
 def status_of(exc: BaseException) -> tuple[int, str, str]:
