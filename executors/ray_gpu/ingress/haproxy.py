@@ -386,6 +386,12 @@ def _grpc_refusal(path: str, code: int, message: str) -> str:
     return f"http-request deny deny_status 503 errorfile {_grpc_error_file(path, code, message)}"
 
 
+def _grpc_names(r: dp.Route) -> tuple[str, ...]:
+    """The ``application`` metadata that names route ``r``'s calls: its application's name, or the
+    deployment's own (``GrpcFront._application``'s rule)."""
+    return tuple(dict.fromkeys((r.app_name or r.deployment, r.deployment)))
+
+
 def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     """The gRPC front (module docstring): a route's calls by their ``application`` metadata to its
     replicas' gRPC servers, the rest to the proxy's. What HAProxy answers a call itself ends it with
@@ -409,7 +415,7 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
         *(f"    acl g_via_proxy path_beg {p}" for p in GRPC_PROXY_SERVICES),
     ]
     for r in direct:  # (the application's name, or the deployment's own: GrpcFront._application's rule)
-        names = " ".join(_quoted(n) for n in dict.fromkeys((r.app_name or r.deployment, r.deployment)))
+        names = " ".join(_quoted(n) for n in _grpc_names(r))
         lines.append(f"    acl a_{r.grpc_backend} req.hdr(application) -m str {names}")
     one = len(table.routes) == 1  # (one route: every call is its, whatever it names)
     for r in direct:
@@ -748,7 +754,7 @@ class DataPlane:
             direct = [r for r in table.routes if not r.asgi]
             if len(table.routes) == 1:
                 return direct[0] if direct else None
-            return next((r for r in direct if answer.application in (r.app_name or r.deployment, r.deployment)), None)
+            return next((r for r in direct if answer.application in _grpc_names(r)), None)
         found = match_prefix({r.prefix: r.deployment for r in table.routes}, answer.path)
         return table.of(found[1]) if found is not None else None
 
