@@ -122,7 +122,7 @@ from .base.state import (
     desired_weights,
     parse_replica_number,
 )
-from .control import autoscaling, health, restarts
+from .control import autoscaling, health
 from .control.autoscaling import PolicyContext, register_policy
 from .control.bluegreen import role as blue_green_role
 from .control.bluegreen import shown_ranks
@@ -132,7 +132,7 @@ from .control.proxies import parse_proxy_id
 from .control.proxies import serving as serving_proxies
 from .control.proxies import wanted as proxy_nodes
 from .core import run, step
-from .placement import gangs, spares, static
+from .placement import gangs, restarts, spares, static
 from .tiers.residency import fully_serving
 from .tiers.residency import serving as is_serving
 

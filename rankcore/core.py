@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .base import unhealthy
 from .base.cluster import clock_work_due
 from .base.commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .base.errors import InvalidEvent, InvariantViolation
@@ -66,26 +67,23 @@ from .base.state import (
     State,
     Step,
 )
+from .base.transaction import Tx, by_rank, initialize, put_replica, reconfigure, remove, stop_command
 from .control import (
     autoscaling,
     bluegreen,
     clock,
-    deadlines,
     deletion,
     health,
     models,
     pool,
     proxies,
-    restarts,
     rollouts,
-    unhealthy,
 )
 from .control.moves import check_scale, crash, is_held, reconcile, retell_ranks, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
-from .control.transaction import Tx, by_rank, initialize, put_replica, reconfigure, remove, stop_command
 from .fastpaths import FAST_PATHS
-from .placement import gangs, static
+from .placement import deadlines, gangs, restarts, static
 from .placement.scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
 from .tiers import devices, residency
 

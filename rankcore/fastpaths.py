@@ -31,12 +31,12 @@ from .base.events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaSto
 from .base.lifecycle import Phase
 from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
-from .control import configs, deadlines, restarts
+from .base.transaction import initialize, put_replica, recount
+from .base.unhealthy import settled
+from .control import configs
 from .control.moves import compaction_due
 from .control.pool import answer_pool
-from .control.transaction import initialize, put_replica, recount
-from .control.unhealthy import settled
-from .placement import spares
+from .placement import deadlines, restarts, spares
 from .placement.scheduling import booking_to_pass, unbook
 from .tiers import devices, residency
 

@@ -889,7 +889,7 @@ def check_command_order(before: State, event: object, result: Step) -> None:
     after = result.state
     for c in result.commands:
         if isinstance(c, EvictReplica) and not evicting:
-            # the evictions the step chose come after its own work (rankcore.tiers.evictions): their
+            # the evictions the step chose come after its own work (rankcore.control.evictions): their
             # victims' replacements are a batch of their own, in ascending rank too
             evicting = True
             last = {k: v for k, v in last.items() if k[0] != "start"}

@@ -99,7 +99,7 @@ def mutation(name: str, file: str, find: str, replace: str, breaks: str,
 
 
 CORE, RECOVERY, RANKS = "rankcore/core.py", "rankcore/control/recovery.py", "rankcore/base/ranks.py"
-TX, POLICIES = "rankcore/control/transaction.py", "rankcore/base/victims.py"
+TX, POLICIES = "rankcore/base/transaction.py", "rankcore/base/victims.py"
 MOVES, GANGS, CLOCK = "rankcore/control/moves.py", "rankcore/placement/gangs.py", "rankcore/control/clock.py"
 #: the fast paths repeat the plainest case of some rules: a mutant of such a
 #: rule edits both copies, so it is killed by the rule's tests, not only by
@@ -252,8 +252,8 @@ MUTATIONS: tuple[Mutation, ...] = (
 # of rankcore/invariants.py (made a no-op). The row each breaks is named in
 # ``breaks`` ("[table: row] ..."); docs/mutation-testing.md lists what killed each.
 PLACEMENT, SCHED, STATIC_ = "rankcore/placement/policies.py", "rankcore/placement/scheduling.py", "rankcore/placement/static.py"
-HEALTH, RESTARTS, STATE = "rankcore/control/health.py", "rankcore/control/restarts.py", "rankcore/base/state.py"
-UNHEALTHY = "rankcore/control/unhealthy.py"
+HEALTH, RESTARTS, STATE = "rankcore/control/health.py", "rankcore/placement/restarts.py", "rankcore/base/state.py"
+UNHEALTHY = "rankcore/base/unhealthy.py"
 EVENTS, INVARIANTS = "rankcore/base/events.py", "rankcore/invariants.py"
 TIMELINE = "executors/scenarios/timeline.py"
 
@@ -296,7 +296,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: suspect nodes] a suspect node is avoided while another node has room",
     ),
     mutation(
-        "suspect-node-never-forgiven", "rankcore/placement/clustertx.py",
+        "suspect-node-never-forgiven", "rankcore/base/clustertx.py",
         "        return until is not None and until > self.now\n",
         "        return until is not None\n",
         "[Placement: suspect nodes] a node is suspect for suspect_s of core time only",
@@ -727,7 +727,7 @@ RESIDENCY_RULES: tuple[Mutation, ...] = (
     mutation("weights-skip-starting", RESIDENCY,
              "    if rep.phase not in _INITIALISED:\n", "    if rep.phase not in _SERVING:\n",
              "[Tiers: weights] a push reaches a replica that is starting", tests=RESIDENCY_TESTS),
-    mutation("weights-not-at-init", "rankcore/control/transaction.py",
+    mutation("weights-not-at-init", "rankcore/base/transaction.py",
              "        weights_version=dep.weights_version,\n", "        weights_version=0,\n",
              "[Tiers: weights] a replica not yet initialised loads the last version pushed at start",
              tests=RESIDENCY_TESTS),
@@ -748,7 +748,7 @@ RESIDENCY_RULES: tuple[Mutation, ...] = (
 
 DEVICES = "rankcore/tiers/devices.py"
 DEVICE_TESTS = ("tests/scenarios", "tests/unit/test_devices.py", "tests/integration/test_sim_tiers.py")
-#: issue 21: GPU memory booked in the step (rankcore/tiers/devices.py, rankcore/tiers/evictions.py)
+#: issue 21: GPU memory booked in the step (rankcore/tiers/devices.py, rankcore/control/evictions.py)
 DEVICE_RULES: tuple[Mutation, ...] = (
     mutation("devices-no-claim", DEVICES,
              "    cl.evicting = cl.evicting.set(rid, victims)\n    book(cl, dep, rid, chosen.node_id, chosen.devices)\n",

@@ -85,7 +85,7 @@ class Cluster:
     #: (in ``delayed``) its restart backoff ends
     deadlines: immutables.Map = attrs.field(factory=immutables.Map)
     #: replica id -> the replica it replaces: a replacement after failed starts, waiting
-    #: for its backoff to end before its StartReplica (rankcore.control.restarts)
+    #: for its backoff to end before its StartReplica (rankcore.placement.restarts)
     delayed: immutables.Map = attrs.field(factory=immutables.Map)
     #: no deadline falls before this (a lower bound: refreshed when reached)
     next_deadline: float = math.inf

@@ -85,7 +85,7 @@ OUTDATED: Any = _Marker("OUTDATED")
 
 
 #: What an executor observed when a replica died (``ReplicaCrashed.cause``): facts, not
-#: conclusions; the core derives its rules from them (``rankcore.control.restarts``):
+#: conclusions; the core derives its rules from them (``rankcore.placement.restarts``):
 #: ``error``: the user's code raised (``__init__``, ``reconfigure``); ``exited``: the process
 #: vanished on its own (its node may be going down: the core avoids it for a while);
 #: ``killed``: killed from outside on purpose (a user's kill, the OOM killer); ``node_lost``:

@@ -147,7 +147,7 @@ class SchedulingOptions:
 
 @attrs.frozen(kw_only=True)
 class StartOptions:
-    """How long a start may take and how failed starts are retried (rankcore.control.restarts)."""
+    """How long a start may take and how failed starts are retried (rankcore.placement.restarts)."""
 
     start_timeout_s: float | None = _option(
         None, f.optional_seconds,
@@ -191,7 +191,7 @@ class HealthOptions:
 
 @attrs.frozen(kw_only=True)
 class ShutdownOptions:
-    """How a stop drains (rankcore.control.transaction.stop_command)."""
+    """How a stop drains (rankcore.base.transaction.stop_command)."""
 
     graceful_shutdown_wait_loop_s: float = _option(GRACEFUL_SHUTDOWN_WAIT_LOOP_S, f.seconds,
                                                    "a stopping replica looks this often whether its calls are done")

@@ -52,7 +52,7 @@ PROXY_HEALTH_CHECK_UNHEALTHY_THRESHOLD = 3
 PROXY_MIN_DRAINING_PERIOD_S = 30.0
 #: ours (Serve restarts a dead proxy at its next control loop): a proxy that dies before it was
 #: ever ready again is restarted after a doubling backoff, as a replica's failed starts are
-#: (``rankcore.control.restarts``): at once, then 1, 2, 4 ... 64 s
+#: (``rankcore.placement.restarts``): at once, then 1, 2, 4 ... 64 s
 PROXY_RESTART_BACKOFF_S, PROXY_RESTART_BACKOFF_MAX_S = RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S
 
 

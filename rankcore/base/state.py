@@ -38,7 +38,7 @@ _FAILED_AT = _PHASE_INDEX[Phase.FAILED]
 
 #: ``Deployment.status`` values (Ray Serve's DeploymentStatus names)
 STATUSES = ("HEALTHY", "UPDATING", "UNHEALTHY")
-#: Ray Serve's words once a serving replica died (its ``DeploymentStatusInfo`` message; rankcore.control.unhealthy)
+#: Ray Serve's words once a serving replica died (its ``DeploymentStatusInfo`` message; rankcore.base.unhealthy)
 UNTIL_RECOVERED = "This deployment will be UNHEALTHY until the replica recovers or a new deploy happens."
 
 
@@ -138,14 +138,14 @@ class Deployment:
     #: last reported (``BundlesPlaced``, ``NodeLost``); ``config`` keeps it as applied
     static: StaticPlacement | None = None
     #: starts that failed in a row (``__init__`` raised or timed out; reset by any ReplicaReady):
-    #: the restart backoff and the UNHEALTHY status follow from it (rankcore.control.restarts)
+    #: the restart backoff and the UNHEALTHY status follow from it (rankcore.placement.restarts)
     start_failures: int = 0
     #: why the last of those failed (``ReplicaCrashed.reason``, cut to ``MAX_FAILURE_SHOWN``): the
     #: status message says it, as Ray Serve's shows the constructor's error
     last_start_failure: str = ""
     #: serving replicas of the deployed revision that died (their id, and why), the last
     #: ``unhealthy.SHOWN``: UNHEALTHY until the deployment is healthy again or a new deploy comes (Ray
-    #: Serve's rule: rankcore.control.unhealthy); ``health_failed_more``: how many died before those
+    #: Serve's rule: rankcore.base.unhealthy); ``health_failed_more``: how many died before those
     health_failed: tuple[tuple[str, str], ...] = ()
     health_failed_more: int = 0
     config_version: int = 0
@@ -235,7 +235,7 @@ class Deployment:
     @property
     def failing_to_start(self) -> bool:
         """Ray Serve's rule: ``min(max_constructor_retry_count, 3 x target)`` failed starts in a
-        row (rankcore.control.restarts counts them)."""
+        row (rankcore.placement.restarts counts them)."""
         return self.target > 0 and self.start_failures >= min(self.config.start.max_constructor_retry_count,
                                                               MAX_PER_REPLICA_RETRY_COUNT * self.target)
 
@@ -243,7 +243,7 @@ class Deployment:
     def status(self) -> str:
         """Ray Serve's deployment status: ``UNHEALTHY`` while its starts keep failing
         (``min(max_constructor_retry_count, 3 x target)`` in a row; it keeps retrying), a
-        static rank is FAILED, or since a serving replica died (rankcore.control.unhealthy: until
+        static rank is FAILED, or since a serving replica died (rankcore.base.unhealthy: until
         the deployment is healthy again or a new deploy comes), ``HEALTHY`` when healthy, else
         ``UPDATING``."""
         if self.failing_to_start or self.counts[_FAILED_AT] or self.health_failed:

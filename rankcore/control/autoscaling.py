@@ -77,8 +77,8 @@ from ..base.lifecycle import Phase
 from ..base.options import AutoscalingOptions, DeploymentConfig
 from ..base.records import unchecked_copy
 from ..base.state import Autoscaler, Deployment
+from ..base.transaction import Tx
 from .moves import scale
-from .transaction import Tx
 
 __all__ = ["PolicyContext", "Policy", "DEFAULT_POLICY", "default_policy", "register_policy", "policy",
            "BURST_WINDOW", "BURST_THRESHOLD", "check", "bounds", "bounded", "applied", "refuse_scale",

@@ -38,9 +38,9 @@ from ..base.lifecycle import Phase, Trigger, advance
 from ..base.ranks import RankTable, ReplicaRank
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx, by_rank, recount, stop_command, successor
 from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
-from .transaction import Tx, by_rank, recount, stop_command, successor
 
 __all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "calls_off", "call_off", "disband", "refuse_scale", "blues", "spare",
            "role", "shown_ranks"]

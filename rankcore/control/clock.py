@@ -9,7 +9,7 @@ move it (``advance``). Moving it does more only when work comes due
   incarnation is stopped at once and replaced elsewhere, avoiding that node);
   a start not answered in time (stopped at once, counted as a failed start,
   replaced: its gang too under ``restart_gang``). The deadlines themselves are
-  armed where their commands go out (``rankcore.control.deadlines``).
+  armed where their commands go out (``rankcore.placement.deadlines``).
 * placement failures are forgotten ``retry_s`` after the first
   (``scheduling.forget_failures``): every replica may try every node again;
 * a suspect node (``suspect``: a replica there vanished on its own,
@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import math
 
+from ..base.clustertx import ClusterTx
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Replica
-from ..placement.clustertx import ClusterTx
+from ..base.transaction import Tx, by_rank, stop_command
+from ..placement import deadlines, restarts
 from ..placement.gangs import fail_member
 from ..placement.scheduling import forget_failures
-from . import deadlines, restarts
 from .moves import crash, start_delayed
-from .transaction import Tx, by_rank, stop_command
 
 __all__ = ["advance", "deadlines_due", "suspect"]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx, by_rank, reconfigure, recount
 from .rollouts import budget
-from .transaction import Tx, by_rank, reconfigure, recount
 
 __all__ = ["pace_touched", "behind", "config_applied", "settled"]
 

@@ -27,9 +27,9 @@ from ..base.commands import DropWarmCopy
 from ..base.errors import InvalidEvent
 from ..base.records import unchecked_copy
 from ..base.state import Deployment
+from ..base.transaction import Tx
 from . import bluegreen
 from .moves import scale
-from .transaction import Tx
 
 __all__ = ["begin", "cancel", "revive", "refuse_scale", "sweep"]
 

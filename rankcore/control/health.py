@@ -34,12 +34,12 @@ from ..base.lifecycle import Phase
 from ..base.options import DeploymentConfig
 from ..base.records import updater
 from ..base.state import Deployment, Replica, Step
+from ..base.transaction import Tx, put_replica, stop_command
+from ..base.unhealthy import died
+from ..placement import restarts
 from ..placement.gangs import fail_member
-from . import restarts
 from .moves import start_beside, start_elsewhere
 from .passes import finish
-from .transaction import Tx, put_replica, stop_command
-from .unhealthy import died
 
 __all__ = ["checked", "retune"]
 
@@ -59,7 +59,7 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
     if failures < dep.config.health.health_check_failure_threshold:
         tx.put(put_replica(dep, rep, _with_failures(rep, failures)))
         return finish(tx)
-    dep = died(dep, rep, f"failed its health check: {e.detail}")  # (Ray Serve's UNHEALTHY: rankcore.control.unhealthy)
+    dep = died(dep, rep, f"failed its health check: {e.detail}")  # (Ray Serve's UNHEALTHY: rankcore.base.unhealthy)
     unhealthy = _with_failures(rep, failures)  # (kept on its record while it drains: it was stopped as unhealthy)
     if (not dep.config.health.force_stop_unhealthy_replicas and not dep.rolling and not dep.retiring
             and not (tx.view.clock and restarts.backoff_s(dep))):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from .transaction import put_replica
+from ..base.transaction import put_replica
 
 __all__ = ["reported"]
 

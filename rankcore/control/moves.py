@@ -30,16 +30,25 @@ from ..base.lifecycle import LIVE, Phase, Trigger, advance
 from ..base.ranks import RankTable
 from ..base.records import maker, unchecked_copy
 from ..base.state import Compaction, Deployment, Replica
+from ..base.transaction import (
+    Tx,
+    by_rank,
+    reconfigure,
+    recount,
+    remove,
+    stop_command,
+    succeed,
+    successor,
+    wants_successor,
+)
 from ..base.victims import VICTIM_ORDER
-from ..placement import static
+from ..placement import deadlines, restarts, static
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
 from ..placement.scheduling import hold as book
-from . import deadlines, restarts
-from .transaction import Tx, by_rank, reconfigure, recount, remove, stop_command, succeed, successor, wants_successor
 
 if TYPE_CHECKING:
     from ..base.cluster import Cluster
-    from ..placement.clustertx import ClusterTx
+    from ..base.clustertx import ClusterTx
 
 __all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "crash", "start_beside", "start_elsewhere", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
@@ -241,7 +250,7 @@ def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deplo
 def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:
     """A replica died: its replacement takes its global rank (unless it was
     leaving), after the restart backoff when its starts keep failing
-    (``rankcore.control.restarts``), back on its predecessor's node and booking when
+    (``rankcore.placement.restarts``), back on its predecessor's node and booking when
     the core's rule lets it (``scheduling.keep_booking``); ``avoid``: a node
     the replacement must not go to."""
     if rep.retiring:  # a rollout was stopping it: its successor starts now
@@ -469,7 +478,7 @@ def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
 
 
 def start_delayed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
-    """Replacement ``rep`` waited out its restart backoff (``rankcore.control.restarts``):
+    """Replacement ``rep`` waited out its restart backoff (``rankcore.placement.restarts``):
     its StartReplica now, then a node: its bundles (static placement), or the
     queue (a gang's members come due together and are placed whole)."""
     tx.emit(restarts.release(tx, dep, rep))

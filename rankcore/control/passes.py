@@ -37,11 +37,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..base.state import RecoveryOutcome, Step
-from ..placement import demand, gangs, spares
+from ..base.transaction import Tx, build
+from ..placement import deadlines, demand, gangs, spares
 from ..placement.scheduling import place_waiting
-from ..tiers import evictions
-from . import configs, deadlines, deletion, moves, proxies, rollouts
-from .transaction import Tx, build
+from . import configs, deletion, evictions, moves, proxies, rollouts
 
 __all__ = ["PASSES", "finish"]
 

@@ -18,7 +18,7 @@ Failures, each in one function: a proxy that dies (``died``), fails
 ``health_check_unhealthy_threshold`` health checks in a row (``health_checked``) or is
 not ready in time (``ready_timeout_s``: Serve's ready checks, each ``ready_check_timeout_s`` x
 (its restarts + 1), ``health_check_unhealthy_threshold`` of them; ``reconcile``) is started again, after the restart backoff a replica's failed
-starts wait (``rankcore.control.restarts``): at once the first time, then 1, 2, 4 ...
+starts wait (``rankcore.placement.restarts``): at once the first time, then 1, 2, 4 ...
 64 s while it never becomes ready.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
@@ -35,8 +35,8 @@ from ..base.events import NodeDraining, ProxiesConfigured, ProxyCrashed, ProxyHe
 from ..base.fields import shown
 from ..base.proxybook import PROXY_LOCATIONS, Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
 from ..base.records import unchecked_copy
-from .restarts import doubling
-from .transaction import Tx
+from ..base.transaction import Tx
+from ..placement.restarts import doubling
 
 __all__ = ["wanted", "adopt", "configure", "started", "died", "health_checked", "node_draining", "reconcile",
            "backoff_s", "ready_timeout_s", "parse_proxy_id", "serving"]

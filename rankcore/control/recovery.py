@@ -58,13 +58,13 @@ from ..base.events import UNKNOWN, ControllerRecovered, DeploymentApplied, Repli
 from ..base.lifecycle import LIVE, Phase, Residency
 from ..base.ranks import MAX_LOCAL, MAX_RANKS, RankTable, ReplicaRank
 from ..base.state import Deployment, Replica, parse_replica_number
+from ..base.transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 from ..base.victims import VICTIM_ORDER
-from ..placement import gangs, static
+from ..placement import deadlines, gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import autoscaling, bluegreen, deadlines, proxies, rollouts
+from . import autoscaling, bluegreen, proxies, rollouts
 from .moves import hold_waiting_gangs, reconcile, start, stop
-from .transaction import Tx, by_rank, initialize, put_replica, reconfigure, recount, stop_command
 
 __all__ = ["rebuild", "unresponsive_gone"]
 

@@ -49,10 +49,10 @@ from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx, recount, stop_command
 from ..placement.scheduling import release
 from .bluegreen import is_blue_green, switch, switch_due, twin
 from .moves import hold, start_beside, start_waiting
-from .transaction import Tx, recount, stop_command
 
 __all__ = ["revision", "applied", "budget", "surge_budget", "gang_budget", "outdated", "advance_touched", "retire",
            "surge"]

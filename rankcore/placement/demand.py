@@ -43,8 +43,8 @@ from typing import Protocol
 import immutables
 
 from ..base.cluster import Cluster, Need
+from ..base.clustertx import ClusterTx
 from ..base.commands import RequestResources
-from .clustertx import ClusterTx
 
 __all__ = ["Demand", "demand", "waiting", "held", "announce", "tell"]
 
@@ -54,7 +54,7 @@ _NONE: Demand = ((), ())
 
 
 class Tx(Protocol):
-    """What this pass needs of ``rankcore.control.transaction.Tx``."""
+    """What this pass needs of ``rankcore.base.transaction.Tx``."""
 
     cluster: Cluster
 

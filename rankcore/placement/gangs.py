@@ -36,8 +36,8 @@ from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id,
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx, stop_command
 from ..control.moves import crash, held
-from ..control.transaction import Tx, stop_command
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
            "fail_member", "tell", "restart_incomplete", "check_scale", "check_same_shape"]

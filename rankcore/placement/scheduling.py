@@ -15,9 +15,9 @@ Rules settled here, once for every executor:
 * a node where a replica vanished (``ReplicaCrashed.suspect_node``) is
   avoided for ``Cluster.suspect_s`` seconds while another node has room;
 * a PlaceReplica on a node the core chose owes its answer within the
-  deployment's ``placement_timeout_s`` (armed here, ``rankcore.control.deadlines``).
+  deployment's ``placement_timeout_s`` (armed here, ``rankcore.placement.deadlines``).
 
-The step's working copy of the cluster is ``rankcore.placement.clustertx.ClusterTx``.
+The step's working copy of the cluster is ``rankcore.base.clustertx.ClusterTx``.
 
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
@@ -32,20 +32,20 @@ from typing import Protocol, TypeVar, cast
 import immutables
 
 from ..base.cluster import Cluster, Need, Node, fits
+from ..base.clustertx import ClusterTx
 from ..base.commands import PlaceReplica, ScheduleTick
 from ..base.errors import InvariantViolation
 from ..base.lifecycle import Phase
 from ..base.records import maker, unchecked_copy, updater
 from ..base.state import Deployment, Replica
-from ..control import deadlines
 from ..tiers import devices
 from ..tiers.choice import Choice, Tier, TierPlacement
-from .clustertx import ClusterTx
+from . import deadlines
 from .policies import NodeView, choose_gang, choose_node
 
 
 class Tx(Protocol):
-    """What these moves need of ``rankcore.control.transaction.Tx`` (which builds on this module)."""
+    """What these moves need of ``rankcore.base.transaction.Tx`` (which builds on this module)."""
 
     @property
     def cl(self) -> ClusterTx: ...

@@ -10,7 +10,7 @@ in one function here:
 * ``start_failed``: a new replica whose rank's bundles are not all placed
   starts FAILED (no process), and waits for them;
 * ``crash``: a replica that died comes back on the same bundles with the same
-  rank (after the restart backoff, ``rankcore.control.restarts``), or FAILED when a
+  rank (after the restart backoff, ``rankcore.placement.restarts``), or FAILED when a
   bundle of its rank has no node now;
 * ``fail``: a bundle of a live replica's rank lost its node: FAILED, its
   process stopped, its rank kept;
@@ -40,8 +40,8 @@ from ..base.fields import shown
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
-from ..control import restarts
-from ..control.transaction import Tx, disarm, put_replica, remove, stop_command, succeed, wants_successor
+from ..base.transaction import Tx, disarm, put_replica, remove, stop_command, succeed, wants_successor
+from . import restarts
 
 __all__ = ["StaticPlacement", "consecutive_mapping", "place", "start_failed", "crash", "fail", "restart_failed",
            "bundles_moved", "node_lost", "placed_elsewhere", "check_scale", "check_same_shape"]

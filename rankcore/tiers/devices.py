@@ -40,10 +40,10 @@ from typing import Any
 import attrs
 
 from ..base.cluster import Cluster, Need, fits
+from ..base.clustertx import ClusterTx
 from ..base.errors import InvalidEvent
 from ..base.lifecycle import Phase
 from ..base.state import Deployment
-from ..placement.clustertx import ClusterTx
 from . import choice as tiers
 from .choice import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
@@ -248,7 +248,7 @@ def start_evictions(tx: Any, dep: Deployment, rid: str, chosen: TierPlacement) -
     """``chosen.evict`` leave for ``rid``, which claims its devices now (placed, or
     woken, there once they are gone: the room they free is nobody else's). Each
     victim is marked leaving (no other replica counts on it), where its weights go
-    is decided now, and the end-of-step pass sends the evictions (``rankcore.tiers.evictions``)."""
+    is decided now, and the end-of-step pass sends the evictions (``rankcore.control.evictions``)."""
     cl = tx.cl
     victims = chosen.evict
     cl.evicting = cl.evicting.set(rid, victims)

@@ -31,7 +31,7 @@ from ..base.errors import InvalidEvent
 from ..base.lifecycle import Phase, Residency, TierTrigger, advance_tier
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from ..control.transaction import Tx, by_rank, put_replica
+from ..base.transaction import Tx, by_rank, put_replica
 from . import devices
 
 __all__ = ["settle", "settle_all", "needs", "quiet", "serving", "fully_serving", "at_start",
@@ -82,7 +82,7 @@ def settle(tx: Tx, dep: Deployment, rep: Replica) -> Replica:
         tx.emit(UpdateWeights(replica_id=rep.replica_id, deployment=dep.name, version=dep.weights_version))
         rep = _copy(rep, weights_version=dep.weights_version, weights_pending=True)
     if move is TierTrigger.WAKE and not devices.wake_room(tx, dep, rep.replica_id, rep.node_id):
-        move = None  # waits for GPU room on its node (rankcore.tiers.devices; retried by rankcore.tiers.evictions)
+        move = None  # waits for GPU room on its node (rankcore.tiers.devices; retried by rankcore.control.evictions)
     if move is not None:
         cmd = OffloadReplica if move is TierTrigger.SLEEP else LoadReplica
         tx.emit(cmd(replica_id=rep.replica_id, deployment=dep.name))

@@ -446,7 +446,7 @@ def test_an_edit_on_disk_is_never_served_under_the_old_revision_and_a_redeploy_r
         actor = ray.get_actor(actor_name("edited", victim), namespace=NAMESPACE)
         ask(ctl, "record", {"scenario": "an edit on disk"})
         os.kill(ray.get(actor.pid.remote(), timeout=30), signal.SIGKILL)
-        # (UNHEALTHY at once for the kill: a serving replica died, rankcore.control.unhealthy; then for
+        # (UNHEALTHY at once for the kill: a serving replica died, rankcore.base.unhealthy; then for
         # the replacement's starts that fail: its message says so once they keep failing)
         assert wait_for(lambda: (st := h.status())["status"] == "UNHEALTHY"
                         and "failing to start" in st["status_message"], 60), h.status()

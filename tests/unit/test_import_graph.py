@@ -115,7 +115,7 @@ PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankco
 #: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...) and the module each is
 NAMESPACES = {"options": "rankcore.base.options", "placement": "rankcore.placement", "gangs": "rankcore.placement.gangs",
               "static": "rankcore.placement.static", "cluster": "rankcore.base.cluster",
-              "health": "rankcore.control.health", "restarts": "rankcore.control.restarts",
+              "health": "rankcore.control.health", "restarts": "rankcore.placement.restarts",
               "spares": "rankcore.placement.spares", "tiers": "rankcore.tiers",
               "autoscaling": "rankcore.control.autoscaling"}
 

@@ -1,5 +1,5 @@
 """Ray Serve's UNHEALTHY after a serving replica dies, on the bare core (issue 64,
-``rankcore.control.unhealthy``): which deaths mark the deployment (a crash, a lost node, health
+``rankcore.base.unhealthy``): which deaths mark the deployment (a crash, a lost node, health
 checks at the threshold), what the status message says, and when the mark goes (healthy again, a
 new deploy). On Ray: tests/integration/test_ray_replica_details.py; Serve's own cases:
 tests/serve_parity/test_serve_deployment_state.py (``test_health_check`` ...)."""

@@ -375,7 +375,7 @@ def _deployment(name: str, dep: Any, seen: dict | None = None) -> dict:
     gone = [{k: r.get(k) for k in ("replica_id", "state", "node_id", *_IDENTITY)}
             for r in seen.get("gone", {}).get(name, [])]
     return {"name": name, "status": status, "message": message, "target": dep.target,
-            # (Ray Serve's status trigger: a serving replica died, rankcore.control.unhealthy)
+            # (Ray Serve's status trigger: a serving replica died, rankcore.base.unhealthy)
             "replica_died": bool(dep.health_failed) and status == "UNHEALTHY" and not dep.failing_to_start,
             "revision": dep.revision,
             "autoscaling": {"min_replicas": auto.min_replicas, "max_replicas": dep.max_replicas,

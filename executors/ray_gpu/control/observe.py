@@ -355,7 +355,7 @@ class Watcher:
     def details(self) -> dict:
         """What ``status`` shows beside the core's state: ``replicas`` (each live replica's
         identity) and ``gone`` (deployment -> its recent gone replicas). (A deployment UNHEALTHY
-        since a serving replica died is the core's: ``rankcore.control.unhealthy``.)"""
+        since a serving replica died is the core's: ``rankcore.base.unhealthy``.)"""
         deps = self.ledger.driver.state.deployments
         return {"replicas": {rid: info for rid, (_, info) in self.identities.items()},
                 "gone": {d: list(q) for d, q in self.gone.items() if d in deps}}

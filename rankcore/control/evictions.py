@@ -18,10 +18,10 @@ from __future__ import annotations
 from ..base.commands import DropWarmCopy, EvictReplica
 from ..base.lifecycle import Phase, Residency, TierTrigger, Trigger, advance
 from ..base.records import unchecked_copy
-from ..control.moves import reconcile
-from ..control.transaction import Tx, put_replica
+from ..base.transaction import Tx, put_replica
 from ..placement.scheduling import _rekind
-from . import devices, residency
+from ..tiers import devices, residency
+from .moves import reconcile
 
 __all__ = ["carry_out", "retry_wakes"]
 

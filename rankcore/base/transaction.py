@@ -42,9 +42,9 @@ from ..base.state import (
     parse_replica_number,
     replica_id,
 )
-from ..placement.clustertx import ClusterTx
 from ..placement.scheduling import release
 from . import unhealthy
+from .clustertx import ClusterTx
 
 __all__ = [
     "Tx", "recount", "put_replica", "initialize", "stop_command", "reconfigure", "remove", "forget", "disarm",
@@ -84,9 +84,9 @@ class Tx:
         self.compactions: list[Compaction] = []
         self.gangs: set[str] | None = None  # gang deployments that started replicas this step
         self.ticks: set[float] | None = None  # the ScheduleTick times asked for this step (``tick_at``)
-        self.armed: list[float] | None = None  # deadlines armed this step (``rankcore.control.deadlines``)
+        self.armed: list[float] | None = None  # deadlines armed this step (``rankcore.placement.deadlines``)
         #: evictions chosen this step, carried out by the end-of-step pass
-        #: (``rankcore.tiers.evictions``): (victim, for replica, node, "warm"/"cold", entries dropped)
+        #: (``rankcore.control.evictions``): (victim, for replica, node, "warm"/"cold", entries dropped)
         self.evictions: list | None = None
 
     @property

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..base import unhealthy
+from ..base.clustertx import ClusterTx
 from ..base.commands import StartReplica
 from ..base.lifecycle import Phase
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
-from ..placement.clustertx import ClusterTx
-from . import unhealthy
 
 __all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "doubling", "defer", "release"]
 
@@ -38,7 +38,7 @@ _Start = maker(StartReplica)
 
 
 class Tx(Protocol):
-    """What these moves need of ``rankcore.control.transaction.Tx``."""
+    """What these moves need of ``rankcore.base.transaction.Tx``."""
 
     @property
     def cl(self) -> ClusterTx: ...

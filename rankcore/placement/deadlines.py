@@ -4,7 +4,7 @@ Two commands owe an answer on the core's clock: ``InitializeReplica`` owes
 ``ReplicaReady`` within the deployment's ``start_timeout_s``, a ``PlaceReplica``
 on a node the core chose owes ``ReplicaPlaced`` within ``placement_timeout_s``
 (a caller's group has no other node to try: no deadline). A restart backoff
-(``rankcore.control.restarts``) keeps its end in the same book. Each deadline is armed
+(``rankcore.placement.restarts``) keeps its end in the same book. Each deadline is armed
 by the move that emits its command (``start``, ``placement``), taken off by the
 answer (``answered``) or when its replica goes (``scheduling.release``), and
 what happens when one comes due is a rule of time (``rankcore.control.clock``).
@@ -26,8 +26,8 @@ from typing import Protocol
 import immutables
 
 from ..base.cluster import Cluster
+from ..base.clustertx import ClusterTx
 from ..base.state import Deployment
-from ..placement.clustertx import ClusterTx
 
 __all__ = ["start_timeout", "placement_timeout", "with_deadline", "disarm", "arm", "start", "placement",
            "answered", "expired", "ticks"]
@@ -36,7 +36,7 @@ _INF = math.inf
 
 
 class Tx(Protocol):
-    """What these moves need of ``rankcore.control.transaction.Tx``."""
+    """What these moves need of ``rankcore.base.transaction.Tx``."""
 
     @property
     def cl(self) -> ClusterTx: ...
