@@ -126,13 +126,13 @@ from .control import autoscaling, health
 from .control.autoscaling import PolicyContext, register_policy
 from .control.bluegreen import role as blue_green_role
 from .control.bluegreen import shown_ranks
-from .control.moves import is_held
 from .control.pool import PoolView
 from .control.proxies import parse_proxy_id
 from .control.proxies import serving as serving_proxies
 from .control.proxies import wanted as proxy_nodes
 from .core import run, step
 from .placement import gangs, restarts, spares, static
+from .placement.gangs import is_held
 from .tiers.residency import fully_serving
 from .tiers.residency import serving as is_serving
 

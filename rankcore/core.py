@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .base import unhealthy
+from .base.books import release
 from .base.cluster import clock_work_due
 from .base.commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .base.errors import InvalidEvent, InvariantViolation
@@ -79,12 +80,12 @@ from .control import (
     proxies,
     rollouts,
 )
-from .control.moves import check_scale, crash, is_held, reconcile, retell_ranks, scale, stop, succeed_retired
+from .control.moves import check_scale, crash, fail, reconcile, retell_ranks, scale, stop, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
 from .fastpaths import FAST_PATHS
 from .placement import deadlines, gangs, restarts, static
-from .placement.scheduling import adopt, clear_avoid, hold, new_node, rekind, release, unreserve
+from .placement.scheduling import adopt, clear_avoid, hold, new_node, rekind, unreserve
 from .tiers import devices, residency
 
 __all__ = ["step", "run"]
@@ -208,12 +209,12 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
         return finish(tx)
     rid = rep.replica_id
     if rid in tx.view.delayed:  # its StartReplica was never sent: no executor can have placed it
-        why = "held until its gang can start whole" if is_held(tx.view, rid) else "waiting out a restart backoff"
+        why = "held until its gang can start whole" if gangs.is_held(tx.view, rid) else "waiting out a restart backoff"
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} was never started ({why}: its StartReplica "
                            f"has not been sent)")
     if tx.managed and dep.static is None and e.node_id not in tx.view.nodes:
         if e.node_id in tx.view.lost:  # placed there as the node went: it went with it
-            tx.put(gangs.fail_member(tx, dep, rep))
+            tx.put(fail(tx, dep, rep))
             return finish(tx)
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
                            f"cluster the core places on (send NodeJoined first)")
@@ -293,7 +294,7 @@ def _on_replica_reconfigured(tx: Tx, e: ReplicaReconfigured, dep: Deployment, re
 @_about_replica
 def _on_replica_crashed(tx: Tx, e: ReplicaCrashed, dep: Deployment, rep: Replica) -> Step:
     clock.suspect(tx, rep, e.cause)
-    tx.put(gangs.fail_member(tx, restarts.failed_start(dep, rep, e.cause, e.reason), rep))
+    tx.put(fail(tx, restarts.failed_start(dep, rep, e.cause, e.reason), rep))
     return finish(tx)
 
 
@@ -380,7 +381,7 @@ def _on_node_lost(tx: Tx, e: NodeLost) -> Step:
             current = dep.replicas.get(rep.replica_id)
             if current is not None:  # (not restarted already with its gang)
                 dep = unhealthy.died(dep, current, f"died: its node {e.node_id} was lost")
-                dep = gangs.fail_member(tx, dep, current)
+                dep = fail(tx, dep, current)
             hit = True
         if on_node:
             tx.put(dep)

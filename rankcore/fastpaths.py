@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .base.books import holds_devices, unbook
 from .base.cluster import Cluster, clock_work_due
 from .base.commands import PlaceReplica, ScheduleTick, StartReplica
 from .base.events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
@@ -37,8 +38,8 @@ from .control import configs
 from .control.moves import compaction_due
 from .control.pool import answer_pool
 from .placement import deadlines, restarts, spares
-from .placement.scheduling import booking_to_pass, unbook
-from .tiers import devices, residency
+from .placement.scheduling import booking_to_pass
+from .tiers import residency
 
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
@@ -224,7 +225,7 @@ def stopped(state: State, e: ReplicaStopped) -> Step | None:
         return None
     name, dep0, rep, cl = found
     if (cl.queue or rep.phase is not _STOPPING or dep0.gang_size > 1 or dep0.static is not None
-            or spares.asks(dep0) or cl.evicting or devices.holds(cl, rid)):
+            or spares.asks(dep0) or cl.evicting or holds_devices(cl, rid)):
         return None  # (the room it frees would be offered to whoever waits; its node may be left: rankcore.placement.spares;
         # what the device books hold of it is the general path's to release)
     if rid in cl.deadlines or rid in cl.avoid or parse_replica_number(rid) is None:

@@ -479,14 +479,14 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "gang-downscale-lowest-gangs", MOVES,
-        "        for g in sorted(gangs, reverse=True):\n",
-        "        for g in sorted(gangs):\n",
+        "        for g in sorted(by_gang, reverse=True):\n",
+        "        for g in sorted(by_gang):\n",
         "[Gangs: downscale] whole gangs from the top ranks",
     ),
     mutation(
         "gang-recovery-incomplete-kept", GANGS,
-        "            if not any(m in fresh for m in members):\n                continue\n",
-        "            if True:\n                continue\n",
+        "        if not any(m in fresh for m in members):\n            continue\n",
+        "        if True:\n            continue\n",
         "[Gangs: controller crash during a gang's start] a gang with members started again is restarted whole",
     ),
     # ------------------------------------------------------ Health, timeouts, restarts and shutdown
@@ -523,9 +523,9 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
     ),
     mutation(
         "start-timeout-not-a-failed-start", CLOCK,
-        '                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout", '
+        '                dep = fail(tx, restarts.failed_start(dep, current, "start_timeout", '
         '"not ready within start_timeout_s"), current)\n',
-        "                dep = fail_member(tx, dep, current)\n",
+        "                dep = fail(tx, dep, current)\n",
         "[Health: start timeout] a start timeout counts as a failed start",
     ),
     mutation(
@@ -766,7 +766,7 @@ DEVICE_RULES: tuple[Mutation, ...] = (
              "[Tiers: eviction] the minimum deployment time that protects a replica is its own deployment's",
              tests=DEVICE_TESTS),
     mutation("devices-sleep-keeps-gpu", RESIDENCY,
-             "        devices.free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others\n",
+             "        free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others\n",
              "        pass\n",
              "[Tiers: sleep] a sleeping replica's GPU memory is free for another model", tests=DEVICE_TESTS),
     mutation("devices-stopping-victim", "rankcore/placement/scheduling.py",

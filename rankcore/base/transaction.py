@@ -42,8 +42,8 @@ from ..base.state import (
     parse_replica_number,
     replica_id,
 )
-from ..placement.scheduling import release
 from . import unhealthy
+from .books import release
 from .clustertx import ClusterTx
 
 __all__ = [

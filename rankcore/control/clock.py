@@ -30,9 +30,8 @@ from ..base.records import unchecked_copy
 from ..base.state import Replica
 from ..base.transaction import Tx, by_rank, stop_command
 from ..placement import deadlines, restarts
-from ..placement.gangs import fail_member
 from ..placement.scheduling import forget_failures
-from .moves import crash, start_delayed
+from .moves import crash, fail, start_delayed
 
 __all__ = ["advance", "deadlines_due", "suspect"]
 
@@ -80,11 +79,11 @@ def deadlines_due(tx: Tx, cl: ClusterTx) -> None:
                 dep = start_delayed(tx, dep, current)
             elif current.phase is Phase.STARTING:  # its process hung in __init__
                 tx.emit(stop_command(dep, rid, now=True))
-                dep = fail_member(tx, restarts.failed_start(dep, current, "start_timeout", "not ready within start_timeout_s"), current)
+                dep = fail(tx, restarts.failed_start(dep, current, "start_timeout", "not ready within start_timeout_s"), current)
             elif current.phase is Phase.PENDING and current.node_id is not None:  # never placed there
                 tx.emit(stop_command(dep, rid, now=True))
                 if dep.gang_size > 1:
-                    dep = fail_member(tx, dep, current)
+                    dep = fail(tx, dep, current)
                 else:
                     dep = crash(tx, dep, current, avoid=current.node_id)
         tx.put(dep)

@@ -15,6 +15,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from ..base.books import free_gpus
 from ..base.commands import DropWarmCopy, EvictReplica
 from ..base.lifecycle import Phase, Residency, TierTrigger, Trigger, advance
 from ..base.records import unchecked_copy
@@ -88,7 +89,7 @@ def retry_wakes(tx: Tx) -> None:
         if residency.needs(dep, rep)[1] is not TierTrigger.WAKE:
             cl.evicting = cl.evicting.delete(rid)  # asleep again, stopping, ...: no longer waits,
             if rep.residency is Residency.WARM:  # and the room it claimed is free again
-                devices.free_gpus(cl, rid)
+                free_gpus(cl, rid)
             continue
         new = residency.settle(tx, dep, rep)
         if new is not rep:

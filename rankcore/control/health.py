@@ -37,8 +37,7 @@ from ..base.state import Deployment, Replica, Step
 from ..base.transaction import Tx, put_replica, stop_command
 from ..base.unhealthy import died
 from ..placement import restarts
-from ..placement.gangs import fail_member
-from .moves import start_beside, start_elsewhere
+from .moves import fail, start_beside, start_elsewhere
 from .passes import finish
 
 __all__ = ["checked", "retune"]
@@ -70,7 +69,7 @@ def checked(tx: Tx, e: HealthChecked, dep: Deployment, rep: Replica) -> Step:
             tx.put(drained)
             return finish(tx)
     tx.emit(stop_command(dep, rep.replica_id, now=True))  # unhealthy: its process goes, its rank is replaced
-    tx.put(fail_member(tx, dep, rep))
+    tx.put(fail(tx, dep, rep))
     return finish(tx)
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
+from ..base.books import release
 from ..base.cluster import fits
 from ..base.commands import StartReplica, UpdateWorldSize
 from ..base.errors import InvalidConfig, InvalidEvent
@@ -42,16 +43,16 @@ from ..base.transaction import (
     wants_successor,
 )
 from ..base.victims import VICTIM_ORDER
-from ..placement import deadlines, restarts, static
-from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking, release
+from ..placement import deadlines, gangs, restarts, static
+from ..placement.gangs import held, is_held
+from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking
 from ..placement.scheduling import hold as book
 
 if TYPE_CHECKING:
-    from ..base.cluster import Cluster
-    from ..base.clustertx import ClusterTx
+    pass
 
-__all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "crash", "start_beside", "start_elsewhere", "is_held", "succeed_retired", "start_delayed", "compaction_due", "compact",
-           "compact_touched", "held", "waits_in", "hold", "hold_waiting_gangs",
+__all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "fail", "crash", "start_beside", "start_elsewhere", "succeed_retired", "start_delayed", "compaction_due", "compact",
+           "compact_touched", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
@@ -123,18 +124,18 @@ def _victims(dep: Deployment, n: int, victims: Iterable[str]) -> list[str]:
         # instead stopped them all when replicas still stopping held the low ranks (a scale to 0,
         # then up to 4 and down to 2: the new gangs ranked 2-5 all went, and none came back).
         k, taken, counted = dep.gang_size, set(chosen), len(chosen)
-        gangs: dict[int, list[tuple[int, str, bool]]] = {}
+        by_gang: dict[int, list[tuple[int, str, bool]]] = {}
         for r in dep.replicas.values():
             rid = r.replica_id
             if rid in taken or r.blue_ranks is not None or (r.phase is Phase.STOPPING and not r.retiring):
                 continue
             rank = ranks.global_rank(rid)
-            gangs.setdefault(rank // k, []).append((rank, rid, r.phase is not Phase.STOPPING))
-        for g in sorted(gangs, reverse=True):
+            by_gang.setdefault(rank // k, []).append((rank, rid, r.phase is not Phase.STOPPING))
+        for g in sorted(by_gang, reverse=True):
             if counted >= n:
                 break
-            counted += len(gangs[g])
-            chosen.extend(rid for _, rid, live in sorted(gangs[g], reverse=True) if live)
+            counted += len(by_gang[g])
+            chosen.extend(rid for _, rid, live in sorted(by_gang[g], reverse=True) if live)
         return chosen
     taken = set(chosen)
     candidates = sorted(
@@ -245,6 +246,21 @@ def scale(tx: Tx, dep: Deployment, n: int, victims: Iterable[str] = ()) -> Deplo
         dep = _copy(dep, target=n)
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=n))
     return reconcile(tx, dep, victims)
+
+
+def fail(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
+    """A replica died (a crash, a start timeout, its node lost, failed health checks): the one entry
+    for a death. Whoever dies with it (its gang, ``gangs.restarted_with``) is stopped and each is
+    replaced (``crash``), walking down from here: ``crash`` asks static placement
+    (``static.crash``) and the books beneath, none of which calls back up."""
+    members = gangs.restarted_with(tx, dep, rep)
+    if members is None:
+        return crash(tx, dep, rep)
+    for member, alive in members:
+        if alive:
+            tx.emit(stop_command(dep, member.replica_id, now=True))  # restarted with its gang
+        dep = crash(tx, dep, member)
+    return dep
 
 
 def crash(tx: Tx, dep: Deployment, rep: Replica, avoid: str | None = None) -> Deployment:
@@ -372,22 +388,6 @@ def waits_in(dep: Deployment, g: int, but: str | None = None) -> bool:
         if rep.retiring or (rep.revision != dep.revision and rep.phase is not Phase.STOPPING):
             return True
     return False
-
-
-def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
-    """The members of gang ``g`` waiting for their gang's retiring members to stop (``hold``), in rank order."""
-    cl = tx.view
-    if not cl.delayed:
-        return []
-    holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
-    return [rid for rid in holders if rid is not None and is_held(cl, rid)]
-
-
-def is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
-    """``rid`` is a gang member's rollout successor held until its gang's retiring members have
-    stopped (``hold``: a restart backoff with no end), not one waiting out a restart backoff
-    (``rankcore.is_held``: an executor's metrics tell the two apart)."""
-    return rid in cl.delayed and cl.deadlines.get(rid) == math.inf
 
 
 def hold(tx: Tx, rid: str, replaces: str | None) -> None:

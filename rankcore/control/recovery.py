@@ -64,7 +64,7 @@ from ..placement import deadlines, gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
 from . import autoscaling, bluegreen, proxies, rollouts
-from .moves import hold_waiting_gangs, reconcile, start, stop
+from .moves import crash, hold_waiting_gangs, reconcile, start, stop
 
 __all__ = ["rebuild", "unresponsive_gone"]
 
@@ -497,7 +497,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
     for u in sorted(silent_orphans, key=lambda u: u.replica_id):  # (and one that did not even answer: at once)
         tx.emit(StopReplica(replica_id=u.replica_id, deployment=u.deployment, graceful_shutdown_timeout_s=0.0))
         tx.retired = tx.retired.set(u.replica_id, None)
-    gangs.restart_incomplete(tx, sorted(specs))
+    _restart_cut_short(tx, sorted(specs))
 
 
 def _unfence(tx: Tx, dep: Deployment, gone: Iterable[str]) -> None:
@@ -511,7 +511,22 @@ def _unfence(tx: Tx, dep: Deployment, gone: Iterable[str]) -> None:
         dep = reconcile(tx, dep)
     tx.put(dep)
     if not left:
-        gangs.restart_incomplete(tx, [dep.name])
+        _restart_cut_short(tx, [dep.name])
+
+
+def _restart_cut_short(tx: Tx, names: Iterable[str]) -> None:
+    """After a recovery: a gang whose start was cut short (some members being started again now)
+    restarts whole, on its ranks (``gangs.cut_short`` names the others; each is stopped at once
+    and replaced), its starts in rank order."""
+    for name in names:
+        dep = tx.deps[name]
+        if dep.gang_size <= 1:
+            continue
+        for rep in gangs.cut_short(tx, dep):
+            tx.emit(stop_command(dep, rep.replica_id, now=True))
+            dep = crash(tx, dep, rep)
+        tx.put(dep)
+        gangs.starts_in_rank_order(tx, name)
 
 
 def _named_after(rid: str, name: str) -> bool:

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import math
 
+from ..base.books import release
 from ..base.gangmap import gang_ranks
 from ..base.lifecycle import Phase, Trigger, advance
 from ..base.options import DeploymentConfig
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
 from ..base.transaction import Tx, recount, stop_command
-from ..placement.scheduling import release
 from .bluegreen import is_blue_green, switch, switch_due, twin
 from .moves import hold, start_beside, start_waiting
 

@@ -7,15 +7,19 @@ downscale removes whole gangs from the top (``moves.stop``), and the core
 places a gang all or nothing (``scheduling.place_waiting`` with
 ``placement.choose_gang``). The rules here, each in one function:
 
-* ``fail_member``: under ``restart_gang`` a member's failure replaces every
-  member on its rank (the others are stopped at once); under
-  ``restart_replica`` only that member (unless it runs an outdated revision
-  during a rollout: then its whole gang, as under ``restart_gang``);
+* ``restarted_with``: who dies with a member (``rankcore.control.moves.fail``
+  asks, then replaces each): under ``restart_gang`` every member on its rank
+  (the others are stopped at once); under ``restart_replica`` only that member
+  (unless it runs an outdated revision during a rollout: then its whole gang,
+  as under ``restart_gang``);
+* ``held`` / ``is_held``: a rolled gang's new members waiting for its retiring
+  ones to stop (``rankcore.control.moves.hold``);
 * ``tell`` (an end-of-step pass): each StartReplica of a member carries its
   gang as the step leaves it, and a gang that got a new member while others
   kept running is told its members (``GangChanged``);
-* ``restart_incomplete``: after a recovery, a gang whose start a controller
-  crash cut short is restarted whole on its ranks;
+* ``cut_short`` / ``starts_in_rank_order``: after a recovery, a gang whose start a
+  controller crash cut short is restarted whole on its ranks
+  (``rankcore.control.recovery`` replaces the members named);
 * ``check_scale`` / ``check_same_shape``: what a gang deployment refuses.
 
 A gang is named by its position, which never changes: ``"<deployment>/gang-<g>"``.
@@ -26,9 +30,13 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import cast
+import math
+from typing import Protocol, cast
 
+import immutables
+
+from ..base.cluster import Cluster
+from ..base.clustertx import ClusterTx
 from ..base.commands import GangChanged, StartReplica
 from ..base.errors import InvalidConfig, InvalidEvent
 from ..base.fields import shown
@@ -36,35 +44,62 @@ from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id,
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
-from ..base.transaction import Tx, stop_command
-from ..control.moves import crash, held
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
-           "fail_member", "tell", "restart_incomplete", "check_scale", "check_same_shape"]
+           "restarted_with", "held", "is_held", "tell", "cut_short", "starts_in_rank_order", "check_scale",
+           "check_same_shape"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 
 
-def fail_member(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
-    """A replica died (crash, start timeout, node loss): replace it, and under
-    ``restart_gang`` every other member of its gang too (their processes stopped).
-    A member still on an old revision during a rollout restarts its whole gang
-    under ``restart_replica`` too: its gang is being replaced anyway, and its
-    replacement (on the new revision) must not join members of the old one."""
+class Tx(Protocol):
+    """What these rules need of ``rankcore.base.transaction.Tx``."""
+
+    @property
+    def view(self) -> Cluster | ClusterTx: ...
+
+    deps: immutables.Map
+    commands: list
+    gangs: set[str] | None
+
+
+def restarted_with(tx: Tx, dep: Deployment, rep: Replica) -> list[tuple[Replica, bool]] | None:
+    """Who dies with ``rep`` (a crash, a start timeout, a lost node, failed health checks), in rank
+    order, each with whether it is alive and is stopped first; None when ``rep`` goes alone. Under
+    ``restart_gang`` its whole gang; under ``restart_replica`` only ``rep``, unless it runs an old
+    revision during a rollout (its gang is being replaced anyway, and its successor on the new
+    revision must not join members of the old one). Members held for a rolled gang (``held``) have
+    no process: they start with it."""
     if dep.gang_size <= 1 or rep.phase is Phase.STOPPING or (
             dep.gang_failure != "restart_gang" and (rep.revision == dep.revision or dep.deleting)):
-        return crash(tx, dep, rep)
+        return None
     k = dep.gang_size
     g = dep.ranks.global_rank(rep.replica_id) // k
-    waiting = set(held(tx, dep, g))  # held for a rolled gang (moves.hold): no process; they start with it
+    waiting = set(held(tx, dep, g))
+    out = []
     for rid in [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]:  # (as it was)
         member = dep.replicas.get(rid) if rid is not None else None
         if member is None or member.phase is Phase.STOPPING or (rid in waiting and rid != rep.replica_id):
             continue
-        if rid != rep.replica_id and rid not in tx.view.delayed:  # (delayed: never started, nothing to stop)
-            tx.emit(stop_command(dep, member.replica_id, now=True))  # alive: restarted with its gang
-        dep = crash(tx, dep, member)
-    return dep
+        # (a delayed member never started: nothing to stop)
+        out.append((member, rid != rep.replica_id and rid not in tx.view.delayed))
+    return out
+
+
+def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
+    """The members of gang ``g`` waiting for their gang's retiring members to stop (``hold``), in rank order."""
+    cl = tx.view
+    if not cl.delayed:
+        return []
+    holders = (cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, dep.gang_size))
+    return [rid for rid in holders if rid is not None and is_held(cl, rid)]
+
+
+def is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
+    """``rid`` is a gang member's rollout successor held until its gang's retiring members have
+    stopped (``hold``: a restart backoff with no end), not one waiting out a restart backoff
+    (``rankcore.is_held``: an executor's metrics tell the two apart)."""
+    return rid in cl.delayed and cl.deadlines.get(rid) == math.inf
 
 
 def _members(dep: Deployment, g: int) -> tuple[str, ...]:
@@ -97,30 +132,26 @@ def tell(tx: Tx) -> None:
     tx.commands = out
 
 
-def restart_incomplete(tx: Tx, names: Iterable[str]) -> None:
-    """After a recovery: a gang whose start was cut short (some members being
-    started again now) restarts whole, on its ranks."""
-    fresh = {c.replica_id for c in tx.commands if type(c) is StartReplica}
-    for name in names:
-        dep = tx.deps[name]
-        if dep.gang_size <= 1:
+def cut_short(tx: Tx, dep: Deployment) -> list[Replica]:
+    """After a recovery: the members of ``dep``'s gangs whose start was cut short (some members
+    being started again in this step), in rank order, to be stopped and replaced whole, on their ranks."""
+    if dep.gang_size <= 1:
+        return []
+    fresh = {c.replica_id for c in tx.commands if type(c) is StartReplica and c.deployment == dep.name}
+    k = dep.gang_size
+    out = []
+    for g in range(dep.target // k):
+        members = [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]
+        if not any(m in fresh for m in members):
             continue
-        k = dep.gang_size
-        for g in range(dep.target // k):
-            members = [cast("str | None", dep.ranks.holder_of(r)) for r in gang_ranks(g, k)]
-            if not any(m in fresh for m in members):
-                continue
-            for rid in members:
-                rep = dep.replicas.get(rid) if rid is not None else None
-                if rep is None or rid in fresh or rep.phase is Phase.STOPPING:
-                    continue
-                tx.emit(stop_command(dep, rep.replica_id, now=True))
-                dep = crash(tx, dep, rep)
-        tx.put(dep)
-        _starts_in_rank_order(tx, name)
+        for rid in members:
+            rep = dep.replicas.get(rid) if rid is not None else None
+            if rep is not None and rid not in fresh and rep.phase is not Phase.STOPPING:
+                out.append(rep)
+    return out
 
 
-def _starts_in_rank_order(tx: Tx, name: str) -> None:
+def starts_in_rank_order(tx: Tx, name: str) -> None:
     """Re-order ``name``'s StartReplica commands of this step by global rank
     (each keeps a start's slot), as every batch of starts is."""
     slots = [i for i, c in enumerate(tx.commands) if type(c) is StartReplica and c.deployment == name]

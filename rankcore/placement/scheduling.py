@@ -31,6 +31,7 @@ from typing import Protocol, TypeVar, cast
 
 import immutables
 
+from ..base.books import adjusted, dequeue, free_gpus
 from ..base.cluster import Cluster, Need, Node, fits
 from ..base.clustertx import ClusterTx
 from ..base.commands import PlaceReplica, ScheduleTick
@@ -71,13 +72,13 @@ class Tx(Protocol):
 
     evictions: list | None
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "release", "place_waiting", "unreserve", "hold", "unbook", "avoid_node", "new_node", "adjusted"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "place_waiting", "unreserve", "hold", "avoid_node", "new_node"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _INF = math.inf
 _Place = maker(PlaceReplica)  # built from the core's own valid values: no validators
 # the copies a placement makes, of the fields it changes (rankcore.base.records)
-_with_free, _with_node = updater(Node, "free", "tenants"), updater(Replica, "node_id")
+_with_node = updater(Replica, "node_id")
 _with_placed = updater(Deployment, "replicas", "ranks")
 _View = maker(NodeView)  # (a node the core holds, as it holds it)
 
@@ -86,15 +87,6 @@ def new_node(node_id: str, resources: Need, labels: tuple, order: int | None, jo
     res = immutables.Map(resources)
     return Node(node_id=node_id, resources=res, free=res, labels=labels,
                 order=(order if order is not None else _INF, joined, node_id))
-
-
-def adjusted(node: Node, need: Need, sign: float) -> Node:
-    """``node`` with ``need`` given back (``sign`` 1.0: a booking freed) or taken
-    (-1.0): the one primitive every booking change goes through (fast paths too)."""
-    free = node.free
-    for k, v in need:
-        free = free.set(k, free.get(k, 0.0) + sign * v)
-    return _with_free(node, free, node.tenants - 1 if sign > 0 else node.tenants + 1)
 
 
 def _kind(cl: ClusterTx, rid: str, need: Need, gang: tuple = ()) -> tuple:
@@ -130,16 +122,6 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
         cl.queue = tuple(rids) + tuple(x for x in cl.queue if x not in again)
     else:
         cl.queue = cl.queue + tuple(rids)
-
-
-def _dequeue(cl: ClusterTx, rid: str) -> None:
-    kind = cl.queued.get(rid)
-    if kind is None:
-        return
-    cl.queued = cl.queued.delete(rid)
-    n = cl.queue_kinds[kind] - 1
-    cl.queue_kinds = cl.queue_kinds.set(kind, n) if n else cl.queue_kinds.delete(kind)
-    # (the id stays in ``queue`` until the next pass skips it)
 
 
 def _rekind(cl: ClusterTx, rids: list[str], kind_of: Callable[[str, tuple], tuple]) -> None:
@@ -224,42 +206,6 @@ def hold(tx: Tx, rid: str, node_id: str, need: Need) -> None:
     cl.held = cl.held.set(rid, (node_id, need))
 
 
-def release(tx: Tx, rid: str) -> None:
-    """``rid`` left (stopped, crashed): what the cluster holds for it is freed."""
-    seen = tx.view
-    if rid not in seen.held and rid not in seen.queued and rid not in seen.deadlines and rid not in seen.avoid \
-            and not devices.holds(seen, rid):
-        return  # nothing to free (a crash replacement took its booking): no working copy
-    cl = tx.cl
-    if devices.holds(cl, rid):
-        devices.release(cl, rid)
-    if rid in cl.held:
-        cl.changed = True
-        cl.held, nodes = unbook(cl, rid)
-        if nodes is not cl.nodes:
-            cl.nodes, cl.blocked = nodes, None
-    if rid in cl.queued:
-        cl.changed = True
-        _dequeue(cl, rid)
-    if rid in cl.deadlines:
-        cl.changed = True
-        cl.deadlines = cl.deadlines.delete(rid)
-        if rid in cl.delayed:
-            cl.delayed = cl.delayed.delete(rid)
-    if rid in cl.avoid:
-        cl.changed = True
-        cl.avoid = cl.avoid.delete(rid)
-
-
-def unbook(cl: Cluster | ClusterTx, rid: str) -> tuple[immutables.Map, immutables.Map]:
-    """The book and the nodes with ``rid``'s booking freed (its node's room given
-    back; a node gone gives nothing back). ``rid`` holds a booking."""
-    node_id, need = cl.held[rid]
-    node = cl.nodes.get(node_id)
-    nodes = cl.nodes.set(node_id, adjusted(node, need, 1.0)) if node is not None else cl.nodes
-    return cl.held.delete(rid), nodes
-
-
 def avoid_node(tx: Tx, rid: str, node_id: str) -> None:
     """Keep ``rid`` off ``node_id`` (a placement there failed or timed out) until the node
     reports its capacity again or the failures are forgotten (``retry_s`` on the clock)."""
@@ -286,7 +232,7 @@ def unreserve(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         if node is not None:
             cl.nodes = cl.nodes.set(held[0], adjusted(node, held[1], 1.0))
     if rep.replica_id in cl.hot:
-        devices.free_gpus(cl, rep.replica_id)  # (its GPU memory too)
+        free_gpus(cl, rep.replica_id)  # (its GPU memory too)
     avoid_node(tx, rep.replica_id, node_id)
     dep = _copy(dep, replicas=dep.replicas.set(rep.replica_id, _copy(rep, node_id=None)),
                   ranks=dep.ranks.unplace(rep.replica_id))
@@ -461,7 +407,7 @@ def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple
         cl.evicting = cl.evicting.delete(rid)
         node_id, claim = cl.hot[rid]  # its victims are gone: it takes the room it claimed
         source = Tier.WARM if devices.warm_here(cl, dep, node_id) else Tier.COLD
-        _dequeue(cl, rid)
+        dequeue(cl, rid)
         tx.put(_reserve(tx, dep, dep.replicas[rid], node_id,
                         TierPlacement(node_id=node_id, choice=Choice.FREE, devices=claim.devices, source=source)))
         return True
@@ -475,7 +421,7 @@ def _place_tiered(tx: Tx, cl: ClusterTx, dep: Deployment, rid: str, avoid: tuple
     if chosen.evict:
         devices.start_evictions(tx, dep, rid, chosen)
         return False
-    _dequeue(cl, rid)
+    dequeue(cl, rid)
     tx.put(_reserve(tx, dep, dep.replicas[rid], chosen.node_id, chosen))
     return True
 
@@ -513,7 +459,7 @@ def place_waiting(tx: Tx) -> None:
                 keep.append(rid)
                 continue
             for member, to in zip(members, nodes):
-                _dequeue(cl, member)
+                dequeue(cl, member)
                 dep = _reserve(tx, dep, dep.replicas[member], to)
                 for views in cache.values():
                     views.pop(to, None)
@@ -536,7 +482,7 @@ def place_waiting(tx: Tx) -> None:
             failed.add(kind)
             keep.append(rid)
             continue
-        _dequeue(cl, rid)
+        dequeue(cl, rid)
         tx.put(_reserve(tx, dep, dep.replicas[rid], node_id))
         for views in cache.values():  # that node changed (its free room, this deployment's count)
             views.pop(node_id, None)

@@ -49,7 +49,7 @@ from .choice import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
 __all__ = ["tiered", "gpus_of", "host_need", "device_bytes", "off_device_nodes", "want", "node_views", "choose", "book",
            "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
-           "check_same_model", "holds", "release", "joined", "node_lost", "free_gpus",
+           "check_same_model", "joined", "node_lost",
            "views_of", "recovered"]
 
 
@@ -295,30 +295,6 @@ def forget_copy(cl: ClusterTx, node_id: str, rid: str) -> None:
     kept = tuple(e for e in cache if e.replica_id != rid)
     if len(kept) != len(cache):
         cl.caches = cl.caches.set(node_id, kept)
-        cl.changed = True
-
-
-def holds(cl: Cluster | ClusterTx, rid: str) -> bool:
-    """Whether the device books hold anything of ``rid`` (a booking, a wait for victims, a
-    no-evict mark): what ``release`` frees when it leaves."""
-    return rid in cl.hot or rid in cl.evicting or rid in cl.no_evict
-
-
-def release(cl: ClusterTx, rid: str) -> None:
-    """``rid`` left: its device booking, its wait for victims, its no-evict mark go."""
-    free_gpus(cl, rid)
-    if rid in cl.evicting:
-        cl.evicting = cl.evicting.delete(rid)
-    if rid in cl.no_evict:
-        cl.no_evict = cl.no_evict.delete(rid)
-    cl.changed = True
-
-
-def free_gpus(cl: ClusterTx, rid: str) -> None:
-    """``rid`` is WARM (asleep): its GPU memory is free for others."""
-    if rid in cl.hot:
-        cl.hot = cl.hot.delete(rid)
-        cl.blocked = None
         cl.changed = True
 
 

@@ -26,6 +26,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from ..base.books import free_gpus
 from ..base.commands import LoadReplica, OffloadReplica, UpdateWeights
 from ..base.errors import InvalidEvent
 from ..base.lifecycle import Phase, Residency, TierTrigger, advance_tier
@@ -165,7 +166,7 @@ def moved(tx: Tx, dep: Deployment, rep: Replica, tier: str) -> Deployment | None
         if new.residency.value != tier:
             return None  # (loading, an earlier offload's answer; or the other way round)
     if new.residency is Residency.WARM and rep.replica_id in tx.view.hot:
-        devices.free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others
+        free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others
     return put_replica(dep, rep, settle(tx, dep, new))
 
 
@@ -176,7 +177,7 @@ def move_failed(tx: Tx, dep: Deployment, rep: Replica) -> Deployment | None:
         return None
     new = _copy(rep, residency=advance_tier(rep.residency, TierTrigger.MOVE_FAILED, rep.replica_id))
     if new.residency is Residency.WARM and rep.replica_id in tx.view.hot:
-        devices.free_gpus(tx.cl, rep.replica_id)  # the load it was booked for failed
+        free_gpus(tx.cl, rep.replica_id)  # the load it was booked for failed
     return put_replica(dep, rep, new)
 
 

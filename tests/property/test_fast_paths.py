@@ -134,7 +134,7 @@ def test_the_fast_paths_decline_what_they_do_not_cover() -> None:
 def test_a_stop_of_an_asleep_replacement_of_an_evicted_replica_takes_the_general_path() -> None:
     """Found by the thorough profile: the replacement of an evicted replica keeps its no-evict
     mark while it runs and sleeps (not HOT then); its ReplicaStopped on the fast path kept the
-    mark, the general path drops it (``devices.release``)."""
+    mark, the general path drops it (``books.release_devices``)."""
     g = 10**9
     s = rc.State()
     for e in (rc.NodeJoined(node_id="n0", resources={"GPU": 1, "CPU": 8}, devices=(80 * g,), cpu_cache_bytes=200 * g),

@@ -166,8 +166,9 @@ def test_internal_modules_say_they_are_internal():
 
 
 #: rankcore's folders, bottom to top (docs/architecture.md, "The planes"): a module may import its own
-#: folder and the folders beneath it; the request plane stands on the base alone
-LAYERS = {"base": 0, "placement": 1, "tiers": 1, "control": 1, "requests": 1, "": 2}
+#: folder and the folders beneath it. The request plane stands on the floor alone, and only the top
+#: (the step, the public modules) imports it.
+LAYERS = {"base": 0, "tiers": 1, "placement": 2, "control": 3, "requests": 1, "": 4}
 
 
 def _layer(module: str) -> str:
@@ -182,14 +183,15 @@ def _crossings(graph: dict[str, set[str]]) -> list[str]:
             la, lb = _layer(a), _layer(b)
             if b == "rankcore" or la == lb or not b.startswith("rankcore."):
                 continue
-            if LAYERS[lb] > LAYERS[la] or (LAYERS[lb] == LAYERS[la] and "requests" in (la, lb)):
+            if LAYERS[lb] > LAYERS[la] or (lb == "requests" and la != "") or (la == "requests" and lb != "base"):
                 bad.append(f"{a} -> {b}")
     return sorted(bad)
 
 
 def test_the_planes_import_one_way():
-    """base <- placement, tiers, control (one layer: the generic moves ask static placement and gangs
-    what differs) <- the step (core, fast paths) and the public modules; requests <- base only."""
+    """base (the floor: records, events, the step's transaction and the cluster's books) <- tiers
+    <- placement <- control <- the step (core, fast paths) and the public modules; requests <- base
+    only, imported by the top only. A crash enters at ``control.moves.fail`` and walks down."""
     graph = _graph("rankcore")
     assert {_layer(m) for m in graph} == set(LAYERS)
     assert _crossings(graph) == []
@@ -197,10 +199,17 @@ def test_the_planes_import_one_way():
 
 def test_the_layer_check_sees_a_base_module_importing_a_plane():
     graph = {"rankcore.base.state": {"rankcore.placement.policies"}, "rankcore.requests.machine": {"rankcore.control.pool"},
-             "rankcore.control.moves": {"rankcore.core"}, "rankcore.core": {"rankcore.control.moves"}}
+             "rankcore.control.moves": {"rankcore.core"}, "rankcore.core": {"rankcore.control.moves"},
+             "rankcore.placement.gangs": {"rankcore.control.moves", "rankcore.tiers.devices"},
+             "rankcore.tiers.devices": {"rankcore.placement.scheduling", "rankcore.base.cluster"},
+             "rankcore.control.pool": {"rankcore.requests.records"}, "rankcore.requests.queue": {"rankcore.tiers.choice"}}
     assert _crossings(graph) == ["rankcore.base.state -> rankcore.placement.policies",
                                  "rankcore.control.moves -> rankcore.core",
-                                 "rankcore.requests.machine -> rankcore.control.pool"]
+                                 "rankcore.control.pool -> rankcore.requests.records",
+                                 "rankcore.placement.gangs -> rankcore.control.moves",
+                                 "rankcore.requests.machine -> rankcore.control.pool",
+                                 "rankcore.requests.queue -> rankcore.tiers.choice",
+                                 "rankcore.tiers.devices -> rankcore.placement.scheduling"]
 
 
 def _dotted_strings() -> list[tuple[str, str]]:
