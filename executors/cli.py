@@ -762,12 +762,12 @@ def check_trace(trace: Path) -> None:
 
 # --------------------------------------------------------------------- serve
 def _load_app(target: str) -> Any:
-    """``module:attr`` -> the application (``control.apps.import_app``: a ``Deployment`` is bound
+    """``module:attr`` -> the application (``api.apps.import_app``: a ``Deployment`` is bound
     with no arguments, a builder function called; the module's classes travel to the replicas
     by value). A bad target is a usage error naming what was wrong."""
     import rankcore as rc
 
-    from .ray_gpu.control.apps import import_app
+    from .ray_gpu.api.apps import import_app
 
     if ":" not in target:
         raise click.UsageError(f"expected MODULE:APP (e.g. my_models:app), got {target!r}")
@@ -962,7 +962,7 @@ def deploy(target: str, arguments: tuple[str, ...], address: str | None, connect
         running = ingress_address()
         if running is not None:
             cfg = attrs.evolve(cfg, http_options=attrs.evolve(cfg.http_options, host=running[0], port=running[1]))
-    from .ray_gpu.control import apps, rest
+    from .ray_gpu.api import apps, rest
 
     try:
         url = rest.start_rest(None, rest_port)
@@ -1005,7 +1005,7 @@ def build(targets: tuple[str, ...], output: Path | None, servicers: tuple[str, .
     import rankcore as rc
 
     from .ray_gpu.api import config as cf
-    from .ray_gpu.control.apps import import_app
+    from .ray_gpu.api.apps import import_app
 
     target = targets[0]
     try:
@@ -1036,7 +1036,7 @@ def status(address: str | None, connect_timeout: float, as_json: bool) -> None:
     import json as json_
 
     _connect(address, connect_timeout)
-    from .ray_gpu.control import apps
+    from .ray_gpu.api import apps
 
     view = apps.status()
     if as_json:
@@ -1058,7 +1058,7 @@ def config_command(address: str | None, connect_timeout: float, app_name: str | 
     """The config each application was applied with (Ray Serve's `serve config`): one YAML
     document per application, its entry as `rankcore deploy` took it."""
     _connect(address, connect_timeout)
-    from .ray_gpu.control import apps
+    from .ray_gpu.api import apps
 
     applied = apps.applied_apps()
     if app_name is not None:
@@ -1129,7 +1129,7 @@ def delete(name: str, address: str | None, connect_timeout: float) -> None:
     import rankcore as rc
 
     _connect(address, connect_timeout)
-    from .ray_gpu.control import apps
+    from .ray_gpu.api import apps
 
     try:
         apps.delete_app(name)
@@ -1148,7 +1148,7 @@ def shutdown(address: str | None, connect_timeout: float, yes: bool) -> None:
     if not yes:
         click.confirm("Delete every application and reset the controller?", abort=True)
     _connect(address, connect_timeout)
-    from .ray_gpu.control import apps, rest
+    from .ray_gpu.api import apps, rest
 
     apps.delete_all()
     rest.stop_rest()

@@ -25,8 +25,6 @@ FORK_SUPPORT_VARIABLE = "GRPC_ENABLE_FORK_SUPPORT"
 os.environ.setdefault(FORK_SUPPORT_VARIABLE, "false")
 
 if TYPE_CHECKING:
-    from .api.batching import batch
-    from .api.context import ReplicaContext, get_replica_context
     from .api.deployments import (
         Application,
         Deployment,
@@ -40,9 +38,11 @@ if TYPE_CHECKING:
         idempotent,
         run,
     )
-    from .api.exposed import http_method
-    from .api.multiplex import get_multiplexed_model_id, multiplexed
+    from .base.context import ReplicaContext, get_replica_context
+    from .base.exposed import http_method
     from .control.static import StaticPlacementConfig, bundle_locations, sorted_bundle_mapping
+    from .replica.batching import batch
+    from .replica.multiplex import get_multiplexed_model_id, multiplexed
     from .weights.shared import WeightsShare, share_weights
 
 __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "DeploymentHandle", "DeploymentResponse",
@@ -51,17 +51,17 @@ __all__ = ["deployment", "run", "delete", "ask", "Deployment", "Application", "D
            "idempotent", "batch", "multiplexed", "get_multiplexed_model_id", "http_method"]
 
 #: where each public name lives. Imported on first use (PEP 562): a replica's
-#: worker imports ``executors.ray_gpu.control.replica`` and must not pay for the
+#: worker imports ``executors.ray_gpu.replica.actor`` and must not pay for the
 #: controller and the handle (~0.1-0.2 s of every replacement's start).
 _WHERE = {
     **dict.fromkeys(("Application", "Deployment", "DeploymentHandle", "DeploymentResponse", "ask", "delete", "deployment",
                      "get_controller", "get_deployment_handle", "run", "idempotent"), "api.deployments"),
-    **dict.fromkeys(("ReplicaContext", "get_replica_context"), "api.context"),
+    **dict.fromkeys(("ReplicaContext", "get_replica_context"), "base.context"),
     **dict.fromkeys(("StaticPlacementConfig", "bundle_locations", "sorted_bundle_mapping"), "control.static"),
     **dict.fromkeys(("WeightsShare", "share_weights"), "weights.shared"),
-    "batch": "api.batching",
-    "http_method": "api.exposed",
-    **dict.fromkeys(("multiplexed", "get_multiplexed_model_id"), "api.multiplex"),
+    "batch": "replica.batching",
+    "http_method": "base.exposed",
+    **dict.fromkeys(("multiplexed", "get_multiplexed_model_id"), "replica.multiplex"),
 }
 
 

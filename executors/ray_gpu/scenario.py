@@ -68,13 +68,13 @@ from ..scenarios.timeline import (
     rank_holder,
 )
 from .api.deployments import Deployment, ask, get_controller
-from .api.fingerprint import stamp
+from .base.fingerprint import stamp
+from .base.replicas import NAMESPACE, actor_name
 from .control.cluster import SCENARIO_NODE_LABEL, ScenarioCluster
 from .control.observe import UNSEEN_GROUP_PREFIX
 from .control.record import queue_fault
-from .control.replica import remote_class
-from .control.replicas import NAMESPACE, actor_name
 from .control.static import StaticPlacementConfig
+from .replica.actor import remote_class
 from .scenario_models import CLASSES, WEIGHTED, NoReconfigure, weights_for
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .api.context import get_replica_context
+from .base.context import get_replica_context
 
 __all__ = ["NoReconfigure", "PlainReconfigure", "RankReconfigure", "CLASSES", "Weighted", "WEIGHTED", "weights_for"]
 

@@ -8,21 +8,21 @@ Each name here is rankcore's own implementation under Serve's name and signature
 ``get_app_handle``, ``get_deployment_handle``, ``delete``, ``status``, ``shutdown``, ``start``,
 ``DeploymentHandle``, ``DeploymentResponse``, ``Application``, ``Deployment``, ``HTTPOptions``,
 ``gRPCOptions``, ``grpc_util.RayServegRPCContext``: a method taking ``grpc_context`` gets one over gRPC,
-``api.grpc_context``; ``metrics.Counter``, ``metrics.Gauge``, ``metrics.Histogram``, the user's own
-metrics: ``api.user_metrics``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
+``base.grpc_context``; ``metrics.Counter``, ``metrics.Gauge``, ``metrics.Histogram``, the user's own
+metrics: ``replica.user_metrics``). A name of Ray Serve's that rankcore has no equivalent for (``run_many`` ...) raises
 ``NoEquivalent`` when it is used, saying so and what to use instead; a name Ray Serve does not have
 either is an ``AttributeError``. docs/ray.md, "Porting a Serve app".
 
 HTTP as in Serve: a class deployed with this module's ``deployment`` gets, at every path under its
-route prefix, a starlette ``Request`` in ``__call__`` (``api.asgi``); under ``@ingress(app)`` its
+route prefix, a starlette ``Request`` in ``__call__`` (``replica.asgi``); under ``@ingress(app)`` its
 FastAPI (or any ASGI) app answers. (rankcore's own ``deployment`` keeps its JSON calls: the body's
 JSON is the arguments, ``<route>/<method>`` a method marked ``@http_method``.)
 
 Applications: ``run(app, name=...)`` names its deployments' application in Ray's KV store
-(``control.appnames``: metrics, ``/-/routes``, gRPC routing and status read it), so
+(``base.appnames``: metrics, ``/-/routes``, gRPC routing and status read it), so
 ``get_app_handle(name)`` and ``delete(name)`` find them from any process (this process also keeps
 them, its ingress first); a name applied from a config file (``rankcore deploy``) is found in what
-``control.apps`` keeps.
+``api.apps`` keeps.
 """
 
 from __future__ import annotations
@@ -35,21 +35,21 @@ from typing import Any
 
 import rankcore as rc
 
-from .api import grpc_context as grpc_util
-from .api import user_metrics as metrics
-from .api.asgi import ingress, request_ingress
-from .api.batching import batch
 from .api.config import GRPCOptions as gRPCOptions
 from .api.config import HTTPOptions, options_from
-from .api.context import get_replica_context
 from .api.deployments import Application, Deployment, DeploymentHandle, DeploymentResponse
 from .api.deployments import delete as _delete_deployment
 from .api.deployments import deployment as _deployment
 from .api.deployments import get_deployment_handle as _handle
 from .api.deployments import run as _run
-from .api.exposed import http_method
-from .api.multiplex import get_multiplexed_model_id, multiplexed
-from .control import appnames
+from .base import appnames
+from .base import grpc_context as grpc_util
+from .base.context import get_replica_context
+from .base.exposed import http_method
+from .replica import user_metrics as metrics
+from .replica.asgi import ingress, request_ingress
+from .replica.batching import batch
+from .replica.multiplex import get_multiplexed_model_id, multiplexed
 
 __all__ = ["deployment", "ingress", "run", "start", "batch", "multiplexed", "get_multiplexed_model_id", "get_replica_context",
            "get_app_handle", "get_deployment_handle", "delete", "status", "shutdown", "DeploymentHandle",
@@ -98,7 +98,7 @@ def _function_class(fn: Any) -> Any:
 def deployment(_func_or_class: Any = None, *args: Any, **options: Any) -> Any:
     """Serve's ``@serve.deployment`` (``@deployment`` or ``@deployment(num_replicas=2, ...)``):
     rankcore's ``deployment`` with Serve's HTTP: ``__call__(self, request)`` gets a starlette
-    ``Request`` for each HTTP request under the route prefix (``api.asgi.request_ingress``; a class
+    ``Request`` for each HTTP request under the route prefix (``replica.asgi.request_ingress``; a class
     under ``@ingress(app)`` keeps its app). On a function, as Serve's: the function is called
     (``_function_class``). A first argument that is a string (``@serve.deployment("name", ...)``) is
     ignored, as Serve's decorator ignores it: the deployment keeps its class's name (``name=`` names it)."""
@@ -122,7 +122,7 @@ def start(http_options: HTTPOptions | dict | None = None, grpc_options: gRPCOpti
           proxy_location: str | None = None, **others: Any) -> None:
     """Start the proxies (``serve.start``): HTTP on ``http_options``' host and port, gRPC when
     ``grpc_options`` names servicer functions; ``proxy_location`` as Serve's."""
-    from .control.apps import start_proxies
+    from .api.apps import start_proxies
 
     if others:
         raise NoEquivalent(f"serve.start({', '.join(sorted(others))}=...): no such option in rankcore "
@@ -174,7 +174,7 @@ def _deployments_of(name: str) -> tuple[str, ...]:
     """The deployments application ``name`` holds, ingress first (``rankcore.InvalidEvent``: none)."""
     if name in _APPS:
         return _APPS[name]
-    from .control.apps import applied_apps
+    from .api.apps import applied_apps
 
     applied = applied_apps().get(name)
     if applied is not None:
@@ -189,7 +189,7 @@ def _deployments_of(name: str) -> tuple[str, ...]:
 def _ran_elsewhere(name: str) -> tuple[str, ...]:
     """The deployments of application ``name`` as ``appnames`` keeps them (any process's
     ``serve.run``), its routed one (the ingress) first; () when it has none."""
-    from .control import persist
+    from .base import persist
 
     members = sorted(d for d, app in appnames.table(0.0).items() if app == name)
     if not members:
@@ -223,7 +223,7 @@ def delete(name: str, _blocking: bool = True) -> None:
             _delete_deployment(d, wait=_blocking)
         appnames.forget(name)
         return
-    from .control.apps import applied_apps, delete_app
+    from .api.apps import applied_apps, delete_app
 
     applied = name in applied_apps()
     ran = () if applied else _ran_elsewhere(name)
@@ -241,14 +241,14 @@ def delete(name: str, _blocking: bool = True) -> None:
 def status() -> dict:
     """What ``rankcore status --json`` prints (Serve's ``serve.status()`` gives a ``ServeStatus``
     object of the same facts: applications, deployments, replicas, proxies)."""
-    from .control.apps import status as _status
+    from .api.apps import status as _status
 
     return _status()
 
 
 def shutdown() -> None:
     """Delete every application, stop every replica and proxy (``serve.shutdown``); Ray keeps running."""
-    from .control.apps import delete_all
+    from .api.apps import delete_all
 
     _APPS.clear()
     delete_all()  # (every application's name too: appnames.forget_all)

@@ -14,10 +14,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session", autouse=True)
 def witness_dir():
-    """The replicas' witnesses (``executors/ray_gpu/api/witness.py``) in a folder of this run's own,
+    """The replicas' witnesses (``executors/ray_gpu/base/witness.py``) in a folder of this run's own,
     inherited by every Ray started here, removed at its end: a killed replica's stays otherwise,
     and another run's on this machine are not ours to sweep."""
-    from executors.ray_gpu.api.witness import DIR_ENV
+    from executors.ray_gpu.base.witness import DIR_ENV
 
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     d = tempfile.mkdtemp(prefix="rankcore-test-witness-", dir=base)

@@ -117,7 +117,7 @@ def test_a_controller_restart_pauses_autoscaling_keeps_its_target_and_it_resumes
         time.sleep(0.2)
     decided = st["target"]
     assert decided >= 2, f"no scale-up before the restart: {st}"
-    from executors.ray_gpu.control.persist import load_specs
+    from executors.ray_gpu.base.persist import load_specs
 
     assert load_specs()["restart"]["applied"].num_replicas == decided  # (what a restarted core rebuilds)
     ray.kill(get_controller(), no_restart=False)

@@ -43,8 +43,8 @@ from ray._private.state import actors as gcs_actors
 
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
+from executors.ray_gpu.base.replicas import NAMESPACE, actor_name
 from executors.ray_gpu.control.carry import ROUTERS_RESYNC_S
-from executors.ray_gpu.control.replicas import NAMESPACE, actor_name
 from executors.ray_gpu.ingress.http import ingress_address
 from tests.integration.waiting import wait_for
 

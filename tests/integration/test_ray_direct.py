@@ -1,6 +1,6 @@
 """The direct data plane on Ray (issue 65): ``start_ingress(data_plane="direct")`` puts HAProxy on
 the ingress's port, sending a deployment's plain requests straight to its replicas' own HTTP
-servers (``api/direct.py``) as the core's table says (``rankcore.requests.dataplane``), and
+servers (``base/direct.py``) as the core's table says (``rankcore.requests.dataplane``), and
 everything else to the proxy. The proxy's answers carry uvicorn's ``server`` header, a replica's
 own none: that is how each test tells which way a request went."""
 
@@ -20,9 +20,9 @@ import ray
 
 import rankcore as rc
 from executors.ray_gpu import delete, deployment, http_method, run
-from executors.ray_gpu.api.context import _get_serve_request_context
+from executors.ray_gpu.base.context import _get_serve_request_context
+from executors.ray_gpu.base.replicas import actor_name
 from executors.ray_gpu.control.controller import NAMESPACE
-from executors.ray_gpu.control.replicas import actor_name
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, start_ingress
 from rankcore.requests import dataplane as dp
 

@@ -1,7 +1,7 @@
 """gRPC on the direct data plane on Ray (issue 65): with ``start_ingress(data_plane="direct",
 grpc_port=..., grpc_servicer_functions=...)`` HAProxy takes the gRPC port too and sends a route's
 calls, by their ``application`` metadata, straight to its replicas' own gRPC servers
-(``ingress/direct_grpc.py``), the rest to the proxy's gRPC server. A call the proxy answered is in
+(``replica/direct_grpc.py``), the rest to the proxy's gRPC server. A call the proxy answered is in
 its ``grpc_codes()``; one a replica answered is not: that is how each test tells which way it went."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import ray
 from google.protobuf import empty_pb2, struct_pb2
 
 from executors.ray_gpu import deployment, get_replica_context, run
-from executors.ray_gpu.api.context import _get_serve_request_context
+from executors.ray_gpu.base.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc

@@ -374,7 +374,7 @@ def test_a_handle_learns_of_a_crash_and_its_replacement_from_the_controller_not_
     same-rank replacement once the controller serves it, and none fails."""
     import types
 
-    from executors.ray_gpu.api import router
+    from executors.ray_gpu.base import router
 
     h = run(Ids.bind())
     assert h.remote().result(timeout=30)  # the handle knows the 3 replicas

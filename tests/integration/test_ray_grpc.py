@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import rankcore as rc
 from executors.ray_gpu import deployment, get_replica_context, run
-from executors.ray_gpu.api.context import _get_serve_request_context
+from executors.ray_gpu.base.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, expose, proxies, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc

@@ -1,6 +1,6 @@
 """Serve's ``grpc_context`` over rankcore's gRPC front, and services added to running proxies (issue 64).
 
-A method that declares ``grpc_context`` gets a ``RayServegRPCContext`` (api/grpc_context.py): its
+A method that declares ``grpc_context`` gets a ``RayServegRPCContext`` (base/grpc_context.py): its
 ``invocation_metadata()`` is the client's metadata; the code and details it sets end the call (a code
 other than OK: the client's ``RpcError``, the response unsent; set and then raised: that code, the
 error's message); the trailing metadata it sets reaches the client beside ``request_id``; a generator
@@ -29,9 +29,9 @@ from grpc import aio
 
 import rankcore as rc
 from executors.ray_gpu import deployment, run, serve
-from executors.ray_gpu.api.context import _get_serve_request_context
-from executors.ray_gpu.api.grpc_context import RayServegRPCContext, attach, entry_name
-from executors.ray_gpu.ingress.grpc_proxy import GrpcFront
+from executors.ray_gpu.base.context import _get_serve_request_context
+from executors.ray_gpu.base.grpc_context import RayServegRPCContext, attach, entry_name
+from executors.ray_gpu.base.grpc_proxy import GrpcFront
 from executors.ray_gpu.ingress.http import IngressState, _cancel, expose, proxies, public_methods, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 

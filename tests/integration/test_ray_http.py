@@ -23,7 +23,7 @@ import ray
 
 import rankcore as rc
 from executors.ray_gpu import delete, deployment, http_method, multiplexed, run
-from executors.ray_gpu.api.exposed import Reachable
+from executors.ray_gpu.base.exposed import Reachable
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import (
     INGRESS_NAME,
@@ -258,7 +258,7 @@ def test_concurrent_requests_all_answered(base):
 
 
 def test_the_proxy_sends_plain_calls_by_value_to_replicas_it_knows_the_server_of(client):
-    """The proxy's calls go over the replicas' gRPC servers (``api.by_value``; ``RAY_SERVE_PROXY_USE_GRPC=0``
+    """The proxy's calls go over the replicas' gRPC servers (``base.by_value``; ``RAY_SERVE_PROXY_USE_GRPC=0``
     would send them as Ray calls): once its router knows both replicas' servers, every plain call
     is counted sent by value (the status JSON's queue), answered as before, errors included."""
     def sent() -> int:
@@ -717,7 +717,7 @@ def test_connection_limits_survive_a_proxy_restart(base):
     """Limits set on the running proxies (``start_ingress``, as ``rankcore serve`` does) are stored
     with the proxies' settings: the proxy the core starts after the head's is killed enforces them
     (it started with the defaults: 16 KiB heads, 10,000 connections)."""
-    from executors.ray_gpu.control import persist
+    from executors.ray_gpu.base import persist
 
     host, port = ingress_address()
     start_ingress(max_header_bytes=2048, max_connections=4)

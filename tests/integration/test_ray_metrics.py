@@ -23,7 +23,7 @@ import ray
 from prometheus_client.parser import text_string_to_metric_families
 
 from executors.ray_gpu import deployment, get_deployment_handle, http_method, run
-from executors.ray_gpu.api.context import _get_serve_request_context
+from executors.ray_gpu.base.context import _get_serve_request_context
 from executors.ray_gpu.control.controller import NAMESPACE
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, set_access_log
 

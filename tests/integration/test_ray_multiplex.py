@@ -21,7 +21,7 @@ from executors.ray_gpu import (
     multiplexed,
     run,
 )
-from executors.ray_gpu.control.replicas import NAMESPACE
+from executors.ray_gpu.base.replicas import NAMESPACE
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 

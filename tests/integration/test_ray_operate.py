@@ -19,8 +19,8 @@ import yaml
 from click.testing import CliRunner
 
 from executors.cli import main
+from executors.ray_gpu.api import apps, rest
 from executors.ray_gpu.api.deployments import ask, get_controller, get_deployment_handle
-from executors.ray_gpu.control import apps, rest
 from executors.ray_gpu.ingress.http import ingress_address
 
 from ..unit.test_config_file import doc_config

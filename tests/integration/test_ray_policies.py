@@ -35,7 +35,7 @@ from executors.checktrace import check_trace_lines
 from executors.ray_gpu import deployment, get_controller, get_replica_context
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
-from executors.ray_gpu.control.replica import remote_class
+from executors.ray_gpu.replica.actor import remote_class
 from tests.integration.conftest import ROOT, ray_env
 from tests.integration.waiting import wait_for
 

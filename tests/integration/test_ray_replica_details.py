@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 from executors.cli import PID_COLUMN_FROM, main
 from executors.ray_gpu import serve
+from executors.ray_gpu.api import apps, rest
 from executors.ray_gpu.api import config as cf
 from executors.ray_gpu.api.deployments import get_deployment_handle
-from executors.ray_gpu.control import apps, rest
 from executors.ray_gpu.control.observe import DEAD_KEPT, Watcher
 from rankcore.base.state import UNTIL_RECOVERED
 

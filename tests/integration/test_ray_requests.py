@@ -257,7 +257,7 @@ def test_a_generator_method_streams_over_http_as_ndjson():
 
 def test_a_call_that_never_began_on_a_replica_that_died_is_sent_to_another():
     """A progress call tells the router when it began (its marker); a plain call's replica wrote it
-    to its witness as it began (``api.witness``): either kind, dispatched to a replica that died
+    to its witness as it began (``base.witness``): either kind, dispatched to a replica that died
     before beginning it, never ran, and is answered by another replica."""
     h = run(deployment(Model, name="unstarted", num_replicas=2, max_ongoing_requests=2, ray_actor_options=OPTS).bind())
     victim = sorted(h.ranks())[0]
@@ -344,7 +344,7 @@ def test_deleting_one_deployment_drains_it_fails_its_waiting_calls_and_leaves_th
     import httpx
 
     from executors.ray_gpu import delete
-    from executors.ray_gpu.control.persist import load_deleted
+    from executors.ray_gpu.base.persist import load_deleted
     from executors.ray_gpu.ingress.http import ingress_address
 
     doomed = run(deployment(Model, name="doomed", num_replicas=1, max_ongoing_requests=1,
@@ -408,7 +408,7 @@ def test_a_stream_whose_consuming_task_is_cancelled_frees_its_slot():
     assert h.counters().lost == 0
 
 
-# ------------------------------------------------------------------ by value (api/by_value.py)
+# ------------------------------------------------------------------ by value (base/by_value.py)
 class Valued:
     def double(self, x: int) -> int:
         return x * 2
@@ -580,7 +580,7 @@ def test_a_replica_whose_server_this_router_cannot_reach_gets_ray_calls_until_it
     """The address a replica gives is tried first (``_reach``): one nothing answers at (a firewall that
     lets Ray's ports alone through) is sent no call by value; it is tried again later (``REACH_AGAIN_S``),
     and once reached takes calls by value."""
-    from executors.ray_gpu.api import router as router_module
+    from executors.ray_gpu.base import router as router_module
 
     monkeypatch.setattr(router_module, "REACH_AGAIN_S", 3.0)
     h = run(deployment(Valued, name="valued_walled", num_replicas=1, ray_actor_options=OPTS).bind())

@@ -21,8 +21,8 @@ from executors.checktrace import check_trace_lines
 from executors.history import rank_history
 from executors.ray_gpu import deployment, get_controller, get_replica_context, run
 from executors.ray_gpu.api.deployments import ask
-from executors.ray_gpu.api.fingerprint import code_fingerprint
-from executors.ray_gpu.control.replicas import NAMESPACE, actor_name
+from executors.ray_gpu.base.fingerprint import code_fingerprint
+from executors.ray_gpu.base.replicas import NAMESPACE, actor_name
 from executors.ray_gpu.scenario import run_on_ray
 from executors.sim import Simulation, parse_scenario
 from tests.integration.conftest import _local_ray

@@ -266,7 +266,7 @@ def test_a_controller_restart_keeps_a_sleep_and_a_push_that_no_replica_showed_ye
     ``desired_weights``) and passed as ``ControllerRecovered.asleep`` / ``weights_versions``:
     here every replica is still in its constructor when the controller dies, so no report says
     "warm" or holds the version pushed, and only the saved words keep the sleep and the push."""
-    from executors.ray_gpu.control import persist
+    from executors.ray_gpu.base import persist
 
     d = deployment(Policy, name="early", num_replicas=2)
     ctl = get_controller()

@@ -1,5 +1,5 @@
 """A plain call a replica began and one it never began, then the replica killed (the witness,
-``executors/ray_gpu/api/witness.py``): shared by the one-node and the multi-node tests."""
+``executors/ray_gpu/base/witness.py``): shared by the one-node and the multi-node tests."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import inspect
 
 import pytest
 
-from executors.ray_gpu.api import multiplex
+from executors.ray_gpu.replica import multiplex
 
 DEFAULT_DEADLINE_S = 20.0
 

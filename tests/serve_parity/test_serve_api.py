@@ -9,7 +9,7 @@ re-expressed from what it checks (written anew, not copied). The HTTP cases (``t
 ``test_starlette_response_*``, ``test_deploy_function_no_params*``, ``test_deploy_class_no_params``,
 ``test_scaling_replicas``, ``test_starlette_request``, ``test_deploy_application_basic``) send their
 requests with httpx to the proxy (``ingress_address()``) where Serve's go to 127.0.0.1:8000: ``__call__``
-gets a starlette ``Request`` and its answer is made by Serve's rules (executors/ray_gpu/api/asgi.py).
+gets a starlette ``Request`` and its answer is made by Serve's rules (executors/ray_gpu/replica/asgi.py).
 
 Adapted, as said at each case: Serve's function deployments (``@serve.deployment def f``) are classes
 with ``__call__`` here (written before ``@serve.deployment`` took functions: tests/unit/test_asgi_ingress.py
@@ -19,8 +19,8 @@ deployments are named apart from other cases' (``.options(name=...)`` where Serv
 requests follows redirects, httpx when told (``follow_redirects=True``); ``serve.status()`` is
 ``rankcore status --json``'s dict (docs/ray.md, "Porting a Serve app"), read by key; Serve's ``RayServeException`` is a ``rankcore.RankcoreError`` naming the same thing;
 Serve's private ``serve._run(..., _blocking=False)`` is what ``rankcore deploy --no-wait`` does
-(``control.apps.apply_config`` of a config naming a module-level application here) and Serve's
-private ``call_user_app_builder_with_args_if_necessary`` is ``control.apps.import_app`` (a config's
+(``api.apps.apply_config`` of a config naming a module-level application here) and Serve's
+private ``call_user_app_builder_with_args_if_necessary`` is ``api.apps.import_app`` (a config's
 ``import_path`` and ``args``). Ray starts once for the module (~6 s); every case deletes what it ran.
 
 Tally (2026-11-28): 46 cases, Serve's whole file: 41 pass, 4 skipped (documented differences, a pip
@@ -42,9 +42,9 @@ from ray import cloudpickle
 
 import rankcore as rc
 from executors.ray_gpu import serve
+from executors.ray_gpu.api import apps
 from executors.ray_gpu.api import config as cf
 from executors.ray_gpu.api.deployments import ask, get_controller
-from executors.ray_gpu.control import apps
 from tests.integration.conftest import _local_ray, witness_dir  # noqa: F401 (fixtures of this module too)
 
 ORIGIN = "python/ray/serve/tests/test_api.py @ 00f2529afe64d7685ed9657c77e10febd991e557"

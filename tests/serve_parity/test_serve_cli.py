@@ -48,8 +48,8 @@ from click.testing import CliRunner, Result
 
 from executors.cli import main
 from executors.ray_gpu import serve
+from executors.ray_gpu.api import apps, rest
 from executors.ray_gpu.api import config as cf
-from executors.ray_gpu.control import apps, rest
 from tests.integration.conftest import _local_ray, witness_dir  # noqa: F401 (fixtures of this module too)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -532,7 +532,7 @@ def test_deployment_contains_utils(tmp_path, monkeypatch):
 def test_idempotence_after_controller_death(use_command):
     pytest.skip("needs a Serve cluster harness: covered by tests/integration/test_ray_operate.py::"
                 "test_shutdown_deletes_every_application_and_stops_the_rest_server (deploy, rankcore shutdown, "
-                "nothing left, deploy again); serve.shutdown() is the same call (control.apps.delete_all)")
+                "nothing left, deploy again); serve.shutdown() is the same call (api.apps.delete_all)")
 
 
 GRPC = ("not ported: Serve's gRPC test services (its generated UserDefinedService and FruitService stubs); "

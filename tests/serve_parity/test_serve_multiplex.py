@@ -19,8 +19,8 @@ import asyncio
 import pytest
 
 from executors.ray_gpu import serve
-from executors.ray_gpu.api import multiplex
-from executors.ray_gpu.api.context import RequestContext, _serve_request_context
+from executors.ray_gpu.base.context import RequestContext, _serve_request_context
+from executors.ray_gpu.replica import multiplex
 
 ORIGIN = "python/ray/serve/tests/test_multiplex.py@090eba776e2d85c3ce1bea884c78db971812e735"
 
@@ -272,7 +272,7 @@ def test_setting_model_id_on_handle_does_not_set_it_locally():
 
 @pytest.mark.skip(reason=(
     "needs a Serve cluster test harness; no Ray integration test covers it: a stopping replica unloads "
-    "its models (executors/ray_gpu/control/replica.py calls multiplex.shutdown_all), covered by "
+    "its models (executors/ray_gpu/replica/actor.py calls multiplex.shutdown_all), covered by "
     "tests/unit/test_multiplex_decorator.py::test_after_shutdown_no_load_begins_and_every_model_was_unloaded"))
 def test_replica_upgrade_to_cleanup_resource():
     pass

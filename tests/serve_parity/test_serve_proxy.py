@@ -18,11 +18,11 @@ in docs/testing.md, "Ray Serve's own tests (tests/serve_parity/)".
 How: Serve's unit tests drive its private ``HTTPProxy``, ``gRPCProxy``, ``ProxyRouter`` and
 ``ProxyRequest`` classes with fakes. rankcore's proxy is a starlette app over an ``IngressState``
 (executors/ray_gpu/ingress/http.py) and a ``grpc.aio`` server over the same state (``GrpcFront``,
-ingress/grpc_proxy.py); both run here in this process, no Ray: the HTTP app through starlette's
+base/grpc_proxy.py); both run here in this process, no Ray: the HTTP app through starlette's
 ``TestClient``, the gRPC server on a loopback port. Serve's fake handles are stand-ins of
 ``DeploymentHandle`` answering at once (an ASGI deployment's: the ASGI messages Serve's fake returned);
 the controller the health page asks is a stand-in that answers; the application a deployment belongs
-to (``control/appnames.py``, Ray's KV store) is set per test. Serve's two multi-node cases
+to (``base/appnames.py``, Ray's KV store) is set per test. Serve's two multi-node cases
 (test_proxy.py: ``test_grpc_proxy_on_draining_nodes``, ``test_drain_and_undrain_http_proxy_actors``)
 drive the core's proxy rules (rankcore/control/proxies.py) as test_serve_proxy_state.py does, then what a
 serving and a draining proxy answer in this process; the Ray side of them is
@@ -61,11 +61,11 @@ from starlette.testclient import TestClient
 
 import rankcore as rc
 from executors.ray_gpu import serve
-from executors.ray_gpu.api.context import _serve_request_context
-from executors.ray_gpu.api.exposed import ASGI_ENTRY
-from executors.ray_gpu.control import appnames
+from executors.ray_gpu.base import appnames
+from executors.ray_gpu.base.context import _serve_request_context
+from executors.ray_gpu.base.exposed import ASGI_ENTRY
+from executors.ray_gpu.base.grpc_proxy import API_SERVICE, GrpcFront
 from executors.ray_gpu.ingress import http
-from executors.ray_gpu.ingress.grpc_proxy import API_SERVICE, GrpcFront
 from executors.ray_gpu.ingress.http import IngressState, _cancel, make_app, match_prefix, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 from tests.serve_parity.test_serve_proxy_state import HEAD_NODE_ID, Manager
@@ -112,7 +112,7 @@ def _controller_answers(monkeypatch):
 
 @pytest.fixture
 def apps(monkeypatch):
-    """``apps({deployment: application})``: the applications ``control.appnames`` reads (Ray's KV store)."""
+    """``apps({deployment: application})``: the applications ``base.appnames`` reads (Ray's KV store)."""
     def assign(table: dict[str, str]) -> None:
         monkeypatch.setattr(appnames, "table", lambda fresh_s=appnames.FRESH_S: dict(table))
     assign({})
@@ -650,7 +650,7 @@ class TestTimeoutKeepAliveConfig:
     def test_set_keep_alive_timeout_in_http_configs(self, monkeypatch):
         # serve.start(http_options=dict) reads the dict by the config file's rules: keep_alive_timeout_s is
         # accepted and ignored with a warning (docs/operate.md); the proxies' start is stood in for here (no Ray)
-        from executors.ray_gpu.control import apps as control_apps
+        from executors.ray_gpu.api import apps as control_apps
 
         started = []
         monkeypatch.setattr(control_apps, "start_proxies", lambda http, grpc, where: started.append(http))

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from executors.ray_gpu import serve
-from executors.ray_gpu.api.batching import BatchSizeMismatch
+from executors.ray_gpu.replica.batching import BatchSizeMismatch
 
 ORIGIN = "python/ray/serve/tests/unit/test_batching.py@090eba776e2d85c3ce1bea884c78db971812e735"
 

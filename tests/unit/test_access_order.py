@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from executors.ray_gpu.ingress.access import AccessLog
+from executors.ray_gpu.base.access import AccessLog
 from executors.ray_gpu.ingress.http import IngressState
 
 

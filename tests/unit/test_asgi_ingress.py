@@ -1,4 +1,4 @@
-"""Serve's two HTTP ingress shapes in the replica, in process (``executors.ray_gpu.api.asgi``):
+"""Serve's two HTTP ingress shapes in the replica, in process (``executors.ray_gpu.replica.asgi``):
 ``__call__(self, request)`` of a ``serve.deployment`` class and ``@serve.ingress(app)``. The proxy
 side and a real Ray are tests/integration/test_ray_serve_port.py."""
 
@@ -14,8 +14,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 import rankcore as rc
 from executors.ray_gpu import serve
-from executors.ray_gpu.api import asgi
-from executors.ray_gpu.api.exposed import reachable
+from executors.ray_gpu.base.exposed import reachable
+from executors.ray_gpu.replica import asgi
 
 
 def _scope(method: str, path: str, root: str = "", query: bytes = b"", headers: tuple = ()) -> dict:

@@ -1,4 +1,4 @@
-"""``@batch`` on plain asyncio (executors/ray_gpu/api/batching.py, issue 39): the decorator carries
+"""``@batch`` on plain asyncio (executors/ray_gpu/replica/batching.py, issue 39): the decorator carries
 the core batcher's decisions out; the same rules on Ray are test_ray_batching's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 import rankcore as rc
 from executors.ray_gpu import batch, get_multiplexed_model_id
-from executors.ray_gpu.api.batching import BatchSizeMismatch
-from executors.ray_gpu.api.context import RequestContext, _serve_request_context
+from executors.ray_gpu.base.context import RequestContext, _serve_request_context
+from executors.ray_gpu.replica.batching import BatchSizeMismatch
 
 
 class Model:

@@ -1,4 +1,4 @@
-"""The by-value transport's pieces without Ray (executors/ray_gpu/api/by_value.py): what travels, the
+"""The by-value transport's pieces without Ray (executors/ray_gpu/base/by_value.py): what travels, the
 user's error as Ray raises it, and a call and its cancel over a real gRPC server in this process.
 The Ray side (a router, replicas, a replica's death) is tests/integration/test_ray_requests.py's."""
 
@@ -16,7 +16,7 @@ import pytest
 import ray
 from ray.exceptions import RayTaskError
 
-from executors.ray_gpu.api import by_value
+from executors.ray_gpu.base import by_value
 
 
 def test_a_call_travels_pickled_and_what_plain_pickle_refuses_by_cloudpickle():
@@ -102,7 +102,7 @@ def test_a_call_and_a_cancel_over_a_replicas_server():
 
 _SERVER = """
 import asyncio, sys
-from executors.ray_gpu.api import by_value
+from executors.ray_gpu.base import by_value
 
 async def answer(data, began):
     if data == b"began":
@@ -192,7 +192,7 @@ def test_a_class_or_function_of_main_travels_by_value_not_by_name(monkeypatch: p
 def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_reference, proxies_by_reference):
     """Read where the module is imported (a proxy's or a replica's process: set them before Ray starts)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")}
-    out = subprocess.run([sys.executable, "-c", "from executors.ray_gpu.api import by_value as b; "
+    out = subprocess.run([sys.executable, "-c", "from executors.ray_gpu.base import by_value as b; "
                           "print(b.HANDLE_BY_REFERENCE, b.PROXY_BY_REFERENCE)"],
                          env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == [str(handles_by_reference), str(proxies_by_reference)]
@@ -201,7 +201,7 @@ def test_serves_variables_choose_the_way_of_handles_and_proxies(env, handles_by_
 _AUTH_CHECK = """
 import asyncio
 import grpc
-from executors.ray_gpu.api import by_value
+from executors.ray_gpu.base import by_value
 
 async def main():
     async def answer(b, began):

@@ -1,4 +1,4 @@
-"""A replica's own gRPC server (executors/ray_gpu/ingress/direct_grpc.py, the direct data plane,
+"""A replica's own gRPC server (executors/ray_gpu/replica/direct_grpc.py, the direct data plane,
 issue 65), on an event loop of the test's with plain functions for the replica: the proxy's gRPC
 server (``GrpcFront``) answering from the replica itself: its calls, streams, codes, deadlines and
 metrics."""
@@ -10,8 +10,8 @@ import asyncio
 import grpc
 import pytest
 
-from executors.ray_gpu.api.exposed import Reachable
-from executors.ray_gpu.ingress import direct_grpc
+from executors.ray_gpu.base.exposed import Reachable
+from executors.ray_gpu.replica import direct_grpc
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]

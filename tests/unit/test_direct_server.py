@@ -1,4 +1,4 @@
-"""A replica's own HTTP server (executors/ray_gpu/api/direct.py, the direct data plane, issue 65),
+"""A replica's own HTTP server (executors/ray_gpu/base/direct.py, the direct data plane, issue 65),
 on an event loop of the test's, with plain functions for the replica: what it answers, in which
 order, what it refuses, what a client that leaves does to its call, what its metrics are told."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from executors.ray_gpu.api.direct import APP_HEADER, ROUTE_HEADER, DirectServer
-from executors.ray_gpu.api.exposed import Reachable
+from executors.ray_gpu.base.direct import APP_HEADER, ROUTE_HEADER, DirectServer
+from executors.ray_gpu.base.exposed import Reachable
 
 
 class Replica:

@@ -1,6 +1,6 @@
 """The gRPC front routes by application name, as Serve's gRPC proxy (issue 64; found by the
 test_grpc.py port): the ``application`` metadata names an application (``serve.run``'s ``name``, a
-config's: ``control.appnames``) or a routed deployment, and ``ListApplications`` lists the
+config's: ``base.appnames``) or a routed deployment, and ``ListApplications`` lists the
 applications' names. In process (no Ray): the proxy's gRPC server in front of the stand-in handle of
 tests/integration/test_ray_grpc_context.py, the application table given here."""
 
@@ -14,8 +14,8 @@ import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from grpc import aio
 
-from executors.ray_gpu.control import appnames
-from executors.ray_gpu.ingress.grpc_proxy import API_SERVICE
+from executors.ray_gpu.base import appnames
+from executors.ray_gpu.base.grpc_proxy import API_SERVICE
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 from tests.integration.test_ray_grpc_context import _outcome
 from tests.unit.test_grpc_metrics import _front, _on

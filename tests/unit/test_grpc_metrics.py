@@ -13,8 +13,8 @@ import grpc
 from google.protobuf import empty_pb2, wrappers_pb2
 from grpc import aio
 
-from executors.ray_gpu.api.grpc_context import attach
-from executors.ray_gpu.ingress.grpc_proxy import API_SERVICE, GrpcFront
+from executors.ray_gpu.base.grpc_context import attach
+from executors.ray_gpu.base.grpc_proxy import API_SERVICE, GrpcFront
 from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 from tests.integration.test_ray_grpc_context import ECHO, SHOUT, Contextual, _Here, _outcome

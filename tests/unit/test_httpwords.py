@@ -1,11 +1,11 @@
-"""What an HTTP body means (executors/ray_gpu/api/httpwords.py): a number past a double is refused
+"""What an HTTP body means (executors/ray_gpu/base/httpwords.py): a number past a double is refused
 however it is written, found without a regex pass over every body (a 1 MiB body took 35 ms so)."""
 
 from __future__ import annotations
 
 import pytest
 
-from executors.ray_gpu.api.httpwords import Reply, _may_overflow, args_of
+from executors.ray_gpu.base.httpwords import Reply, _may_overflow, args_of
 
 
 @pytest.mark.parametrize("body", [b"[1e999]", b"[1E+0400]", b"[-2.5e00309]", b"[" + b"9" * 309 + b".0]",
@@ -37,8 +37,8 @@ import math  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from executors.ray_gpu.api import httpwords  # noqa: E402
-from executors.ray_gpu.api.httpwords import MAX_JSON_DEPTH, json_answer, read_json  # noqa: E402
+from executors.ray_gpu.base import httpwords  # noqa: E402
+from executors.ray_gpu.base.httpwords import MAX_JSON_DEPTH, json_answer, read_json  # noqa: E402
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.text(max_size=20)

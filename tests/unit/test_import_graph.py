@@ -212,6 +212,41 @@ def test_the_layer_check_sees_a_base_module_importing_a_plane():
                                  "rankcore.tiers.devices -> rankcore.placement.scheduling"]
 
 
+#: the Ray executor's folders, bottom to top: the floor (names, the KV store, the words of HTTP and
+#: gRPC, a request's context, the router), the weights, the replica actor, the controller, the
+#: ingress, and the user's front doors (api: deployments, the config file, apps, REST) at the top;
+#: ``executors.ray_gpu`` itself, ``serve``, ``scenario`` and ``subject`` stand above them all
+RAY_LAYERS = {"base": 0, "weights": 1, "replica": 2, "control": 3, "ingress": 4, "api": 5, "": 6}
+
+
+def _ray_layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[2] in RAY_LAYERS else ""
+
+
+def _ray_crossings(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() if a.startswith("executors.ray_gpu")
+                  for b in targets if b.startswith("executors.ray_gpu.")
+                  and RAY_LAYERS[_ray_layer(b)] > RAY_LAYERS[_ray_layer(a)])
+
+
+def test_the_ray_executor_s_planes_import_one_way():
+    """base <- weights <- replica <- control <- ingress <- api <- the package's own modules (issue 66:
+    the controller imported the user's API and the API the controller, 14 and 5 module pairs)."""
+    graph = _graph("executors")
+    assert {_ray_layer(m) for m in graph if m.startswith("executors.ray_gpu")} == set(RAY_LAYERS)
+    assert _ray_crossings(graph) == []
+
+
+def test_the_ray_layer_check_sees_an_upward_import():
+    graph = {"executors.ray_gpu.base.context": {"executors.ray_gpu.control.controller", "executors.driver"},
+             "executors.ray_gpu.control.carry": {"executors.ray_gpu.replica.actor", "executors.ray_gpu.api.apps"},
+             "executors.ray_gpu.api.apps": {"executors.ray_gpu.control.controller"},
+             "executors.ray_gpu.serve": {"executors.ray_gpu.api.apps"}}
+    assert _ray_crossings(graph) == ["executors.ray_gpu.base.context -> executors.ray_gpu.control.controller",
+                                     "executors.ray_gpu.control.carry -> executors.ray_gpu.api.apps"]
+
+
 def _dotted_strings() -> list[tuple[str, str]]:
     out = []
     for package in ("rankcore", "executors", "benchmarks", "tools", "tests"):
@@ -232,7 +267,7 @@ def test_module_paths_written_as_strings_exist():
     not_modules = {"rankcore.ray.controller",  # the Ray executor's logger name
                    "rankcore.access",  # the ingress's access-log logger name
                    "rankcore.weights_version",  # a safetensors metadata key
-                   "rankcore.RankcoreAPIService",  # the proxies' gRPC service's name (ingress/grpc_proxy.py)
+                   "rankcore.RankcoreAPIService",  # the proxies' gRPC service's name (base/grpc_proxy.py)
                    "rankcore.test.Echo", "rankcore.test.Shout"}  # the gRPC tests' services (tests/integration/protos/echo.proto)
     seen, missing = 0, []
     for where, dotted in _dotted_strings():

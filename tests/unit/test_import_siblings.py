@@ -1,5 +1,5 @@
 """A module deployed from the current directory travels to the cluster by value, and so do the modules
-beside it that its import imported (``control.apps.import_app``, ``_siblings``): a replica's process
+beside it that its import imported (``api.apps.import_app``, ``_siblings``): a replica's process
 may not have that folder on its path. No Ray: what is registered with cloudpickle is read back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 from ray import cloudpickle
 
-from executors.ray_gpu.control.apps import import_app
+from executors.ray_gpu.api.apps import import_app
 
 
 def test_a_sibling_the_app_module_imports_goes_by_value_with_it(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """A gRPC method of the proxy's services that the routed deployment's class does not have
-(ingress/grpc_proxy.py): ``UNIMPLEMENTED`` naming the deployment, the method and the class's methods,
+(base/grpc_proxy.py): ``UNIMPLEMENTED`` naming the deployment, the method and the class's methods,
 before anything is sent, as an HTTP ``<prefix>/<method>`` the class lacks is a 404 (the methods
 ``expose`` stored: ``http.public_methods``). A method of no service stays gRPC's own ``UNIMPLEMENTED``.
 No Ray: the proxy's gRPC server runs in this process in front of an ``http.IngressState`` whose handle
@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from executors.ray_gpu.ingress.grpc_proxy import GrpcFront
+from executors.ray_gpu.base.grpc_proxy import GrpcFront
 from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 

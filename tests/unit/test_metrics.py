@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import rankcore as rc
-from executors.ray_gpu.control.metrics import (
+from executors.ray_gpu.base.access import REQUEST_ID_MAX, AccessLog, check_enable_access_log, request_id_of
+from executors.ray_gpu.base.metrics import (
     ALL_METRICS,
     CONTROLLER_METRICS,
     INGRESS_METRICS,
@@ -26,7 +27,6 @@ from executors.ray_gpu.control.metrics import (
     exported_names,
     merged,
 )
-from executors.ray_gpu.ingress.access import REQUEST_ID_MAX, AccessLog, check_enable_access_log, request_id_of
 from tests.helpers import Driver
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -240,10 +240,10 @@ def test_dashboard_names_only_metrics_we_export():
 
 
 def test_router_families_count_each_router_by_route_under_serves_names():
-    """What a process's routers routed (``api.router.routed``) as Serve's two router counters: the
+    """What a process's routers routed (``base.router.routed``) as Serve's two router counters: the
     router counter labelled with the router's id (or the ingress's ``http``) and the process's actor, the
     handle counter with Serve's ``application#deployment#handle``; merged with a replica's families."""
-    from executors.ray_gpu.control.metrics import ReplicaMetrics, router_families
+    from executors.ray_gpu.base.metrics import ReplicaMetrics, router_families
 
     routed = [("f", "/f", "app1", "ab", 3), ("f", "", "app1", "ab", 1), ("g", "/g", "g", "cd", 2)]
     text = merged(ReplicaMetrics("f", "f#0", application="f").families()
@@ -264,7 +264,7 @@ def test_router_families_count_each_router_by_route_under_serves_names():
 def test_http_requests_counted_by_several_processes_are_summed_into_one_series():
     """The direct data plane: the ingress and each replica's own server count HTTP requests under the
     same names and labels; a scrape shows each series once, the sum (a counter's and a histogram's)."""
-    from executors.ray_gpu.control.metrics import IngressMetrics, ReplicaMetrics
+    from executors.ray_gpu.base.metrics import IngressMetrics, ReplicaMetrics
 
     ingress, a, b = IngressMetrics(), ReplicaMetrics("d", "d#0", application="d"), ReplicaMetrics("d", "d#1",
                                                                                                   application="d")
@@ -286,7 +286,7 @@ def test_http_requests_counted_by_several_processes_are_summed_into_one_series()
 def test_a_replica_that_leaves_keeps_its_share_of_a_summed_counter():
     """``Departed``: the sum over replicas never falls when one goes (Prometheus would read a reset),
     nor when one misses a scrape; what each counted is added once."""
-    from executors.ray_gpu.control.metrics import HTTP_REQUEST_METRICS, Departed, ReplicaMetrics
+    from executors.ray_gpu.base.metrics import HTTP_REQUEST_METRICS, Departed, ReplicaMetrics
 
     def counted(fams: list) -> float:
         text = merged(fams).decode()

@@ -2,7 +2,7 @@
 core steps where the controller's (no Ray): a replica's start, reconfigure and stop timed from the step
 that ordered it to the step its answer fed (``ControllerMetrics.observe``, a clock handed in), a health
 check's time (``ControllerMetrics.health_checked``, as the watcher tells it), each application's status
-at scrape (``ControllerMetrics.refresh``) by ``control/apps.py``'s rule, the replica's constructor time
+at scrape (``ControllerMetrics.refresh``) by ``api/apps.py``'s rule, the replica's constructor time
 (``ReplicaMetrics.initialized``), and the gRPC counts (``IngressMetrics.grpc_request``: Serve's gRPC
 proxy's labels). The buckets are Serve's, read from its source."""
 
@@ -15,8 +15,8 @@ import pathlib
 import pytest
 
 import rankcore as rc
-from executors.ray_gpu.control import metrics as mx
-from executors.ray_gpu.control.metrics import (
+from executors.ray_gpu.base import metrics as mx
+from executors.ray_gpu.base.metrics import (
     APPLICATION_STATUS_NUMERIC,
     LATENCY_BUCKETS_MS,
     REPLICA_LIFECYCLE_BUCKETS_MS,
@@ -165,9 +165,9 @@ def test_the_watcher_tells_each_timed_check_with_its_deployment():
 
 # ------------------------------------------------------------------ the application status
 def test_application_status_is_apps_rule():
-    """``metrics.application_status`` answers as ``control/apps.py``'s ``_app_status`` for every set of
+    """``metrics.application_status`` answers as ``api/apps.py``'s ``_app_status`` for every set of
     deployment statuses (it is written again because apps.py may not be imported by metrics.py)."""
-    from executors.ray_gpu.control.apps import _app_status
+    from executors.ray_gpu.api.apps import _app_status
 
     words = ("HEALTHY", "UPDATING", "UNHEALTHY", "DEPLOY_FAILED", "DELETING", "UPSCALING")
     for n in range(len(words) + 1):
@@ -278,7 +278,7 @@ def test_a_stream_its_caller_closed_counts_as_answered_and_a_raise_as_failed():
     ``yield``. A stream closed so, or mid-way (a client gone), is answered; a raise is failed."""
     import asyncio
 
-    from executors.ray_gpu.control.replica import ReplicaActor
+    from executors.ray_gpu.replica.actor import ReplicaActor
 
     r = ReplicaActor("d", "d#0", _Served, (), {}, lineage=0, global_rank=0, world_size=1)
     r.instance = _Served()

@@ -1,4 +1,4 @@
-"""``@multiplexed`` without Ray (executors/ray_gpu/api/multiplex.py, issue 39): Serve's checks and
+"""``@multiplexed`` without Ray (executors/ray_gpu/replica/multiplex.py, issue 39): Serve's checks and
 words, the core's LRU carried out (loads, unloads with ``__del__``, one load at a time), what the
 replica is told to report, and the model id read from the request context, the HTTP header and the
 gRPC metadata key."""
@@ -10,9 +10,9 @@ from typing import ClassVar
 
 import pytest
 
-from executors.ray_gpu.api import multiplex
-from executors.ray_gpu.api.context import RequestContext, _serve_request_context, request_for_call
-from executors.ray_gpu.api.multiplex import get_multiplexed_model_id, multiplexed
+from executors.ray_gpu.base.context import RequestContext, _serve_request_context, request_for_call
+from executors.ray_gpu.replica import multiplex
+from executors.ray_gpu.replica.multiplex import get_multiplexed_model_id, multiplexed
 
 
 @pytest.fixture
@@ -125,7 +125,8 @@ def test_the_model_id_comes_from_the_request_context_and_is_not_inherited_by_a_n
 
 
 def test_the_http_header_and_the_grpc_key_have_serves_names():
-    from executors.ray_gpu.ingress import grpc_proxy, http
+    from executors.ray_gpu.base import grpc_proxy
+    from executors.ray_gpu.ingress import http
 
     assert http.MODEL_ID_HEADER == b"serve_multiplexed_model_id"
     note = {"route": "/m", "request_id": "r", "deployment": "d", "model": "m1"}

@@ -16,7 +16,7 @@ import pytest
 
 import rankcore as rc
 from executors.ray_gpu import deployment
-from executors.ray_gpu.api.fingerprint import (
+from executors.ray_gpu.base.fingerprint import (
     LENGTH,
     CodeChanged,
     check_modules,
@@ -167,7 +167,7 @@ def test_an_argument_that_is_not_plain_data_rolls_every_time() -> None:
 _PRINT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from executors.ray_gpu.api.fingerprint import code_fingerprint
+from executors.ray_gpu.base.fingerprint import code_fingerprint
 import {name} as m
 print(code_fingerprint(m.Model, ("x", {{"a": {{"p", "q", "r"}}}}), {{"n": 1.5}}))
 """

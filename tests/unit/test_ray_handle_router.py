@@ -1,4 +1,4 @@
-"""The handle's request path (``executors.ray_gpu.api.router.Router``: the request machine carried
+"""The handle's request path (``executors.ray_gpu.base.router.Router``: the request machine carried
 out), without a cluster: fake actors whose calls end when a test says, and pool answers as the
 controller's long poll gives them."""
 
@@ -10,9 +10,9 @@ import pytest
 from ray.exceptions import RayActorError
 
 import rankcore as rc
-from executors.ray_gpu.api.context import from_wire
 from executors.ray_gpu.api.deployments import DeploymentHandle, DeploymentResponse
-from executors.ray_gpu.api.router import Router
+from executors.ray_gpu.base.context import from_wire
+from executors.ray_gpu.base.router import Router
 
 
 class _Ref:
@@ -194,8 +194,8 @@ def test_a_load_reporter_pushes_nothing_once_ray_is_shut_down(monkeypatch):
     """A router's load pushes run on timer threads: after ``ray.shutdown`` (a test module's end) one
     would call ``.remote`` on the old controller's handle, which starts a new Ray from that thread and
     broke the next module's ``ray.init`` (the whole CI run stopped at the next module)."""
-    from executors.ray_gpu.api import autoscale
-    from executors.ray_gpu.api.autoscale import LoadReporter
+    from executors.ray_gpu.base import autoscale
+    from executors.ray_gpu.base.autoscale import LoadReporter
 
     monkeypatch.setattr(autoscale.ray, "is_initialized", lambda: False)  # (Ray is gone)
     pushed: list = []
@@ -222,7 +222,7 @@ def test_a_forced_pool_ask_leaves_the_lock_free_for_the_calls_answers(monkeypatc
     controller-restart test's ``h.scale(4)`` timed out in ``pool``)."""
     import threading
 
-    from executors.ray_gpu.api import router as router_mod
+    from executors.ray_gpu.base import router as router_mod
 
     monkeypatch.setattr(router_mod.ray, "is_initialized", lambda: True)
     a = _Actor("d#0")
@@ -257,7 +257,7 @@ def test_a_pool_answer_older_than_the_one_taken_is_dropped() -> None:
 def _witnessing(monkeypatch, began):
     """A router of two replicas on nodes n0 / n1 whose witness answers ``began(actor_id, keys)``
     when the test runs the asks it queued (``asks``), as the router's thread would."""
-    import executors.ray_gpu.api.router as router_mod
+    import executors.ray_gpu.base.router as router_mod
 
     asked: list = []
     monkeypatch.setattr(router_mod, "ask_node", lambda node, actor_id, keys: asked.append((node, actor_id)) or
@@ -327,7 +327,7 @@ def test_without_its_node_a_dead_replicas_calls_fail_at_once(monkeypatch) -> Non
 def test_the_witness_answers_a_router_keeps_are_bounded(monkeypatch) -> None:
     """A router lives as long as its handle, through any number of deaths: it keeps the last
     ``WITNESSED`` witness answers, not one per death for ever."""
-    from executors.ray_gpu.api.router import WITNESSED
+    from executors.ray_gpu.base.router import WITNESSED
 
     r, *_ = _witnessing(monkeypatch, lambda actor_id, keys: [])
     for i in range(WITNESSED + 5):

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
+from executors.ray_gpu.base import persist
+from executors.ray_gpu.base.replicas import CREATED, RESERVING, ReplicaRecord
 from executors.ray_gpu.control import ledger as ledger_mod
-from executors.ray_gpu.control import persist
 from executors.ray_gpu.control.ledger import Ledger
-from executors.ray_gpu.control.replicas import CREATED, RESERVING, ReplicaRecord
 
 
 @pytest.fixture

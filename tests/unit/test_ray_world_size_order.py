@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from executors.ray_gpu.control.replica import ReplicaActor
+from executors.ray_gpu.replica.actor import ReplicaActor
 
 
 class Model:

@@ -1,4 +1,4 @@
-"""The controller's REST server (``control/rest.py``) against hostile clients: the HTTP ingress's
+"""The controller's REST server (``api/rest.py``) against hostile clients: the HTTP ingress's
 limits (``ingress/http.py``'s constants and code), on a ``RestServer`` run in this process on a
 free port, its ``apps`` calls replaced by a fake controller that records what was applied. No Ray
 is started. After each case: a 4xx naming what was wrong (never a 500 or a traceback), or the
@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from executors.ray_gpu.control import apps, rest
+from executors.ray_gpu.api import apps, rest
 from executors.ray_gpu.ingress.http import HEADER_TIMEOUT_S, MAX_BODY_BYTES, MAX_HEADER_BYTES, MAX_JSON_DEPTH
 
 LIMITS = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}

@@ -1,6 +1,6 @@
 """The route label of a request to an ASGI deployment (``ingress.http.route_pattern``): the declared
 route of its app that the request matched, as Serve's proxy labels it (``match_route_pattern``), read
-from the class by ``api.exposed.route_patterns`` as Serve's ``extract_route_patterns`` reads an app;
+from the class by ``base.exposed.route_patterns`` as Serve's ``extract_route_patterns`` reads an app;
 the route prefix when the app declares none or none matches."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from executors.ray_gpu import serve
-from executors.ray_gpu.api.exposed import reachable, route_patterns
+from executors.ray_gpu.base.exposed import reachable, route_patterns
 from executors.ray_gpu.ingress.http import route_pattern
 
 

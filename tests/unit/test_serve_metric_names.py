@@ -1,5 +1,5 @@
 """docs/metrics.md's "Ray Serve's metrics, one by one" (issue 64) held to what it describes, so it
-cannot drift: every metric the table calls exported is declared in ``control/metrics.py`` under
+cannot drift: every metric the table calls exported is declared in ``base/metrics.py`` under
 Serve's name, with the type and label names the row states; no metric the table calls not
 exported is declared; every Serve name ``metrics.py`` declares has its row; the counts the
 section states are the table's; and the table lists exactly the metrics Ray Serve's source
@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import rankcore as rc
-from executors.ray_gpu.control.metrics import ALL_METRICS, ControllerMetrics, MetricSpec, ReplicaMetrics, merged
+from executors.ray_gpu.base.metrics import ALL_METRICS, ControllerMetrics, MetricSpec, ReplicaMetrics, merged
 from tests.unit.test_metrics import _Observed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

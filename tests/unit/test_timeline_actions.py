@@ -234,7 +234,7 @@ def test_the_scenarios_replica_classes_import_no_controller() -> None:
     code = ("import sys, executors.ray_gpu.scenario_models as m; "
             "print(sorted(k for k in sys.modules if k.startswith('executors.ray_gpu.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    # executors.ray_gpu.api is the API folder's package, a docstring alone (its __init__ imports nothing)
-    assert out.strip() == "['executors.ray_gpu.api', 'executors.ray_gpu.api.context', 'executors.ray_gpu.scenario_models']"
-    init = ast.parse((ROOT / "executors" / "ray_gpu" / "api" / "__init__.py").read_text())
+    # executors.ray_gpu.base is the floor's package, a docstring alone (its __init__ imports nothing)
+    assert out.strip() == "['executors.ray_gpu.base', 'executors.ray_gpu.base.context', 'executors.ray_gpu.scenario_models']"
+    init = ast.parse((ROOT / "executors" / "ray_gpu" / "base" / "__init__.py").read_text())
     assert not [n for n in ast.walk(init) if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -1,4 +1,4 @@
-"""``serve.metrics`` (``api.user_metrics``): Serve's ``Counter``, ``Gauge`` and ``Histogram`` with its
+"""``serve.metrics`` (``replica.user_metrics``): Serve's ``Counter``, ``Gauge`` and ``Histogram`` with its
 signatures; made in a replica they get its ``deployment``, ``replica`` and ``application`` tags and the
 answered request's ``route``; bad input is refused as Ray's ``ray.util.metrics`` refuses it. No Ray: the
 replica context is set as the replica sets it (``context._set``); test_serve_metrics.py's
@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rankcore as rc
 from executors.ray_gpu import serve
-from executors.ray_gpu.api import context, user_metrics
-from executors.ray_gpu.control.metrics import merged
+from executors.ray_gpu.base import context
+from executors.ray_gpu.base.metrics import merged
+from executors.ray_gpu.replica import user_metrics
 
 
 def _name() -> str:

@@ -1,4 +1,4 @@
-"""The replica's witness (executors/ray_gpu/api/witness.py): what a dead process had begun, read
+"""The replica's witness (executors/ray_gpu/base/witness.py): what a dead process had begun, read
 from another process; every doubt counts as begun."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from executors.ray_gpu.api import witness as w
+from executors.ray_gpu.base import witness as w
 
 
 def _writer(directory: str, begun: list[int], ended: list[int], ready: mp.Event) -> None:

@@ -1,8 +1,5 @@
-"""The user's API, as Ray Serve's: ``deployments`` (``@deployment``, ``run``,
-``delete``, handles), ``router`` (a handle's request path), ``autoscale`` (the
-routers' load pushed to the controller), ``context`` (``get_replica_context``)
-and ``local`` (a local testing mode).
-
-Kept empty: a replica's worker imports ``api.context`` and must not pay for
-the controller and the handle.
+"""The user's front doors, as Ray Serve's: ``deployments`` (``@deployment``, ``run``,
+``delete``, handles), ``config`` (the config file), ``apps`` (applications deployed, deleted,
+their status), ``rest`` (the dashboard's REST API) and ``local`` (a local testing mode). The top
+plane: it imports the planes beneath, none imports it.
 """

@@ -69,7 +69,7 @@ class HTTPOptions:
 @attrs.frozen(kw_only=True)
 class GRPCOptions:
     """Ray Serve's ``grpc_options``: with servicer functions every proxy serves gRPC on ``port``
-    beside HTTP (ingress/grpc_proxy.py); without, no gRPC, as in Serve."""
+    beside HTTP (base/grpc_proxy.py); without, no gRPC, as in Serve."""
 
     port: int = 9000
     grpc_servicer_functions: tuple[str, ...] = ()
@@ -443,7 +443,7 @@ def _check(cfg: ServeConfig, source: str, lines: _Lines) -> None:
     if cfg.http_options.root_path:
         raise err("http_options.root_path", "not supported: only \"\" (no root path)")
     bad = [f for f in cfg.grpc_options.grpc_servicer_functions if not isinstance(f, str) or "." not in f.strip(".")]
-    if bad:  # (imported where the proxies start: ingress/grpc_proxy.py)
+    if bad:  # (imported where the proxies start: base/grpc_proxy.py)
         raise err("grpc_options.grpc_servicer_functions",
                   f"{bad[0]!r} is not an import path of a generated add_XServicer_to_server (module.function)")
     port = cfg.http_options.port

@@ -19,15 +19,15 @@ from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
 
+from ..base import by_value, grpc_context
+from ..base.autoscale import from_ray_serve
+from ..base.context import RequestContext, request_for_call
+from ..base.fingerprint import stamp
+from ..base.router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 from ..control.controller import CORE_OPTIONS, controller_actor
 from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
 from ..control.static import StaticPlacementConfig
-from . import by_value, grpc_context
-from .autoscale import from_ray_serve
-from .context import RequestContext, request_for_call
-from .fingerprint import stamp
-from .router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
 
 __all__ = ["deployment", "Deployment", "Application", "run", "DeploymentHandle", "DeploymentResponse",
            "get_controller", "get_deployment_handle", "ask", "ReplicaDiedError", "RAY_ACTOR_OPTIONS",
@@ -478,7 +478,7 @@ def run(app: Application, *, timeout: float = 120.0, route_prefix: str | None = 
 def _deploy(app: Application, ctl: Any, timeout: float, seen: dict[str, Deployment],
             wait: bool = True) -> DeploymentHandle:
     """Apply ``app``'s deployments, those it binds first; ``wait``: each healthy before the next
-    (``run``); else applied only (``control.apps.apply_config``, as Ray Serve's deploy returns at once)."""
+    (``run``); else applied only (``api.apps.apply_config``, as Ray Serve's deploy returns at once)."""
     d = app.deployment
     if d.name in seen:
         if seen[d.name] is not d:
@@ -691,7 +691,7 @@ class DeploymentHandle:
         the replica does not report their start; router.py), ``multiplexed_model_id`` (Serve's): the
         model its calls name, routed to a replica that holds it ("" none; a bad one raises
         ``rankcore.InvalidConfig``), ``_by_reference`` (Serve's): False sends its plain calls over the
-        replica's gRPC server instead of a Ray actor call, True as a Ray call (``api.by_value``; default
+        replica's gRPC server instead of a Ray actor call, True as a Ray call (``base.by_value``; default
         True, or False where ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``)."""
         if _by_reference is not None and type(_by_reference) is not bool:
             raise rc.InvalidConfig(f"handle.options(_by_reference=...) of {self.name!r} must be a bool, "

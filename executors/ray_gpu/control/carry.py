@@ -30,16 +30,15 @@ import ray
 
 import rankcore as rc
 
+from ..base import persist
+from ..base.replicas import CREATED, NAMESPACE, NOSET_CUDA, RESERVING, ReplicaRecord, actor_name
+from ..replica.actor import remote_class
 from ..weights.warm_cache import Caches
-from . import persist
 from . import placement as pl
 from . import static as st
 from .ledger import Ledger
-from .memory import NOSET_CUDA
 from .observe import Watcher, death_cause, group_refused, group_removed
 from .proxies import Proxies
-from .replica import remote_class
-from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord, actor_name
 
 log = logging.getLogger("rankcore.ray.controller")
 

@@ -43,19 +43,19 @@ from ray import cloudpickle
 import rankcore as rc
 
 from ...driver import Driver
-from ..api.autoscale import LoadBook
-from ..api.fingerprint import class_fingerprint
-from . import persist
+from ..base import persist
+from ..base.autoscale import LoadBook
+from ..base.fingerprint import class_fingerprint
+from ..base.metrics import ControllerMetrics
+from ..base.replicas import CONTROLLER_NAME, NAMESPACE, ReplicaRecord, actor_name
 from . import placement as pl
 from . import static as st
 from .carry import Carrier
 from .ledger import Ledger
-from .metrics import ControllerMetrics
 from .observe import UNSEEN_GROUP_PREFIX, Watcher, group_removed, held_by_callers
 from .proxies import INGRESS_NAME, ProxySettings
 from .record import Recorder, queue_fault
 from .recover import Recovery
-from .replicas import CONTROLLER_NAME, NAMESPACE, ReplicaRecord, actor_name
 from .spares import SparePool
 
 __all__ = ["CONTROLLER_NAME", "CORE_OPTIONS", "controller_actor", "NAMESPACE", "UNSEEN_GROUP_PREFIX", "Controller", "ReplicaRecord",
@@ -217,7 +217,7 @@ class Controller:
         return interval
 
     async def report_models(self, name: str, replica_id: str, seq: int, models: tuple) -> None:
-        """What a replica's multiplexed models are now (``api.multiplex``: loaded and loading), numbered
+        """What a replica's multiplexed models are now (``replica.multiplex``: loaded and loading), numbered
         by the replica (``seq``: an older report crossing a newer one is dropped): told to the core
         (``ModelsReported``), which keeps them on the replica's record and tells the pool
         (``ReplicaModels``); routers get them with the pool (``_pool``: ``models``), their machines
@@ -669,7 +669,7 @@ class Controller:
         reps = dep.replicas if dep is not None else {}
         nodes = {rid: reps[rid].node_id for rid, _ in serving if rid in reps and reps[rid].node_id is not None}
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
-                "models": models, "nodes": nodes,  # (where each one's witness is read: api.witness)
+                "models": models, "nodes": nodes,  # (where each one's witness is read: base.witness)
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,
@@ -984,8 +984,8 @@ def _methods(cls: type) -> dict:
     """The class's ``@idempotent`` methods and its generator methods (streams), read once at apply
     (they were read from the class at every pool answer): every pool answer carries them to the
     routers; saved with the spec, so a restarted controller has them too."""
-    from ..api.exposed import stream_methods
-    from ..api.router import IDEMPOTENT_ATTR
+    from ..base.exposed import stream_methods
+    from ..base.router import IDEMPOTENT_ATTR
 
     return {"idempotent": tuple(m for m in dir(cls) if getattr(getattr(cls, m, None), IDEMPOTENT_ATTR, False)),
             "streams": stream_methods(cls)}

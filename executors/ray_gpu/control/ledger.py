@@ -22,8 +22,8 @@ import ray
 import rankcore as rc
 
 from ...driver import Driver
-from . import persist
-from .replicas import ReplicaRecord
+from ..base import persist
+from ..base.replicas import ReplicaRecord
 from .spares import SparePool
 
 log = logging.getLogger("rankcore.ray.controller")

@@ -37,13 +37,10 @@ import rankcore as rc
 
 from .cluster import SCENARIO_NODE_LABEL
 
-__all__ = ["NODE_NAME_LABEL", "MemoryBooking", "NOSET_CUDA", "probe_cuda"]
+__all__ = ["NODE_NAME_LABEL", "MemoryBooking", "probe_cuda"]
 
 #: a node's name for ``book_memory``'s mappings (the scenario cluster sets it)
 NODE_NAME_LABEL = SCENARIO_NODE_LABEL
-#: Ray leaves ``CUDA_VISIBLE_DEVICES`` alone in a process with this set (its own switch): a
-#: replica booked by memory reserves no Ray GPU, sees every GPU and uses the core's indices
-NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
 def _bytes(value: Any, what: str) -> int:

@@ -24,10 +24,10 @@ import ray
 
 import rankcore as rc
 
+from ..base.replicas import actor_name as actor_name_of
 from . import placement as pl
 from . import static as st
 from .ledger import Ledger
-from .replicas import actor_name as actor_name_of
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -207,7 +207,8 @@ class Watcher:
         """Read each CUDA device's memory on ``node_id`` (a task there that sees every GPU)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from .memory import NOSET_CUDA, probe_cuda
+        from ..base.replicas import NOSET_CUDA
+        from .memory import probe_cuda
 
         led = self.ledger
         if node_id in led.probing:

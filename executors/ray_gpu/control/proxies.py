@@ -33,9 +33,9 @@ import ray
 
 import rankcore as rc
 
-from . import persist
+from ..base import persist
+from ..base.replicas import NAMESPACE
 from .ledger import Ledger
-from .replicas import NAMESPACE
 
 log = logging.getLogger("rankcore.ray.controller")
 
@@ -90,7 +90,7 @@ class ProxySettings:
     enable_access_log: bool
     logs_dir: str | None = None
     options: rc.ProxyOptions = attrs.field(factory=rc.ProxyOptions)
-    #: gRPC beside HTTP (ingress/grpc_proxy.py): its port (None: no gRPC; other nodes bind any free
+    #: gRPC beside HTTP (base/grpc_proxy.py): its port (None: no gRPC; other nodes bind any free
     #: port when ``worker_port`` is 0) and the services' ``add_XServicer_to_server`` import paths
     grpc_port: int | None = None
     grpc_servicer_functions: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from typing import Any
 
 import rankcore as rc
 
-from . import persist
+from ..base import persist
 from .ledger import Ledger
 
 

@@ -21,15 +21,15 @@ import ray
 
 import rankcore as rc
 
+from ..base import persist
+from ..base.replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord
 from ..weights import warm_cache as wc
-from . import persist
 from . import placement as pl
 from . import static as st
 from .carry import Carrier
 from .ledger import Ledger
 from .observe import Watcher, actor_info
 from .record import Recorder
-from .replicas import CREATED, NAMESPACE, RESERVING, ReplicaRecord
 
 log = logging.getLogger("rankcore.ray.controller")
 

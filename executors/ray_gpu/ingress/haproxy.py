@@ -6,7 +6,7 @@ ingress, in rankcore's terms): each ingress actor runs one HAProxy process (the 
 to it as an inherited file descriptor, so the port stays the actor's) and routes
 
 * a deployment's plain requests (``<prefix>``, ``<prefix>/<method>``) straight to its replicas'
-  own servers (``api/direct.py``), while the core's table says the route is direct;
+  own servers (``base/direct.py``), while the core's table says the route is direct;
 * everything else to the ingress's Python server, now on a loopback port of its own: the pages
   (``/-/healthz``, ``/-/routes``, ``/metrics``, the status page), ASGI apps, requests naming a
   multiplexed model (their replica is chosen by the models it holds), progress requests, and a
@@ -27,7 +27,7 @@ slower than ``header_timeout_s`` gets HAProxy's own 408 page (it takes no error 
 gRPC, when the ingress starts with it (``grpc_servicer_functions`` and a ``grpc_port``): HAProxy takes
 the gRPC port too (HTTP/2, ``Options.grpc_fd``) and sends a route's calls, chosen by their
 ``application`` metadata (any, with one route: Serve's rule), straight to its replicas' own gRPC
-servers (``ingress/direct_grpc.py``), each server's ``grpc_address``, under the same table; the rest
+servers (``replica/direct_grpc.py``), each server's ``grpc_address``, under the same table; the rest
 (an unknown application, a multiplexed model, the API and health services, a route with no ready
 server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
 ``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
@@ -62,9 +62,9 @@ import attrs
 
 from rankcore.requests import dataplane as dp
 
-from ..api.direct import APP_HEADER, ROUTE_HEADER
-from ..api.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, match_prefix
-from .grpc_proxy import REQUEST_ID_KEY
+from ..base.direct import APP_HEADER, ROUTE_HEADER
+from ..base.grpc_proxy import REQUEST_ID_KEY
+from ..base.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, match_prefix
 
 log = logging.getLogger(__name__)
 

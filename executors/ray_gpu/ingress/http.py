@@ -7,7 +7,7 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
   in, JSON out (``args_of`` says how a body becomes the call's arguments);
   ``GET`` calls with no arguments; ``<prefix>/<method>`` calls a method the user marked
   ``@http_method`` (any other name, a lifecycle method and a ``@multiplexed`` loader
-  included: 404 ``unknown_method``, nothing sent: ``public_methods``, ``api.exposed``);
+  included: 404 ``unknown_method``, nothing sent: ``public_methods``, ``base.exposed``);
 * errors as JSON ``{"error", "detail", "deployment"}`` with the status the
   request path gives them (``status_of``): a ``rankcore.RequestError`` its own
   ``.status`` (503 overloaded or no replica, 408 timeout, 499, 500 replica
@@ -24,7 +24,7 @@ controller), runs a uvicorn server on a thread of its own with a starlette app:
 * ``GET /-/healthz``, ``GET /-/routes``, and a status page ``GET /-/status``
   (self-contained HTML refreshing from its JSON twin ``GET /-/status.json``);
 * ``GET /metrics``: Prometheus metrics, the ingress's and the controller's
-  (``control/metrics.py``), and one access record per request with its
+  (``base/metrics.py``), and one access record per request with its
   ``x-request-id`` (``access.py``), both taken by ``_Observe`` around the app
   (docs/metrics.md).
 
@@ -61,11 +61,20 @@ from ray.exceptions import RayActorError, RayTaskError
 
 import rankcore as rc
 
-from ..api import by_value
-from ..api.context import RequestContext, _serve_request_context, model_request
-from ..api.exposed import ASGI_ENTRY, Reachable, reachable
-from ..api.httpwords import ANSI as _ANSI
-from ..api.httpwords import (  # (re-exported: the rules moved there, their users import them from here)
+from ..base import appnames, by_value, persist
+from ..base.access import (
+    ENABLE_ACCESS_LOG,
+    REQUEST_ID_HEADER,
+    AccessLog,
+    check_enable_access_log,
+    default_logs_dir,
+    request_id_of,
+)
+from ..base.access import record as access_record
+from ..base.context import RequestContext, _serve_request_context, model_request
+from ..base.exposed import ASGI_ENTRY, Reachable, reachable
+from ..base.httpwords import ANSI as _ANSI
+from ..base.httpwords import (
     MAX_ERROR_MESSAGE,
     MAX_JSON_DEPTH,
     METRICS_PATH,
@@ -78,10 +87,7 @@ from ..api.httpwords import (  # (re-exported: the rules moved there, their user
     read_json,
     status_of,
 )
-from ..api.router import routed
-from ..control import appnames, persist
-from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
-from ..control.metrics import (
+from ..base.metrics import (
     CONTENT_TYPE,
     GRPC_REQUEST_METRICS,
     HTTP_REQUEST_METRICS,
@@ -90,15 +96,8 @@ from ..control.metrics import (
     merged,
     router_families,
 )
-from .access import (
-    ENABLE_ACCESS_LOG,
-    REQUEST_ID_HEADER,
-    AccessLog,
-    check_enable_access_log,
-    default_logs_dir,
-    request_id_of,
-)
-from .access import record as access_record
+from ..base.router import routed
+from ..control.controller import CONTROLLER_NAME, INGRESS_NAME, NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +271,7 @@ MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 
 
 def public_methods(cls: Any) -> Reachable:
-    """What HTTP and gRPC may call on a deployment of class ``cls`` (``api.exposed.reachable``):
+    """What HTTP and gRPC may call on a deployment of class ``cls`` (``base.exposed.reachable``):
     over HTTP ``__call__`` and the ``@http_method`` ones, over gRPC its public methods; never a
     lifecycle method or a ``@multiplexed`` loader."""
     return reachable(cls)
@@ -493,7 +492,7 @@ class IngressState:
         timeout = self.request_timeout_s
         deadline = None if timeout is None else loop.time() + timeout
         handle = self.handles[name] if method == "__call__" else getattr(self.handles[name], method)
-        # (progress: says `running`; a plain call goes by value unless RAY_SERVE_PROXY_USE_GRPC=0: api.by_value)
+        # (progress: says `running`; a plain call goes by value unless RAY_SERVE_PROXY_USE_GRPC=0: base.by_value)
         handle = handle.options(progress=True) if sent is not None else handle.options(
             _by_reference=by_value.PROXY_BY_REFERENCE)
         self.in_flight[name] += 1
@@ -678,7 +677,7 @@ class IngressState:
         return PlainTextResponse(not_found_text(path), status_code=404, headers=headers)
 
     async def _asgi(self, request: Any, prefix: str, name: str, note: dict | None) -> Any:
-        """A request to a deployment that takes ASGI requests (``api.asgi``: Serve's
+        """A request to a deployment that takes ASGI requests (``replica.asgi``: Serve's
         ``__call__(request)`` or ``@serve.ingress`` app): its body read here (within
         ``max_body_bytes``), its scope (``root_path`` the route prefix, ``path`` whole, as Serve's
         proxy sets them) and body streamed to the replica's ``ENTRY``, whose ASGI messages are sent on
@@ -1037,7 +1036,7 @@ class IngressState:
 
     def _queue(self, name: str) -> dict | None:
         """The deployment's queue as this ingress's handle counts it (``handle.counters()``:
-        ``in_queue``, ``in_flight``, answered, ..., ``lost``, and how many went by value: ``api.by_value``);
+        ``in_queue``, ``in_flight``, answered, ..., ``lost``, and how many went by value: ``base.by_value``);
         None before its first call."""
         import attrs
 
@@ -1511,7 +1510,7 @@ class HttpIngress:
         self.grpc_error: BaseException | None = None
         self._grpc_lock = threading.Lock()  # (``set_grpc_services``: one at a time)
         if grpc_servicer_functions and grpc_port is not None:
-            from .grpc_proxy import GrpcFront
+            from ..base.grpc_proxy import GrpcFront
 
             self.grpc = GrpcFront(self.state, grpc_servicer_functions, _cancel)
         def serve() -> None:
@@ -1617,7 +1616,7 @@ class HttpIngress:
         running gRPC server learns them at once (``GrpcFront.set_services``); a proxy that serves no gRPC
         starts its gRPC server on ``grpc_port`` (0 or None: any free port), on the same loop. HTTP and
         the calls under way are untouched. Its gRPC address."""
-        from .grpc_proxy import GrpcFront
+        from ..base.grpc_proxy import GrpcFront
 
         self.ready()
         with self._grpc_lock:
@@ -1912,7 +1911,7 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     proxy's only): docs/metrics.md. ``proxy_options`` (``rankcore.ProxyOptions``: the drain's
     minimum, the ready timeout ...) instead of ``proxy_location`` alone. ``grpc_servicer_functions``
     (import paths of generated ``add_XServicer_to_server``; Serve's ``gRPCOptions``) turns on gRPC
-    beside HTTP on ``grpc_port`` (default 9000, Serve's; ingress/grpc_proxy.py). The connection
+    beside HTTP on ``grpc_port`` (default 9000, Serve's; base/grpc_proxy.py). The connection
     limits (``header_timeout_s``, ``max_header_bytes``, ``max_connections``; ``"keep"`` / None: as
     they are, the defaults on a new proxy) are ``ProxySettings`` fields as the other two.
     ``data_plane`` (``haproxy.DATA_PLANES``; None: the running proxies', else ``haproxy.default_data_plane``:
@@ -1920,9 +1919,9 @@ def start_ingress(host: str | None = None, port: int | None = None, *, max_body_
     an HAProxy on each proxy's port that sends a deployment's plain requests straight to its replicas'
     own HTTP servers (ingress/haproxy.py); proxies that run with another are refused
     (``rankcore.InvalidConfig``): ``serve.shutdown()`` first."""
+    from ..base.grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
     from ..control.controller import controller_actor
     from ..control.proxies import ProxySettings
-    from .grpc_proxy import DEFAULT_GRPC_PORT, check_servicer_functions
     from .haproxy import check_data_plane, default_data_plane
 
     if data_plane is not None:
@@ -2023,8 +2022,8 @@ def _add_grpc_services(servicers: tuple[str, ...], asked_port: int | None, grpc_
     it was off); another port than their gRPC one, or a set that leaves one of theirs out, is refused."""
     import attrs
 
+    from ..base.grpc_proxy import servicer_methods
     from ..control.controller import controller_actor
-    from .grpc_proxy import servicer_methods
 
     running = ray.get(controller_actor().proxy_settings.remote())
     if running is None:

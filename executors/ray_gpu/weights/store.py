@@ -20,7 +20,7 @@ from typing import Any
 
 import ray
 
-from ..control.replicas import NAMESPACE
+from ..base.replicas import NAMESPACE
 
 __all__ = ["STORE_NAME", "KEEP", "WeightsStore", "store"]
 

@@ -28,14 +28,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 
-from ..control.replicas import NAMESPACE
-
-if TYPE_CHECKING:
-    from ..control.ledger import Ledger
+from ..base.replicas import NAMESPACE
 
 __all__ = ["Caches", "WarmCache", "cache_name", "held_copies", "warm_cache"]
 
@@ -158,7 +155,7 @@ def warm_cache(node_id: str, cuda: bool = False) -> Any:
     its copies are pinned)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from ..control.memory import NOSET_CUDA
+    from ..base.replicas import NOSET_CUDA
 
     extra: dict[str, Any] = {"runtime_env": {"env_vars": {NOSET_CUDA: "1"}}} if cuda else {}
     return ray.remote(WarmCache).options(
@@ -167,10 +164,24 @@ def warm_cache(node_id: str, cuda: bool = False) -> Any:
     ).remote()
 
 
+class LedgerView(Protocol):
+    """What the caches read of the controller's ``Ledger`` (``executors.ray_gpu.control.ledger``,
+    above this plane): its clock's epoch and time, the GPUs each node reported, the memory
+    booking, the tier log and the driver's trace."""
+
+    t0: float
+    cuda: dict[str, tuple[int, ...]]
+    booking: Any
+    tier_log: list[dict]
+    driver: Any
+
+    def now(self) -> float: ...
+
+
 class Caches:
     """The controller's view of the nodes' WARM caches and COLD files (module docstring)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: LedgerView) -> None:
         self.ledger = ledger
         self.actors: dict[str, Any] = {}
         #: node id -> the COLD root of the paths given for it this epoch (what ``remove_cold`` removes)

@@ -52,7 +52,7 @@ from rankcore.requests import (
     Tick,
 )
 
-from . import context
+from ..base import context
 from .multiplex import get_multiplexed_model_id
 
 __all__ = ["batch", "BatchSizeMismatch", "BatchNotAList", "BatchOptionTypeError", "BatchOptions"]

@@ -52,15 +52,16 @@ from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
 import rankcore as rc
 
-from ..api import asgi, batching, by_value, context, direct, exposed, multiplex, user_metrics
-from ..api.context import RequestContext, _serve_request_context
-from ..api.fingerprint import check_modules
-from ..api.router import routed
-from ..api.witness import SWEEP_EVERY_S, Witness, sweep
-from ..ingress.access import AccessLog, default_logs_dir
-from ..ingress.access import record as access_record
+from ..base import by_value, context, direct, exposed
+from ..base.access import AccessLog, default_logs_dir
+from ..base.access import record as access_record
+from ..base.context import RequestContext, _serve_request_context
+from ..base.fingerprint import check_modules
+from ..base.metrics import ReplicaMetrics, router_families
+from ..base.router import routed
+from ..base.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
-from .metrics import ReplicaMetrics, router_families
+from . import asgi, batching, multiplex, user_metrics
 
 #: the actor's concurrency group that runs requests and ``initialize``: its event loop is the user's
 #: (module docstring). A group's size is the class's (``remote_class``), not an actor's option
@@ -148,14 +149,14 @@ class ReplicaActor:
         self.devices, self.source = tuple(devices), source
         #: Serve's replica metrics (calls, errors, time in the user's method, calls in flight)
         self.metrics = ReplicaMetrics(deployment, replica_id)
-        #: the multiplexed models it holds or loads (``api.multiplex``), told to the controller when
+        #: the multiplexed models it holds or loads (``replica.multiplex``), told to the controller when
         #: they change, numbered (``_models_seq``) so a late report never undoes a newer one
         self._models: tuple[str, ...] = ()
         self._models_seq = 0
         self._models_lock = threading.Lock()
         self._controller: Any = None
         #: the calls whose user method it entered, kept where a router can read them after this
-        #: process dies (``api.witness``): made now, so one frozen before its first call has one too
+        #: process dies (``base.witness``): made now, so one frozen before its first call has one too
         self._swept = float("-inf")  # (when it last swept its node's stale witnesses: ``_sweep``)
         self._witness = self._new_witness()
         self._sweep()
@@ -228,7 +229,7 @@ class ReplicaActor:
             models, seq = self._models, self._models_seq
         try:
             if self._controller is None:
-                from .replicas import CONTROLLER_NAME, NAMESPACE
+                from ..base.replicas import CONTROLLER_NAME, NAMESPACE
 
                 self._controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
             self._controller.report_models.remote(self.deployment, self.replica_id, seq, models)
@@ -568,7 +569,7 @@ class ReplicaActor:
     async def metrics_families(self) -> list:
         """Its Prometheus metric families (``ReplicaMetrics.families``), and what its handles' routers
         routed (a replica calling another: ``metrics.router_families``), and the user's own
-        (``serve.metrics``: ``api.user_metrics``): the ingress's ``/metrics``
+        (``serve.metrics``: ``replica.user_metrics``): the ingress's ``/metrics``
         gathers every serving replica's and merges them (``metrics.merged``)."""
         own = self.metrics.families() + user_metrics.families()
         calls = routed()
@@ -578,7 +579,7 @@ class ReplicaActor:
 
     # --------------------------------------------------------------- requests
     def _new_witness(self) -> Witness | None:
-        """Its witness (``api.witness``); None outside an actor or where no file can be made (its
+        """Its witness (``base.witness``); None outside an actor or where no file can be made (its
         calls then count as begun)."""
         actor_id = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
         if actor_id is None:
@@ -607,9 +608,9 @@ class ReplicaActor:
         it) while it holds one of the ``max_ongoing_requests`` slots; once it ends, counted as
         answered or failed (its exception's type) with the time it ran (Serve's replica metrics).
         ``key`` (not 0): written to its witness once it holds a slot, before the method is
-        entered, so its router can tell after this process died that it began (``api.witness``);
+        entered, so its router can tell after this process died that it began (``base.witness``);
         ``on_begin`` (a coroutine function), awaited then too: a by-value call's begin marker
-        (``api.by_value.BEGAN``). A stream its caller closed (``GeneratorExit`` at a ``yield``: a
+        (``base.by_value.BEGAN``). A stream its caller closed (``GeneratorExit`` at a ``yield``: a
         progress call's router once it has the answer, a client gone mid-stream) counts as answered:
         the method did not fail."""
         if self.instance is None:
@@ -649,7 +650,7 @@ class ReplicaActor:
     async def handle_request(self, method: str, args: tuple, kwargs: dict,
                              request: RequestContext | None = None, key: int = 0) -> Any:
         """One call of the user's ``method`` (``request``: the caller's request id and route;
-        ``key``: its witness key, ``api.witness``). A ``KeyboardInterrupt`` the method raises is the
+        ``key``: its witness key, ``base.witness``). A ``KeyboardInterrupt`` the method raises is the
         call's ``TaskCancelledError``, what Ray's caller sees: raised out of the actor's task it also
         stopped the replica's user loop, and every later call hung."""
         return await self._run(method, args, kwargs, request, key)
@@ -674,7 +675,7 @@ class ReplicaActor:
 
     @ray.method(concurrency_group=USER)
     async def by_value_address(self) -> str:
-        """Where a router sends calls by value (``api.by_value``): ``host:port`` of this replica's
+        """Where a router sends calls by value (``base.by_value``): ``host:port`` of this replica's
         gRPC server, started on the user loop on the first ask (a replica nobody asks has none)."""
         if self._by_value is None:
             self._by_value = asyncio.ensure_future(by_value.start_server(
@@ -685,7 +686,7 @@ class ReplicaActor:
     @ray.method(concurrency_group=USER)
     async def direct_address(self, prefix: str, limits: dict) -> str:
         """Where the data plane's balancer sends this replica's HTTP requests (direct ingress:
-        ``api.direct``): ``host:port`` of its own HTTP server, started on the user loop on the first
+        ``base.direct``): ``host:port`` of its own HTTP server, started on the user loop on the first
         ask (``prefix``: its route's, when the balancer does not name it; ``limits``: the ingress's,
         ``haproxy.DataPlane.limits``)."""
         if self._direct is None:  # (set before any await: two asks at once start one server)
@@ -707,7 +708,7 @@ class ReplicaActor:
     @ray.method(concurrency_group=USER)
     async def direct_grpc_address(self, limits: dict) -> str:
         """Where the data plane's balancer sends this replica's gRPC calls: ``host:port`` of its own
-        gRPC server of ``limits["grpc_servicer_functions"]`` (``ingress.direct_grpc``), started on the
+        gRPC server of ``limits["grpc_servicer_functions"]`` (``replica.direct_grpc``), started on the
         user loop on the first ask."""
         if self._direct_grpc is None:  # (set before any await: two asks at once start one server)
             self._direct_grpc = asyncio.ensure_future(self._start_direct_grpc(limits))
@@ -715,7 +716,7 @@ class ReplicaActor:
         return f"{front.address[0]}:{front.address[1]}"
 
     async def _start_direct_grpc(self, limits: dict) -> Any:
-        from ..ingress import direct_grpc
+        from . import direct_grpc
 
         await self._until_started()
         assert self.instance is not None
@@ -750,7 +751,7 @@ class ReplicaActor:
 
     def _http_observed(self, a: direct.Answered) -> None:
         """One request its own server answered: counted in its HTTP metrics, and recorded as the
-        proxy records the requests it carries (``ingress.access``), with this replica and its rank."""
+        proxy records the requests it carries (``base.access``), with this replica and its rank."""
         self.metrics.http_request(route=a.route, method=a.method, status=a.status, latency_ms=a.latency_ms)
         access = self._access
         if access is not None and access.enabled:
@@ -813,8 +814,8 @@ class ReplicaActor:
 
     async def _stream(self, method: str, args: tuple, kwargs: dict, request: RequestContext | None,
                       on_begin: Any = None) -> Any:
-        """``handle_stream``'s items (the direct data plane's servers call it too: ``api.direct``,
-        ``ingress.direct_grpc``; ``on_begin``: ``_request``'s)."""
+        """``handle_stream``'s items (the direct data plane's servers call it too: ``base.direct``,
+        ``replica.direct_grpc``; ``on_begin``: ``_request``'s)."""
         async with self._request(method, request, 0, on_begin) as fn:
             if inspect.isasyncgenfunction(fn):
                 agen = fn(*args, **kwargs)

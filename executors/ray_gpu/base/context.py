@@ -79,7 +79,7 @@ class RequestContext:
     fields rankcore has): ``request_id``: the HTTP request's ``X-Request-Id`` (kept or made by the
     ingress) or, for a call made from Python, a new one (or the one of the request it was made
     inside); ``route``: the HTTP route prefix the request matched (``""`` for a handle call made
-    outside a request); ``app_name``: the application the deployment belongs to (``control.appnames``:
+    outside a request); ``app_name``: the application the deployment belongs to (``base.appnames``:
     ``serve.run``'s ``name``, a config file's; a deployment no application holds is its own);
     ``multiplexed_model_id``: the model the request names ("" none: ``handle.options(
     multiplexed_model_id=...)``, the ``serve_multiplexed_model_id`` header, the gRPC
@@ -108,15 +108,15 @@ def generate_request_id() -> str:
     return str(uuid.uuid4())
 
 
-_app_of: Any = None  # (``control.appnames.of``, once imported: a handle call asks it every time)
+_app_of: Any = None  # (``base.appnames.of``, once imported: a handle call asks it every time)
 
 
 def _app(deployment: str) -> str:
-    """The application ``deployment`` belongs to (``control.appnames``, imported here on first use: a
+    """The application ``deployment`` belongs to (``base.appnames``, imported here on first use: a
     scenario replica's process imports this module alone, never the control package)."""
     global _app_of
     if _app_of is None:
-        from ..control import appnames
+        from . import appnames
 
         _app_of = appnames.of
     return str(_app_of(deployment))

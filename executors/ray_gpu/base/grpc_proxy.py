@@ -10,7 +10,7 @@ of the RPC's name is called with the request message and returns the response me
 (unary), or yields them (a generator method: server streaming). It runs on the HTTP
 server's event loop and goes through the same request path (``http.IngressState.call``: the
 handle, ``request_timeout_s``, cancellation). A method that declares ``grpc_context`` is called
-through its entry (``api.grpc_context``), as a stream of its answer and then what it set on Serve's
+through its entry (``base.grpc_context``), as a stream of its answer and then what it set on Serve's
 ``RayServegRPCContext``: its code, details and trailing metadata end the call (``_apply``).
 
 The services are looked up at each call (``_Services``, the server's one handler of them), so a
@@ -58,11 +58,11 @@ from grpc_health.v1.health import aio as health_aio
 
 import rankcore as rc
 
-from ..api.by_value import BEGAN
-from ..api.context import RequestContext
-from ..api.grpc_context import GrpcState, RayServegRPCContext, entry_name
-from ..control import appnames
+from . import appnames
 from .access import request_id_of
+from .by_value import BEGAN
+from .context import RequestContext
+from .grpc_context import GrpcState, RayServegRPCContext, entry_name
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +400,7 @@ class GrpcFront:
 
     def _application(self, context: aio.ServicerContext, meta: dict | None = None) -> str | None:
         """The routed deployment the ``application`` metadata names: an application's (``serve.run``'s
-        ``name``, a config's: its ingress, ``control.appnames``) or a deployment's own name; with one
+        ``name``, a config's: its ingress, ``base.appnames``) or a deployment's own name; with one
         routed deployment, that one whatever it says (Serve's rule). None: unknown, or not given
         with several."""
         handles = self.ingress.handles
@@ -504,7 +504,7 @@ class GrpcFront:
     # ------------------------------------------------- methods taking grpc_context
     async def _send_to_entry(self, name: str, method: str, request: Any, context: aio.ServicerContext,
                              note: dict) -> Any:
-        """The call of ``method``'s entry (``api.grpc_context``): a stream of the method's answer, then
+        """The call of ``method``'s entry (``base.grpc_context``): a stream of the method's answer, then
         what it set on the ``RayServegRPCContext`` made here from the call's context."""
         ingress = self.ingress
         handle = ingress.handles[name].options(stream=True, method_name=entry_name(method))

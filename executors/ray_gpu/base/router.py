@@ -186,7 +186,7 @@ _ALL_LOCK = threading.Lock()
 def routed() -> list[tuple[str, str, str, str, int]]:
     """What this process's routers routed: ``(deployment, route, application, handle id, calls)``
     (Serve's router and handle request counters; the process that is scraped exports them: the
-    ingress, a replica: ``control.metrics.router_families``)."""
+    ingress, a replica: ``base.metrics.router_families``)."""
     with _ALL_LOCK:
         routers = list(_ALL)
     out: list[tuple[str, str, str, str, int]] = []
@@ -566,7 +566,7 @@ class Router:
         ``progress``: its status says ``running`` once the replica begins it (module docstring).
         ``request``: the request context the replica shows its user code (None: the current
         request's id, else a new one: ``context.request_for_call``). ``by_value``: sent over the
-        replica's gRPC server where it can be (``api.by_value``; a stream or progress call never is)."""
+        replica's gRPC server where it can be (``base.by_value``; a stream or progress call never is)."""
         self.refresh()
         with self.lock:
             if method in self.streams and not stream:

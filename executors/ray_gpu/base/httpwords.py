@@ -1,5 +1,5 @@
 """What an HTTP request to a deployment means and what a failure answers: the rules both HTTP
-servers share, the proxy's (``ingress/http.py``) and a replica's own (``api/direct.py``, direct
+servers share, the proxy's (``ingress/http.py``) and a replica's own (``base/direct.py``, direct
 ingress, issue 65), so the two answer alike. Pure functions of bytes and exceptions.
 """
 

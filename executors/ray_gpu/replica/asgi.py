@@ -32,7 +32,7 @@ from typing import Any
 
 from rankcore import InvalidConfig
 
-from .exposed import ASGI_APP_ATTR, ASGI_ENTRY
+from ..base.exposed import ASGI_APP_ATTR, ASGI_ENTRY
 
 __all__ = ["ENTRY", "ingress", "request_ingress", "is_asgi", "started", "stopped", "current_instance"]
 

@@ -95,7 +95,7 @@ _NOT_CONNECTED = ("failed to connect", "dns resolution failed", "name resolution
 #: (``never_began``), whatever became of the replica or its node: it may go to another replica. It
 #: rides the call's own response stream (no round trip of its own); a replica that dies between
 #: sending it and its arrival has begun the call, and it runs again: the marker's flight, as with a
-#: progress call's start marker (api/router.py)
+#: progress call's start marker (base/router.py)
 BEGAN = (("rankcore-began", "1"),)
 
 

@@ -31,7 +31,7 @@ from prometheus_client import Gauge as _PGauge
 from prometheus_client import Histogram as _PHistogram
 from prometheus_client.metrics_core import Metric
 
-from . import context
+from ..base import context
 
 __all__ = ["Counter", "Gauge", "Histogram", "families"]
 

@@ -4,7 +4,7 @@ With ``data_plane="direct"`` (``ingress/haproxy.py``) a compiled balancer routes
 requests straight to its replicas, each of which answers HTTP itself on its user event loop: no
 Python proxy on the way, no thread hop to reach an ``async def`` method. This is that server, an
 ``asyncio.Protocol`` over the ``httptools`` parser (uvicorn's fast path, without the ASGI layer),
-answering as the proxy does (``api/httpwords.py``: the same routes, bodies, errors and words):
+answering as the proxy does (``base/httpwords.py``: the same routes, bodies, errors and words):
 
 * ``POST``/``GET``/``HEAD`` at the route prefix calls ``__call__``, ``<prefix>/<method>`` a method
   marked ``@http_method``; any other method 404 ``unknown_method``, any other verb 405;

@@ -30,7 +30,7 @@ from typing import Any
 from rankcore import InvalidConfig
 from rankcore.requests import MAX_NUM_MODELS_PER_REPLICA, Hit, ModelCache, MultiplexOptions
 
-from .context import _get_serve_request_context
+from ..base.context import _get_serve_request_context
 
 __all__ = ["multiplexed", "get_multiplexed_model_id", "MultiplexOptions", "resident_models"]
 

@@ -19,6 +19,9 @@ NAMESPACE = "rankcore"
 #: the controller actor's name in ``NAMESPACE`` (here, not in controller.py: a replica finds its
 #: controller by it without importing the controller)
 CONTROLLER_NAME = "rankcore-controller"
+#: Ray leaves ``CUDA_VISIBLE_DEVICES`` alone in a process with this set (its own switch): a
+#: replica booked by memory reserves no Ray GPU, sees every GPU and uses the core's indices
+NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 #: a checkpointed replica's start: no actor yet (waiting for a node, or for its group)
 RESERVING = "reserving"

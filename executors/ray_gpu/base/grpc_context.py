@@ -4,16 +4,16 @@ that declares a ``grpc_context`` parameter gets one when a gRPC call reaches it,
 
 How: ``attach`` (called by ``deployment`` for every class, so ``serve.deployment`` and rankcore's own
 both have it) puts one entry method on the class for each method that takes ``grpc_context``, named
-``__rankcore_grpc__<method>`` (``ENTRY_PREFIX``; a name no client can call: ``api.exposed``), of the
+``__rankcore_grpc__<method>`` (``ENTRY_PREFIX``; a name no client can call: ``base.exposed``), of the
 same kind as the user's method (a plain or ``async def`` method, a generator or async generator: the
 replica runs it as it would run the method itself, a plain one on its request threads, an ``async def``
-on its loop). The proxy (``ingress.grpc_proxy``) sends such a method's calls to its entry, as a stream,
+on its loop). The proxy (``base.grpc_proxy``) sends such a method's calls to its entry, as a stream,
 with the request message and a ``RayServegRPCContext`` made from the call's own context
 (``invocation_metadata`` the client's metadata, ``trailing_metadata`` the call's ``request_id``,
 ``peer`` ...). The entry calls the method with ``grpc_context=`` that object, yields its answer (a
 unary method's one response, a generator's items) and then the context's ``GrpcState`` (its code,
 details, trailing metadata, compression): also when the method raises, before the error, so a code set
-and then an exception still reaches the client (Serve's since 2.54). ``api.exposed.reachable`` lists
+and then an exception still reaches the client (Serve's since 2.54). ``base.exposed.reachable`` lists
 the methods that have an entry (``Reachable.grpc_context``): the proxy calls the entry for those
 alone, so a method without ``grpc_context`` is called exactly as before.
 
@@ -38,11 +38,11 @@ __all__ = ["RayServegRPCContext", "GrpcState", "GRPC_CONTEXT_ARG", "ENTRY_PREFIX
 
 #: the parameter name that asks for the context (Serve's ``GRPC_CONTEXT_ARG_NAME``)
 GRPC_CONTEXT_ARG = "grpc_context"
-#: the entry methods' prefix (``api.exposed``: a name starting with ``__`` no client reaches)
+#: the entry methods' prefix (``base.exposed``: a name starting with ``__`` no client reaches)
 ENTRY_PREFIX = GRPC_ENTRY_PREFIX
 #: set on each entry: the user method it calls
 _ENTRY_OF = "__rankcore_grpc_entry_of__"
-#: a name an RPC can carry (``api.exposed``'s rule), and ``__call__``
+#: a name an RPC can carry (``base.exposed``'s rule), and ``__call__``
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*|__call__")
 
 
@@ -173,7 +173,7 @@ def takes_grpc_context(fn: Any) -> bool:
 
 
 def _callable_names(cls: type) -> list[str]:
-    """The names a gRPC call may name on ``cls`` (``api.exposed``'s rule: a letter first, or ``__call__``)."""
+    """The names a gRPC call may name on ``cls`` (``base.exposed``'s rule: a letter first, or ``__call__``)."""
     out = []
     for name in dir(cls):
         if not _NAME.fullmatch(name) or name in LIFECYCLE or not callable(getattr(cls, name, None)):

@@ -98,7 +98,7 @@ def _serve(name: str, kind: str, labels: tuple[str, ...], doc: str, **kw: Any) -
 _DEP = ("deployment", "application")
 
 #: one per HTTP request answered: by the ingress, or on the direct data plane by the replica's own
-#: server (``api.direct``); a scrape sums the series several processes export (``merged``)
+#: server (``base.direct``); a scrape sums the series several processes export (``merged``)
 HTTP_REQUEST_METRICS: tuple[MetricSpec, ...] = (
     _serve("ray_serve_num_http_requests", "counter", ("route", "method", "application", "status_code"),
            "HTTP requests answered by the ingress (or, on the direct data plane, by the replicas' own servers)."),
@@ -261,7 +261,7 @@ CONTROLLER_METRICS: tuple[MetricSpec, ...] = (
                doc="Events the core has refused (a normal run has none; the controller's status lists them)."),
 )
 
-#: What a process's routers routed (``api.router.Router.routed``), made anew at each scrape of the process
+#: What a process's routers routed (``base.router.Router.routed``), made anew at each scrape of the process
 #: that holds them (``router_families``): the ingress's routers and those of each replica's handles (a
 #: replica calling another). A driver's handles are in no scraped process: not exported.
 ROUTER_METRICS: tuple[MetricSpec, ...] = (
@@ -476,12 +476,12 @@ class ReplicaMetrics:
         self.m["ray_serve_replica_initialization_latency_ms"].labels(self.deployment, self.replica, self.app).observe(ms)
 
     def http_request(self, *, route: str, method: str, status: int, latency_ms: float) -> None:
-        """One HTTP request its own server answered (the direct data plane: ``api.direct``)."""
+        """One HTTP request its own server answered (the direct data plane: ``base.direct``)."""
         http_request(self.m, route=route, method=method, deployment=self.deployment, app=self.app, status=status,
                      latency_ms=latency_ms, kept=self._kept)
 
     def grpc_request(self, *, method: str, deployment: str, code: str, latency_ms: float) -> None:
-        """One gRPC call its own gRPC server answered (the direct data plane: ``ingress.direct_grpc``)."""
+        """One gRPC call its own gRPC server answered (the direct data plane: ``replica.direct_grpc``)."""
         grpc_request(self.m, method=method, deployment=deployment, code=code, latency_ms=latency_ms, kept=self._kept)
 
     def grpc_started(self) -> None:
@@ -501,7 +501,7 @@ class ReplicaMetrics:
         took.observe(latency_ms)
         count.inc()
 
-    # -- batching (``api.batching``)
+    # -- batching (``replica.batching``)
     def batch_ran(self, function: str, wait_ms: float, run_ms: float, size: int, bound: int) -> None:
         m, lab = self.m, (self.deployment, self.replica, self.app, function)
         m["ray_serve_batch_wait_time_ms"].labels(*lab).observe(wait_ms)
@@ -513,7 +513,7 @@ class ReplicaMetrics:
     def batch_queue(self, function: str, waiting: int) -> None:
         self.m["ray_serve_batch_queue_length"].labels(self.deployment, self.replica, self.app, function).set(waiting)
 
-    # -- model multiplexing (``api.multiplex``)
+    # -- model multiplexing (``replica.multiplex``)
     def models_now(self, models: tuple[str, ...]) -> None:
         m, dep, rid, app = self.m, self.deployment, self.replica, self.app
         m["ray_serve_num_multiplexed_models"].labels(dep, rid, app).set(len(models))
@@ -544,7 +544,7 @@ class ReplicaMetrics:
 def router_families(routed: Iterable[tuple[str, str, str, str, int]], actor_id: str,
                     handle: str | None = None) -> list[Metric]:
     """Serve's router and handle request counters from what a process's routers routed
-    (``api.router.routed``: ``(deployment, route, application, handle id, calls)``, the application
+    (``base.router.routed``: ``(deployment, route, application, handle id, calls)``, the application
     as it was when the calls were made), in a registry made for this scrape: a counter is the router's
     own running count. ``handle``: the ``handle`` label of every router here (the ingress's: ``http``, as
     its queue gauges); None: each router's id; the handle counter's is Serve's
@@ -607,7 +607,7 @@ APPLICATION_STATUS_NUMERIC: dict[str, int] = {"DEPLOY_FAILED": 1, "UNHEALTHY": 2
 
 def application_status(statuses: Iterable[str]) -> str:
     """An application's status (Serve's ``ApplicationStatus`` word) from its deployments' as ``rankcore
-    status`` shows them (the core's status; ``DELETING`` for one being deleted): ``control/apps.py``'s
+    status`` shows them (the core's status; ``DELETING`` for one being deleted): ``api/apps.py``'s
     rule (``_app_status``), written again here because apps.py imports the ingress, which imports this
     module; tests/unit/test_metrics_more.py holds the two to the same answers."""
     seen = set(statuses)

@@ -18,12 +18,12 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-from ..api.context import RequestContext
-from ..api.direct import within
-from ..api.exposed import Reachable
-from ..api.httpwords import ANSI, status_of
-from ..control import appnames
-from .grpc_proxy import GrpcFront, call_began
+from ..base import appnames
+from ..base.context import RequestContext
+from ..base.direct import within
+from ..base.exposed import Reachable
+from ..base.grpc_proxy import GrpcFront, call_began
+from ..base.httpwords import ANSI, status_of
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..api.httpwords import REQUEST_ID_HEADER, REQUEST_ID_MAX, request_id_of
+from .httpwords import REQUEST_ID_HEADER, REQUEST_ID_MAX, request_id_of
 
 __all__ = ["ENABLE_ACCESS_LOG", "REQUEST_ID_HEADER", "REQUEST_ID_MAX", "KEEP", "LOGGER_NAME", "AccessLog",
            "request_id_of", "check_enable_access_log", "default_logs_dir", "record"]

@@ -9,7 +9,7 @@ itself (``reconfigure``, ``check_health``, ``record_routing_stats``, ``__del__``
 ``@multiplexed`` loaders are reachable by neither, whatever they are marked or named: a client
 that could call ``reconfigure`` would set the replica's config behind the controller's back.
 A method that declares ``grpc_context`` is called over gRPC through its entry
-(``__rankcore_grpc__<method>``, ``api.grpc_context``; ``Reachable.grpc_context`` lists them): a name
+(``__rankcore_grpc__<method>``, ``base.grpc_context``; ``Reachable.grpc_context`` lists them): a name
 starting with ``__``, which no client can name.
 """
 
@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 from rankcore import InvalidConfig
 
-#: ``api.asgi.ENTRY`` (named here: ``asgi`` imports starlette where it runs, this module nothing)
+#: ``replica.asgi.ENTRY`` (named here: ``asgi`` imports starlette where it runs, this module nothing)
 ASGI_ENTRY = "__rankcore_asgi__"
-#: ``api.asgi.APP_ATTR``: an ``@ingress`` class's app
+#: ``replica.asgi.APP_ATTR``: an ``@ingress`` class's app
 ASGI_APP_ATTR = "__rankcore_asgi_app__"
-#: ``api.grpc_context.ENTRY_PREFIX``: ``<it><method>`` calls ``method`` with a ``grpc_context``
+#: ``base.grpc_context.ENTRY_PREFIX``: ``<it><method>`` calls ``method`` with a ``grpc_context``
 GRPC_ENTRY_PREFIX = "__rankcore_grpc__"
 
 __all__ = ["http_method", "Reachable", "reachable", "stream_methods", "LIFECYCLE", "HTTP_ATTR"]
@@ -71,10 +71,10 @@ class Reachable:
 
     http: frozenset[str]
     grpc: frozenset[str] | None
-    #: HTTP requests reach the class as ASGI requests (``api.asgi``: Serve's ``__call__(request)`` or
+    #: HTTP requests reach the class as ASGI requests (``replica.asgi``: Serve's ``__call__(request)`` or
     #: ``@serve.ingress`` app): every path under its route prefix, whatever its method
     asgi: bool = False
-    #: the methods a gRPC call reaches through their ``grpc_context`` entry (``api.grpc_context``: they
+    #: the methods a gRPC call reaches through their ``grpc_context`` entry (``base.grpc_context``: they
     #: declare a ``grpc_context`` parameter, and the class has the entry)
     grpc_context: frozenset[str] = frozenset()
     #: an ``@serve.ingress`` app's declared routes, ``(path, methods)`` (methods None: any), for the route

@@ -35,7 +35,7 @@ import ray
 
 import rankcore as rc
 
-from ..api import config as cf
+from ..base.replicas import NAMESPACE
 from ..ingress.http import (
     HEADER_TIMEOUT_S,
     MAX_BODY_BYTES,
@@ -52,7 +52,7 @@ from ..ingress.http import (
     server_stack,
 )
 from . import apps
-from .replicas import NAMESPACE
+from . import config as cf
 
 __all__ = ["REST_NAME", "DEFAULT_HOST", "DEFAULT_PORT", "RestServer", "limits", "config_of", "make_app", "start_rest",
            "stop_rest", "rest_address"]

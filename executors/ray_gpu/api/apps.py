@@ -31,12 +31,12 @@ from ray.experimental import internal_kv
 
 import rankcore as rc
 
-from ..api import config as cf
-from ..api.deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller, map_bound
-from ..api.deployments import delete as delete_deployment
+from ..base import appnames, persist
+from ..base.replicas import NAMESPACE, actor_name
 from ..ingress import http as ingress
-from . import appnames, persist
-from .replicas import NAMESPACE, actor_name
+from . import config as cf
+from .deployments import Application, Deployment, DeploymentHandle, _deploy, ask, get_controller, map_bound
+from .deployments import delete as delete_deployment
 
 __all__ = ["AppliedApp", "apply_config", "start_proxies", "import_app", "applied_apps", "delete_app", "delete_all", "details",
            "status", "unhealthy", "FAULTS_SHOWN"]
