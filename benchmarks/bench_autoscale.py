@@ -56,10 +56,9 @@ import threading
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, OursReplica, ServeReplica, awaitable, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
@@ -92,7 +91,7 @@ def _rank(ctx: Any) -> int | None:
 class _Counting:
     """Counts ``reconfigure`` calls that bring a new rank (both systems call it on a rank change)."""
 
-    context: Any = None
+    context: Any = None  # (the system's: OursReplica or ServeReplica, first among the bases)
 
     def __init__(self) -> None:
         self.last_rank: int | None = None
@@ -111,20 +110,12 @@ class _Counting:
         return str(ctx.replica_id), _rank(ctx), self.rank_reconfigures
 
 
-class OursModel(_Counting):
-    @staticmethod
-    def context() -> Any:  # type: ignore[override]
-        from executors.ray_gpu import get_replica_context
-
-        return get_replica_context()
+class OursModel(OursReplica, _Counting):
+    pass
 
 
-class ServeModel(_Counting):
-    @staticmethod
-    def context() -> Any:  # type: ignore[override]
-        from ray import serve
-
-        return serve.get_replica_context()
+class ServeModel(ServeReplica, _Counting):
+    pass
 
 
 # ------------------------------------------------------------------- systems
@@ -227,7 +218,7 @@ async def drive(handle: Any, args: argparse.Namespace, answers: list, errors: li
         while loop.time() < until:
             t = time.perf_counter()
             try:
-                rid, rank, reconf = await asyncio.wait_for(_await(handle.remote(args.work)), args.request_timeout)
+                rid, rank, reconf = await asyncio.wait_for(awaitable(handle.remote(args.work)), args.request_timeout)
                 answers.append((time.perf_counter() - t, rid, rank, reconf))
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
@@ -239,10 +230,6 @@ async def drive(handle: Any, args: argparse.Namespace, answers: list, errors: li
     await asyncio.sleep(args.idle)
     await client(loop.time() + args.tail)
     return burst
-
-
-async def _await(response: Any) -> Any:
-    return await response
 
 
 def run_child(system_name: str, args: argparse.Namespace) -> dict:

@@ -8,7 +8,7 @@ can fill), each with the two-level shape Serve's docs recommend: a plain ``async
 __call__(self, x)`` (over HTTP Serve passes a starlette ``Request``: it does ``await
 request.json()``; ours' ingress passes the JSON body itself) that returns ``await
 self.handle_batch(body)``, where ``handle_batch`` is the batched method: ``@batch`` (ours,
-executors/ray_gpu/api/batching.py) or ``@serve.batch``, both with ``max_batch_size =
+executors/ray_gpu/replica/batching.py) or ``@serve.batch``, both with ``max_batch_size =
 --max-batch-size`` (default 16), ``batch_wait_timeout_s = --batch-wait-timeout-s`` (default
 0.01) and one batch at a time (``max_concurrent_batches=1``).
 
@@ -31,7 +31,7 @@ Each system runs in its own child process with its own fresh local Ray (``ray.in
 
 Then, per path (``http``, ``handle``) and per level of concurrent clients (``--clients``,
 default 1,16,64): ``--warmup`` seconds (default 1) untimed, then ``--seconds`` (default 5) of
-closed-loop clients (each sends its next request as soon as its last is answered; bench_http.py's
+closed-loop clients (each sends its next request as soon as its last is answered; common.py's
 ``load``). Reported per level: answers per second, p50 / p99 latency, errors (non-200, exceptions
 or a wrong answer), the mean size of the batches run in the window (distinct batches, each
 counted once; the mean over answers, which weighs a batch by its size, is in the JSON too) and the
@@ -98,25 +98,24 @@ import threading
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
-import hostcpu  # noqa: E402 - (benchmarks/hostcpu.py: where a level's CPU went, from /proc)
-from bench_http import (  # noqa: E402 - (the same clients, figures and report)
-    _awaitable,
-    _fmt,
-    _free_port,
-    _ints,
+from common import (
+    ROOT,
+    awaitable,
+    fmt,
+    free_port,
+    ints,
     judge,
     level_argv,
     load,
     print_errors_and_goal,
     print_table,
+    use_this_tree,
 )
+
+use_this_tree()
+
+import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
+import hostcpu  # noqa: E402 - (benchmarks/hostcpu.py: where a level's CPU went, from /proc)
 
 DEP = "bench"  # deployment name (and Serve application name)
 ROUTE = "/bench"
@@ -246,7 +245,7 @@ class Serve:
     def deploy(self, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
         from ray import serve
 
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         d: Any = serve.deployment(ServeBatched, name=DEP, **_options(args))
         handle = serve.run(d.bind(*_bind_args(args)), name=DEP, route_prefix=ROUTE)
@@ -385,7 +384,7 @@ async def handle_level(handle: Any, clients: int, warmup: float, seconds: float,
                        checker: Checker) -> dict:
     async def send(c: int, seq: int) -> bool:
         body, x = _body(c, seq)
-        return checker.check(c, seq, x, await asyncio.wait_for(_awaitable(handle.remote(body)), timeout))
+        return checker.check(c, seq, x, await asyncio.wait_for(awaitable(handle.remote(body)), timeout))
 
     checker.start(warmup, seconds)
     return await load(send, clients, warmup, seconds)
@@ -402,9 +401,9 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
             coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout, checker)
         got = childrun.run_async(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
         got.update(checker.figures())
-        return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {_fmt(got['p50_ms'])} ms  "
-                     f"p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}  "
-                     f"batch {_fmt(got['mean_batch'])} of {_fmt(_ms(got['mean_batch_s']))} ms")
+        return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {fmt(got['p50_ms'])} ms  "
+                     f"p99 {fmt(got['p99_ms'])} ms  errors {got['errors']}  "
+                     f"batch {fmt(got['mean_batch'])} of {fmt(_ms(got['mean_batch_s']))} ms")
 
     return childrun.measure(system_name, args, system, f"{args.replicas} batched replicas with an HTTP route",
                             lambda: system.deploy(args, args.request_timeout * 4), level, log)
@@ -623,8 +622,8 @@ def print_cpu(results: dict, args: argparse.Namespace) -> None:
         proc = {name: "-" if name not in procs else
                 f"{procs[name]['total_s']:.2f} (busiest thread {max(procs[name]['top_threads_s'], default=0):.2f})"
                 for name in ("ray::ReplicaActor", "ray::HttpIngress")}
-        print(f"  {key}: host {lv['host_busy_s']:.2f}; callers' thread {_fmt(lv.get('caller_thread_s'))}; replica's "
-              f"batch thread {_fmt(lv.get('replica_thread_s'))} (batches {lv.get('batch_cpu_s', 0):.2f}); replica "
+        print(f"  {key}: host {lv['host_busy_s']:.2f}; callers' thread {fmt(lv.get('caller_thread_s'))}; replica's "
+              f"batch thread {fmt(lv.get('replica_thread_s'))} (batches {lv.get('batch_cpu_s', 0):.2f}); replica "
               f"process {proc['ray::ReplicaActor']}; proxy {proc['ray::HttpIngress']}; controller, raylet, GCS "
               f"{sum(procs.get(n, {}).get('total_s', 0.0) for n in ('ray::Controller', 'raylet', 'gcs_server')):.2f}")
 
@@ -642,11 +641,11 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     table = []
     for r in rows:
         a, b = r["ours"] or {}, r["serve"] or {}
-        table.append([r["path"], str(r["clients"]), _fmt(a.get("rps"), 1), _fmt(b.get("rps"), 1),
-                      _fmt(r["rps_ratio"]), _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")),
-                      _fmt(b.get("p99_ms")), _fmt(r["p99_ratio"]),
-                      f"{_fmt(a.get('mean_batch'), 1)}/{_fmt(b.get('mean_batch'), 1)}",
-                      f"{_fmt(_ms(a.get('mean_batch_s')))}/{_fmt(_ms(b.get('mean_batch_s')))}",
+        table.append([r["path"], str(r["clients"]), fmt(a.get("rps"), 1), fmt(b.get("rps"), 1),
+                      fmt(r["rps_ratio"]), fmt(a.get("p50_ms")), fmt(b.get("p50_ms")), fmt(a.get("p99_ms")),
+                      fmt(b.get("p99_ms")), fmt(r["p99_ratio"]),
+                      f"{fmt(a.get('mean_batch'), 1)}/{fmt(b.get('mean_batch'), 1)}",
+                      f"{fmt(_ms(a.get('mean_batch_s')))}/{fmt(_ms(b.get('mean_batch_s')))}",
                       f"{a.get('errors', '-')}/{b.get('errors', '-')}", r["verdict"]])
     print_table(headers, table)
     print("(latencies in ms; batch: mean size of the distinct batches run in the window; batch ms: their mean "
@@ -655,8 +654,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
         fit = cost_fit(res.get("levels", {}))
         res["cost_fit"] = fit
         if fit:
-            sizes = ", ".join(f"{n}: {_fmt(_ms(v['mean_s']))} ms x{v['batches']}" for n, v in fit["by_size"].items())
-            print(f"{name}: per-batch service time {_fmt(_ms(fit['mean_batch_s']))} ms mean over {fit['batches']} "
+            sizes = ", ".join(f"{n}: {fmt(_ms(v['mean_s']))} ms x{v['batches']}" for n, v in fit["by_size"].items())
+            print(f"{name}: per-batch service time {fmt(_ms(fit['mean_batch_s']))} ms mean over {fit['batches']} "
                   f"batches; by size: {sizes}")
             print(f"sim cost: fixed_s={fit['fixed_s']:.6f} per_item_s={fit['per_item_s']:.7f}  "
                   f"(fit over the batches of {name}: fixed_s + per_item_s * batch_size)")
@@ -686,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", type=int, default=1, help="replicas of each system; default 1")
     p.add_argument("--max-ongoing-requests", type=int, default=64,
                    help="max_ongoing_requests of each replica, both systems; default 64")
-    p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
+    p.add_argument("--clients", type=ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
     p.add_argument("--paths", type=childrun.paths_type("http", "handle"), default=["http", "handle"], help="http,handle (default)")
     p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level; default 5")
     p.add_argument("--warmup", type=float, default=1.0, help="untimed seconds before each level; default 1")

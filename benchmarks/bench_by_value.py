@@ -1,4 +1,4 @@
-"""A call by value against a call by reference, interleaved in one run (executors/ray_gpu/api/by_value.py).
+"""A call by value against a call by reference, interleaved in one run (executors/ray_gpu/base/by_value.py).
 
 Why proxies send by value by default: one deployment (``--replicas`` replicas of an ``async def``
 echo, as bench_http's), one handle, and the same closed-loop clients calling it three ways in turn,
@@ -22,15 +22,14 @@ import argparse
 import asyncio
 import json
 import os
-import pathlib
 import statistics
 import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py)
 

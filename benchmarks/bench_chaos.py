@@ -84,11 +84,9 @@ import threading
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, OursReplica, ServeReplica, awaitable, free_port, replica_id, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
@@ -129,19 +127,16 @@ class _App:
     answers who it is; ``check_health`` hangs while its ``hang-<id>`` file exists."""
 
     TAG = "v1"
+    context: Any = None  # (the system's: OursReplica or ServeReplica, first among the bases)
 
     def __init__(self, chaos_dir: str, work: float) -> None:
         self.dir, self.work = chaos_dir, work
         self.cfg: Any = None
         self._id: str | None = None
 
-    def _ctx(self) -> Any:
-        raise NotImplementedError
-
     def _rid(self) -> str:
         if self._id is None:
-            rid = self._ctx().replica_id
-            self._id = str(getattr(rid, "unique_id", rid))
+            self._id = replica_id(self.context())
         return self._id
 
     def reconfigure(self, user_config: Any, rank: Any = None) -> None:
@@ -159,7 +154,7 @@ class _App:
         await asyncio.sleep(self.work * (10 if slow else 1))
         import ray
 
-        ctx = self._ctx()
+        ctx = self.context()
         return {"id": body.get("id"), "rid": rid, "rank": getattr(ctx.rank, "rank", ctx.rank),
                 "ws": ctx.world_size, "tag": self.TAG, "cfg": self.cfg,
                 "node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -172,22 +167,12 @@ class _App:
         return echo_pb2.EchoReply(text=json.dumps(await self.answer(json.loads(request.text))))
 
 
-class _Ours(_App):
-    def _ctx(self) -> Any:
-        from executors.ray_gpu import get_replica_context
-
-        return get_replica_context()
-
+class _Ours(OursReplica, _App):
     async def __call__(self, body: Any) -> dict:
         return await self.answer(body)
 
 
-class _Serve(_App):
-    def _ctx(self) -> Any:
-        from ray import serve
-
-        return serve.get_replica_context()
-
+class _Serve(ServeReplica, _App):
     async def __call__(self, body: Any) -> dict:
         from starlette.requests import Request
 
@@ -229,7 +214,7 @@ class Ours:
     def deploy(self) -> str:
         from executors.ray_gpu.ingress.http import ingress_address, start_ingress
 
-        self.grpc_target = f"127.0.0.1:{_free_port()}"
+        self.grpc_target = f"127.0.0.1:{free_port()}"
         start_ingress(port=0, proxy_location="HeadOnly", grpc_port=int(self.grpc_target.rsplit(":", 1)[1]),
                       grpc_servicer_functions=SERVICERS, data_plane=self.args.data_plane)
         self.handle = self._deploy(OursV1, 1)
@@ -307,7 +292,7 @@ class Serve:
     def deploy(self) -> str:
         from ray import serve
 
-        port, grpc_port = _free_port(), _free_port()
+        port, grpc_port = free_port(), free_port()
         self.grpc_target = f"127.0.0.1:{grpc_port}"
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port},
                     grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS})
@@ -348,14 +333,6 @@ class Serve:
 
     def shutdown(self) -> None:
         childrun.serve_shutdown(log)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------ the load
@@ -462,7 +439,7 @@ class Load:
 
     async def _handle_client(self, c: int) -> None:
         async def send(rid: str, t0: float) -> tuple:
-            answer = await asyncio.wait_for(_awaited(self.handle.remote({"id": rid})), self.args.request_timeout)
+            answer = await asyncio.wait_for(awaitable(self.handle.remote({"id": rid})), self.args.request_timeout)
             return "ok", answer, False
 
         await self._loop("handle", f"d{c}", send)
@@ -478,10 +455,6 @@ class Load:
         """The replicas that answered in the last ``window`` s and after ``since``: id -> answer."""
         now = time.perf_counter()
         return {rid: a for rid, (t, a) in list(self.latest.items()) if t >= max(since, now - window)}
-
-
-async def _awaited(response: Any) -> Any:
-    return await response
 
 
 # ----------------------------------------------------------------- the faults
@@ -681,7 +654,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
     chaos_dir = tempfile.mkdtemp(prefix="bench_chaos_")
     # (ours' replicas keep their witnesses in a folder of the run's own, in the usual place, not there
     # itself: a killed replica's would stay after the run; the nodes' processes inherit the variable)
-    from executors.ray_gpu.api.witness import DIR_ENV, witness_dir
+    from executors.ray_gpu.base.witness import DIR_ENV, witness_dir
 
     witnesses = tempfile.mkdtemp(prefix="bench_chaos_witness_", dir=witness_dir())
     os.environ[DIR_ENV] = witnesses

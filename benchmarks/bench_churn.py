@@ -42,8 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this tree's rankcore, before an installed one
+from common import use_this_tree
+
+use_this_tree()
+
 from bench_gc import child as _gc_child  # noqa: E402 (bench_gc's deploy and churn loop: one copy)
 
 import rankcore as rc  # noqa: E402

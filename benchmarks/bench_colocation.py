@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import statistics
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, use_this_tree
+
+use_this_tree()
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))

@@ -77,10 +77,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-# This tree's rankcore first: an environment may have another checkout installed (a git worktree's
-# benchmark would otherwise measure that one)
-sys.path.insert(0, str(ROOT))
+from common import use_this_tree
+
+use_this_tree()
+
 from bench_sim import _GcMeter  # noqa: E402 (bench_sim's collector meter: one copy)
 
 import rankcore as rc  # noqa: E402

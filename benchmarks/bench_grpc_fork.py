@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ROOT
+
 VARIABLE = "GRPC_ENABLE_FORK_SUPPORT"  # (executors.ray_gpu.FORK_SUPPORT_VARIABLE; not imported here)
 
 #: argv: seconds, "all" or "first" (stop at the first loss), the result file, "ours" or "bare"

@@ -34,12 +34,11 @@ import pathlib
 import sys
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-for _p in (str(ROOT), str(ROOT / "benchmarks")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from common import ROOT, awaitable, echo_body, fmt, load, use_this_tree
 
-import bench_http  # noqa: E402 - (the echo, its systems and the closed loop)
+use_this_tree()
+
+import bench_http  # noqa: E402 - (the echo and its systems)
 import childrun  # noqa: E402
 
 log = bench_http.log
@@ -51,29 +50,29 @@ async def _http(url: str, method: str, seconds: float, warmup: float, body: bool
     client = RawClient(url, 30.0, method=method)
 
     async def send(c: int, seq: int) -> bool:
-        data = json.dumps(bench_http._body(c, seq)).encode() if body else b""
+        data = json.dumps(echo_body(c, seq)).encode() if body else b""
         status, _ = await client.post(data)
         if status != want:
             raise RuntimeError(f"HTTP {status}")
         return True
 
     try:
-        return await bench_http.load(send, 1, warmup, seconds)
+        return await load(send, 1, warmup, seconds)
     finally:
         await client.close()
 
 
 async def _calls(call: Any, seconds: float, warmup: float) -> dict:
     async def send(c: int, seq: int) -> bool:
-        body = bench_http._body(c, seq)
+        body = echo_body(c, seq)
         return bool(await call(body) == body)
 
-    return await bench_http.load(send, 1, warmup, seconds)
+    return await load(send, 1, warmup, seconds)
 
 
 def _grpc_to_replica(handle: Any) -> Any:
     """A call on the replica's by-value channel, no router: what the router sends, pickled here."""
-    from executors.ray_gpu.api import by_value
+    from executors.ray_gpu.base import by_value
 
     address = next(iter(handle._router.addresses.values()))
     call = by_value.channel(address).unary_unary(by_value.METHOD)
@@ -97,16 +96,16 @@ def _hops(system_name: str, args: argparse.Namespace, handle: Any, url: str) -> 
             lambda: _http(f"{base}/no-such-route", "GET", args.seconds, args.warmup, False, 404),
         "HTTP, whole": lambda: _http(url, "POST", args.seconds, args.warmup, True)}
     if system_name != "ours":
-        hops["handle"] = lambda: _calls(lambda b: bench_http._awaitable(handle.remote(b)), args.seconds, args.warmup)
+        hops["handle"] = lambda: _calls(lambda b: awaitable(handle.remote(b)), args.seconds, args.warmup)
         return hops
     by_value = handle.options(_by_reference=False)
-    childrun.run_async(bench_http._awaitable(by_value.remote(bench_http._body(0, 0))))  # (learns their servers)
+    childrun.run_async(awaitable(by_value.remote(echo_body(0, 0))))  # (learns their servers)
     by_reference = handle.options(_by_reference=True)
     hops.update({
-        "handle by value": lambda: _calls(lambda b: bench_http._awaitable(by_value.remote(b)), args.seconds,
+        "handle by value": lambda: _calls(lambda b: awaitable(by_value.remote(b)), args.seconds,
                                           args.warmup),
         "gRPC to the replica": lambda: _calls(_grpc_to_replica(by_value), args.seconds, args.warmup),
-        "handle by Ray call": lambda: _calls(lambda b: bench_http._awaitable(by_reference.remote(b)), args.seconds,
+        "handle by Ray call": lambda: _calls(lambda b: awaitable(by_reference.remote(b)), args.seconds,
                                              args.warmup),
         "bare Ray actor call": lambda: bench_http.ray_floor(args.warmup, args.seconds)})
     return hops
@@ -125,7 +124,7 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
 
     def level(handle: Any, url: str, pi: int, hop: str, li: int, clients: int) -> tuple[dict, str]:
         got = childrun.run_async(made[hop]())
-        return got, (f"{hop}: p50 {bench_http._fmt(got['p50_ms'])} ms  p99 {bench_http._fmt(got['p99_ms'])} ms  "
+        return got, (f"{hop}: p50 {fmt(got['p50_ms'])} ms  p99 {fmt(got['p99_ms'])} ms  "
                      f"errors {got['errors']} {got['first_errors'][:1]}")
 
     args.paths, args.clients = [], [1]
@@ -146,8 +145,8 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
         for key, got in res.get("levels", {}).items():
             hop = key.rsplit("/", 1)[0]
             rows.append({"system": name, "hop": hop, **{k: got.get(k) for k in ("p50_ms", "p99_ms", "rps")}})
-            print(f"{name:<12}{hop:<24}{bench_http._fmt(got['p50_ms']):>8}{bench_http._fmt(got['p99_ms']):>8}"
-                  f"{bench_http._fmt(got['rps'], 0):>9}")
+            print(f"{name:<12}{hop:<24}{fmt(got['p50_ms']):>8}{fmt(got['p99_ms']):>8}"
+                  f"{fmt(got['rps'], 0):>9}")
         for e in res.get("errors", []):
             print(f"  {name}: {e}")
     ours = results.get("ours", {}).get("levels", {})

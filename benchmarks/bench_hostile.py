@@ -26,12 +26,11 @@ import sys
 import time
 import traceback
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from common import use_this_tree
+
+use_this_tree()
 
 import hypothesis.core  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402

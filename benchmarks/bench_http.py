@@ -99,16 +99,26 @@ import argparse
 import asyncio
 import os
 import pathlib
-import socket
-import statistics
 import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import (
+    ROOT,
+    awaitable,
+    echo_body,
+    fmt,
+    free_port,
+    ints,
+    judge,
+    level_argv,
+    load,
+    print_errors_and_goal,
+    print_table,
+    use_this_tree,
+)
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 import hostcpu  # noqa: E402 - (benchmarks/hostcpu.py: where a level's CPU went, from /proc)
@@ -186,12 +196,6 @@ SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"
 
 
 # ------------------------------------------------------------------- systems
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Ours:
     name = "ours"
 
@@ -202,7 +206,7 @@ class Ours:
         from executors.ray_gpu import deployment, run
         from executors.ray_gpu.ingress.http import ingress_address, proxies, start_ingress
 
-        start_ingress(port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS, data_plane=self.data_plane)
+        start_ingress(port=0, grpc_port=free_port(), grpc_servicer_functions=SERVICERS, data_plane=self.data_plane)
         d = deployment(OursEcho, name=DEP, num_replicas=n, ray_actor_options=dict(ACTOR_OPTIONS))
         handle = run(d.bind(), route_prefix=ROUTE, port=0, timeout=timeout)
         address = ingress_address()
@@ -221,7 +225,7 @@ class Serve:
     def deploy(self, n: int, timeout: float) -> tuple[Any, str]:
         from ray import serve
 
-        port, grpc_port = _free_port(), _free_port()
+        port, grpc_port = free_port(), free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port},
                     grpc_options={"port": grpc_port, "grpc_servicer_functions": SERVICERS})
         self.grpc_target = f"127.0.0.1:{grpc_port}"
@@ -234,66 +238,6 @@ class Serve:
 
 
 # ----------------------------------------------------------------- measuring
-def _body(client: int, seq: int) -> dict:
-    return {"client": client, "seq": seq, "text": "hello"}
-
-
-def summarise(latencies: list[float], answers: int, errors: int, window: float, clients: int,
-              first_errors: list[str]) -> dict:
-    lat = sorted(latencies)
-
-    def pct(q: float) -> float | None:
-        if not lat:
-            return None
-        return 1000.0 * lat[min(len(lat) - 1, max(0, round(q * len(lat)) - 1))]
-
-    return {"clients": clients, "answers": answers, "errors": errors, "seconds": window,
-            "rps": answers / window if window > 0 else None, "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "max_ms": 1000.0 * lat[-1] if lat else None,
-            "mean_ms": 1000.0 * statistics.fmean(lat) if lat else None, "first_errors": first_errors}
-
-
-async def load(send: Any, clients: int, warmup: float, seconds: float, window: Any = None) -> dict:
-    """``clients`` closed-loop clients; ``send(client_index, seq) -> bool`` (answer correct) raises on an error.
-    Counts what ends inside the window [warm-up end, warm-up end + seconds]; ``window``
-    (``hostcpu.Window``) is sampled at its two ends."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    w0, w1 = start + warmup, start + warmup + seconds
-    if window is not None:
-        loop.call_at(w0, window.sample)
-        loop.call_at(w1, window.sample)
-    latencies: list[float] = []
-    counts = {"answers": 0, "errors": 0}
-    first_errors: list[str] = []
-
-    async def client(c: int) -> None:
-        seq = 0
-        while True:
-            t0 = time.perf_counter()
-            if loop.time() >= w1:
-                return
-            try:
-                ok = await send(c, seq)
-                err = None if ok else "wrong answer"
-            except Exception as exc:
-                err = f"{type(exc).__name__}: {exc}"[:300]
-            dt = time.perf_counter() - t0
-            now = loop.time()
-            if w0 <= now <= w1:
-                if err is None:
-                    counts["answers"] += 1
-                    latencies.append(dt)
-                else:
-                    counts["errors"] += 1
-                    if len(first_errors) < 3:
-                        first_errors.append(err)
-            seq += 1
-
-    await asyncio.gather(*(client(c) for c in range(clients)))
-    return summarise(latencies, counts["answers"], counts["errors"], seconds, clients, first_errors)
-
-
 async def http_level(url: str, clients: int, warmup: float, seconds: float, timeout: float,
                      client: str = "httpx", window: Any = None) -> dict:
     if client == "raw":
@@ -304,7 +248,7 @@ async def http_level(url: str, clients: int, warmup: float, seconds: float, time
     pool = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(clients)]
 
     async def send(c: int, seq: int) -> bool:
-        body = _body(c, seq)
+        body = echo_body(c, seq)
         r = await pool[c].post(url, json=body)
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
@@ -342,7 +286,7 @@ async def raw_http_level(url: str, clients: int, warmup: float, seconds: float, 
             if status != 200:
                 raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
             return len(data) >= len(MIB_BODY) - 2 and data.endswith(b'x"}')
-        body = _body(c, seq)
+        body = echo_body(c, seq)
         status, data = await pool[c].post(json.dumps(body).encode())
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
@@ -378,8 +322,8 @@ async def grpc_level(target: str, clients: int, warmup: float, seconds: float, t
 
 async def handle_level(handle: Any, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
     async def send(c: int, seq: int) -> bool:
-        body = _body(c, seq)
-        return bool(await asyncio.wait_for(_awaitable(handle.remote(body)), timeout) == body)
+        body = echo_body(c, seq)
+        return bool(await asyncio.wait_for(awaitable(handle.remote(body)), timeout) == body)
 
     return await load(send, clients, warmup, seconds)
 
@@ -398,7 +342,7 @@ async def ray_floor(warmup: float, seconds: float) -> dict:
     await actor.echo.remote(None)
 
     async def send(c: int, seq: int) -> bool:
-        body = _body(c, seq)
+        body = echo_body(c, seq)
         return bool(await actor.echo.remote(body) == body)
 
     try:
@@ -407,18 +351,14 @@ async def ray_floor(warmup: float, seconds: float) -> dict:
         ray.kill(actor)
 
 
-async def _awaitable(response: Any) -> Any:
-    return await response
-
-
 def run_child(system_name: str, args: argparse.Namespace) -> dict:
     system: Any = Ours(args.data_plane) if system_name == "ours" else Serve()
 
     def floor(res: dict, handle: Any, url: str) -> None:
         if system_name == "ours":  # (once: the same Ray for both systems)
             res["ray_floor"] = childrun.run_async(ray_floor(args.warmup, args.seconds))
-            log(f"bare Ray actor call, 1 client: p50 {_fmt(res['ray_floor']['p50_ms'])} ms  "
-                f"p99 {_fmt(res['ray_floor']['p99_ms'])} ms")
+            log(f"bare Ray actor call, 1 client: p50 {fmt(res['ray_floor']['p50_ms'])} ms  "
+                f"p99 {fmt(res['ray_floor']['p99_ms'])} ms")
 
     def level(handle: Any, url: str, pi: int, path: str, li: int, clients: int) -> tuple[dict, str]:
         window = hostcpu.Window(SIM_PROCESSES) if args.sim_fit and system_name == "ours" and path == "http" else None
@@ -434,8 +374,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         got = childrun.run_async(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
         if window is not None:
             got.update(window.figures())
-        return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {_fmt(got['p50_ms'])} ms  "
-                     f"p99 {_fmt(got['p99_ms'])} ms  errors {got['errors']}")
+        return got, (f"{path} {clients:>3} clients: {got['rps'] or 0:8.1f} req/s  p50 {fmt(got['p50_ms'])} ms  "
+                     f"p99 {fmt(got['p99_ms'])} ms  errors {got['errors']}")
 
     return childrun.measure(system_name, args, system, f"{args.replicas} replicas with an HTTP route",
                             lambda: system.deploy(args.replicas, args.request_timeout * 4), level, log, floor)
@@ -539,7 +479,7 @@ def print_sim_fit(results: dict, args: argparse.Namespace, seconds: float = 30.0
         lv["sim"] = {"cpu": mine, "wait_s": wait, "predicted": own, "predicted_one_client_cpu": first,
                      "off": off, "verdict": verdict}
         rows.append(lv["sim"])
-        print(f"  http/{clients}: measured {lv['rps']:.1f} req/s p50 {_fmt(lv['p50_ms'])} ms; simulator "
+        print(f"  http/{clients}: measured {lv['rps']:.1f} req/s p50 {fmt(lv['p50_ms'])} ms; simulator "
               f"{own['rps']:.1f} req/s p50 {own['p50_ms']:.2f} ms ({100 * off:+.1f}%, {verdict}); with one client's "
               f"CPU {first['rps']:.1f} ({100 * (first['rps'] - lv['rps']) / lv['rps']:+.1f}%). CPU ms a request: "
               f"callers' loop {1000 * mine['threads'][0]:.3f}, "
@@ -555,33 +495,6 @@ def print_sim_fit(results: dict, args: argparse.Namespace, seconds: float = 30.0
 
 
 # ----------------------------------------------------------------- reporting
-def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}" if abs(v) < 100 else f"{v:.0f}"
-    return str(v)
-
-
-def judge(results: dict, args: argparse.Namespace) -> list[dict]:
-    ours, serve = results.get("ours", {}).get("levels", {}), results.get("serve", {}).get("levels", {})
-    rows = []
-    for path in args.paths:
-        for clients in args.clients:
-            key = f"{path}/{clients}"
-            a, b = ours.get(key), serve.get(key)
-            row: dict[str, Any] = {"path": path, "clients": clients, "ours": a, "serve": b,
-                                   "rps_ratio": None, "p99_ratio": None, "verdict": "n/a"}
-            if a and b and a["rps"] and b["rps"] and a["p99_ms"] and b["p99_ms"]:
-                row["rps_ratio"] = a["rps"] / b["rps"]
-                row["p99_ratio"] = a["p99_ms"] / b["p99_ms"]
-                clean = not a["errors"] and not b["errors"]
-                row["verdict"] = ("MET" if a["rps"] >= b["rps"] and a["p99_ms"] <= b["p99_ms"] and clean
-                                  else "NOT MET")
-            rows.append(row)
-    return rows
-
-
 def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     rows = judge(results, args)
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), "?")
@@ -594,9 +507,9 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     table = []
     for r in rows:
         a, b = r["ours"] or {}, r["serve"] or {}
-        table.append([r["path"], str(r["clients"]), _fmt(a.get("rps"), 1), _fmt(b.get("rps"), 1),
-                      _fmt(r["rps_ratio"]), _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")),
-                      _fmt(b.get("p99_ms")), _fmt(r["p99_ratio"]), f"{a.get('errors', '-')}/{b.get('errors', '-')}",
+        table.append([r["path"], str(r["clients"]), fmt(a.get("rps"), 1), fmt(b.get("rps"), 1),
+                      fmt(r["rps_ratio"]), fmt(a.get("p50_ms")), fmt(b.get("p50_ms")), fmt(a.get("p99_ms")),
+                      fmt(b.get("p99_ms")), fmt(r["p99_ratio"]), f"{a.get('errors', '-')}/{b.get('errors', '-')}",
                       r["verdict"]])
     print_table(headers, table)
     print("(latencies in ms; goal: ours req/s >= serve and ours p99 <= serve, no errors)")
@@ -605,13 +518,13 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     one = results.get("ours", {}).get("levels", {}).get("http/1")
     if one and one["p50_ms"] and one["p99_ms"]:
         print("ours over HTTP at 1 client against them: " + ", ".join(
-            f"{q} {_fmt(one[f'{q}_ms'])} ms "
+            f"{q} {fmt(one[f'{q}_ms'])} ms "
             f"{'MET' if one[f'{q}_ms'] <= PUBLISHED_SERVE[f'http_{q}_ms'] else 'NOT MET'} "
             f"(<= {PUBLISHED_SERVE[f'http_{q}_ms']})" for q in ("p50", "p99")))
     floor = results.get("ours", {}).get("ray_floor")
     if floor:
         print(f"bare Ray actor call (async echo, no router or proxy), 1 client, same host: "
-              f"p50 {_fmt(floor['p50_ms'])} ms, p99 {_fmt(floor['p99_ms'])} ms: what a call by reference "
+              f"p50 {fmt(floor['p50_ms'])} ms, p99 {fmt(floor['p99_ms'])} ms: what a call by reference "
               f"pays at least (a call by value, over gRPC, does not pay it)")
     print_errors_and_goal(results, rows, "issue 22")
     if args.sim_fit:
@@ -619,40 +532,9 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def print_table(headers: list[str], table: list[list[str]]) -> None:
-    """A plain text table, columns as wide as their widest cell."""
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(headers)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("  ".join("-" * w for w in widths))
-    for t in table:
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)))
-
-
-def print_errors(results: dict) -> None:
-    """Each system's start-up time and errors (its levels' first ones, then its own)."""
-    for name, res in results.items():
-        if "deploy_s" in res:
-            print(f"{name}: deployed and routed in {res['deploy_s']:.1f} s")
-        for key, lv in res.get("levels", {}).items():
-            for e in lv.get("first_errors", []):
-                print(f"{name}: {key}: error: {e}")
-        for e in res.get("errors", []):
-            print(f"{name}: ERROR: {e}")
-
-
-def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
-    """Each system's start-up time and errors, then the overall verdict of ``judge``'s rows."""
-    print_errors(results)
-    judged = [r for r in rows if r["verdict"] != "n/a"]
-    if "ours" in results and "serve" in results:
-        overall = "MET" if judged and len(judged) == len(rows) and all(r["verdict"] == "MET" for r in judged) \
-            else "NOT MET"
-        print(f"\ngoal ({issue}): throughput >= Ray Serve's and p99 <= Ray Serve's at each level: {overall}")
-
-
 # ---------------------------------------------------------------------- main
 #: ``--transport``: the environment each choice gives both systems' processes (Ray Serve's own names,
-#: which ours reads too: executors/ray_gpu/api/by_value.py)
+#: which ours reads too: executors/ray_gpu/base/by_value.py)
 TRANSPORTS = {"default": {},
               "value": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_PROXY_USE_GRPC": "1"},
               "reference": {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "0", "RAY_SERVE_PROXY_USE_GRPC": "0"}}
@@ -666,26 +548,11 @@ def spawn(system_name: str, args: argparse.Namespace) -> dict:
     return childrun.spawn(str(pathlib.Path(__file__).resolve()), system_name, argv, limit, log)
 
 
-def level_argv(args: argparse.Namespace) -> list[str]:
-    """The child's arguments every Serve-vs-ours level benchmark shares (bench_batch's too)."""
-    return ["--replicas", str(args.replicas), "--seconds", str(args.seconds), "--warmup", str(args.warmup),
-            "--clients", ",".join(map(str, args.clients)), "--paths", ",".join(args.paths),
-            "--budget", str(args.budget), "--request-timeout", str(args.request_timeout),
-            "--num-cpus", str(args.num_cpus)]
-
-
-def _ints(text: str) -> list[int]:
-    values = [int(x) for x in text.split(",") if x.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need a comma-separated list of ints >= 1, got {text!r}")
-    return values
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, default=2, help="replicas of each system; default 2")
-    p.add_argument("--clients", type=_ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
+    p.add_argument("--clients", type=ints, default=[1, 16, 64], help="concurrency levels; default 1,16,64")
     p.add_argument("--paths", type=childrun.paths_type("http", "handle", "grpc", "stream", "mib"),
                    default=["http", "handle"],
                    help="http,handle (default), grpc: each proxy's gRPC server against Serve's gRPC proxy, "

@@ -7,7 +7,7 @@ Both systems serve ``--models`` models (default 20, ``m0`` .. ``m19``) from ``--
 replicas (default 4, ``num_cpus=0.05`` each, ``max_ongoing_requests = --max-ongoing-requests``,
 default 5: Serve's default), each replica keeping at most ``--max-models`` of them (default 3:
 Serve's default ``max_num_models_per_replica``). The loader, ``@multiplexed`` (ours,
-executors/ray_gpu/api/multiplex.py) or ``@serve.multiplexed``, sleeps ``--load-s`` (default 0.2 s:
+executors/ray_gpu/replica/multiplex.py) or ``@serve.multiplexed``, sleeps ``--load-s`` (default 0.2 s:
 a fixed load time) and returns the model; the handler (``async def __call__``) gets its model with
 ``await self.get_model(get_multiplexed_model_id())``, then sleeps ``--work-s`` (default 5 ms: the
 handler's own cost) and answers the model's id, whether this very request ran the loader, and the
@@ -76,14 +76,11 @@ import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, awaitable, fmt, free_port, ints, print_errors, print_table, summarise, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
-from bench_http import _awaitable, _fmt, _free_port, _ints, print_errors, print_table, summarise  # noqa: E402
 
 DEP = "mux"  # deployment name (and Serve application name)
 ROUTE = "/mux"
@@ -213,7 +210,7 @@ class Serve:
     def deploy(self, mod: Any, args: argparse.Namespace, timeout: float) -> tuple[Any, str]:
         from ray import serve
 
-        port = _free_port()
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         d: Any = serve.deployment(mod.ServeMux, name=DEP, **_options(args))
         handle = serve.run(d.bind(args.load_s, args.work_s), name=DEP, route_prefix=ROUTE)
@@ -226,7 +223,7 @@ class Serve:
 # ----------------------------------------------------------------- measuring
 def figures(records: list[dict], errors: int, first_errors: list[str], load_s: float, clients: int) -> dict:
     """A level's figures from its measured requests' records (``t0``, ``t1``: send and answer,
-    ``loaded``, ``get_s``, ``pid``, ``model``): bench_http's latency summary, then the loads."""
+    ``loaded``, ``get_s``, ``pid``, ``model``): common.py's latency summary (bench_http's), then the loads."""
     answers = len(records)
     loads = sum(1 for r in records if r["loaded"])
     waits = sum(1 for r in records if not r["loaded"] and r["get_s"] >= 0.5 * load_s)
@@ -278,7 +275,7 @@ async def run_level(send: Any, seq: list[str], warmup: int, clients: int, timeou
 
 def handle_sender(handle: Any) -> Any:
     async def send(c: int, i: int, model_id: str) -> Any:
-        return await _awaitable(handle.options(multiplexed_model_id=model_id).remote(i))
+        return await awaitable(handle.options(multiplexed_model_id=model_id).remote(i))
 
     return send
 
@@ -325,8 +322,8 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
         t1 = time.perf_counter()
         got = childrun.run_async(asyncio.wait_for(level(path, handle, url, seq, clients, args), limit))
         got["level_s"] = time.perf_counter() - t1
-        return got, (f"{path} {clients:>3} clients: hit rate {_fmt(_pc(got['hit_rate']), 1)}%  loads {got['loads']}  "
-                     f"{_fmt(got['rps'], 1)} req/s  p50 {_fmt(got['p50_ms'])} ms  p99 {_fmt(got['p99_ms'])} ms  "
+        return got, (f"{path} {clients:>3} clients: hit rate {fmt(_pc(got['hit_rate']), 1)}%  loads {got['loads']}  "
+                     f"{fmt(got['rps'], 1)} req/s  p50 {fmt(got['p50_ms'])} ms  p99 {fmt(got['p99_ms'])} ms  "
                      f"errors {got['errors']}  ({got['level_s']:.1f}s)")
 
     return childrun.measure(system_name, args, system, f"{args.replicas} multiplexing replicas (bound {mod.MAX_MODELS})",
@@ -383,12 +380,12 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     table = []
     for r in rows:
         a, b = r["ours"] or {}, r["serve"] or {}
-        table.append([r["path"], str(r["clients"]), _fmt(_pc(a.get("hit_rate")), 1), _fmt(_pc(b.get("hit_rate")), 1),
-                      _fmt(r["hit_ratio"]), f"{a.get('loads', '-')}/{b.get('loads', '-')}",
-                      f"{_fmt(a.get('loads_per_min'), 1)}/{_fmt(b.get('loads_per_min'), 1)}",
+        table.append([r["path"], str(r["clients"]), fmt(_pc(a.get("hit_rate")), 1), fmt(_pc(b.get("hit_rate")), 1),
+                      fmt(r["hit_ratio"]), f"{a.get('loads', '-')}/{b.get('loads', '-')}",
+                      f"{fmt(a.get('loads_per_min'), 1)}/{fmt(b.get('loads_per_min'), 1)}",
                       f"{a.get('waits', '-')}/{b.get('waits', '-')}",
-                      _fmt(a.get("p50_ms")), _fmt(b.get("p50_ms")), _fmt(a.get("p99_ms")), _fmt(b.get("p99_ms")),
-                      _fmt(r["p99_ratio"]), f"{_fmt(a.get('rps'), 1)}/{_fmt(b.get('rps'), 1)}",
+                      fmt(a.get("p50_ms")), fmt(b.get("p50_ms")), fmt(a.get("p99_ms")), fmt(b.get("p99_ms")),
+                      fmt(r["p99_ratio"]), f"{fmt(a.get('rps'), 1)}/{fmt(b.get('rps'), 1)}",
                       f"{a.get('errors', '-')}/{b.get('errors', '-')}", r["verdict"]])
     print_table(headers, table)
     print("(latencies in ms; o/s: ours/serve; hit: requests that did not run the loader; loads: requests that "
@@ -396,7 +393,7 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
           "<= serve, no errors)")
     for name, res in results.items():
         for key, lv in res.get("levels", {}).items():
-            print(f"{name}: {key}: {lv['answers']} answers, {lv['loads']} loads over {_fmt(lv['seconds'], 1)} s, "
+            print(f"{name}: {key}: {lv['answers']} answers, {lv['loads']} loads over {fmt(lv['seconds'], 1)} s, "
                   f"{lv['replicas_answering']} replicas answering, {lv['models_loaded_on_2_or_more']} models loaded "
                   f"on 2+ replicas")
     print_errors(results)
@@ -439,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-s", type=float, default=0.2, help="the loader's fixed load time, seconds; default 0.2")
     p.add_argument("--work-s", type=float, default=0.005,
                    help="the handler's cost once it has its model, seconds; default 0.005")
-    p.add_argument("--clients", type=_ints, default=[1, 8], help="concurrency levels (closed loop); default 1,8")
+    p.add_argument("--clients", type=ints, default=[1, 8], help="concurrency levels (closed loop); default 1,8")
     p.add_argument("--requests", type=int, default=400, help="measured requests a level; default 400")
     p.add_argument("--warmup-requests", type=int, default=40,
                    help="requests a level sends first, not counted; default 40")

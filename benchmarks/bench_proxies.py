@@ -25,15 +25,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import pathlib
 import statistics
 import sys
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from common import ROOT, use_this_tree
+
+use_this_tree()
 
 
 class Echo:
@@ -103,7 +102,6 @@ async def _clients(urls: list[str], indices: list[int], t_start: float, t_end: f
 
 def _generator(job: tuple) -> dict:
     """One load-generator process (``--generators``): its share of the clients."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     return asyncio.run(_clients(*job))
 
 
@@ -116,7 +114,6 @@ def _level(urls: list[str], clients: int, warmup: float, seconds: float, generat
     jobs = [(urls, list(range(g, clients, generators)), t_start, t_end, raw) for g in range(generators)]
     jobs = [j for j in jobs if j[1]]
     if len(jobs) == 1:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         parts = [asyncio.run(_clients(*jobs[0]))]
     else:
         import multiprocessing

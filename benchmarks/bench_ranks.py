@@ -82,13 +82,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-try:
-    import rankcore
-except ImportError:  # running from a checkout without an install
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import rankcore
+from common import use_this_tree
 
-from rankcore import RankTable
+use_this_tree()
+
+import rankcore  # noqa: E402
+from rankcore import RankTable  # noqa: E402
 
 CHURN_STEPS = 10_000
 LEVELS = ("rank", "node_rank", "local_rank", "replicas")

@@ -91,10 +91,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 

@@ -59,10 +59,9 @@ import threading
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import ROOT, OursReplica, ServeReplica, awaitable, replica_id, use_this_tree
+
+use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each system in a child process)
 
@@ -100,15 +99,14 @@ class _Model:
     ``reconfigure`` (both systems call it at start with the rank, and on each rank change)."""
 
     TAG = ""
-    context: Any = None
+    context: Any = None  # (the system's: OursReplica or ServeReplica, first among the bases)
 
     def __init__(self) -> None:
         self.rank: tuple | None = None
         self._recorder: Any = None
 
     def _rid(self) -> str:
-        rid = self.context().replica_id
-        return str(getattr(rid, "unique_id", rid))
+        return replica_id(self.context())
 
     def reconfigure(self, user_config: Any, rank: Any) -> None:
         import ray
@@ -123,35 +121,19 @@ class _Model:
         return self.TAG, self._rid(), self.rank
 
 
-class _Ours(_Model):
-    @staticmethod
-    def context() -> Any:  # type: ignore[override]
-        from executors.ray_gpu import get_replica_context
-
-        return get_replica_context()
-
-
-class _Serve(_Model):
-    @staticmethod
-    def context() -> Any:  # type: ignore[override]
-        from ray import serve
-
-        return serve.get_replica_context()
-
-
-class OursV1(_Ours):
+class OursV1(OursReplica, _Model):
     TAG = "v1"
 
 
-class OursV2(_Ours):
+class OursV2(OursReplica, _Model):
     TAG = "v2"
 
 
-class ServeV1(_Serve):
+class ServeV1(ServeReplica, _Model):
     TAG = "v1"
 
 
-class ServeV2(_Serve):
+class ServeV2(ServeReplica, _Model):
     TAG = "v2"
 
 
@@ -222,7 +204,7 @@ async def drive(system: Any, handle: Any, recorder: Any, args: argparse.Namespac
         while not stop.is_set():
             t = time.perf_counter()
             try:
-                tag, rid, rank = await asyncio.wait_for(_await(handle.remote(args.work)), args.request_timeout)
+                tag, rid, rank = await asyncio.wait_for(awaitable(handle.remote(args.work)), args.request_timeout)
                 answers.append((t, time.perf_counter(), tag, rid, rank))
             except Exception as exc:
                 failed.append((t, f"{type(exc).__name__}: {exc}"[:200]))
@@ -267,10 +249,6 @@ async def drive(system: Any, handle: Any, recorder: Any, args: argparse.Namespac
         res["errors"].append(returned["error"])
     if t_done is None:
         res["errors"].append(f"not all-new within --max-rollout {args.max_rollout:g} s")
-
-
-async def _await(response: Any) -> Any:
-    return await response
 
 
 def rank_figures(calls: list, since: float, n: int) -> dict:

@@ -29,14 +29,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import ROOT, use_this_tree
 
-import ray
-import torch
+use_this_tree()
+
+import ray  # noqa: E402
+import torch  # noqa: E402
 
 MIB = 1 << 20
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = torch.cuda.device_count() if device == "cuda" else 4  # (CPU: logical GPUs, none asked for)
     ray.init(address="local", num_cpus=max(4, args.replicas + 2), num_gpus=gpus, include_dashboard=False,
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                 filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))}})
+                 filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}})
     try:
         opts = {"num_gpus": round(1 / args.replicas, 4)} if device == "cuda" else {}
         run(deployment(Holder, name="bench", num_replicas=args.replicas, ray_actor_options=opts).bind(args.mib),

@@ -88,14 +88,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# This tree's rankcore first: an environment may have another checkout installed (a git worktree's
-# benchmark would otherwise measure that one)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import rankcore as rc
-from executors.scenarios import Scenario, load_scenario, parse_scenario
-from executors.sim.runner import Simulation
+from common import ROOT, use_this_tree
 
-ROOT = Path(__file__).resolve().parent.parent
+use_this_tree()
+
+import rankcore as rc  # noqa: E402
+from executors.scenarios import Scenario, load_scenario, parse_scenario  # noqa: E402
+from executors.sim.runner import Simulation  # noqa: E402
+
 DEFAULT_DAY = ROOT / "examples" / "scenarios" / "day-of-churn-1000.yaml"
 
 TARGET_EVENTS_PER_MINUTE = 1_000_000
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PLAN = Path(__file__).resolve().parents[1] / "examples" / "scenarios" / "capacity-plan-64.yaml"
+PLAN = ROOT / "examples" / "scenarios" / "capacity-plan-64.yaml"
 TARGET_SWEEP_SECONDS = 10.0
 
 

@@ -50,12 +50,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import use_this_tree
 
-import safetensors
-import torch
+use_this_tree()
 
-from executors.ray_gpu.weights.weights import (
+import safetensors  # noqa: E402
+import torch  # noqa: E402
+
+from executors.ray_gpu.weights.weights import (  # noqa: E402
     DEFAULT_CHUNK_BYTES,
     DEFAULT_READERS,
     TieredWeights,

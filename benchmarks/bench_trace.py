@@ -31,16 +31,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # this tree's executors, also when run from elsewhere
-    sys.path.insert(0, str(ROOT))
+from common import ROOT, use_this_tree
+
+use_this_tree()
 
 from executors.checktrace import check_trace_file  # noqa: E402
 from executors.scenarios import load_scenario  # noqa: E402

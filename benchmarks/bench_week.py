@@ -62,10 +62,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from common import ROOT, use_this_tree
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # this tree's executors, also when run from elsewhere
-    sys.path.insert(0, str(ROOT))
+use_this_tree()
 
 from executors.scenarios import parse_scenario  # noqa: E402
 from executors.sim import Simulation  # noqa: E402

@@ -13,13 +13,11 @@ without it, it says so and exits 2 (CI has no GPU; this is not a test).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from common import use_this_tree
+
+use_this_tree()
 
 
 def main(argv: list[str] | None = None) -> int:

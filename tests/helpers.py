@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import pathlib
+import sys
 from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
@@ -100,9 +101,12 @@ def of(kind: type, commands: Iterable[object]) -> list:
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """``benchmarks/<name>.py`` as a module (benchmarks/ is scripts, not a package)."""
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    """``benchmarks/<name>.py`` as a module (benchmarks/ is scripts, not a package), with benchmarks/
+    on ``sys.path`` as for a script run there: the scripts import ``common`` and each other by name."""
+    folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
