@@ -29,7 +29,7 @@ from .base.books import holds_devices, unbook
 from .base.cluster import Cluster, clock_work_due
 from .base.commands import PlaceReplica, ScheduleTick, StartReplica
 from .base.events import ReplicaCrashed, ReplicaPlaced, ReplicaReady, ReplicaStopped
-from .base.lifecycle import Phase
+from .base.lifecycle import TABLE, Phase, Trigger
 from .base.records import maker, updater
 from .base.state import Deployment, Replica, State, Step, parse_replica_number, replica_id
 from .base.transaction import initialize, put_replica, recount
@@ -44,6 +44,8 @@ from .tiers import residency
 __all__ = ["FAST_PATHS", "placed", "ready", "crashed", "stopped"]
 
 _PENDING, _STARTING, _RUNNING, _STOPPING = Phase.PENDING, Phase.STARTING, Phase.RUNNING, Phase.STOPPING
+# the phases the fast paths write, read off the lifecycle table once (the general handlers ask ``advance``)
+_PLACED, _READY = TABLE[_PENDING, Trigger.PLACED], TABLE[_STARTING, Trigger.READY]
 _Step, _Replica, _Start, _Place = maker(Step), maker(Replica), maker(StartReplica), maker(PlaceReplica)
 _Tick = maker(ScheduleTick)
 # each copy a step makes, as an updater of the fields it changes (rankcore.base.records)
@@ -109,7 +111,7 @@ def ready(state: State, e: ReplicaReady) -> Step | None:
     name, dep0, rep, cl = found
     if rep.phase is not _STARTING or rep.rank_update_due or rep.config_version < dep0.config_version:
         return None
-    new = _with_phase(rep, _RUNNING)
+    new = _with_phase(rep, _READY)
     if not residency.quiet(dep0, new):
         return None  # (new weights or a sleep due)
     dep = put_replica(restarts.started(dep0), rep, new)
@@ -137,7 +139,7 @@ def placed(state: State, e: ReplicaPlaced) -> Step | None:
     moved = _moves_clock(cl, e.now)
     if moved is None:
         return None
-    dep = put_replica(dep, rep, _with_phase_version(rep, _STARTING, dep.config_version))
+    dep = put_replica(dep, rep, _with_phase_version(rep, _PLACED, dep.config_version))
     init = initialize(dep, rid)
     commands: tuple[Any, ...] = (init,)
     timeout = deadlines.start_timeout(dep)

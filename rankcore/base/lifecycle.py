@@ -8,6 +8,11 @@ transition through the library costs ~15 µs, and one Machine per replica
 would cost ~0.5 ms and 20 KB each. Diagrams are rendered from the same
 declaration (``rankcore diagram``), never drawn by hand.
 
+Every phase a rule gives a replica comes from here: ``advance`` (or, on the
+fast paths, a ``TABLE`` entry read once), or ``INITIAL`` for a new replica.
+A crash's CRASHED and a stop's STOPPED are checked by ``advance`` and the
+record leaves the state in the same step (tests/unit/test_lifecycle.py).
+
 Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 "What you may import").
 """
@@ -21,7 +26,7 @@ from transitions import Machine
 
 from .errors import InvalidEvent
 
-__all__ = ["Phase", "Trigger", "DECLARATION", "TABLE", "LIVE", "advance", "mermaid", "graph_machine",
+__all__ = ["Phase", "Trigger", "DECLARATION", "TABLE", "INITIAL", "LIVE", "advance", "mermaid", "graph_machine",
            "Residency", "TierTrigger", "TIER_DECLARATION", "TIER_TABLE", "advance_tier"]
 
 

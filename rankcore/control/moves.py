@@ -27,7 +27,7 @@ from ..base.commands import StartReplica, UpdateWorldSize
 from ..base.errors import InvalidConfig, InvalidEvent
 from ..base.fields import shown
 from ..base.gangmap import gang_ranks
-from ..base.lifecycle import LIVE, Phase, Trigger, advance
+from ..base.lifecycle import INITIAL, LIVE, Phase, Trigger, advance
 from ..base.ranks import RankTable
 from ..base.records import maker, unchecked_copy
 from ..base.state import Compaction, Deployment, Replica
@@ -72,7 +72,8 @@ def start(tx: Tx, dep: Deployment, n: int) -> Deployment:
     with dep.replicas.mutate() as m:
         for rid in ids:
             m.set(rid, _Replica(replica_id=rid, deployment=dep.name,
-                                phase=Phase.FAILED if rid in failed else Phase.PENDING, lineage=lineages[rid],
+                                phase=advance(INITIAL, Trigger.BUNDLE_LOST, rid) if rid in failed else INITIAL,
+                                lineage=lineages[rid],
                                 revision=dep.revision))
         replicas = m.finish()
     with tx.index.mutate() as ix:

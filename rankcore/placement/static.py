@@ -129,7 +129,7 @@ def succeed_retired(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
         return place(tx, succeed(tx, dep, rep, new_id), new_id)
     dep = succeed(tx, dep, rep, new_id, announce=False)
     new = dep.replicas[new_id]
-    return put_replica(dep, new, _copy(new, phase=Phase.FAILED))
+    return put_replica(dep, new, _copy(new, phase=advance(new.phase, Trigger.BUNDLE_LOST, new_id)))
 
 
 def fail(tx: Tx, dep: Deployment, rep: Replica, stop: bool = True) -> Deployment:
