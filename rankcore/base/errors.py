@@ -10,7 +10,10 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 __all__ = [
+    "assert_never",
     "RankcoreError",
     "InvalidEvent",
     "InvalidConfig",
@@ -113,3 +116,10 @@ REQUEST_ERRORS: dict[str, type[RequestError]] = {
     "overloaded": Overloaded, "unavailable": Unavailable, "timeout": RequestTimeout, "cancelled": RequestCancelled,
     "replica_died": ReplicaDied,
 }
+
+
+def assert_never(value: NoReturn) -> NoReturn:
+    """The last arm of a ``match`` over an enum: mypy refuses the call where a member is left
+    without its own arm (the value's type is not ``Never`` there), and at run time a value no arm
+    took is a broken invariant, named (``typing.assert_never`` is Python 3.11's; we support 3.10)."""
+    raise InvariantViolation(f"no rule for {value!r}: a member of its enum has no arm of its own")

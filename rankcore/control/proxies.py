@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 
 from ..base.commands import DrainProxy, StartProxy, StopProxy
-from ..base.errors import InvalidEvent, InvariantViolation
+from ..base.errors import InvalidEvent, InvariantViolation, assert_never
 from ..base.events import NodeDraining, ProxiesConfigured, ProxyCrashed, ProxyHealthChecked, ProxyStarted
 from ..base.fields import shown
-from ..base.proxybook import PROXY_LOCATIONS, Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
+from ..base.proxybook import Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase, proxy_id
 from ..base.records import unchecked_copy
 from ..base.transaction import Tx
 from ..placement.restarts import doubling
@@ -50,16 +50,20 @@ _STARTING, _HEALTHY, _DRAINING, _BACKOFF = ProxyPhase.STARTING, ProxyPhase.HEALT
 def wanted(book: ProxyBook, nodes: object) -> frozenset[str]:
     """The nodes that should run a proxy now (``nodes``: the cluster's live nodes)."""
     o = book.options
-    if o is None or o.proxy_location is ProxyLocation.Disabled:
+    if o is None:
         return frozenset()
     head = {book.head} if book.head is not None and book.head in nodes else set()  # type: ignore[operator]
-    if o.proxy_location is ProxyLocation.HeadOnly:
-        return frozenset(head)
-    if o.proxy_location is ProxyLocation.EveryNode:
-        busy = {n for n, node in nodes.items() if node.tenants > 0 and n not in book.draining}  # type: ignore[attr-defined]
-        return frozenset(busy | head)
-    raise InvariantViolation(f"proxy_location {o.proxy_location!r} has no rule here: ProxyOptions takes only "
-                             f"{', '.join(PROXY_LOCATIONS)}")
+    location = o.proxy_location
+    match location:
+        case ProxyLocation.Disabled:
+            return frozenset()
+        case ProxyLocation.HeadOnly:
+            return frozenset(head)
+        case ProxyLocation.EveryNode:
+            busy = {n for n, node in nodes.items() if node.tenants > 0 and n not in book.draining}  # type: ignore[attr-defined]
+            return frozenset(busy | head)
+        case _:
+            assert_never(location)  # (ProxyOptions takes only PROXY_LOCATIONS)
 
 
 def serving(book: ProxyBook) -> tuple[str, ...]:
@@ -274,17 +278,22 @@ def reconcile(tx: Tx) -> None:
             continue
         due = clock and now >= p.deadline
         if node_id not in want:
-            if p.phase is _BACKOFF:
-                _put(tx, None, node_id)  # (nothing runs: nothing to stop)
-            elif p.phase is _STARTING:
-                tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=node_id, reason="not_needed"))  # never served
-                _put(tx, None, node_id)
-            elif p.phase is _HEALTHY:
-                tx.emit(DrainProxy(proxy_id=p.proxy_id, node_id=node_id, draining=True))
-                end = now + o.min_draining_period_s if clock and o.min_draining_period_s > 0 else _INF
-                _put(tx, _copy(p, phase=_DRAINING, deadline=end, ongoing=None), node_id)
-            elif due:  # draining, and its drain may end now: at the next report of nothing in flight
-                _put(tx, _copy(p, deadline=_INF, ongoing=None), node_id)
+            phase: ProxyPhase = p.phase
+            match phase:
+                case ProxyPhase.BACKOFF:
+                    _put(tx, None, node_id)  # (nothing runs: nothing to stop)
+                case ProxyPhase.STARTING:
+                    tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=node_id, reason="not_needed"))  # never served
+                    _put(tx, None, node_id)
+                case ProxyPhase.HEALTHY:
+                    tx.emit(DrainProxy(proxy_id=p.proxy_id, node_id=node_id, draining=True))
+                    end = now + o.min_draining_period_s if clock and o.min_draining_period_s > 0 else _INF
+                    _put(tx, _copy(p, phase=_DRAINING, deadline=end, ongoing=None), node_id)
+                case ProxyPhase.DRAINING:
+                    if due:  # its drain may end now: at the next report of nothing in flight
+                        _put(tx, _copy(p, deadline=_INF, ongoing=None), node_id)
+                case _:
+                    assert_never(phase)
             continue
         if p.phase is _STARTING and due:  # not ready in time: stopped, started again after the backoff
             tx.emit(StopProxy(proxy_id=p.proxy_id, node_id=node_id, reason="ready_timeout"))

@@ -105,9 +105,7 @@ def _from_table(value, names, local) -> bool:
         if value.id in names:
             return _from_table(names[value.id], names, {})
         return False  # (a name this check cannot trace fails)
-    if isinstance(value, ast.Attribute) and value.attr == "phase":  # (a record's own phase, kept)
-        return True
-    return False
+    return isinstance(value, ast.Attribute) and value.attr == "phase"  # (a record's own phase, kept)
 
 
 def _phase_writes():

@@ -218,7 +218,7 @@ def test_without_proxies_configured_the_core_runs_none_and_the_fast_paths_stay()
 
 
 def test_where_proxies_run_has_a_rule_for_each_location_and_refuses_any_other() -> None:
-    """``proxies.wanted``: every ``ProxyLocation`` its own branch; a value ProxyOptions could not have
+    """``proxies.wanted``: every ``ProxyLocation`` its own arm (a ``match`` mypy checks whole, ``assert_never``); a value ProxyOptions could not have
     taken (forced past its converter) is an invariant broken, not read as EveryNode (issue 66)."""
     from rankcore.control import proxies
 
@@ -229,5 +229,5 @@ def test_where_proxies_run_has_a_rule_for_each_location_and_refuses_any_other() 
         assert proxies.wanted(book, nodes) == want[location]
     options = rc.ProxyOptions()
     object.__setattr__(options, "proxy_location", "Everywhere")
-    with pytest.raises(rc.InvariantViolation, match="'Everywhere' has no rule"):
+    with pytest.raises(rc.InvariantViolation, match="no rule for 'Everywhere'"):
         proxies.wanted(rc.ProxyBook(options=options, head="head"), nodes)
