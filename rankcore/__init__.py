@@ -4,8 +4,10 @@
 See README.md for a quick start and docs/architecture.md for the design.
 
 The public surface (docs/embedding.md, "What you may import"): this package's
-names (``__all__``, with the namespaces ``options``, ``placement``, ``gangs``,
-``static``, ``cluster``, ``health``, ``restarts``, ``spares``, ``tiers`` and ``autoscaling``), ``rankcore.testing``,
+names (``__all__``: the events, the commands, ``step`` / ``run`` / ``State`` and its records, the
+errors, and the namespaces ``query`` (what an executor asks of a state), ``options``, ``placement``,
+``gangs``, ``static``, ``cluster``, ``health``, ``restarts``, ``spares``, ``tiers`` and
+``autoscaling``), ``rankcore.testing``,
 ``rankcore.invariants``, ``rankcore.protocol``, ``rankcore.base.records`` and ``rankcore.requests``.
 Every other module is internal: it may change without notice.
 
@@ -14,7 +16,7 @@ The modules live in one folder per plane (docs/architecture.md): ``base/``, ``pl
 (``rankcore.options``), imported from their plane's module (``rankcore.base.options``).
 """
 
-from . import placement, tiers
+from . import placement, query, tiers
 from .base import cluster, options
 from .base.bundles import StaticPlacement, consecutive_mapping
 from .base.commands import (
@@ -115,32 +117,18 @@ from .base.state import (
     Replica,
     State,
     Step,
-    desired_asleep,
-    desired_deleted,
-    desired_no_evict,
-    desired_specs,
-    desired_weights,
-    parse_replica_number,
 )
 from .control import autoscaling, health
 from .control.autoscaling import PolicyContext, register_policy
-from .control.bluegreen import role as blue_green_role
-from .control.bluegreen import shown_ranks
 from .control.pool import PoolView
-from .control.proxies import parse_proxy_id
-from .control.proxies import serving as serving_proxies
-from .control.proxies import wanted as proxy_nodes
 from .core import run, step
 from .placement import gangs, restarts, spares, static
-from .placement.gangs import is_held
-from .tiers.residency import fully_serving
-from .tiers.residency import serving as is_serving
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "step", "run", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
-    "desired_specs", "desired_deleted", "desired_asleep", "desired_weights", "desired_no_evict", "placement",
+    "step", "run", "query", "State", "Step", "Deployment", "Replica", "Phase", "Compaction", "RecoveryOutcome",
+    "placement",
     "RankTable", "ReplicaRank", "ReportedRank", "Reassignment", "LowerBound",
     "DeploymentApplied", "ScaleRequested", "DeploymentDeleted", "ReplicaPlaced", "ReplicaReady",
     "ReplicaReconfigured", "ReplicaCrashed", "ReplicaStopped", "NodeLost", "HealthChecked", "CRASH_CAUSES",
@@ -151,8 +139,8 @@ __all__ = [
     "UpdateWorldSize", "UpdateHealthChecks", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
-    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency", "is_serving", "fully_serving", "is_held", "blue_green_role", "shown_ranks",
-    "LIVE", "MAX_RANKS", "STATUSES", "parse_replica_number",
+    "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency",
+    "LIVE", "MAX_RANKS", "STATUSES",
     "AutoscalingMetrics", "Autoscaler", "PolicyContext", "register_policy", "autoscaling",
     "RankcoreError", "InvalidEvent", "InvalidConfig", "InvariantViolation", "shown",
     "RankConflict", "UnknownReplica", "UnknownDeployment", "RequestError", "Overloaded", "Unavailable",
@@ -160,5 +148,5 @@ __all__ = [
     "ProxiesConfigured", "ProxyStarted", "ProxyCrashed", "ProxyHealthChecked", "NodeDraining",
     "ModelsReported", "ReplicaModels",
     "StartProxy", "DrainProxy", "StopProxy", "PROXY_STOP_REASONS", "ProxyLocation", "PROXY_LOCATIONS", "ProxyOptions",
-    "ProxyPhase", "Proxy", "ProxyBook", "serving_proxies", "proxy_nodes", "parse_proxy_id",
+    "ProxyPhase", "Proxy", "ProxyBook",
 ]

@@ -85,8 +85,8 @@ def _weights(e: Expectation, dep: rc.Deployment, res: Callable[[bool, str], Expe
         return res(True, f"asleep: {len(reps)} replicas warm")
     if e.kind == "serving":
         off = [f"{r.replica_id} {r.phase.value}/{r.residency.value}/v{r.weights_version}"
-               + ("(pending)" if r.weights_pending else "") for r in reps if not rc.is_serving(dep, r)]
-        ok = rc.fully_serving(dep)
+               + ("(pending)" if r.weights_pending else "") for r in reps if not rc.query.is_serving(dep, r)]
+        ok = rc.query.fully_serving(dep)
         return res(ok, f"{'asleep' if dep.asleep else 'awake'}, {'healthy' if dep.healthy else 'not healthy'}, "
                        f"weights v{dep.weights_version}" + (f"; not serving: {', '.join(off)}" if off else
                                                             f"; {len(reps)} replicas serving"))

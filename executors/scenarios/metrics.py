@@ -338,7 +338,7 @@ class Metrics:
                 if cmd.replaces is not None and cmd.lineage is not None:
                     old = before.replica(cmd.replaces)
                     if kind is not _HEALTH and ((old is not None and old.retiring)
-                                                or rc.is_held(before.cluster, cmd.replica_id)
+                                                or rc.query.is_held(before.cluster, cmd.replica_id)
                                                 or after.replica(cmd.replaces) is not None):
                         # a rollout's successor (a gang's, held until its gang stopped; a surge's, its
                         # predecessor still draining), not a crash's replacement (an unhealthy replica's
@@ -360,7 +360,7 @@ class Metrics:
             # A replacement held back by the restart backoff: its StartReplica
             # comes later, but its wait began now, with the failure.
             for rid in delayed:
-                if rid not in before.cluster.delayed and not rc.is_held(after.cluster, rid):
+                if rid not in before.cluster.delayed and not rc.query.is_held(after.cluster, rid):
                     name = after.index[rid]
                     self._crashed_at.setdefault((name, after.deployments[name].replicas[rid].lineage), t)
         if kind is _READY and not result.stale and self._crashed_at:
@@ -394,7 +394,7 @@ class Metrics:
                     self._settle(m, t)
                     m._off = off
             counts = dep.counts
-            # (during a blue-green switch only the blues serve: the new set stands by, rankcore.is_serving)
+            # (during a blue-green switch only the blues serve: the new set stands by, rankcore.query.is_serving)
             serving = dep.blues or counts[_RUNNING] + counts[_RECONFIGURING]
             target = dep.target
             healthy = m.first_healthy is None and target > 0 and dep.healthy

@@ -427,7 +427,7 @@ class Orphan(Action):
             raise c.fail(path + ("deployment",), f"must not contain ':' (a replica actor is named "
                                                  f"ModelActor:<deployment>:<replica>), got {name!r}")
         rid = c.name(m.get("replica", f"{name}#0"), path + ("replica",))
-        if rid.rpartition("#")[0] != name or rc.parse_replica_number(rid) is None:
+        if rid.rpartition("#")[0] != name or rc.query.parse_replica_number(rid) is None:
             raise c.fail(path + ("replica",), f"must be '{name}#<number>' (an id as the controller names "
                                               f"{name!r}'s replicas), got {rid!r}")
         return cls(deployment=name, replica=rid)
@@ -626,7 +626,7 @@ class Desired:
     """The ``DeploymentApplied`` each action means, from the deployment as the
     timeline has set it so far (a scale changes its replica count, the caller's
     group its bundles). Not what a recovery starts from: a restarted controller
-    is given the core's own ``rankcore.desired_specs``, persisted at the crash."""
+    is given the core's own ``rankcore.query.desired_specs``, persisted at the crash."""
 
     def __init__(self, declared: Mapping[str, Declared]) -> None:
         self.declared = declared

@@ -63,7 +63,7 @@ class SimProxies:
         self._settle()
         p = self.up[cmd.proxy_id] = _Proxy(cmd.proxy_id, cmd.node_id)
         self.starts += 1
-        parsed = rc.parse_proxy_id(cmd.proxy_id)
+        parsed = rc.query.parse_proxy_id(cmd.proxy_id)
         self.numbered = max(self.numbered, (parsed[1] if parsed else -1) + 1)
         self.sim.schedule(self.spec.start.sample(self._start), self._ready, p)
         if self.spec.crash_rate > 0:

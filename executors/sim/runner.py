@@ -368,10 +368,10 @@ class Simulation:
             return
         self.controller_up = False
         # what a controller persists: the core's own specs (scales folded in), as the Ray controller does
-        self._persisted = rc.desired_specs(self.driver.state)
-        self._asleep, self._weights = rc.desired_asleep(self.driver.state), rc.desired_weights(self.driver.state)
-        self._no_evict = rc.desired_no_evict(self.driver.state)
-        self._deleted = rc.desired_deleted(self.driver.state)
+        self._persisted = rc.query.desired_specs(self.driver.state)
+        self._asleep, self._weights = rc.query.desired_asleep(self.driver.state), rc.query.desired_weights(self.driver.state)
+        self._no_evict = rc.query.desired_no_evict(self.driver.state)
+        self._deleted = rc.query.desired_deleted(self.driver.state)
         self.driver.restart()
         if self.trace:
             self.trace.fault(self.now, "controller_crash", recover_after=recover_after)
@@ -450,7 +450,7 @@ class Simulation:
     def _serving(self, name: str) -> bool:
         """Healthy, awake, every replica running HOT with the last weights pushed (``wait_until_serving``)."""
         dep = self.driver.state.deployments.get(name)
-        return self.controller_up and dep is not None and rc.fully_serving(dep)
+        return self.controller_up and dep is not None and rc.query.fully_serving(dep)
 
     def _maybe_unblock(self) -> None:
         b = self._blocked_on

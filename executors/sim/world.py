@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import rankcore as rc
-from rankcore import parse_replica_number
 from rankcore.base.records import maker
+from rankcore.query import parse_replica_number
 
 from ..scenarios import Metrics, Scenario
 from ..scenarios.latency import Latency

@@ -574,7 +574,7 @@ class ControllerRecovered:
     replica ids (a repeated or late recovery), is refused.
     Ranks are not checkpointed (as in Ray Serve): they are rebuilt from the
     reports alone. ``deployments`` is every deployment as it is meant to be
-    now: what ``rankcore.desired_specs(state)`` returned after the last step
+    now: what ``rankcore.query.desired_specs(state)`` returned after the last step
     that changed it, which the embedder persists (a scale since the first
     ``DeploymentApplied`` is folded in). ``reports`` and ``unresponsive``:
     every live replica process the executor found, including those of
@@ -603,16 +603,16 @@ class ControllerRecovered:
     #: stopped (see ``UnresponsiveReplica``); an id may not also report
     unresponsive: tuple[UnresponsiveReplica, ...] = attrs.field(default=(), converter=f.to_tuple)
     #: the deployments meant to be asleep (``SleepRequested``) and the weights version last
-    #: pushed to each (``WeightsPushed``): persist ``rankcore.desired_asleep(state)`` and
-    #: ``rankcore.desired_weights(state)`` beside the specs (docs/tiers.md)
+    #: pushed to each (``WeightsPushed``): persist ``rankcore.query.desired_asleep(state)`` and
+    #: ``rankcore.query.desired_weights(state)`` beside the specs (docs/tiers.md)
     asleep: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
     weights_versions: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_to_versions)
     #: the WARM copies the nodes' CPU caches hold (rankcore.tiers.devices), in the order they came
     warm_copies: tuple[WarmCopy, ...] = attrs.field(default=(), converter=f.to_tuple)
-    #: ``rankcore.desired_no_evict(state)`` beside the specs: the evicted replicas'
+    #: ``rankcore.query.desired_no_evict(state)`` beside the specs: the evicted replicas'
     #: replacements still waiting, which wait for room and never evict
     no_evict: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
-    #: ``rankcore.desired_deleted(state)`` beside the specs: the deployments deleted
+    #: ``rankcore.query.desired_deleted(state)`` beside the specs: the deployments deleted
     #: (``DeploymentDeleted``). One that ``deployments`` still names (at 0 replicas) is
     #: still being deleted; the others are gone, and late news about their replicas is stale
     deleted: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)

@@ -404,7 +404,7 @@ def _check_deleted(specs: dict[str, DeploymentApplied], deleted: set[str]) -> No
         if specs[name].num_replicas:
             raise InvalidEvent(f"ControllerRecovered: deployment {name!r} is in deleted but its spec asks for "
                                f"{specs[name].num_replicas} replicas (a deployment being deleted is persisted "
-                               f"at 0: persist rankcore.desired_specs and desired_deleted after the same step)")
+                               f"at 0: persist rankcore.query.desired_specs and desired_deleted after the same step)")
 
 
 def _check_autoscaled(specs: dict[str, DeploymentApplied], deleted: set[str]) -> None:
@@ -418,7 +418,7 @@ def _check_autoscaled(specs: dict[str, DeploymentApplied], deleted: set[str]) ->
         if not lo <= spec.num_replicas <= hi:
             raise InvalidEvent(f"ControllerRecovered: deployment {name!r} is autoscaled within [{lo}, {hi}] but its "
                                f"spec asks for {spec.num_replicas} replicas (an autoscaled deployment is persisted "
-                               f"at its autoscaler's target: persist rankcore.desired_specs after each step)")
+                               f"at its autoscaler's target: persist rankcore.query.desired_specs after each step)")
 
 
 def rebuild(tx: Tx, e: ControllerRecovered) -> None:
@@ -454,7 +454,7 @@ def rebuild(tx: Tx, e: ControllerRecovered) -> None:
         raise InvalidEvent(
             f"ControllerRecovered: {len(orphans) + len(silent_orphans)} live replicas are of deployments the "
             f"event does not name ({', '.join(map(repr, names))}); include their DeploymentApplied "
-            f"(rankcore.desired_specs(state) gives them all), or pass stop_unknown=True to stop those replicas"
+            f"(rankcore.query.desired_specs(state) gives them all), or pass stop_unknown=True to stop those replicas"
         )
     weights = dict(e.weights_versions)
     for field, named in (("asleep", set(e.asleep)), ("weights_versions", set(weights))):

@@ -98,7 +98,7 @@ def held(tx: Tx, dep: Deployment, g: int) -> list[str]:
 def is_held(cl: Cluster | ClusterTx, rid: str) -> bool:
     """``rid`` is a gang member's rollout successor held until its gang's retiring members have
     stopped (``hold``: a restart backoff with no end), not one waiting out a restart backoff
-    (``rankcore.is_held``: an executor's metrics tell the two apart)."""
+    (``rankcore.query.is_held``: an executor's metrics tell the two apart)."""
     return rid in cl.delayed and cl.deadlines.get(rid) == math.inf
 
 

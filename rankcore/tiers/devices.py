@@ -348,7 +348,7 @@ def recovered(cl: ClusterTx, specs: dict[str, Any], reports: Iterable[Any], warm
             entry = CacheEntry(deployment=w.deployment, nbytes=w.nbytes, replica_id=w.replica_id or None)
             cl.caches = cl.caches.set(w.node_id, (*cl.caches.get(w.node_id, ()), entry))
     waiting = {r.replica_id for r in reports if r.node_id is None and r.phase.value == "pending"}
-    for rid in no_evict:  # (persisted: rankcore.desired_no_evict) those still waiting wait for room
+    for rid in no_evict:  # (persisted: rankcore.query.desired_no_evict) those still waiting wait for room
         if rid in waiting:
             cl.no_evict = cl.no_evict.set(rid, None)
     for r in sorted(reports, key=lambda r: r.replica_id):

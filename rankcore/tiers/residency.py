@@ -46,13 +46,13 @@ _SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
 def serving(dep: Deployment, rep: Replica) -> bool:
     """Running, on its GPU, holding the deployment's weights version (nothing pending), and not a
     blue-green's new set standing by while the old one serves (``Deployment.blues``): what a handle
-    may send requests to (``rankcore.is_serving``)."""
+    may send requests to (``rankcore.query.is_serving``)."""
     return (rep.phase in _SERVING and rep.residency is Residency.HOT and not rep.weights_pending
             and rep.weights_version == dep.weights_version and (not dep.blues or rep.blue_ranks is not None))
 
 
 def fully_serving(dep: Deployment) -> bool:
-    """Healthy, awake, and every replica serving (``rankcore.fully_serving``: what
+    """Healthy, awake, and every replica serving (``rankcore.query.fully_serving``: what
     ``wait_until_serving`` waits for)."""
     return dep.healthy and not dep.asleep and all(serving(dep, r) for r in dep.replicas.values())
 

@@ -262,7 +262,7 @@ def test_a_push_while_a_replica_restarts_reaches_it_and_a_controller_restart_kee
 
 
 def test_a_controller_restart_keeps_a_sleep_and_a_push_that_no_replica_showed_yet():
-    """Asleep and the weights version are saved beside the specs (``rankcore.desired_asleep``,
+    """Asleep and the weights version are saved beside the specs (``rankcore.query.desired_asleep``,
     ``desired_weights``) and passed as ``ControllerRecovered.asleep`` / ``weights_versions``:
     here every replica is still in its constructor when the controller dies, so no report says
     "warm" or holds the version pushed, and only the saved words keep the sleep and the push."""

@@ -255,7 +255,7 @@ class Controller:
 
 
 def _number(rid: str) -> int:
-    return rc.parse_replica_number(rid) or 0
+    return rc.query.parse_replica_number(rid) or 0
 
 
 def check_counts(c: Controller, total: int | None = None, by_state: Iterable[tuple] = (), name: str = DEP) -> None:
@@ -309,7 +309,7 @@ R_RAY = (
     "not the core's")
 R_NODE_QUERIES = (
     "Serve's manager queries of where its replicas run (for its proxies and the dashboard): rankcore's state "
-    "holds each replica's node (Replica.node_id) and decides where proxies run itself (rankcore.proxy_nodes; "
+    "holds each replica's node (Replica.node_id) and decides where proxies run itself (rankcore.query.proxy_nodes; "
     "tests/unit/test_proxies.py)")
 R_INGRESS_ROUTER = (
     "Serve's ingress request router (a deployment pinned one replica per proxy node): rankcore has none")

@@ -143,20 +143,20 @@ def test_node_selection(number_of_worker_nodes):
     # Disabled: none, whatever holds replicas
     m = Manager(n, location="Disabled")
     m.deploy(n)
-    assert rc.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == frozenset() and m.proxies() == {}
+    assert rc.query.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == frozenset() and m.proxies() == {}
     # HeadOnly: the head's only, though every worker holds a replica
     m = Manager(n, location="HeadOnly")
     m.deploy(n)
-    assert rc.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID}
+    assert rc.query.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID}
     assert list(m.proxies()) == [HEAD_NODE_ID]
     # EveryNode, every node holding a replica (Serve's proxy_nodes = all nodes): every node
     m = Manager(n, location="EveryNode")
     m.deploy(n)
-    assert rc.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID, *m.workers}
+    assert rc.query.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID, *m.workers}
     assert set(m.proxies()) == {HEAD_NODE_ID, *m.workers}
     # EveryNode, no replica anywhere (Serve's proxy_nodes = {head}): the head's only
     m = Manager(n, location="EveryNode")
-    assert rc.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID}
+    assert rc.query.proxy_nodes(m.state.proxies, m.state.cluster.nodes) == {HEAD_NODE_ID}
     assert [c.node_id for c in m.commands if isinstance(c, rc.StartProxy)] == [HEAD_NODE_ID]
 
 
@@ -360,7 +360,7 @@ def test_proxy_state_manager_timing_out_on_start(number_of_worker_nodes):
 
 def test_proxy_state_manager_get_targets(number_of_worker_nodes):
     # Serve's targets: every proxy but a DRAINED one; here the proxies that serve (an outside load
-    # balancer's targets: rc.serving_proxies), by node. (Each target's IP and port: the executor's
+    # balancer's targets: rc.query.serving_proxies), by node. (Each target's IP and port: the executor's
     # proxies(); Serve's gRPC targets and its ValueError for an unknown protocol: no such API.)
     m = Manager(number_of_worker_nodes)
     m.deploy(number_of_worker_nodes)
@@ -370,7 +370,7 @@ def test_proxy_state_manager_get_targets(number_of_worker_nodes):
     m.step(rc.NodeDraining(node_id=last))
     m.advance(m.options.min_draining_period_s)
     m.checked(last, ongoing=0)
-    serving = rc.serving_proxies(m.state.proxies)
+    serving = rc.query.serving_proxies(m.state.proxies)
     assert len(serving) == number_of_worker_nodes  # (101 nodes, one drained)
     assert m.pid(HEAD_NODE_ID) in serving and all(not p.startswith(f"proxy:{last}#") for p in serving)
 

@@ -325,7 +325,7 @@ def test_the_target_survives_a_controller_restart_and_the_window_starts_empty() 
     state = serve_all(deploy(upscale_delay_s=0.0))
     state, targets = feed(state, [0.0], per_replica=6)
     assert targets == [3] and state.deployment(NAME).autoscaler.window
-    spec = rc.desired_specs(state)[0]
+    spec = rc.query.desired_specs(state)[0]
     assert spec.num_replicas == 3 and spec.autoscaling
     check_recovery_roundtrip(state)
     recovered = rc.step(rc.State(), reports_from(state)).state.deployment(NAME)

@@ -28,8 +28,8 @@ def _serving(names: dict[str, int]) -> rc.State:
 
 def test_deleting_is_persisted_and_a_recovery_rebuilds_it_being_deleted() -> None:
     state = _step(_serving({"llm": 2, "emb": 1}), rc.DeploymentDeleted(deployment="llm")).state
-    assert rc.desired_deleted(state) == ("llm",)
-    assert [(d.name, d.num_replicas) for d in rc.desired_specs(state)] == [("emb", 1), ("llm", 0)]
+    assert rc.query.desired_deleted(state) == ("llm",)
+    assert [(d.name, d.num_replicas) for d in rc.query.desired_specs(state)] == [("emb", 1), ("llm", 0)]
     check_recovery_roundtrip(state)  # (the same ranks, phases and targets; nothing stopped twice)
     recovered = _step(rc.State(), reports_from(state))
     llm = recovered.state.deployments["llm"]
@@ -46,22 +46,22 @@ def test_a_recovery_stops_a_deleted_deployments_replicas_without_stop_unknown() 
     state = _step(before, rc.DeploymentDeleted(deployment="llm")).state
     for rid in ("llm#1", "llm#0"):
         state = _step(state, rc.ReplicaStopped(replica_id=rid)).state
-    assert rc.desired_deleted(state) == ("llm",) and "llm" not in state.deployments
+    assert rc.query.desired_deleted(state) == ("llm",) and "llm" not in state.deployments
     # ...but the specs persisted name only emb, with llm among the deleted
-    event = rc.ControllerRecovered(deployments=rc.desired_specs(state), reports=found.reports,
-                                   next_replica_number=state.next_replica, deleted=rc.desired_deleted(state))
+    event = rc.ControllerRecovered(deployments=rc.query.desired_specs(state), reports=found.reports,
+                                   next_replica_number=state.next_replica, deleted=rc.query.desired_deleted(state))
     result = _step(rc.State(), event)
     assert result.recovery.unknown_stopped == ("llm#0", "llm#1")
     assert [type(c).__name__ for c in result.commands] == ["StopReplica", "StopReplica"]
     assert _step(result.state, rc.ReplicaStopped(replica_id="llm#0")).stale
     # without ``deleted`` the same reports are refused: a forgotten spec never stops a fleet silently
     with pytest.raises(rc.InvalidEvent, match="'llm'"):
-        rc.step(rc.State(), rc.ControllerRecovered(deployments=rc.desired_specs(state), reports=found.reports))
+        rc.step(rc.State(), rc.ControllerRecovered(deployments=rc.query.desired_specs(state), reports=found.reports))
 
 
 def test_a_deleted_deployment_persisted_with_replicas_is_refused() -> None:
     state = _serving({"llm": 1})
-    event = rc.ControllerRecovered(deployments=rc.desired_specs(state), reports=reports_from(state).reports,
+    event = rc.ControllerRecovered(deployments=rc.query.desired_specs(state), reports=reports_from(state).reports,
                                    deleted=("llm",))
     with pytest.raises(rc.InvalidEvent, match="'llm' is in deleted but its spec asks for 1 replicas"):
         rc.step(rc.State(), event)
@@ -77,7 +77,7 @@ def test_late_news_of_a_deleted_deployment_is_stale_and_a_new_one_of_its_name_is
     with pytest.raises(rc.InvalidEvent, match="never started"):  # (a made-up id of another name still is not)
         rc.step(state, rc.ReplicaReady(replica_id="ghost#0"))
     state = _step(state, rc.DeploymentApplied(name="llm", num_replicas=1)).state
-    assert "llm" not in state.deleted and rc.desired_deleted(state) == ()
+    assert "llm" not in state.deleted and rc.query.desired_deleted(state) == ()
     assert _step(state, rc.ReplicaStopped(replica_id="llm#0")).stale  # (the old incarnation's id)
 
 

@@ -113,7 +113,7 @@ def test_the_executors_share_scenarios_but_not_each_other():
 PUBLIC_MODULES = {"rankcore", "rankcore.testing", "rankcore.invariants", "rankcore.protocol", "rankcore.base.records",
                   "rankcore.requests"}
 #: the namespaces rankcore's own __all__ names (rc.placement.POLICIES, ...) and the module each is
-NAMESPACES = {"options": "rankcore.base.options", "placement": "rankcore.placement", "gangs": "rankcore.placement.gangs",
+NAMESPACES = {"query": "rankcore.query", "options": "rankcore.base.options", "placement": "rankcore.placement", "gangs": "rankcore.placement.gangs",
               "static": "rankcore.placement.static", "cluster": "rankcore.base.cluster",
               "health": "rankcore.control.health", "restarts": "rankcore.placement.restarts",
               "spares": "rankcore.placement.spares", "tiers": "rankcore.tiers",

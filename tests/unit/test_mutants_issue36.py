@@ -169,18 +169,18 @@ _RUNNING = [rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(rep
 
 
 def test_fully_serving_is_healthy_awake_and_every_replica_serving() -> None:
-    """``rankcore.fully_serving`` (what ``wait_until_serving`` waits for)."""
+    """``rankcore.query.fully_serving`` (what ``wait_until_serving`` waits for)."""
     state, _ = _fed(_RUNNING)
-    assert rc.fully_serving(state.deployments["d"])  # healthy, awake, d#0 serving
+    assert rc.query.fully_serving(state.deployments["d"])  # healthy, awake, d#0 serving
     asleep, _ = _fed([rc.SleepRequested(deployment="d")], state)
-    assert not rc.fully_serving(asleep.deployments["d"])  # asleep (d#0 offloading)
+    assert not rc.query.fully_serving(asleep.deployments["d"])  # asleep (d#0 offloading)
     scaled, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=2)], state)
     dep = scaled.deployments["d"]
-    assert not dep.healthy and rc.is_serving(dep, dep.replicas["d#0"])
-    assert not rc.fully_serving(dep)  # every replica there serves, but one is missing: not healthy
+    assert not dep.healthy and rc.query.is_serving(dep, dep.replicas["d#0"])
+    assert not rc.query.fully_serving(dep)  # every replica there serves, but one is missing: not healthy
     pushed, _ = _fed([rc.WeightsPushed(deployment="d", version=1)], state)
     dep = pushed.deployments["d"]
-    assert dep.healthy and not dep.asleep and not rc.fully_serving(dep)  # d#0 is still on version 0
+    assert dep.healthy and not dep.asleep and not rc.query.fully_serving(dep)  # d#0 is still on version 0
 
 
 def test_a_failed_move_leaves_the_weights_where_they_were() -> None:
@@ -200,7 +200,7 @@ def test_a_failed_load_leaves_the_replica_asleep_and_the_next_wake_retries_it() 
     assert state.deployments["d"].replicas["d#0"].residency is rc.Residency.LOADING
     after, result = _fed([rc.TierMoveFailed(replica_id="d#0")], state)
     assert not result.stale and after.deployments["d"].replicas["d#0"].residency is rc.Residency.WARM
-    assert not rc.fully_serving(after.deployments["d"])
+    assert not rc.query.fully_serving(after.deployments["d"])
     retry = rc.step(after, rc.WakeRequested(deployment="d"))
     assert [(type(c).__name__, c.replica_id) for c in retry.commands] == [("LoadReplica", "d#0")]
 
@@ -337,7 +337,7 @@ def test_a_replica_missing_or_of_a_deployment_missing_is_gone():
 def test_a_replica_record_kept_while_its_deployment_wants_newer_weights_leaves_the_serving_pool():
     """``_change(before, after, rid)`` is the membership change between two states, whatever made
     it: the same replica record, serving before, under a deployment that now wants another weights
-    version no longer serves (``rankcore.is_serving`` reads the deployment's version), so it is
+    version no longer serves (``rankcore.query.is_serving`` reads the deployment's version), so it is
     announced ``draining``; the same record under the same version is no change. (The core itself
     sends ``UpdateWeights`` in that step, so the record changes too; ``_change`` must not rely on
     it.) Kills ``_change__mutmut_28`` (the shortcut taken when the versions differ)."""
@@ -624,7 +624,7 @@ def test_a_finished_load_keeps_the_gpu_memory_booked_for_it() -> None:
         if where is not None:
             assert state.deployments["a"].replicas["a#0"].residency is where, e
         assert ("a#0" in state.cluster.hot) is booked, e
-    assert rc.fully_serving(state.deployments["a"])
+    assert rc.query.fully_serving(state.deployments["a"])
 
 
 def test_a_weights_answer_clears_pending_only_for_the_version_last_sent() -> None:
@@ -639,10 +639,10 @@ def test_a_weights_answer_clears_pending_only_for_the_version_last_sent() -> Non
     assert (rep.weights_version, rep.weights_pending) == (2, True)
     older = rc.step(state, rc.WeightsUpdated(replica_id="d#0", version=1))
     assert older.stale and older.state.deployments["d"].replicas["d#0"].weights_pending is True
-    assert not rc.fully_serving(older.state.deployments["d"])
+    assert not rc.query.fully_serving(older.state.deployments["d"])
     state, result = _fed([rc.WeightsUpdated(replica_id="d#0", version=2)], state)
     assert not result.stale and state.deployments["d"].replicas["d#0"].weights_pending is False
-    assert rc.fully_serving(state.deployments["d"])
+    assert rc.query.fully_serving(state.deployments["d"])
     again = rc.step(state, rc.WeightsUpdated(replica_id="d#0", version=2))
     assert again.stale and again.state.deployments["d"] is state.deployments["d"]
     with pytest.raises(InvalidEvent) as caught:

@@ -63,7 +63,7 @@ def test_every_node_is_the_default_the_head_and_each_node_holding_a_replica_get_
     nodes = sorted(c.node_id for c in run.of(rc.StartProxy))
     (worker,) = [n for n in nodes if n != "head"]
     assert run.state.replica("llm#0").node_id == worker
-    assert rc.proxy_nodes(run.state.proxies, run.state.cluster.nodes) == {"head", worker}
+    assert rc.query.proxy_nodes(run.state.proxies, run.state.cluster.nodes) == {"head", worker}
 
 
 def test_head_only_and_disabled() -> None:
@@ -102,7 +102,7 @@ def test_a_node_left_without_replicas_drains_its_proxy_which_stops_only_with_not
     step = run(rc.ProxyHealthChecked(proxy_id="proxy:w0#1", healthy=True, ongoing=0, now=50.0))
     assert proxy_cmds(step) == [rc.StopProxy(proxy_id="proxy:w0#1", node_id="w0", reason="drained")]
     assert "w0" not in run.state.proxies.proxies
-    assert rc.serving_proxies(run.state.proxies) == ("proxy:head#0",)
+    assert rc.query.serving_proxies(run.state.proxies) == ("proxy:head#0",)
 
 
 def test_a_draining_proxy_whose_node_is_wanted_again_serves_again() -> None:

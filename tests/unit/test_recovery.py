@@ -194,10 +194,10 @@ def test_desired_specs_fold_scales_in_so_recovery_keeps_the_scaled_count():
     d = Driver(nodes=["n0", "n1"])
     d.run(first)
     d.run(rc.ScaleRequested(deployment="app", num_replicas=3))
-    (spec,) = rc.desired_specs(d.state)
+    (spec,) = rc.query.desired_specs(d.state)
     assert spec == attrs.evolve(first, num_replicas=3)
     live = reports_from(d.state).reports
-    good = rc.step(rc.State(), rc.ControllerRecovered(deployments=rc.desired_specs(d.state), reports=live))
+    good = rc.step(rc.State(), rc.ControllerRecovered(deployments=rc.query.desired_specs(d.state), reports=live))
     assert good.commands == () and good.recovery == rc.RecoveryOutcome()
     assert not good.recovery.destructive
     stale = rc.step(rc.State(), rc.ControllerRecovered(deployments=(first,), reports=live))
@@ -475,7 +475,7 @@ def test_a_push_no_replica_holds_yet_survives_a_controller_restart():
     state, _ = _fed([rc.DeploymentApplied(name="d", num_replicas=1), rc.ReplicaPlaced(replica_id="d#0", node_id="n"),
                      rc.ReplicaReady(replica_id="d#0"), rc.ReplicaCrashed(replica_id="d#0"),
                      rc.WeightsPushed(deployment="d", version=1)])
-    assert rc.desired_weights(state) == (("d", 1),)
+    assert rc.query.desired_weights(state) == (("d", 1),)
     after = _restart(state)
     assert after.state.deployments["d"].weights_version == 1
     placed = rc.step(after.state, rc.ReplicaPlaced(replica_id="d#1", node_id="n"))

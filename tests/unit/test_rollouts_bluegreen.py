@@ -265,15 +265,15 @@ def test_status_shows_each_blue_with_the_ranks_it_serves_and_each_green_standing
     c.hold = hold_ready
     apply(c, "v2", n=2)
     dep = c.dep()
-    roles = {r: rc.blue_green_role(dep, rep) for r, rep in dep.replicas.items()}
+    roles = {r: rc.query.blue_green_role(dep, rep) for r, rep in dep.replicas.items()}
     assert sorted(roles.values()) == ["blue", "blue", "standby", "standby"]
     for r, t in told.items():
-        assert roles[r] == "blue" and rc.shown_ranks(dep, r) == t != dep.ranks.rank_tuple(r)
+        assert roles[r] == "blue" and rc.query.shown_ranks(dep, r) == t != dep.ranks.rank_tuple(r)
     c.hold = lambda x: False
     c.answer_held(lambda x: True)
     dep = c.dep()
-    assert {rc.blue_green_role(dep, rep) for rep in dep.replicas.values()} == {None}
-    assert all(rc.shown_ranks(dep, r) == dep.ranks.rank_tuple(r) for r in dep.replicas)
+    assert {rc.query.blue_green_role(dep, rep) for rep in dep.replicas.values()} == {None}
+    assert all(rc.query.shown_ranks(dep, r) == dep.ranks.rank_tuple(r) for r in dep.replicas)
 
 
 def test_the_simulators_availability_counts_only_the_blues_while_the_new_set_stands_by() -> None:

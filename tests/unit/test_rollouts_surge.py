@@ -36,7 +36,7 @@ class Cluster(Driver):
         if dep is not None:
             self.alive_max = max(self.alive_max, len(dep.replicas))
             if dep.healthy or self.serving_min is not None:
-                serving = sum(1 for r in dep.replicas.values() if rc.is_serving(dep, r))
+                serving = sum(1 for r in dep.replicas.values() if rc.query.is_serving(dep, r))
                 self.serving_min = serving if self.serving_min is None else min(self.serving_min, serving)
         return result
 
@@ -101,7 +101,7 @@ def test_with_room_each_successor_starts_beside_its_draining_predecessor_on_its_
         elif isinstance(cmd, rc.PlaceReplica):
             c.run(rc.ReplicaPlaced(replica_id=cmd.replica_id, node_id=cmd.node_id))
     dep = c.dep()
-    assert sum(rc.is_serving(dep, dep.replicas[s.replica_id]) for s in starts) == 2
+    assert sum(rc.query.is_serving(dep, dep.replicas[s.replica_id]) for s in starts) == 2
     while c.held:
         c.drained(c.held[0])
     dep = c.dep()
@@ -208,7 +208,7 @@ def test_a_controller_restart_during_the_overlap_resumes_with_no_rank_moved() ->
     # has the two short of the target succeeded on theirs when they have stopped
     stopping = [r for r, rep in dep.replicas.items() if rep.phase is rc.Phase.STOPPING]
     assert len(stopping) == 4 and dep.retiring == 2
-    assert sum(rc.is_serving(dep, rep) for rep in dep.replicas.values()) == 2
+    assert sum(rc.query.is_serving(dep, rep) for rep in dep.replicas.values()) == 2
     for rid in stopping:  # (their StopReplica was sent before the restart: the drain goes on)
         fresh.run(rc.ReplicaStopped(replica_id=rid))
     for stop in list(fresh.held):

@@ -344,7 +344,7 @@ def test_controller_crash_during_gang_start_restarts_incomplete_gangs_whole():
         reports.append(rc.ReplicaReport(replica_id=rid, deployment="app", phase=rep.phase.value,
                                         node_id=rep.node_id, rank=rank,
                                         lineage=rep.lineage))
-    event = rc.ControllerRecovered(deployments=rc.desired_specs(ex.state), reports=tuple(reports),
+    event = rc.ControllerRecovered(deployments=rc.query.desired_specs(ex.state), reports=tuple(reports),
                                    nodes=tuple(rc.NodeJoined(node_id=n, resources={"GPU": 4}) for n in ("n0", "n1")))
     ex.state = rc.State()  # the controller restarted
     cmds = ex.run(event)

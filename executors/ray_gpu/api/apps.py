@@ -354,12 +354,12 @@ _IDENTITY = ("pid", "actor_id", "actor_name", "worker_id", "node_ip", "start_tim
 def _replicas(name: str, dep: Any, known: dict) -> list[dict]:
     out = []
     for rid, rep in dep.replicas.items():
-        rank = rc.shown_ranks(dep, rid)
+        rank = rc.query.shown_ranks(dep, rid)
         said = known.get(rid) or {"actor_name": actor_name(name, rid)}
         out.append({"replica_id": rid, "state": _REPLICA_STATE.get(rep.phase.value, rep.phase.value.upper()),
                     "phase": rep.phase.value, "rank": rank[0], "node_rank": rank[1], "local_rank": rank[2],
                     "node_id": rep.node_id, "tier": rep.residency.value, "version": rep.revision,
-                    "blue_green": rc.blue_green_role(dep, rep), **{k: said.get(k) for k in _IDENTITY}})
+                    "blue_green": rc.query.blue_green_role(dep, rep), **{k: said.get(k) for k in _IDENTITY}})
     return sorted(out, key=lambda r: (r["rank"], r["replica_id"]))
 
 

@@ -26,10 +26,10 @@ _KV_INCARNATION = b"rankcore/incarnation"  # how many controllers have started (
 #: adopts the starts under way and knows which replicas died while it was down
 _KV_REPLICAS = b"rankcore/replicas"
 _KV_FAULTS = b"rankcore/faults"  # faults injected while no controller ran, for the trace
-_KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.desired_asleep), beside the specs
-_KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to each (rc.desired_weights)
-_KV_NO_EVICT = b"rankcore/no_evict"  # evicted replicas' replacements still waiting (rc.desired_no_evict)
-_KV_DELETED = b"rankcore/deleted"  # the deployments deleted, being deleted or gone (rc.desired_deleted)
+_KV_ASLEEP = b"rankcore/asleep"  # the deployments meant to be asleep (rc.query.desired_asleep), beside the specs
+_KV_WEIGHTS = b"rankcore/weights_versions"  # the weights version last pushed to each (rc.query.desired_weights)
+_KV_NO_EVICT = b"rankcore/no_evict"  # evicted replicas' replacements still waiting (rc.query.desired_no_evict)
+_KV_DELETED = b"rankcore/deleted"  # the deployments deleted, being deleted or gone (rc.query.desired_deleted)
 _KV_BOOKING = b"rankcore/memory_booking"  # api.book_memory's options and the nodes' CUDA memory (probed)
 _KV_HTTP_ROUTES = b"rankcore/http_routes"  # the HTTP ingress's routes with their handles (ingress.py)
 _KV_HTTP_PORT = b"rankcore/http_port"  # the port the ingress bound last (a restarted one on port 0 binds it again)
@@ -69,14 +69,14 @@ def next_incarnation() -> int:
 
 
 def save_specs(state: rc.State, specs: dict[str, dict]) -> None:
-    """The deployments as the core means them now (``rc.desired_specs``, the
+    """The deployments as the core means them now (``rc.query.desired_specs``, the
     one copy of the specs: a scale is folded in) and, per deployment, what the
     core does not hold (``specs``: its class, arguments and actor options)."""
-    desired = {d.name: d for d in rc.desired_specs(state)}
+    desired = {d.name: d for d in rc.query.desired_specs(state)}
     _put(_KV_SPECS, {name: {**spec, "applied": desired[name]} for name, spec in specs.items() if name in desired})
-    _put(_KV_ASLEEP, tuple(n for n in rc.desired_asleep(state) if n in specs and n in desired))
-    _put(_KV_WEIGHTS, tuple((n, v) for n, v in rc.desired_weights(state) if n in specs and n in desired))
-    _put(_KV_DELETED, rc.desired_deleted(state))
+    _put(_KV_ASLEEP, tuple(n for n in rc.query.desired_asleep(state) if n in specs and n in desired))
+    _put(_KV_WEIGHTS, tuple((n, v) for n, v in rc.query.desired_weights(state) if n in specs and n in desired))
+    _put(_KV_DELETED, rc.query.desired_deleted(state))
 
 
 def load_deleted() -> tuple[str, ...]:
@@ -85,8 +85,8 @@ def load_deleted() -> tuple[str, ...]:
 
 
 def save_no_evict(state: rc.State) -> None:
-    """``rc.desired_no_evict``: saved whenever it changes (an eviction happens in any step)."""
-    _put(_KV_NO_EVICT, rc.desired_no_evict(state))
+    """``rc.query.desired_no_evict``: saved whenever it changes (an eviction happens in any step)."""
+    _put(_KV_NO_EVICT, rc.query.desired_no_evict(state))
 
 
 def load_no_evict() -> tuple[str, ...]:

@@ -231,7 +231,7 @@ class Carrier:
         """Record the replica (stage ``reserving``: no actor yet); the core
         places it with a PlaceReplica once a node has room."""
         led = self.ledger
-        n = rc.parse_replica_number(cmd.replica_id)
+        n = rc.query.parse_replica_number(cmd.replica_id)
         led.started = max(led.started, (n or 0) + 1)
         led.lineages = max(led.lineages, (cmd.lineage or 0) + 1)
         persist.save_counters(led.started, led.lineages)

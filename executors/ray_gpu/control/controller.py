@@ -198,7 +198,7 @@ class Controller:
                                                ongoing=ongoing))
         after = self.driver.state.deployments.get(name)
         if before is not None and after is not None and after.target != before.target:
-            self._persist()  # (the autoscaled target survives a restart: rankcore.desired_specs)
+            self._persist()  # (the autoscaled target survives a restart: rankcore.query.desired_specs)
 
     async def report_load(self, name: str, key: str, queued: int, ongoing: tuple, urgent: bool = False) -> float | None:
         """A router's load (``autoscale.LoadReporter``): kept until the next sample. Answers the
@@ -517,7 +517,7 @@ class Controller:
             if weights is not None:
                 await self._drop_weights(name, version)
             raise
-        self._persist()  # (the version pushed, rc.desired_weights: kept even if no replica holds it yet)
+        self._persist()  # (the version pushed, rc.query.desired_weights: kept even if no replica holds it yet)
 
     async def wake(self, name: str, weights_version: int | None = None, weights: list | None = None) -> None:
         """``WakeRequested``: every sleeper's weights back on its device; with ``weights_version``
@@ -543,7 +543,7 @@ class Controller:
 
         def serving() -> bool:
             dep = self.driver.state.deployments.get(name)
-            return dep is not None and rc.fully_serving(dep)
+            return dep is not None and rc.query.fully_serving(dep)
 
         return await _until(serving, timeout)
 
@@ -733,10 +733,10 @@ class Controller:
             g = dep.ranks.global_rank(rid)
             rep = dep.replicas[rid]
             replicas[rid] = {
-                "phase": rep.phase.value, "node_id": rep.node_id, "rank": rc.shown_ranks(dep, rid),
+                "phase": rep.phase.value, "node_id": rep.node_id, "rank": rc.query.shown_ranks(dep, rid),
                 "bundles": dep.static.bundles_of(g) if dep.static is not None else None,
                 "gang": gang_id(name, g // dep.gang_size) if dep.gang_size > 1 else None,
-                "revision": rep.revision, "blue_green": rc.blue_green_role(dep, rep),
+                "revision": rep.revision, "blue_green": rc.query.blue_green_role(dep, rep),
                 "multiplexed_model_ids": list(rep.models)}
         return {"name": name, "healthy": dep.healthy, "target": dep.target, "status": dep.status,
                 "status_message": dep.status_message, "revision": dep.revision,

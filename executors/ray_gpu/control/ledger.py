@@ -44,7 +44,7 @@ class Ledger:
         self.incarnation = persist.next_incarnation()
         self.driver = Driver(_Unwired(), clock=True)
         #: deployment -> what the core does not hold: the class, its arguments, actor options
-        #: (the deployments' specs are the core's: ``rc.desired_specs``, saved by ``persist.save_specs``)
+        #: (the deployments' specs are the core's: ``rc.query.desired_specs``, saved by ``persist.save_specs``)
         self.specs: dict[str, dict] = {}
         #: replica id -> what the controller holds about it (one record: ``forget`` drops it)
         self.replicas: dict[str, ReplicaRecord] = {}

@@ -419,8 +419,8 @@ class Proxies:
 
 
 def _number(pid: str) -> int:
-    """The incarnation number of a proxy id the core made (``rankcore.parse_proxy_id``)."""
-    parsed = rc.parse_proxy_id(pid)
+    """The incarnation number of a proxy id the core made (``rankcore.query.parse_proxy_id``)."""
+    parsed = rc.query.parse_proxy_id(pid)
     return -1 if parsed is None else parsed[1]
 
 

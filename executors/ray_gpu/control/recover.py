@@ -50,7 +50,7 @@ class Recovery:
 
     @staticmethod
     def _save_no_evict(t: float, event: object, before: rc.State, result: rc.Step) -> None:
-        """Persist ``rc.desired_no_evict`` whenever a step changes it (an eviction starts a
+        """Persist ``rc.query.desired_no_evict`` whenever a step changes it (an eviction starts a
         replacement in any step, not only on a call that saves the specs)."""
         if result.state.cluster.no_evict is not before.cluster.no_evict:
             persist.save_no_evict(result.state)
@@ -100,7 +100,7 @@ class Recovery:
         started, lineages = persist.load_counters()
         known = persist.load_replicas()
         led.specs = {name: {k: v for k, v in spec.items() if k != "applied"} for name, spec in specs.items()}
-        desired = {name: spec["applied"] for name, spec in specs.items()}  # rc.desired_specs, as persisted
+        desired = {name: spec["applied"] for name, spec in specs.items()}  # rc.query.desired_specs, as persisted
         alive = {n.node_id for n in nodes}
         for name, spec in led.specs.items():  # where the caller's group's bundles are now
             held = desired[name].static_placement
