@@ -30,7 +30,7 @@ def test_the_default_machine_catches_a_wrapper_dropping_gang_changes():
     # that such a step starts with exactly the Tick's commands.
     with pytest.raises(rc.InvariantViolation,
                        match=r"gang \S+ got new members .* were not told|its first commands are not those of Tick"):
-        run_state_machine_as_test(make_machine(GangMuter), settings=QUICK)
+        run_state_machine_as_test(make_machine(GangMuter), settings=settings(QUICK, max_examples=500))
 
 
 def test_the_unmanaged_machine_is_an_opt_out_and_never_sees_gangs():
