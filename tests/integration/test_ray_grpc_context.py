@@ -32,7 +32,8 @@ from executors.ray_gpu import deployment, run, serve
 from executors.ray_gpu.base.context import _get_serve_request_context
 from executors.ray_gpu.base.grpc_context import RayServegRPCContext, attach, entry_name
 from executors.ray_gpu.base.grpc_proxy import GrpcFront
-from executors.ray_gpu.ingress.http import IngressState, _cancel, expose, proxies, public_methods, start_ingress
+from executors.ray_gpu.ingress.calls import _cancel
+from executors.ray_gpu.ingress.http import IngressState, expose, proxies, public_methods, start_ingress
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 ECHO = "tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"

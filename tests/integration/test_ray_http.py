@@ -448,7 +448,8 @@ def test_application_error_500_names_the_exception_never_its_traceback(client):
 def test_status_of_keeps_the_traceback_out_and_logs_it(caplog):
     """``status_of`` gives the type and message of what the application raised; ``log_failure`` puts
     the whole traceback in the proxy's log under the request id."""
-    from executors.ray_gpu.ingress.http import MAX_ERROR_MESSAGE, log_failure, status_of
+    from executors.ray_gpu.ingress.http import MAX_ERROR_MESSAGE, status_of
+    from executors.ray_gpu.ingress.words import log_failure
 
     try:
         raise KeyError("x" * (MAX_ERROR_MESSAGE + 50))

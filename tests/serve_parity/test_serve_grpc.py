@@ -643,7 +643,8 @@ def test_grpc_server():
     served by the proxy's own handler of its kind: here the proxy's gRPC front (``GrpcFront``) given
     that function."""
     from executors.ray_gpu.base.grpc_proxy import GrpcFront
-    from executors.ray_gpu.ingress.http import IngressState, _cancel
+    from executors.ray_gpu.ingress.calls import _cancel
+    from executors.ray_gpu.ingress.http import IngressState
 
     front = GrpcFront(IngressState({}, {}, 1 << 20, 30.0), [f"{__name__}.add_test_servicer_to_server"], _cancel)
     assert list(front.services) == ["ray.serve.ServeAPIService"]
@@ -686,7 +687,8 @@ def test_add_grpc_address():
     """Serve's private ``add_grpc_address(server, address)`` binds the server to the address: here the
     proxy's gRPC front listens where it is told (a free port asked, the one bound given back)."""
     from executors.ray_gpu.base.grpc_proxy import GrpcFront
-    from executors.ray_gpu.ingress.http import IngressState, _cancel
+    from executors.ray_gpu.ingress.calls import _cancel
+    from executors.ray_gpu.ingress.http import IngressState
 
     front = GrpcFront(IngressState({}, {}, 1 << 20, 30.0), [ECHO], _cancel)
 

@@ -65,8 +65,10 @@ from executors.ray_gpu.base import appnames
 from executors.ray_gpu.base.context import _serve_request_context
 from executors.ray_gpu.base.exposed import ASGI_ENTRY
 from executors.ray_gpu.base.grpc_proxy import API_SERVICE, GrpcFront
+from executors.ray_gpu.ingress import app as ingress_app
 from executors.ray_gpu.ingress import http
-from executors.ray_gpu.ingress.http import IngressState, _cancel, make_app, match_prefix, public_methods
+from executors.ray_gpu.ingress.calls import _cancel
+from executors.ray_gpu.ingress.http import IngressState, make_app, match_prefix, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 from tests.serve_parity.test_serve_proxy_state import HEAD_NODE_ID, Manager
 
@@ -107,7 +109,7 @@ def gap(ok: bool, what: str) -> None:
 @pytest.fixture(autouse=True)
 def _controller_answers(monkeypatch):
     """``/-/healthz`` asks the controller; here a stand-in answers at once."""
-    monkeypatch.setattr(http, "_ask_controller", lambda *args, **kwargs: {"deployments": {}})
+    monkeypatch.setattr(ingress_app, "_ask_controller", lambda *args, **kwargs: {"deployments": {}})
 
 
 @pytest.fixture
@@ -453,12 +455,12 @@ class TestProxyRouterMatchRoutePattern:
     def test_match_route_pattern_caching(self):
         pytest.skip("differs on purpose: Serve's private cache of the mock apps it matches patterns with; the label "
                     "itself is test_match_route_pattern_with_patterns; rankcore's proxy keeps one set of starlette routes per "
-                    "declared set (ingress.http.route_pattern)")
+                    "declared set (ingress.words.route_pattern)")
 
     def test_match_route_pattern_cache_invalidation(self):
         pytest.skip("differs on purpose: Serve's private cache of the mock apps it matches patterns with; the label "
                     "itself is test_match_route_pattern_with_patterns; rankcore's proxy keeps one set of starlette routes per "
-                    "declared set (ingress.http.route_pattern)")
+                    "declared set (ingress.words.route_pattern)")
 
     def test_match_route_pattern_empty_patterns(self):
         assert self._route_label(Greeter, "/api/users/123") == "/api"  # (no declared routes: the prefix)

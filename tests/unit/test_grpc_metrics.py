@@ -15,7 +15,8 @@ from grpc import aio
 
 from executors.ray_gpu.base.grpc_context import attach
 from executors.ray_gpu.base.grpc_proxy import API_SERVICE, GrpcFront
-from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods
+from executors.ray_gpu.ingress.calls import _cancel
+from executors.ray_gpu.ingress.http import IngressState, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 from tests.integration.test_ray_grpc_context import ECHO, SHOUT, Contextual, _Here, _outcome
 from tests.unit.test_metrics import samples, tot

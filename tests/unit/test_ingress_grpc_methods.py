@@ -14,7 +14,8 @@ import grpc
 from grpc import aio
 
 from executors.ray_gpu.base.grpc_proxy import GrpcFront
-from executors.ray_gpu.ingress.http import IngressState, _cancel, public_methods
+from executors.ray_gpu.ingress.calls import _cancel
+from executors.ray_gpu.ingress.http import IngressState, public_methods
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]

@@ -126,11 +126,11 @@ def test_the_model_id_comes_from_the_request_context_and_is_not_inherited_by_a_n
 
 def test_the_http_header_and_the_grpc_key_have_serves_names():
     from executors.ray_gpu.base import grpc_proxy
-    from executors.ray_gpu.ingress import http
+    from executors.ray_gpu.ingress import calls
 
-    assert http.MODEL_ID_HEADER == b"serve_multiplexed_model_id"
+    assert calls.MODEL_ID_HEADER == b"serve_multiplexed_model_id"
     note = {"route": "/m", "request_id": "r", "deployment": "d", "model": "m1"}
-    assert http._request_of(note).multiplexed_model_id == "m1"
+    assert calls._request_of(note).multiplexed_model_id == "m1"
 
     class Ctx:
         def __init__(self, md):
@@ -148,7 +148,7 @@ def test_the_http_header_and_the_grpc_key_have_serves_names():
     ctx = Ctx((("application", "d"), ("multiplexed_model_id", "m3"), ("request_id", "rid-1")))
     note = grpc_proxy._note_of("d", ctx)  # (the call's request context: its model and id, the id sent back)
     assert (note["model"], note["request_id"], ctx.trailing) == ("m3", "rid-1", (("request_id", "rid-1"),))
-    assert http._request_of(note).multiplexed_model_id == "m3"
+    assert calls._request_of(note).multiplexed_model_id == "m3"
 
 
 def test_a_request_cancelled_while_its_evictions_unload_leaves_the_loader_usable(reports):

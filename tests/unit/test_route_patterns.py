@@ -1,4 +1,4 @@
-"""The route label of a request to an ASGI deployment (``ingress.http.route_pattern``): the declared
+"""The route label of a request to an ASGI deployment (``ingress.words.route_pattern``): the declared
 route of its app that the request matched, as Serve's proxy labels it (``match_route_pattern``), read
 from the class by ``base.exposed.route_patterns`` as Serve's ``extract_route_patterns`` reads an app;
 the route prefix when the app declares none or none matches."""
@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from executors.ray_gpu import serve
 from executors.ray_gpu.base.exposed import reachable, route_patterns
-from executors.ray_gpu.ingress.http import route_pattern
+from executors.ray_gpu.ingress.words import route_pattern
 
 
 def _app() -> FastAPI:

@@ -36,6 +36,7 @@ import ray
 import rankcore as rc
 
 from ..base.replicas import NAMESPACE
+from ..ingress.actor import server_stack
 from ..ingress.http import (
     HEADER_TIMEOUT_S,
     MAX_BODY_BYTES,
@@ -49,7 +50,6 @@ from ..ingress.http import (
     check_limits,
     guarded,
     read_json,
-    server_stack,
 )
 from . import apps
 from . import config as cf
