@@ -80,7 +80,7 @@ from .control import (
     proxies,
     rollouts,
 )
-from .control.moves import check_scale, crash, fail, reconcile, retell_ranks, scale, stop, succeed_retired
+from .control.moves import check_scale, crash, fail, reconcile, scale, succeed_retired
 from .control.passes import finish
 from .control.recovery import rebuild, unresponsive_gone
 from .fastpaths import FAST_PATHS
@@ -144,14 +144,7 @@ def _on_deployment_applied(tx: Tx, e: DeploymentApplied) -> Step:
     dep = autoscaling.applied(dep, e, new=False)  # (autoscaled: num_replicas is no target)
     if dep.target != target:
         tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))
-    retell: list[Replica] = []
-    if call_off:
-        dep, greens, retell = bluegreen.call_off(dep)
-        dep = stop(tx, dep, len(greens), greens)
-    dep = reconcile(tx, dep)
-    if retell:
-        dep = retell_ranks(tx, dep, retell)
-    tx.put(dep)
+    tx.put(bluegreen.called_off(tx, dep) if call_off else reconcile(tx, dep))
     return finish(tx)
 
 

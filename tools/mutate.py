@@ -608,10 +608,10 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "deploy-world-size-not-announced", CORE,
         "    if dep.target != target:\n"
         "        tx.emit(UpdateWorldSize(deployment=dep.name, world_size=dep.target))\n"
-        "    retell: list[Replica] = []\n",
+        "    tx.put(bluegreen.called_off(",
         "    if dep.target != target:\n"
         "        pass\n"
-        "    retell: list[Replica] = []\n",
+        "    tx.put(bluegreen.called_off(",
         "[Ranks: world_size] a DeploymentApplied that changes the target announces it (UpdateWorldSize)",
     ),
     mutation(

@@ -41,8 +41,9 @@ from ..base.state import Deployment, Replica
 from ..base.transaction import Tx, by_rank, recount, stop_command, successor
 from ..placement.scheduling import announce_booking, enqueue
 from ..placement.scheduling import hold as book
+from .moves import reconcile, retell_ranks, stop
 
-__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "calls_off", "call_off", "disband", "refuse_scale", "blues", "spare",
+__all__ = ["BLUE_GREEN", "is_blue_green", "twin", "switch_due", "switch", "calls_off", "call_off", "called_off", "disband", "refuse_scale", "blues", "spare",
            "role", "shown_ranks"]
 
 _copy = unchecked_copy
@@ -144,6 +145,16 @@ def call_off(dep: Deployment) -> tuple[Deployment, list[str], list[Replica]]:
         ranks = ranks.assign(gid, replicas[gid].node_id, rank=spare(ranks, dep.target))
     dep = _copy(dep, replicas=replicas, ranks=ranks, blues=0)
     return dep, greens, [dep.replicas[b.replica_id] for b in moved]
+
+
+def called_off(tx: Tx, dep: Deployment) -> Deployment:
+    """A blue-green update called off (``calls_off`` said so): the greens stop (``moves.stop``), the
+    blues take their ranks back (``call_off``), the deployment is reconciled to its target, and the
+    blues given other ranks than they were told are told them again (``moves.retell_ranks``)."""
+    dep, greens, retell = call_off(dep)
+    dep = stop(tx, dep, len(greens), greens)
+    dep = reconcile(tx, dep)
+    return retell_ranks(tx, dep, retell) if retell else dep
 
 
 def disband(dep: Deployment) -> Deployment:

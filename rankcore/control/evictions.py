@@ -20,7 +20,7 @@ from ..base.commands import DropWarmCopy, EvictReplica
 from ..base.lifecycle import Phase, Residency, TierTrigger, Trigger, advance
 from ..base.records import unchecked_copy
 from ..base.transaction import Tx, put_replica
-from ..placement.scheduling import _rekind
+from ..placement.scheduling import requeue_as
 from ..tiers import devices, residency
 from .moves import reconcile
 
@@ -64,7 +64,7 @@ def carry_out(tx: Tx) -> None:
                 for rid in fresh:
                     m.set(rid, None)
                 cl.no_evict = m.finish()
-            _rekind(cl, fresh, lambda rid, old: (*old, "no_evict"))
+            requeue_as(cl, fresh, lambda rid, old: (*old, "no_evict"))
         tx.put(dep)
 
 

@@ -72,7 +72,7 @@ class Tx(Protocol):
 
     evictions: list | None
 
-__all__ = ["ClusterTx", "adopt", "clear_avoid", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "place_waiting", "unreserve", "hold", "avoid_node", "new_node"]
+__all__ = ["ClusterTx", "adopt", "clear_avoid", "requeue_as", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "place_waiting", "unreserve", "hold", "avoid_node", "new_node"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
 _INF = math.inf
@@ -124,7 +124,7 @@ def enqueue(tx: Tx, dep: Deployment, rids: Iterable[str], front: bool = False) -
         cl.queue = cl.queue + tuple(rids)
 
 
-def _rekind(cl: ClusterTx, rids: list[str], kind_of: Callable[[str, tuple], tuple]) -> None:
+def requeue_as(cl: ClusterTx, rids: list[str], kind_of: Callable[[str, tuple], tuple]) -> None:
     """Give waiting replicas ``rids`` a new kind (``kind_of(rid, old kind)``),
     keeping their places in the queue and the per-kind counts right."""
     if not any(rid in cl.queued for rid in rids):
@@ -153,7 +153,7 @@ def forget_failures(tx: Tx) -> None:
     cl.retry_at = _INF
     failed = list(cl.avoid)
     cl.avoid = immutables.Map()
-    _rekind(cl, failed, lambda rid, old: (old[0], (), *old[2:]))
+    requeue_as(cl, failed, lambda rid, old: (old[0], (), *old[2:]))
 
 
 def clear_avoid(tx: Tx, node_id: str) -> None:
@@ -165,7 +165,7 @@ def clear_avoid(tx: Tx, node_id: str) -> None:
     for rid in hit:
         rest = tuple(n for n in cl.avoid[rid] if n != node_id)
         cl.avoid = cl.avoid.set(rid, rest) if rest else cl.avoid.delete(rid)
-    _rekind(cl, hit, lambda rid, old: (old[0], cl.avoid.get(rid, ()), *old[2:]))
+    requeue_as(cl, hit, lambda rid, old: (old[0], cl.avoid.get(rid, ()), *old[2:]))
 
 
 def rekind(tx: Tx, dep: Deployment) -> None:
@@ -174,7 +174,7 @@ def rekind(tx: Tx, dep: Deployment) -> None:
     cl = tx.cl
     mine = [rid for rid in cl.queued if tx.index.get(rid) == dep.name]
     if mine:
-        _rekind(cl, mine, lambda rid, old: _kind(cl, rid, dep.resources, old[2:]))
+        requeue_as(cl, mine, lambda rid, old: _kind(cl, rid, dep.resources, old[2:]))
 
 
 def adopt(tx: Tx, names: Iterable[str]) -> None:
