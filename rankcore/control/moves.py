@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..base.books import release
 from ..base.cluster import fits
@@ -47,9 +46,6 @@ from ..placement import deadlines, gangs, restarts, static
 from ..placement.gangs import held, is_held
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking
 from ..placement.scheduling import hold as book
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "fail", "crash", "start_beside", "start_elsewhere", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "waits_in", "hold", "hold_waiting_gangs",
