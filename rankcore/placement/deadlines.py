@@ -6,7 +6,7 @@ on a node the core chose owes ``ReplicaPlaced`` within ``placement_timeout_s``
 (a caller's group has no other node to try: no deadline). A restart backoff
 (``rankcore.placement.restarts``) keeps its end in the same book. Each deadline is armed
 by the move that emits its command (``start``, ``placement``), taken off by the
-answer (``answered``) or when its replica goes (``scheduling.release``), and
+answer (``answered``) or when its replica goes (``books.release``), and
 what happens when one comes due is a rule of time (``rankcore.control.clock``).
 
 The ``ScheduleTick`` for each deadline armed in a step is emitted by the
