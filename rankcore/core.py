@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .base import unhealthy
-from .base.books import release
+from .base.books import release, tiered
 from .base.cluster import clock_work_due
 from .base.commands import ReconfigureReplica, StartReplica, StopReplica, UpdateWorldSize
 from .base.errors import InvalidEvent, InvariantViolation
@@ -211,7 +211,7 @@ def _on_replica_placed(tx: Tx, e: ReplicaPlaced, dep: Deployment, rep: Replica) 
             return finish(tx)
         raise InvalidEvent(f"ReplicaPlaced: replica {rid!r} placed on node {e.node_id!r}, which never joined the "
                            f"cluster the core places on (send NodeJoined first)")
-    if rep.node_id != e.node_id and tx.managed and devices.tiered(tx.view, dep):
+    if rep.node_id != e.node_id and tx.managed and tiered(tx.view, dep):
         # A model booked by memory runs only on the GPUs the core booked for it (rankcore.tiers.devices):
         # an incarnation elsewhere is stopped at once and replaced, as after a placement timeout.
         deadlines.answered(tx, rid)
@@ -417,7 +417,7 @@ def _adopt_gpu_memory(tx: Tx, node_id: str) -> None:
     cl = tx.cl
     for name in sorted(tx.deps.keys()):
         dep = tx.deps[name]
-        if not devices.tiered(cl, dep):
+        if not tiered(cl, dep):
             continue
         for rep in by_rank(dep, [r for r in dep.replicas.values() if r.node_id == node_id]):
             rid = rep.replica_id

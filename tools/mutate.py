@@ -252,6 +252,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 # of rankcore/invariants.py (made a no-op). The row each breaks is named in
 # ``breaks`` ("[table: row] ..."); docs/mutation-testing.md lists what killed each.
 PLACEMENT, SCHED, STATIC_ = "rankcore/placement/policies.py", "rankcore/placement/scheduling.py", "rankcore/placement/static.py"
+PLACING = "rankcore/control/placing.py"
 HEALTH, RESTARTS, STATE = "rankcore/control/health.py", "rankcore/placement/restarts.py", "rankcore/base/state.py"
 UNHEALTHY = "rankcore/base/unhealthy.py"
 EVENTS, INVARIANTS = "rankcore/base/events.py", "rankcore/invariants.py"
@@ -272,7 +273,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: spread tie-break] spread picks the node with the most free units of the main resource",
     ),
     mutation(
-        "crash-replacement-no-preferred-node", SCHED,
+        "crash-replacement-no-preferred-node", PLACING,
         "    if pref is not None and pref not in avoid and not cl.suspect(pref):\n",
         "    if False:\n",
         "[Placement: crash replacement] a replacement placed by the queue goes back to its predecessor's node when it has room",
@@ -290,7 +291,7 @@ ISSUE20_RULES: tuple[Mutation, ...] = (
         "[Placement: suspect nodes] ReplicaCrashed(cause='exited') makes the node suspect (and only that cause)",
     ),
     mutation(
-        "suspect-node-not-avoided", SCHED,
+        "suspect-node-not-avoided", PLACING,
         "    if cl.suspects:\n        healthy = [v for v in views if not cl.suspect(v.node_id)]\n",
         "    if False:\n        healthy = [v for v in views if not cl.suspect(v.node_id)]\n",
         "[Placement: suspect nodes] a suspect node is avoided while another node has room",
@@ -769,7 +770,7 @@ DEVICE_RULES: tuple[Mutation, ...] = (
              "        free_gpus(tx.cl, rep.replica_id)  # its GPU memory is free for others\n",
              "        pass\n",
              "[Tiers: sleep] a sleeping replica's GPU memory is free for another model", tests=DEVICE_TESTS),
-    mutation("devices-stopping-victim", "rankcore/placement/scheduling.py",
+    mutation("devices-stopping-victim", PLACING,
              "    chosen = devices.choose(cl, dep, rid, avoid, devices.stopping(tx))\n",
              "    chosen = devices.choose(cl, dep, rid, avoid)\n",
              "[Tiers: eviction] a replica being stopped already is no victim",

@@ -18,8 +18,9 @@ import immutables
 from .cluster import Cluster, Need, Node
 from .clustertx import ClusterTx
 from .records import updater
+from .state import Deployment
 
-__all__ = ["adjusted", "unbook", "dequeue", "holds_devices", "release_devices", "free_gpus", "release"]
+__all__ = ["tiered", "host_need", "off_device_nodes", "adjusted", "unbook", "dequeue", "holds_devices", "release_devices", "free_gpus", "release"]
 
 _with_free = updater(Node, "free", "tenants")
 
@@ -32,6 +33,24 @@ class Tx(Protocol):
 
     @property
     def view(self) -> Cluster | ClusterTx: ...
+
+
+def tiered(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
+    """``dep``'s replicas are booked by memory on device nodes (module docstring):
+    a model size, a cluster with device nodes, neither gangs nor static placement
+    (whose GPUs are placed whole; their ``model_bytes`` only sizes their moves)."""
+    return (dep.config.tier.model_bytes > 0 and bool(cl.devices) and dep.gang_size == 1
+            and dep.static is None)
+
+
+def host_need(dep: Deployment) -> Need:
+    """What a tiered replica books besides its GPU memory."""
+    return tuple((k, v) for k, v in dep.resources if k != "GPU")
+
+
+def off_device_nodes(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
+    """A deployment that counts GPUs keeps off device nodes (module docstring)."""
+    return bool(cl.devices) and not tiered(cl, dep) and any(k == "GPU" for k, _ in dep.resources)
 
 
 def adjusted(node: Node, need: Need, sign: float) -> Node:

@@ -8,7 +8,7 @@ test of one field):
 0. ``rollouts``: touched deployments with a rollout under way retire the outdated
    replicas they may now (``rollouts.advance_touched``);
 1. ``place_waiting``: the waiting queue is walked once every release of the
-   step is done (``scheduling.place_waiting``; only when the step opened the
+   step is done (``placing.place_waiting``; only when the step opened the
    cluster's working copy and someone waits, not blocked);
 2. ``wakes``: sleeping replicas that wait for GPU room on their node try again
    (``evictions.retry_wakes``); ``evictions``: the evictions chosen in the
@@ -39,8 +39,8 @@ from collections.abc import Callable
 from ..base.state import RecoveryOutcome, Step
 from ..base.transaction import Tx, build
 from ..placement import deadlines, demand, gangs, spares
-from ..placement.scheduling import place_waiting
 from . import configs, deletion, evictions, moves, proxies, rollouts
+from .placing import place_waiting
 
 __all__ = ["PASSES", "finish"]
 

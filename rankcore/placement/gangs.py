@@ -4,7 +4,7 @@ A deployment with ``gang_size = k`` has gangs of k replicas: gang g holds the
 global ranks ``g*k .. g*k+k-1`` (``rankcore.base.gangmap``: the numbering and the
 ``GangContext`` record). Its target is a multiple of k (``check_scale``), a
 downscale removes whole gangs from the top (``moves.stop``), and the core
-places a gang all or nothing (``scheduling.place_waiting`` with
+places a gang all or nothing (``placing.place_waiting`` with
 ``placement.choose_gang``). The rules here, each in one function:
 
 * ``restarted_with``: who dies with a member (``rankcore.control.moves.fail``

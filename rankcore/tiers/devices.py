@@ -39,6 +39,7 @@ from typing import Any
 
 import attrs
 
+from ..base.books import host_need, tiered
 from ..base.cluster import Cluster, Need, fits
 from ..base.clustertx import ClusterTx
 from ..base.errors import InvalidEvent
@@ -47,34 +48,16 @@ from ..base.state import Deployment
 from . import choice as tiers
 from .choice import CacheEntry, NodeTiers, Resident, TierPlacement, Want
 
-__all__ = ["tiered", "gpus_of", "host_need", "device_bytes", "off_device_nodes", "want", "node_views", "choose", "book",
+__all__ = ["gpus_of", "device_bytes", "want", "node_views", "choose", "book",
            "take_cache", "evict", "start_evictions", "wake_room", "warm_here", "comes_of_age", "stopping", "adopt", "forget_copy",
            "check_same_model", "joined", "node_lost",
            "views_of", "recovered"]
-
-
-def tiered(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
-    """``dep``'s replicas are booked by memory on device nodes (module docstring):
-    a model size, a cluster with device nodes, neither gangs nor static placement
-    (whose GPUs are placed whole; their ``model_bytes`` only sizes their moves)."""
-    return (dep.config.tier.model_bytes > 0 and bool(cl.devices) and dep.gang_size == 1
-            and dep.static is None)
 
 
 def gpus_of(dep: Deployment | Any) -> int:
     """The GPUs one replica spans (its ``GPU`` resource, 1 when it names none)."""
     gpus = dict(dep.resources).get("GPU")
     return int(gpus) if gpus else 1
-
-
-def host_need(dep: Deployment) -> Need:
-    """What a tiered replica books besides its GPU memory."""
-    return tuple((k, v) for k, v in dep.resources if k != "GPU")
-
-
-def off_device_nodes(cl: Cluster | ClusterTx, dep: Deployment) -> bool:
-    """A deployment that counts GPUs keeps off device nodes (module docstring)."""
-    return bool(cl.devices) and not tiered(cl, dep) and any(k == "GPU" for k, _ in dep.resources)
 
 
 def device_bytes(t: Any) -> int:

@@ -166,9 +166,11 @@ def test_internal_modules_say_they_are_internal():
 
 
 #: rankcore's folders, bottom to top (docs/architecture.md, "The planes"): a module may import its own
-#: folder and the folders beneath it. The request plane stands on the floor alone, and only the top
-#: (the step, the public modules) imports it.
-LAYERS = {"base": 0, "tiers": 1, "placement": 2, "control": 3, "requests": 1, "": 4}
+#: folder and the folders beneath it, never a sibling: placement and tiers stand side by side on the
+#: floor (what both need is on the floor; the walk that needs both, ``control.placing``, is above
+#: them). The request plane stands on the floor alone, and only the top (the step, the public
+#: modules) imports it.
+LAYERS = {"base": 0, "tiers": 1, "placement": 1, "control": 2, "requests": 1, "": 3}
 
 
 def _layer(module: str) -> str:
@@ -183,15 +185,15 @@ def _crossings(graph: dict[str, set[str]]) -> list[str]:
             la, lb = _layer(a), _layer(b)
             if b == "rankcore" or la == lb or not b.startswith("rankcore."):
                 continue
-            if LAYERS[lb] > LAYERS[la] or (lb == "requests" and la != "") or (la == "requests" and lb != "base"):
+            if LAYERS[lb] >= LAYERS[la] or (lb == "requests" and la != "") or (la == "requests" and lb != "base"):
                 bad.append(f"{a} -> {b}")
     return sorted(bad)
 
 
 def test_the_planes_import_one_way():
-    """base (the floor: records, events, the step's transaction and the cluster's books) <- tiers
-    <- placement <- control <- the step (core, fast paths) and the public modules; requests <- base
-    only, imported by the top only. A crash enters at ``control.moves.fail`` and walks down."""
+    """base (the floor: records, events, the step's transaction and the cluster's books) <- tiers and
+    placement, side by side <- control <- the step (core, fast paths) and the public modules; requests
+    <- base only, imported by the top only. A crash enters at ``control.moves.fail`` and walks down."""
     graph = _graph("rankcore")
     assert {_layer(m) for m in graph} == set(LAYERS)
     assert _crossings(graph) == []
@@ -202,11 +204,14 @@ def test_the_layer_check_sees_a_base_module_importing_a_plane():
              "rankcore.control.moves": {"rankcore.core"}, "rankcore.core": {"rankcore.control.moves"},
              "rankcore.placement.gangs": {"rankcore.control.moves", "rankcore.tiers.devices"},
              "rankcore.tiers.devices": {"rankcore.placement.scheduling", "rankcore.base.cluster"},
+             "rankcore.placement.scheduling": {"rankcore.tiers.choice", "rankcore.base.books"},
              "rankcore.control.pool": {"rankcore.requests.records"}, "rankcore.requests.queue": {"rankcore.tiers.choice"}}
     assert _crossings(graph) == ["rankcore.base.state -> rankcore.placement.policies",
                                  "rankcore.control.moves -> rankcore.core",
                                  "rankcore.control.pool -> rankcore.requests.records",
                                  "rankcore.placement.gangs -> rankcore.control.moves",
+                                 "rankcore.placement.gangs -> rankcore.tiers.devices",
+                                 "rankcore.placement.scheduling -> rankcore.tiers.choice",
                                  "rankcore.requests.machine -> rankcore.control.pool",
                                  "rankcore.requests.queue -> rankcore.tiers.choice",
                                  "rankcore.tiers.devices -> rankcore.placement.scheduling"]

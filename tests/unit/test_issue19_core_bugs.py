@@ -254,17 +254,17 @@ def test_a_start_latency_equal_to_the_start_timeout_warns() -> None:
 
 # ------------------------------------------------------------------ bug 8
 def _count_choices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every node choice the queue pass makes (``scheduling._choose``), by replica."""
-    from rankcore.placement import scheduling
+    """Every node choice the queue pass makes (``placing._choose``), by replica."""
+    from rankcore.control import placing
 
     seen: list[str] = []
-    real = scheduling._choose
+    real = placing._choose
 
     def counting(cl, dep, rid, *rest):  # type: ignore[no-untyped-def]
         seen.append(rid)
         return real(cl, dep, rid, *rest)
 
-    monkeypatch.setattr(scheduling, "_choose", counting)
+    monkeypatch.setattr(placing, "_choose", counting)
     return seen
 
 
