@@ -47,7 +47,7 @@ from ..placement.gangs import held, is_held
 from ..placement.scheduling import announce_booking, avoid_node, enqueue, keep_booking
 from ..placement.scheduling import hold as book
 
-__all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "fail", "crash", "start_beside", "start_elsewhere", "succeed_retired", "start_delayed", "compaction_due", "compact",
+__all__ = ["start", "stop", "reconcile", "check_scale", "retell_ranks", "scale", "fail", "restart_together", "crash", "start_beside", "start_elsewhere", "succeed_retired", "start_delayed", "compaction_due", "compact",
            "compact_touched", "waits_in", "hold", "hold_waiting_gangs",
            "start_waiting"]
 
@@ -251,11 +251,15 @@ def fail(tx: Tx, dep: Deployment, rep: Replica) -> Deployment:
     replaced (``crash``), walking down from here: ``crash`` asks static placement
     (``static.crash``) and the books beneath, none of which calls back up."""
     members = gangs.restarted_with(tx, dep, rep)
-    if members is None:
-        return crash(tx, dep, rep)
+    return crash(tx, dep, rep) if members is None else restart_together(tx, dep, members)
+
+
+def restart_together(tx: Tx, dep: Deployment, members: Iterable[tuple[Replica, bool]]) -> Deployment:
+    """Gang members restarted together, in the order given: each one alive is stopped at once
+    (``alive``), and each is replaced on its rank (``crash``)."""
     for member, alive in members:
         if alive:
-            tx.emit(stop_command(dep, member.replica_id, now=True))  # restarted with its gang
+            tx.emit(stop_command(dep, member.replica_id, now=True))
         dep = crash(tx, dep, member)
     return dep
 

@@ -26,9 +26,10 @@ from ..base.commands import PlaceReplica
 from ..base.errors import InvariantViolation
 from ..base.records import maker, updater
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx
 from ..placement import deadlines
 from ..placement.policies import NodeView, choose_gang, choose_node
-from ..placement.scheduling import Tx, hold
+from ..placement.scheduling import hold
 from ..tiers import devices
 from ..tiers.choice import Choice, Tier, TierPlacement
 

@@ -64,7 +64,7 @@ from ..placement import deadlines, gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
 from . import autoscaling, bluegreen, proxies, rollouts
-from .moves import crash, hold_waiting_gangs, reconcile, start, stop
+from .moves import hold_waiting_gangs, reconcile, restart_together, start, stop
 
 __all__ = ["rebuild", "unresponsive_gone"]
 
@@ -522,10 +522,7 @@ def _restart_cut_short(tx: Tx, names: Iterable[str]) -> None:
         dep = tx.deps[name]
         if dep.gang_size <= 1:
             continue
-        for rep in gangs.cut_short(tx, dep):
-            tx.emit(stop_command(dep, rep.replica_id, now=True))
-            dep = crash(tx, dep, rep)
-        tx.put(dep)
+        tx.put(restart_together(tx, dep, ((rep, True) for rep in gangs.cut_short(tx, dep))))
         gangs.starts_in_rank_order(tx, name)
 
 

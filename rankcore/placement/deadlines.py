@@ -21,32 +21,18 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import immutables
 
 from ..base.cluster import Cluster
 from ..base.clustertx import ClusterTx
 from ..base.state import Deployment
+from ..base.transaction import Tx
 
 __all__ = ["start_timeout", "placement_timeout", "with_deadline", "disarm", "arm", "start", "placement",
            "answered", "expired", "ticks"]
 
 _INF = math.inf
-
-
-class Tx(Protocol):
-    """What these moves need of ``rankcore.base.transaction.Tx``."""
-
-    @property
-    def cl(self) -> ClusterTx: ...
-
-    @property
-    def view(self) -> Cluster | ClusterTx: ...
-
-    armed: list[float] | None
-
-    def tick_at(self, at: float) -> None: ...
 
 
 def start_timeout(dep: Deployment) -> float | None:

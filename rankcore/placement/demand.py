@@ -38,30 +38,18 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import immutables
 
 from ..base.cluster import Cluster, Need
 from ..base.clustertx import ClusterTx
 from ..base.commands import RequestResources
+from ..base.transaction import Tx
 
 __all__ = ["Demand", "demand", "waiting", "held", "announce", "tell"]
 
 #: (waiting shapes with their counts, held bundles), both sorted: ``RequestResources``' two fields
 Demand = tuple[tuple[tuple[Need, int], ...], tuple[Need, ...]]
 _NONE: Demand = ((), ())
-
-
-class Tx(Protocol):
-    """What this pass needs of ``rankcore.base.transaction.Tx``."""
-
-    cluster: Cluster
-
-    @property
-    def working(self) -> ClusterTx | None: ...
-
-    def emit(self, cmd: object) -> None: ...
 
 
 def waiting(cl: Cluster | ClusterTx) -> tuple[tuple[Need, int], ...]:

@@ -31,9 +31,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 import math
-from typing import Protocol, cast
-
-import immutables
+from typing import cast
 
 from ..base.cluster import Cluster
 from ..base.clustertx import ClusterTx
@@ -44,23 +42,13 @@ from ..base.gangmap import GANG_FAILURES, GANG_PLACEMENTS, GangContext, gang_id,
 from ..base.lifecycle import Phase
 from ..base.records import unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx
 
 __all__ = ["GangContext", "GANG_PLACEMENTS", "GANG_FAILURES", "gang_id", "gang_index", "gang_ranks",
            "restarted_with", "held", "is_held", "tell", "cut_short", "starts_in_rank_order", "check_scale",
            "check_same_shape"]
 
 _copy = unchecked_copy  # rankcore.base.records: not validated, no per-call introspection
-
-
-class Tx(Protocol):
-    """What these rules need of ``rankcore.base.transaction.Tx``."""
-
-    @property
-    def view(self) -> Cluster | ClusterTx: ...
-
-    deps: immutables.Map
-    commands: list
-    gangs: set[str] | None
 
 
 def restarted_with(tx: Tx, dep: Deployment, rep: Replica) -> list[tuple[Replica, bool]] | None:

@@ -21,31 +21,18 @@ makes it FAILED: nothing was started, nothing is stopped).
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from ..base import unhealthy
-from ..base.clustertx import ClusterTx
 from ..base.commands import StartReplica
 from ..base.lifecycle import Phase
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx
 
 __all__ = ["FAILED_START_CAUSES", "failed_start", "started", "backoff_s", "doubling", "defer", "release"]
 
 #: what makes a crash a failed start (of a replica still starting): its code raised, or it hung
 FAILED_START_CAUSES = frozenset({"error", "start_timeout"})
 _Start = maker(StartReplica)
-
-
-class Tx(Protocol):
-    """What these moves need of ``rankcore.base.transaction.Tx``."""
-
-    @property
-    def cl(self) -> ClusterTx: ...
-
-    def emit(self, cmd: object) -> None: ...
-
-    def tick_at(self, at: float) -> None: ...
 
 
 #: how much of a failed start's reason the deployment keeps (its status message shows it)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 import immutables
 
@@ -39,35 +38,8 @@ from ..base.errors import InvariantViolation
 from ..base.lifecycle import Phase
 from ..base.records import maker, unchecked_copy
 from ..base.state import Deployment, Replica
+from ..base.transaction import Tx
 from . import deadlines
-
-
-class Tx(Protocol):
-    """What these moves need of ``rankcore.base.transaction.Tx`` (which builds on this module)."""
-
-    @property
-    def cl(self) -> ClusterTx: ...
-
-    @property
-    def view(self) -> Cluster | ClusterTx: ...
-
-    @property
-    def working(self) -> ClusterTx | None: ...
-
-    cluster: Cluster
-
-    deps: immutables.Map
-    index: immutables.Map
-
-    def emit(self, cmd: object) -> None: ...
-
-    def put(self, dep: Deployment) -> None: ...
-
-    armed: list[float] | None
-
-    def tick_at(self, at: float) -> None: ...
-
-    evictions: list | None
 
 __all__ = ["ClusterTx", "adopt", "clear_avoid", "requeue_as", "keep_booking", "booking_to_pass", "announce_booking", "enqueue", "rekind", "forget_failures", "unreserve", "hold", "avoid_node", "new_node"]
 

@@ -18,26 +18,15 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
-import immutables
+from typing import TYPE_CHECKING
 
 from ..base.commands import KeepSpareProcesses
+from ..base.transaction import Tx
 
 if TYPE_CHECKING:
     from ..base.state import Deployment
 
 __all__ = ["wanted", "told", "announce", "asks"]
-
-
-class Tx(Protocol):
-    """What the pass needs of a step in progress (``transaction.Tx``, which calls it)."""
-
-    initial: immutables.Map  # the deployments as the step found them
-    deps: immutables.Map
-    touched: set[str]
-
-    def emit(self, cmd: object) -> None: ...
 
 
 def wanted(dep: Deployment | None) -> dict[str, int]:
