@@ -184,6 +184,7 @@ _COMMAND_FIELDS = {
     "ScheduleTick": ({}, {"at": "num"}),
     "KeepSpareProcesses": ({"deployment": "str"}, {"node_id": "str", "count": "int"}),
     "GangChanged": ({"deployment": "str"}, {"gang_id": "str", "members": "list"}),
+    "ReformGroup": ({"replica": "str", "deployment": "str"}, {"group": "dict"}),
     "OffloadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "LoadReplica": ({"replica": "str", "deployment": "str"}, {}),
     "UpdateWeights": ({"replica": "str", "deployment": "str"}, {"version": "int"}),

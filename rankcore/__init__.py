@@ -36,6 +36,7 @@ from .base.commands import (
     PoolCommand,
     PoolReset,
     ReconfigureReplica,
+    ReformGroup,
     ReplicaModels,
     RequestResources,
     ScheduleTick,
@@ -104,6 +105,7 @@ from .base.events import (
 )
 from .base.fields import shown
 from .base.gangmap import GangContext
+from .base.groupmap import GroupContext
 from .base.lifecycle import LIVE, Phase, Residency
 from .base.options import DeploymentConfig, Options
 from .base.proxybook import PROXY_LOCATIONS, Proxy, ProxyBook, ProxyLocation, ProxyOptions, ProxyPhase
@@ -136,7 +138,7 @@ __all__ = [
     "NodeJoined", "NodeCapacityChanged", "PlacementFailed", "Tick", "PlaceReplica", "ScheduleTick", "cluster",
     "ReplicaReport", "ControllerRecovered", "UnresponsiveReplica", "WarmCopy", "Event", "UNKNOWN", "OUTDATED", "DEFAULT_MAX_REPLICAS",
     "StartReplica", "InitializeReplica", "ReconfigureReplica", "StopReplica",
-    "UpdateWorldSize", "UpdateHealthChecks", "Command", "GangChanged", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
+    "UpdateWorldSize", "UpdateHealthChecks", "Command", "GangChanged", "ReformGroup", "GroupContext", "KeepSpareProcesses", "GangContext", "BundlesPlaced", "StaticPlacement",
     "consecutive_mapping", "gangs", "static", "tiers",
     "SleepRequested", "WakeRequested", "WeightsPushed", "TierMoved", "TierMoveFailed", "WeightsUpdated",
     "OffloadReplica", "LoadReplica", "UpdateWeights", "EvictReplica", "DropWarmCopy", "RequestResources", "PoolChanged", "PoolReset", "PoolComing", "PoolCommand", "PoolView", "Residency",

@@ -84,9 +84,10 @@ def _plain(state: State, rid: str) -> tuple[str, Deployment, Replica, Cluster] |
     if cl.queue and cl.blocked is None:
         return None
     dep = state.deployments[name]
-    if dep.deleting or dep.rolling or not configs.settled(dep):
+    if dep.deleting or dep.rolling or dep.collective_group or not configs.settled(dep):
         return None  # (its record may go in this step: rankcore.control.deletion's end-of-step pass; a rollout's
-        # pass; a new user_config still reaching replicas: rankcore.control.configs's pass)
+        # pass; a collective group's: rankcore.control.groups; a new user_config still reaching replicas:
+        # rankcore.control.configs's pass)
     return name, dep, dep.replicas[rid], cl
 
 

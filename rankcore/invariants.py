@@ -26,6 +26,7 @@ from .base.commands import (
     OffloadReplica,
     PlaceReplica,
     ReconfigureReplica,
+    ReformGroup,
     RequestResources,
     ScheduleTick,
     StartProxy,
@@ -926,6 +927,70 @@ def check_gangs_told(before: State, event: object, result: Step) -> None:
                   f"(GangChanged with members {list(members)}; sent: {told.get(key)})")
 
 
+def check_groups(before: State, event: object, result: Step) -> None:
+    """Collective groups (rankcore.control.groups): an epoch never falls, and members never change
+    without it rising; a rise tells every member of the new epoch once (``ReformGroup``), all
+    agreeing on the epoch, world size and ranks, each on its own rank, each up (running) and holding
+    that rank; the previous epoch and rank each is told are the group's before the step. (A
+    recovery rebuilds its groups from the reports: it may start at any epoch without telling.)"""
+    sent: dict[tuple[str, str], list[ReformGroup]] = {}
+    for c in result.commands:
+        if isinstance(c, ReformGroup):
+            sent.setdefault((c.deployment, c.group.group_id), []).append(c)
+    recovering = isinstance(event, ControllerRecovered)
+    for name, dep in result.state.deployments.items():
+        old = before.deployments.get(name)
+        old_groups = old.groups if old is not None else None
+        if dep.groups is old_groups or (not dep.groups and not old_groups):
+            continue
+        for gid, g in dep.groups.items():
+            prior = old_groups.get(gid) if old_groups is not None else None
+            if prior is not None and not recovering:
+                if g.epoch < prior.epoch:
+                    _fail(f"{name}: group {gid}'s epoch fell {prior.epoch} -> {g.epoch}")
+                if g.epoch == prior.epoch and (g.members, g.told) != (prior.members, prior.told):
+                    _fail(f"{name}: group {gid}'s members changed within epoch {g.epoch}: "
+                          f"{list(prior.members)} -> {list(g.members)}")
+            rose = g.epoch > (prior.epoch if prior is not None else 0)
+            if rose and not recovering and (name, gid) not in sent:
+                _fail(f"{name}: group {gid} rose to epoch {g.epoch} and no member was told (ReformGroup)")
+    for (name, gid), cmds in sorted(sent.items()):
+        dep = result.state.deployments.get(name)
+        g = dep.groups.get(gid) if dep is not None else None
+        if g is None:
+            _fail(f"{name}: ReformGroup for group {gid}, which the state does not hold")
+            return
+        old = before.deployments.get(name)
+        prior = old.groups.get(gid) if old is not None else None
+        if prior is not None and g.epoch <= prior.epoch:
+            _fail(f"{name}: ReformGroup for group {gid} at epoch {g.epoch}, not above {prior.epoch}")
+        told = [c.replica_id for c in cmds]
+        if sorted(told) != sorted(g.members) or len(set(told)) != len(told):
+            _fail(f"{name}: group {gid} epoch {g.epoch} told {told}; its members are {list(g.members)} (each once)")
+        base = min((dep.ranks.global_rank(m) for m in g.members), default=0)
+        for c in cmds:
+            ctx = c.group
+            if (ctx.epoch, ctx.members, ctx.world_size) != (g.epoch, g.members, len(g.members)):
+                _fail(f"{name}: {c.replica_id} told epoch {ctx.epoch} of {list(ctx.members)} (world "
+                      f"{ctx.world_size}); the group's epoch {g.epoch} has {list(g.members)}")
+            if g.members[ctx.rank] != c.replica_id:
+                _fail(f"{name}: {c.replica_id} told rank {ctx.rank} in group {gid}, held by {g.members[ctx.rank]}")
+            rep = dep.replicas.get(c.replica_id)
+            if rep is None or rep.phase not in (Phase.RUNNING, Phase.RECONFIGURING):
+                _fail(f"{name}: {c.replica_id} told group {gid}'s epoch {g.epoch} while not running "
+                      f"({rep.phase.value if rep is not None else 'gone'}): a re-form waits for every member")
+                return
+            if dep.ranks.global_rank(c.replica_id) != base + ctx.rank:
+                _fail(f"{name}: {c.replica_id} holds global rank {dep.ranks.global_rank(c.replica_id)}, told rank "
+                      f"{ctx.rank} of group {gid} (from {base})")
+            was = prior.members.index(c.replica_id) if prior is not None and c.replica_id in prior.members else None
+            if recovering:  # (the group before the re-form is the one rebuilt from the reports, not ``before``'s)
+                was = ctx.previous_rank
+            if (ctx.previous_epoch, ctx.previous_rank) != (g.epoch - 1, was):
+                _fail(f"{name}: {c.replica_id} told previous epoch/rank ({ctx.previous_epoch}, {ctx.previous_rank}); "
+                      f"the group's were ({g.epoch - 1}, {was})")
+
+
 def check_gang_downscale_whole(before: State, event: object, result: Step) -> None:
     """A step that lowers a gang deployment's target takes whole gangs out of service
     (``moves.stop``), or a member would wait on mates that are gone: of each gang's members
@@ -1128,6 +1193,7 @@ def check_step(before: State, event: object, result: Step, *, full: bool = False
     check_compact_only_when_healthy(before, event, result)
     check_command_order(before, event, result)
     check_gangs_told(before, event, result)
+    check_groups(before, event, result)
     check_gang_downscale_whole(before, event, result)
     check_spares_told(before, event, result)
     check_placements(before, event, result)
@@ -1175,6 +1241,7 @@ def reports_from(state: State) -> ControllerRecovered:
                     devices=state.cluster.hot[rid][1].devices if rid in state.cluster.hot else (),
                     revision=rep.revision,
                     models=rep.models,
+                    **_group_report(dep, rid),
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
@@ -1190,6 +1257,14 @@ def reports_from(state: State) -> ControllerRecovered:
                                devices=tuple(d.memory for d in state.cluster.devices.get(n.node_id, ())),
                                cpu_cache_bytes=state.cluster.cache_budget.get(n.node_id, 0)) for n in nodes),
         **proxies_from(state))
+
+
+def _group_report(dep: Deployment, rid: str) -> dict[str, Any]:
+    """What a replica reports of its collective group: the epoch it was last told, if any."""
+    for gid, g in dep.groups.items():
+        if rid in g.members:
+            return {"group_id": gid, "group_epoch": g.epoch, "group_members": g.members}
+    return {}
 
 
 def proxies_from(state: State) -> dict[str, Any]:

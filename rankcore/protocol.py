@@ -10,6 +10,7 @@
 | UpdateHealthChecks   | nothing                                       |
 | PlaceReplica         | ReplicaPlaced (or PlacementFailed, ReplicaCrashed) |
 | GangChanged          | nothing                                       |
+| ReformGroup          | nothing                                       |
 | KeepSpareProcesses   | nothing                                       |
 | OffloadReplica       | TierMoved(tier="warm") (or TierMoveFailed)    |
 | LoadReplica          | TierMoved(tier="hot") (or TierMoveFailed)     |

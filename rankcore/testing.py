@@ -410,6 +410,8 @@ class _DeploymentRules(_Harness):
         fields["version"] = data.draw(st.sampled_from([None, None, "v1", "v2"]), label="version")
         fields["max_unavailable"] = data.draw(st.sampled_from([0.2, 0.5, 1, 2, 3]), label="max unavailable")
         fields["max_surge"] = data.draw(st.sampled_from([0, 0, 1, 2, 0.5]), label="max surge")
+        # (a collective group: every step then checks its epochs, rankcore.invariants.check_groups)
+        fields["collective_group"] = data.draw(st.booleans(), label="collective group")
         if self.opts.groups and name == GANGS:
             fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                           gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))

@@ -149,7 +149,7 @@ class SimReplica:
     __slots__ = ("replica_id", "deployment", "phase", "node", "rank", "global_rank", "world_size",
                  "user_config", "version", "lineage", "gpus", "epoch", "target", "gang", "checks", "hung",
                  "tier", "weights", "link", "held_updates", "devices", "per_device", "source", "evict_to",
-                 "asked_at", "hot_at", "placed_at", "revision", "models", "reserved")
+                 "asked_at", "hot_at", "placed_at", "revision", "models", "reserved", "group")
 
     def __init__(self, cmd: rc.StartReplica, gpus: float, epoch: int) -> None:
         self.replica_id = cmd.replica_id
@@ -170,6 +170,7 @@ class SimReplica:
         #: has not been initialised: the old controller's choice, which the new one keeps)
         self.reserved: rc.ReplicaRank | None = None
         self.gang: rc.GangContext | None = cmd.gang  # its context's gang (GangChanged updates the members)
+        self.group: rc.GroupContext | None = None  # its collective group's epoch, as ReformGroup last told it
         self.checks = (rc.options.HEALTH_CHECK_PERIOD_S, rc.options.HEALTH_CHECK_TIMEOUT_S)  # InitializeReplica's
         self.hung = False  # it stopped answering (a ``hang`` action): its health checks fail
         self.tier = "hot"  # where its weights are: "hot" (its GPU) or "warm" (CPU memory, asleep)
@@ -215,6 +216,8 @@ class SimReplica:
             devices=self.devices if self.tier == "hot" and self.node is not None else (),
             revision=self.revision,
             models=self.models,
+            **({"group_id": self.group.group_id, "group_epoch": self.group.epoch, "group_members": self.group.members}
+               if self.group is not None else {}),
         )
 
 
@@ -251,6 +254,10 @@ class SimBackend:
         self._epochs = 0  # unique over the run, so no two incarnations share one
         #: replicas whose gang-change hook ran (``on_gang_changed`` on Ray): one per running member told
         self.gang_hooks = 0
+        #: collective-group re-forms carried out (``ReformGroup``), and of those the members that re-formed
+        #: in place (kept their process and rank: ``GroupContext.in_place``)
+        self.reforms = 0
+        self.reformed_in_place = 0
         #: (deployment, global rank its context says) -> replica ids: ``holder`` without a scan
         self._by_rank: dict[tuple[str, int | None], set[str]] = {}
         self._gpu_of: dict[str, float] = {}  # deployment -> GPUs a replica takes (the scenario's)
@@ -320,6 +327,15 @@ class SimBackend:
                                         gang_size=r.gang.gang_size, members=cmd.members)
                 if r.phase in ("running", "reconfiguring"):
                     self.gang_hooks += 1
+
+    def _reform_group(self, cmd: rc.ReformGroup) -> None:
+        """A live member's context shows its group's new epoch (Ray: the replica's ``group``, which
+        ``executors.ray_gpu.collective`` re-forms from), counted in ``reforms`` / ``reformed_in_place``."""
+        r = self.replicas.get(cmd.replica_id)
+        if r is not None and r.alive:
+            r.group = cmd.group
+            self.reforms += 1
+            self.reformed_in_place += cmd.group.in_place
 
     def _request_resources(self, cmd: rc.RequestResources) -> None:
         if self.provisioner is not None:
@@ -874,7 +890,8 @@ CARRIES: dict[type, Callable[[SimBackend, Any], None]] = {
     rc.InitializeReplica: SimBackend._initialize, rc.ReconfigureReplica: SimBackend._reconfigure,
     rc.StopReplica: SimBackend._stop, rc.UpdateWorldSize: SimBackend._world_size,
     rc.UpdateHealthChecks: SimBackend._health_checks, rc.ScheduleTick: SimBackend._schedule_tick,
-    rc.GangChanged: SimBackend._gang_changed, rc.KeepSpareProcesses: SimBackend._keep_spares,
+    rc.GangChanged: SimBackend._gang_changed, rc.ReformGroup: SimBackend._reform_group,
+    rc.KeepSpareProcesses: SimBackend._keep_spares,
     rc.OffloadReplica: SimBackend._offload, rc.LoadReplica: SimBackend._load, rc.UpdateWeights: SimBackend._update,
     rc.EvictReplica: SimBackend._evict, rc.DropWarmCopy: SimBackend._drop_copy,
     rc.RequestResources: SimBackend._request_resources, rc.StartProxy: SimBackend._proxy,

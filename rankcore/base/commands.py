@@ -21,6 +21,7 @@ import attrs
 from . import fields as f
 from .errors import InvalidConfig
 from .gangmap import GangContext
+from .groupmap import GroupContext
 from .options import (
     GRACEFUL_SHUTDOWN_TIMEOUT_S,
     GRACEFUL_SHUTDOWN_WAIT_LOOP_S,
@@ -39,6 +40,7 @@ __all__ = [
     "PlaceReplica",
     "ScheduleTick",
     "GangChanged",
+    "ReformGroup",
     "KeepSpareProcesses",
     "OffloadReplica",
     "LoadReplica",
@@ -203,6 +205,18 @@ class GangChanged:
     deployment: str = attrs.field(validator=f.name)
     gang_id: str = attrs.field(validator=f.name)
     members: tuple[str, ...] = attrs.field(converter=f.to_tuple, validator=f.names)
+
+
+@attrs.frozen(kw_only=True)
+class ReformGroup:
+    """Replica ``replica_id`` is a member of its collective group's new epoch (``group``: the epoch,
+    its rank, the world size, the members): it leaves its group of any older epoch and joins this
+    one (rankcore.control.groups). Sent once per member per epoch, and only when every member of
+    the epoch is running. No answer: a member that cannot join fails its own way (a crash)."""
+
+    replica_id: str = attrs.field(validator=f.name)
+    deployment: str = attrs.field(validator=f.name)
+    group: GroupContext
 
 
 @attrs.frozen(kw_only=True)
@@ -400,7 +414,7 @@ class StopProxy:
 
 Command = Union[StartReplica, InitializeReplica, ReconfigureReplica, StopReplica, UpdateWorldSize, UpdateHealthChecks,
                 PlaceReplica,
-                ScheduleTick, GangChanged, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
+                ScheduleTick, GangChanged, ReformGroup, KeepSpareProcesses, OffloadReplica, LoadReplica, UpdateWeights,
                 EvictReplica, DropWarmCopy, RequestResources, StartProxy, DrainProxy, StopProxy]
 #: what ``Step.pool`` holds: the request path's commands (``rankcore.control.pool``), apart from the replicas'
 PoolCommand = Union[PoolChanged, PoolReset, PoolComing, ReplicaModels]

@@ -524,6 +524,11 @@ class ReplicaReport:
     revision: str | None = attrs.field(default=None, validator=attrs.validators.optional(f.text))
     #: the multiplexed models it holds or loads (``ModelsReported``): kept on its record again
     models: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.model_ids)
+    #: the collective group's epoch it was last told (``ReformGroup``; rankcore.control.groups): its
+    #: group's id, the epoch (0: none) and that epoch's members in rank order
+    group_id: str | None = attrs.field(default=None, validator=f.optional_name)
+    group_epoch: int = attrs.field(default=0, validator=f.order)
+    group_members: tuple[str, ...] = attrs.field(default=(), converter=f.to_tuple, validator=f.names)
 
     @devices.validator
     def _check_devices(self, attribute: attrs.Attribute, value: Any) -> None:

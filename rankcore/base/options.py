@@ -2,8 +2,8 @@
 
 ``DeploymentConfig`` holds one frozen group per subject: ``scheduling`` (what a replica
 reserves, the placement policy, the placement timeout), ``start`` (start timeout, restart
-backoff, retries), ``health``, ``shutdown``, ``static`` (static placement), ``gang`` and
-``spares``, ``tier``, ``requests`` and ``autoscaling`` (rankcore.control.autoscaling). Every leaf keeps Ray
+backoff, retries), ``health``, ``shutdown``, ``static`` (static placement), ``gang``, ``group``
+(collective groups) and ``spares``, ``tier``, ``requests`` and ``autoscaling`` (rankcore.control.autoscaling). Every leaf keeps Ray
 Serve's flat name where Ray Serve has the option, and leaf names are unique across
 groups, so every surface spells an option by its leaf name: ``DeploymentApplied(gang_size=2)``,
 ``@deployment(health_check_period_s=5)``, a scenario's ``deployments.llm.restart_backoff_s``.
@@ -31,7 +31,7 @@ from .gangmap import GANG_FAILURES, GANG_PLACEMENTS
 
 __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
-    "StaticOptions", "GangOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
+    "StaticOptions", "GangOptions", "GroupOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
     "RolloutOptions", "MAX_UNAVAILABLE",
     "AGGREGATION_FUNCTIONS", "Spelling", "Options", "POLICIES",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
@@ -229,6 +229,16 @@ class GangOptions:
 
 
 @attrs.frozen(kw_only=True)
+class GroupOptions:
+    """Collective groups (rankcore.control.groups): an epoch per group, raised when its members change."""
+
+    collective_group: bool = _option(
+        False, f.flag,
+        "the replicas form one collective group (a gang deployment: one per gang): an epoch raised whenever its "
+        "members change, each running member told once per epoch (ReformGroup), survivors re-forming in place")
+
+
+@attrs.frozen(kw_only=True)
 class SpareOptions:
     """Spare worker processes (rankcore.placement.spares)."""
 
@@ -398,6 +408,7 @@ class DeploymentConfig:
     shutdown: ShutdownOptions = attrs.field(factory=ShutdownOptions, validator=_group)
     static: StaticOptions = attrs.field(factory=StaticOptions, validator=_group)
     gang: GangOptions = attrs.field(factory=GangOptions, validator=_group)
+    group: GroupOptions = attrs.field(factory=GroupOptions, validator=_group)
     spares: SpareOptions = attrs.field(factory=SpareOptions, validator=_group)
     tier: TierOptions = attrs.field(factory=TierOptions, validator=_group)
     requests: RequestOptions = attrs.field(factory=RequestOptions, validator=_group)

@@ -181,6 +181,9 @@ class Deployment:
     #: blue-green: the blue replicas (``Replica.blue_ranks``) still serving; while there are any, only they serve
     #: (the new set stands by: rankcore.tiers.residency.serving) and none counts towards the target
     blues: int = 0
+    #: collective groups (``collective_group``; rankcore.control.groups): group id (the deployment's
+    #: name, or a gang's id) -> its ``Group``, the epoch and the members it was formed with
+    groups: immutables.Map = attrs.field(factory=immutables.Map)
 
     if TYPE_CHECKING:  # the flat reads of the options, generated below
         def __getattr__(self, name: str) -> Any: ...

@@ -17,14 +17,17 @@ test of one field):
 4. ``gangs``: gang members started this step are told their gang (``gangs.tell``);
 5. ``compaction``: each touched deployment that is healthy with holes in its
    ranks is compacted (``moves.compact_touched``);
-6. ``deletions``: deployments being deleted whose last replica has gone leave,
+6. ``groups``: each collective group of a touched deployment whose members changed, once all
+   are up, gets a new epoch and each member one ``ReformGroup`` (``groups.reform_touched``; after
+   the compaction, so a moved member re-forms on its new rank);
+7. ``deletions``: deployments being deleted whose last replica has gone leave,
    with their WARM copies (``deletion.sweep``);
-7. ``proxies``: the proxies are made to match where they should run, and their deadlines
+8. ``proxies``: the proxies are made to match where they should run, and their deadlines
    acted on (``proxies.reconcile``; only when the core runs proxies and the step changed
    them, the nodes or reached a proxy's deadline);
-8. ``spares``: nodes whose set of replicas of a deployment changed are told
+9. ``spares``: nodes whose set of replicas of a deployment changed are told
    how many spare processes to keep (``spares.announce``);
-9. ``demand``: when the step changed what waits for room (or, while anything
+10. ``demand``: when the step changed what waits for room (or, while anything
    waits, what the nodes hold), the autoscaler is told the new demand
    (``demand.announce``; last: every pass above may queue or place).
 
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from ..base.state import RecoveryOutcome, Step
 from ..base.transaction import Tx, build
 from ..placement import deadlines, demand, gangs, spares
-from . import configs, deletion, evictions, moves, proxies, rollouts
+from . import configs, deletion, evictions, groups, moves, proxies, rollouts
 from .placing import place_waiting
 
 __all__ = ["PASSES", "finish"]
@@ -60,6 +63,7 @@ PASSES: tuple[tuple[str, Callable[[Tx], None]], ...] = (
     ("ticks", deadlines.ticks),
     ("gangs", gangs.tell),
     ("compaction", moves.compact_touched),
+    ("groups", groups.reform_touched),
     ("deletions", deletion.sweep),
     ("proxies", proxies.reconcile),
     ("spares", spares.announce),

@@ -63,7 +63,7 @@ from ..base.victims import VICTIM_ORDER
 from ..placement import deadlines, gangs, static
 from ..placement.scheduling import adopt, new_node
 from ..tiers import devices, residency
-from . import autoscaling, bluegreen, proxies, rollouts
+from . import autoscaling, bluegreen, groups, proxies, rollouts
 from .moves import hold_waiting_gangs, reconcile, restart_together, start, stop
 
 __all__ = ["rebuild", "unresponsive_gone"]
@@ -294,6 +294,7 @@ def _rebuild_deployment(tx: Tx, spec: DeploymentApplied, reports: list[ReplicaRe
         unresponsive=immutables.Map({u.replica_id: u.node_id for u in unresponsive}),
         revision=current,
         rolling=True,  # (the rollout pass clears it when no replica is outdated)
+        groups=groups.recovered(reports),  # (the groups pass re-forms a group whose epoch the crash cut short)
     )
     dep = _retiring(dep, stopping)
     if blues:

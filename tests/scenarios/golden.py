@@ -272,6 +272,10 @@ _SHOW: dict[type, Any] = {
     rc.UpdateWorldSize: lambda c: f"UpdateWorldSize {c.deployment} {c.world_size}",
     rc.ScheduleTick: lambda c: f"ScheduleTick {_num(c.at)}",
     rc.GangChanged: lambda c: f"GangChanged {c.gang_id} members={','.join(c.members)}",
+    rc.ReformGroup: lambda c: (f"ReformGroup {c.replica_id} {c.group.group_id} epoch={c.group.epoch} "
+                               f"rank={c.group.rank}/{c.group.world_size} members={','.join(c.group.members)} "
+                               + ("in-place" if c.group.in_place else "joins" if c.group.previous_rank is None
+                                  else f"moved-from={c.group.previous_rank}")),
     rc.KeepSpareProcesses: lambda c: f"KeepSpareProcesses {c.deployment} {c.node_id} {c.count}",
     rc.EvictReplica: lambda c: f"EvictReplica {c.replica_id} {c.node_id} to={c.to} for={c.for_replica}",
     rc.DropWarmCopy: lambda c: f"DropWarmCopy {c.node_id} {c.deployment} {c.replica_id}",
