@@ -957,7 +957,7 @@ def check_groups(before: State, event: object, result: Step) -> None:
     for (name, gid), cmds in sorted(sent.items()):
         dep = result.state.deployments.get(name)
         g = dep.groups.get(gid) if dep is not None else None
-        if g is None:
+        if dep is None or g is None:
             _fail(f"{name}: ReformGroup for group {gid}, which the state does not hold")
             return
         old = before.deployments.get(name)

@@ -216,8 +216,9 @@ class SimReplica:
             devices=self.devices if self.tier == "hot" and self.node is not None else (),
             revision=self.revision,
             models=self.models,
-            **({"group_id": self.group.group_id, "group_epoch": self.group.epoch, "group_members": self.group.members}
-               if self.group is not None else {}),
+            group_id=self.group.group_id if self.group is not None else None,
+            group_epoch=self.group.epoch if self.group is not None else 0,
+            group_members=self.group.members if self.group is not None else (),
         )
 
 

@@ -23,6 +23,7 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import immutables
 
@@ -58,11 +59,11 @@ def groups_of(dep: Deployment) -> Iterator[tuple[str, range]]:
 def formed(dep: Deployment, ranks: range) -> tuple[str, ...] | None:
     """The members holding ``ranks`` in rank order, when each rank is held by a running replica that
     will stay (not a rollout's retiring one, not a blue); None while any is missing."""
-    members = []
+    members: list[str] = []
     for r in ranks:
-        rid = dep.ranks.holder_of(r)
+        rid = cast("str | None", dep.ranks.holder_of(r))
         rep = dep.replicas.get(rid) if rid is not None else None
-        if rep is None or rep.phase not in _IN_GROUP or rep.retiring or rep.blue_ranks is not None:
+        if rid is None or rep is None or rep.phase not in _IN_GROUP or rep.retiring or rep.blue_ranks is not None:
             return None
         members.append(rid)
     return tuple(members)

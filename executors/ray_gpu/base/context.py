@@ -34,7 +34,10 @@ class ReplicaContext:
     ``placement_group`` the caller's group they belong to, so the replica can
     start its own workers there (None for other deployments). ``gang``: a gang
     member's ``rankcore.GangContext`` (``gang_id``, ``rank_in_gang``,
-    ``gang_size``, ``members`` in gang-rank order; None outside gangs).
+    ``gang_size``, ``members`` in gang-rank order; None outside gangs). ``group``: a
+    ``collective_group`` deployment's ``rankcore.GroupContext``, its collective group's epoch as the
+    core last told it (``epoch``, ``rank``, ``world_size``, ``members``; None before the first epoch
+    forms; ``executors.ray_gpu.collective`` re-forms a ``torch.distributed`` group from it).
     ``weights_version``: the weights version the replica holds (0: its
     class's own; each push raises it); ``tier``: ``"hot"`` (on its device,
     serving) or ``"warm"`` (asleep: in CPU memory)."""
@@ -48,6 +51,7 @@ class ReplicaContext:
     placement_group: Any = attrs.field(default=None, eq=False)
     gang: rc.GangContext | None = None
     weights_version: int = 0
+    group: rc.GroupContext | None = None
     tier: str = "hot"
 
 

@@ -557,6 +557,22 @@ class Carrier:
             if self.ledger.actor(rid) is not None:
                 log.error("replica %s: on_gang_changed for %s failed: %r", rid, cmd.gang_id, exc)
 
+    # -------------------------------------------------------------- groups
+    def reform_group(self, cmd: rc.ReformGroup) -> None:
+        """A collective group's new epoch, to one member: its context shows it, its
+        ``on_group_changed(group)`` runs if the class has one (``ReplicaActor.set_group``)."""
+        actor = self.ledger.actor(cmd.replica_id)
+        if actor is not None:
+            self.ledger.spawn(self._tell_group(cmd.replica_id, actor, cmd))
+
+    async def _tell_group(self, rid: str, actor: Any, cmd: rc.ReformGroup) -> None:
+        try:
+            await actor.set_group.remote(cmd.group)
+        except Exception as exc:
+            if self.ledger.actor(rid) is not None:
+                log.error("replica %s: on_group_changed for %s epoch %d failed: %r", rid, cmd.group.group_id,
+                          cmd.group.epoch, exc)
+
     # -------------------------------------------------------------- spares
     def keep_spares(self, cmd: rc.KeepSpareProcesses) -> None:
         """Keep the count the core asks of the node; top it up now unless a
@@ -690,7 +706,8 @@ CARRIES: dict[type, Callable[[Carrier, Any], None]] = {
     rc.StartReplica: Carrier.start, rc.PlaceReplica: Carrier._place, rc.ScheduleTick: Carrier._tick,
     rc.InitializeReplica: Carrier._initialize, rc.ReconfigureReplica: Carrier._reconfigure,
     rc.StopReplica: Carrier.stop_now, rc.EvictReplica: Carrier.evict, rc.DropWarmCopy: Carrier.drop_warm_copy,
-    rc.GangChanged: Carrier.gang_changed, rc.KeepSpareProcesses: Carrier.keep_spares,
+    rc.GangChanged: Carrier.gang_changed, rc.ReformGroup: Carrier.reform_group,
+    rc.KeepSpareProcesses: Carrier.keep_spares,
     rc.OffloadReplica: Carrier._move, rc.LoadReplica: Carrier._move, rc.UpdateWeights: Carrier._update_weights,
     rc.RequestResources: Carrier.request_resources, rc.StartProxy: Carrier._proxy, rc.DrainProxy: Carrier._proxy,
     rc.StopProxy: Carrier._proxy, rc.UpdateWorldSize: Carrier._world_size,

@@ -160,6 +160,7 @@ class Recovery:
                 tier=r.get("tier", "hot"), weights_version=r.get("weights_version", 0),
                 devices=tuple(r.get("devices", ())) if r.get("tier", "hot") == "hot" else (),
                 models=tuple(r.get("models", ())),  # (its multiplexed models: routers route by them again)
+                **_group_fields(r.get("group")),  # (its collective group's epoch: the core's again)
             ))
             if dep not in led.specs:  # not ours: the core stops it (drained as any replica)
                 led.replicas[rid] = ReplicaRecord(deployment=dep, checkpointed=False, stage=CREATED, actor=actor,
@@ -301,3 +302,10 @@ class Recovery:
                     ray.util.remove_placement_group(pg)
                 except Exception:  # gone meanwhile
                     pass
+
+
+def _group_fields(group: dict | None) -> dict:
+    """A replica report's collective-group fields (``ReplicaActor.report``'s ``group``)."""
+    if not group:
+        return {}
+    return {"group_id": group["group_id"], "group_epoch": group["epoch"], "group_members": tuple(group["members"])}

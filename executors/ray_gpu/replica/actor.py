@@ -47,6 +47,7 @@ import threading
 import time
 from typing import Any
 
+import attrs
 import ray
 from ray.exceptions import AsyncioActorExit, TaskCancelledError
 
@@ -61,7 +62,7 @@ from ..base.metrics import ReplicaMetrics, router_families
 from ..base.router import routed
 from ..base.witness import SWEEP_EVERY_S, Witness, sweep
 from ..weights.replica import ReplicaWeights
-from . import asgi, batching, multiplex, user_metrics
+from . import asgi, batching, collective, multiplex, user_metrics
 
 #: the actor's concurrency group that runs requests and ``initialize``: its event loop is the user's
 #: (module docstring). A group's size is the class's (``remote_class``), not an actor's option
@@ -107,6 +108,7 @@ class ReplicaActor:
         # static placement: this rank's bundles of the caller's group; a gang member's gang
         self.bundle_indices = tuple(bundle_indices) if bundle_indices is not None else None
         self.placement_group, self.gang = placement_group, gang
+        self.group: rc.GroupContext | None = None  # its collective group's epoch (ReformGroup)
         self.cls, self.args, self.kwargs = cls, args, kwargs
         self.global_rank = global_rank  # from StartReplica: known before the user's __init__ runs
         self.instance: Any = None
@@ -207,7 +209,8 @@ class ReplicaActor:
                                             rank=self.rank, world_size=self.world_size,
                                             user_config=self.user_config, bundle_indices=self.bundle_indices,
                                             placement_group=self.placement_group, gang=self.gang,
-                                            weights_version=self.weights.version, tier=self.weights.tier))
+                                            weights_version=self.weights.version, tier=self.weights.tier,
+                                            group=self.group))
 
     def _push_models(self, models: tuple[str, ...]) -> None:
         """Its multiplexed models changed (on the user loop's thread): numbered, and told to the
@@ -459,6 +462,29 @@ class ReplicaActor:
         if fn is not None:
             await self._call(fn, (gang,))
 
+    async def set_group(self, group: rc.GroupContext) -> None:
+        """ReformGroup: its collective group's new epoch. The context shows it at once (a newer
+        epoch only: calls may arrive out of order); then the user's ``on_group_changed(group)``
+        runs if the class has one (after its constructor), where it may re-form its
+        ``torch.distributed`` group (``executors.ray_gpu.collective.ProcessGroup.ensure``), or
+        a loop of its own sees the new epoch and re-forms there. Its exception is raised to the
+        controller (logged there)."""
+        if self.group is not None and group.epoch <= self.group.epoch:
+            return
+        self.group = group
+        if self.rank is not None:
+            self._set_context()
+        collective.told(group)
+        if self._init is None:
+            return
+        try:
+            await self._until_started()
+        except Exception:
+            return
+        fn = getattr(self.instance, "on_group_changed", None)
+        if fn is not None and self.group is group:
+            await self._call(fn, (group,))
+
     async def report(self) -> dict:
         """What this replica tells a recovering controller."""
         with self._models_lock:  # (its models and their number together: a push may be under way)
@@ -481,6 +507,7 @@ class ReplicaActor:
             "devices": self.devices,
             "models": models,
             "models_seq": models_seq,
+            "group": attrs.asdict(self.group) if self.group is not None else None,
         }
 
     async def ping(self) -> bool:
