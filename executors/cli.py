@@ -140,6 +140,9 @@ MEANINGS = (
     ("GPU-h", "replica·s / GPU-h: replicas holding their node's GPUs (placed until stopped or dead), integrated; "
               "GPU-h: times the GPUs of each; cold starts: replicas started"),
     ("scale", "scale ups / downs: target changes the autoscaler made"),
+    ("group", "group avail. %: the time each collective group was up (from its epoch formed plus the "
+              "re-form's cost until a member of it was lost); epochs formed; members that re-formed in place "
+              "/ joined; outage: a member lost to the next epoch up"),
     ("to enough", "to enough: from a metrics sample whose load needs more replicas than serve (ceil(total / "
                   "target_ongoing_requests)) to enough serving (over the episodes that ended by a scale-up)"),
     ("model hit", "models: hit rate: requests served without a load of their own / requests with a model id; "
@@ -312,6 +315,12 @@ def _summary_tables(result: Any, figures: Any = None) -> list[Table]:
         out.append(_figures_table("autoscaling", cols, {name: [_figure_cell(m, f) for f in cols]
                                                         for name, m in scaled.items()}))
         groups.append(cols)
+    grouped = {name: m for name, m in deps.items() if m.get("group_reforms")}
+    if figures is None and grouped:  # collective groups (issue 67): time up, epochs, in place / joined
+        cols = [f for f in FIGURES if f.group == "groups"]
+        out.append(_figures_table("groups", cols, {name: [_figure_cell(m, f) for f in cols]
+                                                   for name, m in grouped.items()}))
+        groups.append(cols)
     for group in TRAFFIC_GROUPS if figures is None and any(m.get("requests") for m in deps.values()) else ():
         cols = [f for f in FIGURES if f.group == group]  # the request queue (``traffic:``): counts, waits
         cells = {name: [_figure_cell(m, f) for f in cols] for name, m in deps.items() if m.get("requests")}
@@ -475,6 +484,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     from .sweep import (
         InvalidVariant,
         autoscaling_figures,
+        group_figures,
         proxy_figures,
         rollout_figures,
         run_sweep,
@@ -531,7 +541,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     if fmt == "table" or output:
         if columns is None:  # the default groups, and the request queue's when the runs had traffic
             figures += (rollout_figures(records) + traffic_figures(records) + proxy_figures(records)
-                        + autoscaling_figures(records))
+                        + autoscaling_figures(records) + group_figures(records))
         out = tables(records, records[0].scenario if records else scenario_path.name, figures)
         out[-1].caption = legend([f.title for f in figures])
         keep = len(records[0].variant) + 2 if records else 1  # (the variant's keys, deployment, runs)

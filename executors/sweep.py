@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures", "proxy_figures",
+__all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures", "proxy_figures", "group_figures",
            "autoscaling_figures", "figure_value", "run_one",
            "run_sweep", "summarise", "tables", "to_json", "to_csv"]
 
@@ -232,6 +232,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure("as_rejected", "rejected", "autoscaling", count=True),
     Figure("as_reassigned", "reassigned", "autoscaling", count=True),
     Figure("as_reconfigures", "reconfigures\nrank", "autoscaling", count=True),
+    # collective groups (issue 67; ``collective_group``): each group's time up, epochs formed, who
+    # re-formed in place and who joined, and each outage (a member lost -> the next epoch up)
+    Figure("group_availability_pct", "group\navail. %", "groups", 3),
+    Figure("group_reforms", "epochs\nformed", "groups", count=True),
+    Figure("group_in_place", "re-formed\nin place", "groups", count=True),
+    Figure("group_joined", "joined", "groups", count=True),
+    Figure("group_outage_p50", "outage\np50 s", "groups"),
+    Figure("group_outage_max", "outage\nmax s", "groups"),
 )
 #: figures shown again in another group (the autoscaling table's), under a key of their own
 ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "requests_failed",
@@ -239,7 +247,7 @@ ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "request
            "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams", "batches", "models", "proxies", "autoscaling")
+          "streams", "batches", "models", "proxies", "autoscaling", "groups")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
 TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches", "models")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
@@ -278,6 +286,13 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     groups |= {"batches"} if any("batches" in q for q in queues) else set()
     groups |= {"models"} if any("model_loads" in q for q in queues) else set()
     return [f for f in FIGURES if f.group in groups]
+
+
+def group_figures(records: Sequence[RunRecord]) -> list[Figure]:
+    """The collective groups' figures if any run formed a group (``collective_group``), else none."""
+    if any(m.get("group_reforms") for r in records for m in r.metrics["deployments"].values()):
+        return [f for f in FIGURES if f.group == "groups"]
+    return []
 
 
 def rollout_figures(records: Sequence[RunRecord]) -> list[Figure]:

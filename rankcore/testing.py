@@ -976,7 +976,9 @@ def make_machine(
     (``rankcore.tiers.devices``). In every machine a third of the deployments applied
     (any but the static one) are autoscaled, with random bounds, delays and
     burst mode, and fed random load (``AutoscalingMetrics``); a person's scale
-    of one must be refused (``rankcore.control.autoscaling``).
+    of one must be refused (``rankcore.control.autoscaling``). Every deployment applied draws
+    ``collective_group``, so each step checks its group epochs (``invariants.check_groups``: a
+    wrapper that drops a ``ReformGroup`` fails).
     """
     if tiers and (groups or not managed):
         raise InvalidConfig("make_machine(tiers=True) needs managed=True and groups=False (a model booked by "

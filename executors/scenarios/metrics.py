@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -12,7 +12,7 @@ import attrs
 import rankcore as rc
 from rankcore import LIVE, Phase
 
-__all__ = ["DeploymentMetrics", "Metrics", "percentile", "tier_history", "tier_step"]
+__all__ = ["DeploymentMetrics", "GroupFigures", "Metrics", "percentile", "tier_history", "tier_step"]
 
 LEVELS = ("rank", "node_rank", "local_rank", "any")
 #: the levels of contiguity a planner asks about: global ranks, node ranks, local ranks, any of them
@@ -24,6 +24,8 @@ _RECOVERED, _READY, _HEALTH = rc.ControllerRecovered, rc.ReplicaReady, rc.Health
 #: where Deployment.counts keeps the serving phases
 _RUNNING, _RECONFIGURING = (list(LIVE).index(p) for p in (Phase.RUNNING, Phase.RECONFIGURING))
 _CONTIGUOUS = (False, False, False, False)
+_SERVING = (Phase.RUNNING, Phase.RECONFIGURING)
+_REFORM = rc.ReformGroup
 
 
 def tier_step(kind: str, fields: Mapping[str, Any]) -> str | None:
@@ -74,6 +76,38 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @attrs.define
+class GroupFigures:
+    """A deployment's collective groups (``collective_group``; rankcore.control.groups), as the core
+    formed them: epochs formed, members that re-formed in place or joined, and each group's time up.
+    A group is up from ``reform_s`` after its epoch formed (the re-form's cost: the scenario's
+    ``latency.reform`` in the simulator; 0 elsewhere) until a member of that epoch stops serving;
+    an outage runs from that loss until the next epoch is up."""
+
+    reforms: int = 0
+    in_place: int = 0
+    joined: int = 0
+    outages: list = attrs.field(factory=list)
+    #: closed up-intervals so far (group-seconds), and per group id [epoch, members, up_at,
+    #: broken_at (None: not broken), first formed at]
+    up_seconds: float = 0.0
+    open: dict = attrs.field(factory=dict)
+    #: as of the last ``settle``: group-seconds since each group first formed, and of those up
+    total: float = 0.0
+    total_up: float = 0.0
+
+    def settle(self, t: float) -> None:
+        """Read the figures up to ``t`` (the open intervals stay open)."""
+        self.total = sum(max(0.0, t - g[4]) for g in self.open.values())
+        self.total_up = self.up_seconds + sum(max(0.0, t - g[2]) for g in self.open.values() if g[3] is None)
+
+    def as_dict(self) -> dict:
+        return {"group_reforms": self.reforms, "group_in_place": self.in_place, "group_joined": self.joined,
+                "group_availability_pct": _round(100.0 * self.total_up / self.total) if self.total > 0 else None,
+                "group_outages": len(self.outages), "group_outage_p50": percentile(self.outages, 50),
+                "group_outage_max": round(max(self.outages), 6) if self.outages else None}
+
+
+@attrs.define
 class DeploymentMetrics:
     reassignments: dict = attrs.field(factory=lambda: dict.fromkeys(LEVELS, 0))
     reconfigures: dict = attrs.field(factory=lambda: {"rank": 0, "user_config": 0})
@@ -118,6 +152,8 @@ class DeploymentMetrics:
     rollout_seconds: list = attrs.field(factory=list)
     _rolling_since: float | None = None
     first_healthy: float | None = None
+    #: its collective groups (None: it has none)
+    groups: GroupFigures | None = None
     #: after start-up (from first_healthy): seconds spent at each (target,
     #: serving) pair; availability, full strength, shortfalls and time below
     #: k replicas are all read from it
@@ -234,6 +270,7 @@ class DeploymentMetrics:
             "to_full_strength_p99": percentile(self.to_full_strength, 99),
             "to_full_strength_max": max(self.to_full_strength) if self.to_full_strength else None,
             "drops_below_full_strength": len(self.to_full_strength) + (self._short_since is not None),
+            **(self.groups.as_dict() if self.groups is not None else {}),
         }
 
 
@@ -249,9 +286,11 @@ def _round(v: float | None, digits: int = 6) -> float | None:
 
 
 class Metrics:
-    """A driver observer: ``Metrics()(t, event, before, result)`` after every step."""
+    """A driver observer: ``Metrics()(t, event, before, result)`` after every step. ``reform_s``:
+    a deployment's collective-group re-form cost in seconds (``GroupFigures``; default none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reform_s: Callable[[str], float] | None = None) -> None:
+        self.reform_s = reform_s or (lambda deployment: 0.0)
         #: deployment -> its figures, made at first use (a plain lookup per step: no call)
         self.deployments: defaultdict[str, DeploymentMetrics] = defaultdict(DeploymentMetrics)
         self.last_t = 0.0
@@ -267,6 +306,8 @@ class Metrics:
         for m in self.deployments.values():
             self._settle(m, t)
             self._settle_hot(m, t)
+            if m.groups is not None:
+                m.groups.settle(t)
         self.last_t = max(self.last_t, t)
 
     @staticmethod
@@ -376,6 +417,8 @@ class Metrics:
             if was.get(name) is dep and name in self.deployments:
                 continue  # unchanged: what was measured of it still holds
             m = self.deployments[name]
+            if dep.groups:
+                self._groups(m, dep, t, result.commands)
             if dep.rolling != (m._rolling_since is not None):
                 if dep.rolling:
                     m._rolling_since = t
@@ -406,6 +449,36 @@ class Metrics:
             if healthy:
                 m.first_healthy = t
             self._full_strength(m, t, fell)
+
+    def _groups(self, m: DeploymentMetrics, dep: rc.Deployment, t: float, commands: Iterable[Any]) -> None:
+        """``dep``'s collective groups after a step at ``t`` that changed it: an epoch formed (the
+        last one worked until now; up again after the re-form's cost), or a member of the working
+        epoch no longer serving (the group is down from now)."""
+        gf = m.groups
+        if gf is None:
+            gf = m.groups = GroupFigures()
+        for gid, g in dep.groups.items():
+            cur = gf.open.get(gid)
+            if g.epoch and (cur is None or g.epoch != cur[0]):
+                first = t
+                if cur is not None:
+                    first = cur[4]
+                    if cur[3] is None:
+                        gf.up_seconds += max(0.0, t - cur[2])
+                    else:
+                        gf.outages.append(t + self.reform_s(dep.name) - cur[3])
+                gf.open[gid] = [g.epoch, g.members, t + self.reform_s(dep.name), None, first]
+                gf.reforms += 1
+            elif cur is not None and cur[3] is None and not all(
+                    (r := dep.replicas.get(rid)) is not None and r.phase in _SERVING for rid in cur[1]):
+                cur[3] = t
+                gf.up_seconds += max(0.0, t - cur[2])
+        for c in commands:
+            if type(c) is _REFORM and c.deployment == dep.name:
+                if c.group.in_place:
+                    gf.in_place += 1
+                else:
+                    gf.joined += 1
 
     @staticmethod
     def _full_strength(m: DeploymentMetrics, t: float, fell: bool) -> None:

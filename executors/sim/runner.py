@@ -106,7 +106,8 @@ class Simulation:
             if trace is not None else None
         )
         self.driver = Driver(self.backend, trace=self.trace, check=check, clock=True)
-        self.metrics = Metrics()
+        #: a collective group is up the re-form's median after its epoch formed (docs/groups.md)
+        self.metrics = Metrics(reform_s=lambda d: scenario.latency_for(d, "reform").quantile(0.5))
         self.driver.observers.append(self.metrics)
         #: feeds the core's autoscaler every metrics_interval_s (paused while the controller is down)
         self.autoscaler = SimAutoscaler(self)

@@ -15,6 +15,8 @@ Internal module: import its public names from ``rankcore`` (docs/embedding.md,
 
 from __future__ import annotations
 
+import hashlib
+
 import attrs
 
 from . import fields as f
@@ -59,4 +61,5 @@ class GroupContext:
     def rendezvous_key(self) -> str:
         """A key naming this epoch and no other (its members are part of it: replica ids are
         never reused, so even an epoch number a recovered core hands out again names a new key)."""
-        return f"{self.group_id}/epoch-{self.epoch}/{self.members[0]}-{len(self.members)}"
+        digest = hashlib.blake2s("\0".join(self.members).encode(), digest_size=8).hexdigest()
+        return f"{self.group_id}/epoch-{self.epoch}/{digest}"

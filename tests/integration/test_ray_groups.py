@@ -1,8 +1,8 @@
 """Collective groups on Ray (issue 67; local Ray, CPU, gloo): a data-parallel deployment whose
 replicas all-reduce in a loop of their own. A member killed: its replacement joins on its rank and
 the survivors re-form in place (same processes); a downscale re-forms at the smaller world, an
-upscale at the larger one; the controller killed in the middle of a re-form: the recovered one
-finishes it. Every all-reduce after a re-form is right."""
+upscale at the larger one; the controller killed between a member's death and the re-form: the
+recovered one re-forms the group. Every all-reduce after a re-form is right."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_a_data_parallel_group_re_forms_in_place_after_a_crash_a_downscale_and_a
     assert h.step_now.remote().result() == 15.0
 
 
-def test_the_controller_killed_in_the_middle_of_a_re_form_leaves_every_member_on_the_newest_epoch():
+def test_the_controller_killed_before_a_re_form_leaves_every_member_on_one_newest_epoch():
     ctl = get_controller()
     h = run(deployment(DataParallel, name="dp", num_replicas=3, collective_group=True,
                        ray_actor_options=OPTS).bind())

@@ -196,3 +196,72 @@ def test_a_running_member_not_in_a_complete_epoch_is_never_told():
     out = ex.run(rc.ReplicaCrashed(replica_id=ex.members()[0], reason="boom"), hold=(rc.InitializeReplica,))
     assert not of(rc.ReformGroup, out)
     assert sum(r.phase is Phase.STARTING for r in ex.dep().replicas.values()) == 1
+
+
+# ------------------------------------------------------------------ the invariants catch a wrong step
+def _crash_step() -> tuple[rc.State, object, rc.Step]:
+    ex, _ = deploy(3)
+    before = ex.state
+    event = rc.ReplicaCrashed(replica_id=ex.members()[1], reason="boom")
+    ex.run(event, hold=(rc.InitializeReplica,))
+    (new,) = [r for r in ex.dep().replicas.values() if r.phase is Phase.STARTING]
+    before, event = ex.state, rc.ReplicaReady(replica_id=new.replica_id)
+    return before, event, rc.step(before, event)
+
+
+def test_the_invariants_accept_the_core_s_re_form():
+    before, event, result = _crash_step()
+    assert len(of(rc.ReformGroup, result.commands)) == 3
+    check_step(before, event, result, full=True)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    ("drop one", r"told .*; its members are"),
+    ("tell twice", r"told .*; its members are"),
+    ("wrong rank", r"told rank 0 in group dp, held by"),
+    ("no news", r"rose to epoch 2 and no member was told"),
+    ("epoch falls", r"epoch fell 1 -> 0"),
+    ("members without epoch", r"members changed within epoch 1"),
+    ("previous rank", r"told previous epoch/rank"),
+])
+def test_the_invariants_catch_a_wrong_re_form(wrong, words):
+    before, event, result = _crash_step()
+    cmds = list(result.commands)
+    told = of(rc.ReformGroup, cmds)
+    state = result.state
+    dep = state.deployments["dp"]
+    if wrong == "drop one":
+        cmds.remove(told[-1])
+    elif wrong == "tell twice":
+        cmds.append(told[0])
+    elif wrong == "wrong rank":
+        cmds[cmds.index(told[1])] = attrs.evolve(told[1], group=attrs.evolve(told[1].group, rank=0))
+    elif wrong == "no news":
+        cmds = [c for c in cmds if not isinstance(c, rc.ReformGroup)]
+    elif wrong == "previous rank":
+        cmds[cmds.index(told[0])] = attrs.evolve(told[0], group=attrs.evolve(told[0].group, previous_rank=2))
+    else:
+        old = before.deployments["dp"].groups["dp"]
+        group = (attrs.evolve(old, epoch=0) if wrong == "epoch falls"
+                 else attrs.evolve(old, members=tuple(reversed(old.members))))
+        dep = attrs.evolve(dep, groups=dep.groups.set("dp", group))
+        state = attrs.evolve(state, deployments=state.deployments.set("dp", dep))
+        cmds = [c for c in cmds if not isinstance(c, rc.ReformGroup)]
+    with pytest.raises(rc.InvariantViolation, match=words):
+        check_step(before, event, attrs.evolve(result, state=state, commands=tuple(cmds)), full=True)
+
+
+def test_the_invariants_refuse_telling_a_member_that_is_not_running():
+    ex, _ = deploy(3)
+    out = ex.run(rc.ReplicaCrashed(replica_id=ex.members()[1], reason="boom"), hold=(rc.InitializeReplica,))
+    (init,) = of(rc.InitializeReplica, out)
+    dep = ex.dep()
+    members = (ex.members()[0], init.replica_id, ex.members()[2])
+    group = rc.GroupContext(group_id="dp", epoch=2, rank=1, world_size=3, members=members, previous_epoch=1)
+    wrong = rc.step(ex.state, rc.Tick(now=1.0))
+    state = attrs.evolve(wrong.state, deployments=wrong.state.deployments.set(
+        "dp", attrs.evolve(dep, groups=dep.groups.set("dp", attrs.evolve(dep.groups["dp"], epoch=2, members=members)))))
+    cmds = tuple(rc.ReformGroup(replica_id=m, deployment="dp", group=attrs.evolve(group, rank=i, previous_rank=(
+        None if i == 1 else i))) for i, m in enumerate(members))
+    with pytest.raises(rc.InvariantViolation, match=r"while not running \(starting\)"):
+        check_step(ex.state, rc.Tick(now=1.0), attrs.evolve(wrong, state=state, commands=cmds), full=True)

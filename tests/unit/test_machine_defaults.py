@@ -33,6 +33,20 @@ def test_the_default_machine_catches_a_wrapper_dropping_gang_changes():
         run_state_machine_as_test(make_machine(GangMuter), settings=settings(QUICK, max_examples=500))
 
 
+class GroupMuter(CoreSubject):
+    """A wrapper bug: it drops a collective group's news for its last member, which never learns its epoch."""
+
+    def step(self, state, event):
+        result = rc.step(state, event)
+        told = [c for c in result.commands if isinstance(c, rc.ReformGroup)]
+        return attrs.evolve(result, commands=tuple(c for c in result.commands if not told or c is not told[-1]))
+
+
+def test_the_default_machine_catches_a_wrapper_dropping_a_reform_group():
+    with pytest.raises(rc.InvariantViolation, match=r"group \S+ epoch \d+ told .*; its members are"):
+        run_state_machine_as_test(make_machine(GroupMuter), settings=settings(QUICK, max_examples=200))
+
+
 def test_the_unmanaged_machine_is_an_opt_out_and_never_sees_gangs():
     run_state_machine_as_test(make_machine(GangMuter, managed=False), settings=QUICK)
 
