@@ -50,7 +50,10 @@ class DataParallel:
     def __call__(self) -> dict:
         ctx = get_replica_context()
         g = ctx.group
+        import ray
+
         return {"rid": ctx.replica_id, "pid": os.getpid(), "last": self.last, "rank": ctx.rank.rank,
+                "node": ray.get_runtime_context().get_node_id(),
                 "group": (g.epoch, g.rank, g.world_size, g.in_place) if g is not None else None}
 
     def step_now(self) -> float:

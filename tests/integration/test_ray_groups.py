@@ -6,6 +6,8 @@ recovered one re-forms the group. Every all-reduce after a re-form is right."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import ray
 
@@ -13,7 +15,8 @@ from examples.ray.data_parallel_group import DataParallel
 from executors.ray_gpu import deployment, get_controller, run
 from executors.ray_gpu.api.deployments import ask
 from executors.ray_gpu.control.controller import NAMESPACE, actor_name
-from tests.integration.waiting import wait_for
+from executors.ray_gpu.replica.collective import GroupReforming
+from tests.integration.waiting import reformed
 
 pytestmark = pytest.mark.usefixtures("local_ray")
 
@@ -26,33 +29,32 @@ def clean():
     ask(get_controller(), "reset")
 
 
-def settled(h, world: int) -> dict[int, dict] | None:
-    """The replicas by rank once ``world`` of them all-reduced right in one epoch; else None."""
-    got = {r["rank"]: r for r in h.broadcast(timeout=10).values()}
-    lasts = {r["last"] for r in got.values()}
-    if sorted(got) != list(range(world)) or len(lasts) != 1:
-        return None
-    (last,) = lasts
-    if last is None or last[1] != world or last[2] != world * (world + 1) / 2:
-        return None
-    return got
+class Trickle:
+    """A call needing the group every 50 ms (``step_now``), from a thread, each bounded by 10 s."""
 
+    def __init__(self, h) -> None:
+        self.answers: list[float] = []
+        self.errors: list[BaseException] = []
+        self.hung = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(h,), daemon=True)
+        self._thread.start()
 
-def reformed(h, world: int, above: int = 0, timeout: float = 90.0) -> dict[int, dict]:
-    """``settled`` at an epoch above ``above``, waiting up to ``timeout`` s (what it saw last, if not)."""
-    seen: list = [None]
+    def _run(self, h) -> None:
+        while not self._stop.is_set():
+            try:
+                self.answers.append(h.step_now.remote().result(timeout=10))
+            except TimeoutError:
+                self.hung += 1
+            except Exception as exc:  # (the refusal, or the call a dying replica had)
+                if "GroupReforming" in repr(exc) or "re-forming" in str(exc):
+                    exc = GroupReforming(str(exc))
+                self.errors.append(exc)
+            self._stop.wait(0.05)
 
-    def done() -> bool:
-        try:
-            got = settled(h, world)
-        except Exception as exc:  # (a member dying under the call)
-            seen[0] = exc
-            return False
-        seen[0] = got
-        return got is not None and got[0]["last"][0] > above
-
-    assert wait_for(done, timeout=timeout, every=0.2), f"not re-formed at world {world} above epoch {above}: {seen[0]}"
-    return seen[0]
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
 
 
 def kill(rid: str) -> None:
@@ -67,9 +69,15 @@ def test_a_data_parallel_group_re_forms_in_place_after_a_crash_a_downscale_and_a
     epoch = first[0]["last"][0]
     assert all(r["group"][:3] == (epoch, k, 4) for k, r in first.items())
 
-    # a member killed: its replacement joins on rank 2, the three survivors re-form in the same processes
+    # a member killed under load: its replacement joins on rank 2, the three survivors re-form in the same
+    # processes; every call that needed the group meanwhile was answered right or refused clearly
+    calls = Trickle(h)
     kill(first[2]["rid"])
     after = reformed(h, 4, above=epoch)
+    calls.stop()
+    assert calls.answers and set(calls.answers) == {10.0}, calls.answers  # 0 wrong results
+    assert not calls.hung and {type(e).__name__ for e in calls.errors} <= {"GroupReforming", "ReplicaDied",
+                                                                         "RayActorError", "ActorDiedError"}
     assert after[2]["rid"] != first[2]["rid"]
     assert {k: after[k]["pid"] for k in (0, 1, 3)} == {k: first[k]["pid"] for k in (0, 1, 3)}
     assert all(after[k]["group"][3] for k in (0, 1, 3)) and not after[2]["group"][3]  # in place / joined

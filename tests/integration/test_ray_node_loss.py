@@ -141,3 +141,29 @@ def test_lost_node_replicas_are_replaced_and_node_ranks_recompacted(cluster):
         assert now[rid][0] == before[rid][0]  # survivors keep their global rank
     assert time.monotonic() - t0 < 90
     assert ask(ctl, "state_errors") == []
+
+
+def test_a_lost_node_s_group_members_are_replaced_and_the_survivors_re_form_in_place(cluster):
+    """Issue 67: a collective group (gloo) over the workers; a node holding some of its members is
+    lost: their replacements join on their ranks, the survivors re-form in their own processes, and
+    the all-reduce is right again."""
+    from examples.ray.data_parallel_group import DataParallel
+    from tests.integration.waiting import reformed
+
+    c, _ = cluster
+    extra = c.add_node(num_cpus=2, num_gpus=2, object_store_memory=128 * 1024**2)
+    c.wait_for_nodes()
+    h = run(deployment(DataParallel, name="dp", num_replicas=4, collective_group=True,
+                       ray_actor_options={"num_cpus": 0.05, "num_gpus": 0.5}).bind(), timeout=120)
+    first = reformed(h, 4)
+    on = {r["rank"]: r["node"] for r in h.broadcast(timeout=10).values()}
+    lost = {k for k, node in on.items() if node == extra.node_id}
+    assert lost and len(lost) < 4, on  # (spread: the new node holds some members, not all)
+    c.remove_node(extra, allow_graceful=False)
+    after = reformed(h, 4, above=first[0]["last"][0], timeout=120)
+    kept = set(range(4)) - lost
+    assert {k: after[k]["pid"] for k in kept} == {k: first[k]["pid"] for k in kept}  # no survivor restarted
+    assert all(after[k]["rid"] != first[k]["rid"] for k in lost)
+    assert all(after[k]["group"][3] for k in kept) and not any(after[k]["group"][3] for k in lost)
+    assert ask(get_controller(), "state_errors") == []
+    ask(get_controller(), "reset")
