@@ -605,7 +605,8 @@ def check_world_size_commands(before: State, event: object, result: Step) -> Non
 
 def check_crash_inherits_rank(before: State, event: object, result: Step) -> None:
     """A crashed replica's replacement starts with the same global rank (at a
-    recovery, the rank the reports settled on: checked by the roundtrip)."""
+    recovery, the rank the reports settled on: checked by the roundtrip; a replica a compaction
+    moved and ``rank_moves="restart"`` replaces: its new rank)."""
     if isinstance(event, ControllerRecovered):
         return
     for c in result.commands:
@@ -619,6 +620,9 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
             gone = dep.replicas[c.replaces]
             # (a blue called off and given a twin again in one step: the rank it was told and took back)
             old = dep.ranks.global_rank(c.replaces) if gone.blue_ranks is None else gone.blue_ranks[0]
+            # (``rank_moves="restart"``: one this step's compaction moved is replaced on its new rank)
+            old = next((ch.new.rank for comp in result.compactions if comp.deployment == c.deployment
+                        for ch in comp.changes if ch.replica == c.replaces), old)
             if c.global_rank != old:
                 _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.global_rank}")
             if result.state.deployments[c.deployment].replicas[c.replica_id].lineage != dep.replicas[c.replaces].lineage:
@@ -719,7 +723,12 @@ def check_compaction_minimal(before: State, event: object, result: Step) -> None
         if len(moved) != lb.replicas or per != (lb.rank, lb.node_rank, lb.local_rank):
             _fail(f"{comp.deployment}: compaction changed {len(moved)} replicas {per}, lower bound {lb}")
         dep = result.state.deployments[comp.deployment]
-        if not dep.ranks.is_contiguous():
+        # (``rank_moves="restart"``: a moved replica's successor waiting for a node holds only its global
+        # rank until it is placed; the global ranks are contiguous already)
+        moved_ids = {a.replica for a in moved}
+        waiting = any(isinstance(c, StartReplica) and c.replaces in moved_ids
+                      and dep.ranks.node_of(c.replica_id) is None for c in result.commands)
+        if not (dep.ranks.lower_bound().rank == 0 if waiting else dep.ranks.is_contiguous()):
             _fail(f"{comp.deployment}: still not contiguous after compaction")
 
 
@@ -867,10 +876,13 @@ def check_compact_only_when_healthy(before: State, event: object, result: Step) 
     for comp in result.compactions:
         dep = result.state.deployments[comp.deployment]
         moved = {str(a.replica) for a in comp.changes}
+        # (``rank_moves="restart"``: a moved replica's successor starts on its new rank in this step)
+        successors = {c.replica_id for c in result.commands if isinstance(c, StartReplica) and c.replaces in moved}
         if len(dep.replicas) != dep.target:
             _fail(f"{comp.deployment}: compacted with {len(dep.replicas)} replicas, target {dep.target}")
         for rid, rep in dep.replicas.items():
-            if rep.phase is not Phase.RUNNING and not (rep.phase is Phase.RECONFIGURING and rid in moved):
+            if rep.phase is not Phase.RUNNING and not (rep.phase is Phase.RECONFIGURING and rid in moved) and not (
+                    rep.phase in (Phase.PENDING, Phase.STARTING) and rid in successors):
                 _fail(f"{comp.deployment}: compacted while {rid} was {rep.phase.value}")
 
 

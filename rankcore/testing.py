@@ -412,6 +412,7 @@ class _DeploymentRules(_Harness):
         fields["max_surge"] = data.draw(st.sampled_from([0, 0, 1, 2, 0.5]), label="max surge")
         # (a collective group: every step then checks its epochs, rankcore.invariants.check_groups)
         fields["collective_group"] = data.draw(st.booleans(), label="collective group")
+        fields["rank_moves"] = data.draw(st.sampled_from(["reconfigure", "reconfigure", "restart"]), label="rank moves")
         if self.opts.groups and name == GANGS:
             fields.update(gang_size=2, gang_placement=data.draw(st.sampled_from(GANG_PLACEMENTS), label="gang"),
                           gang_failure=data.draw(st.sampled_from(GANG_FAILURES), label="gang failure"))

@@ -33,7 +33,7 @@ __all__ = [
     "DeploymentConfig", "SchedulingOptions", "StartOptions", "HealthOptions", "ShutdownOptions",
     "StaticOptions", "GangOptions", "GroupOptions", "SpareOptions", "TierOptions", "RequestOptions", "AutoscalingOptions",
     "RolloutOptions", "MAX_UNAVAILABLE",
-    "AGGREGATION_FUNCTIONS", "Spelling", "Options", "POLICIES",
+    "AGGREGATION_FUNCTIONS", "RANK_MOVES", "Spelling", "Options", "POLICIES",
     "LEAVES", "OPTION_NAMES", "DEFAULTS", "DEFAULT_OPTIONS", "SURFACES", "as_is", "leaf_doc", "spelling",
     "HEALTH_CHECK_PERIOD_S", "HEALTH_CHECK_TIMEOUT_S", "HEALTH_CHECK_FAILURE_THRESHOLD",
     "GRACEFUL_SHUTDOWN_WAIT_LOOP_S", "GRACEFUL_SHUTDOWN_TIMEOUT_S", "MAX_CONSTRUCTOR_RETRY_COUNT",
@@ -41,6 +41,8 @@ __all__ = [
     "RESTART_BACKOFF_MAX_S", "MIN_DEPLOYMENT_TIME_S",
 ]
 
+#: what a replica whose global rank a compaction moves does (``rank_moves``; rankcore.control.moves.compact)
+RANK_MOVES = ("reconfigure", "restart")
 #: the placement policies, by name (``rankcore.placement.policies.choose_node`` implements each)
 POLICIES = ("spread", "pack", "rank_packed")
 
@@ -236,6 +238,11 @@ class GroupOptions:
         False, f.flag,
         "the replicas form one collective group (a gang deployment: one per gang): an epoch raised whenever its "
         "members change, each running member told once per epoch (ReformGroup), survivors re-forming in place")
+    rank_moves: str = _option(
+        "reconfigure", _one_of(RANK_MOVES),
+        "what a replica whose global rank a downscale's compaction moves does: reconfigure (told its new rank, "
+        "it re-forms in place) or restart (its code cannot follow a rank move, a shard loaded for its rank: "
+        "a new replica starts on the new rank, on its node when it has room, and joins)")
 
 
 @attrs.frozen(kw_only=True)

@@ -499,11 +499,18 @@ def compaction_due(dep: Deployment) -> bool:
 
 def compact(tx: Tx, dep: Deployment) -> Deployment:
     """Close the holes in ``dep``'s ranks (``RankTable.compact``: the fewest moves);
-    every replica whose rank changed is reconfigured with its new one."""
+    every replica whose rank changed is reconfigured with its new one, except, under
+    ``rank_moves="restart"``, one whose global rank moved: its code cannot follow the move, so
+    it is stopped and a new replica starts on its new ranks (``restart_together``: back on its
+    node and booking when the rule lets it)."""
     bound = dep.ranks.lower_bound()
     ranks, changes = dep.ranks.compact()
     tx.compactions.append(Compaction(deployment=dep.name, lower_bound=bound, changes=changes))
     dep = _copy(dep, ranks=ranks)
+    if dep.rank_moves == "restart":
+        moved = [dep.replicas[c.replica] for c in changes if c.old.rank != c.new.rank]
+        dep = _tell_ranks(tx, dep, [dep.replicas[c.replica] for c in changes if c.old.rank == c.new.rank])
+        return restart_together(tx, dep, [(rep, True) for rep in moved])
     return _tell_ranks(tx, dep, [dep.replicas[change.replica] for change in changes])  # (by new global rank)
 
 

@@ -265,3 +265,23 @@ def test_the_invariants_refuse_telling_a_member_that_is_not_running():
         None if i == 1 else i))) for i, m in enumerate(members))
     with pytest.raises(rc.InvariantViolation, match=r"while not running \(starting\)"):
         check_step(ex.state, rc.Tick(now=1.0), attrs.evolve(wrong, state=state, commands=cmds), full=True)
+
+
+def test_a_member_whose_code_cannot_follow_a_rank_move_is_restarted_on_its_new_rank():
+    ex, _ = deploy(4, rank_moves="restart")
+    old = ex.members()
+    out = ex.run(rc.ScaleRequested(deployment="dp", num_replicas=3, victims=(old[1],)))
+    # rank 3's holder is not reconfigured to rank 1: it is stopped, a new replica starts on rank 1
+    assert not [c for c in of(rc.ReconfigureReplica, out) if c.rank.rank != ex.dep().ranks.global_rank(c.replica_id)]
+    assert {c.replica_id for c in of(rc.StopReplica, out)} == {old[1], old[3]}
+    (start,) = of(rc.StartReplica, out)
+    assert start.global_rank == 1 and start.replaces == old[3]
+    new = ex.members()
+    assert ex.epoch() == 2 and new == (old[0], start.replica_id, old[2])
+    told = {c.replica_id: c.group for c in of(rc.ReformGroup, out)}
+    assert told[old[0]].in_place and told[old[2]].in_place and told[start.replica_id].previous_rank is None
+
+
+def test_rank_moves_is_checked():
+    with pytest.raises(rc.InvalidConfig, match="rank_moves must be one of reconfigure, restart"):
+        rc.DeploymentApplied(name="dp", num_replicas=1, rank_moves="move")

@@ -27,7 +27,7 @@ OTHER = {
     "force_stop_unhealthy_replicas": True,
     "graceful_shutdown_wait_loop_s": 0.5, "graceful_shutdown_timeout_s": 6.0,
     "static_placement": rc.StaticPlacement.from_mapping("pg", ["n0", "n1"], {0: [0], 1: [1]}),
-    "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "collective_group": True,
+    "gang_size": 2, "gang_placement": "spread", "gang_failure": "restart_replica", "collective_group": True, "rank_moves": "restart",
     "spare_processes": 1,
     "model_bytes": 1 << 30, "multiplexed_bytes": 1 << 28, "dedicated": True, "min_deployment_time_s": 60.0,
     "max_ongoing_requests": 2, "max_queued_requests": 100, "max_retries": 0,
