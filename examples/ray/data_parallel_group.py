@@ -41,10 +41,10 @@ class DataParallel:
                 t = torch.tensor([float(g.rank + 1)])
                 dist.all_reduce(t)
                 self.last = (g.epoch, g.world_size, t.item())
-            except Exception:  # a member gone mid-call, or no epoch yet: wait for the next one
+            except Exception:  # a member gone mid-call, or no epoch yet: leave it, wait for the next one
                 self.errors += 1
                 self.last = None
-                self.pg.wait_newer(1.0)
+                self.pg.failed(wait_s=1.0)
             self.stop.wait(0.05)
 
     def __call__(self) -> dict:

@@ -15,8 +15,9 @@ about the time the replacement takes to start plus one rendezvous. While the gro
 that needs it raises ``GroupReforming`` (a clear error, never a hang: every wait is bounded).
 
 Use it from the user's own loop (a data-parallel step: ``pg.ensure()`` then a collective, and on
-an error ``pg.wait_newer()``), or from ``on_group_changed(group)``, which the replica calls after
-each ``ReformGroup`` (docs/groups.md).
+an error ``pg.failed(wait_s)``: leave the broken epoch at once, so no survivor waits out its timeout
+on this one, and wait for the next), or from ``on_group_changed(group)``, which the replica calls
+after each ``ReformGroup`` (docs/groups.md).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ProcessGroup:
         self.group: rc.GroupContext | None = None  # the epoch joined
         self._store: Any = None  # the TCPStore of the epoch joined (rank 0 serves it)
         self._key: str | None = None  # the KV key rank 0 published for it
+        #: the epoch a collective of which failed (``failed``), as (group id, epoch, until when it is not
+        #: joined again unless no newer one came: a failure that was no member's death)
+        self._broken: tuple[str, int, float] | None = None
 
     @property
     def epoch(self) -> int:
@@ -78,10 +82,12 @@ class ProcessGroup:
         first epoch; raises ``GroupReforming`` when there is none, or when the rendezvous fails (a
         member died meanwhile: a newer epoch is coming)."""
         group = newest()
-        if group is None and wait_s > 0:
-            group = self.wait_newer(wait_s)
+        if (group is None or self._is_broken(group)) and wait_s > 0:
+            group = self.wait_newer(wait_s) or group
         if group is None:
             raise GroupReforming("no epoch of the collective group has formed yet")
+        if self._is_broken(group):
+            raise GroupReforming(f"epoch {group.epoch} of {group.group_id} failed; waiting for the next one")
         if self.group is not None and group.epoch == self.group.epoch and group.group_id == self.group.group_id:
             return self.group
         self.destroy()
@@ -93,17 +99,39 @@ class ProcessGroup:
         self.group = group
         return group
 
+    def failed(self, wait_s: float = 0.0) -> rc.GroupContext | None:
+        """A collective of the epoch joined failed (a member died mid-call): leave it at once and do not
+        join it again. Leaving closes this member's connections, so a member still blocked waiting on
+        this one fails now instead of at its timeout, and every survivor is free for the next epoch
+        the moment the core tells it. Waits up to ``wait_s`` for that epoch (the newest, or None).
+        (If no newer epoch comes within ``timeout_s``, the failure was no member's death: ``ensure``
+        joins the same epoch again.)"""
+        if self.group is not None:
+            self._broken = (self.group.group_id, self.group.epoch, time.monotonic() + self.timeout_s)
+        self.destroy()
+        return self.wait_newer(wait_s) if wait_s > 0 else None
+
+    def _is_broken(self, group: rc.GroupContext) -> bool:
+        b = self._broken
+        return b is not None and (b[0], b[1]) == (group.group_id, group.epoch) and time.monotonic() < b[2]
+
+    def _past(self, group: rc.GroupContext) -> bool:
+        """``group`` is no newer than the epoch joined or failed (nothing new to join)."""
+        mine = self.group
+        if mine is not None and group.group_id == mine.group_id and group.epoch <= mine.epoch:
+            return True
+        return self._is_broken(group)
+
     def wait_newer(self, timeout_s: float) -> rc.GroupContext | None:
-        """Wait up to ``timeout_s`` for an epoch newer than the one joined; the newest told (None:
-        none came)."""
+        """Wait up to ``timeout_s`` for an epoch newer than the one joined (or failed); the newest
+        told (None: none came)."""
         deadline = time.monotonic() + timeout_s
         with _cond:
-            while _newest is None or (self.group is not None and _newest.epoch <= self.group.epoch
-                                      and _newest.group_id == self.group.group_id):
+            while _newest is None or self._past(_newest):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return _newest if self.group is None else None
-                _cond.wait(left)
+                    return None
+                _cond.wait(min(left, 0.1))
             return _newest
 
     def destroy(self) -> None:
@@ -131,9 +159,7 @@ class ProcessGroup:
             _kv_put(key, f"{host}:{store.port}")
             self._key = key
         else:
-            address = _kv_wait(key, self.timeout_s)
-            host, _, port = address.rpartition(":")
-            store = dist.TCPStore(host, int(port), group.world_size, is_master=False, timeout=timeout)
+            store = _connect(group, key, self.timeout_s)
         self._store = store
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"epoch-{group.epoch}", store),
                                 rank=group.rank, world_size=group.world_size, timeout=timeout)
@@ -154,17 +180,44 @@ def _kv_del(key: str) -> None:
         pass
 
 
-def _kv_wait(key: str, timeout_s: float) -> str:
-    """The address rank 0 published under ``key``, waiting up to ``timeout_s``."""
-    from ray.experimental import internal_kv
+def _superseded(group: rc.GroupContext) -> bool:
+    n = _newest
+    return n is not None and n.group_id == group.group_id and n.epoch > group.epoch
+
+
+def _connect(group: rc.GroupContext, key: str, timeout_s: float) -> Any:
+    """A client of the TCPStore rank 0 published under ``key``, within ``timeout_s``: the address read
+    again after a refused connection (a rank 0 that joined the same epoch again published a new one),
+    given up at once when a newer epoch is told (this one will never form)."""
+    import torch.distributed as dist
 
     deadline = time.monotonic() + timeout_s
+    while True:
+        address = _kv_wait(group, key, deadline)
+        host, _, port = address.rpartition(":")
+        left = deadline - time.monotonic()
+        try:
+            return dist.TCPStore(host, int(port), group.world_size, is_master=False,
+                                 timeout=datetime.timedelta(seconds=max(0.1, min(2.0, left))))
+        except Exception:
+            if time.monotonic() >= deadline or _superseded(group):
+                raise
+            time.sleep(0.05)
+
+
+def _kv_wait(group: rc.GroupContext, key: str, deadline: float) -> str:
+    """The address rank 0 published under ``key``, waiting until ``deadline`` (``time.monotonic``),
+    or until a newer epoch is told."""
+    from ray.experimental import internal_kv
+
     pause = 0.01
     while True:
         got = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
         if got:
             return got.decode() if isinstance(got, bytes) else str(got)
+        if _superseded(group):
+            raise GroupReforming(f"epoch {group.epoch} of {group.group_id} was superseded before it formed")
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"no rendezvous for {key} within {timeout_s:g} s (its rank 0 has not published)")
+            raise TimeoutError(f"no rendezvous for {key} by its deadline (its rank 0 has not published)")
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
