@@ -115,3 +115,18 @@ def test_the_example_runs_and_re_forms_after_a_kill(capsys):
     after = data_parallel_group.main()
     assert sorted(after) == [0, 1, 2, 3] and {r["last"][2] for r in after.values()} == {10.0}
     assert "re-formed at epoch" in capsys.readouterr().out
+
+
+def test_a_member_that_cannot_follow_a_rank_move_is_restarted_and_joins():
+    """``rank_moves="restart"``: a downscale that moves rank 3's holder to rank 1 stops it and starts a
+    new replica there (a new process); the others re-form in place at world 3."""
+    ctl = get_controller()
+    h = run(deployment(DataParallel, name="dp", num_replicas=4, collective_group=True, rank_moves="restart",
+                       ray_actor_options=OPTS).bind())
+    first = reformed(h, 4)
+    ask(ctl, "scale", "dp", 3, (first[1]["rid"],))
+    down = reformed(h, 3, above=first[0]["last"][0])
+    assert (down[0]["pid"], down[2]["pid"]) == (first[0]["pid"], first[2]["pid"])  # in place
+    assert down[1]["pid"] not in {r["pid"] for r in first.values()}  # rank 3's holder restarted on rank 1
+    assert down[0]["group"][3] and down[2]["group"][3] and not down[1]["group"][3]
+

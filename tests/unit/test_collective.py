@@ -47,3 +47,23 @@ def test_the_rendezvous_key_names_the_epoch_and_its_members():
     a, b = ctx(2), ctx(2, members=("dp#0", "dp#5"))
     assert a.rendezvous_key != b.rendezvous_key != ctx(3).rendezvous_key
     assert a.rendezvous_key.startswith("dp/epoch-2/")
+
+
+def test_a_failed_epoch_is_not_joined_again_until_a_newer_one_or_its_timeout():
+    pg = collective.ProcessGroup(timeout_s=0.3)
+    collective.told(ctx(1))
+    pg.group = ctx(1)  # (as if joined: no process group in this process, nothing to destroy)
+    assert pg.failed() is None and pg.group is None
+    with pytest.raises(collective.GroupReforming, match="epoch 1 of dp failed; waiting for the next one"):
+        pg.ensure()
+    assert pg.wait_newer(0.05) is None  # (epoch 1 is no news)
+    threading.Timer(0.05, collective.told, args=(ctx(2, members=("dp#0", "dp#2")),)).start()
+    got = pg.wait_newer(5.0)
+    assert got is not None and got.epoch == 2
+    # a failure that was no member's death: after timeout_s the same epoch may be joined again
+    pg2 = collective.ProcessGroup(timeout_s=0.1)
+    pg2.group = ctx(2, members=("dp#0", "dp#2"))
+    pg2.failed()
+    assert pg2._is_broken(collective.newest())
+    time.sleep(0.15)
+    assert not pg2._is_broken(collective.newest())

@@ -106,9 +106,10 @@ class ProcessGroup:
         the moment the core tells it. Waits up to ``wait_s`` for that epoch (the newest, or None).
         (If no newer epoch comes within ``timeout_s``, the failure was no member's death: ``ensure``
         joins the same epoch again.)"""
-        if self.group is not None:
-            self._broken = (self.group.group_id, self.group.epoch, time.monotonic() + self.timeout_s)
+        group = self.group
         self.destroy()
+        if group is not None:  # (from when it has left: leaving may take a while)
+            self._broken = (group.group_id, group.epoch, time.monotonic() + self.timeout_s)
         return self.wait_newer(wait_s) if wait_s > 0 else None
 
     def _is_broken(self, group: rc.GroupContext) -> bool:
