@@ -84,7 +84,7 @@ import threading
 import time
 from typing import Any
 
-from common import ROOT, OursReplica, ServeReplica, awaitable, free_port, replica_id, use_this_tree
+from common import ROOT, OursReplica, ServeReplica, awaitable, free_port, merged_counts, replica_id, use_this_tree
 
 use_this_tree()
 
@@ -892,19 +892,13 @@ def summarise(results: dict[str, list[dict]], faults: list[str]) -> list[dict]:
                 "bad_world_size": sum(f["bad_world_size"] for f in got),
                 "controller_agrees": all(f.get("controller_agrees", True) for f in got),
                 "state_errors": [e for f in got for e in f.get("state_errors", [])],
-                "failed_by": _merge([f["failed_by"] for f in got]),
-                "avoidable_by": _merge([f.get("avoidable_by", {}) for f in got]),
+                "failed_by": merged_counts([f["failed_by"] for f in got]),
+                "avoidable_by": merged_counts([f.get("avoidable_by", {}) for f in got]),
                 "first_failures": [x for f in got for x in f["first_failures"]][:3]}
         rows.append(row)
     return rows
 
 
-def _merge(dicts: list[dict]) -> dict:
-    out: dict[str, int] = {}
-    for d in dicts:
-        for k, v in d.items():
-            out[k] = out.get(k, 0) + v
-    return out
 
 
 def judge(row: dict) -> str:

@@ -109,7 +109,17 @@ import threading
 import time
 from typing import Any
 
-from common import ROOT, OursReplica, ServeReplica, awaitable, free_port, print_table, replica_id, use_this_tree
+from common import (
+    ROOT,
+    OursReplica,
+    ServeReplica,
+    awaitable,
+    free_port,
+    merged_counts,
+    print_table,
+    replica_id,
+    use_this_tree,
+)
 
 use_this_tree()
 
@@ -405,12 +415,6 @@ def _median(xs: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _merge(counts: list[dict]) -> dict:
-    out: dict[str, int] = {}
-    for c in counts:
-        for k, v in c.items():
-            out[k] = out.get(k, 0) + v
-    return out
 
 
 def summarise(res: dict) -> dict:
@@ -430,7 +434,7 @@ def summarise(res: dict) -> dict:
             "req_failed": sum(r["failed"] for r in reqs) if reqs else None,
             "req_timeouts": sum(r["timeouts"] for r in reqs) if reqs else None,
             "req_sent": sum(r["sent"] for r in reqs) if reqs else None,
-            "failed_by": _merge([r["failed_by"] for r in reqs]),
+            "failed_by": merged_counts([r["failed_by"] for r in reqs]),
             "first_failures": list(dict.fromkeys(e for r in reqs for e in r["first_errors"]))[:3],
             "kill_ranks": [t["victim"] for t in trials], "errors": res.get("errors", [])}
 

@@ -201,6 +201,15 @@ def print_errors_and_goal(results: dict, rows: list[dict], issue: str) -> None:
 
 
 # ----------------------------------------------------------------- arguments
+def merged_counts(counts: list[dict]) -> dict:
+    """Counts by key, summed over ``counts`` (failures by kind over the trials of a run)."""
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def ints(text: str) -> list[int]:
     """An argparse type: a comma-separated list of ints >= 1 (``--clients``)."""
     values = [int(x) for x in text.split(",") if x.strip()]

@@ -53,7 +53,7 @@ class DataParallel:
         import ray
 
         return {"rid": ctx.replica_id, "pid": os.getpid(), "last": self.last, "rank": ctx.rank.rank,
-                "node": ray.get_runtime_context().get_node_id(),
+                "node": ray.get_runtime_context().get_node_id(), "address": self.pg.address,
                 "group": (g.epoch, g.rank, g.world_size, g.in_place) if g is not None else None}
 
     def step_now(self) -> float:
@@ -77,7 +77,11 @@ def main() -> dict:
 
     def right(above: int) -> dict[int, dict]:
         while True:
-            got = {r["rank"]: r for r in handle.broadcast(timeout=10).values()}
+            try:
+                got = {r["rank"]: r for r in handle.broadcast(timeout=10).values()}
+            except Exception:  # (a member dying under the call)
+                time.sleep(0.05)
+                continue
             lasts = {r["last"] for r in got.values()}
             if len(got) == 4 and len(lasts) == 1 and None not in lasts and next(iter(lasts))[0] > above:
                 return got

@@ -57,17 +57,24 @@ class Trickle:
         self._thread.join(timeout=15)
 
 
+def deploy(n: int, **options):
+    """The data-parallel example as deployment ``dp`` of ``n`` replicas, one collective group."""
+    return run(deployment(DataParallel, name="dp", num_replicas=n, collective_group=True, ray_actor_options=OPTS,
+                          **options).bind())
+
+
 def kill(rid: str) -> None:
     ray.kill(ray.get_actor(actor_name("dp", rid), namespace=NAMESPACE), no_restart=True)
 
 
 def test_a_data_parallel_group_re_forms_in_place_after_a_crash_a_downscale_and_an_upscale():
     ctl = get_controller()
-    h = run(deployment(DataParallel, name="dp", num_replicas=4, collective_group=True,
-                       ray_actor_options=OPTS).bind())
+    h = deploy(4)
     first = reformed(h, 4)
     epoch = first[0]["last"][0]
     assert all(r["group"][:3] == (epoch, k, 4) for k, r in first.items())
+    (address,) = {r["address"] for r in first.values()}  # (one rendezvous, rank 0's store)
+    assert address.rpartition(":")[2].isdigit()
 
     # a member killed under load: its replacement joins on rank 2, the three survivors re-form in the same
     # processes; every call that needed the group meanwhile was answered right or refused clearly
@@ -98,8 +105,7 @@ def test_a_data_parallel_group_re_forms_in_place_after_a_crash_a_downscale_and_a
 
 def test_the_controller_killed_before_a_re_form_leaves_every_member_on_one_newest_epoch():
     ctl = get_controller()
-    h = run(deployment(DataParallel, name="dp", num_replicas=3, collective_group=True,
-                       ray_actor_options=OPTS).bind())
+    h = deploy(3)
     first = reformed(h, 3)
     epoch = first[0]["last"][0]
     kill(first[1]["rid"])
@@ -121,8 +127,7 @@ def test_a_member_that_cannot_follow_a_rank_move_is_restarted_and_joins():
     """``rank_moves="restart"``: a downscale that moves rank 3's holder to rank 1 stops it and starts a
     new replica there (a new process); the others re-form in place at world 3."""
     ctl = get_controller()
-    h = run(deployment(DataParallel, name="dp", num_replicas=4, collective_group=True, rank_moves="restart",
-                       ray_actor_options=OPTS).bind())
+    h = deploy(4, rank_moves="restart")
     first = reformed(h, 4)
     ask(ctl, "scale", "dp", 3, (first[1]["rid"],))
     down = reformed(h, 3, above=first[0]["last"][0])

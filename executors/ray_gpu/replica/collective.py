@@ -68,6 +68,8 @@ class ProcessGroup:
         self.group: rc.GroupContext | None = None  # the epoch joined
         self._store: Any = None  # the TCPStore of the epoch joined (rank 0 serves it)
         self._key: str | None = None  # the KV key rank 0 published for it
+        #: the rendezvous of the epoch joined: rank 0's TCPStore, ``"host:port"`` (None: none joined)
+        self.address: str | None = None
         #: the epoch a collective of which failed (``failed``), as (group id, epoch, until when it is not
         #: joined again unless no newer one came: a failure that was no member's death)
         self._broken: tuple[str, int, float] | None = None
@@ -143,7 +145,7 @@ class ProcessGroup:
             dist.destroy_process_group()
         if self._key is not None:
             _kv_del(self._key)
-        self._store = self._key = None
+        self._store = self._key = self.address = None
         self.group = None
 
     def _join(self, group: rc.GroupContext) -> None:
@@ -157,11 +159,12 @@ class ProcessGroup:
             host = ray.util.get_node_ip_address()
             store = dist.TCPStore(host, 0, group.world_size, is_master=True, timeout=timeout,
                                   wait_for_workers=False)
-            _kv_put(key, f"{host}:{store.port}")
+            address = f"{host}:{store.port}"
+            _kv_put(key, address)
             self._key = key
         else:
-            store = _connect(group, key, self.timeout_s)
-        self._store = store
+            store, address = _connect(group, key, self.timeout_s)
+        self._store, self.address = store, address
         dist.init_process_group(self.backend, store=dist.PrefixStore(f"epoch-{group.epoch}", store),
                                 rank=group.rank, world_size=group.world_size, timeout=timeout)
 
@@ -186,8 +189,8 @@ def _superseded(group: rc.GroupContext) -> bool:
     return n is not None and n.group_id == group.group_id and n.epoch > group.epoch
 
 
-def _connect(group: rc.GroupContext, key: str, timeout_s: float) -> Any:
-    """A client of the TCPStore rank 0 published under ``key``, within ``timeout_s``: the address read
+def _connect(group: rc.GroupContext, key: str, timeout_s: float) -> tuple[Any, str]:
+    """A client of the TCPStore rank 0 published under ``key``, and its address, within ``timeout_s``: the address read
     again after a refused connection (a rank 0 that joined the same epoch again published a new one),
     given up at once when a newer epoch is told (this one will never form)."""
     import torch.distributed as dist
@@ -199,7 +202,7 @@ def _connect(group: rc.GroupContext, key: str, timeout_s: float) -> Any:
         left = deadline - time.monotonic()
         try:
             return dist.TCPStore(host, int(port), group.world_size, is_master=False,
-                                 timeout=datetime.timedelta(seconds=max(0.1, min(2.0, left))))
+                                 timeout=datetime.timedelta(seconds=max(0.1, min(2.0, left)))), address
         except Exception:
             if time.monotonic() >= deadline or _superseded(group):
                 raise
