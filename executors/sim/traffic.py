@@ -507,7 +507,8 @@ class SimTraffic:
         self._load_wait: dict[str, str] = {}
         for name in sorted(specs):
             flow = self.flows[name] = _Flow(specs[name], sim)
-            self.machine.handle(Configure(deployment=name, **dict(specs[name].limits)))
+            limits: dict[str, Any] = dict(specs[name].limits)
+            self.machine.handle(Configure(deployment=name, **limits))
             self._next_arrival(flow)
             sim.schedule(0.0, self._sample, flow, last=True)
 

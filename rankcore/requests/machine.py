@@ -19,8 +19,10 @@ Mutable and NOT thread-safe: an executor holds a lock around ``handle`` and
 the reads. Deterministic: the same events give the same actions (no hash
 order, no clock). Each event costs O(log n) in the replicas and queued
 requests (amortised; no scan of every request), except ``Configure`` changing
-``max_ongoing_requests``, ``PoolReset`` and dispatching a request with a multiplexed model id
-(``Submit.model_id``: the replicas are compared, ``rankcore.requests.route_model``), O(replicas).
+``max_ongoing_requests``, ``PoolReset``, dispatching a request with a multiplexed model id
+(``Submit.model_id``: the replicas are compared, ``rankcore.requests.route_model``) and dispatching
+through a deployment's router (``Configure.request_router``: its candidates listed,
+``rankcore.requests.routing``), O(replicas).
 
 Public module for executors: ``from rankcore.requests import RequestMachine, Submit, ...``.
 """
@@ -60,6 +62,7 @@ from .records import (
     Submit,
     Tick,
 )
+from .routing import Candidate, Router, RouteRequest, RouterError, make_router
 
 __all__ = [
     "RequestMachine",
@@ -113,11 +116,27 @@ _failed = maker(Failed)
 _cancel_on = maker(CancelOnReplica)
 
 
+_Candidate = maker(Candidate)
+
+
+def _hook(name: str, dep: _Dep, what: str, fn: Any, *args: Any) -> None:
+    """A router's ``dispatched`` / ``forget``; one that raised is a ``RouterError`` naming it."""
+    try:
+        fn(*args)
+    except Exception as exc:
+        raise RouterError(f"request router {name!r} of {dep.name!r} raised {exc!r} in {what}()") from exc
+
+
+def _route_of(req: _Request) -> RouteRequest:
+    """What ``req``'s router may read of it."""
+    return RouteRequest(req.rid, req.key, req.prefix, req.model)
+
+
 class _Request:
     """A live request (or an ended one its replica still holds: ``final`` set)."""
 
     __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "model", "attempt", "state", "replica",
-                 "slot", "ran_on", "last", "final", "reason", "tells_start", "sent")
+                 "slot", "ran_on", "last", "final", "reason", "tells_start", "sent", "key", "prefix")
 
     def __init__(self, rid: str, dep: _Dep, seq: int, ev: Submit) -> None:
         self.rid = rid
@@ -137,6 +156,7 @@ class _Request:
         self.final: str | None = None
         self.reason: str | None = None
         self.sent: float | None = None  # the clock when last dispatched (None: no Tick yet)
+        self.key, self.prefix = ev.routing_key, ev.prefix  # what a router may route by (``_route_of``)
 
 
 class _Replica:
@@ -160,7 +180,7 @@ class _Dep:
     __slots__ = ("name", "configured", "max_ongoing", "max_queued", "max_retries", "coming", "replicas", "by_join",
                  "next_join", "serving", "free", "lows", "low_set", "last_join", "queue", "in_flight",
                  "submitted", "dispatched", "answered", "app_errors", "retried", "failed", "rejected", "cancelled",
-                 "late", "asked", "asks", "heard")
+                 "late", "asked", "asks", "heard", "router", "router_spec")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -192,6 +212,9 @@ class _Dep:
         self.submitted = self.dispatched = self.answered = self.app_errors = 0
         self.retried = self.failed = self.cancelled = self.late = 0
         self.rejected = dict.fromkeys(_REJECT_COUNTED, 0)
+        #: its router (None: ``choose``, the machine's own rule) and what built it (name, sorted keywords)
+        self.router: Router | None = None
+        self.router_spec: tuple = ("", ())
 
     # -- the replicas that can take a request now
 
@@ -316,7 +339,15 @@ class RequestMachine:
         return out
 
     def _configure(self, ev: Configure) -> list[RequestAction]:
+        spec = (ev.request_router, tuple(sorted(ev.request_router_kwargs.items())))
+        old = self._deps.get(ev.deployment)
+        router = None
+        if (old.router_spec if old is not None else ("", ())) != spec and ev.request_router:
+            router = make_router(ev.request_router, ev.request_router_kwargs)  # (refused before anything changes)
         dep = self._dep(ev.deployment)
+        routed = dep.router_spec != spec
+        if routed:
+            dep.router, dep.router_spec = router, spec
         dep.configured = True
         dep.max_queued = ev.max_queued_requests
         dep.max_retries = ev.max_retries
@@ -324,6 +355,8 @@ class RequestMachine:
         if ev.max_ongoing_requests != dep.max_ongoing:
             dep.max_ongoing = ev.max_ongoing_requests
             dep.rebuild_free()
+            self._pump(dep, out)
+        elif routed:  # (a new router: what waits goes out by it, as a queue left by a refused pick does)
             self._pump(dep, out)
         return out
 
@@ -348,7 +381,16 @@ class RequestMachine:
         if ev.model_id:
             dep.ask(ev.model_id)
         waiting = dep.queue.n
-        rep = None if waiting else dep.choose_model(ev.model_id) if ev.model_id else dep.choose()
+        if waiting:
+            rep = None
+        elif dep.router is not None:
+            try:
+                rep = self._route(dep, RouteRequest(ev.request_id, ev.routing_key, ev.prefix, ev.model_id))
+            except RouterError:
+                dep.submitted -= 1  # (refused whole: never accepted)
+                raise
+        else:
+            rep = dep.choose_model(ev.model_id) if ev.model_id else dep.choose()
         if rep is None and 0 <= dep.max_queued <= waiting:
             return [self._reject_new(dep, rid, "overloaded",
                                      f"deployment {dep.name!r} has {waiting} requests queued "
@@ -518,6 +560,7 @@ class RequestMachine:
         if ev.membership == "gone":
             if rep is None:
                 return out
+            self._forget_replicas(dep, [rep.rid])
             self._gone(dep, rep, out)
         else:
             self._member(dep, ev.replica_id, ev.membership == "serving")
@@ -531,7 +574,9 @@ class RequestMachine:
         dep = self._dep(ev.deployment)
         out: list[RequestAction] = []
         listed = set(ev.serving) | set(ev.draining)
-        for rep in [r for r in dep.replicas.values() if r.rid not in listed]:
+        leaving = [r for r in dep.replicas.values() if r.rid not in listed]
+        self._forget_replicas(dep, [r.rid for r in leaving])
+        for rep in leaving:
             self._gone(dep, rep, out)
         for rid in ev.serving:
             self._member(dep, rid, True)
@@ -579,6 +624,7 @@ class RequestMachine:
         del dep.replicas[rep.rid]
         del dep.by_join[rep.join]
         dep.serving -= rep.serving
+
         for req in rep.held.values():  # in dispatch order
             req.replica = None
             if req.final is not None:  # ended: the answer it owed will never come
@@ -674,9 +720,52 @@ class RequestMachine:
             if rep is None:
                 return
             req = queue.pop()
-            if req.model:
+            if dep.router is not None:
+                try:
+                    rep = self._route(dep, _route_of(req)) or rep
+                except RouterError:
+                    queue.put_back(req)  # (kept at the head: nothing accepted is lost)
+                    raise
+            elif req.model:
                 rep = dep.choose_model(req.model) or rep
             self._send(dep, req, rep, out)
+
+    @staticmethod
+    def _forget_replicas(dep: _Dep, rids: list[str]) -> None:
+        """``dep``'s router forgets replicas leaving the pool, before anything else changes (a router
+        that raises refuses the event: ``RouterError``, the machine unchanged)."""
+        if dep.router is not None:
+            for rid in rids:
+                _hook(dep.router_spec[0], dep, "forget", dep.router.forget, rid)
+
+    def _route(self, dep: _Dep, request: RouteRequest) -> _Replica | None:
+        """The candidate ``dep``'s router picks for ``request`` (None: no candidate); its own rule
+        when the router says None. O(replicas). A pick that is no candidate, or a router that
+        raised, is a ``RouterError`` naming the router (the machine's state is unchanged)."""
+        cap = dep.max_ongoing
+        cands = [r for r in dep.replicas.values() if r.serving and not r.excluded and not r.quiet and len(r.held) < cap]
+        if not cands:
+            return None
+        name, router = dep.router_spec[0], cast(Router, dep.router)
+        offered = tuple(_Candidate(replica_id=r.rid, in_flight=len(r.held), join=r.join, models=tuple(r.models))
+                        for r in cands)
+        try:
+            pick = router.choose(offered, request)
+        except Exception as exc:
+            raise RouterError(f"request router {name!r} of {dep.name!r} raised {exc!r} choosing for "
+                              f"{request.request_id!r}") from exc
+        if pick is None:
+            rep = dep.choose_model(request.model_id) or dep.choose() if request.model_id else dep.choose()
+            if rep is not None:
+                _hook(name, dep, "dispatched", router.dispatched, rep.rid, request)
+            return rep
+        for r in cands:
+            if r.rid == pick:
+                _hook(name, dep, "dispatched", router.dispatched, pick, request)  # (it is sent there: nothing fails after)
+                return r
+        raise RouterError(f"request router {name!r} of {dep.name!r} picked {shown(pick)} for "
+                          f"{request.request_id!r}, which is no candidate (candidates: "
+                          f"{', '.join(r.rid for r in cands)}): a router picks among the candidates only")
 
     def _free_slot(self, dep: _Dep, rep: _Replica, req: _Request) -> None:
         dep.leave(rep)

@@ -10,6 +10,7 @@ Internal module: import its public names from ``rankcore.requests``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -86,6 +87,16 @@ class Configure:
     max_ongoing_requests: int = attrs.field(default=MAX_ONGOING_REQUESTS, validator=f.positive_int)
     max_queued_requests: int = attrs.field(default=MAX_QUEUED_REQUESTS, validator=f.queue_limit)
     max_retries: int = attrs.field(default=MAX_RETRIES, validator=f.count)
+    #: the deployment's router by name ("": the machine's own rule, least in flight; rankcore.requests.routing)
+    #: and its keywords (Ray Serve's ``request_router_config``: ``request_router_class``, ``request_router_kwargs``)
+    request_router: str = attrs.field(default="", validator=f.text)
+    request_router_kwargs: Any = attrs.field(factory=dict, hash=False)
+
+    @request_router_kwargs.validator
+    def _check_kwargs(self, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise InvalidConfig(f"Configure({self.deployment!r}).request_router_kwargs must be a mapping of "
+                                f"keywords, got {f.shown(value)}")
 
 
 @attrs.frozen(kw_only=True)
@@ -109,6 +120,10 @@ class Submit:
     #: (``rankcore.requests.route_model``)
     model_id: str = attrs.field(default="", validator=f.text)
     reports_started: bool = attrs.field(default=False, validator=f.flag)
+    #: what a router may route by (rankcore.requests.routing): a session key (``consistent_hash``) and
+    #: the text whose prefix a replica may have cached (``prefix_affinity``)
+    routing_key: str = attrs.field(default="", validator=f.text)
+    prefix: str = attrs.field(default="", validator=f.text)
 
 
 @attrs.frozen(kw_only=True)

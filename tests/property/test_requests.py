@@ -16,7 +16,7 @@ list: order and positions after random pushes, pops, removals, puts back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -48,8 +48,15 @@ LIVE_ON_REPLICA = ("dispatched", "running")
 MODELS = ("", "", "m1", "m2", "m3")
 
 
+#: prompts whose prefixes overlap (a router by prefix sees shared blocks of 4 characters)
+PROMPTS = ("", "system: be brief. hi", "system: be brief. bye", "system: be kind. hi", "user: x")
+
+
 class RequestMachineProps(RuleBasedStateMachine):
     reports_started = True
+    #: the deployments' router (rankcore.requests.routing; "": the machine's own rule) and its keywords
+    router = ""
+    router_kwargs: ClassVar[dict] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,13 +102,13 @@ class RequestMachineProps(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.feed(Configure(deployment="llm"))
+        self.feed(Configure(deployment="llm", request_router=self.router, request_router_kwargs=self.router_kwargs))
 
     @rule(dep=st.sampled_from(DEPS), ongoing=st.integers(1, 3), queued=st.integers(-1, 3), retries=st.integers(0, 2))
     def configure(self, dep: str, ongoing: int, queued: int, retries: int) -> None:
         self.limits[dep] = (ongoing, queued)
         self.feed(Configure(deployment=dep, max_ongoing_requests=ongoing, max_queued_requests=queued,
-                            max_retries=retries))
+                            max_retries=retries, request_router=self.router, request_router_kwargs=self.router_kwargs))
 
     @rule(dep=st.sampled_from(DEPS), i=st.integers(0, 3),
           membership=st.sampled_from(("serving", "serving", "draining", "gone")))
@@ -141,9 +148,10 @@ class RequestMachineProps(RuleBasedStateMachine):
             assert sorted(view[rid].models) == sorted(models)
 
     @rule(dep=st.sampled_from(DEPS + DEPS + (UNKNOWN_DEP,)), idempotent=st.booleans(), stream=st.booleans(),
-          deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS), tells=st.booleans())
+          deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS), tells=st.booleans(),
+          key=st.sampled_from(("", "alice", "bob")), prompt=st.sampled_from(PROMPTS))
     def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None, model: str,
-               tells: bool) -> None:
+               tells: bool, key: str, prompt: str) -> None:
         rid = f"q{len(self.ids)}"
         before = len(self.m.queued(dep))
         pool = self.m.pool(dep)
@@ -153,9 +161,9 @@ class RequestMachineProps(RuleBasedStateMachine):
         self.tells[rid] = tells or self.reports_started
         out = self.feed(Submit(request_id=rid, deployment=dep, idempotent=idempotent, stream=stream,
                                deadline=None if deadline is None else self.now + deadline, model_id=model,
-                               reports_started=tells))
+                               reports_started=tells, routing_key=key, prefix=prompt))
         sent = [a.replica_id for a in out if isinstance(a, Dispatch)]
-        if model and sent:  # the routing rule: a free holder of its model if there is one, else fewest models
+        if model and sent and not self.router:  # the routing rule: a free holder of its model, else fewest models
             limit = self.limits.get(dep, (5, -1))[0]
             free = [v for v in pool if v.membership == "serving" and not v.excluded and not v.quiet
                     and v.in_flight < limit]
@@ -291,8 +299,37 @@ class RequestMachineNoStarted(RequestMachineProps):
     reports_started = False
 
 
+class RoutedByTwoChoices(RequestMachineProps):
+    """Issue 68: every invariant above holds whatever the router picks (it picks among the candidates
+    only: the queue, its order, back-pressure and work conservation stay the machine's)."""
+
+    router = "power_of_two_choices"
+
+
+class RoutedByKey(RequestMachineNoStarted):
+    router = "consistent_hash"
+
+
+class RoutedByPrefix(RequestMachineProps):
+    router = "prefix_affinity"
+    router_kwargs: ClassVar[dict] = {"block_chars": 4, "max_blocks": 3, "imbalance_threshold": 1}
+
+    @invariant()
+    def prefix_stores_bounded_and_only_of_the_pool(self) -> None:
+        for d in self.m.deployments():
+            router = self.m._deps[d].router
+            if router is None:
+                continue
+            pool = {v.replica_id for v in self.m.pool(d)}
+            assert set(router.stores) <= pool, (d, set(router.stores), pool)
+            assert all(len(store) <= 3 for store in router.stores.values())
+
+
 TestRequestMachine = RequestMachineProps.TestCase
 TestRequestMachineNoStarted = RequestMachineNoStarted.TestCase
+TestRoutedByTwoChoices = RoutedByTwoChoices.TestCase
+TestRoutedByKey = RoutedByKey.TestCase
+TestRoutedByPrefix = RoutedByPrefix.TestCase
 
 
 # ------------------------------------------------- the queue alone, against a list
