@@ -467,12 +467,6 @@ def judge(rows: dict[str, dict]) -> dict:
     return out
 
 
-def _f(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
-
-
 def print_report(results: dict, args: argparse.Namespace) -> tuple[dict, dict]:
     rows = {name: summarise(res) for name, res in results.items()}
     version = next((r.get("ray_version") for r in results.values() if r.get("ray_version")), None)
@@ -489,10 +483,10 @@ def print_report(results: dict, args: argparse.Namespace) -> tuple[dict, dict]:
         reqs = "n/a" if row["req_sent"] is None else f"{row['req_failed']}/{row['req_sent']}"
         if name == "torchrun":
             reqs = "n/a (serves none)"
-        table.append([TITLES.get(name, name), _f(row["back_s"]), _f(row["start_s"]),
+        table.append([TITLES.get(name, name), childrun.fmt(row["back_s"]), childrun.fmt(row["start_s"]),
                       f"{row['restarted']}/{row['survivors']}" + ("?" if row["restarted_unknown"] else ""),
                       str(row["wrong"]), reqs,
-                      ", ".join(_f(b) + (f" ({x:+.2f})" if x is not None else "")
+                      ", ".join(childrun.fmt(b) + (f" ({x:+.2f})" if x is not None else "")
                                 for b, x in zip(row["back_all"], row["after_start_all"])) or "-"])
     print_table(headers, table)
     print("(medians of the trials; survivors restarted and failures summed over them; per trial: back, and in "
@@ -586,9 +580,9 @@ async def one_trial(system: Any, folder: str, victim: int, args: argparse.Namesp
     stop.set()
     got["requests"] = await reqs if reqs is not None else None
     got.update(victim=victim, gen_before=before["gen"], records=len(read_records(folder)))
-    log(f"{system.name}: killed rank {victim}: back {_f(got['back_s'])} s (by rank {got.get('ranks_back_s')}"
+    log(f"{system.name}: killed rank {victim}: back {childrun.fmt(got['back_s'])} s (by rank {got.get('ranks_back_s')}"
         + (f", told the epoch at {got['told_s']}" if got.get("told_s") else "")
-        + f"), start {_f(got['start_s'])} s, restarted {got['restarted']}/{got['survivors']}, wrong {got['wrong']}, "
+        + f"), start {childrun.fmt(got['start_s'])} s, restarted {got['restarted']}/{got['survivors']}, wrong {got['wrong']}, "
         f"requests {got['requests']}")
     return got
 
@@ -639,13 +633,7 @@ class Serve:
     def killer(self, before: dict, victim: int) -> Any:
         import ray
 
-        rid = before["rids"][victim]
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a.get("namespace") == "serve" and a["name"].startswith("SERVE_REPLICA::")
-                 and a["name"].endswith(f"#{rid}")]
-        if len(names) != 1:
-            raise RuntimeError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
-        actor = ray.get_actor(names[0], namespace="serve")
+        actor = childrun.serve_replica_actor(before["rids"][victim])  # (found before the kill is timed)
         return lambda: ray.kill(actor, no_restart=True)
 
     def sender(self) -> Any:

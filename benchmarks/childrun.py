@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = ["spawn", "main_for", "serve_missing", "serve_shutdown", "add_child_arguments", "ray_env", "measure",
-           "client_counts", "deploy_ours", "paths_type", "kill_serve_replica", "SERVE_MODES", "systems",
+           "client_counts", "deploy_ours", "paths_type", "kill_serve_replica", "serve_replica_actor", "SERVE_MODES", "systems",
            "serve_views", "run_async", "check_levels", "ours_title"]
 
 #: Ray Serve's modes a benchmark measures ours against (``--serve-mode``), each the environment its
@@ -237,9 +237,9 @@ def serve_missing(names: list[str] | None = None) -> str | None:
     return None
 
 
-def kill_serve_replica(rid: str) -> None:
-    """Kill Ray Serve's replica actor ``rid`` (``SERVE_REPLICA::<app>#<deployment>#<rid>`` in the
-    ``serve`` namespace) with no restart; RuntimeError unless exactly one such actor exists."""
+def serve_replica_actor(rid: str) -> Any:
+    """Ray Serve's replica actor ``rid`` (``SERVE_REPLICA::<app>#<deployment>#<rid>`` in the ``serve``
+    namespace); RuntimeError unless exactly one such actor exists."""
     import ray
 
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -247,7 +247,14 @@ def kill_serve_replica(rid: str) -> None:
              and a["name"].endswith(f"#{rid}")]
     if len(names) != 1:
         raise RuntimeError(f"serve: expected one replica actor named SERVE_REPLICA::...#{rid}, found {names}")
-    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    return ray.get_actor(names[0], namespace="serve")
+
+
+def kill_serve_replica(rid: str) -> None:
+    """Kill Ray Serve's replica actor ``rid`` (``serve_replica_actor``) with no restart."""
+    import ray
+
+    ray.kill(serve_replica_actor(rid), no_restart=True)
 
 
 def serve_shutdown(log: Callable[[str], None]) -> None:

@@ -100,6 +100,18 @@ def of(kind: type, commands: Iterable[object]) -> list:
     return [c for c in commands if isinstance(c, kind)]
 
 
+def refused_before_a_child_starts(bench: ModuleType, argv: list[str], monkeypatch: Any, capsys: Any) -> str:
+    """Run benchmark ``bench``'s ``main(argv)``, which must exit with status 2 (a bad option) before it
+    starts any child; what it printed on stderr."""
+    import pytest
+
+    monkeypatch.setattr(bench, "spawn", lambda *a: pytest.fail("a child was started"))
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    return str(capsys.readouterr().err)
+
+
 def load_benchmark(name: str) -> ModuleType:
     """``benchmarks/<name>.py`` as a module (benchmarks/ is scripts, not a package), with benchmarks/
     on ``sys.path`` as for a script run there: the scripts import ``common`` and each other by name."""

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import load_benchmark, refused_before_a_child_starts
 
 
 def _bench():
@@ -29,12 +29,7 @@ def _bench():
     (["--world", "100", "--num-cpus", "4"], "--num-cpus 4 has no room for --world 100 replicas"),
 ])
 def test_bad_options_are_refused_before_anything_starts(argv, says, capsys, monkeypatch):
-    bench = _bench()
-    monkeypatch.setattr(bench, "spawn", lambda *a: pytest.fail("a child was started"))
-    with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
-    assert exc.value.code == 2
-    assert says in capsys.readouterr().err
+    assert says in refused_before_a_child_starts(_bench(), argv, monkeypatch, capsys)
 
 
 def test_only_quick_and_the_defaults():

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import load_benchmark, refused_before_a_child_starts
 
 
 def _bench():
@@ -28,12 +28,7 @@ def _bench():
     (["--only", "neither"], "invalid choice: 'neither'"),
 ])
 def test_bad_options_are_refused_before_anything_starts(argv, says, capsys, monkeypatch):
-    bench = _bench()
-    monkeypatch.setattr(bench, "spawn", lambda *a: pytest.fail("a child was started"))
-    with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
-    assert exc.value.code == 2
-    assert says in capsys.readouterr().err
+    assert says in refused_before_a_child_starts(_bench(), argv, monkeypatch, capsys)
 
 
 def test_help_works(capsys):
