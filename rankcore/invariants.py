@@ -609,6 +609,8 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
     moved and ``rank_moves="restart"`` replaces: its new rank)."""
     if isinstance(event, ControllerRecovered):
         return
+    # (``rank_moves="restart"``: one this step's compaction moved is replaced on its new rank)
+    moved_to = {(comp.deployment, ch.replica): ch.new.rank for comp in result.compactions for ch in comp.changes}
     for c in result.commands:
         if isinstance(c, StartReplica) and c.replaces is not None:
             dep = before.deployments[c.deployment]
@@ -620,9 +622,7 @@ def check_crash_inherits_rank(before: State, event: object, result: Step) -> Non
             gone = dep.replicas[c.replaces]
             # (a blue called off and given a twin again in one step: the rank it was told and took back)
             old = dep.ranks.global_rank(c.replaces) if gone.blue_ranks is None else gone.blue_ranks[0]
-            # (``rank_moves="restart"``: one this step's compaction moved is replaced on its new rank)
-            old = next((ch.new.rank for comp in result.compactions if comp.deployment == c.deployment
-                        for ch in comp.changes if ch.replica == c.replaces), old)
+            old = moved_to.get((c.deployment, c.replaces), old)
             if c.global_rank != old:
                 _fail(f"{c.replica_id} replaces {c.replaces} (rank {old}) but starts with rank {c.global_rank}")
             if result.state.deployments[c.deployment].replicas[c.replica_id].lineage != dep.replicas[c.replaces].lineage:
@@ -725,9 +725,7 @@ def check_compaction_minimal(before: State, event: object, result: Step) -> None
         dep = result.state.deployments[comp.deployment]
         # (``rank_moves="restart"``: a moved replica's successor waiting for a node holds only its global
         # rank until it is placed; the global ranks are contiguous already)
-        moved_ids = {a.replica for a in moved}
-        waiting = any(isinstance(c, StartReplica) and c.replaces in moved_ids
-                      and dep.ranks.node_of(c.replica_id) is None for c in result.commands)
+        waiting = any(dep.ranks.node_of(rid) is None for rid in _successors_of_moved(comp, result))
         if not (dep.ranks.lower_bound().rank == 0 if waiting else dep.ranks.is_contiguous()):
             _fail(f"{comp.deployment}: still not contiguous after compaction")
 
@@ -870,14 +868,20 @@ def check_placements(before: State, event: object, result: Step) -> None:
                 _fail(f"{c.replica_id} was placed while {rid}, of the same need and waiting longer, still waits")
 
 
+def _successors_of_moved(comp: Any, result: Step) -> set[str]:
+    """``rank_moves="restart"``: the replicas this step started in place of those ``comp`` moved (each
+    on its predecessor's new ranks, rankcore.control.moves.compact); none otherwise."""
+    moved = {a.replica for a in comp.changes}
+    return {c.replica_id for c in result.commands if isinstance(c, StartReplica) and c.replaces in moved}
+
+
 def check_compact_only_when_healthy(before: State, event: object, result: Step) -> None:
     """Ranks are compacted only once the deployment is healthy: every other
     replica running and the count at the target (the seed's rule)."""
     for comp in result.compactions:
         dep = result.state.deployments[comp.deployment]
         moved = {str(a.replica) for a in comp.changes}
-        # (``rank_moves="restart"``: a moved replica's successor starts on its new rank in this step)
-        successors = {c.replica_id for c in result.commands if isinstance(c, StartReplica) and c.replaces in moved}
+        successors = _successors_of_moved(comp, result)
         if len(dep.replicas) != dep.target:
             _fail(f"{comp.deployment}: compacted with {len(dep.replicas)} replicas, target {dep.target}")
         for rid, rep in dep.replicas.items():
@@ -1226,6 +1230,7 @@ def reports_from(state: State) -> ControllerRecovered:
     for name in sorted(state.deployments.keys()):
         dep = state.deployments[name]
         snap = dep.ranks.to_dict()
+        told = _group_reports(dep)
         for rid in sorted(dep.replicas.keys()):
             rep = dep.replicas[rid]
             if rep.phase is Phase.FAILED:
@@ -1253,7 +1258,7 @@ def reports_from(state: State) -> ControllerRecovered:
                     devices=state.cluster.hot[rid][1].devices if rid in state.cluster.hot else (),
                     revision=rep.revision,
                     models=rep.models,
-                    **_group_report(dep, rid),
+                    **told.get(rid, {}),
                 )
             )
     nodes = sorted(state.cluster.nodes.values(), key=lambda n: n.order)
@@ -1271,12 +1276,10 @@ def reports_from(state: State) -> ControllerRecovered:
         **proxies_from(state))
 
 
-def _group_report(dep: Deployment, rid: str) -> dict[str, Any]:
-    """What a replica reports of its collective group: the epoch it was last told, if any."""
-    for gid, g in dep.groups.items():
-        if rid in g.members:
-            return {"group_id": gid, "group_epoch": g.epoch, "group_members": g.members}
-    return {}
+def _group_reports(dep: Deployment) -> dict[str, dict[str, Any]]:
+    """What each member of ``dep``'s collective groups reports: the epoch it was last told."""
+    return {rid: {"group_id": gid, "group_epoch": g.epoch, "group_members": g.members}
+            for gid, g in dep.groups.items() for rid in g.members}
 
 
 def proxies_from(state: State) -> dict[str, Any]:

@@ -76,6 +76,18 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @attrs.define
+class _GroupRun:
+    """One group's epoch being measured: its members, when it is (or was to be) up, when a member
+    of it was lost (None: not yet), and when the group first formed."""
+
+    epoch: int
+    members: tuple[str, ...]
+    up_at: float
+    first: float
+    broken_at: float | None = None
+
+
+@attrs.define
 class GroupFigures:
     """A deployment's collective groups (``collective_group``; rankcore.control.groups), as the core
     formed them: epochs formed, members that re-formed in place or joined, and each group's time up.
@@ -87,18 +99,34 @@ class GroupFigures:
     in_place: int = 0
     joined: int = 0
     outages: list = attrs.field(factory=list)
-    #: closed up-intervals so far (group-seconds), and per group id [epoch, members, up_at,
-    #: broken_at (None: not broken), first formed at]
+    #: closed up-intervals so far (group-seconds), and each group's epoch being measured, by group id
     up_seconds: float = 0.0
     open: dict = attrs.field(factory=dict)
     #: as of the last ``settle``: group-seconds since each group first formed, and of those up
     total: float = 0.0
     total_up: float = 0.0
 
+    def formed(self, gid: str, epoch: int, members: tuple[str, ...], t: float, reform_s: float) -> None:
+        """Epoch ``epoch`` of ``gid`` formed at ``t``: the last one worked until now (or its outage
+        ends once this one is up, ``reform_s`` later)."""
+        cur = self.open.get(gid)
+        if cur is not None:
+            if cur.broken_at is None:
+                self.up_seconds += max(0.0, t - cur.up_at)
+            else:
+                self.outages.append(t + reform_s - cur.broken_at)
+        self.open[gid] = _GroupRun(epoch, members, t + reform_s, cur.first if cur is not None else t)
+        self.reforms += 1
+
+    def lost(self, run: _GroupRun, t: float) -> None:
+        """A member of ``run`` stopped serving at ``t``: the group is down from now."""
+        run.broken_at = t
+        self.up_seconds += max(0.0, t - run.up_at)
+
     def settle(self, t: float) -> None:
         """Read the figures up to ``t`` (the open intervals stay open)."""
-        self.total = sum(max(0.0, t - g[4]) for g in self.open.values())
-        self.total_up = self.up_seconds + sum(max(0.0, t - g[2]) for g in self.open.values() if g[3] is None)
+        self.total = sum(max(0.0, t - g.first) for g in self.open.values())
+        self.total_up = self.up_seconds + sum(max(0.0, t - g.up_at) for g in self.open.values() if g.broken_at is None)
 
     def as_dict(self) -> dict:
         return {"group_reforms": self.reforms, "group_in_place": self.in_place, "group_joined": self.joined,
@@ -459,20 +487,11 @@ class Metrics:
             gf = m.groups = GroupFigures()
         for gid, g in dep.groups.items():
             cur = gf.open.get(gid)
-            if g.epoch and (cur is None or g.epoch != cur[0]):
-                first = t
-                if cur is not None:
-                    first = cur[4]
-                    if cur[3] is None:
-                        gf.up_seconds += max(0.0, t - cur[2])
-                    else:
-                        gf.outages.append(t + self.reform_s(dep.name) - cur[3])
-                gf.open[gid] = [g.epoch, g.members, t + self.reform_s(dep.name), None, first]
-                gf.reforms += 1
-            elif cur is not None and cur[3] is None and not all(
-                    (r := dep.replicas.get(rid)) is not None and r.phase in _SERVING for rid in cur[1]):
-                cur[3] = t
-                gf.up_seconds += max(0.0, t - cur[2])
+            if g.epoch and (cur is None or g.epoch != cur.epoch):
+                gf.formed(gid, g.epoch, g.members, t, self.reform_s(dep.name))
+            elif cur is not None and cur.broken_at is None and not all(
+                    (r := dep.replicas.get(rid)) is not None and r.phase in _SERVING for rid in cur.members):
+                gf.lost(cur, t)
         for c in commands:
             if type(c) is _REFORM and c.deployment == dep.name:
                 if c.group.in_place:

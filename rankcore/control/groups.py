@@ -44,10 +44,8 @@ _with_groups = updater(Deployment, "groups")
 
 
 def groups_of(dep: Deployment) -> Iterator[tuple[str, range]]:
-    """Each group of ``dep`` as (group id, the global ranks it spans): the deployment's one group of
-    ``target`` ranks, or one per gang of ``gang_size`` (none while ``collective_group`` is off)."""
-    if not dep.collective_group:
-        return
+    """Each group of ``dep`` (a ``collective_group`` deployment) as (group id, the global ranks it
+    spans): the deployment's one group of ``target`` ranks, or one per gang of ``gang_size``."""
     k = dep.gang_size
     if k > 1:
         for g in range(dep.target // k):

@@ -249,17 +249,25 @@ class _Dep:
             self.low_set.discard(heappop(lows))
         return None
 
+    def takers(self) -> list[_Replica]:
+        """The replicas that can take a request now (those ``enter`` keeps in ``free``), in pool-join
+        order. O(replicas)."""
+        cap = self.max_ongoing
+        return [r for r in self.replicas.values() if r.serving and not r.excluded and not r.quiet and len(r.held) < cap]
+
     def choose_model(self, model: str) -> _Replica | None:
         """The free replica a request for multiplexed ``model`` goes to (``route_model``'s rule).
         O(replicas)."""
-        cap = self.max_ongoing
         asked = self.asked
         join = route_model(((r.join, len(r.held), len(r.models), model in r.models,
-                                    asked.get(next(iter(r.models)), 0) if r.models else -1)
-                                   for r in self.replicas.values()
-                                   if r.serving and not r.excluded and not r.quiet and len(r.held) < cap),
+                             asked.get(next(iter(r.models)), 0) if r.models else -1) for r in self.takers()),
                            self.last_join)
         return None if join is None else self.by_join[join]
+
+    def pick(self, model: str) -> _Replica | None:
+        """The machine's own rule: a free holder of ``model`` (``choose_model``) when it names one,
+        else the free replica holding fewest (``choose``)."""
+        return self.choose_model(model) if model else self.choose()
 
     def ask(self, model: str) -> None:
         """A request for ``model``: counted (amortised O(1): the halving is O(models) every
@@ -390,7 +398,7 @@ class RequestMachine:
                 dep.submitted -= 1  # (refused whole: never accepted)
                 raise
         else:
-            rep = dep.choose_model(ev.model_id) if ev.model_id else dep.choose()
+            rep = dep.choose_model(ev.model_id) if ev.model_id else dep.choose()  # (``pick``, inline: every Submit)
         if rep is None and 0 <= dep.max_queued <= waiting:
             return [self._reject_new(dep, rid, "overloaded",
                                      f"deployment {dep.name!r} has {waiting} requests queued "
@@ -742,8 +750,7 @@ class RequestMachine:
         """The candidate ``dep``'s router picks for ``request`` (None: no candidate); its own rule
         when the router says None. O(replicas). A pick that is no candidate, or a router that
         raised, is a ``RouterError`` naming the router (the machine's state is unchanged)."""
-        cap = dep.max_ongoing
-        cands = [r for r in dep.replicas.values() if r.serving and not r.excluded and not r.quiet and len(r.held) < cap]
+        cands = dep.takers()
         if not cands:
             return None
         name, router = dep.router_spec[0], cast(Router, dep.router)
@@ -755,17 +762,16 @@ class RequestMachine:
             raise RouterError(f"request router {name!r} of {dep.name!r} raised {exc!r} choosing for "
                               f"{request.request_id!r}") from exc
         if pick is None:
-            rep = dep.choose_model(request.model_id) or dep.choose() if request.model_id else dep.choose()
-            if rep is not None:
-                _hook(name, dep, "dispatched", router.dispatched, rep.rid, request)
-            return rep
-        for r in cands:
-            if r.rid == pick:
-                _hook(name, dep, "dispatched", router.dispatched, pick, request)  # (it is sent there: nothing fails after)
-                return r
-        raise RouterError(f"request router {name!r} of {dep.name!r} picked {shown(pick)} for "
-                          f"{request.request_id!r}, which is no candidate (candidates: "
-                          f"{', '.join(r.rid for r in cands)}): a router picks among the candidates only")
+            rep = dep.pick(request.model_id)
+        else:
+            rep = next((r for r in cands if r.rid == pick), None)
+            if rep is None:
+                raise RouterError(f"request router {name!r} of {dep.name!r} picked {shown(pick)} for "
+                                  f"{request.request_id!r}, which is no candidate (candidates: "
+                                  f"{', '.join(r.rid for r in cands)}): a router picks among the candidates only")
+        if rep is not None:  # (it is sent there: nothing fails after)
+            _hook(name, dep, "dispatched", router.dispatched, rep.rid, request)
+        return rep
 
     def _free_slot(self, dep: _Dep, rep: _Replica, req: _Request) -> None:
         dep.leave(rep)
