@@ -17,6 +17,7 @@ import attrs
 import yaml
 
 import rankcore as rc
+from rankcore.requests import make_router
 
 from .latency import (
     DEFAULT_BANDWIDTH_GBPS,
@@ -1028,10 +1029,15 @@ def _options(m: dict, p: tuple, c: _Checker, name: str) -> tuple[tuple[str, Any]
     given = tuple((k, m[k]) for k in _AS_IS if k in m)
     beside: dict[str, Any] = {"model_bytes": 1} if _MODEL_BYTES in m else {}  # (its size: checked below, _size)
     try:
-        rc.DeploymentApplied(name=name, num_replicas=0, **beside, **dict(given))
+        config = rc.DeploymentApplied(name=name, num_replicas=0, **beside, **dict(given)).config
     except rc.InvalidConfig as exc:
         named = [k for k, _ in given if f".{k}" in str(exc)]
         raise c.fail(p + tuple(named[:1]), str(exc)) from None
+    if config.request_router:  # (the router named must exist and take its keywords: refused here, not mid-run)
+        try:
+            make_router(config.request_router, dict(config.request_router_kwargs))
+        except rc.InvalidConfig as exc:
+            raise c.fail(p + ("request_router",), str(exc)) from None
     return given
 
 

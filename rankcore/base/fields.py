@@ -234,6 +234,39 @@ def to_labels(value: Any) -> Any:
     return value
 
 
+def _frozen(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def to_kwargs(value: Any) -> Any:
+    """Keywords (a mapping, or pairs) as sorted ``(name, value)`` pairs, lists and mappings inside
+    made tuples (hashable, as a config must be); anything else is left for the validator."""
+    if isinstance(value, Mapping):
+        return _frozen(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        return tuple(sorted((p[0], _frozen(p[1])) for p in value))
+    return value
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def kwargs(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    """Keywords: ``(name, value)`` pairs (``to_kwargs``), names str, values plain data (str, numbers,
+    bools, None, lists and mappings of them), as Ray Serve's JSON-serializable router kwargs."""
+    if not isinstance(value, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and _plain(p[1]) for p in value):
+        raise InvalidConfig(f"{_where(inst, attribute)} must be a mapping of str to plain data (str, numbers, bools, "
+                            f"None, lists and mappings of them), got {shown(value)}")
+
+
 def seconds(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     """A finite number of seconds >= 0 (bools refused; an int too large for a float refused)."""
     if not finite(value) or value < 0:

@@ -295,6 +295,15 @@ class RequestOptions:
     max_retries: int = _option(
         MAX_RETRIES, f.count,
         "a request a dying replica had started runs again at most this many times, if its method is idempotent")
+    request_router: str = _option(
+        "", f.text,
+        "which candidate replica gets each request (rankcore.requests.routing): power_of_two_choices, locality, "
+        "consistent_hash, prefix_affinity or a router given to register_router; \"\": the request machine's own "
+        "rule (fewest in flight, ties round-robin). The Ray executor also takes Ray Serve's request_router_config "
+        "(docs/routing.md)")
+    request_router_kwargs: tuple[tuple[str, Any], ...] = _option(
+        (), f.kwargs, "the router's keywords (prefix_affinity: Ray Serve's imbalanced_threshold, "
+                      "match_rate_threshold, eviction_threshold_chars ...)", converter=f.to_kwargs)
 
 
 def _policy(inst: Any, attribute: attrs.Attribute, value: Any) -> None:

@@ -12,7 +12,8 @@ The rules, one function each:
   ``max_ongoing_requests`` at once (HAProxy's ``maxconn``); more wait in the balancer's queue, at
   most ``max_queued_requests`` of them (-1: no limit), each at most ``queue_timeout_s``; past either
   the answer is 503, the request never sent. A route is **direct** while one of its servers is
-  ready and its class is not an ASGI app (which only the proxy relays); else its requests go through
+  ready, its class is not an ASGI app (which only the proxy relays) and its deployment has no router
+  (``request_router``: the balancer balances by connections, and runs no router); else its requests go through
   the proxy (``Route.direct``), whose router queues them for a replica still coming or answers 503
   when none is. So do requests that need the proxy's router whatever the route: those naming a
   multiplexed model (its replica is chosen by the models it holds) and those asking for progress.
@@ -149,6 +150,8 @@ class Route:
     app_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     #: its class takes ASGI requests (any path, any method), which only the proxy relays
     asgi: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: its deployment has a router (``request_router``), which the balancer cannot run: the proxy relays
+    routed: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         ids = [s.replica_id for s in self.servers]
@@ -158,9 +161,9 @@ class Route:
 
     @property
     def direct(self) -> bool:
-        """Whether its requests go straight to its replicas (not an ASGI app, and one is ready); else
-        through the proxy."""
-        return not self.asgi and any(s.ready for s in self.servers)
+        """Whether its requests go straight to its replicas (not an ASGI app, no router of its own, and
+        one is ready); else through the proxy."""
+        return not self.asgi and not self.routed and any(s.ready for s in self.servers)
 
     @property
     def backend(self) -> str:
@@ -172,10 +175,10 @@ class Route:
         """The balancer's name for this route's servers' gRPC addresses."""
         return f"g_{server_name(self.deployment)}"
 
-    def shape(self) -> tuple[str, str, float | None, str, bool]:
+    def shape(self) -> tuple[str, str, float | None, str, bool, bool]:
         """What only a reload changes: the deployment, its prefix, its queue's timeout, its application,
-        whether it is an ASGI app."""
-        return (self.deployment, self.prefix, self.queue_timeout_s, self.app_name, self.asgi)
+        whether it is an ASGI app, whether it has a router."""
+        return (self.deployment, self.prefix, self.queue_timeout_s, self.app_name, self.asgi, self.routed)
 
 
 def _longest_first(routes: Iterable[Route]) -> tuple[Route, ...]:
@@ -202,7 +205,7 @@ class Table:
 def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterable[str],
           addresses: Mapping[str, str], max_ongoing_requests: int, max_queued_requests: int,
           queue_timeout_s: float | None, app_name: str = "", asgi: bool = False,
-          grpc_addresses: Mapping[str, str] | None = None) -> Route:
+          grpc_addresses: Mapping[str, str] | None = None, routed: bool = False) -> Route:
     """``deployment``'s route (module docstring): its serving replicas ready, its draining ones in drain,
     those without a known address left out; each with its gRPC address where ``grpc_addresses`` has one."""
     serving, draining = tuple(dict.fromkeys(serving)), tuple(dict.fromkeys(draining))
@@ -212,7 +215,7 @@ def route(deployment: str, prefix: str, serving: Iterable[str], draining: Iterab
     servers += [Server(replica_id=rid, address=addresses[rid], ready=False, maxconn=max_ongoing_requests,
                        grpc_address=grpc.get(rid)) for rid in draining if rid in addresses and rid not in serving]
     return Route(deployment=deployment, prefix=prefix, servers=servers, max_queued=max_queued_requests,
-                 queue_timeout_s=queue_timeout_s, app_name=app_name, asgi=asgi)
+                 queue_timeout_s=queue_timeout_s, app_name=app_name, asgi=asgi, routed=routed)
 
 
 def table(routes: Iterable[Route]) -> Table:

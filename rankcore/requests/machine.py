@@ -56,6 +56,7 @@ from .records import (
     Failed,
     NotDelivered,
     Rejected,
+    ReplicaLocated,
     ReplicaView,
     RequestStatus,
     Started,
@@ -91,10 +92,11 @@ __all__ = [
     "PoolReset",
     "PoolComing",
     "ReplicaModels",
+    "ReplicaLocated",
 ]
 
 RequestEvent = Union[Configure, Submit, Started, Completed, NotDelivered, Cancel, Tick, PoolChanged, PoolReset,
-                     PoolComing, ReplicaModels, _core_events.Tick]
+                     PoolComing, ReplicaModels, ReplicaLocated, _core_events.Tick]
 RequestAction = Union[Dispatch, Rejected, Failed, CancelOnReplica]
 
 #: every ``MODEL_ASKS_HALF_LIFE`` requests with a model id, a deployment's counts of how often each
@@ -129,14 +131,14 @@ def _hook(name: str, dep: _Dep, what: str, fn: Any, *args: Any) -> None:
 
 def _route_of(req: _Request) -> RouteRequest:
     """What ``req``'s router may read of it."""
-    return RouteRequest(req.rid, req.key, req.prefix, req.model)
+    return RouteRequest(req.rid, req.key, req.prefix, req.model, *req.caller)
 
 
 class _Request:
     """A live request (or an ended one its replica still holds: ``final`` set)."""
 
     __slots__ = ("rid", "dep", "seq", "idempotent", "stream", "deadline", "model", "attempt", "state", "replica",
-                 "slot", "ran_on", "last", "final", "reason", "tells_start", "sent", "key", "prefix")
+                 "slot", "ran_on", "last", "final", "reason", "tells_start", "sent", "key", "prefix", "caller")
 
     def __init__(self, rid: str, dep: _Dep, seq: int, ev: Submit) -> None:
         self.rid = rid
@@ -157,10 +159,11 @@ class _Request:
         self.reason: str | None = None
         self.sent: float | None = None  # the clock when last dispatched (None: no Tick yet)
         self.key, self.prefix = ev.routing_key, ev.prefix  # what a router may route by (``_route_of``)
+        self.caller = (ev.caller_node, ev.caller_zone)
 
 
 class _Replica:
-    __slots__ = ("rid", "join", "serving", "excluded", "held", "models", "heard", "quiet")
+    __slots__ = ("rid", "join", "serving", "excluded", "held", "models", "heard", "quiet", "node", "zone")
 
     def __init__(self, rid: str, join: int) -> None:
         self.rid = rid
@@ -172,6 +175,7 @@ class _Replica:
         self.quiet = False  # silent while its peers answer (``outliers.quiet``): nothing new until it speaks
         #: the multiplexed models it holds or loads: as last reported, with those sent to it since
         self.models: dict[str, None] = {}
+        self.node = self.zone = ""  # where it runs ("" unknown: ``ReplicaLocated``)
 
 
 class _Dep:
@@ -329,6 +333,7 @@ class RequestMachine:
             NotDelivered: self._not_delivered, Cancel: self._cancel, Tick: self._tick,
             _core_events.Tick: self._tick, Configure: self._configure, PoolChanged: self._pool_changed,
             PoolReset: self._pool_reset, PoolComing: self._pool_coming, ReplicaModels: self._replica_models,
+            ReplicaLocated: self._replica_located,
         }
 
     # ------------------------------------------------------------------ events
@@ -393,7 +398,8 @@ class RequestMachine:
             rep = None
         elif dep.router is not None:
             try:
-                rep = self._route(dep, RouteRequest(ev.request_id, ev.routing_key, ev.prefix, ev.model_id))
+                rep = self._route(dep, RouteRequest(ev.request_id, ev.routing_key, ev.prefix, ev.model_id,
+                                                    ev.caller_node, ev.caller_zone))
             except RouterError:
                 dep.submitted -= 1  # (refused whole: never accepted)
                 raise
@@ -604,6 +610,14 @@ class RequestMachine:
             rep.models = {**{m: None for m in rep.models if m in said}, **said}
         return []
 
+    def _replica_located(self, ev: ReplicaLocated) -> list[RequestAction]:
+        """Where a replica runs (routing only: nothing is dispatched; one not in the pool: ignored)."""
+        dep = self._deps.get(ev.deployment)
+        rep = dep.replicas.get(ev.replica_id) if dep is not None else None
+        if rep is not None:
+            rep.node, rep.zone = ev.node_id, ev.zone
+        return []
+
     def _pool_coming(self, ev: PoolComing) -> list[RequestAction]:
         dep = self._dep(ev.deployment)
         dep.coming = ev.coming
@@ -754,8 +768,8 @@ class RequestMachine:
         if not cands:
             return None
         name, router = dep.router_spec[0], cast(Router, dep.router)
-        offered = tuple(_Candidate(replica_id=r.rid, in_flight=len(r.held), join=r.join, models=tuple(r.models))
-                        for r in cands)
+        offered = tuple(_Candidate(replica_id=r.rid, in_flight=len(r.held), join=r.join, models=tuple(r.models),
+                                   node_id=r.node, zone=r.zone) for r in cands)
         try:
             pick = router.choose(offered, request)
         except Exception as exc:

@@ -30,6 +30,7 @@ __all__ = [
     "NotDelivered",
     "Cancel",
     "Tick",
+    "ReplicaLocated",
     "Dispatch",
     "Rejected",
     "Failed",
@@ -70,6 +71,13 @@ def _one_of(choices: tuple[str, ...]) -> Any:
     return check
 
 
+def _keywords(value: Any) -> Any:
+    """A router's keywords: a mapping, or the ``(name, value)`` pairs a deployment's option holds."""
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        return dict(value)
+    return value
+
+
 # ---------------------------------------------------------------- events (in)
 
 
@@ -90,7 +98,7 @@ class Configure:
     #: the deployment's router by name ("": the machine's own rule, least in flight; rankcore.requests.routing)
     #: and its keywords (Ray Serve's ``request_router_config``: ``request_router_class``, ``request_router_kwargs``)
     request_router: str = attrs.field(default="", validator=f.text)
-    request_router_kwargs: Any = attrs.field(factory=dict, hash=False)
+    request_router_kwargs: Any = attrs.field(factory=dict, hash=False, converter=_keywords)
 
     @request_router_kwargs.validator
     def _check_kwargs(self, attribute: attrs.Attribute, value: Any) -> None:
@@ -120,10 +128,13 @@ class Submit:
     #: (``rankcore.requests.route_model``)
     model_id: str = attrs.field(default="", validator=f.text)
     reports_started: bool = attrs.field(default=False, validator=f.flag)
-    #: what a router may route by (rankcore.requests.routing): a session key (``consistent_hash``) and
-    #: the text whose prefix a replica may have cached (``prefix_affinity``)
+    #: what a router may route by (rankcore.requests.routing): a session key (``consistent_hash``),
+    #: the text whose prefix a replica may have cached (``prefix_affinity``), and the caller's node
+    #: and availability zone (``locality``; "" unknown)
     routing_key: str = attrs.field(default="", validator=f.text)
     prefix: str = attrs.field(default="", validator=f.text)
+    caller_node: str = attrs.field(default="", validator=f.text)
+    caller_zone: str = attrs.field(default="", validator=f.text)
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +183,19 @@ class Tick:
     deadline is ``<= now`` ends. The core's ``rankcore.Tick`` is taken too."""
 
     now: float = attrs.field(validator=_clock)
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaLocated:
+    """Where ``replica_id`` of ``deployment`` runs: its node (the core's ``Replica.node_id``) and that
+    node's availability zone (its ``ZONE_LABEL`` label; "" none), read by the ``locality`` router.
+    The executor sends it with the replica's first serving membership (a fact from the core's state,
+    like ``ReplicaModels``); for a replica not in the pool it changes nothing. No answer."""
+
+    deployment: str = attrs.field(validator=f.name)
+    replica_id: str = attrs.field(validator=f.name)
+    node_id: str = attrs.field(validator=f.text)
+    zone: str = attrs.field(default="", validator=f.text)
 
 
 # -------------------------------------------------------------- actions (out)

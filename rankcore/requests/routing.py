@@ -12,14 +12,22 @@ Built in, by name (``ROUTERS``; ``register_router`` adds a user's):
 
 * ``power_of_two_choices``: Ray Serve's default: two candidates drawn (here by a hash of the
   request id: the machine stays deterministic), the one holding fewer;
+* ``locality``: Ray Serve's ``LocalityMixin``: the candidates on the caller's node
+  (``Submit.caller_node``), else those in its availability zone (``caller_zone``), else all; power
+  of two choices among them. A replica's node and zone come from ``ReplicaLocated``;
 * ``consistent_hash``: session affinity: rendezvous hashing of ``Submit.routing_key`` (the request
   id when empty) over the candidates, so a key keeps its replica while that one can take it;
-* ``prefix_affinity``: Ray Serve's ``PrefixCacheAffinityRouter``: the candidate whose store holds
-  the longest run of the request's prefix blocks (``Submit.prefix`` cut in blocks of
-  ``block_chars``), while the load imbalance among the candidates is at most
-  ``imbalance_threshold`` and the match covers at least ``match_rate_threshold`` of the prefix;
-  else power of two choices. Each replica's store keeps at most ``max_blocks`` blocks (least
-  recently routed dropped first).
+* ``prefix_affinity``: Ray Serve's ``PrefixCacheAffinityRouter``, with its keywords: while the
+  candidates' loads differ by at most ``imbalanced_threshold``, the candidate whose store holds the
+  longest run of the request's prefix blocks (``Submit.prefix`` cut in blocks of ``block_chars``)
+  when that covers at least ``match_rate_threshold`` of the prefix, else the candidate whose store
+  is smallest; power of two choices when the loads are imbalanced. Each replica's store is bounded:
+  past ``eviction_threshold_chars`` it drops its least recently routed blocks down to
+  ``eviction_target_chars`` (default 90% of the threshold; Serve evicts only with ``do_eviction``;
+  here always).
+
+``serve_router`` reads Ray Serve's ``request_router_config`` (its class paths and keywords) as
+one of these.
 
 Internal module: import its public names from ``rankcore.requests``.
 """
@@ -36,7 +44,11 @@ import attrs
 from ..base.errors import InvalidConfig, RankcoreError
 
 __all__ = ["Candidate", "RouteRequest", "Router", "RouterError", "ROUTERS", "register_router", "make_router",
-           "PowerOfTwoChoices", "ConsistentHash", "PrefixAffinity"]
+           "PowerOfTwoChoices", "Locality", "ConsistentHash", "PrefixAffinity", "ZONE_LABEL", "SERVE_ROUTERS",
+           "serve_router"]
+
+#: the node label whose value is a node's availability zone (Ray's default label; ``ReplicaLocated.zone``)
+ZONE_LABEL = "ray.io/availability-zone"
 
 
 class RouterError(RankcoreError):
@@ -46,23 +58,28 @@ class RouterError(RankcoreError):
 @attrs.frozen
 class Candidate:
     """A replica that can take the request now: its id, how many requests it holds, its place in
-    the pool's join order (a stable tie-break) and the multiplexed models it holds."""
+    the pool's join order (a stable tie-break), the multiplexed models it holds, and its node and
+    availability zone ("" unknown: ``ReplicaLocated``)."""
 
     replica_id: str
     in_flight: int
     join: int
     models: tuple[str, ...] = ()
+    node_id: str = ""
+    zone: str = ""
 
 
 @attrs.frozen
 class RouteRequest:
-    """What a router may read of a request (``Submit``'s): its id, ``routing_key``, ``prefix`` and
-    multiplexed ``model_id``."""
+    """What a router may read of a request (``Submit``'s): its id, ``routing_key``, ``prefix``,
+    multiplexed ``model_id``, and the caller's node and zone."""
 
     request_id: str
     routing_key: str = ""
     prefix: str = ""
     model_id: str = ""
+    caller_node: str = ""
+    caller_zone: str = ""
 
 
 class Router(Protocol):
@@ -108,6 +125,35 @@ def _two(candidates: Sequence[Candidate], seed: str) -> Candidate:
     return _least((candidates[i], candidates[j]))
 
 
+class Locality:
+    """Ray Serve's ``LocalityMixin`` (with ``prefer_local_node_routing`` and ``prefer_local_az_routing``):
+    the candidates on the caller's node, else in its zone, else all; power of two choices among them.
+    A candidate can take the request now, so a busy local replica is passed over at once (Serve tries
+    the node once, then widens)."""
+
+    def choose(self, candidates: Sequence[Candidate], request: RouteRequest) -> str | None:
+        return _two(_local(candidates, request), request.request_id).replica_id
+
+    def dispatched(self, replica_id: str, request: RouteRequest) -> None:
+        pass
+
+    def forget(self, replica_id: str) -> None:
+        pass
+
+
+def _local(candidates: Sequence[Candidate], request: RouteRequest) -> Sequence[Candidate]:
+    """The nearest non-empty scope of ``candidates`` to the caller: its node, its zone, all."""
+    if request.caller_node:
+        near = [c for c in candidates if c.node_id == request.caller_node]
+        if near:
+            return near
+    if request.caller_zone:
+        near = [c for c in candidates if c.zone == request.caller_zone]
+        if near:
+            return near
+    return candidates
+
+
 class ConsistentHash:
     """Rendezvous hashing of the request's ``routing_key`` (its id when empty): the candidate whose
     hash with the key is highest, so a key stays on its replica while that one can take it, and a
@@ -124,26 +170,42 @@ class ConsistentHash:
         pass
 
 
-class PrefixAffinity:
-    """Ray Serve's ``PrefixCacheAffinityRouter`` in the core: per replica a bounded store of the
-    prefix blocks routed to it; a request goes to the candidate holding the longest run of its
-    blocks while the candidates' loads are within ``imbalance_threshold`` of each other and the
-    match is at least ``match_rate_threshold`` of its blocks; else power of two choices."""
+def _number(name: str, value: Any, low: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low:
+        raise InvalidConfig(f"prefix_affinity: {name} must be a number >= {low:g}, got {value!r}")
+    return float(value)
 
-    def __init__(self, block_chars: int = 16, max_blocks: int = 10_000, imbalance_threshold: int = 10,
-                 match_rate_threshold: float = 0.1) -> None:
+
+class PrefixAffinity:
+    """Ray Serve's ``PrefixCacheAffinityRouter`` in the core, with its keywords (module docstring).
+    Per replica a bounded store of the prefix blocks routed to it (what its KV cache would hold)."""
+
+    def __init__(self, imbalanced_threshold: float = float("inf"), match_rate_threshold: float = 0.1,
+                 do_eviction: bool = False, eviction_threshold_chars: int = 400_000,
+                 eviction_target_chars: int | None = None, eviction_interval_secs: float = 10,
+                 block_chars: int = 16) -> None:
         if type(block_chars) is not int or block_chars < 1:
             raise InvalidConfig(f"prefix_affinity: block_chars must be an int >= 1, got {block_chars!r}")
-        if type(max_blocks) is not int or max_blocks < 1:
-            raise InvalidConfig(f"prefix_affinity: max_blocks must be an int >= 1, got {max_blocks!r}")
-        if type(imbalance_threshold) is not int or imbalance_threshold < 0:
-            raise InvalidConfig(f"prefix_affinity: imbalance_threshold must be an int >= 0, "
-                                f"got {imbalance_threshold!r}")
-        if not isinstance(match_rate_threshold, (int, float)) or not 0 <= match_rate_threshold <= 1:
-            raise InvalidConfig(f"prefix_affinity: match_rate_threshold must be in [0, 1], "
-                                f"got {match_rate_threshold!r}")
-        self.block_chars, self.max_blocks = block_chars, max_blocks
-        self.imbalance_threshold, self.match_rate_threshold = imbalance_threshold, float(match_rate_threshold)
+        self.imbalanced_threshold = _number("imbalanced_threshold", imbalanced_threshold, 0)
+        self.match_rate_threshold = _number("match_rate_threshold", match_rate_threshold, 0)
+        if self.match_rate_threshold > 1:
+            raise InvalidConfig(f"prefix_affinity: match_rate_threshold must be in [0, 1], got {match_rate_threshold!r}")
+        if type(do_eviction) is not bool:
+            raise InvalidConfig(f"prefix_affinity: do_eviction must be a bool, got {do_eviction!r}")
+        if type(eviction_threshold_chars) is not int or eviction_threshold_chars < block_chars:
+            raise InvalidConfig(f"prefix_affinity: eviction_threshold_chars must be an int >= block_chars "
+                                f"({block_chars}), got {eviction_threshold_chars!r}")
+        target = (eviction_threshold_chars * 9 // 10 if eviction_target_chars is None  # (Serve's 360_000 of 400_000)
+                  else eviction_target_chars)
+        if type(target) is not int or not block_chars <= target <= eviction_threshold_chars:
+            raise InvalidConfig(f"prefix_affinity: eviction_target_chars must be an int from block_chars "
+                                f"({block_chars}) to eviction_threshold_chars ({eviction_threshold_chars}), "
+                                f"got {eviction_target_chars!r}")
+        _number("eviction_interval_secs", eviction_interval_secs, 0)  # (accepted: this store evicts as it grows)
+        self.block_chars = block_chars
+        #: per replica: past ``max_blocks`` blocks its store drops the least recently routed to ``keep_blocks``
+        self.max_blocks = eviction_threshold_chars // block_chars
+        self.keep_blocks = target // block_chars
         #: replica id -> its blocks (a chained hash of each block with all before it), least recent first
         self.stores: dict[str, OrderedDict[int, None]] = {}
 
@@ -157,6 +219,7 @@ class PrefixAffinity:
         return out
 
     def matched(self, replica_id: str, blocks: Sequence[int]) -> int:
+        """How many of ``blocks``, from the first, ``replica_id``'s store holds."""
         store = self.stores.get(replica_id)
         n = 0
         if store:
@@ -169,10 +232,12 @@ class PrefixAffinity:
     def choose(self, candidates: Sequence[Candidate], request: RouteRequest) -> str | None:
         blocks = self.blocks(request.prefix)
         loads = [c.in_flight for c in candidates]
-        if blocks and max(loads) - min(loads) <= self.imbalance_threshold:
+        if blocks and max(loads) - min(loads) <= self.imbalanced_threshold:
             best = max(candidates, key=lambda c: (self.matched(c.replica_id, blocks), -c.in_flight, -c.join))
             if self.matched(best.replica_id, blocks) >= max(1.0, self.match_rate_threshold * len(blocks)):
                 return best.replica_id
+            stores = self.stores  # (Serve's "smallest tenants": the candidate that has cached least)
+            return min(candidates, key=lambda c: (len(stores.get(c.replica_id, ())), c.in_flight, c.join)).replica_id
         return _two(candidates, request.request_id).replica_id
 
     def dispatched(self, replica_id: str, request: RouteRequest) -> None:
@@ -183,8 +248,9 @@ class PrefixAffinity:
         for b in blocks:
             store[b] = None
             store.move_to_end(b)
-        while len(store) > self.max_blocks:
-            store.popitem(last=False)
+        if len(store) > self.max_blocks:
+            while len(store) > self.keep_blocks:
+                store.popitem(last=False)
 
     def forget(self, replica_id: str) -> None:
         self.stores.pop(replica_id, None)
@@ -193,6 +259,7 @@ class PrefixAffinity:
 #: the routers by name: a factory taking the router's config as keywords
 ROUTERS: dict[str, Callable[..., Router]] = {
     "power_of_two_choices": PowerOfTwoChoices,
+    "locality": Locality,
     "consistent_hash": ConsistentHash,
     "prefix_affinity": PrefixAffinity,
 }
@@ -225,3 +292,32 @@ def make_router(name: str, config: Mapping[str, Any] | None = None) -> Router:
         if not callable(getattr(router, hook, None)):
             raise InvalidConfig(f"request router {name!r} has no {hook}() method (rankcore.requests.Router)")
     return router
+
+
+#: Ray Serve's router classes (``request_router_config.request_router_class``) -> the router here
+SERVE_ROUTERS: dict[str, str] = {
+    "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter": "power_of_two_choices",
+    "ray.serve._private.request_router.pow_2_router:PowerOfTwoChoicesRequestRouter": "power_of_two_choices",
+    "ray.serve.llm.request_router:PrefixCacheAffinityRouter": "prefix_affinity",
+    "ray.serve.llm.request_router.PrefixCacheAffinityRouter": "prefix_affinity",
+    "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:PrefixCacheAffinityRouter":
+        "prefix_affinity",
+}
+
+
+def serve_router(request_router_class: str, request_router_kwargs: Mapping[str, Any] | None = None
+                 ) -> tuple[str, dict[str, Any]]:
+    """Ray Serve's ``request_router_config`` as (router name, keywords) here: a Serve class path it
+    ships (``SERVE_ROUTERS``, "module:Class" or "module.Class"), or a router's name here. The
+    keywords pass through (the built-in routers take Serve's names). ``InvalidConfig`` for anything
+    else, naming what there is."""
+    if not isinstance(request_router_class, str) or not request_router_class:
+        raise InvalidConfig(f"request_router_config.request_router_class must be a router's name or a Ray Serve "
+                            f"router class path, got {request_router_class!r}")
+    kwargs = dict(request_router_kwargs or {})
+    name = SERVE_ROUTERS.get(request_router_class, request_router_class)
+    if name not in ROUTERS:
+        raise InvalidConfig(f"request_router_config.request_router_class={request_router_class!r} is no router here "
+                            f"(routers: {', '.join(sorted(ROUTERS))}; Ray Serve's: {', '.join(sorted(SERVE_ROUTERS))}); "
+                            f"a router of your own: rankcore.requests.register_router (docs/routing.md)")
+    return name, kwargs

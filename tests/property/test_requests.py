@@ -32,6 +32,7 @@ from rankcore.requests import (
     Failed,
     NotDelivered,
     Rejected,
+    ReplicaLocated,
     ReplicaModels,
     RequestMachine,
     Started,
@@ -49,6 +50,9 @@ MODELS = ("", "", "m1", "m2", "m3")
 
 
 #: prompts whose prefixes overlap (a router by prefix sees shared blocks of 4 characters)
+#: where replicas run and callers call from (the locality router's facts; "" unknown)
+NODES = ("", "n0", "n1")
+ZONES = ("", "z0", "z1")
 PROMPTS = ("", "system: be brief. hi", "system: be brief. bye", "system: be kind. hi", "user: x")
 
 
@@ -147,11 +151,17 @@ class RequestMachineProps(RuleBasedStateMachine):
         if rid in view:  # (the same set; the ones it knew keep the order it dispatched them in)
             assert sorted(view[rid].models) == sorted(models)
 
+    @rule(dep=st.sampled_from(DEPS), i=st.integers(0, 4), node=st.sampled_from(NODES), zone=st.sampled_from(ZONES))
+    def replica_located(self, dep: str, i: int, node: str, zone: str) -> None:
+        rid = (*REPLICAS[dep], "gone#9")[i]  # (one never in the pool: changes nothing)
+        assert self.feed(ReplicaLocated(deployment=dep, replica_id=rid, node_id=node, zone=zone)) == []
+
     @rule(dep=st.sampled_from(DEPS + DEPS + (UNKNOWN_DEP,)), idempotent=st.booleans(), stream=st.booleans(),
           deadline=st.none() | st.floats(0, 6), model=st.sampled_from(MODELS), tells=st.booleans(),
-          key=st.sampled_from(("", "alice", "bob")), prompt=st.sampled_from(PROMPTS))
+          key=st.sampled_from(("", "alice", "bob")), prompt=st.sampled_from(PROMPTS),
+          node=st.sampled_from(NODES), zone=st.sampled_from(ZONES))
     def submit(self, dep: str, idempotent: bool, stream: bool, deadline: float | None, model: str,
-               tells: bool, key: str, prompt: str) -> None:
+               tells: bool, key: str, prompt: str, node: str, zone: str) -> None:
         rid = f"q{len(self.ids)}"
         before = len(self.m.queued(dep))
         pool = self.m.pool(dep)
@@ -161,7 +171,8 @@ class RequestMachineProps(RuleBasedStateMachine):
         self.tells[rid] = tells or self.reports_started
         out = self.feed(Submit(request_id=rid, deployment=dep, idempotent=idempotent, stream=stream,
                                deadline=None if deadline is None else self.now + deadline, model_id=model,
-                               reports_started=tells, routing_key=key, prefix=prompt))
+                               reports_started=tells, routing_key=key, prefix=prompt, caller_node=node,
+                               caller_zone=zone))
         sent = [a.replica_id for a in out if isinstance(a, Dispatch)]
         if model and sent and not self.router:  # the routing rule: a free holder of its model, else fewest models
             limit = self.limits.get(dep, (5, -1))[0]
@@ -310,9 +321,14 @@ class RoutedByKey(RequestMachineNoStarted):
     router = "consistent_hash"
 
 
+class RoutedByLocality(RequestMachineProps):
+    router = "locality"
+
+
 class RoutedByPrefix(RequestMachineProps):
     router = "prefix_affinity"
-    router_kwargs: ClassVar[dict] = {"block_chars": 4, "max_blocks": 3, "imbalance_threshold": 1}
+    router_kwargs: ClassVar[dict] = {"block_chars": 4, "eviction_threshold_chars": 12,
+                                         "eviction_target_chars": 12, "imbalanced_threshold": 1}
 
     @invariant()
     def prefix_stores_bounded_and_only_of_the_pool(self) -> None:
@@ -329,6 +345,7 @@ TestRequestMachine = RequestMachineProps.TestCase
 TestRequestMachineNoStarted = RequestMachineNoStarted.TestCase
 TestRoutedByTwoChoices = RoutedByTwoChoices.TestCase
 TestRoutedByKey = RoutedByKey.TestCase
+TestRoutedByLocality = RoutedByLocality.TestCase
 TestRoutedByPrefix = RoutedByPrefix.TestCase
 
 

@@ -31,6 +31,7 @@ OTHER = {
     "spare_processes": 1,
     "model_bytes": 1 << 30, "multiplexed_bytes": 1 << 28, "dedicated": True, "min_deployment_time_s": 60.0,
     "max_ongoing_requests": 2, "max_queued_requests": 100, "max_retries": 0,
+    "request_router": "consistent_hash", "request_router_kwargs": (("block_chars", 8),),
     "autoscaling": True, "min_replicas": 0, "initial_replicas": 3, "target_ongoing_requests": 4.0,
     "upscale_delay_s": 5.0, "downscale_delay_s": 60.0, "downscale_to_zero_delay_s": 120.0, "upscaling_factor": 2.0,
     "downscaling_factor": 0.5, "metrics_interval_s": 2.0, "look_back_period_s": 10.0, "aggregation_function": "max",
@@ -38,6 +39,9 @@ OTHER = {
     "version": "v2", "max_unavailable": 3, "max_surge": 2, "update_mode": "blue_green",
 }
 
+
+#: how a scenario file writes a value of OTHER whose str() is no YAML (keywords: a mapping)
+YAML = {"request_router_kwargs": "{block_chars: 8}"}
 
 #: what an option needs beside it to be valid (multiplexed_bytes is booked with model_bytes)
 WITH: dict[str, dict] = {"multiplexed_bytes": {"model_bytes": 1 << 30}}
@@ -129,7 +133,7 @@ def test_a_scenario_takes_as_is_options_by_name_and_spells_the_rest_with_the_sam
             value = OTHER[name]
             fixed = "" if name == "autoscaling" else "    replicas: 1\n"  # (autoscaled: no fixed count)
             fixed += "".join(f"    {k}: {v}\n" for k, v in WITH.get(name, {}).items())
-            assert getattr(scenario(f"{fixed}    {name}: {value}\n"), name) == value
+            assert getattr(scenario(f"{fixed}    {name}: {YAML.get(name, value)}\n"), name) == value
         elif spelt.default is None:
             assert getattr(plain, name) == getattr(OPT.DEFAULTS, name), name
     assert plain.resources == (("GPU", 1.0),) and plain.start_timeout_s == 300.0  # their own defaults (docs)
@@ -155,7 +159,7 @@ def test_an_unknown_option_is_refused_naming_it_and_listing_the_options_on_every
     with pytest.raises(rc.InvalidConfig, match=r"DeploymentApplied\('llm'\): unknown option\(s\) gang_sise "
                                                r"\(options: resources, placement, .*spare_processes, model_bytes, multiplexed_bytes, dedicated, "
                                                r"min_deployment_time_s, "
-                                               r"max_ongoing_requests, max_queued_requests, max_retries, autoscaling, .*, policy, version, max_unavailable, max_surge, update_mode\)"):
+                                               r"max_ongoing_requests, max_queued_requests, max_retries, request_router, request_router_kwargs, autoscaling, .*, policy, version, max_unavailable, max_surge, update_mode\)"):
         rc.DeploymentApplied(name="llm", num_replicas=2, gang_sise=2)
     with pytest.raises(rc.InvalidConfig, match=r"unknown option\(s\) gang_sise"):
         OPT.DeploymentConfig.of({"gang_sise": 2})

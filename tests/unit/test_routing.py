@@ -13,12 +13,15 @@ from rankcore.requests import (
     Configure,
     Dispatch,
     PrefixAffinity,
+    ReplicaLocated,
     RequestMachine,
     RouteRequest,
     RouterError,
     Submit,
     make_router,
+    dataplane,
     register_router,
+    serve_router,
 )
 
 
@@ -69,7 +72,7 @@ def test_power_of_two_choices_takes_the_less_loaded_of_its_two():
 
 
 def test_prefix_affinity_sends_a_shared_prefix_to_one_replica_until_the_imbalance():
-    m = machine("prefix_affinity", n=3, ongoing=8, block_chars=8, imbalance_threshold=2)
+    m = machine("prefix_affinity", n=3, ongoing=8, block_chars=8, imbalanced_threshold=2)
     system = "You are a helpful assistant. " * 4
     first = send(m, "p0", prefix=system + "q0")
     assert [send(m, f"p{i}", prefix=system + f"q{i}") for i in range(1, 3)] == [first, first]
@@ -78,7 +81,7 @@ def test_prefix_affinity_sends_a_shared_prefix_to_one_replica_until_the_imbalanc
 
 
 def test_prefix_affinity_s_stores_are_bounded_and_forget_a_replica_that_left():
-    router = PrefixAffinity(block_chars=2, max_blocks=5)
+    router = PrefixAffinity(block_chars=2, eviction_threshold_chars=10, eviction_target_chars=10)
     for i in range(10):
         router.dispatched("a", RouteRequest(f"r{i}", prefix=f"{i:02d}" * 8))
     assert len(router.stores["a"]) == 5
@@ -170,3 +173,93 @@ def test_register_router_refuses_a_taken_name_and_a_non_router():
 def test_configure_refuses_kwargs_that_are_no_mapping():
     with pytest.raises(rc.InvalidConfig, match="request_router_kwargs must be a mapping"):
         Configure(deployment="llm", request_router="consistent_hash", request_router_kwargs=[1])
+
+
+def locate(m: RequestMachine, places: dict[str, tuple[str, str]]) -> None:
+    for rid, (node, zone) in places.items():
+        m.handle(ReplicaLocated(deployment="llm", replica_id=rid, node_id=node, zone=zone))
+
+
+def test_locality_prefers_the_callers_node_then_its_zone_then_any():
+    m = machine("locality", n=4, ongoing=2)
+    locate(m, {"llm#0": ("a", "z1"), "llm#1": ("b", "z1"), "llm#2": ("c", "z2"), "llm#3": ("c", "z2")})
+    assert {send(m, f"b{i}", caller_node="b", caller_zone="z1") for i in range(2)} == {"llm#1"}
+    # llm#1 is full (2 of 2): the caller's zone next, llm#0 (the other z1 replica)
+    assert send(m, "b2", caller_node="b", caller_zone="z1") == "llm#0"
+    assert {send(m, f"c{i}", caller_node="c", caller_zone="z2") for i in range(4)} == {"llm#2", "llm#3"}
+    # a caller on an unknown node in an unknown zone: any candidate (only llm#0 has room left)
+    assert send(m, "x0", caller_node="d", caller_zone="z9") == "llm#0"
+    assert send(m, "x1", caller_node="d", caller_zone="z9") is None  # (all full: queued, as without a router)
+    assert m.status("x1").state == "queued"
+
+
+def test_a_replica_located_outside_the_pool_changes_nothing_and_a_rejoin_keeps_no_stale_place():
+    m = machine("locality", n=2)
+    locate(m, {"llm#9": ("a", "z1")})  # (not in the pool: a late fact)
+    assert "llm#9" not in m._deps["llm"].replicas
+    locate(m, {"llm#1": ("a", "z1")})
+    assert send(m, "r0", caller_node="a") == "llm#1"
+
+
+def test_the_locality_router_draws_among_the_local_candidates():
+    cands = tuple(Candidate(f"x{i}", 0, i, node_id="n0" if i < 3 else "n1") for i in range(6))
+    router = make_router("locality")
+    local = {router.choose(cands, RouteRequest(f"r{i}", caller_node="n0")) for i in range(60)}
+    assert local <= {"x0", "x1", "x2"} and len(local) > 1  # (two drawn among n0's; ties: the earlier joined)
+    assert len({router.choose(cands, RouteRequest(f"r{i}")) for i in range(60)}) > 3  # no caller node: all
+
+
+def test_prefix_affinity_below_the_match_rate_goes_to_the_candidate_that_cached_least():
+    router = make_router("prefix_affinity", {"block_chars": 4})
+    router.dispatched("a", RouteRequest("r0", prefix="x" * 40))
+    router.dispatched("b", RouteRequest("r1", prefix="y" * 8))
+    cands = (Candidate("a", 0, 0), Candidate("b", 0, 1), Candidate("c", 0, 2))
+    assert router.choose(cands, RouteRequest("r2", prefix="z" * 40)) == "c"  # (Serve's smallest tenant)
+    assert router.choose(cands, RouteRequest("r3", prefix="x" * 40)) == "a"  # (the longest match)
+
+
+def test_prefix_affinity_takes_ray_serves_keywords_and_evicts_down_to_the_target():
+    router = PrefixAffinity(block_chars=2, imbalanced_threshold=5, eviction_threshold_chars=20,
+                            eviction_target_chars=10, do_eviction=True, eviction_interval_secs=10)
+    assert (router.imbalanced_threshold, router.max_blocks, router.keep_blocks) == (5.0, 10, 5)
+    for i in range(11):  # 11 distinct one-block prefixes: past 10 blocks, down to 5
+        router.dispatched("a", RouteRequest(f"r{i}", prefix=f"{i:02d}"))
+    assert len(router.stores["a"]) == 5
+    assert make_router("prefix_affinity").imbalanced_threshold == float("inf")  # (Serve's default)
+    with pytest.raises(rc.InvalidConfig, match="eviction_target_chars must be an int from"):
+        PrefixAffinity(eviction_threshold_chars=100, eviction_target_chars=200)
+
+
+@pytest.mark.parametrize("cls, name", [
+    ("ray.serve.llm.request_router:PrefixCacheAffinityRouter", "prefix_affinity"),
+    ("ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter", "power_of_two_choices"),
+    ("locality", "locality"),
+])
+def test_serve_router_reads_serves_class_paths_as_the_routers_here(cls, name):
+    assert serve_router(cls, {"imbalanced_threshold": 3}) == (name, {"imbalanced_threshold": 3})
+
+
+def test_serve_router_refuses_a_class_it_does_not_have_naming_what_there_is():
+    with pytest.raises(rc.InvalidConfig, match=r"'my\.Router' is no router here \(routers: consistent_hash, locality"):
+        serve_router("my.Router")
+
+
+def test_a_deployments_router_is_an_option_declared_once_that_configures_the_machine():
+    applied = rc.DeploymentApplied(name="llm", num_replicas=2, request_router="prefix_affinity",
+                                   request_router_kwargs={"block_chars": 4, "eviction_threshold_chars": 64})
+    limits = applied.config.requests
+    assert limits.request_router_kwargs == (("block_chars", 4), ("eviction_threshold_chars", 64))
+    m = RequestMachine()
+    m.handle(Configure(deployment="llm", request_router=limits.request_router,
+                       request_router_kwargs=limits.request_router_kwargs))
+    router = m._deps["llm"].router
+    assert isinstance(router, PrefixAffinity) and (router.block_chars, router.max_blocks) == (4, 16)
+    with pytest.raises(rc.InvalidConfig, match="request_router_kwargs must be a mapping of str to plain data"):
+        rc.DeploymentApplied(name="llm", num_replicas=1, request_router_kwargs={"x": object()})
+
+
+def test_a_routed_deployments_route_is_never_direct_the_balancer_runs_no_router():
+    args = ("llm", "/llm", ["llm#0"], [], {"llm#0": "10.0.0.1:8000"}, 4, -1, None)
+    assert dataplane.route(*args).direct
+    routed = dataplane.route(*args, routed=True)
+    assert not routed.direct and routed.shape() != dataplane.route(*args).shape()  # (a change is a reload)
