@@ -86,3 +86,48 @@ def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster):
             stub = echo_pb2_grpc.EchoStub(ch)
             nodes = {stub.Say(echo_pb2.EchoRequest(text="x"), timeout=30).text for _ in range(12)}
         assert nodes == replica_nodes and ray.get(actor.grpc_codes.remote()) == before, node
+
+
+@deployment(name="near", num_replicas=3, ray_actor_options={"num_cpus": 0.1}, request_router="locality")
+class Near:
+    def __call__(self):
+        return {"replica": get_replica_context().replica_id, "node": ray.get_runtime_context().get_node_id()}
+
+
+@ray.remote(num_cpus=0.1)
+class Caller:
+    """A caller on one node: its handle's router runs here (its node is the calls' ``caller_node``)."""
+
+    def call(self, handle, n: int) -> list:
+        return [handle.remote().result(timeout=30) for _ in range(n)]
+
+
+def test_the_locality_router_sends_a_caller_on_node_b_to_node_b_s_replica(cluster):
+    """Issue 68: ``request_router="locality"``: each call goes to a replica on the caller's node while one
+    there can take it (Serve's LocalityMixin: node, then zone, then any); without it the calls spread."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from executors.ray_gpu import delete
+
+    _c, workers = cluster
+    try:
+        h = run(Near.bind())
+        where = {r["node_id"] for r in h.status()["replicas"].values()}
+        head = ray.get_runtime_context().get_node_id()
+        if head in where:  # (the driver is a caller on the head)
+            assert {r["node"] for r in (h.remote().result(timeout=30) for _ in range(6))} == {head}
+        for w in workers:
+            if w.node_id not in where:
+                continue
+            caller = Caller.options(scheduling_strategy=NodeAffinitySchedulingStrategy(w.node_id, soft=False)).remote()
+            got = ray.get(caller.call.remote(h, 8), timeout=60)
+            assert {r["node"] for r in got} == {w.node_id}, (w.node_id, got)
+            ray.kill(caller)
+        assert any(w.node_id in where for w in workers), where
+        plain = run(Near.options(request_router="").bind())  # (the machine's own rule: least in flight, round-robin)
+        caller = Caller.options(scheduling_strategy=NodeAffinitySchedulingStrategy(workers[0].node_id,
+                                                                                   soft=False)).remote()
+        assert len({r["node"] for r in ray.get(caller.call.remote(plain, 8), timeout=60)}) > 1
+        ray.kill(caller)
+    finally:
+        delete("near")

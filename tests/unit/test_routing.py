@@ -18,8 +18,8 @@ from rankcore.requests import (
     RouteRequest,
     RouterError,
     Submit,
-    make_router,
     dataplane,
+    make_router,
     register_router,
     serve_router,
 )

@@ -100,6 +100,8 @@ class DeploymentConfig:
     max_queued_requests: int | None = None
     user_config: dict | None = None
     autoscaling_config: dict | None = None
+    #: Ray Serve's keys (request_router_class, request_router_kwargs, ...): the core's request_router options
+    request_router_config: dict | None = None
     graceful_shutdown_wait_loop_s: float | None = None
     graceful_shutdown_timeout_s: float | None = None
     health_check_period_s: float | None = None
@@ -181,7 +183,7 @@ _REFUSED: dict[type, dict[str, str]] = {
                         "autoscaling_policy": "no application-level autoscaling policy",
                         "external_scaler_enabled": "no external scaler"},
     DeploymentConfig: {k: "not supported by rankcore's Ray executor" for k in (
-        "max_replicas_per_node", "placement_group_bundle_label_selector", "request_router_config",
+        "max_replicas_per_node", "placement_group_bundle_label_selector",
         "backpressure_config", "gang_scheduling_config", "deployment_actors")}
     | {"static_placement": "needs a placement group object: use .options(static_placement=...) in code",
        "_placement_info": "needs a placement group object: use .options(static_placement=...) in code"},

@@ -18,12 +18,14 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 import rankcore as rc
+from rankcore.requests import make_router
 
 from ..base import by_value, grpc_context
 from ..base.autoscale import from_ray_serve
 from ..base.context import RequestContext, request_for_call
 from ..base.fingerprint import stamp
 from ..base.router import LONG_POLL_RETRY_S, LONG_POLL_S, Call, Router, idempotent
+from ..base.routers import ensure_router, from_request_router_config
 from ..control.controller import CORE_OPTIONS, controller_actor
 from ..control.placement import actor_resources, static_actor_options
 from ..control.placement import validate as validate_placement
@@ -181,7 +183,10 @@ class Deployment:
     def __attrs_post_init__(self) -> None:
         validate_options(self)
         try:  # checked by the core's own record, where they are written
-            rc.DeploymentApplied(name="x", num_replicas=0, **self.core_options)
+            applied = rc.DeploymentApplied(name="x", num_replicas=0, **self.core_options)
+            if applied.config.request_router:  # (the router named must exist and take its keywords)
+                ensure_router(applied.config.request_router)
+                make_router(applied.config.request_router, dict(applied.config.request_router_kwargs))
         except rc.InvalidConfig as exc:
             raise _bad(self.name, str(exc)) from None
 
@@ -211,6 +216,9 @@ class Deployment:
             if "static_placement" in changes:
                 raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
             changes["static_placement"] = changes.pop("_placement_info")
+        if "request_router_config" in changes:  # (Ray Serve's spelling of the core's request_router options)
+            changes.update(from_request_router_config(changes.pop("request_router_config"),
+                                                      f"deployment {self.name!r}"))
         auto = _autoscaled(self.name, changes.get("num_replicas"), changes.pop("autoscaling_config", None),
                            changes.get("max_replicas"))
         if auto is not None:  # (as @deployment takes them: an option given beside the config wins)
@@ -219,7 +227,7 @@ class Deployment:
         if core:
             changes["core_options"] = {**self.core_options, **core}
         known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS) \
-            | {"autoscaling_config"}
+            | {"autoscaling_config", "request_router_config"}
         bad = sorted(set(changes) - known - {"core_options"})
         if bad:
             raise _bad(self.name, f".options() does not take {', '.join(bad)} (options: {', '.join(sorted(known))})")
@@ -315,7 +323,8 @@ def deployment(cls: type, *, name: str | None = ..., num_replicas: int | str | N
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               autoscaling_config: dict | None = ..., version: str | None = ..., **core_options: Any) -> Deployment: ...
+               autoscaling_config: dict | None = ..., version: str | None = ...,
+               request_router_config: Any = ..., **core_options: Any) -> Deployment: ...
 @overload
 def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | str | None = ..., user_config: Any = ...,
                ray_actor_options: dict | None = ...,
@@ -323,7 +332,8 @@ def deployment(cls: None = None, *, name: str | None = ..., num_replicas: int | 
                replica_placement: str = ..., max_replicas: int = ...,
                static_placement: StaticPlacementConfig | None = ..., _placement_info: StaticPlacementConfig | None = ...,
                gang_size: int = ..., gang_placement: str = ..., gang_failure: str = ...,
-               autoscaling_config: dict | None = ..., version: str | None = ..., **core_options: Any) -> Callable[[type], Deployment]:
+               autoscaling_config: dict | None = ..., version: str | None = ...,
+               request_router_config: Any = ..., **core_options: Any) -> Callable[[type], Deployment]:
     ...
 def deployment(cls: type | None = None, *, name: str | None = None, num_replicas: int | str | None = None,
                user_config: Any = None, ray_actor_options: dict | None = None,
@@ -333,7 +343,8 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
                _placement_info: StaticPlacementConfig | None = None, gang_size: int = _D.gang_size,
                gang_placement: str = _D.gang_placement,
                gang_failure: str = _D.gang_failure, autoscaling_config: dict | None = None,
-               version: str | None = _D.version, **core_options: Any) -> Deployment | Callable[[type], Deployment]:
+               version: str | None = _D.version, request_router_config: Any = None,
+               **core_options: Any) -> Deployment | Callable[[type], Deployment]:
     """Turn a class into a deployment (``@deployment`` or ``@deployment(num_replicas=4, ...)``).
 
     Each replica reserves its resources in its own placement group and runs in
@@ -362,12 +373,16 @@ def deployment(cls: type | None = None, *, name: str | None = None, num_replicas
     ``version`` (Ray Serve's): a new one makes ``run()`` replace every replica, each by one on its
     ranks (a rolling update); the same one replaces nothing, even if the code changed. Left out,
     ``run()`` uses a fingerprint of what the replicas run (``fingerprint.stamp``; docs/rollouts.md).
+    ``request_router_config`` (Ray Serve's: a dict or a ``RequestRouterConfig``): the deployment's
+    router, the core's ``request_router`` options (``routers.from_request_router_config``; docs/routing.md).
     """
     unknown = sorted(set(core_options) - set(CORE_OPTIONS))
     if unknown:
         where = f"deployment {name!r}" if name else "@deployment(...)"
         raise OptionTypeError(f"{where}: unknown option(s) {', '.join(unknown)} (the core's options: "
                               f"{', '.join(CORE_OPTIONS)})")
+    routed = from_request_router_config(request_router_config, f"deployment {name!r}" if name else "@deployment(...)")
+    core_options = {**routed, **core_options}
     auto = _autoscaled(name, num_replicas, autoscaling_config,
                        None if max_replicas == rc.DEFAULT_MAX_REPLICAS else max_replicas)
     if auto is not None:
@@ -641,8 +656,9 @@ class DeploymentHandle:
 
     def __init__(self, name: str, controller: Any, method: str = "__call__", router: Router | None = None,
                  stream: bool = False, progress: bool = False, multiplexed_model_id: str = "",
-                 by_reference: bool | None = None) -> None:
+                 by_reference: bool | None = None, routing_key: str = "") -> None:
         self.name, self.controller, self.method, self.stream = name, controller, method, stream
+        self.routing_key = routing_key  # (its calls' session key: the consistent_hash router's)
         self.progress = progress
         self.multiplexed_model_id = multiplexed_model_id
         #: False: its plain calls go over the replica's gRPC server (``by_value``); None: the process's
@@ -654,12 +670,12 @@ class DeploymentHandle:
         if method.startswith("_"):
             raise AttributeError(method)
         return DeploymentHandle(self.name, self.controller, method, self._router, self.stream, self.progress,
-                                self.multiplexed_model_id, self.by_reference)
+                                self.multiplexed_model_id, self.by_reference, self.routing_key)
 
     def __reduce__(self) -> tuple:
         # sent to another process (a trainer actor, an ingress deployment): it routes on its own
         return DeploymentHandle, (self.name, self.controller, self.method, None, self.stream, self.progress,
-                                  self.multiplexed_model_id, self.by_reference)
+                                  self.multiplexed_model_id, self.by_reference, self.routing_key)
 
     def _by_reference(self) -> bool:
         return by_value.HANDLE_BY_REFERENCE if self.by_reference is None else self.by_reference
@@ -684,7 +700,7 @@ class DeploymentHandle:
 
     def options(self, *, stream: bool | None = None, method_name: str | None = None,
                 progress: bool | None = None, multiplexed_model_id: str | None = None,
-                _by_reference: bool | None = None) -> DeploymentHandle:
+                _by_reference: bool | None = None, routing_key: str | None = None) -> DeploymentHandle:
         """A handle with other call options: ``stream=True`` for a generator method (its calls return
         a ``DeploymentResponseGenerator``), ``method_name`` (as Ray Serve's), ``progress=True`` for
         calls whose ``status()`` says ``running`` while the replica runs them (plain calls never do:
@@ -692,18 +708,23 @@ class DeploymentHandle:
         model its calls name, routed to a replica that holds it ("" none; a bad one raises
         ``rankcore.InvalidConfig``), ``_by_reference`` (Serve's): False sends its plain calls over the
         replica's gRPC server instead of a Ray actor call, True as a Ray call (``base.by_value``; default
-        True, or False where ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``)."""
+        True, or False where ``RAY_SERVE_USE_GRPC_BY_DEFAULT=1``), ``routing_key`` (ours): its calls'
+        session key, which the ``consistent_hash`` router keeps on one replica (docs/routing.md)."""
         if _by_reference is not None and type(_by_reference) is not bool:
             raise rc.InvalidConfig(f"handle.options(_by_reference=...) of {self.name!r} must be a bool, "
                                    f"got {type(_by_reference).__name__} {_by_reference!r}")
         if multiplexed_model_id is not None and type(multiplexed_model_id) is not str:
             raise rc.InvalidConfig(f"handle.options(multiplexed_model_id=...) of {self.name!r} must be a str, "
                                    f"got {type(multiplexed_model_id).__name__} {multiplexed_model_id!r}")
+        if routing_key is not None and type(routing_key) is not str:
+            raise rc.InvalidConfig(f"handle.options(routing_key=...) of {self.name!r} must be a str, "
+                                   f"got {type(routing_key).__name__} {routing_key!r}")
         return DeploymentHandle(self.name, self.controller, method_name or self.method, self._router,
                                 self.stream if stream is None else bool(stream),
                                 self.progress if progress is None else bool(progress),
                                 self.multiplexed_model_id if multiplexed_model_id is None else multiplexed_model_id,
-                                self.by_reference if _by_reference is None else _by_reference)
+                                self.by_reference if _by_reference is None else _by_reference,
+                                self.routing_key if routing_key is None else routing_key)
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Send the call; returns at once. A ``DeploymentResponse`` among the arguments is passed
@@ -716,12 +737,12 @@ class DeploymentHandle:
         request = request_for_call(self.name, self.multiplexed_model_id)  # (now: a chained call is sent later)
         if self.stream:
             return DeploymentResponseGenerator(self._router.submit(self.method, args, kwargs, stream=True,
-                                                                   request=request))
+                                                                   request=request, routing_key=self.routing_key))
         if any(isinstance(a, DeploymentResponse) for a in (*args, *kwargs.values())):
             return DeploymentResponse.chained(self, args, kwargs, request)
         return DeploymentResponse(self._router.submit(self.method, args, kwargs, progress=self.progress,
                                                       by_value=not self._by_reference(),
-                                                      request=request))
+                                                      request=request, routing_key=self.routing_key))
 
     def scale(self, num_replicas: int, *, victims: tuple = (), timeout: float = 120.0) -> None:
         """Scale in place (survivors keep running) and wait until healthy.
@@ -809,7 +830,7 @@ class DeploymentResponse:
                 a = tuple(x.result() if isinstance(x, DeploymentResponse) else x for x in args)
                 kw = {k: (v.result() if isinstance(v, DeploymentResponse) else v) for k, v in kwargs.items()}
                 inner = handle._router.submit(handle.method, a, kw, progress=handle.progress, request=request,
-                                              by_value=not handle._by_reference())
+                                              by_value=not handle._by_reference(), routing_key=handle.routing_key)
             except BaseException as exc:
                 out.set_exception(exc)
                 return

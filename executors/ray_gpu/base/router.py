@@ -88,6 +88,7 @@ from rankcore.requests import (
     Failed,
     NotDelivered,
     Rejected,
+    ReplicaLocated,
     ReplicaModels,
     RequestMachine,
     RequestStatus,
@@ -99,6 +100,7 @@ from rankcore.requests import (
 from . import by_value
 from .autoscale import LoadReporter
 from .context import RequestContext, request_for_call, to_wire
+from .routers import ensure_router
 from .witness import ask_node
 
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
@@ -108,6 +110,44 @@ LONG_POLL_S = 10.0
 #: after a failed long poll (the controller restarting), ask again this much later
 LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
+
+
+def _node_here() -> str:
+    """This process's Ray node id ("" outside Ray): a call's ``caller_node``."""
+    try:
+        return str(ray.get_runtime_context().get_node_id() or "")
+    except Exception:  # (not connected: no locality to prefer)
+        return ""
+
+
+def _text(value: Any) -> str:
+    """Ray Serve's ``PrefixCacheAffinityRouter._coerce_to_text``: a message's text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        if isinstance(value.get("text"), str):
+            return value["text"]
+        if "content" in value:
+            return _text(value["content"])
+    return ""
+
+
+def prompt_text(args: tuple, kwargs: dict) -> str:
+    """The prompt a call carries, as Ray Serve's ``PrefixCacheAffinityRouter`` reads it: the first
+    argument with a ``prompt`` or ``messages`` attribute (a request object), or here also a dict with
+    such a key or a ``prompt=`` / ``messages=`` keyword; its text (a string as is, a list of strings or
+    of chat messages joined). "" when none: the router then has no prefix to match."""
+    for arg in (*args, kwargs):
+        for key in ("prompt", "messages"):
+            got = arg.get(key) if isinstance(arg, dict) else getattr(arg, key, None)
+            if got is not None:
+                if isinstance(got, str):
+                    return got
+                return "".join(_text(m.get("content") if isinstance(m, dict) else m) for m in got) \
+                    if isinstance(got, list) else ""
+    return ""
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
 #: how often at most the request machine's clock is fed (``Router._tick``): a replica silent while its
@@ -215,7 +255,13 @@ class Router:
         self.asking: set[str] = set()
         self._key_base = int.from_bytes(os.urandom(4), "little") << 32  # (this router's calls' keys)
         self.calls: dict[str, Call] = {}
-        self.limits: tuple[int, int, int] | None = None
+        self.limits: tuple | None = None  # (max_ongoing, max_queued, max_retries, router, its keywords)
+        #: the deployment's router reads prefixes (``Submit.prefix``: a call's prompt, ``prompt_text``)
+        self.reads_prefix = False
+        #: serving replica id -> (node, zone) the machine was told (``ReplicaLocated``); this process's
+        #: node and zone, a call's ``caller_node`` / ``caller_zone`` (the locality router's)
+        self.located: dict[str, tuple[str, str]] = {}
+        self.here: tuple[str, str] = (_node_here(), "")
         self.version: Any = None  # the last pool answer's version (None: never asked)
         #: a pool answer has named a serving replica once (Serve's ``running_replicas_populated``)
         self.populated = False
@@ -321,11 +367,16 @@ class Router:
         self.idempotent = frozenset(pool.get("idempotent", ()))
         self.streams = frozenset(pool.get("streams", ()))
         out: list = []
-        limits = (pool["max_ongoing_requests"], pool["max_queued_requests"], pool.get("max_retries", 3))
+        kwargs = pool.get("request_router_kwargs", {})
+        limits = (pool["max_ongoing_requests"], pool["max_queued_requests"], pool.get("max_retries", 3),
+                  pool.get("request_router", ""), tuple(sorted(kwargs.items())))
         if limits != self.limits:
-            self.limits = limits
+            ensure_router(limits[3], f"deployment {self.name!r}")  # (a user's router: imported here too)
             out += self.machine.handle(Configure(deployment=self.name, max_ongoing_requests=limits[0],
-                                                 max_queued_requests=limits[1], max_retries=limits[2]))
+                                                 max_queued_requests=limits[1], max_retries=limits[2],
+                                                 request_router=limits[3], request_router_kwargs=kwargs))
+            self.limits = limits
+            self.reads_prefix = bool(limits[3])
         draining = tuple(pool["draining"]) + tuple(r for r in sorted(self.asking) if r not in pool["draining"])
         self.draining = draining
         out += self.machine.handle(rc.PoolReset(deployment=self.name, serving=tuple(self.actors),
@@ -334,6 +385,16 @@ class Router:
             if rid in self.actors and self.models.get(rid) != models:
                 self.machine.handle(ReplicaModels(deployment=self.name, replica_id=rid, model_ids=tuple(models)))
         self.models = {rid: m for rid, m in pool.get("models", {}).items() if rid in self.actors}
+        zones = pool.get("zones", {})
+        self.here = (self.here[0], zones.get(self.here[0], ""))
+        for rid in self.actors:  # (where each serving replica runs: the locality router reads it)
+            node = self.nodes.get(rid, "")
+            place = (node, zones.get(node, ""))
+            if self.located.get(rid) != place:
+                self.machine.handle(ReplicaLocated(deployment=self.name, replica_id=rid, node_id=place[0],
+                                                   zone=place[1]))
+                self.located[rid] = place
+        self.located = {rid: p for rid, p in self.located.items() if rid in self.actors}
         for rid in [r for r in self.addresses if r not in self.actors]:
             self._forget_address(rid)
         self.no_by_value.intersection_update(self.actors)
@@ -561,12 +622,16 @@ class Router:
 
     # ------------------------------------------------------------ requests
     def submit(self, method: str, args: tuple, kwargs: dict, *, stream: bool = False,
-               progress: bool = False, request: RequestContext | None = None, by_value: bool = False) -> Call:
+               progress: bool = False, request: RequestContext | None = None, by_value: bool = False,
+               routing_key: str = "") -> Call:
         """Queue a call; it is dispatched as the machine says. Its ``future`` ends with the answer.
         ``progress``: its status says ``running`` once the replica begins it (module docstring).
         ``request``: the request context the replica shows its user code (None: the current
         request's id, else a new one: ``context.request_for_call``). ``by_value``: sent over the
-        replica's gRPC server where it can be (``base.by_value``; a stream or progress call never is)."""
+        replica's gRPC server where it can be (``base.by_value``; a stream or progress call never is).
+        ``routing_key``: the call's session key (the ``consistent_hash`` router's); where the deployment
+        has a router, the call's prompt (``prompt_text``) is its prefix, and this process's node and
+        zone its caller's."""
         self.refresh()
         with self.lock:
             if method in self.streams and not stream:
@@ -586,7 +651,10 @@ class Router:
             self._carry(self.machine.handle(Submit(request_id=call.request_id, deployment=self.name,
                                                    idempotent=method in self.idempotent, stream=stream,
                                                    model_id=call.request.multiplexed_model_id,
-                                                   reports_started=progress and not stream)))
+                                                   reports_started=progress and not stream,
+                                                   routing_key=routing_key,
+                                                   prefix=prompt_text(args, kwargs) if self.reads_prefix else "",
+                                                   caller_node=self.here[0], caller_zone=self.here[1])))
             cold = not self.actors
         if self.controller is not None:
             self.load.kick(urgent=cold)

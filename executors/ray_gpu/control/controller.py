@@ -41,6 +41,7 @@ import attrs
 from ray import cloudpickle
 
 import rankcore as rc
+from rankcore.requests import ZONE_LABEL
 
 from ..base import persist
 from ..base.autoscale import LoadBook
@@ -537,8 +538,12 @@ class Controller(ControllerLoops):
         models = {rid: held.get(rid, ()) for rid, _ in serving}  # (every one: () says it holds none)
         reps = dep.replicas if dep is not None else {}
         nodes = {rid: reps[rid].node_id for rid, _ in serving if rid in reps and reps[rid].node_id is not None}
+        live = self.driver.state.cluster.nodes
+        zones = {n: z for n in live if (z := dict(live[n].labels).get(ZONE_LABEL))}  # (the locality router's)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "models": models, "nodes": nodes,  # (where each one's witness is read: base.witness)
+                "zones": zones, "request_router": limits.request_router,
+                "request_router_kwargs": dict(limits.request_router_kwargs),
                 "draining": draining, "coming": self.driver.pools.wanted.get(name, False),
                 "max_ongoing_requests": limits.max_ongoing_requests,
                 "max_queued_requests": limits.max_queued_requests, "max_retries": limits.max_retries,

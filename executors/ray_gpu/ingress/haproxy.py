@@ -9,7 +9,8 @@ to it as an inherited file descriptor, so the port stays the actor's) and routes
   own servers (``base/direct.py``), while the core's table says the route is direct;
 * everything else to the ingress's Python server, now on a loopback port of its own: the pages
   (``/-/healthz``, ``/-/routes``, ``/metrics``, the status page), ASGI apps, requests naming a
-  multiplexed model (their replica is chosen by the models it holds), progress requests, and a
+  multiplexed model (their replica is chosen by the models it holds), progress requests, a deployment's
+  requests when it has a router (``request_router``: HAProxy runs none), and a
   route's requests while none of its replicas is ready (the proxy's router queues them for one
   coming, or answers 503 when none is).
 
@@ -817,7 +818,8 @@ class DataPlane:
         for rid, ref, grpc, told in asked:  # (outside the lock: a callback on an answer already there runs here)
             ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc, told=told: self._answered(rid, f, grpc, told))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
-                                app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses)
+                                app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses,
+                                routed=len(limits) > 3 and bool(limits[3]))
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
         cmds = dp.changes(self.table, new)
         if cmds:
