@@ -800,7 +800,7 @@ class DataPlane:
                 router.refresh(force=True)  # (no pool answer yet: asked now, and the long poll kept from then on)
             with router.lock:
                 views.append((deployment, prefix, app_name, asgi, dict(router.actors),
-                              tuple(getattr(router, "draining", ())), router.limits or (1, -1, 0)))
+                              tuple(getattr(router, "draining", ())), router.limits or (1, -1, 0, "", ())))
         asked: list = []
         with self._facts:
             for _d, prefix, _a, asgi, serving, _dr, _l in views:
@@ -819,7 +819,7 @@ class DataPlane:
             ref.future().add_done_callback(lambda f, rid=rid, grpc=grpc, told=told: self._answered(rid, f, grpc, told))
         new = dp.table(dp.route(d, prefix, serving, draining, addresses, limits[0], limits[1], self.queue_timeout_s,
                                 app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses,
-                                routed=len(limits) > 3 and bool(limits[3]))
+                                routed=bool(limits[3]))
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
         cmds = dp.changes(self.table, new)
         if cmds:
