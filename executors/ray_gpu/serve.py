@@ -261,7 +261,9 @@ _NO_EQUIVALENT = {
     "get_multiplexed_model_ids": "no such call: a request names one model (get_multiplexed_model_id)",
     "llm": "ray.serve.llm: no equivalent",
     "AutoscalingConfig": "pass autoscaling_config as a dict to @serve.deployment (Serve's keys)",
-    "RequestRouter": "no pluggable request router yet (issue 68)",
+    "RequestRouter": "Serve's RequestRouter (async choose_replicas over its replica objects) cannot run here: "
+                     "choose a router with request_router_config (Serve's class paths work), or write a "
+                     "rankcore.requests.Router; docs/routing.md maps each of Serve's hooks to one",
 }
 
 

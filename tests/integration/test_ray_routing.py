@@ -144,3 +144,12 @@ def test_a_config_files_request_router_config_is_the_same_option(tmp_path):
 
 
 APP = Routed.bind()
+
+
+def test_the_routing_example_runs():
+    """examples/ray/routing.py (quoted in docs/routing.md)."""
+    from examples.ray import routing
+
+    got = routing.main()
+    assert len(got["shared"]) == 1 and sum(got["shared"].values()) == 6  # (one replica: the prefix's)
+    assert all(len(replicas) == 1 for replicas in got["sessions"].values())

@@ -587,9 +587,19 @@ class TestDeploymentConfig:
         pytest.skip(PRIVATE.format(what="DEFAULT.VALUE sentinel of DeploymentConfig.from_default"))
 
     def test_setting_and_getting_request_router_class(self):
-        assert "not supported" in deploy_refused(request_router_config={"request_router_class": "m.R"}).message
-        pytest.skip(UNSUPPORTED.format(key="request_router_config") + "; no pluggable request router yet "
-                    "(serve.RequestRouter raises NoEquivalent)")
+        # (issue 68: Serve's keys; its class paths read as the core's routers: docs/routing.md)
+        path = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
+        entry = accepted(request_router_config={"request_router_class": path,
+                                                "request_router_kwargs": {"imbalanced_threshold": 4}})
+        assert entry.request_router_config == {"request_router_class": path,
+                                               "request_router_kwargs": {"imbalanced_threshold": 4}}
+        d = decorate(**entry.to_options())
+        assert d.core_options == {"request_router": "prefix_affinity",
+                                  "request_router_kwargs": {"imbalanced_threshold": 4}}
+        assert "cannot import router class 'm.R'" in deploy_refused(
+            request_router_config={"request_router_class": "m.R"}).message
+        assert "unexpected keyword argument 'imbalance'" in deploy_refused(
+            request_router_config={"request_router_class": path, "request_router_kwargs": {"imbalance": 1}}).message
 
 
 class TestReplicaConfig:

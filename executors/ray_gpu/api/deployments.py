@@ -211,7 +211,9 @@ class Deployment:
         """A copy with some options changed (checked as ``@deployment`` checks them).
         A new ``static_placement`` (or ``_placement_info``) brings its mapping's
         replica count unless ``num_replicas`` is given too; ``autoscaling_config`` (or
-        ``num_replicas="auto"``) as ``@deployment`` takes it."""
+        ``num_replicas="auto"``) as ``@deployment`` takes it; ``request_router`` given without
+        ``request_router_kwargs`` starts the new router from its own defaults (as Serve's
+        ``request_router_config``, which names both)."""
         if "_placement_info" in changes:
             if "static_placement" in changes:
                 raise _bad(self.name, ".options() takes static_placement or its alias _placement_info, not both")
@@ -224,6 +226,8 @@ class Deployment:
         if auto is not None:  # (as @deployment takes them: an option given beside the config wins)
             changes = {**auto, **changes, "num_replicas": auto["num_replicas"], "max_replicas": auto["max_replicas"]}
         core = {k: changes.pop(k) for k in list(changes) if k in CORE_OPTIONS}
+        if "request_router" in core:  # (a router named anew starts from its own keywords, as Serve's config does)
+            core.setdefault("request_router_kwargs", {})
         if core:
             changes["core_options"] = {**self.core_options, **core}
         known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS) \
