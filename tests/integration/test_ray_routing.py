@@ -153,3 +153,21 @@ def test_the_routing_example_runs():
     got = routing.main()
     assert len(got["shared"]) == 1 and sum(got["shared"].values()) == 6  # (one replica: the prefix's)
     assert all(len(replicas) == 1 for replicas in got["sessions"].values())
+
+
+def test_an_http_request_s_json_prompt_is_its_prefix_through_the_proxy():
+    """Through the HTTP ingress (its process's router): a JSON body's ``prompt`` is what the prefix
+    router reads, as Serve's reads the request object's."""
+    import httpx
+
+    from executors.ray_gpu.ingress.http import ingress_address
+
+    run(Routed.options(request_router="prefix_affinity").bind(), route_prefix="/routed", port=0)
+    try:
+        host, port = ingress_address()
+        with httpx.Client(base_url=f"http://{host}:{port}", timeout=30.0) as c:
+            got = [c.post("/routed", json={"prompt": SYSTEM + f"q{i}"}) for i in range(5)]
+        assert all(r.status_code == 200 for r in got), [r.text for r in got]
+        assert len({r.json() for r in got}) == 1, [r.text for r in got]
+    finally:
+        delete("routed")
