@@ -263,3 +263,18 @@ def test_a_routed_deployments_route_is_never_direct_the_balancer_runs_no_router(
     assert dataplane.route(*args).direct
     routed = dataplane.route(*args, routed=True)
     assert not routed.direct and routed.shape() != dataplane.route(*args).shape()  # (a change is a reload)
+
+
+def test_a_calls_prompt_is_read_as_serves_prefix_router_reads_it():
+    from executors.ray_gpu.base.routers import prompt_text
+
+    class Req:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    assert prompt_text((Req(prompt="sys: hi"),), {}) == "sys: hi"
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert prompt_text((Req(messages=chat),), {}) == "be briefhi"
+    assert prompt_text(({"prompt": "from a JSON body"},), {}) == "from a JSON body"
+    assert prompt_text((), {"messages": ["a", "b"]}) == "ab"
+    assert prompt_text((1, "plain text"), {}) == ""  # (nothing named prompt or messages: no prefix)

@@ -100,7 +100,7 @@ from rankcore.requests import (
 from . import by_value
 from .autoscale import LoadReporter
 from .context import RequestContext, request_for_call, to_wire
-from .routers import ensure_router
+from .routers import ensure_router, node_here, prompt_text
 from .witness import ask_node
 
 __all__ = ["Router", "Call", "LONG_POLL_S", "LONG_POLL_RETRY_S", "IDEMPOTENT_ATTR", "idempotent"]
@@ -111,43 +111,6 @@ LONG_POLL_S = 10.0
 LONG_POLL_RETRY_S = 0.5
 IDEMPOTENT_ATTR = "__rankcore_idempotent__"
 
-
-def _node_here() -> str:
-    """This process's Ray node id ("" outside Ray): a call's ``caller_node``."""
-    try:
-        return str(ray.get_runtime_context().get_node_id() or "")
-    except Exception:  # (not connected: no locality to prefer)
-        return ""
-
-
-def _text(value: Any) -> str:
-    """Ray Serve's ``PrefixCacheAffinityRouter._coerce_to_text``: a message's text."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_text(v) for v in value)
-    if isinstance(value, dict):
-        if isinstance(value.get("text"), str):
-            return value["text"]
-        if "content" in value:
-            return _text(value["content"])
-    return ""
-
-
-def prompt_text(args: tuple, kwargs: dict) -> str:
-    """The prompt a call carries, as Ray Serve's ``PrefixCacheAffinityRouter`` reads it: the first
-    argument with a ``prompt`` or ``messages`` attribute (a request object), or here also a dict with
-    such a key or a ``prompt=`` / ``messages=`` keyword; its text (a string as is, a list of strings or
-    of chat messages joined). "" when none: the router then has no prefix to match."""
-    for arg in (*args, kwargs):
-        for key in ("prompt", "messages"):
-            got = arg.get(key) if isinstance(arg, dict) else getattr(arg, key, None)
-            if got is not None:
-                if isinstance(got, str):
-                    return got
-                return "".join(_text(m.get("content") if isinstance(m, dict) else m) for m in got) \
-                    if isinstance(got, list) else ""
-    return ""
 #: how many items a stream's replica may run ahead of its caller (Ray's generator back-pressure)
 STREAM_BACKPRESSURE = 16
 #: how often at most the request machine's clock is fed (``Router._tick``): a replica silent while its
@@ -261,7 +224,7 @@ class Router:
         #: serving replica id -> (node, zone) the machine was told (``ReplicaLocated``); this process's
         #: node and zone, a call's ``caller_node`` / ``caller_zone`` (the locality router's)
         self.located: dict[str, tuple[str, str]] = {}
-        self.here: tuple[str, str] = (_node_here(), "")
+        self.here: tuple[str, str] = (node_here(), "")
         self.version: Any = None  # the last pool answer's version (None: never asked)
         #: a pool answer has named a serving replica once (Serve's ``running_replicas_populated``)
         self.populated = False

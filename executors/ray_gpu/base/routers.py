@@ -17,6 +17,9 @@ options, and makes a router of the user's own choosable in every process that ro
 * Serve's other keys (routing stats period and timeout, backoff) are accepted and ignored: the
   core's router reads the machine's own counts, and a request no replica can take waits in the
   machine's queue instead of backing off.
+
+And what a call carries for a router (facts, read as Serve reads them): its prompt (``prompt_text``)
+and the caller's node (``node_here``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+import ray
+
 import rankcore as rc
 from rankcore.requests import ROUTERS, SERVE_ROUTERS, make_router, register_router, serve_router
 
-__all__ = ["IGNORED_KEYS", "from_request_router_config", "ensure_router"]
+__all__ = ["IGNORED_KEYS", "from_request_router_config", "ensure_router", "node_here", "prompt_text"]
 
 #: RequestRouterConfig's keys read by nothing here (module docstring)
 IGNORED_KEYS = ("request_routing_stats_period_s", "request_routing_stats_timeout_s", "initial_backoff_s",
@@ -116,3 +121,41 @@ def from_request_router_config(config: Any, where: str) -> dict[str, Any]:
     except rc.InvalidConfig as exc:
         raise rc.InvalidConfig(f"{where}: {exc}") from None
     return {"request_router": name, "request_router_kwargs": dict(kwargs)}
+
+
+def node_here() -> str:
+    """This process's Ray node id ("" outside Ray): a call's ``caller_node``."""
+    try:
+        return str(ray.get_runtime_context().get_node_id() or "")
+    except Exception:  # (not connected: no locality to prefer)
+        return ""
+
+
+def _text(value: Any) -> str:
+    """Ray Serve's ``PrefixCacheAffinityRouter._coerce_to_text``: a message's text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text(v) for v in value)
+    if isinstance(value, dict):
+        if isinstance(value.get("text"), str):
+            return value["text"]
+        if "content" in value:
+            return _text(value["content"])
+    return ""
+
+
+def prompt_text(args: tuple, kwargs: dict) -> str:
+    """The prompt a call carries, as Ray Serve's ``PrefixCacheAffinityRouter`` reads it: the first
+    argument with a ``prompt`` or ``messages`` attribute (a request object), or here also a dict with
+    such a key or a ``prompt=`` / ``messages=`` keyword; its text (a string as is, a list of strings or
+    of chat messages joined). "" when none: the router then has no prefix to match."""
+    for arg in (*args, kwargs):
+        for key in ("prompt", "messages"):
+            got = arg.get(key) if isinstance(arg, dict) else getattr(arg, key, None)
+            if got is not None:
+                if isinstance(got, str):
+                    return got
+                return "".join(_text(m.get("content") if isinstance(m, dict) else m) for m in got) \
+                    if isinstance(got, list) else ""
+    return ""
