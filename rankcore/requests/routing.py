@@ -208,14 +208,19 @@ class PrefixAffinity:
         self.keep_blocks = target // block_chars
         #: replica id -> its blocks (a chained hash of each block with all before it), least recent first
         self.stores: dict[str, OrderedDict[int, None]] = {}
+        self._last: tuple[str, list[int]] = ("", [])
 
     def blocks(self, prefix: str) -> list[int]:
         """The prefix's whole blocks, each hashed with every block before it (so a block matches only
-        after the same beginning, as a KV cache's pages do)."""
+        after the same beginning, as a KV cache's pages do). The last prefix's are kept: ``choose`` and
+        then ``dispatched`` read the same request's."""
+        if prefix == self._last[0]:
+            return self._last[1]
         out, h = [], 0
         for i in range(0, len(prefix) - self.block_chars + 1, self.block_chars):
             h = _h(str(h), prefix[i:i + self.block_chars])
             out.append(h)
+        self._last = (prefix, out)
         return out
 
     def matched(self, replica_id: str, blocks: Sequence[int]) -> int:

@@ -226,8 +226,8 @@ class Deployment:
         if auto is not None:  # (as @deployment takes them: an option given beside the config wins)
             changes = {**auto, **changes, "num_replicas": auto["num_replicas"], "max_replicas": auto["max_replicas"]}
         core = {k: changes.pop(k) for k in list(changes) if k in CORE_OPTIONS}
-        if "request_router" in core:  # (a router named anew starts from its own keywords, as Serve's config does)
-            core.setdefault("request_router_kwargs", {})
+        if "request_router" in core and self.core_options.get("request_router_kwargs"):
+            core.setdefault("request_router_kwargs", {})  # (a router named anew starts from its own keywords)
         if core:
             changes["core_options"] = {**self.core_options, **core}
         known = ({f.name for f in attrs.fields(Deployment)} - {"cls", "core_options"}) | set(CORE_OPTIONS) \
