@@ -163,7 +163,7 @@ class _Request:
 
 
 class _Replica:
-    __slots__ = ("rid", "join", "serving", "excluded", "held", "models", "heard", "quiet", "node", "zone")
+    __slots__ = ("rid", "join", "serving", "excluded", "held", "models", "heard", "quiet", "node", "zone", "offered")
 
     def __init__(self, rid: str, join: int) -> None:
         self.rid = rid
@@ -176,6 +176,18 @@ class _Replica:
         #: the multiplexed models it holds or loads: as last reported, with those sent to it since
         self.models: dict[str, None] = {}
         self.node = self.zone = ""  # where it runs ("" unknown: ``ReplicaLocated``)
+        #: what a router was last offered of it (None: its models or place changed since)
+        self.offered: Candidate | None = None
+
+    def offer(self) -> Candidate:
+        """It as a router's candidate: the one last built while it holds as many requests and its
+        models and place are the same (a dispatch changes one or two replicas' counts, not 64)."""
+        c = self.offered
+        k = len(self.held)
+        if c is None or c.in_flight != k:
+            c = self.offered = _Candidate(replica_id=self.rid, in_flight=k, join=self.join, models=tuple(self.models),
+                                          node_id=self.node, zone=self.zone)
+        return c
 
 
 class _Dep:
@@ -608,6 +620,7 @@ class RequestMachine:
         if rep is not None:
             said = dict.fromkeys(ev.model_ids)  # (in the machine's own order of use where it knows it)
             rep.models = {**{m: None for m in rep.models if m in said}, **said}
+            rep.offered = None
         return []
 
     def _replica_located(self, ev: ReplicaLocated) -> list[RequestAction]:
@@ -616,6 +629,7 @@ class RequestMachine:
         rep = dep.replicas.get(ev.replica_id) if dep is not None else None
         if rep is not None:
             rep.node, rep.zone = ev.node_id, ev.zone
+            rep.offered = None
         return []
 
     def _pool_coming(self, ev: PoolComing) -> list[RequestAction]:
@@ -723,6 +737,7 @@ class RequestMachine:
             models = rep.models
             models.pop(req.model, None)
             models[req.model] = None  # (its most recently used now: the replica's LRU order)
+            rep.offered = None
         if k + 1 < dep.max_ongoing:
             dep.enter(rep)
         req.replica = rep
@@ -768,8 +783,7 @@ class RequestMachine:
         if not cands:
             return None
         name, router = dep.router_spec[0], cast(Router, dep.router)
-        offered = tuple(_Candidate(replica_id=r.rid, in_flight=len(r.held), join=r.join, models=tuple(r.models),
-                                   node_id=r.node, zone=r.zone) for r in cands)
+        offered = tuple(r.offer() for r in cands)
         try:
             pick = router.choose(offered, request)
         except Exception as exc:

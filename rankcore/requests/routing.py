@@ -208,17 +208,20 @@ class PrefixAffinity:
         self.keep_blocks = target // block_chars
         #: replica id -> its blocks (a chained hash of each block with all before it), least recent first
         self.stores: dict[str, OrderedDict[int, None]] = {}
+        #: block -> the replicas whose store holds it (``_longest`` walks it)
+        self.holders: dict[int, set[str]] = {}
         self._last: tuple[str, list[int]] = ("", [])
 
     def blocks(self, prefix: str) -> list[int]:
         """The prefix's whole blocks, each hashed with every block before it (so a block matches only
-        after the same beginning, as a KV cache's pages do). The last prefix's are kept: ``choose`` and
-        then ``dispatched`` read the same request's."""
+        after the same beginning, as a KV cache's pages do). Python's own hash: only which blocks are
+        equal matters, within this router (no other process compares them). The last prefix's are
+        kept: ``choose`` and then ``dispatched`` read the same request's."""
         if prefix == self._last[0]:
             return self._last[1]
-        out, h = [], 0
-        for i in range(0, len(prefix) - self.block_chars + 1, self.block_chars):
-            h = _h(str(h), prefix[i:i + self.block_chars])
+        out, h, bc = [], 0, self.block_chars
+        for i in range(0, len(prefix) - bc + 1, bc):
+            h = hash((h, prefix[i:i + bc]))
             out.append(h)
         self._last = (prefix, out)
         return out
@@ -234,13 +237,31 @@ class PrefixAffinity:
                 n += 1
         return n
 
+    def _longest(self, candidates: Sequence[Candidate], blocks: Sequence[int]) -> tuple[int, set[str]]:
+        """The longest run of ``blocks`` any candidate holds, and the candidates holding it: a walk of
+        the blocks through the index of their holders, narrowing the set (O(blocks matched x holders),
+        not O(candidates x blocks))."""
+        holders = self.holders
+        alive = {c.replica_id for c in candidates}
+        n = 0
+        for b in blocks:
+            held = holders.get(b)
+            if not held:
+                break
+            nxt = alive & held
+            if not nxt:
+                break
+            alive, n = nxt, n + 1
+        return n, alive
+
     def choose(self, candidates: Sequence[Candidate], request: RouteRequest) -> str | None:
         blocks = self.blocks(request.prefix)
         loads = [c.in_flight for c in candidates]
         if blocks and max(loads) - min(loads) <= self.imbalanced_threshold:
-            best = max(candidates, key=lambda c: (self.matched(c.replica_id, blocks), -c.in_flight, -c.join))
-            if self.matched(best.replica_id, blocks) >= max(1.0, self.match_rate_threshold * len(blocks)):
-                return best.replica_id
+            n, best = self._longest(candidates, blocks)
+            if n and n >= self.match_rate_threshold * len(blocks):
+                return min((c for c in candidates if c.replica_id in best),
+                           key=lambda c: (c.in_flight, c.join)).replica_id
             stores = self.stores  # (Serve's "smallest tenants": the candidate that has cached least)
             return min(candidates, key=lambda c: (len(stores.get(c.replica_id, ())), c.in_flight, c.join)).replica_id
         return _two(candidates, request.request_id).replica_id
@@ -250,15 +271,30 @@ class PrefixAffinity:
         if not blocks:
             return
         store = self.stores.setdefault(replica_id, OrderedDict())
+        holders = self.holders
         for b in blocks:
-            store[b] = None
-            store.move_to_end(b)
+            if b in store:
+                store.move_to_end(b)
+            else:
+                store[b] = None
+                held = holders.get(b)
+                if held is None:
+                    holders[b] = {replica_id}
+                else:
+                    held.add(replica_id)
         if len(store) > self.max_blocks:
             while len(store) > self.keep_blocks:
-                store.popitem(last=False)
+                self._drop(replica_id, store.popitem(last=False)[0])
+
+    def _drop(self, replica_id: str, block: int) -> None:
+        held = self.holders[block]
+        held.discard(replica_id)
+        if not held:
+            del self.holders[block]
 
     def forget(self, replica_id: str) -> None:
-        self.stores.pop(replica_id, None)
+        for block in self.stores.pop(replica_id, ()):
+            self._drop(replica_id, block)
 
 
 #: the routers by name: a factory taking the router's config as keywords

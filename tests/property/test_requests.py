@@ -339,6 +339,11 @@ class RoutedByPrefix(RequestMachineProps):
             pool = {v.replica_id for v in self.m.pool(d)}
             assert set(router.stores) <= pool, (d, set(router.stores), pool)
             assert all(len(store) <= 3 for store in router.stores.values())
+            inverse: dict[int, set[str]] = {}  # (the holders' index is the stores' inverse, nothing more)
+            for rid, store in router.stores.items():
+                for block in store:
+                    inverse.setdefault(block, set()).add(rid)
+            assert router.holders == inverse
 
 
 TestRequestMachine = RequestMachineProps.TestCase
