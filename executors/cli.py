@@ -150,6 +150,9 @@ MEANINGS = (
     ("1st item", "streams: 1st item: a stream's submit to its first item; duration: its dispatch to its last "
                  "item (the slot held); failed: ended by an error after the items given (its replica died "
                  "mid-stream: never retried)"),
+    ("TTFT", "routing: TTFT: a request's arrival to its first token (its queue wait + its prefill of what its "
+             "replica's prefix cache lacked); prefix hit share: prompt characters found cached / all; replica "
+             "imbalance: the most requests one replica served / the mean per replica (1: even)"),
 )
 
 
@@ -429,19 +432,31 @@ def _run_one(scenario: Any, seed: int | None, trace_path: Path | None, snapshot_
                    "but contiguity_s).")
 @click.option("--wide", is_flag=True, help="Show every figure (--columns all): one table per group.")
 @click.option("--quiet", is_flag=True, help="Print only failures and the final verdict.")
+@click.option("--address", metavar="ADDR",
+              help="A sweep: run each (variant, seed) as a Ray task on this cluster (auto, HOST:PORT, "
+                   "ray://HOST:PORT; local: a fresh local Ray) instead of on local processes; the same figures.")
+@_CONNECT_TIMEOUT
 def simulate(scenario: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,
              plot_window: str | None, sets: tuple[str, ...], zipped: bool, seeds: int, jobs: int | None, fmt: str, output: Path | None,
              trace_dir: Path | None, plot_dir: Path | None, snapshot_every: int | None, quiet: bool,
-             columns: str | None = None, wide: bool = False) -> None:
+             columns: str | None = None, wide: bool = False, address: str | None = None,
+             connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Run SCENARIO (a YAML file) in the simulator and summarise what happened to ranks."""
     if wide:
         if columns is not None:
             raise click.UsageError("--wide is --columns all: give one of them")
         columns = "all"
-    if seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
+    if address is not None or seeds > 1 or fmt != "table" or trace_dir or plot_dir or len(_parse_sets(sets, zipped)) > 1:
         if trace_path or plot_path:
             raise click.UsageError("--trace and --plot take one run; use --trace-dir / --plot-dir for a sweep")
-        _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet, columns)
+        if address is not None and (trace_dir or plot_dir):
+            raise click.UsageError("--trace-dir / --plot-dir are not written with --address (each run's files "
+                                   "would be on the node that ran it): run that sweep without --address")
+        if address is not None and jobs is not None:
+            raise click.UsageError("--jobs is for a sweep on local processes; with --address the cluster's "
+                                   "CPUs run the tasks")
+        _sweep(scenario, seed, sets, zipped, seeds, jobs, fmt, output, trace_dir, plot_dir, quiet, columns,
+               address, connect_timeout)
         return
     figures = None
     if columns is not None:
@@ -476,8 +491,10 @@ def _window(text: str | None) -> tuple[float, float] | None:
 
 def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped: bool, seeds: int,
            jobs: int | None, fmt: str, output: Path | None, trace_dir: Path | None, plot_dir: Path | None,
-           quiet: bool, columns: str | None = None) -> None:
-    """Every variant x seed, on every core; invalid variants are reported and skipped."""
+           quiet: bool, columns: str | None = None, address: str | None = None,
+           connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Every variant x seed, on every core (``address``: as Ray tasks on that cluster, the same
+    records in the same order); invalid variants are reported and skipped."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .sim import ScenarioError, load_scenario
@@ -489,6 +506,7 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         rollout_figures,
         run_sweep,
         select_figures,
+        sweep_cpus,
         tables,
         to_csv,
         to_json,
@@ -522,16 +540,28 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
     for d in (trace_dir, plot_dir):
         if d:
             d.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                  disable=quiet or not Console(stderr=True).is_terminal) as progress:
-        task = progress.add_task("runs", total=len(variants) * seeds)
-        records = run_sweep(scenario_path, variants,
-                            lambda v: [base_seed[_label(v)] + i for i in range(seeds)], jobs=jobs,
-                            trace_dir=trace_dir, plot_dir=plot_dir,
-                            progress=lambda done, total: progress.update(task, completed=done))
-    wall = time.perf_counter() - t0
+    started = _sweep_ray(address, connect_timeout) if address is not None else False
+    try:
+        t0 = time.perf_counter()
+        with Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
+                      TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                      disable=quiet or not Console(stderr=True).is_terminal) as progress:
+            task = progress.add_task("runs", total=len(variants) * seeds)
+            records = run_sweep(scenario_path, variants,
+                                lambda v: [base_seed[_label(v)] + i for i in range(seeds)], jobs=jobs,
+                                trace_dir=trace_dir, plot_dir=plot_dir,
+                                progress=lambda done, total: progress.update(task, completed=done),
+                                on_ray=address is not None)
+        wall = time.perf_counter() - t0
+        cpus = sweep_cpus(len(records), jobs, on_ray=address is not None)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    where = f"Ray tasks at {address}" if address is not None else "local processes"
+    rate = (f"{len(records)} runs in {wall:.2f}s wall: {len(records) / max(wall, 1e-9):.2f} runs/s "
+            f"on {cpus} CPU{'s' if cpus != 1 else ''} ({where})")
     if fmt != "table":
         text = to_json(records, invalid) if fmt == "json" else to_csv(records)
         if output:
@@ -546,8 +576,9 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
         out[-1].caption = legend([f.title for f in figures])
         keep = len(records[0].variant) + 2 if records else 1  # (the variant's keys, deployment, runs)
         console.print(*_fit(out, console.width, keep))
-        console.print(f"[dim]{len(records)} runs in {wall:.2f}s wall ({jobs or os.cpu_count()} processes)"
-                      + (f"; {fmt}: {escape(str(output))}" if output else "") + "[/dim]")
+        console.print(f"[dim]{escape(rate)}" + (f"; {fmt}: {escape(str(output))}" if output else "") + "[/dim]")
+    elif not quiet:  # json / csv on stdout: the rate on stderr
+        click.echo(rate, err=True)
     failed = [r for r in records if not r.passed]
     for r in failed:
         for e in r.expectations:
@@ -564,6 +595,31 @@ def _sweep(scenario_path: Path, seed: int | None, sets: tuple[str, ...], zipped:
 
 def _label(variant: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in variant.items()) or "as written"
+
+
+def _sweep_ray(address: str, connect_timeout: float) -> bool:
+    """Connect for ``simulate --address``: ``local`` starts a fresh local Ray, anything else is
+    joined within ``connect_timeout`` (``_join``: exit 2 naming the address when there is no
+    cluster there). A process already connected (tests, notebooks) keeps its Ray when the address
+    is ``auto``, ``local`` or that cluster's own, and is exit 2 otherwise. True: started here
+    (the caller shuts it down)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        try:
+            current = ray.get_runtime_context().gcs_address
+        except Exception:  # (a ray:// client: no GCS address to compare)
+            current = None
+        if current is None or address in ("auto", "local") or address.split("://", 1)[-1] == current:
+            return False
+        _fail(f"--address {address}: this process is already connected to the Ray cluster at {current}")
+    if address == "local":
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    else:
+        _join(address, connect_timeout, log_to_driver=False, logging_level=logging.ERROR)
+    return True
 
 
 def _simulate(scenario_path: Path, seed: int | None, trace_path: Path | None, plot_path: Path | None,

@@ -3,7 +3,11 @@ every core, summarised per variant and written out whole (JSON or CSV).
 
 A run is loaded and simulated in a worker process and comes back as a
 ``RunRecord`` (plain figures, no state), so a sweep of hundreds of runs costs
-little memory and uses both cores of a small machine.
+little memory and uses both cores of a small machine. On a Ray cluster
+(``run_sweep(on_ray=True)``, ``rankcore simulate --address``: issue 68) each run
+is a Ray task of one CPU instead, given the variant as the driver loaded it (no
+worker reads the file), and the records come back in the same order with the
+same figures.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import attrs
 
 __all__ = ["RunRecord", "InvalidVariant", "Figure", "FIGURES", "GROUPS", "TRAFFIC_GROUPS", "ALIASES", "select_figures", "traffic_figures", "rollout_figures", "proxy_figures", "group_figures",
            "autoscaling_figures", "figure_value", "run_one",
-           "run_sweep", "summarise", "tables", "to_json", "to_csv"]
+           "run_sweep", "sweep_cpus", "summarise", "tables", "to_json", "to_csv"]
 
 
 @attrs.frozen
@@ -59,11 +63,13 @@ class InvalidVariant:
 
 
 def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None = None,
-            plot_path: str | None = None) -> RunRecord:
-    """Load ``path`` with ``overrides`` and simulate it with ``seed`` (None: its own)."""
+            plot_path: str | None = None, scenario: Any = None) -> RunRecord:
+    """Load ``path`` with ``overrides`` and simulate it with ``seed`` (None: its own);
+    ``scenario``: that variant already loaded (``_load(path, ...)``: a Ray task is given the
+    driver's, so the worker needs neither the file nor the files it names)."""
     from .sim import Simulation
 
-    sc = _load(path, json.dumps(overrides, sort_keys=True, default=str), overrides)
+    sc = scenario if scenario is not None else _load(path, _key(overrides), overrides)
     t0 = time.perf_counter()
     fp = open(trace_path, "w") if trace_path else None
     try:
@@ -80,6 +86,10 @@ def run_one(path: str, overrides: dict, seed: int | None, trace_path: str | None
                      expectations=tuple(e.as_record() | {"kind": e.expectation.kind if e.expectation else None}
                                         for e in result.expectations),
                      events=result.events, end_time=result.end_time, wall=wall)
+
+
+def _key(overrides: dict) -> str:
+    return json.dumps(overrides, sort_keys=True, default=str)
 
 
 _LOADED: dict[tuple, Any] = {}
@@ -110,9 +120,16 @@ def _safe(text: str) -> str:
 
 def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], list[int | None]], *,
               jobs: int | None = None, trace_dir: Path | None = None, plot_dir: Path | None = None,
-              progress: Callable[[int, int], None] | None = None) -> list[RunRecord]:
+              progress: Callable[[int, int], None] | None = None, on_ray: bool = False) -> list[RunRecord]:
     """Every (variant, seed) run, on ``jobs`` processes (default: every core),
-    in variant then seed order whatever order they finish in."""
+    in variant then seed order whatever order they finish in.
+
+    ``on_ray``: each run a Ray task of one CPU on the cluster this process is connected to
+    (``ray.init`` first), given its variant as loaded here (``_load``: one ``ray.put`` per
+    variant); the same records in the same order as on processes (``jobs`` is not used). Not with
+    ``trace_dir`` or ``plot_dir``: a task writes its files on the node it runs on."""
+    if on_ray and (trace_dir or plot_dir):
+        raise ValueError("run_sweep(on_ray=True) writes no traces or plots (a task's files would be on its node)")
     tasks = []
     for i, v in enumerate(variants):
         for s in seeds_for(v):
@@ -122,15 +139,17 @@ def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], 
                 trace = str(plot_dir / f"{name}.jsonl")
             plot = str(plot_dir / f"{name}.png") if plot_dir else None
             tasks.append((str(path), dict(v), s, trace, plot))
-    jobs = jobs or os.cpu_count() or 1
+    workers = sweep_cpus(len(tasks), jobs)
     out: list[RunRecord | None] = [None] * len(tasks)
-    if jobs <= 1 or len(tasks) <= 1:
+    if on_ray:
+        out = _on_ray(tasks, progress)
+    elif workers <= 1:
         for k, t in enumerate(tasks):
             out[k] = run_one(*t)
             if progress:
                 progress(k + 1, len(tasks))
     else:
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(tasks))) as pool:
+        with cf.ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(run_one, *t): k for k, t in enumerate(tasks)}
             for done, fut in enumerate(cf.as_completed(futures), 1):
                 out[futures[fut]] = fut.result()
@@ -141,6 +160,62 @@ def run_sweep(path: Path, variants: Sequence[dict], seeds_for: Callable[[dict], 
             if t[3]:
                 Path(t[3]).unlink(missing_ok=True)
     return [r for r in out if r is not None]
+
+
+def sweep_cpus(runs: int, jobs: int | None = None, on_ray: bool = False) -> int:
+    """The CPUs a sweep of ``runs`` runs works on at once: on Ray, the cluster's
+    (``ray.cluster_resources()["CPU"]``, each run a task of one CPU), else its worker processes
+    (``jobs``, default every core); never more than the runs, at least one."""
+    if on_ray:
+        import ray
+
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+    else:
+        cpus = jobs or os.cpu_count() or 1
+    return max(1, min(cpus, runs))
+
+
+def _ray_run(path: str, overrides: dict, seed: int | None, scenario: Any) -> RunRecord:
+    """One run of a sweep as a Ray task: ``run_one`` on the variant the driver loaded."""
+    return run_one(path, overrides, seed, scenario=scenario)
+
+
+_REMOTE: Any = None
+
+
+def _on_ray(tasks: list[tuple], progress: Callable[[int, int], None] | None) -> list[RunRecord | None]:
+    """``tasks`` (``run_one``'s arguments, no trace or plot) as Ray tasks of one CPU, their
+    records in the tasks' order; ``progress`` as each finishes. A run that raises raises here
+    (the runs not finished are cancelled), as ``fut.result()`` does on processes."""
+    import ray
+
+    global _REMOTE
+    if not ray.is_initialized():
+        raise RuntimeError("run_sweep(on_ray=True) needs a connected Ray: call ray.init(address=...) first")
+    if _REMOTE is None:
+        _REMOTE = ray.remote(num_cpus=1)(_ray_run)
+    loaded: dict[str, Any] = {}  # a variant's key -> its loaded scenario, put once for all its seeds
+    refs = []
+    for path, v, s, _, _ in tasks:
+        k = _key(v)
+        if k not in loaded:
+            loaded[k] = ray.put(_load(path, k, v))
+        refs.append(_REMOTE.remote(path, v, s, loaded[k]))
+    index = {ref: n for n, ref in enumerate(refs)}
+    out: list[RunRecord | None] = [None] * len(refs)
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                out[index[ref]] = ray.get(ref)
+            if progress:
+                progress(len(refs) - len(pending), len(refs))
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref)
+        raise
+    return out
 
 
 @attrs.frozen
@@ -215,6 +290,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("requests_model_loads", "models\nloaded", "models", count=True),
     Figure("requests_model_loads_per_min", "loaded\nper min", "models", 1),
     Figure("requests_model_evictions", "models\nevicted", "models", count=True),
+    # routing (issue 68; ``deployments.<d>.request_router``, ``traffic.<d>.prefix_cache``): time to first
+    # token and the prefix caches' hit share (with ``prefix_cache``), how unevenly the replicas served
+    Figure("requests_ttft_p50", "TTFT\np50 s", "routing", 4),
+    Figure("requests_ttft_p99", "TTFT\np99 s", "routing", 4),
+    Figure("requests_prefix_hit_share", "prefix\nhit share", "routing", 3),
+    Figure("requests_replica_imbalance", "replica\nimbalance", "routing", 2),
     # proxies (``proxies:``; executors/sim/proxies.py): requests that failed at their callers for a proxy
     Figure("requests_failed_no_proxy", "failed:\nno proxy", "proxies", count=True),
     Figure("requests_failed_proxy_died", "failed:\nproxy died", "proxies", count=True),
@@ -247,9 +328,9 @@ ALIASES = {"as_queue_wait_p99": "requests_queue_wait_p99", "as_failed": "request
            "as_reconfigures": "reconfigures_rank"}
 #: column groups, each printed as a table of its own (so each stays narrow)
 GROUPS = ("availability", "recovery", "rollouts", "ranks", "contiguity", "contiguity_s", "tiers", "requests", "queue",
-          "streams", "batches", "models", "proxies", "autoscaling", "groups")
+          "streams", "batches", "models", "routing", "proxies", "autoscaling", "groups")
 #: the groups of the request queue (shown only for a scenario with ``traffic:``; streams: with ``stream:``)
-TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches", "models")
+TRAFFIC_GROUPS = ("requests", "queue", "streams", "batches", "models", "routing")
 #: the groups a sweep prints when ``--columns`` is not given (every figure is in the JSON and CSV), and
 #: ``TRAFFIC_GROUPS`` too when its runs had traffic (``traffic_figures``)
 DEFAULT_GROUPS = ("availability", "recovery", "ranks", "contiguity")
@@ -285,6 +366,7 @@ def traffic_figures(records: Sequence[RunRecord]) -> list[Figure]:
     groups |= {"streams"} if any("streams_started" in q for q in queues) else set()
     groups |= {"batches"} if any("batches" in q for q in queues) else set()
     groups |= {"models"} if any("model_loads" in q for q in queues) else set()
+    groups |= {"routing"} if any("replica_imbalance" in q for q in queues) else set()
     return [f for f in FIGURES if f.group in groups]
 
 

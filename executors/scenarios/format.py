@@ -52,6 +52,9 @@ __all__ = [
     "HOST_KEYS",
     "ModelsSpec",
     "MODELS_SIM_KEYS",
+    "PrefixCacheSpec",
+    "PREFIX_WORKLOAD_KEYS",
+    "PREFIX_MODEL_KEYS",
     "ARRIVAL_KINDS",
     "NodeSpec",
     "Provisioning",
@@ -307,8 +310,8 @@ ARRIVAL_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: the request machine's limits: deployment options (``rankcore.base.options.RequestOptions``, declared once
 #: there: ``deployments.<name>.max_ongoing_requests`` ...), refused in a traffic section with a pointer
 _LIMITS = tuple(a.name for a in attrs.fields(rc.options.RequestOptions))
-_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "host", "idempotent", "timeout_s", "error_rate",
-                 "from", "until", "metrics_interval_s")
+_TRAFFIC_KEYS = ("arrivals", "service", "stream", "batch", "models", "host", "prefix_cache", "sessions", "callers",
+                 "idempotent", "timeout_s", "error_rate", "from", "until", "metrics_interval_s")
 #: ``traffic.<deployment>.host``: the host's CPU a request costs (``HostSpec``); a batched deployment
 #: may give them under ``batch`` instead (their first spelling), not in both places
 HOST_KEYS = ("cores", "request_s", "threads", "replica_s")
@@ -320,6 +323,16 @@ BATCH_SIM_KEYS = ("fixed_s", "per_item_s", *HOST_KEYS)
 MODELS_SIM_KEYS = ("count", "zipf_s", "file", "load_s")
 #: ``models.load_s``' default: seconds a replica takes to load a model
 MODEL_LOAD_S = 0.5
+#: ``traffic.<deployment>.prefix_cache`` (issue 68): the shared-prefix workload's keys and the replicas'
+#: prefix (KV) cache's, the keyword arguments of ``executors.sim.prefixcache.SharedPrefixWorkload`` (but
+#: its seed: the run's) and ``PrefixCacheModel`` (their defaults are those classes'; named here, not
+#: imported: the Ray executor reads this module too, and the simulator's modules are not its own)
+PREFIX_WORKLOAD_KEYS = ("system_prompts", "zipf_s", "system_chars", "question_chars")
+PREFIX_MODEL_KEYS = ("block_chars", "capacity_blocks", "base_s", "prefill_s_per_char", "decode_s")
+#: ``prefix_cache``'s whole-number keys (the rest are numbers >= 0) and the most characters its system
+#: prompts may hold together (they are built at the start of the run)
+_PREFIX_COUNTS = ("system_prompts", "system_chars", "question_chars", "block_chars", "capacity_blocks")
+MAX_PREFIX_CHARS = 50_000_000
 #: ``traffic.<deployment>.stream``: requests answered as a stream of items (a generator method)
 _STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
 
@@ -409,6 +422,19 @@ class ModelsSpec:
 
 
 @attrs.frozen
+class PrefixCacheSpec:
+    """Prompts sharing system prompts, served by replicas with a prefix (KV) cache
+    (``traffic.<deployment>.prefix_cache``, issue 68): the keywords given for the simulator's
+    ``SharedPrefixWorkload`` (``PREFIX_WORKLOAD_KEYS``) and ``PrefixCacheModel``
+    (``PREFIX_MODEL_KEYS``), the rest those classes' defaults. Each request's prompt is the
+    workload's next (sent as ``Submit.prefix``); its service on a replica is ``ttft_s(prompt,
+    cached) + decode_s``, the replica incarnation's own cache saying what is cached."""
+
+    workload: tuple[tuple[str, Any], ...] = ()
+    model: tuple[tuple[str, Any], ...] = ()
+
+
+@attrs.frozen
 class TrafficSpec:
     """One deployment's requests in the simulator (docs/scenarios.md, "Traffic and the request
     queue"): arrivals between ``start`` and ``until``, each served for a ``service`` draw on the
@@ -427,6 +453,12 @@ class TrafficSpec:
     models: ModelsSpec | None = None
     #: the host's CPU its requests cost (None: none; their service time alone)
     host: HostSpec | None = None
+    #: prompts with shared prefixes, replicas with a prefix cache (None: neither; ``service`` draws)
+    prefix_cache: PrefixCacheSpec | None = None
+    #: each request's ``Submit.routing_key`` one of this many session keys (0: none)
+    sessions: int = 0
+    #: the callers' nodes and their weights (each request's ``Submit.caller_node``; (): none)
+    callers: tuple[tuple[str, float], ...] = ()
     idempotent: bool = False
     timeout_s: float | None = None
     error_rate: float = 0.0
@@ -772,7 +804,7 @@ def _scenario(raw: Any, c: _Checker) -> Scenario:
         raise c.fail(("timeline", a.index, a.key, "version" if isinstance(a, PushWeights) else "weights_version"),
                      message)
     expect = _expectations(top.get("expect", []), c, deployments)
-    traffic = _traffic(top.get("traffic", {}), c, deployments, duration)
+    traffic = _traffic(top.get("traffic", {}), c, deployments, duration, tuple(n.name for n in nodes))
     proxies = _proxies(top.get("proxies"), nodes, c)
     trace = c.mapping(top.get("trace", {}), ("trace",), ("snapshot_every",))
     every = c.count(trace.get("snapshot_every", 0), ("trace", "snapshot_every"))
@@ -1319,8 +1351,10 @@ def _expectations(value: Any, c: _Checker, deployments: dict) -> tuple[Expectati
     return tuple(out)
 
 
-def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None) -> dict:
-    """``traffic: {deployment: {arrivals: {kind: ...}, service: <latency>, ...}}`` -> ``TrafficSpec`` by name."""
+def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None,
+             nodes: tuple[str, ...] = ()) -> dict:
+    """``traffic: {deployment: {arrivals: {kind: ...}, service: <latency>, ...}}`` -> ``TrafficSpec`` by name
+    (``nodes``: the cluster's, which ``callers`` may name)."""
     section = c.mapping({} if value is None else value, ("traffic",))
     out = {}
     for name, spec in section.items():
@@ -1352,7 +1386,19 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         if models is not None and batched is not None:
             raise c.fail(p + ("models",), "models and batch together are not modelled by the simulator (a batch "
                                           "would split by model id): give one of them", at_key=True)
-        if "service" not in m and batched is None and (stream is None or stream.fraction < 1):
+        prefix = None if m.get("prefix_cache") is None else _prefix_cache(m["prefix_cache"], p + ("prefix_cache",), c)
+        if prefix is not None:
+            for k, why in (("service", "its service time is the prefix cache's: ttft_s(prompt, cached) + decode_s "
+                                       "(drop 'service')"),
+                           ("batch", "prefix_cache and batch together are not modelled by the simulator: give one "
+                                     "of them"),
+                           ("stream", "prefix_cache and stream together are not modelled by the simulator (a "
+                                      "stream's items have their own times): give one of them")):
+                if m.get(k) is not None:
+                    raise c.fail(p + (k,), why, at_key=True)
+        sessions = 0 if m.get("sessions") is None else c.some(m["sessions"], p + ("sessions",), "sessions")
+        callers = () if m.get("callers") is None else _callers(m["callers"], p + ("callers",), c, nodes)
+        if "service" not in m and batched is None and prefix is None and (stream is None or stream.fraction < 1):
             raise c.fail(p, "missing required field 'service'" + (
                 "" if stream is None else f" (the plain requests' service time: stream.fraction is {stream.fraction:g})"))
         if duration is None:
@@ -1373,11 +1419,50 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None)
         out[name] = TrafficSpec(
             deployment=name, arrivals=_arrivals(m["arrivals"], p + ("arrivals",), c),
             service=c.latency(m["service"], p + ("service",)) if "service" in m else None, stream=stream,
-            batch=batched, models=models, host=host, idempotent=idempotent,
+            batch=batched, models=models, host=host, prefix_cache=prefix, sessions=sessions, callers=callers,
+            idempotent=idempotent,
             timeout_s=None if timeout is None else float(timeout),
             error_rate=c.number(m.get("error_rate", 0.0), p + ("error_rate",), maximum=1.0),
             start=start, until=until, metrics_interval_s=interval, limits=tuple(limits))
     return out
+
+
+def _prefix_cache(value: Any, p: tuple, c: _Checker) -> PrefixCacheSpec:
+    """``prefix_cache: {system_prompts, zipf_s, system_chars, question_chars, block_chars,
+    capacity_blocks, base_s, prefill_s_per_char, decode_s}`` (each optional) -> ``PrefixCacheSpec``."""
+    m = c.mapping(value, p, PREFIX_WORKLOAD_KEYS + PREFIX_MODEL_KEYS)
+    given: dict[str, Any] = {}
+    for k, v in m.items():
+        if k in _PREFIX_COUNTS:
+            given[k] = c.count(v, p + (k,))
+            if given[k] < 1 and k != "question_chars":
+                raise c.fail(p + (k,), f"must be at least 1, got {given[k]}")
+        else:
+            given[k] = c.number(v, p + (k,))
+    big = given.get("system_prompts", 200) * given.get("system_chars", 1600)
+    if big > MAX_PREFIX_CHARS or given.get("question_chars", 0) > MAX_PREFIX_CHARS:
+        k = "question_chars" if given.get("question_chars", 0) > MAX_PREFIX_CHARS else (
+            "system_chars" if "system_chars" in given else "system_prompts")
+        raise c.fail(p + (k,), f"the prompts would hold over {MAX_PREFIX_CHARS:,} characters (MAX_PREFIX_CHARS): "
+                               f"system_prompts x system_chars is {big:,}")
+    return PrefixCacheSpec(workload=tuple((k, v) for k, v in given.items() if k in PREFIX_WORKLOAD_KEYS),
+                           model=tuple((k, v) for k, v in given.items() if k in PREFIX_MODEL_KEYS))
+
+
+def _callers(value: Any, p: tuple, c: _Checker, nodes: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    """``callers: {node: weight, ...}`` (the cluster's nodes, weights >= 0, not all 0) -> (node, weight) pairs."""
+    m = c.mapping(value, p)
+    if not m:
+        raise c.fail(p, "must name at least one node with its weight ({node-0: 1, node-1: 3})")
+    out = []
+    for node, weight in m.items():
+        if node not in nodes:
+            raise c.fail(p + (node,), f"unknown node {_show(node)}{_did_you_mean(node, nodes)} (the cluster's: "
+                                      f"{', '.join(nodes[:20])}{', ...' if len(nodes) > 20 else ''})", at_key=True)
+        out.append((str(node), c.number(weight, p + (node,))))
+    if not any(w > 0 for _, w in out):
+        raise c.fail(p, "every weight is 0: give at least one node a weight > 0")
+    return tuple(out)
 
 
 def _batch(value: Any, p: tuple, c: _Checker) -> tuple[BatchSpec, HostSpec | None]:

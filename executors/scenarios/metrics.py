@@ -12,7 +12,7 @@ import attrs
 import rankcore as rc
 from rankcore import LIVE, Phase
 
-__all__ = ["DeploymentMetrics", "GroupFigures", "Metrics", "percentile", "tier_history", "tier_step"]
+__all__ = ["DeploymentMetrics", "GroupFigures", "Metrics", "imbalance", "percentile", "tier_history", "tier_step"]
 
 LEVELS = ("rank", "node_rank", "local_rank", "any")
 #: the levels of contiguity a planner asks about: global ranks, node ranks, local ranks, any of them
@@ -73,6 +73,17 @@ def percentile(values: list[float], q: float) -> float | None:
     s = sorted(values)
     k = max(0, math.ceil(q / 100 * len(s)) - 1)
     return s[k]
+
+
+def imbalance(counts: Iterable[int]) -> float | None:
+    """How unevenly work was spread: the largest count over the mean count (1.0: even; n: all on one
+    of n). None for no counts or none above 0. The simulator's ``replica_imbalance``: the requests
+    each replica served (``executors.sim.traffic.routing_figures``)."""
+    values = list(counts)
+    total = sum(values)
+    if not values or total <= 0:
+        return None
+    return max(values) * len(values) / total
 
 
 @attrs.define

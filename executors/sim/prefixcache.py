@@ -13,14 +13,19 @@ and by the Ray benchmark's replicas (``benchmarks/bench_router.py``), so the two
   (prompt_chars - cached_chars)``; the answer ends ``decode_s`` later.
 * ``SharedPrefixWorkload``: ``system_prompts`` system prompts of ``system_chars`` characters, drawn
   Zipf(``zipf_s``) (a few are hot), each request one of them followed by a question of its own of
-  ``question_chars`` characters. Deterministic from its seed.
+  ``question_chars`` characters. Deterministic from its seed. ``prompts(n)`` draws ``n`` at once;
+  ``iter_prompts()`` one at a time, for ever (the simulator's requests take the next as each
+  arrives, however many come).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
+from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import attrs
 
@@ -46,17 +51,17 @@ class KVCache:
         """How many characters at the start of ``prompt`` were cached (whole blocks); the prompt's
         blocks are cached from now on (the most recently used)."""
         h, cached, matching = b"", 0, True
-        bc = self.block_chars
+        bc, blocks, blake = self.block_chars, self.blocks, hashlib.blake2b  # (``_chain``, inlined: per block)
         for i in range(0, len(prompt) - bc + 1, bc):
-            h = _chain(h, prompt[i:i + bc])
-            if matching and h in self.blocks:
+            h = blake(h + prompt[i:i + bc].encode(), digest_size=8).digest()
+            if matching and h in blocks:
                 cached += bc
             else:
                 matching = False
-            self.blocks[h] = None
-            self.blocks.move_to_end(h)
-        while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
+            blocks[h] = None
+            blocks.move_to_end(h)
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
         self.hit_chars += cached
         self.prompt_chars += len(prompt)
         return cached
@@ -116,3 +121,16 @@ class SharedPrefixWorkload:
             q = f" [question {i}] " + "".join(rng.choice("abcdefghij ") for _ in range(self.question_chars))
             out.append(systems[k] + q[:self.question_chars])
         return out
+
+    def iter_prompts(self) -> Iterator[str]:
+        """Prompts for ever, in order, each drawn as it is asked for (deterministic from ``seed``): the
+        same systems and Zipf weights as ``prompts``, a stream of its own (not ``prompts(n)``'s
+        sequence, which draws every system prompt before any question)."""
+        rng = random.Random(f"iter-prompts-{self.seed}")
+        systems = self.systems()
+        cum = list(itertools.accumulate(self.weights()))
+        total, last, letters = cum[-1], len(cum) - 1, "abcdefghij "
+        for i in itertools.count():
+            k = min(bisect_right(cum, rng.random() * total), last)
+            q = f" [question {i}] " + "".join(rng.choices(letters, k=self.question_chars))
+            yield systems[k] + q[:self.question_chars]

@@ -39,6 +39,19 @@ change, as Serve's replica pushes every 0.1 s, to the controller
 machine (``ReplicaModels``, a pool command); one that stops, dies or hangs loses
 its models (its successor starts empty).
 
+Routing and prefix caches (issue 68; ``prefix_cache:``, ``sessions:``, ``callers:``): the machine
+asks the deployment's router (``deployments.<d>.request_router``) which candidate takes each
+request, and the simulator gives it what a router reads: each request's prompt
+(``Submit.prefix``: the next of ``executors.sim.prefixcache.SharedPrefixWorkload.iter_prompts``,
+seeded from the run's seed, ``traffic/<deployment>/prompts``), its session key
+(``Submit.routing_key``: one of ``sessions``, ``.../sessions``), its caller's node
+(``Submit.caller_node``, drawn from ``callers``' weights, ``.../callers``) and that node's zone
+(its ``ZONE_LABEL`` label), and where each replica runs (``ReplicaLocated``, when the core's pool
+commands say it serves: its node in the core's state, that node's zone). Each replica
+incarnation has its own ``KVCache`` (a replacement starts cold; one gone is dropped): a request's
+service is ``ttft_s(prompt, cached) + decode_s`` of ``PrefixCacheModel``, the cache saying what
+it held, and its time to first token the wait before its service plus ``ttft_s``.
+
 What it measures per deployment (``as_dict``): the machine's counters, what the
 callers saw (every Submit ends once: ``lost`` from the simulator's own books),
 queue wait (submit -> first dispatch) and end-to-end latency (submit -> answer)
@@ -46,7 +59,9 @@ percentiles in virtual seconds, the longest queue, and ``queue_series``: (t,
 queued, in flight) every ``metrics_interval_s``, the load an autoscaler reads
 (issue 23); with streams, what became of them (``streams_*``), the items the
 callers got, time to first item and stream duration percentiles; with models,
-the hit rate, loads (a minute) and evictions.
+the hit rate, loads (a minute) and evictions; with ``prefix_cache``, time to first token
+percentiles and the cache's hit share; with a router, sessions, callers or ``prefix_cache``, the
+requests each replica served and their imbalance (``routing_figures``).
 """
 
 from __future__ import annotations
@@ -63,6 +78,7 @@ from typing import Any
 import rankcore as rc
 from rankcore.base.records import maker
 from rankcore.requests import (
+    ZONE_LABEL,
     BatchDone,
     Batcher,
     Cancel,
@@ -76,6 +92,7 @@ from rankcore.requests import (
     ModelCache,
     NotDelivered,
     Rejected,
+    ReplicaLocated,
     RequestAction,
     RequestMachine,
     RunBatch,
@@ -84,7 +101,8 @@ from rankcore.requests import (
 )
 
 from ..scenarios.format import ArrivalSpec, ModelsSpec, StreamSpec, TrafficSpec
-from ..scenarios.metrics import percentile
+from ..scenarios.metrics import imbalance, percentile
+from .prefixcache import KVCache, PrefixCacheModel, SharedPrefixWorkload
 
 __all__ = ["SimTraffic", "arrival_times", "segments"]
 
@@ -230,7 +248,8 @@ class _Flow:
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
-                 "model_evictions", "cores", "threads", "cpu")
+                 "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "caller_of",
+                 "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -272,6 +291,30 @@ class _Flow:
         if spec.stream is not None:
             self.streamed = sim.stream(f"traffic/{self.name}/streamed")  # which requests stream
             self.shapes = sim.stream(f"traffic/{self.name}/streams")  # their items and item times
+        #: ``prefix_cache``: each request's prompt (the workload's next, seeded from the run's seed) and
+        #: the replicas' cache model (None: no prompts, a ``service`` draw each)
+        pc = spec.prefix_cache
+        self.prompts: Iterator[str] | None = None
+        self.cache_model: PrefixCacheModel | None = None
+        if pc is not None:
+            seed = sim.stream(f"traffic/{self.name}/prompts").getrandbits(32)
+            self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=seed).iter_prompts()
+            self.cache_model = PrefixCacheModel(**dict(pc.model))
+        #: ``sessions`` / ``callers``: each request's session key and its caller's node (None: none)
+        self.session_of = None if not spec.sessions else _session_draw(spec.sessions,
+                                                                       sim.stream(f"traffic/{self.name}/sessions"))
+        self.caller_of = None if not spec.callers else _weighted_draw(spec.callers,
+                                                                      sim.stream(f"traffic/{self.name}/callers"))
+        #: whether the routing figures are kept (a router, sessions, callers or prefix caches)
+        self.routed = bool(pc is not None or spec.sessions or spec.callers or dict(spec.limits).get("request_router"))
+        self.ttft = _Sample()  # arrival -> first token, per request answered (``prefix_cache``)
+        self.prompt_chars = self.cached_chars = 0  # over every request a replica served (its prefill)
+        #: replica id -> requests it served (each replica that joined the pool serving: 0 until it serves)
+        self.served: dict[str, int] = {}
+        #: replica id -> (its incarnation, its prefix cache); a new incarnation starts cold, one gone is dropped
+        self.caches: dict[str, tuple[int, KVCache]] = {}
+        #: serving replica id -> (node, zone) the machine was told (``ReplicaLocated``)
+        self.located: dict[str, tuple[str, str]] = {}
 
 
 def _model_draw(spec: ModelsSpec, rng: random.Random) -> Any:
@@ -287,6 +330,22 @@ def _model_draw(spec: ModelsSpec, rng: random.Random) -> Any:
         cum.append(total)
     last = spec.count - 1
     return lambda n: names[min(bisect_right(cum, rng.random() * total), last)]
+
+
+def _session_draw(sessions: int, rng: random.Random) -> Any:
+    """Each request's session key: one of ``sessions`` (``"s<i>"``), evenly (one ``rng`` draw a request)."""
+    return lambda: f"s{rng.randrange(sessions)}"
+
+
+def _weighted_draw(pairs: tuple[tuple[str, float], ...], rng: random.Random) -> Any:
+    """A draw of one of ``pairs``' names by its weight (one ``rng`` draw a request)."""
+    names = [n for n, _ in pairs]
+    cum, total = [], 0.0
+    for _, w in pairs:
+        total += w
+        cum.append(total)
+    last = len(names) - 1
+    return lambda: names[min(bisect_right(cum, rng.random() * total), last)]
 
 
 class _Streams:
@@ -310,11 +369,15 @@ class _Streams:
 
 
 class _Req:
-    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent", "proxy", "model")
+    __slots__ = ("flow", "t0", "dispatched", "stream", "items_at", "cut", "sent", "proxy", "model", "prompt",
+                 "first_token")
 
-    def __init__(self, flow: _Flow, t0: float, stream: bool, proxy: Any = None, model: str = "") -> None:
+    def __init__(self, flow: _Flow, t0: float, stream: bool, proxy: Any = None, model: str = "",
+                 prompt: str = "") -> None:
         self.flow, self.t0, self.dispatched, self.stream, self.proxy = flow, t0, False, stream, proxy
         self.model = model  # its multiplexed model id ("" none)
+        self.prompt = prompt  # its prompt (``prefix_cache``; "" none)
+        self.first_token: float | None = None  # when its first token comes out (``prefix_cache``: at its service)
         self.items_at: list[float] | None = None  # a stream's item times (absolute), drawn at its dispatch
         self.cut: float | None = None  # when its replica died or hung: no item after that reaches the caller
         self.sent = t0  # when a replica took the stream (its items were drawn then)
@@ -536,6 +599,10 @@ class SimTraffic:
         now, spec = self.sim.now, flow.spec
         rid = f"{flow.name}/{flow.n}"
         model = "" if flow.model_of is None else flow.model_of(flow.n)  # (drawn first: one draw per arrival)
+        # (each of these too, so request n has the n-th prompt, session and caller whatever became of the others)
+        prompt = "" if flow.prompts is None else next(flow.prompts)
+        key = "" if flow.session_of is None else flow.session_of()
+        caller = "" if flow.caller_of is None else flow.caller_of()
         flow.n += 1
         deadline = None if spec.timeout_s is None else now + spec.timeout_s
         stream = flow.streamed is not None and spec.stream is not None and (
@@ -549,10 +616,12 @@ class SimTraffic:
                 self._again(flow, refused=True)
                 self._next_arrival(flow)
                 return
-        self._requests[rid] = _Req(flow, now, stream, proxy, model)
+        self._requests[rid] = _Req(flow, now, stream, proxy, model, prompt)
         flow.live += 1
         actions = self.machine.handle(_Submit(request_id=rid, deployment=flow.name, idempotent=spec.idempotent,
-                                              stream=stream, deadline=deadline, model_id=model))
+                                              stream=stream, deadline=deadline, model_id=model, routing_key=key,
+                                              prefix=prompt, caller_node=caller,
+                                              caller_zone=self._zone(caller) if caller else ""))
         if deadline is not None:
             self.sim.schedule(spec.timeout_s, self._tick)
         if not actions:  # queued
@@ -634,12 +703,34 @@ class SimTraffic:
             assert flow.spec.stream is not None and flow.shapes is not None
             req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
             service = req.items_at[-1] - sim.now
+        elif flow.cache_model is not None:
+            service = self._prefill(flow, req, replica_id, epoch)
         else:
             assert flow.spec.service is not None  # (parsed: required unless every request streams)
             service = flow.spec.service.sample(flow.service)
         ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         ticket = sim.schedule(service, self._complete, rid, replica_id, epoch, ok)
         self._held.setdefault(replica_id, {})[rid] = (sim.now + service, ticket, ok)
+        if flow.routed:
+            flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
+
+    def _prefill(self, flow: _Flow, req: _Req | None, replica_id: str, epoch: int) -> float:
+        """``prefix_cache``: ``req``'s service on that replica incarnation: its prefill of what its
+        cache did not hold (``ttft_s``), then ``decode_s``; its prompt is cached from now on. A
+        request whose caller is gone (its prompt no longer known) costs the prefill of nothing."""
+        model = flow.cache_model
+        assert model is not None
+        if req is None or not req.prompt:
+            return model.ttft_s(0, 0) + model.decode_s
+        held = flow.caches.get(replica_id)
+        if held is None or held[0] != epoch:
+            held = flow.caches[replica_id] = (epoch, model.cache())
+        cached = held[1].take(req.prompt)
+        flow.prompt_chars += len(req.prompt)
+        flow.cached_chars += cached
+        ttft = model.ttft_s(len(req.prompt), cached)
+        req.first_token = self.sim.now + ttft
+        return ttft + model.decode_s
 
     # ---------------------------------------------------------- models
     def _model_dispatch(self, flow: _Flow, req: _Req, rid: str, replica_id: str, epoch: int) -> None:
@@ -945,6 +1036,8 @@ class SimTraffic:
             if req.proxy is not None:
                 req.proxy.carrying.discard(rid)
             req.flow.latencies.append(self.sim.now - req.t0)
+            if req.first_token is not None:
+                req.flow.ttft.append(req.first_token - req.t0)
             req.flow.answers += 1
             req.flow.ends += 1
             self._again(req.flow)
@@ -1046,12 +1139,48 @@ class SimTraffic:
 
     # ---------------------------------------------------------- the pool
     def pool_changed(self, commands: tuple) -> None:
-        """The core's pool commands of one step (``Step.pool``), as they are."""
+        """The core's pool commands of one step (``Step.pool``), as they are; then where each replica
+        that serves runs (``ReplicaLocated``)."""
         for cmd in commands:
             self._carry(self.machine.handle(cmd))
             flow = self.flows.get(cmd.deployment)
             if flow is not None:
+                self._locate(flow, cmd)
                 self._peak(flow)  # (a replica gone puts what it held back in the queue)
+
+    def _locate(self, flow: _Flow, cmd: Any) -> None:
+        """After a pool command: tell the machine where each replica it made serving runs (its node
+        in the core's state, that node's zone; once, and again if that changed), as the Ray handle's
+        router does; forget the replicas gone (and their prefix caches)."""
+        if type(cmd) is rc.PoolChanged:
+            serving: tuple[str, ...] = (cmd.replica_id,) if cmd.membership == "serving" else ()
+            if cmd.membership == "gone":
+                flow.located.pop(cmd.replica_id, None)
+                flow.caches.pop(cmd.replica_id, None)
+        elif type(cmd) is rc.PoolReset:  # (after a recovery: every replica not named is gone)
+            serving, keep = cmd.serving, {*cmd.serving, *cmd.draining}
+            flow.located = {r: p for r, p in flow.located.items() if r in keep}
+            flow.caches = {r: c for r, c in flow.caches.items() if r in keep}
+        else:
+            return
+        if not serving:
+            return
+        dep = self.sim.driver.state.deployments.get(flow.name)
+        for rid in serving:
+            if flow.routed:
+                flow.served.setdefault(rid, 0)
+            rec = dep.replicas.get(rid) if dep is not None else None
+            node = (rec.node_id or "") if rec is not None else ""
+            place = (node, self._zone(node))
+            if flow.located.get(rid) != place:
+                self.machine.handle(ReplicaLocated(deployment=flow.name, replica_id=rid, node_id=place[0],
+                                                   zone=place[1]))
+                flow.located[rid] = place
+
+    def _zone(self, node_id: str) -> str:
+        """``node_id``'s availability zone: its ``ZONE_LABEL`` label in the core's state ("" none)."""
+        node = self.sim.driver.state.cluster.nodes.get(node_id)
+        return "" if node is None else dict(node.labels).get(ZONE_LABEL, "")
 
     def replica_silent(self, replica_id: str) -> None:
         """``replica_id`` died, was killed or hung now: the streams it serves give no more items
@@ -1062,6 +1191,8 @@ class SimTraffic:
                 req.cut = self.sim.now
         if replica_id in self._models:
             self._drop_models(replica_id)
+        for f in self.flows.values():  # (its prefix cache goes with its process)
+            f.caches.pop(replica_id, None)
         held = self._interpreters.pop(replica_id, None)
         if held is not None:  # (its process stopped: what it was running on the host's cores takes no more)
             held[1].cut()
@@ -1135,7 +1266,26 @@ class SimTraffic:
                                   "model_loads": f.model_loads,
                                   "model_loads_per_min": _r(60 * f.model_loads / span) if span > 0 else None,
                                   "model_evictions": f.model_evictions})
+            if f.routed:
+                out[name].update(routing_figures(f))
         return out
+
+
+def routing_figures(f: _Flow) -> dict:
+    """One deployment's routing figures (docs/scenarios.md, "Routers in the simulator"): with
+    ``prefix_cache``, time to first token (arrival -> first token, per request answered: the queue
+    wait plus its prefill) and the cache's hit share (characters its replica had cached / prompt
+    characters, over every request a replica served); always, the requests each replica served
+    (``served_by_replica``: every replica that joined the pool serving, 0 if it served none) and
+    their imbalance (``imbalance``: the most one served / the mean per replica; 1 even)."""
+    out: dict[str, Any] = {}
+    if f.cache_model is not None:
+        out.update({"ttft_p50": _r(f.ttft.percentile(50)), "ttft_p99": _r(f.ttft.percentile(99)),
+                    "prefix_hit_share": _r(f.cached_chars / f.prompt_chars) if f.prompt_chars else None,
+                    "prompt_chars": f.prompt_chars, "cached_chars": f.cached_chars})
+    out.update({"replica_imbalance": _r(imbalance(f.served.values())),
+                "served_by_replica": dict(sorted(f.served.items()))})
+    return out
 
 
 def _r(v: float | None) -> float | None:
