@@ -506,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-events", action="store_true", help="run only (e)")
     ap.add_argument("--sweep", action="store_true",
                     help="also (f): the what-if sweep of examples/scenarios/capacity-plan-64.yaml, "
-                         "--sweep-seeds seeds x cluster.nodes=8,9,10,11 on every core (target <= 10 s)")
+                         "--sweep-seeds seeds x cluster.nodes=8,9,10,11 on every core (its 10 s target: "
+                         "retired, issue 68)")
     ap.add_argument("--sweep-seeds", type=int, default=30, help="seeds per variant in (f) (default 30)")
     ap.add_argument("--only-sweep", action="store_true", help="run only (f)")
     args = ap.parse_args(argv)
@@ -598,12 +599,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 PLAN = ROOT / "examples" / "scenarios" / "capacity-plan-64.yaml"
+#: issue 36's "week sweep <= 10 s on a machine doing other work": retired by issue 68 in favour of
+#: fanning a sweep out over a Ray cluster's CPUs (``rankcore simulate --address``,
+#: benchmarks/bench_sweep_ray.py); (f) still measures what the week's runs cost, on this machine
 TARGET_SWEEP_SECONDS = 10.0
 
 
 def bench_sweep(seeds: int) -> None:
     """(f) A planner's sweep: the 64-replica week, ``seeds`` seeds x 4 cluster
-    sizes, through executors.sweep on every core, once (a sweep is long)."""
+    sizes, through executors.sweep on every core, once (a sweep is long). Its 10 s
+    target is retired (``TARGET_SWEEP_SECONDS``): printed for comparison, not judged."""
     from executors.sweep import run_sweep
 
     variants = [{"cluster.nodes": n} for n in (8, 9, 10, 11)]
@@ -624,7 +629,9 @@ def bench_sweep(seeds: int) -> None:
           f"one run {one:.3f} s median (serial estimate {one * len(records):.1f} s)")
     print(f"  workers' CPU {cpu:.1f} s ({cpu / len(records):.3f} s a run; wall x cores used {cpu / wall:.2f}); "
           f"load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} after on {os.cpu_count()} CPUs")
-    print(f"  sweep <= {TARGET_SWEEP_SECONDS:g} s wall: {wall:.2f} s  {_verdict(wall <= TARGET_SWEEP_SECONDS)}")
+    print(f"  sweep <= {TARGET_SWEEP_SECONDS:g} s wall: {wall:.2f} s  (retired target, issue 68: "
+          f"{'would be met' if wall <= TARGET_SWEEP_SECONDS else 'not met'}; a longer sweep fans out on Ray, "
+          f"rankcore simulate --address, benchmarks/bench_sweep_ray.py)")
 
 
 if __name__ == "__main__":
