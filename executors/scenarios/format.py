@@ -328,10 +328,19 @@ MODEL_LOAD_S = 0.5
 #: its seed: the run's) and ``PrefixCacheModel`` (their defaults are those classes'; named here, not
 #: imported: the Ray executor reads this module too, and the simulator's modules are not its own)
 PREFIX_WORKLOAD_KEYS = ("system_prompts", "zipf_s", "system_chars", "question_chars")
-PREFIX_MODEL_KEYS = ("block_chars", "capacity_blocks", "base_s", "prefill_s_per_char", "decode_s")
-#: ``prefix_cache``'s whole-number keys (the rest are numbers >= 0) and the most characters its system
-#: prompts may hold together (they are built at the start of the run)
-_PREFIX_COUNTS = ("system_prompts", "system_chars", "question_chars", "block_chars", "capacity_blocks")
+PREFIX_MODEL_KEYS = ("block_chars", "capacity_blocks", "base_s", "prefill_s_per_char", "decode_s", "prefills")
+#: ``prefix_cache.seed``: the workload's own seed (``SharedPrefixWorkload.seed``, as the Ray benchmark's):
+#: given, the prompts are ``iter_listed()``'s, the benchmark's order; else drawn from the run's seed
+PREFIX_SEED_KEY = "seed"
+#: ``prefix_cache.prefill_overhead_s``: a latency each prefill takes beyond the model's ``ttft_s`` (the
+#: simulator's own: a real replica's cache lookup and its event loop's wake-up), drawn per prefill
+PREFIX_OVERHEAD_KEY = "prefill_overhead_s"
+#: ``prefix_cache``'s whole-number keys (the rest are numbers >= 0; those of ``_PREFIX_ZERO_OK`` may be 0,
+#: the others are at least 1) and the most characters its system prompts may hold together (they are
+#: built at the start of the run)
+_PREFIX_COUNTS = ("system_prompts", "system_chars", "question_chars", "block_chars", "capacity_blocks", "prefills",
+                  PREFIX_SEED_KEY)
+_PREFIX_ZERO_OK = ("question_chars", "prefills", PREFIX_SEED_KEY)
 MAX_PREFIX_CHARS = 50_000_000
 #: ``traffic.<deployment>.stream``: requests answered as a stream of items (a generator method)
 _STREAM_KEYS = ("fraction", "items", "first_item_s", "item_interval_s")
@@ -427,11 +436,18 @@ class PrefixCacheSpec:
     (``traffic.<deployment>.prefix_cache``, issue 68): the keywords given for the simulator's
     ``SharedPrefixWorkload`` (``PREFIX_WORKLOAD_KEYS``) and ``PrefixCacheModel``
     (``PREFIX_MODEL_KEYS``), the rest those classes' defaults. Each request's prompt is the
-    workload's next (sent as ``Submit.prefix``); its service on a replica is ``ttft_s(prompt,
-    cached) + decode_s``, the replica incarnation's own cache saying what is cached."""
+    workload's next (sent as ``Submit.prefix``); on a replica it waits for the prefill before it
+    (``prefills`` at once, 1 by default), then its prefill takes ``ttft_s(prompt, cached)``, the
+    replica incarnation's own cache saying what is cached, and its decode ``decode_s``. ``seed``:
+    the workload's own (the prompts in ``iter_listed()``'s order, the Ray benchmark's); None: drawn
+    from the run's seed. ``overhead``: ``prefill_overhead_s``, what each prefill takes beyond
+    ``ttft_s`` (its replica's line waits for it too)."""
 
     workload: tuple[tuple[str, Any], ...] = ()
     model: tuple[tuple[str, Any], ...] = ()
+    seed: int | None = None
+    #: each prefill's time beyond ``ttft_s`` (a draw per prefill; None: none)
+    overhead: Latency | None = None
 
 
 @attrs.frozen
@@ -1429,13 +1445,16 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None,
 
 def _prefix_cache(value: Any, p: tuple, c: _Checker) -> PrefixCacheSpec:
     """``prefix_cache: {system_prompts, zipf_s, system_chars, question_chars, block_chars,
-    capacity_blocks, base_s, prefill_s_per_char, decode_s}`` (each optional) -> ``PrefixCacheSpec``."""
-    m = c.mapping(value, p, PREFIX_WORKLOAD_KEYS + PREFIX_MODEL_KEYS)
+    capacity_blocks, base_s, prefill_s_per_char, decode_s, prefills, seed, prefill_overhead_s}`` (each
+    optional) -> ``PrefixCacheSpec``."""
+    m = c.mapping(value, p, PREFIX_WORKLOAD_KEYS + PREFIX_MODEL_KEYS + (PREFIX_SEED_KEY, PREFIX_OVERHEAD_KEY))
     given: dict[str, Any] = {}
     for k, v in m.items():
-        if k in _PREFIX_COUNTS:
+        if k == PREFIX_OVERHEAD_KEY:
+            given[k] = c.latency(v, p + (k,))
+        elif k in _PREFIX_COUNTS:
             given[k] = c.count(v, p + (k,))
-            if given[k] < 1 and k != "question_chars":
+            if given[k] < 1 and k not in _PREFIX_ZERO_OK:
                 raise c.fail(p + (k,), f"must be at least 1, got {given[k]}")
         else:
             given[k] = c.number(v, p + (k,))
@@ -1446,7 +1465,8 @@ def _prefix_cache(value: Any, p: tuple, c: _Checker) -> PrefixCacheSpec:
         raise c.fail(p + (k,), f"the prompts would hold over {MAX_PREFIX_CHARS:,} characters (MAX_PREFIX_CHARS): "
                                f"system_prompts x system_chars is {big:,}")
     return PrefixCacheSpec(workload=tuple((k, v) for k, v in given.items() if k in PREFIX_WORKLOAD_KEYS),
-                           model=tuple((k, v) for k, v in given.items() if k in PREFIX_MODEL_KEYS))
+                           model=tuple((k, v) for k, v in given.items() if k in PREFIX_MODEL_KEYS),
+                           seed=given.get(PREFIX_SEED_KEY), overhead=given.get(PREFIX_OVERHEAD_KEY))
 
 
 def _callers(value: Any, p: tuple, c: _Checker, nodes: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

@@ -10,12 +10,15 @@ and by the Ray benchmark's replicas (``benchmarks/bench_router.py``), so the two
   ``capacity_blocks``, least recently used dropped first. ``take(prompt)`` says how many characters of
   the prompt's beginning it held, then holds the whole prompt.
 * ``PrefixCacheModel``: the times: ``ttft_s(prompt_chars, cached_chars) = base_s + prefill_s_per_char x
-  (prompt_chars - cached_chars)``; the answer ends ``decode_s`` later.
+  (prompt_chars - cached_chars)``; the answer ends ``decode_s`` later. A replica runs ``prefills``
+  prefills at once (1: one at a time, as a GPU's prefill and the benchmark's ``asyncio.Lock``; 0: no
+  bound): a request's prefill waits for the one before it; the decodes overlap.
 * ``SharedPrefixWorkload``: ``system_prompts`` system prompts of ``system_chars`` characters, drawn
   Zipf(``zipf_s``) (a few are hot), each request one of them followed by a question of its own of
   ``question_chars`` characters. Deterministic from its seed. ``prompts(n)`` draws ``n`` at once;
   ``iter_prompts()`` one at a time, for ever (the simulator's requests take the next as each
-  arrives, however many come).
+  arrives, however many come); ``iter_listed()`` too, with ``prompts(n)``'s system prompts in its
+  order (the benchmark's prompts, for the simulator's ``prefix_cache.seed``).
 """
 
 from __future__ import annotations
@@ -72,13 +75,16 @@ class PrefixCacheModel:
     """The times of a request on a replica with a prefix cache (module docstring): on a CPU, prefill
     costs ``prefill_s_per_char`` a character not cached (a 32B model's prefill is ~1-2 ms per 100
     tokens on an H100; a character ~ a quarter token), ``base_s`` fixed, and the answer's tokens
-    ``decode_s``."""
+    ``decode_s``. A replica runs ``prefills`` prefills at once (1: one at a time, as a GPU does and
+    the benchmark's replica, an ``asyncio.Lock``; 0: no bound, every request's at once); a
+    request's decode overlaps the others'."""
 
     block_chars: int = 16
     capacity_blocks: int = 4096
     base_s: float = 0.005
     prefill_s_per_char: float = 0.00002
     decode_s: float = 0.02
+    prefills: int = 1
 
     def ttft_s(self, prompt_chars: int, cached_chars: int) -> float:
         return self.base_s + self.prefill_s_per_char * max(0, prompt_chars - cached_chars)
@@ -121,6 +127,22 @@ class SharedPrefixWorkload:
             q = f" [question {i}] " + "".join(rng.choice("abcdefghij ") for _ in range(self.question_chars))
             out.append(systems[k] + q[:self.question_chars])
         return out
+
+    def iter_listed(self) -> Iterator[str]:
+        """Prompts for ever, with ``prompts(n)``'s system prompts in its order: the *i*-th begins
+        with the system prompt of ``prompts(n)[i]`` for any ``n`` > *i* (``random.choices`` draws
+        each pick on its own, so the first picks do not depend on ``n``); its question is its own, of
+        the same form and length (``prompts(n)``'s questions are drawn after every pick, so they do
+        depend on ``n``; a question is never cached by another prompt)."""
+        rng = random.Random(f"prompts-{self.seed}")  # (``prompts``' stream: the same picks, in order)
+        questions = random.Random(f"listed-questions-{self.seed}")
+        systems = self.systems()
+        cum = list(itertools.accumulate(self.weights()))
+        total, last, letters = cum[-1] + 0.0, len(cum) - 1, "abcdefghij "
+        for i in itertools.count():
+            k = bisect_right(cum, rng.random() * total, 0, last)  # (``random.choices``' own rule)
+            q = f" [question {i}] " + "".join(questions.choices(letters, k=self.question_chars))
+            yield systems[k] + q[:self.question_chars]
 
     def iter_prompts(self) -> Iterator[str]:
         """Prompts for ever, in order, each drawn as it is asked for (deterministic from ``seed``): the

@@ -48,9 +48,13 @@ seeded from the run's seed, ``traffic/<deployment>/prompts``), its session key
 (``Submit.caller_node``, drawn from ``callers``' weights, ``.../callers``) and that node's zone
 (its ``ZONE_LABEL`` label), and where each replica runs (``ReplicaLocated``, when the core's pool
 commands say it serves: its node in the core's state, that node's zone). Each replica
-incarnation has its own ``KVCache`` (a replacement starts cold; one gone is dropped): a request's
-service is ``ttft_s(prompt, cached) + decode_s`` of ``PrefixCacheModel``, the cache saying what
-it held, and its time to first token the wait before its service plus ``ttft_s``.
+incarnation has its own ``KVCache`` (a replacement starts cold; one gone is dropped) and prefills
+one request at a time, as a GPU does (and as ``benchmarks/bench_router.py``'s replicas do, with an
+``asyncio.Lock``): a request served there joins its replica's prefill line; its prefill begins when
+the one before it ended (the cache then says what it held of the prompt), lasts ``ttft_s(prompt,
+cached)`` of ``PrefixCacheModel``, and its first token comes at its end; then ``decode_s``, which
+overlaps the other requests' prefills and decodes, and it answers. Its time to first token is its
+wait before its service, its wait in the line and its ``ttft_s``.
 
 What it measures per deployment (``as_dict``): the machine's counters, what the
 callers saw (every Submit ends once: ``lost`` from the simulator's own books),
@@ -249,7 +253,7 @@ class _Flow:
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
                  "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "caller_of",
-                 "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located")
+                 "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located", "overhead")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment
@@ -296,10 +300,17 @@ class _Flow:
         pc = spec.prefix_cache
         self.prompts: Iterator[str] | None = None
         self.cache_model: PrefixCacheModel | None = None
+        #: ``prefill_overhead_s``: each prefill's time beyond ``ttft_s`` and its draws (None: none)
+        self.overhead: tuple[Any, random.Random] | None = None
         if pc is not None:
-            seed = sim.stream(f"traffic/{self.name}/prompts").getrandbits(32)
-            self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=seed).iter_prompts()
+            seed = sim.stream(f"traffic/{self.name}/prompts").getrandbits(32)  # (drawn either way)
+            if pc.seed is None:
+                self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=seed).iter_prompts()
+            else:  # (the workload's own seed: the Ray benchmark's prompts, in its order)
+                self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=pc.seed).iter_listed()
             self.cache_model = PrefixCacheModel(**dict(pc.model))
+            if pc.overhead is not None:  # (its own stream, drawn only when given: no other draw moves)
+                self.overhead = (pc.overhead, sim.stream(f"traffic/{self.name}/prefills"))
         #: ``sessions`` / ``callers``: each request's session key and its caller's node (None: none)
         self.session_of = None if not spec.sessions else _session_draw(spec.sessions,
                                                                        sim.stream(f"traffic/{self.name}/sessions"))
@@ -308,11 +319,12 @@ class _Flow:
         #: whether the routing figures are kept (a router, sessions, callers or prefix caches)
         self.routed = bool(pc is not None or spec.sessions or spec.callers or dict(spec.limits).get("request_router"))
         self.ttft = _Sample()  # arrival -> first token, per request answered (``prefix_cache``)
-        self.prompt_chars = self.cached_chars = 0  # over every request a replica served (its prefill)
+        self.prompt_chars = self.cached_chars = 0  # over every request a replica prefilled
         #: replica id -> requests it served (each replica that joined the pool serving: 0 until it serves)
         self.served: dict[str, int] = {}
-        #: replica id -> (its incarnation, its prefix cache); a new incarnation starts cold, one gone is dropped
-        self.caches: dict[str, tuple[int, KVCache]] = {}
+        #: replica id -> its incarnation's prefix cache and prefill line; a new incarnation starts cold, one
+        #: gone is dropped (with the prefills it was running: they never end)
+        self.caches: dict[str, _Prefill] = {}
         #: serving replica id -> (node, zone) the machine was told (``ReplicaLocated``)
         self.located: dict[str, tuple[str, str]] = {}
 
@@ -377,7 +389,7 @@ class _Req:
         self.flow, self.t0, self.dispatched, self.stream, self.proxy = flow, t0, False, stream, proxy
         self.model = model  # its multiplexed model id ("" none)
         self.prompt = prompt  # its prompt (``prefix_cache``; "" none)
-        self.first_token: float | None = None  # when its first token comes out (``prefix_cache``: at its service)
+        self.first_token: float | None = None  # when its first token came out (``prefix_cache``: its prefill's end)
         self.items_at: list[float] | None = None  # a stream's item times (absolute), drawn at its dispatch
         self.cut: float | None = None  # when its replica died or hung: no item after that reaches the caller
         self.sent = t0  # when a replica took the stream (its items were drawn then)
@@ -524,6 +536,20 @@ class _Thread:
 
 #: a request of a running batch on the shared cores (``_held``'s ticket: its end is the cores' to say)
 _ON_CORES = -1
+
+
+class _Prefill:
+    """One replica incarnation's prefix cache and its prefills, ``PrefixCacheModel.prefills`` at
+    once (1: one at a time; 0: no bound) (``prefix_cache``): the requests waiting for one, in the
+    order they came, and those whose prefill runs (request id -> its end's ticket)."""
+
+    __slots__ = ("epoch", "cache", "line", "running", "free")
+
+    def __init__(self, epoch: int, cache: KVCache) -> None:
+        self.epoch, self.cache = epoch, cache
+        self.line: deque[str] = deque()  # request ids waiting for a prefill
+        self.running: dict[str, int] = {}  # the requests whose prefill runs -> its end's ticket
+        self.free = 0.0  # when the line is guessed to be empty (``drain_s``' guess: one at a time, each a miss)
 
 
 class _ModelReplica:
@@ -703,8 +729,9 @@ class SimTraffic:
             assert flow.spec.stream is not None and flow.shapes is not None
             req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
             service = req.items_at[-1] - sim.now
-        elif flow.cache_model is not None:
-            service = self._prefill(flow, req, replica_id, epoch)
+        elif flow.cache_model is not None:  # (its replica's prefill line: its answer's time is known later)
+            self._prefill_join(flow, req, rid, replica_id, epoch)
+            return
         else:
             assert flow.spec.service is not None  # (parsed: required unless every request streams)
             service = flow.spec.service.sample(flow.service)
@@ -714,23 +741,83 @@ class SimTraffic:
         if flow.routed:
             flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
 
-    def _prefill(self, flow: _Flow, req: _Req | None, replica_id: str, epoch: int) -> float:
-        """``prefix_cache``: ``req``'s service on that replica incarnation: its prefill of what its
-        cache did not hold (``ttft_s``), then ``decode_s``; its prompt is cached from now on. A
-        request whose caller is gone (its prompt no longer known) costs the prefill of nothing."""
+    # ---------------------------------------------------------- prefills
+    def _prefill_join(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int) -> None:
+        """``prefix_cache``: the replica serves ``rid`` from now: it joins that replica incarnation's
+        prefill line (``_prefill_next`` begins its prefill when one is free: 1 at a time by default)."""
         model = flow.cache_model
         assert model is not None
-        if req is None or not req.prompt:
-            return model.ttft_s(0, 0) + model.decode_s
-        held = flow.caches.get(replica_id)
-        if held is None or held[0] != epoch:
-            held = flow.caches[replica_id] = (epoch, model.cache())
-        cached = held[1].take(req.prompt)
-        flow.prompt_chars += len(req.prompt)
-        flow.cached_chars += cached
-        ttft = model.ttft_s(len(req.prompt), cached)
-        req.first_token = self.sim.now + ttft
-        return ttft + model.decode_s
+        ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
+        pf = flow.caches.get(replica_id)
+        if pf is None or pf.epoch != epoch:
+            pf = flow.caches[replica_id] = _Prefill(epoch, model.cache())
+        pf.free = max(pf.free, self.sim.now) + model.ttft_s(len(req.prompt) if req is not None else 0, 0)
+        # (drain_s' guess; no ticket: in the line or its prefill, ``_answer_now`` asks ``_prefill_left``)
+        self._held.setdefault(replica_id, {})[rid] = (pf.free + model.decode_s, None, ok)  # type: ignore[assignment]
+        if flow.routed:
+            flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
+        pf.line.append(rid)
+        self._prefill_next(flow, replica_id, pf)
+
+    def _prefill_next(self, flow: _Flow, replica_id: str, pf: _Prefill) -> None:
+        """While a prefill is free there: the first request of the line begins its prefill of what
+        its replica's cache did not hold (``ttft_s``); its prompt is cached from now on. A request
+        whose caller is gone (its prompt no longer known) costs the prefill of nothing."""
+        model = flow.cache_model
+        assert model is not None
+        held = self._held.get(replica_id, {})
+        while pf.line and (model.prefills <= 0 or len(pf.running) < model.prefills):
+            rid = pf.line.popleft()
+            req = self._requests.get(rid)
+            if req is None or not req.prompt:
+                ttft = model.ttft_s(0, 0)
+            else:
+                cached = pf.cache.take(req.prompt)
+                flow.prompt_chars += len(req.prompt)
+                flow.cached_chars += cached
+                ttft = model.ttft_s(len(req.prompt), cached)
+            if flow.overhead is not None:
+                ttft += flow.overhead[0].sample(flow.overhead[1])
+            pf.running[rid] = self.sim.schedule(ttft, self._prefill_done, flow, replica_id, pf, rid)
+            entry = held.get(rid)
+            if entry is not None:  # (its answer's time is known now)
+                held[rid] = (self.sim.now + ttft + model.decode_s, None, entry[2])  # type: ignore[assignment]
+
+    def _prefill_done(self, flow: _Flow, replica_id: str, pf: _Prefill, rid: str) -> None:
+        """``rid``'s prefill ended: its first token now, its answer ``decode_s`` later (if its replica,
+        that very incarnation, still runs and answers: one that died or froze never does); the next
+        prefill begins."""
+        if flow.caches.get(replica_id) is not pf or not self._replica_live(replica_id, pf.epoch):
+            return
+        model = flow.cache_model
+        assert model is not None
+        del pf.running[rid]
+        entry = self._held.get(replica_id, {}).get(rid)
+        if entry is not None:
+            req = self._requests.get(rid)
+            if req is not None:
+                req.first_token = self.sim.now
+            ticket = self.sim.schedule(model.decode_s, self._complete, rid, replica_id, pf.epoch, entry[2])
+            self._held[replica_id][rid] = (self.sim.now + model.decode_s, ticket, entry[2])
+        self._prefill_next(flow, replica_id, pf)
+
+    def _prefill_left(self, flow: _Flow, rid: str, replica_id: str) -> None:
+        """``rid`` left its replica's prefill line (``CancelOnReplica``): one waiting leaves it, one
+        whose prefill runs stops there (as a cancelled task leaves the lock), and the next begins."""
+        pf = flow.caches.get(replica_id)
+        if pf is None:
+            return
+        ticket = pf.running.pop(rid, None)
+        if ticket is not None:  # (the next begins after whatever else ends at this instant: a request
+            self.sim.cancel(ticket)  # that leaves with it never begins its prefill)
+            self.sim.schedule(0.0, self._prefill_resume, flow, replica_id, pf)
+        elif rid in pf.line:
+            pf.line.remove(rid)
+
+    def _prefill_resume(self, flow: _Flow, replica_id: str, pf: _Prefill) -> None:
+        """After a prefill was cut: the next begins (on that very replica incarnation, if it still runs)."""
+        if flow.caches.get(replica_id) is pf and self._replica_live(replica_id, pf.epoch):
+            self._prefill_next(flow, replica_id, pf)
 
     # ---------------------------------------------------------- models
     def _model_dispatch(self, flow: _Flow, req: _Req, rid: str, replica_id: str, epoch: int) -> None:
@@ -1073,6 +1160,8 @@ class SimTraffic:
                 self._model_left(rid)
             elif self._in_cpu.get(rid, ("",))[0] == replica_id:  # in its own CPU's stages there, not in a
                 del self._in_cpu[rid]  # batch yet: it never joins one (its queued work takes no CPU)
+            elif flow.cache_model is not None and entry[1] is None:  # in its replica's prefill line, or
+                self._prefill_left(flow, rid, replica_id)  # its prefill: it leaves (its decode: cancelled below)
             elif flow.spec.batch is not None:  # batched: a waiting one leaves its batch; a running batch
                 # runs on for the others (its end, which frees its slot, is never cancelled)
                 b = self._batchers.get(replica_id)
@@ -1156,11 +1245,13 @@ class SimTraffic:
             serving: tuple[str, ...] = (cmd.replica_id,) if cmd.membership == "serving" else ()
             if cmd.membership == "gone":
                 flow.located.pop(cmd.replica_id, None)
-                flow.caches.pop(cmd.replica_id, None)
+                pf = flow.caches.get(cmd.replica_id)
+                if pf is not None and not pf.line and not pf.running:  # (one still prefilling: its
+                    del flow.caches[cmd.replica_id]  # process's end drops it, ``replica_silent``)
         elif type(cmd) is rc.PoolReset:  # (after a recovery: every replica not named is gone)
             serving, keep = cmd.serving, {*cmd.serving, *cmd.draining}
             flow.located = {r: p for r, p in flow.located.items() if r in keep}
-            flow.caches = {r: c for r, c in flow.caches.items() if r in keep}
+            flow.caches = {r: c for r, c in flow.caches.items() if r in keep or c.line or c.running}
         else:
             return
         if not serving:
@@ -1191,8 +1282,16 @@ class SimTraffic:
                 req.cut = self.sim.now
         if replica_id in self._models:
             self._drop_models(replica_id)
-        for f in self.flows.values():  # (its prefix cache goes with its process)
-            f.caches.pop(replica_id, None)
+        for f in self.flows.values():  # (its prefix cache goes with its process, and its prefills: never answered)
+            pf = f.caches.pop(replica_id, None)
+            if pf is not None:
+                for ticket in pf.running.values():
+                    self.sim.cancel(ticket)
+                holding = self._held.get(replica_id, {})
+                for rid in (*pf.line, *pf.running):
+                    holding.pop(rid, None)
+                if not holding:
+                    self._held.pop(replica_id, None)
         held = self._interpreters.pop(replica_id, None)
         if held is not None:  # (its process stopped: what it was running on the host's cores takes no more)
             held[1].cut()
@@ -1274,8 +1373,9 @@ class SimTraffic:
 def routing_figures(f: _Flow) -> dict:
     """One deployment's routing figures (docs/scenarios.md, "Routers in the simulator"): with
     ``prefix_cache``, time to first token (arrival -> first token, per request answered: the queue
-    wait plus its prefill) and the cache's hit share (characters its replica had cached / prompt
-    characters, over every request a replica served); always, the requests each replica served
+    wait, its wait in its replica's prefill line, then its prefill) and the cache's hit share
+    (characters its replica had cached / prompt characters, over every request a replica
+    prefilled); always, the requests each replica served
     (``served_by_replica``: every replica that joined the pool serving, 0 if it served none) and
     their imbalance (``imbalance``: the most one served / the mean per replica; 1 even)."""
     out: dict[str, Any] = {}

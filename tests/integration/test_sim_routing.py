@@ -61,7 +61,9 @@ def _run(traffic: str = PREFIX, router: str = "", **kw) -> tuple[dict, dict]:
 
 
 def test_prefix_cache_figures_are_what_the_model_says():
-    q, _ = _run()
+    # (prefills: 0: a replica prefills any number at once, so nothing waits for a prefill here;
+    # tests/integration/test_sim_router_fit.py checks the one-at-a-time line, the default)
+    q, _ = _run(PREFIX.replace("capacity_blocks: 1000}", "capacity_blocks: 1000, prefills: 0}"))
     assert q["answered"] == q["submitted"] > 900  # (40 req/s for 26 s)
     prompt = 1600 + 96  # (the workload's defaults: a system prompt, then a question)
     assert q["prompt_chars"] == prompt * q["answered"]  # every request's prompt, prefilled once
