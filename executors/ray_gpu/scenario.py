@@ -128,7 +128,7 @@ def needs_cluster(sc: Scenario) -> bool:
     (``unreported_gpus``), or declares nodes' GPU memory (``gpu_memory``: models
     booked by memory on those very nodes): it needs a ScenarioCluster."""
     return any(isinstance(a, NODE_ACTIONS) for a in sc.timeline) or any(
-        n.unreported_gpus > 0 or _gpu_memory(n) for n in sc.nodes)
+        n.unreported_gpus > 0 or _gpu_memory(n) or getattr(n, "zone", "") for n in sc.nodes)
 
 
 def _gpu_memory(node: Any) -> int:
@@ -182,6 +182,7 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
     if not multi_node:  # (on a scenario-shaped cluster a hidden placement group holds them: _hide_gpus)
         bad += [f"cluster.nodes {n.name}: unreported_gpus" for n in sc.nodes if n.unreported_gpus > 0]
         bad += [f"cluster.nodes {n.name}: gpu_memory" for n in sc.nodes if _gpu_memory(n)]
+        bad += [f"cluster.nodes {n.name}: zone" for n in sc.nodes if getattr(n, "zone", "")]
     faults = _sim_only_faults(sc) + [f"traffic ({', '.join(sorted(sc.traffic))}: the simulator's queue only)"] * bool(sc.traffic)
     if sc.provisioning is not None:  # (the controller still asks Ray's autoscaler: RequestResources)
         faults.append("cluster.provisioning (the simulator's node provider: on Ray, nodes come from the "
@@ -196,7 +197,7 @@ def check_supported(sc: Scenario, *, multi_node: bool = False) -> None:
             f"at most {MAX_MODEL_BYTES} bytes)" for name, spec in sorted(sc.deployments.items())
             if spec.model_bytes > MAX_MODEL_BYTES]
     if bad:
-        hint = "node loss, unreported_gpus and gpu_memory need the scenario-shaped local cluster: --cluster scenario, " \
+        hint = "node loss, unreported_gpus, gpu_memory and zone need the scenario-shaped local cluster: --cluster scenario, " \
             "no --address" if nodes_only else "use --executor sim"
         raise UnsupportedOnRay(f"{sc.source}: the Ray executor cannot run {', '.join(bad)} ({hint})")
 

@@ -219,6 +219,9 @@ class NodeSpec:
     gpu_memory: int = 0
     #: CPU memory for WARM copies of evicted models, in bytes (``NodeJoined.cpu_cache_bytes``)
     cpu_cache: int = 0
+    #: its availability zone ("" none): the node's ``rankcore.requests.ZONE_LABEL`` label, which the
+    #: ``locality`` router reads (issue 68)
+    zone: str = ""
 
 
 @attrs.frozen
@@ -968,7 +971,7 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
     elif isinstance(nodes_raw, list):
         for i, item in enumerate(nodes_raw):
             p = ("cluster", "nodes", i)
-            m = c.mapping(item, p, ("name", "gpus", "count", "unreported_gpus", "gpu_memory", "cpu_cache"),
+            m = c.mapping(item, p, ("name", "gpus", "count", "unreported_gpus", "gpu_memory", "cpu_cache", "zone"),
                           required=("name",))
             nm = c.name(m["name"], p + ("name",))
             gpus = c.number(m.get("gpus", gpus_default), p + ("gpus",))
@@ -978,11 +981,12 @@ def _nodes(value: Any, c: _Checker) -> tuple[NodeSpec, ...]:
                 raise c.fail(p + ("unreported_gpus",), f"{hidden:g} is more than the node's {gpus:g} GPUs")
             memory = _size(m.get("gpu_memory", memory_default), p + ("gpu_memory",), c)
             cache = _size(m.get("cpu_cache", cache_default), p + ("cpu_cache",), c)
+            zone = c.name(m["zone"], p + ("zone",)) if "zone" in m else ""
             if memory:
                 _whole_gpus(gpus, p + ("gpus",) if "gpus" in m else ("cluster", "gpus_per_node"), c)
             names = [f"{nm}-{j}" for j in range(count)] if "count" in m else [nm]
-            out.extend(NodeSpec(name=x, gpus=gpus, unreported_gpus=hidden, gpu_memory=memory, cpu_cache=cache)
-                       for x in names)
+            out.extend(NodeSpec(name=x, gpus=gpus, unreported_gpus=hidden, gpu_memory=memory, cpu_cache=cache,
+                                zone=zone) for x in names)
     else:
         raise c.fail(("cluster", "nodes"), f"must be a node count or a list of nodes, got {_show(nodes_raw)}")
     seen: set[str] = set()

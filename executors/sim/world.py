@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import rankcore as rc
 from rankcore.base.records import maker
 from rankcore.query import parse_replica_number
+from rankcore.requests import ZONE_LABEL
 
 from ..scenarios import Metrics, Scenario
 from ..scenarios.latency import Latency
@@ -101,11 +102,12 @@ class SimCopy:
 
 class SimNode:
     __slots__ = ("name", "gpus", "used", "alive", "replicas", "order", "held", "unreported", "spares",
-                 "memory", "booked", "cache_bytes", "cache")
+                 "memory", "booked", "cache_bytes", "cache", "zone")
 
     def __init__(self, name: str, gpus: float, order: int, unreported: float = 0.0, memory: int = 0,
-                 cache_bytes: int = 0) -> None:
+                 cache_bytes: int = 0, zone: str = "") -> None:
         self.name, self.gpus, self.order = name, gpus, order
+        self.zone = zone  # its availability zone, told the core as its ZONE_LABEL label ("" none)
         #: each GPU's memory (a device node: ``gpu_memory``), and the bytes booked on each now
         self.memory: tuple[int, ...] = (memory,) * int(gpus) if memory else ()
         self.booked = [0.0] * len(self.memory)
@@ -130,7 +132,8 @@ class SimNode:
     def joined(self) -> rc.NodeJoined:
         """What the node tells the core when it joins (or at a recovery)."""
         return rc.NodeJoined(node_id=self.name, resources={"GPU": self.gpus - self.held}, order=self.order,
-                             devices=self.memory, cpu_cache_bytes=self.cache_bytes)
+                             devices=self.memory, cpu_cache_bytes=self.cache_bytes,
+                             labels={ZONE_LABEL: self.zone} if self.zone else {})
 
     def copy_for(self, deployment: str, replica_id: str) -> SimCopy | None:
         """The WARM copy a "warm" placement of ``replica_id`` loads from: its own, else the
@@ -234,7 +237,7 @@ class SimBackend:
         sc = sim.scenario
         self.nodes: dict[str, SimNode] = {}
         for i, n in enumerate(sc.nodes):
-            self.nodes[n.name] = SimNode(n.name, n.gpus, i, n.unreported_gpus, n.gpu_memory, n.cpu_cache)
+            self.nodes[n.name] = SimNode(n.name, n.gpus, i, n.unreported_gpus, n.gpu_memory, n.cpu_cache, n.zone)
         #: node name -> its spec (a repaired node comes back with its GPUs' memory and its cache, empty)
         self._specs = {n.name: n for n in sc.nodes}
         # The callers' placement groups (static deployments) hold their bundles'
@@ -839,7 +842,8 @@ class SimBackend:
             return False
         spec = self._specs.get(name)  # a repaired node: its GPUs' memory and its cache (empty) again
         memory, cache = (spec.gpu_memory, spec.cpu_cache) if spec is not None and spec.gpus == gpus else (0, 0)
-        node = self.nodes[name] = SimNode(name, gpus, self._order, memory=memory, cache_bytes=cache)
+        node = self.nodes[name] = SimNode(name, gpus, self._order, memory=memory, cache_bytes=cache,
+                                          zone=spec.zone if spec is not None else "")
         self._order += 1
         self.sim.deliver(node.joined())
         return True

@@ -188,3 +188,35 @@ def test_simulate_prints_the_routing_figures_and_the_sweep_carries_them(tmp_path
     assert js.exit_code == 0, js.output
     summary = json.loads(js.stdout)["summary"][0]["figures"]
     assert summary["requests_ttft_p99"]["n"] == 2 and summary["requests_prefix_hit_share"]["mean"] > 0
+
+
+def test_locality_widens_to_the_callers_zone_when_its_node_has_no_replica():
+    """``cluster.nodes[].zone`` is the node's zone label: a caller on a node with no replica (no GPUs)
+    reaches the replicas of its zone; without zones, any replica."""
+    zoned = ("cluster: {nodes: [{name: gw, gpus: 0, zone: east}, {name: e1, gpus: 4, zone: east}, "
+             "{name: w1, gpus: 4, zone: west}]}")
+    text = _text("    service: 0.05\n    callers: {gw: 1}\n", "locality").replace(
+        "cluster: {nodes: 2, gpus_per_node: 4}", zoned)
+    result = Simulation(parse_scenario(text, "<zones>"), check=True).run()
+    q = result.metrics["deployments"]["llm"]["requests"]
+    nodes = {rid: r.node_id for rid, r in result.state.deployments["llm"].replicas.items()}
+    assert sorted(set(nodes.values())) == ["e1", "w1"]
+    assert {nodes[rid] for rid, n in q["served_by_replica"].items() if n} == {"e1"}, (q["served_by_replica"], nodes)
+    plain = Simulation(parse_scenario(text.replace(", zone: east", "").replace(", zone: west", ""), "<no zones>"),
+                       check=True).run()
+    q = plain.metrics["deployments"]["llm"]["requests"]
+    assert {nodes[rid] for rid, n in q["served_by_replica"].items() if n} == {"e1", "w1"}
+    with pytest.raises(ScenarioError, match=r"cluster\.nodes\[0\]\.zone: must be a non-empty string"):
+        parse_scenario(text.replace("zone: east}", "zone: 3}", 1), "<bad zone>")
+
+
+def test_a_zone_needs_the_scenario_shaped_cluster_on_ray():
+    from executors.ray_gpu.scenario import UnsupportedOnRay, check_supported, needs_cluster
+
+    text = _text("    service: 0.05\n").replace(
+        "cluster: {nodes: 2, gpus_per_node: 4}", "cluster: {nodes: [{name: a, gpus: 4, zone: east}]}")
+    sc = parse_scenario(text.split("traffic:")[0], "<zone on ray>")  # (traffic is the simulator's only)
+    assert needs_cluster(sc)
+    check_supported(sc, multi_node=True)
+    with pytest.raises(UnsupportedOnRay, match=r"cluster\.nodes a: zone"):
+        check_supported(sc)

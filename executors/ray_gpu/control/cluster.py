@@ -10,6 +10,7 @@ as in the simulator. Health checks are fast (a dead node is seen in ~1.5 s).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_thres
                       "health_check_initial_delay_ms": 0}
 SCENARIO_NODE_LABEL = "rankcore.io/scenario-node"
 _STORE = 80 * 1024**2
+#: what a Ray node reads its zone label from as it starts (ray._raylet.NODE_ZONE_ENV)
+_ZONE_ENV = "RAY_NODE_ZONE"
 
 
 class ScenarioCluster:
@@ -34,10 +37,11 @@ class ScenarioCluster:
             "num_cpus": head_cpus, "num_gpus": 0, "include_dashboard": False, "object_store_memory": _STORE,
             "_system_config": FAST_HEALTH_CHECKS})
         self.nodes: dict[str, Any] = {}
+        self.zones: dict[str, str] = {}  # node name -> its zone ("" none)
         self._order = 0
         try:
             for n in nodes:
-                self.add(n.name, n.gpus, wait=False)
+                self.add(n.name, n.gpus, wait=False, zone=getattr(n, "zone", ""))
             self.cluster.wait_for_nodes()
         except BaseException:
             self.cluster.shutdown()
@@ -50,12 +54,24 @@ class ScenarioCluster:
     def node_id(self, name: str) -> str:
         return self.nodes[name].node_id
 
-    def add(self, name: str, gpus: float, *, wait: bool = True) -> None:
+    def add(self, name: str, gpus: float, *, wait: bool = True, zone: str = "") -> None:
+        """A node ``name`` with ``gpus``; ``zone``: its availability zone, Ray's own label
+        (``ray.io/availability-zone``, which Ray reserves: a node takes it from ``RAY_NODE_ZONE`` as
+        it starts, read in this process for a local cluster's node)."""
         if name in self.nodes:
             raise ValueError(f"node {name!r} is already in the cluster")
-        self.nodes[name] = self.cluster.add_node(
-            num_cpus=self.cpus_per_node, num_gpus=gpus, object_store_memory=_STORE,
-            labels={ORDER_LABEL: str(self._order), SCENARIO_NODE_LABEL: name})
+        self.zones[name] = zone = zone or self.zones.get(name, "")  # (a repaired node: its zone again)
+        before = os.environ.pop(_ZONE_ENV, None)
+        if zone:
+            os.environ[_ZONE_ENV] = zone
+        try:
+            self.nodes[name] = self.cluster.add_node(
+                num_cpus=self.cpus_per_node, num_gpus=gpus, object_store_memory=_STORE,
+                labels={ORDER_LABEL: str(self._order), SCENARIO_NODE_LABEL: name})
+        finally:
+            os.environ.pop(_ZONE_ENV, None)
+            if before is not None:
+                os.environ[_ZONE_ENV] = before
         self._order += 1
         if wait:
             self.cluster.wait_for_nodes()
