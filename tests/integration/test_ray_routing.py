@@ -111,9 +111,7 @@ def test_a_users_router_class_runs_by_its_import_path_and_a_serve_request_router
         assert h._router.machine._deps["routed"].router.sent == [max(h._router.actors)] * 5
     finally:
         delete("routed")
-    from ray.serve.request_router import RequestRouter
-
-    class ServeStyle(RequestRouter):
+    class ServeStyle:  # (Serve's RequestRouter's shape: importing Serve's own needs all of ray[serve])
         async def choose_replicas(self, candidate_replicas, pending_request=None):
             return [candidate_replicas]
 

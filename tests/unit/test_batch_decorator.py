@@ -42,7 +42,9 @@ class Model:
         for i in range(max(ns)):
             yield [i if i < n else StopIteration for n in ns]
 
-    @batch(max_batch_size=6, batch_wait_timeout_s=0.2)
+    # (a wait long enough that six callers started together all join before the timer, on a loaded CI
+    # machine too: at 0.2 s a stalled loop once let the sixth begin a batch of its own)
+    @batch(max_batch_size=6, batch_wait_timeout_s=1.0)
     async def which_model(self, xs: list[int]) -> list[str]:
         model = get_multiplexed_model_id()
         self.batches.append([model, *xs])
