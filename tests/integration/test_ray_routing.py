@@ -94,9 +94,9 @@ def test_serves_default_class_is_power_of_two_choices_and_spreads_concurrent_cal
                                          "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
                                          "request_routing_stats_period_s": 5})
     try:
-        assert h._router.limits[3] == "power_of_two_choices"
         calls = [h.remote(pause=0.3) for _ in range(9)]
         assert len({c.result(timeout=30) for c in calls}) == 3
+        assert h._router.limits[3] == "power_of_two_choices"
     finally:
         delete("routed")
 
@@ -104,9 +104,8 @@ def test_serves_default_class_is_power_of_two_choices_and_spreads_concurrent_cal
 def test_a_users_router_class_runs_by_its_import_path_and_a_serve_request_router_is_refused():
     h = _deployed(request_router_config={"request_router_class": FirstByName})
     try:
-        name = f"{__name__}:FirstByName"
-        assert h._router.limits[3] == name
         got = {h.remote().result(timeout=30) for _ in range(5)}
+        assert h._router.limits[3] == f"{__name__}:FirstByName"
         assert got == {max(h._router.actors)}  # (its rule: the id that sorts last, every time)
         assert h._router.machine._deps["routed"].router.sent == [max(h._router.actors)] * 5
     finally:
