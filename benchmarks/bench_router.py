@@ -118,7 +118,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import pathlib
 import sys
@@ -132,6 +131,7 @@ use_this_tree()
 
 import childrun  # noqa: E402 - (benchmarks/childrun.py: each contender in a child process)
 
+from executors.scenarios import metrics  # noqa: E402
 from executors.sim.prefixcache import PrefixCacheModel, SharedPrefixWorkload  # noqa: E402
 
 DEP = "llm"  # deployment name (and Serve application name)
@@ -311,12 +311,9 @@ def print_decision_cost(cost: dict[str, dict], n: int) -> None:
 
 # ----------------------------------------------------------------- measuring
 def percentile(values: list[float], q: float) -> float | None:
-    """The ``q`` quantile (0..1) by nearest rank: the smallest value with at least ``q`` of them at or
-    below it (the simulator's rule, executors/scenarios/metrics.py); None when empty."""
-    if not values:
-        return None
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, math.ceil(q * len(v) - 1e-9) - 1))]
+    """The ``q`` quantile (0..1) by nearest rank: the simulator's rule (``executors.scenarios.metrics.
+    percentile``, which takes a percent); None when empty."""
+    return metrics.percentile(values, round(100 * q, 9))
 
 
 def figures(records: list[dict], replicas: int, errors: int = 0, first_errors: list[str] | None = None) -> dict:
@@ -328,7 +325,6 @@ def figures(records: list[dict], replicas: int, errors: int = 0, first_errors: l
     window = (max(r["t1"] for r in records) - min(r["t0"] for r in records)) if records else 0.0
     chars = sum(r["chars"] for r in records)
     counts = Counter(r["replica"] for r in records)
-    mean = len(records) / replicas if replicas else 0.0
 
     def ms(v: float | None) -> float | None:
         return None if v is None else 1000.0 * v
@@ -340,7 +336,7 @@ def figures(records: list[dict], replicas: int, errors: int = 0, first_errors: l
                                    if records and all("ttft_model_s" in r for r in records) else None),
             "seconds": window, "rps": len(records) / window if window > 0 else None,
             "hit_share": sum(r["cached"] for r in records) / chars if chars else None,
-            "imbalance": max(counts.values()) / mean if counts and mean else None,
+            "imbalance": metrics.imbalance([*counts.values(), *[0] * (replicas - len(counts))]) if counts else None,
             "replicas_answering": len(counts), "per_replica": dict(sorted(counts.items()))}
 
 

@@ -82,7 +82,6 @@ from typing import Any
 import rankcore as rc
 from rankcore.base.records import maker
 from rankcore.requests import (
-    ZONE_LABEL,
     BatchDone,
     Batcher,
     Cancel,
@@ -102,6 +101,7 @@ from rankcore.requests import (
     RunBatch,
     Submit,
     Tick,
+    zone_of,
 )
 
 from ..scenarios.format import ArrivalSpec, ModelsSpec, StreamSpec, TrafficSpec
@@ -1271,7 +1271,7 @@ class SimTraffic:
     def _zone(self, node_id: str) -> str:
         """``node_id``'s availability zone: its ``ZONE_LABEL`` label in the core's state ("" none)."""
         node = self.sim.driver.state.cluster.nodes.get(node_id)
-        return "" if node is None else dict(node.labels).get(ZONE_LABEL, "")
+        return "" if node is None else zone_of(node.labels)
 
     def replica_silent(self, replica_id: str) -> None:
         """``replica_id`` died, was killed or hung now: the streams it serves give no more items

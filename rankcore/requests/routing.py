@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -44,11 +44,16 @@ import attrs
 from ..base.errors import InvalidConfig, RankcoreError
 
 __all__ = ["Candidate", "RouteRequest", "Router", "RouterError", "ROUTERS", "register_router", "make_router",
-           "PowerOfTwoChoices", "Locality", "ConsistentHash", "PrefixAffinity", "ZONE_LABEL", "SERVE_ROUTERS",
+           "PowerOfTwoChoices", "Locality", "ConsistentHash", "PrefixAffinity", "ZONE_LABEL", "zone_of", "SERVE_ROUTERS",
            "serve_router"]
 
 #: the node label whose value is a node's availability zone (Ray's default label; ``ReplicaLocated.zone``)
 ZONE_LABEL = "ray.io/availability-zone"
+
+
+def zone_of(labels: Iterable[tuple[str, str]]) -> str:
+    """A node's availability zone from its labels (``Node.labels``' pairs): its ``ZONE_LABEL``, "" none."""
+    return dict(labels).get(ZONE_LABEL, "")
 
 
 class RouterError(RankcoreError):
@@ -225,17 +230,6 @@ class PrefixAffinity:
             out.append(h)
         self._last = (prefix, out)
         return out
-
-    def matched(self, replica_id: str, blocks: Sequence[int]) -> int:
-        """How many of ``blocks``, from the first, ``replica_id``'s store holds."""
-        store = self.stores.get(replica_id)
-        n = 0
-        if store:
-            for b in blocks:
-                if b not in store:
-                    break
-                n += 1
-        return n
 
     def _longest(self, candidates: Sequence[Candidate], blocks: Sequence[int]) -> tuple[int, set[str]]:
         """The longest run of ``blocks`` any candidate holds, and the candidates holding it: a walk of

@@ -31,7 +31,7 @@ from typing import Any
 import ray
 
 import rankcore as rc
-from rankcore.requests import ROUTERS, SERVE_ROUTERS, make_router, register_router, serve_router
+from rankcore.requests import ROUTERS, SERVE_ROUTERS, register_router, serve_router
 
 __all__ = ["IGNORED_KEYS", "from_request_router_config", "ensure_router", "node_here", "prompt_text"]
 
@@ -48,12 +48,18 @@ def _fields(config: Any) -> dict[str, Any]:
     return {k: getattr(config, k) for k in _KEYS if hasattr(config, k)}
 
 
-def _path_of(cls: type, where: str) -> str:
+def _refuse_serve_style(cls: Any, where: str) -> None:
+    """A subclass of Ray Serve's own ``RequestRouter`` (module docstring) cannot run here."""
     if callable(getattr(cls, "choose_replicas", None)) and not callable(getattr(cls, "choose", None)):
         raise rc.InvalidConfig(f"{where}: {cls.__qualname__} is a Ray Serve RequestRouter (choose_replicas over "
                                f"Serve's replica objects, async): it cannot run on rankcore's request machine. "
                                f"Write it as a rankcore.requests.Router (choose / dispatched / forget): "
                                f"docs/routing.md maps each of Serve's hooks to one")
+
+
+def _path_of(cls: type, where: str) -> str:
+    """A user's router class by its import path, its name in every process that routes."""
+    _refuse_serve_style(cls, where)
     if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
         raise rc.InvalidConfig(f"{where}: router class {cls.__qualname__} must be defined at the top level of an "
                                f"importable module (every process that routes imports it by its path)")
@@ -83,16 +89,14 @@ def ensure_router(name: str, where: str = "request_router") -> None:
     cls = _import(name, where)
     if not callable(cls):
         raise rc.InvalidConfig(f"{where}: {name!r} is no router class (got {cls!r:.80})")
-    if callable(getattr(cls, "choose_replicas", None)) and not callable(getattr(cls, "choose", None)):
-        _path_of(cls, where)  # (raises: a Serve RequestRouter)
-    if name not in ROUTERS:
-        register_router(name, cls)
+    _refuse_serve_style(cls, where)
+    register_router(name, cls)
 
 
 def from_request_router_config(config: Any, where: str) -> dict[str, Any]:
     """Serve's ``request_router_config`` (a dict, or an object with its fields) as the core's options
     ``request_router`` and ``request_router_kwargs``; ``InvalidConfig`` naming what is wrong (an
-    unknown key, a class that is no router, keywords the router does not take). None: no options."""
+    unknown key, a class that is no router or cannot be imported). None: no options."""
     if config is None:
         return {}
     given = _fields(config)
@@ -108,18 +112,14 @@ def from_request_router_config(config: Any, where: str) -> dict[str, Any]:
         name = _path_of(cls, where)
         if name not in ROUTERS:
             register_router(name, cls)
-    elif isinstance(cls, str) and cls not in SERVE_ROUTERS and cls not in ROUTERS:
-        ensure_router(cls, where)
-        name = cls
     else:
+        if isinstance(cls, str) and cls not in SERVE_ROUTERS:
+            ensure_router(cls, where)  # (a user's import path: imported and registered)
         try:
             name, kwargs = serve_router(cls, kwargs)
         except rc.InvalidConfig as exc:
             raise rc.InvalidConfig(f"{where}: {exc}") from None
-    try:
-        make_router(name, kwargs)  # (refused here, before anything is deployed)
-    except rc.InvalidConfig as exc:
-        raise rc.InvalidConfig(f"{where}: {exc}") from None
+    # (whether the router takes these keywords: the Deployment record checks it, as for request_router)
     return {"request_router": name, "request_router_kwargs": dict(kwargs)}
 
 

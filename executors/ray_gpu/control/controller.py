@@ -41,7 +41,7 @@ import attrs
 from ray import cloudpickle
 
 import rankcore as rc
-from rankcore.requests import ZONE_LABEL
+from rankcore.requests import zone_of
 
 from ..base import persist
 from ..base.autoscale import LoadBook
@@ -539,7 +539,7 @@ class Controller(ControllerLoops):
         reps = dep.replicas if dep is not None else {}
         nodes = {rid: reps[rid].node_id for rid, _ in serving if rid in reps and reps[rid].node_id is not None}
         live = self.driver.state.cluster.nodes
-        zones = {n: z for n in live if (z := dict(live[n].labels).get(ZONE_LABEL))}  # (the locality router's)
+        zones = {n: z for n in live if (z := zone_of(live[n].labels))}  # (the locality router's)
         return {"version": (self.ledger.incarnation, self._pool_versions.get(name, 0)), "serving": serving,
                 "models": models, "nodes": nodes,  # (where each one's witness is read: base.witness)
                 "zones": zones, "request_router": limits.request_router,
