@@ -67,22 +67,36 @@ FAST_NODE_CHECKS = {"health_check_period_ms": 500, "health_check_failure_thresho
                     "health_check_initial_delay_ms": 0}
 
 
-def multi_node_cluster(workers: int, gpus_per_worker: int, end: str = "shutdown_replicas"):
+def multi_node_cluster(workers: int, gpus_per_worker: int, end: str = "shutdown_replicas",
+                       zones: tuple[str, ...] = (), resources: tuple[dict, ...] = ()):
     """A ``ray.cluster_utils.Cluster`` for one module: a head with 2 CPUs and no GPU, ``workers``
     worker nodes of 2 CPUs and ``gpus_per_worker`` logical GPUs, fast node health checks; yields
-    ``(cluster, worker nodes)``. At its end the controller is asked ``end`` and everything stops."""
+    ``(cluster, worker nodes)``. At its end the controller is asked ``end`` and everything stops.
+    ``zones`` and ``resources``: each node's availability zone and custom resources, the head's
+    first (none where they stop short)."""
     import ray
     from ray.cluster_utils import Cluster
 
     from executors.ray_gpu import get_controller
     from executors.ray_gpu.api.deployments import ask
+    from executors.ray_gpu.control.cluster import in_zone
+
+    def zone(i: int) -> str:
+        return zones[i] if i < len(zones) else ""
+
+    def custom(i: int) -> dict:
+        return resources[i] if i < len(resources) else {}
 
     ray_env()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "_system_config": FAST_NODE_CHECKS,
-                                                      "include_dashboard": False,
-                                                      "object_store_memory": 128 * 1024**2})
-    nodes = [c.add_node(num_cpus=2, num_gpus=gpus_per_worker, object_store_memory=128 * 1024**2)
-             for _ in range(workers)]
+    with in_zone(zone(0)):
+        c = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 2, "num_gpus": 0, "_system_config": FAST_NODE_CHECKS, "include_dashboard": False,
+            "object_store_memory": 128 * 1024**2, "resources": custom(0)})
+    nodes = []
+    for i in range(1, workers + 1):
+        with in_zone(zone(i)):
+            nodes.append(c.add_node(num_cpus=2, num_gpus=gpus_per_worker, object_store_memory=128 * 1024**2,
+                                    resources=custom(i)))
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
     yield c, nodes

@@ -26,7 +26,9 @@ SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"
 
 @pytest.fixture(scope="module")
 def cluster():
-    yield from multi_node_cluster(2, 1, end="reset")
+    """The head in zone ``a``, both workers in zone ``b``; the head and the first worker have a
+    ``zoned`` slot each (where ``Zoned``'s two replicas must run)."""
+    yield from multi_node_cluster(2, 1, end="reset", zones=("a", "b", "b"), resources=({"zoned": 1}, {"zoned": 1}))
 
 
 @deployment(name="spread", num_replicas=2, ray_actor_options={"num_cpus": 0.1, "num_gpus": 1})
@@ -131,3 +133,36 @@ def test_the_locality_router_sends_a_caller_on_node_b_to_node_b_s_replica(cluste
         ray.kill(caller)
     finally:
         delete("near")
+
+
+@deployment(name="zoned", num_replicas=2, ray_actor_options={"num_cpus": 0.1, "resources": {"zoned": 1}},
+            request_router="locality")
+class Zoned:
+    def __call__(self):
+        return {"replica": get_replica_context().replica_id, "node": ray.get_runtime_context().get_node_id()}
+
+
+def test_the_locality_router_sends_a_caller_whose_node_has_no_replica_to_its_zone_s(cluster):
+    """Issue 68, the zone step (Serve's LocalityMixin: node, then zone, then any): a caller on the second
+    worker (zone ``b``, no replica there) reaches the first worker's replica (zone ``b``), never the head's
+    (zone ``a``); without the router its calls go to both. The zones are Ray's own node labels
+    (``ray.io/availability-zone``), which the controller reads and tells the handle's router."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from executors.ray_gpu import delete
+
+    _c, (first, second) = cluster
+    head = ray.get_runtime_context().get_node_id()
+    zone_of = {n["NodeID"]: n.get("Labels", {}).get(rc.requests.ZONE_LABEL) for n in ray.nodes() if n["Alive"]}
+    assert (zone_of[head], zone_of[first.node_id], zone_of[second.node_id]) == ("a", "b", "b"), zone_of
+    try:
+        h = run(Zoned.bind())
+        assert {r["node_id"] for r in h.status()["replicas"].values()} == {head, first.node_id}
+        caller = Caller.options(scheduling_strategy=NodeAffinitySchedulingStrategy(second.node_id, soft=False)).remote()
+        got = ray.get(caller.call.remote(h, 8), timeout=60)
+        assert {r["node"] for r in got} == {first.node_id}, got
+        plain = run(Zoned.options(request_router="").bind())  # (the machine's own rule: least in flight, round-robin)
+        assert {r["node"] for r in ray.get(caller.call.remote(plain, 8), timeout=60)} == {head, first.node_id}
+        ray.kill(caller)
+    finally:
+        delete("zoned")

@@ -10,13 +10,14 @@ as in the simulator. Health checks are fast (a dead node is seen in ~1.5 s).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .placement import ORDER_LABEL
 
-__all__ = ["ScenarioCluster", "FAST_HEALTH_CHECKS", "SCENARIO_NODE_LABEL"]
+__all__ = ["ScenarioCluster", "FAST_HEALTH_CHECKS", "SCENARIO_NODE_LABEL", "in_zone"]
 
 FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3,
                       "health_check_initial_delay_ms": 0}
@@ -24,6 +25,22 @@ SCENARIO_NODE_LABEL = "rankcore.io/scenario-node"
 _STORE = 80 * 1024**2
 #: what a Ray node reads its zone label from as it starts (ray._raylet.NODE_ZONE_ENV)
 _ZONE_ENV = "RAY_NODE_ZONE"
+
+
+@contextlib.contextmanager
+def in_zone(zone: str) -> Iterator[None]:
+    """A local cluster's node started inside this block is in availability zone ``zone`` ("": none):
+    Ray's own label (``ray.io/availability-zone``, which Ray reserves), which a node takes from
+    ``RAY_NODE_ZONE`` as it starts, read in this process; the variable is as it was after."""
+    before = os.environ.pop(_ZONE_ENV, None)
+    if zone:
+        os.environ[_ZONE_ENV] = zone
+    try:
+        yield
+    finally:
+        os.environ.pop(_ZONE_ENV, None)
+        if before is not None:
+            os.environ[_ZONE_ENV] = before
 
 
 class ScenarioCluster:
@@ -55,23 +72,14 @@ class ScenarioCluster:
         return self.nodes[name].node_id
 
     def add(self, name: str, gpus: float, *, wait: bool = True, zone: str = "") -> None:
-        """A node ``name`` with ``gpus``; ``zone``: its availability zone, Ray's own label
-        (``ray.io/availability-zone``, which Ray reserves: a node takes it from ``RAY_NODE_ZONE`` as
-        it starts, read in this process for a local cluster's node)."""
+        """A node ``name`` with ``gpus``; ``zone``: its availability zone (``in_zone``)."""
         if name in self.nodes:
             raise ValueError(f"node {name!r} is already in the cluster")
         self.zones[name] = zone = zone or self.zones.get(name, "")  # (a repaired node: its zone again)
-        before = os.environ.pop(_ZONE_ENV, None)
-        if zone:
-            os.environ[_ZONE_ENV] = zone
-        try:
+        with in_zone(zone):
             self.nodes[name] = self.cluster.add_node(
                 num_cpus=self.cpus_per_node, num_gpus=gpus, object_store_memory=_STORE,
                 labels={ORDER_LABEL: str(self._order), SCENARIO_NODE_LABEL: name})
-        finally:
-            os.environ.pop(_ZONE_ENV, None)
-            if before is not None:
-                os.environ[_ZONE_ENV] = before
         self._order += 1
         if wait:
             self.cluster.wait_for_nodes()
