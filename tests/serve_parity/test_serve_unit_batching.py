@@ -413,7 +413,7 @@ async def test_batch_use_earliest_setters():
     assert done.pop().result() == ("hi1", "hi2")
 
 
-@pytest.mark.deadline_s(0.25)
+@pytest.mark.deadline_s(5)  # (a batch not formed at once waits 1000 s: a hang, not a slow machine)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("mode", ["args", "kwargs", "mixed", "out-of-order"])
 @pytest.mark.parametrize("use_class", [True, False])
@@ -431,7 +431,7 @@ async def test_batch_generator_basic(mode, use_class, generator_length):
     assert second == [(step, "hi3", "hi4") for step in range(generator_length)]
 
 
-@pytest.mark.deadline_s(0.25)
+@pytest.mark.deadline_s(5)  # (a batch not formed at once waits 1000 s: a hang, not a slow machine)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("error_type", ["runtime_error", "mismatched_lengths"])
 async def test_batch_generator_exceptions(error_type):
@@ -461,7 +461,7 @@ async def test_batch_generator_exceptions(error_type):
             await stream.__anext__()
 
 
-@pytest.mark.deadline_s(0.25)
+@pytest.mark.deadline_s(5)  # (a batch not formed at once waits 1000 s: a hang, not a slow machine)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("stop_token", [StopAsyncIteration, StopIteration])
 async def test_batch_generator_early_termination(stop_token):
@@ -483,7 +483,7 @@ async def test_batch_generator_early_termination(stop_token):
         next_round.set()  # one caller done: the handler may go on
 
 
-@pytest.mark.deadline_s(0.25)
+@pytest.mark.deadline_s(5)  # (a batch not formed at once waits 1000 s: a hang, not a slow machine)
 @pytest.mark.asyncio
 async def test_batch_generator_setters():
     @serve.batch(max_batch_size=2, batch_wait_timeout_s=1000)
