@@ -166,3 +166,30 @@ def test_another_grpc_port_asked_of_running_proxies_is_refused_not_ignored(chann
         start_ingress(grpc_servicer_functions=SERVICERS, grpc_port=9001)
     start_ingress(grpc_servicer_functions=[*SERVICERS, SERVICERS[0]])  # (the same services: fine)
     start_ingress(grpc_servicer_functions=SERVICERS)  # (services added to running proxies: test_ray_grpc_context.py)
+
+
+@deployment(name="keyed", num_replicas=3, ray_actor_options=OPTS, request_router="consistent_hash")
+class Keyed:
+    def Say(self, request):
+        return echo_pb2.EchoReply(text=request.text, replica=get_replica_context().replica_id)
+
+
+def test_a_session_key_in_the_x_routing_key_metadata_stays_on_its_replica(channel):
+    """Issue 68: a call's ``x-routing-key`` metadata is its ``routing_key`` (the handle's option), so
+    ``consistent_hash`` keeps each key on one replica and spreads the keys; without it each call's key
+    is its own request id."""
+    from executors.ray_gpu import delete
+
+    expose(run(Keyed.bind()), "/keyed")
+    try:
+        stub = echo_pb2_grpc.EchoStub(channel)
+
+        def replica(*meta: tuple[str, str]) -> str:
+            return stub.Say(echo_pb2.EchoRequest(text="x"), metadata=(*_meta("keyed"), *meta), timeout=30).replica
+
+        homes = {k: {replica(("x-routing-key", k)) for _ in range(4)} for k in "abcdef"}
+        assert all(len(v) == 1 for v in homes.values()), homes
+        assert len({next(iter(v)) for v in homes.values()}) > 1, homes
+        assert len({replica() for _ in range(12)}) > 1  # (no key: each call hashed on its own id)
+    finally:
+        delete("keyed")

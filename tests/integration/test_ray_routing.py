@@ -168,3 +168,28 @@ def test_an_http_request_s_json_prompt_is_its_prefix_through_the_proxy():
         assert len({r.json() for r in got}) == 1, [r.text for r in got]
     finally:
         delete("routed")
+
+
+def test_an_http_request_s_x_routing_key_header_is_its_session_key_through_the_proxy():
+    """Through the HTTP ingress, the ``x-routing-key`` header is the call's ``routing_key`` (the
+    handle's option): ``consistent_hash`` keeps each key on one replica and spreads the keys (the gRPC
+    metadata key of the same name: test_ray_grpc.py)."""
+    import httpx
+
+    from executors.ray_gpu.ingress.http import ingress_address
+
+    run(Routed.options(request_router="consistent_hash").bind(), route_prefix="/routed", port=0)
+    try:
+        host, port = ingress_address()
+        with httpx.Client(base_url=f"http://{host}:{port}", timeout=30.0) as c:
+            def replica(**headers: str) -> str:
+                r = c.post("/routed", headers=headers)
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            homes = {k: {replica(**{"x-routing-key": k}) for _ in range(4)} for k in "abcdef"}
+            assert all(len(v) == 1 for v in homes.values()), homes
+            assert len({next(iter(v)) for v in homes.values()}) > 1, homes
+            assert len({replica() for _ in range(12)}) > 1  # (no key: each call hashed on its own id)
+    finally:
+        delete("routed")

@@ -63,6 +63,7 @@ from .access import request_id_of
 from .by_value import BEGAN
 from .context import RequestContext
 from .grpc_context import GrpcState, RayServegRPCContext, entry_name
+from .routers import ROUTING_KEY_HEADER, routing_key_of
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +144,13 @@ def _note_of(name: str, context: aio.ServicerContext) -> dict:
     """The call's note (what ``http.IngressState.call`` carries to the replica as its request context):
     its id, the client's ``request_id`` when it sent a usable one, else a new one, set at once in the
     trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model;
-    its route the application's name (Serve's gRPC request: the replica's request counters carry it)."""
+    its session key (``x-routing-key``: ``routers.ROUTING_KEY_HEADER``); its route the application's name (Serve's gRPC request: the replica's request counters carry it)."""
     meta = _metadata(context)
     sent = meta.get(REQUEST_ID_KEY)
     rid = request_id_of(sent if isinstance(sent, str) else None)
     context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
     return {"route": appnames.of(name), "deployment": name, "request_id": rid, "model": _model_of(context, meta),
-            "replica": None}
+            "replica": None, "routing_key": str(meta.get(ROUTING_KEY_HEADER, "") or "").strip()}
 
 
 def _model_of(context: aio.ServicerContext, meta: dict | None = None) -> str:
@@ -485,7 +486,7 @@ class GrpcFront:
         try:
             handle = ingress.handles[name].options(stream=True, method_name=method)
             response = await ingress.send(handle, name, (request,), {}, ingress.request_timeout_s,
-                                          _request_of(name, note))
+                                          _request_of(name, note), routing_key_of(note))
             async for item in self._bounded(name, response):
                 yield item
             ended = True
@@ -509,7 +510,7 @@ class GrpcFront:
         ingress = self.ingress
         handle = ingress.handles[name].options(stream=True, method_name=entry_name(method))
         return await ingress.send(handle, name, (request, RayServegRPCContext(context)), {},
-                                  ingress.request_timeout_s, _request_of(name, note))
+                                  ingress.request_timeout_s, _request_of(name, note), routing_key_of(note))
 
     async def _unary_with_context(self, name: str, method: str, request: Any, context: aio.ServicerContext,
                                   note: dict) -> Any:

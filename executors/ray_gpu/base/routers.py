@@ -18,8 +18,8 @@ options, and makes a router of the user's own choosable in every process that ro
   core's router reads the machine's own counts, and a request no replica can take waits in the
   machine's queue instead of backing off.
 
-And what a call carries for a router (facts, read as Serve reads them): its prompt (``prompt_text``)
-and the caller's node (``node_here``).
+And what a call carries for a router (facts, read as Serve reads them): its prompt (``prompt_text``),
+the caller's node (``node_here``), and through the proxies its session key (``ROUTING_KEY_HEADER``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,17 @@ import ray
 import rankcore as rc
 from rankcore.requests import ROUTERS, SERVE_ROUTERS, register_router, serve_router
 
-__all__ = ["IGNORED_KEYS", "from_request_router_config", "ensure_router", "node_here", "prompt_text"]
+__all__ = ["IGNORED_KEYS", "ROUTING_KEY_HEADER", "from_request_router_config", "ensure_router", "node_here",
+           "prompt_text", "routing_key_of"]
 
 #: RequestRouterConfig's keys read by nothing here (module docstring)
 IGNORED_KEYS = ("request_routing_stats_period_s", "request_routing_stats_timeout_s", "initial_backoff_s",
                 "backoff_multiplier", "max_backoff_s")
 _KEYS = ("request_router_class", "request_router_kwargs", *IGNORED_KEYS)
+#: an HTTP request's header, and a gRPC call's metadata key, naming its session key: through the
+#: proxies, the handle's ``options(routing_key=...)`` (what ``consistent_hash`` keeps on one replica;
+#: a custom router reads it as ``RouteRequest.routing_key``). Ours: Ray Serve has none
+ROUTING_KEY_HEADER = "x-routing-key"
 
 
 def _fields(config: Any) -> dict[str, Any]:
@@ -121,6 +126,11 @@ def from_request_router_config(config: Any, where: str) -> dict[str, Any]:
             raise rc.InvalidConfig(f"{where}: {exc}") from None
     # (whether the router takes these keywords: the Deployment record checks it, as for request_router)
     return {"request_router": name, "request_router_kwargs": dict(kwargs)}
+
+
+def routing_key_of(note: Mapping[str, Any] | None) -> str:
+    """The session key a proxy read from a request's ``ROUTING_KEY_HEADER`` ("" none), from its note."""
+    return "" if note is None else note.get("routing_key", "")
 
 
 def node_here() -> str:

@@ -48,6 +48,7 @@ from ..base.metrics import (
     router_families,
 )
 from ..base.router import routed
+from ..base.routers import ROUTING_KEY_HEADER, routing_key_of
 from ..control.controller import CONTROLLER_NAME, NAMESPACE
 from .calls import (
     _NOTHING,
@@ -83,6 +84,8 @@ from .words import (
     log_failure,
     route_pattern,
 )
+
+_ROUTING_KEY = ROUTING_KEY_HEADER.encode()  # (as the ASGI scope holds a header: bytes, lower case)
 
 
 class _Relayed:
@@ -208,7 +211,7 @@ class IngressState:
         try:
             try:
                 request = _request_of(note) if note is not None else model_request(name, model_id)
-                response = await self.send(handle, name, args, kwargs, timeout, request)
+                response = await self.send(handle, name, args, kwargs, timeout, request, routing_key_of(note))
             except asyncio.TimeoutError:  # (here only: the application may raise a TimeoutError, a 500)
                 raise rc.RequestTimeout(f"no answer from {name!r} within request_timeout_s={timeout:g}",
                                         deployment=name) from None
@@ -231,14 +234,17 @@ class IngressState:
         return value
 
     async def send(self, handle: Any, name: str, args: tuple, kwargs: dict, timeout: float | None,
-                   request: RequestContext | None = None) -> Any:
+                   request: RequestContext | None = None, routing_key: str = "") -> Any:
         """``handle.remote(...)``: on this loop once the handle knows its pool (sending then never
         blocks: no thread hop), else on a call thread (the first call asks the controller),
         within ``timeout`` (``asyncio.TimeoutError``); a call given up while being sent is
         cancelled as soon as it is. ``request``: the HTTP request's id and route (``_submit``), and
-        the multiplexed model it names (the call goes through ``options(multiplexed_model_id=...)``)."""
+        the multiplexed model it names (the call goes through ``options(multiplexed_model_id=...)``);
+        ``routing_key``: its session key (``routers.ROUTING_KEY_HEADER``; ``options(routing_key=...)``)."""
         if request is not None and request.multiplexed_model_id:
             handle = handle.options(multiplexed_model_id=request.multiplexed_model_id)
+        if routing_key:
+            handle = handle.options(routing_key=routing_key)
         if handle.knows_pool():
             return _submit(handle, name, args, kwargs, request)
         submit = asyncio.get_running_loop().run_in_executor(self.pool, _submit, handle, name, args, kwargs,
@@ -404,7 +410,7 @@ class IngressState:
                 "root_path": scope.get("root_path", "") + ("" if prefix == "/" else prefix),
                 "client": scope.get("client"), "server": scope.get("server")}
         handle = self.handles[name].options(stream=True, method_name=ASGI_ENTRY)
-        response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note))
+        response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note), routing_key_of(note))
         items, first = await self._first_item(name, response, request.receive, self.request_timeout_s, note)
         if first is _NOTHING:
             self.in_flight[name] -= 1
@@ -453,7 +459,7 @@ class IngressState:
         from starlette.responses import StreamingResponse
 
         handle = self.handles[name].options(stream=True, method_name=method)
-        response = await self.send(handle, name, args, kwargs, None, _request_of(note))
+        response = await self.send(handle, name, args, kwargs, None, _request_of(note), routing_key_of(note))
         items, first = await self._first_item(name, response, receive, None, note)
         ended = False
 
@@ -829,14 +835,16 @@ class _Observe:
             await self.app(scope, receive, send)
             return
         sent_id = None
-        model = ""
+        model = key = ""
         for k, v in scope.get("headers", ()):
             if k == b"x-request-id":
                 sent_id = v.decode("latin-1")
             elif k == MODEL_ID_HEADER:
                 model = v.decode("latin-1").strip()
+            elif k == _ROUTING_KEY:
+                key = v.decode("latin-1").strip()
         rid = request_id_of(sent_id)
-        note = {"route": "", "deployment": "", "replica": None, "request_id": rid, "model": model}
+        note = {"route": "", "deployment": "", "replica": None, "request_id": rid, "model": model, "routing_key": key}
         scope["rankcore"] = note
         t0 = time.perf_counter()
         out = {"status": 500, "bytes": 0, "done": False}

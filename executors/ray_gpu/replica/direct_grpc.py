@@ -146,9 +146,10 @@ class ReplicaIngress:
                             self.request_timeout_s, name)
 
     async def send(self, handle: _Handle, name: str, args: tuple, kwargs: dict, timeout: float | None,
-                   request: RequestContext | None = None) -> _Items:
+                   request: RequestContext | None = None, routing_key: str = "") -> _Items:
         """A generator method's (or a ``grpc_context`` entry's) items on this replica (``GrpcFront``
-        bounds the first by ``request_timeout_s`` and cancels one its client left)."""
+        bounds the first by ``request_timeout_s`` and cancels one its client left; ``routing_key``:
+        no router to tell, the call is here)."""
         assert request is not None
         return _Items(self.stream(handle.method, args, kwargs, request, call_began()))
 
