@@ -220,16 +220,9 @@ def workload(seed: int) -> SharedPrefixWorkload:
     return SharedPrefixWorkload(seed=seed)
 
 
-def system_keys(wl: SharedPrefixWorkload) -> Any:
-    """A function: a prompt of ``wl`` -> its session key (``system-<k>``: the system prompt it begins
-    with; another prompt, a warm-up's: itself)."""
-    keys = {s: f"system-{k}" for k, s in enumerate(wl.systems())}
-    return lambda prompt: keys.get(prompt[:wl.system_chars], prompt)
-
-
 def prompts_and_keys(wl: SharedPrefixWorkload, n: int) -> tuple[list[str], list[str]]:
-    """``n`` prompts of ``wl`` and each one's session key (``system_keys``)."""
-    key_of = system_keys(wl)
+    """``n`` prompts of ``wl`` and each one's session key (``SharedPrefixWorkload.system_keys``)."""
+    key_of = wl.system_keys()
     prompts = wl.prompts(n)
     return prompts, [key_of(p) for p in prompts]
 
@@ -401,7 +394,7 @@ def deploy(name: str, mod: Any, args: argparse.Namespace) -> tuple[Any, Any]:
         d: Any = serve.deployment(mod.ServeLLM, name=DEP, **opts)
         handle = serve.run(d.bind(), name=DEP, route_prefix=None)
     if router == "consistent_hash":
-        key_of = system_keys(workload(args.seed))
+        key_of = workload(args.seed).system_keys()
         by_key: dict[str, Any] = {}
 
         async def send_keyed(i: int, prompt: str) -> Any:
@@ -577,9 +570,10 @@ def print_report(results: dict, args: argparse.Namespace) -> list[dict]:
 
 
 # ------------------------------------------------ the simulator against the bench (--sim)
-#: ours' contenders the simulator runs, each by its router (``ours-hash`` keys each call by its system
-#: prompt, which ``traffic.<d>.sessions`` cannot; Serve's routers are not the simulator's)
-SIM_ROUTERS = {"ours-prefix": "prefix_affinity", "ours-p2c": "power_of_two_choices", "ours-default": ""}
+#: ours' contenders the simulator runs, each by its router (``ours-hash`` keys each request by its system
+#: prompt there too: ``prefix_cache.keyed``; Serve's routers are not the simulator's)
+SIM_ROUTERS = {"ours-prefix": "prefix_affinity", "ours-p2c": "power_of_two_choices", "ours-default": "",
+               "ours-hash": "consistent_hash"}
 #: the figures compared: (title, the bench's key in ``figures``, the simulator's key, scale to the bench's unit)
 SIM_FIGURES = (("TTFT p50 ms", "ttft_p50_ms", "ttft_p50", 1000.0), ("TTFT p99 ms", "ttft_p99_ms", "ttft_p99", 1000.0),
                ("hit share %", "hit_share", "prefix_hit_share", 1.0), ("imbalance", "imbalance", "replica_imbalance", 1.0),
@@ -597,7 +591,8 @@ def sim_overrides(router: str, args: argparse.Namespace) -> dict:
             f"deployments.{DEP}.replicas": args.replicas,
             f"deployments.{DEP}.max_ongoing_requests": args.max_ongoing_requests,
             f"traffic.{DEP}.arrivals.clients": args.concurrency,
-            f"traffic.{DEP}.prefix_cache.seed": args.seed}
+            f"traffic.{DEP}.prefix_cache.seed": args.seed,
+            f"traffic.{DEP}.prefix_cache.keyed": router == "consistent_hash"}
 
 
 def sim_run(path: str, names: list[str], args: argparse.Namespace) -> dict[str, dict]:

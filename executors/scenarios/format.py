@@ -338,6 +338,10 @@ PREFIX_SEED_KEY = "seed"
 #: ``prefix_cache.prefill_overhead_s``: a latency each prefill takes beyond the model's ``ttft_s`` (the
 #: simulator's own: a real replica's cache lookup and its event loop's wake-up), drawn per prefill
 PREFIX_OVERHEAD_KEY = "prefill_overhead_s"
+#: ``prefix_cache.keyed``: each request's session key (``Submit.routing_key``) is its system prompt's
+#: (``system-<k>``: ``SharedPrefixWorkload.system_keys``), as bench_router's ``ours-hash`` keys its calls,
+#: so ``consistent_hash`` keeps a system prompt on one replica (not with ``sessions``)
+PREFIX_KEYED_KEY = "keyed"
 #: ``prefix_cache``'s whole-number keys (the rest are numbers >= 0; those of ``_PREFIX_ZERO_OK`` may be 0,
 #: the others are at least 1) and the most characters its system prompts may hold together (they are
 #: built at the start of the run)
@@ -444,13 +448,16 @@ class PrefixCacheSpec:
     replica incarnation's own cache saying what is cached, and its decode ``decode_s``. ``seed``:
     the workload's own (the prompts in ``iter_listed()``'s order, the Ray benchmark's); None: drawn
     from the run's seed. ``overhead``: ``prefill_overhead_s``, what each prefill takes beyond
-    ``ttft_s`` (its replica's line waits for it too)."""
+    ``ttft_s`` (its replica's line waits for it too). ``keyed``: each request's session key is its
+    system prompt's (``PREFIX_KEYED_KEY``)."""
 
     workload: tuple[tuple[str, Any], ...] = ()
     model: tuple[tuple[str, Any], ...] = ()
     seed: int | None = None
     #: each prefill's time beyond ``ttft_s`` (a draw per prefill; None: none)
     overhead: Latency | None = None
+    #: each request's session key is its system prompt's (``PREFIX_KEYED_KEY``)
+    keyed: bool = False
 
 
 @attrs.frozen
@@ -1417,6 +1424,9 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None,
                 if m.get(k) is not None:
                     raise c.fail(p + (k,), why, at_key=True)
         sessions = 0 if m.get("sessions") is None else c.some(m["sessions"], p + ("sessions",), "sessions")
+        if sessions and prefix is not None and prefix.keyed:
+            raise c.fail(p + ("sessions",), "prefix_cache.keyed gives each request its system prompt's session key: "
+                                            "give sessions or keyed, not both", at_key=True)
         callers = () if m.get("callers") is None else _callers(m["callers"], p + ("callers",), c, nodes)
         if "service" not in m and batched is None and prefix is None and (stream is None or stream.fraction < 1):
             raise c.fail(p, "missing required field 'service'" + (
@@ -1449,13 +1459,18 @@ def _traffic(value: Any, c: _Checker, deployments: dict, duration: float | None,
 
 def _prefix_cache(value: Any, p: tuple, c: _Checker) -> PrefixCacheSpec:
     """``prefix_cache: {system_prompts, zipf_s, system_chars, question_chars, block_chars,
-    capacity_blocks, base_s, prefill_s_per_char, decode_s, prefills, seed, prefill_overhead_s}`` (each
-    optional) -> ``PrefixCacheSpec``."""
-    m = c.mapping(value, p, PREFIX_WORKLOAD_KEYS + PREFIX_MODEL_KEYS + (PREFIX_SEED_KEY, PREFIX_OVERHEAD_KEY))
+    capacity_blocks, base_s, prefill_s_per_char, decode_s, prefills, seed, prefill_overhead_s, keyed}``
+    (each optional) -> ``PrefixCacheSpec``."""
+    m = c.mapping(value, p, PREFIX_WORKLOAD_KEYS + PREFIX_MODEL_KEYS + (PREFIX_SEED_KEY, PREFIX_OVERHEAD_KEY,
+                                                                        PREFIX_KEYED_KEY))
     given: dict[str, Any] = {}
     for k, v in m.items():
         if k == PREFIX_OVERHEAD_KEY:
             given[k] = c.latency(v, p + (k,))
+        elif k == PREFIX_KEYED_KEY:
+            if not isinstance(v, bool):
+                raise c.fail(p + (k,), f"must be true or false, got {_show(v)}")
+            given[k] = v
         elif k in _PREFIX_COUNTS:
             given[k] = c.count(v, p + (k,))
             if given[k] < 1 and k not in _PREFIX_ZERO_OK:
@@ -1470,7 +1485,8 @@ def _prefix_cache(value: Any, p: tuple, c: _Checker) -> PrefixCacheSpec:
                                f"system_prompts x system_chars is {big:,}")
     return PrefixCacheSpec(workload=tuple((k, v) for k, v in given.items() if k in PREFIX_WORKLOAD_KEYS),
                            model=tuple((k, v) for k, v in given.items() if k in PREFIX_MODEL_KEYS),
-                           seed=given.get(PREFIX_SEED_KEY), overhead=given.get(PREFIX_OVERHEAD_KEY))
+                           seed=given.get(PREFIX_SEED_KEY), overhead=given.get(PREFIX_OVERHEAD_KEY),
+                           keyed=given.get(PREFIX_KEYED_KEY, False))
 
 
 def _callers(value: Any, p: tuple, c: _Checker, nodes: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

@@ -28,7 +28,7 @@ import itertools
 import random
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -116,6 +116,14 @@ class SharedPrefixWorkload:
 
     def weights(self) -> list[float]:
         return [1.0 / (k + 1) ** self.zipf_s for k in range(self.system_prompts)]
+
+    def system_keys(self) -> Callable[[str], str]:
+        """A function: a prompt -> its session key, ``system-<k>`` for the system prompt it begins with
+        (another prompt, e.g. a warm-up's: itself). What bench_router's ``ours-hash`` keys its calls by,
+        and the simulator's ``prefix_cache.keyed``."""
+        keys = {s: f"system-{k}" for k, s in enumerate(self.systems())}
+        chars = self.system_chars
+        return lambda prompt: keys.get(prompt[:chars], prompt)
 
     def prompts(self, n: int) -> list[str]:
         """``n`` prompts, in order (deterministic)."""

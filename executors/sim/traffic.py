@@ -44,7 +44,8 @@ asks the deployment's router (``deployments.<d>.request_router``) which candidat
 request, and the simulator gives it what a router reads: each request's prompt
 (``Submit.prefix``: the next of ``executors.sim.prefixcache.SharedPrefixWorkload.iter_prompts``,
 seeded from the run's seed, ``traffic/<deployment>/prompts``), its session key
-(``Submit.routing_key``: one of ``sessions``, ``.../sessions``), its caller's node
+(``Submit.routing_key``: one of ``sessions``, ``.../sessions``; or with ``prefix_cache.keyed`` its
+system prompt's), its caller's node
 (``Submit.caller_node``, drawn from ``callers``' weights, ``.../callers``) and that node's zone
 (its ``ZONE_LABEL`` label), and where each replica runs (``ReplicaLocated``, when the core's pool
 commands say it serves: its node in the core's state, that node's zone). Each replica
@@ -75,7 +76,7 @@ import random
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -252,7 +253,7 @@ class _Flow:
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
-                 "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "caller_of",
+                 "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "key_of", "caller_of",
                  "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located", "overhead")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
@@ -302,12 +303,18 @@ class _Flow:
         self.cache_model: PrefixCacheModel | None = None
         #: ``prefill_overhead_s``: each prefill's time beyond ``ttft_s`` and its draws (None: none)
         self.overhead: tuple[Any, random.Random] | None = None
+        #: ``prefix_cache.keyed``: a prompt -> its session key, its system prompt's (None: not keyed)
+        self.key_of: Callable[[str], str] | None = None
         if pc is not None:
             seed = sim.stream(f"traffic/{self.name}/prompts").getrandbits(32)  # (drawn either way)
             if pc.seed is None:
-                self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=seed).iter_prompts()
+                workload = SharedPrefixWorkload(**dict(pc.workload), seed=seed)
+                self.prompts = workload.iter_prompts()
             else:  # (the workload's own seed: the Ray benchmark's prompts, in its order)
-                self.prompts = SharedPrefixWorkload(**dict(pc.workload), seed=pc.seed).iter_listed()
+                workload = SharedPrefixWorkload(**dict(pc.workload), seed=pc.seed)
+                self.prompts = workload.iter_listed()
+            if pc.keyed:
+                self.key_of = workload.system_keys()
             self.cache_model = PrefixCacheModel(**dict(pc.model))
             if pc.overhead is not None:  # (its own stream, drawn only when given: no other draw moves)
                 self.overhead = (pc.overhead, sim.stream(f"traffic/{self.name}/prefills"))
@@ -627,7 +634,7 @@ class SimTraffic:
         model = "" if flow.model_of is None else flow.model_of(flow.n)  # (drawn first: one draw per arrival)
         # (each of these too, so request n has the n-th prompt, session and caller whatever became of the others)
         prompt = "" if flow.prompts is None else next(flow.prompts)
-        key = "" if flow.session_of is None else flow.session_of()
+        key = flow.key_of(prompt) if flow.key_of is not None else "" if flow.session_of is None else flow.session_of()
         caller = "" if flow.caller_of is None else flow.caller_of()
         flow.n += 1
         deadline = None if spec.timeout_s is None else now + spec.timeout_s

@@ -235,3 +235,17 @@ expect:
     assert len(q["served_by_replica"]) == 3  # the two, and the replacement
     assert q["in_flight"] == q["in_queue"] == 0
     assert not any(sim.traffic.holds(rid) for rid in q["served_by_replica"])  # (the dead one's line: let go)
+
+
+def test_bench_router_sim_keys_ours_hash_by_system_prompt():
+    """``ours-hash`` keys each call by its system prompt on Ray; ``--sim`` gives the simulator's requests
+    the same key (``prefix_cache.keyed``), so consistent_hash piles the Zipf-hot system prompts on their
+    replicas there too (imbalance well above the other routers'), and the others stay unkeyed."""
+    bench = load_benchmark("bench_router")
+    args = bench.parse(["--sim", str(BENCH), "--sim-seeds", "1"])
+    assert bench.sim_overrides("consistent_hash", args)["traffic.llm.prefix_cache.keyed"] is True
+    assert bench.sim_overrides("prefix_affinity", args)["traffic.llm.prefix_cache.keyed"] is False
+    got = bench.sim_run(str(BENCH), ["ours-hash", "ours-p2c"], args)
+    assert got["ours-hash"]["router"] == "consistent_hash"
+    assert got["ours-hash"]["imbalance"]["median"] > 1.3 > got["ours-p2c"]["imbalance"]["median"], got
+    assert got["ours-hash"]["hit_share"]["median"] > got["ours-p2c"]["hit_share"]["median"] + 0.1, got

@@ -124,6 +124,22 @@ def test_consistent_hash_keeps_each_session_on_one_replica():
     assert all(v > 0 for v in many["served_by_replica"].values())
 
 
+def test_keyed_prompts_carry_their_system_prompt_as_session_key():
+    """``prefix_cache.keyed``: each request's session key is its system prompt's (bench_router's
+    ``ours-hash``), so consistent_hash keeps a system prompt on one replica; unkeyed, each request is
+    hashed on its own id and spread."""
+    one = "    prefix_cache: {system_prompts: 1, capacity_blocks: 1000, keyed: true}\n"
+    keyed, _ = _run(one, "consistent_hash")
+    assert sorted(keyed["served_by_replica"].values())[:-1] == [0, 0, 0], keyed["served_by_replica"]
+    unkeyed, _ = _run(one.replace(", keyed: true", ""), "consistent_hash")
+    assert all(v > 0 for v in unkeyed["served_by_replica"].values()), unkeyed["served_by_replica"]
+    # (many system prompts: a system prompt's replica has it cached, as prefix affinity's has)
+    hashed, _ = _run(PREFIX.replace("}", ", keyed: true}"), "consistent_hash")
+    p2c, _ = _run(PREFIX, "power_of_two_choices")
+    assert hashed["submitted"] == p2c["submitted"]  # (the same prompts: keyed draws nothing more)
+    assert hashed["prefix_hit_share"] > p2c["prefix_hit_share"] + 0.15, (hashed, p2c)
+
+
 def test_locality_sends_callers_to_their_nodes_replicas():
     q, nodes = _run("    service: 0.05\n    callers: {node-0: 1}\n", "locality")
     assert sorted(set(nodes.values())) == ["node-0", "node-1"]  # (spread: replicas on both nodes)
@@ -161,6 +177,8 @@ def test_the_same_seed_gives_the_same_figures():
     (PREFIX + "    stream: {items: 3, item_interval_s: 0.1}\n", r"traffic\.llm\.stream.*prefix_cache and stream"),
     (PREFIX + "    batch: {fixed_s: 0.01}\n", r"traffic\.llm\.batch.*prefix_cache and batch"),
     (PREFIX + "    sessions: 0\n", r"traffic\.llm\.sessions.*whole number of sessions >= 1"),
+    ("    prefix_cache: {keyed: 1}\n", r"traffic\.llm\.prefix_cache\.keyed.*must be true or false, got 1"),
+    ("    prefix_cache: {keyed: true}\n    sessions: 3\n", r"traffic\.llm\.sessions.*give sessions or keyed"),
     (PREFIX + "    callers: {node-7: 1}\n", r"traffic\.llm\.callers\.node-7.*unknown node 'node-7'.*node-0, node-1"),
     (PREFIX + "    callers: {node-0: -1}\n", r"traffic\.llm\.callers\.node-0.*>= 0"),
     (PREFIX + "    callers: {node-0: 0}\n", r"traffic\.llm\.callers.*every weight is 0"),
