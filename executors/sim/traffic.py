@@ -253,8 +253,9 @@ class _Flow:
                  "ends", "answers", "live", "failures", "failed_by_replica", "double_ends", "streamed", "shapes",
                  "streams", "no_proxy", "proxy_dropped", "batch_costs", "batches", "batch_items", "batch_full",
                  "batch_seconds", "think", "model_of", "loads", "model_requests", "model_hits", "model_loads",
-                 "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "key_of", "caller_of",
-                 "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located", "overhead")
+                 "model_evictions", "cores", "threads", "cpu", "prompts", "cache_model", "session_of", "key_of",
+                 "caller_of", "routed", "ttft", "prompt_chars", "cached_chars", "served", "caches", "located",
+                 "overhead")
 
     def __init__(self, spec: TrafficSpec, sim: Any) -> None:
         self.spec, self.name = spec, spec.deployment

@@ -144,7 +144,8 @@ def _note_of(name: str, context: aio.ServicerContext) -> dict:
     """The call's note (what ``http.IngressState.call`` carries to the replica as its request context):
     its id, the client's ``request_id`` when it sent a usable one, else a new one, set at once in the
     trailing metadata (Serve's gRPC proxy returns it there, errors included); its multiplexed model;
-    its session key (``x-routing-key``: ``routers.ROUTING_KEY_HEADER``); its route the application's name (Serve's gRPC request: the replica's request counters carry it)."""
+    its session key (``x-routing-key``: ``routers.ROUTING_KEY_HEADER``); its route the application's
+    name (Serve's gRPC request: the replica's request counters carry it)."""
     meta = _metadata(context)
     sent = meta.get(REQUEST_ID_KEY)
     rid = request_id_of(sent if isinstance(sent, str) else None)

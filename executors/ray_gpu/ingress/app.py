@@ -410,7 +410,8 @@ class IngressState:
                 "root_path": scope.get("root_path", "") + ("" if prefix == "/" else prefix),
                 "client": scope.get("client"), "server": scope.get("server")}
         handle = self.handles[name].options(stream=True, method_name=ASGI_ENTRY)
-        response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note), routing_key_of(note))
+        response = await self.send(handle, name, (sent, body), {}, self.request_timeout_s, _request_of(note),
+                                   routing_key_of(note))
         items, first = await self._first_item(name, response, request.receive, self.request_timeout_s, note)
         if first is _NOTHING:
             self.in_flight[name] -= 1
@@ -844,7 +845,8 @@ class _Observe:
             elif k == _ROUTING_KEY:
                 key = v.decode("latin-1").strip()
         rid = request_id_of(sent_id)
-        note = {"route": "", "deployment": "", "replica": None, "request_id": rid, "model": model, "routing_key": key}
+        note = {"route": "", "deployment": "", "replica": None, "request_id": rid, "model": model,
+                "routing_key": key}
         scope["rankcore"] = note
         t0 = time.perf_counter()
         out = {"status": 500, "bytes": 0, "done": False}
