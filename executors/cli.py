@@ -151,8 +151,9 @@ MEANINGS = (
                  "item (the slot held); failed: ended by an error after the items given (its replica died "
                  "mid-stream: never retried)"),
     ("TTFT", "routing: TTFT: a request's arrival to its first token (its queue wait, its wait for its replica's "
-             "prefill line, and its prefill of what the replica's prefix cache lacked); prefix hit share: prompt characters found cached / all; replica "
-             "imbalance: the most requests one replica served / the mean per replica (1: even)"),
+             "prefill line, and its prefill of what the replica's prefix cache lacked); prefix hit share: prompt "
+             "characters found cached / all; replica imbalance: the most requests one replica served / the mean "
+             "per replica (1: even)"),
 )
 
 

@@ -635,7 +635,7 @@ class SimTraffic:
         model = "" if flow.model_of is None else flow.model_of(flow.n)  # (drawn first: one draw per arrival)
         # (each of these too, so request n has the n-th prompt, session and caller whatever became of the others)
         prompt = "" if flow.prompts is None else next(flow.prompts)
-        key = flow.key_of(prompt) if flow.key_of is not None else "" if flow.session_of is None else flow.session_of()
+        key = flow.key_of(prompt) if flow.key_of is not None else flow.session_of() if flow.session_of else ""
         caller = "" if flow.caller_of is None else flow.caller_of()
         flow.n += 1
         deadline = None if spec.timeout_s is None else now + spec.timeout_s
@@ -733,37 +733,36 @@ class SimTraffic:
         """The replica serves ``rid`` from now: a ``service`` draw (a stream: until its last item),
         then it answers."""
         sim = self.sim
+        ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate  # (its own stream)
+        if flow.routed:
+            flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
         if req is not None and req.stream:
             assert flow.spec.stream is not None and flow.shapes is not None
             req.items_at, req.cut, req.sent = _item_times(flow.spec.stream, flow.shapes, sim.now), None, sim.now
             service = req.items_at[-1] - sim.now
         elif flow.cache_model is not None:  # (its replica's prefill line: its answer's time is known later)
-            self._prefill_join(flow, req, rid, replica_id, epoch)
+            self._prefill_join(flow, req, rid, replica_id, epoch, ok)
             return
         else:
             assert flow.spec.service is not None  # (parsed: required unless every request streams)
             service = flow.spec.service.sample(flow.service)
-        ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         ticket = sim.schedule(service, self._complete, rid, replica_id, epoch, ok)
         self._held.setdefault(replica_id, {})[rid] = (sim.now + service, ticket, ok)
-        if flow.routed:
-            flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
 
     # ---------------------------------------------------------- prefills
-    def _prefill_join(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int) -> None:
-        """``prefix_cache``: the replica serves ``rid`` from now: it joins that replica incarnation's
-        prefill line (``_prefill_next`` begins its prefill when one is free: 1 at a time by default)."""
+    def _prefill_join(self, flow: _Flow, req: _Req | None, rid: str, replica_id: str, epoch: int,
+                      ok: bool) -> None:
+        """``prefix_cache``: the replica serves ``rid`` from now (``ok``: it answers, not an application
+        error): it joins that replica incarnation's prefill line (``_prefill_next`` begins its prefill
+        when one is free: 1 at a time by default)."""
         model = flow.cache_model
         assert model is not None
-        ok = flow.spec.error_rate <= 0 or flow.errors.random() >= flow.spec.error_rate
         pf = flow.caches.get(replica_id)
         if pf is None or pf.epoch != epoch:
             pf = flow.caches[replica_id] = _Prefill(epoch, model.cache())
         pf.free = max(pf.free, self.sim.now) + model.ttft_s(len(req.prompt) if req is not None else 0, 0)
         # (drain_s' guess; no ticket: in the line or its prefill, ``_answer_now`` asks ``_prefill_left``)
         self._held.setdefault(replica_id, {})[rid] = (pf.free + model.decode_s, None, ok)  # type: ignore[assignment]
-        if flow.routed:
-            flow.served[replica_id] = flow.served.get(replica_id, 0) + 1
         pf.line.append(rid)
         self._prefill_next(flow, replica_id, pf)
 
