@@ -6,12 +6,20 @@ metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
 
 import grpc
 import pytest
 
 from executors.ray_gpu.base.exposed import Reachable
+from executors.ray_gpu.ingress.haproxy import haproxy_binary
 from executors.ray_gpu.replica import direct_grpc
+from rankcore.requests.dataplane import GRPC_RETRY_ON
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
@@ -87,20 +95,65 @@ async def _until(done, seconds: float = 2.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _run(scenario, request_timeout_s: float | None = 5.0) -> None:
-    async def main() -> None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _balancer(server_ports: list[int], tmp: str):
+    """HAProxy as the data plane runs it for gRPC: HTTP/2 to the client, HTTP/1.1 to the replicas'
+    servers (``base.grpc_h1``) in turn, a call that got nothing back re-sent to another
+    (``GRPC_RETRY_ON``). Its port."""
+    port = _free_port()
+    cfg = os.path.join(tmp, "h.cfg")
+    with open(cfg, "w") as f:
+        f.write(f"global\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n"
+                f"    timeout server 30s\n    option http-no-delay\n    option abortonclose\n    option redispatch 1\n"
+                f"    retry-on {GRPC_RETRY_ON}\nfrontend g\n    bind 127.0.0.1:{port} proto h2\n"
+                f"    default_backend b\nbackend b\n    balance roundrobin\n"
+                + "".join(f"    server s{i} 127.0.0.1:{p}\n" for i, p in enumerate(server_ports)))
+    proc = subprocess.Popen([haproxy_binary(), "-db", "-f", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(500):  # (listening: at most 5 s)
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.01)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+@contextlib.asynccontextmanager
+async def _nothing():
+    yield []
+
+
+def _run(scenario, request_timeout_s: float | None = 5.0, max_body_bytes: int = 1 << 20, before=None) -> None:
+    """``scenario(stub, rep, metrics)`` against the replica's server behind HAProxy; ``before``: an
+    async context manager of another server's port, put before the replica's in HAProxy's turn."""
+    async def main(tmp: str) -> None:
         rep, metrics = Replica(), Metrics()
         reach = Reachable(http=frozenset(), grpc=frozenset({"Say", "Count", "Nap"}))
-        limits = {"max_body_bytes": 1 << 20, "max_header_bytes": 16 << 10, "request_timeout_s": request_timeout_s}
+        limits = {"max_body_bytes": max_body_bytes, "max_header_bytes": 16 << 10,
+                  "request_timeout_s": request_timeout_s}
         front = await direct_grpc.start("dep", reach, rep.run, rep.stream, metrics, limits, SERVICERS, "127.0.0.1")
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{front.address[1]}") as ch:
-                stub = echo_pb2_grpc.EchoStub(ch)
-                stub.channel = ch  # (a scenario may call a method another way)
-                await scenario(stub, rep, metrics)
+            async with (before() if before is not None else _nothing()) as other:
+                with _balancer([*other, front.address[1]], tmp) as port:
+                    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                        stub = echo_pb2_grpc.EchoStub(ch)
+                        stub.channel = ch  # (a scenario may call a method another way)
+                        await scenario(stub, rep, metrics)
         finally:
-            await front.stop(0)
-    asyncio.run(main())
+            front.h1.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(main(tmp))
 
 
 def test_a_call_whatever_application_it_names_is_this_replica_s():
@@ -175,7 +228,8 @@ def test_a_call_gets_its_initial_metadata_as_it_begins_long_before_its_answer():
     call is read here as a stream of one: grpc.aio hands a unary call's initial metadata over only
     with its answer, whenever it came.)"""
     async def scenario(stub, rep, metrics):
-        nap = stub.channel.unary_stream("/rankcore.test.Echo/Nap", request_serializer=echo_pb2.EchoRequest.SerializeToString,
+        nap = stub.channel.unary_stream("/rankcore.test.Echo/Nap",
+                                        request_serializer=echo_pb2.EchoRequest.SerializeToString,
                                         response_deserializer=echo_pb2.EchoReply.FromString)
         for call in (nap(echo_pb2.EchoRequest(seconds=2.0), metadata=(("request_id", "napper"),)),
                      stub.Count(echo_pb2.EchoRequest(n=1, seconds=2.0), metadata=(("request_id", "streamer"),))):
@@ -186,3 +240,111 @@ def test_a_call_gets_its_initial_metadata_as_it_begins_long_before_its_answer():
             call.cancel()
         assert sorted(rep.began) == ["napper", "streamer"]  # (both reached their marker: any order)
     _run(scenario)
+
+
+def _dying_server(answer_first: bytes):
+    """A replica that dies with a call: it reads the request, writes ``answer_first`` (b"": nothing)
+    and closes the connection. Counts what it was sent."""
+    seen: list[bytes] = []
+
+    @contextlib.asynccontextmanager
+    async def serve():
+        async def dies(reader, writer):
+            seen.append(await reader.read(65536))
+            writer.write(answer_first)
+            await writer.drain()
+            writer.transport.abort()
+        server = await asyncio.start_server(dies, "127.0.0.1", 0)
+        try:
+            yield [server.sockets[0].getsockname()[1]]
+        finally:
+            server.close()
+    return serve, seen
+
+
+def test_a_call_a_dying_replica_got_nothing_back_from_is_sent_to_another():
+    """The safe re-send, through HAProxy as the data plane configures it: no byte back, so the call
+    never began there, and another replica answers it."""
+    serve, seen = _dying_server(b"")
+
+    async def scenario(stub, rep, metrics):
+        for i in range(4):  # (HAProxy's turn sends every other call to the dying one first)
+            reply = await stub.Say(echo_pb2.EchoRequest(text=f"c{i}"))
+            assert reply.text == f"C{i}"
+        assert [m[0] for m in rep.requests] == ["Say"] * 4
+        assert len(seen) >= 2 and all(b"/rankcore.test.Echo/Say" in s for s in seen)
+    _run(scenario, before=serve)
+
+
+def test_a_call_whose_begin_marker_came_back_is_never_sent_again():
+    """The other side of the re-send: a replica that wrote the answer's head (the begin marker:
+    ``base.grpc_h1``) and died may have run the call, so the client gets an error, not a second run."""
+    serve, seen = _dying_server(b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+                                b"transfer-encoding: chunked\r\nrankcore-began: 1\r\n\r\n")
+
+    async def scenario(stub, rep, metrics):
+        codes = []
+        for i in range(4):
+            try:
+                await stub.Say(echo_pb2.EchoRequest(text=f"c{i}"))
+                codes.append("OK")
+            except grpc.aio.AioRpcError as err:
+                codes.append(err.code().name)
+        assert len(seen) == codes.count("OK") == 2 and len(rep.requests) == 2
+        assert all(c != "OK" for c in codes[::2]), codes  # (the dying one's turns: failed, not re-sent)
+    _run(scenario, before=serve)
+
+
+def test_a_client_deadline_ends_the_call_deadline_exceeded_and_cancels_it():
+    async def scenario(stub, rep, metrics):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Nap(echo_pb2.EchoRequest(seconds=5.0), metadata=(("request_id", "late"),), timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await _until(lambda: rep.cancelled == ["late"] and len(metrics.calls) == 1)
+        assert rep.cancelled == ["late"] and metrics.calls[0][2] == "CANCELLED"
+    _run(scenario)
+
+
+def test_codes_trailing_metadata_compression_and_limits_over_the_balancer():
+    async def scenario(stub, rep, metrics):
+        call = stub.Say(echo_pb2.EchoRequest(text="hi"), metadata=(("request_id", "rid-7"),))
+        assert (await call).text == "HI"
+        assert ("request_id", "rid-7") in tuple(await call.trailing_metadata())
+        assert await call.code() == grpc.StatusCode.OK
+        zipped = await stub.Say(echo_pb2.EchoRequest(text="z" * 1500), compression=grpc.Compression.Gzip)
+        assert zipped.text == "Z" * 1500
+        nowhere = stub.channel.unary_unary("/rankcore.test.Echo/Nowhere",
+                                           request_serializer=echo_pb2.EchoRequest.SerializeToString,
+                                           response_deserializer=echo_pb2.EchoReply.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await nowhere(echo_pb2.EchoRequest())
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Say(echo_pb2.EchoRequest(text="x" * 3000))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_body_bytes=2000" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Say(echo_pb2.EchoRequest(text="boom"), metadata=(("request_id", "rid-8"),))
+        assert err.value.code() == grpc.StatusCode.INTERNAL and "says boom" in err.value.details()
+        assert ("request_id", "rid-8") in tuple(err.value.trailing_metadata())
+    _run(scenario, max_body_bytes=2000)
+
+
+def test_the_http_1_1_wire_s_words():
+    """``base.grpc_h1``: the deadline header, the trailers (details percent-encoded, metadata checked
+    as gRPC checks it) and the call's metadata (HTTP's own headers left out, ``-bin`` decoded)."""
+    from executors.ray_gpu.base import grpc_h1
+
+    assert grpc_h1.timeout_of(b"100m") == pytest.approx(0.1) and grpc_h1.timeout_of(b"2S") == 2.0
+    assert grpc_h1.timeout_of(b"5x") is None and grpc_h1.timeout_of(None) is None
+    end = grpc_h1.trailers(grpc.StatusCode.NOT_FOUND, "no app: é 100%\r\nx", (("request_id", "r1"),))
+    assert end == b"0\r\ngrpc-status: 5\r\ngrpc-message: no app: %C3%A9 100%25%0D%0Ax\r\nrequest_id: r1\r\n\r\n"
+    for bad in ((("Upper", "v"),), (("k", "line\r\nbreak"),), (("k-bin", "text"),), (("grpc-status", "0"),)):
+        with pytest.raises(ValueError):
+            grpc_h1.trailers(grpc.StatusCode.OK, None, bad)
+    ctx = grpc_h1.H1Context(None, {b"host": b"h", b"content-type": b"application/grpc", b"te": b"trailers",
+                                   b"grpc-timeout": b"1S", b"application": b"app", b"x-rankcore-route": b"/r",
+                                   b"blob-bin": b"AAEC"}, None)
+    assert dict(ctx.invocation_metadata()) == {"application": "app", "blob-bin": b"\x00\x01\x02"}
+    with pytest.raises(ValueError):
+        ctx.set_trailing_metadata((("k", "bad\nvalue"),))
+    assert ctx.trailing_metadata() == ()

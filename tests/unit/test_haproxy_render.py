@@ -126,8 +126,10 @@ def test_with_grpc_a_routes_calls_go_by_their_application_to_its_replicas_grpc_s
         assert f"bind fd@{grpc_sock.fileno()} proto h2\n" in text and "server proxy 127.0.0.1:1235 proto h2" in text
         assert f'acl a_{e.grpc_backend} req.hdr(application) -m str "app" "e"\n' in text
         assert f"use_backend {e.grpc_backend} if a_{e.grpc_backend} {{ nbsrv({e.grpc_backend}) ge 1 }}" in text
-        assert f"server {dp.server_name('e#1')} 127.0.0.1:9501 proto h2 maxconn 5" in text
-        assert "127.0.0.1:9002 proto h2" not in text  # (e#2 serves no gRPC: not in the gRPC backend)
+        # (a replica's gRPC server speaks HTTP/1.1: HAProxy converts each call, base/grpc_h1.py)
+        assert f"server {dp.server_name('e#1')} 127.0.0.1:9501 maxconn 5" in text
+        assert text.count("proto h2") == 2  # (the front and the proxy's own gRPC server only)
+        assert "127.0.0.1:9002" not in text.split(f"backend {e.grpc_backend}")[1]  # (e#2 serves no gRPC)
         assert f"backend g_{dp.server_name('g')}" not in text  # (an ASGI app: its calls go to the proxy)
         # (request_timeout_s + GRACE_S, HTTP's defaults and each gRPC backend: the replica answers first)
         assert text.count("timeout server 65000ms") == 3

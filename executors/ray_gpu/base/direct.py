@@ -26,8 +26,8 @@ answering as the proxy does (``base/httpwords.py``: the same routes, bodies, err
   as the proxy's ``_Observe`` tells its metrics and access records.
 
 One request at a time per connection, in order (a pipelined one waits for the one before; reading
-goes on, so a client that leaves is noticed at once); the balancer holds many connections. The replica's ``max_ongoing_requests`` slots
-bound how many run at once, whatever path sent them.
+goes on, so a client that leaves is noticed at once); the balancer holds many connections. The
+replica's ``max_ongoing_requests`` slots bound how many run at once, whatever path sent them.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from .httpwords import ANSI, Reply, args_of, json_answer, match_route, not_found
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ROUTE_HEADER", "APP_HEADER", "Answered", "DirectServer", "within"]
+__all__ = ["ROUTE_HEADER", "APP_HEADER", "Answered", "DirectServer", "listen", "within"]
 
 #: the route prefix the balancer matched, set by it on every request it sends (a client's own is replaced)
 ROUTE_HEADER = b"x-rankcore-route"
@@ -98,9 +98,7 @@ class DirectServer:
 
     async def start(self, host: str) -> str:
         """Listen on ``host`` (a free port): ``host:port``."""
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: _Connection(self), host, 0, backlog=2048, reuse_address=True)
-        port = self.server.sockets[0].getsockname()[1]
+        self.server, port = await listen(self, host)
         return f"{host}:{port}"
 
     def close(self) -> None:
@@ -148,6 +146,13 @@ class DirectServer:
                                f"{name!r} answered a {type(value).__name__}, which is not JSON: {exc}", rid)
         conn.reply(200, data, b"application/json", rid)
 
+    def refused(self, conn: _Connection, status: int, error: str, detail: str) -> None:
+        """A request refused before it was read whole (its head or body too large, unreadable): the
+        JSON error, with a new request id (as the proxy gives a request its guard refused)."""
+        rid = request_id_of(None)
+        body = {"error": error, "detail": detail, "deployment": self.deployment}
+        conn.reply(status, json_answer(body), b"application/json", rid)
+
     def _error(self, conn: _Connection, status: int, error: str, detail: str, rid: str) -> None:
         body = {"error": error, "detail": detail, "deployment": self.deployment, "request_id": rid}
         conn.reply(status, json_answer(body), b"application/json", rid)
@@ -182,6 +187,15 @@ class DirectServer:
 
 
 _NOTHING = object()
+
+
+async def listen(server: Any, host: str) -> tuple[asyncio.AbstractServer, int]:
+    """``server``'s connections on ``host``, a free port: the listener and its port. ``server``: what a
+    connection asks of its server (``DirectServer``'s ``answer``, ``refused``, ``deployment``, limits,
+    ``observe`` and ``answers``; ``grpc_h1.GrpcH1Server`` serves gRPC calls so)."""
+    loop = asyncio.get_running_loop()
+    listener = await loop.create_server(lambda: _Connection(server), host, 0, backlog=2048, reuse_address=True)
+    return listener, listener.sockets[0].getsockname()[1]
 #: pipelined requests read ahead of the one being answered, at most (then reading pauses)
 _MOST_WAITING = 16
 #: a stream's chunks held for one write at most this many bytes
@@ -227,7 +241,7 @@ def _log_failure(exc: BaseException, status: int, deployment: str, method: str, 
 class _Connection(asyncio.Protocol):
     """One client connection (the balancer's): parses requests, answers one at a time."""
 
-    def __init__(self, server: DirectServer) -> None:
+    def __init__(self, server: Any) -> None:
         import httptools
 
         self.server = server
@@ -400,10 +414,8 @@ class _Connection(asyncio.Protocol):
                 self.path = ""
             self.route, self.t0 = "", time.perf_counter()
             self._status, self._sent, self._rid, self._open = 0, 0, None, True
-        rid = request_id_of(None)  # (a new one, as the proxy gives a request its guard refused)
-        body = {"error": error, "detail": detail, "deployment": self.server.deployment}
         self._keep_alive = False
-        self.reply(status, json_answer(body), b"application/json", rid)
+        self.server.refused(self, status, error, detail)
         self._closing = True
         assert self.transport is not None
         self.transport.close()
@@ -438,6 +450,34 @@ class _Connection(asyncio.Protocol):
         self.transport.write(head + b"\r\n" + sent)
         self._ended()
 
+    def reply_raw(self, status: int, data: bytes) -> None:
+        """The whole answer as ``data`` says it, head included (``status``: what its metrics say)."""
+        if self._closing or self.transport is None:
+            return
+        self._status = status
+        self.transport.write(data)
+        self._ended()
+
+    def peer(self) -> Any:
+        """The client's address (the balancer's end of this connection), as the socket gives it."""
+        return None if self.transport is None else self.transport.get_extra_info("peername")
+
+    def begin_raw(self, status: int) -> None:
+        """An answer written as it comes (``send``, ``write``, then ``end_chunked``): a gRPC answer."""
+        self._status, self._chunked = status, True
+
+    def write(self, data: bytes) -> None:
+        """Bytes of the answer now, after any held (a gRPC answer's head: the call's begin marker)."""
+        if data and not self._closing and self.transport is not None:
+            self._out += data
+            self._flush()
+
+    def send(self, data: bytes) -> None:
+        """Bytes of the answer, written with whatever else comes before the loop turns (``chunk``)."""
+        if data and not self._closing and self.transport is not None:
+            self._sent += len(data)
+            self._hold(data)
+
     def begin_chunked(self, status: int, content_type: bytes, rid: str) -> None:
         if self._closing or self.transport is None:
             return
@@ -453,12 +493,15 @@ class _Connection(asyncio.Protocol):
         each (100 small items: 100 sends, and as many wake-ups of HAProxy, before)."""
         if not self._closing and self.transport is not None and data:
             self._sent += len(data)
-            self._out += b"%x\r\n%s\r\n" % (len(data), data)
-            if len(self._out) >= _FLUSH_AT:  # (a generator that never waits: written now, so flow control holds it)
-                self._flush()
-            elif not self._flushing:
-                self._flushing = True
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._hold(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _hold(self, data: bytes) -> None:
+        self._out += data
+        if len(self._out) >= _FLUSH_AT:  # (a generator that never waits: written now, so flow control holds it)
+            self._flush()
+        elif not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flushing = False
@@ -466,9 +509,10 @@ class _Connection(asyncio.Protocol):
             self.transport.write(bytes(self._out))
         self._out.clear()
 
-    def end_chunked(self) -> None:
+    def end_chunked(self, last: bytes = b"0\r\n\r\n") -> None:
+        """The stream's end: its last chunk (``last``: with trailers, a gRPC answer's)."""
         if not self._closing and self.transport is not None and self._chunked:
-            self._out += b"0\r\n\r\n"
+            self._out += last
             self._flush()
             self._ended()
         self._chunked = False

@@ -266,6 +266,8 @@ class GrpcFront:
         self.health = health_aio.HealthServicer()
         self.codes: Counter[str] = Counter()  # answers by status code name
         self.address: tuple[str, int] = ("", 0)
+        #: a replica's server of these calls over HTTP/1.1 (``grpc_h1``), where it serves them so
+        self.h1: Any = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         server = self.server = aio.server(options=self.options())
@@ -295,6 +297,10 @@ class GrpcFront:
                     for service, methods in services.items() for name, h in methods.items()}
         self.services, self.servicer_functions = services, tuple(servicer_functions)
         self._services.handlers = handlers
+
+    def handler_of(self, path: str) -> Any:
+        """The server's handler of a user's method (``/package.Service/Method``; None: no service has it)."""
+        return self._services.handlers.get(path)
 
     def options(self) -> list[tuple[str, Any]]:
         """The server's channel options: the HTTP side's limits, as gRPC's own (read when it starts):

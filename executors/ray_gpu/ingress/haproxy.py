@@ -28,7 +28,8 @@ slower than ``header_timeout_s`` gets HAProxy's own 408 page (it takes no error 
 gRPC, when the ingress starts with it (``grpc_servicer_functions`` and a ``grpc_port``): HAProxy takes
 the gRPC port too (HTTP/2, ``Options.grpc_fd``) and sends a route's calls, chosen by their
 ``application`` metadata (any, with one route: Serve's rule), straight to its replicas' own gRPC
-servers (``replica/direct_grpc.py``), each server's ``grpc_address``, under the same table; the rest
+servers (``replica/direct_grpc.py``), each server's ``grpc_address``, under the same table, over
+HTTP/1.1 (HAProxy converts each call, trailers included: ``base/grpc_h1.py``); the rest
 (an unknown application, a multiplexed model, the API and health services, a route with no ready
 server) go to the proxy's gRPC server on a loopback port. Past ``max_queued_requests`` a call ends
 ``UNAVAILABLE`` at once. The replica answers ``DEADLINE_EXCEEDED`` past ``request_timeout_s``;
@@ -438,7 +439,7 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
                   *(f"    errorfile {code} {path}" for code, path in errors.items())]
         for s in r.servers:
             if s.grpc_address is not None:
-                lines.append(f"    server {s.name} {s.grpc_address} proto h2 maxconn {s.maxconn} {_EJECT}"
+                lines.append(f"    server {s.name} {s.grpc_address} maxconn {s.maxconn} {_EJECT}"
                              + ("" if s.ready else " weight 0"))
     return lines
 
@@ -582,19 +583,18 @@ class HAProxy:
                 continue
             route = table.of(cmd.deployment)
             assert route is not None
-            pairs: list[tuple[str, str | None]] = [(route.backend, None)]
+            pairs: list[tuple[str, bool]] = [(route.backend, False)]
             if self.opts.grpc and not route.asgi:
-                pairs.append((route.grpc_backend, "proto h2"))
-            for be, proto in pairs:
-                self._carry_one(cmd, be, proto)
+                pairs.append((route.grpc_backend, True))
+            for be, grpc in pairs:
+                self._carry_one(cmd, be, grpc)
             if isinstance(cmd, dp.SetQueue):
                 n = cmd.max_queued if cmd.max_queued >= 0 else 2**31 - 1
                 self.command(f"experimental-mode on; set var proc.q_{route.backend} int({n})")
 
-    def _carry_one(self, cmd: dp.Change, be: str, proto: str | None) -> None:
-        """One server command on backend ``be`` (``proto``: its gRPC backend's, where a server is at
-        its ``grpc_address``, those without one not there)."""
-        grpc = proto is not None
+    def _carry_one(self, cmd: dp.Change, be: str, grpc: bool) -> None:
+        """One server command on backend ``be`` (``grpc``: a route's gRPC backend, where a server is at
+        its ``grpc_address``, those without one not there; HTTP/1.1 all the same: ``base.grpc_h1``)."""
         if isinstance(cmd, dp.RemoveServer):
             name = dp.server_name(cmd.replica_id)
             if grpc and (be, name) not in self.grpc_held:
@@ -608,7 +608,7 @@ class HAProxy:
             address = s.grpc_address if grpc else s.address
             if address is None:
                 return
-            self.command(f"add server {be}/{s.name} {address} {proto + ' ' if proto else ''}maxconn {s.maxconn} "
+            self.command(f"add server {be}/{s.name} {address} maxconn {s.maxconn} "
                          f"{_EJECT}", ok="New server registered")
             self.command(f"enable health {be}/{s.name}")
             self.command(f"set server {be}/{s.name} state {'ready' if s.ready else 'drain'}")

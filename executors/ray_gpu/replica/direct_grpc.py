@@ -22,6 +22,7 @@ from ..base import appnames
 from ..base.context import RequestContext
 from ..base.direct import within
 from ..base.exposed import Reachable
+from ..base.grpc_h1 import GrpcH1Server
 from ..base.grpc_proxy import GrpcFront, call_began
 from ..base.httpwords import ANSI, status_of
 
@@ -156,7 +157,10 @@ class ReplicaIngress:
 
 async def start(deployment: str, reach: Reachable, run: Run, stream: Stream, metrics: Any, limits: dict,
                 servicer_functions: Sequence[str], host: str) -> GrpcFront:
-    """This replica's gRPC server of ``servicer_functions`` on ``host`` (a free port: its ``address``)."""
+    """This replica's gRPC server of ``servicer_functions`` on ``host`` (a free port: the front's
+    ``address``): gRPC over HTTP/1.1 (``base.grpc_h1``: HAProxy converts each call), answered by the
+    front's handlers (its ``h1`` the server)."""
     front = GrpcFront(ReplicaIngress(deployment, reach, run, stream, metrics, limits), servicer_functions, _cancel)
-    await front.start(host, 0)
+    front.h1 = GrpcH1Server(front)
+    front.address = await front.h1.start(host)
     return front
