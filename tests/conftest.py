@@ -44,3 +44,11 @@ def _unfreeze_gc():
     yield
     if gc.get_freeze_count():
         gc.unfreeze()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests clean up what they make: the HAProxy folders of proxy actors the tests killed (or whose
+    Ray was shut down under them) never ran ``HAProxy.stop``; those whose owner is dead go now."""
+    from executors.ray_gpu.ingress.haproxy import sweep_workdirs
+
+    sweep_workdirs()

@@ -243,3 +243,43 @@ def test_past_max_connections_a_connection_is_answered_503_and_closed(tmp_path, 
     assert _valid(tmp_path, listening).returncode == 0
     assert "tcp-request connection set-var(sess.over) bool(true) if { fe_conn gt 2 }" in text
     assert text.index("too_many_connections") < text.index("overloaded")  # (before anything else is answered)
+
+
+def test_sweep_removes_the_folders_of_dead_owners_and_keeps_the_living_ones(tmp_path):
+    """A proxy actor killed never runs ``HAProxy.stop``: the next HAProxy (and the test session's end)
+    removes the folders whose owner is dead, and those naming no owner an hour after their last change."""
+    import os
+    import sys
+    import time
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folders = {}
+    for name, owner in (("dead", str(dead.pid)), ("alive", str(os.getpid())), ("unowned_old", None),
+                        ("unowned_new", None)):
+        path = tmp_path / f"{h.WORKDIR_PREFIX}{name}"
+        path.mkdir()
+        (path / "haproxy-0.cfg").write_text("global\n")
+        if owner is not None:
+            (path / "owner.pid").write_text(owner)
+        folders[name] = path
+    old = time.time() - 2 * 3600
+    os.utime(folders["unowned_old"], (old, old))
+    (tmp_path / "someone-elses").mkdir()
+    gone = h.sweep_workdirs(str(tmp_path))
+    assert sorted(gone) == sorted([str(folders["dead"]), str(folders["unowned_old"])])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["someone-elses", f"{h.WORKDIR_PREFIX}alive", f"{h.WORKDIR_PREFIX}unowned_new"])
+
+
+def test_an_haproxy_names_its_owner_in_its_folder_and_removes_the_folder_when_stopped():
+    import os
+
+    proxy = h.HAProxy(h.Options(proxy="127.0.0.1:1", listen_fd=0, request_timeout_s=None, header_timeout_s=None,
+                                max_connections=None))
+    try:
+        with open(os.path.join(proxy.workdir, "owner.pid")) as f:
+            assert int(f.read()) == os.getpid()
+    finally:
+        proxy.stop()
+    assert not os.path.exists(proxy.workdir)

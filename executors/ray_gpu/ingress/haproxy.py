@@ -70,7 +70,8 @@ from ..base.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, ma
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DATA_PLANES", "SERVE_HA_PROXY_ENV", "default_data_plane", "Options", "render", "HAProxy", "DataPlane", "haproxy_binary", "check_data_plane"]
+__all__ = ["DATA_PLANES", "SERVE_HA_PROXY_ENV", "default_data_plane", "Options", "render", "HAProxy", "DataPlane",
+           "haproxy_binary", "check_data_plane", "WORKDIR_PREFIX", "sweep_workdirs"]
 
 #: what carries a deployment's HTTP requests: ``proxy``, the ingress's Python server and router (the
 #: default, every feature); ``direct``, HAProxy straight to each replica's own server (module docstring)
@@ -467,14 +468,66 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
 
 
+#: an HAProxy's own folder (its configurations, error files, admin socket), in the temporary folder
+WORKDIR_PREFIX = "rankcore-haproxy-"
+#: the file in it naming the process that made it (the proxy actor: ``sweep_workdirs``)
+_OWNER = "owner.pid"
+#: a folder that names no owner (made before owners were written) is swept this long after its last change
+_UNOWNED_S = 3600.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's: alive)
+        return True
+    return True
+
+
+def sweep_workdirs(base: str | None = None) -> list[str]:
+    """Remove the HAProxy folders in ``base`` (the temporary folder) whose owner is dead: a proxy
+    actor killed (by Ray, a test, a fault) never runs ``HAProxy.stop``, which removes its own. A
+    folder naming no owner goes an hour after its last change. The folders removed."""
+    base = base or tempfile.gettempdir()
+    gone: list[str] = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(WORKDIR_PREFIX)]
+    except OSError:
+        return gone
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            with open(os.path.join(path, _OWNER)) as f:
+                dead = not _alive(int(f.read().strip() or 0))
+        except (OSError, ValueError):  # (no owner named, or not a folder of ours to read)
+            try:
+                dead = os.path.isdir(path) and time.time() - os.path.getmtime(path) > _UNOWNED_S
+            except OSError:
+                continue
+        if dead:
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 class HAProxy:
     """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
-    socket over (``-x``) and tells the old to finish its connections and go (``-sf``)."""
+    socket over (``-x``) and tells the old to finish its connections and go (``-sf``). Its folder names
+    its owner, this process, so a later one removes it once the owner is dead (``sweep_workdirs``)."""
 
     def __init__(self, opts: Options, workdir: str | None = None) -> None:
         self.opts = opts
-        self.workdir = workdir or tempfile.mkdtemp(prefix="rankcore-haproxy-")
-        self._own_dir = workdir is None
+        if workdir is None:
+            sweep_workdirs()
+            workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
+            with open(os.path.join(workdir, _OWNER), "w") as f:
+                f.write(str(os.getpid()))
+            self._own_dir = True
+        else:
+            self._own_dir = False
+        self.workdir = workdir
         self.socket = os.path.join(self.workdir, "admin.sock")
         self.proc: subprocess.Popen | None = None
         self.old: list[subprocess.Popen] = []
