@@ -3,11 +3,12 @@
 HAProxy speaks HTTP/2 to gRPC clients and converts each call to HTTP/1.1 for a replica's backend,
 a chunked request and a chunked answer whose trailers carry ``grpc-status`` (HAProxy turns them back
 into HTTP/2 trailers). So a replica serves gRPC with the same ``httptools`` server as its HTTP
-(``base.direct``), not with a ``grpc.aio`` server. Measured on this project's 2-core machine, behind
-the same HAProxy, an echo server took about 27 us of CPU a call this way and 300 us with
-``grpc.aio`` (docs/benchmarks.md). The calls are still answered by the proxy's own gRPC code
-(``grpc_proxy.GrpcFront``'s handlers, given an ``H1Context`` for gRPC's ``ServicerContext``), so
-codes, ``request_id`` trailing metadata, limits, ``grpc_context`` and metrics are as before.
+(``base.direct``), not with a ``grpc.aio`` server: on this project's 2-core machine, behind the same
+HAProxy, the server's CPU a call was 58-150 us this way and 351-471 us with ``grpc.aio``, at 64 and 1
+clients (``benchmarks/bench_grpc_wire.py``, docs/benchmarks.md). The calls are still answered by the
+proxy's own gRPC code (``grpc_proxy.GrpcFront``'s handlers, given an ``H1Context`` for gRPC's
+``ServicerContext``), so codes, ``request_id`` trailing metadata, limits, ``grpc_context`` and
+metrics are as before.
 
 The begin marker (``grpc_proxy.call_began``) is the answer's head: ``200``, ``application/grpc`` and
 the call's initial metadata, written once the call holds a slot, before the user's method. A gRPC
