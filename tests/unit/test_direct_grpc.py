@@ -311,6 +311,9 @@ def test_codes_trailing_metadata_compression_and_limits_over_the_balancer():
         assert (await call).text == "HI"
         assert ("request_id", "rid-7") in tuple(await call.trailing_metadata())
         assert await call.code() == grpc.StatusCode.OK
+        await stub.Say(echo_pb2.EchoRequest(text="m"), metadata=(("multiplexed_model_id", "first"),
+                                                                 ("multiplexed_model_id", "last")))
+        assert rep.requests[-1][1].multiplexed_model_id == "last"  # (a key sent twice: its last value)
         zipped = await stub.Say(echo_pb2.EchoRequest(text="z" * 1500), compression=grpc.Compression.Gzip)
         assert zipped.text == "Z" * 1500
         nowhere = stub.channel.unary_unary("/rankcore.test.Echo/Nowhere",
