@@ -84,9 +84,9 @@ How to run
     .venv/bin/python benchmarks/bench_http.py --only ours --paths http --http-client raw \
         --data-plane direct --sim-fit     # the simulator's host model of each level, against it
 
-``--sim-fit`` (ours, the ``http`` path): each level's CPU read from ``/proc`` in its window (the
-callers' loop, the replicas, HAProxy, the rest of the host: ``request_cpu``), and the simulator's
-prediction of each level from it (``traffic.<d>.host``), judged within 15% (issue 65).
+``--sim-fit`` (ours, the ``http`` and ``grpc`` paths): each level's CPU read from ``/proc`` in its
+window (the callers' loop, the replicas, HAProxy, the rest of the host: ``request_cpu``), and the
+simulator's prediction of each level from it (``traffic.<d>.host``), judged within 15% (issue 65).
 
 Needs the ``bench`` extra (Ray Serve) and the ``http`` extra (starlette,
 uvicorn, httpx). Progress goes to stderr; the table (and ``--json`` file) is
@@ -298,7 +298,8 @@ async def raw_http_level(url: str, clients: int, warmup: float, seconds: float, 
         await asyncio.gather(*(p.close() for p in pool))
 
 
-async def grpc_level(target: str, clients: int, warmup: float, seconds: float, timeout: float) -> dict:
+async def grpc_level(target: str, clients: int, warmup: float, seconds: float, timeout: float,
+                     window: Any = None) -> dict:
     """Each client its own channel (one HTTP/2 connection) and stub: ``Say`` unary calls, the
     ``application`` metadata naming the deployment (Serve's application of the same name)."""
     import grpc
@@ -315,7 +316,7 @@ async def grpc_level(target: str, clients: int, warmup: float, seconds: float, t
         return bool(reply.text == text)
 
     try:
-        return await load(send, clients, warmup, seconds)
+        return await load(send, clients, warmup, seconds, window)
     finally:
         await asyncio.gather(*(ch.close() for ch in channels))
 
@@ -361,14 +362,15 @@ def run_child(system_name: str, args: argparse.Namespace) -> dict:
                 f"p99 {fmt(res['ray_floor']['p99_ms'])} ms")
 
     def level(handle: Any, url: str, pi: int, path: str, li: int, clients: int) -> tuple[dict, str]:
-        window = hostcpu.Window(SIM_PROCESSES) if args.sim_fit and system_name == "ours" and path == "http" else None
+        window = hostcpu.Window(SIM_PROCESSES) if args.sim_fit and system_name == "ours" and path in SIM_PATHS \
+            else None
         if path == "http":
             coro = http_level(url, clients, args.warmup, args.seconds, args.request_timeout, args.http_client,
                               window)
         elif path in ("stream", "mib"):
             coro = raw_http_level(url, clients, args.warmup, args.seconds, args.request_timeout, kind=path)
         elif path == "grpc":
-            coro = grpc_level(system.grpc_target, clients, args.warmup, args.seconds, args.request_timeout)
+            coro = grpc_level(system.grpc_target, clients, args.warmup, args.seconds, args.request_timeout, window)
         else:
             coro = handle_level(handle, clients, args.warmup, args.seconds, args.request_timeout)
         got = childrun.run_async(asyncio.wait_for(coro, args.warmup + args.seconds + args.request_timeout + 30))
@@ -388,6 +390,9 @@ HAPROXY, REPLICA, PROXY = "haproxy", "ray::ReplicaActor", "ray::HttpIngress"
 SIM_PROCESSES = (HAPROXY, REPLICA, PROXY, "ray::Controller", "raylet", "gcs_server")
 #: how near the simulator's requests a second must come to the measured ones (issue 65)
 SIM_WITHIN = 0.15
+#: the paths ``--sim-fit`` predicts: a request to a replica's own server, HTTP or gRPC (over HTTP/1.1
+#: both: the same server, base/grpc_h1.py); the gRPC clients' own I/O threads count as the rest of the host
+SIM_PATHS = ("http", "grpc")
 
 
 def request_cpu(level: dict, seconds: float, data_plane: str = "direct") -> dict | None:
@@ -449,25 +454,40 @@ def sim_predict(replicas: int, clients: int, think_s: float, cpu: dict, seconds:
 
 
 def print_sim_fit(results: dict, args: argparse.Namespace, seconds: float = 30.0) -> list[dict]:
-    """Issue 65's check of the simulator's model of the direct data plane: each of ours' HTTP levels
-    predicted by the simulator under the same closed loop, a request costing the CPU that level
-    measured thread by thread (``request_cpu``), the callers waiting between an answer and their next
-    request what one client's mean latency leaves beside its CPU (the loopback, the wake-ups: time
-    that is no CPU). Also with one client's CPU at every level (a request's CPU falls with load).
+    """Issue 65's check of the simulator's model of the direct data plane, each of ``SIM_PATHS``
+    measured (``path_fit``): the rows of all."""
+    rows = []
+    for path in SIM_PATHS:
+        if path in getattr(args, "paths", ["http"]):
+            rows += path_fit(results, args, path, seconds)
+    loaded = [r for r in rows if r["verdict"] != "calibration"]
+    if loaded:
+        met = all(abs(r["off"]) <= SIM_WITHIN for r in loaded)
+        print(f"goal (issue 65): the simulator within {100 * SIM_WITHIN:.0f}% of the measured requests a second "
+              f"at every loaded level: {'MET' if met else 'NOT MET'}")
+    return rows
+
+
+def path_fit(results: dict, args: argparse.Namespace, path: str, seconds: float = 30.0) -> list[dict]:
+    """One path's levels of ours (``http``, ``grpc``), each predicted by the simulator under the same
+    closed loop, a request costing the CPU that level measured thread by thread
+    (``request_cpu``), the callers waiting between an answer and their next request what one
+    client's mean latency leaves beside its CPU (the loopback, the wake-ups: time that is no
+    CPU). Also with one client's CPU at every level (a request's CPU falls with load).
     ``seconds``: the simulated load's length at each level."""
     levels = results.get("ours", {}).get("levels", {})
-    one = levels.get("http/1")
+    one = levels.get(f"{path}/1")
     one_cpu = request_cpu(one, args.seconds, args.plane) if one else None
     if not one or one_cpu is None or not one.get("mean_ms"):
-        print("simulator fit: no measured one-client HTTP level of ours (run with --sim-fit --clients 1,...)")
+        print(f"simulator fit: no measured one-client {path} level of ours (run with --sim-fit --clients 1,...)")
         return []
     busy = sum(one_cpu["threads"]) + one_cpu["replica_s"] + one_cpu["request_s"]
     wait = max(0.0, one["mean_ms"] / 1000.0 - busy)
     rows = []
-    print(f"\nthe simulator's cost model of ours' {args.plane} data plane (traffic.<d>.host; the callers "
-          f"wait {1000 * wait:.3f} ms a request that is no CPU, from one client):")
+    print(f"\nthe simulator's cost model of ours' {args.plane} data plane, {path} (traffic.<d>.host; the "
+          f"callers wait {1000 * wait:.3f} ms a request that is no CPU, from one client):")
     for clients in args.clients:
-        lv = levels.get(f"http/{clients}")
+        lv = levels.get(f"{path}/{clients}")
         mine = request_cpu(lv, args.seconds, args.plane) if lv else None
         if mine is None:
             continue
@@ -479,18 +499,13 @@ def print_sim_fit(results: dict, args: argparse.Namespace, seconds: float = 30.0
         lv["sim"] = {"cpu": mine, "wait_s": wait, "predicted": own, "predicted_one_client_cpu": first,
                      "off": off, "verdict": verdict}
         rows.append(lv["sim"])
-        print(f"  http/{clients}: measured {lv['rps']:.1f} req/s p50 {fmt(lv['p50_ms'])} ms; simulator "
+        print(f"  {path}/{clients}: measured {lv['rps']:.1f} req/s p50 {fmt(lv['p50_ms'])} ms; simulator "
               f"{own['rps']:.1f} req/s p50 {own['p50_ms']:.2f} ms ({100 * off:+.1f}%, {verdict}); with one client's "
               f"CPU {first['rps']:.1f} ({100 * (first['rps'] - lv['rps']) / lv['rps']:+.1f}%). CPU ms a request: "
               f"callers' loop {1000 * mine['threads'][0]:.3f}, "
               + (f"proxy's loop {1000 * mine['threads'][1]:.3f}, " if len(mine["threads"]) > 1 else "")
               + f"replica {1000 * mine['replica_s']:.3f}, the rest of the host {1000 * mine['request_s']:.3f} (HAProxy "
               f"{1000 * mine['haproxy_s']:.3f})")
-    loaded = [r for r in rows if r["verdict"] != "calibration"]
-    if loaded:
-        met = all(abs(r["off"]) <= SIM_WITHIN for r in loaded)
-        print(f"goal (issue 65): the simulator within {100 * SIM_WITHIN:.0f}% of the measured requests a second "
-              f"at every loaded level: {'MET' if met else 'NOT MET'}")
     return rows
 
 
@@ -576,15 +591,16 @@ def main(argv: list[str] | None = None) -> int:
                         "Python proxy and router) or direct (HAProxy straight to each replica's own server, as "
                         "Serve's fast mode); default: as ours' environment says (--ours-mode fast: direct)")
     p.add_argument("--sim-fit", action="store_true",
-                   help="ours over HTTP: read where each level's CPU went (/proc: the callers' loop, the replicas, "
+                   help="ours over HTTP and gRPC: read where each level's CPU went (/proc: the callers' loop, the "
+                        "replicas, "
                         "HAProxy) and predict each level with the simulator's host model (traffic.<d>.host), "
                         f"against the measured figures (issue 65: within {100 * SIM_WITHIN:.0f}%%)")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)
     #: ours' data plane as its child will have it (``--data-plane``, else its environment's default)
     args.plane = args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")
-    if args.sim_fit and "http" not in args.paths:
-        p.error("--sim-fit reads the http path's levels: give --paths with http")
+    if args.sim_fit and not set(SIM_PATHS) & set(args.paths):
+        p.error(f"--sim-fit reads the levels of {' or '.join(SIM_PATHS)}: give --paths with one of them")
     os.environ.update(TRANSPORTS[args.transport])  # (read by both systems' proxies, replicas and handles)
     childrun.check_levels(p, args)
 

@@ -89,3 +89,21 @@ def test_on_the_proxy_data_plane_the_proxys_loop_is_a_shared_thread():
     assert cpu["threads"] == [pytest.approx(0.001), pytest.approx(0.002)]
     assert cpu["request_s"] == pytest.approx(0.003) and cpu["haproxy_s"] == 0.0
     assert bench.request_cpu(level, 5.0, "direct")["threads"] == [pytest.approx(0.001)]  # (idle there: the rest)
+
+
+def test_the_grpc_path_is_fitted_as_the_http_one_and_judged_with_it(capsys):
+    """``--sim-fit`` over gRPC too (the replicas answer it with their HTTP server, base/grpc_h1.py):
+    each path's levels calibrated by its own one client, one goal line for both."""
+    bench = _bench()
+    args = argparse.Namespace(seconds=5.0, clients=[1, 16], replicas=2, plane="direct", paths=["http", "grpc"])
+    one = _level(833.0, 0.833, 2.5, 0.833, 4.3, 1.2)
+    levels = {"http/1": one, "http/16": _level(2000.0, 2.0, 6.0, 2.0, 10.0, 8.0),
+              "grpc/1": dict(one), "grpc/16": _level(500.0, 0.5, 1.5, 0.5, 2.5, 32.0)}
+    rows = bench.print_sim_fit({"ours": {"levels": levels}}, args, seconds=5.0)
+    out = capsys.readouterr().out
+    assert [r["verdict"] for r in rows] == ["calibration", "within 15%", "calibration", "NOT within 15%"], out
+    assert "direct data plane, grpc" in out and "  grpc/16: measured 500.0 req/s" in out
+    assert out.count("goal (issue 65)") == 1 and "every loaded level: NOT MET" in out
+    args.paths = ["grpc"]
+    assert [r["verdict"] for r in bench.print_sim_fit({"ours": {"levels": levels}}, args, 5.0)] == \
+        ["calibration", "NOT within 15%"]
