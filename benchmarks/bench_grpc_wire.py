@@ -230,12 +230,12 @@ class _Child:
 
 def haproxy_config(mode: str, port: int, server_port: int) -> str:
     """tests/unit/test_direct_grpc.py's balancer, one server: HTTP/1.1 to it (h1) or HTTP/2 (aio)."""
-    from rankcore.requests.dataplane import GRPC_RETRY_ON
+    from rankcore.requests import dataplane
 
     proto = " proto h2" if mode == "aio" else ""
     return (f"global\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n"
             f"    timeout server 30s\n    option http-no-delay\n    option abortonclose\n    option redispatch 1\n"
-            f"    retry-on {GRPC_RETRY_ON}\nfrontend g\n    bind 127.0.0.1:{port} proto h2\n"
+            f"    retry-on {dataplane.GRPC_RETRY_ON}\nfrontend g\n    bind 127.0.0.1:{port} proto h2\n"
             f"    default_backend b\nbackend b\n    balance roundrobin\n    server s 127.0.0.1:{server_port}{proto}\n")
 
 

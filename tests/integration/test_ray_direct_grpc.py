@@ -53,6 +53,25 @@ class Other:
         return echo_pb2.EchoReply(text="other", replica=get_replica_context().replica_id)
 
 
+@deployment(name="gctx", num_replicas=1, ray_actor_options=OPTS)
+class Contextual:
+    """Serve's ``grpc_context`` on a replica's own server (``base.grpc_h1``'s context under it)."""
+
+    def Say(self, request, grpc_context):
+        if request.text == "missing":
+            grpc_context.set_code(grpc.StatusCode.NOT_FOUND)
+            grpc_context.set_details("no such thing")
+            return echo_pb2.EchoReply(text="never sent")
+        grpc_context.set_trailing_metadata([("foo", "bar")])
+        seen = dict(grpc_context.invocation_metadata())
+        return echo_pb2.EchoReply(text=f"{seen.get('who', '')}|{grpc_context.peer().startswith('ipv4:')}")
+
+    def Count(self, request, grpc_context):
+        for i in range(request.n):
+            yield echo_pb2.EchoReply(text=str(i))
+        grpc_context.set_trailing_metadata([("counted", str(request.n))])
+
+
 def ingress():
     return ray.get_actor(INGRESS_NAME, namespace=NAMESPACE)
 
@@ -71,8 +90,10 @@ def channel():
     run(Other.bind(), route_prefix="/gother")
     run(Echo.options(name="gtight", num_replicas=1, max_ongoing_requests=1, max_queued_requests=0).bind(),
         route_prefix="/gtight")
+    run(Contextual.bind(), route_prefix="/gctx")
     deadline = time.monotonic() + 60
-    while grpc_servers("gecho") < 2 or grpc_servers("gother") < 1 or grpc_servers("gtight") < 1:
+    while grpc_servers("gecho") < 2 or grpc_servers("gother") < 1 or grpc_servers("gtight") < 1 \
+            or grpc_servers("gctx") < 1:
         assert time.monotonic() < deadline, ray.get(ingress().data_plane.remote())
         time.sleep(0.1)
     host, port = ray.get(ingress().grpc_address.remote())
@@ -199,3 +220,20 @@ def test_past_max_queued_requests_the_balancer_ends_a_call_unavailable(channel):
     assert held.result().text == "awake" and codes() == before
     assert wait_for(lambda: _grpc_counted("gtight", "UNAVAILABLE") == counted + 1, 10), (
         _grpc_counted("gtight", "UNAVAILABLE"), counted)
+
+
+def test_grpc_context_on_a_replica_s_own_server(channel):
+    """A method taking ``grpc_context``, called straight on its replica: the client's metadata and its
+    peer (HAProxy's end) reach it; the code, details and trailing metadata it sets end the call."""
+    before = codes()
+    say = echo_pb2_grpc.EchoStub(channel).Say
+    reply, call = say.with_call(echo_pb2.EchoRequest(text="hi"), metadata=_meta("gctx", ("who", "me")))
+    assert reply.text == "me|True"
+    assert ("foo", "bar") in tuple(call.trailing_metadata())
+    with pytest.raises(grpc.RpcError) as err:
+        say(echo_pb2.EchoRequest(text="missing"), metadata=_meta("gctx"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and err.value.details() == "no such thing"
+    items = echo_pb2_grpc.EchoStub(channel).Count(echo_pb2.EchoRequest(n=3), metadata=_meta("gctx"))
+    assert [r.text for r in items] == ["0", "1", "2"]
+    assert ("counted", "3") in tuple(items.trailing_metadata())
+    assert codes() == before  # (the proxy answered none of them: they went straight to the replica)
