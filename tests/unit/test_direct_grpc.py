@@ -351,3 +351,58 @@ def test_the_http_1_1_wire_s_words():
     with pytest.raises(ValueError):
         ctx.set_trailing_metadata((("k", "bad\nvalue"),))
     assert ctx.trailing_metadata() == ()
+
+
+def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
+    """The replica's server spoken to in HTTP/1.1 as HAProxy speaks it, no balancer: the head with the
+    begin marker, the framed message, the trailers; the client's ``grpc-timeout`` ended by the server
+    itself (``DEADLINE_EXCEEDED``, the call cancelled); a body that is not one message ``INTERNAL``;
+    all on one kept-alive connection."""
+    import struct
+
+    def call(path: str, body: bytes, *extra: bytes) -> bytes:
+        head = b"".join(e + b"\r\n" for e in extra)
+        return (b"POST %s HTTP/1.1\r\nhost: r\r\ncontent-type: application/grpc\r\nte: trailers\r\n%s"
+                b"content-length: %d\r\n\r\n%s" % (path.encode(), head, len(body), body))
+
+    def framed(msg) -> bytes:
+        data = msg.SerializeToString()
+        return b"\x00" + struct.pack(">I", len(data)) + data
+
+    async def answer(reader) -> bytes:
+        data = b""
+        while b"grpc-status" not in data or not data.endswith(b"\r\n\r\n"):
+            data += await asyncio.wait_for(reader.read(65536), 5.0)
+        return data
+
+    async def main() -> None:
+        rep, metrics = Replica(), Metrics()
+        reach = Reachable(http=frozenset(), grpc=frozenset({"Say", "Count", "Nap"}))
+        limits = {"max_body_bytes": 1 << 20, "max_header_bytes": 16 << 10, "request_timeout_s": 30.0}
+        front = await direct_grpc.start("dep", reach, rep.run, rep.stream, metrics, limits, SERVICERS, "127.0.0.1")
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.address[1])
+        try:
+            t0 = time.monotonic()
+            writer.write(call("/rankcore.test.Echo/Nap", framed(echo_pb2.EchoRequest(seconds=5.0)),
+                              b"grpc-timeout: 200m", b"request_id: late"))
+            got = await answer(reader)
+            assert time.monotonic() - t0 < 3.0 and rep.cancelled == ["late"]
+            assert got.startswith(b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+                                  b"transfer-encoding: chunked\r\n")
+            assert got.split(b"\r\n\r\n")[0].endswith(b"\r\nrankcore-began: 1")  # (the head: the marker)
+            assert got.endswith(b"\r\n\r\n0\r\ngrpc-status: 4\r\ngrpc-message: Deadline Exceeded\r\n"
+                                b"request_id: late\r\n\r\n")
+            writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="hi")), b"request_id: r2"))
+            got = await answer(reader)
+            reply = echo_pb2.EchoReply(text="HI", replica="r2").SerializeToString()
+            frame = b"\x00" + struct.pack(">I", len(reply)) + reply
+            assert b"\r\n\r\n%x\r\n%s\r\n0\r\ngrpc-status: 0\r\nrequest_id: r2\r\n\r\n" % (len(frame), frame) in got
+            writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="x"))[:-1]))
+            got = await answer(reader)
+            assert b"grpc-status: 13\r\n" in got and b"not one message" in got
+            await _until(lambda: len(metrics.calls) == 2)
+            assert [c[2] for c in metrics.calls] == ["CANCELLED", "OK"]  # (the malformed one never reached a method)
+        finally:
+            writer.close()
+            front.h1.close()
+    asyncio.run(main())

@@ -45,6 +45,8 @@ from typing import Any
 import grpc
 from grpc import aio
 
+import rankcore as rc
+
 from . import direct
 from .grpc_proxy import GrpcFront
 
@@ -282,44 +284,32 @@ class GrpcH1Server:
             return self._end(conn, context, r.code, r.details)
         except zlib.error as exc:
             return self._end(conn, context, grpc.StatusCode.INTERNAL, f"the message could not be inflated: {exc}")
-        task = asyncio.current_task()
-        assert task is not None
-        fired = False
-
-        def fire() -> None:
-            nonlocal fired
-            fired = True
-            task.cancel()
-        timer = None if deadline_s is None else loop.call_later(deadline_s, fire)
         try:
-            if handler.unary_unary is not None:
-                reply = await handler.unary_unary(request, context)
-                conn.send(context.head() + _frame(handler.response_serializer(reply)))
-            else:
-                items = handler.unary_stream(request, context)
-                try:
-                    async for item in items:
-                        conn.send(context.head() + _frame(handler.response_serializer(item)))
-                        await conn.drained()
-                finally:  # (a client gone while it waited to write: the handler's stream ends now)
-                    await items.aclose()
+            await direct.within(self._answer(conn, context, handler, request), deadline_s, self.deployment)
         except aio.AbortError:
             code, details = context.code_set or grpc.StatusCode.UNKNOWN, context.details_set
-        except asyncio.CancelledError:
-            if not fired:
-                raise  # (its client left: nothing to answer)
-            uncancel = getattr(task, "uncancel", None)
-            if uncancel is not None:
-                uncancel()
+        except rc.RequestTimeout:  # (past the client's deadline: the call was cancelled)
             code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
         except Exception as exc:  # (as grpc.aio answers a handler's unexpected error)
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}"
         else:
             code, details = context.code_set or grpc.StatusCode.OK, context.details_set
-        finally:
-            if timer is not None:
-                timer.cancel()
         self._end(conn, context, code, details)
+
+    @staticmethod
+    async def _answer(conn: Any, context: H1Context, handler: Any, request: Any) -> None:
+        """The handler's answer, its messages sent as they come (a stream's at the client's pace)."""
+        if handler.unary_unary is not None:
+            reply = await handler.unary_unary(request, context)
+            conn.send(context.head() + _frame(handler.response_serializer(reply)))
+            return
+        items = handler.unary_stream(request, context)
+        try:
+            async for item in items:
+                conn.send(context.head() + _frame(handler.response_serializer(item)))
+                await conn.drained()
+        finally:  # (a client gone while it waited to write: the handler's stream ends now)
+            await items.aclose()
 
     def _end(self, conn: Any, context: H1Context, code: grpc.StatusCode, details: str | None) -> None:
         """The answer's end: its head if not sent yet, then the trailers (a trailing metadata gRPC would
