@@ -322,9 +322,16 @@ def test_codes_trailing_metadata_compression_and_limits_over_the_balancer():
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await nowhere(echo_pb2.EchoRequest())
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.Say(echo_pb2.EchoRequest(text="x" * 3000))
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_body_bytes=2000" in err.value.details()
+        assert echo_pb2.EchoRequest(text="x" * 1997).ByteSize() == 2000  # (a message of max_body_bytes: served)
+        assert (await stub.Say(echo_pb2.EchoRequest(text="x" * 1997))).text == "X" * 1997
+        for text in ("x" * 1998, "x" * 3000):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Say(echo_pb2.EchoRequest(text=text))
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_body_bytes=2000" in err.value.details()
+        exhausted = ("/rankcore.test.Echo/Say", "dep", "RESOURCE_EXHAUSTED")
+        await _until(lambda: metrics.calls.count(exhausted) == 2)
+        assert metrics.calls.count(exhausted) == 2  # (refused before a handler ran, and counted all the same)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Say(echo_pb2.EchoRequest(text="boom"), metadata=(("request_id", "rid-8"),))
         assert err.value.code() == grpc.StatusCode.INTERNAL and "says boom" in err.value.details()
@@ -358,6 +365,7 @@ def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
     begin marker, the framed message, the trailers; the client's ``grpc-timeout`` ended by the server
     itself (``DEADLINE_EXCEEDED``, the call cancelled); a body that is not one message ``INTERNAL``;
     all on one kept-alive connection."""
+    import gzip
     import struct
 
     def call(path: str, body: bytes, *extra: bytes) -> bytes:
@@ -400,6 +408,15 @@ def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
             writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="x"))[:-1]))
             got = await answer(reader)
             assert b"grpc-status: 13\r\n" in got and b"not one message" in got
+            zipped = gzip.compress(echo_pb2.EchoRequest(text="zz").SerializeToString())
+            for cut in (zipped[:10], zipped + b"junk"):  # (a gzip message cut short, or with bytes after it)
+                writer.write(call("/rankcore.test.Echo/Say", b"\x01" + struct.pack(">I", len(cut)) + cut,
+                                  b"grpc-encoding: gzip"))
+                got = await answer(reader)
+                assert b"grpc-status: 13\r\n" in got and b"not whole" in got, got
+            writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="x")))
+                         .replace(b"application/grpc", b"application/grpc-web"))
+            assert b"grpc-status: 12\r\n" in await answer(reader)  # (UNIMPLEMENTED: not gRPC's own type)
             await _until(lambda: len(metrics.calls) == 2)
             assert [c[2] for c in metrics.calls] == ["CANCELLED", "OK"]  # (the malformed one never reached a method)
         finally:

@@ -256,7 +256,7 @@ def test_sweep_removes_the_folders_of_dead_owners_and_keeps_the_living_ones(tmp_
     dead.wait()
     folders = {}
     for name, owner in (("dead", str(dead.pid)), ("alive", str(os.getpid())), ("unowned_old", None),
-                        ("unowned_new", None)):
+                        ("unowned_new", None), ("zero", "0"), ("huge", "9" * 30)):
         path = tmp_path / f"{h.WORKDIR_PREFIX}{name}"
         path.mkdir()
         (path / "haproxy-0.cfg").write_text("global\n")
@@ -267,7 +267,7 @@ def test_sweep_removes_the_folders_of_dead_owners_and_keeps_the_living_ones(tmp_
     os.utime(folders["unowned_old"], (old, old))
     (tmp_path / "someone-elses").mkdir()
     gone = h.sweep_workdirs(str(tmp_path))
-    assert sorted(gone) == sorted([str(folders["dead"]), str(folders["unowned_old"])])
+    assert sorted(gone) == sorted(str(folders[n]) for n in ("dead", "unowned_old", "zero", "huge"))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["someone-elses", f"{h.WORKDIR_PREFIX}alive", f"{h.WORKDIR_PREFIX}unowned_new"])
 

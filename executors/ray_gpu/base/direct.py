@@ -458,6 +458,10 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         self._ended()
 
+    def elapsed_ms(self) -> float:
+        """Milliseconds since the request being answered was read (or refused)."""
+        return (time.perf_counter() - self.t0) * 1000.0
+
     def peer(self) -> Any:
         """The client's address (the balancer's end of this connection), as the socket gives it."""
         return None if self.transport is None else self.transport.get_extra_info("peername")

@@ -21,12 +21,15 @@ What ``grpc.aio`` did and this server does itself:
 * ``grpc-timeout`` (the client's deadline): past it the call is cancelled and answered
   ``DEADLINE_EXCEEDED``;
 * the request's one message: its 5-byte prefix read, a ``gzip`` or ``deflate`` message inflated
-  (another ``grpc-encoding`` is ``UNIMPLEMENTED``), not exactly one message ``INTERNAL``;
+  whole (another ``grpc-encoding`` is ``UNIMPLEMENTED``); not exactly one message, one cut short or
+  followed by more bytes, or a flag other than 0 and 1, ``INTERNAL``; a content type other than
+  ``application/grpc`` (``+proto`` and the like) ``UNIMPLEMENTED``;
 * a method no service has: ``UNIMPLEMENTED``; a method's exception: ``UNKNOWN`` (as ``grpc.aio``);
 * metadata: the request's headers but HTTP's and gRPC's own (``invocation_metadata``; a ``-bin``
   key's value base64-decoded); a key sent twice keeps its last value;
 * a head above ``max_header_bytes`` and a message above ``max_body_bytes`` are
-  ``RESOURCE_EXHAUSTED``, a request that cannot be read ``INTERNAL``, and the connection closed.
+  ``RESOURCE_EXHAUSTED``, a request that cannot be read ``INTERNAL``, and the connection closed;
+  a call of a user's method refused so is counted in the metrics with that code, as the front counts.
 
 Answers are not compressed (``grpc_context.set_compression`` is read and not applied: a server may
 always answer uncompressed).
@@ -55,14 +58,22 @@ __all__ = ["GRPC_CONTENT_TYPE", "H1Context", "GrpcH1Server", "timeout_of", "trai
 GRPC_CONTENT_TYPE = b"application/grpc"
 #: request headers that are HTTP's or gRPC's own, not the call's metadata
 _NOT_METADATA = frozenset({b"host", b"content-type", b"content-length", b"transfer-encoding", b"connection", b"te",
-                           b"keep-alive", b"user-agent", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
+                           b"keep-alive", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"})
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _TIMEOUT = re.compile(r"([0-9]{1,8})([HMSmun])")
 #: a metadata key gRPC takes (lower case; ``grpc-`` keys are its own)
 _KEY = re.compile(r"[0-9a-z_.\-]+")
+#: the most a message is inflated to (zlib's bound), whatever ``max_body_bytes`` says
+_MOST_INFLATED = 2**31 - 1
 _HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding: chunked\r\n"
 #: the HTTP refusals of ``base.direct`` (before the request was read whole) -> their gRPC code
 _REFUSED = {431: grpc.StatusCode.RESOURCE_EXHAUSTED, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def _is_grpc(content_type: bytes) -> bool:
+    """``application/grpc``, or one of its forms (``+proto``, ``;charset``), not ``application/grpc-web``."""
+    rest = content_type[len(GRPC_CONTENT_TYPE):] if content_type.startswith(GRPC_CONTENT_TYPE) else None
+    return rest is not None and (not rest or rest[:1] in (b"+", b";"))
 
 
 def timeout_of(value: bytes | None) -> float | None:
@@ -119,6 +130,8 @@ def _message(body: bytes, encoding: bytes | None, most: int) -> bytes:
     if len(body) < 5:
         raise _Refusal(grpc.StatusCode.INTERNAL, "the request has no message (a unary request has one)")
     flag, n = body[0], struct.unpack(">I", body[1:5])[0]
+    if flag > 1:
+        raise _Refusal(grpc.StatusCode.INTERNAL, f"the message's compressed flag is {flag} (0 or 1)")
     if len(body) != n + 5:
         raise _Refusal(grpc.StatusCode.INTERNAL, f"the request is not one message: its prefix says {n} bytes, "
                                                  f"{len(body) - 5} follow")
@@ -126,8 +139,14 @@ def _message(body: bytes, encoding: bytes | None, most: int) -> bytes:
     if not flag:
         return data
     name = (encoding or b"identity").decode("latin-1").lower()
+    if name == "identity":
+        raise _Refusal(grpc.StatusCode.INTERNAL, "a compressed message without its grpc-encoding")
     if name in ("gzip", "deflate"):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS if name == "gzip" else zlib.MAX_WBITS).decompress(data, most + 1)
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if name == "gzip" else zlib.MAX_WBITS)
+        out = inflate.decompress(data, min(most + 1, _MOST_INFLATED))
+        if len(out) <= most and (not inflate.eof or inflate.unused_data):  # (cut short, or bytes after its end)
+            raise _Refusal(grpc.StatusCode.INTERNAL, f"the {name} message is not whole")
+        return out
     raise _Refusal(grpc.StatusCode.UNIMPLEMENTED, f"a message compressed with {name!r}: this server reads gzip "
                                                   f"and deflate")
 
@@ -161,8 +180,9 @@ class H1Context:
         """The answer's head, once (b"" after): the HTTP status line and gRPC's headers, with ``metadata``."""
         if self.head_sent:
             return b""
+        lines = _lines(metadata)
         self.head_sent = True
-        return _HEAD + _lines(metadata) + b"\r\n"
+        return _HEAD + lines + b"\r\n"
 
     async def send_initial_metadata(self, metadata: Any) -> None:
         if self.head_sent:
@@ -170,8 +190,9 @@ class H1Context:
         self._conn.write(self.head(metadata))
 
     def set_trailing_metadata(self, metadata: Any) -> None:
-        _lines(metadata)  # (refused now, as grpc.aio refuses what it cannot send)
-        self.trailing = tuple(metadata)
+        pairs = tuple(metadata or ())
+        _lines(pairs)  # (refused now, as grpc.aio refuses what it cannot send)
+        self.trailing = pairs
 
     def trailing_metadata(self) -> tuple:
         return self.trailing
@@ -205,7 +226,9 @@ class H1Context:
 
     def peer(self) -> str:
         where = self._conn.peer()
-        return f"ipv4:{where[0]}:{where[1]}" if where else ""
+        if not where:
+            return ""
+        return f"ipv6:[{where[0]}]:{where[1]}" if ":" in where[0] else f"ipv4:{where[0]}:{where[1]}"
 
     def auth_context(self) -> dict:
         return {}
@@ -264,6 +287,10 @@ class GrpcH1Server:
         code = _REFUSED.get(status, grpc.StatusCode.INTERNAL)
         if status == 413:  # (the body's limit is the message's and its prefix: say the message's)
             detail = f"the message is above max_body_bytes={self.front.ingress.max_body_bytes}"
+        if conn.path and self.front.handler_of(conn.path) is not None:  # (a user's method: counted as the front counts)
+            self.front.codes[code.name] += 1
+            self.front.ingress.metrics.grpc_request(method=conn.path, deployment=self.deployment, code=code.name,
+                                                   latency_ms=conn.elapsed_ms())
         conn.reply_raw(status, _HEAD + b"connection: close\r\n\r\n" + trailers(code, detail))
 
     async def answer(self, conn: Any, verb: str, path: str, headers: dict[bytes, bytes], body: bytes) -> None:
@@ -273,7 +300,7 @@ class GrpcH1Server:
         loop = asyncio.get_running_loop()
         context = H1Context(conn, headers, None if deadline_s is None else loop.time() + deadline_s)
         conn.begin_raw(200)
-        if verb != "POST" or not headers.get(b"content-type", b"").startswith(GRPC_CONTENT_TYPE):
+        if verb != "POST" or not _is_grpc(headers.get(b"content-type", b"")):
             return self._end(conn, context, grpc.StatusCode.UNIMPLEMENTED, "this server answers gRPC calls only")
         if handler is None:
             return self._end(conn, context, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")

@@ -343,6 +343,8 @@ class GrpcFront:
     async def stop(self, grace: float = 5.0) -> None:
         if self.server is not None:
             await self.server.stop(grace)
+        if self.h1 is not None:
+            self.h1.close()
 
     async def draining(self, draining: bool) -> None:
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING if draining

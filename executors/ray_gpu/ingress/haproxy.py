@@ -477,9 +477,11 @@ _UNOWNED_S = 3600.0
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False  # (no process named: 0 would signal our own group)
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # (another user's: alive)
         return True
@@ -508,7 +510,8 @@ def sweep_workdirs(base: str | None = None) -> list[str]:
                 continue
         if dead:
             shutil.rmtree(path, ignore_errors=True)
-            gone.append(path)
+            if not os.path.exists(path):  # (another user's stays: not ours to remove)
+                gone.append(path)
     return gone
 
 
