@@ -188,6 +188,11 @@ class DirectServer:
 
 _NOTHING = object()
 
+#: pipelined requests read ahead of the one being answered, at most (then reading pauses)
+_MOST_WAITING = 16
+#: a stream's chunks held for one write at most this many bytes
+_FLUSH_AT = 64 << 10
+
 
 async def listen(server: Any, host: str) -> tuple[asyncio.AbstractServer, int]:
     """``server``'s connections on ``host``, a free port: the listener and its port. ``server``: what a
@@ -196,10 +201,6 @@ async def listen(server: Any, host: str) -> tuple[asyncio.AbstractServer, int]:
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(lambda: _Connection(server), host, 0, backlog=2048, reuse_address=True)
     return listener, listener.sockets[0].getsockname()[1]
-#: pipelined requests read ahead of the one being answered, at most (then reading pauses)
-_MOST_WAITING = 16
-#: a stream's chunks held for one write at most this many bytes
-_FLUSH_AT = 64 << 10
 
 
 async def within(call: Awaitable[Any], timeout: float | None, deployment: str) -> Any:

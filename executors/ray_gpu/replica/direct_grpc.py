@@ -2,8 +2,9 @@
 
 With ``data_plane="direct"`` and gRPC (``grpc_servicer_functions``), the proxy's HAProxy sends a
 deployment's gRPC calls straight to its replicas (``ingress/haproxy.py``), each of which serves the
-user's services itself on its user event loop, as the proxy's gRPC server does (``grpc_proxy.GrpcFront``:
-the same server, the same codes, metadata, limits, ``grpc_context`` and metrics). ``ReplicaIngress``
+user's services itself on its user event loop with the proxy's gRPC handlers (``grpc_proxy.GrpcFront``:
+the same codes, metadata, limits, ``grpc_context`` and metrics), over HTTP/1.1 (``base.grpc_h1``: HAProxy
+converts each call, and the replica's HTTP server answers it). ``ReplicaIngress``
 answers what that server asks of its ingress from the replica itself: the one deployment it serves
 (every ``application`` is this one: the balancer chose it by that metadata), its methods, the call
 run on a slot of its own (``run``), a generator method's items (``stream``), its errors' codes, and
