@@ -367,6 +367,7 @@ def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
     all on one kept-alive connection."""
     import gzip
     import struct
+    import zlib
 
     def call(path: str, body: bytes, *extra: bytes) -> bytes:
         head = b"".join(e + b"\r\n" for e in extra)
@@ -408,6 +409,11 @@ def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
             writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="x"))[:-1]))
             got = await answer(reader)
             assert b"grpc-status: 13\r\n" in got and b"not one message" in got
+            deflated = zlib.compress(echo_pb2.EchoRequest(text="dd").SerializeToString())
+            writer.write(call("/rankcore.test.Echo/Say", b"\x01" + struct.pack(">I", len(deflated)) + deflated,
+                              b"grpc-encoding: deflate"))
+            got = await answer(reader)
+            assert b"grpc-status: 0\r\n" in got and echo_pb2.EchoReply(text="DD").SerializeToString() in got
             zipped = gzip.compress(echo_pb2.EchoRequest(text="zz").SerializeToString())
             for cut in (zipped[:10], zipped + b"junk"):  # (a gzip message cut short, or with bytes after it)
                 writer.write(call("/rankcore.test.Echo/Say", b"\x01" + struct.pack(">I", len(cut)) + cut,
@@ -417,8 +423,8 @@ def test_the_server_s_own_wire_its_deadline_and_a_malformed_message():
             writer.write(call("/rankcore.test.Echo/Say", framed(echo_pb2.EchoRequest(text="x")))
                          .replace(b"application/grpc", b"application/grpc-web"))
             assert b"grpc-status: 12\r\n" in await answer(reader)  # (UNIMPLEMENTED: not gRPC's own type)
-            await _until(lambda: len(metrics.calls) == 2)
-            assert [c[2] for c in metrics.calls] == ["CANCELLED", "OK"]  # (the malformed one never reached a method)
+            await _until(lambda: len(metrics.calls) == 3)
+            assert [c[2] for c in metrics.calls] == ["CANCELLED", "OK", "OK"]  # (the malformed ones reached none)
         finally:
             writer.close()
             front.h1.close()
