@@ -129,11 +129,6 @@ def _balancer(server_ports: list[int], tmp: str):
         proc.stderr.close()
 
 
-@contextlib.asynccontextmanager
-async def _nothing():
-    yield []
-
-
 def _run(scenario, request_timeout_s: float | None = 5.0, max_body_bytes: int = 1 << 20, before=None) -> None:
     """``scenario(stub, rep, metrics)`` against the replica's server behind HAProxy; ``before``: an
     async context manager of another server's port, put before the replica's in HAProxy's turn."""
@@ -144,7 +139,7 @@ def _run(scenario, request_timeout_s: float | None = 5.0, max_body_bytes: int = 
                   "request_timeout_s": request_timeout_s}
         front = await direct_grpc.start("dep", reach, rep.run, rep.stream, metrics, limits, SERVICERS, "127.0.0.1")
         try:
-            async with (before() if before is not None else _nothing()) as other:
+            async with (before() if before is not None else contextlib.nullcontext([])) as other:
                 with _balancer([*other, front.address[1]], tmp) as port:
                     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                         stub = echo_pb2_grpc.EchoStub(ch)

@@ -112,10 +112,9 @@ def trailers(code: grpc.StatusCode, details: str | None, metadata: Any = ()) -> 
     return out + _lines(metadata) + b"\r\n"
 
 
-def _frame(data: bytes) -> bytes:
-    """One message as a chunk of the answer: gRPC's 5-byte prefix (not compressed) and the message."""
-    n = len(data) + 5
-    return b"%x\r\n\x00%s%s\r\n" % (n, struct.pack(">I", len(data)), data)
+def _prefixed(data: bytes) -> bytes:
+    """One message of the answer: gRPC's 5-byte prefix (not compressed) and the message (a chunk's data)."""
+    return b"\x00" + struct.pack(">I", len(data)) + data
 
 
 class _Refusal(Exception):
@@ -287,10 +286,7 @@ class GrpcH1Server:
         code = _REFUSED.get(status, grpc.StatusCode.INTERNAL)
         if status == 413:  # (the body's limit is the message's and its prefix: say the message's)
             detail = f"the message is above max_body_bytes={self.front.ingress.max_body_bytes}"
-        if conn.path and self.front.handler_of(conn.path) is not None:  # (a user's method: counted as the front counts)
-            self.front.codes[code.name] += 1
-            self.front.ingress.metrics.grpc_request(method=conn.path, deployment=self.deployment, code=code.name,
-                                                   latency_ms=conn.elapsed_ms())
+        self.front.refused(conn.path, self.deployment, code.name, conn.elapsed_ms())
         conn.reply_raw(status, _HEAD + b"connection: close\r\n\r\n" + trailers(code, detail))
 
     async def answer(self, conn: Any, verb: str, path: str, headers: dict[bytes, bytes], body: bytes) -> None:
@@ -328,12 +324,14 @@ class GrpcH1Server:
         """The handler's answer, its messages sent as they come (a stream's at the client's pace)."""
         if handler.unary_unary is not None:
             reply = await handler.unary_unary(request, context)
-            conn.send(context.head() + _frame(handler.response_serializer(reply)))
+            conn.send(context.head())
+            conn.chunk(_prefixed(handler.response_serializer(reply)))
             return
         items = handler.unary_stream(request, context)
         try:
             async for item in items:
-                conn.send(context.head() + _frame(handler.response_serializer(item)))
+                conn.send(context.head())
+                conn.chunk(_prefixed(handler.response_serializer(item)))
                 await conn.drained()
         finally:  # (a client gone while it waited to write: the handler's stream ends now)
             await items.aclose()

@@ -408,6 +408,14 @@ class GrpcFront:
         metrics.grpc_request(method=full, deployment=call.name or "", code=code,
                              latency_ms=(time.perf_counter() - call.began) * 1000.0)
 
+    def refused(self, full: str, deployment: str, code: str, latency_ms: float) -> None:
+        """A call of ``full`` (``/package.Service/Method``) to ``deployment`` refused before any handler ran
+        (a replica's HTTP/1.1 server, ``grpc_h1``: its message or head too large, unreadable) with
+        ``code``: counted as the calls the handlers end are, when ``full`` is a user's method."""
+        if full and self.handler_of(full) is not None:
+            self.codes[code] += 1
+            self.ingress.metrics.grpc_request(method=full, deployment=deployment, code=code, latency_ms=latency_ms)
+
     def _application(self, context: aio.ServicerContext, meta: dict | None = None) -> str | None:
         """The routed deployment the ``application`` metadata names: an application's (``serve.run``'s
         ``name``, a config's: its ingress, ``base.appnames``) or a deployment's own name; with one

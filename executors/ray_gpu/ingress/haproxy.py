@@ -522,14 +522,12 @@ class HAProxy:
 
     def __init__(self, opts: Options, workdir: str | None = None) -> None:
         self.opts = opts
+        self._own_dir = workdir is None
         if workdir is None:
             sweep_workdirs()
             workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
             with open(os.path.join(workdir, _OWNER), "w") as f:
                 f.write(str(os.getpid()))
-            self._own_dir = True
-        else:
-            self._own_dir = False
         self.workdir = workdir
         self.socket = os.path.join(self.workdir, "admin.sock")
         self.proc: subprocess.Popen | None = None
