@@ -228,19 +228,22 @@ class _Child:
                 self.proc.stdout.close()
 
 
-def haproxy_config(mode: str, port: int, server_port: int) -> str:
-    """tests/unit/test_direct_grpc.py's balancer, one server: HTTP/1.1 to it (h1) or HTTP/2 (aio)."""
+def haproxy_config(mode: str, port: int, server_ports: list[int]) -> str:
+    """HAProxy as the data plane runs it for gRPC (tests/unit/test_direct_grpc.py puts it in front of
+    its servers too): HTTP/2 to the clients, the servers in turn, HTTP/1.1 to them (h1) or HTTP/2
+    (aio), a call that got nothing back re-sent to another (``GRPC_RETRY_ON``)."""
     from rankcore.requests import dataplane
 
     proto = " proto h2" if mode == "aio" else ""
     return (f"global\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n"
             f"    timeout server 30s\n    option http-no-delay\n    option abortonclose\n    option redispatch 1\n"
             f"    retry-on {dataplane.GRPC_RETRY_ON}\nfrontend g\n    bind 127.0.0.1:{port} proto h2\n"
-            f"    default_backend b\nbackend b\n    balance roundrobin\n    server s 127.0.0.1:{server_port}{proto}\n")
+            f"    default_backend b\nbackend b\n    balance roundrobin\n"
+            + "".join(f"    server s{i} 127.0.0.1:{p}{proto}\n" for i, p in enumerate(server_ports)))
 
 
-def start_haproxy(stack: contextlib.ExitStack, mode: str, server_port: int, folder: str) -> tuple[Any, int]:
-    """HAProxy in front of the server (stopped by ``stack``): its process and port, once it listens."""
+def start_haproxy(stack: contextlib.ExitStack, mode: str, server_ports: list[int], folder: str) -> tuple[Any, int]:
+    """HAProxy in front of the servers (stopped by ``stack``): its process and port, once it listens."""
     import socket
 
     from executors.ray_gpu.ingress.haproxy import haproxy_binary
@@ -248,7 +251,7 @@ def start_haproxy(stack: contextlib.ExitStack, mode: str, server_port: int, fold
     port = free_port()
     cfg, errors = os.path.join(folder, f"{mode}.cfg"), os.path.join(folder, f"{mode}.log")
     with open(cfg, "w") as f:
-        f.write(haproxy_config(mode, port, server_port))
+        f.write(haproxy_config(mode, port, server_ports))
     with open(errors, "w") as err:
         proc = subprocess.Popen([haproxy_binary(), "-db", "-f", cfg], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err)
@@ -313,7 +316,7 @@ def run_mode(mode: str, args: argparse.Namespace, folder: str) -> dict:
             if line is None or not line.startswith("{"):
                 raise RuntimeError(f"the {mode} server did not start (it said {line!r}, exit {server.proc.poll()})")
             server_port = json.loads(line)["port"]
-            hap, port = start_haproxy(stack, mode, server_port, folder)
+            hap, port = start_haproxy(stack, mode, [server_port], folder)
             for clients in args.clients:
                 log(f"{mode}: {clients} client(s): {args.warmup:g} s warm-up, {args.seconds:g} s measured")
                 level = measure(mode, clients, port, {"server": server.pid, "haproxy": hap.pid}, args)

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import socket
-import subprocess
 import tempfile
 import time
 
@@ -17,9 +14,8 @@ import grpc
 import pytest
 
 from executors.ray_gpu.base.exposed import Reachable
-from executors.ray_gpu.ingress.haproxy import haproxy_binary
 from executors.ray_gpu.replica import direct_grpc
-from rankcore.requests.dataplane import GRPC_RETRY_ON
+from tests.helpers import load_benchmark
 from tests.integration.protos import echo_pb2, echo_pb2_grpc
 
 SERVICERS = ["tests.integration.protos.echo_pb2_grpc.add_EchoServicer_to_server"]
@@ -95,38 +91,13 @@ async def _until(done, seconds: float = 2.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _balancer(server_ports: list[int], tmp: str):
-    """HAProxy as the data plane runs it for gRPC: HTTP/2 to the client, HTTP/1.1 to the replicas'
-    servers (``base.grpc_h1``) in turn, a call that got nothing back re-sent to another
-    (``GRPC_RETRY_ON``). Its port."""
-    port = _free_port()
-    cfg = os.path.join(tmp, "h.cfg")
-    with open(cfg, "w") as f:
-        f.write(f"global\n    nbthread 1\ndefaults\n    mode http\n    timeout connect 2s\n    timeout client 30s\n"
-                f"    timeout server 30s\n    option http-no-delay\n    option abortonclose\n    option redispatch 1\n"
-                f"    retry-on {GRPC_RETRY_ON}\nfrontend g\n    bind 127.0.0.1:{port} proto h2\n"
-                f"    default_backend b\nbackend b\n    balance roundrobin\n"
-                + "".join(f"    server s{i} 127.0.0.1:{p}\n" for i, p in enumerate(server_ports)))
-    proc = subprocess.Popen([haproxy_binary(), "-db", "-f", cfg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for _ in range(500):  # (listening: at most 5 s)
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.01)
+    """HAProxy as the data plane runs it for gRPC, in front of these servers (HTTP/1.1 to them:
+    ``base.grpc_h1``; benchmarks/bench_grpc_wire.py's, one configuration for both). Its port."""
+    with contextlib.ExitStack() as stack:
+        _, port = load_benchmark("bench_grpc_wire").start_haproxy(stack, "h1", server_ports, tmp)
         yield port
-    finally:
-        proc.kill()
-        proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
 
 
 def _run(scenario, request_timeout_s: float | None = 5.0, max_body_bytes: int = 1 << 20, before=None) -> None:
