@@ -48,7 +48,9 @@ def _unfreeze_gc():
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Tests clean up what they make: the HAProxy folders of proxy actors the tests killed (or whose
-    Ray was shut down under them) never ran ``HAProxy.stop``; those whose owner is dead go now."""
+    Ray was shut down under them) never ran ``HAProxy.stop``; those whose owner is dead go now. Their
+    HAProxys, which outlive a dead proxy a while (``ingress/warden.py``), are stopped by the session
+    that ran every test (not by one of xdist's workers while another may be adopting one)."""
     from executors.ray_gpu.ingress.haproxy import sweep_workdirs
 
-    sweep_workdirs()
+    sweep_workdirs(stop_orphans=not hasattr(session.config, "workerinput"))

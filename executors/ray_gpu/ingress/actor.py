@@ -74,7 +74,15 @@ class HttpIngress:
         st.is_head = is_head
         st.header_timeout_s, st.max_header_bytes, st.max_connections = header_timeout_s, max_header_bytes, max_connections
         self.state.actor_id = ctx.get_actor_id() or ""
-        sock = _listen(host, port, remember_port)
+        self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
+        #: the direct data plane of this node's last proxy, which outlived it (``ingress/warden.py``): its
+        #: listening sockets are taken over, so the port is never closed (None: none, or not direct)
+        handed = None
+        if data_plane == "direct":
+            from . import haproxy
+
+            handed = haproxy.adopt(host, port, self.node_id)
+        sock = (handed.take("http") if handed is not None else None) or _listen(host, port, remember_port)
         self.state.address = (host, sock.getsockname()[1])
         #: the direct data plane (``haproxy.DataPlane``: an HAProxy on the public socket, this server on a
         #: loopback port of its own behind it) or None (this server on the public socket)
@@ -87,9 +95,14 @@ class HttpIngress:
         self.grpc_public: socket.socket | None = None
         grpc_host, grpc_bind = host, grpc_port
         if data_plane == "direct" and grpc_servicer_functions and grpc_port is not None:
-            self.grpc_public = _listen(host, grpc_port, remember=False)
+            taken = handed.take("grpc") if handed is not None else None
+            if taken is not None and grpc_port not in (0, taken.getsockname()[1]):
+                taken.close()  # (the old proxy's gRPC port is not this one's: it goes with its HAProxy)
+                taken = None
+            self.grpc_public = taken or _listen(host, grpc_port, remember=False)
             grpc_host, grpc_bind = "127.0.0.1", 0
-        self.proxy_id, self.node_id = proxy_id, ctx.get_node_id() or ""
+        if handed is not None:
+            handed.close()  # (those not taken)
         self._gone = threading.Event()
         self._routes_lock = threading.Lock()
 
@@ -131,8 +144,6 @@ class HttpIngress:
         self.thread = threading.Thread(target=serve, name="rankcore-http", daemon=True)
         self.thread.start()
         if data_plane == "direct":
-            from . import haproxy
-
             grpc_proxy = None
             if self.grpc_public is not None:
                 self.ready()  # (the proxy's gRPC server started first: HAProxy sends it what is not direct)
@@ -145,7 +156,9 @@ class HttpIngress:
             self.plane = haproxy.DataPlane(opts, self._direct_routes, request_timeout_s, max_body_bytes,
                                            max_header_bytes, access.enabled, logs_dir,
                                            tuple(grpc_servicer_functions) if grpc_proxy else (),
-                                           on_answered=self._balancer_answered)
+                                           on_answered=self._balancer_answered,
+                                           key={"host": host, "port": port, "node": self.node_id},
+                                           orphan=handed.pid if handed is not None else None)
 
     def _balancer_answered(self, answer: Any, route: Any) -> None:
         """``haproxy.DataPlane``'s log thread: an answer HAProxy gave itself, counted on the server's

@@ -67,11 +67,12 @@ from rankcore.requests import dataplane as dp
 from ..base.direct import APP_HEADER, ROUTE_HEADER
 from ..base.grpc_proxy import REQUEST_ID_KEY
 from ..base.httpwords import METRICS_PATH, REQUEST_ID_HEADER, REQUEST_ID_MAX, match_prefix
+from . import warden
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DATA_PLANES", "SERVE_HA_PROXY_ENV", "default_data_plane", "Options", "render", "HAProxy", "DataPlane",
-           "haproxy_binary", "check_data_plane", "WORKDIR_PREFIX", "sweep_workdirs"]
+           "haproxy_binary", "check_data_plane", "WORKDIR_PREFIX", "sweep_workdirs", "adopt"]
 
 #: what carries a deployment's HTTP requests: ``proxy``, the ingress's Python server and router (the
 #: default, every feature); ``direct``, HAProxy straight to each replica's own server (module docstring)
@@ -445,33 +446,13 @@ def _render_grpc(table: dp.Table, opts: Options, errors_dir: str) -> list[str]:
     return lines
 
 
-def _prctl() -> Any:
-    """libc's ``prctl``, looked up here in the parent (None: not Linux): a child between fork and exec
-    only calls it (a library loaded there, in a process of many threads, could deadlock)."""
-    import ctypes
-
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _prctl()
-
-
-def _die_with_parent() -> None:
-    """In the child, before HAProxy starts: killed when the thread that started it ends (Linux's
-    ``PR_SET_PDEATHSIG``), so an ingress actor that dies (killed, crashed) takes its HAProxy along and
-    the port it held is free for its successor. ``DataPlane`` starts every HAProxy from its own
-    thread, which lives as long as the plane. (Not Linux: the actor's ``stop`` stops it.)"""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
-
-
 #: an HAProxy's own folder (its configurations, error files, admin socket), in the temporary folder
 WORKDIR_PREFIX = "rankcore-haproxy-"
 #: the file in it naming the process that made it (the proxy actor: ``sweep_workdirs``)
 _OWNER = "owner.pid"
+#: the file in it naming its HAProxy's warden now (``warden.py``): its pid, its handover socket, and what
+#: the proxy asked to listen on (``key``: host, port, node), which the next proxy adopts by (``adopt``)
+_WARDEN = "warden.json"
 #: a folder that names no owner (made before owners were written) is swept this long after its last change
 _UNOWNED_S = 3600.0
 
@@ -488,10 +469,34 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep_workdirs(base: str | None = None) -> list[str]:
-    """Remove the HAProxy folders in ``base`` (the temporary folder) whose owner is dead: a proxy
-    actor killed (by Ray, a test, a fault) never runs ``HAProxy.stop``, which removes its own. A
-    folder naming no owner goes an hour after its last change. The folders removed."""
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            out = json.load(f)
+        return out if isinstance(out, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _warden_of(path: str) -> int | None:
+    """The pid of the folder's warden while it runs (its HAProxy serving, its proxy perhaps dead: an
+    orphan), else None. A pid reused since by another process is not taken for it."""
+    pid = _read_json(os.path.join(path, _WARDEN)).get("warden")
+    if not isinstance(pid, int) or not _alive(pid):
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return pid if warden.SCRIPT.encode() in f.read() else None
+    except OSError:  # (no /proc: taken for alive)
+        return pid
+
+
+def sweep_workdirs(base: str | None = None, stop_orphans: bool = False) -> list[str]:
+    """Remove the HAProxy folders in ``base`` (the temporary folder) whose owner is dead and whose
+    HAProxy has gone (a proxy actor killed never runs ``HAProxy.stop``, which removes its own; its
+    HAProxy outlives it a while: ``warden.py``). ``stop_orphans``: those HAProxys are told to finish
+    and go now, and their folders removed too (a test session's end). A folder naming no owner goes an
+    hour after its last change. The folders removed."""
     base = base or tempfile.gettempdir()
     gone: list[str] = []
     try:
@@ -508,19 +513,60 @@ def sweep_workdirs(base: str | None = None) -> list[str]:
                 dead = os.path.isdir(path) and time.time() - os.path.getmtime(path) > _UNOWNED_S
             except OSError:
                 continue
-        if dead:
+        orphan = _warden_of(path) if dead else None
+        if orphan is not None and stop_orphans:
+            kept = warden.Warden(orphan, 0, None)
+            kept.signal(signal.SIGTERM)  # (it tells its HAProxy to finish and go)
+            if not kept.wait(10.0):
+                kept.signal(signal.SIGKILL)  # (its HAProxy dies with it)
+                kept.wait(5.0)
+            kept.close()
+            orphan = None
+        if dead and orphan is None:
             shutil.rmtree(path, ignore_errors=True)
             if not os.path.exists(path):  # (another user's stays: not ours to remove)
                 gone.append(path)
     return gone
 
 
+def adopt(host: str, port: int, node: str, base: str | None = None) -> warden.Handed | None:
+    """The listening sockets of an HAProxy whose proxy died (an orphan, ``warden.py``) that listens where
+    a new proxy is to (``host`` and ``port``; port 0, any: the one its node's last proxy had), handed over
+    by its warden; None when there is none (or it would not hand them over: the caller binds its own)."""
+    base = base or tempfile.gettempdir()
+    try:
+        names = sorted(n for n in os.listdir(base) if n.startswith(WORKDIR_PREFIX))
+    except OSError:
+        return None
+    for name in names:
+        path = os.path.join(base, name)
+        said = _read_json(os.path.join(path, _WARDEN))
+        key = said.get("key") or {}
+        if key.get("host") != host or key.get("port") != port or (port == 0 and key.get("node") != node):
+            continue
+        try:
+            with open(os.path.join(path, _OWNER)) as f:
+                if _alive(int(f.read().strip() or 0)):
+                    continue  # (a live proxy's: not an orphan)
+            handed = warden.adopt_from(str(said["handover"]))
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            log.info("HAProxy folder %s: not adopted (%s)", path, exc)
+            continue
+        log.info("adopted HAProxy %d's listening sockets (%s) from %s", handed.pid, ", ".join(handed.sockets), path)
+        return handed
+    return None
+
+
 class HAProxy:
     """One HAProxy process and its admin socket; ``reload`` starts a new one that takes the listening
-    socket over (``-x``) and tells the old to finish its connections and go (``-sf``). Its folder names
-    its owner, this process, so a later one removes it once the owner is dead (``sweep_workdirs``)."""
+    socket over (``-x``) and tells the old to finish its connections and go (``-sf``). Each runs under a
+    warden (``warden.py``), so it outlives this process a while, to be adopted by the next proxy:
+    ``orphan``, the pid of the HAProxy whose sockets this one took (``adopt``), told to go once this
+    one serves. Its folder names its owner, this process, and its warden, so a later one removes it once
+    both are gone (``sweep_workdirs``); ``key`` (host, port, node) is what an adopter looks for there."""
 
-    def __init__(self, opts: Options, workdir: str | None = None) -> None:
+    def __init__(self, opts: Options, workdir: str | None = None, *, key: dict | None = None,
+                 orphan: int | None = None, grace_s: float = warden.ORPHAN_GRACE_S) -> None:
         self.opts = opts
         self._own_dir = workdir is None
         if workdir is None:
@@ -530,8 +576,14 @@ class HAProxy:
                 f.write(str(os.getpid()))
         self.workdir = workdir
         self.socket = os.path.join(self.workdir, "admin.sock")
-        self.proc: subprocess.Popen | None = None
-        self.old: list[subprocess.Popen] = []
+        self.key, self.orphan, self.grace_s = key or {}, orphan, grace_s
+        #: the lease: its write end held by this process alone, its read end by every warden (its end
+        #: closed, this process gone however it went, the wardens know: ``warden.py``)
+        self._lease_r, self._lease_w = os.pipe()
+        #: the warden of the HAProxy serving now (its exit status: HAProxy's), and HAProxy's own pid
+        self.proc: warden.Warden | None = None
+        self.pid: int | None = None
+        self.old: list[warden.Warden] = []
         self.reloads = 0
         #: (gRPC backend, server) HAProxy holds: those of the table it was started with, and added since
         self.grpc_held: set[tuple[str, str]] = set()
@@ -560,31 +612,41 @@ class HAProxy:
             raise RuntimeError(f"HAProxy refused its configuration {config}: {' '.join(alerts)[-2000:]}")
         argv = [binary, "-db", "-f", config]
         old = self.proc
-        if takeover and old is not None and old.poll() is None:
-            argv += ["-x", self.socket, "-sf", str(old.pid)]
-        proc = subprocess.Popen(argv, pass_fds=self.opts.fds(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+        if takeover and old is not None and old.running():
+            argv += ["-x", self.socket, "-sf", str(old.haproxy)]
+        elif self.orphan is not None:  # (the sockets are an orphan's: it finishes its connections and goes)
+            argv += ["-sf", str(self.orphan)]
+        fds = {"http": self.opts.listen_fd, **({"grpc": self.opts.grpc_fd} if self.opts.grpc_fd is not None else {})}
+        handover = os.path.join(self.workdir, f"warden-{self.reloads}.sock")
+        proc = warden.start(argv, self._lease_r, fds, handover, grace_s=self.grace_s)
         deadline = time.monotonic() + 10.0
         while True:  # (ready once its admin socket answers)
-            if proc.poll() is not None:
-                raise RuntimeError(f"HAProxy exited at start ({proc.returncode}): "
-                                   f"{proc.stderr.read().decode(errors='replace')[-2000:] if proc.stderr else ''}")
+            if not proc.running():
+                raise RuntimeError(f"HAProxy exited at start: {proc.stderr.read().decode(errors='replace')[-2000:]}")
             try:
-                if self._answers(proc.pid):  # (the admin socket is the new process's: it serves)
+                if self._answers(proc.haproxy):  # (the admin socket is the new process's: it serves)
                     break
             except (OSError, RuntimeError):
                 pass
             if time.monotonic() > deadline:
-                proc.kill()
+                proc.signal(signal.SIGKILL)  # (its HAProxy dies with it)
                 raise RuntimeError("HAProxy did not answer on its admin socket within 10 s")
             time.sleep(0.02)
+        self.orphan = None
         if old is not None:
             self.old.append(old)
         for name in os.listdir(self.workdir):  # (the configurations before this one: read, not needed again)
             if name.startswith("haproxy-") and name.endswith(".cfg") and os.path.join(self.workdir, name) != config:
                 os.remove(os.path.join(self.workdir, name))
-        self.proc = proc
-        self.old = [p for p in self.old if p.poll() is None]
+        self.proc, self.pid = proc, proc.haproxy
+        for p in self.old:
+            if not p.running():
+                p.close()
+        self.old = [p for p in self.old if p.running()]
+        tmp = os.path.join(self.workdir, _WARDEN + ".new")
+        with open(tmp, "w") as f:
+            json.dump({"warden": proc.pid, "haproxy": proc.haproxy, "handover": handover, "key": self.key}, f)
+        os.replace(tmp, os.path.join(self.workdir, _WARDEN))
         threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True).start()
 
     def _answers(self, pid: int) -> bool:
@@ -593,12 +655,12 @@ class HAProxy:
         return f"Pid: {pid}" in info
 
     @staticmethod
-    def _drain_stderr(proc: subprocess.Popen) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            text = line.decode(errors="replace").rstrip()
-            if "[ALERT]" in text or "[WARNING]" in text:
-                log.info("haproxy %d: %s", proc.pid, text)
+    def _drain_stderr(proc: warden.Warden) -> None:
+        with proc.stderr:
+            for line in proc.stderr:
+                text = line.decode(errors="replace").rstrip()
+                if "[ALERT]" in text or "[WARNING]" in text:
+                    log.info("haproxy %d: %s", proc.haproxy, text)
 
     def command(self, line: str, ok: str | None = None) -> str:
         """One runtime API command: its answer, or ``RuntimeError`` when HAProxy refused it. ``ok``:
@@ -677,15 +739,23 @@ class HAProxy:
             self.command(f"set weight {be}/{s.name} {1 if s.ready else 0}")
 
     def stop(self) -> None:
-        for p in [*self.old, *([self.proc] if self.proc is not None else [])]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
-        for p in [*self.old, *([self.proc] if self.proc is not None else [])]:
-            try:
+        """Tell every HAProxy to finish its connections and go (its warden passes it on), wait for them,
+        then end the lease (nothing is left to outlive this process) and remove the folder."""
+        running = [*self.old, *([self.proc] if self.proc is not None else [])]
+        for p in running:
+            p.signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
+        for p in running:
+            if not p.wait(timeout=5.0):
+                p.signal(signal.SIGKILL)  # (its HAProxy dies with it)
                 p.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        self.proc, self.old = None, []
+            p.close()
+        self.proc, self.pid, self.old = None, None, []
+        for fd in (self._lease_r, self._lease_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._lease_r = self._lease_w = -1
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -719,11 +789,13 @@ class DataPlane:
     from ``source()`` and carries out the changes. ``source()`` gives, per route, ``(deployment,
     prefix, app_name, asgi, router)``; a router's ``actors`` are its serving replicas, ``draining``
     and ``limits`` what its last pool answer said. Each replica is asked once where its own server is
-    (``direct_address``); one that cannot say is left out (its requests take the other replicas)."""
+    (``direct_address``); one that cannot say is left out (its requests take the other replicas).
+    ``key`` and ``orphan``: ``HAProxy``'s (where the ingress listens; the HAProxy it adopted)."""
 
     def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
                  max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None,
-                 grpc_servicer_functions: tuple[str, ...] = (), on_answered: Any = None) -> None:
+                 grpc_servicer_functions: tuple[str, ...] = (), on_answered: Any = None, key: dict | None = None,
+                 orphan: int | None = None) -> None:
         #: ``on_answered(answer, route)`` (on the log thread): an HTTP answer HAProxy gave itself
         #: (``Answered``) and the route it was for (None: none matched)
         self.on_answered = on_answered
@@ -739,7 +811,7 @@ class DataPlane:
                 raise
             self._log.settimeout(1.0)
             opts = attrs.evolve(opts, log_socket=f"127.0.0.1:{self._log.getsockname()[1]}")
-        self.haproxy = HAProxy(opts)
+        self.haproxy = HAProxy(opts, key=key, orphan=orphan)
         self.source, self.queue_timeout_s = source, queue_timeout_s
         #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
         #: ``direct_limits``): the ingress's body and head limits and ``request_timeout_s``, whether to
@@ -817,7 +889,7 @@ class DataPlane:
         self._wake.set()
 
     def _run(self) -> None:
-        try:  # (from this thread: its HAProxy dies with it, ``_die_with_parent``)
+        try:
             self.haproxy.start(dp.table(()))
             self.table = dp.table(())
         except BaseException as exc:
@@ -833,8 +905,9 @@ class DataPlane:
                     if self._stop:
                         return
                     proc = self.haproxy.proc
-                    if proc is not None and proc.poll() is not None:  # (it died: started again, whole)
-                        log.error("HAProxy %d exited (%s): starting another", proc.pid, proc.returncode)
+                    if proc is not None and not proc.running():  # (it died: started again, whole)
+                        log.error("HAProxy %d exited: starting another", proc.haproxy)
+                        proc.close()
                         self.haproxy.proc, self.table = None, None
                         self.restarts += 1
                     self.sync()
@@ -967,14 +1040,13 @@ class DataPlane:
             {"deployment": r.deployment, "prefix": r.prefix, "backend": r.backend, "direct": r.direct,
              "max_queued": r.max_queued,
              "servers": [(s.replica_id, s.address, s.ready, s.maxconn, s.grpc_address) for s in r.servers]} for r in table.routes]
-        proc = self.haproxy.proc
         try:
             held = self.haproxy.held()
         except (OSError, RuntimeError):  # (between two processes, or none)
             held = None
         return {"routes": routes, "held": held, "applied": self.applied, "reloads": self.haproxy.reloads,
                 "errors": self.errors, "answered": self.answered,
-                "restarts": self.restarts, "haproxy_pid": proc.pid if proc is not None else None}
+                "restarts": self.restarts, "haproxy_pid": self.haproxy.pid}
 
     def stop(self) -> None:
         """Stop HAProxy (it finishes the connections it holds, then exits), then the thread."""
