@@ -41,6 +41,11 @@ A failed connect is a fact the balancer acts on at once, before the pool says th
 connect to it succeeds again (``EJECT_AFTER``, ``EJECT_CHECK_S``). Without it, least-connections balancing picks a dead
 server first (it holds no connection) for every request and every retry of one, and each fails.
 
+A proxy that died leaves its balancer serving the table it held; the next proxy on the node adopts
+it (its listening sockets). ``takes_over``: the new proxy's own balancer replaces it once the new
+table is whole, every serving replica's address known (else its requests would go through the proxy
+meanwhile), or after ``TAKE_OVER_WAIT_S`` whatever it holds.
+
 Internal module: the Ray executor's ingress (``executors/ray_gpu/ingress/haproxy.py``) uses it.
 """
 
@@ -56,7 +61,7 @@ import attrs
 from ..base.errors import InvalidConfig
 
 __all__ = ["DATA_PLANES", "RETRY_ON", "GRPC_RETRY_ON", "EJECT_AFTER", "EJECT_CHECK_S", "Server", "Route", "Table", "AddServer", "SetServer", "RemoveServer", "SetQueue",
-           "Reload", "server_name", "route", "table", "changes", "apply"]
+           "Reload", "server_name", "route", "table", "changes", "apply", "TAKE_OVER_WAIT_S", "takes_over"]
 
 #: what may carry a deployment's HTTP requests (an executor's option, declared here once): "proxy", a
 #: proxy process and its request machine; "direct", a compiled balancer straight to the replicas
@@ -72,6 +77,18 @@ GRPC_RETRY_ON = "conn-failure empty-response"
 #: ``EJECT_AFTER``-th failed connect in a row, back once a connect (tried every ``EJECT_CHECK_S``) succeeds
 EJECT_AFTER = 1
 EJECT_CHECK_S = 1.0
+#: how long a proxy that adopted a dead proxy's balancer waits for its own table to be whole before its
+#: own balancer takes over whatever it holds (the adopted one serves meanwhile: ``takes_over``)
+TAKE_OVER_WAIT_S = 10.0
+
+
+def takes_over(pending: int, waited_s: float) -> bool:
+    """Whether a proxy's first balancer replaces the one it adopted now: once no serving replica's
+    address is still awaited (``pending``: its table whole), or ``TAKE_OVER_WAIT_S`` after it began
+    waiting (``waited_s``)."""
+    return pending <= 0 or waited_s >= TAKE_OVER_WAIT_S
+
+
 #: a server address: ``host:port``, the host a name or an IPv4 address
 _ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")

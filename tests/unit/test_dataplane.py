@@ -109,3 +109,13 @@ def test_a_servers_grpc_address_is_part_of_where_it_is():
     assert after.routes[0].grpc_backend.startswith("g_") and after.routes[0].backend.startswith("d_")
     with pytest.raises(rc.InvalidConfig, match="grpc_address must be 'host:port'"):
         dp.Server(replica_id="d#1", address="10.0.0.1:8001", ready=True, maxconn=1, grpc_address="nowhere")
+
+
+@pytest.mark.parametrize(("pending", "waited", "takes"), [
+    (0, 0.0, True),  # (the table whole: at once)
+    (2, 0.0, False),  # (addresses still awaited: the adopted balancer serves on)
+    (2, dp.TAKE_OVER_WAIT_S - 0.01, False),
+    (2, dp.TAKE_OVER_WAIT_S, True),  # (waited long enough: whatever it holds)
+])
+def test_an_adopted_balancer_is_replaced_once_the_table_is_whole_or_the_wait_is_over(pending, waited, takes):
+    assert dp.takes_over(pending, waited) is takes

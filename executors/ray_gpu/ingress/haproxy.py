@@ -742,6 +742,12 @@ class HAProxy:
         """Tell every HAProxy to finish its connections and go (its warden passes it on), wait for them,
         then end the lease (nothing is left to outlive this process) and remove the folder."""
         running = [*self.old, *([self.proc] if self.proc is not None else [])]
+        if self.orphan is not None:  # (adopted, never replaced: its sockets are this one's to close)
+            try:
+                os.kill(self.orphan, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            self.orphan = None
         for p in running:
             p.signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
         for p in running:
@@ -812,6 +818,7 @@ class DataPlane:
             self._log.settimeout(1.0)
             opts = attrs.evolve(opts, log_socket=f"127.0.0.1:{self._log.getsockname()[1]}")
         self.haproxy = HAProxy(opts, key=key, orphan=orphan)
+        self._since = time.monotonic()  # (when this plane began: an adopted HAProxy's wait, ``dp.takes_over``)
         self.source, self.queue_timeout_s = source, queue_timeout_s
         #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
         #: ``direct_limits``): the ingress's body and head limits and ``request_timeout_s``, whether to
@@ -835,7 +842,7 @@ class DataPlane:
         self._thread = threading.Thread(target=self._run, name="rankcore-dataplane", daemon=True)
         self._thread.start()
         self._started.wait(30.0)
-        if self._start_error is not None or self.haproxy.proc is None:
+        if self._start_error is not None or (self.haproxy.proc is None and self.haproxy.orphan is None):
             self._stop = True
             self.haproxy.stop()  # (its folder goes too)
             if self._log is not None:
@@ -890,8 +897,9 @@ class DataPlane:
 
     def _run(self) -> None:
         try:
-            self.haproxy.start(dp.table(()))
-            self.table = dp.table(())
+            if self.haproxy.orphan is None:  # (else the adopted HAProxy serves until this one's table is whole)
+                self.haproxy.start(dp.table(()))
+                self.table = dp.table(())
         except BaseException as exc:
             self._start_error = exc
             return
@@ -948,6 +956,11 @@ class DataPlane:
                                 app_name=app_name, asgi=asgi, grpc_addresses=grpc_addresses,
                                 routed=bool(limits[3]))
                        for d, prefix, app_name, asgi, serving, draining, limits in views)
+        if self.haproxy.proc is None and self.haproxy.orphan is not None:  # (adopted: it serves until then)
+            pending = sum(1 for v in views if not v[3] for rid in v[4]
+                          if rid not in addresses and rid not in self.http.unreachable)
+            if not dp.takes_over(pending, time.monotonic() - self._since):
+                return
         cmds = dp.changes(self.table, new)
         if cmds:
             self.haproxy.carry(cmds, new)
