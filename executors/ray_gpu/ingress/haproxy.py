@@ -14,6 +14,12 @@ to it as an inherited file descriptor, so the port stays the actor's) and routes
   route's requests while none of its replicas is ready (the proxy's router queues them for one
   coming, or answers 503 when none is).
 
+HAProxy runs under a warden of its own (``warden.py``), not as the actor's child: an ingress actor
+killed or crashed leaves it serving the table it held, straight to the replicas, and the next ingress
+on the node adopts it (``adopt``: its listening sockets handed over), starting its own HAProxy on them
+once its table is whole (``dp.takes_over``), which tells the old one to finish and go. No proxy within
+``warden.ORPHAN_GRACE_S``: the old one goes by itself. The port is never closed by a proxy's death.
+
 What HAProxy holds is the core's table (``rankcore.requests.dataplane``), recomputed whenever a
 router's pool answer or the routes change (``DataPlane``): servers added, removed, set ready or
 drain and their ``maxconn`` through HAProxy's runtime API (its admin socket); a route added or
