@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import tempfile
 import threading
@@ -466,6 +467,54 @@ def test_a_bad_data_plane_is_refused():
 def test_the_running_data_plane_cannot_change(base):
     with pytest.raises(rc.InvalidConfig, match="run with data_plane='direct', not 'proxy'"):
         start_ingress(data_plane="proxy")
+
+
+def test_a_killed_haproxy_is_started_again_on_the_same_socket_and_no_connection_is_refused(base):
+    """HAProxy itself killed (``SIGKILL``), its ingress alive: the plane sees it exit at once (its
+    standard error closes) and starts another, whole, on the socket the ingress holds. New connections
+    wait in the socket's backlog meanwhile: none is refused; the requests the dead one held fail."""
+    before = plane()
+    pid = before["haproxy_pid"]
+    answered, failed, stop = [], [], threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=base, timeout=30.0) as c:
+            while not stop.is_set():
+                try:
+                    r = c.post("/dir", json=1)
+                    (answered if r.status_code == 200 else failed).append(r.status_code)
+                except httpx.HTTPError as exc:
+                    failed.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(answered) < 10:
+            assert time.monotonic() < deadline, failed[:3]
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            after = plane()
+            if after["haproxy_pid"] not in (None, pid) and after["restarts"] == before["restarts"] + 1:
+                break
+            assert time.monotonic() < deadline, after
+            time.sleep(0.05)
+        route = next(r for r in after["routes"] if r["deployment"] == "dir")
+        assert route["direct"], after
+        settled = len(answered)
+        deadline = time.monotonic() + 10
+        while len(answered) < settled + 10:
+            assert time.monotonic() < deadline, failed[:3]
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert not [f for f in failed if isinstance(f, httpx.ConnectError)], failed[:5]  # (none refused)
+    assert len(failed) <= 2, failed  # (at most what the two clients had in the dead one)
 
 
 def test_a_killed_ingress_s_haproxy_serves_on_until_its_successor_adopts_the_port(base):

@@ -64,6 +64,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -572,8 +573,12 @@ class HAProxy:
     both are gone (``sweep_workdirs``); ``key`` (host, port, node) is what an adopter looks for there."""
 
     def __init__(self, opts: Options, workdir: str | None = None, *, key: dict | None = None,
-                 orphan: int | None = None, grace_s: float = warden.ORPHAN_GRACE_S) -> None:
+                 orphan: int | None = None, grace_s: float = warden.ORPHAN_GRACE_S,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self.opts = opts
+        #: told (on a thread of its own) when an HAProxy it started has exited, however (its standard
+        #: error closed): a dead one is seen at once, not at the next look
+        self.on_exit = on_exit
         self._own_dir = workdir is None
         if workdir is None:
             sweep_workdirs()
@@ -660,13 +665,14 @@ class HAProxy:
         info = self.command("show info", ok="Pid:")
         return f"Pid: {pid}" in info
 
-    @staticmethod
-    def _drain_stderr(proc: warden.Warden) -> None:
+    def _drain_stderr(self, proc: warden.Warden) -> None:
         with proc.stderr:
             for line in proc.stderr:
                 text = line.decode(errors="replace").rstrip()
                 if "[ALERT]" in text or "[WARNING]" in text:
                     log.info("haproxy %d: %s", proc.haproxy, text)
+        if self.on_exit is not None:  # (closed: HAProxy and its warden have both gone)
+            self.on_exit()
 
     def command(self, line: str, ok: str | None = None) -> str:
         """One runtime API command: its answer, or ``RuntimeError`` when HAProxy refused it. ``ok``:
@@ -823,7 +829,7 @@ class DataPlane:
                 raise
             self._log.settimeout(1.0)
             opts = attrs.evolve(opts, log_socket=f"127.0.0.1:{self._log.getsockname()[1]}")
-        self.haproxy = HAProxy(opts, key=key, orphan=orphan)
+        self.haproxy = HAProxy(opts, key=key, orphan=orphan, on_exit=self.changed)
         self._since = time.monotonic()  # (when this plane began: an adopted HAProxy's wait, ``dp.takes_over``)
         self.source, self.queue_timeout_s = source, queue_timeout_s
         #: what the replicas' servers are told (``direct_address``, ``direct_grpc_address``,
