@@ -29,6 +29,10 @@ of ``--faults`` are injected one after another, each once the previous one settl
 * ``node``: a worker node holding a replica removed from the cluster, and another added;
 * ``unresponsive``: a replica's ``check_health`` made to hang (its requests still answered);
 * ``slow``: a replica made 10x slower for ``--slow-s`` s (default 5), nothing to replace;
+* ``haproxy`` (only when named in ``--faults``, with HAProxy on both sides: ``--ours-mode fast`` or
+  ``--data-plane direct``, and ``--serve-mode fast``): the head node's HAProxy process killed
+  (``SIGKILL``), its proxy left alone (ours starts another at once, on the socket its proxy holds;
+  Serve's proxy fails its health checks);
 * ``frozen`` (only when named in ``--faults``): a replica's process stopped (``SIGSTOP``) for
   ``--frozen-s`` s (default 30), then continued: its row says how long after the freeze requests
   still went to it (``left_out_s``: the latest send, while it was stopped, of a request it answered
@@ -105,7 +109,7 @@ REDISPATCHABLE = frozenset(FAULTS) - {"proxy"}
 ACTOR_OPTIONS = {"num_cpus": 0.1, "num_gpus": 1}
 HEALTH: dict[str, Any] = {"health_check_period_s": 1.0, "health_check_timeout_s": 3.0}
 #: faults run only when ``--faults`` names them (not in ``all``)
-EXTRA_FAULTS = ("frozen",)
+EXTRA_FAULTS = ("frozen", "haproxy")
 MAX_ONGOING = 5
 T0 = time.perf_counter()
 
@@ -258,6 +262,17 @@ class Ours:
 
         ray.kill(ray.get_actor(INGRESS_NAME, namespace="rankcore"), no_restart=True)
 
+    def kill_haproxy(self) -> None:
+        """The head proxy's HAProxy serving now (``data_plane()``'s ``haproxy_pid``), ``SIGKILL``."""
+        import ray
+
+        from executors.ray_gpu.ingress.http import INGRESS_NAME
+
+        info = ray.get(ray.get_actor(INGRESS_NAME, namespace="rankcore").data_plane.remote(), timeout=30)
+        if not info.get("haproxy_pid"):
+            raise BenchError(f"ours: no HAProxy to kill (data plane {info.get('data_plane')!r})")
+        os.kill(info["haproxy_pid"], signal.SIGKILL)
+
     def controller_view(self) -> dict:
         """The controller's ranks (replica id -> global rank) of the replicas it has serve (not those it
         is stopping: an unhealthy one drains on a spare rank while its successor serves) and its state
@@ -329,6 +344,31 @@ class Serve:
 
         head = ray.get_runtime_context().get_node_id()
         ray.kill(ray.get_actor(f"SERVE_PROXY_ACTOR-{head}", namespace="serve"), no_restart=True)
+
+    def kill_haproxy(self) -> None:
+        """The head proxy's HAProxy serving now, ``SIGKILL``: in fast mode the proxy actor
+        (``HAProxyManager``) runs it as its child; the newest such child (older ones drain a reload)."""
+        import ray
+        from ray.util.state import list_actors
+
+        head = ray.get_runtime_context().get_node_id()
+        address = ray.get_runtime_context().gcs_address
+        found = [a.pid for a in list_actors(address=address, filters=[("name", "=", f"SERVE_PROXY_ACTOR-{head}"),
+                                                                      ("state", "=", "ALIVE")], timeout=30)]
+        children = []
+        for pid in (int(n) for n in os.listdir("/proc") if n.isdigit()):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv0 = f.read().split(b"\0")[0]
+            except OSError:
+                continue
+            if found and int(stat[1]) == found[0] and argv0.endswith(b"haproxy"):
+                children.append((int(stat[19]), pid))  # (its start time: the newest serves)
+        if not children:
+            raise BenchError("serve: no HAProxy to kill (RAY_SERVE_ENABLE_HA_PROXY=1 runs one)")
+        os.kill(max(children)[1], signal.SIGKILL)
 
     def controller_view(self) -> dict | None:
         return None  # (Serve's controller has no rank table to compare)
@@ -502,6 +542,8 @@ class Chaos:
             self.system.kill_controller()
         elif fault == "proxy":
             self.system.kill_proxy()
+        elif fault == "haproxy":
+            self.system.kill_haproxy()
         elif fault == "node":
             nodes = sorted({a["node"] for a in before.values()})
             node_id = self.rng.choice(nodes)
@@ -573,10 +615,11 @@ class Chaos:
         deadline = t0 + self.args.settle_timeout
         controller_back = fault != "controller"
         while time.perf_counter() < deadline:
-            since = t0 if fault in ("proxy", "controller") else 0.0
+            since = t0 if fault in ("proxy", "haproxy", "controller") else 0.0
             if not controller_back:
                 controller_back = self.system.controller_answers()
-            if controller_back and self._on_target(since, victims) and (fault != "proxy" or self._http_since(t0)):
+            if controller_back and self._on_target(since, victims) and (
+                    fault not in ("proxy", "haproxy") or self._http_since(t0)):
                 return time.perf_counter() - t0
             time.sleep(0.05)
         return None
@@ -1066,6 +1109,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas > 2 * (args.workers - 1):
         p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "
                 f"removes one before it adds another)")
+    if "haproxy" in args.faults and not args.child and (
+            (args.only != "serve" and (args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")) != "direct")
+            or (args.only != "ours" and args.serve_mode != "fast")):
+        p.error("the haproxy fault needs HAProxy on both sides: --ours-mode fast (or --data-plane direct) and "
+                "--serve-mode fast (or --only ours)")
     childrun.ray_env(ROOT, ROOT / "benchmarks")
     if args.child:
         res = run_child(args.child, args)
