@@ -1,5 +1,6 @@
-"""benchmarks/bench_chaos.py's verdict per fault (no Ray): a killed proxy's never-started failures count
-against ours when its data plane is direct (its HAProxy outlives the proxy, issue 65), not otherwise."""
+"""benchmarks/bench_chaos.py's verdict per fault and its haproxy fault's arguments (no Ray): a killed
+proxy's never-started failures count against ours when its data plane is direct (its HAProxy outlives
+the proxy, issue 65), not otherwise; the haproxy fault is refused where a side runs no HAProxy."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def _row(fault: str, avoidable: int) -> dict:
 def test_a_killed_proxys_never_started_failures_count_on_the_direct_data_plane(bench, fault, avoidable, direct,
                                                                                 verdict):
     assert bench.judge(_row(fault, avoidable), direct=direct) == verdict
+
+
+@pytest.mark.parametrize("argv", [
+    ["--faults", "haproxy", "--serve-mode", "both", "--ours-mode", "fast"],  # (Serve's default mode: no HAProxy)
+    ["--faults", "haproxy", "--serve-mode", "fast"],  # (ours' proxy data plane: no HAProxy)
+    ["--faults", "replica,haproxy", "--only", "ours", "--data-plane", "proxy"],
+])
+def test_the_haproxy_fault_is_refused_where_a_side_runs_no_haproxy(bench, argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    assert "the haproxy fault needs HAProxy on both sides" in capsys.readouterr().err
