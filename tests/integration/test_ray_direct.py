@@ -469,31 +469,52 @@ def test_the_running_data_plane_cannot_change(base):
         start_ingress(data_plane="proxy")
 
 
+class Load:
+    """Two clients posting to ``/dir`` in a loop, each on its own kept-alive connection, until
+    ``stop``: ``answered`` (when, whether the proxy answered), ``failed`` (when, the status or the
+    exception)."""
+
+    def __init__(self, base: str) -> None:
+        self.base, self.answered, self.failed = base, [], []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(2)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=30.0) as c:
+            while not self._stop.is_set():
+                try:
+                    r = c.post("/dir", json=1)
+                    if r.status_code == 200:
+                        self.answered.append((time.monotonic(), proxied(r)))
+                    else:
+                        self.failed.append((time.monotonic(), r.status_code))
+                except httpx.HTTPError as exc:
+                    self.failed.append((time.monotonic(), exc))
+
+    def more(self, n: int = 10) -> None:
+        """Wait for ``n`` more answers."""
+        want, deadline = len(self.answered) + n, time.monotonic() + 10
+        while len(self.answered) < want:
+            assert time.monotonic() < deadline, self.failed[:3]
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+
 def test_a_killed_haproxy_is_started_again_on_the_same_socket_and_no_connection_is_refused(base):
     """HAProxy itself killed (``SIGKILL``), its ingress alive: the plane sees it exit at once (its
     standard error closes) and starts another, whole, on the socket the ingress holds. New connections
     wait in the socket's backlog meanwhile: none is refused; the requests the dead one held fail."""
     before = plane()
     pid = before["haproxy_pid"]
-    answered, failed, stop = [], [], threading.Event()
-
-    def load() -> None:
-        with httpx.Client(base_url=base, timeout=30.0) as c:
-            while not stop.is_set():
-                try:
-                    r = c.post("/dir", json=1)
-                    (answered if r.status_code == 200 else failed).append(r.status_code)
-                except httpx.HTTPError as exc:
-                    failed.append(exc)
-
-    threads = [threading.Thread(target=load) for _ in range(2)]
-    for t in threads:
-        t.start()
+    load = Load(base)
     try:
-        deadline = time.monotonic() + 10
-        while len(answered) < 10:
-            assert time.monotonic() < deadline, failed[:3]
-            time.sleep(0.05)
+        load.more()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while True:
@@ -504,17 +525,12 @@ def test_a_killed_haproxy_is_started_again_on_the_same_socket_and_no_connection_
             time.sleep(0.05)
         route = next(r for r in after["routes"] if r["deployment"] == "dir")
         assert route["direct"], after
-        settled = len(answered)
-        deadline = time.monotonic() + 10
-        while len(answered) < settled + 10:
-            assert time.monotonic() < deadline, failed[:3]
-            time.sleep(0.05)
+        load.more()
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-    assert not [f for f in failed if isinstance(f, httpx.ConnectError)], failed[:5]  # (none refused)
-    assert len(failed) <= 2, failed  # (at most what the two clients had in the dead one)
+        load.stop()
+    errors = [f for _, f in load.failed]
+    assert not [f for f in errors if isinstance(f, httpx.ConnectError)], errors[:5]  # (none refused)
+    assert len(errors) <= 2, errors  # (at most what the two clients had in the dead one)
 
 
 def test_a_killed_ingress_s_haproxy_serves_on_until_its_successor_adopts_the_port(base):
@@ -523,29 +539,11 @@ def test_a_killed_ingress_s_haproxy_serves_on_until_its_successor_adopts_the_por
     takes the listening socket over, and the old HAProxy finishes and goes. No request failed, no
     connection was refused, and requests were answered straight from the replicas while no ingress
     was alive."""
-    before = plane()
-    pid = before["haproxy_pid"]
-    answered, failed, stop = [], [], threading.Event()
-
-    def load() -> None:
-        with httpx.Client(base_url=base, timeout=30.0) as c:
-            while not stop.is_set():
-                try:
-                    r = c.post("/dir", json=1)
-                    (answered if r.status_code == 200 else failed).append((time.monotonic(), proxied(r)))
-                except httpx.HTTPError as exc:
-                    failed.append((time.monotonic(), repr(exc)))
-
-    threads = [threading.Thread(target=load) for _ in range(2)]
-    for t in threads:
-        t.start()
+    pid = plane()["haproxy_pid"]
+    load = Load(base)
     try:
-        deadline = time.monotonic() + 10
-        while len(answered) < 10:
-            assert time.monotonic() < deadline, failed[:3]
-            time.sleep(0.05)
-        killed = ingress()
-        ray.kill(killed, no_restart=True)
+        load.more()
+        ray.kill(ingress(), no_restart=True)
         killed_at = time.monotonic()
         deadline, back_at = time.monotonic() + 60, None
         while True:  # (until the successor serves direct, from its own HAProxy)
@@ -567,20 +565,15 @@ def test_a_killed_ingress_s_haproxy_serves_on_until_its_successor_adopts_the_por
                 break
             assert time.monotonic() < deadline, f"HAProxy {pid} outlived its adoption"
             time.sleep(0.05)
-        settled = len(answered)
-        deadline = time.monotonic() + 10
-        while len(answered) < settled + 10:
-            assert time.monotonic() < deadline, failed[:3]
-            time.sleep(0.05)
+        settled = len(load.answered)
+        load.more()
     finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=30)
-    assert failed == [], failed[:5]  # (none refused or broken)
+        load.stop()
+    assert load.failed == [], load.failed[:5]  # (none refused or broken)
     # (while no ingress was alive the orphan answered, straight from the replicas; the successor's own
     # HAProxy took over with a whole table, ``dataplane.takes_over``: no request went through a proxy)
-    assert any(killed_at < t < back_at for t, _ in answered[:settled])
-    assert not any(via_proxy for _, via_proxy in answered)
+    assert any(killed_at < t < back_at for t, _ in load.answered[:settled])
+    assert not any(via_proxy for _, via_proxy in load.answered)
     assert ingress_address()[1] == int(base.rsplit(":", 1)[1])
     with httpx.Client(base_url=base, timeout=30.0) as c:
         r = c.post("/tight", json=0, headers={"x-request-id": "after-restart"})
