@@ -44,7 +44,7 @@ server first (it holds no connection) for every request and every retry of one, 
 A proxy that died leaves its balancer serving the table it held; the next proxy on the node adopts
 it (its listening sockets). ``takes_over``: the new proxy's own balancer replaces it once the new
 table is whole, every serving replica's address known (else its requests would go through the proxy
-meanwhile), or after ``TAKE_OVER_WAIT_S`` whatever it holds.
+meanwhile), after ``TAKE_OVER_WAIT_S`` whatever it holds, or at once when the adopted one has gone.
 
 Internal module: the Ray executor's ingress (``executors/ray_gpu/ingress/haproxy.py``) uses it.
 """
@@ -82,11 +82,12 @@ EJECT_CHECK_S = 1.0
 TAKE_OVER_WAIT_S = 10.0
 
 
-def takes_over(pending: int, waited_s: float) -> bool:
+def takes_over(pending: int, waited_s: float, adopted_serving: bool = True) -> bool:
     """Whether a proxy's first balancer replaces the one it adopted now: once no serving replica's
-    address is still awaited (``pending``: its table whole), or ``TAKE_OVER_WAIT_S`` after it began
-    waiting (``waited_s``)."""
-    return pending <= 0 or waited_s >= TAKE_OVER_WAIT_S
+    address is still awaited (``pending``: its table whole), ``TAKE_OVER_WAIT_S`` after it began
+    waiting (``waited_s``), or at once when the adopted one no longer serves (it died, or its grace
+    ran out: nobody would accept the connections meanwhile)."""
+    return pending <= 0 or waited_s >= TAKE_OVER_WAIT_S or not adopted_serving
 
 
 #: a server address: ``host:port``, the host a name or an IPv4 address

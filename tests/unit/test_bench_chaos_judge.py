@@ -26,6 +26,7 @@ def _row(fault: str, avoidable: int) -> dict:
     ("proxy", 3, False, "MET"),  # (the proxy data plane: the port closes with the proxy)
     ("replica", 1, False, "NOT MET"),
     ("replica", 0, True, "MET"),
+    ("haproxy", 5, True, "MET"),  # (HAProxy killed: the client's own connection died with it)
 ])
 def test_a_killed_proxys_never_started_failures_count_on_the_direct_data_plane(bench, fault, avoidable, direct,
                                                                                 verdict):

@@ -111,11 +111,13 @@ def test_a_servers_grpc_address_is_part_of_where_it_is():
         dp.Server(replica_id="d#1", address="10.0.0.1:8001", ready=True, maxconn=1, grpc_address="nowhere")
 
 
-@pytest.mark.parametrize(("pending", "waited", "takes"), [
-    (0, 0.0, True),  # (the table whole: at once)
-    (2, 0.0, False),  # (addresses still awaited: the adopted balancer serves on)
-    (2, dp.TAKE_OVER_WAIT_S - 0.01, False),
-    (2, dp.TAKE_OVER_WAIT_S, True),  # (waited long enough: whatever it holds)
+@pytest.mark.parametrize(("pending", "waited", "serving", "takes"), [
+    (0, 0.0, True, True),  # (the table whole: at once)
+    (2, 0.0, True, False),  # (addresses still awaited: the adopted balancer serves on)
+    (2, dp.TAKE_OVER_WAIT_S - 0.01, True, False),
+    (2, dp.TAKE_OVER_WAIT_S, True, True),  # (waited long enough: whatever it holds)
+    (2, 0.0, False, True),  # (the adopted one has gone: nobody accepts meanwhile)
 ])
-def test_an_adopted_balancer_is_replaced_once_the_table_is_whole_or_the_wait_is_over(pending, waited, takes):
-    assert dp.takes_over(pending, waited) is takes
+def test_an_adopted_balancer_is_replaced_once_the_table_is_whole_the_wait_is_over_or_it_is_gone(
+        pending, waited, serving, takes):
+    assert dp.takes_over(pending, waited, serving) is takes

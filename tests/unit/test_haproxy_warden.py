@@ -37,9 +37,10 @@ KEY = {"host": "127.0.0.1", "port": 0, "node": "node-a"}
 @pytest.fixture
 def tmp_path():
     """A short folder of its own in /tmp (a Unix socket's path takes at most 107 bytes: pytest's are
-    longer), removed after."""
+    longer), removed after, with any HAProxy a test left serving there (a test that failed half-way)."""
     path = pathlib.Path(tempfile.mkdtemp(prefix="rcw-", dir="/tmp"))
     yield path
+    h.sweep_workdirs(str(path), stop_orphans=True)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -66,9 +67,10 @@ def backend():
     server.server_close()
 
 
-def _proxy(tmp_path, backend: str, grace_s: float) -> tuple[subprocess.Popen, int, int]:
+def _proxy(tmp_path, backend: str, grace_s: float, fixed: bool = False) -> tuple[subprocess.Popen, int, int]:
     """A child process standing for the proxy actor: it binds a port, starts an HAProxy on it (under its
-    warden) and sleeps. (child, the port, HAProxy's pid)."""
+    warden) and sleeps. (child, the port, HAProxy's pid). ``fixed``: the port is the one it was asked
+    for (its key names it), else any (port 0)."""
     code = textwrap.dedent(f"""
         import socket, sys, time
         from executors.ray_gpu.ingress import haproxy as h
@@ -79,7 +81,8 @@ def _proxy(tmp_path, backend: str, grace_s: float) -> tuple[subprocess.Popen, in
         sock.listen(128)
         opts = h.Options(proxy={backend!r}, listen_fd=sock.fileno(), request_timeout_s=None,
                          header_timeout_s=None, max_connections=None, nbthread=1)
-        proxy = h.HAProxy(opts, key={KEY!r}, grace_s={grace_s!r})
+        key = dict({KEY!r}, port=sock.getsockname()[1] if {fixed!r} else 0)
+        proxy = h.HAProxy(opts, key=key, grace_s={grace_s!r})
         proxy.start(dp.table(()))
         print(sock.getsockname()[1], proxy.pid, flush=True)
         time.sleep(600)
@@ -166,7 +169,7 @@ def test_an_haproxy_outlives_its_killed_proxy_and_the_next_adopts_it_with_nothin
         assert sock is not None and sock.getsockname()[1] == port
         opts = h.Options(proxy=backend, listen_fd=sock.fileno(), request_timeout_s=None, header_timeout_s=None,
                          max_connections=None, nbthread=1)
-        new = h.HAProxy(opts, key=KEY, orphan=handed.pid)
+        new = h.HAProxy(opts, key=KEY, orphan=handed.process)
         new.start(dp.table(()))
         assert _gone(old_pid, 10.0), "the adopted HAProxy did not finish and go"
         load.until(50)  # (the new one serves the same socket)
@@ -179,16 +182,18 @@ def test_an_haproxy_outlives_its_killed_proxy_and_the_next_adopts_it_with_nothin
     assert new_pid is not None and _gone(new_pid, 5.0)
 
 
-def test_an_orphan_nobody_adopts_finishes_its_connections_and_goes_after_its_grace(tmp_path, backend):
-    child, port, pid = _proxy(tmp_path, backend, grace_s=1.0)
+def test_an_orphan_nobody_adopts_goes_after_its_grace_and_frees_its_port(tmp_path, backend):
+    child, port, pid = _proxy(tmp_path, backend, grace_s=3.0)
     (workdir,) = [p for p in tmp_path.iterdir() if p.name.startswith(h.WORKDIR_PREFIX)]
     warden_pid = json.loads((workdir / "warden.json").read_text())["warden"]
     child.kill()
     child.wait()
     assert not _refused(port)  # (within its grace: still listening)
+    assert h.holds("127.0.0.1", 0, base=str(tmp_path)) and not h.holds("127.0.0.1", port, base=str(tmp_path))
     assert h.sweep_workdirs(str(tmp_path)) == [], "a folder whose HAProxy still runs was swept"
     assert _gone(pid, 15.0) and _gone(warden_pid, 5.0), "the orphan outlived its grace"
-    assert _refused(port)
+    assert _refused(port)  # (the warden's own copies of the socket closed too)
+    assert not h.holds("127.0.0.1", 0, base=str(tmp_path))
     assert h.sweep_workdirs(str(tmp_path)) == [str(workdir)]
 
 
@@ -232,3 +237,28 @@ def test_a_stopped_haproxy_leaves_no_process_behind(tmp_path, backend):
         sock.close()
     assert _gone(last, 5.0) and _gone(last_warden.pid, 5.0)
     assert not os.path.exists(proxy.workdir)
+
+
+def test_a_port_a_dead_proxy_s_haproxy_holds_is_free_to_the_next_proxy(tmp_path, backend, monkeypatch):
+    """``rankcore serve`` checks its port before it starts: one an orphan holds is taken for free (the
+    next proxy adopts it, on any node for a fixed port); one another program holds is refused."""
+    import rankcore as rc
+    from executors.ray_gpu.ingress.actor import check_port
+
+    child, port, pid = _proxy(tmp_path, backend, grace_s=60.0, fixed=True)
+    child.kill()
+    child.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # (where the child's folders are)
+    check_port("127.0.0.1", port)
+    handed = h.adopt("127.0.0.1", port, "node-b", base=str(tmp_path))
+    assert handed is not None and handed.pid == pid and handed.take("http").getsockname()[1] == port
+    handed.close()
+    assert h.sweep_workdirs(str(tmp_path), stop_orphans=True) and _gone(pid, 5.0)
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(1)
+    try:
+        with pytest.raises(rc.InvalidConfig, match=r"cannot listen on 127\.0\.0\.1"):
+            check_port("127.0.0.1", other.getsockname()[1])
+    finally:
+        other.close()

@@ -158,7 +158,7 @@ class HttpIngress:
                                            tuple(grpc_servicer_functions) if grpc_proxy else (),
                                            on_answered=self._balancer_answered,
                                            key={"host": host, "port": port, "node": self.node_id},
-                                           orphan=handed.pid if handed is not None else None)
+                                           orphan=handed.process if handed is not None else None)
 
     def _balancer_answered(self, answer: Any, route: Any) -> None:
         """``haproxy.DataPlane``'s log thread: an answer HAProxy gave itself, counted on the server's
@@ -431,8 +431,15 @@ def server_stack() -> tuple[str, str]:
 def check_port(host: str | None, port: int | None) -> None:
     """``rankcore.InvalidConfig`` now when the head's proxy could not listen on ``host:port``
     (defaults as ``start_ingress``'s), in ``_listen``'s words: ``rankcore serve`` asks before it
-    starts a local Ray, so a port in use is named at once, not after the proxy's start fails."""
-    _listen(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, remember=False).close()
+    starts a local Ray, so a port in use is named at once, not after the proxy's start fails. A port
+    an earlier proxy's HAProxy still holds (it outlives its proxy a while: ``warden.py``) is not in
+    use: the new proxy adopts it."""
+    host, port = host or DEFAULT_HOST, DEFAULT_PORT if port is None else port
+    from . import haproxy
+
+    if port and haproxy.holds(host, port):
+        return
+    _listen(host, port, remember=False).close()
 
 
 def _listen(host: str, port: int, remember: bool = True) -> socket.socket:

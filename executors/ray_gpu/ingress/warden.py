@@ -8,19 +8,23 @@ only, nothing of Ray or rankcore loaded):
 
 * the warden is HAProxy's parent, and HAProxy dies with it (``PR_SET_PDEATHSIG``): no HAProxy ever
   outlives its warden;
-* the warden is the proxy's child in a session of its own, holding the read end of a *lease* pipe whose
+* the warden is started by the proxy but detaches at once (nobody's child but init's: Ray kills the
+  children of a worker that died), in a session of its own, holding the read end of a *lease* pipe whose
   write end only the proxy holds. The proxy gone (its end closed: dead, however it died), HAProxy goes on
-  serving the table it holds, straight to the replicas, for ``--grace`` seconds;
+  serving the table it holds, straight to the replicas, for ``--grace`` seconds (from the proxy's death,
+  or from its last handover);
 * the next proxy on the node *adopts* it (``adopt``): it asks the warden for the listening sockets over
   the warden's handover socket (``SCM_RIGHTS``; only once the lease is broken), listens on them with an
   HAProxy of its own, which tells this one to finish its connections and go (``-sf``). The port is never
   closed, no connection is refused, and the requests in flight finish;
-* no proxy came within the grace: HAProxy is told to finish its connections and go (``SIGUSR1``), and is
-  killed ``--stop-after`` seconds later (after a ``ray stop``, nothing is left behind for long).
+* no proxy came within the grace: HAProxy is told to finish its connections and go (``SIGUSR1``), the
+  warden closes its own copies of the sockets (the port is free once HAProxy has let go: at once), and
+  HAProxy is killed ``--stop-after`` seconds later if it is still finishing.
 
 A warden told ``SIGUSR1`` or ``SIGTERM`` passes a soft stop on to HAProxy; it exits when HAProxy does,
-with its status. It detaches at once (its parent exits: nobody's child but init's), and its first line
-on standard output is its pid and HAProxy's.
+with its status (written to its standard error when not 0). Its first line on standard output is its
+pid and HAProxy's. Ray's ``RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper=1`` makes the
+raylet kill such processes too: with it, HAProxy dies with its proxy, as before.
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["ORPHAN_GRACE_S", "STOP_AFTER_S", "SCRIPT", "command", "start", "Warden", "adopt_from", "Handed"]
+__all__ = ["ORPHAN_GRACE_S", "STOP_AFTER_S", "SCRIPT", "command", "start", "alive", "Process", "Warden", "adopt_from",
+           "Handed"]
 
 #: how long an HAProxy whose proxy died goes on serving, waiting for the next proxy to adopt it (the core
 #: starts one within seconds; Ray Serve's fast mode took 22 s here, measured in bench_chaos)
 ORPHAN_GRACE_S = 30.0
 #: how long an HAProxy told to finish its connections (no proxy came) has, before it is killed
-STOP_AFTER_S = 30.0
+STOP_AFTER_S = 10.0
 #: this file, run as a script by the proxy (``python -I warden.py ...``)
 SCRIPT = os.path.abspath(__file__)
 
@@ -57,45 +62,53 @@ def command(haproxy: list[str], lease_fd: int, fds: dict[str, int], handover: st
             *(f"--fd={name}={fd}" for name, fd in fds.items()), "--", *haproxy]
 
 
-class Warden:
-    """A running warden, seen from the proxy that started it (``start``). It is not the proxy's child
-    (it detaches: Ray kills a dead worker's children, measured), so it is known by its pid, through a
-    pidfd where the kernel has them (no pid reused by mistake). ``haproxy``: its HAProxy's pid;
-    ``stderr``: HAProxy's standard error (and the warden's)."""
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (0 and below name none; another user's counts as running)."""
+    if pid <= 0:
+        return False  # (no process named: 0 would signal our own group)
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
-    def __init__(self, pid: int, haproxy: int, stderr: Any) -> None:
-        self.pid, self.haproxy, self.stderr = pid, haproxy, stderr
+
+class Process:
+    """A process known by its pid, not this one's child (a warden detaches; an adopted HAProxy is another
+    warden's), through a pidfd where the kernel has them: no pid reused since is signalled by mistake."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         try:
             self._fd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):  # (no pidfd here, or it has gone already)
             self._fd = None
 
     def running(self) -> bool:
-        if self._fd is not None:
-            return not _readable(self._fd, 0.0)
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return not self.wait(0.0)
 
     def signal(self, sig: int) -> None:
-        """``sig`` to the warden (``SIGUSR1``, ``SIGTERM``: it tells HAProxy to finish and go; ``SIGKILL``:
-        HAProxy dies with it). Nothing when it has gone."""
+        """``sig`` to it; nothing when it has gone."""
         try:
             if self._fd is not None:
                 signal.pidfd_send_signal(self._fd, sig)
-            else:
+            elif alive(self.pid):
                 os.kill(self.pid, sig)
         except ProcessLookupError:
             pass
 
     def wait(self, timeout: float) -> bool:
         """Whether it has gone within ``timeout`` seconds."""
-        if self._fd is not None:
-            return _readable(self._fd, timeout)
+        fd = self._fd
+        if fd is not None:
+            try:
+                return _readable(fd, timeout)
+            except (OSError, ValueError):  # (closed meanwhile, by another thread: asked by pid)
+                pass
         deadline = time.monotonic() + timeout
-        while self.running():
+        while alive(self.pid):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.02)
@@ -105,6 +118,16 @@ class Warden:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class Warden(Process):
+    """A running warden, seen from the proxy that started it (``start``). ``signal``: ``SIGUSR1`` or
+    ``SIGTERM`` tell HAProxy to finish and go, ``SIGKILL`` kills HAProxy with it. ``haproxy``: its
+    HAProxy's pid; ``stderr``: HAProxy's standard error and the warden's (its exit status, when not 0)."""
+
+    def __init__(self, pid: int, haproxy: int, stderr: Any) -> None:
+        super().__init__(pid)
+        self.haproxy, self.stderr = haproxy, stderr
 
 
 def _readable(fd: int, timeout: float) -> bool:
@@ -131,10 +154,12 @@ def start(haproxy: list[str], lease_fd: int, fds: dict[str, int], handover: str,
 
 # ------------------------------------------------------------------ the adopter's side
 class Handed:
-    """What an adopted warden handed over: its HAProxy's pid and the listening sockets by name."""
+    """What an adopted warden handed over: its HAProxy (``Process``, watched from the moment it was
+    handed over) and the listening sockets by name."""
 
     def __init__(self, pid: int, sockets: dict[str, socket.socket]) -> None:
         self.pid, self.sockets = pid, sockets
+        self.process = Process(pid)
 
     def take(self, name: str) -> socket.socket | None:
         return self.sockets.pop(name, None)
@@ -185,49 +210,57 @@ def _run(args: argparse.Namespace) -> int:
         if prctl is not None:
             prctl(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
 
-    fds = dict(item.split("=", 1) for item in args.fd)
-    held = {name: int(fd) for name, fd in fds.items()}
-    # (SIGPIPE left ignored, as in this process: HAProxy's standard error is the proxy's pipe, gone with it)
-    proc = subprocess.Popen(args.command, pass_fds=tuple(held.values()), stdout=subprocess.DEVNULL,
-                            preexec_fn=die_with_warden, restore_signals=False)
-    print(os.getpid(), proc.pid, flush=True)
-    sys.stdout.close()  # (the proxy reads to here)
-    stopping_at: list[float] = []
-
-    def soft_stop(*_: Any) -> None:
-        if not stopping_at:
-            stopping_at.append(time.monotonic())
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGUSR1)
-
-    signal.signal(signal.SIGUSR1, soft_stop)
-    signal.signal(signal.SIGTERM, soft_stop)
-    try:
+    held = {name: int(fd) for name, fd in (item.split("=", 1) for item in args.fd)}
+    try:  # (its handover socket first: a path it cannot bind fails the start, not the adoption later)
         os.unlink(args.handover)
     except FileNotFoundError:
         pass
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(args.handover)
     server.listen(4)
+    stopping_at: list[float] = []
+    proc: subprocess.Popen | None = None
+
+    def soft_stop(*_: Any) -> None:
+        if not stopping_at:
+            stopping_at.append(time.monotonic())
+            for fd in held.values():  # (nothing more to hand over: the port is free once HAProxy lets go)
+                os.close(fd)
+            held.clear()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGUSR1)
+
+    signal.signal(signal.SIGUSR1, soft_stop)  # (before HAProxy starts: a stop told at once is kept)
+    signal.signal(signal.SIGTERM, soft_stop)
+    # (SIGPIPE left ignored, as in this process: HAProxy's standard error is the proxy's pipe, gone with it)
+    proc = subprocess.Popen(args.command, pass_fds=tuple(held.values()), stdout=subprocess.DEVNULL,
+                            preexec_fn=die_with_warden, restore_signals=False)
+    print(os.getpid(), proc.pid, flush=True)
+    sys.stdout.close()  # (the proxy reads to here)
+    if stopping_at:  # (told before HAProxy was there to tell)
+        proc.send_signal(signal.SIGUSR1)
     sel = selectors.DefaultSelector()
     sel.register(args.lease, selectors.EVENT_READ, "lease")
     sel.register(server, selectors.EVENT_READ, "handover")
-    orphaned_at: float | None = None
+    orphaned_at: list[float] = []
     try:
         while proc.poll() is None:
             now = time.monotonic()
-            if orphaned_at is not None and not stopping_at and now - orphaned_at >= args.grace:
+            if orphaned_at and not stopping_at and now - orphaned_at[0] >= args.grace:
                 soft_stop()  # (no proxy adopted it in time)
             if stopping_at and now - stopping_at[0] >= args.stop_after:
                 proc.kill()
             for key, _ in sel.select(timeout=0.2):
                 if key.data == "lease":
-                    if not os.read(args.lease, 4096):  # (its proxy's end closed: the proxy is gone)
-                        sel.unregister(args.lease)
-                        orphaned_at = time.monotonic()
+                    _read_lease(args.lease, sel, orphaned_at)
                 elif key.data == "handover":
-                    _hand_over(server, proc.pid, held, orphaned_at is not None)
-        return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+                    _read_lease(args.lease, sel, orphaned_at)  # (an EOF not read yet: the proxy is gone)
+                    if _hand_over(server, proc.pid, held, bool(orphaned_at) and not stopping_at):
+                        orphaned_at[:] = [time.monotonic()]  # (its adopter takes over within its own wait)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        if code:
+            print(f"[WARNING] (warden) HAProxy {proc.pid} exited with status {code}", file=sys.stderr, flush=True)
+        return code
     finally:
         server.close()
         try:
@@ -236,24 +269,34 @@ def _run(args: argparse.Namespace) -> int:
             pass
 
 
-def _hand_over(server: socket.socket, pid: int, held: dict[str, int], orphaned: bool) -> None:
+def _read_lease(lease: int, sel: selectors.BaseSelector, orphaned_at: list[float]) -> None:
+    """Whether the proxy's end of the lease has closed (the proxy gone, however): noted once."""
+    if orphaned_at or not _readable(lease, 0.0):
+        return
+    if not os.read(lease, 4096):
+        sel.unregister(lease)
+        orphaned_at.append(time.monotonic())
+
+
+def _hand_over(server: socket.socket, pid: int, held: dict[str, int], orphaned: bool) -> bool:
     """One adopter's ask: the listening sockets and HAProxy's pid, only when the proxy is gone (a live
-    proxy's sockets are its own)."""
+    proxy's sockets are its own) and HAProxy was not told to stop. Whether they were handed over."""
     try:
         conn, _ = server.accept()
     except OSError:
-        return
+        return False
     with conn:
         conn.settimeout(2.0)
         try:
             if not orphaned:
-                conn.sendall(json.dumps({"error": "its proxy is alive: not handed over"}).encode())
-            else:
-                names = list(held)
-                socket.send_fds(conn, [json.dumps({"pid": pid, "names": names}).encode()],
-                                array.array("i", [held[n] for n in names]))
+                conn.sendall(json.dumps({"error": "its proxy is alive, or it is stopping: not handed over"}).encode())
+                return False
+            names = list(held)
+            socket.send_fds(conn, [json.dumps({"pid": pid, "names": names}).encode()],
+                            array.array("i", [held[n] for n in names]))
+            return True
         except OSError:
-            pass
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:
