@@ -263,15 +263,17 @@ class Ours:
         ray.kill(ray.get_actor(INGRESS_NAME, namespace="rankcore"), no_restart=True)
 
     def kill_haproxy(self) -> None:
-        """The head proxy's HAProxy serving now (``data_plane()``'s ``haproxy_pid``), ``SIGKILL``."""
+        """The head proxy's HAProxy serving now, ``SIGKILL``: ``data_plane()``'s ``haproxy_pid``, or while
+        a new proxy has not replaced the one it adopted from its predecessor, that one's."""
         import ray
 
         from executors.ray_gpu.ingress.http import INGRESS_NAME
 
         info = ray.get(ray.get_actor(INGRESS_NAME, namespace="rankcore").data_plane.remote(), timeout=30)
-        if not info.get("haproxy_pid"):
+        pid = info.get("haproxy_pid") or info.get("adopted_pid")
+        if not pid:
             raise BenchError(f"ours: no HAProxy to kill (data plane {info.get('data_plane')!r})")
-        os.kill(info["haproxy_pid"], signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
 
     def controller_view(self) -> dict:
         """The controller's ranks (replica id -> global rank) of the replicas it has serve (not those it

@@ -63,12 +63,22 @@ def _direct_everywhere():
     return out
 
 
-def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster):
-    _c, workers = cluster
+@pytest.fixture(scope="module")
+def spread(cluster):
+    """The direct data plane on every node (each worker's proxy on a free port of its own), ``Spread``
+    at ``/spread`` on both workers, every proxy's HAProxy holding it direct: ``_direct_everywhere()``."""
     start_ingress(port=0, worker_port=0, grpc_port=_free_port(), grpc_servicer_functions=SERVICERS,
                   data_plane="direct", proxy_options=rc.ProxyOptions(min_draining_period_s=1.0))
     run(Spread.bind(), route_prefix="/spread")
     # (the head's proxy and both replicas' nodes')
+    assert wait_for(lambda: len(_direct_everywhere() or ()) == 3, 90, 0.2), proxies()
+    ready = _direct_everywhere()
+    assert ready is not None
+    return ready
+
+
+def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster, spread):
+    _c, workers = cluster
     assert wait_for(lambda: len(_direct_everywhere() or ()) == 3, 90, 0.2), proxies()
     ready = _direct_everywhere()
     assert ready is not None
@@ -88,6 +98,26 @@ def test_each_node_s_haproxy_sends_straight_to_replicas_on_every_node(cluster):
             stub = echo_pb2_grpc.EchoStub(ch)
             nodes = {stub.Say(echo_pb2.EchoRequest(text="x"), timeout=30).text for _ in range(12)}
         assert nodes == replica_nodes and ray.get(actor.grpc_codes.remote()) == before, node
+
+
+def test_a_worker_node_s_killed_proxy_leaves_its_haproxy_serving_and_its_successor_keeps_the_port(cluster, spread):
+    """A worker node's proxy (its port any free one: ``worker_port=0``) killed: its HAProxy serves on,
+    and the proxy the core starts there adopts it by the node's key, so it keeps the address."""
+    _c, workers = cluster
+    assert wait_for(lambda: len(_direct_everywhere() or ()) == 3, 90, 0.2), proxies()
+    node = workers[0].node_id
+    p, actor = _direct_everywhere()[node]
+    address = tuple(p["address"])
+    pid = ray.get(actor.data_plane.remote())["haproxy_pid"]
+    ray.kill(actor, no_restart=True)
+    with httpx.Client(base_url=f"http://{address[0]}:{address[1]}", timeout=30) as c:
+        for _ in range(6):  # (no proxy on that node now: its HAProxy answers, straight from the replicas)
+            r = c.post("/spread", json=1)
+            assert r.status_code == 200 and r.headers.get("server") != "uvicorn", r.text
+    assert wait_for(lambda: (_direct_everywhere() or {}).get(node, ({}, None))[0].get("address") is not None
+                    and ray.get(_direct_everywhere()[node][1].data_plane.remote())["haproxy_pid"] not in (None, pid),
+                    90, 0.2), proxies()
+    assert tuple(_direct_everywhere()[node][0]["address"]) == address
 
 
 @deployment(name="near", num_replicas=3, ray_actor_options={"num_cpus": 0.1}, request_router="locality")

@@ -1067,7 +1067,8 @@ class DataPlane:
 
     def info(self) -> dict:
         """What the plane holds: the table's routes, and HAProxy's own servers by backend (``held``:
-        they should be the table's), with its counters."""
+        they should be the table's), with its counters; ``haproxy_pid`` its own HAProxy's, and
+        ``adopted_pid`` the predecessor's it adopted while that one serves alone (None once replaced)."""
         table = self.table
         routes = [] if table is None else [
             {"deployment": r.deployment, "prefix": r.prefix, "backend": r.backend, "direct": r.direct,
@@ -1079,7 +1080,8 @@ class DataPlane:
             held = None
         return {"routes": routes, "held": held, "applied": self.applied, "reloads": self.haproxy.reloads,
                 "errors": self.errors, "answered": self.answered,
-                "restarts": self.restarts, "haproxy_pid": self.haproxy.pid}
+                "restarts": self.restarts, "haproxy_pid": self.haproxy.pid,
+                "adopted_pid": self.haproxy.orphan.pid if self.haproxy.orphan is not None else None}
 
     def stop(self) -> None:
         """Stop HAProxy (it finishes the connections it holds, then exits), then the thread."""
