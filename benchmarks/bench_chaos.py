@@ -1110,9 +1110,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas > 2 * (args.workers - 1):
         p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "
                 f"removes one before it adds another)")
+    ours_plane = args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")
     if "haproxy" in args.faults and not args.child and (
-            (args.only != "serve" and (args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")) != "direct")
-            or (args.only != "ours" and args.serve_mode != "fast")):
+            (args.only != "serve" and ours_plane != "direct") or (args.only != "ours" and args.serve_mode != "fast")):
         p.error("the haproxy fault needs HAProxy on both sides: --ours-mode fast (or --data-plane direct) and "
                 "--serve-mode fast (or --only ours)")
     childrun.ray_env(ROOT, ROOT / "benchmarks")
