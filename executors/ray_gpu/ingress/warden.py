@@ -13,7 +13,7 @@ only, nothing of Ray or rankcore loaded):
   write end only the proxy holds. The proxy gone (its end closed: dead, however it died), HAProxy goes on
   serving the table it holds, straight to the replicas, for ``--grace`` seconds (from the proxy's death,
   or from its last handover);
-* the next proxy on the node *adopts* it (``adopt``): it asks the warden for the listening sockets over
+* the next proxy on the node *adopts* it (``haproxy.adopt``, ``adopt_from`` here): it asks the warden for the listening sockets over
   the warden's handover socket (``SCM_RIGHTS``; only once the lease is broken), listens on them with an
   HAProxy of its own, which tells this one to finish its connections and go (``-sf``). The port is never
   closed, no connection is refused, and the requests in flight finish;
@@ -45,7 +45,7 @@ __all__ = ["ORPHAN_GRACE_S", "STOP_AFTER_S", "SCRIPT", "command", "start", "aliv
            "Handed"]
 
 #: how long an HAProxy whose proxy died goes on serving, waiting for the next proxy to adopt it (the core
-#: starts one within seconds; Ray Serve's fast mode took 22 s here, measured in bench_chaos)
+#: starts one within 2 s here; Ray Serve's fast mode took 22-32 s to bring its proxy back, bench_chaos)
 ORPHAN_GRACE_S = 30.0
 #: how long an HAProxy told to finish its connections (no proxy came) has, before it is killed
 STOP_AFTER_S = 10.0
