@@ -13,8 +13,8 @@ only, nothing of Ray or rankcore loaded):
   write end only the proxy holds. The proxy gone (its end closed: dead, however it died), HAProxy goes on
   serving the table it holds, straight to the replicas, for ``--grace`` seconds (from the proxy's death,
   or from its last handover);
-* the next proxy on the node *adopts* it (``haproxy.adopt``, ``adopt_from`` here): it asks the warden for the listening sockets over
-  the warden's handover socket (``SCM_RIGHTS``; only once the lease is broken), listens on them with an
+* the next proxy on the node *adopts* it (``haproxy.adopt``, ``adopt_from`` here): it asks the warden
+  for the listening sockets over the warden's handover socket (``SCM_RIGHTS``; only once the lease is broken), listens on them with an
   HAProxy of its own, which tells this one to finish its connections and go (``-sf``). The port is never
   closed, no connection is refused, and the requests in flight finish;
 * no proxy came within the grace: HAProxy is told to finish its connections and go (``SIGUSR1``), the
