@@ -14,9 +14,10 @@ only, nothing of Ray or rankcore loaded):
   serving the table it holds, straight to the replicas, for ``--grace`` seconds (from the proxy's death,
   or from its last handover);
 * the next proxy on the node *adopts* it (``haproxy.adopt``, ``adopt_from`` here): it asks the warden
-  for the listening sockets over the warden's handover socket (``SCM_RIGHTS``; only once the lease is broken), listens on them with an
-  HAProxy of its own, which tells this one to finish its connections and go (``-sf``). The port is never
-  closed, no connection is refused, and the requests in flight finish;
+  for the listening sockets over the warden's handover socket (``SCM_RIGHTS``; only once the lease is
+  broken), listens on them with an HAProxy of its own, which tells this one to finish its connections
+  and go (``-sf``). The port is never closed, no connection is refused, and the requests in flight
+  finish;
 * no proxy came within the grace: HAProxy is told to finish its connections and go (``SIGUSR1``), the
   warden closes its own copies of the sockets (the port is free once HAProxy has let go: at once), and
   HAProxy is killed ``--stop-after`` seconds later if it is still finishing.
