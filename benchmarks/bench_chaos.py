@@ -977,11 +977,10 @@ def _f(v: Any, digits: int = 2) -> str:
 def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> list[dict]:
     rows = summarise(results, args.faults)
     version = next((r.get("ray_version") for runs in results.values() for r in runs if r.get("ray_version")), "?")
-    plane = args.data_plane or ('direct' if getattr(args, 'ours_mode', 'default') == 'fast' else 'proxy')
     print(f"\nchaos under load: {args.replicas} replicas on {args.workers} worker nodes, {args.clients} HTTP + "
           f"{args.handle_clients} handle{' (ours: progress calls)' if args.handle_progress else ''} + "
           f"{args.grpc_clients} gRPC clients, handler {1000 * args.work:g} ms, {args.repeats} repeat(s) "
-          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs, ours' data plane: {plane}")
+          f"alternating, seed {args.seed}, Ray {version}, {os.cpu_count()} CPUs, ours' data plane: {args.plane}")
     headers = ["fault", "sent o/s", "failed o/s", "lost o/s", "avoidable o/s", "back s o/s", "ratio",
                "p50 ms o/s", "p99 ms o/s", "ranks o (reassigned/holes/dups)", "ranks s", "goal"]
     table = []
@@ -996,7 +995,7 @@ def print_report(results: dict[str, list[dict]], args: argparse.Namespace) -> li
                       f"{_f(a.get('p99_ms'), 0)}/{_f(b.get('p99_ms'), 0)}",
                       "/".join(_f(a.get(k)) for k in ("reassigned", "holes", "duplicates")) if a else "-",
                       "/".join(_f(b.get(k)) for k in ("reassigned", "holes", "duplicates")) if b else "-",
-                      judge(row, direct=plane == "direct")])
+                      judge(row, direct=args.plane == "direct")])
         row["verdict"] = table[-1][-1]
     widths = [max(len(h), *(len(r[i]) for r in table)) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
@@ -1110,9 +1109,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.replicas > 2 * (args.workers - 1):
         p.error(f"--replicas {args.replicas} do not fit {args.workers - 1} worker nodes of 2 GPUs (the node fault "
                 f"removes one before it adds another)")
-    ours_plane = args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")
+    #: ours' data plane as its child will have it (``--data-plane``, else its environment's default)
+    args.plane = args.data_plane or ("direct" if args.ours_mode == "fast" else "proxy")
     if "haproxy" in args.faults and not args.child and (
-            (args.only != "serve" and ours_plane != "direct") or (args.only != "ours" and args.serve_mode != "fast")):
+            (args.only != "serve" and args.plane != "direct") or (args.only != "ours" and args.serve_mode != "fast")):
         p.error("the haproxy fault needs HAProxy on both sides: --ours-mode fast (or --data-plane direct) and "
                 "--serve-mode fast (or --only ours)")
     childrun.ray_env(ROOT, ROOT / "benchmarks")

@@ -592,8 +592,7 @@ def main(argv: list[str] | None = None) -> int:
                         "Serve's fast mode); default: as ours' environment says (--ours-mode fast: direct)")
     p.add_argument("--sim-fit", action="store_true",
                    help="ours over HTTP and gRPC: read where each level's CPU went (/proc: the callers' loop, the "
-                        "replicas, "
-                        "HAProxy) and predict each level with the simulator's host model (traffic.<d>.host), "
+                        "replicas, HAProxy) and predict each level with the simulator's host model (traffic.<d>.host), "
                         f"against the measured figures (issue 65: within {100 * SIM_WITHIN:.0f}%%)")
     childrun.add_child_arguments(p)
     args = p.parse_args(argv)

@@ -24,6 +24,7 @@ from executors.ray_gpu import delete, deployment, http_method, run
 from executors.ray_gpu.base.context import _get_serve_request_context
 from executors.ray_gpu.base.replicas import actor_name
 from executors.ray_gpu.control.controller import NAMESPACE
+from executors.ray_gpu.ingress import warden
 from executors.ray_gpu.ingress.http import INGRESS_NAME, ingress_address, start_ingress
 from rankcore.requests import dataplane as dp
 
@@ -557,14 +558,11 @@ def test_a_killed_ingress_s_haproxy_serves_on_until_its_successor_adopts_the_por
                 pass
             assert time.monotonic() < deadline, "no ingress serves direct again"
             time.sleep(0.1)
-        deadline = time.monotonic() + 30
-        while True:  # (the adopted HAProxy finishes its connections and goes)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, f"HAProxy {pid} outlived its adoption"
-            time.sleep(0.05)
+        adopted = warden.Process(pid)
+        try:  # (the adopted HAProxy finishes its connections and goes)
+            assert adopted.wait(30.0), f"HAProxy {pid} outlived its adoption"
+        finally:
+            adopted.close()
         settled = len(load.answered)
         load.more()
     finally:

@@ -114,10 +114,14 @@ def test_a_worker_node_s_killed_proxy_leaves_its_haproxy_serving_and_its_success
         for _ in range(6):  # (no proxy on that node now: its HAProxy answers, straight from the replicas)
             r = c.post("/spread", json=1)
             assert r.status_code == 200 and r.headers.get("server") != "uvicorn", r.text
-    assert wait_for(lambda: (_direct_everywhere() or {}).get(node, ({}, None))[0].get("address") is not None
-                    and ray.get(_direct_everywhere()[node][1].data_plane.remote())["haproxy_pid"] not in (None, pid),
-                    90, 0.2), proxies()
-    assert tuple(_direct_everywhere()[node][0]["address"]) == address
+
+    def serving() -> tuple[dict, int | None] | None:  # (the node's proxy record and its own HAProxy's pid)
+        ready = (_direct_everywhere() or {}).get(node)
+        return None if ready is None else (ready[0], ray.get(ready[1].data_plane.remote())["haproxy_pid"])
+
+    assert wait_for(lambda: (now := serving()) is not None and now[1] not in (None, pid), 90, 0.2), proxies()
+    now = serving()
+    assert now is not None and tuple(now[0]["address"]) == address
 
 
 @deployment(name="near", num_replicas=3, ray_actor_options={"num_cpus": 0.1}, request_router="locality")

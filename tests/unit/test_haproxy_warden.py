@@ -135,14 +135,12 @@ class Load:
 
 
 def _gone(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether ``pid`` has gone within ``seconds`` (``warden.Process``: by its pidfd)."""
+    p = warden.Process(pid)
+    try:
+        return p.wait(seconds)
+    finally:
+        p.close()
 
 
 def _refused(port: int) -> bool:

@@ -508,11 +508,8 @@ def sweep_workdirs(base: str | None = None, stop_orphans: bool = False) -> list[
         orphan = _warden_of(path) if dead else None
         if orphan is not None and stop_orphans:
             kept = warden.Process(orphan)
-            kept.signal(signal.SIGTERM)  # (it tells its HAProxy to finish and go)
-            if not kept.wait(10.0):
-                kept.signal(signal.SIGKILL)  # (its HAProxy dies with it)
-                kept.wait(5.0)
-            kept.close()
+            kept.signal(signal.SIGTERM)  # (it tells its HAProxy to finish and go; killed, HAProxy dies with it)
+            kept.finish(10.0)
             orphan = None
         if dead and orphan is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -527,11 +524,7 @@ def adopt(host: str, port: int, node: str, base: str | None = None) -> warden.Ha
     by its warden, the newest such first; None when there is none (or none would hand them over: its
     proxy is alive, it is stopping; the caller binds its own)."""
     found = []
-    for path in _workdirs(base):
-        said = _read_json(os.path.join(path, _WARDEN))
-        key = said.get("key") or {}
-        if key.get("host") != host or key.get("port") != port or (port == 0 and key.get("node") != node):
-            continue
+    for path, said in _claiming(host, port, node, base):
         try:
             found.append((os.path.getmtime(os.path.join(path, _WARDEN)), path, str(said["handover"])))
         except (OSError, KeyError):
@@ -550,11 +543,19 @@ def adopt(host: str, port: int, node: str, base: str | None = None) -> warden.Ha
 def holds(host: str, port: int, base: str | None = None) -> bool:
     """Whether an HAProxy of ours whose warden runs holds ``host:port`` (a dead proxy's: the next proxy
     there adopts it, so the port is not another program's)."""
+    return any(_warden_of(path) is not None for path, _ in _claiming(host, port, None, base))
+
+
+def _claiming(host: str, port: int, node: str | None, base: str | None) -> list[tuple[str, dict]]:
+    """The folders (and their ``warden.json``) of the HAProxys started to listen on ``host:port``
+    (port 0, any: those of ``node``'s proxies; ``node`` None: any node's)."""
+    out = []
     for path in _workdirs(base):
-        key = _read_json(os.path.join(path, _WARDEN)).get("key") or {}
-        if key.get("host") == host and key.get("port") == port and _warden_of(path) is not None:
-            return True
-    return False
+        said = _read_json(os.path.join(path, _WARDEN))
+        key = said.get("key") or {}
+        if key.get("host") == host and key.get("port") == port and (port != 0 or node in (None, key.get("node"))):
+            out.append((path, said))
+    return out
 
 
 def _workdirs(base: str | None) -> list[str]:
@@ -592,9 +593,8 @@ class HAProxy:
         #: the lease: its write end held by this process alone, its read end by every warden (its end
         #: closed, this process gone however it went, the wardens know: ``warden.py``)
         self._lease_r, self._lease_w = os.pipe()
-        #: the warden of the HAProxy serving now, and HAProxy's own pid
+        #: the warden of the HAProxy serving now
         self.proc: warden.Warden | None = None
-        self.pid: int | None = None
         self.old: list[warden.Warden] = []
         self.reloads = 0
         #: (gRPC backend, server) HAProxy holds: those of the table it was started with, and added since
@@ -635,8 +635,7 @@ class HAProxy:
         while True:  # (ready once its admin socket answers)
             if not proc.running():
                 said = proc.stderr.read().decode(errors="replace")[-2000:]
-                proc.close()
-                proc.stderr.close()
+                proc.abandon()
                 raise RuntimeError(f"HAProxy exited at start: {said}")
             try:
                 if self._answers(proc.haproxy):  # (the admin socket is the new process's: it serves)
@@ -644,9 +643,7 @@ class HAProxy:
             except (OSError, RuntimeError):
                 pass
             if time.monotonic() > deadline:
-                proc.signal(signal.SIGKILL)  # (its HAProxy dies with it)
-                proc.close()
-                proc.stderr.close()
+                proc.abandon()
                 raise RuntimeError("HAProxy did not answer on its admin socket within 10 s")
             time.sleep(0.02)
         if self.orphan is not None:  # (told to go by the new one: -sf)
@@ -657,7 +654,7 @@ class HAProxy:
         for name in os.listdir(self.workdir):  # (the configurations before this one: read, not needed again)
             if name.startswith("haproxy-") and name.endswith(".cfg") and os.path.join(self.workdir, name) != config:
                 os.remove(os.path.join(self.workdir, name))
-        self.proc, self.pid = proc, proc.haproxy
+        self.proc = proc
         gone = [p for p in self.old if not p.running()]
         for p in gone:
             p.close()
@@ -667,6 +664,11 @@ class HAProxy:
             json.dump({"warden": proc.pid, "haproxy": proc.haproxy, "handover": handover, "key": self.key}, f)
         os.replace(tmp, os.path.join(self.workdir, _WARDEN))
         threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True).start()
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the HAProxy serving now (None: none started, or it died and is not started again)."""
+        return self.proc.haproxy if self.proc is not None else None
 
     def _answers(self, pid: int) -> bool:
         """Whether the admin socket is the new process's (``show info``'s ``Pid``)."""
@@ -763,19 +765,15 @@ class HAProxy:
         """Tell every HAProxy to finish its connections and go (its warden passes it on), wait for them,
         then end the lease (nothing is left to outlive this process) and remove the folder."""
         running = [*self.old, *([self.proc] if self.proc is not None else [])]
-        if self.orphan is not None:  # (adopted, never replaced: its sockets are this one's to close)
-            self.orphan.signal(signal.SIGUSR1)
-            self.orphan.wait(5.0)
-            self.orphan.close()
-            self.orphan = None
-        for p in running:
+        orphan, self.orphan = self.orphan, None  # (adopted, never replaced: its sockets are this one's to close)
+        for p in [*running, *([orphan] if orphan is not None else [])]:
             p.signal(signal.SIGUSR1)  # (soft stop: finish the connections it holds)
         for p in running:
-            if not p.wait(timeout=5.0):
-                p.signal(signal.SIGKILL)  # (its HAProxy dies with it)
-                p.wait(timeout=5.0)
-            p.close()
-        self.proc, self.pid, self.old = None, None, []
+            p.finish(5.0)  # (a warden killed: its HAProxy dies with it)
+        if orphan is not None:
+            orphan.wait(5.0)
+            orphan.close()
+        self.proc, self.old = None, []
         for fd in (self._lease_r, self._lease_w):
             try:
                 os.close(fd)

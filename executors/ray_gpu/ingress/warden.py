@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import json
 import os
 import selectors
@@ -115,6 +116,13 @@ class Process:
             time.sleep(0.02)
         return True
 
+    def finish(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds for it to go (told already), else kill it; then let it go."""
+        if not self.wait(timeout):
+            self.signal(signal.SIGKILL)
+            self.wait(5.0)
+        self.close()
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -129,6 +137,12 @@ class Warden(Process):
     def __init__(self, pid: int, haproxy: int, stderr: Any) -> None:
         super().__init__(pid)
         self.haproxy, self.stderr = haproxy, stderr
+
+    def abandon(self) -> None:
+        """A start that failed: killed (its HAProxy with it), its pidfd and pipe closed."""
+        self.signal(signal.SIGKILL)
+        self.close()
+        self.stderr.close()
 
 
 def _readable(fd: int, timeout: float) -> bool:
@@ -159,8 +173,12 @@ class Handed:
     handed over) and the listening sockets by name."""
 
     def __init__(self, pid: int, sockets: dict[str, socket.socket]) -> None:
-        self.pid, self.sockets = pid, sockets
+        self.sockets = sockets
         self.process = Process(pid)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
 
     def take(self, name: str) -> socket.socket | None:
         return self.sockets.pop(name, None)
@@ -212,10 +230,8 @@ def _run(args: argparse.Namespace) -> int:
             prctl(1, signal.SIGKILL)  # (1: PR_SET_PDEATHSIG)
 
     held = {name: int(fd) for name, fd in (item.split("=", 1) for item in args.fd)}
-    try:  # (its handover socket first: a path it cannot bind fails the start, not the adoption later)
-        os.unlink(args.handover)
-    except FileNotFoundError:
-        pass
+    with contextlib.suppress(FileNotFoundError):  # (its handover socket first: a path it cannot bind
+        os.unlink(args.handover)  # fails the start, not the adoption later)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(args.handover)
     server.listen(4)
@@ -264,10 +280,8 @@ def _run(args: argparse.Namespace) -> int:
         return code
     finally:
         server.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(args.handover)
-        except FileNotFoundError:
-            pass
 
 
 def _read_lease(lease: int, sel: selectors.BaseSelector, orphaned_at: list[float]) -> None:
