@@ -54,6 +54,7 @@ import time
 from typing import Any
 
 from common import ROOT, fmt, free_port, ints, load, print_table, use_this_tree
+from hostcpu import cpu_s_of
 
 use_this_tree()
 
@@ -74,13 +75,6 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------- CPU
-def cpu_s_of(stat: str) -> float:
-    """CPU seconds (utime + stime) in a ``/proc/<pid>/stat`` line: the fields after the command's name,
-    whose closing ``)`` is the line's last (a name may hold spaces and parentheses)."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_s(pid: int) -> float | None:
     """CPU seconds process ``pid`` has used, all its threads (None: it cannot be read)."""
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["host_busy_s", "thread_cpu_s", "process_threads_cpu", "deltas", "Window"]
+__all__ = ["host_busy_s", "cpu_s_of", "thread_cpu_s", "process_threads_cpu", "deltas", "Window"]
 
 
 def host_busy_s() -> float | None:
@@ -25,15 +25,22 @@ def host_busy_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_s_of(stat: str) -> float:
+    """CPU seconds (utime + stime) in a ``/proc`` ``stat`` line (a process's or a thread's): the fields
+    after the command's name, whose closing ``)`` is the line's last (a name may hold spaces and
+    parentheses)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu_s(pid: int, tid: int) -> float | None:
     """CPU seconds one thread of a process on this host has used (``/proc/<pid>/task/<tid>/stat``'s
     utime + stime; None where it cannot be read: another host, or the thread is gone)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return cpu_s_of(f.read())
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def process_threads_cpu(names: tuple[str, ...]) -> dict:
