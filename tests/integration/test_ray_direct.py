@@ -518,13 +518,13 @@ def test_a_killed_haproxy_is_started_again_on_the_same_socket_and_no_connection_
         load.more()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while True:
+        while True:  # (until the new HAProxy serves and the plane holds its table again: set once it started)
             after = plane()
-            if after["haproxy_pid"] not in (None, pid) and after["restarts"] == before["restarts"] + 1:
+            route = next((r for r in after["routes"] if r["deployment"] == "dir"), None)
+            if after["haproxy_pid"] not in (None, pid) and after["restarts"] == before["restarts"] + 1 and route:
                 break
             assert time.monotonic() < deadline, after
             time.sleep(0.05)
-        route = next(r for r in after["routes"] if r["deployment"] == "dir")
         assert route["direct"], after
         load.more()
     finally:
